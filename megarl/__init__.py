@@ -1,0 +1,3 @@
+"""megarl: Megatron-first reinforcement-learning post-training for LLMs."""
+
+__version__ = "0.1.0"

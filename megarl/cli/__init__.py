@@ -1,0 +1,1 @@
+"""The `megarl` command line: one module per sub-command (see main.COMMANDS)."""

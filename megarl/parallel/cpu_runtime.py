@@ -1,0 +1,168 @@
+"""Run megatron-core 0.16.1 on CPU (gloo) when no CUDA device exists.
+
+megatron-core assumes CUDA in a handful of places. Each redirection below names the megatron code it
+addresses; together they are what `GPTModel` (local spec), the pipeline schedules, Megatron DDP, the
+(distributed) optimizer, grad clipping and activation recompute need on CPU. `install()` does nothing
+when CUDA is available, so the GPU path is untouched megatron-core.
+
+Mechanism: instead of a global `TorchFunctionMode` (a Python call on every torch op, forward pass
+included), the listed megatron modules get their own view of the `torch` module, identical except for
+factory functions that map `device='cuda'` to CPU and a `torch.cuda` whose device, synchronize and RNG
+calls act on the CPU. Nothing outside those modules sees a difference.
+"""
+
+import functools
+import sys
+import types
+from importlib import import_module
+
+import torch
+
+# Modules that create tensors on `torch.cuda.current_device()` or `device='cuda'`, call
+# `torch.cuda.synchronize()`, or use the CUDA RNG. Each gets the CPU view of `torch`.
+_REDIRECTED_MODULES = {
+    # GlobalMemoryBuffer.get_tensor allocates on the current CUDA device.
+    "megatron.core.utils": "GlobalMemoryBuffer",
+    # CudaRNGStatesTracker and model_parallel_cuda_manual_seed use the CUDA generator; attention
+    # forks the tracker even with dropout 0. On CPU the tracked stream is the CPU generator.
+    "megatron.core.tensor_parallel.random": "RNG tracker, checkpoint (recompute) RNG save/restore",
+    # _ParamAndGradBuffer allocates param/grad buffers on the current CUDA device.
+    "megatron.core.distributed.param_and_grad_buffer": "DDP param/grad buffers",
+    "megatron.core.distributed.distributed_data_parallel": "DDP synchronize on offload",
+    # FP32Optimizer._scale, found_inf, dummy overflow buffers: literal device='cuda'.
+    "megatron.core.optimizer.optimizer": "optimizer scalars",
+    "megatron.core.optimizer.distrib_optimizer": "distributed optimizer buffers",
+    "megatron.core.optimizer.clip_grads": "grad-norm and overflow scalars",
+    "megatron.core.optimizer.grad_scaler": "loss-scale scalars",
+    # total_num_tokens = torch.zeros([], device="cuda") in the forward-backward schedules.
+    "megatron.core.pipeline_parallel.schedules": "token-count scalars",
+    # Shape tensors on the current device and torch.cuda.synchronize() around p2p ops.
+    "megatron.core.pipeline_parallel.p2p_communication": "p2p shape buffers, synchronize",
+    # All-gather / reduce-scatter buffers (sequence parallel) on the current device.
+    "megatron.core.tensor_parallel.layers": "sequence-parallel gather buffers",
+    "megatron.core.tensor_parallel.mappings": "gather/scatter buffers",
+    "megatron.core.transformer.attention": "inference KV buffers",
+    # Causal masks built with device="cuda" (local-spec attention with attn_mask_type causal).
+    "megatron.core.transformer.utils": "causal masks",
+    "megatron.core.transformer.dot_product_attention": "mask buffers",
+    "megatron.core.transformer.transformer_layer": "offload buffers",
+    # RoPE moves inv_freq to the current device on first use.
+    "megatron.core.models.common.embeddings.rotary_pos_embedding": "RoPE frequencies",
+    "megatron.core.models.gpt.gpt_model": "MTP / inference buffers",
+    "megatron.core.tensor_parallel.data": "broadcast_data buffers",
+    "megatron.core.tensor_parallel.utils": "split/gather buffers",
+    "megatron.core.transformer.module": "Float16Module buffers",
+    "megatron.core.parallel_state": "barriers and synchronize",
+    # Distributed checkpointing (torch_dist format): synchronize before writes, verification and
+    # exchange buffers on the current device.
+    "megatron.core.dist_checkpointing.tensor_aware_state_dict": "synchronize",
+    "megatron.core.dist_checkpointing.strategies.filesystem_async": "synchronize before preload",
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver": "verification scalars",
+    "megatron.core.dist_checkpointing.strategies.fully_parallel": "synchronize",
+    "megatron.core.dist_checkpointing.strategies.async_utils": "liveness scalars, synchronize",
+    "megatron.core.dist_checkpointing.exchange_utils": "exchange buffers",
+}
+
+_FACTORIES = (
+    "tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", "rand", "randn", "randint",
+    "zeros_like", "ones_like", "empty_like", "full_like",
+)
+_CPU = torch.device("cpu")
+_installed = False
+
+
+def install() -> None:
+    """Apply every redirection once per process; a no-op when CUDA is available."""
+    global _installed
+    if _installed or torch.cuda.is_available():
+        return
+    cpu_torch = _cpu_view_of_torch()
+    for name in _REDIRECTED_MODULES:
+        import_module(name).torch = cpu_torch
+    _redirect_cuda_rng_state_helpers()
+    _report_cuda_tensor_types_to_megatron()
+    _installed = True
+
+
+def is_active() -> bool:
+    """True once `install()` has redirected megatron-core to the CPU."""
+    return _installed
+
+
+def _on_cpu(device):
+    if device is None:
+        return None
+    if isinstance(device, int) or torch.device(device).type == "cuda":
+        return _CPU
+    return device
+
+
+def _factory_on_cpu(factory):
+    @functools.wraps(factory)
+    def wrapper(*args, **kwargs):
+        if "device" in kwargs:
+            kwargs["device"] = _on_cpu(kwargs["device"])
+        return factory(*args, **kwargs)
+
+    return wrapper
+
+
+def _cpu_view_of_cuda() -> types.ModuleType:
+    cuda = types.ModuleType("torch.cuda")
+    cuda.__dict__.update(torch.cuda.__dict__)
+    cuda.current_device = lambda: _CPU
+    cuda.synchronize = lambda device=None: None
+    cuda.empty_cache = lambda: None
+    # The tracked "CUDA" RNG streams are kept on the CPU generator.
+    cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
+    cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
+    cuda.manual_seed = torch.manual_seed
+    return cuda
+
+
+def _cpu_view_of_torch() -> types.ModuleType:
+    view = types.ModuleType("torch")
+    view.__dict__.update(torch.__dict__)
+    for name in _FACTORIES:
+        setattr(view, name, _factory_on_cpu(getattr(torch, name)))
+    view.cuda = _cpu_view_of_cuda()
+    return view
+
+
+def _redirect_cuda_rng_state_helpers() -> None:
+    """tensor_parallel.random._get/_set_cuda_rng_state index torch.cuda.default_generators."""
+    random = import_module("megatron.core.tensor_parallel.random")
+
+    def get_state(device=None, clone=False, graph_safe=False):
+        return torch.get_rng_state()
+
+    def set_state(new_state, device=-1, graph_safe=False):
+        torch.set_rng_state(new_state)
+
+    random._get_cuda_rng_state = get_state
+    random._set_cuda_rng_state = set_state
+
+
+def _report_cuda_tensor_types_to_megatron() -> None:
+    """optimizer.py, distrib_optimizer.py and clip_grads.py accept only `Tensor.type()` strings of
+    CUDA tensors ('torch.cuda.FloatTensor', ...) and call `.cuda()` on state tensors. For callers inside
+    megatron-core only, CPU tensors report their CUDA type name and `.cuda()` keeps them in place."""
+    original_type = torch.Tensor.type
+    original_cuda = torch.Tensor.cuda
+
+    def called_from_megatron() -> bool:
+        return sys._getframe(2).f_globals.get("__name__", "").startswith("megatron.")
+
+    def type_(self, *args, **kwargs):
+        name = original_type(self, *args, **kwargs)
+        if not args and not kwargs and self.device.type == "cpu" and called_from_megatron():
+            return name.replace("torch.", "torch.cuda.", 1)
+        return name
+
+    def cuda(self, *args, **kwargs):
+        if called_from_megatron():
+            return self
+        return original_cuda(self, *args, **kwargs)
+
+    torch.Tensor.type = type_
+    torch.Tensor.cuda = cuda

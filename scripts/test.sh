@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Set up .venv (idempotent), then run the whole test suite: unit, distributed, e2e, deploy.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/unit -x`.
+set -euo pipefail
+
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+  echo "Usage: bash scripts/test.sh [pytest args...]"
+  echo "Sets up .venv (scripts/setup.sh) and runs the test suite with pytest (default: all of tests/)."
+  exit 0
+fi
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bash scripts/setup.sh
+echo "test.sh: running pytest $*"
+exec "$root/.venv/bin/python" -m pytest -p no:cacheprovider "$@"

