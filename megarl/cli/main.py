@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS: list[str] = []
+COMMANDS: list[str] = ["validate"]
 
 
 def build_parser() -> argparse.ArgumentParser:

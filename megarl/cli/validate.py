@@ -1,0 +1,76 @@
+"""`megarl validate CONFIG [key=value ...]`: check a recipe and show what would run, starting nothing.
+
+Prints the resolved config (every key, defaults included) and the batch plan, exit 0; or every
+problem, one line each, exit 2. Nothing is written and no process, Ray or model is started.
+"""
+
+import argparse
+import sys
+
+import yaml
+
+from megarl.config import ConfigError, Problem, format_plan, load_config, load_model_facts, plan_batches, to_dict, validate
+from megarl.config.model_facts import ModelFactsError
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "validate",
+        help="check a config; print the resolved config and the batch plan",
+        description="Check a YAML recipe (with key.sub=value overrides) without starting anything. Prints the "
+                    "resolved config and the batch plan (exit 0) or every problem found (exit 2).",
+    )
+    parser.add_argument("config", help="YAML recipe, e.g. configs/quickstart.yaml")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="overrides applied in order, values parsed as YAML: actor.optim.lr=1e-6 data.train_files=[a.jsonl]")
+    parser.add_argument("--no-file-checks", action="store_true",
+                        help="for a recipe meant for another machine: do not look at data files, model/tokenizer/"
+                             "reward-model directories, checkpoint/output directories or the resume path (the skipped "
+                             "checks are listed); model-shape checks use megarl's table of known hub models")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as error:
+        _report(args.config, error.problems)
+        print("(semantic checks run once the keys and types above are fixed)", file=sys.stderr)
+        return 2
+    check_files = not args.no_file_checks
+    problems = validate(config, check_files=check_files)
+    if problems:
+        _report(args.config, problems)
+        return 2
+    print("# resolved config")
+    print(yaml.dump(to_dict(config), Dumper=_Dumper, sort_keys=False, width=120), end="")
+    print("\n# batch plan")
+    print(format_plan(plan_batches(config)))
+    print(f"\nmodel: {_model_line(config.model.path)}")
+    if not check_files:
+        print("skipped (--no-file-checks): existence of data files, model/tokenizer/reward-model directories and the "
+              "resume checkpoint; writability of checkpoint.dir and trainer.output_dir")
+    print(f"\n{args.config}: OK")
+    return 0
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block-style sections with flow-style lists: `betas: [0.9, 0.999]`."""
+
+
+_Dumper.add_representer(list, lambda dumper, items: dumper.represent_sequence("tag:yaml.org,2002:seq", items, flow_style=True))
+
+
+def _report(source: str, problems: list[Problem]) -> None:
+    print(f"{source}: {len(problems)} problem(s)", file=sys.stderr)
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+
+
+def _model_line(path: str) -> str:
+    try:
+        facts = load_model_facts(path)
+    except ModelFactsError as error:
+        return f"{path}: {error.why}; checks against the model's shape were skipped"
+    return (f"{path}: {facts.model_type}, {facts.num_hidden_layers} layers, {facts.num_attention_heads} heads, "
+            f"{facts.num_key_value_heads} KV heads (from {facts.source})")

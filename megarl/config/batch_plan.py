@@ -1,0 +1,307 @@
+"""The batch plan: how one training step's prompts and samples are cut across engines, ranks and micro-batches.
+
+    samples per step        = data.train_batch_size (prompts) × rollout.n
+    rollout engines         = rollout GPUs ÷ rollout TP;  samples per engine = samples per step ÷ engines
+    role DP                 = training GPUs ÷ (TP × PP)
+    samples per mini-batch  = ppo_mini_batch_size (prompts) × rollout.n;  per rank = that ÷ DP
+    grad accumulation       = per-rank mini-batch ÷ micro_batch_size_per_gpu (micro-batches per optimizer step)
+    optimizer steps / step  = (train_batch_size ÷ ppo_mini_batch_size) × ppo_epochs
+
+Every division must be exact; a problem shows the arithmetic. The plan is derived, never written back.
+"""
+
+from dataclasses import dataclass
+
+from megarl.config.config import Config
+from megarl.config.problems import ConfigError, Problem
+from megarl.config.roles import ParallelConfig
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """How a trained role (actor, critic) slices one step's samples into optimizer steps."""
+
+    mini_batch_prompts: int
+    """Prompts per optimizer step (ppo_mini_batch_size)."""
+    mini_batch_samples: int
+    """Samples per optimizer step, all ranks together."""
+    samples_per_rank: int
+    """Samples per optimizer step on one DP rank."""
+    grad_accumulation_steps: int
+    """Micro-batches per rank per optimizer step."""
+    mini_batches_per_epoch: int
+    """Optimizer steps per pass over the step's samples."""
+    optimizer_steps_per_step: int
+    """Optimizer steps per training step (mini-batches × ppo_epochs)."""
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    """One Megatron role's parallel layout and its forward pass over a step's samples."""
+
+    role: str
+    """actor, critic or ref."""
+    tensor_parallel: int
+    """TP size."""
+    pipeline_parallel: int
+    """PP size."""
+    data_parallel: int
+    """DP size = training GPUs ÷ (TP × PP)."""
+    micro_batch_size: int
+    """Samples per micro-batch on one rank."""
+    samples_per_rank: int
+    """Samples of one training step on one DP rank (log-prob / value pass)."""
+    forward_micro_batches: int
+    """Micro-batches per rank for that forward pass."""
+    update: UpdatePlan | None
+    """Optimizer slicing; None for the reference, which never trains."""
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Derived sizes of one training step (`megarl validate` prints it)."""
+
+    prompts_per_step: int
+    """data.train_batch_size."""
+    samples_per_prompt: int
+    """rollout.n."""
+    samples_per_step: int
+    """Prompts × samples per prompt."""
+    world_size: int
+    """All GPUs (processes on CPU): nnodes × gpus_per_node."""
+    train_gpus: int
+    """GPUs of the Megatron roles (all of them when colocated)."""
+    rollout_gpus: int
+    """GPUs of the rollout engines (all of them when colocated)."""
+    rollout_tp: int
+    """Tensor-parallel size of one rollout engine."""
+    rollout_engines: int
+    """Rollout GPUs ÷ rollout TP."""
+    samples_per_engine: int
+    """Samples each engine generates per step."""
+    actor: RolePlan
+    """The actor's layout and slicing."""
+    critic: RolePlan | None
+    """The critic's, or None without a critic."""
+    ref: RolePlan | None
+    """The reference's, or None when no KL term needs it."""
+
+
+def uses_reference(config: Config) -> bool:
+    """The reference model exists only when a KL term reads its log-probs."""
+    return config.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+
+
+def plan_batches(config: Config) -> BatchPlan:
+    """The batch plan of `config`; raises `ConfigError` with every broken size or divisibility rule."""
+    plan, problems = _plan(config)
+    if problems:
+        raise ConfigError(problems)
+    return plan
+
+
+def batch_problems(config: Config) -> list[Problem]:
+    """Every size and divisibility problem of `config` (what `plan_batches` would raise)."""
+    return _plan(config)[1]
+
+
+def _plan(config: Config) -> tuple[BatchPlan | None, list[Problem]]:
+    problems: list[Problem] = []
+    if not _sizes_positive(config, problems):
+        return None, problems
+    prompts, n = config.data.train_batch_size, config.rollout.n
+    samples = prompts * n
+    gpus = _placement(config, problems)
+    if gpus is None:
+        return None, problems
+    world, train_gpus, rollout_gpus = gpus
+    engines = _rollout_engines(config, rollout_gpus, samples, problems)
+    actor = _role_plan("actor", config.actor, train_gpus, config, problems, trained=True)
+    critic = _role_plan("critic", config.critic, train_gpus, config, problems, trained=True) if config.critic.enable else None
+    ref = _role_plan("ref", config.ref, train_gpus, config, problems, trained=False) if uses_reference(config) else None
+    if problems:
+        return None, problems
+    plan = BatchPlan(prompts, n, samples, world, train_gpus, rollout_gpus, config.rollout.tensor_model_parallel_size,
+                     engines, samples // engines, actor, critic, ref)
+    return plan, problems
+
+
+def _sizes_positive(config: Config, problems: list[Problem]) -> bool:
+    sizes = {
+        "data.train_batch_size": config.data.train_batch_size,
+        "rollout.n": config.rollout.n,
+        "rollout.tensor_model_parallel_size": config.rollout.tensor_model_parallel_size,
+        "placement.nnodes": config.placement.nnodes,
+        "placement.gpus_per_node": config.placement.gpus_per_node,
+    }
+    roles = {"actor": config.actor, "critic": config.critic, "ref": config.ref}
+    for name, role in roles.items():
+        sizes[f"{name}.parallel.tensor_model_parallel_size"] = role.parallel.tensor_model_parallel_size
+        sizes[f"{name}.parallel.pipeline_model_parallel_size"] = role.parallel.pipeline_model_parallel_size
+        sizes[f"{name}.micro_batch_size_per_gpu"] = role.micro_batch_size_per_gpu
+    for name in ("actor", "critic"):
+        sizes[f"{name}.ppo_mini_batch_size"] = roles[name].ppo_mini_batch_size
+        sizes[f"{name}.ppo_epochs"] = roles[name].ppo_epochs
+    before = len(problems)
+    for key, value in sizes.items():
+        if value < 1:
+            problems.append(Problem(key, value, "must be a positive integer", f"set {key} to 1 or more"))
+    if config.placement.rollout_gpus < 0:
+        problems.append(Problem("placement.rollout_gpus", config.placement.rollout_gpus, "cannot be negative",
+                                "set it to 0 (colocated) or the number of rollout GPUs (split)"))
+    return len(problems) == before
+
+
+def _placement(config: Config, problems: list[Problem]) -> tuple[int, int, int] | None:
+    """(world size, training GPUs, rollout GPUs) of the placement."""
+    placement = config.placement
+    world = placement.nnodes * placement.gpus_per_node
+    layout = f"{placement.nnodes} node(s) × {placement.gpus_per_node} GPUs = {world} GPUs"
+    if placement.mode == "colocated":
+        if placement.rollout_gpus != 0:
+            problems.append(Problem("placement.rollout_gpus", placement.rollout_gpus,
+                                    "colocated placement shares all GPUs, so rollout_gpus would be ignored",
+                                    "set placement.rollout_gpus=0, or placement.mode=split to give the rollout GPUs of its own"))
+            return None
+        return world, world, world
+    if not 1 <= placement.rollout_gpus < world:
+        problems.append(Problem("placement.rollout_gpus", placement.rollout_gpus,
+                                f"split placement needs between 1 and {world - 1} rollout GPUs ({layout}; the rest train)",
+                                f"set placement.rollout_gpus between 1 and {world - 1}"))
+        return None
+    return world, world - placement.rollout_gpus, placement.rollout_gpus
+
+
+def _rollout_engines(config: Config, rollout_gpus: int, samples: int, problems: list[Problem]) -> int:
+    placement, tp = config.placement, config.rollout.tensor_model_parallel_size
+    key = "rollout.tensor_model_parallel_size"
+    where = "split rollout GPUs" if placement.mode == "split" else "GPUs"
+    if rollout_gpus % tp:
+        problems.append(Problem(key, tp, f"rollout TP {tp} does not divide the {rollout_gpus} {where} "
+                                         f"({rollout_gpus} ÷ {tp} = {rollout_gpus / tp:.2f} engines)",
+                                f"use a rollout TP that divides {rollout_gpus}: {_divisors(rollout_gpus)}"))
+        return 0
+    if placement.mode == "colocated" and placement.gpus_per_node % tp:
+        problems.append(Problem(key, tp, f"colocated engines must not straddle nodes: rollout TP {tp} does not "
+                                         f"divide the {placement.gpus_per_node} GPUs of a node",
+                                f"use a rollout TP that divides {placement.gpus_per_node}: "
+                                f"{_divisors(placement.gpus_per_node)}"))
+        return 0
+    engines = rollout_gpus // tp
+    if samples % engines:
+        problems.append(Problem(
+            "data.train_batch_size", config.data.train_batch_size,
+            f"{config.data.train_batch_size} prompts × {config.rollout.n} samples = {samples} samples do not split "
+            f"evenly over {rollout_gpus} {where} ÷ rollout TP {tp} = {engines} engines "
+            f"({samples} ÷ {engines} = {samples / engines:.2f})",
+            f"make train_batch_size × rollout.n a multiple of {engines}"))
+    return engines
+
+
+def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[Problem], trained: bool):
+    parallel: ParallelConfig = role.parallel
+    tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
+    if train_gpus % (tp * pp):
+        problems.append(Problem(
+            f"{name}.parallel.tensor_model_parallel_size", tp,
+            f"{name} TP {tp} × PP {pp} = {tp * pp} does not divide the {train_gpus} training GPUs "
+            f"({train_gpus} ÷ {tp * pp} = {train_gpus / (tp * pp):.2f} data-parallel replicas)",
+            f"choose TP × PP dividing {train_gpus}: {_divisors(train_gpus)}"))
+        return None
+    dp = train_gpus // (tp * pp)
+    dp_text = f"{name} DP {dp} ({train_gpus} GPUs ÷ (TP {tp} × PP {pp}))"
+    if trained:
+        update = _update_plan(name, role, dp, dp_text, config, problems)
+        if update is None:
+            return None
+        # A step is a whole number of mini-batches, each split exactly: the forward pass splits too.
+        per_rank = update.samples_per_rank * update.mini_batches_per_epoch
+        return RolePlan(name, tp, pp, dp, role.micro_batch_size_per_gpu, per_rank,
+                        per_rank // role.micro_batch_size_per_gpu, update)
+    prompts, n, micro = config.data.train_batch_size, config.rollout.n, role.micro_batch_size_per_gpu
+    samples = prompts * n
+    if samples % dp:
+        problems.append(Problem("data.train_batch_size", prompts,
+                                f"{prompts} prompts × {n} samples = {samples} samples do not split over {dp_text} "
+                                f"({samples} ÷ {dp} = {samples / dp:.2f})",
+                                f"make train_batch_size × rollout.n a multiple of {dp}"))
+        return None
+    per_rank = samples // dp
+    if per_rank % micro:
+        problems.append(Problem(f"{name}.micro_batch_size_per_gpu", micro,
+                                f"{samples} samples ÷ {dp_text} = {per_rank} per rank, not a multiple of {micro}",
+                                f"use a divisor of {per_rank}: {_divisors(per_rank)}"))
+        return None
+    return RolePlan(name, tp, pp, dp, micro, per_rank, per_rank // micro, None)
+
+
+def _update_plan(name: str, role, dp: int, dp_text: str, config: Config, problems: list[Problem]) -> UpdatePlan | None:
+    prompts, n, micro = config.data.train_batch_size, config.rollout.n, role.micro_batch_size_per_gpu
+    mini = role.ppo_mini_batch_size
+    key = f"{name}.ppo_mini_batch_size"
+    if prompts % mini:
+        valid = [d for d in _divisor_list(prompts) if (d * n) % dp == 0]
+        problems.append(Problem(key, mini, f"{prompts} prompts per step (data.train_batch_size) are not a whole "
+                                           f"number of {mini}-prompt mini-batches ({prompts} ÷ {mini} = {prompts / mini:.2f})",
+                                f"use a divisor of {prompts} that also fits DP {dp}: {_short(valid)}"))
+        return None
+    mini_samples = mini * n
+    if mini_samples % dp:
+        valid = [d for d in _divisor_list(prompts) if (d * n) % dp == 0]
+        problems.append(Problem(key, mini, f"{mini} prompts × {n} samples = {mini_samples} samples per mini-batch do "
+                                           f"not split over {dp_text}: {mini_samples} ÷ {dp} = {mini_samples / dp:.2f}",
+                                f"use a ppo_mini_batch_size with mini × {n} a multiple of {dp}: {_short(valid)}"
+                                if valid else f"change the {name} layout or rollout.n so that the DP size divides the samples"))
+        return None
+    per_rank = mini_samples // dp
+    if per_rank % micro:
+        problems.append(Problem(f"{name}.micro_batch_size_per_gpu", micro,
+                                f"{mini} prompts × {n} samples = {mini_samples} per mini-batch ÷ {dp_text} = {per_rank} "
+                                f"samples per rank, not a multiple of {micro}",
+                                f"use a divisor of {per_rank}: {_divisors(per_rank)}"))
+        return None
+    batches = prompts // mini
+    return UpdatePlan(mini, mini_samples, per_rank, per_rank // micro, batches, batches * role.ppo_epochs)
+
+
+def _divisor_list(number: int) -> list[int]:
+    return [d for d in range(1, number + 1) if number % d == 0]
+
+
+def _divisors(number: int) -> str:
+    return _short(_divisor_list(number))
+
+
+def _short(values: list[int]) -> str:
+    if not values:
+        return "none"
+    return ", ".join(map(str, values)) if len(values) <= 8 else ", ".join(map(str, values[:8])) + ", ..."
+
+
+def format_plan(plan: BatchPlan) -> str:
+    """The plan as a plain-text table (what `megarl validate` prints)."""
+    lines = [
+        f"step:     {plan.prompts_per_step} prompts × {plan.samples_per_prompt} samples = {plan.samples_per_step} samples",
+        f"devices:  {plan.world_size} GPUs: {plan.train_gpus} training, {plan.rollout_gpus} rollout"
+        + (" (colocated: the same GPUs)" if plan.train_gpus == plan.rollout_gpus == plan.world_size else ""),
+        f"rollout:  {plan.rollout_gpus} GPUs ÷ TP {plan.rollout_tp} = {plan.rollout_engines} engines, "
+        f"{plan.samples_per_engine} samples each",
+        "",
+        f"{'role':<7}{'TP':>4}{'PP':>4}{'DP':>4}  {'samples/rank':>12}  {'micro':>5}  {'fwd micro':>9}  "
+        f"{'mini (prompts/samples/per rank)':>31}  {'grad acc':>8}  {'opt steps':>9}",
+    ]
+    for role in (plan.actor, plan.critic, plan.ref):
+        if role is None:
+            continue
+        update = role.update
+        mini = (f"{update.mini_batch_prompts}/{update.mini_batch_samples}/{update.samples_per_rank}"
+                if update else "- (no training)")
+        lines.append(
+            f"{role.role:<7}{role.tensor_parallel:>4}{role.pipeline_parallel:>4}{role.data_parallel:>4}  "
+            f"{role.samples_per_rank:>12}  {role.micro_batch_size:>5}  {role.forward_micro_batches:>9}  {mini:>31}  "
+            f"{update.grad_accumulation_steps if update else '-':>8}  {update.optimizer_steps_per_step if update else '-':>9}")
+    if plan.critic is None:
+        lines.append("critic: none (critic.enable: false)")
+    if plan.ref is None:
+        lines.append("ref:    none (no KL term: actor.use_kl_loss and algorithm.use_kl_in_reward are false)")
+    return "\n".join(lines)

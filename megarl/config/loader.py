@@ -1,0 +1,240 @@
+"""YAML recipes and `key.sub=value` overrides into a typed `Config`, refusing unknown keys and wrong types.
+
+A recipe states only what differs from the dataclass defaults. Values are checked against the field
+types as written (an int is accepted where a float is expected; nothing else is converted), so the
+loaded config is exactly what the user asked for.
+"""
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Literal, Union
+
+import yaml
+
+from megarl.config.config import Config
+from megarl.config.problems import ConfigError, Problem
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads `1e-6` as a float (YAML 1.1 wants `1.0e-6`) and refuses duplicate keys."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (the first value would be silently dropped)", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def parse_yaml(text: str):
+    """Parse YAML text with megarl's rules (scientific floats, no duplicate keys)."""
+    return yaml.load(text, Loader=_Loader)
+
+
+def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
+    """Read a YAML recipe, apply `key.sub=value` overrides in order, and build the typed `Config`.
+
+    Raises `ConfigError` listing every unknown key, wrong type and malformed override at once.
+    Semantic checks (sizes, divisibility, files) are `validate()`'s job.
+    """
+    path = Path(path)
+    try:
+        data = parse_yaml(path.read_text()) or {}
+    except OSError as error:
+        raise ConfigError([Problem(str(path), None, f"cannot read the config file ({error.strerror})",
+                                   "pass the path of an existing YAML recipe, e.g. configs/quickstart.yaml")])
+    except yaml.YAMLError as error:
+        raise ConfigError([Problem(str(path), None, f"not valid YAML: {' '.join(str(error).split())}",
+                                   "correct the YAML syntax at the position shown")])
+    if not isinstance(data, dict):
+        raise ConfigError([Problem(str(path), data, "a recipe must be a mapping of sections",
+                                   "write sections at the top level, e.g. `model:` then `  path: ...`")])
+    problems = apply_overrides(data, overrides)
+    config = build_config(data, problems)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def apply_overrides(data: dict, overrides: typing.Sequence[str]) -> list[Problem]:
+    """Set each `key.sub=value` (value parsed as YAML: scalars, `[a, b]` lists) into `data`, in place."""
+    problems = []
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
+            problems.append(Problem("<override>", override, "an override must look like key.sub=value",
+                                    "write e.g. actor.optim.lr=1e-6 or data.train_files=[a.jsonl,b.jsonl]"))
+            continue
+        try:
+            value = parse_yaml(text)
+        except yaml.YAMLError as error:
+            problems.append(Problem(key, text, f"the value is not valid YAML ({str(error).splitlines()[0]})",
+                                    "quote strings with special characters, e.g. key='a: b'"))
+            continue
+        *parents, leaf = key.split(".")
+        node = data
+        for depth, part in enumerate(parents):
+            if node.get(part) is None:  # absent, or `section:` left empty in the recipe
+                node[part] = {}
+            node = node[part]
+            if not isinstance(node, dict):
+                section = ".".join(parents[: depth + 1])
+                problems.append(Problem(key, value, f"{section} is a value, not a section",
+                                        f"override {section} itself, e.g. {section}=..."))
+                break
+        else:
+            if isinstance(value, dict) and isinstance(node.get(leaf), dict):
+                _merge(node[leaf], value)  # `actor.optim={lr: 1e-6}` keeps the recipe's other optim keys
+            else:
+                node[leaf] = value
+    return problems
+
+
+def _merge(into: dict, update: dict) -> None:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def build_config(data: dict, problems: list[Problem]) -> Config:
+    """Build a `Config` from nested plain data, appending a `Problem` per unknown key or wrong type.
+
+    A field with a problem keeps its default so the rest can still be checked; callers must not use
+    the result when `problems` is non-empty.
+    """
+    return _build(Config, data, "", problems, _all_keys(Config))
+
+
+def _build(cls, data: dict, prefix: str, problems: list[Problem], all_keys: list[str]):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        if name not in fields:
+            problems.append(_unknown_key(key, value, prefix, list(fields), all_keys))
+            continue
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            if value is None:  # `section:` with every key commented out
+                value = {}
+            if not isinstance(value, dict):
+                problems.append(Problem(key, value, "this is a section, not a value",
+                                        f"write a mapping of its keys: {', '.join(f.name for f in dataclasses.fields(hint))}"))
+                continue
+            values[name] = _build(hint, value, f"{key}.", problems, all_keys)
+            continue
+        try:
+            values[name] = _convert(hint, value)
+        except _Mismatch:
+            problems.append(Problem(key, value, f"wrong type: expected {_describe(hint)}",
+                                    f"set {key} to {_describe(hint)}"))
+    return cls(**values)
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def _convert(hint, value):
+    """`value` checked against the type `hint`; tuples from YAML lists; ints accepted as floats."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        if isinstance(value, str) and value in args:
+            return value
+        raise _Mismatch
+    if origin in (Union, types.UnionType):
+        for member in args:
+            try:
+                return _convert(member, value)
+            except _Mismatch:
+                pass
+        raise _Mismatch
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise _Mismatch
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(args[0], item) for item in value)
+        if len(value) != len(args):
+            raise _Mismatch
+        return tuple(_convert(member, item) for member, item in zip(args, value))
+    if hint is type(None):
+        if value is None:
+            return None
+        raise _Mismatch
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise _Mismatch
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise _Mismatch
+    raise TypeError(f"config field type {hint!r} is not supported by the loader")
+
+
+def _describe(hint) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(arg) for arg in args)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(member) for member in args)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a list of ({_describe(args[0])})"
+        return f"a list of {len(args)} items ({', '.join(_describe(member) for member in args)})"
+    names = {type(None): "null", bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return names[hint]
+
+
+def _all_keys(cls, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema, sections included: `actor`, `actor.optim`, `actor.optim.lr`, ..."""
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        keys.append(key)
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys.extend(_all_keys(hints[f.name], f"{key}."))
+    return keys
+
+
+def _unknown_key(key: str, value, prefix: str, siblings: list[str], all_keys: list[str]) -> Problem:
+    """An unknown key, with the closest sibling names or same-named keys elsewhere (`actor.lr` → `actor.optim.lr`)."""
+    leaf = key.rsplit(".", 1)[-1]
+    # The most specific guess wins: a sibling typo, then the same name in another section, then any near key.
+    near = [f"{prefix}{name}" for name in difflib.get_close_matches(leaf, siblings, n=3, cutoff=0.6)]
+    same_name = [k for k in all_keys if k.rsplit(".", 1)[-1] == leaf]
+    near = near or [k for k in same_name if k.startswith(prefix)] or same_name
+    near = near or [k for k in difflib.get_close_matches(key, all_keys, n=3, cutoff=0.8) if not key.startswith(f"{k}.")]
+    where = prefix.rstrip(".") or "the top level"
+    if near:
+        fix = f"did you mean {' or '.join(near[:3])}?"
+    else:
+        fix = f"remove it; keys of {where}: {', '.join(siblings)}"
+    return Problem(key, value, f"unknown key in {where}", fix)

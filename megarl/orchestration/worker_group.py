@@ -1,0 +1,146 @@
+"""A group of Ray actor processes that form one torch.distributed world and host a plain worker class.
+
+Usage:
+    group = WorkerGroup("actor", "megarl.trainer.rank_worker:RankWorker", world_size=2,
+                        placement=pg, bundle=BundleSpec(cpus=1), init_kwargs={...})
+    group.call_all("compute_log_prob", batch)          # same arguments on every rank -> [r0, r1]
+    group.call_each("generate", [args_r0, args_r1])     # one argument tuple per rank
+    group.call_rank0("export_hf", out_dir)
+
+Rank 0 starts first and tells the others where to rendezvous. A failure on any rank raises
+`WorkerFailure` naming the role, the rank and the remote traceback, and kills the whole group, so peers
+blocked in a collective with the dead rank do not hang the driver.
+"""
+
+import importlib
+import os
+import time
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from megarl.orchestration.placement import BundleSpec
+
+DEFAULT_CALL_TIMEOUT_S = 1800.0
+
+
+class WorkerFailure(RuntimeError):
+    """A rank of a worker group raised, died, or did not answer in time."""
+
+    def __init__(self, role: str, rank: int, detail: str):
+        super().__init__(f"{role} rank {rank} failed:\n{detail}")
+        self.role = role
+        self.rank = rank
+
+
+class RankProcess:
+    """The Ray actor body: one rank process that joins its group's world and hosts a worker object."""
+
+    def __init__(self, role: str, rank: int, world_size: int, env: dict[str, str]):
+        os.environ.update(env)
+        self.role, self.rank, self.world_size = role, rank, world_size
+        self.target = None
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        from megarl.parallel.spawn import free_port
+
+        host = ray.util.get_node_ip_address()
+        return host, free_port(host)
+
+    def start(self, master_addr: str, master_port: int, target: str, kwargs: dict, timeout_s: float) -> int:
+        import torch
+
+        from megarl.parallel.distributed import init_distributed
+
+        os.environ.update(
+            RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(ray.get_gpu_ids()[0] if ray.get_gpu_ids() else 0),
+            MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
+        )
+        if not torch.cuda.is_available():
+            # Ray sets OMP_NUM_THREADS=1 for actors; use the cores this bundle reserved.
+            torch.set_num_threads(max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
+        init_distributed(timeout_s=timeout_s)
+        module_name, class_name = target.split(":")
+        self.target = getattr(importlib.import_module(module_name), class_name)(**kwargs)
+        return os.getpid()
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.target, method)(*args, **kwargs)
+
+
+class WorkerGroup:
+    """`world_size` RankProcess actors, one per placement-group bundle, hosting `target` ("pkg.mod:Class")."""
+
+    def __init__(
+        self,
+        role: str,
+        target: str,
+        world_size: int,
+        placement,
+        bundle: BundleSpec,
+        init_kwargs: dict | list[dict] | None = None,
+        env: dict[str, str] | None = None,
+        collective_timeout_s: float = 600.0,
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        first_bundle: int = 0,
+    ):
+        self.role = role
+        self.world_size = world_size
+        self.call_timeout_s = call_timeout_s
+        remote_cls = ray.remote(RankProcess)
+        self.actors = [
+            remote_cls.options(
+                num_cpus=bundle.cpus,
+                num_gpus=bundle.gpus,
+                name=None,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=placement, placement_group_bundle_index=first_bundle + rank
+                ),
+            ).remote(role, rank, world_size, dict(env or {}))
+            for rank in range(world_size)
+        ]
+        host, port = self._wait([self.actors[0].rendezvous_address.remote()], timeout_s=call_timeout_s)[0]
+        per_rank = init_kwargs if isinstance(init_kwargs, list) else [dict(init_kwargs or {})] * world_size
+        self.pids = self._wait(
+            [a.start.remote(host, port, target, per_rank[r], collective_timeout_s) for r, a in enumerate(self.actors)],
+            timeout_s=call_timeout_s,
+        )
+
+    def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call `method` with the same arguments on every rank; results in rank order."""
+        return self._wait([a.call.remote(method, *args, **kwargs) for a in self.actors])
+
+    def call_each(self, method: str, per_rank_args: list[tuple], **kwargs: Any) -> list[Any]:
+        """Call `method(*per_rank_args[r], **kwargs)` on rank r (e.g. each rank's DP slice)."""
+        assert len(per_rank_args) == self.world_size, "one argument tuple per rank"
+        return self._wait([a.call.remote(method, *per_rank_args[r], **kwargs) for r, a in enumerate(self.actors)])
+
+    def call_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call `method` on rank 0 only (e.g. exports that need no collective)."""
+        return self._wait([self.actors[0].call.remote(method, *args, **kwargs)])[0]
+
+    def kill(self) -> None:
+        """Stop every rank process of the group (idempotent)."""
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+
+    def _wait(self, refs: list, timeout_s: float | None = None) -> list[Any]:
+        """Gather results in order; on the first failure or at the deadline, kill the group and raise."""
+        deadline = time.monotonic() + (timeout_s or self.call_timeout_s)
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}  # call_rank0 passes rank 0's ref alone
+        pending, results = list(refs), {}
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not done:
+                missing = sorted(rank_of[r] for r in pending)
+                self.kill()
+                raise WorkerFailure(self.role, missing[0], f"ranks {missing} did not answer within the call timeout")
+            ref = done[0]
+            try:
+                results[ref] = ray.get(ref, timeout=0)
+            except (RayTaskError, RayActorError, GetTimeoutError) as error:
+                self.kill()
+                raise WorkerFailure(self.role, rank_of[ref], str(error)) from None
+        return [results[ref] for ref in refs]

@@ -1,0 +1,84 @@
+"""Worker groups on a real local Ray: one torch.distributed world, per-rank calls, failures named."""
+
+import psutil
+import pytest
+
+from megarl.orchestration.cluster import init_ray, shutdown_ray
+from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group
+from megarl.orchestration.worker_group import WorkerFailure, WorkerGroup
+from ray.util.placement_group import remove_placement_group
+
+TARGET = "tests.e2e.orchestration.targets:SumWorker"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    # Ray resources are logical: 4 "CPUs" on a 2-core machine is fine for these light processes.
+    init_ray(num_cpus=4)
+    yield
+    shutdown_ray()
+
+
+@pytest.fixture
+def make_group(ray_cluster):
+    """Builds worker groups; their processes and placement groups are released after the test."""
+    made = []
+
+    def make(name, world_size=2, **kwargs):
+        pg = create_placement_group(name, world_size, BundleSpec(cpus=1))
+        made.append(pg)
+        group = WorkerGroup(name, TARGET, world_size, pg, BundleSpec(cpus=1), **kwargs)
+        made.append(group)
+        return group
+
+    yield make
+    for item in reversed(made):
+        item.kill() if isinstance(item, WorkerGroup) else remove_placement_group(item)
+
+
+def test_ranks_form_one_world(make_group):
+    group = make_group("sum", init_kwargs=[{"offset": 10}, {"offset": 20}])
+    assert group.call_all("rank") == [0, 1]
+    assert group.call_all("all_reduce", 1.0) == [32.0, 32.0]
+    assert group.call_each("all_reduce", [(1.0,), (2.0,)]) == [33.0, 33.0]
+    assert group.call_rank0("rank") == 0
+
+
+def test_remote_exception_names_role_rank_and_traceback(make_group):
+    group = make_group("failing")
+    with pytest.raises(WorkerFailure, match=r"failing rank 1 failed:(.|\n)*ValueError: deliberate failure on rank 1") as info:
+        group.call_all("fail_on", 1)
+    assert (info.value.role, info.value.rank) == ("failing", 1)
+    _assert_gone(group.pids)
+
+
+def test_dead_rank_ends_the_call(make_group):
+    group = make_group("dying")
+    with pytest.raises(WorkerFailure, match=r"dying rank 0 failed"):
+        group.call_all("die_on", 0)
+    _assert_gone(group.pids)
+
+
+def test_unanswered_call_times_out(make_group):
+    group = make_group("hanging", world_size=1, call_timeout_s=5)
+    with pytest.raises(WorkerFailure, match=r"did not answer within the call timeout"):
+        group.call_all("hang")
+    _assert_gone(group.pids)
+
+
+def test_unsatisfiable_placement_is_a_clear_error(ray_cluster):
+    with pytest.raises(PlacementError, match=r"needs 64 processes × \(1 CPU, 0 GPU\).*cluster has 4 CPU, 0 GPU"):
+        create_placement_group("too-big", 64, BundleSpec(cpus=1), timeout_s=2)
+
+
+def _assert_gone(pids):
+    """Killed ranks leave no process behind (bounded wait on the condition)."""
+    gone, alive = psutil.wait_procs([p for p in map(_proc, pids) if p], timeout=30)
+    assert not alive, f"rank processes still alive: {alive}"
+
+
+def _proc(pid):
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None

@@ -1,0 +1,113 @@
+"""The batch plan: the arithmetic on several layouts, and the arithmetic shown when a rule breaks."""
+
+import pytest
+
+from megarl.config import ConfigError, build_config, plan_batches
+
+
+def config_of(data: dict):
+    problems = []
+    config = build_config(data, problems)
+    assert problems == []
+    return config
+
+
+def test_sixty_prompts_twelve_samples_on_six_gpus():
+    config = config_of({
+        "data": {"train_batch_size": 60},
+        "rollout": {"n": 12, "tensor_model_parallel_size": 2},
+        "actor": {"ppo_mini_batch_size": 60, "micro_batch_size_per_gpu": 4},
+        "placement": {"gpus_per_node": 6},
+    })
+    plan = plan_batches(config)
+    assert (plan.prompts_per_step, plan.samples_per_prompt, plan.samples_per_step) == (60, 12, 720)
+    assert (plan.rollout_engines, plan.samples_per_engine) == (3, 240)
+    actor = plan.actor
+    assert (actor.tensor_parallel, actor.pipeline_parallel, actor.data_parallel) == (1, 1, 6)
+    assert actor.update.mini_batch_samples == 720
+    assert actor.update.samples_per_rank == 120
+    assert actor.update.grad_accumulation_steps == 30
+    assert actor.update.optimizer_steps_per_step == 1
+    assert (actor.samples_per_rank, actor.forward_micro_batches) == (120, 30)
+    assert plan.critic is None and plan.ref is None
+
+
+def test_mini_batches_and_epochs_multiply_into_optimizer_steps():
+    # 16 prompts × 8 samples on 8 GPUs, actor TP 2 × PP 2 (DP 2): 4 mini-batches of 4 prompts, 2 epochs.
+    config = config_of({
+        "data": {"train_batch_size": 16},
+        "rollout": {"n": 8, "tensor_model_parallel_size": 4},
+        "actor": {"parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2},
+                  "ppo_mini_batch_size": 4, "ppo_epochs": 2, "micro_batch_size_per_gpu": 2},
+        "placement": {"gpus_per_node": 8},
+    })
+    plan = plan_batches(config)
+    assert (plan.rollout_engines, plan.samples_per_engine) == (2, 64)
+    update = plan.actor.update
+    assert plan.actor.data_parallel == 2
+    assert (update.mini_batch_samples, update.samples_per_rank, update.grad_accumulation_steps) == (32, 16, 8)
+    assert (update.mini_batches_per_epoch, update.optimizer_steps_per_step) == (4, 8)
+    assert plan.actor.samples_per_rank == 64
+
+
+def test_split_placement_with_critic_and_reference():
+    # 2 nodes × 4 GPUs; 2 for vLLM (TP 1), 6 train. Critic TP 2 (DP 3), reference TP 1 (DP 6).
+    config = config_of({
+        "data": {"train_batch_size": 12},
+        "rollout": {"n": 1},
+        "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": True},
+        "actor": {"ppo_mini_batch_size": 6, "micro_batch_size_per_gpu": 1},
+        "critic": {"enable": True, "parallel": {"tensor_model_parallel_size": 2}, "ppo_mini_batch_size": 12,
+                   "micro_batch_size_per_gpu": 2},
+        "ref": {"micro_batch_size_per_gpu": 2},
+        "placement": {"mode": "split", "nnodes": 2, "gpus_per_node": 4, "rollout_gpus": 2},
+    })
+    plan = plan_batches(config)
+    assert (plan.world_size, plan.train_gpus, plan.rollout_gpus) == (8, 6, 2)
+    assert (plan.rollout_engines, plan.samples_per_engine) == (2, 6)
+    assert (plan.actor.data_parallel, plan.actor.update.samples_per_rank, plan.actor.update.optimizer_steps_per_step) == (6, 1, 2)
+    assert (plan.critic.data_parallel, plan.critic.update.samples_per_rank, plan.critic.update.grad_accumulation_steps) == (3, 4, 2)
+    assert plan.ref.update is None
+    assert (plan.ref.data_parallel, plan.ref.samples_per_rank, plan.ref.forward_micro_batches) == (6, 2, 1)
+
+
+def test_plan_is_derived_not_written_back():
+    data = {"data": {"train_batch_size": 60}, "rollout": {"n": 12, "tensor_model_parallel_size": 2},
+            "actor": {"ppo_mini_batch_size": 60}, "placement": {"gpus_per_node": 6}}
+    config = config_of(data)
+    before = repr(config)
+    plan_batches(config)
+    assert repr(config) == before
+
+
+def test_broken_rule_shows_the_arithmetic():
+    config = config_of({
+        "data": {"train_batch_size": 16},
+        "rollout": {"n": 8},
+        "actor": {"parallel": {"tensor_model_parallel_size": 2}, "ppo_mini_batch_size": 16},
+        "placement": {"gpus_per_node": 6},
+    })
+    with pytest.raises(ConfigError) as raised:
+        plan_batches(config)
+    problems = {problem.key: problem for problem in raised.value.problems}
+    assert problems["data.train_batch_size"].why == (
+        "16 prompts × 8 samples = 128 samples do not split evenly over 6 GPUs ÷ rollout TP 1 = 6 engines "
+        "(128 ÷ 6 = 21.33)")
+    problem = problems["actor.ppo_mini_batch_size"]
+    assert problem.why == ("16 prompts × 8 samples = 128 samples per mini-batch do not split over actor DP 3 "
+                           "(6 GPUs ÷ (TP 2 × PP 1)): 128 ÷ 3 = 42.67")
+    # No divisor of 16 prompts times 8 samples is a multiple of 3: no mini-batch size can fit.
+    assert problem.fix == "change the actor layout or rollout.n so that the DP size divides the samples"
+
+
+def test_fix_suggests_mini_batches_that_fit():
+    config = config_of({
+        "data": {"train_batch_size": 12},
+        "rollout": {"n": 1},
+        "actor": {"ppo_mini_batch_size": 2, "micro_batch_size_per_gpu": 1},
+        "placement": {"gpus_per_node": 4},
+    })
+    [problem] = pytest.raises(ConfigError, plan_batches, config).value.problems
+    assert problem.key == "actor.ppo_mini_batch_size"
+    assert "2 prompts × 1 samples = 2 samples per mini-batch do not split over actor DP 4" in problem.why
+    assert problem.fix.endswith(": 4, 12")

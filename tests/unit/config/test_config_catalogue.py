@@ -1,0 +1,180 @@
+"""A catalogue of bad configs: each exits 2 with a message naming the key, and writes nothing.
+
+The base recipe (conftest `workdir`) is valid; each case breaks it with command-line overrides.
+`{tmp}` in an override is replaced by the working directory.
+"""
+
+import os
+
+import pytest
+
+from config_testing import error_lines, run_validate, snapshot, write_model
+
+CASES = [
+    # --- zero / negative sizes
+    ("train-batch-zero", ["data.train_batch_size=0"], "data.train_batch_size", "must be a positive integer"),
+    ("micro-negative", ["actor.micro_batch_size_per_gpu=-1"], "actor.micro_batch_size_per_gpu", "positive integer"),
+    ("n-zero", ["rollout.n=0"], "rollout.n", "positive integer"),
+    ("ppo-epochs-zero", ["actor.ppo_epochs=0"], "actor.ppo_epochs", "positive integer"),
+    ("nnodes-zero", ["placement.nnodes=0"], "placement.nnodes", "positive integer"),
+    ("negative-lr", ["actor.optim.lr=-1e-6"], "actor.optim.lr", "must be > 0"),
+    ("min-lr-above-lr", ["actor.optim.min_lr=1e-3"], "actor.optim.min_lr", "must lie in [0, lr = 1e-06]"),
+    ("max-new-tokens-zero", ["rollout.max_new_tokens=0"], "rollout.max_new_tokens", "must be >= 1"),
+    # --- divisibility, with the arithmetic in the message
+    ("mini-not-dividing-batch", ["actor.ppo_mini_batch_size=3"], "actor.ppo_mini_batch_size",
+     "8 prompts per step (data.train_batch_size) are not a whole number of 3-prompt mini-batches (8 ÷ 3 = 2.67)"),
+    ("micro-not-dividing-rank", ["actor.micro_batch_size_per_gpu=3"], "actor.micro_batch_size_per_gpu",
+     "4 prompts × 4 samples = 16 per mini-batch ÷ actor DP 2 (4 GPUs ÷ (TP 2 × PP 1)) = 8 samples per rank, "
+     "not a multiple of 3"),
+    ("mini-not-splitting-over-dp", ["actor.parallel.tensor_model_parallel_size=1", "placement.gpus_per_node=3",
+                                    "rollout.n=2", "actor.ppo_mini_batch_size=4", "actor.use_kl_loss=false"],
+     "actor.ppo_mini_batch_size", "4 prompts × 2 samples = 8 samples per mini-batch do not split over actor DP 3"),
+    ("samples-not-splitting-over-engines", ["data.train_batch_size=5", "actor.ppo_mini_batch_size=5", "rollout.n=2",
+                                            "actor.micro_batch_size_per_gpu=5", "actor.use_kl_loss=false"],
+     "data.train_batch_size", "10 samples do not split evenly over 4 GPUs ÷ rollout TP 1 = 4 engines (10 ÷ 4 = 2.50)"),
+    ("ref-micro-not-dividing", ["ref.micro_batch_size_per_gpu=3"], "ref.micro_batch_size_per_gpu",
+     "32 samples ÷ ref DP 4 (4 GPUs ÷ (TP 1 × PP 1)) = 8 per rank, not a multiple of 3"),
+    # --- layouts against the model (4 heads, 2 KV heads, 4 layers) and the GPUs
+    ("tp-not-dividing-kv-groups", ["actor.parallel.tensor_model_parallel_size=4"],
+     "actor.parallel.tensor_model_parallel_size", "Megatron needs TP 4 to divide the 2 KV groups"),
+    ("tp-not-dividing-heads", ["actor.parallel.tensor_model_parallel_size=3", "placement.gpus_per_node=6"],
+     "actor.parallel.tensor_model_parallel_size", "TP 3 does not divide the 4 attention heads"),
+    ("pp-not-dividing-layers", ["actor.parallel.pipeline_model_parallel_size=3", "actor.parallel.tensor_model_parallel_size=1",
+                                "placement.gpus_per_node=6"],
+     "actor.parallel.pipeline_model_parallel_size", "PP 3 does not divide the 4 layers"),
+    ("world-not-divisible-by-tp-pp", ["actor.parallel.pipeline_model_parallel_size=2", "placement.gpus_per_node=6"],
+     "actor.parallel.tensor_model_parallel_size", "actor TP 2 × PP 2 = 4 does not divide the 6 training GPUs"),
+    ("rollout-tp-larger-than-gpus", ["rollout.tensor_model_parallel_size=8"], "rollout.tensor_model_parallel_size",
+     "rollout TP 8 does not divide the 4 GPUs"),
+    ("rollout-tp-not-dividing-heads", ["rollout.tensor_model_parallel_size=4", "model.path={tmp}/model3"],
+     "rollout.tensor_model_parallel_size", "rollout TP 4 does not divide the 6 attention heads"),
+    ("colocated-rollout-tp-straddles-nodes", ["placement.nnodes=2", "placement.gpus_per_node=2",
+                                              "rollout.tensor_model_parallel_size=4"],
+     "rollout.tensor_model_parallel_size", "colocated engines must not straddle nodes: rollout TP 4 does not divide the 2 GPUs"),
+    ("colocated-with-rollout-gpus", ["placement.rollout_gpus=2"], "placement.rollout_gpus",
+     "colocated placement shares all GPUs"),
+    ("split-without-training-gpus", ["placement.mode=split", "placement.rollout_gpus=4"], "placement.rollout_gpus",
+     "split placement needs between 1 and 3 rollout GPUs"),
+    ("recompute-more-layers-than-stage", ["actor.recompute.granularity=full", "actor.recompute.num_layers=8"],
+     "actor.recompute.num_layers", "more than the 4 layers of a pipeline stage"),
+    ("recompute-full-without-layers", ["actor.recompute.granularity=full"], "actor.recompute.num_layers",
+     "full recomputation needs the number of layers"),
+    ("prompt-plus-response-too-long", ["rollout.max_new_tokens=2000"], "rollout.max_new_tokens",
+     "64 + max_new_tokens 2000 = 2064 tokens exceed the model's max_position_embeddings 1024"),
+    # --- unknown keys (did you mean) and wrong types
+    ("unknown-key-typo", ["actor.optim.lrr=1e-6"], "actor.optim.lrr", "did you mean actor.optim.lr?"),
+    ("unknown-key-misplaced", ["actor.lr=1e-6"], "actor.lr", "did you mean actor.optim.lr?"),
+    ("unknown-section", ["rollut.n=4"], "rollut", "did you mean rollout?"),
+    ("wrong-type-int", ["actor.ppo_epochs=two"], "actor.ppo_epochs", "wrong type: expected an integer"),
+    ("wrong-type-float-for-int", ["data.train_batch_size=8.5"], "data.train_batch_size", "expected an integer"),
+    ("wrong-type-bool", ["rollout.enforce_eager=maybe"], "rollout.enforce_eager", "expected true or false"),
+    ("wrong-choice", ["actor.optim.lr_decay_style=cosin"], "actor.optim.lr_decay_style",
+     "expected one of 'constant', 'linear', 'cosine'"),
+    ("wrong-type-list", ["data.train_files=train.jsonl"], "data.train_files", "expected a list of (a string)"),
+    ("section-given-a-value", ["actor.optim=3"], "actor.optim", "this is a section, not a value"),
+    ("malformed-override", ["actor.optim.lr"], "<override>", "an override must look like key.sub=value"),
+    # --- model
+    ("missing-model-path", ["model.path={tmp}/no-such-model"], "model.path", "does not exist"),
+    ("model-dir-without-config-json", ["model.path={tmp}"], "model.path", "has no config.json"),
+    ("model-path-empty", ["model.path="], "model.path", "wrong type: expected a string"),
+    ("model-path-unset", ["model.path=''"], "model.path", "model.path is required"),
+    ("unknown-hub-model", ["model.path=acme/unknown-model-7b"], "model.path",
+     "neither in the local HF cache nor in megarl's table of known models"),
+    ("unsupported-architecture", ["model.path={tmp}/model_gpt2"], "model.path", "model_type='gpt2' is not supported"),
+    ("unsupported-model-feature", ["model.path={tmp}/model_swa"], "model.path", "use_sliding_window=true"),
+    ("trust-remote-code", ["model.trust_remote_code=true"], "model.trust_remote_code", "never runs code"),
+    ("transformer-engine-on-cpu", ["model.transformer_impl=transformer_engine"], "model.transformer_impl",
+     "Transformer Engine is CUDA-only"),
+    # --- algorithm names and their requirements
+    ("unknown-estimator", ["algorithm.adv_estimator=grpoo"], "algorithm.adv_estimator", "unknown advantage estimator"),
+    ("unknown-policy-loss", ["actor.policy_loss=ppo2"], "actor.policy_loss", "unknown policy loss"),
+    ("unknown-loss-agg-mode", ["actor.loss_agg_mode=mean"], "actor.loss_agg_mode", "unknown loss aggregation"),
+    ("unknown-kl-estimator", ["algorithm.kl_penalty=k4"], "algorithm.kl_penalty", "unknown KL estimator"),
+    ("critic-unknown-loss-agg-mode", ["algorithm.adv_estimator=gae", "critic.enable=true", "critic.ppo_mini_batch_size=4",
+                                      "critic.loss_agg_mode=sum"], "critic.loss_agg_mode", "unknown loss aggregation"),
+    ("critic-on-grpo", ["critic.enable=true"], "critic.enable", "adv_estimator grpo is critic-free"),
+    ("gae-without-critic", ["algorithm.adv_estimator=gae"], "critic.enable", "adv_estimator gae needs a critic"),
+    ("grpo-with-one-sample", ["rollout.n=1", "actor.micro_batch_size_per_gpu=2", "ref.micro_batch_size_per_gpu=2"],
+     "rollout.n", "needs at least 2"),
+    ("clip-ratio-low-out-of-range", ["actor.clip_ratio_low=1.5"], "actor.clip_ratio_low", "must lie in (0, 1)"),
+    ("clip-ratio-high-negative", ["actor.clip_ratio_high=-0.1"], "actor.clip_ratio_high", "must be > 0"),
+    ("dual-clip-below-one", ["actor.clip_ratio_c=0.5"], "actor.clip_ratio_c", "dual-clip bound must be > 1"),
+    ("overlong-buffer-too-long", ["algorithm.overlong.enable=true", "algorithm.overlong.buffer_length=100"],
+     "algorithm.overlong.buffer_length", "must fit inside the response budget (rollout.max_new_tokens = 16)"),
+    ("greedy-training-rollout", ["rollout.temperature=0"], "rollout.temperature", "training rollouts must sample"),
+    ("greedy-validation-with-n", ["rollout.val_n=4"], "rollout.val_n", "gives val_n identical samples"),
+    ("in-process-sync-split", ["rollout.sync.transport=in_process", "placement.mode=split", "placement.rollout_gpus=2",
+                               "actor.use_kl_loss=false"],
+     "rollout.sync.transport", "in-process sync needs the engine inside each trainer process"),
+    # --- data, reward, trainer, checkpoint
+    ("missing-dataset", ["data.train_files=[{tmp}/missing.jsonl]"], "data.train_files[0]", "file does not exist"),
+    ("no-dataset", ["data.train_files=[]"], "data.train_files", "no training data"),
+    ("dataset-wrong-type", ["data.val_files=[{tmp}/train.csv]"], "data.val_files[0]", "unsupported file type"),
+    ("reward-module-missing", ["reward.function=no_such_package.rewards:score"], "reward.function",
+     "module no_such_package.rewards cannot be imported"),
+    ("reward-function-missing", ["reward.function=megarl.config.names:no_such_function"], "reward.function",
+     "defines no top-level no_such_function"),
+    ("reward-unknown-builtin", ["reward.function=gsm9k"], "reward.function", "neither a built-in reward"),
+    ("checkpoint-dir-through-file", ["checkpoint.dir={tmp}/train.jsonl/ckpt"], "checkpoint.dir",
+     "is a file, so no directory can be made there"),
+    ("resume-path-missing", ["checkpoint.resume={tmp}/no-such-ckpt"], "checkpoint.resume",
+     "neither auto, disable nor an existing checkpoint directory"),
+    ("test-freq-without-val-files", ["trainer.test_freq=5"], "trainer.test_freq", "data.val_files is empty"),
+    ("max-bad-steps-zero", ["trainer.max_bad_steps=0"], "trainer.max_bad_steps", "must be >= 1"),
+    ("unknown-logger", ["trainer.loggers=[console,mlflow]"], "trainer.loggers", "expected a list of (one of 'console'"),
+]
+
+
+@pytest.mark.parametrize("overrides, key, message", [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_bad_config_exits_2_naming_the_key(workdir, capsys, overrides, key, message):
+    write_model(workdir / "model3", num_attention_heads=6, num_key_value_heads=2)
+    write_model(workdir / "model_gpt2", architectures=["GPT2LMHeadModel"], model_type="gpt2")
+    write_model(workdir / "model_swa", use_sliding_window=True)
+    before = snapshot(workdir)
+    code, out, err = run_validate(capsys, "base.yaml", *(o.replace("{tmp}", str(workdir)) for o in overrides))
+    assert code == 2
+    assert out == ""
+    matching = [line for line in error_lines(err) if line.startswith(f"error: {key} ") and message in line]
+    assert matching, f"no error line for {key} containing {message!r} in:\n{err}"
+    assert "Traceback" not in err
+    assert snapshot(workdir) == before
+
+
+def test_catalogue_is_large_and_distinct():
+    assert len(CASES) >= 30
+    assert len({case[0] for case in CASES}) == len(CASES)
+    assert len({tuple(case[1]) for case in CASES}) == len(CASES)
+
+
+def test_base_recipe_is_valid(workdir, capsys):
+    before = snapshot(workdir)
+    code, out, err = run_validate(capsys, "base.yaml")
+    assert (code, err) == (0, "")
+    assert "base.yaml: OK" in out
+    assert snapshot(workdir) == before
+
+
+def test_three_problems_are_all_reported(workdir, capsys):
+    code, _, err = run_validate(capsys, "base.yaml", "actor.optim.lr=-1.0", "algorithm.adv_estimator=foo",
+                                "actor.ppo_mini_batch_size=3")
+    assert code == 2
+    assert "3 problem(s)" in err
+    keys = [line.split()[1] for line in error_lines(err)]
+    assert sorted(keys) == ["actor.optim.lr", "actor.ppo_mini_batch_size", "algorithm.adv_estimator"]
+
+
+def test_schema_problems_are_all_reported_together(workdir, capsys):
+    code, _, err = run_validate(capsys, "base.yaml", "actor.optim.lrr=1", "rollout.n=many", "trainer.device=tpu")
+    assert code == 2
+    keys = [line.split()[1] for line in error_lines(err)]
+    assert keys == ["actor.optim.lrr", "rollout.n", "trainer.device"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into read-only directories")
+def test_read_only_checkpoint_parent(workdir, capsys):
+    locked = workdir / "locked"
+    locked.mkdir(mode=0o555)
+    code, _, err = run_validate(capsys, "base.yaml", f"checkpoint.dir={locked}/ckpt")
+    assert code == 2
+    assert any("checkpoint.dir" in line and "is not writable" in line for line in error_lines(err))
+
