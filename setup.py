@@ -12,7 +12,7 @@ setup(
     name="megarl",
     version="0.1.0",
     description="Megatron-first reinforcement-learning post-training for LLMs",
-    python_requires=">=3.11,<3.12",
+    python_requires=">=3.11,<3.13",
     packages=find_packages(include=["megarl", "megarl.*"]),
     include_package_data=True,
     install_requires=[

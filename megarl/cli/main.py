@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS: list[str] = ["validate"]
+COMMANDS: list[str] = ["init_tiny_model", "validate", "convert", "make_data", "plot"]
 
 
 def build_parser() -> argparse.ArgumentParser:

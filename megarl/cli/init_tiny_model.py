@@ -1,0 +1,65 @@
+"""`megarl init-tiny-model`: write a tiny random-init HF checkpoint (char tokenizer) for tests and the quickstart."""
+
+import argparse
+import sys
+from pathlib import Path
+
+ARCHS = ("llama", "qwen2", "qwen3")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "init-tiny-model",
+        help="write a tiny random-init Llama/Qwen2/Qwen3 HF checkpoint with a char-level tokenizer (no download)",
+        description="Write a tiny random-init HF checkpoint dir (config.json, model.safetensors, tokenizer files).",
+    )
+    parser.add_argument("--out", required=True, type=Path, help="output directory (created; files in it are overwritten)")
+    parser.add_argument("--arch", choices=ARCHS, default="qwen2", help="architecture (default: qwen2)")
+    parser.add_argument("--hidden-size", type=int, default=128, help="hidden size (default: 128)")
+    parser.add_argument("--num-layers", type=int, default=2, help="number of transformer layers (default: 2)")
+    parser.add_argument("--num-heads", type=int, default=4, help="attention heads; head_dim = hidden / heads must be >= 32 (default: 4)")
+    parser.add_argument("--num-kv-heads", type=int, default=2, help="key/value heads (GQA groups) (default: 2)")
+    parser.add_argument("--intermediate-size", type=int, default=256, help="MLP intermediate size (default: 256)")
+    parser.add_argument("--tie-word-embeddings", action="store_true", help="share the input embedding and the LM head")
+    parser.add_argument("--seed", type=int, default=0, help="random-init seed (default: 0)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    problems = []
+    if args.hidden_size % args.num_heads:
+        problems.append(f"--hidden-size {args.hidden_size} is not divisible by --num-heads {args.num_heads}")
+    elif args.hidden_size // args.num_heads < 32:
+        problems.append(
+            f"head_dim = --hidden-size / --num-heads = {args.hidden_size // args.num_heads} < 32 "
+            "(vLLM on CPU rejects it): raise --hidden-size or lower --num-heads"
+        )
+    if args.num_heads % args.num_kv_heads:
+        problems.append(f"--num-heads {args.num_heads} is not divisible by --num-kv-heads {args.num_kv_heads}")
+    for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+        if getattr(args, name) < 1:
+            problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if problems:
+        for problem in problems:
+            print(f"megarl init-tiny-model: error: {problem}", file=sys.stderr)
+        return 2
+    # Imported here: torch + transformers would slow every other `megarl` command's start.
+    from transformers.utils import logging as transformers_logging
+
+    from megarl.models.tiny import describe, make_tiny_model
+
+    transformers_logging.disable_progress_bar()  # one tiny file: a progress bar is noise in the quickstart
+    out = make_tiny_model(
+        args.out,
+        args.arch,
+        seed=args.seed,
+        hidden_size=args.hidden_size,
+        num_hidden_layers=args.num_layers,
+        num_attention_heads=args.num_heads,
+        num_key_value_heads=args.num_kv_heads,
+        head_dim=args.hidden_size // args.num_heads,
+        intermediate_size=args.intermediate_size,
+        tie_word_embeddings=args.tie_word_embeddings,
+    )
+    print(f"wrote {out} ({describe(out)})")
+    return 0

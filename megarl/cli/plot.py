@@ -1,0 +1,45 @@
+"""`megarl plot RUN_DIR`: draw a run's training curves from RUN_DIR/metrics.jsonl into RUN_DIR/curves.png.
+
+Works on a finished run and on one still training (it reads the steps logged so far).
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+from megarl.trainer.plots import CURVES_FILE, plot_metrics
+from megarl.trainer.sinks import METRICS_FILE, read_metrics_file
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "plot",
+        help="plot a run's reward, response length, KL and sync gap curves",
+        description=f"Read RUN_DIR/{METRICS_FILE} and write a PNG with reward (and its rolling mean), response "
+                    f"length, KL to the reference and the weight-sync log-prob gap over steps "
+                    f"(default RUN_DIR/{CURVES_FILE}).",
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", type=Path,
+                        help="the run's directory: trainer.output_dir/trainer.experiment_name")
+    parser.add_argument("--out", type=Path, help=f"PNG to write instead of RUN_DIR/{CURVES_FILE}")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    metrics_path = args.run_dir / METRICS_FILE
+    if not metrics_path.is_file():
+        print(f"megarl plot: no metrics file at {metrics_path}; pass the directory of a run "
+              "(trainer.output_dir/trainer.experiment_name) that has logged at least one step", file=sys.stderr)
+        return 2
+    try:
+        records = read_metrics_file(metrics_path)
+    except ValueError as error:
+        print(f"megarl plot: {error}", file=sys.stderr)
+        return 2
+    if not records:
+        print(f"megarl plot: {metrics_path} holds no steps yet; plot again once the run has logged one",
+              file=sys.stderr)
+        return 2
+    out_path = plot_metrics(records, args.out or args.run_dir / CURVES_FILE, title=args.run_dir.resolve().name)
+    print(f"wrote {out_path} ({len(records)} steps)")
+    return 0

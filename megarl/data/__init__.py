@@ -1,0 +1,30 @@
+"""Prompt datasets (JSONL, Parquet): checked, templated, tokenized, and batched reproducibly.
+
+    loader, report = train_loader(config.data, tokenizer)     # PromptLoader, LoadReport
+    batch = next(loader)                                       # list[Prompt], data.train_batch_size long
+    columns = reward_columns(batch)                            # {"answer": [...], other columns: [...]}
+    val, val_report = load_prompts(config.data.val_files, tokenizer, config.data)
+    for batch in iter_batches(val, config.data.val_batch_size): ...
+
+Bad input is either skipped and counted (`LoadReport.skipped`, logged with locations) or a
+`DataError` naming the file and row; the table is in `megarl.data.prompts`.
+"""
+
+from megarl.config.sections import DataConfig
+from megarl.data.files import DataError, read_rows
+from megarl.data.loader import PromptLoader, iter_batches
+from megarl.data.prompts import ANSWER_ARGUMENT, SKIP_REASONS, LoadReport, Prompt, load_prompts, reward_columns
+from megarl.data.template import PromptRenderer
+
+
+def train_loader(data: DataConfig, tokenizer) -> tuple[PromptLoader, LoadReport]:
+    """The training prompts of `data.train_files` in batches of `data.train_batch_size`,
+    shuffled per epoch by `data.seed` when `data.shuffle`."""
+    prompts, report = load_prompts(data.train_files, tokenizer, data)
+    return PromptLoader(prompts, data.train_batch_size, shuffle=data.shuffle, seed=data.seed), report
+
+
+__all__ = [
+    "ANSWER_ARGUMENT", "DataError", "LoadReport", "Prompt", "PromptLoader", "PromptRenderer", "SKIP_REASONS",
+    "iter_batches", "load_prompts", "read_rows", "reward_columns", "train_loader",
+]

@@ -1,0 +1,197 @@
+"""HF config → megatron-core `TransformerConfig`, layer spec and `GPTModel` for one (TP, PP) rank.
+
+Llama, Qwen2/2.5 and Qwen3 are one megatron GPT shape with switches: RMSNorm, SwiGLU
+(`gated_linear_unit` + silu), GQA (`num_query_groups`), RoPE, q/k/v biases (Qwen2), per-head q/k
+RMSNorm (Qwen3, whose `head_dim` may differ from hidden / heads), tied or untied embeddings.
+`transformer_impl` picks the layer spec: "local" (plain torch, runs on CPU) or "transformer_engine"
+(GPU); the TransformerConfig is the same for both.
+
+    groups = initialize_model_parallel(tp=2, pp=2, seed=0)
+    model = build_gpt_model("/ckpt/qwen", groups)                  # actor / reference
+    critic = build_gpt_model("/ckpt/qwen", groups, value_head=True)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from megarl.models.hf_config import ModelDims, check_parallel_layout, read_model_dims
+from megarl.models.layout import padded_vocab_size
+from megarl.parallel.distributed import ProcessGroups
+
+TRANSFORMER_IMPLS = ("local", "transformer_engine")
+DEFAULT_VOCAB_DIVISIBLE_BY = 128
+"""Megatron's `make_vocab_size_divisible_by` default: the vocab is padded to a multiple of this × TP."""
+
+
+def transformer_config(
+    dims: ModelDims,
+    *,
+    tp_size: int,
+    pp_size: int,
+    params_dtype: torch.dtype = torch.float32,
+    transformer_impl: str = "local",
+    **overrides: Any,
+) -> TransformerConfig:
+    """The TransformerConfig of `dims` on a (tp_size, pp_size) grid.
+
+    overrides: non-architectural TransformerConfig fields the caller owns (e.g. `bf16`,
+    `sequence_parallel`, `recompute_granularity`); architectural fields are rejected.
+    """
+    check_parallel_layout(dims, tp_size=tp_size, pp_size=pp_size)
+    _check_impl(transformer_impl)
+    architecture = dict(
+        num_layers=dims.num_layers,
+        hidden_size=dims.hidden_size,
+        ffn_hidden_size=dims.ffn_hidden_size,
+        num_attention_heads=dims.num_attention_heads,
+        num_query_groups=dims.num_kv_heads,
+        kv_channels=dims.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=dims.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=dims.qkv_bias,
+        qk_layernorm=dims.qk_layernorm,
+        hidden_dropout=0.0,
+        attention_dropout=dims.attention_dropout,
+        init_method_std=dims.initializer_range,
+    )
+    clashes = sorted(set(overrides) & set(architecture))
+    if clashes:
+        raise ValueError(f"transformer_config: {clashes} come from the HF config.json and cannot be overridden")
+    return TransformerConfig(
+        **architecture,
+        tensor_model_parallel_size=tp_size,
+        pipeline_model_parallel_size=pp_size,
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
+        # Without CUDA, megatron must build full weights on the CPU and slice them per rank.
+        use_cpu_initialization=not torch.cuda.is_available(),
+        transformer_impl=transformer_impl,
+        **overrides,
+    )
+
+
+def layer_spec(dims: ModelDims, transformer_impl: str = "local") -> ModuleSpec:
+    """The decoder layer spec: local (CPU) or Transformer Engine (GPU), with Qwen3's q/k norm."""
+    _check_impl(transformer_impl)
+    if transformer_impl == "local":
+        return get_gpt_layer_local_spec(qk_layernorm=dims.qk_layernorm, normalization="RMSNorm")
+    return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=dims.qk_layernorm)
+
+
+def build_gpt_model(
+    hf_config: Any,
+    groups: ProcessGroups,
+    *,
+    transformer_impl: str = "local",
+    params_dtype: torch.dtype = torch.float32,
+    value_head: bool = False,
+    vocab_divisible_by: int = DEFAULT_VOCAB_DIVISIBLE_BY,
+    **config_overrides: Any,
+) -> GPTModel:
+    """This rank's `GPTModel` stage for an HF config (dir, config.json path, dict or PretrainedConfig).
+
+    Weights are random-init (on the current GPU when there is one); load a checkpoint with
+    `megarl.models.checkpoint.load_hf_weights`.
+    Outputs of the last stage (`forward(input_ids [B, T], position_ids [B, T], attention_mask=None)`):
+    - `value_head=False`: vocab-parallel logits [B, T, V_padded / TP]. Columns >= the HF vocab size are
+      padding: mask them before a softmax over the full vocabulary.
+    - `value_head=True`: values [B, T, 1] from a `ValueHead` (one scalar per token, replicated over
+      TP) in place of the LM head; embeddings are never tied to it.
+    Earlier stages return hidden states [T, B, H] for the pipeline schedule.
+    """
+    dims = read_model_dims(hf_config)
+    config = transformer_config(
+        dims,
+        tp_size=groups.tp_size,
+        pp_size=groups.pp_size,
+        params_dtype=params_dtype,
+        transformer_impl=transformer_impl,
+        **config_overrides,
+    )
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(dims, transformer_impl),
+        vocab_size=padded_vocab_size(dims.vocab_size, vocab_divisible_by, groups.tp_size),
+        max_sequence_length=dims.max_position_embeddings,
+        pre_process=groups.is_first_stage,
+        post_process=groups.is_last_stage,
+        parallel_output=True,
+        share_embeddings_and_output_weights=dims.tie_word_embeddings and not value_head,
+        position_embedding_type="rope",
+        **rope_arguments(dims),
+        pg_collection=groups.collection,
+    )
+    if value_head and groups.is_last_stage:
+        model.output_layer = ValueHead(config, groups.tp)
+    if torch.cuda.is_available():
+        # Megatron allocates sharded weights on the GPU, but torch-native modules (norms) start on the CPU.
+        model.cuda(torch.cuda.current_device())
+    return model
+
+
+def rope_arguments(dims: ModelDims) -> dict[str, Any]:
+    """GPTModel's (and RotaryEmbedding's) RoPE arguments: base, llama3 scaling or linear interpolation."""
+    rope = dims.rope_scaling
+    return dict(
+        rotary_base=dims.rope_theta,
+        rope_scaling=rope is not None and rope.kind == "llama3",
+        rope_scaling_factor=rope.factor if rope is not None and rope.kind == "llama3" else 8.0,
+        seq_len_interpolation_factor=rope.factor if rope is not None and rope.kind == "linear" else None,
+    )
+
+
+class ValueHead(MegatronModule):
+    """The critic's scalar head in place of `GPTModel.output_layer`: hidden [S, B, H] → values [S, B, 1].
+
+    A plain (not vocab-parallel) `[1, H]` weight, replicated on every TP rank: the hidden states it
+    reads are replicated too, so each rank computes the same values and gradients. Its state-dict
+    name is `output_layer.weight`; it has no HF counterpart. Construction is a TP-group collective
+    (TP rank 0's init is broadcast).
+    """
+
+    def __init__(self, config: TransformerConfig, tp_group: torch.distributed.ProcessGroup):
+        super().__init__(config)
+        self.tp_group = tp_group
+        self.sequence_parallel = config.sequence_parallel
+        device = "cpu" if config.use_cpu_initialization else torch.cuda.current_device()
+        self.weight = torch.nn.Parameter(torch.empty(1, config.hidden_size, dtype=config.params_dtype, device=device))
+        config.init_method(self.weight)
+        # Replicas must start equal whatever RNG draws each TP rank made before.
+        torch.distributed.broadcast(self.weight.data, src=torch.distributed.get_global_rank(tp_group, 0), group=tp_group)
+
+    def forward(self, hidden_states: torch.Tensor, weight=None, runtime_gather_output=None):
+        """Same call signature as `ColumnParallelLinear` (GPTModel's post-processing calls it so)."""
+        if self.sequence_parallel:
+            # Sequence-parallel hidden states are split over TP; the head is replicated, so its input
+            # gradient is split back, not reduced.
+            hidden_states = gather_from_sequence_parallel_region(
+                hidden_states, tensor_parallel_output_grad=False, group=self.tp_group
+            )
+        return F.linear(hidden_states, self.weight), None
+
+
+def _check_impl(transformer_impl: str) -> None:
+    if transformer_impl not in TRANSFORMER_IMPLS:
+        raise ValueError(f"transformer_impl={transformer_impl!r} is not one of {list(TRANSFORMER_IMPLS)}")
+    if transformer_impl == "transformer_engine" and importlib.util.find_spec("transformer_engine") is None:
+        raise ValueError(
+            "transformer_impl='transformer_engine' needs Transformer Engine (GPU images install it); "
+            "use transformer_impl='local' on CPU"
+        )

@@ -1,0 +1,162 @@
+"""HF safetensors ⇄ a rank's Megatron `GPTModel` shards (any TP × PP; DP ranks hold copies).
+
+Loading: every rank reads only the slices of the tensors its own shards need (safetensors
+`get_slice`), checked against config.json. Exporting: TP shards are gathered onto TP rank 0 of each
+stage, merged into HF tensors, and each stage writes its own safetensors file into a temp dir that
+becomes `out_dir` atomically once every stage has written (rename after a barrier).
+
+    groups = initialize_model_parallel(tp=2, pp=2, seed=0)
+    model = build_gpt_model(hf_dir, groups)
+    load_hf_weights(model, hf_dir, groups)
+    ...
+    export_hf_weights(model, "/out/step_100_hf", groups, hf_assets_dir=hf_dir)
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from megatron.core.utils import unwrap_model
+
+from megarl.models.architectures import DEFAULT_VOCAB_DIVISIBLE_BY, ValueHead
+from megarl.models.hf_checkpoint import (
+    SINGLE_FILE,
+    HFCheckpoint,
+    copy_hf_assets,
+    write_index,
+    write_safetensors_shard,
+)
+from megarl.models.hf_config import ModelDims, read_model_dims
+from megarl.models.layout import hf_param_shapes, layer_offset, merge_tp_shards, param_mapping, tp_shard_from_hf
+from megarl.parallel.distributed import ProcessGroups
+
+
+def load_hf_weights(
+    model: torch.nn.Module,
+    hf_dir: str | Path,
+    groups: ProcessGroups,
+    *,
+    vocab_divisible_by: int = DEFAULT_VOCAB_DIVISIBLE_BY,
+) -> None:
+    """Copy an HF checkpoint's weights into this rank's shards of `model` (a GPTModel, possibly
+    wrapped in DDP / Float16Module). A critic's `ValueHead` keeps its init (HF has no value head).
+
+    Raises ValueError naming the file and tensor on a shape mismatch, KeyError on a missing tensor,
+    FileNotFoundError on a missing shard file.
+    """
+    model = unwrap_model(model)
+    dims = read_model_dims(hf_dir)
+    checkpoint = HFCheckpoint(hf_dir)
+    expected = hf_param_shapes(dims)
+    offset = layer_offset(dims.num_layers, groups.pp_size, groups.pp_rank)
+    value_head = "output_layer.weight" if isinstance(getattr(model, "output_layer", None), ValueHead) else None
+    params = _named_weights(model)
+    with checkpoint.reader() as read, torch.no_grad():
+        for name, param in params.items():
+            if name == value_head:
+                continue
+            mapping = param_mapping(name, dims, layer_offset=offset)
+            for hf_name in mapping.hf_names:
+                checkpoint.require(hf_name, expected[hf_name])
+            shard = tp_shard_from_hf(
+                mapping,
+                read,
+                dims,
+                tp_size=groups.tp_size,
+                tp_rank=groups.tp_rank,
+                vocab_divisible_by=vocab_divisible_by,
+            )
+            if shard.shape != param.shape:
+                raise ValueError(
+                    f"{checkpoint.dir}: {mapping.hf_names} give a shard of shape {list(shard.shape)} for Megatron "
+                    f"{name} of shape {list(param.shape)} (vocab_divisible_by={vocab_divisible_by}, TP={groups.tp_size})"
+                )
+            param.copy_(shard)
+
+
+def export_hf_weights(
+    model: torch.nn.Module,
+    out_dir: str | Path,
+    groups: ProcessGroups,
+    *,
+    hf_assets_dir: str | Path,
+) -> Path | None:
+    """Write the model as an HF checkpoint dir (safetensors + the non-weight files of `hf_assets_dir`:
+    config.json, tokenizer, generation config). Call on every rank; DP replicas other than DP rank 0
+    return None at once. PP = 1 writes `model.safetensors`, PP > 1 one file per stage plus an index.
+
+    `out_dir` appears complete or not at all (an existing one is replaced). Returns it on the ranks
+    that wrote. The model must be an LM (a critic's value head has no HF form).
+    """
+    if groups.dp_rank != 0:
+        return None
+    model = unwrap_model(model)
+    if isinstance(getattr(model, "output_layer", None), ValueHead):
+        raise ValueError("export_hf_weights: a critic (value_head=True) has no HF checkpoint form")
+    dims = read_model_dims(Path(hf_assets_dir))
+    out_dir = Path(out_dir)
+    tmp_dir = _shared_tmp_dir(out_dir, groups)
+    tensors = _gather_stage_hf_tensors(model, dims, groups)
+    file_name = SINGLE_FILE if groups.pp_size == 1 else f"model-{groups.pp_rank + 1:05d}-of-{groups.pp_size:05d}.safetensors"
+    if groups.tp_rank == 0:
+        write_safetensors_shard(tensors, tmp_dir / file_name)
+    stage_maps = [None] * groups.pp_size
+    summary = ({name: file_name for name in tensors}, sum(t.numel() * t.element_size() for t in tensors.values()))
+    dist.all_gather_object(stage_maps, summary, group=groups.pp)
+    dist.barrier(group=groups.mp)
+    if groups.tp_rank == 0 and groups.pp_rank == 0:
+        if groups.pp_size > 1:
+            weight_map = {name: file for names, _ in stage_maps for name, file in names.items()}
+            write_index(tmp_dir, weight_map, sum(size for _, size in stage_maps))
+        copy_hf_assets(Path(hf_assets_dir), tmp_dir)
+        _replace_dir(tmp_dir, out_dir)
+    dist.barrier(group=groups.mp)
+    return out_dir
+
+
+def _named_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """State-dict tensors that are weights (TE keeps `_extra_state` entries beside them)."""
+    return {name: t for name, t in model.state_dict(keep_vars=True).items() if not name.endswith("_extra_state")}
+
+
+def _gather_stage_hf_tensors(model: torch.nn.Module, dims: ModelDims, groups: ProcessGroups) -> dict[str, torch.Tensor]:
+    """This stage's parameters as HF tensors on TP rank 0 (empty dict elsewhere); TP collectives."""
+    offset = layer_offset(dims.num_layers, groups.pp_size, groups.pp_rank)
+    dst = dist.get_global_rank(groups.tp, 0)
+    hf_tensors: dict[str, torch.Tensor] = {}
+    for name, param in _named_weights(model).items():
+        if name == "output_layer.weight" and dims.tie_word_embeddings:
+            continue  # a copy of the first stage's embedding, exported from there
+        mapping = param_mapping(name, dims, layer_offset=offset)  # on every rank: fail before the collective
+        shard = param.detach().contiguous()
+        shards = [torch.empty_like(shard) for _ in range(groups.tp_size)] if groups.tp_rank == 0 else None
+        dist.gather(shard, shards, dst=dst, group=groups.tp)
+        if groups.tp_rank == 0:
+            # Host memory: a whole stage would not fit beside the model on the accelerator.
+            merged = merge_tp_shards(mapping, shards, dims)
+            hf_tensors.update((hf_name, tensor.cpu()) for hf_name, tensor in merged)
+    return hf_tensors
+
+
+def _shared_tmp_dir(out_dir: Path, groups: ProcessGroups) -> Path:
+    """A fresh sibling of out_dir, named by rank 0 of the model-parallel group, created by it."""
+    name = [f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"]
+    dist.broadcast_object_list(name, src=dist.get_global_rank(groups.mp, 0), group=groups.mp)
+    tmp_dir = out_dir.parent / name[0]
+    if dist.get_rank(groups.mp) == 0:
+        tmp_dir.mkdir(parents=True)
+    dist.barrier(group=groups.mp)
+    return tmp_dir
+
+
+def _replace_dir(tmp_dir: Path, out_dir: Path) -> None:
+    """Rename tmp_dir to out_dir; an existing out_dir is moved aside first and deleted after."""
+    old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
+    if out_dir.exists():
+        out_dir.rename(old)
+    tmp_dir.rename(out_dir)
+    shutil.rmtree(old, ignore_errors=True)

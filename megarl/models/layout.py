@@ -1,0 +1,284 @@
+"""Megatron ⇄ HF weight layout: parameter names and the tensor-parallel slicing of each parameter kind.
+
+Pure torch, no torch.distributed: the HF → Megatron checkpoint loader, the exporter and the weight-sync
+bridge all go through these functions. The layout facts (ARCHITECTURE.md, "The weight-sync bridge"):
+
+- `linear_qkv` rows hold whole KV groups, each group laid out [q heads of the group; k; v]; TP rank r
+  owns groups [r*G/tp, (r+1)*G/tp), so concatenating the shards in rank order gives the global tensor.
+- `linear_fc1` shard r is [gate rows of r; up rows of r].
+- `linear_proj` / `linear_fc2` are row-parallel: split along columns (dim 1).
+- word embeddings and `output_layer` are split along rows of the vocabulary padded to a multiple of
+  `vocab_divisible_by * tp` (padding rows are zero when loaded, trimmed when exported).
+- norms are replicated on every TP rank.
+
+Megatron names are stage-local (`decoder.layers.{i}` counts from 0 on every PP stage); HF layer
+indices add the stage's `layer_offset`.
+
+    mapping = param_mapping("decoder.layers.0.self_attention.linear_qkv.weight", dims, layer_offset=2)
+    shard = tp_shard_from_hf(mapping, reader_of(hf_tensors), dims, tp_size=2, tp_rank=1, vocab_divisible_by=128)
+    megatron_to_hf(mapping.megatron_name, [shard0, shard1], dims, layer_offset=2)
+    # -> [("model.layers.2.self_attn.q_proj.weight", q), ("...k_proj.weight", k), ("...v_proj.weight", v)]
+
+Names carry no wrapper prefix: strip DDP's / Float16Module's `module.` before mapping.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+from megarl.models.hf_config import ModelDims
+
+REPLICATED = "replicated"
+"""Full copy on every TP rank (norms)."""
+ROW = "row"
+"""Row-parallel linear: split along columns (dim 1)."""
+QKV = "qkv"
+"""Fused q/k/v, interleaved by KV group, groups split across TP ranks."""
+GATE_UP = "gate_up"
+"""Fused gate/up, each TP shard [gate_r; up_r]."""
+VOCAB = "vocab"
+"""Split along padded vocabulary rows."""
+
+TensorReader = Callable[[str, tuple], torch.Tensor]
+"""`read(hf_name, index)` returns `hf_tensor[index]` (index: a tuple of slices); lets a loader read
+only the rows/columns a rank needs (safetensors `get_slice`) with the same slicing code as in memory."""
+
+
+@dataclass(frozen=True)
+class ParamMapping:
+    """How one Megatron parameter corresponds to HF tensors."""
+
+    megatron_name: str
+    """Stage-local Megatron name, e.g. `decoder.layers.0.mlp.linear_fc1.weight`."""
+    hf_names: tuple[str, ...]
+    """HF tensors it is made of, in order (q, k, v for QKV; gate, up for GATE_UP; else one)."""
+    kind: str
+    """One of REPLICATED, ROW, QKV, GATE_UP, VOCAB."""
+
+
+# Megatron per-layer suffix -> (HF per-layer suffixes, kind). Local-spec and Transformer-Engine-spec
+# names both appear: TE fuses the norms into the following linear (`layer_norm_weight`).
+_LAYER_PARAMS: dict[str, tuple[tuple[str, ...], str]] = {
+    "input_layernorm.weight": (("input_layernorm.weight",), REPLICATED),
+    "self_attention.linear_qkv.layer_norm_weight": (("input_layernorm.weight",), REPLICATED),
+    "self_attention.linear_qkv.weight": (
+        ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+        QKV,
+    ),
+    "self_attention.linear_qkv.bias": (
+        ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
+        QKV,
+    ),
+    "self_attention.q_layernorm.weight": (("self_attn.q_norm.weight",), REPLICATED),
+    "self_attention.k_layernorm.weight": (("self_attn.k_norm.weight",), REPLICATED),
+    "self_attention.linear_proj.weight": (("self_attn.o_proj.weight",), ROW),
+    "pre_mlp_layernorm.weight": (("post_attention_layernorm.weight",), REPLICATED),
+    "mlp.linear_fc1.layer_norm_weight": (("post_attention_layernorm.weight",), REPLICATED),
+    "mlp.linear_fc1.weight": (("mlp.gate_proj.weight", "mlp.up_proj.weight"), GATE_UP),
+    "mlp.linear_fc2.weight": (("mlp.down_proj.weight",), ROW),
+}
+_GLOBAL_PARAMS: dict[str, tuple[str, str]] = {
+    "embedding.word_embeddings.weight": ("model.embed_tokens.weight", VOCAB),
+    "decoder.final_layernorm.weight": ("model.norm.weight", REPLICATED),
+    "output_layer.weight": ("lm_head.weight", VOCAB),
+}
+_LAYER_NAME = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
+_TE_FUSED_NORMS = ("self_attention.linear_qkv.layer_norm_weight", "mlp.linear_fc1.layer_norm_weight")
+
+
+def layer_offset(num_layers: int, pp_size: int, pp_rank: int) -> int:
+    """Global index of the first layer on pipeline stage `pp_rank` (layers split evenly)."""
+    if num_layers % pp_size:
+        raise ValueError(f"num_hidden_layers={num_layers} is not divisible by pipeline parallel size {pp_size}")
+    return pp_rank * (num_layers // pp_size)
+
+
+def padded_vocab_size(vocab_size: int, vocab_divisible_by: int, tp_size: int) -> int:
+    """Megatron's vocabulary rows: `vocab_size` rounded up to a multiple of divisible_by * tp."""
+    multiple = vocab_divisible_by * tp_size
+    return -(-vocab_size // multiple) * multiple
+
+
+def param_mapping(megatron_name: str, dims: ModelDims, *, layer_offset: int = 0) -> ParamMapping:
+    """The HF tensors behind a stage-local Megatron parameter name (no `module.` prefix).
+
+    With tied embeddings, the last stage's `output_layer.weight` (Megatron keeps a copy when PP > 1)
+    maps to `model.embed_tokens.weight`. Raises ValueError for names with no HF counterpart.
+    """
+    if megatron_name in _GLOBAL_PARAMS:
+        hf_name, kind = _GLOBAL_PARAMS[megatron_name]
+        if megatron_name == "output_layer.weight" and dims.tie_word_embeddings:
+            hf_name = "model.embed_tokens.weight"
+        return ParamMapping(megatron_name, (hf_name,), kind)
+    match = _LAYER_NAME.fullmatch(megatron_name)
+    if match and match.group(2) in _LAYER_PARAMS:
+        hf_layer = f"model.layers.{int(match.group(1)) + layer_offset}."
+        suffixes, kind = _LAYER_PARAMS[match.group(2)]
+        return ParamMapping(megatron_name, tuple(hf_layer + s for s in suffixes), kind)
+    raise ValueError(f"Megatron parameter {megatron_name!r} has no HF counterpart in megarl's layout table")
+
+
+def megatron_name_of(hf_name: str, dims: ModelDims, *, pp_size: int) -> tuple[int, str]:
+    """(pp_rank, stage-local Megatron name, local-spec naming) of the parameter holding an HF tensor.
+
+    The inverse of `param_mapping`: q/k/v map to `linear_qkv`, gate/up to `linear_fc1`. A tied
+    checkpoint's embedding is named by its first-stage owner.
+    """
+    for megatron_name, (global_hf_name, _) in _GLOBAL_PARAMS.items():
+        if hf_name == global_hf_name:
+            stage = 0 if megatron_name.startswith("embedding") else pp_size - 1
+            return stage, megatron_name
+    match = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", hf_name)
+    if match:
+        per_stage = dims.num_layers // pp_size
+        layer = int(match.group(1))
+        for suffix, (hf_suffixes, _) in _LAYER_PARAMS.items():
+            if match.group(2) in hf_suffixes and suffix not in _TE_FUSED_NORMS:
+                return layer // per_stage, f"decoder.layers.{layer % per_stage}.{suffix}"
+    raise ValueError(f"HF tensor {hf_name!r} has no Megatron counterpart in megarl's layout table")
+
+
+def hf_param_shapes(dims: ModelDims) -> dict[str, tuple[int, ...]]:
+    """Every tensor an HF checkpoint of `dims` holds, with its shape (checks and exports)."""
+    h, d = dims.hidden_size, dims.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (dims.vocab_size, h), "model.norm.weight": (h,)}
+    if not dims.tie_word_embeddings:
+        shapes["lm_head.weight"] = (dims.vocab_size, h)
+    for i in range(dims.num_layers):
+        layer = f"model.layers.{i}."
+        shapes[layer + "input_layernorm.weight"] = (h,)
+        shapes[layer + "post_attention_layernorm.weight"] = (h,)
+        shapes[layer + "self_attn.q_proj.weight"] = (dims.q_size, h)
+        shapes[layer + "self_attn.k_proj.weight"] = (dims.kv_size, h)
+        shapes[layer + "self_attn.v_proj.weight"] = (dims.kv_size, h)
+        shapes[layer + "self_attn.o_proj.weight"] = (h, dims.q_size)
+        if dims.qkv_bias:
+            shapes[layer + "self_attn.q_proj.bias"] = (dims.q_size,)
+            shapes[layer + "self_attn.k_proj.bias"] = (dims.kv_size,)
+            shapes[layer + "self_attn.v_proj.bias"] = (dims.kv_size,)
+        if dims.qk_layernorm:
+            shapes[layer + "self_attn.q_norm.weight"] = (d,)
+            shapes[layer + "self_attn.k_norm.weight"] = (d,)
+        shapes[layer + "mlp.gate_proj.weight"] = (dims.ffn_hidden_size, h)
+        shapes[layer + "mlp.up_proj.weight"] = (dims.ffn_hidden_size, h)
+        shapes[layer + "mlp.down_proj.weight"] = (h, dims.ffn_hidden_size)
+    return shapes
+
+
+def reader_of(tensors: Mapping[str, torch.Tensor]) -> TensorReader:
+    """A `TensorReader` over in-memory HF tensors."""
+    return lambda name, index: tensors[name][index]
+
+
+def tp_shard_from_hf(
+    mapping: ParamMapping,
+    read: TensorReader,
+    dims: ModelDims,
+    *,
+    tp_size: int,
+    tp_rank: int,
+    vocab_divisible_by: int,
+) -> torch.Tensor:
+    """TP rank `tp_rank`'s shard of a Megatron parameter, reading only the HF slices it needs."""
+    kind, names = mapping.kind, mapping.hf_names
+    everything = (slice(None),)
+    if kind == REPLICATED:
+        return read(names[0], everything)
+    if kind == ROW:
+        cols = _chunk(_row_parallel_in_features(names[0], dims), tp_size, tp_rank)
+        return read(names[0], (slice(None), cols))
+    if kind == GATE_UP:
+        rows = _chunk(dims.ffn_hidden_size, tp_size, tp_rank)
+        return torch.cat([read(names[0], (rows,)), read(names[1], (rows,))])
+    if kind == QKV:
+        return _qkv_shard(names, read, dims, tp_size, tp_rank)
+    if kind == VOCAB:
+        padded = padded_vocab_size(dims.vocab_size, vocab_divisible_by, tp_size)
+        rows = _chunk(padded, tp_size, tp_rank)
+        real = read(names[0], (slice(rows.start, min(rows.stop, dims.vocab_size)),))
+        padding = real.new_zeros((rows.stop - rows.start - real.shape[0], *real.shape[1:]))
+        return torch.cat([real, padding])
+    raise ValueError(f"unknown parameter kind {kind!r} for {mapping.megatron_name}")
+
+
+def merge_tp_shards(
+    mapping: ParamMapping, shards: Sequence[torch.Tensor], dims: ModelDims
+) -> list[tuple[str, torch.Tensor]]:
+    """HF tensors of a Megatron parameter from all its TP shards (in TP rank order)."""
+    kind, names = mapping.kind, mapping.hf_names
+    if kind == REPLICATED:
+        return [(names[0], shards[0])]
+    if kind == ROW:
+        return [(names[0], torch.cat(list(shards), dim=1))]
+    if kind == GATE_UP:
+        halves = [shard.chunk(2) for shard in shards]
+        return [(names[0], torch.cat([g for g, _ in halves])), (names[1], torch.cat([u for _, u in halves]))]
+    if kind == QKV:
+        return list(zip(names, _qkv_split(torch.cat(list(shards)), dims)))
+    if kind == VOCAB:
+        return [(names[0], torch.cat(list(shards))[: dims.vocab_size])]
+    raise ValueError(f"unknown parameter kind {kind!r} for {mapping.megatron_name}")
+
+
+def megatron_to_hf(
+    megatron_name: str, shards: Sequence[torch.Tensor], dims: ModelDims, *, layer_offset: int = 0
+) -> list[tuple[str, torch.Tensor]]:
+    """HF (name, tensor) pairs of a stage-local Megatron parameter from its TP shards (rank order)."""
+    return merge_tp_shards(param_mapping(megatron_name, dims, layer_offset=layer_offset), shards, dims)
+
+
+def tp_shards_from_hf(
+    mapping: ParamMapping, hf_tensors: Mapping[str, torch.Tensor], dims: ModelDims, *, tp_size: int, vocab_divisible_by: int
+) -> list[torch.Tensor]:
+    """All TP shards of a Megatron parameter from in-memory HF tensors (rank order)."""
+    read = reader_of(hf_tensors)
+    return [
+        tp_shard_from_hf(mapping, read, dims, tp_size=tp_size, tp_rank=r, vocab_divisible_by=vocab_divisible_by)
+        for r in range(tp_size)
+    ]
+
+
+def _chunk(size: int, tp_size: int, tp_rank: int) -> slice:
+    if size % tp_size:
+        raise ValueError(f"dimension {size} is not divisible by tensor parallel size {tp_size}")
+    step = size // tp_size
+    return slice(tp_rank * step, (tp_rank + 1) * step)
+
+
+def _row_parallel_in_features(hf_name: str, dims: ModelDims) -> int:
+    """Columns of o_proj ([hidden, heads * head_dim]) or down_proj ([hidden, intermediate])."""
+    return dims.q_size if hf_name.endswith("o_proj.weight") else dims.ffn_hidden_size
+
+
+def _qkv_shard(names, read: TensorReader, dims: ModelDims, tp_size: int, tp_rank: int) -> torch.Tensor:
+    """[q heads of group g; k_g; v_g] for the KV groups of this rank: [groups_r * (hpg + 2) * d, ...]."""
+    if dims.num_kv_heads % tp_size:
+        raise ValueError(
+            f"num_key_value_heads={dims.num_kv_heads} is not divisible by tensor parallel size {tp_size}: "
+            "Megatron gives every TP rank whole KV groups"
+        )
+    d, hpg = dims.head_dim, dims.heads_per_group
+    groups = _chunk(dims.num_kv_heads, tp_size, tp_rank)
+    n = groups.stop - groups.start
+    q = read(names[0], (slice(groups.start * hpg * d, groups.stop * hpg * d),))
+    k = read(names[1], (slice(groups.start * d, groups.stop * d),))
+    v = read(names[2], (slice(groups.start * d, groups.stop * d),))
+    trailing = q.shape[1:]
+    per_group = [q.reshape(n, hpg * d, *trailing), k.reshape(n, d, *trailing), v.reshape(n, d, *trailing)]
+    return torch.cat(per_group, dim=1).reshape(n * (hpg + 2) * d, *trailing)
+
+
+def _qkv_split(qkv: torch.Tensor, dims: ModelDims) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Global interleaved [G * (hpg + 2) * d, ...] -> (q [G*hpg*d, ...], k [G*d, ...], v [G*d, ...])."""
+    d, hpg, groups = dims.head_dim, dims.heads_per_group, dims.num_kv_heads
+    trailing = qkv.shape[1:]
+    q, k, v = qkv.reshape(groups, (hpg + 2) * d, *trailing).split([hpg * d, d, d], dim=1)
+    return (
+        q.reshape(groups * hpg * d, *trailing).contiguous(),
+        k.reshape(groups * d, *trailing).contiguous(),
+        v.reshape(groups * d, *trailing).contiguous(),
+    )

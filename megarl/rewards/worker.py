@@ -1,0 +1,52 @@
+"""The reward worker process: `python -m megarl.rewards.worker <fd> <spec>` (started by `RewardScorer`).
+
+It imports the reward function once, says so, then serves calls over the connection on file
+descriptor `fd` until the connection closes or a `None` request arrives. Every reply is a pair:
+
+    ("ready", None)             after start-up
+    ("ok", [float, ...])        one checked score per response
+    ("error", traceback text)   the function raised: its samples score 0, the run goes on
+    ("invalid", message)        the function does not resolve or returned a bad result: the run stops
+
+Requests are `(prompts, responses, columns)`; see `megarl.rewards.functions` for the signature.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from multiprocessing.connection import Connection
+
+from megarl.rewards.functions import RewardFunctionError, checked_scores, resolve_reward_function
+
+
+def serve(connection: Connection, spec: str) -> None:
+    try:
+        function, failure = resolve_reward_function(spec), None
+    except RewardFunctionError as error:
+        function, failure = None, str(error)
+    connection.send(("ready", None))
+    while True:
+        try:
+            request = connection.recv()
+        except EOFError:  # the driver is gone
+            return
+        if request is None:
+            return
+        prompts, responses, columns = request
+        if failure is not None:
+            connection.send(("invalid", failure))
+            continue
+        try:
+            result = function(prompts, responses, **columns)
+        except (Exception, SystemExit):  # a user bug costs this call's samples, not the worker
+            connection.send(("error", traceback.format_exc()))
+            continue
+        try:
+            connection.send(("ok", checked_scores(spec, result, len(responses))))
+        except RewardFunctionError as error:
+            connection.send(("invalid", str(error)))
+
+
+if __name__ == "__main__":
+    serve(Connection(int(sys.argv[1])), sys.argv[2])

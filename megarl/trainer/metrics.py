@@ -1,0 +1,174 @@
+"""Metric names, their meanings, and how per-rank / per-micro-batch values combine into one per step.
+
+Every number the trainer logs has a name in `DOCUMENTED_METRICS` (the e2e test checks the metrics
+file against it). Names follow verl's where verl has one (`actor/pg_clipfrac`, `critic/vf_loss`,
+`response_length/clip_ratio`, ...), so dashboards and habits carry over.
+
+`reduce_metrics` combines several dicts of the same step (one per DP rank or per micro-batch) by
+the mean, except: counts are summed (`SUMMED_METRICS`), maxima and phase times take the max
+(`MAX_METRICS`, `timing/*`: a collective phase lasts as long as its slowest rank), minima the min.
+"""
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal
+
+from megarl.trainer.timing import PHASES
+
+DOCUMENTED_METRICS: dict[str, str] = {
+    "step": "training step (1 = after the first update; 0 = before training, e.g. a first validation)",
+    # rollout
+    "reward/mean": "mean sequence reward of the step's samples (after penalties such as DAPO's overlong)",
+    "reward/std": "population standard deviation of the sequence rewards",
+    "reward/max": "highest sequence reward",
+    "reward/min": "lowest sequence reward",
+    "reward/errors": "samples whose reward function raised (scored 0)",
+    "reward/timeouts": "samples whose reward function timed out (scored 0)",
+    "reward/failed_samples": "samples scored 0 because of an error or a timeout",
+    "response_length/mean": "mean response length in tokens",
+    "response_length/max": "longest response in tokens",
+    "response_length/min": "shortest response in tokens",
+    "response_length/clip_ratio": "fraction of responses cut at the maximum response length",
+    "prompt_length/mean": "mean prompt length in tokens",
+    # actor
+    "actor/loss": "actor objective of the update: policy loss - entropy bonus + KL loss (mean over optimizer steps)",
+    "actor/pg_loss": "policy-gradient loss (mean over optimizer steps)",
+    "actor/kl": "token-mean KL estimate between the current policy and the reference",
+    "actor/kl_coef": "KL coefficient in use (changes under adaptive KL control)",
+    "actor/ppo_kl": "token-mean approximate KL between the rollout-time (old) and the current policy",
+    "actor/entropy": "token-mean entropy of the current policy on the responses",
+    "actor/pg_clipfrac": "fraction of response tokens where the clipped policy objective was taken",
+    "actor/pg_clipfrac_lower": "fraction of tokens with negative advantage capped by the dual clip",
+    "actor/grad_norm": "actor gradient norm before clipping (mean over optimizer steps)",
+    "actor/lr": "actor learning rate after the update",
+    "actor/tokens": "response tokens per actor optimizer step (all DP ranks)",
+    "actor/optimizer_steps": "actor optimizer steps attempted in this training step",
+    "actor/skipped_steps": "actor optimizer steps skipped for a non-finite loss or gradient",
+    # critic
+    "critic/vf_loss": "clipped value loss (mean over optimizer steps)",
+    "critic/vf_clipfrac": "fraction of tokens where the clipped value term was taken",
+    "critic/vpred_mean": "token-mean value prediction",
+    "critic/grad_norm": "critic gradient norm before clipping (mean over optimizer steps)",
+    "critic/lr": "critic learning rate after the update",
+    "critic/tokens": "response tokens per critic optimizer step (all DP ranks)",
+    "critic/optimizer_steps": "critic optimizer steps attempted in this training step",
+    "critic/skipped_steps": "critic optimizer steps skipped for a non-finite loss or gradient",
+    # weight sync
+    "sync/logprob_max_abs_diff": "largest |log-prob(rollout) - log-prob(actor)| on the probe batch after the sync",
+    "sync/logprob_mean_abs_diff": "mean |log-prob(rollout) - log-prob(actor)| on the probe batch after the sync",
+    "sync/weight_version": "weight version of the rollout engines after the sync (+1 per sync)",
+    "sync/seconds": "wall time of the weight send (gather, convert, transport)",
+    "sync/gigabytes": "gigabytes handed to the transport",
+    "sync/buckets": "buckets handed to the transport",
+    "sync/peak_buffer_megabytes": "most bridge buffer memory alive at once on a rank",
+    # validation
+    "val/reward/mean": "mean sequence reward on the validation prompts",
+    "val/response_length/mean": "mean response length on the validation prompts",
+    # throughput
+    "perf/total_tokens": "prompt + response tokens of the step's samples",
+    "perf/tokens_per_s": "perf/total_tokens / timing/step",
+    **{f"timing/{phase}": f"seconds: {meaning}" for phase, meaning in PHASES.items()},
+}
+"""Metric name -> one-line meaning."""
+
+SUMMED_METRICS = frozenset({
+    "reward/errors", "reward/timeouts", "reward/failed_samples", "perf/total_tokens", "sync/gigabytes", "sync/buckets",
+})
+"""Counts: ranks / micro-batches each hold a part, the step's value is the sum."""
+MAX_METRICS = frozenset({
+    "reward/max", "response_length/max", "sync/logprob_max_abs_diff", "sync/peak_buffer_megabytes", "sync/seconds",
+})
+"""Maxima (and the sync's wall time, set by its slowest rank); `timing/*` is reduced by max as well."""
+MIN_METRICS = frozenset({"reward/min", "response_length/min"})
+"""Minima."""
+
+_WORKER_NAMES: dict[str, dict[str, str]] = {
+    "actor": {
+        "loss": "actor/loss", "pg_loss": "actor/pg_loss", "kl_loss": "actor/kl", "entropy": "actor/entropy",
+        "clip_frac": "actor/pg_clipfrac", "clip_frac_lower": "actor/pg_clipfrac_lower", "approx_kl": "actor/ppo_kl",
+        "grad_norm": "actor/grad_norm", "lr": "actor/lr", "tokens": "actor/tokens",
+        "steps": "actor/optimizer_steps", "skipped_steps": "actor/skipped_steps",
+    },
+    "critic": {
+        "loss": "critic/vf_loss", "clip_frac": "critic/vf_clipfrac", "vpred_mean": "critic/vpred_mean",
+        "grad_norm": "critic/grad_norm", "lr": "critic/lr", "tokens": "critic/tokens",
+        "steps": "critic/optimizer_steps", "skipped_steps": "critic/skipped_steps",
+    },
+}
+"""Keys of `MegatronActor.update_policy` / `MegatronCritic.update_critic` results -> logged names."""
+
+
+def worker_metrics(role: Literal["actor", "critic"], update_result: Mapping[str, float]) -> dict[str, float]:
+    """An update's result dict under the logged names: `{"clip_frac": 0.1}` -> `{"actor/pg_clipfrac": 0.1}`."""
+    names = _WORKER_NAMES[role]
+    unknown = sorted(set(update_result) - set(names))
+    if unknown:
+        raise KeyError(f"{role} update returned metrics without a logged name: {unknown}; add them to "
+                       "megarl.trainer.metrics._WORKER_NAMES and DOCUMENTED_METRICS")
+    return {names[key]: float(value) for key, value in update_result.items()}
+
+
+def rollout_metrics(
+    rewards: Sequence[float],
+    response_lengths: Sequence[int],
+    max_response_length: int,
+    prompt_lengths: Sequence[int],
+) -> dict[str, float]:
+    """`reward/*`, `response_length/*` and `prompt_length/mean` of one step's samples (`[N]` each);
+    a response of `max_response_length` tokens counts as cut (`clip_ratio`)."""
+    return {
+        "reward/mean": _mean(rewards),
+        "reward/std": _pstdev(rewards),
+        "reward/max": float(max(rewards)),
+        "reward/min": float(min(rewards)),
+        "response_length/mean": _mean(response_lengths),
+        "response_length/max": float(max(response_lengths)),
+        "response_length/min": float(min(response_lengths)),
+        "response_length/clip_ratio": _mean([length >= max_response_length for length in response_lengths]),
+        "prompt_length/mean": _mean(prompt_lengths),
+    }
+
+
+def throughput_metrics(total_tokens: int, step_seconds: float) -> dict[str, float]:
+    """`perf/total_tokens` (prompt + response tokens of the step) and `perf/tokens_per_s`."""
+    return {"perf/total_tokens": float(total_tokens), "perf/tokens_per_s": total_tokens / step_seconds}
+
+
+def reduce_metrics(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """One value per name from several dicts of the same step (per rank / micro-batch): mean by default,
+    sum / max / min for the names listed above. A name missing from some dicts reduces over the rest.
+    Non-finite values propagate (a NaN loss on one rank shows as NaN)."""
+    values: dict[str, list[float]] = {}
+    for part in parts:
+        for name, value in part.items():
+            values.setdefault(name, []).append(float(value))
+    return {name: _reduce(name, vals) for name, vals in values.items()}
+
+
+def undocumented(names: Iterable[str]) -> list[str]:
+    """The names (sorted) that `DOCUMENTED_METRICS` does not explain."""
+    return sorted(set(names) - set(DOCUMENTED_METRICS))
+
+
+def _reduce(name: str, values: list[float]) -> float:
+    if name in SUMMED_METRICS:
+        return sum(values)
+    if name in MAX_METRICS or name.startswith("timing/"):
+        return _nan_aware(max, values)
+    if name in MIN_METRICS:
+        return _nan_aware(min, values)
+    return _mean(values)
+
+
+def _nan_aware(pick, values: list[float]) -> float:
+    # max()/min() silently skip a NaN depending on its position; a NaN must win.
+    return math.nan if any(math.isnan(v) for v in values) else pick(values)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _pstdev(values: Sequence[float]) -> float:
+    mean = _mean(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))

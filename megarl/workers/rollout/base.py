@@ -1,0 +1,210 @@
+"""The rollout-engine contract: token ids in; token ids, log-probs and finish reasons out.
+
+Backends (`vllm_engine.VLLMRolloutEngine`, `hf_engine.HFRolloutEngine`) implement `RolloutEngine`;
+the trainer and the weight-sync bridge talk only to this interface.
+
+Log-prob semantics (the same in every backend). The log-prob of a sampled token is taken under the
+distribution the engine sampled it from: `log_softmax(logits / temperature)`, after top-k / top-p
+truncation when those are on (truncated tokens have probability 0 and the rest renormalise). With
+top-k and top-p off, the RL training setting, that is exactly what the actor recomputes
+(`log_softmax(logits / T)`), so the two can be compared token by token; with them on, it is still the
+true behaviour-policy probability, which is what importance ratios need. Greedy decoding has no
+temperature: its log-probs are `log_softmax(logits)`. `prompt_logprobs` is always temperature 1.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from megarl.workers.rollout.weight_sync_protocol import BucketMetadata
+
+FinishReason = Literal["stop", "length"]
+
+
+class RolloutPausedError(RuntimeError):
+    """`generate` or `prompt_logprobs` was called on a paused or sleeping engine."""
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How to sample responses. Validated on construction; every problem is reported at once."""
+
+    n: int = 1
+    """Samples per prompt (the GRPO group size)."""
+    temperature: float = 1.0
+    """Softmax temperature, > 0. Ignored when `greedy`. Log-probs are taken at this temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]; 1 turns it off (the setting for RL training)."""
+    top_k: int = -1
+    """Sample among the k most likely tokens; -1 turns it off (the setting for RL training)."""
+    max_new_tokens: int = 256
+    """Response length cap; a sample that reaches it ends with finish reason "length"."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Tokens that end a sample (finish reason "stop"); the stop token is kept as the sample's last
+    token so the policy learns to emit it. Nothing else stops generation: the model's EOS stops it
+    only if listed here (the trainer passes the tokenizer's EOS and chat end-of-turn ids)."""
+    seed: int | None = None
+    """Seed of this call's sampling; the same seed, prompts and weights give the same samples.
+    None draws fresh randomness. vLLM derives one seed per sample from it (`seed + i * n + j` for
+    sample j of prompt i): give successive calls seeds at least `len(prompts) * n` apart."""
+    greedy: bool = False
+    """Argmax decoding (validation); needs n == 1. Log-probs are then `log_softmax(logits)`."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.n < 1:
+            problems.append(f"n={self.n}: need at least 1 sample per prompt")
+        if self.greedy and self.n != 1:
+            problems.append(f"n={self.n} with greedy=True: greedy samples are identical; set n=1")
+        if not self.greedy and not self.temperature > 0:
+            problems.append(
+                f"temperature={self.temperature}: must be > 0; set greedy=True for argmax decoding"
+            )
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p={self.top_p}: must be in (0, 1]; 1 turns it off")
+        if self.top_k != -1 and self.top_k < 1:
+            problems.append(f"top_k={self.top_k}: must be >= 1, or -1 to turn it off")
+        if self.max_new_tokens < 1:
+            problems.append(f"max_new_tokens={self.max_new_tokens}: must be >= 1")
+        if any(t < 0 for t in self.stop_token_ids):
+            problems.append(f"stop_token_ids={self.stop_token_ids}: token ids are >= 0")
+        if problems:
+            raise ValueError("invalid SamplingConfig:\n  " + "\n  ".join(problems))
+
+
+@dataclass
+class RolloutOutput:
+    """The `n` samples of one prompt. Sample `i` is `response_token_ids[i]` (`T_i` tokens, the stop
+    token included when it ended the sample), its log-probs `response_logprobs[i]` (`[T_i]`, float32)
+    and `finish_reasons[i]`."""
+
+    prompt_token_ids: list[int]
+    """The prompt, as given."""
+    response_token_ids: list[list[int]] = field(default_factory=list)
+    """n lists of generated token ids."""
+    response_logprobs: list[torch.Tensor] = field(default_factory=list)
+    """n float32 tensors `[T_i]`: log-prob of each sampled token (see the module docstring)."""
+    finish_reasons: list[FinishReason] = field(default_factory=list)
+    """n reasons: "stop" (a stop token was sampled) or "length" (`max_new_tokens` reached)."""
+
+
+class RolloutEngine(abc.ABC):
+    """A generation engine whose weights the trainer replaces after every step.
+
+    One engine serves one process's calls, one at a time. A weight sync, as the bridge does it
+    (`sync_group` and `weight_sync_protocol` give the trainer side):
+
+        joined = engine.init_weight_sync(host, port, world_size=1 + TP, timeout_s=60)  # once
+        group = create_weight_sync_group(host, port, 0, 1 + TP, 60)  # trainer = rank 0, meanwhile
+        joined.result()
+        ...
+        buckets = [pack(named_tensors) for named_tensors in bucketed_weights]  # each sync
+        engine.pause()
+        done = engine.receive_weights([metadata for _, metadata in buckets])  # workers receive...
+        for flat, _ in buckets:
+            broadcast_bucket(group, flat)                                     # ...as rank 0 sends
+        done.result()  # loaded, prefix cache flushed, weight_version + 1
+        engine.resume()
+    """
+
+    def __init__(self) -> None:
+        self._paused = False
+        self._asleep = False
+        self._weight_version = 0
+
+    @property
+    def weight_version(self) -> int:
+        """0 for the weights the engine started with; +1 per completed weight load."""
+        return self._weight_version
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
+
+    def pause(self) -> None:
+        """Refuse `generate`/`prompt_logprobs` (they raise `RolloutPausedError`) until `resume()`."""
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+
+    def sleep(self) -> None:
+        """Free accelerator memory (KV cache, weights) while a colocated trainer runs; generating
+        raises `RolloutPausedError` until `wake_up()`."""
+        self._sleep()
+        self._asleep = True
+
+    def wake_up(self) -> None:
+        """Undo `sleep()`, before the next generate or weight load."""
+        self._wake_up()
+        self._asleep = False
+
+    def _check_ready(self, call: str) -> None:
+        # A paused/sleeping vLLM engine would queue the requests and never answer: fail instead.
+        if self._paused:
+            raise RolloutPausedError(
+                f"{type(self).__name__}.{call}() called while the engine is paused "
+                f"(a weight sync is in progress or pause() was not undone): call resume() first"
+            )
+        if self._asleep:
+            raise RolloutPausedError(
+                f"{type(self).__name__}.{call}() called while the engine sleeps: call wake_up() first"
+            )
+
+    @abc.abstractmethod
+    def generate(
+        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> list[RolloutOutput]:
+        """Sample `sampling.n` responses for each prompt; one `RolloutOutput` per prompt, in order."""
+
+    @abc.abstractmethod
+    def prompt_logprobs(self, token_ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """For each sequence of `T_i` tokens, `[T_i - 1]` float32: log p(token t | tokens < t) for
+        t = 1 .. T_i - 1 at temperature 1 (used to verify a weight sync against the actor)."""
+
+    @abc.abstractmethod
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load full (unsharded) HF-named tensors handed over in this process. Any subset of the
+        model's tensors may be given, provided every fused layer touched gets all its parts
+        (q/k/v_proj together, gate/up_proj together); the rest keep their weights. Flushes the
+        prefix cache and bumps `weight_version`."""
+
+    @abc.abstractmethod
+    def init_weight_sync(
+        self, host: str, port: int, world_size: int, timeout_s: float, rank_offset: int = 1
+    ) -> Future[None]:
+        """Join the trainer's weight-sync group (`sync_group.create_weight_sync_group`): the trainer
+        is rank 0 and hosts the store at host:port; this engine's workers take ranks
+        `rank_offset .. rank_offset + TP - 1` (engine k of several equal-TP engines in one group:
+        `rank_offset = 1 + k * TP`). Returns at once; the future completes when the group is
+        formed, which needs every other rank to join concurrently."""
+
+    @abc.abstractmethod
+    def receive_weights(self, bucket_metadatas: Sequence[BucketMetadata]) -> Future[None]:
+        """Receive the buckets that rank 0 broadcasts, in this order, and load them. Returns at once;
+        the future completes when the weights are loaded, the prefix cache is flushed and
+        `weight_version` is bumped. The buckets of one call are loaded in one pass, so a fused
+        layer's parts (q/k/v, gate/up) may lie in different buckets of a call, never in different
+        calls (`load_weights` has the same rule); one call per sync is the simple choice."""
+
+    @abc.abstractmethod
+    def reset_prefix_cache(self) -> None:
+        """Forget cached prompt KV (it was computed with the old weights)."""
+
+    @abc.abstractmethod
+    def _sleep(self) -> None:
+        """Backend part of `sleep()`."""
+
+    @abc.abstractmethod
+    def _wake_up(self) -> None:
+        """Backend part of `wake_up()`."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Release the engine's processes and memory; the engine is unusable afterwards."""

@@ -1,0 +1,134 @@
+"""A plain transformers `generate` rollout engine, for debugging and as a reference for vLLM.
+
+Same contract as the vLLM engine (token ids, log-probs under the sampling distribution, finish
+reasons; see base.py), slower: prompts are generated one at a time (so no padding is involved), the
+`n` samples of a prompt together. The engine is one process and one rank of a weight-sync group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+
+from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig
+from megarl.workers.rollout.sync_group import create_weight_sync_group, receive_buckets
+from megarl.workers.rollout.weight_sync_protocol import BucketMetadata
+
+
+def _generation_config(sampling: SamplingConfig) -> GenerationConfig:
+    # A fresh config, so the checkpoint's generation_config.json (top_k=50, penalties, ...) is not
+    # mixed in; `scores` are then exactly the distribution sampled from.
+    return GenerationConfig(
+        do_sample=not sampling.greedy,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=0 if sampling.top_k == -1 else sampling.top_k,
+        max_new_tokens=sampling.max_new_tokens,
+        num_return_sequences=sampling.n,
+        eos_token_id=list(sampling.stop_token_ids) or None,
+        pad_token_id=0,  # fills finished rows; they are cut at their stop token below
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+
+
+def _cut_at_stop(tokens: list[int], stop_token_ids: tuple[int, ...]) -> tuple[list[int], str]:
+    for i, token in enumerate(tokens):
+        if token in stop_token_ids:
+            return tokens[: i + 1], "stop"
+    return tokens, "length"
+
+
+class HFRolloutEngine(RolloutEngine):
+    """`RolloutEngine` on a transformers causal LM. dtype: "auto" (the checkpoint's) or a torch
+    dtype name such as "float32"; device: where the model runs ("cpu", "cuda:0")."""
+
+    def __init__(self, model_path: str | Path, *, dtype: str = "auto", device: str = "cpu") -> None:
+        super().__init__()
+        self._device = torch.device(device)
+        torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+        self._model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
+        self._model.to(self._device).eval()
+        self._rpc_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-hf-sync")
+        self._sync_group = None
+
+    @torch.no_grad()
+    def generate(
+        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> list[RolloutOutput]:
+        self._check_ready("generate")
+        config = _generation_config(sampling)
+        with torch.random.fork_rng(devices=[self._device] if self._device.type == "cuda" else []):
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            return [self._generate_one(list(prompt), config, sampling) for prompt in prompt_token_ids]
+
+    def _generate_one(
+        self, prompt: list[int], config: GenerationConfig, sampling: SamplingConfig
+    ) -> RolloutOutput:
+        input_ids = torch.tensor([prompt], device=self._device)
+        result = self._model.generate(input_ids, generation_config=config)
+        responses = result.sequences[:, len(prompt) :]  # [n, T]
+        # scores[t]: [n, V] processed logits of step t (temperature, top-k/p applied).
+        logprobs = torch.stack(result.scores, dim=1).float().log_softmax(-1)  # [n, T, V]
+        token_logprobs = logprobs.gather(-1, responses.unsqueeze(-1)).squeeze(-1).cpu()  # [n, T]
+        output = RolloutOutput(prompt_token_ids=prompt)
+        for i, row in enumerate(responses.tolist()):
+            tokens, reason = _cut_at_stop(row, sampling.stop_token_ids)
+            output.response_token_ids.append(tokens)
+            output.response_logprobs.append(token_logprobs[i, : len(tokens)].clone())
+            output.finish_reasons.append(reason)
+        return output
+
+    @torch.no_grad()
+    def prompt_logprobs(self, token_ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        self._check_ready("prompt_logprobs")
+        results = []
+        for ids in token_ids:
+            input_ids = torch.tensor([list(ids)], device=self._device)
+            logprobs = self._model(input_ids).logits[0, :-1].float().log_softmax(-1)  # [T-1, V]
+            results.append(logprobs.gather(-1, input_ids[0, 1:, None]).squeeze(-1).cpu())
+        return results
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Any subset of the model's HF-named tensors; a name the model lacks is an error."""
+        result = self._model.load_state_dict(dict(named_tensors), strict=False)
+        if result.unexpected_keys:
+            raise ValueError(
+                f"HFRolloutEngine.load_weights: the model has no parameters named "
+                f"{result.unexpected_keys}; send HF checkpoint names"
+            )
+        self._weight_version += 1
+
+    def init_weight_sync(
+        self, host: str, port: int, world_size: int, timeout_s: float, rank_offset: int = 1
+    ) -> Future[None]:
+        def join() -> None:
+            self._sync_group = create_weight_sync_group(host, port, rank_offset, world_size, timeout_s)
+
+        return self._rpc_thread.submit(join)
+
+    def receive_weights(self, bucket_metadatas: Sequence[BucketMetadata]) -> Future[None]:
+        def receive() -> None:
+            if self._sync_group is None:
+                raise RuntimeError("HFRolloutEngine.receive_weights before init_weight_sync")
+            self.load_weights(receive_buckets(self._sync_group, bucket_metadatas, self._device))
+
+        return self._rpc_thread.submit(receive)
+
+    def reset_prefix_cache(self) -> None:
+        """Nothing to do: this engine keeps no KV cache between calls."""
+
+    def _sleep(self) -> None:
+        self._model.to("cpu")
+
+    def _wake_up(self) -> None:
+        self._model.to(self._device)
+
+    def shutdown(self) -> None:
+        self._rpc_thread.shutdown(wait=True)
+        del self._model

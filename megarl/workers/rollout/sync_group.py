@@ -1,0 +1,68 @@
+"""The weight-sync process group: the trainer (rank 0) and the rollout workers (ranks 1..W-1).
+
+It is standalone, made from a `TCPStore` and a process-group object directly, not through
+`torch.distributed.init_process_group`: each side already has its own default world (Megatron's on
+the trainer, vLLM's inside the workers) and neither may be disturbed. Gloo on CPU, NCCL on GPU,
+chosen by the device, the same code path otherwise. Both sides use this module:
+
+    # trainer: rank 0, hosts the store
+    group = create_weight_sync_group(host, port, 0, W, 60)
+    for flat, _ in buckets:
+        broadcast_bucket(group, flat)
+
+    # each rollout worker: rank r >= 1
+    group = create_weight_sync_group(host, port, r, W, 60)
+    model.load(receive_buckets(group, [metadata for _, metadata in buckets], device))
+
+Group creation blocks until all W ranks have joined, so the two sides must run it concurrently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, unpack
+
+
+def create_weight_sync_group(
+    host: str, port: int, rank: int, world_size: int, timeout_s: float
+) -> dist.ProcessGroup:
+    """Join (rank 0: host) the store at host:port and form a `world_size`-rank group; NCCL when
+    CUDA is available, gloo otherwise. Collectives time out after `timeout_s`."""
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+    if torch.cuda.is_available():
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, world_size, options)
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    # Bind gloo to the store's address (127.0.0.1 in tests) instead of the hostname's interface.
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+    return dist.ProcessGroupGloo(store, rank, world_size, options)
+
+
+def _broadcast_from_rank0(group: dist.ProcessGroup, flat: torch.Tensor) -> None:
+    options = dist.BroadcastOptions()
+    options.rootRank = 0
+    group.broadcast([flat], options).wait()
+
+
+def broadcast_bucket(group: dist.ProcessGroup, flat: torch.Tensor) -> None:
+    """Sender side: send one packed bucket (`weight_sync_protocol.pack`) to every rank."""
+    _broadcast_from_rank0(group, flat)
+
+
+def receive_buckets(
+    group: dist.ProcessGroup, bucket_metadatas: Sequence[BucketMetadata], device: torch.device
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Receiver side: for each bucket in order, receive its buffer and yield its (name, tensor)
+    views. Lazy, so a loader consuming it holds about one bucket at a time."""
+    for metadata in bucket_metadatas:
+        flat = torch.empty(metadata.numel, dtype=metadata.dtype, device=device)
+        _broadcast_from_rank0(group, flat)
+        yield from unpack(flat, metadata)

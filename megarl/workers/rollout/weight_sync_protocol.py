@@ -1,0 +1,90 @@
+"""The wire format of a weight sync: tensors travel in flat buckets described by small metadata.
+
+The sender (the trainer, rank 0 of the sync group) packs HF-named full tensors into one flat 1-D
+buffer per bucket and broadcasts it; the receivers (rollout workers) allocate an empty buffer from
+the metadata, receive into it and view the tensors back out. Metadata goes ahead by RPC, so it must
+stay small and picklable; data goes by collective. All tensors of a bucket share one dtype (the
+buffer's); the sender starts a new bucket when the dtype changes.
+
+    flat, meta = pack([("model.norm.weight", w1), ("lm_head.weight", w2)])
+    assert [n for n, _ in unpack(flat, meta)] == ["model.norm.weight", "lm_head.weight"]
+
+Pure functions: no processes, no vLLM.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """Where one tensor lies in a bucket's flat buffer."""
+
+    name: str
+    """HF parameter name, e.g. `model.layers.0.self_attn.q_proj.weight`."""
+    shape: tuple[int, ...]
+    """The tensor's shape."""
+    dtype: torch.dtype
+    """The tensor's dtype (equal to the bucket's)."""
+    offset: int
+    """First element in the flat buffer (in elements, not bytes)."""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class BucketMetadata:
+    """One bucket: its tensors in buffer order, packed back to back from offset 0."""
+
+    slots: tuple[TensorSlot, ...]
+    """The tensors of the bucket, in the order they were packed."""
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.slots[0].dtype
+
+    @property
+    def numel(self) -> int:
+        """Elements of the flat buffer."""
+        last = self.slots[-1]
+        return last.offset + last.numel
+
+
+def pack(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, BucketMetadata]:
+    """Concatenate tensors of one dtype into a flat buffer `[sum numel]` on their device, and
+    describe it. Raises ValueError for an empty bucket or mixed dtypes."""
+    named_tensors = list(named_tensors)
+    if not named_tensors:
+        raise ValueError("pack: a bucket needs at least one tensor")
+    dtype = named_tensors[0][1].dtype
+    slots, offset = [], 0
+    for name, tensor in named_tensors:
+        if tensor.dtype != dtype:
+            raise ValueError(
+                f"pack: tensor {name!r} is {tensor.dtype} but the bucket is {dtype} "
+                f"(from {named_tensors[0][0]!r}); put tensors of different dtypes in separate buckets"
+            )
+        slots.append(TensorSlot(name, tuple(tensor.shape), dtype, offset))
+        offset += tensor.numel()
+    flat = torch.cat([tensor.reshape(-1) for _, tensor in named_tensors])
+    return flat, BucketMetadata(tuple(slots))
+
+
+def unpack(flat: torch.Tensor, metadata: BucketMetadata) -> list[tuple[str, torch.Tensor]]:
+    """The bucket's tensors as views into `flat` (no copy), in packing order."""
+    if flat.dim() != 1 or flat.numel() != metadata.numel or flat.dtype != metadata.dtype:
+        raise ValueError(
+            f"unpack: buffer {flat.dtype} {tuple(flat.shape)} does not match the metadata "
+            f"({metadata.dtype}, {metadata.numel} elements)"
+        )
+    return [
+        (slot.name, flat[slot.offset : slot.offset + slot.numel].view(slot.shape))
+        for slot in metadata.slots
+    ]

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Join a megarl Ray cluster as a worker node once the head answers its health check.
+set -euo pipefail
+
+usage() {
+  cat <<'USAGE'
+Usage: bash scripts/ray_worker.sh --address HEAD_IP:PORT [options] [-- extra `ray start` arguments]
+
+Polls the head's GCS with `ray health-check` (every 2 s, up to --timeout seconds) and then starts
+a Ray worker node that joins it. Fails with a clear message if the head never becomes healthy.
+Stop it with `bash scripts/stop.sh --temp-dir <same dir>`.
+
+Options:
+  --address HEAD_IP:PORT   the head's GCS address (required), e.g. 10.0.0.1:6379
+  --node-ip-address ADDR   address other nodes reach this node at (default: Ray picks the node's IP)
+  --iface IFNAME           network interface for Ray, NCCL and Gloo: sets NCCL_SOCKET_IFNAME and
+                           GLOO_SOCKET_IFNAME, and the node IP to the interface's IPv4 address
+  --num-cpus N             CPUs Ray may schedule on this node (default: all)
+  --num-gpus N             GPUs Ray may schedule on this node (default: all visible)
+  --temp-dir DIR           Ray session/log directory (default: $MEGARL_RAY_TEMP_DIR, else /tmp/ray)
+  --timeout SECONDS        how long to wait for the head (default 300)
+  --block                  run `ray start --block` in the foreground (containers, Slurm)
+  -h, --help               show this help
+USAGE
+}
+
+fail() { echo "ray_worker.sh: ERROR: $*" >&2; exit 1; }
+bad_arg() { echo "ray_worker.sh: $*" >&2; exit 2; }
+
+address=""
+node_ip=""
+iface=""
+num_cpus=""
+num_gpus=""
+temp_dir="${MEGARL_RAY_TEMP_DIR:-/tmp/ray}"
+timeout_s=300
+block=0
+extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --address) address="${2:?--address needs a value}"; shift 2 ;;
+    --node-ip-address) node_ip="${2:?--node-ip-address needs a value}"; shift 2 ;;
+    --iface) iface="${2:?--iface needs a value}"; shift 2 ;;
+    --num-cpus) num_cpus="${2:?--num-cpus needs a value}"; shift 2 ;;
+    --num-gpus) num_gpus="${2:?--num-gpus needs a value}"; shift 2 ;;
+    --temp-dir) temp_dir="${2:?--temp-dir needs a value}"; shift 2 ;;
+    --timeout) timeout_s="${2:?--timeout needs a value}"; shift 2 ;;
+    --block) block=1; shift ;;
+    --) shift; extra=("$@"); break ;;
+    *) bad_arg "unknown argument '$1' (see --help)" ;;
+  esac
+done
+[ -n "$address" ] || bad_arg "--address HEAD_IP:PORT is required (the head prints it; see --help)"
+if [[ ! "$address" =~ ^[^:]+:[0-9]+$ ]]; then
+  bad_arg "--address must be HOST:PORT (e.g. 10.0.0.1:6379), got '$address'"
+fi
+for pair in "timeout=$timeout_s" "num-cpus=${num_cpus:-0}" "num-gpus=${num_gpus:-0}"; do
+  case "${pair#*=}" in
+    ''|*[!0-9]*) bad_arg "--${pair%%=*} must be a whole number, got '${pair#*=}'" ;;
+  esac
+done
+command -v ray >/dev/null 2>&1 \
+  || fail "'ray' is not on PATH: activate the environment (source .venv/bin/activate) or run inside the megarl image."
+
+# Ray 2.60 `ray start` turns on token authentication when a token exists (RAY_AUTH_TOKEN,
+# RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) unless RAY_AUTH_MODE says otherwise, but some CLI clients
+# (`ray health-check`) only send the token when RAY_AUTH_MODE=token: make the choice explicit for all.
+if [ -z "${RAY_AUTH_MODE:-}" ] && { [ -n "${RAY_AUTH_TOKEN:-}" ] || [ -s "${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}" ]; }; then
+  export RAY_AUTH_MODE=token
+fi
+
+if [ -n "$iface" ]; then
+  node_ip="$(ip -4 -o addr show dev "$iface" 2>/dev/null | awk '{split($4, a, "/"); print a[1]; exit}')"
+  [ -n "$node_ip" ] || fail "--iface $iface: no IPv4 address on that interface (see \`ip -4 addr\`)."
+  export NCCL_SOCKET_IFNAME="$iface" GLOO_SOCKET_IFNAME="$iface"
+fi
+
+# The port first (refused at once while the head is down; `ray health-check` alone retries for ~45 s),
+# then the GCS itself; each probe has its own time limit so --timeout holds.
+head_healthy() {
+  # shellcheck disable=SC2016  # $1/$2 expand in the inner shell
+  timeout 5 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "${address%:*}" "${address##*:}" 2>/dev/null \
+    && timeout 30 ray health-check --address "$address" >/dev/null 2>&1
+}
+
+# Bounded wait for the head instead of a fixed sleep: the head may still be starting.
+deadline=$((SECONDS + timeout_s))
+attempt=1
+until head_healthy; do
+  [ "$SECONDS" -lt "$deadline" ] \
+    || fail "the head at $address did not answer a health check within ${timeout_s}s ($attempt attempts). Is ray_head.sh running there, and is port ${address##*:} reachable from $(hostname)?"
+  attempt=$((attempt + 1))
+  sleep 2
+done
+
+args=(--address "$address" --temp-dir "$temp_dir" --disable-usage-stats)
+[ -n "$node_ip" ] && args+=(--node-ip-address "$node_ip")
+[ -n "$num_cpus" ] && args+=(--num-cpus "$num_cpus")
+[ -n "$num_gpus" ] && args+=(--num-gpus "$num_gpus")
+args+=("${extra[@]}")
+
+mkdir -p "$temp_dir"
+# The mark scripts/stop.sh finds this node's processes by (they all inherit it from `ray start`).
+export MEGARL_RAY_NODE_TEMP_DIR="$temp_dir"
+if [ "$block" = 1 ]; then
+  exec ray start "${args[@]}" --block
+fi
+ray start "${args[@]}" || fail "\`ray start ${args[*]}\` failed (see Ray's message above)."
+echo "ray_worker.sh: joined the cluster at $address. Stop with: bash scripts/stop.sh --temp-dir $temp_dir"

@@ -1,0 +1,144 @@
+"""scripts/ray_head.sh, submit.sh and stop.sh end to end on this machine: a real Ray head on 2 CPUs,
+real jobs whose exit codes come back through submit.sh, and no Ray process left after stop.sh."""
+
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+import psutil
+import pytest
+from deploy_support import REPO, free_ports
+
+SUCCEEDING_JOB = ["megarl", "validate", "configs/quickstart.yaml", "--no-file-checks"]
+"""The job that must succeed: the megarl CLI on a recipe from the uploaded working directory. The
+trainer issue switches it to a shortened quickstart training (e.g. `megarl train
+configs/quickstart.yaml trainer.total_steps=2` after creating the tiny model and data)."""
+FAILING_JOB = ["python", "-c", "import os, sys; sys.exit(7 if os.path.isfile('megarl/versions.py')"
+                               " and not os.path.exists('.git') and not os.path.exists('.venv') else 1)"]
+"""Exits 7 only in a working directory uploaded without .git and .venv (submit.sh's excludes)."""
+FAILING_JOB_EXIT_CODE = 7
+NODE_MARK = "MEGARL_RAY_NODE_TEMP_DIR"
+"""The environment variable the start scripts mark their Ray processes with (see scripts/stop.sh)."""
+
+
+def _marked_processes(temp_dir: str) -> list[psutil.Process]:
+    """Live processes started by the scripts for `temp_dir` (other sessions' Ray is left alone)."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get(NODE_MARK) == temp_dir:
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _wait_until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
+        time.sleep(0.2)
+
+
+def _run(args: list[str], env: dict, timeout_s: int) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+@pytest.fixture(scope="module")
+def ray_env(script_env):
+    """Token authentication on, with this module's own token: Ray 2.60's default for new clusters, and
+    independent of whatever ~/.ray/auth_token other Ray users of this machine left behind."""
+    return {**script_env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+
+
+@pytest.fixture(scope="module")
+def ray_head(ray_env):
+    """A Ray head started by scripts/ray_head.sh on free ports with its own temp dir; stopped at the end."""
+    temp_dir = tempfile.mkdtemp(prefix="mrl", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
+    gcs, dashboard, client, agent = free_ports(4)
+    started = _run(["bash", "scripts/ray_head.sh", "--num-cpus", "2", "--port", str(gcs),
+                    "--dashboard-port", str(dashboard), "--temp-dir", temp_dir, "--timeout", "120", "--",
+                    "--ray-client-server-port", str(client), "--dashboard-agent-listen-port", str(agent)],
+                   ray_env, timeout_s=180)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        yield {"address": f"http://127.0.0.1:{dashboard}", "temp_dir": temp_dir}
+    finally:
+        _run(["bash", "scripts/stop.sh", "--temp-dir", temp_dir], ray_env, timeout_s=60)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _submit(ray_head: dict, command: list[str], env: dict, *options: str) -> subprocess.CompletedProcess:
+    return _run(["bash", "scripts/submit.sh", "--address", ray_head["address"], *options, "--", *command], env,
+                timeout_s=300)
+
+
+def test_head_listens_on_loopback_only_for_the_job_api(ray_head):
+    dashboard_port = int(ray_head["address"].rsplit(":", 1)[1])
+    listeners = [conn for conn in psutil.net_connections("tcp")
+                 if conn.status == psutil.CONN_LISTEN and conn.laddr.port == dashboard_port]
+    assert listeners and {conn.laddr.ip for conn in listeners} == {"127.0.0.1"}
+
+
+def test_succeeding_job_exits_zero(ray_head, ray_env):
+    result = _submit(ray_head, SUCCEEDING_JOB, ray_env, "--wait-nodes", "1", "--wait-timeout", "60")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_failing_job_exit_code_propagates(ray_head, ray_env):
+    """The job's own exit code comes back (which also shows the upload left out .git and .venv)."""
+    result = _submit(ray_head, FAILING_JOB, ray_env)
+    assert result.returncode == FAILING_JOB_EXIT_CODE, result.stdout + result.stderr
+
+
+def test_terminating_submit_stops_the_job(ray_head, ray_env, monkeypatch):
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
+        monkeypatch.setenv(name, ray_env[name])
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(ray_head["address"])
+    job_id = f"megarl-test-{secrets.token_hex(4)}"
+    submit = subprocess.Popen(["bash", "scripts/submit.sh", "--address", ray_head["address"], "--submission-id", job_id,
+                               "--", "python", "-c", "import time; time.sleep(600)"],
+                              cwd=REPO, env=ray_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_until(lambda: job_id in {job.submission_id for job in client.list_jobs()}
+                    and client.get_job_status(job_id) == JobStatus.RUNNING, 120, f"job {job_id} to run")
+        submit.terminate()
+        output, _ = submit.communicate(timeout=60)
+        assert submit.returncode == 130, output
+        _wait_until(lambda: client.get_job_status(job_id) == JobStatus.STOPPED, 60, f"job {job_id} to stop")
+    finally:
+        submit.kill()
+        submit.wait()
+
+
+def test_stop_leaves_no_ray_process(ray_head, ray_env):
+    before = _marked_processes(ray_head["temp_dir"])
+    names = {process.name() for process in before}
+    assert {"raylet", "gcs_server"} <= names, f"expected the head's raylet and GCS among {names}"
+    stopped = _run(["bash", "scripts/stop.sh", "--temp-dir", ray_head["temp_dir"]], ray_env, timeout_s=60)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    _wait_until(lambda: not _marked_processes(ray_head["temp_dir"]), 10, "the head's processes to exit")
+    assert not any(process.is_running() and process.status() != psutil.STATUS_ZOMBIE for process in before)
+
+
+def test_worker_gives_up_on_an_absent_head_within_its_timeout(ray_env):
+    """The worker polls the head's health with a bounded retry and never starts Ray without a head."""
+    temp_dir = tempfile.mkdtemp(prefix="mrlw", dir="/tmp")
+    # Bound but not listening: connections are refused, and no other process can take the port meanwhile.
+    with socket.socket() as absent_head:
+        absent_head.bind(("127.0.0.1", 0))
+        port = absent_head.getsockname()[1]
+        try:
+            result = _run(["bash", "scripts/ray_worker.sh", "--address", f"127.0.0.1:{port}", "--timeout", "3",
+                           "--temp-dir", temp_dir], ray_env, timeout_s=60)
+            assert result.returncode == 1, result.stdout + result.stderr
+            assert "did not answer a health check within 3s" in result.stderr
+            assert "Ray runtime started" not in result.stdout + result.stderr
+            assert _marked_processes(temp_dir) == []
+        finally:
+            shutil.rmtree(temp_dir, ignore_errors=True)

