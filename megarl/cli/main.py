@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS: list[str] = ["init_tiny_model", "validate", "convert", "make_data", "plot"]
+COMMANDS: list[str] = ["init_tiny_model", "make_data", "validate", "train", "convert", "check_sync", "plot"]
 
 
 def build_parser() -> argparse.ArgumentParser:

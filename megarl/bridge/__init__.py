@@ -1,0 +1,23 @@
+"""The weight-sync bridge: Megatron shards → rollout engines, after every training step.
+
+`plan` (pure: units, send order, buckets; cached per layout pair), `convert` (pure: TP gather to HF
+tensors, per-rank regroup), `collect` (the trainer-world collectives that assemble the buckets),
+`transports` (in-process, broadcast, CUDA IPC), `sync` (the procedure), `verify` (log-prob check).
+"""
+
+from megarl.bridge.plan import LayoutPair, SyncPlan, build_plan
+from megarl.bridge.sync import SyncStats, WeightSender, receiving, sync_in_process
+from megarl.bridge.verify import SyncVerificationError, check_sync, probe_token_ids
+
+__all__ = [
+    "LayoutPair",
+    "SyncPlan",
+    "SyncStats",
+    "SyncVerificationError",
+    "WeightSender",
+    "build_plan",
+    "check_sync",
+    "probe_token_ids",
+    "receiving",
+    "sync_in_process",
+]

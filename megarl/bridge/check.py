@@ -1,0 +1,225 @@
+"""The whole sync path on a real model, end to end (`megarl check-sync` and the e2e tests).
+
+`run_distributed` spawns the training ranks, which load the HF checkpoint into a Megatron actor of
+the given (TP, PP) and take a few optimizer steps per round (so the weights really change); each
+round then syncs and compares each engine's probe log-probs with the actor's. Two set-ups:
+`run_sync_check` drives engines in this process and broadcasts the bridge's buckets over one
+gloo/NCCL sync group to all of them at once (the trainer is rank 0; engine k's workers follow);
+`run_colocated_check` puts a TP-1 engine inside training rank 0's process (in-process transport).
+
+    engines = {1: make_rollout_engine("vllm", hf_dir, dtype="float32"), 2: ...(tensor_parallel_size=2)}
+    rounds = run_sync_check(hf_dir, train_tp=2, train_pp=1, engines=engines, threshold=1e-4)
+    rounds[-1].metrics[2]["sync/logprob_max_abs_diff"]
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from megarl.bridge.plan import LayoutPair, build_plan
+from megarl.bridge.sync import WeightSender, receiving, sync_in_process
+from megarl.bridge.transports import BroadcastTransport, InProcessTransport
+from megarl.bridge.verify import actor_probe_logprobs, check_sync, probe_policy_batch, probe_token_ids
+from megarl.models.hf_config import read_model_dims
+from megarl.parallel.spawn import free_port, run_distributed
+from megarl.workers.rollout.base import RolloutEngine
+
+HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """How the check moves the actor's weights before each sync."""
+
+    steps_per_round: int = 2
+    """Optimizer steps between syncs."""
+    lr: float = 1e-2
+    """Adam learning rate (large, so a couple of steps visibly change the log-probs)."""
+    seed: int = 0
+    """Seed of the training batch's tokens and advantages."""
+
+
+@dataclass
+class RoundResult:
+    """One train-then-sync round."""
+
+    actor_logprobs: torch.Tensor
+    """`[B, T-1]` the actor's probe log-probs right before the sync."""
+    engine_logprobs: dict[int, torch.Tensor]
+    """Rollout TP → `[B, T-1]` that engine's probe log-probs right after the sync."""
+    metrics: dict[int, dict[str, float]]
+    """Rollout TP → the verification metrics (`sync/logprob_*_abs_diff`)."""
+    sync_metrics: dict[str, float]
+    """The sender's `SyncStats.metrics()`."""
+
+
+def train_a_little(actor, vocab_size: int, settings: TrainSettings, round_index: int) -> None:
+    """`settings.steps_per_round` PPO steps of `actor` on a seeded random batch with random
+    advantages: no task, just a deterministic, layout-independent change of every weight."""
+    from megarl.workers.actor import PolicyLoss, PolicyLossSettings
+
+    generator = torch.Generator().manual_seed(settings.seed + round_index)
+    tokens = torch.randint(0, vocab_size, (4, 12), generator=generator).tolist()
+    batch = probe_policy_batch(tokens)
+    batch.old_log_probs, _ = actor.compute_log_prob(batch, micro_batch_size=len(tokens))
+    batch.advantages = torch.randn(batch.responses.shape, generator=generator)
+    for _ in range(settings.steps_per_round):
+        actor.update_policy(batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=len(tokens), micro_batch_size=2)
+
+
+def _trained_actor_and_plan(model_dir: str, layout: LayoutPair, bucket_mb: float, settings: TrainSettings):
+    """This rank's actor loaded from `model_dir` (on a fresh grid), the plan and the model dims."""
+    from megarl.parallel.distributed import initialize_model_parallel
+    from megarl.workers.actor import MegatronActor
+    from megarl.workers.megatron_train import OptimSettings
+
+    groups = initialize_model_parallel(layout.train_tp, layout.train_pp, seed=settings.seed)
+    actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=settings.lr, clip_grad=0.0))
+    dims = read_model_dims(model_dir)
+    return groups, actor, dims, build_plan(dims, layout, bucket_mb=bucket_mb)
+
+
+def trainer_main(model_dir: str, layout: LayoutPair, port: int, world_size: int, bucket_mb: float,
+                 rounds: int, settings: TrainSettings, timeout_s: float) -> list[dict] | None:
+    """One training rank of `run_sync_check`: per round, train, record the actor's probe log-probs,
+    broadcast the sync, and list parameters whose conversion does not invert. Rank 0 returns the
+    rounds. `layout.rollout_tp` only names the pair: the buckets are the same for every rollout TP."""
+    groups, actor, dims, plan = _trained_actor_and_plan(model_dir, layout, bucket_mb, settings)
+    sender_rank = dist.get_rank() == 0
+    transport = BroadcastTransport.connect(HOST, port, world_size, timeout_s) if sender_rank else None
+    sender = WeightSender(plan, actor.named_parameters_for_sync, groups, transport)
+    probe = probe_token_ids(dims.vocab_size)
+    results = []
+    for round_index in range(rounds):
+        train_a_little(actor, dims.vocab_size, settings, round_index)
+        logprobs = actor_probe_logprobs(actor, probe)
+        stats = sender.send()
+        results.append(dict(actor_logprobs=logprobs, sync_metrics=stats.metrics(), suspects=sender.conversion_errors()))
+    return results if sender_rank else None
+
+
+def colocated_main(model_dir: str, layout: LayoutPair, backend: str, bucket_mb: float, rounds: int,
+                   settings: TrainSettings) -> list[dict] | None:
+    """One training rank of `run_colocated_check`: rank 0 owns a TP-1 rollout engine in its own
+    process and syncs into it in-process; per round it returns what `trainer_main` does plus the
+    engine's probe log-probs after the sync."""
+    from megarl.workers.rollout import make_rollout_engine
+
+    groups, actor, dims, plan = _trained_actor_and_plan(model_dir, layout, bucket_mb, settings)
+    engine = make_rollout_engine(backend, model_dir, dtype="float32") if dist.get_rank() == 0 else None
+    sender = WeightSender(plan, actor.named_parameters_for_sync, groups, InProcessTransport(engine) if engine else None)
+    probe = probe_token_ids(dims.vocab_size)
+    results = []
+    try:
+        for round_index in range(rounds):
+            train_a_little(actor, dims.vocab_size, settings, round_index)
+            logprobs = actor_probe_logprobs(actor, probe)
+            stats = sync_in_process(engine, sender) if engine else sender.send()
+            suspects = sender.conversion_errors()
+            if engine:
+                after = {1: torch.stack(engine.prompt_logprobs(probe))}
+                results.append(dict(actor_logprobs=logprobs, sync_metrics=stats.metrics(), suspects=suspects, after=after))
+    finally:
+        if engine:
+            engine.shutdown()
+    return results if engine else None
+
+
+def run_sync_check(
+    model_dir: str | Path,
+    *,
+    train_tp: int,
+    train_pp: int,
+    engines: dict[int, RolloutEngine],
+    threshold: float,
+    rounds: int = 2,
+    bucket_mb: float = 64,
+    settings: TrainSettings = TrainSettings(),
+    timeout_s: float = 300.0,
+) -> list[RoundResult]:
+    """Train-and-sync `rounds` times from a (train_tp, train_pp) Megatron actor into `engines`
+    (rollout TP → engine, all started from `model_dir`) over the broadcast transport. Raises
+    `SyncVerificationError` for the first engine whose gap exceeds `threshold` (after the training
+    ranks have finished)."""
+    model_dir = str(model_dir)
+    dims = read_model_dims(model_dir)
+    world_size = 1 + sum(engines)
+    port = free_port(HOST)
+    trainer_layout = LayoutPair(train_tp, train_pp, min(engines))
+    probe = probe_token_ids(dims.vocab_size)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-check-sync") as pool:
+        trainers = pool.submit(
+            run_distributed, trainer_main, train_tp * train_pp, model_dir, trainer_layout, port, world_size,
+            bucket_mb, rounds, settings, timeout_s, timeout_s=timeout_s,
+        )
+        offset, joined = 1, []
+        for tp, engine in engines.items():
+            joined.append(engine.init_weight_sync(HOST, port, world_size, timeout_s, rank_offset=offset))
+            offset += tp
+        _wait_for_joins(joined, trainers, timeout_s)
+        plan = build_plan(dims, trainer_layout, bucket_mb=bucket_mb)  # the metadata the trainer sends
+        engine_logprobs = []
+        for _ in range(rounds):
+            with ExitStack() as stack:
+                for engine in engines.values():
+                    stack.enter_context(receiving(engine, plan, timeout_s))
+            engine_logprobs.append({tp: torch.stack(e.prompt_logprobs(probe)) for tp, e in engines.items()})
+        trainer_rounds = trainers.result(timeout=timeout_s)[0]
+    for trained, after in zip(trainer_rounds, engine_logprobs):
+        trained["after"] = after
+    return _verified(trainer_rounds, train_tp, train_pp, threshold)
+
+
+def run_colocated_check(
+    model_dir: str | Path,
+    *,
+    train_tp: int,
+    train_pp: int,
+    backend: str,
+    threshold: float,
+    rounds: int = 2,
+    bucket_mb: float = 64,
+    settings: TrainSettings = TrainSettings(),
+    timeout_s: float = 300.0,
+) -> list[RoundResult]:
+    """Like `run_sync_check`, with the rollout engine (`backend` "vllm" or "hf", TP 1) colocated in
+    training rank 0's process and the in-process transport."""
+    trainer_rounds = run_distributed(
+        colocated_main, train_tp * train_pp, str(model_dir), LayoutPair(train_tp, train_pp, 1), backend,
+        bucket_mb, rounds, settings, timeout_s=timeout_s,
+    )[0]
+    return _verified(trainer_rounds, train_tp, train_pp, threshold)
+
+
+def _verified(trainer_rounds: list[dict], train_tp: int, train_pp: int, threshold: float) -> list[RoundResult]:
+    """`RoundResult`s of the rounds, each engine checked (`check_sync` raises over `threshold`)."""
+    results = []
+    for trained in trainer_rounds:
+        metrics = {
+            tp: check_sync(list(logprobs), trained["actor_logprobs"], threshold=threshold,
+                           layout=LayoutPair(train_tp, train_pp, tp), suspects=trained["suspects"])
+            for tp, logprobs in trained["after"].items()
+        }
+        results.append(RoundResult(trained["actor_logprobs"], trained["after"], metrics, trained["sync_metrics"]))
+    return results
+
+
+def _wait_for_joins(joins: list[Future], trainers: Future, timeout_s: float) -> None:
+    """Wait for the engines to join the sync group; a trainer failure meanwhile is raised at once."""
+    deadline = time.monotonic() + timeout_s
+    for join in joins:
+        while not join.done():
+            if trainers.done():
+                trainers.result()  # raises the ranks' failure
+                raise RuntimeError("the training ranks finished before the rollout engines joined the sync group")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the rollout engines did not join the weight-sync group within {timeout_s:.0f} s")
+            wait([join, trainers], timeout=1.0, return_when=FIRST_COMPLETED)
+        join.result()

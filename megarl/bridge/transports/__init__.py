@@ -1,0 +1,7 @@
+"""Weight transports behind one interface (`base.WeightTransport`), one file each."""
+
+from megarl.bridge.transports.base import Buckets, WeightTransport
+from megarl.bridge.transports.broadcast import BroadcastTransport
+from megarl.bridge.transports.in_process import InProcessTransport
+
+__all__ = ["BroadcastTransport", "Buckets", "InProcessTransport", "WeightTransport"]

@@ -1,0 +1,23 @@
+"""The transport interface: how the sender (global trainer rank 0) hands the buckets of one sync
+to a rollout engine. One implementation per file: `in_process`, `broadcast`, `cuda_ipc`."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+
+import torch
+
+from megarl.workers.rollout.weight_sync_protocol import BucketMetadata
+
+Buckets = Iterator[tuple[torch.Tensor, BucketMetadata]]
+"""One sync's buckets in plan order: `(flat [numel], metadata)`. Lazy: the next bucket is assembled
+only when asked for, and the transport must drop a flat buffer before asking for the next one."""
+
+
+class WeightTransport(abc.ABC):
+    """Moves one sync's buckets from the sender into the engine (or onto the wire to it)."""
+
+    @abc.abstractmethod
+    def send(self, buckets: Buckets) -> None:
+        """Consume every bucket of one sync; returns when they are handed over (in-process: loaded)."""

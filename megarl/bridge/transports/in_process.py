@@ -1,0 +1,27 @@
+"""In-process transport: the rollout engine lives in the sender's process (colocated, TP 1)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from megarl.bridge.transports.base import Buckets, WeightTransport
+from megarl.workers.rollout.base import RolloutEngine
+from megarl.workers.rollout.weight_sync_protocol import unpack
+
+
+def _named_tensors(buckets: Buckets) -> Iterator[tuple[str, torch.Tensor]]:
+    for flat, metadata in buckets:
+        yield from unpack(flat, metadata)
+
+
+class InProcessTransport(WeightTransport):
+    """Hands the buckets to `engine.load_weights` as one lazy stream of HF-named tensors: one load
+    per sync (a fused vLLM layer needs all its parts within one load), one bucket alive at a time."""
+
+    def __init__(self, engine: RolloutEngine):
+        self.engine = engine
+
+    def send(self, buckets: Buckets) -> None:
+        self.engine.load_weights(_named_tensors(buckets))

@@ -1,0 +1,327 @@
+"""Save and restore what a training job needs to continue exactly where it stopped.
+
+Collective over every rank of the training world (actor, critic, reference share one grid):
+
+    step_dir = save_checkpoint(cfg.checkpoint.dir, step, groups,
+                               models={"actor": [actor_model]}, optimizers={"actor": actor_optimizer},
+                               schedulers={"actor": actor_scheduler}, extra={"step": step, "data": loader.state_dict()})
+    extra = load_checkpoint(step_dir, groups, models=..., optimizers=..., schedulers=...)
+
+On disk (`checkpoint_manager` explains the temp dir, the manifest and the rename):
+
+    step_00000050/
+      manifest.json           written last by rank 0: step, roles, files and sizes, layout, megarl version
+      extra.json              the driver's `extra` (JSON), identical on every rank
+      actor/model/            megatron dist_checkpointing (torch_dist) of the model chunks: loadable at any TP/PP
+      actor/optimizer/        megatron dist_checkpointing of `optimizer.sharded_state_dict(...)`
+      actor/scheduler.json    OptimizerParamScheduler.state_dict()
+      rng/rank_00000.pt       per-rank RNG states: python, numpy, torch, CUDA, megatron's tracked streams
+
+Model weights load at another (TP, PP) through megatron's resharding (`weights_only=True`); a full
+resume (optimizer, scheduler, RNG) needs the layout it was saved from, which is what makes it exact.
+
+Failures. Every step of a save ends with an exchange of each rank's outcome on a gloo group of its
+own, so a rank that failed (no space, read-only file system, permission) makes every rank raise the
+same `CheckpointError`, naming the checkpoint and the OS reason, and rank 0 removes the temp dir.
+Earlier checkpoints are never touched by a save. A rank that fails *inside* one of megatron's own
+collectives leaves its peers waiting there until the collective timeout, then they report too.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing
+from megatron.core.optimizer import distrib_optimizer
+from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+from megatron.core.utils import unwrap_model
+from torch.distributed.checkpoint import CheckpointException
+
+from megarl.models.checkpoint import export_hf_weights
+from megarl.parallel.distributed import ProcessGroups
+from megarl.trainer.checkpoint_manager import (
+    CheckpointError,
+    build_manifest,
+    commit,
+    describe_os_error,
+    fault_point,
+    new_nonce,
+    read_manifest,
+    remove_stale_tmp_dirs,
+    step_dir_name,
+    tmp_dir_for,
+    write_durably,
+)
+
+MODEL_DIR = "model"
+OPTIMIZER_DIR = "optimizer"
+SCHEDULER_FILE = "scheduler.json"
+EXTRA_FILE = "extra.json"
+RNG_DIR = "rng"
+HF_EXPORT_DIR = "hf"
+# Megatron-LM's choice for the distributed optimizer: each DP rank writes its own buffer shards, no
+# gather (reshardable over DP only; an exact resume needs the saved layout anyway). megatron 0.16's
+# "fully_sharded_model_space" needs ShardedTensor.flattened_range, which it no longer supports.
+_OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable", "chained_optim_avoid_prefix": True}
+
+
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    groups: ProcessGroups,
+    *,
+    models: dict[str, list[torch.nn.Module]],
+    optimizers: dict[str, Any],
+    schedulers: dict[str, Any],
+    extra: dict[str, Any],
+) -> Path:
+    """Write `<root>/step_<step>` atomically and return it. Collective over all training ranks.
+
+    models: role -> this rank's model chunks (Megatron modules, DDP-wrapped or not).
+    optimizers / schedulers: role -> Megatron optimizer / OptimizerParamScheduler (roles without
+    one, e.g. a frozen reference, are left out). extra: JSON-serialisable driver state (step,
+    data-loader position, ...), the same on every rank. RNG states are taken from each rank.
+
+    Raises CheckpointError (on every rank) when anything cannot be written; earlier checkpoints stay.
+    """
+    rng_state = _rng_state()
+    extra_json = _encode_extra(extra)
+    step_dir = Path(root).expanduser() / step_dir_name(step)
+    group = _bookkeeping_group(dist.group.WORLD)
+    nonce = [new_nonce()]
+    dist.broadcast_object_list(nonce, src=0, group=group)
+    tmp_dir = tmp_dir_for(step_dir, nonce[0])
+    is_writer = dist.get_rank() == 0
+
+    def run(what: str, action: Callable[[], None], on_every_rank: bool = True) -> None:
+        _run_agreed(f"saving checkpoint {step_dir}", what, action if on_every_rank or is_writer else None, group)
+
+    try:
+        run("creating the directory", lambda: _create_dirs(tmp_dir, models, optimizers), on_every_rank=False)
+        for role, chunks in models.items():
+            run(f"the {role} model", lambda: dist_checkpointing.save(_model_state(chunks), str(tmp_dir / role / MODEL_DIR)))
+            fault_point("after_model")
+            if role in optimizers:
+                run(f"the {role} optimizer", lambda: dist_checkpointing.save(
+                    _optimizer_state(optimizers[role], chunks, is_loading=False), str(tmp_dir / role / OPTIMIZER_DIR)))
+                fault_point("after_optimizer")
+        run("the RNG states", lambda: write_durably(tmp_dir / RNG_DIR / _rng_file(), _to_bytes(rng_state)))
+        run("the scheduler and driver states",
+            lambda: _write_rank0_states(tmp_dir, schedulers, extra_json), on_every_rank=False)
+        fault_point("before_manifest")
+        layout = _layout(groups)
+        run("the manifest", lambda: commit(tmp_dir, step_dir, build_manifest(tmp_dir, step=step, roles=list(models), layout=layout)),
+            on_every_rank=False)
+    except CheckpointError:
+        if is_writer:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    return step_dir
+
+
+def load_checkpoint(
+    ckpt_dir: str | Path,
+    groups: ProcessGroups,
+    *,
+    models: dict[str, list[torch.nn.Module]],
+    optimizers: dict[str, Any],
+    schedulers: dict[str, Any],
+    weights_only: bool = False,
+) -> dict[str, Any]:
+    """Restore a complete checkpoint in place and return its `extra`. Collective over all ranks.
+
+    Full resume (default): model weights, optimizer and scheduler states of the given roles, and
+    this rank's RNG states; needs the (TP, PP, DP) layout the checkpoint was saved from.
+    `weights_only=True`: only the model weights, at any layout megatron can reshard to.
+    Raises CheckpointError naming the dir when it is incomplete or does not match.
+    """
+    ckpt_dir = Path(ckpt_dir).expanduser()
+    manifest = read_manifest(ckpt_dir)
+    missing = sorted(set(models) - set(manifest.roles))
+    if missing:
+        raise CheckpointError(f"{ckpt_dir} has no {missing} model (it holds {manifest.roles})")
+    layout = _layout(groups)
+    if not weights_only and manifest.layout != layout:
+        raise CheckpointError(
+            f"{ckpt_dir} was saved with layout {manifest.layout}, this job runs {layout}: an exact resume "
+            "(optimizer, RNG) needs the same TP/PP/DP; use the saved layout, or load the weights only"
+        )
+    for role, chunks in models.items():
+        state = dist_checkpointing.load(_model_state(chunks), str(ckpt_dir / role / MODEL_DIR))
+        for index, chunk in enumerate(chunks):
+            unwrap_model(chunk).load_state_dict(state[f"chunk{index}"])
+    if not weights_only:
+        for role, optimizer in optimizers.items():
+            if not (ckpt_dir / role / OPTIMIZER_DIR).is_dir():
+                raise CheckpointError(f"{ckpt_dir} has no optimizer state for {role}")
+            sharded = _optimizer_state(optimizer, models[role], is_loading=True)
+            state = dist_checkpointing.load(sharded, str(ckpt_dir / role / OPTIMIZER_DIR))
+            # In fp32 the distributed optimizer's main params are views of the model's (autograd leaves).
+            with torch.no_grad():
+                optimizer.load_state_dict(state)
+            _restore_adam_steps(optimizer)
+        for role, scheduler in schedulers.items():
+            scheduler.load_state_dict(json.loads((ckpt_dir / role / SCHEDULER_FILE).read_text()))
+        _set_rng_state(torch.load(ckpt_dir / RNG_DIR / _rng_file(), weights_only=False))
+    return json.loads((ckpt_dir / EXTRA_FILE).read_text())
+
+
+def export_hf(actor_model: torch.nn.Module, root: str | Path, groups: ProcessGroups, *, hf_assets_dir: str | Path) -> Path | None:
+    """Write the actor as an HF safetensors checkpoint to `<root>/hf` (`checkpoint.export_hf`).
+
+    Collective over the actor's ranks; delegates to `megarl.models.checkpoint.export_hf_weights`
+    (appears complete or not at all). `hf_assets_dir`: the source HF dir (config.json, tokenizer).
+    Returns the dir on the ranks that wrote, None on the others.
+    """
+    return export_hf_weights(actor_model, Path(root).expanduser() / HF_EXPORT_DIR, groups, hf_assets_dir=hf_assets_dir)
+
+
+def _model_state(chunks: list[torch.nn.Module]) -> dict:
+    """The sharded state dict of a role: `chunk<i>` -> chunk i's. Tensor keys are megatron's global
+    names, so the files do not depend on the chunking (a single chunk loads with `load_model_shards`)."""
+    return {f"chunk{index}": unwrap_model(chunk).sharded_state_dict() for index, chunk in enumerate(chunks)}
+
+
+def _optimizer_state(optimizer: Any, chunks: list[torch.nn.Module], *, is_loading: bool) -> dict:
+    if is_loading:
+        _ensure_adam_state(optimizer)
+    return optimizer.sharded_state_dict(_model_state(chunks), is_loading=is_loading, metadata=_OPTIMIZER_METADATA)
+
+
+def _ensure_adam_state(optimizer: Any) -> None:
+    """megatron's DistributedOptimizer builds its loading state dict from its current one, which with
+    torch's Adam (no Transformer Engine / Apex) needs each parameter's `step`: a fresh optimizer has
+    none yet. Give it the zero state Adam starts from; the load overwrites all of it."""
+    if distrib_optimizer.HAVE_APEX_OR_TE:
+        return
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if isinstance(inner, distrib_optimizer.DistributedOptimizer) and not inner.optimizer.state:
+            for group in inner.optimizer.param_groups:
+                for param in group["params"]:
+                    inner.optimizer.state[param] = {
+                        "step": torch.tensor(0.0), "exp_avg": torch.zeros_like(param), "exp_avg_sq": torch.zeros_like(param),
+                    }
+
+
+def _restore_adam_steps(optimizer: Any) -> None:
+    """With torch's Adam, megatron's DistributedOptimizer keeps Adam's `step` in its param groups
+    ("step") and means to copy it to every parameter on load; 0.16 ends up with one tensor shared by
+    all parameters holding a stale value, which Adam then increments once per parameter per step
+    (wrong bias correction). Give each parameter its own copy of the group's step."""
+    if distrib_optimizer.HAVE_APEX_OR_TE:
+        return
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if isinstance(inner, distrib_optimizer.DistributedOptimizer):
+            for group in inner.optimizer.param_groups:
+                step = group.pop("step")  # the group key is megatron's carrier only, torch's Adam has none
+                for param in group["params"]:
+                    inner.optimizer.state[param]["step"] = torch.tensor(float(step))
+
+
+def _create_dirs(tmp_dir: Path, models: dict, optimizers: dict) -> None:
+    """Rank 0: remove temp dirs of crashed saves, then create this save's tree (megatron's save
+    wants existing dirs)."""
+    tmp_dir.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_tmp_dirs(tmp_dir.parent)
+    (tmp_dir / RNG_DIR).mkdir(parents=True)
+    for role in models:
+        (tmp_dir / role / MODEL_DIR).mkdir(parents=True)
+        if role in optimizers:
+            (tmp_dir / role / OPTIMIZER_DIR).mkdir()
+
+
+def _write_rank0_states(tmp_dir: Path, schedulers: dict, extra_json: str) -> None:
+    for role, scheduler in schedulers.items():
+        write_durably(tmp_dir / role / SCHEDULER_FILE, json.dumps(scheduler.state_dict(), indent=1).encode())
+    write_durably(tmp_dir / EXTRA_FILE, extra_json.encode())
+
+
+def _encode_extra(extra: dict[str, Any]) -> str:
+    try:
+        return json.dumps(extra, indent=1, sort_keys=True)
+    except TypeError as e:
+        raise CheckpointError(f"checkpoint extra state must be JSON-serialisable (numbers, strings, lists, dicts): {e}") from None
+
+
+def _layout(groups: ProcessGroups) -> dict[str, int]:
+    return {"world_size": dist.get_world_size(), "tp": groups.tp_size, "pp": groups.pp_size, "dp": groups.dp_size}
+
+
+def _rng_file() -> str:
+    return f"rank_{dist.get_rank():05d}.pt"
+
+
+def _rng_state() -> dict[str, Any]:
+    """Every RNG stream of this rank: python, numpy, torch CPU (and CUDA), megatron's tracked streams."""
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        "tracker": get_cuda_rng_tracker().get_states(),
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"])
+    get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def _to_bytes(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+@functools.lru_cache(maxsize=1)
+def _bookkeeping_group(world: dist.ProcessGroup) -> dist.ProcessGroup:
+    """A gloo group over the world, used only to agree on outcomes: a rank that failed must not
+    meet its peers inside one of megatron's collectives on the default group (cached per world)."""
+    return dist.new_group(backend="gloo")
+
+
+def _run_agreed(doing: str, what: str, action: Callable[[], None] | None, group: dist.ProcessGroup) -> None:
+    """Run `action` (None: nothing on this rank), then exchange outcomes: if any rank failed, raise
+    the same CheckpointError on every rank, preferring a rank whose failure has an OS reason."""
+    failure: BaseException | None = None
+    try:
+        if action is not None:
+            action()
+    except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
+        failure = e
+    outcomes: list[tuple[bool, str] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(outcomes, None if failure is None else _describe(failure), group=group)
+    failed = [(rank, outcome) for rank, outcome in enumerate(outcomes) if outcome is not None]
+    if not failed:
+        return
+    rank, (_, reason) = min(failed, key=lambda item: (not item[1][0], item[0]))
+    os_caused = failure is not None and _describe(failure)[0]
+    raise CheckpointError(f"{doing} failed while writing {what} (rank {rank}): {reason}") from (
+        None if failure is None or os_caused else failure
+    )
+
+
+def _describe(failure: BaseException) -> tuple[bool, str]:
+    """(has an OS reason, one-line reason): the OSError behind a failure when there is one."""
+    pending = [failure]
+    while pending:
+        error = pending.pop()
+        if isinstance(error, OSError):
+            return True, describe_os_error(error)
+        if isinstance(error, CheckpointException):
+            pending += [f[0] if isinstance(f, tuple) else f for f in error.failures.values()]
+        pending += [e for e in (error.__cause__, error.__context__) if e is not None]
+    return False, f"{type(failure).__name__}: {failure}"

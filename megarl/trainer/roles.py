@@ -1,0 +1,122 @@
+"""The processes of a run: a policy group (actor/reference/critic, one Megatron world) and a rollout
+group (one engine per worker), placed on Ray, with the weight-sync group wired between them.
+
+Placement. One bundle per device (a GPU, or one CPU slot on a CPU machine). Colocated: the rollout
+engines share the trainer's bundles (each role takes half of the bundle's resources); split: the
+rollout gets `placement.rollout_gpus` bundles of its own after the trainer's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from megarl.config import BatchPlan, Config, uses_reference
+from megarl.orchestration.placement import BundleSpec, create_placement_group
+from megarl.orchestration.worker_group import WorkerGroup
+from megarl.trainer import settings
+from megarl.workers.policy_worker import CriticSpec, PolicyWorkerSpec
+
+POLICY_TARGET = "megarl.workers.policy_worker:PolicyWorker"
+ROLLOUT_TARGET = "megarl.workers.rollout.rollout_worker:RolloutWorker"
+SYNC_TIMEOUT_S = 300.0
+
+
+@dataclass
+class Roles:
+    """The running worker groups of a job."""
+
+    policy: WorkerGroup
+    rollout: WorkerGroup
+    grids: list[dict[str, int]]
+    """Per policy rank: rank, tp_rank, pp_rank, dp_rank, dp_size."""
+    placement: object
+
+    @property
+    def dp_size(self) -> int:
+        return self.grids[0]["dp_size"]
+
+    def shutdown(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for group in (self.rollout, self.policy):
+            group.kill()
+        remove_placement_group(self.placement)
+
+
+def policy_spec(config: Config, plan: BatchPlan, total_steps: int) -> PolicyWorkerSpec:
+    actor, critic = config.actor, config.critic
+    critic_spec = None
+    if critic.enable:
+        critic_spec = CriticSpec(
+            optim=settings.optim_settings(critic.optim, settings.total_optimizer_steps(plan, "critic", total_steps)),
+            loss=settings.value_loss_settings(config),
+            mini_batch_size=plan.critic.update.samples_per_rank,
+            micro_batch_size=critic.micro_batch_size_per_gpu,
+            ppo_epochs=critic.ppo_epochs,
+        )
+    return PolicyWorkerSpec(
+        model_path=config.model.path,
+        tp=actor.parallel.tensor_model_parallel_size,
+        pp=actor.parallel.pipeline_model_parallel_size,
+        seed=config.trainer.seed,
+        optim=settings.optim_settings(actor.optim, settings.total_optimizer_steps(plan, "actor", total_steps)),
+        recompute=settings.recompute_settings(actor.recompute),
+        loss=settings.policy_loss_settings(config),
+        mini_batch_size=plan.actor.update.samples_per_rank,
+        micro_batch_size=actor.micro_batch_size_per_gpu,
+        ppo_epochs=actor.ppo_epochs,
+        use_reference=uses_reference(config),
+        ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
+        critic=critic_spec,
+        rollout_tp=config.rollout.tensor_model_parallel_size,
+        bucket_mb=config.rollout.sync.bucket_mb,
+    )
+
+
+def device_bundles(config: Config, plan: BatchPlan) -> tuple[int, BundleSpec]:
+    """How many device bundles the job reserves, and what one holds (colocated: room for both roles)."""
+    colocated = config.placement.mode == "colocated"
+    bundles = plan.train_gpus + (0 if colocated else plan.rollout_gpus)
+    return bundles, BundleSpec(cpus=2.0 if colocated else 1.0, gpus=1.0 if torch.cuda.is_available() else 0.0)
+
+
+def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str, str]) -> Roles:
+    """Place and start both groups, then connect the weight-sync group (trainer rank 0 + every engine)."""
+    colocated = config.placement.mode == "colocated"
+    bundles, device = device_bundles(config, plan)
+    pg = create_placement_group("megarl", bundles, device)
+    role_bundle = BundleSpec(cpus=1.0, gpus=device.gpus * (0.5 if colocated else 1.0))
+    policy = WorkerGroup("policy", POLICY_TARGET, plan.train_gpus, pg, role_bundle,
+                         init_kwargs={"spec": policy_spec(config, plan, total_steps)}, env=env)
+    rollout = config.rollout
+    rollout_group = WorkerGroup(
+        "rollout", ROLLOUT_TARGET, plan.rollout_engines, pg,
+        BundleSpec(cpus=role_bundle.cpus, gpus=role_bundle.gpus * rollout.tensor_model_parallel_size),
+        init_kwargs={
+            "backend": rollout.backend, "model_path": config.model.path,
+            "tensor_parallel_size": rollout.tensor_model_parallel_size, "dtype": config.model.dtype,
+            "seed": rollout.seed, "max_model_len": config.data.max_prompt_length + rollout.max_new_tokens,
+            "cpu_kv_cache_gib": max(1, math.ceil(rollout.kv_cache_gib)),
+            "gpu_memory_utilization": rollout.gpu_memory_utilization,
+        },
+        env=env, first_bundle=0 if colocated else plan.train_gpus,
+    )
+    roles = Roles(policy, rollout_group, policy.call_all("grid"), pg)
+    connect_weight_sync(roles, rollout.tensor_model_parallel_size)
+    return roles
+
+
+def connect_weight_sync(roles: Roles, rollout_tp: int) -> None:
+    """Trainer rank 0 hosts a process group that every engine's workers join (engine k at ranks
+    1 + k·TP ...); the engines start joining first, then the trainer side completes it."""
+    host, port = roles.policy.call_rank0("sync_address")
+    world = 1 + roles.rollout.world_size * rollout_tp
+    roles.rollout.call_each(
+        "start_weight_sync",
+        [(host, port, world, 1 + k * rollout_tp, SYNC_TIMEOUT_S) for k in range(roles.rollout.world_size)],
+    )
+    roles.policy.call_all("connect_weight_sync", host, port, world, SYNC_TIMEOUT_S)
+    roles.rollout.call_all("finish_weight_sync", SYNC_TIMEOUT_S)

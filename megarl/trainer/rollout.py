@@ -1,0 +1,85 @@
+"""The rollout phase on the driver: prompts → engines → samples → scores (with DAPO's dynamic
+sampling and overlong shaping when configured)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import torch
+
+from megarl.algorithms.dapo import DynamicSampler, overlong_penalty
+from megarl.config import Config
+from megarl.data import Prompt, reward_columns
+from megarl.orchestration.worker_group import WorkerGroup
+from megarl.rewards.scorer import RewardScorer
+from megarl.trainer.metrics import reduce_metrics
+from megarl.trainer.rollout_batch import Samples, flatten_rollouts
+from megarl.workers.rollout.base import SamplingConfig
+
+
+def generate(engines: WorkerGroup, prompts: Sequence[Prompt], sampling: SamplingConfig, group_prefix: str) -> Samples:
+    """Spread the prompts over the engines in contiguous chunks; samples back in prompt order."""
+    count = engines.world_size
+    bounds = [len(prompts) * k // count for k in range(count + 1)]
+    chunks = [list(prompts[bounds[k]:bounds[k + 1]]) for k in range(count)]
+    # Each engine samples with its own seed stream so two engines never draw the same randomness.
+    args = [
+        ([p.token_ids for p in chunk], _reseeded(sampling, k, len(prompts))) for k, chunk in enumerate(chunks)
+    ]
+    outputs = [out for per_engine in engines.call_each("generate", args) for out in per_engine]
+    return flatten_rollouts(prompts, outputs, group_prefix)
+
+
+def _reseeded(sampling: SamplingConfig, engine: int, num_prompts: int) -> SamplingConfig:
+    if sampling.seed is None:
+        return sampling
+    return replace(sampling, seed=sampling.seed + engine * num_prompts * sampling.n)
+
+
+def score(samples: Samples, scorer: RewardScorer, decode: Callable[[list[int]], str]) -> tuple[torch.Tensor, dict]:
+    """`[N]` sequence-level rewards of the samples and the reward function's error counts."""
+    responses = [decode(ids) for ids in samples.response_ids]
+    result = scorer([p.text for p in samples.prompts], responses, **reward_columns(samples.prompts))
+    return torch.tensor(result.scores, dtype=torch.float32), result.metrics
+
+
+class RolloutPhase:
+    """Produces one training step's samples and their sequence-level rewards."""
+
+    def __init__(self, config: Config, engines: WorkerGroup, scorer: RewardScorer,
+                 decode: Callable[[list[int]], str], next_prompts: Callable[[], list[Prompt]]):
+        self.config = config
+        self.engines = engines
+        self.scorer = scorer
+        self.decode = decode
+        self.next_prompts = next_prompts
+
+    def __call__(self, sampling: SamplingConfig, step: int) -> tuple[Samples, torch.Tensor, dict]:
+        algo = self.config.algorithm
+        if not algo.dynamic_sampling.enable:
+            samples, scores, metrics = self._round(sampling, f"{step}.0")
+            return samples, scores, metrics
+        sampler = DynamicSampler(self.config.data.train_batch_size, algo.dynamic_sampling.max_rounds)
+        kept, kept_scores, round_metrics = [], [], []
+        while not sampler.done:
+            samples, scores, metrics = self._round(sampling, f"{step}.{sampler.rounds}")
+            keep = sampler.add(samples.index, scores)
+            kept.append(samples.select(keep.tolist()))
+            kept_scores.append(scores[keep])
+            round_metrics.append(metrics)
+        metrics = reduce_metrics(round_metrics) | {
+            "dapo/rounds": float(sampler.rounds), "dapo/groups_kept_ratio": sampler.groups_kept / sampler.groups_seen,
+        }
+        return Samples.concat(kept), torch.cat(kept_scores), metrics
+
+    def _round(self, sampling: SamplingConfig, group_prefix: str) -> tuple[Samples, torch.Tensor, dict]:
+        samples = generate(self.engines, self.next_prompts(), sampling, group_prefix)
+        scores, metrics = score(samples, self.scorer, self.decode)
+        overlong = self.config.algorithm.overlong
+        if overlong.enable:
+            lengths = torch.tensor([len(r) for r in samples.response_ids])
+            scores = scores + overlong_penalty(
+                lengths, self.config.rollout.max_new_tokens, overlong.buffer_length, overlong.penalty_factor
+            )
+        return samples, scores, metrics

@@ -1,0 +1,86 @@
+"""Config sections → the plain settings objects the workers take (workers never see the config)."""
+
+from megarl.config import BatchPlan, Config
+from megarl.config.roles import OptimizerConfig, RecomputeConfig
+from megarl.workers.actor import PolicyLossSettings
+from megarl.workers.critic import ValueLossSettings
+from megarl.workers.megatron_train import OffloadSettings, OptimSettings, RecomputeSettings
+from megarl.workers.rollout.base import SamplingConfig
+
+
+def optim_settings(optim: OptimizerConfig, optimizer_steps: int) -> OptimSettings:
+    """`optimizer_steps`: optimizer steps of the whole run (the decay ends there)."""
+    decays = optim.lr_decay_style != "constant"
+    return OptimSettings(
+        lr=optim.lr,
+        min_lr=optim.min_lr,
+        lr_warmup_steps=optim.lr_warmup_steps,
+        lr_decay_steps=max(optimizer_steps, optim.lr_warmup_steps + 1) if decays else None,
+        lr_decay_style=optim.lr_decay_style,
+        weight_decay=optim.weight_decay,
+        adam_beta1=optim.betas[0],
+        adam_beta2=optim.betas[1],
+        adam_eps=optim.eps,
+        clip_grad=optim.clip_grad,
+        use_distributed_optimizer=optim.use_distributed_optimizer,
+    )
+
+
+def recompute_settings(recompute: RecomputeConfig) -> RecomputeSettings:
+    if recompute.granularity == "none":
+        return RecomputeSettings()
+    return RecomputeSettings(
+        granularity=recompute.granularity, method=recompute.method, num_layers=recompute.num_layers
+    )
+
+
+def policy_loss_settings(config: Config) -> PolicyLossSettings:
+    actor = config.actor
+    return PolicyLossSettings(
+        name=actor.policy_loss,
+        clip_ratio_low=actor.clip_ratio_low,
+        clip_ratio_high=actor.clip_ratio_high,
+        clip_ratio_c=actor.clip_ratio_c,
+        loss_agg_mode=actor.loss_agg_mode,
+        tis_cap=actor.tis_cap,
+        entropy_coeff=actor.entropy_coeff,
+        kl_loss_coef=actor.kl_loss_coef if actor.use_kl_loss else 0.0,
+        kl_loss_type=actor.kl_loss_type,
+    )
+
+
+def value_loss_settings(config: Config) -> ValueLossSettings:
+    return ValueLossSettings(cliprange_value=config.critic.cliprange_value, loss_agg_mode=config.critic.loss_agg_mode)
+
+
+def offload_settings(offload) -> OffloadSettings:
+    return OffloadSettings(params=offload.params, optimizer=offload.optimizer)
+
+
+def sampling_config(config: Config, stop_token_ids: tuple[int, ...], seed: int, validation: bool = False) -> SamplingConfig:
+    """Training sampling, or validation sampling (`rollout.val_*`; temperature 0 = greedy)."""
+    rollout = config.rollout
+    if validation:
+        return SamplingConfig(
+            n=rollout.val_n,
+            temperature=rollout.val_temperature or 1.0,
+            top_p=rollout.val_top_p,
+            max_new_tokens=rollout.max_new_tokens,
+            stop_token_ids=stop_token_ids,
+            seed=seed,
+            greedy=rollout.val_temperature == 0,
+        )
+    return SamplingConfig(
+        n=rollout.n,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        max_new_tokens=rollout.max_new_tokens,
+        stop_token_ids=stop_token_ids,
+        seed=seed,
+    )
+
+
+def total_optimizer_steps(plan: BatchPlan, role: str, total_steps: int) -> int:
+    update = getattr(plan, role).update
+    return update.optimizer_steps_per_step * total_steps

@@ -1,0 +1,209 @@
+"""The RL loop: one plain function per step that reads like the algorithm.
+
+    trainer = Trainer.from_config("configs/quickstart.yaml", overrides=["trainer.total_steps=20"])
+    trainer.fit()
+
+rollout → rewards → old/ref log-probs (+ values) → advantages → critic/actor updates → weight sync
+(verified) → metrics → checkpoint. The distributed mechanics live in the worker groups.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer
+
+from megarl.algorithms.advantages import compute_advantages
+from megarl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
+from megarl.bridge.plan import LayoutPair
+from megarl.bridge.verify import check_sync, probe_token_ids
+from megarl.config import Config, ConfigError, load_config, plan_batches, validate
+from megarl.data import iter_batches, load_prompts, train_loader
+from megarl.orchestration.cluster import init_ray, shutdown_ray
+from megarl.rewards.scorer import RewardScorer
+from megarl.trainer import rollout_batch as rb
+from megarl.trainer.checkpoint_manager import CheckpointManager
+from megarl.trainer.metrics import reduce_metrics, rollout_metrics, throughput_metrics, worker_metrics
+from megarl.trainer.rollout import RolloutPhase, generate, score
+from megarl.trainer.roles import device_bundles, start_roles
+from megarl.trainer.settings import sampling_config
+from megarl.trainer.sinks import MetricsLogger
+from megarl.trainer.timing import PhaseTimer
+
+# vLLM settings that must be in place before vLLM is imported in a worker process.
+WORKER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
+
+
+class BadStepsError(RuntimeError):
+    """Too many consecutive optimizer steps were skipped for a non-finite loss or gradient."""
+
+
+class Trainer:
+    """GRPO / PPO / DAPO on megatron-core + vLLM + Ray, driven from one process."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.plan = plan_batches(config)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path or config.model.path)
+        self.loader, self.load_report = train_loader(config.data, self.tokenizer)
+        self.val_prompts = load_prompts(config.data.val_files, self.tokenizer, config.data)[0] if config.data.val_files else []
+        steps_by_epochs = config.trainer.total_epochs * self.loader.steps_per_epoch
+        self.total_steps = min(config.trainer.total_steps or steps_by_epochs, steps_by_epochs)
+        self.checkpoints = CheckpointManager(config.checkpoint.dir, max_keep=config.checkpoint.max_keep)
+        kl = config.algorithm.kl_ctrl
+        self.kl_ctrl = (AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon) if kl.type == "adaptive"
+                        else FixedKLController(kl.kl_coef))
+        self.stop_ids = (self.tokenizer.eos_token_id,)
+        self.timer = PhaseTimer()
+
+    @classmethod
+    def from_config(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Trainer:
+        """Load and validate a recipe; raises `ConfigError` listing every problem."""
+        config = load_config(path, overrides)
+        problems = validate(config)
+        if problems:
+            raise ConfigError(problems)
+        return cls(config)
+
+    def fit(self) -> dict[str, float]:
+        """Train to `total_steps`; returns the last step's metrics."""
+        bundles, device = device_bundles(self.config, self.plan)
+        init_ray(num_cpus=max(os.cpu_count() or 1, int(bundles * device.cpus)), env_vars=WORKER_ENV)
+        self.roles = start_roles(self.config, self.plan, self.total_steps, WORKER_ENV)
+        self.probe = probe_token_ids(len(self.tokenizer))
+        self.layout = LayoutPair(self.config.actor.parallel.tensor_model_parallel_size,
+                                 self.config.actor.parallel.pipeline_model_parallel_size,
+                                 self.config.rollout.tensor_model_parallel_size)
+        try:
+            start = self._resume()
+            with RewardScorer.from_config(self.config.reward) as scorer, \
+                    MetricsLogger.from_config(self.config.trainer, self.total_steps, start or None) as logger:
+                phase = RolloutPhase(self.config, self.roles.rollout, scorer, self._decode, lambda: next(self.loader))
+                metrics, bad_steps = {}, 0
+                for step in range(start + 1, self.total_steps + 1):
+                    with self.timer("step"):
+                        metrics = self._train_step(step, phase)
+                        bad_steps = bad_steps + 1 if metrics.get("actor/skipped_steps") else 0
+                        self._maybe_validate(step, scorer, metrics)
+                        self._maybe_save(step)
+                    metrics |= self.timer.pop()
+                    metrics |= throughput_metrics(metrics.pop("_tokens"), metrics["timing/step"])
+                    logger.log(step, metrics)
+                    if bad_steps >= self.config.trainer.max_bad_steps:
+                        raise BadStepsError(
+                            f"{bad_steps} consecutive steps had a non-finite loss or gradient (trainer.max_bad_steps="
+                            f"{self.config.trainer.max_bad_steps}); lower the learning rate or check the data"
+                        )
+            if self.config.checkpoint.export_hf:
+                self.roles.policy.call_all("export_hf", str(self.run_dir / "hf"))
+            return metrics
+        finally:
+            self.roles.shutdown()
+            shutdown_ray()
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.trainer.output_dir) / self.config.trainer.experiment_name
+
+    def _train_step(self, step: int, phase: RolloutPhase) -> dict[str, float]:
+        config, policy, timer = self.config, self.roles.policy, self.timer
+        with timer("rollout"):
+            samples, scores, metrics = phase(sampling_config(config, self.stop_ids, seed=config.rollout.seed + step * 10_000), step)
+        batch = rb.policy_batch(samples, config.rollout.max_new_tokens)
+        scores_t = rb.token_level_scores(scores, batch.response_mask)
+        with timer("old_log_prob"):
+            batch.old_log_probs = self._gather(policy, "compute_log_prob", batch, index=0)
+        if self.plan.ref is not None:
+            with timer("ref"):
+                batch.ref_log_probs = self._gather(policy, "compute_ref_log_prob", batch)
+        rewards = scores_t
+        if config.algorithm.use_kl_in_reward:
+            rewards, kl = apply_kl_penalty(scores_t, batch.old_log_probs, batch.ref_log_probs, batch.response_mask,
+                                           self.kl_ctrl.value, config.algorithm.kl_penalty)
+            self.kl_ctrl.update(kl.item(), len(batch))
+            metrics |= {"actor/kl": kl.item(), "actor/kl_coef": self.kl_ctrl.value}
+        if config.critic.enable:
+            with timer("values"):
+                batch.values = self._gather(policy, "compute_values", batch)
+        with timer("adv"):
+            batch.advantages, batch.returns = compute_advantages(
+                config.algorithm.adv_estimator, rewards, batch.response_mask, index=samples.index, values=batch.values,
+                gamma=config.algorithm.gamma, lam=config.algorithm.lam,
+                norm_adv_by_std_in_grpo=config.algorithm.norm_adv_by_std_in_grpo,
+            )
+        slices = [(part, step) for part in rb.split_by_dp(batch, self.roles.dp_size)]
+        if config.critic.enable:
+            with timer("update_critic"):
+                metrics |= worker_metrics("critic", self._per_dp(policy.call_each("update_critic", self._by_rank(slices)))[0])
+        if step > config.critic.warmup_steps:
+            with timer("update_actor"):
+                metrics |= worker_metrics("actor", self._per_dp(policy.call_each("update_actor", self._by_rank(slices)))[0])
+        with timer("sync"):
+            metrics |= self._sync()
+        lengths = [len(r) for r in samples.response_ids]
+        metrics |= rollout_metrics(scores.tolist(), lengths, config.rollout.max_new_tokens,
+                                   [len(p.token_ids) for p in samples.prompts])
+        metrics["_tokens"] = sum(lengths) + sum(len(p.token_ids) for p in samples.prompts)
+        return metrics
+
+    def _sync(self) -> dict[str, float]:
+        """Weights → every engine, then the engines' probe log-probs must match the actor's."""
+        rollout, policy = self.roles.rollout, self.roles.policy
+        rollout.call_all("start_receive", policy.call_rank0("sync_metadatas"))
+        stats = reduce_metrics(policy.call_all("send_weights"))
+        versions = rollout.call_all("finish_receive", 300.0)
+        actor_lp = policy.call_all("probe_log_probs", self.probe)[0]
+        gaps = [check_sync(engine_lp, actor_lp, threshold=self.config.rollout.sync.logprob_gap_threshold, layout=self.layout)
+                for engine_lp in rollout.call_all("prompt_logprobs", self.probe)]
+        return stats | reduce_metrics(gaps) | {"sync/weight_version": float(min(versions))}
+
+    def _maybe_validate(self, step: int, scorer: RewardScorer, metrics: dict) -> None:
+        freq = self.config.trainer.test_freq
+        if not self.val_prompts or not freq or (step % freq and step != self.total_steps):
+            return
+        with self.timer("validation"):
+            sampling = sampling_config(self.config, self.stop_ids, seed=self.config.rollout.seed, validation=True)
+            parts = [generate(self.roles.rollout, chunk, sampling, "val")
+                     for chunk in iter_batches(self.val_prompts, self.config.data.val_batch_size)]
+            samples = rb.Samples.concat(parts)
+            scores, _ = score(samples, scorer, self._decode)
+        metrics["val/reward/mean"] = scores.mean().item()
+        metrics["val/response_length/mean"] = sum(map(len, samples.response_ids)) / len(samples)
+
+    def _maybe_save(self, step: int) -> None:
+        freq = self.config.checkpoint.save_freq
+        if not freq or (step % freq and step != self.total_steps):
+            return
+        with self.timer("checkpoint"):
+            extra = {"step": step, "data": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value}
+            self.roles.policy.call_all("save_checkpoint", str(self.checkpoints.root), step, extra)
+            self.checkpoints.rotate()
+
+    def _resume(self) -> int:
+        """The step to continue after (0 for a fresh run)."""
+        checkpoint = self.checkpoints.resolve_resume(self.config.checkpoint.resume)
+        if checkpoint is None:
+            return 0
+        extra = self.roles.policy.call_all("load_checkpoint", str(checkpoint.path))[0]
+        self.loader.load_state_dict(extra["data"])
+        self.kl_ctrl.value = extra["kl_coef"]
+        self._sync()  # the engines start from the restored weights
+        return extra["step"]
+
+    def _gather(self, group, method: str, batch: rb.PolicyBatch, index: int | None = None) -> torch.Tensor:
+        parts = group.call_each(method, self._by_rank([(part,) for part in rb.split_by_dp(batch, self.roles.dp_size)]))
+        if index is not None:
+            parts = [p[index] for p in parts]
+        return rb.gather_by_dp(parts, self.roles.grids)
+
+    def _by_rank(self, per_dp: list[tuple]) -> list[tuple]:
+        """Each rank gets its DP replica's arguments."""
+        return [per_dp[g["dp_rank"]] for g in self.roles.grids]
+
+    def _per_dp(self, per_rank: list) -> list:
+        return [r for g, r in zip(self.roles.grids, per_rank) if g["tp_rank"] == 0 and g["pp_rank"] == 0]
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)

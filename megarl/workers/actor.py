@@ -1,0 +1,299 @@
+"""The policy: token log-probs and PPO-family updates of a megatron-core GPTModel over (TP, PP, DP).
+
+    groups = initialize_model_parallel(tp=2, pp=2, seed=0)
+    actor = MegatronActor.from_hf("/ckpt/tiny", groups, optim=OptimSettings(lr=1e-5))
+    old_log_probs, entropy = actor.compute_log_prob(batch, micro_batch_size=8)
+    metrics = actor.update_policy(batch, PolicyLoss(PolicyLossSettings()),
+                                  mini_batch_size=16, micro_batch_size=4)
+
+Every rank of a DP replica calls each method with the same `PolicyBatch` (that replica's samples);
+results are returned on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from megarl.algorithms.kl import compute_kl_loss
+from megarl.algorithms.losses import LOSS_AGG_MODES, agg_loss, agg_loss_normalizer
+from megarl.algorithms.policy_loss import POLICY_LOSSES, compute_policy_loss
+from megarl.models.layout import layer_offset
+from megarl.parallel.distributed import ProcessGroups
+from megarl.workers.batch import PolicyBatch, mini_batches, response_logit_slice
+from megarl.workers.logprobs import vocab_parallel_log_probs
+from megarl.workers.megatron_train import (
+    OffloadSettings,
+    OptimSettings,
+    RecomputeSettings,
+    StepCounts,
+    TrainEngine,
+    check_divides,
+    forward_collect,
+    load_model,
+    run_model,
+    summarize_steps,
+)
+
+
+class PolicyLossFn(Protocol):
+    """A policy objective for `MegatronActor.update_policy`."""
+
+    loss_agg_mode: str
+    """Which count normalises the step loss (see `megarl.algorithms.losses.LOSS_AGG_MODES`)."""
+    metric_names: tuple[str, ...]
+    """Keys of the metrics dict `__call__` returns."""
+    required_fields: tuple[str, ...]
+    """`PolicyBatch` fields the loss reads (checked before the update starts)."""
+
+    def __call__(
+        self, log_probs: Tensor, entropy: Tensor, batch: PolicyBatch, counts: StepCounts
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """`log_probs`, `entropy`: `[b, R]` of micro-batch `batch` under the current policy.
+
+        Returns the micro-batch's share of the step loss (divided by `counts.normalizer`) and
+        metrics as shares of their step values: each sums over micro-batches and DP ranks (a token
+        mean is a masked sum divided by `counts.tokens`).
+        """
+
+
+@dataclass
+class PolicyLossSettings:
+    """The actor objective: policy loss + optional entropy bonus + optional KL-to-reference loss."""
+
+    name: str = "vanilla"
+    """Policy loss, a key of `megarl.algorithms.policy_loss.POLICY_LOSSES` ("vanilla" = PPO clip)."""
+    clip_ratio_low: float = 0.2
+    """Ratio clipped below at 1 - clip_ratio_low."""
+    clip_ratio_high: float = 0.2
+    """Ratio clipped above at 1 + clip_ratio_high (DAPO's clip-higher uses > low)."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip bound for negative advantages."""
+    loss_agg_mode: str = "token-mean"
+    """How token losses become one number (`megarl.algorithms.losses.LOSS_AGG_MODES`)."""
+    loss_scale_factor: float | None = None
+    """Only for "seq-mean-token-sum-norm" (Dr. GRPO): the constant length token sums are divided
+    by; None uses the padded response length."""
+    tis_cap: float | None = None
+    """Truncated importance sampling between the rollout engine and the trainer: weight each token
+    by min(exp(old_log_prob - rollout_log_prob), tis_cap); needs `rollout_log_probs`. None = off."""
+    entropy_coeff: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss)."""
+    kl_loss_coef: float = 0.0
+    """Weight of the KL-to-reference loss (GRPO); needs `ref_log_probs` in the batch when > 0."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator of the KL loss (`megarl.algorithms.kl.KL_ESTIMATORS`)."""
+
+
+class PolicyLoss:
+    """`PolicyLossFn` from `PolicyLossSettings`, built on megarl.algorithms."""
+
+    metric_names = ("pg_loss", "kl_loss", "clip_frac", "clip_frac_lower", "approx_kl")
+
+    def __init__(self, settings: PolicyLossSettings):
+        if settings.name not in POLICY_LOSSES:
+            raise ValueError(
+                f"policy loss name={settings.name!r} is not one of {sorted(POLICY_LOSSES)}; pick one of them"
+            )
+        if settings.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(
+                f"loss_agg_mode={settings.loss_agg_mode!r} is not one of {LOSS_AGG_MODES}; pick one of them"
+            )
+        if settings.loss_scale_factor is not None and settings.loss_agg_mode != "seq-mean-token-sum-norm":
+            raise ValueError(
+                f"loss_scale_factor={settings.loss_scale_factor} only applies to loss_agg_mode="
+                f"'seq-mean-token-sum-norm', not {settings.loss_agg_mode!r}; drop it or switch the mode"
+            )
+        self.settings = settings
+        self.loss_agg_mode = settings.loss_agg_mode
+        self.required_fields = (
+            ("old_log_probs", "advantages")
+            + (("rollout_log_probs",) if settings.tis_cap is not None else ())
+            + (("ref_log_probs",) if settings.kl_loss_coef else ())
+        )
+
+    def __call__(self, log_probs, entropy, batch, counts):
+        s = self.settings
+        mask = batch.response_mask
+        aggregation = dict(global_normalizer=counts.normalizer, loss_scale_factor=s.loss_scale_factor)
+        policy = compute_policy_loss(
+            s.name,
+            batch.old_log_probs,
+            log_probs,
+            batch.advantages,
+            mask,
+            clip_ratio_low=s.clip_ratio_low,
+            clip_ratio_high=s.clip_ratio_high,
+            clip_ratio_c=s.clip_ratio_c,
+            loss_agg_mode=s.loss_agg_mode,
+            rollout_log_prob=batch.rollout_log_probs if s.tis_cap is not None else None,
+            tis_cap=s.tis_cap,
+            **aggregation,
+        )
+        loss = policy.loss
+        if s.entropy_coeff:
+            loss = loss - s.entropy_coeff * agg_loss(entropy, mask, s.loss_agg_mode, **aggregation)
+        kl_loss = log_probs.new_zeros(())
+        if s.kl_loss_coef:
+            kl_loss = compute_kl_loss(
+                log_probs, batch.ref_log_probs, mask, s.kl_loss_type, s.loss_agg_mode, **aggregation
+            )
+            loss = loss + s.kl_loss_coef * kl_loss
+        # compute_policy_loss reports micro-batch token means; weight them into step token means.
+        token_share = mask.sum() / counts.tokens
+        metrics = dict(
+            pg_loss=policy.loss.detach(),
+            kl_loss=kl_loss.detach(),
+            clip_frac=policy.clip_frac * token_share,
+            clip_frac_lower=policy.clip_frac_lower * token_share,
+            approx_kl=policy.approx_kl * token_share,
+        )
+        return loss, metrics
+
+
+class MegatronActor:
+    """The policy model of this rank (its TP × PP shard), trained with Megatron DDP and optimizer."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        groups: ProcessGroups,
+        *,
+        vocab_size: int,
+        optim: OptimSettings,
+        offload: OffloadSettings = OffloadSettings(),
+    ):
+        """`model`: this rank's megatron `GPTModel` (weights loaded); `vocab_size`: the real (HF)
+        vocabulary size, the output layer's padding beyond it is ignored."""
+        self.groups = groups
+        self.vocab_size = vocab_size
+        self.offload_settings = offload
+        self.engine = TrainEngine(model, optim, groups)
+
+    @classmethod
+    def from_hf(
+        cls,
+        model_dir: str | Path,
+        groups: ProcessGroups,
+        *,
+        optim: OptimSettings,
+        recompute: RecomputeSettings = RecomputeSettings(),
+        offload: OffloadSettings = OffloadSettings(),
+    ) -> MegatronActor:
+        """Build this rank's shard from an HF checkpoint dir and load its weights."""
+        model, vocab_size = load_model(model_dir, groups, recompute=recompute, value_head=False)
+        return cls(model, groups, vocab_size=vocab_size, optim=optim, offload=offload)
+
+    def offload(self) -> None:
+        """Free device memory for a colocated rollout (what `OffloadSettings` names; no-op on CPU).
+        Call `onload` before any other method, weight sync included."""
+        self.engine.offload(self.offload_settings)
+
+    def onload(self) -> None:
+        """Undo `offload`."""
+        self.engine.onload(self.offload_settings)
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped for a non-finite loss or gradient so far."""
+        return self.engine.skipped_steps
+
+    def compute_log_prob(self, batch: PolicyBatch, *, micro_batch_size: int) -> tuple[Tensor, Tensor]:
+        """`log_probs [B, R]` and `entropy [B, R]` of `batch.responses` (fp32, no gradient; padded
+        positions hold numbers that mean nothing), on every rank."""
+        return compute_log_probs(self.engine.model, batch, micro_batch_size, self.vocab_size, self.groups)
+
+    def update_policy(
+        self,
+        batch: PolicyBatch,
+        loss_fn: PolicyLossFn,
+        *,
+        mini_batch_size: int,
+        micro_batch_size: int,
+        ppo_epochs: int = 1,
+        shuffle_seed: int | None = None,
+    ) -> dict[str, float]:
+        """`ppo_epochs` passes over `batch` (this DP rank's samples), one optimizer step per
+        mini-batch of `mini_batch_size` samples (per DP rank), cut into micro-batches of
+        `micro_batch_size`. With `shuffle_seed`, epoch `e` shuffles rows with seed `shuffle_seed + e`.
+
+        Returns metrics averaged over the applied optimizer steps (`steps`, `skipped_steps` count
+        all): loss, pg_loss, kl_loss, entropy, clip_frac, clip_frac_lower, approx_kl (token means),
+        grad_norm (before clipping), lr, tokens (per step, all DP ranks).
+        """
+        batch.require(loss_fn.required_fields, "MegatronActor.update_policy")
+        check_divides(len(batch), mini_batch_size, "mini_batch_size", "samples of this DP rank")
+        check_divides(mini_batch_size, micro_batch_size, "micro_batch_size", "mini_batch_size")
+        keys = ("loss", "entropy", "tokens", *loss_fn.metric_names)
+        steps = []
+        for epoch in range(ppo_epochs):
+            seed = None if shuffle_seed is None else shuffle_seed + epoch
+            for mini_batch in mini_batches(batch, len(batch) // mini_batch_size, shuffle_seed=seed):
+                counts = StepCounts.of(mini_batch, loss_fn.loss_agg_mode, self.groups)
+                forward_step = self._policy_forward_step(loss_fn, counts)
+                sums, result = self.engine.train_step(
+                    mini_batch.split(mini_batch_size // micro_batch_size), forward_step, keys
+                )
+                steps.append((sums, result))
+        return summarize_steps(steps)
+
+    def _policy_forward_step(self, loss_fn: PolicyLossFn, counts: StepCounts):
+        def forward_step(model, micro_batch):
+            def loss_func(logits):
+                log_probs, entropy = response_log_probs(logits, micro_batch, self.vocab_size, self.groups)
+                loss, metrics = loss_fn(log_probs, entropy, micro_batch, counts)
+                mask = micro_batch.response_mask
+                reported = dict(
+                    loss=loss.detach(),
+                    entropy=torch.where(mask, entropy.detach(), 0.0).sum() / counts.tokens,
+                    tokens=mask.sum().float(),
+                    **metrics,
+                )
+                return loss, reported
+
+            return run_model(model, micro_batch), loss_func
+
+        return forward_step
+
+    def named_parameters_for_sync(self) -> Iterator[tuple[str, Tensor]]:
+        """This rank's parameters under megatron names with **global** layer indices
+        (`decoder.layers.<local index + this stage's layer offset>.…`), as the live tensors (no
+        copies: read them before the next update). TP-sharded tensors are this rank's shard."""
+        return global_named_parameters(self.engine.model.module, self.groups)
+
+
+def global_named_parameters(model: torch.nn.Module, groups: ProcessGroups) -> Iterator[tuple[str, Tensor]]:
+    """`model.named_parameters()` with `decoder.layers.<i>` renumbered from stage-local to global."""
+    offset = layer_offset(model.config.num_layers, groups.pp_size, groups.pp_rank)
+    for name, param in model.named_parameters():
+        if name.startswith("decoder.layers."):
+            _, _, index, rest = name.split(".", 3)
+            name = f"decoder.layers.{int(index) + offset}.{rest}"
+        yield name, param
+
+
+def compute_log_probs(
+    model: torch.nn.Module, batch: PolicyBatch, micro_batch_size: int, vocab_size: int, groups: ProcessGroups
+) -> tuple[Tensor, Tensor]:
+    """Forward-only `log_probs [B, R]` and `entropy [B, R]` of `batch.responses`, on every rank."""
+
+    def extract(logits, micro_batch):
+        return torch.stack(response_log_probs(logits, micro_batch, vocab_size, groups))
+
+    log_probs, entropy = forward_collect(model, batch, micro_batch_size, groups, extract, num_outputs=2)
+    return log_probs, entropy
+
+
+def response_log_probs(
+    logits: Tensor, batch: PolicyBatch, vocab_size: int, groups: ProcessGroups
+) -> tuple[Tensor, Tensor]:
+    """`[b, R]` log-probs and entropy of the responses from the model's `[b, S, V_local]` logits."""
+    return vocab_parallel_log_probs(
+        logits[:, response_logit_slice(batch)], batch.responses,
+        vocab_size=vocab_size, tp_group=groups.tp, with_entropy=True,
+    )

@@ -1,0 +1,456 @@
+"""What the actor and the critic share: Megatron DDP + optimizer + LR schedule, one optimizer step
+over micro-batches through megatron's pipeline schedule, and a forward-only pass.
+
+Loss normalisation. A worker's loss function returns each micro-batch's share of the step loss,
+already divided by the *global* normaliser of the optimizer step (token or sequence count summed
+over all micro-batches and DP ranks, all-reduced before the step), so that
+
+    step loss = sum over micro-batches and DP ranks of the returned losses.
+
+megatron's schedule divides each micro-batch loss by the number of micro-batches, and Megatron DDP
+averages gradients over DP ranks; `TrainEngine.train_step` multiplies the loss by
+`num_micro_batches * dp_size` before handing it to the schedule, which undoes both. The result does
+not depend on how a step is cut into micro-batches or DP ranks.
+
+Non-finite steps. If the step loss or any gradient is NaN/Inf on any rank, the optimizer step and
+the LR schedule step are skipped on every rank (weights unchanged) and counted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
+from torch import Tensor
+
+from megarl.algorithms.losses import agg_loss_normalizer
+from megarl.models.architectures import build_gpt_model
+from megarl.models.checkpoint import load_hf_weights
+from megarl.models.hf_config import read_model_dims
+from megarl.parallel.distributed import ProcessGroups
+from megarl.workers.batch import PolicyBatch, attention_mask, position_ids
+
+
+LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
+
+
+@dataclass
+class OptimSettings:
+    """Optimizer, LR schedule and gradient settings of one trained role (actor or critic)."""
+
+    lr: float = 1e-6
+    """Peak learning rate (reached after warm-up)."""
+    min_lr: float = 0.0
+    """Learning rate at the end of the decay."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps of linear warm-up from 0 to `lr`. megatron's convention: step k (from 0)
+    runs at `lr * k / lr_warmup_steps`, so the first step of a warm-up runs at 0."""
+    lr_decay_steps: int | None = None
+    """Step (counted from 0, warm-up included) at which the decay reaches `min_lr`; must exceed
+    `lr_warmup_steps`. None only with `lr_decay_style="constant"`."""
+    lr_decay_style: str = "constant"
+    """One of `LR_DECAY_STYLES` (megatron's names)."""
+    optimizer: str = "adam"
+    """"adam" (AdamW-style decoupled weight decay) or "sgd" (not with the distributed optimizer)."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (constant over training)."""
+    adam_beta1: float = 0.9
+    """Adam beta1."""
+    adam_beta2: float = 0.999
+    """Adam beta2."""
+    adam_eps: float = 1e-8
+    """Adam epsilon."""
+    sgd_momentum: float = 0.0
+    """SGD momentum."""
+    clip_grad: float = 1.0
+    """Clip the global gradient norm to this value (0 = no clipping; the norm is still reported)."""
+    use_distributed_optimizer: bool = False
+    """Shard optimizer states (and main params) over DP ranks (megatron's distributed optimizer)."""
+    optimizer_cpu_offload: bool = False
+    """GPU only: keep optimizer states and the update on the CPU (megatron's HybridDeviceOptimizer;
+    needs `use_distributed_optimizer`). On a CPU-only process states already live in host memory:
+    nothing to offload, the setting is not passed to megatron."""
+    overlap_cpu_optimizer_d2h_h2d: bool = False
+    """GPU only: overlap the device<->host copies of `optimizer_cpu_offload` with compute."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.optimizer not in ("adam", "sgd"):
+            problems.append(f"optimizer={self.optimizer!r}: use 'adam' or 'sgd'")
+        if self.use_distributed_optimizer and self.optimizer != "adam":
+            problems.append(
+                f"use_distributed_optimizer=True needs optimizer='adam' (megatron's), got {self.optimizer!r}"
+            )
+        if self.lr_decay_style not in LR_DECAY_STYLES:
+            problems.append(f"lr_decay_style={self.lr_decay_style!r}: use one of {LR_DECAY_STYLES}")
+        if self.lr_decay_steps is None and self.lr_decay_style != "constant":
+            problems.append(f"lr_decay_style={self.lr_decay_style!r} needs lr_decay_steps (the step the decay ends)")
+        if self.lr_decay_steps is not None and self.lr_decay_steps <= self.lr_warmup_steps:
+            problems.append(
+                f"lr_decay_steps={self.lr_decay_steps} must exceed lr_warmup_steps={self.lr_warmup_steps} "
+                "(the decay ends after the warm-up)"
+            )
+        if problems:
+            raise ValueError("OptimSettings: " + "; ".join(problems))
+
+
+@dataclass
+class RecomputeSettings:
+    """Activation recompute (megatron-core `TransformerConfig` fields of the same names)."""
+
+    granularity: str | None = None
+    """None (off), "full" (whole layers) or "selective" (the `modules` below)."""
+    method: str | None = None
+    """With "full": "uniform" (chunks of `num_layers`) or "block" (the first `num_layers` per stage)."""
+    num_layers: int | None = None
+    """Layers per recompute chunk ("uniform") or recomputed layers per stage ("block")."""
+    modules: list[str] = field(default_factory=lambda: ["core_attn"])
+    """With "selective": submodules to recompute (megatron names, e.g. "core_attn", "mlp")."""
+
+    def __post_init__(self) -> None:
+        if self.granularity not in (None, "full", "selective"):
+            raise ValueError(f"recompute granularity={self.granularity!r}: use None, 'full' or 'selective'")
+        if self.granularity == "full" and (self.method not in ("uniform", "block") or not self.num_layers):
+            raise ValueError(
+                f"recompute granularity='full' needs method 'uniform' or 'block' and num_layers >= 1, got "
+                f"method={self.method!r}, num_layers={self.num_layers!r}"
+            )
+
+    def transformer_config_fields(self) -> dict:
+        """The `TransformerConfig` overrides these settings stand for."""
+        if self.granularity is None:
+            return {}
+        if self.granularity == "selective":
+            return dict(recompute_granularity="selective", recompute_modules=list(self.modules))
+        return dict(
+            recompute_granularity=self.granularity,
+            recompute_method=self.method,
+            recompute_num_layers=self.num_layers,
+        )
+
+
+@dataclass
+class OffloadSettings:
+    """What a trained role moves to host memory while idle (`TrainEngine.offload` / `onload`), so a
+    colocated rollout engine can use the GPU. Uses megatron-core's own RL offload hooks. On a
+    CPU-only process everything already lives in host memory: both calls do nothing."""
+
+    params: bool = False
+    """Parameters (copied to pinned host memory) and gradient buffers (freed)."""
+    optimizer: bool = False
+    """Optimizer states and fp32 main parameters; needs bf16/fp16 parameters (with fp32 ones the
+    optimizer's parameters are the model's own, which megatron's hook would move out of DDP's buffer)."""
+
+
+def megatron_optimizer_config(settings: OptimSettings) -> OptimizerConfig:
+    """`OptimizerConfig` for fp32 training (CPU and the tests) from `settings`."""
+    offload = settings.optimizer_cpu_offload and torch.cuda.is_available()
+    return OptimizerConfig(
+        optimizer=settings.optimizer,
+        lr=settings.lr,
+        min_lr=settings.min_lr,
+        weight_decay=settings.weight_decay,
+        adam_beta1=settings.adam_beta1,
+        adam_beta2=settings.adam_beta2,
+        adam_eps=settings.adam_eps,
+        sgd_momentum=settings.sgd_momentum,
+        clip_grad=settings.clip_grad,
+        use_distributed_optimizer=settings.use_distributed_optimizer,
+        optimizer_cpu_offload=offload,
+        overlap_cpu_optimizer_d2h_h2d=offload and settings.overlap_cpu_optimizer_d2h_h2d,
+        params_dtype=torch.float32,
+    )
+
+
+def wrap_for_training(
+    model: torch.nn.Module, settings: OptimSettings, groups: ProcessGroups
+) -> DistributedDataParallel:
+    """Megatron DDP around `model`, with the model config hooks megatron's schedules call."""
+    config = model.config
+    ddp = DistributedDataParallel(
+        config,
+        DistributedDataParallelConfig(use_distributed_optimizer=settings.use_distributed_optimizer),
+        model,
+        pg_collection=groups.collection,
+    )
+    # DP all-reduce, tied-embedding all-reduce across PP stages, at the end of each backward pass.
+    config.finalize_model_grads_func = finalize_model_grads
+    config.no_sync_func = ddp.no_sync
+    return ddp
+
+
+def build_optimizer(
+    ddp: DistributedDataParallel, settings: OptimSettings, groups: ProcessGroups
+) -> tuple[object, OptimizerParamScheduler]:
+    """Megatron optimizer over `ddp`'s parameters and its warm-up/decay scheduler."""
+    optimizer = get_megatron_optimizer(
+        megatron_optimizer_config(settings), [ddp], use_gloo_process_groups=False, pg_collection=groups.collection
+    )
+    scheduler = OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0 if settings.lr_warmup_steps > 0 else settings.lr,
+        max_lr=settings.lr,
+        min_lr=settings.min_lr,
+        lr_warmup_steps=settings.lr_warmup_steps,
+        # megatron wants decay steps > warm-up steps even when nothing decays ("constant").
+        lr_decay_steps=settings.lr_decay_steps or settings.lr_warmup_steps + 1,
+        lr_decay_style=settings.lr_decay_style,
+        start_wd=settings.weight_decay,
+        end_wd=settings.weight_decay,
+        wd_incr_steps=1,
+        wd_incr_style="constant",
+    )
+    return optimizer, scheduler
+
+
+LossFunc = Callable[[Tensor], tuple[Tensor, dict[str, Tensor]]]
+"""megatron's per-micro-batch loss callback: last-stage model output -> (loss, reported tensors)."""
+ForwardStep = Callable[[torch.nn.Module, PolicyBatch], tuple[Tensor, LossFunc]]
+"""(model, micro-batch) -> (model output, loss callback), as megatron's `forward_step_func` minus the
+iterator plumbing."""
+
+
+def run_schedule(
+    model: torch.nn.Module,
+    micro_batches: Sequence[PolicyBatch],
+    forward_step: ForwardStep,
+    *,
+    forward_only: bool,
+) -> list[dict[str, Tensor]]:
+    """Run `micro_batches` through megatron's schedule for the current PP size (1F1B when PP > 1).
+
+    Returns the loss callbacks' reported dicts, one per micro-batch, on the last pipeline stage;
+    an empty list on the other stages.
+    """
+    def step(data_iterator, wrapped_model):
+        return forward_step(wrapped_model, next(data_iterator))
+
+    first = micro_batches[0]
+    return get_forward_backward_func()(
+        forward_step_func=step,
+        data_iterator=iter(micro_batches),
+        model=[model],
+        num_microbatches=len(micro_batches),
+        seq_length=first.prompt_length + first.response_length,
+        micro_batch_size=len(first),
+        forward_only=forward_only,
+    )
+
+
+def compute_device() -> torch.device:
+    """Where this process's model and collective buffers live: its CUDA device, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def broadcast_from_last_stage(tensor: Tensor, groups: ProcessGroups) -> Tensor:
+    """Give every PP stage the last stage's `tensor` (other stages pass a buffer of the same shape)."""
+    if groups.pp_size > 1:
+        dist.broadcast(tensor, src=dist.get_global_rank(groups.pp, groups.pp_size - 1), group=groups.pp)
+    return tensor
+
+
+@dataclass(frozen=True)
+class StepCounts:
+    """Counts of one optimizer step over all its micro-batches and DP ranks (same on every rank)."""
+
+    normalizer: Tensor
+    """The loss normaliser N (`agg_loss_normalizer` of the loss's aggregation mode, summed)."""
+    tokens: Tensor
+    """Response tokens that count (`response_mask` summed)."""
+
+    @classmethod
+    def of(cls, local_batch: PolicyBatch, loss_agg_mode: str, groups: ProcessGroups) -> StepCounts:
+        """All-reduce this DP rank's counts of `local_batch` (its whole share of the step)."""
+        mask = local_batch.response_mask
+        local = torch.stack([agg_loss_normalizer(mask, loss_agg_mode), mask.sum()])
+        local = local.to(compute_device(), torch.float64)
+        dist.all_reduce(local, group=groups.dp)
+        # float32 like the losses; clamped so a step without valid tokens divides 0 by 1, not by 0.
+        normalizer, tokens = local.clamp(min=1).float()
+        return cls(normalizer=normalizer, tokens=tokens)
+
+
+@dataclass
+class StepResult:
+    """Outcome of one optimizer step, identical on every rank."""
+
+    skipped: bool
+    """The loss or a gradient was NaN/Inf: no update was applied."""
+    grad_norm: float
+    """Global gradient norm before clipping (NaN when skipped)."""
+    lr: float
+    """Learning rate the step used."""
+
+
+class TrainEngine:
+    """A megatron model under DDP with its optimizer and LR schedule: the trained half of a worker."""
+
+    def __init__(self, model: torch.nn.Module, settings: OptimSettings, groups: ProcessGroups):
+        self.groups = groups
+        self.model = wrap_for_training(model, settings, groups)
+        self.optimizer, self.scheduler = build_optimizer(self.model, settings, groups)
+        self.skipped_steps = 0
+        """Optimizer steps skipped for a non-finite loss or gradient, since construction."""
+
+    def train_step(
+        self, micro_batches: Sequence[PolicyBatch], forward_step: ForwardStep, report_keys: Sequence[str]
+    ) -> tuple[dict[str, float], StepResult]:
+        """One optimizer step over `micro_batches` (this DP rank's share of the step).
+
+        `forward_step`'s loss callback returns the micro-batch's share of the globally normalised
+        step loss (see the module docstring) and reports, under `report_keys` (which must include
+        "loss"), tensors that add up over micro-batches and DP ranks. Returns those sums (the same
+        on every rank) and the step's outcome.
+        """
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        undo_averaging = len(micro_batches) * self.groups.dp_size
+
+        def scaled_forward_step(model, micro_batch):
+            output, loss_func = forward_step(model, micro_batch)
+
+            def scaled_loss(output_tensor):
+                loss, reported = loss_func(output_tensor)
+                return loss * undo_averaging, reported
+
+            return output, scaled_loss
+
+        device = compute_device()
+        micro_batches = [micro_batch.to(device) for micro_batch in micro_batches]
+        reports = run_schedule(self.model, micro_batches, scaled_forward_step, forward_only=False)
+        totals = sum_reports(reports, report_keys, self.groups)
+        return totals, self._apply_or_skip(totals["loss"])
+
+    def _apply_or_skip(self, step_loss: float) -> StepResult:
+        lr = self.optimizer.param_groups[0]["lr"]
+        local_ok = math.isfinite(step_loss) and self._local_grads_finite()
+        finite = torch.tensor(float(local_ok), device=compute_device())
+        # Every rank must agree: a rank that stepped while another skipped would desynchronise.
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN, group=self.groups.mp)
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN, group=self.groups.dp)
+        if finite.item() == 0.0:
+            self.skipped_steps += 1
+            self.optimizer.zero_grad()
+            return StepResult(skipped=True, grad_norm=float("nan"), lr=lr)
+        updated, grad_norm, _ = self.optimizer.step()
+        if updated:
+            self.scheduler.step(increment=1)
+        return StepResult(skipped=not updated, grad_norm=float(grad_norm), lr=lr)
+
+    def offload(self, settings: OffloadSettings) -> None:
+        """Move what `settings` names to host memory (GPU only). Call `onload` before the next use;
+        in between, parameters must not be read (weight sync included)."""
+        if not torch.cuda.is_available():
+            return
+        config = self.model.config
+        if settings.optimizer and not (config.bf16 or config.fp16):
+            raise ValueError(
+                "offload.optimizer=True needs bf16 or fp16 parameters (megatron keeps fp32 main copies for the "
+                "optimizer only then); train in bf16 or set offload.optimizer=False"
+            )
+        if settings.params:
+            for buffer in self.model.buffers + self.model.expert_parallel_buffers:
+                buffer.offload_to_cpu(move_params=True, move_grads=True)
+        if settings.optimizer:
+            self.optimizer.offload_to_cpu()
+        torch.cuda.empty_cache()
+
+    def onload(self, settings: OffloadSettings) -> None:
+        """Bring back what `offload(settings)` moved (GPU only); gradient buffers come back zeroed."""
+        if not torch.cuda.is_available():
+            return
+        if settings.params:
+            for buffer in self.model.buffers + self.model.expert_parallel_buffers:
+                buffer.reload_from_cpu(move_params=True, move_grads=True)
+        if settings.optimizer:
+            self.optimizer.restore_from_cpu()
+
+    def _local_grads_finite(self) -> bool:
+        buffers = self.model.buffers + self.model.expert_parallel_buffers
+        return all(bool(torch.isfinite(buffer.grad_data).all()) for buffer in buffers)
+
+
+def run_model(model: torch.nn.Module, batch: PolicyBatch) -> Tensor:
+    """Forward of `batch` through (this stage of) a GPTModel: last stage `[b, S, V_local]` logits
+    (or `[b, S, 1]` values), other stages the hidden states they send on."""
+    return model(batch.input_ids, position_ids(batch), attention_mask(batch))
+
+
+def forward_collect(
+    model: torch.nn.Module,
+    batch: PolicyBatch,
+    micro_batch_size: int,
+    groups: ProcessGroups,
+    extract: Callable[[Tensor, PolicyBatch], Tensor],
+    num_outputs: int,
+) -> Tensor:
+    """Forward-only pass of `batch` in micro-batches, without autograd.
+
+    `extract(last_stage_output, micro_batch) -> [num_outputs, b, R]` picks per-response-token
+    outputs; the result `[num_outputs, B, R]` is broadcast from the last stage to every stage.
+    """
+    check_divides(len(batch), micro_batch_size, "micro_batch_size", "samples of this DP rank")
+
+    def forward_step(model, micro_batch):
+        def collect(output):
+            return output.new_zeros(()), dict(outputs=extract(output, micro_batch))
+
+        return run_model(model, micro_batch), collect
+
+    device = compute_device()
+    micro_batches = [micro_batch.to(device) for micro_batch in batch.split(len(batch) // micro_batch_size)]
+    with torch.no_grad():
+        reports = run_schedule(model, micro_batches, forward_step, forward_only=True)
+    out = torch.zeros(num_outputs, len(batch), batch.response_length, device=device)
+    if groups.is_last_stage:
+        out.copy_(torch.cat([report["outputs"] for report in reports], dim=1))
+    return broadcast_from_last_stage(out, groups).cpu()
+
+
+def load_model(
+    model_dir: str | Path, groups: ProcessGroups, *, recompute: RecomputeSettings, value_head: bool
+) -> tuple[torch.nn.Module, int]:
+    """This rank's GPTModel stage with an HF checkpoint's weights (a value head keeps its small
+    random init), and the real (HF) vocabulary size."""
+    model = build_gpt_model(model_dir, groups, value_head=value_head, **recompute.transformer_config_fields())
+    load_hf_weights(model, model_dir, groups)
+    return model, read_model_dims(model_dir).vocab_size
+
+
+def check_divides(total: int, part: int, part_name: str, total_name: str) -> None:
+    """ValueError naming `part_name` unless `part` divides `total`."""
+    if part <= 0 or total % part != 0:
+        raise ValueError(
+            f"{part_name}={part} must divide the {total} {total_name} ({total} % {part} != 0); "
+            f"choose a {part_name} that divides it"
+        )
+
+
+def sum_reports(reports: Sequence[dict[str, Tensor]], keys: Sequence[str], groups: ProcessGroups) -> dict[str, float]:
+    """Sum each key over micro-batches (last stage) and DP ranks, then share with every PP stage."""
+    local = torch.zeros(len(keys), dtype=torch.float64, device=compute_device())
+    for report in reports:
+        local += torch.stack([report[key].detach().to(torch.float64) for key in keys])
+    dist.all_reduce(local, group=groups.dp)
+    broadcast_from_last_stage(local, groups)
+    return dict(zip(keys, local.cpu().tolist()))
+
+
+def summarize_steps(steps: Sequence[tuple[dict[str, float], StepResult]]) -> dict[str, float]:
+    """Mean of each metric over the applied steps, plus the step counts."""
+    applied = [(sums, result) for sums, result in steps if not result.skipped]
+    metrics: dict[str, float] = dict(steps=float(len(steps)), skipped_steps=float(len(steps) - len(applied)))
+    if applied:
+        for key in applied[0][0]:
+            metrics[key] = sum(sums[key] for sums, _ in applied) / len(applied)
+        metrics["grad_norm"] = sum(result.grad_norm for _, result in applied) / len(applied)
+        metrics["lr"] = applied[-1][1].lr
+    return metrics

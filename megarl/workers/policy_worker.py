@@ -1,0 +1,172 @@
+"""One trainer rank: its shards of the actor, the reference and the critic, and the sending side of
+the weight sync. A plain class; `megarl.orchestration` hosts one per rank process.
+
+    worker = PolicyWorker(spec)                       # builds the grid, loads the HF weights
+    old_log_probs, entropy = worker.compute_log_prob(batch)
+    metrics = worker.update_actor(batch, shuffle_seed=step)
+    stats = worker.send_weights()                     # collective; rank 0 broadcasts to the engines
+
+Every rank of a DP replica is called with the same `PolicyBatch` (that replica's rows); results are
+returned on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch.distributed as dist
+from torch import Tensor
+
+from megarl.bridge import LayoutPair, WeightSender, build_plan
+from megarl.bridge.transports.broadcast import BroadcastTransport
+from megarl.bridge.verify import actor_probe_logprobs
+from megarl.models.checkpoint import export_hf_weights
+from megarl.models.hf_config import read_model_dims
+from megarl.parallel.distributed import initialize_model_parallel
+from megarl.parallel.spawn import free_port
+from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
+from megarl.workers.batch import PolicyBatch
+from megarl.workers.critic import MegatronCritic, ValueLossSettings
+from megarl.workers.megatron_train import OptimSettings, RecomputeSettings
+from megarl.workers.reference import MegatronReference
+from megarl.trainer.checkpoint import load_checkpoint, save_checkpoint
+
+
+@dataclass(frozen=True)
+class CriticSpec:
+    """The critic of a PPO run."""
+
+    optim: OptimSettings
+    loss: ValueLossSettings
+    mini_batch_size: int
+    """Samples per optimizer step on one DP rank."""
+    micro_batch_size: int
+    ppo_epochs: int
+
+
+@dataclass(frozen=True)
+class PolicyWorkerSpec:
+    """Everything a trainer rank needs, in plain values (built from the config by the trainer)."""
+
+    model_path: str
+    """HF checkpoint dir the actor (and reference, critic backbone) start from."""
+    tp: int
+    pp: int
+    seed: int
+    optim: OptimSettings
+    recompute: RecomputeSettings
+    loss: PolicyLossSettings
+    mini_batch_size: int
+    """Actor samples per optimizer step on one DP rank."""
+    micro_batch_size: int
+    """Samples per forward/backward micro-batch (per GPU)."""
+    ppo_epochs: int
+    use_reference: bool
+    ref_micro_batch_size: int
+    critic: CriticSpec | None
+    rollout_tp: int
+    """Tensor-parallel size of each rollout engine (the bridge plan's target layout)."""
+    bucket_mb: float
+    """Weight-sync bucket size."""
+
+
+class PolicyWorker:
+    """The Megatron roles of one trainer rank."""
+
+    def __init__(self, spec: PolicyWorkerSpec):
+        self.spec = spec
+        self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed)
+        self.actor = MegatronActor.from_hf(spec.model_path, self.groups, optim=spec.optim, recompute=spec.recompute)
+        self.reference = MegatronReference.from_hf(spec.model_path, self.groups) if spec.use_reference else None
+        self.critic = (
+            MegatronCritic.from_hf(spec.model_path, self.groups, optim=spec.critic.optim, loss=spec.critic.loss)
+            if spec.critic
+            else None
+        )
+        self.loss = PolicyLoss(spec.loss)
+        self.plan = build_plan(
+            read_model_dims(spec.model_path), LayoutPair(spec.tp, spec.pp, spec.rollout_tp), bucket_mb=spec.bucket_mb
+        )
+        self.sender: WeightSender | None = None
+
+    def grid(self) -> dict[str, int]:
+        """This rank's place in the (TP, PP, DP) grid."""
+        g = self.groups
+        return dict(rank=dist.get_rank(), tp_rank=g.tp_rank, pp_rank=g.pp_rank, dp_rank=g.dp_rank, dp_size=g.dp_size)
+
+    def compute_log_prob(self, batch: PolicyBatch) -> tuple[Tensor, Tensor]:
+        """`[B, R]` log-probs and entropy of the responses under the current actor."""
+        return self.actor.compute_log_prob(batch, micro_batch_size=self.spec.micro_batch_size)
+
+    def compute_ref_log_prob(self, batch: PolicyBatch) -> Tensor:
+        return self.reference.compute_ref_log_prob(batch, micro_batch_size=self.spec.ref_micro_batch_size)
+
+    def compute_values(self, batch: PolicyBatch) -> Tensor:
+        return self.critic.compute_values(batch, micro_batch_size=self.spec.critic.micro_batch_size)
+
+    def update_actor(self, batch: PolicyBatch, shuffle_seed: int) -> dict[str, float]:
+        s = self.spec
+        return self.actor.update_policy(
+            batch, self.loss, mini_batch_size=s.mini_batch_size, micro_batch_size=s.micro_batch_size,
+            ppo_epochs=s.ppo_epochs, shuffle_seed=shuffle_seed,
+        )
+
+    def update_critic(self, batch: PolicyBatch, shuffle_seed: int) -> dict[str, float]:
+        c = self.spec.critic
+        return self.critic.update_critic(
+            batch, mini_batch_size=c.mini_batch_size, micro_batch_size=c.micro_batch_size,
+            ppo_epochs=c.ppo_epochs, shuffle_seed=shuffle_seed,
+        )
+
+    def sync_address(self) -> tuple[str, int]:
+        """Where the weight-sync group's store will listen (called on global rank 0)."""
+        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        return host, free_port(host)
+
+    def connect_weight_sync(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        """Collective over the trainer ranks; rank 0 hosts the sync group and waits for the engines
+        (whose `RolloutWorker.start_weight_sync` must be running)."""
+        transport = BroadcastTransport.connect(host, port, world_size, timeout_s) if dist.get_rank() == 0 else None
+        self.sender = WeightSender(self.plan, self.actor.named_parameters_for_sync, self.groups, transport)
+
+    def sync_metadatas(self) -> list:
+        """The buckets' metadata the engines receive, in send order."""
+        return list(self.plan.metadatas)
+
+    def send_weights(self) -> dict[str, float]:
+        """Collective: every bucket of the plan reaches the engines (rank 0 broadcasts)."""
+        return self.sender.send().metrics()
+
+    def probe_log_probs(self, token_ids: list[list[int]]) -> Tensor:
+        """`[B, T-1]` actor log-probs of the sync probe (collective)."""
+        return actor_probe_logprobs(self.actor, token_ids)
+
+    def skipped_steps(self) -> dict[str, int]:
+        counts = {"actor": self.actor.skipped_steps}
+        if self.critic:
+            counts["critic"] = self.critic.skipped_steps
+        return counts
+
+    def save_checkpoint(self, root: str, step: int, extra: dict) -> str:
+        """Collective: actor (and critic) weights, optimizer and scheduler states, this rank's RNG
+        and the driver's `extra`, written atomically as `<root>/step_<step>`."""
+        return str(save_checkpoint(root, step, self.groups, **self._trained_states(), extra=extra))
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Collective: restore a checkpoint written by `save_checkpoint` in place; its `extra`."""
+        return load_checkpoint(path, self.groups, **self._trained_states())
+
+    def _trained_states(self) -> dict[str, dict]:
+        engines = {"actor": self.actor.engine} | ({"critic": self.critic.engine} if self.critic else {})
+        return dict(
+            models={role: [e.model] for role, e in engines.items()},
+            optimizers={role: e.optimizer for role, e in engines.items()},
+            schedulers={role: e.scheduler for role, e in engines.items()},
+        )
+
+    def export_hf(self, out_dir: str) -> str | None:
+        """Collective: the actor's weights as an HF checkpoint dir (written by one rank)."""
+        path = export_hf_weights(self.actor.engine.model.module, Path(out_dir), self.groups, hf_assets_dir=self.spec.model_path)
+        return None if path is None else str(path)

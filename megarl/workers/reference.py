@@ -1,0 +1,52 @@
+"""The reference policy: a frozen copy of the initial actor, for KL terms.
+
+No DDP, no optimizer, no gradients. Colocated with the actor in practice: the same processes and
+process groups (the same `ProcessGroups`), a separate model instance.
+
+    reference = MegatronReference.from_hf("/ckpt/tiny", groups)
+    ref_log_probs = reference.compute_ref_log_prob(batch, micro_batch_size=8)   # [B, R]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from megarl.parallel.distributed import ProcessGroups
+from megarl.workers.actor import compute_log_probs
+from megarl.workers.batch import PolicyBatch
+from megarl.workers.megatron_train import RecomputeSettings, load_model
+
+
+class MegatronReference:
+    """This rank's shard of the reference model, frozen at construction."""
+
+    def __init__(self, model: torch.nn.Module, groups: ProcessGroups, *, vocab_size: int):
+        """`model`: this rank's GPTModel (weights loaded); `vocab_size`: the real (HF) vocabulary size."""
+        self.model = model.eval().requires_grad_(False)
+        self.groups = groups
+        self.vocab_size = vocab_size
+
+    @classmethod
+    def from_hf(cls, model_dir: str | Path, groups: ProcessGroups) -> MegatronReference:
+        """Build this rank's shard from an HF checkpoint dir (the actor's initial weights)."""
+        model, vocab_size = load_model(model_dir, groups, recompute=RecomputeSettings(), value_head=False)
+        return cls(model, groups, vocab_size=vocab_size)
+
+    def offload(self) -> None:
+        """Move the weights to host memory between log-prob passes (no-op on CPU)."""
+        if torch.cuda.is_available():
+            self.model.cpu()
+            torch.cuda.empty_cache()
+
+    def onload(self) -> None:
+        """Undo `offload`."""
+        if torch.cuda.is_available():
+            self.model.cuda()
+
+    def compute_ref_log_prob(self, batch: PolicyBatch, *, micro_batch_size: int) -> Tensor:
+        """`[B, R]` log-probs of `batch.responses` under the reference model, on every rank."""
+        log_probs, _ = compute_log_probs(self.model, batch, micro_batch_size, self.vocab_size, self.groups)
+        return log_probs

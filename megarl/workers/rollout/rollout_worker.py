@@ -1,0 +1,75 @@
+"""One rollout engine as a remotely driven worker: generation, the probe for sync verification, and
+the receiving side of the weight sync split into start/finish calls, so a driver can run the
+trainer's send between them. A plain class; `megarl.orchestration` hosts one per engine.
+
+    worker.start_weight_sync(host, port, world_size, rank_offset, timeout_s)   # returns at once
+    ...trainer rank 0 hosts the group (PolicyWorker.connect_weight_sync)...
+    worker.finish_weight_sync()
+    worker.start_receive(metadatas); ...trainer sends...; worker.finish_receive()
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+from torch import Tensor
+
+from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
+from megarl.workers.rollout.factory import make_rollout_engine
+
+
+class RolloutWorker:
+    """Hosts one `RolloutEngine` (its own TP group of vLLM workers when TP > 1)."""
+
+    def __init__(self, backend: str, model_path: str, *, tensor_parallel_size: int, dtype: str, seed: int,
+                 max_model_len: int, cpu_kv_cache_gib: float, gpu_memory_utilization: float):
+        self.engine = make_rollout_engine(
+            backend, model_path, tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
+            max_model_len=max_model_len, cpu_kv_cache_gib=cpu_kv_cache_gib,
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
+        self._pending: Future | None = None
+
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingConfig) -> list[RolloutOutput]:
+        return self.engine.generate(prompt_token_ids, sampling)
+
+    def prompt_logprobs(self, token_ids: list[list[int]]) -> list[Tensor]:
+        return self.engine.prompt_logprobs(token_ids)
+
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    def start_weight_sync(self, host: str, port: int, world_size: int, rank_offset: int, timeout_s: float) -> None:
+        """Begin joining the weight-sync group (completes when the trainer's rank 0 joins too)."""
+        self._pending = self.engine.init_weight_sync(host, port, world_size, timeout_s, rank_offset=rank_offset)
+
+    def finish_weight_sync(self, timeout_s: float) -> None:
+        self._take_pending().result(timeout=timeout_s)
+
+    def start_receive(self, metadatas: list) -> None:
+        """Pause generation and start receiving one sync's buckets."""
+        self.engine.pause()
+        self._pending = self.engine.receive_weights(metadatas)
+
+    def finish_receive(self, timeout_s: float) -> int:
+        """Wait for the load (prefix cache flushed, version bumped), resume; the new weight version."""
+        try:
+            self._take_pending().result(timeout=timeout_s)
+        finally:
+            self.engine.resume()
+        return self.engine.weight_version
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    def _take_pending(self) -> Future:
+        if self._pending is None:
+            raise RuntimeError("RolloutWorker: no weight-sync operation was started")
+        pending, self._pending = self._pending, None
+        return pending

@@ -1,0 +1,46 @@
+"""Worker settings reject bad values with messages that name them, and map onto megatron's fields."""
+
+import pytest
+
+from megarl.workers.megatron_train import OptimSettings, RecomputeSettings, check_divides
+
+
+def test_optim_settings_report_every_problem_at_once():
+    with pytest.raises(ValueError) as error:
+        OptimSettings(optimizer="sgd", use_distributed_optimizer=True, lr_decay_style="linear", lr_warmup_steps=3)
+    message = str(error.value)
+    assert "use_distributed_optimizer=True needs optimizer='adam'" in message
+    assert "lr_decay_style='linear' needs lr_decay_steps" in message
+    with pytest.raises(ValueError, match="lr_decay_steps=2 must exceed lr_warmup_steps=2"):
+        OptimSettings(lr_warmup_steps=2, lr_decay_steps=2, lr_decay_style="cosine")
+    with pytest.raises(ValueError, match="lr_decay_style='step'"):
+        OptimSettings(lr_decay_style="step")
+
+
+def test_recompute_settings_become_transformer_config_fields():
+    assert RecomputeSettings().transformer_config_fields() == {}
+    assert RecomputeSettings("full", "block", 2).transformer_config_fields() == dict(
+        recompute_granularity="full", recompute_method="block", recompute_num_layers=2
+    )
+    assert RecomputeSettings("selective", modules=["mlp"]).transformer_config_fields() == dict(
+        recompute_granularity="selective", recompute_modules=["mlp"]
+    )
+    with pytest.raises(ValueError, match="needs method 'uniform' or 'block'"):
+        RecomputeSettings("full")
+
+
+def test_check_divides_names_the_setting():
+    check_divides(8, 4, "micro_batch_size", "mini_batch_size")
+    with pytest.raises(ValueError, match=r"micro_batch_size=3 must divide the 8 mini_batch_size \(8 % 3 != 0\)"):
+        check_divides(8, 3, "micro_batch_size", "mini_batch_size")
+
+
+def test_policy_loss_settings_are_checked_before_training():
+    from megarl.workers.actor import PolicyLoss, PolicyLossSettings
+
+    with pytest.raises(ValueError, match="policy loss name='ppo' is not one of"):
+        PolicyLoss(PolicyLossSettings(name="ppo"))
+    with pytest.raises(ValueError, match="loss_scale_factor=512 only applies to"):
+        PolicyLoss(PolicyLossSettings(loss_scale_factor=512))
+    loss = PolicyLoss(PolicyLossSettings(kl_loss_coef=0.1, tis_cap=2.0))
+    assert loss.required_fields == ("old_log_probs", "advantages", "rollout_log_probs", "ref_log_probs")
