@@ -15,6 +15,7 @@ from megarl.orchestration.worker_group import WorkerGroup
 from megarl.rewards.scorer import RewardScorer
 from megarl.trainer.metrics import reduce_metrics
 from megarl.trainer.rollout_batch import Samples, flatten_rollouts
+from megarl.trainer.timing import PhaseTimer
 from megarl.workers.rollout.base import SamplingConfig
 
 
@@ -48,7 +49,8 @@ class RolloutPhase:
     """Produces one training step's samples and their sequence-level rewards."""
 
     def __init__(self, config: Config, engines: WorkerGroup, scorer: RewardScorer,
-                 decode: Callable[[list[int]], str], next_prompts: Callable[[], list[Prompt]]):
+                 decode: Callable[[list[int]], str], next_prompts: Callable[[], list[Prompt]], timer: PhaseTimer):
+        self.timer = timer
         self.config = config
         self.engines = engines
         self.scorer = scorer
@@ -74,8 +76,10 @@ class RolloutPhase:
         return Samples.concat(kept), torch.cat(kept_scores), metrics
 
     def _round(self, sampling: SamplingConfig, group_prefix: str) -> tuple[Samples, torch.Tensor, dict]:
-        samples = generate(self.engines, self.next_prompts(), sampling, group_prefix)
-        scores, metrics = score(samples, self.scorer, self.decode)
+        with self.timer("rollout"):
+            samples = generate(self.engines, self.next_prompts(), sampling, group_prefix)
+        with self.timer("reward"):
+            scores, metrics = score(samples, self.scorer, self.decode)
         overlong = self.config.algorithm.overlong
         if overlong.enable:
             lengths = torch.tensor([len(r) for r in samples.response_ids])

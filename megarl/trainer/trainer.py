@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import torch
 from transformers import AutoTokenizer
 
 from megarl.algorithms.advantages import compute_advantages
@@ -33,7 +32,13 @@ from megarl.trainer.sinks import MetricsLogger
 from megarl.trainer.timing import PhaseTimer
 
 # vLLM settings that must be in place before vLLM is imported in a worker process.
-WORKER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
+WORKER_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_LOGGING_LEVEL": "ERROR",
+    "TOKENIZERS_PARALLELISM": "false",
+    # torch.distributed / megatron deprecation notices from every rank would bury the step lines.
+    "PYTHONWARNINGS": "ignore::FutureWarning,ignore::UserWarning",
+}
 
 
 class BadStepsError(RuntimeError):
@@ -70,17 +75,19 @@ class Trainer:
     def fit(self) -> dict[str, float]:
         """Train to `total_steps`; returns the last step's metrics."""
         bundles, device = device_bundles(self.config, self.plan)
-        init_ray(num_cpus=max(os.cpu_count() or 1, int(bundles * device.cpus)), env_vars=WORKER_ENV)
-        self.roles = start_roles(self.config, self.plan, self.total_steps, WORKER_ENV)
         self.probe = probe_token_ids(len(self.tokenizer))
         self.layout = LayoutPair(self.config.actor.parallel.tensor_model_parallel_size,
                                  self.config.actor.parallel.pipeline_model_parallel_size,
                                  self.config.rollout.tensor_model_parallel_size)
+        init_ray(num_cpus=max(os.cpu_count() or 1, int(bundles * device.cpus)), env_vars=WORKER_ENV)
+        self.roles = None
         try:
+            self.roles = start_roles(self.config, self.plan, self.total_steps, WORKER_ENV)
             start = self._resume()
             with RewardScorer.from_config(self.config.reward) as scorer, \
                     MetricsLogger.from_config(self.config.trainer, self.total_steps, start or None) as logger:
-                phase = RolloutPhase(self.config, self.roles.rollout, scorer, self._decode, lambda: next(self.loader))
+                phase = RolloutPhase(self.config, self.roles.rollout, scorer, self._decode, lambda: next(self.loader),
+                                     self.timer)
                 metrics, bad_steps = {}, 0
                 for step in range(start + 1, self.total_steps + 1):
                     with self.timer("step"):
@@ -100,7 +107,8 @@ class Trainer:
                 self.roles.policy.call_all("export_hf", str(self.run_dir / "hf"))
             return metrics
         finally:
-            self.roles.shutdown()
+            if self.roles is not None:
+                self.roles.shutdown()
             shutdown_ray()
 
     @property
@@ -108,16 +116,15 @@ class Trainer:
         return Path(self.config.trainer.output_dir) / self.config.trainer.experiment_name
 
     def _train_step(self, step: int, phase: RolloutPhase) -> dict[str, float]:
-        config, policy, timer = self.config, self.roles.policy, self.timer
-        with timer("rollout"):
-            samples, scores, metrics = phase(sampling_config(config, self.stop_ids, seed=config.rollout.seed + step * 10_000), step)
+        config, timer = self.config, self.timer
+        samples, scores, metrics = phase(sampling_config(config, self.stop_ids, seed=config.rollout.seed + step * 10_000), step)
         batch = rb.policy_batch(samples, config.rollout.max_new_tokens)
         scores_t = rb.token_level_scores(scores, batch.response_mask)
         with timer("old_log_prob"):
-            batch.old_log_probs = self._gather(policy, "compute_log_prob", batch, index=0)
+            batch.old_log_probs = self.roles.gather("compute_log_prob", batch, index=0)
         if self.plan.ref is not None:
             with timer("ref"):
-                batch.ref_log_probs = self._gather(policy, "compute_ref_log_prob", batch)
+                batch.ref_log_probs = self.roles.gather("compute_ref_log_prob", batch)
         rewards = scores_t
         if config.algorithm.use_kl_in_reward:
             rewards, kl = apply_kl_penalty(scores_t, batch.old_log_probs, batch.ref_log_probs, batch.response_mask,
@@ -126,20 +133,19 @@ class Trainer:
             metrics |= {"actor/kl": kl.item(), "actor/kl_coef": self.kl_ctrl.value}
         if config.critic.enable:
             with timer("values"):
-                batch.values = self._gather(policy, "compute_values", batch)
+                batch.values = self.roles.gather("compute_values", batch)
         with timer("adv"):
             batch.advantages, batch.returns = compute_advantages(
                 config.algorithm.adv_estimator, rewards, batch.response_mask, index=samples.index, values=batch.values,
                 gamma=config.algorithm.gamma, lam=config.algorithm.lam,
                 norm_adv_by_std_in_grpo=config.algorithm.norm_adv_by_std_in_grpo,
             )
-        slices = [(part, step) for part in rb.split_by_dp(batch, self.roles.dp_size)]
         if config.critic.enable:
             with timer("update_critic"):
-                metrics |= worker_metrics("critic", self._per_dp(policy.call_each("update_critic", self._by_rank(slices)))[0])
+                metrics |= worker_metrics("critic", self.roles.update("update_critic", batch, step))
         if step > config.critic.warmup_steps:
             with timer("update_actor"):
-                metrics |= worker_metrics("actor", self._per_dp(policy.call_each("update_actor", self._by_rank(slices)))[0])
+                metrics |= worker_metrics("actor", self.roles.update("update_actor", batch, step))
         with timer("sync"):
             metrics |= self._sync()
         lengths = [len(r) for r in samples.response_ids]
@@ -191,19 +197,6 @@ class Trainer:
         self.kl_ctrl.value = extra["kl_coef"]
         self._sync()  # the engines start from the restored weights
         return extra["step"]
-
-    def _gather(self, group, method: str, batch: rb.PolicyBatch, index: int | None = None) -> torch.Tensor:
-        parts = group.call_each(method, self._by_rank([(part,) for part in rb.split_by_dp(batch, self.roles.dp_size)]))
-        if index is not None:
-            parts = [p[index] for p in parts]
-        return rb.gather_by_dp(parts, self.roles.grids)
-
-    def _by_rank(self, per_dp: list[tuple]) -> list[tuple]:
-        """Each rank gets its DP replica's arguments."""
-        return [per_dp[g["dp_rank"]] for g in self.roles.grids]
-
-    def _per_dp(self, per_rank: list) -> list:
-        return [r for g, r in zip(self.roles.grids, per_rank) if g["tp_rank"] == 0 and g["pp_rank"] == 0]
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from megarl.algorithms.kl import compute_kl_loss
-from megarl.algorithms.losses import LOSS_AGG_MODES, agg_loss, agg_loss_normalizer
+from megarl.algorithms.losses import LOSS_AGG_MODES, agg_loss
 from megarl.algorithms.policy_loss import POLICY_LOSSES, compute_policy_loss
 from megarl.models.layout import layer_offset
 from megarl.parallel.distributed import ProcessGroups

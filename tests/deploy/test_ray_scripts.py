@@ -1,6 +1,7 @@
-"""scripts/ray_head.sh, submit.sh and stop.sh end to end on this machine: a real Ray head on 2 CPUs,
+"""scripts/ray_head.sh, submit.sh and stop.sh end to end on this machine: a real Ray head (4 logical CPUs),
 real jobs whose exit codes come back through submit.sh, and no Ray process left after stop.sh."""
 
+import json
 import secrets
 import shutil
 import socket
@@ -12,10 +13,13 @@ import psutil
 import pytest
 from deploy_support import REPO, free_ports
 
-SUCCEEDING_JOB = ["megarl", "validate", "configs/quickstart.yaml", "--no-file-checks"]
-"""The job that must succeed: the megarl CLI on a recipe from the uploaded working directory. The
-trainer issue switches it to a shortened quickstart training (e.g. `megarl train
-configs/quickstart.yaml trainer.total_steps=2` after creating the tiny model and data)."""
+QUICKSTART_JOB = (
+    "megarl init-tiny-model --out outputs/tiny-model && "
+    "megarl make-data --task repeat_first_char --out outputs/quickstart-data && "
+    "megarl train configs/quickstart.yaml trainer.total_steps=2 checkpoint.save_freq=0 trainer.output_dir={out}"
+)
+"""The job that must succeed: a shortened quickstart training from the uploaded working directory
+(the model and data are made inside the job; only the metrics go to `{out}`, outside the upload)."""
 FAILING_JOB = ["python", "-c", "import os, sys; sys.exit(7 if os.path.isfile('megarl/versions.py')"
                                " and not os.path.exists('.git') and not os.path.exists('.venv') else 1)"]
 """Exits 7 only in a working directory uploaded without .git and .venv (submit.sh's excludes)."""
@@ -59,7 +63,8 @@ def ray_head(ray_env):
     """A Ray head started by scripts/ray_head.sh on free ports with its own temp dir; stopped at the end."""
     temp_dir = tempfile.mkdtemp(prefix="mrl", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
     gcs, dashboard, client, agent = free_ports(4)
-    started = _run(["bash", "scripts/ray_head.sh", "--num-cpus", "2", "--port", str(gcs),
+    # 4 logical CPUs: the quickstart's two colocated device bundles hold 2 each.
+    started = _run(["bash", "scripts/ray_head.sh", "--num-cpus", "4", "--port", str(gcs),
                     "--dashboard-port", str(dashboard), "--temp-dir", temp_dir, "--timeout", "120", "--",
                     "--ray-client-server-port", str(client), "--dashboard-agent-listen-port", str(agent)],
                    ray_env, timeout_s=180)
@@ -83,9 +88,12 @@ def test_head_listens_on_loopback_only_for_the_job_api(ray_head):
     assert listeners and {conn.laddr.ip for conn in listeners} == {"127.0.0.1"}
 
 
-def test_succeeding_job_exits_zero(ray_head, ray_env):
-    result = _submit(ray_head, SUCCEEDING_JOB, ray_env, "--wait-nodes", "1", "--wait-timeout", "60")
+def test_quickstart_training_job_succeeds(ray_head, ray_env, tmp_path):
+    job = ["bash", "-c", QUICKSTART_JOB.format(out=tmp_path)]
+    result = _submit(ray_head, job, ray_env, "--wait-nodes", "1", "--wait-timeout", "60")
     assert result.returncode == 0, result.stdout + result.stderr
+    metrics = (tmp_path / "quickstart" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in metrics] == [1, 2]
 
 
 def test_failing_job_exit_code_propagates(ray_head, ray_env):

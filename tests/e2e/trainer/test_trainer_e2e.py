@@ -1,0 +1,128 @@
+"""GRPO and PPO end to end on CPU: megatron-core actor (TP 2), vLLM rollout, the bridge, Ray."""
+
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from megarl import Trainer
+from megarl.rewards.functions import RewardFunctionError
+from megarl.trainer.checkpoint_manager import CheckpointManager
+from megarl.trainer.metrics import DOCUMENTED_METRICS
+
+from .conftest import QUICKSTART, REPO, overrides, read_metrics
+
+STEPS = 6
+# Metrics every GRPO step logs (critic/, val/, dapo/ and KL-in-reward ones only when configured).
+GRPO_METRICS = {
+    name for name in DOCUMENTED_METRICS
+    if not name.startswith(("critic/", "val/", "timing/", "actor/kl_coef"))
+    and name not in ("timing/values", "timing/ref")
+} | {"timing/rollout", "timing/reward", "timing/old_log_prob", "timing/adv", "timing/update_actor", "timing/sync", "timing/step"}
+
+
+@pytest.fixture(scope="module")
+def grpo_run(assets, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("grpo")
+    args = overrides(assets, run_dir, **{"trainer.total_steps": STEPS, "checkpoint.save_freq": 2})
+    trainer = Trainer.from_config(QUICKSTART, args)
+    trainer.fit()
+    return run_dir, args, read_metrics(trainer.run_dir / "metrics.jsonl"), trainer
+
+
+def test_grpo_trains_syncs_and_checkpoints(grpo_run, assets):
+    run_dir, _, metrics, trainer = grpo_run
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    missing = [sorted(GRPO_METRICS - set(m)) for m in metrics]
+    assert not any(missing), f"metrics missing from metrics.jsonl: {missing}"
+    # Every sync was verified under the threshold, and each step advanced the engines' weights.
+    threshold = trainer.config.rollout.sync.logprob_gap_threshold
+    assert all(m["sync/logprob_max_abs_diff"] <= threshold for m in metrics)
+    assert [m["sync/weight_version"] for m in metrics] == [m["step"] for m in metrics]
+    # The exported actor differs from the initial model: training changed the weights.
+    initial = load_file(assets / "model" / "model.safetensors")
+    final = load_file(trainer.run_dir / "hf" / "model.safetensors")
+    assert initial.keys() == final.keys()
+    assert any(not torch.equal(initial[k], final[k]) for k in initial)
+    # Checkpoints at steps 2, 4, 6; the quickstart's checkpoint.max_keep=2 keeps the newest two complete ones.
+    assert [c.step for c in CheckpointManager(run_dir / "checkpoints").complete()] == [4, 6]
+
+
+def test_resume_after_killed_driver_matches_uninterrupted_run(grpo_run, assets, tmp_path):
+    _, _, reference, _ = grpo_run
+    args = overrides(assets, tmp_path, **{"trainer.total_steps": STEPS, "checkpoint.save_freq": 2})
+    command = [sys.executable, "-m", "megarl.cli.main", "train", str(QUICKSTART), *args]
+    metrics_file = tmp_path / "quickstart" / "metrics.jsonl"
+    driver = subprocess.Popen(command)
+    tree = psutil.Process(driver.pid)
+    try:
+        _wait_for(lambda: metrics_file.exists() and len(read_metrics(metrics_file)) >= 3, driver)
+        family = [tree, *tree.children(recursive=True)]
+        driver.send_signal(signal.SIGKILL)
+    finally:
+        driver.wait()
+    for process in family:  # the killed driver's local Ray and workers
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=60)
+
+    subprocess.run(command, check=True)  # checkpoint.resume defaults to auto
+    resumed = read_metrics(metrics_file)
+    assert [m["step"] for m in resumed] == list(range(1, STEPS + 1))
+    for ours, theirs in zip(resumed[2:], reference[2:]):  # steps after the step-2 checkpoint
+        for key in ("reward/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/loss"):
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-6), (ours["step"], key)
+    # The new engines were loaded with the checkpoint's weights first, then once per step.
+    assert [m["sync/weight_version"] for m in resumed[2:]] == [2, 3, 4, 5]
+
+
+def test_ppo_trains_the_critic(assets, tmp_path):
+    args = overrides(assets, tmp_path, **{
+        "trainer.total_steps": 3, "algorithm.adv_estimator": "gae", "critic.enable": "true",
+        "critic.ppo_mini_batch_size": 16, "critic.micro_batch_size_per_gpu": 32, "checkpoint.save_freq": 3,
+        "algorithm.lam": 0.95,
+    })
+    trainer = Trainer.from_config(QUICKSTART, args)
+    trainer.fit()
+    metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    for m in metrics:
+        assert {"critic/vf_loss", "critic/grad_norm", "timing/values", "timing/update_critic"} <= set(m)
+        assert m["critic/optimizer_steps"] >= 1 and m["sync/weight_version"] == m["step"]
+    assert [c.step for c in CheckpointManager(tmp_path / "checkpoints").complete()] == [3]
+    roles = CheckpointManager(tmp_path / "checkpoints").latest().manifest.roles
+    assert set(roles) == {"actor", "critic"}
+
+
+def test_reward_faults_are_counted_and_wrong_length_stops(assets, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO))  # the reward functions are imported as tests.e2e.trainer.bad_rewards
+    flaky = overrides(assets, tmp_path / "flaky", **{
+        "trainer.total_steps": 2, "reward.function": "tests.e2e.trainer.bad_rewards:flaky", "reward.timeout_s": 0.2,
+    })
+    trainer = Trainer.from_config(QUICKSTART, flaky)
+    trainer.fit()
+    metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert sum(m["reward/errors"] for m in metrics) > 0 and sum(m["reward/timeouts"] for m in metrics) > 0
+
+    wrong = overrides(assets, tmp_path / "wrong", **{
+        "trainer.total_steps": 2, "reward.function": "tests.e2e.trainer.bad_rewards:wrong_length",
+    })
+    with pytest.raises(RewardFunctionError, match="wrong_length"):
+        Trainer.from_config(QUICKSTART, wrong).fit()
+
+
+def _wait_for(condition, process, timeout_s=300):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert process.poll() is None, "the training driver exited before the condition was met"
+        assert time.monotonic() < deadline, "timed out waiting for the training driver"
+        time.sleep(0.5)
