@@ -101,35 +101,37 @@ def trainer_main(model_dir: str, layout: LayoutPair, port: int, world_size: int,
         train_a_little(actor, dims.vocab_size, settings, round_index)
         logprobs = actor_probe_logprobs(actor, probe)
         stats = sender.send()
-        results.append(dict(actor_logprobs=logprobs, sync_metrics=stats.metrics(), suspects=sender.conversion_errors()))
+        suspects = sender.conversion_errors()
+        results.append(dict(actor_logprobs=logprobs.tolist(), sync_metrics=stats.metrics(), suspects=suspects))
     return results if sender_rank else None
 
 
 def colocated_main(model_dir: str, layout: LayoutPair, backend: str, bucket_mb: float, rounds: int,
-                   settings: TrainSettings) -> list[dict] | None:
-    """One training rank of `run_colocated_check`: rank 0 owns a TP-1 rollout engine in its own
-    process and syncs into it in-process; per round it returns what `trainer_main` does plus the
-    engine's probe log-probs after the sync."""
+                   settings: TrainSettings) -> list[dict]:
+    """One training rank of `run_colocated_check`: every rank owns a TP-1 rollout engine in its own
+    process (a colocated deployment; vLLM also needs every rank of an existing world to build its
+    groups) and syncs into it in-process. Per round each rank returns what `trainer_main` does plus
+    its engine's probe log-probs after the sync."""
     from megarl.workers.rollout import make_rollout_engine
 
     groups, actor, dims, plan = _trained_actor_and_plan(model_dir, layout, bucket_mb, settings)
-    engine = make_rollout_engine(backend, model_dir, dtype="float32") if dist.get_rank() == 0 else None
-    sender = WeightSender(plan, actor.named_parameters_for_sync, groups, InProcessTransport(engine) if engine else None)
+    engine = make_rollout_engine(backend, model_dir, dtype="float32")
+    sender = WeightSender(plan, actor.named_parameters_for_sync, groups, InProcessTransport(engine), every_rank=True)
     probe = probe_token_ids(dims.vocab_size)
     results = []
     try:
         for round_index in range(rounds):
             train_a_little(actor, dims.vocab_size, settings, round_index)
             logprobs = actor_probe_logprobs(actor, probe)
-            stats = sync_in_process(engine, sender) if engine else sender.send()
+            stats = sync_in_process(engine, sender)
             suspects = sender.conversion_errors()
-            if engine:
-                after = {1: torch.stack(engine.prompt_logprobs(probe))}
-                results.append(dict(actor_logprobs=logprobs, sync_metrics=stats.metrics(), suspects=suspects, after=after))
+            after = {1: torch.stack(engine.prompt_logprobs(probe)).tolist()}
+            results.append(
+                dict(actor_logprobs=logprobs.tolist(), sync_metrics=stats.metrics(), suspects=suspects, after=after)
+            )
     finally:
-        if engine:
-            engine.shutdown()
-    return results if engine else None
+        engine.shutdown()
+    return results
 
 
 def run_sync_check(
@@ -170,7 +172,7 @@ def run_sync_check(
             with ExitStack() as stack:
                 for engine in engines.values():
                     stack.enter_context(receiving(engine, plan, timeout_s))
-            engine_logprobs.append({tp: torch.stack(e.prompt_logprobs(probe)) for tp, e in engines.items()})
+            engine_logprobs.append({tp: torch.stack(e.prompt_logprobs(probe)).tolist() for tp, e in engines.items()})
         trainer_rounds = trainers.result(timeout=timeout_s)[0]
     for trained, after in zip(trainer_rounds, engine_logprobs):
         trained["after"] = after
@@ -188,26 +190,31 @@ def run_colocated_check(
     bucket_mb: float = 64,
     settings: TrainSettings = TrainSettings(),
     timeout_s: float = 300.0,
-) -> list[RoundResult]:
-    """Like `run_sync_check`, with the rollout engine (`backend` "vllm" or "hf", TP 1) colocated in
-    training rank 0's process and the in-process transport."""
-    trainer_rounds = run_distributed(
+) -> list[list[RoundResult]]:
+    """Like `run_sync_check`, with one TP-1 rollout engine (`backend` "vllm" or "hf") colocated in
+    each training rank's process and the in-process transport. Returns per rank (in rank order)
+    its rounds; every rank's engine is checked."""
+    per_rank = run_distributed(
         colocated_main, train_tp * train_pp, str(model_dir), LayoutPair(train_tp, train_pp, 1), backend,
         bucket_mb, rounds, settings, timeout_s=timeout_s,
-    )[0]
-    return _verified(trainer_rounds, train_tp, train_pp, threshold)
+    )
+    return [_verified(rank_rounds, train_tp, train_pp, threshold) for rank_rounds in per_rank]
 
 
 def _verified(trainer_rounds: list[dict], train_tp: int, train_pp: int, threshold: float) -> list[RoundResult]:
-    """`RoundResult`s of the rounds, each engine checked (`check_sync` raises over `threshold`)."""
+    """`RoundResult`s of the rounds, each engine checked (`check_sync` raises over `threshold`).
+    Log-probs arrive from the ranks as nested lists: tensors sent through multiprocessing queues
+    are shared by file descriptor, which dangles when the rank exits before the parent reads it."""
     results = []
     for trained in trainer_rounds:
+        actor = torch.tensor(trained["actor_logprobs"])
+        after = {tp: torch.tensor(logprobs) for tp, logprobs in trained["after"].items()}
         metrics = {
-            tp: check_sync(list(logprobs), trained["actor_logprobs"], threshold=threshold,
+            tp: check_sync(list(logprobs), actor, threshold=threshold,
                            layout=LayoutPair(train_tp, train_pp, tp), suspects=trained["suspects"])
-            for tp, logprobs in trained["after"].items()
+            for tp, logprobs in after.items()
         }
-        results.append(RoundResult(trained["actor_logprobs"], trained["after"], metrics, trained["sync_metrics"]))
+        results.append(RoundResult(actor, after, metrics, trained["sync_metrics"]))
     return results
 
 

@@ -129,25 +129,32 @@ def _to_sender(
 
 
 def collect_buckets(
-    plan: SyncPlan, local: dict[str, torch.Tensor], groups: ProcessGroups, meter: BufferMeter
+    plan: SyncPlan, local: dict[str, torch.Tensor], groups: ProcessGroups, meter: BufferMeter, *, every_rank: bool
 ) -> Iterator[tuple[torch.Tensor, BucketMetadata] | None]:
     """Run on every trainer rank, consuming it fully; yields `(flat [numel], metadata)` per bucket
-    on `SENDER_RANK`, None elsewhere. The consumer must drop each flat buffer before asking for the
-    next one (the meter counts it released at that point)."""
-    sender = dist.get_rank() == SENDER_RANK
+    on `SENDER_RANK`, None elsewhere; with `every_rank`, on every rank of the trainer world (each
+    rank colocated with its own engine: the sender broadcasts each bucket over the world). The
+    consumer must drop each flat buffer before asking for the next one (the meter counts it
+    released at that point)."""
+    receives = every_rank or dist.get_rank() == SENDER_RANK
     for bucket in plan.buckets:
         flat = None
         if groups.dp_rank == 0 and groups.pp_rank == bucket.pp_rank:
             flat = _assemble(bucket, local, plan, groups, meter)
         flat = _to_sender(flat, bucket, groups, meter)
-        yield (flat, bucket.metadata) if sender else None
+        if every_rank:
+            if flat is None:
+                flat = torch.empty(bucket.metadata.numel, dtype=bucket.metadata.dtype)
+                meter.hold(flat.nbytes)
+            dist.broadcast(flat, src=SENDER_RANK)
+        yield (flat, bucket.metadata) if receives else None
         if flat is not None:
             meter.release(flat.nbytes)
 
 
 def conversion_errors(plan: SyncPlan, local: dict[str, torch.Tensor], groups: ProcessGroups) -> list[str]:
     """Megatron names whose HF tensors do not turn back into the rank's shards (collective over
-    the trainer world; the list is complete on every TP rank 0 of DP replica 0, empty elsewhere).
+    the trainer world; every rank gets the whole list).
 
     The check inverts the conversion with the checkpoint loader's slicing (`tp_shard_from_hf`),
     so a wrong merge (e.g. gate/up joined naively) names its parameter."""
@@ -160,7 +167,9 @@ def conversion_errors(plan: SyncPlan, local: dict[str, torch.Tensor], groups: Pr
             shards = _gather_shards(param, local[param.megatron_name], groups, meter)
             if shards is not None and not round_trips(param, shards, plan):
                 errors.append(param.megatron_name)
-    return errors
+    per_rank: list[list[str]] = [[] for _ in range(dist.get_world_size())]
+    dist.all_gather_object(per_rank, errors)
+    return [name for param in plan.params for name in [param.megatron_name] if any(name in e for e in per_rank)]
 
 
 def round_trips(param: PlannedParam, shards: list[torch.Tensor], plan: SyncPlan) -> bool:

@@ -1,7 +1,7 @@
 """One weight sync, both halves.
 
 Trainer side, every rank of the trainer world (`WeightSender.send` is collective; only global
-rank 0 holds a transport):
+rank 0 holds a transport, or every rank with `every_rank=True` when each has a colocated engine):
 
     sender = WeightSender(plan, actor.named_parameters_for_sync, groups, transport)
     stats = sender.send()
@@ -44,9 +44,9 @@ class SyncStats:
     seconds: float
     """Wall time of the whole send (gather, convert, move, transport)."""
     bytes_sent: int
-    """Bytes handed to the transport (sender; 0 on other ranks)."""
+    """Bytes handed to this rank's transport (0 on ranks without one)."""
     buckets: int
-    """Buckets handed to the transport (sender; 0 on other ranks)."""
+    """Buckets handed to this rank's transport (0 on ranks without one)."""
     peak_buffer_bytes: int
     """Most bytes of bridge buffers (flat buckets, gathered shards) alive at once on this rank."""
 
@@ -68,12 +68,17 @@ class WeightSender:
         named_parameters: NamedParameters,
         groups: ProcessGroups,
         transport: WeightTransport | None,
+        *,
+        every_rank: bool = False,
     ):
-        """`transport`: on global rank 0 (the sender) the way to the engine; None on other ranks."""
+        """`transport`: on global rank 0 (the sender) the way to the engine; None on other ranks.
+        `every_rank`: every rank of the trainer world has a transport (colocated engines, one per
+        rank, each loading the whole model in-process) and receives every bucket."""
         self.plan = plan
         self.named_parameters = named_parameters
         self.groups = groups
         self.transport = transport
+        self.every_rank = every_rank
 
     def _local(self) -> dict[str, torch.Tensor]:
         return local_params_by_plan_name(self.plan, self.named_parameters())
@@ -92,7 +97,7 @@ class WeightSender:
                 del flat  # the meter counts it released when the next bucket is asked for
 
         with torch.no_grad():
-            buckets = collect_buckets(self.plan, self._local(), self.groups, meter)
+            buckets = collect_buckets(self.plan, self._local(), self.groups, meter, every_rank=self.every_rank)
             if self.transport is not None:
                 self.transport.send(on_sender(buckets))
             for leftover in buckets:  # other ranks (and a transport that stopped early) drive the loop
@@ -104,7 +109,7 @@ class WeightSender:
 
     def conversion_errors(self) -> list[str]:
         """Collective: Megatron names whose conversion does not invert exactly (to localise a
-        failed `verify.check_sync`); complete on global rank 0."""
+        failed `verify.check_sync`), in plan order, on every rank."""
         return conversion_errors(self.plan, self._local(), self.groups)
 
 
@@ -123,8 +128,8 @@ def receiving(engine: RolloutEngine, plan: SyncPlan, timeout_s: float = 600.0) -
 
 
 def sync_in_process(engine: RolloutEngine, sender: WeightSender) -> SyncStats:
-    """A whole sync into an engine in this process (its transport is `InProcessTransport(engine)`
-    on the sender; other trainer ranks call `sender.send()` alongside)."""
+    """A whole sync into an engine in this process, whose transport is `InProcessTransport(engine)`;
+    trainer ranks without an engine call `sender.send()` alongside."""
     engine.pause()
     try:
         return sender.send()

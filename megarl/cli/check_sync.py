@@ -2,8 +2,8 @@
 
 Spawns the training ranks (Megatron actor of --train-tp × --train-pp loaded from the HF checkpoint),
 trains them a few optimizer steps per round so the sync really changes the weights, syncs into a
-vLLM engine of --rollout-tp over the broadcast transport, and compares the engine's prompt
-log-probs with the actor's. Exit 0 when every round is within --threshold, 1 otherwise.
+vLLM engine of --rollout-tp (over --transport), and compares the engine's prompt
+log-probs with the actor's (both fp32). Exit 0 when every round is within --threshold, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 THRESHOLD = 1e-4
+TRANSPORTS = ("broadcast", "in-process")
 
 
 def register(subparsers) -> None:
@@ -30,7 +31,11 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--bucket-mb", type=float, default=64, help="bucket size in MiB (default: 64)")
     parser.add_argument("--rounds", type=int, default=2, help="train-then-sync rounds (default: 2)")
-    parser.add_argument("--dtype", default="float32", help="vLLM dtype (default: float32, for an exact comparison)")
+    parser.add_argument(
+        "--transport", choices=TRANSPORTS, default="broadcast",
+        help="broadcast: an engine in this process, gloo/NCCL group to its workers; in-process: a TP-1 engine "
+        "inside each training rank's process (colocated) (default: broadcast)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -47,6 +52,11 @@ def _problems(args: argparse.Namespace) -> list[str]:
         problems.append(f"--threshold {args.threshold}: must be > 0 (e.g. 1e-4 for fp32)")
     if not args.bucket_mb > 0:
         problems.append(f"--bucket-mb {args.bucket_mb}: must be > 0 (e.g. 64)")
+    if args.transport == "in-process" and args.rollout_tp != 1:
+        problems.append(
+            f"--rollout-tp {args.rollout_tp} with --transport in-process: a colocated engine runs in one trainer "
+            "process (TP 1); use --transport broadcast for rollout TP > 1"
+        )
     try:
         dims = read_model_dims(args.model)
     except (FileNotFoundError, ValueError) as error:
@@ -65,21 +75,13 @@ def run(args: argparse.Namespace) -> int:
         for problem in problems:
             print(f"megarl check-sync: error: {problem}", file=sys.stderr)
         return 2
-    from megarl.bridge.check import run_sync_check
     from megarl.bridge.verify import SyncVerificationError
-    from megarl.workers.rollout import make_rollout_engine
 
-    engine = make_rollout_engine("vllm", args.model, tensor_parallel_size=args.rollout_tp, dtype=args.dtype)
     try:
-        rounds = run_sync_check(
-            args.model, train_tp=args.train_tp, train_pp=args.train_pp, engines={args.rollout_tp: engine},
-            threshold=args.threshold, rounds=args.rounds, bucket_mb=args.bucket_mb,
-        )
+        rounds = _run_check(args)
     except SyncVerificationError as error:
         print(f"megarl check-sync: FAILED: {error}", file=sys.stderr)
         return 1
-    finally:
-        engine.shutdown()
     for i, result in enumerate(rounds, 1):
         gap = result.metrics[args.rollout_tp]
         sync = result.sync_metrics
@@ -91,3 +93,19 @@ def run(args: argparse.Namespace) -> int:
         )
     print("OK")
     return 0
+
+
+def _run_check(args: argparse.Namespace):
+    """The rounds of the check (of training rank 0's engine for --transport in-process)."""
+    from megarl.bridge.check import run_colocated_check, run_sync_check
+    from megarl.workers.rollout import make_rollout_engine
+
+    common = dict(train_tp=args.train_tp, train_pp=args.train_pp, threshold=args.threshold, rounds=args.rounds,
+                  bucket_mb=args.bucket_mb)
+    if args.transport == "in-process":
+        return run_colocated_check(args.model, backend="vllm", **common)[0]
+    engine = make_rollout_engine("vllm", args.model, tensor_parallel_size=args.rollout_tp, dtype="float32")
+    try:
+        return run_sync_check(args.model, engines={args.rollout_tp: engine}, **common)
+    finally:
+        engine.shutdown()

@@ -13,6 +13,7 @@ traceback; a rank that does not finish within `timeout_s` is killed and reported
 
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import socket
 import time
@@ -44,7 +45,9 @@ def _rank_main(fn, args, rank, world_size, port, collective_timeout_s, results):
 
     try:
         init_distributed(timeout_s=collective_timeout_s)
-        results.put((rank, True, fn(*args)))
+        # Pickled to bytes here: the queue would share tensor storage by file descriptor, which
+        # vanishes when this process exits before the parent reads it.
+        results.put((rank, True, pickle.dumps(fn(*args))))
     except BaseException:  # noqa: BLE001 - reported to the parent with the traceback
         results.put((rank, False, traceback.format_exc()))
     finally:
@@ -94,7 +97,7 @@ def run_distributed(
                 continue
             if not ok:
                 raise DistributedFailure(f"rank {rank} of {world_size} failed:\n{value}")
-            outputs[rank] = value
+            outputs[rank] = pickle.loads(value)
     finally:
         if len(outputs) < world_size:
             for p in procs:  # peers of a failed rank may be blocked in a collective

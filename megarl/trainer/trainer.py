@@ -61,6 +61,7 @@ class Trainer:
         self.kl_ctrl = (AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon) if kl.type == "adaptive"
                         else FixedKLController(kl.kl_coef))
         self.stop_ids = (self.tokenizer.eos_token_id,)
+        self.engines_sleep = config.placement.mode == "colocated" and config.rollout.free_cache_engine
         self.timer = PhaseTimer()
 
     @classmethod
@@ -118,6 +119,8 @@ class Trainer:
     def _train_step(self, step: int, phase: RolloutPhase) -> dict[str, float]:
         config, timer = self.config, self.timer
         samples, scores, metrics = phase(sampling_config(config, self.stop_ids, seed=config.rollout.seed + step * 10_000), step)
+        if self.engines_sleep:  # free the engines' KV cache and weights for training on the same devices
+            self.roles.rollout.call_all("sleep")
         batch = rb.policy_batch(samples, config.rollout.max_new_tokens)
         scores_t = rb.token_level_scores(scores, batch.response_mask)
         with timer("old_log_prob"):
@@ -157,6 +160,8 @@ class Trainer:
     def _sync(self) -> dict[str, float]:
         """Weights → every engine, then the engines' probe log-probs must match the actor's."""
         rollout, policy = self.roles.rollout, self.roles.policy
+        if self.engines_sleep:
+            rollout.call_all("wake_up")
         rollout.call_all("start_receive", policy.call_rank0("sync_metadatas"))
         stats = reduce_metrics(policy.call_all("send_weights"))
         versions = rollout.call_all("finish_receive", 300.0)

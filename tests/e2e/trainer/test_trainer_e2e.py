@@ -20,8 +20,7 @@ STEPS = 6
 # Metrics every GRPO step logs (critic/, val/, dapo/ and KL-in-reward ones only when configured).
 GRPO_METRICS = {
     name for name in DOCUMENTED_METRICS
-    if not name.startswith(("critic/", "val/", "timing/", "actor/kl_coef"))
-    and name not in ("timing/values", "timing/ref")
+    if not name.startswith(("critic/", "val/", "timing/", "dapo/", "actor/kl_coef"))
 } | {"timing/rollout", "timing/reward", "timing/old_log_prob", "timing/adv", "timing/update_actor", "timing/sync", "timing/step"}
 
 
@@ -82,11 +81,12 @@ def test_resume_after_killed_driver_matches_uninterrupted_run(grpo_run, assets, 
     assert [m["sync/weight_version"] for m in resumed[2:]] == [2, 3, 4, 5]
 
 
-def test_ppo_trains_the_critic(assets, tmp_path):
+def test_ppo_trains_the_critic_with_split_placement(assets, tmp_path):
+    # Split placement: 3 device slots, the actor/critic (TP 2) on two, the rollout engine on its own.
     args = overrides(assets, tmp_path, **{
         "trainer.total_steps": 3, "algorithm.adv_estimator": "gae", "critic.enable": "true",
         "critic.ppo_mini_batch_size": 16, "critic.micro_batch_size_per_gpu": 32, "checkpoint.save_freq": 3,
-        "algorithm.lam": 0.95,
+        "algorithm.lam": 0.95, "placement.mode": "split", "placement.gpus_per_node": 3, "placement.rollout_gpus": 1,
     })
     trainer = Trainer.from_config(QUICKSTART, args)
     trainer.fit()
@@ -98,6 +98,22 @@ def test_ppo_trains_the_critic(assets, tmp_path):
     assert [c.step for c in CheckpointManager(tmp_path / "checkpoints").complete()] == [3]
     roles = CheckpointManager(tmp_path / "checkpoints").latest().manifest.roles
     assert set(roles) == {"actor", "critic"}
+
+
+def test_dapo_dynamic_sampling_fills_the_batch(assets, tmp_path):
+    args = overrides(assets, tmp_path, **{
+        "trainer.total_steps": 2, "algorithm.dynamic_sampling.enable": "true", "algorithm.dynamic_sampling.max_rounds": 20,
+        "algorithm.overlong.enable": "true", "algorithm.overlong.buffer_length": 1, "algorithm.overlong.penalty_factor": 0.1,
+        "actor.clip_ratio_high": 0.28, "actor.loss_agg_mode": "token-mean",
+    })
+    trainer = Trainer.from_config(QUICKSTART, args)
+    trainer.fit()
+    metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        # Groups with all-equal rewards were dropped and more prompts rolled out until 16 groups had signal.
+        assert m["dapo/rounds"] >= 1 and 0 < m["dapo/groups_kept_ratio"] <= 1
+        assert m["reward/std"] > 0 and m["actor/grad_norm"] > 0
 
 
 def test_reward_faults_are_counted_and_wrong_length_stops(assets, tmp_path, monkeypatch):

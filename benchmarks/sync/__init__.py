@@ -1,0 +1,1 @@
+"""Weight-sync benchmark: `python -m benchmarks.sync --help`."""
