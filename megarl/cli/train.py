@@ -17,6 +17,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from megarl.config import ConfigError
     from megarl.data import DataError
+    from megarl.rewards.functions import RewardFunctionError
     from megarl.trainer.trainer import Trainer
 
     try:
@@ -28,7 +29,11 @@ def run(args: argparse.Namespace) -> int:
     except DataError as error:
         print(f"megarl train: {error}", file=sys.stderr)
         return 2
-    metrics = trainer.fit()
+    try:
+        metrics = trainer.fit()
+    except RewardFunctionError as error:
+        print(f"megarl train: {error}", file=sys.stderr)
+        return 2
     print(f"megarl train: done after step {trainer.total_steps}; run dir {trainer.run_dir} "
           f"(metrics.jsonl, curves.png); last reward/mean {metrics.get('reward/mean', float('nan')):.3f}")
     return 0

@@ -133,8 +133,8 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
 def connect_weight_sync(roles: Roles, rollout_tp: int) -> None:
     """Trainer rank 0 hosts a process group that every engine's workers join (engine k at ranks
     1 + k·TP ...); the engines start joining first, then the trainer side completes it."""
-    host, port = roles.policy.call_rank0("sync_address")
     world = 1 + roles.rollout.world_size * rollout_tp
+    host, port = roles.policy.call_rank0("listen_weight_sync", world, SYNC_TIMEOUT_S)
     roles.rollout.call_each(
         "start_weight_sync",
         [(host, port, world, 1 + k * rollout_tp, SYNC_TIMEOUT_S) for k in range(roles.rollout.world_size)],

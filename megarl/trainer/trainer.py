@@ -75,42 +75,45 @@ class Trainer:
 
     def fit(self) -> dict[str, float]:
         """Train to `total_steps`; returns the last step's metrics."""
-        bundles, device = device_bundles(self.config, self.plan)
+        with RewardScorer.from_config(self.config.reward) as scorer:
+            scorer.wait_ready()  # a reward module that fails to import stops the run here, before Ray starts
+            bundles, device = device_bundles(self.config, self.plan)
+            init_ray(num_cpus=max(os.cpu_count() or 1, int(bundles * device.cpus)), env_vars=WORKER_ENV)
+            self.roles = None
+            try:
+                self.roles = start_roles(self.config, self.plan, self.total_steps, WORKER_ENV)
+                return self._train(scorer)
+            finally:
+                if self.roles is not None:
+                    self.roles.shutdown()
+                shutdown_ray()
+
+    def _train(self, scorer: RewardScorer) -> dict[str, float]:
         self.probe = probe_token_ids(len(self.tokenizer))
         self.layout = LayoutPair(self.config.actor.parallel.tensor_model_parallel_size,
                                  self.config.actor.parallel.pipeline_model_parallel_size,
                                  self.config.rollout.tensor_model_parallel_size)
-        init_ray(num_cpus=max(os.cpu_count() or 1, int(bundles * device.cpus)), env_vars=WORKER_ENV)
-        self.roles = None
-        try:
-            self.roles = start_roles(self.config, self.plan, self.total_steps, WORKER_ENV)
-            start = self._resume()
-            with RewardScorer.from_config(self.config.reward) as scorer, \
-                    MetricsLogger.from_config(self.config.trainer, self.total_steps, start or None) as logger:
-                phase = RolloutPhase(self.config, self.roles.rollout, scorer, self._decode, lambda: next(self.loader),
-                                     self.timer)
-                metrics, bad_steps = {}, 0
-                for step in range(start + 1, self.total_steps + 1):
-                    with self.timer("step"):
-                        metrics = self._train_step(step, phase)
-                        bad_steps = bad_steps + 1 if metrics.get("actor/skipped_steps") else 0
-                        self._maybe_validate(step, scorer, metrics)
-                        self._maybe_save(step)
-                    metrics |= self.timer.pop()
-                    metrics |= throughput_metrics(metrics.pop("_tokens"), metrics["timing/step"])
-                    logger.log(step, metrics)
-                    if bad_steps >= self.config.trainer.max_bad_steps:
-                        raise BadStepsError(
-                            f"{bad_steps} consecutive steps had a non-finite loss or gradient (trainer.max_bad_steps="
-                            f"{self.config.trainer.max_bad_steps}); lower the learning rate or check the data"
-                        )
-            if self.config.checkpoint.export_hf:
-                self.roles.policy.call_all("export_hf", str(self.run_dir / "hf"))
-            return metrics
-        finally:
-            if self.roles is not None:
-                self.roles.shutdown()
-            shutdown_ray()
+        start = self._resume()
+        phase = RolloutPhase(self.config, self.roles.rollout, scorer, self._decode, lambda: next(self.loader), self.timer)
+        metrics, bad_steps = {}, 0
+        with MetricsLogger.from_config(self.config.trainer, self.total_steps, start or None) as logger:
+            for step in range(start + 1, self.total_steps + 1):
+                with self.timer("step"):
+                    metrics = self._train_step(step, phase)
+                    bad_steps = bad_steps + 1 if metrics.get("actor/skipped_steps") else 0
+                    self._maybe_validate(step, scorer, metrics)
+                    self._maybe_save(step)
+                metrics |= self.timer.pop()
+                metrics |= throughput_metrics(metrics.pop("_tokens"), metrics["timing/step"])
+                logger.log(step, metrics)
+                if bad_steps >= self.config.trainer.max_bad_steps:
+                    raise BadStepsError(
+                        f"{bad_steps} consecutive steps had a non-finite loss or gradient (trainer.max_bad_steps="
+                        f"{self.config.trainer.max_bad_steps}); lower the learning rate or check the data"
+                    )
+        if self.config.checkpoint.export_hf:
+            self.roles.policy.call_all("export_hf", str(self.run_dir / "hf"))
+        return metrics
 
     @property
     def run_dir(self) -> Path:

@@ -25,12 +25,12 @@ from megarl.bridge.verify import actor_probe_logprobs
 from megarl.models.checkpoint import export_hf_weights
 from megarl.models.hf_config import read_model_dims
 from megarl.parallel.distributed import initialize_model_parallel
-from megarl.parallel.spawn import free_port
 from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.critic import MegatronCritic, ValueLossSettings
 from megarl.workers.megatron_train import OptimSettings, RecomputeSettings
 from megarl.workers.reference import MegatronReference
+from megarl.workers.rollout.sync_group import listen_weight_sync_store
 from megarl.trainer.checkpoint import load_checkpoint, save_checkpoint
 
 
@@ -120,15 +120,19 @@ class PolicyWorker:
             ppo_epochs=c.ppo_epochs, shuffle_seed=shuffle_seed,
         )
 
-    def sync_address(self) -> tuple[str, int]:
-        """Where the weight-sync group's store will listen (called on global rank 0)."""
+    def listen_weight_sync(self, world_size: int, timeout_s: float) -> tuple[str, int]:
+        """Global rank 0: open the weight-sync group's store; where the engines should connect."""
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        return host, free_port(host)
+        self._sync_store = listen_weight_sync_store(host, world_size, timeout_s)
+        return host, self._sync_store.port
 
     def connect_weight_sync(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
-        """Collective over the trainer ranks; rank 0 hosts the sync group and waits for the engines
-        (whose `RolloutWorker.start_weight_sync` must be running)."""
-        transport = BroadcastTransport.connect(host, port, world_size, timeout_s) if dist.get_rank() == 0 else None
+        """Collective over the trainer ranks; rank 0 forms the sync group on its store and waits for
+        the engines (whose `RolloutWorker.start_weight_sync` must be running)."""
+        transport = (
+            BroadcastTransport.connect(host, port, world_size, timeout_s, store=self._sync_store)
+            if dist.get_rank() == 0 else None
+        )
         self.sender = WeightSender(self.plan, self.actor.named_parameters_for_sync, self.groups, transport)
 
     def sync_metadatas(self) -> list:

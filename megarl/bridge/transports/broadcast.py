@@ -18,10 +18,12 @@ class BroadcastTransport(WeightTransport):
         self.group = group
 
     @classmethod
-    def connect(cls, host: str, port: int, world_size: int, timeout_s: float) -> BroadcastTransport:
-        """Host the group's store at host:port as rank 0 and wait for the `world_size - 1` workers
-        (their engines' `init_weight_sync` must run concurrently)."""
-        return cls(create_weight_sync_group(host, port, 0, world_size, timeout_s))
+    def connect(
+        cls, host: str, port: int, world_size: int, timeout_s: float, store: dist.Store | None = None
+    ) -> BroadcastTransport:
+        """Host the group's store at host:port as rank 0 (or use `store`, already listening there) and
+        wait for the `world_size - 1` workers (their engines' `init_weight_sync` must run concurrently)."""
+        return cls(create_weight_sync_group(host, port, 0, world_size, timeout_s, store=store))
 
     def send(self, buckets: Buckets) -> None:
         for flat, _ in buckets:

@@ -28,13 +28,23 @@ import torch.distributed as dist
 from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, unpack
 
 
+def listen_weight_sync_store(host: str, world_size: int, timeout_s: float) -> dist.TCPStore:
+    """Rank 0's store on a port the OS picks (no window in which another process can take a port
+    chosen in advance); hand `store.port` to the other ranks, then pass the store to
+    `create_weight_sync_group`."""
+    return dist.TCPStore(host, 0, world_size, is_master=True, timeout=timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
 def create_weight_sync_group(
-    host: str, port: int, rank: int, world_size: int, timeout_s: float
+    host: str, port: int, rank: int, world_size: int, timeout_s: float, store: dist.Store | None = None
 ) -> dist.ProcessGroup:
-    """Join (rank 0: host) the store at host:port and form a `world_size`-rank group; NCCL when
-    CUDA is available, gloo otherwise. Collectives time out after `timeout_s`."""
+    """Join (rank 0: host, or bring `store` from `listen_weight_sync_store`) the store at host:port
+    and form a `world_size`-rank group; NCCL when CUDA is available, gloo otherwise. Collectives time
+    out after `timeout_s`."""
     timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+    if store is None:
+        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
     if torch.cuda.is_available():
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
