@@ -123,7 +123,9 @@ class RewardConfig:
     timeout_s: float = 10.0
     """Time limit for scoring one response, in seconds. > 0."""
     reward_model: str | None = None
-    """Optional HF checkpoint directory of a reward model, scored in addition to `function`."""
+    """Optional HF `*ForSequenceClassification` checkpoint (num_labels 1) of a reward model; its score at
+    each sample's last token is added to `function`'s (after DAPO's dynamic-sampling filter, which
+    sees the function's scores). It runs in the trainer's processes with the actor's layout."""
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,20 @@ and a 100-token vocabulary: deliberately not a multiple of 128, so Megatron's vo
 from __future__ import annotations
 
 import json
+import tempfile
 import string
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
-from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+)
 from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -129,3 +137,21 @@ def describe(model_dir: str | Path) -> str:
         f"heads {cfg['num_attention_heads']} (kv {cfg['num_key_value_heads']}), vocab {cfg['vocab_size']}, "
         f"tied embeddings {cfg['tie_word_embeddings']}"
     )
+
+
+def make_tiny_reward_model(out_dir, arch="qwen2", *, seed=0, num_labels=1, **overrides) -> Path:
+    """Write an HF `*ForSequenceClassification` checkpoint (`num_labels` labels, `pad_token_id` set,
+    the tiny char tokenizer) to `out_dir`: the backbone of `make_tiny_model(arch, seed=seed, **overrides)`
+    plus a `score` head drawn from N(0, initializer_range) with `seed`."""
+    out_dir = Path(out_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        lm_dir = make_tiny_model(Path(tmp) / "lm", arch, seed=seed, **overrides)
+        config = AutoConfig.from_pretrained(lm_dir, num_labels=num_labels)
+        model = AutoModelForSequenceClassification.from_pretrained(lm_dir, config=config, dtype=torch.float32)
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            head = torch.randn(model.score.weight.shape, generator=generator) * config.initializer_range
+            model.score.weight.copy_(head)
+        model.save_pretrained(out_dir)
+        AutoTokenizer.from_pretrained(lm_dir).save_pretrained(out_dir)
+    return out_dir

@@ -1,4 +1,4 @@
-"""Connect to Ray: join the cluster named by RAY_ADDRESS, else start a local one bound to 127.0.0.1."""
+"""Connect to Ray: join the cluster named by RAY_ADDRESS, else start a local one without the dashboard."""
 
 import os
 
@@ -9,8 +9,10 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, env_vars:
     """Start or join Ray once per driver.
 
     `env_vars` reach every worker process (runtime env), e.g. the vLLM settings that must be set
-    before vLLM is imported. A local instance binds to 127.0.0.1 and starts no dashboard, so nothing
-    listens beyond this machine unless a cluster was started that way on purpose.
+    before vLLM is imported. A local instance starts no dashboard web server. It still listens beyond
+    loopback: Ray 2.60 replaces a loopback node address by the machine's routable IP and its gRPC
+    servers (GCS, raylet, workers, agents) listen on the node IP or all interfaces, so a job on a
+    shared network needs a host firewall (tests/e2e/reliability/test_security.py lists the sockets).
     """
     if ray.is_initialized():
         return
@@ -22,7 +24,6 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, env_vars:
         num_cpus=num_cpus,
         num_gpus=num_gpus,
         include_dashboard=False,
-        _node_ip_address="127.0.0.1",
         runtime_env=runtime_env,
         log_to_driver=True,
     )

@@ -24,15 +24,22 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from megarl.orchestration.placement import BundleSpec
 
 DEFAULT_CALL_TIMEOUT_S = 1800.0
+START_ATTEMPTS = 3
+"""Tries to start a group whose rendezvous port was taken by another process in the meantime."""
+DEATH_GRACE_S = 5.0
+"""How long a rank's error waits for news that a peer's process died (the likelier root cause)."""
 
 
 class WorkerFailure(RuntimeError):
     """A rank of a worker group raised, died, or did not answer in time."""
 
-    def __init__(self, role: str, rank: int, detail: str):
-        super().__init__(f"{role} rank {rank} failed:\n{detail}")
+    def __init__(self, role: str, rank: int, detail: str, pid: int | None = None):
+        where = "" if pid is None else f"(process {pid}) "
+        super().__init__(f"{role} rank {rank} failed:\n{where}{detail}")
         self.role = role
         self.rank = rank
+        self.pid = pid
+        """The rank's process id, once the group has started (None during start-up)."""
 
 
 class RankProcess:
@@ -89,8 +96,27 @@ class WorkerGroup:
         self.role = role
         self.world_size = world_size
         self.call_timeout_s = call_timeout_s
+        self.pids: list[int] = []
+        """Process id of each rank, once started."""
+        per_rank = init_kwargs if isinstance(init_kwargs, list) else [dict(init_kwargs or {})] * world_size
+        for attempt in range(1, START_ATTEMPTS + 1):
+            self.actors = self._create_actors(placement, bundle, first_bundle, dict(env or {}))
+            try:
+                host, port = self._wait([self.actors[0].rendezvous_address.remote()], timeout_s=call_timeout_s)[0]
+                self.pids = self._wait(
+                    [a.start.remote(host, port, target, per_rank[r], collective_timeout_s) for r, a in enumerate(self.actors)],
+                    timeout_s=call_timeout_s,
+                )
+                return
+            except WorkerFailure as failure:
+                # Rank 0 found the port free, but another process took it before the store bound it
+                # (outgoing connections on the machine draw from the same port range): start afresh.
+                if "EADDRINUSE" not in str(failure) or attempt == START_ATTEMPTS:
+                    raise
+
+    def _create_actors(self, placement, bundle: BundleSpec, first_bundle: int, env: dict[str, str]) -> list:
         remote_cls = ray.remote(RankProcess)
-        self.actors = [
+        return [
             remote_cls.options(
                 num_cpus=bundle.cpus,
                 num_gpus=bundle.gpus,
@@ -98,15 +124,9 @@ class WorkerGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=placement, placement_group_bundle_index=first_bundle + rank
                 ),
-            ).remote(role, rank, world_size, dict(env or {}))
-            for rank in range(world_size)
+            ).remote(self.role, rank, self.world_size, env)
+            for rank in range(self.world_size)
         ]
-        host, port = self._wait([self.actors[0].rendezvous_address.remote()], timeout_s=call_timeout_s)[0]
-        per_rank = init_kwargs if isinstance(init_kwargs, list) else [dict(init_kwargs or {})] * world_size
-        self.pids = self._wait(
-            [a.start.remote(host, port, target, per_rank[r], collective_timeout_s) for r, a in enumerate(self.actors)],
-            timeout_s=call_timeout_s,
-        )
 
     def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call `method` with the same arguments on every rank; results in rank order."""
@@ -136,11 +156,33 @@ class WorkerGroup:
             if not done:
                 missing = sorted(rank_of[r] for r in pending)
                 self.kill()
-                raise WorkerFailure(self.role, missing[0], f"ranks {missing} did not answer within the call timeout")
+                raise WorkerFailure(self.role, missing[0], f"ranks {missing} did not answer within the call timeout",
+                                    self._pid(missing[0]))
             ref = done[0]
             try:
                 results[ref] = ray.get(ref, timeout=0)
             except (RayTaskError, RayActorError, GetTimeoutError) as error:
+                rank, error = self._root_cause(rank_of, rank_of[ref], error, pending)
                 self.kill()
-                raise WorkerFailure(self.role, rank_of[ref], str(error)) from None
+                raise WorkerFailure(self.role, rank, str(error), self._pid(rank)) from None
         return [results[ref] for ref in refs]
+
+    @staticmethod
+    def _root_cause(rank_of: dict, rank: int, error: Exception, pending: list) -> tuple[int, Exception]:
+        """The rank to blame. A rank whose process died makes its peers fail in their next collective,
+        and their errors can reach the driver first: a raised error defers, for a moment, to a pending
+        rank whose process died."""
+        if isinstance(error, RayActorError) or not pending:
+            return rank, error
+        done, _ = ray.wait(pending, num_returns=len(pending), timeout=DEATH_GRACE_S)
+        for ref in done:
+            try:
+                ray.get(ref, timeout=0)
+            except RayActorError as death:
+                return rank_of[ref], death
+            except (RayTaskError, GetTimeoutError):
+                continue
+        return rank, error
+
+    def _pid(self, rank: int) -> int | None:
+        return self.pids[rank] if self.pids else None

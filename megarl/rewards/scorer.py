@@ -87,11 +87,13 @@ class _Worker:
             raise RewardFunctionError(f"reward.function {spec!r}: the reward worker did not start within "
                                       f"{timeout_s:.0f} s (importing the module hangs?)")
         try:
-            self.connection.recv()
+            _, failure = self.connection.recv()
         except EOFError:
             raise RewardFunctionError(f"reward.function {spec!r}: the reward worker exited during start-up with "
                                       f"code {self.process.wait()} (see its output above)") from None
         self.ready = True
+        if failure is not None:
+            raise RewardFunctionError(failure)
 
     def kill(self) -> None:
         # Only while the worker is unreaped: after that its pid (and group id) could name another process.
@@ -132,6 +134,12 @@ class RewardScorer:
     @classmethod
     def from_config(cls, reward: RewardConfig) -> RewardScorer:
         return cls(reward.function, timeout_s=reward.timeout_s)
+
+    def wait_ready(self) -> None:
+        """Block until every worker imported the function: a function that does not resolve (its module
+        fails to import, the name is missing) raises RewardFunctionError here, before any scoring."""
+        for worker in self.workers:
+            worker.wait_ready(self.spec, self.startup_timeout_s)
 
     def worker_pids(self) -> list[int]:
         return [worker.process.pid for worker in self.workers]

@@ -3,7 +3,7 @@
 It imports the reward function once, says so, then serves calls over the connection on file
 descriptor `fd` until the connection closes or a `None` request arrives. Every reply is a pair:
 
-    ("ready", None)             after start-up
+    ("ready", None | message)   after start-up: the message says why the function does not resolve
     ("ok", [float, ...])        one checked score per response
     ("error", traceback text)   the function raised: its samples score 0, the run goes on
     ("invalid", message)        the function does not resolve or returned a bad result: the run stops
@@ -25,7 +25,7 @@ def serve(connection: Connection, spec: str) -> None:
         function, failure = resolve_reward_function(spec), None
     except RewardFunctionError as error:
         function, failure = None, str(error)
-    connection.send(("ready", None))
+    connection.send(("ready", failure))
     while True:
         try:
             request = connection.recv()

@@ -33,6 +33,7 @@ import functools
 import io
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable
@@ -68,6 +69,7 @@ SCHEDULER_FILE = "scheduler.json"
 EXTRA_FILE = "extra.json"
 RNG_DIR = "rng"
 HF_EXPORT_DIR = "hf"
+_OS_ERROR_TEXT = re.compile(r"\[Errno (?P<errno>\d+)\] (?P<reason>[^:]+): '(?P<file>[^']+)'")
 # Megatron-LM's choice for the distributed optimizer: each DP rank writes its own buffer shards, no
 # gather (reshardable over DP only; an exact resume needs the saved layout anyway). megatron 0.16's
 # "fully_sharded_model_space" needs ShardedTensor.flattened_range, which it no longer supports.
@@ -101,6 +103,7 @@ def save_checkpoint(
     dist.broadcast_object_list(nonce, src=0, group=group)
     tmp_dir = tmp_dir_for(step_dir, nonce[0])
     is_writer = dist.get_rank() == 0
+    layout = _layout(groups)
 
     def run(what: str, action: Callable[[], None], on_every_rank: bool = True) -> None:
         _run_agreed(f"saving checkpoint {step_dir}", what, action if on_every_rank or is_writer else None, group)
@@ -118,9 +121,8 @@ def save_checkpoint(
         run("the scheduler and driver states",
             lambda: _write_rank0_states(tmp_dir, schedulers, extra_json), on_every_rank=False)
         fault_point("before_manifest")
-        layout = _layout(groups)
-        run("the manifest", lambda: commit(tmp_dir, step_dir, build_manifest(tmp_dir, step=step, roles=list(models), layout=layout)),
-            on_every_rank=False)
+        run("the manifest", lambda: commit(
+            tmp_dir, step_dir, build_manifest(tmp_dir, step=step, roles=list(models), layout=layout)), on_every_rank=False)
     except CheckpointError:
         if is_writer:
             shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -141,7 +143,8 @@ def load_checkpoint(
 
     Full resume (default): model weights, optimizer and scheduler states of the given roles, and
     this rank's RNG states; needs the (TP, PP, DP) layout the checkpoint was saved from.
-    `weights_only=True`: only the model weights, at any layout megatron can reshard to.
+    `weights_only=True`: only the model weights, at any layout megatron can reshard to (the given
+    optimizers keep their state and take the loaded weights as their main params).
     Raises CheckpointError naming the dir when it is incomplete or does not match.
     """
     ckpt_dir = Path(ckpt_dir).expanduser()
@@ -159,7 +162,10 @@ def load_checkpoint(
         state = dist_checkpointing.load(_model_state(chunks), str(ckpt_dir / role / MODEL_DIR))
         for index, chunk in enumerate(chunks):
             unwrap_model(chunk).load_state_dict(state[f"chunk{index}"])
-    if not weights_only:
+    if weights_only:
+        for optimizer in optimizers.values():
+            optimizer.reload_model_params()  # mixed precision: main (fp32) params copy the loaded weights
+    else:
         for role, optimizer in optimizers.items():
             if not (ckpt_dir / role / OPTIMIZER_DIR).is_dir():
                 raise CheckpointError(f"{ckpt_dir} has no optimizer state for {role}")
@@ -175,7 +181,9 @@ def load_checkpoint(
     return json.loads((ckpt_dir / EXTRA_FILE).read_text())
 
 
-def export_hf(actor_model: torch.nn.Module, root: str | Path, groups: ProcessGroups, *, hf_assets_dir: str | Path) -> Path | None:
+def export_hf(
+    actor_model: torch.nn.Module, root: str | Path, groups: ProcessGroups, *, hf_assets_dir: str | Path
+) -> Path | None:
     """Write the actor as an HF safetensors checkpoint to `<root>/hf` (`checkpoint.export_hf`).
 
     Collective over the actor's ranks; delegates to `megarl.models.checkpoint.export_hf_weights`
@@ -186,8 +194,8 @@ def export_hf(actor_model: torch.nn.Module, root: str | Path, groups: ProcessGro
 
 
 def _model_state(chunks: list[torch.nn.Module]) -> dict:
-    """The sharded state dict of a role: `chunk<i>` -> chunk i's. Tensor keys are megatron's global
-    names, so the files do not depend on the chunking (a single chunk loads with `load_model_shards`)."""
+    """The sharded state dict of a role: `chunk<i>` -> chunk i's (tensor keys are megatron's global
+    names, e.g. absolute layer numbers, which is what lets another TP/PP read them)."""
     return {f"chunk{index}": unwrap_model(chunk).sharded_state_dict() for index, chunk in enumerate(chunks)}
 
 
@@ -208,7 +216,9 @@ def _ensure_adam_state(optimizer: Any) -> None:
             for group in inner.optimizer.param_groups:
                 for param in group["params"]:
                     inner.optimizer.state[param] = {
-                        "step": torch.tensor(0.0), "exp_avg": torch.zeros_like(param), "exp_avg_sq": torch.zeros_like(param),
+                        "step": torch.tensor(0.0),
+                        "exp_avg": torch.zeros_like(param),
+                        "exp_avg_sq": torch.zeros_like(param),
                     }
 
 
@@ -249,7 +259,9 @@ def _encode_extra(extra: dict[str, Any]) -> str:
     try:
         return json.dumps(extra, indent=1, sort_keys=True)
     except TypeError as e:
-        raise CheckpointError(f"checkpoint extra state must be JSON-serialisable (numbers, strings, lists, dicts): {e}") from None
+        raise CheckpointError(
+            f"checkpoint extra state must be JSON-serialisable (numbers, strings, lists, dicts): {e}"
+        ) from None
 
 
 def _layout(groups: ProcessGroups) -> dict[str, int]:
@@ -309,19 +321,30 @@ def _run_agreed(doing: str, what: str, action: Callable[[], None] | None, group:
         return
     rank, (_, reason) = min(failed, key=lambda item: (not item[1][0], item[0]))
     os_caused = failure is not None and _describe(failure)[0]
-    raise CheckpointError(f"{doing} failed while writing {what} (rank {rank}): {reason}") from (
-        None if failure is None or os_caused else failure
-    )
+    message = f"{doing} failed while writing {what} (rank {rank}): {reason}; earlier checkpoints are untouched"
+    raise CheckpointError(message) from (None if failure is None or os_caused else failure)
 
 
 def _describe(failure: BaseException) -> tuple[bool, str]:
     """(has an OS reason, one-line reason): the OSError behind a failure when there is one."""
-    pending = [failure]
+    pending, seen = [failure], []
     while pending:
         error = pending.pop()
+        seen.append(error)
         if isinstance(error, OSError):
             return True, describe_os_error(error)
         if isinstance(error, CheckpointException):
             pending += [f[0] if isinstance(f, tuple) else f for f in error.failures.values()]
         pending += [e for e in (error.__cause__, error.__context__) if e is not None]
+    for error in seen:
+        # megatron's writer processes hand failures back as text ("Worker failure: [Errno 28] No space
+        # left on device: '<file>'"), the OSError itself does not survive the trip.
+        found = _OS_ERROR_TEXT.search(str(error))
+        if found:
+            return True, describe_os_error(OSError(int(found["errno"]), found["reason"], found["file"]))
+    if isinstance(failure, CheckpointException):  # its str() is every rank's whole traceback
+        return False, "; ".join(
+            f"rank {rank}: {type(error).__name__}: {error}"
+            for rank, (error, _) in sorted(failure.failures.items())
+        ) or "a peer rank failed"
     return False, f"{type(failure).__name__}: {failure}"

@@ -266,16 +266,19 @@ def _fsync_dir(path: Path) -> None:
 
 
 FAULT_ENV = "MEGARL_CHECKPOINT_FAULT"
-"""Test hook: set to a name of `FAULT_POINTS` to make a save process exit (`os._exit(FAULT_EXIT_CODE)`,
-no cleanup, like a kill) when it reaches that point."""
+"""Test hook: set to one of `FAULT_POINTS` to make a save stop dead at that point (`InjectedFault`)."""
 FAULT_POINTS = ("after_model", "after_optimizer", "before_manifest", "before_rename")
-"""after_model: the first role's model files written; after_optimizer: its optimizer files written;
-before_manifest: every rank wrote everything, the manifest is next; before_rename: the manifest is
-written inside the temp dir, the rename is next."""
-FAULT_EXIT_CODE = 73
+"""after_model: the first role's model files written on every rank; after_optimizer: its optimizer
+files too; before_manifest: every file written, the manifest is next; before_rename: the manifest
+is written inside the temp dir, the rename is next."""
+
+
+class InjectedFault(BaseException):
+    """Raised at the fault point named by `FAULT_ENV`. A BaseException, so nothing in the save catches
+    it and no cleanup runs: the disk is left as a process killed at that point leaves it."""
 
 
 def fault_point(name: str) -> None:
-    """Exit here, like a kill, when the `FAULT_ENV` test hook names this point."""
+    """Stop the save here when the `FAULT_ENV` test hook names this point."""
     if os.environ.get(FAULT_ENV) == name:
-        os._exit(FAULT_EXIT_CODE)
+        raise InjectedFault(name)

@@ -63,6 +63,7 @@ DOCUMENTED_METRICS: dict[str, str] = {
     "sync/peak_buffer_megabytes": "most bridge buffer memory alive at once on a rank",
     # validation
     "val/reward/mean": "mean sequence reward on the validation prompts",
+    "reward/rm_mean": "mean reward-model score of the step's samples (added to the reward function's score)",
     "dapo/rounds": "rollout rounds dynamic sampling needed to fill the step with groups that have reward variation",
     "dapo/groups_kept_ratio": "groups kept by dynamic sampling / groups rolled out",
     "val/response_length/mean": "mean response length on the validation prompts",

@@ -92,6 +92,7 @@ def policy_spec(config: Config, plan: BatchPlan, total_steps: int) -> PolicyWork
         use_reference=uses_reference(config),
         ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
         critic=critic_spec,
+        reward_model_path=config.reward.reward_model,
         rollout_tp=config.rollout.tensor_model_parallel_size,
         bucket_mb=config.rollout.sync.bucket_mb,
     )

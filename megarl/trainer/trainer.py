@@ -112,7 +112,7 @@ class Trainer:
                         f"{self.config.trainer.max_bad_steps}); lower the learning rate or check the data"
                     )
         if self.config.checkpoint.export_hf:
-            self.roles.policy.call_all("export_hf", str(self.run_dir / "hf"))
+            self.roles.policy.call_all("export_hf", str(self.checkpoints.root))
         return metrics
 
     @property
@@ -125,6 +125,11 @@ class Trainer:
         if self.engines_sleep:  # free the engines' KV cache and weights for training on the same devices
             self.roles.rollout.call_all("sleep")
         batch = rb.policy_batch(samples, config.rollout.max_new_tokens)
+        if config.reward.reward_model:
+            with timer("reward"):
+                rm_scores = self.roles.gather("compute_rm_scores", batch)
+            scores = scores + rm_scores
+            metrics["reward/rm_mean"] = rm_scores.mean().item()
         scores_t = rb.token_level_scores(scores, batch.response_mask)
         with timer("old_log_prob"):
             batch.old_log_probs = self.roles.gather("compute_log_prob", batch, index=0)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch.distributed as dist
 from torch import Tensor
@@ -22,7 +21,6 @@ from torch import Tensor
 from megarl.bridge import LayoutPair, WeightSender, build_plan
 from megarl.bridge.transports.broadcast import BroadcastTransport
 from megarl.bridge.verify import actor_probe_logprobs
-from megarl.models.checkpoint import export_hf_weights
 from megarl.models.hf_config import read_model_dims
 from megarl.parallel.distributed import initialize_model_parallel
 from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
@@ -30,8 +28,9 @@ from megarl.workers.batch import PolicyBatch
 from megarl.workers.critic import MegatronCritic, ValueLossSettings
 from megarl.workers.megatron_train import OptimSettings, RecomputeSettings
 from megarl.workers.reference import MegatronReference
+from megarl.workers.reward_model import MegatronRewardModel
 from megarl.workers.rollout.sync_group import listen_weight_sync_store
-from megarl.trainer.checkpoint import load_checkpoint, save_checkpoint
+from megarl.trainer.checkpoint import export_hf, load_checkpoint, save_checkpoint
 
 
 @dataclass(frozen=True)
@@ -66,6 +65,8 @@ class PolicyWorkerSpec:
     use_reference: bool
     ref_micro_batch_size: int
     critic: CriticSpec | None
+    reward_model_path: str | None
+    """HF `*ForSequenceClassification` checkpoint scored beside the reward function (None = none)."""
     rollout_tp: int
     """Tensor-parallel size of each rollout engine (the bridge plan's target layout)."""
     bucket_mb: float
@@ -85,6 +86,9 @@ class PolicyWorker:
             if spec.critic
             else None
         )
+        self.reward_model = (
+            MegatronRewardModel.from_hf(spec.reward_model_path, self.groups) if spec.reward_model_path else None
+        )
         self.loss = PolicyLoss(spec.loss)
         self.plan = build_plan(
             read_model_dims(spec.model_path), LayoutPair(spec.tp, spec.pp, spec.rollout_tp), bucket_mb=spec.bucket_mb
@@ -102,6 +106,10 @@ class PolicyWorker:
 
     def compute_ref_log_prob(self, batch: PolicyBatch) -> Tensor:
         return self.reference.compute_ref_log_prob(batch, micro_batch_size=self.spec.ref_micro_batch_size)
+
+    def compute_rm_scores(self, batch: PolicyBatch) -> Tensor:
+        """`[B]` reward-model scores of the samples (at each one's last token)."""
+        return self.reward_model.compute_scores(batch, micro_batch_size=self.spec.ref_micro_batch_size)
 
     def compute_values(self, batch: PolicyBatch) -> Tensor:
         return self.critic.compute_values(batch, micro_batch_size=self.spec.critic.micro_batch_size)
@@ -170,7 +178,7 @@ class PolicyWorker:
             schedulers={role: e.scheduler for role, e in engines.items()},
         )
 
-    def export_hf(self, out_dir: str) -> str | None:
-        """Collective: the actor's weights as an HF checkpoint dir (written by one rank)."""
-        path = export_hf_weights(self.actor.engine.model.module, Path(out_dir), self.groups, hf_assets_dir=self.spec.model_path)
+    def export_hf(self, root: str) -> str | None:
+        """Collective: the actor's weights as an HF checkpoint dir `<root>/hf` (written by one rank)."""
+        path = export_hf(self.actor.engine.model.module, root, self.groups, hf_assets_dir=self.spec.model_path)
         return None if path is None else str(path)

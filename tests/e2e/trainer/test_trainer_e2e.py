@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from megarl import Trainer
+from megarl.models.tiny import make_tiny_reward_model
 from megarl.rewards.functions import RewardFunctionError
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.trainer.metrics import DOCUMENTED_METRICS
@@ -44,7 +45,7 @@ def test_grpo_trains_syncs_and_checkpoints(grpo_run, assets):
     assert [m["sync/weight_version"] for m in metrics] == [m["step"] for m in metrics]
     # The exported actor differs from the initial model: training changed the weights.
     initial = load_file(assets / "model" / "model.safetensors")
-    final = load_file(trainer.run_dir / "hf" / "model.safetensors")
+    final = load_file(run_dir / "checkpoints" / "hf" / "model.safetensors")
     assert initial.keys() == final.keys()
     assert any(not torch.equal(initial[k], final[k]) for k in initial)
     # Checkpoints at steps 2, 4, 6; the quickstart's checkpoint.max_keep=2 keeps the newest two complete ones.
@@ -81,9 +82,11 @@ def test_resume_after_killed_driver_matches_uninterrupted_run(grpo_run, assets, 
     assert [m["sync/weight_version"] for m in resumed[2:]] == [2, 3, 4, 5]
 
 
-def test_ppo_trains_the_critic_with_split_placement(assets, tmp_path):
+def test_ppo_trains_the_critic_with_split_placement_and_a_reward_model(assets, tmp_path):
     # Split placement: 3 device slots, the actor/critic (TP 2) on two, the rollout engine on its own.
+    reward_model = make_tiny_reward_model(tmp_path / "rm", initializer_range=0.2)
     args = overrides(assets, tmp_path, **{
+        "reward.reward_model": reward_model,
         "trainer.total_steps": 3, "algorithm.adv_estimator": "gae", "critic.enable": "true",
         "critic.ppo_mini_batch_size": 16, "critic.micro_batch_size_per_gpu": 32, "checkpoint.save_freq": 3,
         "algorithm.lam": 0.95, "placement.mode": "split", "placement.gpus_per_node": 3, "placement.rollout_gpus": 1,
@@ -94,6 +97,7 @@ def test_ppo_trains_the_critic_with_split_placement(assets, tmp_path):
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         assert {"critic/vf_loss", "critic/grad_norm", "timing/values", "timing/update_critic"} <= set(m)
+        assert m["reward/rm_mean"] != 0  # the reward model's scores reached the rewards
         assert m["critic/optimizer_steps"] >= 1 and m["sync/weight_version"] == m["step"]
     assert [c.step for c in CheckpointManager(tmp_path / "checkpoints").complete()] == [3]
     roles = CheckpointManager(tmp_path / "checkpoints").latest().manifest.roles

@@ -1,0 +1,77 @@
+"""The optional reward model (`reward.reward_model`): an HF `*ForSequenceClassification` checkpoint
+(one label) run as a frozen Megatron GPT with a scalar head, one score per sample.
+
+    rm = MegatronRewardModel.from_hf("/ckpt/rm", groups)          # any (TP, PP), like the actor
+    scores = rm.compute_scores(batch, micro_batch_size=8)           # [B], fp32, on every rank
+
+The backbone loads like a policy's; the head is the checkpoint's `score.weight` in a `ValueHead`.
+As in HF, the score of a sample is the head's output at its last real token: the last response
+token that `response_mask` keeps, or the last prompt token when it keeps none.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from megarl.models.reward_head import read_score_weight
+from megarl.parallel.distributed import ProcessGroups
+from megarl.workers.batch import PolicyBatch
+from megarl.workers.megatron_train import (
+    RecomputeSettings,
+    broadcast_from_last_stage,
+    check_divides,
+    compute_device,
+    load_model,
+    run_model,
+    run_schedule,
+)
+
+
+class MegatronRewardModel:
+    """This rank's shard of the reward model: no DDP, no optimizer, no gradients."""
+
+    def __init__(self, model: torch.nn.Module, groups: ProcessGroups):
+        """`model`: this rank's GPTModel built with `value_head=True`, reward-model weights loaded."""
+        self.model = model.eval().requires_grad_(False)
+        self.groups = groups
+
+    @classmethod
+    def from_hf(cls, model_dir: str | Path, groups: ProcessGroups) -> MegatronRewardModel:
+        """Build this rank's shard from an HF reward-model checkpoint dir (see the module docstring)."""
+        # Read (and check) the head before building: construction runs collectives, a bad checkpoint must not hang.
+        score_weight = read_score_weight(model_dir)
+        model, _ = load_model(model_dir, groups, recompute=RecomputeSettings(), value_head=True)
+        if groups.is_last_stage:
+            with torch.no_grad():
+                model.output_layer.weight.copy_(score_weight)
+        return cls(model, groups)
+
+    def compute_scores(self, batch: PolicyBatch, *, micro_batch_size: int) -> Tensor:
+        """`[B]` scores of `batch` (fp32, no gradient), on every rank."""
+        check_divides(len(batch), micro_batch_size, "micro_batch_size", "samples of this DP rank")
+
+        def forward_step(model, micro_batch):
+            def collect(output):
+                return output.new_zeros(()), dict(scores=last_token_scores(output, micro_batch))
+
+            return run_model(model, micro_batch), collect
+
+        device = compute_device()
+        micro_batches = [micro_batch.to(device) for micro_batch in batch.split(len(batch) // micro_batch_size)]
+        with torch.no_grad():
+            reports = run_schedule(self.model, micro_batches, forward_step, forward_only=True)
+        scores = torch.zeros(len(batch), device=device)
+        if self.groups.is_last_stage:
+            scores.copy_(torch.cat([report["scores"] for report in reports]))
+        return broadcast_from_last_stage(scores, self.groups).cpu()
+
+
+def last_token_scores(output: Tensor, batch: PolicyBatch) -> Tensor:
+    """`[b]` fp32 head outputs at each sample's last real token, from the head's `[b, S, 1]` output."""
+    kept = batch.response_mask * torch.arange(1, batch.response_length + 1, device=output.device)
+    # Tokens up to the last kept response token (0 for none); its column is P - 1 + that count.
+    columns = batch.prompt_length - 1 + kept.amax(dim=1)
+    return output[torch.arange(len(batch), device=output.device), columns, 0].float()
