@@ -7,7 +7,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from benchmarks.sync.bench import RECEIVERS, as_json, markdown_table, run_benchmark
+from megarl.bench.sync_bridge import RECEIVERS, as_json, markdown_table, run_benchmark
 from megarl.models.tiny import make_tiny_model
 
 

@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS: list[str] = ["init_tiny_model", "make_data", "validate", "train", "convert", "check_sync", "plot"]
+COMMANDS: list[str] = ["init_tiny_model", "make_data", "validate", "train", "convert", "check_sync", "plot", "bench"]
 
 
 def build_parser() -> argparse.ArgumentParser:

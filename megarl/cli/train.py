@@ -17,8 +17,11 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from megarl.config import ConfigError
     from megarl.data import DataError
+    from megarl.bridge.verify import SyncVerificationError
+    from megarl.orchestration.worker_group import WorkerFailure
     from megarl.rewards.functions import RewardFunctionError
-    from megarl.trainer.trainer import Trainer
+    from megarl.trainer.checkpoint_manager import CheckpointError
+    from megarl.trainer.trainer import BadStepsError, Trainer
 
     try:
         trainer = Trainer.from_config(args.config, args.overrides)
@@ -34,6 +37,10 @@ def run(args: argparse.Namespace) -> int:
     except RewardFunctionError as error:
         print(f"megarl train: {error}", file=sys.stderr)
         return 2
+    except (WorkerFailure, BadStepsError, SyncVerificationError, CheckpointError) as error:
+        # Failures megarl diagnosed itself: the message names the cause; a traceback adds nothing.
+        print(f"megarl train: failed: {error}", file=sys.stderr)
+        return 1
     print(f"megarl train: done after step {trainer.total_steps}; run dir {trainer.run_dir} "
           f"(metrics.jsonl, curves.png); last reward/mean {metrics.get('reward/mean', float('nan')):.3f}")
     return 0

@@ -10,6 +10,7 @@ import sys
 import yaml
 
 from megarl.config import ConfigError, Problem, format_plan, load_config, load_model_facts, plan_batches, to_dict, validate
+from megarl.config.memory import memory_report
 from megarl.config.model_facts import ModelFactsError
 
 
@@ -27,6 +28,8 @@ def register(subparsers) -> None:
                         help="for a recipe meant for another machine: do not look at data files, model/tokenizer/"
                              "reward-model directories, checkpoint/output directories or the resume path (the skipped "
                              "checks are listed); model-shape checks use megarl's table of known hub models")
+    parser.add_argument("--gpu-memory-gib", type=float, default=80.0,
+                        help="GPU size the per-GPU memory estimate is checked against (default 80)")
     parser.set_defaults(func=run)
 
 
@@ -47,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     print("\n# batch plan")
     print(format_plan(plan_batches(config)))
     print(f"\nmodel: {_model_line(config.model.path)}")
+    print(f"\n# memory estimate (megarl/config/memory.py)\n{memory_report(config, args.gpu_memory_gib)}")
     if not check_files:
         print("skipped (--no-file-checks): existence of data files, model/tokenizer/reward-model directories and the "
               "resume checkpoint; writability of checkpoint.dir and trainer.output_dir")

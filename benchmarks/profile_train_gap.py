@@ -1,0 +1,104 @@
+"""Where the Megatron actor update loses to plain PyTorch: `python benchmarks/profile_train_gap.py`.
+
+In a `run_distributed` world of 1 (one thread), on the bench model (`megarl bench train`'s), times in
+turn: the Megatron update as is; the same with `TrainEngine._local_grads_finite` replaced by a
+norm-based check (the change proposed in benchmarks/README.md); plain PyTorch with SDPA and with
+eager attention. Also reports the Megatron step's parts (schedule = forward/backward of all
+micro-batches, apply = finiteness check + optimizer step). A profiling aid: it patches methods.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+
+
+def _experiment(model_dir: str, repeats: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from megarl.algorithms.policy_loss import compute_policy_loss
+    from megarl.bench.common import time_interleaved
+    from megarl.bench.train import TrainShape, make_batch
+    from megarl.config.memory import ModelShape
+    from megarl.parallel.distributed import initialize_model_parallel
+    from megarl.workers import megatron_train
+    from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
+    from megarl.workers.megatron_train import OptimSettings, TrainEngine
+
+    shape = TrainShape()
+    batch = make_batch(shape, ModelShape.of(model_dir).vocab_size)
+    actor = MegatronActor.from_hf(model_dir, initialize_model_parallel(1, 1, seed=0),
+                                  optim=OptimSettings(lr=1e-5, clip_grad=1.0))
+    loss = PolicyLoss(PolicyLossSettings())
+    parts: dict[str, list[float]] = {"schedule": [], "apply": [], "finite": []}
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            result = fn(*args, **kwargs)
+            parts[name].append(time.perf_counter() - start)
+            return result
+        return wrapper
+
+    original_finite = TrainEngine._local_grads_finite
+    megatron_train.run_schedule = timed("schedule", megatron_train.run_schedule)
+    TrainEngine._apply_or_skip = timed("apply", TrainEngine._apply_or_skip)
+
+    def norm_finite(self) -> bool:
+        buffers = self.model.buffers + self.model.expert_parallel_buffers
+        return all(bool(torch.isfinite(torch.linalg.vector_norm(b.grad_data))) for b in buffers)
+
+    def megatron(check):
+        def step():
+            TrainEngine._local_grads_finite = check
+            actor.update_policy(batch, loss, mini_batch_size=shape.samples, micro_batch_size=shape.micro_batch)
+        return step
+
+    tokens = batch.response_mask.sum()
+
+    def pytorch(attention: str):
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attention).train()
+        adamw = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+
+        def step():
+            adamw.zero_grad(set_to_none=True)
+            for micro in batch.split(shape.samples // shape.micro_batch):
+                log_softmax = model(input_ids=micro.input_ids).logits[:, micro.prompt_length - 1: -1].float().log_softmax(-1)
+                log_probs = log_softmax.gather(-1, micro.responses.unsqueeze(-1)).squeeze(-1)
+                with torch.no_grad():  # the entropy megarl's loss reports
+                    entropy = -(log_softmax.exp() * log_softmax).sum(-1)
+                del entropy
+                compute_policy_loss("vanilla", micro.old_log_probs, log_probs, micro.advantages, micro.response_mask,
+                                    loss_agg_mode="token-mean", global_normalizer=tokens).loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            adamw.step()
+        return step
+
+    timings = time_interleaved({
+        "megatron": megatron(timed("finite", original_finite)), "megatron_norm_check": megatron(norm_finite),
+        "pytorch_sdpa": pytorch("sdpa"), "pytorch_eager": pytorch("eager"),
+    }, repeats)
+    return dict(
+        median_seconds={name: timings.median(name) for name in timings.seconds},
+        paired_over_megatron={name: timings.paired_ratio(name, "megatron") for name in timings.seconds},
+        megatron_parts_median_seconds={name: statistics.median(v) for name, v in parts.items() if v},
+    )
+
+
+def main() -> None:
+    from megarl.cli.bench import BENCH_MODEL
+    from megarl.models.tiny import make_tiny_model
+    from megarl.parallel.spawn import run_distributed
+
+    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 9
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = str(make_tiny_model(tmp, "qwen2", **BENCH_MODEL))
+        print(json.dumps(run_distributed(_experiment, 1, model_dir, repeats, timeout_s=1800)[0], indent=2))
+
+
+if __name__ == "__main__":
+    main()

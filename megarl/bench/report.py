@@ -1,0 +1,61 @@
+"""The summary table of benchmarks/README.md from the JSON results:
+`python -m megarl.bench.report benchmarks/results`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def rows(results: dict[str, dict]) -> list[tuple[str, str, str, str]]:
+    """(benchmark, figure, value, goal and verdict) for every result present."""
+    out = []
+    if "rollout" in results:
+        r = results["rollout"]
+        ratio, paired = r["megarl_over_vllm"], r["megarl_over_vllm_paired"]
+        out.append(("rollout", "megarl rollout ÷ vLLM `LLM.generate`, time (paired)",
+                    f"{ratio:.3f}× ({paired:.3f}×)", _goal("≤ 1.1×", ratio <= 1.1, paired <= 1.1)))
+        if "hf_over_megarl" in r:
+            out.append(("rollout", "HF `generate` ÷ megarl rollout, time = megarl's speed-up (paired)",
+                        f"{r['hf_over_megarl']:.2f}× ({r['hf_over_megarl_paired']:.2f}×)", "reported"))
+    if "train" in results:
+        r = results["train"]
+        ratio, paired = r["megatron_over_pytorch_throughput"], r["megatron_over_pytorch_throughput_paired"]
+        out.append(("train", "Megatron TP 1 ÷ plain PyTorch, tokens/s (paired)",
+                    f"{ratio:.2f}× ({paired:.2f}×)", _goal("≥ 0.8×", ratio >= 0.8, paired >= 0.8)))
+        for name, layout in r["layouts"].items():
+            out.append(("train", f"Megatron {name.upper().replace('_', ' ')} time per token ÷ TP 1 (2 processes)",
+                        f"{layout['over_tp1_megatron']:.2f}× ({layout['microseconds_per_token']:.0f} µs/token)",
+                        "reported"))
+    if "step" in results:
+        r = results["step"]
+        share = r["phase_share"]["other"]
+        out.append(("step", "\"other\" ÷ GRPO step (driver work outside the timed phases)", f"{share:.1%}",
+                    _goal("≤ 10 %", share <= 0.10, share <= 0.10)))
+    if "sync" in results:
+        r = results["sync"]
+        out.append(("sync", f"weight sync ÷ `clone` of the same bytes ({r['gigabytes'] * 1e3:.1f} MB, best / median)",
+                    f"{r['sync_over_clone']:.1f}× / {r['sync_over_clone_median']:.1f}×", "reported (bridge engineer's)"))
+    return out
+
+
+def _goal(goal: str, met: bool, met_paired: bool) -> str:
+    """The verdict; when the ratio of medians and the paired ratio disagree, both are named."""
+    if met == met_paired:
+        return f"{goal}: {'met' if met else 'NOT met'}"
+    return f"{goal}: {'met' if met_paired else 'NOT met'} on the paired ratio, {'met' if met else 'NOT met'} on the medians"
+
+
+def markdown(results: dict[str, dict]) -> str:
+    lines = ["| benchmark | figure | value | goal |", "|---|---|---|---|"]
+    lines += [f"| {b} | {f} | {v} | {g} |" for b, f, v, g in rows(results)]
+    return "\n".join(lines)
+
+
+def load(directory: Path) -> dict[str, dict]:
+    return {path.stem: json.loads(path.read_text()) for path in sorted(directory.glob("*.json"))}
+
+
+if __name__ == "__main__":
+    print(markdown(load(Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results"))))

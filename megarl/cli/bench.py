@@ -1,0 +1,91 @@
+"""`megarl bench {sync,rollout,train,step}`: side-by-side benchmarks of megarl's phases.
+
+Each prints a markdown table and, with --json, writes the full result (every repeat, the model's
+shape, the batch shapes, package versions). Figures are ratios of contenders timed in turn in the
+same run, medians of --repeats after a warm-up; on a shared machine absolute times vary a lot,
+the ratios much less.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import tempfile
+from pathlib import Path
+
+BENCHMARKS = ("sync", "rollout", "train", "step")
+BENCH_MODEL = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=64)
+"""The default model when --model is not given: a 4-layer Qwen2, ~3 M parameters (--smoke: the tiny default)."""
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="benchmark a phase against its plain baseline (ratios, JSON)",
+        description=__doc__.split("\n\n", 1)[1],
+    )
+    parser.add_argument("benchmark", choices=BENCHMARKS,
+                        help="sync: weight sync vs clone; rollout: megarl vs vLLM vs HF generate; train: Megatron "
+                             "update vs plain PyTorch, TP 2 / PP 2; step: the trainer's phase breakdown")
+    parser.add_argument("--model", type=Path, help="HF checkpoint dir (default: a 4-layer Qwen2 made on the spot; "
+                                                   "step: the recipe's model.path)")
+    parser.add_argument("--json", type=Path, help="write the result here")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats after the warm-up (default 5)")
+    parser.add_argument("--config", default="configs/quickstart.yaml", help="step: the recipe (default quickstart)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny model and shapes (train: TP 1 only), to check that a benchmark runs; the numbers "
+                             "mean nothing")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.repeats < 1:
+        print(f"megarl bench: --repeats {args.repeats}: must be >= 1 (5 or more for a reported figure)", file=sys.stderr)
+        return 2
+    if args.model is not None and not (args.model / "config.json").is_file():
+        print(f"megarl bench: --model {args.model} has no config.json; point it at an HF checkpoint dir", file=sys.stderr)
+        return 2
+    from megarl.bench.common import write_json
+    from megarl.config import ConfigError
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="megarl-bench-") as tmp:
+            result, table = _run(args, Path(tmp))
+    except ConfigError as error:  # only `step` reads a recipe
+        print(f"megarl bench step: {args.config}:\n{error}", file=sys.stderr)
+        return 2
+    write_json(args.json, result)
+    print(table)
+    if args.json:
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _run(args: argparse.Namespace, tmp: Path) -> tuple[dict, str]:
+    module = importlib.import_module(f"megarl.bench.{args.benchmark}")
+    if args.benchmark == "step":
+        overrides = [f"model.path={args.model}"] if args.model else []
+        overrides += ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4",
+                      "actor.micro_batch_size_per_gpu=8"] if args.smoke else []
+        result = module.run(args.config, overrides, args.repeats)
+        return result, module.markdown(result)
+    model = str(args.model or _make_model(tmp, args.smoke))
+    if args.benchmark == "rollout":
+        shape = module.RolloutShape(prompts=4, n=2, max_new_tokens=4) if args.smoke else module.RolloutShape()
+        result = module.run(model, shape, args.repeats)
+    elif args.benchmark == "train":
+        if args.smoke:
+            result = module.run(model, module.TrainShape(samples=4, micro_batch=2, prompt_length=8, response_length=8),
+                                args.repeats, layouts=())
+        else:
+            result = module.run(model, module.TrainShape(), args.repeats)
+    else:
+        result = module.run(model, args.repeats)
+    return result, module.markdown(result)
+
+
+def _make_model(tmp: Path, smoke: bool) -> Path:
+    from megarl.models.tiny import make_tiny_model
+
+    return make_tiny_model(tmp / "model", "qwen2", **({} if smoke else BENCH_MODEL))

@@ -1,0 +1,307 @@
+"""Per-GPU memory estimate of a recipe, per role, so `megarl validate` can say whether it fits.
+
+Pure arithmetic (no torch). What is counted, per GPU, for the rank that holds the most (the first
+pipeline stage, which also holds the activations of the most micro-batches in flight):
+
+- **parameters**: this rank's TP × PP shard, in `model.dtype`. The vocabulary is padded to a multiple
+  of 128 × TP as megatron does; the first stage holds the embedding, the last the output layer
+  (absent when tied) and the final norm; norms are replicated over TP.
+- **gradients**: megatron DDP's grad buffer, in the parameter dtype (megarl leaves
+  `grad_reduce_in_fp32` off).
+- **optimizer**: Adam's two fp32 moments, plus an fp32 main copy of the parameters when they are
+  16-bit; divided by DP with the distributed optimizer (megatron's table: 4 + 4 + 8/DP bytes per
+  parameter in fp32, 2 + 2 + 12/DP in bf16).
+- **activations** of one training micro-batch of `micro_batch_size_per_gpu` samples of
+  S = `data.max_prompt_length + rollout.max_new_tokens` tokens (the local spec, no sequence
+  parallelism, no dropout), per token and layer, in elements (Q = heads × head_dim, K = KV heads ×
+  head_dim, a = heads, f = ffn, h = hidden, t = TP):
+
+      4h                 inputs of the two norms and of the two linears after them
+      + (2Q + 2K) / t    q, k, v for attention and the attention context
+      + a·S / t          the softmax probabilities: only the local spec (CPU, or
+                         `model.transformer_impl: local`) materialises them; TE's fused attention does not
+      + 3f / t           fc1 output (gate, up) and the SwiGLU output
+
+  With 1F1B the first stage keeps PP micro-batches in flight of L/PP layers each: L layers' worth.
+  Full recompute keeps only each layer's input (h per token and layer) plus one layer's working set
+  as above; selective recompute (core_attn) drops the a·S/t term. The last stage adds the logits in
+  fp32 twice (logits and their log-softmax): 2 × 4 × V_padded/t bytes per token.
+- **rollout**: on GPU vLLM takes `rollout.gpu_memory_utilization` of the GPU (weights, KV cache and
+  its activations); on CPU the weights / rollout TP plus `rollout.kv_cache_gib`.
+
+Peak per GPU. Split placement: the training GPUs hold the trained roles during the update (actor,
+critic, reference parameters), the rollout GPUs the engine. Colocated: the larger of the rollout
+phase (engine + what the Megatron roles keep resident: parameters and gradients unless
+`offload.params`, optimizer unless `offload.optimizer`, the reference unless `ref.offload_params`)
+and the training phase (every trained role's full state + one role's activations + the reference,
+with the engine asleep when `rollout.free_cache_engine`, else its share as well).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megarl.config.config import Config
+from megarl.config.batch_plan import plan_batches, uses_reference
+from megarl.config.model_facts import ModelFactsError, is_hub_id, load_model_facts
+from megarl.config.roles import ParallelConfig, RecomputeConfig
+from megarl.models.hf_config import read_model_dims
+
+GIB = 2**30
+VOCAB_DIVISIBLE_BY = 128
+"""megatron's `make_vocab_size_divisible_by` default (megarl.models.architectures uses it)."""
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+# The three shape facts the memory estimate needs beyond megarl.config.KNOWN_MODELS (intermediate_size,
+# head_dim, tie_word_embeddings), from the same published config.json files.
+_KNOWN_EXTRA = {
+    "Qwen/Qwen2.5-0.5B-Instruct": (4864, 64, True),
+    "Qwen/Qwen2.5-1.5B-Instruct": (8960, 128, True),
+    "Qwen/Qwen2.5-3B-Instruct": (11008, 128, True),
+    "Qwen/Qwen2.5-7B": (18944, 128, False),
+    "Qwen/Qwen2.5-7B-Instruct": (18944, 128, False),
+    "Qwen/Qwen2.5-Math-7B": (18944, 128, False),
+    "Qwen/Qwen2.5-32B": (27648, 128, False),
+    "Qwen/Qwen3-0.6B": (3072, 128, True),
+    "Qwen/Qwen3-8B": (12288, 128, False),
+    "meta-llama/Llama-3.1-8B-Instruct": (14336, 128, False),
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes that decide memory (an HF config.json's, as `megarl.models.hf_config.ModelDims`)."""
+
+    vocab_size: int
+    """HF vocabulary rows, before padding."""
+    hidden_size: int
+    """h."""
+    ffn_hidden_size: int
+    """f, the MLP intermediate size (gate and up each have f rows)."""
+    num_layers: int
+    """L."""
+    num_attention_heads: int
+    """a, query heads."""
+    num_kv_heads: int
+    """KV heads (GQA groups)."""
+    head_dim: int
+    """Width of one head."""
+    qkv_bias: bool = False
+    """q/k/v projections have biases (Qwen2)."""
+    qk_layernorm: bool = False
+    """Per-head q/k RMSNorm (Qwen3)."""
+    tie_word_embeddings: bool = False
+    """The output layer is the embedding (no separate output weight)."""
+
+    @classmethod
+    def of(cls, model_path: str) -> ModelShape:
+        """From a local checkpoint's config.json, or for a hub id from megarl's known-models table.
+        Raises `ModelFactsError` (from `load_model_facts`) when the shape cannot be found."""
+        facts = load_model_facts(model_path)  # raises with the user-facing why/fix
+        if is_hub_id(model_path) and facts.source == "megarl known models table":
+            ffn, head_dim, tied = _KNOWN_EXTRA[model_path]
+            return cls(facts.vocab_size, facts.hidden_size, ffn, facts.num_hidden_layers, facts.num_attention_heads,
+                       facts.num_key_value_heads, head_dim, qkv_bias=facts.model_type == "qwen2",
+                       qk_layernorm=facts.model_type == "qwen3", tie_word_embeddings=tied)
+        d = read_model_dims(facts.source)
+        return cls(d.vocab_size, d.hidden_size, d.ffn_hidden_size, d.num_layers, d.num_attention_heads,
+                   d.num_kv_heads, d.head_dim, d.qkv_bias, d.qk_layernorm, d.tie_word_embeddings)
+
+    def layer_parameters(self, tp: int) -> int:
+        """Parameters of one transformer layer on one TP rank."""
+        h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        qkv_rows = q + 2 * kv
+        sharded = h * qkv_rows + (qkv_rows if self.qkv_bias else 0) + q * h + 3 * h * self.ffn_hidden_size
+        replicated = 2 * h + (2 * self.head_dim if self.qk_layernorm else 0)
+        return sharded // tp + replicated
+
+    def padded_vocab(self, tp: int) -> int:
+        multiple = VOCAB_DIVISIBLE_BY * tp
+        return -(-self.vocab_size // multiple) * multiple
+
+    def stage_parameters(self, tp: int, pp: int, stage: int, value_head: bool = False) -> int:
+        """Parameters on one rank of pipeline stage `stage` (layers split evenly over the stages)."""
+        count = self.num_layers // pp * self.layer_parameters(tp)
+        vocab_shard = self.padded_vocab(tp) * self.hidden_size // tp
+        if stage == 0:
+            count += vocab_shard
+        if stage == pp - 1:
+            count += self.hidden_size  # final norm
+            if value_head:
+                count += self.hidden_size
+            elif not self.tie_word_embeddings or pp > 1:  # tied across stages: the last stage keeps a copy
+                count += vocab_shard
+        return count
+
+    def rank_parameters(self, tp: int, pp: int, value_head: bool = False) -> int:
+        """The most parameters any rank of a (TP, PP) layout holds."""
+        return max(self.stage_parameters(tp, pp, stage, value_head) for stage in range(pp))
+
+    def total_parameters(self) -> int:
+        """Parameters of the unsharded model (HF vocabulary, no padding)."""
+        embedding = self.vocab_size * self.hidden_size
+        output = 0 if self.tie_word_embeddings else embedding
+        return self.num_layers * self.layer_parameters(1) + embedding + output + self.hidden_size
+
+    def activation_elements_per_token(self, tp: int, seq_len: int, recompute: str, softmax_stored: bool) -> int:
+        """Elements one transformer layer keeps per token for backward (see the module docstring);
+        with "full" recompute, only the layer input. `softmax_stored`: attention keeps its `[a, S, S]`
+        probabilities (local spec), not a fused kernel's."""
+        if recompute == "full":
+            return self.hidden_size
+        h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        attention = self.num_attention_heads * seq_len // tp if softmax_stored and recompute != "selective" else 0
+        return 4 * h + (2 * q + 2 * kv) // tp + attention + 3 * self.ffn_hidden_size // tp
+
+
+@dataclass(frozen=True)
+class RoleMemory:
+    """Bytes one role needs on one GPU."""
+
+    role: str
+    """actor, critic, ref or rollout."""
+    parameters: int
+    """This rank's shard of the weights (rollout on CPU: the engine's copy)."""
+    gradients: int
+    """DDP's grad buffer (trained roles)."""
+    optimizer: int
+    """Adam moments and fp32 main parameters, sharded over DP with the distributed optimizer."""
+    activations: int
+    """Training micro-batch activations (logits included) of a trained role; 0 otherwise."""
+    other: int = 0
+    """rollout: the engine's share (KV cache, and on GPU its weights and activations too)."""
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.other
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-GPU bytes of every role of a recipe and the peak of the busiest GPU."""
+
+    roles: list[RoleMemory]
+    """One entry per role of the recipe, rollout last."""
+    peak_bytes: int
+    """The most bytes one GPU holds at once (see the module docstring for the phases)."""
+    peak_phase: str
+    """Where the peak is: "rollout phase", "training phase" (colocated), "training GPUs" or "rollout GPUs" (split)."""
+    gpu_memory_bytes: int
+    """The GPU size compared against."""
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.gpu_memory_bytes
+
+
+def state_bytes(shape: ModelShape, parallel: ParallelConfig, dp: int, dtype: str, *, distributed_optimizer: bool,
+                trained: bool, value_head: bool = False) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer) bytes on the busiest rank of a role."""
+    params = shape.rank_parameters(parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size, value_head)
+    width = DTYPE_BYTES[dtype]
+    if not trained:
+        return params * width, 0, 0
+    # Adam: exp_avg + exp_avg_sq in fp32, and an fp32 main copy when the model parameters are 16-bit.
+    optimizer_per_param = 8 + (4 if width < 4 else 0)
+    optimizer = params * optimizer_per_param
+    if distributed_optimizer:
+        optimizer = -(-optimizer // dp)
+    return params * width, params * width, optimizer
+
+
+def activation_bytes(shape: ModelShape, parallel: ParallelConfig, recompute: RecomputeConfig, micro_batch: int,
+                     seq_len: int, dtype: str, softmax_stored: bool, value_head: bool = False) -> int:
+    """Training activations of one micro-batch on the first stage (all its in-flight micro-batches),
+    plus the last stage's fp32 logits when PP is 1 (else they are on another rank)."""
+    tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
+    tokens = micro_batch * seq_len
+    width = DTYPE_BYTES[dtype]
+    granularity = recompute.granularity
+    if granularity == "full" and recompute.method == "block":
+        # The first `num_layers` layers of each stage are recomputed, the others keep everything.
+        per_stage = shape.num_layers // pp
+        recomputed = min(recompute.num_layers or 0, per_stage)
+        kept = (recomputed * shape.activation_elements_per_token(tp, seq_len, "full", softmax_stored)
+                + (per_stage - recomputed) * shape.activation_elements_per_token(tp, seq_len, "none", softmax_stored)) * pp
+    else:
+        kept = shape.num_layers * shape.activation_elements_per_token(tp, seq_len, granularity, softmax_stored)
+    if granularity == "full":  # plus the working set of the one layer being recomputed
+        kept += shape.activation_elements_per_token(tp, seq_len, "none", softmax_stored)
+    logits = 0 if pp > 1 else tokens * (4 if value_head else 2 * 4 * shape.padded_vocab(tp) // tp)
+    return tokens * kept * width + logits
+
+
+def estimate_memory(config: Config, shape: ModelShape, *, train_gpus: int, gpu_memory_gib: float = 80.0,
+                    on_gpu: bool = True) -> MemoryEstimate:
+    """Per-GPU memory of `config`'s roles for a model of `shape` on `train_gpus` training GPUs
+    (`plan_batches(config).train_gpus`). `on_gpu=False` sizes the rollout as on CPU."""
+    dtype = config.model.dtype
+    impl = config.model.transformer_impl
+    softmax_stored = impl == "local" or (impl == "auto" and not on_gpu)
+    seq_len = config.data.max_prompt_length + config.rollout.max_new_tokens
+    roles: list[RoleMemory] = []
+    trained = [("actor", config.actor, False)] + ([("critic", config.critic, True)] if config.critic.enable else [])
+    for name, role, value_head in trained:
+        p = role.parallel
+        dp = train_gpus // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size)
+        params, grads, optim = state_bytes(shape, p, dp, dtype, distributed_optimizer=role.optim.use_distributed_optimizer,
+                                           trained=True, value_head=value_head)
+        acts = activation_bytes(shape, p, role.recompute, role.micro_batch_size_per_gpu, seq_len, dtype, softmax_stored,
+                                value_head)
+        roles.append(RoleMemory(name, params, grads, optim, acts))
+    if uses_reference(config):
+        params, _, _ = state_bytes(shape, config.ref.parallel, 1, dtype, distributed_optimizer=False, trained=False)
+        roles.append(RoleMemory("ref", params, 0, 0, 0))
+    rollout = config.rollout
+    if on_gpu:
+        engine = int(rollout.gpu_memory_utilization * gpu_memory_gib * GIB)
+        roles.append(RoleMemory("rollout", 0, 0, 0, 0, other=engine))
+    else:
+        weights = shape.total_parameters() * DTYPE_BYTES[dtype] // rollout.tensor_model_parallel_size
+        roles.append(RoleMemory("rollout", weights, 0, 0, 0, other=int(rollout.kv_cache_gib * GIB)))
+    peak, phase = _peak(config, roles)
+    return MemoryEstimate(roles, peak, phase, int(gpu_memory_gib * GIB))
+
+
+def _peak(config: Config, roles: list[RoleMemory]) -> tuple[int, str]:
+    by_name = {r.role: r for r in roles}
+    engine = by_name["rollout"].total
+    trained = [r for r in roles if r.role in ("actor", "critic")]
+    ref = by_name["ref"].parameters if "ref" in by_name else 0
+    states = sum(r.parameters + r.gradients + r.optimizer for r in trained)
+    training = states + max(r.activations for r in trained) + ref
+    if config.placement.mode == "split":
+        return (training, "training GPUs") if training >= engine else (engine, "rollout GPUs")
+    offload = {"actor": config.actor.offload, "critic": config.critic.offload}
+    resident = sum(
+        (0 if offload[r.role].params else r.parameters + r.gradients) + (0 if offload[r.role].optimizer else r.optimizer)
+        for r in trained
+    ) + (0 if config.ref.offload_params else ref)
+    rollout_phase = engine + resident
+    training_phase = training + (0 if config.rollout.free_cache_engine else engine)
+    return (rollout_phase, "rollout phase") if rollout_phase >= training_phase else (training_phase, "training phase")
+
+
+def format_estimate(estimate: MemoryEstimate) -> str:
+    """The table `megarl validate` prints, GiB per GPU, and the verdict."""
+    lines = ["role     params   grads   optim   activ   other   total  (GiB per GPU)"]
+    for r in estimate.roles:
+        cells = [r.parameters, r.gradients, r.optimizer, r.activations, r.other, r.total]
+        lines.append(f"{r.role:<8}" + "".join(f"{c / GIB:8.2f}" for c in cells))
+    verdict = "fits" if estimate.fits else "does not fit"
+    lines.append(f"peak {estimate.peak_bytes / GIB:.1f} GiB per GPU ({estimate.peak_phase}) of "
+                 f"{estimate.gpu_memory_bytes / GIB:.0f} GiB: {verdict}")
+    return "\n".join(lines)
+
+
+def memory_report(config: Config, gpu_memory_gib: float) -> str:
+    """`format_estimate` for a validated `config`, or one line saying why there is none (the model's
+    shape could not be read)."""
+    try:
+        shape = ModelShape.of(config.model.path)
+    except ModelFactsError as error:
+        return f"none: {error.why}"
+    on_gpu = config.trainer.device != "cpu"
+    estimate = estimate_memory(config, shape, train_gpus=plan_batches(config).train_gpus,
+                               gpu_memory_gib=gpu_memory_gib, on_gpu=on_gpu)
+    return format_estimate(estimate)

@@ -1,0 +1,64 @@
+"""Each `megarl bench` sub-command runs end to end at tiny sizes and writes a complete JSON result.
+
+Smoke only: two repeats, no assertion on any timing (the machine is shared); what is checked is
+that the result holds every figure the README table is built from, with the recorded context.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from megarl.cli.main import main
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _bench(tmp_path: Path, name: str, *extra: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    assert main(["bench", name, "--smoke", "--repeats", "2", "--json", str(out), *extra]) == 0
+    result = json.loads(out.read_text())
+    assert result["benchmark"] == name
+    assert result["context"]["versions"]["torch"]
+    assert result["model"]["parameters"] > 0
+    return result
+
+
+def test_rollout(tmp_path):
+    result = _bench(tmp_path, "rollout")
+    # Same engine, same seeds: megarl's batch holds exactly the tokens vLLM generated.
+    assert result["same_tokens"] is True
+    assert set(result["seconds"]) == {"megarl", "vllm", "hf"}
+    assert all(len(times) == 2 for times in result["seconds"].values())
+    assert result["megarl_over_vllm"] > 0 and result["hf_over_megarl"] > 0
+
+
+def test_train(tmp_path):
+    result = _bench(tmp_path, "train")
+    assert set(result["tp1"]["seconds"]) == {"megatron", "pytorch"}
+    assert result["tp1"]["threads"] == 1
+    assert result["layouts"] == {}  # --smoke skips TP 2 / PP 2 (two more process worlds) to stay within budget
+    assert result["megatron_over_pytorch_throughput"] > 0
+
+
+def test_step(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)  # the quickstart recipe's paths are relative to the repository
+    if not (REPO / "outputs/tiny-model/config.json").is_file() or not (REPO / "outputs/quickstart-data").is_dir():
+        pytest.skip("needs the quickstart model and data (bash scripts/quickstart.sh makes them)")
+    result = _bench(tmp_path, "step")
+    assert result["repeats"] == 2
+    assert {"rollout", "old_log_prob", "update_actor", "sync", "other"} <= set(result["phase_seconds"])
+    assert result["phase_seconds"]["other"] < result["step_seconds"]
+
+
+def test_sync(tmp_path):
+    result = _bench(tmp_path, "sync")
+    assert result["layout"]["train_tp"] == 2
+    assert result["sync_seconds"] > 0 and result["clone_seconds"] > 0
+
+
+def test_bad_model_dir_is_a_usage_error(tmp_path, capsys):
+    assert main(["bench", "train", "--model", str(tmp_path)]) == 2
+    assert "has no config.json" in capsys.readouterr().err

@@ -1,0 +1,11 @@
+"""Fixtures of the reliability tests: one tiny workspace (model, data, recipe) for the whole session."""
+
+import pytest
+
+from reliability_job import make_workspace
+
+
+@pytest.fixture(scope="session")
+def workspace(tmp_path_factory):
+    """Read-only for the tests: each job writes under its own run dir."""
+    return make_workspace(tmp_path_factory.mktemp("reliability-workspace"))

@@ -1,0 +1,189 @@
+"""Helpers of the reliability tests: a tiny workspace, and `megarl train` as a watched subprocess.
+
+    workspace = make_workspace(tmp_dir)                  # tiny model, quickstart data, recipe.yaml
+    job = Job.start(workspace, run_dir, ["trainer.total_steps=4"])
+    job.wait_for(lambda: job.last_step() >= 2, "step 2 logged")
+    policy, rollout = job.rank_processes()               # psutil.Process lists, by rank order of pid
+    job.wait(timeout_s=180)                              # exit code; stdout/stderr in job.output()
+
+Every job gets its own Ray temp dir (`RAY_TMPDIR`), so its session logs can be read and nothing is
+shared with other Ray instances on the machine; `Job.cleanup()` kills whatever the job left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import yaml
+
+from megarl.models.tiny import make_tiny_model
+from megarl.rewards.tasks import repeat_first_char_rows
+
+REWARDS_MODULE = '''"""Reward functions of the reliability tests (the job finds this module through PYTHONPATH)."""
+import json
+import os
+
+from megarl.rewards.tasks import repeat_first_char
+
+
+def overflow(prompts, responses, **columns):
+    """Finite in float64, inf once the trainer stores rewards as float32: NaN advantages every step."""
+    return [1e39] * len(responses)
+
+
+def env_probe(prompts, responses, **columns):
+    """repeat_first_char, after recording this process's environment and parentage once."""
+    path = os.environ["RELIABILITY_PROBE_FILE"] + f".{os.getpid()}"
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            json.dump({"pid": os.getpid(), "ppid": os.getppid(), "environ": dict(os.environ)}, f)
+    return repeat_first_char(prompts, responses, **columns)
+'''
+
+MEGARL = str(Path(sys.executable).with_name("megarl"))
+POLL_S = 0.2
+
+
+def make_workspace(root: Path) -> Path:
+    """`root` with model/, data/train.jsonl and recipe.yaml: the quickstart recipe (actor TP 2, two
+    colocated TP-1 vLLM engines, 16 prompts × 8 samples, 2 new tokens) without validation."""
+    import random
+
+    make_tiny_model(root / "model", arch="qwen2")
+    (root / "data").mkdir()
+    rows = repeat_first_char_rows(1024, random.Random(0))
+    (root / "data" / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    recipe = yaml.safe_load((Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml").read_text())
+    recipe["model"]["path"] = str(root / "model")
+    recipe["data"] |= {"train_files": [str(root / "data" / "train.jsonl")], "val_files": []}
+    recipe["trainer"] |= {"test_freq": 0, "total_steps": 2, "loggers": ["console", "jsonl"]}
+    recipe["checkpoint"] |= {"export_hf": False, "save_freq": 0}
+    (root / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    (root / "reliability_rewards.py").write_text(REWARDS_MODULE)
+    return root
+
+
+@dataclass
+class Job:
+    """One `megarl train` subprocess and the directories it writes."""
+
+    process: subprocess.Popen
+    run_dir: Path
+    """trainer.output_dir: metrics.jsonl lies in run_dir/<experiment>."""
+    checkpoint_dir: Path
+    ray_tmp: Path
+    """This job's RAY_TMPDIR (short: Ray's socket paths must fit in 107 bytes)."""
+    log: Path
+    seen: dict[int, psutil.Process] = field(default_factory=dict)
+    """Every descendant process observed so far, by pid (to prove they are all gone at the end)."""
+
+    @classmethod
+    def start(cls, workspace: Path, run_dir: Path, overrides: list[str], env: dict[str, str] | None = None) -> Job:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ray_tmp = Path(tempfile.mkdtemp(prefix="mrl-", dir="/tmp"))
+        checkpoint_dir = run_dir / "checkpoints"
+        log = run_dir / "job.log"
+        args = [MEGARL, "train", str(workspace / "recipe.yaml"), f"trainer.output_dir={run_dir}",
+                "trainer.experiment_name=job", f"checkpoint.dir={checkpoint_dir}", *overrides]
+        full_env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "PYTHONUNBUFFERED": "1", **(env or {})}
+        full_env.pop("RAY_ADDRESS", None)
+        with log.open("wb") as sink:
+            process = subprocess.Popen(args, cwd=workspace, env=full_env, stdout=sink, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        return cls(process, run_dir, checkpoint_dir, ray_tmp, log)
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / "job" / "metrics.jsonl"
+
+    def metrics(self) -> list[dict]:
+        if not self.metrics_path.exists():
+            return []
+        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+
+    def last_step(self) -> int:
+        records = self.metrics()
+        return records[-1]["step"] if records else 0
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            found = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        self.seen.update({p.pid: p for p in found})
+        return found
+
+    def rank_processes(self) -> tuple[list[psutil.Process], list[psutil.Process]]:
+        """(policy ranks, rollout engines) among the job's Ray actors: an engine has vLLM's native
+        library mapped, a policy rank does not import vLLM."""
+        policy, rollout = [], []
+        for process in self.descendants():
+            try:
+                if "RankProcess" not in " ".join(process.cmdline()):
+                    continue
+                maps = Path(f"/proc/{process.pid}/maps").read_text()
+            except (psutil.Error, OSError):
+                continue
+            (rollout if "/vllm/" in maps else policy).append(process)
+        return policy, rollout
+
+    def wait_for(self, condition, what: str, timeout_s: float = 240.0) -> None:
+        """Poll `condition()` until true; fail if the job exits first or the time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            self.descendants()
+            if self.process.poll() is not None:
+                raise AssertionError(f"the job exited ({self.process.returncode}) before {what}:\n{self.output()[-4000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {what} within {timeout_s:.0f} s:\n{self.output()[-4000:]}")
+            time.sleep(POLL_S)
+
+    def wait(self, timeout_s: float = 240.0) -> int:
+        """The exit code; a job still running after `timeout_s` is killed and the test fails."""
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.cleanup()
+            raise AssertionError(f"the job did not end within {timeout_s:.0f} s:\n{self.output()[-4000:]}") from None
+
+    def leftovers(self) -> list[psutil.Process]:
+        """Processes of this job still alive (the driver's descendants as seen while it ran, plus any
+        process whose command line names this job's Ray temp dir)."""
+        alive = [p for p in self.seen.values() if _alive(p)]
+        marker = str(self.ray_tmp)
+        for process in psutil.process_iter(["cmdline"]):
+            if process.pid not in self.seen and marker in " ".join(process.info["cmdline"] or ()):
+                alive.append(process)
+        return alive
+
+    def cleanup(self) -> None:
+        """Kill the job and everything it started (only processes of this job), remove its Ray dir."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        for process in self.leftovers():
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        shutil.rmtree(self.ray_tmp, ignore_errors=True)
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

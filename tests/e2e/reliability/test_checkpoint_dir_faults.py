@@ -1,0 +1,50 @@
+"""checkpoint.dir turning read-only in the middle of a run: the next save fails with an error naming the
+directory and the OS reason, the job ends (non-zero), and the previous checkpoint stays complete.
+
+Save failures inside the checkpoint code (no space, permissions, a crash at each point of a save) are
+covered by tests/distributed/checkpoint/test_checkpoint_faults.py; this is the same through a whole job.
+The directory is made read-only with a read-only bind mount (root ignores permission bits), so the
+test needs CAP_SYS_ADMIN and is skipped without it.
+"""
+
+import subprocess
+
+import pytest
+
+from megarl.trainer.checkpoint_manager import CheckpointManager, read_manifest
+from reliability_job import Job
+
+
+def mount_read_only(directory) -> bool:
+    """Bind-mount `directory` onto itself read-only; False where this process may not mount."""
+    bind = subprocess.run(["mount", "--bind", str(directory), str(directory)], capture_output=True)
+    if bind.returncode != 0:
+        return False
+    if subprocess.run(["mount", "-o", "remount,bind,ro", str(directory)], capture_output=True).returncode != 0:
+        subprocess.run(["umount", str(directory)], check=True)
+        return False
+    return True
+
+
+def test_read_only_checkpoint_dir_mid_run_fails_the_save_and_keeps_the_last_checkpoint(workspace, tmp_path):
+    job = Job.start(workspace, tmp_path / "run", ["trainer.total_steps=6", "checkpoint.save_freq=2"])
+    mounted = False
+    try:
+        job.wait_for(lambda: job.last_step() >= 2, "step 2 logged")
+        mounted = mount_read_only(job.checkpoint_dir)
+        if not mounted:
+            pytest.skip("cannot make a read-only bind mount here (needs CAP_SYS_ADMIN)")
+        code = job.wait()
+        out = job.output()
+        assert code != 0
+        assert "CheckpointError" in out and str(job.checkpoint_dir) in out and "Read-only file system" in out, out[-4000:]
+        complete = CheckpointManager(job.checkpoint_dir).complete()
+        assert complete and complete[0].step == 2, "the checkpoint saved before the mount must stay complete"
+        read_manifest(complete[-1].path)
+        # Saves happen before a step is logged: the failed one is the step after the last logged.
+        assert job.last_step() == complete[-1].step + 1, "the run must stop at the first failed save"
+        assert job.leftovers() == []
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(job.checkpoint_dir)], check=True)
+        job.cleanup()

@@ -1,0 +1,77 @@
+"""A running local job: what listens on the network, what user reward code can see, what is logged.
+
+One job (3 steps) for the module, with canary secrets in the driver's environment and a reward
+function that records its own environment. The scorer's own isolation (time limit, process group
+kill, credential filter) is tested in tests/unit/rewards/test_rewards_scorer.py.
+"""
+
+import ipaddress
+import json
+
+import psutil
+import pytest
+
+from reliability_job import Job
+
+CANARIES = {"HF_TOKEN": "hf_secret_canary_123", "WANDB_API_KEY": "wandb_secret_canary_456",
+            "AWS_SECRET_ACCESS_KEY": "aws_secret_canary_789"}
+
+
+@pytest.fixture(scope="module")
+def live_job(workspace, tmp_path_factory):
+    """The job after step 1 (still running), with the listening sockets seen then; the test that
+    needs its end calls `job.wait()`."""
+    run_dir = tmp_path_factory.mktemp("security")
+    job = Job.start(workspace, run_dir, ["reward.function=reliability_rewards:env_probe", "trainer.total_steps=3"],
+                    env={**CANARIES, "PYTHONPATH": str(workspace), "RELIABILITY_PROBE_FILE": str(run_dir / "probe")})
+    try:
+        job.wait_for(lambda: job.last_step() >= 1, "step 1 logged")
+        job.listening = listening_sockets([psutil.Process(job.process.pid), *job.descendants()])
+        yield job
+    finally:
+        job.cleanup()
+
+
+def listening_sockets(processes: list[psutil.Process]) -> list[tuple[str, str, int]]:
+    """(process name, address, port) of every TCP socket in LISTEN state held by `processes`."""
+    found = []
+    for process in processes:
+        try:
+            connections = process.net_connections(kind="tcp")
+            name = " ".join(process.cmdline())[:80]
+        except psutil.Error:
+            continue
+        found += [(name, c.laddr.ip, c.laddr.port) for c in connections if c.status == psutil.CONN_LISTEN]
+    return found
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "missing: loopback-only binding of a local job. Ray 2.60 turns ray.init(_node_ip_address='127.0.0.1') into "
+    "the node's routable IP (services.resolve_ip_for_localhost), and its GCS, raylet, core-worker gRPC, "
+    "dashboard-agent and runtime-env-agent servers listen on '::'/0.0.0.0/the node IP; torch's TCPStore "
+    "(rendezvous, weight-sync group) listens on all interfaces and gloo binds the node IP's interface"))
+def test_every_listening_socket_is_bound_to_loopback(live_job):
+    assert live_job.listening, "the job's processes should listen somewhere (Ray's GCS at least)"
+    exposed = [s for s in live_job.listening if not ipaddress.ip_address(s[1]).is_loopback]
+    assert exposed == [], "sockets reachable from other machines:\n" + "\n".join(map(str, exposed))
+
+
+def test_reward_code_runs_in_another_process_without_the_drivers_secrets(live_job):
+    assert live_job.wait() == 0, live_job.output()[-4000:]
+    probes = [json.loads(p.read_text()) for p in live_job.run_dir.glob("probe.*")]
+    assert probes, "the reward function never ran"
+    for probe in probes:
+        assert probe["pid"] != live_job.process.pid and probe["ppid"] == live_job.process.pid
+        assert not set(CANARIES) & set(probe["environ"])
+        assert not [v for v in probe["environ"].values() if any(c in v for c in CANARIES.values())]
+
+
+def test_no_secret_reaches_the_run_dir_or_rays_logs(live_job):
+    assert live_job.wait() == 0, live_job.output()[-4000:]
+    leaks = []
+    for root in (live_job.run_dir, live_job.ray_tmp):
+        for path in root.rglob("*"):
+            if path.is_file() and not path.is_symlink() and not path.name.startswith("probe."):
+                data = path.read_bytes()
+                leaks += [(str(path), name) for name, value in CANARIES.items() if value.encode() in data]
+    assert leaks == []

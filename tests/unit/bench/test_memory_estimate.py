@@ -1,0 +1,86 @@
+"""The per-GPU memory estimate on the real-model recipes (pure arithmetic, no download)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from megarl.config import load_config
+from megarl.config.memory import GIB, ModelShape, estimate_memory, memory_report, state_bytes
+from megarl.config.roles import ParallelConfig
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+LLAMA_70B = ModelShape(vocab_size=128256, hidden_size=8192, ffn_hidden_size=28672, num_layers=80,
+                       num_attention_heads=64, num_kv_heads=8, head_dim=128)
+"""Llama-3.1-70B's published config.json."""
+
+
+def _recipe(name: str, *overrides: str):
+    return load_config(CONFIGS / name, list(overrides))
+
+
+def test_qwen2_5_7b_parameter_count_is_the_published_one():
+    # Qwen2.5-7B: 7.61 B parameters (model card).
+    assert ModelShape.of("Qwen/Qwen2.5-7B-Instruct").total_parameters() == pytest.approx(7.61e9, rel=0.01)
+
+
+def test_llama_70b_parameter_count_is_the_published_one():
+    assert LLAMA_70B.total_parameters() == pytest.approx(70.6e9, rel=0.01)
+
+
+def test_7b_recipe_with_tp2_fits_on_80_gb():
+    config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml")
+    estimate = estimate_memory(config, ModelShape.of(config.model.path), train_gpus=8)
+    assert estimate.fits, memory_report(config, 80)
+    actor = estimate.roles[0]
+    # bf16 weights: 2 bytes per parameter of a TP-2 shard (half the layers' weights, half the vocabulary).
+    assert actor.parameters == pytest.approx(7.61e9 / 2 * 2, rel=0.02)
+
+
+def test_70b_with_tp1_does_not_fit_on_80_gb():
+    config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml", "actor.parallel.tensor_model_parallel_size=1",
+                     "ref.parallel.tensor_model_parallel_size=1")
+    estimate = estimate_memory(config, LLAMA_70B, train_gpus=8)
+    assert not estimate.fits
+    assert estimate.roles[0].parameters > 80 * GIB  # the bf16 weights alone exceed the GPU
+
+
+def test_70b_fits_with_enough_model_parallelism_and_offload():
+    config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml", "actor.parallel.tensor_model_parallel_size=8",
+                     "actor.parallel.pipeline_model_parallel_size=4", "ref.parallel.tensor_model_parallel_size=8",
+                     "ref.parallel.pipeline_model_parallel_size=4", "placement.nnodes=4", "ref.offload_params=true",
+                     "actor.offload.params=true", "rollout.gpu_memory_utilization=0.5")
+    assert estimate_memory(config, LLAMA_70B, train_gpus=32).fits
+
+
+def test_distributed_optimizer_divides_only_the_optimizer_state_by_dp():
+    shape = ModelShape.of("Qwen/Qwen2.5-7B-Instruct")
+    tp2 = ParallelConfig(tensor_model_parallel_size=2)
+    single = state_bytes(shape, tp2, 1, "bfloat16", distributed_optimizer=True, trained=True)
+    sharded = state_bytes(shape, tp2, 4, "bfloat16", distributed_optimizer=True, trained=True)
+    assert sharded[:2] == single[:2]
+    assert sharded[2] == pytest.approx(single[2] / 4, abs=1)
+    # bf16: fp32 main copy + two fp32 moments = 12 bytes per parameter, params 2 bytes.
+    assert single[2] == 6 * single[0]
+
+
+def test_recompute_shrinks_activations():
+    full = _recipe("grpo_qwen2.5-7b_gsm8k.yaml")
+    none = dataclasses.replace(full, actor=dataclasses.replace(full.actor, recompute=dataclasses.replace(
+        full.actor.recompute, granularity="none", num_layers=None)))
+    shape = ModelShape.of(full.model.path)
+    with_recompute = estimate_memory(full, shape, train_gpus=8).roles[0].activations
+    without = estimate_memory(none, shape, train_gpus=8).roles[0].activations
+    assert with_recompute < without / 2
+
+
+def test_validate_prints_the_estimate(capsys):
+    from megarl.cli.main import main
+
+    assert main(["validate", str(CONFIGS / "grpo_qwen2.5-7b_gsm8k.yaml"), "--no-file-checks"]) == 0
+    out = capsys.readouterr().out
+    assert "# memory estimate" in out and "of 80 GiB: fits" in out
+    assert main(["validate", str(CONFIGS / "grpo_qwen2.5-7b_gsm8k.yaml"), "--no-file-checks", "--gpu-memory-gib", "40"]) == 0
+    assert "of 40 GiB: does not fit" in capsys.readouterr().out

@@ -1,0 +1,172 @@
+"""Bad configs and bad data end `megarl train` (not only `megarl validate`) at start-up: exit 2, one line
+per problem naming the key (or the file and row), each printed once, no traceback, nothing written,
+no process and no Ray started.
+
+The catalogue of ~70 bad configs through `megarl validate` is tests/unit/config/test_config_catalogue.py;
+the data loader's own table of errors is tests/unit/data/. Here: the issue-8 cases through both
+commands, and bad data through `megarl train`.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import ray
+import yaml
+
+from megarl.cli.main import main
+from megarl.models.tiny import make_tiny_model
+
+REPO = Path(__file__).resolve().parents[3]
+
+BAD_CONFIGS = [
+    # (id, overrides, key named by the error line, words of the message)
+    ("colocated-rollout-tp-does-not-fit", ["rollout.tensor_model_parallel_size=4"],
+     "rollout.tensor_model_parallel_size", "does not divide the 2 GPUs"),
+    ("critic-on-grpo", ["critic.enable=true"], "critic.enable", "grpo is critic-free"),
+    ("reward-module-missing", ["reward.function=no_such_package.rewards:score"], "reward.function",
+     "cannot be imported"),
+    ("reward-module-does-not-parse", ["reward.function=broken_reward:score"], "reward.function", "cannot be parsed"),
+    ("dataset-missing", ["data.train_files=[{tmp}/missing.jsonl]"], "data.train_files[0]", "file does not exist"),
+    ("checkpoint-dir-not-writable", ["checkpoint.dir={tmp}/data/train.jsonl/ckpt"], "checkpoint.dir",
+     "no directory can be made there"),
+    ("sync-threshold-negative", ["rollout.sync.logprob_gap_threshold=-1"], "rollout.sync.logprob_gap_threshold",
+     "must be > 0"),
+]
+
+BAD_DATA = [
+    # (id, train.jsonl text, words the error must contain ({file} = the file's path))
+    ("corrupt-json-line", '{"prompt": "abc", "answer": "a"}\n{"prompt": "ab\n', "{file}:2: not valid JSON"),
+    ("json-array-row", '{"prompt": "abc", "answer": "a"}\n[1, 2]\n', "{file}:2: a JSON list where a JSON object"),
+    ("no-rows", "\n\n", "{file}: the file holds no rows"),
+    ("no-prompt-column", '{"question": "abc", "answer": "a"}\n', "{file}: no row has the column 'prompt'"),
+    ("every-row-empty", '{"prompt": "  ", "answer": "a"}\n{"prompt": "", "answer": "b"}\n', "no usable prompt in {file}"),
+    ("chat-messages-without-template", '{"prompt": [{"role": "user", "content": "abc"}], "answer": "a"}\n', "{file}"),
+    ("fewer-prompts-than-a-batch", '{"prompt": "abc", "answer": "a"}\n', "data.train_batch_size 16 is larger than the 1"),
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture
+def workdir(tmp_path, model_dir, monkeypatch):
+    """A valid quickstart-shaped recipe (2 processes, actor TP 2, 2 colocated engines) in `tmp_path`."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "data").mkdir()
+    rows = [{"prompt": "abc"[: 1 + i % 3] + "de", "answer": "a"} for i in range(32)]
+    (tmp_path / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "broken_reward.py").write_text("def score(prompts, responses:\n    return []\n")
+    recipe = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())
+    recipe["model"]["path"] = str(model_dir)
+    recipe["data"] |= {"train_files": [str(tmp_path / "data" / "train.jsonl")], "val_files": []}
+    recipe["trainer"] |= {"test_freq": 0, "output_dir": str(tmp_path / "out")}
+    recipe["checkpoint"]["dir"] = str(tmp_path / "ckpt")
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    return tmp_path
+
+
+def snapshot(directory: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in [directory, *directory.rglob("*")] if "__pycache__" not in p.parts}
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """`megarl ARGV...` in this process, asserting it started no process and no Ray."""
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    assert not ray.is_initialized(), f"megarl {argv[0]} started Ray"
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= children, f"megarl {argv[0]} started a process"
+    return code, captured.out, captured.err
+
+
+def problem_lines(command: str, err: str) -> list[str]:
+    """Lines that report one problem each: `megarl train: <key> = ...` or `error: <key> = ...`."""
+    prefix = "megarl train: " if command == "train" else "error: "
+    return [line[len(prefix):] for line in err.splitlines() if line.startswith(prefix)]
+
+
+@pytest.mark.parametrize("command", ["train", "validate"])
+@pytest.mark.parametrize("overrides, key, message", [c[1:] for c in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS])
+def test_bad_config_exits_2_before_starting_anything(workdir, capsys, command, overrides, key, message):
+    before = snapshot(workdir)
+    code, out, err = run_cli(capsys, command, "recipe.yaml", *(o.replace("{tmp}", str(workdir)) for o in overrides))
+    assert code == 2
+    assert out == ""
+    lines = problem_lines(command, err)
+    assert [line for line in lines if line.startswith(f"{key} = ") and message in line], err
+    assert len(lines) == len(set(lines)), f"a problem was printed twice:\n{err}"
+    assert "Traceback" not in err
+    assert snapshot(workdir) == before
+
+
+@pytest.mark.parametrize("text, message", [c[1:] for c in BAD_DATA], ids=[c[0] for c in BAD_DATA])
+def test_bad_data_ends_train_at_startup_naming_file_and_row(workdir, capsys, text, message):
+    data = workdir / "data" / "train.jsonl"
+    data.write_text(text)
+    before = snapshot(workdir)
+    code, out, err = run_cli(capsys, "train", "recipe.yaml")
+    assert code == 2
+    lines = problem_lines("train", err)
+    assert len(lines) == 1 and message.format(file=data) in lines[0], err
+    assert "Traceback" not in err
+    assert snapshot(workdir) == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into read-only directories")
+def test_read_only_checkpoint_dir_exits_2_from_train(workdir, capsys):
+    locked = workdir / "locked"
+    locked.mkdir(mode=0o555)
+    code, _, err = run_cli(capsys, "train", "recipe.yaml", f"checkpoint.dir={locked}/ckpt")
+    assert code == 2
+    assert any(line.startswith("checkpoint.dir = ") and "is not writable" in line for line in problem_lines("train", err))
+
+
+def test_train_process_reports_every_problem_once_and_starts_no_ray(workdir):
+    """The real `megarl train` process with all the issue-8 cases at once: exit 2, one line each,
+    and its Ray temp dir (RAY_TMPDIR, inside the watched directory) stays empty."""
+    ray_tmp = workdir / "ray-tmp"
+    ray_tmp.mkdir()
+    overrides = [o.replace("{tmp}", str(workdir)) for case in BAD_CONFIGS for o in case[1]]
+    before = snapshot(workdir)
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "PYTHONPATH": str(workdir)}
+    env.pop("RAY_ADDRESS", None)
+    result = subprocess.run([str(Path(sys.executable).with_name("megarl")), "train", "recipe.yaml", *overrides],
+                            cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    lines = problem_lines("train", result.stderr)
+    assert len(lines) == len(set(lines))
+    expected = {key: message for _, _, key, message in BAD_CONFIGS}  # a key given twice: the last value counts
+    for key, message in expected.items():
+        assert [line for line in lines if line.startswith(f"{key} = ") and message in line], (key, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert snapshot(workdir) == before
+
+
+class _RayWouldStart(Exception):
+    pass
+
+
+def test_reward_module_failing_at_import_exits_2_before_ray(workdir, capsys, monkeypatch):
+    """Validation only parses the module (it never runs user code); the trainer's reward workers
+    import it before Ray starts."""
+    import megarl.trainer.trainer as trainer_module
+
+    def refuse(*args, **kwargs):
+        raise _RayWouldStart
+
+    monkeypatch.setattr(trainer_module, "init_ray", refuse)
+    (workdir / "raising_reward.py").write_text("import no_such_dependency\n\ndef score(prompts, responses, **c):\n"
+                                               "    return [0.0] * len(responses)\n")
+    code, _, err = run_cli(capsys, "train", "recipe.yaml", "reward.function=raising_reward:score")
+    assert code == 2
+    assert any(line.startswith("reward.function") and "no_such_dependency" in line for line in problem_lines("train", err))
