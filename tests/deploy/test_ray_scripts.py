@@ -2,12 +2,16 @@
 real jobs whose exit codes come back through submit.sh, and no Ray process left after stop.sh."""
 
 import json
+import re
 import secrets
 import shutil
 import socket
 import subprocess
 import tempfile
+import sys
 import time
+
+from pathlib import Path
 
 import psutil
 import pytest
@@ -102,23 +106,31 @@ def test_failing_job_exit_code_propagates(ray_head, ray_env):
     assert result.returncode == FAILING_JOB_EXIT_CODE, result.stdout + result.stderr
 
 
-def test_terminating_submit_stops_the_job(ray_head, ray_env, monkeypatch):
-    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
-        monkeypatch.setenv(name, ray_env[name])
-    from ray.job_submission import JobStatus, JobSubmissionClient
+def _job_status(ray_head: dict, job_id: str, env: dict) -> str:
+    """The job's status word through the `ray job status` CLI (a subprocess: Ray caches its auth
+    mode per process, and other test modules may have imported ray with token auth off)."""
+    result = _run([str(Path(sys.executable).with_name("ray")), "job", "status", "--address", ray_head["address"],
+                   job_id], env, timeout_s=60)
+    output = result.stdout + result.stderr
+    # Live jobs print "Status for job '<id>': RUNNING"; ended ones "Job '<id>' was stopped" (succeeded, failed).
+    match = re.search(r"Status for job '[^']+': (\w+)|Job '[^']+' (?:was )?(stopped|succeeded|failed)", output)
+    return next(g for g in match.groups() if g).upper() if match else output
 
-    client = JobSubmissionClient(ray_head["address"])
+
+def test_terminating_submit_stops_the_job(ray_head, ray_env):
     job_id = f"megarl-test-{secrets.token_hex(4)}"
     submit = subprocess.Popen(["bash", "scripts/submit.sh", "--address", ray_head["address"], "--submission-id", job_id,
                                "--", "python", "-c", "import time; time.sleep(600)"],
                               cwd=REPO, env=ray_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_until(lambda: job_id in {job.submission_id for job in client.list_jobs()}
-                    and client.get_job_status(job_id) == JobStatus.RUNNING, 120, f"job {job_id} to run")
+        _wait_until(lambda: _job_status(ray_head, job_id, ray_env) == "RUNNING", 120, f"job {job_id} to run")
         submit.terminate()
         output, _ = submit.communicate(timeout=60)
         assert submit.returncode == 130, output
-        _wait_until(lambda: client.get_job_status(job_id) == JobStatus.STOPPED, 60, f"job {job_id} to stop")
+        deadline, status = time.monotonic() + 90, None
+        while status != "STOPPED":
+            assert time.monotonic() < deadline, f"job {job_id} did not stop; last status: {status}"
+            status = _job_status(ray_head, job_id, ray_env)
     finally:
         submit.kill()
         submit.wait()

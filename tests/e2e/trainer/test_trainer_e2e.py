@@ -21,7 +21,7 @@ STEPS = 6
 # Metrics every GRPO step logs (critic/, val/, dapo/ and KL-in-reward ones only when configured).
 GRPO_METRICS = {
     name for name in DOCUMENTED_METRICS
-    if not name.startswith(("critic/", "val/", "timing/", "dapo/", "actor/kl_coef"))
+    if not name.startswith(("critic/", "val/", "timing/", "dapo/", "actor/kl_coef")) and name != "reward/rm_mean"
 } | {"timing/rollout", "timing/reward", "timing/old_log_prob", "timing/adv", "timing/update_actor", "timing/sync", "timing/step"}
 
 
