@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from megarl.config import BatchPlan, Config, uses_reference
+from megarl.config import BatchPlan, Config, Problem, uses_reference
 from megarl.orchestration.placement import BundleSpec, create_placement_group
 from megarl.orchestration.worker_group import WorkerGroup
 from megarl.trainer import settings
@@ -65,6 +65,19 @@ class Roles:
         for group in (self.rollout, self.policy):
             group.kill()
         remove_placement_group(self.placement)
+
+
+def placement_problems(config: Config) -> list[Problem]:
+    """Valid settings this trainer cannot run yet (reported with the config's own problems)."""
+    rollout_tp = config.rollout.tensor_model_parallel_size
+    if rollout_tp > 1 and (config.placement.mode == "colocated" or torch.cuda.is_available()):
+        return [Problem(
+            "rollout.tensor_model_parallel_size", rollout_tp,
+            "engines are placed one per device bundle, so an engine cannot span several GPUs yet (on CPU, "
+            "split placement runs a TP > 1 engine)",
+            "use rollout.tensor_model_parallel_size: 1 (more engines instead of wider ones)",
+        )]
+    return []
 
 
 def policy_spec(config: Config, plan: BatchPlan, total_steps: int) -> PolicyWorkerSpec:

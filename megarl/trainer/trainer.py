@@ -26,7 +26,7 @@ from megarl.trainer import rollout_batch as rb
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.trainer.metrics import reduce_metrics, rollout_metrics, throughput_metrics, worker_metrics
 from megarl.trainer.rollout import RolloutPhase, generate, score
-from megarl.trainer.roles import device_bundles, start_roles
+from megarl.trainer.roles import device_bundles, placement_problems, start_roles
 from megarl.trainer.settings import sampling_config
 from megarl.trainer.sinks import MetricsLogger
 from megarl.trainer.timing import PhaseTimer
@@ -68,7 +68,7 @@ class Trainer:
     def from_config(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Trainer:
         """Load and validate a recipe; raises `ConfigError` listing every problem."""
         config = load_config(path, overrides)
-        problems = validate(config)
+        problems = validate(config) + placement_problems(config)
         if problems:
             raise ConfigError(problems)
         return cls(config)
