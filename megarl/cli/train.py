@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except (WorkerFailure, BadStepsError, SyncVerificationError, CheckpointError) as error:
         # Failures megarl diagnosed itself: the message names the cause; a traceback adds nothing.
-        print(f"megarl train: failed: {error}", file=sys.stderr)
+        print(f"megarl train: failed: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
     print(f"megarl train: done after step {trainer.total_steps}; run dir {trainer.run_dir} "
           f"(metrics.jsonl, curves.png); last reward/mean {metrics.get('reward/mean', float('nan')):.3f}")
