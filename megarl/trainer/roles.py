@@ -18,7 +18,7 @@ from megarl.config import BatchPlan, Config, Problem, uses_reference
 from megarl.orchestration.placement import BundleSpec, create_placement_group
 from megarl.orchestration.worker_group import WorkerGroup
 from megarl.trainer import settings
-from megarl.trainer.rollout_batch import gather_by_dp, split_by_dp
+from megarl.trainer.rollout_batch import gather_by_dp
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.policy_worker import CriticSpec, PolicyWorkerSpec
 
@@ -44,7 +44,7 @@ class Roles:
     def gather(self, method: str, batch: PolicyBatch, index: int | None = None) -> Tensor:
         """Run a per-sample policy method on each DP replica's rows; the rows back in order
         (`index` picks one output of methods that return a tuple)."""
-        parts = self.policy.call_each(method, self._by_rank([(part,) for part in split_by_dp(batch, self.dp_size)]))
+        parts = self.policy.call_each(method, self._by_rank([(part,) for part in batch.split(self.dp_size)]))
         if index is not None:
             parts = [part[index] for part in parts]
         return gather_by_dp(parts, self.grids)
@@ -52,7 +52,7 @@ class Roles:
     def update(self, method: str, batch: PolicyBatch, step: int) -> dict[str, float]:
         """An update (`update_actor` / `update_critic`) on each DP replica's rows; the metrics of
         DP replica 0 (they are reduced over DP inside the update)."""
-        results = self.policy.call_each(method, self._by_rank([(part, step) for part in split_by_dp(batch, self.dp_size)]))
+        results = self.policy.call_each(method, self._by_rank([(part, step) for part in batch.split(self.dp_size)]))
         return next(r for g, r in zip(self.grids, results) if g["rank"] == 0)
 
     def _by_rank(self, per_dp: list[tuple]) -> list[tuple]:

@@ -60,8 +60,7 @@ class RolloutPhase:
     def __call__(self, sampling: SamplingConfig, step: int) -> tuple[Samples, torch.Tensor, dict]:
         algo = self.config.algorithm
         if not algo.dynamic_sampling.enable:
-            samples, scores, metrics = self._round(sampling, f"{step}.0")
-            return samples, scores, metrics
+            return self._round(sampling, f"{step}.0")
         sampler = DynamicSampler(self.config.data.train_batch_size, algo.dynamic_sampling.max_rounds)
         kept, kept_scores, round_metrics = [], [], []
         while not sampler.done:

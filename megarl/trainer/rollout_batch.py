@@ -93,11 +93,6 @@ def token_level_scores(scores: Tensor, response_mask: Tensor) -> Tensor:
     return out
 
 
-def split_by_dp(batch: PolicyBatch, dp_size: int) -> list[PolicyBatch]:
-    """Consecutive equal row blocks, one per DP rank (the batch plan made the sizes divide)."""
-    return batch.split(dp_size)
-
-
 def gather_by_dp(per_rank: Sequence[Tensor], grids: Sequence[dict[str, int]]) -> Tensor:
     """Concatenate one result per DP replica (taken from its TP 0 / first-stage rank), in DP order."""
     leaders = {g["dp_rank"]: result for g, result in zip(grids, per_rank) if g["tp_rank"] == 0 and g["pp_rank"] == 0}

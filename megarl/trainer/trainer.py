@@ -93,6 +93,8 @@ class Trainer:
         self.layout = LayoutPair(self.config.actor.parallel.tensor_model_parallel_size,
                                  self.config.actor.parallel.pipeline_model_parallel_size,
                                  self.config.rollout.tensor_model_parallel_size)
+        # The plan is fixed for the run: fetch its bucket metadata once, not on every sync.
+        self.sync_metadatas = self.roles.policy.call_rank0("sync_metadatas")
         start = self._resume()
         phase = RolloutPhase(self.config, self.roles.rollout, scorer, self._decode, lambda: next(self.loader), self.timer)
         metrics, bad_steps = {}, 0
@@ -170,7 +172,7 @@ class Trainer:
         rollout, policy = self.roles.rollout, self.roles.policy
         if self.engines_sleep:
             rollout.call_all("wake_up")
-        rollout.call_all("start_receive", policy.call_rank0("sync_metadatas"))
+        rollout.call_all("start_receive", self.sync_metadatas)
         stats = reduce_metrics(policy.call_all("send_weights"))
         versions = rollout.call_all("finish_receive", 300.0)
         actor_lp = policy.call_all("probe_log_probs", self.probe)[0]
