@@ -33,8 +33,9 @@ Example (cluster):        bash scripts/ray_head.sh --iface eth0 --dashboard-host
 USAGE
 }
 
-fail() { echo "ray_head.sh: ERROR: $*" >&2; exit 1; }
-bad_arg() { echo "ray_head.sh: $*" >&2; exit 2; }
+prog=ray_head.sh
+# shellcheck source=scripts/lib/ray_node.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/ray_node.sh"
 
 port=6379
 node_ip=""
@@ -64,26 +65,12 @@ while [ $# -gt 0 ]; do
     *) bad_arg "unknown argument '$1' (see --help)" ;;
   esac
 done
-for pair in "port=$port" "dashboard-port=$dashboard_port" "timeout=$timeout_s" "num-cpus=${num_cpus:-0}" "num-gpus=${num_gpus:-0}"; do
-  case "${pair#*=}" in
-    ''|*[!0-9]*) bad_arg "--${pair%%=*} must be a whole number, got '${pair#*=}'" ;;
-  esac
-done
-command -v ray >/dev/null 2>&1 \
-  || fail "'ray' is not on PATH: activate the environment (source .venv/bin/activate) or run inside the megarl image."
-
-# Ray 2.60 `ray start` turns on token authentication when a token exists (RAY_AUTH_TOKEN,
-# RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) unless RAY_AUTH_MODE says otherwise, but some CLI clients
-# (`ray health-check`) only send the token when RAY_AUTH_MODE=token: make the choice explicit for all.
-if [ -z "${RAY_AUTH_MODE:-}" ] && { [ -n "${RAY_AUTH_TOKEN:-}" ] || [ -s "${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}" ]; }; then
-  export RAY_AUTH_MODE=token
-fi
+require_whole_numbers "port=$port" "dashboard-port=$dashboard_port" "timeout=$timeout_s" "num-cpus=${num_cpus:-0}" "num-gpus=${num_gpus:-0}"
+require_ray
 
 if [ -n "$iface" ]; then
-  node_ip="$(ip -4 -o addr show dev "$iface" 2>/dev/null | awk '{split($4, a, "/"); print a[1]; exit}')"
-  [ -n "$node_ip" ] || fail "--iface $iface: no IPv4 address on that interface (see \`ip -4 addr\`)."
-  # Inherited by every Ray process on this node, so NCCL/Gloo in the workers use the same network.
-  export NCCL_SOCKET_IFNAME="$iface" GLOO_SOCKET_IFNAME="$iface"
+  use_iface "$iface"
+  node_ip="$iface_ip"
 fi
 
 args=(--head --port "$port" --dashboard-host "$dashboard_host" --dashboard-port "$dashboard_port"
@@ -93,14 +80,7 @@ args=(--head --port "$port" --dashboard-host "$dashboard_host" --dashboard-port 
 [ -n "$num_gpus" ] && args+=(--num-gpus "$num_gpus")
 args+=("${extra[@]}")
 
-mkdir -p "$temp_dir"
-# The mark scripts/stop.sh finds this node's processes by (they all inherit it from `ray start`).
-export MEGARL_RAY_NODE_TEMP_DIR="$temp_dir"
-if [ "$block" = 1 ]; then
-  exec ray start "${args[@]}" --block
-fi
-ray start "${args[@]}" \
-  || fail "\`ray start ${args[*]}\` failed (see Ray's message above); clean up with: bash scripts/stop.sh --temp-dir $temp_dir"
+start_ray_node "$block" "$temp_dir" "${args[@]}"
 
 gcs_address="${node_ip:-127.0.0.1}:$port"
 dashboard_probe_host="$dashboard_host"

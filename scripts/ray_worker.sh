@@ -24,8 +24,9 @@ Options:
 USAGE
 }
 
-fail() { echo "ray_worker.sh: ERROR: $*" >&2; exit 1; }
-bad_arg() { echo "ray_worker.sh: $*" >&2; exit 2; }
+prog=ray_worker.sh
+# shellcheck source=scripts/lib/ray_node.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/ray_node.sh"
 
 address=""
 node_ip=""
@@ -55,25 +56,12 @@ done
 if [[ ! "$address" =~ ^[^:]+:[0-9]+$ ]]; then
   bad_arg "--address must be HOST:PORT (e.g. 10.0.0.1:6379), got '$address'"
 fi
-for pair in "timeout=$timeout_s" "num-cpus=${num_cpus:-0}" "num-gpus=${num_gpus:-0}"; do
-  case "${pair#*=}" in
-    ''|*[!0-9]*) bad_arg "--${pair%%=*} must be a whole number, got '${pair#*=}'" ;;
-  esac
-done
-command -v ray >/dev/null 2>&1 \
-  || fail "'ray' is not on PATH: activate the environment (source .venv/bin/activate) or run inside the megarl image."
-
-# Ray 2.60 `ray start` turns on token authentication when a token exists (RAY_AUTH_TOKEN,
-# RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) unless RAY_AUTH_MODE says otherwise, but some CLI clients
-# (`ray health-check`) only send the token when RAY_AUTH_MODE=token: make the choice explicit for all.
-if [ -z "${RAY_AUTH_MODE:-}" ] && { [ -n "${RAY_AUTH_TOKEN:-}" ] || [ -s "${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}" ]; }; then
-  export RAY_AUTH_MODE=token
-fi
+require_whole_numbers "timeout=$timeout_s" "num-cpus=${num_cpus:-0}" "num-gpus=${num_gpus:-0}"
+require_ray
 
 if [ -n "$iface" ]; then
-  node_ip="$(ip -4 -o addr show dev "$iface" 2>/dev/null | awk '{split($4, a, "/"); print a[1]; exit}')"
-  [ -n "$node_ip" ] || fail "--iface $iface: no IPv4 address on that interface (see \`ip -4 addr\`)."
-  export NCCL_SOCKET_IFNAME="$iface" GLOO_SOCKET_IFNAME="$iface"
+  use_iface "$iface"
+  node_ip="$iface_ip"
 fi
 
 # The port first (refused at once while the head is down; `ray health-check` alone retries for ~45 s),
@@ -100,11 +88,5 @@ args=(--address "$address" --temp-dir "$temp_dir" --disable-usage-stats)
 [ -n "$num_gpus" ] && args+=(--num-gpus "$num_gpus")
 args+=("${extra[@]}")
 
-mkdir -p "$temp_dir"
-# The mark scripts/stop.sh finds this node's processes by (they all inherit it from `ray start`).
-export MEGARL_RAY_NODE_TEMP_DIR="$temp_dir"
-if [ "$block" = 1 ]; then
-  exec ray start "${args[@]}" --block
-fi
-ray start "${args[@]}" || fail "\`ray start ${args[*]}\` failed (see Ray's message above)."
+start_ray_node "$block" "$temp_dir" "${args[@]}"
 echo "ray_worker.sh: joined the cluster at $address. Stop with: bash scripts/stop.sh --temp-dir $temp_dir"
