@@ -24,8 +24,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from megarl.orchestration.placement import BundleSpec
 
 DEFAULT_CALL_TIMEOUT_S = 1800.0
-START_ATTEMPTS = 3
-"""Tries to start a group whose rendezvous port was taken by another process in the meantime."""
 DEATH_GRACE_S = 5.0
 """How long a rank's error waits for news that a peer's process died (the likelier root cause)."""
 
@@ -49,12 +47,17 @@ class RankProcess:
         os.environ.update(env)
         self.role, self.rank, self.world_size = role, rank, world_size
         self.target = None
+        self.store = None
+        """Rank 0: the rendezvous store it serves, from `rendezvous_address` until `start`."""
 
-    def rendezvous_address(self) -> tuple[str, int]:
-        from megarl.parallel.spawn import free_port
+    def rendezvous_address(self, timeout_s: float) -> tuple[str, int]:
+        """Rank 0: open the group's rendezvous store on this node's address (127.0.0.1 on a local
+        Ray instance), on a port the OS picks; where the other ranks should connect."""
+        from megarl.parallel.distributed import listen_store
 
         host = ray.util.get_node_ip_address()
-        return host, free_port(host)
+        self.store = listen_store(host, self.world_size, timeout_s)
+        return host, self.store.port
 
     def start(self, master_addr: str, master_port: int, target: str, kwargs: dict, timeout_s: float) -> int:
         import torch
@@ -68,7 +71,7 @@ class RankProcess:
         if not torch.cuda.is_available():
             # Ray sets OMP_NUM_THREADS=1 for actors; use the cores this bundle reserved.
             torch.set_num_threads(max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
-        init_distributed(timeout_s=timeout_s)
+        init_distributed(timeout_s=timeout_s, store=self.store)
         module_name, class_name = target.split(":")
         self.target = getattr(importlib.import_module(module_name), class_name)(**kwargs)
         return os.getpid()
@@ -99,20 +102,13 @@ class WorkerGroup:
         self.pids: list[int] = []
         """Process id of each rank, once started."""
         per_rank = init_kwargs if isinstance(init_kwargs, list) else [dict(init_kwargs or {})] * world_size
-        for attempt in range(1, START_ATTEMPTS + 1):
-            self.actors = self._create_actors(placement, bundle, first_bundle, dict(env or {}))
-            try:
-                host, port = self._wait([self.actors[0].rendezvous_address.remote()], timeout_s=call_timeout_s)[0]
-                self.pids = self._wait(
-                    [a.start.remote(host, port, target, per_rank[r], collective_timeout_s) for r, a in enumerate(self.actors)],
-                    timeout_s=call_timeout_s,
-                )
-                return
-            except WorkerFailure as failure:
-                # Rank 0 found the port free, but another process took it before the store bound it
-                # (outgoing connections on the machine draw from the same port range): start afresh.
-                if "EADDRINUSE" not in str(failure) or attempt == START_ATTEMPTS:
-                    raise
+        self.actors = self._create_actors(placement, bundle, first_bundle, dict(env or {}))
+        rendezvous = self.actors[0].rendezvous_address.remote(collective_timeout_s)
+        host, port = self._wait([rendezvous], timeout_s=call_timeout_s)[0]
+        self.pids = self._wait(
+            [a.start.remote(host, port, target, per_rank[r], collective_timeout_s) for r, a in enumerate(self.actors)],
+            timeout_s=call_timeout_s,
+        )
 
     def _create_actors(self, placement, bundle: BundleSpec, first_bundle: int, env: dict[str, str]) -> list:
         remote_cls = ray.remote(RankProcess)

@@ -6,7 +6,9 @@ of megarl passes in, so no other code asks megatron's globals which group it is 
 """
 
 import datetime
+import ipaddress
 import os
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +18,8 @@ from megarl.parallel import cpu_runtime
 from megarl.parallel.seed import seed_everything
 
 DEFAULT_TIMEOUT_S = 600
+LOOPBACK_INTERFACE = "lo"
+"""Linux's name for the loopback interface (gloo and NCCL bind by interface name)."""
 
 
 def default_backend() -> str:
@@ -23,11 +27,16 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S, store: dist.TCPStore | None = None) -> None:
     """Join the torch.distributed world described by the RANK / WORLD_SIZE / MASTER_ADDR /
     MASTER_PORT (and LOCAL_RANK) environment variables.
 
-    Collectives time out after `timeout_s`, so a dead peer ends the job instead of hanging it.
+    Rank 0 serves the rendezvous store on MASTER_ADDR only (`listen_store`), or brings the one it
+    opened earlier as `store`. A world that meets on a loopback address is machine-local: its gloo
+    connections and NCCL's bootstrap are kept on the loopback interface too (unless
+    GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME say otherwise), so nothing of it can be reached from
+    another machine. Collectives time out after `timeout_s`, so a dead peer ends the job instead of
+    hanging it.
     """
     if dist.is_initialized():
         return
@@ -37,12 +46,38 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
             f"init_distributed: environment variables {missing} are not set; start the process with "
             "torchrun, megarl.parallel.spawn.run_distributed, or a megarl worker group."
         )
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if is_loopback(host):
+        for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            os.environ.setdefault(variable, LOOPBACK_INTERFACE)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if store is None:
+        store = (listen_store(host, world_size, timeout_s, port) if rank == 0
+                 else dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout))
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(
-        backend=default_backend(),
-        timeout=datetime.timedelta(seconds=timeout_s),
+        backend=default_backend(), store=store, rank=rank, world_size=world_size, timeout=timeout,
     )
+
+
+def listen_store(host: str, world_size: int, timeout_s: float, port: int = 0) -> dist.TCPStore:
+    """Rank 0's rendezvous store, listening on `host` alone (a `TCPStore` left to itself listens on
+    every interface). `port=0`: a port the OS picks, held from then on, so no other process can take
+    it before the peers connect; hand `store.port` to them."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    listener = socket.create_server((host, port), family=family, backlog=max(128, world_size))
+    return dist.TCPStore(
+        host, listener.getsockname()[1], world_size, is_master=True, wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=listener.detach(),
+    )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address) means this machine's loopback interface."""
+    address = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+    return ipaddress.ip_address(address).is_loopback
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,13 @@ A reward function has TRL's signature
 
 prompts: the prompt texts as the model saw them (chat template applied); responses: the generated
 texts, one per sample, same order; answer: the `data.answer_key` column; columns: the dataset's other
-columns by name. It returns one finite number per response.
+columns by name. It returns one finite number per response, within float32's range (the trainer
+holds rewards as float32: a larger one would turn into inf there, and its advantages into NaN).
 """
 
 from __future__ import annotations
 
 import importlib
-import math
 from collections.abc import Callable
 from numbers import Real
 
@@ -24,10 +24,14 @@ BUILTIN_REWARDS = {
 
 RewardFn = Callable[..., list[float]]
 
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest float32 (`torch.finfo(torch.float32).max`): the bound on a reward's magnitude."""
+
 
 class RewardFunctionError(RuntimeError):
     """The reward function cannot be used: it does not resolve, or it returned something other than one
-    finite number per response. The message names the function. It stops the run (a bug, not bad luck)."""
+    finite float32-sized number per response. The message names the function (and the value and the
+    response it scored). It stops the run (a bug, not bad luck)."""
 
 
 def function_path(spec: str) -> str:
@@ -61,18 +65,27 @@ def resolve_reward_function(spec: str) -> RewardFn:
     return function
 
 
-def checked_scores(spec: str, result: object, num_responses: int) -> list[float]:
-    """`result` as floats if it is a sequence of `num_responses` finite real numbers; else RewardFunctionError."""
+def checked_scores(spec: str, result: object, responses: list[str], first: int = 0) -> list[float]:
+    """`result` as floats if it is a sequence of one finite real number per response, each within
+    float32's range; else RewardFunctionError. `first`: the batch index of `responses[0]`, to name a
+    bad score by its place in the batch."""
     try:
         values = list(result)
     except TypeError:
         raise RewardFunctionError(f"reward.function {spec!r} returned a {type(result).__name__}; it must return a "
-                                  f"list of {num_responses} floats, one per response") from None
-    if len(values) != num_responses:
-        raise RewardFunctionError(f"reward.function {spec!r} returned {len(values)} scores for {num_responses} "
+                                  f"list of {len(responses)} floats, one per response") from None
+    if len(values) != len(responses):
+        raise RewardFunctionError(f"reward.function {spec!r} returned {len(values)} scores for {len(responses)} "
                                   "responses; it must return exactly one score per response")
     for index, value in enumerate(values):
-        if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-            raise RewardFunctionError(f"reward.function {spec!r} returned {value!r} ({type(value).__name__}) as "
-                                      f"score {index}; every score must be a finite int or float")
+        if isinstance(value, bool) or not isinstance(value, Real) or not abs(value) <= FLOAT32_MAX:
+            raise RewardFunctionError(
+                f"reward.function {spec!r} returned {value!r} ({type(value).__name__}) as score {first + index}; "
+                f"every score must be a finite int or float of magnitude at most {FLOAT32_MAX:.4g} (float32, "
+                f"the trainer's reward type); the response it scored: {_excerpt(responses[index])}"
+            )
     return [float(value) for value in values]
+
+
+def _excerpt(text: str, limit: int = 200) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")

@@ -14,7 +14,8 @@
   process it started, is gone) and a fresh worker replaces it.
 - **Failures.** A function that raises (or kills its worker) or times out scores 0 for that call's
   samples and is counted; the run goes on. A function that does not resolve or returns a bad result
-  (wrong length, non-numbers, NaN) raises `RewardFunctionError`: that is a bug and stops the run.
+  (wrong length, non-numbers, NaN, inf, beyond float32's range) raises `RewardFunctionError`: that
+  is a bug and stops the run.
 - **Secrets.** Workers start from the driver's environment minus every variable whose name looks
   like a credential (`SECRET_NAME`: *TOKEN*, *KEY*, *SECRET*, *PASSWORD*, ...: HF_TOKEN,
   WANDB_API_KEY, AWS_SECRET_ACCESS_KEY), so reward code cannot read them, not even from
@@ -176,7 +177,7 @@ class RewardScorer:
         worker = self.workers[index]
         stop = min(start + self.chunk_size, len(responses))
         worker.wait_ready(self.spec, self.startup_timeout_s)
-        worker.connection.send((prompts[start:stop], responses[start:stop],
+        worker.connection.send((start, prompts[start:stop], responses[start:stop],
                                 {name: values[start:stop] for name, values in columns.items()}))
         return start, stop, time.monotonic() + self.timeout_s * (stop - start)
 

@@ -8,7 +8,8 @@ descriptor `fd` until the connection closes or a `None` request arrives. Every r
     ("error", traceback text)   the function raised: its samples score 0, the run goes on
     ("invalid", message)        the function does not resolve or returned a bad result: the run stops
 
-Requests are `(prompts, responses, columns)`; see `megarl.rewards.functions` for the signature.
+Requests are `(first, prompts, responses, columns)`, `first` being the batch index of the chunk's
+first response (to name a bad score by its place); see `megarl.rewards.functions` for the signature.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def serve(connection: Connection, spec: str) -> None:
             return
         if request is None:
             return
-        prompts, responses, columns = request
+        first, prompts, responses, columns = request
         if failure is not None:
             connection.send(("invalid", failure))
             continue
@@ -43,7 +44,7 @@ def serve(connection: Connection, spec: str) -> None:
             connection.send(("error", traceback.format_exc()))
             continue
         try:
-            connection.send(("ok", checked_scores(spec, result, len(responses))))
+            connection.send(("ok", checked_scores(spec, result, responses, first)))
         except RewardFunctionError as error:
             connection.send(("invalid", str(error)))
 

@@ -1,17 +1,7 @@
-"""Checkpoint directories on disk: names, the manifest that marks one complete, `resume`, rotation.
+"""The driver's view of the checkpoints under `checkpoint.dir`: listing, `resume`, `max_keep` rotation.
 
-Pure filesystem work, no torch and no processes: the driver uses it to find and rotate checkpoints,
-and rank 0 of `checkpoint.save_checkpoint` uses it to commit one.
-
-    <checkpoint.dir>/
-      step_00000040/                 complete: its manifest.json verifies
-      step_00000050.tmp-1f3a9c2e/    a save in progress, or a crashed one: never read, removed by the next save
-      hf/                            the final actor as an HF checkpoint (`checkpoint.export_hf`)
-
-A checkpoint is complete when `manifest.json` parses, names its own step, and every file it lists
-exists with the listed size. The manifest is written last, inside the temp dir, and the temp dir
-is renamed to `step_<N>` after it (rename is atomic on POSIX), so a crash at any point leaves either
-the old set of complete checkpoints or the old set plus the new one.
+Pure filesystem work, no torch and no processes; the directory format (names, manifest, commit) is
+`megarl.workers.checkpoint_files`, the per-rank save and load `megarl.workers.checkpoint`.
 
     manager = CheckpointManager(cfg.checkpoint.dir, max_keep=cfg.checkpoint.max_keep)
     start = manager.resolve_resume(cfg.checkpoint.resume)     # a Checkpoint or None
@@ -21,133 +11,21 @@ the old set of complete checkpoints or the old set plus the new one.
 
 from __future__ import annotations
 
-import errno
-import json
-import os
-import re
 import shutil
-import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-import megarl
-
-MANIFEST = "manifest.json"
-FORMAT = "megarl-checkpoint/1"
-_STEP_DIR = re.compile(r"^step_(\d{8,})$")
-_TMP_DIR = re.compile(r"^step_\d{8,}\.tmp-[0-9a-f]+$")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be written, found or read; the message names the directory and the reason."""
-
-
-def step_dir_name(step: int) -> str:
-    """`step_00000042`: zero-padded so that names sort like steps."""
-    if step < 0:
-        raise ValueError(f"checkpoint step must be >= 0, got {step}")
-    return f"step_{step:08d}"
-
-
-def tmp_dir_for(step_dir: Path, nonce: str) -> Path:
-    """The sibling temp dir a save of `step_dir` writes into before the rename."""
-    return step_dir.parent / f"{step_dir.name}.tmp-{nonce}"
-
-
-def new_nonce() -> str:
-    """A random hex suffix for temp dir names."""
-    return uuid.uuid4().hex[:8]
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """Contents of `manifest.json`, written last into a checkpoint."""
-
-    format: str
-    """Always `FORMAT`; other values are rejected."""
-    step: int
-    """The training step the checkpoint was taken after."""
-    roles: list[str]
-    """Models saved, e.g. ["actor", "critic"]: each has `<role>/model/` (and `<role>/optimizer/`)."""
-    files: dict[str, int]
-    """Every file of the checkpoint except the manifest: POSIX path relative to the step dir -> bytes."""
-    layout: dict[str, int]
-    """Process layout it was saved from: world_size, tp, pp, dp."""
-    megarl_version: str
-    """`megarl.__version__` of the writer."""
-
-
-def build_manifest(ckpt_dir: Path, *, step: int, roles: list[str], layout: dict[str, int]) -> Manifest:
-    """A manifest listing every file now under `ckpt_dir` with its size."""
-    files = {
-        path.relative_to(ckpt_dir).as_posix(): path.stat().st_size
-        for path in sorted(ckpt_dir.rglob("*"))
-        if path.is_file() and path.name != MANIFEST
-    }
-    return Manifest(
-        format=FORMAT, step=step, roles=list(roles), files=files, layout=dict(layout),
-        megarl_version=megarl.__version__,
-    )
-
-
-def write_durably(path: Path, data: bytes) -> None:
-    """Write `data` to a new file and fsync it, so a completed save survives a power cut."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def commit(tmp_dir: Path, step_dir: Path, manifest: Manifest) -> None:
-    """Write the manifest into `tmp_dir` and rename it to `step_dir` (rank 0, after every rank wrote).
-
-    A complete checkpoint already at `step_dir` (a rerun from an earlier step) is renamed aside to a
-    temp name first and removed after; a crash in between leaves it to the next save's cleanup.
-    """
-    write_durably(tmp_dir / MANIFEST, (json.dumps(asdict(manifest), indent=1) + "\n").encode())
-    fault_point("before_rename")
-    replaced = tmp_dir_for(step_dir, new_nonce()) if step_dir.exists() else None
-    if replaced is not None:
-        step_dir.rename(replaced)
-    tmp_dir.rename(step_dir)
-    _fsync_dir(step_dir.parent)
-    if replaced is not None:
-        shutil.rmtree(replaced, ignore_errors=True)
-
-
-def remove_stale_tmp_dirs(root: Path) -> list[Path]:
-    """Delete the temp dirs of earlier saves that did not finish (only names like `step_<N>.tmp-<hex>`)."""
-    stale = sorted(p for p in root.iterdir() if p.is_dir() and _TMP_DIR.match(p.name)) if root.is_dir() else []
-    for path in stale:
-        shutil.rmtree(path)
-    return stale
-
-
-def read_manifest(ckpt_dir: str | Path) -> Manifest:
-    """Read and verify a checkpoint's manifest: it parses, names this dir's step, and every listed
-    file exists with the listed size. Raises CheckpointError naming the dir and what is wrong."""
-    ckpt_dir = Path(ckpt_dir)
-    path = ckpt_dir / MANIFEST
-    try:
-        manifest = Manifest(**json.loads(path.read_text()))
-    except FileNotFoundError:
-        raise CheckpointError(f"{ckpt_dir} is not a complete megarl checkpoint: {MANIFEST} is missing") from None
-    except (OSError, ValueError, TypeError) as e:
-        raise CheckpointError(f"{path} cannot be read as a megarl checkpoint manifest: {e}") from None
-    if manifest.format != FORMAT:
-        raise CheckpointError(f"{path}: format {manifest.format!r}, this megarl reads {FORMAT!r}")
-    name = _STEP_DIR.match(ckpt_dir.name)
-    if name and int(name.group(1)) != manifest.step:
-        raise CheckpointError(f"{path} is for step {manifest.step}, but the directory is named {ckpt_dir.name}")
-    for rel, size in manifest.files.items():
-        file = ckpt_dir / rel
-        if not file.is_file():
-            raise CheckpointError(f"{ckpt_dir} is incomplete: {rel} is listed in {MANIFEST} but missing")
-        if file.stat().st_size != size:
-            raise CheckpointError(
-                f"{ckpt_dir} is damaged: {rel} has {file.stat().st_size} bytes, {MANIFEST} lists {size}"
-            )
-    return manifest
+from megarl.workers.checkpoint_files import (
+    MANIFEST,
+    STEP_DIR,
+    CheckpointError,
+    Manifest,
+    describe_os_error,
+    new_nonce,
+    read_manifest,
+    step_dir_name,
+    tmp_dir_for,
+)
 
 
 @dataclass(frozen=True)
@@ -182,7 +60,7 @@ class CheckpointManager:
         valid manifest and files that do not verify are skipped."""
         found = []
         for path in sorted(self.root.iterdir()) if self.root.is_dir() else []:
-            if path.is_dir() and _STEP_DIR.match(path.name):
+            if path.is_dir() and STEP_DIR.match(path.name):
                 try:
                     found.append(Checkpoint(path, read_manifest(path)))
                 except CheckpointError:
@@ -242,43 +120,3 @@ class CheckpointManager:
                     f"{describe_os_error(e)}"
                 ) from None
         return [c.path for c in victims]
-
-
-def describe_os_error(error: OSError) -> str:
-    """`No space left on device (ENOSPC) at /ckpt/step_00000010.tmp-ab12/actor/model/x.distcp`."""
-    code = os.strerror(error.errno) if error.errno else str(error)
-    name = f" ({_errno_name(error.errno)})" if error.errno else ""
-    where = f" at {error.filename}" if error.filename else ""
-    return f"{code}{name}{where}"
-
-
-def _errno_name(number: int) -> str:
-    return errno.errorcode.get(number, str(number))
-
-
-def _fsync_dir(path: Path) -> None:
-    """Persist a rename: fsync the directory that holds the entry."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-FAULT_ENV = "MEGARL_CHECKPOINT_FAULT"
-"""Test hook: set to one of `FAULT_POINTS` to make a save stop dead at that point (`InjectedFault`)."""
-FAULT_POINTS = ("after_model", "after_optimizer", "before_manifest", "before_rename")
-"""after_model: the first role's model files written on every rank; after_optimizer: its optimizer
-files too; before_manifest: every file written, the manifest is next; before_rename: the manifest
-is written inside the temp dir, the rename is next."""
-
-
-class InjectedFault(BaseException):
-    """Raised at the fault point named by `FAULT_ENV`. A BaseException, so nothing in the save catches
-    it and no cleanup runs: the disk is left as a process killed at that point leaves it."""
-
-
-def fault_point(name: str) -> None:
-    """Stop the save here when the `FAULT_ENV` test hook names this point."""
-    if os.environ.get(FAULT_ENV) == name:
-        raise InjectedFault(name)

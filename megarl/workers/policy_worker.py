@@ -30,7 +30,7 @@ from megarl.workers.megatron_train import OptimSettings, RecomputeSettings
 from megarl.workers.reference import MegatronReference
 from megarl.workers.reward_model import MegatronRewardModel
 from megarl.workers.rollout.sync_group import listen_weight_sync_store
-from megarl.trainer.checkpoint import export_hf, load_checkpoint, save_checkpoint
+from megarl.workers.checkpoint import export_hf, load_checkpoint, save_checkpoint
 
 
 @dataclass(frozen=True)

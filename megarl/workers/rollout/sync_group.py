@@ -25,15 +25,15 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from megarl.parallel.distributed import listen_store
 from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, unpack
 
 
 def listen_weight_sync_store(host: str, world_size: int, timeout_s: float) -> dist.TCPStore:
-    """Rank 0's store on a port the OS picks (no window in which another process can take a port
-    chosen in advance); hand `store.port` to the other ranks, then pass the store to
-    `create_weight_sync_group`."""
-    return dist.TCPStore(host, 0, world_size, is_master=True, timeout=timedelta(seconds=timeout_s),
-                         wait_for_workers=False)
+    """Rank 0's store, listening on `host` alone, on a port the OS picks (no window in which another
+    process can take a port chosen in advance); hand `store.port` to the other ranks, then pass the
+    store to `create_weight_sync_group`."""
+    return listen_store(host, world_size, timeout_s)
 
 
 def create_weight_sync_group(
@@ -44,7 +44,8 @@ def create_weight_sync_group(
     out after `timeout_s`."""
     timeout = timedelta(seconds=timeout_s)
     if store is None:
-        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+        store = (listen_store(host, world_size, timeout_s, port) if rank == 0
+                 else dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout))
     if torch.cuda.is_available():
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout

@@ -21,7 +21,8 @@ import pytest
 
 from checkpoint_toy import TINY_QWEN2, ToyJob
 from megarl.parallel.spawn import run_distributed
-from megarl.trainer.checkpoint_manager import FAULT_ENV, FAULT_POINTS, CheckpointManager, InjectedFault
+from megarl.trainer.checkpoint_manager import CheckpointManager
+from megarl.workers.checkpoint_files import FAULT_ENV, FAULT_POINTS, InjectedFault
 
 
 def _digests(step_dir: Path) -> dict[str, str]:
@@ -35,7 +36,7 @@ def _tmp_dirs(root: Path) -> list[str]:
 
 def _killed_saves(job: ToyJob, root: Path) -> dict:
     """Save step 2 once per fault point, stopping dead there (no cleanup, as a kill would)."""
-    from megarl.trainer.checkpoint import save_checkpoint
+    from megarl.workers.checkpoint import save_checkpoint
 
     manager = CheckpointManager(root)
     results = {}
@@ -79,7 +80,7 @@ def _failing(open_error: OSError | None = None, mkdir_error: OSError | None = No
 
 
 def _disk_errors(job: ToyJob, root: Path) -> dict:
-    from megarl.trainer.checkpoint import CheckpointError, save_checkpoint
+    from megarl.workers.checkpoint import CheckpointError, save_checkpoint
 
     cases = {
         "ENOSPC in megatron's shard files": dict(open_error=OSError(errno.ENOSPC, "No space left on device"), match=".distcp"),
@@ -111,7 +112,7 @@ def _disk_errors(job: ToyJob, root: Path) -> dict:
 
 
 def _world(root: str, hf_assets: str) -> dict:
-    from megarl.trainer.checkpoint import export_hf, load_checkpoint, save_checkpoint
+    from megarl.workers.checkpoint import export_hf, load_checkpoint, save_checkpoint
 
     root = Path(root)
     job = ToyJob(1, seed=3, use_distributed_optimizer=False)

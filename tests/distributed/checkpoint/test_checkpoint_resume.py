@@ -26,7 +26,7 @@ def _job(tp: int, seed: int, dist_opt: bool) -> ToyJob:
 
 
 def _original(root: str, tp: int, dist_opt: bool) -> dict:
-    from megarl.trainer.checkpoint import save_checkpoint
+    from megarl.workers.checkpoint import save_checkpoint
 
     job = _job(tp, 1234, dist_opt)
     first = job.train_step()
@@ -39,7 +39,7 @@ def _original(root: str, tp: int, dist_opt: bool) -> dict:
 def _resumed(step_dir: str, tp: int, dist_opt: bool, other_layout_step_dir: str | None) -> dict:
     """Resume from `step_dir` and train 2 steps; then, if given, read a checkpoint of another layout:
     a full resume is refused, its weights load."""
-    from megarl.trainer.checkpoint import CheckpointError, load_checkpoint
+    from megarl.workers.checkpoint import CheckpointError, load_checkpoint
 
     job = _job(tp, 999, dist_opt)
     fresh_eval_loss = job.eval_loss()

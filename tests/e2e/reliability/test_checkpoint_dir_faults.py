@@ -11,7 +11,8 @@ import subprocess
 
 import pytest
 
-from megarl.trainer.checkpoint_manager import CheckpointManager, read_manifest
+from megarl.trainer.checkpoint_manager import CheckpointManager
+from megarl.workers.checkpoint_files import read_manifest
 from reliability_job import Job
 
 

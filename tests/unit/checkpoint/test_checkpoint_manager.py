@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from megarl.trainer.checkpoint_manager import (
+from megarl.trainer.checkpoint_manager import CheckpointManager
+from megarl.workers.checkpoint_files import (
     MANIFEST,
     CheckpointError,
-    CheckpointManager,
     build_manifest,
     commit,
     describe_os_error,

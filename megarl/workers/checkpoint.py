@@ -7,7 +7,7 @@ Collective over every rank of the training world (actor, critic, reference share
                                schedulers={"actor": actor_scheduler}, extra={"step": step, "data": loader.state_dict()})
     extra = load_checkpoint(step_dir, groups, models=..., optimizers=..., schedulers=...)
 
-On disk (`checkpoint_manager` explains the temp dir, the manifest and the rename):
+On disk (`checkpoint_files` explains the temp dir, the manifest and the rename):
 
     step_00000050/
       manifest.json           written last by rank 0: step, roles, files and sizes, layout, megarl version
@@ -19,6 +19,9 @@ On disk (`checkpoint_manager` explains the temp dir, the manifest and the rename
 
 Model weights load at another (TP, PP) through megatron's resharding (`weights_only=True`); a full
 resume (optimizer, scheduler, RNG) needs the layout it was saved from, which is what makes it exact.
+
+Processes. A save starts megatron's file-writer processes (forked, one or two per rank) and waits
+for them; none outlives it (`_keep_write_results_in_process`).
 
 Failures. Every step of a save ends with an exchange of each rank's outcome on a gloo group of its
 own, so a rank that failed (no space, read-only file system, permission) makes every rank raise the
@@ -32,6 +35,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import queue
 import random
 import re
 import shutil
@@ -42,6 +46,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.optimizer import distrib_optimizer
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 from megatron.core.utils import unwrap_model
@@ -49,7 +54,7 @@ from torch.distributed.checkpoint import CheckpointException
 
 from megarl.models.checkpoint import export_hf_weights
 from megarl.parallel.distributed import ProcessGroups
-from megarl.trainer.checkpoint_manager import (
+from megarl.workers.checkpoint_files import (
     CheckpointError,
     build_manifest,
     commit,
@@ -95,6 +100,7 @@ def save_checkpoint(
 
     Raises CheckpointError (on every rank) when anything cannot be written; earlier checkpoints stay.
     """
+    _keep_write_results_in_process()
     rng_state = _rng_state()
     extra_json = _encode_extra(extra)
     step_dir = Path(root).expanduser() / step_dir_name(step)
@@ -191,6 +197,16 @@ def export_hf(
     Returns the dir on the ranks that wrote, None on the others.
     """
     return export_hf_weights(actor_model, Path(root).expanduser() / HF_EXPORT_DIR, groups, hf_assets_dir=hf_assets_dir)
+
+
+def _keep_write_results_in_process() -> None:
+    """megatron's torch_dist writer passes each save's write results back through a queue served by a
+    `multiprocessing` Manager, spawned at the first save and kept for the life of the process, so that
+    an asynchronous save's writer process can reach it: a whole interpreter (~300 MiB) per rank. Our
+    saves are synchronous, the results are put and taken in this process: a plain queue does it, and
+    a save leaves no process behind (its forked file writers are joined before it returns)."""
+    if not isinstance(filesystem_async._results_queue, queue.Queue):
+        filesystem_async._results_queue = queue.Queue()
 
 
 def _model_state(chunks: list[torch.nn.Module]) -> dict:
