@@ -3,5 +3,6 @@
 from megarl.bridge.transports.base import Buckets, WeightTransport
 from megarl.bridge.transports.broadcast import BroadcastTransport
 from megarl.bridge.transports.in_process import InProcessTransport
+from megarl.bridge.transports.shared_memory import SharedMemoryTransport
 
-__all__ = ["BroadcastTransport", "Buckets", "InProcessTransport", "WeightTransport"]
+__all__ = ["BroadcastTransport", "Buckets", "InProcessTransport", "SharedMemoryTransport", "WeightTransport"]

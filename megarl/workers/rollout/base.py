@@ -22,7 +22,7 @@ from typing import Literal
 
 import torch
 
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata
+from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket
 
 FinishReason = Literal["stop", "length"]
 
@@ -173,6 +173,17 @@ class RolloutEngine(abc.ABC):
         """Load full (unsharded) HF-named tensors handed over in this process. Any subset of the
         model's tensors may be given, provided every fused layer touched gets all its parts
         (q/k/v_proj together, gate/up_proj together); the rest keep their weights. Flushes the
+        prefix cache and bumps `weight_version`. A vLLM TP-1 engine, whose worker shares
+        this process, consumes an iterator as it is produced, so a lazy bridge stream keeps a
+        few buckets alive, not the model; a TP > 1 vLLM engine materialises it (pickled to its
+        worker processes): use `load_shared_buckets` there."""
+
+    @abc.abstractmethod
+    def load_shared_buckets(self, buckets: Sequence[SharedBucket]) -> None:
+        """Load one sync's buckets from memory the sender shares by handle (a process on the same
+        node: shared memory on CPU, CUDA IPC on the same GPU), read in place by every worker of the
+        engine. One call per sync, as for `load_weights`: a fused layer's parts may lie in different
+        buckets of a call. Returns when loaded; the sender may then release the buffers. Flushes the
         prefix cache and bumps `weight_version`."""
 
     @abc.abstractmethod

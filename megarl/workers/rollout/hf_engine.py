@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig
 from megarl.workers.rollout.sync_group import create_weight_sync_group, receive_buckets
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata
+from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket, unpack
 
 
 def _generation_config(sampling: SamplingConfig) -> GenerationConfig:
@@ -103,6 +103,11 @@ class HFRolloutEngine(RolloutEngine):
                 f"{result.unexpected_keys}; send HF checkpoint names"
             )
         self._weight_version += 1
+
+    def load_shared_buckets(self, buckets: Sequence[SharedBucket]) -> None:
+        self.load_weights(
+            named for bucket in buckets for named in unpack(bucket.open(self._device), bucket.metadata)
+        )
 
     def init_weight_sync(
         self, host: str, port: int, world_size: int, timeout_s: float, rank_offset: int = 1

@@ -59,6 +59,17 @@ class RolloutWorker:
             self.engine.resume()
         return self.engine.weight_version
 
+    def load_shared_buckets(self, buckets: list) -> int:
+        """One whole sync by handles into memory the trainer shares on this node (its
+        `SharedMemoryTransport` / `CudaIpcTransport` delivers here): pause, load, resume; the new
+        weight version. The trainer releases the buffers when this returns."""
+        self.engine.pause()
+        try:
+            self.engine.load_shared_buckets(buckets)
+        finally:
+            self.engine.resume()
+        return self.engine.weight_version
+
     def sleep(self) -> None:
         self.engine.sleep()
 

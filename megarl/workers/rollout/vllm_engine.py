@@ -36,7 +36,7 @@ from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.platforms import current_platform  # noqa: E402
 
 from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig  # noqa: E402
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata  # noqa: E402
+from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket  # noqa: E402
 from megarl.workers.rollout.worker_extension import WORKER_EXTENSION  # noqa: E402
 
 
@@ -122,6 +122,7 @@ class VLLMRolloutEngine(RolloutEngine):
         if is_cpu:
             _set_cpu_environment(cpu_kv_cache_gib, tensor_parallel_size)
         self._sleep_level = sleep_level
+        self._tensor_parallel_size = tensor_parallel_size
         # A trainer's world in this process: vLLM builds its groups inside it, and must leave it be.
         self._in_existing_world = torch.distributed.is_initialized()
         self._llm = LLM(
@@ -139,6 +140,11 @@ class VLLMRolloutEngine(RolloutEngine):
             logprobs_mode="processed_logprobs",
             # CPU: no CUDA graphs to capture; compiling would only slow the start.
             enforce_eager=is_cpu,
+            # CPU: whole prompts only. A chunked prefill makes vLLM rewind the seeded generator of the
+            # partly prefilled request, which CPU generators cannot do ("CPU Generator does not use
+            # offset"): a seeded call with more prompt tokens than a step's budget crashed. Unchunked,
+            # vLLM raises the budget to at least max_model_len, so every prompt fits in one step.
+            enable_chunked_prefill=False if is_cpu else None,
         )
         # Runs the collective RPCs that must overlap with the trainer's side of a collective.
         self._rpc_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-rollout-rpc")
@@ -183,11 +189,17 @@ class VLLMRolloutEngine(RolloutEngine):
         ]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        # A list, not an iterator: with TP > 1 the arguments are pickled to the worker processes.
-        self._llm.collective_rpc(
-            "reload_weights",
-            kwargs={"weights_iterator": list(named_tensors), "is_checkpoint_format": True},
-        )
+        # TP 1: the worker is in this process and vLLM's uniprocess executor calls it with these very
+        # arguments, so the stream goes through as it is and the worker loads tensor by tensor as the
+        # sender produces them (a bridge stream holds about one bucket at a time). TP > 1: the
+        # arguments are pickled to the worker processes, so they must be materialised first.
+        weights = named_tensors if self._tensor_parallel_size == 1 else list(named_tensors)
+        self._llm.collective_rpc("load_hf_weights", kwargs={"weights": weights})
+        self._weights_changed()
+
+    def load_shared_buckets(self, buckets: Sequence[SharedBucket]) -> None:
+        # Only the handles travel (pickled for TP > 1); each worker maps the buffers itself.
+        self._llm.collective_rpc("load_shared_buckets", kwargs={"buckets": list(buckets)})
         self._weights_changed()
 
     def init_weight_sync(

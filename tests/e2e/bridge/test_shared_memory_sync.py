@@ -1,0 +1,112 @@
+"""The shared-memory transport end to end: a Megatron actor at train TP 2 (two spawned ranks) syncs
+into a rollout-TP-2 vLLM engine (two worker processes) on the same node. Rank 0 puts each bucket in
+/dev/shm and passes only the handles to the engine's driver (this process, through a TCP store,
+as a Ray call would in a deployment); both vLLM workers map the same files and load from them.
+Twice, with optimizer steps before each sync: the engine's prompt log-probs equal the actor's to
+1e-4 after each, they moved in between, and no bucket file outlives its sync."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pickle
+from concurrent.futures import ThreadPoolExecutor, wait
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from megarl.bridge.check import TrainSettings, _trained_actor_and_plan, train_a_little
+from megarl.bridge.plan import LayoutPair
+from megarl.bridge.sync import WeightSender
+from megarl.bridge.transports import SharedMemoryTransport
+from megarl.bridge.transports.shared_memory import FILE_PREFIX, SHM_DIR
+from megarl.bridge.verify import actor_probe_logprobs, check_sync, probe_token_ids
+from megarl.models.tiny import make_tiny_model
+from megarl.parallel.spawn import run_distributed
+from megarl.workers.rollout import make_rollout_engine
+
+HOST = "127.0.0.1"
+THRESHOLD = 1e-4
+ROUNDS = 2
+TIMEOUT_S = 300
+LAYOUT = LayoutPair(train_tp=2, train_pp=1, rollout_tp=2)
+
+
+def _bucket_files() -> set[str]:
+    return set(glob.glob(os.path.join(SHM_DIR, FILE_PREFIX + "*")))
+
+
+def _trainer(model_dir: str, store_port: int) -> list[dict] | None:
+    """One training rank: per round, train, record the probe log-probs, sync. Rank 0 hands each
+    sync's handles over through the store and waits until the driver says they are loaded."""
+    groups, actor, dims, plan = _trained_actor_and_plan(model_dir, LAYOUT, 0.05, TrainSettings())
+    results: list[dict] = []
+    transport = None
+    if dist.get_rank() == 0:
+        store = dist.TCPStore(HOST, store_port, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
+
+        def hand_over(buckets) -> None:
+            key = f"round{len(results)}"
+            store.set(key, pickle.dumps(list(buckets)))
+            store.wait([f"{key}/loaded"])
+
+        transport = SharedMemoryTransport(hand_over)
+    sender = WeightSender(plan, actor.named_parameters_for_sync, groups, transport)
+    probe = probe_token_ids(dims.vocab_size)
+    for round_index in range(ROUNDS):
+        train_a_little(actor, dims.vocab_size, TrainSettings(), round_index)
+        logprobs = actor_probe_logprobs(actor, probe)
+        stats = sender.send()
+        results.append(dict(actor=logprobs.tolist(), buckets=stats.buckets, suspects=sender.conversion_errors()))
+    return results if transport is not None else None
+
+
+def _take(store: dist.TCPStore, key: str, trainers) -> bytes:
+    """The store's value at `key`, failing at once if the training ranks fail first."""
+    while not store.check([key]):
+        if trainers.done():
+            trainers.result()  # raises the ranks' failure
+            raise RuntimeError(f"the training ranks finished without publishing {key}")
+        wait([trainers], timeout=0.5)
+    return store.get(key)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("shm_sync"), "qwen2", initializer_range=0.2)
+
+
+def test_train_tp2_syncs_into_rollout_tp2_through_shared_memory(model_dir):
+    files_before = _bucket_files()
+    probe = probe_token_ids(100)
+    store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=TIMEOUT_S))
+    engine_logprobs = []
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # The ranks load and train while the engine starts; the first sync waits for the engine.
+        trainers = pool.submit(run_distributed, _trainer, 2, str(model_dir), store.port, timeout_s=TIMEOUT_S)
+        engine = make_rollout_engine("vllm", model_dir, tensor_parallel_size=2, dtype="float32", max_model_len=64)
+        try:
+            for round_index in range(ROUNDS):
+                key = f"round{round_index}"
+                buckets = pickle.loads(_take(store, key, trainers))
+                assert all(os.path.exists(bucket.path) for bucket in buckets)  # files, not bytes, travelled
+                engine.pause()
+                try:
+                    engine.load_shared_buckets(buckets)
+                finally:
+                    engine.resume()
+                engine_logprobs.append(torch.stack(engine.prompt_logprobs(probe)))
+                store.set(f"{key}/loaded", b"1")
+            rounds = trainers.result(timeout=TIMEOUT_S)[0]
+            assert engine.weight_version == ROUNDS
+        finally:
+            engine.shutdown()
+    for trained, after in zip(rounds, engine_logprobs):
+        assert trained["buckets"] > 1  # several buckets in one load
+        metrics = check_sync(list(after), torch.tensor(trained["actor"]), threshold=THRESHOLD, layout=LAYOUT,
+                             suspects=trained["suspects"])
+        assert metrics["sync/logprob_max_abs_diff"] <= THRESHOLD
+    assert (engine_logprobs[1] - engine_logprobs[0]).abs().max() > 100 * THRESHOLD
+    assert _bucket_files() == files_before
