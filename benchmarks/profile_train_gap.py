@@ -1,10 +1,13 @@
 """Where the Megatron actor update loses to plain PyTorch: `python benchmarks/profile_train_gap.py`.
 
 In a `run_distributed` world of 1 (one thread), on the bench model (`megarl bench train`'s), times in
-turn: the Megatron update as is; the same with `TrainEngine._local_grads_finite` replaced by a
-norm-based check (the change proposed in benchmarks/README.md); plain PyTorch with SDPA and with
-eager attention. Also reports the Megatron step's parts (schedule = forward/backward of all
-micro-batches, apply = finiteness check + optimizer step). A profiling aid: it patches methods.
+turn: the Megatron update; plain PyTorch with SDPA and with eager attention (HF's own attention gap,
+for scale); and each model's forward + backward alone on the same micro-batches (a `logits.sum()`
+loss: no log-probs, no policy loss, no optimizer; Megatron's DDP gradient hooks included). Also
+reports the Megatron step's parts (schedule = forward/backward of all micro-batches, apply =
+finiteness check + optimizer step, finite = the check alone, log_probs and loss = megarl's
+vocab-parallel log-probs and policy loss, summed over the micro-batches). A profiling aid: it wraps
+methods with timers.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ def _experiment(model_dir: str, repeats: int) -> dict:
     from megarl.bench.train import TrainShape, make_batch
     from megarl.config.memory import ModelShape
     from megarl.parallel.distributed import initialize_model_parallel
+    from megarl.workers import actor as actor_module
     from megarl.workers import megatron_train
     from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
     from megarl.workers.megatron_train import OptimSettings, TrainEngine
@@ -34,29 +38,35 @@ def _experiment(model_dir: str, repeats: int) -> dict:
     actor = MegatronActor.from_hf(model_dir, initialize_model_parallel(1, 1, seed=0),
                                   optim=OptimSettings(lr=1e-5, clip_grad=1.0))
     loss = PolicyLoss(PolicyLossSettings())
-    parts: dict[str, list[float]] = {"schedule": [], "apply": [], "finite": []}
+    parts: dict[str, list[float]] = {"schedule": [], "apply": [], "finite": [], "log_probs": [], "loss": []}
+    in_step: dict[str, float] = {}
 
     def timed(name, fn):
         def wrapper(*args, **kwargs):
             start = time.perf_counter()
             result = fn(*args, **kwargs)
-            parts[name].append(time.perf_counter() - start)
+            in_step[name] = in_step.get(name, 0.0) + time.perf_counter() - start
             return result
         return wrapper
 
-    original_finite = TrainEngine._local_grads_finite
     megatron_train.run_schedule = timed("schedule", megatron_train.run_schedule)
     TrainEngine._apply_or_skip = timed("apply", TrainEngine._apply_or_skip)
+    TrainEngine._local_grads_finite = timed("finite", TrainEngine._local_grads_finite)
+    actor_module.response_log_probs = timed("log_probs", actor_module.response_log_probs)
+    PolicyLoss.__call__ = timed("loss", PolicyLoss.__call__)
+    micro_batches = batch.split(shape.samples // shape.micro_batch)
 
-    def norm_finite(self) -> bool:
-        buffers = self.model.buffers + self.model.expert_parallel_buffers
-        return all(bool(torch.isfinite(torch.linalg.vector_norm(b.grad_data))) for b in buffers)
+    def megatron():
+        in_step.clear()
+        actor.update_policy(batch, loss, mini_batch_size=shape.samples, micro_batch_size=shape.micro_batch)
+        for name, seconds in in_step.items():
+            parts[name].append(seconds)
 
-    def megatron(check):
-        def step():
-            TrainEngine._local_grads_finite = check
-            actor.update_policy(batch, loss, mini_batch_size=shape.samples, micro_batch_size=shape.micro_batch)
-        return step
+    def megatron_model_only():
+        ddp = actor.engine.model
+        ddp.zero_grad_buffer()
+        for micro in micro_batches:
+            megatron_train.run_model(ddp, micro).sum().backward()
 
     tokens = batch.response_mask.sum()
 
@@ -78,10 +88,16 @@ def _experiment(model_dir: str, repeats: int) -> dict:
             adamw.step()
         return step
 
-    timings = time_interleaved({
-        "megatron": megatron(timed("finite", original_finite)), "megatron_norm_check": megatron(norm_finite),
-        "pytorch_sdpa": pytorch("sdpa"), "pytorch_eager": pytorch("eager"),
-    }, repeats)
+    hf_sdpa = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").train()
+
+    def pytorch_model_only():
+        hf_sdpa.zero_grad(set_to_none=True)
+        for micro in micro_batches:
+            hf_sdpa(input_ids=micro.input_ids).logits.sum().backward()
+
+    contenders = {"megatron": megatron, "pytorch_sdpa": pytorch("sdpa"), "pytorch_eager": pytorch("eager"),
+                  "megatron_model_only": megatron_model_only, "pytorch_model_only": pytorch_model_only}
+    timings = time_interleaved(contenders, repeats)
     return dict(
         median_seconds={name: timings.median(name) for name in timings.seconds},
         paired_over_megatron={name: timings.paired_ratio(name, "megatron") for name in timings.seconds},

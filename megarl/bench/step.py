@@ -5,8 +5,9 @@ recipe for `warmup + repeats` steps, reads `metrics.jsonl` of the run and report
 median over the measured steps and its share of the step; "other" is the step minus the timed
 phases (driver work between phases: batch assembly, splitting, advantage bookkeeping, metrics,
 Ray call overhead). The sync phase is split further with the bridge's own `sync/seconds` (the
-send itself, on the trainer): the rest of it is the receive hand-shake calls and the log-prob check
-of the synced weights (`Trainer._sync`).
+send itself, on the trainer): the rest of it is the receive hand-shake calls and, on the steps
+`rollout.sync.verify_every` selects, the log-prob check of the synced weights
+(`megarl.trainer.sync_step.WeightSync`).
 """
 
 from __future__ import annotations

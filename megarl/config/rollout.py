@@ -16,6 +16,10 @@ class SyncConfig:
     (gloo on CPU, NCCL on GPU); cuda_ipc: CUDA IPC handles between colocated processes."""
     logprob_gap_threshold: float = 0.05
     """Alarm when the mean |log π_rollout - log π_actor| on the probe batch exceeds this (nats). > 0."""
+    verify_every: int = 1
+    """Check the log-prob gap on the steps that are multiples of this, on the last step and on the first
+    sync of a run (resumes included); every step when 1. Each check costs an actor forward, an engine
+    forward and two Ray round trips; `sync/logprob_*` metrics exist only on checked steps. >= 1."""
     probe_batch_size: int = 4
     """Sequences of the probe batch used to check every sync. >= 1."""
 

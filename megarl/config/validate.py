@@ -158,6 +158,8 @@ def _check_rollout(config: Config, problems: list[Problem]) -> None:
     _need(problems, sync.bucket_mb >= 1, "rollout.sync.bucket_mb", sync.bucket_mb, "must be >= 1", "e.g. 512")
     _need(problems, sync.logprob_gap_threshold > 0, "rollout.sync.logprob_gap_threshold", sync.logprob_gap_threshold,
           "must be > 0", "e.g. 0.05")
+    _need(problems, sync.verify_every >= 1, "rollout.sync.verify_every", sync.verify_every,
+          "must be >= 1 (the log-prob check runs every this many steps)", "e.g. 1 to check every sync")
     _need(problems, sync.probe_batch_size >= 1, "rollout.sync.probe_batch_size", sync.probe_batch_size,
           "must be >= 1", "e.g. 4")
     colocated = config.placement.mode == "colocated"

@@ -54,8 +54,10 @@ DOCUMENTED_METRICS: dict[str, str] = {
     "critic/optimizer_steps": "critic optimizer steps attempted in this training step",
     "critic/skipped_steps": "critic optimizer steps skipped for a non-finite loss or gradient",
     # weight sync
-    "sync/logprob_max_abs_diff": "largest |log-prob(rollout) - log-prob(actor)| on the probe batch after the sync",
-    "sync/logprob_mean_abs_diff": "mean |log-prob(rollout) - log-prob(actor)| on the probe batch after the sync",
+    "sync/logprob_max_abs_diff": "largest |log-prob(rollout) - log-prob(actor)| on the probe batch after the sync "
+                                 "(checked steps only: rollout.sync.verify_every)",
+    "sync/logprob_mean_abs_diff": "mean |log-prob(rollout) - log-prob(actor)| on the probe batch after the sync "
+                                  "(checked steps only: rollout.sync.verify_every)",
     "sync/weight_version": "weight version of the rollout engines after the sync (+1 per sync)",
     "sync/seconds": "wall time of the weight send (gather, convert, transport)",
     "sync/gigabytes": "gigabytes handed to the transport",

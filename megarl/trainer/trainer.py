@@ -4,7 +4,8 @@
     trainer.fit()
 
 rollout → rewards → old/ref log-probs (+ values) → advantages → critic/actor updates → weight sync
-(verified) → metrics → checkpoint. The distributed mechanics live in the worker groups.
+(verified every `rollout.sync.verify_every` steps) → metrics → checkpoint. The distributed mechanics
+live in the worker groups.
 """
 
 from __future__ import annotations
@@ -16,19 +17,18 @@ from transformers import AutoTokenizer
 
 from megarl.algorithms.advantages import compute_advantages
 from megarl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
-from megarl.bridge.plan import LayoutPair
-from megarl.bridge.verify import check_sync, probe_token_ids
 from megarl.config import Config, ConfigError, load_config, plan_batches, validate
 from megarl.data import iter_batches, load_prompts, train_loader
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.rewards.scorer import RewardScorer
 from megarl.trainer import rollout_batch as rb
 from megarl.trainer.checkpoint_manager import CheckpointManager
-from megarl.trainer.metrics import reduce_metrics, rollout_metrics, throughput_metrics, worker_metrics
+from megarl.trainer.metrics import rollout_metrics, throughput_metrics, worker_metrics
 from megarl.trainer.rollout import RolloutPhase, generate, score
 from megarl.trainer.roles import device_bundles, placement_problems, start_roles
 from megarl.trainer.settings import sampling_config
 from megarl.trainer.sinks import MetricsLogger
+from megarl.trainer.sync_step import WeightSync
 from megarl.trainer.timing import PhaseTimer
 
 # vLLM settings that must be in place before vLLM is imported in a worker process.
@@ -89,12 +89,8 @@ class Trainer:
                 shutdown_ray()
 
     def _train(self, scorer: RewardScorer) -> dict[str, float]:
-        self.probe = probe_token_ids(len(self.tokenizer))
-        self.layout = LayoutPair(self.config.actor.parallel.tensor_model_parallel_size,
-                                 self.config.actor.parallel.pipeline_model_parallel_size,
-                                 self.config.rollout.tensor_model_parallel_size)
-        # The plan is fixed for the run: fetch its bucket metadata once, not on every sync.
-        self.sync_metadatas = self.roles.policy.call_rank0("sync_metadatas")
+        self.sync = WeightSync(self.roles, self.config, vocab_size=len(self.tokenizer), total_steps=self.total_steps,
+                               wake_engines=self.engines_sleep)
         start = self._resume()
         phase = RolloutPhase(self.config, self.roles.rollout, scorer, self._decode, lambda: next(self.loader), self.timer)
         metrics, bad_steps = {}, 0
@@ -160,25 +156,12 @@ class Trainer:
             with timer("update_actor"):
                 metrics |= worker_metrics("actor", self.roles.update("update_actor", batch, step))
         with timer("sync"):
-            metrics |= self._sync()
+            metrics |= self.sync(step)
         lengths = [len(r) for r in samples.response_ids]
         metrics |= rollout_metrics(scores.tolist(), lengths, config.rollout.max_new_tokens,
                                    [len(p.token_ids) for p in samples.prompts])
         metrics["_tokens"] = sum(lengths) + sum(len(p.token_ids) for p in samples.prompts)
         return metrics
-
-    def _sync(self) -> dict[str, float]:
-        """Weights → every engine, then the engines' probe log-probs must match the actor's."""
-        rollout, policy = self.roles.rollout, self.roles.policy
-        if self.engines_sleep:
-            rollout.call_all("wake_up")
-        rollout.call_all("start_receive", self.sync_metadatas)
-        stats = reduce_metrics(policy.call_all("send_weights"))
-        versions = rollout.call_all("finish_receive", 300.0)
-        actor_lp = policy.call_all("probe_log_probs", self.probe)[0]
-        gaps = [check_sync(engine_lp, actor_lp, threshold=self.config.rollout.sync.logprob_gap_threshold, layout=self.layout)
-                for engine_lp in rollout.call_all("prompt_logprobs", self.probe)]
-        return stats | reduce_metrics(gaps) | {"sync/weight_version": float(min(versions))}
 
     def _maybe_validate(self, step: int, scorer: RewardScorer, metrics: dict) -> None:
         freq = self.config.trainer.test_freq
@@ -210,7 +193,7 @@ class Trainer:
         extra = self.roles.policy.call_all("load_checkpoint", str(checkpoint.path))[0]
         self.loader.load_state_dict(extra["data"])
         self.kl_ctrl.value = extra["kl_coef"]
-        self._sync()  # the engines start from the restored weights
+        self.sync(extra["step"])  # the engines start from the restored weights
         return extra["step"]
 
     def _decode(self, token_ids: list[int]) -> str:

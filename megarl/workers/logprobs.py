@@ -52,7 +52,8 @@ def vocab_parallel_log_probs(
         global_max = logits.detach().amax(dim=-1)
     else:  # a rank whose whole slice is padding (tiny vocabularies, large TP)
         global_max = torch.full(targets.shape, float("-inf"), dtype=torch.float32, device=logits.device)
-    dist.all_reduce(global_max, op=dist.ReduceOp.MAX, group=tp_group)
+    if tp_group.size() > 1:  # a gloo collective on a group of one still costs a thread hand-off
+        dist.all_reduce(global_max, op=dist.ReduceOp.MAX, group=tp_group)
     shifted = logits - global_max.unsqueeze(-1)
     exp_shifted = shifted.exp()
     sum_exp = reduce_from_tensor_model_parallel_region(exp_shifted.sum(dim=-1), group=tp_group)

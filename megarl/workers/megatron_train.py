@@ -250,6 +250,14 @@ def compute_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
+def all_reduce(tensor: Tensor, group: dist.ProcessGroup, op: dist.ReduceOp = dist.ReduceOp.SUM) -> Tensor:
+    """`dist.all_reduce` in place, skipped on a group of one (a gloo collective is a thread hand-off
+    even then, which costs milliseconds per call on a loaded CPU)."""
+    if group.size() > 1:
+        dist.all_reduce(tensor, op=op, group=group)
+    return tensor
+
+
 def broadcast_from_last_stage(tensor: Tensor, groups: ProcessGroups) -> Tensor:
     """Give every PP stage the last stage's `tensor` (other stages pass a buffer of the same shape)."""
     if groups.pp_size > 1:
@@ -272,7 +280,7 @@ class StepCounts:
         mask = local_batch.response_mask
         local = torch.stack([agg_loss_normalizer(mask, loss_agg_mode), mask.sum()])
         local = local.to(compute_device(), torch.float64)
-        dist.all_reduce(local, group=groups.dp)
+        all_reduce(local, groups.dp)
         # float32 like the losses; clamped so a step without valid tokens divides 0 by 1, not by 0.
         normalizer, tokens = local.clamp(min=1).float()
         return cls(normalizer=normalizer, tokens=tokens)
@@ -334,8 +342,8 @@ class TrainEngine:
         local_ok = math.isfinite(step_loss) and self._local_grads_finite()
         finite = torch.tensor(float(local_ok), device=compute_device())
         # Every rank must agree: a rank that stepped while another skipped would desynchronise.
-        dist.all_reduce(finite, op=dist.ReduceOp.MIN, group=self.groups.mp)
-        dist.all_reduce(finite, op=dist.ReduceOp.MIN, group=self.groups.dp)
+        all_reduce(finite, self.groups.mp, dist.ReduceOp.MIN)
+        all_reduce(finite, self.groups.dp, dist.ReduceOp.MIN)
         if finite.item() == 0.0:
             self.skipped_steps += 1
             self.optimizer.zero_grad()
@@ -442,7 +450,7 @@ def sum_reports(reports: Sequence[dict[str, Tensor]], keys: Sequence[str], group
     local = torch.zeros(len(keys), dtype=torch.float64, device=compute_device())
     for report in reports:
         local += torch.stack([report[key].detach().to(torch.float64) for key in keys])
-    dist.all_reduce(local, group=groups.dp)
+    all_reduce(local, groups.dp)
     broadcast_from_last_stage(local, groups)
     return dict(zip(keys, local.cpu().tolist()))
 

@@ -20,6 +20,7 @@ CASES = [
     ("negative-lr", ["actor.optim.lr=-1e-6"], "actor.optim.lr", "must be > 0"),
     ("min-lr-above-lr", ["actor.optim.min_lr=1e-3"], "actor.optim.min_lr", "must lie in [0, lr = 1e-06]"),
     ("max-new-tokens-zero", ["rollout.max_new_tokens=0"], "rollout.max_new_tokens", "must be >= 1"),
+    ("sync-verify-every-zero", ["rollout.sync.verify_every=0"], "rollout.sync.verify_every", "must be >= 1"),
     # --- divisibility, with the arithmetic in the message
     ("mini-not-dividing-batch", ["actor.ppo_mini_batch_size=3"], "actor.ppo_mini_batch_size",
      "8 prompts per step (data.train_batch_size) are not a whole number of 3-prompt mini-batches (8 ÷ 3 = 2.67)"),

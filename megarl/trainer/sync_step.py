@@ -1,0 +1,60 @@
+"""The end of every step: the actor's new weights into every rollout engine, then (on verified
+steps) the check that the engines now compute the actor's log-probs.
+
+A sync is four Ray round trips (`wake_up` when the engines sleep, `start_receive`, `send_weights`,
+`finish_receive`); the check adds two more and a forward of the probe batch on the actor and on
+every engine. `rollout.sync.verify_every = k` runs the check on steps that are multiples of k, on
+the last step, and always on the first sync of a run (a resumed run's too: its engines are new).
+"""
+
+from __future__ import annotations
+
+from megarl.bridge.plan import LayoutPair
+from megarl.bridge.verify import check_sync, probe_token_ids
+from megarl.config import Config
+from megarl.trainer.metrics import reduce_metrics
+from megarl.trainer.roles import SYNC_TIMEOUT_S
+
+
+class WeightSync:
+    """Syncs the policy group's weights into the rollout group, verifying every `verify_every` steps."""
+
+    def __init__(self, roles, config: Config, *, vocab_size: int, total_steps: int, wake_engines: bool):
+        """`roles`: the run's worker groups (`policy`, `rollout`); `vocab_size`: the tokenizer's, for
+        the probe batch; `wake_engines`: the engines sleep during training and must wake first."""
+        self.policy, self.rollout = roles.policy, roles.rollout
+        self.settings = config.rollout.sync
+        self.total_steps = total_steps
+        self.wake_engines = wake_engines
+        self.probe = probe_token_ids(vocab_size)
+        self.layout = LayoutPair(config.actor.parallel.tensor_model_parallel_size,
+                                 config.actor.parallel.pipeline_model_parallel_size,
+                                 config.rollout.tensor_model_parallel_size)
+        # The plan is fixed for the run: fetch its bucket metadata once, not on every sync.
+        self.metadatas = self.policy.call_rank0("sync_metadatas")
+        self.verified_once = False
+
+    def verifies(self, step: int) -> bool:
+        """Whether the sync after `step` runs the log-prob check."""
+        return not self.verified_once or step % self.settings.verify_every == 0 or step == self.total_steps
+
+    def __call__(self, step: int) -> dict[str, float]:
+        """Sync the weights trained up to `step`: `sync/*` transfer metrics, plus the log-prob gap
+        (`sync/logprob_*`) when `verifies(step)`; raises `SyncVerificationError` on a bad sync."""
+        if self.wake_engines:
+            self.rollout.call_all("wake_up")
+        self.rollout.call_all("start_receive", self.metadatas)
+        metrics = reduce_metrics(self.policy.call_all("send_weights"))
+        versions = self.rollout.call_all("finish_receive", SYNC_TIMEOUT_S)
+        metrics["sync/weight_version"] = float(min(versions))
+        if self.verifies(step):
+            metrics |= self.verify()
+        return metrics
+
+    def verify(self) -> dict[str, float]:
+        """The engines' probe log-probs against the actor's (`sync/logprob_*`, worst engine)."""
+        actor_lp = self.policy.call_all("probe_log_probs", self.probe)[0]
+        gaps = [check_sync(engine_lp, actor_lp, threshold=self.settings.logprob_gap_threshold, layout=self.layout)
+                for engine_lp in self.rollout.call_all("prompt_logprobs", self.probe)]
+        self.verified_once = True
+        return reduce_metrics(gaps)

@@ -1,0 +1,99 @@
+"""`WeightSync`: which syncs run the log-prob check (`rollout.sync.verify_every`), and that a bad sync
+is caught on a checked step. The worker groups are stand-ins that record the calls they get."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from megarl.bridge.verify import SyncVerificationError
+from megarl.config import load_config
+from megarl.trainer.sync_step import WeightSync
+
+QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
+ACTOR_LOG_PROBS = -torch.rand(4, 7) - 1.0
+
+
+class Group:
+    """A worker group: `call_all` / `call_rank0` answer from `replies` and record the method names."""
+
+    def __init__(self, **replies):
+        self.replies = replies
+        self.calls: list[str] = []
+
+    def call_all(self, method, *args):
+        self.calls.append(method)
+        return self.replies[method]()
+
+    def call_rank0(self, method, *args):
+        return self.call_all(method, *args)[0]
+
+
+class Engines(Group):
+    """One rollout engine whose weights count syncs; `broken_from` makes its log-probs wrong from
+    that sync on (as an engine that silently missed a tensor would)."""
+
+    def __init__(self, broken_from: int | None = None):
+        self.version, self.broken_from = 0, broken_from
+        super().__init__(
+            wake_up=lambda: [None], start_receive=lambda: [None], finish_receive=self._receive,
+            prompt_logprobs=lambda: [list(ACTOR_LOG_PROBS + (0.5 if self._broken() else 0.0))],
+        )
+
+    def _receive(self):
+        self.version += 1
+        return [self.version]
+
+    def _broken(self) -> bool:
+        return self.broken_from is not None and self.version >= self.broken_from
+
+
+def weight_sync(verify_every: int, total_steps: int, engines: Engines | None = None) -> WeightSync:
+    config = load_config(QUICKSTART, [f"rollout.sync.verify_every={verify_every}"])
+    policy = Group(sync_metadatas=lambda: [["bucket metadata"]], send_weights=lambda: [{"sync/seconds": 0.01}] * 2,
+                   probe_log_probs=lambda: [ACTOR_LOG_PROBS] * 2)
+    roles = SimpleNamespace(policy=policy, rollout=engines or Engines())
+    return WeightSync(roles, config, vocab_size=64, total_steps=total_steps, wake_engines=True)
+
+
+def checked_steps(sync: WeightSync, steps) -> list[int]:
+    return [step for step in steps if "sync/logprob_max_abs_diff" in sync(step)]
+
+
+def test_checks_the_first_sync_every_kth_step_and_the_last():
+    sync = weight_sync(verify_every=3, total_steps=8)
+    assert checked_steps(sync, range(1, 9)) == [1, 3, 6, 8]
+    # Each checked sync probes the actor once and every engine once; every sync sends and receives.
+    assert sync.policy.calls.count("probe_log_probs") == 4
+    assert sync.rollout.calls.count("prompt_logprobs") == 4
+    assert sync.rollout.calls.count("finish_receive") == 8
+    assert sync.policy.calls.count("sync_metadatas") == 1  # fetched once per run
+
+
+def test_every_sync_is_checked_by_default():
+    sync = weight_sync(verify_every=1, total_steps=5)
+    assert checked_steps(sync, range(1, 6)) == [1, 2, 3, 4, 5]
+
+
+def test_a_resumed_run_checks_its_first_sync():
+    sync = weight_sync(verify_every=4, total_steps=10)
+    # The resume sync loads the step-5 checkpoint's weights into new engines, then steps 6.. follow.
+    assert checked_steps(sync, [5, 6, 7, 8, 9, 10]) == [5, 8, 10]
+
+
+def test_a_sync_is_woken_received_then_checked_in_order():
+    sync = weight_sync(verify_every=1, total_steps=1)
+    metrics = sync(1)
+    assert sync.rollout.calls == ["wake_up", "start_receive", "finish_receive", "prompt_logprobs"]
+    assert sync.policy.calls == ["sync_metadatas", "send_weights", "probe_log_probs"]
+    assert metrics["sync/weight_version"] == 1.0
+    assert metrics["sync/logprob_max_abs_diff"] == 0.0
+
+
+def test_a_bad_sync_is_caught_on_the_next_checked_step():
+    sync = weight_sync(verify_every=2, total_steps=10, engines=Engines(broken_from=3))
+    assert checked_steps(sync, [1, 2]) == [1, 2]
+    assert "sync/logprob_max_abs_diff" not in sync(3)  # unchecked: the broken weights pass unseen
+    with pytest.raises(SyncVerificationError, match="differ from the actor's by 0.5"):
+        sync(4)
