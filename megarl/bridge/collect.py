@@ -3,25 +3,32 @@ rank 0, one bucket at a time.
 
 Every rank of the trainer world runs `collect_buckets` in lockstep. For each bucket, the stage that
 owns it (DP replica 0 only: the other replicas hold the same weights) gathers each parameter's TP
-shards onto its TP rank 0, which converts them to HF tensors (`convert.to_hf`) straight into the
-bucket's flat buffer; a bucket of a later stage then travels point-to-point to global rank 0 over
+shards onto its TP rank 0, which converts them to HF tensors (`convert.to_hf_into`) straight into
+the bucket's flat buffer; a bucket of a later stage then travels point-to-point to global rank 0 over
 the pipeline group. Rank 0, the sender, gets `(flat, metadata)` per bucket, the other ranks None.
 
-Memory: the sender holds one flat buffer plus one parameter's gathered shards and HF tensors at a
-time; `BufferMeter` accounts for those bytes (the "peak extra memory" of a sync).
+Memory: the sender holds two flat buffers at a time (one handed to the transport, the next being
+assembled by a thread meanwhile) plus, on TP rank 0 of a TP > 1 layout, one buffer for the other
+ranks' shards of a row-parallel or vocabulary parameter, reused for all (`GatherBuffer`; qkv and
+gate/up shards are received straight into their rows of the bucket). HF tensors are written
+straight into the flat buffer, never made on their own. `BufferMeter` accounts for those bytes
+(the "peak extra memory" of a sync).
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from megarl.bridge.convert import to_hf
+from megarl.bridge.convert import check_hf_shapes, mapping_of, to_hf, to_hf_into
 from megarl.bridge.plan import PlannedBucket, PlannedParam, SyncPlan
-from megarl.models.layout import VOCAB, param_mapping, reader_of, tp_shard_from_hf
+from megarl.models.layout import ROW_BLOCK_KINDS, VOCAB, param_mapping, reader_of, shard_pieces, tp_shard_from_hf
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.rollout.weight_sync_protocol import BucketMetadata
 
@@ -38,12 +45,17 @@ class BufferMeter:
     peak: int = 0
     """Most bytes held at once since construction."""
 
+    def __post_init__(self):
+        self._lock = threading.Lock()  # the assembling thread holds, the consumer's releases
+
     def hold(self, nbytes: int) -> None:
-        self.live += nbytes
-        self.peak = max(self.peak, self.live)
+        with self._lock:
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
 
     def release(self, nbytes: int) -> None:
-        self.live -= nbytes
+        with self._lock:
+            self.live -= nbytes
 
 
 def local_params_by_plan_name(
@@ -67,29 +79,66 @@ def local_params_by_plan_name(
     return local
 
 
+class GatherBuffer:
+    """Where TP rank 0 of a TP > 1 layout receives the other ranks' shards of the parameters that
+    are not received straight into their slots: one buffer for all of them, grown to the largest
+    (counted by `meter`). A fresh buffer per parameter would cost its page faults every time."""
+
+    def __init__(self, groups: ProcessGroups, meter: BufferMeter):
+        self.groups, self.meter = groups, meter
+        self._buffer: torch.Tensor | None = None
+
+    def others(self, shard: torch.Tensor) -> list[torch.Tensor]:
+        """`tp_size - 1` views `[*shard.shape]` of the buffer, for TP ranks 1.. in order (the
+        previous parameter's are overwritten)."""
+        others = self.groups.tp_size - 1
+        if self._buffer is None or self._buffer.numel() < shard.numel() * others:
+            self.release()
+            self._buffer = torch.empty(shard.numel() * others, dtype=shard.dtype, device=shard.device)
+            self.meter.hold(self._buffer.nbytes)
+        return list(self._buffer[: shard.numel() * others].view(others, *shard.shape))
+
+    def release(self) -> None:
+        if self._buffer is not None:
+            self.meter.release(self._buffer.nbytes)
+            self._buffer = None
+
+
 def _gather_shards(
-    param: PlannedParam, shard: torch.Tensor, groups: ProcessGroups, meter: BufferMeter
+    param: PlannedParam, shard: torch.Tensor, groups: ProcessGroups, gathered: GatherBuffer
 ) -> list[torch.Tensor] | None:
-    """All TP shards of `param` on TP rank 0 (rank order), None on the other TP ranks."""
+    """All TP shards of `param` on TP rank 0 (rank order: its own, in place, then views of
+    `gathered`), None on the other TP ranks. Point-to-point rather than `dist.gather`, which copies
+    the root's own shard and receives into a fresh flat buffer of its own before copying out."""
     shard = shard.detach()
     if not param.needs_tp_gather or groups.tp_size == 1:
         return [shard] if groups.tp_rank == 0 else None
     shard = shard.contiguous()
-    shards = [torch.empty_like(shard) for _ in range(groups.tp_size)] if groups.tp_rank == 0 else None
-    if shards is not None:
-        meter.hold(shard.nbytes * groups.tp_size)
-    dist.gather(shard, shards, dst=dist.get_global_rank(groups.tp, 0), group=groups.tp)
-    return shards
+    if groups.tp_rank != 0:
+        dist.send(shard, dst=dist.get_global_rank(groups.tp, 0), group=groups.tp)
+        return None
+    others = gathered.others(shard)
+    receives = [
+        dist.irecv(view, src=dist.get_global_rank(groups.tp, rank), group=groups.tp)
+        for rank, view in enumerate(others, start=1)
+    ]
+    for receive in receives:
+        receive.wait()
+    return [shard, *others]
 
 
 def _assemble(
-    bucket: PlannedBucket, local: dict[str, torch.Tensor], plan: SyncPlan, groups: ProcessGroups, meter: BufferMeter
+    bucket: PlannedBucket, local: dict[str, torch.Tensor], plan: SyncPlan, groups: ProcessGroups,
+    gathered: GatherBuffer, meter: BufferMeter, device: torch.device,
 ) -> torch.Tensor | None:
-    """The bucket's flat buffer on the owning stage's TP rank 0 (None on its other TP ranks)."""
+    """The bucket's flat buffer on the owning stage's TP rank 0 (None on its other TP ranks): each
+    parameter written straight into its slots, no HF tensor of its own. With TP > 1, qkv and
+    gate/up shards are received straight into their rows (`_receive_into`); the other kinds
+    through `gathered` and `to_hf_into`."""
     metadata = bucket.metadata
     flat = None
     if groups.tp_rank == 0:
-        flat = torch.empty(metadata.numel, dtype=metadata.dtype)
+        flat = torch.empty(metadata.numel, dtype=metadata.dtype, device=device)
         meter.hold(flat.nbytes)
     slots = iter(metadata.slots)
     for param in bucket.params:
@@ -98,21 +147,56 @@ def _assemble(
                 f"weight sync: this rank (PP stage {groups.pp_rank}) has no parameter {param.megatron_name} "
                 "that the plan expects here"
             )
-        shards = _gather_shards(param, local[param.megatron_name], groups, meter)
-        if shards is None:
+        shard = local[param.megatron_name].detach()
+        in_rows = groups.tp_size > 1 and param.kind in ROW_BLOCK_KINDS
+        if groups.tp_rank != 0:
+            if in_rows:
+                _send_pieces(param, shard, groups, plan)
+            else:
+                _gather_shards(param, shard, groups, gathered)
             continue
-        gathered = sum(s.nbytes for s in shards) if len(shards) > 1 else 0
-        for name, tensor in to_hf(param, shards, plan.dims):
+        views = []
+        for name in param.hf_names:
             slot = next(slots)
             if slot.name != name:
-                raise RuntimeError(f"weight sync: {param.megatron_name} gave {name} where the plan expects {slot.name}")
-            flat[slot.offset : slot.offset + slot.numel].copy_(tensor.reshape(-1))
-        meter.release(gathered)
+                raise RuntimeError(
+                    f"weight sync: {param.megatron_name} gives {name} where the plan expects {slot.name}"
+                )
+            views.append(flat[slot.offset : slot.offset + slot.numel].view(slot.shape))
+        if in_rows:
+            _receive_into(param, shard, groups, plan, views)
+        else:
+            to_hf_into(param, _gather_shards(param, shard, groups, gathered), plan.dims, views)
     return flat
 
 
+def _send_pieces(param: PlannedParam, shard: torch.Tensor, groups: ProcessGroups, plan: SyncPlan) -> None:
+    """A TP rank > 0's half of `_receive_into`: its shard's pieces, in order, to TP rank 0."""
+    for piece, _ in shard_pieces(mapping_of(param), shard, plan.dims, groups.tp_rank):
+        dist.send(piece.contiguous(), dst=dist.get_global_rank(groups.tp, 0), group=groups.tp)
+
+
+def _receive_into(
+    param: PlannedParam, shard: torch.Tensor, groups: ProcessGroups, plan: SyncPlan, outs: list[torch.Tensor]
+) -> None:
+    """TP rank 0: every rank's shard of a `ROW_BLOCK_KINDS` parameter into its rows of `outs` (the
+    HF tensors' slots): its own by copy, the others' received in place (Megatron's TP shards of a
+    parameter all have this rank's shape)."""
+    check_hf_shapes(param, [tuple(shard.shape)] * groups.tp_size, plan.dims)
+    receives = []
+    for rank in [*range(1, groups.tp_size), 0]:  # the receives run while this rank copies its own
+        for out, (piece, rows) in zip(outs, shard_pieces(mapping_of(param), shard, plan.dims, rank)):
+            target = out[rows].view(piece.shape)
+            if rank == 0:
+                target.copy_(piece)
+            else:
+                receives.append(dist.irecv(target, src=dist.get_global_rank(groups.tp, rank), group=groups.tp))
+    for receive in receives:
+        receive.wait()
+
+
 def _to_sender(
-    flat: torch.Tensor | None, bucket: PlannedBucket, groups: ProcessGroups, meter: BufferMeter
+    flat: torch.Tensor | None, bucket: PlannedBucket, groups: ProcessGroups, meter: BufferMeter, device: torch.device
 ) -> torch.Tensor | None:
     """Move a later stage's bucket to the sender over the pipeline group of TP 0 / DP 0."""
     if bucket.pp_rank == 0 or groups.tp_rank != 0 or groups.dp_rank != 0:
@@ -122,7 +206,7 @@ def _to_sender(
         meter.release(flat.nbytes)
         return None
     if groups.pp_rank == 0:
-        flat = torch.empty(bucket.metadata.numel, dtype=bucket.metadata.dtype)
+        flat = torch.empty(bucket.metadata.numel, dtype=bucket.metadata.dtype, device=device)
         meter.hold(flat.nbytes)
         dist.recv(flat, src=dist.get_global_rank(groups.pp, bucket.pp_rank), group=groups.pp)
     return flat
@@ -133,23 +217,46 @@ def collect_buckets(
 ) -> Iterator[tuple[torch.Tensor, BucketMetadata] | None]:
     """Run on every trainer rank, consuming it fully; yields `(flat [numel], metadata)` per bucket
     on `SENDER_RANK`, None elsewhere; with `every_rank`, on every rank of the trainer world (each
-    rank colocated with its own engine: the sender broadcasts each bucket over the world). The
-    consumer must drop each flat buffer before asking for the next one (the meter counts it
-    released at that point)."""
+    rank colocated with its own engine: the sender broadcasts each bucket over the world).
+
+    One thread assembles bucket i + 1 (gathers, conversion, moves between stages) while the
+    consumer sends bucket i, so the bridge holds at most two buckets plus one gathered parameter.
+    The thread issues every trainer-world collective of the sync, in plan order on every rank.
+    Each bucket is a buffer of its own, handed over to the consumer: an engine may hold several
+    (`HFRolloutEngine.load_weights` keeps them all until it loads). The meter counts a bucket
+    released when the next one is asked for: the bridge's own memory, not the consumer's."""
     receives = every_rank or dist.get_rank() == SENDER_RANK
-    for bucket in plan.buckets:
-        flat = None
-        if groups.dp_rank == 0 and groups.pp_rank == bucket.pp_rank:
-            flat = _assemble(bucket, local, plan, groups, meter)
-        flat = _to_sender(flat, bucket, groups, meter)
-        if every_rank:
-            if flat is None:
-                flat = torch.empty(bucket.metadata.numel, dtype=bucket.metadata.dtype)
-                meter.hold(flat.nbytes)
-            dist.broadcast(flat, src=SENDER_RANK)
-        yield (flat, bucket.metadata) if receives else None
-        if flat is not None:
-            meter.release(flat.nbytes)
+    gathered = GatherBuffer(groups, meter)
+    # Buckets live where the weights do (a GPU's for NCCL and CUDA IPC); the thread uses this
+    # thread's current GPU.
+    device = next(iter(local.values())).device if local else torch.device("cpu")
+    cuda = torch.cuda.current_device() if torch.cuda.is_available() else None
+
+    def produce(bucket: PlannedBucket) -> torch.Tensor | None:
+        with torch.no_grad(), torch.cuda.device(cuda) if cuda is not None else contextlib.nullcontext():
+            flat = None
+            if groups.dp_rank == 0 and groups.pp_rank == bucket.pp_rank:
+                flat = _assemble(bucket, local, plan, groups, gathered, meter, device)
+            flat = _to_sender(flat, bucket, groups, meter, device)
+            if every_rank:
+                if flat is None:
+                    flat = torch.empty(bucket.metadata.numel, dtype=bucket.metadata.dtype, device=device)
+                    meter.hold(flat.nbytes)
+                dist.broadcast(flat, src=SENDER_RANK)
+            return flat
+
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-sync-assemble") as assembler:
+            next_flat = assembler.submit(produce, plan.buckets[0])
+            for i, bucket in enumerate(plan.buckets):
+                flat = next_flat.result()
+                if i + 1 < len(plan.buckets):
+                    next_flat = assembler.submit(produce, plan.buckets[i + 1])
+                yield (flat, bucket.metadata) if receives else None
+                if flat is not None:
+                    meter.release(flat.nbytes)
+    finally:
+        gathered.release()
 
 
 def conversion_errors(plan: SyncPlan, local: dict[str, torch.Tensor], groups: ProcessGroups) -> list[str]:
@@ -159,12 +266,12 @@ def conversion_errors(plan: SyncPlan, local: dict[str, torch.Tensor], groups: Pr
     The check inverts the conversion with the checkpoint loader's slicing (`tp_shard_from_hf`),
     so a wrong merge (e.g. gate/up joined naively) names its parameter."""
     errors = []
-    meter = BufferMeter()
+    gathered = GatherBuffer(groups, BufferMeter())
     for bucket in plan.buckets:
         if groups.dp_rank != 0 or groups.pp_rank != bucket.pp_rank:
             continue
         for param in bucket.params:
-            shards = _gather_shards(param, local[param.megatron_name], groups, meter)
+            shards = _gather_shards(param, local[param.megatron_name], groups, gathered)
             if shards is not None and not round_trips(param, shards, plan):
                 errors.append(param.megatron_name)
     per_rank: list[list[str]] = [[] for _ in range(dist.get_world_size())]

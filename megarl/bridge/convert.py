@@ -2,7 +2,8 @@
 
 Two forms:
 
-- `to_hf`: all TP shards of a parameter → full HF-named tensors (through `megarl.models.layout`:
+- `to_hf` / `to_hf_into`: all TP shards of a parameter → full HF-named tensors, the latter written
+  straight into a bucket's flat buffer (through `megarl.models.layout`:
   qkv de-interleaved by KV group, gate/up split and rejoined, row-parallel columns joined, vocab
   padding trimmed). This is what vLLM's supported reload path takes
   (`reload_weights(is_checkpoint_format=True)` runs each model's `load_weights`, whose
@@ -29,23 +30,41 @@ import torch
 
 from megarl.bridge.plan import PlannedParam
 from megarl.models.hf_config import ModelDims
-from megarl.models.layout import GATE_UP, QKV, REPLICATED, ROW, VOCAB, ParamMapping, merge_tp_shards
+from megarl.models.layout import GATE_UP, QKV, REPLICATED, ROW, VOCAB, ParamMapping, merge_tp_shards_into, merged_shapes
 
-def _mapping(param: PlannedParam) -> ParamMapping:
+
+def mapping_of(param: PlannedParam) -> ParamMapping:
+    """The layout table's view of a planned parameter."""
     return ParamMapping(param.megatron_name, param.hf_names, param.kind)
 
 
 def to_hf(param: PlannedParam, shards: Sequence[torch.Tensor], dims: ModelDims) -> list[tuple[str, torch.Tensor]]:
     """Full HF tensors of `param` from its TP shards in rank order (one shard for replicated
-    parameters). Raises ValueError when a result does not have the planned shape."""
-    tensors = merge_tp_shards(_mapping(param), shards, dims)
-    for (name, tensor), shape in zip(tensors, param.hf_shapes):
-        if tuple(tensor.shape) != shape:
+    parameters). Raises ValueError when a result would not have the planned shape."""
+    outs = [shards[0].new_empty(shape) for shape in param.hf_shapes]
+    to_hf_into(param, shards, dims, outs)
+    return list(zip(param.hf_names, outs))
+
+
+def to_hf_into(
+    param: PlannedParam, shards: Sequence[torch.Tensor], dims: ModelDims, outs: Sequence[torch.Tensor]
+) -> None:
+    """`to_hf` written into `outs` (one tensor of the planned shape per HF name: the views of a
+    bucket's flat buffer), so that each element is copied once. Raises ValueError when the shards
+    do not merge into the planned shapes."""
+    check_hf_shapes(param, [tuple(shard.shape) for shard in shards], dims)
+    merge_tp_shards_into(mapping_of(param), shards, dims, outs)
+
+
+def check_hf_shapes(param: PlannedParam, shard_shapes: Sequence[tuple[int, ...]], dims: ModelDims) -> None:
+    """ValueError unless TP shards of these shapes (rank order) merge into the planned HF shapes."""
+    shards = [torch.empty(shape, device="meta") for shape in shard_shapes]
+    for name, shape, planned in zip(param.hf_names, merged_shapes(mapping_of(param), shards, dims), param.hf_shapes):
+        if shape != planned:
             raise ValueError(
-                f"{param.megatron_name}: merging {len(shards)} TP shards of shape {list(shards[0].shape)} gave "
-                f"{name} of shape {list(tensor.shape)}, but the model's config.json says {list(shape)}"
+                f"{param.megatron_name}: merging {len(shards)} TP shards of shape {list(shard_shapes[0])} gives "
+                f"{name} of shape {list(shape)}, but the model's config.json says {list(planned)}"
             )
-    return tensors
 
 
 def _vllm_rank_name(param: PlannedParam) -> str:

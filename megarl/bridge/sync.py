@@ -14,7 +14,8 @@ Engine side, whoever drives the rollout engine, around the trainer's `send` (rem
     # loaded; prefix cache flushed; weight_version + 1; resumed
 
 Order of a sync: pause generation → per bucket (gather / convert / move / send) → prefix cache
-reset → weight version bump → resume. Peak extra memory on the sender: about one bucket plus one
+reset → weight version bump → resume. A thread assembles the next bucket while the transport sends
+the current one. Peak extra memory on the sender: two buckets plus, with train TP > 1, one
 parameter's gathered shards (`SyncStats.peak_buffer_bytes`).
 """
 

@@ -17,7 +17,8 @@ from pathlib import Path
 BENCHMARKS = ("sync", "rollout", "train", "step")
 BENCH_MODEL = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=64)
-"""The default model when --model is not given: a 4-layer Qwen2, ~3 M parameters (--smoke: the tiny default)."""
+"""The default model when --model is not given: a 4-layer Qwen2, ~3 M parameters (sync: `bench.sync.MODEL_100M`,
+100.9 M; --smoke: the tiny default)."""
 
 
 def register(subparsers) -> None:
@@ -26,8 +27,9 @@ def register(subparsers) -> None:
         description=__doc__.split("\n\n", 1)[1],
     )
     parser.add_argument("benchmark", choices=BENCHMARKS,
-                        help="sync: weight sync vs clone; rollout: megarl vs vLLM vs HF generate; train: Megatron "
-                             "update vs plain PyTorch, TP 2 / PP 2; step: the trainer's phase breakdown")
+                        help="sync: weight sync vs clone and vs raw broadcast; rollout: megarl vs vLLM vs HF "
+                             "generate; train: Megatron update vs plain PyTorch, TP 2 / PP 2; step: the trainer's "
+                             "phase breakdown")
     parser.add_argument("--model", type=Path, help="HF checkpoint dir (default: a 4-layer Qwen2 made on the spot; "
                                                    "step: the recipe's model.path)")
     parser.add_argument("--json", type=Path, help="write the result here")
@@ -70,7 +72,7 @@ def _run(args: argparse.Namespace, tmp: Path) -> tuple[dict, str]:
                       "actor.micro_batch_size_per_gpu=8"] if args.smoke else []
         result = module.run(args.config, overrides, args.repeats)
         return result, module.markdown(result)
-    model = str(args.model or _make_model(tmp, args.smoke))
+    model = str(args.model or _make_model(tmp, args.smoke, args.benchmark))
     if args.benchmark == "rollout":
         shape = module.RolloutShape(prompts=4, n=2, max_new_tokens=4) if args.smoke else module.RolloutShape()
         result = module.run(model, shape, args.repeats)
@@ -80,12 +82,14 @@ def _run(args: argparse.Namespace, tmp: Path) -> tuple[dict, str]:
                                 args.repeats, layouts=())
         else:
             result = module.run(model, module.TrainShape(), args.repeats)
-    else:
-        result = module.run(model, args.repeats)
+    else:  # sync
+        result = module.run(model, args.repeats, module.SMOKE) if args.smoke else module.run(model, args.repeats)
     return result, module.markdown(result)
 
 
-def _make_model(tmp: Path, smoke: bool) -> Path:
+def _make_model(tmp: Path, smoke: bool, benchmark: str) -> Path:
+    from megarl.bench.sync import MODEL_100M
     from megarl.models.tiny import make_tiny_model
 
-    return make_tiny_model(tmp / "model", "qwen2", **({} if smoke else BENCH_MODEL))
+    shape = {} if smoke else MODEL_100M if benchmark == "sync" else BENCH_MODEL
+    return make_tiny_model(tmp / "model", "qwen2", **shape)

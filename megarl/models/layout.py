@@ -209,19 +209,83 @@ def merge_tp_shards(
     mapping: ParamMapping, shards: Sequence[torch.Tensor], dims: ModelDims
 ) -> list[tuple[str, torch.Tensor]]:
     """HF tensors of a Megatron parameter from all its TP shards (in TP rank order)."""
-    kind, names = mapping.kind, mapping.hf_names
+    outs = [shards[0].new_empty(shape) for shape in merged_shapes(mapping, shards, dims)]
+    merge_tp_shards_into(mapping, shards, dims, outs)
+    return list(zip(mapping.hf_names, outs))
+
+
+def merged_shapes(mapping: ParamMapping, shards: Sequence[torch.Tensor], dims: ModelDims) -> list[tuple[int, ...]]:
+    """The shapes of the HF tensors `merge_tp_shards` makes of these shards (in `hf_names` order)."""
+    kind, first = mapping.kind, tuple(shards[0].shape)
+    rows = sum(shard.shape[0] for shard in shards)
     if kind == REPLICATED:
-        return [(names[0], shards[0])]
+        return [first]
     if kind == ROW:
-        return [(names[0], torch.cat(list(shards), dim=1))]
+        return [(first[0], sum(shard.shape[1] for shard in shards))]
     if kind == GATE_UP:
-        halves = [shard.chunk(2) for shard in shards]
-        return [(names[0], torch.cat([g for g, _ in halves])), (names[1], torch.cat([u for _, u in halves]))]
+        return [(rows // 2, *first[1:])] * 2
     if kind == QKV:
-        return list(zip(names, _qkv_split(torch.cat(list(shards)), dims)))
+        heads = rows // ((dims.heads_per_group + 2) * dims.head_dim)  # KV heads = groups
+        q = (heads * dims.heads_per_group * dims.head_dim, *first[1:])
+        return [q] + [(heads * dims.head_dim, *first[1:])] * 2
     if kind == VOCAB:
-        return [(names[0], torch.cat(list(shards))[: dims.vocab_size])]
+        return [(min(rows, dims.vocab_size), *first[1:])]
     raise ValueError(f"unknown parameter kind {kind!r} for {mapping.megatron_name}")
+
+
+def merge_tp_shards_into(
+    mapping: ParamMapping, shards: Sequence[torch.Tensor], dims: ModelDims, outs: Sequence[torch.Tensor]
+) -> None:
+    """`merge_tp_shards` written into `outs`, one tensor of `merged_shapes` per HF name (e.g. views of
+    a bucket's flat buffer): each element is copied once, straight to its place."""
+    expected = merged_shapes(mapping, shards, dims)
+    if [tuple(out.shape) for out in outs] != expected:
+        raise ValueError(
+            f"{mapping.megatron_name}: {len(shards)} TP shards of shape {list(shards[0].shape)} merge into "
+            f"{expected}, not into tensors of shapes {[list(out.shape) for out in outs]}"
+        )
+    kind = mapping.kind
+    if kind == REPLICATED:
+        outs[0].copy_(shards[0])
+    elif kind == ROW:
+        torch.cat(list(shards), dim=1, out=outs[0])
+    elif kind in ROW_BLOCK_KINDS:
+        for rank, shard in enumerate(shards):
+            for out, (piece, rows) in zip(outs, shard_pieces(mapping, shard, dims, rank)):
+                out[rows].view(piece.shape).copy_(piece)
+    else:  # VOCAB: the shards in order, padding rows past the vocabulary dropped
+        row = 0
+        for shard in shards:
+            take = min(shard.shape[0], dims.vocab_size - row)
+            outs[0][row : row + take].copy_(shard[:take])
+            row += take
+
+
+ROW_BLOCK_KINDS = (GATE_UP, QKV)
+"""Kinds whose TP shard fills one block of consecutive rows of each of its HF tensors (`shard_pieces`),
+so that a shard can be received straight into place."""
+
+
+def shard_pieces(
+    mapping: ParamMapping, shard: torch.Tensor, dims: ModelDims, tp_rank: int
+) -> list[tuple[torch.Tensor, slice]]:
+    """TP rank `tp_rank`'s shard of a `ROW_BLOCK_KINDS` parameter as one `(piece, rows)` per HF tensor
+    (`hf_names` order): the piece (a view of `shard`) fills `hf_tensor[rows]`, viewed as `piece.shape`.
+    gate/up: the halves `[F_r, h]`; qkv: the q, k, v parts of the rank's n KV groups, `[n, hpg*d, ...]`
+    and `[n, d, ...]` (strided views; `.contiguous()` before sending one)."""
+    if mapping.kind == GATE_UP:
+        rows = shard.shape[0] // 2
+        block = slice(tp_rank * rows, (tp_rank + 1) * rows)
+        return [(half, block) for half in shard.chunk(2)]
+    if mapping.kind == QKV:
+        d, hpg = dims.head_dim, dims.heads_per_group
+        trailing = shard.shape[1:]
+        n = shard.shape[0] // ((hpg + 2) * d)
+        q, k, v = shard.reshape(n, (hpg + 2) * d, *trailing).split([hpg * d, d, d], dim=1)
+        first = tp_rank * n
+        kv_rows = slice(first * d, (first + n) * d)
+        return [(q, slice(first * hpg * d, (first + n) * hpg * d)), (k, kv_rows), (v, kv_rows)]
+    raise ValueError(f"{mapping.megatron_name}: a {mapping.kind} shard is not a block of rows of its HF tensors")
 
 
 def megatron_to_hf(
@@ -270,15 +334,3 @@ def _qkv_shard(names, read: TensorReader, dims: ModelDims, tp_size: int, tp_rank
     trailing = q.shape[1:]
     per_group = [q.reshape(n, hpg * d, *trailing), k.reshape(n, d, *trailing), v.reshape(n, d, *trailing)]
     return torch.cat(per_group, dim=1).reshape(n * (hpg + 2) * d, *trailing)
-
-
-def _qkv_split(qkv: torch.Tensor, dims: ModelDims) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Global interleaved [G * (hpg + 2) * d, ...] -> (q [G*hpg*d, ...], k [G*d, ...], v [G*d, ...])."""
-    d, hpg, groups = dims.head_dim, dims.heads_per_group, dims.num_kv_heads
-    trailing = qkv.shape[1:]
-    q, k, v = qkv.reshape(groups, (hpg + 2) * d, *trailing).split([hpg * d, d, d], dim=1)
-    return (
-        q.reshape(groups * hpg * d, *trailing).contiguous(),
-        k.reshape(groups * d, *trailing).contiguous(),
-        v.reshape(groups * d, *trailing).contiguous(),
-    )

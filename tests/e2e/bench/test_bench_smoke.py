@@ -54,9 +54,25 @@ def test_step(tmp_path, monkeypatch):
 
 
 def test_sync(tmp_path):
+    # The benchmark itself compares the bridge's first sync of every plan with the checkpoint, tensor
+    # by tensor, in-process and on each broadcast receiver: it would have failed otherwise.
     result = _bench(tmp_path, "sync")
-    assert result["layout"]["train_tp"] == 2
-    assert result["sync_seconds"] > 0 and result["clone_seconds"] > 0
+    in_process, cross = result["in_process"], result["cross_process"]
+    assert {(r["train_tp"], r["rollout_tp"], r["bucket_mb"]) for r in in_process} == {(2, 1, 0.05), (2, 1, 1)}
+    assert {(r["train_tp"], r["rollout_tp"], r["bucket_mb"]) for r in cross} == {
+        (2, rollout_tp, mb) for rollout_tp in (1, 2) for mb in (0.05, 1)
+    }
+    for record, baseline in [(r, "clone") for r in in_process] + [(r, "broadcast") for r in cross]:
+        assert set(record["seconds"]) == {"bridge", baseline}
+        assert all(len(times) == 2 for times in record["seconds"].values())
+        assert record["bytes"] == result["model"]["parameters"] * 4  # fp32, every tensor once
+        assert 0 < record["peak_extra_bytes"]
+    small, large = sorted(in_process, key=lambda r: r["bucket_mb"])
+    assert small["buckets"] > large["buckets"]
+    assert set(result["goals"]) == {
+        "in_process_over_clone", "in_process_over_clone_paired", "cross_process_over_broadcast",
+        "cross_process_over_broadcast_paired", "peak_over_two_buckets",
+    }
 
 
 def test_bad_model_dir_is_a_usage_error(tmp_path, capsys):

@@ -15,7 +15,7 @@ from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.bridge.transports import InProcessTransport
 from megarl.bridge.verify import SyncVerificationError, check_sync, probe_token_ids
 from megarl.models.hf_config import read_model_dims
-from megarl.models.layout import GATE_UP, merge_tp_shards
+from megarl.models.layout import GATE_UP, merge_tp_shards_into
 from megarl.models.tiny import make_tiny_model
 from megarl.workers.rollout.hf_engine import HFRolloutEngine
 
@@ -38,12 +38,13 @@ def trained(model_dir):
     return {name: t + 0.05 * torch.randn(t.shape, generator=generator) for name, t in base.items()}
 
 
-def naive_gate_up_merge(mapping, shards, dims):
+def naive_gate_up_merge_into(mapping, shards, dims, outs):
     """The classic bug: treat the concatenated TP shards as [gate; up]."""
-    if mapping.kind == GATE_UP:
-        gate, up = torch.cat(list(shards)).chunk(2)
-        return [(mapping.hf_names[0], gate), (mapping.hf_names[1], up)]
-    return merge_tp_shards(mapping, shards, dims)
+    if mapping.kind != GATE_UP:
+        return merge_tp_shards_into(mapping, shards, dims, outs)
+    gate, up = torch.cat(list(shards)).chunk(2)
+    outs[0].copy_(gate)
+    outs[1].copy_(up)
 
 
 def sync_and_check(model_dir, trained):
@@ -67,7 +68,7 @@ def test_correct_mapping_passes(model_dir, trained):
 
 
 def test_naive_gate_up_merge_is_caught_and_named(model_dir, trained, monkeypatch):
-    monkeypatch.setattr(convert, "merge_tp_shards", naive_gate_up_merge)
+    monkeypatch.setattr(convert, "merge_tp_shards_into", naive_gate_up_merge_into)
     with pytest.raises(SyncVerificationError) as error:
         sync_and_check(model_dir, trained)
     message = str(error.value)

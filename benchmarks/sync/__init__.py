@@ -1,1 +1,0 @@
-"""Weight-sync benchmark: `python -m benchmarks.sync --help`."""
