@@ -24,10 +24,10 @@ class SyncVerificationError(RuntimeError):
     """The rollout engine's log-probs differ from the actor's by more than the threshold after a sync."""
 
 
-def probe_token_ids(vocab_size: int, *, seed: int = 0) -> list[list[int]]:
-    """`PROBE_SEQUENCES` fixed sequences of `PROBE_LENGTH` token ids, the same in every process."""
+def probe_token_ids(vocab_size: int, *, sequences: int = PROBE_SEQUENCES, seed: int = 0) -> list[list[int]]:
+    """`sequences` fixed sequences of `PROBE_LENGTH` token ids, the same in every process."""
     generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab_size, (PROBE_SEQUENCES, PROBE_LENGTH), generator=generator).tolist()
+    return torch.randint(0, vocab_size, (sequences, PROBE_LENGTH), generator=generator).tolist()
 
 
 def probe_policy_batch(token_ids: Sequence[Sequence[int]]) -> PolicyBatch:

@@ -26,7 +26,7 @@ class WeightSync:
         self.settings = config.rollout.sync
         self.total_steps = total_steps
         self.wake_engines = wake_engines
-        self.probe = probe_token_ids(vocab_size)
+        self.probe = probe_token_ids(vocab_size, sequences=self.settings.probe_batch_size)
         self.layout = LayoutPair(config.actor.parallel.tensor_model_parallel_size,
                                  config.actor.parallel.pipeline_model_parallel_size,
                                  config.rollout.tensor_model_parallel_size)

@@ -97,3 +97,10 @@ def test_a_bad_sync_is_caught_on_the_next_checked_step():
     assert "sync/logprob_max_abs_diff" not in sync(3)  # unchecked: the broken weights pass unseen
     with pytest.raises(SyncVerificationError, match="differ from the actor's by 0.5"):
         sync(4)
+
+
+def test_the_probe_has_probe_batch_size_sequences():
+    config = load_config(QUICKSTART, ["rollout.sync.probe_batch_size=3"])
+    roles = SimpleNamespace(policy=Group(sync_metadatas=lambda: [[]]), rollout=Engines())
+    sync = WeightSync(roles, config, vocab_size=64, total_steps=1, wake_engines=False)
+    assert len(sync.probe) == 3 and all(0 <= token < 64 for sequence in sync.probe for token in sequence)
