@@ -32,13 +32,13 @@ from megarl.workers.megatron_train import (
     OptimSettings,
     RecomputeSettings,
     StepCounts,
-    TrainEngine,
     check_divides,
     forward_collect,
     load_model,
     run_model,
     summarize_steps,
 )
+from megarl.workers.trained_model import TrainedModel
 
 
 class PolicyLossFn(Protocol):
@@ -156,7 +156,7 @@ class PolicyLoss:
         return loss, metrics
 
 
-class MegatronActor:
+class MegatronActor(TrainedModel):
     """The policy model of this rank (its TP × PP shard), trained with Megatron DDP and optimizer."""
 
     def __init__(
@@ -170,10 +170,8 @@ class MegatronActor:
     ):
         """`model`: this rank's megatron `GPTModel` (weights loaded); `vocab_size`: the real (HF)
         vocabulary size, the output layer's padding beyond it is ignored."""
-        self.groups = groups
         self.vocab_size = vocab_size
-        self.offload_settings = offload
-        self.engine = TrainEngine(model, optim, groups)
+        super().__init__(model, groups, optim, offload)
 
     @classmethod
     def from_hf(
@@ -188,20 +186,6 @@ class MegatronActor:
         """Build this rank's shard from an HF checkpoint dir and load its weights."""
         model, vocab_size = load_model(model_dir, groups, recompute=recompute, value_head=False)
         return cls(model, groups, vocab_size=vocab_size, optim=optim, offload=offload)
-
-    def offload(self) -> None:
-        """Free device memory for a colocated rollout (what `OffloadSettings` names; no-op on CPU).
-        Call `onload` before any other method, weight sync included."""
-        self.engine.offload(self.offload_settings)
-
-    def onload(self) -> None:
-        """Undo `offload`."""
-        self.engine.onload(self.offload_settings)
-
-    @property
-    def skipped_steps(self) -> int:
-        """Optimizer steps skipped for a non-finite loss or gradient so far."""
-        return self.engine.skipped_steps
 
     def compute_log_prob(self, batch: PolicyBatch, *, micro_batch_size: int) -> tuple[Tensor, Tensor]:
         """`log_probs [B, R]` and `entropy [B, R]` of `batch.responses` (fp32, no gradient; padded

@@ -27,13 +27,13 @@ from megarl.workers.megatron_train import (
     OptimSettings,
     RecomputeSettings,
     StepCounts,
-    TrainEngine,
     check_divides,
     forward_collect,
     load_model,
     run_model,
     summarize_steps,
 )
+from megarl.workers.trained_model import TrainedModel
 
 
 @dataclass
@@ -46,7 +46,7 @@ class ValueLossSettings:
     """How token losses become one number (`megarl.algorithms.losses.LOSS_AGG_MODES`)."""
 
 
-class MegatronCritic:
+class MegatronCritic(TrainedModel):
     """The value model of this rank (its TP × PP shard), trained with Megatron DDP and optimizer."""
 
     def __init__(
@@ -61,10 +61,8 @@ class MegatronCritic:
         """`model`: this rank's GPTModel built with `value_head=True` (last stage outputs `[b, S, 1]`)."""
         if loss.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(f"loss_agg_mode={loss.loss_agg_mode!r} is not one of {LOSS_AGG_MODES}; pick one of them")
-        self.groups = groups
         self.loss = loss
-        self.offload_settings = offload
-        self.engine = TrainEngine(model, optim, groups)
+        super().__init__(model, groups, optim, offload)
 
     @classmethod
     def from_hf(
@@ -81,19 +79,6 @@ class MegatronCritic:
         value head freshly initialised."""
         model, _ = load_model(model_dir, groups, recompute=recompute, value_head=True)
         return cls(model, groups, optim=optim, loss=loss, offload=offload)
-
-    def offload(self) -> None:
-        """Free device memory for a colocated rollout (what `OffloadSettings` names; no-op on CPU)."""
-        self.engine.offload(self.offload_settings)
-
-    def onload(self) -> None:
-        """Undo `offload`."""
-        self.engine.onload(self.offload_settings)
-
-    @property
-    def skipped_steps(self) -> int:
-        """Optimizer steps skipped for a non-finite loss or gradient so far."""
-        return self.engine.skipped_steps
 
     def compute_values(self, batch: PolicyBatch, *, micro_batch_size: int) -> Tensor:
         """`[B, R]` values of the states before each response token (fp32, no gradient), on every rank."""

@@ -1,0 +1,33 @@
+"""What the actor and the critic share: this rank's shard of a model trained by a `TrainEngine`
+(Megatron DDP + optimizer), and moving its state off the device while a colocated rollout runs."""
+
+from __future__ import annotations
+
+import torch
+
+from megarl.parallel.distributed import ProcessGroups
+from megarl.workers.megatron_train import OffloadSettings, OptimSettings, TrainEngine
+
+
+class TrainedModel:
+    """Base of `MegatronActor` and `MegatronCritic`."""
+
+    def __init__(self, model: torch.nn.Module, groups: ProcessGroups, optim: OptimSettings, offload: OffloadSettings):
+        """`model`: this rank's megatron `GPTModel` (weights loaded)."""
+        self.groups = groups
+        self.offload_settings = offload
+        self.engine = TrainEngine(model, optim, groups)
+
+    def offload(self) -> None:
+        """Free device memory for a colocated rollout (what `OffloadSettings` names; no-op on CPU).
+        Call `onload` before any other method, weight sync included."""
+        self.engine.offload(self.offload_settings)
+
+    def onload(self) -> None:
+        """Undo `offload`."""
+        self.engine.onload(self.offload_settings)
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped for a non-finite loss or gradient so far."""
+        return self.engine.skipped_steps
