@@ -1,9 +1,11 @@
 """CUDA IPC transport: the GPU adapter of `shared_memory.SharedMemoryTransport` for colocated
-GPUs. The sender shares each bucket's GPU buffer by CUDA IPC handle (`reduce_tensor`) instead of a
-file; the rollout workers on the same GPU open the handle and load from the sender's memory. Same
-delivery, same one-load-per-sync rule. GPU only: constructing it without CUDA raises.
+GPUs. The same two-slot ring (`megarl.workers.rollout.shared_ring`), with a slot being a GPU buffer
+of the sender shared by CUDA IPC handle (`reduce_tensor`) instead of a file: the sender moves
+bucket i to its GPU and keeps that buffer as slot i % 2 until the workers release it, and the
+rollout workers on the same GPU open the handle and load from the sender's memory. GPU only:
+constructing it without CUDA raises. (Not exercised on this project's CPU machines.)
 
-    transport = CudaIpcTransport(deliver=engine.load_shared_buckets)
+    transport = CudaIpcTransport(engine.load_shared_buckets, readers=rollout_tp)
 
 A handle names the device by the *sender's* index, which differs in a worker that sees other
 `CUDA_VISIBLE_DEVICES`: the worker substitutes its own index for the same physical GPU.
@@ -16,7 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
-from megarl.bridge.transports.shared_memory import Deliver, SharedMemoryTransport
+from megarl.bridge.transports.shared_memory import SharedMemoryTransport, Start
+from megarl.workers.rollout.shared_ring import SLOTS
 from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket
 
 _DEVICE_ARG = 6
@@ -38,8 +41,8 @@ class IpcBucket(SharedBucket):
 
 
 def pack_ipc_bucket(flat: torch.Tensor, metadata: BucketMetadata) -> IpcBucket:
-    """Share a CUDA flat buffer `[numel]`; the sender must keep `flat` alive until the receiver has
-    loaded it."""
+    """Share a CUDA flat buffer `[numel]`; the sender must keep `flat` alive until the receivers
+    have released it."""
     if flat.device.type != "cuda":
         raise ValueError(f"pack_ipc_bucket: CUDA IPC shares CUDA memory, the bucket is on {flat.device}")
     _, args = reduce_tensor(flat)  # (rebuild_cuda_tensor, args) for a CUDA tensor
@@ -54,23 +57,29 @@ def with_device(rebuild_args: tuple, device_index: int) -> tuple:
 
 
 class CudaIpcTransport(SharedMemoryTransport):
-    """Moves each bucket to the sender's GPU and shares it by handle; the GPU buffers are kept
-    until the delivery returns (the engine has loaded them)."""
+    """Slot k is the GPU copy of the last bucket written there, kept until it is overwritten (the
+    workers have released it) or the sync ends."""
 
-    def __init__(self, deliver: Deliver):
+    def __init__(self, start: Start, readers: int, timeout_s: float = 600.0):
         if not torch.cuda.is_available():
             raise RuntimeError(
                 "CudaIpcTransport shares GPU memory between colocated processes and needs CUDA, which this "
                 "process does not have; use the broadcast transport, or the shared-memory one on CPU"
             )
-        super().__init__(deliver)
-        self._kept: dict[int, torch.Tensor] = {}
+        super().__init__(start, readers, timeout_s=timeout_s)
+        self._slots: list[torch.Tensor | None] = [None] * SLOTS
 
-    def _share(self, flat: torch.Tensor, metadata: BucketMetadata) -> SharedBucket:
-        shared = flat.to(torch.device("cuda", torch.cuda.current_device()))
-        bucket = pack_ipc_bucket(shared, metadata)
-        self._kept[id(bucket)] = shared
-        return bucket
+    def _open_slots(self) -> None:
+        self._slots = [None] * SLOTS
 
-    def _release(self, bucket: SharedBucket) -> None:
-        del self._kept[id(bucket)]
+    def _share(self, slot: int, flat: torch.Tensor, metadata: BucketMetadata) -> SharedBucket:
+        self._slots[slot] = None  # released by the workers: free it before allocating its successor
+        self._slots[slot] = flat.to(torch.device("cuda", torch.cuda.current_device()))
+        torch.cuda.current_stream().synchronize()  # the workers read it on their own streams
+        return pack_ipc_bucket(self._slots[slot], metadata)
+
+    def _shared_bytes(self) -> int:
+        return sum(buffer.nbytes for buffer in self._slots if buffer is not None)
+
+    def _close_slots(self) -> None:
+        self._slots = [None] * SLOTS

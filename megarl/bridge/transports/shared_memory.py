@@ -1,21 +1,21 @@
 """Shared-memory transport: the rollout engine is on the sender's node (colocated, or another
-process there). The sender copies each bucket once into memory the engine's workers can map
-(`SharedBucket`), hands the engine the small picklable handles of the whole sync, and every worker
-of the engine (TP 1 in-process, TP > 1 in vLLM's worker processes) reads the buckets in place: no
-bytes travel over a socket or a collective.
+process there). The sender streams one sync's buckets through two slots of memory the engine's
+workers map (`megarl.workers.rollout.shared_ring`): bucket i is copied once into slot i % 2, every
+worker of the engine (TP 1 in-process, TP > 1 in vLLM's worker processes) reads it in place within
+its one load of the sync, and the sender overwrites the slot with bucket i + 2 once all of them have
+released it. No bytes travel over a socket or a collective, and a sync holds two buckets in shared
+memory, not the model (`peak_shared_bytes`).
 
-    transport = SharedMemoryTransport(deliver=engine.load_shared_buckets)   # engine in this process
-    transport = SharedMemoryTransport(deliver=lambda handles: ray.get(rollout.load_shared_buckets.remote(handles)))
+    transport = SharedMemoryTransport(engine.load_shared_buckets, readers=rollout_tp)   # engine here
+    transport = SharedMemoryTransport(lambda ring: rollout.start_shared_receive.remote(ring), readers=rollout_tp)
 
-CPU: each bucket is a file in /dev/shm (tmpfs, i.e. memory), mapped shared by the sender and the
-workers (`torch.from_file(..., shared=True)`) and named by its path; the sender unlinks the files
-when the engine has loaded them (the workers' mappings, if any remain, keep the pages until they go).
-GPU: `cuda_ipc.CudaIpcTransport`, the same transport with CUDA IPC handles instead of files.
+`start` begins the engine's load and returns at once (`load_shared_buckets` returns a future); the
+transport then streams the buckets and returns when every worker has loaded the sync.
 
-The handles of one sync go in one delivery because the engine loads a sync in one pass (a fused
-layer's parts may lie in different buckets; see `vllm_engine`), so the sender holds the whole
-sync's buckets in shared memory until the engine has loaded them: one copy of the model per node,
-which all the engine's workers share (the broadcast transport instead holds about one bucket).
+CPU: each slot is a file in /dev/shm (tmpfs, i.e. memory), mapped shared by the sender and the
+workers (`torch.from_file(..., shared=True)`) and named by its path; a file grows to the largest
+bucket written into it, and the sender deletes both when the sync ends, also when it fails.
+GPU: `cuda_ipc.CudaIpcTransport`, the same ring with CUDA IPC handles instead of files.
 """
 
 from __future__ import annotations
@@ -23,21 +23,23 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from megarl.bridge.transports.base import Buckets, WeightTransport
+from megarl.workers.rollout.shared_ring import SLOTS, RingSender, SharedRing
 from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket
 
 SHM_DIR = "/dev/shm"
-"""Where the buckets' files live: tmpfs, so a file is memory that any process can map by path."""
+"""Where the slots' files live: tmpfs, so a file is memory that any process can map by path."""
 FILE_PREFIX = "megarl-bucket-"
-"""Name prefix of the buckets' files (to find leftovers of a killed sender)."""
+"""Name prefix of the slots' files (to find leftovers of a killed sender)."""
 
-Deliver = Callable[[Sequence[SharedBucket]], None]
-"""Hands one sync's handles to the engine; returns once the engine has loaded them all."""
+Start = Callable[[SharedRing], object]
+"""Starts the engine's one load of a sync from `ring` and returns at once (its result is not used:
+the transport learns through the ring when the workers are done, or why they failed)."""
 
 
 @dataclass(frozen=True)
@@ -47,53 +49,76 @@ class ShmBucket(SharedBucket):
     metadata: BucketMetadata
     """The bucket's tensors (names, shapes, offsets)."""
     path: str
-    """The file holding the flat buffer, `metadata.numel` elements of `metadata.dtype`."""
+    """The file holding the flat buffer in its first `metadata.numel` elements of `metadata.dtype`."""
 
     def open(self, device: torch.device) -> torch.Tensor:
         """Map the file (no copy); a CPU buffer, whatever `device` (vLLM's loaders move tensors)."""
         return torch.from_file(self.path, shared=True, size=self.metadata.numel, dtype=self.metadata.dtype)
 
 
-def share_in_file(flat: torch.Tensor, metadata: BucketMetadata, directory: str = SHM_DIR) -> ShmBucket:
-    """Copy a flat buffer `[numel]` into a new file of `directory`; the caller unlinks `bucket.path`."""
-    if not os.path.isdir(directory):
-        raise RuntimeError(
-            f"shared-memory weight sync: {directory} does not exist; it needs a Linux tmpfs there "
-            f"(or use the broadcast transport)"
-        )
-    fd, path = tempfile.mkstemp(prefix=FILE_PREFIX, dir=directory)
-    os.close(fd)
-    bucket = ShmBucket(metadata, path)
-    try:
-        bucket.open(flat.device).copy_(flat)
-    except BaseException:
-        os.unlink(path)
-        raise
-    return bucket
-
-
 class SharedMemoryTransport(WeightTransport):
-    """Shares each bucket (`_share`), delivers the sync's handles in one call, then releases them
-    (`_release`), also when the delivery fails."""
+    """Streams a sync through `SLOTS` shared slots into the engine that `start` starts; `readers`:
+    the engine's workers (its TP size), each of which reads every bucket."""
 
-    def __init__(self, deliver: Deliver, directory: str = SHM_DIR):
-        self.deliver = deliver
+    def __init__(self, start: Start, readers: int, directory: str = SHM_DIR, timeout_s: float = 600.0):
+        self.start = start
+        self.readers = readers
         self.directory = directory
+        self.timeout_s = timeout_s
+        self.peak_shared_bytes = 0
+        """Most bytes the slots held at once during the last `send`."""
+        self.largest_bucket_bytes = 0
+        """The largest bucket of the last `send`: `peak_shared_bytes` stays within `SLOTS` of it."""
+        self.slot_paths: list[str] = []
+        """The slots' files during a `send`."""
+        self._ring: RingSender | None = None
+        """The side channel to the engine's workers, made by the first `send`."""
 
     def send(self, buckets: Buckets) -> None:
-        shared: list[SharedBucket] = []
+        self.peak_shared_bytes = self.largest_bucket_bytes = 0
         try:
-            for flat, metadata in buckets:
-                shared.append(self._share(flat, metadata))
-                del flat  # the shared copy is what stays
-            self.deliver(shared)
+            self._open_slots()
+            if self._ring is None:
+                self._ring = RingSender.listen(self.readers, self.timeout_s)
+            ring = self._ring
+            try:
+                self.start(ring.begin())
+                for index, (flat, metadata) in enumerate(buckets):
+                    if index >= SLOTS:
+                        ring.wait_released(index - SLOTS)
+                    ring.publish(self._share(index % SLOTS, flat, metadata))
+                    self.largest_bucket_bytes = max(self.largest_bucket_bytes, flat.nbytes)
+                    self.peak_shared_bytes = max(self.peak_shared_bytes, self._shared_bytes())
+                    del flat  # the slot's copy is what stays
+                ring.finish()
+            except BaseException as error:
+                ring.abort(f"the sender failed: {error!r}")
+                raise
         finally:
-            for bucket in shared:
-                self._release(bucket)
+            self._close_slots()
 
-    def _share(self, flat: torch.Tensor, metadata: BucketMetadata) -> SharedBucket:
-        return share_in_file(flat.cpu(), metadata, self.directory)
+    def _open_slots(self) -> None:
+        if not os.path.isdir(self.directory):
+            raise RuntimeError(
+                f"shared-memory weight sync: {self.directory} does not exist; it needs a Linux tmpfs there "
+                f"(or use the broadcast transport)"
+            )
+        for _ in range(SLOTS):
+            fd, path = tempfile.mkstemp(prefix=FILE_PREFIX, dir=self.directory)
+            os.close(fd)
+            self.slot_paths.append(path)
 
-    def _release(self, bucket: SharedBucket) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(bucket.path)
+    def _share(self, slot: int, flat: torch.Tensor, metadata: BucketMetadata) -> SharedBucket:
+        """Copy a flat buffer `[numel]` into `slot` (its file grows to fit); its handle."""
+        bucket = ShmBucket(metadata, self.slot_paths[slot])
+        bucket.open(flat.device).copy_(flat)
+        return bucket
+
+    def _shared_bytes(self) -> int:
+        return sum(os.stat(path).st_size for path in self.slot_paths)
+
+    def _close_slots(self) -> None:
+        for path in self.slot_paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        self.slot_paths = []

@@ -22,7 +22,8 @@ from typing import Literal
 
 import torch
 
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket
+from megarl.workers.rollout.shared_ring import SharedRing
+from megarl.workers.rollout.weight_sync_protocol import BucketMetadata
 
 FinishReason = Literal["stop", "length"]
 
@@ -179,12 +180,12 @@ class RolloutEngine(abc.ABC):
         worker processes): use `load_shared_buckets` there."""
 
     @abc.abstractmethod
-    def load_shared_buckets(self, buckets: Sequence[SharedBucket]) -> None:
-        """Load one sync's buckets from memory the sender shares by handle (a process on the same
-        node: shared memory on CPU, CUDA IPC on the same GPU), read in place by every worker of the
-        engine. One call per sync, as for `load_weights`: a fused layer's parts may lie in different
-        buckets of a call. Returns when loaded; the sender may then release the buffers. Flushes the
-        prefix cache and bumps `weight_version`."""
+    def load_shared_buckets(self, ring: SharedRing) -> Future[None]:
+        """Load one sync that the sender (a process on the same node) streams through its two
+        shared slots (`shared_ring`: shared memory on CPU, CUDA IPC on the same GPU), read in place
+        by every worker of the engine, in one pass as for `load_weights` (a fused layer's parts may
+        lie in different buckets of a sync). Returns at once; the future completes when the weights
+        are loaded, the prefix cache is flushed and `weight_version` is bumped."""
 
     @abc.abstractmethod
     def init_weight_sync(

@@ -16,7 +16,8 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig
 from megarl.workers.rollout.sync_group import create_weight_sync_group, receive_buckets
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket, unpack
+from megarl.workers.rollout.shared_ring import SharedRing, read_ring
+from megarl.workers.rollout.weight_sync_protocol import BucketMetadata
 
 
 def _generation_config(sampling: SamplingConfig) -> GenerationConfig:
@@ -95,19 +96,29 @@ class HFRolloutEngine(RolloutEngine):
         return results
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Any subset of the model's HF-named tensors; a name the model lacks is an error."""
-        result = self._model.load_state_dict(dict(named_tensors), strict=False)
-        if result.unexpected_keys:
+        """Any subset of the model's HF-named tensors, copied in as they come (a stream is held one
+        tensor at a time); a name the model lacks, or a shape it does not have, is an error."""
+        params = self._model.state_dict(keep_vars=True)
+        unknown = []
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                if name not in params:
+                    unknown.append(name)
+                elif params[name].shape != tensor.shape:
+                    raise ValueError(
+                        f"HFRolloutEngine.load_weights: {name!r} is {tuple(params[name].shape)} in the model, "
+                        f"the sender's is {tuple(tensor.shape)}"
+                    )
+                else:
+                    params[name].copy_(tensor)
+        if unknown:
             raise ValueError(
-                f"HFRolloutEngine.load_weights: the model has no parameters named "
-                f"{result.unexpected_keys}; send HF checkpoint names"
+                f"HFRolloutEngine.load_weights: the model has no parameters named {unknown}; send HF checkpoint names"
             )
         self._weight_version += 1
 
-    def load_shared_buckets(self, buckets: Sequence[SharedBucket]) -> None:
-        self.load_weights(
-            named for bucket in buckets for named in unpack(bucket.open(self._device), bucket.metadata)
-        )
+    def load_shared_buckets(self, ring: SharedRing) -> Future[None]:
+        return self._rpc_thread.submit(read_ring, ring, "HF rollout engine", self._device, self.load_weights)
 
     def init_weight_sync(
         self, host: str, port: int, world_size: int, timeout_s: float, rank_offset: int = 1

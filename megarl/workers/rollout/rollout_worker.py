@@ -6,6 +6,7 @@ trainer's send between them. A plain class; `megarl.orchestration` hosts one per
     ...trainer rank 0 hosts the group (PolicyWorker.connect_weight_sync)...
     worker.finish_weight_sync()
     worker.start_receive(metadatas); ...trainer sends...; worker.finish_receive()
+    worker.start_shared_receive(ring); ...trainer sends...; worker.finish_receive()   # same node
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch import Tensor
 
 from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
 from megarl.workers.rollout.factory import make_rollout_engine
+from megarl.workers.rollout.shared_ring import SharedRing
 
 
 class RolloutWorker:
@@ -59,16 +61,12 @@ class RolloutWorker:
             self.engine.resume()
         return self.engine.weight_version
 
-    def load_shared_buckets(self, buckets: list) -> int:
-        """One whole sync by handles into memory the trainer shares on this node (its
-        `SharedMemoryTransport` / `CudaIpcTransport` delivers here): pause, load, resume; the new
-        weight version. The trainer releases the buffers when this returns."""
+    def start_shared_receive(self, ring: SharedRing) -> None:
+        """Pause generation and start loading one sync that the trainer streams through its shared
+        slots on this node (`SharedMemoryTransport` / `CudaIpcTransport` start it here); then
+        `finish_receive`."""
         self.engine.pause()
-        try:
-            self.engine.load_shared_buckets(buckets)
-        finally:
-            self.engine.resume()
-        return self.engine.weight_version
+        self._pending = self.engine.load_shared_buckets(ring)
 
     def sleep(self) -> None:
         self.engine.sleep()

@@ -36,7 +36,8 @@ from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.platforms import current_platform  # noqa: E402
 
 from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig  # noqa: E402
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket  # noqa: E402
+from megarl.workers.rollout.shared_ring import SharedRing  # noqa: E402
+from megarl.workers.rollout.weight_sync_protocol import BucketMetadata  # noqa: E402
 from megarl.workers.rollout.worker_extension import WORKER_EXTENSION  # noqa: E402
 
 
@@ -197,10 +198,13 @@ class VLLMRolloutEngine(RolloutEngine):
         self._llm.collective_rpc("load_hf_weights", kwargs={"weights": weights})
         self._weights_changed()
 
-    def load_shared_buckets(self, buckets: Sequence[SharedBucket]) -> None:
-        # Only the handles travel (pickled for TP > 1); each worker maps the buffers itself.
-        self._llm.collective_rpc("load_shared_buckets", kwargs={"buckets": list(buckets)})
-        self._weights_changed()
+    def load_shared_buckets(self, ring: SharedRing) -> Future[None]:
+        # Only the ring's address travels (pickled for TP > 1); each worker maps the slots itself.
+        def load() -> None:
+            self._llm.collective_rpc("load_shared_buckets", kwargs={"ring": ring})
+            self._weights_changed()
+
+        return self._rpc_thread.submit(load)
 
     def init_weight_sync(
         self, host: str, port: int, world_size: int, timeout_s: float, rank_offset: int = 1

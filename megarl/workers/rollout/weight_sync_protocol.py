@@ -63,7 +63,7 @@ class SharedBucket(abc.ABC):
     """One bucket whose flat buffer the sender shares by handle: small and picklable, opened in
     place by the receiving processes (each rollout worker of the engine), so no bytes are copied on
     the way. Implementations: `megarl.bridge.transports.shared_memory` (CPU) and `cuda_ipc` (GPU).
-    The sender keeps the buffer until every receiver has loaded it."""
+    The sender keeps the buffer until every receiver has released it (`shared_ring`)."""
 
     metadata: BucketMetadata
     """The bucket's tensors (names, shapes, offsets)."""

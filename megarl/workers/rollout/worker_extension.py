@@ -8,7 +8,8 @@ they are, iterators included), in the worker processes of the multiprocess execu
 (where only names and picklable arguments can travel, hence a class and not closures).
 
 Three ways in, one load (`_load`): HF-named tensors handed over (`load_hf_weights`), buckets
-broadcast over the sync group (`receive_weights`), buckets shared by handle (`load_shared_buckets`).
+broadcast over the sync group (`receive_weights`), buckets streamed through the sender's shared
+slots (`load_shared_buckets`, `shared_ring`).
 Each call is one `reload_weights` pass: vLLM's reload processes a fused layer (qkv_proj,
 gate_up_proj; a weight and its bias) once all its parts have arrived within the pass, and
 materialises the parts missing from a pass as garbage, so one sync must be one call.
@@ -20,6 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
+from megarl.workers.rollout.shared_ring import SharedRing, read_ring
 from megarl.workers.rollout.sync_group import create_weight_sync_group, receive_buckets
 from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket, unpack
 
@@ -54,10 +56,11 @@ class WeightSyncWorkerExtension:
             raise RuntimeError("receive_weights before init_weight_sync_group: join the sync group first")
         self._load(receive_buckets(group, bucket_metadatas, self.device))
 
-    def load_shared_buckets(self, buckets: Sequence[SharedBucket]) -> None:
-        """Load the buckets of one sync from the sender's memory (shared memory on CPU, CUDA IPC on
-        GPU), read in place: nothing is copied on the way, and every worker opens the same buffers."""
-        self._load(_opened(buckets, self.device))
+    def load_shared_buckets(self, ring: SharedRing) -> None:
+        """Load the buckets of one sync as the sender streams them through its shared slots (shared
+        memory on CPU, CUDA IPC on GPU), read in place: nothing is copied on the way, and every
+        worker reads the same slots. A failure here is passed on to the sender."""
+        read_ring(ring, f"rollout worker {self.rank}", self.device, self._load)
 
     def _load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)

@@ -1,13 +1,13 @@
 """The shared-memory transport end to end: a Megatron actor at train TP 2 (two spawned ranks) syncs
-into a rollout-TP-2 vLLM engine (two worker processes) on the same node. Rank 0 puts each bucket in
-/dev/shm and passes only the handles to the engine's driver (this process, through a TCP store,
-as a Ray call would in a deployment); both vLLM workers map the same files and load from them.
-Twice, with optimizer steps before each sync: the engine's prompt log-probs equal the actor's to
-1e-4 after each, they moved in between, and no bucket file outlives its sync."""
+into a rollout-TP-2 vLLM engine (two worker processes) on the same node. Rank 0 streams the buckets
+through its two /dev/shm slots and passes only the ring's handle to the engine's driver (this
+process, through a TCP store, as a Ray call would in a deployment), which starts the engine's one
+load; both vLLM workers map the same slots and load from them. Twice, with optimizer steps before
+each sync: the engine's prompt log-probs equal the actor's to 1e-4 after each, they moved in
+between, the slots never held more than two of the sync's largest bucket, and they are gone after."""
 
 from __future__ import annotations
 
-import glob
 import os
 import pickle
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -21,7 +21,7 @@ from megarl.bridge.check import TrainSettings, _trained_actor_and_plan, train_a_
 from megarl.bridge.plan import LayoutPair
 from megarl.bridge.sync import WeightSender
 from megarl.bridge.transports import SharedMemoryTransport
-from megarl.bridge.transports.shared_memory import FILE_PREFIX, SHM_DIR
+from megarl.workers.rollout.shared_ring import SLOTS
 from megarl.bridge.verify import actor_probe_logprobs, check_sync, probe_token_ids
 from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import run_distributed
@@ -34,25 +34,21 @@ TIMEOUT_S = 300
 LAYOUT = LayoutPair(train_tp=2, train_pp=1, rollout_tp=2)
 
 
-def _bucket_files() -> set[str]:
-    return set(glob.glob(os.path.join(SHM_DIR, FILE_PREFIX + "*")))
-
-
 def _trainer(model_dir: str, store_port: int) -> list[dict] | None:
     """One training rank: per round, train, record the probe log-probs, sync. Rank 0 hands each
-    sync's handles over through the store and waits until the driver says they are loaded."""
+    sync's ring over through the store; its send returns once the engine's workers have loaded it."""
     groups, actor, dims, plan = _trained_actor_and_plan(model_dir, LAYOUT, 0.05, TrainSettings())
     results: list[dict] = []
     transport = None
+    slot_paths: list[list[str]] = []
     if dist.get_rank() == 0:
         store = dist.TCPStore(HOST, store_port, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
 
-        def hand_over(buckets) -> None:
-            key = f"round{len(results)}"
-            store.set(key, pickle.dumps(list(buckets)))
-            store.wait([f"{key}/loaded"])
+        def start(ring) -> None:
+            slot_paths.append(list(transport.slot_paths))
+            store.set(f"round{len(results)}", pickle.dumps(ring))
 
-        transport = SharedMemoryTransport(hand_over)
+        transport = SharedMemoryTransport(start, readers=LAYOUT.rollout_tp, timeout_s=TIMEOUT_S)
     sender = WeightSender(plan, actor.named_parameters_for_sync, groups, transport)
     probe = probe_token_ids(dims.vocab_size)
     for round_index in range(ROUNDS):
@@ -60,6 +56,9 @@ def _trainer(model_dir: str, store_port: int) -> list[dict] | None:
         logprobs = actor_probe_logprobs(actor, probe)
         stats = sender.send()
         results.append(dict(actor=logprobs.tolist(), buckets=stats.buckets, suspects=sender.conversion_errors()))
+        if transport is not None:
+            results[-1].update(bytes_sent=stats.bytes_sent, peak_shared_bytes=transport.peak_shared_bytes,
+                               largest_bucket_bytes=transport.largest_bucket_bytes, slot_paths=slot_paths[-1])
     return results if transport is not None else None
 
 
@@ -79,7 +78,6 @@ def model_dir(tmp_path_factory):
 
 
 def test_train_tp2_syncs_into_rollout_tp2_through_shared_memory(model_dir):
-    files_before = _bucket_files()
     probe = probe_token_ids(100)
     store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=TIMEOUT_S))
     engine_logprobs = []
@@ -89,24 +87,24 @@ def test_train_tp2_syncs_into_rollout_tp2_through_shared_memory(model_dir):
         engine = make_rollout_engine("vllm", model_dir, tensor_parallel_size=2, dtype="float32", max_model_len=64)
         try:
             for round_index in range(ROUNDS):
-                key = f"round{round_index}"
-                buckets = pickle.loads(_take(store, key, trainers))
-                assert all(os.path.exists(bucket.path) for bucket in buckets)  # files, not bytes, travelled
+                ring = pickle.loads(_take(store, f"round{round_index}", trainers))
                 engine.pause()
                 try:
-                    engine.load_shared_buckets(buckets)
+                    engine.load_shared_buckets(ring).result(timeout=TIMEOUT_S)
                 finally:
                     engine.resume()
                 engine_logprobs.append(torch.stack(engine.prompt_logprobs(probe)))
-                store.set(f"{key}/loaded", b"1")
             rounds = trainers.result(timeout=TIMEOUT_S)[0]
             assert engine.weight_version == ROUNDS
         finally:
             engine.shutdown()
     for trained, after in zip(rounds, engine_logprobs):
-        assert trained["buckets"] > 1  # several buckets in one load
+        assert trained["buckets"] > 2 * SLOTS  # the slots were reused within the one load
         metrics = check_sync(list(after), torch.tensor(trained["actor"]), threshold=THRESHOLD, layout=LAYOUT,
                              suspects=trained["suspects"])
         assert metrics["sync/logprob_max_abs_diff"] <= THRESHOLD
+        # The sync's footprint in /dev/shm: two slots, each at most the largest bucket, not the model.
+        assert trained["peak_shared_bytes"] <= SLOTS * trained["largest_bucket_bytes"] < trained["bytes_sent"]
+        assert len(trained["slot_paths"]) == SLOTS
+        assert not any(os.path.exists(path) for path in trained["slot_paths"])
     assert (engine_logprobs[1] - engine_logprobs[0]).abs().max() > 100 * THRESHOLD
-    assert _bucket_files() == files_before

@@ -104,7 +104,9 @@ def test_load_shared_buckets(engine, base_model_dir, new_model_dir):
     buckets = iter([pack((n, new[n]) for n in names[:10]), pack((n, new[n]) for n in names[10:])])
     version = engine.weight_version
     try:
-        SharedMemoryTransport(engine.load_shared_buckets).send(buckets)
+        loads = []  # the engine loads while the transport streams the buckets through its two slots
+        SharedMemoryTransport(lambda ring: loads.append(engine.load_shared_buckets(ring)), readers=1).send(buckets)
+        loads[0].result(timeout=60)
         assert engine.weight_version == version + 1
         hf_new = load_hf(new_model_dir)
         for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
