@@ -104,7 +104,7 @@ class GatherBuffer:
             self._buffer = None
 
 
-def _gather_shards(
+def gather_shards(
     param: PlannedParam, shard: torch.Tensor, groups: ProcessGroups, gathered: GatherBuffer
 ) -> list[torch.Tensor] | None:
     """All TP shards of `param` on TP rank 0 (rank order: its own, in place, then views of
@@ -153,7 +153,7 @@ def _assemble(
             if in_rows:
                 _send_pieces(param, shard, groups, plan)
             else:
-                _gather_shards(param, shard, groups, gathered)
+                gather_shards(param, shard, groups, gathered)
             continue
         views = []
         for name in param.hf_names:
@@ -166,7 +166,7 @@ def _assemble(
         if in_rows:
             _receive_into(param, shard, groups, plan, views)
         else:
-            to_hf_into(param, _gather_shards(param, shard, groups, gathered), plan.dims, views)
+            to_hf_into(param, gather_shards(param, shard, groups, gathered), plan.dims, views)
     return flat
 
 
@@ -271,7 +271,7 @@ def conversion_errors(plan: SyncPlan, local: dict[str, torch.Tensor], groups: Pr
         if groups.dp_rank != 0 or groups.pp_rank != bucket.pp_rank:
             continue
         for param in bucket.params:
-            shards = _gather_shards(param, local[param.megatron_name], groups, gathered)
+            shards = gather_shards(param, local[param.megatron_name], groups, gathered)
             if shards is not None and not round_trips(param, shards, plan):
                 errors.append(param.megatron_name)
     per_rank: list[list[str]] = [[] for _ in range(dist.get_world_size())]

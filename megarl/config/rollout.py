@@ -10,10 +10,13 @@ class SyncConfig:
 
     bucket_mb: int = 512
     """Size of one transfer bucket in MiB; bounds the extra memory a sync needs. >= 1."""
-    transport: Literal["auto", "in_process", "collective", "cuda_ipc"] = "auto"
-    """auto: cuda_ipc when colocated on GPU, in_process when colocated on CPU with rollout TP 1, else collective.
-    in_process: engine in the trainer's process; collective: broadcast over a dedicated process group
-    (gloo on CPU, NCCL on GPU); cuda_ipc: CUDA IPC handles between colocated processes."""
+    transport: Literal["auto", "collective", "shared_memory", "cuda_ipc"] = "auto"
+    """How the weights reach the engines. collective: a broadcast over a dedicated process group
+    (gloo on CPU, NCCL on GPU), any placement. shared_memory: trainer rank 0 streams the buckets
+    through two slots in /dev/shm that every engine's workers read in place; the engines must be on
+    rank 0's node. cuda_ipc: the same with GPU buffers shared by CUDA IPC handle (colocated GPUs;
+    not yet run on a GPU by megarl's tests). auto: shared_memory on CPU when every engine is on rank
+    0's node, else collective."""
     logprob_gap_threshold: float = 0.05
     """Alarm when the mean |log π_rollout - log π_actor| on the probe batch exceeds this (nats). > 0."""
     verify_every: int = 1

@@ -163,10 +163,6 @@ def _check_rollout(config: Config, problems: list[Problem]) -> None:
     _need(problems, sync.probe_batch_size >= 1, "rollout.sync.probe_batch_size", sync.probe_batch_size,
           "must be >= 1", "e.g. 4")
     colocated = config.placement.mode == "colocated"
-    if sync.transport == "in_process":
-        _need(problems, colocated and rollout.tensor_model_parallel_size == 1, "rollout.sync.transport", "in_process",
-              "in-process sync needs the engine inside each trainer process: colocated placement and rollout TP 1",
-              "use transport auto or collective")
     if sync.transport == "cuda_ipc":
         _need(problems, colocated and config.trainer.device != "cpu", "rollout.sync.transport", "cuda_ipc",
               "CUDA IPC needs colocated placement on GPUs", "use transport auto or collective")

@@ -79,6 +79,9 @@ class RankProcess:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.target, method)(*args, **kwargs)
 
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
 
 class WorkerGroup:
     """`world_size` RankProcess actors, one per placement-group bundle, hosting `target` ("pkg.mod:Class")."""
@@ -132,6 +135,10 @@ class WorkerGroup:
         """Call `method(*per_rank_args[r], **kwargs)` on rank r (e.g. each rank's DP slice)."""
         assert len(per_rank_args) == self.world_size, "one argument tuple per rank"
         return self._wait([a.call.remote(method, *per_rank_args[r], **kwargs) for r, a in enumerate(self.actors)])
+
+    def node_ids(self) -> list[str]:
+        """The Ray node of each rank, in rank order."""
+        return self._wait([a.node_id.remote() for a in self.actors])
 
     def call_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call `method` on rank 0 only (e.g. exports that need no collective)."""

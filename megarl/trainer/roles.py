@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from megarl.config import BatchPlan, Config, Problem, uses_reference
-from megarl.orchestration.placement import BundleSpec, create_placement_group
+from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group
 from megarl.orchestration.worker_group import WorkerGroup
 from megarl.trainer import settings
 from megarl.trainer.rollout_batch import gather_by_dp
@@ -36,6 +36,9 @@ class Roles:
     grids: list[dict[str, int]]
     """Per policy rank: rank, tp_rank, pp_rank, dp_rank, dp_size."""
     placement: object
+    sync_transport: str
+    """How the weights reach the engines: "collective", "shared_memory" or "cuda_ipc" (`rollout.sync.transport`
+    resolved for this placement)."""
 
     @property
     def dp_size(self) -> int:
@@ -139,9 +142,29 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
         },
         env=env, first_bundle=0 if colocated else plan.train_gpus,
     )
-    roles = Roles(policy, rollout_group, policy.call_all("grid"), pg)
-    connect_weight_sync(roles, rollout.tensor_model_parallel_size)
+    transport = sync_transport(rollout.sync.transport, policy.node_ids()[0], rollout_group.node_ids())
+    roles = Roles(policy, rollout_group, policy.call_all("grid"), pg, transport)
+    if transport == "collective":
+        connect_weight_sync(roles, rollout.tensor_model_parallel_size)
+    else:
+        readers = rollout_group.world_size * rollout.tensor_model_parallel_size
+        policy.call_all("use_shared_weight_sync", transport, readers, SYNC_TIMEOUT_S)
     return roles
+
+
+def sync_transport(setting: str, sender_node: str, engine_nodes: list[str]) -> str:
+    """`rollout.sync.transport` for this placement: the shared transports need every engine on the
+    node of trainer rank 0 (the sender); auto takes shared memory there on CPU, else the collective."""
+    same_node = set(engine_nodes) == {sender_node}
+    if setting == "auto":
+        return "shared_memory" if same_node and not torch.cuda.is_available() else "collective"
+    if setting != "collective" and not same_node:
+        raise PlacementError(
+            f"rollout.sync.transport={setting}: the shared transports need every rollout engine on the node of "
+            f"trainer rank 0, but Ray placed engines on {len(set(engine_nodes) - {sender_node})} other node(s); "
+            "use rollout.sync.transport: collective (or auto)"
+        )
+    return setting
 
 
 def connect_weight_sync(roles: Roles, rollout_tp: int) -> None:

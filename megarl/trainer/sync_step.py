@@ -2,8 +2,9 @@
 steps) the check that the engines now compute the actor's log-probs.
 
 A sync is four Ray round trips (`wake_up` when the engines sleep, `start_receive`, `send_weights`,
-`finish_receive`); the check adds two more and a forward of the probe batch on the actor and on
-every engine. `rollout.sync.verify_every = k` runs the check on steps that are multiples of k, on
+`finish_receive`), five with a shared transport (the engines start from the ring that trainer rank 0
+opens in `begin_weight_sync`); the check adds two more and a forward of the probe batch on the actor
+and on every engine. `rollout.sync.verify_every = k` runs the check on steps that are multiples of k, on
 the last step, and always on the first sync of a run (a resumed run's too: its engines are new).
 """
 
@@ -23,6 +24,7 @@ class WeightSync:
         """`roles`: the run's worker groups (`policy`, `rollout`); `vocab_size`: the tokenizer's, for
         the probe batch; `wake_engines`: the engines sleep during training and must wake first."""
         self.policy, self.rollout = roles.policy, roles.rollout
+        self.shared = roles.sync_transport != "collective"
         self.settings = config.rollout.sync
         self.total_steps = total_steps
         self.wake_engines = wake_engines
@@ -31,7 +33,7 @@ class WeightSync:
                                  config.actor.parallel.pipeline_model_parallel_size,
                                  config.rollout.tensor_model_parallel_size)
         # The plan is fixed for the run: fetch its bucket metadata once, not on every sync.
-        self.metadatas = self.policy.call_rank0("sync_metadatas")
+        self.metadatas = None if self.shared else self.policy.call_rank0("sync_metadatas")
         self.verified_once = False
 
     def verifies(self, step: int) -> bool:
@@ -43,7 +45,10 @@ class WeightSync:
         (`sync/logprob_*`) when `verifies(step)`; raises `SyncVerificationError` on a bad sync."""
         if self.wake_engines:
             self.rollout.call_all("wake_up")
-        self.rollout.call_all("start_receive", self.metadatas)
+        if self.shared:
+            self.rollout.call_all("start_shared_receive", self.policy.call_rank0("begin_weight_sync"))
+        else:
+            self.rollout.call_all("start_receive", self.metadatas)
         metrics = reduce_metrics(self.policy.call_all("send_weights"))
         versions = self.rollout.call_all("finish_receive", SYNC_TIMEOUT_S)
         metrics["sync/weight_version"] = float(min(versions))

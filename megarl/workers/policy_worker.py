@@ -4,7 +4,7 @@ the weight sync. A plain class; `megarl.orchestration` hosts one per rank proces
     worker = PolicyWorker(spec)                       # builds the grid, loads the HF weights
     old_log_probs, entropy = worker.compute_log_prob(batch)
     metrics = worker.update_actor(batch, shuffle_seed=step)
-    stats = worker.send_weights()                     # collective; rank 0 broadcasts to the engines
+    stats = worker.send_weights()                     # collective; rank 0 hands the buckets to the engines
 
 Every rank of a DP replica is called with the same `PolicyBatch` (that replica's rows); results are
 returned on every rank.
@@ -20,6 +20,8 @@ from torch import Tensor
 
 from megarl.bridge import LayoutPair, WeightSender, build_plan
 from megarl.bridge.transports.broadcast import BroadcastTransport
+from megarl.bridge.transports.cuda_ipc import CudaIpcTransport
+from megarl.bridge.transports.shared_memory import SharedMemoryTransport
 from megarl.bridge.verify import actor_probe_logprobs
 from megarl.models.hf_config import read_model_dims
 from megarl.parallel.distributed import initialize_model_parallel
@@ -143,12 +145,27 @@ class PolicyWorker:
         )
         self.sender = WeightSender(self.plan, self.actor.named_parameters_for_sync, self.groups, transport)
 
+    def use_shared_weight_sync(self, kind: str, readers: int, timeout_s: float) -> None:
+        """Collective over the trainer ranks: rank 0 streams every sync through shared slots on its
+        node (`kind` "shared_memory": /dev/shm; "cuda_ipc": its GPU) that the engines' `readers`
+        workers (engines × TP, all on this node) read; each sync starts with `begin_weight_sync`."""
+        transport = None
+        if dist.get_rank() == 0:
+            shared = {"shared_memory": SharedMemoryTransport, "cuda_ipc": CudaIpcTransport}[kind]
+            transport = shared(readers, timeout_s=timeout_s)
+        self.sender = WeightSender(self.plan, self.actor.named_parameters_for_sync, self.groups, transport)
+
+    def begin_weight_sync(self):
+        """Rank 0, shared transports: open the next sync's slots; the ring the engines load from
+        (`RolloutWorker.start_shared_receive`), before `send_weights`."""
+        return self.sender.transport.begin()
+
     def sync_metadatas(self) -> list:
         """The buckets' metadata the engines receive, in send order."""
         return list(self.plan.metadatas)
 
     def send_weights(self) -> dict[str, float]:
-        """Collective: every bucket of the plan reaches the engines (rank 0 broadcasts)."""
+        """Collective: every bucket of the plan reaches the engines (through rank 0's transport)."""
         return self.sender.send().metrics()
 
     def probe_log_probs(self, token_ids: list[list[int]]) -> Tensor:

@@ -5,7 +5,7 @@ bucket i to its GPU and keeps that buffer as slot i % 2 until the workers releas
 rollout workers on the same GPU open the handle and load from the sender's memory. GPU only:
 constructing it without CUDA raises. (Not exercised on this project's CPU machines.)
 
-    transport = CudaIpcTransport(engine.load_shared_buckets, readers=rollout_tp)
+    transport = CudaIpcTransport(readers=rollout_tp)       # then as SharedMemoryTransport: begin, send
 
 A handle names the device by the *sender's* index, which differs in a worker that sees other
 `CUDA_VISIBLE_DEVICES`: the worker substitutes its own index for the same physical GPU.
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
-from megarl.bridge.transports.shared_memory import SharedMemoryTransport, Start
+from megarl.bridge.transports.shared_memory import SharedMemoryTransport
 from megarl.workers.rollout.shared_ring import SLOTS
 from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket
 
@@ -60,13 +60,13 @@ class CudaIpcTransport(SharedMemoryTransport):
     """Slot k is the GPU copy of the last bucket written there, kept until it is overwritten (the
     workers have released it) or the sync ends."""
 
-    def __init__(self, start: Start, readers: int, timeout_s: float = 600.0):
+    def __init__(self, readers: int, timeout_s: float = 600.0):
         if not torch.cuda.is_available():
             raise RuntimeError(
                 "CudaIpcTransport shares GPU memory between colocated processes and needs CUDA, which this "
                 "process does not have; use the broadcast transport, or the shared-memory one on CPU"
             )
-        super().__init__(start, readers, timeout_s=timeout_s)
+        super().__init__(readers, timeout_s=timeout_s)
         self._slots: list[torch.Tensor | None] = [None] * SLOTS
 
     def _open_slots(self) -> None:

@@ -6,11 +6,13 @@ its one load of the sync, and the sender overwrites the slot with bucket i + 2 o
 released it. No bytes travel over a socket or a collective, and a sync holds two buckets in shared
 memory, not the model (`peak_shared_bytes`).
 
-    transport = SharedMemoryTransport(engine.load_shared_buckets, readers=rollout_tp)   # engine here
-    transport = SharedMemoryTransport(lambda ring: rollout.start_shared_receive.remote(ring), readers=rollout_tp)
+    transport = SharedMemoryTransport(readers=rollout_tp)        # on the sender, once
+    engine.load_shared_buckets(transport.begin())              # each sync: the engines start loading,
+    transport.send(buckets)                                    # then the sender streams the buckets
 
-`start` begins the engine's load and returns at once (`load_shared_buckets` returns a future); the
-transport then streams the buckets and returns when every worker has loaded the sync.
+`begin` opens the sync's slots and names its ring (a small picklable handle that the driver passes
+to every reading engine: `RolloutWorker.start_shared_receive`); `send` streams the buckets and
+returns once every worker has loaded the sync.
 
 CPU: each slot is a file in /dev/shm (tmpfs, i.e. memory), mapped shared by the sender and the
 workers (`torch.from_file(..., shared=True)`) and named by its path; a file grows to the largest
@@ -23,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,11 +37,6 @@ SHM_DIR = "/dev/shm"
 """Where the slots' files live: tmpfs, so a file is memory that any process can map by path."""
 FILE_PREFIX = "megarl-bucket-"
 """Name prefix of the slots' files (to find leftovers of a killed sender)."""
-
-Start = Callable[[SharedRing], object]
-"""Starts the engine's one load of a sync from `ring` and returns at once (its result is not used:
-the transport learns through the ring when the workers are done, or why they failed)."""
-
 
 @dataclass(frozen=True)
 class ShmBucket(SharedBucket):
@@ -57,11 +53,10 @@ class ShmBucket(SharedBucket):
 
 
 class SharedMemoryTransport(WeightTransport):
-    """Streams a sync through `SLOTS` shared slots into the engine that `start` starts; `readers`:
-    the engine's workers (its TP size), each of which reads every bucket."""
+    """Streams each sync through `SLOTS` shared slots into the engines started on its `begin()`
+    ring; `readers`: their workers (engines × TP), each of which reads every bucket."""
 
-    def __init__(self, start: Start, readers: int, directory: str = SHM_DIR, timeout_s: float = 600.0):
-        self.start = start
+    def __init__(self, readers: int, directory: str = SHM_DIR, timeout_s: float = 600.0):
         self.readers = readers
         self.directory = directory
         self.timeout_s = timeout_s
@@ -72,17 +67,30 @@ class SharedMemoryTransport(WeightTransport):
         self.slot_paths: list[str] = []
         """The slots' files during a `send`."""
         self._ring: RingSender | None = None
-        """The side channel to the engine's workers, made by the first `send`."""
+        """The side channel to the engines' workers, made by the first `begin`."""
+        self._begun = False
+
+    def begin(self) -> SharedRing:
+        """Open the next sync's slots; its ring, with which every reading engine must start its
+        load (`RolloutEngine.load_shared_buckets`) before `send`."""
+        self._close_slots()  # a sync begun but never sent
+        self._open_slots()
+        if self._ring is None:
+            self._ring = RingSender.listen(self.readers, self.timeout_s)
+        self._begun = True
+        return self._ring.begin()
 
     def send(self, buckets: Buckets) -> None:
+        if not self._begun:
+            raise RuntimeError(
+                "SharedMemoryTransport.send without begin(): start the engines' load with the ring that "
+                "begin() returns, then send"
+            )
+        self._begun = False
         self.peak_shared_bytes = self.largest_bucket_bytes = 0
+        ring = self._ring
         try:
-            self._open_slots()
-            if self._ring is None:
-                self._ring = RingSender.listen(self.readers, self.timeout_s)
-            ring = self._ring
             try:
-                self.start(ring.begin())
                 for index, (flat, metadata) in enumerate(buckets):
                     if index >= SLOTS:
                         ring.wait_released(index - SLOTS)

@@ -26,7 +26,7 @@ import os
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 import contextlib  # noqa: E402
-from collections.abc import Iterable, Iterator, Sequence  # noqa: E402
+from collections.abc import Iterable, Iterator, Mapping, Sequence  # noqa: E402
 from concurrent.futures import Future, ThreadPoolExecutor  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -37,7 +37,7 @@ from vllm.platforms import current_platform  # noqa: E402
 
 from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig  # noqa: E402
 from megarl.workers.rollout.shared_ring import SharedRing  # noqa: E402
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata  # noqa: E402
+from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket  # noqa: E402
 from megarl.workers.rollout.worker_extension import WORKER_EXTENSION  # noqa: E402
 
 
@@ -205,6 +205,18 @@ class VLLMRolloutEngine(RolloutEngine):
             self._weights_changed()
 
         return self._rpc_thread.submit(load)
+
+    def load_rank_buckets(self, by_rank: Mapping[int, Sequence[SharedBucket]], full: Sequence[SharedBucket]) -> None:
+        """Load one per-rank sync (`megarl.bridge.per_rank`, train TP == rollout TP): `by_rank[r]`:
+        the buckets of vLLM TP rank r's own tensors; `full`: buckets of full HF tensors every worker
+        loads (vocabulary). Only handles travel; each worker loads its own
+        (`WeightSyncWorkerExtension.load_rank_buckets`)."""
+        tp = self._tensor_parallel_size
+        if sorted(by_rank) != list(range(tp)):
+            raise ValueError(f"per-rank sync: got shards for TP ranks {sorted(by_rank)}, the engine has TP {tp}")
+        by_rank = {rank: list(buckets) for rank, buckets in by_rank.items()}
+        self._llm.collective_rpc("load_rank_buckets", kwargs={"by_rank": by_rank, "full": list(full)})
+        self._weights_changed()
 
     def init_weight_sync(
         self, host: str, port: int, world_size: int, timeout_s: float, rank_offset: int = 1

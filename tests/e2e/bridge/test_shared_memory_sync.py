@@ -44,16 +44,15 @@ def _trainer(model_dir: str, store_port: int) -> list[dict] | None:
     if dist.get_rank() == 0:
         store = dist.TCPStore(HOST, store_port, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
 
-        def start(ring) -> None:
-            slot_paths.append(list(transport.slot_paths))
-            store.set(f"round{len(results)}", pickle.dumps(ring))
-
-        transport = SharedMemoryTransport(start, readers=LAYOUT.rollout_tp, timeout_s=TIMEOUT_S)
+        transport = SharedMemoryTransport(readers=LAYOUT.rollout_tp, timeout_s=TIMEOUT_S)
     sender = WeightSender(plan, actor.named_parameters_for_sync, groups, transport)
     probe = probe_token_ids(dims.vocab_size)
     for round_index in range(ROUNDS):
         train_a_little(actor, dims.vocab_size, TrainSettings(), round_index)
         logprobs = actor_probe_logprobs(actor, probe)
+        if transport is not None:  # the engine starts loading from the sync's ring, then the ranks send
+            store.set(f"round{round_index}", pickle.dumps(transport.begin()))
+            slot_paths.append(list(transport.slot_paths))
         stats = sender.send()
         results.append(dict(actor=logprobs.tolist(), buckets=stats.buckets, suspects=sender.conversion_errors()))
         if transport is not None:

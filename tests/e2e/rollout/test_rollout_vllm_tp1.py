@@ -237,7 +237,9 @@ def test_load_shared_buckets_in_process(engine, base_model_dir, new_model_dir):
     version = engine.weight_version
     try:
         loads = []  # the engine loads while the transport streams the buckets through its two slots
-        SharedMemoryTransport(lambda ring: loads.append(engine.load_shared_buckets(ring)), readers=1).send(buckets)
+        transport = SharedMemoryTransport(readers=1)
+        loads.append(engine.load_shared_buckets(transport.begin()))
+        transport.send(buckets)
         loads[0].result(timeout=60)
         assert engine.weight_version == version + 1
         hf_new = load_hf(new_model_dir)

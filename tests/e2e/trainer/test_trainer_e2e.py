@@ -39,8 +39,10 @@ def test_grpo_trains_syncs_and_checkpoints(grpo_run, assets):
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     missing = [sorted(GRPO_METRICS - set(m)) for m in metrics]
     assert not any(missing), f"metrics missing from metrics.jsonl: {missing}"
-    # The quickstart checks every sync (rollout.sync.verify_every=1): every step has the gap, under the
+    # On one CPU machine the weights stream through shared memory (rollout.sync.transport=auto). The
+    # quickstart checks every sync (rollout.sync.verify_every=1): every step has the gap, under the
     # threshold, and each step advanced the engines' weights.
+    assert trainer.roles.sync_transport == "shared_memory"
     threshold = trainer.config.rollout.sync.logprob_gap_threshold
     assert all(m["sync/logprob_max_abs_diff"] <= threshold for m in metrics)
     assert [m["sync/weight_version"] for m in metrics] == [m["step"] for m in metrics]
@@ -92,9 +94,11 @@ def test_ppo_trains_the_critic_with_split_placement_and_a_reward_model(assets, t
         "critic.ppo_mini_batch_size": 16, "critic.micro_batch_size_per_gpu": 32, "checkpoint.save_freq": 3,
         "algorithm.lam": 0.95, "placement.mode": "split", "placement.gpus_per_node": 3, "placement.rollout_gpus": 1,
         "rollout.sync.verify_every": 5,  # checks only the run's first sync and its last step
+        "rollout.sync.transport": "collective",  # the broadcast over the weight-sync group
     })
     trainer = Trainer.from_config(QUICKSTART, args)
     trainer.fit()
+    assert trainer.roles.sync_transport == "collective"
     metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:

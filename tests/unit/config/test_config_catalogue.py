@@ -104,9 +104,9 @@ CASES = [
      "algorithm.overlong.buffer_length", "must fit inside the response budget (rollout.max_new_tokens = 16)"),
     ("greedy-training-rollout", ["rollout.temperature=0"], "rollout.temperature", "training rollouts must sample"),
     ("greedy-validation-with-n", ["rollout.val_n=4"], "rollout.val_n", "gives val_n identical samples"),
-    ("in-process-sync-split", ["rollout.sync.transport=in_process", "placement.mode=split", "placement.rollout_gpus=2",
-                               "actor.use_kl_loss=false"],
-     "rollout.sync.transport", "in-process sync needs the engine inside each trainer process"),
+    ("cuda-ipc-sync-split", ["rollout.sync.transport=cuda_ipc", "placement.mode=split", "placement.rollout_gpus=2",
+                             "actor.use_kl_loss=false"],
+     "rollout.sync.transport", "CUDA IPC needs colocated placement on GPUs"),
     # --- data, reward, trainer, checkpoint
     ("missing-dataset", ["data.train_files=[{tmp}/missing.jsonl]"], "data.train_files[0]", "file does not exist"),
     ("no-dataset", ["data.train_files=[]"], "data.train_files", "no training data"),

@@ -61,7 +61,7 @@ def test_readers_in_another_process_and_a_thread_stream_every_bucket_through_two
         readers.append(pool.submit(read_ring, ring, "reader 1", CPU, lambda stream: _sums(stream, in_thread)))
 
     pool = ThreadPoolExecutor(max_workers=1)
-    transport = SharedMemoryTransport(start, readers=2)
+    transport = SharedMemoryTransport(readers=2)
     seen_slots = []
     transport_share = transport._share
 
@@ -71,6 +71,7 @@ def test_readers_in_another_process_and_a_thread_stream_every_bucket_through_two
 
     transport._share = share_and_record
     with pool:
+        start(transport.begin())
         transport.send(_buckets())
         readers[1].result(timeout=60)
     process = readers[0]
@@ -98,7 +99,8 @@ def test_a_slot_is_reused_only_after_every_reader_released_it():
             slot_paths.extend(transport.slot_paths)
             reading.append(pool.submit(read_ring, ring, "reader 0", CPU, lambda stream: _sums(stream, {})))
 
-        transport = SharedMemoryTransport(start_one_reader, readers=2, timeout_s=1.0)
+        transport = SharedMemoryTransport(readers=2, timeout_s=1.0)
+        start_one_reader(transport.begin())
         with pytest.raises(TimeoutError, match=r"2 rollout workers to release bucket 0 \(slot 0\) so bucket 2"):
             transport.send(_buckets())
         with pytest.raises(RuntimeError, match="the sender failed: TimeoutError"):
@@ -125,11 +127,9 @@ def test_tensors_a_loader_keeps_past_their_slot_are_moved_out_of_it():
     kept = []
     with ThreadPoolExecutor(max_workers=1) as pool:
         reading = []
-        transport = SharedMemoryTransport(
-            lambda ring: reading.append(pool.submit(read_ring, ring, "reader 0", CPU,
-                                                    lambda stream: _keep_everything(stream, kept))),
-            readers=1, timeout_s=30,
-        )
+        transport = SharedMemoryTransport(readers=1, timeout_s=30)
+        ring = transport.begin()
+        reading.append(pool.submit(read_ring, ring, "reader 0", CPU, lambda stream: _keep_everything(stream, kept)))
         transport.send(_buckets())
         reading[0].result(timeout=30)
     assert [name for name, _ in kept] == list(_tensors())
@@ -142,10 +142,8 @@ def test_tensors_a_loader_keeps_past_their_slot_are_moved_out_of_it():
 def test_a_view_the_reader_cannot_move_is_an_error_on_both_sides():
     with ThreadPoolExecutor(max_workers=1) as pool:
         reading = []
-        transport = SharedMemoryTransport(
-            lambda ring: reading.append(pool.submit(read_ring, ring, "reader 0", CPU, _keep_a_derived_view)),
-            readers=1, timeout_s=30,
-        )
+        transport = SharedMemoryTransport(readers=1, timeout_s=30)
+        reading.append(pool.submit(read_ring, transport.begin(), "reader 0", CPU, _keep_a_derived_view))
         with pytest.raises(RuntimeError, match=r"reader 0 failed: .*bucket 2 needs slot 0, .*bucket 0 \(a\)"):
             transport.send(_buckets())
         with pytest.raises(RuntimeError, match=r"still holds views derived from the tensors of bucket 0"):
@@ -159,6 +157,11 @@ def test_a_reader_without_a_sender_times_out_naming_the_bucket():
 
 
 def test_a_missing_shared_memory_directory_is_a_clear_error(tmp_path):
-    transport = SharedMemoryTransport(lambda ring: None, readers=1, directory=str(tmp_path / "nope"))
+    transport = SharedMemoryTransport(readers=1, directory=str(tmp_path / "nope"))
     with pytest.raises(RuntimeError, match="does not exist.*broadcast transport"):
-        transport.send(_buckets())
+        transport.begin()
+
+
+def test_send_without_begin_is_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"send without begin\(\)"):
+        SharedMemoryTransport(readers=1).send(_buckets())

@@ -37,7 +37,8 @@ class Engines(Group):
     def __init__(self, broken_from: int | None = None):
         self.version, self.broken_from = 0, broken_from
         super().__init__(
-            wake_up=lambda: [None], start_receive=lambda: [None], finish_receive=self._receive,
+            wake_up=lambda: [None], start_receive=lambda: [None], start_shared_receive=lambda: [None],
+            finish_receive=self._receive,
             prompt_logprobs=lambda: [list(ACTOR_LOG_PROBS + (0.5 if self._broken() else 0.0))],
         )
 
@@ -49,11 +50,12 @@ class Engines(Group):
         return self.broken_from is not None and self.version >= self.broken_from
 
 
-def weight_sync(verify_every: int, total_steps: int, engines: Engines | None = None) -> WeightSync:
+def weight_sync(verify_every: int, total_steps: int, engines: Engines | None = None,
+                transport: str = "collective") -> WeightSync:
     config = load_config(QUICKSTART, [f"rollout.sync.verify_every={verify_every}"])
     policy = Group(sync_metadatas=lambda: [["bucket metadata"]], send_weights=lambda: [{"sync/seconds": 0.01}] * 2,
-                   probe_log_probs=lambda: [ACTOR_LOG_PROBS] * 2)
-    roles = SimpleNamespace(policy=policy, rollout=engines or Engines())
+                   probe_log_probs=lambda: [ACTOR_LOG_PROBS] * 2, begin_weight_sync=lambda: ["ring"])
+    roles = SimpleNamespace(policy=policy, rollout=engines or Engines(), sync_transport=transport)
     return WeightSync(roles, config, vocab_size=64, total_steps=total_steps, wake_engines=True)
 
 
@@ -91,6 +93,13 @@ def test_a_sync_is_woken_received_then_checked_in_order():
     assert metrics["sync/logprob_max_abs_diff"] == 0.0
 
 
+def test_a_shared_memory_sync_starts_the_engines_from_rank_0s_ring():
+    sync = weight_sync(verify_every=1, total_steps=1, transport="shared_memory")
+    sync(1)
+    assert sync.rollout.calls == ["wake_up", "start_shared_receive", "finish_receive", "prompt_logprobs"]
+    assert sync.policy.calls == ["begin_weight_sync", "send_weights", "probe_log_probs"]
+
+
 def test_a_bad_sync_is_caught_on_the_next_checked_step():
     sync = weight_sync(verify_every=2, total_steps=10, engines=Engines(broken_from=3))
     assert checked_steps(sync, [1, 2]) == [1, 2]
@@ -101,6 +110,6 @@ def test_a_bad_sync_is_caught_on_the_next_checked_step():
 
 def test_the_probe_has_probe_batch_size_sequences():
     config = load_config(QUICKSTART, ["rollout.sync.probe_batch_size=3"])
-    roles = SimpleNamespace(policy=Group(sync_metadatas=lambda: [[]]), rollout=Engines())
+    roles = SimpleNamespace(policy=Group(sync_metadatas=lambda: [[]]), rollout=Engines(), sync_transport="collective")
     sync = WeightSync(roles, config, vocab_size=64, total_steps=1, wake_engines=False)
     assert len(sync.probe) == 3 and all(0 <= token < 64 for sequence in sync.probe for token in sequence)
