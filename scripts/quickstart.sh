@@ -24,4 +24,5 @@ if [ ! -f outputs/quickstart-data/train.jsonl ]; then
   "${megarl[@]}" make-data --task repeat_first_char --out outputs/quickstart-data
 fi
 echo "quickstart: training (configs/quickstart.yaml)"
-"${megarl[@]}" train configs/quickstart.yaml "$@"
+# A fresh run each time (a rerun would otherwise resume the finished one and train nothing).
+"${megarl[@]}" train configs/quickstart.yaml checkpoint.resume=disable "$@"

@@ -41,6 +41,11 @@ def run(args: argparse.Namespace) -> int:
         # Failures megarl diagnosed itself: the message names the cause; a traceback adds nothing.
         print(f"megarl train: failed: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
+    if not metrics:
+        print(f"megarl train: the run in {trainer.run_dir} was already complete at step {trainer.total_steps} "
+              "(checkpoint.resume=auto continued from its last checkpoint); nothing to train. To train again: "
+              "checkpoint.resume=disable, or another trainer.output_dir")
+        return 0
     print(f"megarl train: done after step {trainer.total_steps}; run dir {trainer.run_dir} "
           f"(metrics.jsonl, curves.png); last reward/mean {metrics.get('reward/mean', float('nan')):.3f}")
     return 0
