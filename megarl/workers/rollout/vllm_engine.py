@@ -25,6 +25,7 @@ import os
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
+import _posixshmem  # noqa: E402  # shm_unlink, the one multiprocessing.shared_memory uses
 import contextlib  # noqa: E402
 from collections.abc import Iterable, Iterator, Mapping, Sequence  # noqa: E402
 from concurrent.futures import Future, ThreadPoolExecutor  # noqa: E402
@@ -147,6 +148,8 @@ class VLLMRolloutEngine(RolloutEngine):
             # vLLM raises the budget to at least max_model_len, so every prompt fits in one step.
             enable_chunked_prefill=False if is_cpu else None,
         )
+        # Asked now, while the workers surely answer: what `shutdown` must not leave behind.
+        self._cpu_shm_names = [name for names in self._llm.collective_rpc("cpu_shm_names") for name in names]
         # Runs the collective RPCs that must overlap with the trainer's side of a collective.
         self._rpc_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-rollout-rpc")
 
@@ -252,7 +255,15 @@ class VLLMRolloutEngine(RolloutEngine):
         self._llm.wake_up()
 
     def shutdown(self) -> None:
+        """Stop the engine and its worker processes (vLLM terminates workers still exiting after
+        `VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`, then kills them), then remove the workers' CPU
+        collective segments (`WeightSyncWorkerExtension.cpu_shm_names`) that vLLM left: it unlinks
+        them only when a worker's process exit runs to its end, which a terminated worker's (a slow
+        interpreter teardown on a loaded machine) does not. Exactly these names, none guessed."""
         self._rpc_thread.shutdown(wait=True)
         keep_world = _default_process_group_kept() if self._in_existing_world else contextlib.nullcontext()
         with keep_world:
             self._llm.llm_engine.engine_core.shutdown()
+        for name in self._cpu_shm_names:
+            with contextlib.suppress(FileNotFoundError):  # the worker's own exit unlinked it
+                _posixshmem.shm_unlink(name)

