@@ -74,7 +74,7 @@ def train_a_little(actor, vocab_size: int, settings: TrainSettings, round_index:
         actor.update_policy(batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=len(tokens), micro_batch_size=2)
 
 
-def _trained_actor_and_plan(model_dir: str, layout: LayoutPair, bucket_mb: float, settings: TrainSettings):
+def trained_actor_and_plan(model_dir: str, layout: LayoutPair, bucket_mb: float, settings: TrainSettings):
     """This rank's actor loaded from `model_dir` (on a fresh grid), the plan and the model dims."""
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor
@@ -91,7 +91,7 @@ def trainer_main(model_dir: str, layout: LayoutPair, port: int, world_size: int,
     """One training rank of `run_sync_check`: per round, train, record the actor's probe log-probs,
     broadcast the sync, and list parameters whose conversion does not invert. Rank 0 returns the
     rounds. `layout.rollout_tp` only names the pair: the buckets are the same for every rollout TP."""
-    groups, actor, dims, plan = _trained_actor_and_plan(model_dir, layout, bucket_mb, settings)
+    groups, actor, dims, plan = trained_actor_and_plan(model_dir, layout, bucket_mb, settings)
     sender_rank = dist.get_rank() == 0
     transport = BroadcastTransport.connect(HOST, port, world_size, timeout_s) if sender_rank else None
     sender = WeightSender(plan, actor.named_parameters_for_sync, groups, transport)
@@ -114,7 +114,7 @@ def colocated_main(model_dir: str, layout: LayoutPair, backend: str, bucket_mb: 
     its engine's probe log-probs after the sync."""
     from megarl.workers.rollout import make_rollout_engine
 
-    groups, actor, dims, plan = _trained_actor_and_plan(model_dir, layout, bucket_mb, settings)
+    groups, actor, dims, plan = trained_actor_and_plan(model_dir, layout, bucket_mb, settings)
     engine = make_rollout_engine(backend, model_dir, dtype="float32")
     sender = WeightSender(plan, actor.named_parameters_for_sync, groups, InProcessTransport(engine), every_rank=True)
     probe = probe_token_ids(dims.vocab_size)

@@ -15,13 +15,14 @@ import os
 import pickle
 import shutil
 import tempfile
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from store_handoff import take
 
-from megarl.bridge.check import TrainSettings, _trained_actor_and_plan, train_a_little
+from megarl.bridge.check import TrainSettings, train_a_little, trained_actor_and_plan
 from megarl.bridge.collect import local_params_by_plan_name
 from megarl.bridge.per_rank import PerRankSender
 from megarl.bridge.plan import LayoutPair
@@ -59,7 +60,7 @@ class _SendCounter:
 def _trainer(model_dir: str, store_port: int, layout: LayoutPair, shm_dir: str) -> dict:
     """One training rank: per round, train, record the probe log-probs, sync per rank. Rank 0
     hands each sync's handles over through the store and waits until the driver says they are loaded."""
-    groups, actor, dims, plan = _trained_actor_and_plan(model_dir, layout, 0.05, TrainSettings())
+    groups, actor, dims, plan = trained_actor_and_plan(model_dir, layout, 0.05, TrainSettings())
     deliver = None
     rounds: list[dict] = []
     if dist.get_rank() == 0:
@@ -84,16 +85,6 @@ def _trainer(model_dir: str, store_port: int, layout: LayoutPair, shm_dir: str) 
         rounds.append(dict(actor=logprobs.tolist(), sent=sent.bytes, rank_bytes=stats.rank_bytes,
                            full_bytes=stats.full_bytes, buckets=stats.buckets))
     return dict(tp_rank=groups.tp_rank, rounds=rounds, shard_bytes=shard_bytes, vocab_bytes=vocab_bytes)
-
-
-def _take(store: dist.TCPStore, key: str, trainers) -> bytes:
-    """The store's value at `key`, failing at once if the training ranks fail first."""
-    while not store.check([key]):
-        if trainers.done():
-            trainers.result()  # raises the ranks' failure
-            raise RuntimeError(f"the training ranks finished without publishing {key}")
-        wait([trainers], timeout=0.5)
-    return store.get(key)
 
 
 def _engine(model_dir, tp: int):
@@ -121,7 +112,7 @@ def _sync_rounds(model_dir, tp: int, pp: int = 1) -> tuple[list[dict], set[str]]
         try:
             for round_index in range(ROUNDS):
                 key = f"round{round_index}"
-                by_rank, full = pickle.loads(_take(store, key, trainers))
+                by_rank, full = pickle.loads(take(store, key, trainers))
                 assert sorted(by_rank) == list(range(tp))
                 assert all(os.path.dirname(b.path) == shm_dir for b in [*full, *by_rank[0]])  # files travelled
                 full_names = {slot.name for bucket in full for slot in bucket.metadata.slots}

@@ -10,22 +10,23 @@ from __future__ import annotations
 
 import os
 import pickle
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
+from store_handoff import take
 
-from megarl.bridge.check import TrainSettings, _trained_actor_and_plan, train_a_little
+from megarl.bridge.check import TrainSettings, train_a_little, trained_actor_and_plan
 from megarl.bridge.plan import LayoutPair
 from megarl.bridge.sync import WeightSender
 from megarl.bridge.transports import SharedMemoryTransport
-from megarl.workers.rollout.shared_ring import SLOTS
 from megarl.bridge.verify import actor_probe_logprobs, check_sync, probe_token_ids
 from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import run_distributed
 from megarl.workers.rollout import make_rollout_engine
+from megarl.workers.rollout.shared_ring import SLOTS
 
 HOST = "127.0.0.1"
 THRESHOLD = 1e-4
@@ -37,7 +38,7 @@ LAYOUT = LayoutPair(train_tp=2, train_pp=1, rollout_tp=2)
 def _trainer(model_dir: str, store_port: int) -> list[dict] | None:
     """One training rank: per round, train, record the probe log-probs, sync. Rank 0 hands each
     sync's ring over through the store; its send returns once the engine's workers have loaded it."""
-    groups, actor, dims, plan = _trained_actor_and_plan(model_dir, LAYOUT, 0.05, TrainSettings())
+    groups, actor, dims, plan = trained_actor_and_plan(model_dir, LAYOUT, 0.05, TrainSettings())
     results: list[dict] = []
     transport = None
     slot_paths: list[list[str]] = []
@@ -61,16 +62,6 @@ def _trainer(model_dir: str, store_port: int) -> list[dict] | None:
     return results if transport is not None else None
 
 
-def _take(store: dist.TCPStore, key: str, trainers) -> bytes:
-    """The store's value at `key`, failing at once if the training ranks fail first."""
-    while not store.check([key]):
-        if trainers.done():
-            trainers.result()  # raises the ranks' failure
-            raise RuntimeError(f"the training ranks finished without publishing {key}")
-        wait([trainers], timeout=0.5)
-    return store.get(key)
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("shm_sync"), "qwen2", initializer_range=0.2)
@@ -86,7 +77,7 @@ def test_train_tp2_syncs_into_rollout_tp2_through_shared_memory(model_dir):
         engine = make_rollout_engine("vllm", model_dir, tensor_parallel_size=2, dtype="float32", max_model_len=64)
         try:
             for round_index in range(ROUNDS):
-                ring = pickle.loads(_take(store, f"round{round_index}", trainers))
+                ring = pickle.loads(take(store, f"round{round_index}", trainers))
                 engine.pause()
                 try:
                     engine.load_shared_buckets(ring).result(timeout=TIMEOUT_S)
