@@ -44,7 +44,9 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import os
 import pickle
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -61,6 +63,8 @@ SLOTS = 2
 """Buckets in shared memory at once: one being read while the next is written."""
 HOST = "127.0.0.1"
 """The ring is node-local: its store listens on the loopback interface only."""
+LIVENESS_CHECK_S = 1.0
+"""How often a waiting sender checks that the readers' processes are alive."""
 
 logger = logging.getLogger(__name__)
 
@@ -138,16 +142,44 @@ class RingSender:
         self.published += 1
 
     def _wait(self, key: str, what: str) -> None:
-        try:
-            self.store.wait([key], timedelta(seconds=self.handle.timeout_s))
-        except dist.DistStoreError:
-            raise TimeoutError(
-                f"shared-memory weight sync: the sender waited {self.handle.timeout_s}s for the "
-                f"{self.handle.readers} rollout workers {what}; is the engine's `load_shared_buckets` running?"
-            ) from None
+        """Until `key` is set, in short slices: between them, a reader whose process died (they are on
+        this node) ends the wait at once instead of after `timeout_s`."""
+        deadline = time.monotonic() + self.handle.timeout_s
+        while True:
+            try:
+                self.store.wait([key], timedelta(seconds=min(LIVENESS_CHECK_S, max(deadline - time.monotonic(), 0.01))))
+                break
+            except dist.DistStoreError:
+                dead = self._dead_readers()
+                if dead:
+                    raise RuntimeError(
+                        f"shared-memory weight sync: rollout worker process {', '.join(map(str, dead))} died while "
+                        f"the sender waited for the workers {what}"
+                    ) from None
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"shared-memory weight sync: the sender waited {self.handle.timeout_s}s for the "
+                        f"{self.handle.readers} rollout workers {what}; is the engine's `load_shared_buckets` running?"
+                    ) from None
         abort = self.handle.key("abort")
         if self.store.check([abort]):
             raise RuntimeError(f"shared-memory weight sync: {self.store.get(abort).decode()}")
+
+    def _dead_readers(self) -> list[int]:
+        """Process ids of this sync's readers that have joined and are no longer alive."""
+        joined = self.store.add(self.handle.key("joined"), 0)
+        pids = [int(self.store.get(self.handle.key(f"pid/{index}"))) for index in range(joined)]
+        return [pid for pid in pids if not _alive(pid)]
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (Linux, as /dev/shm: a zombie, exited but not yet reaped, is dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
 
 
 @dataclass
@@ -169,6 +201,9 @@ class RingReader:
         self.name = name
         """This worker in errors, e.g. "rollout worker 1"."""
         self.store = _connect(ring)
+        # Announce this process so that the sender (on this node) notices if it dies mid-sync.
+        index = self.store.add(ring.key("joined"), 1) - 1
+        self.store.set(ring.key(f"pid/{index}"), str(os.getpid()))
         self.released = 0
         """Buckets released so far (the next one to release)."""
         self.moved: list[str] = []

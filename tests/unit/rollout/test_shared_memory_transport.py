@@ -165,3 +165,26 @@ def test_a_missing_shared_memory_directory_is_a_clear_error(tmp_path):
 def test_send_without_begin_is_a_clear_error():
     with pytest.raises(RuntimeError, match=r"send without begin\(\)"):
         SharedMemoryTransport(readers=1).send(_buckets())
+
+
+def _read_one_tensor_and_die(ring: SharedRing) -> None:
+    def die_midway(stream) -> None:
+        next(iter(stream))
+        os._exit(1)  # as a killed worker: no abort message, nothing cleaned up
+
+    read_ring(ring, "reader 0", CPU, die_midway)
+
+
+def test_a_reader_process_that_dies_mid_sync_ends_the_senders_wait_naming_it():
+    """The sender waits for bucket 0's release (to reuse its slot for bucket 2); the reader's process
+    is gone, so the wait ends on the next liveness check, not after `timeout_s`."""
+    context = multiprocessing.get_context("spawn")
+    transport = SharedMemoryTransport(readers=1, timeout_s=120)
+    reader = context.Process(target=_read_one_tensor_and_die, args=(transport.begin(),))
+    reader.start()
+    slot_paths = list(transport.slot_paths)
+    with pytest.raises(RuntimeError, match=rf"rollout worker process {reader.pid} died .*release bucket 0 \(slot 0\)"):
+        transport.send(_buckets())
+    reader.join(timeout=30)
+    assert reader.exitcode == 1
+    assert not any(os.path.exists(path) for path in slot_paths)
