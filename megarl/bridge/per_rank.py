@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ import torch.distributed as dist
 from megarl.bridge.collect import BufferMeter, GatherBuffer, gather_shards, local_params_by_plan_name
 from megarl.bridge.convert import to_hf, to_vllm_rank
 from megarl.bridge.plan import PlannedParam, SyncPlan
-from megarl.bridge.transports.shared_memory import FILE_PREFIX, SHM_DIR, ShmBucket
+from megarl.bridge.transports.shared_memory import SHM_DIR, ShmBucket, new_slot_file
 from megarl.models.layout import VOCAB
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, TensorSlot
@@ -183,8 +182,7 @@ def _write_bucket(
     for name, tensor in named:
         slots.append(TensorSlot(name, tuple(tensor.shape), dtype, offset))
         offset += tensor.numel()
-    fd, path = tempfile.mkstemp(prefix=FILE_PREFIX, dir=directory)
-    os.close(fd)
+    path = new_slot_file(directory)
     bucket = ShmBucket(BucketMetadata(tuple(slots)), path)
     shared.append(bucket)
     flat = bucket.open(torch.device("cpu"))

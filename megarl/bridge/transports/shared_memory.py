@@ -23,6 +23,7 @@ GPU: `cuda_ipc.CudaIpcTransport`, the same ring with CUDA IPC handles instead of
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import tempfile
 from dataclasses import dataclass
@@ -30,13 +31,26 @@ from dataclasses import dataclass
 import torch
 
 from megarl.bridge.transports.base import Buckets, WeightTransport
-from megarl.workers.rollout.shared_ring import SLOTS, RingSender, SharedRing
+from megarl.workers.rollout.shared_ring import SLOTS, RingSender, SharedRing, process_alive
 from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket
 
 SHM_DIR = "/dev/shm"
 """Where the slots' files live: tmpfs, so a file is memory that any process can map by path."""
 FILE_PREFIX = "megarl-bucket-"
-"""Name prefix of the slots' files (to find leftovers of a killed sender)."""
+"""Name prefix of the slots' files: `megarl-bucket-<pid of the sender>-<random>`."""
+
+
+def new_slot_file(directory: str) -> str:
+    """A new empty file in `directory` named for this process, first removing the files of senders
+    that died without removing theirs (a killed trainer rank): a dead pid's files are nobody's."""
+    for path in glob.glob(os.path.join(directory, f"{FILE_PREFIX}*-*")):
+        owner = os.path.basename(path)[len(FILE_PREFIX):].split("-", 1)[0]
+        if owner.isdigit() and not process_alive(int(owner)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    fd, path = tempfile.mkstemp(prefix=f"{FILE_PREFIX}{os.getpid()}-", dir=directory)
+    os.close(fd)
+    return path
 
 @dataclass(frozen=True)
 class ShmBucket(SharedBucket):
@@ -112,9 +126,7 @@ class SharedMemoryTransport(WeightTransport):
                 f"(or use the broadcast transport)"
             )
         for _ in range(SLOTS):
-            fd, path = tempfile.mkstemp(prefix=FILE_PREFIX, dir=self.directory)
-            os.close(fd)
-            self.slot_paths.append(path)
+            self.slot_paths.append(new_slot_file(self.directory))
 
     def _share(self, slot: int, flat: torch.Tensor, metadata: BucketMetadata) -> SharedBucket:
         """Copy a flat buffer `[numel]` into `slot` (its file grows to fit); its handle."""

@@ -169,10 +169,10 @@ class RingSender:
         """Process ids of this sync's readers that have joined and are no longer alive."""
         joined = self.store.add(self.handle.key("joined"), 0)
         pids = [int(self.store.get(self.handle.key(f"pid/{index}"))) for index in range(joined)]
-        return [pid for pid in pids if not _alive(pid)]
+        return [pid for pid in pids if not process_alive(pid)]
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Whether process `pid` runs (Linux, as /dev/shm: a zombie, exited but not yet reaped, is dead)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:

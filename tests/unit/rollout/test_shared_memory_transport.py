@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from megarl.bridge.transports.shared_memory import SharedMemoryTransport
+from megarl.bridge.transports.shared_memory import FILE_PREFIX, SharedMemoryTransport, new_slot_file
 from megarl.workers.rollout.shared_ring import SLOTS, RingSender, SharedRing, read_ring
 from megarl.workers.rollout.weight_sync_protocol import pack
 
@@ -188,3 +188,19 @@ def test_a_reader_process_that_dies_mid_sync_ends_the_senders_wait_naming_it():
     reader.join(timeout=30)
     assert reader.exitcode == 1
     assert not any(os.path.exists(path) for path in slot_paths)
+
+
+def test_a_new_slot_removes_the_files_of_dead_senders_only(tmp_path):
+    """A trainer rank killed mid-sync leaves its slot files; the next sender on the node removes the
+    files whose owner process is gone, and no other."""
+    exited = multiprocessing.get_context("spawn").Process(target=int)
+    exited.start()
+    exited.join(timeout=60)
+    dead = tmp_path / f"{FILE_PREFIX}{exited.pid}-left"
+    live = tmp_path / f"{FILE_PREFIX}{os.getpid()}-in-use"
+    foreign = tmp_path / "not-a-slot"
+    for path in (dead, live, foreign):
+        path.write_bytes(b"x")
+    made = new_slot_file(str(tmp_path))
+    assert not dead.exists() and live.exists() and foreign.exists()
+    assert os.path.basename(made).startswith(f"{FILE_PREFIX}{os.getpid()}-")
