@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 
 from megarl.cli.main import main
 
@@ -43,11 +42,16 @@ def test_train(tmp_path):
     assert result["megatron_over_pytorch_throughput"] > 0
 
 
-def test_step(tmp_path, monkeypatch):
-    monkeypatch.chdir(REPO)  # the quickstart recipe's paths are relative to the repository
-    if not (REPO / "outputs/tiny-model/config.json").is_file() or not (REPO / "outputs/quickstart-data").is_dir():
-        pytest.skip("needs the quickstart model and data (bash scripts/quickstart.sh makes them)")
-    result = _bench(tmp_path, "step")
+def test_step(tmp_path):
+    # The quickstart recipe, pointed at a tiny model, data and run directory of this test's own.
+    assets = tmp_path / "assets"
+    assert main(["init-tiny-model", "--out", str(assets / "model")]) == 0
+    assert main(["make-data", "--task", "repeat_first_char", "--out", str(assets / "data")]) == 0
+    recipe = (REPO / "configs/quickstart.yaml").read_text()
+    recipe = recipe.replace("outputs/tiny-model", str(assets / "model")).replace(
+        "outputs/quickstart-data", str(assets / "data")).replace("outputs/", f"{tmp_path}/outputs/")
+    (tmp_path / "recipe.yaml").write_text(recipe)
+    result = _bench(tmp_path, "step", "--config", str(tmp_path / "recipe.yaml"))
     assert result["repeats"] == 2
     assert {"rollout", "old_log_prob", "update_actor", "sync", "other"} <= set(result["phase_seconds"])
     assert result["phase_seconds"]["other"] < result["step_seconds"]
