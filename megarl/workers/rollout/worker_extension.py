@@ -18,21 +18,15 @@ materialises the parts missing from a pass as garbage, so one sync must be one c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
 from megarl.workers.rollout.shared_ring import SharedRing, read_ring
 from megarl.workers.rollout.sync_group import create_weight_sync_group, receive_buckets
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket, unpack
+from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket
 
 WORKER_EXTENSION = "megarl.workers.rollout.worker_extension.WeightSyncWorkerExtension"
-
-
-def _opened(buckets: Sequence[SharedBucket], device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-    """The buckets' tensors as views of the sender's memory, opened one bucket at a time."""
-    for bucket in buckets:
-        yield from unpack(bucket.open(device), bucket.metadata)
 
 
 class WeightSyncWorkerExtension:

@@ -55,3 +55,15 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def load_through_shared_memory(engine, buckets) -> None:
+    """One sync of `buckets` (`(flat, metadata)` pairs) into `engine` by the shared-memory transport:
+    the engine starts loading from the sync's ring, the transport streams the buckets through its two
+    slots, and this returns once the engine has loaded them."""
+    from megarl.bridge.transports import SharedMemoryTransport
+
+    transport = SharedMemoryTransport(readers=1)
+    loaded = engine.load_shared_buckets(transport.begin())
+    transport.send(buckets)
+    loaded.result(timeout=60)

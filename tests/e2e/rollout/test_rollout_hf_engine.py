@@ -12,10 +12,10 @@ from rollout_reference import (
     hf_greedy,
     hf_logprobs,
     load_hf,
+    load_through_shared_memory,
     response_logprobs_of,
 )
 
-from megarl.bridge.transports import SharedMemoryTransport
 from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine, pack
 from megarl.workers.rollout.sync_group import broadcast_bucket, create_weight_sync_group
 
@@ -104,11 +104,7 @@ def test_load_shared_buckets(engine, base_model_dir, new_model_dir):
     buckets = iter([pack((n, new[n]) for n in names[:10]), pack((n, new[n]) for n in names[10:])])
     version = engine.weight_version
     try:
-        loads = []  # the engine loads while the transport streams the buckets through its two slots
-        transport = SharedMemoryTransport(readers=1)
-        loads.append(engine.load_shared_buckets(transport.begin()))
-        transport.send(buckets)
-        loads[0].result(timeout=60)
+        load_through_shared_memory(engine, buckets)
         assert engine.weight_version == version + 1
         hf_new = load_hf(new_model_dir)
         for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
