@@ -1,65 +1,42 @@
-"""The per-rank sync: train TP == rollout TP, engine on the trainer's node. Each TP rank's shards
+"""The per-rank sync: train TP == rollout TP, engines on the trainer's node. Each TP rank's shards
 already are vLLM worker r's tensors (`convert.to_vllm_rank`: gate/up, o_proj, down_proj as they
-are, qkv regrouped within the rank), so no rank gathers a full tensor: every TP rank of DP replica
-0, on every stage, writes its own shards into shared-memory buckets, and vLLM worker r maps the
-buckets of train TP rank r (`rank_load`). Only the vocabulary (embedding, untied LM head) is
-gathered and sent as full HF tensors, because Megatron and vLLM pad it differently.
+are, qkv regrouped within the rank), so no rank gathers a full tensor: every TP rank of DP
+replica 0, on every stage, streams its own shards through its own shared ring (two slots, as the
+`shared_memory` transport), and vLLM worker r of every engine reads the rings of train TP rank r,
+one per stage (`workers/rollout/rank_load`). Only the vocabulary (embedding, untied LM head) is
+all-gathered over TP and sent as full HF tensors by every TP rank, because Megatron and vLLM pad
+it differently.
 
-    sender = PerRankSender(plan, actor.named_parameters_for_sync, groups, deliver)  # deliver on rank 0
-    stats = sender.send()   # collective over the trainer world
+    transport = SharedMemoryTransport(readers=engines) if dp_rank == 0 else None   # once per rank
+    sender = PerRankSender(plan, actor.named_parameters_for_sync, groups, transport)
+    ring = sender.begin()         # each sync: None outside DP replica 0; the driver hands every ring
+                                  # to the engines (`VLLMRolloutEngine.load_rank_rings`, by TP rank)
+    stats = sender.send()         # streams; returns once every engine has loaded this rank's ring
 
-`deliver(by_rank, full)` (global rank 0 only) hands the handles of the whole sync to the engine and
-returns once it has loaded them, e.g. `VLLMRolloutEngine.load_rank_buckets`
-inside `pause()`/`resume()`. Every rank then removes its own files.
-
-Memory: each sending rank holds its own shards of the model once more, in /dev/shm, until the
-engine has loaded them: 1/TP of the model per rank, one whole copy per node, not the two buckets
-of the streaming transports (`shared_memory`, `broadcast`). Not yet chosen by the trainer: this is
-the building block for colocated GPUs (CUDA IPC handles instead of files), where the gather it
-saves matters.
+Memory per sending rank: the bucket being packed plus the ring's two slots (three buckets), not
+a copy of its shards; with the vocabulary, one parameter's gathered shards.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 
-from megarl.bridge.collect import BufferMeter, GatherBuffer, gather_shards, local_params_by_plan_name
+from megarl.bridge.collect import local_params_by_plan_name
 from megarl.bridge.convert import to_hf, to_vllm_rank
 from megarl.bridge.plan import PlannedParam, SyncPlan
-from megarl.bridge.transports.shared_memory import SHM_DIR, ShmBucket, new_slot_file
+from megarl.bridge.sync import SyncStats
+from megarl.bridge.transports.shared_memory import SharedMemoryTransport
 from megarl.models.layout import VOCAB
 from megarl.parallel.distributed import ProcessGroups
+from megarl.workers.rollout.shared_ring import SharedRing
 from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, TensorSlot
 
-DELIVERING_RANK = 0
-"""Global rank that hands the whole sync's handles to the engine."""
-
-Deliver = Callable[[Mapping[int, Sequence[ShmBucket]], Sequence[ShmBucket]], None]
-"""`(by_rank, full)` → the engine loads them: `by_rank[r]`, vLLM TP rank r's own tensors; `full`, full
-HF tensors for every worker. Returns once loaded."""
-
-NamedParameters = Callable[[], Iterator[tuple[str, torch.Tensor]]]
-
-
-@dataclass
-class PerRankStats:
-    """What one `send` did on this rank."""
-
-    seconds: float
-    """Wall time of the whole send, delivery included."""
-    rank_bytes: int
-    """Bytes of this rank's own per-rank tensors written to shared memory (its shards)."""
-    full_bytes: int
-    """Bytes of full (vocabulary) tensors this rank wrote (TP rank 0 of the owning stage)."""
-    buckets: int
-    """Buckets this rank wrote."""
+NamedParameters = Callable[[], Iterable[tuple[str, torch.Tensor]]]
+Named = Iterable[tuple[str, torch.Tensor]]
 
 
 class PerRankSender:
@@ -67,125 +44,91 @@ class PerRankSender:
 
     def __init__(
         self, plan: SyncPlan, named_parameters: NamedParameters, groups: ProcessGroups,
-        deliver: Deliver | None, *, directory: str = SHM_DIR,
+        transport: SharedMemoryTransport | None,
     ):
-        """`deliver`: on global rank `DELIVERING_RANK`, the way to the engine; None elsewhere."""
-        layout = plan.layout
-        if layout.train_tp != layout.rollout_tp:
+        """`transport`: this rank's ring (a shared transport whose readers are the engines, one
+        worker each) on the ranks of DP replica 0, the senders; None elsewhere."""
+        if plan.layout.train_tp != plan.layout.rollout_tp:
             raise ValueError(
-                f"per-rank weight sync needs train TP == rollout TP, got {layout}; use the gathering sync "
+                f"per-rank weight sync needs train TP == rollout TP, got {plan.layout}; use the gathering sync "
                 f"(megarl.bridge.sync.WeightSender) for other layouts"
             )
-        if not os.path.isdir(directory):
-            raise RuntimeError(
-                f"per-rank weight sync: {directory} does not exist; it needs a Linux tmpfs there (the engine "
-                f"must be on this node) or use the gathering sync (megarl.bridge.sync.WeightSender)"
-            )
-        self.plan, self.named_parameters, self.groups = plan, named_parameters, groups
-        self.deliver, self.directory = deliver, directory
-        self.bucket_bytes = plan.bucket_bytes
-        self.dtype = plan.buckets[0].metadata.dtype
+        self.plan, self.named_parameters, self.groups, self.transport = plan, named_parameters, groups, transport
 
-    def send(self) -> PerRankStats:
-        """Collective over the trainer world."""
+    def begin(self) -> SharedRing | None:
+        """Open this rank's ring for the next sync; None on ranks that send nothing."""
+        return None if self.transport is None else self.transport.begin()
+
+    def send(self) -> SyncStats:
+        """Stream this rank's shards (collective over the TP group of each stage of DP replica 0, for
+        the vocabulary); returns once every engine has loaded them."""
         start = time.perf_counter()
-        shared: list[ShmBucket] = []
-        counts = {"rank": 0, "full": 0}
-        error = None
-        try:
-            with torch.no_grad():
-                rank_buckets, full_buckets = self._write_buckets(shared, counts)
-            everyone = [None] * dist.get_world_size() if dist.get_rank() == DELIVERING_RANK else None
-            dist.gather_object((self.groups.tp_rank, rank_buckets, full_buckets), everyone, dst=DELIVERING_RANK)
-            if everyone is not None:
-                try:
-                    self.deliver(*_by_rank(everyone, self.groups.tp_size))
-                except Exception as failure:  # re-raised below, once every rank knows
-                    error = failure
-            # Every rank keeps its files until the engine has loaded them.
-            failed = [error is not None]
-            dist.broadcast_object_list(failed, src=DELIVERING_RANK)
-        finally:
-            for bucket in shared:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(bucket.path)
-        if error is not None:
-            raise error
-        if failed[0]:
-            raise RuntimeError(f"per-rank weight sync: the delivery on global rank {DELIVERING_RANK} failed")
-        return PerRankStats(time.perf_counter() - start, counts["rank"], counts["full"], len(shared))
+        if self.transport is None:
+            return SyncStats(0.0, 0, 0, 0)
+        counted = {"bytes": 0, "buckets": 0, "largest": 0}
 
-    def _write_buckets(
-        self, shared: list[ShmBucket], counts: dict[str, int]
-    ) -> tuple[list[ShmBucket], list[ShmBucket]]:
-        """This rank's per-rank buckets and full-tensor (vocabulary) buckets, both empty outside DP
-        replica 0; every file also goes into `shared`, and its bytes into `counts` by kind."""
-        groups = self.groups
-        rank_buckets: list[ShmBucket] = []
-        full_buckets: list[ShmBucket] = []
-        if groups.dp_rank != 0:
-            return rank_buckets, full_buckets
+        def counting(buckets: Iterator[tuple[torch.Tensor, BucketMetadata]]) -> Iterator:
+            for flat, metadata in buckets:
+                counted["bytes"] += flat.nbytes
+                counted["buckets"] += 1
+                counted["largest"] = max(counted["largest"], flat.nbytes)
+                yield flat, metadata
+                del flat
+
+        with torch.no_grad():
+            self.transport.send(counting(bucketed(self._tensors(), self.plan.bucket_bytes, self._dtype())))
+        # The bucket being packed and the ring's slots are what a sync adds, at most.
+        peak = counted["largest"] + self.transport.peak_shared_bytes
+        return SyncStats(time.perf_counter() - start, counted["bytes"], counted["buckets"], peak)
+
+    def _dtype(self) -> torch.dtype:
+        return self.plan.buckets[0].metadata.dtype
+
+    def _tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """This rank's tensors in vLLM worker `tp_rank`'s names and shapes, its stage's in plan order;
+        the vocabulary as full HF tensors."""
+        groups, dims = self.groups, self.plan.dims
         local = local_params_by_plan_name(self.plan, self.named_parameters())
-        gathered = GatherBuffer(groups, BufferMeter())
-        pending = {"rank": [], "full": []}
-        outs = {"rank": rank_buckets, "full": full_buckets}
+        for param in self.plan.params:
+            if param.pp_rank != groups.pp_rank:
+                continue
+            shard = local[param.megatron_name].detach()
+            if param.kind == VOCAB:
+                yield from to_hf(param, self._all_gathered(param, shard), dims)
+            else:
+                yield to_vllm_rank(param, shard, dims, groups.tp_size)
 
-        def flush(kind: str) -> None:
-            if pending[kind]:
-                bucket = _write_bucket(pending[kind], self.dtype, self.directory, shared)
-                outs[kind].append(bucket)
-                counts[kind] += bucket.metadata.numel * self.dtype.itemsize
-                pending[kind] = []
-
-        def add(kind: str, named: list[tuple[str, torch.Tensor]]) -> None:
-            pending[kind].extend(named)  # views of the live shards: the bucket's file is their one copy
-            if sum(t.numel() for _, t in pending[kind]) * self.dtype.itemsize >= self.bucket_bytes:
-                flush(kind)
-
-        try:
-            for param in self._stage_params():
-                shard = local[param.megatron_name].detach()
-                if param.kind == VOCAB:
-                    shards = gather_shards(param, shard, groups, gathered)  # point-to-point to TP rank 0
-                    if shards is not None:
-                        add("full", to_hf(param, shards, self.plan.dims))
-                else:
-                    add("rank", [to_vllm_rank(param, shard, self.plan.dims, groups.tp_size)])
-            flush("rank")
-            flush("full")
-        finally:
-            gathered.release()
-        return rank_buckets, full_buckets
-
-    def _stage_params(self) -> list[PlannedParam]:
-        return [param for param in self.plan.params if param.pp_rank == self.groups.pp_rank]
+    def _all_gathered(self, param: PlannedParam, shard: torch.Tensor) -> list[torch.Tensor]:
+        """Every TP rank's shard of `param` (Megatron pads the vocabulary to equal shards)."""
+        if self.groups.tp_size == 1:
+            return [shard]
+        shards = [torch.empty_like(shard) for _ in range(self.groups.tp_size)]
+        dist.all_gather(shards, shard.contiguous(), group=self.groups.tp)
+        return shards
 
 
-def _by_rank(
-    everyone: list[tuple[int, list[ShmBucket], list[ShmBucket]]], tp_size: int
-) -> tuple[dict[int, list[ShmBucket]], list[ShmBucket]]:
-    """Every rank's handles grouped by TP rank (all stages of one TP rank together), and the full ones."""
-    by_rank: dict[int, list[ShmBucket]] = {rank: [] for rank in range(tp_size)}
-    full: list[ShmBucket] = []
-    for tp_rank, rank_buckets, full_buckets in everyone:
-        by_rank[tp_rank].extend(rank_buckets)
-        full.extend(full_buckets)
-    return by_rank, full
+def bucketed(named: Named, bucket_bytes: int, dtype: torch.dtype) -> Iterator[tuple[torch.Tensor, BucketMetadata]]:
+    """`named` packed in order into flat `[numel]` buffers of `dtype` (each tensor copied, and cast,
+    once), lazily: a buffer holds at most `bucket_bytes`, or one tensor larger than that alone."""
+    pending: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named:
+        nbytes = tensor.numel() * dtype.itemsize
+        if pending and size + nbytes > bucket_bytes:
+            yield _pack_as(pending, dtype)
+            pending, size = [], 0
+        pending.append((name, tensor))
+        size += nbytes
+    if pending:
+        yield _pack_as(pending, dtype)
 
 
-def _write_bucket(
-    named: list[tuple[str, torch.Tensor]], dtype: torch.dtype, directory: str, shared: list[ShmBucket]
-) -> ShmBucket:
-    """One bucket of `named` in `dtype` in a new file of `directory`, each tensor copied (and cast)
-    once, straight into its slot; appended to `shared` as soon as the file exists (the caller unlinks)."""
+def _pack_as(named: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> tuple[torch.Tensor, BucketMetadata]:
     slots, offset = [], 0
     for name, tensor in named:
         slots.append(TensorSlot(name, tuple(tensor.shape), dtype, offset))
         offset += tensor.numel()
-    path = new_slot_file(directory)
-    bucket = ShmBucket(BucketMetadata(tuple(slots)), path)
-    shared.append(bucket)
-    flat = bucket.open(torch.device("cpu"))
+    flat = torch.empty(offset, dtype=dtype, device=named[0][1].device)
     for slot, (_, tensor) in zip(slots, named):
         flat[slot.offset : slot.offset + slot.numel].view(slot.shape).copy_(tensor)
-    return bucket
+    return flat, BucketMetadata(tuple(slots))

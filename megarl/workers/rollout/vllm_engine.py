@@ -38,7 +38,7 @@ from vllm.platforms import current_platform  # noqa: E402
 
 from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig  # noqa: E402
 from megarl.workers.rollout.shared_ring import SharedRing  # noqa: E402
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket  # noqa: E402
+from megarl.workers.rollout.weight_sync_protocol import BucketMetadata  # noqa: E402
 from megarl.workers.rollout.worker_extension import WORKER_EXTENSION  # noqa: E402
 
 
@@ -209,17 +209,21 @@ class VLLMRolloutEngine(RolloutEngine):
 
         return self._rpc_thread.submit(load)
 
-    def load_rank_buckets(self, by_rank: Mapping[int, Sequence[SharedBucket]], full: Sequence[SharedBucket]) -> None:
-        """Load one per-rank sync (`megarl.bridge.per_rank`, train TP == rollout TP): `by_rank[r]`:
-        the buckets of vLLM TP rank r's own tensors; `full`: buckets of full HF tensors every worker
-        loads (vocabulary). Only handles travel; each worker loads its own
-        (`WeightSyncWorkerExtension.load_rank_buckets`)."""
+    def load_rank_rings(self, rings_by_rank: Mapping[int, Sequence[SharedRing]]) -> Future[None]:
+        """Load one per-rank sync (`megarl.bridge.per_rank`, train TP == rollout TP): worker r reads
+        `rings_by_rank[r]`, the rings of the trainer ranks of TP rank r, one per trainer stage in stage
+        order (`WeightSyncWorkerExtension.load_rank_rings`). Returns at once; the future completes
+        when every worker has loaded, the prefix cache is flushed and `weight_version` is bumped."""
         tp = self._tensor_parallel_size
-        if sorted(by_rank) != list(range(tp)):
-            raise ValueError(f"per-rank sync: got shards for TP ranks {sorted(by_rank)}, the engine has TP {tp}")
-        by_rank = {rank: list(buckets) for rank, buckets in by_rank.items()}
-        self._llm.collective_rpc("load_rank_buckets", kwargs={"by_rank": by_rank, "full": list(full)})
-        self._weights_changed()
+        if sorted(rings_by_rank) != list(range(tp)):
+            raise ValueError(f"per-rank sync: got rings for TP ranks {sorted(rings_by_rank)}, the engine has TP {tp}")
+        rings_by_rank = {rank: list(rings) for rank, rings in rings_by_rank.items()}
+
+        def load() -> None:
+            self._llm.collective_rpc("load_rank_rings", kwargs={"rings_by_rank": rings_by_rank})
+            self._weights_changed()
+
+        return self._rpc_thread.submit(load)
 
     def init_weight_sync(
         self, host: str, port: int, world_size: int, timeout_s: float, rank_offset: int = 1

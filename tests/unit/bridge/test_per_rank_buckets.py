@@ -1,6 +1,6 @@
-"""The trainer half of the per-rank sync without processes: the shared-memory buckets a rank writes
-hold its tensors exactly (cast to the plan's dtype), the delivering rank groups every rank's handles
-by TP rank, and layouts with train TP != rollout TP are refused."""
+"""The trainer half of the per-rank sync without processes: buckets hold their tensors exactly, in
+the plan's dtype and in order, never exceed the limit (a larger tensor travels alone), and layouts
+with train TP != rollout TP are refused."""
 
 from __future__ import annotations
 
@@ -8,31 +8,34 @@ import pytest
 import torch
 from bridge_emulate import dims_of
 
-from megarl.bridge.per_rank import PerRankSender, _by_rank, _write_bucket
+from megarl.bridge.per_rank import PerRankSender, bucketed
 from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.workers.rollout.weight_sync_protocol import unpack
 
 
-def test_a_bucket_holds_its_tensors_in_the_plans_dtype(tmp_path):
+def test_buckets_hold_their_tensors_in_order_in_the_plans_dtype():
     named = [("a.weight", torch.randn(3, 4)), ("b.bias", torch.randn(5, dtype=torch.float64))]
-    shared = []
-    bucket = _write_bucket(named, torch.bfloat16, str(tmp_path), shared)
-    assert shared == [bucket]
-    got = unpack(bucket.open(torch.device("cpu")), bucket.metadata)
+    [(flat, metadata)] = list(bucketed(iter(named), bucket_bytes=1 << 20, dtype=torch.bfloat16))
+    got = unpack(flat, metadata)
     assert [name for name, _ in got] == ["a.weight", "b.bias"]
     for (_, expected), (_, tensor) in zip(named, got):
         assert tensor.dtype == torch.bfloat16
         assert torch.equal(tensor, expected.to(torch.bfloat16))
 
 
-def test_handles_are_grouped_by_tp_rank_across_stages():
-    everyone = [(0, ["r0s0"], ["embed"]), (1, ["r1s0"], []), (0, ["r0s1"], ["head"]), (1, ["r1s1"], [])]
-    by_rank, full = _by_rank(everyone, tp_size=2)
-    assert by_rank == {0: ["r0s0", "r0s1"], 1: ["r1s0", "r1s1"]}
-    assert full == ["embed", "head"]
+def test_buckets_stay_within_the_limit_and_a_larger_tensor_travels_alone():
+    sizes = [10, 10, 30, 5, 50, 5]  # float32 elements; the limit is 20 elements
+    named = [(f"t{i}", torch.full((n,), float(i))) for i, n in enumerate(sizes)]
+    buckets = list(bucketed(iter(named), bucket_bytes=80, dtype=torch.float32))
+    names = [[slot.name for slot in metadata.slots] for _, metadata in buckets]
+    assert names == [["t0", "t1"], ["t2"], ["t3"], ["t4"], ["t5"]]
+    for flat, metadata in buckets:
+        assert flat.nbytes <= 80 or len(metadata.slots) == 1
+        for name, tensor in unpack(flat, metadata):
+            assert torch.equal(tensor, dict(named)[name])
 
 
 def test_unequal_train_and_rollout_tp_is_refused():
     plan = build_plan(dims_of("qwen2"), LayoutPair(train_tp=2, train_pp=1, rollout_tp=1))
     with pytest.raises(ValueError, match="train TP == rollout TP"):
-        PerRankSender(plan, lambda: iter(()), groups=None, deliver=None)
+        PerRankSender(plan, lambda: iter(()), groups=None, transport=None)
