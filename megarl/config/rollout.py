@@ -17,6 +17,12 @@ class SyncConfig:
     rank 0's node. cuda_ipc: the same with GPU buffers shared by CUDA IPC handle (colocated GPUs;
     not yet run on a GPU by megarl's tests). auto: shared_memory on CPU when every engine is on rank
     0's node, else collective."""
+    per_rank: Literal["auto", "always", "never"] = "auto"
+    """With a shared transport and actor TP == rollout TP (vLLM backend): every trainer TP rank streams its
+    own shards, already in vLLM's per-rank layout, through a ring of its own to engine worker r, which
+    reloads them module by module; no full tensor is gathered (only the vocabulary, which Megatron and
+    vLLM pad differently). auto: whenever those hold; always: the same, and a layout or placement where
+    they do not hold is an error; never: always gather full tensors on trainer rank 0."""
     logprob_gap_threshold: float = 0.05
     """Alarm when the mean |log π_rollout - log π_actor| on the probe batch exceeds this (nats). > 0."""
     verify_every: int = 1

@@ -162,6 +162,16 @@ def _check_rollout(config: Config, problems: list[Problem]) -> None:
           "must be >= 1 (the log-prob check runs every this many steps)", "e.g. 1 to check every sync")
     _need(problems, sync.probe_batch_size >= 1, "rollout.sync.probe_batch_size", sync.probe_batch_size,
           "must be >= 1", "e.g. 4")
+    if sync.per_rank == "always":
+        train_tp = config.actor.parallel.tensor_model_parallel_size
+        _need(problems, sync.transport != "collective", "rollout.sync.per_rank", "always",
+              "the per-rank sync streams through shared memory, but rollout.sync.transport is collective",
+              "set rollout.sync.transport: auto (or shared_memory), or per_rank: auto")
+        _need(problems, train_tp == rollout.tensor_model_parallel_size, "rollout.sync.per_rank", "always",
+              f"needs actor TP == rollout TP, got actor TP {train_tp} and rollout TP {rollout.tensor_model_parallel_size}",
+              "make the two TP sizes equal, or set rollout.sync.per_rank: auto")
+        _need(problems, rollout.backend == "vllm", "rollout.sync.per_rank", "always",
+              f"the per-rank load is vLLM's; rollout.backend is {rollout.backend}", "set rollout.sync.per_rank: auto")
     colocated = config.placement.mode == "colocated"
     if sync.transport == "cuda_ipc":
         _need(problems, colocated and config.trainer.device != "cpu", "rollout.sync.transport", "cuda_ipc",

@@ -39,6 +39,8 @@ class Roles:
     sync_transport: str
     """How the weights reach the engines: "collective", "shared_memory" or "cuda_ipc" (`rollout.sync.transport`
     resolved for this placement)."""
+    per_rank: bool
+    """Each trainer TP rank streams its own shards to engine worker r (`rollout.sync.per_rank` resolved)."""
 
     @property
     def dp_size(self) -> int:
@@ -143,12 +145,14 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
         env=env, first_bundle=0 if colocated else plan.train_gpus,
     )
     transport = sync_transport(rollout.sync.transport, policy.node_ids()[0], rollout_group.node_ids())
-    roles = Roles(policy, rollout_group, policy.call_all("grid"), pg, transport)
+    per_rank = per_rank_sync(config, transport)
+    roles = Roles(policy, rollout_group, policy.call_all("grid"), pg, transport, per_rank)
     if transport == "collective":
         connect_weight_sync(roles, rollout.tensor_model_parallel_size)
     else:
-        readers = rollout_group.world_size * rollout.tensor_model_parallel_size
-        policy.call_all("use_shared_weight_sync", transport, readers, SYNC_TIMEOUT_S)
+        # Per rank, each ring is read by one worker per engine; else rank 0's by every worker.
+        readers = rollout_group.world_size * (1 if per_rank else rollout.tensor_model_parallel_size)
+        policy.call_all("use_shared_weight_sync", transport, readers, SYNC_TIMEOUT_S, per_rank)
     return roles
 
 
@@ -165,6 +169,21 @@ def sync_transport(setting: str, sender_node: str, engine_nodes: list[str]) -> s
             "use rollout.sync.transport: collective (or auto)"
         )
     return setting
+
+
+def per_rank_sync(config: Config, transport: str) -> bool:
+    """`rollout.sync.per_rank` for the resolved transport: the per-rank sync needs a shared transport,
+    actor TP == rollout TP and the vLLM backend (validation refuses "always" with the latter two unmet)."""
+    setting = config.rollout.sync.per_rank
+    fits = (transport != "collective" and config.rollout.backend == "vllm"
+            and config.actor.parallel.tensor_model_parallel_size == config.rollout.tensor_model_parallel_size)
+    if setting == "always" and not fits:
+        raise PlacementError(
+            f"rollout.sync.per_rank=always: the per-rank sync streams through shared memory, but the weights go to the "
+            f"engines by {transport} here (an engine is on another node than trainer rank 0); "
+            "use rollout.sync.per_rank: auto"
+        )
+    return setting != "never" and fits
 
 
 def connect_weight_sync(roles: Roles, rollout_tp: int) -> None:

@@ -3,7 +3,7 @@ steps) the check that the engines now compute the actor's log-probs.
 
 A sync is four Ray round trips (`wake_up` when the engines sleep, `start_receive`, `send_weights`,
 `finish_receive`), five with a shared transport (the engines start from the ring that trainer rank 0
-opens in `begin_weight_sync`); the check adds two more and a forward of the probe batch on the actor
+opens in `begin_weight_sync`, or per rank from every sending rank's); the check adds two more and a forward of the probe batch on the actor
 and on every engine. `rollout.sync.verify_every = k` runs the check on steps that are multiples of k, on
 the last step, and always on the first sync of a run (a resumed run's too: its engines are new).
 """
@@ -23,8 +23,9 @@ class WeightSync:
     def __init__(self, roles, config: Config, *, vocab_size: int, total_steps: int, wake_engines: bool):
         """`roles`: the run's worker groups (`policy`, `rollout`); `vocab_size`: the tokenizer's, for
         the probe batch; `wake_engines`: the engines sleep during training and must wake first."""
-        self.policy, self.rollout = roles.policy, roles.rollout
+        self.policy, self.rollout, self.grids = roles.policy, roles.rollout, roles.grids
         self.shared = roles.sync_transport != "collective"
+        self.per_rank = roles.per_rank
         self.settings = config.rollout.sync
         self.total_steps = total_steps
         self.wake_engines = wake_engines
@@ -45,7 +46,9 @@ class WeightSync:
         (`sync/logprob_*`) when `verifies(step)`; raises `SyncVerificationError` on a bad sync."""
         if self.wake_engines:
             self.rollout.call_all("wake_up")
-        if self.shared:
+        if self.per_rank:
+            self.rollout.call_all("start_rank_receive", rings_by_tp_rank(self.policy.call_all("begin_weight_sync"), self.grids))
+        elif self.shared:
             self.rollout.call_all("start_shared_receive", self.policy.call_rank0("begin_weight_sync"))
         else:
             self.rollout.call_all("start_receive", self.metadatas)
@@ -63,3 +66,13 @@ class WeightSync:
                 for engine_lp in self.rollout.call_all("prompt_logprobs", self.probe)]
         self.verified_once = True
         return reduce_metrics(gaps)
+
+
+def rings_by_tp_rank(rings: list, grids: list[dict[str, int]]) -> dict[int, list]:
+    """The sending ranks' rings (None from ranks that send nothing), in policy-rank order, grouped
+    by TP rank, each group in stage order: what engine worker r reads (`load_rank_rings`)."""
+    by_rank: dict[int, list[tuple[int, object]]] = {}
+    for ring, grid in zip(rings, grids):
+        if ring is not None:
+            by_rank.setdefault(grid["tp_rank"], []).append((grid["pp_rank"], ring))
+    return {tp: [ring for _, ring in sorted(stages, key=lambda item: item[0])] for tp, stages in sorted(by_rank.items())}

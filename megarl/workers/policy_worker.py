@@ -22,6 +22,7 @@ from megarl.bridge import LayoutPair, WeightSender, build_plan
 from megarl.bridge.transports.broadcast import BroadcastTransport
 from megarl.bridge.transports.cuda_ipc import CudaIpcTransport
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
+from megarl.bridge.per_rank import PerRankSender
 from megarl.bridge.verify import actor_probe_logprobs
 from megarl.models.hf_config import read_model_dims
 from megarl.parallel.distributed import initialize_model_parallel
@@ -145,27 +146,32 @@ class PolicyWorker:
         )
         self.sender = WeightSender(self.plan, self.actor.named_parameters_for_sync, self.groups, transport)
 
-    def use_shared_weight_sync(self, kind: str, readers: int, timeout_s: float) -> None:
-        """Collective over the trainer ranks: rank 0 streams every sync through shared slots on its
-        node (`kind` "shared_memory": /dev/shm; "cuda_ipc": its GPU) that the engines' `readers`
-        workers (engines × TP, all on this node) read; each sync starts with `begin_weight_sync`."""
-        transport = None
-        if dist.get_rank() == 0:
-            shared = {"shared_memory": SharedMemoryTransport, "cuda_ipc": CudaIpcTransport}[kind]
-            transport = shared(readers, timeout_s=timeout_s)
-        self.sender = WeightSender(self.plan, self.actor.named_parameters_for_sync, self.groups, transport)
+    def use_shared_weight_sync(self, kind: str, readers: int, timeout_s: float, per_rank: bool) -> None:
+        """Collective over the trainer ranks: stream every sync through shared slots on this node
+        (`kind` "shared_memory": /dev/shm; "cuda_ipc": the GPU) that `readers` engine workers, all on
+        this node, read. Gathered (`per_rank` False): rank 0 sends the full tensors, read by every
+        worker. Per rank: every rank of DP replica 0 sends its own shards, read by worker `tp_rank`
+        of each engine. Each sync starts with `begin_weight_sync`."""
+        shared = {"shared_memory": SharedMemoryTransport, "cuda_ipc": CudaIpcTransport}[kind]
+        sends = self.groups.dp_rank == 0 if per_rank else dist.get_rank() == 0
+        transport = shared(readers, timeout_s=timeout_s) if sends else None
+        sender = PerRankSender if per_rank else WeightSender
+        self.sender = sender(self.plan, self.actor.named_parameters_for_sync, self.groups, transport)
 
     def begin_weight_sync(self):
-        """Rank 0, shared transports: open the next sync's slots; the ring the engines load from
-        (`RolloutWorker.start_shared_receive`), before `send_weights`."""
-        return self.sender.transport.begin()
+        """Shared transports: open the next sync's slots; the ring the engines load from
+        (`RolloutWorker.start_shared_receive` / `start_rank_receive`), before `send_weights`. None
+        on ranks that send nothing."""
+        transport = self.sender.transport
+        return None if transport is None else transport.begin()
 
     def sync_metadatas(self) -> list:
         """The buckets' metadata the engines receive, in send order."""
         return list(self.plan.metadatas)
 
     def send_weights(self) -> dict[str, float]:
-        """Collective: every bucket of the plan reaches the engines (through rank 0's transport)."""
+        """Collective: every bucket of the plan reaches the engines (through rank 0's transport, or
+        every sending rank's, per rank)."""
         return self.sender.send().metrics()
 
     def probe_log_probs(self, token_ids: list[list[int]]) -> Tensor:

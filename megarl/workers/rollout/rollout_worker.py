@@ -68,6 +68,13 @@ class RolloutWorker:
         self.engine.pause()
         self._pending = self.engine.load_shared_buckets(ring)
 
+    def start_rank_receive(self, rings_by_rank: dict[int, list[SharedRing]]) -> None:
+        """Pause generation and start loading one per-rank sync (vLLM engines): worker r reads the
+        rings of trainer TP rank r, one per stage (`VLLMRolloutEngine.load_rank_rings`); then
+        `finish_receive`."""
+        self.engine.pause()
+        self._pending = self.engine.load_rank_rings(rings_by_rank)
+
     def sleep(self) -> None:
         self.engine.sleep()
 

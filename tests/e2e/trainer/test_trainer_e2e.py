@@ -111,6 +111,23 @@ def test_ppo_trains_the_critic_with_split_placement_and_a_reward_model(assets, t
     assert set(roles) == {"actor", "critic"}
 
 
+def test_equal_tp_sizes_sync_per_rank(assets, tmp_path):
+    # Actor TP 2 on two slots, one rollout TP-2 engine on two more (split): rollout.sync.per_rank=auto
+    # streams each TP rank's own shards through its own ring to the engine's worker of that rank.
+    args = overrides(assets, tmp_path, **{
+        "trainer.total_steps": 2, "placement.mode": "split", "placement.gpus_per_node": 4,
+        "placement.rollout_gpus": 2, "rollout.tensor_model_parallel_size": 2, "checkpoint.save_freq": 0,
+    })
+    trainer = Trainer.from_config(QUICKSTART, args)
+    trainer.fit()
+    assert trainer.roles.sync_transport == "shared_memory" and trainer.roles.per_rank
+    metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
+    assert [m["sync/weight_version"] for m in metrics] == [1, 2]
+    threshold = trainer.config.rollout.sync.logprob_gap_threshold
+    assert all(m["sync/logprob_max_abs_diff"] <= threshold for m in metrics)
+    assert all(m["sync/buckets"] >= 2 for m in metrics)  # one ring per TP rank, each with its buckets
+
+
 def test_dapo_dynamic_sampling_fills_the_batch(assets, tmp_path):
     args = overrides(assets, tmp_path, **{
         "trainer.total_steps": 2, "algorithm.dynamic_sampling.enable": "true", "algorithm.dynamic_sampling.max_rounds": 20,

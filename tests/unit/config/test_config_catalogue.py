@@ -107,6 +107,10 @@ CASES = [
     ("cuda-ipc-sync-split", ["rollout.sync.transport=cuda_ipc", "placement.mode=split", "placement.rollout_gpus=2",
                              "actor.use_kl_loss=false"],
      "rollout.sync.transport", "CUDA IPC needs colocated placement on GPUs"),
+    ("per-rank-sync-tp-mismatch", ["rollout.sync.per_rank=always"], "rollout.sync.per_rank",
+     "needs actor TP == rollout TP, got actor TP 2 and rollout TP 1"),
+    ("per-rank-sync-collective", ["rollout.sync.per_rank=always", "rollout.sync.transport=collective"],
+     "rollout.sync.per_rank", "streams through shared memory, but rollout.sync.transport is collective"),
     # --- data, reward, trainer, checkpoint
     ("missing-dataset", ["data.train_files=[{tmp}/missing.jsonl]"], "data.train_files[0]", "file does not exist"),
     ("no-dataset", ["data.train_files=[]"], "data.train_files", "no training data"),

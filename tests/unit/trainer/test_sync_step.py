@@ -9,7 +9,7 @@ import torch
 
 from megarl.bridge.verify import SyncVerificationError
 from megarl.config import load_config
-from megarl.trainer.sync_step import WeightSync
+from megarl.trainer.sync_step import WeightSync, rings_by_tp_rank
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 ACTOR_LOG_PROBS = -torch.rand(4, 7) - 1.0
@@ -38,6 +38,7 @@ class Engines(Group):
         self.version, self.broken_from = 0, broken_from
         super().__init__(
             wake_up=lambda: [None], start_receive=lambda: [None], start_shared_receive=lambda: [None],
+            start_rank_receive=lambda: [None],
             finish_receive=self._receive,
             prompt_logprobs=lambda: [list(ACTOR_LOG_PROBS + (0.5 if self._broken() else 0.0))],
         )
@@ -50,12 +51,16 @@ class Engines(Group):
         return self.broken_from is not None and self.version >= self.broken_from
 
 
+GRIDS = [dict(rank=0, tp_rank=0, pp_rank=0), dict(rank=1, tp_rank=1, pp_rank=0)]
+
+
 def weight_sync(verify_every: int, total_steps: int, engines: Engines | None = None,
-                transport: str = "collective") -> WeightSync:
+                transport: str = "collective", per_rank: bool = False) -> WeightSync:
     config = load_config(QUICKSTART, [f"rollout.sync.verify_every={verify_every}"])
     policy = Group(sync_metadatas=lambda: [["bucket metadata"]], send_weights=lambda: [{"sync/seconds": 0.01}] * 2,
-                   probe_log_probs=lambda: [ACTOR_LOG_PROBS] * 2, begin_weight_sync=lambda: ["ring"])
-    roles = SimpleNamespace(policy=policy, rollout=engines or Engines(), sync_transport=transport)
+                   probe_log_probs=lambda: [ACTOR_LOG_PROBS] * 2, begin_weight_sync=lambda: ["ring", None])
+    roles = SimpleNamespace(policy=policy, rollout=engines or Engines(), sync_transport=transport,
+                            per_rank=per_rank, grids=GRIDS)
     return WeightSync(roles, config, vocab_size=64, total_steps=total_steps, wake_engines=True)
 
 
@@ -100,6 +105,21 @@ def test_a_shared_memory_sync_starts_the_engines_from_rank_0s_ring():
     assert sync.policy.calls == ["begin_weight_sync", "send_weights", "probe_log_probs"]
 
 
+def test_a_per_rank_sync_starts_the_engines_from_every_sending_ranks_ring():
+    sync = weight_sync(verify_every=1, total_steps=1, transport="shared_memory", per_rank=True)
+    sync(1)
+    assert sync.rollout.calls == ["wake_up", "start_rank_receive", "finish_receive", "prompt_logprobs"]
+    assert sync.policy.calls == ["begin_weight_sync", "send_weights", "probe_log_probs"]
+
+
+def test_rings_are_grouped_by_tp_rank_in_stage_order_without_the_ranks_that_send_nothing():
+    grids = [dict(tp_rank=t, pp_rank=p) for p in (0, 1) for t in (0, 1)] * 2  # two DP replicas
+    rings = ["s0t0", "s0t1", "s1t0", "s1t1", None, None, None, None]
+    order = [2, 3, 0, 1, 4, 5, 6, 7]  # ranks listed out of stage order
+    assert rings_by_tp_rank([rings[i] for i in order], [grids[i] for i in order]) == {
+        0: ["s0t0", "s1t0"], 1: ["s0t1", "s1t1"]}
+
+
 def test_a_bad_sync_is_caught_on_the_next_checked_step():
     sync = weight_sync(verify_every=2, total_steps=10, engines=Engines(broken_from=3))
     assert checked_steps(sync, [1, 2]) == [1, 2]
@@ -110,6 +130,7 @@ def test_a_bad_sync_is_caught_on_the_next_checked_step():
 
 def test_the_probe_has_probe_batch_size_sequences():
     config = load_config(QUICKSTART, ["rollout.sync.probe_batch_size=3"])
-    roles = SimpleNamespace(policy=Group(sync_metadatas=lambda: [[]]), rollout=Engines(), sync_transport="collective")
+    roles = SimpleNamespace(policy=Group(sync_metadatas=lambda: [[]]), rollout=Engines(), sync_transport="collective",
+                            per_rank=False, grids=GRIDS)
     sync = WeightSync(roles, config, vocab_size=64, total_steps=1, wake_engines=False)
     assert len(sync.probe) == 3 and all(0 <= token < 64 for sequence in sync.probe for token in sequence)
