@@ -46,7 +46,7 @@ import gc
 import logging
 import os
 import pickle
-import time
+import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -105,6 +105,8 @@ class RingSender:
         self.handle = handle
         self.published = 0
         """Index of the next `bucket/{i}` key (the one every worker waits on, at most)."""
+        self._watch_store: dist.TCPStore | None = None
+        """The watchdog's own connection to `store` (made by the first wait)."""
 
     @classmethod
     def listen(cls, readers: int, timeout_s: float) -> RingSender:
@@ -142,33 +144,49 @@ class RingSender:
         self.published += 1
 
     def _wait(self, key: str, what: str) -> None:
-        """Until `key` is set, in short slices: between them, a reader whose process died (they are on
-        this node) ends the wait at once instead of after `timeout_s`."""
-        deadline = time.monotonic() + self.handle.timeout_s
-        while True:
-            try:
-                self.store.wait([key], timedelta(seconds=min(LIVENESS_CHECK_S, max(deadline - time.monotonic(), 0.01))))
-                break
-            except dist.DistStoreError:
-                dead = self._dead_readers()
-                if dead:
-                    raise RuntimeError(
-                        f"shared-memory weight sync: rollout worker process {', '.join(map(str, dead))} died while "
-                        f"the sender waited for the workers {what}"
-                    ) from None
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(
-                        f"shared-memory weight sync: the sender waited {self.handle.timeout_s}s for the "
-                        f"{self.handle.readers} rollout workers {what}; is the engine's `load_shared_buckets` running?"
-                    ) from None
+        """Until `key` is set, in one wait (a sliced one makes c10d log every slice that times out);
+        meanwhile a watchdog, on a connection of its own, checks every `LIVENESS_CHECK_S` that the
+        joined readers (on this node) are alive, and sets `key` itself if one died, ending the wait
+        at once instead of after `timeout_s`."""
+        stop, dead = threading.Event(), []
+        watchdog = threading.Thread(target=self._watch, args=(key, stop, dead), daemon=True,
+                                    name="megarl-ring-watchdog")
+        watchdog.start()
+        try:
+            self.store.wait([key], timedelta(seconds=self.handle.timeout_s))
+        except dist.DistStoreError:
+            raise TimeoutError(
+                f"shared-memory weight sync: the sender waited {self.handle.timeout_s}s for the "
+                f"{self.handle.readers} rollout workers {what}; is the engine's `load_shared_buckets` running?"
+            ) from None
+        finally:
+            stop.set()
+            watchdog.join()
+        if dead:
+            raise RuntimeError(
+                f"shared-memory weight sync: rollout worker process {', '.join(map(str, dead))} died while "
+                f"the sender waited for the workers {what}"
+            )
         abort = self.handle.key("abort")
         if self.store.check([abort]):
             raise RuntimeError(f"shared-memory weight sync: {self.store.get(abort).decode()}")
 
-    def _dead_readers(self) -> list[int]:
+    def _watch(self, key: str, stop: threading.Event, dead: list[int]) -> None:
+        """The watchdog of `_wait`: until `stop`, record the dead readers in `dead` and wake the wait."""
+        if self._watch_store is None:  # the waiting client's connection is busy with its wait
+            self._watch_store = _connect(self.handle)
+        store = self._watch_store
+        while not stop.wait(LIVENESS_CHECK_S):
+            found = self._dead_readers(store)
+            if found:
+                dead.extend(found)
+                store.set(key, b"a reader died")
+                return
+
+    def _dead_readers(self, store: dist.TCPStore) -> list[int]:
         """Process ids of this sync's readers that have joined and are no longer alive."""
-        joined = self.store.add(self.handle.key("joined"), 0)
-        pids = [int(self.store.get(self.handle.key(f"pid/{index}"))) for index in range(joined)]
+        joined = store.add(self.handle.key("joined"), 0)
+        pids = [int(store.get(self.handle.key(f"pid/{index}"))) for index in range(joined)]
         return [pid for pid in pids if not process_alive(pid)]
 
 
