@@ -3,14 +3,17 @@
 - **In-process** (the engine lives in the sender's process, as with `InProcessTransport`):
   `WeightSender.send` into a receiver that takes every bucket's HF-named views (what the engine's
   `load_weights` is handed) vs `clone()` of a buffer of the model's bytes in the sender process.
-- **Cross-process** (`BroadcastTransport`): `WeightSender.send` to `rollout_tp` receiver ranks vs
-  a raw broadcast of buffers of the same bucket sizes, in the same order, over the same group.
+- **Cross-process** (the shard sync): `ShardSender.send` on every trainer rank, each sending its own
+  TP shards to `rollout_tp` receiver ranks that assemble the HF tensors (`receive_shards`), vs a raw
+  broadcast from global rank 0 of buffers of the plan's bucket sizes, in the same order, to the
+  same receivers (over a broadcast group of its own: rank 0 and the receivers).
 
-Each train layout runs in one trainer world (`run_distributed`); the receiver ranks of the
-broadcast groups are threads of this process (gloo waits with the GIL released), each receiving
-every bucket into a fresh buffer, as a vLLM worker does. The bridge's first sync of every plan is
-compared with the checkpoint, tensor by tensor, on both sides (the benchmark fails otherwise);
-then the contenders are timed in turn (`common.time_interleaved`) on the sender, global rank 0.
+Each train layout runs in one trainer world (`run_distributed`); the receiver ranks are threads of
+this process (gloo waits with the GIL released), one per receiver and group, each receiving every
+bucket into a fresh buffer, as a vLLM worker does. The bridge's first sync of every plan is
+compared with the checkpoint, tensor by tensor, on both sides (the benchmark fails otherwise); then
+the contenders are timed in turn (`common.time_interleaved`) on global rank 0, each between two
+barriers of the trainer world (from when every rank starts until every rank is done).
 """
 
 from __future__ import annotations
@@ -76,32 +79,40 @@ def _unpacking_transport(expected: dict | None):
     return Unpacking()
 
 
-def _trainer(model_dir: str, tp: int, pp: int, rollout_ports: dict[int, int], shape: SyncShape, repeats: int) -> dict:
-    """One trainer rank: for every bucket size, in-process then cross-process per rollout TP."""
+def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, tuple[int, int]], shape: SyncShape,
+             repeats: int) -> dict:
+    """One trainer rank: for every bucket size, in-process then cross-process per rollout TP.
+    `ports`: rollout TP → (broadcast group's port, shard group's port)."""
     import torch
     import torch.distributed as dist
 
     from megarl.bench.common import time_interleaved
     from megarl.bridge.plan import LayoutPair, build_plan
+    from megarl.bridge.shard_send import ShardSender
     from megarl.bridge.sync import WeightSender
-    from megarl.bridge.transports.broadcast import BroadcastTransport
     from megarl.models.architectures import build_gpt_model
     from megarl.models.checkpoint import load_hf_weights
     from megarl.models.hf_config import read_model_dims
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import global_named_parameters
-    from megarl.workers.rollout.sync_group import broadcast_bucket
+    from megarl.workers.rollout.shard_receive import sender_rank
+    from megarl.workers.rollout.sync_group import broadcast_bucket, create_weight_sync_group
 
     groups = initialize_model_parallel(tp, pp, seed=0)
     model = build_gpt_model(model_dir, groups)
     load_hf_weights(model, model_dir, groups)
     dims = read_model_dims(model_dir)
-    sender_rank = dist.get_rank() == 0
-    transports = {
-        r: BroadcastTransport.connect(HOST, port, 1 + r, TIMEOUT_S) if sender_rank else None
-        for r, port in rollout_ports.items()
+    sender_rank0 = dist.get_rank() == 0
+    broadcast_groups = {
+        r: create_weight_sync_group(HOST, broadcast_port, 0, 1 + r, TIMEOUT_S) if sender_rank0 else None
+        for r, (broadcast_port, _) in ports.items()
     }
-    expected = _checkpoint(model_dir) if sender_rank else None
+    shard_groups = {
+        r: create_weight_sync_group(HOST, shard_port, sender_rank(LayoutPair(tp, pp, r), groups.pp_rank, groups.tp_rank),
+                                    tp * pp + r, TIMEOUT_S)
+        for r, (_, shard_port) in ports.items()
+    }
+    expected = _checkpoint(model_dir) if sender_rank0 else None
 
     def params():
         return global_named_parameters(model, groups)
@@ -109,9 +120,9 @@ def _trainer(model_dir: str, tp: int, pp: int, rollout_ports: dict[int, int], sh
     out = dict(in_process=[], cross_process=[])
     for bucket_mb in shape.bucket_mb:
         plan = build_plan(dims, LayoutPair(tp, pp, 1), bucket_mb=bucket_mb)
-        sender = WeightSender(plan, params, groups, _unpacking_transport(expected) if sender_rank else None)
+        sender = WeightSender(plan, params, groups, _unpacking_transport(expected) if sender_rank0 else None)
         stats = [sender.send()]  # checked against the checkpoint
-        flat = torch.empty(sum(b.nbytes for b in plan.buckets) // 4).normal_() if sender_rank else None
+        flat = torch.empty(sum(b.nbytes for b in plan.buckets) // 4).normal_() if sender_rank0 else None
 
         def clone():
             if flat is not None:
@@ -120,18 +131,27 @@ def _trainer(model_dir: str, tp: int, pp: int, rollout_ports: dict[int, int], sh
         timings = time_interleaved({"bridge": lambda: stats.append(sender.send()), "clone": clone}, repeats)
         out["in_process"].append(_record(plan, bucket_mb, timings, stats, "clone"))
         flat = None  # frees the model-sized buffer before the cross-process runs
-        for rollout_tp, transport in transports.items():
+        for rollout_tp, broadcast_group in broadcast_groups.items():
             plan = build_plan(dims, LayoutPair(tp, pp, rollout_tp), bucket_mb=bucket_mb)
-            sender = WeightSender(plan, params, groups, transport)
-            stats = [sender.send()]  # checked by the receivers
-            largest = torch.zeros(max(b.metadata.numel for b in plan.buckets)) if sender_rank else None
+            shard_sender = ShardSender(plan, params, groups, shard_groups[rollout_tp])
+            stats = [shard_sender.send()]  # checked by the receivers
+            largest = torch.zeros(max(b.metadata.numel for b in plan.buckets)) if sender_rank0 else None
+
+            # Each between two barriers of the trainer world: timed from when every rank starts until
+            # every rank is done, neither overlapping the other contender.
+            def bridge():
+                dist.barrier()
+                stats.append(shard_sender.send())
+                dist.barrier()
 
             def broadcast():
+                dist.barrier()
                 if largest is not None:
                     for bucket in plan.buckets:
-                        broadcast_bucket(transport.group, largest[: bucket.metadata.numel])
+                        broadcast_bucket(broadcast_group, largest[: bucket.metadata.numel])
+                dist.barrier()
 
-            timings = time_interleaved({"bridge": lambda: stats.append(sender.send()), "broadcast": broadcast}, repeats)
+            timings = time_interleaved({"bridge": bridge, "broadcast": broadcast}, repeats)
             record = _record(plan, bucket_mb, timings, stats, "broadcast")
             out["cross_process"].append(dict(record, rollout_tp=rollout_tp))
     return out
@@ -148,22 +168,38 @@ def _record(plan, bucket_mb: float, timings, stats, baseline: str) -> dict:
     )
 
 
-def _receiver(port: int, rank: int, world: int, plans: list, sends: int, expected: dict | None) -> None:
-    """Rollout rank `rank` of a broadcast group: per plan, `sends` whole receives; the first of
-    each plan (the bridge's checked send) compared with `expected` (the checkpoint) unless None."""
+def _shard_receiver(port: int, rank: int, plans: list, sends: int, expected: dict | None) -> None:
+    """Receiver `rank` of a shard group: per plan, `sends` whole syncs assembled by `receive_shards`;
+    the first of each plan (the bridge's checked send) compared with `expected` unless None."""
     import torch
 
-    from megarl.workers.rollout.sync_group import create_weight_sync_group, receive_buckets
+    from megarl.workers.rollout.shard_receive import receive_shards
+    from megarl.workers.rollout.sync_group import create_weight_sync_group
 
-    group = create_weight_sync_group(HOST, port, rank, world, TIMEOUT_S)
+    layout = plans[0].layout
+    group = create_weight_sync_group(HOST, port, rank, layout.train_tp * layout.train_pp + layout.rollout_tp, TIMEOUT_S)
     for plan in plans:
         for send in range(sends):
-            views = receive_buckets(group, plan.metadatas, torch.device("cpu"))
+            views = receive_shards(group, plan, torch.device("cpu"))
             if send == 0 and expected is not None:
-                _check_views(views, expected, f"by broadcast (rollout TP {world - 1})")
+                _check_views(views, expected, f"from the shards ({layout})")
             else:
                 for _ in views:
                     pass
+
+
+def _broadcast_receiver(port: int, rank: int, world: int, plans: list, sends: int) -> None:
+    """Rank `rank` of a raw-broadcast group: per plan, `sends` whole receives of the plan's buckets,
+    each into a fresh buffer."""
+    import torch
+
+    from megarl.workers.rollout.sync_group import broadcast_bucket, create_weight_sync_group
+
+    group = create_weight_sync_group(HOST, port, rank, world, TIMEOUT_S)
+    for plan in plans:
+        for _ in range(sends):
+            for metadata in plan.metadatas:
+                broadcast_bucket(group, torch.empty(metadata.numel, dtype=metadata.dtype))
 
 
 def _layout(model_dir: str, tp: int, pp: int, rollout_tps: tuple[int, ...], shape: SyncShape, repeats: int) -> dict:
@@ -171,20 +207,24 @@ def _layout(model_dir: str, tp: int, pp: int, rollout_tps: tuple[int, ...], shap
     from megarl.bridge.plan import LayoutPair, build_plan
     from megarl.models.hf_config import read_model_dims
     from megarl.parallel.spawn import free_port, run_distributed
+    from megarl.workers.rollout.shard_receive import receiver_rank
 
     dims = read_model_dims(model_dir)
-    ports = {r: free_port(HOST) for r in rollout_tps}
-    sends = 1 + 2 * (1 + repeats)  # the checked send, then bridge and raw broadcast per round (warm-up included)
-    receivers = [(r, rank) for r in rollout_tps for rank in range(1, r + 1)]
+    ports = {r: (free_port(HOST), free_port(HOST)) for r in rollout_tps}
+    receivers = [(r, worker) for r in rollout_tps for worker in range(r)]
     expected = _checkpoint(model_dir)
-    with ThreadPoolExecutor(max_workers=1 + len(receivers)) as pool:
+    plans = {r: [build_plan(dims, LayoutPair(tp, pp, r), bucket_mb=mb) for mb in shape.bucket_mb] for r in rollout_tps}
+    with ThreadPoolExecutor(max_workers=1 + 2 * len(receivers)) as pool:
         trainers = pool.submit(run_distributed, _trainer, tp * pp, model_dir, tp, pp, ports, shape, repeats,
                                timeout_s=TIMEOUT_S, collective_timeout_s=TIMEOUT_S)
         received = [
-            pool.submit(_receiver, ports[r], rank, 1 + r,
-                        [build_plan(dims, LayoutPair(tp, pp, r), bucket_mb=mb) for mb in shape.bucket_mb], sends,
-                        expected if rank == 1 else None)
-            for r, rank in receivers
+            pool.submit(_shard_receiver, ports[r][1], receiver_rank(plans[r][0].layout, 0, worker), plans[r],
+                        2 + repeats,  # the checked send, the warm-up, the timed ones
+                        expected if worker == 0 else None)
+            for r, worker in receivers
+        ] + [
+            pool.submit(_broadcast_receiver, ports[r][0], 1 + worker, 1 + r, plans[r], 1 + repeats)
+            for r, worker in receivers
         ]
         per_rank = trainers.result()
         for future in received:

@@ -2,7 +2,9 @@
 
 `plan` (pure: units, send order, buckets; cached per layout pair), `convert` (pure: TP gather to HF
 tensors, per-rank regroup), `collect` (the trainer-world collectives that assemble the buckets),
-`transports` (in-process, broadcast, CUDA IPC), `sync` (the procedure), `verify` (log-prob check).
+`transports` (in-process, shared memory, CUDA IPC), `sync` (the procedure through a transport),
+`shard_send` (each trainer rank sends its own shards over the sync group), `per_rank` (each TP
+rank's shards through its own shared ring), `verify` (log-prob check).
 """
 
 from megarl.bridge.plan import LayoutPair, SyncPlan, build_plan

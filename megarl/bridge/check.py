@@ -3,8 +3,8 @@
 `run_distributed` spawns the training ranks, which load the HF checkpoint into a Megatron actor of
 the given (TP, PP) and take a few optimizer steps per round (so the weights really change); each
 round then syncs and compares each engine's probe log-probs with the actor's. Two set-ups:
-`run_sync_check` drives engines in this process and broadcasts the bridge's buckets over one
-gloo/NCCL sync group to all of them at once (the trainer is rank 0; engine k's workers follow);
+`run_sync_check` drives engines in this process, and every training rank sends its own shards
+over one gloo/NCCL sync group to all of them (the training ranks first; the engines' workers follow);
 `run_colocated_check` puts a TP-1 engine inside training rank 0's process (in-process transport).
 
     engines = {1: make_rollout_engine("vllm", hf_dir, dtype="float32"), 2: ...(tensor_parallel_size=2)}
@@ -25,11 +25,15 @@ import torch.distributed as dist
 
 from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.bridge.sync import WeightSender, receiving, sync_in_process
-from megarl.bridge.transports import BroadcastTransport, InProcessTransport
+from megarl.bridge.collect import conversion_errors, local_params_by_plan_name
+from megarl.bridge.shard_send import ShardSender
+from megarl.bridge.transports import InProcessTransport
 from megarl.bridge.verify import actor_probe_logprobs, check_sync, probe_policy_batch, probe_token_ids
 from megarl.models.hf_config import read_model_dims
 from megarl.parallel.spawn import free_port, run_distributed
 from megarl.workers.rollout.base import RolloutEngine
+from megarl.workers.rollout.shard_receive import sender_rank
+from megarl.workers.rollout.sync_group import create_weight_sync_group
 
 HOST = "127.0.0.1"
 
@@ -89,21 +93,22 @@ def trained_actor_and_plan(model_dir: str, layout: LayoutPair, bucket_mb: float,
 def trainer_main(model_dir: str, layout: LayoutPair, port: int, world_size: int, bucket_mb: float,
                  rounds: int, settings: TrainSettings, timeout_s: float) -> list[dict] | None:
     """One training rank of `run_sync_check`: per round, train, record the actor's probe log-probs,
-    broadcast the sync, and list parameters whose conversion does not invert. Rank 0 returns the
-    rounds. `layout.rollout_tp` only names the pair: the buckets are the same for every rollout TP."""
+    send its shards over the sync group (every rank joins it at its sender rank), and list
+    parameters whose conversion does not invert. Rank 0 returns the rounds. `layout.rollout_tp`
+    only names the pair: the messages are the same for every rollout TP."""
     groups, actor, dims, plan = trained_actor_and_plan(model_dir, layout, bucket_mb, settings)
-    sender_rank = dist.get_rank() == 0
-    transport = BroadcastTransport.connect(HOST, port, world_size, timeout_s) if sender_rank else None
-    sender = WeightSender(plan, actor.named_parameters_for_sync, groups, transport)
+    rank = sender_rank(layout, groups.pp_rank, groups.tp_rank)
+    sender = ShardSender(plan, actor.named_parameters_for_sync, groups,
+                         create_weight_sync_group(HOST, port, rank, world_size, timeout_s))
     probe = probe_token_ids(dims.vocab_size)
     results = []
     for round_index in range(rounds):
         train_a_little(actor, dims.vocab_size, settings, round_index)
         logprobs = actor_probe_logprobs(actor, probe)
         stats = sender.send()
-        suspects = sender.conversion_errors()
+        suspects = conversion_errors(plan, local_params_by_plan_name(plan, actor.named_parameters_for_sync()), groups)
         results.append(dict(actor_logprobs=logprobs.tolist(), sync_metrics=stats.metrics(), suspects=suspects))
-    return results if sender_rank else None
+    return results if dist.get_rank() == 0 else None
 
 
 def colocated_main(model_dir: str, layout: LayoutPair, backend: str, bucket_mb: float, rounds: int,
@@ -147,12 +152,13 @@ def run_sync_check(
     timeout_s: float = 300.0,
 ) -> list[RoundResult]:
     """Train-and-sync `rounds` times from a (train_tp, train_pp) Megatron actor into `engines`
-    (rollout TP → engine, all started from `model_dir`) over the broadcast transport. Raises
+    (rollout TP → engine, all started from `model_dir`) over one sync group. Raises
     `SyncVerificationError` for the first engine whose gap exceeds `threshold` (after the training
     ranks have finished)."""
     model_dir = str(model_dir)
     dims = read_model_dims(model_dir)
-    world_size = 1 + sum(engines)
+    senders = train_tp * train_pp
+    world_size = senders + sum(engines)
     port = free_port(HOST)
     trainer_layout = LayoutPair(train_tp, train_pp, min(engines))
     probe = probe_token_ids(dims.vocab_size)
@@ -161,7 +167,7 @@ def run_sync_check(
             run_distributed, trainer_main, train_tp * train_pp, model_dir, trainer_layout, port, world_size,
             bucket_mb, rounds, settings, timeout_s, timeout_s=timeout_s,
         )
-        offset, joined = 1, []
+        offset, joined = senders, []
         for tp, engine in engines.items():
             joined.append(engine.init_weight_sync(HOST, port, world_size, timeout_s, rank_offset=offset))
             offset += tp

@@ -105,7 +105,7 @@ class SyncPlan:
 
     @property
     def metadatas(self) -> list[BucketMetadata]:
-        """What the receiving side needs (`RolloutEngine.receive_weights`)."""
+        """How each bucket's HF tensors lie in its flat buffer, in send order."""
         return [bucket.metadata for bucket in self.buckets]
 
     @property

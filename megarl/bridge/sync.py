@@ -1,4 +1,8 @@
-"""One weight sync, both halves.
+"""One weight sync through a transport, both halves: the full HF tensors of every bucket are
+assembled on the trainer (TP shards gathered to their stage's TP rank 0, buckets sent by global
+rank 0) and handed to an engine in the sender's process (`InProcessTransport`) or on its node (the
+shared transports). Across processes and nodes, the trainer's ranks send their own shards instead
+(`shard_send`, received with `receiving` below).
 
 Trainer side, every rank of the trainer world (`WeightSender.send` is collective; only global
 rank 0 holds a transport, or every rank with `every_rank=True` when each has a colocated engine):
@@ -6,8 +10,8 @@ rank 0 holds a transport, or every rank with `every_rank=True` when each has a c
     sender = WeightSender(plan, actor.named_parameters_for_sync, groups, transport)
     stats = sender.send()
 
-Engine side, whoever drives the rollout engine, around the trainer's `send` (remote engines), or
-`sync_in_process` when the engine is in the sender's own process:
+Engine side, whoever drives the rollout engine: `sync_in_process` when the engine is in the
+sender's own process, or, for a sync group, around the trainer ranks' `ShardSender.send`:
 
     with receiving(engine, plan):          # pause; workers start receiving
         ...trainer ranks call sender.send()...
@@ -116,12 +120,12 @@ class WeightSender:
 
 @contextlib.contextmanager
 def receiving(engine: RolloutEngine, plan: SyncPlan, timeout_s: float = 600.0) -> Iterator[None]:
-    """Engine side of a broadcast sync: pause, let the workers receive the plan's buckets while
-    the body runs (the trainer sends), wait for the load, resume. The engine flushes its prefix
-    cache and bumps `weight_version` when the load completes."""
+    """Engine side of a sync over the sync group: pause, let the workers receive the plan's shards
+    while the body runs (the trainer ranks send), wait for the load, resume. The engine flushes
+    its prefix cache and bumps `weight_version` when the load completes."""
     engine.pause()
     try:
-        loaded = engine.receive_weights(plan.metadatas)
+        loaded = engine.receive_weights(plan)
         yield
         loaded.result(timeout=timeout_s)
     finally:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 THRESHOLD = 1e-4
-TRANSPORTS = ("broadcast", "in-process")
+TRANSPORTS = ("collective", "in-process")
 
 
 def register(subparsers) -> None:
@@ -32,9 +32,10 @@ def register(subparsers) -> None:
     parser.add_argument("--bucket-mb", type=float, default=64, help="bucket size in MiB (default: 64)")
     parser.add_argument("--rounds", type=int, default=2, help="train-then-sync rounds (default: 2)")
     parser.add_argument(
-        "--transport", choices=TRANSPORTS, default="broadcast",
-        help="broadcast: an engine in this process, gloo/NCCL group to its workers; in-process: a TP-1 engine "
-        "inside each training rank's process (colocated) (default: broadcast)",
+        "--transport", choices=TRANSPORTS, default="collective",
+        help="collective: an engine in this process; every training rank sends its shards over a gloo/NCCL "
+        "group to the engine's workers; in-process: a TP-1 engine inside each training rank's process "
+        "(colocated) (default: collective)",
     )
     parser.set_defaults(func=run)
 
@@ -55,7 +56,7 @@ def _problems(args: argparse.Namespace) -> list[str]:
     if args.transport == "in-process" and args.rollout_tp != 1:
         problems.append(
             f"--rollout-tp {args.rollout_tp} with --transport in-process: a colocated engine runs in one trainer "
-            "process (TP 1); use --transport broadcast for rollout TP > 1"
+            "process (TP 1); use --transport collective for rollout TP > 1"
         )
     try:
         dims = read_model_dims(args.model)

@@ -11,8 +11,9 @@ class SyncConfig:
     bucket_mb: int = 512
     """Size of one transfer bucket in MiB; bounds the extra memory a sync needs. >= 1."""
     transport: Literal["auto", "collective", "shared_memory", "cuda_ipc"] = "auto"
-    """How the weights reach the engines. collective: a broadcast over a dedicated process group
-    (gloo on CPU, NCCL on GPU), any placement. shared_memory: trainer rank 0 streams the buckets
+    """How the weights reach the engines. collective: every trainer rank of DP replica 0 sends its own
+    TP shards over a dedicated process group (gloo on CPU, NCCL on GPU) to every engine worker,
+    which assembles the full tensors (nothing is gathered on the trainer); any placement. shared_memory: trainer rank 0 streams the buckets
     through two slots in /dev/shm that every engine's workers read in place; the engines must be on
     rank 0's node. cuda_ipc: the same with GPU buffers shared by CUDA IPC handle (colocated GPUs;
     not yet run on a GPU by megarl's tests). auto: shared_memory on CPU when every engine is on rank

@@ -124,7 +124,8 @@ def device_bundles(config: Config, plan: BatchPlan) -> tuple[int, BundleSpec]:
 
 
 def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str, str]) -> Roles:
-    """Place and start both groups, then connect the weight-sync group (trainer rank 0 + every engine)."""
+    """Place and start both groups, then connect the weight sync (a process group of the trainer's
+    sending ranks and every engine, or the shared transports' rings)."""
     colocated = config.placement.mode == "colocated"
     bundles, device = device_bundles(config, plan)
     pg = create_placement_group("megarl", bundles, device)
@@ -187,13 +188,15 @@ def per_rank_sync(config: Config, transport: str) -> bool:
 
 
 def connect_weight_sync(roles: Roles, rollout_tp: int) -> None:
-    """Trainer rank 0 hosts a process group that every engine's workers join (engine k at ranks
-    1 + k·TP ...); the engines start joining first, then the trainer side completes it."""
-    world = 1 + roles.rollout.world_size * rollout_tp
+    """The trainer's sending ranks (DP replica 0; global rank 0 hosts the store) and every engine's
+    workers form one process group (`shard_receive.receiver_rank`: engine k's workers at
+    senders + k·TP ...); the engines start joining first, then the trainer side completes it."""
+    senders = sum(grid["dp_rank"] == 0 for grid in roles.grids)
+    world = senders + roles.rollout.world_size * rollout_tp
     host, port = roles.policy.call_rank0("listen_weight_sync", world, SYNC_TIMEOUT_S)
     roles.rollout.call_each(
         "start_weight_sync",
-        [(host, port, world, 1 + k * rollout_tp, SYNC_TIMEOUT_S) for k in range(roles.rollout.world_size)],
+        [(host, port, world, senders + k * rollout_tp, SYNC_TIMEOUT_S) for k in range(roles.rollout.world_size)],
     )
     roles.policy.call_all("connect_weight_sync", host, port, world, SYNC_TIMEOUT_S)
     roles.rollout.call_all("finish_weight_sync", SYNC_TIMEOUT_S)

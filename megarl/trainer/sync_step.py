@@ -33,8 +33,8 @@ class WeightSync:
         self.layout = LayoutPair(config.actor.parallel.tensor_model_parallel_size,
                                  config.actor.parallel.pipeline_model_parallel_size,
                                  config.rollout.tensor_model_parallel_size)
-        # The plan is fixed for the run: fetch its bucket metadata once, not on every sync.
-        self.metadatas = None if self.shared else self.policy.call_rank0("sync_metadatas")
+        # The plan is fixed for the run: fetch it once, not on every sync.
+        self.plan = None if self.shared else self.policy.call_rank0("sync_plan")
         self.verified_once = False
 
     def verifies(self, step: int) -> bool:
@@ -51,7 +51,7 @@ class WeightSync:
         elif self.shared:
             self.rollout.call_all("start_shared_receive", self.policy.call_rank0("begin_weight_sync"))
         else:
-            self.rollout.call_all("start_receive", self.metadatas)
+            self.rollout.call_all("start_receive", self.plan)
         metrics = reduce_metrics(self.policy.call_all("send_weights"))
         versions = self.rollout.call_all("finish_receive", SYNC_TIMEOUT_S)
         metrics["sync/weight_version"] = float(min(versions))

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch import Tensor
 
-from megarl.bridge import LayoutPair, WeightSender, build_plan
-from megarl.bridge.transports.broadcast import BroadcastTransport
+from megarl.bridge import LayoutPair, SyncPlan, WeightSender, build_plan
+from megarl.bridge.shard_send import ShardSender
 from megarl.bridge.transports.cuda_ipc import CudaIpcTransport
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
 from megarl.bridge.per_rank import PerRankSender
@@ -32,7 +32,8 @@ from megarl.workers.critic import MegatronCritic, ValueLossSettings
 from megarl.workers.megatron_train import OptimSettings, RecomputeSettings
 from megarl.workers.reference import MegatronReference
 from megarl.workers.reward_model import MegatronRewardModel
-from megarl.workers.rollout.sync_group import listen_weight_sync_store
+from megarl.workers.rollout.shard_receive import sender_rank
+from megarl.workers.rollout.sync_group import create_weight_sync_group, listen_weight_sync_store
 from megarl.workers.checkpoint import export_hf, load_checkpoint, save_checkpoint
 
 
@@ -132,19 +133,21 @@ class PolicyWorker:
         )
 
     def listen_weight_sync(self, world_size: int, timeout_s: float) -> tuple[str, int]:
-        """Global rank 0: open the weight-sync group's store; where the engines should connect."""
+        """Global rank 0: open the weight-sync group's store; where the other ranks should connect."""
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
         self._sync_store = listen_weight_sync_store(host, world_size, timeout_s)
         return host, self._sync_store.port
 
     def connect_weight_sync(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
-        """Collective over the trainer ranks; rank 0 forms the sync group on its store and waits for
-        the engines (whose `RolloutWorker.start_weight_sync` must be running)."""
-        transport = (
-            BroadcastTransport.connect(host, port, world_size, timeout_s, store=self._sync_store)
-            if dist.get_rank() == 0 else None
-        )
-        self.sender = WeightSender(self.plan, self.actor.named_parameters_for_sync, self.groups, transport)
+        """Collective over the trainer ranks: the ranks of DP replica 0 join the sync group at their
+        sender ranks (global rank 0 on its store) and wait for the engines (whose
+        `RolloutWorker.start_weight_sync` must be running); every sync, each sends its own shards."""
+        group = None
+        if self.groups.dp_rank == 0:
+            rank = sender_rank(self.plan.layout, self.groups.pp_rank, self.groups.tp_rank)
+            store = self._sync_store if rank == 0 else None
+            group = create_weight_sync_group(host, port, rank, world_size, timeout_s, store=store)
+        self.sender = ShardSender(self.plan, self.actor.named_parameters_for_sync, self.groups, group)
 
     def use_shared_weight_sync(self, kind: str, readers: int, timeout_s: float, per_rank: bool) -> None:
         """Collective over the trainer ranks: stream every sync through shared slots on this node
@@ -165,13 +168,13 @@ class PolicyWorker:
         transport = self.sender.transport
         return None if transport is None else transport.begin()
 
-    def sync_metadatas(self) -> list:
-        """The buckets' metadata the engines receive, in send order."""
-        return list(self.plan.metadatas)
+    def sync_plan(self) -> SyncPlan:
+        """The plan of every sync, which the engines receive by (`RolloutWorker.start_receive`)."""
+        return self.plan
 
     def send_weights(self) -> dict[str, float]:
-        """Collective: every bucket of the plan reaches the engines (through rank 0's transport, or
-        every sending rank's, per rank)."""
+        """Collective: every bucket of the plan reaches the engines (each sending rank's shards, or
+        rank 0's gathered buckets through its shared transport)."""
         return self.sender.send().metrics()
 
     def probe_log_probs(self, token_ids: list[list[int]]) -> Tensor:

@@ -1,5 +1,5 @@
 """The transport interface: how the sender (global trainer rank 0) hands the buckets of one sync
-to a rollout engine. One implementation per file: `in_process`, `broadcast`, `shared_memory` (with its GPU adapter
+to a rollout engine. One implementation per file: `in_process`, `shared_memory` (with its GPU adapter
 `cuda_ipc`)."""
 
 from __future__ import annotations

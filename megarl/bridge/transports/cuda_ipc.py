@@ -64,7 +64,7 @@ class CudaIpcTransport(SharedMemoryTransport):
         if not torch.cuda.is_available():
             raise RuntimeError(
                 "CudaIpcTransport shares GPU memory between colocated processes and needs CUDA, which this "
-                "process does not have; use the broadcast transport, or the shared-memory one on CPU"
+                "process does not have; use rollout.sync.transport: collective, or shared_memory on CPU"
             )
         super().__init__(readers, timeout_s=timeout_s)
         self._slots: list[torch.Tensor | None] = [None] * SLOTS

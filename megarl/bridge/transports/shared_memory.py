@@ -123,7 +123,7 @@ class SharedMemoryTransport(WeightTransport):
         if not os.path.isdir(self.directory):
             raise RuntimeError(
                 f"shared-memory weight sync: {self.directory} does not exist; it needs a Linux tmpfs there "
-                f"(or use the broadcast transport)"
+                f"(or set rollout.sync.transport: collective)"
             )
         for _ in range(SLOTS):
             self.slot_paths.append(new_slot_file(self.directory))

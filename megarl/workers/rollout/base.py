@@ -18,12 +18,14 @@ import abc
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from megarl.workers.rollout.shared_ring import SharedRing
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata
+
+if TYPE_CHECKING:  # megarl.bridge imports this module
+    from megarl.bridge.plan import SyncPlan
 
 FinishReason = Literal["stop", "length"]
 
@@ -191,19 +193,18 @@ class RolloutEngine(abc.ABC):
     def init_weight_sync(
         self, host: str, port: int, world_size: int, timeout_s: float, rank_offset: int = 1
     ) -> Future[None]:
-        """Join the trainer's weight-sync group (`sync_group.create_weight_sync_group`): the trainer
-        is rank 0 and hosts the store at host:port; this engine's workers take ranks
-        `rank_offset .. rank_offset + TP - 1` (engine k of several equal-TP engines in one group:
-        `rank_offset = 1 + k * TP`). Returns at once; the future completes when the group is
-        formed, which needs every other rank to join concurrently."""
+        """Join the trainer's weight-sync group (`sync_group.create_weight_sync_group`): the trainer's
+        sending ranks come first (its rank 0 hosts the store at host:port); this engine's workers take
+        ranks `rank_offset .. rank_offset + TP - 1` (`shard_receive.receiver_rank`). Returns at once;
+        the future completes when the group is formed, which needs every other rank to join
+        concurrently."""
 
     @abc.abstractmethod
-    def receive_weights(self, bucket_metadatas: Sequence[BucketMetadata]) -> Future[None]:
-        """Receive the buckets that rank 0 broadcasts, in this order, and load them. Returns at once;
-        the future completes when the weights are loaded, the prefix cache is flushed and
-        `weight_version` is bumped. The buckets of one call are loaded in one pass, so a fused
-        layer's parts (q/k/v, gate/up) may lie in different buckets of a call, never in different
-        calls (`load_weights` has the same rule); one call per sync is the simple choice."""
+    def receive_weights(self, plan: SyncPlan) -> Future[None]:
+        """Receive one sync that the trainer's ranks send as their own TP shards of each bucket of
+        `plan` (`shard_receive`), assemble the HF tensors, and load them in one pass. Returns at
+        once; the future completes when the weights are loaded, the prefix cache is flushed and
+        `weight_version` is bumped."""
 
     @abc.abstractmethod
     def reset_prefix_cache(self) -> None:

@@ -15,9 +15,10 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig
-from megarl.workers.rollout.sync_group import create_weight_sync_group, receive_buckets
+from megarl.bridge.plan import SyncPlan
+from megarl.workers.rollout.shard_receive import receive_shards
 from megarl.workers.rollout.shared_ring import SharedRing, read_ring
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata
+from megarl.workers.rollout.sync_group import create_weight_sync_group
 
 
 def _generation_config(sampling: SamplingConfig) -> GenerationConfig:
@@ -128,11 +129,11 @@ class HFRolloutEngine(RolloutEngine):
 
         return self._rpc_thread.submit(join)
 
-    def receive_weights(self, bucket_metadatas: Sequence[BucketMetadata]) -> Future[None]:
+    def receive_weights(self, plan: SyncPlan) -> Future[None]:
         def receive() -> None:
             if self._sync_group is None:
                 raise RuntimeError("HFRolloutEngine.receive_weights before init_weight_sync")
-            self.load_weights(receive_buckets(self._sync_group, bucket_metadatas, self._device))
+            self.load_weights(receive_shards(self._sync_group, plan, self._device))
 
         return self._rpc_thread.submit(receive)
 

@@ -3,10 +3,11 @@ the receiving side of the weight sync split into start/finish calls, so a driver
 trainer's send between them. A plain class; `megarl.orchestration` hosts one per engine.
 
     worker.start_weight_sync(host, port, world_size, rank_offset, timeout_s)   # returns at once
-    ...trainer rank 0 hosts the group (PolicyWorker.connect_weight_sync)...
+    ...the trainer's sending ranks join the group (PolicyWorker.connect_weight_sync)...
     worker.finish_weight_sync()
-    worker.start_receive(metadatas); ...trainer sends...; worker.finish_receive()
+    worker.start_receive(plan); ...trainer sends...; worker.finish_receive()
     worker.start_shared_receive(ring); ...trainer sends...; worker.finish_receive()   # same node
+    worker.start_rank_receive(rings_by_rank); ...; worker.finish_receive()            # same node, per rank
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from concurrent.futures import Future
 
 from torch import Tensor
 
+from megarl.bridge.plan import SyncPlan
 from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
 from megarl.workers.rollout.factory import make_rollout_engine
 from megarl.workers.rollout.shared_ring import SharedRing
@@ -48,10 +50,10 @@ class RolloutWorker:
     def finish_weight_sync(self, timeout_s: float) -> None:
         self._take_pending().result(timeout=timeout_s)
 
-    def start_receive(self, metadatas: list) -> None:
-        """Pause generation and start receiving one sync's buckets."""
+    def start_receive(self, plan: SyncPlan) -> None:
+        """Pause generation and start receiving one sync of `plan` over the sync group."""
         self.engine.pause()
-        self._pending = self.engine.receive_weights(metadatas)
+        self._pending = self.engine.receive_weights(plan)
 
     def finish_receive(self, timeout_s: float) -> int:
         """Wait for the load (prefix cache flushed, version bumped), resume; the new weight version."""

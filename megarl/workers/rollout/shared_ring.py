@@ -285,7 +285,7 @@ class RingReader:
             raise RuntimeError(
                 f"shared-memory weight sync: bucket {bucket.index + SLOTS} needs slot {bucket.index % SLOTS}, but "
                 f"{self.name}'s loader still holds views derived from the tensors of bucket {bucket.index} "
-                f"({', '.join(name for name, _ in bucket.tensors)}); use the broadcast transport for this model"
+                f"({', '.join(name for name, _ in bucket.tensors)}); set rollout.sync.transport: collective for this model"
             )
         _count(self.store, self.ring.key(f"acks/{bucket.index}"), self.ring.key(f"released/{bucket.index}"),
                self.ring.readers)

@@ -1,32 +1,26 @@
-"""The weight-sync process group: the trainer (rank 0) and the rollout workers (ranks 1..W-1).
+"""The weight-sync process group: the trainer's sending ranks, then the rollout workers
+(`shard_receive.sender_rank` / `receiver_rank`; the trainer's global rank 0 is group rank 0).
 
 It is standalone, made from a `TCPStore` and a process-group object directly, not through
 `torch.distributed.init_process_group`: each side already has its own default world (Megatron's on
 the trainer, vLLM's inside the workers) and neither may be disturbed. Gloo on CPU, NCCL on GPU,
 chosen by the device, the same code path otherwise. Both sides use this module:
 
-    # trainer: rank 0, hosts the store
-    group = create_weight_sync_group(host, port, 0, W, 60)
-    for flat, _ in buckets:
-        broadcast_bucket(group, flat)
+    # trainer rank 0 hosts the store; every sending rank and every rollout worker joins
+    group = create_weight_sync_group(host, port, rank, W, 60)
+    # then: shard_send.ShardSender(..., group).send()  /  shard_receive.receive_shards(group, plan, device)
 
-    # each rollout worker: rank r >= 1
-    group = create_weight_sync_group(host, port, r, W, 60)
-    model.load(receive_buckets(group, [metadata for _, metadata in buckets], device))
-
-Group creation blocks until all W ranks have joined, so the two sides must run it concurrently.
+Group creation blocks until all W ranks have joined, so all sides must run it concurrently.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from megarl.parallel.distributed import listen_store
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, unpack
 
 
 def listen_weight_sync_store(host: str, world_size: int, timeout_s: float) -> dist.TCPStore:
@@ -57,23 +51,8 @@ def create_weight_sync_group(
     return dist.ProcessGroupGloo(store, rank, world_size, options)
 
 
-def _broadcast_from_rank0(group: dist.ProcessGroup, flat: torch.Tensor) -> None:
+def broadcast_bucket(group: dist.ProcessGroup, flat: torch.Tensor) -> None:
+    """Broadcast a flat buffer from group rank 0 to every rank (`megarl bench sync`'s raw baseline)."""
     options = dist.BroadcastOptions()
     options.rootRank = 0
     group.broadcast([flat], options).wait()
-
-
-def broadcast_bucket(group: dist.ProcessGroup, flat: torch.Tensor) -> None:
-    """Sender side: send one packed bucket (`weight_sync_protocol.pack`) to every rank."""
-    _broadcast_from_rank0(group, flat)
-
-
-def receive_buckets(
-    group: dist.ProcessGroup, bucket_metadatas: Sequence[BucketMetadata], device: torch.device
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Receiver side: for each bucket in order, receive its buffer and yield its (name, tensor)
-    views. Lazy, so a loader consuming it holds about one bucket at a time."""
-    for metadata in bucket_metadatas:
-        flat = torch.empty(metadata.numel, dtype=metadata.dtype, device=device)
-        _broadcast_from_rank0(group, flat)
-        yield from unpack(flat, metadata)

@@ -38,7 +38,7 @@ from vllm.platforms import current_platform  # noqa: E402
 
 from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig  # noqa: E402
 from megarl.workers.rollout.shared_ring import SharedRing  # noqa: E402
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata  # noqa: E402
+from megarl.bridge.plan import SyncPlan  # noqa: E402
 from megarl.workers.rollout.worker_extension import WORKER_EXTENSION  # noqa: E402
 
 
@@ -235,11 +235,9 @@ class VLLMRolloutEngine(RolloutEngine):
         )
         return self._rpc_thread.submit(self._llm.collective_rpc, "init_weight_sync_group", kwargs=kwargs)
 
-    def receive_weights(self, bucket_metadatas: Sequence[BucketMetadata]) -> Future[None]:
+    def receive_weights(self, plan: SyncPlan) -> Future[None]:
         def receive() -> None:
-            self._llm.collective_rpc(
-                "receive_weights", kwargs={"bucket_metadatas": list(bucket_metadatas)}
-            )
+            self._llm.collective_rpc("receive_weights", kwargs={"plan": plan})
             self._weights_changed()
 
         return self._rpc_thread.submit(receive)

@@ -8,8 +8,8 @@ vLLM makes the worker class inherit from this one, so `self` is the vLLM worker 
 they are, iterators included), in the worker processes of the multiprocess executor for TP > 1
 (where only names and picklable arguments can travel, hence a class and not closures).
 
-Three ways in, one load (`_load`): HF-named tensors handed over (`load_hf_weights`), buckets
-broadcast over the sync group (`receive_weights`), buckets streamed through the sender's shared
+Three ways in, one load (`_load`): HF-named tensors handed over (`load_hf_weights`), the
+trainer's shards received over the sync group and assembled here (`receive_weights`), buckets streamed through the sender's shared
 slots (`load_shared_buckets`, `shared_ring`). A fourth loads each worker's own TP shards, streamed
 by the trainer ranks of its TP rank (`load_rank_rings`, `rank_load`).
 Each call is one `reload_weights` pass: vLLM's reload processes a fused layer (qkv_proj,
@@ -24,8 +24,9 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from megarl.workers.rollout.shared_ring import SharedRing, read_ring
-from megarl.workers.rollout.sync_group import create_weight_sync_group, receive_buckets
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata
+from megarl.bridge.plan import SyncPlan
+from megarl.workers.rollout.shard_receive import receive_shards
+from megarl.workers.rollout.sync_group import create_weight_sync_group
 
 WORKER_EXTENSION = "megarl.workers.rollout.worker_extension.WeightSyncWorkerExtension"
 
@@ -36,7 +37,8 @@ class WeightSyncWorkerExtension:
     def init_weight_sync_group(
         self, host: str, port: int, rank_offset: int, world_size: int, timeout_s: float
     ) -> None:
-        """Join as rank `rank_offset + self.rank` (the trainer is rank 0, so `rank_offset` is 1)."""
+        """Join as rank `rank_offset + self.rank` (the trainer's sending ranks come first:
+        `shard_receive.receiver_rank`)."""
         self._megarl_sync_group = create_weight_sync_group(
             host, port, rank_offset + self.rank, world_size, timeout_s
         )
@@ -45,12 +47,13 @@ class WeightSyncWorkerExtension:
         """Load full HF-named tensors (any subset of the model, whole fused layers)."""
         self._load(weights)
 
-    def receive_weights(self, bucket_metadatas: Sequence[BucketMetadata]) -> None:
-        """Receive the buckets of one sync from the group's rank 0 and load them in one pass."""
+    def receive_weights(self, plan: SyncPlan) -> None:
+        """Receive one sync from the trainer's sending ranks, each its own TP shards of every bucket
+        of `plan`, assemble the full HF tensors here, and load them in one pass (`shard_receive`)."""
         group = getattr(self, "_megarl_sync_group", None)
         if group is None:
             raise RuntimeError("receive_weights before init_weight_sync_group: join the sync group first")
-        self._load(receive_buckets(group, bucket_metadatas, self.device))
+        self._load(receive_shards(group, plan, self.device))
 
     def load_shared_buckets(self, ring: SharedRing) -> None:
         """Load the buckets of one sync as the sender streams them through its shared slots (shared

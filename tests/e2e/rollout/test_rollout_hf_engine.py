@@ -8,16 +8,15 @@ from rollout_reference import (
     PROMPTS,
     TOLERANCE,
     checkpoint_tensors,
-    free_port,
     hf_greedy,
     hf_logprobs,
     load_hf,
     load_through_shared_memory,
     response_logprobs_of,
+    sync_over_group,
 )
 
 from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine, pack
-from megarl.workers.rollout.sync_group import broadcast_bucket, create_weight_sync_group
 
 MAX_NEW = 6
 
@@ -69,21 +68,13 @@ def test_pause_refuses_generation(engine):
 
 
 def test_weight_sync_and_load_weights(engine, base_model_dir, new_model_dir):
-    """Receive the new model over a gloo group (the test thread is the trainer, rank 0), then load
-    the base back with `load_weights`."""
+    """Receive the new model over a gloo group (the test thread is a TP-1 trainer, rank 0, sending
+    its shards), then load the base back with `load_weights`."""
     base, new = checkpoint_tensors(base_model_dir), checkpoint_tensors(new_model_dir)
     hf_new = load_hf(new_model_dir)
-    port = free_port()
     version = engine.weight_version
-    joined = engine.init_weight_sync("127.0.0.1", port, world_size=2, timeout_s=60)
-    group = create_weight_sync_group("127.0.0.1", port, 0, 2, 60)
-    joined.result(timeout=60)
-    names = list(new)
-    buckets = [pack((n, new[n]) for n in names[:10]), pack((n, new[n]) for n in names[10:])]
-    loaded = engine.receive_weights([metadata for _, metadata in buckets])
-    for flat, _ in buckets:
-        broadcast_bucket(group, flat)
-    loaded.result(timeout=60)
+    plan = sync_over_group(engine, 1, new_model_dir, new, bucket_mb=0.05, timeout_s=60)
+    assert len(plan.buckets) > 2
     assert engine.weight_version == version + 1
     for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
         torch.testing.assert_close(got, hf_logprobs(hf_new, sequence), atol=TOLERANCE, rtol=0)

@@ -1,15 +1,14 @@
 """The vLLM engine at TP 2 (multiprocess executor + worker extension), and the receiving side of the
-cross-process weight sync: this test process plays the trainer, rank 0 of the gloo sync group,
-broadcasting packed buckets to the two vLLM workers (ranks 1 and 2)."""
+cross-process weight sync: this test process plays a TP-1 trainer, rank 0 of the gloo sync group,
+sending its shards to the two vLLM workers (ranks 1 and 2), which assemble the HF tensors."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from rollout_reference import PROMPTS, TOLERANCE, checkpoint_tensors, free_port, hf_logprobs, load_hf
+from rollout_reference import PROMPTS, TOLERANCE, checkpoint_tensors, hf_logprobs, load_hf, sync_over_group
 
-from megarl.workers.rollout import SamplingConfig, make_rollout_engine, pack
-from megarl.workers.rollout.sync_group import broadcast_bucket, create_weight_sync_group
+from megarl.workers.rollout import SamplingConfig, make_rollout_engine
 
 TIMEOUT_S = 120
 
@@ -33,42 +32,21 @@ def test_tp2_generates_and_matches_hf(engine, base_model_dir):
             torch.testing.assert_close(logprobs, expected, atol=TOLERANCE, rtol=0)
 
 
-def _buckets_splitting_fused_layers(tensors: dict[str, torch.Tensor]):
-    """Three buckets, cut so that q_proj and k/v_proj of layer 0 (one fused qkv_proj in vLLM) and
-    gate/up of layer 1 (one gate_up_proj) land in different buckets."""
-    names = list(tensors)
-    cuts = [
-        names.index("model.layers.0.self_attn.k_proj.weight"),
-        names.index("model.layers.1.mlp.up_proj.weight"),
-    ]
-    assert 0 < cuts[0] < cuts[1] < len(names)
-    groups = [names[: cuts[0]], names[cuts[0] : cuts[1]], names[cuts[1] :]]
-    return [pack((name, tensors[name]) for name in group) for group in groups]
-
-
 def _assert_engine_matches(engine, hf_model) -> None:
     for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
         torch.testing.assert_close(got, hf_logprobs(hf_model, sequence), atol=TOLERANCE, rtol=0)
 
 
 def test_gloo_weight_sync_loads_new_weights(engine, base_model_dir, new_model_dir):
+    """This process plays a TP-1 trainer (group rank 0) sending its shards in many small buckets; both
+    workers assemble the HF tensors and load them in one pass."""
     hf_base, hf_new = load_hf(base_model_dir), load_hf(new_model_dir)
     _assert_engine_matches(engine, hf_base)
-    port = free_port()
-    joined = engine.init_weight_sync("127.0.0.1", port, world_size=3, timeout_s=TIMEOUT_S)
-    group = create_weight_sync_group("127.0.0.1", port, 0, 3, TIMEOUT_S)
-    joined.result(timeout=TIMEOUT_S)
-
-    buckets = _buckets_splitting_fused_layers(checkpoint_tensors(new_model_dir))
     version = engine.weight_version
-    engine.pause()
-    loaded = engine.receive_weights([metadata for _, metadata in buckets])
-    for flat, _ in buckets:
-        broadcast_bucket(group, flat)
-    loaded.result(timeout=TIMEOUT_S)
-    engine.resume()
+    plan = sync_over_group(engine, 2, new_model_dir, checkpoint_tensors(new_model_dir), bucket_mb=0.05,
+                           timeout_s=TIMEOUT_S)
     try:
-        assert engine.weight_version == version + 1
+        assert len(plan.buckets) > 2 and engine.weight_version == version + 1
         _assert_engine_matches(engine, hf_new)
         # And generation uses them: sampled log-probs are the new model's.
         output = engine.generate(PROMPTS[:1], SamplingConfig(max_new_tokens=6, seed=1))[0]

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CP
 
 
 def test_construction_without_cuda_fails_clearly():
-    with pytest.raises(RuntimeError, match="needs CUDA.*use the broadcast transport"):
+    with pytest.raises(RuntimeError, match="needs CUDA.*use rollout.sync.transport: collective"):
         CudaIpcTransport(readers=1)
 
 

@@ -9,11 +9,7 @@ import threading
 import pytest
 import torch
 
-from megarl.workers.rollout.sync_group import (
-    broadcast_bucket,
-    create_weight_sync_group,
-    receive_buckets,
-)
+from megarl.workers.rollout.sync_group import create_weight_sync_group
 from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, TensorSlot, pack, unpack
 
 
@@ -80,25 +76,22 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_sync_group_broadcasts_buckets_to_a_receiver():
-    """Rank 0 (trainer) and rank 1 (a rollout worker) as two threads of this process."""
+def test_sync_group_carries_a_bucket_between_two_ranks():
+    """Rank 0 (a trainer rank) and rank 1 (a rollout worker) as two threads of this process."""
     port = _free_port()
-    buckets = [pack(_tensors(torch.float32)), pack(_tensors(torch.bfloat16))]
-    received: dict[str, torch.Tensor] = {}
+    flat, metadata = pack(_tensors(torch.bfloat16))
+    received = torch.zeros_like(flat)
 
     def worker() -> None:
         group = create_weight_sync_group("127.0.0.1", port, 1, 2, timeout_s=30)
-        for name, tensor in receive_buckets(group, [m for _, m in buckets], torch.device("cpu")):
-            received[f"{tensor.dtype}/{name}"] = tensor
+        group.recv([received], 0, 7).wait()
 
     thread = threading.Thread(target=worker)
     thread.start()
     group = create_weight_sync_group("127.0.0.1", port, 0, 2, timeout_s=30)
-    for flat, _ in buckets:
-        broadcast_bucket(group, flat)
+    group.send([flat], 1, 7).wait()
     thread.join(timeout=30)
     assert not thread.is_alive()
-    expected = {f"{t.dtype}/{n}": t for dtype in (torch.float32, torch.bfloat16) for n, t in _tensors(dtype)}
-    assert received.keys() == expected.keys()
-    for key, tensor in expected.items():
-        torch.testing.assert_close(received[key], tensor, atol=0, rtol=0)
+    for (name, tensor), (got_name, got) in zip(_tensors(torch.bfloat16), unpack(received, metadata)):
+        assert got_name == name
+        torch.testing.assert_close(got, tensor, atol=0, rtol=0)

@@ -158,7 +158,7 @@ def test_a_reader_without_a_sender_times_out_naming_the_bucket():
 
 def test_a_missing_shared_memory_directory_is_a_clear_error(tmp_path):
     transport = SharedMemoryTransport(readers=1, directory=str(tmp_path / "nope"))
-    with pytest.raises(RuntimeError, match="does not exist.*broadcast transport"):
+    with pytest.raises(RuntimeError, match="does not exist.*rollout.sync.transport: collective"):
         transport.begin()
 
 

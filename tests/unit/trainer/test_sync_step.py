@@ -57,7 +57,7 @@ GRIDS = [dict(rank=0, tp_rank=0, pp_rank=0), dict(rank=1, tp_rank=1, pp_rank=0)]
 def weight_sync(verify_every: int, total_steps: int, engines: Engines | None = None,
                 transport: str = "collective", per_rank: bool = False) -> WeightSync:
     config = load_config(QUICKSTART, [f"rollout.sync.verify_every={verify_every}"])
-    policy = Group(sync_metadatas=lambda: [["bucket metadata"]], send_weights=lambda: [{"sync/seconds": 0.01}] * 2,
+    policy = Group(sync_plan=lambda: ["the plan"], send_weights=lambda: [{"sync/seconds": 0.01}] * 2,
                    probe_log_probs=lambda: [ACTOR_LOG_PROBS] * 2, begin_weight_sync=lambda: ["ring", None])
     roles = SimpleNamespace(policy=policy, rollout=engines or Engines(), sync_transport=transport,
                             per_rank=per_rank, grids=GRIDS)
@@ -75,7 +75,7 @@ def test_checks_the_first_sync_every_kth_step_and_the_last():
     assert sync.policy.calls.count("probe_log_probs") == 4
     assert sync.rollout.calls.count("prompt_logprobs") == 4
     assert sync.rollout.calls.count("finish_receive") == 8
-    assert sync.policy.calls.count("sync_metadatas") == 1  # fetched once per run
+    assert sync.policy.calls.count("sync_plan") == 1  # fetched once per run
 
 
 def test_every_sync_is_checked_by_default():
@@ -93,7 +93,7 @@ def test_a_sync_is_woken_received_then_checked_in_order():
     sync = weight_sync(verify_every=1, total_steps=1)
     metrics = sync(1)
     assert sync.rollout.calls == ["wake_up", "start_receive", "finish_receive", "prompt_logprobs"]
-    assert sync.policy.calls == ["sync_metadatas", "send_weights", "probe_log_probs"]
+    assert sync.policy.calls == ["sync_plan", "send_weights", "probe_log_probs"]
     assert metrics["sync/weight_version"] == 1.0
     assert metrics["sync/logprob_max_abs_diff"] == 0.0
 
@@ -130,7 +130,7 @@ def test_a_bad_sync_is_caught_on_the_next_checked_step():
 
 def test_the_probe_has_probe_batch_size_sequences():
     config = load_config(QUICKSTART, ["rollout.sync.probe_batch_size=3"])
-    roles = SimpleNamespace(policy=Group(sync_metadatas=lambda: [[]]), rollout=Engines(), sync_transport="collective",
+    roles = SimpleNamespace(policy=Group(sync_plan=lambda: ["the plan"]), rollout=Engines(), sync_transport="collective",
                             per_rank=False, grids=GRIDS)
     sync = WeightSync(roles, config, vocab_size=64, total_steps=1, wake_engines=False)
     assert len(sync.probe) == 3 and all(0 <= token < 64 for sequence in sync.probe for token in sequence)
