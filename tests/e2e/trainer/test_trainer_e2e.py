@@ -94,7 +94,7 @@ def test_ppo_trains_the_critic_with_split_placement_and_a_reward_model(assets, t
         "critic.ppo_mini_batch_size": 16, "critic.micro_batch_size_per_gpu": 32, "checkpoint.save_freq": 3,
         "algorithm.lam": 0.95, "placement.mode": "split", "placement.gpus_per_node": 3, "placement.rollout_gpus": 1,
         "rollout.sync.verify_every": 5,  # checks only the run's first sync and its last step
-        "rollout.sync.transport": "collective",  # the broadcast over the weight-sync group
+        "rollout.sync.transport": "collective",  # each trainer rank sends its shards over the sync group
     })
     trainer = Trainer.from_config(QUICKSTART, args)
     trainer.fit()
