@@ -15,6 +15,7 @@ Group creation blocks until all W ranks have joined, so all sides must run it co
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 
 import torch
@@ -46,8 +47,9 @@ def create_weight_sync_group(
         return dist.ProcessGroupNCCL(store, rank, world_size, options)
     options = dist.ProcessGroupGloo._Options()
     options._timeout = timeout
-    # Bind gloo to the store's address (127.0.0.1 in tests) instead of the hostname's interface.
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+    # Bind gloo to this process's address on the route to the store (127.0.0.1 for a local run),
+    # not to the hostname's interface: the store's own address exists only on rank 0's node.
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=address_towards(host, port))]
     return dist.ProcessGroupGloo(store, rank, world_size, options)
 
 
@@ -56,3 +58,10 @@ def broadcast_bucket(group: dist.ProcessGroup, flat: torch.Tensor) -> None:
     options = dist.BroadcastOptions()
     options.rootRank = 0
     group.broadcast([flat], options).wait()
+
+
+def address_towards(host: str, port: int) -> str:
+    """The local address this process uses to reach host:port (a listening store): the interface a
+    rank on another node must bind its side of the group to."""
+    with socket.create_connection((host, port)) as connection:
+        return connection.getsockname()[0]

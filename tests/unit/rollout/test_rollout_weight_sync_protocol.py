@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from megarl.workers.rollout.sync_group import create_weight_sync_group
+from megarl.workers.rollout.sync_group import address_towards, create_weight_sync_group
 from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, TensorSlot, pack, unpack
 
 
@@ -95,3 +95,11 @@ def test_sync_group_carries_a_bucket_between_two_ranks():
     for (name, tensor), (got_name, got) in zip(_tensors(torch.bfloat16), unpack(received, metadata)):
         assert got_name == name
         torch.testing.assert_close(got, tensor, atol=0, rtol=0)
+
+
+def test_a_rank_binds_to_its_own_address_on_the_route_to_the_store():
+    """A remote rank must not bind gloo to rank 0's address; locally the route is the loopback."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        assert address_towards("127.0.0.1", server.getsockname()[1]) == "127.0.0.1"
