@@ -40,7 +40,7 @@ def rows(results: dict[str, dict]) -> list[tuple[str, str, str, str]]:
         out.append(("sync", f"in-process bridge ÷ `clone` of the same bytes, worst layout and bucket size ({size}) "
                     "(paired)", f"{ratio:.2f}× ({paired:.2f}×)", _goal("≤ 2×", ratio <= 2, paired <= 2)))
         ratio, paired = g["cross_process_over_broadcast"], g["cross_process_over_broadcast_paired"]
-        out.append(("sync", "cross-process bridge ÷ raw `broadcast` of the same buckets over the same group, worst "
+        out.append(("sync", "cross-process bridge ÷ raw `broadcast` of the same buckets to the same receivers, worst "
                     "(paired)", f"{ratio:.2f}× ({paired:.2f}×)", _goal("≤ 1.5×", ratio <= 1.5, paired <= 1.5)))
         peak = g["peak_over_two_buckets"]
         out.append(("sync", "peak extra memory of a sync ÷ 2 buckets, worst", f"{peak:.2f}",

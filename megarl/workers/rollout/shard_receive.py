@@ -21,9 +21,9 @@ without Megatron's padding rows (a shard entirely past the vocabulary is empty).
     group = create_weight_sync_group(host, port, receiver_rank(plan.layout, engine, worker), world_size, 60)
     model.reload_weights(weights_iterator=receive_shards(group, plan, device))
 
-`receive_shards` yields `(hf_name, tensor)` exactly as `sync_group.receive_buckets` does: per bucket,
-views into a fresh flat buffer laid out as `bucket.metadata`. Memory: one bucket of received shards
-(one buffer, reused for every bucket) plus the bucket being handed out.
+`receive_shards` yields `(hf_name, tensor)` per bucket, in plan order: views into a fresh flat
+buffer laid out as `bucket.metadata` (the full HF tensors, whatever the rollout TP). Memory: one
+bucket of received shards (one buffer, reused for every bucket) plus the bucket being handed out.
 """
 
 from __future__ import annotations
