@@ -1,7 +1,7 @@
 """The trainer side of a shard sync: every rank of DP replica 0 sends its own TP shards straight to
-every receiver, which assembles the HF tensors (`megarl.workers.rollout.shard_receive`, where the
-sync group's layout and the wire format are described). No trainer-world communication: no TP
-gather, no move between pipeline stages.
+every receiver, which receives each piece in place in the HF tensors
+(`megarl.workers.rollout.shard_receive`, where the sync group's layout and the wire format are
+described). No trainer-world communication: no TP gather, no move between pipeline stages.
 
     # every trainer rank; DP replica 0 joins the sync group at its sender rank (rank 0 hosts the store)
     group = None
@@ -11,55 +11,74 @@ gather, no move between pipeline stages.
     sender = ShardSender(plan, actor.named_parameters_for_sync, groups, group)
     stats = sender.send()      # the receivers run receive_shards(group, plan, device) meanwhile
 
-Per bucket of its stage, a rank packs its shards of the bucket's parameters (plan order, cast to the
-plan's dtype, vocabulary padding rows cut) into one flat buffer and sends it to each receiver with
-non-blocking point-to-point sends; it packs the next bucket while those are in flight, so it holds
-at most two flat buffers (`SyncStats.peak_buffer_bytes`).
+Per bucket of its stage, a rank sends each piece of its shards as it is, a view of the live
+parameter, with non-blocking point-to-point sends; only a qkv part (strided in the shard) or a
+parameter in another dtype than the plan's is copied first. At most two buckets' sends are in flight
+(`SyncStats.peak_buffer_bytes`: the copies alive at once).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import torch
 import torch.distributed as dist
 
 from megarl.bridge.collect import BufferMeter, local_params_by_plan_name
+from megarl.bridge.convert import mapping_of
 from megarl.bridge.plan import SyncPlan
 from megarl.bridge.sync import NamedParameters, SyncStats
 from megarl.config.memory import VOCAB_DIVISIBLE_BY
-from megarl.models.layout import VOCAB, padded_vocab_size
+from megarl.models.layout import ROW_BLOCK_KINDS, VOCAB, padded_vocab_size, shard_pieces
 from megarl.parallel.distributed import ProcessGroups
-from megarl.workers.rollout.shard_receive import ShardMessage, sender_rank, shard_schedule
+from megarl.workers.rollout.shard_receive import ShardMessage, ShardPiece, sender_rank, shard_schedule
+
+IN_FLIGHT = 2
+"""Buckets whose sends may be outstanding at once (each holds its copies until delivered)."""
 
 
-def pack_message(
-    plan: SyncPlan, message: ShardMessage, local: dict[str, torch.Tensor], flat: torch.Tensor, vocab_divisible_by: int
-) -> None:
-    """This rank's shards of `message` (`local`: plan Megatron name → its shard) into `flat
-    [message.numel]`, cast to `flat`'s dtype. Raises ValueError when a shard's shape is not the
-    schedule's (a model padded with another `vocab_divisible_by`, or another layout than the plan's)."""
-    for slot in message.slots:
-        param = slot.param
-        if param.megatron_name not in local:
-            raise KeyError(f"shard sync: this rank has no parameter {param.megatron_name}, which the plan sends from it")
-        shard = local[param.megatron_name].detach()
-        if param.kind == VOCAB:
-            tp = plan.layout.train_tp
-            padded_rows = padded_vocab_size(plan.dims.vocab_size, vocab_divisible_by, tp) // tp
-            if shard.shape[0] != padded_rows:
-                raise ValueError(
-                    f"shard sync: {param.megatron_name} has {shard.shape[0]} rows on this TP rank, not the "
-                    f"{padded_rows} of a vocabulary padded to a multiple of vocab_divisible_by={vocab_divisible_by} "
-                    f"× TP {tp}: pass the model's make_vocab_size_divisible_by as vocab_divisible_by"
-                )
-            shard = shard[: slot.shape[0]]  # the padding rows are not sent
-        if tuple(shard.shape) != slot.shape:
+def piece_tensor(plan: SyncPlan, piece: ShardPiece, shard: torch.Tensor,
+                 vocab_divisible_by: int) -> tuple[torch.Tensor, bool]:
+    """`piece` of this rank's `shard` of its parameter, contiguous and in the plan's dtype, and whether
+    it is a copy: it is a view of the shard unless strided (a qkv part) or in another dtype. Raises
+    ValueError when the shard is not the one the plan expects (another layout, or a vocabulary padded
+    otherwise)."""
+    param, dims = piece.param, plan.dims
+    if param.kind == VOCAB:
+        tp = plan.layout.train_tp
+        padded_rows = padded_vocab_size(dims.vocab_size, vocab_divisible_by, tp) // tp
+        if shard.shape[0] != padded_rows:
             raise ValueError(
-                f"shard sync: {param.megatron_name} is {list(shard.shape)} on this rank, but the plan for "
-                f"{plan.layout} expects a TP shard of {list(slot.shape)}"
+                f"shard sync: {param.megatron_name} has {shard.shape[0]} rows on this TP rank, not the "
+                f"{padded_rows} of a vocabulary padded to a multiple of vocab_divisible_by={vocab_divisible_by} "
+                f"× TP {tp}: pass the model's make_vocab_size_divisible_by as vocab_divisible_by"
             )
-        flat[slot.offset : slot.offset + slot.numel].view(slot.shape).copy_(shard)
+        tensor = shard[: piece.stop - piece.start]  # the padding rows are not sent
+    elif param.kind in ROW_BLOCK_KINDS:
+        tensor = shard_pieces(mapping_of(param), shard, dims, piece.tp_rank)[piece.hf_index][0]
+    else:
+        tensor = shard
+    if tuple(tensor.shape) != piece.shape:
+        raise ValueError(
+            f"shard sync: {param.megatron_name} gives a piece of {list(tensor.shape)} on this rank, but the plan "
+            f"for {plan.layout} expects {list(piece.shape)} (shard {list(shard.shape)})"
+        )
+    sent = tensor.to(plan.buckets[0].metadata.dtype).contiguous()
+    return sent, sent is not tensor
+
+
+def message_tensors(plan: SyncPlan, message: ShardMessage, local: dict[str, torch.Tensor],
+                    vocab_divisible_by: int) -> list[tuple[torch.Tensor, bool]]:
+    """This rank's tensors of `message` in send order, each with whether it is a copy (`local`: plan
+    Megatron name → its shard)."""
+    tensors = []
+    for piece in message.pieces:
+        name = piece.param.megatron_name
+        if name not in local:
+            raise KeyError(f"shard sync: this rank has no parameter {name}, which the plan sends from it")
+        tensors.append(piece_tensor(plan, piece, local[name].detach(), vocab_divisible_by))
+    return tensors
 
 
 class ShardSender:
@@ -109,24 +128,25 @@ class ShardSender:
         if not self.messages:
             return SyncStats(time.perf_counter() - start, 0, 0, 0)
         local = local_params_by_plan_name(self.plan, self.named_parameters())
-        dtype = self.plan.buckets[0].metadata.dtype
-        largest = max(message.numel for _, message in self.messages)
-        device = next(iter(local.values())).device
-        buffers: list[torch.Tensor] = []
-        in_flight: list[list[dist.Work]] = [[], []]
+        in_flight: deque[tuple[list[dist.Work], int]] = deque()
         sent = 0
         with torch.no_grad():
-            for i, (tag, message) in enumerate(self.messages):
-                if len(buffers) <= i % 2:
-                    buffers.append(torch.empty(largest, dtype=dtype, device=device))
-                    meter.hold(buffers[-1].nbytes)
-                for work in in_flight[i % 2]:  # this buffer's previous message must be delivered first
-                    work.wait()
-                flat = buffers[i % 2][: message.numel]
-                pack_message(self.plan, message, local, flat, self.vocab_divisible_by)
-                in_flight[i % 2] = [self.group.send([flat], receiver, tag) for receiver in self.receivers]
-                sent += flat.nbytes
-            for works in in_flight:
-                for work in works:
-                    work.wait()
+            for tag, message in self.messages:
+                if len(in_flight) == IN_FLIGHT:
+                    _delivered(*in_flight.popleft(), meter)
+                tensors = message_tensors(self.plan, message, local, self.vocab_divisible_by)
+                copies = sum(t.nbytes for t, copied in tensors if copied)
+                meter.hold(copies)
+                works = [self.group.send([t], receiver, tag) for t, _ in tensors for receiver in self.receivers]
+                in_flight.append((works, copies))
+                sent += sum(t.nbytes for t, _ in tensors)
+            while in_flight:
+                _delivered(*in_flight.popleft(), meter)
         return SyncStats(time.perf_counter() - start, sent, len(self.messages), meter.peak)
+
+
+def _delivered(works: list[dist.Work], copies: int, meter: BufferMeter) -> None:
+    for work in works:
+        work.wait()
+    meter.release(copies)
+

@@ -1,4 +1,5 @@
-"""Receive a weight sync as the trainer's own TP shards and assemble the full HF tensors here.
+"""Receive a weight sync as the trainer's own TP shards, each straight into its place in the full
+HF tensors here.
 
 Every trainer rank of DP replica 0 (every TP rank of every PP stage) sends *its own* shards of each
 bucket of the plan straight to every receiver (`megarl.bridge.shard_send.ShardSender`), so nothing
@@ -11,70 +12,80 @@ is gathered on the trainer and each byte crosses the wire once per receiver. The
   = S + k × rollout TP + r.
 
 Wire format (`shard_schedule`, pure, computed identically on both sides from the `SyncPlan`): for
-bucket b, each TP rank of the owning stage sends each receiver one flat buffer of the plan's dtype
-holding its shards of the bucket's parameters in plan order, back to back, point-to-point with
-tag b (one message per bucket, sender and receiver; a sender with nothing in a bucket sends
-nothing). Replicated parameters (norms) travel in TP rank 0's buffer only; vocabulary shards
-without Megatron's padding rows (a shard entirely past the vocabulary is empty).
+bucket b, each TP rank of the owning stage sends each receiver its *pieces* of the bucket's
+parameters, in plan order, point-to-point with tag b. A piece is a block of consecutive rows of one
+HF tensor, so the receiver receives it in place, no copy: a replicated parameter (from TP rank 0
+only), a vocabulary shard without Megatron's padding rows, the gate or the up half of a gate/up
+shard, the q, k or v part of a qkv shard (made contiguous by the sender: the one copy there). A
+row-parallel shard (o_proj, down_proj) is a block of columns: in place at TP 1, else received
+aside and copied into its columns (the one copy here). Nothing else is copied on either side.
 
     # vLLM worker (any receiver): the plan is pure, build it from the same (dims, layout, bucket size, dtype)
     group = create_weight_sync_group(host, port, receiver_rank(plan.layout, engine, worker), world_size, 60)
     model.reload_weights(weights_iterator=receive_shards(group, plan, device))
 
 `receive_shards` yields `(hf_name, tensor)` per bucket, in plan order: views into a fresh flat
-buffer laid out as `bucket.metadata` (the full HF tensors, whatever the rollout TP). Memory: one
-bucket of received shards (one buffer, reused for every bucket) plus the bucket being handed out.
+buffer laid out as `bucket.metadata` (the full HF tensors, whatever the rollout TP; fresh, so a
+loader may keep them). Memory: one bucket, plus the column blocks of its row-parallel shards.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from megarl.bridge.convert import to_hf_into
+from megarl.bridge.convert import mapping_of
 from megarl.bridge.plan import LayoutPair, PlannedBucket, PlannedParam, SyncPlan
 from megarl.config.memory import VOCAB_DIVISIBLE_BY
 from megarl.models.hf_config import ModelDims
-from megarl.models.layout import REPLICATED, ROW, VOCAB, padded_vocab_size
+from megarl.models.layout import REPLICATED, ROW, ROW_BLOCK_KINDS, VOCAB, padded_vocab_size, shard_pieces
 from megarl.workers.rollout.weight_sync_protocol import unpack
 
 
 @dataclass(frozen=True)
-class ShardSlot:
-    """Where one TP shard of one planned parameter lies in a sender's flat buffer."""
+class ShardPiece:
+    """One block of one HF tensor that one TP rank sends (all or part of its shard of a parameter)."""
 
     param: PlannedParam
-    """The Megatron parameter it is a shard of."""
+    """The Megatron parameter it is (part of) a shard of."""
     tp_rank: int
     """The train TP rank that holds (and sends) it."""
-    offset: int
-    """First element in the sender's flat buffer (elements, not bytes)."""
+    hf_index: int
+    """Which of `param.hf_names` it lands in."""
     shape: tuple[int, ...]
-    """The shard's shape as sent (a vocabulary shard without its padding rows)."""
+    """Its shape as sent (a qkv part: `[KV groups of the rank, rows per group, ...]`)."""
+    start: int
+    """First row (rows kinds) or column (row-parallel) of the HF tensor it fills."""
+    stop: int
+    """One past its last row / column."""
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
 
+    @property
+    def columns(self) -> bool:
+        """A block of columns (a row-parallel shard), not of rows."""
+        return self.param.kind == ROW
+
 
 @dataclass(frozen=True)
 class ShardMessage:
-    """What one sender sends every receiver for one bucket: one flat buffer `[numel]`."""
+    """What one sender sends every receiver for one bucket: its pieces, one point-to-point send each."""
 
     sender: int
     """The sender's rank in the sync group (`sender_rank`)."""
-    slots: tuple[ShardSlot, ...]
-    """Its shards in plan order, packed back to back from offset 0."""
+    pieces: tuple[ShardPiece, ...]
+    """Its pieces in send order (plan order, then HF tensor order)."""
 
     @property
     def numel(self) -> int:
-        last = self.slots[-1]
-        return last.offset + last.numel
+        return sum(piece.numel for piece in self.pieces)
 
 
 @dataclass(frozen=True)
@@ -112,9 +123,34 @@ def shard_shape(param: PlannedParam, dims: ModelDims, tp_size: int, tp_rank: int
     if param.kind == ROW:
         return (first[0], first[1] // tp_size)
     if param.kind == VOCAB:
-        per_rank = padded_vocab_size(dims.vocab_size, vocab_divisible_by, tp_size) // tp_size
-        return (min(per_rank, max(0, dims.vocab_size - tp_rank * per_rank)), *first[1:])
+        rows = vocab_rows(dims, vocab_divisible_by, tp_size, tp_rank)
+        return (rows.stop - rows.start, *first[1:])
     return (sum(shape[0] for shape in param.hf_shapes) // tp_size, *first[1:])
+
+
+def vocab_rows(dims: ModelDims, vocab_divisible_by: int, tp_size: int, tp_rank: int) -> slice:
+    """The vocabulary rows TP rank `tp_rank` holds, padding rows past the vocabulary cut (maybe none)."""
+    per_rank = padded_vocab_size(dims.vocab_size, vocab_divisible_by, tp_size) // tp_size
+    start = min(tp_rank * per_rank, dims.vocab_size)
+    return slice(start, min(start + per_rank, dims.vocab_size))
+
+
+def rank_pieces(param: PlannedParam, dims: ModelDims, tp_size: int, tp_rank: int,
+                vocab_divisible_by: int) -> list[ShardPiece]:
+    """The pieces TP rank `tp_rank` sends of `param` (none of a replicated one but on TP rank 0)."""
+    if param.kind == REPLICATED and tp_rank > 0:
+        return []
+    shape = shard_shape(param, dims, tp_size, tp_rank, vocab_divisible_by)
+    if param.kind in ROW_BLOCK_KINDS:
+        meta = torch.empty(shape, device="meta")  # shard_pieces needs only the shape
+        return [ShardPiece(param, tp_rank, index, tuple(piece.shape), rows.start, rows.stop)
+                for index, (piece, rows) in enumerate(shard_pieces(mapping_of(param), meta, dims, tp_rank))]
+    if param.kind == ROW:
+        return [ShardPiece(param, tp_rank, 0, shape, tp_rank * shape[1], (tp_rank + 1) * shape[1])]
+    if param.kind == VOCAB:
+        rows = vocab_rows(dims, vocab_divisible_by, tp_size, tp_rank)
+        return [ShardPiece(param, tp_rank, 0, shape, rows.start, rows.stop)] if rows.stop > rows.start else []
+    return [ShardPiece(param, tp_rank, 0, shape, 0, shape[0])]
 
 
 @functools.lru_cache(maxsize=16)
@@ -126,54 +162,50 @@ def shard_schedule(plan: SyncPlan, vocab_divisible_by: int = VOCAB_DIVISIBLE_BY)
     for bucket in plan.buckets:
         messages = []
         for tp_rank in range(layout.train_tp):
-            slots, offset = [], 0
-            for param in bucket.params:
-                if tp_rank > 0 and not param.needs_tp_gather:
-                    continue
-                shape = shard_shape(param, dims, layout.train_tp, tp_rank, vocab_divisible_by)
-                slot = ShardSlot(param, tp_rank, offset, tuple(shape))
-                if slot.numel:
-                    slots.append(slot)
-                    offset += slot.numel
-            if slots:
-                messages.append(ShardMessage(sender_rank(layout, bucket.pp_rank, tp_rank), tuple(slots)))
+            pieces = [piece for param in bucket.params
+                      for piece in rank_pieces(param, dims, layout.train_tp, tp_rank, vocab_divisible_by)]
+            if pieces:
+                messages.append(ShardMessage(sender_rank(layout, bucket.pp_rank, tp_rank), tuple(pieces)))
         schedule.append(BucketShards(bucket, tuple(messages)))
     return tuple(schedule)
 
 
-def assemble_bucket(shards: BucketShards, buffers: Sequence[torch.Tensor], dims: ModelDims, flat: torch.Tensor) -> None:
-    """The bucket's HF tensors into `flat [bucket.metadata.numel]` (laid out as the metadata) from
-    each message's received buffer (`buffers[i]`: `[messages[i].numel]`)."""
-    by_param: dict[str, list[torch.Tensor]] = {}
-    for message, buffer in zip(shards.messages, buffers):
-        for slot in message.slots:
-            view = buffer[slot.offset : slot.offset + slot.numel].view(slot.shape)
-            by_param.setdefault(slot.param.megatron_name, []).append(view)
-    views = {name: tensor for name, tensor in unpack(flat, shards.bucket.metadata)}
-    for param in shards.bucket.params:
-        # A vocabulary shard entirely past the vocabulary was not sent: the others merge alone.
-        to_hf_into(param, by_param[param.megatron_name], dims, [views[name] for name in param.hf_names])
+Receive = Callable[[torch.Tensor, int], object]
+"""`(destination, sender's group rank)` → a handle whose `wait()` returns once `destination` holds
+the sender's next piece (`ProcessGroup.recv`'s work)."""
+
+
+def receive_bucket(shards: BucketShards, receive: Receive, device: torch.device) -> torch.Tensor:
+    """One bucket's HF tensors in a fresh flat buffer `[bucket.metadata.numel]` laid out as the
+    metadata: every piece received in place, a partial column block aside and then copied."""
+    metadata = shards.bucket.metadata
+    flat = torch.empty(metadata.numel, dtype=metadata.dtype, device=device)
+    views = dict(unpack(flat, metadata))
+    pending, aside = [], []
+    for message in shards.messages:
+        for piece in message.pieces:
+            target = views[piece.param.hf_names[piece.hf_index]]
+            if not piece.columns:
+                destination = target[piece.start : piece.stop].view(piece.shape)
+            elif piece.stop - piece.start == target.shape[1]:  # the whole tensor (TP 1)
+                destination = target
+            else:
+                destination = torch.empty(piece.shape, dtype=flat.dtype, device=device)
+                aside.append((destination, target[:, piece.start : piece.stop]))
+            pending.append(receive(destination, message.sender))
+    for work in pending:
+        work.wait()
+    for received, columns in aside:
+        columns.copy_(received)
+    return flat
 
 
 def receive_shards(
     group: dist.ProcessGroup, plan: SyncPlan, device: torch.device, *, vocab_divisible_by: int = VOCAB_DIVISIBLE_BY
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Receiver side: per bucket in plan order, receive every sender's message, assemble the HF
-    tensors and yield them as `(hf_name, view)` of a fresh flat buffer. Lazy: the next bucket is
+    """Receiver side: per bucket in plan order, receive every sender's pieces in place and yield the
+    HF tensors as `(hf_name, view)` of the bucket's fresh flat buffer. Lazy: the next bucket is
     received when the consumer asks for its first tensor."""
-    schedule = shard_schedule(plan, vocab_divisible_by)
-    dtype = plan.buckets[0].metadata.dtype
-    received = torch.empty(max(shards.numel for shards in schedule), dtype=dtype, device=device)
-    for tag, shards in enumerate(schedule):
-        buffers, works, start = [], [], 0
-        for message in shards.messages:
-            buffer = received[start : start + message.numel]
-            start += message.numel
-            buffers.append(buffer)
-            works.append(group.recv([buffer], message.sender, tag))
-        for work in works:
-            work.wait()
-        metadata = shards.bucket.metadata
-        flat = torch.empty(metadata.numel, dtype=metadata.dtype, device=device)
-        assemble_bucket(shards, buffers, plan.dims, flat)
-        yield from unpack(flat, metadata)
+    for tag, shards in enumerate(shard_schedule(plan, vocab_divisible_by)):
+        flat = receive_bucket(shards, lambda destination, sender: group.recv([destination], sender, tag), device)
+        yield from unpack(flat, shards.bucket.metadata)

@@ -59,7 +59,7 @@ def test_step(tmp_path):
 
 def test_sync(tmp_path):
     # The benchmark itself compares the bridge's first sync of every plan with the checkpoint, tensor
-    # by tensor, in-process and on each broadcast receiver: it would have failed otherwise.
+    # by tensor, in-process and on each shard receiver: it would have failed otherwise.
     result = _bench(tmp_path, "sync")
     in_process, cross = result["in_process"], result["cross_process"]
     assert {(r["train_tp"], r["rollout_tp"], r["bucket_mb"]) for r in in_process} == {(2, 1, 0.05), (2, 1, 1)}
@@ -70,7 +70,9 @@ def test_sync(tmp_path):
         assert set(record["seconds"]) == {"bridge", baseline}
         assert all(len(times) == 2 for times in record["seconds"].values())
         assert record["bytes"] == result["model"]["parameters"] * 4  # fp32, every tensor once
-        assert 0 < record["peak_extra_bytes"]
+        # In-process the bridge builds its buckets; cross-process a sender copies only qkv parts (maybe none).
+        assert record["peak_extra_bytes"] <= 2 * max(record["bucket_mb"] * 2**20, record["largest_bucket_bytes"])
+        assert record["peak_extra_bytes"] > 0 or baseline == "broadcast"
     small, large = sorted(in_process, key=lambda r: r["bucket_mb"])
     assert small["buckets"] > large["buckets"]
     assert set(result["goals"]) == {

@@ -1,8 +1,8 @@
-"""The shard sync's wire format without processes: every TP rank packs its own shards of a bucket
-(`shard_send.pack_message`) into the messages of `shard_schedule`, and the receiver's
-`assemble_bucket` must rebuild the checkpoint's tensors exactly from them. The schedule sends every
-HF element once (replicated norms from TP rank 0 only, no vocabulary padding), each bucket from
-its own stage's ranks."""
+"""The shard sync's wire format without processes: every TP rank cuts its own shards of a bucket into
+the pieces of `shard_schedule` (`shard_send.message_tensors`), and the receiver's `receive_bucket`,
+receiving each piece in place, must rebuild the checkpoint's tensors exactly from them. The
+schedule sends every HF element once (replicated norms from TP rank 0 only, no vocabulary padding),
+each bucket from its own stage's ranks, and only qkv parts are copied on the way."""
 
 from __future__ import annotations
 
@@ -11,16 +11,31 @@ import torch
 from bridge_emulate import VOCAB_DIVISIBLE_BY, dims_of, megatron_shards, random_hf_tensors
 
 from megarl.bridge.plan import LayoutPair, build_plan
-from megarl.bridge.shard_send import pack_message
-from megarl.workers.rollout.shard_receive import assemble_bucket, receiver_rank, sender_rank, shard_schedule
+from megarl.bridge.shard_send import message_tensors
+from megarl.workers.rollout.shard_receive import receive_bucket, receiver_rank, sender_rank, shard_schedule
 from megarl.workers.rollout.weight_sync_protocol import unpack
 
 LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1)]
 
 
+class _Wire:
+    """`receive_bucket`'s receive: each sender's tensors in send order, copied into the destination."""
+
+    def __init__(self, sent):
+        self.sent = sent
+
+    def __call__(self, destination: torch.Tensor, sender: int):
+        destination.copy_(next(self.sent[sender]))
+        return self
+
+    def wait(self) -> None:
+        pass
+
+
 def _local_shards(plan, shards, pp_rank: int, tp_rank: int) -> dict[str, torch.Tensor]:
-    """What trainer rank (pp_rank, tp_rank) holds: its TP shard of its stage's parameters."""
-    return {p.megatron_name: shards[p.megatron_name][tp_rank] for p in plan.params if p.pp_rank == pp_rank}
+    """What trainer rank (pp_rank, tp_rank) holds: its TP shard of its stage's parameters (contiguous,
+    as Megatron's parameters are)."""
+    return {p.megatron_name: shards[p.megatron_name][tp_rank].contiguous() for p in plan.params if p.pp_rank == pp_rank}
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
@@ -34,15 +49,14 @@ def test_packed_shards_assemble_into_the_checkpoint(arch, tp, pp):
     assert len(schedule) == len(plan.buckets) > pp
     seen = set()
     for bucket_shards in schedule:
-        buffers = []
+        sent = {}
         for message in bucket_shards.messages:
             pp_rank, tp_rank = divmod(message.sender, tp)
-            buffer = torch.full((message.numel,), float("nan"))
-            pack_message(plan, message, _local_shards(plan, shards, pp_rank, tp_rank), buffer, VOCAB_DIVISIBLE_BY)
-            assert not buffer.isnan().any()  # the slots tile the message
-            buffers.append(buffer)
-        flat = torch.full((bucket_shards.bucket.metadata.numel,), float("nan"))
-        assemble_bucket(bucket_shards, buffers, dims, flat)
+            tensors = message_tensors(plan, message, _local_shards(plan, shards, pp_rank, tp_rank), VOCAB_DIVISIBLE_BY)
+            assert all(not copied or piece.param.kind == "qkv"  # only qkv parts are copied
+                       for (_, copied), piece in zip(tensors, message.pieces))
+            sent[message.sender] = iter(tensor for tensor, _ in tensors)
+        flat = receive_bucket(bucket_shards, _Wire(sent), torch.device("cpu"))
         for name, tensor in unpack(flat, bucket_shards.bucket.metadata):
             assert torch.equal(tensor, hf[name]), name
             seen.add(name)
@@ -61,16 +75,13 @@ def test_every_element_travels_once_from_its_own_stage(tp, pp):
         assert senders == sorted(set(senders))
         assert {s // tp for s in senders} == {bucket.pp_rank}
         for message in bucket_shards.messages:
-            assert message.slots[0].offset == 0
-            for before, after in zip(message.slots, message.slots[1:]):
-                assert after.offset == before.offset + before.numel > before.offset
-            for slot in message.slots:
-                assert sender_rank(layout, bucket.pp_rank, slot.tp_rank) == message.sender
-                assert slot.param.needs_tp_gather or slot.tp_rank == 0
+            for piece in message.pieces:
+                assert sender_rank(layout, bucket.pp_rank, piece.tp_rank) == message.sender
+                assert piece.param.needs_tp_gather or piece.tp_rank == 0
         per_param = {}
         for message in bucket_shards.messages:
-            for slot in message.slots:
-                per_param.setdefault(slot.param.megatron_name, []).append(slot.numel)
+            for piece in message.pieces:
+                per_param.setdefault(piece.param.megatron_name, []).append(piece.numel)
         assert [p.megatron_name for p in bucket.params] == list(per_param)  # plan order, every param
         for param in bucket.params:
             assert sum(per_param[param.megatron_name]) == param.numel
@@ -80,7 +91,7 @@ def test_vocabulary_shards_past_the_vocabulary_are_not_sent():
     dims = dims_of("qwen2", vocab_size=300)  # padded to 512 at TP 4: 128 rows per rank
     plan = build_plan(dims, LayoutPair(4, 1, 1), bucket_mb=0.25)
     embedding = next(s for s in shard_schedule(plan, VOCAB_DIVISIBLE_BY) if s.bucket.params[0].kind == "vocab")
-    rows = {slot.tp_rank: slot.shape[0] for m in embedding.messages for slot in m.slots if slot.param.kind == "vocab"}
+    rows = {p.tp_rank: p.shape[0] for m in embedding.messages for p in m.pieces if p.param.kind == "vocab"}
     assert rows == {0: 128, 1: 128, 2: 44}  # rank 3 holds only padding: no slot
 
 
@@ -89,9 +100,9 @@ def test_a_model_padded_otherwise_is_refused():
     hf = random_hf_tensors(dims)
     plan = build_plan(dims, LayoutPair(2, 1, 1), bucket_mb=0.25)
     shards = megatron_shards(plan, hf)  # padded with VOCAB_DIVISIBLE_BY (128 per rank at TP 2)
-    message = next(m for s in shard_schedule(plan, 64) for m in s.messages if m.slots[0].param.kind == "vocab")
+    message = next(m for s in shard_schedule(plan, 64) for m in s.messages if m.pieces[0].param.kind == "vocab")
     with pytest.raises(ValueError, match="vocab_divisible_by=64"):
-        pack_message(plan, message, _local_shards(plan, shards, 0, 0), torch.empty(message.numel), 64)
+        message_tensors(plan, message, _local_shards(plan, shards, 0, 0), 64)
 
 
 def test_group_ranks_put_senders_first():
