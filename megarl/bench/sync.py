@@ -44,6 +44,15 @@ MODEL_100M = dict(hidden_size=768, num_hidden_layers=16, intermediate_size=2048,
 """The default model of `megarl bench sync`: a Qwen2 of 100.9 M parameters (403 MB in fp32)."""
 
 
+def broadcast_bucket(group, flat) -> None:
+    """The raw baseline: a plain broadcast of a flat buffer from group rank 0 to every rank."""
+    import torch.distributed as dist
+
+    options = dist.BroadcastOptions()
+    options.rootRank = 0
+    group.broadcast([flat], options).wait()
+
+
 def _checkpoint(model_dir: str) -> dict:
     from safetensors.torch import load_file
 
@@ -96,7 +105,7 @@ def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, tuple[int, int]]
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import global_named_parameters
     from megarl.workers.rollout.shard_receive import sender_rank
-    from megarl.workers.rollout.sync_group import broadcast_bucket, create_weight_sync_group
+    from megarl.workers.rollout.sync_group import create_weight_sync_group
 
     groups = initialize_model_parallel(tp, pp, seed=0)
     model = build_gpt_model(model_dir, groups)
@@ -193,7 +202,7 @@ def _broadcast_receiver(port: int, rank: int, world: int, plans: list, sends: in
     each into a fresh buffer."""
     import torch
 
-    from megarl.workers.rollout.sync_group import broadcast_bucket, create_weight_sync_group
+    from megarl.workers.rollout.sync_group import create_weight_sync_group
 
     group = create_weight_sync_group(HOST, port, rank, world, TIMEOUT_S)
     for plan in plans:

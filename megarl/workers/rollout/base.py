@@ -100,18 +100,16 @@ class RolloutOutput:
 class RolloutEngine(abc.ABC):
     """A generation engine whose weights the trainer replaces after every step.
 
-    One engine serves one process's calls, one at a time. A weight sync, as the bridge does it
-    (`sync_group` and `weight_sync_protocol` give the trainer side):
+    One engine serves one process's calls, one at a time. A weight sync over the sync group, as the
+    trainer does it (`megarl.bridge.shard_send` gives the trainer side):
 
-        joined = engine.init_weight_sync(host, port, world_size=1 + TP, timeout_s=60)  # once
-        group = create_weight_sync_group(host, port, 0, 1 + TP, 60)  # trainer = rank 0, meanwhile
+        joined = engine.init_weight_sync(host, port, world_size=S + TP, timeout_s=60, rank_offset=S)  # once
+        # meanwhile the S sending trainer ranks join: create_weight_sync_group(host, port, rank, S + TP, 60)
         joined.result()
         ...
-        buckets = [pack(named_tensors) for named_tensors in bucketed_weights]  # each sync
-        engine.pause()
-        done = engine.receive_weights([metadata for _, metadata in buckets])  # workers receive...
-        for flat, _ in buckets:
-            broadcast_bucket(group, flat)                                     # ...as rank 0 sends
+        engine.pause()                        # each sync
+        done = engine.receive_weights(plan)   # the workers receive every sender's pieces...
+        # ...as each trainer rank runs ShardSender(plan, ...).send()
         done.result()  # loaded, prefix cache flushed, weight_version + 1
         engine.resume()
     """

@@ -53,13 +53,6 @@ def create_weight_sync_group(
     return dist.ProcessGroupGloo(store, rank, world_size, options)
 
 
-def broadcast_bucket(group: dist.ProcessGroup, flat: torch.Tensor) -> None:
-    """Broadcast a flat buffer from group rank 0 to every rank (`megarl bench sync`'s raw baseline)."""
-    options = dist.BroadcastOptions()
-    options.rootRank = 0
-    group.broadcast([flat], options).wait()
-
-
 def address_towards(host: str, port: int) -> str:
     """The local address this process uses to reach host:port (a listening store): the interface a
     rank on another node must bind its side of the group to."""
