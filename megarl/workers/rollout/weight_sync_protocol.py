@@ -1,10 +1,10 @@
 """The wire format of a weight sync: tensors travel in flat buckets described by small metadata.
 
-The sender (the trainer, rank 0 of the sync group) packs HF-named full tensors into one flat 1-D
-buffer per bucket and broadcasts it; the receivers (rollout workers) allocate an empty buffer from
-the metadata, receive into it and view the tensors back out. Metadata goes ahead by RPC, so it must
-stay small and picklable; data goes by collective, or stays where the sender put it and is shared
-by handle (`SharedBucket`: shared memory on CPU, CUDA IPC on GPU). All tensors of a bucket share
+A sender packs HF-named full tensors into one flat 1-D buffer per bucket; the receivers (rollout
+workers) view the tensors back out of it. The buffer stays where the sender put it and is shared
+by handle (`SharedBucket`: shared memory on CPU, CUDA IPC on GPU), or is built by the receiver
+itself from the pieces the trainer ranks send (`shard_receive`: the metadata lays out where each
+piece lands). Metadata travels by RPC, so it must stay small and picklable. All tensors of a bucket share
 one dtype (the buffer's); the sender starts a new bucket when the dtype changes.
 
     flat, meta = pack([("model.norm.weight", w1), ("lm_head.weight", w2)])
