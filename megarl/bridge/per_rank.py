@@ -20,7 +20,7 @@ a copy of its shards; with the vocabulary, one parameter's gathered shards.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -28,14 +28,13 @@ import torch.distributed as dist
 from megarl.bridge.collect import local_params_by_plan_name
 from megarl.bridge.convert import to_hf, to_vllm_rank
 from megarl.bridge.plan import PlannedParam, SyncPlan
-from megarl.bridge.sync import SyncStats
+from megarl.bridge.sync import NamedParameters, SyncStats
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
 from megarl.models.layout import VOCAB
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.rollout.shared_ring import SharedRing
 from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, TensorSlot
 
-NamedParameters = Callable[[], Iterable[tuple[str, torch.Tensor]]]
 Named = Iterable[tuple[str, torch.Tensor]]
 
 
