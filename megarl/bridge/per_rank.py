@@ -28,12 +28,12 @@ import torch.distributed as dist
 from megarl.bridge.collect import local_params_by_plan_name
 from megarl.bridge.convert import to_hf, to_vllm_rank
 from megarl.bridge.plan import PlannedParam, SyncPlan
-from megarl.bridge.sync import NamedParameters, SyncStats
+from megarl.bridge.sync import BucketCount, NamedParameters, SyncStats
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
 from megarl.models.layout import VOCAB
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.rollout.shared_ring import SharedRing
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, TensorSlot
+from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, pack
 
 Named = Iterable[tuple[str, torch.Tensor]]
 
@@ -64,21 +64,12 @@ class PerRankSender:
         start = time.perf_counter()
         if self.transport is None:
             return SyncStats(0.0, 0, 0, 0)
-        counted = {"bytes": 0, "buckets": 0, "largest": 0}
-
-        def counting(buckets: Iterator[tuple[torch.Tensor, BucketMetadata]]) -> Iterator:
-            for flat, metadata in buckets:
-                counted["bytes"] += flat.nbytes
-                counted["buckets"] += 1
-                counted["largest"] = max(counted["largest"], flat.nbytes)
-                yield flat, metadata
-                del flat
-
+        counted = BucketCount()
         with torch.no_grad():
-            self.transport.send(counting(bucketed(self._tensors(), self.plan.bucket_bytes, self._dtype())))
+            self.transport.send(counted.through(bucketed(self._tensors(), self.plan.bucket_bytes, self._dtype())))
         # The bucket being packed and the ring's slots are what a sync adds, at most.
-        peak = counted["largest"] + self.transport.peak_shared_bytes
-        return SyncStats(time.perf_counter() - start, counted["bytes"], counted["buckets"], peak)
+        peak = counted.largest + self.transport.peak_shared_bytes
+        return SyncStats(time.perf_counter() - start, counted.bytes, counted.buckets, peak)
 
     def _dtype(self) -> torch.dtype:
         return self.plan.buckets[0].metadata.dtype
@@ -114,20 +105,10 @@ def bucketed(named: Named, bucket_bytes: int, dtype: torch.dtype) -> Iterator[tu
     for name, tensor in named:
         nbytes = tensor.numel() * dtype.itemsize
         if pending and size + nbytes > bucket_bytes:
-            yield _pack_as(pending, dtype)
+            yield pack(pending, dtype)
             pending, size = [], 0
         pending.append((name, tensor))
         size += nbytes
     if pending:
-        yield _pack_as(pending, dtype)
+        yield pack(pending, dtype)
 
-
-def _pack_as(named: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> tuple[torch.Tensor, BucketMetadata]:
-    slots, offset = [], 0
-    for name, tensor in named:
-        slots.append(TensorSlot(name, tuple(tensor.shape), dtype, offset))
-        offset += tensor.numel()
-    flat = torch.empty(offset, dtype=dtype, device=named[0][1].device)
-    for slot, (_, tensor) in zip(slots, named):
-        flat[slot.offset : slot.offset + slot.numel].view(slot.shape).copy_(tensor)
-    return flat, BucketMetadata(tuple(slots))

@@ -34,7 +34,7 @@ import torch
 
 from megarl.bridge.collect import BufferMeter, collect_buckets, conversion_errors, local_params_by_plan_name
 from megarl.bridge.plan import SyncPlan
-from megarl.bridge.transports.base import WeightTransport
+from megarl.bridge.transports.base import Buckets, WeightTransport
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.rollout.base import RolloutEngine
 
@@ -62,6 +62,27 @@ class SyncStats:
             "sync/buckets": float(self.buckets),
             "sync/peak_buffer_megabytes": self.peak_buffer_bytes / 2**20,
         }
+
+
+@dataclass
+class BucketCount:
+    """The buckets a transport consumed during one send."""
+
+    bytes: int = 0
+    """Bytes of all the buckets."""
+    buckets: int = 0
+    """How many there were."""
+    largest: int = 0
+    """Bytes of the largest one."""
+
+    def through(self, buckets: Buckets) -> Buckets:
+        """`buckets` as they are, counted as the transport asks for them."""
+        for flat, metadata in buckets:
+            self.bytes += flat.nbytes
+            self.buckets += 1
+            self.largest = max(self.largest, flat.nbytes)
+            yield flat, metadata
+            del flat  # the transport must drop a bucket before asking for the next one
 
 
 class WeightSender:
@@ -92,25 +113,17 @@ class WeightSender:
         """Collective over the trainer world: every bucket of the plan reaches the transport."""
         start = time.perf_counter()
         meter = BufferMeter()
-        counted = {"bytes": 0, "buckets": 0}
-
-        def on_sender(buckets: Iterator) -> Iterator:
-            for flat, metadata in buckets:
-                counted["bytes"] += flat.nbytes
-                counted["buckets"] += 1
-                yield flat, metadata
-                del flat  # the meter counts it released when the next bucket is asked for
-
+        counted = BucketCount()
         with torch.no_grad():
             buckets = collect_buckets(self.plan, self._local(), self.groups, meter, every_rank=self.every_rank)
             if self.transport is not None:
-                self.transport.send(on_sender(buckets))
+                self.transport.send(counted.through(buckets))
             for leftover in buckets:  # other ranks (and a transport that stopped early) drive the loop
                 if leftover is not None:
                     raise RuntimeError(
                         f"weight sync: the transport did not consume every bucket of the plan for {self.plan.layout}"
                     )
-        return SyncStats(time.perf_counter() - start, counted["bytes"], counted["buckets"], meter.peak)
+        return SyncStats(time.perf_counter() - start, counted.bytes, counted.buckets, meter.peak)
 
     def conversion_errors(self) -> list[str]:
         """Collective: Megatron names whose conversion does not invert exactly (to localise a

@@ -3,9 +3,10 @@ steps) the check that the engines now compute the actor's log-probs.
 
 A sync is four Ray round trips (`wake_up` when the engines sleep, `start_receive`, `send_weights`,
 `finish_receive`), five with a shared transport (the engines start from the ring that trainer rank 0
-opens in `begin_weight_sync`, or per rank from every sending rank's); the check adds two more and a forward of the probe batch on the actor
-and on every engine. `rollout.sync.verify_every = k` runs the check on steps that are multiples of k, on
-the last step, and always on the first sync of a run (a resumed run's too: its engines are new).
+opens in `begin_weight_sync`, or per rank from every sending rank's); the check adds two more and a
+forward of the probe batch on the actor and on every engine. `rollout.sync.verify_every = k` runs the
+check on steps that are multiples of k, on the last step, and always on the first sync of a run (a
+resumed run's too: its engines are new).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class WeightSync:
         if self.wake_engines:
             self.rollout.call_all("wake_up")
         if self.per_rank:
-            self.rollout.call_all("start_rank_receive", rings_by_tp_rank(self.policy.call_all("begin_weight_sync"), self.grids))
+            rings = rings_by_tp_rank(self.policy.call_all("begin_weight_sync"), self.grids)
+            self.rollout.call_all("start_rank_receive", rings)
         elif self.shared:
             self.rollout.call_all("start_shared_receive", self.policy.call_rank0("begin_weight_sync"))
         else:

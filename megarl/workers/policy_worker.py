@@ -4,7 +4,7 @@ the weight sync. A plain class; `megarl.orchestration` hosts one per rank proces
     worker = PolicyWorker(spec)                       # builds the grid, loads the HF weights
     old_log_probs, entropy = worker.compute_log_prob(batch)
     metrics = worker.update_actor(batch, shuffle_seed=step)
-    stats = worker.send_weights()                     # collective; rank 0 hands the buckets to the engines
+    stats = worker.send_weights()                     # collective; the sending ranks feed the engines
 
 Every rank of a DP replica is called with the same `PolicyBatch` (that replica's rows); results are
 returned on every rank.
@@ -19,10 +19,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 from megarl.bridge import LayoutPair, SyncPlan, WeightSender, build_plan
+from megarl.bridge.per_rank import PerRankSender
 from megarl.bridge.shard_send import ShardSender
 from megarl.bridge.transports.cuda_ipc import CudaIpcTransport
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
-from megarl.bridge.per_rank import PerRankSender
 from megarl.bridge.verify import actor_probe_logprobs
 from megarl.models.hf_config import read_model_dims
 from megarl.parallel.distributed import initialize_model_parallel

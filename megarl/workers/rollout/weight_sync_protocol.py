@@ -74,23 +74,30 @@ class SharedBucket(abc.ABC):
         this process's device holding it (a GPU's index differs between processes)."""
 
 
-def pack(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, BucketMetadata]:
-    """Concatenate tensors of one dtype into a flat buffer `[sum numel]` on their device, and
-    describe it. Raises ValueError for an empty bucket or mixed dtypes."""
+def pack(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, BucketMetadata]:
+    """Concatenate tensors into a flat buffer `[sum numel]` on their device, each copied once (and
+    cast to `dtype` when given), and describe it. Without `dtype` the tensors must share one.
+    Raises ValueError for an empty bucket or mixed dtypes."""
     named_tensors = list(named_tensors)
     if not named_tensors:
         raise ValueError("pack: a bucket needs at least one tensor")
-    dtype = named_tensors[0][1].dtype
+    if dtype is None:
+        dtype = named_tensors[0][1].dtype
+        for name, tensor in named_tensors:
+            if tensor.dtype != dtype:
+                raise ValueError(
+                    f"pack: tensor {name!r} is {tensor.dtype} but the bucket is {dtype} "
+                    f"(from {named_tensors[0][0]!r}); put tensors of different dtypes in separate buckets"
+                )
     slots, offset = [], 0
     for name, tensor in named_tensors:
-        if tensor.dtype != dtype:
-            raise ValueError(
-                f"pack: tensor {name!r} is {tensor.dtype} but the bucket is {dtype} "
-                f"(from {named_tensors[0][0]!r}); put tensors of different dtypes in separate buckets"
-            )
         slots.append(TensorSlot(name, tuple(tensor.shape), dtype, offset))
         offset += tensor.numel()
-    flat = torch.cat([tensor.reshape(-1) for _, tensor in named_tensors])
+    flat = torch.empty(offset, dtype=dtype, device=named_tensors[0][1].device)
+    for slot, (_, tensor) in zip(slots, named_tensors):
+        flat[slot.offset : slot.offset + slot.numel].view(slot.shape).copy_(tensor)
     return flat, BucketMetadata(tuple(slots))
 
 

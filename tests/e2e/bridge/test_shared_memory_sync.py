@@ -16,7 +16,7 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-from store_handoff import take
+from store_handoff import load_paused, take
 
 from megarl.bridge.check import TrainSettings, train_a_little, trained_actor_and_plan
 from megarl.bridge.plan import LayoutPair
@@ -78,12 +78,7 @@ def test_train_tp2_syncs_into_rollout_tp2_through_shared_memory(model_dir):
         try:
             for round_index in range(ROUNDS):
                 ring = pickle.loads(take(store, f"round{round_index}", trainers))
-                engine.pause()
-                try:
-                    engine.load_shared_buckets(ring).result(timeout=TIMEOUT_S)
-                finally:
-                    engine.resume()
-                engine_logprobs.append(torch.stack(engine.prompt_logprobs(probe)))
+                engine_logprobs.append(load_paused(engine, lambda: engine.load_shared_buckets(ring), probe, TIMEOUT_S))
             rounds = trainers.result(timeout=TIMEOUT_S)[0]
             assert engine.weight_version == ROUNDS
         finally:
