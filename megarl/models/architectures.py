@@ -39,15 +39,18 @@ TRANSFORMER_IMPLS = ("local", "transformer_engine")
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 """`model.dtype` names the Megatron roles train in. float16 is not one: it needs a dynamic loss
 scale driven by the training loop (megatron's `grad_scale_func`), which megarl does not run."""
-SELF_ATTENTION_MASK_TYPE = AttnMaskType.arbitrary
-"""How every layer spec's self-attention reads `attention_mask` (`megarl.workers.batch.attention_mask`,
-`[B, 1, S, S]`, causal and prompt padding in one, True = masked out). Both specs hand it to their
-kernel as is with `arbitrary`: megatron's local `FusedScaleMaskSoftmax` uses a given mask whatever the
-type, and `TEDotProductAttention.forward` passes mask and `attn_mask_type.name` to Transformer Engine.
-The TE spec's own `causal` (gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec) ignores the
-mask, so left padding would be attended; TE's `padding_causal` reduces the mask to per-row lengths
-(`dpa_utils.get_cu_seqlens`, counts of unmasked keys), i.e. assumes right padding, which a
-left-padded prompt is not. `arbitrary` runs TE's UnfusedDotProductAttention (it keeps the softmax)."""
+TE_SELF_ATTENTION_MASK_TYPE = AttnMaskType.arbitrary
+"""How the Transformer Engine spec's self-attention reads `attention_mask`
+(`megarl.workers.batch.attention_mask`, `[B, 1, S, S]`, causality and prompt padding in one, True =
+masked out). `TEDotProductAttention.forward` (megatron/core/extensions/transformer_engine.py) hands
+TE the mask and `attn_mask_type.name` unchanged. The spec's own `causal`
+(gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec) makes TE ignore the mask: left padding
+would be attended. TE's `padding_causal` reduces the mask to per-row lengths
+(`dpa_utils.get_cu_seqlens`: counts of unmasked keys), i.e. assumes right padding, which a
+left-padded prompt is not. `arbitrary` applies the mask as given (TE's UnfusedDotProductAttention,
+which keeps the softmax, as the local spec does). The local spec needs no change: with `causal` its
+`FusedScaleMaskSoftmax` uses a given mask as is and builds a causal one only when none is passed.
+With TE the mask is required."""
 DEFAULT_VOCAB_DIVISIBLE_BY = 128
 """Megatron's `make_vocab_size_divisible_by` default: the vocab is padded to a multiple of this × TP."""
 
@@ -117,14 +120,13 @@ def resolve_transformer_impl(setting: str, device_type: str) -> str:
 
 
 def layer_spec(dims: ModelDims, transformer_impl: str = "local") -> ModuleSpec:
-    """The decoder layer spec: local (CPU) or Transformer Engine (GPU), with Qwen3's q/k norm, its
-    self-attention reading the padding-aware mask (`SELF_ATTENTION_MASK_TYPE`)."""
+    """The decoder layer spec: local (CPU) or Transformer Engine (GPU), with Qwen3's q/k norm; both
+    honour the padding in `attention_mask` (`TE_SELF_ATTENTION_MASK_TYPE`)."""
     _check_impl(transformer_impl)
     if transformer_impl == "local":
-        spec = get_gpt_layer_local_spec(qk_layernorm=dims.qk_layernorm, normalization="RMSNorm")
-    else:
-        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=dims.qk_layernorm)
-    return with_self_attention_mask_type(spec, SELF_ATTENTION_MASK_TYPE)
+        return get_gpt_layer_local_spec(qk_layernorm=dims.qk_layernorm, normalization="RMSNorm")
+    spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=dims.qk_layernorm)
+    return with_self_attention_mask_type(spec, TE_SELF_ATTENTION_MASK_TYPE)
 
 
 def with_self_attention_mask_type(spec: ModuleSpec, mask_type: AttnMaskType) -> ModuleSpec:
@@ -149,7 +151,8 @@ def build_gpt_model(
 
     Weights are random-init (on the current GPU when there is one), every parameter in `params_dtype`;
     load a checkpoint with `megarl.models.checkpoint.load_hf_weights`.
-    Outputs of the last stage (`forward(input_ids [B, T], position_ids [B, T], attention_mask=None)`):
+    Outputs of the last stage (`forward(input_ids [B, T], position_ids [B, T], attention_mask=None)`;
+    None means plain causal on the local spec, and is not allowed with Transformer Engine):
     - `value_head=False`: vocab-parallel logits [B, T, V_padded / TP]. Columns >= the HF vocab size are
       padding: mask them before a softmax over the full vocabulary.
     - `value_head=True`: values [B, T, 1] from a `ValueHead` (one scalar per token, replicated over

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from megarl.models.architectures import (
-    SELF_ATTENTION_MASK_TYPE,
+    TE_SELF_ATTENTION_MASK_TYPE,
     layer_spec,
     resolve_transformer_impl,
     transformer_config,
@@ -75,14 +75,27 @@ def test_auto_resolves_to_transformer_engine_only_on_cuda_with_it_installed(monk
         assert resolve_transformer_impl("auto", "cpu") == "local"
 
 
-def test_self_attention_reads_the_padding_mask_as_given():
-    """The local spec's self-attention gets `arbitrary`; the mask megarl passes carries causality and
-    left padding (megarl.workers.batch.attention_mask)."""
+def test_transformer_engine_spec_reads_the_padding_mask_as_given(monkeypatch):
+    """The TE spec's self-attention gets `arbitrary` (the mask megarl passes carries causality and
+    left padding). TE is CUDA-only, so its spec function is stood in for by the local one, whose
+    self-attention entry has the same form (checked against the installed source below)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.enums import AttnMaskType
 
-    assert SELF_ATTENTION_MASK_TYPE == AttnMaskType.arbitrary
-    for model_type in ("qwen2", "qwen3"):
-        assert layer_spec(dims_of(model_type)).submodules.self_attention.params["attn_mask_type"] == AttnMaskType.arbitrary
+    from megarl.models import architectures
+
+    monkeypatch.setattr(architectures, "_te_importable", lambda: True)
+    monkeypatch.setattr(
+        architectures, "get_gpt_layer_with_transformer_engine_spec",
+        lambda qk_layernorm: get_gpt_layer_local_spec(qk_layernorm=qk_layernorm, normalization="RMSNorm"),
+    )
+    assert TE_SELF_ATTENTION_MASK_TYPE == AttnMaskType.arbitrary
+    te_attention = layer_spec(dims_of("qwen3"), "transformer_engine").submodules.self_attention
+    assert te_attention.params["attn_mask_type"] == AttnMaskType.arbitrary
+    assert te_attention.submodules.q_layernorm is not None  # the rest of the spec is untouched
+    # The local spec keeps causal: its softmax uses a given mask as is (None: causal).
+    local_attention = layer_spec(dims_of("qwen3")).submodules.self_attention
+    assert local_attention.params["attn_mask_type"] == AttnMaskType.causal
 
 
 def _megatron_source(module: str) -> str:
