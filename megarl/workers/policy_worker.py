@@ -24,6 +24,7 @@ from megarl.bridge.shard_send import ShardSender
 from megarl.bridge.transports.cuda_ipc import CudaIpcTransport
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
 from megarl.bridge.verify import actor_probe_logprobs
+from megarl.models.architectures import TORCH_DTYPES
 from megarl.models.hf_config import read_model_dims
 from megarl.parallel.distributed import initialize_model_parallel
 from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
@@ -101,8 +102,10 @@ class PolicyWorker:
             MegatronRewardModel.from_hf(spec.reward_model_path, self.groups, built) if spec.reward_model_path else None
         )
         self.loss = PolicyLoss(spec.loss)
+        # The weights travel in the actor's parameter dtype.
         self.plan = build_plan(
-            read_model_dims(spec.model_path), LayoutPair(spec.tp, spec.pp, spec.rollout_tp), bucket_mb=spec.bucket_mb
+            read_model_dims(spec.model_path), LayoutPair(spec.tp, spec.pp, spec.rollout_tp), bucket_mb=spec.bucket_mb,
+            dtype=TORCH_DTYPES[built.dtype],
         )
         self.sender: WeightSender | None = None
 
