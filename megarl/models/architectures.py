@@ -4,9 +4,9 @@ Llama, Qwen2/2.5 and Qwen3 are one megatron GPT shape with switches: RMSNorm, Sw
 (`gated_linear_unit` + silu), GQA (`num_query_groups`), RoPE, q/k/v biases (Qwen2), per-head q/k
 RMSNorm (Qwen3, whose `head_dim` may differ from hidden / heads), tied or untied embeddings.
 `transformer_impl` picks the layer spec: "local" (plain torch, runs on CPU) or "transformer_engine"
-(GPU); the TransformerConfig is the same for both. `params_dtype` bfloat16/float16 gives 16-bit
-parameters and compute (megatron's `bf16`/`fp16` TransformerConfig fields follow it); the fp32 main
-parameters and gradients of mixed precision belong to the trainer (`megarl.workers.megatron_train`).
+(GPU); the TransformerConfig is the same for both. `params_dtype` bfloat16 gives bf16 parameters
+and compute (megatron's `bf16` TransformerConfig field follows it); the fp32 main parameters and
+gradients of mixed precision belong to the trainer (`megarl.workers.megatron_train`).
 
     groups = initialize_model_parallel(tp=2, pp=2, seed=0)
     model = build_gpt_model("/ckpt/qwen", groups)                  # actor / reference

@@ -41,6 +41,7 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
+from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
 from megarl.algorithms.losses import agg_loss_normalizer
@@ -186,7 +187,7 @@ class ModelSettings:
             )
 
 
-def megatron_optimizer_config(settings: OptimSettings, model_config) -> OptimizerConfig:
+def megatron_optimizer_config(settings: OptimSettings, model_config: TransformerConfig) -> OptimizerConfig:
     """`OptimizerConfig` from `settings`, in the precision of the model (`model_config`, its
     `TransformerConfig`): bf16 parameters get fp32 main parameters (see the module docstring)."""
     offload = settings.optimizer_cpu_offload and torch.cuda.is_available()
@@ -233,7 +234,8 @@ def build_optimizer(
 ) -> tuple[object, OptimizerParamScheduler]:
     """Megatron optimizer over `ddp`'s parameters and its warm-up/decay scheduler."""
     optimizer = get_megatron_optimizer(
-        megatron_optimizer_config(settings, ddp.config), [ddp], use_gloo_process_groups=False, pg_collection=groups.collection
+        megatron_optimizer_config(settings, ddp.config), [ddp],
+        use_gloo_process_groups=False, pg_collection=groups.collection,
     )
     scheduler = OptimizerParamScheduler(
         optimizer,

@@ -46,7 +46,9 @@ class MegatronRewardModel:
         """Build this rank's shard from an HF reward-model checkpoint dir (see the module docstring)."""
         # Read (and check) the head before building: construction runs collectives, a bad checkpoint must not hang.
         score_weight = read_score_weight(model_dir)
-        model, _ = load_model(model_dir, groups, settings=model_settings, recompute=RecomputeSettings(), value_head=True)
+        model, _ = load_model(
+            model_dir, groups, settings=model_settings, recompute=RecomputeSettings(), value_head=True
+        )
         if groups.is_last_stage:
             with torch.no_grad():
                 model.output_layer.weight.copy_(score_weight)

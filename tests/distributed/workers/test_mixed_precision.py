@@ -49,13 +49,12 @@ def _adam_states(optimizer) -> list[torch.Tensor]:
     ]
 
 
-def _train(model_dir, distributed_optimizer, checkpoint_dir):
-    from megarl.parallel.distributed import initialize_model_parallel
+def _train(model_dir, groups, distributed_optimizer, checkpoint_dir):
+    """STEPS bf16 updates of the tiny actor; dtypes, progress, and (with `checkpoint_dir`) a round trip."""
     from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
     from megarl.workers.checkpoint import load_checkpoint, save_checkpoint
     from megarl.workers.megatron_train import ModelSettings, OptimSettings
 
-    groups = initialize_model_parallel(1, 1, seed=0)
     settings = ModelSettings(dtype="bfloat16", transformer_impl="auto")
     optim = OptimSettings(lr=LR, use_distributed_optimizer=distributed_optimizer)
     actor = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=settings)
@@ -69,19 +68,22 @@ def _train(model_dir, distributed_optimizer, checkpoint_dir):
     batch = ragged_batch()
     share = len(batch) // groups.dp_size
     local = batch.select(slice(groups.dp_rank * share, (groups.dp_rank + 1) * share))
-    local.advantages = torch.ones(len(local), local.response_length)  # every response token should get likelier
+    local.advantages = torch.ones(len(local), local.response_length)  # every response token gets likelier
     mask = local.response_mask
     losses, grad_norms, mean_log_probs = [], [], []
     for _ in range(STEPS):
         # On-policy steps (old = current log-probs): the ratio starts at 1, never clipped away.
         local.old_log_probs, _ = actor.compute_log_prob(local, micro_batch_size=share)
         mean_log_probs.append(float(local.old_log_probs[mask].mean()))
-        metrics = actor.update_policy(local, PolicyLoss(PolicyLossSettings()), mini_batch_size=share, micro_batch_size=2)
+        metrics = actor.update_policy(
+            local, PolicyLoss(PolicyLossSettings()), mini_batch_size=share, micro_batch_size=2
+        )
         losses.append(metrics["loss"])
         grad_norms.append(metrics["grad_norm"])
-    log_probs, _ = actor.compute_log_prob(local, micro_batch_size=share)
+    log_probs, entropy = actor.compute_log_prob(local, micro_batch_size=share)
     mean_log_probs.append(float(log_probs[mask].mean()))
     out.update(losses=losses, grad_norms=grad_norms, mean_log_probs=mean_log_probs)
+    out["log_prob_dtypes"] = {str(log_probs.dtype), str(entropy.dtype)}
 
     main = _main_params(optimizer)
     out["main_param_dtypes"] = {str(p.dtype) for p in main}
@@ -99,11 +101,9 @@ def _train(model_dir, distributed_optimizer, checkpoint_dir):
         out["model_is_rounded_main"] = all(torch.equal(m.to(torch.bfloat16), p) for m, p in pairs)
 
     if checkpoint_dir is not None:
-        states = dict(models={"actor": [ddp]}, optimizers={"actor": optimizer}, schedulers={"actor": actor.engine.scheduler})
-        path = save_checkpoint(checkpoint_dir, STEPS, groups, **states, extra={})
+        path = save_checkpoint(checkpoint_dir, STEPS, groups, **_states(actor), extra={})
         fresh = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=settings)
-        load_checkpoint(path, groups, models={"actor": [fresh.engine.model]}, optimizers={"actor": fresh.engine.optimizer},
-                        schedulers={"actor": fresh.engine.scheduler})
+        load_checkpoint(path, groups, **_states(fresh))
         out["restored_model"] = all(
             torch.equal(a, b) for a, b in zip(ddp.module.parameters(), fresh.engine.model.module.parameters())
         )
@@ -114,10 +114,20 @@ def _train(model_dir, distributed_optimizer, checkpoint_dir):
     return out
 
 
+def _states(actor) -> dict:
+    engine = actor.engine
+    return dict(
+        models={"actor": [engine.model]}, optimizers={"actor": engine.optimizer}, schedulers={"actor": engine.scheduler}
+    )
+
+
 def _rank_main(model_dir, checkpoint_dir):
+    from megarl.parallel.distributed import initialize_model_parallel
+
+    groups = initialize_model_parallel(1, 1, seed=0)
     return {
-        "float16_optimizer": _train(model_dir, False, checkpoint_dir),
-        "distributed_optimizer": _train(model_dir, True, None),
+        "float16_optimizer": _train(model_dir, groups, False, checkpoint_dir),
+        "distributed_optimizer": _train(model_dir, groups, True, None),
     }
 
 
@@ -128,7 +138,9 @@ def bf16_ranks(tiny_qwen2, tmp_path_factory):
 
 @pytest.mark.parametrize("kind", ["float16_optimizer", "distributed_optimizer"])
 def test_bf16_model_trains_with_fp32_main_params_grads_and_states(bf16_ranks, kind):
-    expected_class = {"float16_optimizer": "Float16OptimizerWithFloat16Params", "distributed_optimizer": "DistributedOptimizer"}
+    expected_class = {
+        "float16_optimizer": "Float16OptimizerWithFloat16Params", "distributed_optimizer": "DistributedOptimizer"
+    }
     for rank in bf16_ranks:
         out = rank[kind]
         assert out["optimizer_classes"] == {expected_class[kind]}
@@ -136,6 +148,7 @@ def test_bf16_model_trains_with_fp32_main_params_grads_and_states(bf16_ranks, ki
         assert out["param_dtypes"] == {"torch.bfloat16"}
         assert out["main_grad_dtypes"] == {"torch.float32"} and out["main_grad_buffer_dtypes"] == {"torch.float32"}
         assert out["main_param_dtypes"] == {"torch.float32"} and out["adam_state_dtypes"] == {"torch.float32"}
+        assert out["log_prob_dtypes"] == {"torch.float32"}  # computed from upcast logits (workers/logprobs.py)
         assert all(math.isfinite(x) for x in out["losses"] + out["grad_norms"] + out["mean_log_probs"])
         assert all(norm > 0 for norm in out["grad_norms"])
         # Positive advantages on every token: the trained tokens get likelier at every step.
