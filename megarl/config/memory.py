@@ -1,40 +1,48 @@
 """Per-GPU memory estimate of a recipe, per role, so `megarl validate` can say whether it fits.
 
-Pure arithmetic (no torch). What is counted, per GPU, for the rank that holds the most (the first
-pipeline stage, which also holds the activations of the most micro-batches in flight):
+Pure arithmetic (no torch). It describes what the Megatron roles run (megarl.workers.megatron_train,
+megarl.models.architectures) for the rank that holds the most (the first pipeline stage, which also
+holds the activations of the most micro-batches in flight):
 
-- **parameters**: this rank's TP × PP shard, in `model.dtype`. The vocabulary is padded to a multiple
-  of 128 × TP as megatron does; the first stage holds the embedding, the last the output layer
-  (absent when tied) and the final norm; norms are replicated over TP.
-- **gradients**: megatron DDP's grad buffer, in the parameter dtype (megarl leaves
-  `grad_reduce_in_fp32` off).
-- **optimizer**: Adam's two fp32 moments, plus an fp32 main copy of the parameters when they are
-  16-bit; divided by DP with the distributed optimizer (megatron's table: 4 + 4 + 8/DP bytes per
-  parameter in fp32, 2 + 2 + 12/DP in bf16).
+- **parameters**: this rank's TP × PP shard, in `model.dtype` (every parameter, norms included). The
+  vocabulary is padded to a multiple of 128 × TP as megatron does; the first stage holds the
+  embedding, the last the output layer (absent when tied) and the final norm; norms are replicated
+  over TP.
+- **gradients**: megatron DDP's grad buffer, always fp32 (`grad_reduce_in_fp32`: the main grads of
+  mixed precision), 4 bytes per parameter.
+- **optimizer**: Adam's two fp32 moments, plus the fp32 main copy of the parameters when they are
+  bfloat16 (megatron's mixed-precision optimizers); divided by DP with the distributed optimizer. Per
+  parameter: fp32 4 + 4 + 8/DP bytes, bf16 2 + 4 + 12/DP (megatron's distributed-optimizer table,
+  with fp32 gradients).
 - **activations** of one training micro-batch of `micro_batch_size_per_gpu` samples of
-  S = `data.max_prompt_length + rollout.max_new_tokens` tokens (the local spec, no sequence
-  parallelism, no dropout), per token and layer, in elements (Q = heads × head_dim, K = KV heads ×
-  head_dim, a = heads, f = ffn, h = hidden, t = TP):
+  S = `data.max_prompt_length + rollout.max_new_tokens` tokens (no sequence parallelism, no dropout),
+  per token and layer, in elements of `model.dtype` (Q = heads × head_dim, K = KV heads × head_dim,
+  a = heads, f = ffn, h = hidden, t = TP):
 
       4h                 inputs of the two norms and of the two linears after them
       + (2Q + 2K) / t    q, k, v for attention and the attention context
-      + a·S / t          the softmax probabilities: only the local spec (CPU, or
-                         `model.transformer_impl: local`) materialises them; TE's fused attention does not
+      + a·S / t          the softmax probabilities: both layer specs keep them (the local spec's
+                         softmax; with Transformer Engine the `arbitrary` mask that honours left
+                         padding runs TE's unfused attention, see architectures.TE_SELF_ATTENTION_MASK_TYPE)
       + 3f / t           fc1 output (gate, up) and the SwiGLU output
 
   With 1F1B the first stage keeps PP micro-batches in flight of L/PP layers each: L layers' worth.
   Full recompute keeps only each layer's input (h per token and layer) plus one layer's working set
-  as above; selective recompute (core_attn) drops the a·S/t term. The last stage adds the logits in
-  fp32 twice (logits and their log-softmax): 2 × 4 × V_padded/t bytes per token.
+  as above; selective recompute (core_attn) drops the a·S/t term. The last stage adds the logits
+  per token: V_padded/t in `model.dtype`, their fp32 upcast when that is bfloat16, and the fp32
+  exponentials of the log-softmax (megarl.workers.logprobs).
 - **rollout**: on GPU vLLM takes `rollout.gpu_memory_utilization` of the GPU (weights, KV cache and
-  its activations); on CPU the weights / rollout TP plus `rollout.kv_cache_gib`.
+  its activations; vLLM refuses to start unless that much is free); on CPU the weights / rollout TP
+  plus `rollout.kv_cache_gib`.
 
 Peak per GPU. Split placement: the training GPUs hold the trained roles during the update (actor,
 critic, reference parameters), the rollout GPUs the engine. Colocated: the larger of the rollout
-phase (engine + what the Megatron roles keep resident: parameters and gradients unless
-`offload.params`, optimizer unless `offload.optimizer`, the reference unless `ref.offload_params`)
-and the training phase (every trained role's full state + one role's activations + the reference,
-with the engine asleep when `rollout.free_cache_engine`, else its share as well).
+phase (the engine's share + what the Megatron roles keep resident: parameters and gradients unless
+`offload.params`, the optimizer unless `offload.optimizer` with bfloat16 parameters (with fp32 ones
+megatron's optimizer updates the model's own parameters, so there is nothing separate to move and
+the trainer refuses the setting), the reference unless `ref.offload_params`) and the training phase
+(every trained role's full state + one role's activations + the reference, with the engine asleep
+when `rollout.free_cache_engine`, else its share as well).
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ GIB = 2**30
 VOCAB_DIVISIBLE_BY = 128
 """megatron's `make_vocab_size_divisible_by` default (megarl.models.architectures uses it)."""
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+FP32 = 4
+ADAM_MOMENTS = 2 * FP32
 
 # The three shape facts the memory estimate needs beyond megarl.config.KNOWN_MODELS (intermediate_size,
 # head_dim, tie_word_embeddings), from the same published config.json files.
@@ -143,14 +153,13 @@ class ModelShape:
         output = 0 if self.tie_word_embeddings else embedding
         return self.num_layers * self.layer_parameters(1) + embedding + output + self.hidden_size
 
-    def activation_elements_per_token(self, tp: int, seq_len: int, recompute: str, softmax_stored: bool) -> int:
+    def activation_elements_per_token(self, tp: int, seq_len: int, recompute: str) -> int:
         """Elements one transformer layer keeps per token for backward (see the module docstring);
-        with "full" recompute, only the layer input. `softmax_stored`: attention keeps its `[a, S, S]`
-        probabilities (local spec), not a fused kernel's."""
+        with "full" recompute, only the layer input."""
         if recompute == "full":
             return self.hidden_size
         h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        attention = self.num_attention_heads * seq_len // tp if softmax_stored and recompute != "selective" else 0
+        attention = self.num_attention_heads * seq_len // tp if recompute != "selective" else 0
         return 4 * h + (2 * q + 2 * kv) // tp + attention + 3 * self.ffn_hidden_size // tp
 
 
@@ -188,6 +197,8 @@ class MemoryEstimate:
     """Where the peak is: "rollout phase", "training phase" (colocated), "training GPUs" or "rollout GPUs" (split)."""
     gpu_memory_bytes: int
     """The GPU size compared against."""
+    runs: tuple[str, ...] = ()
+    """What the estimate counts, one line each (precision, offload, the rollout engine's share)."""
 
     @property
     def fits(self) -> bool:
@@ -196,23 +207,21 @@ class MemoryEstimate:
 
 def state_bytes(shape: ModelShape, parallel: ParallelConfig, dp: int, dtype: str, *, distributed_optimizer: bool,
                 trained: bool, value_head: bool = False) -> tuple[int, int, int]:
-    """(parameters, gradients, optimizer) bytes on the busiest rank of a role."""
+    """(parameters, gradients, optimizer) bytes on the busiest rank of a role (module docstring)."""
     params = shape.rank_parameters(parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size, value_head)
     width = DTYPE_BYTES[dtype]
     if not trained:
         return params * width, 0, 0
-    # Adam: exp_avg + exp_avg_sq in fp32, and an fp32 main copy when the model parameters are 16-bit.
-    optimizer_per_param = 8 + (4 if width < 4 else 0)
-    optimizer = params * optimizer_per_param
+    optimizer = params * (ADAM_MOMENTS + (FP32 if width < FP32 else 0))
     if distributed_optimizer:
         optimizer = -(-optimizer // dp)
-    return params * width, params * width, optimizer
+    return params * width, params * FP32, optimizer
 
 
 def activation_bytes(shape: ModelShape, parallel: ParallelConfig, recompute: RecomputeConfig, micro_batch: int,
-                     seq_len: int, dtype: str, softmax_stored: bool, value_head: bool = False) -> int:
+                     seq_len: int, dtype: str, value_head: bool = False) -> int:
     """Training activations of one micro-batch on the first stage (all its in-flight micro-batches),
-    plus the last stage's fp32 logits when PP is 1 (else they are on another rank)."""
+    plus the last stage's logits and their fp32 working copies when PP is 1 (else they are on another rank)."""
     tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
     tokens = micro_batch * seq_len
     width = DTYPE_BYTES[dtype]
@@ -221,13 +230,15 @@ def activation_bytes(shape: ModelShape, parallel: ParallelConfig, recompute: Rec
         # The first `num_layers` layers of each stage are recomputed, the others keep everything.
         per_stage = shape.num_layers // pp
         recomputed = min(recompute.num_layers or 0, per_stage)
-        kept = (recomputed * shape.activation_elements_per_token(tp, seq_len, "full", softmax_stored)
-                + (per_stage - recomputed) * shape.activation_elements_per_token(tp, seq_len, "none", softmax_stored)) * pp
+        kept = (recomputed * shape.activation_elements_per_token(tp, seq_len, "full")
+                + (per_stage - recomputed) * shape.activation_elements_per_token(tp, seq_len, "none")) * pp
     else:
-        kept = shape.num_layers * shape.activation_elements_per_token(tp, seq_len, granularity, softmax_stored)
+        kept = shape.num_layers * shape.activation_elements_per_token(tp, seq_len, granularity)
     if granularity == "full":  # plus the working set of the one layer being recomputed
-        kept += shape.activation_elements_per_token(tp, seq_len, "none", softmax_stored)
-    logits = 0 if pp > 1 else tokens * (4 if value_head else 2 * 4 * shape.padded_vocab(tp) // tp)
+        kept += shape.activation_elements_per_token(tp, seq_len, "none")
+    # Logits in the model dtype, their fp32 upcast (none when already fp32), the fp32 exponentials.
+    logit_bytes = width + (FP32 if width < FP32 else 0) + FP32
+    logits = 0 if pp > 1 else tokens * (FP32 if value_head else logit_bytes * shape.padded_vocab(tp) // tp)
     return tokens * kept * width + logits
 
 
@@ -236,8 +247,6 @@ def estimate_memory(config: Config, shape: ModelShape, *, train_gpus: int, gpu_m
     """Per-GPU memory of `config`'s roles for a model of `shape` on `train_gpus` training GPUs
     (`plan_batches(config).train_gpus`). `on_gpu=False` sizes the rollout as on CPU."""
     dtype = config.model.dtype
-    impl = config.model.transformer_impl
-    softmax_stored = impl == "local" or (impl == "auto" and not on_gpu)
     seq_len = config.data.max_prompt_length + config.rollout.max_new_tokens
     roles: list[RoleMemory] = []
     trained = [("actor", config.actor, False)] + ([("critic", config.critic, True)] if config.critic.enable else [])
@@ -246,8 +255,7 @@ def estimate_memory(config: Config, shape: ModelShape, *, train_gpus: int, gpu_m
         dp = train_gpus // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size)
         params, grads, optim = state_bytes(shape, p, dp, dtype, distributed_optimizer=role.optim.use_distributed_optimizer,
                                            trained=True, value_head=value_head)
-        acts = activation_bytes(shape, p, role.recompute, role.micro_batch_size_per_gpu, seq_len, dtype, softmax_stored,
-                                value_head)
+        acts = activation_bytes(shape, p, role.recompute, role.micro_batch_size_per_gpu, seq_len, dtype, value_head)
         roles.append(RoleMemory(name, params, grads, optim, acts))
     if uses_reference(config):
         params, _, _ = state_bytes(shape, config.ref.parallel, 1, dtype, distributed_optimizer=False, trained=False)
@@ -260,7 +268,33 @@ def estimate_memory(config: Config, shape: ModelShape, *, train_gpus: int, gpu_m
         weights = shape.total_parameters() * DTYPE_BYTES[dtype] // rollout.tensor_model_parallel_size
         roles.append(RoleMemory("rollout", weights, 0, 0, 0, other=int(rollout.kv_cache_gib * GIB)))
     peak, phase = _peak(config, roles)
-    return MemoryEstimate(roles, peak, phase, int(gpu_memory_gib * GIB))
+    return MemoryEstimate(roles, peak, phase, int(gpu_memory_gib * GIB), _what_runs(config, on_gpu, gpu_memory_gib))
+
+
+def _what_runs(config: Config, on_gpu: bool, gpu_memory_gib: float) -> tuple[str, ...]:
+    """The lines `format_estimate` prints above the table (see the module docstring)."""
+    dtype = config.model.dtype
+    if DTYPE_BYTES[dtype] < FP32:
+        precision = (f"{dtype} parameters, fp32 main grads, fp32 main parameters + Adam moments "
+                     f"({DTYPE_BYTES[dtype]} + 4 + 12 B per parameter)")
+    else:
+        precision = "fp32 parameters, grads and Adam moments, no main copy (4 + 4 + 8 B per parameter)"
+    optimizer_moves = DTYPE_BYTES[dtype] < FP32
+    offloaded = [f"{role}.offload.params" for role in ("actor", "critic") if getattr(config, role).offload.params]
+    offloaded += [f"{role}.offload.optimizer" for role in ("actor", "critic")
+                  if getattr(config, role).offload.optimizer and optimizer_moves]
+    offloaded += ["ref.offload_params"] if config.ref.offload_params else []
+    lines = [f"precision: {precision}; the distributed optimizer shards the 8-12 B over DP"]
+    if config.placement.mode == "colocated":
+        lines.append("offload during rollout: " + (", ".join(offloaded) if offloaded else "none"))
+    rollout = config.rollout
+    if on_gpu:
+        lines.append(f"rollout: vLLM takes gpu_memory_utilization {rollout.gpu_memory_utilization} of each "
+                     f"{'shared' if config.placement.mode == 'colocated' else 'rollout'} GPU "
+                     f"({rollout.gpu_memory_utilization * gpu_memory_gib:.1f} GiB)")
+    else:
+        lines.append(f"rollout: the engine's weights in {dtype} and kv_cache_gib {rollout.kv_cache_gib} of host memory")
+    return tuple(lines)
 
 
 def _peak(config: Config, roles: list[RoleMemory]) -> tuple[int, str]:
@@ -273,8 +307,11 @@ def _peak(config: Config, roles: list[RoleMemory]) -> tuple[int, str]:
     if config.placement.mode == "split":
         return (training, "training GPUs") if training >= engine else (engine, "rollout GPUs")
     offload = {"actor": config.actor.offload, "critic": config.critic.offload}
+    # Only bf16 parameters have a separate fp32 optimizer state to move (module docstring).
+    optimizer_moves = DTYPE_BYTES[config.model.dtype] < FP32
     resident = sum(
-        (0 if offload[r.role].params else r.parameters + r.gradients) + (0 if offload[r.role].optimizer else r.optimizer)
+        (0 if offload[r.role].params else r.parameters + r.gradients)
+        + (0 if offload[r.role].optimizer and optimizer_moves else r.optimizer)
         for r in trained
     ) + (0 if config.ref.offload_params else ref)
     rollout_phase = engine + resident
@@ -284,7 +321,7 @@ def _peak(config: Config, roles: list[RoleMemory]) -> tuple[int, str]:
 
 def format_estimate(estimate: MemoryEstimate) -> str:
     """The table `megarl validate` prints, GiB per GPU, and the verdict."""
-    lines = ["role     params   grads   optim   activ   other   total  (GiB per GPU)"]
+    lines = [*estimate.runs, "role     params   grads   optim   activ   other   total  (GiB per GPU)"]
     for r in estimate.roles:
         cells = [r.parameters, r.gradients, r.optimizer, r.activations, r.other, r.total]
         lines.append(f"{r.role:<8}" + "".join(f"{c / GIB:8.2f}" for c in cells))

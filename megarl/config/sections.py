@@ -15,11 +15,15 @@ class ModelConfig:
     """Required. A local HF checkpoint directory (with config.json), or a hub id `org/name` found in the
     local HF cache or in megarl's table of known models (megarl/config/known_models.py)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
-    """Parameter and compute dtype of actor, critic, reference and rollout."""
+    """Parameter and compute dtype of actor, critic, reference, reward model and rollout. The trained
+    roles keep fp32 main parameters, gradients and Adam states in bfloat16 (megatron's mixed
+    precision). float16 is for the rollout only: the Megatron roles refuse it (no loss scaling)."""
     tokenizer_path: str | None = None
     """Tokenizer directory or hub id; None uses `path`."""
     transformer_impl: Literal["auto", "local", "transformer_engine"] = "auto"
-    """Megatron layer spec. auto: Transformer Engine on GPU, local on CPU (TE is CUDA-only)."""
+    """Megatron layer spec. auto: Transformer Engine where the worker runs on CUDA and TE is installed,
+    else local (TE is CUDA-only). With TE, attention takes megarl's padding mask as given (`arbitrary`:
+    TE's unfused attention), so left-padded prompts stay masked."""
     trust_remote_code: bool = False
     """Must stay false: megarl builds models from config.json and never runs code shipped with a checkpoint."""
 

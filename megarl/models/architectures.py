@@ -4,7 +4,9 @@ Llama, Qwen2/2.5 and Qwen3 are one megatron GPT shape with switches: RMSNorm, Sw
 (`gated_linear_unit` + silu), GQA (`num_query_groups`), RoPE, q/k/v biases (Qwen2), per-head q/k
 RMSNorm (Qwen3, whose `head_dim` may differ from hidden / heads), tied or untied embeddings.
 `transformer_impl` picks the layer spec: "local" (plain torch, runs on CPU) or "transformer_engine"
-(GPU); the TransformerConfig is the same for both.
+(GPU); the TransformerConfig is the same for both. `params_dtype` bfloat16 gives bf16 parameters
+and compute (megatron's `bf16` TransformerConfig field follows it); the fp32 main parameters and
+gradients of mixed precision belong to the trainer (`megarl.workers.megatron_train`).
 
     groups = initialize_model_parallel(tp=2, pp=2, seed=0)
     model = build_gpt_model("/ckpt/qwen", groups)                  # actor / reference
@@ -24,6 +26,7 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_with_transformer_engine_spec,
 )
 from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -33,6 +36,21 @@ from megarl.models.layout import padded_vocab_size
 from megarl.parallel.distributed import ProcessGroups
 
 TRANSFORMER_IMPLS = ("local", "transformer_engine")
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+"""`model.dtype` names the Megatron roles train in. float16 is not one: it needs a dynamic loss
+scale driven by the training loop (megatron's `grad_scale_func`), which megarl does not run."""
+TE_SELF_ATTENTION_MASK_TYPE = AttnMaskType.arbitrary
+"""How the Transformer Engine spec's self-attention reads `attention_mask`
+(`megarl.workers.batch.attention_mask`, `[B, 1, S, S]`, causality and prompt padding in one, True =
+masked out). `TEDotProductAttention.forward` (megatron/core/extensions/transformer_engine.py) hands
+TE the mask and `attn_mask_type.name` unchanged. The spec's own `causal`
+(gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec) makes TE ignore the mask: left padding
+would be attended. TE's `padding_causal` reduces the mask to per-row lengths
+(`dpa_utils.get_cu_seqlens`: counts of unmasked keys), i.e. assumes right padding, which a
+left-padded prompt is not. `arbitrary` applies the mask as given (TE's UnfusedDotProductAttention,
+which keeps the softmax, as the local spec does). The local spec needs no change: with `causal` its
+`FusedScaleMaskSoftmax` uses a given mask as is and builds a causal one only when none is passed.
+With TE the mask is required."""
 DEFAULT_VOCAB_DIVISIBLE_BY = 128
 """Megatron's `make_vocab_size_divisible_by` default: the vocab is padded to a multiple of this × TP."""
 
@@ -48,8 +66,9 @@ def transformer_config(
 ) -> TransformerConfig:
     """The TransformerConfig of `dims` on a (tp_size, pp_size) grid.
 
-    overrides: non-architectural TransformerConfig fields the caller owns (e.g. `bf16`,
-    `sequence_parallel`, `recompute_granularity`); architectural fields are rejected.
+    params_dtype: float32 or bfloat16 (`TORCH_DTYPES`); megatron's `bf16` flag follows it.
+    overrides: non-architectural TransformerConfig fields the caller owns (e.g. `sequence_parallel`,
+    `recompute_granularity`); architectural fields and the precision fields are rejected.
     """
     check_parallel_layout(dims, tp_size=tp_size, pp_size=pp_size)
     _check_impl(transformer_impl)
@@ -71,13 +90,17 @@ def transformer_config(
         attention_dropout=dims.attention_dropout,
         init_method_std=dims.initializer_range,
     )
-    clashes = sorted(set(overrides) & set(architecture))
+    clashes = sorted(set(overrides) & (set(architecture) | {"bf16", "fp16", "params_dtype", "pipeline_dtype"}))
     if clashes:
-        raise ValueError(f"transformer_config: {clashes} come from the HF config.json and cannot be overridden")
+        raise ValueError(
+            f"transformer_config: {clashes} come from the HF config.json or params_dtype and cannot be overridden"
+        )
+    _check_dtype(params_dtype)
     return TransformerConfig(
         **architecture,
         tensor_model_parallel_size=tp_size,
         pipeline_model_parallel_size=pp_size,
+        bf16=params_dtype == torch.bfloat16,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
         # Without CUDA, megatron must build full weights on the CPU and slice them per rank.
@@ -87,12 +110,31 @@ def transformer_config(
     )
 
 
+def resolve_transformer_impl(setting: str, device_type: str) -> str:
+    """`model.transformer_impl` for a process whose compute device is `device_type` ("cuda"/"cpu"):
+    "auto" is Transformer Engine on CUDA where it is importable, else local."""
+    if setting != "auto":
+        _check_impl(setting)
+        return setting
+    return "transformer_engine" if device_type == "cuda" and _te_importable() else "local"
+
+
 def layer_spec(dims: ModelDims, transformer_impl: str = "local") -> ModuleSpec:
-    """The decoder layer spec: local (CPU) or Transformer Engine (GPU), with Qwen3's q/k norm."""
+    """The decoder layer spec: local (CPU) or Transformer Engine (GPU), with Qwen3's q/k norm; both
+    honour the padding in `attention_mask` (`TE_SELF_ATTENTION_MASK_TYPE`)."""
     _check_impl(transformer_impl)
     if transformer_impl == "local":
         return get_gpt_layer_local_spec(qk_layernorm=dims.qk_layernorm, normalization="RMSNorm")
-    return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=dims.qk_layernorm)
+    spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=dims.qk_layernorm)
+    return with_self_attention_mask_type(spec, TE_SELF_ATTENTION_MASK_TYPE)
+
+
+def with_self_attention_mask_type(spec: ModuleSpec, mask_type: AttnMaskType) -> ModuleSpec:
+    """`spec` (a TransformerLayer spec; both megatron GPT spec functions build the self-attention as
+    `ModuleSpec(SelfAttention, params={"attn_mask_type": ...})`) with that mask type replaced."""
+    attention = spec.submodules.self_attention
+    attention.params = {**attention.params, "attn_mask_type": mask_type}
+    return spec
 
 
 def build_gpt_model(
@@ -107,9 +149,10 @@ def build_gpt_model(
 ) -> GPTModel:
     """This rank's `GPTModel` stage for an HF config (dir, config.json path, dict or PretrainedConfig).
 
-    Weights are random-init (on the current GPU when there is one); load a checkpoint with
-    `megarl.models.checkpoint.load_hf_weights`.
-    Outputs of the last stage (`forward(input_ids [B, T], position_ids [B, T], attention_mask=None)`):
+    Weights are random-init (on the current GPU when there is one), every parameter in `params_dtype`;
+    load a checkpoint with `megarl.models.checkpoint.load_hf_weights`.
+    Outputs of the last stage (`forward(input_ids [B, T], position_ids [B, T], attention_mask=None)`;
+    None means plain causal on the local spec, and is not allowed with Transformer Engine):
     - `value_head=False`: vocab-parallel logits [B, T, V_padded / TP]. Columns >= the HF vocab size are
       padding: mask them before a softmax over the full vocabulary.
     - `value_head=True`: values [B, T, 1] from a `ValueHead` (one scalar per token, replicated over
@@ -140,6 +183,11 @@ def build_gpt_model(
     )
     if value_head and groups.is_last_stage:
         model.output_layer = ValueHead(config, groups.tp)
+    # Megatron's sharded layers honour params_dtype; torch-native ones (the local spec's norms) start
+    # in fp32. This cast is what megatron's Float16Module does to the module it wraps; the wrapper's
+    # other jobs are not needed here: the inputs are token ids and a bool mask, and the readers of
+    # the outputs upcast them after slicing (`megarl.workers.logprobs`, the value readers).
+    model.to(dtype=params_dtype)
     if torch.cuda.is_available():
         # Megatron allocates sharded weights on the GPU, but torch-native modules (norms) start on the CPU.
         model.cuda(torch.cuda.current_device())
@@ -187,11 +235,23 @@ class ValueHead(MegatronModule):
         return F.linear(hidden_states, self.weight), None
 
 
+def _check_dtype(params_dtype: torch.dtype) -> None:
+    if params_dtype not in TORCH_DTYPES.values():
+        raise ValueError(
+            f"params_dtype={params_dtype} (model.dtype): the Megatron roles train in {list(TORCH_DTYPES)}; "
+            "use model.dtype: bfloat16 (fp16 needs loss scaling, which megarl's trainer does not run)"
+        )
+
+
 def _check_impl(transformer_impl: str) -> None:
     if transformer_impl not in TRANSFORMER_IMPLS:
         raise ValueError(f"transformer_impl={transformer_impl!r} is not one of {list(TRANSFORMER_IMPLS)}")
-    if transformer_impl == "transformer_engine" and importlib.util.find_spec("transformer_engine") is None:
+    if transformer_impl == "transformer_engine" and not _te_importable():
         raise ValueError(
             "transformer_impl='transformer_engine' needs Transformer Engine (GPU images install it); "
             "use transformer_impl='local' on CPU"
         )
+
+
+def _te_importable() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None

@@ -2,7 +2,8 @@
 
 megatron-core assumes CUDA in a handful of places. Each redirection below names the megatron code it
 addresses; together they are what `GPTModel` (local spec), the pipeline schedules, Megatron DDP, the
-(distributed) optimizer, grad clipping and activation recompute need on CPU. `install()` does nothing
+fp32 and mixed-precision (bf16 parameters, fp32 main parameters) optimizers, distributed or not, grad
+clipping and activation recompute need on CPU. `install()` does nothing
 when CUDA is available, so the GPU path is untouched megatron-core.
 
 Mechanism: instead of a global `TorchFunctionMode` (a Python call on every torch op, forward pass
@@ -145,7 +146,9 @@ def _redirect_cuda_rng_state_helpers() -> None:
 
 def _report_cuda_tensor_types_to_megatron() -> None:
     """optimizer.py, distrib_optimizer.py and clip_grads.py accept only `Tensor.type()` strings of
-    CUDA tensors ('torch.cuda.FloatTensor', ...) and call `.cuda()` on state tensors. For callers inside
+    CUDA tensors ('torch.cuda.FloatTensor'; for bf16 parameters 'torch.cuda.BFloat16Tensor', which is
+    how Float16OptimizerWithFloat16Params and DistributedOptimizer pick the parameters that get fp32
+    main copies) and call `.cuda()` on state tensors. For callers inside
     megatron-core only, CPU tensors report their CUDA type name and `.cuda()` keeps them in place."""
     original_type = torch.Tensor.type
     original_cuda = torch.Tensor.cuda

@@ -20,6 +20,7 @@ from megarl.orchestration.worker_group import WorkerGroup
 from megarl.trainer import settings
 from megarl.trainer.rollout_batch import gather_by_dp
 from megarl.workers.batch import PolicyBatch
+from megarl.workers.megatron_train import ModelSettings
 from megarl.workers.policy_worker import CriticSpec, PolicyWorkerSpec
 
 POLICY_TARGET = "megarl.workers.policy_worker:PolicyWorker"
@@ -98,6 +99,7 @@ def policy_spec(config: Config, plan: BatchPlan, total_steps: int) -> PolicyWork
         )
     return PolicyWorkerSpec(
         model_path=config.model.path,
+        model_settings=ModelSettings(dtype=config.model.dtype, transformer_impl=config.model.transformer_impl),
         tp=actor.parallel.tensor_model_parallel_size,
         pp=actor.parallel.pipeline_model_parallel_size,
         seed=config.trainer.seed,

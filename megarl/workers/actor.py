@@ -28,6 +28,7 @@ from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch, mini_batches, response_logit_slice
 from megarl.workers.logprobs import vocab_parallel_log_probs
 from megarl.workers.megatron_train import (
+    ModelSettings,
     OffloadSettings,
     OptimSettings,
     RecomputeSettings,
@@ -180,11 +181,14 @@ class MegatronActor(TrainedModel):
         groups: ProcessGroups,
         *,
         optim: OptimSettings,
+        model_settings: ModelSettings = ModelSettings(),
         recompute: RecomputeSettings = RecomputeSettings(),
         offload: OffloadSettings = OffloadSettings(),
     ) -> MegatronActor:
         """Build this rank's shard from an HF checkpoint dir and load its weights."""
-        model, vocab_size = load_model(model_dir, groups, recompute=recompute, value_head=False)
+        model, vocab_size = load_model(
+            model_dir, groups, settings=model_settings, recompute=recompute, value_head=False
+        )
         return cls(model, groups, vocab_size=vocab_size, optim=optim, offload=offload)
 
     def compute_log_prob(self, batch: PolicyBatch, *, micro_batch_size: int) -> tuple[Tensor, Tensor]:

@@ -23,6 +23,7 @@ from megarl.algorithms.value_loss import compute_value_loss
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch, mini_batches, response_logit_slice
 from megarl.workers.megatron_train import (
+    ModelSettings,
     OffloadSettings,
     OptimSettings,
     RecomputeSettings,
@@ -72,12 +73,13 @@ class MegatronCritic(TrainedModel):
         *,
         optim: OptimSettings,
         loss: ValueLossSettings,
+        model_settings: ModelSettings = ModelSettings(),
         recompute: RecomputeSettings = RecomputeSettings(),
         offload: OffloadSettings = OffloadSettings(),
     ) -> MegatronCritic:
         """Build this rank's shard from an HF (policy) checkpoint dir: backbone weights loaded,
         value head freshly initialised."""
-        model, _ = load_model(model_dir, groups, recompute=recompute, value_head=True)
+        model, _ = load_model(model_dir, groups, settings=model_settings, recompute=recompute, value_head=True)
         return cls(model, groups, optim=optim, loss=loss, offload=offload)
 
     def compute_values(self, batch: PolicyBatch, *, micro_batch_size: int) -> Tensor:

@@ -18,6 +18,7 @@ other ranks' dependence on S would be lost.)
 
 Megatron pads the vocabulary to a multiple of `make_vocab_size_divisible_by × TP`; the padded ids
 are not tokens, so their columns are dropped before any reduction (`vocab_size` = the real size).
+Then the logits are upcast to fp32 (bf16 models): every sum, exponential and logarithm runs in fp32.
 """
 
 from __future__ import annotations

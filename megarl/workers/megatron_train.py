@@ -14,6 +14,18 @@ not depend on how a step is cut into micro-batches or DP ranks.
 
 Non-finite steps. If the step loss or any gradient is NaN/Inf on any rank, the optimizer step and
 the LR schedule step are skipped on every rank (weights unchanged) and counted.
+
+Mixed precision (bf16 parameters), the way megatron-core does it; the model's `TransformerConfig`
+(`bf16`, `params_dtype`) is the one source:
+- DDP accumulates and reduces gradients in an fp32 buffer (`DistributedDataParallelConfig.
+  grad_reduce_in_fp32`; each parameter's `main_grad` is a view of it), as megatron's training
+  arguments force for bf16 (`accumulate_allreduce_grads_in_fp32`);
+- the optimizer keeps fp32 main parameters and fp32 Adam states and copies the updated main
+  parameters back into the bf16 model (`OptimizerConfig.bf16` + `params_dtype`:
+  `get_megatron_optimizer` builds `Float16OptimizerWithFloat16Params`, or the `DistributedOptimizer`
+  with fp32 main-parameter shards); bf16 needs no loss scale.
+With fp32 parameters the same DDP buffer is fp32 and megatron's `FP32Optimizer` updates the model's
+own parameters.
 """
 
 from __future__ import annotations
@@ -29,10 +41,11 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
+from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
 from megarl.algorithms.losses import agg_loss_normalizer
-from megarl.models.architectures import build_gpt_model
+from megarl.models.architectures import TORCH_DTYPES, TRANSFORMER_IMPLS, build_gpt_model, resolve_transformer_impl
 from megarl.models.checkpoint import load_hf_weights
 from megarl.models.hf_config import read_model_dims
 from megarl.parallel.distributed import ProcessGroups
@@ -150,8 +163,33 @@ class OffloadSettings:
     optimizer's parameters are the model's own, which megatron's hook would move out of DDP's buffer)."""
 
 
-def megatron_optimizer_config(settings: OptimSettings) -> OptimizerConfig:
-    """`OptimizerConfig` for fp32 training (CPU and the tests) from `settings`."""
+@dataclass(frozen=True)
+class ModelSettings:
+    """How every Megatron role of a run builds its model (`model.dtype`, `model.transformer_impl`)."""
+
+    dtype: str = "float32"
+    """Parameter and compute dtype, a key of `megarl.models.architectures.TORCH_DTYPES`; trained
+    roles in bfloat16 keep fp32 main parameters, gradients and optimizer states (module docstring)."""
+    transformer_impl: str = "local"
+    """Layer spec: "local", "transformer_engine", or "auto" (resolved by each process for its own
+    device: `megarl.models.architectures.resolve_transformer_impl`)."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in TORCH_DTYPES:
+            raise ValueError(
+                f"model.dtype={self.dtype!r}: the Megatron roles train in one of {list(TORCH_DTYPES)} "
+                "(float16 needs a loss scale driven by the training loop, which megarl does not run); "
+                "use model.dtype: bfloat16"
+            )
+        if self.transformer_impl not in ("auto",) + TRANSFORMER_IMPLS:
+            raise ValueError(
+                f"model.transformer_impl={self.transformer_impl!r} is not one of {['auto', *TRANSFORMER_IMPLS]}"
+            )
+
+
+def megatron_optimizer_config(settings: OptimSettings, model_config: TransformerConfig) -> OptimizerConfig:
+    """`OptimizerConfig` from `settings`, in the precision of the model (`model_config`, its
+    `TransformerConfig`): bf16 parameters get fp32 main parameters (see the module docstring)."""
     offload = settings.optimizer_cpu_offload and torch.cuda.is_available()
     return OptimizerConfig(
         optimizer=settings.optimizer,
@@ -166,7 +204,8 @@ def megatron_optimizer_config(settings: OptimSettings) -> OptimizerConfig:
         use_distributed_optimizer=settings.use_distributed_optimizer,
         optimizer_cpu_offload=offload,
         overlap_cpu_optimizer_d2h_h2d=offload and settings.overlap_cpu_optimizer_d2h_h2d,
-        params_dtype=torch.float32,
+        bf16=model_config.bf16,
+        params_dtype=model_config.params_dtype,
     )
 
 
@@ -177,7 +216,10 @@ def wrap_for_training(
     config = model.config
     ddp = DistributedDataParallel(
         config,
-        DistributedDataParallelConfig(use_distributed_optimizer=settings.use_distributed_optimizer),
+        # fp32 main grads whatever the parameter dtype (a no-op for fp32 parameters).
+        DistributedDataParallelConfig(
+            use_distributed_optimizer=settings.use_distributed_optimizer, grad_reduce_in_fp32=True
+        ),
         model,
         pg_collection=groups.collection,
     )
@@ -192,7 +234,8 @@ def build_optimizer(
 ) -> tuple[object, OptimizerParamScheduler]:
     """Megatron optimizer over `ddp`'s parameters and its warm-up/decay scheduler."""
     optimizer = get_megatron_optimizer(
-        megatron_optimizer_config(settings), [ddp], use_gloo_process_groups=False, pg_collection=groups.collection
+        megatron_optimizer_config(settings, ddp.config), [ddp],
+        use_gloo_process_groups=False, pg_collection=groups.collection,
     )
     scheduler = OptimizerParamScheduler(
         optimizer,
@@ -427,11 +470,20 @@ def forward_collect(
 
 
 def load_model(
-    model_dir: str | Path, groups: ProcessGroups, *, recompute: RecomputeSettings, value_head: bool
+    model_dir: str | Path,
+    groups: ProcessGroups,
+    *,
+    settings: ModelSettings,
+    recompute: RecomputeSettings,
+    value_head: bool,
 ) -> tuple[torch.nn.Module, int]:
     """This rank's GPTModel stage with an HF checkpoint's weights (a value head keeps its small
-    random init), and the real (HF) vocabulary size."""
-    model = build_gpt_model(model_dir, groups, value_head=value_head, **recompute.transformer_config_fields())
+    random init), in `settings`' dtype and layer spec, and the real (HF) vocabulary size."""
+    model = build_gpt_model(
+        model_dir, groups, value_head=value_head, params_dtype=TORCH_DTYPES[settings.dtype],
+        transformer_impl=resolve_transformer_impl(settings.transformer_impl, compute_device().type),
+        **recompute.transformer_config_fields(),
+    )
     load_hf_weights(model, model_dir, groups)
     return model, read_model_dims(model_dir).vocab_size
 

@@ -24,12 +24,13 @@ from megarl.bridge.shard_send import ShardSender
 from megarl.bridge.transports.cuda_ipc import CudaIpcTransport
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
 from megarl.bridge.verify import actor_probe_logprobs
+from megarl.models.architectures import TORCH_DTYPES
 from megarl.models.hf_config import read_model_dims
 from megarl.parallel.distributed import initialize_model_parallel
 from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.critic import MegatronCritic, ValueLossSettings
-from megarl.workers.megatron_train import OptimSettings, RecomputeSettings
+from megarl.workers.megatron_train import ModelSettings, OptimSettings, RecomputeSettings
 from megarl.workers.reference import MegatronReference
 from megarl.workers.reward_model import MegatronRewardModel
 from megarl.workers.rollout.shard_receive import sender_rank
@@ -55,6 +56,8 @@ class PolicyWorkerSpec:
 
     model_path: str
     """HF checkpoint dir the actor (and reference, critic backbone) start from."""
+    model_settings: ModelSettings
+    """dtype and layer spec of every Megatron role (`model.dtype`, `model.transformer_impl`)."""
     tp: int
     pp: int
     seed: int
@@ -83,19 +86,26 @@ class PolicyWorker:
     def __init__(self, spec: PolicyWorkerSpec):
         self.spec = spec
         self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed)
-        self.actor = MegatronActor.from_hf(spec.model_path, self.groups, optim=spec.optim, recompute=spec.recompute)
-        self.reference = MegatronReference.from_hf(spec.model_path, self.groups) if spec.use_reference else None
+        built = spec.model_settings
+        self.actor = MegatronActor.from_hf(
+            spec.model_path, self.groups, optim=spec.optim, model_settings=built, recompute=spec.recompute
+        )
+        self.reference = MegatronReference.from_hf(spec.model_path, self.groups, built) if spec.use_reference else None
         self.critic = (
-            MegatronCritic.from_hf(spec.model_path, self.groups, optim=spec.critic.optim, loss=spec.critic.loss)
+            MegatronCritic.from_hf(
+                spec.model_path, self.groups, optim=spec.critic.optim, loss=spec.critic.loss, model_settings=built
+            )
             if spec.critic
             else None
         )
         self.reward_model = (
-            MegatronRewardModel.from_hf(spec.reward_model_path, self.groups) if spec.reward_model_path else None
+            MegatronRewardModel.from_hf(spec.reward_model_path, self.groups, built) if spec.reward_model_path else None
         )
         self.loss = PolicyLoss(spec.loss)
+        # The weights travel in the actor's parameter dtype.
         self.plan = build_plan(
-            read_model_dims(spec.model_path), LayoutPair(spec.tp, spec.pp, spec.rollout_tp), bucket_mb=spec.bucket_mb
+            read_model_dims(spec.model_path), LayoutPair(spec.tp, spec.pp, spec.rollout_tp), bucket_mb=spec.bucket_mb,
+            dtype=TORCH_DTYPES[built.dtype],
         )
         self.sender: WeightSender | None = None
 

@@ -17,7 +17,7 @@ from torch import Tensor
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.actor import compute_log_probs
 from megarl.workers.batch import PolicyBatch
-from megarl.workers.megatron_train import RecomputeSettings, load_model
+from megarl.workers.megatron_train import ModelSettings, RecomputeSettings, load_model
 
 
 class MegatronReference:
@@ -30,9 +30,13 @@ class MegatronReference:
         self.vocab_size = vocab_size
 
     @classmethod
-    def from_hf(cls, model_dir: str | Path, groups: ProcessGroups) -> MegatronReference:
+    def from_hf(
+        cls, model_dir: str | Path, groups: ProcessGroups, model_settings: ModelSettings = ModelSettings()
+    ) -> MegatronReference:
         """Build this rank's shard from an HF checkpoint dir (the actor's initial weights)."""
-        model, vocab_size = load_model(model_dir, groups, recompute=RecomputeSettings(), value_head=False)
+        model, vocab_size = load_model(
+            model_dir, groups, settings=model_settings, recompute=RecomputeSettings(), value_head=False
+        )
         return cls(model, groups, vocab_size=vocab_size)
 
     def offload(self) -> None:

@@ -20,6 +20,7 @@ from megarl.models.reward_head import read_score_weight
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.megatron_train import (
+    ModelSettings,
     RecomputeSettings,
     broadcast_from_last_stage,
     check_divides,
@@ -39,11 +40,15 @@ class MegatronRewardModel:
         self.groups = groups
 
     @classmethod
-    def from_hf(cls, model_dir: str | Path, groups: ProcessGroups) -> MegatronRewardModel:
+    def from_hf(
+        cls, model_dir: str | Path, groups: ProcessGroups, model_settings: ModelSettings = ModelSettings()
+    ) -> MegatronRewardModel:
         """Build this rank's shard from an HF reward-model checkpoint dir (see the module docstring)."""
         # Read (and check) the head before building: construction runs collectives, a bad checkpoint must not hang.
         score_weight = read_score_weight(model_dir)
-        model, _ = load_model(model_dir, groups, recompute=RecomputeSettings(), value_head=True)
+        model, _ = load_model(
+            model_dir, groups, settings=model_settings, recompute=RecomputeSettings(), value_head=True
+        )
         if groups.is_last_stage:
             with torch.no_grad():
                 model.output_layer.weight.copy_(score_weight)

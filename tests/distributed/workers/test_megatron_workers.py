@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from megarl.parallel.spawn import run_distributed
 
-from worker_batches import ragged_batch
+from worker_batches import left_padded, ragged_batch
 
 LR = 0.5
 RTOL = 1e-5
@@ -77,6 +77,7 @@ def _rank_main(
             local, seq_loss_fn, mini_batch_size=share, micro_batch_size=micro_batch_size
         )
     out["log_probs_after"], _ = actor.compute_log_prob(local, micro_batch_size=share)
+    out["log_probs_after_left_padded"], _ = actor.compute_log_prob(left_padded(local, 16), micro_batch_size=share)
     out["ref_log_probs"] = reference.compute_ref_log_prob(local, micro_batch_size=share)
 
     before = {name: p.detach().clone() for name, p in actor.named_parameters_for_sync()}
@@ -264,6 +265,16 @@ def test_log_probs_and_entropy_match_hf_on_every_layout_and_rank(layouts, hf_ref
         if name == "tp2pp2":  # every PP stage and TP rank returns the last stage's numbers
             for rank in ranks[1:]:
                 assert torch.equal(rank["log_probs"], ranks[0]["log_probs"])
+
+
+def test_left_padding_does_not_change_log_probs(layouts):
+    """16 more columns of prompt left padding (0 -> 16 for the full-width prompts) leave every
+    response log-prob as it was: padding is masked out and RoPE sees only relative positions."""
+    mask = ragged_batch().response_mask
+    for name, (ranks, _) in layouts.items():
+        plain = _dp_rows(name, ranks, "log_probs_after")
+        padded = _dp_rows(name, ranks, "log_probs_after_left_padded")
+        torch.testing.assert_close(padded[mask], plain[mask], rtol=0, atol=1e-5, msg=name)
 
 
 def test_update_is_the_same_for_any_micro_batch_cut_and_layout(layouts, tiny_qwen2):

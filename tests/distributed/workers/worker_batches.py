@@ -20,3 +20,15 @@ def ragged_batch() -> PolicyBatch:
     prompt_mask = torch.arange(PROMPT_LEN)[None, :] >= (PROMPT_LEN - prompt_lens)[:, None]
     response_mask = torch.arange(RESPONSE_LEN)[None, :] < response_lens[:, None]
     return PolicyBatch(prompts, prompt_mask, responses, response_mask)
+
+
+def left_padded(batch: PolicyBatch, columns: int) -> PolicyBatch:
+    """`batch` with `columns` more columns of prompt left padding (real token ids, masked out): rows
+    whose prompt filled the width go from 0 to `columns` padded columns."""
+    padding = torch.randint(4, 100, (len(batch), columns), generator=torch.Generator().manual_seed(1))
+    return PolicyBatch(
+        torch.cat([padding, batch.prompts], dim=1),
+        torch.cat([torch.zeros(len(batch), columns, dtype=torch.bool), batch.prompt_mask], dim=1),
+        batch.responses,
+        batch.response_mask,
+    )

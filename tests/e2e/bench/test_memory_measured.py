@@ -1,5 +1,7 @@
 """The memory estimate's parameter + gradient + optimizer bytes against what a real Megatron actor
-allocates on CPU: its parameters, DDP's grad buffer and the optimizer's states after one step."""
+allocates on CPU, in fp32 and in bf16: its parameters, DDP's grad buffer, and the optimizer's
+states after one step plus its fp32 main parameters (bf16 only: with fp32 parameters megatron's
+optimizer updates the model's own)."""
 
 from __future__ import annotations
 
@@ -14,20 +16,29 @@ from megarl.parallel.spawn import run_distributed
 # DDP pads its buffers (to a multiple of the DP size × 128 elements for the distributed optimizer),
 # which the estimate leaves out: a few hundred elements on ~10^5.
 TOLERANCE = 0.02
+DTYPES = ("float32", "bfloat16")
 
 
 def _tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _measure(model_dir: str, tp: int, distributed_optimizer: bool) -> tuple[int, int, int]:
+def _measure(model_dir: str, tp: int, distributed_optimizer: bool) -> dict[str, tuple[int, int, int]]:
     from megarl.parallel.distributed import initialize_model_parallel
-    from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
-    from megarl.workers.batch import PolicyBatch
-    from megarl.workers.megatron_train import OptimSettings
 
     groups = initialize_model_parallel(tp, 1, seed=0)
-    actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=1e-3, use_distributed_optimizer=distributed_optimizer))
+    return {dtype: _measure_actor(model_dir, groups, distributed_optimizer, dtype) for dtype in DTYPES}
+
+
+def _measure_actor(model_dir: str, groups, distributed_optimizer: bool, dtype: str) -> tuple[int, int, int]:
+    from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
+    from megarl.workers.batch import PolicyBatch
+    from megarl.workers.megatron_train import ModelSettings, OptimSettings
+
+    actor = MegatronActor.from_hf(
+        model_dir, groups, optim=OptimSettings(lr=1e-3, use_distributed_optimizer=distributed_optimizer),
+        model_settings=ModelSettings(dtype=dtype),
+    )
     rows, prompt, response = 2, 4, 3
     generator = torch.Generator().manual_seed(0)  # the same batch on every rank
     batch = PolicyBatch(
@@ -40,20 +51,22 @@ def _measure(model_dir: str, tp: int, distributed_optimizer: bool) -> tuple[int,
     ddp = actor.engine.model
     params = _tensor_bytes(ddp.module.parameters())
     grads = _tensor_bytes(buffer.grad_data for buffer in ddp.buffers)
+    megatron_optimizers = getattr(actor.engine.optimizer, "chained_optimizers", [actor.engine.optimizer])
     states = [
         tensor
-        for inner in _torch_optimizers(actor.engine.optimizer)
-        for state in inner.state.values()
+        for inner in megatron_optimizers
+        for state in inner.optimizer.state.values()
         for tensor in state.values()
         if torch.is_tensor(tensor) and tensor.dim() > 0  # Adam's step counter is a scalar, not a state of the size of the model
     ]
-    return params, grads, _tensor_bytes(states)
-
-
-def _torch_optimizers(optimizer):
-    """The torch optimizers inside megatron's (Chained)optimizer wrappers."""
-    inner = getattr(optimizer, "chained_optimizers", [optimizer])
-    return [o.optimizer for o in inner]
+    # The fp32 main parameters of mixed precision (Float16OptimizerWithFloat16Params /
+    # DistributedOptimizer); with fp32 parameters there are none apart from the model's own.
+    main_groups = [
+        getattr(inner, "shard_fp32_from_float16_groups", None) or getattr(inner, "fp32_from_float16_groups", [])
+        for inner in megatron_optimizers
+    ]
+    main_params = [param for groups in main_groups for group in groups for param in group]
+    return params, grads, _tensor_bytes(states) + _tensor_bytes(main_params)
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +78,13 @@ def model_dir(tmp_path_factory):
 def test_state_bytes_match_a_cpu_actor(model_dir, tp, distributed_optimizer):
     measured = run_distributed(_measure, 2, model_dir, tp, distributed_optimizer, timeout_s=240)
     shape = ModelShape.of(model_dir)
-    expected = state_bytes(shape, ParallelConfig(tensor_model_parallel_size=tp), 2 // tp, "float32",
-                           distributed_optimizer=distributed_optimizer, trained=True)
-    for rank, got in enumerate(measured):
-        for part, want, have in zip(("parameters", "gradients", "optimizer"), expected, got):
-            assert have == pytest.approx(want, rel=TOLERANCE), f"rank {rank} {part}: estimate {want} B, measured {have} B"
+    for dtype in DTYPES:
+        expected = state_bytes(shape, ParallelConfig(tensor_model_parallel_size=tp), 2 // tp, dtype,
+                               distributed_optimizer=distributed_optimizer, trained=True)
+        for rank, by_dtype in enumerate(measured):
+            got = by_dtype[dtype]
+            print(f"{dtype} rank {rank}: measured (params, grads, optimizer) {got} B, estimate {expected} B")
+            for part, want, have in zip(("parameters", "gradients", "optimizer"), expected, got):
+                assert have == pytest.approx(want, rel=TOLERANCE), (
+                    f"{dtype} rank {rank} {part}: estimate {want} B, measured {have} B"
+                )

@@ -84,3 +84,37 @@ def test_validate_prints_the_estimate(capsys):
     assert "# memory estimate" in out and "of 80 GiB: fits" in out
     assert main(["validate", str(CONFIGS / "grpo_qwen2.5-7b_gsm8k.yaml"), "--no-file-checks", "--gpu-memory-gib", "40"]) == 0
     assert "of 40 GiB: does not fit" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dtype, param_bytes, optimizer_bytes", [("float32", 4, 8), ("bfloat16", 2, 12)])
+def test_gradients_are_fp32_and_the_main_copy_exists_only_for_bf16(dtype, param_bytes, optimizer_bytes):
+    """What megatron_train runs: DDP's grad buffer in fp32 (grad_reduce_in_fp32) whatever the
+    parameter dtype; Adam's fp32 moments, plus fp32 main parameters for bf16 ones."""
+    shape = ModelShape.of("Qwen/Qwen2.5-7B-Instruct")
+    params = shape.rank_parameters(2, 1)
+    got = state_bytes(shape, ParallelConfig(tensor_model_parallel_size=2), 4, dtype, distributed_optimizer=False,
+                      trained=True)
+    assert got == (params * param_bytes, params * 4, params * optimizer_bytes)
+
+
+def test_optimizer_offload_frees_memory_only_with_bf16_parameters():
+    """With fp32 parameters megatron's optimizer updates the model's own: nothing separate moves."""
+    peaks = {}
+    for dtype in ("bfloat16", "float32"):
+        for offload in ("true", "false"):
+            config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml", f"model.dtype={dtype}", f"actor.offload.optimizer={offload}")
+            estimate = estimate_memory(config, ModelShape.of(config.model.path), train_gpus=8, gpu_memory_gib=200)
+            peaks[dtype, offload] = estimate.peak_bytes, estimate.peak_phase
+    assert peaks["bfloat16", "true"][0] < peaks["bfloat16", "false"][0]
+    assert peaks["float32", "true"] == peaks["float32", "false"]
+
+
+def test_report_says_what_runs():
+    config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml", "rollout.gpu_memory_utilization=0.5")
+    report = memory_report(config, 80)
+    assert "precision: bfloat16 parameters, fp32 main grads, fp32 main parameters + Adam moments" in report
+    assert "offload during rollout: actor.offload.optimizer" in report
+    assert "vLLM takes gpu_memory_utilization 0.5 of each shared GPU (40.0 GiB)" in report
+    fp32 = memory_report(_recipe("grpo_qwen2.5-7b_gsm8k.yaml", "model.dtype=float32"), 80)
+    assert "precision: fp32 parameters, grads and Adam moments, no main copy" in fp32
+    assert "offload during rollout: none" in fp32  # offload.optimizer has nothing to move in fp32

@@ -6,7 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from megarl.models.architectures import layer_spec, transformer_config
+from megarl.models.architectures import (
+    TE_SELF_ATTENTION_MASK_TYPE,
+    layer_spec,
+    resolve_transformer_impl,
+    transformer_config,
+)
 from megarl.models.hf_config import read_model_dims
 
 BASE = {
@@ -32,7 +37,7 @@ def test_transformer_config_carries_the_architecture(model_type):
     assert cfg.qk_layernorm == (model_type == "qwen3")
     assert cfg.hidden_dropout == 0.0 and cfg.init_method_std == 0.05
     assert (cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size) == (2, 2)
-    assert cfg.params_dtype == torch.float32 and cfg.transformer_impl == "local"
+    assert cfg.params_dtype == torch.float32 and not cfg.bf16 and cfg.transformer_impl == "local"
     assert cfg.use_cpu_initialization == (not torch.cuda.is_available())
 
 
@@ -47,10 +52,79 @@ def test_qwen3_local_spec_has_qk_layernorm():
 
 def test_overrides_are_for_non_architectural_fields_only():
     dims = dims_of("llama")
-    cfg = transformer_config(dims, tp_size=1, pp_size=1, params_dtype=torch.bfloat16, bf16=True)
-    assert cfg.bf16 and cfg.params_dtype == torch.bfloat16
+    cfg = transformer_config(dims, tp_size=1, pp_size=1, params_dtype=torch.bfloat16, sequence_parallel=False)
+    assert cfg.bf16 and not cfg.fp16 and cfg.params_dtype == cfg.pipeline_dtype == torch.bfloat16
     with pytest.raises(ValueError, match=r"\['num_query_groups'\] come from the HF config.json"):
         transformer_config(dims, tp_size=1, pp_size=1, num_query_groups=8)
+    with pytest.raises(ValueError, match=r"\['bf16'\] come from the HF config.json or params_dtype"):
+        transformer_config(dims, tp_size=1, pp_size=1, bf16=True)
+
+
+def test_float16_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="model.dtype.*use model.dtype: bfloat16"):
+        transformer_config(dims_of("llama"), tp_size=1, pp_size=1, params_dtype=torch.float16)
+
+
+def test_auto_resolves_to_transformer_engine_only_on_cuda_with_it_installed(monkeypatch):
+    from megarl.models import architectures
+
+    assert resolve_transformer_impl("local", "cuda") == "local"
+    for installed, on_cuda in ((False, "local"), (True, "transformer_engine")):
+        monkeypatch.setattr(architectures, "_te_importable", lambda installed=installed: installed)
+        assert resolve_transformer_impl("auto", "cuda") == on_cuda
+        assert resolve_transformer_impl("auto", "cpu") == "local"
+
+
+def test_transformer_engine_spec_reads_the_padding_mask_as_given(monkeypatch):
+    """The TE spec's self-attention gets `arbitrary` (the mask megarl passes carries causality and
+    left padding). TE is CUDA-only, so its spec function is stood in for by the local one, whose
+    self-attention entry has the same form (checked against the installed source below)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from megarl.models import architectures
+
+    monkeypatch.setattr(architectures, "_te_importable", lambda: True)
+    monkeypatch.setattr(
+        architectures, "get_gpt_layer_with_transformer_engine_spec",
+        lambda qk_layernorm: get_gpt_layer_local_spec(qk_layernorm=qk_layernorm, normalization="RMSNorm"),
+    )
+    assert TE_SELF_ATTENTION_MASK_TYPE == AttnMaskType.arbitrary
+    te_attention = layer_spec(dims_of("qwen3"), "transformer_engine").submodules.self_attention
+    assert te_attention.params["attn_mask_type"] == AttnMaskType.arbitrary
+    assert te_attention.submodules.q_layernorm is not None  # the rest of the spec is untouched
+    # The local spec keeps causal: its softmax uses a given mask as is (None: causal).
+    local_attention = layer_spec(dims_of("qwen3")).submodules.self_attention
+    assert local_attention.params["attn_mask_type"] == AttnMaskType.causal
+
+
+def _megatron_source(module: str) -> str:
+    """Source of an installed megatron-core module, read as text (the TE modules need TE to import)."""
+    from pathlib import Path
+
+    return Path(importlib.util.find_spec(module).origin).read_text()
+
+
+def test_transformer_engine_contract_the_mask_type_relies_on():
+    """Signature test against megatron-core 0.16.1 without Transformer Engine (it is CUDA-only):
+    - gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec builds the self-attention as a
+      `ModuleSpec(module=SelfAttention, params={"attn_mask_type": AttnMaskType.causal}, ...)`, the
+      entry `with_self_attention_mask_type` replaces (as for the local spec, tested above);
+    - extensions/transformer_engine.TEDotProductAttention.forward hands TE the mask and the type's
+      name unchanged, so `arbitrary` reaches TE's DotProductAttention with megarl's `[B, 1, S, S]` mask.
+    """
+    import inspect
+    import re
+
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+    spec_source = inspect.getsource(get_gpt_layer_with_transformer_engine_spec)
+    assert re.search(r'module=SelfAttention,\s*params=\{"attn_mask_type": AttnMaskType.causal\}', spec_source)
+    te = _megatron_source("megatron.core.extensions.transformer_engine")
+    forward = te[te.index("class TEDotProductAttention"):]
+    forward = forward[forward.index("    def forward("):]
+    assert "attn_mask_type=attn_mask_type.name" in forward
+    assert "super().forward(query, key, value, attention_mask, **_fa_kwargs)" in forward
 
 
 def test_bad_impl_and_layout_are_rejected():
