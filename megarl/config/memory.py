@@ -58,7 +58,7 @@ from megarl.models.hf_config import read_model_dims
 GIB = 2**30
 VOCAB_DIVISIBLE_BY = 128
 """megatron's `make_vocab_size_divisible_by` default (megarl.models.architectures uses it)."""
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 FP32 = 4
 ADAM_MOMENTS = 2 * FP32
 

@@ -14,10 +14,11 @@ class ModelConfig:
     path: str = ""
     """Required. A local HF checkpoint directory (with config.json), or a hub id `org/name` found in the
     local HF cache or in megarl's table of known models (megarl/config/known_models.py)."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"
     """Parameter and compute dtype of actor, critic, reference, reward model and rollout. The trained
     roles keep fp32 main parameters, gradients and Adam states in bfloat16 (megatron's mixed
-    precision). float16 is for the rollout only: the Megatron roles refuse it (no loss scaling)."""
+    precision). float16 is not offered: megatron trains it only with a dynamic loss scale, which megarl's
+    trainer does not run."""
     tokenizer_path: str | None = None
     """Tokenizer directory or hub id; None uses `path`."""
     transformer_impl: Literal["auto", "local", "transformer_engine"] = "auto"

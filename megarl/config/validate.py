@@ -63,6 +63,12 @@ def _check_model(config: Config, check_files: bool, problems: list[Problem]) -> 
     _need(problems, not (model.transformer_impl == "transformer_engine" and config.trainer.device == "cpu"),
           "model.transformer_impl", model.transformer_impl, "Transformer Engine is CUDA-only and trainer.device is cpu",
           "use transformer_impl auto or local on CPU")
+    for role in ("actor", "critic"):
+        _need(problems, not (getattr(config, role).offload.optimizer and model.dtype == "float32"),
+              f"{role}.offload.optimizer", True,
+              "megatron's optimizer offload moves the optimizer's parameters, which with float32 parameters are "
+              "the model's own (inside DDP's buffer); only bfloat16 training has a separate fp32 copy to offload",
+              f"use model.dtype: bfloat16, or set {role}.offload.optimizer: false")
     tokenizer = model.tokenizer_path
     if check_files and tokenizer is not None and not Path(tokenizer).expanduser().is_dir() and not is_hub_id(tokenizer):
         problems.append(Problem("model.tokenizer_path", tokenizer, "directory does not exist",

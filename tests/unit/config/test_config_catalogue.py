@@ -111,6 +111,9 @@ CASES = [
      "needs actor TP == rollout TP, got actor TP 2 and rollout TP 1"),
     ("per-rank-sync-collective", ["rollout.sync.per_rank=always", "rollout.sync.transport=collective"],
      "rollout.sync.per_rank", "streams through shared memory, but rollout.sync.transport is collective"),
+    ("fp16-params", ["model.dtype=float16"], "model.dtype", "expected one of 'float32', 'bfloat16'"),
+    ("optimizer-offload-in-fp32", ["model.dtype=float32", "actor.offload.optimizer=true"], "actor.offload.optimizer",
+     "only bfloat16 training has a separate fp32 copy to offload"),
     # --- data, reward, trainer, checkpoint
     ("missing-dataset", ["data.train_files=[{tmp}/missing.jsonl]"], "data.train_files[0]", "file does not exist"),
     ("no-dataset", ["data.train_files=[]"], "data.train_files", "no training data"),
