@@ -14,15 +14,15 @@ from independent sources and compared name by name.
   wrong cast on the way.
 
 The checksum of a tensor x viewed as the integers of its bits in `dtype` (flat index i) is
-`Σ_i (2i + 1) · bits_i mod 2^64`: exact and order-free (integer sums), position-sensitive (a swap,
+`Σ_i (2i + 1) · bits_i mod 2^32`: exact and order-free (integer sums), position-sensitive (a swap,
 shift or transpose changes it), and linear, so the partial sums of a tensor's row blocks or column
 blocks, each weighted by its place, add up to the whole tensor's (`partial_checksum`). This is the
 idea of slime's weight-equality check (compare the engine's weights with an independent copy after
 an update), at the cost of one integer pass over the weights on each side.
 
-    expected = combine(actor_checksums(plan, local, groups, torch.bfloat16) for each trainer rank)
+    parts = [rank_checksums(plan, actor.named_parameters_for_sync(), groups, "bfloat16")]   # every trainer rank
     loaded = engine.loaded_checksums()              # one `LoadedChecksums` per worker of one engine
-    check_checksums(expected, loaded, layout=plan.layout, engine="engine 0")   # raises, naming tensors
+    check_checksums(combine(parts), loaded, dtype="bfloat16", layout=plan.layout, engine="rollout engine 0")
 """
 
 from __future__ import annotations
@@ -33,14 +33,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from megarl.bridge.collect import local_params_by_plan_name
 from megarl.bridge.plan import LayoutPair, PlannedParam, SyncPlan
 from megarl.bridge.verify import SyncVerificationError
 from megarl.models.hf_config import ModelDims
 from megarl.models.layout import REPLICATED, VOCAB, ParamMapping, tp_shard_from_hf
 
-MOD = 1 << 64
+MOD = 1 << 32
+"""Checksums are taken mod 2^32: a wrong tensor goes unnoticed with odds of 2^-32."""
 CHUNK_ELEMENTS = 1 << 24
-"""Elements turned into int64 at once (bounds the temporary memory of a checksum: 128 MiB)."""
+"""Elements widened at once (bounds the temporary memory of a checksum: 64 MiB in int32)."""
 _INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 SHOWN = 8
 """Tensors named in a checksum error (the rest are counted)."""
@@ -65,17 +67,20 @@ class LoadedChecksums:
 
 def row_terms(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row (dim 0; a 1-D tensor's elements are rows of one) of `tensor` cast to `dtype` and viewed
-    as integers of its bits: `sums [rows]` (Σ_k bits_k) and `weighted [rows]` (Σ_k (2k + 1) bits_k), int64."""
+    as integers of its bits: `sums [rows]` (Σ_k bits_k) and `weighted [rows]` (Σ_k (2k + 1) bits_k mod
+    2^32, the products wrapping in int32 for dtypes of up to 4 bytes, so fp32 bits need no widening),
+    int64."""
     ints = tensor.detach().to(dtype).view(_INT_OF_WIDTH[dtype.itemsize])
     ints = ints.reshape(ints.shape[0] if ints.dim() else 1, -1)
     width = ints.shape[1]
-    weights = torch.arange(width, dtype=torch.int64, device=ints.device) * 2 + 1
+    wide = torch.int64 if dtype.itemsize > 4 else torch.int32
+    weights = torch.arange(width, dtype=wide, device=ints.device) * 2 + 1
     sums, weighted = [], []
     step = max(1, CHUNK_ELEMENTS // max(width, 1))
     for start in range(0, ints.shape[0], step):
-        rows = ints[start : start + step].to(torch.int64)
-        sums.append(rows.sum(1))
-        weighted.append((rows * weights).sum(1))
+        rows = ints[start : start + step].to(wide)
+        sums.append(rows.sum(1, dtype=torch.int64))
+        weighted.append((rows * weights).sum(1, dtype=torch.int64))
     return torch.cat(sums), torch.cat(weighted)
 
 
@@ -90,13 +95,13 @@ def partial_checksum(sums: torch.Tensor, weighted: torch.Tensor, hf_rows: torch.
 
 
 def tensor_checksum(tensor: torch.Tensor, dtype: torch.dtype) -> int:
-    """`Σ_i (2i + 1) · bits_i mod 2^64` over `tensor` cast to `dtype` (flat index i)."""
+    """`Σ_i (2i + 1) · bits_i mod 2^32` over `tensor` cast to `dtype` (flat index i)."""
     sums, weighted = row_terms(tensor, dtype)
     return partial_checksum(sums, weighted, torch.arange(sums.shape[0]), _width(tensor.shape))
 
 
 def combine(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:
-    """Partial checksums summed per name (mod 2^64)."""
+    """Partial checksums summed per name (mod 2^32)."""
     total: dict[str, int] = {}
     for part in parts:
         for name, value in part.items():
@@ -105,6 +110,15 @@ def combine(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:
 
 
 # --- trainer side: the actor's shards, placed by the checkpoint loader's slicing -----------------
+
+
+def rank_checksums(plan: SyncPlan, named_parameters: Iterable[tuple[str, torch.Tensor]], groups,
+                   dtype: str) -> dict[str, int]:
+    """`actor_checksums` of this trainer rank's live parameters (`MegatronActor.named_parameters_for_sync`)
+    in its place of `groups` (`ProcessGroups`), checksummed in `dtype` (the engines' dtype name)."""
+    local = local_params_by_plan_name(plan, named_parameters)
+    return actor_checksums(plan, local, tp_size=groups.tp_size, tp_rank=groups.tp_rank, pp_rank=groups.pp_rank,
+                           dp_rank=groups.dp_rank, dtype=getattr(torch, dtype))
 
 
 def actor_checksums(plan: SyncPlan, local: Mapping[str, torch.Tensor], *, tp_size: int, tp_rank: int,
@@ -239,16 +253,22 @@ def checksum_problems(expected: Mapping[str, int], loaded: Sequence[LoadedChecks
     return problems
 
 
-def check_checksums(expected: Mapping[str, int], loaded: Sequence[LoadedChecksums], *, layout: LayoutPair,
-                    engine: str) -> dict[str, float]:
+def check_checksums(expected: Mapping[str, int], loaded: Sequence[LoadedChecksums], *, dtype: str,
+                    layout: LayoutPair, engine: str) -> dict[str, float]:
     """`sync/checksum_tensors` (HF tensors verified exactly); raises `WeightChecksumError` naming
-    the tensors of `engine` that differ, are missing or unexpected."""
+    the tensors of `engine` that differ, are missing or unexpected. `expected` was checksummed in
+    `dtype`, which must be the engine's."""
+    engine_dtypes = sorted({record.dtype for record in loaded})
+    if engine_dtypes != [dtype]:
+        raise WeightChecksumError(
+            f"weight sync {layout}: {engine} runs in {'/'.join(engine_dtypes)}, but the actor's checksums were "
+            f"taken in {dtype}; start the engines with dtype={dtype} (model.dtype) or check in theirs"
+        )
     problems = checksum_problems(expected, loaded)
     if problems:
         more = f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
-        dtypes = sorted({record.dtype for record in loaded})
         raise WeightChecksumError(
-            f"weight sync {layout}: {engine} ({'/'.join(dtypes)}) did not load the actor's weights bit for bit, "
+            f"weight sync {layout}: {engine} ({dtype}) did not load the actor's weights bit for bit, "
             f"{len(problems)} of {len(expected)} tensors: " + "; ".join(problems[:SHOWN]) + more
             + ". A tensor named here converts or travels wrongly (its mapping, the transport, or the cast to the "
             "engine's dtype); `megarl check-sync` reproduces a layout outside training"

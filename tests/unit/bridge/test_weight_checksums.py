@@ -25,7 +25,7 @@ from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.models.layout import GATE_UP, merge_tp_shards_into
 from megarl.workers.rollout.weight_sync_protocol import unpack
 
-DTYPES = (torch.float32, torch.bfloat16)
+DTYPES = ("float32", "bfloat16")
 
 
 def trainer_checksums(plan, shards, dtype):
@@ -33,49 +33,50 @@ def trainer_checksums(plan, shards, dtype):
     layout = plan.layout
     return combine(
         actor_checksums(plan, {name: ranks[tp] for name, ranks in shards.items()}, tp_size=layout.train_tp,
-                        tp_rank=tp, pp_rank=pp, dp_rank=0, dtype=dtype)
+                        tp_rank=tp, pp_rank=pp, dp_rank=0, dtype=getattr(torch, dtype))
         for tp in range(layout.train_tp) for pp in range(layout.train_pp)
     )
 
 
 def engine_record(plan, shards, dtype) -> LoadedChecksums:
     """One worker's record of loading the bridge's buckets (full HF tensors), as the worker extension makes it."""
-    record = LoadedChecksums(str(dtype).removeprefix("torch."))
+    record = LoadedChecksums(dtype)
     tensors = [pair for flat, metadata in emulated_buckets(plan, shards) for pair in unpack(flat, metadata)]
     assert len(list(recorded(tensors, record))) == len(tensors)  # passed through, unchanged
     return record
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
-@pytest.mark.parametrize("train_tp,train_pp", [(1, 1), (2, 1), (2, 2)])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("arch,train_tp,train_pp", [("qwen2", 2, 2), ("llama", 2, 1), ("qwen3", 1, 1)])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_shard_checksums_add_up_to_the_hf_tensors(arch, train_tp, train_pp, dtype):
-    dims = dims_of(arch)
+    dims = dims_of(arch, num_hidden_layers=2)
     hf = random_hf_tensors(dims)
     plan = build_plan(dims, LayoutPair(train_tp, train_pp, 1))
-    expected = {name: tensor_checksum(tensor, dtype) for name, tensor in hf.items()}
+    expected = {name: tensor_checksum(tensor, getattr(torch, dtype)) for name, tensor in hf.items()}
     assert trainer_checksums(plan, megatron_shards(plan, hf), dtype) == expected
-    check_checksums(expected, [engine_record(plan, megatron_shards(plan, hf), dtype)], layout=plan.layout, engine="e")
+    record = engine_record(plan, megatron_shards(plan, hf), dtype)
+    check_checksums(expected, [record], dtype=dtype, layout=plan.layout, engine="e")
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_per_rank_vllm_tensors_add_up_to_the_hf_tensors(arch, dtype):
     """Workers of a TP-2 engine fed the per-rank sync's tensors (`convert.to_vllm_rank`, vocabulary full)."""
-    dims = dims_of(arch)
+    dims = dims_of(arch, num_hidden_layers=2)
     hf = random_hf_tensors(dims)
     plan = build_plan(dims, LayoutPair(2, 1, 2))
     shards = megatron_shards(plan, hf)
     records = []
     for rank in range(2):
-        record = LoadedChecksums(str(dtype).removeprefix("torch."))
+        record = LoadedChecksums(dtype)
         tensors = [convert.to_hf(p, shards[p.megatron_name], dims) if p.kind == "vocab"
                    else [convert.to_vllm_rank(p, shards[p.megatron_name][rank], dims, 2)] for p in plan.params]
         list(recorded([pair for pairs in tensors for pair in pairs], record, VllmRankLayout(dims, 2, rank)))
         records.append(record)
     assert records[0].partial and records[0].full  # blocks of linear layers; norms and vocabulary whole
-    expected = {name: tensor_checksum(tensor, dtype) for name, tensor in hf.items()}
-    check_checksums(expected, records, layout=plan.layout, engine="e")
+    expected = {name: tensor_checksum(tensor, getattr(torch, dtype)) for name, tensor in hf.items()}
+    check_checksums(expected, records, dtype=dtype, layout=plan.layout,
+                    engine="e")
 
 
 def naive_gate_up_merge_into(mapping, shards, dims, outs):
@@ -87,7 +88,7 @@ def naive_gate_up_merge_into(mapping, shards, dims, outs):
     outs[1].copy_(up)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_a_wrong_gate_up_merge_on_the_sender_is_named(dtype, monkeypatch):
     dims = dims_of("qwen2", num_hidden_layers=2)
     hf = random_hf_tensors(dims)
@@ -96,7 +97,8 @@ def test_a_wrong_gate_up_merge_on_the_sender_is_named(dtype, monkeypatch):
     expected = trainer_checksums(plan, shards, dtype)
     monkeypatch.setattr(convert, "merge_tp_shards_into", naive_gate_up_merge_into)
     with pytest.raises(WeightChecksumError) as error:
-        check_checksums(expected, [engine_record(plan, shards, dtype)], layout=plan.layout, engine="engine 0")
+        check_checksums(expected, [engine_record(plan, shards, dtype)], dtype=dtype, layout=plan.layout,
+                        engine="engine 0")
     message = str(error.value)
     assert "4 of" in message and "train TP=2/PP=1 → rollout TP=1" in message and "engine 0" in message
     for layer in range(2):
@@ -105,7 +107,7 @@ def test_a_wrong_gate_up_merge_on_the_sender_is_named(dtype, monkeypatch):
     assert "q_proj" not in message and "down_proj" not in message
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_transposed_shifted_lost_and_lossy_tensors_are_named(dtype):
     dims = dims_of("qwen2", num_hidden_layers=2)
     hf = random_hf_tensors(dims)
@@ -119,10 +121,10 @@ def test_transposed_shifted_lost_and_lossy_tensors_are_named(dtype):
     # A wrong cast: bf16 precision by truncating the fp32 bits instead of rounding to nearest.
     norm = hf["model.layers.1.input_layernorm.weight"]
     wrong["model.layers.1.input_layernorm.weight"] = (norm.view(torch.int32) & -65536).view(torch.float32)
-    record = LoadedChecksums(str(dtype).removeprefix("torch."))
+    record = LoadedChecksums(dtype)
     list(recorded(wrong.items(), record))
     with pytest.raises(WeightChecksumError) as error:
-        check_checksums(expected, [record], layout=plan.layout, engine="engine 0")
+        check_checksums(expected, [record], dtype=dtype, layout=plan.layout, engine="engine 0")
     message = str(error.value)
     for name in (square, "model.layers.1.mlp.down_proj.weight", "model.layers.1.input_layernorm.weight"):
         assert f"{name}: rollout worker 0 loaded checksum" in message
@@ -141,3 +143,8 @@ def test_one_bf16_ulp_and_a_swap_of_two_elements_change_the_checksum():
     assert tensor_checksum(nudged, torch.bfloat16) != base
     assert tensor_checksum(swapped, torch.bfloat16) != base
     assert tensor_checksum(tensor.float(), torch.bfloat16) == base  # the cast to the engine's dtype is exact here
+
+
+def test_an_engine_in_another_dtype_than_the_check_is_refused():
+    with pytest.raises(WeightChecksumError, match="runs in float32, but the actor's checksums were taken in bfloat16"):
+        check_checksums({}, [LoadedChecksums("float32")], dtype="bfloat16", layout=LayoutPair(1, 1, 1), engine="e")
