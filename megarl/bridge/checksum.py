@@ -104,9 +104,14 @@ def combine(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:
     """Partial checksums summed per name (mod 2^32)."""
     total: dict[str, int] = {}
     for part in parts:
-        for name, value in part.items():
-            total[name] = (total.get(name, 0) + value) % MOD
+        add_into(total, part)
     return total
+
+
+def add_into(total: dict[str, int], part: Mapping[str, int]) -> None:
+    """`part`'s partial checksums added to `total`'s, in place."""
+    for name, value in part.items():
+        total[name] = (total.get(name, 0) + value) % MOD
 
 
 # --- trainer side: the actor's shards, placed by the checkpoint loader's slicing -----------------
@@ -149,8 +154,9 @@ def shard_checksums(param: PlannedParam, shard: torch.Tensor, dims: ModelDims, *
     sums, weighted = row_terms(shard, dtype)
     checksums = {}
     for index, (name, shape) in enumerate(zip(param.hf_names, param.hf_shapes)):
-        rows = origin[:, 0] == index + 1
-        checksums[name] = partial_checksum(sums[rows], weighted[rows], origin[rows, 1], _width(shape),
+        rows = origin[:, 0] == index + 1  # on the CPU, like `origin`; the shard's terms may be on a GPU
+        on_device = rows.to(sums.device)
+        checksums[name] = partial_checksum(sums[on_device], weighted[on_device], origin[rows, 1], _width(shape),
                                            first_columns.get(index, 0))
     return checksums
 
@@ -188,7 +194,7 @@ def recorded(weights: Iterable[tuple[str, torch.Tensor]], record: LoadedChecksum
         if rank_layout is None or rank_layout.whole(name):
             record.full[name] = tensor_checksum(tensor, dtype)
         else:
-            record.partial = combine([record.partial, rank_layout.checksums(name, tensor, dtype)])
+            add_into(record.partial, rank_layout.checksums(name, tensor, dtype))
         yield name, tensor
 
 

@@ -73,6 +73,7 @@ def test_check_sync_command_reports_the_gap(tmp_path):
     assert finished.returncode == 0, finished.stderr[-3000:]
     line = next(line for line in finished.stdout.splitlines() if line.startswith("round 1:"))
     assert "train TP=2/PP=1 → rollout TP=1" in line
+    assert f"{len(hf_param_shapes(read_model_dims(model_dir)))} tensors loaded bit for bit" in line  # the exact check
     gap = float(line.split("log-prob gap max ")[1].split()[0])
     assert gap <= THRESHOLD
 
