@@ -32,7 +32,8 @@ from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import run_distributed
 
 SEQUENCES = 64
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16")
+"""`model.dtype`'s values."""
 TRAIN_TPS = (1, 2)
 MODELS = {
     # `megarl init-tiny-model`'s defaults: configs/quickstart.yaml's model.

@@ -95,19 +95,18 @@ def trained_actor_and_plan(model_dir: str, layout: LayoutPair, bucket_mb: float,
 
 def model_in_dtype(model_dir: str, groups, dtype: str) -> torch.nn.Module:
     """This rank's GPTModel stage with the checkpoint's weights, every parameter and the compute in
-    `dtype`: for a half dtype, megatron-core's mixed-precision model (its `bf16`/`fp16` config, wrapped
-    in `Float16Module`, which casts the whole model, norms included, and returns fp32 outputs). A
-    forward-only actor in any dtype, for measuring what a dtype alone does to the sync's log-prob gap
-    (`benchmarks/sync_logprob_gap.py`) and checking a sync in it."""
+    `dtype` ("float32" or "bfloat16": megatron-core's `bf16` config, wrapped in `Float16Module`, which
+    casts the whole model, norms included, and returns fp32 outputs). A forward-only actor, for
+    measuring what the dtype alone does to the sync's log-prob gap (`benchmarks/sync_logprob_gap.py`)
+    and checking a sync in it."""
     from megatron.core.transformer.module import Float16Module
 
     from megarl.models.architectures import build_gpt_model
     from megarl.models.checkpoint import load_hf_weights
 
-    torch_dtype = getattr(torch, dtype)
-    half = {"bf16": torch_dtype == torch.bfloat16, "fp16": torch_dtype == torch.float16}
-    model = build_gpt_model(model_dir, groups, params_dtype=torch_dtype, **half)
-    if any(half.values()):
+    bf16 = dtype == "bfloat16"
+    model = build_gpt_model(model_dir, groups, params_dtype=getattr(torch, dtype), bf16=bf16)
+    if bf16:
         model = Float16Module(model.config, model)
     load_hf_weights(model, model_dir, groups)
     return model
