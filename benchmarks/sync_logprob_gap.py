@@ -83,7 +83,8 @@ def measure(model_dir: Path, dtype: str) -> list[dict]:
         gap = logprob_gap(engine_log_probs, torch.tensor(ranks[0]["log_probs"]))
         rows.append(dict(dtype=dtype, train_tp=train_tp, rollout_tp=1, sequences=SEQUENCES, tokens=PROBE_LENGTH - 1,
                          identical_tensors=int(checked["sync/checksum_tensors"]),
-                         max_abs_diff=gap["sync/logprob_max_abs_diff"], mean_abs_diff=gap["sync/logprob_mean_abs_diff"]))
+                         max_abs_diff=gap["sync/logprob_max_abs_diff"],
+                         mean_abs_diff=gap["sync/logprob_mean_abs_diff"]))
         print(rows[-1], flush=True)
     return rows
 

@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"round {i}: train TP={args.train_tp}/PP={args.train_pp} → rollout TP={args.rollout_tp}: "
             f"log-prob gap max {gap['sync/logprob_max_abs_diff']:.3g} mean {gap['sync/logprob_mean_abs_diff']:.3g} "
-            f"(threshold {args.threshold:g}); {int(gap['sync/checksum_tensors'])} tensors loaded bit for bit; sync {sync['sync/seconds']:.3f} s, {int(sync['sync/buckets'])} buckets, "
+            f"(threshold {args.threshold:g}); {int(gap['sync/checksum_tensors'])} tensors loaded bit for bit; "
+            f"sync {sync['sync/seconds']:.3f} s, {int(sync['sync/buckets'])} buckets, "
             f"{sync['sync/gigabytes'] * 1e3:.1f} MB"
         )
     print("OK")

@@ -155,8 +155,8 @@ def test_the_gap_threshold_is_measured_per_dtype_unless_set():
 
     assert weight_sync(verify_every=1, total_steps=1).threshold == LOGPROB_GAP_BY_DTYPE["float32"]
     config = load_config(QUICKSTART, ["model.dtype=bfloat16", "rollout.sync.logprob_gap_threshold=0.25"])
-    roles = SimpleNamespace(policy=Group(sync_plan=lambda: ["the plan"]), rollout=Engines(), sync_transport="collective",
-                            per_rank=False, grids=GRIDS)
+    roles = SimpleNamespace(policy=Group(sync_plan=lambda: ["the plan"]), rollout=Engines(),
+                            sync_transport="collective", per_rank=False, grids=GRIDS)
     assert WeightSync(roles, config, vocab_size=64, total_steps=1, wake_engines=False).threshold == 0.25
 
 
