@@ -4,7 +4,8 @@
 tensors, per-rank regroup), `collect` (the trainer-world collectives that assemble the buckets),
 `transports` (in-process, shared memory, CUDA IPC), `sync` (the procedure through a transport),
 `shard_send` (each trainer rank sends its own shards over the sync group), `per_rank` (each TP
-rank's shards through its own shared ring), `verify` (log-prob check).
+rank's shards through its own shared ring), `checksum` (the exact check: every tensor an engine
+loaded against the actor's shards, bit for bit), `verify` (the log-prob check).
 """
 
 from megarl.bridge.plan import LayoutPair, SyncPlan, build_plan

@@ -2,14 +2,15 @@
 
 `run_distributed` spawns the training ranks, which load the HF checkpoint into a Megatron actor of
 the given (TP, PP) and take a few optimizer steps per round (so the weights really change); each
-round then syncs and compares each engine's probe log-probs with the actor's. Two set-ups:
+round then syncs and checks each engine two ways: exactly, every tensor it loaded against the
+actor's own shards (`checksum`), and by its probe log-probs against the actor's (`verify`). Two set-ups:
 `run_sync_check` drives engines in this process, and every training rank sends its own shards
 over one gloo/NCCL sync group to all of them (the training ranks first; the engines' workers follow);
 `run_colocated_check` puts a TP-1 engine inside training rank 0's process (in-process transport).
 
     engines = {1: make_rollout_engine("vllm", hf_dir, dtype="float32"), 2: ...(tensor_parallel_size=2)}
     rounds = run_sync_check(hf_dir, train_tp=2, train_pp=1, engines=engines, threshold=1e-4)
-    rounds[-1].metrics[2]["sync/logprob_max_abs_diff"]
+    rounds[-1].metrics[2]["sync/logprob_max_abs_diff"], rounds[-1].metrics[2]["sync/checksum_tensors"]
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
+from megarl.bridge.checksum import LoadedChecksums, check_checksums, combine, rank_checksums
 from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.bridge.sync import WeightSender, receiving, sync_in_process
 from megarl.bridge.collect import conversion_errors, local_params_by_plan_name
@@ -36,6 +37,8 @@ from megarl.workers.rollout.shard_receive import sender_rank
 from megarl.workers.rollout.sync_group import create_weight_sync_group
 
 HOST = "127.0.0.1"
+ENGINE_DTYPE = "float32"
+"""The engines' dtype here, and so the dtype of the exact check (the actor trains in fp32)."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,7 @@ class RoundResult:
     engine_logprobs: dict[int, torch.Tensor]
     """Rollout TP → `[B, T-1]` that engine's probe log-probs right after the sync."""
     metrics: dict[int, dict[str, float]]
-    """Rollout TP → the verification metrics (`sync/logprob_*_abs_diff`)."""
+    """Rollout TP → the verification metrics (`sync/logprob_*_abs_diff`, `sync/checksum_tensors`)."""
     sync_metrics: dict[str, float]
     """The sender's `SyncStats.metrics()`."""
 
@@ -90,12 +93,32 @@ def trained_actor_and_plan(model_dir: str, layout: LayoutPair, bucket_mb: float,
     return groups, actor, dims, build_plan(dims, layout, bucket_mb=bucket_mb)
 
 
+def model_in_dtype(model_dir: str, groups, dtype: str) -> torch.nn.Module:
+    """This rank's GPTModel stage with the checkpoint's weights, every parameter and the compute in
+    `dtype` ("float32" or "bfloat16": megatron-core's `bf16` config, wrapped in `Float16Module`, which
+    casts the whole model, norms included, and returns fp32 outputs). A forward-only actor, for
+    measuring what the dtype alone does to the sync's log-prob gap (`benchmarks/sync_logprob_gap.py`)
+    and checking a sync in it."""
+    from megatron.core.transformer.module import Float16Module
+
+    from megarl.models.architectures import build_gpt_model
+    from megarl.models.checkpoint import load_hf_weights
+
+    bf16 = dtype == "bfloat16"
+    model = build_gpt_model(model_dir, groups, params_dtype=getattr(torch, dtype), bf16=bf16)
+    if bf16:
+        model = Float16Module(model.config, model)
+    load_hf_weights(model, model_dir, groups)
+    return model
+
+
 def trainer_main(model_dir: str, layout: LayoutPair, port: int, world_size: int, bucket_mb: float,
-                 rounds: int, settings: TrainSettings, timeout_s: float) -> list[dict] | None:
+                 rounds: int, settings: TrainSettings, timeout_s: float) -> list[dict]:
     """One training rank of `run_sync_check`: per round, train, record the actor's probe log-probs,
-    send its shards over the sync group (every rank joins it at its sender rank), and list
-    parameters whose conversion does not invert. Rank 0 returns the rounds. `layout.rollout_tp`
-    only names the pair: the messages are the same for every rollout TP."""
+    send its shards over the sync group (every rank joins it at its sender rank), list parameters
+    whose conversion does not invert, and checksum its shards. Every rank returns its rounds (the
+    log-probs and sync metrics are rank 0's). `layout.rollout_tp` only names the pair: the messages
+    are the same for every rollout TP."""
     groups, actor, dims, plan = trained_actor_and_plan(model_dir, layout, bucket_mb, settings)
     rank = sender_rank(layout, groups.pp_rank, groups.tp_rank)
     sender = ShardSender(plan, actor.named_parameters_for_sync, groups,
@@ -107,8 +130,10 @@ def trainer_main(model_dir: str, layout: LayoutPair, port: int, world_size: int,
         logprobs = actor_probe_logprobs(actor, probe)
         stats = sender.send()
         suspects = conversion_errors(plan, local_params_by_plan_name(plan, actor.named_parameters_for_sync()), groups)
-        results.append(dict(actor_logprobs=logprobs.tolist(), sync_metrics=stats.metrics(), suspects=suspects))
-    return results if dist.get_rank() == 0 else None
+        checksums = rank_checksums(plan, actor.named_parameters_for_sync(), groups, ENGINE_DTYPE)
+        results.append(dict(actor_logprobs=logprobs.tolist(), sync_metrics=stats.metrics(), suspects=suspects,
+                            checksums=checksums))
+    return results
 
 
 def colocated_main(model_dir: str, layout: LayoutPair, backend: str, bucket_mb: float, rounds: int,
@@ -116,11 +141,11 @@ def colocated_main(model_dir: str, layout: LayoutPair, backend: str, bucket_mb: 
     """One training rank of `run_colocated_check`: every rank owns a TP-1 rollout engine in its own
     process (a colocated deployment; vLLM also needs every rank of an existing world to build its
     groups) and syncs into it in-process. Per round each rank returns what `trainer_main` does plus
-    its engine's probe log-probs after the sync."""
+    its engine's probe log-probs and loaded checksums after the sync."""
     from megarl.workers.rollout import make_rollout_engine
 
     groups, actor, dims, plan = trained_actor_and_plan(model_dir, layout, bucket_mb, settings)
-    engine = make_rollout_engine(backend, model_dir, dtype="float32")
+    engine = make_rollout_engine(backend, model_dir, dtype=ENGINE_DTYPE)
     sender = WeightSender(plan, actor.named_parameters_for_sync, groups, InProcessTransport(engine), every_rank=True)
     probe = probe_token_ids(dims.vocab_size)
     results = []
@@ -131,9 +156,11 @@ def colocated_main(model_dir: str, layout: LayoutPair, backend: str, bucket_mb: 
             stats = sync_in_process(engine, sender)
             suspects = sender.conversion_errors()
             after = {1: torch.stack(engine.prompt_logprobs(probe)).tolist()}
-            results.append(
-                dict(actor_logprobs=logprobs.tolist(), sync_metrics=stats.metrics(), suspects=suspects, after=after)
-            )
+            results.append(dict(
+                actor_logprobs=logprobs.tolist(), sync_metrics=stats.metrics(), suspects=suspects, after=after,
+                checksums=rank_checksums(plan, actor.named_parameters_for_sync(), groups, ENGINE_DTYPE),
+                loaded={1: engine.loaded_checksums()},
+            ))
     finally:
         engine.shutdown()
     return results
@@ -152,9 +179,9 @@ def run_sync_check(
     timeout_s: float = 300.0,
 ) -> list[RoundResult]:
     """Train-and-sync `rounds` times from a (train_tp, train_pp) Megatron actor into `engines`
-    (rollout TP → engine, all started from `model_dir`) over one sync group. Raises
-    `SyncVerificationError` for the first engine whose gap exceeds `threshold` (after the training
-    ranks have finished)."""
+    (rollout TP → engine, all started from `model_dir` in `ENGINE_DTYPE`) over one sync group. Raises
+    `SyncVerificationError` for the first engine that loaded a tensor other than the actor's
+    (`WeightChecksumError`) or whose gap exceeds `threshold` (after the training ranks have finished)."""
     model_dir = str(model_dir)
     dims = read_model_dims(model_dir)
     senders = train_tp * train_pp
@@ -171,18 +198,17 @@ def run_sync_check(
         for tp, engine in engines.items():
             joined.append(engine.init_weight_sync(HOST, port, world_size, timeout_s, rank_offset=offset))
             offset += tp
-        _wait_for_joins(joined, trainers, timeout_s)
+        wait_for_joins(joined, trainers, timeout_s)
         plan = build_plan(dims, trainer_layout, bucket_mb=bucket_mb)  # the metadata the trainer sends
-        engine_logprobs = []
+        engine_logprobs, loaded = [], []
         for _ in range(rounds):
             with ExitStack() as stack:
                 for engine in engines.values():
                     stack.enter_context(receiving(engine, plan, timeout_s))
             engine_logprobs.append({tp: torch.stack(e.prompt_logprobs(probe)).tolist() for tp, e in engines.items()})
-        trainer_rounds = trainers.result(timeout=timeout_s)[0]
-    for trained, after in zip(trainer_rounds, engine_logprobs):
-        trained["after"] = after
-    return _verified(trainer_rounds, train_tp, train_pp, threshold)
+            loaded.append({tp: e.loaded_checksums() for tp, e in engines.items()})
+        per_rank = trainers.result(timeout=timeout_s)
+    return _verified(_merged(per_rank, engine_logprobs, loaded), train_tp, train_pp, threshold)
 
 
 def run_colocated_check(
@@ -204,27 +230,44 @@ def run_colocated_check(
         colocated_main, train_tp * train_pp, str(model_dir), LayoutPair(train_tp, train_pp, 1), backend,
         bucket_mb, rounds, settings, timeout_s=timeout_s,
     )
+    expected = [combine(rank_rounds[i]["checksums"] for rank_rounds in per_rank) for i in range(rounds)]
+    for rank_rounds in per_rank:
+        for trained, checksums in zip(rank_rounds, expected):
+            trained["checksums"] = checksums
     return [_verified(rank_rounds, train_tp, train_pp, threshold) for rank_rounds in per_rank]
 
 
+def _merged(per_rank: list[list[dict]], engine_logprobs: list[dict], loaded: list[dict]) -> list[dict]:
+    """Rank 0's rounds, each with every rank's checksums combined and the engines' side added."""
+    rounds = per_rank[0]
+    for index, trained in enumerate(rounds):
+        trained["checksums"] = combine(rank_rounds[index]["checksums"] for rank_rounds in per_rank)
+        trained["after"], trained["loaded"] = engine_logprobs[index], loaded[index]
+    return rounds
+
+
 def _verified(trainer_rounds: list[dict], train_tp: int, train_pp: int, threshold: float) -> list[RoundResult]:
-    """`RoundResult`s of the rounds, each engine checked (`check_sync` raises over `threshold`).
+    """`RoundResult`s of the rounds, each engine checked exactly (`check_checksums`), then by its
+    log-prob gap (`check_sync` raises over `threshold`).
     Log-probs arrive from the ranks as nested lists: tensors sent through multiprocessing queues
     are shared by file descriptor, which dangles when the rank exits before the parent reads it."""
     results = []
     for trained in trainer_rounds:
         actor = torch.tensor(trained["actor_logprobs"])
         after = {tp: torch.tensor(logprobs) for tp, logprobs in trained["after"].items()}
-        metrics = {
-            tp: check_sync(list(logprobs), actor, threshold=threshold,
-                           layout=LayoutPair(train_tp, train_pp, tp), suspects=trained["suspects"])
-            for tp, logprobs in after.items()
-        }
+        metrics = {}
+        for tp, logprobs in after.items():
+            layout = LayoutPair(train_tp, train_pp, tp)
+            loaded: list[LoadedChecksums] = trained["loaded"][tp]
+            metrics[tp] = check_checksums(trained["checksums"], loaded, dtype=ENGINE_DTYPE, layout=layout,
+                                          engine=f"the rollout TP-{tp} engine")
+            metrics[tp] |= check_sync(list(logprobs), actor, threshold=threshold, layout=layout,
+                                      suspects=trained["suspects"])
         results.append(RoundResult(actor, after, metrics, trained["sync_metrics"]))
     return results
 
 
-def _wait_for_joins(joins: list[Future], trainers: Future, timeout_s: float) -> None:
+def wait_for_joins(joins: list[Future], trainers: Future, timeout_s: float) -> None:
     """Wait for the engines to join the sync group; a trainer failure meanwhile is raised at once."""
     deadline = time.monotonic() + timeout_s
     for join in joins:

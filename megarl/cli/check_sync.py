@@ -1,9 +1,11 @@
-"""`megarl check-sync`: run the whole weight-sync path on a model and report the log-prob gap.
+"""`megarl check-sync`: run the whole weight-sync path on a model and check it, exactly and by the log-prob gap.
 
 Spawns the training ranks (Megatron actor of --train-tp × --train-pp loaded from the HF checkpoint),
 trains them a few optimizer steps per round so the sync really changes the weights, syncs into a
-vLLM engine of --rollout-tp (over --transport), and compares the engine's prompt
-log-probs with the actor's (both fp32). Exit 0 when every round is within --threshold, 1 otherwise.
+vLLM engine of --rollout-tp (over --transport), then checks every tensor the engine's workers loaded
+against the actor's own shards bit for bit (the trainer's exact sync check, naming any tensor that
+differs) and compares the engine's prompt log-probs with the actor's (both fp32). Exit 0 when every
+round loads every tensor exactly and is within --threshold, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ import argparse
 import sys
 from pathlib import Path
 
-THRESHOLD = 1e-4
+from megarl.config.rollout import LOGPROB_GAP_BY_DTYPE
+
+THRESHOLD = LOGPROB_GAP_BY_DTYPE["float32"]
+"""The trainer's `auto` threshold for fp32, the dtype of this check (`bridge.check.ENGINE_DTYPE`)."""
 TRANSPORTS = ("collective", "in-process")
 
 
@@ -89,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"round {i}: train TP={args.train_tp}/PP={args.train_pp} → rollout TP={args.rollout_tp}: "
             f"log-prob gap max {gap['sync/logprob_max_abs_diff']:.3g} mean {gap['sync/logprob_mean_abs_diff']:.3g} "
-            f"(threshold {args.threshold:g}); sync {sync['sync/seconds']:.3f} s, {int(sync['sync/buckets'])} buckets, "
+            f"(threshold {args.threshold:g}); {int(gap['sync/checksum_tensors'])} tensors loaded bit for bit; "
+            f"sync {sync['sync/seconds']:.3f} s, {int(sync['sync/buckets'])} buckets, "
             f"{sync['sync/gigabytes'] * 1e3:.1f} MB"
         )
     print("OK")

@@ -4,6 +4,22 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 
+LOGPROB_GAP_MEASURED = {"float32": 4.5e-5, "bfloat16": 0.69}
+"""Largest probe log-prob gap (nats) between a Megatron actor and a vLLM engine holding bit-identical
+weights, per dtype, rounded up: `python benchmarks/sync_logprob_gap.py --json
+benchmarks/results/extra/sync_logprob_gap.json` (actor TP 1 and 2, 64 random probe sequences). The gap
+grows with the size of the logits, whose rounding in the dtype dominates it: 9.5e-7 (fp32) / 6.4e-3
+(bf16) on the quickstart model, 4.5e-5 / 0.69 on the tests' sharper one (init std 0.2), the largest
+kept. In bf16 a logit near 40 is rounded to steps of 0.25, so a real LLM's bf16 gap on random probe
+tokens is of that order too."""
+LOGPROB_GAP_MARGIN = 4.0
+"""`auto` thresholds are this many times the measured gap: room for a trained model's sharper logits
+and other probe tokens, well below the gap of a grossly wrong sync (several nats). Exactness comes
+from the checksum check, not from this threshold."""
+LOGPROB_GAP_BY_DTYPE = {dtype: LOGPROB_GAP_MARGIN * gap for dtype, gap in LOGPROB_GAP_MEASURED.items()}
+"""`rollout.sync.logprob_gap_threshold: auto`, by `model.dtype`."""
+
+
 @dataclass(frozen=True)
 class SyncConfig:
     """Weight sync (the bridge) from the Megatron actor into the rollout engines after every step."""
@@ -24,12 +40,16 @@ class SyncConfig:
     reloads them module by module; no full tensor is gathered (only the vocabulary, which Megatron and
     vLLM pad differently). auto: whenever those hold; always: the same, and a layout or placement where
     they do not hold is an error; never: always gather full tensors on trainer rank 0."""
-    logprob_gap_threshold: float = 0.05
-    """Alarm when the mean |log π_rollout - log π_actor| on the probe batch exceeds this (nats). > 0."""
+    logprob_gap_threshold: float | Literal["auto"] = "auto"
+    """Fail a checked sync when the largest |log π_rollout - log π_actor| on the probe batch exceeds this
+    (nats). auto: `LOGPROB_GAP_BY_DTYPE[model.dtype]`, measured; a number (> 0) overrides it. The gap
+    is the check of last resort: every checked sync first compares every tensor each engine loaded with
+    the actor's own bit for bit (`megarl.bridge.checksum`), which names any tensor that differs."""
     verify_every: int = 1
-    """Check the log-prob gap on the steps that are multiples of this, on the last step and on the first
-    sync of a run (resumes included); every step when 1. Each check costs an actor forward, an engine
-    forward and two Ray round trips; `sync/logprob_*` metrics exist only on checked steps. >= 1."""
+    """Check the sync (exactly, then by the log-prob gap) on the steps that are multiples of this, on the
+    last step and on the first sync of a run (resumes included); every step when 1. Each check costs an
+    integer pass over the weights on each side, an actor forward, an engine forward and four Ray round
+    trips; `sync/logprob_*` and `sync/checksum_tensors` metrics exist only on checked steps. >= 1."""
     probe_batch_size: int = 4
     """Sequences of the probe batch used to check every sync. >= 1."""
 
@@ -72,3 +92,8 @@ class RolloutConfig:
     """Validation nucleus sampling mass, in (0, 1]."""
     sync: SyncConfig = field(default_factory=SyncConfig)
     """Weight sync from the actor."""
+
+
+def logprob_gap_threshold(sync: SyncConfig, dtype: str) -> float:
+    """The threshold a checked sync uses: the user's number, or the measured default for `dtype`."""
+    return LOGPROB_GAP_BY_DTYPE[dtype] if sync.logprob_gap_threshold == "auto" else sync.logprob_gap_threshold

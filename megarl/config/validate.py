@@ -162,8 +162,9 @@ def _check_rollout(config: Config, problems: list[Problem]) -> None:
           "rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size,
           "the hf backend (HF generate) has no tensor parallelism", "set it to 1, or rollout.backend=vllm")
     _need(problems, sync.bucket_mb >= 1, "rollout.sync.bucket_mb", sync.bucket_mb, "must be >= 1", "e.g. 512")
-    _need(problems, sync.logprob_gap_threshold > 0, "rollout.sync.logprob_gap_threshold", sync.logprob_gap_threshold,
-          "must be > 0", "e.g. 0.05")
+    _need(problems, sync.logprob_gap_threshold == "auto" or sync.logprob_gap_threshold > 0,
+          "rollout.sync.logprob_gap_threshold", sync.logprob_gap_threshold, "must be > 0 or auto",
+          "auto (measured per model.dtype) or e.g. 0.05")
     _need(problems, sync.verify_every >= 1, "rollout.sync.verify_every", sync.verify_every,
           "must be >= 1 (the log-prob check runs every this many steps)", "e.g. 1 to check every sync")
     _need(problems, sync.probe_batch_size >= 1, "rollout.sync.probe_batch_size", sync.probe_batch_size,

@@ -58,6 +58,8 @@ DOCUMENTED_METRICS: dict[str, str] = {
                                  "(checked steps only: rollout.sync.verify_every)",
     "sync/logprob_mean_abs_diff": "mean |log-prob(rollout) - log-prob(actor)| on the probe batch after the sync "
                                   "(checked steps only: rollout.sync.verify_every)",
+    "sync/checksum_tensors": "HF tensors every rollout worker loaded bit for bit as the actor holds them, in "
+                             "model.dtype (checked steps only: rollout.sync.verify_every)",
     "sync/weight_version": "weight version of the rollout engines after the sync (+1 per sync)",
     "sync/seconds": "wall time of the weight send (gather, convert, transport)",
     "sync/gigabytes": "gigabytes handed to the transport",

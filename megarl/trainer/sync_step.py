@@ -1,19 +1,23 @@
 """The end of every step: the actor's new weights into every rollout engine, then (on verified
-steps) the check that the engines now compute the actor's log-probs.
+steps) the check that the engines now hold exactly the actor's weights and compute its log-probs.
 
 A sync is four Ray round trips (`wake_up` when the engines sleep, `start_receive`, `send_weights`,
 `finish_receive`), five with a shared transport (the engines start from the ring that trainer rank 0
-opens in `begin_weight_sync`, or per rank from every sending rank's); the check adds two more and a
-forward of the probe batch on the actor and on every engine. `rollout.sync.verify_every = k` runs the
+opens in `begin_weight_sync`, or per rank from every sending rank's). The check adds four more: the
+trainer ranks' checksums of their shards against every engine worker's of what its loader received
+(`megarl.bridge.checksum`, exact, in `model.dtype`, naming any tensor that differs), then the probe
+batch's log-probs on the actor and on every engine, within `rollout.sync.logprob_gap_threshold`. `rollout.sync.verify_every = k` runs the
 check on steps that are multiples of k, on the last step, and always on the first sync of a run (a
 resumed run's too: its engines are new).
 """
 
 from __future__ import annotations
 
+from megarl.bridge.checksum import check_checksums, combine
 from megarl.bridge.plan import LayoutPair
 from megarl.bridge.verify import check_sync, probe_token_ids
 from megarl.config import Config
+from megarl.config.rollout import logprob_gap_threshold
 from megarl.trainer.metrics import reduce_metrics
 from megarl.trainer.roles import SYNC_TIMEOUT_S
 
@@ -28,6 +32,9 @@ class WeightSync:
         self.shared = roles.sync_transport != "collective"
         self.per_rank = roles.per_rank
         self.settings = config.rollout.sync
+        self.dtype = config.model.dtype
+        """The engines' dtype (they start with `dtype=model.dtype`): the exact check's."""
+        self.threshold = logprob_gap_threshold(self.settings, self.dtype)
         self.total_steps = total_steps
         self.wake_engines = wake_engines
         self.probe = probe_token_ids(vocab_size, sequences=self.settings.probe_batch_size)
@@ -39,12 +46,12 @@ class WeightSync:
         self.verified_once = False
 
     def verifies(self, step: int) -> bool:
-        """Whether the sync after `step` runs the log-prob check."""
+        """Whether the sync after `step` is checked."""
         return not self.verified_once or step % self.settings.verify_every == 0 or step == self.total_steps
 
     def __call__(self, step: int) -> dict[str, float]:
-        """Sync the weights trained up to `step`: `sync/*` transfer metrics, plus the log-prob gap
-        (`sync/logprob_*`) when `verifies(step)`; raises `SyncVerificationError` on a bad sync."""
+        """Sync the weights trained up to `step`: `sync/*` transfer metrics, plus the checks' when
+        `verifies(step)`; raises `SyncVerificationError` on a bad sync."""
         if self.wake_engines:
             self.rollout.call_all("wake_up")
         if self.per_rank:
@@ -62,12 +69,16 @@ class WeightSync:
         return metrics
 
     def verify(self) -> dict[str, float]:
-        """The engines' probe log-probs against the actor's (`sync/logprob_*`, worst engine)."""
+        """Every tensor every engine loaded against the actor's shards (`sync/checksum_tensors`), then
+        the engines' probe log-probs against the actor's (`sync/logprob_*`, worst engine)."""
+        expected = combine(self.policy.call_all("weight_checksums", self.dtype))
+        checks = [check_checksums(expected, loaded, dtype=self.dtype, layout=self.layout, engine=f"rollout engine {i}")
+                  for i, loaded in enumerate(self.rollout.call_all("loaded_checksums"))]
         actor_lp = self.policy.call_all("probe_log_probs", self.probe)[0]
-        gaps = [check_sync(engine_lp, actor_lp, threshold=self.settings.logprob_gap_threshold, layout=self.layout)
+        gaps = [check_sync(engine_lp, actor_lp, threshold=self.threshold, layout=self.layout)
                 for engine_lp in self.rollout.call_all("prompt_logprobs", self.probe)]
         self.verified_once = True
-        return reduce_metrics(gaps)
+        return reduce_metrics(checks) | reduce_metrics(gaps)
 
 
 def rings_by_tp_rank(rings: list, grids: list[dict[str, int]]) -> dict[int, list]:

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from megarl.bridge import LayoutPair, SyncPlan, WeightSender, build_plan
+from megarl.bridge.checksum import rank_checksums
 from megarl.bridge.per_rank import PerRankSender
 from megarl.bridge.shard_send import ShardSender
 from megarl.bridge.transports.cuda_ipc import CudaIpcTransport
@@ -186,6 +187,11 @@ class PolicyWorker:
         """Collective: every bucket of the plan reaches the engines (each sending rank's shards, or
         rank 0's gathered buckets through its shared transport)."""
         return self.sender.send().metrics()
+
+    def weight_checksums(self, dtype: str) -> dict[str, int]:
+        """This rank's partial checksums, in `dtype` (the engines'), of the HF tensors the engines must
+        hold, from its live shards (`bridge.checksum.rank_checksums`; the driver sums over the ranks)."""
+        return rank_checksums(self.plan, self.actor.named_parameters_for_sync(), self.groups, dtype)
 
     def probe_log_probs(self, token_ids: list[list[int]]) -> Tensor:
         """`[B, T-1]` actor log-probs of the sync probe (collective)."""

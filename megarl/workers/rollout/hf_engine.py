@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig
+from megarl.bridge.checksum import LoadedChecksums, recorded
 from megarl.bridge.plan import SyncPlan
 from megarl.workers.rollout.shard_receive import receive_shards
 from megarl.workers.rollout.shared_ring import SharedRing, read_ring
@@ -57,6 +58,7 @@ class HFRolloutEngine(RolloutEngine):
         self._model.to(self._device).eval()
         self._rpc_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-hf-sync")
         self._sync_group = None
+        self._loaded: LoadedChecksums | None = None
 
     @torch.no_grad()
     def generate(
@@ -98,8 +100,11 @@ class HFRolloutEngine(RolloutEngine):
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Any subset of the model's HF-named tensors, copied in as they come (a stream is held one
-        tensor at a time); a name the model lacks, or a shape it does not have, is an error."""
+        tensor at a time); a name the model lacks, or a shape it does not have, is an error. Each is
+        checksummed as it comes (`loaded_checksums`)."""
         params = self._model.state_dict(keep_vars=True)
+        self._loaded = LoadedChecksums(str(self._model.dtype).removeprefix("torch."))
+        named_tensors = recorded(named_tensors, self._loaded)
         unknown = []
         with torch.no_grad():
             for name, tensor in named_tensors:
@@ -117,6 +122,12 @@ class HFRolloutEngine(RolloutEngine):
                 f"HFRolloutEngine.load_weights: the model has no parameters named {unknown}; send HF checkpoint names"
             )
         self._weight_version += 1
+
+    def loaded_checksums(self) -> list[LoadedChecksums]:
+        """What the last sync loaded, checksummed as it came (`megarl.bridge.checksum`); one worker."""
+        if self._loaded is None:
+            raise RuntimeError("loaded_checksums: the engine has loaded no weights since it started")
+        return [self._loaded]
 
     def load_shared_buckets(self, ring: SharedRing) -> Future[None]:
         return self._rpc_thread.submit(read_ring, ring, "HF rollout engine", self._device, self.load_weights)

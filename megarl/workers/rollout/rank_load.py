@@ -46,24 +46,28 @@ from vllm.model_executor.model_loader.reload.layerwise import (
 from vllm.model_executor.model_loader.reload.meta import materialize_layer, restore_layer_on_meta
 from vllm.model_executor.model_loader.reload.utils import get_layer_params_buffers
 
+from megarl.bridge.checksum import LoadedChecksums, VllmRankLayout, recorded
+from megarl.models.hf_config import read_model_dims
 from megarl.workers.rollout.shared_ring import RingReader, SharedRing, read_ring
 
 Named = Iterable[tuple[str, torch.Tensor]]
 """(vLLM parameter name, tensor) pairs, e.g. `model.layers.0.self_attn.qkv_proj.weight`."""
 
 
-def load_rank_rings(worker, rings_by_rank: Mapping[int, Sequence[SharedRing]]) -> None:
+def load_rank_rings(worker, rings_by_rank: Mapping[int, Sequence[SharedRing]], record: LoadedChecksums) -> None:
     """One per-rank sync into `worker` (the vLLM worker: `get_model()`, `vllm_config`): read the
     rings of its TP rank, `rings_by_rank[r]` (one per pipeline stage of the trainer, in stage
-    order), one after the other. A failure is passed on to the senders of this worker's rings,
-    also those it had not started reading. A tied LM head is the caller's to refresh afterwards."""
+    order), one after the other, checksumming every tensor into `record` as it arrives. A failure is
+    passed on to the senders of this worker's rings, also those it had not started reading. A tied
+    LM head is the caller's to refresh afterwards."""
     rank = get_tensor_model_parallel_rank()
     rings = rings_by_rank[rank]
     loader = ModuleLoader(worker)
+    layout = VllmRankLayout(read_model_dims(worker.model_config.hf_text_config), len(rings_by_rank), rank)
     for stage, ring in enumerate(rings):
         name = f"rollout worker {rank} (trainer stage {stage})"
         try:
-            read_ring(ring, name, worker.device, loader.load)
+            read_ring(ring, name, worker.device, lambda tensors: loader.load(recorded(tensors, record, layout)))
         except BaseException as error:
             for later in rings[stage + 1:]:
                 RingReader(later, name).abort(f"an earlier stage's load failed: {error!r}")

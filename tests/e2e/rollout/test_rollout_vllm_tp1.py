@@ -18,6 +18,7 @@ from rollout_reference import (
     response_logprobs_of,
 )
 
+from megarl.bridge.checksum import tensor_checksum
 from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine, pack, unpack
 
 MAX_NEW = 8
@@ -160,6 +161,10 @@ def test_load_weights_full_then_subset_then_back(engine, hf_base, base_model_dir
             k: v for k, v in base.items() if k.startswith("model.layers.1.mlp.") or k == "lm_head.weight"
         }
         engine.load_weights(subset.items())
+        # The worker checksummed exactly what its loader received in this load, in the engine's dtype.
+        (record,) = engine.loaded_checksums()
+        assert record.dtype == "float32" and not record.partial
+        assert record.full == {name: tensor_checksum(tensor, torch.float32) for name, tensor in subset.items()}
         hf_mixed = load_hf(new_model_dir, {**new, **subset})
         for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
             torch.testing.assert_close(got, hf_logprobs(hf_mixed, sequence), atol=TOLERANCE, rtol=0)

@@ -43,8 +43,9 @@ def test_grpo_trains_syncs_and_checkpoints(grpo_run, assets):
     # quickstart checks every sync (rollout.sync.verify_every=1): every step has the gap, under the
     # threshold, and each step advanced the engines' weights.
     assert trainer.roles.sync_transport == "shared_memory"
-    threshold = trainer.config.rollout.sync.logprob_gap_threshold
+    threshold = trainer.sync.threshold  # rollout.sync.logprob_gap_threshold, resolved
     assert all(m["sync/logprob_max_abs_diff"] <= threshold for m in metrics)
+    assert all(m["sync/checksum_tensors"] > 0 for m in metrics)  # and every tensor was loaded bit for bit
     assert [m["sync/weight_version"] for m in metrics] == [m["step"] for m in metrics]
     # The exported actor differs from the initial model: training changed the weights.
     initial = load_file(assets / "model" / "model.safetensors")
@@ -123,8 +124,9 @@ def test_equal_tp_sizes_sync_per_rank(assets, tmp_path):
     assert trainer.roles.sync_transport == "shared_memory" and trainer.roles.per_rank
     metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
     assert [m["sync/weight_version"] for m in metrics] == [1, 2]
-    threshold = trainer.config.rollout.sync.logprob_gap_threshold
+    threshold = trainer.sync.threshold  # rollout.sync.logprob_gap_threshold, resolved
     assert all(m["sync/logprob_max_abs_diff"] <= threshold for m in metrics)
+    assert all(m["sync/checksum_tensors"] > 0 for m in metrics)  # and every tensor was loaded bit for bit
     assert all(m["sync/buckets"] >= 2 for m in metrics)  # one ring per TP rank, each with its buckets
 
 

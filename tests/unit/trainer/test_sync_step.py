@@ -1,5 +1,6 @@
-"""`WeightSync`: which syncs run the log-prob check (`rollout.sync.verify_every`), and that a bad sync
-is caught on a checked step. The worker groups are stand-ins that record the calls they get."""
+"""`WeightSync`: which syncs run the checks (`rollout.sync.verify_every`), and that a bad sync is
+caught on a checked step, by the exact check (naming the tensor) or by the log-prob gap. The worker
+groups are stand-ins that record the calls they get."""
 
 from pathlib import Path
 from types import SimpleNamespace
@@ -7,12 +8,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from megarl.bridge.checksum import LoadedChecksums, WeightChecksumError
 from megarl.bridge.verify import SyncVerificationError
 from megarl.config import load_config
 from megarl.trainer.sync_step import WeightSync, rings_by_tp_rank
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 ACTOR_LOG_PROBS = -torch.rand(4, 7) - 1.0
+RANK_CHECKSUMS = [{"model.norm.weight": 5, "lm_head.weight": 3}, {"lm_head.weight": 4}]
+"""Two trainer ranks' partial checksums (the quickstart trains in float32): the engines must load these sums."""
 
 
 class Group:
@@ -32,16 +36,22 @@ class Group:
 
 class Engines(Group):
     """One rollout engine whose weights count syncs; `broken_from` makes its log-probs wrong from
-    that sync on (as an engine that silently missed a tensor would)."""
+    that sync on (as an engine that silently missed a tensor would), `wrong_tensor_from` makes it load
+    a wrong `lm_head.weight` from that sync on, its log-probs unchanged (a small error the gap misses)."""
 
-    def __init__(self, broken_from: int | None = None):
-        self.version, self.broken_from = 0, broken_from
+    def __init__(self, broken_from: int | None = None, wrong_tensor_from: int | None = None):
+        self.version, self.broken_from, self.wrong_tensor_from = 0, broken_from, wrong_tensor_from
         super().__init__(
             wake_up=lambda: [None], start_receive=lambda: [None], start_shared_receive=lambda: [None],
             start_rank_receive=lambda: [None],
             finish_receive=self._receive,
             prompt_logprobs=lambda: [list(ACTOR_LOG_PROBS + (0.5 if self._broken() else 0.0))],
+            loaded_checksums=lambda: [[LoadedChecksums("float32", full=self._loaded())]],
         )
+
+    def _loaded(self) -> dict[str, int]:
+        wrong = self.wrong_tensor_from is not None and self.version >= self.wrong_tensor_from
+        return {"model.norm.weight": 5, "lm_head.weight": 8 if wrong else 7}
 
     def _receive(self):
         self.version += 1
@@ -58,7 +68,8 @@ def weight_sync(verify_every: int, total_steps: int, engines: Engines | None = N
                 transport: str = "collective", per_rank: bool = False) -> WeightSync:
     config = load_config(QUICKSTART, [f"rollout.sync.verify_every={verify_every}"])
     policy = Group(sync_plan=lambda: ["the plan"], send_weights=lambda: [{"sync/seconds": 0.01}] * 2,
-                   probe_log_probs=lambda: [ACTOR_LOG_PROBS] * 2, begin_weight_sync=lambda: ["ring", None])
+                   probe_log_probs=lambda: [ACTOR_LOG_PROBS] * 2, begin_weight_sync=lambda: ["ring", None],
+                   weight_checksums=lambda: RANK_CHECKSUMS)
     roles = SimpleNamespace(policy=policy, rollout=engines or Engines(), sync_transport=transport,
                             per_rank=per_rank, grids=GRIDS)
     return WeightSync(roles, config, vocab_size=64, total_steps=total_steps, wake_engines=True)
@@ -71,9 +82,9 @@ def checked_steps(sync: WeightSync, steps) -> list[int]:
 def test_checks_the_first_sync_every_kth_step_and_the_last():
     sync = weight_sync(verify_every=3, total_steps=8)
     assert checked_steps(sync, range(1, 9)) == [1, 3, 6, 8]
-    # Each checked sync probes the actor once and every engine once; every sync sends and receives.
-    assert sync.policy.calls.count("probe_log_probs") == 4
-    assert sync.rollout.calls.count("prompt_logprobs") == 4
+    # Each checked sync checksums and probes the actor and every engine once; every sync sends and receives.
+    assert sync.policy.calls.count("probe_log_probs") == sync.policy.calls.count("weight_checksums") == 4
+    assert sync.rollout.calls.count("prompt_logprobs") == sync.rollout.calls.count("loaded_checksums") == 4
     assert sync.rollout.calls.count("finish_receive") == 8
     assert sync.policy.calls.count("sync_plan") == 1  # fetched once per run
 
@@ -92,24 +103,27 @@ def test_a_resumed_run_checks_its_first_sync():
 def test_a_sync_is_woken_received_then_checked_in_order():
     sync = weight_sync(verify_every=1, total_steps=1)
     metrics = sync(1)
-    assert sync.rollout.calls == ["wake_up", "start_receive", "finish_receive", "prompt_logprobs"]
-    assert sync.policy.calls == ["sync_plan", "send_weights", "probe_log_probs"]
+    assert sync.rollout.calls == ["wake_up", "start_receive", "finish_receive", "loaded_checksums", "prompt_logprobs"]
+    assert sync.policy.calls == ["sync_plan", "send_weights", "weight_checksums", "probe_log_probs"]
     assert metrics["sync/weight_version"] == 1.0
+    assert metrics["sync/checksum_tensors"] == 2.0
     assert metrics["sync/logprob_max_abs_diff"] == 0.0
 
 
 def test_a_shared_memory_sync_starts_the_engines_from_rank_0s_ring():
     sync = weight_sync(verify_every=1, total_steps=1, transport="shared_memory")
     sync(1)
-    assert sync.rollout.calls == ["wake_up", "start_shared_receive", "finish_receive", "prompt_logprobs"]
-    assert sync.policy.calls == ["begin_weight_sync", "send_weights", "probe_log_probs"]
+    assert sync.rollout.calls == ["wake_up", "start_shared_receive", "finish_receive", "loaded_checksums",
+                                  "prompt_logprobs"]
+    assert sync.policy.calls == ["begin_weight_sync", "send_weights", "weight_checksums", "probe_log_probs"]
 
 
 def test_a_per_rank_sync_starts_the_engines_from_every_sending_ranks_ring():
     sync = weight_sync(verify_every=1, total_steps=1, transport="shared_memory", per_rank=True)
     sync(1)
-    assert sync.rollout.calls == ["wake_up", "start_rank_receive", "finish_receive", "prompt_logprobs"]
-    assert sync.policy.calls == ["begin_weight_sync", "send_weights", "probe_log_probs"]
+    assert sync.rollout.calls == ["wake_up", "start_rank_receive", "finish_receive", "loaded_checksums",
+                                  "prompt_logprobs"]
+    assert sync.policy.calls == ["begin_weight_sync", "send_weights", "weight_checksums", "probe_log_probs"]
 
 
 def test_rings_are_grouped_by_tp_rank_in_stage_order_without_the_ranks_that_send_nothing():
@@ -126,6 +140,24 @@ def test_a_bad_sync_is_caught_on_the_next_checked_step():
     assert "sync/logprob_max_abs_diff" not in sync(3)  # unchecked: the broken weights pass unseen
     with pytest.raises(SyncVerificationError, match="differ from the actor's by 0.5"):
         sync(4)
+
+
+def test_a_wrong_tensor_is_named_by_the_exact_check_where_the_log_probs_agree():
+    sync = weight_sync(verify_every=1, total_steps=3, engines=Engines(wrong_tensor_from=2))
+    assert sync(1)["sync/checksum_tensors"] == 2.0
+    with pytest.raises(WeightChecksumError, match=r"rollout engine 0 \(float32\).* 1 of 2 tensors: lm_head.weight: "
+                                                  r"rollout worker 0 loaded checksum 0x8, the actor's is 0x7"):
+        sync(2)
+
+
+def test_the_gap_threshold_is_measured_per_dtype_unless_set():
+    from megarl.config.rollout import LOGPROB_GAP_BY_DTYPE
+
+    assert weight_sync(verify_every=1, total_steps=1).threshold == LOGPROB_GAP_BY_DTYPE["float32"]
+    config = load_config(QUICKSTART, ["model.dtype=bfloat16", "rollout.sync.logprob_gap_threshold=0.25"])
+    roles = SimpleNamespace(policy=Group(sync_plan=lambda: ["the plan"]), rollout=Engines(),
+                            sync_transport="collective", per_rank=False, grids=GRIDS)
+    assert WeightSync(roles, config, vocab_size=64, total_steps=1, wake_engines=False).threshold == 0.25
 
 
 def test_the_probe_has_probe_batch_size_sequences():

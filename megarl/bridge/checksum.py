@@ -1,0 +1,286 @@
+"""The exact sync check: a position-weighted checksum of every HF tensor, computed on both sides
+from independent sources and compared name by name.
+
+- Engine side: each rollout worker checksums every tensor as its loader receives it, before vLLM
+  processes (repacks) it, cast to the engine's dtype (what vLLM's `copy_` into its parameters does):
+  a full HF tensor as it is, one of the per-rank sync's tensors (vLLM's per-rank layout: `qkv_proj`
+  rank r is [q_r; k_r; v_r], `gate_up_proj` [gate_r; up_r], `o_proj`/`down_proj` a block of
+  columns) as the partial checksums of the HF tensors its rows belong to (`LoadedChecksums`).
+- Trainer side: every rank of DP replica 0 checksums its own live Megatron shards, cast to the same
+  dtype, as partial checksums of the HF tensors. Which HF rows and columns a shard holds comes from
+  the checkpoint loader's slicing (`layout.tp_shard_from_hf`, run on row numbers instead of data),
+  not from the sync's conversion, so a wrong mapping on the sending side (gate/up halves swapped, a
+  qkv regroup off by a head) is caught as well as a lost or misplaced bucket, a missing tensor or a
+  wrong cast on the way.
+
+The checksum of a tensor x viewed as the integers of its bits in `dtype` (flat index i) is
+`Σ_i (2i + 1) · bits_i mod 2^32`: exact and order-free (integer sums), position-sensitive (a swap,
+shift or transpose changes it), and linear, so the partial sums of a tensor's row blocks or column
+blocks, each weighted by its place, add up to the whole tensor's (`partial_checksum`). This is the
+idea of slime's weight-equality check (compare the engine's weights with an independent copy after
+an update), at the cost of one integer pass over the weights on each side.
+
+    parts = [rank_checksums(plan, actor.named_parameters_for_sync(), groups, "bfloat16")]   # every trainer rank
+    loaded = engine.loaded_checksums()              # one `LoadedChecksums` per worker of one engine
+    check_checksums(combine(parts), loaded, dtype="bfloat16", layout=plan.layout, engine="rollout engine 0")
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from megarl.bridge.collect import local_params_by_plan_name
+from megarl.bridge.plan import LayoutPair, PlannedParam, SyncPlan
+from megarl.bridge.verify import SyncVerificationError
+from megarl.models.hf_config import ModelDims
+from megarl.models.layout import REPLICATED, VOCAB, ParamMapping, tp_shard_from_hf
+
+MOD = 1 << 32
+"""Checksums are taken mod 2^32: a wrong tensor goes unnoticed with odds of 2^-32."""
+CHUNK_ELEMENTS = 1 << 24
+"""Elements widened at once (bounds the temporary memory of a checksum: 64 MiB in int32)."""
+_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+SHOWN = 8
+"""Tensors named in a checksum error (the rest are counted)."""
+
+
+class WeightChecksumError(SyncVerificationError):
+    """A rollout engine loaded tensors whose bits differ from the actor's, or missed / added some."""
+
+
+@dataclass
+class LoadedChecksums:
+    """What one rollout worker loaded in its last sync, by HF name."""
+
+    dtype: str
+    """The engine's dtype the tensors were checksummed in (e.g. "bfloat16")."""
+    full: dict[str, int] = field(default_factory=dict)
+    """Checksums of the whole HF tensors this worker received."""
+    partial: dict[str, int] = field(default_factory=dict)
+    """Partial checksums of the HF tensors this worker received a TP block of (per-rank sync): summed
+    over the engine's workers, they give the whole tensor's."""
+
+
+def row_terms(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row (dim 0; a 1-D tensor's elements are rows of one) of `tensor` cast to `dtype` and viewed
+    as integers of its bits: `sums [rows]` (Σ_k bits_k) and `weighted [rows]` (Σ_k (2k + 1) bits_k mod
+    2^32, the products wrapping in int32 for dtypes of up to 4 bytes, so fp32 bits need no widening),
+    int64."""
+    ints = tensor.detach().to(dtype).view(_INT_OF_WIDTH[dtype.itemsize])
+    ints = ints.reshape(ints.shape[0] if ints.dim() else 1, -1)
+    width = ints.shape[1]
+    wide = torch.int64 if dtype.itemsize > 4 else torch.int32
+    weights = torch.arange(width, dtype=wide, device=ints.device) * 2 + 1
+    sums, weighted = [], []
+    step = max(1, CHUNK_ELEMENTS // max(width, 1))
+    for start in range(0, ints.shape[0], step):
+        rows = ints[start : start + step].to(wide)
+        sums.append(rows.sum(1, dtype=torch.int64))
+        weighted.append((rows * weights).sum(1, dtype=torch.int64))
+    return torch.cat(sums), torch.cat(weighted)
+
+
+def partial_checksum(sums: torch.Tensor, weighted: torch.Tensor, hf_rows: torch.Tensor, width: int,
+                     first_column: int = 0) -> int:
+    """The share of an HF tensor's checksum carried by some of its rows' blocks: row j of the block is
+    HF row `hf_rows[j]`, its columns start at `first_column` of the HF tensor's `width` (flattened
+    trailing dims); `sums`/`weighted` from `row_terms` of the block. Flat HF index = row·width +
+    first_column + k, so the row adds (2 (row·width + first_column))·sums + weighted."""
+    hf_rows = hf_rows.to(device=sums.device, dtype=torch.int64)
+    return int((((hf_rows * width + first_column) * 2) * sums + weighted).sum()) % MOD
+
+
+def tensor_checksum(tensor: torch.Tensor, dtype: torch.dtype) -> int:
+    """`Σ_i (2i + 1) · bits_i mod 2^32` over `tensor` cast to `dtype` (flat index i)."""
+    sums, weighted = row_terms(tensor, dtype)
+    return partial_checksum(sums, weighted, torch.arange(sums.shape[0]), _width(tensor.shape))
+
+
+def combine(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Partial checksums summed per name (mod 2^32)."""
+    total: dict[str, int] = {}
+    for part in parts:
+        add_into(total, part)
+    return total
+
+
+def add_into(total: dict[str, int], part: Mapping[str, int]) -> None:
+    """`part`'s partial checksums added to `total`'s, in place."""
+    for name, value in part.items():
+        total[name] = (total.get(name, 0) + value) % MOD
+
+
+# --- trainer side: the actor's shards, placed by the checkpoint loader's slicing -----------------
+
+
+def rank_checksums(plan: SyncPlan, named_parameters: Iterable[tuple[str, torch.Tensor]], groups,
+                   dtype: str) -> dict[str, int]:
+    """`actor_checksums` of this trainer rank's live parameters (`MegatronActor.named_parameters_for_sync`)
+    in its place of `groups` (`ProcessGroups`), checksummed in `dtype` (the engines' dtype name)."""
+    local = local_params_by_plan_name(plan, named_parameters)
+    return actor_checksums(plan, local, tp_size=groups.tp_size, tp_rank=groups.tp_rank, pp_rank=groups.pp_rank,
+                           dp_rank=groups.dp_rank, dtype=getattr(torch, dtype))
+
+
+def actor_checksums(plan: SyncPlan, local: Mapping[str, torch.Tensor], *, tp_size: int, tp_rank: int,
+                    pp_rank: int, dp_rank: int, dtype: torch.dtype) -> dict[str, int]:
+    """This trainer rank's partial checksums of the HF tensors of `plan` (`local`: its shards by plan
+    name, `collect.local_params_by_plan_name`); empty outside DP replica 0. `combine` over the ranks
+    gives the checksum of every HF tensor the engines must hold."""
+    if dp_rank != 0:
+        return {}
+    parts = [shard_checksums(param, local[param.megatron_name], plan.dims, tp_size=tp_size, tp_rank=tp_rank,
+                             dtype=dtype)
+             for param in plan.params if param.pp_rank == pp_rank]
+    return combine(parts)
+
+
+def shard_checksums(param: PlannedParam, shard: torch.Tensor, dims: ModelDims, *, tp_size: int, tp_rank: int,
+                    dtype: torch.dtype) -> dict[str, int]:
+    """TP rank `tp_rank`'s partial checksums of `param`'s HF tensors from its Megatron `shard` (a
+    replicated parameter: TP rank 0's whole copy, nothing from the others)."""
+    if param.kind == REPLICATED and tp_rank > 0:
+        return {}
+    # Rows per rank as the divisor makes the loader pad the vocabulary exactly as this shard is padded.
+    divisible_by = shard.shape[0] if param.kind == VOCAB else 1
+    origin, first_columns = loader_rows(param, dims, tp_size, tp_rank, divisible_by)
+    if origin.shape[0] != shard.shape[0]:
+        raise ValueError(f"{param.megatron_name}: shard of {shard.shape[0]} rows, the loader's slicing gives "
+                         f"{origin.shape[0]} at TP {tp_size}")
+    sums, weighted = row_terms(shard, dtype)
+    checksums = {}
+    for index, (name, shape) in enumerate(zip(param.hf_names, param.hf_shapes)):
+        rows = origin[:, 0] == index + 1  # on the CPU, like `origin`; the shard's terms may be on a GPU
+        on_device = rows.to(sums.device)
+        checksums[name] = partial_checksum(sums[on_device], weighted[on_device], origin[rows, 1], _width(shape),
+                                           first_columns.get(index, 0))
+    return checksums
+
+
+def loader_rows(param: PlannedParam, dims: ModelDims, tp_size: int, tp_rank: int,
+                vocab_divisible_by: int) -> tuple[torch.Tensor, dict[int, int]]:
+    """Where each row of TP rank `tp_rank`'s shard of `param` comes from in the HF tensors, by the
+    checkpoint loader's own slicing run on row numbers: `[rows, 2]` (index into `hf_names` + 1, or 0
+    for a padding row; HF row), and the first HF column of a column block, by HF name index."""
+    first_columns: dict[int, int] = {}
+
+    def read(name: str, index: tuple) -> torch.Tensor:
+        which = param.hf_names.index(name)
+        rows = torch.arange(param.hf_shapes[which][0])[index[0]]
+        if len(index) > 1:  # a block of columns (row-parallel): every row, from this column on
+            first_columns[which] = range(param.hf_shapes[which][1])[index[1]].start
+        return torch.stack([torch.full_like(rows, which + 1), rows], dim=1)
+
+    mapping = ParamMapping(param.megatron_name, param.hf_names, param.kind)
+    origin = tp_shard_from_hf(mapping, read, dims, tp_size=tp_size, tp_rank=tp_rank,
+                              vocab_divisible_by=vocab_divisible_by)
+    return origin, first_columns
+
+
+# --- engine side: what a worker's loader receives ------------------------------------------------
+
+
+def recorded(weights: Iterable[tuple[str, torch.Tensor]], record: LoadedChecksums,
+             rank_layout: VllmRankLayout | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """`weights` as they are, each tensor checksummed into `record` as the loader takes it (so a
+    streamed tensor is read before its buffer is reused). `rank_layout`: the tensors are a per-rank
+    sync's (vLLM names and per-rank shapes); None: full HF tensors."""
+    dtype = getattr(torch, record.dtype)
+    for name, tensor in weights:
+        if rank_layout is None or rank_layout.whole(name):
+            record.full[name] = tensor_checksum(tensor, dtype)
+        else:
+            add_into(record.partial, rank_layout.checksums(name, tensor, dtype))
+        yield name, tensor
+
+
+@dataclass(frozen=True)
+class VllmRankLayout:
+    """Which HF rows and columns vLLM worker `tp_rank`'s own tensors hold (its fused and parallel
+    linear layers' per-rank layout; vLLM's `QKVParallelLinear`, `MergedColumnParallelLinear` and
+    `RowParallelLinear` weight loaders). Train TP == rollout TP and Megatron's whole KV groups per
+    rank mean no KV head is replicated."""
+
+    dims: ModelDims
+    tp_size: int
+    tp_rank: int
+
+    def whole(self, name: str) -> bool:
+        """Whether the tensor is a whole HF tensor (norms, the vocabulary, sent full)."""
+        return not any(part in name for part in ("qkv_proj.", "gate_up_proj.", "o_proj.", "down_proj."))
+
+    def checksums(self, name: str, tensor: torch.Tensor, dtype: torch.dtype) -> dict[str, int]:
+        """The HF tensors' partial checksums of this worker's per-rank tensor `name`."""
+        prefix, _, leaf = name.rpartition(".")  # e.g. "model.layers.0.self_attn.qkv_proj", "weight"
+        module, _, kind = prefix.rpartition(".")
+        sums, weighted = row_terms(tensor, dtype)
+        width = _width(tensor.shape)
+        if kind in ("o_proj", "down_proj"):  # a block of columns of every row
+            columns = tensor.shape[1]
+            return {name: partial_checksum(sums, weighted, torch.arange(sums.shape[0]), columns * self.tp_size,
+                                           self.tp_rank * columns)}
+        parts = {"qkv_proj": (("q_proj", self.dims.q_size), ("k_proj", self.dims.kv_size),
+                              ("v_proj", self.dims.kv_size)),
+                 "gate_up_proj": (("gate_proj", self.dims.ffn_hidden_size), ("up_proj", self.dims.ffn_hidden_size))}
+        checksums, row = {}, 0
+        for hf_kind, hf_rows in parts[kind]:
+            local = hf_rows // self.tp_size
+            block = slice(row, row + local)
+            hf_row_numbers = torch.arange(local) + self.tp_rank * local
+            checksums[f"{module}.{hf_kind}.{leaf}"] = partial_checksum(sums[block], weighted[block], hf_row_numbers,
+                                                                       width)
+            row += local
+        return checksums
+
+
+# --- the comparison ------------------------------------------------------------------------------
+
+
+def checksum_problems(expected: Mapping[str, int], loaded: Sequence[LoadedChecksums]) -> list[str]:
+    """Every way one engine's workers' `loaded` differs from `expected`, one line per HF tensor:
+    a whole tensor must match on every worker that loaded it whole, TP blocks summed over the workers;
+    a tensor no worker loaded is missing, one not expected is unexpected."""
+    problems = []
+    blocks = combine(record.partial for record in loaded)
+    for name, want in expected.items():
+        got = [(f"rollout worker {w}", record.full[name]) for w, record in enumerate(loaded) if name in record.full]
+        if name in blocks:
+            got.append(("its TP blocks summed over the workers", blocks[name]))
+        if not got:
+            problems.append(f"{name}: loaded by no worker")
+        problems += [f"{name}: {who} loaded checksum {value:#x}, the actor's is {want:#x}"
+                     for who, value in got if value != want]
+    for name in sorted(set().union(blocks, *(record.full for record in loaded)) - set(expected)):
+        problems.append(f"{name}: loaded but not in the actor's weights")
+    return problems
+
+
+def check_checksums(expected: Mapping[str, int], loaded: Sequence[LoadedChecksums], *, dtype: str,
+                    layout: LayoutPair, engine: str) -> dict[str, float]:
+    """`sync/checksum_tensors` (HF tensors verified exactly); raises `WeightChecksumError` naming
+    the tensors of `engine` that differ, are missing or unexpected. `expected` was checksummed in
+    `dtype`, which must be the engine's."""
+    engine_dtypes = sorted({record.dtype for record in loaded})
+    if engine_dtypes != [dtype]:
+        raise WeightChecksumError(
+            f"weight sync {layout}: {engine} runs in {'/'.join(engine_dtypes)}, but the actor's checksums were "
+            f"taken in {dtype}; start the engines with dtype={dtype} (model.dtype) or check in theirs"
+        )
+    problems = checksum_problems(expected, loaded)
+    if problems:
+        more = f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
+        raise WeightChecksumError(
+            f"weight sync {layout}: {engine} ({dtype}) did not load the actor's weights bit for bit, "
+            f"{len(problems)} of {len(expected)} tensors: " + "; ".join(problems[:SHOWN]) + more
+            + ". A tensor named here converts or travels wrongly (its mapping, the transport, or the cast to the "
+            "engine's dtype); `megarl check-sync` reproduces a layout outside training"
+        )
+    return {"sync/checksum_tensors": float(len(expected))}
+
+
+def _width(shape: Sequence[int]) -> int:
+    return math.prod(shape[1:]) if len(shape) > 1 else 1

@@ -1,0 +1,150 @@
+"""The exact sync check without processes (`megarl.bridge.checksum`): the trainer ranks' partial
+checksums of their Megatron shards add up to the checksum of each HF tensor, and so do a per-rank
+vLLM worker's; the engine's record of a correct sync (the bridge's own buckets) matches in fp32 and
+bf16; a sender-side wrong mapping, a transposed or shifted tensor, a lost tensor and a lossy cast
+are each caught and named exactly, in bf16 too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from bridge_emulate import dims_of, emulated_buckets, megatron_shards, random_hf_tensors
+
+import megarl.bridge.convert as convert
+from megarl.bridge.checksum import (
+    LoadedChecksums,
+    VllmRankLayout,
+    WeightChecksumError,
+    actor_checksums,
+    check_checksums,
+    combine,
+    recorded,
+    tensor_checksum,
+)
+from megarl.bridge.plan import LayoutPair, build_plan
+from megarl.models.layout import GATE_UP, merge_tp_shards_into
+from megarl.workers.rollout.weight_sync_protocol import unpack
+
+DTYPES = ("float32", "bfloat16")
+
+
+def trainer_checksums(plan, shards, dtype):
+    """What `combine` of every trainer rank's `actor_checksums` gives (DP replica 0, every stage)."""
+    layout = plan.layout
+    return combine(
+        actor_checksums(plan, {name: ranks[tp] for name, ranks in shards.items()}, tp_size=layout.train_tp,
+                        tp_rank=tp, pp_rank=pp, dp_rank=0, dtype=getattr(torch, dtype))
+        for tp in range(layout.train_tp) for pp in range(layout.train_pp)
+    )
+
+
+def engine_record(plan, shards, dtype) -> LoadedChecksums:
+    """One worker's record of loading the bridge's buckets (full HF tensors), as the worker extension makes it."""
+    record = LoadedChecksums(dtype)
+    tensors = [pair for flat, metadata in emulated_buckets(plan, shards) for pair in unpack(flat, metadata)]
+    assert len(list(recorded(tensors, record))) == len(tensors)  # passed through, unchanged
+    return record
+
+
+@pytest.mark.parametrize("arch,train_tp,train_pp", [("qwen2", 2, 2), ("llama", 2, 1), ("qwen3", 1, 1)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_shard_checksums_add_up_to_the_hf_tensors(arch, train_tp, train_pp, dtype):
+    dims = dims_of(arch, num_hidden_layers=2)
+    hf = random_hf_tensors(dims)
+    plan = build_plan(dims, LayoutPair(train_tp, train_pp, 1))
+    expected = {name: tensor_checksum(tensor, getattr(torch, dtype)) for name, tensor in hf.items()}
+    assert trainer_checksums(plan, megatron_shards(plan, hf), dtype) == expected
+    record = engine_record(plan, megatron_shards(plan, hf), dtype)
+    check_checksums(expected, [record], dtype=dtype, layout=plan.layout, engine="e")
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_per_rank_vllm_tensors_add_up_to_the_hf_tensors(arch, dtype):
+    """Workers of a TP-2 engine fed the per-rank sync's tensors (`convert.to_vllm_rank`, vocabulary full)."""
+    dims = dims_of(arch, num_hidden_layers=2)
+    hf = random_hf_tensors(dims)
+    plan = build_plan(dims, LayoutPair(2, 1, 2))
+    shards = megatron_shards(plan, hf)
+    records = []
+    for rank in range(2):
+        record = LoadedChecksums(dtype)
+        tensors = [convert.to_hf(p, shards[p.megatron_name], dims) if p.kind == "vocab"
+                   else [convert.to_vllm_rank(p, shards[p.megatron_name][rank], dims, 2)] for p in plan.params]
+        list(recorded([pair for pairs in tensors for pair in pairs], record, VllmRankLayout(dims, 2, rank)))
+        records.append(record)
+    assert records[0].partial and records[0].full  # blocks of linear layers; norms and vocabulary whole
+    expected = {name: tensor_checksum(tensor, getattr(torch, dtype)) for name, tensor in hf.items()}
+    check_checksums(expected, records, dtype=dtype, layout=plan.layout,
+                    engine="e")
+
+
+def naive_gate_up_merge_into(mapping, shards, dims, outs):
+    """The classic bug: treat the concatenated TP shards as [gate; up]."""
+    if mapping.kind != GATE_UP:
+        return merge_tp_shards_into(mapping, shards, dims, outs)
+    gate, up = torch.cat(list(shards)).chunk(2)
+    outs[0].copy_(gate)
+    outs[1].copy_(up)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_wrong_gate_up_merge_on_the_sender_is_named(dtype, monkeypatch):
+    dims = dims_of("qwen2", num_hidden_layers=2)
+    hf = random_hf_tensors(dims)
+    plan = build_plan(dims, LayoutPair(2, 1, 1))
+    shards = megatron_shards(plan, hf)
+    expected = trainer_checksums(plan, shards, dtype)
+    monkeypatch.setattr(convert, "merge_tp_shards_into", naive_gate_up_merge_into)
+    with pytest.raises(WeightChecksumError) as error:
+        check_checksums(expected, [engine_record(plan, shards, dtype)], dtype=dtype, layout=plan.layout,
+                        engine="engine 0")
+    message = str(error.value)
+    assert "4 of" in message and "train TP=2/PP=1 → rollout TP=1" in message and "engine 0" in message
+    for layer in range(2):
+        for part in ("gate_proj", "up_proj"):
+            assert f"model.layers.{layer}.mlp.{part}.weight: rollout worker 0 loaded checksum" in message
+    assert "q_proj" not in message and "down_proj" not in message
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_transposed_shifted_lost_and_lossy_tensors_are_named(dtype):
+    dims = dims_of("qwen2", num_hidden_layers=2)
+    hf = random_hf_tensors(dims)
+    plan = build_plan(dims, LayoutPair(1, 1, 1))
+    expected = trainer_checksums(plan, megatron_shards(plan, hf), dtype)
+    square = "model.layers.0.self_attn.o_proj.weight"  # [256, 256]: a transpose keeps the shape
+    wrong = dict(hf)
+    wrong[square] = hf[square].t().contiguous()
+    wrong["model.layers.1.mlp.down_proj.weight"] = hf["model.layers.1.mlp.down_proj.weight"].roll(1, dims=1)
+    del wrong["model.norm.weight"]
+    # A wrong cast: bf16 precision by truncating the fp32 bits instead of rounding to nearest.
+    norm = hf["model.layers.1.input_layernorm.weight"]
+    wrong["model.layers.1.input_layernorm.weight"] = (norm.view(torch.int32) & -65536).view(torch.float32)
+    record = LoadedChecksums(dtype)
+    list(recorded(wrong.items(), record))
+    with pytest.raises(WeightChecksumError) as error:
+        check_checksums(expected, [record], dtype=dtype, layout=plan.layout, engine="engine 0")
+    message = str(error.value)
+    for name in (square, "model.layers.1.mlp.down_proj.weight", "model.layers.1.input_layernorm.weight"):
+        assert f"{name}: rollout worker 0 loaded checksum" in message
+    assert "model.norm.weight: loaded by no worker" in message
+    assert "4 of" in message
+
+
+def test_one_bf16_ulp_and_a_swap_of_two_elements_change_the_checksum():
+    tensor = torch.randn(64, 32).to(torch.bfloat16)
+    nudged = tensor.clone()
+    nudged.view(torch.int16)[3, 5] += 1
+    swapped = tensor.clone()
+    swapped[0, 0], swapped[0, 1] = tensor[0, 1], tensor[0, 0]
+    assert tensor[0, 0] != tensor[0, 1]
+    base = tensor_checksum(tensor, torch.bfloat16)
+    assert tensor_checksum(nudged, torch.bfloat16) != base
+    assert tensor_checksum(swapped, torch.bfloat16) != base
+    assert tensor_checksum(tensor.float(), torch.bfloat16) == base  # the cast to the engine's dtype is exact here
+
+
+def test_an_engine_in_another_dtype_than_the_check_is_refused():
+    with pytest.raises(WeightChecksumError, match="runs in float32, but the actor's checksums were taken in bfloat16"):
+        check_checksums({}, [LoadedChecksums("float32")], dtype="bfloat16", layout=LayoutPair(1, 1, 1), engine="e")
