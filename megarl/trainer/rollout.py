@@ -24,18 +24,17 @@ def generate(engines: WorkerGroup, prompts: Sequence[Prompt], sampling: Sampling
     count = engines.world_size
     bounds = [len(prompts) * k // count for k in range(count + 1)]
     chunks = [list(prompts[bounds[k]:bounds[k + 1]]) for k in range(count)]
-    # Each engine samples with its own seed stream so two engines never draw the same randomness.
-    args = [
-        ([p.token_ids for p in chunk], _reseeded(sampling, k, len(prompts))) for k, chunk in enumerate(chunks)
-    ]
+    # An engine seeds sample j of its i-th prompt with `seed + i·n + j` (`SamplingConfig.seed`): offset
+    # by its first prompt, sample s of the call (prompt-major) has seed `sampling.seed + s`.
+    args = [([p.token_ids for p in chunk], offset_seed(sampling, bounds[k] * sampling.n))
+            for k, chunk in enumerate(chunks)]
     outputs = [out for per_engine in engines.call_each("generate", args) for out in per_engine]
     return flatten_rollouts(prompts, outputs, group_prefix)
 
 
-def _reseeded(sampling: SamplingConfig, engine: int, num_prompts: int) -> SamplingConfig:
-    if sampling.seed is None:
-        return sampling
-    return replace(sampling, seed=sampling.seed + engine * num_prompts * sampling.n)
+def offset_seed(sampling: SamplingConfig, offset: int) -> SamplingConfig:
+    """`sampling` with its seed moved by `offset` (unseeded stays unseeded)."""
+    return sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + offset)
 
 
 def score(samples: Samples, scorer: RewardScorer, decode: Callable[[list[int]], str]) -> tuple[torch.Tensor, dict]:
@@ -62,9 +61,11 @@ class RolloutPhase:
         if not algo.dynamic_sampling.enable:
             return self._round(sampling, f"{step}.0")
         sampler = DynamicSampler(self.config.data.train_batch_size, algo.dynamic_sampling.max_rounds)
+        samples_per_round = self.config.data.train_batch_size * sampling.n
         kept, kept_scores, round_metrics = [], [], []
         while not sampler.done:
-            samples, scores, metrics = self._round(sampling, f"{step}.{sampler.rounds}")
+            round_sampling = offset_seed(sampling, sampler.rounds * samples_per_round)
+            samples, scores, metrics = self._round(round_sampling, f"{step}.{sampler.rounds}")
             keep = sampler.add(samples.index, scores)
             kept.append(samples.select(keep.tolist()))
             kept_scores.append(scores[keep])

@@ -81,6 +81,16 @@ def sampling_config(config: Config, stop_token_ids: tuple[int, ...], seed: int, 
     )
 
 
+def step_seed(config: Config, plan: BatchPlan, step: int) -> int:
+    """The sampling seed of training step `step`. A step's samples take the seeds `seed + [0, S)`
+    (`megarl.trainer.rollout.generate`: one per sample, prompt-major), S = samples per step × the
+    generation rounds a step may run (DAPO's dynamic sampling draws up to `max_rounds` batches); a
+    stride of S keeps every sample of a run on a seed of its own."""
+    sampling = config.algorithm.dynamic_sampling
+    rounds = sampling.max_rounds if sampling.enable else 1
+    return config.rollout.seed + step * plan.samples_per_step * rounds
+
+
 def total_optimizer_steps(plan: BatchPlan, role: str, total_steps: int) -> int:
     update = getattr(plan, role).update
     return update.optimizer_steps_per_step * total_steps

@@ -26,7 +26,7 @@ from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.trainer.metrics import rollout_metrics, throughput_metrics, worker_metrics
 from megarl.trainer.rollout import RolloutPhase, generate, score
 from megarl.trainer.roles import device_bundles, placement_problems, start_roles
-from megarl.trainer.settings import sampling_config
+from megarl.trainer.settings import sampling_config, step_seed
 from megarl.trainer.sinks import MetricsLogger
 from megarl.trainer.sync_step import WeightSync
 from megarl.trainer.timing import PhaseTimer
@@ -119,7 +119,7 @@ class Trainer:
 
     def _train_step(self, step: int, phase: RolloutPhase) -> dict[str, float]:
         config, timer = self.config, self.timer
-        samples, scores, metrics = phase(sampling_config(config, self.stop_ids, seed=config.rollout.seed + step * 10_000), step)
+        samples, scores, metrics = phase(sampling_config(config, self.stop_ids, seed=step_seed(config, self.plan, step)), step)
         if self.engines_sleep:  # free the engines' KV cache and weights for training on the same devices
             self.roles.rollout.call_all("sleep")
         batch = rb.policy_batch(samples, config.rollout.max_new_tokens)
