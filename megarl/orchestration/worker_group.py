@@ -77,14 +77,16 @@ class RankProcess:
         self.target = getattr(importlib.import_module(module_name), class_name)(**kwargs)
         return os.getpid()
 
-    def device_index(self) -> int:
-        """This rank's CUDA ordinal (0 on the CPU). Ray sets CUDA_VISIBLE_DEVICES of an actor with GPUs to
-        its assigned ids (ray/_private/utils.py: set_visible_accelerator_ids ->
+    @staticmethod
+    def device_index() -> int:
+        """The CUDA ordinal of this rank's GPU (0 without one). Ray sets CUDA_VISIBLE_DEVICES of an actor
+        with GPUs to its assigned ids (ray/_private/utils.py: set_visible_accelerator_ids ->
         NvidiaGPUAcceleratorManager.set_current_process_visible_accelerator_ids, skipped when
         RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES is set), so the ordinal is the id's position there."""
-        from megarl.parallel.device import uses_cuda, visible_index
+        from megarl.parallel.device import visible_index
 
-        return visible_index(ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES")) if uses_cuda() else 0
+        gpu_ids = ray.get_gpu_ids()
+        return visible_index(gpu_ids, os.environ.get("CUDA_VISIBLE_DEVICES")) if gpu_ids else 0
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.target, method)(*args, **kwargs)
