@@ -37,6 +37,15 @@ def resolve_device(setting: str, cluster_gpus: float) -> str:
     return setting
 
 
+def worker_env(device: str) -> dict[str, str]:
+    """The environment that hands the driver's decision ("cpu" or "cuda") to a worker process. On the CPU
+    the process also sees no GPU, so no library (vLLM's platform detection, megatron-core) can pick one
+    up: Ray 2.60 leaves CUDA_VISIBLE_DEVICES of an actor without GPUs as the node has it
+    (ray/_private/utils.py: set_visible_accelerator_ids skips zero ids unless
+    RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO is set)."""
+    return {DEVICE_ENV: device, **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {})}
+
+
 def uses_cuda() -> bool:
     """Whether this process computes on CUDA: the driver's decision (`MEGARL_DEVICE`) when there is one."""
     decided = os.environ.get(DEVICE_ENV)

@@ -17,7 +17,7 @@ from megarl.config import BatchPlan, Config, ConfigError, placement_problems, us
 from megarl.orchestration.cluster import cluster_gpus
 from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group
 from megarl.orchestration.worker_group import WorkerGroup
-from megarl.parallel.device import DEVICE_ENV, resolve_device
+from megarl.parallel.device import resolve_device, worker_env
 from megarl.trainer import settings
 from megarl.trainer.rollout_batch import gather_by_dp
 from megarl.workers.batch import PolicyBatch
@@ -134,7 +134,7 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
     bundles, cpus = device_bundles(config, plan)
     bundle = BundleSpec(cpus=cpus, gpus=1.0 if device == "cuda" else 0.0)
     pg = create_placement_group("megarl", bundles, bundle)
-    env = {**env, DEVICE_ENV: device}
+    env = {**env, **worker_env(device)}
     role = role_bundle(bundle, colocated)
     policy = WorkerGroup("policy", POLICY_TARGET, plan.train_gpus, pg, role,
                          init_kwargs={"spec": policy_spec(config, plan, total_steps)}, env=env)

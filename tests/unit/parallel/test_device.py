@@ -11,7 +11,7 @@ unless `RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES` is set, when the node's lis
 import pytest
 import torch
 
-from megarl.parallel.device import DEVICE_ENV, DeviceError, resolve_device, uses_cuda, visible_index
+from megarl.parallel.device import DEVICE_ENV, DeviceError, resolve_device, uses_cuda, visible_index, worker_env
 
 
 @pytest.mark.parametrize("assigned, visible, index", [
@@ -58,3 +58,8 @@ def test_the_drivers_decision_overrides_the_process_cuda(monkeypatch):
     monkeypatch.setenv(DEVICE_ENV, "gpu")
     with pytest.raises(DeviceError, match="MEGARL_DEVICE='gpu'"):
         uses_cuda()
+
+
+def test_cpu_workers_see_no_gpu_and_cuda_workers_keep_what_ray_gave_them():
+    assert worker_env("cpu") == {DEVICE_ENV: "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    assert worker_env("cuda") == {DEVICE_ENV: "cuda"}
