@@ -1,7 +1,8 @@
 """`megarl validate` and `megarl train` agree on every placement (issue 14, item 6): validate runs the
 placement checks train runs before Ray starts (`megarl.config.placement`), and what train checks once the
 cluster has resolved `trainer.device` (`roles.cluster_device`) refuses nothing validate accepted for a
-definite device. Neither asks this machine's CUDA."""
+definite device (for `auto`, validate warns of what a GPU cluster would refuse). Neither asks this
+machine's CUDA."""
 
 import pytest
 
@@ -46,9 +47,13 @@ def test_auto_leaves_the_gpu_only_refusal_to_the_cluster(workdir, capsys, monkey
     """trainer.device=auto: validate refuses what no device can host and accepts split TP 2 (it runs on a
     CPU cluster); train refuses it on a GPU cluster once Ray says there are GPUs."""
     overrides = [*PLACEMENTS["split-tp2"], "trainer.device=auto"]
-    assert run_cli(capsys, "validate", "recipe.yaml", *overrides)[0] == 0
+    code, out, _ = run_cli(capsys, "validate", "recipe.yaml", *overrides)
+    assert code == 0
     assert train_problems(overrides, CLUSTER_GPUS["cpu"], monkeypatch) == []
     [problem] = train_problems(overrides, CLUSTER_GPUS["cuda"], monkeypatch)
     assert problem.startswith("rollout.tensor_model_parallel_size = 2") and "trainer.device=cuda" in problem
+    # validate says so up front, as a warning
+    assert [line for line in out.splitlines() if line.startswith("warning:")] == [
+        f"warning: on a CUDA cluster `megarl train` stops with: {problem}"]
     colocated = [*PLACEMENTS["colocated-tp2"], "trainer.device=auto"]
     assert run_cli(capsys, "validate", "recipe.yaml", *colocated)[0] == 2
