@@ -1,5 +1,5 @@
 """Placements the trainer cannot run yet, for a device: checked by `validate` and again once `train` knows
-the cluster.
+the cluster (`cluster_problems`, with `trainer.device` resolved by `resolve_device`).
 
 `device` is `trainer.device` ("auto", "cpu" or "cuda"), or what the driver resolved it to on the Ray
 cluster ("cpu" or "cuda"). For "auto" only the problems that hold on every device it may resolve to are
@@ -32,3 +32,23 @@ def _engine_spans_devices(config: Config, device: str) -> bool:
     """A TP > 1 engine would need several device bundles: colocated (it shares the trainer's one-device
     bundles), or any GPU placement."""
     return config.placement.mode == "colocated" or device == "cuda"
+
+
+def resolve_device(setting: str, cluster_gpus: float) -> str:
+    """"cpu" or "cuda" for `trainer.device` = `setting` on a Ray cluster with `cluster_gpus` GPU resources
+    (`auto`: CUDA when it has any). A `cuda` setting without GPUs is a `cluster_problems` problem."""
+    if setting == "auto":
+        return "cuda" if cluster_gpus > 0 else "cpu"
+    return setting
+
+
+def cluster_problems(config: Config, cluster_gpus: float) -> list[Problem]:
+    """What `train` refuses once the Ray cluster is known: `trainer.device: cuda` without GPUs, and the
+    placement problems of the resolved device."""
+    if config.trainer.device == "cuda" and cluster_gpus <= 0:
+        return [Problem(
+            "trainer.device", "cuda", "the Ray cluster has 0 GPU resources",
+            "start the Ray nodes with their GPUs (`ray start --num-gpus N`, rayStartParams num-gpus on KubeRay) "
+            "or use trainer.device: cpu",
+        )]
+    return placement_problems(config, resolve_device(config.trainer.device, cluster_gpus))

@@ -1,7 +1,7 @@
 """Which device a process computes on, decided once by the driver and handed to every worker.
 
-The driver resolves `trainer.device` against the Ray cluster (`resolve_device`: `auto` means CUDA when
-the cluster has GPU resources), never against its own CUDA: on KubeRay the driver runs on a head pod
+The driver resolves `trainer.device` against the Ray cluster (`megarl.config.placement.resolve_device`:
+`auto` means CUDA when the cluster has GPU resources), never against its own CUDA: on KubeRay the driver runs on a head pod
 without a GPU while the workers have them, and a `trainer.device: cpu` run on a GPU machine must stay
 on the CPU. The decision reaches each worker process in `MEGARL_DEVICE`; every place in megarl that
 would ask `torch.cuda.is_available()` asks `uses_cuda()` instead. A process started outside megarl's
@@ -22,19 +22,7 @@ DEVICES = ("cpu", "cuda")
 
 
 class DeviceError(RuntimeError):
-    """`trainer.device` cannot be honoured by the cluster, or a process cannot find its GPU."""
-
-
-def resolve_device(setting: str, cluster_gpus: float) -> str:
-    """"cpu" or "cuda" for `trainer.device` = `setting` on a cluster with `cluster_gpus` GPU resources."""
-    if setting == "auto":
-        return "cuda" if cluster_gpus > 0 else "cpu"
-    if setting == "cuda" and cluster_gpus <= 0:
-        raise DeviceError(
-            "trainer.device=cuda, but the Ray cluster has 0 GPU resources; start the Ray nodes with their GPUs "
-            "(`ray start --num-gpus N`, rayStartParams num-gpus on KubeRay) or use trainer.device: cpu"
-        )
-    return setting
+    """A process cannot find its GPU, or was handed no valid device decision."""
 
 
 def worker_env(device: str) -> dict[str, str]:

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from megarl.config import BatchPlan, Config, ConfigError, placement_problems, uses_reference
+from megarl.config import BatchPlan, Config, ConfigError, cluster_problems, resolve_device, uses_reference
 from megarl.orchestration.cluster import cluster_gpus
 from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group
 from megarl.orchestration.worker_group import WorkerGroup
-from megarl.parallel.device import resolve_device, worker_env
+from megarl.parallel.device import worker_env
 from megarl.trainer import settings
 from megarl.trainer.rollout_batch import gather_by_dp
 from megarl.workers.batch import PolicyBatch
@@ -74,13 +74,13 @@ class Roles:
 
 
 def cluster_device(config: Config) -> str:
-    """`trainer.device` resolved on the running Ray cluster ("cpu" or "cuda"); `ConfigError` for a
-    placement the resolved device cannot host (`validate` already refused those of every device)."""
-    device = resolve_device(config.trainer.device, cluster_gpus())
-    problems = placement_problems(config, device)
+    """`trainer.device` resolved on the running Ray cluster ("cpu" or "cuda"); `ConfigError` for what the
+    cluster cannot host (`validate` already refused what no cluster could)."""
+    gpus = cluster_gpus()
+    problems = cluster_problems(config, gpus)
     if problems:
         raise ConfigError(problems)
-    return device
+    return resolve_device(config.trainer.device, gpus)
 
 
 def policy_spec(config: Config, plan: BatchPlan, total_steps: int) -> PolicyWorkerSpec:

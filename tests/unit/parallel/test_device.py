@@ -1,5 +1,5 @@
-"""Which device a process computes on (`megarl.parallel.device`): the driver's decision from
-`trainer.device` and the cluster, and the CUDA ordinal of a Ray-assigned GPU.
+"""Which device a process computes on (`megarl.parallel.device`): the driver's decision handed to the
+workers, and the CUDA ordinal of a Ray-assigned GPU.
 
 `visible_index` mirrors Ray 2.60's contract: `ray/_private/utils.py: set_visible_accelerator_ids` sets
 `CUDA_VISIBLE_DEVICES` of a GPU task/actor to `",".join(ids)` of its assigned ids
@@ -11,7 +11,7 @@ unless `RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES` is set, when the node's lis
 import pytest
 import torch
 
-from megarl.parallel.device import DEVICE_ENV, DeviceError, resolve_device, uses_cuda, visible_index, worker_env
+from megarl.parallel.device import DEVICE_ENV, DeviceError, uses_cuda, visible_index, worker_env
 
 
 @pytest.mark.parametrize("assigned, visible, index", [
@@ -31,18 +31,6 @@ def test_an_id_outside_the_visible_list_names_the_variable():
         visible_index(["3"], "0,1")
     with pytest.raises(DeviceError, match="assigned no GPU"):
         visible_index([], "0")
-
-
-@pytest.mark.parametrize("setting, gpus, device", [
-    ("auto", 8.0, "cuda"), ("auto", 0.0, "cpu"), ("cpu", 8.0, "cpu"), ("cuda", 0.5, "cuda"),
-])
-def test_the_setting_is_resolved_against_the_cluster(setting, gpus, device):
-    assert resolve_device(setting, gpus) == device
-
-
-def test_cuda_on_a_cluster_without_gpus_names_the_setting_and_the_fix():
-    with pytest.raises(DeviceError, match=r"trainer.device=cuda.*0 GPU resources.*trainer.device: cpu"):
-        resolve_device("cuda", 0.0)
 
 
 def test_the_drivers_decision_overrides_the_process_cuda(monkeypatch):

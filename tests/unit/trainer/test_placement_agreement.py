@@ -6,7 +6,7 @@ machine's CUDA."""
 
 import pytest
 
-from megarl.config import ConfigError
+from megarl.config import ConfigError, resolve_device
 from megarl.trainer import roles
 from megarl.trainer.trainer import Trainer
 from tests.unit.reliability.test_reliability_cli_inputs import model_dir, problem_lines, run_cli, workdir  # noqa: F401
@@ -57,3 +57,16 @@ def test_auto_leaves_the_gpu_only_refusal_to_the_cluster(workdir, capsys, monkey
         f"warning: on a CUDA cluster `megarl train` stops with: {problem}"]
     colocated = [*PLACEMENTS["colocated-tp2"], "trainer.device=auto"]
     assert run_cli(capsys, "validate", "recipe.yaml", *colocated)[0] == 2
+
+
+@pytest.mark.parametrize("setting, gpus, device", [
+    ("auto", 8.0, "cuda"), ("auto", 0.0, "cpu"), ("cpu", 8.0, "cpu"), ("cuda", 0.5, "cuda"),
+])
+def test_the_device_is_resolved_against_the_cluster_not_this_machine(setting, gpus, device):
+    assert resolve_device(setting, gpus) == device
+
+
+def test_cuda_on_a_cluster_without_gpus_stops_train_naming_the_setting(workdir, monkeypatch):  # noqa: F811
+    [problem] = train_problems(["trainer.device=cuda"], 0.0, monkeypatch)
+    assert problem.startswith("trainer.device = 'cuda': the Ray cluster has 0 GPU resources")
+    assert "trainer.device: cpu" in problem
