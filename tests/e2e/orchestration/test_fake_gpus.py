@@ -37,8 +37,8 @@ def test_eight_colocated_ranks_across_two_nodes(cluster):
 
 
 def test_split_on_one_node(cluster):
-    policy, rollout = place("split-1node", policy_ranks=2, rollout_ranks=2, colocated=False)
-    assert len(placed_gpus(policy + rollout)) == 4 and len({r["node"] for r in policy + rollout}) == 1
+    policy, rollout = place("split-1node", policy_ranks=1, rollout_ranks=1, colocated=False)
+    assert len(placed_gpus(policy + rollout)) == 2 and len({r["node"] for r in policy + rollout}) == 1
     check_device_indices(policy + rollout)
 
 
