@@ -29,6 +29,7 @@ import torch.distributed as dist
 from megarl.bridge.convert import check_hf_shapes, mapping_of, to_hf, to_hf_into
 from megarl.bridge.plan import PlannedBucket, PlannedParam, SyncPlan
 from megarl.models.layout import ROW_BLOCK_KINDS, VOCAB, param_mapping, reader_of, shard_pieces, tp_shard_from_hf
+from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.rollout.weight_sync_protocol import BucketMetadata
 
@@ -230,7 +231,7 @@ def collect_buckets(
     # Buckets live where the weights do (a GPU's for NCCL and CUDA IPC); the thread uses this
     # thread's current GPU.
     device = next(iter(local.values())).device if local else torch.device("cpu")
-    cuda = torch.cuda.current_device() if torch.cuda.is_available() else None
+    cuda = torch.cuda.current_device() if uses_cuda() else None
 
     def produce(bucket: PlannedBucket) -> torch.Tensor | None:
         with torch.no_grad(), torch.cuda.device(cuda) if cuda is not None else contextlib.nullcontext():

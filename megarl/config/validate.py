@@ -13,6 +13,7 @@ from megarl.config import names
 from megarl.config.batch_plan import batch_problems, uses_reference
 from megarl.config.config import Config
 from megarl.config.model_facts import ModelFacts, ModelFactsError, is_hub_id, load_model_facts
+from megarl.config.placement import placement_problems
 from megarl.config.problems import Problem
 from megarl.config.resources import data_file_problems, reward_function_problem, writable_dir_problem
 from megarl.config.roles import OptimizerConfig, ParallelConfig, RecomputeConfig
@@ -31,6 +32,7 @@ def validate(config: Config, check_files: bool = True) -> list[Problem]:
     _check_reward(config, check_files, problems)
     _check_trainer(config, check_files, problems)
     problems += batch_problems(config)
+    problems += placement_problems(config, config.trainer.device)
     if facts is not None:
         _check_layout_against_model(config, facts, problems)
     return problems

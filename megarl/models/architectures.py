@@ -33,6 +33,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megarl.models.hf_config import ModelDims, check_parallel_layout, read_model_dims
 from megarl.models.layout import padded_vocab_size
+from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
 
 TRANSFORMER_IMPLS = ("local", "transformer_engine")
@@ -104,7 +105,7 @@ def transformer_config(
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
         # Without CUDA, megatron must build full weights on the CPU and slice them per rank.
-        use_cpu_initialization=not torch.cuda.is_available(),
+        use_cpu_initialization=not uses_cuda(),
         transformer_impl=transformer_impl,
         **overrides,
     )
@@ -188,7 +189,7 @@ def build_gpt_model(
     # other jobs are not needed here: the inputs are token ids and a bool mask, and the readers of
     # the outputs upcast them after slicing (`megarl.workers.logprobs`, the value readers).
     model.to(dtype=params_dtype)
-    if torch.cuda.is_available():
+    if uses_cuda():
         # Megatron allocates sharded weights on the GPU, but torch-native modules (norms) start on the CPU.
         model.cuda(torch.cuda.current_device())
     return model

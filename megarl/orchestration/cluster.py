@@ -45,6 +45,11 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, env_vars:
         ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
 
 
+def cluster_gpus() -> float:
+    """The GPU resources of the whole Ray cluster (every node's, not this driver's machine's)."""
+    return ray.cluster_resources().get("GPU", 0.0)
+
+
 def shutdown_ray() -> None:
     """Disconnect (and stop a local instance this driver started)."""
     if ray.is_initialized():

@@ -62,19 +62,31 @@ class RankProcess:
     def start(self, master_addr: str, master_port: int, target: str, kwargs: dict, timeout_s: float) -> int:
         import torch
 
+        from megarl.parallel.device import uses_cuda
         from megarl.parallel.distributed import init_distributed
 
         os.environ.update(
-            RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(ray.get_gpu_ids()[0] if ray.get_gpu_ids() else 0),
+            RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.device_index()),
             MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
         )
-        if not torch.cuda.is_available():
+        if not uses_cuda():
             # Ray sets OMP_NUM_THREADS=1 for actors; use the cores this bundle reserved.
             torch.set_num_threads(max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
         init_distributed(timeout_s=timeout_s, store=self.store)
         module_name, class_name = target.split(":")
         self.target = getattr(importlib.import_module(module_name), class_name)(**kwargs)
         return os.getpid()
+
+    @staticmethod
+    def device_index() -> int:
+        """The CUDA ordinal of this rank's GPU (0 without one). Ray sets CUDA_VISIBLE_DEVICES of an actor
+        with GPUs to its assigned ids (ray/_private/utils.py: set_visible_accelerator_ids ->
+        NvidiaGPUAcceleratorManager.set_current_process_visible_accelerator_ids, skipped when
+        RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES is set), so the ordinal is the id's position there."""
+        from megarl.parallel.device import visible_index
+
+        gpu_ids = ray.get_gpu_ids()
+        return visible_index(gpu_ids, os.environ.get("CUDA_VISIBLE_DEVICES")) if gpu_ids else 0
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.target, method)(*args, **kwargs)

@@ -19,6 +19,8 @@ from importlib import import_module
 
 import torch
 
+from megarl.parallel.device import uses_cuda
+
 # Modules that create tensors on `torch.cuda.current_device()` or `device='cuda'`, call
 # `torch.cuda.synchronize()`, or use the CUDA RNG. Each gets the CPU view of `torch`.
 _REDIRECTED_MODULES = {
@@ -75,7 +77,7 @@ _installed = False
 def install() -> None:
     """Apply every redirection once per process; a no-op when CUDA is available."""
     global _installed
-    if _installed or torch.cuda.is_available():
+    if _installed or uses_cuda():
         return
     cpu_torch = _cpu_view_of_torch()
     for name in _REDIRECTED_MODULES:

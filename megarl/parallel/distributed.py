@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from megarl.parallel import cpu_runtime
+from megarl.parallel.device import uses_cuda
 from megarl.parallel.seed import seed_everything
 
 DEFAULT_TIMEOUT_S = 600
@@ -23,13 +24,13 @@ LOOPBACK_INTERFACE = "lo"
 
 
 def default_backend() -> str:
-    """NCCL when CUDA is available, gloo otherwise."""
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    """NCCL when this process computes on CUDA (`device.uses_cuda`), gloo otherwise."""
+    return "nccl" if uses_cuda() else "gloo"
 
 
 def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S, store: dist.TCPStore | None = None) -> None:
     """Join the torch.distributed world described by the RANK / WORLD_SIZE / MASTER_ADDR /
-    MASTER_PORT (and LOCAL_RANK) environment variables.
+    MASTER_PORT (and LOCAL_RANK: the CUDA ordinal of the process's GPU) environment variables.
 
     Rank 0 serves the rendezvous store on MASTER_ADDR only (`listen_store`), or brings the one it
     opened earlier as `store`. A world that meets on a loopback address is machine-local: its gloo
@@ -55,7 +56,7 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S, store: dist.TCPStore 
     if store is None:
         store = (listen_store(host, world_size, timeout_s, port) if rank == 0
                  else dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout))
-    if torch.cuda.is_available():
+    if uses_cuda():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(
         backend=default_backend(), store=store, rank=rank, world_size=world_size, timeout=timeout,

@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
-from megarl.config import BatchPlan, Config, Problem, uses_reference
+from megarl.config import BatchPlan, Config, ConfigError, cluster_problems, resolve_device, uses_reference
+from megarl.orchestration.cluster import cluster_gpus
 from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group
 from megarl.orchestration.worker_group import WorkerGroup
+from megarl.parallel.device import worker_env
 from megarl.trainer import settings
 from megarl.trainer.rollout_batch import gather_by_dp
 from megarl.workers.batch import PolicyBatch
@@ -73,17 +74,14 @@ class Roles:
         remove_placement_group(self.placement)
 
 
-def placement_problems(config: Config) -> list[Problem]:
-    """Valid settings this trainer cannot run yet (reported with the config's own problems)."""
-    rollout_tp = config.rollout.tensor_model_parallel_size
-    if rollout_tp > 1 and (config.placement.mode == "colocated" or torch.cuda.is_available()):
-        return [Problem(
-            "rollout.tensor_model_parallel_size", rollout_tp,
-            "engines are placed one per device bundle, so an engine cannot span several GPUs yet (on CPU, "
-            "split placement runs a TP > 1 engine)",
-            "use rollout.tensor_model_parallel_size: 1 (more engines instead of wider ones)",
-        )]
-    return []
+def cluster_device(config: Config) -> str:
+    """`trainer.device` resolved on the running Ray cluster ("cpu" or "cuda"); `ConfigError` for what the
+    cluster cannot host (`validate` already refused what no cluster could)."""
+    gpus = cluster_gpus()
+    problems = cluster_problems(config, gpus)
+    if problems:
+        raise ConfigError(problems)
+    return resolve_device(config.trainer.device, gpus)
 
 
 def policy_spec(config: Config, plan: BatchPlan, total_steps: int) -> PolicyWorkerSpec:
@@ -118,26 +116,34 @@ def policy_spec(config: Config, plan: BatchPlan, total_steps: int) -> PolicyWork
     )
 
 
-def device_bundles(config: Config, plan: BatchPlan) -> tuple[int, BundleSpec]:
-    """How many device bundles the job reserves, and what one holds (colocated: room for both roles)."""
+def device_bundles(config: Config, plan: BatchPlan) -> tuple[int, float]:
+    """How many device bundles the job reserves and the CPU cores of one (colocated: room for both roles)."""
     colocated = config.placement.mode == "colocated"
     bundles = plan.train_gpus + (0 if colocated else plan.rollout_gpus)
-    return bundles, BundleSpec(cpus=2.0 if colocated else 1.0, gpus=1.0 if torch.cuda.is_available() else 0.0)
+    return bundles, 2.0 if colocated else 1.0
 
 
-def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str, str]) -> Roles:
-    """Place and start both groups, then connect the weight sync (a process group of the trainer's
-    sending ranks and every engine, or the shared transports' rings)."""
+def role_bundle(bundle: BundleSpec, colocated: bool) -> BundleSpec:
+    """What one rank process of a role takes of a device bundle: colocated, the policy and the rollout
+    each take half of it (both on the same GPU); split, the whole of it."""
+    return BundleSpec(cpus=1.0, gpus=bundle.gpus * (0.5 if colocated else 1.0))
+
+
+def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str, str], device: str) -> Roles:
+    """Place and start both groups on `device` (`cluster_device`), then connect the weight sync (a
+    process group of the trainer's sending ranks and every engine, or the shared transports' rings)."""
     colocated = config.placement.mode == "colocated"
-    bundles, device = device_bundles(config, plan)
-    pg = create_placement_group("megarl", bundles, device)
-    role_bundle = BundleSpec(cpus=1.0, gpus=device.gpus * (0.5 if colocated else 1.0))
-    policy = WorkerGroup("policy", POLICY_TARGET, plan.train_gpus, pg, role_bundle,
+    bundles, cpus = device_bundles(config, plan)
+    bundle = BundleSpec(cpus=cpus, gpus=1.0 if device == "cuda" else 0.0)
+    pg = create_placement_group("megarl", bundles, bundle)
+    env = {**env, **worker_env(device)}
+    role = role_bundle(bundle, colocated)
+    policy = WorkerGroup("policy", POLICY_TARGET, plan.train_gpus, pg, role,
                          init_kwargs={"spec": policy_spec(config, plan, total_steps)}, env=env)
     rollout = config.rollout
     rollout_group = WorkerGroup(
         "rollout", ROLLOUT_TARGET, plan.rollout_engines, pg,
-        BundleSpec(cpus=role_bundle.cpus, gpus=role_bundle.gpus * rollout.tensor_model_parallel_size),
+        BundleSpec(cpus=role.cpus, gpus=role.gpus * rollout.tensor_model_parallel_size),
         init_kwargs={
             "backend": rollout.backend, "model_path": config.model.path,
             "tensor_parallel_size": rollout.tensor_model_parallel_size, "dtype": config.model.dtype,
@@ -147,7 +153,7 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
         },
         env=env, first_bundle=0 if colocated else plan.train_gpus,
     )
-    transport = sync_transport(rollout.sync.transport, policy.node_ids()[0], rollout_group.node_ids())
+    transport = sync_transport(rollout.sync.transport, device, policy.node_ids()[0], rollout_group.node_ids())
     per_rank = per_rank_sync(config, transport)
     roles = Roles(policy, rollout_group, policy.call_all("grid"), pg, transport, per_rank)
     if transport == "collective":
@@ -159,12 +165,12 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
     return roles
 
 
-def sync_transport(setting: str, sender_node: str, engine_nodes: list[str]) -> str:
-    """`rollout.sync.transport` for this placement: the shared transports need every engine on the
-    node of trainer rank 0 (the sender); auto takes shared memory there on CPU, else the collective."""
+def sync_transport(setting: str, device: str, sender_node: str, engine_nodes: list[str]) -> str:
+    """`rollout.sync.transport` for this placement on `device`: the shared transports need every engine
+    on the node of trainer rank 0 (the sender); auto takes shared memory there on CPU, else the collective."""
     same_node = set(engine_nodes) == {sender_node}
     if setting == "auto":
-        return "shared_memory" if same_node and not torch.cuda.is_available() else "collective"
+        return "shared_memory" if same_node and device == "cpu" else "collective"
     if setting != "collective" and not same_node:
         raise PlacementError(
             f"rollout.sync.transport={setting}: the shared transports need every rollout engine on the node of "

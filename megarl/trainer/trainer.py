@@ -25,7 +25,7 @@ from megarl.trainer import rollout_batch as rb
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.trainer.metrics import rollout_metrics, throughput_metrics, worker_metrics
 from megarl.trainer.rollout import RolloutPhase, generate, score
-from megarl.trainer.roles import device_bundles, placement_problems, start_roles
+from megarl.trainer.roles import cluster_device, device_bundles, start_roles
 from megarl.trainer.settings import sampling_config, step_seed
 from megarl.trainer.sinks import MetricsLogger
 from megarl.trainer.sync_step import WeightSync
@@ -68,7 +68,7 @@ class Trainer:
     def from_config(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Trainer:
         """Load and validate a recipe; raises `ConfigError` listing every problem."""
         config = load_config(path, overrides)
-        problems = validate(config) + placement_problems(config)
+        problems = validate(config)
         if problems:
             raise ConfigError(problems)
         return cls(config)
@@ -77,11 +77,12 @@ class Trainer:
         """Train to `total_steps`; returns the last step's metrics."""
         with RewardScorer.from_config(self.config.reward) as scorer:
             scorer.wait_ready()  # a reward module that fails to import stops the run here, before Ray starts
-            bundles, device = device_bundles(self.config, self.plan)
-            init_ray(num_cpus=max(os.cpu_count() or 1, int(bundles * device.cpus)), env_vars=WORKER_ENV)
+            bundles, cpus = device_bundles(self.config, self.plan)
+            init_ray(num_cpus=max(os.cpu_count() or 1, int(bundles * cpus)), env_vars=WORKER_ENV)
             self.roles = None
             try:
-                self.roles = start_roles(self.config, self.plan, self.total_steps, WORKER_ENV)
+                device = cluster_device(self.config)
+                self.roles = start_roles(self.config, self.plan, self.total_steps, WORKER_ENV, device)
                 return self._train(scorer)
             finally:
                 if self.roles is not None:

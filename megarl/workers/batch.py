@@ -124,15 +124,16 @@ def attention_mask(batch: PolicyBatch) -> Tensor:
     padding) give a uniform softmax over `-10000`-filled scores: finite, and never read.
     """
     seq = batch.prompt_length + batch.response_length
-    future = torch.ones(seq, seq, dtype=torch.bool).triu(diagonal=1)
+    future = torch.ones(seq, seq, dtype=torch.bool, device=batch.prompt_mask.device).triu(diagonal=1)
     key_is_pad = torch.cat([~batch.prompt_mask, torch.zeros_like(batch.response_mask)], dim=1)
     return (future[None, :, :] | key_is_pad[:, None, :])[:, None, :, :]
 
 
 def position_ids(batch: PolicyBatch) -> Tensor:
-    """`[B, P + R]` int64 `0..S-1` for every row (see the module docstring on RoPE and padding)."""
+    """`[B, P + R]` int64 `0..S-1` for every row (see the module docstring on RoPE and padding), on the
+    batch's device."""
     seq = batch.prompt_length + batch.response_length
-    return torch.arange(seq).expand(len(batch), seq)
+    return torch.arange(seq, device=batch.prompts.device).expand(len(batch), seq)
 
 
 def response_logit_slice(batch: PolicyBatch) -> slice:
@@ -144,7 +145,8 @@ def mini_batches(batch: PolicyBatch, num_mini_batches: int, *, shuffle_seed: int
     """Cut one epoch of `batch` into `num_mini_batches` equal mini-batches (one optimizer step each).
 
     With `shuffle_seed`, rows are permuted first by a generator seeded with it, so every rank of a
-    model-parallel group (same batch, same seed) draws the same permutation.
+    model-parallel group (same batch, same seed) draws the same permutation. The permutation is drawn
+    on the CPU (the generator's device) and indexes a batch on any device alike.
     """
     if shuffle_seed is None:
         return batch.split(num_mini_batches)

@@ -53,6 +53,7 @@ from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint import CheckpointException
 
 from megarl.models.checkpoint import export_hf_weights
+from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.checkpoint_files import (
     CheckpointError,
@@ -294,7 +295,7 @@ def _rng_state() -> dict[str, Any]:
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        "cuda": torch.cuda.get_rng_state() if uses_cuda() else None,
         "tracker": get_cuda_rng_tracker().get_states(),
     }
 

@@ -48,6 +48,7 @@ from megarl.algorithms.losses import agg_loss_normalizer
 from megarl.models.architectures import TORCH_DTYPES, TRANSFORMER_IMPLS, build_gpt_model, resolve_transformer_impl
 from megarl.models.checkpoint import load_hf_weights
 from megarl.models.hf_config import read_model_dims
+from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch, attention_mask, position_ids
 
@@ -190,7 +191,7 @@ class ModelSettings:
 def megatron_optimizer_config(settings: OptimSettings, model_config: TransformerConfig) -> OptimizerConfig:
     """`OptimizerConfig` from `settings`, in the precision of the model (`model_config`, its
     `TransformerConfig`): bf16 parameters get fp32 main parameters (see the module docstring)."""
-    offload = settings.optimizer_cpu_offload and torch.cuda.is_available()
+    offload = settings.optimizer_cpu_offload and uses_cuda()
     return OptimizerConfig(
         optimizer=settings.optimizer,
         lr=settings.lr,
@@ -290,7 +291,7 @@ def run_schedule(
 
 def compute_device() -> torch.device:
     """Where this process's model and collective buffers live: its CUDA device, else the CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device()) if uses_cuda() else torch.device("cpu")
 
 
 def all_reduce(tensor: Tensor, group: dist.ProcessGroup, op: dist.ReduceOp = dist.ReduceOp.SUM) -> Tensor:
@@ -399,7 +400,7 @@ class TrainEngine:
     def offload(self, settings: OffloadSettings) -> None:
         """Move what `settings` names to host memory (GPU only). Call `onload` before the next use;
         in between, parameters must not be read (weight sync included)."""
-        if not torch.cuda.is_available():
+        if not uses_cuda():
             return
         config = self.model.config
         if settings.optimizer and not (config.bf16 or config.fp16):
@@ -416,7 +417,7 @@ class TrainEngine:
 
     def onload(self, settings: OffloadSettings) -> None:
         """Bring back what `offload(settings)` moved (GPU only); gradient buffers come back zeroed."""
-        if not torch.cuda.is_available():
+        if not uses_cuda():
             return
         if settings.params:
             for buffer in self.model.buffers + self.model.expert_parallel_buffers:

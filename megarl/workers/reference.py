@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.actor import compute_log_probs
 from megarl.workers.batch import PolicyBatch
@@ -41,13 +42,13 @@ class MegatronReference:
 
     def offload(self) -> None:
         """Move the weights to host memory between log-prob passes (no-op on CPU)."""
-        if torch.cuda.is_available():
+        if uses_cuda():
             self.model.cpu()
             torch.cuda.empty_cache()
 
     def onload(self) -> None:
         """Undo `offload`."""
-        if torch.cuda.is_available():
+        if uses_cuda():
             self.model.cuda()
 
     def compute_ref_log_prob(self, batch: PolicyBatch, *, micro_batch_size: int) -> Tensor:

@@ -19,6 +19,7 @@ import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
+from megarl.parallel.device import uses_cuda
 from megarl.workers.rollout.shared_ring import SLOTS
 from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket
 
@@ -61,7 +62,7 @@ class CudaIpcTransport(SharedMemoryTransport):
     workers have released it) or the sync ends."""
 
     def __init__(self, readers: int, timeout_s: float = 600.0):
-        if not torch.cuda.is_available():
+        if not uses_cuda():
             raise RuntimeError(
                 "CudaIpcTransport shares GPU memory between colocated processes and needs CUDA, which this "
                 "process does not have; use rollout.sync.transport: collective, or shared_memory on CPU"

@@ -21,6 +21,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import listen_store
 
 
@@ -35,13 +36,14 @@ def create_weight_sync_group(
     host: str, port: int, rank: int, world_size: int, timeout_s: float, store: dist.Store | None = None
 ) -> dist.ProcessGroup:
     """Join (rank 0: host, or bring `store` from `listen_weight_sync_store`) the store at host:port
-    and form a `world_size`-rank group; NCCL when CUDA is available, gloo otherwise. Collectives time
+    and form a `world_size`-rank group; NCCL when this process computes on CUDA (`device.uses_cuda`), gloo
+    otherwise. Collectives time
     out after `timeout_s`."""
     timeout = timedelta(seconds=timeout_s)
     if store is None:
         store = (listen_store(host, world_size, timeout_s, port) if rank == 0
                  else dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout))
-    if torch.cuda.is_available():
+    if uses_cuda():
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, world_size, options)

@@ -67,8 +67,21 @@ assert tutils.get_default_causal_mask(4).device.type == "cpu"
 assert torch.zeros(1).type() == "torch.FloatTensor"
 """
 
+_CHECK_CPU_DECIDED_ON_A_GPU_MACHINE = """
+import os
+import torch
+torch.cuda.is_available = lambda: True
+os.environ["MEGARL_DEVICE"] = "cpu"  # trainer.device=cpu, as the driver hands it to every worker
+from megarl.parallel import cpu_runtime
+from megarl.parallel.distributed import default_backend
+cpu_runtime.install()
+assert cpu_runtime.is_active(), "the CPU runtime must follow the driver's decision, not this process's CUDA"
+assert default_backend() == "gloo"
+"""
 
-@pytest.mark.parametrize("script", [_CHECK_NOOP_WITH_CUDA, _CHECK_ACTIVE_ON_CPU], ids=["cuda-noop", "cpu-active"])
+
+@pytest.mark.parametrize("script", [_CHECK_NOOP_WITH_CUDA, _CHECK_ACTIVE_ON_CPU, _CHECK_CPU_DECIDED_ON_A_GPU_MACHINE],
+                         ids=["cuda-noop", "cpu-active", "cpu-decided-on-gpu-machine"])
 def test_cpu_runtime(script):
     # A fresh interpreter: install() patches process-wide state.
     subprocess.run([sys.executable, "-c", script], check=True)

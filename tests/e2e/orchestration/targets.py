@@ -33,3 +33,20 @@ class SumWorker:
 
     def hang(self) -> None:
         time.sleep(3600)
+
+
+class DeviceProbe:
+    """Reports what a rank process was given: its Ray GPU ids, CUDA_VISIBLE_DEVICES and the device index
+    the worker group computed (LOCAL_RANK), on a gloo world (no CUDA is touched)."""
+
+    def report(self) -> dict:
+        import ray
+
+        return {
+            "rank": dist.get_rank(),
+            "backend": dist.get_backend(),
+            "gpu_ids": sorted(str(gpu) for gpu in ray.get_gpu_ids()),
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "device_index": int(os.environ["LOCAL_RANK"]),
+            "node": ray.get_runtime_context().get_node_id(),
+        }

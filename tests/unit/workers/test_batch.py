@@ -89,3 +89,16 @@ def test_mini_batches_shuffle_is_a_seeded_permutation():
     other = torch.cat([m.prompts for m in mini_batches(batch, 4, shuffle_seed=12)])
     assert torch.equal(first, again) and not torch.equal(first, other)
     assert sorted(first[:, 0].tolist()) == sorted(batch.prompts[:, 0].tolist())
+
+
+def test_model_inputs_are_made_on_the_batch_device():
+    """The meta device stands in for CUDA: `megatron_train` moves each micro-batch to the
+    compute device and `run_model` builds `attention_mask` and `position_ids` from it, so any tensor they make
+    on the CPU would meet the batch's masks on another device (an error on meta as on CUDA)."""
+    batch = _batch().to(torch.device("meta"))
+    mask, positions = attention_mask(batch), position_ids(batch)
+    assert mask.device.type == "meta" and mask.shape == (4, 1, 5, 5)
+    assert positions.device.type == "meta" and positions.shape == (4, 5)
+    assert batch.input_ids.device.type == "meta"
+    shuffled = mini_batches(batch, 2, shuffle_seed=0)
+    assert all(part.prompts.device.type == "meta" for part in shuffled)
