@@ -322,7 +322,8 @@ def _process_lines(plan: BatchPlan) -> list[str]:
     megatron = 1 + len(plan.own_groups)
     lines.append(f"           {plan.processes_per_train_gpu} processes per training GPU: {megatron} Megatron, 1 rollout engine"
                  if plan.colocated else
-                 f"           {megatron} Megatron processes per training GPU (the rollout engines have GPUs of their own)")
+                 f"           {megatron} Megatron process{'es' if megatron > 1 else ''} per training GPU "
+                 "(the rollout engines have GPUs of their own)")
     return lines
 
 

@@ -203,7 +203,8 @@ def critic_spec(config: Config, plan: BatchPlan, total_steps: int) -> CriticSpec
 
 def device_bundles(config: Config, plan: BatchPlan) -> tuple[int, BundleSpec]:
     """How many device bundles the job reserves, and what one holds: a CPU for every process that
-    shares a training bundle (`plan.processes_per_train_gpu`)."""
+    shares a training bundle (`plan.processes_per_train_gpu`; a split rollout's bundles, one process
+    each, have the same shape)."""
     bundles = plan.train_gpus + (0 if plan.colocated else plan.rollout_gpus)
     return bundles, BundleSpec(cpus=float(plan.processes_per_train_gpu), gpus=1.0 if torch.cuda.is_available() else 0.0)
 

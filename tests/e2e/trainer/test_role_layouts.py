@@ -22,7 +22,7 @@ LAYOUTS = {
     # The KL loss reads the reference; with the absolute-difference estimator actor/kl is the token
     # mean of |actor log-prob - ref log-prob|, taken before the step's one optimizer step.
     "actor.use_kl_loss": "true", "actor.kl_loss_type": "abs",
-    "rollout.sync.verify_every": 5,
+    "rollout.sync.verify_every": 5, "checkpoint.export_hf": "false",
 }
 FP32_LOGPROB_TOLERANCE = 1e-5
 """Actor (TP 2) and reference (TP 1) hold the same fp32 weights: their log-probs differ only by the
