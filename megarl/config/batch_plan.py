@@ -3,6 +3,8 @@
     samples per step        = data.train_batch_size (prompts) × rollout.n
     rollout engines         = rollout GPUs ÷ rollout TP;  samples per engine = samples per step ÷ engines
     role DP                 = training GPUs ÷ (TP × PP)
+    role processes          = the actor's, or a worker group of its own when its (TP, PP) differs from the
+                              actor's (megatron-core keeps one grid per process) or ref.colocate_with_actor is false
     samples per mini-batch  = ppo_mini_batch_size (prompts) × rollout.n;  per rank = that ÷ DP
     grad accumulation       = per-rank mini-batch ÷ micro_batch_size_per_gpu (micro-batches per optimizer step)
     optimizer steps / step  = (train_batch_size ÷ ppo_mini_batch_size) × ppo_epochs
@@ -55,6 +57,9 @@ class RolePlan:
     """Micro-batches per rank for that forward pass."""
     update: UpdatePlan | None
     """Optimizer slicing; None for the reference, which never trains."""
+    own_group: bool
+    """Runs in a worker group of its own (one process per training GPU, its own grid, on the actor's
+    GPUs) instead of inside the actor's processes."""
 
 
 @dataclass(frozen=True)
@@ -86,10 +91,35 @@ class BatchPlan:
     ref: RolePlan | None
     """The reference's, or None when no KL term needs it."""
 
+    @property
+    def own_groups(self) -> list[RolePlan]:
+        """The roles that run in worker groups of their own."""
+        return [role for role in (self.critic, self.ref) if role is not None and role.own_group]
+
+    @property
+    def colocated(self) -> bool:
+        """The rollout engines share the training GPUs."""
+        return self.train_gpus == self.world_size
+
+    @property
+    def processes_per_train_gpu(self) -> int:
+        """Processes that share one training GPU: the actor's, one per role group of its own, and the
+        rollout engine's when colocated."""
+        return 1 + len(self.own_groups) + self.colocated
+
 
 def uses_reference(config: Config) -> bool:
     """The reference model exists only when a KL term reads its log-probs."""
     return config.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+
+
+def runs_in_own_group(name: str, config: Config) -> bool:
+    """Whether role `name` (critic, ref) needs a worker group of its own: megatron-core keeps one
+    (TP, PP) grid per process, so a layout other than the actor's needs other processes; the reference
+    also gets its own when `ref.colocate_with_actor` is false."""
+    role = getattr(config, name)
+    layout = [(r.parallel.tensor_model_parallel_size, r.parallel.pipeline_model_parallel_size) for r in (role, config.actor)]
+    return layout[0] != layout[1] or (name == "ref" and not config.ref.colocate_with_actor)
 
 
 def plan_batches(config: Config) -> BatchPlan:
@@ -209,6 +239,7 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
             f"choose TP × PP dividing {train_gpus}: {_divisors(train_gpus)}"))
         return None
     dp = train_gpus // (tp * pp)
+    own_group = name != "actor" and runs_in_own_group(name, config)
     dp_text = f"{name} DP {dp} ({train_gpus} GPUs ÷ (TP {tp} × PP {pp}))"
     if trained:
         update = _update_plan(name, role, dp, dp_text, config, problems)
@@ -217,7 +248,7 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
         # A step is a whole number of mini-batches, each split exactly: the forward pass splits too.
         per_rank = update.samples_per_rank * update.mini_batches_per_epoch
         return RolePlan(name, tp, pp, dp, role.micro_batch_size_per_gpu, per_rank,
-                        per_rank // role.micro_batch_size_per_gpu, update)
+                        per_rank // role.micro_batch_size_per_gpu, update, own_group)
     prompts, n, micro = config.data.train_batch_size, config.rollout.n, role.micro_batch_size_per_gpu
     samples = prompts * n
     if samples % dp:
@@ -232,7 +263,7 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
                                 f"{samples} samples ÷ {dp_text} = {per_rank} per rank, not a multiple of {micro}",
                                 f"use a divisor of {per_rank}: {_divisors(per_rank)}"))
         return None
-    return RolePlan(name, tp, pp, dp, micro, per_rank, per_rank // micro, None)
+    return RolePlan(name, tp, pp, dp, micro, per_rank, per_rank // micro, None, own_group)
 
 
 def _update_plan(name: str, role, dp: int, dp_text: str, config: Config, problems: list[Problem]) -> UpdatePlan | None:
@@ -278,12 +309,30 @@ def _short(values: list[int]) -> str:
     return ", ".join(map(str, values)) if len(values) <= 8 else ", ".join(map(str, values[:8])) + ", ..."
 
 
+def _process_lines(plan: BatchPlan) -> list[str]:
+    """Which processes each Megatron role runs in."""
+    shared = [r.role for r in (plan.actor, plan.critic, plan.ref) if r is not None and not r.own_group]
+    lines = [f"processes: {', '.join(shared)} in the actor's group ({plan.train_gpus} processes, one per training GPU)"]
+    actor = plan.actor
+    for role in plan.own_groups:
+        why = ("its layout differs from the actor's" if (role.tensor_parallel, role.pipeline_parallel)
+               != (actor.tensor_parallel, actor.pipeline_parallel) else "ref.colocate_with_actor: false")
+        lines.append(f"           {role.role} in a group of its own ({plan.train_gpus} processes on the same GPUs, "
+                     f"TP {role.tensor_parallel} × PP {role.pipeline_parallel} × DP {role.data_parallel}: {why})")
+    megatron = 1 + len(plan.own_groups)
+    lines.append(f"           {plan.processes_per_train_gpu} processes per training GPU: {megatron} Megatron, 1 rollout engine"
+                 if plan.colocated else
+                 f"           {megatron} Megatron process{'es' if megatron > 1 else ''} per training GPU "
+                 "(the rollout engines have GPUs of their own)")
+    return lines
+
+
 def format_plan(plan: BatchPlan) -> str:
     """The plan as a plain-text table (what `megarl validate` prints)."""
     lines = [
         f"step:     {plan.prompts_per_step} prompts × {plan.samples_per_prompt} samples = {plan.samples_per_step} samples",
         f"devices:  {plan.world_size} GPUs: {plan.train_gpus} training, {plan.rollout_gpus} rollout"
-        + (" (colocated: the same GPUs)" if plan.train_gpus == plan.rollout_gpus == plan.world_size else ""),
+        + (" (colocated: the same GPUs)" if plan.colocated else ""),
         f"rollout:  {plan.rollout_gpus} GPUs ÷ TP {plan.rollout_tp} = {plan.rollout_engines} engines, "
         f"{plan.samples_per_engine} samples each",
         "",
@@ -300,6 +349,7 @@ def format_plan(plan: BatchPlan) -> str:
             f"{role.role:<7}{role.tensor_parallel:>4}{role.pipeline_parallel:>4}{role.data_parallel:>4}  "
             f"{role.samples_per_rank:>12}  {role.micro_batch_size:>5}  {role.forward_micro_batches:>9}  {mini:>31}  "
             f"{update.grad_accumulation_steps if update else '-':>8}  {update.optimizer_steps_per_step if update else '-':>9}")
+    lines += ["", *_process_lines(plan)]
     if plan.critic is None:
         lines.append("critic: none (critic.enable: false)")
     if plan.ref is None:

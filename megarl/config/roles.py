@@ -113,7 +113,8 @@ class CriticConfig:
     enable: bool = False
     """Build and train a critic. Required by `algorithm.adv_estimator: gae`, refused by critic-free estimators."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    """Tensor/pipeline parallel layout of the critic."""
+    """Tensor/pipeline parallel layout of the critic. The actor's layout: the critic runs in the actor's
+    processes; another layout: in a worker group of its own on the same GPUs (its own grid and DP)."""
     micro_batch_size_per_gpu: int = 4
     """Samples per forward/backward pass on one rank."""
     ppo_mini_batch_size: int = 256
@@ -139,10 +140,12 @@ class RefConfig:
     """The frozen reference policy; it exists only when a KL term is used (actor loss or reward)."""
 
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    """Tensor/pipeline parallel layout of the reference."""
+    """Tensor/pipeline parallel layout of the reference. A layout other than the actor's runs in a worker
+    group of its own on the same GPUs (its own grid and DP), whatever `colocate_with_actor` says."""
     micro_batch_size_per_gpu: int = 8
     """Samples per forward pass on one rank (log-probs only)."""
     colocate_with_actor: bool = True
-    """Run the reference inside the actor's processes (saves processes) instead of a worker group of its own."""
+    """With the actor's layout, run the reference inside the actor's processes (no extra processes);
+    false: in a worker group of its own on the same GPUs."""
     offload_params: bool = False
     """Offload the parameters to host memory between log-prob passes."""

@@ -83,7 +83,7 @@ def is_loopback(host: str) -> bool:
 
 @dataclass(frozen=True)
 class ProcessGroups:
-    """The model-parallel grid of this process (one grid per process, shared by actor/ref/critic).
+    """The model-parallel grid of this process (one grid per process, shared by the roles it hosts).
 
     `collection` is megatron-core's `ProcessGroupCollection`, to pass into `GPTModel`, DDP and the
     optimizer; the named groups below are for megarl's own collectives.
@@ -132,7 +132,7 @@ def initialize_model_parallel(
         if (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size()) != (tp, pp):
             raise RuntimeError(
                 "this process already has a model-parallel grid of a different shape; megarl keeps one "
-                "grid per process (actor, reference and critic share it)"
+                "grid per process (a role with another layout runs in processes of its own)"
             )
     else:
         mpu.initialize_model_parallel(

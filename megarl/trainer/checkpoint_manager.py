@@ -7,6 +7,11 @@ Pure filesystem work, no torch and no processes; the directory format (names, ma
     start = manager.resolve_resume(cfg.checkpoint.resume)     # a Checkpoint or None
     ...
     manager.rotate()                                          # after each completed save
+
+A role in a worker group of its own (a critic whose layout differs from the actor's) saves its own
+complete checkpoint, `part_dir(step_dir, role)`, before the actor's group commits `step_dir`: a
+complete step dir implies its parts. Rotation removes a part with its step, and parts whose step
+never completed.
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ from megarl.workers.checkpoint_files import (
 )
 
 
+def part_dir(step_dir: Path, role: str) -> Path:
+    """`<root>/<role>/step_<N>`: the checkpoint of `role`'s own group that belongs to `<root>/step_<N>`."""
+    return step_dir.parent / role / step_dir.name
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """A complete checkpoint: its directory and verified manifest."""
@@ -45,11 +55,13 @@ class Checkpoint:
 class CheckpointManager:
     """The checkpoints under one root (`checkpoint.dir`): listing, `resume`, `max_keep` rotation."""
 
-    def __init__(self, root: str | Path, *, max_keep: int | None = None):
+    def __init__(self, root: str | Path, *, max_keep: int | None = None, parts: tuple[str, ...] = ()):
+        """`parts`: the roles that save parts of each checkpoint from groups of their own."""
         if max_keep is not None and max_keep < 1:
             raise ValueError(f"checkpoint.max_keep={max_keep}: keep at least 1 checkpoint, or None to keep all")
         self.root = Path(root).expanduser()
         self.max_keep = max_keep
+        self.parts = parts
 
     def step_dir(self, step: int) -> Path:
         """Where the checkpoint of `step` lives once complete."""
@@ -99,24 +111,31 @@ class CheckpointManager:
             raise CheckpointError(f"checkpoint.resume={resume!r}: {e}; choose another checkpoint or auto") from None
 
     def rotate(self) -> list[Path]:
-        """Delete the oldest complete checkpoints beyond `max_keep`; returns the deleted dirs.
+        """Delete the oldest complete checkpoints beyond `max_keep` (and the parts of no kept
+        checkpoint); returns the deleted checkpoint dirs.
 
         Counts only complete checkpoints, so the newest complete one is never deleted (a save that
         did not finish does not count), and never touches anything that is not a complete checkpoint.
         Each victim is first renamed to a temp name (atomic), so a crash mid-delete cannot leave a
         half-deleted dir that still looks like a checkpoint.
         """
-        if self.max_keep is None:
-            return []
-        victims = self.complete()[: -self.max_keep]
+        complete = self.complete()
+        victims = [] if self.max_keep is None else complete[: -self.max_keep]
         for checkpoint in victims:
-            doomed = tmp_dir_for(checkpoint.path, new_nonce())
-            try:
-                checkpoint.path.rename(doomed)
-                shutil.rmtree(doomed)
-            except OSError as e:
-                raise CheckpointError(
-                    f"removing old checkpoint {checkpoint.path} (checkpoint.max_keep={self.max_keep}) failed: "
-                    f"{describe_os_error(e)}"
-                ) from None
+            self._remove(checkpoint.path)
+        kept = {c.path.name for c in complete[len(victims):]}
+        for role in self.parts:
+            for part in CheckpointManager(self.root / role).complete():
+                if part.path.name not in kept:
+                    self._remove(part.path)
         return [c.path for c in victims]
+
+    def _remove(self, path: Path) -> None:
+        doomed = tmp_dir_for(path, new_nonce())
+        try:
+            path.rename(doomed)
+            shutil.rmtree(doomed)
+        except OSError as e:
+            raise CheckpointError(
+                f"removing old checkpoint {path} (checkpoint.max_keep={self.max_keep}) failed: {describe_os_error(e)}"
+            ) from None

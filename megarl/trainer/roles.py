@@ -1,15 +1,22 @@
-"""The processes of a run: a policy group (actor/reference/critic, one Megatron world) and a rollout
-group (one engine per worker), placed on Ray, with the weight-sync group wired between them.
+"""The processes of a run: a policy group (the actor and every role with its layout, one Megatron
+world), a group per role with a layout of its own (`BatchPlan.own_groups`: its own processes, world
+and grid), and a rollout group (one engine per worker), placed on Ray, with the weight-sync group
+wired between the policy and the rollout.
 
-Placement. One bundle per device (a GPU, or one CPU slot on a CPU machine). Colocated: the rollout
-engines share the trainer's bundles (each role takes half of the bundle's resources); split: the
-rollout gets `placement.rollout_gpus` bundles of its own after the trainer's.
+Routing. `Roles.gather` / `Roles.update` send each worker method to the group of its role
+(`METHOD_ROLES`) and scatter the batch by that group's DP size.
+
+Placement. One bundle per device (a GPU, or one CPU slot on a CPU machine). The policy group and
+each role group of its own share the training bundles: one process each on every training bundle,
+each with an equal share of its GPU and one CPU. Colocated: the rollout engines share those bundles
+too; split: the rollout gets `placement.rollout_gpus` bundles of its own after the trainer's.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from torch import Tensor
 
@@ -19,24 +26,55 @@ from megarl.orchestration.placement import BundleSpec, PlacementError, create_pl
 from megarl.orchestration.worker_group import WorkerGroup
 from megarl.parallel.device import worker_env
 from megarl.trainer import settings
+from megarl.trainer.checkpoint_manager import part_dir
 from megarl.trainer.rollout_batch import gather_by_dp
 from megarl.workers.batch import PolicyBatch
+from megarl.workers.checkpoint_files import step_dir_name
 from megarl.workers.megatron_train import ModelSettings
-from megarl.workers.policy_worker import CriticSpec, PolicyWorkerSpec
+from megarl.workers.policy_worker import ActorSpec, CriticSpec, PolicyWorkerSpec
 
 POLICY_TARGET = "megarl.workers.policy_worker:PolicyWorker"
 ROLLOUT_TARGET = "megarl.workers.rollout.rollout_worker:RolloutWorker"
 SYNC_TIMEOUT_S = 300.0
+METHOD_ROLES = {
+    "compute_log_prob": "actor", "update_actor": "actor", "compute_ref_log_prob": "ref",
+    "compute_values": "critic", "update_critic": "critic",
+    "compute_rm_scores": "actor",  # the reward model lives in the actor's processes
+}
+"""The role whose group runs each per-sample worker method."""
+
+
+@dataclass
+class MegatronGroup:
+    """A worker group of Megatron ranks (`PolicyWorker`s) and each rank's place in its grid."""
+
+    workers: WorkerGroup
+    grids: list[dict[str, int]]
+    """Per rank: rank, tp_rank, pp_rank, dp_rank, dp_size."""
+
+    @classmethod
+    def start(cls, name: str, spec: PolicyWorkerSpec, world_size: int, placement, bundle: BundleSpec,
+              env: dict[str, str]) -> MegatronGroup:
+        workers = WorkerGroup(name, POLICY_TARGET, world_size, placement, bundle, init_kwargs={"spec": spec}, env=env)
+        return cls(workers, workers.call_all("grid"))
+
+    @property
+    def dp_size(self) -> int:
+        return self.grids[0]["dp_size"]
+
+    def call_by_dp(self, method: str, per_dp: list[tuple]) -> list:
+        """Each rank runs `method` with its DP replica's arguments; results in rank order."""
+        return self.workers.call_each(method, [per_dp[g["dp_rank"]] for g in self.grids])
 
 
 @dataclass
 class Roles:
     """The running worker groups of a job."""
 
-    policy: WorkerGroup
+    groups: dict[str, MegatronGroup]
+    """Each Megatron role of the run (actor, critic, ref) -> the group hosting it: the actor's group
+    (`policy`) or one of its own."""
     rollout: WorkerGroup
-    grids: list[dict[str, int]]
-    """Per policy rank: rank, tp_rank, pp_rank, dp_rank, dp_size."""
     placement: object
     sync_transport: str
     """How the weights reach the engines: "collective", "shared_memory" or "cuda_ipc" (`rollout.sync.transport`
@@ -45,32 +83,61 @@ class Roles:
     """Each trainer TP rank streams its own shards to engine worker r (`rollout.sync.per_rank` resolved)."""
 
     @property
-    def dp_size(self) -> int:
-        return self.grids[0]["dp_size"]
+    def policy(self) -> WorkerGroup:
+        """The actor's group (it syncs the weights, exports the actor)."""
+        return self.groups["actor"].workers
+
+    @property
+    def grids(self) -> list[dict[str, int]]:
+        """The actor's grid, per policy rank."""
+        return self.groups["actor"].grids
+
+    @property
+    def own_groups(self) -> dict[str, MegatronGroup]:
+        """The roles that run in groups of their own."""
+        return {role: group for role, group in self.groups.items() if group is not self.groups["actor"]}
 
     def gather(self, method: str, batch: PolicyBatch, index: int | None = None) -> Tensor:
-        """Run a per-sample policy method on each DP replica's rows; the rows back in order
+        """Run a per-sample method on each DP replica of its role's group; the rows back in order
         (`index` picks one output of methods that return a tuple)."""
-        parts = self.policy.call_each(method, self._by_rank([(part,) for part in batch.split(self.dp_size)]))
+        group = self.groups[METHOD_ROLES[method]]
+        parts = group.call_by_dp(method, [(part,) for part in batch.split(group.dp_size)])
         if index is not None:
             parts = [part[index] for part in parts]
-        return gather_by_dp(parts, self.grids)
+        return gather_by_dp(parts, group.grids)
 
     def update(self, method: str, batch: PolicyBatch, step: int) -> dict[str, float]:
-        """An update (`update_actor` / `update_critic`) on each DP replica's rows; the metrics of
-        DP replica 0 (they are reduced over DP inside the update)."""
-        results = self.policy.call_each(method, self._by_rank([(part, step) for part in batch.split(self.dp_size)]))
-        return next(r for g, r in zip(self.grids, results) if g["rank"] == 0)
+        """An update (`update_actor` / `update_critic`) on each DP replica's rows of its role's group;
+        the metrics of DP replica 0 (they are reduced over DP inside the update)."""
+        group = self.groups[METHOD_ROLES[method]]
+        results = group.call_by_dp(method, [(part, step) for part in batch.split(group.dp_size)])
+        return next(r for g, r in zip(group.grids, results) if g["rank"] == 0)
 
-    def _by_rank(self, per_dp: list[tuple]) -> list[tuple]:
-        """Each rank gets its DP replica's arguments."""
-        return [per_dp[g["dp_rank"]] for g in self.grids]
+    def save_checkpoint(self, root: str, step: int, extra: dict) -> None:
+        """Collective on every group with trained state: a critic of its own writes its part
+        (`checkpoint_manager.part_dir`) first, then the actor's group commits `<root>/step_<step>`,
+        so a complete step dir implies complete parts."""
+        step_dir = Path(root) / step_dir_name(step)
+        for role, group in self._own_trained().items():
+            group.workers.call_all("save_checkpoint", str(part_dir(step_dir, role).parent), step, extra)
+        self.policy.call_all("save_checkpoint", root, step, extra)
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Collective: restore every group from the checkpoint `path` (and its parts); its `extra`."""
+        for role, group in self._own_trained().items():
+            group.workers.call_all("load_checkpoint", str(part_dir(Path(path), role)))
+        return self.policy.call_all("load_checkpoint", path)[0]
+
+    def _own_trained(self) -> dict[str, MegatronGroup]:
+        """Groups of their own whose role has state to checkpoint (the reference is the initial model)."""
+        return {role: group for role, group in self.own_groups.items() if role != "ref"}
 
     def shutdown(self) -> None:
         from ray.util.placement_group import remove_placement_group
 
-        for group in (self.rollout, self.policy):
-            group.kill()
+        self.rollout.kill()
+        for group in {id(g): g for g in self.groups.values()}.values():
+            group.workers.kill()
         remove_placement_group(self.placement)
 
 
@@ -84,66 +151,85 @@ def cluster_device(config: Config) -> str:
     return resolve_device(config.trainer.device, gpus)
 
 
-def policy_spec(config: Config, plan: BatchPlan, total_steps: int) -> PolicyWorkerSpec:
-    actor, critic = config.actor, config.critic
-    critic_spec = None
-    if critic.enable:
-        critic_spec = CriticSpec(
-            optim=settings.optim_settings(critic.optim, settings.total_optimizer_steps(plan, "critic", total_steps)),
-            loss=settings.value_loss_settings(config),
-            mini_batch_size=plan.critic.update.samples_per_rank,
-            micro_batch_size=critic.micro_batch_size_per_gpu,
-            ppo_epochs=critic.ppo_epochs,
+def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str, PolicyWorkerSpec]:
+    """The spec of each Megatron group: "policy" (the actor and every role without a group of its
+    own), then one per role in `plan.own_groups`, named after it."""
+    own = {role.role for role in plan.own_groups}
+    model = ModelSettings(dtype=config.model.dtype, transformer_impl=config.model.transformer_impl)
+    critic = critic_spec(config, plan, total_steps) if plan.critic else None
+    policy = PolicyWorkerSpec(
+        model_path=config.model.path, model_settings=model, tp=plan.actor.tensor_parallel, pp=plan.actor.pipeline_parallel,
+        seed=config.trainer.seed, actor=actor_spec(config, plan, total_steps),
+        use_reference=plan.ref is not None and "ref" not in own, ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
+        critic=None if "critic" in own else critic, reward_model_path=config.reward.reward_model,
+    )
+    specs = {"policy": policy}
+    for role in plan.own_groups:
+        specs[role.role] = PolicyWorkerSpec(
+            model_path=config.model.path, model_settings=model, tp=role.tensor_parallel, pp=role.pipeline_parallel,
+            seed=config.trainer.seed,
+            actor=None, use_reference=role.role == "ref", ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
+            critic=critic if role.role == "critic" else None, reward_model_path=None,
         )
-    return PolicyWorkerSpec(
-        model_path=config.model.path,
-        model_settings=ModelSettings(dtype=config.model.dtype, transformer_impl=config.model.transformer_impl),
-        tp=actor.parallel.tensor_model_parallel_size,
-        pp=actor.parallel.pipeline_model_parallel_size,
-        seed=config.trainer.seed,
+    return specs
+
+
+def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
+    actor = config.actor
+    return ActorSpec(
         optim=settings.optim_settings(actor.optim, settings.total_optimizer_steps(plan, "actor", total_steps)),
         recompute=settings.recompute_settings(actor.recompute),
         loss=settings.policy_loss_settings(config),
         mini_batch_size=plan.actor.update.samples_per_rank,
         micro_batch_size=actor.micro_batch_size_per_gpu,
         ppo_epochs=actor.ppo_epochs,
-        use_reference=uses_reference(config),
-        ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
-        critic=critic_spec,
-        reward_model_path=config.reward.reward_model,
         rollout_tp=config.rollout.tensor_model_parallel_size,
         bucket_mb=config.rollout.sync.bucket_mb,
     )
 
 
-def device_bundles(config: Config, plan: BatchPlan) -> tuple[int, float]:
-    """How many device bundles the job reserves and the CPU cores of one (colocated: room for both roles)."""
-    colocated = config.placement.mode == "colocated"
-    bundles = plan.train_gpus + (0 if colocated else plan.rollout_gpus)
-    return bundles, 2.0 if colocated else 1.0
+def critic_spec(config: Config, plan: BatchPlan, total_steps: int) -> CriticSpec:
+    critic = config.critic
+    return CriticSpec(
+        optim=settings.optim_settings(critic.optim, settings.total_optimizer_steps(plan, "critic", total_steps)),
+        loss=settings.value_loss_settings(config),
+        mini_batch_size=plan.critic.update.samples_per_rank,
+        micro_batch_size=critic.micro_batch_size_per_gpu,
+        ppo_epochs=critic.ppo_epochs,
+    )
 
 
-def role_bundle(bundle: BundleSpec, colocated: bool) -> BundleSpec:
-    """What one rank process of a role takes of a device bundle: colocated, the policy and the rollout
-    each take half of it (both on the same GPU); split, the whole of it."""
-    return BundleSpec(cpus=1.0, gpus=bundle.gpus * (0.5 if colocated else 1.0))
+def device_bundles(plan: BatchPlan) -> tuple[int, float]:
+    """How many device bundles the job reserves, and the CPU cores of one: one for every process that
+    shares a training bundle (`plan.processes_per_train_gpu`; a split rollout's bundles, one process
+    each, have the same shape)."""
+    bundles = plan.train_gpus + (0 if plan.colocated else plan.rollout_gpus)
+    return bundles, float(plan.processes_per_train_gpu)
+
+
+def process_share(bundle: BundleSpec, processes: int) -> BundleSpec:
+    """What one of the `processes` that share a device bundle takes of it: one CPU and an equal share
+    of its GPU (colocated, every Megatron group's rank and the engine sit on the same GPU)."""
+    return BundleSpec(cpus=1.0, gpus=bundle.gpus / processes)
 
 
 def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str, str], device: str) -> Roles:
-    """Place and start both groups on `device` (`cluster_device`), then connect the weight sync (a
-    process group of the trainer's sending ranks and every engine, or the shared transports' rings)."""
-    colocated = config.placement.mode == "colocated"
-    bundles, cpus = device_bundles(config, plan)
+    """Place and start the Megatron groups and the rollout group on `device` (`cluster_device`), then
+    connect the weight sync (a process group of the trainer's sending ranks and every engine, or the
+    shared transports' rings)."""
+    bundles, cpus = device_bundles(plan)
     bundle = BundleSpec(cpus=cpus, gpus=1.0 if device == "cuda" else 0.0)
     pg = create_placement_group("megarl", bundles, bundle)
     env = {**env, **worker_env(device)}
-    role = role_bundle(bundle, colocated)
-    policy = WorkerGroup("policy", POLICY_TARGET, plan.train_gpus, pg, role,
-                         init_kwargs={"spec": policy_spec(config, plan, total_steps)}, env=env)
+    share = process_share(bundle, plan.processes_per_train_gpu)
+    started = {name: MegatronGroup.start(name, spec, plan.train_gpus, pg, share, env)
+               for name, spec in worker_specs(config, plan, total_steps).items()}
+    groups = {role.role: started[role.role if role.own_group else "policy"]
+              for role in (plan.actor, plan.critic, plan.ref) if role is not None}
     rollout = config.rollout
     rollout_group = WorkerGroup(
         "rollout", ROLLOUT_TARGET, plan.rollout_engines, pg,
-        BundleSpec(cpus=role.cpus, gpus=role.gpus * rollout.tensor_model_parallel_size),
+        BundleSpec(cpus=1.0, gpus=(share.gpus if plan.colocated else bundle.gpus) * rollout.tensor_model_parallel_size),
         init_kwargs={
             "backend": rollout.backend, "model_path": config.model.path,
             "tensor_parallel_size": rollout.tensor_model_parallel_size, "dtype": config.model.dtype,
@@ -151,11 +237,12 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
             "cpu_kv_cache_gib": max(1, math.ceil(rollout.kv_cache_gib)),
             "gpu_memory_utilization": rollout.gpu_memory_utilization,
         },
-        env=env, first_bundle=0 if colocated else plan.train_gpus,
+        env=env, first_bundle=0 if plan.colocated else plan.train_gpus,
     )
+    policy = groups["actor"].workers
     transport = sync_transport(rollout.sync.transport, device, policy.node_ids()[0], rollout_group.node_ids())
     per_rank = per_rank_sync(config, transport)
-    roles = Roles(policy, rollout_group, policy.call_all("grid"), pg, transport, per_rank)
+    roles = Roles(groups, rollout_group, pg, transport, per_rank)
     if transport == "collective":
         connect_weight_sync(roles, rollout.tensor_model_parallel_size)
     else:

@@ -56,7 +56,8 @@ class Trainer:
         self.val_prompts = load_prompts(config.data.val_files, self.tokenizer, config.data)[0] if config.data.val_files else []
         steps_by_epochs = config.trainer.total_epochs * self.loader.steps_per_epoch
         self.total_steps = min(config.trainer.total_steps or steps_by_epochs, steps_by_epochs)
-        self.checkpoints = CheckpointManager(config.checkpoint.dir, max_keep=config.checkpoint.max_keep)
+        self.checkpoints = CheckpointManager(config.checkpoint.dir, max_keep=config.checkpoint.max_keep,
+                                             parts=tuple(r.role for r in self.plan.own_groups if r.update))
         kl = config.algorithm.kl_ctrl
         self.kl_ctrl = (AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon) if kl.type == "adaptive"
                         else FixedKLController(kl.kl_coef))
@@ -77,7 +78,7 @@ class Trainer:
         """Train to `total_steps`; returns the last step's metrics."""
         with RewardScorer.from_config(self.config.reward) as scorer:
             scorer.wait_ready()  # a reward module that fails to import stops the run here, before Ray starts
-            bundles, cpus = device_bundles(self.config, self.plan)
+            bundles, cpus = device_bundles(self.plan)
             init_ray(num_cpus=max(os.cpu_count() or 1, int(bundles * cpus)), env_vars=WORKER_ENV)
             self.roles = None
             try:
@@ -183,7 +184,7 @@ class Trainer:
             return
         with self.timer("checkpoint"):
             extra = {"step": step, "data": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value}
-            self.roles.policy.call_all("save_checkpoint", str(self.checkpoints.root), step, extra)
+            self.roles.save_checkpoint(str(self.checkpoints.root), step, extra)
             self.checkpoints.rotate()
 
     def _resume(self) -> int:
@@ -191,7 +192,7 @@ class Trainer:
         checkpoint = self.checkpoints.resolve_resume(self.config.checkpoint.resume)
         if checkpoint is None:
             return 0
-        extra = self.roles.policy.call_all("load_checkpoint", str(checkpoint.path))[0]
+        extra = self.roles.load_checkpoint(str(checkpoint.path))
         self.loader.load_state_dict(extra["data"])
         self.kl_ctrl.value = extra["kl_coef"]
         self.sync(extra["step"])  # the engines start from the restored weights

@@ -1,13 +1,15 @@
-"""One trainer rank: its shards of the actor, the reference and the critic, and the sending side of
-the weight sync. A plain class; `megarl.orchestration` hosts one per rank process.
+"""One Megatron rank: its shards of the roles its group hosts (the actor and the roles that share
+its layout; or a critic or reference with a layout of its own), and with the actor the sending side
+of the weight sync. A plain class; `megarl.orchestration` hosts one per rank process.
 
     worker = PolicyWorker(spec)                       # builds the grid, loads the HF weights
     old_log_probs, entropy = worker.compute_log_prob(batch)
     metrics = worker.update_actor(batch, shuffle_seed=step)
     stats = worker.send_weights()                     # collective; the sending ranks feed the engines
 
-Every rank of a DP replica is called with the same `PolicyBatch` (that replica's rows); results are
-returned on every rank.
+megatron-core keeps one (TP, PP) grid per process, so every role a worker hosts has the spec's
+layout. Every rank of a DP replica is called with the same `PolicyBatch` (that replica's rows);
+results are returned on every rank.
 """
 
 from __future__ import annotations
@@ -52,16 +54,9 @@ class CriticSpec:
 
 
 @dataclass(frozen=True)
-class PolicyWorkerSpec:
-    """Everything a trainer rank needs, in plain values (built from the config by the trainer)."""
+class ActorSpec:
+    """The policy being trained, and the sync of its weights into the rollout engines."""
 
-    model_path: str
-    """HF checkpoint dir the actor (and reference, critic backbone) start from."""
-    model_settings: ModelSettings
-    """dtype and layer spec of every Megatron role (`model.dtype`, `model.transformer_impl`)."""
-    tp: int
-    pp: int
-    seed: int
     optim: OptimSettings
     recompute: RecomputeSettings
     loss: PolicyLossSettings
@@ -70,27 +65,45 @@ class PolicyWorkerSpec:
     micro_batch_size: int
     """Samples per forward/backward micro-batch (per GPU)."""
     ppo_epochs: int
-    use_reference: bool
-    ref_micro_batch_size: int
-    critic: CriticSpec | None
-    reward_model_path: str | None
-    """HF `*ForSequenceClassification` checkpoint scored beside the reward function (None = none)."""
     rollout_tp: int
     """Tensor-parallel size of each rollout engine (the bridge plan's target layout)."""
     bucket_mb: float
     """Weight-sync bucket size."""
 
 
+@dataclass(frozen=True)
+class PolicyWorkerSpec:
+    """The roles one rank hosts and its grid, in plain values (built from the config by the trainer)."""
+
+    model_path: str
+    """HF checkpoint dir the actor (and reference, critic backbone) start from."""
+    model_settings: ModelSettings
+    """dtype and layer spec of every Megatron role (`model.dtype`, `model.transformer_impl`)."""
+    tp: int
+    """Tensor-parallel size of the grid (the layout of every hosted role)."""
+    pp: int
+    """Pipeline-parallel size of the grid."""
+    seed: int
+    actor: ActorSpec | None
+    """The actor; None in the group of a role with a layout of its own."""
+    use_reference: bool
+    """Host the reference."""
+    ref_micro_batch_size: int
+    """Samples per forward micro-batch of the reference and the reward model."""
+    critic: CriticSpec | None
+    reward_model_path: str | None
+    """HF `*ForSequenceClassification` checkpoint scored beside the reward function (None = none)."""
+
+
 class PolicyWorker:
-    """The Megatron roles of one trainer rank."""
+    """The Megatron roles of one rank."""
 
     def __init__(self, spec: PolicyWorkerSpec):
         self.spec = spec
         self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed)
-        built = spec.model_settings
-        self.actor = MegatronActor.from_hf(
-            spec.model_path, self.groups, optim=spec.optim, model_settings=built, recompute=spec.recompute
-        )
+        actor, built = spec.actor, spec.model_settings
+        self.actor = (MegatronActor.from_hf(spec.model_path, self.groups, optim=actor.optim, model_settings=built,
+                                            recompute=actor.recompute) if actor else None)
         self.reference = MegatronReference.from_hf(spec.model_path, self.groups, built) if spec.use_reference else None
         self.critic = (
             MegatronCritic.from_hf(
@@ -102,12 +115,10 @@ class PolicyWorker:
         self.reward_model = (
             MegatronRewardModel.from_hf(spec.reward_model_path, self.groups, built) if spec.reward_model_path else None
         )
-        self.loss = PolicyLoss(spec.loss)
+        self.loss = PolicyLoss(actor.loss) if actor else None
         # The weights travel in the actor's parameter dtype.
-        self.plan = build_plan(
-            read_model_dims(spec.model_path), LayoutPair(spec.tp, spec.pp, spec.rollout_tp), bucket_mb=spec.bucket_mb,
-            dtype=TORCH_DTYPES[built.dtype],
-        )
+        self.plan = (build_plan(read_model_dims(spec.model_path), LayoutPair(spec.tp, spec.pp, actor.rollout_tp),
+                                bucket_mb=actor.bucket_mb, dtype=TORCH_DTYPES[built.dtype]) if actor else None)
         self.sender: WeightSender | None = None
 
     def grid(self) -> dict[str, int]:
@@ -117,7 +128,7 @@ class PolicyWorker:
 
     def compute_log_prob(self, batch: PolicyBatch) -> tuple[Tensor, Tensor]:
         """`[B, R]` log-probs and entropy of the responses under the current actor."""
-        return self.actor.compute_log_prob(batch, micro_batch_size=self.spec.micro_batch_size)
+        return self.actor.compute_log_prob(batch, micro_batch_size=self.spec.actor.micro_batch_size)
 
     def compute_ref_log_prob(self, batch: PolicyBatch) -> Tensor:
         return self.reference.compute_ref_log_prob(batch, micro_batch_size=self.spec.ref_micro_batch_size)
@@ -130,7 +141,7 @@ class PolicyWorker:
         return self.critic.compute_values(batch, micro_batch_size=self.spec.critic.micro_batch_size)
 
     def update_actor(self, batch: PolicyBatch, shuffle_seed: int) -> dict[str, float]:
-        s = self.spec
+        s = self.spec.actor
         return self.actor.update_policy(
             batch, self.loss, mini_batch_size=s.mini_batch_size, micro_batch_size=s.micro_batch_size,
             ppo_epochs=s.ppo_epochs, shuffle_seed=shuffle_seed,
@@ -198,22 +209,22 @@ class PolicyWorker:
         return actor_probe_logprobs(self.actor, token_ids)
 
     def skipped_steps(self) -> dict[str, int]:
-        counts = {"actor": self.actor.skipped_steps}
-        if self.critic:
-            counts["critic"] = self.critic.skipped_steps
-        return counts
+        return {role: model.skipped_steps for role, model in self._trained().items()}
 
     def save_checkpoint(self, root: str, step: int, extra: dict) -> str:
-        """Collective: actor (and critic) weights, optimizer and scheduler states, this rank's RNG
-        and the driver's `extra`, written atomically as `<root>/step_<step>`."""
+        """Collective: the hosted actor and critic's weights, optimizer and scheduler states, this
+        rank's RNG and the driver's `extra`, written atomically as `<root>/step_<step>`."""
         return str(save_checkpoint(root, step, self.groups, **self._trained_states(), extra=extra))
 
     def load_checkpoint(self, path: str) -> dict:
         """Collective: restore a checkpoint written by `save_checkpoint` in place; its `extra`."""
         return load_checkpoint(path, self.groups, **self._trained_states())
 
+    def _trained(self) -> dict[str, MegatronActor | MegatronCritic]:
+        return {role: model for role, model in (("actor", self.actor), ("critic", self.critic)) if model}
+
     def _trained_states(self) -> dict[str, dict]:
-        engines = {"actor": self.actor.engine} | ({"critic": self.critic.engine} if self.critic else {})
+        engines = {role: model.engine for role, model in self._trained().items()}
         return dict(
             models={role: [e.model] for role, e in engines.items()},
             optimizers={role: e.optimizer for role, e in engines.items()},

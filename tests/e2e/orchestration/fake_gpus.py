@@ -11,7 +11,7 @@ from ray._private.parameter import RayParams
 from megarl.orchestration.cluster import LOCAL_HOST, init_ray, shutdown_ray
 from megarl.orchestration.placement import BundleSpec, create_placement_group
 from megarl.orchestration.worker_group import WorkerGroup
-from megarl.trainer.roles import role_bundle
+from megarl.trainer.roles import process_share
 from ray.util.placement_group import remove_placement_group
 
 GPUS_PER_NODE = 4
@@ -54,7 +54,7 @@ def place(name: str, policy_ranks: int, rollout_ranks: int, colocated: bool) -> 
     bundles = policy_ranks if colocated else policy_ranks + rollout_ranks
     bundle = BundleSpec(cpus=2.0 if colocated else 1.0, gpus=1.0)  # as roles.device_bundles on CUDA
     pg = create_placement_group(name, bundles, bundle, timeout_s=30)
-    role = role_bundle(bundle, colocated)
+    role = process_share(bundle, 2 if colocated else 1)
     groups = []
     try:
         groups.append(WorkerGroup(f"{name}-policy", PROBE, policy_ranks, pg, role, env=ENV))

@@ -88,9 +88,10 @@ def test_resume_after_killed_driver_matches_uninterrupted_run(grpo_run, assets, 
 
 def test_ppo_trains_the_critic_with_split_placement_and_a_reward_model(assets, tmp_path):
     # Split placement: 3 device slots, the actor/critic (TP 2) on two, the rollout engine on its own.
+    # The critic shares the actor's layout, so it runs in the actor's processes.
     reward_model = make_tiny_reward_model(tmp_path / "rm", initializer_range=0.2)
     args = overrides(assets, tmp_path, **{
-        "reward.reward_model": reward_model,
+        "reward.reward_model": reward_model, "critic.parallel.tensor_model_parallel_size": 2,
         "trainer.total_steps": 3, "algorithm.adv_estimator": "gae", "critic.enable": "true",
         "critic.ppo_mini_batch_size": 16, "critic.micro_batch_size_per_gpu": 32, "checkpoint.save_freq": 3,
         "algorithm.lam": 0.95, "placement.mode": "split", "placement.gpus_per_node": 3, "placement.rollout_gpus": 1,
@@ -99,7 +100,7 @@ def test_ppo_trains_the_critic_with_split_placement_and_a_reward_model(assets, t
     })
     trainer = Trainer.from_config(QUICKSTART, args)
     trainer.fit()
-    assert trainer.roles.sync_transport == "collective"
+    assert trainer.roles.sync_transport == "collective" and not trainer.roles.own_groups
     metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from megarl.trainer.checkpoint_manager import CheckpointManager
+from megarl.trainer.checkpoint_manager import CheckpointManager, part_dir
 from megarl.workers.checkpoint_files import (
     MANIFEST,
     CheckpointError,
@@ -104,6 +104,18 @@ def test_rotation_keeps_the_newest(tmp_path):
     assert deleted == [tmp_path / step_dir_name(1), tmp_path / step_dir_name(2)]
     assert sorted(p.name for p in tmp_path.iterdir()) == [step_dir_name(3), step_dir_name(4)]
     assert CheckpointManager(tmp_path).rotate() == []  # max_keep=None keeps all
+
+
+def test_rotation_removes_the_parts_of_removed_and_of_never_completed_checkpoints(tmp_path):
+    # A critic in a group of its own saves its part before the actor's group commits the step.
+    for step in (1, 2, 3):
+        _save(tmp_path / "critic", step)
+        _save(tmp_path, step)
+    _save(tmp_path / "critic", 4)  # the actor's step 4 never completed
+    CheckpointManager(tmp_path, max_keep=2, parts=("critic",)).rotate()
+    kept = CheckpointManager(tmp_path).complete()
+    assert [c.step for c in kept] == [2, 3]
+    assert [c.path for c in CheckpointManager(tmp_path / "critic").complete()] == [part_dir(c.path, "critic") for c in kept]
 
 
 def test_rotation_never_deletes_the_only_complete_checkpoint(tmp_path):

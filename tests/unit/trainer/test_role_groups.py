@@ -1,0 +1,96 @@
+"""Which Megatron roles get worker groups of their own, what each group hosts, and how calls are routed."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from megarl.config import format_plan, load_config, plan_batches
+from megarl.trainer.roles import MegatronGroup, Roles, device_bundles, worker_specs
+from megarl.workers.batch import PolicyBatch
+
+QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
+# The quickstart's actor: TP 2 × PP 1 on 2 device slots, colocated with the engines.
+KL = ("actor.use_kl_loss=true",)
+CRITIC = ("critic.enable=true", "algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=16")
+
+
+def plan_of(*overrides: str):
+    config = load_config(QUICKSTART, list(overrides))
+    return config, plan_batches(config)
+
+
+@pytest.mark.parametrize(("overrides", "own"), [
+    (KL + CRITIC + ("ref.parallel.tensor_model_parallel_size=2", "critic.parallel.tensor_model_parallel_size=2"), []),
+    (KL + ("ref.parallel.tensor_model_parallel_size=1",), ["ref"]),
+    (KL + ("ref.parallel.tensor_model_parallel_size=2", "ref.colocate_with_actor=false"), ["ref"]),
+    (CRITIC + ("critic.parallel.tensor_model_parallel_size=1", "critic.parallel.pipeline_model_parallel_size=2"),
+     ["critic"]),
+    (KL + CRITIC + ("ref.parallel.tensor_model_parallel_size=1",), ["critic", "ref"]),
+])
+def test_a_role_gets_its_own_group_when_its_layout_differs_or_ref_is_not_colocated(overrides, own):
+    config, plan = plan_of(*overrides)
+    assert [role.role for role in plan.own_groups] == own
+    specs = worker_specs(config, plan, total_steps=10)
+    assert list(specs) == ["policy", *own]
+    policy = specs["policy"]
+    assert (policy.tp, policy.pp) == (2, 1) and policy.actor is not None
+    assert policy.use_reference == (plan.ref is not None and "ref" not in own)
+    assert (policy.critic is not None) == (plan.critic is not None and "critic" not in own)
+    for name in own:
+        spec, role = specs[name], getattr(plan, name)
+        assert spec.actor is None and spec.reward_model_path is None
+        assert (spec.tp, spec.pp) == (role.tensor_parallel, role.pipeline_parallel)
+        assert spec.use_reference == (name == "ref") and (spec.critic is not None) == (name == "critic")
+    # Every process on a device slot has a CPU there: the actor's, each own group's, the engine's.
+    assert device_bundles(plan) == (2, 2 + len(own))
+
+
+def test_split_placement_counts_only_the_megatron_processes_per_training_slot():
+    config, plan = plan_of(*KL, "ref.colocate_with_actor=false", "placement.mode=split", "placement.gpus_per_node=3",
+                           "placement.rollout_gpus=1")
+    assert device_bundles(plan) == (3, 2) and plan.processes_per_train_gpu == 2
+
+
+def test_the_printed_plan_states_the_processes_of_each_role():
+    _, plan = plan_of(*KL, *CRITIC, "ref.parallel.tensor_model_parallel_size=1",
+                      "critic.parallel.tensor_model_parallel_size=2")
+    lines = format_plan(plan).splitlines()
+    assert "processes: actor, critic in the actor's group (2 processes, one per training GPU)" in lines
+    assert ("           ref in a group of its own (2 processes on the same GPUs, TP 1 × PP 1 × DP 2: "
+            "its layout differs from the actor's)") in lines
+    assert "           3 processes per training GPU: 2 Megatron, 1 rollout engine" in lines
+
+
+class FakeWorkers:
+    """A WorkerGroup stand-in: each rank answers with the first response token of every row it got."""
+
+    def __init__(self, world_size: int):
+        self.calls: list[tuple[str, list[tuple]]] = []
+        self.world_size = world_size
+
+    def call_each(self, method: str, per_rank_args: list[tuple]) -> list:
+        assert len(per_rank_args) == self.world_size
+        self.calls.append((method, per_rank_args))
+        return [args[0].responses[:, 0] for args in per_rank_args]
+
+
+def grids(tp: int, dp: int) -> list[dict[str, int]]:
+    return [dict(rank=r, tp_rank=r % tp, pp_rank=0, dp_rank=r // tp, dp_size=dp) for r in range(tp * dp)]
+
+
+def test_calls_go_to_their_roles_group_and_are_scattered_by_its_dp_size():
+    actor = MegatronGroup(FakeWorkers(2), grids(tp=2, dp=1))
+    ref = MegatronGroup(FakeWorkers(2), grids(tp=1, dp=2))
+    roles = Roles({"actor": actor, "ref": ref}, rollout=None, placement=None, sync_transport="collective", per_rank=False)
+    rows = torch.arange(8)
+    batch = PolicyBatch(prompts=torch.zeros(8, 1, dtype=torch.long), prompt_mask=torch.ones(8, 1, dtype=torch.bool),
+                        responses=rows[:, None], response_mask=torch.ones(8, 1, dtype=torch.bool))
+    assert torch.equal(roles.gather("compute_ref_log_prob", batch), rows)
+    assert torch.equal(roles.gather("compute_log_prob", batch), rows)
+    [(method, per_rank)] = ref.workers.calls
+    assert method == "compute_ref_log_prob" and [args[0].responses[:, 0].tolist() for args in per_rank] == [[0, 1, 2, 3],
+                                                                                                          [4, 5, 6, 7]]
+    [(method, per_rank)] = actor.workers.calls
+    assert method == "compute_log_prob" and all(len(args[0]) == 8 for args in per_rank)
+    assert roles.own_groups == {"ref": ref}
