@@ -18,6 +18,7 @@ from transformers import AutoTokenizer
 from megarl.algorithms.advantages import compute_advantages
 from megarl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
 from megarl.config import Config, ConfigError, load_config, plan_batches, validate
+from megarl.config.hub import resolve_hub_ids
 from megarl.data import iter_batches, load_prompts, train_loader
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.rewards.scorer import RewardScorer
@@ -49,7 +50,7 @@ class Trainer:
     """GRPO / PPO / DAPO on megatron-core + vLLM + Ray, driven from one process."""
 
     def __init__(self, config: Config):
-        self.config = config
+        self.config = config = resolve_hub_ids(config)  # workers and tokenizer get directories, never hub ids
         self.plan = plan_batches(config)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path or config.model.path)
         self.loader, self.load_report = train_loader(config.data, self.tokenizer)
