@@ -65,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
         for problem in placement_problems(config, device):
             print(f"warning: on a {device.upper()} cluster `megarl train` stops with: {problem}")
     if not check_files:
-        print("skipped (--no-file-checks): existence of data files, model/tokenizer/reward-model directories and the "
-              "resume checkpoint; writability of checkpoint.dir and trainer.output_dir")
+        print("skipped (--no-file-checks): existence of data files, model/tokenizer/reward-model directories (or "
+              "their hub ids in the local HF cache) and the resume checkpoint; writability of checkpoint.dir and trainer.output_dir")
     print(f"\n{args.config}: OK")
     return 0
 

@@ -1,18 +1,16 @@
 """The few facts about the model that validation needs (heads, KV groups, layers), read from config.json.
 
 `model.path` may be a local HF checkpoint directory or a hub id `org/name`. For a hub id the facts come
-from the local HF cache if the checkpoint was downloaded, else from `KNOWN_MODELS` (published values of
-common checkpoints), so recipes for real models validate on a machine that has never downloaded them.
-Nothing is downloaded and no weights are read.
+from the local HF cache if the checkpoint was downloaded (megarl.config.hub), else from `KNOWN_MODELS`
+(published values of common checkpoints), so recipes for real models validate with `--no-file-checks`
+on a machine that has never downloaded them. Nothing is downloaded and no weights are read.
 """
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from megarl.config.hub import cached_snapshot, download_command, is_hub_id
 from megarl.models.hf_config import read_model_dims
-
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 @dataclass(frozen=True)
@@ -76,9 +74,9 @@ def load_model_facts(path: str) -> ModelFacts:
                                   "point model.path at the directory that holds config.json and the safetensors")
         return read_config_json(config_json)
     if is_hub_id(path):
-        cached = _hf_cache_config_json(path)
-        if cached is not None:
-            return read_config_json(cached)
+        snapshot = cached_snapshot(path)
+        if snapshot is not None:
+            return read_config_json(snapshot / "config.json")
         if path in KNOWN_MODELS:
             return KNOWN_MODELS[path]
         raise ModelFactsError(
@@ -86,15 +84,10 @@ def load_model_facts(path: str) -> ModelFacts:
             "table of known models",
             "point model.path at an existing HF checkpoint directory (relative paths start at the working directory; "
             f"the quickstart makes one with `megarl init-tiny-model`), or download the model first "
-            f"(hf download {path} --local-dir DIR) and set model.path=DIR")
+            f"(`{download_command(path)}`)")
     raise ModelFactsError(f"directory {local} does not exist",
                           "set model.path to an existing HF checkpoint directory (or create it first, e.g. with "
                           "`megarl init-tiny-model` for the quickstart)")
-
-
-def is_hub_id(path: str) -> bool:
-    """`org/name` that is not an existing local path: a Hugging Face hub id."""
-    return bool(_HUB_ID.fullmatch(path)) and not path.startswith(".") and not Path(path).expanduser().exists()
 
 
 def read_config_json(config_json: Path) -> ModelFacts:
@@ -108,13 +101,3 @@ def read_config_json(config_json: Path) -> ModelFacts:
     return ModelFacts(dims.model_type, dims.num_attention_heads, dims.num_kv_heads, dims.num_layers, dims.hidden_size,
                       dims.vocab_size, dims.max_position_embeddings, str(config_json))
 
-
-def _hf_cache_config_json(repo_id: str) -> Path | None:
-    """config.json of `repo_id` in the local HF cache, looked up without network access."""
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        found = try_to_load_from_cache(repo_id, "config.json")
-    except ValueError:  # not a valid hub id after all (HFValidationError)
-        return None
-    return Path(found) if isinstance(found, str) else None

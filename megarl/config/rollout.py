@@ -75,7 +75,11 @@ class RolloutConfig:
     stop: tuple[str | int, ...] = ()
     """Extra stop strings or token ids (the tokenizer's EOS always stops)."""
     seed: int = 0
-    """Sampling seed of the engines (engine i uses seed + i)."""
+    """Base sampling seed of the run. No two training samples share a seed: rollout round r of step s
+    samples from the block starting at seed + (s × R + r) × samples per step (R =
+    algorithm.dynamic_sampling.max_rounds when dynamic sampling is on, else 1; megarl/trainer/settings.py
+    `step_seed`), sample j of prompt i of the round at + i × n + j, whatever the number of engines.
+    Validation samples from `seed`."""
     kv_cache_gib: float = 4.0
     """CPU only: KV-cache size per engine in GiB (VLLM_CPU_KVCACHE_SPACE). > 0."""
     gpu_memory_utilization: float = 0.5

@@ -12,15 +12,18 @@ class ModelConfig:
     """The policy model: an HF checkpoint, the dtype it trains in, and the layer implementation."""
 
     path: str = ""
-    """Required. A local HF checkpoint directory (with config.json), or a hub id `org/name` found in the
-    local HF cache or in megarl's table of known models (megarl/config/known_models.py)."""
+    """Required. A local HF checkpoint directory (with config.json), or a hub id `org/name` that is in the
+    local HF cache (`hf download org/name`; megarl never downloads). The driver resolves a hub id once to
+    its snapshot directory and hands the workers that. `megarl validate --no-file-checks` (a recipe for
+    another machine) takes a hub id's shape from megarl's table of known models
+    (megarl/config/model_facts.py) when it is not cached here."""
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
     """Parameter and compute dtype of actor, critic, reference, reward model and rollout. The trained
     roles keep fp32 main parameters, gradients and Adam states in bfloat16 (megatron's mixed
     precision). float16 is not offered: megatron trains it only with a dynamic loss scale, which megarl's
     trainer does not run."""
     tokenizer_path: str | None = None
-    """Tokenizer directory or hub id; None uses `path`."""
+    """Tokenizer directory or hub id (in the local HF cache, like `path`); None uses `path`."""
     transformer_impl: Literal["auto", "local", "transformer_engine"] = "auto"
     """Megatron layer spec. auto: Transformer Engine where the worker runs on CUDA and TE is installed,
     else local (TE is CUDA-only). With TE, attention takes megarl's padding mask as given (`arbitrary`:
@@ -71,7 +74,8 @@ class AlgorithmConfig:
 
     adv_estimator: str = "grpo"
     """Advantage estimator by its registry name: gae (needs a critic), grpo, rloo, reinforce_plus_plus,
-    reinforce_plus_plus_baseline, remax, opo."""
+    reinforce_plus_plus_baseline, remax, opo. remax generates one extra greedy response per prompt each
+    step (same engines, scored by reward.function); its reward is the baseline of the prompt's samples."""
     gamma: float = 1.0
     """Discount factor (GAE, REINFORCE++), in [0, 1]."""
     lam: float = 1.0
@@ -130,7 +134,9 @@ class RewardConfig:
     reward_model: str | None = None
     """Optional HF `*ForSequenceClassification` checkpoint (num_labels 1) of a reward model; its score at
     each sample's last token is added to `function`'s (after DAPO's dynamic-sampling filter, which
-    sees the function's scores). It runs in the trainer's processes with the actor's layout."""
+    sees the function's scores). It runs in the trainer's processes with the actor's layout. A directory
+    or a hub id in the local HF cache (like model.path). Not with adv_estimator remax (its greedy
+    baseline is scored by `function` only)."""
 
 
 @dataclass(frozen=True)

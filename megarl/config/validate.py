@@ -3,8 +3,9 @@
 Runs before anything starts: no Ray, no processes, no model load (only the model's config.json is
 read). With `check_files=False` (`megarl validate --no-file-checks`) the local filesystem is not
 consulted (data files, model/tokenizer/reward-model directories, checkpoint and output directories,
-resume path): for recipes meant for another machine. Model-shape checks then use a hub id's known
-facts when there are some and are otherwise skipped.
+resume path, the local HF cache): for recipes meant for another machine. Model-shape checks then use a
+hub id's known facts when there are some and are otherwise skipped. With file checks on, a hub id
+must be in the local HF cache (megarl.config.hub): nothing is downloaded at run time.
 """
 
 from pathlib import Path
@@ -12,7 +13,8 @@ from pathlib import Path
 from megarl.config import names
 from megarl.config.batch_plan import batch_problems, uses_reference
 from megarl.config.config import Config
-from megarl.config.model_facts import ModelFacts, ModelFactsError, is_hub_id, load_model_facts
+from megarl.config.hub import cached_snapshot, hub_values, is_hub_id, missing_from_cache
+from megarl.config.model_facts import ModelFacts, ModelFactsError, load_model_facts
 from megarl.config.placement import placement_problems
 from megarl.config.problems import Problem
 from megarl.config.resources import data_file_problems, reward_function_problem, writable_dir_problem
@@ -22,7 +24,9 @@ from megarl.config.roles import OptimizerConfig, ParallelConfig, RecomputeConfig
 def validate(config: Config, check_files: bool = True) -> list[Problem]:
     """Every problem of `config`; an empty list means it can run. `config` is not modified."""
     problems: list[Problem] = []
-    facts = _model_facts(config, check_files, problems)
+    uncached = _uncached_hub_ids(config) if check_files else {}
+    problems += [missing_from_cache(key, repo_id) for key, repo_id in uncached.items()]
+    facts = _model_facts(config, check_files and "model.path" not in uncached, problems)
     _check_model(config, check_files, problems)
     _check_actor(config, problems)
     _check_critic(config, problems)
@@ -36,6 +40,11 @@ def validate(config: Config, check_files: bool = True) -> list[Problem]:
     if facts is not None:
         _check_layout_against_model(config, facts, problems)
     return problems
+
+
+def _uncached_hub_ids(config: Config) -> dict[str, str]:
+    """The hub ids of `config` (by key) that are not in the local HF cache."""
+    return {key: repo_id for key, repo_id in hub_values(config).items() if cached_snapshot(repo_id) is None}
 
 
 def _model_facts(config: Config, check_files: bool, problems: list[Problem]) -> ModelFacts | None:
@@ -198,6 +207,10 @@ def _check_algorithm(config: Config, problems: list[Problem]) -> None:
         _need(problems, n >= 2, "rollout.n", n,
               f"{algorithm.adv_estimator} compares the samples of a prompt with each other, so it needs at least 2",
               "set rollout.n to 2 or more (e.g. 8)")
+    _need(problems, not (algorithm.adv_estimator == "remax" and config.reward.reward_model), "reward.reward_model",
+          config.reward.reward_model, "remax's greedy baseline is scored by reward.function only, so a reward model's "
+          "score would be in the samples' rewards but not in the baseline", "remove reward.reward_model, or use "
+          "another estimator (e.g. grpo)")
     kl_ctrl = algorithm.kl_ctrl
     _need(problems, kl_ctrl.kl_coef >= 0, "algorithm.kl_ctrl.kl_coef", kl_ctrl.kl_coef, "must be >= 0", "e.g. 0.001")
     _need(problems, kl_ctrl.target_kl > 0, "algorithm.kl_ctrl.target_kl", kl_ctrl.target_kl, "must be > 0", "e.g. 0.1")
@@ -252,7 +265,7 @@ def _check_reward(config: Config, check_files: bool, problems: list[Problem]) ->
               "neither a built-in reward nor `pkg.module:function`",
               f"use one of {', '.join(names.BUILTIN_REWARDS)} or a function path like my_pkg.rewards:score")
     _need(problems, reward.timeout_s > 0, "reward.timeout_s", reward.timeout_s, "must be > 0 seconds", "e.g. 10")
-    if check_files and reward.reward_model is not None:
+    if check_files and reward.reward_model is not None and not is_hub_id(reward.reward_model):  # hub ids: above
         _need(problems, (Path(reward.reward_model).expanduser() / "config.json").is_file(), "reward.reward_model",
               reward.reward_model, "not an HF checkpoint directory (no config.json)", "point it at a reward model directory")
 

@@ -75,15 +75,33 @@ class RolloutPhase:
         }
         return Samples.concat(kept), torch.cat(kept_scores), metrics
 
+    def greedy_baseline(self, samples: Samples, sampling: SamplingConfig) -> torch.Tensor:
+        """ReMax's baseline, `[N]`: the reward of the greedy response to each sample's prompt (one
+        greedy sample per prompt from the same engines, scored like the samples)."""
+        first_row: dict[str, int] = {}
+        for row, group in enumerate(samples.index):
+            first_row.setdefault(group, row)
+        prompts = [samples.prompts[row] for row in first_row.values()]
+        with self.timer("rollout"):
+            greedy = generate(self.engines, prompts, replace(sampling, n=1, greedy=True, seed=None), "baseline")
+        with self.timer("reward"):
+            scores, _ = self._score(greedy)
+        by_group = dict(zip(first_row, scores.tolist()))
+        return torch.tensor([by_group[group] for group in samples.index])
+
     def _round(self, sampling: SamplingConfig, group_prefix: str) -> tuple[Samples, torch.Tensor, dict]:
         with self.timer("rollout"):
             samples = generate(self.engines, self.next_prompts(), sampling, group_prefix)
         with self.timer("reward"):
-            scores, metrics = score(samples, self.scorer, self.decode)
+            scores, metrics = self._score(samples)
+        return samples, scores, metrics
+
+    def _score(self, samples: Samples) -> tuple[torch.Tensor, dict]:
+        scores, metrics = score(samples, self.scorer, self.decode)
         overlong = self.config.algorithm.overlong
         if overlong.enable:
             lengths = torch.tensor([len(r) for r in samples.response_ids])
             scores = scores + overlong_penalty(
                 lengths, self.config.rollout.max_new_tokens, overlong.buffer_length, overlong.penalty_factor
             )
-        return samples, scores, metrics
+        return scores, metrics

@@ -18,6 +18,7 @@ from transformers import AutoTokenizer
 from megarl.algorithms.advantages import compute_advantages
 from megarl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
 from megarl.config import Config, ConfigError, load_config, plan_batches, validate
+from megarl.config.hub import resolve_hub_ids
 from megarl.data import iter_batches, load_prompts, train_loader
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.rewards.scorer import RewardScorer
@@ -49,7 +50,7 @@ class Trainer:
     """GRPO / PPO / DAPO on megatron-core + vLLM + Ray, driven from one process."""
 
     def __init__(self, config: Config):
-        self.config = config
+        self.config = config = resolve_hub_ids(config)  # workers and tokenizer get directories, never hub ids
         self.plan = plan_batches(config)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path or config.model.path)
         self.loader, self.load_report = train_loader(config.data, self.tokenizer)
@@ -121,7 +122,9 @@ class Trainer:
 
     def _train_step(self, step: int, phase: RolloutPhase) -> dict[str, float]:
         config, timer = self.config, self.timer
-        samples, scores, metrics = phase(sampling_config(config, self.stop_ids, seed=step_seed(config, self.plan, step)), step)
+        sampling = sampling_config(config, self.stop_ids, seed=step_seed(config, self.plan, step))
+        samples, scores, metrics = phase(sampling, step)
+        baselines = phase.greedy_baseline(samples, sampling) if config.algorithm.adv_estimator == "remax" else None
         if self.engines_sleep:  # free the engines' KV cache and weights for training on the same devices
             self.roles.rollout.call_all("sleep")
         batch = rb.policy_batch(samples, config.rollout.max_new_tokens)
@@ -148,7 +151,7 @@ class Trainer:
         with timer("adv"):
             batch.advantages, batch.returns = compute_advantages(
                 config.algorithm.adv_estimator, rewards, batch.response_mask, index=samples.index, values=batch.values,
-                gamma=config.algorithm.gamma, lam=config.algorithm.lam,
+                reward_baselines=baselines, gamma=config.algorithm.gamma, lam=config.algorithm.lam,
                 norm_adv_by_std_in_grpo=config.algorithm.norm_adv_by_std_in_grpo,
             )
         if config.critic.enable:
@@ -179,8 +182,8 @@ class Trainer:
         metrics["val/response_length/mean"] = sum(map(len, samples.response_ids)) / len(samples)
 
     def _maybe_save(self, step: int) -> None:
-        freq = self.config.checkpoint.save_freq
-        if not freq or (step % freq and step != self.total_steps):
+        freq = self.config.checkpoint.save_freq  # 0: at the end only
+        if step != self.total_steps and (not freq or step % freq):
             return
         with self.timer("checkpoint"):
             extra = {"step": step, "data": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value}

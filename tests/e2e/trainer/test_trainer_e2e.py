@@ -9,7 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import megarl.trainer.trainer as trainer_module
+from hf_cache_testing import put_in_cache, use_cache
 from megarl import Trainer
+from megarl.algorithms.advantages import compute_advantages
 from megarl.models.tiny import make_tiny_reward_model
 from megarl.rewards.functions import RewardFunctionError
 from megarl.trainer.checkpoint_manager import CheckpointManager
@@ -18,6 +21,8 @@ from megarl.trainer.metrics import DOCUMENTED_METRICS
 from .conftest import QUICKSTART, REPO, overrides, read_metrics
 
 STEPS = 6
+TEST_FREQ = 4  # validation after steps 4 and 6 (the end)
+GRPO_ARGS = {"trainer.total_steps": STEPS, "checkpoint.save_freq": 2, "trainer.test_freq": TEST_FREQ}
 # Metrics every GRPO step logs (critic/, val/, dapo/ and KL-in-reward ones only when configured).
 GRPO_METRICS = {
     name for name in DOCUMENTED_METRICS
@@ -28,7 +33,7 @@ GRPO_METRICS = {
 @pytest.fixture(scope="module")
 def grpo_run(assets, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("grpo")
-    args = overrides(assets, run_dir, **{"trainer.total_steps": STEPS, "checkpoint.save_freq": 2})
+    args = overrides(assets, run_dir, **GRPO_ARGS)
     trainer = Trainer.from_config(QUICKSTART, args)
     trainer.fit()
     return run_dir, args, read_metrics(trainer.run_dir / "metrics.jsonl"), trainer
@@ -56,9 +61,24 @@ def test_grpo_trains_syncs_and_checkpoints(grpo_run, assets):
     assert [c.step for c in CheckpointManager(run_dir / "checkpoints").complete()] == [4, 6]
 
 
+def test_validation_runs_every_test_freq_steps_and_at_the_end(grpo_run):
+    _, _, metrics, trainer = grpo_run
+    validated = [m["step"] for m in metrics if "val/reward/mean" in m]
+    assert validated == [4, 6]
+    for m in metrics:
+        names = {"val/reward/mean", "val/response_length/mean", "timing/validation"}
+        assert names <= set(m) if m["step"] in validated else not names & set(m)
+    for m in metrics:
+        if m["step"] in validated:
+            # repeat_first_char scores 0 or 1; greedy responses are 1 .. max_new_tokens long.
+            assert 0 <= m["val/reward/mean"] <= 1
+            assert 1 <= m["val/response_length/mean"] <= trainer.config.rollout.max_new_tokens
+            assert 0 < m["timing/validation"] < m["timing/step"]
+
+
 def test_resume_after_killed_driver_matches_uninterrupted_run(grpo_run, assets, tmp_path):
     _, _, reference, _ = grpo_run
-    args = overrides(assets, tmp_path, **{"trainer.total_steps": STEPS, "checkpoint.save_freq": 2})
+    args = overrides(assets, tmp_path, **GRPO_ARGS)
     command = [sys.executable, "-m", "megarl.cli.main", "train", str(QUICKSTART), *args]
     metrics_file = tmp_path / "quickstart" / "metrics.jsonl"
     driver = subprocess.Popen(command)
@@ -129,6 +149,37 @@ def test_equal_tp_sizes_sync_per_rank(assets, tmp_path):
     assert all(m["sync/logprob_max_abs_diff"] <= threshold for m in metrics)
     assert all(m["sync/checksum_tensors"] > 0 for m in metrics)  # and every tensor was loaded bit for bit
     assert all(m["sync/buckets"] >= 2 for m in metrics)  # one ring per TP rank, each with its buckets
+    # checkpoint.save_freq=0 saves once, at the end.
+    assert [c.step for c in CheckpointManager(tmp_path / "checkpoints").complete()] == [2]
+
+
+def test_remax_with_the_model_given_as_a_hub_id(assets, tmp_path, monkeypatch):
+    # The model is a hub id in a local HF cache: the driver resolves it once; the workers (actor,
+    # vLLM engines) and the tokenizer are handed the snapshot directory.
+    cache = tmp_path / "hf-cache"
+    use_cache(monkeypatch, cache)
+    snapshot = put_in_cache(assets / "model", "megarl-test/quickstart-tiny", cache)
+    seen = []
+
+    def recording_advantages(estimator, rewards, mask, **inputs):
+        result = compute_advantages(estimator, rewards, mask, **inputs)
+        seen.append((rewards, mask, inputs["reward_baselines"], result[0]))
+        return result
+
+    monkeypatch.setattr(trainer_module, "compute_advantages", recording_advantages)
+    args = overrides(assets, tmp_path, **{
+        "model.path": "megarl-test/quickstart-tiny", "algorithm.adv_estimator": "remax", "trainer.total_steps": 1,
+    })
+    trainer = Trainer.from_config(QUICKSTART, args)
+    assert trainer.config.model.path == str(snapshot)
+    trainer.fit()
+    ((rewards, mask, baselines, advantages),) = seen
+    scores = rewards.sum(dim=-1)  # no KL in the quickstart's reward: the score sits on the last token
+    n = trainer.config.rollout.n
+    # One greedy baseline per prompt, shared by its n samples, scored 0 or 1 like the samples.
+    assert torch.equal(baselines, baselines[::n].repeat_interleave(n))
+    assert set(baselines.tolist()) <= {0.0, 1.0}
+    assert torch.equal(advantages, (scores - baselines).unsqueeze(-1) * mask)
 
 
 def test_dapo_dynamic_sampling_fills_the_batch(assets, tmp_path):
