@@ -2,15 +2,16 @@
 by the code that runs a job, i.e. megarl outside the modules that only load, validate or describe a
 config (`NOT_RUNTIME`). A key a user can set that silently does nothing fails here.
 
-How "read" is decided, statically (AST). Every attribute chain in the runtime code (`config.actor.
-offload.params`, `offload.params`, `sync.bucket_mb`, ...) is a sequence of names; inside a function,
-a chain that starts at a parameter is also read as the chains its callers pass for that parameter. A leaf path is read
-when some chain ends with one of its tails of two or more names and the section that tail starts from
-is read too (recursively; a top-level section counts as read: the trainer holds the config). Inside a
-function, a chain that starts at a local `name = a.b.c` is also read as starting at `a.b.c`; in a
-module, one that starts at `self.x = a.b.c` as starting there. So `critic.offload.params` needs a chain
-`... offload.params` and a chain `... critic.offload`: code that reads `offload.params` from the
-actor's section alone does not make the critic's key read."""
+How "read" is decided, statically (AST). A leaf is read when some attribute chain of the runtime code
+spells it out from the config object: `config.actor.offload.params`, or the same reached through
+names that stand for a part of it:
+- a local `critic = config.critic` (then `critic.offload.params`),
+- a member `self.settings = config.rollout.sync` (then `self.settings.verify_every`),
+- a parameter, for every chain its callers pass (`offload_settings(critic.offload)` makes `offload.params`
+  inside `offload_settings` read `config.critic.offload.params`).
+Chains that do not lead back to `config` (a worker's `spec.critic.offload`, a settings object of the
+same field names) do not count, so the scan is section-aware: reading the actor's `offload.params`
+does not make the critic's read."""
 
 from __future__ import annotations
 
@@ -26,9 +27,12 @@ NOT_RUNTIME = {
     "config/placement.py", "config/problems.py", "config/resources.py", "cli/validate.py",
 }
 """Modules that load, validate or estimate a config: their reads do not make a key do anything."""
+ROOTS = {("config",), ("self", "config")}
+"""How the runtime holds the config (`config: Config` arguments, `Trainer.config`)."""
+Chain = tuple[str, ...]
 
 
-def leaf_paths(cls=Config, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+def leaf_paths(cls=Config, prefix: Chain = ()) -> list[Chain]:
     paths = []
     for field in dataclasses.fields(cls):
         path = prefix + (field.name,)
@@ -37,117 +41,110 @@ def leaf_paths(cls=Config, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]
     return paths
 
 
-def _chain(node: ast.expr) -> tuple[str, ...] | None:
+def _chain(node: ast.AST) -> Chain | None:
     """`a.b.c` as ("a", "b", "c"); None for anything else."""
     names = []
     while isinstance(node, ast.Attribute):
         names.append(node.attr)
         node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    return (node.id, *reversed(names))
+    return (node.id, *reversed(names)) if isinstance(node, ast.Name) else None
 
 
-def _parameter_aliases(trees: list[ast.Module]) -> dict[tuple[int, str], set[tuple[str, ...]]]:
-    """(function node id, parameter) -> the chains passed for it at any call of a function of that
-    name (`_role_plan("critic", config.critic, ...)` makes `role` inside `_role_plan` stand for
-    `config.critic`), so reads through a parameter count for the section passed in."""
-    functions: dict[str, list[ast.FunctionDef]] = {}
+class Scope:
+    """The names that stand for chains in one function (or module body): locals, parameters, members."""
+
+    def __init__(self, node: ast.AST, members: dict[Chain, set[Chain]]):
+        self.node = node
+        self.members = members
+        self.aliases: dict[Chain, set[Chain]] = {}
+        for assign in (n for n in ast.walk(node) if _is_single_assignment(n)):
+            target, value = (assign.targets[0] if isinstance(assign, ast.Assign) else assign.target), assign.value
+            pairs = (zip(target.elts, value.elts) if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
+                     and len(target.elts) == len(value.elts) else [(target, value)])
+            for name, expression in pairs:
+                chain = _chain(expression)
+                if isinstance(name, ast.Name) and chain is not None and len(chain) > 1:
+                    self.aliases.setdefault((name.id,), set()).add(chain)
+
+    def expand(self, chain: Chain) -> set[Chain]:
+        """`chain` and what it stands for: its head replaced by the chains that name stands for, again
+        for what those start with (a bounded number of times: `x = x.next` must not loop)."""
+        found, frontier = {chain}, [chain]
+        for _ in range(4):
+            frontier = [alias + current[size:] for current in frontier for size in (1, 2)
+                        for alias in self.aliases.get(current[:size], set()) | self.members.get(current[:size], set())
+                        if alias + current[size:] not in found]
+            found.update(frontier)
+        return found
+
+
+def _is_single_assignment(node: ast.AST) -> bool:
+    """`x = ...` or `x: T = ...`."""
+    return ((isinstance(node, ast.Assign) and len(node.targets) == 1)
+            or (isinstance(node, ast.AnnAssign) and node.value is not None))
+
+
+def _scopes(trees: list[ast.Module]) -> list[Scope]:
+    scopes = []
     for tree in trees:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef):
-                functions.setdefault(node.name, []).append(node)
-    calls = [(caller, call) for tree in trees for caller in ast.walk(tree)
-             if isinstance(caller, (ast.FunctionDef, ast.Module))
-             for call in ast.walk(caller) if isinstance(call, ast.Call)]
-    aliases: dict[tuple[int, str], set[tuple[str, ...]]] = {}
+        members: dict[Chain, set[Chain]] = {}
+        for assign in (n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1):
+            target, value = _chain(assign.targets[0]), _chain(assign.value)
+            if target is not None and len(target) == 2 and value is not None and len(value) > 1:
+                members.setdefault(target, set()).add(value)
+        scopes += [Scope(node, members) for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.Module))]
+    return scopes
+
+
+def _bind_parameters(scopes: list[Scope]) -> None:
+    """Each function parameter stands for every chain its callers pass (by position or keyword)."""
+    by_name: dict[str, list[Scope]] = {}
+    for scope in scopes:
+        if isinstance(scope.node, ast.FunctionDef):
+            by_name.setdefault(scope.node.name, []).append(scope)
+    calls = [(scope, call) for scope in scopes for call in ast.walk(scope.node) if isinstance(call, ast.Call)]
     for _ in range(4):  # a parameter handed on to another function (`_role_plan` → `_update_plan`)
         for caller, call in calls:
             name = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", None)
-            for function in functions.get(name, []):
-                params = [arg.arg for arg in function.args.args]
-                if params[:1] in (["self"], ["cls"]):
-                    params = params[1:]
+            for callee in by_name.get(name, []):
+                params = [arg.arg for arg in callee.node.args.args]
+                params = params[1:] if params[:1] in (["self"], ["cls"]) else params
                 bound = list(zip(params, call.args)) + [(k.arg, k.value) for k in call.keywords if k.arg]
                 for param, value in bound:
                     chain = _chain(value)
-                    if chain is None:
-                        continue
-                    passed = {chain} | {outer + chain[1:] for outer in aliases.get((id(caller), chain[0]), ())}
-                    aliases.setdefault((id(function), param), set()).update(passed)
-    return aliases
+                    if chain is not None:  # only what leads back to the config matters here
+                        rooted = {c for c in caller.expand(chain) if any(c[:len(r)] == r for r in ROOTS)}
+                        callee.aliases.setdefault((param,), set()).update(rooted)
 
 
-def attribute_chains() -> set[tuple[str, ...]]:
-    """Every tail of every `a.b.c...` chain in the runtime modules (base name included), with a
-    function parameter's chains also read as the chains passed for it."""
+def config_reads() -> set[Chain]:
+    """Every config path (without its root) that a runtime attribute chain spells out from the config."""
     trees = [ast.parse(path.read_text()) for path in sorted(MEGARL.rglob("*.py"))
              if str(path.relative_to(MEGARL)) not in NOT_RUNTIME]
-    aliases = _parameter_aliases(trees)
-    chains = set()
-    for tree in trees:
-        members = _member_aliases(tree)
-        for function in (node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.Module))):
-            local = _local_aliases(function)
-            for node in ast.walk(function):
-                chain = _chain(node) if isinstance(node, ast.Attribute) else None
-                if chain is None:
-                    continue
-                chains.add(chain)
-                for alias in aliases.get((id(function), chain[0]), set()) | local.get(chain[0], set()):
-                    chains.add(alias + chain[1:])
-                for alias in members.get(chain[:2], ()):
-                    chains.add(alias + chain[2:])
-    return {chain[i:] for chain in chains for i in range(len(chain))}
+    scopes = _scopes(trees)
+    _bind_parameters(scopes)
+    reads = set()
+    for scope in scopes:
+        for node in ast.walk(scope.node):
+            chain = _chain(node) if isinstance(node, ast.Attribute) else None
+            for expanded in scope.expand(chain) if chain else ():
+                for root in ROOTS:
+                    if expanded[:len(root)] == root:
+                        reads.add(expanded[len(root):])
+    return reads
 
 
-def _member_aliases(tree: ast.Module) -> dict[tuple[str, ...], set[tuple[str, ...]]]:
-    """`self.settings = config.rollout.sync` anywhere in a module: `self.settings` stands for the chain."""
-    aliases: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute):
-            target, chain = _chain(node.targets[0]), _chain(node.value)
-            if target is not None and len(target) == 2 and chain is not None and len(chain) > 1:
-                aliases.setdefault(target, set()).add(chain)
-    return aliases
-
-
-def _local_aliases(function: ast.AST) -> dict[str, set[tuple[str, ...]]]:
-    """`name = a.b.c` (or `x, name = ..., a.b.c`) inside `function`: name stands for the chain."""
-    aliases: dict[str, set[tuple[str, ...]]] = {}
-    for node in ast.walk(function):
-        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
-            continue
-        target, value = node.targets[0], node.value
-        pairs = (zip(target.elts, value.elts) if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
-                 and len(target.elts) == len(value.elts) else [(target, value)])
-        for name, expression in pairs:
-            chain = _chain(expression)
-            if isinstance(name, ast.Name) and chain is not None and len(chain) > 1:
-                aliases.setdefault(name.id, set()).add(chain)
-    return aliases
-
-
-def is_read(path: tuple[str, ...], chains: set[tuple[str, ...]]) -> bool:
-    if len(path) == 1:
-        return True
-    return any(path[start:] in chains and is_read(path[:start + 1], chains) for start in range(len(path) - 1))
-
-
-def unread_leaves() -> list[str]:
-    chains = attribute_chains()
-    return [".".join(path) for path in leaf_paths() if not is_read(path, chains)]
+def unread_leaves(reads: set[Chain]) -> list[str]:
+    return [".".join(path) for path in leaf_paths() if path not in reads]
 
 
 def test_every_config_key_is_read_by_the_runtime():
-    assert unread_leaves() == []
+    assert unread_leaves(config_reads()) == []
 
 
-def test_the_scan_sees_a_missing_read():
-    """The check itself: a leaf whose only reads are removed is reported, per section."""
-    chains = attribute_chains()
-    assert is_read(("critic", "offload", "params"), chains)
-    without_critic_section = {chain for chain in chains
-                              if ("critic", "offload") not in zip(chain, chain[1:])}  # nothing reads critic.offload
-    assert not is_read(("critic", "offload", "params"), without_critic_section)
-    assert is_read(("actor", "offload", "params"), without_critic_section)
+def test_the_scan_is_section_aware():
+    """The check itself: the critic's offload keys are read only through the critic's section, and a
+    worker spec's field of the same name does not count."""
+    reads = config_reads()
+    assert ("critic", "offload", "params") in reads and ("actor", "offload", "params") in reads
+    assert ("spec", "critic", "offload") not in reads
