@@ -73,7 +73,9 @@ class RolloutConfig:
     max_new_tokens: int = 512
     """Maximum response length in tokens. >= 1."""
     stop: tuple[str | int, ...] = ()
-    """Extra stop strings or token ids (the tokenizer's EOS always stops)."""
+    """Extra tokens that end a response: token ids, or strings the tokenizer encodes as exactly one token
+    (e.g. a chat end-of-turn marker); the tokenizer's EOS always stops. A longer string is an error at
+    start-up naming its token count."""
     seed: int = 0
     """Base sampling seed of the run. No two training samples share a seed: rollout round r of step s
     samples from the block starting at seed + (s × R + r) × samples per step (R =

@@ -128,6 +128,20 @@ class Roles:
             group.workers.call_all("load_checkpoint", str(part_dir(Path(path), role)))
         return self.policy.call_all("load_checkpoint", path)[0]
 
+    def offload(self) -> None:
+        """Every Megatron group moves what `actor.offload` / `critic.offload` name to host memory, so a
+        colocated rollout has the devices (`PolicyWorker.offload`); `onload` before they run again."""
+        for group in self._distinct_groups():
+            group.workers.call_all("offload")
+
+    def onload(self) -> None:
+        """Undo `offload`."""
+        for group in self._distinct_groups():
+            group.workers.call_all("onload")
+
+    def _distinct_groups(self) -> list[MegatronGroup]:
+        return list({id(group): group for group in self.groups.values()}.values())
+
     def _own_trained(self) -> dict[str, MegatronGroup]:
         """Groups of their own whose role has state to checkpoint (the reference is the initial model)."""
         return {role: group for role, group in self.own_groups.items() if role != "ref"}
@@ -136,7 +150,7 @@ class Roles:
         from ray.util.placement_group import remove_placement_group
 
         self.rollout.kill()
-        for group in {id(g): g for g in self.groups.values()}.values():
+        for group in self._distinct_groups():
             group.workers.kill()
         remove_placement_group(self.placement)
 
@@ -161,7 +175,8 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
         model_path=config.model.path, model_settings=model, tp=plan.actor.tensor_parallel, pp=plan.actor.pipeline_parallel,
         seed=config.trainer.seed, actor=actor_spec(config, plan, total_steps),
         use_reference=plan.ref is not None and "ref" not in own, ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
-        critic=None if "critic" in own else critic, reward_model_path=config.reward.reward_model,
+        ref_offload=config.ref.offload_params, critic=None if "critic" in own else critic,
+        reward_model_path=config.reward.reward_model,
     )
     specs = {"policy": policy}
     for role in plan.own_groups:
@@ -169,7 +184,8 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
             model_path=config.model.path, model_settings=model, tp=role.tensor_parallel, pp=role.pipeline_parallel,
             seed=config.trainer.seed,
             actor=None, use_reference=role.role == "ref", ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
-            critic=critic if role.role == "critic" else None, reward_model_path=None,
+            ref_offload=config.ref.offload_params, critic=critic if role.role == "critic" else None,
+            reward_model_path=None,
         )
     return specs
 
@@ -180,6 +196,7 @@ def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
         optim=settings.optim_settings(actor.optim, settings.total_optimizer_steps(plan, "actor", total_steps)),
         recompute=settings.recompute_settings(actor.recompute),
         loss=settings.policy_loss_settings(config),
+        offload=settings.offload_settings(actor.offload),
         mini_batch_size=plan.actor.update.samples_per_rank,
         micro_batch_size=actor.micro_batch_size_per_gpu,
         ppo_epochs=actor.ppo_epochs,
@@ -192,7 +209,9 @@ def critic_spec(config: Config, plan: BatchPlan, total_steps: int) -> CriticSpec
     critic = config.critic
     return CriticSpec(
         optim=settings.optim_settings(critic.optim, settings.total_optimizer_steps(plan, "critic", total_steps)),
+        recompute=settings.recompute_settings(critic.recompute),
         loss=settings.value_loss_settings(config),
+        offload=settings.offload_settings(critic.offload),
         mini_batch_size=plan.critic.update.samples_per_rank,
         micro_batch_size=critic.micro_batch_size_per_gpu,
         ppo_epochs=critic.ppo_epochs,
@@ -235,7 +254,7 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
             "tensor_parallel_size": rollout.tensor_model_parallel_size, "dtype": config.model.dtype,
             "seed": rollout.seed, "max_model_len": config.data.max_prompt_length + rollout.max_new_tokens,
             "cpu_kv_cache_gib": max(1, math.ceil(rollout.kv_cache_gib)),
-            "gpu_memory_utilization": rollout.gpu_memory_utilization,
+            "gpu_memory_utilization": rollout.gpu_memory_utilization, "enforce_eager": rollout.enforce_eager,
         },
         env=env, first_bundle=0 if plan.colocated else plan.train_gpus,
     )

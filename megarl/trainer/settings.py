@@ -1,6 +1,6 @@
 """Config sections → the plain settings objects the workers take (workers never see the config)."""
 
-from megarl.config import BatchPlan, Config
+from megarl.config import BatchPlan, Config, ConfigError, Problem
 from megarl.config.roles import OptimizerConfig, RecomputeConfig
 from megarl.workers.actor import PolicyLossSettings
 from megarl.workers.critic import ValueLossSettings
@@ -55,6 +55,31 @@ def value_loss_settings(config: Config) -> ValueLossSettings:
 
 def offload_settings(offload) -> OffloadSettings:
     return OffloadSettings(params=offload.params, optimizer=offload.optimizer)
+
+
+def offloads(config: Config) -> bool:
+    """Whether the trainer moves Megatron state off the devices while the engines generate."""
+    return any(section.offload.params or section.offload.optimizer for section in (config.actor, config.critic))
+
+
+def stop_token_ids(tokenizer, stop: tuple[str | int, ...]) -> tuple[int, ...]:
+    """The token ids that end a response: the tokenizer's EOS and `rollout.stop` (ids as they are,
+    strings by their single token); `ConfigError` naming each string that is not one token and each id
+    outside the vocabulary."""
+    ids, problems = [tokenizer.eos_token_id], []
+    for entry in stop:
+        tokens = [entry] if isinstance(entry, int) else tokenizer.encode(entry, add_special_tokens=False)
+        if len(tokens) != 1:
+            problems.append(Problem("rollout.stop", entry, f"the tokenizer encodes it as {len(tokens)} tokens {tokens}; "
+                                    "generation stops on single tokens", "give one token (its id or its text)"))
+        elif not 0 <= tokens[0] < len(tokenizer):
+            problems.append(Problem("rollout.stop", entry, f"no such token: the vocabulary has {len(tokenizer)}",
+                                    f"use an id below {len(tokenizer)}"))
+        else:
+            ids.append(tokens[0])
+    if problems:
+        raise ConfigError(problems)
+    return tuple(dict.fromkeys(ids))
 
 
 def sampling_config(config: Config, stop_token_ids: tuple[int, ...], seed: int, validation: bool = False) -> SamplingConfig:

@@ -26,6 +26,8 @@ PHASES: dict[str, str] = {
     "update_actor": "actor optimizer steps",
     "sync": "weight sync actor -> rollout engines, including the log-prob check",
     "checkpoint": "saving a checkpoint",
+    "offload": "moving the actor/critic state named by actor/critic.offload to host memory (GPU only)",
+    "onload": "bringing the offloaded actor/critic state back to the devices (GPU only)",
     "validation": "generating and scoring the validation prompts",
     "step": "the whole step, the phases above included",
 }

@@ -27,7 +27,7 @@ from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.trainer.metrics import rollout_metrics, throughput_metrics, worker_metrics
 from megarl.trainer.rollout import RolloutPhase, generate, score
 from megarl.trainer.roles import cluster_device, device_bundles, start_roles
-from megarl.trainer.settings import sampling_config, step_seed
+from megarl.trainer.settings import offloads, sampling_config, step_seed, stop_token_ids
 from megarl.trainer.sinks import MetricsLogger
 from megarl.trainer.sync_step import WeightSync
 from megarl.trainer.timing import PhaseTimer
@@ -52,7 +52,8 @@ class Trainer:
     def __init__(self, config: Config):
         self.config = config = resolve_hub_ids(config)  # workers and tokenizer get directories, never hub ids
         self.plan = plan_batches(config)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path or config.model.path)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path or config.model.path,
+                                                       trust_remote_code=config.model.trust_remote_code)
         self.loader, self.load_report = train_loader(config.data, self.tokenizer)
         self.val_prompts = load_prompts(config.data.val_files, self.tokenizer, config.data)[0] if config.data.val_files else []
         steps_by_epochs = config.trainer.total_epochs * self.loader.steps_per_epoch
@@ -62,8 +63,9 @@ class Trainer:
         kl = config.algorithm.kl_ctrl
         self.kl_ctrl = (AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon) if kl.type == "adaptive"
                         else FixedKLController(kl.kl_coef))
-        self.stop_ids = (self.tokenizer.eos_token_id,)
+        self.stop_ids = stop_token_ids(self.tokenizer, config.rollout.stop)
         self.engines_sleep = config.placement.mode == "colocated" and config.rollout.free_cache_engine
+        self.offloads = offloads(config)
         self.timer = PhaseTimer()
 
     @classmethod
@@ -95,6 +97,7 @@ class Trainer:
         self.sync = WeightSync(self.roles, self.config, vocab_size=len(self.tokenizer), total_steps=self.total_steps,
                                wake_engines=self.engines_sleep)
         start = self._resume()
+        self._offload()
         phase = RolloutPhase(self.config, self.roles.rollout, scorer, self._decode, lambda: next(self.loader), self.timer)
         metrics, bad_steps = {}, 0
         with MetricsLogger.from_config(self.config.trainer, self.total_steps, start or None) as logger:
@@ -102,8 +105,9 @@ class Trainer:
                 with self.timer("step"):
                     metrics = self._train_step(step, phase)
                     bad_steps = bad_steps + 1 if metrics.get("actor/skipped_steps") else 0
-                    self._maybe_validate(step, scorer, metrics)
                     self._maybe_save(step)
+                    self._offload()
+                    self._maybe_validate(step, scorer, metrics)
                 metrics |= self.timer.pop()
                 metrics |= throughput_metrics(metrics.pop("_tokens"), metrics["timing/step"])
                 logger.log(step, metrics)
@@ -113,6 +117,7 @@ class Trainer:
                         f"{self.config.trainer.max_bad_steps}); lower the learning rate or check the data"
                     )
         if self.config.checkpoint.export_hf:
+            self._onload()
             self.roles.policy.call_all("export_hf", str(self.checkpoints.root))
         return metrics
 
@@ -127,6 +132,7 @@ class Trainer:
         baselines = phase.greedy_baseline(samples, sampling) if config.algorithm.adv_estimator == "remax" else None
         if self.engines_sleep:  # free the engines' KV cache and weights for training on the same devices
             self.roles.rollout.call_all("sleep")
+        self._onload()
         batch = rb.policy_batch(samples, config.rollout.max_new_tokens)
         if config.reward.reward_model:
             with timer("reward"):
@@ -167,6 +173,17 @@ class Trainer:
                                    [len(p.token_ids) for p in samples.prompts])
         metrics["_tokens"] = sum(lengths) + sum(len(p.token_ids) for p in samples.prompts)
         return metrics
+
+    def _offload(self) -> None:
+        """Free the devices of the Megatron state `actor/critic.offload` name while the engines generate."""
+        if self.offloads:
+            with self.timer("offload"):
+                self.roles.offload()
+
+    def _onload(self) -> None:
+        if self.offloads:
+            with self.timer("onload"):
+                self.roles.onload()
 
     def _maybe_validate(self, step: int, scorer: RewardScorer, metrics: dict) -> None:
         freq = self.config.trainer.test_freq

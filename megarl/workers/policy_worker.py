@@ -33,7 +33,7 @@ from megarl.parallel.distributed import initialize_model_parallel
 from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.critic import MegatronCritic, ValueLossSettings
-from megarl.workers.megatron_train import ModelSettings, OptimSettings, RecomputeSettings
+from megarl.workers.megatron_train import ModelSettings, OffloadSettings, OptimSettings, RecomputeSettings
 from megarl.workers.reference import MegatronReference
 from megarl.workers.reward_model import MegatronRewardModel
 from megarl.workers.rollout.shard_receive import sender_rank
@@ -46,7 +46,10 @@ class CriticSpec:
     """The critic of a PPO run."""
 
     optim: OptimSettings
+    recompute: RecomputeSettings
     loss: ValueLossSettings
+    offload: OffloadSettings
+    """What `PolicyWorker.offload` moves to host memory (`critic.offload`)."""
     mini_batch_size: int
     """Samples per optimizer step on one DP rank."""
     micro_batch_size: int
@@ -60,6 +63,8 @@ class ActorSpec:
     optim: OptimSettings
     recompute: RecomputeSettings
     loss: PolicyLossSettings
+    offload: OffloadSettings
+    """What `PolicyWorker.offload` moves to host memory (`actor.offload`)."""
     mini_batch_size: int
     """Actor samples per optimizer step on one DP rank."""
     micro_batch_size: int
@@ -90,6 +95,8 @@ class PolicyWorkerSpec:
     """Host the reference."""
     ref_micro_batch_size: int
     """Samples per forward micro-batch of the reference and the reward model."""
+    ref_offload: bool
+    """Keep the reference's weights in host memory except during its log-prob pass (`ref.offload_params`)."""
     critic: CriticSpec | None
     reward_model_path: str | None
     """HF `*ForSequenceClassification` checkpoint scored beside the reward function (None = none)."""
@@ -103,13 +110,15 @@ class PolicyWorker:
         self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed)
         actor, built = spec.actor, spec.model_settings
         self.actor = (MegatronActor.from_hf(spec.model_path, self.groups, optim=actor.optim, model_settings=built,
-                                            recompute=actor.recompute) if actor else None)
+                                            recompute=actor.recompute, offload=actor.offload) if actor else None)
         self.reference = MegatronReference.from_hf(spec.model_path, self.groups, built) if spec.use_reference else None
+        if self.reference is not None and spec.ref_offload:
+            self.reference.offload()
+        critic = spec.critic
         self.critic = (
-            MegatronCritic.from_hf(
-                spec.model_path, self.groups, optim=spec.critic.optim, loss=spec.critic.loss, model_settings=built
-            )
-            if spec.critic
+            MegatronCritic.from_hf(spec.model_path, self.groups, optim=critic.optim, loss=critic.loss,
+                                   model_settings=built, recompute=critic.recompute, offload=critic.offload)
+            if critic
             else None
         )
         self.reward_model = (
@@ -131,7 +140,27 @@ class PolicyWorker:
         return self.actor.compute_log_prob(batch, micro_batch_size=self.spec.actor.micro_batch_size)
 
     def compute_ref_log_prob(self, batch: PolicyBatch) -> Tensor:
-        return self.reference.compute_ref_log_prob(batch, micro_batch_size=self.spec.ref_micro_batch_size)
+        """`[B, R]` reference log-probs (with `ref_offload`, the weights come to the device for this pass only)."""
+        if self.spec.ref_offload:
+            self.reference.onload()
+        log_probs = self.reference.compute_ref_log_prob(batch, micro_batch_size=self.spec.ref_micro_batch_size)
+        if self.spec.ref_offload:
+            self.reference.offload()
+        return log_probs
+
+    def offload(self) -> None:
+        """Move the actor's and the critic's state that their `offload` settings name to host memory
+        while the rollout runs (no-op on CPU); `onload` before any other call on them."""
+        for model in self._trained_models():
+            model.offload()
+
+    def onload(self) -> None:
+        """Undo `offload`."""
+        for model in self._trained_models():
+            model.onload()
+
+    def _trained_models(self) -> list:
+        return [model for model in (self.actor, self.critic) if model is not None]
 
     def compute_rm_scores(self, batch: PolicyBatch) -> Tensor:
         """`[B]` reward-model scores of the samples (at each one's last token)."""

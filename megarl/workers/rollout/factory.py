@@ -19,6 +19,7 @@ def make_rollout_engine(
     max_model_len: int | None = None,
     cpu_kv_cache_gib: int = 1,
     gpu_memory_utilization: float = 0.5,
+    enforce_eager: bool = False,
     device: str = "cpu",
 ) -> RolloutEngine:
     """backend "vllm": `VLLMRolloutEngine` (all arguments but `device`, which vLLM picks itself).
@@ -36,6 +37,7 @@ def make_rollout_engine(
             max_model_len=max_model_len,
             cpu_kv_cache_gib=cpu_kv_cache_gib,
             gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
         )
     if backend == "hf":
         if tensor_parallel_size != 1:

@@ -26,11 +26,11 @@ class RolloutWorker:
     """Hosts one `RolloutEngine` (its own TP group of vLLM workers when TP > 1)."""
 
     def __init__(self, backend: str, model_path: str, *, tensor_parallel_size: int, dtype: str, seed: int,
-                 max_model_len: int, cpu_kv_cache_gib: float, gpu_memory_utilization: float):
+                 max_model_len: int, cpu_kv_cache_gib: float, gpu_memory_utilization: float, enforce_eager: bool):
         self.engine = make_rollout_engine(
             backend, model_path, tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
             max_model_len=max_model_len, cpu_kv_cache_gib=cpu_kv_cache_gib,
-            gpu_memory_utilization=gpu_memory_utilization,
+            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
         )
         self._pending: Future | None = None
 

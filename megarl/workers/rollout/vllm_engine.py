@@ -105,6 +105,7 @@ class VLLMRolloutEngine(RolloutEngine):
     (None: the model's). cpu_kv_cache_gib: KV cache size on CPU (`VLLM_CPU_KVCACHE_SPACE`).
     gpu_memory_utilization: share of GPU memory for weights + KV cache on GPU. sleep_level: vLLM
     sleep level on GPU (1: weights to host memory; 2: weights dropped, the next sync reloads them).
+    enforce_eager: no CUDA graphs on GPU (`rollout.enforce_eager`); always eager on CPU.
     """
 
     def __init__(
@@ -119,6 +120,7 @@ class VLLMRolloutEngine(RolloutEngine):
         gpu_memory_utilization: float = 0.5,
         enable_prefix_caching: bool = True,
         sleep_level: int = 1,
+        enforce_eager: bool = False,
     ) -> None:
         super().__init__()
         is_cpu = current_platform.is_cpu()
@@ -142,7 +144,7 @@ class VLLMRolloutEngine(RolloutEngine):
             # Log-probs under the sampling distribution (temperature, top-k/p): see base.py.
             logprobs_mode="processed_logprobs",
             # CPU: no CUDA graphs to capture; compiling would only slow the start.
-            enforce_eager=is_cpu,
+            enforce_eager=enforce_eager or is_cpu,
             # CPU: whole prompts only. A chunked prefill makes vLLM rewind the seeded generator of the
             # partly prefilled request, which CPU generators cannot do ("CPU Generator does not use
             # offset"): a seeded call with more prompt tokens than a step's budget crashed. Unchunked,

@@ -182,8 +182,11 @@ def test_remax_with_the_model_given_as_a_hub_id(assets, tmp_path, monkeypatch):
     assert torch.equal(advantages, (scores - baselines).unsqueeze(-1) * mask)
 
 
-def test_dapo_dynamic_sampling_fills_the_batch(assets, tmp_path):
+def test_dapo_dynamic_sampling_fills_the_batch_in_bf16(assets, tmp_path):
+    # In bf16 end to end: the actor trains bf16 parameters (fp32 main copies), the engines run bf16, and
+    # every sync is checked bit for bit (the exact check) and by the bf16 log-prob gap threshold.
     args = overrides(assets, tmp_path, **{
+        "model.dtype": "bfloat16",
         "trainer.total_steps": 2, "algorithm.dynamic_sampling.enable": "true", "algorithm.dynamic_sampling.max_rounds": 20,
         "algorithm.overlong.enable": "true", "algorithm.overlong.buffer_length": 1, "algorithm.overlong.penalty_factor": 0.1,
         "actor.clip_ratio_high": 0.28, "actor.loss_agg_mode": "token-mean",
@@ -196,6 +199,10 @@ def test_dapo_dynamic_sampling_fills_the_batch(assets, tmp_path):
         # Groups with all-equal rewards were dropped and more prompts rolled out until 16 groups had signal.
         assert m["dapo/rounds"] >= 1 and 0 < m["dapo/groups_kept_ratio"] <= 1
         assert m["reward/std"] > 0 and m["actor/grad_norm"] > 0
+        assert m["sync/checksum_tensors"] > 0 and m["sync/logprob_max_abs_diff"] <= trainer.sync.threshold
+    # The actor trained bf16 parameters: its export holds them as they are.
+    exported = load_file(tmp_path / "checkpoints" / "hf" / "model.safetensors")
+    assert {tensor.dtype for tensor in exported.values()} == {torch.bfloat16}
 
 
 def test_reward_faults_are_counted_and_wrong_length_stops(assets, tmp_path, monkeypatch):

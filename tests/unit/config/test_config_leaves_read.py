@@ -1,0 +1,150 @@
+"""No config key that nothing reads: every leaf of `Config` (e.g. `actor.offload.params`) must be read
+by the code that runs a job, i.e. megarl outside the modules that only load, validate or describe a
+config (`NOT_RUNTIME`). A key a user can set that silently does nothing fails here.
+
+How "read" is decided, statically (AST). A leaf is read when some attribute chain of the runtime code
+spells it out from the config object: `config.actor.offload.params`, or the same reached through
+names that stand for a part of it:
+- a local `critic = config.critic` (then `critic.offload.params`),
+- a member `self.settings = config.rollout.sync` (then `self.settings.verify_every`),
+- a parameter, for every chain its callers pass (`offload_settings(critic.offload)` makes `offload.params`
+  inside `offload_settings` read `config.critic.offload.params`).
+Chains that do not lead back to `config` (a worker's `spec.critic.offload`, a settings object of the
+same field names) do not count, so the scan is section-aware: reading the actor's `offload.params`
+does not make the critic's read."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+from megarl.config.config import Config
+
+MEGARL = Path(__file__).resolve().parents[3] / "megarl"
+NOT_RUNTIME = {
+    "config/validate.py", "config/loader.py", "config/memory.py", "config/model_facts.py", "config/names.py",
+    "config/placement.py", "config/problems.py", "config/resources.py", "cli/validate.py",
+}
+"""Modules that load, validate or estimate a config: their reads do not make a key do anything."""
+ROOTS = {("config",), ("self", "config")}
+"""How the runtime holds the config (`config: Config` arguments, `Trainer.config`)."""
+Chain = tuple[str, ...]
+
+
+def leaf_paths(cls=Config, prefix: Chain = ()) -> list[Chain]:
+    paths = []
+    for field in dataclasses.fields(cls):
+        path = prefix + (field.name,)
+        default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+        paths += leaf_paths(type(default), path) if dataclasses.is_dataclass(default) else [path]
+    return paths
+
+
+def _chain(node: ast.AST) -> Chain | None:
+    """`a.b.c` as ("a", "b", "c"); None for anything else."""
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    return (node.id, *reversed(names)) if isinstance(node, ast.Name) else None
+
+
+class Scope:
+    """The names that stand for chains in one function (or module body): locals, parameters, members."""
+
+    def __init__(self, node: ast.AST, members: dict[Chain, set[Chain]]):
+        self.node = node
+        self.members = members
+        self.aliases: dict[Chain, set[Chain]] = {}
+        for assign in (n for n in ast.walk(node) if _is_single_assignment(n)):
+            target, value = (assign.targets[0] if isinstance(assign, ast.Assign) else assign.target), assign.value
+            pairs = (zip(target.elts, value.elts) if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
+                     and len(target.elts) == len(value.elts) else [(target, value)])
+            for name, expression in pairs:
+                chain = _chain(expression)
+                if isinstance(name, ast.Name) and chain is not None and len(chain) > 1:
+                    self.aliases.setdefault((name.id,), set()).add(chain)
+
+    def expand(self, chain: Chain) -> set[Chain]:
+        """`chain` and what it stands for: its head replaced by the chains that name stands for, again
+        for what those start with (a bounded number of times: `x = x.next` must not loop)."""
+        found, frontier = {chain}, [chain]
+        for _ in range(4):
+            frontier = [alias + current[size:] for current in frontier for size in (1, 2)
+                        for alias in self.aliases.get(current[:size], set()) | self.members.get(current[:size], set())
+                        if alias + current[size:] not in found]
+            found.update(frontier)
+        return found
+
+
+def _is_single_assignment(node: ast.AST) -> bool:
+    """`x = ...` or `x: T = ...`."""
+    return ((isinstance(node, ast.Assign) and len(node.targets) == 1)
+            or (isinstance(node, ast.AnnAssign) and node.value is not None))
+
+
+def _scopes(trees: list[ast.Module]) -> list[Scope]:
+    scopes = []
+    for tree in trees:
+        members: dict[Chain, set[Chain]] = {}
+        for assign in (n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1):
+            target, value = _chain(assign.targets[0]), _chain(assign.value)
+            if target is not None and len(target) == 2 and value is not None and len(value) > 1:
+                members.setdefault(target, set()).add(value)
+        scopes += [Scope(node, members) for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.Module))]
+    return scopes
+
+
+def _bind_parameters(scopes: list[Scope]) -> None:
+    """Each function parameter stands for every chain its callers pass (by position or keyword)."""
+    by_name: dict[str, list[Scope]] = {}
+    for scope in scopes:
+        if isinstance(scope.node, ast.FunctionDef):
+            by_name.setdefault(scope.node.name, []).append(scope)
+    calls = [(scope, call) for scope in scopes for call in ast.walk(scope.node) if isinstance(call, ast.Call)]
+    for _ in range(4):  # a parameter handed on to another function (`_role_plan` → `_update_plan`)
+        for caller, call in calls:
+            name = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", None)
+            for callee in by_name.get(name, []):
+                params = [arg.arg for arg in callee.node.args.args]
+                params = params[1:] if params[:1] in (["self"], ["cls"]) else params
+                bound = list(zip(params, call.args)) + [(k.arg, k.value) for k in call.keywords if k.arg]
+                for param, value in bound:
+                    chain = _chain(value)
+                    if chain is not None:  # only what leads back to the config matters here
+                        rooted = {c for c in caller.expand(chain) if any(c[:len(r)] == r for r in ROOTS)}
+                        callee.aliases.setdefault((param,), set()).update(rooted)
+
+
+def config_reads() -> set[Chain]:
+    """Every config path (without its root) that a runtime attribute chain spells out from the config."""
+    trees = [ast.parse(path.read_text()) for path in sorted(MEGARL.rglob("*.py"))
+             if str(path.relative_to(MEGARL)) not in NOT_RUNTIME]
+    scopes = _scopes(trees)
+    _bind_parameters(scopes)
+    reads = set()
+    for scope in scopes:
+        for node in ast.walk(scope.node):
+            chain = _chain(node) if isinstance(node, ast.Attribute) else None
+            for expanded in scope.expand(chain) if chain else ():
+                for root in ROOTS:
+                    if expanded[:len(root)] == root:
+                        reads.add(expanded[len(root):])
+    return reads
+
+
+def unread_leaves(reads: set[Chain]) -> list[str]:
+    return [".".join(path) for path in leaf_paths() if path not in reads]
+
+
+def test_every_config_key_is_read_by_the_runtime():
+    assert unread_leaves(config_reads()) == []
+
+
+def test_the_scan_is_section_aware():
+    """The check itself: the critic's offload keys are read only through the critic's section, and a
+    worker spec's field of the same name does not count."""
+    reads = config_reads()
+    assert ("critic", "offload", "params") in reads and ("actor", "offload", "params") in reads
+    assert ("spec", "critic", "offload") not in reads
