@@ -8,7 +8,7 @@ import torch
 from megarl.bridge.convert import to_hf
 from megarl.bridge.plan import SyncPlan
 from megarl.models.hf_config import read_model_dims
-from megarl.models.layout import hf_param_shapes, param_mapping, tp_shards_from_hf
+from megarl.models.layout import GATE_UP, hf_param_shapes, merge_tp_shards_into, param_mapping, tp_shards_from_hf
 
 VOCAB_DIVISIBLE_BY = 128
 
@@ -58,3 +58,12 @@ def emulated_buckets(plan: SyncPlan, shards) -> list[tuple[torch.Tensor, object]
                 flat[slot.offset : slot.offset + slot.numel].copy_(tensor.reshape(-1))
         buckets.append((flat, bucket.metadata))
     return buckets
+
+
+def naive_gate_up_merge_into(mapping, shards, dims, outs):
+    """The classic bug: treat the concatenated TP shards as [gate; up]."""
+    if mapping.kind != GATE_UP:
+        return merge_tp_shards_into(mapping, shards, dims, outs)
+    gate, up = torch.cat(list(shards)).chunk(2)
+    outs[0].copy_(gate)
+    outs[1].copy_(up)

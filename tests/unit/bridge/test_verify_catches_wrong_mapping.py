@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from bridge_emulate import emulated_buckets, megatron_shards
+from bridge_emulate import emulated_buckets, megatron_shards, naive_gate_up_merge_into
 from safetensors.torch import load_file
 
 import megarl.bridge.convert as convert
@@ -15,7 +15,6 @@ from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.bridge.transports import InProcessTransport
 from megarl.bridge.verify import SyncVerificationError, check_sync, probe_token_ids
 from megarl.models.hf_config import read_model_dims
-from megarl.models.layout import GATE_UP, merge_tp_shards_into
 from megarl.models.tiny import make_tiny_model
 from megarl.workers.rollout.hf_engine import HFRolloutEngine
 
@@ -36,15 +35,6 @@ def trained(model_dir):
     generator = torch.Generator().manual_seed(1)
     base = load_file(model_dir / "model.safetensors")
     return {name: t + 0.05 * torch.randn(t.shape, generator=generator) for name, t in base.items()}
-
-
-def naive_gate_up_merge_into(mapping, shards, dims, outs):
-    """The classic bug: treat the concatenated TP shards as [gate; up]."""
-    if mapping.kind != GATE_UP:
-        return merge_tp_shards_into(mapping, shards, dims, outs)
-    gate, up = torch.cat(list(shards)).chunk(2)
-    outs[0].copy_(gate)
-    outs[1].copy_(up)
 
 
 def sync_and_check(model_dir, trained):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from bridge_emulate import dims_of, emulated_buckets, megatron_shards, random_hf_tensors
+from bridge_emulate import dims_of, emulated_buckets, megatron_shards, naive_gate_up_merge_into, random_hf_tensors
 
 import megarl.bridge.convert as convert
 from megarl.bridge.checksum import (
@@ -22,7 +22,6 @@ from megarl.bridge.checksum import (
     tensor_checksum,
 )
 from megarl.bridge.plan import LayoutPair, build_plan
-from megarl.models.layout import GATE_UP, merge_tp_shards_into
 from megarl.workers.rollout.weight_sync_protocol import unpack
 
 DTYPES = ("float32", "bfloat16")
@@ -77,15 +76,6 @@ def test_per_rank_vllm_tensors_add_up_to_the_hf_tensors(arch, dtype):
     expected = {name: tensor_checksum(tensor, getattr(torch, dtype)) for name, tensor in hf.items()}
     check_checksums(expected, records, dtype=dtype, layout=plan.layout,
                     engine="e")
-
-
-def naive_gate_up_merge_into(mapping, shards, dims, outs):
-    """The classic bug: treat the concatenated TP shards as [gate; up]."""
-    if mapping.kind != GATE_UP:
-        return merge_tp_shards_into(mapping, shards, dims, outs)
-    gate, up = torch.cat(list(shards)).chunk(2)
-    outs[0].copy_(gate)
-    outs[1].copy_(up)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
