@@ -1,0 +1,43 @@
+"""`rollout.enforce_eager` reaches `vllm.LLM(enforce_eager=...)` through the rollout worker and factory.
+
+On CPU vLLM always runs eager, so the GPU case is checked at the constructor: the platform answers
+"not CPU" and a recording stand-in for `vllm.LLM` keeps the keyword arguments and stops the start. The
+keyword is checked against the installed `vllm.LLM.__init__` (vllm/entrypoints/llm.py, `LLM.__init__`,
+a named parameter there, not one swallowed by its **kwargs), so a renamed keyword fails here too.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import vllm
+
+from megarl.workers.rollout import vllm_engine
+from megarl.workers.rollout.rollout_worker import RolloutWorker
+
+
+class _Recorded(Exception):
+    def __init__(self, kwargs: dict):
+        super().__init__("recorded")
+        self.kwargs = kwargs
+
+
+def _record(**kwargs):
+    raise _Recorded(kwargs)
+
+
+def _llm_kwargs(monkeypatch, enforce_eager: bool) -> dict:
+    monkeypatch.setattr(vllm_engine, "LLM", _record)
+    monkeypatch.setattr(vllm_engine.current_platform, "is_cpu", lambda: False)
+    with pytest.raises(_Recorded) as recorded:
+        RolloutWorker("vllm", "/no/model", tensor_parallel_size=1, dtype="auto", seed=0, max_model_len=64,
+                      cpu_kv_cache_gib=1, gpu_memory_utilization=0.5, enforce_eager=enforce_eager)
+    return recorded.value.kwargs
+
+
+@pytest.mark.parametrize("enforce_eager", [True, False])
+def test_enforce_eager_reaches_the_gpu_engine(monkeypatch, enforce_eager):
+    kwargs = _llm_kwargs(monkeypatch, enforce_eager)
+    assert kwargs["enforce_eager"] is enforce_eager
+    assert "enforce_eager" in inspect.signature(vllm.LLM.__init__).parameters
