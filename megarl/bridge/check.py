@@ -94,21 +94,14 @@ def trained_actor_and_plan(model_dir: str, layout: LayoutPair, bucket_mb: float,
 
 
 def model_in_dtype(model_dir: str, groups, dtype: str) -> torch.nn.Module:
-    """This rank's GPTModel stage with the checkpoint's weights, every parameter and the compute in
-    `dtype` ("float32" or "bfloat16": megatron-core's `bf16` config, wrapped in `Float16Module`, which
-    casts the whole model, norms included, and returns fp32 outputs). A forward-only actor, for
-    measuring what the dtype alone does to the sync's log-prob gap (`benchmarks/sync_logprob_gap.py`)
-    and checking a sync in it."""
-    from megatron.core.transformer.module import Float16Module
+    """This rank's GPTModel stage with the checkpoint's weights in `dtype` ("float32" or "bfloat16"),
+    built as the Megatron roles build it (`load_model` with that `model.dtype`). A forward-only actor,
+    for measuring what the dtype alone does to the sync's log-prob gap
+    (`benchmarks/sync_logprob_gap.py`) and checking a sync in it."""
+    from megarl.workers.megatron_train import ModelSettings, RecomputeSettings, load_model
 
-    from megarl.models.architectures import build_gpt_model
-    from megarl.models.checkpoint import load_hf_weights
-
-    bf16 = dtype == "bfloat16"
-    model = build_gpt_model(model_dir, groups, params_dtype=getattr(torch, dtype), bf16=bf16)
-    if bf16:
-        model = Float16Module(model.config, model)
-    load_hf_weights(model, model_dir, groups)
+    model, _ = load_model(model_dir, groups, settings=ModelSettings(dtype=dtype, transformer_impl="auto"),
+                          recompute=RecomputeSettings(), value_head=False)
     return model
 
 
