@@ -5,7 +5,7 @@ takes its per-dtype defaults from these numbers (`megarl.config.rollout.LOGPROB_
 
     python benchmarks/sync_logprob_gap.py --json benchmarks/results/extra/sync_logprob_gap.json
 
-Per (model, dtype, actor TP): the actor (`bridge.check.model_in_dtype`, TP ranks spawned) and the
+Per (model, dtype, actor TP): the actor (`workers.sync_check.model_in_dtype`, TP ranks spawned) and the
 engine (TP 1, started from the same checkpoint, then loaded with the checkpoint's tensors through the
 worker's sync path, which checksums them) compute the log-probs of `SEQUENCES` probe sequences of
 `verify.PROBE_LENGTH` tokens; the gap is max / mean |engine - actor| over all of them.
@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from megarl.bridge.check import model_in_dtype
+from megarl.workers.sync_check import model_in_dtype
 from megarl.bridge.checksum import check_checksums, combine, rank_checksums
 from megarl.bridge.plan import LayoutPair, build_plan
-from megarl.bridge.verify import PROBE_LENGTH, logprob_gap, probe_policy_batch, probe_token_ids
+from megarl.bridge.verify import PROBE_LENGTH, logprob_gap, probe_token_ids
+from megarl.workers.sync_probe import probe_policy_batch
 from megarl.models.hf_config import read_model_dims
 from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import run_distributed

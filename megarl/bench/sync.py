@@ -72,7 +72,7 @@ def _unpacking_transport(expected: dict | None):
     """`InProcessTransport` without an engine: hands on each bucket's HF-named views; the first
     send is checked against `expected` (the checkpoint)."""
     from megarl.bridge.transports.base import WeightTransport
-    from megarl.workers.rollout.weight_sync_protocol import unpack
+    from megarl.bridge.protocol import unpack
 
     class Unpacking(WeightTransport):
         def __init__(self):
@@ -104,8 +104,8 @@ def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, tuple[int, int]]
     from megarl.models.hf_config import read_model_dims
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import global_named_parameters
-    from megarl.workers.rollout.shard_receive import sender_rank
-    from megarl.workers.rollout.sync_group import create_weight_sync_group
+    from megarl.bridge.shard_receive import sender_rank
+    from megarl.bridge.sync_group import create_weight_sync_group
 
     groups = initialize_model_parallel(tp, pp, seed=0)
     model = build_gpt_model(model_dir, groups)
@@ -182,8 +182,8 @@ def _shard_receiver(port: int, rank: int, plans: list, sends: int, expected: dic
     the first of each plan (the bridge's checked send) compared with `expected` unless None."""
     import torch
 
-    from megarl.workers.rollout.shard_receive import receive_shards
-    from megarl.workers.rollout.sync_group import create_weight_sync_group
+    from megarl.bridge.shard_receive import receive_shards
+    from megarl.bridge.sync_group import create_weight_sync_group
 
     layout = plans[0].layout
     group = create_weight_sync_group(HOST, port, rank, layout.train_tp * layout.train_pp + layout.rollout_tp, TIMEOUT_S)
@@ -202,7 +202,7 @@ def _broadcast_receiver(port: int, rank: int, world: int, plans: list, sends: in
     each into a fresh buffer."""
     import torch
 
-    from megarl.workers.rollout.sync_group import create_weight_sync_group
+    from megarl.bridge.sync_group import create_weight_sync_group
 
     group = create_weight_sync_group(HOST, port, rank, world, TIMEOUT_S)
     for plan in plans:
@@ -216,7 +216,7 @@ def _layout(model_dir: str, tp: int, pp: int, rollout_tps: tuple[int, ...], shap
     from megarl.bridge.plan import LayoutPair, build_plan
     from megarl.models.hf_config import read_model_dims
     from megarl.parallel.spawn import free_port, run_distributed
-    from megarl.workers.rollout.shard_receive import receiver_rank
+    from megarl.bridge.shard_receive import receiver_rank
 
     dims = read_model_dims(model_dir)
     ports = {r: (free_port(HOST), free_port(HOST)) for r in rollout_tps}

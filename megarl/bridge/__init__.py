@@ -1,26 +1,52 @@
-"""The weight-sync bridge: Megatron shards → rollout engines, after every training step.
+"""The weight-sync bridge: Megatron shards → rollout engines, after every training step. Each
+transport is one place holding both its halves; rollout backends take weights only through the
+names exported here, and nothing in this package imports a rollout backend (`LoadsWeights` is the
+little it needs of an engine).
 
-`plan` (pure: units, send order, buckets; cached per layout pair), `convert` (pure: TP gather to HF
-tensors, per-rank regroup), `collect` (the trainer-world collectives that assemble the buckets),
-`transports` (in-process, shared memory, CUDA IPC), `sync` (the procedure through a transport),
-`shard_send` (each trainer rank sends its own shards over the sync group), `per_rank` (each TP
-rank's shards through its own shared ring), `checksum` (the exact check: every tensor an engine
-loaded against the actor's shards, bit for bit), `verify` (the log-prob check).
+Pure: `plan` (units, send order, buckets; cached per layout pair), `convert` (TP gather to HF
+tensors, per-rank regroup), `protocol` (the bucket format both halves share). Trainer side:
+`collect` (the trainer-world collectives that assemble the buckets), `sync` (one sync through a
+transport). Transports, sender and receiver each: `transports` (in-process, shared memory and its
+CUDA IPC adapter), `shared_ring` (the two-slot ring those share: `RingSender` / `read_ring`),
+`per_rank` (each TP rank's shards through its own ring, read by `workers/rollout/rank_load`),
+`shard_send` / `shard_receive` (each trainer rank's own shards over the `sync_group`). Checks:
+`checksum` (every tensor an engine loaded against the actor's shards, bit for bit), `verify`
+(the log-prob check).
 """
 
+from megarl.bridge.checksum import LoadedChecksums, VllmRankLayout, recorded
 from megarl.bridge.plan import LayoutPair, SyncPlan, build_plan
+from megarl.bridge.protocol import BucketMetadata, SharedBucket, TensorSlot, pack, unpack
+from megarl.bridge.shard_receive import receive_shards
+from megarl.bridge.shared_ring import RingReader, SharedRing, read_ring
 from megarl.bridge.sync import SyncStats, WeightSender, receiving, sync_in_process
+from megarl.bridge.sync_group import create_weight_sync_group
+from megarl.bridge.transports.base import LoadsWeights
 from megarl.bridge.verify import SyncVerificationError, check_sync, probe_token_ids
 
 __all__ = [
+    "BucketMetadata",
     "LayoutPair",
+    "LoadedChecksums",
+    "LoadsWeights",
+    "RingReader",
+    "SharedBucket",
+    "SharedRing",
     "SyncPlan",
     "SyncStats",
     "SyncVerificationError",
+    "TensorSlot",
+    "VllmRankLayout",
     "WeightSender",
     "build_plan",
     "check_sync",
+    "create_weight_sync_group",
+    "pack",
     "probe_token_ids",
+    "read_ring",
+    "receive_shards",
     "receiving",
+    "recorded",
     "sync_in_process",
+    "unpack",
 ]

@@ -31,7 +31,7 @@ from megarl.bridge.plan import PlannedBucket, PlannedParam, SyncPlan
 from megarl.models.layout import ROW_BLOCK_KINDS, VOCAB, param_mapping, reader_of, shard_pieces, tp_shard_from_hf
 from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata
+from megarl.bridge.protocol import BucketMetadata
 
 SENDER_RANK = 0
 """Global rank that assembles every bucket and hands it to the transport (TP 0, PP 0, DP 0)."""

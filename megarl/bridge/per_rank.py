@@ -32,8 +32,8 @@ from megarl.bridge.sync import BucketCount, NamedParameters, SyncStats
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
 from megarl.models.layout import VOCAB
 from megarl.parallel.distributed import ProcessGroups
-from megarl.workers.rollout.shared_ring import SharedRing
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, pack
+from megarl.bridge.shared_ring import SharedRing
+from megarl.bridge.protocol import BucketMetadata, pack
 
 Named = Iterable[tuple[str, torch.Tensor]]
 

@@ -27,7 +27,7 @@ import torch
 
 from megarl.models.hf_config import ModelDims
 from megarl.models.layout import REPLICATED, hf_param_shapes, param_mapping
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, TensorSlot
+from megarl.bridge.protocol import BucketMetadata, TensorSlot
 
 MIB = 1 << 20
 

@@ -1,6 +1,6 @@
 """The trainer side of a shard sync: every rank of DP replica 0 sends its own TP shards straight to
 every receiver, which receives each piece in place in the HF tensors
-(`megarl.workers.rollout.shard_receive`, where the sync group's layout and the wire format are
+(`megarl.bridge.shard_receive`, where the sync group's layout and the wire format are
 described). No trainer-world communication: no TP gather, no move between pipeline stages.
 
     # every trainer rank; DP replica 0 joins the sync group at its sender rank (rank 0 hosts the store)
@@ -32,7 +32,7 @@ from megarl.bridge.sync import NamedParameters, SyncStats
 from megarl.config.memory import VOCAB_DIVISIBLE_BY
 from megarl.models.layout import ROW_BLOCK_KINDS, VOCAB, padded_vocab_size, shard_pieces
 from megarl.parallel.distributed import ProcessGroups
-from megarl.workers.rollout.shard_receive import ShardMessage, ShardPiece, sender_rank, shard_schedule
+from megarl.bridge.shard_receive import ShardMessage, ShardPiece, sender_rank, shard_schedule
 
 IN_FLIGHT = 2
 """Buckets whose sends may be outstanding at once (each holds its copies until delivered)."""

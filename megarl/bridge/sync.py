@@ -34,9 +34,8 @@ import torch
 
 from megarl.bridge.collect import BufferMeter, collect_buckets, conversion_errors, local_params_by_plan_name
 from megarl.bridge.plan import SyncPlan
-from megarl.bridge.transports.base import Buckets, WeightTransport
+from megarl.bridge.transports.base import Buckets, LoadsWeights, WeightTransport
 from megarl.parallel.distributed import ProcessGroups
-from megarl.workers.rollout.base import RolloutEngine
 
 NamedParameters = Callable[[], Iterable[tuple[str, torch.Tensor]]]
 """This rank's live parameters under global-layer Megatron names (`MegatronActor.named_parameters_for_sync`)."""
@@ -132,7 +131,7 @@ class WeightSender:
 
 
 @contextlib.contextmanager
-def receiving(engine: RolloutEngine, plan: SyncPlan, timeout_s: float = 600.0) -> Iterator[None]:
+def receiving(engine: LoadsWeights, plan: SyncPlan, timeout_s: float = 600.0) -> Iterator[None]:
     """Engine side of a sync over the sync group: pause, let the workers receive the plan's shards
     while the body runs (the trainer ranks send), wait for the load, resume. The engine flushes
     its prefix cache and bumps `weight_version` when the load completes."""
@@ -145,7 +144,7 @@ def receiving(engine: RolloutEngine, plan: SyncPlan, timeout_s: float = 600.0) -
         engine.resume()
 
 
-def sync_in_process(engine: RolloutEngine, sender: WeightSender) -> SyncStats:
+def sync_in_process(engine: LoadsWeights, sender: WeightSender) -> SyncStats:
     """A whole sync into an engine in this process, whose transport is `InProcessTransport(engine)`;
     trainer ranks without an engine call `sender.send()` alongside."""
     engine.pause()

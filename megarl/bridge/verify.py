@@ -3,7 +3,7 @@ the actor's. The gap is a metric every step; over the threshold it is an error t
 layout pair and, when the trainer side found one, the Megatron parameter that converted wrongly.
 
     probe = probe_token_ids(dims.vocab_size)
-    actor = actor_probe_logprobs(actor, probe)          # every trainer rank (collective)
+    actor = actor_probe_logprobs(actor, probe)          # every trainer rank (megarl.workers.sync_probe)
     metrics = check_sync(engine.prompt_logprobs(probe), actor, threshold=1e-4, layout=plan.layout)
 """
 
@@ -14,7 +14,6 @@ from collections.abc import Sequence
 import torch
 
 from megarl.bridge.plan import LayoutPair
-from megarl.workers.batch import PolicyBatch
 
 PROBE_SEQUENCES = 4
 PROBE_LENGTH = 16
@@ -28,25 +27,6 @@ def probe_token_ids(vocab_size: int, *, sequences: int = PROBE_SEQUENCES, seed: 
     """`sequences` fixed sequences of `PROBE_LENGTH` token ids, the same in every process."""
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab_size, (sequences, PROBE_LENGTH), generator=generator).tolist()
-
-
-def probe_policy_batch(token_ids: Sequence[Sequence[int]]) -> PolicyBatch:
-    """The probe as a `PolicyBatch` whose responses are tokens 1..T-1 of each sequence: the actor's
-    response log-probs are then exactly `RolloutEngine.prompt_logprobs` (`[B, T-1]`)."""
-    tokens = torch.tensor(token_ids, dtype=torch.long)  # [B, T]
-    prompts, responses = tokens[:, :1], tokens[:, 1:]
-    return PolicyBatch(
-        prompts=prompts,
-        prompt_mask=torch.ones_like(prompts, dtype=torch.bool),
-        responses=responses,
-        response_mask=torch.ones_like(responses, dtype=torch.bool),
-    )
-
-
-def actor_probe_logprobs(actor, token_ids: Sequence[Sequence[int]]) -> torch.Tensor:
-    """`[B, T-1]` log-probs of the probe under a `MegatronActor` (collective over its ranks)."""
-    log_probs, _ = actor.compute_log_prob(probe_policy_batch(token_ids), micro_batch_size=len(token_ids))
-    return log_probs.float()
 
 
 def logprob_gap(engine_logprobs: Sequence[torch.Tensor], actor_logprobs: torch.Tensor) -> dict[str, float]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from megarl.config.rollout import LOGPROB_GAP_BY_DTYPE
 
 THRESHOLD = LOGPROB_GAP_BY_DTYPE["float32"]
-"""The trainer's `auto` threshold for fp32, the dtype of this check (`bridge.check.ENGINE_DTYPE`)."""
+"""The trainer's `auto` threshold for fp32, the dtype of this check (`workers.sync_check.ENGINE_DTYPE`)."""
 TRANSPORTS = ("collective", "in-process")
 
 
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_check(args: argparse.Namespace):
     """The rounds of the check (of training rank 0's engine for --transport in-process)."""
-    from megarl.bridge.check import run_colocated_check, run_sync_check
+    from megarl.workers.sync_check import run_colocated_check, run_sync_check
     from megarl.workers.rollout import make_rollout_engine
 
     common = dict(train_tp=args.train_tp, train_pp=args.train_pp, threshold=args.threshold, rounds=args.rounds,

@@ -26,7 +26,7 @@ from megarl.bridge.per_rank import PerRankSender
 from megarl.bridge.shard_send import ShardSender
 from megarl.bridge.transports.cuda_ipc import CudaIpcTransport
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
-from megarl.bridge.verify import actor_probe_logprobs
+from megarl.workers.sync_probe import actor_probe_logprobs
 from megarl.models.architectures import TORCH_DTYPES
 from megarl.models.hf_config import read_model_dims
 from megarl.parallel.distributed import initialize_model_parallel
@@ -36,8 +36,8 @@ from megarl.workers.critic import MegatronCritic, ValueLossSettings
 from megarl.workers.megatron_train import ModelSettings, OffloadSettings, OptimSettings, RecomputeSettings
 from megarl.workers.reference import MegatronReference
 from megarl.workers.reward_model import MegatronRewardModel
-from megarl.workers.rollout.shard_receive import sender_rank
-from megarl.workers.rollout.sync_group import create_weight_sync_group, listen_weight_sync_store
+from megarl.bridge.shard_receive import sender_rank
+from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
 from megarl.workers.checkpoint import export_hf, load_checkpoint, save_checkpoint
 
 

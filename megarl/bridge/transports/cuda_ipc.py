@@ -1,5 +1,5 @@
 """CUDA IPC transport: the GPU adapter of `shared_memory.SharedMemoryTransport` for colocated
-GPUs. The same two-slot ring (`megarl.workers.rollout.shared_ring`), with a slot being a GPU buffer
+GPUs. The same two-slot ring (`megarl.bridge.shared_ring`), with a slot being a GPU buffer
 of the sender shared by CUDA IPC handle (`reduce_tensor`) instead of a file: the sender moves
 bucket i to its GPU and keeps that buffer as slot i % 2 until the workers release it, and the
 rollout workers on the same GPU open the handle and load from the sender's memory. GPU only:
@@ -20,8 +20,8 @@ from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
 from megarl.parallel.device import uses_cuda
-from megarl.workers.rollout.shared_ring import SLOTS
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket
+from megarl.bridge.shared_ring import SLOTS
+from megarl.bridge.protocol import BucketMetadata, SharedBucket
 
 _DEVICE_ARG = 6
 """Position of the storage device in `rebuild_cuda_tensor`'s arguments (torch 2.x)."""

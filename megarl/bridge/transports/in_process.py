@@ -6,9 +6,8 @@ from collections.abc import Iterator
 
 import torch
 
-from megarl.bridge.transports.base import Buckets, WeightTransport
-from megarl.workers.rollout.base import RolloutEngine
-from megarl.workers.rollout.weight_sync_protocol import unpack
+from megarl.bridge.protocol import unpack
+from megarl.bridge.transports.base import Buckets, LoadsWeights, WeightTransport
 
 
 def _named_tensors(buckets: Buckets) -> Iterator[tuple[str, torch.Tensor]]:
@@ -20,7 +19,7 @@ class InProcessTransport(WeightTransport):
     """Hands the buckets to `engine.load_weights` as one lazy stream of HF-named tensors: one load
     per sync (a fused vLLM layer needs all its parts within one load), one bucket alive at a time."""
 
-    def __init__(self, engine: RolloutEngine):
+    def __init__(self, engine: LoadsWeights):
         self.engine = engine
 
     def send(self, buckets: Buckets) -> None:

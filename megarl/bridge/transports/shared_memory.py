@@ -1,6 +1,6 @@
 """Shared-memory transport: the rollout engine is on the sender's node (colocated, or another
 process there). The sender streams one sync's buckets through two slots of memory the engine's
-workers map (`megarl.workers.rollout.shared_ring`): bucket i is copied once into slot i % 2, every
+workers map (`megarl.bridge.shared_ring`): bucket i is copied once into slot i % 2, every
 worker of the engine (TP 1 in-process, TP > 1 in vLLM's worker processes) reads it in place within
 its one load of the sync, and the sender overwrites the slot with bucket i + 2 once all of them have
 released it. No bytes travel over a socket or a collective, and a sync holds two buckets in shared
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import torch
 
 from megarl.bridge.transports.base import Buckets, WeightTransport
-from megarl.workers.rollout.shared_ring import SLOTS, RingSender, SharedRing, process_alive
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket
+from megarl.bridge.shared_ring import SLOTS, RingSender, SharedRing, process_alive
+from megarl.bridge.protocol import BucketMetadata, SharedBucket
 
 SHM_DIR = "/dev/shm"
 """Where the slots' files live: tmpfs, so a file is memory that any process can map by path."""

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from megarl.workers.rollout.shared_ring import SharedRing
+from megarl.bridge import SharedRing
 
 if TYPE_CHECKING:  # megarl.bridge imports this module
-    from megarl.bridge.plan import SyncPlan
+    from megarl.bridge import SyncPlan
 
 FinishReason = Literal["stop", "length"]
 

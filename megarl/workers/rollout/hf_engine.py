@@ -15,11 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig
-from megarl.bridge.checksum import LoadedChecksums, recorded
-from megarl.bridge.plan import SyncPlan
-from megarl.workers.rollout.shard_receive import receive_shards
-from megarl.workers.rollout.shared_ring import SharedRing, read_ring
-from megarl.workers.rollout.sync_group import create_weight_sync_group
+from megarl.bridge import create_weight_sync_group, LoadedChecksums, read_ring, receive_shards, recorded, SharedRing, SyncPlan
 
 
 def _generation_config(sampling: SamplingConfig) -> GenerationConfig:

@@ -46,9 +46,8 @@ from vllm.model_executor.model_loader.reload.layerwise import (
 from vllm.model_executor.model_loader.reload.meta import materialize_layer, restore_layer_on_meta
 from vllm.model_executor.model_loader.reload.utils import get_layer_params_buffers
 
-from megarl.bridge.checksum import LoadedChecksums, VllmRankLayout, recorded
+from megarl.bridge import LoadedChecksums, read_ring, recorded, RingReader, SharedRing, VllmRankLayout
 from megarl.models.hf_config import read_model_dims
-from megarl.workers.rollout.shared_ring import RingReader, SharedRing, read_ring
 
 Named = Iterable[tuple[str, torch.Tensor]]
 """(vLLM parameter name, tensor) pairs, e.g. `model.layers.0.self_attn.qkv_proj.weight`."""

@@ -16,10 +16,9 @@ from concurrent.futures import Future
 
 from torch import Tensor
 
-from megarl.bridge.plan import SyncPlan
+from megarl.bridge import SharedRing, SyncPlan
 from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
 from megarl.workers.rollout.factory import make_rollout_engine
-from megarl.workers.rollout.shared_ring import SharedRing
 
 
 class RolloutWorker:

@@ -36,10 +36,8 @@ import vllm.envs  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.platforms import current_platform  # noqa: E402
 
-from megarl.bridge.checksum import LoadedChecksums  # noqa: E402
-from megarl.bridge.plan import SyncPlan  # noqa: E402
+from megarl.bridge import LoadedChecksums, SharedRing, SyncPlan  # noqa: E402
 from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig  # noqa: E402
-from megarl.workers.rollout.shared_ring import SharedRing  # noqa: E402
 from megarl.workers.rollout.worker_extension import WORKER_EXTENSION  # noqa: E402
 
 

@@ -25,11 +25,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from megarl.bridge.checksum import LoadedChecksums, recorded
-from megarl.bridge.plan import SyncPlan
-from megarl.workers.rollout.shard_receive import receive_shards
-from megarl.workers.rollout.shared_ring import SharedRing, read_ring
-from megarl.workers.rollout.sync_group import create_weight_sync_group
+from megarl.bridge import create_weight_sync_group, LoadedChecksums, read_ring, receive_shards, recorded, SharedRing, SyncPlan
 
 WORKER_EXTENSION = "megarl.workers.rollout.worker_extension.WeightSyncWorkerExtension"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from megarl.bridge.check import run_colocated_check
+from megarl.workers.sync_check import run_colocated_check
 from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.models.hf_config import read_model_dims
 from megarl.models.layout import padded_vocab_size

@@ -23,8 +23,8 @@ from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.models.hf_config import read_model_dims
 from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import free_port, run_distributed
-from megarl.workers.rollout.shard_receive import receive_shards, receiver_rank, sender_rank, shard_schedule
-from megarl.workers.rollout.sync_group import create_weight_sync_group
+from megarl.bridge.shard_receive import receive_shards, receiver_rank, sender_rank, shard_schedule
+from megarl.bridge.sync_group import create_weight_sync_group
 
 HOST = "127.0.0.1"
 TIMEOUT_S = 300

@@ -20,11 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from megarl.bridge.check import model_in_dtype, wait_for_joins
+from megarl.workers.sync_check import model_in_dtype, wait_for_joins
 from megarl.bridge.checksum import WeightChecksumError, check_checksums, combine, rank_checksums
 from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.bridge.sync import receiving
-from megarl.bridge.verify import check_sync, probe_policy_batch, probe_token_ids
+from megarl.bridge.verify import check_sync, probe_token_ids
+from megarl.workers.sync_probe import probe_policy_batch
 from megarl.config.rollout import LOGPROB_GAP_BY_DTYPE
 from megarl.models.hf_config import read_model_dims
 from megarl.models.tiny import make_tiny_model
@@ -77,8 +78,8 @@ def _trainer(model_dir: str, port: int, world_size: int) -> list[dict]:
     from megarl.bridge.shard_send import ShardSender
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import compute_log_probs, global_named_parameters
-    from megarl.workers.rollout.shard_receive import sender_rank
-    from megarl.workers.rollout.sync_group import create_weight_sync_group
+    from megarl.bridge.shard_receive import sender_rank
+    from megarl.bridge.sync_group import create_weight_sync_group
 
     groups = initialize_model_parallel(LAYOUT.train_tp, LAYOUT.train_pp, seed=0)
     model = model_in_dtype(model_dir, groups, DTYPE)

@@ -19,16 +19,17 @@ import torch
 import torch.distributed as dist
 from store_handoff import load_paused, take
 
-from megarl.bridge.check import TrainSettings, train_a_little, trained_actor_and_plan
+from megarl.workers.sync_check import TrainSettings, train_a_little, trained_actor_and_plan
 from megarl.bridge.checksum import check_checksums, combine, rank_checksums
 from megarl.bridge.plan import LayoutPair
 from megarl.bridge.sync import WeightSender
 from megarl.bridge.transports import SharedMemoryTransport
-from megarl.bridge.verify import actor_probe_logprobs, check_sync, probe_token_ids
+from megarl.bridge.verify import check_sync, probe_token_ids
+from megarl.workers.sync_probe import actor_probe_logprobs
 from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import run_distributed
 from megarl.workers.rollout import make_rollout_engine
-from megarl.workers.rollout.shared_ring import SLOTS
+from megarl.bridge.shared_ring import SLOTS
 
 HOST = "127.0.0.1"
 THRESHOLD = 1e-4

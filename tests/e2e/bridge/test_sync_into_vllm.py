@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from megarl.bridge.check import run_colocated_check, run_sync_check
+from megarl.workers.sync_check import run_colocated_check, run_sync_check
 from megarl.models.hf_config import read_model_dims
 from megarl.models.layout import hf_param_shapes
 from megarl.models.tiny import make_tiny_model

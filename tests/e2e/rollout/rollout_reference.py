@@ -83,7 +83,7 @@ def sync_over_group(engine, tp: int, model_dir: Path, tensors: dict[str, torch.T
     from megarl.config.memory import VOCAB_DIVISIBLE_BY
     from megarl.models.hf_config import read_model_dims
     from megarl.models.layout import reader_of, tp_shard_from_hf
-    from megarl.workers.rollout.sync_group import create_weight_sync_group
+    from megarl.bridge.sync_group import create_weight_sync_group
 
     plan = build_plan(read_model_dims(model_dir), LayoutPair(1, 1, tp), bucket_mb=bucket_mb)
     port = free_port()

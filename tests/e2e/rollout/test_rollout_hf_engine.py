@@ -16,7 +16,8 @@ from rollout_reference import (
     sync_over_group,
 )
 
-from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine, pack
+from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine
+from megarl.bridge import pack
 
 MAX_NEW = 6
 

@@ -19,7 +19,8 @@ from rollout_reference import (
 )
 
 from megarl.bridge.checksum import tensor_checksum
-from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine, pack, unpack
+from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine
+from megarl.bridge import pack, unpack
 
 MAX_NEW = 8
 # Longer than one KV block (128 tokens on CPU): only whole blocks enter vLLM's prefix cache.

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from megarl.bridge.transports.cuda_ipc import CudaIpcTransport, IpcBucket, pack_ipc_bucket, with_device
-from megarl.workers.rollout.weight_sync_protocol import pack
+from megarl.bridge.protocol import pack
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 

@@ -10,7 +10,7 @@ from bridge_emulate import dims_of
 
 from megarl.bridge.per_rank import PerRankSender, bucketed
 from megarl.bridge.plan import LayoutPair, build_plan
-from megarl.workers.rollout.weight_sync_protocol import unpack
+from megarl.bridge.protocol import unpack
 
 
 def test_buckets_hold_their_tensors_in_order_in_the_plans_dtype():

@@ -12,7 +12,7 @@ from bridge_emulate import CONFIGS, dims_of, emulated_buckets, megatron_shards, 
 
 from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.models.layout import hf_param_shapes
-from megarl.workers.rollout.weight_sync_protocol import unpack
+from megarl.bridge.protocol import unpack
 
 LAYOUTS = [LayoutPair(tp, pp, rtp) for tp, pp in [(1, 1), (2, 1), (1, 2), (2, 2), (4, 2)] for rtp in (1, 2)]
 

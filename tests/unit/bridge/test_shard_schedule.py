@@ -12,8 +12,8 @@ from bridge_emulate import VOCAB_DIVISIBLE_BY, dims_of, megatron_shards, random_
 
 from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.bridge.shard_send import message_tensors
-from megarl.workers.rollout.shard_receive import receive_bucket, receiver_rank, sender_rank, shard_schedule
-from megarl.workers.rollout.weight_sync_protocol import unpack
+from megarl.bridge.shard_receive import receive_bucket, receiver_rank, sender_rank, shard_schedule
+from megarl.bridge.protocol import unpack
 
 LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1)]
 

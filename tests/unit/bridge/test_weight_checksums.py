@@ -22,7 +22,7 @@ from megarl.bridge.checksum import (
     tensor_checksum,
 )
 from megarl.bridge.plan import LayoutPair, build_plan
-from megarl.workers.rollout.weight_sync_protocol import unpack
+from megarl.bridge.protocol import unpack
 
 DTYPES = ("float32", "bfloat16")
 

@@ -9,8 +9,8 @@ import threading
 import pytest
 import torch
 
-from megarl.workers.rollout.sync_group import address_towards, create_weight_sync_group
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, TensorSlot, pack, unpack
+from megarl.bridge.sync_group import address_towards, create_weight_sync_group
+from megarl.bridge.protocol import BucketMetadata, TensorSlot, pack, unpack
 
 
 def _tensors(dtype: torch.dtype) -> list[tuple[str, torch.Tensor]]:

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from megarl.bridge.transports.shared_memory import FILE_PREFIX, SharedMemoryTransport, new_slot_file
-from megarl.workers.rollout.shared_ring import SLOTS, RingSender, SharedRing, read_ring
-from megarl.workers.rollout.weight_sync_protocol import pack
+from megarl.bridge.shared_ring import SLOTS, RingSender, SharedRing, read_ring
+from megarl.bridge.protocol import pack
 
 CPU = torch.device("cpu")
 

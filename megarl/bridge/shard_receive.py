@@ -44,7 +44,7 @@ from megarl.bridge.plan import LayoutPair, PlannedBucket, PlannedParam, SyncPlan
 from megarl.config.memory import VOCAB_DIVISIBLE_BY
 from megarl.models.hf_config import ModelDims
 from megarl.models.layout import REPLICATED, ROW, ROW_BLOCK_KINDS, VOCAB, padded_vocab_size, shard_pieces
-from megarl.workers.rollout.weight_sync_protocol import unpack
+from megarl.bridge.protocol import unpack
 
 
 @dataclass(frozen=True)

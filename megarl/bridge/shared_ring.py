@@ -57,7 +57,7 @@ import torch
 import torch.distributed as dist
 
 from megarl.parallel.distributed import listen_store
-from megarl.workers.rollout.weight_sync_protocol import BucketMetadata, SharedBucket, unpack
+from megarl.bridge.protocol import BucketMetadata, SharedBucket, unpack
 
 SLOTS = 2
 """Buckets in shared memory at once: one being read while the next is written."""
