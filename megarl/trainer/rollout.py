@@ -10,7 +10,7 @@ import torch
 
 from megarl.algorithms.dapo import DynamicSampler, overlong_penalty
 from megarl.config import Config
-from megarl.data import Prompt, reward_columns
+from megarl.data import Prompt, iter_batches, reward_columns
 from megarl.orchestration.worker_group import WorkerGroup
 from megarl.rewards.scorer import RewardScorer
 from megarl.trainer.metrics import reduce_metrics
@@ -88,6 +88,13 @@ class RolloutPhase:
             scores, _ = self._score(greedy)
         by_group = dict(zip(first_row, scores.tolist()))
         return torch.tensor([by_group[group] for group in samples.index])
+
+    def validation(self, prompts: Sequence[Prompt], sampling: SamplingConfig, batch_size: int) -> dict[str, float]:
+        """`val/reward/mean` and `val/response_length/mean` of `prompts`, generated `batch_size` at a time."""
+        samples = Samples.concat([generate(self.engines, chunk, sampling, "val") for chunk in iter_batches(prompts, batch_size)])
+        scores, _ = score(samples, self.scorer, self.decode)
+        return {"val/reward/mean": scores.mean().item(),
+                "val/response_length/mean": sum(map(len, samples.response_ids)) / len(samples)}
 
     def _round(self, sampling: SamplingConfig, group_prefix: str) -> tuple[Samples, torch.Tensor, dict]:
         with self.timer("rollout"):

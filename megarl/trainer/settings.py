@@ -1,4 +1,5 @@
-"""Config sections → the plain settings objects the workers take (workers never see the config)."""
+"""Config sections → the plain settings objects the workers take (workers never see the config), and
+the environment the worker processes start with."""
 
 from megarl.config import BatchPlan, Config, ConfigError, Problem
 from megarl.config.roles import OptimizerConfig, RecomputeConfig
@@ -6,6 +7,15 @@ from megarl.workers.actor import PolicyLossSettings
 from megarl.workers.critic import ValueLossSettings
 from megarl.workers.megatron_train import OffloadSettings, OptimSettings, RecomputeSettings
 from megarl.workers.rollout.base import SamplingConfig
+
+WORKER_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_LOGGING_LEVEL": "ERROR",
+    "TOKENIZERS_PARALLELISM": "false",
+    # torch.distributed / megatron deprecation notices from every rank would bury the step lines.
+    "PYTHONWARNINGS": "ignore::FutureWarning,ignore::UserWarning",
+}
+"""The environment of every worker process: vLLM's settings must be in place before vLLM is imported there."""
 
 
 def optim_settings(optim: OptimizerConfig, optimizer_steps: int) -> OptimSettings:
@@ -54,12 +64,7 @@ def value_loss_settings(config: Config) -> ValueLossSettings:
 
 
 def offload_settings(offload) -> OffloadSettings:
-    return OffloadSettings(params=offload.params, optimizer=offload.optimizer)
-
-
-def offloads(config: Config) -> bool:
-    """Whether the trainer moves Megatron state off the devices while the engines generate."""
-    return any(section.offload.params or section.offload.optimizer for section in (config.actor, config.critic))
+    return OffloadSettings(params=offload.params, grads=offload.grads, optimizer=offload.optimizer)
 
 
 def stop_token_ids(tokenizer, stop: tuple[str | int, ...]) -> tuple[int, ...]:

@@ -1,17 +1,25 @@
 """The end of every step: the actor's new weights into every rollout engine, then (on verified
 steps) the check that the engines now hold exactly the actor's weights and compute its log-probs.
 
-A sync is four Ray round trips (`wake_up` when the engines sleep, `start_receive`, `send_weights`,
-`finish_receive`), five with a shared transport (the engines start from the ring that trainer rank 0
-opens in `begin_weight_sync`, or per rank from every sending rank's). The check adds four more: the
-trainer ranks' checksums of their shards against every engine worker's of what its loader received
-(`megarl.bridge.checksum`, exact, in `model.dtype`, naming any tensor that differs), then the probe
-batch's log-probs on the actor and on every engine, within `rollout.sync.logprob_gap_threshold`. `rollout.sync.verify_every = k` runs the
-check on steps that are multiples of k, on the last step, and always on the first sync of a run (a
-resumed run's too: its engines are new).
+A sync is three Ray round trips (`start_receive`, `send_weights`, `finish_receive`), four with a
+shared transport (the engines start from the ring that trainer rank 0 opens in `begin_weight_sync`,
+or per rank from every sending rank's). Waking sleeping engines is the hand-over's
+(`megarl.trainer.handover`): their weights before the sync, their KV cache after it.
+
+The check is split in two, because the hand-over moves the actor's parameters off the devices before
+the engines' KV cache comes back. At the sync (`__call__`), while the parameters are there, the
+trainer ranks' checksums of their shards and the actor's log-probs of the probe batch; once the
+engines are fully awake (`check_engines`), every engine worker's checksums of what its loader
+received (`megarl.bridge.checksum`, exact, in `model.dtype`, naming any tensor that differs), then
+the engines' probe log-probs, within `rollout.sync.logprob_gap_threshold`. `rollout.sync.verify_every
+= k` runs the check on steps that are multiples of k, on the last step and always on the first sync
+of a run (a resumed run's too: its engines are new); the engines checksum only the loads of checked
+syncs (`checksum_loads`).
 """
 
 from __future__ import annotations
+
+from torch import Tensor
 
 from megarl.bridge.checksum import check_checksums, combine
 from megarl.bridge.plan import LayoutPair
@@ -25,9 +33,9 @@ from megarl.trainer.roles import SYNC_TIMEOUT_S
 class WeightSync:
     """Syncs the policy group's weights into the rollout group, verifying every `verify_every` steps."""
 
-    def __init__(self, roles, config: Config, *, vocab_size: int, total_steps: int, wake_engines: bool):
+    def __init__(self, roles, config: Config, *, vocab_size: int, total_steps: int):
         """`roles`: the run's worker groups (`policy`, `rollout`); `vocab_size`: the tokenizer's, for
-        the probe batch; `wake_engines`: the engines sleep during training and must wake first."""
+        the probe batch."""
         self.policy, self.rollout, self.grids = roles.policy, roles.rollout, roles.grids
         self.shared = roles.sync_transport != "collective"
         self.per_rank = roles.per_rank
@@ -36,7 +44,6 @@ class WeightSync:
         """The engines' dtype (they start with `dtype=model.dtype`): the exact check's."""
         self.threshold = logprob_gap_threshold(self.settings, self.dtype)
         self.total_steps = total_steps
-        self.wake_engines = wake_engines
         self.probe = probe_token_ids(vocab_size, sequences=self.settings.probe_batch_size)
         self.layout = LayoutPair(config.actor.parallel.tensor_model_parallel_size,
                                  config.actor.parallel.pipeline_model_parallel_size,
@@ -44,16 +51,22 @@ class WeightSync:
         # The plan is fixed for the run: fetch it once, not on every sync.
         self.plan = None if self.shared else self.policy.call_rank0("sync_plan")
         self.verified_once = False
+        self.engines_checksum = True
+        """What the engines' `checksum_loads` is set to (they start checksumming: the first sync is checked)."""
+        self.actor_side: tuple[dict, Tensor] | None = None
+        """The actor's checksums and probe log-probs of the last sync, until `check_engines` uses them."""
 
     def verifies(self, step: int) -> bool:
         """Whether the sync after `step` is checked."""
         return not self.verified_once or step % self.settings.verify_every == 0 or step == self.total_steps
 
     def __call__(self, step: int) -> dict[str, float]:
-        """Sync the weights trained up to `step`: `sync/*` transfer metrics, plus the checks' when
-        `verifies(step)`; raises `SyncVerificationError` on a bad sync."""
-        if self.wake_engines:
-            self.rollout.call_all("wake_up")
+        """Sync the weights trained up to `step`: `sync/*` transfer metrics. When `verifies(step)`, also
+        take the actor's side of the check now, for `check_engines` to complete."""
+        checked = self.verifies(step)
+        if checked != self.engines_checksum:
+            self.rollout.call_all("checksum_loads", checked)
+            self.engines_checksum = checked
         if self.per_rank:
             rings = rings_by_tp_rank(self.policy.call_all("begin_weight_sync"), self.grids)
             self.rollout.call_all("start_rank_receive", rings)
@@ -64,17 +77,21 @@ class WeightSync:
         metrics = reduce_metrics(self.policy.call_all("send_weights"))
         versions = self.rollout.call_all("finish_receive", SYNC_TIMEOUT_S)
         metrics["sync/weight_version"] = float(min(versions))
-        if self.verifies(step):
-            metrics |= self.verify()
+        if checked:
+            self.actor_side = (combine(self.policy.call_all("weight_checksums", self.dtype)),
+                               self.policy.call_all("probe_log_probs", self.probe)[0])
         return metrics
 
-    def verify(self) -> dict[str, float]:
-        """Every tensor every engine loaded against the actor's shards (`sync/checksum_tensors`), then
-        the engines' probe log-probs against the actor's (`sync/logprob_*`, worst engine)."""
-        expected = combine(self.policy.call_all("weight_checksums", self.dtype))
+    def check_engines(self) -> dict[str, float]:
+        """After a checked sync, with the engines awake: every tensor every engine loaded against the
+        actor's shards (`sync/checksum_tensors`), then the engines' probe log-probs against the actor's
+        (`sync/logprob_*`, worst engine); raises `SyncVerificationError` / `WeightChecksumError` on a
+        bad sync. Nothing (`{}`) after an unchecked sync."""
+        if self.actor_side is None:
+            return {}
+        (expected, actor_lp), self.actor_side = self.actor_side, None
         checks = [check_checksums(expected, loaded, dtype=self.dtype, layout=self.layout, engine=f"rollout engine {i}")
                   for i, loaded in enumerate(self.rollout.call_all("loaded_checksums"))]
-        actor_lp = self.policy.call_all("probe_log_probs", self.probe)[0]
         gaps = [check_sync(engine_lp, actor_lp, threshold=self.threshold, layout=self.layout)
                 for engine_lp in self.rollout.call_all("prompt_logprobs", self.probe)]
         self.verified_once = True

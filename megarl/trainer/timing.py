@@ -26,8 +26,11 @@ PHASES: dict[str, str] = {
     "update_actor": "actor optimizer steps",
     "sync": "weight sync actor -> rollout engines, including the log-prob check",
     "checkpoint": "saving a checkpoint",
-    "offload": "moving the actor/critic state named by actor/critic.offload to host memory (GPU only)",
-    "onload": "bringing the offloaded actor/critic state back to the devices (GPU only)",
+    "offload": "the Megatron state named by actor/critic.offload off the devices: training state after the update, "
+               "parameters after the sync (nothing moves on CPU)",
+    "onload": "the offloaded Megatron state back to the devices before the log-prob passes (nothing moves on CPU)",
+    "sleep": "rollout engines to sleep (KV cache and weights freed) before the Megatron roles onload",
+    "wake_up": "rollout engines' weights back before the sync, their KV cache after the Megatron offload",
     "validation": "generating and scoring the validation prompts",
     "step": "the whole step, the phases above included",
 }

@@ -3,8 +3,9 @@
     trainer = Trainer.from_config("configs/quickstart.yaml", overrides=["trainer.total_steps=20"])
     trainer.fit()
 
-rollout → rewards → old/ref log-probs (+ values) → advantages → critic/actor updates → weight sync
-(verified every `rollout.sync.verify_every` steps) → metrics → checkpoint. The distributed mechanics
+rollout → (engines sleep, Megatron onloads) → rewards → old/ref log-probs (+ values) → advantages →
+critic/actor updates → checkpoint → (Megatron offloads, weight sync verified every
+`rollout.sync.verify_every` steps, engines wake: `handover`) → metrics. The distributed mechanics
 live in the worker groups.
 """
 
@@ -19,27 +20,19 @@ from megarl.algorithms.advantages import compute_advantages
 from megarl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
 from megarl.config import Config, ConfigError, load_config, plan_batches, validate
 from megarl.config.hub import resolve_hub_ids
-from megarl.data import iter_batches, load_prompts, train_loader
+from megarl.data import load_prompts, train_loader
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.rewards.scorer import RewardScorer
 from megarl.trainer import rollout_batch as rb
 from megarl.trainer.checkpoint_manager import CheckpointManager
+from megarl.trainer.handover import HandOver
 from megarl.trainer.metrics import rollout_metrics, throughput_metrics, worker_metrics
-from megarl.trainer.rollout import RolloutPhase, generate, score
+from megarl.trainer.rollout import RolloutPhase
 from megarl.trainer.roles import cluster_device, device_bundles, start_roles
-from megarl.trainer.settings import offloads, sampling_config, step_seed, stop_token_ids
+from megarl.trainer.settings import WORKER_ENV, sampling_config, step_seed, stop_token_ids
 from megarl.trainer.sinks import MetricsLogger
 from megarl.trainer.sync_step import WeightSync
 from megarl.trainer.timing import PhaseTimer
-
-# vLLM settings that must be in place before vLLM is imported in a worker process.
-WORKER_ENV = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "VLLM_LOGGING_LEVEL": "ERROR",
-    "TOKENIZERS_PARALLELISM": "false",
-    # torch.distributed / megatron deprecation notices from every rank would bury the step lines.
-    "PYTHONWARNINGS": "ignore::FutureWarning,ignore::UserWarning",
-}
 
 
 class BadStepsError(RuntimeError):
@@ -64,8 +57,6 @@ class Trainer:
         self.kl_ctrl = (AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon) if kl.type == "adaptive"
                         else FixedKLController(kl.kl_coef))
         self.stop_ids = stop_token_ids(self.tokenizer, config.rollout.stop)
-        self.engines_sleep = config.placement.mode == "colocated" and config.rollout.free_cache_engine
-        self.offloads = offloads(config)
         self.timer = PhaseTimer()
 
     @classmethod
@@ -94,10 +85,10 @@ class Trainer:
                 shutdown_ray()
 
     def _train(self, scorer: RewardScorer) -> dict[str, float]:
-        self.sync = WeightSync(self.roles, self.config, vocab_size=len(self.tokenizer), total_steps=self.total_steps,
-                               wake_engines=self.engines_sleep)
+        self.sync = WeightSync(self.roles, self.config, vocab_size=len(self.tokenizer), total_steps=self.total_steps)
+        engines_sleep = self.config.placement.mode == "colocated" and self.config.rollout.free_cache_engine
+        self.handover = HandOver(self.roles, self.sync, engines_sleep=engines_sleep, timer=self.timer)
         start = self._resume()
-        self._offload()
         phase = RolloutPhase(self.config, self.roles.rollout, scorer, self._decode, lambda: next(self.loader), self.timer)
         metrics, bad_steps = {}, 0
         with MetricsLogger.from_config(self.config.trainer, self.total_steps, start or None) as logger:
@@ -105,10 +96,10 @@ class Trainer:
                 with self.timer("step"):
                     metrics = self._train_step(step, phase)
                     bad_steps = bad_steps + 1 if metrics.get("actor/skipped_steps") else 0
-                    self._maybe_save(step)
-                    self._offload()
-                    self._maybe_validate(step, scorer, metrics)
-                metrics |= self.timer.pop()
+                    self._maybe_save(step)  # while the trained state is on the devices
+                    metrics |= self.handover.to_rollout(step)
+                    self._maybe_validate(step, phase, metrics)
+                metrics |= self.timer.pop() | self.handover.pop_memory()
                 metrics |= throughput_metrics(metrics.pop("_tokens"), metrics["timing/step"])
                 logger.log(step, metrics)
                 if bad_steps >= self.config.trainer.max_bad_steps:
@@ -117,7 +108,7 @@ class Trainer:
                         f"{self.config.trainer.max_bad_steps}); lower the learning rate or check the data"
                     )
         if self.config.checkpoint.export_hf:
-            self._onload()
+            self.handover.to_training()
             self.roles.policy.call_all("export_hf", str(self.checkpoints.root))
         return metrics
 
@@ -130,9 +121,7 @@ class Trainer:
         sampling = sampling_config(config, self.stop_ids, seed=step_seed(config, self.plan, step))
         samples, scores, metrics = phase(sampling, step)
         baselines = phase.greedy_baseline(samples, sampling) if config.algorithm.adv_estimator == "remax" else None
-        if self.engines_sleep:  # free the engines' KV cache and weights for training on the same devices
-            self.roles.rollout.call_all("sleep")
-        self._onload()
+        self.handover.to_training()
         batch = rb.policy_batch(samples, config.rollout.max_new_tokens)
         if config.reward.reward_model:
             with timer("reward"):
@@ -150,7 +139,7 @@ class Trainer:
             rewards, kl = apply_kl_penalty(scores_t, batch.old_log_probs, batch.ref_log_probs, batch.response_mask,
                                            self.kl_ctrl.value, config.algorithm.kl_penalty)
             self.kl_ctrl.update(kl.item(), len(batch))
-            metrics |= {"actor/kl": kl.item(), "actor/kl_coef": self.kl_ctrl.value}
+            metrics |= {"actor/reward_kl_penalty": kl.item(), "actor/reward_kl_penalty_coeff": self.kl_ctrl.value}
         if config.critic.enable:
             with timer("values"):
                 batch.values = self.roles.gather("compute_values", batch)
@@ -166,37 +155,19 @@ class Trainer:
         if step > config.critic.warmup_steps:
             with timer("update_actor"):
                 metrics |= worker_metrics("actor", self.roles.update("update_actor", batch, step))
-        with timer("sync"):
-            metrics |= self.sync(step)
         lengths = [len(r) for r in samples.response_ids]
         metrics |= rollout_metrics(scores.tolist(), lengths, config.rollout.max_new_tokens,
                                    [len(p.token_ids) for p in samples.prompts])
         metrics["_tokens"] = sum(lengths) + sum(len(p.token_ids) for p in samples.prompts)
         return metrics
 
-    def _offload(self) -> None:
-        """Free the devices of the Megatron state `actor/critic.offload` name while the engines generate."""
-        if self.offloads:
-            with self.timer("offload"):
-                self.roles.offload()
-
-    def _onload(self) -> None:
-        if self.offloads:
-            with self.timer("onload"):
-                self.roles.onload()
-
-    def _maybe_validate(self, step: int, scorer: RewardScorer, metrics: dict) -> None:
+    def _maybe_validate(self, step: int, phase: RolloutPhase, metrics: dict) -> None:
         freq = self.config.trainer.test_freq
         if not self.val_prompts or not freq or (step % freq and step != self.total_steps):
             return
         with self.timer("validation"):
             sampling = sampling_config(self.config, self.stop_ids, seed=self.config.rollout.seed, validation=True)
-            parts = [generate(self.roles.rollout, chunk, sampling, "val")
-                     for chunk in iter_batches(self.val_prompts, self.config.data.val_batch_size)]
-            samples = rb.Samples.concat(parts)
-            scores, _ = score(samples, scorer, self._decode)
-        metrics["val/reward/mean"] = scores.mean().item()
-        metrics["val/response_length/mean"] = sum(map(len, samples.response_ids)) / len(samples)
+            metrics |= phase.validation(self.val_prompts, sampling, self.config.data.val_batch_size)
 
     def _maybe_save(self, step: int) -> None:
         freq = self.config.checkpoint.save_freq  # 0: at the end only
@@ -212,10 +183,14 @@ class Trainer:
         checkpoint = self.checkpoints.resolve_resume(self.config.checkpoint.resume)
         if checkpoint is None:
             return 0
+        self.handover.to_training()
         extra = self.roles.load_checkpoint(str(checkpoint.path))
         self.loader.load_state_dict(extra["data"])
         self.kl_ctrl.value = extra["kl_coef"]
-        self.sync(extra["step"])  # the engines start from the restored weights
+        self.handover.to_rollout(extra["step"])  # the engines start from the restored weights
+        # The resume's hand-over times and memory are not the first step's.
+        self.timer.pop()
+        self.handover.pop_memory()
         return extra["step"]
 
     def _decode(self, token_ids: list[int]) -> str:

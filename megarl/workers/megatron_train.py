@@ -153,15 +153,18 @@ class RecomputeSettings:
 
 @dataclass
 class OffloadSettings:
-    """What a trained role moves to host memory while idle (`TrainEngine.offload` / `onload`), so a
-    colocated rollout engine can use the GPU. Uses megatron-core's own RL offload hooks. On a
-    CPU-only process everything already lives in host memory: both calls do nothing."""
+    """What a trained role moves off the device while the colocated rollout runs, with megatron-core's
+    own RL offload APIs (`TrainEngine.offload_training_state` / `offload_params` / `onload`). On a
+    CPU-only process everything already lives in host memory: the calls do nothing."""
 
     params: bool = False
-    """Parameters (copied to pinned host memory) and gradient buffers (freed)."""
+    """Parameters: copied to pinned host memory after the weight sync (DDP buffers' `offload_to_cpu`)."""
+    grads: bool = False
+    """Gradient buffers: freed after the update (DDP's `offload_grad_buffers`; they come back zeroed)."""
     optimizer: bool = False
-    """Optimizer states and fp32 main parameters; needs bf16/fp16 parameters (with fp32 ones the
-    optimizer's parameters are the model's own, which megatron's hook would move out of DDP's buffer)."""
+    """Optimizer states and fp32 main parameters: to host memory after the update; needs bf16/fp16
+    parameters (with fp32 ones the optimizer's parameters are the model's own, which megatron's hook
+    would move out of DDP's buffer)."""
 
 
 @dataclass(frozen=True)
@@ -397,9 +400,10 @@ class TrainEngine:
             self.scheduler.step(increment=1)
         return StepResult(skipped=not updated, grad_norm=float(grad_norm), lr=lr)
 
-    def offload(self, settings: OffloadSettings) -> None:
-        """Move what `settings` names to host memory (GPU only). Call `onload` before the next use;
-        in between, parameters must not be read (weight sync included)."""
+    def offload_training_state(self, settings: OffloadSettings) -> None:
+        """After the update: free the gradient buffers and move the optimizer state to host memory, as
+        `settings` name, and return the freed blocks to the device (GPU only). The parameters stay
+        for the weight sync (`offload_params`). `onload` before the next update."""
         if not uses_cuda():
             return
         config = self.model.config
@@ -408,20 +412,30 @@ class TrainEngine:
                 "offload.optimizer=True needs bf16 or fp16 parameters (megatron keeps fp32 main copies for the "
                 "optimizer only then); train in bf16 or set offload.optimizer=False"
             )
-        if settings.params:
-            for buffer in self.model.buffers + self.model.expert_parallel_buffers:
-                buffer.offload_to_cpu(move_params=True, move_grads=True)
+        if settings.grads:
+            self.model.offload_grad_buffers()
         if settings.optimizer:
             self.optimizer.offload_to_cpu()
         torch.cuda.empty_cache()
 
+    def offload_params(self, settings: OffloadSettings) -> None:
+        """After the weight sync: the parameters to pinned host memory when `settings.params` (GPU only);
+        nothing may read them (weight sync included) until `onload`."""
+        if not (uses_cuda() and settings.params):
+            return
+        for buffer in self.model.buffers + self.model.expert_parallel_buffers:
+            buffer.offload_to_cpu(move_params=True, move_grads=False)
+        torch.cuda.empty_cache()
+
     def onload(self, settings: OffloadSettings) -> None:
-        """Bring back what `offload(settings)` moved (GPU only); gradient buffers come back zeroed."""
+        """Bring back what the two offloads moved (GPU only); gradient buffers come back zeroed."""
         if not uses_cuda():
             return
         if settings.params:
             for buffer in self.model.buffers + self.model.expert_parallel_buffers:
-                buffer.reload_from_cpu(move_params=True, move_grads=True)
+                buffer.reload_from_cpu(move_params=True, move_grads=False)
+        if settings.grads:
+            self.model.restore_grad_buffers()
         if settings.optimizer:
             self.optimizer.restore_from_cpu()
 

@@ -34,6 +34,7 @@ from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.critic import MegatronCritic, ValueLossSettings
 from megarl.workers.megatron_train import ModelSettings, OffloadSettings, OptimSettings, RecomputeSettings
+from megarl.workers.memory_stats import free_device_memory, memory_stats
 from megarl.workers.reference import MegatronReference
 from megarl.workers.reward_model import MegatronRewardModel
 from megarl.bridge.shard_receive import sender_rank
@@ -49,7 +50,7 @@ class CriticSpec:
     recompute: RecomputeSettings
     loss: ValueLossSettings
     offload: OffloadSettings
-    """What `PolicyWorker.offload` moves to host memory (`critic.offload`)."""
+    """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`critic.offload`)."""
     mini_batch_size: int
     """Samples per optimizer step on one DP rank."""
     micro_batch_size: int
@@ -64,7 +65,7 @@ class ActorSpec:
     recompute: RecomputeSettings
     loss: PolicyLossSettings
     offload: OffloadSettings
-    """What `PolicyWorker.offload` moves to host memory (`actor.offload`)."""
+    """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`actor.offload`)."""
     mini_batch_size: int
     """Actor samples per optimizer step on one DP rank."""
     micro_batch_size: int
@@ -148,16 +149,34 @@ class PolicyWorker:
             self.reference.offload()
         return log_probs
 
-    def offload(self) -> None:
-        """Move the actor's and the critic's state that their `offload` settings name to host memory
-        while the rollout runs (no-op on CPU); `onload` before any other call on them."""
+    def offload_training_state(self) -> dict[str, float]:
+        """After the updates: the actor's and critic's gradients and optimizer state that their `offload`
+        settings name leave the device (no-op on CPU); the parameters stay for the weight sync. This
+        process's memory afterwards (`memory_stats`)."""
         for model in self._trained_models():
-            model.offload()
+            model.offload_training_state()
+        return memory_stats()
 
-    def onload(self) -> None:
-        """Undo `offload`."""
+    def offload_params(self) -> dict[str, float]:
+        """After the weight sync: their parameters too, where `offload.params` says so; `onload` before
+        any other call on them. This process's memory afterwards."""
+        for model in self._trained_models():
+            model.offload_params()
+        return memory_stats()
+
+    def onload(self) -> dict[str, float]:
+        """Undo both offloads, before the next log-prob pass or update. This process's memory afterwards."""
         for model in self._trained_models():
             model.onload()
+        return memory_stats()
+
+    def memory_stats(self) -> dict[str, float]:
+        """This process's memory now (`megarl.workers.memory_stats`)."""
+        return memory_stats()
+
+    def free_device_memory(self) -> tuple[float, float] | None:
+        """(free, total) GiB of this rank's GPU; None on CPU (`megarl.workers.memory_stats`)."""
+        return free_device_memory()
 
     def _trained_models(self) -> list:
         return [model for model in (self.actor, self.critic) if model is not None]

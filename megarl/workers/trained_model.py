@@ -18,13 +18,18 @@ class TrainedModel:
         self.offload_settings = offload
         self.engine = TrainEngine(model, optim, groups)
 
-    def offload(self) -> None:
-        """Free device memory for a colocated rollout (what `OffloadSettings` names; no-op on CPU).
-        Call `onload` before any other method, weight sync included."""
-        self.engine.offload(self.offload_settings)
+    def offload_training_state(self) -> None:
+        """After the update: free what `OffloadSettings` names of the gradients and optimizer (no-op on
+        CPU); the parameters stay for the weight sync."""
+        self.engine.offload_training_state(self.offload_settings)
+
+    def offload_params(self) -> None:
+        """After the weight sync: the parameters off the device when `OffloadSettings.params`. Call
+        `onload` before any other method, weight sync included."""
+        self.engine.offload_params(self.offload_settings)
 
     def onload(self) -> None:
-        """Undo `offload`."""
+        """Undo both offloads."""
         self.engine.onload(self.offload_settings)
 
     @property

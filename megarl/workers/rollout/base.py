@@ -28,6 +28,9 @@ if TYPE_CHECKING:  # megarl.bridge imports this module
     from megarl.bridge import SyncPlan
 
 FinishReason = Literal["stop", "length"]
+SLEEP_TAGS = ("weights", "kv_cache")
+"""The parts of a sleeping engine's memory that `RolloutEngine.wake_up` brings back, one at a time or
+together (vLLM's own tags: `LLM.wake_up(tags)`, vllm/v1/executor/abstract.py `SLEEP_TAGS`)."""
 
 
 class RolloutPausedError(RuntimeError):
@@ -116,7 +119,10 @@ class RolloutEngine(abc.ABC):
 
     def __init__(self) -> None:
         self._paused = False
-        self._asleep = False
+        self._asleep: set[str] = set()
+        """The `SLEEP_TAGS` of the memory that is freed now."""
+        self._checksum_loads = True
+        """`checksum_loads`: the first sync of a run is always verified."""
         self._weight_version = 0
 
     @property
@@ -136,15 +142,28 @@ class RolloutEngine(abc.ABC):
         self._paused = False
 
     def sleep(self) -> None:
-        """Free accelerator memory (KV cache, weights) while a colocated trainer runs; generating
-        raises `RolloutPausedError` until `wake_up()`."""
+        """Free accelerator memory (KV cache, and the weights: kept on the host or dropped, by the
+        backend's sleep level) while a colocated trainer runs; generating raises `RolloutPausedError`
+        until every part is awake again (`wake_up`)."""
         self._sleep()
-        self._asleep = True
+        self._asleep = set(SLEEP_TAGS)
 
-    def wake_up(self) -> None:
-        """Undo `sleep()`, before the next generate or weight load."""
-        self._wake_up()
-        self._asleep = False
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Undo `sleep()` for the memory `tags` name (`SLEEP_TAGS`; None: all). The hand-over wakes
+        "weights" before the weight sync, which loads into them, and "kv_cache" once the trainer has
+        offloaded, so the two are never on the device beside the trainer's full state."""
+        tags = list(SLEEP_TAGS if tags is None else tags)
+        unknown = sorted(set(tags) - set(SLEEP_TAGS))
+        if unknown:
+            raise ValueError(f"{type(self).__name__}.wake_up: unknown tags {unknown}; use some of {list(SLEEP_TAGS)}")
+        self._wake_up(tags)
+        self._asleep -= set(tags)
+
+    def checksum_loads(self, enabled: bool) -> None:
+        """Whether the next weight loads checksum every tensor they receive (`loaded_checksums`, the
+        exact check of a verified sync: `WeightSync.verifies`); an unchecked load forgets the last
+        checksums, so they cannot be taken for its own."""
+        self._checksum_loads = enabled
 
     def _check_ready(self, call: str) -> None:
         # A paused/sleeping vLLM engine would queue the requests and never answer: fail instead.
@@ -155,7 +174,8 @@ class RolloutEngine(abc.ABC):
             )
         if self._asleep:
             raise RolloutPausedError(
-                f"{type(self).__name__}.{call}() called while the engine sleeps: call wake_up() first"
+                f"{type(self).__name__}.{call}() called while the engine's {sorted(self._asleep)} sleep: "
+                "call wake_up() first"
             )
 
     @abc.abstractmethod
@@ -213,8 +233,8 @@ class RolloutEngine(abc.ABC):
         """Backend part of `sleep()`."""
 
     @abc.abstractmethod
-    def _wake_up(self) -> None:
-        """Backend part of `wake_up()`."""
+    def _wake_up(self, tags: list[str]) -> None:
+        """Backend part of `wake_up(tags)`."""
 
     @abc.abstractmethod
     def shutdown(self) -> None:

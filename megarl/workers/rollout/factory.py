@@ -20,6 +20,7 @@ def make_rollout_engine(
     cpu_kv_cache_gib: int = 1,
     gpu_memory_utilization: float = 0.5,
     enforce_eager: bool = False,
+    sleep_level: int = 2,
     device: str = "cpu",
 ) -> RolloutEngine:
     """backend "vllm": `VLLMRolloutEngine` (all arguments but `device`, which vLLM picks itself).
@@ -38,6 +39,7 @@ def make_rollout_engine(
             cpu_kv_cache_gib=cpu_kv_cache_gib,
             gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=enforce_eager,
+            sleep_level=sleep_level,
         )
     if backend == "hf":
         if tensor_parallel_size != 1:

@@ -97,10 +97,11 @@ class HFRolloutEngine(RolloutEngine):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Any subset of the model's HF-named tensors, copied in as they come (a stream is held one
         tensor at a time); a name the model lacks, or a shape it does not have, is an error. Each is
-        checksummed as it comes (`loaded_checksums`)."""
+        checksummed as it comes (`loaded_checksums`) unless `checksum_loads(False)`."""
         params = self._model.state_dict(keep_vars=True)
-        self._loaded = LoadedChecksums(str(self._model.dtype).removeprefix("torch."))
-        named_tensors = recorded(named_tensors, self._loaded)
+        self._loaded = LoadedChecksums(str(self._model.dtype).removeprefix("torch.")) if self._checksum_loads else None
+        if self._loaded is not None:
+            named_tensors = recorded(named_tensors, self._loaded)
         unknown = []
         with torch.no_grad():
             for name, tensor in named_tensors:
@@ -122,7 +123,8 @@ class HFRolloutEngine(RolloutEngine):
     def loaded_checksums(self) -> list[LoadedChecksums]:
         """What the last sync loaded, checksummed as it came (`megarl.bridge.checksum`); one worker."""
         if self._loaded is None:
-            raise RuntimeError("loaded_checksums: the engine has loaded no weights since it started")
+            raise RuntimeError("loaded_checksums: no checksums of the last load (no load since the engine started, "
+                               "or one made with checksum_loads(False))")
         return [self._loaded]
 
     def load_shared_buckets(self, ring: SharedRing) -> Future[None]:
@@ -150,8 +152,9 @@ class HFRolloutEngine(RolloutEngine):
     def _sleep(self) -> None:
         self._model.to("cpu")
 
-    def _wake_up(self) -> None:
-        self._model.to(self._device)
+    def _wake_up(self, tags: list[str]) -> None:
+        if "weights" in tags:  # no KV cache is kept between calls
+            self._model.to(self._device)
 
     def shutdown(self) -> None:
         self._rpc_thread.shutdown(wait=True)

@@ -53,12 +53,12 @@ Named = Iterable[tuple[str, torch.Tensor]]
 """(vLLM parameter name, tensor) pairs, e.g. `model.layers.0.self_attn.qkv_proj.weight`."""
 
 
-def load_rank_rings(worker, rings_by_rank: Mapping[int, Sequence[SharedRing]], record: LoadedChecksums) -> None:
+def load_rank_rings(worker, rings_by_rank: Mapping[int, Sequence[SharedRing]], record: LoadedChecksums | None) -> None:
     """One per-rank sync into `worker` (the vLLM worker: `get_model()`, `vllm_config`): read the
     rings of its TP rank, `rings_by_rank[r]` (one per pipeline stage of the trainer, in stage
-    order), one after the other, checksumming every tensor into `record` as it arrives. A failure is
-    passed on to the senders of this worker's rings, also those it had not started reading. A tied
-    LM head is the caller's to refresh afterwards."""
+    order), one after the other, checksumming every tensor into `record` (None: unchecked) as it
+    arrives. A failure is passed on to the senders of this worker's rings, also those it had not
+    started reading. A tied LM head is the caller's to refresh afterwards."""
     rank = get_tensor_model_parallel_rank()
     rings = rings_by_rank[rank]
     loader = ModuleLoader(worker)
@@ -66,7 +66,8 @@ def load_rank_rings(worker, rings_by_rank: Mapping[int, Sequence[SharedRing]], r
     for stage, ring in enumerate(rings):
         name = f"rollout worker {rank} (trainer stage {stage})"
         try:
-            read_ring(ring, name, worker.device, lambda tensors: loader.load(recorded(tensors, record, layout)))
+            read_ring(ring, name, worker.device,
+                      lambda tensors: loader.load(tensors if record is None else recorded(tensors, record, layout)))
         except BaseException as error:
             for later in rings[stage + 1:]:
                 RingReader(later, name).abort(f"an earlier stage's load failed: {error!r}")

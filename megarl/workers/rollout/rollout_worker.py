@@ -18,6 +18,7 @@ from torch import Tensor
 
 from megarl.bridge import SharedRing, SyncPlan
 from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
+from megarl.workers.memory_stats import memory_stats
 from megarl.workers.rollout.factory import make_rollout_engine
 
 
@@ -25,11 +26,12 @@ class RolloutWorker:
     """Hosts one `RolloutEngine` (its own TP group of vLLM workers when TP > 1)."""
 
     def __init__(self, backend: str, model_path: str, *, tensor_parallel_size: int, dtype: str, seed: int,
-                 max_model_len: int, cpu_kv_cache_gib: float, gpu_memory_utilization: float, enforce_eager: bool):
+                 max_model_len: int, cpu_kv_cache_gib: float, gpu_memory_utilization: float, enforce_eager: bool,
+                 sleep_level: int = 2):
         self.engine = make_rollout_engine(
             backend, model_path, tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
             max_model_len=max_model_len, cpu_kv_cache_gib=cpu_kv_cache_gib,
-            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
+            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager, sleep_level=sleep_level,
         )
         self._pending: Future | None = None
 
@@ -80,11 +82,23 @@ class RolloutWorker:
         self.engine.pause()
         self._pending = self.engine.load_rank_rings(rings_by_rank)
 
-    def sleep(self) -> None:
+    def sleep(self) -> dict[str, float]:
+        """Free the engine's KV cache and weights (`RolloutEngine.sleep`); this process's memory afterwards."""
         self.engine.sleep()
+        return memory_stats()
 
-    def wake_up(self) -> None:
-        self.engine.wake_up()
+    def wake_up(self, tags: list[str] | None = None) -> dict[str, float]:
+        """Bring back the memory `tags` name ("weights", "kv_cache"; None: all); this process's memory afterwards."""
+        self.engine.wake_up(tags)
+        return memory_stats()
+
+    def memory_stats(self) -> dict[str, float]:
+        """This process's memory now (`megarl.workers.memory_stats`)."""
+        return memory_stats()
+
+    def checksum_loads(self, enabled: bool) -> None:
+        """Whether the next syncs are checksummed as they load (`RolloutEngine.checksum_loads`)."""
+        self.engine.checksum_loads(enabled)
 
     def shutdown(self) -> None:
         self.engine.shutdown()

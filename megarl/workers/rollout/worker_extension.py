@@ -12,8 +12,9 @@ Three ways in, one load (`_load`): HF-named tensors handed over (`load_hf_weight
 trainer's shards received over the sync group into full tensors (`receive_weights`), buckets
 streamed through the sender's shared slots (`load_shared_buckets`, `shared_ring`). A fourth loads each worker's own TP shards, streamed
 by the trainer ranks of its TP rank (`load_rank_rings`, `rank_load`).
-Every load checksums each tensor as the loader receives it (`bridge.checksum.recorded`, in the
-engine's dtype), for the bridge's exact check of the sync (`loaded_checksums`).
+A load checksums each tensor as the loader receives it (`bridge.checksum.recorded`, in the engine's
+dtype) for the bridge's exact check of the sync (`loaded_checksums`), on the syncs that are
+verified (`checksum_loads`).
 Each call is one `reload_weights` pass: vLLM's reload processes a fused layer (qkv_proj,
 gate_up_proj; a weight and its bias) once all its parts have arrived within the pass, and
 materialises the parts missing from a pass as garbage, so one sync must be one call.
@@ -64,12 +65,21 @@ class WeightSyncWorkerExtension:
         """The checksums of the tensors this worker's last load received (None before any load)."""
         return getattr(self, "_megarl_loaded", None)
 
-    def _new_record(self) -> LoadedChecksums:
-        self._megarl_loaded = LoadedChecksums(str(self.model_config.dtype).removeprefix("torch."))
+    def checksum_loads(self, enabled: bool) -> None:
+        """Whether the next loads checksum what they receive (`RolloutEngine.checksum_loads`)."""
+        self._megarl_checksum_loads = enabled
+
+    def _new_record(self) -> LoadedChecksums | None:
+        """The record of the load that starts now; None (and the last one forgotten) when unchecked."""
+        checked = getattr(self, "_megarl_checksum_loads", True)
+        dtype = str(self.model_config.dtype).removeprefix("torch.")
+        self._megarl_loaded = LoadedChecksums(dtype) if checked else None
         return self._megarl_loaded
 
     def _load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.reload_weights(weights_iterator=recorded(weights, self._new_record()), is_checkpoint_format=True)
+        record = self._new_record()
+        weights = weights if record is None else recorded(weights, record)
+        self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
         if self.model_config.hf_text_config.tie_word_embeddings:
             self._refresh_tied_lm_head()
 

@@ -1,6 +1,7 @@
-"""`WeightSync`: which syncs run the checks (`rollout.sync.verify_every`), and that a bad sync is
-caught on a checked step, by the exact check (naming the tensor) or by the log-prob gap. The worker
-groups are stand-ins that record the calls they get."""
+"""`WeightSync`: which syncs run the checks (`rollout.sync.verify_every`), that the engines checksum
+only the loads of checked syncs, and that a bad sync is caught on a checked step, by the exact check
+(naming the tensor) or by the log-prob gap. The worker groups are stand-ins that record the calls
+they get."""
 
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,7 +43,7 @@ class Engines(Group):
     def __init__(self, broken_from: int | None = None, wrong_tensor_from: int | None = None):
         self.version, self.broken_from, self.wrong_tensor_from = 0, broken_from, wrong_tensor_from
         super().__init__(
-            wake_up=lambda: [None], start_receive=lambda: [None], start_shared_receive=lambda: [None],
+            checksum_loads=lambda: [None], start_receive=lambda: [None], start_shared_receive=lambda: [None],
             start_rank_receive=lambda: [None],
             finish_receive=self._receive,
             prompt_logprobs=lambda: [list(ACTOR_LOG_PROBS + (0.5 if self._broken() else 0.0))],
@@ -72,11 +73,16 @@ def weight_sync(verify_every: int, total_steps: int, engines: Engines | None = N
                    weight_checksums=lambda: RANK_CHECKSUMS)
     roles = SimpleNamespace(policy=policy, rollout=engines or Engines(), sync_transport=transport,
                             per_rank=per_rank, grids=GRIDS)
-    return WeightSync(roles, config, vocab_size=64, total_steps=total_steps, wake_engines=True)
+    return WeightSync(roles, config, vocab_size=64, total_steps=total_steps)
+
+
+def sync_and_check(sync: WeightSync, step: int) -> dict[str, float]:
+    """One step's sync, then the engines' side of its check (the hand-over runs the two apart)."""
+    return sync(step) | sync.check_engines()
 
 
 def checked_steps(sync: WeightSync, steps) -> list[int]:
-    return [step for step in steps if "sync/logprob_max_abs_diff" in sync(step)]
+    return [step for step in steps if "sync/logprob_max_abs_diff" in sync_and_check(sync, step)]
 
 
 def test_checks_the_first_sync_every_kth_step_and_the_last():
@@ -87,6 +93,8 @@ def test_checks_the_first_sync_every_kth_step_and_the_last():
     assert sync.rollout.calls.count("prompt_logprobs") == sync.rollout.calls.count("loaded_checksums") == 4
     assert sync.rollout.calls.count("finish_receive") == 8
     assert sync.policy.calls.count("sync_plan") == 1  # fetched once per run
+    # The engines checksum the loads of checked syncs only: off after step 1, on for 3, off, on for 6, 8.
+    assert sync.rollout.calls.count("checksum_loads") == 6
 
 
 def test_every_sync_is_checked_by_default():
@@ -100,11 +108,15 @@ def test_a_resumed_run_checks_its_first_sync():
     assert checked_steps(sync, [5, 6, 7, 8, 9, 10]) == [5, 8, 10]
 
 
-def test_a_sync_is_woken_received_then_checked_in_order():
+def test_a_sync_is_received_then_checked_in_order():
     sync = weight_sync(verify_every=1, total_steps=1)
     metrics = sync(1)
-    assert sync.rollout.calls == ["wake_up", "start_receive", "finish_receive", "loaded_checksums", "prompt_logprobs"]
+    # At the sync: the actor's side of the check, while its parameters are on the devices.
+    assert sync.rollout.calls == ["start_receive", "finish_receive"]
     assert sync.policy.calls == ["sync_plan", "send_weights", "weight_checksums", "probe_log_probs"]
+    assert "sync/checksum_tensors" not in metrics
+    metrics |= sync.check_engines()  # once the engines are awake: theirs
+    assert sync.rollout.calls == ["start_receive", "finish_receive", "loaded_checksums", "prompt_logprobs"]
     assert metrics["sync/weight_version"] == 1.0
     assert metrics["sync/checksum_tensors"] == 2.0
     assert metrics["sync/logprob_max_abs_diff"] == 0.0
@@ -112,17 +124,15 @@ def test_a_sync_is_woken_received_then_checked_in_order():
 
 def test_a_shared_memory_sync_starts_the_engines_from_rank_0s_ring():
     sync = weight_sync(verify_every=1, total_steps=1, transport="shared_memory")
-    sync(1)
-    assert sync.rollout.calls == ["wake_up", "start_shared_receive", "finish_receive", "loaded_checksums",
-                                  "prompt_logprobs"]
+    sync_and_check(sync, 1)
+    assert sync.rollout.calls == ["start_shared_receive", "finish_receive", "loaded_checksums", "prompt_logprobs"]
     assert sync.policy.calls == ["begin_weight_sync", "send_weights", "weight_checksums", "probe_log_probs"]
 
 
 def test_a_per_rank_sync_starts_the_engines_from_every_sending_ranks_ring():
     sync = weight_sync(verify_every=1, total_steps=1, transport="shared_memory", per_rank=True)
-    sync(1)
-    assert sync.rollout.calls == ["wake_up", "start_rank_receive", "finish_receive", "loaded_checksums",
-                                  "prompt_logprobs"]
+    sync_and_check(sync, 1)
+    assert sync.rollout.calls == ["start_rank_receive", "finish_receive", "loaded_checksums", "prompt_logprobs"]
     assert sync.policy.calls == ["begin_weight_sync", "send_weights", "weight_checksums", "probe_log_probs"]
 
 
@@ -137,17 +147,17 @@ def test_rings_are_grouped_by_tp_rank_in_stage_order_without_the_ranks_that_send
 def test_a_bad_sync_is_caught_on_the_next_checked_step():
     sync = weight_sync(verify_every=2, total_steps=10, engines=Engines(broken_from=3))
     assert checked_steps(sync, [1, 2]) == [1, 2]
-    assert "sync/logprob_max_abs_diff" not in sync(3)  # unchecked: the broken weights pass unseen
+    assert "sync/logprob_max_abs_diff" not in sync_and_check(sync, 3)  # unchecked: the broken weights pass unseen
     with pytest.raises(SyncVerificationError, match="differ from the actor's by 0.5"):
-        sync(4)
+        sync_and_check(sync, 4)
 
 
 def test_a_wrong_tensor_is_named_by_the_exact_check_where_the_log_probs_agree():
     sync = weight_sync(verify_every=1, total_steps=3, engines=Engines(wrong_tensor_from=2))
-    assert sync(1)["sync/checksum_tensors"] == 2.0
+    assert sync_and_check(sync, 1)["sync/checksum_tensors"] == 2.0
     with pytest.raises(WeightChecksumError, match=r"rollout engine 0 \(float32\).* 1 of 2 tensors: lm_head.weight: "
                                                   r"rollout worker 0 loaded checksum 0x8, the actor's is 0x7"):
-        sync(2)
+        sync_and_check(sync, 2)
 
 
 def test_the_gap_threshold_is_measured_per_dtype_unless_set():
@@ -157,12 +167,12 @@ def test_the_gap_threshold_is_measured_per_dtype_unless_set():
     config = load_config(QUICKSTART, ["model.dtype=bfloat16", "rollout.sync.logprob_gap_threshold=0.25"])
     roles = SimpleNamespace(policy=Group(sync_plan=lambda: ["the plan"]), rollout=Engines(),
                             sync_transport="collective", per_rank=False, grids=GRIDS)
-    assert WeightSync(roles, config, vocab_size=64, total_steps=1, wake_engines=False).threshold == 0.25
+    assert WeightSync(roles, config, vocab_size=64, total_steps=1).threshold == 0.25
 
 
 def test_the_probe_has_probe_batch_size_sequences():
     config = load_config(QUICKSTART, ["rollout.sync.probe_batch_size=3"])
     roles = SimpleNamespace(policy=Group(sync_plan=lambda: ["the plan"]), rollout=Engines(), sync_transport="collective",
                             per_rank=False, grids=GRIDS)
-    sync = WeightSync(roles, config, vocab_size=64, total_steps=1, wake_engines=False)
+    sync = WeightSync(roles, config, vocab_size=64, total_steps=1)
     assert len(sync.probe) == 3 and all(0 <= token < 64 for sequence in sync.probe for token in sequence)
