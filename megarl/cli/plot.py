@@ -1,4 +1,5 @@
-"""`megarl plot RUN_DIR`: draw a run's training curves from RUN_DIR/metrics.jsonl into RUN_DIR/curves.png.
+"""`megarl plot RUN_DIR`: draw a run's training curves from RUN_DIR/metrics.jsonl into RUN_DIR/curves.png,
+and its memory per hand-over phase, when it logged some, into memory.png beside it.
 
 Works on a finished run and on one still training (it reads the steps logged so far).
 """
@@ -7,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from megarl.trainer.plots import CURVES_FILE, plot_metrics
+from megarl.trainer.plots import CURVES_FILE, MEMORY_FILE, plot_memory, plot_metrics
 from megarl.trainer.sinks import METRICS_FILE, read_metrics_file
 
 
@@ -17,7 +18,8 @@ def register(subparsers) -> None:
         help="plot a run's reward, response length, KL and sync gap curves",
         description=f"Read RUN_DIR/{METRICS_FILE} and write a PNG with reward (and its rolling mean), response "
                     f"length, KL to the reference and the weight-sync log-prob gap over steps "
-                    f"(default RUN_DIR/{CURVES_FILE}).",
+                    f"(default RUN_DIR/{CURVES_FILE}), and each role's memory through the last step's hand-over "
+                    f"phases into {MEMORY_FILE} beside it when the run logged memory metrics.",
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", type=Path,
                         help="the run's directory: trainer.output_dir/trainer.experiment_name")
@@ -40,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"megarl plot: {metrics_path} holds no steps yet; plot again once the run has logged one",
               file=sys.stderr)
         return 2
-    out_path = plot_metrics(records, args.out or args.run_dir / CURVES_FILE, title=args.run_dir.resolve().name)
+    title = args.run_dir.resolve().name
+    out_path = plot_metrics(records, args.out or args.run_dir / CURVES_FILE, title=title)
     print(f"wrote {out_path} ({len(records)} steps)")
+    memory_path = plot_memory(records, out_path.with_name(MEMORY_FILE), title=title)
+    if memory_path is not None:
+        print(f"wrote {memory_path}")
     return 0

@@ -20,7 +20,7 @@ from megarl.config import (
     to_dict,
     validate,
 )
-from megarl.config.memory import memory_report
+from megarl.config.memory import memory_report, rollout_budget_problems
 from megarl.config.model_facts import ModelFactsError
 
 
@@ -39,7 +39,8 @@ def register(subparsers) -> None:
                              "reward-model directories, checkpoint/output directories or the resume path (the skipped "
                              "checks are listed); model-shape checks use megarl's table of known hub models")
     parser.add_argument("--gpu-memory-gib", type=float, default=80.0,
-                        help="GPU size the per-GPU memory estimate is checked against (default 80)")
+                        help="GPU size the per-GPU memory estimate and the colocated engines' "
+                             "rollout.gpu_memory_utilization are checked against (default 80)")
     parser.set_defaults(func=run)
 
 
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         print("(semantic checks run once the keys and types above are fixed)", file=sys.stderr)
         return 2
     check_files = not args.no_file_checks
-    problems = validate(config, check_files=check_files)
+    problems = validate(config, check_files=check_files) + rollout_budget_problems(config, args.gpu_memory_gib)
     if problems:
         _report(args.config, problems)
         return 2

@@ -1,4 +1,5 @@
-"""Per-GPU memory estimate of a recipe, per role, so `megarl validate` can say whether it fits.
+"""Per-GPU memory estimate of a recipe, per role, so `megarl validate` can say whether it fits, and
+refuse a `rollout.gpu_memory_utilization` the colocated engines cannot have (`rollout_budget_problems`).
 
 Pure arithmetic (no torch). It describes what the Megatron roles run (megarl.workers.megatron_train,
 megarl.models.architectures) for the rank that holds the most (the first pipeline stage, which also
@@ -37,8 +38,8 @@ holds the activations of the most micro-batches in flight):
 
 Peak per GPU. Split placement: the training GPUs hold the trained roles during the update (actor,
 critic, reference parameters), the rollout GPUs the engine. Colocated: the larger of the rollout
-phase (the engine's share + what the Megatron roles keep resident: parameters and gradients unless
-`offload.params`, the optimizer unless `offload.optimizer` with bfloat16 parameters (with fp32 ones
+phase (the engine's share + what the Megatron roles keep resident: parameters unless `offload.params`,
+gradients unless `offload.grads`, the optimizer unless `offload.optimizer` with bfloat16 parameters (with fp32 ones
 megatron's optimizer updates the model's own parameters, so there is nothing separate to move and
 the trainer refuses the setting), the reference unless `ref.offload_params`) and the training phase
 (every trained role's full state + one role's activations + the reference, with the engine asleep
@@ -52,6 +53,7 @@ from dataclasses import dataclass
 from megarl.config.config import Config
 from megarl.config.batch_plan import plan_batches, uses_reference
 from megarl.config.model_facts import ModelFactsError, is_hub_id, load_model_facts
+from megarl.config.problems import Problem
 from megarl.config.roles import ParallelConfig, RecomputeConfig
 from megarl.models.hf_config import read_model_dims
 
@@ -280,7 +282,8 @@ def _what_runs(config: Config, on_gpu: bool, gpu_memory_gib: float) -> tuple[str
     else:
         precision = "fp32 parameters, grads and Adam moments, no main copy (4 + 4 + 8 B per parameter)"
     optimizer_moves = DTYPE_BYTES[dtype] < FP32
-    offloaded = [f"{role}.offload.params" for role in ("actor", "critic") if getattr(config, role).offload.params]
+    offloaded = [f"{role}.offload.{part}" for role in ("actor", "critic") for part in ("params", "grads")
+                 if getattr(getattr(config, role).offload, part)]
     offloaded += [f"{role}.offload.optimizer" for role in ("actor", "critic")
                   if getattr(config, role).offload.optimizer and optimizer_moves]
     offloaded += ["ref.offload_params"] if config.ref.offload_params else []
@@ -306,17 +309,54 @@ def _peak(config: Config, roles: list[RoleMemory]) -> tuple[int, str]:
     training = states + max(r.activations for r in trained) + ref
     if config.placement.mode == "split":
         return (training, "training GPUs") if training >= engine else (engine, "rollout GPUs")
+    rollout_phase = engine + resident_during_rollout(config, roles)
+    training_phase = training + (0 if config.rollout.free_cache_engine else engine)
+    return (rollout_phase, "rollout phase") if rollout_phase >= training_phase else (training_phase, "training phase")
+
+
+def resident_during_rollout(config: Config, roles: list[RoleMemory]) -> int:
+    """Bytes the Megatron roles keep on a colocated GPU while the engines generate: what their
+    `offload` settings (and `ref.offload_params`) leave there (module docstring)."""
     offload = {"actor": config.actor.offload, "critic": config.critic.offload}
     # Only bf16 parameters have a separate fp32 optimizer state to move (module docstring).
     optimizer_moves = DTYPE_BYTES[config.model.dtype] < FP32
-    resident = sum(
-        (0 if offload[r.role].params else r.parameters + r.gradients)
-        + (0 if offload[r.role].optimizer and optimizer_moves else r.optimizer)
-        for r in trained
-    ) + (0 if config.ref.offload_params else ref)
-    rollout_phase = engine + resident
-    training_phase = training + (0 if config.rollout.free_cache_engine else engine)
-    return (rollout_phase, "rollout phase") if rollout_phase >= training_phase else (training_phase, "training phase")
+    resident = 0
+    for r in roles:
+        if r.role in offload:
+            settings = offload[r.role]
+            resident += ((0 if settings.params else r.parameters) + (0 if settings.grads else r.gradients)
+                         + (0 if settings.optimizer and optimizer_moves else r.optimizer))
+        elif r.role == "ref" and not config.ref.offload_params:
+            resident += r.parameters
+    return resident
+
+
+def rollout_budget_problems(config: Config, gpu_memory_gib: float) -> list[Problem]:
+    """Colocated on GPUs: vLLM starts only when `rollout.gpu_memory_utilization` of the GPU is free,
+    beside what the Megatron roles keep resident while the engines generate (the engines start after
+    they offload: `megarl.trainer.handover`); a problem naming the largest value that fits when it is
+    not. No problem when the model's shape is unknown (`memory_report` says why) or nothing is
+    colocated on a GPU."""
+    if config.placement.mode != "colocated" or config.trainer.device == "cpu":
+        return []
+    try:
+        shape = ModelShape.of(config.model.path)
+    except ModelFactsError:
+        return []
+    estimate = estimate_memory(config, shape, train_gpus=plan_batches(config).train_gpus, gpu_memory_gib=gpu_memory_gib)
+    resident = resident_during_rollout(config, estimate.roles)
+    most = int((estimate.gpu_memory_bytes - resident) / estimate.gpu_memory_bytes * 100) / 100
+    utilization = config.rollout.gpu_memory_utilization
+    if utilization <= most:
+        return []
+    return [Problem(
+        "rollout.gpu_memory_utilization", utilization,
+        f"the engines would take {utilization * gpu_memory_gib:.1f} GiB of each {gpu_memory_gib:g} GiB GPU, but the "
+        f"Megatron roles keep {resident / GIB:.1f} GiB there while the engines generate (vLLM refuses to start "
+        "unless its share is free)",
+        f"use at most {most:.2f}, or offload more: actor.offload.params / grads / optimizer (and the critic's), "
+        "ref.offload_params",
+    )]
 
 
 def format_estimate(estimate: MemoryEstimate) -> str:

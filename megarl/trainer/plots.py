@@ -1,8 +1,10 @@
 """Training curves of a run as one PNG: reward (with a rolling mean), response length, KL to the
-reference and the weight-sync log-prob gap, over steps.
+reference and the weight-sync log-prob gap, over steps; and the memory of each role through the
+phases of the last step's hand-over (`megarl.trainer.handover`) as a second one.
 
-Written at the end of every run and by `megarl plot RUN_DIR`, as `RUN_DIR/curves.png`
-(`FIGURE_PIXELS` wide × high). Drawn on the Agg canvas directly, so no display and no pyplot state.
+Written at the end of every run and by `megarl plot RUN_DIR`, as `RUN_DIR/curves.png` and
+`RUN_DIR/memory.png` (`FIGURE_PIXELS` wide × high). Drawn on the Agg canvas directly, so no display
+and no pyplot state.
 """
 
 import math
@@ -13,8 +15,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from megarl.trainer.metrics import MEMORY_PHASES, MEMORY_ROLES, MEMORY_STATS, memory_metric
+
 CURVES_FILE = "curves.png"
-"""The plot's file name in the run directory."""
+"""The curves' file name in the run directory."""
+MEMORY_FILE = "memory.png"
+"""The memory plot's file name in the run directory."""
 FIGURE_PIXELS = (1200, 800)
 """Width and height of the PNG."""
 _DPI = 100
@@ -23,7 +29,7 @@ _DPI = 100
 _PANELS = (
     ("reward", ("reward/mean", "val/reward/mean"), False),
     ("response length (tokens)", ("response_length/mean", "response_length/max"), False),
-    ("KL(policy ‖ reference)", ("actor/kl",), False),
+    ("KL(policy ‖ reference)", ("actor/kl", "actor/reward_kl_penalty"), False),
     ("sync log-prob gap |rollout - actor|", ("sync/logprob_max_abs_diff", "sync/logprob_mean_abs_diff"), True),
 )
 
@@ -69,6 +75,43 @@ def plot_metrics(records: Sequence[dict[str, float | None]], out_path: Path, tit
         axes.legend(fontsize="small")
     figure.savefig(out_path, format="png")
     return out_path
+
+
+def plot_memory(records: Sequence[dict[str, float | None]], out_path: Path, title: str = "") -> Path | None:
+    """One panel per memory stat the run logged (`memory/<role>/<phase>/<stat>`): each role's GiB
+    through the hand-over's phases (`MEMORY_PHASES` order) of the last step that has them, drawn to
+    `out_path`. Between the phases where a role was measured it holds what it held (only the acting
+    group reports, besides the snapshots after generating and training). None when no step has any."""
+    measured = [record for record in records if any(name.startswith("memory/") for name in record)]
+    if not measured:
+        return None
+    record = measured[-1]
+    stats = [stat for stat in MEMORY_STATS if any(name.endswith(f"/{stat}") for name in record)]
+    phases = [phase for phase in MEMORY_PHASES if any(f"/{phase}/" in name for name in record)]
+    figure = Figure(figsize=(FIGURE_PIXELS[0] / _DPI, FIGURE_PIXELS[1] / _DPI), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    figure.suptitle(f"{title}  memory per hand-over phase (step {record['step']})".strip())
+    for axes, stat in zip(figure.subplots(len(stats), 1, squeeze=False).flat, stats):
+        axes.set_title(stat)
+        axes.set_ylabel("GiB")
+        for role in MEMORY_ROLES:
+            values = [record.get(memory_metric(role, phase, stat)) for phase in phases]
+            if any(value is not None for value in values):
+                axes.plot(phases, _carried(values), marker="o", drawstyle="steps-post", label=role)
+        axes.tick_params(axis="x", labelrotation=20)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize="small")
+    figure.savefig(out_path, format="png")
+    return out_path
+
+
+def _carried(values: list[float | None]) -> list[float]:
+    """Each missing value replaced by the one before it (NaN before the first)."""
+    carried, last = [], math.nan
+    for value in values:
+        last = last if value is None else value
+        carried.append(last)
+    return carried
 
 
 def _series(records: Sequence[dict[str, float | None]], name: str) -> tuple[list[int], list[float]]:

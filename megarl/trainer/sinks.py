@@ -4,10 +4,11 @@
         for step in range(1, 101):
             ...
             metrics_logger.log(step, metrics)       # one call per step, steps increasing
-    # on exit: sinks closed, run_dir/curves.png written
+    # on exit: sinks closed, run_dir/curves.png (and memory.png) written
 
 Run directory `trainer.output_dir/trainer.experiment_name` holds `metrics.jsonl` (always written:
-the plot and the e2e checks read it), `tensorboard/` and `wandb/` when configured, `curves.png`.
+the plot and the e2e checks read it), `tensorboard/` and `wandb/` when configured, `curves.png` and
+`memory.png` (`megarl.trainer.plots`).
 
 Resume policy (JSONL and TensorBoard alike): a run resumed from the checkpoint of step N keeps the
 records of steps <= N and drops later ones, which the resumed run logs again; a fresh run
@@ -31,7 +32,7 @@ from typing import Protocol, TextIO
 from tqdm import tqdm
 
 from megarl.config.sections import TrainerConfig
-from megarl.trainer.plots import CURVES_FILE, plot_metrics
+from megarl.trainer.plots import CURVES_FILE, MEMORY_FILE, plot_memory, plot_metrics
 
 METRICS_FILE = "metrics.jsonl"
 """One JSON object per step in the run directory: `{"step": N, "<name>": value, ...}`; non-finite values as null."""
@@ -210,7 +211,8 @@ class WandbSink:
 
 class MetricsLogger:
     """The loop's one handle on metrics: validates each step's dict and fans it out to the sinks.
-    Lives on the driver only. `close` (or leaving the `with` block) writes `run_dir/curves.png`."""
+    Lives on the driver only. `close` (or leaving the `with` block) writes `run_dir/curves.png` and
+    `run_dir/memory.png`."""
 
     def __init__(
         self,
@@ -273,12 +275,14 @@ class MetricsLogger:
             sink.log(step, numbers)
 
     def close(self) -> Path | None:
-        """Closes the sinks and plots the run; returns the plot's path (None when no step was ever logged)."""
+        """Closes the sinks and plots the run (`curves.png`, and `memory.png` when the run logged memory);
+        returns the curves' path (None when no step was ever logged)."""
         for sink in self.sinks:
             sink.close()
         records = read_metrics_file(self.run_dir / METRICS_FILE)
         if not records:
             return None
+        plot_memory(records, self.run_dir / MEMORY_FILE, title=self.run_dir.name)
         return plot_metrics(records, self.run_dir / CURVES_FILE, title=self.run_dir.name)
 
     def __enter__(self) -> "MetricsLogger":

