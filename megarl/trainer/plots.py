@@ -97,7 +97,9 @@ def plot_memory(records: Sequence[dict[str, float | None]], out_path: Path, titl
         for role in MEMORY_ROLES:
             values = [record.get(memory_metric(role, phase, stat)) for phase in phases]
             if any(value is not None for value in values):
-                axes.plot(phases, _carried(values), marker="o", drawstyle="steps-post", label=role)
+                line, = axes.plot(phases, _carried(values), drawstyle="steps-post", label=role)
+                measured_at = [(phase, value) for phase, value in zip(phases, values) if value is not None]
+                axes.plot(*zip(*measured_at), "o", color=line.get_color())  # a dot where the role reported
         axes.tick_params(axis="x", labelrotation=20)
         axes.grid(alpha=0.3)
         axes.legend(fontsize="small")

@@ -1,10 +1,10 @@
-"""curves.png: written at close and by `megarl plot`, a real PNG of the documented size."""
+"""curves.png and memory.png: written at close and by `megarl plot`, real PNGs of the documented size."""
 
 import math
 import struct
 
 from megarl.cli.main import main
-from megarl.trainer.plots import CURVES_FILE, FIGURE_PIXELS, rolling_mean
+from megarl.trainer.plots import CURVES_FILE, FIGURE_PIXELS, MEMORY_FILE, rolling_mean
 from megarl.trainer.sinks import MetricsLogger
 
 
@@ -55,3 +55,27 @@ def test_rolling_mean_trails_and_skips_nan():
     assert rolling_mean([1.0, 3.0, 5.0, 7.0], window=2) == [1.0, 2.0, 4.0, 6.0]
     means = rolling_mean([math.nan, 2.0, math.nan, 4.0], window=2)
     assert math.isnan(means[0]) and means[1:] == [2.0, 2.0, 4.0]
+
+
+def _memory_run(run_dir, steps=2):
+    """A run that logged the hand-over's memory, as a colocated CPU run does (`megarl.trainer.handover`)."""
+    phases = {"rollout": ("generated", "asleep", "trained", "weights_awake", "awake"),
+              "actor": ("generated", "onloaded", "trained", "training_offloaded", "params_offloaded")}
+    with MetricsLogger(run_dir, ["jsonl"], total_steps=steps) as metrics_logger:
+        for step in range(1, steps + 1):
+            memory = {f"memory/{role}/{phase}/rss_gib": 1.0 + index / 10
+                      for role, names in phases.items() for index, phase in enumerate(names)}
+            metrics_logger.log(step, {"reward/mean": 0.5, **memory})
+
+
+def test_a_run_with_memory_metrics_gets_memory_png(tmp_path, capsys):
+    _memory_run(tmp_path)
+    assert _png_size(tmp_path / MEMORY_FILE) == FIGURE_PIXELS
+    (tmp_path / MEMORY_FILE).unlink()
+    assert main(["plot", str(tmp_path)]) == 0
+    assert _png_size(tmp_path / MEMORY_FILE) == FIGURE_PIXELS
+
+
+def test_no_memory_png_without_memory_metrics(tmp_path):
+    _run(tmp_path)
+    assert not (tmp_path / MEMORY_FILE).exists()
