@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from megarl.config import load_config
-from megarl.config.memory import GIB, ModelShape, estimate_memory, memory_report, state_bytes
+from megarl.config.memory import (GIB, ModelShape, estimate_memory, memory_report, resident_during_rollout,
+                                 rollout_budget_problems, state_bytes)
 from megarl.config.roles import ParallelConfig
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
@@ -82,8 +83,30 @@ def test_validate_prints_the_estimate(capsys):
     assert main(["validate", str(CONFIGS / "grpo_qwen2.5-7b_gsm8k.yaml"), "--no-file-checks"]) == 0
     out = capsys.readouterr().out
     assert "# memory estimate" in out and "of 80 GiB: fits" in out
-    assert main(["validate", str(CONFIGS / "grpo_qwen2.5-7b_gsm8k.yaml"), "--no-file-checks", "--gpu-memory-gib", "40"]) == 0
+    # On 40 GiB the engines' 0.6 cannot be free beside the actor and reference: refused, naming what fits.
+    assert main(["validate", str(CONFIGS / "grpo_qwen2.5-7b_gsm8k.yaml"), "--no-file-checks", "--gpu-memory-gib", "40"]) == 2
+    assert "rollout.gpu_memory_utilization = 0.6" in capsys.readouterr().err
+    assert main(["validate", "--no-file-checks", "--gpu-memory-gib", "40", str(CONFIGS / "grpo_qwen2.5-7b_gsm8k.yaml"),
+                 "rollout.gpu_memory_utilization=0.25"]) == 0
     assert "of 40 GiB: does not fit" in capsys.readouterr().out
+
+
+def test_the_engines_budget_must_fit_beside_what_megatron_keeps_resident():
+    config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml", "rollout.gpu_memory_utilization=0.9")
+    estimate = estimate_memory(config, ModelShape.of(config.model.path), train_gpus=8)
+    resident = resident_during_rollout(config, estimate.roles)
+    most = int((80 * GIB - resident) / (80 * GIB) * 100) / 100
+    (problem,) = rollout_budget_problems(config, 80)
+    assert problem.key == "rollout.gpu_memory_utilization" and f"use at most {most:.2f}" in problem.fix
+    assert not rollout_budget_problems(_recipe("grpo_qwen2.5-7b_gsm8k.yaml", f"rollout.gpu_memory_utilization={most}"), 80)
+    # Offloading the parameters and gradients too leaves room for more.
+    offloaded = _recipe("grpo_qwen2.5-7b_gsm8k.yaml", "rollout.gpu_memory_utilization=0.9", "actor.offload.params=true",
+                        "actor.offload.grads=true", "ref.offload_params=true")
+    assert not rollout_budget_problems(offloaded, 80)
+    # Engines on GPUs of their own take what they are given.
+    split = _recipe("grpo_qwen2.5-7b_gsm8k.yaml", "rollout.gpu_memory_utilization=0.9", "placement.mode=split",
+                    "placement.rollout_gpus=4")
+    assert not rollout_budget_problems(split, 80)
 
 
 @pytest.mark.parametrize("dtype, param_bytes, optimizer_bytes", [("float32", 4, 8), ("bfloat16", 2, 12)])

@@ -1,10 +1,10 @@
 """megarl's calls into megatron-core 0.16.1's mixed-precision and offload APIs fit the installed
 package. The mixed-precision path also runs on CPU (tests/distributed/workers/test_mixed_precision.py);
-the offload path is GPU-only in megarl (`TrainEngine.offload` returns at once on CPU), so only these
-checks guard it here."""
+the offload path is GPU-only in megarl (`TrainEngine.offload_training_state` / `offload_params` /
+`onload` return at once on CPU), so only these checks guard it here."""
 
 import pytest
-from megatron.core.distributed import DistributedDataParallelConfig
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBuffer
 from megatron.core.optimizer import OptimizerConfig
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
@@ -38,9 +38,19 @@ def test_mixed_precision_fields_exist():
 
 def test_buffer_offload_calls_fit():
     """megatron/core/distributed/param_and_grad_buffer.py `_ParamAndGradBuffer.offload_to_cpu` /
-    `reload_from_cpu(move_params, move_grads)`."""
-    assert_fits(call_sites(TRAIN, "offload_to_cpu")[:1], _ParamAndGradBuffer.offload_to_cpu, bound=True)
+    `reload_from_cpu(move_params, move_grads)`: megarl moves the parameters alone (after the sync)."""
+    buffer_calls = [site for site in call_sites(TRAIN, "offload_to_cpu") if site.keywords]
+    assert buffer_calls, "megarl offloads the parameters with offload_to_cpu(move_params=..., move_grads=...)"
+    assert_fits(buffer_calls, _ParamAndGradBuffer.offload_to_cpu, bound=True)
     assert_fits(call_sites(TRAIN, "reload_from_cpu"), _ParamAndGradBuffer.reload_from_cpu, bound=True)
+
+
+def test_grad_buffer_offload_calls_fit():
+    """megatron/core/distributed/distributed_data_parallel.py `DistributedDataParallel.offload_grad_buffers`
+    / `restore_grad_buffers` free and bring back (zeroed) the gradient buffers after the update."""
+    assert_fits(call_sites(TRAIN, "offload_grad_buffers"), DistributedDataParallel.offload_grad_buffers, bound=True)
+    assert_fits(call_sites(TRAIN, "restore_grad_buffers"), DistributedDataParallel.restore_grad_buffers, bound=True)
+    assert call_sites(TRAIN, "offload_grad_buffers") and call_sites(TRAIN, "restore_grad_buffers")
 
 
 @pytest.mark.parametrize("optimizer", [Float16OptimizerWithFloat16Params, DistributedOptimizer, FP32Optimizer,

@@ -43,11 +43,12 @@ def test_sleep_and_wake_up_fit_llm_and_gpu_worker():
     assert "tags" in inspect.signature(GPUWorker.wake_up).parameters
 
 
-def test_wake_up_without_tags_restores_the_weights():
-    """megarl wakes an engine with no tags before a sync and expects its weights back (level 2 sleep
-    discards them; the sync then overwrites them): gpu_worker.py `Worker.wake_up` restores the saved
-    parameters when `tags is None`."""
-    assert all(site.keywords == () and site.positional == 0 for site in call_sites(ENGINE, "wake_up"))
+def test_waking_the_weights_tag_restores_the_weights():
+    """The hand-over wakes an engine's weights alone before a sync (`wake_up(tags=["weights"])`,
+    megarl.trainer.handover) and expects them back: after a level-2 sleep, gpu_worker.py
+    `Worker.wake_up` restores the parameters it saved (those the checkpoint does not hold) when
+    "weights" is among the tags; the sync then overwrites the rest. The KV cache comes back by its own tag."""
+    assert all(site.keywords == ("tags",) and site.positional == 0 for site in call_sites(ENGINE, "wake_up"))
     assert 'tags is None or "weights" in tags' in inspect.getsource(GPUWorker.wake_up)
 
 
