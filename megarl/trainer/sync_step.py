@@ -2,8 +2,8 @@
 steps) the check that the engines now hold exactly the actor's weights and compute its log-probs.
 
 A sync is four Ray round trips (`wake_up` when the engines sleep, `start_receive`, `send_weights`,
-`finish_receive`), five with a shared transport (the engines start from the ring that trainer rank 0
-opens in `begin_weight_sync`, or per rank from every sending rank's). The check adds four more: the
+`finish_receive`), five with a shared transport (every ring-hosting trainer rank opens its ring in
+`begin_weight_sync`, and each engine starts from the rings its workers read: `megarl.bridge.ring_routes`). The check adds four more: the
 trainer ranks' checksums of their shards against every engine worker's of what its loader received
 (`megarl.bridge.checksum`, exact, in `model.dtype`, naming any tensor that differs), then the probe
 batch's log-probs on the actor and on every engine, within `rollout.sync.logprob_gap_threshold`. `rollout.sync.verify_every = k` runs the
@@ -28,9 +28,9 @@ class WeightSync:
     def __init__(self, roles, config: Config, *, vocab_size: int, total_steps: int, wake_engines: bool):
         """`roles`: the run's worker groups (`policy`, `rollout`); `vocab_size`: the tokenizer's, for
         the probe batch; `wake_engines`: the engines sleep during training and must wake first."""
-        self.policy, self.rollout, self.grids = roles.policy, roles.rollout, roles.grids
-        self.shared = roles.sync_transport != "collective"
-        self.per_rank = roles.per_rank
+        self.policy, self.rollout = roles.policy, roles.rollout
+        self.routes = roles.routes
+        """Which ring each engine worker reads (None: the collective transport)."""
         self.settings = config.rollout.sync
         self.dtype = config.model.dtype
         """The engines' dtype (they start with `dtype=model.dtype`): the exact check's."""
@@ -42,7 +42,7 @@ class WeightSync:
                                  config.actor.parallel.pipeline_model_parallel_size,
                                  config.rollout.tensor_model_parallel_size)
         # The plan is fixed for the run: fetch it once, not on every sync.
-        self.plan = None if self.shared else self.policy.call_rank0("sync_plan")
+        self.plan = None if self.routes else self.policy.call_rank0("sync_plan")
         self.verified_once = False
 
     def verifies(self, step: int) -> bool:
@@ -54,19 +54,27 @@ class WeightSync:
         `verifies(step)`; raises `SyncVerificationError` on a bad sync."""
         if self.wake_engines:
             self.rollout.call_all("wake_up")
-        if self.per_rank:
-            rings = rings_by_tp_rank(self.policy.call_all("begin_weight_sync"), self.grids)
-            self.rollout.call_all("start_rank_receive", rings)
-        elif self.shared:
-            self.rollout.call_all("start_shared_receive", self.policy.call_rank0("begin_weight_sync"))
-        else:
+        if self.routes is None:
             self.rollout.call_all("start_receive", self.plan)
+        else:
+            self.start_shared_receive()
         metrics = reduce_metrics(self.policy.call_all("send_weights"))
         versions = self.rollout.call_all("finish_receive", SYNC_TIMEOUT_S)
         metrics["sync/weight_version"] = float(min(versions))
         if self.verifies(step):
             metrics |= self.verify()
         return metrics
+
+    def start_shared_receive(self) -> None:
+        """Open every ring-hosting rank's ring and start each engine on the rings its workers read:
+        per rank, `{tp_rank: [ring per trainer stage]}`; gathered, `{tp_rank: ring}`."""
+        rings = self.policy.call_all("begin_weight_sync")
+        by_engine = [self.routes.engine_rings(k, rings) for k in range(self.rollout.world_size)]
+        if self.routes.per_rank:
+            self.rollout.call_each("start_rank_receive", [(engine,) for engine in by_engine])
+        else:
+            self.rollout.call_each("start_shared_receive",
+                                   [({tp: ring for tp, (ring,) in engine.items()},) for engine in by_engine])
 
     def verify(self) -> dict[str, float]:
         """Every tensor every engine loaded against the actor's shards (`sync/checksum_tensors`), then
@@ -80,12 +88,3 @@ class WeightSync:
         self.verified_once = True
         return reduce_metrics(checks) | reduce_metrics(gaps)
 
-
-def rings_by_tp_rank(rings: list, grids: list[dict[str, int]]) -> dict[int, list]:
-    """The sending ranks' rings (None from ranks that send nothing), in policy-rank order, grouped
-    by TP rank, each group in stage order: what engine worker r reads (`load_rank_rings`)."""
-    by_rank: dict[int, list[tuple[int, object]]] = {}
-    for ring, grid in zip(rings, grids):
-        if ring is not None:
-            by_rank.setdefault(grid["tp_rank"], []).append((grid["pp_rank"], ring))
-    return {tp: [ring for _, ring in sorted(stages, key=lambda item: item[0])] for tp, stages in sorted(by_rank.items())}
