@@ -55,12 +55,12 @@ class RingRoutes:
 
 def route_rings(grids: Sequence[dict[str, int]], engines: int, rollout_tp: int, *, colocated: bool,
                 per_rank: bool) -> RingRoutes:
-    """The routes for the actor's `grids` (per policy rank: tp/pp/dp rank and size) and `engines`
+    """The routes for the actor's `grids` (per policy rank: its `tp_rank`, `pp_rank`, `dp_rank`) and `engines`
     engines of `rollout_tp`; `per_rank`: the per-rank sync is allowed (`rollout.sync.per_rank` not
     "never", vLLM backend). Raises ValueError for a colocated layout whose bundles do not pair one
     engine worker with one policy rank."""
-    grid = grids[0]
-    same_tp = per_rank and grid["tp_size"] == rollout_tp
+    train_tp, train_pp = (1 + max(grid[key] for grid in grids) for key in ("tp_rank", "pp_rank"))
+    same_tp = per_rank and train_tp == rollout_tp
     if colocated:
         if len(grids) != engines * rollout_tp:
             raise ValueError(
@@ -68,7 +68,7 @@ def route_rings(grids: Sequence[dict[str, int]], engines: int, rollout_tp: int, 
                 f"for {len(grids)} policy ranks; each worker reads the ring of the rank on its own device, so the "
                 "counts must be equal"
             )
-        mode: Mode = "per_rank" if same_tp and grid["pp_size"] == 1 else "every_rank"
+        mode: Mode = "per_rank" if same_tp and train_pp == 1 else "every_rank"
         if mode == "per_rank":
             _check_tp_ranks(grids, rollout_tp)
         sources = tuple(tuple((k * rollout_tp + r,) for r in range(rollout_tp)) for k in range(engines))

@@ -303,7 +303,8 @@ def shared_routes(config: Config, plan: BatchPlan, grids: list[dict[str, int]]) 
     if setting == "always" and not routes.per_rank:
         raise PlacementError(
             f"rollout.sync.per_rank=always: this placement's rings carry gathered buckets ({routes.mode}: actor "
-            f"TP {grids[0]['tp_size']}, PP {grids[0]['pp_size']}, rollout TP {config.rollout.tensor_model_parallel_size}, "
+            f"TP {config.actor.parallel.tensor_model_parallel_size}, PP {config.actor.parallel.pipeline_model_parallel_size}, "
+            f"rollout TP {config.rollout.tensor_model_parallel_size}, "
             f"placement.mode={config.placement.mode}); use rollout.sync.per_rank: auto"
         )
     return routes

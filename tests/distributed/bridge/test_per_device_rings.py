@@ -54,8 +54,8 @@ def _rank(model_dir: str) -> dict:
     load_hf_weights(model, model_dir, groups)
     named = lambda: global_named_parameters(model, groups)  # noqa: E731
     dims = read_model_dims(model_dir)
-    grid = dict(tp_rank=groups.tp_rank, pp_rank=groups.pp_rank, dp_rank=groups.dp_rank,
-                tp_size=groups.tp_size, pp_size=groups.pp_size, dp_size=groups.dp_size)
+    grid = dict(rank=dist.get_rank(), tp_rank=groups.tp_rank, pp_rank=groups.pp_rank, dp_rank=groups.dp_rank,
+                dp_size=groups.dp_size)  # as `PolicyWorker.grid`
     grids = [None] * dist.get_world_size()
     dist.all_gather_object(grids, grid)
     rank = dist.get_rank()

@@ -10,9 +10,9 @@ pytestmark = pytest.mark.unit
 
 
 def grids(tp: int, pp: int, dp: int) -> list[dict[str, int]]:
-    """megatron-core's rank order: TP fastest, then DP, then PP."""
-    return [dict(tp_rank=t, dp_rank=d, pp_rank=p, tp_size=tp, pp_size=pp, dp_size=dp)
-            for p in range(pp) for d in range(dp) for t in range(tp)]
+    """`PolicyWorker.grid` per rank, in megatron-core's rank order: TP fastest, then DP, then PP."""
+    ranks = [(t, d, p) for p in range(pp) for d in range(dp) for t in range(tp)]
+    return [dict(rank=rank, tp_rank=t, pp_rank=p, dp_rank=d, dp_size=dp) for rank, (t, d, p) in enumerate(ranks)]
 
 
 def device_of_worker(engine: int, tp_rank: int, rollout_tp: int) -> int:

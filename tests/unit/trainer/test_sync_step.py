@@ -69,8 +69,8 @@ class Engines(Group):
         return self.broken_from is not None and self.version >= self.broken_from
 
 
-GRIDS = [dict(tp_rank=0, pp_rank=0, dp_rank=0, tp_size=2, pp_size=1), dict(tp_rank=1, pp_rank=0, dp_rank=0, tp_size=2, pp_size=1)]
-"""The actor's grid: TP 2, two ranks."""
+GRIDS = [dict(rank=0, tp_rank=0, pp_rank=0, dp_rank=0, dp_size=1), dict(rank=1, tp_rank=1, pp_rank=0, dp_rank=0, dp_size=1)]
+"""The actor's grid (`PolicyWorker.grid`): TP 2, two ranks."""
 
 
 def weight_sync(verify_every: int, total_steps: int, engines: Engines | None = None, routes=None) -> WeightSync:

@@ -44,9 +44,9 @@ def test_split_shared_memory_with_an_engine_on_another_node_names_the_setting_an
 
 
 def _grids(tp: int, pp: int, dp: int) -> list[dict[str, int]]:
-    """megatron-core's rank order: TP fastest, then DP, then PP."""
-    return [dict(tp_rank=t, dp_rank=d, pp_rank=p, tp_size=tp, pp_size=pp, dp_size=dp)
-            for p in range(pp) for d in range(dp) for t in range(tp)]
+    """`PolicyWorker.grid` per rank, in megatron-core's rank order: TP fastest, then DP, then PP."""
+    ranks = [(t, d, p) for p in range(pp) for d in range(dp) for t in range(tp)]
+    return [dict(rank=rank, tp_rank=t, pp_rank=p, dp_rank=d, dp_size=dp) for rank, (t, d, p) in enumerate(ranks)]
 
 
 def _routes(*overrides: str, grids=None, engines: int = 2, colocated: bool = True):
@@ -70,7 +70,8 @@ def test_auto_gathers_when_the_tp_sizes_differ():
 
 def test_per_rank_always_where_the_routes_gather_names_the_setting_and_the_fix():
     with pytest.raises(PlacementError, match=r"rollout.sync.per_rank=always.*every_rank.*PP 2.*per_rank: auto"):
-        _routes(TP_1, "rollout.sync.per_rank=always", grids=_grids(tp=1, pp=2, dp=1))
+        _routes(TP_1, "actor.parallel.pipeline_model_parallel_size=2", "rollout.sync.per_rank=always",
+                grids=_grids(tp=1, pp=2, dp=1))
 
 
 def test_train_refuses_the_collective_on_colocated_gpus_once_the_cluster_has_them():
