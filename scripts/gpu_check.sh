@@ -8,7 +8,7 @@ usage() {
 Usage: bash scripts/gpu_check.sh [--python PY] [--report PATH] [-- PYTEST_ARGS...]
 
 Runs tests/gpu (megarl's end-to-end paths on CUDA: bf16 actor with the Transformer Engine spec,
-vLLM sleep/wake/reload, the NCCL weight sync, a short GRPO run) and writes one JSON report: the
+vLLM sleep/wake/reload, the NCCL weight sync, the CUDA IPC ring, a short GRPO run) and writes one JSON report: the
 device, the versions of the stack, each test's outcome and duration, and memory high-water marks
 per phase. On a machine without a GPU every test is skipped, the report says so, and the exit
 code is 0. The exit code is pytest's otherwise (0: all passed or skipped).

@@ -7,8 +7,9 @@ Pure: `plan` (units, send order, buckets; cached per layout pair), `convert` (TP
 tensors, per-rank regroup), `protocol` (the bucket format both halves share). Trainer side:
 `collect` (the trainer-world collectives that assemble the buckets), `sync` (one sync through a
 transport). Transports, sender and receiver each: `transports` (in-process, shared memory and its
-CUDA IPC adapter), `shared_ring` (the two-slot ring those share: `RingSender` / `read_ring`),
-`per_rank` (each TP rank's shards through its own ring, read by `workers/rollout/rank_load`),
+CUDA IPC buffers, keyed by device UUID), `shared_ring` (the two-slot ring those share: `RingSender` /
+`read_ring`), `ring_routes` (which trainer rank's ring each engine worker reads: colocated, its own
+device's), `per_rank` (each TP rank's shards through its own ring, read by `workers/rollout/rank_load`),
 `shard_send` / `shard_receive` (each trainer rank's own shards over the `sync_group`). Checks:
 `checksum` (every tensor an engine loaded against the actor's shards, bit for bit), `verify`
 (the log-prob check).

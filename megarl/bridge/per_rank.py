@@ -1,16 +1,16 @@
 """The per-rank sync: train TP == rollout TP, engines on the trainer's node. Each TP rank's shards
 already are vLLM worker r's tensors (`convert.to_vllm_rank`: gate/up, o_proj, down_proj as they
-are, qkv regrouped within the rank), so no rank gathers a full tensor: every TP rank of DP
-replica 0, on every stage, streams its own shards through its own shared ring (two slots, as the
-`shared_memory` transport), and vLLM worker r of every engine reads the rings of train TP rank r,
-one per stage (`workers/rollout/rank_load`). Only the vocabulary (embedding, untied LM head) is
+are, qkv regrouped within the rank), so no rank gathers a full tensor: every ring-hosting rank
+streams its own shards through its own shared ring (two slots, as the `shared_memory` transport),
+and vLLM worker r reads the rings `ring_routes` gives it (`workers/rollout/rank_load`): colocated
+(PP 1), the ring of the rank on its own device; split, those of TP rank r of DP replica 0, one per stage. Only the vocabulary (embedding, untied LM head) is
 all-gathered over TP and sent as full HF tensors by every TP rank, because Megatron and vLLM pad
 it differently.
 
-    transport = SharedMemoryTransport(readers=engines) if dp_rank == 0 else None   # once per rank
+    transport = SharedMemoryTransport(readers=routes.readers[rank]) if routes.readers[rank] else None
     sender = PerRankSender(plan, actor.named_parameters_for_sync, groups, transport)
-    ring = sender.begin()         # each sync: None outside DP replica 0; the driver hands every ring
-                                  # to the engines (`VLLMRolloutEngine.load_rank_rings`, by TP rank)
+    ring = sender.begin()         # each sync: None on ranks without a ring; the driver hands the rings
+                                  # to the engines along the routes (`VLLMRolloutEngine.load_rank_rings`)
     stats = sender.send()         # streams; returns once every engine has loaded this rank's ring
 
 Memory per sending rank: the bucket being packed plus the ring's two slots (three buckets), not
@@ -45,8 +45,8 @@ class PerRankSender:
         self, plan: SyncPlan, named_parameters: NamedParameters, groups: ProcessGroups,
         transport: SharedMemoryTransport | None,
     ):
-        """`transport`: this rank's ring (a shared transport whose readers are the engines, one
-        worker each) on the ranks of DP replica 0, the senders; None elsewhere."""
+        """`transport`: this rank's ring (a shared transport of `ring_routes`' readers) on the ranks
+        that host one, whole TP groups of a DP replica; None elsewhere."""
         if plan.layout.train_tp != plan.layout.rollout_tp:
             raise ValueError(
                 f"per-rank weight sync needs train TP == rollout TP, got {plan.layout}; use the gathering sync "
@@ -59,8 +59,8 @@ class PerRankSender:
         return None if self.transport is None else self.transport.begin()
 
     def send(self) -> SyncStats:
-        """Stream this rank's shards (collective over the TP group of each stage of DP replica 0, for
-        the vocabulary); returns once every engine has loaded them."""
+        """Stream this rank's shards (collective over the TP group of its stage, for the vocabulary);
+        returns once every engine has loaded them."""
         start = time.perf_counter()
         if self.transport is None:
             return SyncStats(0.0, 0, 0, 0)

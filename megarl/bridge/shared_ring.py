@@ -1,9 +1,9 @@
 """The two-slot ring of a shared-memory weight sync: both halves of its protocol.
 
-The sender (the trainer's rank 0, `megarl.bridge.transports.shared_memory`) owns two slots of
-memory the rollout workers can map (files in /dev/shm on CPU, CUDA IPC buffers on GPU) and streams
-one sync's buckets through them: bucket i goes into slot i % 2. Every worker of the engine reads
-every bucket in place, as one lazy stream consumed by its single `reload_weights` pass (one pass per
+The sender (a trainer rank, `megarl.bridge.transports.shared_memory`) owns two slots of memory
+the rollout workers can map (files in /dev/shm on CPU, CUDA IPC buffers on GPU) and streams one
+sync's buckets through them: bucket i goes into slot i % 2. Every worker that reads the ring
+(`readers`; which ones: `megarl.bridge.ring_routes`) reads every bucket in place, as one lazy stream consumed by its single `reload_weights` pass (one pass per
 sync: see `worker_extension`). So the extra memory of a sync is two buckets, whatever the model.
 
 The slots are passed by handle; a small side channel orders their reuse, a `TCPStore` the sender
@@ -76,7 +76,7 @@ class SharedRing:
     port: int
     """The sender's store on `HOST`."""
     readers: int
-    """Workers that read every bucket (the engine's TP size); the sender waits for all of them."""
+    """Workers that read every bucket (`ring_routes.RingRoutes.readers`); the sender waits for all of them."""
     timeout_s: float
     """Longest wait for the other side, per bucket."""
     sync: int

@@ -16,16 +16,64 @@ RESOLVED = {"auto": ("cpu", "cuda"), "cpu": ("cpu",), "cuda": ("cuda",)}
 
 def placement_problems(config: Config, device: str) -> list[Problem]:
     """Valid settings that the placement of the worker groups cannot host on `device`."""
+    problems = sync_placement_problems(config, device)
     rollout_tp = config.rollout.tensor_model_parallel_size
     if rollout_tp > 1 and all(_engine_spans_devices(config, each) for each in RESOLVED[device]):
-        return [Problem(
+        return problems + [Problem(
             "rollout.tensor_model_parallel_size", rollout_tp,
             f"engines are placed one per device bundle, so an engine cannot span several GPUs yet (here: "
             f"placement.mode={config.placement.mode}, trainer.device={device}; on CPU, split placement runs a TP > 1 "
             "engine)",
             "use rollout.tensor_model_parallel_size: 1 (more engines instead of wider ones)",
         )]
-    return []
+    return problems
+
+
+def sync_placement_problems(config: Config, device: str) -> list[Problem]:
+    """The weight-sync settings this placement cannot host on `device` (each holding on every device
+    it may resolve to): no NCCL group may hold two ranks of one GPU, a CUDA IPC handle is opened only
+    on its own GPU, and a colocated engine worker reads only the ring of the trainer rank on its own
+    device (`megarl.bridge.ring_routes`)."""
+    checks = (_collective_on_shared_gpus, _cuda_ipc_without_colocated_gpus, _per_rank_across_stages)
+    return [problem for check in checks for problem in [check(config, device)] if problem is not None]
+
+
+def _collective_on_shared_gpus(config: Config, device: str) -> Problem | None:
+    colocated = config.placement.mode == "colocated"
+    if not (colocated and config.rollout.sync.transport == "collective" and RESOLVED[device] == ("cuda",)):
+        return None
+    return Problem(
+        "rollout.sync.transport", "collective",
+        f"with placement.mode=colocated on GPUs (trainer.device={device}), the sync's NCCL group would hold a trainer "
+        "rank and the engine worker of the same GPU, and NCCL refuses two ranks on one device",
+        "use rollout.sync.transport: auto (or cuda_ipc, each engine worker reading its own GPU's trainer rank), "
+        "or placement.mode: split",
+    )
+
+
+def _cuda_ipc_without_colocated_gpus(config: Config, device: str) -> Problem | None:
+    mode = config.placement.mode
+    if config.rollout.sync.transport != "cuda_ipc" or not all(
+            mode != "colocated" or each == "cpu" for each in RESOLVED[device]):
+        return None
+    return Problem(
+        "rollout.sync.transport", "cuda_ipc",
+        f"CUDA IPC needs colocated placement on GPUs (each engine worker opens the handles of the trainer rank on "
+        f"its own GPU), here placement.mode={mode}, trainer.device={device}",
+        "use rollout.sync.transport: auto (shared memory on CPU, the collective for split GPUs)",
+    )
+
+
+def _per_rank_across_stages(config: Config, device: str) -> Problem | None:
+    pp = config.actor.parallel.pipeline_model_parallel_size
+    if not (config.rollout.sync.per_rank == "always" and config.placement.mode == "colocated" and pp > 1):
+        return None
+    return Problem(
+        "rollout.sync.per_rank", "always",
+        f"with placement.mode=colocated each engine worker reads only the ring of the trainer rank on its own "
+        f"device, which holds one of actor.parallel.pipeline_model_parallel_size={pp} stages, not its whole TP shard",
+        "set rollout.sync.per_rank: auto (the rings then carry gathered buckets), or actor PP 1",
+    )
 
 
 def _engine_spans_devices(config: Config, device: str) -> bool:

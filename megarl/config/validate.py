@@ -193,10 +193,6 @@ def _check_rollout(config: Config, problems: list[Problem]) -> None:
               "make the two TP sizes equal, or set rollout.sync.per_rank: auto")
         _need(problems, rollout.backend == "vllm", "rollout.sync.per_rank", "always",
               f"the per-rank load is vLLM's; rollout.backend is {rollout.backend}", "set rollout.sync.per_rank: auto")
-    colocated = config.placement.mode == "colocated"
-    if sync.transport == "cuda_ipc":
-        _need(problems, colocated and config.trainer.device != "cpu", "rollout.sync.transport", "cuda_ipc",
-              "CUDA IPC needs colocated placement on GPUs", "use transport auto or collective")
 
 
 def _check_algorithm(config: Config, problems: list[Problem]) -> None:

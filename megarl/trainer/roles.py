@@ -20,6 +20,7 @@ from pathlib import Path
 
 from torch import Tensor
 
+from megarl.bridge.ring_routes import RingRoutes, route_rings
 from megarl.config import BatchPlan, Config, ConfigError, cluster_problems, resolve_device, uses_reference
 from megarl.orchestration.cluster import cluster_gpus
 from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group
@@ -80,8 +81,9 @@ class Roles:
     sync_transport: str
     """How the weights reach the engines: "collective", "shared_memory" or "cuda_ipc" (`rollout.sync.transport`
     resolved for this placement)."""
-    per_rank: bool
-    """Each trainer TP rank streams its own shards to engine worker r (`rollout.sync.per_rank` resolved)."""
+    routes: RingRoutes | None
+    """The shared transports' rings: which trainer rank's ring each engine worker reads, carrying
+    what (`megarl.bridge.ring_routes`; `rollout.sync.per_rank` resolved); None for the collective."""
 
     @property
     def policy(self) -> WorkerGroup:
@@ -251,46 +253,53 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
         env=env, first_bundle=0 if plan.colocated else plan.train_gpus,
     )
     policy = groups["actor"].workers
-    transport = sync_transport(rollout.sync.transport, device, policy.node_ids()[0], rollout_group.node_ids())
-    per_rank = per_rank_sync(config, transport)
-    roles = Roles(groups, rollout_group, pg, transport, per_rank)
-    if transport == "collective":
+    transport = sync_transport(rollout.sync.transport, device, plan.colocated, policy.node_ids()[0],
+                               rollout_group.node_ids())
+    routes = None if transport == "collective" else shared_routes(config, plan, groups["actor"].grids)
+    roles = Roles(groups, rollout_group, pg, transport, routes)
+    if routes is None:
         connect_weight_sync(roles, rollout.tensor_model_parallel_size)
     else:
-        # Per rank, each ring is read by one worker per engine; else rank 0's by every worker.
-        readers = rollout_group.world_size * (1 if per_rank else rollout.tensor_model_parallel_size)
-        policy.call_all("use_shared_weight_sync", transport, readers, SYNC_TIMEOUT_S, per_rank)
+        policy.call_all("use_shared_weight_sync", transport, routes, SYNC_TIMEOUT_S)
     return roles
 
 
-def sync_transport(setting: str, device: str, sender_node: str, engine_nodes: list[str]) -> str:
-    """`rollout.sync.transport` for this placement on `device`: the shared transports need every engine
-    on the node of trainer rank 0 (the sender); auto takes shared memory there on CPU, else the collective."""
-    same_node = set(engine_nodes) == {sender_node}
+def sync_transport(setting: str, device: str, colocated: bool, sender_node: str, engine_nodes: list[str]) -> str:
+    """`rollout.sync.transport` for this placement on `device`. A shared transport needs each engine
+    worker on the node of the ring it reads: colocated, that of the trainer rank on its own bundle
+    (`ring_routes`), always; split, trainer rank 0's. auto takes CUDA IPC for colocated GPUs (a
+    collective there would put a trainer rank and an engine worker of one GPU in one NCCL group,
+    which NCCL refuses: `placement_problems` refuses that setting), shared memory on CPU where it
+    reaches, else the collective."""
+    reaches = colocated or set(engine_nodes) == {sender_node}
     if setting == "auto":
-        return "shared_memory" if same_node and device == "cpu" else "collective"
-    if setting != "collective" and not same_node:
+        if device == "cuda":
+            return "cuda_ipc" if colocated else "collective"
+        return "shared_memory" if reaches else "collective"
+    if setting != "collective" and not reaches:
         raise PlacementError(
-            f"rollout.sync.transport={setting}: the shared transports need every rollout engine on the node of "
-            f"trainer rank 0, but Ray placed engines on {len(set(engine_nodes) - {sender_node})} other node(s); "
+            f"rollout.sync.transport={setting}: split, the shared transports need every rollout engine on the node "
+            f"of trainer rank 0, but Ray placed engines on {len(set(engine_nodes) - {sender_node})} other node(s); "
             "use rollout.sync.transport: collective (or auto)"
         )
     return setting
 
 
-def per_rank_sync(config: Config, transport: str) -> bool:
-    """`rollout.sync.per_rank` for the resolved transport: the per-rank sync needs a shared transport,
-    actor TP == rollout TP and the vLLM backend (validation refuses "always" with the latter two unmet)."""
+def shared_routes(config: Config, plan: BatchPlan, grids: list[dict[str, int]]) -> RingRoutes:
+    """The ring routes for the actor's `grids` (`route_rings`), with `rollout.sync.per_rank` resolved:
+    per rank needs actor TP == rollout TP and the vLLM backend (and PP 1 when colocated); "always"
+    where the routes gather is an error (validation refuses the layouts, this the placement)."""
     setting = config.rollout.sync.per_rank
-    fits = (transport != "collective" and config.rollout.backend == "vllm"
-            and config.actor.parallel.tensor_model_parallel_size == config.rollout.tensor_model_parallel_size)
-    if setting == "always" and not fits:
+    routes = route_rings(grids, plan.rollout_engines, config.rollout.tensor_model_parallel_size,
+                         colocated=plan.colocated, per_rank=setting != "never" and config.rollout.backend == "vllm")
+    if setting == "always" and not routes.per_rank:
         raise PlacementError(
-            f"rollout.sync.per_rank=always: the per-rank sync streams through shared memory, but the weights go to the "
-            f"engines by {transport} here (an engine is on another node than trainer rank 0); "
-            "use rollout.sync.per_rank: auto"
+            f"rollout.sync.per_rank=always: this placement's rings carry gathered buckets ({routes.mode}: actor "
+            f"TP {config.actor.parallel.tensor_model_parallel_size}, PP {config.actor.parallel.pipeline_model_parallel_size}, "
+            f"rollout TP {config.rollout.tensor_model_parallel_size}, "
+            f"placement.mode={config.placement.mode}); use rollout.sync.per_rank: auto"
         )
-    return setting != "never" and fits
+    return routes
 
 
 def connect_weight_sync(roles: Roles, rollout_tp: int) -> None:

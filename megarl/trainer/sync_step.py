@@ -2,8 +2,8 @@
 steps) the check that the engines now hold exactly the actor's weights and compute its log-probs.
 
 A sync is three Ray round trips (`start_receive`, `send_weights`, `finish_receive`), four with a
-shared transport (the engines start from the ring that trainer rank 0 opens in `begin_weight_sync`,
-or per rank from every sending rank's). Waking sleeping engines is the hand-over's
+shared transport (every ring-hosting trainer rank opens its ring in `begin_weight_sync`, and each
+engine starts from the rings its workers read: `megarl.bridge.ring_routes`). Waking sleeping engines is the hand-over's
 (`megarl.trainer.handover`): their weights before the sync, their KV cache after it.
 
 The check is split in two, because the hand-over moves the actor's parameters off the devices before
@@ -36,9 +36,9 @@ class WeightSync:
     def __init__(self, roles, config: Config, *, vocab_size: int, total_steps: int):
         """`roles`: the run's worker groups (`policy`, `rollout`); `vocab_size`: the tokenizer's, for
         the probe batch."""
-        self.policy, self.rollout, self.grids = roles.policy, roles.rollout, roles.grids
-        self.shared = roles.sync_transport != "collective"
-        self.per_rank = roles.per_rank
+        self.policy, self.rollout = roles.policy, roles.rollout
+        self.routes = roles.routes
+        """Which ring each engine worker reads (None: the collective transport)."""
         self.settings = config.rollout.sync
         self.dtype = config.model.dtype
         """The engines' dtype (they start with `dtype=model.dtype`): the exact check's."""
@@ -49,7 +49,7 @@ class WeightSync:
                                  config.actor.parallel.pipeline_model_parallel_size,
                                  config.rollout.tensor_model_parallel_size)
         # The plan is fixed for the run: fetch it once, not on every sync.
-        self.plan = None if self.shared else self.policy.call_rank0("sync_plan")
+        self.plan = None if self.routes else self.policy.call_rank0("sync_plan")
         self.verified_once = False
         self.engines_checksum = True
         """What the engines' `checksum_loads` is set to (they start checksumming: the first sync is checked)."""
@@ -67,13 +67,10 @@ class WeightSync:
         if checked != self.engines_checksum:
             self.rollout.call_all("checksum_loads", checked)
             self.engines_checksum = checked
-        if self.per_rank:
-            rings = rings_by_tp_rank(self.policy.call_all("begin_weight_sync"), self.grids)
-            self.rollout.call_all("start_rank_receive", rings)
-        elif self.shared:
-            self.rollout.call_all("start_shared_receive", self.policy.call_rank0("begin_weight_sync"))
-        else:
+        if self.routes is None:
             self.rollout.call_all("start_receive", self.plan)
+        else:
+            self.start_shared_receive()
         metrics = reduce_metrics(self.policy.call_all("send_weights"))
         versions = self.rollout.call_all("finish_receive", SYNC_TIMEOUT_S)
         metrics["sync/weight_version"] = float(min(versions))
@@ -81,6 +78,17 @@ class WeightSync:
             self.actor_side = (combine(self.policy.call_all("weight_checksums", self.dtype)),
                                self.policy.call_all("probe_log_probs", self.probe)[0])
         return metrics
+
+    def start_shared_receive(self) -> None:
+        """Open every ring-hosting rank's ring and start each engine on the rings its workers read:
+        per rank, `{tp_rank: [ring per trainer stage]}`; gathered, `{tp_rank: ring}`."""
+        rings = self.policy.call_all("begin_weight_sync")
+        by_engine = [self.routes.engine_rings(k, rings) for k in range(self.rollout.world_size)]
+        if self.routes.per_rank:
+            self.rollout.call_each("start_rank_receive", [(engine,) for engine in by_engine])
+        else:
+            self.rollout.call_each("start_shared_receive",
+                                   [({tp: ring for tp, (ring,) in engine.items()},) for engine in by_engine])
 
     def check_engines(self) -> dict[str, float]:
         """After a checked sync, with the engines awake: every tensor every engine loaded against the
@@ -97,12 +105,3 @@ class WeightSync:
         self.verified_once = True
         return reduce_metrics(checks) | reduce_metrics(gaps)
 
-
-def rings_by_tp_rank(rings: list, grids: list[dict[str, int]]) -> dict[int, list]:
-    """The sending ranks' rings (None from ranks that send nothing), in policy-rank order, grouped
-    by TP rank, each group in stage order: what engine worker r reads (`load_rank_rings`)."""
-    by_rank: dict[int, list[tuple[int, object]]] = {}
-    for ring, grid in zip(rings, grids):
-        if ring is not None:
-            by_rank.setdefault(grid["tp_rank"], []).append((grid["pp_rank"], ring))
-    return {tp: [ring for _, ring in sorted(stages, key=lambda item: item[0])] for tp, stages in sorted(by_rank.items())}

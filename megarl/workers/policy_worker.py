@@ -23,6 +23,7 @@ from torch import Tensor
 from megarl.bridge import LayoutPair, SyncPlan, WeightSender, build_plan
 from megarl.bridge.checksum import rank_checksums
 from megarl.bridge.per_rank import PerRankSender
+from megarl.bridge.ring_routes import RingRoutes
 from megarl.bridge.shard_send import ShardSender
 from megarl.bridge.transports.cuda_ipc import CudaIpcTransport
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
@@ -219,22 +220,25 @@ class PolicyWorker:
             group = create_weight_sync_group(host, port, rank, world_size, timeout_s, store=store)
         self.sender = ShardSender(self.plan, self.actor.named_parameters_for_sync, self.groups, group)
 
-    def use_shared_weight_sync(self, kind: str, readers: int, timeout_s: float, per_rank: bool) -> None:
+    def use_shared_weight_sync(self, kind: str, routes: RingRoutes, timeout_s: float) -> None:
         """Collective over the trainer ranks: stream every sync through shared slots on this node
-        (`kind` "shared_memory": /dev/shm; "cuda_ipc": the GPU) that `readers` engine workers, all on
-        this node, read. Gathered (`per_rank` False): rank 0 sends the full tensors, read by every
-        worker. Per rank: every rank of DP replica 0 sends its own shards, read by worker `tp_rank`
-        of each engine. Each sync starts with `begin_weight_sync`."""
+        (`kind` "shared_memory": /dev/shm; "cuda_ipc": this rank's GPU) along `routes`: this rank hosts
+        a ring of `routes.readers[rank]` engine workers (none: it sends nothing), carrying its own
+        shards in vLLM's per-rank layout or the gathered buckets (`megarl.bridge.ring_routes`). Each
+        sync starts with `begin_weight_sync`."""
         shared = {"shared_memory": SharedMemoryTransport, "cuda_ipc": CudaIpcTransport}[kind]
-        sends = self.groups.dp_rank == 0 if per_rank else dist.get_rank() == 0
-        transport = shared(readers, timeout_s=timeout_s) if sends else None
-        sender = PerRankSender if per_rank else WeightSender
-        self.sender = sender(self.plan, self.actor.named_parameters_for_sync, self.groups, transport)
+        readers = routes.readers[dist.get_rank()]
+        transport = shared(readers, timeout_s=timeout_s) if readers else None
+        named = self.actor.named_parameters_for_sync
+        if routes.per_rank:
+            self.sender = PerRankSender(self.plan, named, self.groups, transport)
+        else:
+            self.sender = WeightSender(self.plan, named, self.groups, transport, every_rank=routes.mode == "every_rank")
 
     def begin_weight_sync(self):
         """Shared transports: open the next sync's slots; the ring the engines load from
-        (`RolloutWorker.start_shared_receive` / `start_rank_receive`), before `send_weights`. None
-        on ranks that send nothing."""
+        (`RolloutWorker.start_shared_receive` / `start_rank_receive`, along the ring routes), before
+        `send_weights`. None on ranks that host no ring."""
         transport = self.sender.transport
         return None if transport is None else transport.begin()
 

@@ -1,6 +1,7 @@
 """The whole path on one GPU: `megarl check-sync` (a Megatron actor trains, its shards reach a vLLM
 engine over NCCL, the engine's log-probs match) and a short GRPO run of the quickstart recipe with
-`trainer.device=cuda` in bf16, colocated on the one GPU. CPU twins: tests/e2e/bridge (check-sync) and
+`trainer.device=cuda` in bf16, colocated on the one GPU (weights by CUDA IPC: `rollout.sync.transport:
+auto` on colocated GPUs, the engine worker reading the ring of the trainer rank on its GPU). CPU twins: tests/e2e/bridge (check-sync) and
 tests/e2e/trainer/test_trainer_e2e.py."""
 
 import json

@@ -7,11 +7,12 @@ released it. No bytes travel over a socket or a collective, and a sync holds two
 memory, not the model (`peak_shared_bytes`).
 
     transport = SharedMemoryTransport(readers=rollout_tp)        # on the sender, once
-    engine.load_shared_buckets(transport.begin())              # each sync: the engines start loading,
+    ring = transport.begin()                                   # each sync: a new ring ...
+    engine.load_shared_buckets({r: ring for r in range(rollout_tp)})   # ... the engine starts loading,
     transport.send(buckets)                                    # then the sender streams the buckets
 
 `begin` opens the sync's slots and names its ring (a small picklable handle that the driver passes
-to every reading engine: `RolloutWorker.start_shared_receive`); `send` streams the buckets and
+to the engine workers that read it, `megarl.bridge.ring_routes`: `RolloutWorker.start_shared_receive`); `send` streams the buckets and
 returns once every worker has loaded the sync.
 
 CPU: each slot is a file in /dev/shm (tmpfs, i.e. memory), mapped shared by the sender and the

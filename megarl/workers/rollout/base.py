@@ -15,7 +15,7 @@ temperature: its log-probs are `log_softmax(logits)`. `prompt_logprobs` is alway
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -200,10 +200,10 @@ class RolloutEngine(abc.ABC):
         worker processes): use `load_shared_buckets` there."""
 
     @abc.abstractmethod
-    def load_shared_buckets(self, ring: SharedRing) -> Future[None]:
-        """Load one sync that the sender (a process on the same node) streams through its two
-        shared slots (`shared_ring`: shared memory on CPU, CUDA IPC on the same GPU), read in place
-        by every worker of the engine, in one pass as for `load_weights` (a fused layer's parts may
+    def load_shared_buckets(self, rings: Mapping[int, SharedRing]) -> Future[None]:
+        """Load one sync that senders on the same node stream through their two shared slots
+        (`shared_ring`: shared memory on CPU, CUDA IPC on the same GPU): worker r reads `rings[r]`
+        (`megarl.bridge.ring_routes`: colocated, the ring of the trainer rank on its own device), in place, in one pass as for `load_weights` (a fused layer's parts may
         lie in different buckets of a sync). Returns at once; the future completes when the weights
         are loaded, the prefix cache is flushed and `weight_version` is bumped."""
 

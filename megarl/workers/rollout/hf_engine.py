@@ -7,7 +7,7 @@ reasons; see base.py), slower: prompts are generated one at a time (so no paddin
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -127,8 +127,8 @@ class HFRolloutEngine(RolloutEngine):
                                "or one made with checksum_loads(False))")
         return [self._loaded]
 
-    def load_shared_buckets(self, ring: SharedRing) -> Future[None]:
-        return self._rpc_thread.submit(read_ring, ring, "HF rollout engine", self._device, self.load_weights)
+    def load_shared_buckets(self, rings: Mapping[int, SharedRing]) -> Future[None]:
+        return self._rpc_thread.submit(read_ring, rings[0], "HF rollout engine", self._device, self.load_weights)
 
     def init_weight_sync(
         self, host: str, port: int, world_size: int, timeout_s: float, rank_offset: int = 1

@@ -6,7 +6,7 @@ trainer's send between them. A plain class; `megarl.orchestration` hosts one per
     ...the trainer's sending ranks join the group (PolicyWorker.connect_weight_sync)...
     worker.finish_weight_sync()
     worker.start_receive(plan); ...trainer sends...; worker.finish_receive()
-    worker.start_shared_receive(ring); ...trainer sends...; worker.finish_receive()   # same node
+    worker.start_shared_receive({tp_rank: ring}); ...trainer sends...; worker.finish_receive()   # same node
     worker.start_rank_receive(rings_by_rank); ...; worker.finish_receive()            # same node, per rank
 """
 
@@ -68,12 +68,12 @@ class RolloutWorker:
             self.engine.resume()
         return self.engine.weight_version
 
-    def start_shared_receive(self, ring: SharedRing) -> None:
-        """Pause generation and start loading one sync that the trainer streams through its shared
-        slots on this node (`SharedMemoryTransport` / `CudaIpcTransport` start it here); then
-        `finish_receive`."""
+    def start_shared_receive(self, rings: dict[int, SharedRing]) -> None:
+        """Pause generation and start loading one sync of gathered buckets that trainer ranks stream
+        through their shared slots on this node (`SharedMemoryTransport` / `CudaIpcTransport`): worker
+        r reads `rings[r]` (`megarl.bridge.ring_routes`); then `finish_receive`."""
         self.engine.pause()
-        self._pending = self.engine.load_shared_buckets(ring)
+        self._pending = self.engine.load_shared_buckets(rings)
 
     def start_rank_receive(self, rings_by_rank: dict[int, list[SharedRing]]) -> None:
         """Pause generation and start loading one per-rank sync (vLLM engines): worker r reads the

@@ -207,10 +207,15 @@ class VLLMRolloutEngine(RolloutEngine):
         self._llm.collective_rpc("load_hf_weights", kwargs={"weights": weights})
         self._weights_changed()
 
-    def load_shared_buckets(self, ring: SharedRing) -> Future[None]:
-        # Only the ring's address travels (pickled for TP > 1); each worker maps the slots itself.
+    def load_shared_buckets(self, rings: Mapping[int, SharedRing]) -> Future[None]:
+        # Only the rings' addresses travel (pickled for TP > 1); each worker maps its ring's slots itself.
+        tp = self._tensor_parallel_size
+        if sorted(rings) != list(range(tp)):
+            raise ValueError(f"shared sync: got rings for TP ranks {sorted(rings)}, the engine has TP {tp}")
+        rings = dict(rings)
+
         def load() -> None:
-            self._llm.collective_rpc("load_shared_buckets", kwargs={"ring": ring})
+            self._llm.collective_rpc("load_shared_buckets", kwargs={"rings": rings})
             self._weights_changed()
 
         return self._rpc_thread.submit(load)

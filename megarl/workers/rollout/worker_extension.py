@@ -55,11 +55,13 @@ class WeightSyncWorkerExtension:
             raise RuntimeError("receive_weights before init_weight_sync_group: join the sync group first")
         self._load(receive_shards(group, plan, self.device))
 
-    def load_shared_buckets(self, ring: SharedRing) -> None:
-        """Load the buckets of one sync as the sender streams them through its shared slots (shared
-        memory on CPU, CUDA IPC on GPU), read in place: nothing is copied on the way, and every
-        worker reads the same slots. A failure here is passed on to the sender."""
-        read_ring(ring, f"rollout worker {self.rank}", self.device, self._load)
+    def load_shared_buckets(self, rings: dict[int, SharedRing]) -> None:
+        """Load the buckets of one sync as a sender streams them through its shared slots (shared
+        memory on CPU, CUDA IPC on GPU), read in place: nothing is copied on the way. This worker
+        reads `rings[its TP rank]` (`megarl.bridge.ring_routes`). A failure here is passed on to the sender."""
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        read_ring(rings[get_tensor_model_parallel_rank()], f"rollout worker {self.rank}", self.device, self._load)
 
     def loaded_checksums(self) -> LoadedChecksums | None:
         """The checksums of the tensors this worker's last load received (None before any load)."""

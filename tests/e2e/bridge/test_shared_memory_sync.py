@@ -83,7 +83,7 @@ def test_train_tp2_syncs_into_rollout_tp2_through_shared_memory(model_dir):
         try:
             for round_index in range(ROUNDS):
                 ring = pickle.loads(take(store, f"round{round_index}", trainers))
-                engine_logprobs.append(load_paused(engine, lambda: engine.load_shared_buckets(ring), probe, TIMEOUT_S))
+                engine_logprobs.append(load_paused(engine, lambda: engine.load_shared_buckets({0: ring, 1: ring}), probe, TIMEOUT_S))
                 loaded.append(engine.loaded_checksums())
             per_rank = trainers.result(timeout=TIMEOUT_S)
             rounds = per_rank[0]

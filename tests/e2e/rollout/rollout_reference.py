@@ -64,7 +64,7 @@ def load_through_shared_memory(engine, buckets) -> None:
     from megarl.bridge.transports import SharedMemoryTransport
 
     transport = SharedMemoryTransport(readers=1)
-    loaded = engine.load_shared_buckets(transport.begin())
+    loaded = engine.load_shared_buckets({0: transport.begin()})
     transport.send(buckets)
     loaded.result(timeout=60)
 

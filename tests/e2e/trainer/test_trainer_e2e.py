@@ -55,7 +55,10 @@ def test_grpo_trains_syncs_and_checkpoints(grpo_run, assets):
     # On one CPU machine the weights stream through shared memory (rollout.sync.transport=auto). The
     # quickstart checks every sync (rollout.sync.verify_every=1): every step has the gap, under the
     # threshold, and each step advanced the engines' weights.
-    assert trainer.roles.sync_transport == "shared_memory"
+    # Colocated, actor TP 2 → rollout TP 1: every rank assembles the gathered buckets into its own
+    # ring, read only by the engine on its own slot.
+    assert trainer.roles.sync_transport == "shared_memory" and trainer.roles.routes.mode == "every_rank"
+    assert trainer.roles.routes.sources == (((0,),), ((1,),))
     threshold = trainer.sync.threshold  # rollout.sync.logprob_gap_threshold, resolved
     assert all(m["sync/logprob_max_abs_diff"] <= threshold for m in metrics)
     assert all(m["sync/checksum_tensors"] > 0 for m in metrics)  # and every tensor was loaded bit for bit
@@ -167,7 +170,8 @@ def test_equal_tp_sizes_sync_per_rank(assets, tmp_path):
     })
     trainer = Trainer.from_config(QUICKSTART, args)
     trainer.fit()
-    assert trainer.roles.sync_transport == "shared_memory" and trainer.roles.per_rank
+    assert trainer.roles.sync_transport == "shared_memory" and trainer.roles.routes.per_rank
+    assert trainer.roles.routes.sources == (((0,), (1,)),)  # worker r reads TP rank r's ring
     metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
     assert [m["sync/weight_version"] for m in metrics] == [1, 2]
     threshold = trainer.sync.threshold  # rollout.sync.logprob_gap_threshold, resolved

@@ -31,5 +31,5 @@ def test_receiver_substitutes_its_device_index_and_the_bucket_pickles():
     moved = with_device(args, 0)
     assert moved[6] == 0 and moved[:6] == args[:6] and moved[7:] == args[7:]
     _, metadata = pack([("model.norm.weight", torch.ones(4))])
-    bucket = IpcBucket(metadata, args)
+    bucket = IpcBucket(metadata, "6a1c0c2e-0000-4000-8000-00000000000a", args)
     assert pickle.loads(pickle.dumps(bucket)) == bucket

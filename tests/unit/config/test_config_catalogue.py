@@ -109,6 +109,15 @@ CASES = [
     ("cuda-ipc-sync-split", ["rollout.sync.transport=cuda_ipc", "placement.mode=split", "placement.rollout_gpus=2",
                              "actor.use_kl_loss=false"],
      "rollout.sync.transport", "CUDA IPC needs colocated placement on GPUs"),
+    ("cuda-ipc-sync-on-cpu", ["rollout.sync.transport=cuda_ipc"], "rollout.sync.transport",
+     "CUDA IPC needs colocated placement on GPUs (each engine worker opens the handles of the trainer rank on its own "
+     "GPU), here placement.mode=colocated, trainer.device=cpu"),
+    ("colocated-nccl-sync-on-gpus", ["trainer.device=cuda", "rollout.sync.transport=collective"],
+     "rollout.sync.transport", "would hold a trainer rank and the engine worker of the same GPU, and NCCL refuses"),
+    ("per-rank-sync-colocated-pp2", ["rollout.sync.per_rank=always", "actor.parallel.tensor_model_parallel_size=1",
+                                     "actor.parallel.pipeline_model_parallel_size=2"], "rollout.sync.per_rank",
+     "reads only the ring of the trainer rank on its own device, which holds one of "
+     "actor.parallel.pipeline_model_parallel_size=2 stages"),
     ("per-rank-sync-tp-mismatch", ["rollout.sync.per_rank=always"], "rollout.sync.per_rank",
      "needs actor TP == rollout TP, got actor TP 2 and rollout TP 1"),
     ("per-rank-sync-collective", ["rollout.sync.per_rank=always", "rollout.sync.transport=collective"],

@@ -82,7 +82,7 @@ def grids(tp: int, dp: int) -> list[dict[str, int]]:
 def test_calls_go_to_their_roles_group_and_are_scattered_by_its_dp_size():
     actor = MegatronGroup(FakeWorkers(2), grids(tp=2, dp=1))
     ref = MegatronGroup(FakeWorkers(2), grids(tp=1, dp=2))
-    roles = Roles({"actor": actor, "ref": ref}, rollout=None, placement=None, sync_transport="collective", per_rank=False)
+    roles = Roles({"actor": actor, "ref": ref}, rollout=None, placement=None, sync_transport="collective", routes=None)
     rows = torch.arange(8)
     batch = PolicyBatch(prompts=torch.zeros(8, 1, dtype=torch.long), prompt_mask=torch.ones(8, 1, dtype=torch.bool),
                         responses=rows[:, None], response_mask=torch.ones(8, 1, dtype=torch.bool))

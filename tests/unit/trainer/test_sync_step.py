@@ -12,7 +12,8 @@ import torch
 from megarl.bridge.checksum import LoadedChecksums, WeightChecksumError
 from megarl.bridge.verify import SyncVerificationError
 from megarl.config import load_config
-from megarl.trainer.sync_step import WeightSync, rings_by_tp_rank
+from megarl.bridge.ring_routes import route_rings
+from megarl.trainer.sync_step import WeightSync
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 ACTOR_LOG_PROBS = -torch.rand(4, 7) - 1.0
@@ -23,9 +24,12 @@ RANK_CHECKSUMS = [{"model.norm.weight": 5, "lm_head.weight": 3}, {"lm_head.weigh
 class Group:
     """A worker group: `call_all` / `call_rank0` answer from `replies` and record the method names."""
 
+    world_size = 1
+
     def __init__(self, **replies):
         self.replies = replies
         self.calls: list[str] = []
+        self.args: dict[str, list] = {}
 
     def call_all(self, method, *args):
         self.calls.append(method)
@@ -33,6 +37,10 @@ class Group:
 
     def call_rank0(self, method, *args):
         return self.call_all(method, *args)[0]
+
+    def call_each(self, method, per_rank_args):
+        self.args[method] = per_rank_args
+        return self.call_all(method)
 
 
 class Engines(Group):
@@ -62,17 +70,16 @@ class Engines(Group):
         return self.broken_from is not None and self.version >= self.broken_from
 
 
-GRIDS = [dict(rank=0, tp_rank=0, pp_rank=0), dict(rank=1, tp_rank=1, pp_rank=0)]
+GRIDS = [dict(rank=0, tp_rank=0, pp_rank=0, dp_rank=0, dp_size=1), dict(rank=1, tp_rank=1, pp_rank=0, dp_rank=0, dp_size=1)]
+"""The actor's grid (`PolicyWorker.grid`): TP 2, two ranks."""
 
 
-def weight_sync(verify_every: int, total_steps: int, engines: Engines | None = None,
-                transport: str = "collective", per_rank: bool = False) -> WeightSync:
+def weight_sync(verify_every: int, total_steps: int, engines: Engines | None = None, routes=None) -> WeightSync:
     config = load_config(QUICKSTART, [f"rollout.sync.verify_every={verify_every}"])
     policy = Group(sync_plan=lambda: ["the plan"], send_weights=lambda: [{"sync/seconds": 0.01}] * 2,
-                   probe_log_probs=lambda: [ACTOR_LOG_PROBS] * 2, begin_weight_sync=lambda: ["ring", None],
+                   probe_log_probs=lambda: [ACTOR_LOG_PROBS] * 2, begin_weight_sync=lambda: ["ring 0", "ring 1"],
                    weight_checksums=lambda: RANK_CHECKSUMS)
-    roles = SimpleNamespace(policy=policy, rollout=engines or Engines(), sync_transport=transport,
-                            per_rank=per_rank, grids=GRIDS)
+    roles = SimpleNamespace(policy=policy, rollout=engines or Engines(), routes=routes)
     return WeightSync(roles, config, vocab_size=64, total_steps=total_steps)
 
 
@@ -122,26 +129,23 @@ def test_a_sync_is_received_then_checked_in_order():
     assert metrics["sync/logprob_max_abs_diff"] == 0.0
 
 
-def test_a_shared_memory_sync_starts_the_engines_from_rank_0s_ring():
-    sync = weight_sync(verify_every=1, total_steps=1, transport="shared_memory")
+def test_a_gathered_shared_sync_starts_each_engine_worker_on_its_own_devices_ring():
+    # Colocated, one TP-2 engine over the two ranks' devices; with per_rank off every rank hosts the
+    # gathered buckets, and worker r reads rank r's.
+    routes = route_rings(GRIDS, engines=1, rollout_tp=2, colocated=True, per_rank=False)
+    sync = weight_sync(verify_every=1, total_steps=1, routes=routes)
     sync_and_check(sync, 1)
     assert sync.rollout.calls == ["start_shared_receive", "finish_receive", "loaded_checksums", "prompt_logprobs"]
+    assert sync.rollout.args["start_shared_receive"] == [({0: "ring 0", 1: "ring 1"},)]
     assert sync.policy.calls == ["begin_weight_sync", "send_weights", "weight_checksums", "probe_log_probs"]
 
 
-def test_a_per_rank_sync_starts_the_engines_from_every_sending_ranks_ring():
-    sync = weight_sync(verify_every=1, total_steps=1, transport="shared_memory", per_rank=True)
+def test_a_per_rank_sync_starts_each_engine_worker_on_its_ranks_rings():
+    routes = route_rings(GRIDS, engines=1, rollout_tp=2, colocated=True, per_rank=True)
+    sync = weight_sync(verify_every=1, total_steps=1, routes=routes)
     sync_and_check(sync, 1)
     assert sync.rollout.calls == ["start_rank_receive", "finish_receive", "loaded_checksums", "prompt_logprobs"]
-    assert sync.policy.calls == ["begin_weight_sync", "send_weights", "weight_checksums", "probe_log_probs"]
-
-
-def test_rings_are_grouped_by_tp_rank_in_stage_order_without_the_ranks_that_send_nothing():
-    grids = [dict(tp_rank=t, pp_rank=p) for p in (0, 1) for t in (0, 1)] * 2  # two DP replicas
-    rings = ["s0t0", "s0t1", "s1t0", "s1t1", None, None, None, None]
-    order = [2, 3, 0, 1, 4, 5, 6, 7]  # ranks listed out of stage order
-    assert rings_by_tp_rank([rings[i] for i in order], [grids[i] for i in order]) == {
-        0: ["s0t0", "s1t0"], 1: ["s0t1", "s1t1"]}
+    assert sync.rollout.args["start_rank_receive"] == [({0: ["ring 0"], 1: ["ring 1"]},)]
 
 
 def test_a_bad_sync_is_caught_on_the_next_checked_step():
@@ -165,14 +169,12 @@ def test_the_gap_threshold_is_measured_per_dtype_unless_set():
 
     assert weight_sync(verify_every=1, total_steps=1).threshold == LOGPROB_GAP_BY_DTYPE["float32"]
     config = load_config(QUICKSTART, ["model.dtype=bfloat16", "rollout.sync.logprob_gap_threshold=0.25"])
-    roles = SimpleNamespace(policy=Group(sync_plan=lambda: ["the plan"]), rollout=Engines(),
-                            sync_transport="collective", per_rank=False, grids=GRIDS)
+    roles = SimpleNamespace(policy=Group(sync_plan=lambda: ["the plan"]), rollout=Engines(), routes=None)
     assert WeightSync(roles, config, vocab_size=64, total_steps=1).threshold == 0.25
 
 
 def test_the_probe_has_probe_batch_size_sequences():
     config = load_config(QUICKSTART, ["rollout.sync.probe_batch_size=3"])
-    roles = SimpleNamespace(policy=Group(sync_plan=lambda: ["the plan"]), rollout=Engines(), sync_transport="collective",
-                            per_rank=False, grids=GRIDS)
+    roles = SimpleNamespace(policy=Group(sync_plan=lambda: ["the plan"]), rollout=Engines(), routes=None)
     sync = WeightSync(roles, config, vocab_size=64, total_steps=1)
     assert len(sync.probe) == 3 and all(0 <= token < 64 for sequence in sync.probe for token in sequence)

@@ -1,56 +1,85 @@
-"""`rollout.sync.transport` resolved for a placement (`megarl.trainer.roles.sync_transport`): the
-shared transports only where every engine shares the sender's node; and `rollout.sync.per_rank`
-resolved for that transport (`per_rank_sync`)."""
+"""`rollout.sync.transport` resolved for a placement (`megarl.trainer.roles.sync_transport`): auto
+takes CUDA IPC on colocated GPUs, shared memory where every engine worker's ring is on its node (on
+CPU), else the collective; and the ring routes with `rollout.sync.per_rank` resolved (`shared_routes`)."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from megarl.orchestration.placement import PlacementError
-
 from megarl.config import load_config
-from megarl.trainer.roles import per_rank_sync, sync_transport
+from megarl.orchestration.placement import PlacementError
+from megarl.trainer.roles import shared_routes, sync_transport
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 
 
 def test_auto_streams_through_shared_memory_when_every_engine_is_on_the_senders_node():
-    assert sync_transport("auto", "cpu", "node-a", ["node-a", "node-a"]) == "shared_memory"
+    assert sync_transport("auto", "cpu", False, "node-a", ["node-a", "node-a"]) == "shared_memory"
 
 
-def test_auto_falls_back_to_the_collective_across_nodes_and_on_cuda():
-    assert sync_transport("auto", "cpu", "node-a", ["node-a", "node-b"]) == "collective"
-    assert sync_transport("auto", "cuda", "node-a", ["node-a", "node-a"]) == "collective"
+def test_auto_takes_cuda_ipc_on_colocated_gpus_and_the_collective_on_split_ones():
+    assert sync_transport("auto", "cuda", True, "node-a", ["node-a", "node-b"]) == "cuda_ipc"
+    assert sync_transport("auto", "cuda", False, "node-a", ["node-a", "node-a"]) == "collective"
+
+
+def test_auto_falls_back_to_the_collective_for_split_engines_on_other_nodes():
+    assert sync_transport("auto", "cpu", False, "node-a", ["node-a", "node-b"]) == "collective"
+
+
+def test_colocated_engines_on_other_nodes_read_their_own_nodes_rings():
+    # Each worker reads the ring of the trainer rank on its own bundle: a node of its own is no obstacle.
+    assert sync_transport("auto", "cpu", True, "node-a", ["node-a", "node-b"]) == "shared_memory"
+    assert sync_transport("shared_memory", "cpu", True, "node-a", ["node-b"]) == "shared_memory"
 
 
 def test_an_explicit_choice_is_kept_where_it_can_run():
-    assert sync_transport("collective", "cpu", "node-a", ["node-a"]) == "collective"
-    assert sync_transport("shared_memory", "cpu", "node-a", ["node-a"]) == "shared_memory"
+    assert sync_transport("collective", "cpu", False, "node-a", ["node-a"]) == "collective"
+    assert sync_transport("shared_memory", "cpu", False, "node-a", ["node-a"]) == "shared_memory"
 
 
-def test_shared_memory_with_an_engine_on_another_node_names_the_setting_and_the_fix():
+def test_split_shared_memory_with_an_engine_on_another_node_names_the_setting_and_the_fix():
     with pytest.raises(PlacementError, match=r"rollout.sync.transport=shared_memory.*1 other node.*collective"):
-        sync_transport("shared_memory", "cpu", "node-a", ["node-a", "node-b", "node-b"])
+        sync_transport("shared_memory", "cpu", False, "node-a", ["node-a", "node-b", "node-b"])
 
 
-def _config(*overrides: str):
-    return load_config(QUICKSTART, list(overrides))
+def _grids(tp: int, pp: int, dp: int) -> list[dict[str, int]]:
+    """`PolicyWorker.grid` per rank, in megatron-core's rank order: TP fastest, then DP, then PP."""
+    ranks = [(t, d, p) for p in range(pp) for d in range(dp) for t in range(tp)]
+    return [dict(rank=rank, tp_rank=t, pp_rank=p, dp_rank=d, dp_size=dp) for rank, (t, d, p) in enumerate(ranks)]
 
 
-TP_1 = "actor.parallel.tensor_model_parallel_size=1"  # the quickstart's actor TP 2 → rollout TP 1 gathers
+def _routes(*overrides: str, grids=None, engines: int = 2, colocated: bool = True):
+    config = load_config(QUICKSTART, list(overrides))
+    plan = SimpleNamespace(rollout_engines=engines, colocated=colocated)
+    return shared_routes(config, plan, grids or _grids(tp=1, pp=1, dp=2))
 
 
-def test_auto_sends_per_rank_over_a_shared_transport_when_the_tp_sizes_match():
-    assert per_rank_sync(_config(TP_1), "shared_memory")
-    assert not per_rank_sync(_config(TP_1), "collective")
-    assert not per_rank_sync(_config(TP_1, "rollout.backend=hf"), "shared_memory")
-    assert not per_rank_sync(_config(TP_1, "rollout.sync.per_rank=never"), "shared_memory")
+TP_1 = "actor.parallel.tensor_model_parallel_size=1"
+
+
+def test_auto_routes_per_rank_when_the_tp_sizes_match_on_the_vllm_backend():
+    assert _routes(TP_1).mode == "per_rank"
+    assert _routes(TP_1, "rollout.backend=hf").mode == "every_rank"
+    assert _routes(TP_1, "rollout.sync.per_rank=never").mode == "every_rank"
 
 
 def test_auto_gathers_when_the_tp_sizes_differ():
-    assert not per_rank_sync(_config(), "shared_memory")
+    assert _routes(grids=_grids(tp=2, pp=1, dp=1)).mode == "every_rank"
 
 
-def test_per_rank_on_with_engines_beyond_the_senders_node_names_the_setting_and_the_fix():
-    with pytest.raises(PlacementError, match=r"rollout.sync.per_rank=always.*by collective.*per_rank: auto"):
-        per_rank_sync(_config(TP_1, "rollout.sync.per_rank=always"), "collective")
+def test_per_rank_always_where_the_routes_gather_names_the_setting_and_the_fix():
+    with pytest.raises(PlacementError, match=r"rollout.sync.per_rank=always.*every_rank.*PP 2.*per_rank: auto"):
+        _routes(TP_1, "actor.parallel.pipeline_model_parallel_size=2", "rollout.sync.per_rank=always",
+                grids=_grids(tp=1, pp=2, dp=1))
+
+
+def test_train_refuses_the_collective_on_colocated_gpus_once_the_cluster_has_them():
+    from megarl.config import cluster_problems, placement_problems
+
+    config = load_config(QUICKSTART, ["trainer.device=auto", "rollout.sync.transport=collective"])  # the quickstart is colocated
+    assert placement_problems(config, "auto") == []  # validate: it may still run on CPU
+    assert cluster_problems(config, cluster_gpus=0) == []
+    [problem] = cluster_problems(config, cluster_gpus=2)
+    assert (problem.key, problem.value) == ("rollout.sync.transport", "collective")
+    assert "NCCL refuses two ranks on one device" in problem.why and "auto" in problem.fix

@@ -1,0 +1,93 @@
+"""Which trainer rank's ring each engine worker reads, for the shared transports (shared memory on
+CPU, CUDA IPC on GPU): pure, decided once per run from the layouts and the placement.
+
+Colocated, engine worker r of engine k sits on device bundle `k * rollout_tp + r`, the bundle of
+policy rank `k * rollout_tp + r`, and reads only that rank's ring: on GPU a CUDA IPC handle is
+then always opened on the GPU that holds it, never on another (a foreign handle). Every rank hosts
+a ring of one reader:
+
+- "per_rank" (train TP == rollout TP, PP 1): the rank's own shards, already in vLLM worker r's
+  layout (`per_rank.PerRankSender`); policy rank `k * tp + r` is TP rank r of DP replica k.
+- "every_rank" (any other layout): the gathered HF buckets, which every rank assembles
+  (`sync.WeightSender(every_rank=True)`).
+
+Split (engines on their own bundles, same node: CPU shared memory only, since CUDA IPC needs the
+engine on the sender's GPU):
+
+- "per_rank" (train TP == rollout TP): worker r of every engine reads the rings of TP rank r of
+  DP replica 0, one per stage in stage order; each of those rings has one reader per engine.
+- "rank0": rank 0 alone assembles the gathered buckets; every worker of every engine reads its ring.
+
+    routes = route_rings(grids, engines=4, rollout_tp=2, colocated=True, per_rank=True)
+    routes.readers[rank]                  # workers reading policy rank `rank`'s ring (0: it has none)
+    routes.engine_rings(k, rings)         # {tp_rank: [ring, ...]} for engine k, from every rank's ring
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Mode = Literal["per_rank", "every_rank", "rank0"]
+
+
+@dataclass(frozen=True)
+class RingRoutes:
+    """The shared-transport routes of one run."""
+
+    mode: Mode
+    """What the rings carry and who fills them (module docstring)."""
+    readers: tuple[int, ...]
+    """Per policy rank: the engine workers reading its ring; 0 where the rank hosts no ring."""
+    sources: tuple[tuple[tuple[int, ...], ...], ...]
+    """`sources[k][r]`: the policy ranks whose rings worker r of engine k reads, in stage order."""
+
+    @property
+    def per_rank(self) -> bool:
+        """The rings carry each rank's own shards in vLLM's per-rank layout (not gathered buckets)."""
+        return self.mode == "per_rank"
+
+    def engine_rings(self, engine: int, rings: Sequence) -> dict[int, list]:
+        """`{tp_rank: [ring, ...]}` for `engine`, from every policy rank's ring (in rank order)."""
+        return {tp_rank: [rings[rank] for rank in ranks] for tp_rank, ranks in enumerate(self.sources[engine])}
+
+
+def route_rings(grids: Sequence[dict[str, int]], engines: int, rollout_tp: int, *, colocated: bool,
+                per_rank: bool) -> RingRoutes:
+    """The routes for the actor's `grids` (per policy rank: its `tp_rank`, `pp_rank`, `dp_rank`) and `engines`
+    engines of `rollout_tp`; `per_rank`: the per-rank sync is allowed (`rollout.sync.per_rank` not
+    "never", vLLM backend). Raises ValueError for a colocated layout whose bundles do not pair one
+    engine worker with one policy rank."""
+    train_tp, train_pp = (1 + max(grid[key] for grid in grids) for key in ("tp_rank", "pp_rank"))
+    same_tp = per_rank and train_tp == rollout_tp
+    if colocated:
+        if len(grids) != engines * rollout_tp:
+            raise ValueError(
+                f"colocated ring routes: {engines} engines × rollout TP {rollout_tp} = {engines * rollout_tp} workers "
+                f"for {len(grids)} policy ranks; each worker reads the ring of the rank on its own device, so the "
+                "counts must be equal"
+            )
+        mode: Mode = "per_rank" if same_tp and train_pp == 1 else "every_rank"
+        if mode == "per_rank":
+            _check_tp_ranks(grids, rollout_tp)
+        sources = tuple(tuple((k * rollout_tp + r,) for r in range(rollout_tp)) for k in range(engines))
+        return RingRoutes(mode, (1,) * len(grids), sources)
+    if same_tp:
+        by_tp = [tuple(sorted((rank for rank, g in enumerate(grids) if g["dp_rank"] == 0 and g["tp_rank"] == r),
+                              key=lambda rank: grids[rank]["pp_rank"])) for r in range(rollout_tp)]
+        readers = tuple(engines if g["dp_rank"] == 0 else 0 for g in grids)
+        return RingRoutes("per_rank", readers, (tuple(by_tp),) * engines)
+    readers = (engines * rollout_tp,) + (0,) * (len(grids) - 1)
+    return RingRoutes("rank0", readers, (((0,),) * rollout_tp,) * engines)
+
+
+def _check_tp_ranks(grids: Sequence[dict[str, int]], rollout_tp: int) -> None:
+    """Policy rank `k * tp + r` must be TP rank r (megatron-core orders TP fastest), or worker r would
+    get another rank's shards."""
+    for rank, grid in enumerate(grids):
+        if grid["tp_rank"] != rank % rollout_tp:
+            raise ValueError(
+                f"colocated per-rank ring routes: policy rank {rank} is TP rank {grid['tp_rank']}, but the engine "
+                f"worker on its device is TP rank {rank % rollout_tp}"
+            )

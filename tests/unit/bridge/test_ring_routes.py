@@ -1,0 +1,76 @@
+"""`route_rings`: which trainer rank's ring each engine worker reads (`megarl.bridge.ring_routes`).
+Colocated, every worker reads only the ring of the policy rank on its own device bundle (so a CUDA
+IPC handle is never opened on another GPU); split, the rings of DP replica 0 or rank 0's."""
+
+import pytest
+
+from megarl.bridge.ring_routes import route_rings
+
+pytestmark = pytest.mark.unit
+
+
+def grids(tp: int, pp: int, dp: int) -> list[dict[str, int]]:
+    """`PolicyWorker.grid` per rank, in megatron-core's rank order: TP fastest, then DP, then PP."""
+    ranks = [(t, d, p) for p in range(pp) for d in range(dp) for t in range(tp)]
+    return [dict(rank=rank, tp_rank=t, pp_rank=p, dp_rank=d, dp_size=dp) for rank, (t, d, p) in enumerate(ranks)]
+
+
+def device_of_worker(engine: int, tp_rank: int, rollout_tp: int) -> int:
+    """Colocated: engine k's worker r sits on bundle k * TP + r (the rollout group starts at bundle 0)."""
+    return engine * rollout_tp + tp_rank
+
+
+@pytest.mark.parametrize("tp, pp, dp, rollout_tp, mode", [
+    (2, 1, 2, 2, "per_rank"),      # TP matches, PP 1: each rank's own shards
+    (1, 1, 4, 1, "per_rank"),
+    (2, 1, 2, 1, "every_rank"),    # TP differs: gathered buckets on every rank
+    (1, 2, 2, 2, "every_rank"),    # PP 2: a rank holds one stage only
+    (2, 2, 1, 2, "every_rank"),    # TP matches but PP 2
+])
+def test_colocated_workers_read_only_the_ring_on_their_own_device(tp, pp, dp, rollout_tp, mode):
+    world = tp * pp * dp
+    engines = world // rollout_tp
+    routes = route_rings(grids(tp, pp, dp), engines, rollout_tp, colocated=True, per_rank=True)
+    assert routes.mode == mode
+    assert routes.readers == (1,) * world  # one ring per device, one reader each
+    for engine in range(engines):
+        for tp_rank in range(rollout_tp):
+            assert routes.sources[engine][tp_rank] == (device_of_worker(engine, tp_rank, rollout_tp),)
+
+
+def test_colocated_per_rank_pairs_a_worker_with_the_trainer_rank_of_its_tp_rank():
+    layout = grids(tp=2, pp=1, dp=2)
+    routes = route_rings(layout, engines=2, rollout_tp=2, colocated=True, per_rank=True)
+    for engine, workers in enumerate(routes.sources):
+        for tp_rank, (rank,) in enumerate(workers):
+            assert (layout[rank]["tp_rank"], layout[rank]["dp_rank"]) == (tp_rank, engine)
+
+
+def test_per_rank_off_gathers_even_when_the_layouts_match():
+    assert route_rings(grids(2, 1, 2), 2, 2, colocated=True, per_rank=False).mode == "every_rank"
+
+
+def test_engine_rings_hands_each_engine_its_workers_rings():
+    routes = route_rings(grids(2, 1, 2), 2, 2, colocated=True, per_rank=True)
+    rings = ["ring 0", "ring 1", "ring 2", "ring 3"]
+    assert routes.engine_rings(1, rings) == {0: ["ring 2"], 1: ["ring 3"]}
+
+
+def test_split_per_rank_reads_dp_replica_0s_stages_in_stage_order():
+    layout = grids(tp=2, pp=2, dp=2)  # ranks: stage 0 = 0..3, stage 1 = 4..7; DP 0 = tp ranks of dp 0
+    routes = route_rings(layout, engines=3, rollout_tp=2, colocated=False, per_rank=True)
+    assert routes.mode == "per_rank"
+    assert routes.sources == (((0, 4), (1, 5)),) * 3
+    assert routes.readers == (3, 3, 0, 0, 3, 3, 0, 0)
+
+
+def test_split_gathered_is_rank_0s_ring_read_by_every_worker():
+    routes = route_rings(grids(tp=2, pp=1, dp=1), engines=2, rollout_tp=1, colocated=False, per_rank=True)
+    assert routes.mode == "rank0"
+    assert routes.sources == (((0,),), ((0,),))
+    assert routes.readers == (2, 0)
+
+
+def test_colocated_counts_that_do_not_pair_workers_with_ranks_are_refused():
+    with pytest.raises(ValueError, match=r"3 engines × rollout TP 1 = 3 workers for 4 policy ranks"):
+        route_rings(grids(2, 1, 2), engines=3, rollout_tp=1, colocated=True, per_rank=True)
