@@ -15,23 +15,9 @@ RESOLVED = {"auto": ("cpu", "cuda"), "cpu": ("cpu",), "cuda": ("cuda",)}
 
 
 def placement_problems(config: Config, device: str) -> list[Problem]:
-    """Valid settings that the placement of the worker groups cannot host on `device`."""
-    rollout_tp = config.rollout.tensor_model_parallel_size
-    if rollout_tp > 1 and all(_engine_spans_devices(config, each) for each in RESOLVED[device]):
-        return [Problem(
-            "rollout.tensor_model_parallel_size", rollout_tp,
-            f"engines are placed one per device bundle, so an engine cannot span several GPUs yet (here: "
-            f"placement.mode={config.placement.mode}, trainer.device={device}; on CPU, split placement runs a TP > 1 "
-            "engine)",
-            "use rollout.tensor_model_parallel_size: 1 (more engines instead of wider ones)",
-        )]
+    """Valid settings that the placement of the worker groups cannot host on `device`: none today (rollout
+    engines span `rollout.tensor_model_parallel_size` device bundles on every device and placement)."""
     return []
-
-
-def _engine_spans_devices(config: Config, device: str) -> bool:
-    """A TP > 1 engine would need several device bundles: colocated (it shares the trainer's one-device
-    bundles), or any GPU placement."""
-    return config.placement.mode == "colocated" or device == "cuda"
 
 
 def resolve_device(setting: str, cluster_gpus: float) -> str:
