@@ -248,8 +248,7 @@ def _straddle_problem(config: Config, first: int, engine: int) -> Problem:
     return Problem(key, tp, f"split engines must not straddle nodes: engine {engine} would span GPUs {start}–"
                             f"{start + tp - 1} (the rollout has the last {placement.rollout_gpus} of "
                             f"{placement.nnodes} node(s) × {per_node} GPUs), across two nodes",
-                   f"{fix}, or a placement.rollout_gpus that leaves a multiple of {tp} training GPUs on the first "
-                   "rollout node")
+                   f"{fix}; or a placement.rollout_gpus that leaves a multiple of {tp} training GPUs (here {first})")
 
 
 def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[Problem], trained: bool):
