@@ -343,7 +343,8 @@ def _process_lines(plan: BatchPlan) -> list[str]:
         lines.append(f"           {role.role} in a group of its own ({plan.train_gpus} processes on the same GPUs, "
                      f"TP {role.tensor_parallel} × PP {role.pipeline_parallel} × DP {role.data_parallel}: {why})")
     megatron = 1 + len(plan.own_groups)
-    lines.append(f"           {plan.processes_per_train_gpu} processes per training GPU: {megatron} Megatron, 1 rollout engine"
+    engine = "1 rollout engine" if plan.rollout_tp == 1 else f"1 TP worker of a {plan.rollout_tp}-GPU rollout engine"
+    lines.append(f"           {plan.processes_per_train_gpu} processes per training GPU: {megatron} Megatron, {engine}"
                  if plan.colocated else
                  f"           {megatron} Megatron process{'es' if megatron > 1 else ''} per training GPU "
                  "(the rollout engines have GPUs of their own)")

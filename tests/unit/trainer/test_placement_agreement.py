@@ -46,7 +46,9 @@ def test_validate_and_train_accept_every_placement(workdir, capsys, monkeypatch,
 def test_the_seeds_layout_validates_with_three_two_gpu_engines(workdir, capsys):  # noqa: F811
     code, out, err = run_cli(capsys, "validate", "recipe.yaml", *SEEDS, "trainer.device=cuda")
     assert code == 0, err
-    assert "rollout:  6 GPUs ÷ TP 2 = 3 engines, 32 samples each" in out.splitlines()
+    lines = out.splitlines()
+    assert "rollout:  6 GPUs ÷ TP 2 = 3 engines, 32 samples each" in lines
+    assert "           2 processes per training GPU: 1 Megatron, 1 TP worker of a 2-GPU rollout engine" in lines
 
 
 @pytest.mark.parametrize("setting, gpus, device", [
