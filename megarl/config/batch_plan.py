@@ -211,13 +211,12 @@ def _rollout_engines(config: Config, rollout_gpus: int, samples: int, problems: 
                                          f"({rollout_gpus} ÷ {tp} = {rollout_gpus / tp:.2f} engines)",
                                 f"use a rollout TP that divides {rollout_gpus}: {_divisors(rollout_gpus)}"))
         return 0
-    if placement.mode == "colocated" and placement.gpus_per_node % tp:
-        problems.append(Problem(key, tp, f"colocated engines must not straddle nodes: rollout TP {tp} does not "
-                                         f"divide the {placement.gpus_per_node} GPUs of a node",
-                                f"use a rollout TP that divides {placement.gpus_per_node}: "
-                                f"{_divisors(placement.gpus_per_node)}"))
-        return 0
     engines = rollout_gpus // tp
+    first = placement.nnodes * placement.gpus_per_node - rollout_gpus
+    straddling = _straddling_engine(first, engines, tp, placement.gpus_per_node)
+    if straddling is not None:
+        problems.append(_straddle_problem(config, first, straddling))
+        return 0
     if samples % engines:
         problems.append(Problem(
             "data.train_batch_size", config.data.train_batch_size,
@@ -226,6 +225,30 @@ def _rollout_engines(config: Config, rollout_gpus: int, samples: int, problems: 
             f"({samples} ÷ {engines} = {samples / engines:.2f})",
             f"make train_batch_size × rollout.n a multiple of {engines}"))
     return engines
+
+
+def _straddling_engine(first: int, engines: int, tp: int, per_node: int) -> int | None:
+    """The first engine whose `tp` GPUs (engine k: GPUs first + k·tp ... first + (k+1)·tp − 1, nodes of
+    `per_node` GPUs in order) lie on two nodes, or None: one engine's TP workers must share a node."""
+    for engine in range(engines):
+        start = first + engine * tp
+        if start // per_node != (start + tp - 1) // per_node:
+            return engine
+    return None
+
+
+def _straddle_problem(config: Config, first: int, engine: int) -> Problem:
+    placement, tp = config.placement, config.rollout.tensor_model_parallel_size
+    per_node, key = placement.gpus_per_node, "rollout.tensor_model_parallel_size"
+    fix = f"use a rollout TP that divides {per_node}: {_divisors(per_node)}"
+    if placement.mode == "colocated":
+        return Problem(key, tp, f"colocated engines must not straddle nodes: rollout TP {tp} does not divide the "
+                                f"{per_node} GPUs of a node", fix)
+    start = first + engine * tp
+    return Problem(key, tp, f"split engines must not straddle nodes: engine {engine} would span GPUs {start}–"
+                            f"{start + tp - 1} (the rollout has the last {placement.rollout_gpus} of "
+                            f"{placement.nnodes} node(s) × {per_node} GPUs), across two nodes",
+                   f"{fix}; or a placement.rollout_gpus that leaves a multiple of {tp} training GPUs (here {first})")
 
 
 def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[Problem], trained: bool):
@@ -320,7 +343,8 @@ def _process_lines(plan: BatchPlan) -> list[str]:
         lines.append(f"           {role.role} in a group of its own ({plan.train_gpus} processes on the same GPUs, "
                      f"TP {role.tensor_parallel} × PP {role.pipeline_parallel} × DP {role.data_parallel}: {why})")
     megatron = 1 + len(plan.own_groups)
-    lines.append(f"           {plan.processes_per_train_gpu} processes per training GPU: {megatron} Megatron, 1 rollout engine"
+    engine = "1 rollout engine" if plan.rollout_tp == 1 else f"1 TP worker of a {plan.rollout_tp}-GPU rollout engine"
+    lines.append(f"           {plan.processes_per_train_gpu} processes per training GPU: {megatron} Megatron, {engine}"
                  if plan.colocated else
                  f"           {megatron} Megatron process{'es' if megatron > 1 else ''} per training GPU "
                  "(the rollout engines have GPUs of their own)")

@@ -15,18 +15,10 @@ RESOLVED = {"auto": ("cpu", "cuda"), "cpu": ("cpu",), "cuda": ("cuda",)}
 
 
 def placement_problems(config: Config, device: str) -> list[Problem]:
-    """Valid settings that the placement of the worker groups cannot host on `device`."""
-    problems = sync_placement_problems(config, device)
-    rollout_tp = config.rollout.tensor_model_parallel_size
-    if rollout_tp > 1 and all(_engine_spans_devices(config, each) for each in RESOLVED[device]):
-        return problems + [Problem(
-            "rollout.tensor_model_parallel_size", rollout_tp,
-            f"engines are placed one per device bundle, so an engine cannot span several GPUs yet (here: "
-            f"placement.mode={config.placement.mode}, trainer.device={device}; on CPU, split placement runs a TP > 1 "
-            "engine)",
-            "use rollout.tensor_model_parallel_size: 1 (more engines instead of wider ones)",
-        )]
-    return problems
+    """Valid settings that the placement of the worker groups cannot host on `device` (rollout engines
+    span `rollout.tensor_model_parallel_size` device bundles on every device and placement): the
+    weight sync's."""
+    return sync_placement_problems(config, device)
 
 
 def sync_placement_problems(config: Config, device: str) -> list[Problem]:
@@ -74,12 +66,6 @@ def _per_rank_across_stages(config: Config, device: str) -> Problem | None:
         f"device, which holds one of actor.parallel.pipeline_model_parallel_size={pp} stages, not its whole TP shard",
         "set rollout.sync.per_rank: auto (the rings then carry gathered buckets), or actor PP 1",
     )
-
-
-def _engine_spans_devices(config: Config, device: str) -> bool:
-    """A TP > 1 engine would need several device bundles: colocated (it shares the trainer's one-device
-    bundles), or any GPU placement."""
-    return config.placement.mode == "colocated" or device == "cuda"
 
 
 def resolve_device(setting: str, cluster_gpus: float) -> str:

@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 
 
 class PlacementError(RuntimeError):
@@ -41,6 +41,23 @@ def create_placement_group(
             "or add nodes"
         )
     return pg
+
+
+def engine_bundles(pg: PlacementGroup, first_bundle: int, engines: int, tp: int, gpus_per_node: int) -> list[list[int]]:
+    """The bundle indices of each rollout engine: engine k spans the `tp` bundles first_bundle + k·tp ...
+    (its TP workers, one per device). Raises `PlacementError` when Ray put an engine's bundles on several
+    nodes: vLLM's TP workers of one engine must share a node."""
+    bundles = [[first_bundle + engine * tp + rank for rank in range(tp)] for engine in range(engines)]
+    node_of = placement_group_table(pg)["bundles_to_node_id"]
+    for engine, indices in enumerate(bundles):
+        nodes = {node_of[index] for index in indices}
+        if len(nodes) > 1:
+            raise PlacementError(
+                f"rollout engine {engine} would span bundles {indices} on {len(nodes)} nodes: "
+                f"rollout.tensor_model_parallel_size={tp} must fit in one node of placement.gpus_per_node="
+                f"{gpus_per_node} GPUs; use a rollout TP that divides the GPUs of every node"
+            )
+    return bundles
 
 
 def _describe(resources: dict[str, float]) -> str:

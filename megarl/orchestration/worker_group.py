@@ -72,7 +72,7 @@ class RankProcess:
         if not uses_cuda():
             # Ray sets OMP_NUM_THREADS=1 for actors; use the cores this bundle reserved.
             torch.set_num_threads(max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
-        init_distributed(timeout_s=timeout_s, store=self.store)
+        init_distributed(timeout_s=timeout_s, store=self.store, cuda=uses_cuda() and bool(ray.get_gpu_ids()))
         module_name, class_name = target.split(":")
         self.target = getattr(importlib.import_module(module_name), class_name)(**kwargs)
         return os.getpid()
@@ -96,7 +96,9 @@ class RankProcess:
 
 
 class WorkerGroup:
-    """`world_size` RankProcess actors, one per placement-group bundle, hosting `target` ("pkg.mod:Class")."""
+    """`world_size` RankProcess actors hosting `target` ("pkg.mod:Class"): rank r on placement-group bundle
+    `first_bundle + r * bundle_stride` (a stride of TP: one rollout engine per TP group of bundles, its TP
+    workers on the others). `init_kwargs` and `env`: one for all ranks, or a list with one per rank."""
 
     def __init__(
         self,
@@ -106,10 +108,11 @@ class WorkerGroup:
         placement,
         bundle: BundleSpec,
         init_kwargs: dict | list[dict] | None = None,
-        env: dict[str, str] | None = None,
+        env: dict[str, str] | list[dict[str, str]] | None = None,
         collective_timeout_s: float = 600.0,
         call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         first_bundle: int = 0,
+        bundle_stride: int = 1,
     ):
         self.role = role
         self.world_size = world_size
@@ -117,7 +120,9 @@ class WorkerGroup:
         self.pids: list[int] = []
         """Process id of each rank, once started."""
         per_rank = init_kwargs if isinstance(init_kwargs, list) else [dict(init_kwargs or {})] * world_size
-        self.actors = self._create_actors(placement, bundle, first_bundle, dict(env or {}))
+        per_rank_env = env if isinstance(env, list) else [dict(env or {})] * world_size
+        bundles = [first_bundle + rank * bundle_stride for rank in range(world_size)]
+        self.actors = self._create_actors(placement, bundle, bundles, per_rank_env)
         rendezvous = self.actors[0].rendezvous_address.remote(collective_timeout_s)
         host, port = self._wait([rendezvous], timeout_s=call_timeout_s)[0]
         self.pids = self._wait(
@@ -125,7 +130,7 @@ class WorkerGroup:
             timeout_s=call_timeout_s,
         )
 
-    def _create_actors(self, placement, bundle: BundleSpec, first_bundle: int, env: dict[str, str]) -> list:
+    def _create_actors(self, placement, bundle: BundleSpec, bundles: list[int], env: list[dict[str, str]]) -> list:
         remote_cls = ray.remote(RankProcess)
         return [
             remote_cls.options(
@@ -133,9 +138,9 @@ class WorkerGroup:
                 num_gpus=bundle.gpus,
                 name=None,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=placement, placement_group_bundle_index=first_bundle + rank
+                    placement_group=placement, placement_group_bundle_index=bundles[rank]
                 ),
-            ).remote(self.role, rank, self.world_size, env)
+            ).remote(self.role, rank, self.world_size, env[rank])
             for rank in range(self.world_size)
         ]
 

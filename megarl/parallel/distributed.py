@@ -23,12 +23,14 @@ LOOPBACK_INTERFACE = "lo"
 """Linux's name for the loopback interface (gloo and NCCL bind by interface name)."""
 
 
-def default_backend() -> str:
-    """NCCL when this process computes on CUDA (`device.uses_cuda`), gloo otherwise."""
-    return "nccl" if uses_cuda() else "gloo"
+def default_backend(cuda: bool | None = None) -> str:
+    """NCCL for a process that computes on CUDA (`cuda`; None: `device.uses_cuda`), gloo otherwise."""
+    return "nccl" if (uses_cuda() if cuda is None else cuda) else "gloo"
 
 
-def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S, store: dist.TCPStore | None = None) -> None:
+def init_distributed(
+    timeout_s: float = DEFAULT_TIMEOUT_S, store: dist.TCPStore | None = None, cuda: bool | None = None
+) -> None:
     """Join the torch.distributed world described by the RANK / WORLD_SIZE / MASTER_ADDR /
     MASTER_PORT (and LOCAL_RANK: the CUDA ordinal of the process's GPU) environment variables.
 
@@ -37,7 +39,9 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S, store: dist.TCPStore 
     connections and NCCL's bootstrap are kept on the loopback interface too (unless
     GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME say otherwise), so nothing of it can be reached from
     another machine. Collectives time out after `timeout_s`, so a dead peer ends the job instead of
-    hanging it.
+    hanging it. `cuda`: join with NCCL on LOCAL_RANK's GPU, else with gloo (None: `uses_cuda()`); a
+    process of a CUDA run that holds no GPU (a TP > 1 rollout engine: its vLLM workers hold them) passes
+    False, so it neither opens a CUDA context nor joins NCCL with another process's GPU.
     """
     if dist.is_initialized():
         return
@@ -56,10 +60,11 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S, store: dist.TCPStore 
     if store is None:
         store = (listen_store(host, world_size, timeout_s, port) if rank == 0
                  else dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout))
-    if uses_cuda():
+    cuda = uses_cuda() if cuda is None else cuda
+    if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(
-        backend=default_backend(), store=store, rank=rank, world_size=world_size, timeout=timeout,
+        backend=default_backend(cuda), store=store, rank=rank, world_size=world_size, timeout=timeout,
     )
 
 

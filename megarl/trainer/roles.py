@@ -23,7 +23,7 @@ from torch import Tensor
 from megarl.bridge.ring_routes import RingRoutes, route_rings
 from megarl.config import BatchPlan, Config, ConfigError, cluster_problems, resolve_device, uses_reference
 from megarl.orchestration.cluster import cluster_gpus
-from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group
+from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group, engine_bundles
 from megarl.orchestration.worker_group import WorkerGroup
 from megarl.parallel.device import worker_env
 from megarl.trainer import settings
@@ -34,6 +34,7 @@ from megarl.workers.batch import PolicyBatch
 from megarl.workers.checkpoint_files import step_dir_name
 from megarl.workers.megatron_train import ModelSettings
 from megarl.workers.policy_worker import ActorSpec, CriticSpec, PolicyWorkerSpec
+from megarl.workers.rollout.executor import engine_env, engine_holds_gpu
 
 POLICY_TARGET = "megarl.workers.policy_worker:PolicyWorker"
 ROLLOUT_TARGET = "megarl.workers.rollout.rollout_worker:RolloutWorker"
@@ -239,19 +240,7 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
               for role in (plan.actor, plan.critic, plan.ref) if role is not None}
     offload_before_engines(started.values(), config.rollout.gpu_memory_utilization)
     rollout = config.rollout
-    rollout_group = WorkerGroup(
-        "rollout", ROLLOUT_TARGET, plan.rollout_engines, pg,
-        BundleSpec(cpus=1.0, gpus=(share.gpus if plan.colocated else bundle.gpus) * rollout.tensor_model_parallel_size),
-        init_kwargs={
-            "backend": rollout.backend, "model_path": config.model.path,
-            "tensor_parallel_size": rollout.tensor_model_parallel_size, "dtype": config.model.dtype,
-            "seed": rollout.seed, "max_model_len": config.data.max_prompt_length + rollout.max_new_tokens,
-            "cpu_kv_cache_gib": max(1, math.ceil(rollout.kv_cache_gib)),
-            "gpu_memory_utilization": rollout.gpu_memory_utilization, "enforce_eager": rollout.enforce_eager,
-            "sleep_level": rollout.sleep_level,
-        },
-        env=env, first_bundle=0 if plan.colocated else plan.train_gpus,
-    )
+    rollout_group = start_rollout(config, plan, pg, share.gpus if plan.colocated else bundle.gpus, env)
     policy = groups["actor"].workers
     transport = sync_transport(rollout.sync.transport, device, plan.colocated, policy.node_ids()[0],
                                rollout_group.node_ids())
@@ -262,6 +251,31 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
     else:
         policy.call_all("use_shared_weight_sync", transport, routes, SYNC_TIMEOUT_S)
     return roles
+
+
+def start_rollout(config: Config, plan: BatchPlan, pg, gpus_per_device: float, env: dict[str, str]) -> WorkerGroup:
+    """One `RolloutWorker` per engine, engine k on the `rollout.tensor_model_parallel_size` bundles
+    `placement.engine_bundles` gives it (the training bundles when colocated, the split rollout's
+    after them), each worker taking `gpus_per_device` of a bundle's GPU. A TP 1 engine's process takes
+    its bundle's share; a wider engine's process takes none and vLLM places its TP workers on the
+    engine's bundles (`megarl.workers.rollout.executor`)."""
+    rollout, tp = config.rollout, config.rollout.tensor_model_parallel_size
+    first = 0 if plan.colocated else plan.train_gpus
+    bundles = engine_bundles(pg, first, plan.rollout_engines, tp, config.placement.gpus_per_node)
+    return WorkerGroup(
+        "rollout", ROLLOUT_TARGET, plan.rollout_engines, pg,
+        BundleSpec(cpus=1.0, gpus=gpus_per_device if engine_holds_gpu(tp) else 0.0),
+        init_kwargs={
+            "backend": rollout.backend, "model_path": config.model.path,
+            "tensor_parallel_size": tp, "dtype": config.model.dtype,
+            "seed": rollout.seed, "max_model_len": config.data.max_prompt_length + rollout.max_new_tokens,
+            "cpu_kv_cache_gib": max(1, math.ceil(rollout.kv_cache_gib)),
+            "gpu_memory_utilization": rollout.gpu_memory_utilization, "enforce_eager": rollout.enforce_eager,
+            "sleep_level": rollout.sleep_level,
+        },
+        env=[{**env, **engine_env(indices, gpus_per_device)} for indices in bundles],
+        first_bundle=first, bundle_stride=tp,
+    )
 
 
 def sync_transport(setting: str, device: str, colocated: bool, sender_node: str, engine_nodes: list[str]) -> str:

@@ -3,8 +3,9 @@
 The engine core always runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set below before
 vLLM is imported, because vLLM reads it at import and engine start): weights handed to
 `load_weights` then reach the model without being serialized, and a colocated trainer rank can own
-its engine. The model workers run in this process for TP 1 and in vLLM's multiprocess executor for
-TP > 1; either way, weight loading and the weight-sync receive happen inside the workers, in the
+its engine. The model workers run in this process for TP 1 and, for TP > 1, in vLLM's multiprocess
+executor on CPU or its Ray executor on the engine's GPU bundles (`executor`); either way, weight
+loading and the weight-sync receive happen inside the workers, in the
 methods of `worker_extension.WeightSyncWorkerExtension`, called by name via `LLM.collective_rpc`.
 
 Weights are loaded with the worker's `reload_weights(..., is_checkpoint_format=True)`, not
@@ -42,6 +43,7 @@ from vllm.platforms import current_platform  # noqa: E402
 
 from megarl.bridge import LoadedChecksums, SharedRing, SyncPlan  # noqa: E402
 from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig  # noqa: E402
+from megarl.workers.rollout.executor import executor_backend  # noqa: E402
 from megarl.workers.rollout.worker_extension import WORKER_EXTENSION  # noqa: E402
 
 
@@ -136,7 +138,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._llm = LLM(
             model=str(model_path),
             tensor_parallel_size=tensor_parallel_size,
-            distributed_executor_backend="mp" if tensor_parallel_size > 1 else "uni",
+            distributed_executor_backend=executor_backend(tensor_parallel_size, on_gpu=not is_cpu),
             worker_extension_cls=WORKER_EXTENSION,
             dtype=dtype,
             seed=seed,

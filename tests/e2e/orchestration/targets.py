@@ -50,3 +50,55 @@ class DeviceProbe:
             "device_index": int(os.environ["LOCAL_RANK"]),
             "node": ray.get_runtime_context().get_node_id(),
         }
+
+
+def placement_report() -> dict:
+    """Where this Ray actor runs: the placement-group bundles it draws from (Ray names a bundle's
+    resources `<resource>_group_<bundle>_<group id>`: ray/_private/utils.py, the names
+    `get_assigned_resources` folds back), its GPU ids and node."""
+    import re
+
+    import ray
+
+    names = ray._private.worker.global_worker.core_worker.resource_ids()
+    bundles = {int(match.group(1)) for name in names if (match := re.search(r"_group_(\d+)_", name))}
+    return {"bundles": sorted(bundles), "gpu_ids": sorted(str(gpu) for gpu in ray.get_gpu_ids()),
+            "node": ray.get_runtime_context().get_node_id()}
+
+
+class TensorParallelWorkerProbe:
+    """Stands in for one of vLLM's TP workers."""
+
+    def report(self) -> dict:
+        return placement_report()
+
+
+class EngineProbe:
+    """Stands in for `RolloutWorker` (takes its keyword arguments) and, for a TP > 1 engine, starts its TP
+    workers as vLLM's Ray executor does (vllm/v1/executor/ray_executor_v2.py: RayExecutorV2._init_executor):
+    one actor per rank in the current placement group (ray_utils.initialize_ray_cluster:
+    `ray.util.get_current_placement_group()`), rank r on bundle r of VLLM_RAY_BUNDLE_INDICES, with
+    `num_cpus=0` and `num_gpus=VLLM_RAY_PER_WORKER_GPUS` (`_get_actor_resource_kwargs`)."""
+
+    def __init__(self, *, tensor_parallel_size: int, **_):
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        group = ray.util.get_current_placement_group()
+        bundles = list(map(int, os.environ["VLLM_RAY_BUNDLE_INDICES"].split(",")))
+        assert len(bundles) == tensor_parallel_size
+        share = float(os.environ["VLLM_RAY_PER_WORKER_GPUS"])
+        self.workers = [
+            ray.remote(TensorParallelWorkerProbe).options(
+                num_cpus=0, num_gpus=share,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group,
+                                                                     placement_group_bundle_index=bundle),
+            ).remote()
+            for bundle in bundles
+        ]
+
+    def report(self) -> dict:
+        import ray
+
+        return {**placement_report(), "backend": dist.get_backend(),
+                "workers": ray.get([worker.report.remote() for worker in self.workers])}

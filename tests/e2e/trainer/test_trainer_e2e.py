@@ -20,9 +20,11 @@ from megarl.trainer.metrics import DOCUMENTED_METRICS
 
 from .conftest import QUICKSTART, REPO, overrides, read_metrics
 
-STEPS = 6
-TEST_FREQ = 4  # validation after steps 4 and 6 (the end)
-GRPO_ARGS = {"trainer.total_steps": STEPS, "checkpoint.save_freq": 2, "trainer.test_freq": TEST_FREQ}
+STEPS = 12  # enough for the reward to rise: the quickstart's climbs from ~0.02 over its first dozen steps
+TEST_FREQ = 4  # validation after steps 4, 8 and 12 (the end)
+GRPO_ARGS = {"trainer.total_steps": STEPS, "checkpoint.save_freq": 2, "trainer.test_freq": TEST_FREQ,
+             "rollout.tensor_model_parallel_size": 2}
+"""The quickstart with one TP-2 engine over both trainer ranks' slots (colocated, as the seeds' layout)."""
 # Metrics every GRPO step logs (critic/, val/, dapo/ and KL-in-reward ones only when configured).
 GRPO_METRICS = {
     name for name in DOCUMENTED_METRICS
@@ -55,21 +57,25 @@ def test_grpo_trains_syncs_and_checkpoints(grpo_run, assets):
     # On one CPU machine the weights stream through shared memory (rollout.sync.transport=auto). The
     # quickstart checks every sync (rollout.sync.verify_every=1): every step has the gap, under the
     # threshold, and each step advanced the engines' weights.
-    # Colocated, actor TP 2 → rollout TP 1: every rank assembles the gathered buckets into its own
-    # ring, read only by the engine on its own slot.
-    assert trainer.roles.sync_transport == "shared_memory" and trainer.roles.routes.mode == "every_rank"
-    assert trainer.roles.routes.sources == (((0,),), ((1,),))
+    # Colocated, actor TP 2 → one TP-2 engine over both trainer ranks' slots: each rank's own shards,
+    # in vLLM worker r's layout, go into its own ring, read only by the worker on its own slot.
+    assert trainer.roles.sync_transport == "shared_memory" and trainer.roles.routes.mode == "per_rank"
+    assert trainer.roles.rollout.world_size == 1 and trainer.roles.routes.sources == (((0,), (1,)),)
     threshold = trainer.sync.threshold  # rollout.sync.logprob_gap_threshold, resolved
     assert all(m["sync/logprob_max_abs_diff"] <= threshold for m in metrics)
     assert all(m["sync/checksum_tensors"] > 0 for m in metrics)  # and every tensor was loaded bit for bit
     assert [m["sync/weight_version"] for m in metrics] == [m["step"] for m in metrics]
+    # The policy learns through the TP-2 engine: the second half of the run scores more than the first.
+    half = STEPS // 2
+    first, second = (sum(m["reward/mean"] for m in part) / half for part in (metrics[:half], metrics[half:]))
+    assert second > first, [m["reward/mean"] for m in metrics]
     # The exported actor differs from the initial model: training changed the weights.
     initial = load_file(assets / "model" / "model.safetensors")
     final = load_file(run_dir / "checkpoints" / "hf" / "model.safetensors")
     assert initial.keys() == final.keys()
     assert any(not torch.equal(initial[k], final[k]) for k in initial)
-    # Checkpoints at steps 2, 4, 6; the quickstart's checkpoint.max_keep=2 keeps the newest two complete ones.
-    assert [c.step for c in CheckpointManager(run_dir / "checkpoints").complete()] == [4, 6]
+    # Checkpoints every 2 steps; the quickstart's checkpoint.max_keep=2 keeps the newest two complete ones.
+    assert [c.step for c in CheckpointManager(run_dir / "checkpoints").complete()] == [STEPS - 2, STEPS]
 
 
 def test_every_step_hands_the_devices_over_and_logs_each_phases_memory(grpo_run):
@@ -92,7 +98,7 @@ def test_every_step_hands_the_devices_over_and_logs_each_phases_memory(grpo_run)
 def test_validation_runs_every_test_freq_steps_and_at_the_end(grpo_run):
     _, _, metrics, trainer = grpo_run
     validated = [m["step"] for m in metrics if "val/reward/mean" in m]
-    assert validated == [4, 6]
+    assert validated == [4, 8, 12]
     for m in metrics:
         names = {"val/reward/mean", "val/response_length/mean", "timing/validation"}
         assert names <= set(m) if m["step"] in validated else not names & set(m)
@@ -131,7 +137,7 @@ def test_resume_after_killed_driver_matches_uninterrupted_run(grpo_run, assets, 
         for key in ("reward/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/loss"):
             assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-6), (ours["step"], key)
     # The new engines were loaded with the checkpoint's weights first, then once per step.
-    assert [m["sync/weight_version"] for m in resumed[2:]] == [2, 3, 4, 5]
+    assert [m["sync/weight_version"] for m in resumed[2:]] == list(range(2, STEPS))
 
 
 def test_ppo_trains_the_critic_with_split_placement_and_a_reward_model(assets, tmp_path):

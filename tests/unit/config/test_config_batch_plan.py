@@ -3,6 +3,7 @@
 import pytest
 
 from megarl.config import ConfigError, build_config, plan_batches
+from megarl.config.batch_plan import batch_problems
 
 
 def config_of(data: dict):
@@ -69,6 +70,25 @@ def test_split_placement_with_critic_and_reference():
     assert (plan.critic.data_parallel, plan.critic.update.samples_per_rank, plan.critic.update.grad_accumulation_steps) == (3, 4, 2)
     assert plan.ref.update is None
     assert (plan.ref.data_parallel, plan.ref.samples_per_rank, plan.ref.forward_micro_batches) == (6, 2, 1)
+
+
+@pytest.mark.parametrize("nnodes, per_node, rollout_gpus, straddles", [
+    (1, 3, 2, False),  # GPUs 1–2 of the one node: TP 2 need not divide 3
+    (2, 3, 2, False),  # GPUs 4–5: the second node
+    (2, 3, 4, True),   # GPUs 2–5: engine 0 on GPUs 2 (node 0) and 3 (node 1)
+    (2, 4, 4, False),  # the whole second node
+])
+def test_a_split_engine_must_not_straddle_nodes(nnodes, per_node, rollout_gpus, straddles):
+    """Split placement: the rollout has the last GPUs, engine k GPUs first + k·TP ...; rollout TP 2."""
+    config = config_of({
+        "data": {"train_batch_size": 4}, "rollout": {"n": 2, "tensor_model_parallel_size": 2},
+        "actor": {"ppo_mini_batch_size": 4, "micro_batch_size_per_gpu": 1},
+        "placement": {"mode": "split", "nnodes": nnodes, "gpus_per_node": per_node, "rollout_gpus": rollout_gpus},
+    })
+    problems = [p for p in batch_problems(config) if p.key == "rollout.tensor_model_parallel_size"]
+    assert [p.why for p in problems] == ([
+        "split engines must not straddle nodes: engine 0 would span GPUs 2–3 (the rollout has the last 4 of "
+        "2 node(s) × 3 GPUs), across two nodes"] if straddles else [])
 
 
 def test_plan_is_derived_not_written_back():

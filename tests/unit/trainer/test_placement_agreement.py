@@ -1,8 +1,8 @@
 """`megarl validate` and `megarl train` agree on every placement (issue 14, item 6): validate runs the
 placement checks train runs before Ray starts (`megarl.config.placement`), and what train checks once the
-cluster has resolved `trainer.device` (`roles.cluster_device`) refuses nothing validate accepted for a
-definite device (for `auto`, validate warns of what a GPU cluster would refuse). Neither asks this
-machine's CUDA."""
+cluster has resolved `trainer.device` (`roles.cluster_device`) refuses nothing validate accepted. Neither
+asks this machine's CUDA. Rollout engines span `rollout.tensor_model_parallel_size` devices on every
+placement and device (issue 15, item 4), so the seeds' layout (6 GPUs, colocated, rollout TP 2) runs."""
 
 import pytest
 
@@ -13,9 +13,10 @@ from tests.unit.reliability.test_reliability_cli_inputs import model_dir, proble
 
 SPLIT = ["placement.mode=split", "placement.gpus_per_node=4", "placement.rollout_gpus=2"]
 TP_2 = ["rollout.tensor_model_parallel_size=2"]
-PLACEMENTS = {"colocated-tp1": [], "colocated-tp2": TP_2, "split-tp1": SPLIT, "split-tp2": SPLIT + TP_2}
-REFUSED = {("colocated-tp2", "cpu"), ("colocated-tp2", "cuda"), ("split-tp2", "cuda")}
-"""An engine spans several GPUs: colocated on any device, split on CUDA (split on CPU runs TP > 1)."""
+SEEDS = ["placement.gpus_per_node=6", *TP_2, "data.train_batch_size=12", "actor.ppo_mini_batch_size=12"]
+"""The seeds' layout: 6 GPUs, colocated, rollout TP 2 (3 engines); 12 prompts × 8 samples fit actor DP 3."""
+PLACEMENTS = {"colocated-tp1": [], "colocated-tp2": TP_2, "split-tp1": SPLIT, "split-tp2": SPLIT + TP_2,
+              "seeds": SEEDS}
 CLUSTER_GPUS = {"cpu": 0.0, "cuda": 8.0}
 
 
@@ -31,32 +32,23 @@ def train_problems(overrides: list[str], cluster_gpus: float, monkeypatch) -> li
     return []
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("device", ["cpu", "cuda", "auto"])
 @pytest.mark.parametrize("placement", PLACEMENTS)
-def test_validate_and_train_agree(workdir, capsys, monkeypatch, placement, device):  # noqa: F811
+def test_validate_and_train_accept_every_placement(workdir, capsys, monkeypatch, placement, device):  # noqa: F811
     overrides = [*PLACEMENTS[placement], f"trainer.device={device}"]
-    code, _, err = run_cli(capsys, "validate", "recipe.yaml", *overrides)
-    refused_by_validate = problem_lines("validate", err)
-    refused_by_train = train_problems(overrides, CLUSTER_GPUS[device], monkeypatch)
-    assert refused_by_validate == refused_by_train
-    assert (code == 2) == ((placement, device) in REFUSED)
-    assert all(line.startswith("rollout.tensor_model_parallel_size = 2") for line in refused_by_train)
+    code, out, err = run_cli(capsys, "validate", "recipe.yaml", *overrides)
+    assert (code, problem_lines("validate", err)) == (0, []), err
+    assert not [line for line in out.splitlines() if line.startswith("warning:")]
+    for gpus in {"cpu": [0.0], "cuda": [8.0], "auto": [0.0, 8.0]}[device]:
+        assert train_problems(overrides, gpus, monkeypatch) == []
 
 
-def test_auto_leaves_the_gpu_only_refusal_to_the_cluster(workdir, capsys, monkeypatch):  # noqa: F811
-    """trainer.device=auto: validate refuses what no device can host and accepts split TP 2 (it runs on a
-    CPU cluster); train refuses it on a GPU cluster once Ray says there are GPUs."""
-    overrides = [*PLACEMENTS["split-tp2"], "trainer.device=auto"]
-    code, out, _ = run_cli(capsys, "validate", "recipe.yaml", *overrides)
-    assert code == 0
-    assert train_problems(overrides, CLUSTER_GPUS["cpu"], monkeypatch) == []
-    [problem] = train_problems(overrides, CLUSTER_GPUS["cuda"], monkeypatch)
-    assert problem.startswith("rollout.tensor_model_parallel_size = 2") and "trainer.device=cuda" in problem
-    # validate says so up front, as a warning
-    assert [line for line in out.splitlines() if line.startswith("warning:")] == [
-        f"warning: on a CUDA cluster `megarl train` stops with: {problem}"]
-    colocated = [*PLACEMENTS["colocated-tp2"], "trainer.device=auto"]
-    assert run_cli(capsys, "validate", "recipe.yaml", *colocated)[0] == 2
+def test_the_seeds_layout_validates_with_three_two_gpu_engines(workdir, capsys):  # noqa: F811
+    code, out, err = run_cli(capsys, "validate", "recipe.yaml", *SEEDS, "trainer.device=cuda")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "rollout:  6 GPUs ÷ TP 2 = 3 engines, 32 samples each" in lines
+    assert "           2 processes per training GPU: 1 Megatron, 1 TP worker of a 2-GPU rollout engine" in lines
 
 
 @pytest.mark.parametrize("setting, gpus, device", [

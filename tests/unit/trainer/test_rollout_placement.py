@@ -1,0 +1,85 @@
+"""Where `roles.start_rollout` puts the engines (issue 15, item 4): engine k on the rollout TP bundles
+`placement.engine_bundles` gives it, its actor on the first of them (a bundle stride of TP), its vLLM
+workers placed by the `VLLM_RAY_*` environment with the GPU share of one process of the bundle; and an
+engine whose bundles Ray put on two nodes is refused, naming the setting. No processes: the worker group
+is a recording stand-in and the placement group's bundle-to-node table is given (Ray's real placement
+is `tests/e2e/orchestration/test_rollout_placement.py`)."""
+
+import pytest
+
+from megarl.config import build_config, plan_batches
+from megarl.orchestration import placement
+from megarl.orchestration.placement import PlacementError, engine_bundles
+from megarl.trainer import roles
+
+
+def config_of(data: dict):
+    problems = []
+    config = build_config(data, problems)
+    assert problems == []
+    return config
+
+
+SEEDS = {"data": {"train_batch_size": 12}, "rollout": {"n": 8, "tensor_model_parallel_size": 2},
+         "actor": {"ppo_mini_batch_size": 12, "micro_batch_size_per_gpu": 8}, "placement": {"gpus_per_node": 6}}
+"""The seeds' layout: 6 GPUs, colocated, rollout TP 2."""
+SPLIT = {**SEEDS, "placement": {"mode": "split", "nnodes": 2, "gpus_per_node": 4, "rollout_gpus": 4},
+         "actor": {"ppo_mini_batch_size": 12, "micro_batch_size_per_gpu": 8}}
+"""2 nodes × 4 GPUs: the first node trains, the second hosts two TP-2 engines."""
+
+
+@pytest.fixture
+def nodes(monkeypatch):
+    """Bundle i of the placement group lies on node i // per_node (Ray's PACK on equal bundles)."""
+    def place(per_node: int, bundles: int = 16) -> None:
+        table = {"bundles_to_node_id": {i: f"node-{i // per_node}" for i in range(bundles)}}
+        monkeypatch.setattr(placement, "placement_group_table", lambda pg: table)
+    return place
+
+
+class RecordingGroup:
+    """Stands in for `WorkerGroup`: keeps its arguments."""
+
+    def __init__(self, role, target, world_size, pg, bundle, init_kwargs, env, first_bundle, bundle_stride):
+        self.__dict__.update(locals())
+
+
+def started(data: dict, gpus_per_device: float, monkeypatch) -> RecordingGroup:
+    monkeypatch.setattr(roles, "WorkerGroup", RecordingGroup)
+    config = config_of(data)
+    return roles.start_rollout(config, plan_batches(config), "pg", gpus_per_device, {"MEGARL_DEVICE": "cuda"})
+
+
+def test_the_seeds_three_engines_span_two_bundles_each(nodes, monkeypatch):
+    nodes(per_node=6)
+    group = started(SEEDS, gpus_per_device=0.5, monkeypatch=monkeypatch)
+    assert (group.world_size, group.first_bundle, group.bundle_stride) == (3, 0, 2)
+    assert group.bundle.gpus == 0.0  # the engine's GPUs belong to its vLLM workers
+    assert [env["VLLM_RAY_BUNDLE_INDICES"] for env in group.env] == ["0,1", "2,3", "4,5"]
+    assert {env["VLLM_RAY_PER_WORKER_GPUS"] for env in group.env} == {"0.5"}
+    assert all(env["MEGARL_DEVICE"] == "cuda" for env in group.env)
+    assert group.init_kwargs["tensor_parallel_size"] == 2
+
+
+def test_split_engines_take_the_bundles_after_the_trainer(nodes, monkeypatch):
+    nodes(per_node=4)
+    group = started(SPLIT, gpus_per_device=1.0, monkeypatch=monkeypatch)
+    assert (group.world_size, group.first_bundle, group.bundle_stride) == (2, 4, 2)
+    assert [env["VLLM_RAY_BUNDLE_INDICES"] for env in group.env] == ["4,5", "6,7"]
+    assert {env["VLLM_RAY_PER_WORKER_GPUS"] for env in group.env} == {"1.0"}
+
+
+def test_a_tp_1_engine_holds_its_share_itself(nodes, monkeypatch):
+    nodes(per_node=6)
+    tp1 = {**SEEDS, "rollout": {"n": 8, "tensor_model_parallel_size": 1}}
+    group = started(tp1, gpus_per_device=0.5, monkeypatch=monkeypatch)
+    assert (group.world_size, group.bundle_stride, group.bundle.gpus) == (6, 1, 0.5)
+
+
+def test_an_engine_on_two_nodes_is_refused_naming_the_setting(nodes):
+    nodes(per_node=3)  # Ray put bundles 0-2 on one node and 3-5 on another
+    with pytest.raises(PlacementError) as error:
+        engine_bundles("pg", first_bundle=0, engines=3, tp=2, gpus_per_node=6)
+    assert str(error.value) == (
+        "rollout engine 1 would span bundles [2, 3] on 2 nodes: rollout.tensor_model_parallel_size=2 must fit in "
+        "one node of placement.gpus_per_node=6 GPUs; use a rollout TP that divides the GPUs of every node")
