@@ -25,16 +25,15 @@ import torch
 
 from megarl.bridge.checksum import LoadedChecksums, check_checksums, combine, rank_checksums
 from megarl.bridge.plan import LayoutPair, build_plan
+from megarl.bridge import ShardSender, sender_rank
 from megarl.bridge.sync import WeightSender, receiving, sync_in_process
 from megarl.bridge.collect import conversion_errors, local_params_by_plan_name
-from megarl.bridge.shard_send import ShardSender
 from megarl.bridge.transports import InProcessTransport
 from megarl.bridge.verify import check_sync, probe_token_ids
 from megarl.workers.sync_probe import actor_probe_logprobs, probe_policy_batch
 from megarl.models.hf_config import read_model_dims
 from megarl.parallel.spawn import free_port, run_distributed
 from megarl.workers.rollout.base import RolloutEngine
-from megarl.bridge.shard_receive import sender_rank
 from megarl.bridge.sync_group import create_weight_sync_group
 
 HOST = "127.0.0.1"

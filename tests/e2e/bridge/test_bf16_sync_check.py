@@ -9,7 +9,7 @@ engine, three times:
 3. with one bf16 ulp of one element of layer 1's down_proj changed by the sender: the log-prob gap
    stays within the bf16 threshold (the gap alone cannot see it), the exact check names the tensor.
 
-Both injections patch `shard_send.piece_tensor` in the training ranks, after the actor's reference
+Both injections patch `shard_sync`'s sender functions in the training ranks, after the actor's reference
 checksums come from its unchanged shards (`checksum.rank_checksums`)."""
 
 from __future__ import annotations
@@ -48,37 +48,40 @@ def _plan(model_dir: str):
 
 @contextlib.contextmanager
 def _injected(kind: str | None):
-    """The sender's `piece_tensor` made wrong in one way (None: as it is)."""
-    import megarl.bridge.shard_send as shard_send
+    """The sender's `shard_block` / `piece_tensor` made wrong in one way (None: as they are)."""
+    import dataclasses
 
-    original = shard_send.piece_tensor
+    import megarl.bridge.shard_sync as shard_sync
 
-    def wrong(plan, piece, shard, vocab_divisible_by):
-        name = piece.param.megatron_name
-        if kind == "swap_gate_up" and name == GATE_UP:  # the gate piece carries the up half, and back
-            other = type(piece)(piece.param, piece.tp_rank, 1 - piece.hf_index, piece.shape, piece.start, piece.stop)
-            return original(plan, other, shard, vocab_divisible_by)
-        tensor, _ = original(plan, piece, shard, vocab_divisible_by)
-        if kind == "one_ulp" and name == DOWN and piece.tp_rank == 0:
+    original_block, original_piece = shard_sync.shard_block, shard_sync.piece_tensor
+
+    def wrong_block(piece, shard, dims):
+        if kind == "swap_gate_up" and piece.param.megatron_name == GATE_UP:  # gate pieces cut from up, and back
+            piece = dataclasses.replace(piece, hf_index=1 - piece.hf_index)
+        return original_block(piece, shard, dims)
+
+    def wrong_piece(schedule, piece, block):
+        tensor = original_piece(schedule, piece, block)
+        if kind == "one_ulp" and piece.param.megatron_name == DOWN and piece.tp_rank == 0:
             tensor = tensor.clone()
             tensor.view(torch.int16)[0, 0] += 1
-        return tensor, True
+        return tensor
 
-    shard_send.piece_tensor = wrong if kind else original
+    shard_sync.shard_block, shard_sync.piece_tensor = (wrong_block, wrong_piece) if kind else (original_block,
+                                                                                            original_piece)
     try:
         yield
     finally:
-        shard_send.piece_tensor = original
+        shard_sync.shard_block, shard_sync.piece_tensor = original_block, original_piece
 
 
 def _trainer(model_dir: str, port: int, world_size: int) -> list[dict]:
     """One bf16 training rank: its probe log-probs, then per injection a send and its shards' checksums."""
     from megatron.core.utils import unwrap_model
 
-    from megarl.bridge.shard_send import ShardSender
+    from megarl.bridge import ShardSender, sender_rank
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import compute_log_probs, global_named_parameters
-    from megarl.bridge.shard_receive import sender_rank
     from megarl.bridge.sync_group import create_weight_sync_group
 
     groups = initialize_model_parallel(LAYOUT.train_tp, LAYOUT.train_pp, seed=0)

@@ -12,7 +12,8 @@ layout pair train (TP, PP) ∈ {1, 2, 4} × {1, 2} → rollout TP ∈ {1, 2, 4}:
   `MergedColumnParallelLinear.weight_loader` (gate and up halves split evenly),
   `RowParallelLinear.weight_loader` (input columns split evenly) and
   `VocabParallelEmbedding._get_indices` (vocabulary padded to 64, split evenly, padding zero),
-  all in vllm/model_executor/layers/."""
+  all in vllm/model_executor/layers/. The exact sync check (`checksum.VllmRankLayout`) adds the
+  workers' tensors up to the checkpoint's checksums, replicated KV heads included."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import pytest
 import torch
 from bridge_emulate import VOCAB_DIVISIBLE_BY, dims_of, megatron_shards, random_hf_tensors
 
+from megarl.bridge.checksum import LoadedChecksums, VllmRankLayout, check_checksums, recorded, tensor_checksum
 from megarl.bridge.convert import to_vllm_rank
 from megarl.bridge.plan import LayoutPair, build_plan, build_schedule, megatron_block, receiver_rank, sender_rank
 from megarl.bridge.protocol import unpack
@@ -114,21 +116,28 @@ def test_every_element_a_worker_needs_arrives_once_from_a_sender_that_holds_it(t
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
-@pytest.mark.parametrize("tp,pp,rollout", [(2, 1, 1), (1, 1, 2), (4, 1, 2), (2, 2, 4), (1, 2, 1)])
+@pytest.mark.parametrize("tp,pp,rollout", [(2, 1, 1), (1, 1, 2), (4, 1, 2), (2, 2, 4), (1, 2, 1), (2, 1, 4)])
 def test_workers_assemble_the_tensors_vllm_would_load(arch, tp, pp, rollout):
-    dims = dims_of(arch, vocab_size=300)
+    # qwen2 at rollout TP 4 with 2 KV heads: vLLM replicates each KV head on two workers.
+    kv = {"num_key_value_heads": 2} if (arch, tp, rollout) == ("qwen2", 2, 4) else {}
+    dims = dims_of(arch, vocab_size=300, **kv)
     hf = random_hf_tensors(dims)
     plan = build_plan(dims, LayoutPair(tp, pp, rollout), bucket_mb=0.25)
     schedule = build_schedule(plan, VOCAB_DIVISIBLE_BY)
     shards = megatron_shards(plan, hf)
+    records = []
     for worker in range(rollout):
+        records.append(LoadedChecksums("float32"))
         for bucket in schedule.buckets:
             flat = receive_bucket(bucket, worker, _Wire(_sent(schedule, bucket, worker, shards)), torch.device("cpu"))
-            for param, (name, tensor) in zip(bucket.bucket.params, unpack(flat, bucket.received[worker])):
+            received = recorded(unpack(flat, bucket.received[worker]), records[-1], VllmRankLayout(dims, rollout, worker))
+            for param, (name, tensor) in zip(bucket.bucket.params, received):
                 assert torch.equal(tensor, _vllm_rank_tensor(param, hf, dims, rollout, worker)), (name, worker)
                 if tp == rollout and param.kind != "vocab":  # the per-rank sync's conversion agrees
                     assert (name, tensor.shape) == (lambda n, t: (n, t.shape))(
                         *to_vllm_rank(param, shards[param.megatron_name][worker], dims, tp))
+    expected = {name: tensor_checksum(tensor, torch.float32) for name, tensor in hf.items()}
+    check_checksums(expected, records, dtype="float32", layout=plan.layout, engine="e")
 
 
 def test_a_tp1_worker_gets_the_checkpoint_back():
