@@ -134,8 +134,8 @@ def test_workers_assemble_the_tensors_vllm_would_load(arch, tp, pp, rollout):
             for param, (name, tensor) in zip(bucket.bucket.params, received):
                 assert torch.equal(tensor, _vllm_rank_tensor(param, hf, dims, rollout, worker)), (name, worker)
                 if tp == rollout and param.kind != "vocab":  # the per-rank sync's conversion agrees
-                    assert (name, tensor.shape) == (lambda n, t: (n, t.shape))(
-                        *to_vllm_rank(param, shards[param.megatron_name][worker], dims, tp))
+                    vllm_name, per_rank = to_vllm_rank(param, shards[param.megatron_name][worker], dims, tp)
+                    assert name == vllm_name and torch.equal(tensor, per_rank)
     expected = {name: tensor_checksum(tensor, torch.float32) for name, tensor in hf.items()}
     check_checksums(expected, records, dtype="float32", layout=plan.layout, engine="e")
 
