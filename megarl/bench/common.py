@@ -39,17 +39,20 @@ def time_interleaved(contenders: dict[str, Callable[[], object]], repeats: int, 
     """Call each contender once per round, in turn (so load on the shared machine hits all alike),
     `warmup` untimed rounds first. The order rotates every round: whoever runs first after another
     contender's work finds colder caches, and that should not always be the same contender."""
-    names = list(contenders)
-    for _ in range(warmup):
-        for fn in contenders.values():
-            fn()
-    seconds: dict[str, list[float]] = {name: [] for name in names}
-    for round_ in range(repeats):
-        for name in names[round_ % len(names):] + names[: round_ % len(names)]:
-            start = time.perf_counter()
-            contenders[name]()
+    seconds: dict[str, list[float]] = {name: [] for name in contenders}
+    for index, name in enumerate(interleaved_order(list(contenders), repeats, warmup)):
+        start = time.perf_counter()
+        contenders[name]()
+        if index >= warmup * len(contenders):
             seconds[name].append(time.perf_counter() - start)
     return Timings(seconds)
+
+
+def interleaved_order(names: list[str], repeats: int, warmup: int = 1) -> list[str]:
+    """The calls `time_interleaved` makes, in order (the far side of a contender that communicates
+    replays it): `warmup` rounds in `names` order, then `repeats` rounds, rotated one more each."""
+    rounds = [names] * warmup + [names[r % len(names):] + names[: r % len(names)] for r in range(repeats)]
+    return [name for round_ in rounds for name in round_]
 
 
 def versions() -> dict[str, str]:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from megarl.bridge.collect import local_params_by_plan_name
-from megarl.bridge.plan import LayoutPair, PlannedParam, SyncPlan
+from megarl.bridge.plan import LayoutPair, PlannedParam, SyncPlan, vllm_vocab_rows
 from megarl.bridge.verify import SyncVerificationError
 from megarl.models.hf_config import ModelDims
 from megarl.models.layout import REPLICATED, VOCAB, ParamMapping, tp_shard_from_hf
@@ -201,17 +201,19 @@ def recorded(weights: Iterable[tuple[str, torch.Tensor]], record: LoadedChecksum
 @dataclass(frozen=True)
 class VllmRankLayout:
     """Which HF rows and columns vLLM worker `tp_rank`'s own tensors hold (its fused and parallel
-    linear layers' per-rank layout; vLLM's `QKVParallelLinear`, `MergedColumnParallelLinear` and
-    `RowParallelLinear` weight loaders). Train TP == rollout TP and Megatron's whole KV groups per
-    rank mean no KV head is replicated."""
+    linear layers' and its vocabulary's per-rank layout; vLLM's `QKVParallelLinear`,
+    `MergedColumnParallelLinear`, `RowParallelLinear` weight loaders and
+    `VocabParallelEmbedding._get_indices`). A KV head that vLLM replicates (rollout TP > KV heads)
+    counts on its first replica only, so the blocks still add up to the whole tensor."""
 
     dims: ModelDims
     tp_size: int
     tp_rank: int
 
     def whole(self, name: str) -> bool:
-        """Whether the tensor is a whole HF tensor (norms, the vocabulary, sent full)."""
-        return not any(part in name for part in ("qkv_proj.", "gate_up_proj.", "o_proj.", "down_proj."))
+        """Whether the tensor is a whole HF tensor (the norms)."""
+        return not any(part in name for part in ("qkv_proj.", "gate_up_proj.", "o_proj.", "down_proj.",
+                                                 "embed_tokens.", "lm_head."))
 
     def checksums(self, name: str, tensor: torch.Tensor, dtype: torch.dtype) -> dict[str, int]:
         """The HF tensors' partial checksums of this worker's per-rank tensor `name`."""
@@ -219,6 +221,11 @@ class VllmRankLayout:
         module, _, kind = prefix.rpartition(".")
         sums, weighted = row_terms(tensor, dtype)
         width = _width(tensor.shape)
+        if kind in ("embed_tokens", "lm_head"):  # rows of the padded vocabulary
+            per_rank = vllm_vocab_rows(self.dims, self.tp_size)
+            first = min(self.tp_rank * per_rank, self.dims.vocab_size)
+            real = min(first + per_rank, self.dims.vocab_size) - first
+            return {name: partial_checksum(sums[:real], weighted[:real], torch.arange(first, first + real), width)}
         if kind in ("o_proj", "down_proj"):  # a block of columns of every row
             columns = tensor.shape[1]
             return {name: partial_checksum(sums, weighted, torch.arange(sums.shape[0]), columns * self.tp_size,
@@ -226,13 +233,16 @@ class VllmRankLayout:
         parts = {"qkv_proj": (("q_proj", self.dims.q_size), ("k_proj", self.dims.kv_size),
                               ("v_proj", self.dims.kv_size)),
                  "gate_up_proj": (("gate_proj", self.dims.ffn_hidden_size), ("up_proj", self.dims.ffn_hidden_size))}
+        replicas = max(1, self.tp_size // self.dims.num_kv_heads)  # vLLM's num_kv_head_replicas
         checksums, row = {}, 0
         for hf_kind, hf_rows in parts[kind]:
-            local = hf_rows // self.tp_size
+            kv = hf_kind in ("k_proj", "v_proj")
+            local = hf_rows * replicas // self.tp_size if kv else hf_rows // self.tp_size
             block = slice(row, row + local)
-            hf_row_numbers = torch.arange(local) + self.tp_rank * local
-            checksums[f"{module}.{hf_kind}.{leaf}"] = partial_checksum(sums[block], weighted[block], hf_row_numbers,
-                                                                       width)
+            hf_row_numbers = torch.arange(local) + (self.tp_rank // replicas if kv else self.tp_rank) * local
+            if not (kv and self.tp_rank % replicas):
+                checksums[f"{module}.{hf_kind}.{leaf}"] = partial_checksum(sums[block], weighted[block],
+                                                                           hf_row_numbers, width)
             row += local
         return checksums
 

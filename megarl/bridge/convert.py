@@ -19,7 +19,8 @@ Two forms:
   loading steps around the copy instead (the per-rank sync, `megarl.bridge.per_rank`). Vocabulary
   shards are not regrouped: Megatron pads the vocabulary to a multiple of 128 × TP, vLLM to a
   multiple of 64 (`DEFAULT_VOCAB_PADDING_SIZE`) and splits that evenly, so shard r covers different
-rows on each side (vocabulary 100, TP 2: Megatron rank 1 holds rows 128..255, vLLM rank 1 rows 64..127).
+  rows on each side (vocabulary 100, TP 2: Megatron rank 1 holds rows 128..255, vLLM rank 1 rows
+  64..127): `to_vllm_vocab_rank` cuts vLLM rank r's rows from the full tensor instead.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
-from megarl.bridge.plan import PlannedParam
+from megarl.bridge.plan import PlannedParam, vllm_vocab_rows
 from megarl.models.hf_config import ModelDims
 from megarl.models.layout import GATE_UP, QKV, REPLICATED, ROW, VOCAB, ParamMapping, merge_tp_shards_into, merged_shapes
 
@@ -95,3 +96,14 @@ def to_vllm_rank(param: PlannedParam, shard: torch.Tensor, dims: ModelDims, tp_s
         raise ValueError(f"{param.megatron_name}: unknown parameter kind {param.kind!r}")
     return _vllm_rank_name(param), shard
 
+
+
+def to_vllm_vocab_rank(full: torch.Tensor, dims: ModelDims, tp_size: int, tp_rank: int) -> torch.Tensor:
+    """vLLM TP rank `tp_rank`'s rows of a full vocabulary tensor `[vocab, ...]`: the vocabulary padded
+    to a multiple of 64 and split evenly (`VocabParallelEmbedding`), its padding rows zero."""
+    per_rank = vllm_vocab_rows(dims, tp_size)
+    first = min(tp_rank * per_rank, dims.vocab_size)
+    rows = full[first : min(first + per_rank, dims.vocab_size)]
+    out = full.new_zeros((per_rank, *full.shape[1:]))
+    out[: rows.shape[0]] = rows
+    return out

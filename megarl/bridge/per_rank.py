@@ -3,9 +3,9 @@ already are vLLM worker r's tensors (`convert.to_vllm_rank`: gate/up, o_proj, do
 are, qkv regrouped within the rank), so no rank gathers a full tensor: every ring-hosting rank
 streams its own shards through its own shared ring (two slots, as the `shared_memory` transport),
 and vLLM worker r reads the rings `ring_routes` gives it (`workers/rollout/rank_load`): colocated
-(PP 1), the ring of the rank on its own device; split, those of TP rank r of DP replica 0, one per stage. Only the vocabulary (embedding, untied LM head) is
-all-gathered over TP and sent as full HF tensors by every TP rank, because Megatron and vLLM pad
-it differently.
+(PP 1), the ring of the rank on its own device; split, those of TP rank r of DP replica 0, one per
+stage. Only the vocabulary (embedding, untied LM head) is all-gathered over TP, because Megatron and
+vLLM pad it differently: each TP rank sends vLLM rank r's rows of it (`convert.to_vllm_vocab_rank`).
 
     transport = SharedMemoryTransport(readers=routes.readers[rank]) if routes.readers[rank] else None
     sender = PerRankSender(plan, actor.named_parameters_for_sync, groups, transport)
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from megarl.bridge.collect import local_params_by_plan_name
-from megarl.bridge.convert import to_hf, to_vllm_rank
+from megarl.bridge.convert import to_hf, to_vllm_rank, to_vllm_vocab_rank
 from megarl.bridge.plan import PlannedParam, SyncPlan
 from megarl.bridge.sync import BucketCount, NamedParameters, SyncStats
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
@@ -75,8 +75,7 @@ class PerRankSender:
         return self.plan.buckets[0].metadata.dtype
 
     def _tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """This rank's tensors in vLLM worker `tp_rank`'s names and shapes, its stage's in plan order;
-        the vocabulary as full HF tensors."""
+        """This rank's tensors in vLLM worker `tp_rank`'s names and shapes, its stage's in plan order."""
         groups, dims = self.groups, self.plan.dims
         local = local_params_by_plan_name(self.plan, self.named_parameters())
         for param in self.plan.params:
@@ -84,7 +83,8 @@ class PerRankSender:
                 continue
             shard = local[param.megatron_name].detach()
             if param.kind == VOCAB:
-                yield from to_hf(param, self._all_gathered(param, shard), dims)
+                ((name, full),) = to_hf(param, self._all_gathered(param, shard), dims)
+                yield name, to_vllm_vocab_rank(full, dims, groups.tp_size, groups.tp_rank)
             else:
                 yield to_vllm_rank(param, shard, dims, groups.tp_size)
 

@@ -15,6 +15,16 @@ stages (one stage sends each bucket) or dtypes (a bucket is one flat buffer).
     plan = build_plan(dims, LayoutPair(train_tp=2, train_pp=2, rollout_tp=2), bucket_mb=64)
     for bucket in plan.buckets:
         bucket.pp_rank, bucket.metadata.slots   # the stage that sends it; HF names, shapes, offsets
+
+The schedule (`build_schedule`, below) cuts the plan into what travels when the trainer ranks send
+their own shards (`shard_sync`): per bucket, every piece (a block of rows or columns of one HF
+tensor) that each trainer rank sends each vLLM worker, and how each worker lays out its own
+tensors, so that senders and receivers replay the same list (as megatron-core's `resharding/`
+planner does for its copy services):
+
+    schedule = build_schedule(plan, vocab_divisible_by=128)
+    schedule.sent_by(sender_rank(plan.layout, pp, tp))   # [(tag, Piece)], in send order
+    schedule.buckets[b].received[worker]                 # worker's per-rank tensors of bucket b
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from megarl.models.hf_config import ModelDims
-from megarl.models.layout import REPLICATED, hf_param_shapes, param_mapping
+from megarl.models.layout import QKV, REPLICATED, ROW, ROW_BLOCK_KINDS, VOCAB, hf_param_shapes, padded_vocab_size, param_mapping
 from megarl.bridge.protocol import BucketMetadata, TensorSlot
 
 MIB = 1 << 20
@@ -221,6 +231,16 @@ def check_layout(dims: ModelDims, layout: LayoutPair) -> None:
                 f"rollout TP={layout.rollout_tp} does not divide num_attention_heads={dims.num_attention_heads} "
                 "(vLLM splits query heads evenly): pick a rollout TP that divides it"
             )
+        kv, tp = dims.num_kv_heads, layout.rollout_tp
+        if (kv % tp if tp <= kv else tp % kv):
+            problems.append(
+                f"rollout TP={tp} and num_key_value_heads={kv}: vLLM needs one to divide the other "
+                "(it splits KV heads evenly or replicates them): pick a rollout TP that does"
+            )
+        if dims.ffn_hidden_size % tp:
+            problems.append(
+                f"rollout TP={tp} does not divide intermediate_size={dims.ffn_hidden_size}: pick one that does"
+            )
     if problems:
         raise ValueError(f"weight-sync layout {layout} does not fit the model:\n  " + "\n  ".join(problems))
 
@@ -232,3 +252,221 @@ def _metadata(params: list[PlannedParam], dtype: torch.dtype) -> BucketMetadata:
             slots.append(TensorSlot(name, shape, dtype, offset))
             offset += math.prod(shape)
     return BucketMetadata(tuple(slots))
+
+
+# --- the schedule: who sends which piece of which HF tensor to whom ------------------------------
+#
+# Each trainer rank of DP replica 0 holds a block of every HF tensor of its stage (its Megatron TP
+# shard), and each vLLM worker needs a block of it (its own TP shard, vLLM's per-rank layout).
+# A piece is the intersection of the two along the tensor's split dimension; the schedule lists
+# every piece once per receiving worker, so every element a worker needs arrives exactly once and a
+# sender sends only what some worker needs. Blocks, in HF rows (columns for row-parallel layers):
+#
+# | kind      | Megatron TP rank t of T                 | vLLM TP rank r of R                          |
+# |-----------|-----------------------------------------|----------------------------------------------|
+# | qkv       | q, k, v rows of KV groups [tG/T, ..)    | q rows of heads [rH/R, ..); k, v of KV heads |
+# |           |                                         | [rG/R, ..), or head r·G/R when R > G (vLLM   |
+# |           |                                         | replicates KV heads: `QKVParallelLinear`)    |
+# | gate_up   | gate, up rows [tF/T, ..)                | gate, up rows [rF/R, ..)                     |
+# | row       | columns [tC/T, ..)                      | columns [rC/R, ..)                           |
+# | vocab     | rows of the vocabulary padded to a      | rows of the vocabulary padded to a multiple  |
+# |           | multiple of vocab_divisible_by · T      | of 64 (`VocabParallelEmbedding._get_indices`)|
+# | replicated| the whole tensor                        | the whole tensor (sent by TP rank r mod T)   |
+#
+# Padding rows beyond the vocabulary are neither sent nor received (the receiver zeroes its own).
+
+VLLM_VOCAB_PADDING = 64
+"""vLLM pads the vocabulary to a multiple of this before splitting it (`DEFAULT_VOCAB_PADDING_SIZE`)."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One block of one HF tensor that one trainer rank sends to worker `worker` of every engine."""
+
+    param: PlannedParam
+    """The Megatron parameter whose HF tensor it is part of."""
+    hf_index: int
+    """Which of `param.hf_names`."""
+    sender: int
+    """The sending trainer rank's sync-group rank (`sender_rank`)."""
+    tp_rank: int
+    """The sender's train TP rank (whose shard holds the piece)."""
+    worker: int
+    """The receiving vLLM TP rank (of every engine)."""
+    start: int
+    """First HF row (columns: first column) of the piece."""
+    stop: int
+    """One past its last row / column."""
+    source: int
+    """Where it starts in the sender's block of the HF tensor (its shard's part), rows / columns."""
+    target: int
+    """Where it starts in the worker's per-rank tensor (`RankTensor`), rows / columns."""
+    columns: bool
+    """A block of columns (row-parallel layers), else of rows (or the whole tensor)."""
+    shape: tuple[int, ...]
+    """Its shape as sent."""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class BucketSchedule:
+    """One bucket of the plan as it travels: its pieces, and what each worker assembles of it."""
+
+    bucket: PlannedBucket
+    """The plan's bucket (sent by one stage's TP ranks)."""
+    pieces: tuple[Piece, ...]
+    """Every piece of it, by worker, then parameter, HF tensor and sender: each sender sends its own
+    in this order, each worker receives its own in this order."""
+    received: tuple[BucketMetadata, ...]
+    """Per worker: its per-rank tensors of the bucket in vLLM's names and shapes, laid out in one
+    flat buffer (`protocol.unpack`)."""
+
+
+@dataclass(frozen=True)
+class SyncSchedule:
+    """The whole schedule of a plan, identical on every sender and receiver (`build_schedule`)."""
+
+    plan: SyncPlan
+    """The plan it cuts into pieces."""
+    vocab_divisible_by: int
+    """Megatron's `make_vocab_size_divisible_by` (where the trainer's vocabulary shards split)."""
+    buckets: tuple[BucketSchedule, ...]
+    """In plan order; bucket b travels with tag b."""
+
+    def sent_by(self, sender: int) -> list[tuple[int, Piece]]:
+        """`(tag, piece)` of every piece `sender` sends, in send order."""
+        return [(tag, piece) for tag, bucket in enumerate(self.buckets) for piece in bucket.pieces
+                if piece.sender == sender]
+
+    def bytes_sent(self, sender: int, engines: int) -> int:
+        """What `sender` sends in one sync to `engines` engines."""
+        itemsize = self.plan.buckets[0].metadata.dtype.itemsize
+        return engines * itemsize * sum(piece.numel for _, piece in self.sent_by(sender))
+
+    def bytes_needed(self, worker: int) -> int:
+        """What worker `worker` of one engine needs: the real elements of its per-rank tensors
+        (vocabulary padding rows excluded)."""
+        itemsize = self.plan.buckets[0].metadata.dtype.itemsize
+        return itemsize * sum(piece.numel for bucket in self.buckets for piece in bucket.pieces
+                              if piece.worker == worker)
+
+
+def sender_rank(layout: LayoutPair, pp_rank: int, tp_rank: int) -> int:
+    """Sync-group rank of the trainer rank (pp_rank, tp_rank) of DP replica 0."""
+    return pp_rank * layout.train_tp + tp_rank
+
+
+def receiver_rank(layout: LayoutPair, engine_index: int, worker_rank: int) -> int:
+    """Sync-group rank of rollout engine `engine_index`'s TP worker `worker_rank`."""
+    return layout.train_tp * layout.train_pp + engine_index * layout.rollout_tp + worker_rank
+
+
+def megatron_block(param: PlannedParam, hf_index: int, dims: ModelDims, tp_size: int, tp_rank: int,
+                   vocab_divisible_by: int) -> range:
+    """The HF rows (row-parallel: columns) of `param.hf_names[hf_index]` that train TP rank `tp_rank`
+    holds, vocabulary padding cut (maybe empty)."""
+    if param.kind == VOCAB:
+        per_rank = padded_vocab_size(dims.vocab_size, vocab_divisible_by, tp_size) // tp_size
+        return _clipped(tp_rank * per_rank, per_rank, dims.vocab_size)
+    return _even_block(_split_size(param, hf_index), tp_size, tp_rank)
+
+
+def vllm_block(param: PlannedParam, hf_index: int, dims: ModelDims, tp_size: int, tp_rank: int) -> range:
+    """The HF rows (row-parallel: columns) of `param.hf_names[hf_index]` that vLLM TP rank `tp_rank`
+    holds, vocabulary padding cut."""
+    if param.kind == VOCAB:
+        per_rank = vllm_vocab_rows(dims, tp_size)
+        return _clipped(tp_rank * per_rank, per_rank, dims.vocab_size)
+    if param.kind == QKV and hf_index > 0 and tp_size > dims.num_kv_heads:
+        head = tp_rank * dims.num_kv_heads // tp_size  # vLLM's `tp_rank // num_kv_head_replicas`
+        return range(head * dims.head_dim, (head + 1) * dims.head_dim)
+    return _even_block(_split_size(param, hf_index), tp_size, tp_rank)
+
+
+def vllm_vocab_rows(dims: ModelDims, tp_size: int) -> int:
+    """Rows of a vLLM TP rank's vocabulary shard (padding included)."""
+    return -(-dims.vocab_size // VLLM_VOCAB_PADDING) * VLLM_VOCAB_PADDING // tp_size
+
+
+def vllm_rank_tensor(param: PlannedParam, dims: ModelDims, tp_size: int, tp_rank: int) -> tuple[str, tuple]:
+    """vLLM TP rank `tp_rank`'s own tensor of `param`: its name (fused `qkv_proj` / `gate_up_proj`)
+    and per-rank shape (qkv: `[q_r + k_r + v_r, ...]`, vocabulary: padding rows included)."""
+    first = param.hf_shapes[0]
+    if param.kind == REPLICATED:
+        return param.hf_names[0], first
+    if param.kind == ROW:
+        return param.hf_names[0], (first[0], len(vllm_block(param, 0, dims, tp_size, tp_rank)))
+    if param.kind == VOCAB:
+        return param.hf_names[0], (vllm_vocab_rows(dims, tp_size), *first[1:])
+    rows = sum(len(vllm_block(param, i, dims, tp_size, tp_rank)) for i in range(len(param.hf_names)))
+    fused = "qkv_proj" if param.kind == QKV else "gate_up_proj"
+    return param.hf_names[0].replace("q_proj" if param.kind == QKV else "gate_proj", fused), (rows, *first[1:])
+
+
+def _split_size(param: PlannedParam, hf_index: int) -> int:
+    shape = param.hf_shapes[hf_index]
+    return shape[1] if param.kind == ROW else shape[0]
+
+
+def _even_block(size: int, parts: int, index: int) -> range:
+    return range(index * size // parts, (index + 1) * size // parts)
+
+
+def _clipped(start: int, length: int, limit: int) -> range:
+    return range(min(start, limit), min(start + length, limit))
+
+
+def _part_offsets(param: PlannedParam, dims: ModelDims, tp_size: int, tp_rank: int) -> list[int]:
+    """Where each HF tensor's block starts in vLLM rank `tp_rank`'s per-rank tensor (rows)."""
+    if param.kind not in ROW_BLOCK_KINDS:
+        return [0]
+    lengths = [len(vllm_block(param, i, dims, tp_size, tp_rank)) for i in range(len(param.hf_names))]
+    return [sum(lengths[:i]) for i in range(len(lengths))]
+
+
+def _param_pieces(param: PlannedParam, layout: LayoutPair, dims: ModelDims, worker: int,
+                  vocab_divisible_by: int) -> list[Piece]:
+    """Every piece worker `worker` receives of `param`, in HF tensor then sender order."""
+    pieces = []
+    offsets = _part_offsets(param, dims, layout.rollout_tp, worker)
+    columns = param.kind == ROW
+    for index, shape in enumerate(param.hf_shapes):
+        if param.kind == REPLICATED:
+            tp_rank = worker % layout.train_tp  # spread the replicated tensors over the stage's ranks
+            pieces.append(Piece(param, index, sender_rank(layout, param.pp_rank, tp_rank), tp_rank, worker,
+                                0, shape[0], 0, 0, False, shape))
+            continue
+        need = vllm_block(param, index, dims, layout.rollout_tp, worker)
+        for tp_rank in range(layout.train_tp):
+            held = megatron_block(param, index, dims, layout.train_tp, tp_rank, vocab_divisible_by)
+            start, stop = max(need.start, held.start), min(need.stop, held.stop)
+            if start >= stop:
+                continue
+            piece_shape = (shape[0], stop - start) if columns else (stop - start, *shape[1:])
+            pieces.append(Piece(param, index, sender_rank(layout, param.pp_rank, tp_rank), tp_rank, worker,
+                                start, stop, start - held.start, offsets[index] + start - need.start, columns,
+                                piece_shape))
+    return pieces
+
+
+@functools.lru_cache(maxsize=16)
+def build_schedule(plan: SyncPlan, vocab_divisible_by: int) -> SyncSchedule:
+    """The schedule of `plan` (cached per plan): every piece each trainer rank sends each vLLM
+    worker, bucket by bucket. `vocab_divisible_by`: Megatron's `make_vocab_size_divisible_by`."""
+    layout, dims, dtype = plan.layout, plan.dims, plan.buckets[0].metadata.dtype
+    buckets = []
+    for bucket in plan.buckets:
+        pieces, received = [], []
+        for worker in range(layout.rollout_tp):
+            slots, offset = [], 0
+            for param in bucket.params:
+                pieces += _param_pieces(param, layout, dims, worker, vocab_divisible_by)
+                name, shape = vllm_rank_tensor(param, dims, layout.rollout_tp, worker)
+                slots.append(TensorSlot(name, shape, dtype, offset))
+                offset += math.prod(shape)
+            received.append(BucketMetadata(tuple(slots)))
+        buckets.append(BucketSchedule(bucket, tuple(pieces), tuple(received)))
+    return SyncSchedule(plan, vocab_divisible_by, tuple(buckets))

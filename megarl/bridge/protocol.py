@@ -3,7 +3,7 @@
 A sender packs HF-named full tensors into one flat 1-D buffer per bucket; the receivers (rollout
 workers) view the tensors back out of it. The buffer stays where the sender put it and is shared
 by handle (`SharedBucket`: shared memory on CPU, CUDA IPC on GPU), or is built by the receiver
-itself from the pieces the trainer ranks send (`shard_receive`: the metadata lays out where each
+itself from the pieces the trainer ranks send (`shard_sync`: the metadata lays out where each
 piece lands). Metadata travels by RPC, so it must stay small and picklable. All tensors of a bucket share
 one dtype (the buffer's); the sender starts a new bucket when the dtype changes.
 

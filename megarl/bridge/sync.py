@@ -2,7 +2,7 @@
 assembled on the trainer (TP shards gathered to their stage's TP rank 0, buckets sent by global
 rank 0) and handed to an engine in the sender's process (`InProcessTransport`) or on its node (the
 shared transports). Across processes and nodes, the trainer's ranks send their own shards instead
-(`shard_send`, received with `receiving` below).
+(`shard_sync`, received with `receiving` below).
 
 Trainer side, every rank of the trainer world (`WeightSender.send` is collective; only global
 rank 0 holds a transport, or every rank with `every_rank=True` when each has a colocated engine):

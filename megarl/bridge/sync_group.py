@@ -1,5 +1,5 @@
 """The weight-sync process group: the trainer's sending ranks, then the rollout workers
-(`shard_receive.sender_rank` / `receiver_rank`; the trainer's global rank 0 is group rank 0).
+(`plan.sender_rank` / `receiver_rank`; the trainer's global rank 0 is group rank 0).
 
 It is standalone, made from a `TCPStore` and a process-group object directly, not through
 `torch.distributed.init_process_group`: each side already has its own default world (Megatron's on
@@ -8,7 +8,7 @@ chosen by the device, the same code path otherwise. Both sides use this module:
 
     # trainer rank 0 hosts the store; every sending rank and every rollout worker joins
     group = create_weight_sync_group(host, port, rank, W, 60)
-    # then: shard_send.ShardSender(..., group).send()  /  shard_receive.receive_shards(group, plan, device)
+    # then: shard_sync.ShardSender(..., group).send()  /  shard_sync.receive_rank_shards(group, plan, r, device)
 
 Group creation blocks until all W ranks have joined, so all sides must run it concurrently.
 """

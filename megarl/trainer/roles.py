@@ -318,7 +318,7 @@ def shared_routes(config: Config, plan: BatchPlan, grids: list[dict[str, int]]) 
 
 def connect_weight_sync(roles: Roles, rollout_tp: int) -> None:
     """The trainer's sending ranks (DP replica 0; global rank 0 hosts the store) and every engine's
-    workers form one process group (`shard_receive.receiver_rank`: engine k's workers at
+    workers form one process group (`megarl.bridge.receiver_rank`: engine k's workers at
     senders + k·TP ...); the engines start joining first, then the trainer side completes it."""
     senders = sum(grid["dp_rank"] == 0 for grid in roles.grids)
     world = senders + roles.rollout.world_size * rollout_tp

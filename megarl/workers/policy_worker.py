@@ -20,11 +20,10 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch import Tensor
 
-from megarl.bridge import LayoutPair, SyncPlan, WeightSender, build_plan
+from megarl.bridge import LayoutPair, ShardSender, SyncPlan, WeightSender, build_plan, sender_rank
 from megarl.bridge.checksum import rank_checksums
 from megarl.bridge.per_rank import PerRankSender
 from megarl.bridge.ring_routes import RingRoutes
-from megarl.bridge.shard_send import ShardSender
 from megarl.bridge.transports.cuda_ipc import CudaIpcTransport
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
 from megarl.workers.sync_probe import actor_probe_logprobs
@@ -38,7 +37,6 @@ from megarl.workers.megatron_train import ModelSettings, OffloadSettings, OptimS
 from megarl.workers.memory_stats import free_device_memory, memory_stats
 from megarl.workers.reference import MegatronReference
 from megarl.workers.reward_model import MegatronRewardModel
-from megarl.bridge.shard_receive import sender_rank
 from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
 from megarl.workers.checkpoint import export_hf, load_checkpoint, save_checkpoint
 

@@ -4,8 +4,9 @@
 the given (TP, PP) and take a few optimizer steps per round (so the weights really change); each
 round then syncs and checks each engine two ways: exactly, every tensor it loaded against the
 actor's own shards (`checksum`), and by its probe log-probs against the actor's (`verify`). Two set-ups:
-`run_sync_check` drives engines in this process, and every training rank sends its own shards
-over one gloo/NCCL sync group to all of them (the training ranks first; the engines' workers follow);
+`run_sync_check` drives engines in this process, and every training rank sends each engine's
+workers the pieces of its own shards they need, over a gloo/NCCL sync group per engine (the
+training ranks first; the engine's workers follow);
 `run_colocated_check` puts a TP-1 engine inside training rank 0's process (in-process transport).
 
     engines = {1: make_rollout_engine("vllm", hf_dir, dtype="float32"), 2: ...(tensor_parallel_size=2)}
@@ -25,16 +26,15 @@ import torch
 
 from megarl.bridge.checksum import LoadedChecksums, check_checksums, combine, rank_checksums
 from megarl.bridge.plan import LayoutPair, build_plan
+from megarl.bridge import ShardSender, sender_rank
 from megarl.bridge.sync import WeightSender, receiving, sync_in_process
 from megarl.bridge.collect import conversion_errors, local_params_by_plan_name
-from megarl.bridge.shard_send import ShardSender
 from megarl.bridge.transports import InProcessTransport
 from megarl.bridge.verify import check_sync, probe_token_ids
 from megarl.workers.sync_probe import actor_probe_logprobs, probe_policy_batch
 from megarl.models.hf_config import read_model_dims
 from megarl.parallel.spawn import free_port, run_distributed
 from megarl.workers.rollout.base import RolloutEngine
-from megarl.bridge.shard_receive import sender_rank
 from megarl.bridge.sync_group import create_weight_sync_group
 
 HOST = "127.0.0.1"
@@ -106,23 +106,27 @@ def model_in_dtype(model_dir: str, groups, dtype: str) -> torch.nn.Module:
     return model
 
 
-def trainer_main(model_dir: str, layout: LayoutPair, port: int, world_size: int, bucket_mb: float,
+def trainer_main(model_dir: str, layout: LayoutPair, ports: dict[int, int], bucket_mb: float,
                  rounds: int, settings: TrainSettings, timeout_s: float) -> list[dict]:
     """One training rank of `run_sync_check`: per round, train, record the actor's probe log-probs,
-    send its shards over the sync group (every rank joins it at its sender rank), list parameters
-    whose conversion does not invert, and checksum its shards. Every rank returns its rounds (the
-    log-probs and sync metrics are rank 0's). `layout.rollout_tp` only names the pair: the messages
-    are the same for every rollout TP."""
+    send each engine the pieces of its shards that engine's workers need (one sync group per rollout
+    TP of `ports`, every rank at its sender rank), list parameters whose conversion does not invert,
+    and checksum its shards. Every rank returns its rounds (the log-probs and the sync metrics, of
+    the first engine's sync, are rank 0's). `layout.rollout_tp` is unused: each engine's is its own."""
     groups, actor, dims, plan = trained_actor_and_plan(model_dir, layout, bucket_mb, settings)
     rank = sender_rank(layout, groups.pp_rank, groups.tp_rank)
-    sender = ShardSender(plan, actor.named_parameters_for_sync, groups,
-                         create_weight_sync_group(HOST, port, rank, world_size, timeout_s))
+    senders = [
+        ShardSender(build_plan(dims, LayoutPair(layout.train_tp, layout.train_pp, tp), bucket_mb=bucket_mb),
+                    actor.named_parameters_for_sync, groups,
+                    create_weight_sync_group(HOST, port, rank, layout.train_tp * layout.train_pp + tp, timeout_s))
+        for tp, port in ports.items()
+    ]
     probe = probe_token_ids(dims.vocab_size)
     results = []
     for round_index in range(rounds):
         train_a_little(actor, dims.vocab_size, settings, round_index)
         logprobs = actor_probe_logprobs(actor, probe)
-        stats = sender.send()
+        stats = [sender.send() for sender in senders][0]
         suspects = conversion_errors(plan, local_params_by_plan_name(plan, actor.named_parameters_for_sync()), groups)
         checksums = rank_checksums(plan, actor.named_parameters_for_sync(), groups, ENGINE_DTYPE)
         results.append(dict(actor_logprobs=logprobs.tolist(), sync_metrics=stats.metrics(), suspects=suspects,
@@ -173,32 +177,29 @@ def run_sync_check(
     timeout_s: float = 300.0,
 ) -> list[RoundResult]:
     """Train-and-sync `rounds` times from a (train_tp, train_pp) Megatron actor into `engines`
-    (rollout TP → engine, all started from `model_dir` in `ENGINE_DTYPE`) over one sync group. Raises
+    (rollout TP → engine, all started from `model_dir` in `ENGINE_DTYPE`), over one sync group per
+    engine (the pieces each worker receives depend on its engine's TP). Raises
     `SyncVerificationError` for the first engine that loaded a tensor other than the actor's
     (`WeightChecksumError`) or whose gap exceeds `threshold` (after the training ranks have finished)."""
     model_dir = str(model_dir)
     dims = read_model_dims(model_dir)
     senders = train_tp * train_pp
-    world_size = senders + sum(engines)
-    port = free_port(HOST)
-    trainer_layout = LayoutPair(train_tp, train_pp, min(engines))
+    ports = {tp: free_port(HOST) for tp in engines}
     probe = probe_token_ids(dims.vocab_size)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-check-sync") as pool:
         trainers = pool.submit(
-            run_distributed, trainer_main, train_tp * train_pp, model_dir, trainer_layout, port, world_size,
+            run_distributed, trainer_main, train_tp * train_pp, model_dir, LayoutPair(train_tp, train_pp, 1), ports,
             bucket_mb, rounds, settings, timeout_s, timeout_s=timeout_s,
         )
-        offset, joined = senders, []
-        for tp, engine in engines.items():
-            joined.append(engine.init_weight_sync(HOST, port, world_size, timeout_s, rank_offset=offset))
-            offset += tp
+        joined = [engine.init_weight_sync(HOST, ports[tp], senders + tp, timeout_s, rank_offset=senders)
+                  for tp, engine in engines.items()]
         wait_for_joins(joined, trainers, timeout_s)
-        plan = build_plan(dims, trainer_layout, bucket_mb=bucket_mb)  # the metadata the trainer sends
+        plans = {tp: build_plan(dims, LayoutPair(train_tp, train_pp, tp), bucket_mb=bucket_mb) for tp in engines}
         engine_logprobs, loaded = [], []
         for _ in range(rounds):
             with ExitStack() as stack:
-                for engine in engines.values():
-                    stack.enter_context(receiving(engine, plan, timeout_s))
+                for tp, engine in engines.items():
+                    stack.enter_context(receiving(engine, plans[tp], timeout_s))
             engine_logprobs.append({tp: torch.stack(e.prompt_logprobs(probe)).tolist() for tp, e in engines.items()})
             loaded.append({tp: e.loaded_checksums() for tp, e in engines.items()})
         per_rank = trainers.result(timeout=timeout_s)

@@ -104,7 +104,7 @@ class RolloutEngine(abc.ABC):
     """A generation engine whose weights the trainer replaces after every step.
 
     One engine serves one process's calls, one at a time. A weight sync over the sync group, as the
-    trainer does it (`megarl.bridge.shard_send` gives the trainer side):
+    trainer does it (`megarl.bridge.ShardSender` is the trainer side):
 
         joined = engine.init_weight_sync(host, port, world_size=S + TP, timeout_s=60, rank_offset=S)  # once
         # meanwhile the S sending trainer ranks join: create_weight_sync_group(host, port, rank, S + TP, 60)
@@ -213,15 +213,15 @@ class RolloutEngine(abc.ABC):
     ) -> Future[None]:
         """Join the trainer's weight-sync group (`sync_group.create_weight_sync_group`): the trainer's
         sending ranks come first (its rank 0 hosts the store at host:port); this engine's workers take
-        ranks `rank_offset .. rank_offset + TP - 1` (`shard_receive.receiver_rank`). Returns at once;
+        ranks `rank_offset .. rank_offset + TP - 1` (`bridge.receiver_rank`). Returns at once;
         the future completes when the group is formed, which needs every other rank to join
         concurrently."""
 
     @abc.abstractmethod
     def receive_weights(self, plan: SyncPlan) -> Future[None]:
-        """Receive one sync that the trainer's ranks send as their own TP shards of each bucket of
-        `plan` (`shard_receive`), assemble the HF tensors, and load them in one pass. Returns at
-        once; the future completes when the weights are loaded, the prefix cache is flushed and
+        """Receive one sync of `plan` over the sync group: each worker gets from the trainer's ranks
+        the pieces of its own TP shard (the planner's schedule, `bridge.shard_sync`) and loads
+        them. Returns at once; the future completes when the weights are loaded, the prefix cache is flushed and
         `weight_version` is bumped."""
 
     @abc.abstractmethod

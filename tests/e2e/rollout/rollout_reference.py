@@ -74,12 +74,12 @@ def sync_over_group(engine, tp: int, model_dir: Path, tensors: dict[str, torch.T
     """One sync of `tensors` (an HF checkpoint of `model_dir`'s shape) into `engine` (TP `tp`) over a gloo sync
     group in which this process plays a TP-1, PP-1 trainer (group rank 0): it cuts its Megatron
     "shards" (here the whole parameters) from `tensors` and sends them, bucket by bucket of a plan of
-    `bucket_mb`, to the engine's workers, which assemble the HF tensors. Returns the plan."""
+    `bucket_mb`, to the engine's workers, each of which assembles its own TP shard of them. Returns the plan."""
     from types import SimpleNamespace
 
     from megarl.bridge.convert import mapping_of
     from megarl.bridge.plan import LayoutPair, build_plan
-    from megarl.bridge.shard_send import ShardSender
+    from megarl.bridge import ShardSender
     from megarl.config.memory import VOCAB_DIVISIBLE_BY
     from megarl.models.hf_config import read_model_dims
     from megarl.models.layout import reader_of, tp_shard_from_hf

@@ -60,7 +60,8 @@ def test_shard_checksums_add_up_to_the_hf_tensors(arch, train_tp, train_pp, dtyp
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_per_rank_vllm_tensors_add_up_to_the_hf_tensors(arch, dtype):
-    """Workers of a TP-2 engine fed the per-rank sync's tensors (`convert.to_vllm_rank`, vocabulary full)."""
+    """Workers of a TP-2 engine fed the per-rank sync's tensors (`convert.to_vllm_rank`, the vocabulary
+    `convert.to_vllm_vocab_rank` of the full tensor)."""
     dims = dims_of(arch, num_hidden_layers=2)
     hf = random_hf_tensors(dims)
     plan = build_plan(dims, LayoutPair(2, 1, 2))
@@ -68,11 +69,11 @@ def test_per_rank_vllm_tensors_add_up_to_the_hf_tensors(arch, dtype):
     records = []
     for rank in range(2):
         record = LoadedChecksums(dtype)
-        tensors = [convert.to_hf(p, shards[p.megatron_name], dims) if p.kind == "vocab"
-                   else [convert.to_vllm_rank(p, shards[p.megatron_name][rank], dims, 2)] for p in plan.params]
-        list(recorded([pair for pairs in tensors for pair in pairs], record, VllmRankLayout(dims, 2, rank)))
+        tensors = [(p.hf_names[0], convert.to_vllm_vocab_rank(hf[p.hf_names[0]], dims, 2, rank)) if p.kind == "vocab"
+                   else convert.to_vllm_rank(p, shards[p.megatron_name][rank], dims, 2) for p in plan.params]
+        list(recorded(tensors, record, VllmRankLayout(dims, 2, rank)))
         records.append(record)
-    assert records[0].partial and records[0].full  # blocks of linear layers; norms and vocabulary whole
+    assert records[0].partial and records[0].full  # blocks of linear layers and the vocabulary; norms whole
     expected = {name: tensor_checksum(tensor, getattr(torch, dtype)) for name, tensor in hf.items()}
     check_checksums(expected, records, dtype=dtype, layout=plan.layout,
                     engine="e")

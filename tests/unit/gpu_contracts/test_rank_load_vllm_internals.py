@@ -19,7 +19,6 @@ RANK_LOAD = "workers/rollout/rank_load.py"
 @pytest.mark.parametrize("module, name", [
     (layerwise, "get_layerwise_info"),
     (layerwise, "_copy_and_restore_kernel_tensors"),
-    (layerwise, "_get_original_loader"),
     (meta, "materialize_layer"),
     (meta, "restore_layer_on_meta"),
     (utils, "get_layer_params_buffers"),

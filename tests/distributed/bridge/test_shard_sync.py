@@ -1,10 +1,14 @@
-"""The shard sync across processes: a spawned trainer world (train TP, PP) loads an HF checkpoint
-into Megatron, and every rank sends its own TP shards over a gloo sync group straight to receiver
-threads of this process (one rollout engine of TP 1, then one of TP 2), which receive each piece in
-place in the HF tensors, bucket by bucket. Every receiver must get exactly the checkpoint's tensors; the trainer
-world carries nothing during the sync (no TP gather: TP rank 1 sends nothing to TP rank 0), no
-sender sends anything to another sender, each sender sends every receiver exactly its own shards,
-and together they send each HF element once per receiver.
+"""The shard sync across processes, for the layout pairs train (TP, PP) ∈ {(1, 1), (2, 1), (1, 2)} →
+rollout TP ∈ {1, 2}: a spawned trainer world loads an HF checkpoint into Megatron, and every rank
+sends, over a gloo sync group, each receiver thread of this process (the workers of one rollout
+engine) exactly the pieces of its own shards that the worker's vLLM TP shard needs (the planner's
+schedule, `plan.build_schedule`); each worker assembles its per-rank tensors bucket by bucket.
+
+- The sync check is exact: the workers' tensors, checksummed as vLLM's loader would take them
+  (`checksum.VllmRankLayout`), add up to the checkpoint's checksums, every tensor.
+- The bytes each trainer rank sent each receiver equal the schedule's pieces for that pair, and
+  all ranks together send each worker exactly what it needs (no full model through rank 0).
+- The trainer world carries nothing during the sync (no TP gather), no sender sends to a sender.
 
 Model: a tiny Qwen2 (q/k/v biases), 2 KV groups per TP-2 rank, vocabulary 100 (padded to 128 rows
 per TP-2 rank by Megatron: TP rank 1's embedding shard is all padding and is not sent)."""
@@ -19,11 +23,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megarl.bridge.plan import LayoutPair, build_plan
+from megarl.bridge.checksum import LoadedChecksums, VllmRankLayout, check_checksums, recorded, tensor_checksum
+from megarl.bridge.plan import LayoutPair, build_plan, build_schedule, receiver_rank, sender_rank
+from megarl.bridge.shard_sync import receive_rank_shards
+from megarl.config.memory import VOCAB_DIVISIBLE_BY
 from megarl.models.hf_config import read_model_dims
 from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import free_port, run_distributed
-from megarl.bridge.shard_receive import receive_shards, receiver_rank, sender_rank, shard_schedule
 from megarl.bridge.sync_group import create_weight_sync_group
 
 HOST = "127.0.0.1"
@@ -37,7 +43,7 @@ TRAINER_WORLD_CALLS = ("send", "isend", "recv", "irecv", "broadcast", "all_reduc
 @pytest.fixture(scope="module")
 def qwen2(tmp_path_factory):
     return make_tiny_model(
-        tmp_path_factory.mktemp("shard_send"), "qwen2", hidden_size=256, num_attention_heads=8,
+        tmp_path_factory.mktemp("shard_sync"), "qwen2", hidden_size=256, num_attention_heads=8,
         num_key_value_heads=4, head_dim=32, initializer_range=0.2,
     )
 
@@ -86,7 +92,7 @@ class _TrainerWorldCalls:
 
 def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, int]) -> dict:
     """One trainer rank: per rollout TP, join that sync group and send; what it sent, per receiver."""
-    from megarl.bridge.shard_send import ShardSender
+    from megarl.bridge.shard_sync import ShardSender
     from megarl.models.architectures import build_gpt_model
     from megarl.models.checkpoint import load_hf_weights
     from megarl.parallel.distributed import initialize_model_parallel
@@ -110,15 +116,17 @@ def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, int]) -> dict:
     return out
 
 
-def _receiver(port: int, plan, rank: int, expected: dict[str, torch.Tensor]) -> list[str]:
-    """One rollout worker: join the group, assemble every tensor, compare it with the checkpoint."""
-    group = create_weight_sync_group(HOST, port, rank, plan.layout.train_tp * plan.layout.train_pp
-                                     + plan.layout.rollout_tp, TIMEOUT_S)
-    names = []
-    for name, tensor in receive_shards(group, plan, torch.device("cpu")):
-        assert tensor.dtype == expected[name].dtype and torch.equal(tensor, expected[name]), name
-        names.append(name)
-    return names
+def _receiver(port: int, plan, worker: int) -> LoadedChecksums:
+    """Rollout worker `worker` of one engine: join the group, receive its per-rank tensors, checksum
+    them as vLLM's loader takes them."""
+    layout = plan.layout
+    group = create_weight_sync_group(HOST, port, receiver_rank(layout, 0, worker),
+                                     layout.train_tp * layout.train_pp + layout.rollout_tp, TIMEOUT_S)
+    record = LoadedChecksums("float32")
+    for _ in recorded(receive_rank_shards(group, plan, worker, torch.device("cpu")), record,
+                      VllmRankLayout(plan.dims, layout.rollout_tp, worker)):
+        pass
+    return record
 
 
 def _checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -127,37 +135,36 @@ def _checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(model_dir / "model.safetensors")
 
 
-@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2), (2, 2)])
-def test_every_rank_sends_its_own_shards_and_receivers_assemble_the_checkpoint(qwen2, tp, pp):
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2)])
+def test_every_rank_sends_each_worker_the_pieces_of_its_shard(qwen2, tp, pp):
     dims = read_model_dims(qwen2)
-    expected = _checkpoint(qwen2)
+    expected = {name: tensor_checksum(tensor, torch.float32) for name, tensor in _checkpoint(qwen2).items()}
     ports = {rollout_tp: free_port(HOST) for rollout_tp in ROLLOUT_TPS}
     plans = {r: build_plan(dims, LayoutPair(tp, pp, r), bucket_mb=BUCKET_MB) for r in ROLLOUT_TPS}
     receivers = [(r, worker) for r in ROLLOUT_TPS for worker in range(r)]
     with ThreadPoolExecutor(max_workers=1 + len(receivers)) as pool:
         trainers = pool.submit(run_distributed, _trainer, tp * pp, str(qwen2), tp, pp, ports, timeout_s=TIMEOUT_S)
         received = {
-            (r, worker): pool.submit(_receiver, ports[r], plans[r], receiver_rank(plans[r].layout, 0, worker), expected)
-            for r, worker in receivers
+            (r, worker): pool.submit(_receiver, ports[r], plans[r], worker) for r, worker in receivers
         }
         per_rank = trainers.result()
-        names = {key: future.result() for key, future in received.items()}
-    for key, got in names.items():
-        assert sorted(got) == sorted(expected), key  # every tensor exactly once
-    senders = tp * pp
+        records = {key: future.result() for key, future in received.items()}
     for rollout_tp, plan in plans.items():
+        check_checksums(expected, [records[rollout_tp, w] for w in range(rollout_tp)], dtype="float32",
+                        layout=plan.layout, engine=f"rollout TP {rollout_tp}")
         assert len(plan.buckets) > pp
-        schedule = shard_schedule(plan)
-        model_bytes = sum(bucket.nbytes for bucket in plan.buckets)
+        schedule = build_schedule(plan, VOCAB_DIVISIBLE_BY)
         for rank in per_rank:
             sync = rank["syncs"][rollout_tp]
             me = sender_rank(plan.layout, rank["pp_rank"], rank["tp_rank"])
-            own = sum(m.numel * 4 for shards in schedule for m in shards.messages if m.sender == me)
+            scheduled = defaultdict(int)
+            for _, piece in schedule.sent_by(me):
+                scheduled[receiver_rank(plan.layout, 0, piece.worker)] += piece.numel * 4
             assert sync["trainer_world_calls"] == []  # no gather: TP rank 1 sends nothing to TP rank 0
-            assert sync["sent"] == {receiver: own for receiver in range(senders, senders + rollout_tp)}
-            assert sync["bytes"] == own > 0
-            # Pieces are sent as views of the parameters; only qkv parts are copied, two buckets' at most.
-            qkv = [sum(p.numel * 4 for p in m.pieces if p.param.kind == "qkv")
-                   for shards in schedule for m in shards.messages if m.sender == me]
-            assert sync["peak"] <= 2 * max(qkv)
-        assert sum(rank["syncs"][rollout_tp]["bytes"] for rank in per_rank) == model_bytes  # each element once
+            assert sync["sent"] == dict(scheduled)  # to the receivers only, each exactly its pieces
+            assert sync["bytes"] == schedule.bytes_sent(me, engines=1) > 0
+            # Pieces go as views of the parameters where they can; copies of two buckets' pieces at most.
+            assert sync["peak"] <= 2 * max(sum(p.numel * 4 for t, p in schedule.sent_by(me) if t == tag)
+                                           for tag in range(len(plan.buckets)))
+        needed = sum(schedule.bytes_needed(worker) for worker in range(rollout_tp))
+        assert sum(rank["syncs"][rollout_tp]["bytes"] for rank in per_rank) == needed  # each element once
