@@ -47,5 +47,5 @@ def run(args: argparse.Namespace) -> int:
               "checkpoint.resume=disable, or another trainer.output_dir")
         return 0
     print(f"megarl train: done after step {trainer.total_steps}; run dir {trainer.run_dir} "
-          f"(metrics.jsonl, curves.png); last reward/mean {metrics.get('reward/mean', float('nan')):.3f}")
+          f"(metrics.jsonl, curves.png, memory.png); last reward/mean {metrics.get('reward/mean', float('nan')):.3f}")
     return 0
