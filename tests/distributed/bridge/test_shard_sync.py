@@ -1,5 +1,6 @@
-"""The shard sync across processes, for the layout pairs train (TP, PP) ∈ {(1, 1), (2, 1), (1, 2)} →
-rollout TP ∈ {1, 2}: a spawned trainer world loads an HF checkpoint into Megatron, and every rank
+"""The shard sync across processes, for the layout pairs train (TP, PP) ∈ {(1, 1), (2, 1), (1, 2),
+(2, 2), (4, 1)} → rollout TP ∈ {1, 2} (every pair of {1,2,4}×{1,2} → {1,2,4} is checked without
+processes in tests/unit/bridge/test_shard_schedule.py): a spawned trainer world loads an HF checkpoint into Megatron, and every rank
 sends, over a gloo sync group, each receiver thread of this process (the workers of one rollout
 engine) exactly the pieces of its own shards that the worker's vLLM TP shard needs (the planner's
 schedule, `plan.build_schedule`); each worker assembles its per-rank tensors bucket by bucket.
@@ -135,7 +136,7 @@ def _checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(model_dir / "model.safetensors")
 
 
-@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2)])
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1)])
 def test_every_rank_sends_each_worker_the_pieces_of_its_shard(qwen2, tp, pp):
     dims = read_model_dims(qwen2)
     expected = {name: tensor_checksum(tensor, torch.float32) for name, tensor in _checkpoint(qwen2).items()}
