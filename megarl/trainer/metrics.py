@@ -64,7 +64,8 @@ DOCUMENTED_METRICS: dict[str, str] = {
                              "model.dtype (checked steps only: rollout.sync.verify_every)",
     "sync/weight_version": "weight version of the rollout engines after the sync (+1 per sync)",
     "sync/seconds": "wall time of the weight send (gather, convert, transport)",
-    "sync/gigabytes": "gigabytes handed to the transport",
+    "sync/gigabytes": ("gigabytes handed to the transport, summed over the sending ranks (every copy counted: "
+                       "a colocated ring per rank, a shard sync's pieces per receiver)"),
     "sync/buckets": "buckets handed to the transport",
     "sync/peak_buffer_megabytes": "most bridge buffer memory alive at once on a rank",
     # validation
