@@ -15,6 +15,7 @@ too; split: the rollout gets `placement.rollout_gpus` bundles of its own after t
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from megarl.trainer import settings
 from megarl.trainer.checkpoint_manager import part_dir
 from megarl.trainer.handover import offload_before_engines
 from megarl.trainer.rollout_batch import gather_by_dp
+from megarl.trainer.timing import PhaseTimer
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.checkpoint_files import step_dir_name
 from megarl.workers.megatron_train import ModelSettings
@@ -219,37 +221,48 @@ def device_bundles(plan: BatchPlan) -> tuple[int, float]:
     return bundles, float(plan.processes_per_train_gpu)
 
 
+def ray_cpus(plan: BatchPlan) -> int:
+    """The CPUs a local Ray instance offers: this machine's, or more where the job's bundles reserve
+    more (a colocated run of several processes per device on a small machine)."""
+    bundles, cpus = device_bundles(plan)
+    return max(os.cpu_count() or 1, int(bundles * cpus))
+
+
 def process_share(bundle: BundleSpec, processes: int) -> BundleSpec:
     """What one of the `processes` that share a device bundle takes of it: one CPU and an equal share
     of its GPU (colocated, every Megatron group's rank and the engine sit on the same GPU)."""
     return BundleSpec(cpus=1.0, gpus=bundle.gpus / processes)
 
 
-def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str, str], device: str) -> Roles:
+def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str, str], device: str,
+                startup: PhaseTimer) -> Roles:
     """Place and start the Megatron groups and the rollout group on `device` (`cluster_device`), then
     connect the weight sync (a process group of the trainer's sending ranks and every engine, or the
-    shared transports' rings)."""
+    shared transports' rings); each part timed by `startup` (`timing.STARTUP_PHASES`)."""
     bundles, cpus = device_bundles(plan)
     bundle = BundleSpec(cpus=cpus, gpus=1.0 if device == "cuda" else 0.0)
     pg = create_placement_group("megarl", bundles, bundle)
     env = {**env, **worker_env(device)}
     share = process_share(bundle, plan.processes_per_train_gpu)
-    started = {name: MegatronGroup.start(name, spec, plan.train_gpus, pg, share, env)
-               for name, spec in worker_specs(config, plan, total_steps).items()}
+    with startup("megatron"):
+        started = {name: MegatronGroup.start(name, spec, plan.train_gpus, pg, share, env)
+                   for name, spec in worker_specs(config, plan, total_steps).items()}
+        offload_before_engines(started.values(), config.rollout.gpu_memory_utilization)
     groups = {role.role: started[role.role if role.own_group else "policy"]
               for role in (plan.actor, plan.critic, plan.ref) if role is not None}
-    offload_before_engines(started.values(), config.rollout.gpu_memory_utilization)
     rollout = config.rollout
-    rollout_group = start_rollout(config, plan, pg, share.gpus if plan.colocated else bundle.gpus, env)
+    with startup("engines"):
+        rollout_group = start_rollout(config, plan, pg, share.gpus if plan.colocated else bundle.gpus, env)
     policy = groups["actor"].workers
     transport = sync_transport(rollout.sync.transport, device, plan.colocated, policy.node_ids()[0],
                                rollout_group.node_ids())
     routes = None if transport == "collective" else shared_routes(config, plan, groups["actor"].grids)
     roles = Roles(groups, rollout_group, pg, transport, routes)
-    if routes is None:
-        connect_weight_sync(roles, rollout.tensor_model_parallel_size)
-    else:
-        policy.call_all("use_shared_weight_sync", transport, routes, SYNC_TIMEOUT_S)
+    with startup("weight_sync"):
+        if routes is None:
+            connect_weight_sync(roles, rollout.tensor_model_parallel_size)
+        else:
+            policy.call_all("use_shared_weight_sync", transport, routes, SYNC_TIMEOUT_S)
     return roles
 
 

@@ -36,19 +36,30 @@ PHASES: dict[str, str] = {
 }
 """Phase name -> what its time covers."""
 
+STARTUP_PHASES: dict[str, str] = {
+    "reward": "the reward workers started and their function imported",
+    "ray": "the local Ray instance started (or the cluster joined)",
+    "megatron": "the Megatron worker groups: processes, process groups, model build, checkpoint load, offload",
+    "engines": "the rollout engines built (vLLM: model load, KV cache, warm-up)",
+    "weight_sync": "the weight sync connected (the sync group joined, or the shared rings set up)",
+    "resume": "a resumed run's checkpoint loaded and synced into the engines",
+}
+"""Start-up phase name -> what its time covers (one line in the log before step 1: `startup_line`)."""
+
 
 class PhaseTimer:
-    """Accumulates seconds per phase until `pop`; `clock` is injectable for tests."""
+    """Accumulates seconds per phase of `phases` until `pop`; `clock` is injectable for tests."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, phases: dict[str, str] = PHASES):
         self.clock = clock
+        self.phases = phases
         self.seconds: dict[str, float] = {}
 
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
-        if phase not in PHASES:
-            raise ValueError(f"unknown timing phase {phase!r}; use one of {', '.join(PHASES)} "
-                             "(a new phase is added to megarl.trainer.timing.PHASES with its meaning)")
+        if phase not in self.phases:
+            raise ValueError(f"unknown timing phase {phase!r}; use one of {', '.join(self.phases)} "
+                             "(a new phase is added to megarl.trainer.timing's table with its meaning)")
         start = self.clock()
         try:
             yield
@@ -60,3 +71,11 @@ class PhaseTimer:
         metrics = {f"timing/{phase}": seconds for phase, seconds in self.seconds.items()}
         self.seconds = {}
         return metrics
+
+
+def startup_line(seconds: dict[str, float]) -> str:
+    """The start-up's one log line, from a start-up timer's `pop()`, phases in start order:
+    `start-up 27.9 s: reward 0.8 s | ray 2.1 s | megatron 9.8 s | engines 12.3 s | weight_sync 0.4 s`."""
+    times = {name.removeprefix("timing/"): value for name, value in seconds.items()}
+    phases = " | ".join(f"{phase} {times[phase]:.1f} s" for phase in STARTUP_PHASES if phase in times)
+    return f"start-up {sum(times.values()):.1f} s: {phases}"

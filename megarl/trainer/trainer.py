@@ -11,7 +11,6 @@ live in the worker groups.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -28,11 +27,11 @@ from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.trainer.handover import HandOver
 from megarl.trainer.metrics import rollout_metrics, throughput_metrics, worker_metrics
 from megarl.trainer.rollout import RolloutPhase
-from megarl.trainer.roles import cluster_device, device_bundles, start_roles
+from megarl.trainer.roles import cluster_device, ray_cpus, start_roles
 from megarl.trainer.settings import WORKER_ENV, sampling_config, step_seed, stop_token_ids
 from megarl.trainer.sinks import MetricsLogger
 from megarl.trainer.sync_step import WeightSync
-from megarl.trainer.timing import PhaseTimer
+from megarl.trainer.timing import STARTUP_PHASES, PhaseTimer, startup_line
 
 
 class BadStepsError(RuntimeError):
@@ -70,25 +69,28 @@ class Trainer:
 
     def fit(self) -> dict[str, float]:
         """Train to `total_steps`; returns the last step's metrics."""
+        startup = PhaseTimer(phases=STARTUP_PHASES)
         with RewardScorer.from_config(self.config.reward) as scorer:
-            scorer.wait_ready()  # a reward module that fails to import stops the run here, before Ray starts
-            bundles, cpus = device_bundles(self.plan)
-            init_ray(num_cpus=max(os.cpu_count() or 1, int(bundles * cpus)), env_vars=WORKER_ENV)
+            with startup("reward"):
+                scorer.wait_ready()  # a reward module that fails to import stops the run here, before Ray starts
+            with startup("ray"):
+                init_ray(num_cpus=ray_cpus(self.plan), env_vars=WORKER_ENV)
             self.roles = None
             try:
                 device = cluster_device(self.config)
-                self.roles = start_roles(self.config, self.plan, self.total_steps, WORKER_ENV, device)
-                return self._train(scorer)
+                self.roles = start_roles(self.config, self.plan, self.total_steps, WORKER_ENV, device, startup)
+                return self._train(scorer, startup)
             finally:
                 if self.roles is not None:
                     self.roles.shutdown()
                 shutdown_ray()
 
-    def _train(self, scorer: RewardScorer) -> dict[str, float]:
+    def _train(self, scorer: RewardScorer, startup: PhaseTimer) -> dict[str, float]:
         self.sync = WeightSync(self.roles, self.config, vocab_size=len(self.tokenizer), total_steps=self.total_steps)
         engines_sleep = self.config.placement.mode == "colocated" and self.config.rollout.free_cache_engine
         self.handover = HandOver(self.roles, self.sync, engines_sleep=engines_sleep, timer=self.timer)
-        start = self._resume()
+        start = self._resume(startup)
+        print(startup_line(startup.pop()), flush=True)
         phase = RolloutPhase(self.config, self.roles.rollout, scorer, self._decode, lambda: next(self.loader), self.timer)
         metrics, bad_steps = {}, 0
         with MetricsLogger.from_config(self.config.trainer, self.total_steps, start or None) as logger:
@@ -178,16 +180,17 @@ class Trainer:
             self.roles.save_checkpoint(str(self.checkpoints.root), step, extra)
             self.checkpoints.rotate()
 
-    def _resume(self) -> int:
+    def _resume(self, startup: PhaseTimer) -> int:
         """The step to continue after (0 for a fresh run)."""
         checkpoint = self.checkpoints.resolve_resume(self.config.checkpoint.resume)
         if checkpoint is None:
             return 0
-        self.handover.to_training()
-        extra = self.roles.load_checkpoint(str(checkpoint.path))
-        self.loader.load_state_dict(extra["data"])
-        self.kl_ctrl.value = extra["kl_coef"]
-        self.handover.to_rollout(extra["step"])  # the engines start from the restored weights
+        with startup("resume"):
+            self.handover.to_training()
+            extra = self.roles.load_checkpoint(str(checkpoint.path))
+            self.loader.load_state_dict(extra["data"])
+            self.kl_ctrl.value = extra["kl_coef"]
+            self.handover.to_rollout(extra["step"])  # the engines start from the restored weights
         # The resume's hand-over times and memory are not the first step's.
         self.timer.pop()
         self.handover.pop_memory()

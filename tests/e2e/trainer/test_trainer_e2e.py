@@ -14,6 +14,7 @@ from hf_cache_testing import put_in_cache, use_cache
 from megarl import Trainer
 from megarl.algorithms.advantages import compute_advantages
 from megarl.models.tiny import make_tiny_reward_model
+from megarl.trainer.timing import STARTUP_PHASES
 from megarl.rewards.functions import RewardFunctionError
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.trainer.metrics import DOCUMENTED_METRICS
@@ -130,7 +131,10 @@ def test_resume_after_killed_driver_matches_uninterrupted_run(grpo_run, assets, 
             pass
     psutil.wait_procs(family, timeout=60)
 
-    subprocess.run(command, check=True)  # checkpoint.resume defaults to auto
+    second = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True)  # checkpoint.resume: auto
+    # One line before step 1 times every start-up phase, the resume's included.
+    [startup] = [line for line in second.stdout.splitlines() if line.startswith("start-up ")]
+    assert [part.split()[0] for part in startup.split(": ", 1)[1].split(" | ")] == list(STARTUP_PHASES)
     resumed = read_metrics(metrics_file)
     assert [m["step"] for m in resumed] == list(range(1, STEPS + 1))
     for ours, theirs in zip(resumed[2:], reference[2:]):  # steps after the step-2 checkpoint

@@ -12,7 +12,7 @@ from megarl.trainer.metrics import (
     undocumented,
     worker_metrics,
 )
-from megarl.trainer.timing import PHASES, PhaseTimer
+from megarl.trainer.timing import PHASES, STARTUP_PHASES, PhaseTimer, startup_line
 
 
 def test_reduce_means_by_default_and_sums_maxes_mins_the_documented_exceptions():
@@ -96,4 +96,16 @@ def test_phase_timer_records_the_time_of_a_failing_phase_and_refuses_unknown_pha
     assert set(timer.pop()) == {"timing/reward"}
     with pytest.raises(ValueError, match="unknown timing phase 'generate'"):
         with timer("generate"):
+            pass
+
+
+def test_the_startup_timer_has_its_own_phases_and_one_line_in_start_order():
+    ticks = iter([0.0, 2.0, 2.0, 2.5, 3.0, 10.0])
+    startup = PhaseTimer(clock=lambda: next(ticks), phases=STARTUP_PHASES)
+    for phase in ("ray", "reward", "megatron"):  # entered out of start order
+        with startup(phase):
+            pass
+    assert startup_line(startup.pop()) == "start-up 9.5 s: reward 0.5 s | ray 2.0 s | megatron 7.0 s"
+    with pytest.raises(ValueError, match="unknown timing phase 'rollout'"):
+        with startup("rollout"):  # a step's phase is not a start-up phase
             pass
