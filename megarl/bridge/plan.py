@@ -192,8 +192,8 @@ def build_plan(
 ) -> SyncPlan:
     """The plan for `layout`, buckets of at most `bucket_mb` MiB of `dtype` (the dtype the weights
     travel in: the trainer's parameter dtype). Cached per argument tuple."""
-    if bucket_mb <= 0:
-        raise ValueError(f"bucket_mb={bucket_mb}: the bucket size must be > 0 MiB (e.g. 64)")
+    if not (bucket_mb > 0 and math.isfinite(bucket_mb)):
+        raise ValueError(f"bucket_mb={bucket_mb}: the bucket size must be a finite number > 0 MiB (e.g. 64)")
     check_layout(dims, layout)
     bucket_bytes = int(bucket_mb * MIB)
     limit = bucket_bytes // dtype.itemsize

@@ -14,11 +14,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from megarl.cli.arguments import positive_float
 from megarl.config.rollout import LOGPROB_GAP_BY_DTYPE
 
 THRESHOLD = LOGPROB_GAP_BY_DTYPE["float32"]
 """The trainer's `auto` threshold for fp32, the dtype of this check (`workers.sync_check.ENGINE_DTYPE`)."""
 TRANSPORTS = ("collective", "in-process")
+MAX_BUCKET_MB = 1024 * 1024
+"""1 TiB: a bucket is one buffer in memory, so anything larger is a typo (the whole model in one bucket is far less)."""
 
 
 def register(subparsers) -> None:
@@ -32,9 +35,10 @@ def register(subparsers) -> None:
     parser.add_argument("--train-pp", type=int, default=1, help="Megatron pipeline-parallel size (default: 1)")
     parser.add_argument("--rollout-tp", type=int, default=1, help="vLLM tensor-parallel size (default: 1)")
     parser.add_argument(
-        "--threshold", type=float, default=THRESHOLD, help=f"max allowed |log-prob gap| (default: {THRESHOLD:g})"
+        "--threshold", type=positive_float(), default=THRESHOLD, help=f"max allowed |log-prob gap| (default: {THRESHOLD:g})"
     )
-    parser.add_argument("--bucket-mb", type=float, default=64, help="bucket size in MiB (default: 64)")
+    parser.add_argument("--bucket-mb", type=positive_float(MAX_BUCKET_MB), default=64,
+                        help="bucket size in MiB (default: 64)")
     parser.add_argument("--rounds", type=int, default=2, help="train-then-sync rounds (default: 2)")
     parser.add_argument(
         "--transport", choices=TRANSPORTS, default="collective",
@@ -54,10 +58,6 @@ def _problems(args: argparse.Namespace) -> list[str]:
         for name in ("train_tp", "train_pp", "rollout_tp", "rounds")
         if getattr(args, name) < 1
     ]
-    if not args.threshold > 0:
-        problems.append(f"--threshold {args.threshold}: must be > 0 (e.g. 1e-4 for fp32)")
-    if not args.bucket_mb > 0:
-        problems.append(f"--bucket-mb {args.bucket_mb}: must be > 0 (e.g. 64)")
     if args.transport == "in-process" and args.rollout_tp != 1:
         problems.append(
             f"--rollout-tp {args.rollout_tp} with --transport in-process: a colocated engine runs in one trainer "
@@ -65,7 +65,7 @@ def _problems(args: argparse.Namespace) -> list[str]:
         )
     try:
         dims = read_model_dims(args.model)
-    except (FileNotFoundError, ValueError) as error:
+    except (OSError, ValueError) as error:
         return problems + [f"--model {args.model}: {error}"]
     if not problems:
         try:

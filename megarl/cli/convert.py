@@ -15,6 +15,7 @@ import sys
 import uuid
 from pathlib import Path
 
+from megarl.cli.arguments import output_dir_problem
 from megarl.models.hf_checkpoint import check_hf_checkpoint, copy_hf_assets
 from megarl.models.hf_config import check_parallel_layout, load_hf_config, read_model_dims
 
@@ -74,6 +75,9 @@ def _check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.out.exists():
         raise ValueError(f"--out {args.out} already exists: remove it or choose another directory")
+    problem = output_dir_problem(args.out, overwrite=False)  # here only whether it can be made
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def _check_mcore_checkpoint(ckpt_dir: Path, tp: int, pp: int) -> None:

@@ -4,6 +4,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from megarl.cli.arguments import output_dir_problem
+
 ARCHS = ("llama", "qwen2", "qwen3")
 
 
@@ -13,7 +15,9 @@ def register(subparsers) -> None:
         help="write a tiny random-init Llama/Qwen2/Qwen3 HF checkpoint with a char-level tokenizer (no download)",
         description="Write a tiny random-init HF checkpoint dir (config.json, model.safetensors, tokenizer files).",
     )
-    parser.add_argument("--out", required=True, type=Path, help="output directory (created; files in it are overwritten)")
+    parser.add_argument("--out", required=True, type=Path, help="output directory (created; must be empty unless --overwrite)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into a non-empty --out, replacing the files of the same names")
     parser.add_argument("--arch", choices=ARCHS, default="qwen2", help="architecture (default: qwen2)")
     parser.add_argument("--hidden-size", type=int, default=128, help="hidden size (default: 128)")
     parser.add_argument("--num-layers", type=int, default=2, help="number of transformer layers (default: 2)")
@@ -39,6 +43,9 @@ def run(args: argparse.Namespace) -> int:
     for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
         if getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    out_problem = output_dir_problem(args.out, overwrite=args.overwrite)
+    if out_problem is not None:
+        problems.append(out_problem)
     if problems:
         for problem in problems:
             print(f"megarl init-tiny-model: error: {problem}", file=sys.stderr)

@@ -9,6 +9,7 @@ import sys
 
 import yaml
 
+from megarl.cli.arguments import positive_float
 from megarl.config import (
     ConfigError,
     Problem,
@@ -38,7 +39,7 @@ def register(subparsers) -> None:
                         help="for a recipe meant for another machine: do not look at data files, model/tokenizer/"
                              "reward-model directories, checkpoint/output directories or the resume path (the skipped "
                              "checks are listed); model-shape checks use megarl's table of known hub models")
-    parser.add_argument("--gpu-memory-gib", type=float, default=80.0,
+    parser.add_argument("--gpu-memory-gib", type=positive_float(), default=80.0,
                         help="GPU size the per-GPU memory estimate and the colocated engines' "
                              "rollout.gpu_memory_utilization are checked against (default 80)")
     parser.set_defaults(func=run)

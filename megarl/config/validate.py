@@ -1,7 +1,7 @@
 """Semantic validation of a loaded `Config`: every problem at once, each naming the key, value, reason and fix.
 
-Runs before anything starts: no Ray, no processes, no model load (only the model's config.json is
-read). With `check_files=False` (`megarl validate --no-file-checks`) the local filesystem is not
+Runs before anything starts: no Ray, no processes, no model load (only the model's config.json and
+the tokenizer's vocabulary files are read). With `check_files=False` (`megarl validate --no-file-checks`) the local filesystem is not
 consulted (data files, model/tokenizer/reward-model directories, checkpoint and output directories,
 resume path, the local HF cache): for recipes meant for another machine. Model-shape checks then use a
 hub id's known facts when there are some and are otherwise skipped. With file checks on, a hub id
@@ -19,6 +19,7 @@ from megarl.config.placement import placement_problems
 from megarl.config.problems import Problem
 from megarl.config.resources import data_file_problems, reward_function_problem, writable_dir_problem
 from megarl.config.roles import OptimizerConfig, ParallelConfig, RecomputeConfig
+from megarl.config.tokenizer_files import tokenizer_problems
 
 
 def validate(config: Config, check_files: bool = True) -> list[Problem]:
@@ -28,6 +29,8 @@ def validate(config: Config, check_files: bool = True) -> list[Problem]:
     problems += [missing_from_cache(key, repo_id) for key, repo_id in uncached.items()]
     facts = _model_facts(config, check_files and "model.path" not in uncached, problems)
     _check_model(config, check_files, problems)
+    if check_files:
+        _check_tokenizer(config, facts, problems)
     _check_actor(config, problems)
     _check_critic(config, problems)
     _check_rollout(config, problems)
@@ -84,6 +87,18 @@ def _check_model(config: Config, check_files: bool, problems: list[Problem]) -> 
     if check_files and tokenizer is not None and not Path(tokenizer).expanduser().is_dir() and not is_hub_id(tokenizer):
         problems.append(Problem("model.tokenizer_path", tokenizer, "directory does not exist",
                                 "point it at a tokenizer directory, or remove it to use model.path"))
+
+
+def _check_tokenizer(config: Config, facts: ModelFacts | None, problems: list[Problem]) -> None:
+    """The tokenizer the trainer will load (model.tokenizer_path, else model.path) holds a vocabulary that fits
+    the model. A missing directory or uncached hub id is reported by its own check."""
+    key = "model.tokenizer_path" if config.model.tokenizer_path else "model.path"
+    value = config.model.tokenizer_path or config.model.path
+    if key == "model.path" and facts is None:
+        return  # model.path is no usable checkpoint: its own problem says why
+    directory = cached_snapshot(value) if is_hub_id(value) else Path(value).expanduser()
+    if directory is not None and directory.is_dir():
+        problems += tokenizer_problems(key, value, directory, facts)
 
 
 def _check_optimizer(prefix: str, optim: OptimizerConfig, problems: list[Problem]) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from megarl.models.hf_config import ModelDims, check_parallel_layout, read_model_dims
@@ -40,7 +40,7 @@ class HFCheckpoint:
         """Every tensor's shape, from the safetensors headers only."""
         shapes = {}
         for path in sorted(set(self.files.values())):
-            with safe_open(path, framework="pt") as f:
+            with _open_safetensors(path) as f:
                 for name in f.keys():
                     shapes[name] = tuple(f.get_slice(name).get_shape())
         return shapes
@@ -66,7 +66,7 @@ class HFCheckpoint:
                     raise KeyError(f"HF checkpoint {self.dir}: tensor {name!r} is missing")
                 path = self.files[name]
                 if path not in handles:
-                    handles[path] = stack.enter_context(safe_open(path, framework="pt"))
+                    handles[path] = stack.enter_context(_open_safetensors(path))
                 return handles[path].get_slice(name)[index]
 
             yield read
@@ -119,6 +119,14 @@ def copy_hf_assets(src_dir: Path, out_dir: Path) -> None:
             shutil.copy2(path, out_dir / path.name)
 
 
+def _open_safetensors(path: Path):
+    """`safe_open(path)`; a damaged file (truncated, or not safetensors at all) is a ValueError naming it."""
+    try:
+        return safe_open(path, framework="pt")
+    except SafetensorError as error:
+        raise ValueError(f"{path} is not a complete safetensors file ({error}): copy or download it again") from None
+
+
 def _tensor_files(hf_dir: Path) -> dict[str, Path]:
     index = hf_dir / INDEX_FILE
     if index.is_file():
@@ -129,7 +137,7 @@ def _tensor_files(hf_dir: Path) -> dict[str, Path]:
         return {name: hf_dir / file for name, file in weight_map.items()}
     single = hf_dir / SINGLE_FILE
     if single.is_file():
-        with safe_open(single, framework="pt") as f:
+        with _open_safetensors(single) as f:
             return {name: single for name in f.keys()}
     raise FileNotFoundError(
         f"{hf_dir}: no {SINGLE_FILE} or {INDEX_FILE} (megarl reads safetensors checkpoints only)"

@@ -10,6 +10,7 @@ its value and what megarl supports, raised before any model or process group exi
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -97,7 +98,14 @@ def load_hf_config(source: str | Path | Mapping[str, Any] | Any) -> dict[str, An
         path = path / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"HF config not found: {path} (expected a checkpoint dir holding config.json)")
-    return json.loads(path.read_text())
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"config.json: not valid JSON ({error}): restore the model's original config.json") from None
+    if not isinstance(content, dict):
+        raise ValueError(f"config.json: a JSON {type(content).__name__} where an object of settings belongs: "
+                         "restore the model's original config.json")
+    return content
 
 
 def read_model_dims(source: str | Path | Mapping[str, Any] | Any) -> ModelDims:
@@ -109,11 +117,11 @@ def read_model_dims(source: str | Path | Mapping[str, Any] | Any) -> ModelDims:
             f"config.json: model_type={model_type!r} is not supported; megarl builds {list(SUPPORTED_MODEL_TYPES)}"
         )
     _reject_unsupported_features(cfg)
-    num_heads = _required(cfg, "num_attention_heads")
-    hidden = _required(cfg, "hidden_size")
+    num_heads = _positive_int(cfg, "num_attention_heads")
+    hidden = _positive_int(cfg, "hidden_size")
     # Older Llama configs omit num_key_value_heads (= MHA); Qwen2 has no head_dim key (= hidden / heads).
-    num_kv_heads = cfg.get("num_key_value_heads") or num_heads
-    head_dim = cfg.get("head_dim") or hidden // num_heads
+    num_kv_heads = _positive_int(cfg, "num_key_value_heads", default=num_heads)
+    head_dim = _positive_int(cfg, "head_dim", default=hidden // num_heads)
     if num_heads % num_kv_heads:
         raise ValueError(
             f"config.json: num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}"
@@ -121,10 +129,10 @@ def read_model_dims(source: str | Path | Mapping[str, Any] | Any) -> ModelDims:
     rope_theta, rope_scaling = _rope(cfg)
     return ModelDims(
         model_type=model_type,
-        vocab_size=_required(cfg, "vocab_size"),
+        vocab_size=_positive_int(cfg, "vocab_size"),
         hidden_size=hidden,
-        ffn_hidden_size=_required(cfg, "intermediate_size"),
-        num_layers=_required(cfg, "num_hidden_layers"),
+        ffn_hidden_size=_positive_int(cfg, "intermediate_size"),
+        num_layers=_positive_int(cfg, "num_hidden_layers"),
         num_attention_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
@@ -132,12 +140,12 @@ def read_model_dims(source: str | Path | Mapping[str, Any] | Any) -> ModelDims:
         qk_layernorm=model_type == "qwen3",
         # Llama, Qwen2 and Qwen3 config classes all default to untied embeddings.
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        rms_norm_eps=float(_required(cfg, "rms_norm_eps")),
+        rms_norm_eps=_number(cfg, "rms_norm_eps"),
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
-        max_position_embeddings=_required(cfg, "max_position_embeddings"),
-        initializer_range=float(cfg.get("initializer_range", 0.02)),
-        attention_dropout=float(cfg.get("attention_dropout", 0.0)),
+        max_position_embeddings=_positive_int(cfg, "max_position_embeddings"),
+        initializer_range=_number(cfg, "initializer_range", default=0.02),
+        attention_dropout=_number(cfg, "attention_dropout", default=0.0),
     )
 
 
@@ -164,10 +172,38 @@ def check_parallel_layout(dims: ModelDims, *, tp_size: int, pp_size: int) -> Non
         raise ValueError("; ".join(problems))
 
 
-def _required(cfg: Mapping[str, Any], key: str) -> Any:
-    if cfg.get(key) is None:
-        raise ValueError(f"config.json: required key {key!r} is missing")
-    return cfg[key]
+_REQUIRED = object()
+"""`default` of a key that config.json must hold."""
+
+
+def _value(cfg: Mapping[str, Any], key: str, default: Any, name: str) -> Any:
+    """cfg[key] (null counts as absent), or `default`; ValueError naming `name` when required and absent."""
+    value = cfg.get(key)
+    if value is not None:
+        return value
+    if default is _REQUIRED:
+        raise ValueError(f"config.json: required key {name!r} is missing: restore the model's original config.json")
+    return default
+
+
+def _positive_int(cfg: Mapping[str, Any], key: str, default: Any = _REQUIRED) -> int:
+    value = _value(cfg, key, default, key)
+    # bool is an int to Python, never to a model's shape.
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"config.json: {key}={value!r} must be a positive integer: restore the model's original "
+                         "config.json")
+    return value
+
+
+def _number(cfg: Mapping[str, Any], key: str, default: Any = _REQUIRED, *, name: str | None = None) -> float:
+    return _finite(_value(cfg, key, default, name or key), name or key)
+
+
+def _finite(value: Any, name: str) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"config.json: {name}={value!r} must be a finite number: restore the model's original "
+                         "config.json")
+    return float(value)
 
 
 def _reject_unsupported_features(cfg: Mapping[str, Any]) -> None:
@@ -177,7 +213,11 @@ def _reject_unsupported_features(cfg: Mapping[str, Any]) -> None:
         problems.append(f"hidden_act={cfg['hidden_act']!r} (megarl supports 'silu', i.e. SwiGLU)")
     if cfg.get("use_sliding_window"):
         problems.append("use_sliding_window=true (sliding-window attention is not supported; set it to false)")
-    non_full = sorted({t for t in cfg.get("layer_types") or () if t != "full_attention"})
+    layer_types = cfg.get("layer_types") or []
+    if not isinstance(layer_types, list):
+        problems.append(f"layer_types={layer_types!r} (expected a list of 'full_attention')")
+        layer_types = []
+    non_full = sorted({str(t) for t in layer_types if t != "full_attention"})
     if non_full:
         problems.append(f"layer_types contains {non_full} (only 'full_attention' layers are supported)")
     for key in ("num_experts", "num_local_experts", "n_routed_experts"):
@@ -198,27 +238,28 @@ def _reject_unsupported_features(cfg: Mapping[str, Any]) -> None:
 def _rope(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
     """RoPE base and scaling from either layout: transformers >= 5 writes `rope_parameters`
     ({rope_type, rope_theta, factor, ...}); older configs have `rope_theta` and `rope_scaling`."""
-    if cfg.get("rope_parameters"):
-        key, params = "rope_parameters", dict(cfg["rope_parameters"])
-        theta = params.get("rope_theta", cfg.get("rope_theta"))
-    else:
-        key, params = "rope_scaling", dict(cfg.get("rope_scaling") or {})
-        theta = cfg.get("rope_theta")
+    key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
+    params = cfg.get(key) or {}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"config.json: {key}={params!r} must be an object such as "
+                         '{"rope_type": "linear", "factor": 2.0}, or null')
+    theta = params.get("rope_theta", cfg.get("rope_theta"))
     if theta is None:
         raise ValueError("config.json: RoPE base is missing (neither rope_theta nor rope_parameters.rope_theta)")
+    theta = _finite(theta, "rope_theta")
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
-        return float(theta), None
-    if kind == "linear":
-        return float(theta), RopeScaling("linear", float(params["factor"]))
+        return theta, None
+    if kind not in ("linear", "llama3"):
+        raise ValueError(
+            f"config.json: {key} rope_type={kind!r} is not supported; megarl supports 'default', 'linear' and 'llama3'"
+        )
+    factor = _number(params, "factor", name=f"{key}.factor")
     if kind == "llama3":
-        fixed = {k: float(params[k]) for k in _MEGATRON_LLAMA3_ROPE}
+        fixed = {k: _number(params, k, name=f"{key}.{k}") for k in _MEGATRON_LLAMA3_ROPE}
         if fixed != _MEGATRON_LLAMA3_ROPE:
             raise ValueError(
                 f"config.json: {key} llama3 with {fixed} is not supported; megatron-core implements only "
                 f"{_MEGATRON_LLAMA3_ROPE} (any factor)"
             )
-        return float(theta), RopeScaling("llama3", float(params["factor"]))
-    raise ValueError(
-        f"config.json: {key} rope_type={kind!r} is not supported; megarl supports 'default', 'linear' and 'llama3'"
-    )
+    return theta, RopeScaling(kind, factor)

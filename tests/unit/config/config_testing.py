@@ -26,10 +26,19 @@ TINY_MODEL = {
 
 
 def write_model(directory: Path, **overrides) -> Path:
-    """A checkpoint directory holding only config.json (validation never reads weights)."""
+    """A checkpoint directory holding config.json and a tokenizer.json of `TINY_MODEL`'s 100 ids (validation
+    never reads weights)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps({**TINY_MODEL, **overrides}))
+    write_tokenizer(directory, TINY_MODEL["vocab_size"])
     return directory
+
+
+def write_tokenizer(directory: Path, size: int) -> None:
+    """A word-level tokenizer.json with ids 0 to size - 1 (a format the `tokenizers` library loads)."""
+    vocab = {"<unk>": 0, **{f"w{i}": i for i in range(1, size)}}
+    model = {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    (directory / "tokenizer.json").write_text(json.dumps({"version": "1.0", "added_tokens": [], "model": model}))
 
 
 def run_validate(capsys, *argv: str) -> tuple[int, str, str]:

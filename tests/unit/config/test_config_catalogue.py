@@ -89,6 +89,26 @@ CASES = [
     ("trust-remote-code", ["model.trust_remote_code=true"], "model.trust_remote_code", "never runs code"),
     ("transformer-engine-on-cpu", ["model.transformer_impl=transformer_engine"], "model.transformer_impl",
      "Transformer Engine is CUDA-only"),
+    ("config-json-zero-heads", ["model.path={tmp}/model_heads_zero"], "model.path",
+     "config.json: num_attention_heads=0 must be a positive integer"),
+    ("config-json-heads-as-text", ["model.path={tmp}/model_heads_text"], "model.path",
+     "config.json: num_attention_heads='four' must be a positive integer"),
+    ("config-json-is-a-list", ["model.path={tmp}/model_json_list"], "model.path",
+     "config.json: a JSON list where an object of settings belongs"),
+    ("config-json-linear-rope-without-factor", ["model.path={tmp}/model_rope_no_factor"], "model.path",
+     "config.json: required key 'rope_scaling.factor' is missing"),
+    ("config-json-not-json", ["model.path={tmp}/model_json_cut"], "model.path", "config.json: not valid JSON"),
+    # --- tokenizer: the trainer loads it from model.tokenizer_path, else model.path
+    ("model-dir-without-tokenizer", ["model.path={tmp}/model_no_tokenizer"], "model.path",
+     "holds no tokenizer vocabulary (none of tokenizer.json, tokenizer.model, vocab.json"),
+    ("tokenizer-path-without-vocabulary", ["model.tokenizer_path={tmp}"], "model.tokenizer_path",
+     "holds no tokenizer vocabulary"),
+    ("tokenizer-larger-than-model", ["model.path={tmp}/model_small_vocab"], "model.path",
+     "has 100 ids (0 to 99) but the model has only 50 embedding rows (vocab_size in"),
+    ("tokenizer-path-larger-than-model", ["model.path={tmp}/model_small_vocab", "model.tokenizer_path={tmp}/model"],
+     "model.tokenizer_path", "has 100 ids (0 to 99) but the model has only 50 embedding rows"),
+    ("tokenizer-json-cut-short", ["model.tokenizer_path={tmp}/tokenizer_cut"], "model.tokenizer_path",
+     "tokenizer.json cannot be read"),
     # --- algorithm names and their requirements
     ("unknown-estimator", ["algorithm.adv_estimator=grpoo"], "algorithm.adv_estimator", "unknown advantage estimator"),
     ("unknown-policy-loss", ["actor.policy_loss=ppo2"], "actor.policy_loss", "unknown policy loss"),
@@ -149,9 +169,7 @@ CASES = [
 
 @pytest.mark.parametrize("overrides, key, message", [case[1:] for case in CASES], ids=[case[0] for case in CASES])
 def test_bad_config_exits_2_naming_the_key(workdir, capsys, overrides, key, message):
-    write_model(workdir / "model3", num_attention_heads=6, num_key_value_heads=2)
-    write_model(workdir / "model_gpt2", architectures=["GPT2LMHeadModel"], model_type="gpt2")
-    write_model(workdir / "model_swa", use_sliding_window=True)
+    write_bad_models(workdir)
     before = snapshot(workdir)
     code, out, err = run_validate(capsys, "base.yaml", *(o.replace("{tmp}", str(workdir)) for o in overrides))
     assert code == 2
@@ -160,6 +178,23 @@ def test_bad_config_exits_2_naming_the_key(workdir, capsys, overrides, key, mess
     assert matching, f"no error line for {key} containing {message!r} in:\n{err}"
     assert "Traceback" not in err
     assert snapshot(workdir) == before
+
+
+def write_bad_models(workdir):
+    """The model directories the cases point model.path and model.tokenizer_path at."""
+    write_model(workdir / "model3", num_attention_heads=6, num_key_value_heads=2)
+    write_model(workdir / "model_gpt2", architectures=["GPT2LMHeadModel"], model_type="gpt2")
+    write_model(workdir / "model_swa", use_sliding_window=True)
+    write_model(workdir / "model_heads_zero", num_attention_heads=0)
+    write_model(workdir / "model_heads_text", num_attention_heads="four")
+    write_model(workdir / "model_rope_no_factor", rope_scaling={"rope_type": "linear"})
+    (write_model(workdir / "model_json_list") / "config.json").write_text("[]")
+    cut = write_model(workdir / "model_json_cut") / "config.json"
+    cut.write_text(cut.read_text()[:40])
+    (write_model(workdir / "model_no_tokenizer") / "tokenizer.json").unlink()
+    write_model(workdir / "model_small_vocab", vocab_size=50)  # its tokenizer.json keeps 100 ids
+    cut = write_model(workdir / "tokenizer_cut") / "tokenizer.json"
+    cut.write_text(cut.read_text()[:40])
 
 
 def test_catalogue_is_large_and_distinct():

@@ -36,6 +36,8 @@ BAD_CONFIGS = [
      "no directory can be made there"),
     ("sync-threshold-negative", ["rollout.sync.logprob_gap_threshold=-1"], "rollout.sync.logprob_gap_threshold",
      "must be > 0"),
+    ("tokenizer-without-vocabulary", ["model.tokenizer_path={tmp}/data"], "model.tokenizer_path",
+     "holds no tokenizer vocabulary"),
 ]
 
 BAD_DATA = [
@@ -137,7 +139,9 @@ def test_train_process_reports_every_problem_once_and_starts_no_ray(workdir):
     ray_tmp.mkdir()
     overrides = [o.replace("{tmp}", str(workdir)) for case in BAD_CONFIGS for o in case[1]]
     before = snapshot(workdir)
-    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "PYTHONPATH": str(workdir)}
+    # The working directory first (its reward modules), then whatever PYTHONPATH names the megarl under test.
+    python_path = os.pathsep.join(filter(None, [str(workdir), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "PYTHONPATH": python_path}
     env.pop("RAY_ADDRESS", None)
     result = subprocess.run([str(Path(sys.executable).with_name("megarl")), "train", "recipe.yaml", *overrides],
                             cwd=workdir, env=env, capture_output=True, text=True, timeout=120)

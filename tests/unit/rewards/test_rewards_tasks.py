@@ -50,4 +50,4 @@ def test_make_data_writes_disjoint_reproducible_files_the_quickstart_config_load
 def test_make_data_refuses_bad_sizes(tmp_path, capsys):
     assert main(["make-data", "--task", "repeat_first_char", "--out", str(tmp_path), "--n-train", "0"]) == 2
     assert main(["make-data", "--task", "repeat_first_char", "--out", str(tmp_path), "--n-train", "100000"]) == 2
-    assert "cannot make 100128 distinct prompts" in capsys.readouterr().out
+    assert "cannot make 100128 distinct prompts" in capsys.readouterr().err
