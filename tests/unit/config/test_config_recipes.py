@@ -79,7 +79,8 @@ OLD_LOG_PROB_PASS = {
     "grpo_qwen2.5-0.5b_gsm8k.yaml": ("4 mini-batches × 1 epoch",),
     "grpo_qwen2.5-7b_gsm8k.yaml": ("4 mini-batches × 1 epoch",),
     "dapo_qwen2.5-math-7b_math.yaml": ("16 mini-batches × 1 epoch",),
-    "ppo_qwen2.5-1.5b_gsm8k.yaml": ("4 mini-batches × 1 epoch", "algorithm.use_kl_in_reward reads them before the update"),
+    "ppo_qwen2.5-1.5b_gsm8k.yaml": ("4 mini-batches × 1 epoch",
+                                    "algorithm.use_kl_in_reward reads them before the update"),
 }
 
 
