@@ -8,6 +8,8 @@
     samples per mini-batch  = ppo_mini_batch_size (prompts) × rollout.n;  per rank = that ÷ DP
     grad accumulation       = per-rank mini-batch ÷ micro_batch_size_per_gpu (micro-batches per optimizer step)
     optimizer steps / step  = (train_batch_size ÷ ppo_mini_batch_size) × ppo_epochs
+    old log-probs           = the actor update's own forward when exactly on-policy (1 optimizer step, nothing
+                              reads them before the update), else a forward pass of their own
 
 Every division must be exact; a problem shows the arithmetic. The plan is derived, never written back.
 """
@@ -90,6 +92,9 @@ class BatchPlan:
     """The critic's, or None without a critic."""
     ref: RolePlan | None
     """The reference's, or None when no KL term needs it."""
+    old_log_prob_pass: tuple[str, ...]
+    """Why the actor's old log-probs need a forward pass of their own before the update (`old_log_prob_pass`);
+    empty when the update is exactly on-policy and takes them, detached, from its own forward."""
 
     @property
     def own_groups(self) -> list[RolePlan]:
@@ -111,6 +116,21 @@ class BatchPlan:
 def uses_reference(config: Config) -> bool:
     """The reference model exists only when a KL term reads its log-probs."""
     return config.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+
+
+def old_log_prob_pass(config: Config, update: UpdatePlan) -> tuple[str, ...]:
+    """Why the old log-probs need a forward pass before the actor update; empty when the update is exactly
+    on-policy. One optimizer step over the whole batch runs on the weights that sampled it, so the
+    update's own forward gives the old log-probs (ratio ≡ 1, as verl and TRL do); TIS reads them inside
+    the loss, so it is served alike. Only a reuse of the batch or a reader before the update needs the pass."""
+    reasons = []
+    if update.optimizer_steps_per_step > 1:
+        epochs = config.actor.ppo_epochs
+        reasons.append(f"{update.mini_batches_per_epoch} mini-batch{'es' if update.mini_batches_per_epoch > 1 else ''}"
+                       f" × {epochs} epoch{'s' if epochs > 1 else ''}")
+    if config.algorithm.use_kl_in_reward:
+        reasons.append("algorithm.use_kl_in_reward reads them before the update")
+    return tuple(reasons)
 
 
 def runs_in_own_group(name: str, config: Config) -> bool:
@@ -152,7 +172,7 @@ def _plan(config: Config) -> tuple[BatchPlan | None, list[Problem]]:
     if problems:
         return None, problems
     plan = BatchPlan(prompts, n, samples, world, train_gpus, rollout_gpus, config.rollout.tensor_model_parallel_size,
-                     engines, samples // engines, actor, critic, ref)
+                     engines, samples // engines, actor, critic, ref, old_log_prob_pass(config, actor.update))
     return plan, problems
 
 
@@ -351,6 +371,12 @@ def _process_lines(plan: BatchPlan) -> list[str]:
     return lines
 
 
+def _old_log_prob_line(plan: BatchPlan) -> str:
+    if plan.old_log_prob_pass:
+        return f"old log-probs: separate forward pass ({'; '.join(plan.old_log_prob_pass)})"
+    return "old log-probs: from the update's forward (exactly on-policy: 1 mini-batch × 1 epoch)"
+
+
 def format_plan(plan: BatchPlan) -> str:
     """The plan as a plain-text table (what `megarl validate` prints)."""
     lines = [
@@ -373,7 +399,7 @@ def format_plan(plan: BatchPlan) -> str:
             f"{role.role:<7}{role.tensor_parallel:>4}{role.pipeline_parallel:>4}{role.data_parallel:>4}  "
             f"{role.samples_per_rank:>12}  {role.micro_batch_size:>5}  {role.forward_micro_batches:>9}  {mini:>31}  "
             f"{update.grad_accumulation_steps if update else '-':>8}  {update.optimizer_steps_per_step if update else '-':>9}")
-    lines += ["", *_process_lines(plan)]
+    lines += ["", *_process_lines(plan), _old_log_prob_line(plan)]
     if plan.critic is None:
         lines.append("critic: none (critic.enable: false)")
     if plan.ref is None:

@@ -18,7 +18,8 @@ from contextlib import contextmanager
 PHASES: dict[str, str] = {
     "rollout": "generate responses with the rollout engines",
     "reward": "score the responses",
-    "old_log_prob": "log-probs of the responses under the actor before the update",
+    "old_log_prob": "log-probs of the responses under the actor before the update (absent when exactly on-policy: "
+                    "the update's forward gives them)",
     "ref": "log-probs under the reference model",
     "values": "value estimates of the critic",
     "adv": "advantages and returns",

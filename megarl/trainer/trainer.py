@@ -5,8 +5,9 @@
 
 rollout → (engines sleep, Megatron onloads) → rewards → old/ref log-probs (+ values) → advantages →
 critic/actor updates → checkpoint → (Megatron offloads, weight sync verified every
-`rollout.sync.verify_every` steps, engines wake: `handover`) → metrics. The distributed mechanics
-live in the worker groups.
+`rollout.sync.verify_every` steps, engines wake: `handover`) → metrics. An exactly on-policy update
+takes the old log-probs from its own forward (`BatchPlan.old_log_prob_pass`). The distributed
+mechanics live in the worker groups.
 """
 
 from __future__ import annotations
@@ -131,8 +132,9 @@ class Trainer:
             scores = scores + rm_scores
             metrics["reward/rm_mean"] = rm_scores.mean().item()
         scores_t = rb.token_level_scores(scores, batch.response_mask)
-        with timer("old_log_prob"):
-            batch.old_log_probs = self.roles.gather("compute_log_prob", batch, index=0)
+        if self.plan.old_log_prob_pass:  # else the exactly on-policy update takes them from its own forward
+            with timer("old_log_prob"):
+                batch.old_log_probs = self.roles.gather("compute_log_prob", batch, index=0)
         if self.plan.ref is not None:
             with timer("ref"):
                 batch.ref_log_probs = self.roles.gather("compute_ref_log_prob", batch)

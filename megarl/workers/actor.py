@@ -12,6 +12,7 @@ results are returned on every rank.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +51,8 @@ class PolicyLossFn(Protocol):
     metric_names: tuple[str, ...]
     """Keys of the metrics dict `__call__` returns."""
     required_fields: tuple[str, ...]
-    """`PolicyBatch` fields the loss reads (checked before the update starts)."""
+    """`PolicyBatch` fields the loss reads (checked before the update starts) besides `old_log_probs`,
+    which `update_policy` always supplies: the batch's, or the update's own when exactly on-policy."""
 
     def __call__(
         self, log_probs: Tensor, entropy: Tensor, batch: PolicyBatch, counts: StepCounts
@@ -113,7 +115,7 @@ class PolicyLoss:
         self.settings = settings
         self.loss_agg_mode = settings.loss_agg_mode
         self.required_fields = (
-            ("old_log_probs", "advantages")
+            ("advantages",)
             + (("rollout_log_probs",) if settings.tis_cap is not None else ())
             + (("ref_log_probs",) if settings.kl_loss_coef else ())
         )
@@ -210,12 +212,22 @@ class MegatronActor(TrainedModel):
         mini-batch of `mini_batch_size` samples (per DP rank), cut into micro-batches of
         `micro_batch_size`. With `shuffle_seed`, epoch `e` shuffles rows with seed `shuffle_seed + e`.
 
+        Without `batch.old_log_probs` the update must be exactly on-policy (one mini-batch, one epoch:
+        `megarl.config.batch_plan.old_log_prob_pass`): the old log-probs are the detached log-probs of
+        its own forward, so the ratio is exactly 1.
+
         Returns metrics averaged over the applied optimizer steps (`steps`, `skipped_steps` count
         all): loss, pg_loss, kl_loss, entropy, clip_frac, clip_frac_lower, approx_kl (token means),
         grad_norm (before clipping), lr, tokens (per step, all DP ranks).
         """
         batch.require(loss_fn.required_fields, "MegatronActor.update_policy")
         check_divides(len(batch), mini_batch_size, "mini_batch_size", "samples of this DP rank")
+        if batch.old_log_probs is None and (mini_batch_size != len(batch) or ppo_epochs != 1):
+            raise ValueError(
+                f"MegatronActor.update_policy needs PolicyBatch.old_log_probs for {len(batch) // mini_batch_size} "
+                f"mini-batch(es) × {ppo_epochs} epoch(s): only one mini-batch in one epoch may take them from its own "
+                "forward; compute them first (compute_log_prob)"
+            )
         check_divides(mini_batch_size, micro_batch_size, "micro_batch_size", "mini_batch_size")
         keys = ("loss", "entropy", "tokens", *loss_fn.metric_names)
         steps = []
@@ -234,7 +246,10 @@ class MegatronActor(TrainedModel):
         def forward_step(model, micro_batch):
             def loss_func(logits):
                 log_probs, entropy = response_log_probs(logits, micro_batch, self.vocab_size, self.groups)
-                loss, metrics = loss_fn(log_probs, entropy, micro_batch, counts)
+                # Exactly on-policy (checked in update_policy): these weights sampled the batch.
+                scored = (micro_batch if micro_batch.old_log_probs is not None
+                          else dataclasses.replace(micro_batch, old_log_probs=log_probs.detach()))
+                loss, metrics = loss_fn(log_probs, entropy, scored, counts)
                 mask = micro_batch.response_mask
                 reported = dict(
                     loss=loss.detach(),

@@ -53,7 +53,9 @@ def test_step(tmp_path):
     (tmp_path / "recipe.yaml").write_text(recipe)
     result = _bench(tmp_path, "step", "--config", str(tmp_path / "recipe.yaml"))
     assert result["repeats"] == 2
-    assert {"rollout", "old_log_prob", "update_actor", "sync", "other"} <= set(result["phase_seconds"])
+    # The quickstart's update is exactly on-policy: no old-log-prob pass of its own.
+    assert {"rollout", "update_actor", "sync", "other"} <= set(result["phase_seconds"])
+    assert "old_log_prob" not in result["phase_seconds"]
     assert result["phase_seconds"]["other"] < result["step_seconds"]
 
 

@@ -30,7 +30,7 @@ GRPO_ARGS = {"trainer.total_steps": STEPS, "checkpoint.save_freq": 2, "trainer.t
 GRPO_METRICS = {
     name for name in DOCUMENTED_METRICS
     if not name.startswith(("critic/", "val/", "timing/", "dapo/", "actor/reward_kl_penalty")) and name != "reward/rm_mean"
-} | {"timing/rollout", "timing/reward", "timing/old_log_prob", "timing/adv", "timing/update_actor", "timing/sync", "timing/step",
+} | {"timing/rollout", "timing/reward", "timing/adv", "timing/update_actor", "timing/sync", "timing/step",
      "timing/sleep", "timing/onload", "timing/offload", "timing/wake_up"}
 # The quickstart is colocated with rollout.free_cache_engine: every step hands the devices over, and each
 # phase reports the memory of the group that acted (both groups after generating and after training).
@@ -55,6 +55,10 @@ def test_grpo_trains_syncs_and_checkpoints(grpo_run, assets):
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     missing = [sorted(GRPO_METRICS - set(m)) for m in metrics]
     assert not any(missing), f"metrics missing from metrics.jsonl: {missing}"
+    # One mini-batch, one epoch: the update's own forward gives the old log-probs (no pass of their
+    # own), so the ratio is exactly 1: no KL to the old policy, nothing clipped.
+    assert not trainer.plan.old_log_prob_pass and not any("timing/old_log_prob" in m for m in metrics)
+    assert all(m["actor/ppo_kl"] == 0 and m["actor/pg_clipfrac"] == 0 for m in metrics)
     # On one CPU machine the weights stream through shared memory (rollout.sync.transport=auto). The
     # quickstart checks every sync (rollout.sync.verify_every=1): every step has the gap, under the
     # threshold, and each step advanced the engines' weights.

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from megarl.config import load_config, plan_batches
+from megarl.config import format_plan, load_config, plan_batches
 from config_testing import CONFIGS, error_lines, run_validate, write_model
 
 REAL_RECIPES = sorted(p for p in CONFIGS.glob("*.yaml") if p.name != "quickstart.yaml")
@@ -71,3 +71,23 @@ def test_quickstart_validates_with_its_files_in_place(capsys, tmp_path, monkeypa
     assert err == ""
     assert code == 0
     assert "quickstart.yaml: OK" in out
+
+
+# Why each recipe's old log-probs need a pass of their own; only the quickstart updates exactly on-policy.
+OLD_LOG_PROB_PASS = {
+    "quickstart.yaml": (),
+    "grpo_qwen2.5-0.5b_gsm8k.yaml": ("4 mini-batches × 1 epoch",),
+    "grpo_qwen2.5-7b_gsm8k.yaml": ("4 mini-batches × 1 epoch",),
+    "dapo_qwen2.5-math-7b_math.yaml": ("16 mini-batches × 1 epoch",),
+    "ppo_qwen2.5-1.5b_gsm8k.yaml": ("4 mini-batches × 1 epoch",
+                                    "algorithm.use_kl_in_reward reads them before the update"),
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_old_log_prob_pass_of_each_recipe(recipe):
+    plan = plan_batches(load_config(recipe))
+    assert plan.old_log_prob_pass == OLD_LOG_PROB_PASS[recipe.name]
+    expected = (f"old log-probs: separate forward pass ({'; '.join(plan.old_log_prob_pass)})" if plan.old_log_prob_pass
+                else "old log-probs: from the update's forward (exactly on-policy: 1 mini-batch × 1 epoch)")
+    assert expected in format_plan(plan).splitlines()

@@ -43,4 +43,4 @@ def test_policy_loss_settings_are_checked_before_training():
     with pytest.raises(ValueError, match="loss_scale_factor=512 only applies to"):
         PolicyLoss(PolicyLossSettings(loss_scale_factor=512))
     loss = PolicyLoss(PolicyLossSettings(kl_loss_coef=0.1, tis_cap=2.0))
-    assert loss.required_fields == ("old_log_probs", "advantages", "rollout_log_probs", "ref_log_probs")
+    assert loss.required_fields == ("advantages", "rollout_log_probs", "ref_log_probs")
