@@ -159,10 +159,9 @@ class Trainer:
         if step > config.critic.warmup_steps:
             with timer("update_actor"):
                 metrics |= worker_metrics("actor", self.roles.update("update_actor", batch, step))
-        lengths = [len(r) for r in samples.response_ids]
-        metrics |= rollout_metrics(scores.tolist(), lengths, config.rollout.max_new_tokens,
-                                   [len(p.token_ids) for p in samples.prompts])
-        metrics["_tokens"] = sum(lengths) + sum(len(p.token_ids) for p in samples.prompts)
+        lengths, prompt_lengths = [len(r) for r in samples.response_ids], [len(p.token_ids) for p in samples.prompts]
+        metrics |= rollout_metrics(scores.tolist(), lengths, config.rollout.max_new_tokens, prompt_lengths)
+        metrics["_tokens"] = sum(lengths) + sum(prompt_lengths)
         return metrics
 
     def _maybe_validate(self, step: int, phase: RolloutPhase, metrics: dict) -> None:
@@ -193,8 +192,7 @@ class Trainer:
             self.loader.load_state_dict(extra["data"])
             self.kl_ctrl.value = extra["kl_coef"]
             self.handover.to_rollout(extra["step"])  # the engines start from the restored weights
-        # The resume's hand-over times and memory are not the first step's.
-        self.timer.pop()
+        self.timer.pop()  # the resume's hand-over times and memory are not the first step's
         self.handover.pop_memory()
         return extra["step"]
 
