@@ -7,6 +7,7 @@ loaded config is exactly what the user asked for.
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -146,11 +147,19 @@ def _build(cls, data: dict, prefix: str, problems: list[Problem], all_keys: list
         except _Mismatch:
             problems.append(Problem(key, value, f"wrong type: expected {_describe(hint)}",
                                     f"set {key} to {_describe(hint)}"))
+        except _NotFinite:
+            problems.append(Problem(key, value, "not a finite number (YAML reads 1e999 and .inf as infinity, .nan as "
+                                    "not-a-number)", f"set {key} to a finite number"))
     return cls(**values)
 
 
 class _Mismatch(Exception):
     pass
+
+
+class _NotFinite(Exception):
+    """A float setting given inf or nan: the right type, but no setting means it, and every range check
+    (`lr > 0`) would pass infinity."""
 
 
 def _convert(hint, value):
@@ -189,7 +198,13 @@ def _convert(hint, value):
         raise _Mismatch
     if hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                number = float(value)
+            except OverflowError:  # an integer beyond the float range, e.g. 1 followed by 400 zeros
+                raise _NotFinite from None
+            if not math.isfinite(number):
+                raise _NotFinite
+            return number
         raise _Mismatch
     if hint is str:
         if isinstance(value, str):

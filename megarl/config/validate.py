@@ -19,6 +19,8 @@ from megarl.config.placement import placement_problems
 from megarl.config.problems import Problem
 from megarl.config.resources import data_file_problems, reward_function_problem, writable_dir_problem
 from megarl.config.roles import OptimizerConfig, ParallelConfig, RecomputeConfig
+from megarl.trainer.checkpoint_manager import CheckpointManager
+from megarl.workers.checkpoint_files import CheckpointError, read_manifest
 
 
 def validate(config: Config, check_files: bool = True) -> list[Problem]:
@@ -35,6 +37,7 @@ def validate(config: Config, check_files: bool = True) -> list[Problem]:
     _check_data(config, facts, check_files, problems)
     _check_reward(config, check_files, problems)
     _check_trainer(config, check_files, problems)
+    _check_seeds(config, problems)
     problems += batch_problems(config)
     problems += placement_problems(config, config.trainer.device)
     if facts is not None:
@@ -278,8 +281,10 @@ def _check_trainer(config: Config, check_files: bool, problems: list[Problem]) -
     _need(problems, trainer.test_freq == 0 or len(config.data.val_files) > 0, "trainer.test_freq", trainer.test_freq,
           "validation is requested but data.val_files is empty", "list data.val_files, or set trainer.test_freq=0")
     _need(problems, trainer.max_bad_steps >= 1, "trainer.max_bad_steps", trainer.max_bad_steps, "must be >= 1", "e.g. 3")
-    _need(problems, trainer.experiment_name != "" and "/" not in trainer.experiment_name, "trainer.experiment_name",
-          trainer.experiment_name, "names a directory under trainer.output_dir", "use a non-empty name without '/'")
+    _need(problems, _is_plain_name(trainer.experiment_name), "trainer.experiment_name", trainer.experiment_name,
+          "names the run's directory inside trainer.output_dir, so it must not be empty, '.', '..', or hold a path "
+          "separator (the run directory would land outside trainer.output_dir)",
+          "use a plain name such as gsm8k-grpo-run1; choose the parent with trainer.output_dir")
     _need(problems, len(set(trainer.loggers)) == len(trainer.loggers), "trainer.loggers", list(trainer.loggers),
           "a logger is listed twice", "list each logger once")
     _need(problems, checkpoint.save_freq >= 0, "checkpoint.save_freq", checkpoint.save_freq,
@@ -293,9 +298,44 @@ def _check_trainer(config: Config, check_files: bool, problems: list[Problem]) -
         if problem is not None:
             problems.append(problem)
     if checkpoint.resume not in ("auto", "disable"):
-        _need(problems, Path(checkpoint.resume).expanduser().is_dir(), "checkpoint.resume", checkpoint.resume,
-              "neither auto, disable nor an existing checkpoint directory",
-              "use auto (newest in checkpoint.dir), disable, or the path of a saved checkpoint")
+        problem = _resume_problem(checkpoint.resume)
+        if problem is not None:
+            problems.append(problem)
+
+
+def _is_plain_name(name: str) -> bool:
+    """A single directory name: `output_dir / name` stays inside output_dir."""
+    return name not in ("", ".", "..") and not any(sep in name for sep in ("/", "\\", "\0"))
+
+
+def _resume_problem(resume: str) -> Problem | None:
+    """A `checkpoint.resume` path that is not a complete checkpoint, found now rather than after Ray and
+    the engines started (the manifest check is the one `megarl train` runs on resume)."""
+    path = Path(resume).expanduser()
+    if not path.is_dir():
+        return Problem("checkpoint.resume", resume, "neither auto, disable nor an existing checkpoint directory",
+                       "use auto (newest in checkpoint.dir), disable, or the path of a saved checkpoint")
+    try:
+        read_manifest(path)
+    except CheckpointError as error:
+        if CheckpointManager(path).complete():
+            fix = f"point it at one of its step_<N> directories, or set checkpoint.dir={resume} and checkpoint.resume=auto"
+            return Problem("checkpoint.resume", resume, "a directory of checkpoints, not a checkpoint", fix)
+        return Problem("checkpoint.resume", resume, f"not a checkpoint: {error}",
+                       "use auto, disable, or a step_<N> directory that megarl saved")
+    return None
+
+
+# Offsets are added to a seed per pipeline stage, TP rank and step (megarl.parallel.seed,
+# megarl.trainer.settings.step_seed); torch takes seeds below 2**64, so half that range is left for them.
+MAX_SEED = 2**63 - 1
+
+
+def _check_seeds(config: Config, problems: list[Problem]) -> None:
+    for key, seed in (("trainer.seed", config.trainer.seed), ("data.seed", config.data.seed),
+                      ("rollout.seed", config.rollout.seed)):
+        _need(problems, 0 <= seed <= MAX_SEED, key, seed, f"a seed must lie in [0, 2**63 - 1 = {MAX_SEED}]",
+              "e.g. 0 or 1234")
 
 
 def _check_layout_against_model(config: Config, facts: ModelFacts, problems: list[Problem]) -> None:

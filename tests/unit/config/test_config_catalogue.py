@@ -144,6 +144,25 @@ CASES = [
     ("test-freq-without-val-files", ["trainer.test_freq=5"], "trainer.test_freq", "data.val_files is empty"),
     ("max-bad-steps-zero", ["trainer.max_bad_steps=0"], "trainer.max_bad_steps", "must be >= 1"),
     ("unknown-logger", ["trainer.loggers=[console,mlflow]"], "trainer.loggers", "expected a list of (one of 'console'"),
+    # --- nonsense that passes a type check (issue 18, item 9)
+    ("lr-infinite", ["actor.optim.lr=1e999"], "actor.optim.lr", "= inf: not a finite number"),
+    ("beta-nan", ["actor.optim.betas=[.nan,0.999]"], "actor.optim.betas", "= [nan, 0.999]: not a finite number"),
+    ("sync-threshold-infinite", ["rollout.sync.logprob_gap_threshold=.inf"], "rollout.sync.logprob_gap_threshold",
+     "not a finite number"),
+    ("seed-negative", ["trainer.seed=-1"], "trainer.seed", "= -1: a seed must lie in [0, 2**63 - 1"),
+    ("seed-beyond-2-64", ["data.seed=18446744073709551616"], "data.seed",
+     "= 18446744073709551616: a seed must lie in [0, 2**63 - 1"),
+    ("kv-cache-does-not-fit", ["rollout.kv_cache_gib=1000"], "rollout.kv_cache_gib",
+     "peaks at 1000.0 GiB with this cache, more than the 80 GiB compared against (--gpu-memory-gib); "
+     "fix: use at most 79.9 GiB"),
+    ("experiment-name-dotdot", ["trainer.experiment_name=.."], "trainer.experiment_name",
+     "= '..': names the run's directory inside trainer.output_dir"),
+    ("experiment-name-absolute", ["trainer.experiment_name=/tmp/run"], "trainer.experiment_name",
+     "would land outside trainer.output_dir"),
+    ("gpu-recipe-batch-zero", ["trainer.device=cuda", "data.train_batch_size=0"], "data.train_batch_size",
+     "must be a positive integer"),  # the GPU budget estimate used to raise on the invalid batch plan
+    ("resume-not-a-checkpoint", ["checkpoint.resume={tmp}/model"], "checkpoint.resume",
+     "not a checkpoint: {tmp}/model is not a complete megarl checkpoint: manifest.json is missing"),
 ]
 
 
@@ -156,6 +175,7 @@ def test_bad_config_exits_2_naming_the_key(workdir, capsys, overrides, key, mess
     code, out, err = run_validate(capsys, "base.yaml", *(o.replace("{tmp}", str(workdir)) for o in overrides))
     assert code == 2
     assert out == ""
+    message = message.replace("{tmp}", str(workdir))
     matching = [line for line in error_lines(err) if line.startswith(f"error: {key} ") and message in line]
     assert matching, f"no error line for {key} containing {message!r} in:\n{err}"
     assert "Traceback" not in err
