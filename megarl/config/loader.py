@@ -17,22 +17,33 @@ from typing import Literal, Union
 import yaml
 
 from megarl.config.config import Config
-from megarl.config.problems import ConfigError, Problem
+from megarl.config.problems import ConfigError, Problem, non_ascii_note
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads `1e-6` as a float (YAML 1.1 wants `1.0e-6`) and refuses duplicate keys."""
+    """SafeLoader that reads `1e-6` as a float (YAML 1.1 wants `1.0e-6`), refuses duplicate and complex
+    keys, and keeps YAML 1.1 merge keys (`<<: *base`, whose keys the mapping's own keys override)."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)  # deep: a complex key's items, for the message
+            if isinstance(key, (list, dict)):
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a complex key (`? {_flow(key)}`): keys of a recipe are plain names", key_node.start_mark
+                )
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r} (the first value would be silently dropped)", key_node.start_mark
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+def _flow(value) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip()
 
 
 _Loader.add_implicit_resolver(
@@ -42,9 +53,15 @@ _Loader.add_implicit_resolver(
 )
 
 
-def parse_yaml(text: str):
-    """Parse YAML text with megarl's rules (scientific floats, no duplicate keys)."""
-    return yaml.load(text, Loader=_Loader)
+def parse_yaml(text: str, name: str = "<unicode string>"):
+    """Parse YAML text with megarl's rules (scientific floats, no duplicate or complex keys); `name` is
+    the file that error positions name."""
+    loader = _Loader(text)
+    loader.name = name  # read by every position mark made from here on
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
@@ -55,10 +72,12 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
     """
     path = Path(path)
     try:
-        data = parse_yaml(path.read_text()) or {}
+        data = parse_yaml(_read_recipe(path), str(path)) or {}
     except OSError as error:
         raise ConfigError([Problem(str(path), None, f"cannot read the config file ({error.strerror})",
                                    "pass the path of an existing YAML recipe, e.g. configs/quickstart.yaml")])
+    except UnicodeDecodeError as error:
+        raise ConfigError([_not_utf8(path, error)])
     except yaml.YAMLError as error:
         raise ConfigError([Problem(str(path), None, f"not valid YAML: {' '.join(str(error).split())}",
                                    "correct the YAML syntax at the position shown")])
@@ -70,6 +89,22 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def _read_recipe(path: Path) -> str:
+    """The recipe's text; UTF-8, with or without a byte-order mark."""
+    return path.read_bytes().decode("utf-8-sig")
+
+
+def _not_utf8(path: Path, error: UnicodeDecodeError) -> Problem:
+    """Where the first byte that is not UTF-8 is, as line and column."""
+    before = error.object[: error.start]
+    line = before.count(b"\n") + 1
+    column = error.start - (before.rfind(b"\n") + 1) + 1
+    byte = error.object[error.start]
+    return Problem(f"{path}:{line}", None, f"byte 0x{byte:02x} at column {column} is not UTF-8 (the file was saved in "
+                   "another encoding, e.g. Latin-1 or cp1252)",
+                   f"save it as UTF-8, e.g. iconv -f LATIN1 -t UTF-8 {path} > fixed.yaml")
 
 
 def apply_overrides(data: dict, overrides: typing.Sequence[str]) -> list[Problem]:
@@ -145,7 +180,7 @@ def _build(cls, data: dict, prefix: str, problems: list[Problem], all_keys: list
         try:
             values[name] = _convert(hint, value)
         except _Mismatch:
-            problems.append(Problem(key, value, f"wrong type: expected {_describe(hint)}",
+            problems.append(Problem(key, value, f"wrong type: expected {_describe(hint)}{non_ascii_note(value)}",
                                     f"set {key} to {_describe(hint)}"))
         except _NotFinite:
             problems.append(Problem(key, value, "not a finite number (YAML reads 1e999 and .inf as infinity, .nan as "

@@ -16,7 +16,7 @@ from megarl.config.config import Config
 from megarl.config.hub import cached_snapshot, hub_values, is_hub_id, missing_from_cache
 from megarl.config.model_facts import ModelFacts, ModelFactsError, load_model_facts
 from megarl.config.placement import placement_problems
-from megarl.config.problems import Problem
+from megarl.config.problems import Problem, non_ascii_note
 from megarl.config.resources import data_file_problems, reward_function_problem, writable_dir_problem
 from megarl.config.roles import OptimizerConfig, ParallelConfig, RecomputeConfig
 from megarl.trainer.checkpoint_manager import CheckpointManager
@@ -66,7 +66,7 @@ def _need(problems: list[Problem], ok: bool, key: str, value, why: str, fix: str
 
 
 def _need_name(problems: list[Problem], key: str, value: str, valid: tuple[str, ...], what: str) -> None:
-    _need(problems, value in valid, key, value, f"unknown {what}", f"use one of {', '.join(valid)}")
+    _need(problems, value in valid, key, value, f"unknown {what}{non_ascii_note(value)}", f"use one of {', '.join(valid)}")
 
 
 def _check_model(config: Config, check_files: bool, problems: list[Problem]) -> None:
@@ -264,7 +264,7 @@ def _check_reward(config: Config, check_files: bool, problems: list[Problem]) ->
             problems.append(problem)
     else:
         _need(problems, reward.function in names.BUILTIN_REWARDS, "reward.function", reward.function,
-              "neither a built-in reward nor `pkg.module:function`",
+              f"neither a built-in reward nor `pkg.module:function`{non_ascii_note(reward.function)}",
               f"use one of {', '.join(names.BUILTIN_REWARDS)} or a function path like my_pkg.rewards:score")
     _need(problems, reward.timeout_s > 0, "reward.timeout_s", reward.timeout_s, "must be > 0 seconds", "e.g. 10")
     if check_files and reward.reward_model is not None and not is_hub_id(reward.reward_model):  # hub ids: above

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from config_testing import error_lines, run_validate, snapshot, write_model
+from megarl.config import load_config
 
 CASES = [
     # --- zero / negative sizes
@@ -159,11 +160,52 @@ CASES = [
      "= '..': names the run's directory inside trainer.output_dir"),
     ("experiment-name-absolute", ["trainer.experiment_name=/tmp/run"], "trainer.experiment_name",
      "would land outside trainer.output_dir"),
+    # --- misleading messages (issue 18, item 10)
+    ("homoglyph-estimator", ["algorithm.adv_estimator=grp\u043e"], "algorithm.adv_estimator",
+     "unknown advantage estimator (character 4, '\u043e', is U+043E CYRILLIC SMALL LETTER O, not ASCII"),
+    ("homoglyph-choice", ["actor.optim.lr_decay_style=c\u043esine"], "actor.optim.lr_decay_style",
+     "(character 2, '\u043e', is U+043E CYRILLIC SMALL LETTER O, not ASCII"),
     ("gpu-recipe-batch-zero", ["trainer.device=cuda", "data.train_batch_size=0"], "data.train_batch_size",
      "must be a positive integer"),  # the GPU budget estimate used to raise on the invalid batch plan
     ("resume-not-a-checkpoint", ["checkpoint.resume={tmp}/model"], "checkpoint.resume",
      "not a checkpoint: {tmp}/model is not a complete megarl checkpoint: manifest.json is missing"),
 ]
+
+
+# Recipes that are broken as files: (id, the recipe's bytes, where the error line starts after
+# `error: <file>`, words of the message).
+BAD_RECIPE_FILES = [
+    ("latin1-byte", b"trainer:\n  project_name: caf\xe9\n", ":2 ",
+     "byte 0xe9 at column 20 is not UTF-8 (the file was saved in another encoding, e.g. Latin-1 or cp1252); "
+     "fix: save it as UTF-8, e.g. iconv -f LATIN1 -t UTF-8"),
+    ("complex-key", b"? [a, b]\n: 1\n", " ", "a complex key (`? [a, b]`): keys of a recipe are plain names in \"{file}\", line 1"),
+    ("duplicate-key", b"trainer:\n  seed: 1\n  seed: 2\n", " ", "duplicate key 'seed'"),
+]
+
+
+@pytest.mark.parametrize("content, where, message", [case[1:] for case in BAD_RECIPE_FILES],
+                         ids=[case[0] for case in BAD_RECIPE_FILES])
+def test_broken_recipe_file_exits_2_naming_the_file(workdir, capsys, content, where, message):
+    recipe = workdir / "bad.yaml"
+    recipe.write_bytes(content)
+    code, out, err = run_validate(capsys, str(recipe))
+    assert (code, out) == (2, "")
+    assert "Traceback" not in err
+    message = message.replace("{file}", str(recipe))
+    assert [line for line in error_lines(err) if line.startswith(f"error: {recipe}{where}") and message in line], err
+
+
+def test_merge_keys_and_a_byte_order_mark_load(workdir, capsys):
+    """YAML 1.1 merge keys (`<<: *base`) are valid recipes: the mapping's own keys override the merged ones."""
+    text = (workdir / "base.yaml").read_text().replace("actor:\n", "actor:\n  optim: &optim\n    lr: 1.0e-05\n"
+                                                                       "    weight_decay: 0.1\n", 1)
+    text += "critic:\n  optim:\n    <<: *optim\n    lr: 2.0e-05\n"
+    (workdir / "merged.yaml").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    config = load_config(workdir / "merged.yaml")
+    assert (config.critic.optim.lr, config.critic.optim.weight_decay) == (2e-5, 0.1)
+    assert (config.actor.optim.lr, config.actor.optim.weight_decay) == (1e-5, 0.1)
+    code, _, err = run_validate(capsys, "merged.yaml")
+    assert (code, err) == (0, "")
 
 
 @pytest.mark.parametrize("overrides, key, message", [case[1:] for case in CASES], ids=[case[0] for case in CASES])
