@@ -85,7 +85,8 @@ def _check_model(config: Config, check_files: bool, problems: list[Problem]) -> 
               f"use model.dtype: bfloat16, or set {role}.offload.optimizer: false")
     tokenizer = model.tokenizer_path
     if check_files and tokenizer is not None and not Path(tokenizer).expanduser().is_dir() and not is_hub_id(tokenizer):
-        problems.append(Problem("model.tokenizer_path", tokenizer, "directory does not exist",
+        why = "is a file, not a directory" if Path(tokenizer).expanduser().is_file() else "directory does not exist"
+        problems.append(Problem("model.tokenizer_path", tokenizer, why,
                                 "point it at a tokenizer directory, or remove it to use model.path"))
 
 

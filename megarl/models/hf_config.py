@@ -95,9 +95,14 @@ def load_hf_config(source: str | Path | Mapping[str, Any] | Any) -> dict[str, An
     path = Path(source)
     if path.is_dir():
         path = path / "config.json"
+    elif path.is_file() and path.suffix != ".json":  # a .safetensors or a data file where the directory belongs
+        raise ValueError(f"{path} is a file, not a checkpoint directory: pass the directory that holds config.json")
     if not path.is_file():
         raise FileNotFoundError(f"HF config not found: {path} (expected a checkpoint dir holding config.json)")
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not a UTF-8 JSON file ({error}): an HF config.json is one JSON object") from None
 
 
 def read_model_dims(source: str | Path | Mapping[str, Any] | Any) -> ModelDims:

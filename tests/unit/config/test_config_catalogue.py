@@ -165,6 +165,11 @@ CASES = [
      "unknown advantage estimator (character 4, '\u043e', is U+043E CYRILLIC SMALL LETTER O, not ASCII"),
     ("homoglyph-choice", ["actor.optim.lr_decay_style=c\u043esine"], "actor.optim.lr_decay_style",
      "(character 2, '\u043e', is U+043E CYRILLIC SMALL LETTER O, not ASCII"),
+    ("model-path-is-a-file", ["model.path={tmp}/train.jsonl"], "model.path", "train.jsonl is a file, not a directory"),
+    ("tokenizer-path-is-a-file", ["model.tokenizer_path={tmp}/train.jsonl"], "model.tokenizer_path",
+     "is a file, not a directory"),
+    ("data-file-is-a-directory", ["data.train_files=[{tmp}/model]"], "data.train_files[0]",
+     "is a directory, not a data file"),
     ("gpu-recipe-batch-zero", ["trainer.device=cuda", "data.train_batch_size=0"], "data.train_batch_size",
      "must be a positive integer"),  # the GPU budget estimate used to raise on the invalid batch plan
     ("resume-not-a-checkpoint", ["checkpoint.resume={tmp}/model"], "checkpoint.resume",
