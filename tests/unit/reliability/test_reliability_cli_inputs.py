@@ -39,7 +39,7 @@ BAD_CONFIGS = [
 ]
 
 BAD_DATA = [
-    # (id, train.jsonl text, words the error must contain ({file} = the file's path))
+    # (id, train.jsonl text or bytes, words the error must contain ({file} = the file's path))
     ("corrupt-json-line", '{"prompt": "abc", "answer": "a"}\n{"prompt": "ab\n', "{file}:2: not valid JSON"),
     ("json-array-row", '{"prompt": "abc", "answer": "a"}\n[1, 2]\n', "{file}:2: a JSON list where a JSON object"),
     ("no-rows", "\n\n", "{file}: the file holds no rows"),
@@ -47,6 +47,12 @@ BAD_DATA = [
     ("every-row-empty", '{"prompt": "  ", "answer": "a"}\n{"prompt": "", "answer": "b"}\n', "no usable prompt in {file}"),
     ("chat-messages-without-template", '{"prompt": [{"role": "user", "content": "abc"}], "answer": "a"}\n', "{file}"),
     ("fewer-prompts-than-a-batch", '{"prompt": "abc", "answer": "a"}\n', "data.train_batch_size 16 is larger than the 1"),
+    # Text saved by an editor in another encoding: named, with the command that converts it (issue 18, item 10).
+    ("utf16-with-bom", '{"prompt": "abc", "answer": "a"}\n'.encode("utf-16"),
+     "{file}: the file is UTF-16-encoded text, megarl reads UTF-8 JSONL; convert it, e.g. iconv -f UTF-16 -t UTF-8 {file}"),
+    ("utf16le-without-bom", '{"prompt": "abc", "answer": "a"}\n'.encode("utf-16-le"),
+     "{file}: the file is UTF-16LE-encoded text"),
+    ("utf32-with-bom", '{"prompt": "abc", "answer": "a"}\n'.encode("utf-32"), "iconv -f UTF-32 -t UTF-8 {file}"),
 ]
 
 
@@ -111,7 +117,7 @@ def test_bad_config_exits_2_before_starting_anything(workdir, capsys, command, o
 @pytest.mark.parametrize("text, message", [c[1:] for c in BAD_DATA], ids=[c[0] for c in BAD_DATA])
 def test_bad_data_ends_train_at_startup_naming_file_and_row(workdir, capsys, text, message):
     data = workdir / "data" / "train.jsonl"
-    data.write_text(text)
+    data.write_bytes(text if isinstance(text, bytes) else text.encode())
     before = snapshot(workdir)
     code, out, err = run_cli(capsys, "train", "recipe.yaml")
     assert code == 2
