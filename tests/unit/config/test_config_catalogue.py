@@ -10,6 +10,7 @@ import pytest
 
 from config_testing import error_lines, run_validate, snapshot, write_model
 from megarl.config import load_config
+from megarl.workers.checkpoint_files import build_manifest, commit, new_nonce, step_dir_name, tmp_dir_for
 
 CASES = [
     # --- zero / negative sizes
@@ -257,6 +258,33 @@ def test_schema_problems_are_all_reported_together(workdir, capsys):
     assert code == 2
     keys = [line.split()[1] for line in error_lines(err)]
     assert keys == ["actor.optim.lrr", "rollout.n", "trainer.device"]
+
+
+def _save_checkpoint(root, step: int):
+    """A complete (tiny) checkpoint as `megarl train` commits one: files, then the manifest."""
+    tmp = tmp_dir_for(root / step_dir_name(step), new_nonce())
+    (tmp / "actor" / "model").mkdir(parents=True)
+    (tmp / "actor" / "model" / "shard.distcp").write_bytes(b"weights")
+    manifest = build_manifest(tmp, step=step, roles=["actor"], layout={"world_size": 4, "tp": 2, "pp": 1, "dp": 2})
+    commit(tmp, root / step_dir_name(step), manifest)
+    return root / step_dir_name(step)
+
+
+def test_resume_is_checked_against_the_checkpoint_format(workdir, capsys):
+    """A root of checkpoints and a damaged one are refused by validate (before Ray or vLLM would start);
+    a complete one is accepted."""
+    step = _save_checkpoint(workdir / "ckpt", 3)
+    code, out, err = run_validate(capsys, "base.yaml", f"checkpoint.resume={workdir / 'ckpt'}")
+    assert (code, out) == (2, "")
+    assert [line for line in error_lines(err) if line.startswith("error: checkpoint.resume ")
+            and "a directory of checkpoints, not a checkpoint; fix: point it at one of its step_<N> directories" in line]
+    assert run_validate(capsys, "base.yaml", f"checkpoint.resume={step}")[0] == 0
+    (step / "actor" / "model" / "shard.distcp").write_bytes(b"cut")
+    code, _, err = run_validate(capsys, "base.yaml", f"checkpoint.resume={step}")
+    assert code == 2
+    assert [line for line in error_lines(err) if line.startswith("error: checkpoint.resume ")
+            and "is damaged: actor/model/shard.distcp has 3 bytes, manifest.json lists 7" in line], err
+    assert "Traceback" not in err
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write into read-only directories")
