@@ -36,6 +36,11 @@ BAD_CONFIGS = [
      "no directory can be made there"),
     ("sync-threshold-negative", ["rollout.sync.logprob_gap_threshold=-1"], "rollout.sync.logprob_gap_threshold",
      "must be > 0"),
+    # issue 18, item 9: refused before Ray and vLLM start, not after
+    ("resume-not-a-checkpoint", ["checkpoint.resume={tmp}/data"], "checkpoint.resume",
+     "not a checkpoint: {tmp}/data is not a complete megarl checkpoint: manifest.json is missing"),
+    ("experiment-name-escapes-output-dir", ["trainer.experiment_name=.."], "trainer.experiment_name",
+     "the run directory would land outside trainer.output_dir"),
 ]
 
 BAD_DATA = [
@@ -108,6 +113,7 @@ def test_bad_config_exits_2_before_starting_anything(workdir, capsys, command, o
     assert code == 2
     assert out == ""
     lines = problem_lines(command, err)
+    message = message.replace("{tmp}", str(workdir))
     assert [line for line in lines if line.startswith(f"{key} = ") and message in line], err
     assert len(lines) == len(set(lines)), f"a problem was printed twice:\n{err}"
     assert "Traceback" not in err
@@ -143,7 +149,8 @@ def test_train_process_reports_every_problem_once_and_starts_no_ray(workdir):
     ray_tmp.mkdir()
     overrides = [o.replace("{tmp}", str(workdir)) for case in BAD_CONFIGS for o in case[1]]
     before = snapshot(workdir)
-    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "PYTHONPATH": str(workdir)}
+    # REPO on the path: the process runs this checkout's megarl, whichever one the venv was installed from.
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "PYTHONPATH": os.pathsep.join([str(workdir), str(REPO)])}
     env.pop("RAY_ADDRESS", None)
     result = subprocess.run([str(Path(sys.executable).with_name("megarl")), "train", "recipe.yaml", *overrides],
                             cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
@@ -153,6 +160,7 @@ def test_train_process_reports_every_problem_once_and_starts_no_ray(workdir):
     assert len(lines) == len(set(lines))
     expected = {key: message for _, _, key, message in BAD_CONFIGS}  # a key given twice: the last value counts
     for key, message in expected.items():
+        message = message.replace("{tmp}", str(workdir))
         assert [line for line in lines if line.startswith(f"{key} = ") and message in line], (key, result.stderr)
     assert "Traceback" not in result.stderr
     assert snapshot(workdir) == before
