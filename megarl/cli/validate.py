@@ -5,6 +5,7 @@ problem, one line each, exit 2. Nothing is written and no process, Ray or model 
 """
 
 import argparse
+import math
 import sys
 
 import yaml
@@ -38,10 +39,21 @@ def register(subparsers) -> None:
                         help="for a recipe meant for another machine: do not look at data files, model/tokenizer/"
                              "reward-model directories, checkpoint/output directories or the resume path (the skipped "
                              "checks are listed); model-shape checks use megarl's table of known hub models")
-    parser.add_argument("--gpu-memory-gib", type=float, default=80.0,
+    parser.add_argument("--gpu-memory-gib", type=_gibibytes, default=80.0,
                         help="GPU size the per-GPU memory estimate and the colocated engines' "
                              "rollout.gpu_memory_utilization are checked against (default 80)")
     parser.set_defaults(func=run)
+
+
+def _gibibytes(text: str) -> float:
+    """A memory size: a finite number > 0 (argparse prints the message and exits 2)."""
+    try:
+        size = float(text)
+    except ValueError:
+        size = math.nan
+    if not (math.isfinite(size) and size > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a memory size: give the GPU's GiB as a number > 0, e.g. 80")
+    return size
 
 
 def run(args: argparse.Namespace) -> int:

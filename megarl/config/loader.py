@@ -113,7 +113,8 @@ def apply_overrides(data: dict, overrides: typing.Sequence[str]) -> list[Problem
     for override in overrides:
         key, sep, text = override.partition("=")
         if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
-            problems.append(Problem("<override>", override, "an override must look like key.sub=value",
+            problems.append(Problem("<override>", override,
+                                    f"an override must look like key.sub=value{non_ascii_note(key)}",
                                     "write e.g. actor.optim.lr=1e-6 or data.train_files=[a.jsonl,b.jsonl]"))
             continue
         try:
@@ -287,4 +288,4 @@ def _unknown_key(key: str, value, prefix: str, siblings: list[str], all_keys: li
         fix = f"did you mean {' or '.join(near[:3])}?"
     else:
         fix = f"remove it; keys of {where}: {', '.join(siblings)}"
-    return Problem(key, value, f"unknown key in {where}", fix)
+    return Problem(key, value, f"unknown key in {where}{non_ascii_note(leaf)}", fix)

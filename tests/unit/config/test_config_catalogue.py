@@ -171,6 +171,10 @@ CASES = [
      "is a file, not a directory"),
     ("data-file-is-a-directory", ["data.train_files=[{tmp}/model]"], "data.train_files[0]",
      "is a directory, not a data file"),
+    ("homoglyph-key", ["actor.optim.lr_decay_styl\u0435=linear"], "actor.optim.lr_decay_styl\u0435",
+     "unknown key in actor.optim (character 14, '\u0435', is U+0435 CYRILLIC SMALL LETTER IE, not ASCII"),
+    ("homoglyph-override-key", ["actor.optim.\u217cr=1e-6"], "<override>",
+     "(character 13, '\u217c', is U+217C SMALL ROMAN NUMERAL FIFTY, not ASCII"),
     ("gpu-recipe-batch-zero", ["trainer.device=cuda", "data.train_batch_size=0"], "data.train_batch_size",
      "must be a positive integer"),  # the GPU budget estimate used to raise on the invalid batch plan
     ("resume-not-a-checkpoint", ["checkpoint.resume={tmp}/model"], "checkpoint.resume",
@@ -258,6 +262,16 @@ def test_schema_problems_are_all_reported_together(workdir, capsys):
     assert code == 2
     keys = [line.split()[1] for line in error_lines(err)]
     assert keys == ["actor.optim.lrr", "rollout.n", "trainer.device"]
+
+
+@pytest.mark.parametrize("size", ["inf", "nan", "0", "-80", "eighty"])
+def test_gpu_memory_size_must_be_a_positive_number(workdir, capsys, size):
+    with pytest.raises(SystemExit) as stop:  # argparse's own exit
+        run_validate(capsys, "base.yaml", "--gpu-memory-gib", size)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2
+    assert f"argument --gpu-memory-gib: {size!r} is not a memory size: give the GPU's GiB as a number > 0" in err
+    assert "Traceback" not in err
 
 
 def _save_checkpoint(root, step: int):
