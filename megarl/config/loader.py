@@ -18,6 +18,7 @@ import yaml
 
 from megarl.config.config import Config
 from megarl.config.problems import ConfigError, Problem, non_ascii_note
+from megarl.text_encoding import iconv_hint, wide_encoding
 
 
 class _Loader(yaml.SafeLoader):
@@ -76,8 +77,6 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
     except OSError as error:
         raise ConfigError([Problem(str(path), None, f"cannot read the config file ({error.strerror})",
                                    "pass the path of an existing YAML recipe, e.g. configs/quickstart.yaml")])
-    except UnicodeDecodeError as error:
-        raise ConfigError([_not_utf8(path, error)])
     except yaml.YAMLError as error:
         raise ConfigError([Problem(str(path), None, f"not valid YAML: {' '.join(str(error).split())}",
                                    "correct the YAML syntax at the position shown")])
@@ -92,8 +91,17 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
 
 
 def _read_recipe(path: Path) -> str:
-    """The recipe's text; UTF-8, with or without a byte-order mark."""
-    return path.read_bytes().decode("utf-8-sig")
+    """The recipe's text: UTF-8, with or without a byte-order mark; ConfigError naming the encoding
+    (UTF-16 text without a mark is valid UTF-8 full of NULs) or the first byte that is not UTF-8."""
+    raw = path.read_bytes()
+    encoding = wide_encoding(raw[:4])
+    if encoding is not None:
+        raise ConfigError([Problem(str(path), None, f"the file is {encoding}-encoded text, megarl reads UTF-8 recipes",
+                                   f"convert it, e.g. {iconv_hint(path, encoding, 'fixed.yaml')}")])
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise ConfigError([_not_utf8(path, error)]) from None
 
 
 def _not_utf8(path: Path, error: UnicodeDecodeError) -> Problem:
@@ -104,7 +112,7 @@ def _not_utf8(path: Path, error: UnicodeDecodeError) -> Problem:
     byte = error.object[error.start]
     return Problem(f"{path}:{line}", None, f"byte 0x{byte:02x} at column {column} is not UTF-8 (the file was saved in "
                    "another encoding, e.g. Latin-1 or cp1252)",
-                   f"save it as UTF-8, e.g. iconv -f LATIN1 -t UTF-8 {path} > fixed.yaml")
+                   f"save it as UTF-8, e.g. {iconv_hint(path, 'LATIN1', 'fixed.yaml')}")
 
 
 def apply_overrides(data: dict, overrides: typing.Sequence[str]) -> list[Problem]:

@@ -23,6 +23,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from megarl.text_encoding import iconv_hint, wide_encoding
+
 SUFFIXES = (".jsonl", ".parquet")
 
 
@@ -47,11 +49,6 @@ def read_rows(path: str | Path, prompt_key: str) -> Iterator[tuple[str, dict | N
         yield from _parquet_rows(path, prompt_key)
 
 
-# Byte-order marks, longest first (UTF-32LE's starts like UTF-16LE's); iconv's name of each encoding.
-_BOMS = (
-    (b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
-    (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"),
-)
 _UTF8_BOM = b"\xef\xbb\xbf"
 
 
@@ -82,14 +79,11 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, dict | None]]:
 
 
 def _check_encoding(path: Path, head: bytes) -> None:
-    """A UTF-16 or UTF-32 file (with a byte-order mark, or ASCII text with every other byte 0) named as
-    such: read as UTF-8, its every line would be a bad line."""
-    encoding = next((name for bom, name in _BOMS if head.startswith(bom)), None)
-    if encoding is None and len(head) >= 2 and (head[0] == 0) != (head[1] == 0):
-        encoding = "UTF-16LE" if head[1] == 0 else "UTF-16BE"
+    """A UTF-16 or UTF-32 file named as such: read as UTF-8, its every line would be a bad line."""
+    encoding = wide_encoding(head)
     if encoding is not None:
         raise DataError(f"{path}: the file is {encoding}-encoded text, megarl reads UTF-8 JSONL; convert it, e.g. "
-                        f"iconv -f {encoding} -t UTF-8 {path} > {path.with_suffix('.utf8.jsonl')}")
+                        f"{iconv_hint(path, encoding, path.with_suffix('.utf8.jsonl'))}")
 
 
 def _parquet_rows(path: Path, prompt_key: str) -> Iterator[tuple[str, dict]]:

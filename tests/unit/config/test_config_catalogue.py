@@ -190,6 +190,9 @@ BAD_RECIPE_FILES = [
      "fix: save it as UTF-8, e.g. iconv -f LATIN1 -t UTF-8"),
     ("complex-key", b"? [a, b]\n: 1\n", " ", "a complex key (`? [a, b]`): keys of a recipe are plain names in \"{file}\", line 1"),
     ("duplicate-key", b"trainer:\n  seed: 1\n  seed: 2\n", " ", "duplicate key 'seed'"),
+    ("utf16-with-bom", "trainer:\n  seed: 1\n".encode("utf-16"), " ",
+     "the file is UTF-16-encoded text, megarl reads UTF-8 recipes; fix: convert it, e.g. iconv -f UTF-16 -t UTF-8 {file}"),
+    ("utf16le-without-bom", "trainer:\n  seed: 1\n".encode("utf-16-le"), " ", "the file is UTF-16LE-encoded text"),
 ]
 
 
