@@ -31,7 +31,7 @@ class _Loader(yaml.SafeLoader):
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
             key = self.construct_object(key_node, deep=True)  # deep: a complex key's items, for the message
-            if isinstance(key, (list, dict)):
+            if not _hashable(key):
                 raise yaml.constructor.ConstructorError(
                     None, None, f"a complex key (`? {_flow(key)}`): keys of a recipe are plain names", key_node.start_mark
                 )
@@ -41,6 +41,14 @@ class _Loader(yaml.SafeLoader):
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _flow(value) -> str:
