@@ -74,7 +74,10 @@ def read_info(ckpt_dir: str | Path) -> McoreCheckpointInfo:
             f"{path} not found: {ckpt_dir} is not a megarl Megatron checkpoint (write one with "
             "`megarl convert hf-to-mcore`)"
         )
-    info = McoreCheckpointInfo(**json.loads(path.read_text()))
+    try:
+        info = McoreCheckpointInfo(**json.loads(path.read_text()))
+    except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as error:
+        raise ValueError(f"{path} is damaged ({error}): write the checkpoint again with `megarl convert hf-to-mcore`") from None
     if info.format != FORMAT:
         raise ValueError(f"{path}: format={info.format!r}, this megarl reads {FORMAT!r}")
     if not (Path(ckpt_dir) / MODEL_DIR).is_dir() or not (Path(ckpt_dir) / ASSETS_DIR).is_dir():

@@ -28,6 +28,8 @@ CASES = [
      "actor as an HF checkpoint to checkpoint.dir/hf when checkpoint.export_hf is true"),
     ("mcore-to-hf-given-a-checkpoint-dir", ["convert", "mcore-to-hf", "--ckpt", "{tmp}/ckpt", "--out", "{tmp}/o"],
      "{tmp}/ckpt is a megarl training checkpoint, not a converted model"),
+    ("mcore-to-hf-damaged-metadata", ["convert", "mcore-to-hf", "--ckpt", "{tmp}/damaged", "--out", "{tmp}/o"],
+     "{tmp}/damaged/megarl_model.json is damaged ("),
     ("mcore-to-hf-given-an-exported-run", ["convert", "mcore-to-hf", "--ckpt", "{tmp}/done/step_00000004", "--out", "{tmp}/o"],
      "{tmp}/done/step_00000004 is a megarl training checkpoint, not a converted model: the run's HF export is {tmp}/done/hf"),
 ]
@@ -42,6 +44,8 @@ def workdir(tmp_path):
     for run in ("ckpt", "done"):  # two runs' checkpoint.dir: one step each, "done" with its HF export
         (tmp_path / run / "step_00000004").mkdir(parents=True)
         (tmp_path / run / "step_00000004" / "manifest.json").write_text(json.dumps({"step": 4}))
+    (tmp_path / "damaged").mkdir()
+    (tmp_path / "damaged" / "megarl_model.json").write_text('{"format": "megarl-mcore/1", "tp_si')
     (tmp_path / "done" / "hf").mkdir()
     (tmp_path / "done" / "hf" / "config.json").write_text("{}")
     return tmp_path
