@@ -1,5 +1,6 @@
 """Per-GPU memory estimate of a recipe, per role, so `megarl validate` can say whether it fits, and
-refuse a `rollout.gpu_memory_utilization` the colocated engines cannot have (`rollout_budget_problems`).
+refuse a `rollout.gpu_memory_utilization` the colocated engines cannot have (`rollout_budget_problems`)
+and a CPU `rollout.kv_cache_gib` the estimate does not fit (`kv_cache_problems`).
 
 Pure arithmetic (no torch). It describes what the Megatron roles run (megarl.workers.megatron_train,
 megarl.models.architectures) for the rank that holds the most (the first pipeline stage, which also

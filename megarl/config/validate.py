@@ -1,7 +1,7 @@
 """Semantic validation of a loaded `Config`: every problem at once, each naming the key, value, reason and fix.
 
-Runs before anything starts: no Ray, no processes, no model load (only the model's config.json is
-read). With `check_files=False` (`megarl validate --no-file-checks`) the local filesystem is not
+Runs before anything starts: no Ray, no processes, no model load (only the model's config.json and
+the manifest of a `checkpoint.resume` checkpoint are read). With `check_files=False` (`megarl validate --no-file-checks`) the local filesystem is not
 consulted (data files, model/tokenizer/reward-model directories, checkpoint and output directories,
 resume path, the local HF cache): for recipes meant for another machine. Model-shape checks then use a
 hub id's known facts when there are some and are otherwise skipped. With file checks on, a hub id
