@@ -21,7 +21,7 @@ from megarl.config import (
     to_dict,
     validate,
 )
-from megarl.config.memory import memory_report, rollout_budget_problems
+from megarl.config.memory import kv_cache_problems, memory_report, rollout_budget_problems
 from megarl.config.model_facts import ModelFactsError
 
 
@@ -53,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
         print("(semantic checks run once the keys and types above are fixed)", file=sys.stderr)
         return 2
     check_files = not args.no_file_checks
-    problems = validate(config, check_files=check_files) + rollout_budget_problems(config, args.gpu_memory_gib)
+    problems = validate(config, check_files=check_files)
+    if not problems:  # the memory estimates need a valid batch plan
+        problems = rollout_budget_problems(config, args.gpu_memory_gib) + kv_cache_problems(config, args.gpu_memory_gib)
     if problems:
         _report(args.config, problems)
         return 2

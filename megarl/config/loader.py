@@ -7,6 +7,7 @@ loaded config is exactly what the user asked for.
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -16,22 +17,42 @@ from typing import Literal, Union
 import yaml
 
 from megarl.config.config import Config
-from megarl.config.problems import ConfigError, Problem
+from megarl.config.problems import ConfigError, Problem, non_ascii_note
+from megarl.text_encoding import iconv_hint, wide_encoding
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads `1e-6` as a float (YAML 1.1 wants `1.0e-6`) and refuses duplicate keys."""
+    """SafeLoader that reads `1e-6` as a float (YAML 1.1 wants `1.0e-6`), refuses duplicate and complex
+    keys, and keeps YAML 1.1 merge keys (`<<: *base`, whose keys the mapping's own keys override)."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)  # deep: a complex key's items, for the message
+            if not _hashable(key):
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a complex key (`? {_flow(key)}`): keys of a recipe are plain names", key_node.start_mark
+                )
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r} (the first value would be silently dropped)", key_node.start_mark
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _flow(value) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip()
 
 
 _Loader.add_implicit_resolver(
@@ -41,9 +62,15 @@ _Loader.add_implicit_resolver(
 )
 
 
-def parse_yaml(text: str):
-    """Parse YAML text with megarl's rules (scientific floats, no duplicate keys)."""
-    return yaml.load(text, Loader=_Loader)
+def parse_yaml(text: str, name: str = "<unicode string>"):
+    """Parse YAML text with megarl's rules (scientific floats, no duplicate or complex keys); `name` is
+    the file that error positions name."""
+    loader = _Loader(text)
+    loader.name = name  # read by every position mark made from here on
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
@@ -54,7 +81,7 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
     """
     path = Path(path)
     try:
-        data = parse_yaml(path.read_text()) or {}
+        data = parse_yaml(_read_recipe(path), str(path)) or {}
     except OSError as error:
         raise ConfigError([Problem(str(path), None, f"cannot read the config file ({error.strerror})",
                                    "pass the path of an existing YAML recipe, e.g. configs/quickstart.yaml")])
@@ -71,13 +98,39 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
     return config
 
 
+def _read_recipe(path: Path) -> str:
+    """The recipe's text: UTF-8, with or without a byte-order mark; ConfigError naming the encoding
+    (UTF-16 text without a mark is valid UTF-8 full of NULs) or the first byte that is not UTF-8."""
+    raw = path.read_bytes()
+    encoding = wide_encoding(raw[:4])
+    if encoding is not None:
+        raise ConfigError([Problem(str(path), None, f"the file is {encoding}-encoded text, megarl reads UTF-8 recipes",
+                                   f"convert it, e.g. {iconv_hint(path, encoding, 'fixed.yaml')}")])
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise ConfigError([_not_utf8(path, error)]) from None
+
+
+def _not_utf8(path: Path, error: UnicodeDecodeError) -> Problem:
+    """Where the first byte that is not UTF-8 is, as line and column."""
+    before = error.object[: error.start]
+    line = before.count(b"\n") + 1
+    column = error.start - (before.rfind(b"\n") + 1) + 1
+    byte = error.object[error.start]
+    return Problem(f"{path}:{line}", None, f"byte 0x{byte:02x} at column {column} is not UTF-8 (the file was saved in "
+                   "another encoding, e.g. Latin-1 or cp1252)",
+                   f"save it as UTF-8, e.g. {iconv_hint(path, 'LATIN1', 'fixed.yaml')}")
+
+
 def apply_overrides(data: dict, overrides: typing.Sequence[str]) -> list[Problem]:
     """Set each `key.sub=value` (value parsed as YAML: scalars, `[a, b]` lists) into `data`, in place."""
     problems = []
     for override in overrides:
         key, sep, text = override.partition("=")
         if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
-            problems.append(Problem("<override>", override, "an override must look like key.sub=value",
+            problems.append(Problem("<override>", override,
+                                    f"an override must look like key.sub=value{non_ascii_note(key)}",
                                     "write e.g. actor.optim.lr=1e-6 or data.train_files=[a.jsonl,b.jsonl]"))
             continue
         try:
@@ -144,13 +197,21 @@ def _build(cls, data: dict, prefix: str, problems: list[Problem], all_keys: list
         try:
             values[name] = _convert(hint, value)
         except _Mismatch:
-            problems.append(Problem(key, value, f"wrong type: expected {_describe(hint)}",
+            problems.append(Problem(key, value, f"wrong type: expected {_describe(hint)}{non_ascii_note(value)}",
                                     f"set {key} to {_describe(hint)}"))
+        except _NotFinite:
+            problems.append(Problem(key, value, "not a finite number (YAML reads 1e999 and .inf as infinity, .nan as "
+                                    "not-a-number)", f"set {key} to a finite number"))
     return cls(**values)
 
 
 class _Mismatch(Exception):
     pass
+
+
+class _NotFinite(Exception):
+    """A float setting given inf or nan: the right type, but no setting means it, and every range check
+    (`lr > 0`) would pass infinity."""
 
 
 def _convert(hint, value):
@@ -189,7 +250,13 @@ def _convert(hint, value):
         raise _Mismatch
     if hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                number = float(value)
+            except OverflowError:  # an integer beyond the float range, e.g. 1 followed by 400 zeros
+                raise _NotFinite from None
+            if not math.isfinite(number):
+                raise _NotFinite
+            return number
         raise _Mismatch
     if hint is str:
         if isinstance(value, str):
@@ -237,4 +304,4 @@ def _unknown_key(key: str, value, prefix: str, siblings: list[str], all_keys: li
         fix = f"did you mean {' or '.join(near[:3])}?"
     else:
         fix = f"remove it; keys of {where}: {', '.join(siblings)}"
-    return Problem(key, value, f"unknown key in {where}", fix)
+    return Problem(key, value, f"unknown key in {where}{non_ascii_note(leaf)}", fix)

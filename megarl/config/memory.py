@@ -1,5 +1,6 @@
 """Per-GPU memory estimate of a recipe, per role, so `megarl validate` can say whether it fits, and
-refuse a `rollout.gpu_memory_utilization` the colocated engines cannot have (`rollout_budget_problems`).
+refuse a `rollout.gpu_memory_utilization` the colocated engines cannot have (`rollout_budget_problems`)
+and a CPU `rollout.kv_cache_gib` the estimate does not fit (`kv_cache_problems`).
 
 Pure arithmetic (no torch). It describes what the Megatron roles run (megarl.workers.megatron_train,
 megarl.models.architectures) for the rank that holds the most (the first pipeline stage, which also
@@ -48,7 +49,7 @@ when `rollout.free_cache_engine`, else its share as well).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from megarl.config.config import Config
 from megarl.config.batch_plan import plan_batches, uses_reference
@@ -356,6 +357,37 @@ def rollout_budget_problems(config: Config, gpu_memory_gib: float) -> list[Probl
         "unless its share is free)",
         f"use at most {most:.2f}, or offload more: actor.offload.params / grads / optimizer (and the critic's), "
         "ref.offload_params",
+    )]
+
+
+def kv_cache_problems(config: Config, memory_gib: float) -> list[Problem]:
+    """On CPU, where the estimate counts `rollout.kv_cache_gib`: a problem naming the largest KV cache
+    that fits when the estimate fits without the cache but not with it (a recipe too large without
+    any cache is the model's or the layout's problem, which the report shows). No problem when the
+    model's shape is unknown."""
+    if config.trainer.device != "cpu":
+        return []
+    try:
+        shape = ModelShape.of(config.model.path)
+    except ModelFactsError:
+        return []
+    kv = config.rollout.kv_cache_gib
+
+    def peak(kv_cache_gib: float) -> int:
+        sized = replace(config, rollout=replace(config.rollout, kv_cache_gib=kv_cache_gib))
+        return estimate_memory(sized, shape, train_gpus=plan_batches(config).train_gpus,
+                               gpu_memory_gib=memory_gib, on_gpu=False).peak_bytes
+
+    budget, with_cache = int(memory_gib * GIB), peak(kv)
+    if with_cache <= budget or peak(0) > budget:
+        return []
+    # The peak grows one for one with the cache once the cache's phase is the peak, as it is here.
+    most = (budget - (with_cache - int(kv * GIB))) / GIB
+    return [Problem(
+        "rollout.kv_cache_gib", kv,
+        f"the memory estimate (megarl validate's table) peaks at {with_cache / GIB:.1f} GiB with this cache, "
+        f"more than the {memory_gib:g} GiB compared against (--gpu-memory-gib)",
+        f"use at most {int(most * 10) / 10:g} GiB, or pass the machine's memory as --gpu-memory-gib",
     )]
 
 

@@ -67,6 +67,9 @@ def load_model_facts(path: str) -> ModelFacts:
     if not path:
         raise ModelFactsError("model.path is required", "set model.path to an HF checkpoint directory or hub id")
     local = Path(path).expanduser()
+    if local.is_file():
+        raise ModelFactsError(f"{local} is a file, not a directory",
+                              "point model.path at the directory that holds config.json and the safetensors")
     if local.exists():
         config_json = local / "config.json"
         if not config_json.is_file():

@@ -1,5 +1,6 @@
 """What a bad config reports: one `Problem` per mistake, all of them gathered into one `ConfigError`."""
 
+import unicodedata
 from dataclasses import dataclass
 
 
@@ -38,3 +39,15 @@ class ConfigError(ValueError):
         self.problems = list(problems)
         lines = "\n".join(f"  {problem}" for problem in self.problems)
         super().__init__(f"invalid config ({len(self.problems)} problem(s)):\n{lines}")
+
+
+def non_ascii_note(value) -> str:
+    """For a name that looks right but is not (`grpо` with a Cyrillic o): its first non-ASCII character,
+    its code point and 1-based position; "" for anything else. Every megarl name is ASCII."""
+    if not isinstance(value, str):
+        return ""
+    for position, char in enumerate(value, start=1):
+        if not char.isascii():
+            name = unicodedata.name(char, "unnamed character")
+            return f" (character {position}, {char!r}, is U+{ord(char):04X} {name}, not ASCII: retype the name)"
+    return ""

@@ -19,7 +19,10 @@ def data_file_problems(key: str, paths: tuple[str, ...], check_exists: bool) -> 
     problems = []
     for index, path in enumerate(paths):
         item = f"{key}[{index}]"
-        if not path.endswith(DATA_SUFFIXES):
+        if check_exists and Path(path).expanduser().is_dir():
+            problems.append(Problem(item, path, "is a directory, not a data file",
+                                    f"list the {' or '.join(DATA_SUFFIXES)} files inside it one by one"))
+        elif not path.endswith(DATA_SUFFIXES):
             problems.append(Problem(item, path, "unsupported file type",
                                     f"convert it to one of {', '.join(DATA_SUFFIXES)}"))
         elif check_exists and not Path(path).expanduser().is_file():

@@ -83,7 +83,7 @@ class RolloutConfig:
     samples from the block starting at seed + (s × R + r) × samples per step (R =
     algorithm.dynamic_sampling.max_rounds when dynamic sampling is on, else 1; megarl/trainer/settings.py
     `step_seed`), sample j of prompt i of the round at + i × n + j, whatever the number of engines.
-    Validation samples from `seed`."""
+    Validation samples from `seed`. In [0, 2**63 - 1]."""
     kv_cache_gib: float = 4.0
     """CPU only: KV-cache size per engine in GiB (VLLM_CPU_KVCACHE_SPACE). > 0."""
     gpu_memory_utilization: float = 0.5

@@ -117,7 +117,7 @@ class DataConfig:
     shuffle: bool = True
     """Shuffle training prompts each epoch."""
     seed: int = 0
-    """Seed of the shuffling."""
+    """Seed of the shuffling, in [0, 2**63 - 1]."""
     filter_overlong_prompts: bool = True
     """Drop prompts longer than max_prompt_length (false: such a prompt is an error at load time)."""
 
@@ -152,11 +152,12 @@ class TrainerConfig:
     project_name: str = "megarl"
     """Project name for the loggers."""
     experiment_name: str = "default"
-    """Run name for the loggers; also names the run's output directory."""
+    """Run name for the loggers; also names the run's output directory, so a plain name (no path
+    separator, not `.` or `..`)."""
     output_dir: str = "outputs"
     """Root of run outputs (metrics, plots); the run writes to output_dir/experiment_name."""
     seed: int = 0
-    """Global seed (model init, dropout, data order unless data.seed says otherwise)."""
+    """Global seed (model init, dropout, data order unless data.seed says otherwise), in [0, 2**63 - 1]."""
     loggers: tuple[Literal["console", "jsonl", "tensorboard", "wandb"], ...] = ("console", "jsonl")
     """Metric sinks."""
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -1,8 +1,8 @@
 """Semantic validation of a loaded `Config`: every problem at once, each naming the key, value, reason and fix.
 
-Runs before anything starts: no Ray, no processes, no model load (only the model's config.json and
-the tokenizer's vocabulary files are read). With `check_files=False` (`megarl validate --no-file-checks`) the local filesystem is not
-consulted (data files, model/tokenizer/reward-model directories, checkpoint and output directories,
+Runs before anything starts: no Ray, no processes, no model load (only the model's config.json, the
+tokenizer's vocabulary files and the manifest of a `checkpoint.resume` checkpoint are read). With
+`check_files=False` (`megarl validate --no-file-checks`) the local filesystem is not consulted (data files, model/tokenizer/reward-model directories, checkpoint and output directories,
 resume path, the local HF cache): for recipes meant for another machine. Model-shape checks then use a
 hub id's known facts when there are some and are otherwise skipped. With file checks on, a hub id
 must be in the local HF cache (megarl.config.hub): nothing is downloaded at run time.
@@ -16,10 +16,11 @@ from megarl.config.config import Config
 from megarl.config.hub import cached_snapshot, hub_values, is_hub_id, missing_from_cache
 from megarl.config.model_facts import ModelFacts, ModelFactsError, load_model_facts
 from megarl.config.placement import placement_problems
-from megarl.config.problems import Problem
+from megarl.config.problems import Problem, non_ascii_note
 from megarl.config.resources import data_file_problems, reward_function_problem, writable_dir_problem
 from megarl.config.roles import OptimizerConfig, ParallelConfig, RecomputeConfig
 from megarl.config.tokenizer_files import tokenizer_problems
+from megarl.workers.checkpoint_files import STEP_DIR, CheckpointError, read_manifest
 
 
 def validate(config: Config, check_files: bool = True) -> list[Problem]:
@@ -38,6 +39,7 @@ def validate(config: Config, check_files: bool = True) -> list[Problem]:
     _check_data(config, facts, check_files, problems)
     _check_reward(config, check_files, problems)
     _check_trainer(config, check_files, problems)
+    _check_seeds(config, problems)
     problems += batch_problems(config)
     problems += placement_problems(config, config.trainer.device)
     if facts is not None:
@@ -66,7 +68,7 @@ def _need(problems: list[Problem], ok: bool, key: str, value, why: str, fix: str
 
 
 def _need_name(problems: list[Problem], key: str, value: str, valid: tuple[str, ...], what: str) -> None:
-    _need(problems, value in valid, key, value, f"unknown {what}", f"use one of {', '.join(valid)}")
+    _need(problems, value in valid, key, value, f"unknown {what}{non_ascii_note(value)}", f"use one of {', '.join(valid)}")
 
 
 def _check_model(config: Config, check_files: bool, problems: list[Problem]) -> None:
@@ -85,7 +87,8 @@ def _check_model(config: Config, check_files: bool, problems: list[Problem]) -> 
               f"use model.dtype: bfloat16, or set {role}.offload.optimizer: false")
     tokenizer = model.tokenizer_path
     if check_files and tokenizer is not None and not Path(tokenizer).expanduser().is_dir() and not is_hub_id(tokenizer):
-        problems.append(Problem("model.tokenizer_path", tokenizer, "directory does not exist",
+        why = "is a file, not a directory" if Path(tokenizer).expanduser().is_file() else "directory does not exist"
+        problems.append(Problem("model.tokenizer_path", tokenizer, why,
                                 "point it at a tokenizer directory, or remove it to use model.path"))
 
 
@@ -276,7 +279,7 @@ def _check_reward(config: Config, check_files: bool, problems: list[Problem]) ->
             problems.append(problem)
     else:
         _need(problems, reward.function in names.BUILTIN_REWARDS, "reward.function", reward.function,
-              "neither a built-in reward nor `pkg.module:function`",
+              f"neither a built-in reward nor `pkg.module:function`{non_ascii_note(reward.function)}",
               f"use one of {', '.join(names.BUILTIN_REWARDS)} or a function path like my_pkg.rewards:score")
     _need(problems, reward.timeout_s > 0, "reward.timeout_s", reward.timeout_s, "must be > 0 seconds", "e.g. 10")
     if check_files and reward.reward_model is not None and not is_hub_id(reward.reward_model):  # hub ids: above
@@ -293,8 +296,10 @@ def _check_trainer(config: Config, check_files: bool, problems: list[Problem]) -
     _need(problems, trainer.test_freq == 0 or len(config.data.val_files) > 0, "trainer.test_freq", trainer.test_freq,
           "validation is requested but data.val_files is empty", "list data.val_files, or set trainer.test_freq=0")
     _need(problems, trainer.max_bad_steps >= 1, "trainer.max_bad_steps", trainer.max_bad_steps, "must be >= 1", "e.g. 3")
-    _need(problems, trainer.experiment_name != "" and "/" not in trainer.experiment_name, "trainer.experiment_name",
-          trainer.experiment_name, "names a directory under trainer.output_dir", "use a non-empty name without '/'")
+    _need(problems, _is_plain_name(trainer.experiment_name), "trainer.experiment_name", trainer.experiment_name,
+          "names the run's directory inside trainer.output_dir, so it must not be empty, '.', '..', or hold a path "
+          "separator (the run directory would land outside trainer.output_dir)",
+          "use a plain name such as gsm8k-grpo-run1; choose the parent with trainer.output_dir")
     _need(problems, len(set(trainer.loggers)) == len(trainer.loggers), "trainer.loggers", list(trainer.loggers),
           "a logger is listed twice", "list each logger once")
     _need(problems, checkpoint.save_freq >= 0, "checkpoint.save_freq", checkpoint.save_freq,
@@ -308,9 +313,52 @@ def _check_trainer(config: Config, check_files: bool, problems: list[Problem]) -
         if problem is not None:
             problems.append(problem)
     if checkpoint.resume not in ("auto", "disable"):
-        _need(problems, Path(checkpoint.resume).expanduser().is_dir(), "checkpoint.resume", checkpoint.resume,
-              "neither auto, disable nor an existing checkpoint directory",
-              "use auto (newest in checkpoint.dir), disable, or the path of a saved checkpoint")
+        problem = _resume_problem(checkpoint.resume)
+        if problem is not None:
+            problems.append(problem)
+
+
+def _is_plain_name(name: str) -> bool:
+    """A single directory name: `output_dir / name` stays inside output_dir."""
+    return name not in ("", ".", "..") and not any(sep in name for sep in ("/", "\\", "\0"))
+
+
+def _resume_problem(resume: str) -> Problem | None:
+    """A `checkpoint.resume` path that is not a complete checkpoint, found now rather than after Ray and
+    the engines started (the manifest check is the one `megarl train` runs on resume)."""
+    path = Path(resume).expanduser()
+    if not path.is_dir():
+        return Problem("checkpoint.resume", resume, "neither auto, disable nor an existing checkpoint directory",
+                       "use auto (newest in checkpoint.dir), disable, or the path of a saved checkpoint")
+    try:
+        read_manifest(path)
+    except CheckpointError as error:
+        if any(_is_checkpoint(child) for child in path.iterdir() if STEP_DIR.match(child.name)):
+            fix = f"point it at one of its step_<N> directories, or set checkpoint.dir={resume} and checkpoint.resume=auto"
+            return Problem("checkpoint.resume", resume, "a directory of checkpoints, not a checkpoint", fix)
+        return Problem("checkpoint.resume", resume, f"not a checkpoint: {error}",
+                       "use auto, disable, or a step_<N> directory that megarl saved")
+    return None
+
+
+def _is_checkpoint(path: Path) -> bool:
+    try:
+        read_manifest(path)
+    except CheckpointError:
+        return False
+    return True
+
+
+# Offsets are added to a seed per pipeline stage, TP rank and step (megarl.parallel.seed,
+# megarl.trainer.settings.step_seed); torch takes seeds below 2**64, so half that range is left for them.
+MAX_SEED = 2**63 - 1
+
+
+def _check_seeds(config: Config, problems: list[Problem]) -> None:
+    for key, seed in (("trainer.seed", config.trainer.seed), ("data.seed", config.data.seed),
+                      ("rollout.seed", config.rollout.seed)):
+        _need(problems, 0 <= seed <= MAX_SEED, key, seed, f"a seed must lie in [0, 2**63 - 1 = {MAX_SEED}]",
+              "e.g. 0 or 1234")
 
 
 def _check_layout_against_model(config: Config, facts: ModelFacts, problems: list[Problem]) -> None:

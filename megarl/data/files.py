@@ -4,7 +4,8 @@ What is an error and what is skipped is decided here for the file's *structure*;
 a row (empty prompt, missing field, ...) is judged by `megarl.data.prompts`.
 
 Errors (`DataError`, naming the file, the row and the fix):
-- the file is missing, has another suffix, or is not readable as its format;
+- the file is missing, has another suffix, or is not readable as its format (a UTF-16 or UTF-32
+  JSONL file is named as such; a UTF-8 byte-order mark is read past);
 - a JSONL line that is not JSON, or JSON that is not an object (a truncated or corrupt file:
   skipping it would hide the damage);
 - a Parquet prompt column whose type is neither a string nor a list of chat messages.
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from megarl.text_encoding import iconv_hint, wide_encoding
 
 SUFFIXES = (".jsonl", ".parquet")
 
@@ -46,9 +49,15 @@ def read_rows(path: str | Path, prompt_key: str) -> Iterator[tuple[str, dict | N
         yield from _parquet_rows(path, prompt_key)
 
 
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, dict | None]]:
     # Bytes, not text mode: one bad byte must cost one line, not the whole file.
     with path.open("rb") as handle:
+        head = handle.read(4)
+        _check_encoding(path, head)
+        handle.seek(len(_UTF8_BOM) if head.startswith(_UTF8_BOM) else 0)  # a UTF-8 BOM is UTF-8: read past it
         for number, raw in enumerate(handle, start=1):
             location = f"{path}:{number}"
             if not raw.strip():
@@ -67,6 +76,14 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, dict | None]]:
                 raise DataError(f"{location}: a JSON {type(fields).__name__} where a JSON object "
                                 '(e.g. {"prompt": ..., "answer": ...}) is expected; one object per line')
             yield location, fields
+
+
+def _check_encoding(path: Path, head: bytes) -> None:
+    """A UTF-16 or UTF-32 file named as such: read as UTF-8, its every line would be a bad line."""
+    encoding = wide_encoding(head)
+    if encoding is not None:
+        raise DataError(f"{path}: the file is {encoding}-encoded text, megarl reads UTF-8 JSONL; convert it, e.g. "
+                        f"{iconv_hint(path, encoding, path.with_suffix('.utf8.jsonl'))}")
 
 
 def _parquet_rows(path: Path, prompt_key: str) -> Iterator[tuple[str, dict]]:

@@ -96,14 +96,16 @@ def load_hf_config(source: str | Path | Mapping[str, Any] | Any) -> dict[str, An
     path = Path(source)
     if path.is_dir():
         path = path / "config.json"
+    elif path.is_file() and path.suffix != ".json":  # a .safetensors or a data file where the directory belongs
+        raise ValueError(f"{path} is a file, not a checkpoint directory: pass the directory that holds config.json")
     if not path.is_file():
         raise FileNotFoundError(f"HF config not found: {path} (expected a checkpoint dir holding config.json)")
     try:
         content = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
-        raise ValueError(f"config.json: not valid JSON ({error}): restore the model's original config.json") from None
+        raise ValueError(f"{path}: not valid UTF-8 JSON ({error}): restore the model's original config.json") from None
     if not isinstance(content, dict):
-        raise ValueError(f"config.json: a JSON {type(content).__name__} where an object of settings belongs: "
+        raise ValueError(f"{path}: a JSON {type(content).__name__} where an object of settings belongs: "
                          "restore the model's original config.json")
     return content
 

@@ -9,6 +9,8 @@ import os
 import pytest
 
 from config_testing import error_lines, run_validate, snapshot, write_model
+from megarl.config import load_config
+from megarl.workers.checkpoint_files import build_manifest, commit, new_nonce, step_dir_name, tmp_dir_for
 
 CASES = [
     # --- zero / negative sizes
@@ -97,7 +99,7 @@ CASES = [
      "config.json: a JSON list where an object of settings belongs"),
     ("config-json-linear-rope-without-factor", ["model.path={tmp}/model_rope_no_factor"], "model.path",
      "config.json: required key 'rope_scaling.factor' is missing"),
-    ("config-json-not-json", ["model.path={tmp}/model_json_cut"], "model.path", "config.json: not valid JSON"),
+    ("config-json-not-json", ["model.path={tmp}/model_json_cut"], "model.path", "config.json: not valid UTF-8 JSON"),
     # --- tokenizer: the trainer loads it from model.tokenizer_path, else model.path
     ("model-dir-without-tokenizer", ["model.path={tmp}/model_no_tokenizer"], "model.path",
      "holds no tokenizer vocabulary (none of tokenizer.json, tokenizer.model, vocab.json"),
@@ -164,7 +166,79 @@ CASES = [
     ("test-freq-without-val-files", ["trainer.test_freq=5"], "trainer.test_freq", "data.val_files is empty"),
     ("max-bad-steps-zero", ["trainer.max_bad_steps=0"], "trainer.max_bad_steps", "must be >= 1"),
     ("unknown-logger", ["trainer.loggers=[console,mlflow]"], "trainer.loggers", "expected a list of (one of 'console'"),
+    # --- nonsense that passes a type check (issue 18, item 9)
+    ("lr-infinite", ["actor.optim.lr=1e999"], "actor.optim.lr", "= inf: not a finite number"),
+    ("beta-nan", ["actor.optim.betas=[.nan,0.999]"], "actor.optim.betas", "= [nan, 0.999]: not a finite number"),
+    ("sync-threshold-infinite", ["rollout.sync.logprob_gap_threshold=.inf"], "rollout.sync.logprob_gap_threshold",
+     "not a finite number"),
+    ("seed-negative", ["trainer.seed=-1"], "trainer.seed", "= -1: a seed must lie in [0, 2**63 - 1"),
+    ("seed-beyond-2-64", ["data.seed=18446744073709551616"], "data.seed",
+     "= 18446744073709551616: a seed must lie in [0, 2**63 - 1"),
+    ("kv-cache-does-not-fit", ["rollout.kv_cache_gib=1000"], "rollout.kv_cache_gib",
+     "peaks at 1000.0 GiB with this cache, more than the 80 GiB compared against (--gpu-memory-gib); "
+     "fix: use at most 79.9 GiB"),
+    ("experiment-name-dotdot", ["trainer.experiment_name=.."], "trainer.experiment_name",
+     "= '..': names the run's directory inside trainer.output_dir"),
+    ("experiment-name-absolute", ["trainer.experiment_name=/tmp/run"], "trainer.experiment_name",
+     "would land outside trainer.output_dir"),
+    # --- misleading messages (issue 18, item 10)
+    ("homoglyph-estimator", ["algorithm.adv_estimator=grp\u043e"], "algorithm.adv_estimator",
+     "unknown advantage estimator (character 4, '\u043e', is U+043E CYRILLIC SMALL LETTER O, not ASCII"),
+    ("homoglyph-choice", ["actor.optim.lr_decay_style=c\u043esine"], "actor.optim.lr_decay_style",
+     "(character 2, '\u043e', is U+043E CYRILLIC SMALL LETTER O, not ASCII"),
+    ("model-path-is-a-file", ["model.path={tmp}/train.jsonl"], "model.path", "train.jsonl is a file, not a directory"),
+    ("tokenizer-path-is-a-file", ["model.tokenizer_path={tmp}/train.jsonl"], "model.tokenizer_path",
+     "is a file, not a directory"),
+    ("data-file-is-a-directory", ["data.train_files=[{tmp}/model]"], "data.train_files[0]",
+     "is a directory, not a data file"),
+    ("homoglyph-key", ["actor.optim.lr_decay_styl\u0435=linear"], "actor.optim.lr_decay_styl\u0435",
+     "unknown key in actor.optim (character 14, '\u0435', is U+0435 CYRILLIC SMALL LETTER IE, not ASCII"),
+    ("homoglyph-override-key", ["actor.optim.\u217cr=1e-6"], "<override>",
+     "(character 13, '\u217c', is U+217C SMALL ROMAN NUMERAL FIFTY, not ASCII"),
+    ("gpu-recipe-batch-zero", ["trainer.device=cuda", "data.train_batch_size=0"], "data.train_batch_size",
+     "must be a positive integer"),  # the GPU budget estimate used to raise on the invalid batch plan
+    ("resume-not-a-checkpoint", ["checkpoint.resume={tmp}/model"], "checkpoint.resume",
+     "not a checkpoint: {tmp}/model is not a complete megarl checkpoint: manifest.json is missing"),
 ]
+
+
+# Recipes that are broken as files: (id, the recipe's bytes, where the error line starts after
+# `error: <file>`, words of the message).
+BAD_RECIPE_FILES = [
+    ("latin1-byte", b"trainer:\n  project_name: caf\xe9\n", ":2 ",
+     "byte 0xe9 at column 20 is not UTF-8 (the file was saved in another encoding, e.g. Latin-1 or cp1252); "
+     "fix: save it as UTF-8, e.g. iconv -f LATIN1 -t UTF-8"),
+    ("complex-key", b"? [a, b]\n: 1\n", " ", "a complex key (`? [a, b]`): keys of a recipe are plain names in \"{file}\", line 1"),
+    ("duplicate-key", b"trainer:\n  seed: 1\n  seed: 2\n", " ", "duplicate key 'seed'"),
+    ("utf16-with-bom", "trainer:\n  seed: 1\n".encode("utf-16"), " ",
+     "the file is UTF-16-encoded text, megarl reads UTF-8 recipes; fix: convert it, e.g. iconv -f UTF-16 -t UTF-8 {file}"),
+    ("utf16le-without-bom", "trainer:\n  seed: 1\n".encode("utf-16-le"), " ", "the file is UTF-16LE-encoded text"),
+]
+
+
+@pytest.mark.parametrize("content, where, message", [case[1:] for case in BAD_RECIPE_FILES],
+                         ids=[case[0] for case in BAD_RECIPE_FILES])
+def test_broken_recipe_file_exits_2_naming_the_file(workdir, capsys, content, where, message):
+    recipe = workdir / "bad.yaml"
+    recipe.write_bytes(content)
+    code, out, err = run_validate(capsys, str(recipe))
+    assert (code, out) == (2, "")
+    assert "Traceback" not in err
+    message = message.replace("{file}", str(recipe))
+    assert [line for line in error_lines(err) if line.startswith(f"error: {recipe}{where}") and message in line], err
+
+
+def test_merge_keys_and_a_byte_order_mark_load(workdir, capsys):
+    """YAML 1.1 merge keys (`<<: *base`) are valid recipes: the mapping's own keys override the merged ones."""
+    text = (workdir / "base.yaml").read_text().replace("actor:\n", "actor:\n  optim: &optim\n    lr: 1.0e-05\n"
+                                                                       "    weight_decay: 0.1\n", 1)
+    text += "critic:\n  optim:\n    <<: *optim\n    lr: 2.0e-05\n"
+    (workdir / "merged.yaml").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    config = load_config(workdir / "merged.yaml")
+    assert (config.critic.optim.lr, config.critic.optim.weight_decay) == (2e-5, 0.1)
+    assert (config.actor.optim.lr, config.actor.optim.weight_decay) == (1e-5, 0.1)
+    code, _, err = run_validate(capsys, "merged.yaml")
+    assert (code, err) == (0, "")
 
 
 @pytest.mark.parametrize("overrides, key, message", [case[1:] for case in CASES], ids=[case[0] for case in CASES])
@@ -174,6 +248,7 @@ def test_bad_config_exits_2_naming_the_key(workdir, capsys, overrides, key, mess
     code, out, err = run_validate(capsys, "base.yaml", *(o.replace("{tmp}", str(workdir)) for o in overrides))
     assert code == 2
     assert out == ""
+    message = message.replace("{tmp}", str(workdir))
     matching = [line for line in error_lines(err) if line.startswith(f"error: {key} ") and message in line]
     assert matching, f"no error line for {key} containing {message!r} in:\n{err}"
     assert "Traceback" not in err
@@ -225,6 +300,33 @@ def test_schema_problems_are_all_reported_together(workdir, capsys):
     assert code == 2
     keys = [line.split()[1] for line in error_lines(err)]
     assert keys == ["actor.optim.lrr", "rollout.n", "trainer.device"]
+
+
+def _save_checkpoint(root, step: int):
+    """A complete (tiny) checkpoint as `megarl train` commits one: files, then the manifest."""
+    tmp = tmp_dir_for(root / step_dir_name(step), new_nonce())
+    (tmp / "actor" / "model").mkdir(parents=True)
+    (tmp / "actor" / "model" / "shard.distcp").write_bytes(b"weights")
+    manifest = build_manifest(tmp, step=step, roles=["actor"], layout={"world_size": 4, "tp": 2, "pp": 1, "dp": 2})
+    commit(tmp, root / step_dir_name(step), manifest)
+    return root / step_dir_name(step)
+
+
+def test_resume_is_checked_against_the_checkpoint_format(workdir, capsys):
+    """A root of checkpoints and a damaged one are refused by validate (before Ray or vLLM would start);
+    a complete one is accepted."""
+    step = _save_checkpoint(workdir / "ckpt", 3)
+    code, out, err = run_validate(capsys, "base.yaml", f"checkpoint.resume={workdir / 'ckpt'}")
+    assert (code, out) == (2, "")
+    assert [line for line in error_lines(err) if line.startswith("error: checkpoint.resume ")
+            and "a directory of checkpoints, not a checkpoint; fix: point it at one of its step_<N> directories" in line]
+    assert run_validate(capsys, "base.yaml", f"checkpoint.resume={step}")[0] == 0
+    (step / "actor" / "model" / "shard.distcp").write_bytes(b"cut")
+    code, _, err = run_validate(capsys, "base.yaml", f"checkpoint.resume={step}")
+    assert code == 2
+    assert [line for line in error_lines(err) if line.startswith("error: checkpoint.resume ")
+            and "is damaged: actor/model/shard.distcp has 3 bytes, manifest.json lists 7" in line], err
+    assert "Traceback" not in err
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write into read-only directories")

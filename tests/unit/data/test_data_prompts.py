@@ -157,3 +157,12 @@ def test_chat_template_true_needs_a_tokenizer_template(write_jsonl, tokenizer):
     plain.chat_template = None
     with pytest.raises(DataError, match=r"data.chat_template is true but the tokenizer .* has no chat template"):
         load([path], plain, chat_template=True)
+
+
+def test_a_utf8_byte_order_mark_is_read_past(tmp_path, tokenizer):
+    """Editors on Windows write one; it is UTF-8 all the same (a UTF-16 file is an error: the reliability tests)."""
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b'{"prompt": "ok", "answer": "1"}\n{"prompt": "no", "answer": "2"}\n')
+    prompts, report = load([path], tokenizer)
+    assert [(p.text, p.answer, p.source) for p in prompts] == [("ok", "1", f"{path}:1"), ("no", "2", f"{path}:2")]
+    assert report.kept == 2

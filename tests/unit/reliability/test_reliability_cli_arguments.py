@@ -23,7 +23,7 @@ BAD_NUMBERS = [
     # (command line before the flag, flag, value)
     *[(["check-sync", "--model", "{model}"], "--bucket-mb", value) for value in ("inf", "nan", "0", "-1", "1e300", "abc")],
     *[(["check-sync", "--model", "{model}"], "--threshold", value) for value in ("inf", "-inf", "nan", "0")],
-    *[(["validate", "recipe.yaml"], "--gpu-memory-gib", value) for value in ("inf", "nan", "-80")],
+    *[(["validate", "recipe.yaml"], "--gpu-memory-gib", value) for value in ("inf", "nan", "0", "-80", "eighty")],
 ]
 
 BAD_CONFIG_JSON = [

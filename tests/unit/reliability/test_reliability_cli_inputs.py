@@ -38,10 +38,15 @@ BAD_CONFIGS = [
      "must be > 0"),
     ("tokenizer-without-vocabulary", ["model.tokenizer_path={tmp}/data"], "model.tokenizer_path",
      "holds no tokenizer vocabulary"),
+    # issue 18, item 9: refused before Ray and vLLM start, not after
+    ("resume-not-a-checkpoint", ["checkpoint.resume={tmp}/data"], "checkpoint.resume",
+     "not a checkpoint: {tmp}/data is not a complete megarl checkpoint: manifest.json is missing"),
+    ("experiment-name-escapes-output-dir", ["trainer.experiment_name=.."], "trainer.experiment_name",
+     "the run directory would land outside trainer.output_dir"),
 ]
 
 BAD_DATA = [
-    # (id, train.jsonl text, words the error must contain ({file} = the file's path))
+    # (id, train.jsonl text or bytes, words the error must contain ({file} = the file's path))
     ("corrupt-json-line", '{"prompt": "abc", "answer": "a"}\n{"prompt": "ab\n', "{file}:2: not valid JSON"),
     ("json-array-row", '{"prompt": "abc", "answer": "a"}\n[1, 2]\n', "{file}:2: a JSON list where a JSON object"),
     ("no-rows", "\n\n", "{file}: the file holds no rows"),
@@ -49,6 +54,12 @@ BAD_DATA = [
     ("every-row-empty", '{"prompt": "  ", "answer": "a"}\n{"prompt": "", "answer": "b"}\n', "no usable prompt in {file}"),
     ("chat-messages-without-template", '{"prompt": [{"role": "user", "content": "abc"}], "answer": "a"}\n', "{file}"),
     ("fewer-prompts-than-a-batch", '{"prompt": "abc", "answer": "a"}\n', "data.train_batch_size 16 is larger than the 1"),
+    # Text saved by an editor in another encoding: named, with the command that converts it (issue 18, item 10).
+    ("utf16-with-bom", '{"prompt": "abc", "answer": "a"}\n'.encode("utf-16"),
+     "{file}: the file is UTF-16-encoded text, megarl reads UTF-8 JSONL; convert it, e.g. iconv -f UTF-16 -t UTF-8 {file}"),
+    ("utf16le-without-bom", '{"prompt": "abc", "answer": "a"}\n'.encode("utf-16-le"),
+     "{file}: the file is UTF-16LE-encoded text"),
+    ("utf32-with-bom", '{"prompt": "abc", "answer": "a"}\n'.encode("utf-32"), "iconv -f UTF-32 -t UTF-8 {file}"),
 ]
 
 
@@ -104,6 +115,7 @@ def test_bad_config_exits_2_before_starting_anything(workdir, capsys, command, o
     assert code == 2
     assert out == ""
     lines = problem_lines(command, err)
+    message = message.replace("{tmp}", str(workdir))
     assert [line for line in lines if line.startswith(f"{key} = ") and message in line], err
     assert len(lines) == len(set(lines)), f"a problem was printed twice:\n{err}"
     assert "Traceback" not in err
@@ -113,7 +125,7 @@ def test_bad_config_exits_2_before_starting_anything(workdir, capsys, command, o
 @pytest.mark.parametrize("text, message", [c[1:] for c in BAD_DATA], ids=[c[0] for c in BAD_DATA])
 def test_bad_data_ends_train_at_startup_naming_file_and_row(workdir, capsys, text, message):
     data = workdir / "data" / "train.jsonl"
-    data.write_text(text)
+    data.write_bytes(text if isinstance(text, bytes) else text.encode())
     before = snapshot(workdir)
     code, out, err = run_cli(capsys, "train", "recipe.yaml")
     assert code == 2
@@ -139,9 +151,8 @@ def test_train_process_reports_every_problem_once_and_starts_no_ray(workdir):
     ray_tmp.mkdir()
     overrides = [o.replace("{tmp}", str(workdir)) for case in BAD_CONFIGS for o in case[1]]
     before = snapshot(workdir)
-    # The working directory first (its reward modules), then whatever PYTHONPATH names the megarl under test.
-    python_path = os.pathsep.join(filter(None, [str(workdir), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "PYTHONPATH": python_path}
+    # REPO on the path: the process runs this checkout's megarl, whichever one the venv was installed from.
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "PYTHONPATH": os.pathsep.join([str(workdir), str(REPO)])}
     env.pop("RAY_ADDRESS", None)
     result = subprocess.run([str(Path(sys.executable).with_name("megarl")), "train", "recipe.yaml", *overrides],
                             cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
@@ -151,6 +162,7 @@ def test_train_process_reports_every_problem_once_and_starts_no_ray(workdir):
     assert len(lines) == len(set(lines))
     expected = {key: message for _, _, key, message in BAD_CONFIGS}  # a key given twice: the last value counts
     for key, message in expected.items():
+        message = message.replace("{tmp}", str(workdir))
         assert [line for line in lines if line.startswith(f"{key} = ") and message in line], (key, result.stderr)
     assert "Traceback" not in result.stderr
     assert snapshot(workdir) == before
