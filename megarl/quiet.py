@@ -10,7 +10,7 @@ What the quickstart printed before step 1, and why a user can or cannot act on i
 
 | message (start)                                         | from                        | act? | why                                                                         |
 |---------------------------------------------------------|-----------------------------|------|-----------------------------------------------------------------------------|
-| Transformer Engine and Apex are not installed           | megatron-core, UserWarning  | CPU no, GPU yes | TE/Apex are CUDA kernels: on CPU there is nothing to install; on a GPU the fused kernels are worth installing |
+| Transformer Engine and Apex are not installed           | megatron-core, UserWarning  | CPU no, GPU yes | TE/Apex are CUDA kernels: on CPU there is nothing to install; on a GPU rank the fused kernels are worth installing (the driver computes nothing: never there) |
 | Apex is not installed. Falling back to Torch Norm       | megatron-core, UserWarning  | CPU no, GPU yes | the same                                                           |
 | When using async grad allreduce it is recommended to set the environment variable CUDA_DEVICE_MAX_CONNECTIONS | megatron-core, UserWarning | CPU no, GPU yes | a CUDA stream setting |
 | full scope is deprecated                                | megatron-core, UserWarning  | no   | megatron's own default (`cuda_graph_scope="full"`), no megarl setting       |
@@ -44,13 +44,14 @@ ALWAYS = (
 )
 """(message start, category) of the warnings no user can act on, on any device."""
 
-ON_CPU = (
+CUDA_ADVICE = (
     ("Transformer Engine and Apex are not installed", UserWarning),
     ("Apex is not installed. Falling back to Torch Norm", UserWarning),
     ("When using async grad allreduce it is recommended to set the environment variable "
      "CUDA_DEVICE_MAX_CONNECTIONS", UserWarning),
 )
-"""(message start, category) of the warnings about CUDA-only libraries and settings: noise on the CPU only."""
+"""(message start, category) of the advice on CUDA libraries and settings: worth acting on in a rank that
+computes on CUDA, noise on the CPU and in the driver."""
 
 LOGS = {
     "vllm.triton_utils.importing": "Triton is installed, but doesn't include CPU backend",
@@ -75,14 +76,15 @@ def python_warnings() -> str:
     return ",".join(f"ignore:{message}:{category.__name__}" for message, category in ALWAYS)
 
 
-def install(on_cpu: bool | None = None) -> None:
-    """Filter this process's unactionable warnings; `on_cpu`: None asks `megarl.parallel.device`.
+def install(cuda_advice: bool | None = None) -> None:
+    """Filter this process's unactionable warnings. `cuda_advice`: keep the `CUDA_ADVICE` ones, which advise
+    on CUDA libraries; None: keep them where this process computes on CUDA (`megarl.parallel.device`).
     Calling it again adds nothing (the warnings module drops duplicate filters)."""
-    if on_cpu is None:
+    if cuda_advice is None:
         from megarl.parallel.device import uses_cuda
 
-        on_cpu = not uses_cuda()
-    for message, category in ALWAYS + (ON_CPU if on_cpu else ()):
+        cuda_advice = uses_cuda()
+    for message, category in ALWAYS + (() if cuda_advice else CUDA_ADVICE):
         # re.escape: the table holds literal text ("." and "`" included); filterwarnings matches its start.
         warnings.filterwarnings("ignore", message=re.escape(message), category=category)
     for name, start in LOGS.items():

@@ -25,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    quiet.install()
+    # The driver computes nothing: the CUDA advice, where it applies, comes from the ranks that do.
+    quiet.install(cuda_advice=False)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):
