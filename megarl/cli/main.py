@@ -8,6 +8,8 @@ import argparse
 import importlib
 import sys
 
+from megarl import quiet
+
 COMMANDS: list[str] = ["init_tiny_model", "make_data", "validate", "train", "convert", "check_sync", "plot", "bench"]
 
 
@@ -23,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The driver computes nothing: the CUDA advice, where it applies, comes from the ranks that do.
+    quiet.install(cuda_advice=False)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):

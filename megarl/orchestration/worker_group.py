@@ -21,6 +21,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from megarl import quiet
 from megarl.orchestration.placement import BundleSpec
 
 DEFAULT_CALL_TIMEOUT_S = 1800.0
@@ -45,6 +46,7 @@ class RankProcess:
 
     def __init__(self, role: str, rank: int, world_size: int, env: dict[str, str]):
         os.environ.update(env)
+        quiet.install()  # after the environment: it holds the device decision
         self.role, self.rank, self.world_size = role, rank, world_size
         self.target = None
         self.store = None

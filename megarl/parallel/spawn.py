@@ -37,6 +37,9 @@ def _rank_main(fn, args, rank, world_size, port, collective_timeout_s, results):
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
     )
+    from megarl import quiet
+
+    quiet.install()
     # Each rank gets one intra-op thread: N ranks share the machine's cores.
     import torch
 

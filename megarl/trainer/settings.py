@@ -3,6 +3,7 @@ the environment the worker processes start with."""
 
 from megarl.config import BatchPlan, Config, ConfigError, Problem
 from megarl.config.roles import OptimizerConfig, RecomputeConfig
+from megarl.quiet import python_warnings
 from megarl.workers.actor import PolicyLossSettings
 from megarl.workers.critic import ValueLossSettings
 from megarl.workers.megatron_train import OffloadSettings, OptimSettings, RecomputeSettings
@@ -12,8 +13,8 @@ WORKER_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_LOGGING_LEVEL": "ERROR",
     "TOKENIZERS_PARALLELISM": "false",
-    # torch.distributed / megatron deprecation notices from every rank would bury the step lines.
-    "PYTHONWARNINGS": "ignore::FutureWarning,ignore::UserWarning",
+    # Reaches vLLM's TP worker processes too, which megarl does not start itself (megarl.quiet).
+    "PYTHONWARNINGS": python_warnings(),
 }
 """The environment of every worker process: vLLM's settings must be in place before vLLM is imported there."""
 

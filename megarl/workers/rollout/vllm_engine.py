@@ -155,6 +155,7 @@ class VLLMRolloutEngine(RolloutEngine):
             # offset"): a seeded call with more prompt tokens than a step's budget crashed. Unchunked,
             # vLLM raises the budget to at least max_model_len, so every prompt fits in one step.
             enable_chunked_prefill=False if is_cpu else None,
+            use_tqdm_on_load=False,  # a progress bar per engine start, before step 1 (megarl.quiet)
         )
         # Asked now, while the workers surely answer: what `shutdown` must not leave behind.
         self._cpu_shm_names = [name for names in self._llm.collective_rpc("cpu_shm_names") for name in names]

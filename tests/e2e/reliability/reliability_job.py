@@ -32,6 +32,7 @@ from megarl.rewards.tasks import repeat_first_char_rows
 REWARDS_MODULE = '''"""Reward functions of the reliability tests (the job finds this module through PYTHONPATH)."""
 import json
 import os
+import warnings
 
 from megarl.rewards.tasks import repeat_first_char
 
@@ -49,9 +50,11 @@ def group_sum_overflow(prompts, responses, **columns):
 
 
 def env_probe(prompts, responses, **columns):
-    """repeat_first_char, after recording this process's environment and parentage once."""
+    """repeat_first_char, after recording this process's environment and parentage once (and warning
+    once, as user code may: the console must show it)."""
     path = os.environ["RELIABILITY_PROBE_FILE"] + f".{os.getpid()}"
     if not os.path.exists(path):
+        warnings.warn("env_probe: a warning from user code", UserWarning)
         with open(path, "w") as f:
             json.dump({"pid": os.getpid(), "ppid": os.getppid(), "environ": dict(os.environ)}, f)
     return repeat_first_char(prompts, responses, **columns)

@@ -7,10 +7,12 @@ kill, credential filter) is tested in tests/unit/rewards/test_rewards_scorer.py.
 
 import ipaddress
 import json
+import os
 
 import psutil
 import pytest
 
+from megarl import quiet
 from reliability_job import Job
 
 CANARIES = {"HF_TOKEN": "hf_secret_canary_123", "WANDB_API_KEY": "wandb_secret_canary_456",
@@ -23,7 +25,8 @@ def live_job(workspace, tmp_path_factory):
     needs its end calls `job.wait()`."""
     run_dir = tmp_path_factory.mktemp("security")
     job = Job.start(workspace, run_dir, ["reward.function=reliability_rewards:env_probe", "trainer.total_steps=3"],
-                    env={**CANARIES, "PYTHONPATH": str(workspace), "RELIABILITY_PROBE_FILE": str(run_dir / "probe")})
+                    env={**CANARIES, "PYTHONPATH": os.pathsep.join(filter(None, [str(workspace), os.environ.get("PYTHONPATH")])),
+                         "RELIABILITY_PROBE_FILE": str(run_dir / "probe")})
     try:
         job.wait_for(lambda: job.last_step() >= 1, "step 1 logged")
         job.listening = listening_sockets([psutil.Process(job.process.pid), *job.descendants()])
@@ -77,3 +80,16 @@ def test_no_secret_reaches_the_run_dir_or_rays_logs(live_job):
                 data = path.read_bytes()
                 leaks += [(str(path), name) for name, value in CANARIES.items() if value.encode() in data]
     assert leaks == []
+
+
+# What the quickstart printed before step 1 that no user can act on (megarl.quiet's table).
+UNACTIONABLE = [message for message, _ in quiet.ALWAYS + quiet.CUDA_ADVICE] + list(quiet.LOGS.values()) + [
+    "Loading safetensors checkpoint shards"]
+
+
+def test_the_console_before_step_1_shows_the_users_warning_and_none_unactionable(live_job):
+    assert live_job.wait() == 0, live_job.output()[-4000:]
+    out = live_job.output()
+    before_step_1 = out[: out.index("\nstep 1/")]
+    assert [message for message in UNACTIONABLE if message in before_step_1] == [], before_step_1
+    assert "env_probe: a warning from user code" in before_step_1, before_step_1
