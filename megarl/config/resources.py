@@ -5,6 +5,7 @@ os.access on the nearest existing parent, reward functions are found by reading 
 """
 
 import ast
+import importlib.machinery
 import importlib.util
 import os
 from pathlib import Path
@@ -49,41 +50,66 @@ def writable_dir_problem(key: str, path: str) -> Problem | None:
 
 
 def reward_function_problem(key: str, spec: str) -> Problem | None:
-    """A problem if `pkg.module:function` cannot be found; the module's source is parsed, not run."""
+    """A problem if `pkg.module:function` cannot be found. Nothing of the user's runs: the module is
+    located without importing its parent packages (`_module_source`) and its source is parsed."""
     module_name, _, function = spec.partition(":")
     if not module_name or not function.isidentifier():
         return Problem(key, spec, "a user reward function is written `pkg.module:function`",
                        "write e.g. my_rewards.tasks:score")
     try:
-        spec_found = importlib.util.find_spec(module_name)
-    except (ImportError, ValueError) as error:  # a parent package is missing or fails to import
-        spec_found, reason = None, f"{type(error).__name__}: {error}"
-    else:
-        reason = "no such module on the Python path"
-    if spec_found is None:
-        return Problem(key, spec, f"module {module_name} cannot be imported ({reason})",
+        origin = _module_source(module_name)
+    except (ImportError, ValueError) as error:  # e.g. an empty part in the dotted name
+        return Problem(key, spec, f"module {module_name} cannot be found ({type(error).__name__}: {error})",
+                       "write the module as a dotted name, e.g. my_rewards.tasks")
+    if origin is None:
+        return Problem(key, spec, f"module {module_name} cannot be imported (no such module on the Python path)",
                        "install the package or add its directory to PYTHONPATH")
-    origin = spec_found.origin
-    if origin is None or not origin.endswith(".py"):
+    if not origin.endswith(".py"):
         return None  # a compiled or namespace module: its names are only known by importing it
     try:
         tree = ast.parse(Path(origin).read_text(), filename=origin)
-    except (OSError, SyntaxError) as error:
+    except (OSError, SyntaxError, ValueError) as error:
         return Problem(key, spec, f"{origin} cannot be parsed: {error}", "fix the module")
-    if function not in _top_level_names(tree):
+    names = _top_level_names(tree)
+    if names is not None and function not in names:
         return Problem(key, spec, f"{origin} defines no top-level {function}",
                        f"define `def {function}(prompts, completions, **columns) -> list[float]` there or correct the name")
     return None
 
 
-def _top_level_names(tree: ast.Module) -> set[str]:
-    names = set()
-    for node in tree.body:
+def _module_source(module_name: str) -> str | None:
+    """Where `module_name` lives (its origin; None if not found), found as the import system would,
+    without running any package's `__init__`: `importlib.util.find_spec("pkg.mod")` imports `pkg` (a
+    package whose `__init__` blocks or raises would hang or break validate), so only the top-level
+    name goes through the finders and each sub-name is searched in its parent's locations."""
+    top, *rest = module_name.split(".")
+    found = importlib.util.find_spec(top)  # a top-level name: located, not imported
+    for depth in range(len(rest)):
+        if found is None or found.submodule_search_locations is None:
+            return None
+        name = ".".join([top, *rest[:depth + 1]])
+        found = importlib.machinery.PathFinder.find_spec(name, list(found.submodule_search_locations))
+    return None if found is None else found.origin or ""
+
+
+def _top_level_names(tree: ast.Module) -> set[str] | None:
+    """The names a module binds at its top level, those in module-level if/try/with blocks included
+    (a `def` under `try:` is still a module attribute); None when a `from x import *` makes them
+    unknowable without importing."""
+    names: set[str] = set()
+    statements = list(tree.body)
+    while statements:
+        node = statements.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names.update(t.id for t in targets if isinstance(t, ast.Name))
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(alias.name == "*" for alias in node.names):
+                return None
             names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.If, ast.Try, ast.TryStar, ast.With)):
+            statements.extend(node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", []))
+            statements.extend(stmt for handler in getattr(node, "handlers", []) for stmt in handler.body)
     return names
