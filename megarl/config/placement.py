@@ -15,17 +15,11 @@ RESOLVED = {"auto": ("cpu", "cuda"), "cpu": ("cpu",), "cuda": ("cuda",)}
 
 
 def placement_problems(config: Config, device: str) -> list[Problem]:
-    """Valid settings that the placement of the worker groups cannot host on `device` (rollout engines
-    span `rollout.tensor_model_parallel_size` device bundles on every device and placement): the
-    weight sync's."""
-    return sync_placement_problems(config, device)
-
-
-def sync_placement_problems(config: Config, device: str) -> list[Problem]:
-    """The weight-sync settings this placement cannot host on `device` (each holding on every device
-    it may resolve to): no NCCL group may hold two ranks of one GPU, a CUDA IPC handle is opened only
-    on its own GPU, and a colocated engine worker reads only the ring of the trainer rank on its own
-    device (`megarl.bridge.ring_routes`)."""
+    """Valid settings that the placement of the worker groups cannot host on `device` (each holding on
+    every device it may resolve to). Rollout engines span `rollout.tensor_model_parallel_size` device
+    bundles on every device and placement, so only the weight sync's remain: no NCCL group may hold
+    two ranks of one GPU, a CUDA IPC handle is opened only on its own GPU, and a colocated engine
+    worker reads only the ring of the trainer rank on its own device (`megarl.bridge.ring_routes`)."""
     checks = (_collective_on_shared_gpus, _cuda_ipc_without_colocated_gpus, _per_rank_across_stages)
     return [problem for check in checks for problem in [check(config, device)] if problem is not None]
 
