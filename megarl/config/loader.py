@@ -194,6 +194,10 @@ def _build(cls, data: dict, prefix: str, problems: list[Problem], all_keys: list
                 continue
             values[name] = _build(hint, value, f"{key}.", problems, all_keys)
             continue
+        item = _dataclass_items(hint)
+        if item is not None and isinstance(value, (list, tuple)) and all(isinstance(v, dict) for v in value):
+            values[name] = tuple(_build(item, v, f"{key}[{i}].", problems, all_keys) for i, v in enumerate(value))
+            continue
         try:
             values[name] = _convert(hint, value)
         except _Mismatch:
@@ -203,6 +207,14 @@ def _build(cls, data: dict, prefix: str, problems: list[Problem], all_keys: list
             problems.append(Problem(key, value, "not a finite number (YAML reads 1e999 and .inf as infinity, .nan as "
                                     "not-a-number)", f"set {key} to a finite number"))
     return cls(**values)
+
+
+def _dataclass_items(hint):
+    """The item class of a `tuple[SomeSection, ...]` field (a list of sections, like rollout.multi_turn.tools)."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis and dataclasses.is_dataclass(args[0]):
+        return args[0]
+    return None
 
 
 class _Mismatch(Exception):
@@ -262,6 +274,8 @@ def _convert(hint, value):
         if isinstance(value, str):
             return value
         raise _Mismatch
+    if dataclasses.is_dataclass(hint):  # an item of a list of sections that is not a mapping
+        raise _Mismatch
     raise TypeError(f"config field type {hint!r} is not supported by the loader")
 
 
@@ -275,6 +289,8 @@ def _describe(hint) -> str:
         if len(args) == 2 and args[1] is Ellipsis:
             return f"a list of ({_describe(args[0])})"
         return f"a list of {len(args)} items ({', '.join(_describe(member) for member in args)})"
+    if dataclasses.is_dataclass(hint):
+        return "a mapping of " + ", ".join(f.name for f in dataclasses.fields(hint))
     names = {type(None): "null", bool: "true or false", int: "an integer", float: "a number", str: "a string"}
     return names[hint]
 

@@ -57,6 +57,59 @@ class SyncConfig:
 
 
 @dataclass(frozen=True)
+class ToolConfig:
+    """One tool the model may call. Its OpenAI-style function schema (name, description, parameters)
+    is read from the function itself, in its isolated tool process: the name, the type hints and a
+    Google-style docstring (`transformers.utils.get_json_schema`, what `apply_chat_template(tools=)`
+    does with a function)."""
+
+    function: str = ""
+    """A built-in tool (`search`, `calculator`, `python`) or `pkg.module:function`: a function of
+    JSON-typed keyword arguments that returns a string (the observation the model reads)."""
+    timeout_s: float = 10.0
+    """Time limit of one call, in seconds (> 0); past it the call's process group is killed and the model
+    reads a timeout observation."""
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """The built-in `search` tool: BM25 over a local JSONL corpus, or a user's retrieval server."""
+
+    corpus: str = ""
+    """JSONL file, one document per line with a `contents` (or `text`) string; indexed once per run by
+    one Ray actor (bm25s) that every rollout call shares. Empty with `retriever_url` set."""
+    retriever_url: str = ""
+    """A Search-R1-style retrieval server instead of the local index: POST {"queries": [...], "topk": k,
+    "return_scores": true} to this URL, documents read from `result[i][j].document.contents`."""
+    top_k: int = 3
+    """Documents per query. >= 1."""
+
+
+@dataclass(frozen=True)
+class MultiTurnConfig:
+    """Multi-turn rollouts with tool calls (`megarl.rollout.multi_turn`): each sample generates a turn,
+    its tool calls run, their observation tokens are appended (loss mask 0), and it generates again."""
+
+    enable: bool = False
+    """Run the agent loop; false: one response per sample (single turn)."""
+    max_turns: int = 4
+    """Assistant turns per sample (each at most rollout.max_new_tokens tokens). >= 1."""
+    max_total_tokens: int = 1024
+    """Tokens of a whole trajectory after the prompt (model turns and observations); a trajectory that
+    reaches it is cut there and ends ("length"). The training batch's response width. >= 1."""
+    tool_format: Literal["hermes"] = "hermes"
+    """How tool calls are written and parsed. hermes: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+    (Qwen2.5, Hermes); results go back as `tool` messages through the chat template."""
+    tools: tuple[ToolConfig, ...] = ()
+    """The tools offered to the model (their schemas go to the chat template's `tools=`)."""
+    search: SearchConfig = field(default_factory=SearchConfig)
+    """Settings of the built-in `search` tool (read only when it is among `tools`)."""
+    log_freq: int = 1
+    """Write one sample's whole trajectory (messages, tool calls, results) to rollouts.jsonl in the run
+    directory every this many steps; 0: never."""
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     """Generation: the engine (vLLM or HF generate), its layout and memory, and the sampling parameters."""
 
@@ -73,7 +126,7 @@ class RolloutConfig:
     top_k: int = -1
     """Top-k sampling; -1 disables."""
     max_new_tokens: int = 512
-    """Maximum response length in tokens. >= 1."""
+    """Maximum response length in tokens (with multi_turn: of one assistant turn). >= 1."""
     stop: tuple[str | int, ...] = ()
     """Extra tokens that end a response: token ids, or strings the tokenizer encodes as exactly one token
     (e.g. a chat end-of-turn marker); the tokenizer's EOS always stops. A longer string is an error at
@@ -107,6 +160,13 @@ class RolloutConfig:
     """Validation nucleus sampling mass, in (0, 1]."""
     sync: SyncConfig = field(default_factory=SyncConfig)
     """Weight sync from the actor."""
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Multi-turn rollouts with tool calls (off by default)."""
+
+
+def response_length(rollout: RolloutConfig) -> int:
+    """Width of a sample's response in the training batch: every token after the prompt."""
+    return rollout.multi_turn.max_total_tokens if rollout.multi_turn.enable else rollout.max_new_tokens
 
 
 def logprob_gap_threshold(sync: SyncConfig, dtype: str) -> float:

@@ -166,8 +166,19 @@ class Job:
         try:
             return self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
+            stacks = self.driver_stacks()
             self.cleanup()
-            raise AssertionError(f"the job did not end within {timeout_s:.0f} s:\n{self.output()[-4000:]}") from None
+            raise AssertionError(f"the job did not end within {timeout_s:.0f} s:\n{self.output()[-4000:]}\n"
+                                 f"the driver's threads at the deadline:\n{stacks}") from None
+
+    def driver_stacks(self) -> str:
+        """Where the driver is stuck: every thread's Python stack (py-spy, a dependency of the test
+        set), so a hang seen once in CI can be diagnosed from its log."""
+        try:
+            return subprocess.run([str(Path(sys.executable).with_name("py-spy")), "dump", "--pid", str(self.process.pid)],
+                                  capture_output=True, text=True, timeout=60).stdout
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return f"(py-spy failed: {error})"
 
     def leftovers(self) -> list[psutil.Process]:
         """Processes of this job still alive (the driver's descendants as seen while it ran, plus any
