@@ -61,7 +61,8 @@ def run(model_dir: str, shape: RolloutShape, repeats: int, with_hf: bool = True)
 
     from megarl.bench.common import context, model_summary, time_interleaved
     from megarl.config.memory import ModelShape
-    from megarl.trainer.rollout_batch import flatten_rollouts, policy_batch
+    from megarl.rollout import flatten_rollouts
+    from megarl.trainer.rollout_batch import policy_batch
     from megarl.workers.rollout.base import SamplingConfig
     from megarl.workers.rollout.rollout_worker import RolloutWorker
 

@@ -56,6 +56,7 @@ from megarl.config.batch_plan import plan_batches, uses_reference
 from megarl.config.model_facts import ModelFactsError, is_hub_id, load_model_facts
 from megarl.config.problems import Problem
 from megarl.config.roles import ParallelConfig, RecomputeConfig
+from megarl.config.rollout import response_length
 from megarl.models.hf_config import read_model_dims
 
 GIB = 2**30
@@ -250,7 +251,7 @@ def estimate_memory(config: Config, shape: ModelShape, *, train_gpus: int, gpu_m
     """Per-GPU memory of `config`'s roles for a model of `shape` on `train_gpus` training GPUs
     (`plan_batches(config).train_gpus`). `on_gpu=False` sizes the rollout as on CPU."""
     dtype = config.model.dtype
-    seq_len = config.data.max_prompt_length + config.rollout.max_new_tokens
+    seq_len = config.data.max_prompt_length + response_length(config.rollout)
     roles: list[RoleMemory] = []
     trained = [("actor", config.actor, False)] + ([("critic", config.critic, True)] if config.critic.enable else [])
     for name, role, value_head in trained:

@@ -18,6 +18,7 @@ from megarl.config.model_facts import ModelFacts, ModelFactsError, load_model_fa
 from megarl.config.placement import placement_problems
 from megarl.config.problems import Problem, non_ascii_note
 from megarl.config.resources import data_file_problems, reward_function_problem, writable_dir_problem
+from megarl.config.rollout import response_length
 from megarl.config.roles import OptimizerConfig, ParallelConfig, RecomputeConfig
 from megarl.config.tokenizer_files import tokenizer_problems
 from megarl.workers.checkpoint_files import STEP_DIR, CheckpointError, read_manifest
@@ -264,9 +265,11 @@ def _check_data(config: Config, facts: ModelFacts | None, check_files: bool, pro
     _need(problems, data.val_batch_size is None or data.val_batch_size >= 1, "data.val_batch_size", data.val_batch_size,
           "must be >= 1", "e.g. 256, or null for the whole validation set")
     if facts is not None:
-        total = data.max_prompt_length + config.rollout.max_new_tokens
-        _need(problems, total <= facts.max_position_embeddings, "rollout.max_new_tokens", config.rollout.max_new_tokens,
-              f"data.max_prompt_length {data.max_prompt_length} + max_new_tokens {config.rollout.max_new_tokens} = "
+        width = response_length(config.rollout)
+        key = "rollout.multi_turn.max_total_tokens" if config.rollout.multi_turn.enable else "rollout.max_new_tokens"
+        total = data.max_prompt_length + width
+        _need(problems, total <= facts.max_position_embeddings, key, width,
+              f"data.max_prompt_length {data.max_prompt_length} + {key.rsplit('.', 1)[-1]} {width} = "
               f"{total} tokens exceed the model's max_position_embeddings {facts.max_position_embeddings}",
               f"keep prompt + response within {facts.max_position_embeddings} tokens")
 

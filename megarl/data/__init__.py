@@ -17,10 +17,10 @@ from megarl.data.prompts import ANSWER_ARGUMENT, SKIP_REASONS, LoadReport, Promp
 from megarl.data.template import PromptRenderer
 
 
-def train_loader(data: DataConfig, tokenizer) -> tuple[PromptLoader, LoadReport]:
+def train_loader(data: DataConfig, tokenizer, tools: list[dict] | None = None) -> tuple[PromptLoader, LoadReport]:
     """The training prompts of `data.train_files` in batches of `data.train_batch_size`,
-    shuffled per epoch by `data.seed` when `data.shuffle`."""
-    prompts, report = load_prompts(data.train_files, tokenizer, data)
+    shuffled per epoch by `data.seed` when `data.shuffle`; `tools`: schemas for the chat template."""
+    prompts, report = load_prompts(data.train_files, tokenizer, data, tools)
     return PromptLoader(prompts, data.train_batch_size, shuffle=data.shuffle, seed=data.seed), report
 
 

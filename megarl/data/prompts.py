@@ -92,13 +92,14 @@ class LoadReport:
         return metrics
 
 
-def load_prompts(files: Sequence[str | Path], tokenizer, data: DataConfig) -> tuple[list[Prompt], LoadReport]:
+def load_prompts(files: Sequence[str | Path], tokenizer, data: DataConfig,
+                 tools: list[dict] | None = None) -> tuple[list[Prompt], LoadReport]:
     """Read, check, template and tokenize the prompts of `files` (in order) per the `data` section.
 
     tokenizer: an HF tokenizer (`__call__`, `apply_chat_template`). Uses data.prompt_key, answer_key,
     chat_template, max_prompt_length, filter_overlong_prompts. Raises `DataError` (see module doc).
     """
-    renderer = PromptRenderer(tokenizer, data.chat_template)
+    renderer = PromptRenderer(tokenizer, data.chat_template, tools)
     report = LoadReport()
     prompts: list[Prompt] = []
     for path in files:

@@ -22,9 +22,12 @@ from megarl.data.files import DataError
 class PromptRenderer:
     """Applies `data.chat_template` and tokenizes; one instance per dataset load."""
 
-    def __init__(self, tokenizer, chat_template: bool | str):
+    def __init__(self, tokenizer, chat_template: bool | str, tools: list[dict] | None = None):
+        """`tools`: the OpenAI-style function schemas of a multi-turn run's tools, given to the template
+        (`apply_chat_template(tools=...)`) so the prompt tells the model what it may call."""
         self.tokenizer = tokenizer
         self.chat_template = chat_template
+        self.tools = tools
         if chat_template is True and not getattr(tokenizer, "chat_template", None):
             raise DataError(f"data.chat_template is true but the tokenizer ({tokenizer.name_or_path or 'in use'}) has "
                             "no chat template; set data.chat_template: false (raw text) or give a Jinja template string")
@@ -44,7 +47,7 @@ class PromptRenderer:
         custom = self.chat_template if isinstance(self.chat_template, str) else None
         try:
             return self.tokenizer.apply_chat_template(messages, chat_template=custom, tokenize=False,
-                                                      add_generation_prompt=True)
+                                                      add_generation_prompt=True, tools=self.tools)
         except jinja2.TemplateError as error:
             which = "data.chat_template" if custom else "the tokenizer's chat template"
             raise DataError(f"{location}: {which} failed on this prompt ({type(error).__name__}: {error}); "

@@ -10,9 +10,13 @@ the mean, except: counts are summed (`SUMMED_METRICS`), maxima and phase times t
 """
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
+from torch import Tensor
+
+from megarl.rollout.samples import Trajectory
 from megarl.trainer.timing import PHASES
 
 DOCUMENTED_METRICS: dict[str, str] = {
@@ -159,6 +163,31 @@ def rollout_metrics(
         "response_length/clip_ratio": _mean([length >= max_response_length for length in response_lengths]),
         "prompt_length/mean": _mean(prompt_lengths),
     }
+
+
+def agent_metrics(trajectories: Sequence[Trajectory], loss_masks: Sequence[Tensor]) -> dict[str, float]:
+    """`agent/*` of one step's multi-turn samples: turns, tool calls and errors per sample, the share of
+    samples that called a tool, tool latency, how trajectories ended, and the share of response tokens
+    that are observations (masked out of the loss)."""
+    calls = [t.tool_calls for t in trajectories]
+    latencies = [s for t in trajectories for s in t.tool_latency_s]
+    errors = Counter()
+    for t in trajectories:
+        errors.update(t.tool_errors)
+    tokens = sum(len(mask) for mask in loss_masks)
+    masked = sum(int((~mask).sum()) for mask in loss_masks)
+    metrics = {
+        "agent/turns/mean": _mean([t.turns for t in trajectories]),
+        "agent/tool_calls/mean": _mean(calls),
+        "agent/tool_call_rate": _mean([c > 0 for c in calls]),
+        "agent/tool_errors/mean": sum(errors.values()) / len(trajectories),
+        "agent/tool_latency_s/mean": _mean(latencies) if latencies else 0.0,
+        "agent/tool_latency_s/max": max(latencies, default=0.0),
+        "agent/masked_token_fraction": masked / tokens if tokens else 0.0,
+    }
+    metrics |= {f"agent/tool_errors/{kind}": count / len(trajectories) for kind, count in sorted(errors.items())}
+    ends = Counter(t.ended for t in trajectories)
+    return metrics | {f"agent/ended/{how}": count / len(trajectories) for how, count in sorted(ends.items())}
 
 
 def throughput_metrics(total_tokens: int, step_seconds: float) -> dict[str, float]:

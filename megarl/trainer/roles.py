@@ -23,6 +23,7 @@ from torch import Tensor
 
 from megarl.bridge.ring_routes import RingRoutes, route_rings
 from megarl.config import BatchPlan, Config, ConfigError, cluster_problems, resolve_device, uses_reference
+from megarl.config.rollout import response_length
 from megarl.orchestration.cluster import cluster_gpus
 from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group, engine_bundles
 from megarl.orchestration.worker_group import WorkerGroup
@@ -281,7 +282,7 @@ def start_rollout(config: Config, plan: BatchPlan, pg, gpus_per_device: float, e
         init_kwargs={
             "backend": rollout.backend, "model_path": config.model.path,
             "tensor_parallel_size": tp, "dtype": config.model.dtype,
-            "seed": rollout.seed, "max_model_len": config.data.max_prompt_length + rollout.max_new_tokens,
+            "seed": rollout.seed, "max_model_len": config.data.max_prompt_length + response_length(rollout),
             "cpu_kv_cache_gib": max(1, math.ceil(rollout.kv_cache_gib)),
             "gpu_memory_utilization": rollout.gpu_memory_utilization, "enforce_eager": rollout.enforce_eager,
             "sleep_level": rollout.sleep_level,

@@ -1,5 +1,6 @@
-"""The rollout phase on the driver: prompts → engines → samples → scores (with DAPO's dynamic
-sampling and overlong shaping when configured)."""
+"""The rollout phase on the driver: prompts → a rollout function (`megarl.rollout`: single turn or
+the agent loop) → samples → scores, with DAPO's dynamic sampling and overlong shaping on top of either
+when configured."""
 
 from __future__ import annotations
 
@@ -10,48 +11,38 @@ import torch
 
 from megarl.algorithms.dapo import DynamicSampler, overlong_penalty
 from megarl.config import Config
+from megarl.config.rollout import response_length
 from megarl.data import Prompt, iter_batches, reward_columns
-from megarl.orchestration.worker_group import WorkerGroup
 from megarl.rewards.scorer import RewardScorer
+from megarl.rollout import Samples, offset_seed
 from megarl.trainer.metrics import reduce_metrics
-from megarl.trainer.rollout_batch import Samples, flatten_rollouts
 from megarl.trainer.timing import PhaseTimer
 from megarl.workers.rollout.base import SamplingConfig
 
-
-def generate(engines: WorkerGroup, prompts: Sequence[Prompt], sampling: SamplingConfig, group_prefix: str) -> Samples:
-    """Spread the prompts over the engines in contiguous chunks; samples back in prompt order."""
-    count = engines.world_size
-    bounds = [len(prompts) * k // count for k in range(count + 1)]
-    chunks = [list(prompts[bounds[k]:bounds[k + 1]]) for k in range(count)]
-    # An engine seeds sample j of its i-th prompt with `seed + i·n + j` (`SamplingConfig.seed`): offset
-    # by its first prompt, sample s of the call (prompt-major) has seed `sampling.seed + s`.
-    args = [([p.token_ids for p in chunk], offset_seed(sampling, bounds[k] * sampling.n))
-            for k, chunk in enumerate(chunks)]
-    outputs = [out for per_engine in engines.call_each("generate", args) for out in per_engine]
-    return flatten_rollouts(prompts, outputs, group_prefix)
-
-
-def offset_seed(sampling: SamplingConfig, offset: int) -> SamplingConfig:
-    """`sampling` with its seed moved by `offset` (unseeded stays unseeded)."""
-    return sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + offset)
+RolloutFn = Callable[[Sequence[Prompt], SamplingConfig, str], Samples]
+"""`(prompts, sampling, group_prefix) -> Samples`: `megarl.rollout.single_turn` bound to the engines, or an `AgentLoop`."""
 
 
 def score(samples: Samples, scorer: RewardScorer, decode: Callable[[list[int]], str]) -> tuple[torch.Tensor, dict]:
-    """`[N]` sequence-level rewards of the samples and the reward function's error counts."""
-    responses = [decode(ids) for ids in samples.response_ids]
-    result = scorer([p.text for p in samples.prompts], responses, **reward_columns(samples.prompts))
+    """`[N]` sequence-level rewards of the samples and the reward function's error counts. A multi-turn
+    sample's response is its last turn (the answer), and the function also gets the `trajectory`
+    column: each sample's messages after the prompt (turns, tool calls, observations)."""
+    responses = [decode(t.final_turn if t is not None else ids) for ids, t in zip(samples.response_ids, samples.trajectories)]
+    columns = reward_columns(samples.prompts)
+    if any(t is not None for t in samples.trajectories):
+        columns["trajectory"] = [t.messages for t in samples.trajectories]
+    result = scorer([p.text for p in samples.prompts], responses, **columns)
     return torch.tensor(result.scores, dtype=torch.float32), result.metrics
 
 
 class RolloutPhase:
     """Produces one training step's samples and their sequence-level rewards."""
 
-    def __init__(self, config: Config, engines: WorkerGroup, scorer: RewardScorer,
+    def __init__(self, config: Config, rollout: RolloutFn, scorer: RewardScorer,
                  decode: Callable[[list[int]], str], next_prompts: Callable[[], list[Prompt]], timer: PhaseTimer):
         self.timer = timer
         self.config = config
-        self.engines = engines
+        self.rollout = rollout
         self.scorer = scorer
         self.decode = decode
         self.next_prompts = next_prompts
@@ -83,7 +74,7 @@ class RolloutPhase:
             first_row.setdefault(group, row)
         prompts = [samples.prompts[row] for row in first_row.values()]
         with self.timer("rollout"):
-            greedy = generate(self.engines, prompts, replace(sampling, n=1, greedy=True, seed=None), "baseline")
+            greedy = self.rollout(prompts, replace(sampling, n=1, greedy=True, seed=None), "baseline")
         with self.timer("reward"):
             scores, _ = self._score(greedy)
         by_group = dict(zip(first_row, scores.tolist()))
@@ -91,14 +82,14 @@ class RolloutPhase:
 
     def validation(self, prompts: Sequence[Prompt], sampling: SamplingConfig, batch_size: int) -> dict[str, float]:
         """`val/reward/mean` and `val/response_length/mean` of `prompts`, generated `batch_size` at a time."""
-        samples = Samples.concat([generate(self.engines, chunk, sampling, "val") for chunk in iter_batches(prompts, batch_size)])
+        samples = Samples.concat([self.rollout(chunk, sampling, "val") for chunk in iter_batches(prompts, batch_size)])
         scores, _ = score(samples, self.scorer, self.decode)
         return {"val/reward/mean": scores.mean().item(),
                 "val/response_length/mean": sum(map(len, samples.response_ids)) / len(samples)}
 
     def _round(self, sampling: SamplingConfig, group_prefix: str) -> tuple[Samples, torch.Tensor, dict]:
         with self.timer("rollout"):
-            samples = generate(self.engines, self.next_prompts(), sampling, group_prefix)
+            samples = self.rollout(self.next_prompts(), sampling, group_prefix)
         with self.timer("reward"):
             scores, metrics = self._score(samples)
         return samples, scores, metrics
@@ -109,6 +100,6 @@ class RolloutPhase:
         if overlong.enable:
             lengths = torch.tensor([len(r) for r in samples.response_ids])
             scores = scores + overlong_penalty(
-                lengths, self.config.rollout.max_new_tokens, overlong.buffer_length, overlong.penalty_factor
+                lengths, response_length(self.config.rollout), overlong.buffer_length, overlong.penalty_factor
             )
         return scores, metrics

@@ -114,12 +114,15 @@ def sampling_config(config: Config, stop_token_ids: tuple[int, ...], seed: int, 
 
 def step_seed(config: Config, plan: BatchPlan, step: int) -> int:
     """The sampling seed of training step `step`. A step's samples take the seeds `seed + [0, S)`
-    (`megarl.trainer.rollout.generate`: one per sample, prompt-major), S = samples per step × the
-    generation rounds a step may run (DAPO's dynamic sampling draws up to `max_rounds` batches); a
-    stride of S keeps every sample of a run on a seed of its own."""
+    (`megarl.rollout.generate_contexts`: one per sample, prompt-major), S = samples per step × the
+    generation rounds a step may run (DAPO's dynamic sampling draws up to `max_rounds` batches) × the
+    turns of a sample (the agent loop seeds each turn anew); a stride of S keeps every generation of
+    a run on a seed of its own."""
     sampling = config.algorithm.dynamic_sampling
     rounds = sampling.max_rounds if sampling.enable else 1
-    return config.rollout.seed + step * plan.samples_per_step * rounds
+    multi_turn = config.rollout.multi_turn
+    turns = multi_turn.max_turns if multi_turn.enable else 1
+    return config.rollout.seed + step * plan.samples_per_step * rounds * turns
 
 
 def total_optimizer_steps(plan: BatchPlan, role: str, total_steps: int) -> int:

@@ -134,7 +134,7 @@ class JsonlSink:
         os.replace(partial, path)
         self.file = path.open("a")
 
-    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+    def log(self, step: int, metrics: Mapping[str, object]) -> None:
         self.file.write(_json_line({"step": step, **metrics}))
         self.file.flush()
 
@@ -142,8 +142,9 @@ class JsonlSink:
         self.file.close()
 
 
-def _json_line(record: Mapping[str, float | None]) -> str:
-    strict = {name: value if value is None or math.isfinite(value) else None for name, value in record.items()}
+def _json_line(record: Mapping[str, object]) -> str:
+    strict = {name: None if isinstance(value, float) and not math.isfinite(value) else value
+              for name, value in record.items()}
     return json.dumps(strict, allow_nan=False) + "\n"
 
 

@@ -12,6 +12,8 @@ mechanics live in the worker groups.
 
 from __future__ import annotations
 
+from contextlib import closing, nullcontext
+from functools import partial
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -20,19 +22,25 @@ from megarl.algorithms.advantages import compute_advantages
 from megarl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
 from megarl.config import Config, ConfigError, load_config, plan_batches, validate
 from megarl.config.hub import resolve_hub_ids
+from megarl.config.rollout import response_length
 from megarl.data import load_prompts, train_loader
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.rewards.scorer import RewardScorer
+from megarl.rollout import AgentLoop, ObservationEncoder, single_turn
 from megarl.trainer import rollout_batch as rb
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.trainer.handover import HandOver
-from megarl.trainer.metrics import rollout_metrics, throughput_metrics, worker_metrics
+from megarl.trainer.metrics import agent_metrics, rollout_metrics, throughput_metrics, worker_metrics
 from megarl.trainer.rollout import RolloutPhase
 from megarl.trainer.roles import cluster_device, ray_cpus, start_roles
 from megarl.trainer.settings import WORKER_ENV, sampling_config, step_seed, stop_token_ids
-from megarl.trainer.sinks import MetricsLogger
+from megarl.trainer.sinks import JsonlSink, MetricsLogger
 from megarl.trainer.sync_step import WeightSync
 from megarl.trainer.timing import STARTUP_PHASES, PhaseTimer, startup_line
+
+
+ROLLOUTS_FILE = "rollouts.jsonl"
+"""In the run directory, multi-turn only: one sample's trajectory every `rollout.multi_turn.log_freq` steps."""
 
 
 class BadStepsError(RuntimeError):
@@ -47,8 +55,11 @@ class Trainer:
         self.plan = plan_batches(config)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path or config.model.path,
                                                        trust_remote_code=config.model.trust_remote_code)
-        self.loader, self.load_report = train_loader(config.data, self.tokenizer)
-        self.val_prompts = load_prompts(config.data.val_files, self.tokenizer, config.data)[0] if config.data.val_files else []
+        self.multi_turn = config.rollout.multi_turn
+        tools = self._tool_schemas() if self.multi_turn.enable else None  # for the chat template
+        self.loader, self.load_report = train_loader(config.data, self.tokenizer, tools)
+        self.val_prompts = (load_prompts(config.data.val_files, self.tokenizer, config.data, tools)[0]
+                            if config.data.val_files else [])
         steps_by_epochs = config.trainer.total_epochs * self.loader.steps_per_epoch
         self.total_steps = min(config.trainer.total_steps or steps_by_epochs, steps_by_epochs)
         self.checkpoints = CheckpointManager(config.checkpoint.dir, max_keep=config.checkpoint.max_keep,
@@ -71,30 +82,54 @@ class Trainer:
     def fit(self) -> dict[str, float]:
         """Train to `total_steps`; returns the last step's metrics."""
         startup = PhaseTimer(phases=STARTUP_PHASES)
-        with RewardScorer.from_config(self.config.reward) as scorer:
+        with RewardScorer.from_config(self.config.reward) as scorer, self._tool_set() as tools:
             with startup("reward"):
-                scorer.wait_ready()  # a reward module that fails to import stops the run here, before Ray starts
+                scorer.wait_ready()  # a reward or tool module that fails to import stops the run here, before Ray starts
+                if tools:
+                    tools.wait_ready()
             with startup("ray"):
                 init_ray(num_cpus=ray_cpus(self.plan), env_vars=WORKER_ENV)
             self.roles = None
             try:
+                if tools:
+                    tools.start_shared()
                 device = cluster_device(self.config)
                 self.roles = start_roles(self.config, self.plan, self.total_steps, WORKER_ENV, device, startup)
-                return self._train(scorer, startup)
+                return self._train(scorer, self._rollout_function(tools), startup)
             finally:
                 if self.roles is not None:
                     self.roles.shutdown()
                 shutdown_ray()
 
-    def _train(self, scorer: RewardScorer, startup: PhaseTimer) -> dict[str, float]:
+    def _tool_schemas(self) -> list[dict]:
+        from megarl.tools import tool_schemas
+
+        return tool_schemas(self.multi_turn)
+
+    def _tool_set(self):
+        from megarl.tools import ToolSet
+
+        return ToolSet(self.multi_turn) if self.multi_turn.enable else nullcontext()
+
+    def _rollout_function(self, tools):
+        """Single turn, or the agent loop with the run's tools (`megarl.rollout`)."""
+        if not self.multi_turn.enable:
+            return partial(single_turn, self.roles.rollout)
+        from megarl.tools import parser_for
+
+        return AgentLoop(self.roles.rollout, tools, parser_for(self.multi_turn.tool_format),
+                         ObservationEncoder(self.tokenizer), self._decode_turn, self.multi_turn)
+
+    def _train(self, scorer: RewardScorer, rollout, startup: PhaseTimer) -> dict[str, float]:
         self.sync = WeightSync(self.roles, self.config, vocab_size=len(self.tokenizer), total_steps=self.total_steps)
         engines_sleep = self.config.placement.mode == "colocated" and self.config.rollout.free_cache_engine
         self.handover = HandOver(self.roles, self.sync, engines_sleep=engines_sleep, timer=self.timer)
         start = self._resume(startup)
         print(startup_line(startup.pop()), flush=True)
-        phase = RolloutPhase(self.config, self.roles.rollout, scorer, self._decode, lambda: next(self.loader), self.timer)
+        phase = RolloutPhase(self.config, rollout, scorer, self._decode, lambda: next(self.loader), self.timer)
         metrics, bad_steps = {}, 0
-        with MetricsLogger.from_config(self.config.trainer, self.total_steps, start or None) as logger:
+        with MetricsLogger.from_config(self.config.trainer, self.total_steps, start or None) as logger, \
+                self._open_rollout_log(start) as self.rollout_log:
             for step in range(start + 1, self.total_steps + 1):
                 with self.timer("step"):
                     metrics = self._train_step(step, phase)
@@ -125,7 +160,7 @@ class Trainer:
         samples, scores, metrics = phase(sampling, step)
         baselines = phase.greedy_baseline(samples, sampling) if config.algorithm.adv_estimator == "remax" else None
         self.handover.to_training()
-        batch = rb.policy_batch(samples, config.rollout.max_new_tokens)
+        batch = rb.policy_batch(samples, response_length(config.rollout))
         if config.reward.reward_model:
             with timer("reward"):
                 rm_scores = self.roles.gather("compute_rm_scores", batch)
@@ -160,9 +195,27 @@ class Trainer:
             with timer("update_actor"):
                 metrics |= worker_metrics("actor", self.roles.update("update_actor", batch, step))
         lengths, prompt_lengths = [len(r) for r in samples.response_ids], [len(p.token_ids) for p in samples.prompts]
-        metrics |= rollout_metrics(scores.tolist(), lengths, config.rollout.max_new_tokens, prompt_lengths)
+        metrics |= rollout_metrics(scores.tolist(), lengths, response_length(config.rollout), prompt_lengths)
+        if self.multi_turn.enable:
+            metrics |= agent_metrics(samples.trajectories, samples.loss_masks)
+            self._log_trajectory(step, samples, scores)
         metrics["_tokens"] = sum(lengths) + sum(prompt_lengths)
         return metrics
+
+    def _open_rollout_log(self, start: int):
+        """rollouts.jsonl (multi-turn), its records after `start` dropped on resume, as metrics.jsonl's."""
+        if not self.multi_turn.enable:
+            return nullcontext()
+        return closing(JsonlSink(self.run_dir / ROLLOUTS_FILE, start or None))
+
+    def _log_trajectory(self, step: int, samples, scores) -> None:
+        """The first sample's whole trajectory to rollouts.jsonl, every `multi_turn.log_freq` steps."""
+        freq = self.multi_turn.log_freq
+        if not freq or step % freq:
+            return
+        trajectory = samples.trajectories[0]
+        self.rollout_log.log(step, {"prompt": samples.prompts[0].text, "messages": trajectory.messages,
+                                    "ended": trajectory.ended, "reward": scores[0].item()})
 
     def _maybe_validate(self, step: int, phase: RolloutPhase, metrics: dict) -> None:
         freq = self.config.trainer.test_freq
@@ -198,3 +251,7 @@ class Trainer:
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def _decode_turn(self, token_ids: list[int]) -> str:
+        """A model turn as the tool-call parser reads it (tool-call tags may be special tokens)."""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)

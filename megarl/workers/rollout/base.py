@@ -180,9 +180,12 @@ class RolloutEngine(abc.ABC):
 
     @abc.abstractmethod
     def generate(
-        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig,
+        max_new_tokens: Sequence[int] | None = None,
     ) -> list[RolloutOutput]:
-        """Sample `sampling.n` responses for each prompt; one `RolloutOutput` per prompt, in order."""
+        """Sample `sampling.n` responses for each prompt; one `RolloutOutput` per prompt, in order.
+        `max_new_tokens`: a cap per prompt (>= 1) instead of `sampling.max_new_tokens` (an agent loop's
+        trajectories have different budgets left)."""
 
     @abc.abstractmethod
     def prompt_logprobs(self, token_ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:

@@ -21,7 +21,7 @@ from megarl.bridge import (
 )
 
 
-def _generation_config(sampling: SamplingConfig) -> GenerationConfig:
+def _generation_config(sampling: SamplingConfig, max_new_tokens: int) -> GenerationConfig:
     # A fresh config, so the checkpoint's generation_config.json (top_k=50, penalties, ...) is not
     # mixed in; `scores` are then exactly the distribution sampled from.
     return GenerationConfig(
@@ -29,7 +29,7 @@ def _generation_config(sampling: SamplingConfig) -> GenerationConfig:
         temperature=sampling.temperature,
         top_p=sampling.top_p,
         top_k=0 if sampling.top_k == -1 else sampling.top_k,
-        max_new_tokens=sampling.max_new_tokens,
+        max_new_tokens=max_new_tokens,
         num_return_sequences=sampling.n,
         eos_token_id=list(sampling.stop_token_ids) or None,
         pad_token_id=0,  # fills finished rows; they are cut at their stop token below
@@ -61,14 +61,16 @@ class HFRolloutEngine(RolloutEngine):
 
     @torch.no_grad()
     def generate(
-        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig,
+        max_new_tokens: Sequence[int] | None = None,
     ) -> list[RolloutOutput]:
         self._check_ready("generate")
-        config = _generation_config(sampling)
+        caps = max_new_tokens or [sampling.max_new_tokens] * len(prompt_token_ids)
         with torch.random.fork_rng(devices=[self._device] if self._device.type == "cuda" else []):
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
-            return [self._generate_one(list(prompt), config, sampling) for prompt in prompt_token_ids]
+            return [self._generate_one(list(prompt), _generation_config(sampling, cap), sampling)
+                    for prompt, cap in zip(prompt_token_ids, caps, strict=True)]
 
     def _generate_one(
         self, prompt: list[int], config: GenerationConfig, sampling: SamplingConfig

@@ -82,7 +82,7 @@ def _default_process_group_kept() -> Iterator[None]:
         torch.distributed.destroy_process_group = destroy
 
 
-def _sampling_params(sampling: SamplingConfig, prompt_index: int) -> SamplingParams:
+def _sampling_params(sampling: SamplingConfig, prompt_index: int, max_new_tokens: int) -> SamplingParams:
     # vLLM seeds sample j of a request with `seed + j`: spacing the prompts' seeds n apart gives
     # every sample of the call its own noise (one shared seed would correlate the prompts' samples).
     seed = None if sampling.seed is None else sampling.seed + prompt_index * sampling.n
@@ -91,7 +91,7 @@ def _sampling_params(sampling: SamplingConfig, prompt_index: int) -> SamplingPar
         temperature=0.0 if sampling.greedy else sampling.temperature,
         top_p=sampling.top_p,
         top_k=0 if sampling.top_k == -1 else sampling.top_k,
-        max_tokens=sampling.max_new_tokens,
+        max_tokens=max_new_tokens,
         stop_token_ids=list(sampling.stop_token_ids),
         ignore_eos=True,  # only `stop_token_ids` end a sample
         seed=seed,
@@ -163,11 +163,13 @@ class VLLMRolloutEngine(RolloutEngine):
         self._rpc_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-rollout-rpc")
 
     def generate(
-        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig,
+        max_new_tokens: Sequence[int] | None = None,
     ) -> list[RolloutOutput]:
         self._check_ready("generate")
         requests = [{"prompt_token_ids": list(prompt)} for prompt in prompt_token_ids]
-        params = [_sampling_params(sampling, i) for i in range(len(requests))]
+        caps = max_new_tokens or [sampling.max_new_tokens] * len(requests)
+        params = [_sampling_params(sampling, i, cap) for i, cap in enumerate(caps)]
         results = self._llm.generate(requests, params, use_tqdm=False)
         outputs = []
         for prompt, result in zip(prompt_token_ids, results):

@@ -6,6 +6,7 @@ a sampled response is its seed (`seed + i * n + j`, megarl/workers/rollout/vllm_
 """
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,6 +15,7 @@ import torch
 from megarl.algorithms.advantages import compute_advantages
 from megarl.config import load_config
 from megarl.data import Prompt
+from megarl.rollout import single_turn
 from megarl.trainer import rollout_batch as rb
 from megarl.trainer.rollout import RolloutPhase
 from megarl.trainer.timing import PhaseTimer
@@ -59,7 +61,7 @@ def _phase(config, engines: RecordingEngines) -> RolloutPhase:
     prompts = config.data.train_batch_size
     batches = iter(range(10**6))
     next_prompts = lambda: _prompts(prompts, next(batches) * prompts)  # noqa: E731
-    return RolloutPhase(config, engines, _score_token, lambda ids: str(ids[0]), next_prompts, PhaseTimer())
+    return RolloutPhase(config, partial(single_turn, engines), _score_token, lambda ids: str(ids[0]), next_prompts, PhaseTimer())
 
 
 def test_remax_baseline_is_the_greedy_reward_of_each_prompt():

@@ -1,6 +1,6 @@
 """No two samples of a run share a sampling seed: the 7B GRPO recipe's engines × prompts × n samples
 per step over several steps, seeds computed as the trainer and the engines derive them
-(`settings.step_seed` → `rollout.generate` → an engine seeds sample j of its i-th prompt with
+(`settings.step_seed` → `rollout.single_turn` → an engine seeds sample j of its i-th prompt with
 `seed + i·n + j`, `megarl/workers/rollout/vllm_engine.py:_sampling_params` and vLLM's per-sample
 `seed + j`)."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from megarl.config import load_config, plan_batches
 from megarl.data import Prompt
-from megarl.trainer.rollout import generate, offset_seed
+from megarl.rollout import offset_seed, single_turn
 from megarl.trainer.settings import sampling_config, step_seed
 from megarl.workers.rollout.base import RolloutOutput
 
@@ -45,7 +45,7 @@ def test_every_sample_of_a_run_has_its_own_seed(recipe):
     for step in range(1, STEPS + 1):
         sampling = sampling_config(config, (0,), seed=step_seed(config, plan, step))
         for round_ in range(rounds):  # as RolloutPhase offsets DAPO's rounds
-            generate(engines, prompts, offset_seed(sampling, round_ * plan.samples_per_step), f"{step}.{round_}")
+            single_turn(engines, prompts, offset_seed(sampling, round_ * plan.samples_per_step), f"{step}.{round_}")
     assert plan.rollout_engines > 1 and config.rollout.n > 1
     assert len(engines.seeds) == STEPS * rounds * plan.samples_per_step
     assert len(set(engines.seeds)) == len(engines.seeds)

@@ -1,0 +1,93 @@
+"""One rollout's samples, flattened to one entry per sample (prompt-major: the `n` samples of prompt
+`i` are rows `i*n .. i*n+n-1`; `index[row]` is the group id the advantage estimators normalise within).
+
+A sample's response is every token after its prompt: one generated turn (single turn), or the model's
+turns with the tool observations between them (multi-turn). `loss_masks` tells them apart: True on the
+tokens the model wrote, False on observation tokens, which are trained on as context only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from megarl.data import Prompt
+from megarl.workers.rollout.base import RolloutOutput
+
+
+@dataclass
+class Trajectory:
+    """What one multi-turn sample did, as the reward function and rollouts.jsonl see it."""
+
+    messages: list[dict] = field(default_factory=list)
+    """The turns after the prompt: `{"role": "assistant", "content": text, "tool_calls": [{"name", "arguments"}]}`
+    and `{"role": "tool", "name": tool, "content": observation}`."""
+    final_turn: list[int] = field(default_factory=list)
+    """Token ids of the last assistant turn: the answer the reward reads."""
+    ended: str = ""
+    """"answer" (a turn without tool calls), "max_turns", "max_total_tokens" or "turn_length" (a turn hit
+    rollout.max_new_tokens)."""
+    tool_calls: int = 0
+    tool_errors: dict[str, int] = field(default_factory=dict)
+    """Failed calls by kind (`megarl.tools.ToolResult.error`: unknown_tool, raised, timeout, bad_return, malformed)."""
+    tool_latency_s: list[float] = field(default_factory=list)
+    """Wall time of each call."""
+
+    @property
+    def turns(self) -> int:
+        return sum(message["role"] == "assistant" for message in self.messages)
+
+
+@dataclass
+class Samples:
+    """One step's rollouts, one entry per sample (prompt-major)."""
+
+    prompts: list[Prompt]
+    """The prompt of each sample (repeated `n` times)."""
+    response_ids: list[list[int]]
+    """Token ids after the prompt (stop tokens included; multi-turn: observations included)."""
+    rollout_log_probs: list[Tensor]
+    """`[len(response)]` float32: log-prob the engine sampled each model token with (0 on observations)."""
+    loss_masks: list[Tensor]
+    """`[len(response)]` bool: True on tokens the model wrote."""
+    finish_reasons: list[str]
+    """"stop" or "length" (the sample was cut at a length limit)."""
+    index: list[str]
+    """Group id of each sample (unique per prompt and rollout round)."""
+    trajectories: list[Trajectory | None]
+    """Multi-turn: what each sample did; single turn: None."""
+
+    def __len__(self) -> int:
+        return len(self.response_ids)
+
+    def select(self, keep: Sequence[bool]) -> Samples:
+        rows = [i for i, k in enumerate(keep) if k]
+        return Samples(*([getattr(self, f)[i] for i in rows] for f in self.__dataclass_fields__))
+
+    @staticmethod
+    def concat(parts: Sequence[Samples]) -> Samples:
+        return Samples(*([x for part in parts for x in getattr(part, f)] for f in Samples.__dataclass_fields__))
+
+    @staticmethod
+    def empty() -> Samples:
+        return Samples(*([] for _ in Samples.__dataclass_fields__))
+
+
+def flatten_rollouts(prompts: Sequence[Prompt], outputs: Sequence[RolloutOutput], group_prefix: str) -> Samples:
+    """Single-turn samples: `outputs[i]` holds the samples of `prompts[i]`; every response token is the model's."""
+    samples = Samples.empty()
+    for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
+        for response, log_probs, finish in zip(
+            output.response_token_ids, output.response_logprobs, output.finish_reasons, strict=True
+        ):
+            samples.prompts.append(prompt)
+            samples.response_ids.append(list(response))
+            samples.rollout_log_probs.append(log_probs)
+            samples.loss_masks.append(torch.ones(len(response), dtype=torch.bool))
+            samples.finish_reasons.append(finish)
+            samples.index.append(f"{group_prefix}/{i}")
+            samples.trajectories.append(None)
+    return samples

@@ -1,0 +1,243 @@
+"""The agent loop's token bookkeeping, with scripted engines and tools (no model).
+
+The engines stand in for the rollout WorkerGroup (`call_each("generate", [(contexts, sampling, caps)])`,
+as `megarl.workers.rollout.rollout_worker.RolloutWorker.generate` takes them): each turn's text is a
+function of the context, so every expected token is known. The char tokenizer and its chat template
+are the tiny model's (`megarl.models.tiny`), so observations come from a real template. The parser
+reads `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (Hermes; the real parser is tested in
+tests/unit/tools).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from megarl.config.rollout import MultiTurnConfig
+from megarl.data import Prompt
+from megarl.models.tiny import build_char_tokenizer
+from megarl.rollout import AgentLoop, ObservationEncoder
+from megarl.trainer.rollout_batch import policy_batch, token_level_scores
+from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
+
+TOKENIZER = build_char_tokenizer()
+EOS = TOKENIZER.eos_token_id
+CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+
+
+@dataclass
+class Call:
+    name: str
+    arguments: dict
+
+
+@dataclass
+class Parsed:
+    calls: list
+    errors: list
+
+
+class Parser:
+    def parse(self, text: str) -> Parsed:
+        calls, errors = [], []
+        for body in CALL.findall(text):
+            try:
+                data = json.loads(body)
+                calls.append(Call(data["name"], data["arguments"]))
+            except (ValueError, KeyError):
+                errors.append(f"malformed tool call: {body}")
+        return Parsed(calls, errors)
+
+
+@dataclass
+class Result:
+    text: str
+    error: str | None
+    latency_s: float = 0.01
+
+
+@dataclass
+class Tools:
+    """`add` returns the sum; `fail` fails; every run is recorded."""
+
+    runs: list[list[Call]] = field(default_factory=list)
+
+    def run(self, calls):
+        self.runs.append(list(calls))
+        return [Result(str(c.arguments["a"] + c.arguments["b"]), None) if c.name == "add"
+                else Result(f"unknown tool {c.name}", "unknown_tool") for c in calls]
+
+
+def call_text(a: int, b: int, name: str = "add") -> str:
+    return f'<tool_call>{{"name": "{name}", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
+
+
+class ScriptedEngines:
+    """Each engine answers a context by `script(prompt_text, turn)`: the text of that turn, ended by EOS.
+    Turn = the number of observations (`tool: ` lines) in the context. A turn's log-probs are
+    `-(1 + k) / 100` for its k-th token, so each token's log-prob is known."""
+
+    def __init__(self, world_size: int, script):
+        self.world_size = world_size
+        self.script = script
+        self.requests: list[tuple[list[int], int, int]] = []
+        """(context, seed, cap) of every request."""
+
+    def call_each(self, method, args):
+        assert method == "generate" and len(args) == self.world_size
+        results = []
+        for contexts, sampling, caps in args:
+            assert sampling.n == 1
+            outputs = []
+            for i, (context, cap) in enumerate(zip(contexts, caps, strict=True)):
+                self.requests.append((list(context), sampling.seed + i, cap))
+                text = TOKENIZER.decode(context)
+                ids = TOKENIZER.encode(self.script(text, text.count("\ntool: ")), add_special_tokens=False) + [EOS]
+                reason = "length" if len(ids) > cap else "stop"
+                ids = ids[:cap]
+                log_probs = torch.tensor([-(1 + k) / 100 for k in range(len(ids))])
+                outputs.append(RolloutOutput(list(context), [ids], [log_probs], [reason]))
+            results.append(outputs)
+        return results
+
+
+def prompts(count: int) -> list[Prompt]:
+    rendered = [TOKENIZER.apply_chat_template([{"role": "user", "content": f"q{k}"}], tokenize=False,
+                                              add_generation_prompt=True) for k in range(count)]
+    return [Prompt(text, tuple(TOKENIZER.encode(text, add_special_tokens=False)), None, {}, "test") for text in rendered]
+
+
+def loop(engines, tools=None, **settings) -> AgentLoop:
+    config = MultiTurnConfig(enable=True, **{"max_turns": 4, "max_total_tokens": 1000, **settings})
+    return AgentLoop(engines, tools or Tools(), Parser(), ObservationEncoder(TOKENIZER),
+                     lambda ids: TOKENIZER.decode(ids, skip_special_tokens=False), config)
+
+
+def three_calls_then_answer(text: str, turn: int) -> str:
+    return call_text(turn, 10) if turn < 3 else "the answer"
+
+
+SAMPLING = SamplingConfig(n=2, max_new_tokens=200, seed=1000, stop_token_ids=(EOS,))
+
+
+def test_loss_mask_is_exactly_the_observations_over_three_tool_turns():
+    engines = ScriptedEngines(2, three_calls_then_answer)
+    samples = loop(engines)(prompts(3), SAMPLING, "1.0")
+
+    assert len(samples) == 6 and samples.index == ["1.0/0", "1.0/0", "1.0/1", "1.0/1", "1.0/2", "1.0/2"]
+    for prompt, ids, mask, log_probs, trajectory in zip(samples.prompts, samples.response_ids, samples.loss_masks,
+                                                         samples.rollout_log_probs, samples.trajectories):
+        expected_ids, expected_mask, expected_lp = [], [], []
+        turn_text = ""
+        for turn in range(4):
+            turn_ids = TOKENIZER.encode(three_calls_then_answer("", turn), add_special_tokens=False) + [EOS]
+            expected_ids += turn_ids
+            expected_mask += [True] * len(turn_ids)
+            expected_lp += [-(1 + k) / 100 for k in range(len(turn_ids))]
+            if turn == 3:
+                break
+            turn_text = TOKENIZER.decode(turn_ids, skip_special_tokens=False)
+            observation = TOKENIZER.encode(f"\ntool: {turn + 10}\nassistant: ", add_special_tokens=False)
+            expected_ids += observation
+            expected_mask += [False] * len(observation)
+            expected_lp += [0.0] * len(observation)
+        assert turn_text.endswith("</tool_call></s>")
+        assert ids == expected_ids
+        assert mask.tolist() == expected_mask
+        torch.testing.assert_close(log_probs, torch.tensor(expected_lp), rtol=0, atol=0)
+        assert trajectory.turns == 4 and trajectory.tool_calls == 3 and trajectory.ended == "answer"
+        assert TOKENIZER.decode(trajectory.final_turn, skip_special_tokens=True) == "the answer"
+        assert [m["content"] for m in trajectory.messages if m["role"] == "tool"] == ["10", "11", "12"]
+
+    # The engines saw exactly prompt + everything so far at every turn: token in, token out.
+    final = {tuple(p.token_ids) + tuple(ids) for p, ids in zip(samples.prompts, samples.response_ids)}
+    for context, _, _ in engines.requests:
+        assert any(full[:len(context)] == tuple(context) for full in final)
+
+
+def test_the_batch_trains_on_model_tokens_and_scores_the_last_one():
+    samples = loop(ScriptedEngines(1, three_calls_then_answer))(prompts(2), SAMPLING, "1.0")
+    batch = policy_batch(samples, 1000)
+    for row, (ids, mask) in enumerate(zip(samples.response_ids, samples.loss_masks)):
+        assert batch.responses[row, :len(ids)].tolist() == ids
+        assert batch.response_mask[row].tolist() == mask.tolist() + [False] * (1000 - len(ids))
+    scores = token_level_scores(torch.arange(1.0, len(samples) + 1), batch.response_mask)
+    for row, ids in enumerate(samples.response_ids):
+        # The answer turn is last: the score sits on its EOS, the last response token.
+        assert scores[row].nonzero().flatten().tolist() == [len(ids) - 1]
+
+
+def test_token_level_score_skips_a_trailing_observation():
+    mask = torch.tensor([[True, True, False, False, False]])
+    assert token_level_scores(torch.tensor([2.0]), mask).tolist() == [[0.0, 2.0, 0.0, 0.0, 0.0]]
+
+
+def test_seeds_are_unique_per_turn_and_inside_the_reserved_block():
+    engines = ScriptedEngines(2, three_calls_then_answer)
+    loop(engines)(prompts(3), SAMPLING, "1.0")
+    seeds = [seed for _, seed, _ in engines.requests]
+    assert len(seeds) == 6 * 4 and len(set(seeds)) == len(seeds)
+    assert min(seeds) == 1000 and max(seeds) < 1000 + 6 * 4
+
+
+def test_a_trajectory_is_cut_at_max_total_tokens_mid_observation():
+    first_turn = len(TOKENIZER.encode(call_text(0, 10), add_special_tokens=False)) + 1
+    budget = first_turn + 5
+    samples = loop(ScriptedEngines(1, three_calls_then_answer), max_total_tokens=budget)(prompts(1), SAMPLING, "1.0")
+    for ids, mask, finish, trajectory in zip(samples.response_ids, samples.loss_masks, samples.finish_reasons,
+                                             samples.trajectories):
+        assert len(ids) == budget and finish == "length" and trajectory.ended == "max_total_tokens"
+        assert mask.tolist() == [True] * first_turn + [False] * 5
+        assert trajectory.tool_calls == 1
+
+
+def test_each_turn_asks_for_no_more_than_the_budget_left():
+    engines = ScriptedEngines(1, three_calls_then_answer)
+    loop(engines, max_total_tokens=100)(prompts(1), SamplingConfig(n=1, max_new_tokens=80, seed=0), "x")
+    (context0, _, cap0), (context1, _, cap1) = engines.requests[:2]
+    assert cap0 == 80 and cap1 == 100 - (len(context1) - len(context0))
+
+
+def test_turn_length_max_turns_and_tool_errors_end_or_count():
+    # A turn cut by rollout.max_new_tokens ends the trajectory.
+    cut = loop(ScriptedEngines(1, three_calls_then_answer))(prompts(1), SamplingConfig(n=1, max_new_tokens=5, seed=0), "x")
+    assert cut.trajectories[0].ended == "turn_length" and cut.trajectories[0].tool_calls == 0
+    # Always calling: ends after max_turns, the last turn's calls not run.
+    tools = Tools()
+    always = loop(ScriptedEngines(1, lambda text, turn: call_text(1, 2)), tools, max_turns=3)(prompts(1), SAMPLING, "x")
+    assert [t.ended for t in always.trajectories] == ["max_turns"] * 2
+    assert len(tools.runs) == 2 and all(t.tool_calls == 2 for t in always.trajectories)
+    # An unknown tool and a malformed call become observations, counted by kind; the loop goes on.
+    script = lambda text, turn: (call_text(1, 2, "nope") + "<tool_call>{oops</tool_call>") if turn == 0 else "done"  # noqa: E731
+    errors = loop(ScriptedEngines(1, script))(prompts(1), SAMPLING, "x")
+    trajectory = errors.trajectories[0]
+    assert trajectory.tool_errors == {"unknown_tool": 1, "malformed": 1} and trajectory.tool_calls == 2
+    assert trajectory.ended == "answer" and trajectory.turns == 2
+    observations = [m["content"] for m in trajectory.messages if m["role"] == "tool"]
+    assert observations == ["unknown tool nope", "malformed tool call: {oops"]
+
+
+@pytest.mark.parametrize("engines", [1, 3])
+def test_single_turn_answers_match_the_plain_rollout(engines):
+    """Without tool calls the loop is one turn: the same ids, seeds and masks as `single_turn`."""
+    from megarl.rollout import single_turn
+
+    scripted = ScriptedEngines(engines, lambda text, turn: "plain")
+
+    class TwoArgEngines(ScriptedEngines):
+        def call_each(self, method, args):
+            return super().call_each(method, [(c, s, [s.max_new_tokens] * len(c)) for c, s in args])
+
+    agent = loop(scripted)(prompts(4), SAMPLING, "s")
+    plain = single_turn(TwoArgEngines(engines, lambda text, turn: "plain"), prompts(4), replace_n1(SAMPLING), "s")
+    assert agent.response_ids == [ids for ids in plain.response_ids for _ in range(2)]
+    assert all(m.all() for m in agent.loss_masks)
+
+
+def replace_n1(sampling):
+    from dataclasses import replace
+    return replace(sampling, n=1)
