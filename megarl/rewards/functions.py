@@ -19,6 +19,7 @@ from numbers import Real
 BUILTIN_REWARDS = {
     "gsm8k": "megarl.rewards.gsm8k:gsm8k_reward",
     "math": "megarl.rewards.math_answer:math_reward",
+    "qa_em": "megarl.rewards.qa_em:qa_em_reward",
 }
 """`reward.function` names of the rule rewards shipped with megarl, and the functions they stand for."""
 
