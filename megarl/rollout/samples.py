@@ -18,6 +18,13 @@ from megarl.data import Prompt
 from megarl.workers.rollout.base import RolloutOutput
 
 
+TOOL_ERRORS = ("unknown_tool", "raised", "timeout", "bad_return", "malformed")
+"""Ways a tool call fails (`megarl.tools.ToolResult.error`, and a call the parser could not read)."""
+ENDINGS = ("answer", "max_turns", "max_total_tokens", "turn_length")
+"""How a trajectory ends: a turn without tool calls, the turn limit, the token limit (cut there), a
+turn that reached rollout.max_new_tokens."""
+
+
 @dataclass
 class Trajectory:
     """What one multi-turn sample did, as the reward function and rollouts.jsonl see it."""
@@ -28,11 +35,10 @@ class Trajectory:
     final_turn: list[int] = field(default_factory=list)
     """Token ids of the last assistant turn: the answer the reward reads."""
     ended: str = ""
-    """"answer" (a turn without tool calls), "max_turns", "max_total_tokens" or "turn_length" (a turn hit
-    rollout.max_new_tokens)."""
+    """One of `ENDINGS`."""
     tool_calls: int = 0
     tool_errors: dict[str, int] = field(default_factory=dict)
-    """Failed calls by kind (`megarl.tools.ToolResult.error`: unknown_tool, raised, timeout, bad_return, malformed)."""
+    """Failed calls by kind (`TOOL_ERRORS`)."""
     tool_latency_s: list[float] = field(default_factory=list)
     """Wall time of each call."""
 

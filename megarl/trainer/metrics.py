@@ -16,7 +16,7 @@ from typing import Literal
 
 from torch import Tensor
 
-from megarl.rollout.samples import Trajectory
+from megarl.rollout.samples import ENDINGS, TOOL_ERRORS, Trajectory
 from megarl.trainer.timing import PHASES
 
 DOCUMENTED_METRICS: dict[str, str] = {
@@ -83,6 +83,19 @@ DOCUMENTED_METRICS: dict[str, str] = {
     "perf/tokens_per_s": "perf/total_tokens / timing/step",
     **{f"timing/{phase}": f"seconds: {meaning}" for phase, meaning in PHASES.items()},
 }
+
+AGENT_METRICS: dict[str, str] = {
+    "agent/turns/mean": "assistant turns per sample",
+    "agent/tool_calls/mean": "tool calls per sample (malformed ones included)",
+    "agent/tool_call_rate": "fraction of samples that called a tool at least once",
+    "agent/tool_errors/mean": "failed tool calls per sample",
+    **{f"agent/tool_errors/{kind}": f"tool calls per sample that failed as {kind}" for kind in TOOL_ERRORS},
+    "agent/tool_latency_s/mean": "mean wall time of one tool call",
+    "agent/tool_latency_s/max": "longest tool call of the step",
+    "agent/masked_token_fraction": "share of response tokens that are tool observations (masked out of the loss)",
+    **{f"agent/ended/{how}": f"fraction of samples whose trajectory ended by {how}" for how in ENDINGS},
+}
+"""The metrics of multi-turn steps only (`rollout.multi_turn.enable`), documented like `DOCUMENTED_METRICS`."""
 """Metric name -> one-line meaning (and `memory/<role>/<phase>/<stat>`: `MEMORY_PHASES`, `MEMORY_STATS`)."""
 
 MEMORY_ROLES = ("actor", "critic", "ref", "rollout")
@@ -185,9 +198,9 @@ def agent_metrics(trajectories: Sequence[Trajectory], loss_masks: Sequence[Tenso
         "agent/tool_latency_s/max": max(latencies, default=0.0),
         "agent/masked_token_fraction": masked / tokens if tokens else 0.0,
     }
-    metrics |= {f"agent/tool_errors/{kind}": count / len(trajectories) for kind, count in sorted(errors.items())}
+    metrics |= {f"agent/tool_errors/{kind}": errors[kind] / len(trajectories) for kind in TOOL_ERRORS}
     ends = Counter(t.ended for t in trajectories)
-    return metrics | {f"agent/ended/{how}": count / len(trajectories) for how, count in sorted(ends.items())}
+    return metrics | {f"agent/ended/{how}": ends[how] / len(trajectories) for how in ENDINGS}
 
 
 def throughput_metrics(total_tokens: int, step_seconds: float) -> dict[str, float]:
@@ -207,8 +220,8 @@ def reduce_metrics(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:
 
 
 def undocumented(names: Iterable[str]) -> list[str]:
-    """The names (sorted) that `DOCUMENTED_METRICS` and the memory catalogue do not explain."""
-    return sorted(name for name in set(names) - set(DOCUMENTED_METRICS) if not _is_memory_metric(name))
+    """The names (sorted) that `DOCUMENTED_METRICS`, `AGENT_METRICS` and the memory catalogue do not explain."""
+    return sorted(name for name in set(names) - set(DOCUMENTED_METRICS) - set(AGENT_METRICS) if not _is_memory_metric(name))
 
 
 def memory_metric(role: str, phase: str, stat: str) -> str:
