@@ -67,7 +67,7 @@ def _check_search(multi_turn: MultiTurnConfig, check_files: bool, need) -> None:
          "the built-in search needs exactly one of search.corpus (a local JSONL file) and search.retriever_url "
          f"(a retrieval server){'; both are set' if search.corpus else '; neither is set'}",
          "set one of them and leave the other empty")
-    if search.corpus and check_files:
+    if search.corpus and not search.retriever_url and check_files:
         corpus = Path(search.corpus).expanduser()
         need(corpus.is_file(), "search.corpus", search.corpus,
              "is a directory, not a JSONL file" if corpus.is_dir() else "file does not exist",
