@@ -141,7 +141,7 @@ class ToolSet:
             searching.cancel()
             latency = time.monotonic() - started
             return [ToolResult.failed("timeout", f"Error: the search ran longer than {timeout_s:g} s", latency)] * count
-        except Exception as error:  # the index's actor or the retrieval server failed: these calls fail, the run goes on
+        except Exception as error:  # the index's actor or the retrieval server failed: these calls fail, no more
             logger.warning("search failed for %d queries: %s", count, error)
             lines = str(error).strip().splitlines() or [""]
             text = one_line(f"Error: the search failed ({type(error).__name__}: {lines[-1]})")

@@ -1,4 +1,4 @@
-"""The hermes parser reads every call of a turn, in order, and turns each unreadable one into a message (never raises)."""
+"""The hermes parser reads every call of a turn, in order, and makes each unreadable one a message (never raises)."""
 
 import re
 

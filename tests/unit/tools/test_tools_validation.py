@@ -23,8 +23,9 @@ def test_a_good_section_has_no_problem(tmp_path):
 def test_every_problem_is_reported_at_once_by_key():
     multi_turn = MultiTurnConfig(
         enable=True, max_turns=0, max_total_tokens=0, log_freq=-1,
-        tools=(ToolConfig("calculator", timeout_s=0), ToolConfig("web_search"), ToolConfig("no_such_pkg_xyz.tools:get"),
-               ToolConfig("tools_testing:missing"), ToolConfig("tools_testing:calculator"), ToolConfig("calculator")))
+        tools=(ToolConfig("calculator", timeout_s=0), ToolConfig("web_search"),
+               ToolConfig("no_such_pkg_xyz.tools:get"), ToolConfig("tools_testing:missing"),
+               ToolConfig("tools_testing:calculator"), ToolConfig("calculator")))
     found = problems_by_key(multi_turn)
     assert set(found) == {
         "rollout.multi_turn.max_turns", "rollout.multi_turn.max_total_tokens", "rollout.multi_turn.log_freq",
@@ -66,7 +67,8 @@ def test_search_needs_exactly_one_source_and_a_positive_top_k(tmp_path):
     assert tool_problems(MultiTurnConfig(enable=True, tools=search,
                                          search=SearchConfig(corpus=str(tmp_path / "missing.jsonl"))),
                          check_files=False) == []
-    url = problems_by_key(MultiTurnConfig(enable=True, tools=search, search=SearchConfig(retriever_url="localhost:8000")))
+    url = problems_by_key(MultiTurnConfig(enable=True, tools=search,
+                                          search=SearchConfig(retriever_url="localhost:8000")))
     assert set(url) == {"rollout.multi_turn.search.retriever_url"}
 
 
