@@ -29,13 +29,16 @@ class ToolPool:
         self.max_workers = max_workers
         self.startup_timeout_s = startup_timeout_s
         self.workers = [self._start(read_schemas=True)]
+        self._reports: list[dict] | None = None
 
     def _start(self, read_schemas: bool = False) -> IsolatedProcess:
         return IsolatedProcess("megarl.tools.worker", self._paths_json, "schemas" if read_schemas else "no-schemas")
 
     def first_ready(self) -> list[dict]:
         """What the first worker reports once it imported the tools: per tool {"schema", "error"}."""
-        return self._wait_ready(self.workers[0])
+        if self._reports is None:
+            self._reports = self._wait_ready(self.workers[0])
+        return self._reports
 
     def worker_pids(self) -> list[int]:
         return [worker.pid for worker in self.workers]

@@ -41,8 +41,7 @@ class ToolSet:
         paths = [tool_path(tool.function) for tool in self.tools]
         malformed = [f"rollout.multi_turn.tools[{index}].function = {tool.function!r}: neither a built-in tool "
                      f"({', '.join(BUILTIN_TOOLS)}) nor `pkg.module:function`; write e.g. my_tools.web:fetch_page"
-                     for index, (tool, path) in enumerate(zip(self.tools, paths))
-                     if not all(part for part in path.partition(":")[::2])]
+                     for index, (tool, path) in enumerate(zip(self.tools, paths)) if not _is_function_path(path)]
         if malformed:
             raise ToolError("\n".join(malformed))
         self._pool = ToolPool(paths, max_workers=max_workers, startup_timeout_s=startup_timeout_s) if paths else None
@@ -62,16 +61,17 @@ class ToolSet:
                     for index, (tool, report) in enumerate(zip(self.tools, reports)) if report["error"] is not None]
         if problems:
             raise ToolError("\n".join(problems))
-        schemas = [report["schema"] for report in reports]
-        for index, schema in enumerate(schemas):
-            name = schema["function"]["name"]
-            if name in self._index_by_name:
-                first = self._index_by_name[name]
+        index_by_name: dict[str, int] = {}
+        for index, report in enumerate(reports):
+            name = report["schema"]["function"]["name"]
+            if name in index_by_name:
+                first = index_by_name[name]
                 raise ToolError(f"rollout.multi_turn.tools[{index}].function = {self.tools[index].function!r}: its "
                                 f"name {name!r} is also the name of tools[{first}] ({self.tools[first].function!r}); "
                                 "the model calls tools by name: remove one or rename its function")
-            self._index_by_name[name] = index
-        self._schemas = schemas
+            index_by_name[name] = index
+        self._index_by_name = index_by_name
+        self._schemas = [report["schema"] for report in reports]
 
     def start_shared(self) -> None:
         """After Ray is up: start what the whole run shares, the built-in search's backend (a Ray actor
@@ -141,7 +141,7 @@ class ToolSet:
             searching.cancel()
             latency = time.monotonic() - started
             return [ToolResult.failed("timeout", f"Error: the search ran longer than {timeout_s:g} s", latency)] * count
-        except Exception as error:  # the index's actor or the retrieval server failed: these calls fail, no more
+        except Exception as error:  # the index's actor or the retrieval server failed: only these calls fail
             logger.warning("search failed for %d queries: %s", count, error)
             lines = str(error).strip().splitlines() or [""]
             text = one_line(f"Error: the search failed ({type(error).__name__}: {lines[-1]})")
@@ -162,3 +162,8 @@ class ToolSet:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _is_function_path(path: str) -> bool:
+    module, _, function = path.partition(":")
+    return bool(module) and bool(function)

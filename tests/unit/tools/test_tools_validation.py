@@ -45,7 +45,8 @@ def test_every_problem_is_reported_at_once_by_key():
 
 
 def test_nothing_of_the_tools_is_imported(tmp_path, monkeypatch):
-    (tmp_path / "exploding_tools.py").write_text("raise SystemExit('imported')\n\ndef fetch(url: str) -> str:\n    ...\n")
+    (tmp_path / "exploding_tools.py").write_text("raise SystemExit('imported')\n\n"
+                                                 "def fetch(url: str) -> str:\n    ...\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert tool_problems(MultiTurnConfig(enable=True, tools=(ToolConfig("exploding_tools:fetch"),))) == []
     assert "exploding_tools" not in sys.modules
