@@ -9,6 +9,7 @@ from concurrent.futures import Future
 
 import ray
 from ray.exceptions import RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from megarl.tools.builtin.search import BM25Index
 from megarl.tools.calls import ToolError
@@ -28,8 +29,10 @@ class _IndexHost:
 
 class SearchActor:
     def __init__(self, corpus: str, top_k: int):
-        # No CPU reserved: the index must not wait for (or take) CPUs the training roles hold.
-        self.actor = ray.remote(num_cpus=0)(_IndexHost).remote()
+        # On the driver's node, where validation found the corpus; no CPU reserved: the index must not
+        # wait for (or take) CPUs the training roles hold.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.actor = ray.remote(num_cpus=0, scheduling_strategy=here)(_IndexHost).remote()
         try:
             self.documents = ray.get(self.actor.build.remote(corpus, top_k))
         except RayTaskError as error:
