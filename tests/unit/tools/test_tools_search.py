@@ -10,7 +10,7 @@ import pytest
 
 from megarl.config.rollout import MultiTurnConfig, SearchConfig, ToolConfig
 from megarl.orchestration.cluster import init_ray, shutdown_ray
-from megarl.tools import ToolCall, ToolError, ToolResult, ToolSet
+from megarl.tools import ToolCall, ToolError, ToolSet
 from megarl.tools.builtin.search import read_corpus
 
 DOCUMENTS = [
