@@ -86,6 +86,7 @@ def test_a_tool_that_kills_its_worker_is_a_raised_result_and_the_worker_is_repla
 
 def test_the_calls_of_one_run_run_at_the_same_time(tools, tmp_path):
     files = [tmp_path / "first", tmp_path / "second"]
+    tools.run([ToolCall("echo", {"text": "warm"})] * 2)  # two started workers: no import time inside the intervals
     results = tools.run([ToolCall("records_interval", {"path": str(file), "seconds": 1.0}) for file in files])
     assert [result.text for result in results] == ["done", "done"]
     (start_a, end_a), (start_b, end_b) = (map(float, file.read_text().split()) for file in files)
