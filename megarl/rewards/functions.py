@@ -12,9 +12,10 @@ holds rewards as float32: a larger one would turn into inf there, and its advant
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from numbers import Real
+
+from megarl.isolation import FunctionNotFound, import_function
 
 BUILTIN_REWARDS = {
     "gsm8k": "megarl.rewards.gsm8k:gsm8k_reward",
@@ -46,24 +47,15 @@ def resolve_reward_function(spec: str) -> RewardFn:
     Raises RewardFunctionError naming `spec` when the module does not import, the attribute is
     missing, or it is not callable. This imports (runs) the module: call it where user code may run.
     """
-    module_name, _, attribute = function_path(spec).partition(":")
+    path = function_path(spec)
+    module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
         raise RewardFunctionError(f"reward.function {spec!r}: neither a built-in ({', '.join(BUILTIN_REWARDS)}) nor "
                                   "a function path `pkg.module:function`; write e.g. my_rewards.tasks:score")
     try:
-        module = importlib.import_module(module_name)
-    except Exception as error:  # any failure of the user's module at import time
-        raise RewardFunctionError(f"reward.function {spec!r}: module {module_name} cannot be imported "
-                                  f"({type(error).__name__}: {error}); install it or put its directory on "
-                                  "PYTHONPATH") from error
-    function = getattr(module, attribute, None)
-    if function is None:
-        raise RewardFunctionError(f"reward.function {spec!r}: module {module_name} ({module.__file__}) has no "
-                                  f"attribute {attribute!r}; correct the name after the colon")
-    if not callable(function):
-        raise RewardFunctionError(f"reward.function {spec!r}: {module_name}.{attribute} is a "
-                                  f"{type(function).__name__}, not a function")
-    return function
+        return import_function(path)
+    except FunctionNotFound as error:
+        raise RewardFunctionError(f"reward.function {spec!r}: {error}") from error
 
 
 def checked_scores(spec: str, result: object, responses: list[str], first: int = 0) -> list[float]:

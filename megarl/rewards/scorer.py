@@ -17,32 +17,23 @@
   (wrong length, non-numbers, NaN, inf, beyond float32's range) raises `RewardFunctionError`: that
   is a bug and stops the run.
 - **Secrets.** Workers start from the driver's environment minus every variable whose name looks
-  like a credential (`SECRET_NAME`: *TOKEN*, *KEY*, *SECRET*, *PASSWORD*, ...: HF_TOKEN,
-  WANDB_API_KEY, AWS_SECRET_ACCESS_KEY), so reward code cannot read them, not even from
-  /proc/self/environ. They see the driver's `sys.path` (as PYTHONPATH) and working directory.
+  like a credential (`megarl.isolation.SECRET_NAME`: HF_TOKEN, WANDB_API_KEY, ...), so reward code
+  cannot read them. They see the driver's `sys.path` (as PYTHONPATH) and working directory.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import re
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
-from multiprocessing import Pipe
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 
 from megarl.config.sections import RewardConfig
+from megarl.isolation import IsolatedProcess, WorkerStartError
 from megarl.rewards.functions import RewardFunctionError, function_path
 
 logger = logging.getLogger(__name__)
-
-SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
-"""Environment variables whose name matches are not passed to reward workers."""
 
 METRICS = ("reward/errors", "reward/timeouts", "reward/failed_samples")
 """Per call of the scorer: calls that raised or crashed, calls killed at the time limit, samples scored 0 by either."""
@@ -58,58 +49,8 @@ class RewardResult:
     """The `METRICS` counts of this batch."""
 
 
-def worker_environment(environ: dict[str, str]) -> dict[str, str]:
-    """`environ` without credentials, with PYTHONPATH set to this process's import path."""
-    clean = {name: value for name, value in environ.items() if not SECRET_NAME.search(name)}
-    clean["PYTHONPATH"] = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
-    return clean
-
-
-class _Worker:
-    """One reward worker process and the driver's end of its connection."""
-
-    def __init__(self, spec: str):
-        connection, child_end = Pipe()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "megarl.rewards.worker", str(child_end.fileno()), spec],
-            env=worker_environment(dict(os.environ)), pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL,
-            # Own process group: a kill takes whatever the reward function started along with it.
-            start_new_session=True,
-        )
-        child_end.close()
-        self.connection: Connection = connection
-        self.ready = False
-
-    def wait_ready(self, spec: str, timeout_s: float) -> None:
-        if self.ready:
-            return
-        if not self.connection.poll(timeout_s):
-            self.kill()
-            raise RewardFunctionError(f"reward.function {spec!r}: the reward worker did not start within "
-                                      f"{timeout_s:.0f} s (importing the module hangs?)")
-        try:
-            _, failure = self.connection.recv()
-        except EOFError:
-            raise RewardFunctionError(f"reward.function {spec!r}: the reward worker exited during start-up with "
-                                      f"code {self.process.wait()} (see its output above)") from None
-        self.ready = True
-        if failure is not None:
-            raise RewardFunctionError(failure)
-
-    def kill(self) -> None:
-        # Only while the worker is unreaped: after that its pid (and group id) could name another process.
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        self.connection.close()
-
-    def stop(self, timeout_s: float) -> None:
-        try:
-            self.connection.send(None)
-            self.process.wait(timeout_s)
-        except (OSError, subprocess.TimeoutExpired):
-            pass  # busy or broken: killed below
-        self.kill()
+def _start_worker(spec: str) -> IsolatedProcess:
+    return IsolatedProcess("megarl.rewards.worker", spec)
 
 
 class RewardScorer:
@@ -130,7 +71,7 @@ class RewardScorer:
         # Fail fast on a malformed spec; the import itself happens only in the workers.
         if ":" not in function_path(spec):
             raise RewardFunctionError(f"reward.function {spec!r}: neither a built-in nor `pkg.module:function`")
-        self.workers = [_Worker(spec) for _ in range(num_workers)]
+        self.workers = [_start_worker(spec) for _ in range(num_workers)]
 
     @classmethod
     def from_config(cls, reward: RewardConfig) -> RewardScorer:
@@ -140,10 +81,20 @@ class RewardScorer:
         """Block until every worker imported the function: a function that does not resolve (its module
         fails to import, the name is missing) raises RewardFunctionError here, before any scoring."""
         for worker in self.workers:
-            worker.wait_ready(self.spec, self.startup_timeout_s)
+            self._wait_ready(worker)
 
     def worker_pids(self) -> list[int]:
-        return [worker.process.pid for worker in self.workers]
+        return [worker.pid for worker in self.workers]
+
+    def _wait_ready(self, worker: IsolatedProcess) -> None:
+        if worker.ready:
+            return
+        try:
+            failure = worker.receive_ready(self.startup_timeout_s)
+        except WorkerStartError as error:
+            raise RewardFunctionError(f"reward.function {self.spec!r}: the reward worker {error}") from None
+        if failure is not None:
+            raise RewardFunctionError(failure)
 
     def __call__(self, prompts: list[str], responses: list[str], **columns: list) -> RewardResult:
         """Score `responses` (`[N]`, with their `prompts` `[N]` and reward `columns`, each `[N]`)."""
@@ -176,7 +127,7 @@ class RewardScorer:
             self._replace(index)
         worker = self.workers[index]
         stop = min(start + self.chunk_size, len(responses))
-        worker.wait_ready(self.spec, self.startup_timeout_s)
+        self._wait_ready(worker)
         worker.connection.send((start, prompts[start:stop], responses[start:stop],
                                 {name: values[start:stop] for name, values in columns.items()}))
         return start, stop, time.monotonic() + self.timeout_s * (stop - start)
@@ -215,7 +166,7 @@ class RewardScorer:
 
     def _replace(self, index: int) -> None:
         self.workers[index].kill()
-        self.workers[index] = _Worker(self.spec)
+        self.workers[index] = _start_worker(self.spec)
 
     def close(self) -> None:
         """Stop all workers (politely, then by SIGKILL); the scorer cannot be used afterwards."""

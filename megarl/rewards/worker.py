@@ -18,36 +18,31 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 
+from megarl.isolation import serve
 from megarl.rewards.functions import RewardFunctionError, checked_scores, resolve_reward_function
 
 
-def serve(connection: Connection, spec: str) -> None:
+def serve_reward(connection: Connection, spec: str) -> None:
     try:
         function, failure = resolve_reward_function(spec), None
     except RewardFunctionError as error:
         function, failure = None, str(error)
-    connection.send(("ready", failure))
-    while True:
-        try:
-            request = connection.recv()
-        except EOFError:  # the driver is gone
-            return
-        if request is None:
-            return
+
+    def score(request) -> tuple[str, object]:
         first, prompts, responses, columns = request
         if failure is not None:
-            connection.send(("invalid", failure))
-            continue
+            return "invalid", failure
         try:
             result = function(prompts, responses, **columns)
         except (Exception, SystemExit):  # a user bug costs this call's samples, not the worker
-            connection.send(("error", traceback.format_exc()))
-            continue
+            return "error", traceback.format_exc()
         try:
-            connection.send(("ok", checked_scores(spec, result, responses, first)))
+            return "ok", checked_scores(spec, result, responses, first)
         except RewardFunctionError as error:
-            connection.send(("invalid", str(error)))
+            return "invalid", str(error)
+
+    serve(connection, failure, score)
 
 
 if __name__ == "__main__":
-    serve(Connection(int(sys.argv[1])), sys.argv[2])
+    serve_reward(Connection(int(sys.argv[1])), sys.argv[2])

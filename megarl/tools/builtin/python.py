@@ -1,0 +1,81 @@
+"""The built-in `python` tool: runs code in a fresh, resource-limited process without network."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import megarl.tools.builtin.sandbox as sandbox
+
+MEMORY_BYTES = 1 << 30
+"""Address space of the code's process (RLIMIT_AS): a larger allocation raises MemoryError."""
+CPU_S = 5
+"""CPU seconds of the code's process (RLIMIT_CPU); past them it is killed."""
+WALL_S = 8.0
+"""Wall-clock seconds before the code's process is killed (a sleeping program uses no CPU). Below
+the default `timeout_s` of a tool (10 s), so the model reads why its code stopped."""
+OPEN_FILES = 64
+"""Open file descriptors (RLIMIT_NOFILE)."""
+FILE_BYTES = 16 << 20
+"""Largest file the code may write (RLIMIT_FSIZE); its stdout and stderr are such files too."""
+OUTPUT_CHARS = 4000
+"""Characters of stdout the observation keeps; the rest is cut with a note."""
+
+
+def python(code: str) -> str:
+    """Run a Python program and return what it prints to standard output.
+
+    Args:
+        code: The program's source; print() the values you want to see. No network, no subprocesses.
+    """
+    with tempfile.TemporaryDirectory(prefix="megarl-python-") as workdir:
+        stdout_path, stderr_path = Path(workdir, "stdout"), Path(workdir, "stderr")
+        with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
+            command = [sys.executable, "-I", sandbox.__file__, str(MEMORY_BYTES), str(CPU_S), str(OPEN_FILES),
+                       str(FILE_BYTES)]
+            process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, cwd=workdir,
+                                       env=_sandbox_environment(workdir))
+            try:
+                process.communicate(code.encode(errors="replace"), timeout=WALL_S)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+                timed_out = True
+        printed = _head(stdout_path)
+        if process.returncode == 0:
+            return printed or "(no output: print() the values you want to see)"
+        failure = f"Error: the program ran longer than {WALL_S:g} s and was stopped" if timed_out else \
+            _failure(process.returncode, stderr_path)
+        return "\n".join(part for part in (printed, failure) if part)
+
+
+def _sandbox_environment(workdir: str) -> dict[str, str]:
+    # Nothing of the worker's environment: one thread per math library keeps RLIMIT_AS meaningful.
+    threads = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    return {"PATH": os.defpath, "HOME": workdir, "LANG": "C.UTF-8", **threads}
+
+
+def _head(path: Path) -> str:
+    with open(path, "rb") as file:
+        data = file.read(OUTPUT_CHARS * 4 + 1)
+    text = data.decode(errors="replace")
+    if len(text) > OUTPUT_CHARS or path.stat().st_size > len(data):
+        return text[:OUTPUT_CHARS] + f"\n... (output cut at {OUTPUT_CHARS} characters)"
+    return text.rstrip("\n")
+
+
+def _failure(returncode: int, stderr_path: Path) -> str:
+    """One line saying why the program stopped: the last line of its error, or the limit it hit."""
+    if returncode == -signal.SIGXCPU:
+        return f"Error: the program used more than {CPU_S} s of CPU time and was stopped"
+    with open(stderr_path, "rb") as file:
+        file.seek(max(0, stderr_path.stat().st_size - 4096))
+        lines = [line for line in file.read().decode(errors="replace").splitlines() if line.strip()]
+    if lines:
+        return lines[-1]
+    return f"Error: the program exited with code {returncode}"

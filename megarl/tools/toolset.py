@@ -1,0 +1,169 @@
+"""The tools of a run (`rollout.multi_turn.tools`): their schemas, and running a turn's calls concurrently.
+
+    with ToolSet(config.rollout.multi_turn) as toolset:   # starts the isolated tool workers
+        toolset.wait_ready()       # before Ray: a tool that does not resolve raises ToolError here
+        init_ray(...)
+        toolset.start_shared()     # after Ray: the built-in search's index (one Ray actor for the run)
+        toolset.schemas()          # [{"type": "function", "function": {...}}, ...] for apply_chat_template(tools=)
+        results = toolset.run([ToolCall("calculator", {"expression": "2+2"}), ...])   # [ToolResult, ...]
+
+User tools (and the built-in `calculator` and `python`) run in a pool of isolated worker processes
+(`megarl.tools.pool`): own process group, killed at the tool's `timeout_s`, no credentials; the
+driver never imports their code, not even for their schemas. The built-in `search` is megarl's own
+code and runs beside them: the search calls of one `run` go to the index (or the retrieval server)
+as one batch. Every call of a `run` runs at the same time; a failing call becomes a `ToolResult`
+with an `error` and the run goes on. Not thread-safe: one `run` at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future
+
+from megarl.config.rollout import MultiTurnConfig
+from megarl.tools.builtin import BUILTIN_TOOLS, tool_path
+from megarl.tools.builtin.search import RetrieverClient
+from megarl.tools.calls import ToolCall, ToolError, ToolResult, one_line
+from megarl.tools.pool import ToolPool
+
+logger = logging.getLogger(__name__)
+
+SEARCH = "search"
+
+
+class ToolSet:
+    def __init__(self, multi_turn: MultiTurnConfig, *, max_workers: int = 32, startup_timeout_s: float = 120.0):
+        """max_workers: the most tool calls that run at once (more wait for a free worker); each worker
+        is a Python process holding every tool. startup_timeout_s: limit for a worker to import the tools."""
+        self.tools = multi_turn.tools
+        self.search_config = multi_turn.search
+        paths = [tool_path(tool.function) for tool in self.tools]
+        malformed = [f"rollout.multi_turn.tools[{index}].function = {tool.function!r}: neither a built-in tool "
+                     f"({', '.join(BUILTIN_TOOLS)}) nor `pkg.module:function`; write e.g. my_tools.web:fetch_page"
+                     for index, (tool, path) in enumerate(zip(self.tools, paths)) if not _is_function_path(path)]
+        if malformed:
+            raise ToolError("\n".join(malformed))
+        self._pool = ToolPool(paths, max_workers=max_workers, startup_timeout_s=startup_timeout_s) if paths else None
+        self._schemas: list[dict] | None = None
+        self._index_by_name: dict[str, int] = {}
+        self._search = None
+        """The started search backend: `SearchActor` or `RetrieverClient` (both `submit(queries) -> Future`)."""
+
+    def wait_ready(self) -> None:
+        """Block until the tools are imported in a worker and their schemas read. Raises ToolError naming
+        every tool that does not resolve or has no schema (`rollout.multi_turn.tools[i].function`),
+        and tools that share a name."""
+        if self._schemas is not None:
+            return
+        reports = self._pool.first_ready() if self._pool is not None else []
+        problems = [f"rollout.multi_turn.tools[{index}].function = {tool.function!r}: {report['error']}"
+                    for index, (tool, report) in enumerate(zip(self.tools, reports)) if report["error"] is not None]
+        if problems:
+            raise ToolError("\n".join(problems))
+        index_by_name: dict[str, int] = {}
+        for index, report in enumerate(reports):
+            name = report["schema"]["function"]["name"]
+            if name in index_by_name:
+                first = index_by_name[name]
+                raise ToolError(f"rollout.multi_turn.tools[{index}].function = {self.tools[index].function!r}: its "
+                                f"name {name!r} is also the name of tools[{first}] ({self.tools[first].function!r}); "
+                                "the model calls tools by name: remove one or rename its function")
+            index_by_name[name] = index
+        self._index_by_name = index_by_name
+        self._schemas = [report["schema"] for report in reports]
+
+    def start_shared(self) -> None:
+        """After Ray is up: start what the whole run shares, the built-in search's backend (a Ray actor
+        that builds the BM25 index of `rollout.multi_turn.search.corpus` once, or the client of
+        `retriever_url`). A corpus that cannot be read raises ToolError naming its file and line."""
+        search = next((tool for tool in self.tools if tool.function == SEARCH), None)
+        if search is None or self._search is not None:
+            return
+        config = self.search_config
+        if config.retriever_url:
+            self._search = RetrieverClient(config.retriever_url, config.top_k, search.timeout_s)
+        else:
+            from megarl.orchestration.search_actor import SearchActor  # Ray only where it is needed
+
+            self._search = SearchActor(config.corpus, config.top_k)
+
+    def schemas(self) -> list[dict]:
+        """The tools' OpenAI-style schemas, in config order (after `wait_ready`)."""
+        self.wait_ready()
+        return list(self._schemas)
+
+    def worker_pids(self) -> list[int]:
+        return self._pool.worker_pids() if self._pool is not None else []
+
+    def run(self, calls: list[ToolCall]) -> list[ToolResult]:
+        """One result per call, in order. All calls run at the same time."""
+        self.wait_ready()
+        results: list[ToolResult | None] = [None] * len(calls)
+        jobs, job_positions, queries, search_positions = [], [], [], []
+        for position, call in enumerate(calls):
+            index = self._index_by_name.get(call.name)
+            if index is None:
+                results[position] = ToolResult.failed(
+                    "unknown_tool", f"Error: there is no tool {call.name!r}; the tools are: "
+                                    f"{', '.join(self._index_by_name) or 'none'}")
+            elif self.tools[index].function == SEARCH:
+                query = call.arguments.get("query")
+                if set(call.arguments) != {"query"} or not isinstance(query, str):
+                    results[position] = ToolResult.failed(
+                        "raised", f"Error: TypeError: {SEARCH} takes one argument, query (a string); got "
+                                  f"{one_line(repr(call.arguments))[:200]}")
+                else:
+                    queries.append(query)
+                    search_positions.append(position)
+            else:
+                jobs.append((index, call.arguments, self.tools[index].timeout_s))
+                job_positions.append(position)
+        started = time.monotonic()
+        searching = self._submit_search(queries) if queries else None
+        for position, result in zip(job_positions, self._pool.run(jobs) if jobs else []):
+            results[position] = result
+        if searching is not None:
+            for position, result in zip(search_positions, self._search_results(searching, len(queries), started)):
+                results[position] = result
+        return results
+
+    def _submit_search(self, queries: list[str]) -> Future:
+        if self._search is None:
+            raise RuntimeError("ToolSet.run got search calls before start_shared(); call it once Ray is up")
+        return self._search.submit(queries)
+
+    def _search_results(self, searching: Future, count: int, started: float) -> list[ToolResult]:
+        timeout_s = next(tool.timeout_s for tool in self.tools if tool.function == SEARCH)
+        try:
+            texts = searching.result(timeout=max(0.0, started + timeout_s - time.monotonic()))
+        except TimeoutError:
+            searching.cancel()
+            latency = time.monotonic() - started
+            return [ToolResult.failed("timeout", f"Error: the search ran longer than {timeout_s:g} s", latency)] * count
+        except Exception as error:  # the index's actor or the retrieval server failed: only these calls fail
+            logger.warning("search failed for %d queries: %s", count, error)
+            lines = str(error).strip().splitlines() or [""]
+            text = one_line(f"Error: the search failed ({type(error).__name__}: {lines[-1]})")
+            return [ToolResult.failed("raised", text, time.monotonic() - started)] * count
+        latency = time.monotonic() - started
+        return [ToolResult(text, None, latency) for text in texts]
+
+    def close(self) -> None:
+        """Stop the tool workers and the search backend; the ToolSet cannot be used afterwards."""
+        if self._pool is not None:
+            self._pool.close()
+        if self._search is not None:
+            self._search.close()
+            self._search = None
+
+    def __enter__(self) -> ToolSet:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def _is_function_path(path: str) -> bool:
+    module, _, function = path.partition(":")
+    return bool(module) and bool(function)
