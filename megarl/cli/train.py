@@ -20,6 +20,7 @@ def run(args: argparse.Namespace) -> int:
     from megarl.bridge.verify import SyncVerificationError
     from megarl.orchestration.worker_group import WorkerFailure
     from megarl.rewards.functions import RewardFunctionError
+    from megarl.tools import ToolError
     from megarl.trainer.checkpoint_manager import CheckpointError
     from megarl.trainer.trainer import BadStepsError, Trainer
 
@@ -29,12 +30,12 @@ def run(args: argparse.Namespace) -> int:
         for problem in error.problems:
             print(f"megarl train: {problem}", file=sys.stderr)
         return 2
-    except DataError as error:
+    except (DataError, ToolError) as error:
         print(f"megarl train: {error}", file=sys.stderr)
         return 2
     try:
         metrics = trainer.fit()
-    except RewardFunctionError as error:
+    except (RewardFunctionError, ToolError) as error:
         print(f"megarl train: {error}", file=sys.stderr)
         return 2
     except (WorkerFailure, BadStepsError, SyncVerificationError, CheckpointError) as error:

@@ -21,6 +21,7 @@ from megarl.config.resources import data_file_problems, reward_function_problem,
 from megarl.config.rollout import response_length
 from megarl.config.roles import OptimizerConfig, ParallelConfig, RecomputeConfig
 from megarl.config.tokenizer_files import tokenizer_problems
+from megarl.tools.validation import tool_problems
 from megarl.workers.checkpoint_files import STEP_DIR, CheckpointError, read_manifest
 
 
@@ -39,6 +40,7 @@ def validate(config: Config, check_files: bool = True) -> list[Problem]:
     _check_algorithm(config, problems)
     _check_data(config, facts, check_files, problems)
     _check_reward(config, check_files, problems)
+    problems += tool_problems(config.rollout.multi_turn, check_files)
     _check_trainer(config, check_files, problems)
     _check_seeds(config, problems)
     problems += batch_problems(config)

@@ -80,13 +80,13 @@ class ToolSet:
         search = next((tool for tool in self.tools if tool.function == SEARCH), None)
         if search is None or self._search is not None:
             return
-        config = self.search_config
-        if config.retriever_url:
-            self._search = RetrieverClient(config.retriever_url, config.top_k, search.timeout_s)
+        settings = self.search_config
+        if settings.retriever_url:
+            self._search = RetrieverClient(settings.retriever_url, settings.top_k, search.timeout_s)
         else:
             from megarl.orchestration.search_actor import SearchActor  # Ray only where it is needed
 
-            self._search = SearchActor(config.corpus, config.top_k)
+            self._search = SearchActor(settings.corpus, settings.top_k)
 
     def schemas(self) -> list[dict]:
         """The tools' OpenAI-style schemas, in config order (after `wait_ready`)."""

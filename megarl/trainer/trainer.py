@@ -37,6 +37,7 @@ from megarl.trainer.settings import WORKER_ENV, sampling_config, step_seed, stop
 from megarl.trainer.sinks import JsonlSink, MetricsLogger
 from megarl.trainer.sync_step import WeightSync
 from megarl.trainer.timing import STARTUP_PHASES, PhaseTimer, startup_line
+from megarl.tools import ToolSet, parser_for
 
 
 ROLLOUTS_FILE = "rollouts.jsonl"
@@ -102,21 +103,19 @@ class Trainer:
                 shutdown_ray()
 
     def _tool_schemas(self) -> list[dict]:
-        from megarl.tools import tool_schemas
-
-        return tool_schemas(self.multi_turn)
+        """The tools' schemas for the chat template, read in their isolated workers (no user code runs
+        here); a tool that does not resolve stops the run now."""
+        with ToolSet(self.multi_turn) as tools:
+            tools.wait_ready()
+            return tools.schemas()
 
     def _tool_set(self):
-        from megarl.tools import ToolSet
-
         return ToolSet(self.multi_turn) if self.multi_turn.enable else nullcontext()
 
     def _rollout_function(self, tools):
         """Single turn, or the agent loop with the run's tools (`megarl.rollout`)."""
         if not self.multi_turn.enable:
             return partial(single_turn, self.roles.rollout)
-        from megarl.tools import parser_for
-
         return AgentLoop(self.roles.rollout, tools, parser_for(self.multi_turn.tool_format),
                          ObservationEncoder(self.tokenizer), self._decode_turn, self.multi_turn)
 

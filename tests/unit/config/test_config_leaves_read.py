@@ -24,7 +24,7 @@ from megarl.config.config import Config
 MEGARL = Path(__file__).resolve().parents[3] / "megarl"
 NOT_RUNTIME = {
     "config/validate.py", "config/loader.py", "config/memory.py", "config/model_facts.py", "config/names.py",
-    "config/placement.py", "config/problems.py", "config/resources.py", "cli/validate.py",
+    "config/placement.py", "config/problems.py", "config/resources.py", "cli/validate.py", "tools/validation.py",
 }
 """Modules that load, validate or estimate a config: their reads do not make a key do anything."""
 ROOTS = {("config",), ("self", "config")}
@@ -55,6 +55,8 @@ class Scope:
 
     def __init__(self, node: ast.AST, members: dict[Chain, set[Chain]]):
         self.node = node
+        self.class_name: str | None = None
+        """For a class's `__init__`: the class's name (calling the class calls it)."""
         self.members = members
         self.aliases: dict[Chain, set[Chain]] = {}
         for assign in (n for n in ast.walk(node) if _is_single_assignment(n)):
@@ -93,6 +95,10 @@ def _scopes(trees: list[ast.Module]) -> list[Scope]:
             if target is not None and len(target) == 2 and value is not None and len(value) > 1:
                 members.setdefault(target, set()).add(value)
         scopes += [Scope(node, members) for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.Module))]
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            # `ToolSet(multi_turn)` calls `ToolSet.__init__`: its scope also answers to the class's name.
+            for init in (n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"):
+                next(s for s in scopes if s.node is init).class_name = cls.name
     return scopes
 
 
@@ -101,7 +107,7 @@ def _bind_parameters(scopes: list[Scope]) -> None:
     by_name: dict[str, list[Scope]] = {}
     for scope in scopes:
         if isinstance(scope.node, ast.FunctionDef):
-            by_name.setdefault(scope.node.name, []).append(scope)
+            by_name.setdefault(scope.class_name or scope.node.name, []).append(scope)
     calls = [(scope, call) for scope in scopes for call in ast.walk(scope.node) if isinstance(call, ast.Call)]
     for _ in range(4):  # a parameter handed on to another function (`_role_plan` → `_update_plan`)
         for caller, call in calls:
@@ -117,12 +123,27 @@ def _bind_parameters(scopes: list[Scope]) -> None:
                         callee.aliases.setdefault((param,), set()).update(rooted)
 
 
+def _resolve_members(scopes: list[Scope]) -> None:
+    """A member set from a parameter (`self.search = multi_turn.search` in `__init__(self, multi_turn)`)
+    also stands for what that parameter stands for there: read in another method, `self.search.top_k`
+    has no `multi_turn` to expand."""
+    for scope in scopes:
+        if not isinstance(scope.node, ast.FunctionDef):
+            continue
+        for assign in (n for n in ast.walk(scope.node) if isinstance(n, ast.Assign) and len(n.targets) == 1):
+            target, value = _chain(assign.targets[0]), _chain(assign.value)
+            if target is not None and len(target) == 2 and value is not None and len(value) > 1:
+                rooted = {c for c in scope.expand(value) if any(c[:len(r)] == r for r in ROOTS)}
+                scope.members.setdefault(target, set()).update(rooted)
+
+
 def config_reads() -> set[Chain]:
     """Every config path (without its root) that a runtime attribute chain spells out from the config."""
     trees = [ast.parse(path.read_text()) for path in sorted(MEGARL.rglob("*.py"))
              if str(path.relative_to(MEGARL)) not in NOT_RUNTIME]
     scopes = _scopes(trees)
     _bind_parameters(scopes)
+    _resolve_members(scopes)
     reads = set()
     for scope in scopes:
         for node in ast.walk(scope.node):
