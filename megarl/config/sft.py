@@ -186,12 +186,21 @@ def _check_files(config: SftConfig, problems: list[Problem], need) -> None:
                     problems.append(Problem(key, model.tokenizer_path, "not a directory, nor a hub id in the local cache",
                                             "point it at a tokenizer directory, or leave it out to use model.path"))
     if train.output_dir:
-        problem = writable_dir_problem("train.output_dir", train.output_dir)
-        if problem is not None:
-            problems.append(problem)
-        else:
-            out = Path(train.output_dir).expanduser()
-            held = sorted(path.name for path in out.iterdir()) if out.is_dir() else []
-            need(not held or train.overwrite, "train.output_dir", train.output_dir,
-                 f"already holds {len(held)} file(s) ({', '.join(held[:5])})",
-                 "choose a new directory, or set train.overwrite: true to replace it")
+        problems += output_dir_problems(train.output_dir, model.path, overwrite=train.overwrite)
+
+
+def output_dir_problems(output_dir: str, model_path: str, *, overwrite: bool) -> list[Problem]:
+    """Why the trained model cannot be written to `output_dir`: not writable, the model being trained (its
+    export would replace its own source), or holding files while `overwrite` is false."""
+    problem = writable_dir_problem("train.output_dir", output_dir)
+    if problem is not None:
+        return [problem]
+    out = Path(output_dir).expanduser()
+    if out.resolve() == Path(local_dir(model_path)).expanduser().resolve():
+        return [Problem("train.output_dir", output_dir, "is model.path: the export would replace the model it starts from",
+                        "choose another directory")]
+    held = sorted(path.name for path in out.iterdir()) if out.is_dir() else []
+    if held and not overwrite:
+        return [Problem("train.output_dir", output_dir, f"already holds {len(held)} file(s) ({', '.join(held[:5])})",
+                        "choose a new directory, or set train.overwrite: true to replace it")]
+    return []

@@ -23,7 +23,14 @@ from transformers import AutoTokenizer
 
 from megarl.config import ConfigError, Problem
 from megarl.config.placement import resolve_device
-from megarl.config.sft import SftConfig, data_parallel_size, load_sft_config, local_dir, validate_sft
+from megarl.config.sft import (
+    SftConfig,
+    data_parallel_size,
+    load_sft_config,
+    local_dir,
+    output_dir_problems,
+    validate_sft,
+)
 from megarl.data import DataError
 from megarl.data.sft import SftSample, load_sft_samples, sft_batches, steps_per_epoch
 from megarl.orchestration.cluster import cluster_gpus, init_ray, shutdown_ray
@@ -52,8 +59,13 @@ class SftTrainer:
     """Supervised fine-tuning on megatron-core + Ray, driven from one process."""
 
     def __init__(self, config: SftConfig):
+        """`config` validated (`validate_sft`); the output dir is checked again here, where the export's
+        replacing it is decided. Reads every conversation (`DataError` lists the bad rows)."""
         self.config = config
         model = config.model
+        problems = output_dir_problems(config.train.output_dir, model.path, overwrite=config.train.overwrite)
+        if problems:
+            raise ConfigError(problems)
         self.model_path = local_dir(model.path)
         self.tokenizer = AutoTokenizer.from_pretrained(local_dir(model.tokenizer_path or model.path),
                                                        trust_remote_code=model.trust_remote_code)
