@@ -75,8 +75,9 @@ class SftConfig:
     """The demonstration conversations."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     """Tensor/pipeline-parallel layout (as actor.parallel of an RL recipe)."""
-    optim: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(lr=1.0e-4, weight_decay=0.0))
-    """Optimizer and learning-rate schedule (as actor.optim); the decay spans all optimizer steps."""
+    optim: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """Optimizer and learning-rate schedule (as actor.optim, same defaults: set `lr` for SFT, which usually
+    wants a larger one than RL); the decay spans all optimizer steps."""
     train: SftTrainConfig = field(default_factory=SftTrainConfig)
     """Batch sizes, length, devices and output."""
 
