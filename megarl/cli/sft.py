@@ -13,6 +13,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument("config", help="SFT recipe YAML (see configs/sft_tiny.yaml)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides, e.g. train.total_steps=20")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="validate the recipe and every conversation, print the plan, start nothing")
     parser.set_defaults(func=run)
 
 
@@ -31,6 +33,9 @@ def run(args: argparse.Namespace) -> int:
     except DataError as error:
         print(f"megarl sft: {error}", file=sys.stderr)
         return 2
+    print(trainer.plan_line(), flush=True)
+    if args.dry_run:
+        return 0
     try:
         result = trainer.fit()
     except ConfigError as error:  # what the running cluster cannot host (train.device: cuda without GPUs)

@@ -89,6 +89,17 @@ class SftTrainer:
             raise ConfigError(problems)
         return cls(config)
 
+    def plan_line(self) -> str:
+        """What the run will do, in one line (printed before it starts; `megarl sft --dry-run` stops there)."""
+        config, train = self.config, self.config.train
+        trained = sum(sum(sample.loss_mask[1:]) for sample in self.samples)
+        dp = data_parallel_size(config)
+        return (f"sft: {len(self.samples)} conversations ({trained} assistant tokens), {self.total_steps} optimizer "
+                f"steps of {train.batch_size} (DP {dp} × {train.batch_size // dp} per rank in micro-batches of "
+                f"{train.micro_batch_size_per_gpu}); TP {config.parallel.tensor_model_parallel_size}, PP "
+                f"{config.parallel.pipeline_model_parallel_size} on {train.gpus} {train.device} rank(s); "
+                f"output {train.output_dir}")
+
     def fit(self) -> SftResult:
         """Train `total_steps` optimizer steps and export the model to `train.output_dir`."""
         train = self.config.train

@@ -94,3 +94,14 @@ def test_bad_input_exits_2_before_any_process_starts(workdir, monkeypatch, capsy
     (workdir / "demos.jsonl").write_text(json.dumps(DEMO) + "\n")
     assert main(["sft", "sft.yaml", "train.batch_size=2"]) == 2
     assert "fewer than one batch of train.batch_size=2" in capsys.readouterr().err
+
+
+def test_dry_run_checks_everything_and_starts_nothing(workdir, monkeypatch, capsys):
+    def no_ray(**kwargs):
+        raise AssertionError("Ray started on a dry run")
+
+    monkeypatch.setattr(sft_module, "init_ray", no_ray)
+    assert main(["sft", "sft.yaml", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "sft: 1 conversations (2 assistant tokens), 1 optimizer steps of 1 (DP 1 × 1 per rank" in out, out
+    assert not (workdir / "out").exists()
