@@ -105,3 +105,8 @@ def test_dry_run_checks_everything_and_starts_nothing(workdir, monkeypatch, caps
     out = capsys.readouterr().out
     assert "sft: 1 conversations (2 assistant tokens), 1 optimizer steps of 1 (DP 1 × 1 per rank" in out, out
     assert not (workdir / "out").exists()
+
+
+def test_validate_names_the_command_of_an_sft_recipe(capsys):
+    assert main(["validate", "--no-file-checks", str(CONFIGS / "sft_tiny.yaml")]) == 2
+    assert "sft_tiny.yaml is a `megarl sft` recipe: check it with `megarl sft" in capsys.readouterr().err
