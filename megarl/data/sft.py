@@ -138,17 +138,18 @@ def load_sft_samples(
                 try:
                     ids, mask = tokenize_conversation(tokenizer, fields["messages"], fields.get("tools"))
                 except (jinja2.TemplateError, ValueError, TypeError) as error:
-                    found = [f"the chat template failed ({type(error).__name__}: {error})"]
-            if not found and len(ids) > max_length:
-                if not truncate:
-                    found = [f"{len(ids)} tokens > data.max_length={max_length}; fix: raise data.max_length, "
-                             "shorten the conversation, or set data.truncate: true (keeps the first max_length tokens)"]
-                else:
-                    ids, mask = ids[:max_length], mask[:max_length]
+                    found = [f"the chat template failed on this row ({type(error).__name__}: {error}); fix: correct "
+                             "the row, or use a tokenizer whose template renders it"]
+            truncated = not found and len(ids) > max_length
+            if truncated and not truncate:
+                found = [f"{len(ids)} tokens > data.max_length={max_length}; fix: raise data.max_length, "
+                         "shorten the conversation, or set data.truncate: true (keeps the first max_length tokens)"]
+            elif truncated:
+                ids, mask = ids[:max_length], mask[:max_length]
             if not found and not any(mask[1:]):
                 found = [f"no assistant token within the first {max_length} tokens (data.max_length); fix: raise "
-                         "data.max_length or shorten the turns before the first assistant message"
-                         if truncate else "the chat template renders no assistant token; fix the template"]
+                         "data.max_length or shorten the turns before the first assistant message" if truncated
+                         else "the chat template renders no token for the assistant messages; fix: give them content"]
             if found:
                 problems += [f"{location}: {problem}" for problem in found]
             else:

@@ -113,3 +113,12 @@ def test_batches_are_full_and_follow_the_seed(tool_tokenizer, write_jsonl):
     assert locations[0][:2] != locations[0][2:]  # each epoch has its own order
     with pytest.raises(DataError, match="fewer than one batch of train.batch_size=8"):
         next(sft_batches(samples, batch_size=8, epochs=1, seed=0, shuffle=False))
+
+
+def test_a_template_that_refuses_a_row_is_named_with_the_row(write_jsonl):
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = "{% if tools %}{{ raise_exception('this template takes no tools') }}{% endif %}x"
+    path = write_jsonl("t.jsonl", [{"messages": CONVERSATION[1:3], "tools": TOOLS}])
+    with pytest.raises(DataError, match=rf"{path}:1: the chat template failed on this row \(TemplateError: this "
+                                        r"template takes no tools\); fix:"):
+        load_sft_samples([path], tokenizer, max_length=512, truncate=False)
