@@ -21,6 +21,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from megarl.config import ConfigError
     from megarl.data import DataError
+    from megarl.orchestration.placement import PlacementError
     from megarl.orchestration.worker_group import WorkerFailure
     from megarl.trainer.sft import SftTrainer
 
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         for problem in error.problems:
             print(f"megarl sft: {problem}", file=sys.stderr)
         return 2
-    except WorkerFailure as error:
+    except (WorkerFailure, PlacementError) as error:
         print(f"megarl sft: failed: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
     last = result.metrics[-1]["loss"] if result.metrics else float("nan")

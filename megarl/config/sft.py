@@ -70,7 +70,8 @@ class SftConfig:
     """A `megarl sft` job. Defaults live here; a recipe states what differs."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
-    """The model to fine-tune (an HF checkpoint) and the dtype it trains in."""
+    """The model to fine-tune (an HF checkpoint with its tokenizer: `tokenizer_path` must stay unset, the export
+    carries model.path's tokenizer files) and the dtype it trains in."""
     data: SftDataConfig = field(default_factory=SftDataConfig)
     """The demonstration conversations."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -115,6 +116,9 @@ def validate_sft(config: SftConfig, check_files: bool = True) -> list[Problem]:
     need(not model.trust_remote_code, "model.trust_remote_code", True,
          "megarl builds models from config.json and never runs code shipped with a checkpoint",
          "set model.trust_remote_code=false and use a supported architecture")
+    need(model.tokenizer_path is None, "model.tokenizer_path", model.tokenizer_path,
+         "the trained model is exported with model.path's tokenizer files (config.json, tokenizer), so another "
+         "tokenizer would not travel with it", "copy the tokenizer files into model.path and leave tokenizer_path unset")
     need(not (model.transformer_impl == "transformer_engine" and train.device == "cpu"), "model.transformer_impl",
          model.transformer_impl, "Transformer Engine is CUDA-only and train.device is cpu",
          "use model.transformer_impl: auto (or local)")

@@ -67,9 +67,11 @@ def test_every_other_problem_is_reported_at_once(workdir):
     (workdir / "full").mkdir()
     (workdir / "full" / "weights.bin").write_text("x")
     shown = problems_of(["data.max_length=2048", "data.train_files=[missing.jsonl, notes.txt]", "train.epochs=0",
-                         "optim.lr=0", "train.seed=-1", "train.output_dir=full", "model.trust_remote_code=true"])
+                         "optim.lr=0", "train.seed=-1", "train.output_dir=full", "model.trust_remote_code=true",
+                         "model.tokenizer_path=model"])
     keys = sorted(line.split(" = ")[0] for line in shown)
-    assert keys == ["data.max_length", "data.train_files[0]", "data.train_files[1]", "model.trust_remote_code",
+    assert keys == ["data.max_length", "data.train_files[0]", "data.train_files[1]", "model.tokenizer_path",
+                    "model.trust_remote_code",
                     "optim.lr", "train.epochs", "train.output_dir", "train.seed"], shown
     assert any("train.output_dir = 'full': already holds 1 file(s) (weights.bin); fix: choose a new directory, or set "
                "train.overwrite: true" in line for line in shown)
