@@ -66,7 +66,8 @@ class SftTrainer:
         problems = output_dir_problems(config.train.output_dir, model.path, overwrite=config.train.overwrite)
         if problems:
             raise ConfigError(problems)
-        self.model_path = local_dir(model.path)
+        # Absolute: the rank processes need not share the driver's working directory.
+        self.model_path = str(Path(local_dir(model.path)).expanduser().absolute())
         self.tokenizer = AutoTokenizer.from_pretrained(local_dir(model.tokenizer_path or model.path),
                                                        trust_remote_code=model.trust_remote_code)
         data, train = config.data, config.train
@@ -111,7 +112,7 @@ class SftTrainer:
             placement = create_placement_group("megarl-sft", train.gpus, bundle)
             group = MegatronGroup.start("sft", self._worker_spec(), train.gpus, placement, bundle,
                                         {**WORKER_ENV, **worker_env(device)}, target=SFT_TARGET)
-            result = SftResult(Path(train.output_dir).expanduser())
+            result = SftResult(Path(train.output_dir).expanduser().absolute())
             batches = sft_batches(self.samples, batch_size=train.batch_size, epochs=train.epochs, seed=train.seed,
                                   shuffle=self.config.data.shuffle)
             for step, rows in enumerate(islice(batches, self.total_steps), start=1):
