@@ -9,4 +9,8 @@ def __getattr__(name: str):
         from megarl.trainer.trainer import Trainer
 
         return Trainer
+    if name == "SftTrainer":
+        from megarl.trainer.sft import SftTrainer
+
+        return SftTrainer
     raise AttributeError(f"module 'megarl' has no attribute {name!r}")

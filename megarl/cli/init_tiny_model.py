@@ -26,6 +26,9 @@ def register(subparsers) -> None:
     parser.add_argument("--intermediate-size", type=int, default=256, help="MLP intermediate size (default: 256)")
     parser.add_argument("--tie-word-embeddings", action="store_true", help="share the input embedding and the LM head")
     parser.add_argument("--seed", type=int, default=0, help="random-init seed (default: 0)")
+    parser.add_argument("--tool-tokens", action="store_true",
+                        help="add <tool_call>, </tool_call>, <tool_response>, </tool_response> as single tokens "
+                             "(vocab 104) and a chat template that renders tools= and tool messages (agent runs)")
     parser.set_defaults(func=run)
 
 
@@ -67,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         head_dim=args.hidden_size // args.num_heads,
         intermediate_size=args.intermediate_size,
         tie_word_embeddings=args.tie_word_embeddings,
+        tool_tokens=args.tool_tokens,
     )
     print(f"wrote {out} ({describe(out)})")
     return 0

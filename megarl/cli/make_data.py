@@ -13,7 +13,7 @@ from megarl.rewards.tasks import TASKS
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "make-data",
-        help="write a synthetic task's train.jsonl and val.jsonl (columns prompt, answer)",
+        help="write a synthetic task's train.jsonl and val.jsonl (prompts and answers, or demonstrations for sft)",
         description="Write OUT/train.jsonl and OUT/val.jsonl for a synthetic task (megarl.rewards.tasks); "
                     "the two files share no prompt, and the same --seed gives the same files.",
     )

@@ -50,7 +50,11 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(args.config, args.overrides)
     except ConfigError as error:
         _report(args.config, error.problems)
-        print("(semantic checks run once the keys and types above are fixed)", file=sys.stderr)
+        if _is_sft_recipe(args.config, args.overrides):
+            print(f"({args.config} is a `megarl sft` recipe: check it with `megarl sft {args.config} --dry-run`)",
+                  file=sys.stderr)
+        else:
+            print("(semantic checks run once the keys and types above are fixed)", file=sys.stderr)
         return 2
     check_files = not args.no_file_checks
     problems = validate(config, check_files=check_files)
@@ -73,6 +77,17 @@ def run(args: argparse.Namespace) -> int:
               "their hub ids in the local HF cache) and the resume checkpoint; writability of checkpoint.dir and trainer.output_dir")
     print(f"\n{args.config}: OK")
     return 0
+
+
+def _is_sft_recipe(path: str, overrides: list[str]) -> bool:
+    """Whether a recipe that is no `megarl train` recipe loads as a `megarl sft` one."""
+    from megarl.config.sft import load_sft_config
+
+    try:
+        load_sft_config(path, overrides)
+    except ConfigError:
+        return False
+    return True
 
 
 class _Dumper(yaml.SafeDumper):

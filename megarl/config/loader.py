@@ -73,8 +73,9 @@ def parse_yaml(text: str, name: str = "<unicode string>"):
         loader.dispose()
 
 
-def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
-    """Read a YAML recipe, apply `key.sub=value` overrides in order, and build the typed `Config`.
+def load_config(path: str | Path, overrides: typing.Sequence[str] = (), schema: type = Config):
+    """Read a YAML recipe, apply `key.sub=value` overrides in order, and build the typed `Config` (or
+    another root dataclass `schema`, e.g. `megarl.config.sft.SftConfig`).
 
     Raises `ConfigError` listing every unknown key, wrong type and malformed override at once.
     Semantic checks (sizes, divisibility, files) are `validate()`'s job.
@@ -92,7 +93,7 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
         raise ConfigError([Problem(str(path), data, "a recipe must be a mapping of sections",
                                    "write sections at the top level, e.g. `model:` then `  path: ...`")])
     problems = apply_overrides(data, overrides)
-    config = build_config(data, problems)
+    config = build_config(data, problems, schema)
     if problems:
         raise ConfigError(problems)
     return config
@@ -166,13 +167,13 @@ def _merge(into: dict, update: dict) -> None:
             into[key] = value
 
 
-def build_config(data: dict, problems: list[Problem]) -> Config:
-    """Build a `Config` from nested plain data, appending a `Problem` per unknown key or wrong type.
+def build_config(data: dict, problems: list[Problem], schema: type = Config):
+    """Build a `Config` (or `schema`) from nested plain data, appending a `Problem` per unknown key or wrong type.
 
     A field with a problem keeps its default so the rest can still be checked; callers must not use
     the result when `problems` is non-empty.
     """
-    return _build(Config, data, "", problems, _all_keys(Config))
+    return _build(schema, data, "", problems, _all_keys(schema))
 
 
 def _build(cls, data: dict, prefix: str, problems: list[Problem], all_keys: list[str]):

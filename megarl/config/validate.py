@@ -107,7 +107,7 @@ def _check_tokenizer(config: Config, facts: ModelFacts | None, problems: list[Pr
         problems += tokenizer_problems(key, value, directory, facts)
 
 
-def _check_optimizer(prefix: str, optim: OptimizerConfig, problems: list[Problem]) -> None:
+def check_optimizer(prefix: str, optim: OptimizerConfig, problems: list[Problem]) -> None:
     _need(problems, optim.lr > 0, f"{prefix}.lr", optim.lr, "the learning rate must be > 0", "e.g. 1e-6")
     # Against a non-positive lr the bound is meaningless; lr's own problem says what to fix.
     _need(problems, 0 <= optim.min_lr and (optim.lr <= 0 or optim.min_lr <= optim.lr), f"{prefix}.min_lr", optim.min_lr,
@@ -134,7 +134,7 @@ def _check_recompute(prefix: str, recompute: RecomputeConfig, problems: list[Pro
 
 def _check_actor(config: Config, problems: list[Problem]) -> None:
     actor = config.actor
-    _check_optimizer("actor.optim", actor.optim, problems)
+    check_optimizer("actor.optim", actor.optim, problems)
     _check_recompute("actor.recompute", actor.recompute, problems)
     _need_name(problems, "actor.policy_loss", actor.policy_loss, names.policy_losses(), "policy loss")
     _need_name(problems, "actor.loss_agg_mode", actor.loss_agg_mode, names.loss_agg_modes(), "loss aggregation")
@@ -162,7 +162,7 @@ def _check_critic(config: Config, problems: list[Problem]) -> None:
               "set critic.enable=false, or algorithm.adv_estimator=gae")
     if not critic.enable:
         return
-    _check_optimizer("critic.optim", critic.optim, problems)
+    check_optimizer("critic.optim", critic.optim, problems)
     _check_recompute("critic.recompute", critic.recompute, problems)
     _need_name(problems, "critic.loss_agg_mode", critic.loss_agg_mode, names.loss_agg_modes(), "loss aggregation")
     _need(problems, critic.cliprange_value > 0, "critic.cliprange_value", critic.cliprange_value, "must be > 0", "e.g. 0.5")
@@ -375,7 +375,7 @@ def _check_layout_against_model(config: Config, facts: ModelFacts, problems: lis
         roles["ref"] = (config.ref.parallel, None)
     model = f"the model ({facts.source})"
     for role, (parallel, recompute) in roles.items():
-        _check_megatron_layout(role, parallel, recompute, facts, model, problems)
+        check_megatron_layout(role, parallel, recompute, facts, model, problems)
     tp, heads, kv = config.rollout.tensor_model_parallel_size, facts.num_attention_heads, facts.num_key_value_heads
     key = "rollout.tensor_model_parallel_size"
     if tp >= 1:
@@ -386,22 +386,25 @@ def _check_layout_against_model(config: Config, facts: ModelFacts, problems: lis
               f"use a rollout TP that divides {kv} or is a multiple of it")
 
 
-def _check_megatron_layout(role: str, parallel: ParallelConfig, recompute: RecomputeConfig | None, facts: ModelFacts,
+def check_megatron_layout(role: str, parallel: ParallelConfig, recompute: RecomputeConfig | None, facts: ModelFacts,
                            model: str, problems: list[Problem]) -> None:
+    """TP | heads, TP | KV groups, PP | layers (and recomputed layers within a stage) of `role`'s layout; `role`
+    "" for a recipe whose `parallel` section is top-level (`megarl sft`)."""
     tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
+    prefix = f"{role}." if role else ""
     heads, kv, layers = facts.num_attention_heads, facts.num_key_value_heads, facts.num_hidden_layers
     if tp >= 1:
-        key = f"{role}.parallel.tensor_model_parallel_size"
+        key = f"{prefix}parallel.tensor_model_parallel_size"
         _need(problems, heads % tp == 0, key, tp, f"TP {tp} does not divide the {heads} attention heads of {model}",
               f"use a TP dividing {heads}")
         _need(problems, kv % tp == 0, key, tp, f"Megatron needs TP {tp} to divide the {kv} KV groups of {model} "
                                                f"({kv} ÷ {tp} = {kv / tp:.2f})", f"use a TP dividing {kv}")
     if pp >= 1:
-        _need(problems, layers % pp == 0, f"{role}.parallel.pipeline_model_parallel_size", pp,
+        _need(problems, layers % pp == 0, f"{prefix}parallel.pipeline_model_parallel_size", pp,
               f"PP {pp} does not divide the {layers} layers of {model} ({layers} ÷ {pp} = {layers / pp:.2f})",
               f"use a PP dividing {layers}")
         if recompute is not None and recompute.num_layers is not None and layers % pp == 0 and recompute.num_layers >= 1:
             per_stage = layers // pp
-            _need(problems, recompute.num_layers <= per_stage, f"{role}.recompute.num_layers", recompute.num_layers,
+            _need(problems, recompute.num_layers <= per_stage, f"{prefix}recompute.num_layers", recompute.num_layers,
                   f"more than the {per_stage} layers of a pipeline stage ({layers} layers ÷ PP {pp})",
                   f"use 1 to {per_stage}")

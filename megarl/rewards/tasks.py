@@ -15,6 +15,13 @@ With 8 letters (lr 3e-3) 120 steps reach only ~0.23. Prompts use only characters
 char tokenizer (`megarl.models.tiny.CHARACTERS`).
 
     megarl make-data --task repeat_first_char --out outputs/quickstart-data   # train.jsonl, val.jsonl
+
+`calc_tool_demos` (the agent warm-up, `megarl sft`): demonstration conversations, not prompts. The user
+asks for a sum of two numbers below 100; the assistant calls the `calc` tool (hermes format), the tool
+answers, the assistant repeats the result. A random-init model never writes a tool call by chance;
+a few of these teach it the format before RL with tools.
+
+    megarl make-data --task calc_tool_demos --out outputs/sft-data   # rows {"messages": [...], "tools": [...]}
 """
 
 from __future__ import annotations
@@ -46,7 +53,32 @@ def repeat_first_char_rows(count: int, rng: random.Random) -> list[dict[str, str
     return [{"prompt": prompt, "answer": prompt[0]} for prompt in prompts]
 
 
+CALC_TOOL = {"type": "function", "function": {
+    "name": "calc", "description": "evaluate an arithmetic expression",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+}}
+"""The OpenAI function schema of calc_tool_demos' tool."""
+
+
+def calc_tool_demo_rows(count: int, rng: random.Random) -> list[dict]:
+    """`count` distinct demonstrations `{"messages": [user, assistant tool call, tool, assistant], "tools": [calc]}`."""
+    if count > 100 * 100:
+        raise ValueError(f"calc_tool_demos: cannot make {count} distinct sums of two numbers below 100")
+    pairs: dict[tuple[int, int], None] = {}  # insertion-ordered set
+    while len(pairs) < count:
+        pairs[rng.randrange(100), rng.randrange(100)] = None
+    rows = []
+    for a, b in pairs:
+        call = f'<tool_call>{{"name": "calc", "arguments": {{"expression": "{a}+{b}"}}}}</tool_call>'
+        messages = [{"role": "user", "content": f"{a}+{b}"}, {"role": "assistant", "content": call},
+                    {"role": "tool", "content": str(a + b)}, {"role": "assistant", "content": str(a + b)}]
+        rows.append({"messages": messages, "tools": [CALC_TOOL]})
+    return rows
+
+
 TASKS: dict[str, Callable[[int, random.Random], list[dict]]] = {
     "repeat_first_char": repeat_first_char_rows,
+    "calc_tool_demos": calc_tool_demo_rows,
 }
-"""Synthetic tasks by name: a generator of `count` distinct rows (`prompt`, `answer`) from a seeded RNG."""
+"""Synthetic tasks by name: a generator of `count` distinct rows from a seeded RNG (prompt tasks: `prompt`,
+`answer`; demonstration tasks: `messages`, `tools`, for `megarl sft`)."""

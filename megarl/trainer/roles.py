@@ -59,9 +59,11 @@ class MegatronGroup:
     """Per rank: rank, tp_rank, pp_rank, dp_rank, dp_size."""
 
     @classmethod
-    def start(cls, name: str, spec: PolicyWorkerSpec, world_size: int, placement, bundle: BundleSpec,
-              env: dict[str, str]) -> MegatronGroup:
-        workers = WorkerGroup(name, POLICY_TARGET, world_size, placement, bundle, init_kwargs={"spec": spec}, env=env)
+    def start(cls, name: str, spec, world_size: int, placement, bundle: BundleSpec,
+              env: dict[str, str], target: str = POLICY_TARGET) -> MegatronGroup:
+        """`world_size` ranks of `target` (a worker class taking `spec`, with a `grid()` method: a
+        `PolicyWorker`, or `megarl sft`'s `SftWorker`)."""
+        workers = WorkerGroup(name, target, world_size, placement, bundle, init_kwargs={"spec": spec}, env=env)
         return cls(workers, workers.call_all("grid"))
 
     @property

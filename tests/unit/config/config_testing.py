@@ -7,6 +7,10 @@ from megarl.cli.main import main
 
 REPO = Path(__file__).resolve().parents[3]
 CONFIGS = REPO / "configs"
+SFT_RECIPES = sorted(CONFIGS.glob("sft_*.yaml"))
+"""`megarl sft` recipes (schema `megarl.config.sft.SftConfig`)."""
+RL_RECIPES = sorted(p for p in CONFIGS.glob("*.yaml") if p not in SFT_RECIPES)
+"""`megarl train` recipes (schema `Config`)."""
 
 TINY_MODEL = {
     "architectures": ["Qwen2ForCausalLM"],

@@ -20,6 +20,7 @@ import dataclasses
 from pathlib import Path
 
 from megarl.config.config import Config
+from megarl.config.sft import SftConfig
 
 MEGARL = Path(__file__).resolve().parents[3] / "megarl"
 NOT_RUNTIME = {
@@ -27,6 +28,9 @@ NOT_RUNTIME = {
     "config/placement.py", "config/problems.py", "config/resources.py", "cli/validate.py", "tools/validation.py",
 }
 """Modules that load, validate or estimate a config: their reads do not make a key do anything."""
+SFT_RUNTIME = {"trainer/sft.py", "trainer/settings.py", "cli/sft.py", "workers/sft_worker.py"}
+"""The modules that run `megarl sft` (its recipe, `SftConfig`, shares section names with `Config`: the
+scan of its keys looks at its own runtime only, so an RL read of `data.shuffle` does not count)."""
 ROOTS = {("config",), ("self", "config")}
 """How the runtime holds the config (`config: Config` arguments, `Trainer.config`)."""
 Chain = tuple[str, ...]
@@ -137,10 +141,12 @@ def _resolve_members(scopes: list[Scope]) -> None:
                 scope.members.setdefault(target, set()).update(rooted)
 
 
-def config_reads() -> set[Chain]:
-    """Every config path (without its root) that a runtime attribute chain spells out from the config."""
-    trees = [ast.parse(path.read_text()) for path in sorted(MEGARL.rglob("*.py"))
-             if str(path.relative_to(MEGARL)) not in NOT_RUNTIME]
+def config_reads(modules: set[str] | None = None) -> set[Chain]:
+    """Every config path (without its root) that a runtime attribute chain spells out from the config
+    (in `modules` only, paths relative to megarl/, when given)."""
+    paths = [path for path in sorted(MEGARL.rglob("*.py")) if str(path.relative_to(MEGARL)) not in NOT_RUNTIME]
+    trees = [ast.parse(path.read_text()) for path in paths
+             if modules is None or str(path.relative_to(MEGARL)) in modules]
     scopes = _scopes(trees)
     _bind_parameters(scopes)
     _resolve_members(scopes)
@@ -155,12 +161,16 @@ def config_reads() -> set[Chain]:
     return reads
 
 
-def unread_leaves(reads: set[Chain]) -> list[str]:
-    return [".".join(path) for path in leaf_paths() if path not in reads]
+def unread_leaves(reads: set[Chain], schema=Config) -> list[str]:
+    return [".".join(path) for path in leaf_paths(schema) if path not in reads]
 
 
 def test_every_config_key_is_read_by_the_runtime():
     assert unread_leaves(config_reads()) == []
+
+
+def test_every_sft_config_key_is_read_by_the_sft_runtime():
+    assert unread_leaves(config_reads(SFT_RUNTIME), SftConfig) == []
 
 
 def test_the_scan_is_section_aware():

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from megarl.config import Config, ConfigError, apply_overrides, load_config, parse_yaml, to_dict
-from config_testing import CONFIGS
+from config_testing import CONFIGS, SFT_RECIPES
+from megarl.config.sft import SftConfig
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:
@@ -22,9 +23,10 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 
 @pytest.mark.parametrize("recipe", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
 def test_unstated_keys_equal_the_dataclass_defaults(recipe):
+    schema = SftConfig if recipe in SFT_RECIPES else Config
     stated = flatten(parse_yaml(recipe.read_text()))
-    loaded = flatten(to_dict(load_config(recipe)))
-    defaults = flatten(to_dict(Config()))
+    loaded = flatten(to_dict(load_config(recipe, schema=schema)))
+    defaults = flatten(to_dict(schema()))
     assert set(loaded) == set(defaults)
     for key, value in loaded.items():
         assert value == (stated[key] if key in stated else defaults[key]), key

@@ -8,7 +8,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from megarl.cli.main import main
-from megarl.models.tiny import CHARACTERS, SPECIAL_TOKENS, make_tiny_model
+from megarl.models.tiny import CHARACTERS, SPECIAL_TOKENS, TOOL_TOKENS, make_tiny_model
 
 TEXT = "Q: 12+30=?\nA: 42. (ok!)"
 
@@ -58,3 +58,35 @@ def test_init_tiny_model_cli(tmp_path, capsys):
     assert main(["init-tiny-model", "--out", str(tmp_path / "bad"), "--hidden-size", "64", "--num-heads", "4"]) == 2
     assert "head_dim = --hidden-size / --num-heads = 16 < 32" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_tool_tokens_are_single_tokens_after_the_char_vocabulary(tmp_path, capsys):
+    out = tmp_path / "agent"
+    assert main(["init-tiny-model", "--out", str(out), "--tool-tokens"]) == 0
+    assert "vocab 104" in capsys.readouterr().out
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["vocab_size"] == 104 and cfg["vocab_size"] % 128 != 0
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    call = '<tool_call>{"a": 1}</tool_call>'
+    ids = tokenizer(call + "<tool_response>2</tool_response>", add_special_tokens=False).input_ids
+    assert ids[0] == 100 and ids[len(call) - len("<tool_call></tool_call>") + 1] == 101 and ids[-1] == 103
+    assert [tokenizer.convert_tokens_to_ids(t) for t in TOOL_TOKENS] == [100, 101, 102, 103]
+    # Kept by decode(skip_special_tokens=True): tool-call parsers read decoded text.
+    assert tokenizer.decode(ids, skip_special_tokens=True) == call + "<tool_response>2</tool_response>"
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": {"properties": {"expression": {}}}}},
+             {"name": "now"}]
+    messages = [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": call},
+                {"role": "tool", "content": "2"}]
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert text == ("tools: calc(expression), now()\nuser: 1+1\nassistant: " + call + "\n"
+                    "tool: <tool_response>2</tool_response>\nassistant: ")
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.get_input_embeddings().weight.shape[0] == 104
+
+
+def test_default_models_keep_the_100_token_vocabulary_and_plain_template(tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(make_tiny_model(tmp_path / "plain"))
+    assert len(tokenizer) == 100
+    assert tokenizer("<tool_call>", add_special_tokens=False).input_ids == [4 + CHARACTERS.index(c) for c in "<tool_call>"]
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[{"name": "now"}], tokenize=False)
+    assert text == "user: hi\n"

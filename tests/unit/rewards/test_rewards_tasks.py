@@ -1,4 +1,5 @@
-"""The quickstart task: its reward, `megarl make-data` output, and that the data loads under configs/quickstart.yaml."""
+"""The synthetic tasks: the quickstart's reward, `megarl make-data` output, and that the data loads under
+configs/quickstart.yaml; the SFT demonstrations that `megarl sft` reads."""
 
 import json
 from pathlib import Path
@@ -6,6 +7,7 @@ from pathlib import Path
 from megarl.cli.main import main
 from megarl.config import load_config
 from megarl.data import load_prompts
+from megarl.data.sft import load_sft_samples
 from megarl.models.tiny import CHARACTERS, build_char_tokenizer
 from megarl.rewards.tasks import REPEAT_ALPHABET, REPEAT_LENGTHS, repeat_first_char
 
@@ -51,3 +53,21 @@ def test_make_data_refuses_bad_sizes(tmp_path, capsys):
     assert main(["make-data", "--task", "repeat_first_char", "--out", str(tmp_path), "--n-train", "0"]) == 2
     assert main(["make-data", "--task", "repeat_first_char", "--out", str(tmp_path), "--n-train", "100000"]) == 2
     assert "cannot make 100128 distinct prompts" in capsys.readouterr().err
+
+
+def test_calc_tool_demos_are_distinct_reproducible_conversations_sft_reads(tmp_path, capsys):
+    out = tmp_path / "demos"
+    assert main(["make-data", "--task", "calc_tool_demos", "--out", str(out), "--n-train", "40", "--n-val", "4"]) == 0
+    rows = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    assert len({row["messages"][0]["content"] for row in rows}) == 40
+    a, b = (int(n) for n in rows[0]["messages"][0]["content"].split("+"))
+    assert [m["role"] for m in rows[0]["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert rows[0]["messages"][2]["content"] == rows[0]["messages"][3]["content"] == str(a + b)
+    assert json.loads(rows[0]["messages"][1]["content"].removeprefix("<tool_call>").removesuffix("</tool_call>")) == {
+        "name": "calc", "arguments": {"expression": f"{a}+{b}"}}
+    again = tmp_path / "again"
+    main(["make-data", "--task", "calc_tool_demos", "--out", str(again), "--n-train", "40", "--n-val", "4"])
+    assert (again / "train.jsonl").read_text() == (out / "train.jsonl").read_text()
+    samples = load_sft_samples([out / "train.jsonl"], build_char_tokenizer(tool_tokens=True), max_length=160,
+                               truncate=False)
+    assert len(samples) == 40 and all(100 in s.input_ids for s in samples)
