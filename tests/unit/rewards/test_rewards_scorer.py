@@ -132,5 +132,5 @@ def test_resolve_names_the_spec_and_the_problem():
         resolve_reward_function("no_such_pkg_xyz.rewards:score")
     with pytest.raises(RewardFunctionError, match=r"rewards_testing.NOT_CALLABLE is a int, not a function"):
         resolve_reward_function("rewards_testing:NOT_CALLABLE")
-    with pytest.raises(RewardFunctionError, match=r"'bleu': neither a built-in \(gsm8k, math\) nor a function path"):
+    with pytest.raises(RewardFunctionError, match=r"'bleu': neither a built-in \(gsm8k, math, qa_em\) nor a function path"):
         resolve_reward_function("bleu")
