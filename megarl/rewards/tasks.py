@@ -17,7 +17,7 @@ char tokenizer (`megarl.models.tiny.CHARACTERS`).
     megarl make-data --task repeat_first_char --out outputs/quickstart-data   # train.jsonl, val.jsonl
 
 `calc_tool_demos` (the agent warm-up, `megarl sft`): demonstration conversations, not prompts. The user
-asks for a sum of two numbers below 100; the assistant calls the `calc` tool (hermes format), the tool
+asks for a sum of two two-digit numbers; the assistant calls the built-in `calculator` tool (hermes format), the tool
 answers, the assistant repeats the result. A random-init model never writes a tool call by chance;
 a few of these teach it the format before RL with tools.
 
@@ -53,31 +53,65 @@ def repeat_first_char_rows(count: int, rng: random.Random) -> list[dict[str, str
     return [{"prompt": prompt, "answer": prompt[0]} for prompt in prompts]
 
 
-CALC_TOOL = {"type": "function", "function": {
-    "name": "calc", "description": "evaluate an arithmetic expression",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-}}
-"""The OpenAI function schema of calc_tool_demos' tool."""
+CALC_OPERANDS = range(10, 100)
+"""Operands of the calc tasks: two digits each, so a call and its answer sit at the same places in every
+conversation (what a tiny model can learn to copy)."""
+
+
+def calc_answer(prompts: list[str], responses: list[str], answer: list[str], **columns) -> list[float]:
+    """Reward of the agent quickstart (`calc`): 1.0 if the final answer is the sum, else 0.0."""
+    return [1.0 if response.strip() == expected else 0.0 for response, expected in zip(responses, answer)]
+
+
+def _for_demos(a: int, b: int) -> bool:
+    """Whether the sum a+b belongs to the demonstrations (else to the RL prompts): a fixed pseudo-random
+    half, blind to the digits (a split by digit, e.g. odd vs even operands, teaches the warm-up a digit
+    bias that the RL prompts then break)."""
+    return random.Random(a * 100 + b).random() < 0.5
+
+
+def _calc_pairs(count: int, rng: random.Random, demos: bool, task: str) -> list[tuple[int, int]]:
+    """`count` distinct operand pairs from the demonstrations' half (`demos`) or the prompts' half."""
+    pool = [(a, b) for a in CALC_OPERANDS for b in CALC_OPERANDS if _for_demos(a, b) == demos]
+    if count > len(pool):
+        raise ValueError(f"{task}: cannot make {count} distinct sums of two-digit numbers (at most {len(pool)})")
+    return rng.sample(pool, count)
+
+
+def calc_rows(count: int, rng: random.Random) -> list[dict[str, str]]:
+    """The agent quickstart's prompts `{"prompt": "37+58", "answer": "95"}`: a sum a tiny model cannot
+    compute, only read from the `calculator` tool; never one of `calc_tool_demos`' sums."""
+    return [{"prompt": f"{a}+{b}", "answer": str(a + b)} for a, b in _calc_pairs(count, rng, False, "calc")]
+
+
+CALC_DIRECT_SHARE = 0.25
+"""Share of `calc_tool_demos` that answer at once, without the tool: the warmed-up model then calls the
+tool about half of the time, and RL has to find out that only the calls get sums right."""
 
 
 def calc_tool_demo_rows(count: int, rng: random.Random) -> list[dict]:
-    """`count` distinct demonstrations `{"messages": [user, assistant tool call, tool, assistant], "tools": [calc]}`."""
-    if count > 100 * 100:
-        raise ValueError(f"calc_tool_demos: cannot make {count} distinct sums of two numbers below 100")
-    pairs: dict[tuple[int, int], None] = {}  # insertion-ordered set
-    while len(pairs) < count:
-        pairs[rng.randrange(100), rng.randrange(100)] = None
+    """`count` distinct demonstrations `{"messages": [user, assistant tool call, tool, assistant], "tools":
+    [calculator]}` of the built-in `calculator` tool (its schema as the run offers it), `CALC_DIRECT_SHARE`
+    of them `[user, assistant]` answering directly; none is a sum of `calc`'s prompts."""
+    from transformers.utils import get_json_schema
+
+    from megarl.tools.builtin.calculator import calculator
+
+    schema = get_json_schema(calculator)
     rows = []
-    for a, b in pairs:
-        call = f'<tool_call>{{"name": "calc", "arguments": {{"expression": "{a}+{b}"}}}}</tool_call>'
+    for a, b in _calc_pairs(count, rng, True, "calc_tool_demos"):
+        call = f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{a}+{b}"}}}}</tool_call>'
         messages = [{"role": "user", "content": f"{a}+{b}"}, {"role": "assistant", "content": call},
                     {"role": "tool", "content": str(a + b)}, {"role": "assistant", "content": str(a + b)}]
-        rows.append({"messages": messages, "tools": [CALC_TOOL]})
+        if rng.random() < CALC_DIRECT_SHARE:
+            messages = [messages[0], messages[3]]
+        rows.append({"messages": messages, "tools": [schema]})
     return rows
 
 
 TASKS: dict[str, Callable[[int, random.Random], list[dict]]] = {
     "repeat_first_char": repeat_first_char_rows,
+    "calc": calc_rows,
     "calc_tool_demos": calc_tool_demo_rows,
 }
 """Synthetic tasks by name: a generator of `count` distinct rows from a seeded RNG (prompt tasks: `prompt`,

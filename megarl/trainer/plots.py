@@ -27,7 +27,7 @@ _DPI = 100
 
 # (panel title, metrics drawn in it, y on a log scale when every value is > 0)
 _PANELS = (
-    ("reward", ("reward/mean", "val/reward/mean"), False),
+    ("reward", ("reward/mean", "val/reward/mean", "agent/tool_call_rate"), False),  # the rate: multi-turn only
     ("response length (tokens)", ("response_length/mean", "response_length/max"), False),
     ("KL(policy ‖ reference)", ("actor/kl", "actor/reward_kl_penalty"), False),
     ("sync log-prob gap |rollout - actor|", ("sync/logprob_max_abs_diff", "sync/logprob_mean_abs_diff"), True),

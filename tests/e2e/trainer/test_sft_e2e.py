@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from megarl.config import load_config, validate
 from megarl.data.sft import sft_batches
 from megarl.models.tiny import make_tiny_model
-from megarl.rewards.tasks import CALC_TOOL, calc_tool_demo_rows
+from megarl.rewards.tasks import calc_tool_demo_rows
 from megarl.trainer.sft import SftTrainer
 from megarl.workers.rollout import make_rollout_engine
 
@@ -79,7 +79,8 @@ def test_sft_trains_the_assistant_tokens_and_exports_a_usable_model(sft_run):
 
     # It learned the format: asked a new sum, it opens a tool call (one token, id 100) in HF and in vLLM.
     tokenizer = AutoTokenizer.from_pretrained(out)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "12+30"}], tools=[CALC_TOOL], tokenize=False,
+    tools = calc_tool_demo_rows(1, random.Random(0))[0]["tools"]
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "12+31"}], tools=tools, tokenize=False,
                                            add_generation_prompt=True)
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     hf_model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)

@@ -8,7 +8,9 @@ import pytest
 from megarl.config import format_plan, load_config, plan_batches
 from config_testing import CONFIGS, RL_RECIPES, error_lines, run_validate, write_model
 
-REAL_RECIPES = [p for p in RL_RECIPES if p.name != "quickstart.yaml"]
+CPU_RECIPES = ("quickstart.yaml", "agent_quickstart.yaml")
+"""Recipes of the tiny models the quickstart scripts make on the spot."""
+REAL_RECIPES = [p for p in RL_RECIPES if p.name not in CPU_RECIPES]
 
 
 def test_there_are_real_recipes_for_each_algorithm():
@@ -53,6 +55,23 @@ def test_quickstart_plan():
     assert plan.critic is None and plan.ref is None
 
 
+def test_agent_quickstart_validates_with_its_files_in_place(capsys, tmp_path, monkeypatch):
+    # What scripts/agent_quickstart.sh creates before GRPO: the warmed-up tool-token model and the prompts.
+    from megarl.models.tiny import make_tiny_model
+
+    monkeypatch.chdir(tmp_path)
+    make_tiny_model(tmp_path / "outputs" / "agent" / "sft-model", tool_tokens=True)
+    capsys.readouterr()  # the checkpoint writer's progress bar
+    data = tmp_path / "outputs" / "agent" / "data"
+    data.mkdir(parents=True)
+    for name in ("train.jsonl", "val.jsonl"):
+        (data / name).write_text('{"prompt": "12+35", "answer": "47"}\n')
+    shutil.copy(CONFIGS / "agent_quickstart.yaml", tmp_path / "agent_quickstart.yaml")
+    code, out, err = run_validate(capsys, "agent_quickstart.yaml")
+    assert (code, err) == (0, "")
+    assert "agent_quickstart.yaml: OK" in out
+
+
 _REWARDS_MISSING = importlib.util.find_spec("megarl.rewards") is None
 
 
@@ -76,6 +95,7 @@ def test_quickstart_validates_with_its_files_in_place(capsys, tmp_path, monkeypa
 # Why each recipe's old log-probs need a pass of their own; only the quickstart updates exactly on-policy.
 OLD_LOG_PROB_PASS = {
     "quickstart.yaml": (),
+    "agent_quickstart.yaml": (),
     "grpo_qwen2.5-0.5b_gsm8k.yaml": ("4 mini-batches × 1 epoch",),
     "grpo_qwen2.5-7b_gsm8k.yaml": ("4 mini-batches × 1 epoch",),
     "grpo_qwen2.5-3b_search.yaml": ("4 mini-batches × 1 epoch",),

@@ -64,10 +64,23 @@ def test_calc_tool_demos_are_distinct_reproducible_conversations_sft_reads(tmp_p
     assert [m["role"] for m in rows[0]["messages"]] == ["user", "assistant", "tool", "assistant"]
     assert rows[0]["messages"][2]["content"] == rows[0]["messages"][3]["content"] == str(a + b)
     assert json.loads(rows[0]["messages"][1]["content"].removeprefix("<tool_call>").removesuffix("</tool_call>")) == {
-        "name": "calc", "arguments": {"expression": f"{a}+{b}"}}
+        "name": "calculator", "arguments": {"expression": f"{a}+{b}"}}
+    assert rows[0]["tools"][0]["function"]["name"] == "calculator"
     again = tmp_path / "again"
     main(["make-data", "--task", "calc_tool_demos", "--out", str(again), "--n-train", "40", "--n-val", "4"])
     assert (again / "train.jsonl").read_text() == (out / "train.jsonl").read_text()
     samples = load_sft_samples([out / "train.jsonl"], build_char_tokenizer(tool_tokens=True), max_length=160,
                                truncate=False)
     assert len(samples) == 40 and all(100 in s.input_ids for s in samples)
+
+
+def test_calc_prompts_never_repeat_a_demonstration_and_score_the_sum(tmp_path):
+    from megarl.rewards.tasks import calc_answer, calc_rows, calc_tool_demo_rows
+    import random
+
+    prompts = calc_rows(500, random.Random(0))
+    demos = {row["messages"][0]["content"] for row in calc_tool_demo_rows(500, random.Random(0))}
+    assert not demos & {row["prompt"] for row in prompts}
+    a, b = (int(n) for n in prompts[0]["prompt"].split("+"))
+    assert prompts[0]["answer"] == str(a + b) and 10 <= a <= 99 and 10 <= b <= 99
+    assert calc_answer(["p"] * 3, [f"{a + b}\n", f"{a + b + 1}", ""], [str(a + b)] * 3) == [1.0, 0.0, 0.0]
