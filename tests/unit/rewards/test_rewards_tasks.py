@@ -124,3 +124,18 @@ def test_calc_prompts_never_repeat_a_demonstration_and_score_the_sum(tmp_path):
     a, b = (int(n) for n in prompts[0]["prompt"].split("+"))
     assert prompts[0]["answer"] == str(a + b) and 10 <= a <= 99 and 10 <= b <= 99
     assert calc_answer(["p"] * 3, [f"{a + b}\n", f"{a + b + 1}", ""], [str(a + b)] * 3) == [1.0, 0.0, 0.0]
+
+
+def test_calc_prompts_never_repeat_a_demonstration_and_score_the_sum():
+    import random
+
+    from megarl.rewards.tasks import calc_answer, calc_rows, calc_tool_demo_rows
+
+    prompts = calc_rows(500, random.Random(0))
+    demos = {row["messages"][0]["content"] for row in calc_tool_demo_rows(500, random.Random(0))}
+    assert not demos & {row["prompt"] for row in prompts}
+    a, b = (int(n) for n in prompts[0]["prompt"].split("+"))
+    assert prompts[0]["answer"] == str(a + b) and 10 <= a <= 99 and 10 <= b <= 99
+    # The split is blind to digits: both halves use every last digit of the second operand.
+    assert {int(row["prompt"][-1]) for row in prompts} == set(range(10))
+    assert calc_answer(["p"] * 3, [f"{a + b}\n", f"{a + b + 1}", ""], [str(a + b)] * 3) == [1.0, 0.0, 0.0]
