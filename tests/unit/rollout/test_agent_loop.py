@@ -241,3 +241,38 @@ def test_single_turn_answers_match_the_plain_rollout(engines):
 def replace_n1(sampling):
     from dataclasses import replace
     return replace(sampling, n=1)
+
+
+def test_dapo_dynamic_sampling_runs_on_top_of_the_agent_loop_and_the_reward_sees_trajectories():
+    """The trainer's rollout phase with `algorithm.dynamic_sampling` over the agent loop: groups whose
+    trajectories all score alike are dropped and more rounds run; the reward function gets each sample's
+    last turn as the response and its messages as the `trajectory` column."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from megarl.config import load_config
+    from megarl.trainer.rollout import RolloutPhase
+    from megarl.trainer.timing import PhaseTimer
+
+    config = load_config(Path(__file__).resolve().parents[3] / "configs" / "agent_quickstart.yaml",
+                         ["algorithm.dynamic_sampling.enable=true", "algorithm.dynamic_sampling.max_rounds=4",
+                          "data.train_batch_size=2"])
+    seen = []
+
+    def scorer(prompts, responses, **columns):
+        seen.append((responses, columns["trajectory"]))
+        # Prompt q0 and q2 groups vary (the tool answered 10 for the first sample only), q1 does not.
+        return SimpleNamespace(scores=[1.0 if r == "the answer" and "q1" not in p and i % 2 == 0 else 0.0
+                                       for i, (p, r) in enumerate(zip(prompts, responses))], metrics={})
+
+    batches = iter([prompts(2), [prompts(3)[2], prompts(2)[1]], prompts(3)[1:]])
+    phase = RolloutPhase(config, loop(ScriptedEngines(1, three_calls_then_answer)), scorer,
+                         lambda ids: TOKENIZER.decode(ids, skip_special_tokens=True), lambda: next(batches), PhaseTimer())
+    samples, scores, metrics = phase(SamplingConfig(n=2, max_new_tokens=200, seed=0, stop_token_ids=(EOS,)), step=1)
+
+    assert metrics["dapo/rounds"] == 2.0 and len(samples) == 4  # q0 kept in round 0, q2 in round 1; q1 dropped
+    assert {s.text for s in samples.prompts} == {prompts(3)[0].text, prompts(3)[2].text}
+    assert scores.tolist() == [1.0, 0.0, 1.0, 0.0]
+    responses, trajectories = seen[0]
+    assert responses == ["the answer"] * 4  # the last turn, not the whole response
+    assert [m["role"] for m in trajectories[0]] == ["assistant", "tool"] * 3 + ["assistant"]
