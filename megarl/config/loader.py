@@ -173,10 +173,14 @@ def build_config(data: dict, problems: list[Problem], schema: type = Config):
     A field with a problem keeps its default so the rest can still be checked; callers must not use
     the result when `problems` is non-empty.
     """
-    return _build(schema, data, "", problems, _all_keys(schema))
+    return _build(schema, data, "", problems, _all_keys(schema), schema())
 
 
-def _build(cls, data: dict, prefix: str, problems: list[Problem], all_keys: list[str]):
+def _build(cls, data: dict, prefix: str, problems: list[Problem], all_keys: list[str], base=None):
+    """`base` (a `cls` instance, default `cls()`) with the keys of `data`. A section's defaults are its
+    field's (`critic.optim` defaults to lr 1e-5, not `OptimizerConfig`'s 1e-6), kept for every key the
+    recipe does not state."""
+    base = cls() if base is None else base
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     values = {}
@@ -193,7 +197,7 @@ def _build(cls, data: dict, prefix: str, problems: list[Problem], all_keys: list
                 problems.append(Problem(key, value, "this is a section, not a value",
                                         f"write a mapping of its keys: {', '.join(f.name for f in dataclasses.fields(hint))}"))
                 continue
-            values[name] = _build(hint, value, f"{key}.", problems, all_keys)
+            values[name] = _build(hint, value, f"{key}.", problems, all_keys, getattr(base, name))
             continue
         item = _dataclass_items(hint)
         if item is not None and isinstance(value, (list, tuple)) and all(isinstance(v, dict) for v in value):
@@ -207,7 +211,7 @@ def _build(cls, data: dict, prefix: str, problems: list[Problem], all_keys: list
         except _NotFinite:
             problems.append(Problem(key, value, "not a finite number (YAML reads 1e999 and .inf as infinity, .nan as "
                                     "not-a-number)", f"set {key} to a finite number"))
-    return cls(**values)
+    return dataclasses.replace(base, **values)
 
 
 def _dataclass_items(hint):

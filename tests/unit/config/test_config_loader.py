@@ -153,3 +153,15 @@ def test_problem_shows_values_as_yaml():
     assert str(Problem("critic.enable", True, "why", "fix")) == "critic.enable = true: why; fix: fix"
     assert str(Problem("actor.tis_cap", None, "w", "f")) == "actor.tis_cap = null: w; fix: f"
     assert str(Problem("rollout.stop", ("a", 2), "w", "f")) == "rollout.stop = ['a', 2]: w; fix: f"
+
+
+def test_a_section_keeps_its_own_defaults_for_the_keys_a_recipe_does_not_state():
+    """`critic.optim` defaults to lr 1e-5 (its field's factory), not OptimizerConfig's 1e-6: stating
+    only `critic.optim.weight_decay` must not reset the critic's learning rate to the actor's."""
+    from megarl.config.loader import build_config
+
+    problems = []
+    config = build_config({"critic": {"optim": {"weight_decay": 0.0}}}, problems)
+    assert problems == []
+    assert config.critic.optim.weight_decay == 0.0
+    assert config.critic.optim.lr == 1.0e-5 == build_config({}, []).critic.optim.lr
