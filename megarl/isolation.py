@@ -8,8 +8,10 @@
 The worker side is `serve(connection, ready, handle)`: it says it is ready, then answers each request
 with `handle(request)` until the connection closes or a `None` request arrives.
 
-- **Process group.** Each worker starts a session of its own, so a kill (on timeout) takes whatever
-  the user code started along with it.
+- **Process group.** Each worker starts a session of its own, and every end of a worker (a timeout, a
+  crash, a normal close) kills the whole group: nothing the user code started outlives it. The group
+  is killed before the worker is reaped: until then the worker's pid, which is the group's id, cannot
+  name another process.
 - **Secrets.** Workers start from the driver's environment minus every variable whose name looks
   like a credential (`SECRET_NAME`: *TOKEN*, *KEY*, *SECRET*, *PASSWORD*, ...: HF_TOKEN,
   WANDB_API_KEY, AWS_SECRET_ACCESS_KEY), so user code cannot read them, not even from
@@ -73,25 +75,37 @@ class IsolatedProcess:
         try:
             _, payload = self.connection.recv()
         except EOFError:
-            raise WorkerStartError(f"exited during start-up with code {self.process.wait()} "
+            raise WorkerStartError(f"exited during start-up with code {self.kill()} "
                                    "(see its output above)") from None
         self.ready = True
         return payload
 
-    def kill(self) -> None:
+    def exited(self) -> bool:
+        """Whether the worker has exited (died while idle, say), without reaping it (see `kill`)."""
+        if self.process.returncode is not None:
+            return True
+        return os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+    def kill(self) -> int:
+        """SIGKILL the worker's whole process group, reap the worker; its exit code (idempotent)."""
         # Only while the worker is unreaped: after that its pid (and group id) could name another process.
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
+        if self.process.returncode is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:  # the worker has exited and its group has no member left
+                pass
             self.process.wait()
         self.connection.close()
+        return self.process.returncode
 
     def stop(self, timeout_s: float) -> None:
-        """Ask the worker to exit; kill it (and its group) if it has not within `timeout_s`."""
+        """Ask the worker to exit (it closes its end of the connection), then kill its group: whatever the
+        user code started goes with it, and a worker that does not answer within `timeout_s` too."""
         try:
             self.connection.send(None)
-            self.process.wait(timeout_s)
-        except (OSError, subprocess.TimeoutExpired):
-            pass  # busy or broken: killed below
+            self.connection.poll(timeout_s)  # until the worker's end closes (EOF) or the time is up
+        except OSError:
+            pass  # broken: killed below
         self.kill()
 
 

@@ -123,7 +123,7 @@ class RewardScorer:
 
     def _dispatch(self, index: int, start: int, prompts, responses, columns) -> tuple[int, int, float]:
         """Send the chunk starting at `start` to worker `index`; returns (start, stop, deadline)."""
-        if self.workers[index].process.poll() is not None:  # died while idle (e.g. the OOM killer)
+        if self.workers[index].exited():  # died while idle (e.g. the OOM killer)
             self._replace(index)
         worker = self.workers[index]
         stop = min(start + self.chunk_size, len(responses))
@@ -145,7 +145,7 @@ class RewardScorer:
                 try:
                     status, payload = worker.connection.recv()
                 except EOFError:  # the function killed its worker (os._exit, a crash in C code)
-                    status, payload = "error", f"the worker exited with code {worker.process.wait()}"
+                    status, payload = "error", f"the worker exited with code {worker.kill()}"
                     self._replace(index)
                 if status == "invalid":
                     raise RewardFunctionError(payload)

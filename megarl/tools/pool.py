@@ -70,7 +70,7 @@ class ToolPool:
         return results
 
     def _dispatch(self, index: int, job: int, jobs: list[ToolJob]) -> tuple[int, float, float]:
-        if self.workers[index].process.poll() is not None:  # died while idle (e.g. the OOM killer)
+        if self.workers[index].exited():  # died while idle (e.g. the OOM killer)
             self._replace(index)
         worker = self.workers[index]
         self._wait_ready(worker)
@@ -92,7 +92,7 @@ class ToolPool:
                 try:
                     status, text = worker.connection.recv()
                 except EOFError:  # the tool killed its worker (os._exit, a crash in C code)
-                    status, text = "raised", f"the tool's process exited with code {worker.process.wait()}"
+                    status, text = "raised", f"the tool's process exited with code {worker.kill()}"
                     self._replace(index)
                 results[job] = ToolResult(text, None, now - start) if status == "ok" else \
                     ToolResult.failed(status, f"Error: {text}", now - start)

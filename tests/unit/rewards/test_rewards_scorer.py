@@ -134,3 +134,23 @@ def test_resolve_names_the_spec_and_the_problem():
         resolve_reward_function("rewards_testing:NOT_CALLABLE")
     with pytest.raises(RewardFunctionError, match=r"'bleu': neither a built-in \(gsm8k, math, qa_em\) nor a function path"):
         resolve_reward_function("bleu")
+
+
+def test_closing_the_scorer_kills_what_a_reward_function_started(tmp_path, monkeypatch):
+    """A reward function that leaves a child process running: the child dies when the scorer closes."""
+    import psutil
+
+    (tmp_path / "leaky_reward.py").write_text(
+        "import os, subprocess\n\n"
+        "def score(prompts, responses, **columns):\n"
+        "    child = subprocess.Popen(['sleep', '3600'])\n"
+        f"    open({str(tmp_path / 'child.pid')!r}, 'w').write(str(child.pid))\n"
+        "    return [1.0] * len(responses)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with RewardScorer("leaky_reward:score", timeout_s=10, num_workers=1) as scorer:
+        assert scorer(["p"], ["r"]).scores == [1.0]
+        child = psutil.Process(int((tmp_path / "child.pid").read_text()))
+        assert child.is_running()
+    # Killed with the worker's group; reparented, it is reaped by init (or left a zombie for a moment).
+    gone, _ = psutil.wait_procs([child], timeout=10)
+    assert gone or child.status() == psutil.STATUS_ZOMBIE

@@ -157,3 +157,16 @@ def test_close_leaves_no_worker_process():
 def test_a_failed_result_for_the_agent_loop():
     assert ToolResult.failed("malformed", "tool call 1: invalid JSON") == ToolResult("tool call 1: invalid JSON",
                                                                                      "malformed", 0.0)
+
+
+def test_closing_the_tool_set_kills_what_a_tool_started(tmp_path):
+    """A tool that returns normally but leaves a child running: the child dies with the tool set's
+    close (the worker's whole process group is killed on every close, not only on a timeout)."""
+    pid_file = tmp_path / "child.pid"
+    with tool_set("tools_testing:starts_child") as tools:
+        tools.wait_ready()
+        (result,) = tools.run([ToolCall("starts_child", {"pid_file": str(pid_file)})])
+        assert result == ToolResult("started", None, result.latency_s)
+        child = int(pid_file.read_text())
+        assert psutil.pid_exists(child)
+    assert wait_until_gone(child)

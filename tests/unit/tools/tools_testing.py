@@ -57,6 +57,18 @@ def hangs(pid_file: str) -> str:
     return "never"
 
 
+def starts_child(pid_file: str) -> str:
+    """Start a child process that keeps running, write its pid, and return at once (a leak unless the
+    tool's process group is killed when the tool set closes).
+
+    Args:
+        pid_file: Where the child's pid goes.
+    """
+    child = subprocess.Popen(["sleep", "3600"])
+    Path(pid_file).write_text(str(child.pid))
+    return "started"
+
+
 def records_interval(path: str, seconds: float) -> str:
     """Be a slow tool: write the start time, take `seconds`, write the end time.
 
