@@ -91,12 +91,35 @@ def _module_source(module_name: str) -> str | None:
     name goes through the finders and each sub-name is searched in its parent's locations."""
     top, *rest = module_name.split(".")
     found = importlib.util.find_spec(top)  # a top-level name: located, not imported
-    for depth in range(len(rest)):
-        if found is None or found.submodule_search_locations is None:
-            return None
-        name = ".".join([top, *rest[:depth + 1]])
-        found = importlib.machinery.PathFinder.find_spec(name, list(found.submodule_search_locations))
+    if found is None or not rest:
+        return None if found is None else found.origin or ""
+    if found.submodule_search_locations is None:
+        return None
+    locations = list(found.submodule_search_locations)  # a top-level namespace's parent is sys.path itself
+    for leaf in rest[:-1]:
+        locations = _subpackage_locations(leaf, locations)
+    try:
+        found = importlib.machinery.PathFinder.find_spec(module_name, locations) if locations else None
+    except KeyError:  # the name is itself a nested namespace package, whose path needs its parent imported
+        return None
     return None if found is None else found.origin or ""
+
+
+def _subpackage_locations(leaf: str, locations: list[str]) -> list[str]:
+    """The search locations of the package `leaf` inside `locations`, found as the import system finds it
+    (the first regular package wins, else every directory of that name is a portion of a namespace
+    package; a module of that name has no submodules), without `PathFinder`: its spec of a nested
+    namespace package needs the parent package imported."""
+    portions = []
+    for parent in locations:
+        directory = os.path.join(parent, leaf)
+        if os.path.isfile(os.path.join(directory, "__init__.py")):
+            return [directory]
+        if os.path.isfile(directory + ".py"):
+            return []
+        if os.path.isdir(directory):
+            portions.append(directory)
+    return portions
 
 
 def _top_level_names(tree: ast.Module) -> set[str] | None:

@@ -131,6 +131,12 @@ class RewardConfig:
     `fn(prompts, completions, **columns) -> list[float]`."""
     timeout_s: float = 10.0
     """Time limit for scoring one response, in seconds. > 0."""
+    max_failed_fraction: float = 0.5
+    """Stop the run when more than this share of the responses of the last `failure_window` training steps
+    were scored 0 because the function raised, crashed or timed out (the window is shorter at the start,
+    so a function that fails on every call stops the run after step 1, naming its first error). In (0, 1]."""
+    failure_window: int = 10
+    """Training steps `max_failed_fraction` looks back over (1: each step on its own). >= 1."""
     reward_model: str | None = None
     """Optional HF `*ForSequenceClassification` checkpoint (num_labels 1) of a reward model; its score at
     each sample's last token is added to `function`'s (after DAPO's dynamic-sampling filter, which

@@ -287,6 +287,10 @@ def _check_reward(config: Config, check_files: bool, problems: list[Problem]) ->
               f"neither a built-in reward nor `pkg.module:function`{non_ascii_note(reward.function)}",
               f"use one of {', '.join(names.BUILTIN_REWARDS)} or a function path like my_pkg.rewards:score")
     _need(problems, reward.timeout_s > 0, "reward.timeout_s", reward.timeout_s, "must be > 0 seconds", "e.g. 10")
+    _need(problems, 0 < reward.max_failed_fraction <= 1, "reward.max_failed_fraction", reward.max_failed_fraction,
+          "must lie in (0, 1] (1: never stop for a failing function)", "e.g. 0.5")
+    _need(problems, reward.failure_window >= 1, "reward.failure_window", reward.failure_window,
+          "must be >= 1 training step", "e.g. 10")
     if check_files and reward.reward_model is not None and not is_hub_id(reward.reward_model):  # hub ids: above
         _need(problems, (Path(reward.reward_model).expanduser() / "config.json").is_file(), "reward.reward_model",
               reward.reward_model, "not an HF checkpoint directory (no config.json)", "point it at a reward model directory")

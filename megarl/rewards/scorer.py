@@ -47,6 +47,20 @@ class RewardResult:
     """`[N]` one score per response, in order; 0.0 for samples whose call failed."""
     metrics: dict[str, float]
     """The `METRICS` counts of this batch."""
+    first_error: str | None = None
+    """The first failure of the batch in full (a traceback, or the time limit), None when none failed."""
+
+
+def _summary(report: str) -> str:
+    """One line for a failure report: a traceback's last line (`ValueError: bad input`)."""
+    lines = [line for line in report.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "(no message)"
+
+
+def _report(reports: dict[str, tuple[int, str]], line: str, responses: int, report: str) -> None:
+    """Count `responses` failed samples under `line`, keeping the first full `report` of each line."""
+    counted, first = reports.get(line, (0, report))
+    reports[line] = (counted + responses, first)
 
 
 def _start_worker(spec: str) -> IsolatedProcess:
@@ -107,19 +121,23 @@ class RewardScorer:
         chunks = deque(range(0, count, self.chunk_size))
         scores = [0.0] * count
         failures: Counter = Counter()
+        reports: dict[str, tuple[int, str]] = {}  # one line per distinct failure -> (responses, first full report)
         busy: dict[int, tuple[int, int, float]] = {}  # worker index -> (start, stop, deadline)
         try:
             while chunks or busy:
                 for index in range(len(self.workers)):
                     if chunks and index not in busy:
                         busy[index] = self._dispatch(index, chunks.popleft(), prompts, responses, columns)
-                self._collect(busy, scores, failures)
+                self._collect(busy, scores, failures, reports)
         finally:
             for index in busy:  # left mid-call by an error: their replies must not reach the next call
                 self._replace(index)
+        for line, (responses, _) in reports.items():  # one line per distinct failure, not a traceback per call
+            logger.warning("reward.function %r: %d of %d responses scored 0: %s", self.spec, responses, count, line)
         return RewardResult(scores, {"reward/errors": float(failures["errors"]),
                                      "reward/timeouts": float(failures["timeouts"]),
-                                     "reward/failed_samples": float(failures["failed_samples"])})
+                                     "reward/failed_samples": float(failures["failed_samples"])},
+                            next((report for _, report in reports.values()), None))
 
     def _dispatch(self, index: int, start: int, prompts, responses, columns) -> tuple[int, int, float]:
         """Send the chunk starting at `start` to worker `index`; returns (start, stop, deadline)."""
@@ -132,7 +150,8 @@ class RewardScorer:
                                 {name: values[start:stop] for name, values in columns.items()}))
         return start, stop, time.monotonic() + self.timeout_s * (stop - start)
 
-    def _collect(self, busy: dict[int, tuple[int, int, float]], scores: list[float], failures: Counter) -> None:
+    def _collect(self, busy: dict[int, tuple[int, int, float]], scores: list[float], failures: Counter,
+                 reports: dict[str, tuple[int, str]]) -> None:
         """Wait for the first reply or deadline among busy workers; record results, replace failed workers."""
         now = time.monotonic()
         earliest = min(deadline for _, _, deadline in busy.values())
@@ -154,15 +173,14 @@ class RewardScorer:
                     continue
                 failures["errors"] += 1
                 failures["failed_samples"] += stop - start
-                logger.warning("reward.function %r failed on responses %d..%d (scored 0):\n%s",
-                               self.spec, start, stop - 1, payload)
+                _report(reports, _summary(payload), stop - start, f"on responses {start}..{stop - 1}:\n{payload}")
             elif now >= deadline:
                 del busy[index]
                 self._replace(index)
                 failures["timeouts"] += 1
                 failures["failed_samples"] += stop - start
-                logger.warning("reward.function %r exceeded %.1f s on responses %d..%d: worker killed, scored 0",
-                               self.spec, self.timeout_s * (stop - start), start, stop - 1)
+                limit = f"ran past reward.timeout_s = {self.timeout_s} s per response (worker killed)"
+                _report(reports, limit, stop - start, f"on responses {start}..{stop - 1}: {limit}")
 
     def _replace(self, index: int) -> None:
         self.workers[index].kill()

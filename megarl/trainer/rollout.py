@@ -13,7 +13,8 @@ from megarl.algorithms.dapo import DynamicSampler, overlong_penalty
 from megarl.config import Config
 from megarl.config.rollout import response_length
 from megarl.data import Prompt, iter_batches, reward_columns
-from megarl.rewards.scorer import RewardScorer
+from megarl.rewards.failure_window import FailureWindow
+from megarl.rewards.scorer import RewardResult, RewardScorer
 from megarl.rollout import Samples, offset_seed
 from megarl.trainer.metrics import reduce_metrics
 from megarl.trainer.timing import PhaseTimer
@@ -23,8 +24,9 @@ RolloutFn = Callable[[Sequence[Prompt], SamplingConfig, str], Samples]
 """`(prompts, sampling, group_prefix) -> Samples`: `megarl.rollout.single_turn` bound to the engines, or an `AgentLoop`."""
 
 
-def score(samples: Samples, scorer: RewardScorer, decode: Callable[[list[int]], str]) -> tuple[torch.Tensor, dict]:
-    """`[N]` sequence-level rewards of the samples and the reward function's error counts. A multi-turn
+def score(samples: Samples, scorer: RewardScorer, decode: Callable[[list[int]], str]) -> tuple[torch.Tensor, RewardResult]:
+    """`[N]` sequence-level rewards of the samples, and the scorer's result (its error counts, the first
+    failure). A multi-turn
     sample's response is its last turn (the answer), and the function also gets the `trajectory`
     column: each sample's messages after the prompt (turns, tool calls, observations)."""
     responses = [decode(t.final_turn if t is not None else ids) for ids, t in zip(samples.response_ids, samples.trajectories)]
@@ -32,7 +34,7 @@ def score(samples: Samples, scorer: RewardScorer, decode: Callable[[list[int]], 
     if any(t is not None for t in samples.trajectories):
         columns["trajectory"] = [t.messages for t in samples.trajectories]
     result = scorer([p.text for p in samples.prompts], responses, **columns)
-    return torch.tensor(result.scores, dtype=torch.float32), result.metrics
+    return torch.tensor(result.scores, dtype=torch.float32), result
 
 
 class RolloutPhase:
@@ -43,6 +45,10 @@ class RolloutPhase:
         self.timer = timer
         self.config = config
         self.rollout = rollout
+        reward = config.reward
+        self.failures = FailureWindow(reward.function, max_fraction=reward.max_failed_fraction,
+                                      steps=reward.failure_window)
+        """The failure-rate limit over training rounds (a DAPO step's extra rounds count as steps)."""
         self.scorer = scorer
         self.decode = decode
         self.next_prompts = next_prompts
@@ -76,14 +82,14 @@ class RolloutPhase:
         with self.timer("rollout"):
             greedy = self.rollout(prompts, replace(sampling, n=1, greedy=True, seed=None), "baseline")
         with self.timer("reward"):
-            scores, _ = self._score(greedy)
+            scores, _ = self._score(greedy, counted=False)
         by_group = dict(zip(first_row, scores.tolist()))
         return torch.tensor([by_group[group] for group in samples.index])
 
     def validation(self, prompts: Sequence[Prompt], sampling: SamplingConfig, batch_size: int) -> dict[str, float]:
         """`val/reward/mean` and `val/response_length/mean` of `prompts`, generated `batch_size` at a time."""
         samples = Samples.concat([self.rollout(chunk, sampling, "val") for chunk in iter_batches(prompts, batch_size)])
-        scores, _ = score(samples, self.scorer, self.decode)
+        scores, _ = score(samples, self.scorer, self.decode)  # validation: not in the failure-rate limit
         return {"val/reward/mean": scores.mean().item(),
                 "val/response_length/mean": sum(map(len, samples.response_ids)) / len(samples)}
 
@@ -94,8 +100,11 @@ class RolloutPhase:
             scores, metrics = self._score(samples)
         return samples, scores, metrics
 
-    def _score(self, samples: Samples) -> tuple[torch.Tensor, dict]:
-        scores, metrics = score(samples, self.scorer, self.decode)
+    def _score(self, samples: Samples, counted: bool = True) -> tuple[torch.Tensor, dict]:
+        scores, result = score(samples, self.scorer, self.decode)
+        metrics = result.metrics
+        if counted:
+            self.failures.add(int(metrics["reward/failed_samples"]), len(samples), result.first_error)
         overlong = self.config.algorithm.overlong
         if overlong.enable:
             lengths = torch.tensor([len(r) for r in samples.response_ids])

@@ -75,3 +75,20 @@ def test_a_missing_submodule_is_named_without_running_the_package(package):
 def test_what_python_binds_at_module_level_is_accepted(package, source):
     write(package, "rewards", source)
     assert reward_function_problem("reward.function", "user_pkg.rewards:score") is None
+
+
+def test_a_function_inside_nested_namespace_packages_is_found_without_importing_them(tmp_path, monkeypatch):
+    """`tests.e2e.trainer.bad_rewards:flaky` style paths through directories without `__init__.py`: a
+    namespace package's own search path needs its parent imported (KeyError otherwise); the lookup
+    walks the directories itself."""
+    import sys
+
+    from megarl.config.resources import reward_function_problem
+
+    (tmp_path / "nsroot" / "inner").mkdir(parents=True)
+    (tmp_path / "nsroot" / "inner" / "rewards.py").write_text("def score(prompts, responses, **columns):\n    return []\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert reward_function_problem("reward.function", "nsroot.inner.rewards:score") is None
+    missing = reward_function_problem("reward.function", "nsroot.inner.rewards:nope")
+    assert missing is not None and "defines no top-level nope" in missing.why
+    assert "nsroot" not in sys.modules and "nsroot.inner" not in sys.modules

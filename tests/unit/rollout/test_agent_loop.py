@@ -248,9 +248,9 @@ def test_dapo_dynamic_sampling_runs_on_top_of_the_agent_loop_and_the_reward_sees
     trajectories all score alike are dropped and more rounds run; the reward function gets each sample's
     last turn as the response and its messages as the `trajectory` column."""
     from pathlib import Path
-    from types import SimpleNamespace
 
     from megarl.config import load_config
+    from megarl.rewards.scorer import RewardResult
     from megarl.trainer.rollout import RolloutPhase
     from megarl.trainer.timing import PhaseTimer
 
@@ -262,8 +262,8 @@ def test_dapo_dynamic_sampling_runs_on_top_of_the_agent_loop_and_the_reward_sees
     def scorer(prompts, responses, **columns):
         seen.append((responses, columns["trajectory"]))
         # Prompt q0 and q2 groups vary (the tool answered 10 for the first sample only), q1 does not.
-        return SimpleNamespace(scores=[1.0 if r == "the answer" and "q1" not in p and i % 2 == 0 else 0.0
-                                       for i, (p, r) in enumerate(zip(prompts, responses))], metrics={})
+        return RewardResult([1.0 if r == "the answer" and "q1" not in p and i % 2 == 0 else 0.0
+                             for i, (p, r) in enumerate(zip(prompts, responses))], {"reward/failed_samples": 0.0})
 
     batches = iter([prompts(2), [prompts(3)[2], prompts(2)[1]], prompts(3)[1:]])
     phase = RolloutPhase(config, loop(ScriptedEngines(1, three_calls_then_answer)), scorer,

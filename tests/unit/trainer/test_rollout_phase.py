@@ -8,13 +8,13 @@ a sampled response is its seed (`seed + i * n + j`, megarl/workers/rollout/vllm_
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from megarl.algorithms.advantages import compute_advantages
 from megarl.config import load_config
 from megarl.data import Prompt
+from megarl.rewards.scorer import RewardResult
 from megarl.rollout import single_turn
 from megarl.trainer import rollout_batch as rb
 from megarl.trainer.rollout import RolloutPhase
@@ -50,7 +50,7 @@ class RecordingEngines:
 
 def _score_token(prompts, responses, **columns):
     """Reward = the response's single token, so a score shows which response it came from."""
-    return SimpleNamespace(scores=[float(r) for r in responses], metrics={})
+    return RewardResult([float(r) for r in responses], {"reward/failed_samples": 0.0})
 
 
 def _prompts(count: int, start: int = 0) -> list[Prompt]:
