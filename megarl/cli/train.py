@@ -15,6 +15,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from megarl.cli.stop_signals import StopOnSignal, Stopped, stopped_line
     from megarl.config import ConfigError
     from megarl.data import DataError
     from megarl.bridge.verify import SyncVerificationError
@@ -34,7 +35,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"megarl train: {error}", file=sys.stderr)
         return 2
     try:
-        metrics = trainer.fit()
+        with StopOnSignal(lambda: (trainer.step_in_progress, list(trainer.timer.active))):
+            metrics = trainer.fit()
+    except Stopped as stopped:  # the clean-up in fit's finally blocks has run
+        print(stopped_line("train", stopped, trainer.checkpoints.latest()), file=sys.stderr)
+        return stopped.exit_code
     except (RewardFunctionError, ToolError) as error:
         print(f"megarl train: {error}", file=sys.stderr)
         return 2

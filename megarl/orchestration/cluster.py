@@ -8,6 +8,8 @@ RAY_ADDRESS at it: its nodes' addresses are then the cluster's own.
 """
 
 import os
+import signal
+import threading
 
 import ray
 from ray._private import ray_constants
@@ -23,7 +25,18 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, env_vars:
     """
     if ray.is_initialized():
         return
-    runtime_env = {"env_vars": dict(env_vars or {})}
+    # ray.init replaces the driver's SIGTERM handler by `sys.exit(15)` (ray/_private/worker.py, `init`), and
+    # a driver stopped that way aborts (SIGABRT) while unwinding: the driver keeps the handler it had
+    # (`megarl.cli.stop_signals`: one line, exit 143, every worker cleaned up).
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        _start_or_join(num_cpus, num_gpus, {"env_vars": dict(env_vars or {})})
+    finally:
+        if sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, sigterm)
+
+
+def _start_or_join(num_cpus: int | None, num_gpus: int | None, runtime_env: dict) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env, log_to_driver=True)
         return

@@ -55,6 +55,8 @@ class PhaseTimer:
         self.clock = clock
         self.phases = phases
         self.seconds: dict[str, float] = {}
+        self.active: list[str] = []
+        """The phases being timed now, outermost first (what a run was doing when it was stopped)."""
 
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
@@ -62,9 +64,11 @@ class PhaseTimer:
             raise ValueError(f"unknown timing phase {phase!r}; use one of {', '.join(self.phases)} "
                              "(a new phase is added to megarl.trainer.timing's table with its meaning)")
         start = self.clock()
+        self.active.append(phase)
         try:
             yield
         finally:
+            self.active.pop()
             self.seconds[phase] = self.seconds.get(phase, 0.0) + self.clock() - start
 
     def pop(self) -> dict[str, float]:

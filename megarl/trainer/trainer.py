@@ -70,6 +70,8 @@ class Trainer:
                         else FixedKLController(kl.kl_coef))
         self.stop_ids = stop_token_ids(self.tokenizer, config.rollout.stop)
         self.timer = PhaseTimer()
+        self.step_in_progress: int | None = None
+        """The training step running now (None during start-up)."""
 
     @classmethod
     def from_config(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Trainer:
@@ -130,6 +132,7 @@ class Trainer:
         with MetricsLogger.from_config(self.config.trainer, self.total_steps, start or None) as logger, \
                 self._open_rollout_log(start) as self.rollout_log:
             for step in range(start + 1, self.total_steps + 1):
+                self.step_in_progress = step
                 with self.timer("step"):
                     metrics = self._train_step(step, phase)
                     bad_steps = bad_steps + 1 if metrics.get("actor/skipped_steps") else 0

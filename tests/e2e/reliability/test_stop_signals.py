@@ -1,0 +1,40 @@
+"""SIGTERM (a scheduler's stop) and SIGINT (Ctrl-C in a terminal, sent to the whole foreground process
+group) end `megarl train` with one line naming the step, the phase, the last checkpoint and how to
+continue, the shell's exit code (143 / 130), no traceback, and no process left behind."""
+
+import os
+import re
+import signal
+
+import pytest
+
+from reliability_job import Job
+
+END_BOUND_S = 120.0
+
+
+@pytest.fixture
+def jobs():
+    started = []
+    yield started
+    for job in started:
+        job.cleanup()
+
+
+@pytest.mark.parametrize("signum,to_group", [(signal.SIGTERM, False), (signal.SIGINT, True)], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_ends_the_run_with_one_line(workspace, tmp_path, jobs, signum, to_group):
+    job = Job.start(workspace, tmp_path / "run", ["trainer.total_steps=50", "checkpoint.save_freq=2"])
+    jobs.append(job)
+    job.wait_for(lambda: job.last_step() >= 3, "step 3 logged")
+    job.rank_processes()  # note the job's processes, to check they are gone at the end
+    (os.killpg if to_group else os.kill)(job.process.pid, signum)
+
+    assert job.wait(END_BOUND_S) == 128 + signum
+    out = job.output()
+    name = signal.Signals(signum).name
+    lines = [line for line in out.splitlines() if line.startswith("megarl train: stopped by")]
+    assert len(lines) == 1, out[-3000:]
+    assert re.fullmatch(rf"megarl train: stopped by {name} during step \d+( \(\w+\))?; last checkpoint: step \d+ "
+                        r"\(.+\); continue from it by running the same command with checkpoint.resume=auto", lines[0])
+    assert "Traceback" not in out, out[-3000:]
+    assert job.leftovers() == []
