@@ -263,6 +263,21 @@ class MetricsLogger:
         if step <= self.last_step:
             raise ValueError(f"metrics of step {step} logged after step {self.last_step}: log each step once, "
                              "in increasing order (merge validation metrics into the step's dict)")
+        self._write(step, metrics)
+        self.last_step = step
+
+    def restore(self, step: int, metrics: Mapping[str, float]) -> bool:
+        """The record of `step`, the step the resumed checkpoint was saved at, from the checkpoint
+        (`metrics`: what the step had measured when it saved), when the run that saved it stopped before
+        logging it: metrics.jsonl then ends before `step`. Whether it was missing. With it every step
+        has exactly one record across any stop."""
+        records = read_metrics_file(self.run_dir / METRICS_FILE)
+        if records and records[-1]["step"] >= step:
+            return False
+        self._write(step, metrics)
+        return True
+
+    def _write(self, step: int, metrics: Mapping[str, float]) -> None:
         if "step" in metrics:
             raise ValueError("metrics contain 'step': pass the step as log's first argument instead")
         numbers = {}
@@ -271,7 +286,6 @@ class MetricsLogger:
                 numbers[name] = float(value)
             except (TypeError, ValueError):
                 raise TypeError(f"metric {name!r} of step {step} is {value!r}, not a number") from None
-        self.last_step = step
         for sink in self.sinks:
             sink.log(step, numbers)
 

@@ -72,6 +72,8 @@ class Trainer:
         self.timer = PhaseTimer()
         self.step_in_progress: int | None = None
         """The training step running now (None during start-up)."""
+        self.resumed_record: dict[str, float] | None = None
+        """The record the resumed checkpoint kept of its step (`MetricsLogger.restore`)."""
 
     @classmethod
     def from_config(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Trainer:
@@ -131,12 +133,14 @@ class Trainer:
         metrics, bad_steps = {}, 0
         with MetricsLogger.from_config(self.config.trainer, self.total_steps, start or None) as logger, \
                 self._open_rollout_log(start) as self.rollout_log:
+            if start and self.resumed_record is not None:
+                logger.restore(start, self.resumed_record)
             for step in range(start + 1, self.total_steps + 1):
                 self.step_in_progress = step
                 with self.timer("step"):
                     metrics = self._train_step(step, phase)
                     bad_steps = bad_steps + 1 if metrics.get("actor/skipped_steps") else 0
-                    self._maybe_save(step)  # while the trained state is on the devices
+                    self._maybe_save(step, metrics)  # while the trained state is on the devices
                     metrics |= self.handover.to_rollout(step)
                     self._maybe_validate(step, phase, metrics)
                 metrics |= self.timer.pop() | self.handover.pop_memory()
@@ -227,12 +231,15 @@ class Trainer:
             sampling = sampling_config(self.config, self.stop_ids, seed=self.config.rollout.seed, validation=True)
             metrics |= phase.validation(self.val_prompts, sampling, self.config.data.val_batch_size)
 
-    def _maybe_save(self, step: int) -> None:
+    def _maybe_save(self, step: int, metrics: dict[str, float]) -> None:
+        """`metrics`: the step's so far, kept in the checkpoint as its record in case the run stops before
+        logging it (`MetricsLogger.restore`)."""
         freq = self.config.checkpoint.save_freq  # 0: at the end only
         if step != self.total_steps and (not freq or step % freq):
             return
         with self.timer("checkpoint"):
-            extra = {"step": step, "data": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value}
+            record = {name: value for name, value in metrics.items() if not name.startswith("_")}
+            extra = {"step": step, "data": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value, "record": record}
             self.roles.save_checkpoint(str(self.checkpoints.root), step, extra)
             self.checkpoints.rotate()
 
@@ -246,6 +253,7 @@ class Trainer:
             extra = self.roles.load_checkpoint(str(checkpoint.path))
             self.loader.load_state_dict(extra["data"])
             self.kl_ctrl.value = extra["kl_coef"]
+            self.resumed_record = extra.get("record")  # checkpoints before it was kept have none
             self.handover.to_rollout(extra["step"])  # the engines start from the restored weights
         self.timer.pop()  # the resume's hand-over times and memory are not the first step's
         self.handover.pop_memory()

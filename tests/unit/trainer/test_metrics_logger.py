@@ -61,3 +61,21 @@ def test_wandb_sink_logs_by_step_and_a_resumed_run_continues_the_same_wandb_run(
     assert wandb.inits[0] == dict(project="proj", name="exp", id="id0", dir=str(tmp_path), resume="allow")
     assert wandb.logged == [(1, {"reward/mean": 0.5}), (2, {"reward/mean": 0.75})]
     assert wandb.finished == 2
+
+
+def test_restore_writes_the_checkpoints_record_only_when_the_file_lacks_it(tmp_path):
+    """A run stopped between a checkpoint (step 4) and its record: the resumed run writes step 4's record
+    from the checkpoint, so every step has exactly one; a file that has it is left alone."""
+    import json
+
+    from megarl.trainer.sinks import MetricsLogger
+
+    with MetricsLogger(tmp_path, ["jsonl"], total_steps=6) as logger:
+        for step in (1, 2, 3):
+            logger.log(step, {"reward/mean": float(step)})
+    with MetricsLogger(tmp_path, ["jsonl"], total_steps=6, resumed_step=4) as logger:
+        assert logger.restore(4, {"reward/mean": 4.0})
+        assert not logger.restore(4, {"reward/mean": 40.0})
+        logger.log(5, {"reward/mean": 5.0})
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["reward/mean"]) for r in records] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 5.0)]
