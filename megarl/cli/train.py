@@ -15,7 +15,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from megarl.cli.stop_signals import StopOnSignal, Stopped, stopped_line
+    from megarl import interrupt
+    from megarl.cli.stop_signals import StopOnSignal, stopped_line
     from megarl.config import ConfigError
     from megarl.data import DataError
     from megarl.bridge.verify import SyncVerificationError
@@ -35,11 +36,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"megarl train: {error}", file=sys.stderr)
         return 2
     try:
-        with StopOnSignal(lambda: (trainer.step_in_progress, list(trainer.timer.active))):
-            metrics = trainer.fit()
-    except Stopped as stopped:  # the clean-up in fit's finally blocks has run
-        print(stopped_line("train", stopped, trainer.checkpoints.latest()), file=sys.stderr)
-        return stopped.exit_code
+        try:
+            with StopOnSignal(lambda: (trainer.step_in_progress, list(trainer.timer.active))):
+                metrics = trainer.fit()
+        except Exception:
+            stopped = interrupt.requested()
+            if stopped is None:
+                raise
+            # A stop signal ended the run (a failure it caused while stopping counts as the stop); fit's
+            # clean-up has run.
+            print(stopped_line("train", stopped, trainer.checkpoints.latest()), file=sys.stderr)
+            return stopped.exit_code
     except (RewardFunctionError, ToolError) as error:
         print(f"megarl train: {error}", file=sys.stderr)
         return 2

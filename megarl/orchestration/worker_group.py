@@ -21,7 +21,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from megarl import quiet
+from megarl import interrupt, quiet
 from megarl.orchestration.placement import BundleSpec
 
 DEFAULT_CALL_TIMEOUT_S = 1800.0
@@ -174,7 +174,11 @@ class WorkerGroup:
         rank_of = {ref: rank for rank, ref in enumerate(refs)}  # call_rank0 passes rank 0's ref alone
         pending, results = list(refs), {}
         while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            remaining = deadline - time.monotonic()
+            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, min(remaining, interrupt.POLL_S)))
+            interrupt.check()  # a stop signal: the caller's clean-up kills the groups
+            if not done and remaining > interrupt.POLL_S:
+                continue
             if not done:
                 missing = sorted(rank_of[r] for r in pending)
                 self.kill()

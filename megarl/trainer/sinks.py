@@ -268,9 +268,9 @@ class MetricsLogger:
 
     def restore(self, step: int, metrics: Mapping[str, float]) -> bool:
         """The record of `step`, the step the resumed checkpoint was saved at, from the checkpoint
-        (`metrics`: what the step had measured when it saved), when the run that saved it stopped before
-        logging it: metrics.jsonl then ends before `step`. Whether it was missing. With it every step
-        has exactly one record across any stop."""
+        (`metrics`: what the step had measured when it saved), when the run that saved it, writing to this
+        run dir, stopped before logging it: metrics.jsonl then ends before `step`. Whether it was missing.
+        With it every step has exactly one record across any stop."""
         records = read_metrics_file(self.run_dir / METRICS_FILE)
         if records and records[-1]["step"] >= step:
             return False

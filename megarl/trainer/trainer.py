@@ -18,6 +18,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from megarl import interrupt
 from megarl.algorithms.advantages import compute_advantages
 from megarl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
 from megarl.config import Config, ConfigError, load_config, plan_batches, validate
@@ -34,7 +35,7 @@ from megarl.trainer.metrics import agent_metrics, rollout_metrics, throughput_me
 from megarl.trainer.rollout import RolloutPhase
 from megarl.trainer.roles import cluster_device, ray_cpus, start_roles
 from megarl.trainer.settings import WORKER_ENV, sampling_config, step_seed, stop_token_ids
-from megarl.trainer.sinks import JsonlSink, MetricsLogger
+from megarl.trainer.sinks import METRICS_FILE, JsonlSink, MetricsLogger
 from megarl.trainer.sync_step import WeightSync
 from megarl.trainer.timing import STARTUP_PHASES, PhaseTimer, startup_line
 from megarl.tools import ToolSet, parser_for
@@ -131,11 +132,14 @@ class Trainer:
         print(startup_line(startup.pop()), flush=True)
         phase = RolloutPhase(self.config, rollout, scorer, self._decode, lambda: next(self.loader), self.timer)
         metrics, bad_steps = {}, 0
+        # The run that saved the checkpoint wrote here (its file exists), unless this resume starts a new run dir.
+        continuing = (self.run_dir / METRICS_FILE).exists()
         with MetricsLogger.from_config(self.config.trainer, self.total_steps, start or None) as logger, \
                 self._open_rollout_log(start) as self.rollout_log:
-            if start and self.resumed_record is not None:
+            if start and continuing and self.resumed_record is not None:
                 logger.restore(start, self.resumed_record)
             for step in range(start + 1, self.total_steps + 1):
+                interrupt.check()
                 self.step_in_progress = step
                 with self.timer("step"):
                     metrics = self._train_step(step, phase)
