@@ -8,7 +8,6 @@ checkpoint tests: tests/distributed/checkpoint/test_checkpoint_faults.py.
 import re
 
 import psutil
-import pytest
 
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from reliability_job import Job
@@ -16,14 +15,6 @@ from reliability_job import Job
 # How long a job may take to notice a dead rank and exit: Ray reports the actor's death within
 # seconds; the rest is the driver's shutdown of the other processes and of Ray.
 END_BOUND_S = 120.0
-
-
-@pytest.fixture
-def jobs():
-    started = []
-    yield started
-    for job in started:
-        job.cleanup()
 
 
 def kill(process: psutil.Process) -> None:

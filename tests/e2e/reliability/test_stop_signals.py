@@ -13,14 +13,6 @@ from reliability_job import Job
 END_BOUND_S = 120.0
 
 
-@pytest.fixture
-def jobs():
-    started = []
-    yield started
-    for job in started:
-        job.cleanup()
-
-
 @pytest.mark.parametrize("signum,to_group", [(signal.SIGTERM, False), (signal.SIGINT, True)], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_signal_ends_the_run_with_one_line(workspace, tmp_path, jobs, signum, to_group):
     job = Job.start(workspace, tmp_path / "run", ["trainer.total_steps=50", "checkpoint.save_freq=2"])

@@ -18,7 +18,6 @@ by the trainer tests).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -28,6 +27,7 @@ from megarl.config.rollout import MultiTurnConfig
 from megarl.data import Prompt
 from megarl.parallel.spawn import run_distributed
 from megarl.rollout import AgentLoop, ObservationEncoder
+from megarl.tools import ParsedTurn, ToolCall, ToolResult
 from megarl.trainer.rollout_batch import policy_batch
 from megarl.workers.rollout import SamplingConfig, make_rollout_engine
 
@@ -36,36 +36,17 @@ MAX_TOTAL = 96
 OBSERVATION = "ok 42"
 
 
-@dataclass
-class Call:
-    name: str
-    arguments: dict
-
-
-@dataclass
-class Parsed:
-    calls: list
-    errors: list
-
-
-@dataclass
-class Result:
-    text: str
-    error: str | None = None
-    latency_s: float = 0.0
-
-
 class StopTokenParser:
     def __init__(self, eos_text: str):
         self.eos_text = eos_text
 
-    def parse(self, text: str) -> Parsed:
-        return Parsed([] if text.endswith(self.eos_text) else [Call("echo", {"text": text})], [])
+    def parse(self, text: str) -> ParsedTurn:
+        return ParsedTurn([] if text.endswith(self.eos_text) else [ToolCall("echo", {"text": text})], [])
 
 
 class Echo:
     def run(self, calls):
-        return [Result(OBSERVATION) for _ in calls]
+        return [ToolResult(OBSERVATION, None, 0.0) for _ in calls]
 
 
 class OneEngine:

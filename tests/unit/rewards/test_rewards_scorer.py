@@ -2,7 +2,6 @@
 
 import os
 import signal
-import time
 
 import psutil
 import pytest
@@ -10,19 +9,7 @@ import pytest
 from megarl.rewards import RewardFunctionError, RewardScorer, resolve_reward_function, worker_environment
 from megarl.rewards.gsm8k import gsm8k_reward
 from megarl.rewards.math_answer import math_reward
-
-
-def wait_until_gone(pid: int, timeout_s: float = 10.0) -> bool:
-    """True once `pid` no longer runs (reaped, or a zombie waiting for a parent that is not us)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.05)  # polling the condition itself
-    return False
+from process_testing import wait_until_gone
 
 
 def test_scores_come_back_in_order_across_chunks_and_workers():
@@ -138,8 +125,6 @@ def test_resolve_names_the_spec_and_the_problem():
 
 def test_closing_the_scorer_kills_what_a_reward_function_started(tmp_path, monkeypatch):
     """A reward function that leaves a child process running: the child dies when the scorer closes."""
-    import psutil
-
     (tmp_path / "leaky_reward.py").write_text(
         "import os, subprocess\n\n"
         "def score(prompts, responses, **columns):\n"
@@ -149,8 +134,6 @@ def test_closing_the_scorer_kills_what_a_reward_function_started(tmp_path, monke
     monkeypatch.syspath_prepend(str(tmp_path))
     with RewardScorer("leaky_reward:score", timeout_s=10, num_workers=1) as scorer:
         assert scorer(["p"], ["r"]).scores == [1.0]
-        child = psutil.Process(int((tmp_path / "child.pid").read_text()))
-        assert child.is_running()
-    # Killed with the worker's group; reparented, it is reaped by init (or left a zombie for a moment).
-    gone, _ = psutil.wait_procs([child], timeout=10)
-    assert gone or child.status() == psutil.STATUS_ZOMBIE
+        child = int((tmp_path / "child.pid").read_text())
+        assert psutil.pid_exists(child)
+    assert wait_until_gone(child)  # killed with the worker's group

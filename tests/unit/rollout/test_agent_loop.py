@@ -21,6 +21,7 @@ from megarl.config.rollout import MultiTurnConfig
 from megarl.data import Prompt
 from megarl.models.tiny import build_char_tokenizer
 from megarl.rollout import AgentLoop, ObservationEncoder
+from megarl.tools import ParsedTurn, ToolCall, ToolResult
 from megarl.trainer.rollout_batch import policy_batch, token_level_scores
 from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
 
@@ -29,35 +30,16 @@ EOS = TOKENIZER.eos_token_id
 CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 
 
-@dataclass
-class Call:
-    name: str
-    arguments: dict
-
-
-@dataclass
-class Parsed:
-    calls: list
-    errors: list
-
-
 class Parser:
-    def parse(self, text: str) -> Parsed:
+    def parse(self, text: str) -> ParsedTurn:
         calls, errors = [], []
         for body in CALL.findall(text):
             try:
                 data = json.loads(body)
-                calls.append(Call(data["name"], data["arguments"]))
+                calls.append(ToolCall(data["name"], data["arguments"]))
             except (ValueError, KeyError):
                 errors.append(f"malformed tool call: {body}")
-        return Parsed(calls, errors)
-
-
-@dataclass
-class Result:
-    text: str
-    error: str | None
-    latency_s: float = 0.01
+        return ParsedTurn(calls, errors)
 
 
 @dataclass
@@ -68,8 +50,8 @@ class Tools:
 
     def run(self, calls):
         self.runs.append(list(calls))
-        return [Result(str(c.arguments["a"] + c.arguments["b"]), None) if c.name == "add"
-                else Result(f"unknown tool {c.name}", "unknown_tool") for c in calls]
+        return [ToolResult(str(c.arguments["a"] + c.arguments["b"]), None, 0.01) if c.name == "add"
+                else ToolResult.failed("unknown_tool", f"unknown tool {c.name}", 0.01) for c in calls]
 
 
 def call_text(a: int, b: int, name: str = "add") -> str:

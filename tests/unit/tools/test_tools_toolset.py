@@ -1,13 +1,13 @@
 """The ToolSet runs user tools isolated: results in order, failures as results, hung calls killed, concurrency,
 no secrets, schemas read from docstrings in the worker, and tools that do not resolve stop the run at start."""
 
-import time
 
 import psutil
 import pytest
 
 from megarl.config.rollout import MultiTurnConfig, ToolConfig
 from megarl.tools import ToolCall, ToolError, ToolResult, ToolSet
+from process_testing import wait_until_gone
 
 
 def tool_set(*functions: str, timeout_s: float = 30.0, **kwargs) -> ToolSet:
@@ -24,19 +24,6 @@ def tools():
     with ToolSet(MultiTurnConfig(enable=True, tools=tuple(configs))) as started:
         started.wait_ready()
         yield started
-
-
-def wait_until_gone(pid: int, timeout_s: float = 10.0) -> bool:
-    """True once `pid` no longer runs (reaped, or a zombie waiting for a parent that is not us)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.05)  # polling the condition itself
-    return False
 
 
 def test_results_come_back_in_order_with_each_failure_named_and_the_workers_stay(tools):
