@@ -4,7 +4,7 @@ Pure filesystem work, no torch and no processes; the directory format (names, ma
 `megarl.workers.checkpoint_files`, the per-rank save and load `megarl.workers.checkpoint`.
 
     manager = CheckpointManager(cfg.checkpoint.dir, max_keep=cfg.checkpoint.max_keep)
-    start = manager.resolve_resume(cfg.checkpoint.resume)     # a Checkpoint or None
+    start = manager.resolve_resume(cfg.checkpoint.resume)     # an intact Checkpoint or None
     ...
     manager.rotate()                                          # after each completed save
 
@@ -12,6 +12,10 @@ A role in a worker group of its own (a critic whose layout differs from the acto
 complete checkpoint, `part_dir(step_dir, role)`, before the actor's group commits `step_dir`: a
 complete step dir implies its parts. Rotation removes a part with its step, and parts whose step
 never completed.
+
+Listing and rotation trust a checkpoint whose files have the sizes its manifest lists; a resume reads
+every byte first and checks the SHA-256s (`verify_checksums`), so that a damaged checkpoint is named
+before any rank loads it. `resume: auto` then falls back to the newest intact one, and says so.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from megarl.workers.checkpoint_files import (
     MANIFEST,
@@ -30,6 +35,7 @@ from megarl.workers.checkpoint_files import (
     read_manifest,
     step_dir_name,
     tmp_dir_for,
+    verify_checksums,
 )
 
 
@@ -84,16 +90,18 @@ class CheckpointManager:
         complete = self.complete()
         return complete[-1] if complete else None
 
-    def resolve_resume(self, resume: str) -> Checkpoint | None:
-        """What `checkpoint.resume` means now: auto -> the latest complete checkpoint under the root
-        (None if there is none), disable -> None, anything else -> that checkpoint directory.
+    def resolve_resume(self, resume: str, *, report: Callable[[str], None] = print) -> Checkpoint | None:
+        """What `checkpoint.resume` means now: auto -> the newest intact checkpoint under the root
+        (None if there is none), disable -> None, anything else -> that checkpoint directory, which must
+        be intact. `report`: where auto says which checkpoints it passed over, and why.
 
-        Raises CheckpointError naming the path when it is missing or incomplete.
+        Raises CheckpointError naming the path and the damage when the named checkpoint is not intact,
+        or when auto finds checkpoints but none of them intact.
         """
         if resume == "disable":
             return None
         if resume == "auto":
-            return self.latest()
+            return self._newest_intact(report)
         path = Path(resume).expanduser()
         if not path.is_dir():
             raise CheckpointError(
@@ -106,9 +114,38 @@ class CheckpointManager:
                 f"step_<N> directories, or set checkpoint.dir={resume!r} and checkpoint.resume=auto"
             )
         try:
-            return Checkpoint(path, read_manifest(path))
+            return self._intact(path)
         except CheckpointError as e:
             raise CheckpointError(f"checkpoint.resume={resume!r}: {e}; choose another checkpoint or auto") from None
+
+    def _newest_intact(self, report: Callable[[str], None]) -> Checkpoint | None:
+        step_dirs = sorted(self.root.iterdir(), reverse=True) if self.root.is_dir() else []
+        damaged = []
+        for path in (p for p in step_dirs if p.is_dir() and STEP_DIR.match(p.name)):
+            try:
+                checkpoint = self._intact(path)
+            except CheckpointError as e:
+                report(f"checkpoint.resume=auto: passing over {path}: {e}")
+                damaged.append(path.name)
+                continue
+            if damaged:
+                report(f"checkpoint.resume=auto: resuming from {path}, the newest intact checkpoint")
+            return checkpoint
+        if damaged:
+            raise CheckpointError(
+                f"checkpoint.resume=auto: no checkpoint under {self.root} is intact ({', '.join(damaged)}); "
+                "set checkpoint.resume=disable to start anew, or restore a checkpoint from a copy"
+            )
+        return None
+
+    def _intact(self, path: Path) -> Checkpoint:
+        """`path` as a Checkpoint, after checking every byte of it and of its parts."""
+        manifest = read_manifest(path)
+        verify_checksums(path, manifest)
+        for role in self.parts:
+            part = part_dir(path, role)
+            verify_checksums(part, read_manifest(part))
+        return Checkpoint(path, manifest)
 
     def rotate(self) -> list[Path]:
         """Delete the oldest complete checkpoints beyond `max_keep` (and the parts of no kept

@@ -11,7 +11,8 @@ critic in a group of its own saves its own checkpoint, `megarl.trainer.checkpoin
 On disk (`checkpoint_files` explains the temp dir, the manifest and the rename):
 
     step_00000050/
-      manifest.json           written last by rank 0: step, roles, files and sizes, layout, megarl version
+      manifest.json           written last by rank 0: step, roles, files with sizes and SHA-256s, layout,
+                              megarl version (the ranks hash a share of the files each)
       extra.json              the driver's `extra` (JSON), identical on every rank
       actor/model/            megatron dist_checkpointing (torch_dist) of the model chunks: loadable at any TP/PP
       actor/optimizer/        megatron dist_checkpointing of `optimizer.sharded_state_dict(...)`
@@ -59,9 +60,11 @@ from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.checkpoint_files import (
     CheckpointError,
     build_manifest,
+    checkpoint_files,
     commit,
     describe_os_error,
     fault_point,
+    file_digests,
     new_nonce,
     read_manifest,
     remove_stale_tmp_dirs,
@@ -128,9 +131,12 @@ def save_checkpoint(
         run("the RNG states", lambda: write_durably(tmp_dir / RNG_DIR / _rng_file(), _to_bytes(rng_state)))
         run("the scheduler and driver states",
             lambda: _write_rank0_states(tmp_dir, schedulers, extra_json), on_every_rank=False)
+        digests: dict[str, str] = {}
+        run("the checksums", lambda: digests.update(_share_of_digests(tmp_dir)))
+        digests = _gather_digests(digests, group)
         fault_point("before_manifest")
-        run("the manifest", lambda: commit(
-            tmp_dir, step_dir, build_manifest(tmp_dir, step=step, roles=list(models), layout=layout)), on_every_rank=False)
+        run("the manifest", lambda: commit(tmp_dir, step_dir, build_manifest(
+            tmp_dir, step=step, roles=list(models), layout=layout, digests=digests)), on_every_rank=False)
     except CheckpointError:
         if is_writer:
             shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -185,7 +191,7 @@ def load_checkpoint(
             _restore_adam_steps(optimizer)
         for role, scheduler in schedulers.items():
             scheduler.load_state_dict(json.loads((ckpt_dir / role / SCHEDULER_FILE).read_text()))
-        _set_rng_state(torch.load(ckpt_dir / RNG_DIR / _rng_file(), weights_only=False))
+        _set_rng_state(torch.load(ckpt_dir / RNG_DIR / _rng_file(), weights_only=True))
     return json.loads((ckpt_dir / EXTRA_FILE).read_text())
 
 
@@ -273,6 +279,19 @@ def _write_rank0_states(tmp_dir: Path, schedulers: dict, extra_json: str) -> Non
     write_durably(tmp_dir / EXTRA_FILE, extra_json.encode())
 
 
+def _share_of_digests(tmp_dir: Path) -> dict[str, str]:
+    """The SHA-256 of this rank's share of the checkpoint's files (every world-size-th, from its rank),
+    so that the whole checkpoint is read once, by every rank in parallel."""
+    names = checkpoint_files(tmp_dir)
+    return file_digests(tmp_dir, names[dist.get_rank()::dist.get_world_size()])
+
+
+def _gather_digests(share: dict[str, str], group: dist.ProcessGroup) -> dict[str, str]:
+    shares: list[dict[str, str] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(shares, share, group=group)
+    return {name: digest for part in shares for name, digest in part.items()}
+
+
 def _encode_extra(extra: dict[str, Any]) -> str:
     try:
         return json.dumps(extra, indent=1, sort_keys=True)
@@ -291,10 +310,13 @@ def _rng_file() -> str:
 
 
 def _rng_state() -> dict[str, Any]:
-    """Every RNG stream of this rank: python, numpy, torch CPU (and CUDA), megatron's tracked streams."""
+    """Every RNG stream of this rank: python, numpy, torch CPU (and CUDA), megatron's tracked streams,
+    as tensors and plain numbers only, so that loading needs no pickled objects (`weights_only=True`)."""
+    version, python_keys, python_gauss = random.getstate()
+    numpy_kind, numpy_keys, numpy_pos, numpy_has_gauss, numpy_gauss = np.random.get_state()
     return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "python": [version, torch.tensor(python_keys, dtype=torch.int64), python_gauss],
+        "numpy": [numpy_kind, torch.from_numpy(numpy_keys.astype(np.int64)), numpy_pos, numpy_has_gauss, numpy_gauss],
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state() if uses_cuda() else None,
         "tracker": get_cuda_rng_tracker().get_states(),
@@ -302,8 +324,10 @@ def _rng_state() -> dict[str, Any]:
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, python_keys, python_gauss = state["python"]
+    random.setstate((version, tuple(python_keys.tolist()), python_gauss))
+    numpy_kind, numpy_keys, *numpy_rest = state["numpy"]
+    np.random.set_state((numpy_kind, numpy_keys.numpy().astype(np.uint32), *numpy_rest))
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None:
         torch.cuda.set_rng_state(state["cuda"])

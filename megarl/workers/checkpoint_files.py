@@ -10,7 +10,9 @@ checkpoints with it.
       hf/                            the final actor as an HF checkpoint (`checkpoint.export_hf`)
 
 A checkpoint is complete when `manifest.json` parses, names its own step, and every file it lists
-exists with the listed size. The manifest is written last, inside the temp dir, and the temp dir
+exists with the listed size (`read_manifest`, cheap: used to list and rotate). It is intact when,
+besides, every file's SHA-256 is the one the manifest lists (`verify_checksums`, reads every byte:
+done before a resume loads it). The manifest is written last, inside the temp dir, and the temp dir
 is renamed to `step_<N>` after it (rename is atomic on POSIX), so a crash at any point leaves either
 the old set of complete checkpoints or the old set plus the new one.
 """
@@ -18,18 +20,22 @@ the old set of complete checkpoints or the old set plus the new one.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
 import shutil
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Mapping
 
 import megarl
 
 MANIFEST = "manifest.json"
-FORMAT = "megarl-checkpoint/1"
+FORMAT = "megarl-checkpoint/2"
+"""/2 added each file's SHA-256 (`Manifest.sha256`)."""
 STEP_DIR = re.compile(r"^step_(\d{8,})$")
 """The name of a complete checkpoint's dir; group 1 is the step."""
 _TMP_DIR = re.compile(r"^step_\d{8,}\.tmp-[0-9a-f]+$")
@@ -68,22 +74,48 @@ class Manifest:
     """Models saved, e.g. ["actor", "critic"]: each has `<role>/model/` (and `<role>/optimizer/`)."""
     files: dict[str, int]
     """Every file of the checkpoint except the manifest: POSIX path relative to the step dir -> bytes."""
+    sha256: dict[str, str]
+    """The same files -> their SHA-256 (hex), taken after every rank wrote, before the manifest."""
     layout: dict[str, int]
     """Process layout it was saved from: world_size, tp, pp, dp."""
     megarl_version: str
     """`megarl.__version__` of the writer."""
 
 
-def build_manifest(ckpt_dir: Path, *, step: int, roles: list[str], layout: dict[str, int]) -> Manifest:
-    """A manifest listing every file now under `ckpt_dir` with its size."""
-    files = {
-        path.relative_to(ckpt_dir).as_posix(): path.stat().st_size
+def checkpoint_files(ckpt_dir: Path) -> list[str]:
+    """Every file under `ckpt_dir` but the manifest, as sorted POSIX paths relative to it."""
+    return [
+        path.relative_to(ckpt_dir).as_posix()
         for path in sorted(ckpt_dir.rglob("*"))
         if path.is_file() and path.name != MANIFEST
-    }
+    ]
+
+
+def file_digests(ckpt_dir: Path, names: list[str]) -> dict[str, str]:
+    """SHA-256 (hex) of each of `names` (relative to `ckpt_dir`), read by a few threads: hashlib
+    releases the GIL on large buffers, so the files are hashed in parallel at disk speed."""
+    def digest(name: str) -> str:
+        with open(ckpt_dir / name, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+
+    with ThreadPoolExecutor(max_workers=min(8, len(names) or 1)) as pool:
+        return dict(zip(names, pool.map(digest, names)))
+
+
+def build_manifest(
+    ckpt_dir: Path, *, step: int, roles: list[str], layout: dict[str, int], digests: Mapping[str, str] | None = None
+) -> Manifest:
+    """A manifest listing every file now under `ckpt_dir` with its size and SHA-256. `digests`: the
+    SHA-256s already taken (a save's ranks hash their share of the files in parallel); the files it
+    lacks are hashed here."""
+    names = checkpoint_files(ckpt_dir)
+    known = dict(digests or {})
+    sha256 = known | file_digests(ckpt_dir, [name for name in names if name not in known])
     return Manifest(
-        format=FORMAT, step=step, roles=list(roles), files=files, layout=dict(layout),
-        megarl_version=megarl.__version__,
+        format=FORMAT, step=step, roles=list(roles),
+        files={name: (ckpt_dir / name).stat().st_size for name in names},
+        sha256={name: sha256[name] for name in names},
+        layout=dict(layout), megarl_version=megarl.__version__,
     )
 
 
@@ -126,13 +158,19 @@ def read_manifest(ckpt_dir: str | Path) -> Manifest:
     ckpt_dir = Path(ckpt_dir)
     path = ckpt_dir / MANIFEST
     try:
-        manifest = Manifest(**json.loads(path.read_text()))
+        fields = json.loads(path.read_text())
+        if isinstance(fields, dict) and fields.get("format") not in (None, FORMAT):
+            raise CheckpointError(
+                f"{path}: format {fields['format']!r}, this megarl reads {FORMAT!r} (checkpoints of format "
+                "megarl-checkpoint/1 carry no checksums): resume it with the megarl that wrote it, or start anew"
+            )
+        manifest = Manifest(**fields)
     except FileNotFoundError:
         raise CheckpointError(f"{ckpt_dir} is not a complete megarl checkpoint: {MANIFEST} is missing") from None
     except (OSError, ValueError, TypeError) as e:
         raise CheckpointError(f"{path} cannot be read as a megarl checkpoint manifest: {e}") from None
-    if manifest.format != FORMAT:
-        raise CheckpointError(f"{path}: format {manifest.format!r}, this megarl reads {FORMAT!r}")
+    if set(manifest.sha256) != set(manifest.files):
+        raise CheckpointError(f"{path} is damaged: its files and their checksums do not list the same files")
     name = STEP_DIR.match(ckpt_dir.name)
     if name and int(name.group(1)) != manifest.step:
         raise CheckpointError(f"{path} is for step {manifest.step}, but the directory is named {ckpt_dir.name}")
@@ -145,6 +183,22 @@ def read_manifest(ckpt_dir: str | Path) -> Manifest:
                 f"{ckpt_dir} is damaged: {rel} has {file.stat().st_size} bytes, {MANIFEST} lists {size}"
             )
     return manifest
+
+
+def verify_checksums(ckpt_dir: str | Path, manifest: Manifest) -> None:
+    """Check that every file of a complete checkpoint (`read_manifest`) has the SHA-256 its manifest
+    lists: a same-size corruption (a flipped bit, a block of zeros) is found here, before any rank
+    loads it. Raises CheckpointError naming the dir and the first file that differs."""
+    ckpt_dir = Path(ckpt_dir)
+    try:
+        found = file_digests(ckpt_dir, sorted(manifest.sha256))
+    except OSError as e:
+        raise CheckpointError(f"{ckpt_dir} cannot be read: {describe_os_error(e)}") from None
+    for name, expected in sorted(manifest.sha256.items()):
+        if found[name] != expected:
+            raise CheckpointError(
+                f"{ckpt_dir} is damaged: {name} has SHA-256 {found[name][:12]}..., {MANIFEST} lists {expected[:12]}..."
+            )
 
 
 def describe_os_error(error: OSError) -> str:

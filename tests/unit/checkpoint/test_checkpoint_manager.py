@@ -1,6 +1,7 @@
 """Checkpoint bookkeeping without processes: what counts as complete, `resume`, rotation, cleanup."""
 
 import errno
+import hashlib
 import json
 
 import pytest
@@ -16,6 +17,7 @@ from megarl.workers.checkpoint_files import (
     remove_stale_tmp_dirs,
     step_dir_name,
     tmp_dir_for,
+    verify_checksums,
 )
 
 LAYOUT = {"world_size": 2, "tp": 2, "pp": 1, "dp": 1}
@@ -42,6 +44,8 @@ def test_commit_writes_a_manifest_that_lists_every_file(tmp_path):
     manifest = read_manifest(step_dir)
     assert manifest.step == 3 and manifest.roles == ["actor"] and manifest.layout == LAYOUT
     assert manifest.files == {"actor/model/__0_0.distcp": len(b"weights"), "extra.json": len('{"step": 3}')}
+    assert manifest.sha256 == {"actor/model/__0_0.distcp": hashlib.sha256(b"weights").hexdigest(),
+                               "extra.json": hashlib.sha256(b'{"step": 3}').hexdigest()}
     assert [p.name for p in tmp_path.iterdir()] == [step_dir.name]  # the temp dir became the step dir
 
 
@@ -53,8 +57,10 @@ def test_commit_writes_a_manifest_that_lists_every_file(tmp_path):
         (lambda d: (d / "extra.json").unlink(), "extra.json is listed in manifest.json but missing"),
         (lambda d: (d / "actor/model/__0_0.distcp").write_bytes(b"trunc"), "has 5 bytes, manifest.json lists 7"),
         (lambda d: d.rename(d.parent / step_dir_name(4)), "is for step 3"),
+        (lambda d: _edit_manifest(d, format="megarl-checkpoint/1"), "checkpoints of format megarl-checkpoint/1 carry no checksums"),
+        (lambda d: _edit_manifest(d, sha256={}), "do not list the same files"),
     ],
-    ids=["no-manifest", "corrupt-manifest", "missing-file", "wrong-size", "renamed"],
+    ids=["no-manifest", "corrupt-manifest", "missing-file", "wrong-size", "renamed", "old-format", "checksums-dropped"],
 )
 def test_damaged_checkpoints_are_not_complete(tmp_path, damage, reason):
     step_dir = _save(tmp_path, 3)
@@ -63,6 +69,64 @@ def test_damaged_checkpoints_are_not_complete(tmp_path, damage, reason):
     with pytest.raises(CheckpointError, match=reason):
         read_manifest(damaged)
     assert CheckpointManager(tmp_path).complete() == []
+
+
+def _edit_manifest(step_dir, **fields):
+    manifest = json.loads((step_dir / MANIFEST).read_text())
+    (step_dir / MANIFEST).write_text(json.dumps(manifest | fields))
+
+
+def _flip_a_byte(step_dir):
+    """Same-size damage, which sizes cannot see: a bit flipped in the middle of the weights."""
+    shard = step_dir / "actor/model/__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+
+
+def test_checksums_find_same_size_damage_that_sizes_miss(tmp_path):
+    step_dir = _save(tmp_path, 3)
+    verify_checksums(step_dir, read_manifest(step_dir))  # intact
+    _flip_a_byte(step_dir)
+    manifest = read_manifest(step_dir)  # the sizes still agree
+    with pytest.raises(CheckpointError, match=r"step_00000003 is damaged: actor/model/__0_0.distcp has SHA-256 \w+\.\.\., "
+                                              r"manifest.json lists \w+"):
+        verify_checksums(step_dir, manifest)
+
+
+@pytest.mark.parametrize("damage", [_flip_a_byte, lambda d: (d / "actor/model/__0_0.distcp").write_bytes(b"trunc")],
+                         ids=["same-size", "truncated"])
+def test_resume_auto_falls_back_to_the_newest_intact_checkpoint_and_says_so(tmp_path, damage):
+    _save(tmp_path, 1)
+    intact, newest = _save(tmp_path, 2), _save(tmp_path, 3)
+    damage(newest)
+    said = []
+    assert CheckpointManager(tmp_path).resolve_resume("auto", report=said.append).path == intact
+    assert len(said) == 2, said
+    assert said[0].startswith(f"checkpoint.resume=auto: passing over {newest}: {newest} is damaged: actor/model/__0_0.distcp has ")
+    assert said[1] == f"checkpoint.resume=auto: resuming from {intact}, the newest intact checkpoint"
+
+
+def test_resume_auto_refuses_when_every_checkpoint_is_damaged(tmp_path):
+    for step in (1, 2):
+        _flip_a_byte(_save(tmp_path, step))
+    with pytest.raises(CheckpointError, match=r"no checkpoint under .* is intact \(step_00000002, step_00000001\); "
+                                              "set checkpoint.resume=disable to start anew"):
+        CheckpointManager(tmp_path).resolve_resume("auto", report=lambda line: None)
+
+
+def test_resume_checks_the_parts_of_a_checkpoint_too(tmp_path):
+    intact = _save(tmp_path, 1)
+    _save(tmp_path / "critic", 1)
+    _save(tmp_path / "critic", 2)
+    _save(tmp_path, 2)
+    _flip_a_byte(part_dir(tmp_path / step_dir_name(2), "critic"))
+    said = []
+    manager = CheckpointManager(tmp_path, parts=("critic",))
+    assert manager.resolve_resume("auto", report=said.append).path == intact
+    assert "critic/step_00000002 is damaged" in said[0]
+    with pytest.raises(CheckpointError, match=r"checkpoint.resume='.*step_00000002': .*critic/step_00000002 is damaged"):
+        manager.resolve_resume(str(tmp_path / step_dir_name(2)))
 
 
 def test_latest_skips_temp_and_incomplete_dirs(tmp_path):
@@ -95,6 +159,10 @@ def test_resume_path_errors_name_the_path_and_the_reason(tmp_path):
     (step_dir / "extra.json").unlink()
     with pytest.raises(CheckpointError, match=r"step_00000005.*incomplete: extra.json"):
         manager.resolve_resume(str(step_dir))
+    _save(tmp_path, 5)
+    _flip_a_byte(step_dir)
+    with pytest.raises(CheckpointError, match=r"step_00000005.*damaged: actor/model/__0_0.distcp has SHA-256"):
+        manager.resolve_resume(str(step_dir))  # a checkpoint named by the user: no fallback
 
 
 def test_rotation_keeps_the_newest(tmp_path):
