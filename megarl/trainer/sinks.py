@@ -232,9 +232,17 @@ class WandbSink:
         # A fresh run takes the id W&B makes (None): wandb has no public id generator.
         run_id = id_file.read_text().strip() if resuming else None
         # quiet: W&B still says where the run's data went and how to sync it, not its banner and history table.
-        self.run = wandb.init(project=project_name, name=experiment_name, id=run_id, dir=str(run_dir),
-                              resume="allow", config=None if description is None else dict(description),
-                              settings=wandb.Settings(quiet=True))
+        try:
+            self.run = wandb.init(project=project_name, name=experiment_name, id=run_id, dir=str(run_dir),
+                                  resume="allow", config=None if description is None else dict(description),
+                                  settings=wandb.Settings(quiet=True))
+        except wandb.errors.UsageError as error:  # no API key, a bad setting: what the user can fix
+            wandb.teardown()
+            raise LoggerSetupError(
+                f"trainer.loggers includes 'wandb' but W&B cannot start a run: {error} Log in (wandb login, or set "
+                "WANDB_API_KEY), or keep the run local with WANDB_MODE=offline (wandb sync uploads it later), "
+                "or drop 'wandb' from trainer.loggers"
+            ) from None
         id_file.write_text(self.run.id)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:

@@ -4,7 +4,7 @@ the W&B run's config; a resumed megarl run continues the same W&B run; nothing o
 
 import pytest
 
-from megarl.trainer.sinks import METRICS_FILE, MetricsLogger, read_metrics_file
+from megarl.trainer.sinks import METRICS_FILE, LoggerSetupError, MetricsLogger, read_metrics_file
 from process_testing import wait_until_gone
 from wandb_testing import history, offline_runs, summary, use_offline_wandb, wandb_processes
 
@@ -51,3 +51,15 @@ def test_resumed_run_continues_the_same_wandb_run(offline, tmp_path):
     first, resumed = offline_runs(run_dir)  # offline, each start writes its own file; `wandb sync` joins them
     assert summary(first)["run_id"] == summary(resumed)["run_id"] == (run_dir / "wandb_run_id").read_text()
     assert [step for step, _ in history(resumed)] == [3, 4]
+
+
+def test_online_without_an_api_key_is_a_setup_error_naming_the_fixes(tmp_path, monkeypatch):
+    """W&B's own refusal (wandb.errors.UsageError, raised before any network call) becomes one clear
+    error; W&B's service does not stay behind."""
+    use_offline_wandb(monkeypatch, tmp_path / "wandb-home")
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc login
+    monkeypatch.setenv("NETRC", str(tmp_path / "home" / ".netrc"))
+    with pytest.raises(LoggerSetupError, match=r"No API key configured.*WANDB_API_KEY.*WANDB_MODE=offline.*drop 'wandb'"):
+        MetricsLogger(tmp_path / "run", ["wandb"], total_steps=1)
+    assert not wandb_processes()
