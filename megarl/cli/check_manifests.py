@@ -65,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
 def read_objects(path: str) -> list[dict]:
     """The manifests of one PATH: stdin, a YAML file, or a kustomization directory rendered by kubectl."""
     if path == "-":
+        if sys.stdin.isatty():
+            raise InputError("no PATH given and stdin is a terminal: pipe manifests in (kubectl kustomize DIR | "
+                             "megarl check-manifests) or name files or kustomization directories")
         return _parse(sys.stdin.read(), "stdin")
     if Path(path).is_dir():
         return _parse(_kustomize(Path(path)), f"kubectl kustomize {path}")

@@ -283,3 +283,15 @@ def test_check_manifests_bad_input_exits_2_naming_it(args, message, tmp_path, mo
     paths = {"NOT_YAML": tmp_path / "not.yaml", "NOT_AN_OBJECT": tmp_path / "list.yaml", "EMPTY_DIR": tmp_path / "empty"}
     code, lines, err = _check_manifests(*[str(paths.get(arg, arg)) for arg in args], monkeypatch=monkeypatch)
     assert code == 2 and lines == [] and message in err and "Traceback" not in err, err
+
+
+def test_check_manifests_refuses_to_wait_on_a_terminal(monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr("sys.stdin", Terminal())
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert megarl_main(["check-manifests"]) == 2
+    assert "stdin is a terminal: pipe manifests in" in err.getvalue()
