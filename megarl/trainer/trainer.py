@@ -134,7 +134,7 @@ class Trainer:
         metrics, bad_steps = {}, 0
         # The run that saved the checkpoint wrote here (its file exists), unless this resume starts a new run dir.
         continuing = (self.run_dir / METRICS_FILE).exists()
-        with MetricsLogger.from_config(self.config.trainer, self.total_steps, start or None) as logger, \
+        with MetricsLogger.from_config(self.config, self.plan, self.total_steps, start or None) as logger, \
                 self._open_rollout_log(start) as self.rollout_log:
             if start and continuing and self.resumed_record is not None:
                 logger.restore(start, self.resumed_record)

@@ -1,24 +1,20 @@
-"""k8s/: every rendered object validates against the KubeRay CRD schemas and megarl.deploy_check, the
-job's command line is a valid megarl config for its shape, and each broken manifest is caught."""
+"""k8s/, rendered by `kubectl kustomize` (skipped without kubectl): every object passes KubeRay's CRD
+schemas and megarl's rules (megarl.deploy), the job's command line is a valid megarl config for its
+shape, and each broken manifest is caught; `megarl check-manifests` reads dirs, files and stdin."""
 
 import contextlib
 import copy
 import io
-import re
 import shlex
-import shutil
-import subprocess
 
-import jsonschema
 import pytest
 import yaml
-from deploy_support import REPO
-from kustomize_lite import render
+from deploy_support import KUBERAY_SCHEMAS, REPO, kustomize
 
 from megarl import __version__, versions
 from megarl.cli.main import main as megarl_main
-from megarl.deploy_check import check_object, check_objects
-from megarl.deploy_check import main as deploy_check_main
+from megarl.deploy.kuberay_rules import check_object, check_objects
+from megarl.deploy.kuberay_schemas import schema_problems
 
 K8S = REPO / "k8s"
 JOB_KUSTOMIZATIONS = ["base", "overlays/1x8", "overlays/nx8"]
@@ -28,7 +24,7 @@ RECIPE = "configs/grpo_qwen2.5-7b_gsm8k.yaml"
 
 
 def _rendered(kustomization: str) -> list[dict]:
-    return render(K8S / kustomization)
+    return kustomize(K8S / kustomization)
 
 
 def _rayjob(kustomization: str) -> dict:
@@ -42,38 +38,29 @@ def _pod_specs(cluster: dict) -> list[tuple[str, dict]]:
     return pods + [(group["groupName"], group["template"]["spec"]) for group in cluster["workerGroupSpecs"]]
 
 
-@pytest.mark.parametrize("kustomization", ALL_KUSTOMIZATIONS)
-def test_renderer_agrees_with_kubectl_kustomize(kustomization):
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl not installed: the renderer is not cross-checked here")
-    result = subprocess.run([kubectl, "kustomize", str(K8S / kustomization)], capture_output=True, text=True,
-                            timeout=120)
-    if result.returncode != 0 and "kustomize" in result.stderr and "unknown command" in result.stderr:
-        pytest.skip(f"this kubectl has no kustomize: {result.stderr.strip()}")
-    assert result.returncode == 0, result.stderr
-    by_name = lambda objects: {(obj["kind"], obj["metadata"]["name"]): obj for obj in objects}  # noqa: E731
-    assert by_name(_rendered(kustomization)) == by_name(yaml.safe_load_all(result.stdout))
-
-
 @pytest.mark.parametrize("kustomization", [*JOB_KUSTOMIZATIONS, "interactive"])
 def test_rendered_objects_validate_against_kuberay_schemas(kustomization, kuberay_validators):
     objects = _rendered(kustomization)
     assert objects
     for obj in objects:
         assert obj["kind"] in kuberay_validators, f"{obj['kind']} in {kustomization}: no KubeRay schema to check it"
-        kuberay_validators[obj["kind"]].validate(obj)
+        assert schema_problems(obj, kuberay_validators) == []
 
 
-def test_schema_validation_rejects_a_misspelled_field(kuberay_validators):
+def test_schema_check_names_the_object_the_field_and_the_fix(kuberay_validators):
     job = _rayjob("base")
     job["spec"]["shutdownAfterJobFinish"] = job["spec"].pop("shutdownAfterJobFinishes")
-    with pytest.raises(jsonschema.ValidationError, match="shutdownAfterJobFinish"):
-        kuberay_validators["RayJob"].validate(job)
+    job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] = "two"
+    assert schema_problems(job, kuberay_validators) == [
+        f"RayJob/{job['metadata']['name']}: spec: Additional properties are not allowed ('shutdownAfterJobFinish' "
+        f"was unexpected); write it as KubeRay {versions.KUBERAY}'s RayJob CRD defines it (field names are case-sensitive)",
+        f"RayJob/{job['metadata']['name']}: spec.rayClusterSpec.workerGroupSpecs[0].replicas: 'two' is not of type "
+        f"'integer'; write it as KubeRay {versions.KUBERAY}'s RayJob CRD defines it (field names are case-sensitive)",
+    ]
 
 
 @pytest.mark.parametrize("kustomization", ALL_KUSTOMIZATIONS)
-def test_rendered_objects_pass_deploy_check(kustomization):
+def test_rendered_objects_pass_megarls_rules(kustomization):
     assert check_objects(_rendered(kustomization)) == []
 
 
@@ -234,12 +221,77 @@ def test_secret_object_in_manifests_is_caught():
     assert "create it out of band" in problem
 
 
-def test_deploy_check_cli_exit_codes(tmp_path, capsys):
-    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+def _check_manifests(*args: str, stdin: str = "", monkeypatch) -> tuple[int, list[str], str]:
+    """`megarl check-manifests ARGS` in this process: (exit code, stdout lines, stderr)."""
+    monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = megarl_main(["check-manifests", *args])
+        except SystemExit as stop:  # argparse's own refusals
+            code = stop.code
+    return code, out.getvalue().splitlines(), err.getvalue()
+
+
+def test_check_manifests_renders_kustomization_dirs_and_passes_k8s(monkeypatch):
+    _rendered("base")  # skips without kubectl, which the command needs for directories
+    dirs = [str(K8S / kustomization) for kustomization in ALL_KUSTOMIZATIONS]
+    code, lines, err = _check_manifests("--schemas", str(KUBERAY_SCHEMAS), *dirs, monkeypatch=monkeypatch)
+    assert (code, lines) == (0, []), err
+    assert "5 object(s), 4 RayJob/RayCluster checked (rules and CRD schemas): 0 problem(s)" in err
+
+
+def test_check_manifests_reads_kubectl_output_from_stdin_one_line_per_problem(monkeypatch):
     job = _rayjob("overlays/nx8")
-    good.write_text(yaml.safe_dump(job))
     job["spec"]["rayClusterSpec"]["rayVersion"] = "2.0.0"
+    job["spec"]["submitterPodTemplat"] = {}
+    code, lines, _ = _check_manifests("--schemas", str(KUBERAY_SCHEMAS), stdin=yaml.safe_dump(job),
+                                      monkeypatch=monkeypatch)
+    name = f"RayJob/{job['metadata']['name']}"
+    assert code == 1 and len(lines) == 2, lines
+    assert lines[0].startswith(f"{name}: spec: ") and "'submitterPodTemplat' was unexpected" in lines[0]
+    assert lines[1].startswith(f"{name}: spec.rayClusterSpec.rayVersion is '2.0.0'")
+    assert lines[1].endswith(f'set rayVersion: "{versions.RAY}"')
+
+
+def test_check_manifests_rules_only_from_files(tmp_path, monkeypatch):
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    job = _rayjob("overlays/1x8")
+    good.write_text(yaml.safe_dump_all([job, *_rendered("storage")]))
+    job["spec"]["shutdownAfterJobFinishes"] = False
     bad.write_text(yaml.safe_dump(job))
-    assert deploy_check_main([str(good)]) == 0
-    assert deploy_check_main([str(bad)]) == 2
-    assert re.search(r"rayVersion is '2\.0\.0'", capsys.readouterr().err)
+    assert _check_manifests(str(good), monkeypatch=monkeypatch)[:2] == (0, [])
+    code, lines, err = _check_manifests(str(good), str(bad), monkeypatch=monkeypatch)
+    assert code == 1 and len(lines) == 1 and "set shutdownAfterJobFinishes: true" in lines[0]
+    assert "rules only (no --schemas)" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["missing.yaml"], "missing.yaml: cannot read"),
+    (["--schemas", "no-such-dir", "-"], "no-such-dir/rayjob_v1.schema.json: cannot read the KubeRay RayJob schema"),
+    (["NOT_YAML"], "not YAML"),
+    (["NOT_AN_OBJECT"], "document 1 is not a Kubernetes object"),
+    (["EMPTY_DIR"], "kubectl kustomize"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+], ids=["missing file", "bad schema dir", "not YAML", "not an object", "dir without kustomization", "unknown flag"])
+def test_check_manifests_bad_input_exits_2_naming_it(args, message, tmp_path, monkeypatch):
+    (tmp_path / "not.yaml").write_text("kind: [unclosed\n")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    (tmp_path / "empty").mkdir()
+    if "EMPTY_DIR" in args:
+        _rendered("base")  # skips without kubectl, whose error this case reports
+    paths = {"NOT_YAML": tmp_path / "not.yaml", "NOT_AN_OBJECT": tmp_path / "list.yaml", "EMPTY_DIR": tmp_path / "empty"}
+    code, lines, err = _check_manifests(*[str(paths.get(arg, arg)) for arg in args], monkeypatch=monkeypatch)
+    assert code == 2 and lines == [] and message in err and "Traceback" not in err, err
+
+
+def test_check_manifests_refuses_to_wait_on_a_terminal(monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr("sys.stdin", Terminal())
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert megarl_main(["check-manifests"]) == 2
+    assert "stdin is a terminal: pipe manifests in" in err.getvalue()

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 import megarl.trainer.trainer as trainer_module
 from hf_cache_testing import put_in_cache, use_cache
+from wandb_testing import history, offline_runs, summary, use_offline_wandb, wandb_processes
 from megarl import Trainer
 from megarl.algorithms.advantages import compute_advantages
 from megarl.models.tiny import make_tiny_reward_model
@@ -154,9 +155,11 @@ def test_resume_after_killed_driver_matches_uninterrupted_run(grpo_run, assets, 
     assert [m["sync/weight_version"] for m in after] == [m["step"] - resumed_from + 1 for m in after]
 
 
-def test_ppo_trains_the_critic_with_split_placement_and_a_reward_model(assets, tmp_path):
+def test_ppo_trains_the_critic_with_split_placement_and_a_reward_model(assets, tmp_path, monkeypatch):
     # Split placement: 3 device slots, the actor/critic (TP 2) on two, the rollout engine on its own.
     # The critic shares the actor's layout, so it runs in the actor's processes.
+    # Logged to W&B too, the real client offline: its run directory is read back below.
+    use_offline_wandb(monkeypatch, tmp_path / "wandb-home")
     reward_model = make_tiny_reward_model(tmp_path / "rm", initializer_range=0.2)
     args = overrides(assets, tmp_path, **{
         "reward.reward_model": reward_model, "critic.parallel.tensor_model_parallel_size": 2,
@@ -165,11 +168,19 @@ def test_ppo_trains_the_critic_with_split_placement_and_a_reward_model(assets, t
         "algorithm.lam": 0.95, "placement.mode": "split", "placement.gpus_per_node": 3, "placement.rollout_gpus": 1,
         "rollout.sync.verify_every": 5,  # checks only the run's first sync and its last step
         "rollout.sync.transport": "collective",  # each trainer rank sends its shards over the sync group
+        "trainer.loggers": "[console,jsonl,wandb]",
     })
     trainer = Trainer.from_config(QUICKSTART, args)
     trainer.fit()
     assert trainer.roles.sync_transport == "collective" and not trainer.roles.own_groups
     metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
+    # The W&B run holds every step's values as metrics.jsonl does, and the run's config and batch plan.
+    [wandb_run] = offline_runs(trainer.run_dir)
+    assert history(wandb_run) == [(m["step"], {k: v for k, v in m.items() if k != "step"}) for m in metrics]
+    config = summary(wandb_run)["config"]
+    assert config["critic"]["enable"] is True and config["trainer"]["loggers"] == ["console", "jsonl", "wandb"]
+    assert config["batch_plan"]["samples_per_step"] == trainer.plan.samples_per_step
+    assert not wandb_processes()  # W&B's service stopped with the run
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         assert {"critic/vf_loss", "critic/grad_norm", "timing/values", "timing/update_critic"} <= set(m)

@@ -1,18 +1,15 @@
-"""Offline checks of KubeRay manifests for the rules a JSON Schema cannot express.
+"""KubeRay manifest rules that a JSON Schema cannot express, as pure functions of parsed objects.
 
 The KubeRay operator enforces these at admission or reconcile time, i.e. after `kubectl apply`, on a
 cluster with GPUs waiting; megarl adds a few of its own (pinned images, secrets by reference, Ray
-version equal to the image's). Check rendered manifests before applying them:
+version equal to the image's). `megarl check-manifests` runs them (and the CRD schemas) before applying:
 
-    kubectl kustomize k8s/overlays/nx8 | python -m megarl.deploy_check -
+    problems = check_objects(yaml_objects)     # ["RayJob/megarl-1x8: spec.rayVersion is ...; set ...", ...]
 
-Each problem names the object, the field path, the bad value and the fix. Exit 0: no problem;
-2: problems found (or unreadable input).
+Each problem names the object, the field path, the bad value and the fix.
 """
 
-import argparse
 import re
-import sys
 
 import yaml
 
@@ -178,26 +175,3 @@ def _check_gpus(container: dict, path: str) -> list[str]:
     if count is not None and not (str(count).isdigit() and int(count) > 0):
         problems.append(f"{path}.resources.limits.{GPU_RESOURCE} is {count!r}; it must be a positive whole number")
     return problems
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m megarl.deploy_check", description=__doc__.splitlines()[0])
-    parser.add_argument("files", nargs="+", help="YAML manifest files ('-' reads stdin), e.g. kubectl kustomize output")
-    args = parser.parse_args(argv)
-    objects = []
-    for name in args.files:
-        try:
-            text = sys.stdin.read() if name == "-" else open(name, encoding="utf-8").read()
-            objects += [obj for obj in yaml.safe_load_all(text) if obj]
-        except (OSError, yaml.YAMLError) as error:
-            print(f"{name}: cannot read manifests: {error}", file=sys.stderr)
-            return 2
-    problems = check_objects(objects)
-    for problem in problems:
-        print(problem, file=sys.stderr)
-    print(f"{len(objects)} object(s) checked, {len(problems)} problem(s)")
-    return 2 if problems else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
