@@ -1,5 +1,6 @@
 """GRPO and PPO end to end on CPU: megatron-core actor (TP 2), vLLM rollout, the bridge, Ray."""
 
+import json
 import signal
 import subprocess
 import sys
@@ -82,6 +83,22 @@ def test_grpo_trains_syncs_and_checkpoints(grpo_run, assets):
     assert any(not torch.equal(initial[k], final[k]) for k in initial)
     # Checkpoints every 2 steps; the quickstart's checkpoint.max_keep=2 keeps the newest two complete ones.
     assert [c.step for c in CheckpointManager(run_dir / "checkpoints").complete()] == [STEPS - 2, STEPS]
+
+
+def test_the_exported_actor_is_served_as_is_by_vllm_and_transformers(grpo_run):
+    """`checkpoint.export_hf` writes a directory a user serves with nothing of megarl (issue 17 item 5):
+    `vllm.LLM(model=dir)` and transformers' Auto classes load it as written, the chat template renders
+    the prompt, and both greedy continuations agree token for token."""
+    run_dir = grpo_run[0]
+    export = run_dir / "checkpoints" / "hf"
+    assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+            "chat_template.jinja", "model.safetensors"} <= {p.name for p in export.iterdir()}
+    served = subprocess.run([sys.executable, str(REPO / "tests/e2e/trainer/serve_exported.py"), str(export), "abc"],
+                            check=True, capture_output=True, text=True, timeout=600)
+    [line] = [line for line in served.stdout.splitlines() if line.startswith("{")]
+    result = json.loads(line)
+    assert result["prompt"].startswith("user: abc")  # the tiny chat template, rendered by transformers
+    assert result["vllm"] and result["vllm"] == result["transformers"], result
 
 
 def test_every_step_hands_the_devices_over_and_logs_each_phases_memory(grpo_run):
