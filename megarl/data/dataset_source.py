@@ -41,8 +41,6 @@ class Split:
 
     rows: list[dict]
     """The input rows, as dicts of the dataset's columns."""
-    columns: list[str]
-    """The dataset's column names."""
     origin: str
     """Where the rows came from, for the summary: `split 'train'`, or `split 'train', seeded 90%`."""
 
@@ -107,7 +105,7 @@ def _load(source: str, subset: str | None, cache_dir: str):
 
 
 def _whole(dataset, name: str) -> Split:
-    return Split(dataset.to_list(), list(dataset.column_names), f"split {name!r}")
+    return Split(dataset.to_list(), f"split {name!r}")
 
 
 def _cut(dataset, name: str, source: str, test_fraction: float, seed: int) -> tuple[Split, Split]:
@@ -119,10 +117,8 @@ def _cut(dataset, name: str, source: str, test_fraction: float, seed: int) -> tu
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
     test_share = round(100 * test_count / len(rows))
-    test = Split([rows[i] for i in sorted(order[:test_count])], list(dataset.column_names),
-                 f"split {name!r}, seeded {test_share}% (--seed)")
-    train = Split([rows[i] for i in sorted(order[test_count:])], list(dataset.column_names),
-                  f"split {name!r}, the other {100 - test_share}%")
+    test = Split([rows[i] for i in sorted(order[:test_count])], f"split {name!r}, seeded {test_share}% (--seed)")
+    train = Split([rows[i] for i in sorted(order[test_count:])], f"split {name!r}, the other {100 - test_share}%")
     return train, test
 
 

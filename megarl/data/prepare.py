@@ -29,12 +29,8 @@ from megarl.data.conventions import Convention, convert_row
 from megarl.data.dataset_source import Split
 from megarl.data.template import PromptRenderer
 
-PROMPT_FORMATS = ("chat", "raw")
-"""chat: a message list, templated at load time (instruct models); raw: the plain text (base models)."""
 PERCENTILES = (50, 90, 95, 99)
 """Prompt length percentiles in the summary (nearest rank: each is the length of a real prompt)."""
-OUTPUT_FILES = ("train.parquet", "test.parquet", "summary.json")
-"""What `write_outputs` writes (and `--overwrite` replaces)."""
 
 
 class PrepareError(ValueError):
@@ -132,7 +128,8 @@ def format_summary(summary: dict) -> str:
 
 
 def write_outputs(out: Path, splits: list[PreparedSplit], summary: dict) -> None:
-    """Write `OUTPUT_FILES` into `out` (created); each file appears whole (written aside, then renamed)."""
+    """Write train.parquet, test.parquet and summary.json into `out` (created); each file appears whole
+    (written aside, then renamed)."""
     out.mkdir(parents=True, exist_ok=True)
     for split in splits:
         _replace(out / f"{split.name}.parquet", lambda path, rows=split.rows: pq.write_table(pa.Table.from_pylist(rows), path))

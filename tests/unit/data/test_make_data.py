@@ -20,6 +20,7 @@ from megarl.config import load_config
 from megarl.config.sections import DataConfig
 from megarl.data import load_prompts, reward_columns
 from megarl.data.conventions import GSM8K_INSTRUCTION, MATH_INSTRUCTION
+from megarl.data.prepare import length_stats
 from megarl.models.tiny import build_char_tokenizer
 from megarl.rewards import resolve_reward_function
 
@@ -320,3 +321,8 @@ def test_a_non_empty_out_is_kept_unless_overwrite(gsm8k_in_cache, model_dir, tmp
     code, _, err = make_data(capsys, *argv, "--overwrite")
     assert (code, err) == (0, "")
     assert len(pq.read_table(out / "train.parquet")) == 4
+
+
+def test_length_percentiles_are_nearest_rank_lengths_of_real_prompts():
+    assert length_stats(list(range(100, 0, -1))) == {"min": 1, "p50": 50, "p90": 90, "p95": 95, "p99": 99, "max": 100}
+    assert length_stats([7, 3]) == {"min": 3, "p50": 3, "p90": 7, "p95": 7, "p99": 7, "max": 7}
