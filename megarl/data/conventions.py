@@ -26,8 +26,8 @@ GSM8K_INSTRUCTION = "Let's think step by step and output the final answer after 
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 
 DROP_REASONS = ("missing_prompt", "missing_answer", "no_final_answer")
-"""Why a row is dropped: no (or a blank) prompt; no (or a blank) answer text; an answer text without the
-dataset's final-answer marker (GSM8K's `#### N`, MATH's `\\boxed{}`)."""
+"""Why a row is dropped: no question text (absent, blank, or not a string); no (or a blank) answer text; an
+answer text without the dataset's final-answer marker (GSM8K's `#### N`, MATH's `\\boxed{}`)."""
 
 
 class SchemaError(ValueError):
