@@ -1,5 +1,6 @@
-"""A local Hugging Face cache made in a test: a model directory filed under a hub id the way
-`hf download` leaves it (huggingface_hub/file_download.py, `hf_hub_download` → `_create_symlink`):
+"""A local Hugging Face cache made in a test: a model (or dataset) directory filed under a hub id the way
+`hf download` leaves it (huggingface_hub/file_download.py, `hf_hub_download` → `_create_symlink`;
+a dataset's folder is `datasets--<org>--<name>`):
 
     <cache>/models--<org>--<name>/blobs/<sha256 of the file>
     <cache>/models--<org>--<name>/snapshots/<commit>/<file>  -> ../../blobs/<sha256>  (relative symlink)
@@ -19,9 +20,10 @@ from huggingface_hub.file_download import repo_folder_name
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-def put_in_cache(model_dir: Path, repo_id: str, cache: Path, commit: str = COMMIT) -> Path:
-    """File every file of `model_dir` under `repo_id` in `cache`; returns the snapshot directory."""
-    repo = cache / repo_folder_name(repo_id=repo_id, repo_type="model")
+def put_in_cache(model_dir: Path, repo_id: str, cache: Path, commit: str = COMMIT, repo_type: str = "model") -> Path:
+    """File every file of `model_dir` under `repo_id` (a `repo_type` repository) in `cache`; returns the
+    snapshot directory."""
+    repo = cache / repo_folder_name(repo_id=repo_id, repo_type=repo_type)
     snapshot = repo / "snapshots" / commit
     (repo / "blobs").mkdir(parents=True, exist_ok=True)
     for source in sorted(p for p in model_dir.rglob("*") if p.is_file()):

@@ -24,20 +24,20 @@ def is_hub_id(path: str) -> bool:
     return bool(_HUB_ID.fullmatch(path)) and not path.startswith(".") and not Path(path).expanduser().exists()
 
 
-def download_command(repo_id: str) -> str:
-    """The shell command that puts `repo_id` into the local cache (huggingface_hub's `hf` CLI; its
-    older `huggingface-cli` is gone from the huggingface_hub megarl installs)."""
-    return f"hf download {repo_id}"
+def download_command(repo_id: str, repo_type: str = "model") -> str:
+    """The shell command that puts `repo_id` (a model, or a `repo_type="dataset"`) into the local cache
+    (huggingface_hub's `hf` CLI; its older `huggingface-cli` is gone from the huggingface_hub megarl installs)."""
+    return f"hf download {repo_id}" + ("" if repo_type == "model" else f" --repo-type {repo_type}")
 
 
-def cached_snapshot(repo_id: str) -> Path | None:
-    """The local snapshot directory of `repo_id` (revision main), or None when it is not in the cache.
-    Nothing is downloaded."""
+def cached_snapshot(repo_id: str, repo_type: str = "model") -> Path | None:
+    """The local snapshot directory of `repo_id` (revision main; a model, or a `repo_type="dataset"`), or
+    None when it is not in the cache. Nothing is downloaded."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(repo_id, local_files_only=True))
+        return Path(snapshot_download(repo_id, repo_type=repo_type, local_files_only=True))
     except (LocalEntryNotFoundError, ValueError):  # not cached (or incomplete); not a valid id (HFValidationError)
         return None
 

@@ -16,7 +16,7 @@ REAL_RECIPES = [p for p in RL_RECIPES if p.name not in CPU_RECIPES]
 def test_there_are_real_recipes_for_each_algorithm():
     names = {p.name for p in REAL_RECIPES}
     assert {"grpo_qwen2.5-7b_gsm8k.yaml", "grpo_qwen2.5-0.5b_gsm8k.yaml", "ppo_qwen2.5-1.5b_gsm8k.yaml",
-            "dapo_qwen2.5-math-7b_math.yaml"} <= names
+            "dapo_qwen2.5-math-7b_math.yaml", "grpo_qwen2.5-7b_math.yaml"} <= names
 
 
 @pytest.mark.parametrize("recipe", REAL_RECIPES, ids=lambda p: p.name)
@@ -98,6 +98,7 @@ OLD_LOG_PROB_PASS = {
     "agent_quickstart.yaml": (),
     "grpo_qwen2.5-0.5b_gsm8k.yaml": ("4 mini-batches × 1 epoch",),
     "grpo_qwen2.5-7b_gsm8k.yaml": ("4 mini-batches × 1 epoch",),
+    "grpo_qwen2.5-7b_math.yaml": ("4 mini-batches × 1 epoch",),
     "grpo_qwen2.5-3b_search.yaml": ("4 mini-batches × 1 epoch",),
     "dapo_qwen2.5-math-7b_math.yaml": ("16 mini-batches × 1 epoch",),
     "ppo_qwen2.5-1.5b_gsm8k.yaml": ("4 mini-batches × 1 epoch",

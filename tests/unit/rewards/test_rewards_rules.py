@@ -2,8 +2,9 @@
 
 import pytest
 
+from megarl.rewards.boxed import last_boxed
 from megarl.rewards.gsm8k import extract_final_answer, gsm8k_reward, gsm8k_score
-from megarl.rewards.math_answer import last_boxed, math_reward, math_score
+from megarl.rewards.math_answer import math_reward, math_score
 
 
 @pytest.mark.parametrize("response, answer, score", [
