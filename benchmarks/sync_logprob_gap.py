@@ -1,11 +1,12 @@
-"""The sync's probe log-prob gap that a dtype alone gives: a Megatron actor and a vLLM engine holding
-bit-identical weights (proven by the exact check, `megarl.bridge.checksum`), per dtype, on the
-quickstart model and on the tests' sharper tiny model. `rollout.sync.logprob_gap_threshold: auto`
-takes its per-dtype defaults from these numbers (`megarl.config.rollout.LOGPROB_GAP_BY_DTYPE`).
+"""The sync's probe log-prob gap that the dtypes alone give: a Megatron actor and a vLLM engine holding
+bit-identical weights (the engine's cast of the actor's in a mixed pair; proven by the exact check,
+`megarl.bridge.checksum`), per (`model.dtype`, rollout dtype), on the quickstart model and on the
+tests' sharper tiny model. `rollout.sync.logprob_gap_threshold: auto` takes its per-pair defaults from
+these numbers (`megarl.config.rollout.LOGPROB_GAP_BY_DTYPE`).
 
     python benchmarks/sync_logprob_gap.py --json benchmarks/results/extra/sync_logprob_gap.json
 
-Per (model, dtype, actor TP): the actor (`workers.sync_check.model_in_dtype`, TP ranks spawned) and the
+Per (model, dtype pair, actor TP): the actor (`workers.sync_check.model_in_dtype`, TP ranks spawned) and the
 engine (TP 1, started from the same checkpoint, then loaded with the checkpoint's tensors through the
 worker's sync path, which checksums them) compute the log-probs of `SEQUENCES` probe sequences of
 `verify.PROBE_LENGTH` tokens; the gap is max / mean |engine - actor| over all of them.
@@ -33,8 +34,8 @@ from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import run_distributed
 
 SEQUENCES = 64
-DTYPES = ("float32", "bfloat16")
-"""`model.dtype`'s values."""
+PAIRS = (("float32", "float32"), ("bfloat16", "bfloat16"), ("float32", "bfloat16"))
+"""(`model.dtype`, rollout dtype) pairs megarl runs (`rollout.dtype`)."""
 TRAIN_TPS = (1, 2)
 MODELS = {
     # `megarl init-tiny-model`'s defaults: configs/quickstart.yaml's model.
@@ -46,8 +47,9 @@ MODELS = {
 }
 
 
-def actor_rank(model_dir: str, dtype: str, train_tp: int) -> dict:
-    """One actor rank: its probe log-probs (rank 0's are the actor's) and its weight checksums."""
+def actor_rank(model_dir: str, dtype: str, engine_dtype: str, train_tp: int) -> dict:
+    """One actor rank in `dtype`: its probe log-probs (rank 0's are the actor's) and its weight
+    checksums, taken in the engine's dtype (what the sync sends)."""
     from megatron.core.utils import unwrap_model
 
     from megarl.parallel.distributed import initialize_model_parallel
@@ -60,15 +62,15 @@ def actor_rank(model_dir: str, dtype: str, train_tp: int) -> dict:
     log_probs, _ = compute_log_probs(model, probe_policy_batch(probe), SEQUENCES, dims.vocab_size, groups)
     plan = build_plan(dims, LayoutPair(train_tp, 1, 1))
     return dict(log_probs=log_probs.float().tolist(),
-                checksums=rank_checksums(plan, global_named_parameters(unwrap_model(model), groups), groups, dtype))
+                checksums=rank_checksums(plan, global_named_parameters(unwrap_model(model), groups), groups, engine_dtype))
 
 
-def measure(model_dir: Path, dtype: str) -> list[dict]:
+def measure(model_dir: Path, dtype: str, engine_dtype: str) -> list[dict]:
     from megarl.workers.rollout import make_rollout_engine
 
     dims = read_model_dims(model_dir)
     probe = probe_token_ids(dims.vocab_size, sequences=SEQUENCES)
-    engine = make_rollout_engine("vllm", model_dir, dtype=dtype, max_model_len=64)
+    engine = make_rollout_engine("vllm", model_dir, dtype=engine_dtype, max_model_len=64)
     try:
         engine.load_weights(load_file(model_dir / "model.safetensors").items())
         loaded = engine.loaded_checksums()
@@ -77,12 +79,12 @@ def measure(model_dir: Path, dtype: str) -> list[dict]:
         engine.shutdown()
     rows = []
     for train_tp in TRAIN_TPS:
-        ranks = run_distributed(actor_rank, train_tp, str(model_dir), dtype, train_tp)
+        ranks = run_distributed(actor_rank, train_tp, str(model_dir), dtype, engine_dtype, train_tp)
         # Bit-identical weights, or the measurement means nothing: raises naming any tensor that differs.
-        checked = check_checksums(combine(rank["checksums"] for rank in ranks), loaded, dtype=dtype,
+        checked = check_checksums(combine(rank["checksums"] for rank in ranks), loaded, dtype=engine_dtype,
                                   layout=LayoutPair(train_tp, 1, 1), engine="the engine")
         gap = logprob_gap(engine_log_probs, torch.tensor(ranks[0]["log_probs"]))
-        rows.append(dict(dtype=dtype, train_tp=train_tp, rollout_tp=1, sequences=SEQUENCES, tokens=PROBE_LENGTH - 1,
+        rows.append(dict(dtype=dtype, rollout_dtype=engine_dtype, train_tp=train_tp, rollout_tp=1, sequences=SEQUENCES, tokens=PROBE_LENGTH - 1,
                          identical_tensors=int(checked["sync/checksum_tensors"]),
                          max_abs_diff=gap["sync/logprob_max_abs_diff"],
                          mean_abs_diff=gap["sync/logprob_mean_abs_diff"]))
@@ -99,8 +101,8 @@ def main() -> None:
     for name, shape in MODELS.items():
         shape = dict(shape)
         model_dir = make_tiny_model(args.workdir / str(len(results)), shape.pop("arch"), **shape)
-        for dtype in DTYPES:
-            results += [dict(model=name, **row) for row in measure(model_dir, dtype)]
+        for dtype, engine_dtype in PAIRS:
+            results += [dict(model=name, **row) for row in measure(model_dir, dtype, engine_dtype)]
     context = dict(
         command="python benchmarks/sync_logprob_gap.py --json " + str(args.json),
         when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=platform.processor() or platform.machine(),

@@ -172,9 +172,10 @@ def _assemble(
 
 
 def _send_pieces(param: PlannedParam, shard: torch.Tensor, groups: ProcessGroups, plan: SyncPlan) -> None:
-    """A TP rank > 0's half of `_receive_into`: its shard's pieces, in order, to TP rank 0."""
+    """A TP rank > 0's half of `_receive_into`: its shard's pieces, in order, to TP rank 0, cast to the
+    plan's dtype (they land straight in the bucket's rows)."""
     for piece, _ in shard_pieces(mapping_of(param), shard, plan.dims, groups.tp_rank):
-        dist.send(piece.contiguous(), dst=dist.get_global_rank(groups.tp, 0), group=groups.tp)
+        dist.send(piece.to(plan.dtype).contiguous(), dst=dist.get_global_rank(groups.tp, 0), group=groups.tp)
 
 
 def _receive_into(

@@ -72,7 +72,7 @@ class PerRankSender:
         return SyncStats(time.perf_counter() - start, counted.bytes, counted.buckets, peak)
 
     def _dtype(self) -> torch.dtype:
-        return self.plan.buckets[0].metadata.dtype
+        return self.plan.dtype
 
     def _tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """This rank's tensors in vLLM worker `tp_rank`'s names and shapes, its stage's in plan order."""

@@ -122,6 +122,11 @@ class SyncPlan:
     def params(self) -> list[PlannedParam]:
         return [param for bucket in self.buckets for param in bucket.params]
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the weights travel in (the engines'): every sender casts to it before sending."""
+        return self.buckets[0].metadata.dtype
+
 
 def _megatron_param_names(dims: ModelDims) -> list[tuple[str, int]]:
     """`(global megatron name, layer index or -1)` of every parameter of megarl's local-spec GPTModel,
@@ -343,13 +348,13 @@ class SyncSchedule:
 
     def bytes_sent(self, sender: int, engines: int) -> int:
         """What `sender` sends in one sync to `engines` engines."""
-        itemsize = self.plan.buckets[0].metadata.dtype.itemsize
+        itemsize = self.plan.dtype.itemsize
         return engines * itemsize * sum(piece.numel for _, piece in self.sent_by(sender))
 
     def bytes_needed(self, worker: int) -> int:
         """What worker `worker` of one engine needs: the real elements of its per-rank tensors
         (vocabulary padding rows excluded)."""
-        itemsize = self.plan.buckets[0].metadata.dtype.itemsize
+        itemsize = self.plan.dtype.itemsize
         return itemsize * sum(piece.numel for bucket in self.buckets for piece in bucket.pieces
                               if piece.worker == worker)
 
@@ -456,7 +461,7 @@ def _param_pieces(param: PlannedParam, layout: LayoutPair, dims: ModelDims, work
 def build_schedule(plan: SyncPlan, vocab_divisible_by: int) -> SyncSchedule:
     """The schedule of `plan` (cached per plan): every piece each trainer rank sends each vLLM
     worker, bucket by bucket. `vocab_divisible_by`: Megatron's `make_vocab_size_divisible_by`."""
-    layout, dims, dtype = plan.layout, plan.dims, plan.buckets[0].metadata.dtype
+    layout, dims, dtype = plan.layout, plan.dims, plan.dtype
     buckets = []
     for bucket in plan.buckets:
         pieces, received = [], []

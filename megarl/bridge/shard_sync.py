@@ -75,7 +75,7 @@ def piece_tensor(schedule: SyncSchedule, piece: Piece, block: torch.Tensor) -> t
             f"{piece.tp_rank}, but the schedule for {schedule.plan.layout} expects {list(piece.shape)} "
             f"(its block {list(block.shape)}; for the vocabulary pass the model's make_vocab_size_divisible_by)"
         )
-    return tensor.to(schedule.plan.buckets[0].metadata.dtype).contiguous()
+    return tensor.to(schedule.plan.dtype).contiguous()
 
 
 class ShardSender:

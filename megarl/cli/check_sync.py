@@ -17,7 +17,7 @@ from pathlib import Path
 from megarl.cli.arguments import positive_float
 from megarl.config.rollout import LOGPROB_GAP_BY_DTYPE
 
-THRESHOLD = LOGPROB_GAP_BY_DTYPE["float32"]
+THRESHOLD = LOGPROB_GAP_BY_DTYPE[("float32", "float32")]
 """The trainer's `auto` threshold for fp32, the dtype of this check (`workers.sync_check.ENGINE_DTYPE`)."""
 TRANSPORTS = ("collective", "in-process")
 MAX_BUCKET_MB = 1024 * 1024

@@ -56,7 +56,7 @@ from megarl.config.batch_plan import plan_batches, uses_reference
 from megarl.config.model_facts import ModelFactsError, is_hub_id, load_model_facts
 from megarl.config.problems import Problem
 from megarl.config.roles import ParallelConfig, RecomputeConfig
-from megarl.config.rollout import response_length
+from megarl.config.rollout import response_length, rollout_dtype
 from megarl.models.hf_config import read_model_dims
 
 GIB = 2**30
@@ -269,7 +269,8 @@ def estimate_memory(config: Config, shape: ModelShape, *, train_gpus: int, gpu_m
         engine = int(rollout.gpu_memory_utilization * gpu_memory_gib * GIB)
         roles.append(RoleMemory("rollout", 0, 0, 0, 0, other=engine))
     else:
-        weights = shape.total_parameters() * DTYPE_BYTES[dtype] // rollout.tensor_model_parallel_size
+        engine_dtype = rollout_dtype(rollout, dtype)
+        weights = shape.total_parameters() * DTYPE_BYTES[engine_dtype] // rollout.tensor_model_parallel_size
         roles.append(RoleMemory("rollout", weights, 0, 0, 0, other=int(rollout.kv_cache_gib * GIB)))
     peak, phase = _peak(config, roles)
     return MemoryEstimate(roles, peak, phase, int(gpu_memory_gib * GIB), _what_runs(config, on_gpu, gpu_memory_gib))
@@ -298,7 +299,7 @@ def _what_runs(config: Config, on_gpu: bool, gpu_memory_gib: float) -> tuple[str
                      f"{'shared' if config.placement.mode == 'colocated' else 'rollout'} GPU "
                      f"({rollout.gpu_memory_utilization * gpu_memory_gib:.1f} GiB)")
     else:
-        lines.append(f"rollout: the engine's weights in {dtype} and kv_cache_gib {rollout.kv_cache_gib} of host memory")
+        lines.append(f"rollout: the engine's weights in {rollout_dtype(rollout, dtype)} and kv_cache_gib {rollout.kv_cache_gib} of host memory")
     return tuple(lines)
 
 

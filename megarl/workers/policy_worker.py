@@ -72,6 +72,8 @@ class ActorSpec:
     ppo_epochs: int
     rollout_tp: int
     """Tensor-parallel size of each rollout engine (the bridge plan's target layout)."""
+    rollout_dtype: str
+    """The engines' dtype (`rollout.dtype` resolved): the weights are cast to it on the way."""
     bucket_mb: float
     """Weight-sync bucket size."""
 
@@ -125,9 +127,9 @@ class PolicyWorker:
             MegatronRewardModel.from_hf(spec.reward_model_path, self.groups, built) if spec.reward_model_path else None
         )
         self.loss = PolicyLoss(actor.loss) if actor else None
-        # The weights travel in the actor's parameter dtype.
+        # The weights travel in the engines' dtype: a cast on the sender halves an fp32 actor's bytes for bf16 engines.
         self.plan = (build_plan(read_model_dims(spec.model_path), LayoutPair(spec.tp, spec.pp, actor.rollout_tp),
-                                bucket_mb=actor.bucket_mb, dtype=TORCH_DTYPES[built.dtype]) if actor else None)
+                                bucket_mb=actor.bucket_mb, dtype=TORCH_DTYPES[actor.rollout_dtype]) if actor else None)
         self.sender: WeightSender | None = None
 
     def grid(self) -> dict[str, int]:

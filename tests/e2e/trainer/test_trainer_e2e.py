@@ -15,6 +15,7 @@ from hf_cache_testing import put_in_cache, use_cache
 from wandb_testing import history, offline_runs, summary, use_offline_wandb, wandb_processes
 from megarl import Trainer
 from megarl.algorithms.advantages import compute_advantages
+from megarl.config.rollout import LOGPROB_GAP_BY_DTYPE
 from megarl.models.tiny import make_tiny_reward_model
 from megarl.trainer.timing import STARTUP_PHASES
 from megarl.rewards.functions import RewardFunctionError
@@ -280,6 +281,29 @@ def test_dapo_dynamic_sampling_fills_the_batch_in_bf16(assets, tmp_path):
     # The actor trained bf16 parameters: its export holds them as they are.
     exported = load_file(tmp_path / "checkpoints" / "hf" / "model.safetensors")
     assert {tensor.dtype for tensor in exported.values()} == {torch.bfloat16}
+
+
+def test_bf16_engines_beside_an_fp32_actor_load_its_weights_cast_and_train_with_tis(assets, tmp_path):
+    """`rollout.dtype=bfloat16` with the quickstart's fp32 actor (verl's usual pairing): the sync casts the
+    actor's weights to bf16 on the way (half the bytes), every sync is checked bit for bit against the
+    actor's weights cast to bf16 (a bf16 engine is what makes that check pass) and by the mixed pair's
+    gap threshold, and the update corrects for the engines' bf16 log-probs with truncated importance
+    sampling (`actor.tis_cap`)."""
+    args = overrides(assets, tmp_path, **{"rollout.dtype": "bfloat16", "actor.tis_cap": 2.0, "trainer.total_steps": 2,
+                                          "checkpoint.export_hf": "false"})
+    trainer = Trainer.from_config(QUICKSTART, args)
+    trainer.fit()
+    metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
+    assert trainer.config.model.dtype == "float32" and trainer.sync.dtype == "bfloat16"
+    weights = load_file(assets / "model" / "model.safetensors")
+    fp32_bytes = sum(t.numel() * 4 for t in weights.values())
+    for m in metrics:
+        assert m["sync/checksum_tensors"] == len(weights)
+        # bf16 rounding, far above what fp32 engines show and within the mixed pair's threshold.
+        assert LOGPROB_GAP_BY_DTYPE[("float32", "float32")] < m["sync/logprob_max_abs_diff"] <= trainer.sync.threshold
+        # Each engine (one per device slot here) received every tensor in bf16: half the fp32 bytes.
+        assert m["sync/gigabytes"] * 1e9 == trainer.roles.rollout.world_size * fp32_bytes / 2
+        assert m["actor/grad_norm"] > 0
 
 
 def test_reward_faults_are_counted_and_wrong_length_stops(assets, tmp_path, monkeypatch):

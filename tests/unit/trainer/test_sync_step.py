@@ -48,14 +48,14 @@ class Engines(Group):
     that sync on (as an engine that silently missed a tensor would), `wrong_tensor_from` makes it load
     a wrong `lm_head.weight` from that sync on, its log-probs unchanged (a small error the gap misses)."""
 
-    def __init__(self, broken_from: int | None = None, wrong_tensor_from: int | None = None):
+    def __init__(self, broken_from: int | None = None, wrong_tensor_from: int | None = None, dtype: str = "float32"):
         self.version, self.broken_from, self.wrong_tensor_from = 0, broken_from, wrong_tensor_from
         super().__init__(
             checksum_loads=lambda: [None], start_receive=lambda: [None], start_shared_receive=lambda: [None],
             start_rank_receive=lambda: [None],
             finish_receive=self._receive,
             prompt_logprobs=lambda: [list(ACTOR_LOG_PROBS + (0.5 if self._broken() else 0.0))],
-            loaded_checksums=lambda: [[LoadedChecksums("float32", full=self._loaded())]],
+            loaded_checksums=lambda: [[LoadedChecksums(dtype, full=self._loaded())]],
         )
 
     def _loaded(self) -> dict[str, int]:
@@ -167,10 +167,32 @@ def test_a_wrong_tensor_is_named_by_the_exact_check_where_the_log_probs_agree():
 def test_the_gap_threshold_is_measured_per_dtype_unless_set():
     from megarl.config.rollout import LOGPROB_GAP_BY_DTYPE
 
-    assert weight_sync(verify_every=1, total_steps=1).threshold == LOGPROB_GAP_BY_DTYPE["float32"]
+    assert weight_sync(verify_every=1, total_steps=1).threshold == LOGPROB_GAP_BY_DTYPE[("float32", "float32")]
     config = load_config(QUICKSTART, ["model.dtype=bfloat16", "rollout.sync.logprob_gap_threshold=0.25"])
     roles = SimpleNamespace(policy=Group(sync_plan=lambda: ["the plan"]), rollout=Engines(), routes=None)
     assert WeightSync(roles, config, vocab_size=64, total_steps=1).threshold == 0.25
+
+
+def test_bf16_engines_beside_an_fp32_actor_are_checked_in_bf16_with_the_pairs_threshold():
+    """`rollout.dtype=bfloat16` with `model.dtype=float32`: the engines hold the actor's weights cast to
+    bf16, so the exact check casts the actor's side to bf16 too, and the gap threshold is the mixed pair's."""
+    from megarl.config.rollout import LOGPROB_GAP_BY_DTYPE
+
+    config = load_config(QUICKSTART, ["model.dtype=float32", "rollout.dtype=bfloat16"])
+    asked = []
+
+    class Policy(Group):
+        def call_all(self, method, *args):
+            asked.extend(args if method == "weight_checksums" else ())
+            return super().call_all(method)
+
+    policy = Policy(sync_plan=lambda: ["the plan"], weight_checksums=lambda: RANK_CHECKSUMS,
+                    send_weights=lambda: [{"sync/seconds": 0.01}] * 2, probe_log_probs=lambda: [ACTOR_LOG_PROBS] * 2)
+    sync = WeightSync(SimpleNamespace(policy=policy, rollout=Engines(dtype="bfloat16"), routes=None), config, vocab_size=64,
+                      total_steps=1)
+    assert sync.dtype == "bfloat16" and sync.threshold == LOGPROB_GAP_BY_DTYPE[("float32", "bfloat16")]
+    sync_and_check(sync, 1)
+    assert asked == ["bfloat16"]
 
 
 def test_the_probe_has_probe_batch_size_sequences():
