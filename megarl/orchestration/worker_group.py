@@ -7,6 +7,11 @@ Usage:
     group.call_each("generate", [args_r0, args_r1])     # one argument tuple per rank
     group.call_rank0("export_hf", out_dir)
 
+Arguments reach the ranks through Ray's object store: an argument object given to several ranks is
+stored once and every one of them reads that copy (passed by value, Ray would serialize it once per
+call: a batch, TP × PP times per DP replica). A rank can be told not to reply (`replying`): it drops
+its result instead of sending back a copy that the caller would throw away.
+
 Rank 0 starts first and tells the others where to rendezvous. A failure on any rank raises
 `WorkerFailure` naming the role, the rank and the remote traceback, and kills the whole group, so peers
 blocked in a collective with the dead rank do not hang the driver.
@@ -15,7 +20,7 @@ blocked in a collective with the dead rank do not hang the driver.
 import importlib
 import os
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -93,8 +98,28 @@ class RankProcess:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.target, method)(*args, **kwargs)
 
+    def call_dropping_result(self, method: str, *args: Any, **kwargs: Any) -> None:
+        """`call`, for a rank whose result the caller does not need: nothing travels back."""
+        getattr(self.target, method)(*args, **kwargs)
+
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
+
+
+def stored_once(per_rank_args: list[tuple]) -> list[tuple]:
+    """`per_rank_args` with each argument object that several ranks get (the same object) replaced by
+    one `ray.put` of it: Ray hands a rank the stored value of an `ObjectRef` argument, and stores an
+    argument passed by value anew for every call."""
+    counts: dict[int, int] = {}
+    for args in per_rank_args:
+        for arg in args:
+            counts[id(arg)] = counts.get(id(arg), 0) + 1
+    refs: dict[int, ray.ObjectRef] = {}
+    for args in per_rank_args:
+        for arg in args:
+            if counts[id(arg)] > 1 and id(arg) not in refs:
+                refs[id(arg)] = ray.put(arg)
+    return [tuple(refs.get(id(arg), arg) for arg in args) for args in per_rank_args]
 
 
 class WorkerGroup:
@@ -150,10 +175,18 @@ class WorkerGroup:
         """Call `method` with the same arguments on every rank; results in rank order."""
         return self._wait([a.call.remote(method, *args, **kwargs) for a in self.actors])
 
-    def call_each(self, method: str, per_rank_args: list[tuple], **kwargs: Any) -> list[Any]:
-        """Call `method(*per_rank_args[r], **kwargs)` on rank r (e.g. each rank's DP slice)."""
+    def call_each(self, method: str, per_rank_args: list[tuple], *, replying: Sequence[bool] | None = None,
+                  **kwargs: Any) -> list[Any]:
+        """Call `method(*per_rank_args[r], **kwargs)` on rank r (e.g. each rank's DP slice); results in rank
+        order. An argument object given to several ranks is stored once (`stored_once`). `replying[r]`
+        False: rank r's result is dropped in the rank, None here."""
         assert len(per_rank_args) == self.world_size, "one argument tuple per rank"
-        return self._wait([a.call.remote(method, *per_rank_args[r], **kwargs) for r, a in enumerate(self.actors)])
+        replying = [True] * self.world_size if replying is None else list(replying)
+        calls = []
+        for actor, args, reply in zip(self.actors, stored_once(per_rank_args), replying, strict=True):
+            call = actor.call if reply else actor.call_dropping_result
+            calls.append(call.remote(method, *args, **kwargs))
+        return self._wait(calls)
 
     def node_ids(self) -> list[str]:
         """The Ray node of each rank, in rank order."""

@@ -18,6 +18,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from torch import Tensor
 
@@ -31,7 +32,7 @@ from megarl.parallel.device import worker_env
 from megarl.trainer import settings
 from megarl.trainer.checkpoint_manager import part_dir
 from megarl.trainer.handover import offload_before_engines
-from megarl.trainer.rollout_batch import gather_by_dp
+from megarl.trainer.rollout_batch import gather_by_dp, is_dp_leader
 from megarl.trainer.timing import PhaseTimer
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.checkpoint_files import step_dir_name
@@ -70,9 +71,11 @@ class MegatronGroup:
     def dp_size(self) -> int:
         return self.grids[0]["dp_size"]
 
-    def call_by_dp(self, method: str, per_dp: list[tuple]) -> list:
-        """Each rank runs `method` with its DP replica's arguments; results in rank order."""
-        return self.workers.call_each(method, [per_dp[g["dp_rank"]] for g in self.grids])
+    def call_by_dp(self, method: str, per_dp: list[tuple], replies: Callable[[dict[str, int]], bool] | None = None) -> list:
+        """Each rank runs `method` with its DP replica's arguments (stored once per replica, read by its
+        TP × PP ranks); results in rank order. `replies(grid)` False: that rank's result stays there (None)."""
+        replying = None if replies is None else [replies(g) for g in self.grids]
+        return self.workers.call_each(method, [per_dp[g["dp_rank"]] for g in self.grids], replying=replying)
 
 
 @dataclass
@@ -110,7 +113,7 @@ class Roles:
         """Run a per-sample method on each DP replica of its role's group; the rows back in order
         (`index` picks one output of methods that return a tuple)."""
         group = self.groups[METHOD_ROLES[method]]
-        parts = group.call_by_dp(method, [(part,) for part in batch.split(group.dp_size)])
+        parts = group.call_by_dp(method, [(part,) for part in batch.split(group.dp_size)], replies=is_dp_leader)
         if index is not None:
             parts = [part[index] for part in parts]
         return gather_by_dp(parts, group.grids)
@@ -119,7 +122,8 @@ class Roles:
         """An update (`update_actor` / `update_critic`) on each DP replica's rows of its role's group;
         the metrics of DP replica 0 (they are reduced over DP inside the update)."""
         group = self.groups[METHOD_ROLES[method]]
-        results = group.call_by_dp(method, [(part, step) for part in batch.split(group.dp_size)])
+        results = group.call_by_dp(method, [(part, step) for part in batch.split(group.dp_size)],
+                                   replies=lambda grid: grid["rank"] == 0)
         return next(r for g, r in zip(group.grids, results) if g["rank"] == 0)
 
     def save_checkpoint(self, root: str, step: int, extra: dict) -> None:

@@ -48,7 +48,12 @@ def token_level_scores(scores: Tensor, response_mask: Tensor) -> Tensor:
     return out
 
 
-def gather_by_dp(per_rank: Sequence[Tensor], grids: Sequence[dict[str, int]]) -> Tensor:
-    """Concatenate one result per DP replica (taken from its TP 0 / first-stage rank), in DP order."""
-    leaders = {g["dp_rank"]: result for g, result in zip(grids, per_rank) if g["tp_rank"] == 0 and g["pp_rank"] == 0}
+def is_dp_leader(grid: dict[str, int]) -> bool:
+    """The rank whose copy of its DP replica's result is taken: TP rank 0 of the first stage."""
+    return grid["tp_rank"] == 0 and grid["pp_rank"] == 0
+
+
+def gather_by_dp(per_rank: Sequence[Tensor | None], grids: Sequence[dict[str, int]]) -> Tensor:
+    """Concatenate one result per DP replica (taken from its leader, `is_dp_leader`), in DP order."""
+    leaders = {g["dp_rank"]: result for g, result in zip(grids, per_rank) if is_dp_leader(g)}
     return torch.cat([leaders[d] for d in range(len(leaders))], dim=0)

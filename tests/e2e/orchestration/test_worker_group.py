@@ -44,6 +44,24 @@ def test_ranks_form_one_world(make_group):
     assert group.call_rank0("rank") == 0
 
 
+def test_an_argument_shared_by_ranks_is_stored_once_and_unwanted_results_stay_in_the_ranks(make_group, monkeypatch):
+    """`call_each` puts an argument object that several ranks get into Ray's object store once (each rank
+    reads that copy: `ray.put` once, not one serialization per call), and a rank told not to reply
+    returns None; the others' results arrive."""
+    import megarl.orchestration.worker_group as worker_group
+
+    puts = []
+    real_put = worker_group.ray.put
+    monkeypatch.setattr(worker_group.ray, "put", lambda value: puts.append(value) or real_put(value))
+    group = make_group("shared")
+    shared = list(range(100_000))  # a batch-sized argument (Ray would store it anew per call)
+    assert group.call_each("checksum", [(shared,), (shared,)], replying=[True, False]) == [sum(shared), None]
+    assert len(puts) == 1 and puts[0] is shared
+    puts.clear()
+    assert group.call_each("checksum", [([1, 2],), ([3],)]) == [3.0, 1003.0]  # nothing shared: passed by value
+    assert puts == []
+
+
 def test_remote_exception_names_role_rank_and_traceback(make_group):
     group = make_group("failing")
     with pytest.raises(WorkerFailure, match=r"failing rank 1 failed:(.|\n)*ValueError: deliberate failure on rank 1") as info:

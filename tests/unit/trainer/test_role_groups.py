@@ -69,10 +69,11 @@ class FakeWorkers:
         self.calls: list[tuple[str, list[tuple]]] = []
         self.world_size = world_size
 
-    def call_each(self, method: str, per_rank_args: list[tuple]) -> list:
+    def call_each(self, method: str, per_rank_args: list[tuple], replying: list[bool] | None = None) -> list:
         assert len(per_rank_args) == self.world_size
         self.calls.append((method, per_rank_args))
-        return [args[0].responses[:, 0] for args in per_rank_args]
+        self.replying = replying
+        return [args[0].responses[:, 0] if reply else None for args, reply in zip(per_rank_args, replying)]
 
 
 def grids(tp: int, dp: int) -> list[dict[str, int]]:
@@ -93,4 +94,7 @@ def test_calls_go_to_their_roles_group_and_are_scattered_by_its_dp_size():
                                                                                                           [4, 5, 6, 7]]
     [(method, per_rank)] = actor.workers.calls
     assert method == "compute_log_prob" and all(len(args[0]) == 8 for args in per_rank)
+    # Only each DP replica's leader sends its rows back; the TP 2 ranks of the actor get one batch object.
+    assert actor.workers.replying == [True, False] and ref.workers.replying == [True, True]
+    assert per_rank[0][0] is per_rank[1][0]
     assert roles.own_groups == {"ref": ref}
