@@ -3,9 +3,9 @@ requirements with the `gpu` and `wandb` extras (what docker/Dockerfile installs)
 interpreter and platform (CPython versions.PYTHON on x86-64 manylinux up to glibc
 versions.CUDA_IMAGE_GLIBC) against PyPI; a pin set that cannot coexist fails naming the conflicting pair.
 
-Metadata only, nothing installed: PyPI serves no PEP 658 metadata files for these wheels, so pip's
+Metadata only, nothing installed: the index reached here serves no PEP 658 metadata files, so pip's
 `fast-deps` feature reads each wheel's METADATA with HTTP range requests instead of downloading it (the
-torch and vLLM wheels alone are 850 MB). Measured cost on this machine: benchmarks/pin_resolution.md.
+torch and vLLM wheels alone are 850 MB). Measured cost: docker/README.md, "What CI checks".
 Skipped, with the reason, when PyPI does not answer within a few seconds."""
 
 import importlib.metadata
@@ -16,7 +16,7 @@ import sys
 import urllib.request
 
 import pytest
-from deploy_support import setup_kwargs
+from deploy_support import free_ports, setup_kwargs
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -83,6 +83,15 @@ def conflict(output: str) -> str:
     return "; ".join(line.strip() for line in cause.group(1).splitlines())
 
 
+def unreachable(url: str) -> str | None:
+    """Why `url` cannot be read within 5 s, or None when it answers."""
+    try:
+        urllib.request.urlopen(url, timeout=5).close()
+    except OSError as error:
+        return str(error)
+    return None
+
+
 @pytest.fixture(scope="module")
 def index_reachable():
     """Fails on a pip that would download the wheels; skips when the index does not answer."""
@@ -90,10 +99,14 @@ def index_reachable():
     if pip < MIN_PIP:
         pytest.fail(f"pip {pip} downloads every resolved wheel after an `install --dry-run` (4.3 GB for the GPU "
                     f"pins): install pip>={MIN_PIP} (the dev extra of setup.py; scripts/setup.sh)", pytrace=False)
-    try:
-        urllib.request.urlopen(f"{INDEX}/pip/", timeout=5).close()
-    except OSError as error:
-        pytest.skip(f"{INDEX} is unreachable ({error}): the pin resolution needs the package index")
+    reason = unreachable(f"{INDEX}/pip/")
+    if reason is not None:
+        pytest.skip(f"{INDEX} is unreachable ({reason}): the pin resolution needs the package index")
+
+
+def test_unreachable_index_is_a_reason_not_a_hang():
+    (port,) = free_ports(1)  # nothing listens there: refused at once
+    assert "refused" in unreachable(f"http://127.0.0.1:{port}/simple/pip/").lower()
 
 
 def test_manylinux_platforms_cover_the_image_glibc():
