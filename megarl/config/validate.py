@@ -20,7 +20,7 @@ from megarl.config.problems import Problem, non_ascii_note
 from megarl.config.resources import data_file_problems, reward_function_problem, writable_dir_problem
 from megarl.config.rollout import response_length
 from megarl.config.roles import OptimizerConfig, ParallelConfig, RecomputeConfig
-from megarl.config.tokenizer_files import tokenizer_problems
+from megarl.config.tokenizer_files import chat_template_problem, tokenizer_problems
 from megarl.tools.validation import tool_problems
 from megarl.workers.checkpoint_files import STEP_DIR, CheckpointError, read_manifest
 
@@ -97,7 +97,8 @@ def _check_model(config: Config, check_files: bool, problems: list[Problem]) -> 
 
 def _check_tokenizer(config: Config, facts: ModelFacts | None, problems: list[Problem]) -> None:
     """The tokenizer the trainer will load (model.tokenizer_path, else model.path) holds a vocabulary that fits
-    the model. A missing directory or uncached hub id is reported by its own check."""
+    the model, and a chat template when data.chat_template is true. A missing directory or uncached hub id is
+    reported by its own check."""
     key = "model.tokenizer_path" if config.model.tokenizer_path else "model.path"
     value = config.model.tokenizer_path or config.model.path
     if key == "model.path" and facts is None:
@@ -105,6 +106,10 @@ def _check_tokenizer(config: Config, facts: ModelFacts | None, problems: list[Pr
     directory = cached_snapshot(value) if is_hub_id(value) else Path(value).expanduser()
     if directory is not None and directory.is_dir():
         problems += tokenizer_problems(key, value, directory, facts)
+        if config.data.chat_template is True:
+            problem = chat_template_problem(key, value, directory)
+            if problem is not None:
+                problems.append(problem)
 
 
 def check_optimizer(prefix: str, optim: OptimizerConfig, problems: list[Problem]) -> None:
