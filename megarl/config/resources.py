@@ -103,8 +103,12 @@ def function_problem(key: str, spec: str, what: str, signature: str, example: st
                        f"define `def {function}{signature}` there or correct the name")
     definition = bindings[function]
     if definition is None:
-        return None  # bound by something other than one plain def: only importing it would tell
+        return None  # bound by something other than one plain def or literal: only importing it would tell
     where = f"{origin}:{definition.lineno}: {function}"
+    if isinstance(definition, ast.Assign):
+        value = definition.value
+        kind = type(value.value).__name__ if isinstance(value, ast.Constant) else type(value).__name__.lower()
+        return Problem(key, spec, f"{where} is a {kind}, not a function", f"point it at a `def {function}{signature}`")
     if isinstance(definition, ast.AsyncFunctionDef):
         return Problem(key, spec, f"{where} is an async def, but megarl calls a {what} as a plain function, so "
                                   "every call would return an unawaited coroutine instead of a result",
@@ -153,16 +157,21 @@ def _subpackage_locations(leaf: str, locations: list[str]) -> list[str]:
     return portions
 
 
+_LITERALS = (ast.Constant, ast.Dict, ast.List, ast.Set, ast.Tuple)
+"""Expressions whose value is never callable."""
+
+
 def _top_level_bindings(tree: ast.Module) -> dict[str, ast.AST | None] | None:
     """The names a module binds at its top level, those in module-level if/try/with blocks included
-    (a `def` under `try:` is still a module attribute), each with the undecorated def that binds it, or
-    None where that is unknown without running the module (bound twice, decorated, or not by a def);
+    (a `def` under `try:` is still a module attribute), each with the undecorated def or the `name = <literal>`
+    that binds it, or None where that is unknown without running the module (bound twice, decorated, ...);
     None for the whole module when a `from x import *` makes its names unknowable without importing."""
     bindings: dict[str, ast.AST | None] = {}
 
     def bind(name: str, node: ast.AST) -> None:
         plain_def = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.decorator_list
-        bindings[name] = node if plain_def and name not in bindings else None  # ClassDef: a callable class
+        literal = isinstance(node, ast.Assign) and isinstance(node.value, _LITERALS) and len(node.targets) == 1
+        bindings[name] = node if (plain_def or literal) and name not in bindings else None  # ClassDef: callable
 
     statements = list(tree.body)
     while statements:

@@ -265,6 +265,9 @@ def _check_data(config: Config, facts: ModelFacts | None, check_files: bool, pro
     problems += data_file_problems("data.val_files", data.val_files, check_files)
     _need(problems, data.prompt_key != "", "data.prompt_key", data.prompt_key, "must name a column", "e.g. prompt")
     _need(problems, data.answer_key != "", "data.answer_key", data.answer_key, "must name a column", "e.g. answer")
+    _need(problems, data.prompt_key != data.answer_key, "data.prompt_key", data.prompt_key,
+          "is also data.answer_key, so the reward function would be handed each prompt as its reference answer",
+          "name the prompt column in data.prompt_key and the answer column in data.answer_key")
     _need(problems, data.chat_template != "", "data.chat_template", data.chat_template,
           "an empty template renders nothing", "use true (the tokenizer's template), false, or a Jinja template")
     _need(problems, data.max_prompt_length >= 1, "data.max_prompt_length", data.max_prompt_length,
@@ -385,6 +388,11 @@ def _check_layout_against_model(config: Config, facts: ModelFacts, problems: lis
     model = f"the model ({facts.source})"
     for role, (parallel, recompute) in roles.items():
         check_megatron_layout(role, parallel, recompute, facts, model, problems)
+    beyond = [stop for stop in config.rollout.stop if isinstance(stop, int) and stop >= facts.vocab_size]
+    _need(problems, not beyond, "rollout.stop", list(config.rollout.stop),
+          f"token id(s) {beyond} lie beyond the vocabulary of {model}, ids 0 to {facts.vocab_size - 1}, so they "
+          "could never be generated and never stop a response", "list token ids below the vocabulary size, or the "
+          "stop text as a string")
     tp, heads, kv = config.rollout.tensor_model_parallel_size, facts.num_attention_heads, facts.num_key_value_heads
     key = "rollout.tensor_model_parallel_size"
     if tp >= 1:
