@@ -160,7 +160,8 @@ def test_bad_data_ends_train_at_startup_naming_file_and_row(workdir, capsys, tex
 
 
 @pytest.mark.parametrize("change, message", [c[1:] for c in BAD_WEIGHTS], ids=[c[0] for c in BAD_WEIGHTS])
-def test_weights_that_do_not_match_config_json_end_train_at_startup(workdir, model_dir, capsys, change, message):
+def test_weights_that_do_not_match_config_json_end_train_at_startup(workdir, model_dir, capsys, ray_refused, change,
+                                                                    message):
     model = workdir / "model"
     shutil.copytree(model_dir, model)
     save_file(change(load_file(model / "model.safetensors")), model / "model.safetensors")
@@ -173,7 +174,7 @@ def test_weights_that_do_not_match_config_json_end_train_at_startup(workdir, mod
     assert snapshot(workdir) == before
 
 
-def test_a_model_without_safetensors_ends_train_at_startup(workdir, model_dir, capsys):
+def test_a_model_without_safetensors_ends_train_at_startup(workdir, model_dir, capsys, ray_refused):
     model = workdir / "model"
     shutil.copytree(model_dir, model, ignore=shutil.ignore_patterns("*.safetensors"))
     code, _, err = run_cli(capsys, "train", "recipe.yaml", f"model.path={model}")
@@ -221,15 +222,21 @@ class _RayWouldStart(Exception):
     pass
 
 
-def test_reward_module_failing_at_import_exits_2_before_ray(workdir, capsys, monkeypatch):
-    """Validation only parses the module (it never runs user code); the trainer's reward workers
-    import it before Ray starts."""
+@pytest.fixture
+def ray_refused(monkeypatch):
+    """The trainer's `init_ray` raises: a start-up check that lets a bad input through fails the test at
+    once instead of starting Ray and vLLM."""
     import megarl.trainer.trainer as trainer_module
 
     def refuse(*args, **kwargs):
         raise _RayWouldStart
 
     monkeypatch.setattr(trainer_module, "init_ray", refuse)
+
+
+def test_reward_module_failing_at_import_exits_2_before_ray(workdir, capsys, ray_refused):
+    """Validation only parses the module (it never runs user code); the trainer's reward workers
+    import it before Ray starts."""
     (workdir / "raising_reward.py").write_text("import no_such_dependency\n\ndef score(prompts, responses, **c):\n"
                                                "    return [0.0] * len(responses)\n")
     code, _, err = run_cli(capsys, "train", "recipe.yaml", "reward.function=raising_reward:score")
