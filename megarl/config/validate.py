@@ -21,6 +21,7 @@ from megarl.config.resources import data_file_problems, reward_function_problem,
 from megarl.config.rollout import response_length
 from megarl.config.roles import OptimizerConfig, ParallelConfig, RecomputeConfig
 from megarl.config.tokenizer_files import chat_template_problem, tokenizer_problems
+from megarl.models.hf_config import load_hf_config
 from megarl.tools.validation import tool_problems
 from megarl.workers.checkpoint_files import STEP_DIR, CheckpointError, read_manifest
 
@@ -32,6 +33,8 @@ def validate(config: Config, check_files: bool = True) -> list[Problem]:
     problems += [missing_from_cache(key, repo_id) for key, repo_id in uncached.items()]
     facts = _model_facts(config, check_files and "model.path" not in uncached, problems)
     _check_model(config, check_files, problems)
+    if facts is not None:
+        _check_causal_lm(config, facts, problems)
     if check_files:
         _check_tokenizer(config, facts, problems)
     _check_actor(config, problems)
@@ -93,6 +96,20 @@ def _check_model(config: Config, check_files: bool, problems: list[Problem]) -> 
         why = "is a file, not a directory" if Path(tokenizer).expanduser().is_file() else "directory does not exist"
         problems.append(Problem("model.tokenizer_path", tokenizer, why,
                                 "point it at a tokenizer directory, or remove it to use model.path"))
+
+
+def _check_causal_lm(config: Config, facts: ModelFacts, problems: list[Problem]) -> None:
+    """model.path is a causal LM: a `*ForSequenceClassification` checkpoint of the same model type (a reward
+    model) has the same shape facts but a score head instead of the LM head the policy samples from."""
+    if not facts.source.endswith("config.json"):
+        return  # the known-models table lists causal LMs only
+    architectures = load_hf_config(facts.source).get("architectures") or []
+    architectures = [architectures] if isinstance(architectures, str) else architectures
+    others = [name for name in architectures if not (isinstance(name, str) and name.endswith("ForCausalLM"))]
+    _need(problems, not others, "model.path", config.model.path,
+          f"{facts.source} describes {others}, not a causal LM (*ForCausalLM): the policy generates with the LM head",
+          "point model.path at the causal LM checkpoint (a *ForSequenceClassification one is a reward model: set "
+          "it as reward.reward_model)")
 
 
 def _check_tokenizer(config: Config, facts: ModelFacts | None, problems: list[Problem]) -> None:

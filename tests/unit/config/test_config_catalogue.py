@@ -203,6 +203,8 @@ CASES = [
     # --- round two: model directories and tokenizers a careless user hands over
     ("config-json-without-model-type", ["model.path={tmp}/model_no_model_type"], "model.path",
      "config.json: required key 'model_type' is missing"),
+    ("reward-model-as-policy", ["model.path={tmp}/model_classifier"], "model.path",
+     "describes ['Qwen2ForSequenceClassification'], not a causal LM (*ForCausalLM)"),
     ("chat-template-missing", ["data.chat_template=true", "model.path={tmp}/model_no_chat_template"],
      "data.chat_template", "the tokenizer (model.path = {tmp}/model_no_chat_template) has no chat template"),
     ("eos-token-outside-vocabulary", ["model.path={tmp}/model_eos_outside"], "model.path",
@@ -333,6 +335,7 @@ def write_bad_models(workdir):
     write_model(workdir / "model_small_vocab", vocab_size=50)  # its tokenizer.json keeps 100 ids
     (write_model(workdir / "model_no_model_type") / "config.json").write_text(
         json.dumps({k: v for k, v in TINY_MODEL.items() if k != "model_type"}))
+    write_model(workdir / "model_classifier", architectures=["Qwen2ForSequenceClassification"], num_labels=1)
     (write_model(workdir / "model_no_chat_template") / "chat_template.jinja").unlink()
     (write_model(workdir / "model_eos_outside") / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|nope|>"}))
     (write_model(workdir / "model_pad_outside") / "tokenizer_config.json").write_text(
@@ -342,7 +345,7 @@ def write_bad_models(workdir):
 
 
 def test_catalogue_is_large_and_distinct():
-    assert len(CASES) >= 30
+    assert len(CASES) >= 120  # issue 18
     assert len({case[0] for case in CASES}) == len(CASES)
     assert len({tuple(case[1]) for case in CASES}) == len(CASES)
 
