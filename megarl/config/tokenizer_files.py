@@ -76,7 +76,10 @@ def _vocabulary_tokens(path: Path) -> set:
         return set(content)
     model = content.get("model") if isinstance(content.get("model"), dict) else {}
     vocab = model.get("vocab")
-    tokens = set(vocab) if isinstance(vocab, dict) else {piece[0] for piece in vocab or () if isinstance(piece, list) and piece}
+    if isinstance(vocab, dict):  # BPE, WordPiece, WordLevel: {token: id}
+        tokens = set(vocab)
+    else:  # Unigram: [[piece, score], ...]
+        tokens = {piece[0] for piece in vocab or () if isinstance(piece, list) and piece}
     return tokens | {token.get("content") for token in content.get("added_tokens") or () if isinstance(token, dict)}
 
 

@@ -2,7 +2,8 @@
 
 No torch.distributed: the distributed loader/exporter (`checkpoint.py`) and the CLI use these.
 `check_hf_checkpoint` validates a dir against its config.json (files, tensor names, shapes, the
-(TP, PP) layout, floating-point dtypes) by reading only safetensors headers, so bad input is reported before any process starts.
+(TP, PP) layout, floating-point dtypes) by reading only safetensors headers, so bad input is reported
+before any process starts.
 """
 
 from __future__ import annotations
