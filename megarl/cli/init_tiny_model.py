@@ -32,7 +32,8 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def _head_problems(args: argparse.Namespace) -> list[str]:
+    """What is wrong with how --hidden-size splits into --num-heads and those into --num-kv-heads groups."""
     problems = []
     if args.hidden_size % args.num_heads:
         problems.append(f"--hidden-size {args.hidden_size} is not divisible by --num-heads {args.num_heads}")
@@ -43,9 +44,15 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.num_heads % args.num_kv_heads:
         problems.append(f"--num-heads {args.num_heads} is not divisible by --num-kv-heads {args.num_kv_heads}")
-    for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
-        if getattr(args, name) < 1:
-            problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    return problems
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
+    problems = [f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
+                for name in sizes if getattr(args, name) < 1]
+    if not problems:  # the divisions below need positive sizes
+        problems += _head_problems(args)
     out_problem = output_dir_problem(args.out, overwrite=args.overwrite)
     if out_problem is not None:
         problems.append(out_problem)

@@ -8,6 +8,7 @@ import ast
 import importlib.machinery
 import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from megarl.config.problems import Problem
@@ -50,14 +51,31 @@ def writable_dir_problem(key: str, path: str) -> Problem | None:
 
 
 def reward_function_problem(key: str, spec: str) -> Problem | None:
-    """A problem if the reward function `pkg.module:function` cannot be found (`function_problem`)."""
+    """A problem if the reward function `pkg.module:function` cannot be found or cannot take megarl's call
+    (`function_problem`)."""
     return function_problem(key, spec, "reward function", "(prompts, completions, **columns) -> list[float]",
-                            "my_rewards.tasks:score")
+                            "my_rewards.tasks:score", _reward_call_problem)
 
 
-def function_problem(key: str, spec: str, what: str, signature: str, example: str) -> Problem | None:
-    """A problem if `pkg.module:function` cannot be found. Nothing of the user's runs: the module is
-    located without importing its parent packages (`_module_source`) and its source is parsed.
+def _reward_call_problem(parameters: ast.arguments) -> str | None:
+    """Why a function with these parameters fails on every call `fn(prompts, responses, answer=..., **columns)`
+    (megarl.rewards.worker), or None. Only certain failures: other columns may fill named parameters."""
+    positional = len(parameters.posonlyargs) + len(parameters.args)
+    if parameters.vararg is None and positional < 2:
+        return (f"takes {positional} positional parameter(s), but megarl passes 2 (the prompts and the responses) "
+                "and the data's columns by name")
+    # "answer": megarl.data.prompts.ANSWER_ARGUMENT (not imported: megarl.data imports megarl.config)
+    if parameters.kwarg is None and "answer" not in {p.arg for p in parameters.args + parameters.kwonlyargs}:
+        return ("has neither an `answer` parameter nor **columns, but megarl passes the data's answer column as "
+                "answer= (and its other columns by name)")
+    return None
+
+
+def function_problem(key: str, spec: str, what: str, signature: str, example: str,
+                     call_problem: Callable[[ast.arguments], str | None] | None = None) -> Problem | None:
+    """A problem if `pkg.module:function` cannot be found, is an `async def`, or (`call_problem` of its
+    parameters) cannot take megarl's call. Nothing of the user's runs: the module is located without
+    importing its parent packages (`_module_source`) and its source is parsed.
     what: the kind of function, for the message ("reward function"); signature: what a definition
     should look like after its name; example: a well-formed spec."""
     module_name, _, function = spec.partition(":")
@@ -77,10 +95,27 @@ def function_problem(key: str, spec: str, what: str, signature: str, example: st
         tree = ast.parse(Path(origin).read_text(), filename=origin)
     except (OSError, SyntaxError, ValueError) as error:
         return Problem(key, spec, f"{origin} cannot be parsed: {error}", "fix the module")
-    names = _top_level_names(tree)
-    if names is not None and function not in names:
+    bindings = _top_level_bindings(tree)
+    if bindings is None:
+        return None
+    if function not in bindings:
         return Problem(key, spec, f"{origin} defines no top-level {function}",
                        f"define `def {function}{signature}` there or correct the name")
+    definition = bindings[function]
+    if definition is None:
+        return None  # bound by something other than one plain def or literal: only importing it would tell
+    where = f"{origin}:{definition.lineno}: {function}"
+    if isinstance(definition, ast.Assign):
+        value = definition.value
+        kind = type(value.value).__name__ if isinstance(value, ast.Constant) else type(value).__name__.lower()
+        return Problem(key, spec, f"{where} is a {kind}, not a function", f"point it at a `def {function}{signature}`")
+    if isinstance(definition, ast.AsyncFunctionDef):
+        return Problem(key, spec, f"{where} is an async def, but megarl calls a {what} as a plain function, so "
+                                  "every call would return an unawaited coroutine instead of a result",
+                       "make it a plain def (it may run its async code with asyncio.run)")
+    why = None if call_problem is None else call_problem(definition.args)
+    if why is not None:
+        return Problem(key, spec, f"{where} {why}", f"define it as `def {function}{signature}`")
     return None
 
 
@@ -122,24 +157,38 @@ def _subpackage_locations(leaf: str, locations: list[str]) -> list[str]:
     return portions
 
 
-def _top_level_names(tree: ast.Module) -> set[str] | None:
+_LITERALS = (ast.Constant, ast.Dict, ast.List, ast.Set, ast.Tuple)
+"""Expressions whose value is never callable."""
+
+
+def _top_level_bindings(tree: ast.Module) -> dict[str, ast.AST | None] | None:
     """The names a module binds at its top level, those in module-level if/try/with blocks included
-    (a `def` under `try:` is still a module attribute); None when a `from x import *` makes them
-    unknowable without importing."""
-    names: set[str] = set()
+    (a `def` under `try:` is still a module attribute), each with the undecorated def or the `name = <literal>`
+    that binds it, or None where that is unknown without running the module (bound twice, decorated, ...);
+    None for the whole module when a `from x import *` makes its names unknowable without importing."""
+    bindings: dict[str, ast.AST | None] = {}
+
+    def bind(name: str, node: ast.AST) -> None:
+        plain_def = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.decorator_list
+        literal = isinstance(node, ast.Assign) and isinstance(node.value, _LITERALS) and len(node.targets) == 1
+        bindings[name] = node if (plain_def or literal) and name not in bindings else None  # ClassDef: callable
+
     statements = list(tree.body)
     while statements:
         node = statements.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
+            bind(node.name, node)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names.update(t.id for t in targets if isinstance(t, ast.Name))
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    bind(target.id, node)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             if any(alias.name == "*" for alias in node.names):
                 return None
-            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+            for alias in node.names:
+                bind((alias.asname or alias.name).split(".")[0], node)
         elif isinstance(node, (ast.If, ast.Try, ast.TryStar, ast.With)):
             statements.extend(node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", []))
             statements.extend(stmt for handler in getattr(node, "handlers", []) for stmt in handler.body)
-    return names
+    return bindings

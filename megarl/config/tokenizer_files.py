@@ -1,4 +1,5 @@
-"""A tokenizer directory checked from its files alone: it must hold a vocabulary, and its ids must fit the model.
+"""A tokenizer directory checked from its files alone: it must hold a vocabulary, its ids (those of the special
+tokens it names included) must fit the model, and it must carry a chat template where the data needs one.
 
 transformers builds an empty tokenizer (length 1) from a directory that lacks vocabulary files, and
 every prompt then encodes to 0 tokens; a tokenizer with ids beyond the model's embedding rows fails
@@ -29,14 +30,74 @@ def tokenizer_problems(key: str, value: str, directory: Path, facts: ModelFacts 
         return []
     try:
         size = tokenizer_size(directory, present[0])
+        missing = _special_tokens_outside(directory, present[0])
     except (OSError, ValueError, TypeError) as error:  # TypeError: JSON of an unexpected shape
         return [Problem(key, value, f"{directory / present[0]} cannot be read: {error}",
                         "restore the tokenizer files from the model's original checkpoint")]
-    if size is None or size <= facts.vocab_size:
+    if size is None:
         return []
-    return [Problem(key, value, f"the tokenizer in {directory} has {size} ids (0 to {size - 1}) but the model has only "
+    if size > facts.vocab_size:
+        return [Problem(key, value, f"the tokenizer in {directory} has {size} ids (0 to {size - 1}) but the model has "
+                                    f"only {facts.vocab_size} embedding rows (vocab_size in {facts.source})",
+                        "use the tokenizer that belongs to this model, or a model whose vocabulary covers this tokenizer")]
+    if size + len(missing) <= facts.vocab_size:
+        return []
+    named = ", ".join(f"{name} {token!r}" for name, token in missing)
+    return [Problem(key, value, f"{directory / 'tokenizer_config.json'} names {named}, not in the vocabulary of "
+                                f"{present[0]}: transformers would add it as id {size} or above, beyond the model's "
                                 f"{facts.vocab_size} embedding rows (vocab_size in {facts.source})",
-                    "use the tokenizer that belongs to this model, or a model whose vocabulary covers this tokenizer")]
+                    "name a token of the vocabulary there (e.g. the tokenizer's own end-of-text token), or restore "
+                    "the model's original tokenizer_config.json")]
+
+
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+"""Keys of tokenizer_config.json that name a special token (a string, or {"content": ...})."""
+
+
+def _special_tokens_outside(directory: Path, vocabulary_file: str) -> list[tuple[str, str]]:
+    """(key, token) of each special token tokenizer_config.json names that the vocabulary lacks (transformers
+    appends such a token to the vocabulary); empty when the vocabulary is binary (read only by its library)."""
+    config = directory / "tokenizer_config.json"
+    if vocabulary_file not in ("tokenizer.json", "vocab.json") or not config.is_file():
+        return []
+    settings = _json_object(config)
+    tokens = _vocabulary_tokens(directory / vocabulary_file)
+    tokens |= {entry.get("content") for entry in (settings.get("added_tokens_decoder") or {}).values()
+               if isinstance(entry, dict)}
+    named = [(name, settings.get(name)) for name in SPECIAL_TOKENS]
+    named = [(name, token.get("content") if isinstance(token, dict) else token) for name, token in named]
+    return [(name, token) for name, token in named if isinstance(token, str) and token and token not in tokens]
+
+
+def _vocabulary_tokens(path: Path) -> set:
+    """The token strings of a tokenizer.json (its model's vocabulary and added tokens) or a vocab.json."""
+    content = _json_object(path)
+    if path.name == "vocab.json":
+        return set(content)
+    model = content.get("model") if isinstance(content.get("model"), dict) else {}
+    vocab = model.get("vocab")
+    if isinstance(vocab, dict):  # BPE, WordPiece, WordLevel: {token: id}
+        tokens = set(vocab)
+    else:  # Unigram: [[piece, score], ...]
+        tokens = {piece[0] for piece in vocab or () if isinstance(piece, list) and piece}
+    return tokens | {token.get("content") for token in content.get("added_tokens") or () if isinstance(token, dict)}
+
+
+def chat_template_problem(key: str, value: str, directory: Path) -> Problem | None:
+    """A problem when the tokenizer in `directory` carries no chat template (data.chat_template: true
+    renders prompts with it): none in tokenizer_config.json, chat_template.jinja or chat_template.json."""
+    config = directory / "tokenizer_config.json"
+    if (directory / "chat_template.jinja").is_file() or (directory / "chat_template.json").is_file():
+        return None
+    try:
+        if config.is_file() and _json_object(config).get("chat_template"):
+            return None
+    except (OSError, ValueError):
+        return None  # a damaged tokenizer_config.json: loading the tokenizer reports it
+    return Problem("data.chat_template", True, f"the tokenizer ({key} = {value}) has no chat template (none in "
+                                               "tokenizer_config.json, no chat_template.jinja or chat_template.json)",
+                   "set data.chat_template: false to use the prompts as raw text, give a Jinja template string, or "
+                   "use the model's instruct tokenizer")
 
 
 def tokenizer_size(directory: Path, vocabulary_file: str) -> int | None:

@@ -20,7 +20,8 @@ from megarl.config.problems import Problem, non_ascii_note
 from megarl.config.resources import data_file_problems, reward_function_problem, writable_dir_problem
 from megarl.config.rollout import response_length
 from megarl.config.roles import OptimizerConfig, ParallelConfig, RecomputeConfig
-from megarl.config.tokenizer_files import tokenizer_problems
+from megarl.config.tokenizer_files import chat_template_problem, tokenizer_problems
+from megarl.models.hf_config import load_hf_config
 from megarl.tools.validation import tool_problems
 from megarl.workers.checkpoint_files import STEP_DIR, CheckpointError, read_manifest
 
@@ -32,6 +33,8 @@ def validate(config: Config, check_files: bool = True) -> list[Problem]:
     problems += [missing_from_cache(key, repo_id) for key, repo_id in uncached.items()]
     facts = _model_facts(config, check_files and "model.path" not in uncached, problems)
     _check_model(config, check_files, problems)
+    if facts is not None:
+        _check_causal_lm(config, facts, problems)
     if check_files:
         _check_tokenizer(config, facts, problems)
     _check_actor(config, problems)
@@ -95,9 +98,24 @@ def _check_model(config: Config, check_files: bool, problems: list[Problem]) -> 
                                 "point it at a tokenizer directory, or remove it to use model.path"))
 
 
+def _check_causal_lm(config: Config, facts: ModelFacts, problems: list[Problem]) -> None:
+    """model.path is a causal LM: a `*ForSequenceClassification` checkpoint of the same model type (a reward
+    model) has the same shape facts but a score head instead of the LM head the policy samples from."""
+    if not facts.source.endswith("config.json"):
+        return  # the known-models table lists causal LMs only
+    architectures = load_hf_config(facts.source).get("architectures") or []
+    architectures = [architectures] if isinstance(architectures, str) else architectures
+    others = [name for name in architectures if not (isinstance(name, str) and name.endswith("ForCausalLM"))]
+    _need(problems, not others, "model.path", config.model.path,
+          f"{facts.source} describes {others}, not a causal LM (*ForCausalLM): the policy generates with the LM head",
+          "point model.path at the causal LM checkpoint (a *ForSequenceClassification one is a reward model: set "
+          "it as reward.reward_model)")
+
+
 def _check_tokenizer(config: Config, facts: ModelFacts | None, problems: list[Problem]) -> None:
     """The tokenizer the trainer will load (model.tokenizer_path, else model.path) holds a vocabulary that fits
-    the model. A missing directory or uncached hub id is reported by its own check."""
+    the model, and a chat template when data.chat_template is true. A missing directory or uncached hub id is
+    reported by its own check."""
     key = "model.tokenizer_path" if config.model.tokenizer_path else "model.path"
     value = config.model.tokenizer_path or config.model.path
     if key == "model.path" and facts is None:
@@ -105,6 +123,10 @@ def _check_tokenizer(config: Config, facts: ModelFacts | None, problems: list[Pr
     directory = cached_snapshot(value) if is_hub_id(value) else Path(value).expanduser()
     if directory is not None and directory.is_dir():
         problems += tokenizer_problems(key, value, directory, facts)
+        if config.data.chat_template is True:
+            problem = chat_template_problem(key, value, directory)
+            if problem is not None:
+                problems.append(problem)
 
 
 def check_optimizer(prefix: str, optim: OptimizerConfig, problems: list[Problem]) -> None:
@@ -263,6 +285,9 @@ def _check_data(config: Config, facts: ModelFacts | None, check_files: bool, pro
     problems += data_file_problems("data.val_files", data.val_files, check_files)
     _need(problems, data.prompt_key != "", "data.prompt_key", data.prompt_key, "must name a column", "e.g. prompt")
     _need(problems, data.answer_key != "", "data.answer_key", data.answer_key, "must name a column", "e.g. answer")
+    _need(problems, data.prompt_key != data.answer_key, "data.prompt_key", data.prompt_key,
+          "is also data.answer_key, so the reward function would be handed each prompt as its reference answer",
+          "name the prompt column in data.prompt_key and the answer column in data.answer_key")
     _need(problems, data.chat_template != "", "data.chat_template", data.chat_template,
           "an empty template renders nothing", "use true (the tokenizer's template), false, or a Jinja template")
     _need(problems, data.max_prompt_length >= 1, "data.max_prompt_length", data.max_prompt_length,
@@ -383,6 +408,11 @@ def _check_layout_against_model(config: Config, facts: ModelFacts, problems: lis
     model = f"the model ({facts.source})"
     for role, (parallel, recompute) in roles.items():
         check_megatron_layout(role, parallel, recompute, facts, model, problems)
+    beyond = [stop for stop in config.rollout.stop if isinstance(stop, int) and stop >= facts.vocab_size]
+    _need(problems, not beyond, "rollout.stop", list(config.rollout.stop),
+          f"token id(s) {beyond} lie beyond the vocabulary of {model}, ids 0 to {facts.vocab_size - 1}, so they "
+          "could never be generated and never stop a response", "list token ids below the vocabulary size, or the "
+          "stop text as a string")
     tp, heads, kv = config.rollout.tensor_model_parallel_size, facts.num_attention_heads, facts.num_key_value_heads
     key = "rollout.tensor_model_parallel_size"
     if tp >= 1:

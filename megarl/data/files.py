@@ -5,7 +5,8 @@ a row (empty prompt, missing field, ...) is judged by `megarl.data.prompts`.
 
 Errors (`DataError`, naming the file, the row and the fix):
 - the file is missing, has another suffix, or is not readable as its format (a UTF-16 or UTF-32
-  JSONL file is named as such; a UTF-8 byte-order mark is read past);
+  JSONL file is named as such, as is a compressed one, e.g. a `.jsonl` that is gzip data; a UTF-8
+  byte-order mark is read past);
 - a JSONL line that is not JSON, or JSON that is not an object (a truncated or corrupt file:
   skipping it would hide the damage);
 - a Parquet prompt column whose type is neither a string nor a list of chat messages.
@@ -51,11 +52,18 @@ def read_rows(path: str | Path, prompt_key: str) -> Iterator[tuple[str, dict | N
 
 _UTF8_BOM = b"\xef\xbb\xbf"
 
+# Magic numbers of compressed files, with the command that writes the plain text to stdout.
+_COMPRESSED = (
+    (b"\x1f\x8b", "gzip", "gunzip -c"), (b"BZh", "bzip2", "bunzip2 -c"), (b"\xfd7zXZ\x00", "xz", "xz -dc"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "zstd -dc"), (b"PK\x03\x04", "zip", "unzip -p"),
+)
+
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, dict | None]]:
     # Bytes, not text mode: one bad byte must cost one line, not the whole file.
     with path.open("rb") as handle:
-        head = handle.read(4)
+        head = handle.read(6)
+        _check_compression(path, head)
         _check_encoding(path, head)
         handle.seek(len(_UTF8_BOM) if head.startswith(_UTF8_BOM) else 0)  # a UTF-8 BOM is UTF-8: read past it
         for number, raw in enumerate(handle, start=1):
@@ -76,6 +84,14 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, dict | None]]:
                 raise DataError(f"{location}: a JSON {type(fields).__name__} where a JSON object "
                                 '(e.g. {"prompt": ..., "answer": ...}) is expected; one object per line')
             yield location, fields
+
+
+def _check_compression(path: Path, head: bytes) -> None:
+    """A compressed file named .jsonl: read as text, its binary lines would all be skipped as undecodable."""
+    for magic, kind, command in _COMPRESSED:
+        if head.startswith(magic):
+            raise DataError(f"{path}: the file is {kind}-compressed, megarl reads plain UTF-8 JSONL; decompress it, "
+                            f"e.g. {command} {path} > {path.with_suffix('.plain.jsonl')}, and list that file")
 
 
 def _check_encoding(path: Path, head: bytes) -> None:

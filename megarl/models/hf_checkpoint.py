@@ -2,7 +2,8 @@
 
 No torch.distributed: the distributed loader/exporter (`checkpoint.py`) and the CLI use these.
 `check_hf_checkpoint` validates a dir against its config.json (files, tensor names, shapes, the
-(TP, PP) layout) by reading only safetensors headers, so bad input is reported before any process starts.
+(TP, PP) layout, floating-point dtypes) by reading only safetensors headers, so bad input is reported
+before any process starts.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from megarl.models.layout import TensorReader, hf_param_shapes
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+"""safetensors dtypes of weights megarl can load (cast to model.dtype); others are integers, FP8 or booleans."""
 # Weight files are written by the exporter; everything else in a checkpoint dir (config.json,
 # generation_config.json, tokenizer files, chat template) is copied as is.
 _WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt", ".pth")
@@ -36,14 +39,20 @@ class HFCheckpoint:
         self.files: dict[str, Path] = _tensor_files(self.dir)
 
     @functools.cached_property
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        """Every tensor's shape, from the safetensors headers only."""
-        shapes = {}
+    def headers(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Every tensor's shape and safetensors dtype ("BF16", "F32", "I8", ...), from the headers only."""
+        headers = {}
         for path in sorted(set(self.files.values())):
             with _open_safetensors(path) as f:
                 for name in f.keys():
-                    shapes[name] = tuple(f.get_slice(name).get_shape())
-        return shapes
+                    tensor = f.get_slice(name)
+                    headers[name] = (tuple(tensor.get_shape()), tensor.get_dtype())
+        return headers
+
+    @functools.cached_property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor's shape, from the safetensors headers only."""
+        return {name: shape for name, (shape, _) in self.headers.items()}
 
     def require(self, name: str, shape: tuple[int, ...]) -> None:
         """Raise KeyError if tensor `name` is absent, ValueError (naming the file) if its shape differs."""
@@ -76,7 +85,8 @@ def check_hf_checkpoint(hf_dir: str | Path, *, tp_size: int = 1, pp_size: int = 
     """Validate an HF checkpoint dir for megarl at (tp_size, pp_size) and return its dims.
 
     Raises ValueError / FileNotFoundError naming the file and tensor: unsupported config, a layout the
-    model cannot be cut into, missing shard files, missing or unexpected tensors, wrong shapes.
+    model cannot be cut into, missing shard files, missing or unexpected tensors, wrong shapes or
+    non-float dtypes.
     """
     dims = read_model_dims(hf_dir)
     check_parallel_layout(dims, tp_size=tp_size, pp_size=pp_size)
@@ -89,6 +99,12 @@ def check_hf_checkpoint(hf_dir: str | Path, *, tp_size: int = 1, pp_size: int = 
             checkpoint.require(name, shape)
         except (KeyError, ValueError) as e:
             problems.append(str(e.args[0]))
+            continue
+        dtype = checkpoint.headers[name][1]
+        if dtype not in FLOAT_DTYPES:
+            problems.append(f"{checkpoint.files[name]}: tensor {name!r} has dtype {dtype}, not a floating-point type "
+                            "(a quantized checkpoint?): megarl trains and converts float32, bfloat16 or float16 "
+                            "weights; use the model's unquantized checkpoint")
     # A tied checkpoint may still carry lm_head.weight (a copy); rotary inv_freq buffers are derived.
     ignorable = {"lm_head.weight"} if dims.tie_word_embeddings else set()
     unexpected = sorted(n for n in set(found) - set(expected) - ignorable if not n.endswith("rotary_emb.inv_freq"))

@@ -114,6 +114,9 @@ def read_model_dims(source: str | Path | Mapping[str, Any] | Any) -> ModelDims:
     """Validate an HF config for megarl and return its `ModelDims` (ValueError naming the key if not)."""
     cfg = load_hf_config(source)
     model_type = cfg.get("model_type")
+    if model_type is None:
+        raise ValueError("config.json: required key 'model_type' is missing (megarl builds "
+                         f"{list(SUPPORTED_MODEL_TYPES)}): restore the model's original config.json")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
             f"config.json: model_type={model_type!r} is not supported; megarl builds {list(SUPPORTED_MODEL_TYPES)}"

@@ -6,13 +6,14 @@ A reward function has TRL's signature
 
 prompts: the prompt texts as the model saw them (chat template applied); responses: the generated
 texts, one per sample, same order; answer: the `data.answer_key` column; columns: the dataset's other
-columns by name. It returns one finite number per response, within float32's range (the trainer
-holds rewards as float32: a larger one would turn into inf there, and its advantages into NaN).
+columns by name. It returns one finite number per response (a list, or a torch or numpy array), within
+float32's range (the trainer holds rewards as float32: a larger one would turn into inf there, and its
+advantages into NaN).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from numbers import Real
 
 from megarl.isolation import FunctionNotFound, import_function
@@ -62,11 +63,16 @@ def checked_scores(spec: str, result: object, responses: list[str], first: int =
     """`result` as floats if it is a sequence of one finite real number per response, each within
     float32's range; else RewardFunctionError. `first`: the batch index of `responses[0]`, to name a
     bad score by its place in the batch."""
+    kind = type(result).__name__
+    if hasattr(result, "tolist"):  # a torch tensor or numpy array: its numbers
+        result = result.tolist()
     try:
+        if isinstance(result, (str, bytes, Mapping)):  # iterable, but their items are characters or keys
+            raise TypeError
         values = list(result)
     except TypeError:
-        raise RewardFunctionError(f"reward.function {spec!r} returned a {type(result).__name__}; it must return a "
-                                  f"list of {len(responses)} floats, one per response") from None
+        raise RewardFunctionError(f"reward.function {spec!r} returned a {kind} ({repr(result)[:80]}); it must "
+                                  f"return a list of {len(responses)} floats, one per response") from None
     if len(values) != len(responses):
         raise RewardFunctionError(f"reward.function {spec!r} returned {len(values)} scores for {len(responses)} "
                                   "responses; it must return exactly one score per response")

@@ -23,8 +23,10 @@ from megarl.algorithms.advantages import compute_advantages
 from megarl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
 from megarl.config import Config, ConfigError, load_config, plan_batches, validate
 from megarl.config.hub import resolve_hub_ids
+from megarl.config.problems import Problem
 from megarl.config.rollout import response_length
 from megarl.data import load_prompts, train_loader
+from megarl.models.hf_checkpoint import check_hf_checkpoint
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.rewards.scorer import RewardScorer
 from megarl.rollout import AgentLoop, ObservationEncoder, single_turn
@@ -49,11 +51,24 @@ class BadStepsError(RuntimeError):
     """Too many consecutive optimizer steps were skipped for a non-finite loss or gradient."""
 
 
+def _check_weights(model_path: str) -> None:
+    """Raise `ConfigError` naming model.path when its safetensors do not hold the model config.json
+    describes (a missing tensor, a wrong shape, an integer dtype): the workers would fail on them only
+    after Ray and vLLM started. Reads the safetensors headers only."""
+    try:
+        check_hf_checkpoint(model_path)
+    except (OSError, ValueError, KeyError) as error:  # KeyError: an index file without its weight_map
+        raise ConfigError([Problem("model.path", model_path, f"the weights do not match config.json: {error}",
+                                   "restore the checkpoint's files (or download it again), or point model.path at "
+                                   "a complete checkpoint")]) from None
+
+
 class Trainer:
     """GRPO / PPO / DAPO on megatron-core + vLLM + Ray, driven from one process."""
 
     def __init__(self, config: Config):
         self.config = config = resolve_hub_ids(config)  # workers and tokenizer get directories, never hub ids
+        _check_weights(config.model.path)
         self.plan = plan_batches(config)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path or config.model.path,
                                                        trust_remote_code=config.model.trust_remote_code)

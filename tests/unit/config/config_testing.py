@@ -30,11 +30,12 @@ TINY_MODEL = {
 
 
 def write_model(directory: Path, **overrides) -> Path:
-    """A checkpoint directory holding config.json and a tokenizer.json of `TINY_MODEL`'s 100 ids (validation
-    never reads weights)."""
+    """A checkpoint directory holding config.json, a tokenizer.json of `TINY_MODEL`'s 100 ids and a chat
+    template (data.chat_template defaults to true); validation never reads weights."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps({**TINY_MODEL, **overrides}))
     write_tokenizer(directory, TINY_MODEL["vocab_size"])
+    (directory / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     return directory
 
 

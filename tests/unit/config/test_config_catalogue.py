@@ -4,11 +4,12 @@ The base recipe (conftest `workdir`) is valid; each case breaks it with command-
 `{tmp}` in an override is replaced by the working directory.
 """
 
+import json
 import os
 
 import pytest
 
-from config_testing import error_lines, run_validate, snapshot, write_model
+from config_testing import TINY_MODEL, error_lines, run_validate, snapshot, write_model
 from megarl.config import load_config
 from megarl.workers.checkpoint_files import build_manifest, commit, new_nonce, step_dir_name, tmp_dir_for
 
@@ -199,7 +200,69 @@ CASES = [
      "must be a positive integer"),  # the GPU budget estimate used to raise on the invalid batch plan
     ("resume-not-a-checkpoint", ["checkpoint.resume={tmp}/model"], "checkpoint.resume",
      "not a checkpoint: {tmp}/model is not a complete megarl checkpoint: manifest.json is missing"),
+    # --- round two: model directories and tokenizers a careless user hands over
+    ("config-json-without-model-type", ["model.path={tmp}/model_no_model_type"], "model.path",
+     "config.json: required key 'model_type' is missing"),
+    ("reward-model-as-policy", ["model.path={tmp}/model_classifier"], "model.path",
+     "describes ['Qwen2ForSequenceClassification'], not a causal LM (*ForCausalLM)"),
+    ("chat-template-missing", ["data.chat_template=true", "model.path={tmp}/model_no_chat_template"],
+     "data.chat_template", "the tokenizer (model.path = {tmp}/model_no_chat_template) has no chat template"),
+    ("eos-token-outside-vocabulary", ["model.path={tmp}/model_eos_outside"], "model.path",
+     "names eos_token '<|nope|>', not in the vocabulary of tokenizer.json: transformers would add it as id 100 or "
+     "above, beyond the model's 100 embedding rows"),
+    ("pad-token-outside-vocabulary", ["model.tokenizer_path={tmp}/model_pad_outside"], "model.tokenizer_path",
+     "names pad_token '<pad2>', not in the vocabulary of tokenizer.json"),
+    ("stop-token-beyond-vocabulary", ["rollout.stop=[100000]"], "rollout.stop",
+     "token id(s) [100000] lie beyond the vocabulary of the model"),
+    ("stop-string-empty", ["rollout.stop=['']"], "rollout.stop", "stop strings must be non-empty"),
+    # --- reward and tool code that cannot work, found from its source without running it
+    ("reward-async-def", ["reward.function=catalogue_code:async_score"], "reward.function",
+     "catalogue_code.py:1: async_score is an async def, but megarl calls a reward function as a plain function"),
+    ("reward-one-parameter", ["reward.function=catalogue_code:one_parameter"], "reward.function",
+     "one_parameter takes 1 positional parameter(s), but megarl passes 2 (the prompts and the responses)"),
+    ("reward-without-answer-or-columns", ["reward.function=catalogue_code:no_columns"], "reward.function",
+     "no_columns has neither an `answer` parameter nor **columns"),
+    ("reward-is-a-dict", ["reward.function=catalogue_code:SCORES"], "reward.function", "SCORES is a dict, not a function"),
+    ("reward-spec-without-module", ["reward.function=:score"], "reward.function",
+     "a user reward function is written `pkg.module:function`"),
+    ("reward-max-failed-fraction-zero", ["reward.max_failed_fraction=0"], "reward.max_failed_fraction",
+     "must lie in (0, 1]"),
+    ("tool-async-def", ["rollout.multi_turn.tools=[{function: catalogue_code:async_score}]"],
+     "rollout.multi_turn.tools[0].function", "async_score is an async def, but megarl calls a tool as a plain function"),
+    ("tool-named-like-a-builtin", ["rollout.multi_turn.tools=[{function: calculator}, {function: catalogue_code:calculator}]"],
+     "rollout.multi_turn.tools[1].function", "tools[0] ('calculator') is also named 'calculator'"),
+    # --- data and output settings that contradict each other or the filesystem
+    ("prompt-key-is-answer-key", ["data.prompt_key=answer"], "data.prompt_key",
+     "is also data.answer_key, so the reward function would be handed each prompt as its reference answer"),
+    ("output-dir-through-file", ["trainer.output_dir={tmp}/train.jsonl/runs"], "trainer.output_dir",
+     "is a file, so no directory can be made there"),
 ]
+
+CATALOGUE_CODE = """\
+async def async_score(prompts, responses, **columns):
+    return [0.0] * len(responses)
+
+
+def one_parameter(prompts):
+    return [0.0] * len(prompts)
+
+
+def no_columns(prompts, responses):
+    return [0.0] * len(responses)
+
+
+def calculator(expression: str) -> str:
+    \"\"\"Evaluate.
+
+    Args:
+        expression: the expression
+    \"\"\"
+    return expression
+
+
+SCORES = {"a": 1.0}
+"""
+"""The user module the reward and tool cases name (`catalogue_code`): each function is broken in its own way."""
 
 
 # Recipes that are broken as files: (id, the recipe's bytes, where the error line starts after
@@ -242,8 +305,10 @@ def test_merge_keys_and_a_byte_order_mark_load(workdir, capsys):
 
 
 @pytest.mark.parametrize("overrides, key, message", [case[1:] for case in CASES], ids=[case[0] for case in CASES])
-def test_bad_config_exits_2_naming_the_key(workdir, capsys, overrides, key, message):
+def test_bad_config_exits_2_naming_the_key(workdir, capsys, monkeypatch, overrides, key, message):
     write_bad_models(workdir)
+    (workdir / "catalogue_code.py").write_text(CATALOGUE_CODE)
+    monkeypatch.syspath_prepend(str(workdir))
     before = snapshot(workdir)
     code, out, err = run_validate(capsys, "base.yaml", *(o.replace("{tmp}", str(workdir)) for o in overrides))
     assert code == 2
@@ -268,12 +333,19 @@ def write_bad_models(workdir):
     cut.write_text(cut.read_text()[:40])
     (write_model(workdir / "model_no_tokenizer") / "tokenizer.json").unlink()
     write_model(workdir / "model_small_vocab", vocab_size=50)  # its tokenizer.json keeps 100 ids
+    (write_model(workdir / "model_no_model_type") / "config.json").write_text(
+        json.dumps({k: v for k, v in TINY_MODEL.items() if k != "model_type"}))
+    write_model(workdir / "model_classifier", architectures=["Qwen2ForSequenceClassification"], num_labels=1)
+    (write_model(workdir / "model_no_chat_template") / "chat_template.jinja").unlink()
+    (write_model(workdir / "model_eos_outside") / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|nope|>"}))
+    (write_model(workdir / "model_pad_outside") / "tokenizer_config.json").write_text(
+        json.dumps({"pad_token": {"content": "<pad2>", "special": True}}))
     cut = write_model(workdir / "tokenizer_cut") / "tokenizer.json"
     cut.write_text(cut.read_text()[:40])
 
 
 def test_catalogue_is_large_and_distinct():
-    assert len(CASES) >= 30
+    assert len(CASES) >= 120  # issue 18
     assert len({case[0] for case in CASES}) == len(CASES)
     assert len({tuple(case[1]) for case in CASES}) == len(CASES)
 

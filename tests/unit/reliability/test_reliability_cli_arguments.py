@@ -15,6 +15,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from megarl.cli.main import main
 from megarl.models.tiny import make_tiny_model
@@ -152,6 +154,31 @@ def test_bad_config_json_is_one_line(model_dir, tmp_path, capsys, command, chang
     assert (code, out) == (2, "")
     (line,) = err.splitlines()
     assert line.startswith(f"megarl {argv[0]}") and "config.json" in line and message in line, err
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("flag", ["--num-heads", "--num-kv-heads"])
+def test_init_tiny_model_with_zero_heads_is_one_line(tmp_path, capsys, flag):
+    """Divided by before it was checked: a ZeroDivisionError traceback."""
+    code, out, err = run_cli(capsys, ["init-tiny-model", "--out", str(tmp_path / "tiny"), flag, "0"])
+    assert (code, out) == (2, "")
+    assert err == f"megarl init-tiny-model: error: {flag} must be >= 1, got 0\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_convert_refuses_integer_weights(model_dir, tmp_path, capsys):
+    """An int8 tensor (as a quantized checkpoint holds) used to be converted without a word."""
+    bad = copy_with_config(model_dir, tmp_path / "int8-model", lambda config: config)
+    weights = bad / "model.safetensors"
+    tensors = load_file(weights)
+    save_file({**tensors, "model.layers.1.mlp.up_proj.weight": tensors["model.layers.1.mlp.up_proj.weight"].to(torch.int8)},
+              weights)
+    before = snapshot(tmp_path)
+    code, _, err = run_cli(capsys, ["convert", "hf-to-mcore", "--hf", str(bad), "--out", str(tmp_path / "out")])
+    assert code == 2
+    assert err == (f"megarl convert hf-to-mcore: error: {weights}: tensor 'model.layers.1.mlp.up_proj.weight' has dtype "
+                   "I8, not a floating-point type (a quantized checkpoint?): megarl trains and converts float32, "
+                   "bfloat16 or float16 weights; use the model's unquantized checkpoint\n")
     assert snapshot(tmp_path) == before
 
 

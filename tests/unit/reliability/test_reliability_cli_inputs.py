@@ -2,13 +2,16 @@
 per problem naming the key (or the file and row), each printed once, no traceback, nothing written,
 no process and no Ray started.
 
-The catalogue of ~70 bad configs through `megarl validate` is tests/unit/config/test_config_catalogue.py;
+The catalogue of bad configs through `megarl validate` is tests/unit/config/test_config_catalogue.py;
 the data loader's own table of errors is tests/unit/data/. Here: the issue-8 cases through both
-commands, and bad data through `megarl train`.
+commands, and bad data and bad weights (which `validate` does not read) through `megarl train`.
 """
 
+import bz2
+import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 import ray
+import torch
 import yaml
+from safetensors.torch import load_file, save_file
 
 from megarl.cli.main import main
 from megarl.models.tiny import make_tiny_model
@@ -60,6 +65,25 @@ BAD_DATA = [
     ("utf16le-without-bom", '{"prompt": "abc", "answer": "a"}\n'.encode("utf-16-le"),
      "{file}: the file is UTF-16LE-encoded text"),
     ("utf32-with-bom", '{"prompt": "abc", "answer": "a"}\n'.encode("utf-32"), "iconv -f UTF-32 -t UTF-8 {file}"),
+    # A compressed file named .jsonl: every line used to be skipped as `undecodable`, naming no cause.
+    ("gzip-named-jsonl", gzip.compress(b'{"prompt": "abc", "answer": "a"}\n'),
+     "{file}: the file is gzip-compressed, megarl reads plain UTF-8 JSONL; decompress it, e.g. gunzip -c {file} >"),
+    ("bzip2-named-jsonl", bz2.compress(b'{"prompt": "abc", "answer": "a"}\n'),
+     "{file}: the file is bzip2-compressed, megarl reads plain UTF-8 JSONL; decompress it, e.g. bunzip2 -c {file} >"),
+]
+
+BAD_WEIGHTS = [
+    # (id, change to the model's tensors (a function of them), words of the one-line error): each used to pass
+    # validation and start Ray and vLLM before the workers failed on the weights.
+    ("missing-tensor", lambda w: {k: v for k, v in w.items() if k != "model.layers.1.mlp.down_proj.weight"},
+     "tensor 'model.layers.1.mlp.down_proj.weight' is missing"),
+    ("wrong-shape", lambda w: {**w, "model.layers.0.self_attn.q_proj.weight": torch.zeros(64, 128)},
+     "tensor 'model.layers.0.self_attn.q_proj.weight' has shape [64, 128], config.json implies [128, 128]"),
+    ("integer-dtype", lambda w: {k: v.to(torch.int8) if k.endswith("q_proj.weight") else v for k, v in w.items()},
+     "tensor 'model.layers.0.self_attn.q_proj.weight' has dtype I8, not a floating-point type (a quantized "
+     "checkpoint?)"),
+    ("untied-without-lm-head", lambda w: {k: v for k, v in w.items() if k != "lm_head.weight"},
+     "tensor 'lm_head.weight' is missing"),
 ]
 
 
@@ -135,6 +159,32 @@ def test_bad_data_ends_train_at_startup_naming_file_and_row(workdir, capsys, tex
     assert snapshot(workdir) == before
 
 
+@pytest.mark.parametrize("change, message", [c[1:] for c in BAD_WEIGHTS], ids=[c[0] for c in BAD_WEIGHTS])
+def test_weights_that_do_not_match_config_json_end_train_at_startup(workdir, model_dir, capsys, ray_refused, change,
+                                                                    message):
+    model = workdir / "model"
+    shutil.copytree(model_dir, model)
+    save_file(change(load_file(model / "model.safetensors")), model / "model.safetensors")
+    before = snapshot(workdir)
+    code, out, err = run_cli(capsys, "train", "recipe.yaml", f"model.path={model}")
+    assert (code, out) == (2, "")
+    (line,) = problem_lines("train", err)
+    assert line.startswith(f"model.path = '{model}': the weights do not match config.json: ") and message in line, err
+    assert "Traceback" not in err
+    assert snapshot(workdir) == before
+
+
+def test_a_model_without_safetensors_ends_train_at_startup(workdir, model_dir, capsys, ray_refused):
+    model = workdir / "model"
+    shutil.copytree(model_dir, model, ignore=shutil.ignore_patterns("*.safetensors"))
+    code, _, err = run_cli(capsys, "train", "recipe.yaml", f"model.path={model}")
+    assert code == 2
+    assert problem_lines("train", err) == [
+        f"model.path = '{model}': the weights do not match config.json: {model}: no model.safetensors or "
+        "model.safetensors.index.json (megarl reads safetensors checkpoints only); fix: restore the checkpoint's "
+        "files (or download it again), or point model.path at a complete checkpoint"], err
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write into read-only directories")
 def test_read_only_checkpoint_dir_exits_2_from_train(workdir, capsys):
     locked = workdir / "locked"
@@ -172,15 +222,21 @@ class _RayWouldStart(Exception):
     pass
 
 
-def test_reward_module_failing_at_import_exits_2_before_ray(workdir, capsys, monkeypatch):
-    """Validation only parses the module (it never runs user code); the trainer's reward workers
-    import it before Ray starts."""
+@pytest.fixture
+def ray_refused(monkeypatch):
+    """The trainer's `init_ray` raises: a start-up check that lets a bad input through fails the test at
+    once instead of starting Ray and vLLM."""
     import megarl.trainer.trainer as trainer_module
 
     def refuse(*args, **kwargs):
         raise _RayWouldStart
 
     monkeypatch.setattr(trainer_module, "init_ray", refuse)
+
+
+def test_reward_module_failing_at_import_exits_2_before_ray(workdir, capsys, ray_refused):
+    """Validation only parses the module (it never runs user code); the trainer's reward workers
+    import it before Ray starts."""
     (workdir / "raising_reward.py").write_text("import no_such_dependency\n\ndef score(prompts, responses, **c):\n"
                                                "    return [0.0] * len(responses)\n")
     code, _, err = run_cli(capsys, "train", "recipe.yaml", "reward.function=raising_reward:score")

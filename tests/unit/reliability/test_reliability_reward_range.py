@@ -46,3 +46,18 @@ def test_the_scorer_stops_naming_the_function_the_value_and_the_sample(range_mod
         assert scorer(["1e38"] * 7, responses).scores == [1.0, 1.0, 1.0, 1.0, 1.0, 1e38, 1.0]
         with pytest.raises(RewardFunctionError, match=rf"'{SPEC}' returned 1e\+39 \(float\) as score 5; .*'big'"):
             scorer(["1e39"] * 7, responses)
+
+
+@pytest.mark.parametrize("result, shown", [(None, "a NoneType (None)"), ("1.0", "a str ('1.0')"),
+                                           ({"a": 1.0, "b": 0.0}, "a dict ({'a': 1.0, 'b': 0.0})"),
+                                           (torch.tensor(1.0), "a Tensor (1.0)")],
+                         ids=["none", "str", "dict", "scalar-tensor"])
+def test_a_result_that_is_not_one_score_per_response_is_named(result, shown):
+    """A str and a dict were read item by item: '3 scores for 2 responses', or "'a' (str) as score 0"."""
+    with pytest.raises(RewardFunctionError) as error:
+        checked_scores("fn", result, ["a", "b"])
+    assert str(error.value) == f"reward.function 'fn' returned {shown}; it must return a list of 2 floats, one per response"
+
+
+def test_a_tensor_of_scores_is_read_as_its_numbers():
+    assert checked_scores("fn", torch.tensor([0.5, 1.0]), ["a", "b"]) == [0.5, 1.0]
