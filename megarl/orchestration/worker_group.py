@@ -195,14 +195,14 @@ class WorkerGroup:
             remaining = deadline - time.monotonic()
             done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, min(remaining, interrupt.POLL_S)))
             interrupt.check()  # a stop signal: the caller's clean-up kills the groups
-            stuck = self.heartbeats.silent(sorted(rank_of[r] for r in pending))
-            if stuck:
-                self._fail(stuck[0], f"{self._silence(stuck)} for {self.heartbeats.timeout_s:g} s "
-                                     "(the hang timeout)")
-            if not done and remaining > interrupt.POLL_S:
-                continue
             if not done:
                 missing = sorted(rank_of[r] for r in pending)
+                stuck = self.heartbeats.silent(missing)
+                if stuck:
+                    self._fail(stuck[0], f"{self._silence(stuck)} for {self.heartbeats.timeout_s:g} s "
+                                         "(the hang timeout)")
+                if remaining > interrupt.POLL_S:
+                    continue
                 self._fail(missing[0], f"ranks {missing} did not answer within the call timeout")
             ref = done[0]
             try:
@@ -223,9 +223,8 @@ class WorkerGroup:
         heartbeat did not move in that moment."""
         if isinstance(error, RayActorError) or not pending:
             return rank, str(error)
-        pending_ranks = sorted(rank_of[ref] for ref in pending)
-        before = self.heartbeats.read(pending_ranks)
-        done, _ = ray.wait(pending, num_returns=len(pending), timeout=DEATH_GRACE_S)
+        before = self.heartbeats.read(sorted(rank_of[ref] for ref in pending))
+        done, still_pending = ray.wait(pending, num_returns=len(pending), timeout=DEATH_GRACE_S)
         for ref in done:
             try:
                 ray.get(ref, timeout=0)
@@ -233,8 +232,9 @@ class WorkerGroup:
                 return rank_of[ref], str(death)
             except (RayTaskError, GetTimeoutError):
                 continue
-        after = self.heartbeats.read(pending_ranks)
-        silent = [r for r in pending_ranks if before[r] is not None and before[r] == after[r]]
+        # Still pending, the whole grace has passed: several beats of a running process.
+        after = self.heartbeats.read(sorted(rank_of[ref] for ref in still_pending))
+        silent = [r for r, count in after.items() if count is not None and count == before[r]]
         if silent:
             return silent[0], (f"{self._silence(silent)} while rank {rank}'s call failed, likely waiting for it:\n"
                                f"{error}")

@@ -34,7 +34,8 @@ def test_killed_policy_rank_ends_the_job_and_auto_resume_continues(workspace, tm
 
     assert first.wait(END_BOUND_S) != 0
     out = first.output()
-    assert re.search(rf"WorkerFailure: policy rank [01] failed:\n\(process {victim}\)", out), out[-4000:]
+    assert re.search(rf"failed during step \d+ \(\w+\): WorkerFailure: policy rank [01] failed:\n"
+                     rf"\(process {victim} on node [\d.]+\)", out), out[-4000:]
     assert first.leftovers() == []
     logged = first.metrics()
     latest = CheckpointManager(first.checkpoint_dir).latest()
@@ -63,5 +64,6 @@ def test_killed_rollout_engine_ends_the_job_naming_it(workspace, tmp_path, jobs)
 
     assert job.wait(END_BOUND_S) != 0
     out = job.output()
-    assert re.search(rf"WorkerFailure: rollout rank [01] failed:\n\(process {victim}\)", out), out[-4000:]
+    assert re.search(rf"failed during step \d+ \(\w+\): WorkerFailure: rollout rank [01] failed:\n"
+                     rf"\(process {victim} on node [\d.]+\)", out), out[-4000:]
     assert job.leftovers() == []
