@@ -44,11 +44,17 @@ def stopped_line(command: str, stopped: Stopped, checkpoint) -> str:
     """`megarl train: stopped by SIGTERM during step 8 (update_actor); last checkpoint: step 6 (...);
     continue ... checkpoint.resume=auto`. `stopped.where`: (step or None, the phases being timed);
     `checkpoint`: the latest complete one (`.step`, `.path`) or None."""
-    step, phases = stopped.where
-    doing = "start-up" if step is None else f"step {step}" + (f" ({phases[-1]})" if phases else "")
+    return f"megarl {command}: stopped by {stopped} during {doing(*stopped.where)}; {resume_hint(checkpoint)}"
+
+
+def doing(step: int | None, phases: list[str] | None) -> str:
+    """`step 8 (update_actor)`, `step 8`, or `start-up` (`step` None): the step and its innermost phase."""
+    return "start-up" if step is None else f"step {step}" + (f" ({phases[-1]})" if phases else "")
+
+
+def resume_hint(checkpoint) -> str:
+    """The latest complete checkpoint (`.step`, `.path`, or None) and how to continue from it."""
     if checkpoint is None:
-        saved = "no checkpoint was saved; a new run starts from the beginning"
-    else:
-        saved = (f"last checkpoint: step {checkpoint.step} ({checkpoint.path}); continue from it by running the "
-                 "same command with checkpoint.resume=auto")
-    return f"megarl {command}: stopped by {stopped} during {doing}; {saved}"
+        return "no checkpoint was saved; a new run starts from the beginning"
+    return (f"last checkpoint: step {checkpoint.step} ({checkpoint.path}); continue from it by running the "
+            "same command with checkpoint.resume=auto")

@@ -16,7 +16,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from megarl import interrupt
-    from megarl.cli.stop_signals import StopOnSignal, stopped_line
+    from megarl.cli.stop_signals import StopOnSignal, doing, resume_hint, stopped_line
     from megarl.config import ConfigError
     from megarl.data import DataError
     from megarl.bridge.verify import SyncVerificationError
@@ -51,7 +51,12 @@ def run(args: argparse.Namespace) -> int:
     except (RewardFunctionError, ToolError, LoggerSetupError) as error:
         print(f"megarl train: {error}", file=sys.stderr)
         return 2
-    except (WorkerFailure, BadStepsError, SyncVerificationError, CheckpointError) as error:
+    except WorkerFailure as error:
+        # A process or machine failed, not the recipe: the run can continue from its last checkpoint.
+        print(f"megarl train: failed during {doing(trainer.step_in_progress, trainer.timer.failed_in)}: "
+              f"{type(error).__name__}: {error}\n{resume_hint(trainer.checkpoints.latest())}", file=sys.stderr)
+        return 1
+    except (BadStepsError, SyncVerificationError, CheckpointError) as error:
         # Failures megarl diagnosed itself: the message names the cause; a traceback adds nothing.
         print(f"megarl train: failed: {type(error).__name__}: {error}", file=sys.stderr)
         return 1

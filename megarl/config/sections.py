@@ -172,6 +172,10 @@ class TrainerConfig:
     even on GPU machines."""
     max_bad_steps: int = 3
     """Consecutive steps with a non-finite loss or grad norm (skipped) before the run stops. >= 1."""
+    hang_timeout_s: float = 600.0
+    """A worker process that is alive but shows no sign of running for this long (stopped, frozen, its node
+    cut off: its heartbeat, sent every second even while it computes or waits in a collective, stopped) ends
+    the run, naming it. >= 10 seconds (`validate.MIN_HANG_TIMEOUT_S`)."""
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,9 @@ from megarl.models.hf_config import load_hf_config
 from megarl.tools.validation import tool_problems
 from megarl.workers.checkpoint_files import STEP_DIR, CheckpointError, read_manifest
 
+MIN_HANG_TIMEOUT_S = 10.0
+"""The shortest trainer.hang_timeout_s: ten missed heartbeats."""
+
 
 def validate(config: Config, check_files: bool = True) -> list[Problem]:
     """Every problem of `config`; an empty list means it can run. `config` is not modified."""
@@ -333,6 +336,9 @@ def _check_trainer(config: Config, check_files: bool, problems: list[Problem]) -
     _need(problems, trainer.test_freq == 0 or len(config.data.val_files) > 0, "trainer.test_freq", trainer.test_freq,
           "validation is requested but data.val_files is empty", "list data.val_files, or set trainer.test_freq=0")
     _need(problems, trainer.max_bad_steps >= 1, "trainer.max_bad_steps", trainer.max_bad_steps, "must be >= 1", "e.g. 3")
+    _need(problems, trainer.hang_timeout_s >= MIN_HANG_TIMEOUT_S, "trainer.hang_timeout_s", trainer.hang_timeout_s,
+          f"must be >= {MIN_HANG_TIMEOUT_S:g} seconds (a worker beats once a second; a shorter limit takes a busy "
+          "machine's delay for a stopped process)", "e.g. 600")
     _need(problems, _is_plain_name(trainer.experiment_name), "trainer.experiment_name", trainer.experiment_name,
           "names the run's directory inside trainer.output_dir, so it must not be empty, '.', '..', or hold a path "
           "separator (the run directory would land outside trainer.output_dir)",

@@ -13,13 +13,16 @@ call: a batch, TP × PP times per DP replica). A rank can be told not to reply (
 its result instead of sending back a copy that the caller would throw away.
 
 Rank 0 starts first and tells the others where to rendezvous. A failure on any rank raises
-`WorkerFailure` naming the role, the rank and the remote traceback, and kills the whole group, so peers
-blocked in a collective with the dead rank do not hang the driver.
+`WorkerFailure` naming the role, the rank, its process and node, and the remote traceback, and kills the
+whole group, so peers blocked in a collective with the dead rank do not hang the driver. A rank that is
+alive but does not run (stopped, frozen, cut off) is found by its heartbeat (`megarl.orchestration.heartbeat`):
+silent for `hang_timeout_s`, it fails the call the same way.
 """
 
 import importlib
 import os
 import time
+import uuid
 from typing import Any, Sequence
 
 import ray
@@ -27,29 +30,35 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from megarl import interrupt, quiet
+from megarl.orchestration.heartbeat import Heartbeat, HeartbeatWatch
 from megarl.orchestration.placement import BundleSpec
 
 DEFAULT_CALL_TIMEOUT_S = 1800.0
+DEFAULT_HANG_TIMEOUT_S = 600.0
 DEATH_GRACE_S = 5.0
-"""How long a rank's error waits for news that a peer's process died (the likelier root cause)."""
+"""How long a rank's error waits for news that a peer's process died or stopped running (the likelier root
+cause; several heartbeats, `heartbeat.BEAT_S`)."""
 
 
 class WorkerFailure(RuntimeError):
     """A rank of a worker group raised, died, or did not answer in time."""
 
-    def __init__(self, role: str, rank: int, detail: str, pid: int | None = None):
-        where = "" if pid is None else f"(process {pid}) "
+    def __init__(self, role: str, rank: int, detail: str, pid: int | None = None, node: str | None = None):
+        where = "" if pid is None else f"(process {pid} on node {node}) "
         super().__init__(f"{role} rank {rank} failed:\n{where}{detail}")
         self.role = role
         self.rank = rank
         self.pid = pid
         """The rank's process id, once the group has started (None during start-up)."""
+        self.node = node
+        """The IP address of the rank's node, with `pid`."""
 
 
 class RankProcess:
     """The Ray actor body: one rank process that joins its group's world and hosts a worker object."""
 
-    def __init__(self, role: str, rank: int, world_size: int, env: dict[str, str]):
+    def __init__(self, role: str, rank: int, world_size: int, env: dict[str, str], heartbeat_key: str):
+        Heartbeat(heartbeat_key).start()
         os.environ.update(env)
         quiet.install()  # after the environment: it holds the device decision
         self.role, self.rank, self.world_size = role, rank, world_size
@@ -66,7 +75,8 @@ class RankProcess:
         self.store = listen_store(host, self.world_size, timeout_s)
         return host, self.store.port
 
-    def start(self, master_addr: str, master_port: int, target: str, kwargs: dict, timeout_s: float) -> int:
+    def start(self, master_addr: str, master_port: int, target: str, kwargs: dict, timeout_s: float) -> tuple[int, str]:
+        """Join the world and build the worker; this process's id and its node's IP address."""
         import torch
 
         from megarl.parallel.device import uses_cuda
@@ -82,7 +92,7 @@ class RankProcess:
         init_distributed(timeout_s=timeout_s, store=self.store, cuda=uses_cuda() and bool(ray.get_gpu_ids()))
         module_name, class_name = target.split(":")
         self.target = getattr(importlib.import_module(module_name), class_name)(**kwargs)
-        return os.getpid()
+        return os.getpid(), ray.util.get_node_ip_address()
 
     @staticmethod
     def device_index() -> int:
@@ -138,6 +148,7 @@ class WorkerGroup:
         env: dict[str, str] | list[dict[str, str]] | None = None,
         collective_timeout_s: float = 600.0,
         call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S,
         first_bundle: int = 0,
         bundle_stride: int = 1,
     ):
@@ -146,18 +157,24 @@ class WorkerGroup:
         self.call_timeout_s = call_timeout_s
         self.pids: list[int] = []
         """Process id of each rank, once started."""
+        self.nodes: list[str] = []
+        """IP address of each rank's node, once started."""
+        keys = [f"{role}-{uuid.uuid4().hex}/{rank}" for rank in range(world_size)]
+        self.heartbeats = HeartbeatWatch(keys, hang_timeout_s)
         per_rank = init_kwargs if isinstance(init_kwargs, list) else [dict(init_kwargs or {})] * world_size
         per_rank_env = env if isinstance(env, list) else [dict(env or {})] * world_size
         bundles = [first_bundle + rank * bundle_stride for rank in range(world_size)]
-        self.actors = self._create_actors(placement, bundle, bundles, per_rank_env)
+        self.actors = self._create_actors(placement, bundle, bundles, per_rank_env, keys)
         rendezvous = self.actors[0].rendezvous_address.remote(collective_timeout_s)
         host, port = self._wait([rendezvous], timeout_s=call_timeout_s)[0]
-        self.pids = self._wait(
+        started = self._wait(
             [a.start.remote(host, port, target, per_rank[r], collective_timeout_s) for r, a in enumerate(self.actors)],
             timeout_s=call_timeout_s,
         )
+        self.pids, self.nodes = [pid for pid, _ in started], [node for _, node in started]
 
-    def _create_actors(self, placement, bundle: BundleSpec, bundles: list[int], env: list[dict[str, str]]) -> list:
+    def _create_actors(self, placement, bundle: BundleSpec, bundles: list[int], env: list[dict[str, str]],
+                       heartbeat_keys: list[str]) -> list:
         remote_cls = ray.remote(RankProcess)
         return [
             remote_cls.options(
@@ -167,7 +184,7 @@ class WorkerGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=placement, placement_group_bundle_index=bundles[rank]
                 ),
-            ).remote(self.role, rank, self.world_size, env[rank])
+            ).remote(self.role, rank, self.world_size, env[rank], heartbeat_keys[rank])
             for rank in range(self.world_size)
         ]
 
@@ -200,6 +217,7 @@ class WorkerGroup:
         """Stop every rank process of the group (idempotent)."""
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
+        self.heartbeats.forget()
 
     def _wait(self, refs: list, timeout_s: float | None = None) -> list[Any]:
         """Gather results in order; on the first failure or at the deadline, kill the group and raise."""
@@ -210,38 +228,55 @@ class WorkerGroup:
             remaining = deadline - time.monotonic()
             done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, min(remaining, interrupt.POLL_S)))
             interrupt.check()  # a stop signal: the caller's clean-up kills the groups
-            if not done and remaining > interrupt.POLL_S:
-                continue
             if not done:
                 missing = sorted(rank_of[r] for r in pending)
-                self.kill()
-                raise WorkerFailure(self.role, missing[0], f"ranks {missing} did not answer within the call timeout",
-                                    self._pid(missing[0]))
+                stuck = self.heartbeats.silent(missing)
+                if stuck:
+                    self._fail(stuck[0], f"{self._silence(stuck)} for {self.heartbeats.timeout_s:g} s "
+                                         "(the hang timeout)")
+                if remaining > interrupt.POLL_S:
+                    continue
+                self._fail(missing[0], f"ranks {missing} did not answer within the call timeout")
             ref = done[0]
             try:
                 results[ref] = ray.get(ref, timeout=0)
             except (RayTaskError, RayActorError, GetTimeoutError) as error:
-                rank, error = self._root_cause(rank_of, rank_of[ref], error, pending)
-                self.kill()
-                raise WorkerFailure(self.role, rank, str(error), self._pid(rank)) from None
+                rank, detail = self._root_cause(rank_of, rank_of[ref], error, pending)
+                self._fail(rank, detail)
         return [results[ref] for ref in refs]
 
-    @staticmethod
-    def _root_cause(rank_of: dict, rank: int, error: Exception, pending: list) -> tuple[int, Exception]:
-        """The rank to blame. A rank whose process died makes its peers fail in their next collective,
-        and their errors can reach the driver first: a raised error defers, for a moment, to a pending
-        rank whose process died."""
+    def _fail(self, rank: int, detail: str):
+        self.kill()
+        raise WorkerFailure(self.role, rank, detail, *self._where(rank)) from None
+
+    def _root_cause(self, rank_of: dict, rank: int, error: Exception, pending: list) -> tuple[int, str]:
+        """The rank to blame, and why. A rank whose process died or stopped running makes its peers fail
+        in their next collective (connection reset, timed out), and their errors can reach the driver
+        first: a raised error defers, for a moment, to a pending rank whose process died, or whose
+        heartbeat did not move in that moment."""
         if isinstance(error, RayActorError) or not pending:
-            return rank, error
-        done, _ = ray.wait(pending, num_returns=len(pending), timeout=DEATH_GRACE_S)
+            return rank, str(error)
+        before = self.heartbeats.read(sorted(rank_of[ref] for ref in pending))
+        done, still_pending = ray.wait(pending, num_returns=len(pending), timeout=DEATH_GRACE_S)
         for ref in done:
             try:
                 ray.get(ref, timeout=0)
             except RayActorError as death:
-                return rank_of[ref], death
+                return rank_of[ref], str(death)
             except (RayTaskError, GetTimeoutError):
                 continue
-        return rank, error
+        # Still pending, the whole grace has passed: several beats of a running process.
+        after = self.heartbeats.read(sorted(rank_of[ref] for ref in still_pending))
+        silent = [r for r, count in after.items() if count is not None and count == before[r]]
+        if silent:
+            return silent[0], (f"{self._silence(silent)} while rank {rank}'s call failed, likely waiting for it:\n"
+                               f"{error}")
+        return rank, str(error)
 
-    def _pid(self, rank: int) -> int | None:
-        return self.pids[rank] if self.pids else None
+    @staticmethod
+    def _silence(ranks: list[int]) -> str:
+        return (f"ranks {ranks} are alive but not running (stopped, frozen, or cut off from the cluster): "
+                "no heartbeat")
+
+    def _where(self, rank: int) -> tuple[int | None, str | None]:
+        return (self.pids[rank], self.nodes[rank]) if self.pids else (None, None)

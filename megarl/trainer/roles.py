@@ -27,7 +27,7 @@ from megarl.config import BatchPlan, Config, ConfigError, cluster_problems, reso
 from megarl.config.rollout import response_length, rollout_dtype
 from megarl.orchestration.cluster import cluster_gpus
 from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group, engine_bundles
-from megarl.orchestration.worker_group import WorkerGroup
+from megarl.orchestration.worker_group import DEFAULT_HANG_TIMEOUT_S, WorkerGroup
 from megarl.parallel.device import worker_env
 from megarl.trainer import settings
 from megarl.trainer.checkpoint_manager import part_dir
@@ -61,10 +61,12 @@ class MegatronGroup:
 
     @classmethod
     def start(cls, name: str, spec, world_size: int, placement, bundle: BundleSpec,
-              env: dict[str, str], target: str = POLICY_TARGET) -> MegatronGroup:
+              env: dict[str, str], target: str = POLICY_TARGET,
+              hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S) -> MegatronGroup:
         """`world_size` ranks of `target` (a worker class taking `spec`, with a `grid()` method: a
         `PolicyWorker`, or `megarl sft`'s `SftWorker`)."""
-        workers = WorkerGroup(name, target, world_size, placement, bundle, init_kwargs={"spec": spec}, env=env)
+        workers = WorkerGroup(name, target, world_size, placement, bundle, init_kwargs={"spec": spec}, env=env,
+                              hang_timeout_s=hang_timeout_s)
         return cls(workers, workers.call_all("grid"))
 
     @property
@@ -253,7 +255,8 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
     env = {**env, **worker_env(device)}
     share = process_share(bundle, plan.processes_per_train_gpu)
     with startup("megatron"):
-        started = {name: MegatronGroup.start(name, spec, plan.train_gpus, pg, share, env)
+        started = {name: MegatronGroup.start(name, spec, plan.train_gpus, pg, share, env,
+                                             hang_timeout_s=config.trainer.hang_timeout_s)
                    for name, spec in worker_specs(config, plan, total_steps).items()}
         offload_before_engines(started.values(), config.rollout.gpu_memory_utilization)
     groups = {role.role: started[role.role if role.own_group else "policy"]
@@ -295,7 +298,7 @@ def start_rollout(config: Config, plan: BatchPlan, pg, gpus_per_device: float, e
             "sleep_level": rollout.sleep_level,
         },
         env=[{**env, **engine_env(indices, gpus_per_device)} for indices in bundles],
-        first_bundle=first, bundle_stride=tp,
+        hang_timeout_s=config.trainer.hang_timeout_s, first_bundle=first, bundle_stride=tp,
     )
 
 

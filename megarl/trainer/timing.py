@@ -57,6 +57,9 @@ class PhaseTimer:
         self.seconds: dict[str, float] = {}
         self.active: list[str] = []
         """The phases being timed now, outermost first (what a run was doing when it was stopped)."""
+        self.failed_in: list[str] | None = None
+        """The phases an exception left since the outermost phase was last entered, outermost first (what a
+        run was doing when it failed: `active` is empty again by the time the failure is reported)."""
 
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
@@ -64,9 +67,15 @@ class PhaseTimer:
             raise ValueError(f"unknown timing phase {phase!r}; use one of {', '.join(self.phases)} "
                              "(a new phase is added to megarl.trainer.timing's table with its meaning)")
         start = self.clock()
+        if not self.active:
+            self.failed_in = None
         self.active.append(phase)
         try:
             yield
+        except BaseException:
+            if self.failed_in is None:  # the innermost phase sees the exception first
+                self.failed_in = list(self.active)
+            raise
         finally:
             self.active.pop()
             self.seconds[phase] = self.seconds.get(phase, 0.0) + self.clock() - start

@@ -28,15 +28,20 @@ for them; none outlives it (`_keep_write_results_in_process`).
 Failures. Every step of a save ends with an exchange of each rank's outcome on a gloo group of its
 own, so a rank that failed (no space, read-only file system, permission) makes every rank raise the
 same `CheckpointError`, naming the checkpoint and the OS reason, and rank 0 removes the temp dir.
-Earlier checkpoints are never touched by a save. A rank that fails *inside* one of megatron's own
-collectives leaves its peers waiting there until the collective timeout, then they report too.
+Earlier checkpoints are never touched by a save. Inside a megatron save, rank 0 alone writes the
+common state before the collectives of the sharded save; every rank exchanges outcomes once more
+there (`_AgreedShardedSave`), so rank 0 failing alone (no space) does not leave its peers waiting in
+megatron's gather. A rank that fails *inside* one of megatron's own collectives leaves its peers
+waiting there until the collective timeout, then they report too.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import io
 import json
+import os
 import queue
 import random
 import re
@@ -48,7 +53,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
 from megatron.core.dist_checkpointing.strategies import filesystem_async
+from megatron.core.dist_checkpointing.strategies.base import SaveShardedStrategy
 from megatron.core.optimizer import distrib_optimizer
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 from megatron.core.utils import unwrap_model
@@ -79,6 +86,8 @@ SCHEDULER_FILE = "scheduler.json"
 EXTRA_FILE = "extra.json"
 RNG_DIR = "rng"
 HF_EXPORT_DIR = "hf"
+FULL_DISK_BYTES = 1 << 20
+"""Less free space than this (less than a checkpoint of the smallest model) counts as a full disk (`_is_full`)."""
 _OS_ERROR_TEXT = re.compile(r"\[Errno (?P<errno>\d+)\] (?P<reason>[^:]+): '(?P<file>[^']+)'")
 # Megatron-LM's choice for the distributed optimizer: each DP rank writes its own buffer shards, no
 # gather (reshardable over DP only; an exact resume needs the saved layout anyway). megatron 0.16's
@@ -116,17 +125,24 @@ def save_checkpoint(
     is_writer = dist.get_rank() == 0
     layout = _layout(groups)
 
+    doing = f"saving checkpoint {step_dir}"
+
     def run(what: str, action: Callable[[], None], on_every_rank: bool = True) -> None:
-        _run_agreed(f"saving checkpoint {step_dir}", what, action if on_every_rank or is_writer else None, group)
+        _run_agreed(doing, what, action if on_every_rank or is_writer else None, group, tmp_dir.parent)
+
+    def save_sharded(what: str, state: Callable[[], dict], path: Path) -> None:
+        run(what, lambda: dist_checkpointing.save(state(), str(path),
+                                                  sharded_strategy=_AgreedShardedSave(doing, what, group)))
 
     try:
         run("creating the directory", lambda: _create_dirs(tmp_dir, models, optimizers), on_every_rank=False)
         for role, chunks in models.items():
-            run(f"the {role} model", lambda: dist_checkpointing.save(_model_state(chunks), str(tmp_dir / role / MODEL_DIR)))
+            save_sharded(f"the {role} model", lambda: _model_state(chunks), tmp_dir / role / MODEL_DIR)
             fault_point("after_model")
             if role in optimizers:
-                run(f"the {role} optimizer", lambda: dist_checkpointing.save(
-                    _optimizer_state(optimizers[role], chunks, is_loading=False), str(tmp_dir / role / OPTIMIZER_DIR)))
+                save_sharded(f"the {role} optimizer",
+                             lambda: _optimizer_state(optimizers[role], chunks, is_loading=False),
+                             tmp_dir / role / OPTIMIZER_DIR)
                 fault_point("after_optimizer")
         run("the RNG states", lambda: write_durably(tmp_dir / RNG_DIR / _rng_file(), _to_bytes(rng_state)))
         run("the scheduler and driver states",
@@ -347,15 +363,60 @@ def _bookkeeping_group(world: dist.ProcessGroup) -> dist.ProcessGroup:
     return dist.new_group(backend="gloo")
 
 
-def _run_agreed(doing: str, what: str, action: Callable[[], None] | None, group: dist.ProcessGroup) -> None:
-    """Run `action` (None: nothing on this rank), then exchange outcomes: if any rank failed, raise
-    the same CheckpointError on every rank, preferring a rank whose failure has an OS reason."""
+class _AgreedFailure(Exception):
+    """A failure every rank has already learned of in an exchange (`_agree`): raised without another."""
+
+
+class _AgreedShardedSave(SaveShardedStrategy):
+    """megatron's sharded save (its default strategy), entered after an exchange of outcomes. In
+    `dist_checkpointing.save` rank 0 alone writes the common state (`common.pt`) before the sharded
+    save's gathers (megatron/core/dist_checkpointing/serialization.py: save, strategies/common.py:
+    TorchCommonSaveStrategy.save_common); failing there (no space), rank 0 leaves for `_run_agreed`'s
+    exchange while its peers wait in the first gather, each for the other. This exchange is the one
+    rank 0 meets: every rank raises the same failure, and `_run_agreed` exchanges no more."""
+
+    def __init__(self, doing: str, what: str, group: dist.ProcessGroup):
+        self.inner = get_default_save_sharded_strategy()
+        super().__init__(self.inner.backend, self.inner.version)
+        self.doing, self.what, self.group = doing, what, group
+
+    @property
+    def can_handle_sharded_objects(self) -> bool:
+        return self.inner.can_handle_sharded_objects
+
+    def save(self, sharded_state_dict, checkpoint_dir) -> None:
+        _agree(self.doing, self.what, None, self.group, error=_AgreedFailure)
+        self.inner.save(sharded_state_dict, checkpoint_dir)
+
+
+def _run_agreed(doing: str, what: str, action: Callable[[], None] | None, group: dist.ProcessGroup,
+                root: Path) -> None:
+    """Run `action` (None: nothing on this rank) writing under `root`, then exchange outcomes: if any rank
+    failed, raise the same CheckpointError on every rank, preferring a rank whose failure has an OS reason."""
     failure: BaseException | None = None
     try:
         if action is not None:
             action()
+    except _AgreedFailure as agreed:
+        raise CheckpointError(str(agreed)) from None
     except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
-        failure = e
+        failure = e if _describe(e)[0] or not _is_full(root) else OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(root))
+    _agree(doing, what, failure, group)
+
+
+def _is_full(root: Path) -> bool:
+    """Whether `root`'s file system has no space left. torch.save's C++ writer (megatron's common state)
+    reports a full disk as `basic_ios::clear: iostream error`, without the errno: a failure without an OS
+    reason on a full file system is taken for the full disk."""
+    try:
+        return shutil.disk_usage(root).free < FULL_DISK_BYTES
+    except OSError:
+        return False
+
+
+def _agree(doing: str, what: str, failure: BaseException | None, group: dist.ProcessGroup,
+           error: type[Exception] = CheckpointError) -> None:
+    """Exchange this rank's outcome (`failure`: None for success); raise `error` on every rank if any failed."""
     outcomes: list[tuple[bool, str] | None] = [None] * dist.get_world_size(group)
     dist.all_gather_object(outcomes, None if failure is None else _describe(failure), group=group)
     failed = [(rank, outcome) for rank, outcome in enumerate(outcomes) if outcome is not None]
@@ -364,7 +425,7 @@ def _run_agreed(doing: str, what: str, action: Callable[[], None] | None, group:
     rank, (_, reason) = min(failed, key=lambda item: (not item[1][0], item[0]))
     os_caused = failure is not None and _describe(failure)[0]
     message = f"{doing} failed while writing {what} (rank {rank}): {reason}; earlier checkpoints are untouched"
-    raise CheckpointError(message) from (None if failure is None or os_caused else failure)
+    raise error(message) from (None if failure is None or os_caused else failure)
 
 
 def _describe(failure: BaseException) -> tuple[bool, str]:

@@ -1,5 +1,8 @@
 """Worker groups on a real local Ray: one torch.distributed world, per-rank calls, failures named."""
 
+import os
+import signal
+
 import psutil
 import pytest
 
@@ -82,6 +85,43 @@ def test_unanswered_call_times_out(make_group):
     with pytest.raises(WorkerFailure, match=r"did not answer within the call timeout"):
         group.call_all("hang")
     _assert_gone(group.pids)
+
+
+def test_stopped_rank_is_named_by_its_silent_heartbeat(make_group):
+    """Rank 1 alive but stopped: rank 0 waits in the all-reduce for it and no error ever comes; the
+    heartbeat names rank 1, its process and node, and the group's processes (the stopped one too) go."""
+    group = make_group("stopping", hang_timeout_s=3)
+    os.kill(group.pids[1], signal.SIGSTOP)
+    try:
+        with pytest.raises(WorkerFailure, match=r"stopping rank 1 failed:\n\(process \d+ on node [\d.]+\) ranks \[1\] "
+                                                r"are alive but not running .*no heartbeat for 3 s") as info:
+            group.call_all("all_reduce", 1.0)
+        assert (info.value.pid, info.value.node) == (group.pids[1], group.nodes[1])
+        _assert_gone(group.pids)
+    finally:
+        _continue(group.pids[1])
+
+
+def test_a_peers_collective_timeout_defers_to_the_stopped_rank(make_group):
+    """The collective times out (1 s) long before the hang timeout: rank 0's error comes first, but the
+    rank it was waiting for, silent meanwhile, is the one named."""
+    group = make_group("timing-out", collective_timeout_s=1)
+    os.kill(group.pids[1], signal.SIGSTOP)
+    try:
+        with pytest.raises(WorkerFailure, match=r"timing-out rank 1 failed:(.|\n)*ranks \[1\] are alive but not running "
+                                                r"(.|\n)*while rank 0's call failed(.|\n)*") as info:
+            group.call_all("all_reduce", 1.0)
+        assert info.value.pid == group.pids[1]
+        _assert_gone(group.pids)
+    finally:
+        _continue(group.pids[1])
+
+
+def _continue(pid):
+    """A stopped process the test left behind would hold its Ray worker slot: let it run (and die)."""
+    process = _proc(pid)
+    if process is not None:
+        process.resume()
 
 
 def test_unsatisfiable_placement_is_a_clear_error(ray_cluster):

@@ -5,6 +5,7 @@
     job.wait_for(lambda: job.last_step() >= 2, "step 2 logged")
     policy, rollout = job.rank_processes()               # psutil.Process lists, by rank order of pid
     job.wait(timeout_s=180)                              # exit code; stdout/stderr in job.output()
+    python_stacks(policy[0].pid)                         # where a process is (py-spy dump)
 
 Every job gets its own Ray temp dir (`RAY_TMPDIR`), so its session logs can be read and nothing is
 shared with other Ray instances on the machine; `Job.cleanup()` kills whatever the job left behind.
@@ -62,6 +63,8 @@ def env_probe(prompts, responses, **columns):
 
 MEGARL = str(Path(sys.executable).with_name("megarl"))
 POLL_S = 0.2
+TRAINING_KEYS = ("reward/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/loss")
+"""What a step trained and measured: a step trained again after a resume gives the same values."""
 
 
 def make_workspace(root: Path) -> Path:
@@ -172,13 +175,8 @@ class Job:
                                  f"the driver's threads at the deadline:\n{stacks}") from None
 
     def driver_stacks(self) -> str:
-        """Where the driver is stuck: every thread's Python stack (py-spy, a dependency of the test
-        set), so a hang seen once in CI can be diagnosed from its log."""
-        try:
-            return subprocess.run([str(Path(sys.executable).with_name("py-spy")), "dump", "--pid", str(self.process.pid)],
-                                  capture_output=True, text=True, timeout=60).stdout
-        except (OSError, subprocess.TimeoutExpired) as error:
-            return f"(py-spy failed: {error})"
+        """Where the driver is stuck, so a hang seen once in CI can be diagnosed from its log."""
+        return python_stacks(self.process.pid)
 
     def leftovers(self) -> list[psutil.Process]:
         """Processes of this job still alive (the driver's descendants as seen while it ran, plus any
@@ -201,6 +199,27 @@ class Job:
             except psutil.NoSuchProcess:
                 pass
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
+
+
+def assert_trained_alike(again: list[dict], before: list[dict]) -> None:
+    """The records of `again` (steps a resumed run trained again) match those `before` (the same steps as
+    the interrupted run logged them) in `TRAINING_KEYS`, to float rounding (the tolerance of
+    tests/e2e/trainer/test_trainer_e2e.py's resume test)."""
+    import pytest
+
+    assert [r["step"] for r in again] == [r["step"] for r in before]
+    for ours, theirs in zip(again, before):
+        for key in TRAINING_KEYS:
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-6), (ours["step"], key)
+
+
+def python_stacks(pid: int) -> str:
+    """Every thread's Python stack of process `pid` (py-spy, a dependency of the test set)."""
+    try:
+        return subprocess.run([str(Path(sys.executable).with_name("py-spy")), "dump", "--pid", str(pid)],
+                              capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"(py-spy failed: {error})"
 
 
 def _alive(process: psutil.Process) -> bool:

@@ -1,20 +1,24 @@
-"""A rank process killed mid-run ends the job promptly, naming the role and rank, with a non-zero exit;
-`checkpoint.resume=auto` then continues from the newest complete checkpoint.
+"""A rank process killed mid-run (a policy rank inside the actor update) ends the job promptly, naming the
+role, rank, process, node, step and phase, with a non-zero exit; `checkpoint.resume=auto` then continues
+from the newest complete checkpoint, training the steps after it as the killed run did.
 
 A crash while a checkpoint is being written (at every point of the save) is covered by the
 checkpoint tests: tests/distributed/checkpoint/test_checkpoint_faults.py.
 """
 
 import re
+import time
 
 import psutil
 
 from megarl.trainer.checkpoint_manager import CheckpointManager
-from reliability_job import Job
+from reliability_job import Job, assert_trained_alike, python_stacks
 
 # How long a job may take to notice a dead rank and exit: Ray reports the actor's death within
 # seconds; the rest is the driver's shutdown of the other processes and of Ray.
 END_BOUND_S = 120.0
+# Micro-batches of 2: the update is most of a step, so the kill lands inside step 4's at the first try.
+POLICY_OVERRIDES = ["checkpoint.save_freq=2", "actor.micro_batch_size_per_gpu=2"]
 
 
 def kill(process: psutil.Process) -> None:
@@ -24,31 +28,42 @@ def kill(process: psutil.Process) -> None:
 
 def test_killed_policy_rank_ends_the_job_and_auto_resume_continues(workspace, tmp_path, jobs):
     run_dir = tmp_path / "run"
-    first = Job.start(workspace, run_dir, ["trainer.total_steps=10", "checkpoint.save_freq=2"])
+    first = Job.start(workspace, run_dir, ["trainer.total_steps=10", *POLICY_OVERRIDES])
     jobs.append(first)
     first.wait_for(lambda: first.last_step() >= 3, "step 3 logged")
     policy, rollout = first.rank_processes()
     assert len(policy) == 2 and len(rollout) == 2, (policy, rollout)
     victim = policy[-1].pid
+    first.wait_for(lambda: "update_actor" in python_stacks(victim), "a policy rank inside update_actor")
     kill(policy[-1])
+    killed_at = time.monotonic()
 
-    assert first.wait(END_BOUND_S) != 0
+    code = first.wait(END_BOUND_S)
+    print(f"\nSIGKILL of policy rank (process {victim}) in update_actor -> exit {code} after "
+          f"{time.monotonic() - killed_at:.1f} s")
+    assert code == 1
     out = first.output()
-    assert re.search(rf"WorkerFailure: policy rank [01] failed:\n\(process {victim}\)", out), out[-4000:]
+    failure = re.search(rf"failed during step (\d+) \(update_actor\): WorkerFailure: policy rank [01] failed:\n"
+                        rf"\(process {victim} on node [\d.]+\)", out)
+    assert failure, out[-4000:]
     assert first.leftovers() == []
+    failed_step = int(failure.group(1))
     logged = first.metrics()
+    assert logged[-1]["step"] == failed_step - 1
     latest = CheckpointManager(first.checkpoint_dir).latest()
-    assert latest is not None and latest.step >= 2 and latest.step % 2 == 0 and latest.step <= logged[-1]["step"] + 1
+    assert latest.step == failed_step - 1 - (failed_step - 1) % 2
+    assert failed_step - 1 > latest.step, "no step trained again to compare: the kill missed step 4's update"
 
-    second = Job.start(workspace, run_dir, ["trainer.total_steps=6", "checkpoint.save_freq=2",
-                                            "checkpoint.resume=auto"])
+    second = Job.start(workspace, run_dir, [f"trainer.total_steps={failed_step}", "checkpoint.resume=auto",
+                                            *POLICY_OVERRIDES])
     jobs.append(second)
     assert second.wait() == 0, second.output()[-4000:]
     resumed = second.metrics()
-    # Records up to the checkpoint are the first run's, untouched; the rest were trained again.
-    assert resumed[:latest.step] == [r for r in logged if r["step"] <= latest.step]
-    assert [r["step"] for r in resumed] == list(range(1, 7))
-    assert CheckpointManager(second.checkpoint_dir).latest().step == 6
+    # Records up to the checkpoint are the first run's, untouched; the rest were trained again, alike.
+    assert resumed[:latest.step] == logged[:latest.step]
+    assert [r["step"] for r in resumed] == list(range(1, failed_step + 1))
+    assert_trained_alike(resumed[latest.step:failed_step - 1], logged[latest.step:])
+    assert CheckpointManager(second.checkpoint_dir).latest().step == failed_step
     assert second.leftovers() == []
 
 
@@ -63,5 +78,6 @@ def test_killed_rollout_engine_ends_the_job_naming_it(workspace, tmp_path, jobs)
 
     assert job.wait(END_BOUND_S) != 0
     out = job.output()
-    assert re.search(rf"WorkerFailure: rollout rank [01] failed:\n\(process {victim}\)", out), out[-4000:]
+    assert re.search(rf"failed during step \d+ \(\w+\): WorkerFailure: rollout rank [01] failed:\n"
+                     rf"\(process {victim} on node [\d.]+\)", out), out[-4000:]
     assert job.leftovers() == []

@@ -99,6 +99,18 @@ def test_phase_timer_records_the_time_of_a_failing_phase_and_refuses_unknown_pha
             pass
 
 
+def test_phase_timer_keeps_the_phases_a_failure_left_until_the_next_step():
+    timer = PhaseTimer()
+    with pytest.raises(RuntimeError):
+        with timer("step"):
+            with timer("update_actor"):
+                raise RuntimeError("a rank failed")
+    assert timer.active == [] and timer.failed_in == ["step", "update_actor"]
+    with timer("step"):
+        pass
+    assert timer.failed_in is None
+
+
 def test_the_startup_timer_has_its_own_phases_and_one_line_in_start_order():
     ticks = iter([0.0, 2.0, 2.0, 2.5, 3.0, 10.0])
     startup = PhaseTimer(clock=lambda: next(ticks), phases=STARTUP_PHASES)

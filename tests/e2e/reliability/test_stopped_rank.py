@@ -1,0 +1,76 @@
+"""A policy rank that is alive but stopped (SIGSTOP) in the middle of the actor update, its peer waiting
+for it in a tensor-parallel all-reduce: the run ends within trainer.hang_timeout_s plus the shutdown,
+naming the role, rank, process, node, step and phase, with no process left behind (the stopped one
+included), the last checkpoint intact, and `checkpoint.resume=auto` continues exactly."""
+
+import os
+import re
+import signal
+import time
+
+import psutil
+
+from megarl.trainer.checkpoint_manager import CheckpointManager
+from megarl.workers.checkpoint_files import read_manifest
+from reliability_job import Job, assert_trained_alike, python_stacks
+
+HANG_TIMEOUT_S = 10
+SHUTDOWN_BOUND_S = 110.0
+"""After the hang is found: the group's kill (Ray's raylet SIGKILLs a stopped worker after its grace) and
+the driver's shutdown of the other processes and of Ray (as test_process_faults' bound for a dead rank)."""
+# Micro-batches of 2: the update is most of a step, so the stop lands inside it at the first try.
+OVERRIDES = ["checkpoint.save_freq=2", "actor.micro_batch_size_per_gpu=2"]
+
+
+def test_stopped_policy_rank_ends_the_run_within_the_hang_timeout_and_auto_resume_is_exact(workspace, tmp_path, jobs):
+    run_dir = tmp_path / "run"
+    first = Job.start(workspace, run_dir, ["trainer.total_steps=10", f"trainer.hang_timeout_s={HANG_TIMEOUT_S}",
+                                           *OVERRIDES])
+    jobs.append(first)
+    first.wait_for(lambda: first.last_step() >= 3, "step 3 logged")
+    policy, _ = first.rank_processes()
+    victim = policy[-1]
+    try:
+        first.wait_for(lambda: "update_actor" in python_stacks(victim.pid), "a policy rank inside update_actor")
+        victim.suspend()
+        stopped_at = time.monotonic()
+        code = first.wait(HANG_TIMEOUT_S + SHUTDOWN_BOUND_S)
+        print(f"\nSIGSTOP of policy rank (process {victim.pid}) in update_actor -> exit {code} after "
+              f"{time.monotonic() - stopped_at:.1f} s (trainer.hang_timeout_s = {HANG_TIMEOUT_S})")
+    finally:
+        _resume_if_alive(victim)
+
+    assert code == 1
+    out = first.output()
+    failure = re.search(rf"megarl train: failed during step (\d+) \(update_actor\): WorkerFailure: policy rank [01] "
+                        rf"failed:\n\(process {victim.pid} on node [\d.]+\) ranks \[[01]\] are alive but not running",
+                        out)
+    assert failure, out[-4000:]
+    print(out[failure.start():].split("\n\n")[0])
+    assert "Traceback" not in out, out[-4000:]
+    assert first.leftovers() == []
+    failed_step = int(failure.group(1))
+    logged = first.metrics()
+    assert logged[-1]["step"] == failed_step - 1
+    latest = CheckpointManager(first.checkpoint_dir).latest()
+    assert latest.step == failed_step - 1 - (failed_step - 1) % 2
+    read_manifest(latest.path)
+    assert f"last checkpoint: step {latest.step} ({latest.path})" in out
+
+    second = Job.start(workspace, run_dir, [f"trainer.total_steps={failed_step}", "checkpoint.resume=auto", *OVERRIDES])
+    jobs.append(second)
+    assert second.wait() == 0, second.output()[-4000:]
+    resumed = second.metrics()
+    assert [r["step"] for r in resumed] == list(range(1, failed_step + 1))
+    assert resumed[:latest.step] == logged[:latest.step]
+    assert failed_step - 1 > latest.step, "no step trained again to compare: the stop missed step 4's update"
+    assert_trained_alike(resumed[latest.step:failed_step - 1], logged[latest.step:])
+    assert second.leftovers() == []
+
+
+def _resume_if_alive(process: psutil.Process) -> None:
+    """A stopped process ignores every signal but SIGKILL until continued: let the clean-up reach it."""
+    try:
+        os.kill(process.pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
