@@ -95,7 +95,7 @@ def _hashable(value) -> bool:
 
 
 def _excerpt(node) -> str:
-    """The node's text as written, shortened: `!!int x`, or `1111...` (5000 characters)."""
+    """The node's text as written ('x' of `!!int x`), shortened: `'1111'... (5000 characters)`."""
     if not isinstance(node.value, str):
         return "the value"
     return repr(node.value) if len(node.value) <= 40 else f"{node.value[:20]!r}... ({len(node.value)} characters)"

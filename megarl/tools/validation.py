@@ -69,8 +69,8 @@ def _check_search(multi_turn: MultiTurnConfig, check_files: bool, need) -> None:
          "set one of them and leave the other empty")
     if search.corpus and not search.retriever_url and check_files:
         corpus = local_path(search.corpus)
-        need(os.path.isfile(corpus), "search.corpus", search.corpus,
-             "is a directory, not a JSONL file" if os.path.isdir(corpus) else unusable_path(search.corpus) or "file does not exist",
+        why = "is a directory, not a JSONL file" if os.path.isdir(corpus) else unusable_path(search.corpus)
+        need(os.path.isfile(corpus), "search.corpus", search.corpus, why or "file does not exist",
              "give a JSONL file with one {\"contents\": ...} object per line (relative paths start at the "
              "working directory), or validate with --no-file-checks for a recipe meant for another machine")
     if search.retriever_url:
