@@ -249,10 +249,18 @@ def _rollout_engines(config: Config, rollout_gpus: int, samples: int, problems: 
 
 def _straddling_engine(first: int, engines: int, tp: int, per_node: int) -> int | None:
     """The first engine whose `tp` GPUs (engine k: GPUs first + k·tp ... first + (k+1)·tp − 1, nodes of
-    `per_node` GPUs in order) lie on two nodes, or None: one engine's TP workers must share a node."""
-    for engine in range(engines):
-        start = first + engine * tp
-        if start // per_node != (start + tp - 1) // per_node:
+    `per_node` GPUs in order) lie on two nodes, or None: one engine's TP workers must share a node.
+
+    Computed, not searched (a recipe may state millions of GPUs): only the engine holding the GPU before
+    a node boundary can cross it, and it does unless the boundary is a whole number of engines past
+    `first`. If the first boundary is and the second too, `per_node` is a multiple of `tp` and every
+    boundary is."""
+    boundary = (first // per_node + 1) * per_node
+    for boundary in (boundary, boundary + per_node):
+        engine = (boundary - 1 - first) // tp
+        if engine >= engines:
+            return None
+        if (boundary - first) % tp:
             return engine
     return None
 
@@ -338,8 +346,14 @@ def _update_plan(name: str, role, dp: int, dp_text: str, config: Config, problem
     return UpdatePlan(mini, mini_samples, per_rank, per_rank // micro, batches, batches * role.ppo_epochs)
 
 
+DIVISOR_SEARCH = 100_000
+"""The divisors offered as fixes are searched up to here: the hints show a few, and a recipe's size may be
+far beyond what a search through all of them could finish."""
+
+
 def _divisor_list(number: int) -> list[int]:
-    return [d for d in range(1, number + 1) if number % d == 0]
+    """The divisors of `number` up to `DIVISOR_SEARCH`, ascending."""
+    return [d for d in range(1, min(number, DIVISOR_SEARCH) + 1) if number % d == 0]
 
 
 def _divisors(number: int) -> str:

@@ -9,19 +9,21 @@ huggingface_hub's own offline lookup (`snapshot_download(local_files_only=True)`
     config = resolve_hub_ids(config)   # model.path "Qwen/Qwen2.5-7B-Instruct" -> ".../snapshots/<commit>"
 """
 
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
 
 from megarl.config.config import Config
 from megarl.config.problems import ConfigError, Problem
+from megarl.config.resources import local_path
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 def is_hub_id(path: str) -> bool:
     """`org/name` that is not an existing local path: a Hugging Face hub id."""
-    return bool(_HUB_ID.fullmatch(path)) and not path.startswith(".") and not Path(path).expanduser().exists()
+    return bool(_HUB_ID.fullmatch(path)) and not path.startswith(".") and not os.path.exists(local_path(path))
 
 
 def download_command(repo_id: str, repo_type: str = "model") -> str:

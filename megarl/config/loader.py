@@ -9,6 +9,7 @@ import dataclasses
 import difflib
 import math
 import re
+import sys
 import types
 import typing
 from pathlib import Path
@@ -21,9 +22,51 @@ from megarl.config.problems import ConfigError, Problem, non_ascii_note
 from megarl.text_encoding import iconv_hint, wide_encoding
 
 
+MAX_DEPTH = 32
+"""How deeply a recipe's values may nest (a recipe needs 5 levels: rollout.multi_turn.tools[i].function);
+PyYAML composes recursively, and a deeper document would exhaust Python's stack."""
+
+
 class _Loader(yaml.SafeLoader):
     """SafeLoader that reads `1e-6` as a float (YAML 1.1 wants `1.0e-6`), refuses duplicate and complex
-    keys, and keeps YAML 1.1 merge keys (`<<: *base`, whose keys the mapping's own keys override)."""
+    keys, values nested past `MAX_DEPTH`, aliases inside their own anchor and scalars its tags cannot read,
+    and keeps YAML 1.1 merge keys (`<<: *base`, whose keys the mapping's own keys override)."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.open_anchors: list[str | None] = []
+        """The anchor (or None) of each node being composed, outermost first: its length is the depth, and an
+        alias to one of them would make a value that holds itself."""
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) and event.anchor in self.open_anchors:
+            raise yaml.composer.ComposerError(None, None, f"the alias *{event.anchor} stands for a value that contains "
+                                              "it (a value that holds itself)", event.start_mark)
+        if len(self.open_anchors) >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"values nested more than {MAX_DEPTH} levels deep",
+                                              event.start_mark)
+        self.open_anchors.append(getattr(event, "anchor", None))
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.open_anchors.pop()
+
+    def construct_object(self, node, deep=False):
+        """Every node constructed at once (deep), so that a constructor's failure is raised here, for its node."""
+        try:
+            return super().construct_object(node, deep=True)
+        except (ValueError, TypeError, KeyError, AttributeError):  # PyYAML's constructors on `!!int x`, `!!bool x`,
+            # `!!timestamp 2001-13-45`, `!!set [1]`, and int() on more digits than Python converts
+            raise yaml.constructor.ConstructorError(None, None, f"{_excerpt(node)} cannot be read as {_tag(node)}",
+                                                    node.start_mark) from None
+
+    def construct_yaml_int(self, node):
+        """An integer Python can print: no setting means a number of thousands of digits, and no message
+        could show one (`int` refuses to convert more than `sys.get_int_max_str_digits()` digits)."""
+        value = super().construct_yaml_int(node)
+        str(value)  # the ValueError of a hexadecimal integer past the limit, which `int()` read
+        return value
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -51,10 +94,24 @@ def _hashable(value) -> bool:
     return True
 
 
+def _excerpt(node) -> str:
+    """The node's text as written ('x' of `!!int x`), shortened: `'1111'... (5000 characters)`."""
+    if not isinstance(node.value, str):
+        return "the value"
+    return repr(node.value) if len(node.value) <= 40 else f"{node.value[:20]!r}... ({len(node.value)} characters)"
+
+
+def _tag(node) -> str:
+    """`!!int` for `tag:yaml.org,2002:int`, with the digit limit that an integer may also have broken."""
+    tag, limit = node.tag.replace("tag:yaml.org,2002:", "!!"), sys.get_int_max_str_digits()
+    return f"{tag} (an integer of at most {limit} digits)" if tag == "!!int" and limit else tag
+
+
 def _flow(value) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip()
 
 
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),

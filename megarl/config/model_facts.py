@@ -6,10 +6,12 @@ from the local HF cache if the checkpoint was downloaded (megarl.config.hub), el
 on a machine that has never downloaded them. Nothing is downloaded and no weights are read.
 """
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from megarl.config.hub import cached_snapshot, download_command, is_hub_id
+from megarl.config.resources import local_path, unusable_path
 from megarl.models.hf_config import read_model_dims
 
 
@@ -66,13 +68,13 @@ def load_model_facts(path: str) -> ModelFacts:
     """Facts of the model at `path` (local directory or hub id); raises `ModelFactsError` if not found."""
     if not path:
         raise ModelFactsError("model.path is required", "set model.path to an HF checkpoint directory or hub id")
-    local = Path(path).expanduser()
-    if local.is_file():
+    local = local_path(path)
+    if os.path.isfile(local):
         raise ModelFactsError(f"{local} is a file, not a directory",
                               "point model.path at the directory that holds config.json and the safetensors")
-    if local.exists():
+    if os.path.exists(local):
         config_json = local / "config.json"
-        if not config_json.is_file():
+        if not os.path.isfile(config_json):
             raise ModelFactsError(f"{local} has no config.json, so it is not an HF checkpoint directory",
                                   "point model.path at the directory that holds config.json and the safetensors")
         return read_config_json(config_json)
@@ -88,7 +90,8 @@ def load_model_facts(path: str) -> ModelFacts:
             "point model.path at an existing HF checkpoint directory (relative paths start at the working directory; "
             f"the quickstart makes one with `megarl init-tiny-model`), or download the model first "
             f"(`{download_command(path)}`)")
-    raise ModelFactsError(f"directory {local} does not exist",
+    unusable = unusable_path(path)
+    raise ModelFactsError(unusable or f"directory {local} does not exist",
                           "set model.path to an existing HF checkpoint directory (or create it first, e.g. with "
                           "`megarl init-tiny-model` for the quickstart)")
 

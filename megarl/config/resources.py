@@ -2,6 +2,8 @@
 
 None of them writes anything, imports user code or starts a process: directories are tested with
 os.access on the nearest existing parent, user functions (rewards, tools) are found by reading the module's source.
+None of them raises on a path either: a path that no file can have (`local_path`, `unusable_path`) is a
+problem like a missing file.
 """
 
 import ast
@@ -16,19 +18,47 @@ from megarl.config.problems import Problem
 DATA_SUFFIXES = (".jsonl", ".parquet")
 
 
+def local_path(path: str) -> Path:
+    """`path` as the workers open it, `~` and `~user` expanded; as written where that fails (a `~user` with no
+    home on this machine): it then names no existing file, and `unusable_path` says why."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        return Path(path)
+
+
+def unusable_path(path: str) -> str | None:
+    """Why `path` can name no file on this machine, beyond plain absence: a `~user` of no user here, a NUL
+    character, or what looking at it fails with (a name longer than the file system takes, an unreadable
+    parent); None for a path that exists or is merely absent."""
+    if "\0" in path:
+        return "holds a NUL character, which no file name can"
+    try:
+        Path(path).expanduser()
+    except RuntimeError:
+        return f"{path.split('/')[0]} is no user of this machine, so the path cannot be expanded"
+    try:
+        os.stat(local_path(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as error:
+        return f"cannot be looked at ({error.strerror})"
+    return None
+
+
 def data_file_problems(key: str, paths: tuple[str, ...], check_exists: bool) -> list[Problem]:
     """Each data file must be .jsonl/.parquet and (when `check_exists`) an existing file."""
     problems = []
     for index, path in enumerate(paths):
         item = f"{key}[{index}]"
-        if check_exists and Path(path).expanduser().is_dir():
+        if check_exists and os.path.isdir(local_path(path)):
             problems.append(Problem(item, path, "is a directory, not a data file",
                                     f"list the {' or '.join(DATA_SUFFIXES)} files inside it one by one"))
         elif not path.endswith(DATA_SUFFIXES):
             problems.append(Problem(item, path, "unsupported file type",
                                     f"convert it to one of {', '.join(DATA_SUFFIXES)}"))
-        elif check_exists and not Path(path).expanduser().is_file():
-            problems.append(Problem(item, path, "file does not exist",
+        elif check_exists and not os.path.isfile(local_path(path)):
+            problems.append(Problem(item, path, unusable_path(path) or "file does not exist",
                                     "correct the path (relative paths start at the working directory), create the "
                                     "file, or validate with --no-file-checks for a recipe meant for another machine"))
     return problems
@@ -36,9 +66,12 @@ def data_file_problems(key: str, paths: tuple[str, ...], check_exists: bool) -> 
 
 def writable_dir_problem(key: str, path: str) -> Problem | None:
     """A problem if `path` could not be created or written as a directory; nothing is created."""
-    target = Path(path).expanduser().absolute()
+    unusable = unusable_path(path)
+    if unusable is not None:
+        return Problem(key, path, unusable, "write the directory out in full, e.g. /home/<user>/runs")
+    target = local_path(path).absolute()
     existing = target
-    while not existing.exists():
+    while not os.path.exists(existing):
         existing = existing.parent
     if not existing.is_dir():
         return Problem(key, path, f"{existing} is a file, so no directory can be made there",

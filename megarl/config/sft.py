@@ -9,6 +9,7 @@ actor's `parallel` and `optim`), so a setting means the same in both. The data-p
 derived: train.gpus ÷ (TP × PP).
 """
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Sequence
@@ -17,7 +18,7 @@ from megarl.config.hub import cached_snapshot, is_hub_id, missing_from_cache
 from megarl.config.loader import load_config
 from megarl.config.model_facts import ModelFactsError, load_model_facts
 from megarl.config.problems import Problem
-from megarl.config.resources import data_file_problems, writable_dir_problem
+from megarl.config.resources import data_file_problems, local_path, writable_dir_problem
 from megarl.config.roles import OptimizerConfig, ParallelConfig
 from megarl.config.sections import ModelConfig
 from megarl.config.tokenizer_files import tokenizer_problems
@@ -184,8 +185,8 @@ def _check_files(config: SftConfig, problems: list[Problem], need) -> None:
                      config.data.max_length, f"longer than the {facts.max_position_embeddings} positions of the model",
                      f"use at most {facts.max_position_embeddings}")
                 key = "model.tokenizer_path" if model.tokenizer_path else "model.path"
-                directory = Path(local_dir(model.tokenizer_path or model.path)).expanduser()
-                if directory.is_dir():
+                directory = local_path(local_dir(model.tokenizer_path or model.path))
+                if os.path.isdir(directory):
                     problems += tokenizer_problems(key, model.tokenizer_path or model.path, directory, facts)
                 elif model.tokenizer_path:
                     problems.append(Problem(key, model.tokenizer_path, "not a directory, nor a hub id in the local cache",
@@ -200,8 +201,8 @@ def output_dir_problems(output_dir: str, model_path: str, *, overwrite: bool) ->
     problem = writable_dir_problem("train.output_dir", output_dir)
     if problem is not None:
         return [problem]
-    out = Path(output_dir).expanduser()
-    if out.resolve() == Path(local_dir(model_path)).expanduser().resolve():
+    out = local_path(output_dir)
+    if out.resolve() == local_path(local_dir(model_path)).resolve():
         return [Problem("train.output_dir", output_dir, "is model.path: the export would replace the model it starts from",
                         "choose another directory")]
     held = sorted(path.name for path in out.iterdir()) if out.is_dir() else []

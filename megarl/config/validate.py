@@ -8,6 +8,7 @@ hub id's known facts when there are some and are otherwise skipped. With file ch
 must be in the local HF cache (megarl.config.hub): nothing is downloaded at run time.
 """
 
+import os
 from pathlib import Path
 
 from megarl.config import names
@@ -17,7 +18,13 @@ from megarl.config.hub import cached_snapshot, hub_values, is_hub_id, missing_fr
 from megarl.config.model_facts import ModelFacts, ModelFactsError, load_model_facts
 from megarl.config.placement import placement_problems
 from megarl.config.problems import Problem, non_ascii_note
-from megarl.config.resources import data_file_problems, reward_function_problem, writable_dir_problem
+from megarl.config.resources import (
+    data_file_problems,
+    local_path,
+    reward_function_problem,
+    unusable_path,
+    writable_dir_problem,
+)
 from megarl.config.rollout import response_length
 from megarl.config.roles import OptimizerConfig, ParallelConfig, RecomputeConfig
 from megarl.config.tokenizer_files import chat_template_problem, tokenizer_problems
@@ -95,8 +102,9 @@ def _check_model(config: Config, check_files: bool, problems: list[Problem]) -> 
               "the model's own (inside DDP's buffer); only bfloat16 training has a separate fp32 copy to offload",
               f"use model.dtype: bfloat16, or set {role}.offload.optimizer: false")
     tokenizer = model.tokenizer_path
-    if check_files and tokenizer is not None and not Path(tokenizer).expanduser().is_dir() and not is_hub_id(tokenizer):
-        why = "is a file, not a directory" if Path(tokenizer).expanduser().is_file() else "directory does not exist"
+    if check_files and tokenizer is not None and not os.path.isdir(local_path(tokenizer)) and not is_hub_id(tokenizer):
+        why = ("is a file, not a directory" if os.path.isfile(local_path(tokenizer))
+               else unusable_path(tokenizer) or "directory does not exist")
         problems.append(Problem("model.tokenizer_path", tokenizer, why,
                                 "point it at a tokenizer directory, or remove it to use model.path"))
 
@@ -123,8 +131,8 @@ def _check_tokenizer(config: Config, facts: ModelFacts | None, problems: list[Pr
     value = config.model.tokenizer_path or config.model.path
     if key == "model.path" and facts is None:
         return  # model.path is no usable checkpoint: its own problem says why
-    directory = cached_snapshot(value) if is_hub_id(value) else Path(value).expanduser()
-    if directory is not None and directory.is_dir():
+    directory = cached_snapshot(value) if is_hub_id(value) else local_path(value)
+    if directory is not None and os.path.isdir(directory):
         problems += tokenizer_problems(key, value, directory, facts)
         if config.data.chat_template is True:
             problem = chat_template_problem(key, value, directory)
@@ -206,7 +214,8 @@ def _check_rollout(config: Config, problems: list[Problem]) -> None:
           "must be >= 1", "e.g. 512")
     _need(problems, all(s != "" and not (isinstance(s, int) and s < 0) for s in rollout.stop), "rollout.stop",
           list(rollout.stop), "stop strings must be non-empty and token ids >= 0", "remove the empty or negative entries")
-    _need(problems, rollout.kv_cache_gib > 0, "rollout.kv_cache_gib", rollout.kv_cache_gib, "must be > 0", "e.g. 4")
+    _need(problems, 0 < rollout.kv_cache_gib <= MAX_KV_CACHE_GIB, "rollout.kv_cache_gib", rollout.kv_cache_gib,
+          f"must lie in (0, {MAX_KV_CACHE_GIB}] GiB (more than a PiB is no machine's memory)", "e.g. 4")
     _need(problems, 0 < rollout.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization",
           rollout.gpu_memory_utilization, "must lie in (0, 1]", "e.g. 0.5")
     _need(problems, rollout.sleep_level in (1, 2), "rollout.sleep_level", rollout.sleep_level,
@@ -242,6 +251,11 @@ def _check_rollout(config: Config, problems: list[Problem]) -> None:
               "make the two TP sizes equal, or set rollout.sync.per_rank: auto")
         _need(problems, rollout.backend == "vllm", "rollout.sync.per_rank", "always",
               f"the per-rank load is vLLM's; rollout.backend is {rollout.backend}", "set rollout.sync.per_rank: auto")
+
+
+MAX_KV_CACHE_GIB = 2**20
+"""The largest `rollout.kv_cache_gib` (a PiB, more than any machine's memory): the memory estimate counts
+the cache in whole bytes, which a float such as 1e308 GiB overflows."""
 
 
 def _check_algorithm(config: Config, problems: list[Problem]) -> None:
@@ -323,8 +337,9 @@ def _check_reward(config: Config, check_files: bool, problems: list[Problem]) ->
     _need(problems, reward.failure_window >= 1, "reward.failure_window", reward.failure_window,
           "must be >= 1 training step", "e.g. 10")
     if check_files and reward.reward_model is not None and not is_hub_id(reward.reward_model):  # hub ids: above
-        _need(problems, (Path(reward.reward_model).expanduser() / "config.json").is_file(), "reward.reward_model",
-              reward.reward_model, "not an HF checkpoint directory (no config.json)", "point it at a reward model directory")
+        _need(problems, os.path.isfile(local_path(reward.reward_model) / "config.json"), "reward.reward_model",
+              reward.reward_model, unusable_path(reward.reward_model) or "not an HF checkpoint directory (no config.json)",
+              "point it at a reward model directory")
 
 
 def _check_trainer(config: Config, check_files: bool, problems: list[Problem]) -> None:
@@ -369,9 +384,10 @@ def _is_plain_name(name: str) -> bool:
 def _resume_problem(resume: str) -> Problem | None:
     """A `checkpoint.resume` path that is not a complete checkpoint, found now rather than after Ray and
     the engines started (the manifest check is the one `megarl train` runs on resume)."""
-    path = Path(resume).expanduser()
-    if not path.is_dir():
-        return Problem("checkpoint.resume", resume, "neither auto, disable nor an existing checkpoint directory",
+    path = local_path(resume)
+    if not os.path.isdir(path):
+        why = unusable_path(resume) or "neither auto, disable nor an existing checkpoint directory"
+        return Problem("checkpoint.resume", resume, why,
                        "use auto (newest in checkpoint.dir), disable, or the path of a saved checkpoint")
     try:
         read_manifest(path)

@@ -7,10 +7,10 @@ only known by importing it, which `ToolSet.wait_ready` does in an isolated worke
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 from megarl.config.problems import Problem, non_ascii_note
-from megarl.config.resources import function_problem
+from megarl.config.resources import function_problem, local_path, unusable_path
 from megarl.config.rollout import MultiTurnConfig
 from megarl.tools.builtin import BUILTIN_TOOLS
 
@@ -68,9 +68,9 @@ def _check_search(multi_turn: MultiTurnConfig, check_files: bool, need) -> None:
          f"(a retrieval server){'; both are set' if search.corpus else '; neither is set'}",
          "set one of them and leave the other empty")
     if search.corpus and not search.retriever_url and check_files:
-        corpus = Path(search.corpus).expanduser()
-        need(corpus.is_file(), "search.corpus", search.corpus,
-             "is a directory, not a JSONL file" if corpus.is_dir() else "file does not exist",
+        corpus = local_path(search.corpus)
+        why = "is a directory, not a JSONL file" if os.path.isdir(corpus) else unusable_path(search.corpus)
+        need(os.path.isfile(corpus), "search.corpus", search.corpus, why or "file does not exist",
              "give a JSONL file with one {\"contents\": ...} object per line (relative paths start at the "
              "working directory), or validate with --no-file-checks for a recipe meant for another machine")
     if search.retriever_url:
