@@ -40,7 +40,8 @@ def nodes(monkeypatch):
 class RecordingGroup:
     """Stands in for `WorkerGroup`: keeps its arguments."""
 
-    def __init__(self, role, target, world_size, pg, bundle, init_kwargs, env, first_bundle, bundle_stride):
+    def __init__(self, role, target, world_size, pg, bundle, init_kwargs, env, first_bundle, bundle_stride,
+                 hang_timeout_s):
         self.__dict__.update(locals())
 
 
