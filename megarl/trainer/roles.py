@@ -173,6 +173,7 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
         model_path=config.model.path, model_settings=model, tp=plan.actor.tensor_parallel, pp=plan.actor.pipeline_parallel,
         seed=config.trainer.seed, actor=actor_spec(config, plan, total_steps),
         use_reference=plan.ref is not None and "ref" not in own, ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
+        ref_micro_batch=settings.micro_batch_cut(config.ref, "ref"),
         ref_offload=config.ref.offload_params, critic=None if "critic" in own else critic,
         reward_model_path=config.reward.reward_model,
     )
@@ -182,6 +183,7 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
             model_path=config.model.path, model_settings=model, tp=role.tensor_parallel, pp=role.pipeline_parallel,
             seed=config.trainer.seed,
             actor=None, use_reference=role.role == "ref", ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
+        ref_micro_batch=settings.micro_batch_cut(config.ref, "ref"),
             ref_offload=config.ref.offload_params, critic=critic if role.role == "critic" else None,
             reward_model_path=None,
         )
@@ -196,7 +198,7 @@ def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
         loss=settings.policy_loss_settings(config),
         offload=settings.offload_settings(actor.offload),
         mini_batch_size=plan.actor.update.samples_per_rank,
-        micro_batch_size=actor.micro_batch_size_per_gpu,
+        micro_batch_size=settings.micro_batch_cut(actor, "actor"),
         ppo_epochs=actor.ppo_epochs,
         rollout_tp=config.rollout.tensor_model_parallel_size,
         bucket_mb=config.rollout.sync.bucket_mb,
@@ -211,7 +213,7 @@ def critic_spec(config: Config, plan: BatchPlan, total_steps: int) -> CriticSpec
         loss=settings.value_loss_settings(config),
         offload=settings.offload_settings(critic.offload),
         mini_batch_size=plan.critic.update.samples_per_rank,
-        micro_batch_size=critic.micro_batch_size_per_gpu,
+        micro_batch_size=settings.micro_batch_cut(critic, "critic"),
         ppo_epochs=critic.ppo_epochs,
     )
 

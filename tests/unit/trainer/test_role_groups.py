@@ -8,6 +8,7 @@ import torch
 from megarl.config import format_plan, load_config, plan_batches
 from megarl.trainer.roles import MegatronGroup, Roles, device_bundles, worker_specs
 from megarl.workers.batch import PolicyBatch
+from megarl.workers.packing import TokenBudget
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 # The quickstart's actor: TP 2 × PP 1 on 2 device slots, colocated with the engines.
@@ -44,6 +45,17 @@ def test_a_role_gets_its_own_group_when_its_layout_differs_or_ref_is_not_colocat
         assert spec.use_reference == (name == "ref") and (spec.critic is not None) == (name == "critic")
     # Every process on a device slot has a CPU there: the actor's, each own group's, the engine's.
     assert device_bundles(plan) == (2, 2 + len(own))
+
+
+def test_token_budgets_reach_the_workers_and_none_keeps_padded_micro_batches():
+    config, plan = plan_of(*KL, *CRITIC, "actor.max_tokens_per_micro_batch=64", "ref.max_tokens_per_micro_batch=40")
+    specs = worker_specs(config, plan, total_steps=10)
+    policy = specs["policy"]
+    assert policy.actor.micro_batch_size == TokenBudget(64, "actor.max_tokens_per_micro_batch")
+    assert policy.ref_micro_batch == TokenBudget(40, "ref.max_tokens_per_micro_batch")
+    # The critic keeps padded micro-batches; the reward model always does.
+    assert specs["critic"].critic.micro_batch_size == config.critic.micro_batch_size_per_gpu
+    assert policy.ref_micro_batch_size == config.ref.micro_batch_size_per_gpu
 
 
 def test_split_placement_counts_only_the_megatron_processes_per_training_slot():
