@@ -4,7 +4,9 @@ and grid), and a rollout group (one engine per worker), placed on Ray, with the 
 wired between the policy and the rollout.
 
 Routing. `Roles.gather` / `Roles.update` send each worker method to the group of its role
-(`METHOD_ROLES`) and scatter the batch by that group's DP size.
+(`METHOD_ROLES`) and scatter the batch by that group's DP size: consecutive blocks of rows, or, for a
+role with packed micro-batches (`Roles.packed_roles`), equal numbers of rows with about equal
+tokens per DP rank (`megarl.workers.packing.balance_over_ranks`; results come back in row order).
 
 Placement. One bundle per device (a GPU, or one CPU slot on a CPU machine). The policy group and
 each role group of its own share the training bundles: one process each on every training bundle,
@@ -19,6 +21,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from torch import Tensor
 
 from megarl.bridge.ring_routes import RingRoutes, route_rings
@@ -36,6 +39,8 @@ from megarl.trainer.timing import PhaseTimer
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.checkpoint_files import step_dir_name
 from megarl.workers.megatron_train import ModelSettings
+from megarl.workers.micro_batches import token_counts
+from megarl.workers.packing import balance_over_ranks
 from megarl.workers.policy_worker import ActorSpec, CriticSpec, PolicyWorkerSpec
 from megarl.workers.rollout.executor import engine_env, engine_holds_gpu
 
@@ -90,6 +95,9 @@ class Roles:
     routes: RingRoutes | None
     """The shared transports' rings: which trainer rank's ring each engine worker reads, carrying
     what (`megarl.bridge.ring_routes`; `rollout.sync.per_rank` resolved); None for the collective."""
+    packed_roles: frozenset[str] = frozenset()
+    """Roles with packed micro-batches (`max_tokens_per_micro_batch` set): their DP ranks get rows
+    balanced by tokens, since a packed rank's time follows its tokens, not its rows."""
 
     @property
     def policy(self) -> WorkerGroup:
@@ -109,18 +117,33 @@ class Roles:
     def gather(self, method: str, batch: PolicyBatch, index: int | None = None) -> Tensor:
         """Run a per-sample method on each DP replica of its role's group; the rows back in order
         (`index` picks one output of methods that return a tuple)."""
-        group = self.groups[METHOD_ROLES[method]]
-        parts = group.call_by_dp(method, [(part,) for part in batch.split(group.dp_size)])
+        role = METHOD_ROLES[method]
+        group = self.groups[role]
+        order = self._dp_order(role, batch, group.dp_size)
+        parts = group.call_by_dp(method, [(part,) for part in batch.select(order).split(group.dp_size)])
         if index is not None:
             parts = [part[index] for part in parts]
-        return gather_by_dp(parts, group.grids)
+        gathered = gather_by_dp(parts, group.grids)
+        in_order = torch.empty_like(gathered)
+        in_order[order] = gathered
+        return in_order
 
     def update(self, method: str, batch: PolicyBatch, step: int) -> dict[str, float]:
         """An update (`update_actor` / `update_critic`) on each DP replica's rows of its role's group;
         the metrics of DP replica 0 (they are reduced over DP inside the update)."""
-        group = self.groups[METHOD_ROLES[method]]
-        results = group.call_by_dp(method, [(part, step) for part in batch.split(group.dp_size)])
+        role = METHOD_ROLES[method]
+        group = self.groups[role]
+        parts = batch.select(self._dp_order(role, batch, group.dp_size)).split(group.dp_size)
+        results = group.call_by_dp(method, [(part, step) for part in parts])
         return next(r for g, r in zip(group.grids, results) if g["rank"] == 0)
+
+    def _dp_order(self, role: str, batch: PolicyBatch, dp_size: int) -> Tensor:
+        """`[B]` rows in the order they are cut into `dp_size` equal consecutive parts: as they are,
+        or balanced by tokens for a packed role."""
+        if role not in self.packed_roles:
+            return torch.arange(len(batch))
+        per_rank = balance_over_ranks(token_counts(batch).sum(dim=1).tolist(), dp_size)
+        return torch.tensor([row for rows in per_rank for row in rows], dtype=torch.long)
 
     def save_checkpoint(self, root: str, step: int, extra: dict) -> None:
         """Collective on every group with trained state: a critic of its own writes its part
@@ -262,7 +285,8 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
     transport = sync_transport(rollout.sync.transport, device, plan.colocated, policy.node_ids()[0],
                                rollout_group.node_ids())
     routes = None if transport == "collective" else shared_routes(config, plan, groups["actor"].grids)
-    roles = Roles(groups, rollout_group, pg, transport, routes)
+    packed = frozenset(name for name in groups if getattr(config, name).max_tokens_per_micro_batch is not None)
+    roles = Roles(groups, rollout_group, pg, transport, routes, packed)
     with startup("weight_sync"):
         if routes is None:
             connect_weight_sync(roles, rollout.tensor_model_parallel_size)

@@ -106,3 +106,19 @@ def test_calls_go_to_their_roles_group_and_are_scattered_by_its_dp_size():
     [(method, per_rank)] = actor.workers.calls
     assert method == "compute_log_prob" and all(len(args[0]) == 8 for args in per_rank)
     assert roles.own_groups == {"ref": ref}
+
+
+def test_a_packed_role_gets_rows_balanced_by_tokens_and_returns_them_in_order():
+    ref = MegatronGroup(FakeWorkers(2), grids(tp=1, dp=2))
+    roles = Roles({"actor": ref, "ref": ref}, rollout=None, placement=None, sync_transport="collective", routes=None,
+                  packed_roles=frozenset({"ref"}))
+    # Rows 0-3 are long (8 response tokens), rows 4-7 short (1): consecutive blocks would give one rank all
+    # the long ones.
+    rows = torch.arange(8)
+    lengths = torch.tensor([8, 8, 8, 8, 1, 1, 1, 1])
+    batch = PolicyBatch(prompts=torch.zeros(8, 1, dtype=torch.long), prompt_mask=torch.ones(8, 1, dtype=torch.bool),
+                        responses=rows[:, None].expand(8, 8).clone(),
+                        response_mask=torch.arange(8)[None, :] < lengths[:, None])
+    assert torch.equal(roles.gather("compute_ref_log_prob", batch), rows)
+    [(_, per_rank)] = ref.workers.calls
+    assert [args[0].responses[:, 0].tolist() for args in per_rank] == [[0, 2, 4, 6], [1, 3, 5, 7]]
