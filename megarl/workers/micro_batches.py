@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from megarl.workers.batch import PolicyBatch
-from megarl.workers.packing import TokenBudget, pack_by_tokens
+from megarl.workers.packing import TokenBudget, pack_rows
 
 PADDING_SEGMENT = -1
 """`segment_ids` of tokens that belong to no sample."""
@@ -93,48 +93,69 @@ def token_counts(batch: PolicyBatch) -> Tensor:
     return torch.stack([batch.prompt_mask.sum(dim=1), counted.amax(dim=1)], dim=1)
 
 
-def packed_micro_batch(samples: PolicyBatch, rows: Tensor, *, row_length: int | None) -> MicroBatch:
-    """One row of `samples`' real tokens (prompt, then response up to its last counted token), one
-    after another; `row_length` pads the row at its end (pipeline stages exchange fixed shapes),
-    None keeps it at the tokens' count."""
+def packed_micro_batch(samples: PolicyBatch, rows: Tensor, row_sizes: list[int], *, row_length: int | None,
+                       num_rows: int | None) -> MicroBatch:
+    """Rows of `samples`' real tokens (prompt, then response up to its last counted token), one
+    after another: row `k` holds the next `row_sizes[k]` samples. Rows are padded at their end to
+    `row_length` (None: to the longest row); `num_rows` adds rows of padding (pipeline stages exchange
+    fixed shapes; None adds none)."""
     counts = token_counts(samples).tolist()
-    ids, positions, segments, index = [], [], [], []
-    offset = 0
-    for i, (prompt_len, response_len) in enumerate(counts):
-        length = prompt_len + response_len
-        ids.append(torch.cat([samples.prompts[i, samples.prompt_length - prompt_len :], samples.responses[i, :response_len]]))
-        positions.append(torch.arange(length))
-        segments.append(torch.full((length,), i))
-        predicting = offset + prompt_len - 1 + torch.arange(samples.response_length)
-        index.append(predicting.clamp(offset, max(offset, offset + length - 1)))
-        offset += length
-    padding = 0 if row_length is None else row_length - offset
-    if padding < 0:
-        raise ValueError(f"packed_micro_batch: {offset} tokens do not fit a row of {row_length}")
+    lengths = [prompt_len + response_len for prompt_len, response_len in counts]
+    starts = [sum(row_sizes[:k]) for k in range(len(row_sizes))]
+    row_tokens = [sum(lengths[start : start + size]) for start, size in zip(starts, row_sizes)]
+    width = max(row_tokens, default=0) if row_length is None else row_length
+    if max(row_tokens, default=0) > width:
+        raise ValueError(f"packed_micro_batch: {max(row_tokens)} tokens do not fit a row of {row_length}")
+    total_rows = len(row_sizes) if num_rows is None else num_rows
+    input_ids = samples.prompts.new_zeros(total_rows, width)
+    position_ids = torch.zeros(total_rows, width, dtype=torch.long)
+    segment_ids = torch.full((total_rows, width), PADDING_SEGMENT, dtype=torch.long)
+    index = []
+    for k, (start, size) in enumerate(zip(starts, row_sizes)):
+        column = 0
+        for i in range(start, start + size):
+            prompt_len, response_len = counts[i]
+            length, offset = lengths[i], k * width + column
+            input_ids[k, column : column + length] = torch.cat(
+                [samples.prompts[i, samples.prompt_length - prompt_len :], samples.responses[i, :response_len]])
+            position_ids[k, column : column + length] = torch.arange(length)
+            segment_ids[k, column : column + length] = i
+            # Flat index of the column before response token t; uncounted ones stay inside the sample.
+            predicting = offset + prompt_len - 1 + torch.arange(samples.response_length)
+            index.append(predicting.clamp(offset, max(offset, offset + length - 1)))
+            column += length
     device = samples.prompts.device
     return MicroBatch(
         samples=samples,
         rows=rows,
-        input_ids=torch.cat([*ids, samples.prompts.new_zeros(padding)])[None],
-        position_ids=torch.cat([*positions, torch.arange(padding)])[None].to(device),
-        segment_ids=torch.cat([*segments, torch.full((padding,), PADDING_SEGMENT)])[None].to(device),
-        # A sample without tokens (no prompt, nothing counted) points inside the row all the same.
-        response_index=torch.stack(index).clamp(max=max(offset + padding - 1, 0)).to(device),
+        input_ids=input_ids,
+        position_ids=position_ids.to(device),
+        segment_ids=segment_ids.to(device),
+        # A sample without tokens (no prompt, nothing counted) points inside the micro-batch all the same.
+        response_index=torch.stack(index).clamp(max=total_rows * width - 1).to(device),
     )
 
 
 def cut_micro_batches(batch: PolicyBatch, cut: int | TokenBudget, *, fixed_shape: bool) -> list[MicroBatch]:
     """`batch` as micro-batches: `cut` samples each (padded rows; `cut` must divide `len(batch)`), or
-    packed rows under a `TokenBudget` (`megarl.workers.packing.pack_by_tokens`).
+    packed rows under a `TokenBudget`, rows no wider than the padded batch
+    (`megarl.workers.packing.pack_rows`).
 
     `fixed_shape`: every micro-batch has the same `[r, T]` (megatron's pipeline schedule sends one
-    shape between stages): packed rows are padded to the budget.
+    shape between stages): packed micro-batches get full-width rows and as many as the budget allows.
     """
     if isinstance(cut, TokenBudget):
         lengths = token_counts(batch).sum(dim=1).tolist()
-        row_length = cut.max_tokens if fixed_shape else None
-        plans = [torch.tensor(indices, dtype=torch.long) for indices in pack_by_tokens(lengths, cut)]
-        return [packed_micro_batch(batch.select(rows), rows, row_length=row_length) for rows in plans]
+        row_width = min(batch.prompt_length + batch.response_length, cut.max_tokens)
+        micro_batches = []
+        for row_plan in pack_rows(lengths, cut, row_width):
+            rows = torch.tensor([i for row in row_plan for i in row], dtype=torch.long)
+            micro_batches.append(packed_micro_batch(
+                batch.select(rows), rows, [len(row) for row in row_plan],
+                row_length=row_width if fixed_shape else None,
+                num_rows=cut.max_tokens // row_width if fixed_shape else None,
+            ))
+        return micro_batches
     if cut <= 0 or len(batch) % cut != 0:
         raise ValueError(
             f"micro_batch_size={cut} must divide the {len(batch)} samples of this DP rank ({len(batch)} % {cut} != 0); "

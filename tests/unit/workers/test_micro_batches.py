@@ -25,7 +25,7 @@ def test_tokens_are_the_prompt_and_the_response_up_to_its_last_counted_token():
 
 def test_a_packed_row_holds_each_sample_once_and_reads_each_response_token_before_it():
     batch = _batch()
-    packed = packed_micro_batch(batch, torch.arange(3), row_length=None)
+    packed = packed_micro_batch(batch, torch.arange(3), [3], row_length=None, num_rows=None)
     # The masked-out middle token of sample 1 stays: the token after it counts and reads it.
     assert packed.input_ids.tolist() == [[11, 12, 13, 14, 15, 21, 22, 23, 24, 31, 32]]
     assert packed.segment_ids.tolist() == [[0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2]]
@@ -38,7 +38,7 @@ def test_a_packed_row_holds_each_sample_once_and_reads_each_response_token_befor
 
 
 def test_attention_stays_inside_each_sample_and_is_causal():
-    packed = packed_micro_batch(_batch(), torch.arange(3), row_length=14)
+    packed = packed_micro_batch(_batch(), torch.arange(3), [3], row_length=14, num_rows=None)
     mask = packed.attention_mask()[0, 0]  # True = masked out
     assert mask.shape == (14, 14)
     segments = packed.segment_ids[0]
@@ -50,7 +50,7 @@ def test_attention_stays_inside_each_sample_and_is_causal():
 
 def test_a_row_too_short_for_its_tokens_is_refused():
     with pytest.raises(ValueError, match="11 tokens do not fit a row of 10"):
-        packed_micro_batch(_batch(), torch.arange(3), row_length=10)
+        packed_micro_batch(_batch(), torch.arange(3), [3], row_length=10, num_rows=None)
 
 
 def test_a_cut_covers_every_row_once_and_fixed_shapes_pad_to_the_budget():
@@ -65,3 +65,17 @@ def test_a_cut_covers_every_row_once_and_fixed_shapes_pad_to_the_budget():
     assert len(padded) == 1 and padded[0].input_ids.shape == (3, 6)
     with pytest.raises(ValueError, match="micro_batch_size=2 must divide the 3 samples"):
         cut_micro_batches(batch, 2, fixed_shape=False)
+
+
+def test_a_micro_batch_holds_several_rows_no_wider_than_the_padded_batch():
+    batch = _batch()  # 5, 4 and 2 tokens; padded width 6
+    budget = TokenBudget(12, "actor.max_tokens_per_micro_batch")
+    [packed] = cut_micro_batches(batch, budget, fixed_shape=False)
+    assert packed.rows.tolist() == [0, 1, 2]
+    assert packed.input_ids.tolist() == [[11, 12, 13, 14, 15, 0], [21, 22, 23, 24, 31, 32]]
+    assert packed.segment_ids.tolist() == [[0, 0, 0, 0, 0, PADDING_SEGMENT], [1, 1, 1, 1, 2, 2]]
+    mask = batch.response_mask
+    assert torch.equal(packed.input_ids.flatten()[packed.response_index[mask] + 1], batch.responses[mask])
+    # Fixed shapes: as many full-width rows as the budget holds (here 2 of 6).
+    [fixed] = cut_micro_batches(batch, TokenBudget(13, "actor.max_tokens_per_micro_batch"), fixed_shape=True)
+    assert fixed.input_ids.shape == (2, 6)

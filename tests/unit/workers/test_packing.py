@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from megarl.workers.packing import TokenBudget, balance_over_ranks, pack_by_tokens
+from megarl.workers.packing import TokenBudget, balance_over_ranks, pack_by_tokens, pack_rows
 
 BUDGET = TokenBudget(64, "actor.max_tokens_per_micro_batch")
 
@@ -68,3 +68,18 @@ def test_balance_needs_equal_shares():
     assert balance_over_ranks([30, 12, 50, 7], 2) == [[2, 3], [0, 1]]
     with pytest.raises(ValueError, match="cannot give 5 samples to 2 DP ranks"):
         balance_over_ranks([1, 2, 3, 4, 5], 2)
+
+
+def test_rows_no_wider_than_asked_grouped_by_the_budget():
+    assert pack_rows([30, 12, 50, 7], TokenBudget(128, "actor.max_tokens_per_micro_batch"), row_width=64) == [
+        [[1, 2], [0, 3]]
+    ]
+    lengths = _variable_lengths(64, 0)
+    plan = pack_rows(lengths, TokenBudget(300, "actor.max_tokens_per_micro_batch"), row_width=88)
+    assert all(len(rows) <= 3 for rows in plan)  # 300 // 88 rows of at most 88 tokens
+    assert all(sum(lengths[i] for i in row) <= 88 for rows in plan for row in rows)
+    assert sorted(i for rows in plan for row in rows for i in row) == list(range(64))
+    # A budget narrower than the rows makes one row per micro-batch; the error names the budget.
+    assert pack_rows([5, 5], TokenBudget(5, "ref.max_tokens_per_micro_batch"), row_width=88) == [[[0]], [[1]]]
+    with pytest.raises(ValueError, match="ref.max_tokens_per_micro_batch=5 is smaller than 1 sample"):
+        pack_rows([5, 6], TokenBudget(5, "ref.max_tokens_per_micro_batch"), row_width=88)
