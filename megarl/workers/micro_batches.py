@@ -12,7 +12,10 @@ differences and a token attends only inside its own sample, so a sample at offse
 row gets the scores it gets at offset 0 (to float rounding), as a left-padded row already does.
 This block-diagonal mask works on the local spec (megatron's `FusedScaleMaskSoftmax` applies a given
 mask as is) and on the Transformer Engine spec, whose self-attention megarl builds with
-`AttnMaskType.arbitrary` (`megarl.models.architectures.TE_SELF_ATTENTION_MASK_TYPE`).
+`AttnMaskType.arbitrary` (`megarl.models.architectures.TE_SELF_ATTENTION_MASK_TYPE`). Attention
+stays dense over a row (the masked scores are computed), so rows are no wider than the padded batch
+(`megarl.workers.packing.pack_rows`). Not done here: megatron-core's THD format on the TE spec
+(`PackedSeqParams` with `cu_seqlens`, `qkv_format="thd"`), which would skip the masked scores on GPU.
 """
 
 from __future__ import annotations

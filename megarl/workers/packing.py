@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class TokenBudget:
-    """Micro-batches cut by tokens instead of samples: samples are packed into one row of at most
-    `max_tokens` tokens."""
+    """Micro-batches cut by tokens instead of samples: samples are packed, without padding between
+    them, into rows of a micro-batch holding at most `max_tokens` token slots."""
 
     max_tokens: int
-    """Most tokens (prompt + response, no padding) of one packed micro-batch."""
+    """Most token slots (rows × row width, the rows' end padding included) of one packed micro-batch."""
     setting: str
     """The config key the budget comes from (e.g. "actor.max_tokens_per_micro_batch"), named in errors."""
 
