@@ -360,7 +360,8 @@ class TrainEngine:
     def train_step(
         self, micro_batches: Sequence[MicroBatch], forward_step: ForwardStep, report_keys: Sequence[str]
     ) -> tuple[dict[str, float], StepResult]:
-        """One optimizer step over `micro_batches` (this DP rank's share of the step).
+        """One optimizer step over `micro_batches` (this DP rank's share of the step, on the compute
+        device: `micro_batches_of`).
 
         `forward_step`'s loss callback returns the micro-batch's share of the globally normalised
         step loss (see the module docstring) and reports, under `report_keys` (which must include
