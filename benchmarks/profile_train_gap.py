@@ -32,6 +32,7 @@ def _experiment(model_dir: str, repeats: int) -> dict:
     from megarl.workers import megatron_train
     from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
     from megarl.workers.megatron_train import OptimSettings, TrainEngine
+    from megarl.workers.micro_batches import cut_micro_batches
 
     shape = TrainShape()
     batch = make_batch(shape, ModelShape.of(model_dir).vocab_size)
@@ -54,7 +55,7 @@ def _experiment(model_dir: str, repeats: int) -> dict:
     TrainEngine._local_grads_finite = timed("finite", TrainEngine._local_grads_finite)
     actor_module.response_log_probs = timed("log_probs", actor_module.response_log_probs)
     PolicyLoss.__call__ = timed("loss", PolicyLoss.__call__)
-    micro_batches = batch.split(shape.samples // shape.micro_batch)
+    micro_batches = cut_micro_batches(batch, shape.micro_batch, fixed_shape=False)
 
     def megatron():
         in_step.clear()

@@ -6,7 +6,8 @@
     role processes          = the actor's, or a worker group of its own when its (TP, PP) differs from the
                               actor's (megatron-core keeps one grid per process) or ref.colocate_with_actor is false
     samples per mini-batch  = ppo_mini_batch_size (prompts) × rollout.n;  per rank = that ÷ DP
-    grad accumulation       = per-rank mini-batch ÷ micro_batch_size_per_gpu (micro-batches per optimizer step)
+    grad accumulation       = per-rank mini-batch ÷ micro_batch_size_per_gpu (micro-batches per optimizer step);
+                              with max_tokens_per_micro_batch, as many packed micro-batches as the tokens need
     optimizer steps / step  = (train_batch_size ÷ ppo_mini_batch_size) × ppo_epochs
     old log-probs           = the actor update's own forward when exactly on-policy (1 optimizer step, nothing
                               reads them before the update), else a forward pass of their own
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from megarl.config.config import Config
 from megarl.config.problems import ConfigError, Problem
 from megarl.config.roles import ParallelConfig
+from megarl.config.rollout import response_length
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,8 @@ class UpdatePlan:
     """Samples per optimizer step, all ranks together."""
     samples_per_rank: int
     """Samples per optimizer step on one DP rank."""
-    grad_accumulation_steps: int
-    """Micro-batches per rank per optimizer step."""
+    grad_accumulation_steps: int | None
+    """Micro-batches per rank per optimizer step; None when packed by tokens (the data decides)."""
     mini_batches_per_epoch: int
     """Optimizer steps per pass over the step's samples."""
     optimizer_steps_per_step: int
@@ -52,11 +54,13 @@ class RolePlan:
     data_parallel: int
     """DP size = training GPUs ÷ (TP × PP)."""
     micro_batch_size: int
-    """Samples per micro-batch on one rank."""
+    """Samples per micro-batch on one rank (padded micro-batches)."""
+    max_tokens_per_micro_batch: int | None
+    """Token budget of packed micro-batches (the role's `max_tokens_per_micro_batch`); None = padded."""
     samples_per_rank: int
     """Samples of one training step on one DP rank (log-prob / value pass)."""
-    forward_micro_batches: int
-    """Micro-batches per rank for that forward pass."""
+    forward_micro_batches: int | None
+    """Micro-batches per rank for that forward pass; None when packed by tokens (the data decides)."""
     update: UpdatePlan | None
     """Optimizer slicing; None for the reference, which never trains."""
     own_group: bool
@@ -189,6 +193,8 @@ def _sizes_positive(config: Config, problems: list[Problem]) -> bool:
         sizes[f"{name}.parallel.tensor_model_parallel_size"] = role.parallel.tensor_model_parallel_size
         sizes[f"{name}.parallel.pipeline_model_parallel_size"] = role.parallel.pipeline_model_parallel_size
         sizes[f"{name}.micro_batch_size_per_gpu"] = role.micro_batch_size_per_gpu
+        if role.max_tokens_per_micro_batch is not None:
+            sizes[f"{name}.max_tokens_per_micro_batch"] = role.max_tokens_per_micro_batch
     for name in ("actor", "critic"):
         sizes[f"{name}.ppo_mini_batch_size"] = roles[name].ppo_mini_batch_size
         sizes[f"{name}.ppo_epochs"] = roles[name].ppo_epochs
@@ -196,6 +202,15 @@ def _sizes_positive(config: Config, problems: list[Problem]) -> bool:
     for key, value in sizes.items():
         if value < 1:
             problems.append(Problem(key, value, "must be a positive integer", f"set {key} to 1 or more"))
+    longest = config.data.max_prompt_length + response_length(config.rollout)
+    for name, role in roles.items():
+        budget = role.max_tokens_per_micro_batch
+        if budget is not None and 1 <= budget < longest:
+            key = f"{name}.max_tokens_per_micro_batch"
+            problems.append(Problem(key, budget, f"a sample may have {longest} tokens (data.max_prompt_length "
+                                                 f"{config.data.max_prompt_length} + response {longest - config.data.max_prompt_length}) "
+                                                 "and is never split across micro-batches",
+                                    f"set {key} to {longest} or more, or null for padded micro-batches"))
     if config.placement.rollout_gpus < 0:
         problems.append(Problem("placement.rollout_gpus", config.placement.rollout_gpus, "cannot be negative",
                                 "set it to 0 (colocated) or the number of rollout GPUs (split)"))
@@ -298,8 +313,8 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
             return None
         # A step is a whole number of mini-batches, each split exactly: the forward pass splits too.
         per_rank = update.samples_per_rank * update.mini_batches_per_epoch
-        return RolePlan(name, tp, pp, dp, role.micro_batch_size_per_gpu, per_rank,
-                        per_rank // role.micro_batch_size_per_gpu, update, own_group)
+        return RolePlan(name, tp, pp, dp, role.micro_batch_size_per_gpu, role.max_tokens_per_micro_batch, per_rank,
+                        _micro_batches(per_rank, role), update, own_group)
     prompts, n, micro = config.data.train_batch_size, config.rollout.n, role.micro_batch_size_per_gpu
     samples = prompts * n
     if samples % dp:
@@ -309,12 +324,18 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
                                 f"make train_batch_size × rollout.n a multiple of {dp}"))
         return None
     per_rank = samples // dp
-    if per_rank % micro:
+    if per_rank % micro and role.max_tokens_per_micro_batch is None:
         problems.append(Problem(f"{name}.micro_batch_size_per_gpu", micro,
                                 f"{samples} samples ÷ {dp_text} = {per_rank} per rank, not a multiple of {micro}",
                                 f"use a divisor of {per_rank}: {_divisors(per_rank)}"))
         return None
-    return RolePlan(name, tp, pp, dp, micro, per_rank, per_rank // micro, None, own_group)
+    return RolePlan(name, tp, pp, dp, micro, role.max_tokens_per_micro_batch, per_rank, _micro_batches(per_rank, role),
+                    None, own_group)
+
+
+def _micro_batches(samples: int, role) -> int | None:
+    """Padded micro-batches of `samples` samples; None when packed by tokens (the data decides)."""
+    return None if role.max_tokens_per_micro_batch is not None else samples // role.micro_batch_size_per_gpu
 
 
 def _update_plan(name: str, role, dp: int, dp_text: str, config: Config, problems: list[Problem]) -> UpdatePlan | None:
@@ -336,14 +357,14 @@ def _update_plan(name: str, role, dp: int, dp_text: str, config: Config, problem
                                 if valid else f"change the {name} layout or rollout.n so that the DP size divides the samples"))
         return None
     per_rank = mini_samples // dp
-    if per_rank % micro:
+    if per_rank % micro and role.max_tokens_per_micro_batch is None:
         problems.append(Problem(f"{name}.micro_batch_size_per_gpu", micro,
                                 f"{mini} prompts × {n} samples = {mini_samples} per mini-batch ÷ {dp_text} = {per_rank} "
                                 f"samples per rank, not a multiple of {micro}",
                                 f"use a divisor of {per_rank}: {_divisors(per_rank)}"))
         return None
     batches = prompts // mini
-    return UpdatePlan(mini, mini_samples, per_rank, per_rank // micro, batches, batches * role.ppo_epochs)
+    return UpdatePlan(mini, mini_samples, per_rank, _micro_batches(per_rank, role), batches, batches * role.ppo_epochs)
 
 
 DIVISOR_SEARCH = 100_000
@@ -409,10 +430,14 @@ def format_plan(plan: BatchPlan) -> str:
         update = role.update
         mini = (f"{update.mini_batch_prompts}/{update.mini_batch_samples}/{update.samples_per_rank}"
                 if update else "- (no training)")
+        # Packed micro-batches: "≤N t" tokens each, their number set by the data ("by tok").
+        micro = role.micro_batch_size if role.max_tokens_per_micro_batch is None else f"≤{role.max_tokens_per_micro_batch}t"
+        forward = role.forward_micro_batches or "by tok"
+        accumulation = "-" if update is None else update.grad_accumulation_steps or "by tok"
         lines.append(
             f"{role.role:<7}{role.tensor_parallel:>4}{role.pipeline_parallel:>4}{role.data_parallel:>4}  "
-            f"{role.samples_per_rank:>12}  {role.micro_batch_size:>5}  {role.forward_micro_batches:>9}  {mini:>31}  "
-            f"{update.grad_accumulation_steps if update else '-':>8}  {update.optimizer_steps_per_step if update else '-':>9}")
+            f"{role.samples_per_rank:>12}  {micro:>5}  {forward:>9}  {mini:>31}  "
+            f"{accumulation:>8}  {update.optimizer_steps_per_step if update else '-':>9}")
     lines += ["", *_process_lines(plan), _old_log_prob_line(plan)]
     if plan.critic is None:
         lines.append("critic: none (critic.enable: false)")

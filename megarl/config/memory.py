@@ -17,7 +17,8 @@ holds the activations of the most micro-batches in flight):
   parameter: fp32 4 + 4 + 8/DP bytes, bf16 2 + 4 + 12/DP (megatron's distributed-optimizer table,
   with fp32 gradients).
 - **activations** of one training micro-batch of `micro_batch_size_per_gpu` samples of
-  S = `data.max_prompt_length + rollout.max_new_tokens` tokens (no sequence parallelism, no dropout),
+  S = `data.max_prompt_length + rollout.max_new_tokens` tokens (packed: `max_tokens_per_micro_batch` ÷ S
+  rows of S tokens) (no sequence parallelism, no dropout),
   per token and layer, in elements of `model.dtype` (Q = heads × head_dim, K = KV heads × head_dim,
   a = heads, f = ffn, h = hidden, t = TP):
 
@@ -259,7 +260,10 @@ def estimate_memory(config: Config, shape: ModelShape, *, train_gpus: int, gpu_m
         dp = train_gpus // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size)
         params, grads, optim = state_bytes(shape, p, dp, dtype, distributed_optimizer=role.optim.use_distributed_optimizer,
                                            trained=True, value_head=value_head)
-        acts = activation_bytes(shape, p, role.recompute, role.micro_batch_size_per_gpu, seq_len, dtype, value_head)
+        # A packed micro-batch: rows of at most S tokens, as many as max_tokens_per_micro_batch holds.
+        micro_batch = (role.micro_batch_size_per_gpu if role.max_tokens_per_micro_batch is None
+                       else max(1, role.max_tokens_per_micro_batch // seq_len))
+        acts = activation_bytes(shape, p, role.recompute, micro_batch, seq_len, dtype, value_head)
         roles.append(RoleMemory(name, params, grads, optim, acts))
     if uses_reference(config):
         params, _, _ = state_bytes(shape, config.ref.parallel, 1, dtype, distributed_optimizer=False, trained=False)

@@ -77,6 +77,12 @@ class ActorConfig:
     """Tensor/pipeline parallel layout of the actor."""
     micro_batch_size_per_gpu: int = 4
     """Samples per forward/backward pass on one rank (training and log-prob passes)."""
+    max_tokens_per_micro_batch: int | None = None
+    """For the update and the log-prob pass: pack samples (prompt + response, no padding between them) into
+    micro-batches of at most this many tokens per rank (rows no wider than the padded batch) instead
+    of `micro_batch_size_per_gpu` padded samples; the losses and gradients are the same for any cut.
+    At least data.max_prompt_length + the response length (a sample is never split). None: padded
+    micro-batches of `micro_batch_size_per_gpu` samples."""
     ppo_mini_batch_size: int = 256
     """Prompts per optimizer step, across all DP ranks (× rollout.n samples). Must divide data.train_batch_size."""
     ppo_epochs: int = 1
@@ -121,6 +127,12 @@ class CriticConfig:
     processes; another layout: in a worker group of its own on the same GPUs (its own grid and DP)."""
     micro_batch_size_per_gpu: int = 4
     """Samples per forward/backward pass on one rank."""
+    max_tokens_per_micro_batch: int | None = None
+    """For the update and the value pass: pack samples (prompt + response, no padding between them) into
+    micro-batches of at most this many tokens per rank (rows no wider than the padded batch) instead
+    of `micro_batch_size_per_gpu` padded samples; the losses and gradients are the same for any cut.
+    At least data.max_prompt_length + the response length (a sample is never split). None: padded
+    micro-batches of `micro_batch_size_per_gpu` samples."""
     ppo_mini_batch_size: int = 256
     """Prompts per critic optimizer step, across all DP ranks (× rollout.n samples)."""
     ppo_epochs: int = 1
@@ -147,7 +159,13 @@ class RefConfig:
     """Tensor/pipeline parallel layout of the reference. A layout other than the actor's runs in a worker
     group of its own on the same GPUs (its own grid and DP), whatever `colocate_with_actor` says."""
     micro_batch_size_per_gpu: int = 8
-    """Samples per forward pass on one rank (log-probs only)."""
+    """Samples per forward pass on one rank (log-probs only; the reward model's too)."""
+    max_tokens_per_micro_batch: int | None = None
+    """For the log-prob pass (not the reward model's): pack samples (prompt + response, no padding between them) into
+    micro-batches of at most this many tokens per rank (rows no wider than the padded batch) instead
+    of `micro_batch_size_per_gpu` padded samples; the losses and gradients are the same for any cut.
+    At least data.max_prompt_length + the response length (a sample is never split). None: padded
+    micro-batches of `micro_batch_size_per_gpu` samples."""
     colocate_with_actor: bool = True
     """With the actor's layout, run the reference inside the actor's processes (no extra processes);
     false: in a worker group of its own on the same GPUs."""

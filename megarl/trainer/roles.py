@@ -4,7 +4,9 @@ and grid), and a rollout group (one engine per worker), placed on Ray, with the 
 wired between the policy and the rollout.
 
 Routing. `Roles.gather` / `Roles.update` send each worker method to the group of its role
-(`METHOD_ROLES`) and scatter the batch by that group's DP size.
+(`METHOD_ROLES`) and scatter the batch by that group's DP size: consecutive blocks of rows, or, for a
+role with packed micro-batches (`Roles.packed_roles`), equal numbers of rows with about equal
+tokens per DP rank (`megarl.workers.packing.balance_over_ranks`; results come back in row order).
 
 Placement. One bundle per device (a GPU, or one CPU slot on a CPU machine). The policy group and
 each role group of its own share the training bundles: one process each on every training bundle,
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import torch
 from torch import Tensor
 
 from megarl.bridge.ring_routes import RingRoutes, route_rings
@@ -37,6 +40,8 @@ from megarl.trainer.timing import PhaseTimer
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.checkpoint_files import step_dir_name
 from megarl.workers.megatron_train import ModelSettings
+from megarl.workers.micro_batches import token_counts
+from megarl.workers.packing import balance_over_ranks
 from megarl.workers.policy_worker import ActorSpec, CriticSpec, PolicyWorkerSpec
 from megarl.workers.rollout.executor import engine_env, engine_holds_gpu
 
@@ -95,6 +100,9 @@ class Roles:
     routes: RingRoutes | None
     """The shared transports' rings: which trainer rank's ring each engine worker reads, carrying
     what (`megarl.bridge.ring_routes`; `rollout.sync.per_rank` resolved); None for the collective."""
+    packed_roles: frozenset[str] = frozenset()
+    """Roles with packed micro-batches (`max_tokens_per_micro_batch` set): their DP ranks get rows
+    balanced by tokens, since a packed rank's time follows its tokens, not its rows."""
 
     @property
     def policy(self) -> WorkerGroup:
@@ -114,19 +122,34 @@ class Roles:
     def gather(self, method: str, batch: PolicyBatch, index: int | None = None) -> Tensor:
         """Run a per-sample method on each DP replica of its role's group; the rows back in order
         (`index` picks one output of methods that return a tuple)."""
-        group = self.groups[METHOD_ROLES[method]]
-        parts = group.call_by_dp(method, [(part,) for part in batch.split(group.dp_size)], replies=is_dp_leader)
+        role = METHOD_ROLES[method]
+        group = self.groups[role]
+        order = self._dp_order(role, batch, group.dp_size)
+        parts = group.call_by_dp(method, [(part,) for part in batch.select(order).split(group.dp_size)],
+                                 replies=is_dp_leader)
         if index is not None:
             parts = [part[index] for part in parts]
-        return gather_by_dp(parts, group.grids)
+        gathered = gather_by_dp(parts, group.grids)
+        in_order = torch.empty_like(gathered)
+        in_order[order] = gathered
+        return in_order
 
     def update(self, method: str, batch: PolicyBatch, step: int) -> dict[str, float]:
         """An update (`update_actor` / `update_critic`) on each DP replica's rows of its role's group;
         the metrics of DP replica 0 (they are reduced over DP inside the update)."""
-        group = self.groups[METHOD_ROLES[method]]
-        results = group.call_by_dp(method, [(part, step) for part in batch.split(group.dp_size)],
-                                   replies=lambda grid: grid["rank"] == 0)
+        role = METHOD_ROLES[method]
+        group = self.groups[role]
+        parts = batch.select(self._dp_order(role, batch, group.dp_size)).split(group.dp_size)
+        results = group.call_by_dp(method, [(part, step) for part in parts], replies=lambda grid: grid["rank"] == 0)
         return next(r for g, r in zip(group.grids, results) if g["rank"] == 0)
+
+    def _dp_order(self, role: str, batch: PolicyBatch, dp_size: int) -> Tensor:
+        """`[B]` rows in the order they are cut into `dp_size` equal consecutive parts: as they are,
+        or balanced by tokens for a packed role."""
+        if role not in self.packed_roles:
+            return torch.arange(len(batch))
+        per_rank = balance_over_ranks(token_counts(batch).sum(dim=1).tolist(), dp_size)
+        return torch.tensor([row for rows in per_rank for row in rows], dtype=torch.long)
 
     def save_checkpoint(self, root: str, step: int, extra: dict) -> None:
         """Collective on every group with trained state: a critic of its own writes its part
@@ -179,6 +202,7 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
         model_path=config.model.path, model_settings=model, tp=plan.actor.tensor_parallel, pp=plan.actor.pipeline_parallel,
         seed=config.trainer.seed, actor=actor_spec(config, plan, total_steps),
         use_reference=plan.ref is not None and "ref" not in own, ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
+        ref_micro_batch=settings.micro_batch_cut(config.ref, "ref"),
         ref_offload=config.ref.offload_params, critic=None if "critic" in own else critic,
         reward_model_path=config.reward.reward_model,
     )
@@ -188,6 +212,7 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
             model_path=config.model.path, model_settings=model, tp=role.tensor_parallel, pp=role.pipeline_parallel,
             seed=config.trainer.seed,
             actor=None, use_reference=role.role == "ref", ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
+        ref_micro_batch=settings.micro_batch_cut(config.ref, "ref"),
             ref_offload=config.ref.offload_params, critic=critic if role.role == "critic" else None,
             reward_model_path=None,
         )
@@ -202,7 +227,7 @@ def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
         loss=settings.policy_loss_settings(config),
         offload=settings.offload_settings(actor.offload),
         mini_batch_size=plan.actor.update.samples_per_rank,
-        micro_batch_size=actor.micro_batch_size_per_gpu,
+        micro_batch_size=settings.micro_batch_cut(actor, "actor"),
         ppo_epochs=actor.ppo_epochs,
         rollout_tp=config.rollout.tensor_model_parallel_size,
         rollout_dtype=rollout_dtype(config.rollout, config.model.dtype),
@@ -218,7 +243,7 @@ def critic_spec(config: Config, plan: BatchPlan, total_steps: int) -> CriticSpec
         loss=settings.value_loss_settings(config),
         offload=settings.offload_settings(critic.offload),
         mini_batch_size=plan.critic.update.samples_per_rank,
-        micro_batch_size=critic.micro_batch_size_per_gpu,
+        micro_batch_size=settings.micro_batch_cut(critic, "critic"),
         ppo_epochs=critic.ppo_epochs,
     )
 
@@ -268,7 +293,8 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
     transport = sync_transport(rollout.sync.transport, device, plan.colocated, policy.node_ids()[0],
                                rollout_group.node_ids())
     routes = None if transport == "collective" else shared_routes(config, plan, groups["actor"].grids)
-    roles = Roles(groups, rollout_group, pg, transport, routes)
+    packed = frozenset(name for name in groups if getattr(config, name).max_tokens_per_micro_batch is not None)
+    roles = Roles(groups, rollout_group, pg, transport, routes, packed)
     with startup("weight_sync"):
         if routes is None:
             connect_weight_sync(roles, rollout.tensor_model_parallel_size)

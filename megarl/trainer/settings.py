@@ -7,6 +7,7 @@ from megarl.quiet import python_warnings
 from megarl.workers.actor import PolicyLossSettings
 from megarl.workers.critic import ValueLossSettings
 from megarl.workers.megatron_train import OffloadSettings, OptimSettings, RecomputeSettings
+from megarl.workers.packing import TokenBudget
 from megarl.workers.rollout.base import SamplingConfig
 
 WORKER_ENV = {
@@ -62,6 +63,14 @@ def policy_loss_settings(config: Config) -> PolicyLossSettings:
 
 def value_loss_settings(config: Config) -> ValueLossSettings:
     return ValueLossSettings(cliprange_value=config.critic.cliprange_value, loss_agg_mode=config.critic.loss_agg_mode)
+
+
+def micro_batch_cut(role_config, role: str) -> int | TokenBudget:
+    """How `role` ("actor", "critic", "ref") cuts a rank's samples: its token budget of packed
+    micro-batches (`max_tokens_per_micro_batch`), else `micro_batch_size_per_gpu` padded samples."""
+    if role_config.max_tokens_per_micro_batch is None:
+        return role_config.micro_batch_size_per_gpu
+    return TokenBudget(role_config.max_tokens_per_micro_batch, f"{role}.max_tokens_per_micro_batch")
 
 
 def offload_settings(offload) -> OffloadSettings:

@@ -5,6 +5,9 @@
     old_log_probs, entropy = actor.compute_log_prob(batch, micro_batch_size=8)
     metrics = actor.update_policy(batch, PolicyLoss(PolicyLossSettings()),
                                   mini_batch_size=16, micro_batch_size=4)
+    # or micro-batches packed under a token budget (`megarl.workers.packing`), no padding computed:
+    budget = TokenBudget(2048, "actor.max_tokens_per_micro_batch")
+    metrics = actor.update_policy(batch, loss, mini_batch_size=16, micro_batch_size=budget)
 
 Every rank of a DP replica calls each method with the same `PolicyBatch` (that replica's samples);
 results are returned on every rank.
@@ -26,7 +29,7 @@ from megarl.algorithms.losses import LOSS_AGG_MODES, agg_loss
 from megarl.algorithms.policy_loss import POLICY_LOSSES, compute_policy_loss
 from megarl.models.layout import layer_offset
 from megarl.parallel.distributed import ProcessGroups
-from megarl.workers.batch import PolicyBatch, mini_batches, response_logit_slice
+from megarl.workers.batch import PolicyBatch, mini_batches
 from megarl.workers.logprobs import vocab_parallel_log_probs
 from megarl.workers.megatron_train import (
     ModelSettings,
@@ -37,9 +40,12 @@ from megarl.workers.megatron_train import (
     check_divides,
     forward_collect,
     load_model,
+    micro_batches_of,
     run_model,
     summarize_steps,
 )
+from megarl.workers.micro_batches import MicroBatch
+from megarl.workers.packing import TokenBudget
 from megarl.workers.trained_model import TrainedModel
 
 
@@ -193,9 +199,10 @@ class MegatronActor(TrainedModel):
         )
         return cls(model, groups, vocab_size=vocab_size, optim=optim, offload=offload)
 
-    def compute_log_prob(self, batch: PolicyBatch, *, micro_batch_size: int) -> tuple[Tensor, Tensor]:
+    def compute_log_prob(self, batch: PolicyBatch, *, micro_batch_size: int | TokenBudget) -> tuple[Tensor, Tensor]:
         """`log_probs [B, R]` and `entropy [B, R]` of `batch.responses` (fp32, no gradient; padded
-        positions hold numbers that mean nothing), on every rank."""
+        positions hold numbers that mean nothing), on every rank. `micro_batch_size`: samples per
+        micro-batch, or a token budget of packed micro-batches."""
         return compute_log_probs(self.engine.model, batch, micro_batch_size, self.vocab_size, self.groups)
 
     def update_policy(
@@ -204,13 +211,14 @@ class MegatronActor(TrainedModel):
         loss_fn: PolicyLossFn,
         *,
         mini_batch_size: int,
-        micro_batch_size: int,
+        micro_batch_size: int | TokenBudget,
         ppo_epochs: int = 1,
         shuffle_seed: int | None = None,
     ) -> dict[str, float]:
         """`ppo_epochs` passes over `batch` (this DP rank's samples), one optimizer step per
         mini-batch of `mini_batch_size` samples (per DP rank), cut into micro-batches of
-        `micro_batch_size`. With `shuffle_seed`, epoch `e` shuffles rows with seed `shuffle_seed + e`.
+        `micro_batch_size` samples or packed under a `TokenBudget` (the step's loss and gradients
+        do not depend on the cut: `StepCounts`). With `shuffle_seed`, epoch `e` shuffles rows with seed `shuffle_seed + e`.
 
         Without `batch.old_log_probs` the update must be exactly on-policy (one mini-batch, one epoch:
         `megarl.config.batch_plan.old_log_prob_pass`): the old log-probs are the detached log-probs of
@@ -228,7 +236,8 @@ class MegatronActor(TrainedModel):
                 f"mini-batch(es) × {ppo_epochs} epoch(s): only one mini-batch in one epoch may take them from its own "
                 "forward; compute them first (compute_log_prob)"
             )
-        check_divides(mini_batch_size, micro_batch_size, "micro_batch_size", "mini_batch_size")
+        if not isinstance(micro_batch_size, TokenBudget):
+            check_divides(mini_batch_size, micro_batch_size, "micro_batch_size", "mini_batch_size")
         keys = ("loss", "entropy", "tokens", *loss_fn.metric_names)
         steps = []
         for epoch in range(ppo_epochs):
@@ -237,20 +246,21 @@ class MegatronActor(TrainedModel):
                 counts = StepCounts.of(mini_batch, loss_fn.loss_agg_mode, self.groups)
                 forward_step = self._policy_forward_step(loss_fn, counts)
                 sums, result = self.engine.train_step(
-                    mini_batch.split(mini_batch_size // micro_batch_size), forward_step, keys
+                    micro_batches_of(mini_batch, micro_batch_size, self.groups), forward_step, keys
                 )
                 steps.append((sums, result))
         return summarize_steps(steps)
 
     def _policy_forward_step(self, loss_fn: PolicyLossFn, counts: StepCounts):
-        def forward_step(model, micro_batch):
+        def forward_step(model, micro_batch: MicroBatch):
             def loss_func(logits):
                 log_probs, entropy = response_log_probs(logits, micro_batch, self.vocab_size, self.groups)
+                samples = micro_batch.samples
                 # Exactly on-policy (checked in update_policy): these weights sampled the batch.
-                scored = (micro_batch if micro_batch.old_log_probs is not None
-                          else dataclasses.replace(micro_batch, old_log_probs=log_probs.detach()))
+                scored = (samples if samples.old_log_probs is not None
+                          else dataclasses.replace(samples, old_log_probs=log_probs.detach()))
                 loss, metrics = loss_fn(log_probs, entropy, scored, counts)
-                mask = micro_batch.response_mask
+                mask = samples.response_mask
                 reported = dict(
                     loss=loss.detach(),
                     entropy=torch.where(mask, entropy.detach(), 0.0).sum() / counts.tokens,
@@ -281,7 +291,8 @@ def global_named_parameters(model: torch.nn.Module, groups: ProcessGroups) -> It
 
 
 def compute_log_probs(
-    model: torch.nn.Module, batch: PolicyBatch, micro_batch_size: int, vocab_size: int, groups: ProcessGroups
+    model: torch.nn.Module, batch: PolicyBatch, micro_batch_size: int | TokenBudget, vocab_size: int,
+    groups: ProcessGroups,
 ) -> tuple[Tensor, Tensor]:
     """Forward-only `log_probs [B, R]` and `entropy [B, R]` of `batch.responses`, on every rank."""
 
@@ -293,10 +304,10 @@ def compute_log_probs(
 
 
 def response_log_probs(
-    logits: Tensor, batch: PolicyBatch, vocab_size: int, groups: ProcessGroups
+    logits: Tensor, micro_batch: MicroBatch, vocab_size: int, groups: ProcessGroups
 ) -> tuple[Tensor, Tensor]:
-    """`[b, R]` log-probs and entropy of the responses from the model's `[b, S, V_local]` logits."""
+    """`[b, R]` log-probs and entropy of the responses from the model's `[r, T, V_local]` logits."""
     return vocab_parallel_log_probs(
-        logits[:, response_logit_slice(batch)], batch.responses,
+        micro_batch.response_outputs(logits), micro_batch.samples.responses,
         vocab_size=vocab_size, tp_group=groups.tp, with_entropy=True,
     )

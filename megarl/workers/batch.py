@@ -5,14 +5,17 @@ Layout: row `i` is a sample = its prompt, **left-padded** to `P`, followed by it
 contiguous run inside `input_ids = [prompts | responses]` (`[B, P + R]`), and:
 
 - the token predicted at column `P + t` (response token `t`) is read from the logits at column
-  `P + t - 1`, the same slice for every row (`response_logit_slice`);
-- attention needs the causal mask plus "key is prompt padding" (`attention_mask`): the left padding
+  `P + t - 1`, the same columns for every row;
+- attention needs the causal mask plus "key is prompt padding": the left padding
   sits *before* real tokens, so causality alone would let real tokens attend to it. Response padding
   is in every real token's future, so causality already hides it: `response_mask` never enters
   attention and may also drop real tokens from the loss (a loss mask, not a length);
 - RoPE (megatron's GPTModel uses positions `0..S-1` for RoPE, whatever `position_ids` says) sees every
   real token of a row shifted by the same number of pad columns; attention scores depend only on
   position differences, so the result equals the unpadded sequence's (to float rounding).
+
+`megarl.workers.micro_batches` builds the model inputs from this layout (padded rows) or packs the
+real tokens of several samples into one row.
 """
 
 from __future__ import annotations
@@ -113,32 +116,6 @@ class PolicyBatch:
             raise ValueError(f"cannot cut a batch of {len(self)} samples into {num_parts} equal parts")
         size = len(self) // num_parts
         return [self.select(slice(k * size, (k + 1) * size)) for k in range(num_parts)]
-
-
-def attention_mask(batch: PolicyBatch) -> Tensor:
-    """`[B, 1, S, S]` bool for megatron's local attention, True = *masked out* (S = P + R).
-
-    A query attends to a key iff the key is not in the future and is not prompt padding (see the
-    module docstring). megatron-core's local spec uses a given mask as is (it builds the causal mask
-    only when none is passed), so causality must be part of it. Rows of fully masked queries (left
-    padding) give a uniform softmax over `-10000`-filled scores: finite, and never read.
-    """
-    seq = batch.prompt_length + batch.response_length
-    future = torch.ones(seq, seq, dtype=torch.bool, device=batch.prompt_mask.device).triu(diagonal=1)
-    key_is_pad = torch.cat([~batch.prompt_mask, torch.zeros_like(batch.response_mask)], dim=1)
-    return (future[None, :, :] | key_is_pad[:, None, :])[:, None, :, :]
-
-
-def position_ids(batch: PolicyBatch) -> Tensor:
-    """`[B, P + R]` int64 `0..S-1` for every row (see the module docstring on RoPE and padding), on the
-    batch's device."""
-    seq = batch.prompt_length + batch.response_length
-    return torch.arange(seq, device=batch.prompts.device).expand(len(batch), seq)
-
-
-def response_logit_slice(batch: PolicyBatch) -> slice:
-    """Columns of the model output (`[B, S, ...]`) that predict the `R` response tokens."""
-    return slice(batch.prompt_length - 1, batch.prompt_length + batch.response_length - 1)
 
 
 def mini_batches(batch: PolicyBatch, num_mini_batches: int, *, shuffle_seed: int | None) -> list[PolicyBatch]:

@@ -21,7 +21,7 @@ from torch import Tensor
 from megarl.algorithms.losses import LOSS_AGG_MODES
 from megarl.algorithms.value_loss import compute_value_loss
 from megarl.parallel.distributed import ProcessGroups
-from megarl.workers.batch import PolicyBatch, mini_batches, response_logit_slice
+from megarl.workers.batch import PolicyBatch, mini_batches
 from megarl.workers.megatron_train import (
     ModelSettings,
     OffloadSettings,
@@ -31,9 +31,12 @@ from megarl.workers.megatron_train import (
     check_divides,
     forward_collect,
     load_model,
+    micro_batches_of,
     run_model,
     summarize_steps,
 )
+from megarl.workers.micro_batches import MicroBatch
+from megarl.workers.packing import TokenBudget
 from megarl.workers.trained_model import TrainedModel
 
 
@@ -82,7 +85,7 @@ class MegatronCritic(TrainedModel):
         model, _ = load_model(model_dir, groups, settings=model_settings, recompute=recompute, value_head=True)
         return cls(model, groups, optim=optim, loss=loss, offload=offload)
 
-    def compute_values(self, batch: PolicyBatch, *, micro_batch_size: int) -> Tensor:
+    def compute_values(self, batch: PolicyBatch, *, micro_batch_size: int | TokenBudget) -> Tensor:
         """`[B, R]` values of the states before each response token (fp32, no gradient), on every rank."""
         (values,) = forward_collect(
             self.engine.model, batch, micro_batch_size, self.groups,
@@ -95,7 +98,7 @@ class MegatronCritic(TrainedModel):
         batch: PolicyBatch,
         *,
         mini_batch_size: int,
-        micro_batch_size: int,
+        micro_batch_size: int | TokenBudget,
         ppo_epochs: int = 1,
         shuffle_seed: int | None = None,
     ) -> dict[str, float]:
@@ -108,7 +111,8 @@ class MegatronCritic(TrainedModel):
         """
         batch.require(("values", "returns"), "MegatronCritic.update_critic")
         check_divides(len(batch), mini_batch_size, "mini_batch_size", "samples of this DP rank")
-        check_divides(mini_batch_size, micro_batch_size, "micro_batch_size", "mini_batch_size")
+        if not isinstance(micro_batch_size, TokenBudget):
+            check_divides(mini_batch_size, micro_batch_size, "micro_batch_size", "mini_batch_size")
         steps = []
         for epoch in range(ppo_epochs):
             seed = None if shuffle_seed is None else shuffle_seed + epoch
@@ -116,7 +120,7 @@ class MegatronCritic(TrainedModel):
                 counts = StepCounts.of(mini_batch, self.loss.loss_agg_mode, self.groups)
                 steps.append(
                     self.engine.train_step(
-                        mini_batch.split(mini_batch_size // micro_batch_size),
+                        micro_batches_of(mini_batch, micro_batch_size, self.groups),
                         self._value_forward_step(counts),
                         ("loss", "clip_frac", "vpred_mean", "tokens"),
                     )
@@ -124,12 +128,13 @@ class MegatronCritic(TrainedModel):
         return summarize_steps(steps)
 
     def _value_forward_step(self, counts: StepCounts):
-        def forward_step(model, micro_batch):
+        def forward_step(model, micro_batch: MicroBatch):
             def loss_func(output):
                 vpreds = response_values(output, micro_batch)
-                mask = micro_batch.response_mask
+                samples = micro_batch.samples
+                mask = samples.response_mask
                 loss, clip_frac = compute_value_loss(
-                    vpreds, micro_batch.values, micro_batch.returns, mask,
+                    vpreds, samples.values, samples.returns, mask,
                     cliprange_value=self.loss.cliprange_value,
                     loss_agg_mode=self.loss.loss_agg_mode,
                     global_normalizer=counts.normalizer,
@@ -149,6 +154,6 @@ class MegatronCritic(TrainedModel):
         return forward_step
 
 
-def response_values(output: Tensor, batch: PolicyBatch) -> Tensor:
-    """`[b, R]` values of the response tokens from the value head's `[b, S, 1]` output."""
-    return output[:, response_logit_slice(batch), 0].float()
+def response_values(output: Tensor, micro_batch: MicroBatch) -> Tensor:
+    """`[b, R]` values of the response tokens from the value head's `[r, T, 1]` output."""
+    return micro_batch.response_outputs(output)[..., 0].float()

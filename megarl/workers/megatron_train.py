@@ -50,7 +50,9 @@ from megarl.models.checkpoint import load_hf_weights
 from megarl.models.hf_config import read_model_dims
 from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
-from megarl.workers.batch import PolicyBatch, attention_mask, position_ids
+from megarl.workers.batch import PolicyBatch
+from megarl.workers.micro_batches import MicroBatch, cut_micro_batches
+from megarl.workers.packing import TokenBudget
 
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
@@ -260,14 +262,14 @@ def build_optimizer(
 
 LossFunc = Callable[[Tensor], tuple[Tensor, dict[str, Tensor]]]
 """megatron's per-micro-batch loss callback: last-stage model output -> (loss, reported tensors)."""
-ForwardStep = Callable[[torch.nn.Module, PolicyBatch], tuple[Tensor, LossFunc]]
+ForwardStep = Callable[[torch.nn.Module, MicroBatch], tuple[Tensor, LossFunc]]
 """(model, micro-batch) -> (model output, loss callback), as megatron's `forward_step_func` minus the
 iterator plumbing."""
 
 
 def run_schedule(
     model: torch.nn.Module,
-    micro_batches: Sequence[PolicyBatch],
+    micro_batches: Sequence[MicroBatch],
     forward_step: ForwardStep,
     *,
     forward_only: bool,
@@ -280,14 +282,14 @@ def run_schedule(
     def step(data_iterator, wrapped_model):
         return forward_step(wrapped_model, next(data_iterator))
 
-    first = micro_batches[0]
+    rows, seq_length = micro_batches[0].input_ids.shape
     return get_forward_backward_func()(
         forward_step_func=step,
         data_iterator=iter(micro_batches),
         model=[model],
         num_microbatches=len(micro_batches),
-        seq_length=first.prompt_length + first.response_length,
-        micro_batch_size=len(first),
+        seq_length=seq_length,
+        micro_batch_size=rows,
         forward_only=forward_only,
     )
 
@@ -356,9 +358,10 @@ class TrainEngine:
         """Optimizer steps skipped for a non-finite loss or gradient, since construction."""
 
     def train_step(
-        self, micro_batches: Sequence[PolicyBatch], forward_step: ForwardStep, report_keys: Sequence[str]
+        self, micro_batches: Sequence[MicroBatch], forward_step: ForwardStep, report_keys: Sequence[str]
     ) -> tuple[dict[str, float], StepResult]:
-        """One optimizer step over `micro_batches` (this DP rank's share of the step).
+        """One optimizer step over `micro_batches` (this DP rank's share of the step, on the compute
+        device: `micro_batches_of`).
 
         `forward_step`'s loss callback returns the micro-batch's share of the globally normalised
         step loss (see the module docstring) and reports, under `report_keys` (which must include
@@ -378,8 +381,6 @@ class TrainEngine:
 
             return output, scaled_loss
 
-        device = compute_device()
-        micro_batches = [micro_batch.to(device) for micro_batch in micro_batches]
         reports = run_schedule(self.model, micro_batches, scaled_forward_step, forward_only=False)
         totals = sum_reports(reports, report_keys, self.groups)
         return totals, self._apply_or_skip(totals["loss"])
@@ -447,26 +448,34 @@ class TrainEngine:
         return all(bool(torch.isfinite(torch.linalg.vector_norm(buffer.grad_data))) for buffer in buffers)
 
 
-def run_model(model: torch.nn.Module, batch: PolicyBatch) -> Tensor:
-    """Forward of `batch` through (this stage of) a GPTModel: last stage `[b, S, V_local]` logits
-    (or `[b, S, 1]` values), other stages the hidden states they send on."""
-    return model(batch.input_ids, position_ids(batch), attention_mask(batch))
+def run_model(model: torch.nn.Module, micro_batch: MicroBatch) -> Tensor:
+    """Forward of `micro_batch` through (this stage of) a GPTModel: last stage `[r, T, V_local]`
+    logits (or `[r, T, 1]` values), other stages the hidden states they send on."""
+    return model(micro_batch.input_ids, micro_batch.position_ids, micro_batch.attention_mask())
+
+
+def micro_batches_of(batch: PolicyBatch, cut: int | TokenBudget, groups: ProcessGroups) -> list[MicroBatch]:
+    """`batch` cut into micro-batches (`cut`: samples each, or a token budget) on the compute device;
+    with pipeline stages every micro-batch has one shape (the stages exchange fixed shapes)."""
+    device = compute_device()
+    return [micro_batch.to(device) for micro_batch in cut_micro_batches(batch, cut, fixed_shape=groups.pp_size > 1)]
 
 
 def forward_collect(
     model: torch.nn.Module,
     batch: PolicyBatch,
-    micro_batch_size: int,
+    cut: int | TokenBudget,
     groups: ProcessGroups,
-    extract: Callable[[Tensor, PolicyBatch], Tensor],
+    extract: Callable[[Tensor, MicroBatch], Tensor],
     num_outputs: int,
 ) -> Tensor:
-    """Forward-only pass of `batch` in micro-batches, without autograd.
+    """Forward-only pass of `batch` in micro-batches (`cut`: samples each, or a token budget),
+    without autograd.
 
     `extract(last_stage_output, micro_batch) -> [num_outputs, b, R]` picks per-response-token
-    outputs; the result `[num_outputs, B, R]` is broadcast from the last stage to every stage.
+    outputs; the result `[num_outputs, B, R]`, in `batch`'s row order, is broadcast from the last
+    stage to every stage.
     """
-    check_divides(len(batch), micro_batch_size, "micro_batch_size", "samples of this DP rank")
 
     def forward_step(model, micro_batch):
         def collect(output):
@@ -474,13 +483,13 @@ def forward_collect(
 
         return run_model(model, micro_batch), collect
 
-    device = compute_device()
-    micro_batches = [micro_batch.to(device) for micro_batch in batch.split(len(batch) // micro_batch_size)]
+    micro_batches = micro_batches_of(batch, cut, groups)
     with torch.no_grad():
         reports = run_schedule(model, micro_batches, forward_step, forward_only=True)
-    out = torch.zeros(num_outputs, len(batch), batch.response_length, device=device)
+    out = torch.zeros(num_outputs, len(batch), batch.response_length, device=compute_device())
     if groups.is_last_stage:
-        out.copy_(torch.cat([report["outputs"] for report in reports], dim=1))
+        for micro_batch, report in zip(micro_batches, reports):
+            out[:, micro_batch.rows] = report["outputs"]
     return broadcast_from_last_stage(out, groups).cpu()
 
 

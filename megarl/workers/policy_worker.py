@@ -34,6 +34,7 @@ from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.critic import MegatronCritic, ValueLossSettings
 from megarl.workers.megatron_train import ModelSettings, OffloadSettings, OptimSettings, RecomputeSettings
+from megarl.workers.packing import TokenBudget
 from megarl.workers.memory_stats import free_device_memory, memory_stats
 from megarl.workers.reference import MegatronReference
 from megarl.workers.reward_model import MegatronRewardModel
@@ -52,7 +53,8 @@ class CriticSpec:
     """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`critic.offload`)."""
     mini_batch_size: int
     """Samples per optimizer step on one DP rank."""
-    micro_batch_size: int
+    micro_batch_size: int | TokenBudget
+    """Samples per forward/backward micro-batch (per GPU), or the budget of packed micro-batches."""
     ppo_epochs: int
 
 
@@ -67,8 +69,8 @@ class ActorSpec:
     """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`actor.offload`)."""
     mini_batch_size: int
     """Actor samples per optimizer step on one DP rank."""
-    micro_batch_size: int
-    """Samples per forward/backward micro-batch (per GPU)."""
+    micro_batch_size: int | TokenBudget
+    """Samples per forward/backward micro-batch (per GPU), or the budget of packed micro-batches."""
     ppo_epochs: int
     rollout_tp: int
     """Tensor-parallel size of each rollout engine (the bridge plan's target layout)."""
@@ -96,7 +98,9 @@ class PolicyWorkerSpec:
     use_reference: bool
     """Host the reference."""
     ref_micro_batch_size: int
-    """Samples per forward micro-batch of the reference and the reward model."""
+    """Samples per forward micro-batch of the reward model (`ref.micro_batch_size_per_gpu`)."""
+    ref_micro_batch: int | TokenBudget
+    """The reference's forward micro-batches: samples, or the budget of packed micro-batches."""
     ref_offload: bool
     """Keep the reference's weights in host memory except during its log-prob pass (`ref.offload_params`)."""
     critic: CriticSpec | None
@@ -145,7 +149,7 @@ class PolicyWorker:
         """`[B, R]` reference log-probs (with `ref_offload`, the weights come to the device for this pass only)."""
         if self.spec.ref_offload:
             self.reference.onload()
-        log_probs = self.reference.compute_ref_log_prob(batch, micro_batch_size=self.spec.ref_micro_batch_size)
+        log_probs = self.reference.compute_ref_log_prob(batch, micro_batch_size=self.spec.ref_micro_batch)
         if self.spec.ref_offload:
             self.reference.offload()
         return log_probs

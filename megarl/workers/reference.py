@@ -20,6 +20,7 @@ from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.actor import compute_log_probs
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.megatron_train import ModelSettings, RecomputeSettings, load_model
+from megarl.workers.packing import TokenBudget
 
 
 class MegatronReference:
@@ -52,7 +53,8 @@ class MegatronReference:
         if uses_cuda():
             self.model.cuda()
 
-    def compute_ref_log_prob(self, batch: PolicyBatch, *, micro_batch_size: int) -> Tensor:
-        """`[B, R]` log-probs of `batch.responses` under the reference model, on every rank."""
+    def compute_ref_log_prob(self, batch: PolicyBatch, *, micro_batch_size: int | TokenBudget) -> Tensor:
+        """`[B, R]` log-probs of `batch.responses` under the reference model, on every rank
+        (`micro_batch_size`: samples per micro-batch, or a token budget of packed micro-batches)."""
         log_probs, _ = compute_log_probs(self.model, batch, micro_batch_size, self.vocab_size, self.groups)
         return log_probs

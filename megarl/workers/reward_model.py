@@ -23,9 +23,9 @@ from megarl.workers.megatron_train import (
     ModelSettings,
     RecomputeSettings,
     broadcast_from_last_stage,
-    check_divides,
     compute_device,
     load_model,
+    micro_batches_of,
     run_model,
     run_schedule,
 )
@@ -56,16 +56,14 @@ class MegatronRewardModel:
 
     def compute_scores(self, batch: PolicyBatch, *, micro_batch_size: int) -> Tensor:
         """`[B]` scores of `batch` (fp32, no gradient), on every rank."""
-        check_divides(len(batch), micro_batch_size, "micro_batch_size", "samples of this DP rank")
-
         def forward_step(model, micro_batch):
             def collect(output):
-                return output.new_zeros(()), dict(scores=last_token_scores(output, micro_batch))
+                return output.new_zeros(()), dict(scores=last_token_scores(output, micro_batch.samples))
 
             return run_model(model, micro_batch), collect
 
         device = compute_device()
-        micro_batches = [micro_batch.to(device) for micro_batch in batch.split(len(batch) // micro_batch_size)]
+        micro_batches = micro_batches_of(batch, micro_batch_size, self.groups)
         with torch.no_grad():
             reports = run_schedule(self.model, micro_batches, forward_step, forward_only=True)
         scores = torch.zeros(len(batch), device=device)
@@ -75,7 +73,8 @@ class MegatronRewardModel:
 
 
 def last_token_scores(output: Tensor, batch: PolicyBatch) -> Tensor:
-    """`[b]` fp32 head outputs at each sample's last real token, from the head's `[b, S, 1]` output."""
+    """`[b]` fp32 head outputs at each sample's last real token, from the head's `[b, S, 1]` output
+    (padded rows: `batch` laid out as is)."""
     kept = batch.response_mask * torch.arange(1, batch.response_length + 1, device=output.device)
     # Tokens up to the last kept response token (0 for none); its column is P - 1 + that count.
     columns = batch.prompt_length - 1 + kept.amax(dim=1)

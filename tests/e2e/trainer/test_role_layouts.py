@@ -1,7 +1,9 @@
 """A reference and a critic whose (TP, PP) differ from the actor's run in worker groups of their own.
 
 One PPO run serves both: the quickstart's actor (TP 2 × DP 1) with the reference at TP 1 × DP 2 and
-the critic at PP 2 × DP 1, three processes per device slot plus the colocated engine.
+the critic at PP 2 × DP 1, three processes per device slot plus the colocated engine. The reference
+packs its micro-batches (`ref.max_tokens_per_micro_batch`): its rows reach its two DP ranks balanced
+by tokens and come back in order, and its log-probs still match the actor's padded ones.
 """
 
 import math
@@ -16,6 +18,7 @@ from .conftest import QUICKSTART, overrides, read_metrics
 STEPS = 2
 LAYOUTS = {
     "ref.parallel.tensor_model_parallel_size": 1,
+    "ref.max_tokens_per_micro_batch": 68,  # two rows of the quickstart's 32 + 2 tokens
     "critic.enable": "true", "algorithm.adv_estimator": "gae", "algorithm.lam": 0.95,
     "critic.parallel.tensor_model_parallel_size": 1, "critic.parallel.pipeline_model_parallel_size": 2,
     "critic.ppo_mini_batch_size": 16, "critic.micro_batch_size_per_gpu": 32,
@@ -45,6 +48,7 @@ def test_reference_with_its_own_layout_matches_the_actor_before_any_update(split
     ref = roles.groups["ref"]
     assert ref.dp_size == plan.ref.data_parallel == 2 and {g["tp_rank"] for g in ref.grids} == {0}
     assert roles.groups["actor"].dp_size == plan.actor.data_parallel == 1
+    assert roles.packed_roles == {"ref"}
     assert metrics[0]["actor/kl"] < FP32_LOGPROB_TOLERANCE
     # After updates the actor moves away from the frozen reference.
     assert metrics[-1]["actor/kl"] > 100 * FP32_LOGPROB_TOLERANCE

@@ -141,3 +141,23 @@ def test_report_says_what_runs():
     fp32 = memory_report(_recipe("grpo_qwen2.5-7b_gsm8k.yaml", "model.dtype=float32"), 80)
     assert "precision: fp32 parameters, grads and Adam moments, no main copy" in fp32
     assert "offload during rollout: none" in fp32  # offload.optimizer has nothing to move in fp32
+
+
+def test_a_packed_micro_batch_is_sized_as_the_rows_its_budget_holds():
+    """max_tokens_per_micro_batch = 3 rows of S: the activations of 3 padded samples, whatever
+    micro_batch_size_per_gpu says."""
+    from megarl.config import build_config
+    from megarl.config.memory import ModelShape, estimate_memory
+
+    def actor_activations(actor: dict) -> int:
+        problems = []
+        config = build_config({"data": {"max_prompt_length": 100}, "rollout": {"max_new_tokens": 28},
+                               "actor": actor}, problems)
+        assert problems == []
+        shape = ModelShape(vocab_size=100, hidden_size=256, ffn_hidden_size=512, num_layers=4,
+                           num_attention_heads=4, num_kv_heads=2, head_dim=64)
+        [actor_memory, *_] = estimate_memory(config, shape, train_gpus=1).roles
+        return actor_memory.activations
+
+    assert actor_activations({"micro_batch_size_per_gpu": 8, "max_tokens_per_micro_batch": 3 * 128 + 5}) == \
+        actor_activations({"micro_batch_size_per_gpu": 3})

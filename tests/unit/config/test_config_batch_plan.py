@@ -3,7 +3,7 @@
 import pytest
 
 from megarl.config import ConfigError, build_config, plan_batches
-from megarl.config.batch_plan import batch_problems
+from megarl.config.batch_plan import batch_problems, format_plan
 
 
 def config_of(data: dict):
@@ -151,3 +151,34 @@ def test_old_log_probs_need_a_pass_only_when_the_batch_is_reused_or_read_first(m
         "placement": {"gpus_per_node": 2},
     })
     assert plan_batches(config).old_log_prob_pass == expected
+
+
+def test_packed_micro_batches_leave_the_micro_batch_count_to_the_data():
+    # 6 samples per rank: micro_batch_size_per_gpu 4 would not divide them, but with a token budget
+    # it cuts nothing (packed micro-batches hold as many samples as their tokens allow).
+    config = config_of({
+        "data": {"train_batch_size": 6, "max_prompt_length": 100},
+        "rollout": {"n": 2, "max_new_tokens": 64},
+        "actor": {"ppo_mini_batch_size": 6, "micro_batch_size_per_gpu": 4, "max_tokens_per_micro_batch": 512},
+        "placement": {"gpus_per_node": 2},
+    })
+    plan = plan_batches(config)
+    assert plan.actor.max_tokens_per_micro_batch == 512
+    assert plan.actor.forward_micro_batches is None and plan.actor.update.grad_accumulation_steps is None
+    assert "≤512t" in format_plan(plan) and "by tok" in format_plan(plan)
+
+
+def test_a_token_budget_below_the_longest_sample_names_the_key_and_the_minimum():
+    config = config_of({
+        "data": {"train_batch_size": 8, "max_prompt_length": 100},
+        "rollout": {"n": 2, "max_new_tokens": 64},
+        "actor": {"ppo_mini_batch_size": 8, "max_tokens_per_micro_batch": 150},
+        "critic": {"enable": True, "ppo_mini_batch_size": 8, "max_tokens_per_micro_batch": 0},
+        "placement": {"gpus_per_node": 2},
+    })
+    problems = {problem.key: problem for problem in batch_problems(config)}
+    actor = problems["actor.max_tokens_per_micro_batch"]
+    assert actor.value == 150
+    assert "164 tokens (data.max_prompt_length 100 + response 64)" in actor.why
+    assert actor.fix == "set actor.max_tokens_per_micro_batch to 164 or more, or null for padded micro-batches"
+    assert problems["critic.max_tokens_per_micro_batch"].why == "must be a positive integer"

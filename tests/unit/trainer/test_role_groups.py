@@ -8,6 +8,7 @@ import torch
 from megarl.config import format_plan, load_config, plan_batches
 from megarl.trainer.roles import MegatronGroup, Roles, device_bundles, worker_specs
 from megarl.workers.batch import PolicyBatch
+from megarl.workers.packing import TokenBudget
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 # The quickstart's actor: TP 2 × PP 1 on 2 device slots, colocated with the engines.
@@ -44,6 +45,17 @@ def test_a_role_gets_its_own_group_when_its_layout_differs_or_ref_is_not_colocat
         assert spec.use_reference == (name == "ref") and (spec.critic is not None) == (name == "critic")
     # Every process on a device slot has a CPU there: the actor's, each own group's, the engine's.
     assert device_bundles(plan) == (2, 2 + len(own))
+
+
+def test_token_budgets_reach_the_workers_and_none_keeps_padded_micro_batches():
+    config, plan = plan_of(*KL, *CRITIC, "actor.max_tokens_per_micro_batch=64", "ref.max_tokens_per_micro_batch=40")
+    specs = worker_specs(config, plan, total_steps=10)
+    policy = specs["policy"]
+    assert policy.actor.micro_batch_size == TokenBudget(64, "actor.max_tokens_per_micro_batch")
+    assert policy.ref_micro_batch == TokenBudget(40, "ref.max_tokens_per_micro_batch")
+    # The critic keeps padded micro-batches; the reward model always does.
+    assert specs["critic"].critic.micro_batch_size == config.critic.micro_batch_size_per_gpu
+    assert policy.ref_micro_batch_size == config.ref.micro_batch_size_per_gpu
 
 
 def test_split_placement_counts_only_the_megatron_processes_per_training_slot():
@@ -98,3 +110,19 @@ def test_calls_go_to_their_roles_group_and_are_scattered_by_its_dp_size():
     assert actor.workers.replying == [True, False] and ref.workers.replying == [True, True]
     assert per_rank[0][0] is per_rank[1][0]
     assert roles.own_groups == {"ref": ref}
+
+
+def test_a_packed_role_gets_rows_balanced_by_tokens_and_returns_them_in_order():
+    ref = MegatronGroup(FakeWorkers(2), grids(tp=1, dp=2))
+    roles = Roles({"actor": ref, "ref": ref}, rollout=None, placement=None, sync_transport="collective", routes=None,
+                  packed_roles=frozenset({"ref"}))
+    # Rows 0-3 are long (8 response tokens), rows 4-7 short (1): consecutive blocks would give one rank all
+    # the long ones.
+    rows = torch.arange(8)
+    lengths = torch.tensor([8, 8, 8, 8, 1, 1, 1, 1])
+    batch = PolicyBatch(prompts=torch.zeros(8, 1, dtype=torch.long), prompt_mask=torch.ones(8, 1, dtype=torch.bool),
+                        responses=rows[:, None].expand(8, 8).clone(),
+                        response_mask=torch.arange(8)[None, :] < lengths[:, None])
+    assert torch.equal(roles.gather("compute_ref_log_prob", batch), rows)
+    [(_, per_rank)] = ref.workers.calls
+    assert [args[0].responses[:, 0].tolist() for args in per_rank] == [[0, 2, 4, 6], [1, 3, 5, 7]]

@@ -1,9 +1,15 @@
-"""PolicyBatch layout: masks, the response slice, cutting into mini-/micro-batches."""
+"""PolicyBatch layout and its padded micro-batches: masks, the response columns, cutting into
+mini-/micro-batches."""
 
 import pytest
 import torch
 
-from megarl.workers.batch import PolicyBatch, attention_mask, mini_batches, position_ids, response_logit_slice
+from megarl.workers.batch import PolicyBatch, mini_batches
+from megarl.workers.micro_batches import padded_micro_batch
+
+
+def attention_mask(batch: PolicyBatch) -> torch.Tensor:
+    return padded_micro_batch(batch, torch.arange(len(batch))).attention_mask()
 
 
 def _batch(rows: int = 4) -> PolicyBatch:
@@ -23,10 +29,11 @@ def test_attention_mask_is_causal_and_hides_prompt_padding_keys():
     batch = _batch()
     mask = attention_mask(batch)  # True = masked out
     assert mask.shape == (4, 1, 5, 5) and mask.dtype == torch.bool
-    # Row 1: prompt [pad, p, p], response [r, r]: keys 0 (pad) and anything in the future are hidden.
+    # Row 1: prompt [pad, p, p], response [r, r]: keys 0 (pad) and anything in the future are hidden
+    # from real queries; the padding query sees only padding (finite, never read).
     expected = torch.tensor(
         [
-            [1, 1, 1, 1, 1],
+            [0, 1, 1, 1, 1],
             [1, 0, 1, 1, 1],
             [1, 0, 0, 1, 1],
             [1, 0, 0, 0, 1],
@@ -44,15 +51,15 @@ def test_attention_mask_is_causal_and_hides_prompt_padding_keys():
     assert torch.equal(attention_mask(holed), mask)
 
 
-def test_response_slice_reads_the_position_before_each_response_token():
+def test_response_index_reads_the_position_before_each_response_token():
     batch = _batch()
-    ids = batch.input_ids
-    columns = response_logit_slice(batch)
-    assert (columns.start, columns.stop) == (2, 4)
-    # The output at column c predicts input column c + 1: here, every response token.
-    predicted = ids[:, columns.start + 1 : columns.stop + 1]
+    micro_batch = padded_micro_batch(batch, torch.arange(len(batch)))
+    # Row i's response token t is predicted at column 2 + t of row i (flattened: 5 i + 2 + t).
+    assert torch.equal(micro_batch.response_index, torch.tensor([[5 * i + 2, 5 * i + 3] for i in range(4)]))
+    # The output at flat column c predicts input column c + 1: here, every response token.
+    predicted = micro_batch.input_ids.flatten()[micro_batch.response_index + 1]
     assert torch.equal(predicted, batch.responses)
-    assert torch.equal(position_ids(batch)[3], torch.arange(5))
+    assert torch.equal(micro_batch.position_ids[3], torch.arange(5))
 
 
 def test_select_and_split_keep_every_field_aligned():
@@ -93,10 +100,11 @@ def test_mini_batches_shuffle_is_a_seeded_permutation():
 
 def test_model_inputs_are_made_on_the_batch_device():
     """The meta device stands in for CUDA: `megatron_train` moves each micro-batch to the
-    compute device and `run_model` builds `attention_mask` and `position_ids` from it, so any tensor they make
-    on the CPU would meet the batch's masks on another device (an error on meta as on CUDA)."""
+    compute device and `run_model` builds the attention mask from it, so any tensor made on the CPU
+    would meet the batch's masks on another device (an error on meta as on CUDA)."""
     batch = _batch().to(torch.device("meta"))
-    mask, positions = attention_mask(batch), position_ids(batch)
+    micro_batch = padded_micro_batch(batch, torch.arange(len(batch), device="meta"))
+    mask, positions = micro_batch.attention_mask(), micro_batch.position_ids
     assert mask.device.type == "meta" and mask.shape == (4, 1, 5, 5)
     assert positions.device.type == "meta" and positions.shape == (4, 5)
     assert batch.input_ids.device.type == "meta"

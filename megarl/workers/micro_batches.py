@@ -1,0 +1,170 @@
+"""Micro-batches as the model sees them: padded rows (one sample per row, as the batch is laid out)
+or packed rows (samples concatenated under a token budget, no padding computed).
+
+Both are one `MicroBatch`: `input_ids [r, T]`, each token's sample (`segment_ids`, -1 = padding),
+and where each response token's prediction sits in the flattened `[r * T]` output
+(`response_index [b, R]`). Attention is causal *within* a segment: a token never sees another
+sample's tokens nor padding, so a packed row computes, per sample, what its padded row computes.
+
+Positions. megatron's GPTModel applies RoPE at columns `0..T-1` of a row whatever `position_ids`
+says (`megarl.workers.batch`, module docstring). Attention scores depend only on position
+differences and a token attends only inside its own sample, so a sample at offset `o` of a packed
+row gets the scores it gets at offset 0 (to float rounding), as a left-padded row already does.
+This block-diagonal mask works on the local spec (megatron's `FusedScaleMaskSoftmax` applies a given
+mask as is) and on the Transformer Engine spec, whose self-attention megarl builds with
+`AttnMaskType.arbitrary` (`megarl.models.architectures.TE_SELF_ATTENTION_MASK_TYPE`). Attention
+stays dense over a row (the masked scores are computed), so rows are no wider than the padded batch
+(`megarl.workers.packing.pack_rows`). Not done here: megatron-core's THD format on the TE spec
+(`PackedSeqParams` with `cu_seqlens`, `qkv_format="thd"`), which would skip the masked scores on GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from megarl.workers.batch import PolicyBatch
+from megarl.workers.packing import TokenBudget, pack_rows
+
+PADDING_SEGMENT = -1
+"""`segment_ids` of tokens that belong to no sample."""
+
+
+@dataclass
+class MicroBatch:
+    """One forward/backward pass of `b` samples laid out as `r` rows of `T` tokens."""
+
+    samples: PolicyBatch
+    """The `b` samples (rows of the batch that was cut), in the order of `response_index`."""
+    rows: Tensor
+    """`[b]` int64 indices of `samples` in the batch that was cut (to put outputs back in order)."""
+    input_ids: Tensor
+    """`[r, T]` int64 token ids."""
+    position_ids: Tensor
+    """`[r, T]` int64 position of each token inside its sample's padded or packed layout."""
+    segment_ids: Tensor
+    """`[r, T]` int64: which of the row's samples a token belongs to; `PADDING_SEGMENT` for padding."""
+    response_index: Tensor
+    """`[b, R]` int64 index into the `[r * T]` flattened output of the column predicting response
+    token `t` of sample `i`; positions past a sample's last counted token point at one of its own
+    columns (finite numbers that mean nothing, as the padded layout's)."""
+
+    def attention_mask(self) -> Tensor:
+        """`[r, 1, T, T]` bool, True = masked out: the key is in the query's future or in another
+        segment (padding is a segment of its own). Queries on padding see only padding: finite, unread."""
+        seq = self.input_ids.shape[1]
+        future = torch.ones(seq, seq, dtype=torch.bool, device=self.segment_ids.device).triu(diagonal=1)
+        other = self.segment_ids[:, :, None] != self.segment_ids[:, None, :]
+        return (future[None] | other)[:, None]
+
+    def response_outputs(self, output: Tensor) -> Tensor:
+        """`[b, R, ...]` the model output `[r, T, ...]` at each response token's predicting column."""
+        return output.flatten(0, 1)[self.response_index]
+
+    def to(self, device: torch.device) -> MicroBatch:
+        """The micro-batch with every tensor on `device`."""
+        return MicroBatch(
+            self.samples.to(device), self.rows.to(device), self.input_ids.to(device), self.position_ids.to(device),
+            self.segment_ids.to(device), self.response_index.to(device),
+        )
+
+
+def padded_micro_batch(samples: PolicyBatch, rows: Tensor) -> MicroBatch:
+    """The batch's own layout: row `i` is sample `i`, prompt left-padded to `P`, response
+    right-padded to `R`; response token `t` is predicted at column `P - 1 + t` of its row."""
+    batch_size, seq = len(samples), samples.prompt_length + samples.response_length
+    device = samples.prompts.device
+    real = torch.cat([samples.prompt_mask, torch.ones_like(samples.response_mask)], dim=1)
+    row_starts = torch.arange(batch_size, device=device)[:, None] * seq
+    columns = samples.prompt_length - 1 + torch.arange(samples.response_length, device=device)
+    return MicroBatch(
+        samples=samples,
+        rows=rows,
+        input_ids=samples.input_ids,
+        position_ids=torch.arange(seq, device=device).expand(batch_size, seq),
+        segment_ids=torch.where(real, 0, PADDING_SEGMENT),
+        response_index=row_starts + columns[None, :],
+    )
+
+
+def token_counts(batch: PolicyBatch) -> Tensor:
+    """`[B, 2]` int64 real prompt tokens and response tokens up to the last counted one (a token that
+    never counts and comes after every counted one never influences a counted log-prob)."""
+    counted = batch.response_mask * torch.arange(1, batch.response_length + 1, device=batch.response_mask.device)
+    return torch.stack([batch.prompt_mask.sum(dim=1), counted.amax(dim=1)], dim=1)
+
+
+def packed_micro_batch(samples: PolicyBatch, rows: Tensor, row_sizes: list[int], *, row_length: int | None,
+                       num_rows: int | None) -> MicroBatch:
+    """Rows of `samples`' real tokens (prompt, then response up to its last counted token), one
+    after another: row `k` holds the next `row_sizes[k]` samples. Rows are padded at their end to
+    `row_length` (None: to the longest row); `num_rows` adds rows of padding (pipeline stages exchange
+    fixed shapes; None adds none)."""
+    counts = token_counts(samples).tolist()
+    lengths = [prompt_len + response_len for prompt_len, response_len in counts]
+    starts = [sum(row_sizes[:k]) for k in range(len(row_sizes))]
+    row_tokens = [sum(lengths[start : start + size]) for start, size in zip(starts, row_sizes)]
+    width = max(row_tokens, default=0) if row_length is None else row_length
+    if max(row_tokens, default=0) > width:
+        raise ValueError(f"packed_micro_batch: {max(row_tokens)} tokens do not fit a row of {row_length}")
+    total_rows = len(row_sizes) if num_rows is None else num_rows
+    input_ids = samples.prompts.new_zeros(total_rows, width)
+    position_ids = torch.zeros(total_rows, width, dtype=torch.long)
+    segment_ids = torch.full((total_rows, width), PADDING_SEGMENT, dtype=torch.long)
+    index = []
+    for k, (start, size) in enumerate(zip(starts, row_sizes)):
+        column = 0
+        for i in range(start, start + size):
+            prompt_len, response_len = counts[i]
+            length, offset = lengths[i], k * width + column
+            input_ids[k, column : column + length] = torch.cat(
+                [samples.prompts[i, samples.prompt_length - prompt_len :], samples.responses[i, :response_len]])
+            position_ids[k, column : column + length] = torch.arange(length)
+            segment_ids[k, column : column + length] = i
+            # Flat index of the column before response token t; uncounted ones stay inside the sample.
+            predicting = offset + prompt_len - 1 + torch.arange(samples.response_length)
+            index.append(predicting.clamp(offset, max(offset, offset + length - 1)))
+            column += length
+    device = samples.prompts.device
+    return MicroBatch(
+        samples=samples,
+        rows=rows,
+        input_ids=input_ids,
+        position_ids=position_ids.to(device),
+        segment_ids=segment_ids.to(device),
+        # A sample without tokens (no prompt, nothing counted) points inside the micro-batch all the same.
+        response_index=torch.stack(index).clamp(max=total_rows * width - 1).to(device),
+    )
+
+
+def cut_micro_batches(batch: PolicyBatch, cut: int | TokenBudget, *, fixed_shape: bool) -> list[MicroBatch]:
+    """`batch` as micro-batches: `cut` samples each (padded rows; `cut` must divide `len(batch)`), or
+    packed rows under a `TokenBudget`, rows no wider than the padded batch
+    (`megarl.workers.packing.pack_rows`).
+
+    `fixed_shape`: every micro-batch has the same `[r, T]` (megatron's pipeline schedule sends one
+    shape between stages): packed micro-batches get full-width rows and as many as the budget allows.
+    """
+    if isinstance(cut, TokenBudget):
+        lengths = token_counts(batch).sum(dim=1).tolist()
+        row_width = min(batch.prompt_length + batch.response_length, cut.max_tokens)
+        micro_batches = []
+        for row_plan in pack_rows(lengths, cut, row_width):
+            rows = torch.tensor([i for row in row_plan for i in row], dtype=torch.long)
+            micro_batches.append(packed_micro_batch(
+                batch.select(rows), rows, [len(row) for row in row_plan],
+                row_length=row_width if fixed_shape else None,
+                num_rows=cut.max_tokens // row_width if fixed_shape else None,
+            ))
+        return micro_batches
+    if cut <= 0 or len(batch) % cut != 0:
+        raise ValueError(
+            f"micro_batch_size={cut} must divide the {len(batch)} samples of this DP rank ({len(batch)} % {cut} != 0); "
+            "choose a micro_batch_size that divides it"
+        )
+    return [
+        padded_micro_batch(batch.select(slice(start, start + cut)), torch.arange(start, start + cut))
+        for start in range(0, len(batch), cut)
+    ]

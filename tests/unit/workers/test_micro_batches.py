@@ -1,0 +1,81 @@
+"""Packed micro-batches: the real tokens of each sample one after another, attention inside a sample
+only, each response token read from the column before it; padded ones as the batch lays them out."""
+
+import pytest
+import torch
+
+from megarl.workers.batch import PolicyBatch
+from megarl.workers.micro_batches import PADDING_SEGMENT, cut_micro_batches, packed_micro_batch, token_counts
+from megarl.workers.packing import TokenBudget
+
+
+def _batch() -> PolicyBatch:
+    """Prompts of 3, 1, 2 real tokens (left-padded to 3); responses counting 2, 1 (+ a hole), 0 tokens."""
+    return PolicyBatch(
+        prompts=torch.tensor([[11, 12, 13], [0, 0, 21], [0, 31, 32]]),
+        prompt_mask=torch.tensor([[1, 1, 1], [0, 0, 1], [0, 1, 1]], dtype=torch.bool),
+        responses=torch.tensor([[14, 15, 0], [22, 23, 24], [33, 0, 0]]),
+        response_mask=torch.tensor([[1, 1, 0], [1, 0, 1], [0, 0, 0]], dtype=torch.bool),
+    )
+
+
+def test_tokens_are_the_prompt_and_the_response_up_to_its_last_counted_token():
+    assert token_counts(_batch()).tolist() == [[3, 2], [1, 3], [2, 0]]
+
+
+def test_a_packed_row_holds_each_sample_once_and_reads_each_response_token_before_it():
+    batch = _batch()
+    packed = packed_micro_batch(batch, torch.arange(3), [3], row_length=None, num_rows=None)
+    # The masked-out middle token of sample 1 stays: the token after it counts and reads it.
+    assert packed.input_ids.tolist() == [[11, 12, 13, 14, 15, 21, 22, 23, 24, 31, 32]]
+    assert packed.segment_ids.tolist() == [[0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1]]
+    mask = batch.response_mask
+    predicted = packed.input_ids.flatten()[packed.response_index[mask] + 1]
+    assert torch.equal(predicted, batch.responses[mask])
+    # Uncounted positions point inside their own sample (finite numbers nobody reads).
+    assert packed.response_index.tolist() == [[2, 3, 4], [5, 6, 7], [10, 10, 10]]
+
+
+def test_attention_stays_inside_each_sample_and_is_causal():
+    packed = packed_micro_batch(_batch(), torch.arange(3), [3], row_length=14, num_rows=None)
+    mask = packed.attention_mask()[0, 0]  # True = masked out
+    assert mask.shape == (14, 14)
+    segments = packed.segment_ids[0]
+    assert segments[11:].tolist() == [PADDING_SEGMENT] * 3 and packed.input_ids.shape == (1, 14)
+    for query in range(14):
+        visible = [key for key in range(14) if not mask[query, key]]
+        assert visible == [key for key in range(query + 1) if segments[key] == segments[query]]
+
+
+def test_a_row_too_short_for_its_tokens_is_refused():
+    with pytest.raises(ValueError, match="11 tokens do not fit a row of 10"):
+        packed_micro_batch(_batch(), torch.arange(3), [3], row_length=10, num_rows=None)
+
+
+def test_a_cut_covers_every_row_once_and_fixed_shapes_pad_to_the_budget():
+    batch = _batch()
+    budget = TokenBudget(6, "actor.max_tokens_per_micro_batch")
+    micro_batches = cut_micro_batches(batch, budget, fixed_shape=True)
+    assert sorted(row for m in micro_batches for row in m.rows.tolist()) == [0, 1, 2]
+    assert {m.input_ids.shape for m in micro_batches} == {(1, 6)}
+    for m in micro_batches:
+        assert torch.equal(m.samples.responses, batch.responses[m.rows])
+    padded = cut_micro_batches(batch, 3, fixed_shape=False)
+    assert len(padded) == 1 and padded[0].input_ids.shape == (3, 6)
+    with pytest.raises(ValueError, match="micro_batch_size=2 must divide the 3 samples"):
+        cut_micro_batches(batch, 2, fixed_shape=False)
+
+
+def test_a_micro_batch_holds_several_rows_no_wider_than_the_padded_batch():
+    batch = _batch()  # 5, 4 and 2 tokens; padded width 6
+    budget = TokenBudget(12, "actor.max_tokens_per_micro_batch")
+    [packed] = cut_micro_batches(batch, budget, fixed_shape=False)
+    assert packed.rows.tolist() == [0, 1, 2]
+    assert packed.input_ids.tolist() == [[11, 12, 13, 14, 15, 0], [21, 22, 23, 24, 31, 32]]
+    assert packed.segment_ids.tolist() == [[0, 0, 0, 0, 0, PADDING_SEGMENT], [1, 1, 1, 1, 2, 2]]
+    mask = batch.response_mask
+    assert torch.equal(packed.input_ids.flatten()[packed.response_index[mask] + 1], batch.responses[mask])
+    # Fixed shapes: as many full-width rows as the budget holds (here 2 of 6).
+    [fixed] = cut_micro_batches(batch, TokenBudget(13, "actor.max_tokens_per_micro_batch"), fixed_shape=True)
+    assert fixed.input_ids.shape == (2, 6)
