@@ -172,6 +172,10 @@ class TrainerConfig:
     even on GPU machines."""
     max_bad_steps: int = 3
     """Consecutive steps with a non-finite loss or grad norm (skipped) before the run stops. >= 1."""
+    peak_flops: float | None = None
+    """The actor group's peak FLOP/s, all its devices together, that `perf/mfu` divides by (e.g. 8 × 989e12
+    for 8 H100s in dense bf16, to compare with published MFU figures). None: measured at start-up, a
+    ~0.3 s matmul benchmark in model.dtype on every actor rank at once (`megarl.workers.matmul_peak`)."""
 
 
 @dataclass(frozen=True)

@@ -305,6 +305,8 @@ def _check_trainer(config: Config, check_files: bool, problems: list[Problem]) -
     _need(problems, trainer.test_freq == 0 or len(config.data.val_files) > 0, "trainer.test_freq", trainer.test_freq,
           "validation is requested but data.val_files is empty", "list data.val_files, or set trainer.test_freq=0")
     _need(problems, trainer.max_bad_steps >= 1, "trainer.max_bad_steps", trainer.max_bad_steps, "must be >= 1", "e.g. 3")
+    _need(problems, trainer.peak_flops is None or trainer.peak_flops > 0, "trainer.peak_flops", trainer.peak_flops,
+          "must be > 0", "e.g. 989e12 per H100 in bf16 times the actor's GPUs, or null to measure it")
     _need(problems, _is_plain_name(trainer.experiment_name), "trainer.experiment_name", trainer.experiment_name,
           "names the run's directory inside trainer.output_dir, so it must not be empty, '.', '..', or hold a path "
           "separator (the run directory would land outside trainer.output_dir)",
