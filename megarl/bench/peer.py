@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -38,6 +39,8 @@ MEGARL_LAYOUT = ("actor.parallel.tensor_model_parallel_size=1", "rollout.tensor_
                  "rollout.sync.verify_every=1000000", "data.val_files=[]")
 """Actor DP 2 with one TP-1 engine per trainer slot (the fastest layout of issue 19's table); the sync
 is checked on the first and last steps only."""
+MICRO_BATCH = 32
+"""megarl's micro-batch (the quickstart's): 2 per rank and optimizer step on the full workload."""
 TRL_CONTENDERS = {"trl": False, "trl_vllm": True}
 """Name -> TRL's `use_vllm`."""
 
@@ -79,9 +82,11 @@ def _timed(contender) -> dict:
 def _megarl(config_path: str, model: Path, data: Path, shape: dict, steps: int) -> dict:
     from megarl.bench import step
 
+    samples_per_rank = shape["prompts_per_step"] * shape["samples_per_prompt"] // 2  # actor DP 2
     overrides = [f"model.path={model}", f"data.train_files=[{data}]", f"data.train_batch_size={shape['prompts_per_step']}",
                  f"actor.ppo_mini_batch_size={shape['prompts_per_step']}", f"rollout.n={shape['samples_per_prompt']}",
-                 f"rollout.max_new_tokens={shape['max_new_tokens']}", f"actor.optim.lr={LEARNING_RATE}", *MEGARL_LAYOUT]
+                 f"rollout.max_new_tokens={shape['max_new_tokens']}", f"actor.optim.lr={LEARNING_RATE}",
+                 f"actor.micro_batch_size_per_gpu={min(MICRO_BATCH, samples_per_rank)}", *MEGARL_LAYOUT]
     result = step.run(config_path, overrides, steps)
     return dict(step_seconds=result["step_seconds"], step_seconds_all=result["step_seconds_all"],
                 phase_seconds=result["phase_seconds"], update_mfu=result["update_mfu"],
@@ -102,6 +107,14 @@ def _trl(spec: dict, out: Path) -> dict:
     return dict(step_seconds=statistics.median(measured), step_seconds_all=measured, logs=result["logs"])
 
 
+def _exception_line(stderr: str) -> str:
+    """The last `SomeError: message` line of a failed run's stderr (progress bars and log noise after it
+    skipped), without torch.distributed's `[rank0]:` prefix; the last line when there is none."""
+    lines = [line.removeprefix("[rank0]:").strip() for line in stderr.splitlines() if line.strip()]
+    raised = [line for line in lines if re.match(r"[\w.]+(Error|Exception)\b", line)]
+    return (raised or lines or ["(no output)"])[-1]
+
+
 def markdown(result: dict) -> str:
     shape = result["workload"]
     lines = [
@@ -113,8 +126,8 @@ def markdown(result: dict) -> str:
     ]
     for name, contender in result["contenders"].items():
         if "error" in contender:
-            last = contender["error"].strip().splitlines()[-1:] or ["(no output)"]
-            lines.append(f"| {name} | failed: {last[0][:160]} | — | {contender['launch_to_end_seconds']:.0f} |")
+            lines.append(f"| {name} | failed: {_exception_line(contender['error'])[:160]} | — | "
+                         f"{contender['launch_to_end_seconds']:.0f} |")
             continue
         ratio = result["megarl_over_peer_step_ratio"].get(name)
         lines.append(f"| {name} | {contender['step_seconds']:.2f} | {f'{ratio:.2f}' if ratio else '—'} | "

@@ -41,7 +41,7 @@ def test_the_table_shows_each_contender_its_ratio_and_a_failure_with_its_last_er
         "contenders": {
             "megarl": {"step_seconds": 10.0, "launch_to_end_seconds": 80.0, "update_mfu": 0.25, "peak_tflops": 0.04},
             "trl": {"step_seconds": 8.0, "launch_to_end_seconds": 50.0},
-            "trl_vllm": {"error": "Traceback ...\nRuntimeError: no engine", "launch_to_end_seconds": 9.0},
+            "trl_vllm": {"error": "Traceback ...\n[rank0]: RuntimeError: no engine\n  0%|   | 0/2 [00:08<?, ?it/s]\n", "launch_to_end_seconds": 9.0},
         },
         "megarl_over_peer_step_ratio": {"trl": 1.25},
     }
