@@ -175,7 +175,7 @@ class TrainerConfig:
     peak_flops: float | None = None
     """The actor group's peak FLOP/s, all its devices together, that `perf/mfu` divides by (e.g. 8 × 989e12
     for 8 H100s in dense bf16, to compare with published MFU figures). None: measured at start-up, a
-    ~0.3 s matmul benchmark in model.dtype on every actor rank at once (`megarl.workers.matmul_peak`)."""
+    ~0.3 s matmul benchmark (the best of several windows) in model.dtype on every actor rank at once (`megarl.workers.matmul_peak`)."""
 
 
 @dataclass(frozen=True)
