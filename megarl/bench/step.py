@@ -39,9 +39,16 @@ def run(config_path: str, overrides: list[str], repeats: int, warmup: int = 1) -
         benchmark="step", context=context(), model=model_summary(trainer.config.model.path), config=config_path,
         overrides=run_overrides[: len(overrides)], warmup_steps=warmup, repeats=len(measured),
         samples_per_step=trainer.plan.samples_per_step,
+        update_mfu=_median(measured, "perf/mfu"), peak_tflops=_median(measured, "perf/peak_tflops"),
         **breakdown(measured),
     )
     return result
+
+
+def _median(rows: list[dict], name: str) -> float | None:
+    """The median of a metric over the measured steps; None when no step logged it."""
+    values = [row[name] for row in rows if name in row]
+    return statistics.median(values) if values else None
 
 
 def breakdown(rows: list[dict]) -> dict:
@@ -74,6 +81,9 @@ def markdown(result: dict) -> str:
         lines.append(f"sync: the weight transfer itself (`sync/seconds`) is {result['sync_transfer_seconds']:.3f} s of "
                      f"the phase's {result['phase_seconds']['sync']:.3f} s; the rest is hand-shake calls and the "
                      "log-prob check")
+    if result["update_mfu"] is not None:
+        lines.append(f"actor update: MFU {result['update_mfu']:.1%} of the measured matmul peak "
+                     f"({result['peak_tflops'] * 1e3:.1f} GFLOP/s, perf/mfu)")
     other = result["phase_share"]["other"]
     lines.append(f"other: {other:.1%} of the step (goal ≤ 10 %: {'met' if other <= 0.10 else 'not met'})")
     return "\n".join(lines)

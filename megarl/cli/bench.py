@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 import tempfile
 from pathlib import Path
 
 BENCHMARKS = ("sync", "rollout", "train", "step")
+PEERS = ("trl",)
 BENCH_MODEL = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=64)
 """The default model when --model is not given: a 4-layer Qwen2, ~3 M parameters (sync: `bench.sync.MODEL_100M`,
@@ -35,6 +37,11 @@ def register(subparsers) -> None:
     parser.add_argument("--json", type=Path, help="write the result here")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats after the warm-up (default 5)")
     parser.add_argument("--config", default="configs/quickstart.yaml", help="step: the recipe (default quickstart)")
+    parser.add_argument("--peer", choices=PEERS,
+                        help="step only: run the same GRPO workload with this other framework too, side by side "
+                             "(trl: TRL's GRPOTrainer with HF generate and with colocated vLLM; needs the bench "
+                             "extra) on issue 19's 23.7 M Qwen2, 16 prompts x 8 samples, <= 64 new tokens; "
+                             "--repeats steps are measured after one warm-up step")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny model and shapes (train: TP 1 only), to check that a benchmark runs; the numbers "
                              "mean nothing")
@@ -44,6 +51,19 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         print(f"megarl bench: --repeats {args.repeats}: must be >= 1 (5 or more for a reported figure)", file=sys.stderr)
+        return 2
+    if args.peer is not None and args.benchmark != "step":
+        print(f"megarl bench {args.benchmark}: --peer {args.peer} compares whole steps only; use megarl bench step "
+              f"--peer {args.peer}", file=sys.stderr)
+        return 2
+    if args.peer is not None and args.model is not None:
+        print(f"megarl bench step --peer {args.peer}: --model {args.model}: the comparison makes its own model (the "
+              "workload of issue 19); leave --model out", file=sys.stderr)
+        return 2
+    if args.peer == "trl" and importlib.util.find_spec("trl") is None:
+        from megarl.bench.trl_peer import MISSING_TRL
+
+        print(MISSING_TRL, file=sys.stderr)
         return 2
     if args.model is not None and not (args.model / "config.json").is_file():
         print(f"megarl bench: --model {args.model} has no config.json; point it at an HF checkpoint dir", file=sys.stderr)
@@ -65,6 +85,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, tmp: Path) -> tuple[dict, str]:
+    if args.peer is not None:
+        from megarl.bench import peer
+
+        result = peer.run(args.config, args.repeats, tmp, args.smoke)
+        return result, peer.markdown(result)
     module = importlib.import_module(f"megarl.bench.{args.benchmark}")
     if args.benchmark == "step":
         overrides = [f"model.path={args.model}"] if args.model else []

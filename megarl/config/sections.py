@@ -176,6 +176,10 @@ class TrainerConfig:
     """A worker process that is alive but shows no sign of running for this long (stopped, frozen, its node
     cut off: its heartbeat, sent every second even while it computes or waits in a collective, stopped) ends
     the run, naming it. >= 10 seconds (`validate.MIN_HANG_TIMEOUT_S`)."""
+    peak_flops: float | None = None
+    """The actor group's peak FLOP/s, all its devices together, that `perf/mfu` divides by (e.g. 8 × 989e12
+    for 8 H100s in dense bf16, to compare with published MFU figures). None: measured at start-up, a
+    ~0.3 s matmul benchmark (the best of several windows) in model.dtype on every actor rank at once (`megarl.workers.matmul_peak`)."""
 
 
 @dataclass(frozen=True)

@@ -354,6 +354,8 @@ def _check_trainer(config: Config, check_files: bool, problems: list[Problem]) -
     _need(problems, trainer.hang_timeout_s >= MIN_HANG_TIMEOUT_S, "trainer.hang_timeout_s", trainer.hang_timeout_s,
           f"must be >= {MIN_HANG_TIMEOUT_S:g} seconds (a worker beats once a second; a shorter limit takes a busy "
           "machine's delay for a stopped process)", "e.g. 600")
+    _need(problems, trainer.peak_flops is None or trainer.peak_flops > 0, "trainer.peak_flops", trainer.peak_flops,
+          "must be > 0", "e.g. 989e12 per H100 in bf16 times the actor's GPUs, or null to measure it")
     _need(problems, _is_plain_name(trainer.experiment_name), "trainer.experiment_name", trainer.experiment_name,
           "names the run's directory inside trainer.output_dir, so it must not be empty, '.', '..', or hold a path "
           "separator (the run directory would land outside trainer.output_dir)",

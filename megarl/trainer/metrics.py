@@ -81,6 +81,12 @@ DOCUMENTED_METRICS: dict[str, str] = {
     # throughput
     "perf/total_tokens": "prompt + response tokens of the step's samples",
     "perf/tokens_per_s": "perf/total_tokens / timing/step",
+    "perf/update_tflops": ("model TFLOP/s of the actor update: matmul FLOPs of forward and backward over the samples' "
+                           "prompt + response tokens, padding excluded, × actor.ppo_epochs (megarl.models.flops), "
+                           "/ timing/update_actor"),
+    "perf/peak_tflops": ("the actor group's matmul peak, all its ranks together: measured at start-up in model.dtype "
+                         "(megarl.workers.matmul_peak), or trainer.peak_flops"),
+    "perf/mfu": "model FLOPs utilisation of the actor update: perf/update_tflops / perf/peak_tflops",
     **{f"timing/{phase}": f"seconds: {meaning}" for phase, meaning in PHASES.items()},
 }
 
@@ -206,6 +212,13 @@ def agent_metrics(trajectories: Sequence[Trajectory], loss_masks: Sequence[Tenso
 def throughput_metrics(total_tokens: int, step_seconds: float) -> dict[str, float]:
     """`perf/total_tokens` (prompt + response tokens of the step) and `perf/tokens_per_s`."""
     return {"perf/total_tokens": float(total_tokens), "perf/tokens_per_s": total_tokens / step_seconds}
+
+
+def update_mfu_metrics(update_flops: float, update_seconds: float, peak_flops: float) -> dict[str, float]:
+    """`perf/update_tflops`, `perf/peak_tflops` and `perf/mfu` of an actor update of `update_flops` model
+    FLOPs that took `update_seconds`, on a group whose peak is `peak_flops` FLOP/s."""
+    achieved = update_flops / update_seconds
+    return {"perf/update_tflops": achieved / 1e12, "perf/peak_tflops": peak_flops / 1e12, "perf/mfu": achieved / peak_flops}
 
 
 def reduce_metrics(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:

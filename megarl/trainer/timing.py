@@ -43,6 +43,7 @@ STARTUP_PHASES: dict[str, str] = {
     "megatron": "the Megatron worker groups: processes, process groups, model build, checkpoint load, offload",
     "engines": "the rollout engines built (vLLM: model load, KV cache, warm-up)",
     "weight_sync": "the weight sync connected (the sync group joined, or the shared rings set up)",
+    "matmul_peak": "the actor ranks' matmul benchmark, the peak perf/mfu divides by (skipped with trainer.peak_flops)",
     "resume": "a resumed run's checkpoint loaded and synced into the engines",
 }
 """Start-up phase name -> what its time covers (one line in the log before step 1: `startup_line`)."""

@@ -33,7 +33,9 @@ from megarl.rollout import AgentLoop, ObservationEncoder, single_turn
 from megarl.trainer import rollout_batch as rb
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.trainer.handover import HandOver
-from megarl.trainer.metrics import agent_metrics, rollout_metrics, throughput_metrics, worker_metrics
+from megarl.models.flops import training_flops
+from megarl.models.hf_config import read_model_dims
+from megarl.trainer.metrics import agent_metrics, rollout_metrics, throughput_metrics, update_mfu_metrics, worker_metrics
 from megarl.trainer.rollout import RolloutPhase
 from megarl.trainer.roles import cluster_device, ray_cpus, start_roles
 from megarl.trainer.settings import WORKER_ENV, sampling_config, step_seed, stop_token_ids
@@ -70,6 +72,7 @@ class Trainer:
         self.config = config = resolve_hub_ids(config)  # workers and tokenizer get directories, never hub ids
         _check_weights(config.model.path)
         self.plan = plan_batches(config)
+        self.model_dims = read_model_dims(config.model.path)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path or config.model.path,
                                                        trust_remote_code=config.model.trust_remote_code)
         self.multi_turn = config.rollout.multi_turn
@@ -144,6 +147,7 @@ class Trainer:
         engines_sleep = self.config.placement.mode == "colocated" and self.config.rollout.free_cache_engine
         self.handover = HandOver(self.roles, self.sync, engines_sleep=engines_sleep, timer=self.timer)
         start = self._resume(startup)
+        self.peak_flops = self.config.trainer.peak_flops or self._measure_peak(startup)
         print(startup_line(startup.pop()), flush=True)
         phase = RolloutPhase(self.config, rollout, scorer, self._decode, lambda: next(self.loader), self.timer)
         metrics, bad_steps = {}, 0
@@ -164,6 +168,9 @@ class Trainer:
                     self._maybe_validate(step, phase, metrics)
                 metrics |= self.timer.pop() | self.handover.pop_memory()
                 metrics |= throughput_metrics(metrics.pop("_tokens"), metrics["timing/step"])
+                if "_update_flops" in metrics:
+                    metrics |= update_mfu_metrics(metrics.pop("_update_flops"), metrics["timing/update_actor"],
+                                                  self.peak_flops)
                 logger.log(step, metrics)
                 if bad_steps >= self.config.trainer.max_bad_steps:
                     raise BadStepsError(
@@ -174,6 +181,12 @@ class Trainer:
             self.handover.to_training()
             self.roles.policy.call_all("export_hf", str(self.checkpoints.root))
         return metrics
+
+    def _measure_peak(self, startup: PhaseTimer) -> float:
+        """The actor group's matmul peak, FLOP/s: every rank benchmarks at once (ranks sharing a device or
+        cores share them as in training), the group's peak is the sum."""
+        with startup("matmul_peak"):
+            return sum(self.roles.policy.call_all("matmul_peak"))
 
     @property
     def run_dir(self) -> Path:
@@ -216,10 +229,12 @@ class Trainer:
         if config.critic.enable:
             with timer("update_critic"):
                 metrics |= worker_metrics("critic", self.roles.update("update_critic", batch, step))
+        lengths, prompt_lengths = [len(r) for r in samples.response_ids], [len(p.token_ids) for p in samples.prompts]
         if step > config.critic.warmup_steps:
             with timer("update_actor"):
                 metrics |= worker_metrics("actor", self.roles.update("update_actor", batch, step))
-        lengths, prompt_lengths = [len(r) for r in samples.response_ids], [len(p.token_ids) for p in samples.prompts]
+            metrics["_update_flops"] = config.actor.ppo_epochs * sum(
+                training_flops(self.model_dims, p + r) for p, r in zip(prompt_lengths, lengths))
         metrics |= rollout_metrics(scores.tolist(), lengths, response_length(config.rollout), prompt_lengths)
         if self.multi_turn.enable:
             metrics |= agent_metrics(samples.trajectories, samples.loss_masks)

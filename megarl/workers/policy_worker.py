@@ -33,7 +33,9 @@ from megarl.parallel.distributed import initialize_model_parallel
 from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.critic import MegatronCritic, ValueLossSettings
-from megarl.workers.megatron_train import ModelSettings, OffloadSettings, OptimSettings, RecomputeSettings
+from megarl.workers.matmul_peak import measure_matmul_peak
+from megarl.workers.megatron_train import (ModelSettings, OffloadSettings, OptimSettings, RecomputeSettings,
+                                           compute_device)
 from megarl.workers.packing import TokenBudget
 from megarl.workers.memory_stats import free_device_memory, memory_stats
 from megarl.workers.reference import MegatronReference
@@ -182,6 +184,11 @@ class PolicyWorker:
     def free_device_memory(self) -> tuple[float, float] | None:
         """(free, total) GiB of this rank's GPU; None on CPU (`megarl.workers.memory_stats`)."""
         return free_device_memory()
+
+    def matmul_peak(self) -> float:
+        """FLOP/s of a matmul benchmark in the model's dtype on this rank's device; call it on every rank
+        at once (`megarl.workers.matmul_peak`)."""
+        return measure_matmul_peak(TORCH_DTYPES[self.spec.model_settings.dtype], compute_device())
 
     def _trained_models(self) -> list:
         return [model for model in (self.actor, self.critic) if model is not None]

@@ -167,6 +167,8 @@ CASES = [
     ("test-freq-without-val-files", ["trainer.test_freq=5"], "trainer.test_freq", "data.val_files is empty"),
     ("max-bad-steps-zero", ["trainer.max_bad_steps=0"], "trainer.max_bad_steps", "must be >= 1"),
     ("hang-timeout-below-ten-beats", ["trainer.hang_timeout_s=2"], "trainer.hang_timeout_s", "must be >= 10 seconds"),
+    ("peak-flops-zero", ["trainer.peak_flops=0"], "trainer.peak_flops", "must be > 0"),
+    ("peak-flops-infinite", ["trainer.peak_flops=.inf"], "trainer.peak_flops", "not a finite number"),
     ("unknown-logger", ["trainer.loggers=[console,mlflow]"], "trainer.loggers", "expected a list of (one of 'console'"),
     # --- nonsense that passes a type check (issue 18, item 9)
     ("lr-infinite", ["actor.optim.lr=1e999"], "actor.optim.lr", "= inf: not a finite number"),

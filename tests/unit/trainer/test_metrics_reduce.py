@@ -9,6 +9,7 @@ from megarl.trainer.metrics import (
     reduce_metrics,
     rollout_metrics,
     throughput_metrics,
+    update_mfu_metrics,
     undocumented,
     worker_metrics,
 )
@@ -51,6 +52,12 @@ def test_throughput():
                                                                       "perf/tokens_per_s": 300.0}
 
 
+def test_update_mfu_is_the_updates_model_flop_rate_over_the_peak():
+    """3e12 model FLOPs in 1.5 s on a 4 TFLOP/s group: 2 TFLOP/s achieved, half the peak."""
+    assert update_mfu_metrics(update_flops=3e12, update_seconds=1.5, peak_flops=4e12) == {
+        "perf/update_tflops": 2.0, "perf/peak_tflops": 4.0, "perf/mfu": 0.5}
+
+
 def test_worker_results_get_logged_names_and_unknown_keys_are_refused():
     assert worker_metrics("actor", {"clip_frac": 0.1, "approx_kl": 0.01, "kl_loss": 0.2}) == {
         "actor/pg_clipfrac": 0.1, "actor/ppo_kl": 0.01, "actor/kl": 0.2}
@@ -63,6 +70,7 @@ def test_every_produced_name_is_documented():
     produced = {
         *rollout_metrics([1.0], [1], 1, [1]),
         *throughput_metrics(1, 1.0),
+        *update_mfu_metrics(1.0, 1.0, 1.0),
         *(f"timing/{phase}" for phase in PHASES),
         *worker_metrics("actor", dict.fromkeys(["loss", "pg_loss", "kl_loss", "entropy", "clip_frac",
                                                 "clip_frac_lower", "approx_kl", "grad_norm", "lr", "tokens",

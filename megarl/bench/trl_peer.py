@@ -1,0 +1,78 @@
+"""One TRL `GRPOTrainer` run of the peer comparison (`megarl bench step --peer trl`), in a process of its own.
+
+    python -m megarl.bench.trl_peer SPEC.json RESULT.json
+
+SPEC: {"model": dir, "data": jsonl of prompt/answer rows, "steps": N, "samples_per_prompt": 8,
+"prompts_per_step": 16, "max_new_tokens": 64, "learning_rate": 1e-3, "use_vllm": bool}. RESULT: the
+wall time of each optimizer step (generation, reward, forward/backward and optimizer step together)
+and TRL's own per-step logs. The run mirrors megarl's step: the same model, prompts, reward
+(`repeat_first_char`), group size and token budget, no KL (beta 0), one optimizer step per batch
+(the whole generation batch in one step, no gradient accumulation, one iteration), fp32 training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+MISSING_TRL = ("megarl bench step --peer trl needs TRL: install the bench extra (pip install 'megarl[bench]', or "
+               "pip install trl) into this environment, or into a separate one if it would change torch there")
+
+
+def main(spec_path: str, result_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    if spec["use_vllm"]:
+        _single_process_world()
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from megarl.rewards.tasks import repeat_first_char
+
+    rows = [json.loads(line) for line in Path(spec["data"]).read_text().splitlines() if line]
+    batch = spec["prompts_per_step"] * spec["samples_per_prompt"]
+    config = GRPOConfig(
+        output_dir=str(Path(result_path).parent / "trl-out"), max_steps=spec["steps"], learning_rate=spec["learning_rate"],
+        per_device_train_batch_size=batch, gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
+        num_generations=spec["samples_per_prompt"], max_completion_length=spec["max_new_tokens"], beta=0.0,
+        temperature=1.0, top_k=0, top_p=1.0, use_cpu=True, bf16=False, logging_steps=1, report_to=[],
+        save_strategy="no", use_vllm=spec["use_vllm"], vllm_mode="colocate", vllm_gpu_memory_utilization=0.1,
+        seed=0, dataloader_num_workers=0,
+    )
+
+    def reward(prompts, completions, answer, **columns):
+        return repeat_first_char(prompts, completions, answer)
+
+    step_seconds: list[float] = []
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            step_seconds.append(time.perf_counter() - self.start)
+
+    trainer = GRPOTrainer(model=spec["model"], reward_funcs=reward, args=config,
+                          train_dataset=Dataset.from_list(rows), processing_class=AutoTokenizer.from_pretrained(spec["model"]),
+                          callbacks=[StepClock()])
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "reward" in entry]
+    Path(result_path).write_text(json.dumps({"step_seconds": step_seconds, "logs": logs}, indent=2) + "\n")
+
+
+def _single_process_world() -> None:
+    """TRL's colocated vLLM runs with vLLM's `external_launcher`, which expects the process to be a rank
+    of a torch.distributed world (as under `accelerate launch`): a world of one."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
