@@ -136,7 +136,7 @@ def test_a_correct_bf16_sync_passes_both_checks(synced):
     metrics = check_checksums(expected, loaded, dtype=DTYPE, layout=LAYOUT, engine="the engine")
     # The TP-1 worker loads its per-rank tensors: norms whole, the rest as blocks (here the whole tensor).
     assert metrics["sync/checksum_tensors"] == len(expected) == len(loaded[0].full.keys() | loaded[0].partial.keys())
-    threshold = LOGPROB_GAP_BY_DTYPE[DTYPE]
+    threshold = LOGPROB_GAP_BY_DTYPE[(DTYPE, DTYPE)]
     gap = check_sync(list(engine), actor, threshold=threshold, layout=LAYOUT)["sync/logprob_max_abs_diff"]
     assert 0 < gap <= threshold  # bf16 rounding differs between the two stacks, never by more
 
@@ -154,6 +154,6 @@ def test_swapped_gate_up_halves_are_named(synced):
 
 def test_one_ulp_is_named_where_the_gap_sees_nothing(synced):
     expected, loaded, actor, engine = synced["one_ulp"]
-    check_sync(list(engine), actor, threshold=LOGPROB_GAP_BY_DTYPE[DTYPE], layout=LAYOUT)  # passes
+    check_sync(list(engine), actor, threshold=LOGPROB_GAP_BY_DTYPE[(DTYPE, DTYPE)], layout=LAYOUT)  # passes
     with pytest.raises(WeightChecksumError, match=r"1 of \d+ tensors: model\.layers\.1\.mlp\.down_proj\.weight: "):
         check_checksums(expected, loaded, dtype=DTYPE, layout=LAYOUT, engine="the engine")
