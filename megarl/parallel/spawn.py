@@ -15,9 +15,11 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import random
 import socket
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -26,10 +28,32 @@ class DistributedFailure(RuntimeError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on `host` a moment ago (for a rendezvous)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port that was free on `host` a moment ago (for a rendezvous), drawn below the kernel's
+    ephemeral range: a port the kernel hands out for `bind(0)` is also what it gives the next outgoing
+    connection of any process, which took a chosen rendezvous port before its listener bound it
+    ("Address already in use")."""
+    low = max(_ephemeral_range()[0], _FIRST_PORT + 64)  # a kernel set to hand out low ports: share its range
+    for port in random.Random().sample(range(_FIRST_PORT, low), 64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free TCP port on {host} between {_FIRST_PORT} and {low}")
+
+
+_FIRST_PORT = 20000
+"""Above the ports services usually claim."""
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (Linux's default when unreadable)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def _rank_main(fn, args, rank, world_size, port, collective_timeout_s, results):

@@ -1,7 +1,8 @@
 """A policy rank that is alive but stopped (SIGSTOP) in the middle of the actor update, its peer waiting
 for it in a tensor-parallel all-reduce: the run ends within trainer.hang_timeout_s plus the shutdown,
 naming the role, rank, process, node, step and phase, with no process left behind (the stopped one
-included), the last checkpoint intact, and `checkpoint.resume=auto` continues exactly."""
+included) and the last checkpoint intact. That `checkpoint.resume=auto` then continues exactly is the
+same path as after a killed rank (tests/e2e/reliability/test_process_faults.py), not run again here."""
 
 import os
 import re
@@ -12,7 +13,7 @@ import psutil
 
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.workers.checkpoint_files import read_manifest
-from reliability_job import Job, assert_trained_alike, python_stacks
+from reliability_job import Job, python_stacks
 
 HANG_TIMEOUT_S = 10
 SHUTDOWN_BOUND_S = 110.0
@@ -22,7 +23,7 @@ the driver's shutdown of the other processes and of Ray (as test_process_faults'
 OVERRIDES = ["checkpoint.save_freq=2", "actor.micro_batch_size_per_gpu=2"]
 
 
-def test_stopped_policy_rank_ends_the_run_within_the_hang_timeout_and_auto_resume_is_exact(workspace, tmp_path, jobs):
+def test_stopped_policy_rank_ends_the_run_within_the_hang_timeout(workspace, tmp_path, jobs):
     run_dir = tmp_path / "run"
     first = Job.start(workspace, run_dir, ["trainer.total_steps=10", f"trainer.hang_timeout_s={HANG_TIMEOUT_S}",
                                            *OVERRIDES])
@@ -56,16 +57,6 @@ def test_stopped_policy_rank_ends_the_run_within_the_hang_timeout_and_auto_resum
     assert latest.step == failed_step - 1 - (failed_step - 1) % 2
     read_manifest(latest.path)
     assert f"last checkpoint: step {latest.step} ({latest.path})" in out
-
-    second = Job.start(workspace, run_dir, [f"trainer.total_steps={failed_step}", "checkpoint.resume=auto", *OVERRIDES])
-    jobs.append(second)
-    assert second.wait() == 0, second.output()[-4000:]
-    resumed = second.metrics()
-    assert [r["step"] for r in resumed] == list(range(1, failed_step + 1))
-    assert resumed[:latest.step] == logged[:latest.step]
-    assert failed_step - 1 > latest.step, "no step trained again to compare: the stop missed step 4's update"
-    assert_trained_alike(resumed[latest.step:failed_step - 1], logged[latest.step:])
-    assert second.leftovers() == []
 
 
 def _resume_if_alive(process: psutil.Process) -> None:
