@@ -29,6 +29,7 @@ import yaml
 
 from megarl.models.tiny import make_tiny_model
 from megarl.rewards.tasks import repeat_first_char_rows
+from megarl.trainer.checkpoint_manager import Checkpoint, CheckpointManager
 
 REWARDS_MODULE = '''"""Reward functions of the reliability tests (the job finds this module through PYTHONPATH)."""
 import json
@@ -199,6 +200,16 @@ class Job:
             except psutil.NoSuchProcess:
                 pass
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
+
+
+def failed_run_state(job: "Job", failed_step: int) -> tuple[list[dict], "Checkpoint"]:
+    """After `job` failed during `failed_step` (checkpoints every 2 steps): its records, which end at the
+    step before, and its newest checkpoint, the last even step before the failure (verified)."""
+    logged = job.metrics()
+    assert logged[-1]["step"] == failed_step - 1
+    latest = CheckpointManager(job.checkpoint_dir).latest()
+    assert latest.step == failed_step - 1 - (failed_step - 1) % 2
+    return logged, latest
 
 
 def assert_trained_alike(again: list[dict], before: list[dict]) -> None:

@@ -12,7 +12,7 @@ import time
 import psutil
 
 from megarl.trainer.checkpoint_manager import CheckpointManager
-from reliability_job import Job, assert_trained_alike, python_stacks
+from reliability_job import Job, assert_trained_alike, failed_run_state, python_stacks
 
 # How long a job may take to notice a dead rank and exit: Ray reports the actor's death within
 # seconds; the rest is the driver's shutdown of the other processes and of Ray.
@@ -48,10 +48,7 @@ def test_killed_policy_rank_ends_the_job_and_auto_resume_continues(workspace, tm
     assert failure, out[-4000:]
     assert first.leftovers() == []
     failed_step = int(failure.group(1))
-    logged = first.metrics()
-    assert logged[-1]["step"] == failed_step - 1
-    latest = CheckpointManager(first.checkpoint_dir).latest()
-    assert latest.step == failed_step - 1 - (failed_step - 1) % 2
+    logged, latest = failed_run_state(first, failed_step)
     assert failed_step - 1 > latest.step, "no step trained again to compare: the kill missed step 4's update"
 
     second = Job.start(workspace, run_dir, [f"trainer.total_steps={failed_step}", "checkpoint.resume=auto",

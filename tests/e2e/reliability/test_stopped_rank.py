@@ -11,9 +11,7 @@ import time
 
 import psutil
 
-from megarl.trainer.checkpoint_manager import CheckpointManager
-from megarl.workers.checkpoint_files import read_manifest
-from reliability_job import Job, python_stacks
+from reliability_job import Job, failed_run_state, python_stacks
 
 HANG_TIMEOUT_S = 10
 SHUTDOWN_BOUND_S = 110.0
@@ -50,12 +48,7 @@ def test_stopped_policy_rank_ends_the_run_within_the_hang_timeout(workspace, tmp
     print(out[failure.start():].split("\n\n")[0])
     assert "Traceback" not in out, out[-4000:]
     assert first.leftovers() == []
-    failed_step = int(failure.group(1))
-    logged = first.metrics()
-    assert logged[-1]["step"] == failed_step - 1
-    latest = CheckpointManager(first.checkpoint_dir).latest()
-    assert latest.step == failed_step - 1 - (failed_step - 1) % 2
-    read_manifest(latest.path)
+    _, latest = failed_run_state(first, int(failure.group(1)))
     assert f"last checkpoint: step {latest.step} ({latest.path})" in out
 
 
