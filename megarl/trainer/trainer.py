@@ -26,15 +26,15 @@ from megarl.config.hub import resolve_hub_ids
 from megarl.config.problems import Problem
 from megarl.config.rollout import response_length
 from megarl.data import load_prompts, train_loader
+from megarl.models.flops import training_flops
 from megarl.models.hf_checkpoint import check_hf_checkpoint
+from megarl.models.hf_config import read_model_dims
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.rewards.scorer import RewardScorer
 from megarl.rollout import AgentLoop, ObservationEncoder, single_turn
 from megarl.trainer import rollout_batch as rb
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.trainer.handover import HandOver
-from megarl.models.flops import training_flops
-from megarl.models.hf_config import read_model_dims
 from megarl.trainer.metrics import agent_metrics, rollout_metrics, throughput_metrics, update_mfu_metrics, worker_metrics
 from megarl.trainer.rollout import RolloutPhase
 from megarl.trainer.roles import cluster_device, ray_cpus, start_roles
