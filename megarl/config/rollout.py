@@ -147,8 +147,12 @@ class RolloutConfig:
     """CPU only: KV-cache size per engine in GiB (VLLM_CPU_KVCACHE_SPACE). > 0."""
     gpu_memory_utilization: float = 0.5
     """GPU only: fraction of GPU memory vLLM may take (weights + KV cache), in (0, 1]."""
-    enforce_eager: bool = False
-    """Disable CUDA graphs (always eager on CPU)."""
+    enforce_eager: bool | Literal["auto"] = "auto"
+    """true: vLLM runs the model eagerly; false: vLLM compiles it (torch.compile, plus CUDA graphs on
+    GPU). auto: false on GPU, true on CPU, where compiling adds ~10-20 s to each engine's start (once per
+    engine and shape; vLLM caches it under ~/.cache/vllm) and then generates ~1.4x faster
+    (benchmarks/README.md, "Compiled engines on CPU"): worth it on CPU for runs of more than a few
+    dozen steps."""
     free_cache_engine: bool = True
     """Colocated: put the engines to sleep (KV cache and weights freed) while the Megatron roles train
     on the same GPUs, waking the weights for the weight sync and the KV cache once the trainer has

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from megarl.workers.rollout.base import RolloutEngine
 
@@ -19,7 +20,7 @@ def make_rollout_engine(
     max_model_len: int | None = None,
     cpu_kv_cache_gib: int = 1,
     gpu_memory_utilization: float = 0.5,
-    enforce_eager: bool = False,
+    enforce_eager: bool | Literal["auto"] = "auto",
     sleep_level: int = 2,
     device: str = "cpu",
 ) -> RolloutEngine:

@@ -13,6 +13,7 @@ trainer's send between them. A plain class; `megarl.orchestration` hosts one per
 from __future__ import annotations
 
 from concurrent.futures import Future
+from typing import Literal
 
 from torch import Tensor
 
@@ -26,7 +27,7 @@ class RolloutWorker:
     """Hosts one `RolloutEngine` (its own TP group of vLLM workers when TP > 1)."""
 
     def __init__(self, backend: str, model_path: str, *, tensor_parallel_size: int, dtype: str, seed: int,
-                 max_model_len: int, cpu_kv_cache_gib: float, gpu_memory_utilization: float, enforce_eager: bool,
+                 max_model_len: int, cpu_kv_cache_gib: float, gpu_memory_utilization: float, enforce_eager: bool | Literal["auto"],
                  sleep_level: int = 2):
         self.engine = make_rollout_engine(
             backend, model_path, tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,

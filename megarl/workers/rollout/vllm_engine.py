@@ -35,6 +35,7 @@ import contextlib  # noqa: E402
 from collections.abc import Iterable, Iterator, Mapping, Sequence  # noqa: E402
 from concurrent.futures import Future, ThreadPoolExecutor  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Literal  # noqa: E402
 
 import torch  # noqa: E402
 import vllm.envs  # noqa: E402
@@ -110,7 +111,8 @@ class VLLMRolloutEngine(RolloutEngine):
     gpu_memory_utilization: share of GPU memory for weights + KV cache on GPU. sleep_level: vLLM's
     sleep level (`rollout.sleep_level`; 1: weights to host memory; 2: weights dropped, the next sync
     reloads them).
-    enforce_eager: no CUDA graphs on GPU (`rollout.enforce_eager`); always eager on CPU.
+    enforce_eager: `rollout.enforce_eager`: true runs eagerly; false compiles (and captures CUDA graphs
+    on GPU); "auto" compiles on GPU only.
     """
 
     def __init__(
@@ -125,7 +127,7 @@ class VLLMRolloutEngine(RolloutEngine):
         gpu_memory_utilization: float = 0.5,
         enable_prefix_caching: bool = True,
         sleep_level: int = 2,
-        enforce_eager: bool = False,
+        enforce_eager: bool | Literal["auto"] = "auto",
     ) -> None:
         super().__init__()
         is_cpu = current_platform.is_cpu()
@@ -148,8 +150,7 @@ class VLLMRolloutEngine(RolloutEngine):
             enable_sleep_mode=current_platform.is_sleep_mode_available(),
             # Log-probs under the sampling distribution (temperature, top-k/p): see base.py.
             logprobs_mode="processed_logprobs",
-            # CPU: no CUDA graphs to capture; compiling would only slow the start.
-            enforce_eager=enforce_eager or is_cpu,
+            enforce_eager=is_cpu if enforce_eager == "auto" else enforce_eager,
             # CPU: whole prompts only. A chunked prefill makes vLLM rewind the seeded generator of the
             # partly prefilled request, which CPU generators cannot do ("CPU Generator does not use
             # offset"): a seeded call with more prompt tokens than a step's budget crashed. Unchunked,

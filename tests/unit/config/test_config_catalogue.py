@@ -74,7 +74,7 @@ CASES = [
     ("unknown-section", ["rollut.n=4"], "rollut", "did you mean rollout?"),
     ("wrong-type-int", ["actor.ppo_epochs=two"], "actor.ppo_epochs", "wrong type: expected an integer"),
     ("wrong-type-float-for-int", ["data.train_batch_size=8.5"], "data.train_batch_size", "expected an integer"),
-    ("wrong-type-bool", ["rollout.enforce_eager=maybe"], "rollout.enforce_eager", "expected true or false"),
+    ("wrong-type-bool", ["rollout.free_cache_engine=maybe"], "rollout.free_cache_engine", "expected true or false"),
     ("wrong-choice", ["actor.optim.lr_decay_style=cosin"], "actor.optim.lr_decay_style",
      "expected one of 'constant', 'linear', 'cosine'"),
     ("wrong-type-list", ["data.train_files=train.jsonl"], "data.train_files", "expected a list of (a string)"),
