@@ -46,10 +46,17 @@ class ParsedCall(Protocol):
     arguments: dict
 
 
+class CallError(Protocol):
+    kind: str
+    message: str
+    name: str
+
+
 class ParsedTurn(Protocol):
     calls: list[ParsedCall]
-    errors: list[str]
-    """One message per malformed call (bad JSON, no name): each becomes an error observation."""
+    errors: list[CallError]
+    """One per call that may not run (malformed, arguments that do not fit the tool's schema): each
+    becomes an error observation, counted under its `kind`."""
 
 
 class CallResult(Protocol):
@@ -83,7 +90,8 @@ class _Live:
     pending: list[ParsedCall] = field(default_factory=list)
     results: list[Future] = field(default_factory=list)
     """The futures of `pending`'s calls, once submitted."""
-    malformed: list[str] = field(default_factory=list)
+    rejected: list[CallError] = field(default_factory=list)
+    """The turn's calls the parser did not pass on."""
     turn_text: str = ""
 
     def append(self, ids: Sequence[int], log_probs: Sequence[float] | None, budget: int) -> bool:
@@ -145,7 +153,7 @@ class AgentLoop:
             fits = t.append(ids, log_probs.tolist(), budget)
             t.turn_text = self.decode(ids)
             parsed = self.parser.parse(t.turn_text)
-            t.pending, t.malformed = list(parsed.calls), list(parsed.errors)
+            t.pending, t.rejected = list(parsed.calls), list(parsed.errors)
             t.trajectory.final_turn = list(ids)
             t.trajectory.messages.append({"role": "assistant", "content": t.turn_text,
                                           "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in t.pending]})
@@ -153,15 +161,14 @@ class AgentLoop:
                 t.trajectory.ended = "max_total_tokens"
             elif reason == "length":
                 t.trajectory.ended = "turn_length"
-            elif not t.pending and not t.malformed:
+            elif not t.pending and not t.rejected:
                 t.trajectory.ended = "answer"
 
     def _submit(self, calling: list[_Live]) -> list[_Live]:
         """Start the calls of a wave's trajectories, as one submit (the search calls among them go to
         the index as one batch); `calling`, each holding its calls' futures."""
-        if not calling:
-            return []
-        futures = iter(self.tools.submit([call for t in calling for call in t.pending]))
+        calls = [call for t in calling for call in t.pending]
+        futures = iter(self.tools.submit(calls) if calls else [])
         for t in calling:
             t.results = [next(futures) for _ in t.pending]
         return calling
@@ -188,14 +195,14 @@ class AgentLoop:
             t.trajectory.tool_latency_s.append(result.latency_s)
             if result.error:
                 t.trajectory.tool_errors[result.error] = t.trajectory.tool_errors.get(result.error, 0) + 1
-        for error in t.malformed:
-            messages.append({"role": "tool", "name": "", "content": error})
-            t.trajectory.tool_errors["malformed"] = t.trajectory.tool_errors.get("malformed", 0) + 1
-        t.trajectory.tool_calls += len(t.pending) + len(t.malformed)
+        for error in t.rejected:
+            messages.append({"role": "tool", "name": error.name, "content": error.message})
+            t.trajectory.tool_errors[error.kind] = t.trajectory.tool_errors.get(error.kind, 0) + 1
+        t.trajectory.tool_calls += len(t.pending) + len(t.rejected)
         t.trajectory.messages += messages
         if not t.append(self.observations.encode(messages, t.turn_text), None, self.settings.max_total_tokens):
             t.trajectory.ended = "max_total_tokens"
-        t.pending, t.results, t.malformed = [], [], []
+        t.pending, t.results, t.rejected = [], [], []
 
     @staticmethod
     def _samples(done: list[_Live], group_prefix: str) -> Samples:

@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from transformers.utils import get_json_schema
 
 from megarl.config.rollout import MultiTurnConfig
 from megarl.data import Prompt
 from megarl.models.tiny import build_char_tokenizer
 from megarl.rollout import AgentLoop, ObservationEncoder
-from megarl.tools import ParsedTurn, ToolCall, ToolResult
+from megarl.tools import CallError, ParsedTurn, ToolCall, ToolResult, parser_for
 from megarl.trainer.rollout_batch import policy_batch, token_level_scores
 from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
 
@@ -40,7 +41,7 @@ class Parser:
                 data = json.loads(body)
                 calls.append(ToolCall(data["name"], data["arguments"]))
             except (ValueError, KeyError):
-                errors.append(f"malformed tool call: {body}")
+                errors.append(CallError("malformed", f"malformed tool call: {body}"))
         return ParsedTurn(calls, errors)
 
 
@@ -210,6 +211,31 @@ def test_turn_length_max_turns_and_tool_errors_end_or_count():
     assert trajectory.ended == "answer" and trajectory.turns == 2
     observations = [m["content"] for m in trajectory.messages if m["role"] == "tool"]
     assert observations == ["unknown tool nope", "malformed tool call: {oops"]
+
+
+def add(a: int, b: int) -> str:
+    """Add two integers (the `add` of `Tools`, for its schema).
+
+    Args:
+        a: A number.
+        b: Another.
+    """
+    return str(a + b)
+
+
+def test_a_call_that_does_not_fit_its_schema_is_answered_without_running_and_counted():
+    """With the real parser given the tools' schemas: a call missing an argument never reaches the tools
+    (`Tools.add` would raise a KeyError), its observation says what is wrong, it counts as bad_arguments."""
+    tools = Tools()
+    script = lambda text, turn: call_text(1, 2).replace(', "b": 2', "") if turn == 0 else "done"  # noqa: E731
+    agent = AgentLoop(ScriptedEngines(1, script), tools, parser_for("hermes", [get_json_schema(add)]),
+                      ObservationEncoder(TOKENIZER), lambda ids: TOKENIZER.decode(ids, skip_special_tokens=False),
+                      MultiTurnConfig(enable=True, max_turns=4, max_total_tokens=1000))
+    trajectory = agent(prompts(1), SamplingConfig(n=1, max_new_tokens=200, seed=0), "x").trajectories[0]
+    assert tools.runs == []
+    assert trajectory.tool_errors == {"bad_arguments": 1} and trajectory.tool_calls == 1 and trajectory.turns == 2
+    assert trajectory.messages[1] == {"role": "tool", "name": "add", "content": "tool call 1 (add): missing required "
+                                      "argument 'b'; add takes a (integer, required), b (integer, required)"}
 
 
 @dataclass
