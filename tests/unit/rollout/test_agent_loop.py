@@ -60,8 +60,11 @@ class Tools:
 
     def submit(self, calls):
         self.runs.append(list(calls))
-        return [done(ToolResult(str(c.arguments["a"] + c.arguments["b"]), None, 0.01) if c.name == "add"
-                     else ToolResult.failed("unknown_tool", f"unknown tool {c.name}", 0.01)) for c in calls]
+        return [self.start(call) for call in calls]
+
+    def start(self, call: ToolCall) -> Future:
+        return done(ToolResult(str(call.arguments["a"] + call.arguments["b"]), None, 0.01) if call.name == "add"
+                    else ToolResult.failed("unknown_tool", f"unknown tool {call.name}", 0.01))
 
 
 def call_text(a: int, b: int, name: str = "add") -> str:
@@ -246,13 +249,12 @@ class BlockingTools(Tools):
 
     release: threading.Event = field(default_factory=threading.Event)
 
-    def submit(self, calls):
-        futures = super().submit([c if c.name != "slow" else ToolCall("add", {"a": 0, "b": 0}) for c in calls])
-        for call, position in zip(calls, range(len(calls))):
-            if call.name == "slow":
-                futures[position] = Future()
-                threading.Thread(target=self._answer, args=(futures[position],), daemon=True).start()
-        return futures
+    def start(self, call: ToolCall) -> Future:
+        if call.name != "slow":
+            return super().start(call)
+        future = Future()
+        threading.Thread(target=self._answer, args=(future,), daemon=True).start()
+        return future
 
     def _answer(self, future: Future) -> None:
         future.set_result(ToolResult("42" if self.release.wait(timeout=60) else "never released", None, 0.01))
