@@ -62,7 +62,7 @@ def main() -> None:
                                      max_model_len=config.data.max_prompt_length + multi_turn.max_total_tokens)
         try:
             engines = OneEngine(engine)
-            loop = AgentLoop(engines, tools, parser_for(multi_turn.tool_format), ObservationEncoder(tokenizer),
+            loop = AgentLoop(engines, tools, parser_for(multi_turn.tool_format, tools.schemas()), ObservationEncoder(tokenizer),
                              lambda ids: tokenizer.decode(ids, skip_special_tokens=False), multi_turn)
             loop(prompts, sampling, "warm-up")
             single_turn(engines, prompts, replace(sampling, stop_token_ids=()), "warm-up")

@@ -105,6 +105,11 @@ class MultiTurnConfig:
     """The tools offered to the model (their schemas go to the chat template's `tools=`)."""
     search: SearchConfig = field(default_factory=SearchConfig)
     """Settings of the built-in `search` tool (read only when it is among `tools`)."""
+    straggler_wait_s: float = 1.0
+    """How long the next turn's batch waits for more tool results once one trajectory's are all back.
+    The trajectories still waiting after it go on running their calls and join a later batch, so one
+    slow tool holds back the others by at most this much per turn (not its whole `timeout_s`); larger
+    values batch more turns together. >= 0."""
     log_freq: int = 1
     """Write one sample's whole trajectory (messages, tool calls, results) to rollouts.jsonl in the run
     directory every this many steps; 0: never."""

@@ -1,25 +1,32 @@
 """The agent loop: multi-turn rollouts with tool calls, token in, token out.
 
 Each sample is a trajectory that grows turn by turn. A turn is one generation from the whole context
-so far (prompt + every token since); the turn's text is parsed for tool calls; the calls of every
-trajectory of the turn run together (`Tools.run`: concurrently, each under its own time limit); each
-trajectory that called tools gets the observation tokens (`ObservationEncoder`) appended with loss mask
-0, then the next turn starts. A trajectory ends at a turn without tool calls ("answer"), after
-`max_turns` turns, when a turn reaches `rollout.max_new_tokens` ("turn_length"), or when it reaches
-`max_total_tokens` ("max_total_tokens"; cut there). The engines see only token ids and the trainer
-trains on exactly the ids the engines produced: nothing the model wrote is re-tokenized.
+so far (prompt + every token since); the turn's text is parsed for tool calls, which start at once
+(`Tools.submit`: concurrently, each under its own time limit); once a trajectory's calls are all back
+it gets the observation tokens (`ObservationEncoder`) appended with loss mask 0 and is ready for its
+next turn. A trajectory ends at a turn without tool calls ("answer"), after `max_turns` turns, when a
+turn reaches `rollout.max_new_tokens` ("turn_length"), or when it reaches `max_total_tokens`
+("max_total_tokens"; cut there). The engines see only token ids and the trainer trains on exactly the
+ids the engines produced: nothing the model wrote is re-tokenized.
 
-Turns are generated in waves: every live trajectory's next turn is one request of one batched call
-across the engines, so trajectories share each forward pass and a slow tool holds back only until
-its time limit, once per turn, never sample by sample.
+Turns are generated in waves: the next turns of every ready trajectory are one batched call across
+the engines, so trajectories share each forward pass. A wave does not wait for every tool call: after
+a wave, the loop waits until some trajectory's calls are all back, then at most
+`multi_turn.straggler_wait_s` more for the rest, and the trajectories that are back form the next
+wave; one still waiting on a slow tool keeps its calls running and joins a later wave when its
+results (or its timeout's error observation) arrive. The samples come back in prompt order whatever
+the timing.
 
-Seeds: turn t of the k-th live trajectory is seeded `sampling.seed + t·S + k` (S = samples of the
-call), inside the block of `S × max_turns` seeds `settings.step_seed` reserves per rollout round.
+Seeds: turn t of the trajectory in row k (prompt-major) is seeded `sampling.seed + t·S + k` (S =
+samples of the call), whichever wave it is generated in, inside the block of `S × max_turns` seeds
+`settings.step_seed` reserves per rollout round: a trajectory's tokens depend on its own context and
+tool results, not on the timing of the others' tools.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -30,7 +37,7 @@ from megarl.data import Prompt
 from megarl.orchestration.worker_group import WorkerGroup
 from megarl.rollout.observation import ObservationEncoder
 from megarl.rollout.samples import Samples, Trajectory
-from megarl.rollout.single_turn import generate_contexts, offset_seed
+from megarl.rollout.single_turn import generate_contexts
 from megarl.workers.rollout.base import SamplingConfig
 
 
@@ -39,10 +46,17 @@ class ParsedCall(Protocol):
     arguments: dict
 
 
+class CallError(Protocol):
+    kind: str
+    message: str
+    name: str
+
+
 class ParsedTurn(Protocol):
     calls: list[ParsedCall]
-    errors: list[str]
-    """One message per malformed call (bad JSON, no name): each becomes an error observation."""
+    errors: list[CallError]
+    """One per call that may not run (malformed, arguments that do not fit the tool's schema): each
+    becomes an error observation, counted under its `kind`."""
 
 
 class CallResult(Protocol):
@@ -56,10 +70,11 @@ class Parser(Protocol):
 
 
 class Tools(Protocol):
-    def run(self, calls: list[ParsedCall]) -> list[CallResult]: ...
+    def submit(self, calls: list[ParsedCall]) -> list[Future]:
+        """One future per call, in order, set to its `CallResult` when the call ends; returns at once."""
 
 
-@dataclass
+@dataclass(eq=False)
 class _Live:
     """A trajectory being generated."""
 
@@ -73,7 +88,10 @@ class _Live:
     mask: list[bool] = field(default_factory=list)
     trajectory: Trajectory = field(default_factory=Trajectory)
     pending: list[ParsedCall] = field(default_factory=list)
-    malformed: list[str] = field(default_factory=list)
+    results: list[Future] = field(default_factory=list)
+    """The futures of `pending`'s calls, once submitted."""
+    rejected: list[CallError] = field(default_factory=list)
+    """The turn's calls the parser did not pass on."""
     turn_text: str = ""
 
     def append(self, ids: Sequence[int], log_probs: Sequence[float] | None, budget: int) -> bool:
@@ -85,6 +103,9 @@ class _Live:
         self.log_probs += list(log_probs[:room]) if log_probs is not None else [0.0] * len(kept)
         self.mask += [log_probs is not None] * len(kept)
         return len(kept) == len(ids) and len(self.ids) < budget
+
+    def calls_back(self) -> bool:
+        return all(future.done() for future in self.results)
 
 
 class AgentLoop:
@@ -101,36 +122,38 @@ class AgentLoop:
         self.settings = settings
 
     def __call__(self, prompts: Sequence[Prompt], sampling: SamplingConfig, group_prefix: str) -> Samples:
-        live = [_Live(prompt, i * sampling.n + j, i) for i, prompt in enumerate(prompts) for j in range(sampling.n)]
-        done: list[_Live] = []
-        per_turn = replace(sampling, n=1)
-        for turn in range(self.settings.max_turns):
-            if not live:
-                break
-            self._generate(live, offset_seed(per_turn, turn * len(prompts) * sampling.n), sampling.max_new_tokens)
-            calling = [t for t in live if not t.trajectory.ended]
-            done += [t for t in live if t.trajectory.ended]
-            if turn + 1 == self.settings.max_turns:
-                for t in calling:
-                    t.trajectory.ended = "max_turns"
-                done += calling
-                break
-            self._observe(calling)
-            live = [t for t in calling if not t.trajectory.ended]
-            done += [t for t in calling if t.trajectory.ended]
+        everyone = [_Live(prompt, i * sampling.n + j, i) for i, prompt in enumerate(prompts) for j in range(sampling.n)]
+        ready, waiting, done = list(everyone), [], []
+        while ready or waiting:
+            if ready:
+                self._generate(ready, sampling, len(everyone))
+                for t in ready:
+                    if not t.trajectory.ended and t.trajectory.turns == self.settings.max_turns:
+                        t.trajectory.ended = "max_turns"  # its last turn's calls are not run
+                done += [t for t in ready if t.trajectory.ended]
+                waiting += self._submit([t for t in ready if not t.trajectory.ended])
+            back = self._wait_for_tools(waiting)
+            waiting = [t for t in waiting if t not in back]
+            ready = []
+            for t in back:
+                self._observe(t)
+                (done if t.trajectory.ended else ready).append(t)
         return self._samples(done, group_prefix)
 
-    def _generate(self, live: list[_Live], sampling: SamplingConfig, turn_cap: int) -> None:
-        """One turn of every live trajectory; parses its tool calls or ends it."""
+    def _generate(self, ready: list[_Live], sampling: SamplingConfig, count: int) -> None:
+        """One turn of every ready trajectory, one batched call (`count`: trajectories of the loop's call);
+        parses each turn's tool calls or ends the trajectory."""
         budget = self.settings.max_total_tokens
-        caps = [min(turn_cap, budget - len(t.ids)) for t in live]
-        outputs = generate_contexts(self.engines, [t.prompt.token_ids + tuple(t.ids) for t in live], sampling, caps)
-        for t, output in zip(live, outputs, strict=True):
+        caps = [min(sampling.max_new_tokens, budget - len(t.ids)) for t in ready]
+        seeds = None if sampling.seed is None else [sampling.seed + t.trajectory.turns * count + t.slot for t in ready]
+        outputs = generate_contexts(self.engines, [t.prompt.token_ids + tuple(t.ids) for t in ready],
+                                    replace(sampling, n=1), caps, seeds)
+        for t, output in zip(ready, outputs, strict=True):
             ids, log_probs, reason = output.response_token_ids[0], output.response_logprobs[0], output.finish_reasons[0]
             fits = t.append(ids, log_probs.tolist(), budget)
             t.turn_text = self.decode(ids)
             parsed = self.parser.parse(t.turn_text)
-            t.pending, t.malformed = list(parsed.calls), list(parsed.errors)
+            t.pending, t.rejected = list(parsed.calls), list(parsed.errors)
             t.trajectory.final_turn = list(ids)
             t.trajectory.messages.append({"role": "assistant", "content": t.turn_text,
                                           "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in t.pending]})
@@ -138,28 +161,48 @@ class AgentLoop:
                 t.trajectory.ended = "max_total_tokens"
             elif reason == "length":
                 t.trajectory.ended = "turn_length"
-            elif not t.pending and not t.malformed:
+            elif not t.pending and not t.rejected:
                 t.trajectory.ended = "answer"
 
-    def _observe(self, calling: list[_Live]) -> None:
-        """Run every pending call at once; append each trajectory's observation (loss mask 0)."""
-        results = iter(self.tools.run([call for t in calling for call in t.pending]))
+    def _submit(self, calling: list[_Live]) -> list[_Live]:
+        """Start the calls of a wave's trajectories, as one submit (the search calls among them go to
+        the index as one batch); `calling`, each holding its calls' futures."""
+        calls = [call for t in calling for call in t.pending]
+        futures = iter(self.tools.submit(calls) if calls else [])
         for t in calling:
-            messages = []
-            for call in t.pending:
-                result = next(results)
-                messages.append({"role": "tool", "name": call.name, "content": result.text})
-                t.trajectory.tool_latency_s.append(result.latency_s)
-                if result.error:
-                    t.trajectory.tool_errors[result.error] = t.trajectory.tool_errors.get(result.error, 0) + 1
-            for error in t.malformed:
-                messages.append({"role": "tool", "name": "", "content": error})
-                t.trajectory.tool_errors["malformed"] = t.trajectory.tool_errors.get("malformed", 0) + 1
-            t.trajectory.tool_calls += len(t.pending) + len(t.malformed)
-            t.trajectory.messages += messages
-            if not t.append(self.observations.encode(messages, t.turn_text), None, self.settings.max_total_tokens):
-                t.trajectory.ended = "max_total_tokens"
-            t.pending, t.malformed = [], []
+            t.results = [next(futures) for _ in t.pending]
+        return calling
+
+    def _wait_for_tools(self, waiting: list[_Live]) -> list[_Live]:
+        """The trajectories whose calls are all back: waits until one's are, then at most
+        `straggler_wait_s` for the others'."""
+        def unfinished() -> list[Future]:
+            return [future for t in waiting for future in t.results if not future.done()]
+
+        if not waiting:
+            return []
+        while not any(t.calls_back() for t in waiting):
+            wait(unfinished(), return_when=FIRST_COMPLETED)
+        wait(unfinished(), timeout=self.settings.straggler_wait_s)
+        return sorted((t for t in waiting if t.calls_back()), key=lambda t: t.slot)  # waves in row order
+
+    def _observe(self, t: _Live) -> None:
+        """Append the observation of the trajectory's calls, all back (loss mask 0)."""
+        messages = []
+        for call, future in zip(t.pending, t.results, strict=True):
+            result = future.result()
+            messages.append({"role": "tool", "name": call.name, "content": result.text})
+            t.trajectory.tool_latency_s.append(result.latency_s)
+            if result.error:
+                t.trajectory.tool_errors[result.error] = t.trajectory.tool_errors.get(result.error, 0) + 1
+        for error in t.rejected:
+            messages.append({"role": "tool", "name": error.name, "content": error.message})
+            t.trajectory.tool_errors[error.kind] = t.trajectory.tool_errors.get(error.kind, 0) + 1
+        t.trajectory.tool_calls += len(t.pending) + len(t.rejected)
+        t.trajectory.messages += messages
+        if not t.append(self.observations.encode(messages, t.turn_text), None, self.settings.max_total_tokens):
+            t.trajectory.ended = "max_total_tokens"
+        t.pending, t.results, t.rejected = [], [], []
 
     @staticmethod
     def _samples(done: list[_Live], group_prefix: str) -> Samples:

@@ -18,8 +18,15 @@ from megarl.data import Prompt
 from megarl.workers.rollout.base import RolloutOutput
 
 
-TOOL_ERRORS = ("unknown_tool", "raised", "timeout", "bad_return", "malformed")
-"""Ways a tool call fails (`megarl.tools.ToolResult.error`, and a call the parser could not read)."""
+TOOL_ERRORS = {
+    "unknown_tool": "the call named no tool of the run",
+    "raised": "the tool raised, or its process died",
+    "timeout": "the tool ran past its timeout_s and was stopped",
+    "bad_return": "the tool returned something other than a string",
+    "malformed": "the parser could not read the call",
+    "bad_arguments": "the call's arguments do not fit the tool's schema (missing, unknown, wrong JSON type)",
+}
+"""Ways a tool call fails, and what each means (`megarl.tools.ToolResult.error`, `megarl.tools.parser.CallError.kind`)."""
 ENDINGS = ("answer", "max_turns", "max_total_tokens", "turn_length")
 """How a trajectory ends: a turn without tool calls, the turn limit, the token limit (cut there), a
 turn that reached rollout.max_new_tokens."""

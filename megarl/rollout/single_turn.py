@@ -21,19 +21,23 @@ def offset_seed(sampling: SamplingConfig, offset: int) -> SamplingConfig:
 
 
 def generate_contexts(engines: WorkerGroup, contexts: Sequence[Sequence[int]], sampling: SamplingConfig,
-                      max_new_tokens: Sequence[int] | None = None) -> list[RolloutOutput]:
+                      max_new_tokens: Sequence[int] | None = None,
+                      seeds: Sequence[int] | None = None) -> list[RolloutOutput]:
     """`sampling.n` samples of each context (token ids), in order. Sample j of context i is seeded
     `sampling.seed + i·n + j` whichever engine it lands on: an engine seeds sample j of its k-th
-    context `seed + k·n + j` (`vllm_engine._sampling_params`), so each chunk's seed is offset by its
-    first context. `max_new_tokens`: a cap per context (default `sampling.max_new_tokens`)."""
+    context `seed + k·n + j` (`megarl.workers.rollout.base.prompt_seeds`), so each chunk's seed is offset by its
+    first context. `max_new_tokens`: a cap per context (default `sampling.max_new_tokens`); `seeds`:
+    a seed per context instead (sample j of context i: `seeds[i] + j`; the agent loop's turns), given
+    with `max_new_tokens`."""
     count = engines.world_size
     bounds = [len(contexts) * k // count for k in range(count + 1)]
     args = []
     for k in range(count):
-        chunk = [list(ids) for ids in contexts[bounds[k]:bounds[k + 1]]]
+        part = slice(bounds[k], bounds[k + 1])
+        chunk = [list(ids) for ids in contexts[part]]
         chunk_sampling = offset_seed(sampling, bounds[k] * sampling.n)
-        caps = None if max_new_tokens is None else list(max_new_tokens[bounds[k]:bounds[k + 1]])
-        args.append((chunk, chunk_sampling) if caps is None else (chunk, chunk_sampling, caps))
+        per_context = [list(values[part]) for values in (max_new_tokens, seeds) if values is not None]
+        args.append((chunk, chunk_sampling, *per_context))
     return [out for per_engine in engines.call_each("generate", args) for out in per_engine]
 
 

@@ -2,17 +2,17 @@
 
     from megarl.tools import ToolCall, ToolResult, ToolSet, ToolError, parser_for
 
-    parser = parser_for(config.rollout.multi_turn.tool_format)
-    turn = parser.parse(text)                 # ParsedTurn(calls=[ToolCall, ...], errors=[str, ...])
     with ToolSet(config.rollout.multi_turn) as toolset:
         toolset.wait_ready(); ...; toolset.start_shared()
-        results = toolset.run(turn.calls)     # [ToolResult(text, error, latency_s), ...]
+        parser = parser_for(config.rollout.multi_turn.tool_format, toolset.schemas())
+        turn = parser.parse(text)             # ParsedTurn(calls=[ToolCall, ...], errors=[CallError, ...])
+        results = toolset.run(turn.calls)     # [ToolResult(text, error, latency_s), ...]; or submit: futures
 
 Config checks without running anything: `megarl.tools.validation.tool_problems`.
 """
 
 from megarl.tools.calls import ToolCall, ToolError, ToolFailure, ToolResult
-from megarl.tools.parser import ParsedTurn, parser_for
+from megarl.tools.parser import CallError, ParsedTurn, parser_for
 from megarl.tools.toolset import ToolSet
 
-__all__ = ["ParsedTurn", "ToolCall", "ToolError", "ToolFailure", "ToolResult", "ToolSet", "parser_for"]
+__all__ = ["CallError", "ParsedTurn", "ToolCall", "ToolError", "ToolFailure", "ToolResult", "ToolSet", "parser_for"]

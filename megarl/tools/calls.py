@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-ToolFailure = Literal["unknown_tool", "raised", "timeout", "bad_return", "malformed"]
+ToolFailure = Literal["unknown_tool", "raised", "timeout", "bad_return", "malformed", "bad_arguments"]
 """Why a call produced no regular observation: no tool of that name; the tool raised (or its process
 died); it ran past its time limit (its process group was killed); it returned a non-string; the
-model's call could not be parsed."""
+model's call could not be parsed; its arguments do not fit the tool's schema (missing, unknown or of
+the wrong JSON type: the parser's check, the call does not run)."""
 
 
 class ToolError(RuntimeError):

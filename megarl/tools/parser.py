@@ -1,11 +1,13 @@
-"""Reading the tool calls out of a model's turn (`rollout.multi_turn.tool_format`).
+"""Reading the tool calls out of a model's turn (`rollout.multi_turn.tool_format`), checked against the
+tools' schemas.
 
-    parser = parser_for("hermes")
+    parser = parser_for("hermes", toolset.schemas())
     turn = parser.parse('I will look it up. <tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>')
     turn.calls    # [ToolCall(name="search", arguments={"query": "x"})]
-    turn.errors   # [] ; one message per call that could not be read (the caller answers it as "malformed")
+    turn.errors   # [] ; one CallError per call that cannot run: "malformed" (unreadable) or "bad_arguments"
 
 Parsing never raises: whatever the model wrote, a bad call becomes an error message the model can read.
+A call of a tool that has no schema here is passed on as it is: the ToolSet answers an unknown name.
 """
 
 from __future__ import annotations
@@ -14,18 +16,30 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from megarl.tools.calls import ToolCall
+from megarl.tools.arguments import argument_problems
+from megarl.tools.calls import ToolCall, ToolFailure
 
 EXCERPT_CHARS = 200
 """How much of a malformed call an error message quotes."""
 
 
 @dataclass(frozen=True)
+class CallError:
+    """A call the parser does not pass on; the model reads `message` as its observation."""
+
+    kind: ToolFailure
+    """"malformed" (it cannot be read) or "bad_arguments" (its arguments do not fit its tool's schema)."""
+    message: str
+    name: str = ""
+    """The tool it names, when that could be read."""
+
+
+@dataclass(frozen=True)
 class ParsedTurn:
-    """The calls of one turn, in the order written, and one message per call that could not be read."""
+    """The calls of one turn that may run, in the order written, and one error per call that may not."""
 
     calls: list[ToolCall] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
+    errors: list[CallError] = field(default_factory=list)
 
 
 class HermesParser:
@@ -38,18 +52,34 @@ class HermesParser:
     start_tag = "<tool_call>"
     end_tag = "</tool_call>"
 
-    def __init__(self):
+    def __init__(self, schemas: list[dict]):
+        """schemas: the tools' OpenAI-style schemas (`ToolSet.schemas()`)."""
         self._block = re.compile(re.escape(self.start_tag) + r"(.*?)(?:" + re.escape(self.end_tag) + r"|\Z)", re.DOTALL)
+        self._parameters = {schema["function"]["name"]: schema["function"].get("parameters", {}) for schema in schemas}
 
     def parse(self, text: str) -> ParsedTurn:
         turn = ParsedTurn()
         for number, match in enumerate(self._block.finditer(text), start=1):
             call, error = self._read_call(match.group(1).strip())
-            if error is None:
-                turn.calls.append(call)
+            if error is not None:
+                turn.errors.append(CallError("malformed", f"tool call {number}: {error}"))
+                continue
+            parameters = self._parameters.get(call.name)  # None: an unknown name, which the ToolSet answers
+            problems = [] if parameters is None else argument_problems(call.arguments, parameters)
+            if problems:
+                turn.errors.append(CallError("bad_arguments", f"tool call {number} ({call.name}): {'; '.join(problems)}; "
+                                                              f"{self._signature(call.name)}", call.name))
             else:
-                turn.errors.append(f"tool call {number}: {error}")
+                turn.calls.append(call)
         return turn
+
+    def _signature(self, name: str) -> str:
+        """What the tool takes, as the fix of a bad call: `calculator takes expression (string, required)`."""
+        parameters = self._parameters[name]
+        required = set(parameters.get("required", ()))
+        taken = [f"{argument} ({properties.get('type', 'any')}{', required' if argument in required else ''})"
+                 for argument, properties in parameters.get("properties", {}).items()]
+        return f"{name} takes {', '.join(taken) or 'no arguments'}"
 
     def _read_call(self, body: str) -> tuple[ToolCall | None, str | None]:
         try:
@@ -72,13 +102,11 @@ PARSERS = {"hermes": HermesParser}
 """Parsers by `rollout.multi_turn.tool_format`."""
 
 
-def parser_for(tool_format: str) -> HermesParser:
-    """The parser of `tool_format` (a `rollout.multi_turn.tool_format` value)."""
-    try:
-        return PARSERS[tool_format]()
-    except KeyError:
-        raise ValueError(f"rollout.multi_turn.tool_format {tool_format!r}: unknown; use one of "
-                         f"{', '.join(PARSERS)}") from None
+def parser_for(tool_format: str, schemas: list[dict]) -> HermesParser:
+    """The parser of `tool_format` (a `rollout.multi_turn.tool_format` value) for the tools of `schemas`."""
+    if tool_format not in PARSERS:
+        raise ValueError(f"rollout.multi_turn.tool_format {tool_format!r}: unknown; use one of {', '.join(PARSERS)}")
+    return PARSERS[tool_format](schemas)
 
 
 def _excerpt(text: str) -> str:

@@ -5,19 +5,22 @@
         init_ray(...)
         toolset.start_shared()     # after Ray: the built-in search's index (one Ray actor for the run)
         toolset.schemas()          # [{"type": "function", "function": {...}}, ...] for apply_chat_template(tools=)
-        results = toolset.run([ToolCall("calculator", {"expression": "2+2"}), ...])   # [ToolResult, ...]
+        futures = toolset.submit([ToolCall("calculator", {"expression": "2+2"}), ...])   # [Future[ToolResult], ...]
+        results = toolset.run(calls)   # the same, waited for: [ToolResult, ...]
 
 User tools (and the built-in `calculator` and `python`) run in a pool of isolated worker processes
 (`megarl.tools.pool`): own process group, killed at the tool's `timeout_s`, no credentials; the
 driver never imports their code, not even for their schemas. The built-in `search` is megarl's own
-code and runs beside them: the search calls of one `run` go to the index (or the retrieval server)
-as one batch. Every call of a `run` runs at the same time; a failing call becomes a `ToolResult`
-with an `error` and the run goes on. Not thread-safe: one `run` at a time.
+code and runs beside them: the search calls of one `submit` go to the index (or the retrieval server)
+as one batch. Every call of a `submit` runs at once (as far as `max_workers` allows), each ending on
+its own; a failing call becomes a `ToolResult` with an `error` and the run goes on. `submit` is
+called from one thread at a time (the agent loop's).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import Future
 
@@ -25,7 +28,7 @@ from megarl.config.rollout import MultiTurnConfig
 from megarl.tools.builtin import BUILTIN_TOOLS, tool_path
 from megarl.tools.builtin.search import RetrieverClient
 from megarl.tools.calls import ToolCall, ToolError, ToolResult, one_line
-from megarl.tools.pool import ToolPool
+from megarl.tools.pool import MAX_WORKERS, ToolPool
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +36,8 @@ SEARCH = "search"
 
 
 class ToolSet:
-    def __init__(self, multi_turn: MultiTurnConfig, *, max_workers: int = 32, startup_timeout_s: float = 120.0):
+    def __init__(self, multi_turn: MultiTurnConfig, *, max_workers: int = MAX_WORKERS,
+                 startup_timeout_s: float = 120.0):
         """max_workers: the most tool calls that run at once (more wait for a free worker); each worker
         is a Python process holding every tool. startup_timeout_s: limit for a worker to import the tools."""
         self.tools = multi_turn.tools
@@ -97,50 +101,80 @@ class ToolSet:
         return self._pool.worker_pids() if self._pool is not None else []
 
     def run(self, calls: list[ToolCall]) -> list[ToolResult]:
-        """One result per call, in order. All calls run at the same time."""
+        """One result per call, in order. All calls run at the same time; blocks until every one ended."""
+        return [future.result() for future in self.submit(calls)]
+
+    def submit(self, calls: list[ToolCall]) -> list[Future]:
+        """One future per call, in order, each set to the call's `ToolResult` when it ends (at once for a
+        call that cannot run: an unknown tool); returns at once, so the calls that are back can be used
+        while the others run."""
         self.wait_ready()
-        results: list[ToolResult | None] = [None] * len(calls)
+        futures: list[Future] = [Future() for _ in calls]
         jobs, job_positions, queries, search_positions = [], [], [], []
         for position, call in enumerate(calls):
             index = self._index_by_name.get(call.name)
             if index is None:
-                results[position] = ToolResult.failed(
+                futures[position].set_result(ToolResult.failed(
                     "unknown_tool", f"Error: there is no tool {call.name!r}; the tools are: "
-                                    f"{', '.join(self._index_by_name) or 'none'}")
+                                    f"{', '.join(self._index_by_name) or 'none'}"))
             elif self.tools[index].function == SEARCH:
                 query = call.arguments.get("query")
                 if set(call.arguments) != {"query"} or not isinstance(query, str):
-                    results[position] = ToolResult.failed(
+                    futures[position].set_result(ToolResult.failed(
                         "raised", f"Error: TypeError: {SEARCH} takes one argument, query (a string); got "
-                                  f"{one_line(repr(call.arguments))[:200]}")
+                                  f"{one_line(repr(call.arguments))[:200]}"))
                 else:
                     queries.append(query)
                     search_positions.append(position)
             else:
                 jobs.append((index, call.arguments, self.tools[index].timeout_s))
                 job_positions.append(position)
-        started = time.monotonic()
-        searching = self._submit_search(queries) if queries else None
-        for position, result in zip(job_positions, self._pool.run(jobs) if jobs else []):
-            results[position] = result
-        if searching is not None:
-            for position, result in zip(search_positions, self._search_results(searching, len(queries), started)):
-                results[position] = result
-        return results
+        for position, future in zip(job_positions, self._pool.submit(jobs) if jobs else []):
+            futures[position] = future
+        if queries:
+            for position, future in zip(search_positions, self._submit_search(queries)):
+                futures[position] = future
+        return futures
 
-    def _submit_search(self, queries: list[str]) -> Future:
+    def _submit_search(self, queries: list[str]) -> list[Future]:
+        """The queries go to the search backend as one batch; one future per query, set when the batch
+        answers or when the search's `timeout_s` has passed, whichever comes first."""
         if self._search is None:
-            raise RuntimeError("ToolSet.run got search calls before start_shared(); call it once Ray is up")
-        return self._search.submit(queries)
-
-    def _search_results(self, searching: Future, count: int, started: float) -> list[ToolResult]:
+            raise RuntimeError("ToolSet.submit got search calls before start_shared(); call it once Ray is up")
         timeout_s = next(tool.timeout_s for tool in self.tools if tool.function == SEARCH)
-        try:
-            texts = searching.result(timeout=max(0.0, started + timeout_s - time.monotonic()))
-        except TimeoutError:
+        futures = [Future() for _ in queries]
+        started = time.monotonic()
+        settling = threading.Lock()
+
+        def settle(results: list[ToolResult]) -> None:  # the first of answer and deadline wins
+            with settling:
+                if not futures[0].done():
+                    for future, result in zip(futures, results):
+                        future.set_result(result)
+
+        def time_out() -> None:
+            settle([ToolResult.failed("timeout", f"Error: the search ran longer than {timeout_s:g} s",
+                                      time.monotonic() - started)] * len(queries))
             searching.cancel()
-            latency = time.monotonic() - started
-            return [ToolResult.failed("timeout", f"Error: the search ran longer than {timeout_s:g} s", latency)] * count
+
+        searching = self._search.submit(queries)
+        deadline = threading.Timer(timeout_s, time_out)
+        deadline.daemon = True
+        deadline.start()
+
+        def answered(searching: Future) -> None:
+            deadline.cancel()
+            if not searching.cancelled():
+                settle(self._search_results(searching, len(queries), started))
+
+        searching.add_done_callback(answered)
+        return futures
+
+    @staticmethod
+    def _search_results(searching: Future, count: int, started: float) -> list[ToolResult]:
+        """The results of an answered search batch."""
+        try:
+            texts = searching.result()
         except Exception as error:  # the index's actor or the retrieval server failed: only these calls fail
             logger.warning("search failed for %d queries: %s", count, error)
             lines = str(error).strip().splitlines() or [""]

@@ -92,10 +92,11 @@ DOCUMENTED_METRICS: dict[str, str] = {
 
 AGENT_METRICS: dict[str, str] = {
     "agent/turns/mean": "assistant turns per sample",
-    "agent/tool_calls/mean": "tool calls per sample (malformed ones included)",
+    "agent/tool_calls/mean": "tool calls per sample (those the parser rejected included)",
     "agent/tool_call_rate": "fraction of samples that called a tool at least once",
     "agent/tool_errors/mean": "failed tool calls per sample",
-    **{f"agent/tool_errors/{kind}": f"tool calls per sample that failed as {kind}" for kind in TOOL_ERRORS},
+    **{f"agent/tool_errors/{kind}": f"tool calls per sample that failed as {kind}: {meaning}"
+       for kind, meaning in TOOL_ERRORS.items()},
     "agent/tool_latency_s/mean": "mean wall time of one tool call",
     "agent/tool_latency_s/max": "longest tool call of the step",
     "agent/masked_token_fraction": "share of response tokens that are tool observations (masked out of the loss)",

@@ -139,7 +139,7 @@ class Trainer:
         """Single turn, or the agent loop with the run's tools (`megarl.rollout`)."""
         if not self.multi_turn.enable:
             return partial(single_turn, self.roles.rollout)
-        return AgentLoop(self.roles.rollout, tools, parser_for(self.multi_turn.tool_format),
+        return AgentLoop(self.roles.rollout, tools, parser_for(self.multi_turn.tool_format, tools.schemas()),
                          ObservationEncoder(self.tokenizer), self._decode_turn, self.multi_turn)
 
     def _train(self, scorer: RewardScorer, rollout, startup: PhaseTimer) -> dict[str, float]:

@@ -84,6 +84,15 @@ class SamplingConfig:
             raise ValueError("invalid SamplingConfig:\n  " + "\n  ".join(problems))
 
 
+def prompt_seeds(sampling: SamplingConfig, count: int, seeds: Sequence[int] | None) -> list[int | None]:
+    """The seed of each of `count` prompts of a `generate` call: `seeds` when given, else spaced `n` apart
+    from `sampling.seed` (sample j of a prompt takes its seed + j: every sample of the call gets its own
+    noise; one shared seed would correlate the prompts' samples). All None when `sampling.seed` is."""
+    if sampling.seed is None:
+        return [None] * count
+    return list(seeds) if seeds is not None else [sampling.seed + i * sampling.n for i in range(count)]
+
+
 @dataclass
 class RolloutOutput:
     """The `n` samples of one prompt. Sample `i` is `response_token_ids[i]` (`T_i` tokens, the stop
@@ -181,11 +190,13 @@ class RolloutEngine(abc.ABC):
     @abc.abstractmethod
     def generate(
         self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig,
-        max_new_tokens: Sequence[int] | None = None,
+        max_new_tokens: Sequence[int] | None = None, seeds: Sequence[int] | None = None,
     ) -> list[RolloutOutput]:
         """Sample `sampling.n` responses for each prompt; one `RolloutOutput` per prompt, in order.
         `max_new_tokens`: a cap per prompt (>= 1) instead of `sampling.max_new_tokens` (an agent loop's
-        trajectories have different budgets left)."""
+        trajectories have different budgets left). `seeds`: a seed per prompt instead of
+        `sampling.seed + i·n` (sample j of prompt i: `seeds[i] + j`; an agent loop's batch mixes turns
+        of different trajectories); ignored when `sampling.seed` is None."""
 
     @abc.abstractmethod
     def prompt_logprobs(self, token_ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig
+from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig, prompt_seeds
 from megarl.bridge import (
     create_weight_sync_group, LoadedChecksums, rank_tensors_as_hf, read_ring, receive_rank_shards, recorded, SharedRing,
     SyncPlan,
@@ -62,15 +62,17 @@ class HFRolloutEngine(RolloutEngine):
     @torch.no_grad()
     def generate(
         self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig,
-        max_new_tokens: Sequence[int] | None = None,
+        max_new_tokens: Sequence[int] | None = None, seeds: Sequence[int] | None = None,
     ) -> list[RolloutOutput]:
         self._check_ready("generate")
         caps = max_new_tokens or [sampling.max_new_tokens] * len(prompt_token_ids)
+        outputs = []
         with torch.random.fork_rng(devices=[self._device] if self._device.type == "cuda" else []):
-            if sampling.seed is not None:
-                torch.manual_seed(sampling.seed)
-            return [self._generate_one(list(prompt), _generation_config(sampling, cap), sampling)
-                    for prompt, cap in zip(prompt_token_ids, caps, strict=True)]
+            for prompt, cap, seed in zip(prompt_token_ids, caps, prompt_seeds(sampling, len(caps), seeds), strict=True):
+                if seed is not None:  # per prompt: its samples do not depend on the prompts before it
+                    torch.manual_seed(seed)
+                outputs.append(self._generate_one(list(prompt), _generation_config(sampling, cap), sampling))
+        return outputs
 
     def _generate_one(
         self, prompt: list[int], config: GenerationConfig, sampling: SamplingConfig

@@ -37,8 +37,8 @@ class RolloutWorker:
         self._pending: Future | None = None
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingConfig,
-                 max_new_tokens: list[int] | None = None) -> list[RolloutOutput]:
-        return self.engine.generate(prompt_token_ids, sampling, max_new_tokens)
+                 max_new_tokens: list[int] | None = None, seeds: list[int] | None = None) -> list[RolloutOutput]:
+        return self.engine.generate(prompt_token_ids, sampling, max_new_tokens, seeds)
 
     def prompt_logprobs(self, token_ids: list[list[int]]) -> list[Tensor]:
         return self.engine.prompt_logprobs(token_ids)

@@ -43,7 +43,7 @@ from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.platforms import current_platform  # noqa: E402
 
 from megarl.bridge import LoadedChecksums, SharedRing, SyncPlan  # noqa: E402
-from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig  # noqa: E402
+from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig, prompt_seeds  # noqa: E402
 from megarl.workers.rollout.executor import executor_backend  # noqa: E402
 from megarl.workers.rollout.worker_extension import WORKER_EXTENSION  # noqa: E402
 
@@ -83,10 +83,7 @@ def _default_process_group_kept() -> Iterator[None]:
         torch.distributed.destroy_process_group = destroy
 
 
-def _sampling_params(sampling: SamplingConfig, prompt_index: int, max_new_tokens: int) -> SamplingParams:
-    # vLLM seeds sample j of a request with `seed + j`: spacing the prompts' seeds n apart gives
-    # every sample of the call its own noise (one shared seed would correlate the prompts' samples).
-    seed = None if sampling.seed is None else sampling.seed + prompt_index * sampling.n
+def _sampling_params(sampling: SamplingConfig, seed: int | None, max_new_tokens: int) -> SamplingParams:
     return SamplingParams(
         n=sampling.n,
         temperature=0.0 if sampling.greedy else sampling.temperature,
@@ -165,12 +162,13 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def generate(
         self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig,
-        max_new_tokens: Sequence[int] | None = None,
+        max_new_tokens: Sequence[int] | None = None, seeds: Sequence[int] | None = None,
     ) -> list[RolloutOutput]:
         self._check_ready("generate")
         requests = [{"prompt_token_ids": list(prompt)} for prompt in prompt_token_ids]
         caps = max_new_tokens or [sampling.max_new_tokens] * len(requests)
-        params = [_sampling_params(sampling, i, cap) for i, cap in enumerate(caps)]
+        params = [_sampling_params(sampling, seed, cap)
+                  for seed, cap in zip(prompt_seeds(sampling, len(requests), seeds), caps, strict=True)]
         results = self._llm.generate(requests, params, use_tqdm=False)
         outputs = []
         for prompt, result in zip(prompt_token_ids, results):

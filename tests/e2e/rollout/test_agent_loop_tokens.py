@@ -19,6 +19,8 @@ by the trainer tests).
 from __future__ import annotations
 
 
+from concurrent.futures import Future
+
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -45,8 +47,11 @@ class StopTokenParser:
 
 
 class Echo:
-    def run(self, calls):
-        return [ToolResult(OBSERVATION, None, 0.0) for _ in calls]
+    def submit(self, calls):
+        futures = [Future() for _ in calls]
+        for future in futures:
+            future.set_result(ToolResult(OBSERVATION, None, 0.0))
+        return futures
 
 
 class OneEngine:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from rollout_reference import (
@@ -58,6 +60,32 @@ def test_greedy_and_stop_token(engine, hf_base):
     assert stopped.response_token_ids[0] == tokens[: tokens.index(stop) + 1]
     assert stopped.finish_reasons == ["stop"]
     assert len(stopped.response_logprobs[0]) == len(stopped.response_token_ids[0])
+
+
+def test_per_prompt_token_caps_and_seeds(engine):
+    """`max_new_tokens` per prompt (an agent loop's trajectories have different budgets left): each prompt
+    stops at its own cap ("length") or earlier at a stop token ("stop"); `seeds` per prompt: a prompt's
+    samples are those it gets alone with that seed, whatever else is in the call."""
+    sampling = SamplingConfig(n=2, temperature=0.7, max_new_tokens=MAX_NEW, seed=3)
+    capped = engine.generate(PROMPTS[:2], sampling, [3, 5])
+    assert [[len(tokens) for tokens in output.response_token_ids] for output in capped] == [[3, 3], [5, 5]]
+    assert [[len(lp) for lp in output.response_logprobs] for output in capped] == [[3, 3], [5, 5]]
+    assert [output.finish_reasons for output in capped] == [["length", "length"]] * 2
+
+    greedy = [output.response_token_ids[0] for output in engine.generate(PROMPTS[:2], SamplingConfig(
+        greedy=True, max_new_tokens=MAX_NEW))]
+    stop = greedy[1][1]
+    stopped = engine.generate(PROMPTS[:2], SamplingConfig(greedy=True, max_new_tokens=MAX_NEW, stop_token_ids=(stop,)),
+                              [3, 5])
+    for tokens, output, cap in zip(greedy, stopped, [3, 5]):
+        cut = tokens[:cap][:tokens[:cap].index(stop) + 1] if stop in tokens[:cap] else tokens[:cap]
+        assert output.response_token_ids == [cut]
+        assert output.finish_reasons == ["stop" if cut[-1] == stop else "length"]
+    assert stopped[1].finish_reasons == ["stop"] and len(stopped[1].response_token_ids[0]) <= 2
+
+    mixed = engine.generate(PROMPTS[:2], sampling, [MAX_NEW, MAX_NEW], [11, 22])
+    alone = engine.generate(PROMPTS[1:2], replace(sampling, seed=22))
+    assert mixed[1].response_token_ids == alone[0].response_token_ids
 
 
 def test_pause_refuses_generation(engine):

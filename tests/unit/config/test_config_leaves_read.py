@@ -128,15 +128,15 @@ def _bind_parameters(scopes: list[Scope]) -> None:
 
 
 def _resolve_members(scopes: list[Scope]) -> None:
-    """A member set from a parameter (`self.search = multi_turn.search` in `__init__(self, multi_turn)`)
-    also stands for what that parameter stands for there: read in another method, `self.search.top_k`
-    has no `multi_turn` to expand."""
+    """A member set from a parameter (`self.search = multi_turn.search` in `__init__(self, multi_turn)`,
+    or the parameter itself: `self.settings = settings`) also stands for what that parameter stands for
+    there: read in another method, `self.search.top_k` has no `multi_turn` to expand."""
     for scope in scopes:
         if not isinstance(scope.node, ast.FunctionDef):
             continue
         for assign in (n for n in ast.walk(scope.node) if isinstance(n, ast.Assign) and len(n.targets) == 1):
             target, value = _chain(assign.targets[0]), _chain(assign.value)
-            if target is not None and len(target) == 2 and value is not None and len(value) > 1:
+            if target is not None and len(target) == 2 and value is not None:
                 rooted = {c for c in scope.expand(value) if any(c[:len(r)] == r for r in ROOTS)}
                 scope.members.setdefault(target, set()).update(rooted)
 

@@ -1,6 +1,6 @@
 """The agent loop's token bookkeeping, with scripted engines and tools (no model).
 
-The engines stand in for the rollout WorkerGroup (`call_each("generate", [(contexts, sampling, caps)])`,
+The engines stand in for the rollout WorkerGroup (`call_each("generate", [(contexts, sampling, caps, seeds)])`,
 as `megarl.workers.rollout.rollout_worker.RolloutWorker.generate` takes them): each turn's text is a
 function of the context, so every expected token is known. The char tokenizer and its chat template
 are the tiny model's (`megarl.models.tiny`), so observations come from a real template. The parser
@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import pytest
 import torch
+from transformers.utils import get_json_schema
 
 from megarl.config.rollout import MultiTurnConfig
 from megarl.data import Prompt
 from megarl.models.tiny import build_char_tokenizer
 from megarl.rollout import AgentLoop, ObservationEncoder
-from megarl.tools import ParsedTurn, ToolCall, ToolResult
+from megarl.tools import CallError, ParsedTurn, ToolCall, ToolResult, parser_for
 from megarl.trainer.rollout_batch import policy_batch, token_level_scores
 from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
 
@@ -38,20 +41,30 @@ class Parser:
                 data = json.loads(body)
                 calls.append(ToolCall(data["name"], data["arguments"]))
             except (ValueError, KeyError):
-                errors.append(f"malformed tool call: {body}")
+                errors.append(CallError("malformed", f"malformed tool call: {body}"))
         return ParsedTurn(calls, errors)
+
+
+def done(result) -> Future:
+    future = Future()
+    future.set_result(result)
+    return future
 
 
 @dataclass
 class Tools:
-    """`add` returns the sum; `fail` fails; every run is recorded."""
+    """`add` returns the sum at once; any other name is an unknown tool; every submit is recorded
+    (`megarl.tools.ToolSet.submit`: one future per call)."""
 
-    runs: list[list[Call]] = field(default_factory=list)
+    runs: list[list[ToolCall]] = field(default_factory=list)
 
-    def run(self, calls):
+    def submit(self, calls):
         self.runs.append(list(calls))
-        return [ToolResult(str(c.arguments["a"] + c.arguments["b"]), None, 0.01) if c.name == "add"
-                else ToolResult.failed("unknown_tool", f"unknown tool {c.name}", 0.01) for c in calls]
+        return [self.start(call) for call in calls]
+
+    def start(self, call: ToolCall) -> Future:
+        return done(ToolResult(str(call.arguments["a"] + call.arguments["b"]), None, 0.01) if call.name == "add"
+                    else ToolResult.failed("unknown_tool", f"unknown tool {call.name}", 0.01))
 
 
 def call_text(a: int, b: int, name: str = "add") -> str:
@@ -72,11 +85,11 @@ class ScriptedEngines:
     def call_each(self, method, args):
         assert method == "generate" and len(args) == self.world_size
         results = []
-        for contexts, sampling, caps in args:
+        for contexts, sampling, caps, seeds in args:
             assert sampling.n == 1
             outputs = []
-            for i, (context, cap) in enumerate(zip(contexts, caps, strict=True)):
-                self.requests.append((list(context), sampling.seed + i, cap))
+            for context, cap, seed in zip(contexts, caps, seeds, strict=True):
+                self.requests.append((list(context), seed, cap))
                 text = TOKENIZER.decode(context)
                 ids = TOKENIZER.encode(self.script(text, text.count("\ntool: ")), add_special_tokens=False) + [EOS]
                 reason = "length" if len(ids) > cap else "stop"
@@ -203,6 +216,84 @@ def test_turn_length_max_turns_and_tool_errors_end_or_count():
     assert observations == ["unknown tool nope", "malformed tool call: {oops"]
 
 
+def add(a: int, b: int) -> str:
+    """Add two integers (the `add` of `Tools`, for its schema).
+
+    Args:
+        a: A number.
+        b: Another.
+    """
+    return str(a + b)
+
+
+def test_a_call_that_does_not_fit_its_schema_is_answered_without_running_and_counted():
+    """With the real parser given the tools' schemas: a call missing an argument never reaches the tools
+    (`Tools.add` would raise a KeyError), its observation says what is wrong, it counts as bad_arguments."""
+    tools = Tools()
+    script = lambda text, turn: call_text(1, 2).replace(', "b": 2', "") if turn == 0 else "done"  # noqa: E731
+    agent = AgentLoop(ScriptedEngines(1, script), tools, parser_for("hermes", [get_json_schema(add)]),
+                      ObservationEncoder(TOKENIZER), lambda ids: TOKENIZER.decode(ids, skip_special_tokens=False),
+                      MultiTurnConfig(enable=True, max_turns=4, max_total_tokens=1000))
+    trajectory = agent(prompts(1), SamplingConfig(n=1, max_new_tokens=200, seed=0), "x").trajectories[0]
+    assert tools.runs == []
+    assert trajectory.tool_errors == {"bad_arguments": 1} and trajectory.tool_calls == 1 and trajectory.turns == 2
+    assert trajectory.messages[1] == {"role": "tool", "name": "add", "content": "tool call 1 (add): missing required "
+                                      "argument 'b'; add takes a (integer, required), b (integer, required)"}
+
+
+@dataclass
+class BlockingTools(Tools):
+    """`add` as in `Tools`; `slow` answers only once `release` is set (from its own thread, as a tool
+    worker would), or "never released" after a minute: a safety net so that a loop that waits for every
+    call fails the test instead of hanging it."""
+
+    release: threading.Event = field(default_factory=threading.Event)
+
+    def start(self, call: ToolCall) -> Future:
+        if call.name != "slow":
+            return super().start(call)
+        future = Future()
+        threading.Thread(target=self._answer, args=(future,), daemon=True).start()
+        return future
+
+    def _answer(self, future: Future) -> None:
+        future.set_result(ToolResult("42" if self.release.wait(timeout=60) else "never released", None, 0.01))
+
+
+def test_a_slow_tool_holds_back_only_its_own_trajectory():
+    """Prompt q0's samples call `slow`, which answers only once another trajectory asks for its fourth
+    turn: the others generate turns 1..3 in waves of their own while the call runs, then q0's join."""
+    tools = BlockingTools()
+
+    def script(text: str, turn: int) -> str:
+        if "q0" in text:
+            return call_text(0, 0, "slow") if turn == 0 else "the answer"
+        if turn == 3:
+            tools.release.set()
+        return three_calls_then_answer(text, turn)
+
+    engines = ScriptedEngines(2, script)
+    samples = loop(engines, tools, straggler_wait_s=0.0)(prompts(3), SAMPLING, "1.0")
+
+    slow_rows, fast_rows = samples.trajectories[:2], samples.trajectories[2:]
+    assert [m["content"] for t in slow_rows for m in t.messages if m["role"] == "tool"] == ["42", "42"]
+    assert all(t.turns == 2 and t.ended == "answer" for t in slow_rows)
+    assert all(t.turns == 4 and t.ended == "answer" for t in fast_rows)
+    # Prompt order whatever the timing; each row is its prompt's.
+    assert samples.index == ["1.0/0", "1.0/0", "1.0/1", "1.0/1", "1.0/2", "1.0/2"]
+    assert [p.text for p in samples.prompts] == [p.text for p in prompts(3) for _ in range(2)]
+    # q0's second turn was generated after the others' fourth: they did not wait for its tool.
+    turns = [(TOKENIZER.decode(context).count("\ntool: "), "q0" in TOKENIZER.decode(context))
+             for context, _, _ in engines.requests]
+    assert turns.index((1, True)) > max(k for k, (turn, slow) in enumerate(turns) if turn == 3 and not slow)
+    # The same requests (context and seed) as with every tool answering at once: seeds follow the
+    # trajectory and its turn, not the wave it was generated in.
+    instant, answering = ScriptedEngines(2, script), BlockingTools()
+    answering.release.set()
+    loop(instant, answering, straggler_wait_s=0.0)(prompts(3), SAMPLING, "1.0")
+    assert sorted(engines.requests) == sorted(instant.requests) and len(engines.requests) == 2 * 2 + 4 * 4
+
+
 @pytest.mark.parametrize("engines", [1, 3])
 def test_single_turn_answers_match_the_plain_rollout(engines):
     """Without tool calls the loop is one turn: the same ids, seeds and masks as `single_turn`."""
@@ -212,7 +303,8 @@ def test_single_turn_answers_match_the_plain_rollout(engines):
 
     class TwoArgEngines(ScriptedEngines):
         def call_each(self, method, args):
-            return super().call_each(method, [(c, s, [s.max_new_tokens] * len(c)) for c, s in args])
+            return super().call_each(method, [(c, s, [s.max_new_tokens] * len(c), [s.seed + i for i in range(len(c))])
+                                              for c, s in args])
 
     agent = loop(scripted)(prompts(4), SAMPLING, "s")
     plain = single_turn(TwoArgEngines(engines, lambda text, turn: "plain"), prompts(4), replace_n1(SAMPLING), "s")

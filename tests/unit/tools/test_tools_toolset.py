@@ -1,6 +1,7 @@
 """The ToolSet runs user tools isolated: results in order, failures as results, hung calls killed, concurrency,
 no secrets, schemas read from docstrings in the worker, and tools that do not resolve stop the run at start."""
 
+import os
 
 import psutil
 import pytest
@@ -19,7 +20,7 @@ def tool_set(*functions: str, timeout_s: float = 30.0, **kwargs) -> ToolSet:
 def tools():
     """One ToolSet for the tests that need no special start (each start reads the schemas: ~1 s)."""
     functions = ["tools_testing:echo", "tools_testing:fails", "tools_testing:returns_number", "calculator", "python",
-                 "tools_testing:exits", "tools_testing:records_interval"]
+                 "tools_testing:exits", "tools_testing:records_interval", "tools_testing:waits_for"]
     configs = [ToolConfig(function=function) for function in functions] + [ToolConfig("tools_testing:hangs", 1.0)]
     with ToolSet(MultiTurnConfig(enable=True, tools=tuple(configs))) as started:
         started.wait_ready()
@@ -42,7 +43,7 @@ def test_results_come_back_in_order_with_each_failure_named_and_the_workers_stay
     assert results[1].text == "Error: ValueError: bad input x second line"  # one line, no traceback
     assert results[2].text == "Error: the tool returned a int, not a string"
     assert results[3].text == ("Error: there is no tool 'no_such_tool'; the tools are: echo, fails, "
-                               "returns_number, calculator, python, exits, records_interval, hangs")
+                               "returns_number, calculator, python, exits, records_interval, waits_for, hangs")
     assert "unexpected keyword argument 'wrong'" in results[6].text
     assert all(result.latency_s >= 0 for result in results)
     pids = tools.worker_pids()
@@ -80,6 +81,18 @@ def test_the_calls_of_one_run_run_at_the_same_time(tools, tmp_path):
     assert start_a < end_b and start_b < end_a, "the two calls ran one after the other"
 
 
+def test_a_submitted_call_is_back_while_a_slow_one_still_runs(tools, tmp_path):
+    """`submit` returns at once; each call's future is set when that call ends, not when the slowest does."""
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    slow, fast = tools.submit([ToolCall("waits_for", {"fifo": str(fifo)}), ToolCall("echo", {"text": "quick"})])
+    assert fast.result().text == "quick"
+    assert not slow.done()
+    fifo.write_text("released")  # blocks until the tool opened the pipe: it is running
+    assert slow.result() == ToolResult("released", None, slow.result().latency_s)
+    assert [result.text for result in tools.run([ToolCall("echo", {"text": "a"})])] == ["a"]
+
+
 def test_secrets_of_the_driver_do_not_reach_the_tools(monkeypatch):
     secrets = ["HF_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "MY_DB_PASSWORD"]
     for name in secrets:
@@ -92,7 +105,8 @@ def test_secrets_of_the_driver_do_not_reach_the_tools(monkeypatch):
 
 def test_schemas_are_read_from_type_hints_and_docstrings_in_config_order(tools):
     names = [schema["function"]["name"] for schema in tools.schemas()]
-    assert names == ["echo", "fails", "returns_number", "calculator", "python", "exits", "records_interval", "hangs"]
+    assert names == ["echo", "fails", "returns_number", "calculator", "python", "exits", "records_interval",
+                     "waits_for", "hangs"]
     calculator, interval = tools.schemas()[3], tools.schemas()[6]
     assert interval == {"type": "function", "function": {
         "name": "records_interval",

@@ -82,6 +82,16 @@ def records_interval(path: str, seconds: float) -> str:
     return "done"
 
 
+def waits_for(fifo: str) -> str:
+    """Be a tool that takes as long as the test wants: read a named pipe, which blocks until the test
+    writes to it.
+
+    Args:
+        fifo: Path of the named pipe.
+    """
+    return Path(fifo).read_text()
+
+
 def visible(names: list[str]) -> str:
     """Which of the environment variables `names` this process can see, in any way.
 

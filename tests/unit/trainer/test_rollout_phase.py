@@ -1,8 +1,8 @@
 """ReMax's greedy baseline in the driver's rollout phase, and the advantages assembled from it.
 
 The engines are a stand-in for the rollout WorkerGroup that records what each engine was asked for;
-a sampled response is its seed (`seed + i * n + j`, megarl/workers/rollout/vllm_engine.py
-`_sampling_params` with vLLM's per-child `seed + j`), a greedy one repeats the prompt's first token.
+a sampled response is its seed (`seed + i * n + j`, megarl/workers/rollout/base.py
+`prompt_seeds` with vLLM's per-child `seed + j`), a greedy one repeats the prompt's first token.
 """
 
 from dataclasses import dataclass, field

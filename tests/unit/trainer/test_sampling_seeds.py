@@ -1,7 +1,7 @@
 """No two samples of a run share a sampling seed: the 7B GRPO recipe's engines × prompts × n samples
 per step over several steps, seeds computed as the trainer and the engines derive them
 (`settings.step_seed` → `rollout.single_turn` → an engine seeds sample j of its i-th prompt with
-`seed + i·n + j`, `megarl/workers/rollout/vllm_engine.py:_sampling_params` and vLLM's per-sample
+`seed + i·n + j`, `megarl/workers/rollout/base.py:prompt_seeds` and vLLM's per-sample
 `seed + j`)."""
 
 from pathlib import Path
