@@ -351,14 +351,16 @@ def sync_transport(setting: str, device: str, colocated: bool, sender_node: str,
 
 def shared_routes(config: Config, plan: BatchPlan, grids: list[dict[str, int]]) -> RingRoutes:
     """The ring routes for the actor's `grids` (`route_rings`), with `rollout.sync.per_rank` resolved:
-    per rank needs actor TP == rollout TP and the vLLM backend (and PP 1 when colocated); "always"
-    where the routes gather is an error (validation refuses the layouts, this the placement)."""
+    the per-rank load needs the vLLM backend; each rank's own shards need actor TP == rollout TP (and
+    PP 1 when colocated), other colocated layouts get the planner's pieces ("scheduled"); "always"
+    where the routes do not stream each rank's own shards is an error (validation refuses the
+    layouts, this the placement)."""
     setting = config.rollout.sync.per_rank
     routes = route_rings(grids, plan.rollout_engines, config.rollout.tensor_model_parallel_size,
                          colocated=plan.colocated, per_rank=setting != "never" and config.rollout.backend == "vllm")
     if setting == "always" and not routes.per_rank:
         raise PlacementError(
-            f"rollout.sync.per_rank=always: this placement's rings carry gathered buckets ({routes.mode}: actor "
+            f"rollout.sync.per_rank=always: this placement's rings do not carry each rank's own shards ({routes.mode}: actor "
             f"TP {config.actor.parallel.tensor_model_parallel_size}, PP {config.actor.parallel.pipeline_model_parallel_size}, "
             f"rollout TP {config.rollout.tensor_model_parallel_size}, "
             f"placement.mode={config.placement.mode}); use rollout.sync.per_rank: auto"

@@ -64,12 +64,13 @@ def test_auto_routes_per_rank_when_the_tp_sizes_match_on_the_vllm_backend():
     assert _routes(TP_1, "rollout.sync.per_rank=never").mode == "every_rank"
 
 
-def test_auto_gathers_when_the_tp_sizes_differ():
-    assert _routes(grids=_grids(tp=2, pp=1, dp=1)).mode == "every_rank"
+def test_auto_sends_the_schedules_pieces_when_the_tp_sizes_differ():
+    assert _routes(grids=_grids(tp=2, pp=1, dp=1)).mode == "scheduled"
+    assert _routes("rollout.backend=hf", grids=_grids(tp=2, pp=1, dp=1)).mode == "every_rank"
 
 
-def test_per_rank_always_where_the_routes_gather_names_the_setting_and_the_fix():
-    with pytest.raises(PlacementError, match=r"rollout.sync.per_rank=always.*every_rank.*PP 2.*per_rank: auto"):
+def test_per_rank_always_where_the_routes_do_not_stream_own_shards_names_the_setting_and_the_fix():
+    with pytest.raises(PlacementError, match=r"rollout.sync.per_rank=always.*scheduled.*PP 2.*per_rank: auto"):
         _routes(TP_1, "actor.parallel.pipeline_model_parallel_size=2", "rollout.sync.per_rank=always",
                 grids=_grids(tp=1, pp=2, dp=1))
 
