@@ -22,7 +22,11 @@ engine on the sender's GPU):
 
 - "per_rank" (train TP == rollout TP): worker r of every engine reads the rings of TP rank r of
   DP replica 0, one per stage in stage order; each of those rings has one reader per engine.
-- "rank0": rank 0 alone assembles the gathered buckets; every worker of every engine reads its ring.
+- "scheduled" (any other layout, rollout TP <= the policy ranks): worker r of every engine reads
+  the ring of policy rank r, which assembles worker r's tensors from the schedule's pieces as
+  colocated; the ranks from rollout TP on only send.
+- "rank0" (the per-rank load not allowed, or more workers per engine than policy ranks): rank 0
+  alone assembles the gathered buckets; every worker of every engine reads its ring.
 
     routes = route_rings(grids, engines=4, rollout_tp=2, colocated=True, per_rank=True)
     routes.readers[rank]                  # workers reading policy rank `rank`'s ring (0: it has none)
@@ -95,6 +99,10 @@ def route_rings(grids: Sequence[dict[str, int]], engines: int, rollout_tp: int, 
                               key=lambda rank: grids[rank]["pp_rank"])) for r in range(rollout_tp)]
         readers = tuple(engines if g["dp_rank"] == 0 else 0 for g in grids)
         return RingRoutes("per_rank", readers, (tuple(by_tp),) * engines)
+    if per_rank and rollout_tp <= len(grids):
+        readers = tuple(engines if rank < rollout_tp else 0 for rank in range(len(grids)))
+        sources = (tuple((r,) for r in range(rollout_tp)),) * engines
+        return RingRoutes("scheduled", readers, sources, _schedule_senders(grids, train_tp))
     readers = (engines * rollout_tp,) + (0,) * (len(grids) - 1)
     return RingRoutes("rank0", readers, (((0,),) * rollout_tp,) * engines)
 

@@ -13,6 +13,9 @@ joined by it alone; what it read, checksummed as vLLM's per-rank loader takes it
   streams its worker's assembled per-rank tensors. The bytes each rank sends each other rank equal
   the schedule's, the trainer world carries nothing else (no gather), and no rank sends a piece
   whose worker is not on the receiving rank's device.
+- split, train TP 2 → one rollout TP 1 engine: "scheduled" too, the engine's worker reading rank
+  0's ring while rank 1 only sends its pieces (not the full model through rank 0: rank 0 receives
+  rank 1's shards' pieces only, which is what the worker needs of them).
 
 No vLLM here (the engines' side of the rings runs in the e2e trainer tests): a tiny Qwen2 loaded
 into Megatron, no training, small buckets so each ring cycles through both slots."""
@@ -44,8 +47,8 @@ WORLD = 2
 TIMEOUT_S = 120
 BUCKET_MB = 0.05
 """Small buckets: each ring streams several through its two slots."""
-LAYOUTS = {(2, 1): (2, 1), (1, 2): (1, 2)}
-"""Train (TP, PP) → the rollout TPs synced from it."""
+LAYOUTS = {(2, 1): ((2, True), (1, True), (1, False)), (1, 2): ((1, True), (2, True))}
+"""Train (TP, PP) → the (rollout TP, colocated) syncs from it; split: one engine."""
 GATHERS = ("broadcast", "all_reduce", "all_gather", "gather", "all_gather_into_tensor", "send", "recv")
 
 
@@ -102,11 +105,12 @@ def _rank(model_dir: str, tp: int, pp: int) -> dict:
     dist.all_gather_object(grids, grid)
     rank = dist.get_rank()
     out = dict(tp_rank=groups.tp_rank, pp_rank=groups.pp_rank)
-    for rollout_tp in LAYOUTS[tp, pp]:
+    for rollout_tp, colocated in LAYOUTS[tp, pp]:
         plan = build_plan(dims, LayoutPair(tp, pp, rollout_tp), bucket_mb=BUCKET_MB)
-        routes = route_rings(grids, engines=len(grids) // rollout_tp, rollout_tp=rollout_tp, colocated=True,
-                             per_rank=True)
-        transport = SharedMemoryTransport(readers=routes.readers[rank], timeout_s=TIMEOUT_S)
+        routes = route_rings(grids, engines=len(grids) // rollout_tp if colocated else 1, rollout_tp=rollout_tp,
+                             colocated=colocated, per_rank=True)
+        readers = routes.readers[rank]
+        transport = SharedMemoryTransport(readers=readers, timeout_s=TIMEOUT_S) if readers else None
         if routes.per_rank:
             sender = PerRankSender(plan, named, groups, transport)
         else:
@@ -114,21 +118,24 @@ def _rank(model_dir: str, tp: int, pp: int) -> dict:
         ring = sender.begin()
         rings = [None] * dist.get_world_size()
         dist.all_gather_object(rings, ring)
-        engine, worker = divmod(rank, rollout_tp)  # colocated: the worker on this rank's bundle
-        (mine,) = routes.engine_rings(engine, rings)[worker]
-        record = LoadedChecksums("float32")
-        layout = VllmRankLayout(dims, rollout_tp, worker)
+        # Colocated: the worker on this rank's bundle; split (one engine): worker `rank`, read here.
+        engine, worker = divmod(rank, rollout_tp) if colocated else (0, rank)
+        sync = out[rollout_tp, colocated] = dict(mode=routes.mode, engine=engine, readers=readers)
         with ThreadPoolExecutor(max_workers=1) as reader, _TrainerWorld() as world:
-            read = reader.submit(read_ring, mine, f"worker {worker} of engine {engine}", torch.device("cpu"),
-                                 lambda tensors: [None for _ in recorded(tensors, record, layout)])
+            if worker < rollout_tp:
+                (mine,) = routes.engine_rings(engine, rings)[worker]
+                record = LoadedChecksums("float32")
+                layout = VllmRankLayout(dims, rollout_tp, worker)
+                read = reader.submit(read_ring, mine, f"worker {worker} of engine {engine}", torch.device("cpu"),
+                                     lambda tensors: [None for _ in recorded(tensors, record, layout)])
             stats = sender.send()
-            read.result(timeout=TIMEOUT_S)
-        store = dist.TCPStore(HOST, ring.port, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
-        out[rollout_tp] = dict(
-            mode=routes.mode, engine=engine, record=record, read_port=mine.port, own_port=ring.port,
-            joined=store.add(ring.key("joined"), 0), reader_pid=int(store.get(ring.key("pid/0"))), pid=os.getpid(),
-            buckets=stats.buckets, bytes=stats.bytes_sent, sent=dict(world.sent), other=world.other,
-        )
+            if worker < rollout_tp:
+                read.result(timeout=TIMEOUT_S)
+        sync.update(bytes=stats.bytes_sent, sent=dict(world.sent), other=world.other)
+        if worker < rollout_tp:
+            store = dist.TCPStore(HOST, ring.port, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
+            sync.update(record=record, read_port=mine.port, own_port=ring.port, joined=store.add(ring.key("joined"), 0),
+                        reader_pid=int(store.get(ring.key("pid/0"))), pid=os.getpid(), buckets=stats.buckets)
     out["checksums"] = rank_checksums(plan, named(), groups, "float32")
     return out
 
@@ -145,53 +152,60 @@ def worlds(model_dir):
             for layout in LAYOUTS}
 
 
-CASES = [((2, 1), 2, "per_rank"), ((2, 1), 1, "scheduled"), ((1, 2), 1, "scheduled"), ((1, 2), 2, "scheduled")]
+CASES = [((2, 1), 2, True, "per_rank"), ((2, 1), 1, True, "scheduled"), ((1, 2), 1, True, "scheduled"),
+         ((1, 2), 2, True, "scheduled"), ((2, 1), 1, False, "scheduled")]
 
 
-@pytest.mark.parametrize("train, rollout_tp, mode", CASES)
-def test_each_devices_worker_reads_only_its_own_ranks_ring(worlds, train, rollout_tp, mode):
-    for rank in worlds[train]:
-        sync = rank[rollout_tp]
+@pytest.mark.parametrize("train, rollout_tp, colocated, mode", CASES)
+def test_each_workers_ring_is_hosted_by_the_rank_the_routes_name(worlds, train, rollout_tp, colocated, mode):
+    for rank, out in enumerate(worlds[train]):
+        sync = out[rollout_tp, colocated]
         assert sync["mode"] == mode
+        if not colocated and rank >= rollout_tp:
+            assert sync["readers"] == 0  # split: the ranks past the engine's workers only send
+            continue
         assert sync["read_port"] == sync["own_port"]  # the routes handed it this rank's ring ...
         assert (sync["joined"], sync["reader_pid"]) == (1, sync["pid"])  # ... and nobody else joined it
         assert sync["buckets"] >= 3  # both slots reused
 
 
-@pytest.mark.parametrize("train, rollout_tp, mode", CASES)
-def test_the_workers_loaded_the_actors_weights_bit_for_bit(worlds, train, rollout_tp, mode):
+@pytest.mark.parametrize("train, rollout_tp, colocated, mode", CASES)
+def test_the_workers_loaded_the_actors_weights_bit_for_bit(worlds, train, rollout_tp, colocated, mode):
     ranks = worlds[train]
     expected = combine(rank["checksums"] for rank in ranks)
     layout = LayoutPair(*train, rollout_tp)
     by_engine: dict[int, list] = {}
     for rank in ranks:  # in rank order: worker r of each engine
-        by_engine.setdefault(rank[rollout_tp]["engine"], []).append(rank[rollout_tp]["record"])
-    assert len(by_engine) == WORLD // rollout_tp
+        sync = rank[rollout_tp, colocated]
+        if "record" in sync:
+            by_engine.setdefault(sync["engine"], []).append(sync["record"])
+    assert len(by_engine) == (WORLD // rollout_tp if colocated else 1)
     for engine, records in by_engine.items():
         check_checksums(expected, records, dtype="float32", layout=layout, engine=f"rollout engine {engine}")
 
 
-@pytest.mark.parametrize("train, rollout_tp", [(train, tp) for train, tp, mode in CASES if mode == "scheduled"])
-def test_each_rank_sends_only_the_schedules_pieces_for_the_worker_on_each_device(model_dir, worlds, train,
-                                                                                 rollout_tp):
+@pytest.mark.parametrize("train, rollout_tp, colocated",
+                         [(train, tp, colocated) for train, tp, colocated, mode in CASES if mode == "scheduled"])
+def test_each_rank_sends_only_the_schedules_pieces_for_each_rings_worker(model_dir, worlds, train, rollout_tp,
+                                                                        colocated):
     layout = LayoutPair(*train, rollout_tp)
     schedule = build_schedule(build_plan(read_model_dims(model_dir), layout, bucket_mb=BUCKET_MB), VOCAB_DIVISIBLE_BY)
-    engines = WORLD // rollout_tp
+    rings = WORLD // rollout_tp if colocated else 1  # rings per worker: one per engine, split one for all
     total = 0
     for rank, out in enumerate(worlds[train]):
-        sync = out[rollout_tp]
+        sync = out[rollout_tp, colocated]
         me = sender_rank(layout, out["pp_rank"], out["tp_rank"])
-        scheduled = defaultdict(int)  # host rank -> bytes of the pieces for the worker on its device
+        scheduled = defaultdict(int)  # host rank -> bytes of the pieces for the worker reading its ring
         for _, piece in schedule.sent_by(me):
-            for engine in range(engines):
+            for engine in range(rings):
                 host = engine * rollout_tp + piece.worker
-                if host != rank:  # a piece for this rank's own worker is copied, not sent
+                if host != rank:  # a piece for this rank's own ring is copied, not sent
                     scheduled[host] += piece.numel * 4
         assert sync["other"] == []  # no gather, no broadcast: the pieces alone
         assert sync["sent"] == dict(scheduled)
-        assert sync["bytes"] == schedule.bytes_sent(me, engines) > 0
+        assert sync["bytes"] == schedule.bytes_sent(me, rings) > 0
         total += sync["bytes"]
-        print(f"train TP{train[0]}/PP{train[1]} → rollout TP{rollout_tp}: rank {rank} sent "
-              f"{sum(sync['sent'].values())} B to other ranks, {sync['bytes']} B scheduled in all")
-    # All ranks together send each engine's workers exactly what they need, each element once.
-    assert total == engines * sum(schedule.bytes_needed(worker) for worker in range(rollout_tp))
+        print(f"train TP{train[0]}/PP{train[1]} → rollout TP{rollout_tp} ({'colocated' if colocated else 'split'}): "
+              f"rank {rank} sent {sum(sync['sent'].values())} B to other ranks, {sync['bytes']} B scheduled in all")
+    # All ranks together send each ring's workers exactly what they need, each element once.
+    assert total == rings * sum(schedule.bytes_needed(worker) for worker in range(rollout_tp))

@@ -76,11 +76,23 @@ def test_split_per_rank_reads_dp_replica_0s_stages_in_stage_order():
     assert routes.readers == (3, 3, 0, 0, 3, 3, 0, 0)
 
 
+def test_split_scheduled_worker_r_of_every_engine_reads_rank_rs_ring():
+    layout = grids(tp=1, pp=2, dp=2)  # 4 ranks; 3 engines of rollout TP 2
+    routes = route_rings(layout, engines=3, rollout_tp=2, colocated=False, per_rank=True)
+    assert routes.mode == "scheduled"
+    assert routes.sources == (((0,), (1,)),) * 3
+    assert routes.readers == (3, 3, 0, 0)
+    assert routes.senders == (0, 2)  # stage 0 and stage 1 of DP replica 0
+
+
 def test_split_gathered_is_rank_0s_ring_read_by_every_worker():
-    routes = route_rings(grids(tp=2, pp=1, dp=1), engines=2, rollout_tp=1, colocated=False, per_rank=True)
-    assert routes.mode == "rank0"
-    assert routes.sources == (((0,),), ((0,),))
-    assert routes.readers == (2, 0)
+    # The per-rank load off (HF backend, per_rank: never), or more workers per engine than ranks.
+    for tp, rollout_tp, per_rank in ((2, 1, False), (1, 2, True)):
+        routes = route_rings(grids(tp=tp, pp=1, dp=1), engines=2, rollout_tp=rollout_tp, colocated=False,
+                             per_rank=per_rank)
+        assert routes.mode == "rank0"
+        assert routes.sources == ((((0,),) * rollout_tp),) * 2
+        assert routes.readers == (2 * rollout_tp,) + (0,) * (tp - 1)
 
 
 def test_colocated_counts_that_do_not_pair_workers_with_ranks_are_refused():
