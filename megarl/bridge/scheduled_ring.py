@@ -47,7 +47,7 @@ class ScheduledRingSender:
     """The trainer side of the scheduled ring sync for one plan (built once, reused every step)."""
 
     def __init__(self, plan: SyncPlan, named_parameters: NamedParameters, groups: ProcessGroups,
-                 routes: RingRoutes, transport: SharedMemoryTransport | None, *
+                 routes: RingRoutes, transport: SharedMemoryTransport | None, *,
                  vocab_divisible_by: int = VOCAB_DIVISIBLE_BY):
         """`routes`: mode "scheduled"; `transport`: this rank's ring, of `routes.readers[rank]`
         readers, on the ranks that host a worker's ring; None elsewhere. `vocab_divisible_by`: the
