@@ -34,9 +34,9 @@ class SyncConfig:
     GPUs (its NCCL group would hold two ranks of one GPU). shared_memory: trainer ranks stream the
     buckets through rings of two slots in /dev/shm that engine workers read in place; colocated, each
     worker reads the ring of the trainer rank on its own device (`megarl.bridge.ring_routes`); split,
-    the engines must be on rank 0's node. cuda_ipc: the same with GPU buffers shared by CUDA IPC
-    handle (colocated GPUs only). auto: cuda_ipc on colocated GPUs; shared_memory on CPU, colocated
-    or with every engine on rank 0's node; else collective."""
+    the engines must be on the node of the trainer ranks whose rings they read. cuda_ipc: the same
+    with GPU buffers shared by CUDA IPC handle (colocated GPUs only). auto: cuda_ipc on colocated
+    GPUs; shared_memory on CPU, colocated or with every engine on its rings' node; else collective."""
     per_rank: Literal["auto", "always", "never"] = "auto"
     """With a shared transport and actor TP == rollout TP (vLLM backend; PP 1 when colocated): every trainer
     TP rank streams its own shards, already in vLLM's per-rank layout, through a ring of its own to engine
