@@ -85,7 +85,19 @@ class _TrainerWorld:
             setattr(dist, name, original)
 
 
-def _rank(model_dir: str, tp: int, pp: int) -> dict:
+def _rank(model_dir: str) -> dict:
+    """One trainer rank, in each train layout in turn (one spawn for all: megatron-core's grid torn
+    down between them, as its own tests do)."""
+    from megatron.core import parallel_state
+
+    out = {}
+    for tp, pp in LAYOUTS:
+        out[tp, pp] = _layout(model_dir, tp, pp)
+        parallel_state.destroy_model_parallel()
+    return out
+
+
+def _layout(model_dir: str, tp: int, pp: int) -> dict:
     """One trainer rank and the engine worker on its device: for each rollout TP, open this rank's
     ring, learn every rank's (the driver's part), read the one the routes give this device's worker
     while sending; what was read, what was sent, and who joined this rank's ring."""
@@ -148,8 +160,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def worlds(model_dir):
-    return {layout: run_distributed(_rank, WORLD, str(model_dir), *layout, timeout_s=TIMEOUT_S * 2)
-            for layout in LAYOUTS}
+    ranks = run_distributed(_rank, WORLD, str(model_dir), timeout_s=TIMEOUT_S * 2)
+    return {layout: [rank[layout] for rank in ranks] for layout in LAYOUTS}
 
 
 CASES = [((2, 1), 2, True, "per_rank"), ((2, 1), 1, True, "scheduled"), ((1, 2), 1, True, "scheduled"),
