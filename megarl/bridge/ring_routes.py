@@ -8,7 +8,13 @@ a ring of one reader:
 
 - "per_rank" (train TP == rollout TP, PP 1): the rank's own shards, already in vLLM worker r's
   layout (`per_rank.PerRankSender`); policy rank `k * tp + r` is TP rank r of DP replica k.
-- "every_rank" (any other layout): the gathered HF buckets, which every rank assembles
+- "scheduled" (any other layout): the rank's worker's tensors in vLLM's per-rank layout too,
+  assembled from the pieces the planner's schedule sends it (`plan.build_schedule`): each rank of
+  DP replica 0 (the schedule's sender i is policy rank `senders[i]`) sends each piece point to
+  point, inside the trainer world, to the ranks hosting the piece's worker
+  (`scheduled_ring.ScheduledRingSender`); nothing is gathered.
+- "every_rank" (the per-rank load not allowed: `rollout.sync.per_rank: never`, or an engine
+  backend that loads only full HF tensors): the gathered HF buckets, which every rank assembles
   (`sync.WeightSender(every_rank=True)`).
 
 Split (engines on their own bundles, same node: CPU shared memory only, since CUDA IPC needs the
@@ -16,7 +22,11 @@ engine on the sender's GPU):
 
 - "per_rank" (train TP == rollout TP): worker r of every engine reads the rings of TP rank r of
   DP replica 0, one per stage in stage order; each of those rings has one reader per engine.
-- "rank0": rank 0 alone assembles the gathered buckets; every worker of every engine reads its ring.
+- "scheduled" (any other layout, rollout TP <= the policy ranks): worker r of every engine reads
+  the ring of policy rank r, which assembles worker r's tensors from the schedule's pieces as
+  colocated; the ranks from rollout TP on only send.
+- "rank0" (the per-rank load not allowed, or more workers per engine than policy ranks): rank 0
+  alone assembles the gathered buckets; every worker of every engine reads its ring.
 
     routes = route_rings(grids, engines=4, rollout_tp=2, colocated=True, per_rank=True)
     routes.readers[rank]                  # workers reading policy rank `rank`'s ring (0: it has none)
@@ -29,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-Mode = Literal["per_rank", "every_rank", "rank0"]
+Mode = Literal["per_rank", "scheduled", "every_rank", "rank0"]
 
 
 @dataclass(frozen=True)
@@ -42,11 +52,20 @@ class RingRoutes:
     """Per policy rank: the engine workers reading its ring; 0 where the rank hosts no ring."""
     sources: tuple[tuple[tuple[int, ...], ...], ...]
     """`sources[k][r]`: the policy ranks whose rings worker r of engine k reads, in stage order."""
+    senders: tuple[int, ...] = ()
+    """"scheduled": the policy rank of the schedule's sender i (`plan.sender_rank`: stage i // train
+    TP, TP rank i % train TP, of DP replica 0); empty otherwise."""
 
     @property
     def per_rank(self) -> bool:
         """The rings carry each rank's own shards in vLLM's per-rank layout (not gathered buckets)."""
         return self.mode == "per_rank"
+
+    @property
+    def rank_layout(self) -> bool:
+        """The rings carry vLLM per-rank tensors (the engines load them with `load_rank_rings`), not
+        full HF tensors."""
+        return self.mode in ("per_rank", "scheduled")
 
     def engine_rings(self, engine: int, rings: Sequence) -> dict[int, list]:
         """`{tp_rank: [ring, ...]}` for `engine`, from every policy rank's ring (in rank order)."""
@@ -68,18 +87,31 @@ def route_rings(grids: Sequence[dict[str, int]], engines: int, rollout_tp: int, 
                 f"for {len(grids)} policy ranks; each worker reads the ring of the rank on its own device, so the "
                 "counts must be equal"
             )
-        mode: Mode = "per_rank" if same_tp and train_pp == 1 else "every_rank"
-        if mode == "per_rank":
-            _check_tp_ranks(grids, rollout_tp)
         sources = tuple(tuple((k * rollout_tp + r,) for r in range(rollout_tp)) for k in range(engines))
-        return RingRoutes(mode, (1,) * len(grids), sources)
+        if same_tp and train_pp == 1:
+            _check_tp_ranks(grids, rollout_tp)
+            return RingRoutes("per_rank", (1,) * len(grids), sources)
+        if per_rank:
+            return RingRoutes("scheduled", (1,) * len(grids), sources, _schedule_senders(grids, train_tp))
+        return RingRoutes("every_rank", (1,) * len(grids), sources)
     if same_tp:
         by_tp = [tuple(sorted((rank for rank, g in enumerate(grids) if g["dp_rank"] == 0 and g["tp_rank"] == r),
                               key=lambda rank: grids[rank]["pp_rank"])) for r in range(rollout_tp)]
         readers = tuple(engines if g["dp_rank"] == 0 else 0 for g in grids)
         return RingRoutes("per_rank", readers, (tuple(by_tp),) * engines)
+    if per_rank and rollout_tp <= len(grids):
+        readers = tuple(engines if rank < rollout_tp else 0 for rank in range(len(grids)))
+        sources = (tuple((r,) for r in range(rollout_tp)),) * engines
+        return RingRoutes("scheduled", readers, sources, _schedule_senders(grids, train_tp))
     readers = (engines * rollout_tp,) + (0,) * (len(grids) - 1)
     return RingRoutes("rank0", readers, (((0,),) * rollout_tp,) * engines)
+
+
+def _schedule_senders(grids: Sequence[dict[str, int]], train_tp: int) -> tuple[int, ...]:
+    """Per schedule sender `pp * train_tp + tp` (`plan.sender_rank`), the policy rank of DP replica 0
+    at (pp, tp)."""
+    at = {(g["pp_rank"], g["tp_rank"]): rank for rank, g in enumerate(grids) if g["dp_rank"] == 0}
+    return tuple(at[divmod(sender, train_tp)] for sender in range(len(at)))
 
 
 def _check_tp_ranks(grids: Sequence[dict[str, int]], rollout_tp: int) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -125,8 +126,8 @@ class ShardSender:
                 if len(in_flight) == IN_FLIGHT:
                     _delivered(*in_flight.popleft(), meter)
                 works, copies = [], 0
-                for piece, tensor in self._tensors(pieces, local):
-                    if not _shares_storage(tensor, local[piece.param.megatron_name]):
+                for piece, tensor in piece_tensors(self.schedule, pieces, local):
+                    if not shares_storage(tensor, local[piece.param.megatron_name]):
                         copies += tensor.nbytes
                     works += [self.group.send([tensor], receiver_rank(self.schedule.plan.layout, k, piece.worker), tag)
                               for k in range(self.engines)]
@@ -137,20 +138,24 @@ class ShardSender:
                 _delivered(*in_flight.popleft(), meter)
         return SyncStats(time.perf_counter() - start, sent, len({tag for tag, _ in self.pieces}), meter.peak)
 
-    def _tensors(self, pieces: list[Piece], local: dict[str, torch.Tensor]) -> Iterator[tuple[Piece, torch.Tensor]]:
-        """Each piece's tensor, the blocks (one qkv part copy each) shared by the pieces cut from them."""
-        blocks: dict[tuple[str, int], torch.Tensor] = {}
-        for piece in pieces:
-            name = piece.param.megatron_name
-            if name not in local:
-                raise KeyError(f"shard sync: this rank has no parameter {name}, which the schedule sends from it")
-            key = (name, piece.hf_index)
-            if key not in blocks:
-                blocks[key] = shard_block(piece, local[name].detach(), self.schedule.plan.dims)
-            yield piece, piece_tensor(self.schedule, piece, blocks[key])
 
 
-def _shares_storage(tensor: torch.Tensor, parameter: torch.Tensor) -> bool:
+def piece_tensors(schedule: SyncSchedule, pieces: list[Piece], local: dict[str, torch.Tensor]
+                  ) -> Iterator[tuple[Piece, torch.Tensor]]:
+    """Each of this rank's `pieces` with its tensor (`piece_tensor`), the blocks (one qkv part copy
+    each) shared by the pieces cut from them; `local`: this rank's parameters by plan name."""
+    blocks: dict[tuple[str, int], torch.Tensor] = {}
+    for piece in pieces:
+        name = piece.param.megatron_name
+        if name not in local:
+            raise KeyError(f"shard sync: this rank has no parameter {name}, which the schedule sends from it")
+        key = (name, piece.hf_index)
+        if key not in blocks:
+            blocks[key] = shard_block(piece, local[name].detach(), schedule.plan.dims)
+        yield piece, piece_tensor(schedule, piece, blocks[key])
+
+
+def shares_storage(tensor: torch.Tensor, parameter: torch.Tensor) -> bool:
     """Whether `tensor` is a view of the live `parameter` (sent as it is), not a copy."""
     return tensor.untyped_storage().data_ptr() == parameter.untyped_storage().data_ptr()
 
@@ -181,15 +186,35 @@ Receive = Callable[[torch.Tensor, int], object]
 the sender's next piece (`ProcessGroup.recv`'s work)."""
 
 
-def receive_bucket(bucket: BucketSchedule, worker: int, receive: Receive, device: torch.device) -> torch.Tensor:
-    """Worker `worker`'s tensors of one bucket in a fresh flat buffer laid out as
-    `bucket.received[worker]`: every piece received in place, a partial column block aside and then
-    copied, vocabulary padding rows zeroed."""
+@dataclass
+class Inbox:
+    """Where one worker's pieces of one bucket land: a fresh flat buffer laid out as
+    `bucket.received[worker]` (`bucket_inbox`)."""
+
+    flat: torch.Tensor
+    """The worker's tensors of the bucket, `[numel]`: complete once every destination is filled and
+    `finish()` has run."""
+    destinations: list[tuple[Piece, torch.Tensor]]
+    """Each of the worker's pieces, in schedule order, with the tensor to receive it into."""
+    aside: list[tuple[torch.Tensor, torch.Tensor]]
+    """(received, columns): partial column blocks received aside, copied in by `finish`."""
+
+    def finish(self) -> torch.Tensor:
+        """Once every destination holds its piece: copy the aside blocks in; the flat buffer."""
+        for received, columns in self.aside:
+            columns.copy_(received)
+        return self.flat
+
+
+def bucket_inbox(bucket: BucketSchedule, worker: int, device: torch.device) -> Inbox:
+    """The destinations of worker `worker`'s pieces of one bucket: rows in place in a fresh flat
+    buffer, a column block in place when it is all the worker's columns, else aside; the
+    vocabulary padding rows zeroed (vLLM's loader leaves them zero)."""
     metadata = bucket.received[worker]
     flat = torch.empty(metadata.numel, dtype=metadata.dtype, device=device)
     views = [view for _, view in unpack(flat, metadata)]
     by_param = dict(zip((param.megatron_name for param in bucket.bucket.params), views))
-    pending, aside = [], []
+    destinations, aside = [], []
     for piece in bucket.pieces:
         if piece.worker != worker:
             continue
@@ -202,17 +227,23 @@ def receive_bucket(bucket: BucketSchedule, worker: int, receive: Receive, device
         else:
             destination = torch.empty(piece.shape, dtype=flat.dtype, device=device)
             aside.append((destination, target[:, piece.target : piece.target + width]))
-        pending.append(receive(destination, piece.sender))
+        destinations.append((piece, destination))
     for param, view in zip(bucket.bucket.params, views):
-        if param.kind == VOCAB:  # the rows past the vocabulary: vLLM's padding, zero as its loader leaves them
+        if param.kind == VOCAB:
             filled = max((p.target + p.stop - p.start for p in bucket.pieces
                           if p.worker == worker and p.param is param), default=0)
             view[filled:].zero_()
+    return Inbox(flat, destinations, aside)
+
+
+def receive_bucket(bucket: BucketSchedule, worker: int, receive: Receive, device: torch.device) -> torch.Tensor:
+    """Worker `worker`'s tensors of one bucket in a fresh flat buffer laid out as
+    `bucket.received[worker]`, every piece received into its `bucket_inbox` destination."""
+    inbox = bucket_inbox(bucket, worker, device)
+    pending = [receive(destination, piece.sender) for piece, destination in inbox.destinations]
     for work in pending:
         work.wait()
-    for received, columns in aside:
-        columns.copy_(received)
-    return flat
+    return inbox.finish()
 
 
 def receive_rank_shards(group: dist.ProcessGroup, plan: SyncPlan, worker: int, device: torch.device, *,

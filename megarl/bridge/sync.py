@@ -97,8 +97,11 @@ class WeightSender:
         every_rank: bool = False,
     ):
         """`transport`: on global rank 0 (the sender) the way to the engine; None on other ranks.
-        `every_rank`: every rank of the trainer world has a transport (colocated engines, one per
-        rank, each loading the whole model in-process) and receives every bucket."""
+        `every_rank`: every rank of the trainer world has a transport and receives every bucket. Only
+        for engines that must load full HF tensors: `megarl check-sync`'s in-process engine on
+        every rank, and colocated rings where the per-rank load is off (`rollout.sync.per_rank:
+        never`, the HF backend); colocated vLLM engines get the planner's pieces instead
+        (`scheduled_ring`), which gather nothing."""
         self.plan = plan
         self.named_parameters = named_parameters
         self.groups = groups

@@ -58,7 +58,8 @@ def _per_rank_across_stages(config: Config, device: str) -> Problem | None:
         "rollout.sync.per_rank", "always",
         f"with placement.mode=colocated each engine worker reads only the ring of the trainer rank on its own "
         f"device, which holds one of actor.parallel.pipeline_model_parallel_size={pp} stages, not its whole TP shard",
-        "set rollout.sync.per_rank: auto (the rings then carry gathered buckets), or actor PP 1",
+        "set rollout.sync.per_rank: auto (each rank then sends the planner's pieces to the ranks whose devices "
+        "hold their workers), or actor PP 1",
     )
 
 

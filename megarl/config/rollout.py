@@ -34,15 +34,17 @@ class SyncConfig:
     GPUs (its NCCL group would hold two ranks of one GPU). shared_memory: trainer ranks stream the
     buckets through rings of two slots in /dev/shm that engine workers read in place; colocated, each
     worker reads the ring of the trainer rank on its own device (`megarl.bridge.ring_routes`); split,
-    the engines must be on rank 0's node. cuda_ipc: the same with GPU buffers shared by CUDA IPC
-    handle (colocated GPUs only). auto: cuda_ipc on colocated GPUs; shared_memory on CPU, colocated
-    or with every engine on rank 0's node; else collective."""
+    the engines must be on the node of the trainer ranks whose rings they read. cuda_ipc: the same
+    with GPU buffers shared by CUDA IPC handle (colocated GPUs only). auto: cuda_ipc on colocated
+    GPUs; shared_memory on CPU, colocated or with every engine on its rings' node; else collective."""
     per_rank: Literal["auto", "always", "never"] = "auto"
     """With a shared transport and actor TP == rollout TP (vLLM backend; PP 1 when colocated): every trainer
     TP rank streams its own shards, already in vLLM's per-rank layout, through a ring of its own to engine
     worker r, which reloads them module by module; no full tensor is gathered (only the vocabulary, which
-    Megatron and vLLM pad differently). auto: whenever those hold; always: the same, and a layout or
-    placement where they do not hold is an error; never: always gather full tensors."""
+    Megatron and vLLM pad differently). Colocated with other layouts (vLLM backend, not never), the rings
+    carry per-rank tensors too, assembled by each rank from the pieces of the planner's schedule that the
+    other ranks send it. auto: whenever those hold; always: each rank's own shards, and a layout or
+    placement where that does not hold is an error; never: always gather full tensors."""
     logprob_gap_threshold: float | Literal["auto"] = "auto"
     """Fail a checked sync when the largest |log π_rollout - log π_actor| on the probe batch exceeds this
     (nats). auto: `LOGPROB_GAP_BY_DTYPE[(model.dtype, rollout dtype)]`, measured; a number (> 0) overrides it. The gap

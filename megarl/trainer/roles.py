@@ -290,9 +290,11 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
     with startup("engines"):
         rollout_group = start_rollout(config, plan, pg, share.gpus if plan.colocated else bundle.gpus, env)
     policy = groups["actor"].workers
-    transport = sync_transport(rollout.sync.transport, device, plan.colocated, policy.node_ids()[0],
-                               rollout_group.node_ids())
-    routes = None if transport == "collective" else shared_routes(config, plan, groups["actor"].grids)
+    routes = shared_routes(config, plan, groups["actor"].grids)
+    policy_nodes = policy.node_ids()
+    ring_nodes = [policy_nodes[rank] for rank, readers in enumerate(routes.readers) if readers]
+    transport = sync_transport(rollout.sync.transport, device, plan.colocated, ring_nodes, rollout_group.node_ids())
+    routes = None if transport == "collective" else routes
     packed = frozenset(name for name in groups if getattr(config, name).max_tokens_per_micro_batch is not None)
     roles = Roles(groups, rollout_group, pg, transport, routes, packed)
     with startup("weight_sync"):
@@ -328,14 +330,16 @@ def start_rollout(config: Config, plan: BatchPlan, pg, gpus_per_device: float, e
     )
 
 
-def sync_transport(setting: str, device: str, colocated: bool, sender_node: str, engine_nodes: list[str]) -> str:
+def sync_transport(setting: str, device: str, colocated: bool, ring_nodes: list[str], engine_nodes: list[str]) -> str:
     """`rollout.sync.transport` for this placement on `device`. A shared transport needs each engine
     worker on the node of the ring it reads: colocated, that of the trainer rank on its own bundle
-    (`ring_routes`), always; split, trainer rank 0's. auto takes CUDA IPC for colocated GPUs (a
+    (`ring_routes`), always; split, the nodes of the ring-hosting trainer ranks (`ring_nodes`: rank 0,
+    DP replica 0's TP ranks or the first rollout-TP ranks, by the routes) must all be the engines'
+    one node. auto takes CUDA IPC for colocated GPUs (a
     collective there would put a trainer rank and an engine worker of one GPU in one NCCL group,
     which NCCL refuses: `placement_problems` refuses that setting), shared memory on CPU where it
     reaches, else the collective."""
-    reaches = colocated or set(engine_nodes) == {sender_node}
+    reaches = colocated or len(set(engine_nodes) | set(ring_nodes)) == 1
     if setting == "auto":
         if device == "cuda":
             return "cuda_ipc" if colocated else "collective"
@@ -343,22 +347,24 @@ def sync_transport(setting: str, device: str, colocated: bool, sender_node: str,
     if setting != "collective" and not reaches:
         raise PlacementError(
             f"rollout.sync.transport={setting}: split, the shared transports need every rollout engine on the node "
-            f"of trainer rank 0, but Ray placed engines on {len(set(engine_nodes) - {sender_node})} other node(s); "
-            "use rollout.sync.transport: collective (or auto)"
+            f"of the trainer ranks whose rings they read, but Ray placed the engines and those ranks on "
+            f"{len(set(engine_nodes) | set(ring_nodes))} nodes; use rollout.sync.transport: collective (or auto)"
         )
     return setting
 
 
 def shared_routes(config: Config, plan: BatchPlan, grids: list[dict[str, int]]) -> RingRoutes:
     """The ring routes for the actor's `grids` (`route_rings`), with `rollout.sync.per_rank` resolved:
-    per rank needs actor TP == rollout TP and the vLLM backend (and PP 1 when colocated); "always"
-    where the routes gather is an error (validation refuses the layouts, this the placement)."""
+    the per-rank load needs the vLLM backend; each rank's own shards need actor TP == rollout TP (and
+    PP 1 when colocated), other colocated layouts get the planner's pieces ("scheduled"); "always"
+    where the routes do not stream each rank's own shards is an error (validation refuses the
+    layouts, this the placement)."""
     setting = config.rollout.sync.per_rank
     routes = route_rings(grids, plan.rollout_engines, config.rollout.tensor_model_parallel_size,
                          colocated=plan.colocated, per_rank=setting != "never" and config.rollout.backend == "vllm")
     if setting == "always" and not routes.per_rank:
         raise PlacementError(
-            f"rollout.sync.per_rank=always: this placement's rings carry gathered buckets ({routes.mode}: actor "
+            f"rollout.sync.per_rank=always: this placement's rings do not carry each rank's own shards ({routes.mode}: actor "
             f"TP {config.actor.parallel.tensor_model_parallel_size}, PP {config.actor.parallel.pipeline_model_parallel_size}, "
             f"rollout TP {config.rollout.tensor_model_parallel_size}, "
             f"placement.mode={config.placement.mode}); use rollout.sync.per_rank: auto"

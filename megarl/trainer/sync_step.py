@@ -81,10 +81,11 @@ class WeightSync:
 
     def start_shared_receive(self) -> None:
         """Open every ring-hosting rank's ring and start each engine on the rings its workers read:
-        per rank, `{tp_rank: [ring per trainer stage]}`; gathered, `{tp_rank: ring}`."""
+        per-rank tensors ("per_rank", "scheduled"), `{tp_rank: [ring per trainer stage]}`; gathered,
+        `{tp_rank: ring}`."""
         rings = self.policy.call_all("begin_weight_sync")
         by_engine = [self.routes.engine_rings(k, rings) for k in range(self.rollout.world_size)]
-        if self.routes.per_rank:
+        if self.routes.rank_layout:
             self.rollout.call_each("start_rank_receive", [(engine,) for engine in by_engine])
         else:
             self.rollout.call_each("start_shared_receive",

@@ -24,6 +24,7 @@ from megarl.bridge import LayoutPair, ShardSender, SyncPlan, WeightSender, build
 from megarl.bridge.checksum import rank_checksums
 from megarl.bridge.per_rank import PerRankSender
 from megarl.bridge.ring_routes import RingRoutes
+from megarl.bridge.scheduled_ring import ScheduledRingSender
 from megarl.bridge.transports.cuda_ipc import CudaIpcTransport
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
 from megarl.workers.sync_probe import actor_probe_logprobs
@@ -235,14 +236,17 @@ class PolicyWorker:
         """Collective over the trainer ranks: stream every sync through shared slots on this node
         (`kind` "shared_memory": /dev/shm; "cuda_ipc": this rank's GPU) along `routes`: this rank hosts
         a ring of `routes.readers[rank]` engine workers (none: it sends nothing), carrying its own
-        shards in vLLM's per-rank layout or the gathered buckets (`megarl.bridge.ring_routes`). Each
+        shards in vLLM's per-rank layout ("per_rank"), its device's worker's tensors assembled from the
+        planner's pieces ("scheduled") or the gathered buckets (`megarl.bridge.ring_routes`). Each
         sync starts with `begin_weight_sync`."""
         shared = {"shared_memory": SharedMemoryTransport, "cuda_ipc": CudaIpcTransport}[kind]
         readers = routes.readers[dist.get_rank()]
         transport = shared(readers, timeout_s=timeout_s) if readers else None
         named = self.actor.named_parameters_for_sync
-        if routes.per_rank:
+        if routes.mode == "per_rank":
             self.sender = PerRankSender(self.plan, named, self.groups, transport)
+        elif routes.mode == "scheduled":
+            self.sender = ScheduledRingSender(self.plan, named, self.groups, routes, transport)
         else:
             self.sender = WeightSender(self.plan, named, self.groups, transport, every_rank=routes.mode == "every_rank")
 

@@ -1,6 +1,7 @@
 """`route_rings`: which trainer rank's ring each engine worker reads (`megarl.bridge.ring_routes`).
 Colocated, every worker reads only the ring of the policy rank on its own device bundle (so a CUDA
-IPC handle is never opened on another GPU); split, the rings of DP replica 0 or rank 0's."""
+IPC handle is never opened on another GPU), and with other layouts than the per-rank one the
+schedule's senders are DP replica 0's ranks; split, the rings of DP replica 0 or rank 0's."""
 
 import pytest
 
@@ -23,9 +24,9 @@ def device_of_worker(engine: int, tp_rank: int, rollout_tp: int) -> int:
 @pytest.mark.parametrize("tp, pp, dp, rollout_tp, mode", [
     (2, 1, 2, 2, "per_rank"),      # TP matches, PP 1: each rank's own shards
     (1, 1, 4, 1, "per_rank"),
-    (2, 1, 2, 1, "every_rank"),    # TP differs: gathered buckets on every rank
-    (1, 2, 2, 2, "every_rank"),    # PP 2: a rank holds one stage only
-    (2, 2, 1, 2, "every_rank"),    # TP matches but PP 2
+    (2, 1, 2, 1, "scheduled"),     # TP differs: the planner's pieces, assembled on the worker's rank
+    (1, 2, 2, 2, "scheduled"),     # PP 2: a rank holds one stage only
+    (2, 2, 1, 2, "scheduled"),     # TP matches but PP 2
 ])
 def test_colocated_workers_read_only_the_ring_on_their_own_device(tp, pp, dp, rollout_tp, mode):
     world = tp * pp * dp
@@ -48,6 +49,17 @@ def test_colocated_per_rank_pairs_a_worker_with_the_trainer_rank_of_its_tp_rank(
 
 def test_per_rank_off_gathers_even_when_the_layouts_match():
     assert route_rings(grids(2, 1, 2), 2, 2, colocated=True, per_rank=False).mode == "every_rank"
+    assert route_rings(grids(2, 1, 2), 4, 1, colocated=True, per_rank=False).mode == "every_rank"
+
+
+@pytest.mark.parametrize("tp, pp, dp", [(2, 1, 2), (1, 2, 2), (2, 2, 1)])
+def test_scheduled_senders_are_dp_replica_0s_ranks_in_the_schedules_order(tp, pp, dp):
+    layout = grids(tp, pp, dp)
+    routes = route_rings(layout, engines=tp * pp * dp, rollout_tp=1, colocated=True, per_rank=True)
+    assert routes.mode == "scheduled"
+    # Schedule sender i (`plan.sender_rank`) is stage i // tp, TP rank i % tp, of DP replica 0.
+    assert [(layout[rank]["pp_rank"], layout[rank]["tp_rank"], layout[rank]["dp_rank"]) for rank in routes.senders] == [
+        (*divmod(sender, tp), 0) for sender in range(tp * pp)]
 
 
 def test_engine_rings_hands_each_engine_its_workers_rings():
@@ -64,11 +76,23 @@ def test_split_per_rank_reads_dp_replica_0s_stages_in_stage_order():
     assert routes.readers == (3, 3, 0, 0, 3, 3, 0, 0)
 
 
+def test_split_scheduled_worker_r_of_every_engine_reads_rank_rs_ring():
+    layout = grids(tp=1, pp=2, dp=2)  # 4 ranks; 3 engines of rollout TP 2
+    routes = route_rings(layout, engines=3, rollout_tp=2, colocated=False, per_rank=True)
+    assert routes.mode == "scheduled"
+    assert routes.sources == (((0,), (1,)),) * 3
+    assert routes.readers == (3, 3, 0, 0)
+    assert routes.senders == (0, 2)  # stage 0 and stage 1 of DP replica 0
+
+
 def test_split_gathered_is_rank_0s_ring_read_by_every_worker():
-    routes = route_rings(grids(tp=2, pp=1, dp=1), engines=2, rollout_tp=1, colocated=False, per_rank=True)
-    assert routes.mode == "rank0"
-    assert routes.sources == (((0,),), ((0,),))
-    assert routes.readers == (2, 0)
+    # The per-rank load off (HF backend, per_rank: never), or more workers per engine than ranks.
+    for tp, rollout_tp, per_rank in ((2, 1, False), (1, 2, True)):
+        routes = route_rings(grids(tp=tp, pp=1, dp=1), engines=2, rollout_tp=rollout_tp, colocated=False,
+                             per_rank=per_rank)
+        assert routes.mode == "rank0"
+        assert routes.sources == ((((0,),) * rollout_tp),) * 2
+        assert routes.readers == (2 * rollout_tp,) + (0,) * (tp - 1)
 
 
 def test_colocated_counts_that_do_not_pair_workers_with_ranks_are_refused():

@@ -140,8 +140,13 @@ def test_a_gathered_shared_sync_starts_each_engine_worker_on_its_own_devices_rin
     assert sync.policy.calls == ["begin_weight_sync", "send_weights", "weight_checksums", "probe_log_probs"]
 
 
-def test_a_per_rank_sync_starts_each_engine_worker_on_its_ranks_rings():
-    routes = route_rings(GRIDS, engines=1, rollout_tp=2, colocated=True, per_rank=True)
+@pytest.mark.parametrize("train_tp, mode", [(2, "per_rank"), (1, "scheduled")])
+def test_a_per_rank_layout_sync_starts_each_engine_worker_on_its_ranks_rings(train_tp, mode):
+    # Actor TP 2 (GRIDS): each rank's own shards; as if TP 1 × PP 2: the schedule's pieces, in the same
+    # per-rank layout, so the same per-rank load.
+    grids = GRIDS if train_tp == 2 else [dict(g, tp_rank=0, pp_rank=g["tp_rank"]) for g in GRIDS]
+    routes = route_rings(grids, engines=1, rollout_tp=2, colocated=True, per_rank=True)
+    assert routes.mode == mode
     sync = weight_sync(verify_every=1, total_steps=1, routes=routes)
     sync_and_check(sync, 1)
     assert sync.rollout.calls == ["start_rank_receive", "finish_receive", "loaded_checksums", "prompt_logprobs"]

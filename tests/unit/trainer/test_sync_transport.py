@@ -15,32 +15,37 @@ QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 
 
 def test_auto_streams_through_shared_memory_when_every_engine_is_on_the_senders_node():
-    assert sync_transport("auto", "cpu", False, "node-a", ["node-a", "node-a"]) == "shared_memory"
+    assert sync_transport("auto", "cpu", False, ["node-a"], ["node-a", "node-a"]) == "shared_memory"
 
 
 def test_auto_takes_cuda_ipc_on_colocated_gpus_and_the_collective_on_split_ones():
-    assert sync_transport("auto", "cuda", True, "node-a", ["node-a", "node-b"]) == "cuda_ipc"
-    assert sync_transport("auto", "cuda", False, "node-a", ["node-a", "node-a"]) == "collective"
+    assert sync_transport("auto", "cuda", True, ["node-a"], ["node-a", "node-b"]) == "cuda_ipc"
+    assert sync_transport("auto", "cuda", False, ["node-a"], ["node-a", "node-a"]) == "collective"
 
 
 def test_auto_falls_back_to_the_collective_for_split_engines_on_other_nodes():
-    assert sync_transport("auto", "cpu", False, "node-a", ["node-a", "node-b"]) == "collective"
+    assert sync_transport("auto", "cpu", False, ["node-a"], ["node-a", "node-b"]) == "collective"
 
 
 def test_colocated_engines_on_other_nodes_read_their_own_nodes_rings():
     # Each worker reads the ring of the trainer rank on its own bundle: a node of its own is no obstacle.
-    assert sync_transport("auto", "cpu", True, "node-a", ["node-a", "node-b"]) == "shared_memory"
-    assert sync_transport("shared_memory", "cpu", True, "node-a", ["node-b"]) == "shared_memory"
+    assert sync_transport("auto", "cpu", True, ["node-a"], ["node-a", "node-b"]) == "shared_memory"
+    assert sync_transport("shared_memory", "cpu", True, ["node-a"], ["node-b"]) == "shared_memory"
+
+
+def test_split_rings_hosted_on_another_node_than_the_engines_fall_back_to_the_collective():
+    # The scheduled split rings are on ranks 0 .. rollout TP - 1: all must share the engines' node.
+    assert sync_transport("auto", "cpu", False, ["node-a", "node-b"], ["node-a"]) == "collective"
 
 
 def test_an_explicit_choice_is_kept_where_it_can_run():
-    assert sync_transport("collective", "cpu", False, "node-a", ["node-a"]) == "collective"
-    assert sync_transport("shared_memory", "cpu", False, "node-a", ["node-a"]) == "shared_memory"
+    assert sync_transport("collective", "cpu", False, ["node-a"], ["node-a"]) == "collective"
+    assert sync_transport("shared_memory", "cpu", False, ["node-a"], ["node-a"]) == "shared_memory"
 
 
 def test_split_shared_memory_with_an_engine_on_another_node_names_the_setting_and_the_fix():
-    with pytest.raises(PlacementError, match=r"rollout.sync.transport=shared_memory.*1 other node.*collective"):
-        sync_transport("shared_memory", "cpu", False, "node-a", ["node-a", "node-b", "node-b"])
+    with pytest.raises(PlacementError, match=r"rollout.sync.transport=shared_memory.*2 nodes.*collective"):
+        sync_transport("shared_memory", "cpu", False, ["node-a"], ["node-a", "node-b", "node-b"])
 
 
 def _grids(tp: int, pp: int, dp: int) -> list[dict[str, int]]:
@@ -64,12 +69,13 @@ def test_auto_routes_per_rank_when_the_tp_sizes_match_on_the_vllm_backend():
     assert _routes(TP_1, "rollout.sync.per_rank=never").mode == "every_rank"
 
 
-def test_auto_gathers_when_the_tp_sizes_differ():
-    assert _routes(grids=_grids(tp=2, pp=1, dp=1)).mode == "every_rank"
+def test_auto_sends_the_schedules_pieces_when_the_tp_sizes_differ():
+    assert _routes(grids=_grids(tp=2, pp=1, dp=1)).mode == "scheduled"
+    assert _routes("rollout.backend=hf", grids=_grids(tp=2, pp=1, dp=1)).mode == "every_rank"
 
 
-def test_per_rank_always_where_the_routes_gather_names_the_setting_and_the_fix():
-    with pytest.raises(PlacementError, match=r"rollout.sync.per_rank=always.*every_rank.*PP 2.*per_rank: auto"):
+def test_per_rank_always_where_the_routes_do_not_stream_own_shards_names_the_setting_and_the_fix():
+    with pytest.raises(PlacementError, match=r"rollout.sync.per_rank=always.*scheduled.*PP 2.*per_rank: auto"):
         _routes(TP_1, "actor.parallel.pipeline_model_parallel_size=2", "rollout.sync.per_rank=always",
                 grids=_grids(tp=1, pp=2, dp=1))
 
