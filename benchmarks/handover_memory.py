@@ -28,12 +28,10 @@ def memory_by_phase(step: dict, stat: str) -> dict[str, dict[str, float]]:
     }
 
 
-def logged_stat(step: dict) -> str:
-    """The memory stat a run logged (`rss_gib` on CPU; on CUDA the first of the allocator's)."""
+def logged_stat(step: dict) -> str | None:
+    """The memory stat a run logged (`rss_gib` on CPU; on CUDA the first of the allocator's); None if none."""
     stats = [stat for stat in MEMORY_STATS if any(name.endswith("/" + stat) for name in step if name.startswith("memory/"))]
-    if not stats:
-        raise SystemExit("no memory/<role>/<phase>/<stat> metric in this run: was it colocated with the hand-over?")
-    return stats[0]
+    return stats[0] if stats else None
 
 
 def markdown(first: dict, last: dict, first_step: int, last_step: int, stat: str) -> str:
@@ -52,8 +50,13 @@ def main() -> None:
     parser.add_argument("metrics", type=Path, help="the run's metrics.jsonl")
     parser.add_argument("--json", type=Path, help="write every step's table here")
     args = parser.parse_args()
+    if not args.metrics.is_file():
+        parser.error(f"{args.metrics}: no such file; pass a run's metrics.jsonl (RUN_DIR/metrics.jsonl)")
     steps = [json.loads(line) for line in args.metrics.read_text().splitlines() if line.strip()]
-    stat = logged_stat(steps[0])
+    stat = logged_stat(steps[0]) if steps else None
+    if stat is None:
+        parser.error(f"{args.metrics}: no memory/<role>/<phase>/<stat> metric in its first step; a colocated run "
+                     "logs them every step (megarl.trainer.handover)")
     tables = {step["step"]: memory_by_phase(step, stat) for step in steps}
     first, last = steps[0]["step"], steps[-1]["step"]
     print(markdown(tables[first], tables[last], first, last, stat))
