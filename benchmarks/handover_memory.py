@@ -5,7 +5,7 @@ run's metrics.jsonl: the table of issue 15's "memory per phase", for a colocated
         --json benchmarks/results/extra/handover_memory.json
 
 Prints a markdown table (GiB per role and phase, at the first and the last step; rows in the hand-over's
-order, `metrics.MEMORY_PHASES`) and writes the same numbers, every step's, as JSON. The run's own
+order, `metrics.MEMORY_PHASES`) and writes every step's numbers as JSON (phase -> role -> one value per step). The run's own
 `memory.png` (written at its end by `megarl.trainer.plots`, or by `megarl plot RUN_DIR`) draws the last
 step's column.
 """
@@ -45,6 +45,13 @@ def markdown(first: dict, last: dict, first_step: int, last_step: int, stat: str
     return f"{stat}, GiB (the highest rank of each role):\n\n" + "\n".join(lines)
 
 
+def one_line_per_series(header: dict, series: dict[str, dict[str, list[float]]]) -> str:
+    """JSON of `header` plus `series` under "by_phase", one line per key and per phase (readable in a diff)."""
+    lines = [f" {json.dumps(key)}: {json.dumps(value)}," for key, value in header.items()]
+    phases = [f"  {json.dumps(phase)}: {json.dumps(roles)}" for phase, roles in series.items()]
+    return "{\n" + "\n".join(lines) + '\n "by_phase": {\n' + ",\n".join(phases) + "\n }\n}\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("metrics", type=Path, help="the run's metrics.jsonl")
@@ -62,7 +69,10 @@ def main() -> None:
     print(markdown(tables[first], tables[last], first, last, stat))
     if args.json:
         run = f"{args.metrics.parent.name}/{args.metrics.name}"
-        args.json.write_text(json.dumps({"metrics": run, "stat": stat, "steps": tables}, indent=1) + "\n")
+        series = {phase: {role: [round(tables[step][phase][role], 6) for step in tables] for role in tables[last][phase]}
+                  for phase in MEMORY_PHASES}
+        header = {"metrics": run, "stat": stat, "unit": "GiB", "steps": list(tables)}
+        args.json.write_text(one_line_per_series(header, series))
 
 
 if __name__ == "__main__":
