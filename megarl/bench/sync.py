@@ -105,7 +105,7 @@ def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, int], shape: Syn
     from megarl.bridge import LayoutPair, ShardSender, build_plan, build_schedule, receiver_rank, sender_rank
     from megarl.bridge.sync import WeightSender
     from megarl.bridge.sync_group import create_weight_sync_group
-    from megarl.config.memory import VOCAB_DIVISIBLE_BY
+    from megarl.models.layout import VOCAB_DIVISIBLE_BY
     from megarl.models.architectures import build_gpt_model
     from megarl.models.checkpoint import load_hf_weights
     from megarl.models.hf_config import read_model_dims
@@ -200,7 +200,7 @@ def _receiver(port: int, worker: int, plans: list, repeats: int) -> list[dict]:
     from megarl.bench.common import interleaved_order
     from megarl.bridge import LoadedChecksums, VllmRankLayout, build_schedule, receive_rank_shards, receiver_rank, recorded
     from megarl.bridge.sync_group import create_weight_sync_group
-    from megarl.config.memory import VOCAB_DIVISIBLE_BY
+    from megarl.models.layout import VOCAB_DIVISIBLE_BY
 
     layout = plans[0].layout
     group = create_weight_sync_group(HOST, port, receiver_rank(layout, 0, worker),

@@ -41,7 +41,7 @@ from megarl.bridge.convert import mapping_of
 from megarl.bridge.plan import (
     BucketSchedule, Piece, SyncPlan, SyncSchedule, build_schedule, receiver_rank, sender_rank,
 )
-from megarl.config.memory import VOCAB_DIVISIBLE_BY
+from megarl.models.layout import VOCAB_DIVISIBLE_BY
 from megarl.bridge.protocol import unpack
 from megarl.bridge.sync import NamedParameters, SyncStats
 from megarl.models.hf_config import ModelDims

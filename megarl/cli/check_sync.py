@@ -6,6 +6,11 @@ vLLM engine of --rollout-tp (over --transport), then checks every tensor the eng
 against the actor's own shards bit for bit (the trainer's exact sync check, naming any tensor that
 differs) and compares the engine's prompt log-probs with the actor's (both fp32). Exit 0 when every
 round loads every tensor exactly and is within --threshold, 1 otherwise.
+
+On GPUs only --transport in-process runs: with the collective the training ranks take GPUs 0, 1, ...
+(their LOCAL_RANK) and the engine in this process takes GPUs 0, 1, ... too (vLLM's first visible
+devices), so training rank 0 and engine worker 0 would share GPU 0 in one NCCL sync group, which NCCL
+refuses (the trainer's rule: `megarl.config.placement`'s `_collective_on_shared_gpus`).
 """
 
 from __future__ import annotations
@@ -42,9 +47,9 @@ def register(subparsers) -> None:
     parser.add_argument("--rounds", type=int, default=2, help="train-then-sync rounds (default: 2)")
     parser.add_argument(
         "--transport", choices=TRANSPORTS, default="collective",
-        help="collective: an engine in this process; every training rank sends its shards over a gloo/NCCL "
-        "group to the engine's workers; in-process: a TP-1 engine inside each training rank's process "
-        "(colocated) (default: collective)",
+        help="collective: an engine in this process; every training rank sends its shards over a gloo "
+        "group to the engine's workers (CPU only); in-process: a TP-1 engine inside each training rank's "
+        "process (colocated, CPU or GPU) (default: collective)",
     )
     parser.set_defaults(func=run)
 
@@ -52,6 +57,7 @@ def register(subparsers) -> None:
 def _problems(args: argparse.Namespace) -> list[str]:
     from megarl.bridge.plan import LayoutPair, check_layout
     from megarl.models.hf_config import read_model_dims
+    from megarl.parallel.device import uses_cuda
 
     problems = [
         f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1"
@@ -62,6 +68,13 @@ def _problems(args: argparse.Namespace) -> list[str]:
         problems.append(
             f"--rollout-tp {args.rollout_tp} with --transport in-process: a colocated engine runs in one trainer "
             "process (TP 1); use --transport collective for rollout TP > 1"
+        )
+    if args.transport == "collective" and uses_cuda():
+        problems.append(
+            "--transport collective on GPUs: training rank 0 and the rollout engine's worker 0 would both use GPU 0 "
+            "in one NCCL sync group (the training ranks take GPUs 0, 1, ..., the engine in this process too), "
+            "which NCCL refuses; use --transport in-process (a TP-1 engine in each training rank's process, on "
+            "its own GPU, no NCCL group), or run the collective check on CPU: CUDA_VISIBLE_DEVICES= megarl check-sync ..."
         )
     try:
         dims = read_model_dims(args.model)

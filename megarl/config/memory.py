@@ -59,10 +59,9 @@ from megarl.config.problems import Problem
 from megarl.config.roles import ParallelConfig, RecomputeConfig
 from megarl.config.rollout import response_length, rollout_dtype
 from megarl.models.hf_config import read_model_dims
+from megarl.models.layout import VOCAB_DIVISIBLE_BY
 
 GIB = 2**30
-VOCAB_DIVISIBLE_BY = 128
-"""megatron's `make_vocab_size_divisible_by` default (megarl.models.architectures uses it)."""
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 FP32 = 4
 ADAM_MOMENTS = 2 * FP32

@@ -58,12 +58,13 @@ class RecomputeConfig:
 @dataclass(frozen=True)
 class OffloadConfig:
     """What the role moves off its GPUs while the colocated rollout engines generate, with megatron-core's
-    offload APIs (`megarl.trainer.handover`); nothing on CPU, where everything is host memory."""
+    offload APIs (`megarl.trainer.handover`). On CPU, where host memory is the device, only `grads` frees
+    memory (params and optimizer would move host memory to host memory: nothing happens)."""
 
     params: bool = False
     """Move the parameters to host memory after the weight sync, back before the next step's log-probs."""
     grads: bool = False
-    """Free the gradient buffers after the update (they are zeroed at the next one anyway)."""
+    """Free the gradient buffers after the update (they are zeroed at the next one anyway); on CPU too."""
     optimizer: bool = False
     """Move the optimizer state (Adam moments, fp32 main parameters) to host memory after the update;
     bfloat16 parameters only (with float32 ones the optimizer updates the model's own parameters)."""

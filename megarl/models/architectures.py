@@ -32,7 +32,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megarl.models.hf_config import ModelDims, check_parallel_layout, read_model_dims
-from megarl.models.layout import padded_vocab_size
+from megarl.models.layout import VOCAB_DIVISIBLE_BY, padded_vocab_size
 from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
 
@@ -52,8 +52,6 @@ left-padded prompt is not. `arbitrary` applies the mask as given (TE's UnfusedDo
 which keeps the softmax, as the local spec does). The local spec needs no change: with `causal` its
 `FusedScaleMaskSoftmax` uses a given mask as is and builds a causal one only when none is passed.
 With TE the mask is required."""
-DEFAULT_VOCAB_DIVISIBLE_BY = 128
-"""Megatron's `make_vocab_size_divisible_by` default: the vocab is padded to a multiple of this × TP."""
 
 
 def transformer_config(
@@ -145,7 +143,7 @@ def build_gpt_model(
     transformer_impl: str = "local",
     params_dtype: torch.dtype = torch.float32,
     value_head: bool = False,
-    vocab_divisible_by: int = DEFAULT_VOCAB_DIVISIBLE_BY,
+    vocab_divisible_by: int = VOCAB_DIVISIBLE_BY,
     **config_overrides: Any,
 ) -> GPTModel:
     """This rank's `GPTModel` stage for an HF config (dir, config.json path, dict or PretrainedConfig).

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from megatron.core.utils import unwrap_model
 
-from megarl.models.architectures import DEFAULT_VOCAB_DIVISIBLE_BY, ValueHead
+from megarl.models.architectures import ValueHead
 from megarl.models.hf_checkpoint import (
     SINGLE_FILE,
     HFCheckpoint,
@@ -31,7 +31,9 @@ from megarl.models.hf_checkpoint import (
     write_safetensors_shard,
 )
 from megarl.models.hf_config import ModelDims, read_model_dims
-from megarl.models.layout import hf_param_shapes, layer_offset, merge_tp_shards, param_mapping, tp_shard_from_hf
+from megarl.models.layout import (
+    VOCAB_DIVISIBLE_BY, hf_param_shapes, layer_offset, merge_tp_shards, param_mapping, tp_shard_from_hf,
+)
 from megarl.parallel.distributed import ProcessGroups
 
 
@@ -40,7 +42,7 @@ def load_hf_weights(
     hf_dir: str | Path,
     groups: ProcessGroups,
     *,
-    vocab_divisible_by: int = DEFAULT_VOCAB_DIVISIBLE_BY,
+    vocab_divisible_by: int = VOCAB_DIVISIBLE_BY,
 ) -> None:
     """Copy an HF checkpoint's weights into this rank's shards of `model` (a GPTModel, possibly
     wrapped in DDP / Float16Module). A critic's `ValueHead` keeps its init (HF has no value head).

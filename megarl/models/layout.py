@@ -32,6 +32,9 @@ import torch
 
 from megarl.models.hf_config import ModelDims
 
+VOCAB_DIVISIBLE_BY = 128
+"""Megatron's `make_vocab_size_divisible_by` default: the vocabulary is padded to a multiple of this × TP
+(the models megarl builds, the memory estimate and the weight sync all pad with it)."""
 REPLICATED = "replicated"
 """Full copy on every TP rank (norms)."""
 ROW = "row"

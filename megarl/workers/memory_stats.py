@@ -6,10 +6,16 @@ from the device, freed or not) and `device_used_gib` (the whole GPU as the drive
 process on it, vLLM's memory pool included, which torch's counters of this process do not see). On
 CPU: `rss_gib`, the resident memory of this process and of the processes it started (a TP > 1 vLLM
 engine's workers), read from Linux's /proc.
+
+`empty_cache` hands freed memory back to where it came from: torch's CUDA caching allocator keeps freed
+blocks until `torch.cuda.empty_cache()`; on CPU, glibc's malloc keeps freed heap pages (every chunk
+below its mmap threshold, which rises to 32 MiB as large blocks come and go) until `malloc_trim`, so
+a freed gradient buffer would not leave the process's RSS without it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 
@@ -39,6 +45,19 @@ def free_device_memory() -> tuple[float, float] | None:
         return None
     free, total = torch.cuda.mem_get_info()
     return free / GIB, total / GIB
+
+
+def empty_cache() -> None:
+    """Return this process's freed memory to the device (CUDA: torch's allocator cache) or to the OS
+    (CPU: glibc's `malloc_trim(0)`, which releases the free pages of every malloc arena)."""
+    if uses_cuda():
+        torch.cuda.empty_cache()
+    else:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC = ctypes.CDLL("libc.so.6")
+"""glibc, for `malloc_trim` (Linux only, as /proc above)."""
 
 
 def _process_tree(pid: int) -> list[int]:

@@ -159,7 +159,7 @@ class PolicyWorker:
 
     def offload_training_state(self) -> dict[str, float]:
         """After the updates: the actor's and critic's gradients and optimizer state that their `offload`
-        settings name leave the device (no-op on CPU); the parameters stay for the weight sync. This
+        settings name leave the device (on CPU: the gradient buffers are freed, the rest stays); the parameters stay for the weight sync. This
         process's memory afterwards (`memory_stats`)."""
         for model in self._trained_models():
             model.offload_training_state()

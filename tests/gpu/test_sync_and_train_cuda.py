@@ -1,5 +1,7 @@
-"""The whole path on one GPU: `megarl check-sync` (a Megatron actor trains, its shards reach a vLLM
-engine over NCCL, the engine's log-probs match) and a short GRPO run of the quickstart recipe with
+"""The whole path on one GPU: `megarl check-sync --transport in-process` (a Megatron actor trains, its
+shards reach the vLLM engine in its own process on its own GPU, the engine's log-probs match; the
+collective transport is refused on GPUs, where it would put training rank 0 and the engine's worker 0
+in one NCCL group on GPU 0: tests/unit/bridge/test_check_sync_cli.py) and a short GRPO run of the quickstart recipe with
 `trainer.device=cuda` in bf16, colocated on the one GPU (weights by CUDA IPC: `rollout.sync.transport:
 auto` on colocated GPUs, the engine worker reading the ring of the trainer rank on its GPU). CPU twins: tests/e2e/bridge (check-sync) and
 tests/e2e/trainer/test_trainer_e2e.py."""
@@ -26,11 +28,13 @@ def assets(tmp_path_factory) -> Path:
     return root
 
 
-def test_check_sync_over_nccl(assets, memory_phase):
+def test_check_sync_in_process_on_one_gpu(assets, memory_phase):
     with memory_phase("check_sync"):
-        result = subprocess.run(MEGARL + ["check-sync", "--model", str(assets / "model"), "--rounds", "2"],
+        result = subprocess.run(MEGARL + ["check-sync", "--model", str(assets / "model"), "--rounds", "2",
+                                          "--transport", "in-process"],
                                 capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.rstrip().endswith("OK")
 
 
 def test_grpo_quickstart_on_cuda_in_bf16(assets, tmp_path, memory_phase):

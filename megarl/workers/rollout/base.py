@@ -18,14 +18,11 @@ import abc
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 
-from megarl.bridge import SharedRing
-
-if TYPE_CHECKING:  # megarl.bridge imports this module
-    from megarl.bridge import SyncPlan
+from megarl.bridge import SharedRing, SyncPlan
 
 FinishReason = Literal["stop", "length"]
 SLEEP_TAGS = ("weights", "kv_cache")

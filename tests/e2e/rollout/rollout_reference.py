@@ -80,7 +80,7 @@ def sync_over_group(engine, tp: int, model_dir: Path, tensors: dict[str, torch.T
     from megarl.bridge.convert import mapping_of
     from megarl.bridge.plan import LayoutPair, build_plan
     from megarl.bridge import ShardSender
-    from megarl.config.memory import VOCAB_DIVISIBLE_BY
+    from megarl.models.layout import VOCAB_DIVISIBLE_BY
     from megarl.models.hf_config import read_model_dims
     from megarl.models.layout import reader_of, tp_shard_from_hf
     from megarl.bridge.sync_group import create_weight_sync_group

