@@ -39,7 +39,7 @@ from megarl.bridge.shard_sync import bucket_inbox, piece_tensors, shares_storage
 from megarl.bridge.shared_ring import SharedRing
 from megarl.bridge.sync import BucketCount, NamedParameters, SyncStats
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
-from megarl.config.memory import VOCAB_DIVISIBLE_BY
+from megarl.models.layout import VOCAB_DIVISIBLE_BY
 from megarl.parallel.distributed import ProcessGroups
 
 
@@ -74,6 +74,10 @@ class ScheduledRingSender:
         self.sends = {tag: [piece for piece in bucket.pieces if piece.sender == me]
                       for tag, bucket in enumerate(self.schedule.buckets)}
         """This rank's pieces of each bucket, in schedule order (none off DP replica 0)."""
+        # A bucket's batch_isend_irecv runs on the ranks it concerns only, which NCCL allows once the
+        # group has had a collective of all its ranks (torch.distributed.batch_isend_irecv's docstring:
+        # a first call of a subset is undefined). Every policy rank builds this sender: one barrier here.
+        dist.barrier()
 
     def begin(self) -> SharedRing | None:
         """Open this rank's ring for the next sync; None on ranks that host none."""

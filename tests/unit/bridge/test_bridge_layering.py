@@ -62,10 +62,13 @@ def test_the_scan_sees_both_directions():
 
 
 def test_importing_the_bridge_loads_nothing_above_it():
-    """What `import megarl.bridge` loads, not only what its files name: a fresh interpreter may hold no
+    """What importing megarl.bridge and each of its modules loads, not only what its files name: a fresh interpreter may hold no
     worker, trainer, vLLM or Ray module afterwards (an import through `megarl.config`, whose validation
     reads checkpoint manifests with `megarl.workers`, once pulled the workers in)."""
-    code = "import json, sys, megarl.bridge; print(json.dumps(sorted(sys.modules)))"
+    code = ("import importlib, json, pkgutil, sys, megarl.bridge\n"
+            "for info in pkgutil.walk_packages(megarl.bridge.__path__, 'megarl.bridge.'):\n"
+            "    importlib.import_module(info.name)\n"
+            "print(json.dumps(sorted(sys.modules)))")
     loaded = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, check=True, capture_output=True, text=True)
     bad = [m for m in json.loads(loaded.stdout) if any(_under(m, f) for f in BRIDGE_MUST_NOT_IMPORT)]
     assert bad == [], f"import megarl.bridge loaded {bad}"
