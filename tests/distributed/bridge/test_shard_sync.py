@@ -136,13 +136,16 @@ def _checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(model_dir / "model.safetensors")
 
 
-@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1)])
-def test_every_rank_sends_each_worker_the_pieces_of_its_shard(qwen2, tp, pp):
+@pytest.mark.parametrize("tp,pp,rollout_tps", [(1, 1, ROLLOUT_TPS), (2, 1, (*ROLLOUT_TPS, 4)), (1, 2, ROLLOUT_TPS),
+                                              (2, 2, ROLLOUT_TPS), (4, 1, ROLLOUT_TPS)])
+def test_every_rank_sends_each_worker_the_pieces_of_its_shard(qwen2, tp, pp, rollout_tps):
+    """Rollout TP 4 (each train TP-2 shard split over two workers) once: four receiver threads, no
+    extra trainer processes."""
     dims = read_model_dims(qwen2)
     expected = {name: tensor_checksum(tensor, torch.float32) for name, tensor in _checkpoint(qwen2).items()}
-    ports = {rollout_tp: free_port(HOST) for rollout_tp in ROLLOUT_TPS}
-    plans = {r: build_plan(dims, LayoutPair(tp, pp, r), bucket_mb=BUCKET_MB) for r in ROLLOUT_TPS}
-    receivers = [(r, worker) for r in ROLLOUT_TPS for worker in range(r)]
+    ports = {rollout_tp: free_port(HOST) for rollout_tp in rollout_tps}
+    plans = {r: build_plan(dims, LayoutPair(tp, pp, r), bucket_mb=BUCKET_MB) for r in rollout_tps}
+    receivers = [(r, worker) for r in rollout_tps for worker in range(r)]
     with ThreadPoolExecutor(max_workers=1 + len(receivers)) as pool:
         trainers = pool.submit(run_distributed, _trainer, tp * pp, str(qwen2), tp, pp, ports, timeout_s=TIMEOUT_S)
         received = {
