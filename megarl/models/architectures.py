@@ -33,6 +33,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megarl.models.hf_config import ModelDims, check_parallel_layout, read_model_dims
 from megarl.models.layout import VOCAB_DIVISIBLE_BY, padded_vocab_size
+from megarl.models.model_options import TORCH_DTYPES, TRANSFORMER_IMPLS
 from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
 

@@ -113,9 +113,9 @@ class RecomputeSettings:
 @dataclass
 class OffloadSettings:
     """What a trained role moves off the device while the colocated rollout runs, with megatron-core's
-    own RL offload APIs (`TrainEngine.offload_training_state` / `offload_params` / `onload`). On a
-    CPU-only process host memory is the device: only `grads` frees anything there (the others would
-    move host memory to host memory, and do nothing)."""
+    own RL offload APIs (`megarl.workers.megatron_train.TrainEngine.offload_training_state` /
+    `offload_params` / `onload`). On a CPU-only process host memory is the device: only `grads` frees
+    anything there (the others would move host memory to host memory, and do nothing)."""
 
     params: bool = False
     """Parameters: copied to pinned host memory after the weight sync (DDP buffers' `offload_to_cpu`); GPU only."""
@@ -133,7 +133,8 @@ class ModelSettings:
 
     dtype: str = "float32"
     """Parameter and compute dtype, a key of `megarl.models.model_options.TORCH_DTYPES`; trained
-    roles in bfloat16 keep fp32 main parameters, gradients and optimizer states (module docstring)."""
+    roles in bfloat16 keep fp32 main parameters, gradients and optimizer states (the mixed precision
+    of `megarl.workers.megatron_train`'s module docstring)."""
     transformer_impl: str = "local"
     """Layer spec: "local", "transformer_engine", or "auto" (resolved by each process for its own
     device: `megarl.models.architectures.resolve_transformer_impl`)."""

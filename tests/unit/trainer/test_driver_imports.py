@@ -35,6 +35,8 @@ def test_the_driver_imports_load_no_megatron_or_vllm():
     code = ("import importlib, json, sys\n"
             f"for name in {sorted(driver)!r}: importlib.import_module(name)\n"
             "print(json.dumps(sorted(sys.modules)))")
-    loaded = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, check=True, capture_output=True, text=True)
-    bad = sorted({m.split(".")[0] for m in json.loads(loaded.stdout) if any(_under(m, p) for p in DRIVER_MUST_NOT_IMPORT)})
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, check=True, capture_output=True,
+                            text=True)
+    modules = json.loads(loaded.stdout)
+    bad = sorted({m.split(".")[0] for m in modules if any(_under(m, p) for p in DRIVER_MUST_NOT_IMPORT)})
     assert bad == [], f"importing the driver ({sorted(driver)}) loaded {bad}"
