@@ -68,8 +68,8 @@ def _time_interleaved(contenders: dict, repeats: int) -> dict[str, dict[str, lis
 def _experiment(model_dir: str, repeats: int) -> dict:
     from megarl.config.memory import ModelShape
     from megarl.parallel.distributed import initialize_model_parallel
-    from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
-    from megarl.workers.megatron_train import OptimSettings
+    from megarl.workers.actor import MegatronActor, PolicyLoss
+    from megarl.workers.settings import OptimSettings, PolicyLossSettings
     from megarl.workers.micro_batches import cut_micro_batches
     from megarl.workers.packing import TokenBudget
 

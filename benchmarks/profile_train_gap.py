@@ -30,8 +30,9 @@ def _experiment(model_dir: str, repeats: int) -> dict:
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers import actor as actor_module
     from megarl.workers import megatron_train
-    from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
-    from megarl.workers.megatron_train import OptimSettings, TrainEngine
+    from megarl.workers.actor import MegatronActor, PolicyLoss
+    from megarl.workers.megatron_train import TrainEngine
+    from megarl.workers.settings import OptimSettings, PolicyLossSettings
     from megarl.workers.micro_batches import cut_micro_batches
 
     shape = TrainShape()

@@ -54,8 +54,8 @@ def _compare_tp1(model_dir: str, shape: TrainShape, repeats: int) -> dict:
     from megarl.bench.common import time_interleaved
     from megarl.config.memory import ModelShape
     from megarl.parallel.distributed import initialize_model_parallel
-    from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
-    from megarl.workers.megatron_train import OptimSettings
+    from megarl.workers.actor import MegatronActor, PolicyLoss
+    from megarl.workers.settings import OptimSettings, PolicyLossSettings
 
     vocab = ModelShape.of(model_dir).vocab_size
     batch = make_batch(shape, vocab)
@@ -99,8 +99,8 @@ def _time_layout(model_dir: str, shape: TrainShape, repeats: int, tp: int, pp: i
     """Seconds of each `update_policy` on this rank (a world of tp × pp), after one warm-up."""
     from megarl.config.memory import ModelShape
     from megarl.parallel.distributed import initialize_model_parallel
-    from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
-    from megarl.workers.megatron_train import OptimSettings
+    from megarl.workers.actor import MegatronActor, PolicyLoss
+    from megarl.workers.settings import OptimSettings, PolicyLossSettings
 
     batch = make_batch(shape, ModelShape.of(model_dir).vocab_size)
     groups = initialize_model_parallel(tp, pp, seed=0)

@@ -33,13 +33,10 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megarl.models.hf_config import ModelDims, check_parallel_layout, read_model_dims
 from megarl.models.layout import VOCAB_DIVISIBLE_BY, padded_vocab_size
+from megarl.models.model_options import TORCH_DTYPES, TRANSFORMER_IMPLS
 from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
 
-TRANSFORMER_IMPLS = ("local", "transformer_engine")
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-"""`model.dtype` names the Megatron roles train in. float16 is not one: it needs a dynamic loss
-scale driven by the training loop (megatron's `grad_scale_func`), which megarl does not run."""
 TE_SELF_ATTENTION_MASK_TYPE = AttnMaskType.arbitrary
 """How the Transformer Engine spec's self-attention reads `attention_mask`
 (`megarl.workers.batch.attention_mask`, `[B, 1, S, S]`, causality and prompt padding in one, True =

@@ -39,11 +39,10 @@ from megarl.trainer.rollout_batch import gather_by_dp, is_dp_leader
 from megarl.trainer.timing import PhaseTimer
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.checkpoint_files import step_dir_name
-from megarl.workers.megatron_train import ModelSettings
 from megarl.workers.micro_batches import token_counts
 from megarl.workers.packing import balance_over_ranks
-from megarl.workers.policy_worker import ActorSpec, CriticSpec, PolicyWorkerSpec
 from megarl.workers.rollout.executor import engine_env, engine_holds_gpu
+from megarl.workers.settings import ActorSpec, CriticSpec, ModelSettings, PolicyWorkerSpec
 
 POLICY_TARGET = "megarl.workers.policy_worker:PolicyWorker"
 ROLLOUT_TARGET = "megarl.workers.rollout.rollout_worker:RolloutWorker"

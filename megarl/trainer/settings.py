@@ -4,11 +4,11 @@ the environment the worker processes start with."""
 from megarl.config import BatchPlan, Config, ConfigError, Problem
 from megarl.config.roles import OptimizerConfig, RecomputeConfig
 from megarl.quiet import python_warnings
-from megarl.workers.actor import PolicyLossSettings
-from megarl.workers.critic import ValueLossSettings
-from megarl.workers.megatron_train import OffloadSettings, OptimSettings, RecomputeSettings
 from megarl.workers.packing import TokenBudget
 from megarl.workers.rollout.base import SamplingConfig
+from megarl.workers.settings import (
+    OffloadSettings, OptimSettings, PolicyLossSettings, RecomputeSettings, ValueLossSettings,
+)
 
 WORKER_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",

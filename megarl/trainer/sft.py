@@ -39,8 +39,7 @@ from megarl.parallel.device import worker_env
 from megarl.trainer.roles import MegatronGroup
 from megarl.trainer.settings import WORKER_ENV, optim_settings
 from megarl.workers.batch import PolicyBatch
-from megarl.workers.megatron_train import ModelSettings
-from megarl.workers.sft_worker import SftWorkerSpec
+from megarl.workers.settings import ModelSettings, SftWorkerSpec
 
 SFT_TARGET = "megarl.workers.sft_worker:SftWorker"
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -32,10 +31,6 @@ from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch, mini_batches
 from megarl.workers.logprobs import vocab_parallel_log_probs
 from megarl.workers.megatron_train import (
-    ModelSettings,
-    OffloadSettings,
-    OptimSettings,
-    RecomputeSettings,
     StepCounts,
     check_divides,
     forward_collect,
@@ -46,6 +41,7 @@ from megarl.workers.megatron_train import (
 )
 from megarl.workers.micro_batches import MicroBatch
 from megarl.workers.packing import TokenBudget
+from megarl.workers.settings import ModelSettings, OffloadSettings, OptimSettings, PolicyLossSettings, RecomputeSettings
 from megarl.workers.trained_model import TrainedModel
 
 
@@ -69,34 +65,6 @@ class PolicyLossFn(Protocol):
         metrics as shares of their step values: each sums over micro-batches and DP ranks (a token
         mean is a masked sum divided by `counts.tokens`).
         """
-
-
-@dataclass
-class PolicyLossSettings:
-    """The actor objective: policy loss + optional entropy bonus + optional KL-to-reference loss."""
-
-    name: str = "vanilla"
-    """Policy loss, a key of `megarl.algorithms.policy_loss.POLICY_LOSSES` ("vanilla" = PPO clip)."""
-    clip_ratio_low: float = 0.2
-    """Ratio clipped below at 1 - clip_ratio_low."""
-    clip_ratio_high: float = 0.2
-    """Ratio clipped above at 1 + clip_ratio_high (DAPO's clip-higher uses > low)."""
-    clip_ratio_c: float = 3.0
-    """Dual-clip bound for negative advantages."""
-    loss_agg_mode: str = "token-mean"
-    """How token losses become one number (`megarl.algorithms.losses.LOSS_AGG_MODES`)."""
-    loss_scale_factor: float | None = None
-    """Only for "seq-mean-token-sum-norm" (Dr. GRPO): the constant length token sums are divided
-    by; None uses the padded response length."""
-    tis_cap: float | None = None
-    """Truncated importance sampling between the rollout engine and the trainer: weight each token
-    by min(exp(old_log_prob - rollout_log_prob), tis_cap); needs `rollout_log_probs`. None = off."""
-    entropy_coeff: float = 0.0
-    """Weight of the entropy bonus (subtracted from the loss)."""
-    kl_loss_coef: float = 0.0
-    """Weight of the KL-to-reference loss (GRPO); needs `ref_log_probs` in the batch when > 0."""
-    kl_loss_type: str = "low_var_kl"
-    """KL estimator of the KL loss (`megarl.algorithms.kl.KL_ESTIMATORS`)."""
 
 
 class PolicyLoss:

@@ -12,7 +12,6 @@ that predicts its response token (the state before the token), like the actor's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,10 +22,6 @@ from megarl.algorithms.value_loss import compute_value_loss
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch, mini_batches
 from megarl.workers.megatron_train import (
-    ModelSettings,
-    OffloadSettings,
-    OptimSettings,
-    RecomputeSettings,
     StepCounts,
     check_divides,
     forward_collect,
@@ -37,17 +32,8 @@ from megarl.workers.megatron_train import (
 )
 from megarl.workers.micro_batches import MicroBatch
 from megarl.workers.packing import TokenBudget
+from megarl.workers.settings import ModelSettings, OffloadSettings, OptimSettings, RecomputeSettings, ValueLossSettings
 from megarl.workers.trained_model import TrainedModel
-
-
-@dataclass
-class ValueLossSettings:
-    """The critic objective: 0.5 × agg(max((V - R)², (clip(V, V_old ± c) - R)²))."""
-
-    cliprange_value: float = 0.5
-    """How far a prediction may move from the rollout-time value before its loss is clipped."""
-    loss_agg_mode: str = "token-mean"
-    """How token losses become one number (`megarl.algorithms.losses.LOSS_AGG_MODES`)."""
 
 
 class MegatronCritic(TrainedModel):

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -45,154 +45,17 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
 from megarl.algorithms.losses import agg_loss_normalizer
-from megarl.models.architectures import TORCH_DTYPES, TRANSFORMER_IMPLS, build_gpt_model, resolve_transformer_impl
+from megarl.models.architectures import build_gpt_model, resolve_transformer_impl
 from megarl.models.checkpoint import load_hf_weights
 from megarl.models.hf_config import read_model_dims
+from megarl.models.model_options import TORCH_DTYPES
 from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.memory_stats import empty_cache
 from megarl.workers.micro_batches import MicroBatch, cut_micro_batches
 from megarl.workers.packing import TokenBudget
-
-
-LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
-
-
-@dataclass
-class OptimSettings:
-    """Optimizer, LR schedule and gradient settings of one trained role (actor or critic)."""
-
-    lr: float = 1e-6
-    """Peak learning rate (reached after warm-up)."""
-    min_lr: float = 0.0
-    """Learning rate at the end of the decay."""
-    lr_warmup_steps: int = 0
-    """Optimizer steps of linear warm-up from 0 to `lr`. megatron's convention: step k (from 0)
-    runs at `lr * k / lr_warmup_steps`, so the first step of a warm-up runs at 0."""
-    lr_decay_steps: int | None = None
-    """Step (counted from 0, warm-up included) at which the decay reaches `min_lr`; must exceed
-    `lr_warmup_steps`. None only with `lr_decay_style="constant"`."""
-    lr_decay_style: str = "constant"
-    """One of `LR_DECAY_STYLES` (megatron's names)."""
-    optimizer: str = "adam"
-    """"adam" (AdamW-style decoupled weight decay) or "sgd" (not with the distributed optimizer)."""
-    weight_decay: float = 0.0
-    """Decoupled weight decay (constant over training)."""
-    adam_beta1: float = 0.9
-    """Adam beta1."""
-    adam_beta2: float = 0.999
-    """Adam beta2."""
-    adam_eps: float = 1e-8
-    """Adam epsilon."""
-    sgd_momentum: float = 0.0
-    """SGD momentum."""
-    clip_grad: float = 1.0
-    """Clip the global gradient norm to this value (0 = no clipping; the norm is still reported)."""
-    use_distributed_optimizer: bool = False
-    """Shard optimizer states (and main params) over DP ranks (megatron's distributed optimizer)."""
-    optimizer_cpu_offload: bool = False
-    """GPU only: keep optimizer states and the update on the CPU (megatron's HybridDeviceOptimizer;
-    needs `use_distributed_optimizer`). On a CPU-only process states already live in host memory:
-    nothing to offload, the setting is not passed to megatron."""
-    overlap_cpu_optimizer_d2h_h2d: bool = False
-    """GPU only: overlap the device<->host copies of `optimizer_cpu_offload` with compute."""
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.optimizer not in ("adam", "sgd"):
-            problems.append(f"optimizer={self.optimizer!r}: use 'adam' or 'sgd'")
-        if self.use_distributed_optimizer and self.optimizer != "adam":
-            problems.append(
-                f"use_distributed_optimizer=True needs optimizer='adam' (megatron's), got {self.optimizer!r}"
-            )
-        if self.lr_decay_style not in LR_DECAY_STYLES:
-            problems.append(f"lr_decay_style={self.lr_decay_style!r}: use one of {LR_DECAY_STYLES}")
-        if self.lr_decay_steps is None and self.lr_decay_style != "constant":
-            problems.append(f"lr_decay_style={self.lr_decay_style!r} needs lr_decay_steps (the step the decay ends)")
-        if self.lr_decay_steps is not None and self.lr_decay_steps <= self.lr_warmup_steps:
-            problems.append(
-                f"lr_decay_steps={self.lr_decay_steps} must exceed lr_warmup_steps={self.lr_warmup_steps} "
-                "(the decay ends after the warm-up)"
-            )
-        if problems:
-            raise ValueError("OptimSettings: " + "; ".join(problems))
-
-
-@dataclass
-class RecomputeSettings:
-    """Activation recompute (megatron-core `TransformerConfig` fields of the same names)."""
-
-    granularity: str | None = None
-    """None (off), "full" (whole layers) or "selective" (the `modules` below)."""
-    method: str | None = None
-    """With "full": "uniform" (chunks of `num_layers`) or "block" (the first `num_layers` per stage)."""
-    num_layers: int | None = None
-    """Layers per recompute chunk ("uniform") or recomputed layers per stage ("block")."""
-    modules: list[str] = field(default_factory=lambda: ["core_attn"])
-    """With "selective": submodules to recompute (megatron names, e.g. "core_attn", "mlp")."""
-
-    def __post_init__(self) -> None:
-        if self.granularity not in (None, "full", "selective"):
-            raise ValueError(f"recompute granularity={self.granularity!r}: use None, 'full' or 'selective'")
-        if self.granularity == "full" and (self.method not in ("uniform", "block") or not self.num_layers):
-            raise ValueError(
-                f"recompute granularity='full' needs method 'uniform' or 'block' and num_layers >= 1, got "
-                f"method={self.method!r}, num_layers={self.num_layers!r}"
-            )
-
-    def transformer_config_fields(self) -> dict:
-        """The `TransformerConfig` overrides these settings stand for."""
-        if self.granularity is None:
-            return {}
-        if self.granularity == "selective":
-            return dict(recompute_granularity="selective", recompute_modules=list(self.modules))
-        return dict(
-            recompute_granularity=self.granularity,
-            recompute_method=self.method,
-            recompute_num_layers=self.num_layers,
-        )
-
-
-@dataclass
-class OffloadSettings:
-    """What a trained role moves off the device while the colocated rollout runs, with megatron-core's
-    own RL offload APIs (`TrainEngine.offload_training_state` / `offload_params` / `onload`). On a
-    CPU-only process host memory is the device: only `grads` frees anything there (the others would
-    move host memory to host memory, and do nothing)."""
-
-    params: bool = False
-    """Parameters: copied to pinned host memory after the weight sync (DDP buffers' `offload_to_cpu`); GPU only."""
-    grads: bool = False
-    """Gradient buffers: freed after the update (DDP's `offload_grad_buffers`; they come back zeroed), on CPU too."""
-    optimizer: bool = False
-    """Optimizer states and fp32 main parameters: to host memory after the update; needs bf16/fp16
-    parameters (with fp32 ones the optimizer's parameters are the model's own, which megatron's hook
-    would move out of DDP's buffer)."""
-
-
-@dataclass(frozen=True)
-class ModelSettings:
-    """How every Megatron role of a run builds its model (`model.dtype`, `model.transformer_impl`)."""
-
-    dtype: str = "float32"
-    """Parameter and compute dtype, a key of `megarl.models.architectures.TORCH_DTYPES`; trained
-    roles in bfloat16 keep fp32 main parameters, gradients and optimizer states (module docstring)."""
-    transformer_impl: str = "local"
-    """Layer spec: "local", "transformer_engine", or "auto" (resolved by each process for its own
-    device: `megarl.models.architectures.resolve_transformer_impl`)."""
-
-    def __post_init__(self) -> None:
-        if self.dtype not in TORCH_DTYPES:
-            raise ValueError(
-                f"model.dtype={self.dtype!r}: the Megatron roles train in one of {list(TORCH_DTYPES)} "
-                "(float16 needs a loss scale driven by the training loop, which megarl does not run); "
-                "use model.dtype: bfloat16"
-            )
-        if self.transformer_impl not in ("auto",) + TRANSFORMER_IMPLS:
-            raise ValueError(
-                f"model.transformer_impl={self.transformer_impl!r} is not one of {['auto', *TRANSFORMER_IMPLS]}"
-            )
+from megarl.workers.settings import ModelSettings, OffloadSettings, OptimSettings, RecomputeSettings
 
 
 def megatron_optimizer_config(settings: OptimSettings, model_config: TransformerConfig) -> OptimizerConfig:

@@ -15,7 +15,6 @@ results are returned on every rank.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch.distributed as dist
 from torch import Tensor
@@ -28,87 +27,20 @@ from megarl.bridge.scheduled_ring import ScheduledRingSender
 from megarl.bridge.transports.cuda_ipc import CudaIpcTransport
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
 from megarl.workers.sync_probe import actor_probe_logprobs
-from megarl.models.architectures import TORCH_DTYPES
 from megarl.models.hf_config import read_model_dims
+from megarl.models.model_options import TORCH_DTYPES
 from megarl.parallel.distributed import initialize_model_parallel
-from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
+from megarl.workers.actor import MegatronActor, PolicyLoss
 from megarl.workers.batch import PolicyBatch
-from megarl.workers.critic import MegatronCritic, ValueLossSettings
+from megarl.workers.critic import MegatronCritic
 from megarl.workers.matmul_peak import measure_matmul_peak
-from megarl.workers.megatron_train import (ModelSettings, OffloadSettings, OptimSettings, RecomputeSettings,
-                                           compute_device)
-from megarl.workers.packing import TokenBudget
+from megarl.workers.megatron_train import compute_device
 from megarl.workers.memory_stats import free_device_memory, memory_stats
 from megarl.workers.reference import MegatronReference
 from megarl.workers.reward_model import MegatronRewardModel
+from megarl.workers.settings import PolicyWorkerSpec
 from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
 from megarl.workers.checkpoint import export_hf, load_checkpoint, save_checkpoint
-
-
-@dataclass(frozen=True)
-class CriticSpec:
-    """The critic of a PPO run."""
-
-    optim: OptimSettings
-    recompute: RecomputeSettings
-    loss: ValueLossSettings
-    offload: OffloadSettings
-    """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`critic.offload`)."""
-    mini_batch_size: int
-    """Samples per optimizer step on one DP rank."""
-    micro_batch_size: int | TokenBudget
-    """Samples per forward/backward micro-batch (per GPU), or the budget of packed micro-batches."""
-    ppo_epochs: int
-
-
-@dataclass(frozen=True)
-class ActorSpec:
-    """The policy being trained, and the sync of its weights into the rollout engines."""
-
-    optim: OptimSettings
-    recompute: RecomputeSettings
-    loss: PolicyLossSettings
-    offload: OffloadSettings
-    """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`actor.offload`)."""
-    mini_batch_size: int
-    """Actor samples per optimizer step on one DP rank."""
-    micro_batch_size: int | TokenBudget
-    """Samples per forward/backward micro-batch (per GPU), or the budget of packed micro-batches."""
-    ppo_epochs: int
-    rollout_tp: int
-    """Tensor-parallel size of each rollout engine (the bridge plan's target layout)."""
-    rollout_dtype: str
-    """The engines' dtype (`rollout.dtype` resolved): the weights are cast to it on the way."""
-    bucket_mb: float
-    """Weight-sync bucket size."""
-
-
-@dataclass(frozen=True)
-class PolicyWorkerSpec:
-    """The roles one rank hosts and its grid, in plain values (built from the config by the trainer)."""
-
-    model_path: str
-    """HF checkpoint dir the actor (and reference, critic backbone) start from."""
-    model_settings: ModelSettings
-    """dtype and layer spec of every Megatron role (`model.dtype`, `model.transformer_impl`)."""
-    tp: int
-    """Tensor-parallel size of the grid (the layout of every hosted role)."""
-    pp: int
-    """Pipeline-parallel size of the grid."""
-    seed: int
-    actor: ActorSpec | None
-    """The actor; None in the group of a role with a layout of its own."""
-    use_reference: bool
-    """Host the reference."""
-    ref_micro_batch_size: int
-    """Samples per forward micro-batch of the reward model (`ref.micro_batch_size_per_gpu`)."""
-    ref_micro_batch: int | TokenBudget
-    """The reference's forward micro-batches: samples, or the budget of packed micro-batches."""
-    ref_offload: bool
-    """Keep the reference's weights in host memory except during its log-prob pass (`ref.offload_params`)."""
-    critic: CriticSpec | None
-    reward_model_path: str | None
-    """HF `*ForSequenceClassification` checkpoint scored beside the reward function (None = none)."""
 
 
 class PolicyWorker:

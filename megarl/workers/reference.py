@@ -19,7 +19,8 @@ from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.actor import compute_log_probs
 from megarl.workers.batch import PolicyBatch
-from megarl.workers.megatron_train import ModelSettings, RecomputeSettings, load_model
+from megarl.workers.megatron_train import load_model
+from megarl.workers.settings import ModelSettings, RecomputeSettings
 from megarl.workers.packing import TokenBudget
 
 

@@ -20,8 +20,6 @@ from megarl.models.reward_head import read_score_weight
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.megatron_train import (
-    ModelSettings,
-    RecomputeSettings,
     broadcast_from_last_stage,
     compute_device,
     load_model,
@@ -29,6 +27,7 @@ from megarl.workers.megatron_train import (
     run_model,
     run_schedule,
 )
+from megarl.workers.settings import ModelSettings, RecomputeSettings
 
 
 class MegatronRewardModel:

@@ -9,8 +9,6 @@ and its HF export. A plain class; `megarl.trainer.sft` hosts one per rank proces
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -19,7 +17,8 @@ from megarl.models.checkpoint import export_hf_weights
 from megarl.parallel.distributed import initialize_model_parallel
 from megarl.workers.actor import MegatronActor
 from megarl.workers.batch import PolicyBatch
-from megarl.workers.megatron_train import ModelSettings, OptimSettings, StepCounts
+from megarl.workers.megatron_train import StepCounts
+from megarl.workers.settings import SftWorkerSpec
 
 
 class NllLoss:
@@ -37,22 +36,6 @@ class NllLoss:
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """`log_probs [b, R]` of the micro-batch's tokens; its share of the step's mean NLL."""
         return -torch.where(batch.response_mask, log_probs, 0.0).sum() / counts.normalizer, {}
-
-
-@dataclass(frozen=True)
-class SftWorkerSpec:
-    """What one SFT rank builds, in plain values (from `megarl.config.sft.SftConfig` by the driver)."""
-
-    model_path: str
-    """HF checkpoint dir to start from (its config.json and tokenizer files go into the export)."""
-    model_settings: ModelSettings
-    """dtype and layer spec (`model.dtype`, `model.transformer_impl`)."""
-    tp: int
-    pp: int
-    seed: int
-    optim: OptimSettings
-    micro_batch_size: int
-    """Conversations per forward/backward pass."""
 
 
 class SftWorker:

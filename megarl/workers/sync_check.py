@@ -71,7 +71,8 @@ class RoundResult:
 def train_a_little(actor, vocab_size: int, settings: TrainSettings, round_index: int) -> None:
     """`settings.steps_per_round` PPO steps of `actor` on a seeded random batch with random
     advantages: no task, just a deterministic, layout-independent change of every weight."""
-    from megarl.workers.actor import PolicyLoss, PolicyLossSettings
+    from megarl.workers.actor import PolicyLoss
+    from megarl.workers.settings import PolicyLossSettings
 
     generator = torch.Generator().manual_seed(settings.seed + round_index)
     tokens = torch.randint(0, vocab_size, (4, 12), generator=generator).tolist()
@@ -86,7 +87,7 @@ def trained_actor_and_plan(model_dir: str, layout: LayoutPair, bucket_mb: float,
     """This rank's actor loaded from `model_dir` (on a fresh grid), the plan and the model dims."""
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor
-    from megarl.workers.megatron_train import OptimSettings
+    from megarl.workers.settings import OptimSettings
 
     groups = initialize_model_parallel(layout.train_tp, layout.train_pp, seed=settings.seed)
     actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=settings.lr, clip_grad=0.0))
@@ -99,7 +100,8 @@ def model_in_dtype(model_dir: str, groups, dtype: str) -> torch.nn.Module:
     built as the Megatron roles build it (`load_model` with that `model.dtype`). A forward-only actor,
     for measuring what the dtype alone does to the sync's log-prob gap
     (`benchmarks/sync_logprob_gap.py`) and checking a sync in it."""
-    from megarl.workers.megatron_train import ModelSettings, RecomputeSettings, load_model
+    from megarl.workers.megatron_train import load_model
+    from megarl.workers.settings import ModelSettings, RecomputeSettings
 
     model, _ = load_model(model_dir, groups, settings=ModelSettings(dtype=dtype, transformer_impl="auto"),
                           recompute=RecomputeSettings(), value_head=False)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from megarl.parallel.distributed import ProcessGroups
-from megarl.workers.megatron_train import OffloadSettings, OptimSettings, TrainEngine
+from megarl.workers.megatron_train import TrainEngine
+from megarl.workers.settings import OffloadSettings, OptimSettings
 
 
 class TrainedModel:

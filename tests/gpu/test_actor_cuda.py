@@ -33,8 +33,8 @@ def _batch(extra_left_padding: int) -> PolicyBatch:
 
 def _rank(model_dir: str) -> dict:
     from megarl.parallel.distributed import initialize_model_parallel
-    from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
-    from megarl.workers.megatron_train import ModelSettings, OptimSettings
+    from megarl.workers.actor import MegatronActor, PolicyLoss
+    from megarl.workers.settings import ModelSettings, OptimSettings, PolicyLossSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=1e-3),

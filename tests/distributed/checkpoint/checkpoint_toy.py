@@ -24,7 +24,8 @@ class ToyJob:
     def __init__(self, tp: int, *, seed: int, use_distributed_optimizer: bool, vocab_divisible_by: int = 128):
         from megarl.models.architectures import build_gpt_model
         from megarl.parallel.distributed import initialize_model_parallel
-        from megarl.workers.megatron_train import OptimSettings, build_optimizer, wrap_for_training
+        from megarl.workers.megatron_train import build_optimizer, wrap_for_training
+        from megarl.workers.settings import OptimSettings
 
         self.groups = initialize_model_parallel(tp, 1, seed=seed)
         # Warm-up then cosine decay: every step has its own LR, so a lost scheduler position shows.

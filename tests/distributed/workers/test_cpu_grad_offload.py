@@ -25,9 +25,9 @@ def _rank_main(model_dir):
     import torch
 
     from megarl.parallel.distributed import initialize_model_parallel
-    from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
-    from megarl.workers.megatron_train import OffloadSettings, OptimSettings
+    from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.memory_stats import memory_stats
+    from megarl.workers.settings import OffloadSettings, OptimSettings, PolicyLossSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=1e-3), offload=OffloadSettings(grads=True))

@@ -44,9 +44,9 @@ def _rank_main(
     """One world's checks (see the module docstring); returns numbers from every rank."""
     from megarl.models.checkpoint import export_hf_weights
     from megarl.parallel.distributed import initialize_model_parallel
-    from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
-    from megarl.workers.megatron_train import OptimSettings
+    from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.reference import MegatronReference
+    from megarl.workers.settings import OptimSettings, PolicyLossSettings
 
     groups = initialize_model_parallel(tp, pp, seed=0)
     batch = ragged_batch()
@@ -95,8 +95,8 @@ def _rank_main(
 def _critic_step(model_dir, groups, local, rows):
     """Values and one clipped-value update of a critic whose head is set to the same seeded weights
     on every layout (its fresh init depends on the layout's RNG use)."""
-    from megarl.workers.critic import MegatronCritic, ValueLossSettings
-    from megarl.workers.megatron_train import OptimSettings
+    from megarl.workers.critic import MegatronCritic
+    from megarl.workers.settings import OptimSettings, ValueLossSettings
 
     critic = MegatronCritic.from_hf(
         model_dir, groups, optim=OptimSettings(lr=LR, adam_eps=1.0), loss=ValueLossSettings(cliprange_value=0.2)
@@ -118,9 +118,9 @@ def _critic_step(model_dir, groups, local, rows):
 def _critic_and_schedule_main(model_dir, old_log_probs, advantages):
     """Critic learning + clipping, the actor's LR schedule and epochs, activation recompute."""
     from megarl.parallel.distributed import initialize_model_parallel
-    from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
-    from megarl.workers.critic import MegatronCritic, ValueLossSettings
-    from megarl.workers.megatron_train import OptimSettings, RecomputeSettings
+    from megarl.workers.actor import MegatronActor, PolicyLoss
+    from megarl.workers.critic import MegatronCritic
+    from megarl.workers.settings import OptimSettings, PolicyLossSettings, RecomputeSettings, ValueLossSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     batch = ragged_batch()
@@ -197,8 +197,8 @@ def _tied_embeddings_main(model_dir, pp, old_log_probs, advantages):
     """One update of a model whose LM head is its input embedding: with PP, the two copies live on
     the first and last stage and megatron all-reduces their gradients."""
     from megarl.parallel.distributed import initialize_model_parallel
-    from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
-    from megarl.workers.megatron_train import OptimSettings
+    from megarl.workers.actor import MegatronActor, PolicyLoss
+    from megarl.workers.settings import OptimSettings, PolicyLossSettings
 
     groups = initialize_model_parallel(1, pp, seed=0)
     batch = ragged_batch()

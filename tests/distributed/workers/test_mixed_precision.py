@@ -51,9 +51,9 @@ def _adam_states(optimizer) -> list[torch.Tensor]:
 
 def _train(model_dir, groups, distributed_optimizer, checkpoint_dir):
     """STEPS bf16 updates of the tiny actor; dtypes, progress, and (with `checkpoint_dir`) a round trip."""
-    from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
+    from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.checkpoint import load_checkpoint, save_checkpoint
-    from megarl.workers.megatron_train import ModelSettings, OptimSettings
+    from megarl.workers.settings import ModelSettings, OptimSettings, PolicyLossSettings
 
     settings = ModelSettings(dtype="bfloat16", transformer_impl="auto")
     optim = OptimSettings(lr=LR, use_distributed_optimizer=distributed_optimizer)

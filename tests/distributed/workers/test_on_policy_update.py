@@ -27,8 +27,8 @@ def _update(actor, batch, loss_fn):
 def _rank_main(model_dir, advantages, rollout_log_probs):
     import megarl.workers.actor as actor_module
     from megarl.parallel.distributed import initialize_model_parallel
-    from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
-    from megarl.workers.megatron_train import OptimSettings
+    from megarl.workers.actor import MegatronActor, PolicyLoss
+    from megarl.workers.settings import OptimSettings, PolicyLossSettings
 
     groups = initialize_model_parallel(2, 1, seed=0)
     batch = ragged_batch()

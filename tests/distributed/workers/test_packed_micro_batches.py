@@ -31,10 +31,10 @@ def _update(actor, batch, loss_fn, cut):
 
 def _rank_main(model_dir, tp, pp, old_log_probs, advantages, returns):
     from megarl.parallel.distributed import initialize_model_parallel
-    from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
-    from megarl.workers.critic import MegatronCritic, ValueLossSettings
-    from megarl.workers.megatron_train import OptimSettings
+    from megarl.workers.actor import MegatronActor, PolicyLoss
+    from megarl.workers.critic import MegatronCritic
     from megarl.workers.packing import TokenBudget
+    from megarl.workers.settings import OptimSettings, PolicyLossSettings, ValueLossSettings
 
     groups = initialize_model_parallel(tp, pp, seed=0)
     batch = ragged_batch()

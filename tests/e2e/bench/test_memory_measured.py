@@ -31,9 +31,9 @@ def _measure(model_dir: str, tp: int, distributed_optimizer: bool) -> dict[str, 
 
 
 def _measure_actor(model_dir: str, groups, distributed_optimizer: bool, dtype: str) -> tuple[int, int, int]:
-    from megarl.workers.actor import MegatronActor, PolicyLoss, PolicyLossSettings
+    from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.batch import PolicyBatch
-    from megarl.workers.megatron_train import ModelSettings, OptimSettings
+    from megarl.workers.settings import ModelSettings, OptimSettings, PolicyLossSettings
 
     actor = MegatronActor.from_hf(
         model_dir, groups, optim=OptimSettings(lr=1e-3, use_distributed_optimizer=distributed_optimizer),

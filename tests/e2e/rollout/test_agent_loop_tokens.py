@@ -67,7 +67,7 @@ class OneEngine:
 def _actor_log_probs(model_dir, batch):
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor
-    from megarl.workers.megatron_train import OptimSettings
+    from megarl.workers.settings import OptimSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings())

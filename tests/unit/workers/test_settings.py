@@ -2,7 +2,8 @@
 
 import pytest
 
-from megarl.workers.megatron_train import OptimSettings, RecomputeSettings, check_divides
+from megarl.workers.megatron_train import check_divides
+from megarl.workers.settings import OptimSettings, RecomputeSettings
 
 
 def test_optim_settings_report_every_problem_at_once():
@@ -36,7 +37,8 @@ def test_check_divides_names_the_setting():
 
 
 def test_policy_loss_settings_are_checked_before_training():
-    from megarl.workers.actor import PolicyLoss, PolicyLossSettings
+    from megarl.workers.actor import PolicyLoss
+    from megarl.workers.settings import PolicyLossSettings
 
     with pytest.raises(ValueError, match="policy loss name='ppo' is not one of"):
         PolicyLoss(PolicyLossSettings(name="ppo"))

@@ -1,0 +1,272 @@
+"""The plain settings the driver hands the workers: each trained role's optimizer, recompute,
+offload and loss settings, and the specs a worker rank is built from. Plain values that import no
+megatron-core, so that the driver (`megarl.trainer`) starts without loading it; the worker modules
+that use them (`megatron_train`, `actor`, `critic`, `policy_worker`, `sft_worker`) import them from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from megarl.models.model_options import TORCH_DTYPES, TRANSFORMER_IMPLS
+from megarl.workers.packing import TokenBudget
+
+
+LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
+
+
+@dataclass
+class OptimSettings:
+    """Optimizer, LR schedule and gradient settings of one trained role (actor or critic)."""
+
+    lr: float = 1e-6
+    """Peak learning rate (reached after warm-up)."""
+    min_lr: float = 0.0
+    """Learning rate at the end of the decay."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps of linear warm-up from 0 to `lr`. megatron's convention: step k (from 0)
+    runs at `lr * k / lr_warmup_steps`, so the first step of a warm-up runs at 0."""
+    lr_decay_steps: int | None = None
+    """Step (counted from 0, warm-up included) at which the decay reaches `min_lr`; must exceed
+    `lr_warmup_steps`. None only with `lr_decay_style="constant"`."""
+    lr_decay_style: str = "constant"
+    """One of `LR_DECAY_STYLES` (megatron's names)."""
+    optimizer: str = "adam"
+    """"adam" (AdamW-style decoupled weight decay) or "sgd" (not with the distributed optimizer)."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (constant over training)."""
+    adam_beta1: float = 0.9
+    """Adam beta1."""
+    adam_beta2: float = 0.999
+    """Adam beta2."""
+    adam_eps: float = 1e-8
+    """Adam epsilon."""
+    sgd_momentum: float = 0.0
+    """SGD momentum."""
+    clip_grad: float = 1.0
+    """Clip the global gradient norm to this value (0 = no clipping; the norm is still reported)."""
+    use_distributed_optimizer: bool = False
+    """Shard optimizer states (and main params) over DP ranks (megatron's distributed optimizer)."""
+    optimizer_cpu_offload: bool = False
+    """GPU only: keep optimizer states and the update on the CPU (megatron's HybridDeviceOptimizer;
+    needs `use_distributed_optimizer`). On a CPU-only process states already live in host memory:
+    nothing to offload, the setting is not passed to megatron."""
+    overlap_cpu_optimizer_d2h_h2d: bool = False
+    """GPU only: overlap the device<->host copies of `optimizer_cpu_offload` with compute."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.optimizer not in ("adam", "sgd"):
+            problems.append(f"optimizer={self.optimizer!r}: use 'adam' or 'sgd'")
+        if self.use_distributed_optimizer and self.optimizer != "adam":
+            problems.append(
+                f"use_distributed_optimizer=True needs optimizer='adam' (megatron's), got {self.optimizer!r}"
+            )
+        if self.lr_decay_style not in LR_DECAY_STYLES:
+            problems.append(f"lr_decay_style={self.lr_decay_style!r}: use one of {LR_DECAY_STYLES}")
+        if self.lr_decay_steps is None and self.lr_decay_style != "constant":
+            problems.append(f"lr_decay_style={self.lr_decay_style!r} needs lr_decay_steps (the step the decay ends)")
+        if self.lr_decay_steps is not None and self.lr_decay_steps <= self.lr_warmup_steps:
+            problems.append(
+                f"lr_decay_steps={self.lr_decay_steps} must exceed lr_warmup_steps={self.lr_warmup_steps} "
+                "(the decay ends after the warm-up)"
+            )
+        if problems:
+            raise ValueError("OptimSettings: " + "; ".join(problems))
+
+
+@dataclass
+class RecomputeSettings:
+    """Activation recompute (megatron-core `TransformerConfig` fields of the same names)."""
+
+    granularity: str | None = None
+    """None (off), "full" (whole layers) or "selective" (the `modules` below)."""
+    method: str | None = None
+    """With "full": "uniform" (chunks of `num_layers`) or "block" (the first `num_layers` per stage)."""
+    num_layers: int | None = None
+    """Layers per recompute chunk ("uniform") or recomputed layers per stage ("block")."""
+    modules: list[str] = field(default_factory=lambda: ["core_attn"])
+    """With "selective": submodules to recompute (megatron names, e.g. "core_attn", "mlp")."""
+
+    def __post_init__(self) -> None:
+        if self.granularity not in (None, "full", "selective"):
+            raise ValueError(f"recompute granularity={self.granularity!r}: use None, 'full' or 'selective'")
+        if self.granularity == "full" and (self.method not in ("uniform", "block") or not self.num_layers):
+            raise ValueError(
+                f"recompute granularity='full' needs method 'uniform' or 'block' and num_layers >= 1, got "
+                f"method={self.method!r}, num_layers={self.num_layers!r}"
+            )
+
+    def transformer_config_fields(self) -> dict:
+        """The `TransformerConfig` overrides these settings stand for."""
+        if self.granularity is None:
+            return {}
+        if self.granularity == "selective":
+            return dict(recompute_granularity="selective", recompute_modules=list(self.modules))
+        return dict(
+            recompute_granularity=self.granularity,
+            recompute_method=self.method,
+            recompute_num_layers=self.num_layers,
+        )
+
+
+@dataclass
+class OffloadSettings:
+    """What a trained role moves off the device while the colocated rollout runs, with megatron-core's
+    own RL offload APIs (`megarl.workers.megatron_train.TrainEngine.offload_training_state` /
+    `offload_params` / `onload`). On a CPU-only process host memory is the device: only `grads` frees
+    anything there (the others would move host memory to host memory, and do nothing)."""
+
+    params: bool = False
+    """Parameters: copied to pinned host memory after the weight sync (DDP buffers' `offload_to_cpu`); GPU only."""
+    grads: bool = False
+    """Gradient buffers: freed after the update (DDP's `offload_grad_buffers`; they come back zeroed), on CPU too."""
+    optimizer: bool = False
+    """Optimizer states and fp32 main parameters: to host memory after the update; needs bf16/fp16
+    parameters (with fp32 ones the optimizer's parameters are the model's own, which megatron's hook
+    would move out of DDP's buffer)."""
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """How every Megatron role of a run builds its model (`model.dtype`, `model.transformer_impl`)."""
+
+    dtype: str = "float32"
+    """Parameter and compute dtype, a key of `megarl.models.model_options.TORCH_DTYPES`; trained
+    roles in bfloat16 keep fp32 main parameters, gradients and optimizer states (the mixed precision
+    of `megarl.workers.megatron_train`'s module docstring)."""
+    transformer_impl: str = "local"
+    """Layer spec: "local", "transformer_engine", or "auto" (resolved by each process for its own
+    device: `megarl.models.architectures.resolve_transformer_impl`)."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in TORCH_DTYPES:
+            raise ValueError(
+                f"model.dtype={self.dtype!r}: the Megatron roles train in one of {list(TORCH_DTYPES)} "
+                "(float16 needs a loss scale driven by the training loop, which megarl does not run); "
+                "use model.dtype: bfloat16"
+            )
+        if self.transformer_impl not in ("auto",) + TRANSFORMER_IMPLS:
+            raise ValueError(
+                f"model.transformer_impl={self.transformer_impl!r} is not one of {['auto', *TRANSFORMER_IMPLS]}"
+            )
+
+
+@dataclass
+class PolicyLossSettings:
+    """The actor objective: policy loss + optional entropy bonus + optional KL-to-reference loss."""
+
+    name: str = "vanilla"
+    """Policy loss, a key of `megarl.algorithms.policy_loss.POLICY_LOSSES` ("vanilla" = PPO clip)."""
+    clip_ratio_low: float = 0.2
+    """Ratio clipped below at 1 - clip_ratio_low."""
+    clip_ratio_high: float = 0.2
+    """Ratio clipped above at 1 + clip_ratio_high (DAPO's clip-higher uses > low)."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip bound for negative advantages."""
+    loss_agg_mode: str = "token-mean"
+    """How token losses become one number (`megarl.algorithms.losses.LOSS_AGG_MODES`)."""
+    loss_scale_factor: float | None = None
+    """Only for "seq-mean-token-sum-norm" (Dr. GRPO): the constant length token sums are divided
+    by; None uses the padded response length."""
+    tis_cap: float | None = None
+    """Truncated importance sampling between the rollout engine and the trainer: weight each token
+    by min(exp(old_log_prob - rollout_log_prob), tis_cap); needs `rollout_log_probs`. None = off."""
+    entropy_coeff: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss)."""
+    kl_loss_coef: float = 0.0
+    """Weight of the KL-to-reference loss (GRPO); needs `ref_log_probs` in the batch when > 0."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator of the KL loss (`megarl.algorithms.kl.KL_ESTIMATORS`)."""
+
+
+@dataclass
+class ValueLossSettings:
+    """The critic objective: 0.5 × agg(max((V - R)², (clip(V, V_old ± c) - R)²))."""
+
+    cliprange_value: float = 0.5
+    """How far a prediction may move from the rollout-time value before its loss is clipped."""
+    loss_agg_mode: str = "token-mean"
+    """How token losses become one number (`megarl.algorithms.losses.LOSS_AGG_MODES`)."""
+
+
+@dataclass(frozen=True)
+class CriticSpec:
+    """The critic of a PPO run."""
+
+    optim: OptimSettings
+    recompute: RecomputeSettings
+    loss: ValueLossSettings
+    offload: OffloadSettings
+    """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`critic.offload`)."""
+    mini_batch_size: int
+    """Samples per optimizer step on one DP rank."""
+    micro_batch_size: int | TokenBudget
+    """Samples per forward/backward micro-batch (per GPU), or the budget of packed micro-batches."""
+    ppo_epochs: int
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """The policy being trained, and the sync of its weights into the rollout engines."""
+
+    optim: OptimSettings
+    recompute: RecomputeSettings
+    loss: PolicyLossSettings
+    offload: OffloadSettings
+    """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`actor.offload`)."""
+    mini_batch_size: int
+    """Actor samples per optimizer step on one DP rank."""
+    micro_batch_size: int | TokenBudget
+    """Samples per forward/backward micro-batch (per GPU), or the budget of packed micro-batches."""
+    ppo_epochs: int
+    rollout_tp: int
+    """Tensor-parallel size of each rollout engine (the bridge plan's target layout)."""
+    rollout_dtype: str
+    """The engines' dtype (`rollout.dtype` resolved): the weights are cast to it on the way."""
+    bucket_mb: float
+    """Weight-sync bucket size."""
+
+
+@dataclass(frozen=True)
+class PolicyWorkerSpec:
+    """The roles one rank hosts and its grid, in plain values (built from the config by the trainer)."""
+
+    model_path: str
+    """HF checkpoint dir the actor (and reference, critic backbone) start from."""
+    model_settings: ModelSettings
+    """dtype and layer spec of every Megatron role (`model.dtype`, `model.transformer_impl`)."""
+    tp: int
+    """Tensor-parallel size of the grid (the layout of every hosted role)."""
+    pp: int
+    """Pipeline-parallel size of the grid."""
+    seed: int
+    actor: ActorSpec | None
+    """The actor; None in the group of a role with a layout of its own."""
+    use_reference: bool
+    """Host the reference."""
+    ref_micro_batch_size: int
+    """Samples per forward micro-batch of the reward model (`ref.micro_batch_size_per_gpu`)."""
+    ref_micro_batch: int | TokenBudget
+    """The reference's forward micro-batches: samples, or the budget of packed micro-batches."""
+    ref_offload: bool
+    """Keep the reference's weights in host memory except during its log-prob pass (`ref.offload_params`)."""
+    critic: CriticSpec | None
+    reward_model_path: str | None
+    """HF `*ForSequenceClassification` checkpoint scored beside the reward function (None = none)."""
+
+
+@dataclass(frozen=True)
+class SftWorkerSpec:
+    """What one SFT rank builds, in plain values (from `megarl.config.sft.SftConfig` by the driver)."""
+
+    model_path: str
+    """HF checkpoint dir to start from (its config.json and tokenizer files go into the export)."""
+    model_settings: ModelSettings
+    """dtype and layer spec (`model.dtype`, `model.transformer_impl`)."""
+    tp: int
+    pp: int
+    seed: int
+    optim: OptimSettings
+    micro_batch_size: int
+    """Conversations per forward/backward pass."""
