@@ -176,6 +176,9 @@ class ToolSet:
         try:
             texts = searching.result()
         except Exception as error:  # the index's actor or the retrieval server failed: only these calls fail
+            if _timed_out(error):  # the HTTP client's own limit (the same timeout_s) came before the deadline's
+                return [ToolResult.failed("timeout", f"Error: the search ran longer than its time limit ({error})",
+                                          time.monotonic() - started)] * count
             logger.warning("search failed for %d queries: %s", count, error)
             lines = str(error).strip().splitlines() or [""]
             text = one_line(f"Error: the search failed ({type(error).__name__}: {lines[-1]})")
@@ -201,3 +204,8 @@ class ToolSet:
 def _is_function_path(path: str) -> bool:
     module, _, function = path.partition(":")
     return bool(module) and bool(function)
+
+
+def _timed_out(error: BaseException) -> bool:
+    """A socket timeout, raised as is (while reading) or wrapped by urllib (while connecting)."""
+    return isinstance(error, TimeoutError) or isinstance(getattr(error, "reason", None), TimeoutError)

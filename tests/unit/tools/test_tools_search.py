@@ -4,6 +4,9 @@ by file and line), and a Search-R1 retrieval server over HTTP (its request forma
 import json
 import socket
 import threading
+import time
+import urllib.error
+from concurrent.futures import Future
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -150,3 +153,14 @@ def test_an_unreachable_retrieval_server_is_a_raised_result():
         result, = tools.run([ToolCall("search", {"query": "x"})])
     assert result.error == "raised"
     assert result.text.startswith("Error: the search failed (URLError: <urlopen error [Errno 111] Connection refused>")
+
+
+@pytest.mark.parametrize("error", [TimeoutError("timed out"), urllib.error.URLError(TimeoutError("timed out"))])
+def test_the_http_clients_own_timeout_is_a_timeout_too(error):
+    """The retrieval client's socket limit is the search's timeout_s too, so under load it can come before
+    the ToolSet's deadline: a socket timeout (while reading, or wrapped by urllib while connecting) is
+    counted as a timeout, not as a raised search."""
+    failed = Future()
+    failed.set_exception(error)
+    result, = ToolSet._search_results(failed, 1, time.monotonic())
+    assert result.error == "timeout" and result.text.startswith("Error: the search ran longer than its time limit")
