@@ -24,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
     from megarl.rewards.functions import RewardFunctionError
     from megarl.tools import ToolError
     from megarl.trainer.checkpoint_manager import CheckpointError
-    from megarl.trainer.sinks import LoggerSetupError
+    from megarl.trainer.metrics import reward_trend
+    from megarl.trainer.sinks import METRICS_FILE, LoggerSetupError, read_metrics_file
     from megarl.trainer.trainer import BadStepsError, Trainer
 
     try:
@@ -65,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
               "(checkpoint.resume=auto continued from its last checkpoint); nothing to train. To train again: "
               "checkpoint.resume=disable, or another trainer.output_dir")
         return 0
+    trend = reward_trend(read_metrics_file(trainer.run_dir / METRICS_FILE))
     print(f"megarl train: done after step {trainer.total_steps}; run dir {trainer.run_dir} "
-          f"(metrics.jsonl, curves.png, memory.png); last reward/mean {metrics.get('reward/mean', float('nan')):.3f}")
+          f"(metrics.jsonl, curves.png, memory.png); {trend}")
     return 0

@@ -222,6 +222,24 @@ def update_mfu_metrics(update_flops: float, update_seconds: float, peak_flops: f
     return {"perf/update_tflops": achieved / 1e12, "perf/peak_tflops": peak_flops / 1e12, "perf/mfu": achieved / peak_flops}
 
 
+def reward_trend(records: Sequence[Mapping[str, object]], name: str = "reward/mean", window: int = 10) -> str:
+    """`name` averaged over the first and over the last `window` steps that logged it (half of them each
+    when fewer than 2 × window), the run's end line: "reward/mean 0.123 over steps 1-10 -> 0.812 over steps
+    91-100". One value, or none, when fewer than two steps logged it (non-finite values are logged as null)."""
+    logged = [(record["step"], record[name]) for record in records if record.get(name) is not None]
+    if len(logged) < 2:
+        return f"{name} {logged[0][1]:.3f} at step {logged[0][0]}" if logged else f"{name}: no step logged it"
+    width = min(window, len(logged) // 2)
+    first, last = logged[:width], logged[-width:]
+    return (f"{name} {_mean([v for _, v in first]):.3f} {_over(first)} -> {_mean([v for _, v in last]):.3f} "
+            f"{_over(last)}")
+
+
+def _over(logged: Sequence[tuple[int, float]]) -> str:
+    first, last = logged[0][0], logged[-1][0]
+    return f"at step {first}" if first == last else f"over steps {first}-{last}"
+
+
 def reduce_metrics(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:
     """One value per name from several dicts of the same step (per rank / micro-batch): mean by default,
     sum / max / min for the names listed above. A name missing from some dicts reduces over the rest.
