@@ -15,6 +15,29 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from megarl.config import ConfigError, checked_config, plan_batches
+    from megarl.orchestration.cluster import shutdown_ray, start_ray_early
+    from megarl.trainer.ray_node import WORKER_ENV, ray_cpus
+
+    try:
+        config = checked_config(args.config, args.overrides)
+    except ConfigError as error:
+        return _config_problems(error)
+    # The Ray node comes up on the other cores while the trainer's imports and the data load run here.
+    start_ray_early(ray_cpus(plan_batches(config)), WORKER_ENV)
+    try:
+        return _train(config)
+    finally:
+        shutdown_ray()  # after a run, a no-op: the trainer stopped Ray; before one, the early start's node
+
+
+def _config_problems(error) -> int:
+    for problem in error.problems:
+        print(f"megarl train: {problem}", file=sys.stderr)
+    return 2
+
+
+def _train(config) -> int:
     from megarl import interrupt
     from megarl.cli.stop_signals import StopOnSignal, doing, resume_hint, stopped_line
     from megarl.config import ConfigError
@@ -29,11 +52,9 @@ def run(args: argparse.Namespace) -> int:
     from megarl.trainer.trainer import BadStepsError, Trainer
 
     try:
-        trainer = Trainer.from_config(args.config, args.overrides)
+        trainer = Trainer(config)
     except ConfigError as error:
-        for problem in error.problems:
-            print(f"megarl train: {problem}", file=sys.stderr)
-        return 2
+        return _config_problems(error)
     except (DataError, ToolError) as error:
         print(f"megarl train: {error}", file=sys.stderr)
         return 2

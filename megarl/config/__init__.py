@@ -36,14 +36,14 @@ from megarl.config.sections import (
     RewardConfig,
     TrainerConfig,
 )
-from megarl.config.validate import validate
+from megarl.config.validate import checked_config, validate
 
 __all__ = [
     "ActorConfig", "AlgorithmConfig", "BatchPlan", "CheckpointConfig", "Config", "ConfigError", "CriticConfig",
     "DataConfig", "DynamicSamplingConfig", "KLControlConfig", "KNOWN_MODELS", "ModelConfig", "ModelFacts",
     "ModelFactsError", "OffloadConfig", "OptimizerConfig", "OverlongConfig", "ParallelConfig", "PlacementConfig",
     "Problem", "RecomputeConfig", "RefConfig", "RewardConfig", "RolePlan", "RolloutConfig", "SyncConfig",
-    "TrainerConfig", "UpdatePlan", "apply_overrides", "build_config", "cluster_problems", "format_plan", "load_config",
+    "TrainerConfig", "UpdatePlan", "apply_overrides", "build_config", "checked_config", "cluster_problems", "format_plan", "load_config",
     "load_model_facts", "parse_yaml", "placement_problems", "plan_batches", "resolve_device", "to_dict",
     "uses_reference", "validate",
 ]

@@ -9,15 +9,17 @@ must be in the local HF cache (megarl.config.hub): nothing is downloaded at run 
 """
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from megarl.config import names
 from megarl.config.batch_plan import batch_problems, uses_reference
 from megarl.config.config import Config
 from megarl.config.hub import cached_snapshot, hub_values, is_hub_id, missing_from_cache
+from megarl.config.loader import load_config
 from megarl.config.model_facts import ModelFacts, ModelFactsError, load_model_facts
 from megarl.config.placement import placement_problems
-from megarl.config.problems import Problem, non_ascii_note
+from megarl.config.problems import ConfigError, Problem, non_ascii_note
 from megarl.config.resources import (
     data_file_problems,
     local_path,
@@ -34,6 +36,15 @@ from megarl.workers.checkpoint_files import STEP_DIR, CheckpointError, read_mani
 
 MIN_HANG_TIMEOUT_S = 10.0
 """The shortest trainer.hang_timeout_s: ten missed heartbeats."""
+
+
+def checked_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
+    """Load a recipe with its overrides and validate it; raises `ConfigError` listing every problem."""
+    config = load_config(path, overrides)
+    problems = validate(config)
+    if problems:
+        raise ConfigError(problems)
+    return config
 
 
 def validate(config: Config, check_files: bool = True) -> list[Problem]:

@@ -17,7 +17,6 @@ too; split: the rollout gets `placement.rollout_gpus` bundles of its own after t
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -35,6 +34,7 @@ from megarl.parallel.device import worker_env
 from megarl.trainer import settings
 from megarl.trainer.checkpoint_manager import part_dir
 from megarl.trainer.handover import offload_before_engines
+from megarl.trainer.ray_node import device_bundles
 from megarl.trainer.rollout_batch import gather_by_dp, is_dp_leader
 from megarl.trainer.timing import PhaseTimer
 from megarl.workers.batch import PolicyBatch
@@ -245,21 +245,6 @@ def critic_spec(config: Config, plan: BatchPlan, total_steps: int) -> CriticSpec
         micro_batch_size=settings.micro_batch_cut(critic, "critic"),
         ppo_epochs=critic.ppo_epochs,
     )
-
-
-def device_bundles(plan: BatchPlan) -> tuple[int, float]:
-    """How many device bundles the job reserves, and the CPU cores of one: one for every process that
-    shares a training bundle (`plan.processes_per_train_gpu`; a split rollout's bundles, one process
-    each, have the same shape)."""
-    bundles = plan.train_gpus + (0 if plan.colocated else plan.rollout_gpus)
-    return bundles, float(plan.processes_per_train_gpu)
-
-
-def ray_cpus(plan: BatchPlan) -> int:
-    """The CPUs a local Ray instance offers: this machine's, or more where the job's bundles reserve
-    more (a colocated run of several processes per device on a small machine)."""
-    bundles, cpus = device_bundles(plan)
-    return max(os.cpu_count() or 1, int(bundles * cpus))
 
 
 def process_share(bundle: BundleSpec, processes: int) -> BundleSpec:

@@ -1,24 +1,12 @@
-"""Config sections → the plain settings objects the workers take (workers never see the config), and
-the environment the worker processes start with."""
+"""Config sections → the plain settings objects the workers take (workers never see the config)."""
 
 from megarl.config import BatchPlan, Config, ConfigError, Problem
 from megarl.config.roles import OptimizerConfig, RecomputeConfig
-from megarl.quiet import python_warnings
 from megarl.workers.packing import TokenBudget
 from megarl.workers.rollout.base import SamplingConfig
 from megarl.workers.settings import (
     OffloadSettings, OptimSettings, PolicyLossSettings, RecomputeSettings, ValueLossSettings,
 )
-
-WORKER_ENV = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "VLLM_LOGGING_LEVEL": "ERROR",
-    "TOKENIZERS_PARALLELISM": "false",
-    # Reaches vLLM's TP worker processes too, which megarl does not start itself (megarl.quiet).
-    "PYTHONWARNINGS": python_warnings(),
-}
-"""The environment of every worker process: vLLM's settings must be in place before vLLM is imported there."""
-
 
 def optim_settings(optim: OptimizerConfig, optimizer_steps: int) -> OptimSettings:
     """`optimizer_steps`: optimizer steps of the whole run (the decay ends there)."""

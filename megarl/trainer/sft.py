@@ -37,7 +37,8 @@ from megarl.orchestration.cluster import cluster_gpus, init_ray, shutdown_ray
 from megarl.orchestration.placement import BundleSpec, create_placement_group
 from megarl.parallel.device import worker_env
 from megarl.trainer.roles import MegatronGroup
-from megarl.trainer.settings import WORKER_ENV, optim_settings
+from megarl.trainer.ray_node import WORKER_ENV
+from megarl.trainer.settings import optim_settings
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.settings import ModelSettings, SftWorkerSpec
 

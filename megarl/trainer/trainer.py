@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 from megarl import interrupt
 from megarl.algorithms.advantages import compute_advantages
 from megarl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
-from megarl.config import Config, ConfigError, load_config, plan_batches, validate
+from megarl.config import Config, ConfigError, checked_config, plan_batches
 from megarl.config.hub import resolve_hub_ids
 from megarl.config.problems import Problem
 from megarl.config.rollout import response_length
@@ -37,8 +37,9 @@ from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.trainer.handover import HandOver
 from megarl.trainer.metrics import agent_metrics, rollout_metrics, throughput_metrics, update_mfu_metrics, worker_metrics
 from megarl.trainer.rollout import RolloutPhase
-from megarl.trainer.roles import cluster_device, ray_cpus, start_roles
-from megarl.trainer.settings import WORKER_ENV, sampling_config, step_seed, stop_token_ids
+from megarl.trainer.ray_node import WORKER_ENV, ray_cpus
+from megarl.trainer.roles import cluster_device, start_roles
+from megarl.trainer.settings import sampling_config, step_seed, stop_token_ids
 from megarl.trainer.sinks import METRICS_FILE, JsonlSink, MetricsLogger
 from megarl.trainer.sync_step import WeightSync
 from megarl.trainer.timing import STARTUP_PHASES, PhaseTimer, startup_line
@@ -97,11 +98,7 @@ class Trainer:
     @classmethod
     def from_config(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Trainer:
         """Load and validate a recipe; raises `ConfigError` listing every problem."""
-        config = load_config(path, overrides)
-        problems = validate(config)
-        if problems:
-            raise ConfigError(problems)
-        return cls(config)
+        return cls(checked_config(path, overrides))
 
     def fit(self) -> dict[str, float]:
         """Train to `total_steps`; returns the last step's metrics."""

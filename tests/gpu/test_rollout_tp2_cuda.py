@@ -13,7 +13,7 @@ from megarl.models.tiny import make_tiny_model
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.orchestration.placement import BundleSpec, create_placement_group
 from megarl.parallel.device import worker_env
-from megarl.trainer import roles
+from megarl.trainer import ray_node, roles
 from megarl.workers.rollout import SamplingConfig
 from tests.e2e.rollout.rollout_reference import PROMPTS, hf_logprobs, load_hf
 
@@ -45,7 +45,7 @@ def test_a_tp2_engine_spans_two_gpu_bundles(tmp_path, mode, memory_phase):
     before = [_used_gib(gpu) for gpu in range(torch.cuda.device_count())]
     init_ray()
     try:
-        bundles, cpus = roles.device_bundles(plan)
+        bundles, cpus = ray_node.device_bundles(plan)
         bundle = BundleSpec(cpus=cpus, gpus=1.0)  # as roles.start_roles on CUDA
         pg = create_placement_group("rollout-tp2", bundles, bundle)
         share = roles.process_share(bundle, plan.processes_per_train_gpu)

@@ -11,7 +11,7 @@ from megarl.config import build_config, plan_batches
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.orchestration.placement import BundleSpec, create_placement_group
 from megarl.parallel.device import worker_env
-from megarl.trainer import roles
+from megarl.trainer import ray_node, roles
 
 SEEDS = {"data": {"train_batch_size": 12}, "rollout": {"n": 8, "tensor_model_parallel_size": 2},
          "actor": {"ppo_mini_batch_size": 12, "micro_batch_size_per_gpu": 8}, "placement": {"gpus_per_node": 6}}
@@ -33,7 +33,7 @@ def test_the_seeds_engines_span_their_bundle_pairs(cluster, monkeypatch):
     config = build_config(SEEDS, problems)
     assert problems == []
     plan = plan_batches(config)
-    bundles, cpus = roles.device_bundles(plan)
+    bundles, cpus = ray_node.device_bundles(plan)
     bundle = BundleSpec(cpus=cpus, gpus=1.0)  # as roles.start_roles on CUDA
     pg = create_placement_group("rollout-tp2", bundles, bundle, timeout_s=30)
     share = roles.process_share(bundle, plan.processes_per_train_gpu)

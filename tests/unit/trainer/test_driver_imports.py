@@ -18,10 +18,9 @@ DRIVER_MUST_NOT_IMPORT = ("megatron", "vllm")
 
 
 def _run_imports(cli_file: Path) -> set[str]:
-    """The modules a CLI command's `run` imports (lazily, inside the function)."""
-    run = next(node for node in ast.parse(cli_file.read_text()).body
-               if isinstance(node, ast.FunctionDef) and node.name == "run")
-    return {node.module for node in ast.walk(run) if isinstance(node, ast.ImportFrom)}
+    """The modules a CLI command's functions import (lazily, inside them)."""
+    functions = [node for node in ast.parse(cli_file.read_text()).body if isinstance(node, ast.FunctionDef)]
+    return {node.module for function in functions for node in ast.walk(function) if isinstance(node, ast.ImportFrom)}
 
 
 def _under(module: str, package: str) -> bool:
@@ -40,3 +39,16 @@ def test_the_driver_imports_load_no_megatron_or_vllm():
     modules = json.loads(loaded.stdout)
     bad = sorted({m.split(".")[0] for m in modules if any(_under(m, p) for p in DRIVER_MUST_NOT_IMPORT)})
     assert bad == [], f"importing the driver ({sorted(driver)}) loaded {bad}"
+
+
+def test_ray_starts_before_the_trainer_is_imported():
+    """`megarl train` begins starting Ray (`start_ray_early`) with what these modules give it, then imports
+    the trainer: they must not pull in torch or transformers, the seconds the start is meant to overlap."""
+    early = ("megarl.config", "megarl.orchestration.cluster", "megarl.trainer.ray_node")
+    code = ("import importlib, json, sys\n"
+            f"for name in {early!r}: importlib.import_module(name)\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, check=True, capture_output=True,
+                            text=True)
+    modules = json.loads(loaded.stdout)
+    assert not [m for m in modules if _under(m, "torch") or _under(m, "transformers")]

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from megarl.config import format_plan, load_config, plan_batches
-from megarl.trainer.roles import MegatronGroup, Roles, device_bundles, worker_specs
+from megarl.trainer.ray_node import device_bundles
+from megarl.trainer.roles import MegatronGroup, Roles, worker_specs
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.packing import TokenBudget
 
