@@ -1,19 +1,22 @@
 """A step's batch staged once on each Megatron group the step calls; later calls send only what is new.
 
-    with roles.stage(batch) as staged:                         # nothing travels yet
-        staged.keep("compute_log_prob", "old_log_probs", output=0)   # the actor's group gets its rows once
-        batch.values = staged.gather("compute_values", keep="values")  # comes back: GAE runs here
+    with roles.stage(batch) as staged:                                # nothing travels yet
+        staged.keep("compute_log_prob", "old_log_probs", output=0)    # stages the actor's rows; no reply
+        batch.values = staged.gather("compute_values", keep="values")  # stages the critic's; GAE reads them here
         batch.advantages, batch.returns = compute_advantages(...)
-        metrics = staged.update("update_actor", step)          # sends the advantages only
-    # every group dropped its staged rows
+        metrics = staged.update("update_actor", step)                 # sends the advantages only
+    # every group called dropped its staged rows
 
 The first call of a step to a group stages that group's rows of `batch` (`PolicyWorker.stage_batch`):
 one part per DP replica, in the group's DP order, put in Ray's object store once and read by the
 replica's TP × PP ranks, holding the tokens, masks and the fields the group's roles read
-(`READ_BY`). A later call (`PolicyWorker.call_staged`) sends the fields the driver set on `batch`
+(`READ_BY`); each part is a tensor of its own (a view would carry the whole batch's storage through
+Ray's serializer, once per part). A later call (`PolicyWorker.call_staged`) sends the fields the driver set on `batch`
 since then that the group's roles read and it does not hold (the advantages and returns), and the
-step. A result can stay where it is produced (`keep`): the old and reference log-probs stay in the
-actor's group and reach the driver only when it asks (`fetch`: the KL penalty in the reward); a
+step. Only the DP leaders send results back (`is_dp_leader`; an update's metrics: rank 0). A result
+can stay where it is produced (`keep`): the old and reference log-probs stay in the actor's group and
+reach the driver only when it asks (`fetch`: the KL penalty in the reward); the critic's values and
+the reward model's scores come back (GAE and the rewards run in the driver); a
 result kept in a group that does not host its reader (the log-probs of a reference with a group of its
 own) comes back to the driver and travels on with the next call to its reader's group.
 
@@ -156,13 +159,15 @@ class StagedBatch:
                 and field.name not in stage.held and stage.reads(field.name)}
 
     def _dp_order(self, roles: frozenset[str], dp_size: int) -> Tensor:
+        """`[B]` the rows as they are, or balanced by tokens over `dp_size` parts for a group with a packed role."""
         if not roles & self.packed_roles:
             return torch.arange(len(self.batch))
         per_rank = balance_over_ranks(token_counts(self.batch).sum(dim=1).tolist(), dp_size)
         return torch.tensor([row for rows in per_rank for row in rows], dtype=torch.long)
 
     def close(self) -> None:
-        """Every group called this step drops its staged rows (the next step stages anew)."""
+        """Every group called this step drops its staged rows (the next step stages anew; a stage
+        replaces the last one, so a step cut short by an error leaves no more than one behind)."""
         for stage in self.stages.values():
             stage.group.workers.call_all("drop_staged")
         self.stages.clear()

@@ -82,8 +82,9 @@ def grids(tp: int, dp: int) -> list[dict[str, int]]:
 
 def batch_of(responses: torch.Tensor, response_mask: torch.Tensor) -> PolicyBatch:
     rows = len(responses)
-    return PolicyBatch(prompts=torch.zeros(rows, 1, dtype=torch.long), prompt_mask=torch.ones(rows, 1, dtype=torch.bool),
-                       responses=responses, response_mask=response_mask)
+    return PolicyBatch(prompts=torch.zeros(rows, 1, dtype=torch.long),
+                       prompt_mask=torch.ones(rows, 1, dtype=torch.bool), responses=responses,
+                       response_mask=response_mask)
 
 
 def staged_rows(group: MegatronGroup) -> list[list[int]]:

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.unit
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 BASE = ("prompts", "prompt_mask", "responses", "response_mask")
-SEVERAL_MINI_BATCHES = ("actor.ppo_mini_batch_size=4", "actor.micro_batch_size_per_gpu=4")  # the old log-probs need a pass of their own
+SEVERAL_MINI_BATCHES = ("actor.ppo_mini_batch_size=4", "actor.micro_batch_size_per_gpu=4")
+"""The old log-probs need a pass of their own."""
 KL_LOSS = ("actor.use_kl_loss=true",)
 CRITIC = ("critic.enable=true", "algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=16")
 OWN_GROUPS = ("ref.parallel.tensor_model_parallel_size=1", "critic.parallel.tensor_model_parallel_size=1",
