@@ -5,9 +5,12 @@
 The trainer's own `_train_step` against recording stand-ins of the worker groups
 (`tests/recorded_transfers.py`: each argument object counted once, as `WorkerGroup.call_each` stores
 it; results only from the ranks that reply; pickled sizes, as Ray serializes tensors), on the
-quickstart's sizes (16 prompts × 8 samples, prompts ≤ 32 tokens, 2 new tokens) and on issue 19's
-workload (≤ 64 new tokens). The rollout's own traffic (prompts to the engines, samples back) and the
-weight sync are not counted. Prints a markdown table of the second step (the first is alike).
+quickstart's sizes (16 prompts × 8 samples, prompts of 1–32 tokens, 1–2 new tokens, random and
+seeded) and with up to 64 new tokens (issue 19's response length). PPO: the KL loss, a critic (GAE)
+and 4 actor mini-batches (so the old log-probs need a pass of their own), the reference and critic
+sharing the actor's layout (one group) or at TP 1 × DP 2 (groups of their own). The rollout's own
+traffic (prompts to the engines, samples back) and the weight sync are not counted. Prints a
+markdown table of the second step (the first is alike).
 """
 
 from __future__ import annotations

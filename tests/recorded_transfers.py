@@ -163,6 +163,8 @@ def recording_roles(config, plan) -> Roles:
         actor_reads.append("old_log_probs")
     if config.actor.use_kl_loss:
         actor_reads.append("ref_log_probs")
+    if config.actor.tis_cap is not None:
+        actor_reads.append("rollout_log_probs")
     started = {}
     for role in (plan.actor, plan.critic, plan.ref):
         if role is None:
