@@ -3,10 +3,9 @@ world), a group per role with a layout of its own (`BatchPlan.own_groups`: its o
 and grid), and a rollout group (one engine per worker), placed on Ray, with the weight-sync group
 wired between the policy and the rollout.
 
-Routing. `Roles.gather` / `Roles.update` send each worker method to the group of its role
-(`METHOD_ROLES`) and scatter the batch by that group's DP size: consecutive blocks of rows, or, for a
-role with packed micro-batches (`Roles.packed_roles`), equal numbers of rows with about equal
-tokens per DP rank (`megarl.workers.packing.balance_over_ranks`; results come back in row order).
+Routing. `Roles.stage` stages a step's batch once on each group the step calls, cut by that group's
+DP size, and sends each worker method to the group of its role (`megarl.trainer.staged_batch`:
+`METHOD_ROLES`); later calls send only the fields new to the group.
 
 Placement. One bundle per device (a GPU, or one CPU slot on a CPU machine). The policy group and
 each role group of its own share the training bundles: one process each on every training bundle,
@@ -21,9 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import torch
-from torch import Tensor
-
 from megarl.bridge.ring_routes import RingRoutes, route_rings
 from megarl.config import BatchPlan, Config, ConfigError, cluster_problems, resolve_device, uses_reference
 from megarl.config.rollout import response_length, rollout_dtype
@@ -35,24 +31,16 @@ from megarl.trainer import settings
 from megarl.trainer.checkpoint_manager import part_dir
 from megarl.trainer.handover import offload_before_engines
 from megarl.trainer.ray_node import device_bundles
-from megarl.trainer.rollout_batch import gather_by_dp, is_dp_leader
+from megarl.trainer.staged_batch import StagedBatch
 from megarl.trainer.timing import PhaseTimer
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.checkpoint_files import step_dir_name
-from megarl.workers.micro_batches import token_counts
-from megarl.workers.packing import balance_over_ranks
 from megarl.workers.rollout.executor import engine_env, engine_holds_gpu
 from megarl.workers.settings import ActorSpec, CriticSpec, ModelSettings, PolicyWorkerSpec
 
 POLICY_TARGET = "megarl.workers.policy_worker:PolicyWorker"
 ROLLOUT_TARGET = "megarl.workers.rollout.rollout_worker:RolloutWorker"
 SYNC_TIMEOUT_S = 300.0
-METHOD_ROLES = {
-    "compute_log_prob": "actor", "update_actor": "actor", "compute_ref_log_prob": "ref",
-    "compute_values": "critic", "update_critic": "critic",
-    "compute_rm_scores": "actor",  # the reward model lives in the actor's processes
-}
-"""The role whose group runs each per-sample worker method."""
 
 
 @dataclass
@@ -100,8 +88,8 @@ class Roles:
     """The shared transports' rings: which trainer rank's ring each engine worker reads, carrying
     what (`megarl.bridge.ring_routes`; `rollout.sync.per_rank` resolved); None for the collective."""
     packed_roles: frozenset[str] = frozenset()
-    """Roles with packed micro-batches (`max_tokens_per_micro_batch` set): their DP ranks get rows
-    balanced by tokens, since a packed rank's time follows its tokens, not its rows."""
+    """Roles with packed micro-batches (`max_tokens_per_micro_batch` set): the DP ranks of their groups
+    get rows balanced by tokens, since a packed rank's time follows its tokens, not its rows."""
 
     @property
     def policy(self) -> WorkerGroup:
@@ -118,37 +106,10 @@ class Roles:
         """The roles that run in groups of their own."""
         return {role: group for role, group in self.groups.items() if group is not self.groups["actor"]}
 
-    def gather(self, method: str, batch: PolicyBatch, index: int | None = None) -> Tensor:
-        """Run a per-sample method on each DP replica of its role's group; the rows back in order
-        (`index` picks one output of methods that return a tuple)."""
-        role = METHOD_ROLES[method]
-        group = self.groups[role]
-        order = self._dp_order(role, batch, group.dp_size)
-        parts = group.call_by_dp(method, [(part,) for part in batch.select(order).split(group.dp_size)],
-                                 replies=is_dp_leader)
-        if index is not None:
-            parts = [part[index] for part in parts]
-        gathered = gather_by_dp(parts, group.grids)
-        in_order = torch.empty_like(gathered)
-        in_order[order] = gathered
-        return in_order
-
-    def update(self, method: str, batch: PolicyBatch, step: int) -> dict[str, float]:
-        """An update (`update_actor` / `update_critic`) on each DP replica's rows of its role's group;
-        the metrics of DP replica 0 (they are reduced over DP inside the update)."""
-        role = METHOD_ROLES[method]
-        group = self.groups[role]
-        parts = batch.select(self._dp_order(role, batch, group.dp_size)).split(group.dp_size)
-        results = group.call_by_dp(method, [(part, step) for part in parts], replies=lambda grid: grid["rank"] == 0)
-        return next(r for g, r in zip(group.grids, results) if g["rank"] == 0)
-
-    def _dp_order(self, role: str, batch: PolicyBatch, dp_size: int) -> Tensor:
-        """`[B]` rows in the order they are cut into `dp_size` equal consecutive parts: as they are,
-        or balanced by tokens for a packed role."""
-        if role not in self.packed_roles:
-            return torch.arange(len(batch))
-        per_rank = balance_over_ranks(token_counts(batch).sum(dim=1).tolist(), dp_size)
-        return torch.tensor([row for rows in per_rank for row in rows], dtype=torch.long)
+    def stage(self, batch: PolicyBatch) -> StagedBatch:
+        """The step's `batch`, to be staged once on each group the step calls (`megarl.trainer.staged_batch`);
+        use it as a context manager: the groups drop their rows at its end."""
+        return StagedBatch(self.groups, batch, self.packed_roles)
 
     def save_checkpoint(self, root: str, step: int, extra: dict) -> None:
         """Collective on every group with trained state: a critic of its own writes its part

@@ -11,17 +11,18 @@ from megarl.rollout.samples import Samples
 from megarl.workers.batch import PolicyBatch
 
 
-def policy_batch(samples: Samples, response_length: int) -> PolicyBatch:
+def policy_batch(samples: Samples, response_length: int, *, rollout_log_probs: bool = True) -> PolicyBatch:
     """Prompts left-padded to the longest prompt, responses right-padded to `response_length`
     (`config.rollout.response_length`, so every step has the same width); the response mask is each
-    sample's loss mask (False on tool observations and padding)."""
+    sample's loss mask (False on tool observations and padding). `rollout_log_probs` False: leaves
+    out the engines' log-probs (only truncated IS reads them, and every field crosses to the workers)."""
     rows = len(samples)
     prompt_length = max(len(p.token_ids) for p in samples.prompts)
     prompts = torch.zeros(rows, prompt_length, dtype=torch.long)
     prompt_mask = torch.zeros(rows, prompt_length, dtype=torch.bool)
     responses = torch.zeros(rows, response_length, dtype=torch.long)
     response_mask = torch.zeros(rows, response_length, dtype=torch.bool)
-    rollout_log_probs = torch.zeros(rows, response_length)
+    engine_log_probs = torch.zeros(rows, response_length)
     for row, (prompt, response, log_probs, loss_mask) in enumerate(
         zip(samples.prompts, samples.response_ids, samples.rollout_log_probs, samples.loss_masks, strict=True)
     ):
@@ -30,10 +31,10 @@ def policy_batch(samples: Samples, response_length: int) -> PolicyBatch:
         prompt_mask[row, prompt_length - p:] = True
         responses[row, :r] = torch.tensor(response, dtype=torch.long)
         response_mask[row, :r] = loss_mask
-        rollout_log_probs[row, :r] = log_probs.float()
+        engine_log_probs[row, :r] = log_probs.float()
     return PolicyBatch(
         prompts=prompts, prompt_mask=prompt_mask, responses=responses, response_mask=response_mask,
-        rollout_log_probs=rollout_log_probs,
+        rollout_log_probs=engine_log_probs if rollout_log_probs else None,
     )
 
 

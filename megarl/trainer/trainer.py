@@ -3,11 +3,15 @@
     trainer = Trainer.from_config("configs/quickstart.yaml", overrides=["trainer.total_steps=20"])
     trainer.fit()
 
-rollout → (engines sleep, Megatron onloads) → rewards → old/ref log-probs (+ values) → advantages →
-critic/actor updates → checkpoint → (Megatron offloads, weight sync verified every
-`rollout.sync.verify_every` steps, engines wake: `handover`) → metrics. An exactly on-policy update
-takes the old log-probs from its own forward (`BatchPlan.old_log_prob_pass`). The distributed
-mechanics live in the worker groups.
+rollout → (engines sleep, Megatron onloads) → the batch staged on the worker groups → rewards →
+old/ref log-probs (+ values) → advantages → critic/actor updates → checkpoint → (Megatron offloads,
+weight sync verified every `rollout.sync.verify_every` steps, engines wake: `handover`) → metrics.
+An exactly on-policy update takes the old log-probs from its own forward (`BatchPlan.old_log_prob_pass`).
+
+The batch crosses to each worker group once per step (`Roles.stage`); the old and reference
+log-probs stay in the actor's group unless the KL penalty in the reward reads them here, and the
+driver sends the groups only what it computes (advantages, returns). The distributed mechanics live
+in the worker groups.
 """
 
 from __future__ import annotations
@@ -195,41 +199,44 @@ class Trainer:
         samples, scores, metrics = phase(sampling, step)
         baselines = phase.greedy_baseline(samples, sampling) if config.algorithm.adv_estimator == "remax" else None
         self.handover.to_training()
-        batch = rb.policy_batch(samples, response_length(config.rollout))
-        if config.reward.reward_model:
-            with timer("reward"):
-                rm_scores = self.roles.gather("compute_rm_scores", batch)
-            scores = scores + rm_scores
-            metrics["reward/rm_mean"] = rm_scores.mean().item()
-        scores_t = rb.token_level_scores(scores, batch.response_mask)
-        if self.plan.old_log_prob_pass:  # else the exactly on-policy update takes them from its own forward
-            with timer("old_log_prob"):
-                batch.old_log_probs = self.roles.gather("compute_log_prob", batch, index=0)
-        if self.plan.ref is not None:
-            with timer("ref"):
-                batch.ref_log_probs = self.roles.gather("compute_ref_log_prob", batch)
-        rewards = scores_t
-        if config.algorithm.use_kl_in_reward:
-            rewards, kl = apply_kl_penalty(scores_t, batch.old_log_probs, batch.ref_log_probs, batch.response_mask,
-                                           self.kl_ctrl.value, config.algorithm.kl_penalty)
-            self.kl_ctrl.update(kl.item(), len(batch))
-            metrics |= {"actor/reward_kl_penalty": kl.item(), "actor/reward_kl_penalty_coeff": self.kl_ctrl.value}
-        if config.critic.enable:
-            with timer("values"):
-                batch.values = self.roles.gather("compute_values", batch)
-        with timer("adv"):
-            batch.advantages, batch.returns = compute_advantages(
-                config.algorithm.adv_estimator, rewards, batch.response_mask, index=samples.index, values=batch.values,
-                reward_baselines=baselines, gamma=config.algorithm.gamma, lam=config.algorithm.lam,
-                norm_adv_by_std_in_grpo=config.algorithm.norm_adv_by_std_in_grpo,
-            )
-        if config.critic.enable:
-            with timer("update_critic"):
-                metrics |= worker_metrics("critic", self.roles.update("update_critic", batch, step))
+        batch = rb.policy_batch(samples, response_length(config.rollout),
+                                rollout_log_probs=config.actor.tis_cap is not None)  # read by truncated IS only
+        with self.roles.stage(batch) as staged:  # the batch crosses to each group once; dropped after the updates
+            if config.reward.reward_model:
+                with timer("reward"):
+                    rm_scores = staged.gather("compute_rm_scores")
+                scores = scores + rm_scores
+                metrics["reward/rm_mean"] = rm_scores.mean().item()
+            scores_t = rb.token_level_scores(scores, batch.response_mask)
+            if self.plan.old_log_prob_pass:  # else the exactly on-policy update takes them from its own forward
+                with timer("old_log_prob"):
+                    staged.keep("compute_log_prob", "old_log_probs", output=0)  # read by the actor update, there
+            if self.plan.ref is not None:
+                with timer("ref"):
+                    staged.keep("compute_ref_log_prob", "ref_log_probs")
+            rewards = scores_t
+            if config.algorithm.use_kl_in_reward:
+                rewards, kl = apply_kl_penalty(scores_t, staged.fetch("old_log_probs"), staged.fetch("ref_log_probs"),
+                                               batch.response_mask, self.kl_ctrl.value, config.algorithm.kl_penalty)
+                self.kl_ctrl.update(kl.item(), len(batch))
+                metrics |= {"actor/reward_kl_penalty": kl.item(), "actor/reward_kl_penalty_coeff": self.kl_ctrl.value}
+            if config.critic.enable:
+                with timer("values"):
+                    batch.values = staged.gather("compute_values", keep="values")
+            with timer("adv"):
+                batch.advantages, batch.returns = compute_advantages(
+                    config.algorithm.adv_estimator, rewards, batch.response_mask, index=samples.index,
+                    values=batch.values, reward_baselines=baselines, gamma=config.algorithm.gamma,
+                    lam=config.algorithm.lam, norm_adv_by_std_in_grpo=config.algorithm.norm_adv_by_std_in_grpo,
+                )
+            if config.critic.enable:
+                with timer("update_critic"):  # the new fields the critic reads travel now: returns
+                    metrics |= worker_metrics("critic", staged.update("update_critic", step))
+            if step > config.critic.warmup_steps:
+                with timer("update_actor"):  # ... and the actor's: advantages
+                    metrics |= worker_metrics("actor", staged.update("update_actor", step))
         lengths, prompt_lengths = [len(r) for r in samples.response_ids], [len(p.token_ids) for p in samples.prompts]
         if step > config.critic.warmup_steps:
-            with timer("update_actor"):
-                metrics |= worker_metrics("actor", self.roles.update("update_actor", batch, step))
             metrics["_update_flops"] = config.actor.ppo_epochs * sum(
                 training_flops(self.model_dims, p + r) for p, r in zip(prompt_lengths, lengths))
         metrics |= rollout_metrics(scores.tolist(), lengths, response_length(config.rollout), prompt_lengths)

@@ -8,12 +8,15 @@ of the weight sync. A plain class; `megarl.orchestration` hosts one per rank pro
     stats = worker.send_weights()                     # collective; the sending ranks feed the engines
 
 megatron-core keeps one (TP, PP) grid per process, so every role a worker hosts has the spec's
-layout. Every rank of a DP replica is called with the same `PolicyBatch` (that replica's rows);
-results are returned on every rank.
+layout. Every rank of a DP replica holds the same `PolicyBatch` (that replica's rows); results are
+returned on every rank. In training the driver stages a step's rows once (`stage_batch`) and runs
+the methods on them by name (`call_staged`), adding only the fields new since
+(`megarl.trainer.staged_batch`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch.distributed as dist
@@ -70,11 +73,43 @@ class PolicyWorker:
         self.plan = (build_plan(read_model_dims(spec.model_path), LayoutPair(spec.tp, spec.pp, actor.rollout_tp),
                                 bucket_mb=actor.bucket_mb, dtype=TORCH_DTYPES[actor.rollout_dtype]) if actor else None)
         self.sender: WeightSender | None = None
+        self.staged: PolicyBatch | None = None
+        """This replica's rows of the step's batch (`stage_batch`), with the fields kept or added since."""
 
     def grid(self) -> dict[str, int]:
         """This rank's place in the (TP, PP, DP) grid."""
         g = self.groups
         return dict(rank=dist.get_rank(), tp_rank=g.tp_rank, pp_rank=g.pp_rank, dp_rank=g.dp_rank, dp_size=g.dp_size)
+
+    def stage_batch(self, batch: PolicyBatch) -> None:
+        """Hold this replica's rows of the step's batch for the step's `call_staged` calls, in place of
+        the last step's."""
+        self.staged = batch
+
+    def call_staged(self, method: str, fields: dict[str, Tensor], keep: str | None, output: int | None, *args):
+        """`method(staged batch, *args)` once `fields` (name -> this replica's `[b, ...]` rows) are added
+        to the staged batch; its result (output `output` of a tuple), also kept as the staged batch's
+        field `keep`."""
+        if self.staged is None:
+            raise ValueError(f"PolicyWorker.call_staged({method!r}): no batch is staged on this rank; "
+                             "stage_batch the step's rows first")
+        self.staged = dataclasses.replace(self.staged, **fields)
+        result = getattr(self, method)(self.staged, *args)
+        if output is not None:
+            result = result[output]
+        if keep is not None:
+            self.staged = dataclasses.replace(self.staged, **{keep: result})
+        return result
+
+    def staged_field(self, name: str) -> Tensor:
+        """`[b, ...]` one field of the staged batch (a result kept by `call_staged`)."""
+        if self.staged is None or getattr(self.staged, name) is None:
+            raise ValueError(f"PolicyWorker.staged_field: PolicyBatch.{name} is not staged on this rank")
+        return getattr(self.staged, name)
+
+    def drop_staged(self) -> None:
+        """The step is over: free its rows."""
+        self.staged = None
 
     def compute_log_prob(self, batch: PolicyBatch) -> tuple[Tensor, Tensor]:
         """`[B, R]` log-probs and entropy of the responses under the current actor."""

@@ -233,7 +233,8 @@ def test_resume_auto_passes_over_a_same_size_damaged_checkpoint_saying_so(grpo_r
 
 def test_ppo_trains_the_critic_with_split_placement_and_a_reward_model(assets, tmp_path, monkeypatch):
     # Split placement: 3 device slots, the actor/critic (TP 2) on two, the rollout engine on its own.
-    # The critic shares the actor's layout, so it runs in the actor's processes.
+    # The critic and the reference share the actor's layout, so they run in the actor's processes. The KL
+    # penalty in the reward fetches the old and reference log-probs kept there (`StagedBatch.fetch`).
     # Logged to W&B too, the real client offline: its run directory is read back below.
     use_offline_wandb(monkeypatch, tmp_path / "wandb-home")
     reward_model = make_tiny_reward_model(tmp_path / "rm", initializer_range=0.2)
@@ -245,6 +246,7 @@ def test_ppo_trains_the_critic_with_split_placement_and_a_reward_model(assets, t
         "rollout.sync.verify_every": 5,  # checks only the run's first sync and its last step
         "rollout.sync.transport": "collective",  # each trainer rank sends its shards over the sync group
         "trainer.loggers": "[console,jsonl,wandb]",
+        "algorithm.use_kl_in_reward": "true", "ref.parallel.tensor_model_parallel_size": 2,
     })
     trainer = Trainer.from_config(QUICKSTART, args)
     trainer.fit()
@@ -263,6 +265,10 @@ def test_ppo_trains_the_critic_with_split_placement_and_a_reward_model(assets, t
         assert m["reward/rm_mean"] != 0  # the reward model's scores reached the rewards
         assert m["critic/optimizer_steps"] >= 1 and m["sync/weight_version"] == m["step"]
     assert [m["step"] for m in metrics if "sync/logprob_max_abs_diff" in m] == [1, 3]
+    # Before any update the actor is the reference: the two log-probs of each row agree (rows mixed up
+    # would not); the updates move the actor away.
+    penalties = [abs(m["actor/reward_kl_penalty"]) for m in metrics]
+    assert penalties[0] < 1e-5 < penalties[-1]
     assert [c.step for c in CheckpointManager(tmp_path / "checkpoints").complete()] == [3]
     roles = CheckpointManager(tmp_path / "checkpoints").latest().manifest.roles
     assert set(roles) == {"actor", "critic"}

@@ -10,9 +10,11 @@ from megarl.trainer.ray_node import device_bundles
 from megarl.trainer.roles import MegatronGroup, Roles, worker_specs
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.packing import TokenBudget
+from recorded_transfers import RecordingWorkers, old_log_probs_of, ref_log_probs_of
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 # The quickstart's actor: TP 2 × PP 1 on 2 device slots, colocated with the engines.
+BASE = ["prompts", "prompt_mask", "responses", "response_mask"]
 KL = ("actor.use_kl_loss=true",)
 CRITIC = ("critic.enable=true", "algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=16")
 
@@ -75,55 +77,48 @@ def test_the_printed_plan_states_the_processes_of_each_role():
     assert "           3 processes per training GPU: 2 Megatron, 1 rollout engine" in lines
 
 
-class FakeWorkers:
-    """A WorkerGroup stand-in: each rank answers with the first response token of every row it got."""
-
-    def __init__(self, world_size: int):
-        self.calls: list[tuple[str, list[tuple]]] = []
-        self.world_size = world_size
-
-    def call_each(self, method: str, per_rank_args: list[tuple], replying: list[bool] | None = None) -> list:
-        assert len(per_rank_args) == self.world_size
-        self.calls.append((method, per_rank_args))
-        self.replying = replying
-        return [args[0].responses[:, 0] if reply else None for args, reply in zip(per_rank_args, replying)]
-
-
 def grids(tp: int, dp: int) -> list[dict[str, int]]:
     return [dict(rank=r, tp_rank=r % tp, pp_rank=0, dp_rank=r // tp, dp_size=dp) for r in range(tp * dp)]
 
 
+def batch_of(responses: torch.Tensor, response_mask: torch.Tensor) -> PolicyBatch:
+    rows = len(responses)
+    return PolicyBatch(prompts=torch.zeros(rows, 1, dtype=torch.long),
+                       prompt_mask=torch.ones(rows, 1, dtype=torch.bool), responses=responses,
+                       response_mask=response_mask)
+
+
+def staged_rows(group: MegatronGroup) -> list[list[int]]:
+    """The first response token of each row each DP replica's leader holds."""
+    return [rank.staged.responses[:, 0].tolist() for rank, g in zip(group.workers.ranks, group.grids)
+            if g["tp_rank"] == 0]
+
+
 def test_calls_go_to_their_roles_group_and_are_scattered_by_its_dp_size():
-    actor = MegatronGroup(FakeWorkers(2), grids(tp=2, dp=1))
-    ref = MegatronGroup(FakeWorkers(2), grids(tp=1, dp=2))
+    actor = MegatronGroup(RecordingWorkers(2, actor_reads=()), grids(tp=2, dp=1))
+    ref = MegatronGroup(RecordingWorkers(2, actor_reads=()), grids(tp=1, dp=2))
     roles = Roles({"actor": actor, "ref": ref}, rollout=None, placement=None, sync_transport="collective", routes=None)
     rows = torch.arange(8)
-    batch = PolicyBatch(prompts=torch.zeros(8, 1, dtype=torch.long), prompt_mask=torch.ones(8, 1, dtype=torch.bool),
-                        responses=rows[:, None], response_mask=torch.ones(8, 1, dtype=torch.bool))
-    assert torch.equal(roles.gather("compute_ref_log_prob", batch), rows)
-    assert torch.equal(roles.gather("compute_log_prob", batch), rows)
-    [(method, per_rank)] = ref.workers.calls
-    assert method == "compute_ref_log_prob" and [args[0].responses[:, 0].tolist() for args in per_rank] == [[0, 1, 2, 3],
-                                                                                                          [4, 5, 6, 7]]
-    [(method, per_rank)] = actor.workers.calls
-    assert method == "compute_log_prob" and all(len(args[0]) == 8 for args in per_rank)
-    # Only each DP replica's leader sends its rows back; the TP 2 ranks of the actor get one batch object.
-    assert actor.workers.replying == [True, False] and ref.workers.replying == [True, True]
-    assert per_rank[0][0] is per_rank[1][0]
+    staged = roles.stage(batch_of(rows[:, None], torch.ones(8, 1, dtype=torch.bool)))
+    assert torch.equal(staged.gather("compute_ref_log_prob"), ref_log_probs_of(staged.batch))
+    assert torch.equal(staged.gather("compute_log_prob", output=0), old_log_probs_of(staged.batch))
+    assert staged_rows(ref) == [[0, 1, 2, 3], [4, 5, 6, 7]] and staged_rows(actor) == [list(range(8))]
+    # Only each DP replica's leader sends its rows back; the TP 2 ranks of the actor read one stored batch.
+    assert [c.method for c in actor.workers.calls] == ["stage_batch", "call_staged:compute_log_prob"]
+    assert actor.workers.calls[1].replies == 1 and ref.workers.calls[1].replies == 2
+    assert actor.workers.calls[0].fields_sent == list(BASE)
     assert roles.own_groups == {"ref": ref}
 
 
 def test_a_packed_role_gets_rows_balanced_by_tokens_and_returns_them_in_order():
-    ref = MegatronGroup(FakeWorkers(2), grids(tp=1, dp=2))
+    ref = MegatronGroup(RecordingWorkers(2, actor_reads=()), grids(tp=1, dp=2))
     roles = Roles({"actor": ref, "ref": ref}, rollout=None, placement=None, sync_transport="collective", routes=None,
                   packed_roles=frozenset({"ref"}))
     # Rows 0-3 are long (8 response tokens), rows 4-7 short (1): consecutive blocks would give one rank all
     # the long ones.
     rows = torch.arange(8)
     lengths = torch.tensor([8, 8, 8, 8, 1, 1, 1, 1])
-    batch = PolicyBatch(prompts=torch.zeros(8, 1, dtype=torch.long), prompt_mask=torch.ones(8, 1, dtype=torch.bool),
-                        responses=rows[:, None].expand(8, 8).clone(),
-                        response_mask=torch.arange(8)[None, :] < lengths[:, None])
-    assert torch.equal(roles.gather("compute_ref_log_prob", batch), rows)
-    [(_, per_rank)] = ref.workers.calls
-    assert [args[0].responses[:, 0].tolist() for args in per_rank] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    batch = batch_of(rows[:, None].expand(8, 8).clone(), torch.arange(8)[None, :] < lengths[:, None])
+    staged = roles.stage(batch)
+    assert torch.equal(staged.gather("compute_ref_log_prob"), ref_log_probs_of(batch))
+    assert staged_rows(ref) == [[0, 2, 4, 6], [1, 3, 5, 7]]
