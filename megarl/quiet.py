@@ -62,6 +62,8 @@ computes on CUDA, noise on the CPU and in the driver."""
 LOGS = {
     "vllm.triton_utils.importing": "Triton is installed, but doesn't include CPU backend",
     "ray._private.authentication.authentication_token_setup": "Token authentication is enabled for this Ray cluster",
+    # `start_ray_early` starts Ray off the main thread, where Ray leaves SIGTERM's handler alone, as megarl wants.
+    "ray._private.worker": "SIGTERM handler is not set",
 }
 """Logger name -> the start of the one message dropped from it."""
 

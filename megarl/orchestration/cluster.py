@@ -11,7 +11,6 @@ A driver that is about to spend seconds importing and loading its data can begin
 about 2 s of its launch so).
 """
 
-import logging
 import os
 import signal
 import threading
@@ -45,28 +44,15 @@ def _start_and_stay(started: Future, node_stopped: threading.Event, num_cpus: in
     """Start Ray, then wait until it is shut down: Ray spawns its node processes (GCS, raylet) with a
     parent-death signal (ray/_private/services.py, `set_kill_on_parent_death_linux`), and on Linux that
     signal fires when the spawning *thread* ends, so this thread must outlive the node."""
-    # Off the main thread Ray leaves SIGTERM's handler alone (as `init_ray` wants) and logs a warning
-    # that it did; the warning is dropped, not the rest of Ray's log.
-    worker_log, unset_sigterm = logging.getLogger("ray._private.worker"), _DropMessage("SIGTERM handler is not set")
-    worker_log.addFilter(unset_sigterm)
+    # Off the main thread Ray leaves SIGTERM's handler alone, as `init_ray` wants (its warning that it did
+    # is one of `megarl.quiet.LOGS`).
     try:
         _start_or_join(num_cpus, None, {"env_vars": dict(env_vars or {})})
     except BaseException as error:  # raised by the `init_ray` or `shutdown_ray` that joins this start
         started.set_exception(error)
         return
-    finally:
-        worker_log.removeFilter(unset_sigterm)
     started.set_result(None)
     node_stopped.wait()
-
-
-class _DropMessage(logging.Filter):
-    def __init__(self, prefix: str):
-        super().__init__()
-        self.prefix = prefix
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(self.prefix)
 
 
 def _join_early_start() -> bool:
