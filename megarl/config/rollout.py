@@ -140,6 +140,11 @@ class RolloutConfig:
     """Top-k sampling; -1 disables."""
     max_new_tokens: int = 512
     """Maximum response length in tokens (with multi_turn: of one assistant turn). >= 1."""
+    min_new_tokens: int = 0
+    """Shortest response in tokens: no stop token (EOS, `stop`) may end a response before it (vLLM's
+    `min_tokens`; with multi_turn, per assistant turn and never past the turn's budget). The engine
+    then samples its first tokens without the stop tokens, which the update's log-probs do not
+    exclude: keep it small. In [0, max_new_tokens]."""
     stop: tuple[str | int, ...] = ()
     """Extra tokens that end a response: token ids, or strings the tokenizer encodes as exactly one token
     (e.g. a chat end-of-turn marker); the tokenizer's EOS always stops. A longer string is an error at

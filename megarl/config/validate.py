@@ -223,6 +223,9 @@ def _check_rollout(config: Config, problems: list[Problem]) -> None:
           "must be -1 (off) or >= 1", "e.g. -1")
     _need(problems, rollout.max_new_tokens >= 1, "rollout.max_new_tokens", rollout.max_new_tokens,
           "must be >= 1", "e.g. 512")
+    _need(problems, 0 <= rollout.min_new_tokens <= rollout.max_new_tokens, "rollout.min_new_tokens",
+          rollout.min_new_tokens, f"must lie in [0, rollout.max_new_tokens = {rollout.max_new_tokens}]",
+          f"choose 0 to {rollout.max_new_tokens}")
     _need(problems, all(s != "" and not (isinstance(s, int) and s < 0) for s in rollout.stop), "rollout.stop",
           list(rollout.stop), "stop strings must be non-empty and token ids >= 0", "remove the empty or negative entries")
     _need(problems, 0 < rollout.kv_cache_gib <= MAX_KV_CACHE_GIB, "rollout.kv_cache_gib", rollout.kv_cache_gib,

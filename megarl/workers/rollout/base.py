@@ -48,6 +48,10 @@ class SamplingConfig:
     """Sample among the k most likely tokens; -1 turns it off (the setting for RL training)."""
     max_new_tokens: int = 256
     """Response length cap; a sample that reaches it ends with finish reason "length"."""
+    min_new_tokens: int = 0
+    """No stop token ends a sample before this many tokens (a cap below it wins). Log-probs stay the
+    model's own (vLLM reports raw log-probs; HF's scores are processed, so renormalised over the
+    tokens still allowed)."""
     stop_token_ids: tuple[int, ...] = ()
     """Tokens that end a sample (finish reason "stop"); the stop token is kept as the sample's last
     token so the policy learns to emit it. Nothing else stops generation: the model's EOS stops it
@@ -75,6 +79,8 @@ class SamplingConfig:
             problems.append(f"top_k={self.top_k}: must be >= 1, or -1 to turn it off")
         if self.max_new_tokens < 1:
             problems.append(f"max_new_tokens={self.max_new_tokens}: must be >= 1")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            problems.append(f"min_new_tokens={self.min_new_tokens}: must lie in [0, max_new_tokens={self.max_new_tokens}]")
         if any(t < 0 for t in self.stop_token_ids):
             problems.append(f"stop_token_ids={self.stop_token_ids}: token ids are >= 0")
         if problems:

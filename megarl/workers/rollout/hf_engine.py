@@ -30,6 +30,7 @@ def _generation_config(sampling: SamplingConfig, max_new_tokens: int) -> Generat
         top_p=sampling.top_p,
         top_k=0 if sampling.top_k == -1 else sampling.top_k,
         max_new_tokens=max_new_tokens,
+        min_new_tokens=min(sampling.min_new_tokens, max_new_tokens),
         num_return_sequences=sampling.n,
         eos_token_id=list(sampling.stop_token_ids) or None,
         pad_token_id=0,  # fills finished rows; they are cut at their stop token below

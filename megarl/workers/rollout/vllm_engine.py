@@ -92,6 +92,7 @@ def _sampling_params(sampling: SamplingConfig, seed: int | None, max_new_tokens:
         top_p=sampling.top_p,
         top_k=0 if sampling.top_k == -1 else sampling.top_k,
         max_tokens=max_new_tokens,
+        min_tokens=min(sampling.min_new_tokens, max_new_tokens),
         stop_token_ids=list(sampling.stop_token_ids),
         ignore_eos=True,  # only `stop_token_ids` end a sample
         seed=seed,

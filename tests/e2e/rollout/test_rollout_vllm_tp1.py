@@ -135,6 +135,21 @@ def test_sampled_stops_end_at_the_first_stop_token(engine):
                 assert reason == "length" and len(tokens) == MAX_NEW and tokens[-1] not in stops
 
 
+def test_no_stop_token_ends_a_sample_before_min_new_tokens(engine):
+    """The same half-vocabulary stops as above, which end most samples within a token or two: with
+    `min_new_tokens` every sample runs at least that long, and the first stop after it ends it."""
+    stops, shortest = tuple(range(10, 60)), 5
+    outputs = engine.generate(
+        PROMPTS, SamplingConfig(n=4, max_new_tokens=MAX_NEW, min_new_tokens=shortest, stop_token_ids=stops, seed=5)
+    )
+    samples = [(tokens, reason) for o in outputs for tokens, reason in zip(o.response_token_ids, o.finish_reasons)]
+    assert any(reason == "stop" for _, reason in samples)
+    for tokens, reason in samples:
+        assert len(tokens) >= shortest
+        assert not any(t in stops for t in tokens[:-1])
+        assert (reason == "stop") == (tokens[-1] in stops)
+
+
 def test_pause_and_sleep_refuse_generation(engine):
     sampling = SamplingConfig(greedy=True, max_new_tokens=2)
     engine.pause()

@@ -23,6 +23,8 @@ CASES = [
     ("negative-lr", ["actor.optim.lr=-1e-6"], "actor.optim.lr", "must be > 0"),
     ("min-lr-above-lr", ["actor.optim.min_lr=1e-3"], "actor.optim.min_lr", "must lie in [0, lr = 1e-06]"),
     ("max-new-tokens-zero", ["rollout.max_new_tokens=0"], "rollout.max_new_tokens", "must be >= 1"),
+    ("min-new-tokens-above-max", ["rollout.max_new_tokens=16", "rollout.min_new_tokens=17"], "rollout.min_new_tokens",
+     "must lie in [0, rollout.max_new_tokens = 16]"),
     ("sync-verify-every-zero", ["rollout.sync.verify_every=0"], "rollout.sync.verify_every", "must be >= 1"),
     # --- divisibility, with the arithmetic in the message
     ("mini-not-dividing-batch", ["actor.ppo_mini_batch_size=3"], "actor.ppo_mini_batch_size",

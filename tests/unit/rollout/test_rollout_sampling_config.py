@@ -27,6 +27,8 @@ def test_defaults_and_typical_settings_are_valid():
         (dict(top_k=0), "top_k=0"),
         (dict(top_k=-2), "top_k=-2"),
         (dict(max_new_tokens=0), "max_new_tokens=0"),
+        (dict(max_new_tokens=4, min_new_tokens=5), "min_new_tokens=5"),
+        (dict(min_new_tokens=-1), "min_new_tokens=-1"),
         (dict(stop_token_ids=(2, -1)), "stop_token_ids"),
     ],
 )
