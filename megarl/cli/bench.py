@@ -42,6 +42,12 @@ def register(subparsers) -> None:
                              "(trl: TRL's GRPOTrainer with HF generate and with colocated vLLM; needs the bench "
                              "extra) on issue 19's 23.7 M Qwen2, 16 prompts x 8 samples, <= 64 new tokens; "
                              "--repeats steps are measured after one warm-up step")
+    parser.add_argument("--workload", choices=("fixed", "variable"), default="fixed",
+                        help="with --peer: response lengths; fixed: EOS ends a response (~49 tokens on average, "
+                             "issue 19's table); variable: 8 to 64 tokens (~30), EOS and three more stop tokens")
+    parser.add_argument("--contenders", help="with --peer: a comma-separated subset of "
+                                             "megarl, megarl_tuned, megarl_bf16, trl, trl_vllm, trl_vllm_bf16 (default: all); "
+                                             "e.g. megarl_tuned,trl_vllm with --repeats 40 for the reward curves")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny model and shapes (train: TP 1 only), to check that a benchmark runs; the numbers "
                              "mean nothing")
@@ -59,6 +65,15 @@ def run(args: argparse.Namespace) -> int:
     if args.peer is not None and args.model is not None:
         print(f"megarl bench step --peer {args.peer}: --model {args.model}: the comparison makes its own model (the "
               "workload of issue 19); leave --model out", file=sys.stderr)
+        return 2
+    if args.peer is None and (args.workload != "fixed" or args.contenders is not None):
+        print("megarl bench: --workload and --contenders choose the peer comparison's runs; add --peer trl "
+              "(megarl bench step --peer trl)", file=sys.stderr)
+        return 2
+    unknown = sorted(set((args.contenders or "").split(",")) - {""} - set(_peer_contenders()))
+    if unknown or args.contenders == "":
+        print(f"megarl bench step --peer: --contenders {args.contenders!r}: unknown {', '.join(unknown) or 'empty list'}; "
+              f"choose among {', '.join(_peer_contenders())}", file=sys.stderr)
         return 2
     if args.peer == "trl" and importlib.util.find_spec("trl") is None:
         from megarl.bench.trl_peer import MISSING_TRL
@@ -81,14 +96,25 @@ def run(args: argparse.Namespace) -> int:
     print(table)
     if args.json:
         print(f"wrote {args.json}")
+    if args.json and args.peer is not None:
+        from megarl.bench.peer_plot import plot_rewards
+
+        print(f"wrote {plot_rewards(result, args.json.with_suffix('.png'))}")
     return 0
+
+
+def _peer_contenders() -> tuple[str, ...]:
+    from megarl.bench.peer import CONTENDERS
+
+    return CONTENDERS
 
 
 def _run(args: argparse.Namespace, tmp: Path) -> tuple[dict, str]:
     if args.peer is not None:
         from megarl.bench import peer
 
-        result = peer.run(args.config, args.repeats, tmp, args.smoke)
+        names = tuple(args.contenders.split(",")) if args.contenders else peer.CONTENDERS
+        result = peer.run(args.config, args.repeats, tmp, args.smoke, args.workload, names)
         return result, peer.markdown(result)
     module = importlib.import_module(f"megarl.bench.{args.benchmark}")
     if args.benchmark == "step":
