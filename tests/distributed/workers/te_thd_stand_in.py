@@ -28,8 +28,8 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 
-THD_CAUSAL = {AttnMaskType.causal: AttnMaskType.padding_causal, AttnMaskType.padding_causal: AttnMaskType.padding_causal}
-"""TEDotProductAttention.forward's mapping for thd, restricted to the causal types a decoder uses."""
+THD_CAUSAL = (AttnMaskType.causal, AttnMaskType.padding_causal)
+"""The mask types TEDotProductAttention.forward sends TE as `padding_causal` for thd."""
 
 
 class ThdDotProductAttention(MegatronModule):
@@ -72,9 +72,9 @@ class ThdDotProductAttention(MegatronModule):
         offsets = cu_q.tolist()
         lengths = [end - start for start, end in zip(offsets, offsets[1:])]
         if offsets[0] != 0 or offsets[-1] != tokens or min(lengths) < 1:
-            raise AssertionError(f"stand-in: cu_seqlens {offsets} must cover the {tokens} tokens in non-empty sequences")
+            raise AssertionError(f"stand-in: cu_seqlens {offsets} must cover {tokens} tokens in non-empty sequences")
         if max(lengths) != params.max_seqlen_q or params.max_seqlen_q != params.max_seqlen_kv:
-            raise AssertionError(f"stand-in: max_seqlen {params.max_seqlen_q} is not the longest sequence {max(lengths)}")
+            raise AssertionError(f"stand-in: max_seqlen {params.max_seqlen_q} is not the longest, {max(lengths)}")
         return offsets
 
 

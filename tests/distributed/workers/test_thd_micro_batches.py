@@ -1,7 +1,8 @@
 """On the Transformer Engine spec, micro-batches reach the model in megatron-core's THD layout (one
 row of back-to-back samples, `PackedSeqParams`, no mask), and compute what the local spec's padded
 micro-batches compute: log-probs and entropy for several cuts, with prompts left-padded to
-different widths, and the update's gradients.
+different widths, and the update's gradients. One world of two pipeline stages (TP 1 × PP 2): the
+stages exchange one shape, so THD rows are padded to it (`megarl.workers.thd`, "Padding").
 
 Transformer Engine is CUDA-only: its core attention is stood in for by
 `te_thd_stand_in.ThdDotProductAttention`, which implements `TEDotProductAttention.forward`'s THD
@@ -24,7 +25,8 @@ from megarl.parallel.spawn import run_distributed
 from worker_batches import left_padded, ragged_batch
 
 CUTS = (4, 11, 24, 96)
-"""4 samples per micro-batch, or token budgets: the longest sample alone (11), a few samples, all."""
+"""4 samples per micro-batch, or token budgets: the longest sample alone (11), a few samples, all (the
+batch has 54 tokens)."""
 TOLERANCE = 1e-5
 
 
@@ -33,14 +35,12 @@ def _rank_main(model_dir):
 
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.megatron_train import run_model
-    from megarl.workers.micro_batches import padded_micro_batch
+    from megarl.workers.megatron_train import micro_batches_of
     from megarl.workers.packing import TokenBudget
     from megarl.workers.settings import ModelSettings, OptimSettings, PolicyLossSettings
-    from megarl.workers.thd import thd_micro_batch
 
     use_stand_in_transformer_engine()
-    groups = initialize_model_parallel(1, 1, seed=0)
+    groups = initialize_model_parallel(1, 2, seed=0)
     optim = OptimSettings(lr=0.5, adam_eps=1.0)
     local = MegatronActor.from_hf(model_dir, groups, optim=optim)
     te = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=ModelSettings(
@@ -48,23 +48,19 @@ def _rank_main(model_dir):
     batch = ragged_batch()
     out = {"impl": te.engine.model.config.transformer_impl}
     out["padded"] = [t.numpy() for t in local.compute_log_prob(batch, micro_batch_size=len(batch))]
+    budgets = {cut: TokenBudget(cut, "actor.max_tokens_per_micro_batch") for cut in CUTS if cut != 4}
     for width in (0, 3):
         wider = left_padded(batch, width)
         for cut in CUTS:
-            budget = cut if cut == 4 else TokenBudget(cut, "actor.max_tokens_per_micro_batch")
-            out["thd", width, cut] = [t.numpy() for t in te.compute_log_prob(wider, micro_batch_size=budget)]
-    # End padding (pipeline stages' fixed shape) is one more THD sequence; the response logits stay.
-    with torch.no_grad():
-        padded = padded_micro_batch(batch, torch.arange(len(batch)))
-        thd = thd_micro_batch(batch, torch.arange(len(batch)), num_tokens=96)
-        out["end_padding"] = thd.cu_seqlens.tolist(), [
-            micro_batch.response_outputs(run_model(actor.engine.model, micro_batch)).numpy()
-            for actor, micro_batch in ((local, padded), (te, thd))
-        ]
+            log_probs, entropy = te.compute_log_prob(wider, micro_batch_size=budgets.get(cut, cut))
+            out["thd", width, cut] = [log_probs.numpy(), entropy.numpy()]
+    # Pipeline stages exchange one shape: the row is padded to the budget, as one more sequence.
+    [whole] = micro_batches_of(batch, budgets[96], groups, te.engine.model.config)
+    out["offsets"] = whole.cu_seqlens.tolist()
     batch.old_log_probs = torch.from_numpy(out["padded"][0]) + 0.05
     batch.advantages = torch.linspace(-1, 1, batch.response_length).expand(len(batch), -1).clone()
     loss = PolicyLoss(PolicyLossSettings(entropy_coeff=0.01))
-    for name, actor, cut in (("padded", local, len(batch)), ("thd", te, TokenBudget(24, "actor.max_tokens_per_micro_batch"))):
+    for name, actor, cut in (("padded", local, len(batch)), ("thd", te, budgets[24])):
         metrics = actor.update_policy(batch, loss, mini_batch_size=len(batch), micro_batch_size=cut)
         grads = {n: p.main_grad.detach().clone().numpy() for n, p in actor.named_parameters_for_sync()}
         out["update", name] = metrics, grads
@@ -72,9 +68,8 @@ def _rank_main(model_dir):
 
 
 @pytest.fixture(scope="module")
-def rank(tiny_qwen2):
-    [out] = run_distributed(_rank_main, 1, str(tiny_qwen2))
-    return out
+def ranks(tiny_qwen2):
+    return run_distributed(_rank_main, 2, str(tiny_qwen2))
 
 
 def _max_diff(actual, expected) -> float:
@@ -82,28 +77,28 @@ def _max_diff(actual, expected) -> float:
     return float(np.abs(np.where(mask, actual - expected, 0.0)).max())
 
 
-def test_thd_log_probs_and_entropy_equal_the_padded_ones(rank):
-    assert rank["impl"] == "transformer_engine"
-    for width in (0, 3):
-        for cut in CUTS:
-            for name, thd, padded in zip(("log_probs", "entropy"), rank["thd", width, cut], rank["padded"]):
-                diff = _max_diff(thd, padded)
-                assert diff <= TOLERANCE, f"{name}, {width} more columns of left padding, cut {cut}: {diff:.2e}"
+def test_thd_log_probs_and_entropy_equal_the_padded_ones(ranks):
+    for rank in ranks:
+        assert rank["impl"] == "transformer_engine"
+        for width in (0, 3):
+            for cut in CUTS:
+                for name, thd, padded in zip(("log_probs", "entropy"), rank["thd", width, cut], rank["padded"]):
+                    diff = _max_diff(thd, padded)
+                    assert diff <= TOLERANCE, f"{name}, {width} more columns of left padding, cut {cut}: {diff:.2e}"
 
 
-def test_end_padding_is_a_sequence_of_its_own_and_changes_nothing(rank):
-    offsets, (padded, thd) = rank["end_padding"]
-    assert offsets[-2:] == [54, 96]  # the ragged batch's 54 tokens, then 42 of padding
-    mask = ragged_batch().response_mask.numpy()
-    assert float(np.abs(thd - padded)[mask].max()) <= TOLERANCE
+def test_pipeline_stages_get_the_row_padded_to_the_budget_as_a_sequence_of_its_own(ranks):
+    for rank in ranks:
+        assert rank["offsets"][-2:] == [54, 96]  # the ragged batch's 54 tokens, then 42 of padding
 
 
-def test_a_thd_update_has_the_padded_metrics_and_gradients(rank):
-    padded_metrics, padded_grads = rank["update", "padded"]
-    metrics, grads = rank["update", "thd"]
-    assert padded_metrics["grad_norm"] > 0
-    for key in ("loss", "pg_loss", "entropy", "grad_norm", "tokens"):
-        assert metrics[key] == pytest.approx(padded_metrics[key], rel=TOLERANCE, abs=TOLERANCE), key
-    for name, grad in padded_grads.items():
-        diff = float(np.abs(grads[name] - grad).max())
-        assert diff <= TOLERANCE, f"gradient {name} differs by {diff:.2e}"
+def test_a_thd_update_has_the_padded_metrics_and_gradients(ranks):
+    for rank in ranks:
+        padded_metrics, padded_grads = rank["update", "padded"]
+        metrics, grads = rank["update", "thd"]
+        assert padded_metrics["grad_norm"] > 0
+        for key in ("loss", "pg_loss", "entropy", "grad_norm", "tokens"):
+            assert metrics[key] == pytest.approx(padded_metrics[key], rel=TOLERANCE, abs=TOLERANCE), key
+        for name, grad in padded_grads.items():
+            diff = float(np.abs(grads[name] - grad).max())
+            assert diff <= TOLERANCE, f"gradient {name} differs by {diff:.2e}"
