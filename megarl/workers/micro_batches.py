@@ -7,9 +7,10 @@ and where each response token's prediction sits in the flattened `[r * T]` outpu
 sample's tokens nor padding, so a packed row computes, per sample, what its padded row computes.
 
 Positions. megatron's GPTModel applies RoPE at columns `0..T-1` of a row whatever `position_ids`
-says (`megarl.workers.batch`, module docstring). Attention scores depend only on position
-differences and a token attends only inside its own sample, so a sample at offset `o` of a packed
-row gets the scores it gets at offset 0 (to float rounding), as a left-padded row already does.
+says (`megarl.workers.batch`, module docstring); THD restarts them at each sequence. Attention
+scores depend only on position differences and a token attends only inside its own sample, so a
+sample at offset `o` of a packed row gets the scores it gets at offset 0 (to float rounding), as a
+left-padded row already does.
 
 How attention learns the segments depends on the layer spec (`megarl.models.architectures.
 takes_thd`): on the local spec a dense block-diagonal `attention_mask()` (megatron's
