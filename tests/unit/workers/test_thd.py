@@ -69,3 +69,16 @@ def test_a_sample_count_cut_takes_consecutive_samples():
     assert first.input_ids.shape == (1, 18)  # 3 samples of 3 + 3 columns
     with pytest.raises(ValueError, match="micro_batch_size=2 must divide the 3 samples"):
         cut_thd_micro_batches(batch, 2, fixed_shape=False)
+
+
+def test_the_reward_model_reads_each_samples_last_token_in_either_layout():
+    """`last_token_scores` with the token ids as the head's output: the last kept response token
+    (sample 0: 15; sample 1: 24, the response's last column), else the prompt's last (sample 2: 32)."""
+    from megarl.workers.micro_batches import padded_micro_batch
+    from megarl.workers.reward_model import last_token_scores
+
+    batch = _batch()
+    rows = torch.arange(3)
+    for micro_batch in (padded_micro_batch(batch, rows), thd_micro_batch(batch, rows, num_tokens=16)):
+        output = micro_batch.input_ids[..., None].float()  # [r, T, 1]
+        assert last_token_scores(output, micro_batch).tolist() == [15, 24, 32]
