@@ -25,9 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
-
 from megatron.core.packed_seq_params import PackedSeqParams
+from torch import Tensor
 
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.packing import TokenBudget, pack_rows

@@ -14,12 +14,13 @@ packed_seq_params=PackedSeqParams(qkv_format="thd", ...))` (`MicroBatch.packed_s
   across them, no score outside a sample computed.
 - The last stage returns `[1, t, ...]`: `response_index` reads it as it reads a packed row.
 
-Padding. Without context parallelism, sequence parallelism or FP8 (megarl runs none of them) TE
-needs no alignment of the sequences, so none is added. Pipeline stages exchange one shape: there the
-row is padded at its end to `num_tokens`, and that padding is one more sequence of `cu_seqlens`
-(it attends to itself; nothing reads it), so the sequences always cover the row as RoPE's split
-needs, with no padding between sequences (`cu_seqlens_q_padded`). Samples without tokens get no
-sequence (TE's kernels and RoPE's split need none of length 0).
+Padding. megatron-core's own rule for THD (megatron/core/models/multimodal/context_parallel.py,
+`get_padding`): a multiple of 2·CP with context parallelism, of TP with sequence parallelism (which
+splits the tokens over TP ranks), of 16 with FP8 (32 with MXFP8), else none. megarl runs none of
+these, so no sample is padded. Pipeline stages exchange one shape: there the row is padded at its
+end to `num_tokens`, and that padding is one more sequence of `cu_seqlens` (it attends to itself;
+nothing reads it), so the sequences always cover the row as RoPE's split needs, with no padding
+between sequences (`cu_seqlens_q_padded`). Samples without tokens get no sequence.
 """
 
 from __future__ import annotations
