@@ -23,13 +23,16 @@ starts, no mask, and TE's flash/cuDNN kernels compute only the scores inside eac
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from megatron.core.packed_seq_params import PackedSeqParams
 from torch import Tensor
 
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.packing import TokenBudget, pack_rows
+
+if TYPE_CHECKING:
+    from megatron.core.packed_seq_params import PackedSeqParams
 
 PADDING_SEGMENT = -1
 """`segment_ids` of tokens that belong to no sample."""
@@ -78,6 +81,9 @@ class MicroBatch:
         for self-attention (queries and keys alike); None in the dense layouts."""
         if self.cu_seqlens is None:
             return None
+        # Imported here: the driver imports this module (`token_counts`) and must not load megatron.
+        from megatron.core.packed_seq_params import PackedSeqParams
+
         return PackedSeqParams(
             qkv_format="thd", cu_seqlens_q=self.cu_seqlens, cu_seqlens_kv=self.cu_seqlens,
             max_seqlen_q=self.max_seqlen, max_seqlen_kv=self.max_seqlen,
