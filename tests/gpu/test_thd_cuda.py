@@ -57,13 +57,14 @@ def _rank(model_dir: str) -> dict:
             budget = cut if cut == 4 else TokenBudget(cut, "actor.max_tokens_per_micro_batch")
             thd = te.compute_log_prob(_batch(width), micro_batch_size=budget)
             gaps[width, cut] = [(a - b)[batch.response_mask].abs().max().item() for a, b in zip(thd, padded)]
-    batch.old_log_probs, batch.advantages = padded[0], torch.ones(8, 5)
     budget = TokenBudget(24, "actor.max_tokens_per_micro_batch")
+    before, _ = te.compute_log_prob(batch, micro_batch_size=budget)
+    batch.old_log_probs, batch.advantages = before, torch.ones(8, 5)
     metrics = te.update_policy(batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=8, micro_batch_size=budget)
     after, _ = te.compute_log_prob(batch, micro_batch_size=budget)
     mask = batch.response_mask
     return dict(impl=te.engine.model.config.transformer_impl, gaps=gaps, grad_norm=metrics["grad_norm"],
-                gain=(after - padded[0])[mask].mean().item())
+                gain=(after - before)[mask].mean().item())
 
 
 def test_te_thd_micro_batches_compute_what_padded_local_ones_do(tmp_path, memory_phase):

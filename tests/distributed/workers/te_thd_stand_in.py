@@ -41,7 +41,6 @@ class ThdDotProductAttention(MegatronModule):
         super().__init__(config)
         if attention_type != "self":
             raise ValueError(f"stand-in: attention_type={attention_type!r}; a GPT decoder uses self-attention")
-        self.attn_mask_type = attn_mask_type
         self.softmax_scale = softmax_scale or 1.0 / math.sqrt(config.kv_channels)
 
     def forward(self, query, key, value, attention_mask, attn_mask_type, attention_bias=None,
