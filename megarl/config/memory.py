@@ -24,9 +24,9 @@ holds the activations of the most micro-batches in flight):
 
       4h                 inputs of the two norms and of the two linears after them
       + (2Q + 2K) / t    q, k, v for attention and the attention context
-      + a·S / t          the softmax probabilities: both layer specs keep them (the local spec's
-                         softmax; with Transformer Engine the `arbitrary` mask that honours left
-                         padding runs TE's unfused attention, see architectures.TE_SELF_ATTENTION_MASK_TYPE)
+      + a·S / t          the softmax probabilities, which the local spec's softmax keeps; Transformer
+                         Engine's THD attention (flash/cuDNN, `megarl.workers.thd`) keeps none, so
+                         there the estimate is an upper bound
       + 3f / t           fc1 output (gate, up) and the SwiGLU output
 
   With 1F1B the first stage keeps PP micro-batches in flight of L/PP layers each: L layers' worth.

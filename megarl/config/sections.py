@@ -26,8 +26,9 @@ class ModelConfig:
     """Tokenizer directory or hub id (in the local HF cache, like `path`); None uses `path`."""
     transformer_impl: Literal["auto", "local", "transformer_engine"] = "auto"
     """Megatron layer spec. auto: Transformer Engine where the worker runs on CUDA and TE is installed,
-    else local (TE is CUDA-only). With TE, attention takes megarl's padding mask as given (`arbitrary`:
-    TE's unfused attention), so left-padded prompts stay masked."""
+    else local (TE is CUDA-only). With TE, micro-batches go to the model in megatron-core's THD layout
+    (samples back to back, no padding, TE's fused attention: `megarl.workers.thd`); the local spec
+    takes a dense attention mask."""
     trust_remote_code: bool = False
     """Must stay false: megarl builds models from config.json and never runs code shipped with a checkpoint."""
 

@@ -37,18 +37,23 @@ from megarl.models.model_options import TORCH_DTYPES, TRANSFORMER_IMPLS
 from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
 
-TE_SELF_ATTENTION_MASK_TYPE = AttnMaskType.arbitrary
-"""How the Transformer Engine spec's self-attention reads `attention_mask`
-(`megarl.workers.batch.attention_mask`, `[B, 1, S, S]`, causality and prompt padding in one, True =
-masked out). `TEDotProductAttention.forward` (megatron/core/extensions/transformer_engine.py) hands
-TE the mask and `attn_mask_type.name` unchanged. The spec's own `causal`
-(gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec) makes TE ignore the mask: left padding
-would be attended. TE's `padding_causal` reduces the mask to per-row lengths
-(`dpa_utils.get_cu_seqlens`: counts of unmasked keys), i.e. assumes right padding, which a
-left-padded prompt is not. `arbitrary` applies the mask as given (TE's UnfusedDotProductAttention,
-which keeps the softmax, as the local spec does). The local spec needs no change: with `causal` its
-`FusedScaleMaskSoftmax` uses a given mask as is and builds a causal one only when none is passed.
-With TE the mask is required."""
+TE_SELF_ATTENTION_MASK_TYPE = AttnMaskType.causal
+"""The Transformer Engine spec's self-attention mask type: `causal`, which megatron's
+`TEDotProductAttention.forward` (megatron/core/extensions/transformer_engine.py) turns into
+`padding_causal` for `qkv_format="thd"`, the mask types TE's THD kernels take (flash attention or
+cuDNN): causal inside each `cu_seqlens` sequence, no `attention_mask`. Every micro-batch reaches this
+spec in the THD layout (`takes_thd`, `megarl.workers.thd`), so samples are never padded there and
+left-padded prompts need no mask. (A dense mask, as the local spec takes, would need `arbitrary`,
+which TE runs only in its unfused O(T^2) attention.) Set explicitly, not left to the spec function's
+default, because the THD layout depends on it."""
+
+
+def takes_thd(config: TransformerConfig) -> bool:
+    """Whether a model built with `config` takes its micro-batches in megatron-core's THD layout
+    (`PackedSeqParams`, no attention mask): the Transformer Engine spec does (`TEDotProductAttention`);
+    the local spec does not (its `DotProductAttention` refuses `packed_seq_params`), and gets the
+    dense block-diagonal mask (`megarl.workers.micro_batches.MicroBatch.attention_mask`)."""
+    return config.transformer_impl == "transformer_engine"
 
 
 def transformer_config(
@@ -116,8 +121,8 @@ def resolve_transformer_impl(setting: str, device_type: str) -> str:
 
 
 def layer_spec(dims: ModelDims, transformer_impl: str = "local") -> ModuleSpec:
-    """The decoder layer spec: local (CPU) or Transformer Engine (GPU), with Qwen3's q/k norm; both
-    honour the padding in `attention_mask` (`TE_SELF_ATTENTION_MASK_TYPE`)."""
+    """The decoder layer spec: local (CPU) or Transformer Engine (GPU), with Qwen3's q/k norm; the
+    local one takes a dense attention mask, the TE one the THD layout (`TE_SELF_ATTENTION_MASK_TYPE`)."""
     _check_impl(transformer_impl)
     if transformer_impl == "local":
         return get_gpt_layer_local_spec(qk_layernorm=dims.qk_layernorm, normalization="RMSNorm")
@@ -148,7 +153,8 @@ def build_gpt_model(
     Weights are random-init (on the current GPU when there is one), every parameter in `params_dtype`;
     load a checkpoint with `megarl.models.checkpoint.load_hf_weights`.
     Outputs of the last stage (`forward(input_ids [B, T], position_ids [B, T], attention_mask=None)`;
-    None means plain causal on the local spec, and is not allowed with Transformer Engine):
+    None means plain causal on the local spec; with Transformer Engine, inputs are one THD row
+    `[1, t]` with `packed_seq_params`, see `takes_thd`):
     - `value_head=False`: vocab-parallel logits [B, T, V_padded / TP]. Columns >= the HF vocab size are
       padding: mask them before a softmax over the full vocabulary.
     - `value_head=True`: values [B, T, 1] from a `ValueHead` (one scalar per token, replicated over

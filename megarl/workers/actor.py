@@ -213,9 +213,8 @@ class MegatronActor(TrainedModel):
             for mini_batch in mini_batches(batch, len(batch) // mini_batch_size, shuffle_seed=seed):
                 counts = StepCounts.of(mini_batch, loss_fn.loss_agg_mode, self.groups)
                 forward_step = self._policy_forward_step(loss_fn, counts)
-                sums, result = self.engine.train_step(
-                    micro_batches_of(mini_batch, micro_batch_size, self.groups), forward_step, keys
-                )
+                micro_batches = micro_batches_of(mini_batch, micro_batch_size, self.groups, self.engine.model.config)
+                sums, result = self.engine.train_step(micro_batches, forward_step, keys)
                 steps.append((sums, result))
         return summarize_steps(steps)
 

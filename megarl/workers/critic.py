@@ -106,7 +106,7 @@ class MegatronCritic(TrainedModel):
                 counts = StepCounts.of(mini_batch, self.loss.loss_agg_mode, self.groups)
                 steps.append(
                     self.engine.train_step(
-                        micro_batches_of(mini_batch, micro_batch_size, self.groups),
+                        micro_batches_of(mini_batch, micro_batch_size, self.groups, self.engine.model.config),
                         self._value_forward_step(counts),
                         ("loss", "clip_frac", "vpred_mean", "tokens"),
                     )

@@ -45,7 +45,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
 from megarl.algorithms.losses import agg_loss_normalizer
-from megarl.models.architectures import build_gpt_model, resolve_transformer_impl
+from megarl.models.architectures import build_gpt_model, resolve_transformer_impl, takes_thd
 from megarl.models.checkpoint import load_hf_weights
 from megarl.models.hf_config import read_model_dims
 from megarl.models.model_options import TORCH_DTYPES
@@ -56,6 +56,7 @@ from megarl.workers.memory_stats import empty_cache
 from megarl.workers.micro_batches import MicroBatch, cut_micro_batches
 from megarl.workers.packing import TokenBudget
 from megarl.workers.settings import ModelSettings, OffloadSettings, OptimSettings, RecomputeSettings
+from megarl.workers.thd import cut_thd_micro_batches
 
 
 def megatron_optimizer_config(settings: OptimSettings, model_config: TransformerConfig) -> OptimizerConfig:
@@ -317,15 +318,24 @@ class TrainEngine:
 
 def run_model(model: torch.nn.Module, micro_batch: MicroBatch) -> Tensor:
     """Forward of `micro_batch` through (this stage of) a GPTModel: last stage `[r, T, V_local]`
-    logits (or `[r, T, 1]` values), other stages the hidden states they send on."""
-    return model(micro_batch.input_ids, micro_batch.position_ids, micro_batch.attention_mask())
+    logits (or `[r, T, 1]` values), other stages the hidden states they send on. Attention follows
+    the micro-batch's layout: a dense mask, or THD sequences (`packed_seq_params`)."""
+    return model(
+        micro_batch.input_ids, micro_batch.position_ids, micro_batch.attention_mask(),
+        packed_seq_params=micro_batch.packed_seq_params(),
+    )
 
 
-def micro_batches_of(batch: PolicyBatch, cut: int | TokenBudget, groups: ProcessGroups) -> list[MicroBatch]:
-    """`batch` cut into micro-batches (`cut`: samples each, or a token budget) on the compute device;
-    with pipeline stages every micro-batch has one shape (the stages exchange fixed shapes)."""
+def micro_batches_of(
+    batch: PolicyBatch, cut: int | TokenBudget, groups: ProcessGroups, config: TransformerConfig
+) -> list[MicroBatch]:
+    """`batch` cut into micro-batches (`cut`: samples each, or a token budget) on the compute device,
+    in the layout the model built with `config` takes: THD on the Transformer Engine spec, padded or
+    packed rows with a dense mask on the local spec (`megarl.models.architectures.takes_thd`); with
+    pipeline stages every micro-batch has one shape (the stages exchange fixed shapes)."""
+    cut_into = cut_thd_micro_batches if takes_thd(config) else cut_micro_batches
     device = compute_device()
-    return [micro_batch.to(device) for micro_batch in cut_micro_batches(batch, cut, fixed_shape=groups.pp_size > 1)]
+    return [micro_batch.to(device) for micro_batch in cut_into(batch, cut, fixed_shape=groups.pp_size > 1)]
 
 
 def forward_collect(
@@ -350,7 +360,7 @@ def forward_collect(
 
         return run_model(model, micro_batch), collect
 
-    micro_batches = micro_batches_of(batch, cut, groups)
+    micro_batches = micro_batches_of(batch, cut, groups, model.config)
     with torch.no_grad():
         reports = run_schedule(model, micro_batches, forward_step, forward_only=True)
     out = torch.zeros(num_outputs, len(batch), batch.response_length, device=compute_device())

@@ -1,32 +1,38 @@
-"""Micro-batches as the model sees them: padded rows (one sample per row, as the batch is laid out)
-or packed rows (samples concatenated under a token budget, no padding computed).
+"""Micro-batches as the model sees them: padded rows (one sample per row, as the batch is laid out),
+packed rows (samples concatenated under a token budget, no padding computed), or one THD row.
 
-Both are one `MicroBatch`: `input_ids [r, T]`, each token's sample (`segment_ids`, -1 = padding),
+All are one `MicroBatch`: `input_ids [r, T]`, each token's sample (`segment_ids`, -1 = padding),
 and where each response token's prediction sits in the flattened `[r * T]` output
 (`response_index [b, R]`). Attention is causal *within* a segment: a token never sees another
 sample's tokens nor padding, so a packed row computes, per sample, what its padded row computes.
 
 Positions. megatron's GPTModel applies RoPE at columns `0..T-1` of a row whatever `position_ids`
-says (`megarl.workers.batch`, module docstring). Attention scores depend only on position
-differences and a token attends only inside its own sample, so a sample at offset `o` of a packed
-row gets the scores it gets at offset 0 (to float rounding), as a left-padded row already does.
-This block-diagonal mask works on the local spec (megatron's `FusedScaleMaskSoftmax` applies a given
-mask as is) and on the Transformer Engine spec, whose self-attention megarl builds with
-`AttnMaskType.arbitrary` (`megarl.models.architectures.TE_SELF_ATTENTION_MASK_TYPE`). Attention
-stays dense over a row (the masked scores are computed), so rows are no wider than the padded batch
-(`megarl.workers.packing.pack_rows`). Not done here: megatron-core's THD format on the TE spec
-(`PackedSeqParams` with `cu_seqlens`, `qkv_format="thd"`), which would skip the masked scores on GPU.
+says (`megarl.workers.batch`, module docstring); THD restarts them at each sequence. Attention
+scores depend only on position differences and a token attends only inside its own sample, so a
+sample at offset `o` of a packed row gets the scores it gets at offset 0 (to float rounding), as a
+left-padded row already does.
+
+How attention learns the segments depends on the layer spec (`megarl.models.architectures.
+takes_thd`): on the local spec a dense block-diagonal `attention_mask()` (megatron's
+`FusedScaleMaskSoftmax` applies a given mask as is); the masked scores are computed, so rows are no
+wider than the padded batch (`megarl.workers.packing.pack_rows`). On the Transformer Engine spec
+megatron-core's THD format (`megarl.workers.thd`): one row, `cu_seqlens` marks where each sample
+starts, no mask, and TE's flash/cuDNN kernels compute only the scores inside each sample.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.packing import TokenBudget, pack_rows
+
+if TYPE_CHECKING:
+    from megatron.core.packed_seq_params import PackedSeqParams
 
 PADDING_SEGMENT = -1
 """`segment_ids` of tokens that belong to no sample."""
@@ -50,14 +56,38 @@ class MicroBatch:
     """`[b, R]` int64 index into the `[r * T]` flattened output of the column predicting response
     token `t` of sample `i`; positions past a sample's last counted token point at one of its own
     columns (finite numbers that mean nothing, as the padded layout's)."""
+    cu_seqlens: Tensor | None = None
+    """THD layout only (`megarl.workers.thd`; then `r` = 1): `[n + 1]` int32 offsets in the row of
+    its `n` sequences (each non-empty sample, then the row's end padding if any); None: the dense
+    layouts, whose attention `attention_mask()` describes."""
+    max_seqlen: int | None = None
+    """THD layout only: the longest of the `cu_seqlens` sequences (TE takes it instead of syncing
+    with the GPU to find it)."""
 
-    def attention_mask(self) -> Tensor:
-        """`[r, 1, T, T]` bool, True = masked out: the key is in the query's future or in another
-        segment (padding is a segment of its own). Queries on padding see only padding: finite, unread."""
+    def attention_mask(self) -> Tensor | None:
+        """GPTModel's `attention_mask`: None in the THD layout (attention is causal inside each
+        `cu_seqlens` sequence); else `[r, 1, T, T]` bool, True = masked out: the key is in the
+        query's future or in another segment (padding is a segment of its own). Queries on padding
+        see only padding: finite, unread."""
+        if self.cu_seqlens is not None:
+            return None
         seq = self.input_ids.shape[1]
         future = torch.ones(seq, seq, dtype=torch.bool, device=self.segment_ids.device).triu(diagonal=1)
         other = self.segment_ids[:, :, None] != self.segment_ids[:, None, :]
         return (future[None] | other)[:, None]
+
+    def packed_seq_params(self) -> PackedSeqParams | None:
+        """GPTModel's `packed_seq_params` (megatron/core/packed_seq_params.py): the THD sequences
+        for self-attention (queries and keys alike); None in the dense layouts."""
+        if self.cu_seqlens is None:
+            return None
+        # Imported here: the driver imports this module (`token_counts`) and must not load megatron.
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        return PackedSeqParams(
+            qkv_format="thd", cu_seqlens_q=self.cu_seqlens, cu_seqlens_kv=self.cu_seqlens,
+            max_seqlen_q=self.max_seqlen, max_seqlen_kv=self.max_seqlen,
+        )
 
     def response_outputs(self, output: Tensor) -> Tensor:
         """`[b, R, ...]` the model output `[r, T, ...]` at each response token's predicting column."""
@@ -68,6 +98,7 @@ class MicroBatch:
         return MicroBatch(
             self.samples.to(device), self.rows.to(device), self.input_ids.to(device), self.position_ids.to(device),
             self.segment_ids.to(device), self.response_index.to(device),
+            None if self.cu_seqlens is None else self.cu_seqlens.to(device), self.max_seqlen,
         )
 
 
@@ -159,12 +190,15 @@ def cut_micro_batches(batch: PolicyBatch, cut: int | TokenBudget, *, fixed_shape
                 num_rows=cut.max_tokens // row_width if fixed_shape else None,
             ))
         return micro_batches
-    if cut <= 0 or len(batch) % cut != 0:
+    return [padded_micro_batch(batch.select(rows), rows) for rows in consecutive_rows(len(batch), cut)]
+
+
+def consecutive_rows(batch_size: int, micro_batch_size: int) -> list[Tensor]:
+    """`[micro_batch_size]` int64 row indices of each micro-batch of consecutive samples; ValueError
+    unless `micro_batch_size` divides `batch_size`."""
+    if micro_batch_size <= 0 or batch_size % micro_batch_size != 0:
         raise ValueError(
-            f"micro_batch_size={cut} must divide the {len(batch)} samples of this DP rank ({len(batch)} % {cut} != 0); "
-            "choose a micro_batch_size that divides it"
+            f"micro_batch_size={micro_batch_size} must divide the {batch_size} samples of this DP rank "
+            f"({batch_size} % {micro_batch_size} != 0); choose a micro_batch_size that divides it"
         )
-    return [
-        padded_micro_batch(batch.select(slice(start, start + cut)), torch.arange(start, start + cut))
-        for start in range(0, len(batch), cut)
-    ]
+    return list(torch.arange(batch_size).split(micro_batch_size))

@@ -27,6 +27,7 @@ from megarl.workers.megatron_train import (
     run_model,
     run_schedule,
 )
+from megarl.workers.micro_batches import MicroBatch
 from megarl.workers.settings import ModelSettings, RecomputeSettings
 
 
@@ -57,12 +58,12 @@ class MegatronRewardModel:
         """`[B]` scores of `batch` (fp32, no gradient), on every rank."""
         def forward_step(model, micro_batch):
             def collect(output):
-                return output.new_zeros(()), dict(scores=last_token_scores(output, micro_batch.samples))
+                return output.new_zeros(()), dict(scores=last_token_scores(output, micro_batch))
 
             return run_model(model, micro_batch), collect
 
         device = compute_device()
-        micro_batches = micro_batches_of(batch, micro_batch_size, self.groups)
+        micro_batches = micro_batches_of(batch, micro_batch_size, self.groups, self.model.config)
         with torch.no_grad():
             reports = run_schedule(self.model, micro_batches, forward_step, forward_only=True)
         scores = torch.zeros(len(batch), device=device)
@@ -71,10 +72,14 @@ class MegatronRewardModel:
         return broadcast_from_last_stage(scores, self.groups).cpu()
 
 
-def last_token_scores(output: Tensor, batch: PolicyBatch) -> Tensor:
-    """`[b]` fp32 head outputs at each sample's last real token, from the head's `[b, S, 1]` output
-    (padded rows: `batch` laid out as is)."""
-    kept = batch.response_mask * torch.arange(1, batch.response_length + 1, device=output.device)
-    # Tokens up to the last kept response token (0 for none); its column is P - 1 + that count.
-    columns = batch.prompt_length - 1 + kept.amax(dim=1)
-    return output[torch.arange(len(batch), device=output.device), columns, 0].float()
+def last_token_scores(output: Tensor, micro_batch: MicroBatch) -> Tensor:
+    """`[b]` fp32 head outputs at each sample's last real token, from the head's `[r, T, 1]` output in
+    any layout of `micro_batch`: with `k` response tokens up to the last kept one, that token sits
+    in the column that predicts response token `k` (`response_index`), or, when `k` is the response
+    width, in the column after the one predicting the last."""
+    samples = micro_batch.samples
+    width = samples.response_length
+    kept = (samples.response_mask * torch.arange(1, width + 1, device=output.device)).amax(dim=1)
+    index = micro_batch.response_index
+    columns = torch.where(kept < width, index.gather(1, kept.clamp(max=width - 1)[:, None])[:, 0], index[:, -1] + 1)
+    return output.flatten(0, 1)[columns, 0].float()

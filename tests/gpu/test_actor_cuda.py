@@ -1,7 +1,7 @@
 """The Megatron actor on one GPU in bf16, with the layer spec `model.transformer_impl: auto` picks
 there (Transformer Engine where it is installed): it is on the GPU, it trains, and 16 extra columns of
-left padding leave its log-probs unchanged (the TE spec's mask type,
-`megarl.models.architectures.TE_SELF_ATTENTION_MASK_TYPE`). CPU twins:
+left padding leave its log-probs unchanged (with TE: the THD layout computes no padding,
+`megarl.workers.thd`; on the local spec: the dense mask). CPU twins:
 tests/distributed/workers/test_mixed_precision.py and the left-padding case of test_megatron_workers.py."""
 
 import math

@@ -10,6 +10,7 @@ from megarl.models.architectures import (
     TE_SELF_ATTENTION_MASK_TYPE,
     layer_spec,
     resolve_transformer_impl,
+    takes_thd,
     transformer_config,
 )
 from megarl.models.hf_config import read_model_dims
@@ -75,9 +76,10 @@ def test_auto_resolves_to_transformer_engine_only_on_cuda_with_it_installed(monk
         assert resolve_transformer_impl("auto", "cpu") == "local"
 
 
-def test_transformer_engine_spec_reads_the_padding_mask_as_given(monkeypatch):
-    """The TE spec's self-attention gets `arbitrary` (the mask megarl passes carries causality and
-    left padding). TE is CUDA-only, so its spec function is stood in for by the local one, whose
+def test_transformer_engine_spec_is_causal_for_thd(monkeypatch):
+    """The TE spec's self-attention gets `causal` (TEDotProductAttention turns it into
+    `padding_causal` for THD micro-batches) and takes THD micro-batches; the local spec keeps a
+    dense mask. TE is CUDA-only, so its spec function is stood in for by the local one, whose
     self-attention entry has the same form (checked against the installed source below)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.enums import AttnMaskType
@@ -89,13 +91,16 @@ def test_transformer_engine_spec_reads_the_padding_mask_as_given(monkeypatch):
         architectures, "get_gpt_layer_with_transformer_engine_spec",
         lambda qk_layernorm: get_gpt_layer_local_spec(qk_layernorm=qk_layernorm, normalization="RMSNorm"),
     )
-    assert TE_SELF_ATTENTION_MASK_TYPE == AttnMaskType.arbitrary
+    assert TE_SELF_ATTENTION_MASK_TYPE == AttnMaskType.causal
     te_attention = layer_spec(dims_of("qwen3"), "transformer_engine").submodules.self_attention
-    assert te_attention.params["attn_mask_type"] == AttnMaskType.arbitrary
+    assert te_attention.params["attn_mask_type"] == AttnMaskType.causal
     assert te_attention.submodules.q_layernorm is not None  # the rest of the spec is untouched
     # The local spec keeps causal: its softmax uses a given mask as is (None: causal).
     local_attention = layer_spec(dims_of("qwen3")).submodules.self_attention
     assert local_attention.params["attn_mask_type"] == AttnMaskType.causal
+    dims = dims_of("qwen2")
+    assert takes_thd(transformer_config(dims, tp_size=1, pp_size=1, transformer_impl="transformer_engine"))
+    assert not takes_thd(transformer_config(dims, tp_size=1, pp_size=1))
 
 
 def _megatron_source(module: str) -> str:
@@ -110,8 +115,9 @@ def test_transformer_engine_contract_the_mask_type_relies_on():
     - gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec builds the self-attention as a
       `ModuleSpec(module=SelfAttention, params={"attn_mask_type": AttnMaskType.causal}, ...)`, the
       entry `with_self_attention_mask_type` replaces (as for the local spec, tested above);
-    - extensions/transformer_engine.TEDotProductAttention.forward hands TE the mask and the type's
-      name unchanged, so `arbitrary` reaches TE's DotProductAttention with megarl's `[B, 1, S, S]` mask.
+    - extensions/transformer_engine.TEDotProductAttention.forward turns `causal` into
+      `padding_causal` for `qkv_format == "thd"` and hands TE that type's name and the
+      `PackedSeqParams` fields as keywords.
     """
     import inspect
     import re
@@ -123,7 +129,10 @@ def test_transformer_engine_contract_the_mask_type_relies_on():
     te = _megatron_source("megatron.core.extensions.transformer_engine")
     forward = te[te.index("class TEDotProductAttention"):]
     forward = forward[forward.index("    def forward("):]
-    assert "attn_mask_type=attn_mask_type.name" in forward
+    forward = forward[:forward.index("\n    def ", 10)]
+    assert re.search(r'if qkv_format == "thd".*?\n\s*if attn_mask_type == AttnMaskType.causal:'
+                     r'\n\s*attn_mask_type = AttnMaskType.padding_causal', forward, re.DOTALL)
+    assert "attn_mask_type=attn_mask_type.name, **attention_bias_kwargs, **packed_seq_kwargs" in forward
     assert "super().forward(query, key, value, attention_mask, **_fa_kwargs)" in forward
 
 

@@ -1,0 +1,104 @@
+"""On the Transformer Engine spec, micro-batches reach the model in megatron-core's THD layout (one
+row of back-to-back samples, `PackedSeqParams`, no mask), and compute what the local spec's padded
+micro-batches compute: log-probs and entropy for several cuts, with prompts left-padded to
+different widths, and the update's gradients. One world of two pipeline stages (TP 1 × PP 2): the
+stages exchange one shape, so THD rows are padded to it (`megarl.workers.thd`, "Padding").
+
+Transformer Engine is CUDA-only: its core attention is stood in for by
+`te_thd_stand_in.ThdDotProductAttention`, which implements `TEDotProductAttention.forward`'s THD
+contract (megatron/core/extensions/transformer_engine.py, `TEDotProductAttention.forward`: `causal`
+→ `padding_causal` for thd; TE's `DotProductAttention.forward` in transformer_engine/pytorch/
+attention/dot_product_attention/dot_product_attention.py: causal attention inside each
+`cu_seqlens` sequence) in plain torch, and refuses anything else. The rest is real: megarl's spec
+choice and mask type (`layer_spec`, `TE_SELF_ATTENTION_MASK_TYPE`), its THD layout and
+`run_model`, megatron's GPTModel and SelfAttention (the batch dimension squeezed for thd, RoPE per
+sequence: megatron/core/models/common/embeddings/rope_utils.py, `_apply_rotary_pos_emb_thd`). The GPU
+twin with the real TE: tests/gpu/test_thd_cuda.py.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from megarl.parallel.spawn import run_distributed
+
+from worker_batches import left_padded, ragged_batch
+
+CUTS = (4, 11, 24, 96)
+"""4 samples per micro-batch, or token budgets: the longest sample alone (11), a few samples, all (the
+batch has 54 tokens)."""
+TOLERANCE = 1e-5
+
+
+def _rank_main(model_dir):
+    from te_thd_stand_in import use_stand_in_transformer_engine
+
+    from megarl.parallel.distributed import initialize_model_parallel
+    from megarl.workers.actor import MegatronActor, PolicyLoss
+    from megarl.workers.megatron_train import micro_batches_of
+    from megarl.workers.packing import TokenBudget
+    from megarl.workers.settings import ModelSettings, OptimSettings, PolicyLossSettings
+
+    use_stand_in_transformer_engine()
+    groups = initialize_model_parallel(1, 2, seed=0)
+    optim = OptimSettings(lr=0.5, adam_eps=1.0)
+    local = MegatronActor.from_hf(model_dir, groups, optim=optim)
+    te = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=ModelSettings(
+        transformer_impl="transformer_engine"))
+    batch = ragged_batch()
+    out = {"impl": te.engine.model.config.transformer_impl}
+    out["padded"] = [t.numpy() for t in local.compute_log_prob(batch, micro_batch_size=len(batch))]
+    budgets = {cut: TokenBudget(cut, "actor.max_tokens_per_micro_batch") for cut in CUTS if cut != 4}
+    for width in (0, 3):
+        wider = left_padded(batch, width)
+        for cut in CUTS:
+            log_probs, entropy = te.compute_log_prob(wider, micro_batch_size=budgets.get(cut, cut))
+            out["thd", width, cut] = [log_probs.numpy(), entropy.numpy()]
+    # Pipeline stages exchange one shape: the row is padded to the budget, as one more sequence.
+    [whole] = micro_batches_of(batch, budgets[96], groups, te.engine.model.config)
+    out["offsets"] = whole.cu_seqlens.tolist()
+    batch.old_log_probs = torch.from_numpy(out["padded"][0]) + 0.05
+    batch.advantages = torch.linspace(-1, 1, batch.response_length).expand(len(batch), -1).clone()
+    loss = PolicyLoss(PolicyLossSettings(entropy_coeff=0.01))
+    for name, actor, cut in (("padded", local, len(batch)), ("thd", te, budgets[24])):
+        metrics = actor.update_policy(batch, loss, mini_batch_size=len(batch), micro_batch_size=cut)
+        grads = {n: p.main_grad.detach().clone().numpy() for n, p in actor.named_parameters_for_sync()}
+        out["update", name] = metrics, grads
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks(tiny_qwen2):
+    return run_distributed(_rank_main, 2, str(tiny_qwen2))
+
+
+def _max_diff(actual, expected) -> float:
+    mask = ragged_batch().response_mask.numpy()
+    return float(np.abs(np.where(mask, actual - expected, 0.0)).max())
+
+
+def test_thd_log_probs_and_entropy_equal_the_padded_ones(ranks):
+    for rank in ranks:
+        assert rank["impl"] == "transformer_engine"
+        for width in (0, 3):
+            for cut in CUTS:
+                for name, thd, padded in zip(("log_probs", "entropy"), rank["thd", width, cut], rank["padded"]):
+                    diff = _max_diff(thd, padded)
+                    assert diff <= TOLERANCE, f"{name}, {width} more columns of left padding, cut {cut}: {diff:.2e}"
+
+
+def test_pipeline_stages_get_the_row_padded_to_the_budget_as_a_sequence_of_its_own(ranks):
+    for rank in ranks:
+        assert rank["offsets"][-2:] == [54, 96]  # the ragged batch's 54 tokens, then 42 of padding
+
+
+def test_a_thd_update_has_the_padded_metrics_and_gradients(ranks):
+    for rank in ranks:
+        padded_metrics, padded_grads = rank["update", "padded"]
+        metrics, grads = rank["update", "thd"]
+        assert padded_metrics["grad_norm"] > 0
+        for key in ("loss", "pg_loss", "entropy", "grad_norm", "tokens"):
+            assert metrics[key] == pytest.approx(padded_metrics[key], rel=TOLERANCE, abs=TOLERANCE), key
+        for name, grad in padded_grads.items():
+            diff = float(np.abs(grads[name] - grad).max())
+            assert diff <= TOLERANCE, f"gradient {name} differs by {diff:.2e}"

@@ -1,0 +1,78 @@
+"""The Transformer Engine spec's THD micro-batches with the real TE on a GPU: log-probs and entropy
+of the TE actor (one row of back-to-back samples, `PackedSeqParams`, TE's fused attention) equal the
+local spec's padded micro-batches, for several cuts and left-padding widths, and a THD update trains.
+bf16 (TE's flash and cuDNN kernels take no fp32). Skipped without CUDA (conftest) or without
+Transformer Engine. CPU twin, with a stand-in for TE's attention and fp32 to 1e-5:
+tests/distributed/workers/test_thd_micro_batches.py."""
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from megarl.models.tiny import make_tiny_model
+from megarl.parallel.spawn import run_distributed
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None,
+                                reason="Transformer Engine is not installed")
+
+CUTS = (4, 11, 96)
+"""4 samples per micro-batch, or token budgets: the longest sample alone, all samples in one row."""
+TOLERANCE = 0.05
+"""bf16 kernels round differently; attending to another sample or to padding moves log-probs by ~1-10
+(the CPU twin's mutation: 6.2)."""
+
+
+def _batch(extra_left_padding: int):
+    """8 samples: prompts of 1..6 real tokens, responses of 1..5 kept tokens, left padding of real
+    token ids (attending to it would change the result)."""
+    from megarl.workers.batch import PolicyBatch
+
+    gen = torch.Generator().manual_seed(0)
+    width = 6 + extra_left_padding
+    prompts = torch.randint(4, 60, (8, width), generator=gen)
+    responses = torch.randint(4, 60, (8, 5), generator=gen)
+    prompt_mask = torch.arange(width)[None, :] >= (width - torch.tensor([6, 1, 3, 6, 2, 5, 4, 1]))[:, None]
+    response_mask = torch.arange(5)[None, :] < torch.tensor([5, 1, 2, 3, 5, 4, 1, 5])[:, None]
+    return PolicyBatch(prompts, prompt_mask, responses, response_mask)
+
+
+def _rank(model_dir: str) -> dict:
+    from megarl.parallel.distributed import initialize_model_parallel
+    from megarl.workers.actor import MegatronActor, PolicyLoss
+    from megarl.workers.packing import TokenBudget
+    from megarl.workers.settings import ModelSettings, OptimSettings, PolicyLossSettings
+
+    groups = initialize_model_parallel(1, 1, seed=0)
+    optim = OptimSettings(lr=1e-3)
+    local = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=ModelSettings(dtype="bfloat16"))
+    te = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=ModelSettings(
+        dtype="bfloat16", transformer_impl="transformer_engine"))
+    batch = _batch(0)
+    padded = local.compute_log_prob(batch, micro_batch_size=len(batch))
+    gaps = {}
+    for width in (0, 16):
+        for cut in CUTS:
+            budget = cut if cut == 4 else TokenBudget(cut, "actor.max_tokens_per_micro_batch")
+            thd = te.compute_log_prob(_batch(width), micro_batch_size=budget)
+            gaps[width, cut] = [(a - b)[batch.response_mask].abs().max().item() for a, b in zip(thd, padded)]
+    budget = TokenBudget(24, "actor.max_tokens_per_micro_batch")
+    before, _ = te.compute_log_prob(batch, micro_batch_size=budget)
+    batch.old_log_probs, batch.advantages = before, torch.ones(8, 5)
+    metrics = te.update_policy(batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=8, micro_batch_size=budget)
+    after, _ = te.compute_log_prob(batch, micro_batch_size=budget)
+    mask = batch.response_mask
+    return dict(impl=te.engine.model.config.transformer_impl, gaps=gaps, grad_norm=metrics["grad_norm"],
+                gain=(after - before)[mask].mean().item())
+
+
+def test_te_thd_micro_batches_compute_what_padded_local_ones_do(tmp_path, memory_phase):
+    model_dir = make_tiny_model(tmp_path / "qwen2", "qwen2", initializer_range=0.2)
+    with memory_phase("thd"):
+        [out] = run_distributed(_rank, 1, str(model_dir), timeout_s=600)
+    assert out["impl"] == "transformer_engine"
+    for (width, cut), (log_prob_gap, entropy_gap) in out["gaps"].items():
+        assert log_prob_gap < TOLERANCE and entropy_gap < TOLERANCE, (width, cut, out["gaps"])
+    assert math.isfinite(out["grad_norm"]) and out["grad_norm"] > 0
+    assert out["gain"] > 0  # positive advantages: the THD update made the sampled tokens likelier
