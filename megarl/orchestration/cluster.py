@@ -71,14 +71,16 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, env_vars:
     `env_vars` reach every worker process (runtime env), e.g. the vLLM settings that must be set
     before vLLM is imported.
     """
-    if _join_early_start() or ray.is_initialized():
-        return
-    # ray.init replaces the driver's SIGTERM handler by `sys.exit(15)` (ray/_private/worker.py, `init`), and
-    # a driver stopped that way aborts (SIGABRT) while unwinding: the driver keeps the handler it had
-    # (`megarl.cli.stop_signals`: one line, exit 143, every worker cleaned up).
+    # The driver keeps the SIGTERM handler it had (`megarl.cli.stop_signals`: one line, exit 143, every
+    # worker cleaned up), which Ray takes twice: ray.init on the main thread replaces the Python handler
+    # by `sys.exit(15)` (ray/_private/worker.py, `init`), and a driver stopped that way aborts (SIGABRT)
+    # while unwinding; and the core worker, from whichever thread starts it (`start_ray_early`'s too),
+    # installs absl's failure-signal handler for SIGTERM at the C level ("*** SIGTERM received ...",
+    # then it passes the signal on), which setting the Python handler again replaces.
     sigterm = signal.getsignal(signal.SIGTERM)
     try:
-        _start_or_join(num_cpus, num_gpus, {"env_vars": dict(env_vars or {})})
+        if not (_join_early_start() or ray.is_initialized()):
+            _start_or_join(num_cpus, num_gpus, {"env_vars": dict(env_vars or {})})
     finally:
         if sigterm is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, sigterm)

@@ -1,8 +1,10 @@
 """`start_ray_early` on a real local Ray: the next `init_ray` joins the start it began (its resources and
-worker environment, not the caller's), and a `shutdown_ray` right after it leaves no Ray process behind
+worker environment, not the caller's) and leaves SIGTERM to the driver's handler, and a `shutdown_ray`
+right after it leaves no Ray process behind
 (the failure path of `megarl train` when the data or the tokenizer fails after the start began)."""
 
 import os
+import signal
 
 import psutil
 import ray
@@ -22,14 +24,23 @@ def _probe() -> str | None:
     return os.environ.get("MEGARL_EARLY_PROBE")
 
 
-def test_init_ray_joins_the_early_start():
+def test_init_ray_joins_the_early_start_and_sigterm_reaches_only_the_drivers_handler(capfd):
+    """The core worker the early start brings up installs absl's failure-signal handler for SIGTERM at the
+    C level (ray's src/ray/util/logging.cc, `InstallFailureSignalHandler`: it prints "*** SIGTERM received"
+    and passes the signal on); the driver's own handler (`megarl.cli.stop_signals`) must get the signal alone."""
+    received = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
     start_ray_early(num_cpus=1, env_vars={"MEGARL_EARLY_PROBE": "set by the early start"})
     try:
         init_ray(num_cpus=3, env_vars={})  # joins: the arguments of the start already begun hold
         assert ray.is_initialized()
         assert ray.cluster_resources()["CPU"] == 1
         assert ray.get(_probe.remote()) == "set by the early start"
+        os.kill(os.getpid(), signal.SIGTERM)  # Python runs the handler before the next statement
+        assert received == [signal.SIGTERM]
+        assert "SIGTERM received" not in capfd.readouterr().err
     finally:
+        signal.signal(signal.SIGTERM, previous)
         shutdown_ray()
     assert not ray.is_initialized()
 
