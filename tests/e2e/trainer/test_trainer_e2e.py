@@ -274,25 +274,37 @@ def test_ppo_trains_the_critic_with_split_placement_and_a_reward_model(assets, t
     assert set(roles) == {"actor", "critic"}
 
 
-def test_equal_tp_sizes_sync_per_rank(assets, tmp_path):
+@pytest.fixture(scope="module")
+def split_tp2_flaky_reward_run(assets, tmp_path_factory):
+    """One run for two tests, each reading its own part of it: actor TP 2 syncing per rank into a split
+    TP-2 engine, scored by a reward function that raises on some calls and hangs on others. The sync
+    checks do not read the rewards, and the reward faults do not depend on the layout."""
+    run_dir = tmp_path_factory.mktemp("split_tp2_flaky")
     # Actor TP 2 on two slots, one rollout TP-2 engine on two more (split): rollout.sync.per_rank=auto
     # streams each TP rank's own shards through its own ring to the engine's worker of that rank.
-    args = overrides(assets, tmp_path, **{
+    args = overrides(assets, run_dir, **{
         "trainer.total_steps": 2, "placement.mode": "split", "placement.gpus_per_node": 4,
         "placement.rollout_gpus": 2, "rollout.tensor_model_parallel_size": 2, "checkpoint.save_freq": 0,
+        "reward.function": "tests.e2e.trainer.bad_rewards:flaky", "reward.timeout_s": 0.2,
     })
-    trainer = Trainer.from_config(QUICKSTART, args)
-    trainer.fit()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.syspath_prepend(str(REPO))  # the reward functions are imported as tests.e2e.trainer.bad_rewards
+        trainer = Trainer.from_config(QUICKSTART, args)
+        trainer.fit()
+    return run_dir, trainer, read_metrics(trainer.run_dir / "metrics.jsonl")
+
+
+def test_equal_tp_sizes_sync_per_rank(split_tp2_flaky_reward_run):
+    run_dir, trainer, metrics = split_tp2_flaky_reward_run
     assert trainer.roles.sync_transport == "shared_memory" and trainer.roles.routes.per_rank
     assert trainer.roles.routes.sources == (((0,), (1,)),)  # worker r reads TP rank r's ring
-    metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
     assert [m["sync/weight_version"] for m in metrics] == [1, 2]
     threshold = trainer.sync.threshold  # rollout.sync.logprob_gap_threshold, resolved
     assert all(m["sync/logprob_max_abs_diff"] <= threshold for m in metrics)
     assert all(m["sync/checksum_tensors"] > 0 for m in metrics)  # and every tensor was loaded bit for bit
     assert all(m["sync/buckets"] >= 2 for m in metrics)  # one ring per TP rank, each with its buckets
     # checkpoint.save_freq=0 saves once, at the end.
-    assert [c.step for c in CheckpointManager(tmp_path / "checkpoints").complete()] == [2]
+    assert [c.step for c in CheckpointManager(run_dir / "checkpoints").complete()] == [2]
 
 
 def test_dapo_dynamic_sampling_fills_the_batch_in_bf16(assets, tmp_path):
@@ -382,17 +394,12 @@ def test_bf16_engines_beside_an_fp32_actor_load_its_weights_cast_and_train_with_
         assert m["actor/grad_norm"] > 0
 
 
-def test_reward_faults_are_counted_and_wrong_length_stops(assets, tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO))  # the reward functions are imported as tests.e2e.trainer.bad_rewards
-    flaky = overrides(assets, tmp_path / "flaky", **{
-        "trainer.total_steps": 2, "reward.function": "tests.e2e.trainer.bad_rewards:flaky", "reward.timeout_s": 0.2,
-    })
-    trainer = Trainer.from_config(QUICKSTART, flaky)
-    trainer.fit()
-    metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
+def test_reward_faults_are_counted_and_wrong_length_stops(split_tp2_flaky_reward_run, assets, tmp_path, monkeypatch):
+    _, _, metrics = split_tp2_flaky_reward_run  # scored by bad_rewards:flaky
     assert [m["step"] for m in metrics] == [1, 2]
     assert sum(m["reward/errors"] for m in metrics) > 0 and sum(m["reward/timeouts"] for m in metrics) > 0
 
+    monkeypatch.syspath_prepend(str(REPO))  # the reward functions are imported as tests.e2e.trainer.bad_rewards
     wrong = overrides(assets, tmp_path / "wrong", **{
         "trainer.total_steps": 2, "reward.function": "tests.e2e.trainer.bad_rewards:wrong_length",
     })
