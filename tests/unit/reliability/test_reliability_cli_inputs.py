@@ -231,25 +231,6 @@ def test_train_process_reports_every_problem_once_and_starts_no_ray(workdir):
     assert snapshot(workdir) == before
 
 
-class _RayWouldStart(Exception):
-    pass
-
-
-@pytest.fixture
-def ray_refused(monkeypatch):
-    """The trainer's `init_ray` raises: a start-up check that lets a bad input through fails the test at
-    once instead of starting Ray and vLLM. (`megarl train`'s early start is a no-op here: these checks
-    come before the trainer uses Ray, whether or not its node is starting meanwhile.)"""
-    import megarl.orchestration.cluster as cluster
-    import megarl.trainer.trainer as trainer_module
-
-    def refuse(*args, **kwargs):
-        raise _RayWouldStart
-
-    monkeypatch.setattr(trainer_module, "init_ray", refuse)
-    monkeypatch.setattr(cluster, "start_ray_early", lambda *args, **kwargs: None)
-
-
 def test_reward_module_failing_at_import_exits_2_before_ray(workdir, capsys, ray_refused):
     """Validation only parses the module (it never runs user code); the trainer's reward workers
     import it before Ray starts."""
