@@ -1,11 +1,11 @@
 """A tiny model and the quickstart task data, made once for the trainer tests."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from megarl.cli.main import main
 
 REPO = Path(__file__).resolve().parents[3]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
@@ -14,9 +14,9 @@ QUICKSTART = REPO / "configs" / "quickstart.yaml"
 @pytest.fixture(scope="session")
 def assets(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("trainer_assets")
-    megarl = [sys.executable, "-m", "megarl.cli.main"]
-    subprocess.run(megarl + ["init-tiny-model", "--out", str(root / "model")], check=True)
-    subprocess.run(megarl + ["make-data", "--task", "repeat_first_char", "--out", str(root / "data")], check=True)
+    # The CLI's commands, run in this process: a subprocess per command only added an interpreter start.
+    assert main(["init-tiny-model", "--out", str(root / "model")]) == 0
+    assert main(["make-data", "--task", "repeat_first_char", "--out", str(root / "data")]) == 0
     return root
 
 

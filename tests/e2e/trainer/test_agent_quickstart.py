@@ -4,12 +4,11 @@ running in its isolated tool process. The reward and the tool-call rate both ris
 agent metrics, and rollouts.jsonl holds one readable trajectory per step."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from megarl import SftTrainer, Trainer
+from megarl.cli.main import main
 from megarl.tools.builtin.calculator import calculator
 from megarl.trainer.metrics import AGENT_METRICS
 
@@ -22,11 +21,11 @@ WINDOW = 5
 @pytest.fixture(scope="module")
 def agent_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("agent")
-    megarl = [sys.executable, "-m", "megarl.cli.main"]
-    subprocess.run(megarl + ["init-tiny-model", "--tool-tokens", "--out", str(root / "tiny-model")], check=True)
-    subprocess.run(megarl + ["make-data", "--task", "calc_tool_demos", "--out", str(root / "sft-data"),
-                             "--n-train", "2048", "--n-val", "16"], check=True)
-    subprocess.run(megarl + ["make-data", "--task", "calc", "--out", str(root / "data")], check=True)
+    # The CLI's commands, run in this process: a subprocess per command only added an interpreter start.
+    assert main(["init-tiny-model", "--tool-tokens", "--out", str(root / "tiny-model")]) == 0
+    assert main(["make-data", "--task", "calc_tool_demos", "--out", str(root / "sft-data"),
+                 "--n-train", "2048", "--n-val", "16"]) == 0
+    assert main(["make-data", "--task", "calc", "--out", str(root / "data")]) == 0
     SftTrainer.from_config(REPO / "configs" / "sft_agent.yaml", [
         f"model.path={root / 'tiny-model'}", f"data.train_files=[{root / 'sft-data' / 'train.jsonl'}]",
         f"train.output_dir={root / 'sft-model'}",

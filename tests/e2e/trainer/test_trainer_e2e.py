@@ -274,54 +274,37 @@ def test_ppo_trains_the_critic_with_split_placement_and_a_reward_model(assets, t
     assert set(roles) == {"actor", "critic"}
 
 
-def test_equal_tp_sizes_sync_per_rank(assets, tmp_path):
+@pytest.fixture(scope="module")
+def split_tp2_flaky_reward_run(assets, tmp_path_factory):
+    """One run for two tests, each reading its own part of it: actor TP 2 syncing per rank into a split
+    TP-2 engine, scored by a reward function that raises on some calls and hangs on others. The sync
+    checks do not read the rewards, and the reward faults do not depend on the layout."""
+    run_dir = tmp_path_factory.mktemp("split_tp2_flaky")
     # Actor TP 2 on two slots, one rollout TP-2 engine on two more (split): rollout.sync.per_rank=auto
     # streams each TP rank's own shards through its own ring to the engine's worker of that rank.
-    args = overrides(assets, tmp_path, **{
+    args = overrides(assets, run_dir, **{
         "trainer.total_steps": 2, "placement.mode": "split", "placement.gpus_per_node": 4,
         "placement.rollout_gpus": 2, "rollout.tensor_model_parallel_size": 2, "checkpoint.save_freq": 0,
+        "reward.function": "tests.e2e.trainer.bad_rewards:flaky", "reward.timeout_s": 0.2,
     })
-    trainer = Trainer.from_config(QUICKSTART, args)
-    trainer.fit()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.syspath_prepend(str(REPO))  # the reward functions are imported as tests.e2e.trainer.bad_rewards
+        trainer = Trainer.from_config(QUICKSTART, args)
+        trainer.fit()
+    return run_dir, trainer, read_metrics(trainer.run_dir / "metrics.jsonl")
+
+
+def test_equal_tp_sizes_sync_per_rank(split_tp2_flaky_reward_run):
+    run_dir, trainer, metrics = split_tp2_flaky_reward_run
     assert trainer.roles.sync_transport == "shared_memory" and trainer.roles.routes.per_rank
     assert trainer.roles.routes.sources == (((0,), (1,)),)  # worker r reads TP rank r's ring
-    metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
     assert [m["sync/weight_version"] for m in metrics] == [1, 2]
     threshold = trainer.sync.threshold  # rollout.sync.logprob_gap_threshold, resolved
     assert all(m["sync/logprob_max_abs_diff"] <= threshold for m in metrics)
     assert all(m["sync/checksum_tensors"] > 0 for m in metrics)  # and every tensor was loaded bit for bit
     assert all(m["sync/buckets"] >= 2 for m in metrics)  # one ring per TP rank, each with its buckets
     # checkpoint.save_freq=0 saves once, at the end.
-    assert [c.step for c in CheckpointManager(tmp_path / "checkpoints").complete()] == [2]
-
-
-def test_remax_with_the_model_given_as_a_hub_id(assets, tmp_path, monkeypatch):
-    # The model is a hub id in a local HF cache: the driver resolves it once; the workers (actor,
-    # vLLM engines) and the tokenizer are handed the snapshot directory.
-    cache = tmp_path / "hf-cache"
-    use_cache(monkeypatch, cache)
-    snapshot = put_in_cache(assets / "model", "megarl-test/quickstart-tiny", cache)
-    seen = []
-
-    def recording_advantages(estimator, rewards, mask, **inputs):
-        result = compute_advantages(estimator, rewards, mask, **inputs)
-        seen.append((rewards, mask, inputs["reward_baselines"], result[0]))
-        return result
-
-    monkeypatch.setattr(trainer_module, "compute_advantages", recording_advantages)
-    args = overrides(assets, tmp_path, **{
-        "model.path": "megarl-test/quickstart-tiny", "algorithm.adv_estimator": "remax", "trainer.total_steps": 1,
-    })
-    trainer = Trainer.from_config(QUICKSTART, args)
-    assert trainer.config.model.path == str(snapshot)
-    trainer.fit()
-    ((rewards, mask, baselines, advantages),) = seen
-    scores = rewards.sum(dim=-1)  # no KL in the quickstart's reward: the score sits on the last token
-    n = trainer.config.rollout.n
-    # One greedy baseline per prompt, shared by its n samples, scored 0 or 1 like the samples.
-    assert torch.equal(baselines, baselines[::n].repeat_interleave(n))
-    assert set(baselines.tolist()) <= {0.0, 1.0}
-    assert torch.equal(advantages, (scores - baselines).unsqueeze(-1) * mask)
+    assert [c.step for c in CheckpointManager(run_dir / "checkpoints").complete()] == [2]
 
 
 def test_dapo_dynamic_sampling_fills_the_batch_in_bf16(assets, tmp_path):
@@ -347,17 +330,55 @@ def test_dapo_dynamic_sampling_fills_the_batch_in_bf16(assets, tmp_path):
     assert {tensor.dtype for tensor in exported.values()} == {torch.bfloat16}
 
 
-def test_bf16_engines_beside_an_fp32_actor_load_its_weights_cast_and_train_with_tis(assets, tmp_path):
+@pytest.fixture(scope="module")
+def bf16_engines_remax_run(assets, tmp_path_factory):
+    """One run for two tests, each reading its own part of it: bf16 engines beside the fp32 actor (the
+    sync casts, TIS corrects) and ReMax with the model given as a hub id. Neither part touches what the
+    other checks: the engines' dtype is not the advantage estimator's input, nor is where the model came from."""
+    run_dir = tmp_path_factory.mktemp("bf16_remax")
+    seen = []
+
+    def recording_advantages(estimator, rewards, mask, **inputs):
+        result = compute_advantages(estimator, rewards, mask, **inputs)
+        seen.append((rewards, mask, inputs["reward_baselines"], result[0]))
+        return result
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        # The model is a hub id in a local HF cache: the driver resolves it once; the workers (actor,
+        # vLLM engines) and the tokenizer are handed the snapshot directory.
+        cache = run_dir / "hf-cache"
+        use_cache(monkeypatch, cache)
+        snapshot = put_in_cache(assets / "model", "megarl-test/quickstart-tiny", cache)
+        monkeypatch.setattr(trainer_module, "compute_advantages", recording_advantages)
+        args = overrides(assets, run_dir, **{
+            "model.path": "megarl-test/quickstart-tiny", "algorithm.adv_estimator": "remax", "trainer.total_steps": 2,
+            "rollout.dtype": "bfloat16", "actor.tis_cap": 2.0, "checkpoint.export_hf": "false",
+        })
+        trainer = Trainer.from_config(QUICKSTART, args)
+        trainer.fit()
+    return trainer, read_metrics(trainer.run_dir / "metrics.jsonl"), snapshot, seen
+
+
+def test_remax_with_the_model_given_as_a_hub_id(bf16_engines_remax_run):
+    trainer, metrics, snapshot, seen = bf16_engines_remax_run
+    assert trainer.config.model.path == str(snapshot)
+    assert len(seen) == len(metrics) == 2  # one advantage computation per step
+    n = trainer.config.rollout.n
+    for rewards, mask, baselines, advantages in seen:
+        scores = rewards.sum(dim=-1)  # no KL in the quickstart's reward: the score sits on the last token
+        # One greedy baseline per prompt, shared by its n samples, scored 0 or 1 like the samples.
+        assert torch.equal(baselines, baselines[::n].repeat_interleave(n))
+        assert set(baselines.tolist()) <= {0.0, 1.0}
+        assert torch.equal(advantages, (scores - baselines).unsqueeze(-1) * mask)
+
+
+def test_bf16_engines_beside_an_fp32_actor_load_its_weights_cast_and_train_with_tis(assets, bf16_engines_remax_run):
     """`rollout.dtype=bfloat16` with the quickstart's fp32 actor (verl's usual pairing): the sync casts the
     actor's weights to bf16 on the way (half the bytes), every sync is checked bit for bit against the
     actor's weights cast to bf16 (a bf16 engine is what makes that check pass) and by the mixed pair's
     gap threshold, and the update corrects for the engines' bf16 log-probs with truncated importance
     sampling (`actor.tis_cap`)."""
-    args = overrides(assets, tmp_path, **{"rollout.dtype": "bfloat16", "actor.tis_cap": 2.0, "trainer.total_steps": 2,
-                                          "checkpoint.export_hf": "false"})
-    trainer = Trainer.from_config(QUICKSTART, args)
-    trainer.fit()
-    metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
+    trainer, metrics, *_ = bf16_engines_remax_run
     assert trainer.config.model.dtype == "float32" and trainer.sync.dtype == "bfloat16"
     weights = load_file(assets / "model" / "model.safetensors")
     fp32_bytes = sum(t.numel() * 4 for t in weights.values())
@@ -373,17 +394,12 @@ def test_bf16_engines_beside_an_fp32_actor_load_its_weights_cast_and_train_with_
         assert m["actor/grad_norm"] > 0
 
 
-def test_reward_faults_are_counted_and_wrong_length_stops(assets, tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO))  # the reward functions are imported as tests.e2e.trainer.bad_rewards
-    flaky = overrides(assets, tmp_path / "flaky", **{
-        "trainer.total_steps": 2, "reward.function": "tests.e2e.trainer.bad_rewards:flaky", "reward.timeout_s": 0.2,
-    })
-    trainer = Trainer.from_config(QUICKSTART, flaky)
-    trainer.fit()
-    metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
+def test_reward_faults_are_counted_and_wrong_length_stops(split_tp2_flaky_reward_run, assets, tmp_path, monkeypatch):
+    _, _, metrics = split_tp2_flaky_reward_run  # scored by bad_rewards:flaky
     assert [m["step"] for m in metrics] == [1, 2]
     assert sum(m["reward/errors"] for m in metrics) > 0 and sum(m["reward/timeouts"] for m in metrics) > 0
 
+    monkeypatch.syspath_prepend(str(REPO))  # the reward functions are imported as tests.e2e.trainer.bad_rewards
     wrong = overrides(assets, tmp_path / "wrong", **{
         "trainer.total_steps": 2, "reward.function": "tests.e2e.trainer.bad_rewards:wrong_length",
     })

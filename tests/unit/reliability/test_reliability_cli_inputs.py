@@ -147,7 +147,20 @@ def test_bad_config_exits_2_before_starting_anything(workdir, capsys, command, o
 
 
 @pytest.mark.parametrize("text, message", [c[1:] for c in BAD_DATA], ids=[c[0] for c in BAD_DATA])
-def test_bad_data_ends_train_at_startup_naming_file_and_row(workdir, capsys, text, message):
+def test_bad_data_ends_train_at_startup_naming_file_and_row(workdir, capsys, ray_refused, text, message):
+    # Refused Ray: the data is read before the trainer uses Ray, so each case skips the early start's node
+    # (seconds each); the case below keeps the real early start.
+    assert_bad_data_ends_train(workdir, capsys, text, message)
+
+
+def test_bad_data_ends_train_and_the_early_ray_start_it_began(workdir, capsys):
+    """The real `megarl train`: its Ray node is starting while the data loads; the data error ends the run
+    and stops that node (`run_cli`: no Ray, no process left)."""
+    _, text, message = BAD_DATA[0]
+    assert_bad_data_ends_train(workdir, capsys, text, message)
+
+
+def assert_bad_data_ends_train(workdir, capsys, text, message) -> None:
     data = workdir / "data" / "train.jsonl"
     data.write_bytes(text if isinstance(text, bytes) else text.encode())
     before = snapshot(workdir)
@@ -216,25 +229,6 @@ def test_train_process_reports_every_problem_once_and_starts_no_ray(workdir):
         assert [line for line in lines if line.startswith(f"{key} = ") and message in line], (key, result.stderr)
     assert "Traceback" not in result.stderr
     assert snapshot(workdir) == before
-
-
-class _RayWouldStart(Exception):
-    pass
-
-
-@pytest.fixture
-def ray_refused(monkeypatch):
-    """The trainer's `init_ray` raises: a start-up check that lets a bad input through fails the test at
-    once instead of starting Ray and vLLM. (`megarl train`'s early start is a no-op here: these checks
-    come before the trainer uses Ray, whether or not its node is starting meanwhile.)"""
-    import megarl.orchestration.cluster as cluster
-    import megarl.trainer.trainer as trainer_module
-
-    def refuse(*args, **kwargs):
-        raise _RayWouldStart
-
-    monkeypatch.setattr(trainer_module, "init_ray", refuse)
-    monkeypatch.setattr(cluster, "start_ray_early", lambda *args, **kwargs: None)
 
 
 def test_reward_module_failing_at_import_exits_2_before_ray(workdir, capsys, ray_refused):

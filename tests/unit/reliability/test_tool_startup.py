@@ -15,7 +15,7 @@ from megarl.models.tiny import make_tiny_model
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
-def test_a_tool_that_fails_to_import_stops_train_before_ray(tmp_path, monkeypatch, capsys):
+def test_a_tool_that_fails_to_import_stops_train_before_ray(tmp_path, monkeypatch, capsys, ray_refused):
     (tmp_path / "reliability_raising_tool.py").write_text(
         "import no_such_dependency_xyz\n\n\ndef lookup(key: str) -> str:\n"
         "    \"\"\"Look a key up.\n\n    Args:\n        key: the key\n    \"\"\"\n    return key\n")
