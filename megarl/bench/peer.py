@@ -213,25 +213,24 @@ def _exception_line(stderr: str) -> str:
 def markdown(result: dict) -> str:
     shape, ratios, lengths = result["workload"], result["megarl_over_peer_step_ratio"], result["lengths"]
     mine = [name for name in result["contenders"] if name in MEGARL_CONTENDERS]
+    header = ["system", "s/step", "generate ms/token", "mean response tokens", "reward, first → last quarter of steps",
+              *(f"{name} ÷ system" for name in mine), "launch→end s"]
     lines = [
         f"step vs TRL: {result['model']['parameters'] / 1e6:.1f} M-parameter Qwen2, {shape['prompts_per_step']} prompts "
         f"× {shape['samples_per_prompt']} samples, {lengths['min_new_tokens']} to {shape['max_new_tokens']} new tokens "
         f"({lengths['name']} lengths); median of {result['measured_steps']} step(s) after one warm-up step",
-        "| system | s/step | generate ms/token | mean response tokens | reward, first → last quarter of steps | "
-        + " | ".join(f"{name} ÷ system" for name in mine) + " | launch→end s |",
-        "|---|---|---|---|---|" + "---|" * len(mine) + "---|",
+        _row(header), "|" + "---|" * len(header),
     ]
     for name, contender in result["contenders"].items():
         launch = f"{contender['launch_to_end_seconds']:.0f}"
         if "error" in contender:
-            lines.append(f"| {name} | failed: {_exception_line(contender['error'])[:160]} |" + " — |" * (3 + len(mine))
-                         + f" {launch} |")
+            lines.append(_row([name, f"failed: {_exception_line(contender['error'])[:160]}", *["—"] * (3 + len(mine)), launch]))
             continue
-        cells = [f"{ratios[f'{m}/{name}']:.2f}" if f"{m}/{name}" in ratios else "—" for m in mine]
         first, last = reward_rise(contender["reward_per_step"])
         tokens = statistics.mean(contender["response_length_per_step"])
-        lines.append(f"| {name} | {contender['step_seconds']:.2f} | {contender['generate_ms_per_token']:.2f} | {tokens:.1f} "
-                     f"| {first:.2f} → {last:.2f} | " + " | ".join(cells) + f" | {launch} |")
+        cells = [f"{ratios[f'{m}/{name}']:.2f}" if f"{m}/{name}" in ratios else "—" for m in mine]
+        lines.append(_row([name, f"{contender['step_seconds']:.2f}", f"{contender['generate_ms_per_token']:.2f}",
+                           f"{tokens:.1f}", f"{first:.2f} → {last:.2f}", *cells, launch]))
     for pair, ratio in result["megarl_over_peer_generation_ratio"].items():
         lines.append(f"generation per token, {pair.replace('/', ' ÷ ')}: {ratio:.2f}")
     for name in mine:
@@ -240,3 +239,7 @@ def markdown(result: dict) -> str:
             lines.append(f"{name}'s actor update: MFU {contender['update_mfu']:.1%} of a "
                          f"{contender['peak_tflops'] * 1e3:.1f} GFLOP/s measured matmul peak")
     return "\n".join(lines)
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
