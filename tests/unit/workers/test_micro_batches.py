@@ -4,27 +4,17 @@ only, each response token read from the column before it; padded ones as the bat
 import pytest
 import torch
 
-from megarl.workers.batch import PolicyBatch
 from megarl.workers.micro_batches import PADDING_SEGMENT, cut_micro_batches, packed_micro_batch, token_counts
 from megarl.workers.packing import TokenBudget
-
-
-def _batch() -> PolicyBatch:
-    """Prompts of 3, 1, 2 real tokens (left-padded to 3); responses counting 2, 1 (+ a hole), 0 tokens."""
-    return PolicyBatch(
-        prompts=torch.tensor([[11, 12, 13], [0, 0, 21], [0, 31, 32]]),
-        prompt_mask=torch.tensor([[1, 1, 1], [0, 0, 1], [0, 1, 1]], dtype=torch.bool),
-        responses=torch.tensor([[14, 15, 0], [22, 23, 24], [33, 0, 0]]),
-        response_mask=torch.tensor([[1, 1, 0], [1, 0, 1], [0, 0, 0]], dtype=torch.bool),
-    )
+from tests.unit.workers.three_samples import three_samples
 
 
 def test_tokens_are_the_prompt_and_the_response_up_to_its_last_counted_token():
-    assert token_counts(_batch()).tolist() == [[3, 2], [1, 3], [2, 0]]
+    assert token_counts(three_samples()).tolist() == [[3, 2], [1, 3], [2, 0]]
 
 
 def test_a_packed_row_holds_each_sample_once_and_reads_each_response_token_before_it():
-    batch = _batch()
+    batch = three_samples()
     packed = packed_micro_batch(batch, torch.arange(3), [3], row_length=None, num_rows=None)
     # The masked-out middle token of sample 1 stays: the token after it counts and reads it.
     assert packed.input_ids.tolist() == [[11, 12, 13, 14, 15, 21, 22, 23, 24, 31, 32]]
@@ -38,7 +28,7 @@ def test_a_packed_row_holds_each_sample_once_and_reads_each_response_token_befor
 
 
 def test_attention_stays_inside_each_sample_and_is_causal():
-    packed = packed_micro_batch(_batch(), torch.arange(3), [3], row_length=14, num_rows=None)
+    packed = packed_micro_batch(three_samples(), torch.arange(3), [3], row_length=14, num_rows=None)
     mask = packed.attention_mask()[0, 0]  # True = masked out
     assert mask.shape == (14, 14)
     segments = packed.segment_ids[0]
@@ -50,11 +40,11 @@ def test_attention_stays_inside_each_sample_and_is_causal():
 
 def test_a_row_too_short_for_its_tokens_is_refused():
     with pytest.raises(ValueError, match="11 tokens do not fit a row of 10"):
-        packed_micro_batch(_batch(), torch.arange(3), [3], row_length=10, num_rows=None)
+        packed_micro_batch(three_samples(), torch.arange(3), [3], row_length=10, num_rows=None)
 
 
 def test_a_cut_covers_every_row_once_and_fixed_shapes_pad_to_the_budget():
-    batch = _batch()
+    batch = three_samples()
     budget = TokenBudget(6, "actor.max_tokens_per_micro_batch")
     micro_batches = cut_micro_batches(batch, budget, fixed_shape=True)
     assert sorted(row for m in micro_batches for row in m.rows.tolist()) == [0, 1, 2]
@@ -67,8 +57,8 @@ def test_a_cut_covers_every_row_once_and_fixed_shapes_pad_to_the_budget():
         cut_micro_batches(batch, 2, fixed_shape=False)
 
 
-def test_a_micro_batch_holds_several_rows_no_wider_than_the_padded_batch():
-    batch = _batch()  # 5, 4 and 2 tokens; padded width 6
+def test_a_micro_batch_holds_several_rows_no_wider_than_the_paddedthree_samples():
+    batch = three_samples()  # 5, 4 and 2 tokens; padded width 6
     budget = TokenBudget(12, "actor.max_tokens_per_micro_batch")
     [packed] = cut_micro_batches(batch, budget, fixed_shape=False)
     assert packed.rows.tolist() == [0, 1, 2]

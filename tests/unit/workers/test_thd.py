@@ -8,20 +8,11 @@ from megarl.workers.batch import PolicyBatch
 from megarl.workers.micro_batches import cut_micro_batches, token_counts
 from megarl.workers.packing import TokenBudget
 from megarl.workers.thd import cut_thd_micro_batches, sequence_offsets, thd_micro_batch
-
-
-def _batch() -> PolicyBatch:
-    """Prompts of 3, 1, 2 real tokens (left-padded to 3); responses counting 2, 1 (+ a hole), 0 tokens."""
-    return PolicyBatch(
-        prompts=torch.tensor([[11, 12, 13], [0, 0, 21], [0, 31, 32]]),
-        prompt_mask=torch.tensor([[1, 1, 1], [0, 0, 1], [0, 1, 1]], dtype=torch.bool),
-        responses=torch.tensor([[14, 15, 0], [22, 23, 24], [33, 0, 0]]),
-        response_mask=torch.tensor([[1, 1, 0], [1, 0, 1], [0, 0, 0]], dtype=torch.bool),
-    )
+from tests.unit.workers.three_samples import three_samples
 
 
 def test_one_row_of_samples_with_their_offsets_and_no_mask():
-    batch = _batch()
+    batch = three_samples()
     thd = thd_micro_batch(batch, torch.arange(3), num_tokens=None)
     assert thd.input_ids.tolist() == [[11, 12, 13, 14, 15, 21, 22, 23, 24, 31, 32]]
     assert thd.cu_seqlens.dtype == torch.int32 and thd.cu_seqlens.tolist() == [0, 5, 9, 11]
@@ -38,18 +29,18 @@ def test_one_row_of_samples_with_their_offsets_and_no_mask():
 def test_end_padding_is_one_more_sequence_and_empty_samples_get_none():
     assert sequence_offsets([5, 0, 4], 9) == [0, 5, 9]
     assert sequence_offsets([5, 0, 4], 16) == [0, 5, 9, 16]
-    thd = thd_micro_batch(_batch(), torch.arange(3), num_tokens=16)
+    thd = thd_micro_batch(three_samples(), torch.arange(3), num_tokens=16)
     assert thd.input_ids.shape == (1, 16) and thd.cu_seqlens.tolist() == [0, 5, 9, 11, 16]
 
 
 def test_dense_layouts_keep_their_mask_and_have_no_packed_seq_params():
-    [dense] = cut_micro_batches(_batch(), 3, fixed_shape=False)
+    [dense] = cut_micro_batches(three_samples(), 3, fixed_shape=False)
     assert dense.packed_seq_params() is None and dense.attention_mask().shape == (3, 1, 6, 6)
 
 
 @pytest.mark.parametrize("fixed_shape", [False, True])
 def test_a_budget_cut_covers_every_sample_once_within_the_budget(fixed_shape):
-    batch = _batch()
+    batch = three_samples()
     lengths = token_counts(batch).sum(dim=1)
     budget = TokenBudget(6, "actor.max_tokens_per_micro_batch")
     micro_batches = cut_thd_micro_batches(batch, budget, fixed_shape=fixed_shape)
@@ -61,7 +52,7 @@ def test_a_budget_cut_covers_every_sample_once_within_the_budget(fixed_shape):
 
 
 def test_a_sample_count_cut_takes_consecutive_samples():
-    batch = _batch()
+    batch = three_samples()
     twice = PolicyBatch(*(torch.cat([t, t]) for t in (batch.prompts, batch.prompt_mask, batch.responses,
                                                          batch.response_mask)))
     [first, second] = cut_thd_micro_batches(twice, 3, fixed_shape=True)
@@ -77,7 +68,7 @@ def test_the_reward_model_reads_each_samples_last_token_in_either_layout():
     from megarl.workers.micro_batches import padded_micro_batch
     from megarl.workers.reward_model import last_token_scores
 
-    batch = _batch()
+    batch = three_samples()
     rows = torch.arange(3)
     for micro_batch in (padded_micro_batch(batch, rows), thd_micro_batch(batch, rows, num_tokens=16)):
         output = micro_batch.input_ids[..., None].float()  # [r, T, 1]
