@@ -87,8 +87,9 @@ WORKLOADS = {"fixed": Lengths(min_new_tokens=0, stop_chars=""), "variable": Leng
 
 
 def run(config_path: str, steps: int, workdir: Path, smoke: bool, workload: str = "fixed",
-        names: tuple[str, ...] = CONTENDERS) -> dict:
-    """Runs the contenders `names` (in the order of `CONTENDERS`) on `workload` (a key of `WORKLOADS`)."""
+        names: tuple[str, ...] = CONTENDERS, seed: int = 0) -> dict:
+    """Runs the contenders `names` (in the order of `CONTENDERS`) on `workload` (a key of `WORKLOADS`), every
+    run seeded `seed` (`seed_overrides`; TRL's `seed`): the model and the prompts are the same for any seed."""
     from megarl.bench.common import context, model_summary
     from megarl.models.tiny import make_tiny_model
 
@@ -100,14 +101,14 @@ def run(config_path: str, steps: int, workdir: Path, smoke: bool, workload: str 
     contenders = {}
     for name in (name for name in CONTENDERS if name in names):
         if name in MEGARL_CONTENDERS:
-            extra = (*MEGARL_CONTENDERS[name], *_megarl_lengths(**lengths))
+            extra = (*MEGARL_CONTENDERS[name], *_megarl_lengths(**lengths), *seed_overrides(seed))
             contenders[name] = _timed(lambda: _megarl(config_path, model, data, shape, steps, extra))
         else:
             spec = dict(model=str(model), data=str(data), steps=steps + 1, learning_rate=LEARNING_RATE,
-                        vllm_dtype=TRL_CONTENDERS[name], min_new_tokens=lengths["min_new_tokens"], **shape)
+                        vllm_dtype=TRL_CONTENDERS[name], min_new_tokens=lengths["min_new_tokens"], seed=seed, **shape)
             contenders[name] = _timed(lambda: _trl(spec, workdir / name))
     return dict(benchmark="step_peer_trl", context=context(), model=model_summary(model), workload=shape,
-                lengths=dict(name=workload, **lengths), learning_rate=LEARNING_RATE, measured_steps=steps,
+                lengths=dict(name=workload, **lengths), learning_rate=LEARNING_RATE, seed=seed, measured_steps=steps,
                 contenders=contenders,
                 megarl_over_peer_step_ratio=_ratios(contenders, "step_seconds", product(MEGARL_CONTENDERS, TRL_CONTENDERS)),
                 megarl_over_peer_generation_ratio=_ratios(contenders, "generate_ms_per_token", GENERATION_PEERS.items()))
@@ -135,6 +136,11 @@ def _stop_on(model: Path, stop_chars: str) -> list[int]:
 
 def _megarl_lengths(min_new_tokens: int, stop_ids: list[int]) -> tuple[str, ...]:
     return (f"rollout.min_new_tokens={min_new_tokens}", f"rollout.stop=[{','.join(map(str, stop_ids))}]")
+
+
+def seed_overrides(seed: int) -> tuple[str, ...]:
+    """megarl's seeds of what TRL's `seed` decides: the samples drawn and the prompts' order."""
+    return (f"trainer.seed={seed}", f"data.seed={seed}", f"rollout.seed={seed}")
 
 
 def _write_prompts(path: Path, count: int) -> Path:
@@ -218,7 +224,8 @@ def markdown(result: dict) -> str:
     lines = [
         f"step vs TRL: {result['model']['parameters'] / 1e6:.1f} M-parameter Qwen2, {shape['prompts_per_step']} prompts "
         f"× {shape['samples_per_prompt']} samples, {lengths['min_new_tokens']} to {shape['max_new_tokens']} new tokens "
-        f"({lengths['name']} lengths); median of {result['measured_steps']} step(s) after one warm-up step",
+        f"({lengths['name']} lengths), seed {result['seed']}; median of {result['measured_steps']} step(s) after one "
+        "warm-up step",
         _row(header), "|" + "---|" * len(header),
     ]
     for name, contender in result["contenders"].items():

@@ -3,7 +3,7 @@
     python -m megarl.bench.trl_peer SPEC.json RESULT.json
 
 SPEC: {"model": dir, "data": jsonl of prompt/answer rows, "steps": N, "samples_per_prompt": 8,
-"prompts_per_step": 16, "max_new_tokens": 64, "min_new_tokens": 0, "learning_rate": 1e-3, "vllm_dtype":
+"prompts_per_step": 16, "max_new_tokens": 64, "min_new_tokens": 0, "learning_rate": 1e-3, "seed": 0, "vllm_dtype":
 null | "float32" | "bfloat16"} (null: HF `generate`; else TRL's colocated vLLM in that dtype). RESULT: the
 wall time of each optimizer step (generation, reward, forward/backward and optimizer step together),
 the time spent inside the generate calls of each step (vLLM's `LLM.generate`, or HF's `generate`), and
@@ -65,7 +65,7 @@ def main(spec_path: str, result_path: str) -> None:
         lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0,
         temperature=1.0, top_k=0, top_p=1.0, use_cpu=True, bf16=False, logging_steps=1, report_to=[],
         save_strategy="no", use_vllm=use_vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=0.1,
-        seed=0, dataloader_num_workers=0, generation_kwargs=generation_kwargs,
+        seed=spec["seed"], dataloader_num_workers=0, generation_kwargs=generation_kwargs,
     )
 
     def reward(prompts, completions, answer, **columns):

@@ -48,6 +48,9 @@ def register(subparsers) -> None:
     parser.add_argument("--contenders", help="with --peer: a comma-separated subset of "
                                              "megarl, megarl_tuned, megarl_bf16, trl, trl_vllm, trl_vllm_bf16 (default: all); "
                                              "e.g. megarl_tuned,trl_vllm with --repeats 40 for the reward curves")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="with --peer: the seed of every run (sampling and prompt order: megarl's trainer.seed, "
+                             "data.seed and rollout.seed, TRL's seed); the model and prompts stay the same (default 0)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny model and shapes (train: TP 1 only), to check that a benchmark runs; the numbers "
                              "mean nothing")
@@ -66,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"megarl bench step --peer {args.peer}: --model {args.model}: the comparison makes its own model (the "
               "workload of issue 19); leave --model out", file=sys.stderr)
         return 2
-    if args.peer is None and (args.workload != "fixed" or args.contenders is not None):
-        print("megarl bench: --workload and --contenders choose the peer comparison's runs; add --peer trl "
+    if args.peer is None and (args.workload != "fixed" or args.contenders is not None or args.seed != 0):
+        print("megarl bench: --workload, --contenders and --seed choose the peer comparison's runs; add --peer trl "
               "(megarl bench step --peer trl)", file=sys.stderr)
         return 2
     unknown = sorted(set((args.contenders or "").split(",")) - {""} - set(_peer_contenders()))
@@ -114,7 +117,7 @@ def _run(args: argparse.Namespace, tmp: Path) -> tuple[dict, str]:
         from megarl.bench import peer
 
         names = tuple(args.contenders.split(",")) if args.contenders else peer.CONTENDERS
-        result = peer.run(args.config, args.repeats, tmp, args.smoke, args.workload, names)
+        result = peer.run(args.config, args.repeats, tmp, args.smoke, args.workload, names, args.seed)
         return result, peer.markdown(result)
     module = importlib.import_module(f"megarl.bench.{args.benchmark}")
     if args.benchmark == "step":

@@ -20,6 +20,7 @@ from megarl.rewards.tasks import REPEAT_ALPHABET
     (["bench", "step", "--peer", "trl", "--model", "."], "the comparison makes its own model"),
     (["bench", "step", "--workload", "variable"], "add --peer trl"),
     (["bench", "step", "--contenders", "megarl"], "add --peer trl"),
+    (["bench", "step", "--seed", "3"], "--workload, --contenders and --seed choose"),
     (["bench", "step", "--peer", "trl", "--contenders", "megarl,verl"], "--contenders 'megarl,verl': unknown verl; choose among megarl, megarl_tuned"),
 ])
 def test_a_peer_outside_its_benchmark_is_refused(argv, message, capsys):
@@ -49,7 +50,7 @@ def _result() -> dict:
         "model": {"parameters": 23.7e6}, "workload": {"prompts_per_step": 16, "samples_per_prompt": 8,
                                                        "max_new_tokens": 64},
         "lengths": {"name": "variable", "min_new_tokens": 8, "stop_ids": [1, 2, 3]},
-        "measured_steps": 7,
+        "measured_steps": 7, "seed": 3,
         "contenders": {
             "megarl": {"step_seconds": 10.0, "launch_to_end_seconds": 80.0, "update_mfu": 0.25, "peak_tflops": 0.04,
                        **ran},
@@ -65,7 +66,7 @@ def _result() -> dict:
 
 def test_the_table_shows_each_contender_its_ratio_and_a_failure_with_its_last_error_line():
     table = markdown(_result())
-    assert "8 to 64 new tokens (variable lengths)" in table
+    assert "8 to 64 new tokens (variable lengths), seed 3;" in table
     assert ("| system | s/step | generate ms/token | mean response tokens | reward, first → last quarter of steps | "
             "megarl ÷ system | megarl_bf16 ÷ system | launch→end s |") in table
     assert "| trl | 8.00 | 4.00 | 31.0 | 0.05 → 0.65 | 1.25 | 0.50 | 50 |" in table
@@ -99,3 +100,48 @@ def test_the_variable_workload_gives_both_systems_the_same_stops(tmp_path):
     assert len(set(stops)) == 3 and generation["eos_token_id"] == [eos, *stops]
     assert peer._megarl_lengths(8, stops) == ("rollout.min_new_tokens=8", f"rollout.stop=[{','.join(map(str, stops))}]")
     assert not set(peer.WORKLOADS["variable"].stop_chars) & set(REPEAT_ALPHABET)  # no stop is a right answer
+
+
+def test_the_seed_reaches_every_run_and_the_model_and_prompts_stay(tmp_path, monkeypatch):
+    """`--seed` moves what TRL's `seed` decides (samples, prompt order) in both systems: megarl's three seeds
+    and the TRL spec's; the model and the prompt file are the same bytes for any seed."""
+    runs = []
+    monkeypatch.setattr(peer, "_megarl", lambda config, model, data, shape, steps, extra: runs.append(extra) or {})
+    monkeypatch.setattr(peer, "_trl", lambda spec, out: runs.append(spec) or {})
+    made = {}
+    for seed in (0, 7):
+        result = peer.run("configs/quickstart.yaml", 1, tmp_path / str(seed), True, names=("megarl", "trl"), seed=seed)
+        made[seed] = [(tmp_path / str(seed) / name).read_bytes() for name in ("model/model.safetensors", "train.jsonl")]
+        assert result["seed"] == seed
+    assert made[0] == made[7]
+    assert {"trainer.seed=7", "data.seed=7", "rollout.seed=7"} <= set(runs[2]) and runs[3]["seed"] == 7
+    assert {"trainer.seed=0", "data.seed=0", "rollout.seed=0"} <= set(runs[0]) and runs[1]["seed"] == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="the bench extra (TRL) is not installed")
+def test_trl_runs_with_the_spec_seed(tmp_path, monkeypatch):
+    """trl_peer builds its `GRPOConfig` with the spec's seed (caught at the constructor, before any training)."""
+    import trl
+    from transformers import GenerationMixin
+
+    from megarl.bench import trl_peer
+
+    monkeypatch.setattr(GenerationMixin, "generate", GenerationMixin.generate)  # trl_peer wraps it to time calls
+    seen = {}
+
+    class Built(Exception):
+        """Stops main at the config."""
+
+    def config(**kwargs):
+        seen.update(kwargs)
+        raise Built
+
+    monkeypatch.setattr(trl, "GRPOConfig", config)
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"prompt": "a", "answer": "a"}) + "\n")
+    spec = dict(model=str(tmp_path), data=str(data), steps=1, samples_per_prompt=2, prompts_per_step=1,
+                max_new_tokens=4, min_new_tokens=0, learning_rate=1e-3, seed=7, vllm_dtype=None)
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    with pytest.raises(Built):
+        trl_peer.main(str(tmp_path / "spec.json"), str(tmp_path / "result.json"))
+    assert seen["seed"] == 7
