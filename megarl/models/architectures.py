@@ -4,7 +4,7 @@ Llama, Qwen2/2.5 and Qwen3 are one megatron GPT shape with switches: RMSNorm, Sw
 (`gated_linear_unit` + silu), GQA (`num_query_groups`), RoPE, q/k/v biases (Qwen2), per-head q/k
 RMSNorm (Qwen3, whose `head_dim` may differ from hidden / heads), tied or untied embeddings.
 `transformer_impl` picks the layer spec: "local" (plain torch, runs on CPU) or "transformer_engine"
-(GPU); the TransformerConfig is the same for both. `params_dtype` bfloat16 gives bf16 parameters
+(GPU); the TransformerConfig is the same for both but for `apply_rope_fusion` (`rope_fusion`). `params_dtype` bfloat16 gives bf16 parameters
 and compute (megatron's `bf16` TransformerConfig field follows it); the fp32 main parameters and
 gradients of mixed precision belong to the trainer (`megarl.workers.megatron_train`).
 
@@ -56,6 +56,30 @@ def takes_thd(config: TransformerConfig) -> bool:
     return config.transformer_impl == "transformer_engine"
 
 
+def rope_fusion(transformer_impl: str) -> bool:
+    """TransformerConfig's `apply_rope_fusion` for a layer spec: on for Transformer Engine, off for local.
+
+    Every micro-batch reaches the TE spec in the THD layout (`takes_thd`), and there megatron-core
+    0.16.1's unfused RoPE (megatron/core/models/common/embeddings/rope_utils.py,
+    `_apply_rotary_pos_emb_thd`) reads `cu_seqlens` on the host (`.tolist()` of the lengths and an
+    `if` on `cu_seqlens[-1]`: GPU syncs) and slices the frequencies per sequence in a Python loop,
+    for q and for k in every layer: the GPU waits for the host at every layer. With the
+    flag, `rope_utils.apply_rotary_pos_emb` calls `fused_apply_rotary_pos_emb_thd(t, cu_seqlens,
+    freqs, cp_size=..., cp_rank=...)` (megatron/core/extensions/transformer_engine.py), one TE kernel
+    (transformer_engine/pytorch/attention/rope.py, `apply_rotary_pos_emb(..., tensor_format="thd",
+    fused=True)`) with positions restarting at each sequence. Megatron-LM's training scripts turn it
+    on by default (`--no-rope-fusion` turns it off).
+
+    What the fused path needs, and megarl's models (Llama, Qwen2, Qwen3) meet: the fused functions
+    importable (`TransformerConfig.__post_init__` raises "Please install TE >= 1.4" otherwise, hence
+    off on the local spec, which runs where TE is not installed); `rotary_interleaved` False (the THD
+    wrapper hands TE no `interleaved` flag; HF's Llama/Qwen rotate halves anyway); no YaRN `mscale`
+    (the fused THD call drops it; a plain TransformerConfig has no YaRN fields, so it is 1.0); the
+    llama3 and linear scalings (`rope_arguments`) live in the frequency table both paths read.
+    """
+    return transformer_impl == "transformer_engine"
+
+
 def transformer_config(
     dims: ModelDims,
     *,
@@ -69,7 +93,8 @@ def transformer_config(
 
     params_dtype: float32 or bfloat16 (`TORCH_DTYPES`); megatron's `bf16` flag follows it.
     overrides: non-architectural TransformerConfig fields the caller owns (e.g. `sequence_parallel`,
-    `recompute_granularity`); architectural fields and the precision fields are rejected.
+    `recompute_granularity`); architectural fields, the precision fields and `apply_rope_fusion`
+    (`rope_fusion` of `transformer_impl`) are rejected.
     """
     check_parallel_layout(dims, tp_size=tp_size, pp_size=pp_size)
     _check_impl(transformer_impl)
@@ -90,11 +115,15 @@ def transformer_config(
         hidden_dropout=0.0,
         attention_dropout=dims.attention_dropout,
         init_method_std=dims.initializer_range,
+        # HF Llama/Qwen rotate halves (`rotate_half`), not interleaved pairs; `rope_fusion` relies on it.
+        rotary_interleaved=False,
     )
-    clashes = sorted(set(overrides) & (set(architecture) | {"bf16", "fp16", "params_dtype", "pipeline_dtype"}))
+    derived = {"bf16", "fp16", "params_dtype", "pipeline_dtype", "apply_rope_fusion"}
+    clashes = sorted(set(overrides) & (set(architecture) | derived))
     if clashes:
         raise ValueError(
-            f"transformer_config: {clashes} come from the HF config.json or params_dtype and cannot be overridden"
+            f"transformer_config: {clashes} come from the HF config.json, params_dtype or transformer_impl "
+            "and cannot be overridden"
         )
     _check_dtype(params_dtype)
     return TransformerConfig(
@@ -107,6 +136,7 @@ def transformer_config(
         # Without CUDA, megatron must build full weights on the CPU and slice them per rank.
         use_cpu_initialization=not uses_cuda(),
         transformer_impl=transformer_impl,
+        apply_rope_fusion=rope_fusion(transformer_impl),
         **overrides,
     )
 

@@ -17,6 +17,20 @@ What it mirrors:
   `i // (h / h_kv)`.
 Anything else (a dense layout, `arbitrary`, a mask, offsets that do not cover the row, a sequence
 longer than `max_seqlen`) raises, so megarl sending TE something else fails the test.
+
+And a stand-in for TE's fused THD RoPE, `fused_rope_thd`, which megatron-core's RoPE calls in place
+of its unfused per-sequence loop when `config.apply_rope_fusion` is set (megarl sets it on the TE
+spec: `megarl.models.architectures.rope_fusion`). What it mirrors:
+- megatron/core/models/common/embeddings/rope_utils.py, `apply_rotary_pos_emb`: with the flag and
+  `cu_seqlens`, it returns `fused_apply_rotary_pos_emb_thd(t, cu_seqlens, freqs, cp_size=...,
+  cp_rank=...)` (a module attribute, imported from megatron/core/extensions/transformer_engine.py,
+  None without TE: `TransformerConfig.__post_init__` refuses the flag then);
+- that wrapper hands it to transformer_engine/pytorch/attention/rope.py, `apply_rotary_pos_emb(t,
+  freqs, tensor_format="thd", fused=True, cu_seqlens=..., cp_size=..., cp_rank=...)` (no
+  `interleaved`: halves are rotated), whose docstring gives the contract: t `[t, h, d]`, freqs
+  `[s2, 1, 1, d2]` float32 with `d2 <= d` (the first `d2` channels rotate, the rest pass),
+  `cu_seqlens` int32 `[b + 1]`; each sequence's tokens take positions `0..len-1` of `freqs`; the
+  kernel works in float32 and returns `t`'s dtype.
 """
 
 from __future__ import annotations
@@ -30,6 +44,10 @@ from megatron.core.transformer.module import MegatronModule
 
 THD_CAUSAL = (AttnMaskType.causal, AttnMaskType.padding_causal)
 """The mask types TEDotProductAttention.forward sends TE as `padding_causal` for thd."""
+
+ROPE_CALLS: list[list[int]] = []
+"""The `cu_seqlens` of every `fused_rope_thd` call in this process, in order (the test reads which
+micro-batches took the fused path)."""
 
 
 class ThdDotProductAttention(MegatronModule):
@@ -77,6 +95,39 @@ class ThdDotProductAttention(MegatronModule):
         return offsets
 
 
+def fused_rope_thd(t, cu_seqlens, freqs, cp_size=1, cp_rank=0):
+    """TE's fused THD RoPE, `fused_apply_rotary_pos_emb_thd`, in plain torch (module docstring)."""
+    if t.dim() != 3:
+        raise AssertionError(f"stand-in: fused THD RoPE takes t as [t, h, d], got {tuple(t.shape)}")
+    if freqs.dim() != 4 or freqs.shape[1:3] != (1, 1) or freqs.dtype != torch.float32 or freqs.shape[3] > t.shape[2]:
+        raise AssertionError(f"stand-in: freqs must be float32 [s, 1, 1, d2 <= {t.shape[2]}], got "
+                             f"{freqs.dtype} {tuple(freqs.shape)}")
+    if (cp_size, cp_rank) != (1, 0):
+        raise AssertionError(f"stand-in: megarl runs no context parallelism, got cp_size={cp_size} cp_rank={cp_rank}")
+    offsets = _rope_offsets(cu_seqlens, t.shape[0], freqs.shape[0])
+    ROPE_CALLS.append(offsets)
+    lengths = torch.tensor(offsets).diff()
+    starts = torch.tensor(offsets[:-1]).repeat_interleave(lengths)
+    positions = torch.arange(t.shape[0]) - starts  # restarting at each sequence
+    angles = freqs[positions.to(freqs.device), 0]  # [t, 1, d2]
+    rotated, passed = t[..., : angles.shape[-1]].float(), t[..., angles.shape[-1]:]
+    first, second = rotated.chunk(2, dim=-1)
+    out = rotated * angles.cos() + torch.cat([-second, first], dim=-1) * angles.sin()
+    return torch.cat([out.to(t.dtype), passed], dim=-1)
+
+
+def _rope_offsets(cu_seqlens, tokens: int, table_rows: int) -> list[int]:
+    if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
+        raise AssertionError(f"stand-in: cu_seqlens must be int32 [b + 1], got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
+    offsets = cu_seqlens.tolist()
+    lengths = [end - start for start, end in zip(offsets, offsets[1:])]
+    if offsets[0] != 0 or offsets[-1] != tokens or min(lengths) < 0:
+        raise AssertionError(f"stand-in: cu_seqlens {offsets} must cover the {tokens} tokens of t")
+    if max(lengths) > table_rows:
+        raise AssertionError(f"stand-in: a sequence of {max(lengths)} tokens, freqs has {table_rows} positions")
+    return offsets
+
+
 def stand_in_te_layer_spec(qk_layernorm: bool):
     """`get_gpt_layer_with_transformer_engine_spec(qk_layernorm=...)` as megarl calls it, with the
     local spec's modules and `ThdDotProductAttention` as core attention (its `attn_mask_type` entry
@@ -87,8 +138,13 @@ def stand_in_te_layer_spec(qk_layernorm: bool):
 
 
 def use_stand_in_transformer_engine() -> None:
-    """In this process, `transformer_impl="transformer_engine"` builds the stand-in spec."""
+    """In this process, `transformer_impl="transformer_engine"` builds the stand-in spec, and
+    megatron's RoPE finds the fused THD kernel (only that one: the TE spec never gets `sbhd`
+    micro-batches, so megatron's fused `sbhd` RoPE stays None and would fail the test)."""
+    from megatron.core.models.common.embeddings import rope_utils
+
     from megarl.models import architectures
 
     architectures._te_importable = lambda: True
     architectures.get_gpt_layer_with_transformer_engine_spec = stand_in_te_layer_spec
+    rope_utils.fused_apply_rotary_pos_emb_thd = fused_rope_thd

@@ -9,11 +9,15 @@ Transformer Engine is CUDA-only: its core attention is stood in for by
 contract (megatron/core/extensions/transformer_engine.py, `TEDotProductAttention.forward`: `causal`
 → `padding_causal` for thd; TE's `DotProductAttention.forward` in transformer_engine/pytorch/
 attention/dot_product_attention/dot_product_attention.py: causal attention inside each
-`cu_seqlens` sequence) in plain torch, and refuses anything else. The rest is real: megarl's spec
-choice and mask type (`layer_spec`, `TE_SELF_ATTENTION_MASK_TYPE`), its THD layout and
-`run_model`, megatron's GPTModel and SelfAttention (the batch dimension squeezed for thd, RoPE per
-sequence: megatron/core/models/common/embeddings/rope_utils.py, `_apply_rotary_pos_emb_thd`). The GPU
-twin with the real TE: tests/gpu/test_thd_cuda.py.
+`cu_seqlens` sequence) in plain torch, and refuses anything else; and so is TE's fused THD RoPE, by
+`te_thd_stand_in.fused_rope_thd` (transformer_engine/pytorch/attention/rope.py,
+`apply_rotary_pos_emb(..., tensor_format="thd", fused=True)`: positions restart at each
+`cu_seqlens` sequence), which megatron calls because megarl sets `apply_rope_fusion` on the TE spec
+(`megarl.models.architectures.rope_fusion`). The rest is real: megarl's spec choice, mask type and
+rope fusion, its THD layout and `run_model`, megatron's GPTModel and SelfAttention (the batch
+dimension squeezed for thd, RoPE per sequence: megatron/core/models/common/embeddings/rope_utils.py,
+`apply_rotary_pos_emb`, fused or `_apply_rotary_pos_emb_thd`). The GPU twin with the real TE:
+tests/gpu/test_thd_cuda.py.
 """
 
 import numpy as np
@@ -31,7 +35,8 @@ TOLERANCE = 1e-5
 
 
 def _rank_main(model_dir):
-    from te_thd_stand_in import use_stand_in_transformer_engine
+    from megatron.core.transformer.attention import SelfAttention
+    from te_thd_stand_in import ROPE_CALLS, use_stand_in_transformer_engine
 
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
@@ -57,6 +62,24 @@ def _rank_main(model_dir):
     # Pipeline stages exchange one shape: the row is padded to the budget, as one more sequence.
     [whole] = micro_batches_of(batch, budgets[96], groups, te.engine.model.config)
     out["offsets"] = whole.cu_seqlens.tolist()
+    # RoPE fusion: the fused kernel gets each micro-batch's offsets, for q and k in every layer here,
+    # and computes what megatron's unfused THD RoPE does (the same model with the flag off).
+    wider = left_padded(batch, 3)
+    attentions = [m for m in te.engine.model.modules() if isinstance(m, SelfAttention)]
+    out["rope_fusion"] = [a.config.apply_rope_fusion for a in attentions]
+    out["rope_micro_batches"] = [mb.cu_seqlens.tolist() for mb in micro_batches_of(
+        wider, budgets[24], groups, te.engine.model.config)]
+    out["rope_calls_per_micro_batch"] = 2 * len(attentions)
+    ROPE_CALLS.clear()
+    fused = te.compute_log_prob(wider, micro_batch_size=budgets[24])
+    out["rope_calls"] = list(ROPE_CALLS)
+    for attention in attentions:
+        attention.config.apply_rope_fusion = False
+    unfused = te.compute_log_prob(wider, micro_batch_size=budgets[24])
+    for attention in attentions:
+        attention.config.apply_rope_fusion = True
+    out["rope", "fused"], out["rope", "unfused"] = [t.numpy() for t in fused], [t.numpy() for t in unfused]
+    out["rope_calls_unfused"] = len(ROPE_CALLS) - len(out["rope_calls"])
     batch.old_log_probs = torch.from_numpy(out["padded"][0]) + 0.05
     batch.advantages = torch.linspace(-1, 1, batch.response_length).expand(len(batch), -1).clone()
     loss = PolicyLoss(PolicyLossSettings(entropy_coeff=0.01))
@@ -85,6 +108,21 @@ def test_thd_log_probs_and_entropy_equal_the_padded_ones(ranks):
                 for name, thd, padded in zip(("log_probs", "entropy"), rank["thd", width, cut], rank["padded"]):
                     diff = _max_diff(thd, padded)
                     assert diff <= TOLERANCE, f"{name}, {width} more columns of left padding, cut {cut}: {diff:.2e}"
+
+
+def test_rope_fusion_runs_the_fused_kernel_per_micro_batch_and_equals_the_unfused_rope(ranks):
+    """megarl's TE config turns `apply_rope_fusion` on, so megatron hands TE's fused THD RoPE (the
+    stand-in) each micro-batch's `cu_seqlens`, twice per layer (q and k); with the flag off,
+    megatron's unfused per-sequence RoPE gives the same log-probs and entropy."""
+    for rank in ranks:
+        assert rank["rope_fusion"] and all(rank["rope_fusion"])
+        assert len(rank["rope_micro_batches"]) > 1 and all(len(offsets) > 3 for offsets in rank["rope_micro_batches"])
+        expected = [offsets for offsets in rank["rope_micro_batches"] for _ in range(rank["rope_calls_per_micro_batch"])]
+        assert sorted(rank["rope_calls"]) == sorted(expected)
+        assert rank["rope_calls_unfused"] == 0
+        for name, fused, unfused in zip(("log_probs", "entropy"), rank["rope", "fused"], rank["rope", "unfused"]):
+            diff = _max_diff(fused, unfused)
+            assert diff <= TOLERANCE, f"{name}: fused RoPE differs from the unfused by {diff:.2e}"
 
 
 def test_pipeline_stages_get_the_row_padded_to_the_budget_as_a_sequence_of_its_own(ranks):

@@ -57,8 +57,10 @@ def test_overrides_are_for_non_architectural_fields_only():
     assert cfg.bf16 and not cfg.fp16 and cfg.params_dtype == cfg.pipeline_dtype == torch.bfloat16
     with pytest.raises(ValueError, match=r"\['num_query_groups'\] come from the HF config.json"):
         transformer_config(dims, tp_size=1, pp_size=1, num_query_groups=8)
-    with pytest.raises(ValueError, match=r"\['bf16'\] come from the HF config.json or params_dtype"):
+    with pytest.raises(ValueError, match=r"\['bf16'\] come from the HF config.json, params_dtype or transformer_impl"):
         transformer_config(dims, tp_size=1, pp_size=1, bf16=True)
+    with pytest.raises(ValueError, match=r"\['apply_rope_fusion', 'rotary_interleaved'\] come from"):
+        transformer_config(dims, tp_size=1, pp_size=1, apply_rope_fusion=True, rotary_interleaved=True)
 
 
 def test_float16_is_refused_with_the_fix():
@@ -80,13 +82,17 @@ def test_transformer_engine_spec_is_causal_for_thd(monkeypatch):
     """The TE spec's self-attention gets `causal` (TEDotProductAttention turns it into
     `padding_causal` for THD micro-batches) and takes THD micro-batches; the local spec keeps a
     dense mask. TE is CUDA-only, so its spec function is stood in for by the local one, whose
-    self-attention entry has the same form (checked against the installed source below)."""
+    self-attention entry has the same form (checked against the installed source below), and its
+    fused RoPE, which the TE config needs to exist (tests/unit/gpu_contracts/
+    test_megatron_rope_fusion_contract.py), by a function never called here."""
+    from megatron.core.models.common.embeddings import rope_utils
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.enums import AttnMaskType
 
     from megarl.models import architectures
 
     monkeypatch.setattr(architectures, "_te_importable", lambda: True)
+    monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb_thd", lambda *args, **kwargs: None)
     monkeypatch.setattr(
         architectures, "get_gpt_layer_with_transformer_engine_spec",
         lambda qk_layernorm: get_gpt_layer_local_spec(qk_layernorm=qk_layernorm, normalization="RMSNorm"),
