@@ -6,8 +6,9 @@ What megatron-core 0.16.1 does with it, given `GPTModel.forward(..., attention_m
 packed_seq_params=PackedSeqParams(qkv_format="thd", ...))` (`MicroBatch.packed_seq_params`):
 - RoPE: `RotaryEmbedding.get_rotary_seq_len` sizes the table by `max_seqlen`, and
   `SelfAttention.forward` (megatron/core/transformer/attention.py) squeezes the batch dimension
-  (q, k, v `[t, heads, dim]`) and applies it per sequence (`rope_utils._apply_rotary_pos_emb_thd`
-  splits `t` by `cu_seqlens`): every sample gets positions `0..len-1`, as alone.
+  (q, k, v `[t, heads, dim]`) and applies it per sequence, in TE's fused THD kernel (megarl sets
+  `apply_rope_fusion` on this spec: `megarl.models.architectures.rope_fusion`, which says why):
+  every sample gets positions `0..len-1`, as alone.
 - Attention: `TEDotProductAttention.forward` (megatron/core/extensions/transformer_engine.py) hands
   `cu_seqlens_q/kv` and `max_seqlen_q/kv` to TE's `DotProductAttention` and turns the spec's `causal`
   into `padding_causal` (the mask types TE's THD kernels take): causal inside each sequence, nothing

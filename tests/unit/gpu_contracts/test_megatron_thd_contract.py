@@ -50,6 +50,7 @@ def test_every_module_on_the_way_takes_packed_seq_params(forward):
 def test_self_attention_squeezes_the_batch_and_applies_rope_per_thd_sequence():
     """Attention.forward, for `qkv_format == "thd"`: q/k/v lose the batch dimension (`[t, heads,
     dim]`, what TE's THD kernels take) and RoPE gets `cu_seqlens` (rope_utils.apply_rotary_pos_emb →
+    TE's fused THD RoPE on megarl's TE spec, test_megatron_rope_fusion_contract.py, else
     `_apply_rotary_pos_emb_thd`: positions restart at each sequence)."""
     source = inspect.getsource(SelfAttention.forward)
     assert "query = query.squeeze(1)" in source and "key = key.squeeze(1)" in source
