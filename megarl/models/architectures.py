@@ -4,9 +4,10 @@ Llama, Qwen2/2.5 and Qwen3 are one megatron GPT shape with switches: RMSNorm, Sw
 (`gated_linear_unit` + silu), GQA (`num_query_groups`), RoPE, q/k/v biases (Qwen2), per-head q/k
 RMSNorm (Qwen3, whose `head_dim` may differ from hidden / heads), tied or untied embeddings.
 `transformer_impl` picks the layer spec: "local" (plain torch, runs on CPU) or "transformer_engine"
-(GPU); the TransformerConfig is the same for both but for `apply_rope_fusion` (`rope_fusion`). `params_dtype` bfloat16 gives bf16 parameters
-and compute (megatron's `bf16` TransformerConfig field follows it); the fp32 main parameters and
-gradients of mixed precision belong to the trainer (`megarl.workers.megatron_train`).
+(GPU); the TransformerConfig is the same for both but for `apply_rope_fusion` (`rope_fusion`).
+`params_dtype` bfloat16 gives bf16 parameters and compute (megatron's `bf16` TransformerConfig field
+follows it); the fp32 main parameters and gradients of mixed precision belong to the trainer
+(`megarl.workers.megatron_train`).
 
     groups = initialize_model_parallel(tp=2, pp=2, seed=0)
     model = build_gpt_model("/ckpt/qwen", groups)                  # actor / reference
@@ -72,7 +73,8 @@ def rope_fusion(transformer_impl: str) -> bool:
 
     What the fused path needs, and megarl's models (Llama, Qwen2, Qwen3) meet: the fused functions
     importable (`TransformerConfig.__post_init__` raises "Please install TE >= 1.4" otherwise, hence
-    off on the local spec, which runs where TE is not installed); `rotary_interleaved` False (the THD
+    off on the local spec, which runs where TE is not installed; the `gpu` extra pins TE 2.9, whose
+    THD kernel also takes context parallelism, TE >= 1.12); `rotary_interleaved` False (the THD
     wrapper hands TE no `interleaved` flag; HF's Llama/Qwen rotate halves anyway); no YaRN `mscale`
     (the fused THD call drops it; a plain TransformerConfig has no YaRN fields, so it is 1.0); the
     llama3 and linear scalings (`rope_arguments`) live in the frequency table both paths read.

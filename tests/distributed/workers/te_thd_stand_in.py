@@ -29,8 +29,11 @@ spec: `megarl.models.architectures.rope_fusion`). What it mirrors:
   freqs, tensor_format="thd", fused=True, cu_seqlens=..., cp_size=..., cp_rank=...)` (no
   `interleaved`: halves are rotated), whose docstring gives the contract: t `[t, h, d]`, freqs
   `[s2, 1, 1, d2]` float32 with `d2 <= d` (the first `d2` channels rotate, the rest pass),
-  `cu_seqlens` int32 `[b + 1]`; each sequence's tokens take positions `0..len-1` of `freqs`; the
-  kernel works in float32 and returns `t`'s dtype.
+  `cu_seqlens` int32 `[b + 1]`;
+- the kernel, transformer_engine/common/fused_rope/fused_rope.cu (`fused_rope_forward_kernel`,
+  `fused_rope_block_forward`): token `start + i` of a THD sequence takes row `i` of `freqs`
+  (positions restart at each sequence); `x * cos + rotate_half(x) * sin` in float32 (`sincosf` of
+  the float32 angle), stored in `t`'s dtype; channels past `d2` copied.
 """
 
 from __future__ import annotations
@@ -118,7 +121,8 @@ def fused_rope_thd(t, cu_seqlens, freqs, cp_size=1, cp_rank=0):
 
 def _rope_offsets(cu_seqlens, tokens: int, table_rows: int) -> list[int]:
     if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
-        raise AssertionError(f"stand-in: cu_seqlens must be int32 [b + 1], got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
+        raise AssertionError(f"stand-in: cu_seqlens must be int32 [b + 1], got {cu_seqlens.dtype} "
+                             f"{tuple(cu_seqlens.shape)}")
     offsets = cu_seqlens.tolist()
     lengths = [end - start for start, end in zip(offsets, offsets[1:])]
     if offsets[0] != 0 or offsets[-1] != tokens or min(lengths) < 0:

@@ -31,7 +31,8 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "lo
                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 MODELS = {
     "llama": {"model_type": "llama", "rope_parameters": LLAMA3_ROPE},
-    "llama-linear": {"model_type": "llama", "rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}},
+    "llama-linear": {"model_type": "llama",
+                     "rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}},
     "qwen2": {"model_type": "qwen2", "rope_theta": 1e6},
     "qwen3": {"model_type": "qwen3", "rope_theta": 1e6, "head_dim": 32},
 }
