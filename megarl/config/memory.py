@@ -54,32 +54,17 @@ from dataclasses import dataclass, replace
 
 from megarl.config.config import Config
 from megarl.config.batch_plan import plan_batches, uses_reference
-from megarl.config.model_facts import ModelFactsError, is_hub_id, load_model_facts
+from megarl.config.model_facts import ModelFactsError, load_model_facts
 from megarl.config.problems import Problem
 from megarl.config.roles import ParallelConfig, RecomputeConfig
 from megarl.config.rollout import response_length, rollout_dtype
-from megarl.models.hf_config import read_model_dims
+from megarl.models.hf_config import QK_LAYERNORM_MODEL_TYPES, QKV_BIAS_MODEL_TYPES
 from megarl.models.layout import VOCAB_DIVISIBLE_BY
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 FP32 = 4
 ADAM_MOMENTS = 2 * FP32
-
-# The three shape facts the memory estimate needs beyond megarl.config.KNOWN_MODELS (intermediate_size,
-# head_dim, tie_word_embeddings), from the same published config.json files.
-_KNOWN_EXTRA = {
-    "Qwen/Qwen2.5-0.5B-Instruct": (4864, 64, True),
-    "Qwen/Qwen2.5-1.5B-Instruct": (8960, 128, True),
-    "Qwen/Qwen2.5-3B-Instruct": (11008, 128, True),
-    "Qwen/Qwen2.5-7B": (18944, 128, False),
-    "Qwen/Qwen2.5-7B-Instruct": (18944, 128, False),
-    "Qwen/Qwen2.5-Math-7B": (18944, 128, False),
-    "Qwen/Qwen2.5-32B": (27648, 128, False),
-    "Qwen/Qwen3-0.6B": (3072, 128, True),
-    "Qwen/Qwen3-8B": (12288, 128, False),
-    "meta-llama/Llama-3.1-8B-Instruct": (14336, 128, False),
-}
 
 
 @dataclass(frozen=True)
@@ -109,17 +94,14 @@ class ModelShape:
 
     @classmethod
     def of(cls, model_path: str) -> ModelShape:
-        """From a local checkpoint's config.json, or for a hub id from megarl's known-models table.
-        Raises `ModelFactsError` (from `load_model_facts`) when the shape cannot be found."""
+        """From a local checkpoint's config.json, or for a hub id from megarl's known-models table
+        (`load_model_facts`). Raises `ModelFactsError` when the shape cannot be found."""
         facts = load_model_facts(model_path)  # raises with the user-facing why/fix
-        if is_hub_id(model_path) and facts.source == "megarl known models table":
-            ffn, head_dim, tied = _KNOWN_EXTRA[model_path]
-            return cls(facts.vocab_size, facts.hidden_size, ffn, facts.num_hidden_layers, facts.num_attention_heads,
-                       facts.num_key_value_heads, head_dim, qkv_bias=facts.model_type == "qwen2",
-                       qk_layernorm=facts.model_type == "qwen3", tie_word_embeddings=tied)
-        d = read_model_dims(facts.source)
-        return cls(d.vocab_size, d.hidden_size, d.ffn_hidden_size, d.num_layers, d.num_attention_heads,
-                   d.num_kv_heads, d.head_dim, d.qkv_bias, d.qk_layernorm, d.tie_word_embeddings)
+        return cls(facts.vocab_size, facts.hidden_size, facts.ffn_hidden_size, facts.num_hidden_layers,
+                   facts.num_attention_heads, facts.num_key_value_heads, facts.head_dim,
+                   qkv_bias=facts.model_type in QKV_BIAS_MODEL_TYPES,
+                   qk_layernorm=facts.model_type in QK_LAYERNORM_MODEL_TYPES,
+                   tie_word_embeddings=facts.tie_word_embeddings)
 
     def layer_parameters(self, tp: int) -> int:
         """Parameters of one transformer layer on one TP rank."""

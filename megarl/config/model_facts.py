@@ -1,4 +1,5 @@
-"""The few facts about the model that validation needs (heads, KV groups, layers), read from config.json.
+"""The facts about the model that validation and the memory estimate need (heads, KV groups, layers, widths),
+read from config.json.
 
 `model.path` may be a local HF checkpoint directory or a hub id `org/name`. For a hub id the facts come
 from the local HF cache if the checkpoint was downloaded (megarl.config.hub), else from `KNOWN_MODELS`
@@ -33,6 +34,12 @@ class ModelFacts:
     """Vocabulary size (before Megatron's padding)."""
     max_position_embeddings: int
     """Longest sequence (prompt + response) the model supports."""
+    ffn_hidden_size: int
+    """MLP intermediate size (`intermediate_size`; gate and up each have this many rows)."""
+    head_dim: int
+    """Width of one attention head."""
+    tie_word_embeddings: bool
+    """The output layer is the embedding (no separate output weight)."""
     source: str
     """Where the facts were read: a config.json path or `megarl known models table`."""
 
@@ -45,21 +52,22 @@ class ModelFactsError(Exception):
         self.why, self.fix = why, fix
 
 
-def _known(model_type, heads, kv_heads, layers, hidden, vocab, max_positions) -> ModelFacts:
-    return ModelFacts(model_type, heads, kv_heads, layers, hidden, vocab, max_positions, "megarl known models table")
+def _known(model_type, heads, kv_heads, layers, hidden, vocab, max_positions, ffn, head_dim, tied) -> ModelFacts:
+    return ModelFacts(model_type, heads, kv_heads, layers, hidden, vocab, max_positions, ffn, head_dim, tied,
+                      "megarl known models table")
 
 
 KNOWN_MODELS = {
-    "Qwen/Qwen2.5-0.5B-Instruct": _known("qwen2", 14, 2, 24, 896, 151936, 32768),
-    "Qwen/Qwen2.5-1.5B-Instruct": _known("qwen2", 12, 2, 28, 1536, 151936, 32768),
-    "Qwen/Qwen2.5-3B-Instruct": _known("qwen2", 16, 2, 36, 2048, 151936, 32768),
-    "Qwen/Qwen2.5-7B": _known("qwen2", 28, 4, 28, 3584, 152064, 131072),
-    "Qwen/Qwen2.5-7B-Instruct": _known("qwen2", 28, 4, 28, 3584, 152064, 32768),
-    "Qwen/Qwen2.5-Math-7B": _known("qwen2", 28, 4, 28, 3584, 152064, 4096),
-    "Qwen/Qwen2.5-32B": _known("qwen2", 40, 8, 64, 5120, 152064, 131072),
-    "Qwen/Qwen3-0.6B": _known("qwen3", 16, 8, 28, 1024, 151936, 40960),
-    "Qwen/Qwen3-8B": _known("qwen3", 32, 8, 36, 4096, 151936, 40960),
-    "meta-llama/Llama-3.1-8B-Instruct": _known("llama", 32, 8, 32, 4096, 128256, 131072),
+    "Qwen/Qwen2.5-0.5B-Instruct": _known("qwen2", 14, 2, 24, 896, 151936, 32768, 4864, 64, True),
+    "Qwen/Qwen2.5-1.5B-Instruct": _known("qwen2", 12, 2, 28, 1536, 151936, 32768, 8960, 128, True),
+    "Qwen/Qwen2.5-3B-Instruct": _known("qwen2", 16, 2, 36, 2048, 151936, 32768, 11008, 128, True),
+    "Qwen/Qwen2.5-7B": _known("qwen2", 28, 4, 28, 3584, 152064, 131072, 18944, 128, False),
+    "Qwen/Qwen2.5-7B-Instruct": _known("qwen2", 28, 4, 28, 3584, 152064, 32768, 18944, 128, False),
+    "Qwen/Qwen2.5-Math-7B": _known("qwen2", 28, 4, 28, 3584, 152064, 4096, 18944, 128, False),
+    "Qwen/Qwen2.5-32B": _known("qwen2", 40, 8, 64, 5120, 152064, 131072, 27648, 128, False),
+    "Qwen/Qwen3-0.6B": _known("qwen3", 16, 8, 28, 1024, 151936, 40960, 3072, 128, True),
+    "Qwen/Qwen3-8B": _known("qwen3", 32, 8, 36, 4096, 151936, 40960, 12288, 128, False),
+    "meta-llama/Llama-3.1-8B-Instruct": _known("llama", 32, 8, 32, 4096, 128256, 131072, 14336, 128, False),
 }
 """Hub id -> facts from the checkpoint's published config.json, for validating without a download."""
 
@@ -105,5 +113,6 @@ def read_config_json(config_json: Path) -> ModelFacts:
         raise ModelFactsError(f"{config_json}: {error}",
                               "use a Llama, Qwen2 or Qwen3 checkpoint with a complete config.json")
     return ModelFacts(dims.model_type, dims.num_attention_heads, dims.num_kv_heads, dims.num_layers, dims.hidden_size,
-                      dims.vocab_size, dims.max_position_embeddings, str(config_json))
+                      dims.vocab_size, dims.max_position_embeddings, dims.ffn_hidden_size, dims.head_dim,
+                      dims.tie_word_embeddings, str(config_json))
 

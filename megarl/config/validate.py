@@ -437,7 +437,8 @@ def _check_seeds(config: Config, problems: list[Problem]) -> None:
 
 
 def _check_layout_against_model(config: Config, facts: ModelFacts, problems: list[Problem]) -> None:
-    """Megatron needs TP | heads, TP | KV groups and PP | layers; vLLM needs TP | heads and TP, KV heads nested."""
+    """Megatron needs TP | heads, TP | KV groups, TP | MLP width and PP | layers; vLLM needs TP | heads, TP | MLP
+    width and TP, KV heads nested."""
     roles = {"actor": (config.actor.parallel, config.actor.recompute)}
     if config.critic.enable:
         roles["critic"] = (config.critic.parallel, config.critic.recompute)
@@ -452,18 +453,26 @@ def _check_layout_against_model(config: Config, facts: ModelFacts, problems: lis
           "could never be generated and never stop a response", "list token ids below the vocabulary size, or the "
           "stop text as a string")
     tp, heads, kv = config.rollout.tensor_model_parallel_size, facts.num_attention_heads, facts.num_key_value_heads
-    key = "rollout.tensor_model_parallel_size"
+    ffn, key = facts.ffn_hidden_size, "rollout.tensor_model_parallel_size"
     if tp >= 1:
         _need(problems, heads % tp == 0, key, tp, f"rollout TP {tp} does not divide the {heads} attention heads of {model}",
               f"use a rollout TP dividing {heads}")
         _need(problems, kv % tp == 0 or tp % kv == 0, key, tp,
               f"vLLM needs rollout TP {tp} and the {kv} KV heads of {model} to divide one another",
               f"use a rollout TP that divides {kv} or is a multiple of it")
+        _need(problems, ffn % tp == 0, key, tp, _ffn_split("rollout TP", tp, ffn, model), f"use a rollout TP dividing {ffn}")
+
+
+def _ffn_split(what: str, tp: int, ffn: int, model: str) -> str:
+    """Why a TP that does not divide the MLP width fails: Megatron and vLLM alike give each TP rank an equal
+    slice of the gate/up rows and of the down projection's columns."""
+    return (f"{what} {tp} does not divide the MLP intermediate size {ffn} of {model} ({ffn} ÷ {tp} = {ffn / tp:.2f}): "
+            "every TP rank holds an equal slice of the MLP")
 
 
 def check_megatron_layout(role: str, parallel: ParallelConfig, recompute: RecomputeConfig | None, facts: ModelFacts,
                            model: str, problems: list[Problem]) -> None:
-    """TP | heads, TP | KV groups, PP | layers (and recomputed layers within a stage) of `role`'s layout; `role`
+    """TP | heads, TP | KV groups, TP | MLP width, PP | layers (and recomputed layers within a stage) of `role`'s layout; `role`
     "" for a recipe whose `parallel` section is top-level (`megarl sft`)."""
     tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
     prefix = f"{role}." if role else ""
@@ -474,6 +483,8 @@ def check_megatron_layout(role: str, parallel: ParallelConfig, recompute: Recomp
               f"use a TP dividing {heads}")
         _need(problems, kv % tp == 0, key, tp, f"Megatron needs TP {tp} to divide the {kv} KV groups of {model} "
                                                f"({kv} ÷ {tp} = {kv / tp:.2f})", f"use a TP dividing {kv}")
+        ffn = facts.ffn_hidden_size
+        _need(problems, ffn % tp == 0, key, tp, _ffn_split("TP", tp, ffn, model), f"use a TP dividing {ffn}")
     if pp >= 1:
         _need(problems, layers % pp == 0, f"{prefix}parallel.pipeline_model_parallel_size", pp,
               f"PP {pp} does not divide the {layers} layers of {model} ({layers} ÷ {pp} = {layers / pp:.2f})",

@@ -110,6 +110,12 @@ def load_hf_config(source: str | Path | Mapping[str, Any] | Any) -> dict[str, An
     return content
 
 
+QKV_BIAS_MODEL_TYPES = frozenset({"qwen2"})
+"""Model types whose q/k/v projections carry biases (an architecture fact, not a config.json key)."""
+QK_LAYERNORM_MODEL_TYPES = frozenset({"qwen3"})
+"""Model types with a per-head RMSNorm on q and k."""
+
+
 def read_model_dims(source: str | Path | Mapping[str, Any] | Any) -> ModelDims:
     """Validate an HF config for megarl and return its `ModelDims` (ValueError naming the key if not)."""
     cfg = load_hf_config(source)
@@ -141,8 +147,8 @@ def read_model_dims(source: str | Path | Mapping[str, Any] | Any) -> ModelDims:
         num_attention_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
-        qkv_bias=model_type == "qwen2",
-        qk_layernorm=model_type == "qwen3",
+        qkv_bias=model_type in QKV_BIAS_MODEL_TYPES,
+        qk_layernorm=model_type in QK_LAYERNORM_MODEL_TYPES,
         # Llama, Qwen2 and Qwen3 config classes all default to untied embeddings.
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         rms_norm_eps=_number(cfg, "rms_norm_eps"),

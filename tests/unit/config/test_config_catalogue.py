@@ -54,6 +54,11 @@ CASES = [
      "rollout TP 8 does not divide the 4 GPUs"),
     ("rollout-tp-not-dividing-heads", ["rollout.tensor_model_parallel_size=4", "model.path={tmp}/model3"],
      "rollout.tensor_model_parallel_size", "rollout TP 4 does not divide the 6 attention heads"),
+    ("tp-not-dividing-mlp", ["model.path={tmp}/model_ffn255"], "actor.parallel.tensor_model_parallel_size",
+     "TP 2 does not divide the MLP intermediate size 255 of the model"),
+    ("rollout-tp-not-dividing-mlp", ["actor.parallel.tensor_model_parallel_size=1", "rollout.tensor_model_parallel_size=4",
+                                     "model.path={tmp}/model_ffn255"],
+     "rollout.tensor_model_parallel_size", "rollout TP 4 does not divide the MLP intermediate size 255 of the model"),
     ("colocated-rollout-tp-straddles-nodes", ["placement.nnodes=2", "placement.gpus_per_node=2",
                                               "rollout.tensor_model_parallel_size=4"],
      "rollout.tensor_model_parallel_size", "colocated engines must not straddle nodes: rollout TP 4 does not divide the 2 GPUs"),
@@ -328,6 +333,7 @@ def test_bad_config_exits_2_naming_the_key(workdir, capsys, monkeypatch, overrid
 def write_bad_models(workdir):
     """The model directories the cases point model.path and model.tokenizer_path at."""
     write_model(workdir / "model3", num_attention_heads=6, num_key_value_heads=2)
+    write_model(workdir / "model_ffn255", intermediate_size=255)
     write_model(workdir / "model_gpt2", architectures=["GPT2LMHeadModel"], model_type="gpt2")
     write_model(workdir / "model_swa", use_sliding_window=True)
     write_model(workdir / "model_heads_zero", num_attention_heads=0)
