@@ -44,7 +44,8 @@ TRAINER_WORLD_CALLS = ("send", "isend", "recv", "irecv", "broadcast", "all_reduc
 
 @pytest.fixture(scope="module")
 def qwen2(tmp_path_factory):
-    from megarl.models.tiny import make_tiny_model  # not at the top: the spawned ranks import this module
+    # Imported here, not at the top: the spawned ranks import this module and need no transformers.
+    from megarl.models.tiny import make_tiny_model
 
     return make_tiny_model(
         tmp_path_factory.mktemp("shard_sync"), "qwen2", hidden_size=256, num_attention_heads=8,
@@ -96,8 +97,8 @@ class _TrainerWorldCalls:
 
 def _join(port: int, rank: int, world_size: int) -> dist.ProcessGroup:
     """Join, at `rank`, the sync group whose store the test process already hosts: a rank that
-    connects before its store listens retries with a backoff growing to a minute (torch's TCPStore
-    client), which the receivers, started with the trainer world, would wait out."""
+    connects before its store listens retries with a backoff growing to a minute (c10d's
+    `ExponentialBackoffWithJitter`), which receivers started with the trainer world would wait out."""
     store = dist.TCPStore(HOST, port, world_size, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
     return create_weight_sync_group(HOST, port, rank, world_size, TIMEOUT_S, store=store)
 
