@@ -3,7 +3,8 @@
 processes in tests/unit/bridge/test_shard_schedule.py): a spawned trainer world loads an HF checkpoint into Megatron, and every rank
 sends, over a gloo sync group, each receiver thread of this process (the workers of one rollout
 engine) exactly the pieces of its own shards that the worker's vLLM TP shard needs (the planner's
-schedule, `plan.build_schedule`); each worker assembles its per-rank tensors bucket by bucket.
+schedule, `plan.build_schedule`); each worker assembles its per-rank tensors bucket by bucket. The
+test process hosts each sync group's store, listening before any rank joins.
 
 - The sync check is exact: the workers' tensors, checksummed as vLLM's loader would take them
   (`checksum.VllmRankLayout`), add up to the checkpoint's checksums, every tensor.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -29,9 +31,8 @@ from megarl.bridge.plan import LayoutPair, build_plan, build_schedule, receiver_
 from megarl.bridge.shard_sync import receive_rank_shards
 from megarl.models.layout import VOCAB_DIVISIBLE_BY
 from megarl.models.hf_config import read_model_dims
-from megarl.models.tiny import make_tiny_model
-from megarl.parallel.spawn import free_port, run_distributed
-from megarl.bridge.sync_group import create_weight_sync_group
+from megarl.parallel.spawn import run_distributed
+from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
 
 HOST = "127.0.0.1"
 TIMEOUT_S = 300
@@ -43,6 +44,9 @@ TRAINER_WORLD_CALLS = ("send", "isend", "recv", "irecv", "broadcast", "all_reduc
 
 @pytest.fixture(scope="module")
 def qwen2(tmp_path_factory):
+    # Imported here, not at the top: the spawned ranks import this module and need no transformers.
+    from megarl.models.tiny import make_tiny_model
+
     return make_tiny_model(
         tmp_path_factory.mktemp("shard_sync"), "qwen2", hidden_size=256, num_attention_heads=8,
         num_key_value_heads=4, head_dim=32, initializer_range=0.2,
@@ -91,6 +95,14 @@ class _TrainerWorldCalls:
             setattr(dist, name, original)
 
 
+def _join(port: int, rank: int, world_size: int) -> dist.ProcessGroup:
+    """Join, at `rank`, the sync group whose store the test process already hosts: a rank that
+    connects before its store listens retries with a backoff growing to a minute (c10d's
+    `ExponentialBackoffWithJitter`), which receivers started with the trainer world would wait out."""
+    store = dist.TCPStore(HOST, port, world_size, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
+    return create_weight_sync_group(HOST, port, rank, world_size, TIMEOUT_S, store=store)
+
+
 def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, int]) -> dict:
     """One trainer rank: per rollout TP, join that sync group and send; what it sent, per receiver."""
     from megarl.bridge.shard_sync import ShardSender
@@ -107,7 +119,7 @@ def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, int]) -> dict:
     for rollout_tp, port in ports.items():
         layout = LayoutPair(tp, pp, rollout_tp)
         rank = sender_rank(layout, groups.pp_rank, groups.tp_rank)
-        group = _CountingGroup(create_weight_sync_group(HOST, port, rank, tp * pp + rollout_tp, TIMEOUT_S))
+        group = _CountingGroup(_join(port, rank, tp * pp + rollout_tp))
         plan = build_plan(dims, layout, bucket_mb=BUCKET_MB)
         sender = ShardSender(plan, lambda: global_named_parameters(model, groups), groups, group)
         with _TrainerWorldCalls() as world:
@@ -121,8 +133,7 @@ def _receiver(port: int, plan, worker: int) -> LoadedChecksums:
     """Rollout worker `worker` of one engine: join the group, receive its per-rank tensors, checksum
     them as vLLM's loader takes them."""
     layout = plan.layout
-    group = create_weight_sync_group(HOST, port, receiver_rank(layout, 0, worker),
-                                     layout.train_tp * layout.train_pp + layout.rollout_tp, TIMEOUT_S)
+    group = _join(port, receiver_rank(layout, 0, worker), layout.train_tp * layout.train_pp + layout.rollout_tp)
     record = LoadedChecksums("float32")
     for _ in recorded(receive_rank_shards(group, plan, worker, torch.device("cpu")), record,
                       VllmRankLayout(plan.dims, layout.rollout_tp, worker)):
@@ -143,7 +154,8 @@ def test_every_rank_sends_each_worker_the_pieces_of_its_shard(qwen2, tp, pp, rol
     extra trainer processes."""
     dims = read_model_dims(qwen2)
     expected = {name: tensor_checksum(tensor, torch.float32) for name, tensor in _checkpoint(qwen2).items()}
-    ports = {rollout_tp: free_port(HOST) for rollout_tp in rollout_tps}
+    stores = {r: listen_weight_sync_store(HOST, tp * pp + r, TIMEOUT_S) for r in rollout_tps}
+    ports = {r: store.port for r, store in stores.items()}
     plans = {r: build_plan(dims, LayoutPair(tp, pp, r), bucket_mb=BUCKET_MB) for r in rollout_tps}
     receivers = [(r, worker) for r in rollout_tps for worker in range(r)]
     with ThreadPoolExecutor(max_workers=1 + len(receivers)) as pool:
