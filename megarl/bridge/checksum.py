@@ -14,11 +14,16 @@ from independent sources and compared name by name.
   wrong cast on the way.
 
 The checksum of a tensor x viewed as the integers of its bits in `dtype` (flat index i) is
-`Σ_i (2i + 1) · bits_i mod 2^32`: exact and order-free (integer sums), position-sensitive (a swap,
-shift or transpose changes it), and linear, so the partial sums of a tensor's row blocks or column
-blocks, each weighted by its place, add up to the whole tensor's (`partial_checksum`). This is the
-idea of slime's weight-equality check (compare the engine's weights with an independent copy after
-an update), at the cost of one integer pass over the weights on each side.
+`Σ_i w(i) · bits_i mod 2^32`, with w a 32-bit integer hash of the index (`index_weights`): exact
+and order-free (integer sums), position-sensitive (a swap, shift or transpose changes it), and
+additive over elements, so the partial sums of a tensor's row blocks or column blocks, each weighted
+at its own HF indices, add up to the whole tensor's (`block_checksum`). The weights are a hash, not
+an affine function of i, because affine weights cancel over power-of-two sizes: with w(i) = 2i + 1,
+Σ_{i<n} w(i) = n², which is 0 mod 2^32 for any tensor of 2^16 elements or a multiple, so an error
+that adds the same amount to every element's bits (every bf16 value doubled, a wrong exponent) went
+unseen in most real weight matrices. This is the idea of slime's weight-equality check (compare the
+engine's weights with an independent copy after an update), at the cost of one integer pass over the
+weights on each side.
 
     parts = [rank_checksums(plan, actor.named_parameters_for_sync(), groups, "bfloat16")]   # every trainer rank
     loaded = engine.loaded_checksums()              # one `LoadedChecksums` per worker of one engine
@@ -41,8 +46,11 @@ from megarl.models.layout import REPLICATED, VOCAB, ParamMapping, tp_shard_from_
 
 MOD = 1 << 32
 """Checksums are taken mod 2^32: a wrong tensor goes unnoticed with odds of 2^-32."""
-CHUNK_ELEMENTS = 1 << 24
-"""Elements widened at once (bounds the temporary memory of a checksum: 64 MiB in int32)."""
+CHUNK_ELEMENTS = 1 << 22
+"""Elements widened at once (bounds the temporary memory of a checksum: a few int64 tensors of 32 MiB)."""
+_MASK = MOD - 1
+_HASH_MULTIPLIER = 0x45D9F3B
+"""An odd multiplier of a known-good 32-bit integer hash (xor-shift-multiply)."""
 _INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 SHOWN = 8
 """Tensors named in a checksum error (the rest are counted)."""
@@ -65,39 +73,39 @@ class LoadedChecksums:
     over the engine's workers, they give the whole tensor's."""
 
 
-def row_terms(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row (dim 0; a 1-D tensor's elements are rows of one) of `tensor` cast to `dtype` and viewed
-    as integers of its bits: `sums [rows]` (Σ_k bits_k) and `weighted [rows]` (Σ_k (2k + 1) bits_k mod
-    2^32, the products wrapping in int32 for dtypes of up to 4 bytes, so fp32 bits need no widening),
-    int64."""
-    ints = tensor.detach().to(dtype).view(_INT_OF_WIDTH[dtype.itemsize])
-    ints = ints.reshape(ints.shape[0] if ints.dim() else 1, -1)
-    width = ints.shape[1]
-    wide = torch.int64 if dtype.itemsize > 4 else torch.int32
-    weights = torch.arange(width, dtype=wide, device=ints.device) * 2 + 1
-    sums, weighted = [], []
-    step = max(1, CHUNK_ELEMENTS // max(width, 1))
+def index_weights(flat: torch.Tensor) -> torch.Tensor:
+    """w(i) of the checksum for int64 flat indices `flat` (any shape, < 2^63): a 32-bit integer hash
+    (xor-shift-multiply rounds, the multiplier below 2^27 so products fit in int64), int64 in
+    [0, 2^32). Not affine in i, so Σ_i w(i) over a run of indices does not cancel mod 2^32."""
+    x = (flat ^ (flat >> 32)) & _MASK
+    for _ in range(2):
+        x = (((x >> 16) ^ x) * _HASH_MULTIPLIER) & _MASK
+    return (x >> 16) ^ x
+
+
+def block_checksum(block: torch.Tensor, dtype: torch.dtype, hf_rows: torch.Tensor, width: int,
+                   first_column: int = 0) -> int:
+    """The share of an HF tensor's checksum carried by `block` cast to `dtype`: row j of the block
+    (dim 0; a 1-D block's elements are rows of one) is HF row `hf_rows[j]`, its columns (flattened
+    trailing dims) start at `first_column` of the HF tensor's `width`, so element (j, k) has the flat
+    HF index hf_rows[j]·width + first_column + k."""
+    ints = block.detach().to(dtype).view(_INT_OF_WIDTH[dtype.itemsize])
+    ints = ints.flatten(1) if ints.dim() > 1 else ints.reshape(-1, 1)  # [rows, columns], even with no rows
+    hf_rows = hf_rows.to(device=ints.device, dtype=torch.int64)
+    columns = torch.arange(ints.shape[1], dtype=torch.int64, device=ints.device) + first_column
+    total = 0
+    step = max(1, CHUNK_ELEMENTS // max(ints.shape[1], 1))
     for start in range(0, ints.shape[0], step):
-        rows = ints[start : start + step].to(wide)
-        sums.append(rows.sum(1, dtype=torch.int64))
-        weighted.append((rows * weights).sum(1, dtype=torch.int64))
-    return torch.cat(sums), torch.cat(weighted)
-
-
-def partial_checksum(sums: torch.Tensor, weighted: torch.Tensor, hf_rows: torch.Tensor, width: int,
-                     first_column: int = 0) -> int:
-    """The share of an HF tensor's checksum carried by some of its rows' blocks: row j of the block is
-    HF row `hf_rows[j]`, its columns start at `first_column` of the HF tensor's `width` (flattened
-    trailing dims); `sums`/`weighted` from `row_terms` of the block. Flat HF index = row·width +
-    first_column + k, so the row adds (2 (row·width + first_column))·sums + weighted."""
-    hf_rows = hf_rows.to(device=sums.device, dtype=torch.int64)
-    return int((((hf_rows * width + first_column) * 2) * sums + weighted).sum()) % MOD
+        flat = hf_rows[start : start + step, None] * width + columns
+        bits = ints[start : start + step].to(torch.int64) & _MASK  # the bits as unsigned; < 2^32
+        total += int(((bits * index_weights(flat)) & _MASK).sum())  # each term < 2^32: the sum fits in int64
+    return total % MOD
 
 
 def tensor_checksum(tensor: torch.Tensor, dtype: torch.dtype) -> int:
-    """`Σ_i (2i + 1) · bits_i mod 2^32` over `tensor` cast to `dtype` (flat index i)."""
-    sums, weighted = row_terms(tensor, dtype)
-    return partial_checksum(sums, weighted, torch.arange(sums.shape[0]), _width(tensor.shape))
+    """`Σ_i w(i) · bits_i mod 2^32` over `tensor` cast to `dtype` (flat index i)."""
+    rows = tensor.shape[0] if tensor.dim() else 1
+    return block_checksum(tensor, dtype, torch.arange(rows), _width(tensor.shape))
 
 
 def combine(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:
@@ -151,13 +159,11 @@ def shard_checksums(param: PlannedParam, shard: torch.Tensor, dims: ModelDims, *
     if origin.shape[0] != shard.shape[0]:
         raise ValueError(f"{param.megatron_name}: shard of {shard.shape[0]} rows, the loader's slicing gives "
                          f"{origin.shape[0]} at TP {tp_size}")
-    sums, weighted = row_terms(shard, dtype)
     checksums = {}
     for index, (name, shape) in enumerate(zip(param.hf_names, param.hf_shapes)):
-        rows = origin[:, 0] == index + 1  # on the CPU, like `origin`; the shard's terms may be on a GPU
-        on_device = rows.to(sums.device)
-        checksums[name] = partial_checksum(sums[on_device], weighted[on_device], origin[rows, 1], _width(shape),
-                                           first_columns.get(index, 0))
+        rows = origin[:, 0] == index + 1  # on the CPU, like `origin`; the shard may be on a GPU
+        checksums[name] = block_checksum(shard[rows.to(shard.device)], dtype, origin[rows, 1], _width(shape),
+                                         first_columns.get(index, 0))
     return checksums
 
 
@@ -219,17 +225,16 @@ class VllmRankLayout:
         """The HF tensors' partial checksums of this worker's per-rank tensor `name`."""
         prefix, _, leaf = name.rpartition(".")  # e.g. "model.layers.0.self_attn.qkv_proj", "weight"
         module, _, kind = prefix.rpartition(".")
-        sums, weighted = row_terms(tensor, dtype)
         width = _width(tensor.shape)
         if kind in ("embed_tokens", "lm_head"):  # rows of the padded vocabulary
             per_rank = vllm_vocab_rows(self.dims, self.tp_size)
             first = min(self.tp_rank * per_rank, self.dims.vocab_size)
             real = min(first + per_rank, self.dims.vocab_size) - first
-            return {name: partial_checksum(sums[:real], weighted[:real], torch.arange(first, first + real), width)}
+            return {name: block_checksum(tensor[:real], dtype, torch.arange(first, first + real), width)}
         if kind in ("o_proj", "down_proj"):  # a block of columns of every row
             columns = tensor.shape[1]
-            return {name: partial_checksum(sums, weighted, torch.arange(sums.shape[0]), columns * self.tp_size,
-                                           self.tp_rank * columns)}
+            return {name: block_checksum(tensor, dtype, torch.arange(tensor.shape[0]), columns * self.tp_size,
+                                         self.tp_rank * columns)}
         parts = {"qkv_proj": (("q_proj", self.dims.q_size), ("k_proj", self.dims.kv_size),
                               ("v_proj", self.dims.kv_size)),
                  "gate_up_proj": (("gate_proj", self.dims.ffn_hidden_size), ("up_proj", self.dims.ffn_hidden_size))}
@@ -241,8 +246,7 @@ class VllmRankLayout:
             block = slice(row, row + local)
             hf_row_numbers = torch.arange(local) + (self.tp_rank // replicas if kv else self.tp_rank) * local
             if not (kv and self.tp_rank % replicas):
-                checksums[f"{module}.{hf_kind}.{leaf}"] = partial_checksum(sums[block], weighted[block],
-                                                                           hf_row_numbers, width)
+                checksums[f"{module}.{hf_kind}.{leaf}"] = block_checksum(tensor[block], dtype, hf_row_numbers, width)
             row += local
         return checksums
 

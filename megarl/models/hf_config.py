@@ -242,6 +242,12 @@ def _reject_unsupported_features(cfg: Mapping[str, Any]) -> None:
         )
     if cfg.get("mlp_bias"):
         problems.append("mlp_bias=true (MLP biases are not supported)")
+    rope_params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else {}
+    for key, holder in (("partial_rotary_factor", cfg), ("rope_parameters.partial_rotary_factor", rope_params)):
+        if holder.get("partial_rotary_factor", 1.0) != 1.0:
+            # Megatron would rotate only part of each head; HF's Llama/Qwen attention rotates whole heads.
+            problems.append(f"{key}={holder['partial_rotary_factor']} (RoPE over part of a head is not supported; "
+                            "Llama and Qwen rotate whole heads)")
     if problems:
         raise ValueError("config.json: unsupported " + "; ".join(problems))
 

@@ -139,3 +139,33 @@ def test_one_bf16_ulp_and_a_swap_of_two_elements_change_the_checksum():
 def test_an_engine_in_another_dtype_than_the_check_is_refused():
     with pytest.raises(WeightChecksumError, match="runs in float32, but the actor's checksums were taken in bfloat16"):
         check_checksums({}, [LoadedChecksums("float32")], dtype="bfloat16", layout=LayoutPair(1, 1, 1), engine="e")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_an_error_shared_by_every_element_changes_the_checksum_of_a_power_of_two_sized_tensor(dtype):
+    """Every value doubled (the bits of each element moved by the same exponent step) or every bit pattern
+    moved by one. With weights affine in the index (2i + 1), Σ_i w(i) = n² is 0 mod 2^32 for n = 2^16
+    elements (256 × 256), so both went unseen; real weight matrices have such sizes (e.g. 4096 × 4096)."""
+    tensor = torch.randn(256, 256).to(dtype)
+    base = tensor_checksum(tensor, dtype)
+    doubled = tensor * 2
+    moved = tensor.clone()
+    moved.view(torch.int16 if dtype == torch.bfloat16 else torch.int32).add_(1)
+    assert tensor_checksum(doubled, dtype) != base
+    assert tensor_checksum(moved, dtype) != base
+
+
+def test_the_checksum_is_the_hash_weighted_sum_and_blocks_add_up_to_it():
+    """`tensor_checksum` is Σ_i w(i)·bits_i mod 2^32 written out, and the checksums of a row block and of
+    a column block, each at its own HF indices, add up to the whole tensor's."""
+    from megarl.bridge.checksum import MOD, block_checksum, index_weights
+
+    tensor = torch.randn(6, 10)
+    bits = tensor.view(torch.int32).flatten().tolist()
+    weights = index_weights(torch.arange(60)).tolist()
+    assert tensor_checksum(tensor, torch.float32) == sum(w * (b % MOD) for w, b in zip(weights, bits)) % MOD
+    top = block_checksum(tensor[:2], torch.float32, torch.arange(2), 10)
+    left = block_checksum(tensor[2:, :4], torch.float32, torch.arange(2, 6), 10)
+    right = block_checksum(tensor[2:, 4:], torch.float32, torch.arange(2, 6), 10, first_column=4)
+    assert (top + left + right) % MOD == tensor_checksum(tensor, torch.float32)
+    assert len(set(weights)) == 60 and all(0 <= w < MOD for w in weights)
