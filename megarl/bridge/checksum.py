@@ -13,17 +13,19 @@ from independent sources and compared name by name.
   qkv regroup off by a head) is caught as well as a lost or misplaced bucket, a missing tensor or a
   wrong cast on the way.
 
-The checksum of a tensor x viewed as the integers of its bits in `dtype` (flat index i) is
-`Σ_i w(i) · bits_i mod 2^32`, with w a 32-bit integer hash of the index (`index_weights`): exact
-and order-free (integer sums), position-sensitive (a swap, shift or transpose changes it), and
-additive over elements, so the partial sums of a tensor's row blocks or column blocks, each weighted
-at its own HF indices, add up to the whole tensor's (`block_checksum`). The weights are a hash, not
-an affine function of i, because affine weights cancel over power-of-two sizes: with w(i) = 2i + 1,
-Σ_{i<n} w(i) = n², which is 0 mod 2^32 for any tensor of 2^16 elements or a multiple, so an error
-that adds the same amount to every element's bits (every bf16 value doubled, a wrong exponent) went
-unseen in most real weight matrices. This is the idea of slime's weight-equality check (compare the
-engine's weights with an independent copy after an update), at the cost of one integer pass over the
-weights on each side.
+The checksum of a tensor x viewed as the integers of its bits in `dtype`, as rows r (dim 0) and
+columns c (the flattened trailing dims; a 1-D tensor is a column), is `Σ_{r,c} u(r) · v(c) · bits[r, c]
+mod 2^32`, with u and v two 32-bit integer hashes of the index (`row_weights`, `column_weights`):
+exact and order-free (integer sums), position-sensitive (a swap, shift or transpose changes it), and
+additive over elements, so the partial checksums of a tensor's row blocks or column blocks, each
+weighted at its own HF rows and columns, add up to the whole tensor's (`block_checksum`). The weights
+are hashes, not affine in the index, because affine weights cancel over power-of-two sizes: with the
+weight 2i + 1 of flat index i, Σ_{i<n} (2i + 1) = n², which is 0 mod 2^32 for any tensor of a multiple of
+2^16 elements, so an error that moves every element's bits by the same amount (every bf16 value doubled,
+a wrong exponent) went unseen in most real weight matrices. Separable weights cost one int32 multiply
+and add per element, as the affine ones did. This is the idea of slime's weight-equality check
+(compare the engine's weights with an independent copy after an update), at the cost of one integer
+pass over the weights on each side.
 
     parts = [rank_checksums(plan, actor.named_parameters_for_sync(), groups, "bfloat16")]   # every trainer rank
     loaded = engine.loaded_checksums()              # one `LoadedChecksums` per worker of one engine
@@ -32,7 +34,6 @@ weights on each side.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -46,8 +47,8 @@ from megarl.models.layout import REPLICATED, VOCAB, ParamMapping, tp_shard_from_
 
 MOD = 1 << 32
 """Checksums are taken mod 2^32: a wrong tensor goes unnoticed with odds of 2^-32."""
-CHUNK_ELEMENTS = 1 << 22
-"""Elements widened at once (bounds the temporary memory of a checksum: a few int64 tensors of 32 MiB)."""
+CHUNK_ELEMENTS = 1 << 24
+"""Elements widened at once (bounds the temporary memory of a checksum: 64 MiB in int32)."""
 _MASK = MOD - 1
 _HASH_MULTIPLIER = 0x45D9F3B
 """An odd multiplier of a known-good 32-bit integer hash (xor-shift-multiply)."""
@@ -73,39 +74,60 @@ class LoadedChecksums:
     over the engine's workers, they give the whole tensor's."""
 
 
-def index_weights(flat: torch.Tensor) -> torch.Tensor:
-    """w(i) of the checksum for int64 flat indices `flat` (any shape, < 2^63): a 32-bit integer hash
-    (xor-shift-multiply rounds, the multiplier below 2^27 so products fit in int64), int64 in
-    [0, 2^32). Not affine in i, so Σ_i w(i) over a run of indices does not cancel mod 2^32."""
-    x = (flat ^ (flat >> 32)) & _MASK
+def index_hash(index: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash of int64 indices (any shape, >= 0): xor-shift-multiply rounds, the
+    multiplier below 2^27 so every product fits in int64. int64 in [0, 2^32)."""
+    x = (index ^ (index >> 32)) & _MASK
     for _ in range(2):
         x = (((x >> 16) ^ x) * _HASH_MULTIPLIER) & _MASK
     return (x >> 16) ^ x
 
 
-def block_checksum(block: torch.Tensor, dtype: torch.dtype, hf_rows: torch.Tensor, width: int,
-                   first_column: int = 0) -> int:
+def row_weights(rows: torch.Tensor) -> torch.Tensor:
+    """u(r) of HF rows `rows`: odd int64 below 2^31 (so u · a 32-bit value fits in int64). Odd weights make
+    u·v odd, so a change of any single element (by d ≠ 0 mod 2^32) always changes the checksum."""
+    return (index_hash(2 * rows) >> 1) | 1
+
+
+def column_weights(columns: torch.Tensor) -> torch.Tensor:
+    """v(c) of HF columns `columns`, a hash other than the rows' (w(r, c) ≠ w(c, r): a transposed square
+    matrix changes the checksum): odd, int32 (the 32 bits of the hash), for products that wrap mod 2^32."""
+    x = index_hash(2 * columns + 1) | 1  # odd, as the rows'
+    return (x - ((x >> 31) << 32)).to(torch.int32)
+
+
+def block_checksum(block: torch.Tensor, dtype: torch.dtype, hf_rows: torch.Tensor, first_column: int = 0) -> int:
     """The share of an HF tensor's checksum carried by `block` cast to `dtype`: row j of the block
-    (dim 0; a 1-D block's elements are rows of one) is HF row `hf_rows[j]`, its columns (flattened
-    trailing dims) start at `first_column` of the HF tensor's `width`, so element (j, k) has the flat
-    HF index hf_rows[j]·width + first_column + k."""
+    (dim 0; a 1-D block's elements are rows of one column) is HF row `hf_rows[j]`, its columns
+    (flattened trailing dims) are HF columns `first_column`, `first_column + 1`, ... One int32 multiply and add per element, as a plain weighted sum would be: the
+    column weights multiply in int32 (the products wrap mod 2^32), each row's sum is reduced mod
+    2^32 and weighted by its row's."""
     ints = block.detach().to(dtype).view(_INT_OF_WIDTH[dtype.itemsize])
     ints = ints.flatten(1) if ints.dim() > 1 else ints.reshape(-1, 1)  # [rows, columns], even with no rows
-    hf_rows = hf_rows.to(device=ints.device, dtype=torch.int64)
     columns = torch.arange(ints.shape[1], dtype=torch.int64, device=ints.device) + first_column
+    v = column_weights(columns)
+    u = row_weights(hf_rows.to(device=ints.device, dtype=torch.int64))
     total = 0
     step = max(1, CHUNK_ELEMENTS // max(ints.shape[1], 1))
     for start in range(0, ints.shape[0], step):
-        flat = hf_rows[start : start + step, None] * width + columns
-        bits = ints[start : start + step].to(torch.int64) & _MASK  # the bits as unsigned; < 2^32
-        total += int(((bits * index_weights(flat)) & _MASK).sum())  # each term < 2^32: the sum fits in int64
+        rows = _as_int32(ints[start : start + step])
+        sums = (rows * v).sum(1, dtype=torch.int64) & _MASK  # Σ_c v(c)·bits mod 2^32 per row, < 2^32
+        total += int(((sums * u[start : start + step]) & _MASK).sum())  # < 2^63 each, < 2^32 after the mask
     return total % MOD
 
 
+def _as_int32(ints: torch.Tensor) -> torch.Tensor:
+    """Integer bits of up to 8 bytes as int32, mod 2^32 (narrower ones sign-extend, alike on both sides)."""
+    if ints.element_size() <= 4:
+        return ints.to(torch.int32)
+    low = ints & _MASK
+    return (low - ((low >> 31) << 32)).to(torch.int32)
+
+
 def tensor_checksum(tensor: torch.Tensor, dtype: torch.dtype) -> int:
-    """`Σ_i w(i) · bits_i mod 2^32` over `tensor` cast to `dtype` (flat index i)."""
+    """`Σ_{r,c} u(r) · v(c) · bits[r, c] mod 2^32` over `tensor` cast to `dtype` (module docstring)."""
     rows = tensor.shape[0] if tensor.dim() else 1
-    return block_checksum(tensor, dtype, torch.arange(rows), _width(tensor.shape))
+    return block_checksum(tensor, dtype, torch.arange(rows))
 
 
 def combine(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:
@@ -160,10 +182,9 @@ def shard_checksums(param: PlannedParam, shard: torch.Tensor, dims: ModelDims, *
         raise ValueError(f"{param.megatron_name}: shard of {shard.shape[0]} rows, the loader's slicing gives "
                          f"{origin.shape[0]} at TP {tp_size}")
     checksums = {}
-    for index, (name, shape) in enumerate(zip(param.hf_names, param.hf_shapes)):
+    for index, name in enumerate(param.hf_names):
         rows = origin[:, 0] == index + 1  # on the CPU, like `origin`; the shard may be on a GPU
-        checksums[name] = block_checksum(shard[rows.to(shard.device)], dtype, origin[rows, 1], _width(shape),
-                                         first_columns.get(index, 0))
+        checksums[name] = block_checksum(shard[rows.to(shard.device)], dtype, origin[rows, 1], first_columns.get(index, 0))
     return checksums
 
 
@@ -225,16 +246,14 @@ class VllmRankLayout:
         """The HF tensors' partial checksums of this worker's per-rank tensor `name`."""
         prefix, _, leaf = name.rpartition(".")  # e.g. "model.layers.0.self_attn.qkv_proj", "weight"
         module, _, kind = prefix.rpartition(".")
-        width = _width(tensor.shape)
         if kind in ("embed_tokens", "lm_head"):  # rows of the padded vocabulary
             per_rank = vllm_vocab_rows(self.dims, self.tp_size)
             first = min(self.tp_rank * per_rank, self.dims.vocab_size)
             real = min(first + per_rank, self.dims.vocab_size) - first
-            return {name: block_checksum(tensor[:real], dtype, torch.arange(first, first + real), width)}
+            return {name: block_checksum(tensor[:real], dtype, torch.arange(first, first + real))}
         if kind in ("o_proj", "down_proj"):  # a block of columns of every row
             columns = tensor.shape[1]
-            return {name: block_checksum(tensor, dtype, torch.arange(tensor.shape[0]), columns * self.tp_size,
-                                         self.tp_rank * columns)}
+            return {name: block_checksum(tensor, dtype, torch.arange(tensor.shape[0]), self.tp_rank * columns)}
         parts = {"qkv_proj": (("q_proj", self.dims.q_size), ("k_proj", self.dims.kv_size),
                               ("v_proj", self.dims.kv_size)),
                  "gate_up_proj": (("gate_proj", self.dims.ffn_hidden_size), ("up_proj", self.dims.ffn_hidden_size))}
@@ -246,7 +265,7 @@ class VllmRankLayout:
             block = slice(row, row + local)
             hf_row_numbers = torch.arange(local) + (self.tp_rank // replicas if kv else self.tp_rank) * local
             if not (kv and self.tp_rank % replicas):
-                checksums[f"{module}.{hf_kind}.{leaf}"] = block_checksum(tensor[block], dtype, hf_row_numbers, width)
+                checksums[f"{module}.{hf_kind}.{leaf}"] = block_checksum(tensor[block], dtype, hf_row_numbers)
             row += local
         return checksums
 
@@ -294,7 +313,3 @@ def check_checksums(expected: Mapping[str, int], loaded: Sequence[LoadedChecksum
             "engine's dtype); `megarl check-sync` reproduces a layout outside training"
         )
     return {"sync/checksum_tensors": float(len(expected))}
-
-
-def _width(shape: Sequence[int]) -> int:
-    return math.prod(shape[1:]) if len(shape) > 1 else 1

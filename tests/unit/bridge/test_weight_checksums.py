@@ -156,16 +156,20 @@ def test_an_error_shared_by_every_element_changes_the_checksum_of_a_power_of_two
 
 
 def test_the_checksum_is_the_hash_weighted_sum_and_blocks_add_up_to_it():
-    """`tensor_checksum` is Σ_i w(i)·bits_i mod 2^32 written out, and the checksums of a row block and of
-    a column block, each at its own HF indices, add up to the whole tensor's."""
-    from megarl.bridge.checksum import MOD, block_checksum, index_weights
+    """`tensor_checksum` is Σ_{r,c} u(r)·v(c)·bits[r, c] mod 2^32 written out in Python integers, and the
+    checksums of a row block and of two column blocks, each at its own HF rows and columns, add up to
+    the whole tensor's; a transposed square matrix changes it (u and v are different hashes)."""
+    from megarl.bridge.checksum import MOD, block_checksum, column_weights, row_weights
 
     tensor = torch.randn(6, 10)
-    bits = tensor.view(torch.int32).flatten().tolist()
-    weights = index_weights(torch.arange(60)).tolist()
-    assert tensor_checksum(tensor, torch.float32) == sum(w * (b % MOD) for w, b in zip(weights, bits)) % MOD
-    top = block_checksum(tensor[:2], torch.float32, torch.arange(2), 10)
-    left = block_checksum(tensor[2:, :4], torch.float32, torch.arange(2, 6), 10)
-    right = block_checksum(tensor[2:, 4:], torch.float32, torch.arange(2, 6), 10, first_column=4)
-    assert (top + left + right) % MOD == tensor_checksum(tensor, torch.float32)
-    assert len(set(weights)) == 60 and all(0 <= w < MOD for w in weights)
+    bits = tensor.view(torch.int32).tolist()
+    u, v = row_weights(torch.arange(6)).tolist(), [w % MOD for w in column_weights(torch.arange(10)).tolist()]
+    written_out = sum(u[r] * v[c] * (bits[r][c] % MOD) for r in range(6) for c in range(10)) % MOD
+    assert tensor_checksum(tensor, torch.float32) == written_out
+    top = block_checksum(tensor[:2], torch.float32, torch.arange(2))
+    left = block_checksum(tensor[2:, :4], torch.float32, torch.arange(2, 6))
+    right = block_checksum(tensor[2:, 4:], torch.float32, torch.arange(2, 6), first_column=4)
+    assert (top + left + right) % MOD == written_out
+    assert len(set(u)) == 6 and len(set(v)) == 10 and all(0 < w < MOD and w % 2 for w in u + v)
+    square = torch.randn(8, 8)
+    assert tensor_checksum(square.T.contiguous(), torch.float32) != tensor_checksum(square, torch.float32)
