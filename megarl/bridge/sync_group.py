@@ -32,6 +32,12 @@ def listen_weight_sync_store(host: str, world_size: int, timeout_s: float) -> di
     return listen_store(host, world_size, timeout_s)
 
 
+def join_weight_sync_store(host: str, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
+    """A client of the store another process hosts at host:port (`listen_weight_sync_store`); any rank,
+    rank 0 included, joins it this way when the store's host is not a rank of the group."""
+    return dist.TCPStore(host, port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
+
+
 def create_weight_sync_group(
     host: str, port: int, rank: int, world_size: int, timeout_s: float, store: dist.Store | None = None
 ) -> dist.ProcessGroup:
@@ -42,7 +48,7 @@ def create_weight_sync_group(
     timeout = timedelta(seconds=timeout_s)
     if store is None:
         store = (listen_store(host, world_size, timeout_s, port) if rank == 0
-                 else dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout))
+                 else join_weight_sync_store(host, port, world_size, timeout_s))
     if uses_cuda():
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
