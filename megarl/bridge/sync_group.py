@@ -66,3 +66,10 @@ def address_towards(host: str, port: int) -> str:
     rank on another node must bind its side of the group to."""
     with socket.create_connection((host, port)) as connection:
         return connection.getsockname()[0]
+
+
+def join_weight_sync_group(host: str, port: int, rank: int, world_size: int, timeout_s: float) -> dist.ProcessGroup:
+    """`create_weight_sync_group` for any rank, rank 0 included, of a group whose store another process
+    hosts at host:port (`listen_weight_sync_store`, listening before any rank starts)."""
+    return create_weight_sync_group(host, port, rank, world_size, timeout_s,
+                                    store=join_weight_sync_store(host, port, world_size, timeout_s))

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -29,10 +28,10 @@ import torch.distributed as dist
 from megarl.bridge.checksum import LoadedChecksums, VllmRankLayout, check_checksums, recorded, tensor_checksum
 from megarl.bridge.plan import LayoutPair, build_plan, build_schedule, receiver_rank, sender_rank
 from megarl.bridge.shard_sync import receive_rank_shards
+from megarl.bridge.sync_group import join_weight_sync_group, listen_weight_sync_store
 from megarl.models.layout import VOCAB_DIVISIBLE_BY
 from megarl.models.hf_config import read_model_dims
 from megarl.parallel.spawn import run_distributed
-from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
 
 HOST = "127.0.0.1"
 TIMEOUT_S = 300
@@ -95,14 +94,6 @@ class _TrainerWorldCalls:
             setattr(dist, name, original)
 
 
-def _join(port: int, rank: int, world_size: int) -> dist.ProcessGroup:
-    """Join, at `rank`, the sync group whose store the test process already hosts: a rank that
-    connects before its store listens retries with a backoff growing to a minute (c10d's
-    `ExponentialBackoffWithJitter`), which receivers started with the trainer world would wait out."""
-    store = dist.TCPStore(HOST, port, world_size, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
-    return create_weight_sync_group(HOST, port, rank, world_size, TIMEOUT_S, store=store)
-
-
 def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, int]) -> dict:
     """One trainer rank: per rollout TP, join that sync group and send; what it sent, per receiver."""
     from megarl.bridge.shard_sync import ShardSender
@@ -119,7 +110,7 @@ def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, int]) -> dict:
     for rollout_tp, port in ports.items():
         layout = LayoutPair(tp, pp, rollout_tp)
         rank = sender_rank(layout, groups.pp_rank, groups.tp_rank)
-        group = _CountingGroup(_join(port, rank, tp * pp + rollout_tp))
+        group = _CountingGroup(join_weight_sync_group(HOST, port, rank, tp * pp + rollout_tp, TIMEOUT_S))
         plan = build_plan(dims, layout, bucket_mb=BUCKET_MB)
         sender = ShardSender(plan, lambda: global_named_parameters(model, groups), groups, group)
         with _TrainerWorldCalls() as world:
@@ -133,7 +124,8 @@ def _receiver(port: int, plan, worker: int) -> LoadedChecksums:
     """Rollout worker `worker` of one engine: join the group, receive its per-rank tensors, checksum
     them as vLLM's loader takes them."""
     layout = plan.layout
-    group = _join(port, receiver_rank(layout, 0, worker), layout.train_tp * layout.train_pp + layout.rollout_tp)
+    group = join_weight_sync_group(HOST, port, receiver_rank(layout, 0, worker),
+                                   layout.train_tp * layout.train_pp + layout.rollout_tp, TIMEOUT_S)
     record = LoadedChecksums("float32")
     for _ in recorded(receive_rank_shards(group, plan, worker, torch.device("cpu")), record,
                       VllmRankLayout(plan.dims, layout.rollout_tp, worker)):
@@ -154,6 +146,7 @@ def test_every_rank_sends_each_worker_the_pieces_of_its_shard(qwen2, tp, pp, rol
     extra trainer processes."""
     dims = read_model_dims(qwen2)
     expected = {name: tensor_checksum(tensor, torch.float32) for name, tensor in _checkpoint(qwen2).items()}
+    # Listening before any rank starts, as `megarl check-sync` does: no rank waits out TCPStore's backoff.
     stores = {r: listen_weight_sync_store(HOST, tp * pp + r, TIMEOUT_S) for r in rollout_tps}
     ports = {r: store.port for r, store in stores.items()}
     plans = {r: build_plan(dims, LayoutPair(tp, pp, r), bucket_mb=BUCKET_MB) for r in rollout_tps}
