@@ -99,9 +99,9 @@ def column_weights(columns: torch.Tensor) -> torch.Tensor:
 def block_checksum(block: torch.Tensor, dtype: torch.dtype, hf_rows: torch.Tensor, first_column: int = 0) -> int:
     """The share of an HF tensor's checksum carried by `block` cast to `dtype`: row j of the block
     (dim 0; a 1-D block's elements are rows of one column) is HF row `hf_rows[j]`, its columns
-    (flattened trailing dims) are HF columns `first_column`, `first_column + 1`, ... One int32 multiply and add per element, as a plain weighted sum would be: the
-    column weights multiply in int32 (the products wrap mod 2^32), each row's sum is reduced mod
-    2^32 and weighted by its row's."""
+    (flattened trailing dims) are HF columns `first_column`, `first_column + 1`, ... One int32
+    multiply and add per element, as a plain weighted sum would be: the column weights multiply in
+    int32 (the products wrap mod 2^32), each row's sum is reduced mod 2^32 and weighted by its row's."""
     ints = block.detach().to(dtype).view(_INT_OF_WIDTH[dtype.itemsize])
     ints = ints.flatten(1) if ints.dim() > 1 else ints.reshape(-1, 1)  # [rows, columns], even with no rows
     columns = torch.arange(ints.shape[1], dtype=torch.int64, device=ints.device) + first_column
@@ -184,7 +184,8 @@ def shard_checksums(param: PlannedParam, shard: torch.Tensor, dims: ModelDims, *
     checksums = {}
     for index, name in enumerate(param.hf_names):
         rows = origin[:, 0] == index + 1  # on the CPU, like `origin`; the shard may be on a GPU
-        checksums[name] = block_checksum(shard[rows.to(shard.device)], dtype, origin[rows, 1], first_columns.get(index, 0))
+        checksums[name] = block_checksum(shard[rows.to(shard.device)], dtype, origin[rows, 1],
+                                         first_columns.get(index, 0))
     return checksums
 
 
