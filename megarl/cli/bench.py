@@ -42,11 +42,12 @@ def register(subparsers) -> None:
                              "(trl: TRL's GRPOTrainer with HF generate and with colocated vLLM; needs the bench "
                              "extra) on issue 19's 23.7 M Qwen2, 16 prompts x 8 samples, <= 64 new tokens; "
                              "--repeats steps are measured after one warm-up step")
-    parser.add_argument("--workload", choices=("fixed", "variable"), default="fixed",
+    parser.add_argument("--workload", choices=("fixed", "variable", "full"), default="fixed",
                         help="with --peer: response lengths; fixed: EOS ends a response (~49 tokens on average, "
-                             "issue 19's table); variable: 8 to 64 tokens (~30), EOS and three more stop tokens")
-    parser.add_argument("--contenders", help="with --peer: a comma-separated subset of "
-                                             "megarl, megarl_tuned, megarl_bf16, trl, trl_vllm, trl_vllm_bf16 (default: all); "
+                             "issue 19's table); variable: 8 to 64 tokens (~30), EOS and three more stop tokens; "
+                             "full: every response 64 tokens (generation on equal work)")
+    parser.add_argument("--contenders", help="with --peer: a comma-separated subset of megarl, megarl_tuned, "
+                                             "megarl_bf16, megarl_call_seeds, trl, trl_vllm, trl_vllm_bf16 (default: all); "
                                              "e.g. megarl_tuned,trl_vllm with --repeats 40 for the reward curves")
     parser.add_argument("--seed", type=int, default=0,
                         help="with --peer: the seed of every run (sampling and prompt order: megarl's trainer.seed, "

@@ -155,6 +155,14 @@ class RolloutConfig:
     algorithm.dynamic_sampling.max_rounds when dynamic sampling is on, else 1; megarl/trainer/settings.py
     `step_seed`), sample j of prompt i of the round at + i × n + j, whatever the number of engines.
     Validation samples from `seed`. In [0, 2**63 - 1]."""
+    seed_each_sample: bool = True
+    """true: every sample has a seed of its own (above), so the same `seed` gives the same samples on any
+    number of engines, in any batching, and after a resume. false: each engine call reseeds the engine's
+    one generator with the call's first seed and its samples draw from it together, as unseeded vLLM
+    does: the same samples only on the same number of engines (and, with multi_turn, only while the
+    turns' waves form alike). vLLM draws a seeded sample's noise one request at a time: on CPU that is
+    2 % of generation time on issue 19's workload (benchmarks/README.md, "Generation by engine
+    setting"); on GPU one more small kernel per sample per token, not measured here."""
     kv_cache_gib: float = 4.0
     """CPU only: KV-cache size per engine in GiB (VLLM_CPU_KVCACHE_SPACE). > 0."""
     gpu_memory_utilization: float = 0.5

@@ -97,6 +97,7 @@ def sampling_config(config: Config, stop_token_ids: tuple[int, ...], seed: int, 
             min_new_tokens=rollout.min_new_tokens,
             stop_token_ids=stop_token_ids,
             seed=seed,
+            seed_each_sample=rollout.seed_each_sample,
             greedy=rollout.val_temperature == 0,
         )
     return SamplingConfig(
@@ -108,6 +109,7 @@ def sampling_config(config: Config, stop_token_ids: tuple[int, ...], seed: int, 
         min_new_tokens=rollout.min_new_tokens,
         stop_token_ids=stop_token_ids,
         seed=seed,
+        seed_each_sample=rollout.seed_each_sample,
     )
 
 

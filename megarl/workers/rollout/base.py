@@ -60,6 +60,12 @@ class SamplingConfig:
     """Seed of this call's sampling; the same seed, prompts and weights give the same samples.
     None draws fresh randomness. vLLM derives one seed per sample from it (`seed + i * n + j` for
     sample j of prompt i): give successive calls seeds at least `len(prompts) * n` apart."""
+    seed_each_sample: bool = True
+    """With a `seed`: True gives every sample a generator of its own (the seeds above), so a sample
+    does not depend on which other prompts share the call or the engine. False reseeds the engine's one
+    generator with the call's first seed before the call and lets the samples draw from it together:
+    the same call (prompts in the same order, seed, weights) on the same engine gives the same samples,
+    without the per-sample draws vLLM makes one request at a time (`rollout.seed_each_sample`)."""
     greedy: bool = False
     """Argmax decoding (validation); needs n == 1. Log-probs are then `log_softmax(logits)`."""
 
@@ -90,10 +96,20 @@ class SamplingConfig:
 def prompt_seeds(sampling: SamplingConfig, count: int, seeds: Sequence[int] | None) -> list[int | None]:
     """The seed of each of `count` prompts of a `generate` call: `seeds` when given, else spaced `n` apart
     from `sampling.seed` (sample j of a prompt takes its seed + j: every sample of the call gets its own
-    noise; one shared seed would correlate the prompts' samples). All None when `sampling.seed` is."""
-    if sampling.seed is None:
+    noise; one shared seed would correlate the prompts' samples). All None when `sampling.seed` is, or
+    when `sampling.seed_each_sample` is off (`call_seed` seeds the call instead)."""
+    if sampling.seed is None or not sampling.seed_each_sample:
         return [None] * count
     return list(seeds) if seeds is not None else [sampling.seed + i * sampling.n for i in range(count)]
+
+
+def call_seed(sampling: SamplingConfig, seeds: Sequence[int] | None) -> int | None:
+    """The seed an engine reseeds its one generator with before a `generate` call: the call's first
+    seed (`seeds[0]` when given, else `sampling.seed`) when `sampling.seed_each_sample` is off; None
+    when the prompts carry their own seeds (`prompt_seeds`) or the call is unseeded."""
+    if sampling.seed is None or sampling.seed_each_sample:
+        return None
+    return sampling.seed if seeds is None else (seeds[0] if seeds else None)
 
 
 @dataclass
@@ -199,7 +215,8 @@ class RolloutEngine(abc.ABC):
         `max_new_tokens`: a cap per prompt (>= 1) instead of `sampling.max_new_tokens` (an agent loop's
         trajectories have different budgets left). `seeds`: a seed per prompt instead of
         `sampling.seed + i·n` (sample j of prompt i: `seeds[i] + j`; an agent loop's batch mixes turns
-        of different trajectories); ignored when `sampling.seed` is None."""
+        of different trajectories; with `sampling.seed_each_sample` off, `seeds[0]` seeds the call);
+        ignored when `sampling.seed` is None."""
 
     @abc.abstractmethod
     def prompt_logprobs(self, token_ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:

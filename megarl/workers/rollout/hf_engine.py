@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig, prompt_seeds
+from megarl.workers.rollout.base import call_seed, RolloutEngine, RolloutOutput, SamplingConfig, prompt_seeds
 from megarl.bridge import (
     create_weight_sync_group, LoadedChecksums, rank_tensors_as_hf, read_ring, receive_rank_shards, recorded, SharedRing,
     SyncPlan,
@@ -69,6 +69,8 @@ class HFRolloutEngine(RolloutEngine):
         caps = max_new_tokens or [sampling.max_new_tokens] * len(prompt_token_ids)
         outputs = []
         with torch.random.fork_rng(devices=[self._device] if self._device.type == "cuda" else []):
+            if (seed := call_seed(sampling, seeds)) is not None:  # the call's samples draw in sequence
+                torch.manual_seed(seed)
             for prompt, cap, seed in zip(prompt_token_ids, caps, prompt_seeds(sampling, len(caps), seeds), strict=True):
                 if seed is not None:  # per prompt: its samples do not depend on the prompts before it
                     torch.manual_seed(seed)

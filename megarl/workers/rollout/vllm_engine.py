@@ -45,7 +45,7 @@ from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.platforms import current_platform  # noqa: E402
 
 from megarl.bridge import LoadedChecksums, SharedRing, SyncPlan  # noqa: E402
-from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig, prompt_seeds  # noqa: E402
+from megarl.workers.rollout.base import call_seed, RolloutEngine, RolloutOutput, SamplingConfig, prompt_seeds  # noqa: E402
 from megarl.workers.rollout.executor import executor_backend  # noqa: E402
 from megarl.workers.rollout.worker_extension import WORKER_EXTENSION  # noqa: E402
 
@@ -173,6 +173,9 @@ class VLLMRolloutEngine(RolloutEngine):
         self._check_ready("generate")
         requests = [{"prompt_token_ids": list(prompt)} for prompt in prompt_token_ids]
         caps = max_new_tokens or [sampling.max_new_tokens] * len(requests)
+        engine_seed = call_seed(sampling, seeds)
+        if engine_seed is not None:  # every worker: each TP rank samples, vLLM keeps rank 0's tokens
+            self._llm.collective_rpc("seed_sampling", args=(engine_seed,))
         params = [_sampling_params(sampling, seed, cap)
                   for seed, cap in zip(prompt_seeds(sampling, len(requests), seeds), caps, strict=True)]
         results = self._llm.generate(requests, params, use_tqdm=False)

@@ -1,7 +1,7 @@
 """Methods mixed into every vLLM worker (`LLM(worker_extension_cls=WORKER_EXTENSION)`): the receiving
 side of the weight sync, the names of the worker's shared-memory segments, which the engine's
-shutdown must not leave behind (`cpu_shm_names`), and two CPU-only stand-ins (`cpu_kv_sleep`,
-`cpu_sampler_ops`).
+shutdown must not leave behind (`cpu_shm_names`), a call's seed (`call_seeding`), and two CPU-only
+stand-ins (`cpu_kv_sleep`, `cpu_sampler_ops`).
 
 vLLM makes the worker class inherit from this one, so `self` is the vLLM worker (`self.rank`,
 `self.device`, `self.reload_weights`). The engine calls these methods by name through
@@ -31,15 +31,17 @@ import torch
 from megarl.bridge import (
     create_weight_sync_group, LoadedChecksums, read_ring, receive_rank_shards, recorded, SharedRing, SyncPlan,
 )
+from megarl.workers.rollout.call_seeding import CallSeeding
 from megarl.workers.rollout.cpu_kv_sleep import CpuKVCacheSleep
 from megarl.workers.rollout.cpu_sampler_ops import CpuSamplerOps
 
 WORKER_EXTENSION = "megarl.workers.rollout.worker_extension.WeightSyncWorkerExtension"
 
 
-class WeightSyncWorkerExtension(CpuKVCacheSleep, CpuSamplerOps):
-    """Joins the trainer's weight-sync group and loads the weights it sends (and, on CPU, stands in for
-    vLLM's KV-cache sleep, `cpu_kv_sleep`, and ranks sampled tokens without a compile, `cpu_sampler_ops`)."""
+class WeightSyncWorkerExtension(CallSeeding, CpuKVCacheSleep, CpuSamplerOps):
+    """Joins the trainer's weight-sync group and loads the weights it sends, reseeds sampling for a call
+    (`call_seeding`), and, on CPU, stands in for vLLM's KV-cache sleep (`cpu_kv_sleep`) and ranks sampled
+    tokens without a compile (`cpu_sampler_ops`)."""
 
     def init_weight_sync_group(
         self, host: str, port: int, rank_offset: int, world_size: int, timeout_s: float

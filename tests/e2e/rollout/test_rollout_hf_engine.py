@@ -88,6 +88,18 @@ def test_per_prompt_token_caps_and_seeds(engine):
     assert mixed[1].response_token_ids == alone[0].response_token_ids
 
 
+def test_a_call_seed_makes_the_call_reproducible(engine):
+    """`seed_each_sample=False`: one seed for the call, the prompts drawing in sequence, so a prompt's
+    samples depend on the prompts before it; the same call repeats after other draws."""
+    sampling = SamplingConfig(n=2, temperature=0.7, max_new_tokens=MAX_NEW, seed=3, seed_each_sample=False)
+    first = engine.generate(PROMPTS[:2], sampling)
+    torch.rand(1000)
+    again = engine.generate(PROMPTS[:2], sampling)
+    assert [o.response_token_ids for o in first] == [o.response_token_ids for o in again]
+    alone = engine.generate(PROMPTS[1:2], sampling)  # now first in its call: other noise
+    assert alone[0].response_token_ids != first[1].response_token_ids
+
+
 def test_pause_refuses_generation(engine):
     engine.pause()
     with pytest.raises(RolloutPausedError):

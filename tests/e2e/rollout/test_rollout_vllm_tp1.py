@@ -107,6 +107,23 @@ def test_seed_makes_sampling_reproducible(engine):
     assert twice[0].response_token_ids != twice[1].response_token_ids
 
 
+def test_a_call_seed_makes_the_call_reproducible(engine):
+    """`seed_each_sample=False`: the engine's one generator (this process's: TP 1 runs in-process) is
+    reseeded before the call, so a call repeats after anything else drew from it, and another seed
+    or order differs. Fails if the engine stops reseeding (the generator moves on between calls)."""
+    sampling = SamplingConfig(n=3, max_new_tokens=MAX_NEW, seed=11, seed_each_sample=False)
+    first = engine.generate(PROMPTS, sampling)
+    torch.rand(1000)  # anything else drawing from the process's default generator
+    engine.generate(PROMPTS, SamplingConfig(n=3, max_new_tokens=MAX_NEW))  # an unseeded call, too
+    again = engine.generate(PROMPTS, sampling)
+    assert [o.response_token_ids for o in first] == [o.response_token_ids for o in again]
+    for a, b in zip(first, again):
+        torch.testing.assert_close(a.response_logprobs, b.response_logprobs, atol=0, rtol=0)
+    other = engine.generate(PROMPTS, SamplingConfig(n=3, max_new_tokens=MAX_NEW, seed=12, seed_each_sample=False))
+    assert [o.response_token_ids for o in first] != [o.response_token_ids for o in other]
+    assert len({tuple(tokens) for tokens in first[0].response_token_ids}) > 1  # the samples still differ
+
+
 def test_stop_token_ends_the_greedy_sample_and_is_kept(engine):
     unstopped = engine.generate(PROMPTS[:1], SamplingConfig(greedy=True, max_new_tokens=MAX_NEW))
     tokens = unstopped[0].response_token_ids[0]

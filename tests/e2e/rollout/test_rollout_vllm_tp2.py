@@ -32,6 +32,15 @@ def test_tp2_generates_and_matches_hf(engine, base_model_dir):
             torch.testing.assert_close(logprobs, expected, atol=TOLERANCE, rtol=0)
 
 
+def test_a_call_seed_reaches_the_worker_processes(engine):
+    """`seed_each_sample=False` at TP 2: the samplers run in the two worker processes, so the reseed
+    must reach both (`collective_rpc("seed_sampling")`); else their generators move on and the
+    repeated call differs."""
+    sampling = SamplingConfig(n=3, max_new_tokens=6, seed=5, seed_each_sample=False)
+    first, again = (engine.generate(PROMPTS, sampling) for _ in range(2))
+    assert [o.response_token_ids for o in first] == [o.response_token_ids for o in again]
+
+
 def _assert_engine_matches(engine, hf_model) -> None:
     for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
         torch.testing.assert_close(got, hf_logprobs(hf_model, sequence), atol=TOLERANCE, rtol=0)

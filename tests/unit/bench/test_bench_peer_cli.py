@@ -102,6 +102,19 @@ def test_the_variable_workload_gives_both_systems_the_same_stops(tmp_path):
     assert not set(peer.WORKLOADS["variable"].stop_chars) & set(REPEAT_ALPHABET)  # no stop is a right answer
 
 
+def test_the_full_workload_runs_every_response_to_the_cap_in_both_systems(tmp_path, monkeypatch):
+    """No stop may end a response before the cap: megarl's `rollout.min_new_tokens` and TRL's `min_tokens`
+    equal max_new_tokens (the smoke shape's too), so both systems generate the same number of tokens."""
+    runs = []
+    monkeypatch.setattr(peer, "_megarl", lambda config, model, data, shape, steps, extra: runs.append(extra) or {})
+    monkeypatch.setattr(peer, "_trl", lambda spec, out: runs.append(spec) or {})
+    for smoke in (False, True):
+        result = peer.run("configs/quickstart.yaml", 1, tmp_path / str(smoke), smoke, "full", names=("megarl", "trl"))
+        cap = result["workload"]["max_new_tokens"]
+        assert result["lengths"] == dict(name="full", min_new_tokens=cap, stop_ids=[])
+        assert f"rollout.min_new_tokens={cap}" in runs[-2] and runs[-1]["min_new_tokens"] == cap
+
+
 def test_the_seed_reaches_every_run_and_the_model_and_prompts_stay(tmp_path, monkeypatch):
     """`--seed` moves what TRL's `seed` decides (samples, prompt order) in both systems: megarl's three seeds
     and the TRL spec's; the model and the prompt file are the same bytes for any seed."""

@@ -4,6 +4,7 @@ per step over several steps, seeds computed as the trainer and the engines deriv
 `seed + i·n + j`, `megarl/workers/rollout/base.py:prompt_seeds` and vLLM's per-sample
 `seed + j`)."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from megarl.config import load_config, plan_batches
 from megarl.data import Prompt
 from megarl.rollout import offset_seed, single_turn
 from megarl.trainer.settings import sampling_config, step_seed
-from megarl.workers.rollout.base import RolloutOutput
+from megarl.workers.rollout.base import call_seed, prompt_seeds, RolloutOutput
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 STEPS = 3
@@ -49,3 +50,19 @@ def test_every_sample_of_a_run_has_its_own_seed(recipe):
     assert plan.rollout_engines > 1 and config.rollout.n > 1
     assert len(engines.seeds) == STEPS * rounds * plan.samples_per_step
     assert len(set(engines.seeds)) == len(engines.seeds)
+
+
+def test_with_seed_each_sample_off_the_call_seeds_the_engine_and_no_prompt_has_a_seed():
+    """`rollout.seed_each_sample: false` reaches the sampling config, training and validation alike; an
+    engine then reseeds its one generator with the call's first seed (`call_seed`: the chunk's or the
+    agent wave's first) and gives no prompt a seed of its own (`prompt_seeds`), and the other way round."""
+    config = load_config(CONFIGS / "grpo_qwen2.5-7b_gsm8k.yaml", ["rollout.seed_each_sample=false"])
+    training, validation = (sampling_config(config, (0,), seed=40, validation=v) for v in (False, True))
+    assert not training.seed_each_sample and not validation.seed_each_sample
+    assert call_seed(training, None) == 40 and call_seed(training, [7, 9]) == 7
+    assert prompt_seeds(training, 2, None) == [None, None] == prompt_seeds(training, 2, [7, 9])
+    each = replace(training, seed_each_sample=True)
+    assert call_seed(each, None) is None and call_seed(each, [7, 9]) is None
+    assert prompt_seeds(each, 2, None) == [40, 40 + each.n] and prompt_seeds(each, 2, [7, 9]) == [7, 9]
+    unseeded = replace(training, seed=None)
+    assert call_seed(unseeded, [7]) is None and prompt_seeds(unseeded, 1, [7]) == [None]
