@@ -27,8 +27,40 @@ def _exit_without_result():
     os._exit(3)
 
 
+class _WritesWhenFinalized:
+    """Writes its file when Python's module teardown collects it (a module global's `__del__`)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __del__(self, _open=open):  # bound now: teardown may have emptied the builtins by then
+        with _open(self.path, "w") as file:
+            file.write("finalized")
+
+
+def _leave_exit_work(directory):
+    """Registers an atexit handler (must run: a rank's cleanup) and parks an object for module teardown
+    (skipped: `spawn._exit_without_finalizing`); returns a large result, which must reach the parent whole."""
+    import atexit
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    atexit.register(lambda: open(os.path.join(directory, f"atexit{rank}"), "w").close())
+    sys.modules[__name__]._parked = _WritesWhenFinalized(os.path.join(directory, f"finalized{rank}"))
+    return [rank] * 1_000_000
+
+
 def test_results_come_back_in_rank_order():
     assert run_distributed(_rank_and_world, 2) == [(0, 2), (1, 2)]
+
+
+def test_a_rank_runs_its_atexit_handlers_and_skips_module_teardown(tmp_path):
+    """After its result, a rank runs atexit handlers and exits without Python's module teardown (a full
+    garbage collection over megatron, transformers and torch, seconds per rank): the handlers' files
+    exist, the teardown's does not, and a result far larger than a pipe's buffer arrives whole."""
+    results = run_distributed(_leave_exit_work, 2, str(tmp_path))
+    assert results == [[0] * 1_000_000, [1] * 1_000_000]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["atexit0", "atexit1"]
 
 
 def test_failure_names_rank_and_traceback():

@@ -29,7 +29,8 @@ from megarl.workers.sync_probe import probe_policy_batch
 from megarl.config.rollout import LOGPROB_GAP_BY_DTYPE
 from megarl.models.hf_config import read_model_dims
 from megarl.models.tiny import make_tiny_model
-from megarl.parallel.spawn import free_port, run_distributed
+from megarl.bridge.sync_group import listen_weight_sync_store
+from megarl.parallel.spawn import run_distributed
 from megarl.workers.rollout import make_rollout_engine
 
 HOST = "127.0.0.1"
@@ -82,15 +83,15 @@ def _trainer(model_dir: str, port: int, world_size: int) -> list[dict]:
     from megarl.bridge import ShardSender, sender_rank
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import compute_log_probs, global_named_parameters
-    from megarl.bridge.sync_group import create_weight_sync_group
+    from megarl.bridge.sync_group import join_weight_sync_group
 
     groups = initialize_model_parallel(LAYOUT.train_tp, LAYOUT.train_pp, seed=0)
     model = model_in_dtype(model_dir, groups, DTYPE)
     assert all(param.dtype == torch.bfloat16 for param in model.parameters())
     plan = _plan(model_dir)
     named = lambda: global_named_parameters(unwrap_model(model), groups)  # noqa: E731
-    group = create_weight_sync_group(HOST, port, sender_rank(LAYOUT, groups.pp_rank, groups.tp_rank), world_size,
-                                     TIMEOUT_S)
+    group = join_weight_sync_group(HOST, port, sender_rank(LAYOUT, groups.pp_rank, groups.tp_rank), world_size,
+                                   TIMEOUT_S)
     sender = ShardSender(plan, named, groups, group)
     probe = probe_token_ids(plan.dims.vocab_size)
     log_probs, _ = compute_log_probs(model, probe_policy_batch(probe), len(probe), plan.dims.vocab_size, groups)
@@ -109,7 +110,11 @@ def synced(tmp_path_factory):
         tmp_path_factory.mktemp("bf16_sync"), "qwen2", hidden_size=256, intermediate_size=384,
         num_attention_heads=8, num_key_value_heads=4, head_dim=32, initializer_range=0.2,
     ))
-    port, world_size = free_port(HOST), LAYOUT.train_tp + LAYOUT.rollout_tp
+    world_size = LAYOUT.train_tp + LAYOUT.rollout_tp
+    # This process hosts the group's store before any rank starts: the engine's worker would otherwise
+    # connect before trainer rank 0 (spawned, importing Megatron) listens, and back off for up to a minute.
+    store = listen_weight_sync_store(HOST, world_size, TIMEOUT_S)
+    port = store.port
     plan, probe = _plan(model_dir), probe_token_ids(100)
     with ThreadPoolExecutor(max_workers=1) as pool:
         trainers = pool.submit(run_distributed, _trainer, LAYOUT.train_tp, model_dir, port, world_size,

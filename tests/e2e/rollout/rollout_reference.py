@@ -83,12 +83,13 @@ def sync_over_group(engine, tp: int, model_dir: Path, tensors: dict[str, torch.T
     from megarl.models.layout import VOCAB_DIVISIBLE_BY
     from megarl.models.hf_config import read_model_dims
     from megarl.models.layout import reader_of, tp_shard_from_hf
-    from megarl.bridge.sync_group import create_weight_sync_group
+    from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
 
     plan = build_plan(read_model_dims(model_dir), LayoutPair(1, 1, tp), bucket_mb=bucket_mb)
-    port = free_port()
-    joined = engine.init_weight_sync("127.0.0.1", port, world_size=1 + tp, timeout_s=timeout_s)
-    group = create_weight_sync_group("127.0.0.1", port, 0, 1 + tp, timeout_s)
+    # Listening before the workers connect: a TCPStore client that finds no store backs off for up to a minute.
+    store = listen_weight_sync_store("127.0.0.1", 1 + tp, timeout_s)
+    joined = engine.init_weight_sync("127.0.0.1", store.port, world_size=1 + tp, timeout_s=timeout_s)
+    group = create_weight_sync_group("127.0.0.1", store.port, 0, 1 + tp, timeout_s, store=store)
     joined.result(timeout=timeout_s)
     named = [
         (param.megatron_name, tp_shard_from_hf(mapping_of(param), reader_of(tensors), plan.dims, tp_size=1, tp_rank=0,

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from megarl.bridge.sync_group import address_towards, create_weight_sync_group
+from megarl.bridge.sync_group import address_towards, create_weight_sync_group, listen_weight_sync_store
 from megarl.bridge.protocol import BucketMetadata, TensorSlot, pack, unpack
 
 
@@ -70,25 +70,19 @@ def test_unpack_rejects_a_buffer_that_does_not_match():
         unpack(torch.zeros(6, dtype=torch.float64), metadata)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_sync_group_carries_a_bucket_between_two_ranks():
     """Rank 0 (a trainer rank) and rank 1 (a rollout worker) as two threads of this process."""
-    port = _free_port()
+    store = listen_weight_sync_store("127.0.0.1", 2, timeout_s=30)  # listening before rank 1 connects
     flat, metadata = pack(_tensors(torch.bfloat16))
     received = torch.zeros_like(flat)
 
     def worker() -> None:
-        group = create_weight_sync_group("127.0.0.1", port, 1, 2, timeout_s=30)
+        group = create_weight_sync_group("127.0.0.1", store.port, 1, 2, timeout_s=30)
         group.recv([received], 0, 7).wait()
 
     thread = threading.Thread(target=worker)
     thread.start()
-    group = create_weight_sync_group("127.0.0.1", port, 0, 2, timeout_s=30)
+    group = create_weight_sync_group("127.0.0.1", store.port, 0, 2, timeout_s=30, store=store)
     group.send([flat], 1, 7).wait()
     thread.join(timeout=30)
     assert not thread.is_alive()
