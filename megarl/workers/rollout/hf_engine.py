@@ -69,8 +69,8 @@ class HFRolloutEngine(RolloutEngine):
         caps = max_new_tokens or [sampling.max_new_tokens] * len(prompt_token_ids)
         outputs = []
         with torch.random.fork_rng(devices=[self._device] if self._device.type == "cuda" else []):
-            if (seed := call_seed(sampling, seeds)) is not None:  # the call's samples draw in sequence
-                torch.manual_seed(seed)
+            if (shared := call_seed(sampling, seeds)) is not None:  # the call's samples draw in sequence
+                torch.manual_seed(shared)
             for prompt, cap, seed in zip(prompt_token_ids, caps, prompt_seeds(sampling, len(caps), seeds), strict=True):
                 if seed is not None:  # per prompt: its samples do not depend on the prompts before it
                     torch.manual_seed(seed)

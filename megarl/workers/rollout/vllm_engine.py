@@ -174,7 +174,7 @@ class VLLMRolloutEngine(RolloutEngine):
         requests = [{"prompt_token_ids": list(prompt)} for prompt in prompt_token_ids]
         caps = max_new_tokens or [sampling.max_new_tokens] * len(requests)
         engine_seed = call_seed(sampling, seeds)
-        if engine_seed is not None:  # every worker: each TP rank samples, vLLM keeps rank 0's tokens
+        if engine_seed is not None:  # every worker: whichever TP rank samples draws from its own process's generator
             self._llm.collective_rpc("seed_sampling", args=(engine_seed,))
         params = [_sampling_params(sampling, seed, cap)
                   for seed, cap in zip(prompt_seeds(sampling, len(requests), seeds), caps, strict=True)]
