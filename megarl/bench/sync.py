@@ -104,7 +104,7 @@ def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, int], shape: Syn
     from megarl.bench.common import time_interleaved
     from megarl.bridge import LayoutPair, ShardSender, build_plan, build_schedule, receiver_rank, sender_rank
     from megarl.bridge.sync import WeightSender
-    from megarl.bridge.sync_group import join_weight_sync_group
+    from megarl.bridge.sync_group import create_weight_sync_group
     from megarl.models.layout import VOCAB_DIVISIBLE_BY
     from megarl.models.architectures import build_gpt_model
     from megarl.models.checkpoint import load_hf_weights
@@ -118,7 +118,7 @@ def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, int], shape: Syn
     dims = read_model_dims(model_dir)
     sender_rank0 = dist.get_rank() == 0
     me = sender_rank(LayoutPair(tp, pp, 1), groups.pp_rank, groups.tp_rank)  # the same for every rollout TP
-    sync_groups = {r: join_weight_sync_group(HOST, port, me, tp * pp + r, TIMEOUT_S) for r, port in ports.items()}
+    sync_groups = {r: create_weight_sync_group(HOST, port, me, tp * pp + r, TIMEOUT_S) for r, port in ports.items()}
     expected = _checkpoint(model_dir) if sender_rank0 else None
 
     def params():
@@ -199,12 +199,12 @@ def _receiver(port: int, worker: int, plans: list, repeats: int) -> list[dict]:
 
     from megarl.bench.common import interleaved_order
     from megarl.bridge import LoadedChecksums, VllmRankLayout, build_schedule, receive_rank_shards, receiver_rank, recorded
-    from megarl.bridge.sync_group import join_weight_sync_group
+    from megarl.bridge.sync_group import create_weight_sync_group
     from megarl.models.layout import VOCAB_DIVISIBLE_BY
 
     layout = plans[0].layout
-    group = join_weight_sync_group(HOST, port, receiver_rank(layout, 0, worker),
-                                   layout.train_tp * layout.train_pp + layout.rollout_tp, TIMEOUT_S)
+    group = create_weight_sync_group(HOST, port, receiver_rank(layout, 0, worker),
+                                     layout.train_tp * layout.train_pp + layout.rollout_tp, TIMEOUT_S)
     cpu = torch.device("cpu")
     checked = []
     for plan in plans:

@@ -6,8 +6,9 @@ It is standalone, made from a `TCPStore` and a process-group object directly, no
 the trainer, vLLM's inside the workers) and neither may be disturbed. Gloo on CPU, NCCL on GPU,
 chosen by the device, the same code path otherwise. Both sides use this module:
 
-    # trainer rank 0 hosts the store; every sending rank and every rollout worker joins
-    group = create_weight_sync_group(host, port, rank, W, 60)
+    store = listen_weight_sync_store(host, W, 60)  # trainer rank 0 (or the driver), before anyone joins
+    group = create_weight_sync_group(host, store.port, 0, W, 60, store=store)  # its own rank, if it has one
+    group = create_weight_sync_group(host, port, rank, W, 60)  # every other sending rank and rollout worker
     # then: shard_sync.ShardSender(..., group).send()  /  shard_sync.receive_rank_shards(group, plan, r, device)
 
 Group creation blocks until all W ranks have joined, so all sides must run it concurrently.
@@ -26,29 +27,22 @@ from megarl.parallel.distributed import listen_store
 
 
 def listen_weight_sync_store(host: str, world_size: int, timeout_s: float) -> dist.TCPStore:
-    """Rank 0's store, listening on `host` alone, on a port the OS picks (no window in which another
-    process can take a port chosen in advance); hand `store.port` to the other ranks, then pass the
-    store to `create_weight_sync_group`."""
+    """The group's store, listening on `host` alone, on a port the OS picks (no window in which another
+    process can take a port chosen in advance). Open it before any rank connects (trainer rank 0, or the
+    process that starts the ranks) and keep it alive; hand `store.port` to the ranks, and the store
+    itself to `create_weight_sync_group` in the process that hosts it."""
     return listen_store(host, world_size, timeout_s)
-
-
-def join_weight_sync_store(host: str, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
-    """A client of the store another process hosts at host:port (`listen_weight_sync_store`); any rank,
-    rank 0 included, joins it this way when the store's host is not a rank of the group."""
-    return dist.TCPStore(host, port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
 
 
 def create_weight_sync_group(
     host: str, port: int, rank: int, world_size: int, timeout_s: float, store: dist.Store | None = None
 ) -> dist.ProcessGroup:
-    """Join (rank 0: host, or bring `store` from `listen_weight_sync_store`) the store at host:port
-    and form a `world_size`-rank group; NCCL when this process computes on CUDA (`device.uses_cuda`), gloo
-    otherwise. Collectives time
-    out after `timeout_s`."""
+    """Form a `world_size`-rank group over the store at host:port: `store` where this process hosts it
+    (`listen_weight_sync_store`), else joined as a client, whatever the rank. NCCL when this process
+    computes on CUDA (`device.uses_cuda`), gloo otherwise. Collectives time out after `timeout_s`."""
     timeout = timedelta(seconds=timeout_s)
     if store is None:
-        store = (listen_store(host, world_size, timeout_s, port) if rank == 0
-                 else join_weight_sync_store(host, port, world_size, timeout_s))
+        store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
     if uses_cuda():
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
@@ -66,10 +60,3 @@ def address_towards(host: str, port: int) -> str:
     rank on another node must bind its side of the group to."""
     with socket.create_connection((host, port)) as connection:
         return connection.getsockname()[0]
-
-
-def join_weight_sync_group(host: str, port: int, rank: int, world_size: int, timeout_s: float) -> dist.ProcessGroup:
-    """`create_weight_sync_group` for any rank, rank 0 included, of a group whose store another process
-    hosts at host:port (`listen_weight_sync_store`, listening before any rank starts)."""
-    return create_weight_sync_group(host, port, rank, world_size, timeout_s,
-                                    store=join_weight_sync_store(host, port, world_size, timeout_s))

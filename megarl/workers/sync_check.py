@@ -35,7 +35,7 @@ from megarl.workers.sync_probe import actor_probe_logprobs, probe_policy_batch
 from megarl.models.hf_config import read_model_dims
 from megarl.parallel.spawn import run_distributed
 from megarl.workers.rollout.base import RolloutEngine
-from megarl.bridge.sync_group import join_weight_sync_group, listen_weight_sync_store
+from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
 
 HOST = "127.0.0.1"
 ENGINE_DTYPE = "float32"
@@ -120,7 +120,7 @@ def trainer_main(model_dir: str, layout: LayoutPair, ports: dict[int, int], buck
     senders = [
         ShardSender(build_plan(dims, LayoutPair(layout.train_tp, layout.train_pp, tp), bucket_mb=bucket_mb),
                     actor.named_parameters_for_sync, groups,
-                    join_weight_sync_group(HOST, port, rank, layout.train_tp * layout.train_pp + tp, timeout_s))
+                    create_weight_sync_group(HOST, port, rank, layout.train_tp * layout.train_pp + tp, timeout_s))
         for tp, port in ports.items()
     ]
     probe = probe_token_ids(dims.vocab_size)

@@ -245,9 +245,9 @@ class RolloutEngine(abc.ABC):
     def init_weight_sync(
         self, host: str, port: int, world_size: int, timeout_s: float, rank_offset: int = 1
     ) -> Future[None]:
-        """Join the trainer's weight-sync group (`sync_group.create_weight_sync_group`): the trainer's
-        sending ranks come first (its rank 0 hosts the store at host:port); this engine's workers take
-        ranks `rank_offset .. rank_offset + TP - 1` (`bridge.receiver_rank`). Returns at once;
+        """Join the trainer's weight-sync group (`sync_group.create_weight_sync_group`) over the store
+        listening at host:port (`listen_weight_sync_store`): the trainer's sending ranks come first, this
+        engine's workers take ranks `rank_offset .. rank_offset + TP - 1` (`bridge.receiver_rank`). Returns at once;
         the future completes when the group is formed, which needs every other rank to join
         concurrently."""
 

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from megarl.bridge.checksum import LoadedChecksums, VllmRankLayout, check_checksums, recorded, tensor_checksum
 from megarl.bridge.plan import LayoutPair, build_plan, build_schedule, receiver_rank, sender_rank
 from megarl.bridge.shard_sync import receive_rank_shards
-from megarl.bridge.sync_group import join_weight_sync_group, listen_weight_sync_store
+from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
 from megarl.models.layout import VOCAB_DIVISIBLE_BY
 from megarl.models.hf_config import read_model_dims
 from megarl.parallel.spawn import run_distributed
@@ -110,7 +110,7 @@ def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, int]) -> dict:
     for rollout_tp, port in ports.items():
         layout = LayoutPair(tp, pp, rollout_tp)
         rank = sender_rank(layout, groups.pp_rank, groups.tp_rank)
-        group = _CountingGroup(join_weight_sync_group(HOST, port, rank, tp * pp + rollout_tp, TIMEOUT_S))
+        group = _CountingGroup(create_weight_sync_group(HOST, port, rank, tp * pp + rollout_tp, TIMEOUT_S))
         plan = build_plan(dims, layout, bucket_mb=BUCKET_MB)
         sender = ShardSender(plan, lambda: global_named_parameters(model, groups), groups, group)
         with _TrainerWorldCalls() as world:
@@ -124,8 +124,8 @@ def _receiver(port: int, plan, worker: int) -> LoadedChecksums:
     """Rollout worker `worker` of one engine: join the group, receive its per-rank tensors, checksum
     them as vLLM's loader takes them."""
     layout = plan.layout
-    group = join_weight_sync_group(HOST, port, receiver_rank(layout, 0, worker),
-                                   layout.train_tp * layout.train_pp + layout.rollout_tp, TIMEOUT_S)
+    group = create_weight_sync_group(HOST, port, receiver_rank(layout, 0, worker),
+                                     layout.train_tp * layout.train_pp + layout.rollout_tp, TIMEOUT_S)
     record = LoadedChecksums("float32")
     for _ in recorded(receive_rank_shards(group, plan, worker, torch.device("cpu")), record,
                       VllmRankLayout(plan.dims, layout.rollout_tp, worker)):

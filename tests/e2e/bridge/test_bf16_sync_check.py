@@ -83,15 +83,15 @@ def _trainer(model_dir: str, port: int, world_size: int) -> list[dict]:
     from megarl.bridge import ShardSender, sender_rank
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import compute_log_probs, global_named_parameters
-    from megarl.bridge.sync_group import join_weight_sync_group
+    from megarl.bridge.sync_group import create_weight_sync_group
 
     groups = initialize_model_parallel(LAYOUT.train_tp, LAYOUT.train_pp, seed=0)
     model = model_in_dtype(model_dir, groups, DTYPE)
     assert all(param.dtype == torch.bfloat16 for param in model.parameters())
     plan = _plan(model_dir)
     named = lambda: global_named_parameters(unwrap_model(model), groups)  # noqa: E731
-    group = join_weight_sync_group(HOST, port, sender_rank(LAYOUT, groups.pp_rank, groups.tp_rank), world_size,
-                                   TIMEOUT_S)
+    group = create_weight_sync_group(HOST, port, sender_rank(LAYOUT, groups.pp_rank, groups.tp_rank), world_size,
+                                     TIMEOUT_S)
     sender = ShardSender(plan, named, groups, group)
     probe = probe_token_ids(plan.dims.vocab_size)
     log_probs, _ = compute_log_probs(model, probe_policy_batch(probe), len(probe), plan.dims.vocab_size, groups)

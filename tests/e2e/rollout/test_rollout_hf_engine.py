@@ -89,10 +89,14 @@ def test_per_prompt_token_caps_and_seeds(engine):
 
 
 def test_a_call_seed_makes_the_call_reproducible(engine):
-    """`seed_each_sample=False`: one seed for the call, the prompts drawing in sequence, so a prompt's
-    samples depend on the prompts before it; the same call repeats after other draws."""
+    """`seed_each_sample=False`: one seed for the call, the prompts drawing in sequence (an unseeded call
+    after `torch.manual_seed(seed)`), so a prompt's samples depend on the prompts before it; the same
+    call repeats after other draws."""
     sampling = SamplingConfig(n=2, temperature=0.7, max_new_tokens=MAX_NEW, seed=3, seed_each_sample=False)
     first = engine.generate(PROMPTS[:2], sampling)
+    torch.manual_seed(3)
+    unseeded = engine.generate(PROMPTS[:2], replace(sampling, seed=None))
+    assert [o.response_token_ids for o in first] == [o.response_token_ids for o in unseeded]
     torch.rand(1000)
     again = engine.generate(PROMPTS[:2], sampling)
     assert [o.response_token_ids for o in first] == [o.response_token_ids for o in again]

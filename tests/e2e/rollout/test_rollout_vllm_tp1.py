@@ -109,10 +109,14 @@ def test_seed_makes_sampling_reproducible(engine):
 
 def test_a_call_seed_makes_the_call_reproducible(engine):
     """`seed_each_sample=False`: the engine's one generator (this process's: TP 1 runs in-process) is
-    reseeded before the call, so a call repeats after anything else drew from it, and another seed
-    or order differs. Fails if the engine stops reseeding (the generator moves on between calls)."""
+    reseeded before the call and the requests go unseeded, so the call is an unseeded one after
+    `torch.manual_seed(seed)` (fails if the requests kept per-sample seeds), repeats after anything
+    else drew from the generator (fails if the engine stops reseeding), and another seed differs."""
     sampling = SamplingConfig(n=3, max_new_tokens=MAX_NEW, seed=11, seed_each_sample=False)
     first = engine.generate(PROMPTS, sampling)
+    torch.manual_seed(11)
+    unseeded = engine.generate(PROMPTS, SamplingConfig(n=3, max_new_tokens=MAX_NEW))
+    assert [o.response_token_ids for o in first] == [o.response_token_ids for o in unseeded]
     torch.rand(1000)  # anything else drawing from the process's default generator
     engine.generate(PROMPTS, SamplingConfig(n=3, max_new_tokens=MAX_NEW))  # an unseeded call, too
     again = engine.generate(PROMPTS, sampling)
