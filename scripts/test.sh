@@ -5,7 +5,8 @@ set -euo pipefail
 
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
   echo "Usage: bash scripts/test.sh [pytest args...]"
-  echo "Sets up .venv (scripts/setup.sh) and runs the test suite with pytest (default: all of tests/)."
+  echo "Sets up .venv (scripts/setup.sh) and runs the test suite with pytest (default: all of tests/),"
+  echo "then lists the 25 slowest tests (of those over 1 s)."
   exit 0
 fi
 
@@ -13,4 +14,5 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/setup.sh
 echo "test.sh: running pytest $*"
-exec "$root/.venv/bin/python" -m pytest -p no:cacheprovider "$@"
+# --durations: the slowest tests are listed at the end of every run, so a test that grows shows up.
+exec "$root/.venv/bin/python" -m pytest -p no:cacheprovider --durations=25 --durations-min=1.0 "$@"
