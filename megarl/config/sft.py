@@ -123,6 +123,10 @@ def validate_sft(config: SftConfig, check_files: bool = True) -> list[Problem]:
     need(not (model.transformer_impl == "transformer_engine" and train.device == "cpu"), "model.transformer_impl",
          model.transformer_impl, "Transformer Engine is CUDA-only and train.device is cpu",
          "use model.transformer_impl: auto (or local)")
+    need(not (model.transformer_impl == "transformer_engine" and model.dtype == "float32"), "model.transformer_impl",
+         model.transformer_impl,
+         "Transformer Engine has no float32 attention for the THD micro-batches its spec takes (model.dtype is float32)",
+         "use model.dtype: bfloat16, or model.transformer_impl: auto (the local spec in float32)")
     need(len(data.train_files) > 0, "data.train_files", [], "no demonstration files",
          "list the .jsonl files, e.g. data.train_files=[demos.jsonl]")
     problems += data_file_problems("data.train_files", data.train_files, check_exists=check_files)

@@ -106,12 +106,21 @@ def _check_model(config: Config, check_files: bool, problems: list[Problem]) -> 
     _need(problems, not (model.transformer_impl == "transformer_engine" and config.trainer.device == "cpu"),
           "model.transformer_impl", model.transformer_impl, "Transformer Engine is CUDA-only and trainer.device is cpu",
           "use transformer_impl auto or local on CPU")
+    _need(problems, not (model.transformer_impl == "transformer_engine" and model.dtype == "float32"),
+          "model.transformer_impl", model.transformer_impl,
+          "Transformer Engine has no float32 attention for the THD micro-batches its spec takes (model.dtype is float32)",
+          "use model.dtype: bfloat16, or model.transformer_impl: auto (the local spec in float32)")
     for role in ("actor", "critic"):
         _need(problems, not (getattr(config, role).offload.optimizer and model.dtype == "float32"),
               f"{role}.offload.optimizer", True,
               "megatron's optimizer offload moves the optimizer's parameters, which with float32 parameters are "
               "the model's own (inside DDP's buffer); only bfloat16 training has a separate fp32 copy to offload",
               f"use model.dtype: bfloat16, or set {role}.offload.optimizer: false")
+        _need(problems, not (getattr(config, role).offload.params and not getattr(config, role).optim.use_distributed_optimizer),
+              f"{role}.offload.params", True,
+              "megatron keeps the parameters in DDP's contiguous buffer (what the offload moves) only with the "
+              "distributed optimizer: without it nothing would leave the GPU",
+              f"set {role}.optim.use_distributed_optimizer: true, or {role}.offload.params: false")
     tokenizer = model.tokenizer_path
     if check_files and tokenizer is not None and not os.path.isdir(local_path(tokenizer)) and not is_hub_id(tokenizer):
         why = ("is a file, not a directory" if os.path.isfile(local_path(tokenizer))

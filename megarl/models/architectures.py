@@ -143,13 +143,21 @@ def transformer_config(
     )
 
 
-def resolve_transformer_impl(setting: str, device_type: str) -> str:
-    """`model.transformer_impl` for a process whose compute device is `device_type` ("cuda"/"cpu"):
-    "auto" is Transformer Engine on CUDA where it is importable, else local."""
+def resolve_transformer_impl(setting: str, device_type: str, dtype: str) -> str:
+    """`model.transformer_impl` for a process whose compute device is `device_type` ("cuda"/"cpu") and
+    whose model is in `dtype` (a `model.dtype`): "auto" is Transformer Engine on CUDA where it is
+    importable and the model is not float32, else local.
+
+    Why not float32: the TE spec always takes THD micro-batches (`takes_thd`), and TE has no float32
+    attention for them: its backend selection (`get_attention_backend`, transformer_engine/pytorch/
+    attention/dot_product_attention/utils.py) drops UnfusedDotProductAttention for qkv_format thd, and
+    its flash and fused backends take fp16/bf16 only. An explicit "transformer_engine" in float32 is
+    `megarl validate`'s to refuse (the CPU stand-in tests of the TE path run it in float32)."""
     if setting != "auto":
         _check_impl(setting)
         return setting
-    return "transformer_engine" if device_type == "cuda" and _te_importable() else "local"
+    return "transformer_engine" if device_type == "cuda" and dtype != "float32" and _te_importable() else "local"
+
 
 
 def layer_spec(dims: ModelDims, transformer_impl: str = "local") -> ModuleSpec:

@@ -289,11 +289,19 @@ class TrainEngine:
 
     def offload_params(self, settings: OffloadSettings) -> None:
         """After the weight sync: the parameters to pinned host memory when `settings.params` (GPU only:
-        on CPU they are in host memory already); nothing may read them (weight sync included) until `onload`."""
-        if not (uses_cuda() and settings.params):
-            return
-        for buffer in self.model.buffers + self.model.expert_parallel_buffers:
-            buffer.offload_to_cpu(move_params=True, move_grads=False)
+        on CPU they are in host memory already); nothing may read them (weight sync included) until `onload`.
+        Either way the freed memory goes back (`memory_stats.empty_cache`): the sync's buckets and
+        collective buffers sit in the allocator's cache until then, and the engines' KV cache wakes next.
+
+        The parameters live in DDP's contiguous buffer only with the distributed optimizer (megatron-core
+        `_ParamAndGradBuffer.param_data` is None otherwise, and `offload_to_cpu` then moves nothing)."""
+        if settings.params and not self.model.ddp_config.use_distributed_optimizer:
+            raise ValueError("offload.params=True needs the distributed optimizer (megatron keeps the parameters "
+                             "in DDP's buffer only then); set optim.use_distributed_optimizer=True or "
+                             "offload.params=False")
+        if uses_cuda() and settings.params:
+            for buffer in self.model.buffers + self.model.expert_parallel_buffers:
+                buffer.offload_to_cpu(move_params=True, move_grads=False)
         empty_cache()
 
     def onload(self, settings: OffloadSettings) -> None:
@@ -382,7 +390,7 @@ def load_model(
     random init), in `settings`' dtype and layer spec, and the real (HF) vocabulary size."""
     model = build_gpt_model(
         model_dir, groups, value_head=value_head, params_dtype=TORCH_DTYPES[settings.dtype],
-        transformer_impl=resolve_transformer_impl(settings.transformer_impl, compute_device().type),
+        transformer_impl=resolve_transformer_impl(settings.transformer_impl, compute_device().type, settings.dtype),
         **recompute.transformer_config_fields(),
     )
     load_hf_weights(model, model_dir, groups)

@@ -31,14 +31,14 @@ def _batch(extra_left_padding: int) -> PolicyBatch:
     return PolicyBatch(prompts, prompt_mask, responses, torch.ones_like(responses, dtype=torch.bool))
 
 
-def _rank(model_dir: str) -> dict:
+def _rank(model_dir: str, dtype: str = "bfloat16") -> dict:
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.settings import ModelSettings, OptimSettings, PolicyLossSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=1e-3),
-                                  model_settings=ModelSettings(dtype="bfloat16", transformer_impl="auto"))
+                                  model_settings=ModelSettings(dtype=dtype, transformer_impl="auto"))
     model = actor.engine.model
     narrow, wide = _batch(0), _batch(16)
     narrow_lp, _ = actor.compute_log_prob(narrow, micro_batch_size=4)
@@ -69,6 +69,18 @@ def test_bf16_actor_on_the_gpu_trains_and_ignores_left_padding(tmp_path, memory_
     assert out["padding_gap"] < PADDING_TOLERANCE, out
     assert all(math.isfinite(m) for m in out["means"])
     assert out["means"][-1] > out["means"][0], out["means"]  # positive advantages: the tokens got likelier
+
+
+def test_fp32_actor_with_auto_spec_trains_on_the_local_spec(tmp_path, memory_phase):
+    """The fp32 quickstart's actor on a GPU with Transformer Engine installed: auto gives it the local spec
+    (TE has no float32 attention for THD micro-batches), and its update runs."""
+    model_dir = make_tiny_model(tmp_path / "qwen2", "qwen2", initializer_range=0.2)
+    with memory_phase("actor_fp32"):
+        [out] = run_distributed(_rank, 1, str(model_dir), "float32", timeout_s=600)
+    assert out["impl"] == "local"
+    assert out["devices"] == {"cuda"} and out["dtypes"] == {"torch.float32"}
+    assert all(math.isfinite(m) for m in out["means"])
+    assert out["means"][-1] > out["means"][0], out["means"]
 
 
 def _te_installed() -> bool:

@@ -158,6 +158,11 @@ CASES = [
     ("fp16-params", ["model.dtype=float16"], "model.dtype", "expected one of 'float32', 'bfloat16'"),
     ("optimizer-offload-in-fp32", ["model.dtype=float32", "actor.offload.optimizer=true"], "actor.offload.optimizer",
      "only bfloat16 training has a separate fp32 copy to offload"),
+    ("te-spec-in-float32", ["model.dtype=float32", "model.transformer_impl=transformer_engine", "trainer.device=cuda"],
+     "model.transformer_impl", "no float32 attention for the THD micro-batches"),
+    ("params-offload-without-distributed-optimizer",
+     ["actor.offload.params=true", "actor.optim.use_distributed_optimizer=false"], "actor.offload.params",
+     "only with the distributed optimizer"),
     # --- data, reward, trainer, checkpoint
     ("missing-dataset", ["data.train_files=[{tmp}/missing.jsonl]"], "data.train_files[0]", "file does not exist"),
     ("no-dataset", ["data.train_files=[]"], "data.train_files", "no training data"),

@@ -112,3 +112,12 @@ def test_dry_run_checks_everything_and_starts_nothing(workdir, monkeypatch, caps
 def test_validate_names_the_command_of_an_sft_recipe(capsys):
     assert main(["validate", "--no-file-checks", str(CONFIGS / "sft_tiny.yaml")]) == 2
     assert "sft_tiny.yaml is a `megarl sft` recipe: check it with `megarl sft" in capsys.readouterr().err
+
+
+def test_transformer_engine_in_float32_is_refused(workdir):
+    """TE has no float32 attention for the THD micro-batches of its spec; auto picks the local spec there."""
+    shown = problems_of(["model.transformer_impl=transformer_engine", "train.device=cuda"])
+    assert [line.split(":")[0] for line in shown if line.startswith("model.transformer_impl")] == [
+        "model.transformer_impl = 'transformer_engine'"], shown
+    assert not [line for line in problems_of(["model.transformer_impl=transformer_engine", "train.device=cuda",
+                                              "model.dtype=bfloat16"]) if line.startswith("model.transformer_impl")]

@@ -71,11 +71,23 @@ def test_float16_is_refused_with_the_fix():
 def test_auto_resolves_to_transformer_engine_only_on_cuda_with_it_installed(monkeypatch):
     from megarl.models import architectures
 
-    assert resolve_transformer_impl("local", "cuda") == "local"
+    assert resolve_transformer_impl("local", "cuda", "bfloat16") == "local"
     for installed, on_cuda in ((False, "local"), (True, "transformer_engine")):
         monkeypatch.setattr(architectures, "_te_importable", lambda installed=installed: installed)
-        assert resolve_transformer_impl("auto", "cuda") == on_cuda
-        assert resolve_transformer_impl("auto", "cpu") == "local"
+        assert resolve_transformer_impl("auto", "cuda", "bfloat16") == on_cuda
+        assert resolve_transformer_impl("auto", "cpu", "bfloat16") == "local"
+
+
+def test_float32_never_gets_the_transformer_engine_spec(monkeypatch):
+    """TE's spec takes THD micro-batches, for which TE has no float32 attention (its backend selection
+    drops the unfused backend for thd; flash and fused take fp16/bf16): the fp32 quickstart on a GPU
+    with TE installed gets the local spec (an explicit TE spec in fp32 is refused by validate: the catalogue's
+    te-spec-in-float32 case)."""
+    from megarl.models import architectures
+
+    monkeypatch.setattr(architectures, "_te_importable", lambda: True)
+    assert resolve_transformer_impl("auto", "cuda", "float32") == "local"
+    assert resolve_transformer_impl("auto", "cuda", "bfloat16") == "transformer_engine"
 
 
 def test_transformer_engine_spec_is_causal_for_thd(monkeypatch):
