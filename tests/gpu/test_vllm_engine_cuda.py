@@ -42,3 +42,23 @@ def test_generate_sleep_wake_reload(tmp_path, memory_phase):
         assert engine.weight_version == 1
     finally:
         engine.shutdown()
+
+
+def test_per_call_seed_repeats_on_the_gpu_runner(tmp_path):
+    """`seed_each_sample: false` on vLLM's GPU model runner: the same seeded call gives the same samples
+    after other draws (the runner keys its Gumbel noise on per-request seeds from numpy's generator,
+    which the per-call reseed fixes: tests/unit/gpu_contracts/test_vllm_v2_runner_seeding.py), another
+    seed gives others."""
+    model_dir = make_tiny_model(tmp_path / "qwen2", "qwen2", initializer_range=0.2)
+    engine = make_rollout_engine("vllm", model_dir, dtype="bfloat16", max_model_len=128, gpu_memory_utilization=0.3)
+    try:
+        def call(seed):
+            config = SamplingConfig(n=4, max_new_tokens=16, seed=seed, seed_each_sample=False)
+            return [out.response_token_ids for out in engine.generate([[5, 9, 14], [7, 30, 2]], config)]
+
+        first = call(3)
+        engine.generate([[5, 9, 14]], SamplingConfig(n=4, max_new_tokens=16))  # unseeded draws in between
+        assert call(3) == first
+        assert call(4) != first
+    finally:
+        engine.shutdown()
