@@ -23,6 +23,7 @@ from typing import Literal
 import torch
 
 from megarl.bridge import SharedRing, SyncPlan
+from megarl.workers.memory_stats import memory_stats
 
 FinishReason = Literal["stop", "length"]
 SLEEP_TAGS = ("weights", "kv_cache")
@@ -186,6 +187,11 @@ class RolloutEngine(abc.ABC):
             raise ValueError(f"{type(self).__name__}.wake_up: unknown tags {unknown}; use some of {list(SLEEP_TAGS)}")
         self._wake_up(tags)
         self._asleep -= set(tags)
+
+    def memory_stats(self) -> dict[str, float]:
+        """The engine's memory now, in GiB by stat (`megarl.workers.memory_stats`): this process's, where
+        the engine computes in it or in processes it started (their RSS is counted on CPU)."""
+        return memory_stats()
 
     def checksum_loads(self, enabled: bool) -> None:
         """Whether the next weight loads checksum every tensor they receive (`loaded_checksums`, the

@@ -19,7 +19,6 @@ from torch import Tensor
 
 from megarl.bridge import SharedRing, SyncPlan
 from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
-from megarl.workers.memory_stats import memory_stats
 from megarl.workers.rollout.factory import make_rollout_engine
 
 
@@ -85,18 +84,18 @@ class RolloutWorker:
         self._pending = self.engine.load_rank_rings(rings_by_rank)
 
     def sleep(self) -> dict[str, float]:
-        """Free the engine's KV cache and weights (`RolloutEngine.sleep`); this process's memory afterwards."""
+        """Free the engine's KV cache and weights (`RolloutEngine.sleep`); the engine's memory afterwards."""
         self.engine.sleep()
-        return memory_stats()
+        return self.engine.memory_stats()
 
     def wake_up(self, tags: list[str] | None = None) -> dict[str, float]:
-        """Bring back the memory `tags` name ("weights", "kv_cache"; None: all); this process's memory afterwards."""
+        """Bring back the memory `tags` name ("weights", "kv_cache"; None: all); the engine's memory afterwards."""
         self.engine.wake_up(tags)
-        return memory_stats()
+        return self.engine.memory_stats()
 
     def memory_stats(self) -> dict[str, float]:
-        """This process's memory now (`megarl.workers.memory_stats`)."""
-        return memory_stats()
+        """The engine's memory now (`RolloutEngine.memory_stats`)."""
+        return self.engine.memory_stats()
 
     def checksum_loads(self, enabled: bool) -> None:
         """Whether the next syncs are checksummed as they load (`RolloutEngine.checksum_loads`)."""

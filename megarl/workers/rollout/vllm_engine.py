@@ -293,6 +293,16 @@ class VLLMRolloutEngine(RolloutEngine):
             self._llm.collective_rpc("restore_kv_cache")
         self._llm.wake_up(tags=tags)
 
+    def memory_stats(self) -> dict[str, float]:
+        """On GPU with TP > 1 the engine's process holds no GPU (its TP workers, Ray actors of their own, do:
+        `executor`), yet sees every GPU of the node: a CUDA call here would open a context on GPU 0 and
+        report that GPU. So each worker reports its own, and the engine the highest of each stat (as the
+        hand-over reports a group: its highest rank)."""
+        if self._is_cpu or self._tensor_parallel_size == 1:
+            return super().memory_stats()
+        per_worker = self._llm.collective_rpc("memory_stats")
+        return {stat: max(stats[stat] for stats in per_worker) for stat in per_worker[0]}
+
     def checksum_loads(self, enabled: bool) -> None:
         super().checksum_loads(enabled)
         self._llm.collective_rpc("checksum_loads", kwargs={"enabled": enabled})

@@ -31,6 +31,7 @@ import torch
 from megarl.bridge import (
     create_weight_sync_group, LoadedChecksums, read_ring, receive_rank_shards, recorded, SharedRing, SyncPlan,
 )
+from megarl.workers.memory_stats import memory_stats
 from megarl.workers.rollout.call_seeding import CallSeeding
 from megarl.workers.rollout.cpu_kv_sleep import CpuKVCacheSleep
 from megarl.workers.rollout.cpu_sampler_ops import CpuSamplerOps
@@ -80,6 +81,11 @@ class WeightSyncWorkerExtension(CallSeeding, CpuKVCacheSleep, CpuSamplerOps):
     def loaded_checksums(self) -> LoadedChecksums | None:
         """The checksums of the tensors this worker's last load received (None before any load)."""
         return getattr(self, "_megarl_loaded", None)
+
+    def memory_stats(self) -> dict[str, float]:
+        """This worker process's memory (`megarl.workers.memory_stats`): on GPU with TP > 1 the engine asks
+        its workers, which hold the GPUs (`VLLMRolloutEngine.memory_stats`)."""
+        return memory_stats()
 
     def checksum_loads(self, enabled: bool) -> None:
         """Whether the next loads checksum what they receive (`RolloutEngine.checksum_loads`)."""

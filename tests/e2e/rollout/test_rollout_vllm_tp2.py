@@ -78,3 +78,12 @@ def test_load_weights_reaches_the_worker_processes(engine, base_model_dir, new_m
     finally:
         engine.load_weights(checkpoint_tensors(base_model_dir).items())
     _assert_engine_matches(engine, hf_base)
+
+
+def test_memory_stats_come_from_the_worker_processes(engine):
+    """`memory_stats` by name in each TP worker (what a GPU engine of TP > 1 asks, whose own process holds
+    no GPU: `VLLMRolloutEngine.memory_stats`; the choice itself is tested in
+    tests/unit/workers/test_rollout_memory_stats.py): each worker reports its own process."""
+    per_worker = engine._llm.collective_rpc("memory_stats")
+    assert len(per_worker) == 2
+    assert all(set(stats) == {"rss_gib"} and stats["rss_gib"] > 0 for stats in per_worker)
