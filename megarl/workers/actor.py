@@ -218,8 +218,9 @@ class MegatronActor(TrainedModel):
         its own forward, so the ratio is exactly 1.
 
         Returns metrics averaged over the applied optimizer steps (`steps`, `skipped_steps` count
-        all): loss, pg_loss, kl_loss, entropy, clip_frac, clip_frac_lower, approx_kl (token means),
-        grad_norm (before clipping), lr, tokens (per step, all DP ranks).
+        all): loss, pg_loss, kl_loss, entropy, clip_frac, clip_frac_lower, approx_kl (token means), the
+        loss's other `metric_names` (mismatch and correction metrics), grad_norm (before clipping), lr,
+        tokens (per step, all DP ranks).
         """
         batch.require(loss_fn.required_fields, "MegatronActor.update_policy")
         check_divides(len(batch), mini_batch_size, "mini_batch_size", "samples of this DP rank")
