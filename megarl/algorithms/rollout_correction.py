@@ -152,7 +152,7 @@ def mismatch_metrics(
     - `kl_k1`: token mean of -log ρ = log π_rollout - log π_actor, the direct estimator of the same KL
       (unbiased, higher variance, may be negative).
     - `chi2_token`: token mean of ρ² - 1, χ²(π_actor ‖ π_rollout) per token (the variance of the token
-      weights; verl's `chi2_token`).
+      weights; verl's `chi2_token`); an estimate, which a batch may put slightly below 0.
     - `chi2_seq`: sequence mean of (Π_t ρ_t)² - 1, the same for whole sequences (sum clamped at 20).
     - `ppl_ratio`: sequence mean of rollout perplexity / actor perplexity = exp(mean_t log ρ); > 1: the
       engines found their own samples less likely than the actor does.

@@ -53,9 +53,11 @@ DOCUMENTED_METRICS: dict[str, str] = {
     # engines vs actor on the sampled response tokens, ρ = π_actor / π_rollout (the actor's old log-probs; means
     # over optimizer steps): `megarl.algorithms.rollout_correction.mismatch_metrics`
     "mismatch/kl_k3": "token-mean k3 estimate (ρ - 1 - log ρ) of KL(rollout engines ‖ actor) on the sampled tokens",
-    "mismatch/kl_k1": "token-mean direct estimate (log π_rollout - log π_actor) of KL(rollout engines ‖ actor)",
-    "mismatch/chi2_token": "token-mean ρ² - 1: χ²(actor ‖ rollout engines) per token (the token weights' variance)",
-    "mismatch/chi2_seq": "sequence-mean (Π_t ρ_t)² - 1: χ²(actor ‖ rollout engines) of whole responses",
+    "mismatch/kl_k1": "token-mean direct estimate (log π_rollout - log π_actor) of KL(rollout engines ‖ actor); "
+                      "unbiased but noisier than k3, may be below 0",
+    "mismatch/chi2_token": "token-mean ρ² - 1: χ²(actor ‖ rollout engines) per token (the token weights' variance; "
+                           "an estimate, a batch may put it slightly below 0)",
+    "mismatch/chi2_seq": "sequence-mean (Π_t ρ_t)² - 1: χ²(actor ‖ rollout engines) of whole responses (an estimate)",
     "mismatch/ppl_ratio": "sequence-mean rollout perplexity / actor perplexity of the responses (1: no mismatch)",
     # actor.rollout_correction (only with a level other than none)
     "correction/weight_mean": "token-mean importance weight on the actor's token losses (0 where masked)",
