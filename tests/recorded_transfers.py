@@ -158,13 +158,11 @@ def grids(tp: int, pp: int, dp: int) -> list[dict[str, int]]:
 
 def recording_roles(config, plan) -> Roles:
     """The run's Megatron groups (`start_roles`' layout) as recording stand-ins."""
-    actor_reads = ["advantages"]
+    actor_reads = ["advantages", "rollout_log_probs"]  # the engines' log-probs: mismatch metrics, every step
     if plan.old_log_prob_pass:
         actor_reads.append("old_log_probs")
     if config.actor.use_kl_loss:
         actor_reads.append("ref_log_probs")
-    if config.actor.tis_cap is not None:
-        actor_reads.append("rollout_log_probs")
     started = {}
     for role in (plan.actor, plan.critic, plan.ref):
         if role is None:

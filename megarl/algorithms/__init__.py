@@ -1,5 +1,5 @@
 """Pure torch RL algorithm functions: advantages, policy/value/entropy/KL losses, loss aggregation,
-DAPO's dynamic sampling and overlong shaping.
+off-policy corrections (`rollout_correction`), DAPO's dynamic sampling and overlong shaping.
 
 Nothing here imports torch.distributed, Ray, Megatron or vLLM: the functions see one (micro-)batch
 of `[B, T]` tensors, and whatever spans micro-batches or ranks comes in as an argument

@@ -1,8 +1,8 @@
 """Policy-gradient losses: log-probs and advantages `[B, T]` -> a scalar loss and clip metrics.
 
 Each entry of `POLICY_LOSSES` turns the inputs into a per-token loss matrix plus the tokens it
-clipped; `compute_policy_loss` adds what all of them share: the truncated importance-sampling
-correction for the rollout engine, the aggregation, and the metrics. Names and numbers follow
+clipped; `compute_policy_loss` adds what all of them share: the off-policy correction's token weights
+(`megarl.algorithms.rollout_correction`), the aggregation, and the metrics. Names and numbers follow
 verl's `core_algos` (`vanilla`, `gspo`, `cispo`, `reinforce`) and slime's `ppo_utils`.
 
 Ratios are taken in log space and the token log-ratio is clamped to [-20, 20] before `exp`
@@ -60,8 +60,7 @@ def compute_policy_loss(
     clip_ratio_high: float = 0.2,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
-    rollout_log_prob: torch.Tensor | None = None,
-    tis_cap: float | None = None,
+    importance_weights: torch.Tensor | None = None,
     global_normalizer: int | float | torch.Tensor | None = None,
     loss_scale_factor: int | float | None = None,
 ) -> PolicyLossOutput:
@@ -78,11 +77,9 @@ def compute_policy_loss(
         clip_ratio_high: ratio clipped above at `1 + clip_ratio_high` (DAPO's clip-higher: > low).
         clip_ratio_c: dual-clip bound for negative advantages (`vanilla`), must be > 1.
         loss_agg_mode: see `megarl.algorithms.losses`.
-        rollout_log_prob: `[B, T]` log-probs reported by the rollout engine (vLLM). Given with
-            `tis_cap`, each token loss is weighted by the truncated importance ratio
-            `min(exp(old_log_prob - rollout_log_prob), tis_cap)` (no gradient), which corrects
-            the mismatch between the engine's sampling distribution and the trainer's.
-        tis_cap: truncation of that ratio (e.g. 2.0); required together with `rollout_log_prob`.
+        importance_weights: `[B, T]` factors on the token losses, applied without gradient: the
+            correction for the engines' sampling distribution
+            (`megarl.algorithms.rollout_correction.correction_weights`). None: no correction.
         global_normalizer: token/sequence count of the whole optimizer step, see `agg_loss`.
         loss_scale_factor: constant length for `seq-mean-token-sum-norm`, see `agg_loss`.
 
@@ -91,13 +88,11 @@ def compute_policy_loss(
     """
     if name not in POLICY_LOSSES:
         raise ValueError(f"unknown policy loss {name!r}; valid policy losses: {', '.join(POLICY_LOSSES)}")
-    if (rollout_log_prob is None) != (tis_cap is None):
+    if importance_weights is not None and importance_weights.shape != log_prob.shape:
         raise ValueError(
-            "truncated importance sampling needs both rollout_log_prob and tis_cap "
-            f"(got rollout_log_prob={'a tensor' if rollout_log_prob is not None else None}, tis_cap={tis_cap})"
+            f"importance_weights has shape {tuple(importance_weights.shape)}, the log-probs "
+            f"{tuple(log_prob.shape)}: give one weight per token"
         )
-    if tis_cap is not None and tis_cap <= 0:
-        raise ValueError(f"tis_cap must be > 0 (a cap on the importance ratio, e.g. 2.0), got {tis_cap}")
     if clip_ratio_low < 0 or clip_ratio_high < 0:
         raise ValueError(
             f"clip_ratio_low={clip_ratio_low} and clip_ratio_high={clip_ratio_high} must be >= 0 "
@@ -115,8 +110,8 @@ def compute_policy_loss(
         clip_ratio_c=clip_ratio_c,
     )
     losses = token.losses
-    if rollout_log_prob is not None:
-        losses = losses * truncated_importance_weights(old_log_prob, rollout_log_prob, tis_cap)
+    if importance_weights is not None:
+        losses = losses * importance_weights.detach()
 
     loss = agg_loss(
         losses, mask, loss_agg_mode, global_normalizer=global_normalizer, loss_scale_factor=loss_scale_factor
@@ -127,14 +122,6 @@ def compute_policy_loss(
         clip_frac_lower=masked_mean(token.clipped_lower.to(mask.dtype), mask),
         approx_kl=masked_mean(old_log_prob - log_prob, mask).detach(),
     )
-
-
-def truncated_importance_weights(
-    old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, tis_cap: float
-) -> torch.Tensor:
-    """`[B, T]` TIS weights `min(pi_old / pi_rollout, tis_cap)`, without gradient."""
-    log_ratio = (old_log_prob - rollout_log_prob).detach().clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
-    return log_ratio.exp().clamp(max=tis_cap)
 
 
 def vanilla(old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c):

@@ -369,8 +369,16 @@ def _all_keys(cls, prefix: str = "") -> list[str]:
     return keys
 
 
+RETIRED_KEYS = {
+    "actor.tis_cap": "actor.rollout_correction: {level: token, mode: truncate, high: <the cap>} (the same truncated IS)",
+}
+"""Keys a recipe may still hold from an older megarl -> what replaced them."""
+
+
 def _unknown_key(key: str, value, prefix: str, siblings: list[str], all_keys: list[str]) -> Problem:
     """An unknown key, with the closest sibling names or same-named keys elsewhere (`actor.lr` → `actor.optim.lr`)."""
+    if key in RETIRED_KEYS:
+        return Problem(key, value, "this key was replaced", f"use {RETIRED_KEYS[key]}")
     leaf = key.rsplit(".", 1)[-1]
     # The most specific guess wins: a sibling typo, then the same name in another section, then any near key.
     near = [f"{prefix}{name}" for name in difflib.get_close_matches(leaf, siblings, n=3, cutoff=0.6)]

@@ -71,6 +71,28 @@ class OffloadConfig:
 
 
 @dataclass(frozen=True)
+class RolloutCorrectionConfig:
+    """Importance weights ρ = π_actor / π_rollout on the actor's token losses, from the actor's old
+    log-probs (the proximal policy) and the engines' (the behaviour policy); no gradient flows through
+    them (`megarl.algorithms.rollout_correction` has the formulas). The policy loss still clips
+    π_θ / π_actor: `policy_loss: vanilla` with `level: token` is AReaL's decoupled PPO (its
+    `behav_imp_weight_cap` is `mode: mask, high: cap`). The mismatch metrics (`mismatch/*`) are logged
+    with or without a correction."""
+
+    level: Literal["none", "token", "sequence", "geometric"] = "none"
+    """What ρ is: per token (`token`), the product of a sequence's token ratios (`sequence`), or their
+    geometric mean (`geometric`), the same for every token of a sequence. `none`: no correction."""
+    mode: Literal["truncate", "mask"] = "truncate"
+    """Ratios above `high`: capped there (`truncate`, TIS), or, with ratios below `low`, their tokens'
+    losses masked (`mask`, masked IS / IcePop: weight ρ inside [low, high], 0 outside; a masked token
+    stays in the loss normaliser)."""
+    low: float = 0.0
+    """`mask` only: ratios below it are masked (0: no lower bound). In [0, 1]."""
+    high: float = 2.0
+    """`truncate`: the cap on ρ; `mask`: ratios above it are masked. >= 1."""
+
+
+@dataclass(frozen=True)
 class ActorConfig:
     """The policy being trained: its layout, batch slicing, optimizer and policy loss."""
 
@@ -109,8 +131,9 @@ class ActorConfig:
     """Weight of the KL loss term. >= 0."""
     kl_loss_type: str = "k3"
     """KL estimator of the loss term, by megarl.algorithms KL_ESTIMATORS name (k1, abs, k2, k3 = low_var_kl)."""
-    tis_cap: float | None = None
-    """Truncated importance sampling: weight tokens by min(π_actor/π_rollout, tis_cap). None disables; >= 1."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Off-policy correction for the gap between the engines that sampled and the actor (bf16 engines,
+    stale weights of an off-policy mode): truncated or masked importance weights, AReaL's decoupled PPO."""
     recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
     """Activation recomputation."""
     offload: OffloadConfig = field(default_factory=OffloadConfig)

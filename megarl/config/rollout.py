@@ -127,7 +127,7 @@ class RolloutConfig:
     """Parameter and compute dtype of the rollout engines. auto: `model.dtype`. bfloat16 beside a float32
     actor (verl's usual pairing) generates faster and halves the bytes a sync moves: the actor's weights
     are cast on the way. The engines' log-probs then differ from the actor's by bf16 rounding;
-    `actor.tis_cap` corrects the update for that mismatch."""
+    `actor.rollout_correction` corrects the update for that mismatch (`mismatch/*` metrics measure it)."""
     tensor_model_parallel_size: int = 1
     """TP size of one engine; engines = rollout GPUs ÷ this. Must divide the attention heads."""
     n: int = 1

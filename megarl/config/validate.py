@@ -28,7 +28,7 @@ from megarl.config.resources import (
     writable_dir_problem,
 )
 from megarl.config.rollout import response_length
-from megarl.config.roles import OptimizerConfig, ParallelConfig, RecomputeConfig
+from megarl.config.roles import OptimizerConfig, ParallelConfig, RecomputeConfig, RolloutCorrectionConfig
 from megarl.config.tokenizer_files import chat_template_problem, tokenizer_problems
 from megarl.models.hf_config import load_hf_config
 from megarl.tools.validation import tool_problems
@@ -200,8 +200,26 @@ def _check_actor(config: Config, problems: list[Problem]) -> None:
           "the dual-clip bound must be > 1", "e.g. 3.0")
     _need(problems, actor.entropy_coeff >= 0, "actor.entropy_coeff", actor.entropy_coeff, "must be >= 0", "e.g. 0")
     _need(problems, actor.kl_loss_coef >= 0, "actor.kl_loss_coef", actor.kl_loss_coef, "must be >= 0", "e.g. 0.001")
-    _need(problems, actor.tis_cap is None or actor.tis_cap >= 1, "actor.tis_cap", actor.tis_cap,
-          "the importance-weight cap must be >= 1", "e.g. 2.0, or null to disable")
+    _check_rollout_correction(actor.rollout_correction, problems)
+
+
+def _check_rollout_correction(correction: RolloutCorrectionConfig, problems: list[Problem]) -> None:
+    key = "actor.rollout_correction"
+    if correction.level == "none":
+        unused = [name for name in ("mode", "low", "high")
+                  if getattr(correction, name) != getattr(RolloutCorrectionConfig, name)]
+        for name in unused:
+            _need(problems, False, f"{key}.{name}", getattr(correction, name), "no correction is applied (level: none)",
+                  f"remove it, or set {key}.level to token, sequence or geometric")
+        return
+    _need(problems, correction.high >= 1, f"{key}.high", correction.high,
+          "must be >= 1: an on-policy token (ratio 1) must keep its weight 1", "e.g. 2.0")
+    if correction.mode == "truncate":
+        _need(problems, correction.low == 0, f"{key}.low", correction.low,
+              "truncation caps ratios from above only", f"remove it, or set {key}.mode: mask to mask low ratios")
+    else:
+        _need(problems, 0 <= correction.low <= 1, f"{key}.low", correction.low,
+              "must lie in [0, 1]: an on-policy token (ratio 1) must be kept", "e.g. 0.5, or 0 for no lower bound")
 
 
 def _check_critic(config: Config, problems: list[Problem]) -> None:

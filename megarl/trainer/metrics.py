@@ -50,6 +50,21 @@ DOCUMENTED_METRICS: dict[str, str] = {
     "actor/tokens": "response tokens per actor optimizer step (all DP ranks)",
     "actor/optimizer_steps": "actor optimizer steps attempted in this training step",
     "actor/skipped_steps": "actor optimizer steps skipped for a non-finite loss or gradient",
+    # engines vs actor on the sampled response tokens, ρ = π_actor / π_rollout (the actor's old log-probs; means
+    # over optimizer steps): `megarl.algorithms.rollout_correction.mismatch_metrics`
+    "mismatch/kl_k3": "token-mean k3 estimate (ρ - 1 - log ρ) of KL(rollout engines ‖ actor) on the sampled tokens",
+    "mismatch/kl_k1": "token-mean direct estimate (log π_rollout - log π_actor) of KL(rollout engines ‖ actor); "
+                      "unbiased but noisier than k3, may be below 0",
+    "mismatch/chi2_token": "token-mean ρ² - 1: χ²(actor ‖ rollout engines) per token (the token weights' variance; "
+                           "an estimate, a batch may put it slightly below 0)",
+    "mismatch/chi2_seq": "sequence-mean (Π_t ρ_t)² - 1: χ²(actor ‖ rollout engines) of whole responses (an estimate)",
+    "mismatch/ppl_ratio": "sequence-mean rollout perplexity / actor perplexity of the responses (1: no mismatch)",
+    # actor.rollout_correction (only with a level other than none)
+    "correction/weight_mean": "token-mean importance weight on the actor's token losses (0 where masked)",
+    "correction/out_of_range_tokens": "fraction of response tokens whose ratio left the range: masked (mode mask) "
+                                      "or capped at high (mode truncate)",
+    "correction/out_of_range_seqs": "fraction of responses with such a token (at level sequence/geometric: the "
+                                    "whole response's ratio left the range)",
     # critic
     "critic/vf_loss": "clipped value loss (mean over optimizer steps)",
     "critic/vf_clipfrac": "fraction of tokens where the clipped value term was taken",
@@ -144,6 +159,11 @@ _WORKER_NAMES: dict[str, dict[str, str]] = {
         "clip_frac": "actor/pg_clipfrac", "clip_frac_lower": "actor/pg_clipfrac_lower", "approx_kl": "actor/ppo_kl",
         "grad_norm": "actor/grad_norm", "lr": "actor/lr", "tokens": "actor/tokens",
         "steps": "actor/optimizer_steps", "skipped_steps": "actor/skipped_steps",
+        "kl_k3": "mismatch/kl_k3", "kl_k1": "mismatch/kl_k1", "chi2_token": "mismatch/chi2_token",
+        "chi2_seq": "mismatch/chi2_seq", "ppl_ratio": "mismatch/ppl_ratio",
+        "correction_weight_mean": "correction/weight_mean",
+        "correction_out_of_range_tokens": "correction/out_of_range_tokens",
+        "correction_out_of_range_seqs": "correction/out_of_range_seqs",
     },
     "critic": {
         "loss": "critic/vf_loss", "clip_frac": "critic/vf_clipfrac", "vpred_mean": "critic/vpred_mean",

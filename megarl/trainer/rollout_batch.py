@@ -11,11 +11,11 @@ from megarl.rollout.samples import Samples
 from megarl.workers.batch import PolicyBatch
 
 
-def policy_batch(samples: Samples, response_length: int, *, rollout_log_probs: bool = True) -> PolicyBatch:
+def policy_batch(samples: Samples, response_length: int) -> PolicyBatch:
     """Prompts left-padded to the longest prompt, responses right-padded to `response_length`
     (`config.rollout.response_length`, so every step has the same width); the response mask is each
-    sample's loss mask (False on tool observations and padding). `rollout_log_probs` False: leaves
-    out the engines' log-probs (only truncated IS reads them, and every field crosses to the workers)."""
+    sample's loss mask (False on tool observations and padding); the engines' log-probs, which the
+    actor's mismatch metrics (every step) and correction read."""
     rows = len(samples)
     prompt_length = max(len(p.token_ids) for p in samples.prompts)
     prompts = torch.zeros(rows, prompt_length, dtype=torch.long)
@@ -34,7 +34,7 @@ def policy_batch(samples: Samples, response_length: int, *, rollout_log_probs: b
         engine_log_probs[row, :r] = log_probs.float()
     return PolicyBatch(
         prompts=prompts, prompt_mask=prompt_mask, responses=responses, response_mask=response_mask,
-        rollout_log_probs=engine_log_probs if rollout_log_probs else None,
+        rollout_log_probs=engine_log_probs,
     )
 
 

@@ -1,7 +1,8 @@
 """Config sections → the plain settings objects the workers take (workers never see the config)."""
 
 from megarl.config import BatchPlan, Config, ConfigError, Problem
-from megarl.config.roles import OptimizerConfig, RecomputeConfig
+from megarl.algorithms.rollout_correction import RolloutCorrection
+from megarl.config.roles import OptimizerConfig, RecomputeConfig, RolloutCorrectionConfig
 from megarl.workers.packing import TokenBudget
 from megarl.workers.rollout.base import SamplingConfig
 from megarl.workers.settings import (
@@ -42,11 +43,18 @@ def policy_loss_settings(config: Config) -> PolicyLossSettings:
         clip_ratio_high=actor.clip_ratio_high,
         clip_ratio_c=actor.clip_ratio_c,
         loss_agg_mode=actor.loss_agg_mode,
-        tis_cap=actor.tis_cap,
+        rollout_correction=rollout_correction(actor.rollout_correction),
+        mismatch_metrics=True,  # the engines always report log-probs
         entropy_coeff=actor.entropy_coeff,
         kl_loss_coef=actor.kl_loss_coef if actor.use_kl_loss else 0.0,
         kl_loss_type=actor.kl_loss_type,
     )
+
+
+def rollout_correction(correction: RolloutCorrectionConfig) -> RolloutCorrection | None:
+    if correction.level == "none":
+        return None
+    return RolloutCorrection(level=correction.level, mode=correction.mode, low=correction.low, high=correction.high)
 
 
 def value_loss_settings(config: Config) -> ValueLossSettings:

@@ -199,8 +199,7 @@ class Trainer:
         samples, scores, metrics = phase(sampling, step)
         baselines = phase.greedy_baseline(samples, sampling) if config.algorithm.adv_estimator == "remax" else None
         self.handover.to_training()
-        batch = rb.policy_batch(samples, response_length(config.rollout),
-                                rollout_log_probs=config.actor.tis_cap is not None)  # read by truncated IS only
+        batch = rb.policy_batch(samples, response_length(config.rollout))
         with self.roles.stage(batch) as staged:  # the batch crosses to each group once; dropped after the updates
             if config.reward.reward_model:
                 with timer("reward"):

@@ -26,6 +26,9 @@ from torch import Tensor
 from megarl.algorithms.kl import compute_kl_loss
 from megarl.algorithms.losses import LOSS_AGG_MODES, agg_loss
 from megarl.algorithms.policy_loss import POLICY_LOSSES, compute_policy_loss
+from megarl.algorithms.rollout_correction import (
+    MISMATCH_METRICS, correction_metrics, correction_weights, mismatch_metrics,
+)
 from megarl.models.layout import layer_offset
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch, mini_batches
@@ -67,8 +70,14 @@ class PolicyLossFn(Protocol):
         """
 
 
+CORRECTION_METRICS = ("correction_weight_mean", "correction_out_of_range_tokens", "correction_out_of_range_seqs")
+"""The correction's metrics (`megarl.algorithms.rollout_correction.correction_metrics`) as `PolicyLoss` reports them."""
+
+
 class PolicyLoss:
-    """`PolicyLossFn` from `PolicyLossSettings`, built on megarl.algorithms."""
+    """`PolicyLossFn` from `PolicyLossSettings`, built on megarl.algorithms. With `mismatch_metrics` it
+    also reports `MISMATCH_METRICS` (engines vs the actor's old log-probs), with a correction
+    `CORRECTION_METRICS`: step token / sequence means, like the clip fractions."""
 
     metric_names = ("pg_loss", "kl_loss", "clip_frac", "clip_frac_lower", "approx_kl")
 
@@ -88,16 +97,33 @@ class PolicyLoss:
             )
         self.settings = settings
         self.loss_agg_mode = settings.loss_agg_mode
+        corrected = settings.rollout_correction is not None
         self.required_fields = (
             ("advantages",)
-            + (("rollout_log_probs",) if settings.tis_cap is not None else ())
+            + (("rollout_log_probs",) if corrected or settings.mismatch_metrics else ())
             + (("ref_log_probs",) if settings.kl_loss_coef else ())
+        )
+        self.metric_names = (
+            self.metric_names
+            + (MISMATCH_METRICS if settings.mismatch_metrics else ())
+            + (CORRECTION_METRICS if corrected else ())
         )
 
     def __call__(self, log_probs, entropy, batch, counts):
         s = self.settings
         mask = batch.response_mask
         aggregation = dict(global_normalizer=counts.normalizer, loss_scale_factor=s.loss_scale_factor)
+        # Step shares (sums over the step's tokens / sequences): they add up over micro-batches and ranks.
+        shares = dict(tokens=counts.tokens, sequences=counts.sequences)
+        metrics = {}
+        if s.mismatch_metrics:
+            metrics |= mismatch_metrics(batch.old_log_probs, batch.rollout_log_probs, mask, **shares)
+        weights = None
+        if s.rollout_correction is not None:
+            correction = correction_weights(batch.old_log_probs, batch.rollout_log_probs, mask, s.rollout_correction)
+            weights = correction.weights
+            metrics |= {f"correction_{name}": value
+                        for name, value in correction_metrics(correction, mask, **shares).items()}
         policy = compute_policy_loss(
             s.name,
             batch.old_log_probs,
@@ -108,8 +134,7 @@ class PolicyLoss:
             clip_ratio_high=s.clip_ratio_high,
             clip_ratio_c=s.clip_ratio_c,
             loss_agg_mode=s.loss_agg_mode,
-            rollout_log_prob=batch.rollout_log_probs if s.tis_cap is not None else None,
-            tis_cap=s.tis_cap,
+            importance_weights=weights,
             **aggregation,
         )
         loss = policy.loss
@@ -123,7 +148,7 @@ class PolicyLoss:
             loss = loss + s.kl_loss_coef * kl_loss
         # compute_policy_loss reports micro-batch token means; weight them into step token means.
         token_share = mask.sum() / counts.tokens
-        metrics = dict(
+        metrics |= dict(
             pg_loss=policy.loss.detach(),
             kl_loss=kl_loss.detach(),
             clip_frac=policy.clip_frac * token_share,
@@ -193,8 +218,9 @@ class MegatronActor(TrainedModel):
         its own forward, so the ratio is exactly 1.
 
         Returns metrics averaged over the applied optimizer steps (`steps`, `skipped_steps` count
-        all): loss, pg_loss, kl_loss, entropy, clip_frac, clip_frac_lower, approx_kl (token means),
-        grad_norm (before clipping), lr, tokens (per step, all DP ranks).
+        all): loss, pg_loss, kl_loss, entropy, clip_frac, clip_frac_lower, approx_kl (token means), the
+        loss's other `metric_names` (mismatch and correction metrics), grad_norm (before clipping), lr,
+        tokens (per step, all DP ranks).
         """
         batch.require(loss_fn.required_fields, "MegatronActor.update_policy")
         check_divides(len(batch), mini_batch_size, "mini_batch_size", "samples of this DP rank")

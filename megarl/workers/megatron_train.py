@@ -188,17 +188,19 @@ class StepCounts:
     """The loss normaliser N (`agg_loss_normalizer` of the loss's aggregation mode, summed)."""
     tokens: Tensor
     """Response tokens that count (`response_mask` summed)."""
+    sequences: Tensor
+    """Sequences with at least one such token (the denominator of per-sequence metrics)."""
 
     @classmethod
     def of(cls, local_batch: PolicyBatch, loss_agg_mode: str, groups: ProcessGroups) -> StepCounts:
         """All-reduce this DP rank's counts of `local_batch` (its whole share of the step)."""
         mask = local_batch.response_mask
-        local = torch.stack([agg_loss_normalizer(mask, loss_agg_mode), mask.sum()])
+        local = torch.stack([agg_loss_normalizer(mask, loss_agg_mode), mask.sum(), mask.any(dim=-1).sum()])
         local = local.to(compute_device(), torch.float64)
         all_reduce(local, groups.dp)
         # float32 like the losses; clamped so a step without valid tokens divides 0 by 1, not by 0.
-        normalizer, tokens = local.clamp(min=1).float()
-        return cls(normalizer=normalizer, tokens=tokens)
+        normalizer, tokens, sequences = local.clamp(min=1).float()
+        return cls(normalizer=normalizer, tokens=tokens, sequences=sequences)
 
 
 @dataclass

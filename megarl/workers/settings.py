@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from megarl.algorithms.rollout_correction import RolloutCorrection
 from megarl.models.model_options import TORCH_DTYPES, TRANSFORMER_IMPLS
 from megarl.workers.packing import TokenBudget
 
@@ -169,9 +170,13 @@ class PolicyLossSettings:
     loss_scale_factor: float | None = None
     """Only for "seq-mean-token-sum-norm" (Dr. GRPO): the constant length token sums are divided
     by; None uses the padded response length."""
-    tis_cap: float | None = None
-    """Truncated importance sampling between the rollout engine and the trainer: weight each token
-    by min(exp(old_log_prob - rollout_log_prob), tis_cap); needs `rollout_log_probs`. None = off."""
+    rollout_correction: RolloutCorrection | None = None
+    """The off-policy correction between the engines that sampled the batch and the actor
+    (`megarl.algorithms.rollout_correction`); needs `rollout_log_probs`. None: no correction."""
+    mismatch_metrics: bool = False
+    """Report the mismatch between the engines' and the actor's log-probs (`MISMATCH_METRICS`) and,
+    with a correction, its weights; needs `rollout_log_probs`. The trainer sets it: the engines always
+    report log-probs."""
     entropy_coeff: float = 0.0
     """Weight of the entropy bonus (subtracted from the loss)."""
     kl_loss_coef: float = 0.0

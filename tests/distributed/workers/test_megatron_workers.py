@@ -1,5 +1,5 @@
 """Actor, critic and reference on megatron-core over gloo: HF parity of log-probs and entropy, one
-PPO update (token-mean, and sequence-mean with KL loss and truncated IS) identical across (TP, PP,
+PPO update (token-mean, and sequence-mean with KL loss and a sequence-level correction) identical across (TP, PP,
 DP) layouts and micro-batch cuts, vocab-parallel gradients, tied embeddings across stages, NaN-step
 skipping, the LR schedule, recompute, a frozen reference, and a critic that learns and clips.
 
@@ -20,7 +20,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from megarl.algorithms.rollout_correction import MISMATCH_METRICS
 from megarl.parallel.spawn import run_distributed
+from megarl.workers.actor import CORRECTION_METRICS
 
 from worker_batches import left_padded, ragged_batch
 
@@ -42,6 +44,7 @@ def _rank_main(
     model_dir, out_dir, tp, pp, micro_batch_sizes, use_distributed_optimizer, old_log_probs, advantages
 ):
     """One world's checks (see the module docstring); returns numbers from every rank."""
+    from megarl.algorithms.rollout_correction import RolloutCorrection
     from megarl.models.checkpoint import export_hf_weights
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
@@ -65,11 +68,14 @@ def _rank_main(
             local, loss_fn, mini_batch_size=share, micro_batch_size=micro_batch_size
         )
         export_hf_weights(actor.engine.model, Path(out_dir) / f"mb{micro_batch_size}", groups, hf_assets_dir=model_dir)
-    # Sequence-mean aggregation with a KL loss and truncated IS: the sequence count is the global
-    # normaliser now.
-    seq_loss_fn = PolicyLoss(PolicyLossSettings(loss_agg_mode="seq-mean-token-mean", kl_loss_coef=0.1, tis_cap=1.5))
+    # Sequence-mean aggregation with a KL loss and a sequence-level masked IS correction: the sequence
+    # count is the global normaliser now, and the step's count of the correction's sequence metrics.
+    seq_loss_fn = PolicyLoss(PolicyLossSettings(
+        loss_agg_mode="seq-mean-token-mean", kl_loss_coef=0.1, mismatch_metrics=True,
+        rollout_correction=RolloutCorrection("sequence", "mask", low=0.5, high=2.0),
+    ))
     local.ref_log_probs = local.old_log_probs - 0.1
-    local.rollout_log_probs = local.old_log_probs + 0.05 * torch.arange(local.response_length)
+    local.rollout_log_probs = local.old_log_probs + 0.1 * torch.arange(local.response_length)
     out["seq_mean_updates"] = {}
     for micro_batch_size in micro_batch_sizes:
         seq_actor = MegatronActor.from_hf(model_dir, groups, optim=optim)
@@ -301,15 +307,22 @@ def test_update_is_the_same_for_any_micro_batch_cut_and_layout(layouts, tiny_qwe
         _assert_same_weights(_weights(weights_dir), expected_weights)
 
 
-def test_sequence_mean_update_with_kl_and_tis_is_the_same_for_any_cut_and_layout(layouts):
+def test_sequence_mean_update_with_kl_and_a_correction_is_the_same_for_any_cut_and_layout(layouts):
     single = layouts["single"][0][0]["seq_mean_updates"]
     expected = single[8]
     assert expected["kl_loss"] > 0 and expected["skipped_steps"] == 0
+    # By hand: the engines' log-probs sit 0.1 t above the actor's at response token t, so a response of
+    # length L has the sequence ratio exp(-0.1 L (L - 1) / 2): the three of length 5 (exp(-1) < 0.5) are
+    # masked, 15 of the 26 tokens; KL k1 = sum of 0.1 t over every token / 26 = 4.0 / 26.
+    assert expected["correction_out_of_range_seqs"] == pytest.approx(3 / 8)
+    assert expected["correction_out_of_range_tokens"] == pytest.approx(15 / 26)
+    assert expected["kl_k1"] == pytest.approx(4.0 / 26)
     cases = [("single", single[1])] + [
         (name, rank["seq_mean_updates"][2]) for name in ("tp2pp2", "dp2") for rank in layouts[name][0]
     ]
+    keys = ("loss", "grad_norm", "pg_loss", "kl_loss", "clip_frac", *MISMATCH_METRICS, *CORRECTION_METRICS)
     for name, metrics in cases:
-        for key in ("loss", "grad_norm", "pg_loss", "kl_loss", "clip_frac"):
+        for key in keys:
             assert metrics[key] == pytest.approx(expected[key], rel=RTOL, abs=1e-6), f"{name} {key}"
 
 

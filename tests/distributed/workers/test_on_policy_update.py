@@ -3,7 +3,7 @@ the same loss, gradients and updated weights (fp32, bit for bit) as with a separ
 without that pass.
 
 One TP-2 world (vocab-parallel log-probs), the loss with every term that reads the old log-probs
-(PPO clip, truncated IS against the rollout's log-probs) plus an entropy bonus, two micro-batches.
+(PPO clip, truncated IS against the rollout's log-probs, the mismatch metrics) plus an entropy bonus, two micro-batches.
 """
 
 import numpy as np
@@ -26,6 +26,7 @@ def _update(actor, batch, loss_fn):
 
 def _rank_main(model_dir, advantages, rollout_log_probs):
     import megarl.workers.actor as actor_module
+    from megarl.algorithms.rollout_correction import RolloutCorrection
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.settings import OptimSettings, PolicyLossSettings
@@ -33,7 +34,8 @@ def _rank_main(model_dir, advantages, rollout_log_probs):
     groups = initialize_model_parallel(2, 1, seed=0)
     batch = ragged_batch()
     batch.advantages, batch.rollout_log_probs = advantages, rollout_log_probs
-    loss_fn = PolicyLoss(PolicyLossSettings(tis_cap=1.5, entropy_coeff=0.01))
+    loss_fn = PolicyLoss(PolicyLossSettings(rollout_correction=RolloutCorrection(high=1.5), mismatch_metrics=True,
+                                            entropy_coeff=0.01))
     optim = OptimSettings(lr=0.5, adam_eps=1.0)
     out = {}
 
@@ -61,7 +63,7 @@ def ranks(tiny_qwen2):
     gen = torch.Generator().manual_seed(3)
     shape = ragged_batch().responses.shape
     advantages = torch.randn(shape, generator=gen)
-    rollout_log_probs = -2.0 - torch.rand(shape, generator=gen)  # far enough from the policy's that TIS caps some
+    rollout_log_probs = -2.0 - torch.rand(shape, generator=gen)  # far enough from the policy's that the correction caps some
     return run_distributed(_rank_main, 2, str(tiny_qwen2), advantages, rollout_log_probs)
 
 

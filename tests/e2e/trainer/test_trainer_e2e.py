@@ -31,10 +31,11 @@ TEST_FREQ = 4  # validation after steps 4, 8 and 12 (the end)
 GRPO_ARGS = {"trainer.total_steps": STEPS, "checkpoint.save_freq": 2, "trainer.test_freq": TEST_FREQ,
              "rollout.tensor_model_parallel_size": 2}
 """The quickstart with one TP-2 engine over both trainer ranks' slots (colocated, as the seeds' layout)."""
-# Metrics every GRPO step logs (critic/, val/, dapo/ and KL-in-reward ones only when configured).
+# Metrics every GRPO step logs (critic/, val/, dapo/, correction/ and KL-in-reward ones only when configured).
 GRPO_METRICS = {
     name for name in DOCUMENTED_METRICS
-    if not name.startswith(("critic/", "val/", "timing/", "dapo/", "actor/reward_kl_penalty")) and name != "reward/rm_mean"
+    if not name.startswith(("critic/", "val/", "timing/", "dapo/", "correction/", "actor/reward_kl_penalty"))
+    and name != "reward/rm_mean"
 } | {"timing/rollout", "timing/reward", "timing/adv", "timing/update_actor", "timing/sync", "timing/step",
      "timing/sleep", "timing/onload", "timing/offload", "timing/wake_up"}
 # The quickstart is colocated with rollout.free_cache_engine: every step hands the devices over, and each
@@ -352,7 +353,7 @@ def bf16_engines_remax_run(assets, tmp_path_factory):
         monkeypatch.setattr(trainer_module, "compute_advantages", recording_advantages)
         args = overrides(assets, run_dir, **{
             "model.path": "megarl-test/quickstart-tiny", "algorithm.adv_estimator": "remax", "trainer.total_steps": 2,
-            "rollout.dtype": "bfloat16", "actor.tis_cap": 2.0, "checkpoint.export_hf": "false",
+            "rollout.dtype": "bfloat16", "actor.rollout_correction.level": "token", "checkpoint.export_hf": "false",
         })
         trainer = Trainer.from_config(QUICKSTART, args)
         trainer.fit()
@@ -377,7 +378,8 @@ def test_bf16_engines_beside_an_fp32_actor_load_its_weights_cast_and_train_with_
     actor's weights to bf16 on the way (half the bytes), every sync is checked bit for bit against the
     actor's weights cast to bf16 (a bf16 engine is what makes that check pass) and by the mixed pair's
     gap threshold, and the update corrects for the engines' bf16 log-probs with truncated importance
-    sampling (`actor.tis_cap`)."""
+    sampling (`actor.rollout_correction`, level token, truncated at 2), whose weights and the engines' mismatch
+    are logged."""
     trainer, metrics, *_ = bf16_engines_remax_run
     assert trainer.config.model.dtype == "float32" and trainer.sync.dtype == "bfloat16"
     weights = load_file(assets / "model" / "model.safetensors")
@@ -392,6 +394,10 @@ def test_bf16_engines_beside_an_fp32_actor_load_its_weights_cast_and_train_with_
         assert trainer.roles.routes.mode == "scheduled"
         assert round(m["sync/gigabytes"] * 1e9) == trainer.roles.rollout.world_size * fp32_bytes / 2
         assert m["actor/grad_norm"] > 0
+        # bf16 engines sample from a policy measurably apart from the fp32 actor's (k3 is > 0 per differing
+        # token); the weights are capped at 2.
+        assert m["mismatch/kl_k3"] > 0
+        assert 0 < m["correction/weight_mean"] <= 2 and 0 <= m["correction/out_of_range_tokens"] < 1
 
 
 def test_reward_faults_are_counted_and_wrong_length_stops(split_tp2_flaky_reward_run, assets, tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""Policy losses: every clip branch by hand, TIS, gradients (gradcheck), micro-batch invariance."""
+"""Policy losses: every clip branch by hand, importance weights, gradients (gradcheck), micro-batch invariance."""
 
 import math
 
@@ -124,46 +124,35 @@ def test_reinforce_has_no_ratio():
     assert out.clip_frac.item() == 0.0
 
 
-def test_truncated_importance_sampling():
-    # r = 1, A = +1 -> token loss -1 before correction. Weights pi_old / pi_rollout:
-    # token 0: rollout = old - log 3 -> 3, capped at 2; token 1: rollout = old + log 2 -> 0.5.
-    # token-mean (-2 - 0.5) / 2 = -1.25; gradient -A r w / N = -1, -0.25 (weights carry no gradient).
+def test_importance_weights_scale_each_token_loss():
+    # r = 1, A = +1 -> token loss -1 before the weights 2 and 0.5.
+    # token-mean (-2 - 0.5) / 2 = -1.25; gradient -A r w / N = -1, -0.25.
     old_log_prob = torch.tensor([[-1.0, -2.0]], dtype=DTYPE)
     log_prob = old_log_prob.clone().requires_grad_(True)
-    rollout_log_prob = old_log_prob + torch.tensor([[-math.log(3), math.log(2)]], dtype=DTYPE)
     out = compute_policy_loss(
         "vanilla",
         old_log_prob,
         log_prob,
         torch.ones(1, 2, dtype=DTYPE),
         torch.ones(1, 2),
-        rollout_log_prob=rollout_log_prob,
-        tis_cap=2.0,
+        importance_weights=torch.tensor([[2.0, 0.5]], dtype=DTYPE),
     )
     assert out.loss.item() == pytest.approx(-1.25)
     out.loss.backward()
     torch.testing.assert_close(log_prob.grad, torch.tensor([[-1.0, -0.25]], dtype=DTYPE))
 
 
-def test_tis_weights_are_constants():
-    # The weights correct the sampling distribution; no gradient may flow into the log-probs they
-    # are computed from (reinforce uses neither old nor rollout log-probs otherwise).
-    old_log_prob = torch.tensor([[-1.0, -2.0]], dtype=DTYPE, requires_grad=True)
-    rollout_log_prob = torch.tensor([[-1.5, -1.0]], dtype=DTYPE, requires_grad=True)
+def test_importance_weights_are_constants():
+    # The weights correct the sampling distribution; no gradient may flow into them.
+    weights = torch.tensor([[math.exp(0.5), math.exp(-1.0)]], dtype=DTYPE, requires_grad=True)
     log_prob = torch.tensor([[-1.2, -1.8]], dtype=DTYPE, requires_grad=True)
     out = compute_policy_loss(
-        "reinforce",
-        old_log_prob,
-        log_prob,
-        torch.ones(1, 2, dtype=DTYPE),
-        torch.ones(1, 2),
-        rollout_log_prob=rollout_log_prob,
-        tis_cap=2.0,
+        "reinforce", log_prob.detach(), log_prob, torch.ones(1, 2, dtype=DTYPE), torch.ones(1, 2),
+        importance_weights=weights,
     )
     out.loss.backward()
-    assert old_log_prob.grad is None and rollout_log_prob.grad is None
-    # weights exp(.5) = 1.65 and exp(-1) = 0.37: d/d log pi = -A w / 2
-    torch.testing.assert_close(log_prob.grad, -torch.tensor([[math.exp(0.5), math.exp(-1.0)]], dtype=DTYPE) / 2)
+    assert weights.grad is None
+    torch.testing.assert_close(log_prob.grad, -weights.detach() / 2)  # d/d log pi = -A w / 2
 
 
 def _random_inputs(seed, log_ratio_scale, batch=3, length=4):
@@ -212,13 +201,13 @@ def test_gradcheck(name, log_ratio_scale, loss_agg_mode):
     assert torch.autograd.gradcheck(loss, (log_prob,))
 
 
-def test_gradcheck_with_truncated_importance_sampling():
+def test_gradcheck_with_importance_weights():
     old_log_prob, log_prob, advantages, mask = _random_inputs(1, (0.0, 0.15))
-    rollout_log_prob = old_log_prob + torch.linspace(-1.0, 1.0, 12, dtype=DTYPE).reshape(3, 4)
+    weights = torch.linspace(0.0, 2.0, 12, dtype=DTYPE).reshape(3, 4)
 
     def loss(log_prob):
         return compute_policy_loss(
-            "vanilla", old_log_prob, log_prob, advantages, mask, rollout_log_prob=rollout_log_prob, tis_cap=2.0
+            "vanilla", old_log_prob, log_prob, advantages, mask, importance_weights=weights
         ).loss
 
     assert torch.autograd.gradcheck(loss, (log_prob,))
@@ -228,8 +217,8 @@ def test_gradcheck_with_truncated_importance_sampling():
 @pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
 def test_micro_batched_loss_and_gradient_equal_full_batch(name, loss_agg_mode):
     old_log_prob, log_prob, advantages, mask = _random_inputs(2, (0.0, 0.6))
-    rollout_log_prob = old_log_prob - 0.3
-    kwargs = dict(loss_agg_mode=loss_agg_mode, rollout_log_prob=rollout_log_prob, tis_cap=1.2)
+    weights = torch.linspace(0.0, 1.2, 12, dtype=DTYPE).reshape(3, 4)
+    kwargs = dict(loss_agg_mode=loss_agg_mode, importance_weights=weights)
     full = compute_policy_loss(name, old_log_prob, log_prob, advantages, mask, **kwargs).loss
     (full_grad,) = torch.autograd.grad(full, log_prob)
 
@@ -244,8 +233,7 @@ def test_micro_batched_loss_and_gradient_equal_full_batch(name, loss_agg_mode):
             mask[p],
             global_normalizer=normalizer,
             loss_agg_mode=loss_agg_mode,
-            rollout_log_prob=rollout_log_prob[p],
-            tis_cap=1.2,
+            importance_weights=weights[p],
         ).loss
         for p in pieces
     )
@@ -262,12 +250,12 @@ def test_unknown_loss_lists_valid_names():
         assert name in str(error.value)
 
 
-@pytest.mark.parametrize("kwargs", [{"tis_cap": 2.0}, {"rollout_log_prob": torch.zeros(1, 1, dtype=DTYPE)}])
-def test_tis_needs_both_inputs(kwargs):
-    old_log_prob, log_prob = _log_probs([[1.0]])
-    with pytest.raises(ValueError, match="rollout_log_prob and tis_cap"):
+def test_importance_weights_need_one_weight_per_token():
+    old_log_prob, log_prob = _log_probs([[1.0, 1.0]])
+    with pytest.raises(ValueError, match=r"importance_weights has shape \(1, 1\), the log-probs \(1, 2\)"):
         compute_policy_loss(
-            "vanilla", old_log_prob, log_prob, torch.ones(1, 1, dtype=DTYPE), torch.ones(1, 1), **kwargs
+            "vanilla", old_log_prob, log_prob, torch.ones(1, 2, dtype=DTYPE), torch.ones(1, 2),
+            importance_weights=torch.ones(1, 1, dtype=DTYPE),
         )
 
 

@@ -133,20 +133,21 @@ def test_fix_suggests_mini_batches_that_fit():
     assert problem.fix.endswith(": 4, 12")
 
 
-@pytest.mark.parametrize("mini, epochs, kl_in_reward, tis_cap, expected", [
-    (16, 1, False, None, ()),
-    (16, 1, False, 2.0, ()),  # TIS reads the old log-probs inside the loss: the update's own serve it
-    (8, 1, False, None, ("2 mini-batches × 1 epoch",)),
-    (16, 2, False, None, ("1 mini-batch × 2 epochs",)),
-    (16, 1, True, None, ("algorithm.use_kl_in_reward reads them before the update",)),
-    (4, 3, True, None, ("4 mini-batches × 3 epochs", "algorithm.use_kl_in_reward reads them before the update")),
+@pytest.mark.parametrize("mini, epochs, kl_in_reward, correction, expected", [
+    (16, 1, False, "none", ()),
+    # The correction and the mismatch metrics read the old log-probs inside the loss: the update's own serve them.
+    (16, 1, False, "sequence", ()),
+    (8, 1, False, "none", ("2 mini-batches × 1 epoch",)),
+    (16, 2, False, "none", ("1 mini-batch × 2 epochs",)),
+    (16, 1, True, "none", ("algorithm.use_kl_in_reward reads them before the update",)),
+    (4, 3, True, "none", ("4 mini-batches × 3 epochs", "algorithm.use_kl_in_reward reads them before the update")),
 ])
-def test_old_log_probs_need_a_pass_only_when_the_batch_is_reused_or_read_first(mini, epochs, kl_in_reward, tis_cap,
+def test_old_log_probs_need_a_pass_only_when_the_batch_is_reused_or_read_first(mini, epochs, kl_in_reward, correction,
                                                                                 expected):
     config = config_of({
         "data": {"train_batch_size": 16},
         "actor": {"ppo_mini_batch_size": mini, "ppo_epochs": epochs, "micro_batch_size_per_gpu": 2,
-                  "tis_cap": tis_cap},
+                  "rollout_correction": {"level": correction}},
         "algorithm": {"use_kl_in_reward": kl_in_reward},
         "placement": {"gpus_per_node": 2},
     })

@@ -38,7 +38,7 @@ def test_overrides_parse_as_yaml_and_apply(tmp_path):
     config = load_config(recipe, [
         "actor.optim.lr=3e-5",
         "data.train_files=[a.jsonl, b.parquet]",
-        "actor.tis_cap=2",
+        "actor.rollout_correction.high=2",
         "rollout.stop=['</answer>', 151643]",
         "rollout.enforce_eager=true",
         "data.chat_template='{{ messages }}'",
@@ -49,7 +49,7 @@ def test_overrides_parse_as_yaml_and_apply(tmp_path):
     ])
     assert config.actor.optim.lr == 3e-5
     assert config.data.train_files == ("a.jsonl", "b.parquet")
-    assert config.actor.tis_cap == 2.0 and isinstance(config.actor.tis_cap, float)
+    assert config.actor.rollout_correction.high == 2.0 and isinstance(config.actor.rollout_correction.high, float)
     assert config.rollout.stop == ("</answer>", 151643)
     assert config.rollout.enforce_eager is True
     assert config.data.chat_template == "{{ messages }}"
@@ -151,7 +151,7 @@ def test_problem_shows_values_as_yaml():
     from megarl.config import Problem
 
     assert str(Problem("critic.enable", True, "why", "fix")) == "critic.enable = true: why; fix: fix"
-    assert str(Problem("actor.tis_cap", None, "w", "f")) == "actor.tis_cap = null: w; fix: f"
+    assert str(Problem("model.tokenizer_path", None, "w", "f")) == "model.tokenizer_path = null: w; fix: f"
     assert str(Problem("rollout.stop", ("a", 2), "w", "f")) == "rollout.stop = ['a', 2]: w; fix: f"
 
 

@@ -79,7 +79,9 @@ def test_grpo_keeps_the_old_log_probs_in_the_actor_group():
     old_pass, update = calls[1], calls[2]
     assert old_pass.kept == "old_log_probs" and old_pass.received == 0
     assert update.fields_sent == ["advantages", "advantages"]  # one part per DP replica, nothing else
-    assert not {"old_log_probs", "rollout_log_probs"} & set(sent(actor.workers.calls))  # no TIS: no engine log-probs
+    assert "old_log_probs" not in sent(actor.workers.calls)
+    # The engines' log-probs travel with the stage, once per DP part, for the mismatch metrics.
+    assert sent(calls)["rollout_log_probs"] == actor.dp_size == 2
 
 
 def test_ppo_in_the_actor_group_sends_advantages_and_returns_and_receives_only_the_values():
@@ -98,7 +100,7 @@ def test_ppo_in_the_actor_group_sends_advantages_and_returns_and_receives_only_t
 
 
 def test_a_reference_of_its_own_hands_its_log_probs_to_the_actor_through_the_driver():
-    trainer, _ = run(*SEVERAL_MINI_BATCHES, *KL_LOSS, *CRITIC, *OWN_GROUPS, "actor.tis_cap=2.0")
+    trainer, _ = run(*SEVERAL_MINI_BATCHES, *KL_LOSS, *CRITIC, *OWN_GROUPS, "actor.rollout_correction.level=token")
     assert set(trainer.roles.own_groups) == {"ref", "critic"}
     assert_batch_staged_once_per_group(trainer)
     groups = trainer.roles.groups
@@ -108,7 +110,7 @@ def test_a_reference_of_its_own_hands_its_log_probs_to_the_actor_through_the_dri
     # [B, R] once (DP 1), with the actor's next call after the reference's pass: its update.
     assert [c.fields_sent for c in actor_calls if c.method == "call_staged:update_actor"] == [["ref_log_probs",
                                                                                                 "advantages"]]
-    assert "old_log_probs" not in sent(actor_calls) and sent(actor_calls)["rollout_log_probs"] == 1  # for TIS
+    assert "old_log_probs" not in sent(actor_calls) and sent(actor_calls)["rollout_log_probs"] == 1
     # The critic gets the tokens, then only the returns; the reference only the tokens: no actor fields.
     assert sent(step_calls(groups["critic"], 0)) == Counter({name: 2 for name in (*BASE, "returns")})
     assert sent(step_calls(groups["ref"], 0)) == Counter({name: 2 for name in BASE})

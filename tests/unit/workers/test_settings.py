@@ -37,6 +37,7 @@ def test_check_divides_names_the_setting():
 
 
 def test_policy_loss_settings_are_checked_before_training():
+    from megarl.algorithms.rollout_correction import RolloutCorrection
     from megarl.workers.actor import PolicyLoss
     from megarl.workers.settings import PolicyLossSettings
 
@@ -44,5 +45,7 @@ def test_policy_loss_settings_are_checked_before_training():
         PolicyLoss(PolicyLossSettings(name="ppo"))
     with pytest.raises(ValueError, match="loss_scale_factor=512 only applies to"):
         PolicyLoss(PolicyLossSettings(loss_scale_factor=512))
-    loss = PolicyLoss(PolicyLossSettings(kl_loss_coef=0.1, tis_cap=2.0))
+    loss = PolicyLoss(PolicyLossSettings(kl_loss_coef=0.1, rollout_correction=RolloutCorrection()))
     assert loss.required_fields == ("advantages", "rollout_log_probs", "ref_log_probs")
+    assert PolicyLoss(PolicyLossSettings(mismatch_metrics=True)).required_fields == ("advantages", "rollout_log_probs")
+    assert PolicyLoss(PolicyLossSettings()).required_fields == ("advantages",)

@@ -18,7 +18,7 @@ def test_micro_batches_add_up_to_the_mean_nll_of_the_step():
     batch = sft_policy_batch(samples, pad_id=0)
     assert torch.equal(batch.response_mask, mask)
     tokens = mask.sum().float()
-    counts = StepCounts(normalizer=tokens, tokens=tokens)
+    counts = StepCounts(normalizer=tokens, tokens=tokens, sequences=torch.tensor(6.0))
     loss_fn = NllLoss()
     step_mean = -log_probs[mask].mean()
     for parts in (1, 2, 3, 6):
