@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Callable
 
 from megarl.cli.arguments import output_dir_problem
+from megarl.config.hub import cached_snapshot, download_command, is_hub_id
 from megarl.models.hf_checkpoint import check_hf_checkpoint, copy_hf_assets
 from megarl.models.hf_config import check_parallel_layout, load_hf_config, read_model_dims
-from megarl.models.training_export import ActorCheckpoint, check_actor_checkpoint, is_training_checkpoint
+from megarl.models.training_export import check_actor_checkpoint, is_training_checkpoint
 
 
 def register(subparsers) -> None:
@@ -45,7 +46,8 @@ def register(subparsers) -> None:
     to_hf.add_argument("--ckpt", required=True, type=Path,
                        help="megarl Megatron checkpoint dir (hf-to-mcore output), or a training checkpoint's step_<N> dir")
     to_hf.add_argument("--hf", type=Path, default=None,
-                       help="with a training checkpoint: the run's model.path (config.json and tokenizer are copied)")
+                       help="with a training checkpoint: the run's model.path, a directory or a cached hub id "
+                            "(config.json and tokenizer are copied)")
     to_hf.add_argument("--out", required=True, type=Path, help="new HF checkpoint dir (must not exist)")
     to_hf.add_argument("--tp", type=int, default=1, help="tensor-parallel size used to read it (default: 1)")
     to_hf.add_argument("--pp", type=int, default=1, help="pipeline-parallel size used to read it (default: 1)")
@@ -78,10 +80,13 @@ def _checked_job(args: argparse.Namespace) -> Callable[[Callable], None]:
         return functools.partial(_hf_to_mcore, args)
     ranks = args.tp * args.pp
     if is_training_checkpoint(args.ckpt):
-        actor = _check_training_checkpoint(args)
+        hf_dir = _model_dir(args.hf)
+        actor = check_actor_checkpoint(args.ckpt, hf_dir)
+        check_parallel_layout(read_model_dims(hf_dir), tp_size=args.tp, pp_size=args.pp)
+        vocab_divisible_by = actor.vocab_divisible_by_at(args.tp)
         return lambda run_distributed: run_distributed(
-            _training_to_hf_rank, ranks, str(args.ckpt), str(args.hf), str(args.out), args.tp, args.pp, actor.dtype,
-            actor.vocab_divisible_by_at(args.tp))
+            _training_to_hf_rank, ranks, str(args.ckpt), str(hf_dir), str(args.out), args.tp, args.pp, actor.dtype,
+            vocab_divisible_by)
     _check_mcore_checkpoint(args)
     return lambda run_distributed: run_distributed(_mcore_to_hf_rank, ranks, str(args.ckpt), str(args.out), args.tp,
                                                    args.pp)
@@ -109,11 +114,15 @@ def _check_mcore_checkpoint(args: argparse.Namespace) -> None:
     info.vocab_divisible_by_at(args.tp)
 
 
-def _check_training_checkpoint(args: argparse.Namespace) -> ActorCheckpoint:
-    actor = check_actor_checkpoint(args.ckpt, args.hf)
-    check_parallel_layout(read_model_dims(args.hf), tp_size=args.tp, pp_size=args.pp)
-    actor.vocab_divisible_by_at(args.tp)
-    return actor
+def _model_dir(hf: Path | None) -> Path | None:
+    """`--hf` as a directory: a hub id (the run's model.path may be one) is its snapshot in the local HF cache."""
+    if hf is None or not is_hub_id(str(hf)):
+        return hf
+    snapshot = cached_snapshot(str(hf))
+    if snapshot is None:
+        raise ValueError(f"--hf {hf} is not in the local HF cache: run `{download_command(str(hf))}`, or pass the "
+                         "model's directory")
+    return snapshot
 
 
 def _hf_to_mcore(args: argparse.Namespace, run_distributed) -> None:

@@ -140,3 +140,9 @@ def test_step_dir_with_another_models_config_is_refused(run, tmp_path, capsys):
                     str(tmp_path / "o")], capsys)
     assert f"{run[0] / STEP} was not trained from --hf {other}: its actor has hidden size 64, 256 vocabulary rows " \
            "and [2] layers, that model 128, 256 and [4]; pass the run's model.path as --hf" in err, err
+
+
+def test_uncached_hub_id_as_hf_names_the_download(run, tmp_path, capsys):
+    err = _refused(["convert", "mcore-to-hf", "--ckpt", str(run[0] / STEP), "--hf", "megarl-tests/not-cached",
+                    "--out", str(tmp_path / "o")], capsys)
+    assert "--hf megarl-tests/not-cached is not in the local HF cache: run `hf download megarl-tests/not-cached`" in err
