@@ -86,6 +86,9 @@ def check_actor_checkpoint(step_dir: Path, hf_dir: Path | None) -> ActorCheckpoi
 
 
 def _check_is_a_step(path: Path) -> None:
+    if not path.is_dir():
+        raise ValueError(f"{path} does not exist or is not a directory: pass a step_<N> directory of the run's "
+                         "checkpoint.dir")
     if _PARTIAL.match(path.name):
         raise ValueError(f"{path} is a save that did not finish (no checkpoint): pass a complete step_<N> directory "
                          f"beside it in {path.parent}")

@@ -104,7 +104,11 @@ def _checkpoint_root(run, tmp_path):
                    f"e.g. {run[0] / STEP}"
 
 
-CASES = {"a missing shard": _missing_shard, "a damaged shard": _damaged_shard, "a critic's part": _critic_part,
+def _no_such_step(run, tmp_path):
+    return tmp_path / "ckpt" / STEP, "does not exist or is not a directory: pass a step_<N> directory"
+
+
+CASES = {"no such step": _no_such_step, "a missing shard": _missing_shard, "a damaged shard": _damaged_shard, "a critic's part": _critic_part,
          "a save that did not finish": _unfinished_save, "the checkpoint root": _checkpoint_root}
 
 
@@ -146,3 +150,16 @@ def test_uncached_hub_id_as_hf_names_the_download(run, tmp_path, capsys):
     err = _refused(["convert", "mcore-to-hf", "--ckpt", str(run[0] / STEP), "--hf", "megarl-tests/not-cached",
                     "--out", str(tmp_path / "o")], capsys)
     assert "--hf megarl-tests/not-cached is not in the local HF cache: run `hf download megarl-tests/not-cached`" in err
+
+
+def test_hf_with_a_converted_checkpoint_is_refused(tmp_path, capsys):
+    from megarl.models.mcore_checkpoint import ASSETS_DIR, FORMAT, MODEL_DIR, McoreCheckpointInfo, write_info
+
+    converted = tmp_path / "mcore"
+    (converted / MODEL_DIR).mkdir(parents=True)
+    (converted / ASSETS_DIR).mkdir()
+    write_info(converted, McoreCheckpointInfo(format=FORMAT, tp_size=1, pp_size=1, vocab_divisible_by=128,
+                                              hf_config=TINY_QWEN2))
+    err = _refused(["convert", "mcore-to-hf", "--ckpt", str(converted), "--hf", str(tmp_path), "--out",
+                    str(tmp_path / "o")], capsys)
+    assert f"--hf is for training checkpoints; {converted} carries its HF config and tokenizer: leave --hf out" in err
