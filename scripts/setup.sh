@@ -62,7 +62,7 @@ torch_version="$(sed -n 's/^torch==//p' "$constraints")"
 echo "setup.sh: installing torch==$torch_version (CPU build)"
 if ! "${pip[@]}" install --quiet --no-index --no-deps "torch==$torch_version" 2>/dev/null; then
   echo "setup.sh: no local torch wheel; using the PyTorch CPU index"
-  "${pip[@]}" install --quiet "torch==$torch_version" --index-url https://download.pytorch.org/whl/cpu \
+  "${pip[@]}" install --quiet -c "$constraints" "torch==$torch_version" --index-url https://download.pytorch.org/whl/cpu \
     --extra-index-url https://pypi.org/simple \
     || fail "installing torch==$torch_version (CPU) failed (see pip's message above)"
 fi
