@@ -34,8 +34,6 @@ class ActorCheckpoint:
 
     step_dir: Path
     """The `step_<N>` directory."""
-    step: int
-    """The training step it was taken after."""
     saved_tp: int
     """The tensor-parallel size the run saved it at (its vocabulary padding depends on it)."""
     dtype: str
@@ -82,7 +80,7 @@ def check_actor_checkpoint(step_dir: Path, hf_dir: Path | None) -> ActorCheckpoi
     dims = read_model_dims(hf_dir)
     shapes, dtype = _saved_shapes(step_dir / ACTOR / MODEL_DIR)
     _check_shapes(step_dir, hf_dir, dims, shapes, manifest.layout["tp"])
-    return ActorCheckpoint(step_dir=step_dir, step=manifest.step, saved_tp=manifest.layout["tp"], dtype=dtype)
+    return ActorCheckpoint(step_dir=step_dir, saved_tp=manifest.layout["tp"], dtype=dtype)
 
 
 def _check_is_a_step(path: Path) -> None:
