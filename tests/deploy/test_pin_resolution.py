@@ -1,5 +1,5 @@
-"""The GPU image's pins exist together: pip's own resolver, in dry-run/report mode, resolves setup.py's
-requirements with the `gpu` and `wandb` extras (what docker/Dockerfile installs) for the CUDA image's
+"""The GPU image's pins exist together: pip's own resolver, in dry-run/report mode, resolves pyproject.toml's
+requirements with the `gpu` and `wandb` extras under constraints.txt (what docker/Dockerfile installs) for the CUDA image's
 interpreter and platform (CPython versions.PYTHON on x86-64 manylinux up to glibc
 versions.CUDA_IMAGE_GLIBC) against PyPI; a pin set that cannot coexist fails naming the conflicting pair.
 
@@ -16,7 +16,7 @@ import sys
 import urllib.request
 
 import pytest
-from deploy_support import free_ports, setup_kwargs
+from deploy_support import REPO, free_ports, requirements
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -35,17 +35,15 @@ transformer_engine/pytorch/setup.py: `install_requirements()` of build_tools/pyt
 another platform: the resolution takes these requirements in its place."""
 
 
-def gpu_requirements(monkeypatch) -> list[str]:
-    """setup.py's install_requires + extras gpu and wandb, TE's `pytorch` extra replaced by what it requires."""
-    kwargs = setup_kwargs(monkeypatch)
-    requirements = []
-    for line in [*kwargs["install_requires"], *kwargs["extras_require"]["gpu"], *kwargs["extras_require"]["wandb"]]:
-        requirement = Requirement(line)
+def gpu_requirements() -> list[str]:
+    """pyproject.toml's dependencies + extras gpu and wandb, TE's `pytorch` extra replaced by what it requires."""
+    lines = []
+    for requirement in requirements("gpu", "wandb"):
         if canonicalize_name(requirement.name) == "transformer-engine" and "pytorch" in requirement.extras:
             requirement.extras.discard("pytorch")
-            requirements.extend(TE_PYTORCH_EXTENSION_REQUIRES)
-        requirements.append(str(requirement))
-    return requirements
+            lines.extend(TE_PYTORCH_EXTENSION_REQUIRES)
+        lines.append(str(requirement))
+    return lines
 
 
 def manylinux_platforms(glibc: str) -> list[str]:
@@ -56,9 +54,11 @@ def manylinux_platforms(glibc: str) -> list[str]:
     return [*tags, "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
 
 
-def resolve(requirements: list[str], workdir) -> tuple[subprocess.CompletedProcess, dict | None]:
-    """pip's resolver on `requirements` for the CUDA image's platform: (pip's result, its JSON report or None).
-    --isolated: this machine's pip configuration (local wheel folders with CPU torch) stays out of it."""
+def resolve(requirements: list[str], workdir, *options: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """pip's resolver on `requirements` (and pip `options`, e.g. `-c constraints.txt`) for the CUDA image's
+    platform: (pip's result, its JSON report or None).
+    --isolated: this machine's pip configuration (local wheel folders with CPU torch, its own constraints)
+    stays out of it."""
     python = versions.PYTHON.replace(".", "")
     platforms = [arg for tag in manylinux_platforms(versions.CUDA_IMAGE_GLIBC) for arg in ("--platform", tag)]
     report = workdir / "report.json"
@@ -66,7 +66,7 @@ def resolve(requirements: list[str], workdir) -> tuple[subprocess.CompletedProce
                "--report", str(report), "--use-feature=fast-deps", "--no-cache-dir",
                "--index-url", INDEX, "--timeout", "10", "--retries", "2",
                "--only-binary=:all:", "--implementation", "cp", "--python-version", versions.PYTHON,
-               "--abi", f"cp{python}", *platforms, "--target", str(workdir / "target"), *requirements]
+               "--abi", f"cp{python}", *platforms, "--target", str(workdir / "target"), *options, *requirements]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:
@@ -98,7 +98,7 @@ def index_reachable():
     pip = Version(importlib.metadata.version("pip"))
     if pip < MIN_PIP:
         pytest.fail(f"pip {pip} downloads every resolved wheel after an `install --dry-run` (4.3 GB for the GPU "
-                    f"pins): install pip>={MIN_PIP} (the dev extra of setup.py; scripts/setup.sh)", pytrace=False)
+                    f"pins): install pip>={MIN_PIP} (the dev extra of pyproject.toml; scripts/setup.sh)", pytrace=False)
     reason = unreachable(f"{INDEX}/pip/")
     if reason is not None:
         pytest.skip(f"{INDEX} is unreachable ({reason}): the pin resolution needs the package index")
@@ -114,11 +114,11 @@ def test_manylinux_platforms_cover_the_image_glibc():
     assert tags[0] == "manylinux_2_39_x86_64" and "manylinux_2_5_x86_64" in tags and "manylinux_2_40_x86_64" not in tags
 
 
-def test_gpu_requirements_replace_the_te_source_extension(monkeypatch):
-    requirements = [Requirement(line) for line in gpu_requirements(monkeypatch)]
-    (te,) = [req for req in requirements if canonicalize_name(req.name) == "transformer-engine"]
-    assert te.extras == {"core-cu13"} and str(te.specifier) == f"=={versions.TRANSFORMER_ENGINE}"
-    names = {canonicalize_name(req.name) for req in requirements}
+def test_gpu_requirements_replace_the_te_source_extension():
+    resolved = [Requirement(line) for line in gpu_requirements()]
+    (te,) = [req for req in resolved if canonicalize_name(req.name) == "transformer-engine"]
+    assert te.extras == {"core-cu13"} and te.specifier.contains(versions.TRANSFORMER_ENGINE)
+    names = {canonicalize_name(req.name) for req in resolved}
     assert {"torch", "vllm", "megatron-core", "ray", "wandb", "einops", "onnxscript", "onnx"} <= names
 
 
@@ -131,8 +131,8 @@ def test_conflict_names_the_pair():
         "ERROR: No matching distribution found for x==9"
 
 
-def test_gpu_pins_resolve_together(index_reachable, monkeypatch, tmp_path):
-    result, report = resolve(gpu_requirements(monkeypatch), tmp_path)
+def test_gpu_pins_resolve_together(index_reachable, tmp_path):
+    result, report = resolve(gpu_requirements(), tmp_path, "-c", str(REPO / "constraints.txt"))
     assert result.returncode == 0, f"the GPU pins cannot coexist: {conflict(result.stdout + result.stderr)}"
     resolved = {canonicalize_name(item["metadata"]["name"]): item["metadata"] for item in report["install"]}
     for name, pin in [("torch", versions.TORCH), ("vllm", versions.VLLM_GPU), ("ray", versions.RAY),

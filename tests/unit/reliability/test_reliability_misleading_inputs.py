@@ -1,5 +1,6 @@
 """Inputs that used to get a misleading message from `convert` and `check-sync` (issue 18, item 10):
-a file where a checkpoint directory belongs, and a training checkpoint given to `mcore-to-hf`. Each
+a file where a checkpoint directory belongs, and a damaged training checkpoint or a run's checkpoint root given
+to `mcore-to-hf` (tests/distributed/checkpoint/test_convert_training_checkpoint.py converts a real one). Each
 exits 2 with one line naming the path and what to pass instead, starting no process.
 
 The recipe-level cases (a file as model.path, a directory as a data file, homoglyphs, merge keys,
@@ -23,15 +24,14 @@ CASES = [
      "{tmp}/binary_config/config.json: not valid UTF-8 JSON"),
     ("mcore-to-hf-given-a-file", ["convert", "mcore-to-hf", "--ckpt", "{tmp}/model.safetensors", "--out", "{tmp}/o"],
      "{tmp}/model.safetensors is a file, not a directory"),
-    ("mcore-to-hf-given-a-training-step", ["convert", "mcore-to-hf", "--ckpt", "{tmp}/ckpt/step_00000004", "--out", "{tmp}/o"],
-     "{tmp}/ckpt/step_00000004 is a megarl training checkpoint, not a converted model: `megarl train` writes the final "
-     "actor as an HF checkpoint to checkpoint.dir/hf when checkpoint.export_hf is true"),
+    ("mcore-to-hf-given-a-damaged-training-step", ["convert", "mcore-to-hf", "--ckpt", "{tmp}/ckpt/step_00000004", "--out",
+                                                  "{tmp}/o"],
+     "{tmp}/ckpt/step_00000004/manifest.json cannot be read as a megarl checkpoint manifest"),
     ("mcore-to-hf-given-a-checkpoint-dir", ["convert", "mcore-to-hf", "--ckpt", "{tmp}/ckpt", "--out", "{tmp}/o"],
-     "{tmp}/ckpt is a megarl training checkpoint, not a converted model"),
+     "{tmp}/ckpt is a checkpoint root (checkpoint.dir), not a checkpoint: pass one of its step directories, e.g. "
+     "{tmp}/ckpt/step_00000004"),
     ("mcore-to-hf-damaged-metadata", ["convert", "mcore-to-hf", "--ckpt", "{tmp}/damaged", "--out", "{tmp}/o"],
      "{tmp}/damaged/megarl_model.json is damaged ("),
-    ("mcore-to-hf-given-an-exported-run", ["convert", "mcore-to-hf", "--ckpt", "{tmp}/done/step_00000004", "--out", "{tmp}/o"],
-     "{tmp}/done/step_00000004 is a megarl training checkpoint, not a converted model: the run's HF export is {tmp}/done/hf"),
 ]
 
 
@@ -41,13 +41,10 @@ def workdir(tmp_path):
     (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
     (tmp_path / "binary_config").mkdir()
     (tmp_path / "binary_config" / "config.json").write_bytes(b"\xff\xd8\xff\xe0 a JPEG, not JSON")
-    for run in ("ckpt", "done"):  # two runs' checkpoint.dir: one step each, "done" with its HF export
-        (tmp_path / run / "step_00000004").mkdir(parents=True)
-        (tmp_path / run / "step_00000004" / "manifest.json").write_text(json.dumps({"step": 4}))
+    (tmp_path / "ckpt" / "step_00000004").mkdir(parents=True)  # a run's checkpoint.dir, one step, its manifest cut short
+    (tmp_path / "ckpt" / "step_00000004" / "manifest.json").write_text(json.dumps({"step": 4}))
     (tmp_path / "damaged").mkdir()
     (tmp_path / "damaged" / "megarl_model.json").write_text('{"format": "megarl-mcore/1", "tp_si')
-    (tmp_path / "done" / "hf").mkdir()
-    (tmp_path / "done" / "hf" / "config.json").write_text("{}")
     return tmp_path
 
 
