@@ -7,7 +7,8 @@ weights they hold, which are one version old:
 
     gen(b1, w0) ; [train(b1) ∥ gen(b2, w0)] ; sync w1 ; [train(b2) ∥ gen(b3, w1)] ; sync w2 ; ...
 
-The trainer drives it with three calls a step:
+The trainer drives it so each step (a checkpoint `settle`s first and saves `state_dict`; after a failure
+elsewhere, `close` once the engines are stopped):
 
     batch = stream.take(step)        # step's batch: generated now (sync, or none ahead), or the one ahead
     handover.to_training()           # the engines idle: their memory snapshot does not queue behind a generation
@@ -74,7 +75,7 @@ class RolloutStream:
         (none ahead: the first step, every sync step) one generated now."""
         if self.ahead is None and self.thread is None:
             if not self.lookahead:
-                return self._with_lag(self.generate(step, self.version), step)  # in the main thread: errors raise as they are
+                return self._with_lag(self.generate(step, self.version), step)  # here: errors raise as they are
             self._start(step)
         self.settle()
         batch, self.ahead = self.ahead, None
