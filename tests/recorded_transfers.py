@@ -25,7 +25,9 @@ from megarl.config.rollout import response_length
 from megarl.data.prompts import Prompt
 from megarl.models.hf_config import ModelDims
 from megarl.rollout.samples import Samples
+from megarl.trainer.generated import GeneratedBatch
 from megarl.trainer.roles import MegatronGroup, Roles
+from megarl.trainer.rollout_stream import RolloutStream
 from megarl.trainer.timing import PhaseTimer
 from megarl.workers.policy_worker import PolicyWorker
 
@@ -212,6 +214,8 @@ def recorded_trainer(config_path, overrides: list[str]) -> trainer_module.Traine
 
 
 def run_step(trainer, step: int) -> dict[str, float]:
-    """`Trainer._train_step` on this step's `samples_of` (the rollout phase's result)."""
+    """`Trainer._train_step` on this step's `samples_of` (the rollout phase's result, as a sync-mode stream hands it over)."""
     samples, scores = samples_of(trainer.config, trainer.plan, seed=step)
-    return trainer._train_step(step, lambda sampling, at_step: (samples, scores.clone(), {}))
+    trainer.stream = RolloutStream(lambda at_step, version: GeneratedBatch(samples, scores.clone(), {}, None, version),
+                                   trainer.timer, trainer.timer, lookahead=0, last_step=step, version=step - 1)
+    return trainer._train_step(step)

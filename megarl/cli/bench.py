@@ -1,4 +1,5 @@
-"""`megarl bench {sync,rollout,train,step}`: side-by-side benchmarks of megarl's phases.
+"""`megarl bench {sync,rollout,train,step}`: side-by-side benchmarks of megarl's phases (step --modes:
+placements and rollout modes side by side).
 
 Each prints a markdown table and, with --json, writes the full result (every repeat, the model's
 shape, the batch shapes, package versions). Figures are ratios of contenders timed in turn in the
@@ -52,6 +53,9 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="with --peer: the seed of every run (sampling and prompt order: megarl's trainer.seed, "
                              "data.seed and rollout.seed, TRL's seed); the model and prompts stay the same (default 0)")
+    parser.add_argument("--modes", help="step only: run the recipe in each of these placements and rollout modes in "
+                                        "turn, samples/s side by side: a comma-separated subset of colocated_sync, "
+                                        "split_sync, split_one_step_off (megarl.bench.step_modes)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny model and shapes (train: TP 1 only), to check that a benchmark runs; the numbers "
                              "mean nothing")
@@ -78,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
     if unknown or args.contenders == "":
         print(f"megarl bench step --peer: --contenders {args.contenders!r}: unknown {', '.join(unknown) or 'empty list'}; "
               f"choose among {', '.join(_peer_contenders())}", file=sys.stderr)
+        return 2
+    problem = _modes_problem(args)
+    if problem:
+        print(f"megarl bench: --modes {args.modes!r}: {problem}", file=sys.stderr)
         return 2
     if args.peer == "trl" and importlib.util.find_spec("trl") is None:
         from megarl.bench.trl_peer import MISSING_TRL
@@ -107,6 +115,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _modes_problem(args: argparse.Namespace) -> str | None:
+    """Why --modes cannot run as given (None: it can, or it is not given)."""
+    if args.modes is None:
+        return None
+    from megarl.bench.step_modes import MODES
+
+    if args.benchmark != "step" or args.peer is not None:
+        return "compares whole steps of megarl alone; use megarl bench step --modes ... without --peer"
+    unknown = sorted(set(args.modes.split(",")) - set(MODES))
+    if unknown or not args.modes:
+        return f"unknown {', '.join(unknown) or 'empty list'}; choose among {', '.join(MODES)}"
+    return None
+
+
 def _peer_contenders() -> tuple[str, ...]:
     from megarl.bench.peer import CONTENDERS
 
@@ -125,6 +147,11 @@ def _run(args: argparse.Namespace, tmp: Path) -> tuple[dict, str]:
         overrides = [f"model.path={args.model}"] if args.model else []
         overrides += ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4",
                       "actor.micro_batch_size_per_gpu=8"] if args.smoke else []
+        if args.modes:
+            from megarl.bench import step_modes
+
+            result = step_modes.run(args.config, overrides, args.repeats, tuple(args.modes.split(",")))
+            return result, step_modes.markdown(result)
         result = module.run(args.config, overrides, args.repeats)
         return result, module.markdown(result)
     model = str(args.model or _make_model(tmp, args.smoke, args.benchmark))

@@ -177,6 +177,12 @@ class TrainerConfig:
     """A worker process that is alive but shows no sign of running for this long (stopped, frozen, its node
     cut off: its heartbeat, sent every second even while it computes or waits in a collective, stopped) ends
     the run, naming it. >= 10 seconds (`validate.MIN_HANG_TIMEOUT_S`)."""
+    rollout_mode: Literal["sync", "one_step_off"] = "sync"
+    """sync: a step generates its batch, then trains on it; the engines generate with the weights the
+    previous step trained. one_step_off: the engines generate step k+1's batch while the actor trains on
+    step k's, with the weights of step k-1 (exactly one version old: `rollout/policy_version_lag` 1 from
+    the second step on); needs placement.mode: split (engines on devices of their own). Deterministic for a
+    seed; a checkpoint keeps the batch generated ahead, so a resume continues exactly."""
     peak_flops: float | None = None
     """The actor group's peak FLOP/s, all its devices together, that `perf/mfu` divides by (e.g. 8 × 989e12
     for 8 H100s in dense bf16, to compare with published MFU figures). None: measured at start-up, a

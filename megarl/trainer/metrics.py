@@ -34,6 +34,10 @@ DOCUMENTED_METRICS: dict[str, str] = {
     "response_length/min": "shortest response in tokens",
     "response_length/clip_ratio": "fraction of responses cut at the maximum response length",
     "prompt_length/mean": "mean prompt length in tokens",
+    "rollout/policy_version_lag/mean": ("weight versions the actor is ahead of the engines that generated the step's "
+                                        "samples, mean over the samples (0 in sync; 1 in one_step_off after the "
+                                        "first step: trainer.rollout_mode)"),
+    "rollout/policy_version_lag/max": "the largest weight-version lag of the step's samples",
     # actor
     "actor/loss": "actor objective of the update: policy loss - entropy bonus + KL loss (mean over optimizer steps)",
     "actor/pg_loss": "policy-gradient loss (mean over optimizer steps)",

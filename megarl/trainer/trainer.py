@@ -3,7 +3,8 @@
     trainer = Trainer.from_config("configs/quickstart.yaml", overrides=["trainer.total_steps=20"])
     trainer.fit()
 
-rollout → (engines sleep, Megatron onloads) → the batch staged on the worker groups → rewards →
+rollout (`trainer.rollout_mode`: one_step_off generates the next step's batch while this one trains:
+`rollout_stream`) → (engines sleep, Megatron onloads) → the batch staged on the worker groups → rewards →
 old/ref log-probs (+ values) → advantages → critic/actor updates → checkpoint → (Megatron offloads,
 weight sync verified every `rollout.sync.verify_every` steps, engines wake: `handover`) → metrics.
 An exactly on-policy update takes the old log-probs from its own forward (`BatchPlan.old_log_prob_pass`).
@@ -38,9 +39,11 @@ from megarl.rewards.scorer import RewardScorer
 from megarl.rollout import AgentLoop, ObservationEncoder, single_turn
 from megarl.trainer import rollout_batch as rb
 from megarl.trainer.checkpoint_manager import CheckpointManager
+from megarl.trainer.generated import GeneratedBatch
 from megarl.trainer.handover import HandOver
 from megarl.trainer.metrics import agent_metrics, rollout_metrics, throughput_metrics, update_mfu_metrics, worker_metrics
 from megarl.trainer.rollout import RolloutPhase
+from megarl.trainer.rollout_stream import RolloutStream
 from megarl.trainer.ray_node import WORKER_ENV, ray_cpus
 from megarl.trainer.roles import cluster_device, start_roles
 from megarl.trainer.settings import sampling_config, step_seed, stop_token_ids
@@ -98,6 +101,10 @@ class Trainer:
         """The training step running now (None during start-up)."""
         self.resumed_record: dict[str, float] | None = None
         """The record the resumed checkpoint kept of its step (`MetricsLogger.restore`)."""
+        self.resumed_stream: dict | None = None
+        """The resumed checkpoint's `RolloutStream.state_dict` (the batch generated ahead)."""
+        self.stream: RolloutStream | None = None
+        """Each step's batch, generated in time (`trainer.rollout_mode`), once the workers run."""
 
     @classmethod
     def from_config(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Trainer:
@@ -124,6 +131,8 @@ class Trainer:
             finally:
                 if self.roles is not None:
                     self.roles.shutdown()
+                if self.stream is not None:  # after the engines stopped: a generation in flight ends at once
+                    self.stream.close()
                 shutdown_ray()
 
     def _tool_schemas(self) -> list[dict]:
@@ -147,10 +156,15 @@ class Trainer:
         self.sync = WeightSync(self.roles, self.config, vocab_size=len(self.tokenizer), total_steps=self.total_steps)
         engines_sleep = self.config.placement.mode == "colocated" and self.config.rollout.free_cache_engine
         self.handover = HandOver(self.roles, self.sync, engines_sleep=engines_sleep, timer=self.timer)
+        one_step_off = self.config.trainer.rollout_mode == "one_step_off"
+        gen_timer = PhaseTimer() if one_step_off else self.timer  # one_step_off generates in a thread of its own
+        phase = RolloutPhase(self.config, rollout, scorer, self._decode, lambda: next(self.loader), gen_timer)
         start = self._resume(startup)
+        self.stream = RolloutStream(partial(self._generate, phase), gen_timer, self.timer, lookahead=int(one_step_off),
+                                    last_step=self.total_steps, version=start)
+        self.stream.load_state_dict(self.resumed_stream, self.loader.prompts)
         self.peak_flops = self.config.trainer.peak_flops or self._measure_peak(startup)
         print(startup_line(startup.pop()), flush=True)
-        phase = RolloutPhase(self.config, rollout, scorer, self._decode, lambda: next(self.loader), self.timer)
         metrics, bad_steps = {}, 0
         # The run that saved the checkpoint wrote here (its file exists), unless this resume starts a new run dir.
         continuing = (self.run_dir / METRICS_FILE).exists()
@@ -162,10 +176,10 @@ class Trainer:
                 interrupt.check()
                 self.step_in_progress = step
                 with self.timer("step"):
-                    metrics = self._train_step(step, phase)
+                    metrics = self._train_step(step)
                     bad_steps = bad_steps + 1 if metrics.get("actor/skipped_steps") else 0
                     self._maybe_save(step, metrics)  # while the trained state is on the devices
-                    metrics |= self.handover.to_rollout(step)
+                    metrics |= self.stream.sync(step, self.handover.to_rollout)
                     self._maybe_validate(step, phase, metrics)
                 metrics |= self.timer.pop() | self.handover.pop_memory()
                 metrics |= throughput_metrics(metrics.pop("_tokens"), metrics["timing/step"])
@@ -193,12 +207,20 @@ class Trainer:
     def run_dir(self) -> Path:
         return Path(self.config.trainer.output_dir) / self.config.trainer.experiment_name
 
-    def _train_step(self, step: int, phase: RolloutPhase) -> dict[str, float]:
-        config, timer = self.config, self.timer
+    def _generate(self, phase: RolloutPhase, step: int, policy_version: int) -> GeneratedBatch:
+        """`step`'s samples and rewards (and ReMax's greedy baselines) from the engines as they are."""
+        config = self.config
         sampling = sampling_config(config, self.stop_ids, seed=step_seed(config, self.plan, step))
         samples, scores, metrics = phase(sampling, step)
         baselines = phase.greedy_baseline(samples, sampling) if config.algorithm.adv_estimator == "remax" else None
-        self.handover.to_training()
+        return GeneratedBatch(samples, scores, metrics, baselines, policy_version)
+
+    def _train_step(self, step: int) -> dict[str, float]:
+        config, timer = self.config, self.timer
+        generated = self.stream.take(step)
+        samples, scores, metrics, baselines = generated.samples, generated.scores, generated.metrics, generated.baselines
+        self.handover.to_training()  # the engines idle: their side of the hand-over does not wait for a generation
+        self.stream.start_next(step)  # one_step_off: the next step's batch, generated while this one trains
         batch = rb.policy_batch(samples, response_length(config.rollout))
         with self.roles.stage(batch) as staged:  # the batch crosses to each group once; dropped after the updates
             if config.reward.reward_model:
@@ -275,8 +297,10 @@ class Trainer:
         if step != self.total_steps and (not freq or step % freq):
             return
         with self.timer("checkpoint"):
+            self.stream.settle()  # the batch generated ahead, and the data position after it, belong to the checkpoint
             record = {name: value for name, value in metrics.items() if not name.startswith("_")}
-            extra = {"step": step, "data": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value, "record": record}
+            extra = {"step": step, "data": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value, "record": record,
+                     "stream": self.stream.state_dict(self.loader.prompts)}
             self.roles.save_checkpoint(str(self.checkpoints.root), step, extra)
             self.checkpoints.rotate()
 
@@ -291,6 +315,7 @@ class Trainer:
             self.loader.load_state_dict(extra["data"])
             self.kl_ctrl.value = extra["kl_coef"]
             self.resumed_record = extra.get("record")  # checkpoints before it was kept have none
+            self.resumed_stream = extra.get("stream")  # nor the stream's, before one_step_off
             self.handover.to_rollout(extra["step"])  # the engines start from the restored weights
         self.timer.pop()  # the resume's hand-over times and memory are not the first step's
         self.handover.pop_memory()

@@ -193,6 +193,9 @@ CASES = [
     ("test-freq-without-val-files", ["trainer.test_freq=5"], "trainer.test_freq", "data.val_files is empty"),
     ("max-bad-steps-zero", ["trainer.max_bad_steps=0"], "trainer.max_bad_steps", "must be >= 1"),
     ("hang-timeout-below-ten-beats", ["trainer.hang_timeout_s=2"], "trainer.hang_timeout_s", "must be >= 10 seconds"),
+    ("one-step-off-colocated", ["trainer.rollout_mode=one_step_off"], "trainer.rollout_mode",
+     "= 'one_step_off': generating the next step's batch while the actor trains needs the rollout engines on devices "
+     "of their own, but placement.mode is colocated"),
     ("peak-flops-zero", ["trainer.peak_flops=0"], "trainer.peak_flops", "must be > 0"),
     ("peak-flops-infinite", ["trainer.peak_flops=.inf"], "trainer.peak_flops", "not a finite number"),
     ("unknown-logger", ["trainer.loggers=[console,mlflow]"], "trainer.loggers", "expected a list of (one of 'console'"),

@@ -1,0 +1,58 @@
+"""`megarl bench step --modes`: one recipe's GRPO workload in several placements and rollout modes
+(`placement.mode`, `trainer.rollout_mode`), run in turn with the same seeds, as samples per second side
+by side (issue 31 item 5).
+
+The recipe's training devices stay the Megatron roles' in every mode: colocated, the engines share
+them (one engine per rollout TP group of them); split, one engine gets `rollout.tensor_model_parallel_size`
+devices of its own beside them. Each mode is `megarl.bench.step.run` (a warm-up step, then --repeats
+steps, medians); one_step_off's first step generates alone, so the warm-up step is that one.
+"""
+
+from __future__ import annotations
+
+from megarl.config import Config
+
+MODES: dict[str, tuple[str, str]] = {
+    "colocated_sync": ("colocated", "sync"),
+    "split_sync": ("split", "sync"),
+    "split_one_step_off": ("split", "one_step_off"),
+}
+"""Mode name -> (placement.mode, trainer.rollout_mode)."""
+BASELINE = "split_sync"
+"""The ratios' denominator when it runs (else the first mode run)."""
+
+
+def mode_overrides(config: Config, mode: str) -> list[str]:
+    """The overrides that run the recipe `config` in `mode` (one node)."""
+    placement, rollout_mode = MODES[mode]
+    training = config.placement.gpus_per_node - config.placement.rollout_gpus  # the Megatron roles' devices
+    engine = config.rollout.tensor_model_parallel_size if placement == "split" else 0
+    return [f"placement.mode={placement}", f"placement.gpus_per_node={training + engine}",
+            f"placement.rollout_gpus={engine}", f"trainer.rollout_mode={rollout_mode}"]
+
+
+def run(config_path: str, overrides: list[str], repeats: int, modes: tuple[str, ...]) -> dict:
+    from megarl.bench import step
+    from megarl.config import load_config
+
+    config = load_config(config_path, overrides)
+    results = {mode: step.run(config_path, [*overrides, *mode_overrides(config, mode)], repeats) for mode in modes}
+    rates = {mode: result["samples_per_step"] / result["step_seconds"] for mode, result in results.items()}
+    baseline = BASELINE if BASELINE in rates else modes[0]
+    return dict(benchmark="step_modes", config=config_path, overrides=overrides, baseline=baseline,
+                samples_per_s=rates, ratios={mode: rate / rates[baseline] for mode, rate in rates.items()},
+                modes=results)
+
+
+def markdown(result: dict) -> str:
+    first = next(iter(result["modes"].values()))
+    lines = [
+        f"step modes: {result['config']} ({first['samples_per_step']} samples per step), median of {first['repeats']} "
+        f"steps after {first['warmup_steps']} warm-up step(s) per mode",
+        f"| mode | step s | samples/s | × {result['baseline']} |",
+        "|---|---|---|---|",
+    ]
+    for mode, run in result["modes"].items():
+        lines.append(f"| {mode} | {run['step_seconds']:.3f} | {result['samples_per_s'][mode]:.2f} | "
+                     f"{result['ratios'][mode]:.2f} |")
+    return "\n".join(lines)
