@@ -256,3 +256,11 @@ def test_blocking_node_copies_its_ray_logs_when_stopped(script, tmp_path, script
     copied = copies / os.uname().nodename / "logs" / "raylet.out"
     assert copied.read_text() == "started\nstopped\n", "copied after Ray stopped"
     assert f"Ray logs copied to {copies / os.uname().nodename}/logs" in out
+
+
+@pytest.mark.parametrize("script", ["ray_head.sh", "ray_worker.sh"])
+def test_log_copy_needs_block(script, tmp_path):
+    address = ["--address", "127.0.0.1:1"] if script == "ray_worker.sh" else []
+    result = subprocess.run(["bash", str(REPO / "scripts" / script), *address, "--log-copy-dir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "--log-copy-dir needs --block" in result.stderr, result.stderr
