@@ -1,6 +1,8 @@
 """scripts/slurm/megarl.sbatch with fake `srun` / `scontrol` / `sinfo` on PATH (scripts that log their
-calls): the head on the first node, one worker per other node, the job submitted on the head, and a
-bad node list rejected before the first srun."""
+calls): the head on the first node, one worker per other node, the job submitted on the head, a bad node
+list or option rejected before the first srun, node steps with the node's CPUs and memory, a dead node
+stopping the job at once, fixed ports, the apptainer path; and the blocking Ray node scripts copying their
+logs when stopped (with a fake `ray`)."""
 
 import os
 import signal
