@@ -26,6 +26,8 @@ Options:
   --timeout SECONDS        how long to wait for the node to become healthy (default 60)
   --block                  run `ray start --block` in the foreground (containers, Slurm); the caller
                            checks health itself
+  --log-copy-dir DIR       with --block: when Ray ends (or this script gets SIGTERM), copy its logs to
+                           DIR/<host>/logs, e.g. on shared storage (the temp dir is node-local)
   -h, --help               show this help
 
 Example (local, 2 CPUs):  bash scripts/ray_head.sh --num-cpus 2
@@ -47,6 +49,7 @@ num_gpus=""
 temp_dir="${MEGARL_RAY_TEMP_DIR:-/tmp/ray}"
 timeout_s=60
 block=0
+log_copy_dir=""
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -61,11 +64,13 @@ while [ $# -gt 0 ]; do
     --temp-dir) temp_dir="${2:?--temp-dir needs a value}"; shift 2 ;;
     --timeout) timeout_s="${2:?--timeout needs a value}"; shift 2 ;;
     --block) block=1; shift ;;
+    --log-copy-dir) log_copy_dir="${2:?--log-copy-dir needs a directory}"; shift 2 ;;
     --) shift; extra=("$@"); break ;;
     *) bad_arg "unknown argument '$1' (see --help)" ;;
   esac
 done
 require_whole_numbers "port=$port" "dashboard-port=$dashboard_port" "timeout=$timeout_s" "num-cpus=${num_cpus:-0}" "num-gpus=${num_gpus:-0}"
+[ -z "$log_copy_dir" ] || [ "$block" = 1 ] || bad_arg "--log-copy-dir needs --block (the logs are copied when the blocking Ray node ends)"
 require_ray
 
 if [ -n "$iface" ]; then
@@ -80,7 +85,7 @@ args=(--head --port "$port" --dashboard-host "$dashboard_host" --dashboard-port 
 [ -n "$num_gpus" ] && args+=(--num-gpus "$num_gpus")
 args+=("${extra[@]}")
 
-start_ray_node "$block" "$temp_dir" "${args[@]}"
+start_ray_node "$block" "$temp_dir" "$log_copy_dir" "${args[@]}"
 
 gcs_address="${node_ip:-127.0.0.1}:$port"
 dashboard_probe_host="$dashboard_host"

@@ -20,6 +20,8 @@ Options:
   --temp-dir DIR           Ray session/log directory (default: $MEGARL_RAY_TEMP_DIR, else /tmp/ray)
   --timeout SECONDS        how long to wait for the head (default 300)
   --block                  run `ray start --block` in the foreground (containers, Slurm)
+  --log-copy-dir DIR       with --block: when Ray ends (or this script gets SIGTERM), copy its logs to
+                           DIR/<host>/logs, e.g. on shared storage (the temp dir is node-local)
   -h, --help               show this help
 USAGE
 }
@@ -36,6 +38,7 @@ num_gpus=""
 temp_dir="${MEGARL_RAY_TEMP_DIR:-/tmp/ray}"
 timeout_s=300
 block=0
+log_copy_dir=""
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -48,6 +51,7 @@ while [ $# -gt 0 ]; do
     --temp-dir) temp_dir="${2:?--temp-dir needs a value}"; shift 2 ;;
     --timeout) timeout_s="${2:?--timeout needs a value}"; shift 2 ;;
     --block) block=1; shift ;;
+    --log-copy-dir) log_copy_dir="${2:?--log-copy-dir needs a directory}"; shift 2 ;;
     --) shift; extra=("$@"); break ;;
     *) bad_arg "unknown argument '$1' (see --help)" ;;
   esac
@@ -57,6 +61,7 @@ if [[ ! "$address" =~ ^[^:]+:[0-9]+$ ]]; then
   bad_arg "--address must be HOST:PORT (e.g. 10.0.0.1:6379), got '$address'"
 fi
 require_whole_numbers "timeout=$timeout_s" "num-cpus=${num_cpus:-0}" "num-gpus=${num_gpus:-0}"
+[ -z "$log_copy_dir" ] || [ "$block" = 1 ] || bad_arg "--log-copy-dir needs --block (the logs are copied when the blocking Ray node ends)"
 require_ray
 
 if [ -n "$iface" ]; then
@@ -88,5 +93,5 @@ args=(--address "$address" --temp-dir "$temp_dir" --disable-usage-stats)
 [ -n "$num_gpus" ] && args+=(--num-gpus "$num_gpus")
 args+=("${extra[@]}")
 
-start_ray_node "$block" "$temp_dir" "${args[@]}"
+start_ray_node "$block" "$temp_dir" "$log_copy_dir" "${args[@]}"
 echo "ray_worker.sh: joined the cluster at $address. Stop with: bash scripts/stop.sh --temp-dir $temp_dir"

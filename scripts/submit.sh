@@ -118,11 +118,21 @@ wait "$submit_pid" || submit_rc=$?
 trap - INT TERM
 [ "$submit_rc" = 0 ] && exit 0
 
-# `ray job submit` only says succeeded (0) or not (1); the job's status message has the real code.
-status="$(ray job status --address "$address" "$submission_id" 2>&1)" \
-  || fail "job $submission_id: submission failed and its status is unavailable (is the head at $address up?):
-$status"
-code="$(printf '%s\n' "$status" | sed -n 's/.*failed with exit code \(-\{0,1\}[0-9][0-9]*\).*/\1/p' | tail -n 1)"
+# `ray job submit` only says succeeded (0) or not (1): the job's own exit code comes from Ray's job client
+# (JobDetails.driver_exit_code; None when the entrypoint never ran or was stopped), with the Python that runs `ray`.
+ray_bin="$(command -v ray)"
+ray_python="${ray_bin%/*}/python"
+[ -x "$ray_python" ] || ray_python=python3
+code="$("$ray_python" - "$address" "$submission_id" <<'PY' 2>&1
+import sys
+
+from ray.job_submission import JobSubmissionClient
+
+info = JobSubmissionClient(sys.argv[1]).get_job_info(sys.argv[2])
+print("" if info.driver_exit_code is None else info.driver_exit_code)
+PY
+)" || fail "job $submission_id: submission failed and its status is unavailable (is the head at $address up?):
+$code"
 echo "submit.sh: job $submission_id did not succeed (exit code ${code:-unknown})." >&2
 case "$code" in
   ''|0) exit 1 ;;

@@ -6,7 +6,7 @@ directory (rendered here with `kubectl kustomize`), or `-` for stdin; no PATH re
     kubectl kustomize k8s/overlays/1x8 | megarl check-manifests --schemas ../shared/kuberay
     megarl check-manifests k8s/overlays/1x8 k8s/interactive
 
-Every RayJob and RayCluster is checked against megarl's KubeRay rules (megarl.deploy.kuberay_rules)
+Every RayJob, RayCluster and Job (its pod template) is checked against megarl's KubeRay rules (megarl.deploy.kuberay_rules)
 and, with --schemas, KubeRay's CRD JSON Schemas; a Secret in the manifests is a problem too. One line
 per problem names the object, the field and the fix. Exit 0: no problem; 1: problems found; 2: a PATH
 that cannot be read or rendered, or bad arguments.
@@ -55,9 +55,9 @@ def run(args: argparse.Namespace) -> int:
     problems = [problem for obj in objects for problem in schema_problems(obj, validators)] + check_objects(objects)
     for problem in problems:
         print(problem)
-    checked = sum(obj.get("kind") in ("RayJob", "RayCluster") for obj in objects)
+    checked = sum(obj.get("kind") in ("RayJob", "RayCluster", "Job") for obj in objects)
     schemas = "rules and CRD schemas" if validators else "rules only (no --schemas)"
-    print(f"{len(objects)} object(s), {checked} RayJob/RayCluster checked ({schemas}): {len(problems)} problem(s)",
+    print(f"{len(objects)} object(s), {checked} RayJob/RayCluster/Job checked ({schemas}): {len(problems)} problem(s)",
           file=sys.stderr)
     return 1 if problems else 0
 

@@ -15,9 +15,16 @@ import yaml
 
 from megarl import __version__, versions
 
-RAYJOB_NAME_MAX = 47
-"""KubeRay derives RayCluster, Service and Job names from the RayJob's name; 47 leaves room for them."""
-RAYCLUSTER_NAME_MAX = 63
+RAYCLUSTER_NAME_MAX = 53
+"""KubeRay 1.7's MaxRayClusterNameLength (utils/constant.go): 63 less its longest Service suffix, "-serve-svc"."""
+RAYJOB_NAME_MAX = RAYCLUSTER_NAME_MAX - 6
+"""KubeRay's MaxRayJobNameLength: the RayCluster of a RayJob is its name plus a 6-character suffix."""
+TTL_MAX_S = 600
+"""Longest ttlSecondsAfterFinished accepted: KubeRay deletes the RayCluster, and frees its GPUs, only at the
+job's end + this TTL (rayjob_controller.go, handleShutdownAfterJobFinishes); failed jobs too."""
+SHELL_OPERATORS = set(";&|<>()`")
+"""Characters the submitter's shell acts on outside quotes: KubeRay 1.7 (common/job.go BuildJobSubmitCommand)
+puts spec.entrypoint unquoted into `bash -c "... ray job submit ... -- ENTRYPOINT ; ..."`."""
 SUBMISSION_MODES = ("K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode")
 GPU_RESOURCE = "nvidia.com/gpu"
 RAY_CONTAINER = {"head": "ray-head", "worker": "ray-worker"}
@@ -34,7 +41,7 @@ def check_objects(objects: list[dict], ray_version: str = versions.RAY) -> list[
 
 
 def check_object(obj: dict, ray_version: str = versions.RAY) -> list[str]:
-    """The problems of one manifest; objects other than RayJob, RayCluster and Secret are not checked."""
+    """The problems of one manifest; objects other than RayJob, RayCluster, Job and Secret are not checked."""
     kind = obj.get("kind")
     where = f"{kind}/{obj.get('metadata', {}).get('name', '<no name>')}"
     spec = obj.get("spec") or {}
@@ -47,6 +54,8 @@ def check_object(obj: dict, ray_version: str = versions.RAY) -> list[str]:
             problems += _check_pod_template(submitter, "spec.submitterPodTemplate", ray_container=None)
     elif kind == "RayCluster":
         problems = _check_name(obj, RAYCLUSTER_NAME_MAX) + _check_cluster_spec(spec, "spec", ray_version)
+    elif kind == "Job":
+        problems = _check_pod_template(spec.get("template", {}), "spec.template", ray_container=None)
     elif kind == "Secret":
         problems = ["Secret in the manifests: its values would live in the repository; create it out of band "
                     "(kubectl create secret generic ...) and reference it with valueFrom.secretKeyRef"]
@@ -74,10 +83,52 @@ def _check_rayjob(spec: dict) -> list[str]:
         problems.append(f"spec.ttlSecondsAfterFinished is {ttl} but spec.shutdownAfterJobFinishes is not true: "
                         f"the TTL only applies to a cluster shut down after the job; set "
                         f"shutdownAfterJobFinishes: true (or drop the TTL)")
+    if ttl > TTL_MAX_S and spec.get("shutdownAfterJobFinishes") is True:
+        problems.append(f"spec.ttlSecondsAfterFinished is {ttl}: KubeRay deletes the RayCluster only {ttl} s after the "
+                        f"job ends (failed or not), and its GPUs idle until then; set at most {TTL_MAX_S} (the "
+                        f"submitter Job, not deleted, keeps the job's log)")
+    if spec.get("preRunningDeadlineSeconds") is None and "rayClusterSpec" in spec:
+        problems.append("spec.preRunningDeadlineSeconds is not set: a job whose pods never schedule (no free GPUs, an "
+                        "image that does not pull) waits forever, holding the pods it got; set it, e.g. 1800")
     mode = spec.get("submissionMode", "K8sJobMode")
     if mode not in SUBMISSION_MODES:
         problems.append(f"spec.submissionMode {mode!r} is not one of {', '.join(SUBMISSION_MODES)}")
+    if mode == "K8sJobMode":
+        problems += _check_entrypoint(spec.get("entrypoint", ""))
     return problems
+
+
+def _check_entrypoint(entrypoint: str) -> list[str]:
+    """The submitter runs `bash -c "... ray job submit -- ENTRYPOINT ; ..."`: what its shell would act on."""
+    unquoted = _unquoted(entrypoint)
+    found = sorted({char for char in unquoted if char in SHELL_OPERATORS} | ({"$"} if "$" in unquoted else set()))
+    if not found:
+        return []
+    return [f"spec.entrypoint has {' '.join(found)} outside quotes: KubeRay pastes the entrypoint unquoted into the "
+            f"submitter's shell command, so that part runs (or expands) in the submitter pod, not on the Ray head; "
+            f"wrap the whole command as bash -c '...'"]
+
+
+def _unquoted(text: str) -> str:
+    """The characters of `text` that a POSIX shell sees outside quotes (escaped ones dropped); `$` inside double
+    quotes counts as unquoted, since the shell expands it there."""
+    kept, quote, index = [], None, 0
+    while index < len(text):
+        char = text[index]
+        if quote == "'":
+            quote = None if char == "'" else quote
+        elif char == "\\":
+            index += 1
+        elif quote == '"':
+            quote = None if char == '"' else quote
+            if char in "$`":
+                kept.append(char)
+        elif char in "'\"":
+            quote = char
+        else:
+            kept.append(char)
+        index += 1
+    return "".join(kept)
 
 
 def _check_cluster_spec(cluster: dict, path: str, ray_version: str) -> list[str]:
@@ -128,12 +179,14 @@ def _check_pod_template(template: dict, path: str, ray_container: str | None) ->
         if not names or names[0] != wanted:
             problems.append(f"{path}.spec.containers[0] is {names[0] if names else None!r}: KubeRay runs Ray in the "
                             f"first container, so the {wanted!r} container must come first (containers: {names})")
+    problems += _check_pod_security(pod, f"{path}.spec")
     for key in ("initContainers", "containers"):
         for index, container in enumerate(pod.get(key, [])):
             container_path = f"{path}.spec.{key}[{index}]"
             problems += _check_image(container, container_path)
             problems += _check_env(container, container_path)
             problems += _check_gpus(container, container_path)
+            problems += _check_container_security(container, pod, container_path)
     first_limits = containers[0].get("resources", {}).get("limits", {}) if containers else {}
     if ray_container == "worker" and GPU_RESOURCE not in first_limits:
         problems.append(f"{path}.spec.containers[0].resources.limits has no {GPU_RESOURCE!r}: megarl's worker groups "
@@ -175,3 +228,34 @@ def _check_gpus(container: dict, path: str) -> list[str]:
     if count is not None and not (str(count).isdigit() and int(count) > 0):
         problems.append(f"{path}.resources.limits.{GPU_RESOURCE} is {count!r}; it must be a positive whole number")
     return problems
+
+
+def _check_pod_security(pod: dict, path: str) -> list[str]:
+    context = pod.get("securityContext") or {}
+    if "fsGroup" in context and context.get("fsGroupChangePolicy") != "OnRootMismatch":
+        return [f"{path}.securityContext has fsGroup without fsGroupChangePolicy: OnRootMismatch: the kubelet then "
+                f"changes the group of every file on the volumes at each pod start (hours on a full PVC); add "
+                f"fsGroupChangePolicy: OnRootMismatch"]
+    return []
+
+
+def _check_container_security(container: dict, pod: dict, path: str) -> list[str]:
+    """Pod Security Standards "restricted" (kubernetes.io/docs/concepts/security/pod-security-standards), except
+    that added capabilities are left to the RDMA overlay (IPC_LOCK) and its namespace's level."""
+    context, pod_context = container.get("securityContext") or {}, pod.get("securityContext") or {}
+    missing = []
+    if context.get("allowPrivilegeEscalation") is not False:
+        missing.append("allowPrivilegeEscalation: false")
+    if "ALL" not in ((context.get("capabilities") or {}).get("drop") or []):
+        missing.append("capabilities: {drop: [ALL]}")
+    if context.get("privileged") is True:
+        missing.append("no privileged: true")
+    if context.get("runAsNonRoot", pod_context.get("runAsNonRoot")) is not True:
+        missing.append("runAsNonRoot: true (here or in the pod's securityContext)")
+    seccomp = (context.get("seccompProfile") or pod_context.get("seccompProfile") or {}).get("type")
+    if seccomp not in ("RuntimeDefault", "Localhost"):
+        missing.append("seccompProfile: {type: RuntimeDefault} (here or in the pod's securityContext)")
+    if not missing:
+        return []
+    return [f"{path}.securityContext falls short of the restricted Pod Security level (a namespace enforcing it "
+            f"rejects the pod); it needs {'; '.join(missing)}"]

@@ -37,17 +37,46 @@ use_iface() {
   export NCCL_SOCKET_IFNAME="$1" GLOO_SOCKET_IFNAME="$1"
 }
 
-# start_ray_node BLOCK TEMP_DIR ARGS...: `ray start ARGS` with the node's processes marked for
-# scripts/stop.sh; BLOCK=1 replaces this shell with `ray start --block` (containers, Slurm).
+# start_ray_node BLOCK TEMP_DIR LOG_COPY_DIR ARGS...: `ray start ARGS` with the node's processes marked for
+# scripts/stop.sh; BLOCK=1 runs `ray start --block` in the foreground (containers, Slurm) until Ray ends or this
+# script gets SIGTERM/SIGINT, then copies Ray's logs to LOG_COPY_DIR/<host> (when given) and exits with Ray's code.
 start_ray_node() {
-  local block="$1" temp_dir="$2"
-  shift 2
+  local block="$1" temp_dir="$2" log_copy_dir="$3"
+  shift 3
   mkdir -p "$temp_dir"
   # The mark scripts/stop.sh finds this node's processes by (they all inherit it from `ray start`).
   export MEGARL_RAY_NODE_TEMP_DIR="$temp_dir"
-  if [ "$block" = 1 ]; then
+  if [ "$block" = 1 ] && [ -z "$log_copy_dir" ]; then
     exec ray start "$@" --block
+  fi
+  if [ "$block" = 1 ]; then
+    ray start "$@" --block &
+    ray_pid=$!
+    # Ray stops its processes on SIGTERM; the logs are copied once it has.
+    signalled=1
+    trap 'signalled=1; kill -TERM "$ray_pid" 2>/dev/null || true' TERM INT
+    local rc=0
+    # A trapped signal ends `wait` early (status 128+N): wait again, for Ray's own exit status.
+    while [ "$signalled" = 1 ]; do
+      signalled=0
+      rc=0
+      wait "$ray_pid" || rc=$?
+    done
+    copy_ray_logs "$temp_dir" "$log_copy_dir"
+    exit "$rc"
   fi
   ray start "$@" \
     || fail "\`ray start $*\` failed (see Ray's message above); clean up with: bash scripts/stop.sh --temp-dir $temp_dir"
+}
+
+# copy_ray_logs TEMP_DIR DIR: this node's Ray logs (TEMP_DIR/session_latest/logs) to DIR/<host>/logs, e.g. on
+# shared storage; the node-local temp dir goes with the node. A failed copy is reported, not fatal.
+copy_ray_logs() {
+  local dest
+  dest="$2/$(hostname)"
+  if mkdir -p "$dest" && cp -r "$1/session_latest/logs" "$dest/"; then
+    echo "$prog: Ray logs copied to $dest/logs"
+  else
+    echo "$prog: WARNING: could not copy Ray's logs from $1/session_latest/logs to $dest" >&2
+  fi
 }

@@ -5,7 +5,10 @@ shape, and each broken manifest is caught; `megarl check-manifests` reads dirs, 
 import contextlib
 import copy
 import io
+import json
+import os
 import shlex
+import subprocess
 
 import pytest
 import yaml
@@ -13,14 +16,18 @@ from deploy_support import KUBERAY_SCHEMAS, REPO, kustomize
 
 from megarl import __version__, versions
 from megarl.cli.main import main as megarl_main
-from megarl.deploy.kuberay_rules import check_object, check_objects
+from megarl.config.hub import hub_values
+from megarl.config.loader import load_config
+from megarl.deploy.kuberay_rules import RAYCLUSTER_NAME_MAX, TTL_MAX_S, check_object, check_objects
 from megarl.deploy.kuberay_schemas import schema_problems
 
 K8S = REPO / "k8s"
-JOB_KUSTOMIZATIONS = ["base", "overlays/1x8", "overlays/nx8"]
-ALL_KUSTOMIZATIONS = [*JOB_KUSTOMIZATIONS, "interactive", "storage"]
+JOB_KUSTOMIZATIONS = ["base", "overlays/1x8", "overlays/nx8", "overlays/nx8-rdma-kueue"]
+ALL_KUSTOMIZATIONS = [*JOB_KUSTOMIZATIONS, "interactive", "storage", "prepare"]
 RECIPE = "configs/grpo_qwen2.5-7b_gsm8k.yaml"
 """The recipe k8s/README.md puts into the `megarl-recipe` ConfigMap (mounted at /etc/megarl/recipe.yaml)."""
+RUN = "grpo-qwen2.5-7b"
+"""The ConfigMap's `run` key in k8s/README.md: the head's $MEGARL_RUN, naming the run's checkpoint directory."""
 
 
 def _rendered(kustomization: str) -> list[dict]:
@@ -64,32 +71,176 @@ def test_rendered_objects_pass_megarls_rules(kustomization):
     assert check_objects(_rendered(kustomization)) == []
 
 
+def _fake_bin(directory, name: str, body: str) -> None:
+    path = directory / name
+    path.write_text("#!/usr/bin/env bash\n" + body)
+    path.chmod(0o755)
+
+
+_FAKE_RAY = """case "$1 $2" in
+  "job status") exit 1 ;;
+  "job submit") while [ "$1" != -- ]; do shift; done; shift
+                python3 -c 'import shlex, sys; print(shlex.join(sys.argv[1:]))' "$@" > "$SUBMITTED" ;;
+esac
+"""
+"""`ray`: no job yet (status fails); `job submit` writes the entrypoint string it would send (shlex.join)."""
+_FAKE_MEGARL = """python3 -c 'import json, os, sys; print(json.dumps([os.environ["WHERE"], *sys.argv[1:]]))' "$@" >> "$CALLS"
+"""
+"""`megarl`: logs where it ran and its arguments."""
+
+
+def _run_entrypoint(entrypoint: str, tmp_path) -> tuple[list[list[str]], list[list[str]]]:
+    """What runs where when KubeRay 1.7 submits `entrypoint`: (megarl calls in the submitter pod, megarl calls on
+    the Ray head, each an argv). The submitter's command is built as common/job.go BuildJobSubmitCommand does for
+    K8sJobMode (the entrypoint pasted unquoted after `--`) and run by `/bin/bash -ce --` (utils.GetContainerCommand);
+    `ray job submit` joins its arguments with shlex.join (ray dashboard/modules/job/cli.py) and the job supervisor
+    runs that string with a shell (subprocess.Popen(shell=True)), here with $MEGARL_RUN set as on the head."""
+    fakes, calls, submitted = tmp_path / "bin", tmp_path / "calls.jsonl", tmp_path / "submitted"
+    fakes.mkdir()
+    _fake_bin(fakes, "ray", _FAKE_RAY)
+    _fake_bin(fakes, "megarl", _FAKE_MEGARL)
+    address, job_id = "http://megarl-head-svc:8265", "megarl-grpo-abcde"
+    submitter = (f"if ! ray job status --address {address} {job_id} >/dev/null 2>&1 ; then ray job submit --address "
+                 f"{address} --no-wait --submission-id {job_id} -- {entrypoint.strip()} ; fi ; ray job logs --address "
+                 f"{address} --follow {job_id}")
+    env = {**os.environ, "PATH": f"{fakes}{os.pathsep}{os.environ['PATH']}", "CALLS": str(calls),
+           "SUBMITTED": str(submitted)}
+    ran = subprocess.run(["/bin/bash", "-ce", "--", submitter], env={**env, "WHERE": "submitter"}, capture_output=True,
+                         text=True, timeout=30)
+    assert ran.returncode == 0, ran.stderr
+    head = subprocess.run(submitted.read_text().strip(), shell=True, capture_output=True, text=True,
+                          env={**env, "WHERE": "head", "MEGARL_RUN": RUN}, timeout=30)
+    assert head.returncode == 0, head.stderr
+    lines = [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+    return [argv for where, *argv in lines if where == "submitter"], [argv for where, *argv in lines if where == "head"]
+
+
 @pytest.mark.parametrize("kustomization", JOB_KUSTOMIZATIONS)
-def test_rayjob_runs_validate_then_train_sized_to_its_cluster(kustomization):
-    job = _rayjob(kustomization)
-    spec = job["spec"]
-    assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] > 0
-    validate, train = [shlex.split(part) for part in spec["entrypoint"].split("&&")]
-    assert validate[:3] == ["megarl", "validate", "/etc/megarl/recipe.yaml"]
-    assert train[:3] == ["megarl", "train", "/etc/megarl/recipe.yaml"]
-    assert validate[3:] == train[3:], "validate must check exactly what train runs"
-    overrides = dict(arg.split("=", 1) for arg in train[3:])
+def test_rayjob_runs_validate_then_train_on_the_head_sized_to_its_cluster(kustomization, tmp_path):
+    spec = _rayjob(kustomization)["spec"]
+    in_submitter, on_head = _run_entrypoint(spec["entrypoint"], tmp_path)
+    assert in_submitter == [], "part of the entrypoint ran in the submitter pod (1 CPU, no recipe, no GPUs)"
+    validate, train = on_head
+    assert validate[:2] == ["validate", "/etc/megarl/recipe.yaml"]
+    assert train[:2] == ["train", "/etc/megarl/recipe.yaml"]
+    assert validate[2:] == train[2:], "validate must check exactly what train runs"
+    overrides = dict(arg.split("=", 1) for arg in train[2:])
     (workers,) = spec["rayClusterSpec"]["workerGroupSpecs"]
     assert workers["minReplicas"] == workers["replicas"] == workers["maxReplicas"]
     assert int(overrides["placement.nnodes"]) == workers["replicas"]
     gpus = workers["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
     assert int(overrides["placement.gpus_per_node"]) == int(gpus) == 8
-    assert overrides["checkpoint.dir"].startswith("/data/"), "checkpoints must land on the shared PVC"
+    assert overrides["checkpoint.dir"] == f"/data/checkpoints/{RUN}", "the ConfigMap's run names the checkpoints"
+    head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    head_env = {var["name"]: var for var in head["env"]}
+    assert head_env["MEGARL_RUN"]["valueFrom"] == {"configMapKeyRef": {"name": "megarl-recipe", "key": "run"}}
+
+
+def test_a_bare_and_in_the_entrypoint_runs_in_the_submitter(tmp_path):
+    """What the check above catches: the entrypoint these manifests had before ran `megarl train` in the submitter."""
+    in_submitter, on_head = _run_entrypoint("megarl validate /etc/megarl/recipe.yaml && megarl train "
+                                            "/etc/megarl/recipe.yaml", tmp_path)
+    assert in_submitter == [["train", "/etc/megarl/recipe.yaml"]]
+    assert on_head == [["validate", "/etc/megarl/recipe.yaml"]]
+
+
+@pytest.mark.parametrize("kustomization", JOB_KUSTOMIZATIONS)
+def test_rayjob_lifecycle_frees_gpus_soon_and_has_deadlines(kustomization):
+    spec = _rayjob(kustomization)["spec"]
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert 0 < spec["ttlSecondsAfterFinished"] <= TTL_MAX_S, "the RayCluster lives this long after the job ends"
+    assert 0 < spec["preRunningDeadlineSeconds"] < spec["activeDeadlineSeconds"]
+    assert spec["backoffLimit"] == 0
 
 
 @pytest.mark.parametrize("kustomization", ["overlays/1x8", "overlays/nx8"])
-def test_rayjob_command_is_a_valid_config(kustomization):
+def test_rayjob_command_is_a_valid_config(kustomization, tmp_path):
     """The entrypoint's recipe and overrides pass `megarl validate` (file checks are for the pod)."""
-    train = shlex.split(_rayjob(kustomization)["spec"]["entrypoint"].split("&&")[1])
+    _, (_, train) = _run_entrypoint(_rayjob(kustomization)["spec"]["entrypoint"], tmp_path)
     output = io.StringIO()
     with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
-        code = megarl_main(["validate", RECIPE, *train[3:], "--no-file-checks"])
+        code = megarl_main(["validate", RECIPE, *train[2:], "--no-file-checks"])
     assert code == 0, output.getvalue()
+
+
+def test_prepare_job_fetches_what_the_recipe_reads_then_validates_it():
+    (job,) = _rendered("prepare")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    script = container["args"][0]
+    env = {var["name"]: var for var in container["env"]}
+    recipe = load_config(REPO / RECIPE)
+    assert set(hub_values(recipe).values()) == {env["MEGARL_MODEL"]["value"]}
+    assert 'hf download "$MEGARL_MODEL"' in script
+    data_dirs = {os.path.dirname(path) for path in [*recipe.data.train_files, *recipe.data.val_files]}
+    assert len(data_dirs) == 1 and f"--out {data_dirs.pop()}" in script
+    assert env["HF_HOME"]["value"] == "/data/hf-cache"
+    assert env["MEGARL_RUN"]["valueFrom"] == {"configMapKeyRef": {"name": "megarl-recipe", "key": "run"}}
+    validate = shlex.split(script.strip().splitlines()[-1])
+    assert validate[:3] == ["megarl", "validate", "/etc/megarl/recipe.yaml"] and "--no-file-checks" not in validate
+    assert "checkpoint.dir=/data/checkpoints/$MEGARL_RUN" in validate
+    assert script.startswith("set -euo pipefail\n")
+
+
+@pytest.mark.parametrize("kustomization", [*JOB_KUSTOMIZATIONS, "interactive"])
+def test_workers_have_gpu_env_defaults_and_ray_logs_go_to_the_pvc(kustomization, tmp_path):
+    (obj,) = _rendered(kustomization)
+    cluster = obj["spec"]["rayClusterSpec"] if obj["kind"] == "RayJob" else obj["spec"]
+    for group, pod in _pod_specs(cluster):
+        ray = pod["containers"][0]
+        env = {var["name"]: var.get("value") for var in ray["env"]}
+        if group != "head":
+            defaults = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_DEBUG": "WARN", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1"}
+            assert {key: env.get(key) for key in defaults} == defaults, group
+        # The preStop command, run with /data and /tmp/ray moved under tmp_path: the logs land per cluster and pod.
+        command = [arg.replace("/data/", f"{tmp_path}/data/").replace("/tmp/ray/", f"{tmp_path}/ray/")
+                   for arg in ray["lifecycle"]["preStop"]["exec"]["command"]]
+        logs = tmp_path / "ray" / "session_latest" / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / "raylet.out").write_text(group)
+        result = subprocess.run(command, env={**os.environ, "RAY_CLUSTER_NAME": "megarl-grpo-1x8-abcde",
+                                              "HOSTNAME": f"pod-{group}"}, capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, result.stderr
+        copied = tmp_path / "data" / "ray-logs" / "megarl-grpo-1x8-abcde" / f"pod-{group}" / "logs" / "raylet.out"
+        assert copied.read_text() == group
+        assert pod["terminationGracePeriodSeconds"] >= 60, f"{group}: time for the preStop copy"
+
+
+def test_rdma_and_kueue_components_add_only_their_fields():
+    plain, job = _rayjob("overlays/nx8"), _rayjob("overlays/nx8-rdma-kueue")
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "megarl" and job["spec"]["suspend"] is True
+    worker = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert worker["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    assert worker["resources"]["limits"]["rdma/rdma_shared_device_a"] == 1
+    assert {var["name"]: var.get("value") for var in worker["env"]}["NCCL_IB_HCA"] == "mlx5"
+    plain_worker = plain["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert "add" not in plain_worker["securityContext"]["capabilities"], "IPC_LOCK only in the RDMA overlay"
+    del job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"], job["spec"]["suspend"]
+    job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0] = plain_worker
+    assert job == plain, "the components change nothing else"
+
+
+@pytest.mark.parametrize("kustomization", ALL_KUSTOMIZATIONS)
+def test_pods_meet_the_restricted_pod_security_level(kustomization):
+    """Every pod (Ray head and workers, the submitter, the prepare Job) as Pod Security "restricted" asks,
+    the RDMA overlay's IPC_LOCK apart; fsGroup only with OnRootMismatch."""
+    pods = []
+    for obj in _rendered(kustomization):
+        spec = obj["spec"]
+        if obj["kind"] == "RayJob":
+            pods += [pod for _, pod in _pod_specs(spec["rayClusterSpec"])] + [spec["submitterPodTemplate"]["spec"]]
+        elif obj["kind"] == "RayCluster":
+            pods += [pod for _, pod in _pod_specs(spec)]
+        elif obj["kind"] == "Job":
+            pods.append(spec["template"]["spec"])
+    for pod in pods:
+        context = pod["securityContext"]
+        assert context["runAsNonRoot"] is True and context["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert "fsGroup" not in context or context["fsGroupChangePolicy"] == "OnRootMismatch"
+        for container in pod["containers"]:
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+            capabilities = container["securityContext"]["capabilities"]
+            assert capabilities["drop"] == ["ALL"]
+            assert set(capabilities.get("add", [])) <= ({"IPC_LOCK"} if "rdma" in kustomization else set())
 
 
 @pytest.mark.parametrize("kustomization", [*JOB_KUSTOMIZATIONS, "interactive"])
@@ -125,9 +276,12 @@ def test_interactive_cluster_has_the_same_pods_as_the_job():
 def test_readme_creates_the_recipe_configmap_from_an_existing_recipe():
     readme = (K8S / "README.md").read_text()
     assert (REPO / RECIPE).is_file(), f"{RECIPE} is gone: update RECIPE here and the ConfigMap command in k8s/README.md"
-    assert f"kubectl create configmap megarl-recipe --from-file=recipe.yaml={RECIPE}" in readme
+    assert f"kubectl create configmap megarl-recipe --from-file=recipe.yaml={RECIPE} --from-literal=run={RUN}" in readme
+    assert "on first use" not in readme, "megarl never downloads: k8s/prepare puts the model on the PVC"
+    ttl = _rayjob("base")["spec"]["ttlSecondsAfterFinished"]
+    assert f"`ttlSecondsAfterFinished` ({ttl} s)" in readme, "README states another TTL than the manifests"
     assert f"kuberay-operator --version {versions.KUBERAY}" in readme, "README installs another KubeRay version"
-    for command in ("kubectl apply -k k8s/storage", "kubectl apply -k k8s/overlays/1x8",
+    for command in ("kubectl apply -k k8s/storage", "kubectl apply -k k8s/prepare", "kubectl apply -k k8s/overlays/1x8",
                     "kubectl apply -k k8s/overlays/nx8", "kubectl get rayjob", "kubectl logs"):
         assert command in readme, f"k8s/README.md lacks `{command}`"
 
@@ -182,6 +336,20 @@ BROKEN = [
     ("name too long", _set(("metadata", "name"), "megarl-" + "x" * 41), "at most 47 characters"),
     ("name not DNS-1035", _set(("metadata", "name"), "1x8-megarl"), "DNS-1035"),
     ("TTL without shutdown", _set(("spec", "shutdownAfterJobFinishes"), False), "set shutdownAfterJobFinishes: true"),
+    ("TTL of an hour", _set(("spec", "ttlSecondsAfterFinished"), 3600), "its GPUs idle until then"),
+    ("no pre-running deadline", _set(("spec", "preRunningDeadlineSeconds"), _DELETE), "waits forever"),
+    ("bare && in the entrypoint", _set(("spec", "entrypoint"), "megarl validate r.yaml && megarl train r.yaml"),
+     "has & outside quotes"),
+    ("variable expanded in the submitter", _set(("spec", "entrypoint"), 'megarl train r.yaml "checkpoint.dir=$RUN"'),
+     "has $ outside quotes"),
+    ("fsGroup chowns every start", _set((*_WORKERS, "template", "spec", "securityContext", "fsGroupChangePolicy"),
+                                        _DELETE), "fsGroupChangePolicy: OnRootMismatch"),
+    ("privilege escalation", _set((*_WORKER, "securityContext", "allowPrivilegeEscalation"), _DELETE),
+     "needs allowPrivilegeEscalation: false"),
+    ("capabilities kept", _set((*_WORKER, "securityContext", "capabilities", "drop"), []),
+     "capabilities: {drop: [ALL]}"),
+    ("submitter without seccomp", _set(("spec", "submitterPodTemplate", "spec", "securityContext", "seccompProfile"),
+                                       _DELETE), "seccompProfile: {type: RuntimeDefault}"),
     ("cluster spec and selector", _set(("spec", "clusterSelector"), {"ray.io/cluster": "x"}), "exactly one of"),
     ("bad submission mode", _set(("spec", "submissionMode"), "K8sMode"), "submissionMode 'K8sMode'"),
     ("replicas above max", _set((*_WORKERS, "replicas"), 3), "minReplicas <= replicas <= maxReplicas"),
@@ -214,6 +382,22 @@ def test_broken_manifest_is_caught(rule, mutate, message):
     assert all(problem.startswith(f"RayJob/{broken['metadata']['name']}: ") for problem in problems)
 
 
+def test_raycluster_name_limit_is_kuberays_53():
+    (cluster,) = _rendered("interactive")
+    cluster["metadata"]["name"] = "m" * RAYCLUSTER_NAME_MAX
+    assert check_object(cluster) == []
+    cluster["metadata"]["name"] += "x"
+    (problem,) = check_object(cluster)
+    assert f"at most {RAYCLUSTER_NAME_MAX} characters" in problem and RAYCLUSTER_NAME_MAX == 53
+
+
+def test_prepare_job_pod_is_checked():
+    (job,) = _rendered("prepare")
+    job["spec"]["template"]["spec"]["containers"][0]["image"] = "megarl:latest"
+    (problem,) = check_object(job)
+    assert problem.startswith("Job/megarl-prepare: spec.template.spec.containers[0].image") and "not pinned" in problem
+
+
 def test_secret_object_in_manifests_is_caught():
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "megarl-secrets"},
               "stringData": {"hf-token": "hf_abc"}}
@@ -238,7 +422,7 @@ def test_check_manifests_renders_kustomization_dirs_and_passes_k8s(monkeypatch):
     dirs = [str(K8S / kustomization) for kustomization in ALL_KUSTOMIZATIONS]
     code, lines, err = _check_manifests("--schemas", str(KUBERAY_SCHEMAS), *dirs, monkeypatch=monkeypatch)
     assert (code, lines) == (0, []), err
-    assert "5 object(s), 4 RayJob/RayCluster checked (rules and CRD schemas): 0 problem(s)" in err
+    assert "7 object(s), 6 RayJob/RayCluster/Job checked (rules and CRD schemas): 0 problem(s)" in err
 
 
 def test_check_manifests_reads_kubectl_output_from_stdin_one_line_per_problem(monkeypatch):

@@ -106,6 +106,19 @@ def test_failing_job_exit_code_propagates(ray_head, ray_env):
     assert result.returncode == FAILING_JOB_EXIT_CODE, result.stdout + result.stderr
 
 
+def test_job_killed_by_a_signal_exits_128_plus_n(ray_head, ray_env):
+    """Ray's job client reports the entrypoint's exit code (-9, or 137 from a shell): 128 + 9 either way."""
+    result = _submit(ray_head, ["sh", "-c", "kill -9 $$"], ray_env)
+    assert result.returncode == 128 + 9, result.stdout + result.stderr
+    assert "did not succeed (exit code " in result.stderr
+
+
+def test_submit_reads_the_exit_code_from_rays_job_client_not_status_text():
+    script = (REPO / "scripts" / "submit.sh").read_text()
+    assert "driver_exit_code" in script and "JobSubmissionClient" in script
+    assert "ray job status" not in script, "the CLI's status text is not an interface: use the job client"
+
+
 def _job_status(ray_head: dict, job_id: str, env: dict) -> str:
     """The job's status word through the `ray job status` CLI (a subprocess: Ray caches its auth
     mode per process, and other test modules may have imported ray with token auth off)."""
