@@ -239,6 +239,8 @@ CASES = [
      "must lie in (0, 1]"),
     ("tool-async-def", ["rollout.multi_turn.tools=[{function: catalogue_code:async_score}]"],
      "rollout.multi_turn.tools[0].function", "async_score is an async def, but megarl calls a tool as a plain function"),
+    ("observation-cap-zero", ["rollout.multi_turn.max_observation_tokens=0"], "rollout.multi_turn.max_observation_tokens",
+     "must be >= 1"),
     ("tool-named-like-a-builtin", ["rollout.multi_turn.tools=[{function: calculator}, {function: catalogue_code:calculator}]"],
      "rollout.multi_turn.tools[1].function", "tools[0] ('calculator') is also named 'calculator'"),
     # --- data and output settings that contradict each other or the filesystem
