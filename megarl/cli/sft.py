@@ -23,6 +23,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from megarl.config import ConfigError
     from megarl.data import DataError
+    from megarl.orchestration.cluster import RayStartError, check_ray_can_start
     from megarl.orchestration.placement import PlacementError
     from megarl.orchestration.worker_group import WorkerFailure
     from megarl.run_lock import LOCK_NAME, DirectoryBusy, DirectoryLocks
@@ -42,10 +43,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     out = Path(trainer.config.train.output_dir).expanduser().absolute()
     try:
+        check_ray_can_start()
         # Beside train.output_dir, not in it: the export replaces that directory by a rename.
         locks = DirectoryLocks.acquire([("train.output_dir", out, out.parent / f".{out.name}{LOCK_NAME}")],
                                        shlex.join(["megarl", "sft", args.config, *args.overrides]), "megarl sft")
-    except DirectoryBusy as error:
+    except (RayStartError, DirectoryBusy) as error:
         print(f"megarl sft: {error}", file=sys.stderr)
         return 1
     try:
@@ -55,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
         for problem in error.problems:
             print(f"megarl sft: {problem}", file=sys.stderr)
         return 2
+    except RayStartError as error:
+        print(f"megarl sft: {error}", file=sys.stderr)
+        return 1
     except (WorkerFailure, PlacementError) as error:
         print(f"megarl sft: failed: {type(error).__name__}: {error}", file=sys.stderr)
         return 1

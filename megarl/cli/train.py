@@ -18,7 +18,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from megarl.config import ConfigError, checked_config, plan_batches
-    from megarl.orchestration.cluster import shutdown_ray, start_ray_early
+    from megarl.orchestration.cluster import RayStartError, check_ray_can_start, shutdown_ray, start_ray_early
     from megarl.run_lock import DirectoryBusy, DirectoryLocks
     from megarl.trainer.ray_node import WORKER_ENV, ray_cpus
 
@@ -27,9 +27,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         return _config_problems(error)
     try:
+        check_ray_can_start()
         locks = DirectoryLocks.acquire(run_locks(config), shlex.join(["megarl", "train", args.config, *args.overrides]),
                                        "megarl train")
-    except DirectoryBusy as error:
+    except (RayStartError, DirectoryBusy) as error:
         print(f"megarl train: {error}", file=sys.stderr)
         return 1
     with locks:
@@ -63,6 +64,7 @@ def _train(config) -> int:
     from megarl.config import ConfigError
     from megarl.data import DataError
     from megarl.bridge.verify import SyncVerificationError
+    from megarl.orchestration.cluster import RayStartError
     from megarl.orchestration.worker_group import WorkerFailure
     from megarl.rewards.functions import RewardFunctionError
     from megarl.tools import ToolError
@@ -97,6 +99,9 @@ def _train(config) -> int:
         # A process or machine failed, not the recipe: the run can continue from its last checkpoint.
         print(f"megarl train: failed during {doing(trainer.step_in_progress, trainer.timer.failed_in)}: "
               f"{type(error).__name__}: {error}\n{resume_hint(trainer.checkpoints.latest())}", file=sys.stderr)
+        return 1
+    except RayStartError as error:
+        print(f"megarl train: {error}", file=sys.stderr)
         return 1
     except (BadStepsError, SyncVerificationError, CheckpointError) as error:
         # Failures megarl diagnosed itself: the message names the cause; a traceback adds nothing.
