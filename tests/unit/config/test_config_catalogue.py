@@ -316,6 +316,19 @@ def test_merge_keys_and_a_byte_order_mark_load(workdir, capsys):
     assert (code, err) == (0, "")
 
 
+def test_a_reward_module_in_latin_1_is_read_as_python_imports_it(workdir, capsys, monkeypatch):
+    """PEP 263: a `coding:` line makes a module in another encoding valid Python (issue 33, item 12: validate
+    read it as UTF-8 and refused it as unparsable)."""
+    (workdir / "latin_reward.py").write_bytes(b"# -*- coding: latin-1 -*-\nBONUS = '\xe9t\xe9'\n\n\n"
+                                              b"def score(prompts, responses, **columns):\n"
+                                              b"    return [float(BONUS in r) for r in responses]\n")
+    monkeypatch.syspath_prepend(str(workdir))
+    code, _, err = run_validate(capsys, "base.yaml", "reward.function=latin_reward:score")
+    assert (code, err) == (0, "")
+    code, _, err = run_validate(capsys, "base.yaml", "reward.function=latin_reward:missing")
+    assert code == 2 and "latin_reward.py defines no top-level missing" in err
+
+
 @pytest.mark.parametrize("overrides, key, message", [case[1:] for case in CASES], ids=[case[0] for case in CASES])
 def test_bad_config_exits_2_naming_the_key(workdir, capsys, monkeypatch, overrides, key, message):
     write_bad_models(workdir)
