@@ -74,6 +74,7 @@ class DirectoryLocks:
         self = cls()
         me = Holder(os.getpid(), socket.gethostname(), time.strftime("%Y-%m-%d %H:%M:%S"), command)
         seen: set[Path] = set()
+        stale: dict[Holder, list[str]] = {}
         try:
             for setting, directory, path in locks:
                 path = Path(path).absolute()
@@ -83,15 +84,18 @@ class DirectoryLocks:
                 self._made += _make_dirs(path.parent)
                 fd = _lock_file(path, f"{Path(directory).absolute()} ({setting})", setting)
                 self._held.append((path, fd))
-                stale = Holder.read(fd)
-                if stale is not None:
-                    print(f"{program}: {Path(directory).absolute()} was locked by a run that is no longer running ({stale}); "
-                          "taking its lock over", file=sys.stderr)
+                holder = Holder.read(fd)
+                if holder is not None:
+                    stale.setdefault(holder, []).append(str(Path(directory).absolute()))
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, json.dumps(me.__dict__).encode(), 0)
         except BaseException:
             self.release()
             raise
+        for holder, directories in stale.items():  # one line per dead run, however many of its locks
+            print(f"{program}: {' and '.join(directories)} {'were' if len(directories) > 1 else 'was'} locked by a run "
+                  f"that is no longer running ({holder}); taking {'their locks' if len(directories) > 1 else 'its lock'} "
+                  "over", file=sys.stderr)
         return self
 
     def release(self) -> None:

@@ -98,6 +98,19 @@ def test_the_stale_lock_of_a_killed_run_is_named_and_taken_over(workdir, capsys,
     assert sorted(p.name for p in run_dir.iterdir()) == []  # released: the lock file is gone
 
 
+def test_a_dead_run_holding_two_directories_is_named_once(tmp_path, capsys):
+    run_dir, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    pid = dead_holder(run_dir, run_dir / LOCK_NAME)
+    (checkpoints / LOCK_NAME).write_bytes((run_dir / LOCK_NAME).read_bytes())  # as the dead run left both
+    with DirectoryLocks.acquire([("trainer.output_dir", run_dir, run_dir / LOCK_NAME),
+                                 ("checkpoint.dir", checkpoints, checkpoints / LOCK_NAME)], "megarl train x", "t"):
+        pass
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"t: {run_dir} and {checkpoints} were locked by a run that is no longer running (pid {pid} ")
+    assert line.endswith("; taking their locks over")
+
+
 def test_locks_are_released_and_the_directories_they_made_removed(tmp_path):
     run_dir = tmp_path / "out" / "run"
     with DirectoryLocks.acquire([("trainer.output_dir", run_dir, run_dir / LOCK_NAME)], "megarl train x.yaml", "t"):
