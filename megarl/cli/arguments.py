@@ -40,3 +40,12 @@ def output_dir_problem(out: Path, *, overwrite: bool) -> str | None:
         return (f"--out {out} is not empty (holds {shown}): choose an empty or new directory, or pass --overwrite "
                 "to replace the files this command writes there")
     return None
+
+
+def output_file_problem(flag: str, path: Path) -> str | None:
+    """Why a command could not write its result file `path` (None if it could): a directory is there, or
+    its directory cannot be created or written. Checked before the work that produces the result."""
+    if path.is_dir():
+        return f"{flag} {path} is a directory; name a file in it, e.g. {path / 'result.json'}"
+    problem = writable_dir_problem(flag, str(path.parent))
+    return None if problem is None else f"{flag} {path}: {problem.why}; {problem.fix}"

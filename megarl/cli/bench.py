@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from megarl.cli.arguments import output_file_problem
+
 BENCHMARKS = ("sync", "rollout", "train", "step")
 PEERS = ("trl",)
 BENCH_MODEL = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
@@ -91,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
         from megarl.bench.trl_peer import MISSING_TRL
 
         print(MISSING_TRL, file=sys.stderr)
+        return 2
+    json_problem = None if args.json is None else output_file_problem("--json", args.json)
+    if json_problem is not None:  # found now, not after minutes of benchmarking
+        print(f"megarl bench: {json_problem}", file=sys.stderr)
         return 2
     if args.model is not None and not (args.model / "config.json").is_file():
         print(f"megarl bench: --model {args.model} has no config.json; point it at an HF checkpoint dir", file=sys.stderr)

@@ -7,6 +7,8 @@ from pathlib import Path
 from megarl.cli.arguments import output_dir_problem
 
 ARCHS = ("llama", "qwen2", "qwen3")
+TOOL_VOCAB = 104
+"""The char tokenizer's vocabulary with tool tokens (`megarl.models.tiny`), the larger of its two."""
 
 
 def register(subparsers) -> None:
@@ -47,12 +49,40 @@ def _head_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
+def parameter_count(args: argparse.Namespace, vocab_size: int) -> int:
+    """The model's parameters (embeddings, attention with biases at most, MLP, norms), computed from the
+    sizes: the model is never built to count them."""
+    head_dim = args.hidden_size // args.num_heads
+    attention = 2 * args.hidden_size * args.hidden_size + 2 * args.hidden_size * args.num_kv_heads * head_dim
+    attention += args.hidden_size + 2 * args.num_kv_heads * head_dim  # q, k, v biases (qwen2)
+    layer = attention + 3 * args.hidden_size * args.intermediate_size + 2 * args.hidden_size
+    embeddings = vocab_size * args.hidden_size * (1 if args.tie_word_embeddings else 2)
+    return args.num_layers * layer + embeddings + args.hidden_size
+
+
+def _memory_problems(args: argparse.Namespace) -> list[str]:
+    """Sizes whose float32 weights (built, then written: twice their bytes at the peak) do not fit in the
+    memory available now: refused before anything is allocated."""
+    import psutil
+
+    needed = 2 * 4 * parameter_count(args, TOOL_VOCAB)
+    available = psutil.virtual_memory().available
+    if needed <= available:
+        return []
+    return [f"--hidden-size {args.hidden_size}, --num-layers {args.num_layers}, --intermediate-size "
+            f"{args.intermediate_size} make {parameter_count(args, TOOL_VOCAB):.3g} parameters, {needed / 2**30:.3g} GiB "
+            f"to build and write in float32, more than the {available / 2**30:.3g} GiB of memory available: use smaller "
+            "sizes (the defaults make a test model of 0.32 M parameters)"]
+
+
 def run(args: argparse.Namespace) -> int:
     sizes = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
     problems = [f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
                 for name in sizes if getattr(args, name) < 1]
     if not problems:  # the divisions below need positive sizes
         problems += _head_problems(args)
+    if not problems:
+        problems += _memory_problems(args)
     out_problem = output_dir_problem(args.out, overwrite=args.overwrite)
     if out_problem is not None:
         problems.append(out_problem)

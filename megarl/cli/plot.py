@@ -42,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"megarl plot: {metrics_path} holds no steps yet; plot again once the run has logged one",
               file=sys.stderr)
         return 2
+    problem = _record_problem(records) or _out_problem(args.out)
+    if problem is not None:
+        print(f"megarl plot: {problem.replace('{file}', str(metrics_path))}", file=sys.stderr)
+        return 2
     title = args.run_dir.resolve().name
     out_path = plot_metrics(records, args.out or args.run_dir / CURVES_FILE, title=title)
     print(f"wrote {out_path} ({len(records)} steps)")
@@ -49,3 +53,31 @@ def run(args: argparse.Namespace) -> int:
     if memory_path is not None:
         print(f"wrote {memory_path}")
     return 0
+
+
+def _record_problem(records: list) -> str | None:
+    """Why the records are not megarl's metrics (each an object with an integer step and numbers or null),
+    or None. `{file}` stands for the file."""
+    for number, record in enumerate(records, start=1):
+        if not isinstance(record, dict):
+            return f"{{file}}: record {number} is a JSON {type(record).__name__}, not an object of metrics"
+        step = record.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            return f"{{file}}: record {number} has no integer \"step\" (step = {step!r})"
+        for name, value in record.items():
+            if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+                shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+                return (f"{{file}}: step {step}: {name} = {shown} is a {type(value).__name__}, not a number; "
+                        "megarl writes numbers (or null) only: was the file edited? fix or remove that line")
+    return None
+
+
+def _out_problem(out: Path | None) -> str | None:
+    """Why the PNG cannot be written to --out (checked before drawing), or None."""
+    if out is None:
+        return None
+    if not out.parent.is_dir():
+        return f"--out {out}: the directory {out.parent} does not exist; create it, or choose a path in an existing one"
+    if out.is_dir():
+        return f"--out {out} is a directory; name the PNG file, e.g. {out / 'curves.png'}"
+    return None

@@ -1,7 +1,9 @@
 """`megarl sft CONFIG [key=value ...]`: validate, read the demonstrations, then fine-tune and export an HF checkpoint."""
 
 import argparse
+import shlex
 import sys
+from pathlib import Path
 
 
 def register(subparsers) -> None:
@@ -21,8 +23,10 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from megarl.config import ConfigError
     from megarl.data import DataError
+    from megarl.orchestration.cluster import RayStartError, check_ray_can_start
     from megarl.orchestration.placement import PlacementError
     from megarl.orchestration.worker_group import WorkerFailure
+    from megarl.run_lock import LOCK_NAME, DirectoryBusy, DirectoryLocks
     from megarl.trainer.sft import SftTrainer
 
     try:
@@ -37,12 +41,25 @@ def run(args: argparse.Namespace) -> int:
     print(trainer.plan_line(), flush=True)
     if args.dry_run:
         return 0
+    out = Path(trainer.config.train.output_dir).expanduser().absolute()
     try:
-        result = trainer.fit()
+        check_ray_can_start()
+        # Beside train.output_dir, not in it: the export replaces that directory by a rename.
+        locks = DirectoryLocks.acquire([("train.output_dir", out, out.parent / f".{out.name}{LOCK_NAME}")],
+                                       shlex.join(["megarl", "sft", args.config, *args.overrides]), "megarl sft")
+    except (RayStartError, DirectoryBusy) as error:
+        print(f"megarl sft: {error}", file=sys.stderr)
+        return 1
+    try:
+        with locks:
+            result = trainer.fit()
     except ConfigError as error:  # what the running cluster cannot host (train.device: cuda without GPUs)
         for problem in error.problems:
             print(f"megarl sft: {problem}", file=sys.stderr)
         return 2
+    except RayStartError as error:
+        print(f"megarl sft: {error}", file=sys.stderr)
+        return 1
     except (WorkerFailure, PlacementError) as error:
         print(f"megarl sft: failed: {type(error).__name__}: {error}", file=sys.stderr)
         return 1

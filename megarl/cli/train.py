@@ -1,7 +1,9 @@
 """`megarl train CONFIG [key=value ...]`: validate, then run the RL loop."""
 
 import argparse
+import shlex
 import sys
+from pathlib import Path
 
 
 def register(subparsers) -> None:
@@ -16,19 +18,38 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from megarl.config import ConfigError, checked_config, plan_batches
-    from megarl.orchestration.cluster import shutdown_ray, start_ray_early
+    from megarl.orchestration.cluster import RayStartError, check_ray_can_start, shutdown_ray, start_ray_early
+    from megarl.run_lock import DirectoryBusy, DirectoryLocks
     from megarl.trainer.ray_node import WORKER_ENV, ray_cpus
 
     try:
         config = checked_config(args.config, args.overrides)
     except ConfigError as error:
         return _config_problems(error)
-    # The Ray node comes up on the other cores while the trainer's imports and the data load run here.
-    start_ray_early(ray_cpus(plan_batches(config)), WORKER_ENV)
     try:
-        return _train(config)
-    finally:
-        shutdown_ray()  # after a run, a no-op: the trainer stopped Ray; before one, the early start's node
+        check_ray_can_start()
+        locks = DirectoryLocks.acquire(run_locks(config), shlex.join(["megarl", "train", args.config, *args.overrides]),
+                                       "megarl train")
+    except (RayStartError, DirectoryBusy) as error:
+        print(f"megarl train: {error}", file=sys.stderr)
+        return 1
+    with locks:
+        # The Ray node comes up on the other cores while the trainer's imports and the data load run here.
+        start_ray_early(ray_cpus(plan_batches(config)), WORKER_ENV)
+        try:
+            return _train(config)
+        finally:
+            shutdown_ray()  # after a run, a no-op: the trainer stopped Ray; before one, the early start's node
+
+
+def run_locks(config) -> list[tuple[str, Path, Path]]:
+    """The lock files of the directories a run writes: its run directory (`Trainer.run_dir`: metrics,
+    rollouts, run_config.json) and its checkpoint root (saves, `resume: auto`, `max_keep` rotation)."""
+    from megarl.run_lock import LOCK_NAME
+
+    run_dir = Path(config.trainer.output_dir) / config.trainer.experiment_name
+    checkpoints = Path(config.checkpoint.dir).expanduser()
+    return [("trainer.output_dir", run_dir, run_dir / LOCK_NAME), ("checkpoint.dir", checkpoints, checkpoints / LOCK_NAME)]
 
 
 def _config_problems(error) -> int:
@@ -43,6 +64,7 @@ def _train(config) -> int:
     from megarl.config import ConfigError
     from megarl.data import DataError
     from megarl.bridge.verify import SyncVerificationError
+    from megarl.orchestration.cluster import RayStartError
     from megarl.orchestration.worker_group import WorkerFailure
     from megarl.rewards.functions import RewardFunctionError
     from megarl.tools import ToolError
@@ -77,6 +99,9 @@ def _train(config) -> int:
         # A process or machine failed, not the recipe: the run can continue from its last checkpoint.
         print(f"megarl train: failed during {doing(trainer.step_in_progress, trainer.timer.failed_in)}: "
               f"{type(error).__name__}: {error}\n{resume_hint(trainer.checkpoints.latest())}", file=sys.stderr)
+        return 1
+    except RayStartError as error:
+        print(f"megarl train: {error}", file=sys.stderr)
         return 1
     except (BadStepsError, SyncVerificationError, CheckpointError) as error:
         # Failures megarl diagnosed itself: the message names the cause; a traceback adds nothing.

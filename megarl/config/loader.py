@@ -158,10 +158,19 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = (), schema: 
     return config
 
 
+MAX_RECIPE_BYTES = 1 << 20
+"""The most a recipe file may hold; shipped recipes are under 10 KiB."""
+
+
 def _read_recipe(path: Path) -> str:
     """The recipe's text: UTF-8, with or without a byte-order mark; ConfigError naming the encoding
     (UTF-16 text without a mark is valid UTF-8 full of NULs) or the first byte that is not UTF-8."""
-    raw = path.read_bytes()
+    with path.open("rb") as file:
+        raw = file.read(MAX_RECIPE_BYTES + 1)  # a device (/dev/zero) or a huge file would never end or fill memory
+    if len(raw) > MAX_RECIPE_BYTES:
+        raise ConfigError([Problem(str(path), None, f"holds more than {MAX_RECIPE_BYTES >> 20} MiB, so it is no recipe "
+                                   "(a recipe is a few KiB of YAML)", "pass the recipe's YAML file, e.g. "
+                                   "configs/quickstart.yaml")])
     encoding = wide_encoding(raw[:4])
     if encoding is not None:
         raise ConfigError([Problem(str(path), None, f"the file is {encoding}-encoded text, megarl reads UTF-8 recipes",

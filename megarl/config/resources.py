@@ -125,7 +125,7 @@ def function_problem(key: str, spec: str, what: str, signature: str, example: st
     if not origin.endswith(".py"):
         return None  # a compiled or namespace module: its names are only known by importing it
     try:
-        tree = ast.parse(Path(origin).read_text(), filename=origin)
+        tree = ast.parse(Path(origin).read_bytes(), filename=origin)  # bytes: its `coding:` line decides, as for import
     except (OSError, SyntaxError, ValueError) as error:
         return Problem(key, spec, f"{origin} cannot be parsed: {error}", "fix the module")
     bindings = _top_level_bindings(tree)

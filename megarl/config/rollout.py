@@ -107,6 +107,11 @@ class MultiTurnConfig:
     """The tools offered to the model (their schemas go to the chat template's `tools=`)."""
     search: SearchConfig = field(default_factory=SearchConfig)
     """Settings of the built-in `search` tool (read only when it is among `tools`)."""
+    max_observation_tokens: int = 1024
+    """Tokens of one tool result (or call error) in an observation: a longer one is cut to its first this
+    many tokens, followed by a one-line note saying so (counted in `agent/observations_truncated/mean`).
+    Only a prefix of a few times this many characters is tokenized, so a megabyte result costs no more
+    than a short one. >= 1."""
     straggler_wait_s: float = 1.0
     """How long the next turn's batch waits for more tool results once one trajectory's are all back.
     The trajectories still waiting after it go on running their calls and join a later batch, so one

@@ -9,6 +9,7 @@ actor's `parallel` and `optim`), so a setting means the same in both. The data-p
 derived: train.gpus ÷ (TP × PP).
 """
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,9 @@ from megarl.config.roles import OptimizerConfig, ParallelConfig
 from megarl.config.sections import ModelConfig
 from megarl.config.tokenizer_files import tokenizer_problems
 from megarl.config.validate import MAX_SEED, check_megatron_layout, check_optimizer
+
+SFT_MARKER = ".megarl-sft.json"
+"""The file a `megarl sft` export leaves in train.output_dir: the names it wrote there (see SftTrainConfig.overwrite)."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,9 @@ class SftTrainConfig:
     tokenizer), usable as the model.path of a `megarl train` recipe. Written atomically: it appears complete
     or not at all."""
     overwrite: bool = False
-    """Replace an output_dir that already holds files; false: such an output_dir is refused before anything runs."""
+    """Replace an output_dir that an earlier `megarl sft` wrote (its `SFT_MARKER` lists the files it wrote);
+    a directory holding anything else (user files, this run's data) is refused all the same. false: an
+    output_dir that holds files is refused before anything runs."""
 
 
 @dataclass(frozen=True)
@@ -196,12 +202,14 @@ def _check_files(config: SftConfig, problems: list[Problem], need) -> None:
                     problems.append(Problem(key, model.tokenizer_path, "not a directory, nor a hub id in the local cache",
                                             "point it at a tokenizer directory, or leave it out to use model.path"))
     if train.output_dir:
-        problems += output_dir_problems(train.output_dir, model.path, overwrite=train.overwrite)
+        problems += output_dir_problems(train.output_dir, model.path, config.data.train_files, overwrite=train.overwrite)
 
 
-def output_dir_problems(output_dir: str, model_path: str, *, overwrite: bool) -> list[Problem]:
+def output_dir_problems(output_dir: str, model_path: str, train_files: Sequence[str], *,
+                        overwrite: bool) -> list[Problem]:
     """Why the trained model cannot be written to `output_dir`: not writable, the model being trained (its
-    export would replace its own source), or holding files while `overwrite` is false."""
+    export would replace its own source), holding files while `overwrite` is false, or (overwrite true)
+    holding anything but what an earlier `megarl sft` wrote there (`SFT_MARKER`), this run's data first."""
     problem = writable_dir_problem("train.output_dir", output_dir)
     if problem is not None:
         return [problem]
@@ -213,4 +221,35 @@ def output_dir_problems(output_dir: str, model_path: str, *, overwrite: bool) ->
     if held and not overwrite:
         return [Problem("train.output_dir", output_dir, f"already holds {len(held)} file(s) ({', '.join(held[:5])})",
                         "choose a new directory, or set train.overwrite: true to replace it")]
+    if not held:
+        return []
+    inputs = [file for file in train_files if out.resolve() in local_path(file).resolve().parents]
+    if inputs:
+        return [Problem("train.output_dir", output_dir, f"holds this run's training data ({', '.join(inputs[:3])}), "
+                        "which train.overwrite: true would delete", "write the model to another directory")]
+    foreign = sorted(set(held) - sft_written(out))
+    if foreign:
+        return [Problem("train.output_dir", output_dir, f"holds {len(foreign)} file(s) that `megarl sft` did not write "
+                        f"({', '.join(foreign[:5])}); train.overwrite: true replaces only an earlier `megarl sft` "
+                        f"output (the files its {SFT_MARKER} lists)",
+                        "choose a new directory, or move those files out of it")]
     return []
+
+
+def sft_written(out: Path) -> set[str]:
+    """The names in `out` that a `megarl sft` export wrote, as its marker lists them (the marker included);
+    empty without a readable marker."""
+    try:
+        record = json.loads((out / SFT_MARKER).read_text())
+        return {SFT_MARKER, *(name for name in record["files"] if isinstance(name, str))}
+    except (OSError, ValueError, TypeError, KeyError):
+        return set()
+
+
+def write_sft_marker(out: Path) -> None:
+    """Record in `out` (a finished export) the names it holds, so a later `train.overwrite: true` knows
+    them as its own; written to a temporary name and renamed."""
+    record = {"written_by": "megarl sft", "files": sorted(path.name for path in out.iterdir())}
+    tmp = out / f".{SFT_MARKER}.tmp"
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.rename(out / SFT_MARKER)

@@ -9,17 +9,40 @@ RAY_ADDRESS at it: its nodes' addresses are then the cluster's own.
 A driver that is about to spend seconds importing and loading its data can begin the start first
 (`start_ray_early`): the node's processes come up on the other cores meanwhile (`megarl train` saves
 about 2 s of its launch so).
+
+What Ray itself reports badly is a `RayStartError` of one line naming the cause and the fix
+(`check_ray_can_start`, also called by the CLIs before they write anything): a RAY_ADDRESS where
+nothing listens (Ray retries it for minutes), a temp directory too long for the node's Unix sockets
+(a traceback from deep inside Ray), and a local start that timed out twice (under load Ray's start
+sometimes times out; it is retried once).
 """
 
 import os
 import signal
+import socket
 import threading
 from concurrent.futures import Future
 
+import psutil
 import ray
+from ray._common.utils import get_default_ray_temp_dir
 from ray._private import ray_constants
 
 LOCAL_HOST = "127.0.0.1"
+RAY_PACKAGE = os.path.dirname(ray.__file__)
+
+SOCKET_PATH_MAX = 107
+"""Bytes of a Unix socket path on Linux (`sun_path` is 108, with its NUL; ray/_private/utils.py,
+`validate_socket_filepath`)."""
+LONGEST_SOCKET_SUFFIX = len("/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store")
+"""What Ray appends to its temp dir for its longest socket (ray/_private/node.py: the session name, the
+date to microseconds and a pid up to Linux's pid_max 4194304; `_prepare_socket_file`)."""
+ADDRESS_PROBE_S = 5.0
+"""How long a TCP connection to RAY_ADDRESS may take before it counts as pointing at nothing."""
+
+
+class RayStartError(RuntimeError):
+    """Ray cannot be started or joined here; the message names the cause and the fix."""
 
 _early_start: Future | None = None
 """A start begun by `start_ray_early`: the next `init_ray` or `shutdown_ray` waits for it."""
@@ -86,10 +109,91 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, env_vars:
             signal.signal(signal.SIGTERM, sigterm)
 
 
+def check_ray_can_start() -> None:
+    """`RayStartError` if joining RAY_ADDRESS (set) or starting a local node (unset) cannot work: nothing
+    answers at the address, or the temp directory leaves no room for the node's socket paths."""
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        _check_address(address)
+        return
+    temp_dir = get_default_ray_temp_dir()
+    room = SOCKET_PATH_MAX - LONGEST_SOCKET_SUFFIX
+    if len(temp_dir.encode()) > room:
+        variable = "RAY_TMPDIR" if "RAY_TMPDIR" in os.environ else "TMPDIR"
+        raise RayStartError(
+            f"{variable}={os.environ.get(variable)!r} is too long for Ray: its node's Unix socket paths "
+            f"({temp_dir}/session_.../sockets/plasma_store) would pass the {SOCKET_PATH_MAX}-byte limit; fix: set "
+            f"RAY_TMPDIR to a directory of at most {room - len('/ray')} bytes, e.g. RAY_TMPDIR=/tmp")
+
+
+def _check_address(address: str) -> None:
+    """Ray resolves `auto` and `local` itself; a host:port (or ray://host:port) must accept a connection."""
+    if address in ("auto", "local"):
+        return
+    host, colon, port = address.split("://", 1)[-1].rpartition(":")
+    if not colon or not port.isdigit():
+        raise RayStartError(f"RAY_ADDRESS={address!r} is not an address of a Ray cluster; fix: set it to the head "
+                            "node's host:port (e.g. 10.0.0.1:6379), or unset it to run on a local Ray instance")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_PROBE_S).close()
+    except OSError as error:
+        raise RayStartError(
+            f"RAY_ADDRESS={address!r}: no Ray cluster answers at {host}:{port} ({error.strerror or error}); fix: "
+            f"start it (ray start --head --port={port}) or point RAY_ADDRESS at a running one, or unset RAY_ADDRESS "
+            "to run on a local Ray instance") from None
+
+
 def _start_or_join(num_cpus: int | None, num_gpus: int | None, runtime_env: dict) -> None:
+    check_ray_can_start()
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env, log_to_driver=True)
         return
+    for attempt in (1, 2):
+        before = _ray_processes()
+        try:
+            _start_local(num_cpus, num_gpus, runtime_env)
+            return
+        except Exception as error:
+            if not _timed_out(error):
+                raise
+            # A start that timed out leaves what it started running (its GCS server: Ray records no node
+            # that ray.shutdown would stop).
+            _kill(_ray_processes() - before)
+            if attempt == 2:
+                raise RayStartError(
+                    f"Ray's local node did not start in time, twice ({error}); the machine is likely overloaded; "
+                    "fix: run again once it is less busy, or start a node yourself (ray start --head) and set "
+                    "RAY_ADDRESS to it") from None
+
+
+def _ray_processes() -> set[psutil.Process]:
+    """This process's descendants that run Ray's programs (GCS server, raylet, its Python daemons)."""
+    return {p for p in psutil.Process().children(recursive=True) if _runs_ray(p)}
+
+
+def _runs_ray(process: psutil.Process) -> bool:
+    try:
+        return any(part.startswith(RAY_PACKAGE) for part in process.cmdline())
+    except psutil.Error:
+        return False
+
+
+def _kill(processes: set[psutil.Process]) -> None:
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(list(processes), timeout=30)
+
+
+def _timed_out(error: Exception) -> bool:
+    """Whether a start failed by one of Ray's start-up timeouts: a `TimeoutError`, or the plain Exception
+    "The current node timed out during startup" (ray/_private/node.py)."""
+    return isinstance(error, TimeoutError) or "timed out" in str(error).lower()
+
+
+def _start_local(num_cpus: int | None, num_gpus: int | None, runtime_env: dict) -> None:
     # Ray 2.60 replaces a loopback node address by the machine's routable IP
     # (services.resolve_ip_for_localhost) unless its single-machine mode is on: the default on
     # macOS/Windows, switched by RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER, which Ray reads once at import.

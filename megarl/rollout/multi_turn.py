@@ -191,18 +191,24 @@ class AgentLoop:
         messages = []
         for call, future in zip(t.pending, t.results, strict=True):
             result = future.result()
-            messages.append({"role": "tool", "name": call.name, "content": result.text})
+            messages.append(self._tool_message(t, call.name, result.text))
             t.trajectory.tool_latency_s.append(result.latency_s)
             if result.error:
                 t.trajectory.tool_errors[result.error] = t.trajectory.tool_errors.get(result.error, 0) + 1
         for error in t.rejected:
-            messages.append({"role": "tool", "name": error.name, "content": error.message})
+            messages.append(self._tool_message(t, error.name, error.message))
             t.trajectory.tool_errors[error.kind] = t.trajectory.tool_errors.get(error.kind, 0) + 1
         t.trajectory.tool_calls += len(t.pending) + len(t.rejected)
         t.trajectory.messages += messages
         if not t.append(self.observations.encode(messages, t.turn_text), None, self.settings.max_total_tokens):
             t.trajectory.ended = "max_total_tokens"
         t.pending, t.results, t.rejected = [], [], []
+
+    def _tool_message(self, t: _Live, name: str, content: str) -> dict:
+        """A `tool` message of `content` cut to `max_observation_tokens` (counted in the trajectory)."""
+        content, cut = self.observations.capped(content, self.settings.max_observation_tokens)
+        t.trajectory.observations_truncated += cut
+        return {"role": "tool", "name": name, "content": content}
 
     @staticmethod
     def _samples(done: list[_Live], group_prefix: str) -> Samples:

@@ -39,6 +39,22 @@ class ObservationEncoder:
                              "are added; its tool turns cannot be appended token for token")
         return _rest_of(self.turn_end, turn_text) + rendered[len(self._prefix):]
 
+    def capped(self, content: str, max_tokens: int) -> tuple[str, bool]:
+        """`content` (one tool message's) cut to its first `max_tokens` tokens and a note, and whether it
+        was cut. Tokenizes growing prefixes (8 characters per token allowed first), never the whole of a
+        long text."""
+        chars = 8 * max_tokens
+        while True:
+            head = content[:chars]
+            ids = self.tokenizer.encode(head, add_special_tokens=False)
+            if len(ids) > max_tokens:
+                break
+            if len(head) == len(content):
+                return content, False
+            chars *= 2
+        kept = self.tokenizer.decode(ids[:max_tokens])
+        return f"{kept}\n[truncated: the first {max_tokens} tokens of {len(content)} characters]", True
+
     def encode(self, tool_messages: Sequence[dict], turn_text: str) -> list[int]:
         return self.tokenizer.encode(self.text(tool_messages, turn_text), add_special_tokens=False)
 

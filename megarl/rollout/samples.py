@@ -48,6 +48,8 @@ class Trajectory:
     """Failed calls by kind (`TOOL_ERRORS`)."""
     tool_latency_s: list[float] = field(default_factory=list)
     """Wall time of each call."""
+    observations_truncated: int = 0
+    """Tool results (and call errors) cut to `rollout.multi_turn.max_observation_tokens`."""
 
     @property
     def turns(self) -> int:

@@ -12,6 +12,8 @@ or an object is the tool's to judge.
 
 from __future__ import annotations
 
+import reprlib
+
 JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,), "number": (int, float), "integer": (int,), "boolean": (bool,), "array": (list,),
     "object": (dict,), "null": (type(None),),
@@ -57,6 +59,12 @@ def _json_type(value) -> str:
                 if _is_type(value, kind))
 
 
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel = 3  # a model may nest a value as deep as JSON allows: repr() would recurse as deep
+_SHORT_REPR.maxstring = 60
+"""A repr bounded in depth and length, whatever the value (megabytes, deep nesting)."""
+
+
 def _excerpt(value, chars: int = 40) -> str:
-    text = repr(value)
+    text = _SHORT_REPR.repr(value)
     return text if len(text) <= chars else text[:chars] + "..."

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 
 from megarl.tools.arguments import argument_problems
@@ -82,11 +83,19 @@ class HermesParser:
         return f"{name} takes {', '.join(taken) or 'no arguments'}"
 
     def _read_call(self, body: str) -> tuple[ToolCall | None, str | None]:
+        fix = f'write {self.start_tag}{{"name": "<tool>", "arguments": {{...}}}}{self.end_tag}'
         try:
             data = json.loads(body)
+            # An escaped lone surrogate ("\\ud800") decodes to a str that no UTF-8 encoder (tokenizer, log) takes.
+            json.dumps(data, ensure_ascii=False).encode()
         except json.JSONDecodeError as error:
-            return None, f"invalid JSON ({error}) in {_excerpt(body)}; write {self.start_tag}" \
-                         f'{{"name": "<tool>", "arguments": {{...}}}}{self.end_tag}'
+            return None, f"invalid JSON ({error}) in {_excerpt(body)}; {fix}"
+        except RecursionError:
+            return None, f"JSON nested too deeply to read in {_excerpt(body)}; {fix}"
+        except UnicodeEncodeError:
+            return None, f"a string with an unpaired surrogate escape (not text) in {_excerpt(body)}; {fix}"
+        except ValueError:  # the one other ValueError of json.loads: an integer past int()'s digit limit
+            return None, f"a number of more than {sys.get_int_max_str_digits()} digits in {_excerpt(body)}; {fix}"
         if not isinstance(data, dict):
             return None, f"a JSON {type(data).__name__} instead of an object with \"name\" and \"arguments\""
         name = data.get("name")

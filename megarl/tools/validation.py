@@ -29,6 +29,8 @@ def tool_problems(multi_turn: MultiTurnConfig, check_files: bool = True) -> list
     need(multi_turn.max_turns >= 1, "max_turns", multi_turn.max_turns, "must be >= 1", "e.g. 4")
     need(multi_turn.max_total_tokens >= 1, "max_total_tokens", multi_turn.max_total_tokens, "must be >= 1",
          "e.g. 1024")
+    need(multi_turn.max_observation_tokens >= 1, "max_observation_tokens", multi_turn.max_observation_tokens,
+         "must be >= 1", "e.g. 1024")
     need(multi_turn.straggler_wait_s >= 0, "straggler_wait_s", multi_turn.straggler_wait_s, "must be >= 0 seconds",
          "e.g. 1.0")
     need(multi_turn.log_freq >= 0, "log_freq", multi_turn.log_freq, "must be >= 0 (0: never)", "e.g. 1")

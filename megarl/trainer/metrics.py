@@ -119,6 +119,7 @@ AGENT_METRICS: dict[str, str] = {
     "agent/tool_latency_s/mean": "mean wall time of one tool call",
     "agent/tool_latency_s/max": "longest tool call of the step",
     "agent/masked_token_fraction": "share of response tokens that are tool observations (masked out of the loss)",
+    "agent/observations_truncated/mean": "tool results per sample cut to rollout.multi_turn.max_observation_tokens",
     **{f"agent/ended/{how}": f"fraction of samples whose trajectory ended by {how}" for how in ENDINGS},
 }
 """The metrics of multi-turn steps only (`rollout.multi_turn.enable`), documented like `DOCUMENTED_METRICS`."""
@@ -211,8 +212,8 @@ def rollout_metrics(
 
 def agent_metrics(trajectories: Sequence[Trajectory], loss_masks: Sequence[Tensor]) -> dict[str, float]:
     """`agent/*` of one step's multi-turn samples: turns, tool calls and errors per sample, the share of
-    samples that called a tool, tool latency, how trajectories ended, and the share of response tokens
-    that are observations (masked out of the loss)."""
+    samples that called a tool, tool latency, tool results cut to their token cap, how trajectories
+    ended, and the share of response tokens that are observations (masked out of the loss)."""
     calls = [t.tool_calls for t in trajectories]
     latencies = [s for t in trajectories for s in t.tool_latency_s]
     errors = Counter()
@@ -228,6 +229,7 @@ def agent_metrics(trajectories: Sequence[Trajectory], loss_masks: Sequence[Tenso
         "agent/tool_latency_s/mean": _mean(latencies) if latencies else 0.0,
         "agent/tool_latency_s/max": max(latencies, default=0.0),
         "agent/masked_token_fraction": masked / tokens if tokens else 0.0,
+        "agent/observations_truncated/mean": _mean([t.observations_truncated for t in trajectories]),
     }
     metrics |= {f"agent/tool_errors/{kind}": errors[kind] / len(trajectories) for kind in TOOL_ERRORS}
     ends = Counter(t.ended for t in trajectories)

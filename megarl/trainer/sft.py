@@ -30,6 +30,7 @@ from megarl.config.sft import (
     local_dir,
     output_dir_problems,
     validate_sft,
+    write_sft_marker,
 )
 from megarl.data import DataError
 from megarl.data.sft import SftSample, load_sft_samples, sft_batches, steps_per_epoch
@@ -63,9 +64,7 @@ class SftTrainer:
         replacing it is decided. Reads every conversation (`DataError` lists the bad rows)."""
         self.config = config
         model = config.model
-        problems = output_dir_problems(config.train.output_dir, model.path, overwrite=config.train.overwrite)
-        if problems:
-            raise ConfigError(problems)
+        self._check_output_dir()
         # Absolute: the rank processes need not share the driver's working directory.
         self.model_path = str(Path(local_dir(model.path)).expanduser().absolute())
         self.tokenizer = AutoTokenizer.from_pretrained(local_dir(model.tokenizer_path or model.path),
@@ -117,7 +116,9 @@ class SftTrainer:
                                   shuffle=self.config.data.shuffle)
             for step, rows in enumerate(islice(batches, self.total_steps), start=1):
                 result.metrics.append(self._step(group, step, rows))
+            self._check_output_dir()  # again: files may have landed there while the run trained
             group.workers.call_all("export_hf", str(result.output_dir))
+            write_sft_marker(result.output_dir)
             print(f"sft: wrote {result.output_dir} (HF checkpoint; use it as model.path of a `megarl train` recipe)",
                   flush=True)
             return result
@@ -129,6 +130,14 @@ class SftTrainer:
 
                 remove_placement_group(placement)
             shutdown_ray()
+
+    def _check_output_dir(self) -> None:
+        """`ConfigError` if the export may not replace train.output_dir (`output_dir_problems`)."""
+        config = self.config
+        problems = output_dir_problems(config.train.output_dir, config.model.path, config.data.train_files,
+                                       overwrite=config.train.overwrite)
+        if problems:
+            raise ConfigError(problems)
 
     def _device(self) -> str:
         gpus, setting = cluster_gpus(), self.config.train.device

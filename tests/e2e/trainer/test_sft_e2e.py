@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from megarl.config import load_config, validate
+from megarl.config.sft import SFT_MARKER, output_dir_problems
 from megarl.data.sft import sft_batches
 from megarl.models.tiny import make_tiny_model
 from megarl.rewards.tasks import calc_tool_demo_rows
@@ -73,6 +74,9 @@ def test_sft_trains_the_assistant_tokens_and_exports_a_usable_model(sft_run):
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
     assert json.loads((out / "config.json").read_text())["vocab_size"] == 104
     assert not list(out.parent.glob(".out.*")), "the export's temporary dir was left behind"
+    # Its marker lists what it wrote, so a later run with train.overwrite: true may replace it (and only it).
+    assert json.loads((out / SFT_MARKER).read_text())["files"] == sorted(p.name for p in out.iterdir() if p.name != SFT_MARKER)
+    assert output_dir_problems(str(out), str(root / "model"), [str(root / "demos.jsonl")], overwrite=True) == []
     # The trained model gives the demonstrations a higher likelihood than the initial one.
     trained, initial = assistant_nll(out, trainer.samples), assistant_nll(root / "model", trainer.samples)
     assert trained < 0.7 * initial, (trained, initial)

@@ -261,6 +261,8 @@ CASES = [
      "must lie in (0, 1]"),
     ("tool-async-def", ["rollout.multi_turn.tools=[{function: catalogue_code:async_score}]"],
      "rollout.multi_turn.tools[0].function", "async_score is an async def, but megarl calls a tool as a plain function"),
+    ("observation-cap-zero", ["rollout.multi_turn.max_observation_tokens=0"], "rollout.multi_turn.max_observation_tokens",
+     "must be >= 1"),
     ("tool-named-like-a-builtin", ["rollout.multi_turn.tools=[{function: calculator}, {function: catalogue_code:calculator}]"],
      "rollout.multi_turn.tools[1].function", "tools[0] ('calculator') is also named 'calculator'"),
     # --- data and output settings that contradict each other or the filesystem
@@ -334,6 +336,19 @@ def test_merge_keys_and_a_byte_order_mark_load(workdir, capsys):
     assert (config.actor.optim.lr, config.actor.optim.weight_decay) == (1e-5, 0.1)
     code, _, err = run_validate(capsys, "merged.yaml")
     assert (code, err) == (0, "")
+
+
+def test_a_reward_module_in_latin_1_is_read_as_python_imports_it(workdir, capsys, monkeypatch):
+    """PEP 263: a `coding:` line makes a module in another encoding valid Python (issue 33, item 12: validate
+    read it as UTF-8 and refused it as unparsable)."""
+    (workdir / "latin_reward.py").write_bytes(b"# -*- coding: latin-1 -*-\nBONUS = '\xe9t\xe9'\n\n\n"
+                                              b"def score(prompts, responses, **columns):\n"
+                                              b"    return [float(BONUS in r) for r in responses]\n")
+    monkeypatch.syspath_prepend(str(workdir))
+    code, _, err = run_validate(capsys, "base.yaml", "reward.function=latin_reward:score")
+    assert (code, err) == (0, "")
+    code, _, err = run_validate(capsys, "base.yaml", "reward.function=latin_reward:missing")
+    assert code == 2 and "latin_reward.py defines no top-level missing" in err
 
 
 @pytest.mark.parametrize("overrides, key, message", [case[1:] for case in CASES], ids=[case[0] for case in CASES])

@@ -9,7 +9,6 @@ commands, and bad data and bad weights (which `validate` does not read) through 
 
 import bz2
 import gzip
-import json
 import os
 import shutil
 import subprocess
@@ -20,11 +19,9 @@ import psutil
 import pytest
 import ray
 import torch
-import yaml
 from safetensors.torch import load_file, save_file
 
 from megarl.cli.main import main
-from megarl.models.tiny import make_tiny_model
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -87,31 +84,10 @@ BAD_WEIGHTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
-
-
-@pytest.fixture
-def workdir(tmp_path, model_dir, monkeypatch):
-    """A valid quickstart-shaped recipe (2 processes, actor TP 2, 2 colocated engines) in `tmp_path`."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "data").mkdir()
-    rows = [{"prompt": "abc"[: 1 + i % 3] + "de", "answer": "a"} for i in range(32)]
-    (tmp_path / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "broken_reward.py").write_text("def score(prompts, responses:\n    return []\n")
-    recipe = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())
-    recipe["model"]["path"] = str(model_dir)
-    recipe["data"] |= {"train_files": [str(tmp_path / "data" / "train.jsonl")], "val_files": []}
-    recipe["trainer"] |= {"test_freq": 0, "output_dir": str(tmp_path / "out")}
-    recipe["checkpoint"]["dir"] = str(tmp_path / "ckpt")
-    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
-    return tmp_path
-
-
 def snapshot(directory: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
+    """Every path under `directory`, with size and mtime for files. A directory's mtime is left out: the run
+    directory's lock (megarl.run_lock) is made and removed again when a run stops at start-up."""
+    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else (0, 0)
             for p in [directory, *directory.rglob("*")] if "__pycache__" not in p.parts}
 
 

@@ -25,6 +25,7 @@ from megarl.data import Prompt
 from megarl.models.tiny import build_char_tokenizer
 from megarl.rollout import AgentLoop, ObservationEncoder
 from megarl.tools import CallError, ParsedTurn, ToolCall, ToolResult, parser_for
+from megarl.trainer.metrics import agent_metrics
 from megarl.trainer.rollout_batch import policy_batch, token_level_scores
 from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
 
@@ -214,6 +215,44 @@ def test_turn_length_max_turns_and_tool_errors_end_or_count():
     assert trajectory.ended == "answer" and trajectory.turns == 2
     observations = [m["content"] for m in trajectory.messages if m["role"] == "tool"]
     assert observations == ["unknown tool nope", "malformed tool call: {oops"]
+
+
+class HugeTools(Tools):
+    """`add` answers 1 MB of text (issue 33: one such result per call took a step from ~2 s to 135 s)."""
+
+    def start(self, call: ToolCall) -> Future:
+        return done(ToolResult("7" * 1_000_000, None, 0.01))
+
+
+class RecordingTokenizer:
+    """The char tokenizer, recording the longest text it was asked to encode."""
+
+    def __init__(self):
+        self.longest = 0
+
+    def encode(self, text, **kwargs):
+        self.longest = max(self.longest, len(text))
+        return TOKENIZER.encode(text, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(TOKENIZER, name)
+
+
+def test_a_1_mb_tool_result_is_cut_to_max_observation_tokens_and_counted():
+    tokenizer = RecordingTokenizer()
+    script = lambda text, turn: call_text(1, 2) + call_text(3, 4) if turn == 0 else "done"  # noqa: E731
+    agent = AgentLoop(ScriptedEngines(1, script), HugeTools(), Parser(), ObservationEncoder(tokenizer),
+                      lambda ids: TOKENIZER.decode(ids, skip_special_tokens=False),
+                      MultiTurnConfig(enable=True, max_turns=4, max_total_tokens=1000, max_observation_tokens=50))
+    samples = agent(prompts(1), SamplingConfig(n=1, max_new_tokens=200, seed=0), "x")
+    trajectory = samples.trajectories[0]
+    note = "\n[truncated: the first 50 tokens of 1000000 characters]"
+    assert [m["content"] for m in trajectory.messages if m["role"] == "tool"] == ["7" * 50 + note] * 2
+    assert trajectory.observations_truncated == 2 and trajectory.ended == "answer"
+    assert agent_metrics(samples.trajectories, samples.loss_masks)["agent/observations_truncated/mean"] == 2
+    observation = (~samples.loss_masks[0]).sum().item()  # the two capped results inside the template's turn
+    assert 2 * (50 + len(note)) <= observation < 2 * (50 + len(note)) + 40
+    assert tokenizer.longest < 10_000  # the megabyte itself was never tokenized
 
 
 def add(a: int, b: int) -> str:

@@ -22,14 +22,14 @@ def test_a_good_section_has_no_problem(tmp_path):
 
 def test_every_problem_is_reported_at_once_by_key():
     multi_turn = MultiTurnConfig(
-        enable=True, max_turns=0, max_total_tokens=0, log_freq=-1, straggler_wait_s=-1.0,
+        enable=True, max_turns=0, max_total_tokens=0, log_freq=-1, straggler_wait_s=-1.0, max_observation_tokens=0,
         tools=(ToolConfig("calculator", timeout_s=0), ToolConfig("web_search"),
                ToolConfig("no_such_pkg_xyz.tools:get"), ToolConfig("tools_testing:missing"),
                ToolConfig("tools_testing:calculator"), ToolConfig("calculator")))
     found = problems_by_key(multi_turn)
     assert set(found) == {
         "rollout.multi_turn.max_turns", "rollout.multi_turn.max_total_tokens", "rollout.multi_turn.log_freq",
-        "rollout.multi_turn.straggler_wait_s",
+        "rollout.multi_turn.straggler_wait_s", "rollout.multi_turn.max_observation_tokens",
         "rollout.multi_turn.tools[0].timeout_s", "rollout.multi_turn.tools[1].function",
         "rollout.multi_turn.tools[2].function", "rollout.multi_turn.tools[3].function",
         "rollout.multi_turn.tools[4].function", "rollout.multi_turn.tools[5].function"}

@@ -9,7 +9,8 @@ import pytest
 from megarl.config import ConfigError, resolve_device
 from megarl.trainer import roles
 from megarl.trainer.trainer import Trainer
-from tests.unit.reliability.test_reliability_cli_inputs import model_dir, problem_lines, run_cli, workdir  # noqa: F401
+from tests.unit.reliability.conftest import model_dir, workdir  # noqa: F401
+from tests.unit.reliability.test_reliability_cli_inputs import problem_lines, run_cli
 
 SPLIT = ["placement.mode=split", "placement.gpus_per_node=4", "placement.rollout_gpus=2"]
 TP_2 = ["rollout.tensor_model_parallel_size=2"]
