@@ -70,7 +70,8 @@ ADAM_MOMENTS = 2 * FP32
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The sizes that decide memory (an HF config.json's, as `megarl.models.hf_config.ModelDims`)."""
+    """The sizes that decide memory (an HF config.json's, as `megarl.models.hf_config.ModelDims`) of a
+    dense decoder; the switches come from the model's architecture (`megarl.models.arch.dense`)."""
 
     vocab_size: int
     """HF vocabulary rows, before padding."""
