@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from megarl.models.arch import architecture
 from megarl.models.hf_config import ModelDims
 from megarl.models.layout import QKV, REPLICATED, ROW, ROW_BLOCK_KINDS, VOCAB, hf_param_shapes, padded_vocab_size, param_mapping
 from megarl.bridge.protocol import BucketMetadata, TensorSlot
@@ -130,23 +131,13 @@ class SyncPlan:
 
 def _megatron_param_names(dims: ModelDims) -> list[tuple[str, int]]:
     """`(global megatron name, layer index or -1)` of every parameter of megarl's local-spec GPTModel,
-    in model order. With tied embeddings the LM head is the embedding (no `output_layer.weight`
-    is sent; Megatron's last-stage copy is kept equal to it by the embedding all-reduce)."""
+    in model order, a layer's from its architecture's table (`megarl.models.arch`). With tied
+    embeddings the LM head is the embedding (no `output_layer.weight` is sent; Megatron's last-stage
+    copy is kept equal to it by the embedding all-reduce)."""
     names = [("embedding.word_embeddings.weight", -1)]
+    layer_params = architecture(dims.model_type).layer_params(dims)
     for i in range(dims.num_layers):
-        layer = f"decoder.layers.{i}."
-        suffixes = ["input_layernorm.weight", "self_attention.linear_qkv.weight"]
-        if dims.qkv_bias:
-            suffixes.append("self_attention.linear_qkv.bias")
-        if dims.qk_layernorm:
-            suffixes += ["self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"]
-        suffixes += [
-            "self_attention.linear_proj.weight",
-            "pre_mlp_layernorm.weight",
-            "mlp.linear_fc1.weight",
-            "mlp.linear_fc2.weight",
-        ]
-        names += [(layer + suffix, i) for suffix in suffixes]
+        names += [(f"decoder.layers.{i}.{param.megatron}", i) for param in layer_params]
     names.append(("decoder.final_layernorm.weight", dims.num_layers))
     if not dims.tie_word_embeddings:
         names.append(("output_layer.weight", dims.num_layers))

@@ -5,8 +5,8 @@ import sys
 from pathlib import Path
 
 from megarl.cli.arguments import output_dir_problem
+from megarl.models.arch import supported_model_types
 
-ARCHS = ("llama", "qwen2", "qwen3")
 TOOL_VOCAB = 104
 """The char tokenizer's vocabulary with tool tokens (`megarl.models.tiny`), the larger of its two."""
 
@@ -14,13 +14,15 @@ TOOL_VOCAB = 104
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "init-tiny-model",
-        help="write a tiny random-init Llama/Qwen2/Qwen3 HF checkpoint with a char-level tokenizer (no download)",
+        help="write a tiny random-init HF checkpoint (any supported architecture) with a char-level tokenizer "
+             "(no download)",
         description="Write a tiny random-init HF checkpoint dir (config.json, model.safetensors, tokenizer files).",
     )
     parser.add_argument("--out", required=True, type=Path, help="output directory (created; must be empty unless --overwrite)")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into a non-empty --out, replacing the files of the same names")
-    parser.add_argument("--arch", choices=ARCHS, default="qwen2", help="architecture (default: qwen2)")
+    parser.add_argument("--arch", choices=supported_model_types(), default="qwen2",
+                        help="architecture, an HF model_type (default: qwen2)")
     parser.add_argument("--hidden-size", type=int, default=128, help="hidden size (default: 128)")
     parser.add_argument("--num-layers", type=int, default=2, help="number of transformer layers (default: 2)")
     parser.add_argument("--num-heads", type=int, default=4, help="attention heads; head_dim = hidden / heads must be >= 32 (default: 4)")

@@ -58,7 +58,8 @@ from megarl.config.model_facts import ModelFactsError, load_model_facts
 from megarl.config.problems import Problem
 from megarl.config.roles import ParallelConfig, RecomputeConfig
 from megarl.config.rollout import response_length, rollout_dtype
-from megarl.models.hf_config import QK_LAYERNORM_MODEL_TYPES, QKV_BIAS_MODEL_TYPES
+from megarl.models.arch import architecture
+from megarl.models.arch.dense import layer_parameters
 from megarl.models.layout import VOCAB_DIVISIBLE_BY
 
 GIB = 2**30
@@ -69,7 +70,8 @@ ADAM_MOMENTS = 2 * FP32
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The sizes that decide memory (an HF config.json's, as `megarl.models.hf_config.ModelDims`)."""
+    """The sizes that decide memory (an HF config.json's, as `megarl.models.hf_config.ModelDims`) of a
+    dense decoder; the switches come from the model's architecture (`megarl.models.arch.dense`)."""
 
     vocab_size: int
     """HF vocabulary rows, before padding."""
@@ -97,19 +99,15 @@ class ModelShape:
         """From a local checkpoint's config.json, or for a hub id from megarl's known-models table
         (`load_model_facts`). Raises `ModelFactsError` when the shape cannot be found."""
         facts = load_model_facts(model_path)  # raises with the user-facing why/fix
+        arch = architecture(facts.model_type)
         return cls(facts.vocab_size, facts.hidden_size, facts.ffn_hidden_size, facts.num_hidden_layers,
                    facts.num_attention_heads, facts.num_key_value_heads, facts.head_dim,
-                   qkv_bias=facts.model_type in QKV_BIAS_MODEL_TYPES,
-                   qk_layernorm=facts.model_type in QK_LAYERNORM_MODEL_TYPES,
+                   qkv_bias=arch.qkv_bias, qk_layernorm=arch.qk_layernorm,
                    tie_word_embeddings=facts.tie_word_embeddings)
 
     def layer_parameters(self, tp: int) -> int:
-        """Parameters of one transformer layer on one TP rank."""
-        h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        qkv_rows = q + 2 * kv
-        sharded = h * qkv_rows + (qkv_rows if self.qkv_bias else 0) + q * h + 3 * h * self.ffn_hidden_size
-        replicated = 2 * h + (2 * self.head_dim if self.qk_layernorm else 0)
-        return sharded // tp + replicated
+        """Parameters of one transformer layer on one TP rank (the dense family's count)."""
+        return layer_parameters(self, tp)
 
     def padded_vocab(self, tp: int) -> int:
         multiple = VOCAB_DIVISIBLE_BY * tp

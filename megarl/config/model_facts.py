@@ -13,6 +13,7 @@ from pathlib import Path
 
 from megarl.config.hub import cached_snapshot, download_command, is_hub_id
 from megarl.config.resources import local_path, unusable_path
+from megarl.models.arch import supported_model_types
 from megarl.models.hf_config import read_model_dims
 
 
@@ -21,7 +22,7 @@ class ModelFacts:
     """Shape facts of a causal LM, as in its HF config.json."""
 
     model_type: str
-    """HF `model_type`: llama, qwen2 or qwen3."""
+    """HF `model_type`, one registered in `megarl.models.arch`."""
     num_attention_heads: int
     """Query heads."""
     num_key_value_heads: int
@@ -111,7 +112,8 @@ def read_config_json(config_json: Path) -> ModelFacts:
         dims = read_model_dims(config_json)
     except (OSError, ValueError) as error:
         raise ModelFactsError(f"{config_json}: {error}",
-                              "use a Llama, Qwen2 or Qwen3 checkpoint with a complete config.json")
+                              f"use a checkpoint of a supported architecture ({', '.join(supported_model_types())}) "
+                              "with a complete config.json")
     return ModelFacts(dims.model_type, dims.num_attention_heads, dims.num_kv_heads, dims.num_layers, dims.hidden_size,
                       dims.vocab_size, dims.max_position_embeddings, dims.ffn_hidden_size, dims.head_dim,
                       dims.tie_word_embeddings, str(config_json))

@@ -1,8 +1,8 @@
 """HF config → megatron-core `TransformerConfig`, layer spec and `GPTModel` for one (TP, PP) rank.
 
-Llama, Qwen2/2.5 and Qwen3 are one megatron GPT shape with switches: RMSNorm, SwiGLU
-(`gated_linear_unit` + silu), GQA (`num_query_groups`), RoPE, q/k/v biases (Qwen2), per-head q/k
-RMSNorm (Qwen3, whose `head_dim` may differ from hidden / heads), tied or untied embeddings.
+The architecture of the config's `model_type` (`megarl.models.arch`) gives the architectural
+TransformerConfig fields and the layer spec; this module adds what every architecture shares: the
+parallel sizes, precision, RoPE arguments, the Transformer Engine mask type and the value head.
 `transformer_impl` picks the layer spec: "local" (plain torch, runs on CPU) or "transformer_engine"
 (GPU); the TransformerConfig is the same for both but for `apply_rope_fusion` (`rope_fusion`).
 `params_dtype` bfloat16 gives bf16 parameters and compute (megatron's `bf16` TransformerConfig field
@@ -32,6 +32,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from megarl.models.arch import architecture
 from megarl.models.hf_config import ModelDims, check_parallel_layout, read_model_dims
 from megarl.models.layout import VOCAB_DIVISIBLE_BY, padded_vocab_size
 from megarl.models.model_options import TORCH_DTYPES, TRANSFORMER_IMPLS
@@ -100,28 +101,9 @@ def transformer_config(
     """
     check_parallel_layout(dims, tp_size=tp_size, pp_size=pp_size)
     _check_impl(transformer_impl)
-    architecture = dict(
-        num_layers=dims.num_layers,
-        hidden_size=dims.hidden_size,
-        ffn_hidden_size=dims.ffn_hidden_size,
-        num_attention_heads=dims.num_attention_heads,
-        num_query_groups=dims.num_kv_heads,
-        kv_channels=dims.head_dim,
-        normalization="RMSNorm",
-        layernorm_epsilon=dims.rms_norm_eps,
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=False,
-        add_qkv_bias=dims.qkv_bias,
-        qk_layernorm=dims.qk_layernorm,
-        hidden_dropout=0.0,
-        attention_dropout=dims.attention_dropout,
-        init_method_std=dims.initializer_range,
-        # HF Llama/Qwen rotate halves (`rotate_half`), not interleaved pairs; `rope_fusion` relies on it.
-        rotary_interleaved=False,
-    )
+    architectural = architecture(dims.model_type).transformer_fields(dims)
     derived = {"bf16", "fp16", "params_dtype", "pipeline_dtype", "apply_rope_fusion"}
-    clashes = sorted(set(overrides) & (set(architecture) | derived))
+    clashes = sorted(set(overrides) & (set(architectural) | derived))
     if clashes:
         raise ValueError(
             f"transformer_config: {clashes} come from the HF config.json, params_dtype or transformer_impl "
@@ -129,7 +111,7 @@ def transformer_config(
         )
     _check_dtype(params_dtype)
     return TransformerConfig(
-        **architecture,
+        **architectural,
         tensor_model_parallel_size=tp_size,
         pipeline_model_parallel_size=pp_size,
         bf16=params_dtype == torch.bfloat16,
@@ -161,12 +143,13 @@ def resolve_transformer_impl(setting: str, device_type: str, dtype: str) -> str:
 
 
 def layer_spec(dims: ModelDims, transformer_impl: str = "local") -> ModuleSpec:
-    """The decoder layer spec: local (CPU) or Transformer Engine (GPU), with Qwen3's q/k norm; the
-    local one takes a dense attention mask, the TE one the THD layout (`TE_SELF_ATTENTION_MASK_TYPE`)."""
+    """The decoder layer spec with the architecture's options: local (CPU) or Transformer Engine (GPU);
+    the local one takes a dense attention mask, the TE one the THD layout (`TE_SELF_ATTENTION_MASK_TYPE`)."""
     _check_impl(transformer_impl)
+    options = architecture(dims.model_type).layer_spec_options(dims, transformer_impl)
     if transformer_impl == "local":
-        return get_gpt_layer_local_spec(qk_layernorm=dims.qk_layernorm, normalization="RMSNorm")
-    spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=dims.qk_layernorm)
+        return get_gpt_layer_local_spec(**options)
+    spec = get_gpt_layer_with_transformer_engine_spec(**options)
     return with_self_attention_mask_type(spec, TE_SELF_ATTENTION_MASK_TYPE)
 
 

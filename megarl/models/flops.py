@@ -1,4 +1,6 @@
-"""Model FLOPs of a dense decoder (Llama / Qwen2 / Qwen3 family): what MFU divides by the time taken.
+"""Model FLOPs of a decoder: what MFU divides by the time taken. Each architecture counts its own
+(`megarl.models.arch`, `forward_flops_per_token`); the dense family's (`megarl.models.arch.dense`)
+is the count below.
 
 Only matrix multiplications count, each `[m, k] @ [k, n]` as 2·m·k·n FLOPs, the convention of the PaLM
 paper (Chowdhery et al. 2022, appendix B: "6N + 12·L·H·Q·T" per token) and of Megatron-LM's
@@ -23,16 +25,13 @@ recomputation of activation checkpointing (that would be hardware FLOPs, not mod
 
 from __future__ import annotations
 
+from megarl.models.arch import architecture
 from megarl.models.hf_config import ModelDims
 
 
 def forward_flops_per_token(dims: ModelDims, sequence_length: int) -> int:
     """Matmul FLOPs of one token's forward pass in a sequence of `sequence_length` tokens."""
-    h = dims.hidden_size
-    projections = 2 * h * (dims.q_size + 2 * dims.kv_size) + 2 * dims.q_size * h
-    attention = 2 * 2 * dims.q_size * sequence_length
-    mlp = 2 * 3 * h * dims.ffn_hidden_size
-    return dims.num_layers * (projections + attention + mlp) + 2 * h * dims.vocab_size
+    return architecture(dims.model_type).forward_flops_per_token(dims, sequence_length)
 
 
 def training_flops(dims: ModelDims, sequence_length: int) -> int:

