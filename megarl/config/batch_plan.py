@@ -66,6 +66,8 @@ class RolePlan:
     own_group: bool
     """Runs in a worker group of its own (one process per training GPU, its own grid, on the actor's
     GPUs) instead of inside the actor's processes."""
+    sequence_parallel: bool
+    """Megatron sequence parallelism over the TP ranks (the role's `parallel.sequence_parallel`)."""
 
 
 @dataclass(frozen=True)
@@ -314,7 +316,7 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
         # A step is a whole number of mini-batches, each split exactly: the forward pass splits too.
         per_rank = update.samples_per_rank * update.mini_batches_per_epoch
         return RolePlan(name, tp, pp, dp, role.micro_batch_size_per_gpu, role.max_tokens_per_micro_batch, per_rank,
-                        _micro_batches(per_rank, role), update, own_group)
+                        _micro_batches(per_rank, role), update, own_group, parallel.sequence_parallel)
     prompts, n, micro = config.data.train_batch_size, config.rollout.n, role.micro_batch_size_per_gpu
     samples = prompts * n
     if samples % dp:
@@ -330,7 +332,7 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
                                 f"use a divisor of {per_rank}: {_divisors(per_rank)}"))
         return None
     return RolePlan(name, tp, pp, dp, micro, role.max_tokens_per_micro_batch, per_rank, _micro_batches(per_rank, role),
-                    None, own_group)
+                    None, own_group, parallel.sequence_parallel)
 
 
 def _micro_batches(samples: int, role) -> int | None:
@@ -439,6 +441,10 @@ def format_plan(plan: BatchPlan) -> str:
             f"{role.samples_per_rank:>12}  {micro:>5}  {forward:>9}  {mini:>31}  "
             f"{accumulation:>8}  {update.optimizer_steps_per_step if update else '-':>9}")
     lines += ["", *_process_lines(plan), _old_log_prob_line(plan)]
+    split = [f"{role.role} (TP {role.tensor_parallel})" for role in (plan.actor, plan.critic, plan.ref)
+             if role is not None and role.sequence_parallel]
+    if split:
+        lines.append(f"sequence parallel: {', '.join(split)}; micro-batch rows padded to a multiple of TP")
     if plan.critic is None:
         lines.append("critic: none (critic.enable: false)")
     if plan.ref is None:

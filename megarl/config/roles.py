@@ -17,6 +17,11 @@ class ParallelConfig:
     """Tensor-parallel size (TP). Must divide the attention heads and the KV groups of the model."""
     pipeline_model_parallel_size: int = 1
     """Pipeline-parallel size (PP). Must divide the number of transformer layers."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: the activations outside attention and the MLP (norms, residuals,
+    dropout) are split along the sequence over the TP ranks instead of replicated on each. Needs TP > 1;
+    every micro-batch's sequence length is padded to a multiple of TP (`megarl.workers.micro_batches.
+    pad_sequence`). Same log-probs and gradients as off, to float rounding."""
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,7 @@ def validate(config: Config, check_files: bool = True) -> list[Problem]:
         _check_tokenizer(config, facts, problems)
     _check_actor(config, problems)
     _check_critic(config, problems)
+    _check_sequence_parallel(config, problems)
     _check_rollout(config, problems)
     _check_algorithm(config, problems)
     _check_data(config, facts, check_files, problems)
@@ -165,6 +166,15 @@ def check_optimizer(prefix: str, optim: OptimizerConfig, problems: list[Problem]
     _need(problems, optim.clip_grad >= 0, f"{prefix}.clip_grad", optim.clip_grad, "must be >= 0 (0 disables)", "e.g. 1.0")
 
 
+def check_sequence_parallel(prefix: str, parallel: ParallelConfig, problems: list[Problem]) -> None:
+    """Sequence parallelism splits the sequence over the TP ranks: it needs TP > 1. `prefix` is the role
+    ("actor.", ...) or "" for a top-level `parallel` section (`megarl sft`)."""
+    tp = parallel.tensor_model_parallel_size
+    _need(problems, not parallel.sequence_parallel or tp > 1, f"{prefix}parallel.sequence_parallel", True,
+          f"sequence parallelism splits the sequence over the TP ranks, and {prefix}parallel.tensor_model_parallel_size "
+          f"is {tp}", f"set {prefix}parallel.sequence_parallel: false, or a tensor_model_parallel_size of 2 or more")
+
+
 def _check_recompute(prefix: str, recompute: RecomputeConfig, problems: list[Problem]) -> None:
     if recompute.granularity == "full":
         _need(problems, recompute.num_layers is not None and recompute.num_layers >= 1, f"{prefix}.num_layers",
@@ -211,6 +221,17 @@ def _check_critic(config: Config, problems: list[Problem]) -> None:
     _need_name(problems, "critic.loss_agg_mode", critic.loss_agg_mode, names.loss_agg_modes(), "loss aggregation")
     _need(problems, critic.cliprange_value > 0, "critic.cliprange_value", critic.cliprange_value, "must be > 0", "e.g. 0.5")
     _need(problems, critic.warmup_steps >= 0, "critic.warmup_steps", critic.warmup_steps, "must be >= 0", "e.g. 0")
+
+
+def _check_sequence_parallel(config: Config, problems: list[Problem]) -> None:
+    """Each Megatron role that runs: the actor, the critic when enabled, the reference when a KL term reads it."""
+    roles = {"actor": config.actor.parallel}
+    if config.critic.enable:
+        roles["critic"] = config.critic.parallel
+    if uses_reference(config):
+        roles["ref"] = config.ref.parallel
+    for role, parallel in roles.items():
+        check_sequence_parallel(f"{role}.", parallel, problems)
 
 
 def _check_rollout(config: Config, problems: list[Problem]) -> None:

@@ -3,7 +3,7 @@
 megatron-core assumes CUDA in a handful of places. Each redirection below names the megatron code it
 addresses; together they are what `GPTModel` (local spec), the pipeline schedules, Megatron DDP, the
 fp32 and mixed-precision (bf16 parameters, fp32 main parameters) optimizers, distributed or not, grad
-clipping and activation recompute need on CPU. `install()` does nothing
+clipping, activation recompute and sequence parallelism need on CPU. `install()` does nothing
 when CUDA is available, so the GPU path is untouched megatron-core.
 
 Mechanism: instead of a global `TorchFunctionMode` (a Python call on every torch op, forward pass
@@ -12,6 +12,7 @@ factory functions that map `device='cuda'` to CPU and a `torch.cuda` whose devic
 calls act on the CPU. Nothing outside those modules sees a difference.
 """
 
+import copy
 import functools
 import sys
 import types
@@ -84,6 +85,7 @@ def install() -> None:
         import_module(name).torch = cpu_torch
     _redirect_cuda_rng_state_helpers()
     _report_cuda_tensor_types_to_megatron()
+    _mark_torch_norms_sequence_parallel()
     _installed = True
 
 
@@ -171,3 +173,26 @@ def _report_cuda_tensor_types_to_megatron() -> None:
 
     torch.Tensor.type = type_
     torch.Tensor.cuda = cuda
+
+
+def _mark_torch_norms_sequence_parallel() -> None:
+    """The local spec's norm, megatron's `WrappedTorchNorm` (megatron/core/transformer/torch_norm.py, also
+    `transformer_block.LayerNormImpl` without TE or apex), asserts `not config.sequence_parallel`: a plain
+    torch norm does not mark its parameters `sequence_parallel`, the attribute by which
+    `finalize_model_grads._allreduce_non_tensor_model_parallel_grads` sums their gradients over the TP
+    ranks, each of which saw a slice of the sequence. The GPU norms (`TENorm`, `FusedLayerNorm`) set it
+    themselves (`setattr(param, "sequence_parallel", config.sequence_parallel)`); on CPU, where the local
+    spec is the only one, its norms get the same marking. (q/k norms get it too: their gradients are
+    summed over TP anyway, by name, with or without it.)"""
+    torch_norm = import_module("megatron.core.transformer.torch_norm")
+    build = torch_norm.WrappedTorchNorm.__new__
+
+    def new(cls, config, *args, **kwargs):
+        unsplit = copy.copy(config)  # a shallow copy: TransformerConfig's checks do not run again
+        unsplit.sequence_parallel = False
+        norm = build(cls, unsplit, *args, **kwargs)
+        for param in norm.parameters():
+            param.sequence_parallel = config.sequence_parallel
+        return norm
+
+    torch_norm.WrappedTorchNorm.__new__ = staticmethod(new)

@@ -164,6 +164,7 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
         use_reference=plan.ref is not None and "ref" not in own, ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
         ref_micro_batch=settings.micro_batch_cut(config.ref, "ref"),
         ref_offload=config.ref.offload_params, critic=None if "critic" in own else critic,
+        ref_sequence_parallel=config.ref.parallel.sequence_parallel,
         reward_model_path=config.reward.reward_model,
     )
     specs = {"policy": policy}
@@ -174,6 +175,7 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
             actor=None, use_reference=role.role == "ref", ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
         ref_micro_batch=settings.micro_batch_cut(config.ref, "ref"),
             ref_offload=config.ref.offload_params, critic=critic if role.role == "critic" else None,
+            ref_sequence_parallel=config.ref.parallel.sequence_parallel,
             reward_model_path=None,
         )
     return specs
@@ -186,6 +188,7 @@ def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
         recompute=settings.recompute_settings(actor.recompute),
         loss=settings.policy_loss_settings(config),
         offload=settings.offload_settings(actor.offload),
+        sequence_parallel=plan.actor.sequence_parallel,
         mini_batch_size=plan.actor.update.samples_per_rank,
         micro_batch_size=settings.micro_batch_cut(actor, "actor"),
         ppo_epochs=actor.ppo_epochs,
@@ -202,6 +205,7 @@ def critic_spec(config: Config, plan: BatchPlan, total_steps: int) -> CriticSpec
         recompute=settings.recompute_settings(critic.recompute),
         loss=settings.value_loss_settings(config),
         offload=settings.offload_settings(critic.offload),
+        sequence_parallel=plan.critic.sequence_parallel,
         mini_batch_size=plan.critic.update.samples_per_rank,
         micro_batch_size=settings.micro_batch_cut(critic, "critic"),
         ppo_epochs=critic.ppo_epochs,

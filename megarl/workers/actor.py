@@ -160,10 +160,13 @@ class MegatronActor(TrainedModel):
         model_settings: ModelSettings = ModelSettings(),
         recompute: RecomputeSettings = RecomputeSettings(),
         offload: OffloadSettings = OffloadSettings(),
+        sequence_parallel: bool = False,
     ) -> MegatronActor:
-        """Build this rank's shard from an HF checkpoint dir and load its weights."""
+        """Build this rank's shard from an HF checkpoint dir and load its weights; `sequence_parallel`:
+        megatron's sequence parallelism over the TP ranks (`actor.parallel.sequence_parallel`)."""
         model, vocab_size = load_model(
-            model_dir, groups, settings=model_settings, recompute=recompute, value_head=False
+            model_dir, groups, settings=model_settings, recompute=recompute, value_head=False,
+            sequence_parallel=sequence_parallel,
         )
         return cls(model, groups, vocab_size=vocab_size, optim=optim, offload=offload)
 

@@ -54,14 +54,18 @@ class PolicyWorker:
         self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed)
         actor, built = spec.actor, spec.model_settings
         self.actor = (MegatronActor.from_hf(spec.model_path, self.groups, optim=actor.optim, model_settings=built,
-                                            recompute=actor.recompute, offload=actor.offload) if actor else None)
-        self.reference = MegatronReference.from_hf(spec.model_path, self.groups, built) if spec.use_reference else None
+                                            recompute=actor.recompute, offload=actor.offload,
+                                            sequence_parallel=actor.sequence_parallel) if actor else None)
+        self.reference = (MegatronReference.from_hf(spec.model_path, self.groups, built,
+                                                    sequence_parallel=spec.ref_sequence_parallel)
+                          if spec.use_reference else None)
         if self.reference is not None and spec.ref_offload:
             self.reference.offload()
         critic = spec.critic
         self.critic = (
             MegatronCritic.from_hf(spec.model_path, self.groups, optim=critic.optim, loss=critic.loss,
-                                   model_settings=built, recompute=critic.recompute, offload=critic.offload)
+                                   model_settings=built, recompute=critic.recompute, offload=critic.offload,
+                                   sequence_parallel=critic.sequence_parallel)
             if critic
             else None
         )

@@ -199,6 +199,8 @@ class CriticSpec:
     loss: ValueLossSettings
     offload: OffloadSettings
     """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`critic.offload`)."""
+    sequence_parallel: bool
+    """Megatron sequence parallelism over the TP ranks (`critic.parallel.sequence_parallel`)."""
     mini_batch_size: int
     """Samples per optimizer step on one DP rank."""
     micro_batch_size: int | TokenBudget
@@ -215,6 +217,8 @@ class ActorSpec:
     loss: PolicyLossSettings
     offload: OffloadSettings
     """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`actor.offload`)."""
+    sequence_parallel: bool
+    """Megatron sequence parallelism over the TP ranks (`actor.parallel.sequence_parallel`)."""
     mini_batch_size: int
     """Actor samples per optimizer step on one DP rank."""
     micro_batch_size: int | TokenBudget
@@ -251,6 +255,8 @@ class PolicyWorkerSpec:
     """The reference's forward micro-batches: samples, or the budget of packed micro-batches."""
     ref_offload: bool
     """Keep the reference's weights in host memory except during its log-prob pass (`ref.offload_params`)."""
+    ref_sequence_parallel: bool
+    """The reference with Megatron sequence parallelism over the TP ranks (`ref.parallel.sequence_parallel`)."""
     critic: CriticSpec | None
     reward_model_path: str | None
     """HF `*ForSequenceClassification` checkpoint scored beside the reward function (None = none)."""
@@ -266,6 +272,8 @@ class SftWorkerSpec:
     """dtype and layer spec (`model.dtype`, `model.transformer_impl`)."""
     tp: int
     pp: int
+    sequence_parallel: bool
+    """Megatron sequence parallelism over the TP ranks (`parallel.sequence_parallel`)."""
     seed: int
     optim: OptimSettings
     micro_batch_size: int

@@ -156,6 +156,9 @@ CASES = [
     ("per-rank-sync-collective", ["rollout.sync.per_rank=always", "rollout.sync.transport=collective"],
      "rollout.sync.per_rank", "streams through shared memory, but rollout.sync.transport is collective"),
     ("fp16-params", ["model.dtype=float16"], "model.dtype", "expected one of 'float32', 'bfloat16'"),
+    ("sequence-parallel-tp1", ["actor.parallel.tensor_model_parallel_size=1", "actor.parallel.sequence_parallel=true"],
+     "actor.parallel.sequence_parallel",
+     "splits the sequence over the TP ranks, and actor.parallel.tensor_model_parallel_size is 1"),
     ("optimizer-offload-in-fp32", ["model.dtype=float32", "actor.offload.optimizer=true"], "actor.offload.optimizer",
      "only bfloat16 training has a separate fp32 copy to offload"),
     # --- data, reward, trainer, checkpoint

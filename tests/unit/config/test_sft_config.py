@@ -112,3 +112,12 @@ def test_dry_run_checks_everything_and_starts_nothing(workdir, monkeypatch, caps
 def test_validate_names_the_command_of_an_sft_recipe(capsys):
     assert main(["validate", "--no-file-checks", str(CONFIGS / "sft_tiny.yaml")]) == 2
     assert "sft_tiny.yaml is a `megarl sft` recipe: check it with `megarl sft" in capsys.readouterr().err
+
+
+def test_sequence_parallel_needs_tensor_parallelism(workdir):
+    assert problems_of(["parallel.sequence_parallel=true"]) == [
+        "parallel.sequence_parallel = true: sequence parallelism splits the sequence over the TP ranks, and "
+        "parallel.tensor_model_parallel_size is 1; fix: set parallel.sequence_parallel: false, or a "
+        "tensor_model_parallel_size of 2 or more"]
+    assert problems_of(["train.gpus=2", "train.batch_size=2", "parallel.tensor_model_parallel_size=2",
+                        "parallel.sequence_parallel=true"]) == []

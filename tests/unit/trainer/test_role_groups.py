@@ -61,6 +61,18 @@ def test_token_budgets_reach_the_workers_and_none_keeps_padded_micro_batches():
     assert policy.ref_micro_batch_size == config.ref.micro_batch_size_per_gpu
 
 
+def test_sequence_parallel_reaches_each_role_that_sets_it():
+    config, plan = plan_of(*KL, *CRITIC, "actor.parallel.sequence_parallel=true",
+                           "critic.parallel.tensor_model_parallel_size=2", "critic.parallel.sequence_parallel=true",
+                           "ref.parallel.tensor_model_parallel_size=2")
+    policy = worker_specs(config, plan, total_steps=10)["policy"]
+    assert policy.actor.sequence_parallel and policy.critic.sequence_parallel and not policy.ref_sequence_parallel
+    config, plan = plan_of(*KL, "ref.parallel.tensor_model_parallel_size=2", "ref.colocate_with_actor=false",
+                           "ref.parallel.sequence_parallel=true")
+    specs = worker_specs(config, plan, total_steps=10)
+    assert specs["ref"].ref_sequence_parallel and not specs["policy"].actor.sequence_parallel
+
+
 def test_split_placement_counts_only_the_megatron_processes_per_training_slot():
     config, plan = plan_of(*KL, "ref.colocate_with_actor=false", "placement.mode=split", "placement.gpus_per_node=3",
                            "placement.rollout_gpus=1")
