@@ -46,6 +46,14 @@ class OptimizerConfig:
     """Global gradient-norm clip. 0 disables clipping."""
     use_distributed_optimizer: bool = True
     """Shard optimizer state across data-parallel ranks (ZeRO-1, Megatron's distributed optimizer)."""
+    cpu_offload: bool = False
+    """Keep the optimizer state (fp32 main parameters, Adam moments) of `cpu_offload_fraction` of the
+    parameters in host memory and run their update on the CPU (megatron-core's HybridDeviceOptimizer):
+    GPU memory for host memory and CPU time. Needs `use_distributed_optimizer` and `model.dtype:
+    bfloat16`. Not with `offload.optimizer` (the offloaded state is in host memory already)."""
+    cpu_offload_fraction: float = 1.0
+    """With `cpu_offload`: the share of this rank's optimizer state (by parameter elements, in megatron's
+    parameter order) kept on the host, in (0, 1]; the rest stays on the GPU."""
 
 
 @dataclass(frozen=True)

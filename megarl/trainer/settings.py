@@ -23,6 +23,8 @@ def optim_settings(optim: OptimizerConfig, optimizer_steps: int) -> OptimSetting
         adam_eps=optim.eps,
         clip_grad=optim.clip_grad,
         use_distributed_optimizer=optim.use_distributed_optimizer,
+        cpu_offload=optim.cpu_offload,
+        cpu_offload_fraction=optim.cpu_offload_fraction,
     )
 
 

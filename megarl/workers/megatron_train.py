@@ -61,8 +61,15 @@ from megarl.workers.thd import cut_thd_micro_batches
 
 def megatron_optimizer_config(settings: OptimSettings, model_config: TransformerConfig) -> OptimizerConfig:
     """`OptimizerConfig` from `settings`, in the precision of the model (`model_config`, its
-    `TransformerConfig`): bf16 parameters get fp32 main parameters (see the module docstring)."""
-    offload = settings.optimizer_cpu_offload and uses_cuda()
+    `TransformerConfig`): bf16 parameters get fp32 main parameters (see the module docstring).
+
+    `settings.cpu_offload`: megatron's `HybridDeviceOptimizer` holds the optimizer state of
+    `cpu_offload_fraction` of the parameters on the host. megatron-core builds it for
+    `optimizer_cpu_offload` (megatron/core/optimizer/__init__.py) and steps it through the precision-aware
+    path of the distributed optimizer, whose main parameters are then the HybridDeviceOptimizer's own
+    fp32 copies: Megatron-LM's arguments refuse `--optimizer-cpu-offload` without
+    `--use-precision-aware-optimizer` (which in turn needs the distributed optimizer and adam:
+    `OptimizerConfig.__post_init__`)."""
     return OptimizerConfig(
         optimizer=settings.optimizer,
         lr=settings.lr,
@@ -74,8 +81,9 @@ def megatron_optimizer_config(settings: OptimSettings, model_config: Transformer
         sgd_momentum=settings.sgd_momentum,
         clip_grad=settings.clip_grad,
         use_distributed_optimizer=settings.use_distributed_optimizer,
-        optimizer_cpu_offload=offload,
-        overlap_cpu_optimizer_d2h_h2d=offload and settings.overlap_cpu_optimizer_d2h_h2d,
+        optimizer_cpu_offload=settings.cpu_offload,
+        optimizer_offload_fraction=settings.cpu_offload_fraction if settings.cpu_offload else 0.0,
+        use_precision_aware_optimizer=settings.cpu_offload,
         bf16=model_config.bf16,
         params_dtype=model_config.params_dtype,
     )

@@ -47,12 +47,15 @@ class OptimSettings:
     """Clip the global gradient norm to this value (0 = no clipping; the norm is still reported)."""
     use_distributed_optimizer: bool = False
     """Shard optimizer states (and main params) over DP ranks (megatron's distributed optimizer)."""
-    optimizer_cpu_offload: bool = False
-    """GPU only: keep optimizer states and the update on the CPU (megatron's HybridDeviceOptimizer;
-    needs `use_distributed_optimizer`). On a CPU-only process states already live in host memory:
-    nothing to offload, the setting is not passed to megatron."""
-    overlap_cpu_optimizer_d2h_h2d: bool = False
-    """GPU only: overlap the device<->host copies of `optimizer_cpu_offload` with compute."""
+    cpu_offload: bool = False
+    """Keep the optimizer state (fp32 main parameters, Adam moments) of `cpu_offload_fraction` of the
+    parameters in host memory and step them on the CPU: megatron-core's `HybridDeviceOptimizer`, which
+    megatron runs inside the precision-aware distributed optimizer (needs `use_distributed_optimizer`
+    and adam). On a CPU-only process host memory is the device: the same optimizer runs, copying host
+    to host (`megarl.parallel.cpu_runtime`)."""
+    cpu_offload_fraction: float = 1.0
+    """With `cpu_offload`: the share of the parameters' elements (in megatron's parameter order) whose
+    optimizer state lives on the host, in (0, 1]."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -62,6 +65,11 @@ class OptimSettings:
             problems.append(
                 f"use_distributed_optimizer=True needs optimizer='adam' (megatron's), got {self.optimizer!r}"
             )
+        if self.cpu_offload and not self.use_distributed_optimizer:
+            problems.append("cpu_offload=True needs use_distributed_optimizer=True (megatron steps the "
+                            "offloaded state through the precision-aware distributed optimizer)")
+        if not 0 < self.cpu_offload_fraction <= 1:
+            problems.append(f"cpu_offload_fraction={self.cpu_offload_fraction} must lie in (0, 1]")
         if self.lr_decay_style not in LR_DECAY_STYLES:
             problems.append(f"lr_decay_style={self.lr_decay_style!r}: use one of {LR_DECAY_STYLES}")
         if self.lr_decay_steps is None and self.lr_decay_style != "constant":
