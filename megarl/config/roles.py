@@ -97,6 +97,12 @@ class ActorConfig:
     of `micro_batch_size_per_gpu` padded samples; the losses and gradients are the same for any cut.
     At least data.max_prompt_length + the response length (a sample is never split). None: padded
     micro-batches of `micro_batch_size_per_gpu` samples."""
+    forward_max_tokens_per_micro_batch: int | None = None
+    """For the log-prob pass (the old log-probs) only: packed micro-batches of at most this many tokens per
+    rank, a budget of its own. A forward-only pass keeps no activations for a backward, so it takes a
+    larger one than the update (verl's `log_prob_max_token_len_per_gpu`). At least data.max_prompt_length
+    + the response length. None: the update's cut (`max_tokens_per_micro_batch`, else
+    `micro_batch_size_per_gpu` padded samples)."""
     ppo_mini_batch_size: int = 256
     """Prompts per optimizer step, across all DP ranks (× rollout.n samples). Must divide data.train_batch_size."""
     ppo_epochs: int = 1
@@ -147,6 +153,9 @@ class CriticConfig:
     of `micro_batch_size_per_gpu` padded samples; the losses and gradients are the same for any cut.
     At least data.max_prompt_length + the response length (a sample is never split). None: padded
     micro-batches of `micro_batch_size_per_gpu` samples."""
+    forward_max_tokens_per_micro_batch: int | None = None
+    """For the value pass (the rollout-time values) only: packed micro-batches of at most this many tokens
+    per rank, a budget of its own (as `actor.forward_max_tokens_per_micro_batch`). None: the update's cut."""
     ppo_mini_batch_size: int = 256
     """Prompts per critic optimizer step, across all DP ranks (× rollout.n samples)."""
     ppo_epochs: int = 1

@@ -181,6 +181,13 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
     return specs
 
 
+def packs_by_tokens(role_config) -> bool:
+    """Whether a role packs any of its passes by tokens: its update's or its forward pass's budget (the
+    reference has only the one)."""
+    forward = getattr(role_config, "forward_max_tokens_per_micro_batch", None)
+    return role_config.max_tokens_per_micro_batch is not None or forward is not None
+
+
 def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
     actor = config.actor
     return ActorSpec(
@@ -191,6 +198,7 @@ def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
         sequence_parallel=plan.actor.sequence_parallel,
         mini_batch_size=plan.actor.update.samples_per_rank,
         micro_batch_size=settings.micro_batch_cut(actor, "actor"),
+        forward_micro_batch=settings.forward_micro_batch_cut(actor, "actor"),
         ppo_epochs=actor.ppo_epochs,
         rollout_tp=config.rollout.tensor_model_parallel_size,
         rollout_dtype=rollout_dtype(config.rollout, config.model.dtype),
@@ -208,6 +216,7 @@ def critic_spec(config: Config, plan: BatchPlan, total_steps: int) -> CriticSpec
         sequence_parallel=plan.critic.sequence_parallel,
         mini_batch_size=plan.critic.update.samples_per_rank,
         micro_batch_size=settings.micro_batch_cut(critic, "critic"),
+        forward_micro_batch=settings.forward_micro_batch_cut(critic, "critic"),
         ppo_epochs=critic.ppo_epochs,
     )
 
@@ -244,7 +253,7 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
     ring_nodes = [policy_nodes[rank] for rank, readers in enumerate(routes.readers) if readers]
     transport = sync_transport(rollout.sync.transport, device, plan.colocated, ring_nodes, rollout_group.node_ids())
     routes = None if transport == "collective" else routes
-    packed = frozenset(name for name in groups if getattr(config, name).max_tokens_per_micro_batch is not None)
+    packed = frozenset(name for name in groups if packs_by_tokens(getattr(config, name)))
     roles = Roles(groups, rollout_group, pg, transport, routes, packed)
     with startup("weight_sync"):
         if routes is None:

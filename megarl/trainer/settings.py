@@ -63,6 +63,14 @@ def micro_batch_cut(role_config, role: str) -> int | TokenBudget:
     return TokenBudget(role_config.max_tokens_per_micro_batch, f"{role}.max_tokens_per_micro_batch")
 
 
+def forward_micro_batch_cut(role_config, role: str) -> int | TokenBudget:
+    """How trained `role` ("actor", "critic") cuts a rank's samples for its forward-only pass: its own
+    budget (`forward_max_tokens_per_micro_batch`), else the update's cut (`micro_batch_cut`)."""
+    if role_config.forward_max_tokens_per_micro_batch is None:
+        return micro_batch_cut(role_config, role)
+    return TokenBudget(role_config.forward_max_tokens_per_micro_batch, f"{role}.forward_max_tokens_per_micro_batch")
+
+
 def offload_settings(offload) -> OffloadSettings:
     return OffloadSettings(params=offload.params, grads=offload.grads, optimizer=offload.optimizer)
 

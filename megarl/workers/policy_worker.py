@@ -117,7 +117,7 @@ class PolicyWorker:
 
     def compute_log_prob(self, batch: PolicyBatch) -> tuple[Tensor, Tensor]:
         """`[B, R]` log-probs and entropy of the responses under the current actor."""
-        return self.actor.compute_log_prob(batch, micro_batch_size=self.spec.actor.micro_batch_size)
+        return self.actor.compute_log_prob(batch, micro_batch_size=self.spec.actor.forward_micro_batch)
 
     def compute_ref_log_prob(self, batch: PolicyBatch) -> Tensor:
         """`[B, R]` reference log-probs (with `ref_offload`, the weights come to the device for this pass only)."""
@@ -170,7 +170,7 @@ class PolicyWorker:
         return self.reward_model.compute_scores(batch, micro_batch_size=self.spec.ref_micro_batch_size)
 
     def compute_values(self, batch: PolicyBatch) -> Tensor:
-        return self.critic.compute_values(batch, micro_batch_size=self.spec.critic.micro_batch_size)
+        return self.critic.compute_values(batch, micro_batch_size=self.spec.critic.forward_micro_batch)
 
     def update_actor(self, batch: PolicyBatch, shuffle_seed: int) -> dict[str, float]:
         s = self.spec.actor

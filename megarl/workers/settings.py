@@ -213,6 +213,8 @@ class CriticSpec:
     """Samples per optimizer step on one DP rank."""
     micro_batch_size: int | TokenBudget
     """Samples per forward/backward micro-batch (per GPU), or the budget of packed micro-batches."""
+    forward_micro_batch: int | TokenBudget
+    """The forward-only pass's cut (old log-probs, values): samples, or the budget of packed micro-batches."""
     ppo_epochs: int
 
 
@@ -231,6 +233,8 @@ class ActorSpec:
     """Actor samples per optimizer step on one DP rank."""
     micro_batch_size: int | TokenBudget
     """Samples per forward/backward micro-batch (per GPU), or the budget of packed micro-batches."""
+    forward_micro_batch: int | TokenBudget
+    """The forward-only pass's cut (old log-probs, values): samples, or the budget of packed micro-batches."""
     ppo_epochs: int
     rollout_tp: int
     """Tensor-parallel size of each rollout engine (the bridge plan's target layout)."""
