@@ -354,6 +354,13 @@ def _check_algorithm(config: Config, problems: list[Problem]) -> None:
               f"choose 1 to {config.rollout.max_new_tokens - 1} tokens")
         _need(problems, overlong.penalty_factor >= 0, "algorithm.overlong.penalty_factor", overlong.penalty_factor,
               "must be >= 0", "e.g. 1.0")
+    rollout = config.rollout
+    _need(problems, not (overlong.filter_truncated and not rollout.multi_turn.enable
+                         and rollout.min_new_tokens >= rollout.max_new_tokens >= 1),
+          "algorithm.overlong.filter_truncated", True,
+          f"rollout.min_new_tokens = rollout.max_new_tokens = {rollout.max_new_tokens}: no stop token can come before "
+          "the limit, so every response is cut there and every sample would leave the actor's loss",
+          "lower rollout.min_new_tokens, or set algorithm.overlong.filter_truncated: false")
 
 
 def _check_data(config: Config, facts: ModelFacts | None, check_files: bool, problems: list[Problem]) -> None:

@@ -195,11 +195,16 @@ class MegatronActor(TrainedModel):
         `megarl.config.batch_plan.old_log_prob_pass`): the old log-probs are the detached log-probs of
         its own forward, so the ratio is exactly 1.
 
+        With `batch.loss_mask` the losses, their normalisers and the metrics count its tokens instead of
+        `response_mask`'s (DAPO's overlong filtering).
+
         Returns metrics averaged over the applied optimizer steps (`steps`, `skipped_steps` count
         all): loss, pg_loss, kl_loss, entropy, clip_frac, clip_frac_lower, approx_kl (token means),
         grad_norm (before clipping), lr, tokens (per step, all DP ranks).
         """
         batch.require(loss_fn.required_fields, "MegatronActor.update_policy")
+        if batch.loss_mask is not None:
+            batch = dataclasses.replace(batch, response_mask=batch.loss_mask, loss_mask=None)
         check_divides(len(batch), mini_batch_size, "mini_batch_size", "samples of this DP rank")
         if batch.old_log_probs is None and (mini_batch_size != len(batch) or ppo_epochs != 1):
             raise ValueError(

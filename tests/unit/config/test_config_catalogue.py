@@ -170,6 +170,9 @@ CASES = [
      "has no effect while actor.optim.cpu_offload is false"),
     ("cpu-offload-and-offload-optimizer", ["model.dtype=bfloat16", "actor.optim.cpu_offload=true",
      "actor.offload.optimizer=true"], "actor.offload.optimizer", "actor.optim.cpu_offload keeps the optimizer state"),
+    ("overlong-filter-every-sample", ["rollout.max_new_tokens=16", "rollout.min_new_tokens=16",
+     "algorithm.overlong.filter_truncated=true"], "algorithm.overlong.filter_truncated",
+     "every response is cut there and every sample would leave the actor's loss"),
     ("optimizer-offload-in-fp32", ["model.dtype=float32", "actor.offload.optimizer=true"], "actor.offload.optimizer",
      "only bfloat16 training has a separate fp32 copy to offload"),
     # --- data, reward, trainer, checkpoint
