@@ -1,6 +1,7 @@
 """Megatron sequence parallelism (`*.parallel.sequence_parallel`) computes what it computes without: the
 actor's log-probs and entropy, the reference's log-probs, the critic's values, and one update's losses,
-gradients and updated parameters, for padded and packed micro-batches, at TP 2 on gloo (fp32).
+gradients and updated parameters, for padded and packed micro-batches, at TP 2 on gloo (fp32); and the
+actor's log-probs and update at TP 2 × PP 2 (the stages exchange `[T / TP, b, h]` activations).
 
 The ragged batch's rows are 6 + 5 = 11 tokens wide and packed rows of a 24-token budget are ragged too:
 odd widths that megatron's sequence split refuses ("First dimension of the tensor should be divisible
@@ -122,3 +123,41 @@ def test_updates_equal_sequence_parallel_off(ranks):
                 for param, value in off[group].items():
                     diff = _max_diff(on[group][param], value)
                     assert diff <= TOLERANCE, f"{name} {group} {param}: SP differs from SP off by {diff:.2e}"
+
+
+def _pipeline_rank_main(model_dir, advantages):
+    from megarl.parallel.distributed import initialize_model_parallel
+    from megarl.workers.actor import MegatronActor, PolicyLoss
+    from megarl.workers.packing import TokenBudget
+    from megarl.workers.settings import OptimSettings, PolicyLossSettings
+
+    groups = initialize_model_parallel(TP, 2, seed=0)
+    batch = ragged_batch()
+    batch.advantages = advantages
+    cuts = {"padded": PADDED_MICRO_BATCH, "packed": TokenBudget(BUDGET, "actor.max_tokens_per_micro_batch")}
+    out = {}
+    for sp in (False, True):
+        for name, cut in cuts.items():
+            actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=0.5, adam_eps=1.0),
+                                          sequence_parallel=sp)
+            log_probs, _ = actor.compute_log_prob(batch, micro_batch_size=cut)
+            # Exactly on-policy (one mini-batch, one epoch): the update takes its old log-probs from its own forward.
+            metrics = actor.update_policy(batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=len(batch),
+                                          micro_batch_size=cut)
+            out[sp, name] = dict(log_probs=log_probs.numpy(), grad_norm=metrics["grad_norm"],
+                                 params=_snapshot(actor.engine.model.module))
+    return out
+
+
+def test_pipeline_stages_with_sequence_parallel_equal_it_off(tiny_qwen2):
+    advantages = torch.randn(ragged_batch().response_mask.shape, generator=torch.Generator().manual_seed(6))
+    mask = ragged_batch().response_mask.numpy()
+    for rank in run_distributed(_pipeline_rank_main, TP * 2, str(tiny_qwen2), advantages):
+        for name in ("padded", "packed"):
+            off, on = rank[False, name], rank[True, name]
+            diff = _max_diff(on["log_probs"], off["log_probs"], mask)
+            assert diff <= TOLERANCE, f"{name} log-probs: SP differs from SP off by {diff:.2e}"
+            assert on["grad_norm"] == pytest.approx(off["grad_norm"], rel=TOLERANCE) and off["grad_norm"] > 0
+            for param, value in off["params"].items():
+                diff = _max_diff(on["params"][param], value)
+                assert diff <= TOLERANCE, f"{name} parameter {param}: SP differs from SP off by {diff:.2e}"
