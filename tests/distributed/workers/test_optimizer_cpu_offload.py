@@ -7,6 +7,8 @@ On CPU host memory is the device: the offloaded state is copied host to host (`m
 cpu_runtime`), so nothing is saved here; what is proven is megarl's wiring and megatron's hybrid code path
 (the split, the gradient copies to the host copies, the host step, the copy back). bfloat16 parameters, as
 validate requires: megatron-core 0.16.1 cannot offload the state of float32 ones (`check_cpu_offload`).
+A run resumed from a checkpoint continues exactly (`megarl.workers.checkpoint`: the hybrid optimizer's
+state for the load, Adam's per-parameter steps).
 """
 
 import pytest
@@ -108,3 +110,45 @@ def test_one_update_equals_the_update_without_offload(ranks):
             for name, param in reference["params"].items():
                 diff = float((run["params"][name] - param).abs().max())
                 assert diff <= TOLERANCE, f"fraction {fraction}: parameter {name} differs by {diff:.2e}"
+
+
+def _resume_main(model_dir, root, advantages):
+    from megarl.parallel.distributed import initialize_model_parallel
+    from megarl.workers.actor import MegatronActor, PolicyLoss
+    from megarl.workers.checkpoint import load_checkpoint, save_checkpoint
+    from megarl.workers.settings import ModelSettings, OptimSettings, PolicyLossSettings
+
+    groups = initialize_model_parallel(1, 1, seed=0)
+    batch = ragged_batch().split(DP)[groups.dp_rank]
+    batch.advantages = advantages.split(4)[groups.dp_rank]
+    optim = OptimSettings(lr=0.01, use_distributed_optimizer=True, cpu_offload=True, cpu_offload_fraction=0.5)
+    loss_fn = PolicyLoss(PolicyLossSettings())
+
+    def build():
+        return MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=ModelSettings(dtype="bfloat16"))
+
+    def parts(actor):
+        engine = actor.engine
+        return dict(models={"actor": [engine.model]}, optimizers={"actor": engine.optimizer},
+                    schedulers={"actor": engine.scheduler})
+
+    def step(actor):
+        return actor.update_policy(batch, loss_fn, mini_batch_size=len(batch), micro_batch_size=2)["grad_norm"]
+
+    running = build()
+    step(running)
+    path = save_checkpoint(root, 1, groups, **parts(running), extra={})
+    resumed = build()
+    load_checkpoint(path, groups, **parts(resumed))
+    norms = step(running), step(resumed)
+    return norms, [_main_params(actor.engine.optimizer) for actor in (running, resumed)]
+
+
+def test_a_resumed_run_continues_as_the_run_that_saved(tiny_qwen2, tmp_path):
+    advantages = torch.randn(ragged_batch().response_mask.shape, generator=torch.Generator().manual_seed(9))
+    for (running_norm, resumed_norm), (running, resumed) in run_distributed(
+            _resume_main, DP, str(tiny_qwen2), str(tmp_path), advantages):
+        assert resumed_norm == pytest.approx(running_norm, rel=TOLERANCE)
+        for (shard, main), (resumed_shard, resumed_main) in zip(running, resumed):
+            assert float((resumed_main - main).abs().max()) <= TOLERANCE
+            assert torch.equal(resumed_shard, shard)
