@@ -243,20 +243,55 @@ _HOST_STREAM = _HostStream()
 def _host_memory_as_the_device_of_the_hybrid_optimizer() -> None:
     """megatron's `HybridDeviceOptimizer` (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py)
     splits its parameters by `is_cuda`: device parameters up to `offload_fraction` of their elements get
-    host copies (`.cpu().pin_memory()`, in fp32: `.detach().clone().float()`) that the CPU optimizer steps and that are copied
-    back after the step; the rest, and fp32 copies of them, stay with the device optimizer. A parameter
-    already in host memory belongs to neither (its grad and copy-back lookups, `cpu_copys_map_gpu_param[
-    param]`, fail). On CPU host memory is the device: inside that module a CPU tensor reports `is_cuda`
-    unless it is a host copy the module made (`.cpu()`; `.pin_memory()` returns the tensor itself, there
-    being no pinned allocator without an accelerator) or a copy of one (`detach`, `clone`, `float`), so the
-    split and the copies run as on a GPU, host to host."""
+    host copies (`.cpu().pin_memory()`, in fp32 `.detach().clone().float()`) that the CPU optimizer steps
+    and that are copied back after the step; the rest, and fp32 copies of them, stay with the device
+    optimizer. A parameter already in host memory belongs to neither (its grad and copy-back lookups,
+    `cpu_copys_map_gpu_param[param]`, fail). On CPU host memory is the device: inside that module a CPU
+    tensor reports `is_cuda` unless it is a host copy the module made (`.cpu()`; `.pin_memory()` returns the
+    tensor itself, there being no pinned allocator without an accelerator) or a copy of one (`detach`,
+    `clone`, `float`), so the split and the copies run as on a GPU, host to host.
+
+    Those tensor methods are swapped in only while a HybridDeviceOptimizer method runs (construction,
+    step, dummy step, state loading): nothing else in the process (a colocated vLLM engine compiling its
+    model, say) ever sees them."""
+    hybrid = import_module(_HYBRID_OPTIMIZER).HybridDeviceOptimizer
+    methods = _tensor_methods_of_a_host_device()
+    depth = [0]
+
+    def with_methods(method):
+        @functools.wraps(method)
+        def wrapper(*args, **kwargs):
+            saved = {name: torch.Tensor.__dict__.get(name) for name in methods}
+            if depth[0] == 0:
+                for name, replacement in methods.items():
+                    setattr(torch.Tensor, name, replacement)
+            depth[0] += 1
+            try:
+                return method(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    for name, original in saved.items():
+                        if original is None:
+                            delattr(torch.Tensor, name)
+                        else:
+                            setattr(torch.Tensor, name, original)
+
+        return wrapper
+
+    for name in ("__init__", "step", "dummy_step", "load_state_dict"):
+        setattr(hybrid, name, with_methods(getattr(hybrid, name)))
+
+
+def _tensor_methods_of_a_host_device() -> dict:
+    """The `torch.Tensor` attributes `_host_memory_as_the_device_of_the_hybrid_optimizer` swaps in."""
     is_cuda, pin_memory, cpu = torch.Tensor.is_cuda, torch.Tensor.pin_memory, torch.Tensor.cpu
 
     def is_host_copy(tensor) -> bool:
         return getattr(tensor, "_megarl_host_copy", False)
 
     def called_from_hybrid_optimizer() -> bool:
-        # Frames: this function, the patched method, its caller.
+        # Frames: this function, the patched method, its caller (torch's own optimizers see plain tensors).
         return sys._getframe(2).f_globals.get("__name__", "") == _HYBRID_OPTIMIZER
 
     def is_cuda_(self) -> bool:
@@ -283,12 +318,9 @@ def _host_memory_as_the_device_of_the_hybrid_optimizer() -> None:
 
         return wrapper
 
-    torch.Tensor.is_cuda = property(is_cuda_)
-    torch.Tensor.pin_memory = pin_memory_
-    torch.Tensor.cpu = cpu_
     # The fp32 copy of a host copy (`param.detach().clone().float()`) is a host copy too.
-    for name in ("detach", "clone", "float"):
-        setattr(torch.Tensor, name, inherits_host(getattr(torch.Tensor, name)))
+    inheriting = {name: inherits_host(getattr(torch.Tensor, name)) for name in ("detach", "clone", "float")}
+    return dict(is_cuda=property(is_cuda_), pin_memory=pin_memory_, cpu=cpu_, **inheriting)
 
 
 def _no_transformer_engine_is_no_minimum_version() -> None:
