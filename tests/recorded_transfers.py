@@ -81,7 +81,8 @@ class StandInWorker:
         for name, expected in (("old_log_probs", old_log_probs_of), ("ref_log_probs", ref_log_probs_of)):
             if name in self.actor_reads:
                 assert torch.equal(getattr(batch, name), expected(batch)), f"{name} reached the actor in wrong rows"
-        return {"loss": float(step), "tokens": float(batch.response_mask.sum())}
+        counted = batch.response_mask if batch.loss_mask is None else batch.loss_mask
+        return {"loss": float(step), "tokens": float(counted.sum())}
 
     def update_critic(self, batch, step: int) -> dict[str, float]:
         batch.require(("values", "returns"), "StandInWorker.update_critic")

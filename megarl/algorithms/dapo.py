@@ -1,4 +1,5 @@
-"""DAPO's data-side pieces (Yu et al. 2025): dynamic sampling and overlong reward shaping.
+"""DAPO's data-side pieces (Yu et al. 2025): dynamic sampling, overlong reward shaping and overlong
+filtering (samples cut at the length limit leave the policy loss: `truncated_samples`, `filtered_loss_mask`).
 
 Dynamic sampling drops prompt groups whose rewards are all equal (every group-relative advantage
 would be 0, so they only dilute the batch) and rolls out more prompts until the step has the
@@ -161,3 +162,16 @@ def overlong_penalty(
     lengths = torch.as_tensor(response_lengths, dtype=torch.float32)
     ramp = ((lengths - (max_response_length - buffer_length)) / buffer_length).clamp(0.0, 1.0)
     return -penalty_factor * ramp
+
+
+def truncated_samples(finish_reasons: Sequence[str]) -> torch.Tensor:
+    """`[B]` bool: the samples cut at a length limit, by their rollout's finish reason ("length": the engine's
+    max_new_tokens; a multi-turn trajectory's token budget or turn length), not those that stopped on their own."""
+    return torch.tensor([reason == "length" for reason in finish_reasons], dtype=torch.bool)
+
+
+def filtered_loss_mask(response_mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """DAPO's overlong filtering: `[B, R]` `response_mask` without the rows of the `[B]` `truncated`
+    samples, so that they add nothing to the policy loss nor to its normaliser (their rewards still
+    entered the group statistics of the advantages)."""
+    return response_mask & ~truncated[:, None]

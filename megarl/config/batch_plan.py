@@ -60,12 +60,15 @@ class RolePlan:
     samples_per_rank: int
     """Samples of one training step on one DP rank (log-prob / value pass)."""
     forward_micro_batches: int | None
-    """Micro-batches per rank for that forward pass; None when packed by tokens (the data decides)."""
+    """Micro-batches per rank for that forward pass; None when packed by tokens (the data decides): by the
+    role's `max_tokens_per_micro_batch`, or a trained role's `forward_max_tokens_per_micro_batch`."""
     update: UpdatePlan | None
     """Optimizer slicing; None for the reference, which never trains."""
     own_group: bool
     """Runs in a worker group of its own (one process per training GPU, its own grid, on the actor's
     GPUs) instead of inside the actor's processes."""
+    sequence_parallel: bool
+    """Megatron sequence parallelism over the TP ranks (the role's `parallel.sequence_parallel`)."""
 
 
 @dataclass(frozen=True)
@@ -193,24 +196,25 @@ def _sizes_positive(config: Config, problems: list[Problem]) -> bool:
         sizes[f"{name}.parallel.tensor_model_parallel_size"] = role.parallel.tensor_model_parallel_size
         sizes[f"{name}.parallel.pipeline_model_parallel_size"] = role.parallel.pipeline_model_parallel_size
         sizes[f"{name}.micro_batch_size_per_gpu"] = role.micro_batch_size_per_gpu
-        if role.max_tokens_per_micro_batch is not None:
-            sizes[f"{name}.max_tokens_per_micro_batch"] = role.max_tokens_per_micro_batch
+    budgets = {f"{name}.max_tokens_per_micro_batch": role.max_tokens_per_micro_batch for name, role in roles.items()}
     for name in ("actor", "critic"):
         sizes[f"{name}.ppo_mini_batch_size"] = roles[name].ppo_mini_batch_size
         sizes[f"{name}.ppo_epochs"] = roles[name].ppo_epochs
+        budgets[f"{name}.forward_max_tokens_per_micro_batch"] = roles[name].forward_max_tokens_per_micro_batch
+    sizes |= {key: budget for key, budget in budgets.items() if budget is not None}
     before = len(problems)
     for key, value in sizes.items():
         if value < 1:
             problems.append(Problem(key, value, "must be a positive integer", f"set {key} to 1 or more"))
     longest = config.data.max_prompt_length + response_length(config.rollout)
-    for name, role in roles.items():
-        budget = role.max_tokens_per_micro_batch
+    for key, budget in budgets.items():
         if budget is not None and 1 <= budget < longest:
-            key = f"{name}.max_tokens_per_micro_batch"
             problems.append(Problem(key, budget, f"a sample may have {longest} tokens (data.max_prompt_length "
                                                  f"{config.data.max_prompt_length} + response {longest - config.data.max_prompt_length}) "
                                                  "and is never split across micro-batches",
-                                    f"set {key} to {longest} or more, or null for padded micro-batches"))
+                                    f"set {key} to {longest} or more, or null for "
+                                    + ("the update's cut" if key.endswith(".forward_max_tokens_per_micro_batch")
+                                       else "padded micro-batches")))
     if config.placement.rollout_gpus < 0:
         problems.append(Problem("placement.rollout_gpus", config.placement.rollout_gpus, "cannot be negative",
                                 "set it to 0 (colocated) or the number of rollout GPUs (split)"))
@@ -313,8 +317,9 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
             return None
         # A step is a whole number of mini-batches, each split exactly: the forward pass splits too.
         per_rank = update.samples_per_rank * update.mini_batches_per_epoch
+        forward = None if role.forward_max_tokens_per_micro_batch is not None else _micro_batches(per_rank, role)
         return RolePlan(name, tp, pp, dp, role.micro_batch_size_per_gpu, role.max_tokens_per_micro_batch, per_rank,
-                        _micro_batches(per_rank, role), update, own_group)
+                        forward, update, own_group, parallel.sequence_parallel)
     prompts, n, micro = config.data.train_batch_size, config.rollout.n, role.micro_batch_size_per_gpu
     samples = prompts * n
     if samples % dp:
@@ -330,7 +335,7 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
                                 f"use a divisor of {per_rank}: {_divisors(per_rank)}"))
         return None
     return RolePlan(name, tp, pp, dp, micro, role.max_tokens_per_micro_batch, per_rank, _micro_batches(per_rank, role),
-                    None, own_group)
+                    None, own_group, parallel.sequence_parallel)
 
 
 def _micro_batches(samples: int, role) -> int | None:
@@ -439,6 +444,10 @@ def format_plan(plan: BatchPlan) -> str:
             f"{role.samples_per_rank:>12}  {micro:>5}  {forward:>9}  {mini:>31}  "
             f"{accumulation:>8}  {update.optimizer_steps_per_step if update else '-':>9}")
     lines += ["", *_process_lines(plan), _old_log_prob_line(plan)]
+    split = [f"{role.role} (TP {role.tensor_parallel})" for role in (plan.actor, plan.critic, plan.ref)
+             if role is not None and role.sequence_parallel]
+    if split:
+        lines.append(f"sequence parallel: {', '.join(split)}; micro-batch rows padded to a multiple of TP")
     if plan.critic is None:
         lines.append("critic: none (critic.enable: false)")
     if plan.ref is None:

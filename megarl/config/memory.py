@@ -15,7 +15,8 @@ holds the activations of the most micro-batches in flight):
 - **optimizer**: Adam's two fp32 moments, plus the fp32 main copy of the parameters when they are
   bfloat16 (megatron's mixed-precision optimizers); divided by DP with the distributed optimizer. Per
   parameter: fp32 4 + 4 + 8/DP bytes, bf16 2 + 4 + 12/DP (megatron's distributed-optimizer table,
-  with fp32 gradients).
+  with fp32 gradients). `optim.cpu_offload` keeps `cpu_offload_fraction` of it in host memory
+  (megatron's HybridDeviceOptimizer): the GPU holds the rest.
 - **activations** of one training micro-batch of `micro_batch_size_per_gpu` samples of
   S = `data.max_prompt_length + rollout.max_new_tokens` tokens (packed: `max_tokens_per_micro_batch` ÷ S
   rows of S tokens) (no sequence parallelism, no dropout),
@@ -190,8 +191,9 @@ class MemoryEstimate:
 
 
 def state_bytes(shape: ModelShape, parallel: ParallelConfig, dp: int, dtype: str, *, distributed_optimizer: bool,
-                trained: bool, value_head: bool = False) -> tuple[int, int, int]:
-    """(parameters, gradients, optimizer) bytes on the busiest rank of a role (module docstring)."""
+                trained: bool, value_head: bool = False, offloaded: float = 0.0) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer) bytes on the busiest rank of a role (module docstring) on its GPU;
+    `offloaded`: the share of the optimizer state kept in host memory (`optim.cpu_offload_fraction`)."""
     params = shape.rank_parameters(parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size, value_head)
     width = DTYPE_BYTES[dtype]
     if not trained:
@@ -199,7 +201,7 @@ def state_bytes(shape: ModelShape, parallel: ParallelConfig, dp: int, dtype: str
     optimizer = params * (ADAM_MOMENTS + (FP32 if width < FP32 else 0))
     if distributed_optimizer:
         optimizer = -(-optimizer // dp)
-    return params * width, params * FP32, optimizer
+    return params * width, params * FP32, round(optimizer * (1 - offloaded))
 
 
 def activation_bytes(shape: ModelShape, parallel: ParallelConfig, recompute: RecomputeConfig, micro_batch: int,
@@ -237,8 +239,10 @@ def estimate_memory(config: Config, shape: ModelShape, *, train_gpus: int, gpu_m
     for name, role, value_head in trained:
         p = role.parallel
         dp = train_gpus // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size)
-        params, grads, optim = state_bytes(shape, p, dp, dtype, distributed_optimizer=role.optim.use_distributed_optimizer,
-                                           trained=True, value_head=value_head)
+        optim_config = role.optim
+        params, grads, optim = state_bytes(shape, p, dp, dtype, distributed_optimizer=optim_config.use_distributed_optimizer,
+                                           trained=True, value_head=value_head,
+                                           offloaded=optim_config.cpu_offload_fraction if optim_config.cpu_offload else 0.0)
         # A packed micro-batch: rows of at most S tokens, as many as max_tokens_per_micro_batch holds.
         micro_batch = (role.micro_batch_size_per_gpu if role.max_tokens_per_micro_batch is None
                        else max(1, role.max_tokens_per_micro_batch // seq_len))
@@ -274,6 +278,10 @@ def _what_runs(config: Config, on_gpu: bool, gpu_memory_gib: float) -> tuple[str
                   if getattr(config, role).offload.optimizer and optimizer_moves]
     offloaded += ["ref.offload_params"] if config.ref.offload_params else []
     lines = [f"precision: {precision}; the distributed optimizer shards the 8-12 B over DP"]
+    for role in ("actor", "critic"):
+        optim = getattr(config, role).optim
+        if optim.cpu_offload and (role == "actor" or config.critic.enable):
+            lines.append(f"{role}.optim.cpu_offload: {optim.cpu_offload_fraction:.0%} of the optimizer state in host memory")
     if config.placement.mode == "colocated":
         lines.append("offload during rollout: " + (", ".join(offloaded) if offloaded else "none"))
     rollout = config.rollout

@@ -17,6 +17,11 @@ class ParallelConfig:
     """Tensor-parallel size (TP). Must divide the attention heads and the KV groups of the model."""
     pipeline_model_parallel_size: int = 1
     """Pipeline-parallel size (PP). Must divide the number of transformer layers."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: the activations outside attention and the MLP (norms, residuals,
+    dropout) are split along the sequence over the TP ranks instead of replicated on each. Needs TP > 1;
+    every micro-batch's sequence length is padded to a multiple of TP (`megarl.workers.micro_batches.
+    pad_sequence`). Same log-probs and gradients as off, to float rounding."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,14 @@ class OptimizerConfig:
     """Global gradient-norm clip. 0 disables clipping."""
     use_distributed_optimizer: bool = True
     """Shard optimizer state across data-parallel ranks (ZeRO-1, Megatron's distributed optimizer)."""
+    cpu_offload: bool = False
+    """Keep the optimizer state (fp32 main parameters, Adam moments) of `cpu_offload_fraction` of the
+    parameters in host memory and run their update on the CPU (megatron-core's HybridDeviceOptimizer):
+    GPU memory for host memory and CPU time. Needs `use_distributed_optimizer` and `model.dtype:
+    bfloat16`. Not with `offload.optimizer` (the offloaded state is in host memory already)."""
+    cpu_offload_fraction: float = 1.0
+    """With `cpu_offload`: the share of this rank's optimizer state (by parameter elements, in megatron's
+    parameter order) kept on the host, in (0, 1]; the rest stays on the GPU."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,12 @@ class ActorConfig:
     of `micro_batch_size_per_gpu` padded samples; the losses and gradients are the same for any cut.
     At least data.max_prompt_length + the response length (a sample is never split). None: padded
     micro-batches of `micro_batch_size_per_gpu` samples."""
+    forward_max_tokens_per_micro_batch: int | None = None
+    """For the log-prob pass (the old log-probs) only: packed micro-batches of at most this many tokens per
+    rank, a budget of its own. A forward-only pass keeps no activations for a backward, so it takes a
+    larger one than the update (verl's `log_prob_max_token_len_per_gpu`). At least data.max_prompt_length
+    + the response length. None: the update's cut (`max_tokens_per_micro_batch`, else
+    `micro_batch_size_per_gpu` padded samples)."""
     ppo_mini_batch_size: int = 256
     """Prompts per optimizer step, across all DP ranks (× rollout.n samples). Must divide data.train_batch_size."""
     ppo_epochs: int = 1
@@ -157,6 +176,9 @@ class CriticConfig:
     of `micro_batch_size_per_gpu` padded samples; the losses and gradients are the same for any cut.
     At least data.max_prompt_length + the response length (a sample is never split). None: padded
     micro-batches of `micro_batch_size_per_gpu` samples."""
+    forward_max_tokens_per_micro_batch: int | None = None
+    """For the value pass (the rollout-time values) only: packed micro-batches of at most this many tokens
+    per rank, a budget of its own (as `actor.forward_max_tokens_per_micro_batch`). None: the update's cut."""
     ppo_mini_batch_size: int = 256
     """Prompts per critic optimizer step, across all DP ranks (× rollout.n samples)."""
     ppo_epochs: int = 1

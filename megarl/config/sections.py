@@ -67,6 +67,10 @@ class OverlongConfig:
     """Tokens before the length limit where the penalty ramps from 0 to -penalty_factor. < rollout.max_new_tokens."""
     penalty_factor: float = 1.0
     """Penalty at the length limit. >= 0."""
+    filter_truncated: bool = False
+    """DAPO's overlong filtering, independent of `enable`: responses cut at the length limit (no stop token
+    at rollout.max_new_tokens, or at the multi-turn response budget) leave the actor's loss and its token
+    count; their rewards still enter the advantages of their groups."""
 
 
 @dataclass(frozen=True)

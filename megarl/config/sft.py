@@ -23,7 +23,9 @@ from megarl.config.resources import data_file_problems, local_path, writable_dir
 from megarl.config.roles import OptimizerConfig, ParallelConfig
 from megarl.config.sections import ModelConfig
 from megarl.config.tokenizer_files import tokenizer_problems
-from megarl.config.validate import MAX_SEED, check_megatron_layout, check_optimizer
+from megarl.config.validate import (
+    MAX_SEED, check_cpu_offload, check_megatron_layout, check_optimizer, check_sequence_parallel,
+)
 
 SFT_MARKER = ".megarl-sft.json"
 """The file a `megarl sft` export leaves in train.output_dir: the names it wrote there (see SftTrainConfig.overwrite)."""
@@ -148,6 +150,8 @@ def validate_sft(config: SftConfig, check_files: bool = True) -> list[Problem]:
     need(0 <= train.seed <= MAX_SEED, "train.seed", train.seed, f"a seed must lie in [0, 2**63 - 1 = {MAX_SEED}]",
          "e.g. 0 or 1234")
     check_optimizer("optim", config.optim, problems)
+    check_sequence_parallel("", parallel, problems)
+    check_cpu_offload("optim", config.optim, model.dtype, problems)
     _check_batch_layout(config, need)
     need(bool(train.output_dir), "train.output_dir", train.output_dir, "required: where the trained model is written",
          "set it to a new directory, e.g. outputs/sft/model")

@@ -60,6 +60,7 @@ def validate(config: Config, check_files: bool = True) -> list[Problem]:
         _check_tokenizer(config, facts, problems)
     _check_actor(config, problems)
     _check_critic(config, problems)
+    _check_sequence_parallel(config, problems)
     _check_rollout(config, problems)
     _check_algorithm(config, problems)
     _check_data(config, facts, check_files, problems)
@@ -174,6 +175,40 @@ def check_optimizer(prefix: str, optim: OptimizerConfig, problems: list[Problem]
     _need(problems, optim.clip_grad >= 0, f"{prefix}.clip_grad", optim.clip_grad, "must be >= 0 (0 disables)", "e.g. 1.0")
 
 
+def check_cpu_offload(prefix: str, optim: OptimizerConfig, dtype: str, problems: list[Problem],
+                      offload_optimizer: bool = False) -> None:
+    """`{prefix}.cpu_offload` (megatron-core's HybridDeviceOptimizer) and its fraction; `prefix` is the
+    optimizer section ("actor.optim", "optim"); `offload_optimizer`: the role's `offload.optimizer`."""
+    fraction = optim.cpu_offload_fraction
+    _need(problems, 0 < fraction <= 1, f"{prefix}.cpu_offload_fraction", fraction,
+          "the share of the optimizer state kept in host memory must lie in (0, 1]", "e.g. 1.0 (all of it) or 0.5")
+    if not optim.cpu_offload:
+        _need(problems, fraction == 1.0 or not 0 < fraction <= 1, f"{prefix}.cpu_offload_fraction", fraction,
+              f"has no effect while {prefix}.cpu_offload is false", f"set {prefix}.cpu_offload: true, or remove it")
+        return
+    _need(problems, optim.use_distributed_optimizer, f"{prefix}.cpu_offload", True,
+          "megatron steps the offloaded state through the precision-aware distributed optimizer (Megatron-LM "
+          "refuses --optimizer-cpu-offload without --use-precision-aware-optimizer, which needs the distributed "
+          f"optimizer), and {prefix}.use_distributed_optimizer is false",
+          f"set {prefix}.use_distributed_optimizer: true, or {prefix}.cpu_offload: false")
+    _need(problems, dtype == "bfloat16", f"{prefix}.cpu_offload", True,
+          f"model.dtype is {dtype}: megatron-core 0.16.1's distributed optimizer hands float32 parameters to the "
+          "offloading optimizer as views of the model's own (\"can't optimize a non-leaf Tensor\"); it offloads "
+          "the fp32 main copy that bfloat16 training keeps", f"use model.dtype: bfloat16, or {prefix}.cpu_offload: false")
+    role = prefix.split(".")[0]
+    _need(problems, not offload_optimizer, f"{role}.offload.optimizer", True,
+          f"{prefix}.cpu_offload keeps the optimizer state in host memory already", f"set {role}.offload.optimizer: false")
+
+
+def check_sequence_parallel(prefix: str, parallel: ParallelConfig, problems: list[Problem]) -> None:
+    """Sequence parallelism splits the sequence over the TP ranks: it needs TP > 1. `prefix` is the role
+    ("actor.", ...) or "" for a top-level `parallel` section (`megarl sft`)."""
+    tp = parallel.tensor_model_parallel_size
+    _need(problems, not parallel.sequence_parallel or tp > 1, f"{prefix}parallel.sequence_parallel", True,
+          f"sequence parallelism splits the sequence over the TP ranks, and {prefix}parallel.tensor_model_parallel_size "
+          f"is {tp}", f"set {prefix}parallel.sequence_parallel: false, or a tensor_model_parallel_size of 2 or more")
+
+
 def _check_recompute(prefix: str, recompute: RecomputeConfig, problems: list[Problem]) -> None:
     if recompute.granularity == "full":
         _need(problems, recompute.num_layers is not None and recompute.num_layers >= 1, f"{prefix}.num_layers",
@@ -188,6 +223,7 @@ def _check_recompute(prefix: str, recompute: RecomputeConfig, problems: list[Pro
 def _check_actor(config: Config, problems: list[Problem]) -> None:
     actor = config.actor
     check_optimizer("actor.optim", actor.optim, problems)
+    check_cpu_offload("actor.optim", actor.optim, config.model.dtype, problems, actor.offload.optimizer)
     _check_recompute("actor.recompute", actor.recompute, problems)
     _need_name(problems, "actor.policy_loss", actor.policy_loss, names.policy_losses(), "policy loss")
     _need_name(problems, "actor.loss_agg_mode", actor.loss_agg_mode, names.loss_agg_modes(), "loss aggregation")
@@ -234,10 +270,22 @@ def _check_critic(config: Config, problems: list[Problem]) -> None:
     if not critic.enable:
         return
     check_optimizer("critic.optim", critic.optim, problems)
+    check_cpu_offload("critic.optim", critic.optim, config.model.dtype, problems, critic.offload.optimizer)
     _check_recompute("critic.recompute", critic.recompute, problems)
     _need_name(problems, "critic.loss_agg_mode", critic.loss_agg_mode, names.loss_agg_modes(), "loss aggregation")
     _need(problems, critic.cliprange_value > 0, "critic.cliprange_value", critic.cliprange_value, "must be > 0", "e.g. 0.5")
     _need(problems, critic.warmup_steps >= 0, "critic.warmup_steps", critic.warmup_steps, "must be >= 0", "e.g. 0")
+
+
+def _check_sequence_parallel(config: Config, problems: list[Problem]) -> None:
+    """Each Megatron role that runs: the actor, the critic when enabled, the reference when a KL term reads it."""
+    roles = {"actor": config.actor.parallel}
+    if config.critic.enable:
+        roles["critic"] = config.critic.parallel
+    if uses_reference(config):
+        roles["ref"] = config.ref.parallel
+    for role, parallel in roles.items():
+        check_sequence_parallel(f"{role}.", parallel, problems)
 
 
 def _check_rollout(config: Config, problems: list[Problem]) -> None:
@@ -333,6 +381,13 @@ def _check_algorithm(config: Config, problems: list[Problem]) -> None:
               f"choose 1 to {config.rollout.max_new_tokens - 1} tokens")
         _need(problems, overlong.penalty_factor >= 0, "algorithm.overlong.penalty_factor", overlong.penalty_factor,
               "must be >= 0", "e.g. 1.0")
+    rollout = config.rollout
+    _need(problems, not (overlong.filter_truncated and not rollout.multi_turn.enable
+                         and rollout.min_new_tokens >= rollout.max_new_tokens >= 1),
+          "algorithm.overlong.filter_truncated", True,
+          f"rollout.min_new_tokens = rollout.max_new_tokens = {rollout.max_new_tokens}: no stop token can come before "
+          "the limit, so every response is cut there and every sample would leave the actor's loss",
+          "lower rollout.min_new_tokens, or set algorithm.overlong.filter_truncated: false")
 
 
 def _check_data(config: Config, facts: ModelFacts | None, check_files: bool, problems: list[Problem]) -> None:

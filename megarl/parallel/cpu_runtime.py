@@ -3,7 +3,7 @@
 megatron-core assumes CUDA in a handful of places. Each redirection below names the megatron code it
 addresses; together they are what `GPTModel` (local spec), the pipeline schedules, Megatron DDP, the
 fp32 and mixed-precision (bf16 parameters, fp32 main parameters) optimizers, distributed or not, grad
-clipping and activation recompute need on CPU. `install()` does nothing
+clipping, activation recompute and sequence parallelism need on CPU. `install()` does nothing
 when CUDA is available, so the GPU path is untouched megatron-core.
 
 Mechanism: instead of a global `TorchFunctionMode` (a Python call on every torch op, forward pass
@@ -12,6 +12,8 @@ factory functions that map `device='cuda'` to CPU and a `torch.cuda` whose devic
 calls act on the CPU. Nothing outside those modules sees a difference.
 """
 
+import contextlib
+import copy
 import functools
 import sys
 import types
@@ -64,7 +66,11 @@ _REDIRECTED_MODULES = {
     "megatron.core.dist_checkpointing.strategies.fully_parallel": "synchronize",
     "megatron.core.dist_checkpointing.strategies.async_utils": "liveness scalars, synchronize",
     "megatron.core.dist_checkpointing.exchange_utils": "exchange buffers",
+    # HybridDeviceOptimizer (optimizer CPU offload): copies on side streams, waits on their events,
+    # pinned host buffers.
+    "megatron.core.optimizer.cpu_offloading.hybrid_optimizer": "copy streams and events, pinned buffers",
 }
+_HYBRID_OPTIMIZER = "megatron.core.optimizer.cpu_offloading.hybrid_optimizer"
 
 _FACTORIES = (
     "tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", "rand", "randn", "randint",
@@ -84,6 +90,9 @@ def install() -> None:
         import_module(name).torch = cpu_torch
     _redirect_cuda_rng_state_helpers()
     _report_cuda_tensor_types_to_megatron()
+    _mark_torch_norms_sequence_parallel()
+    _host_memory_as_the_device_of_the_hybrid_optimizer()
+    _no_transformer_engine_is_no_minimum_version()
     _installed = True
 
 
@@ -105,6 +114,8 @@ def _factory_on_cpu(factory):
     def wrapper(*args, **kwargs):
         if "device" in kwargs:
             kwargs["device"] = _on_cpu(kwargs["device"])
+        # Pinned memory needs an accelerator's allocator; without one host memory is all there is.
+        kwargs.pop("pin_memory", None)
         return factory(*args, **kwargs)
 
     return wrapper
@@ -120,6 +131,10 @@ def _cpu_view_of_cuda() -> types.ModuleType:
     cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
     cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
     cuda.manual_seed = torch.manual_seed
+    # One host "stream": work is done when the call returns, so waits and events have nothing to wait for.
+    cuda.Stream = _HostStream
+    cuda.current_stream = lambda device=None: _HOST_STREAM
+    cuda.stream = lambda stream=None: contextlib.nullcontext()
     return cuda
 
 
@@ -171,3 +186,148 @@ def _report_cuda_tensor_types_to_megatron() -> None:
 
     torch.Tensor.type = type_
     torch.Tensor.cuda = cuda
+
+
+def _mark_torch_norms_sequence_parallel() -> None:
+    """The local spec's norm, megatron's `WrappedTorchNorm` (megatron/core/transformer/torch_norm.py, also
+    `transformer_block.LayerNormImpl` without TE or apex), asserts `not config.sequence_parallel`: a plain
+    torch norm does not mark its parameters `sequence_parallel`, the attribute by which
+    `finalize_model_grads._allreduce_non_tensor_model_parallel_grads` sums their gradients over the TP
+    ranks, each of which saw a slice of the sequence. The GPU norms (`TENorm`, `FusedLayerNorm`) set it
+    themselves (`setattr(param, "sequence_parallel", config.sequence_parallel)`); on CPU, where the local
+    spec is the only one, its norms get the same marking. (q/k norms get it too: their gradients are
+    summed over TP anyway, by name, with or without it.)"""
+    torch_norm = import_module("megatron.core.transformer.torch_norm")
+    build = torch_norm.WrappedTorchNorm.__new__
+
+    def new(cls, config, *args, **kwargs):
+        unsplit = copy.copy(config)  # a shallow copy: TransformerConfig's checks do not run again
+        unsplit.sequence_parallel = False
+        norm = build(cls, unsplit, *args, **kwargs)
+        for param in norm.parameters():
+            param.sequence_parallel = config.sequence_parallel
+        return norm
+
+    torch_norm.WrappedTorchNorm.__new__ = staticmethod(new)
+
+
+class _HostEvent:
+    """`torch.cuda.Event` of a host "stream": recorded work is already done."""
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
+
+
+class _HostStream:
+    """`torch.cuda.Stream` on the host: operations run when called, in order."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def record_event(self, event=None) -> _HostEvent:
+        return _HostEvent()
+
+    def synchronize(self) -> None:
+        pass
+
+
+_HOST_STREAM = _HostStream()
+
+
+def _host_memory_as_the_device_of_the_hybrid_optimizer() -> None:
+    """megatron's `HybridDeviceOptimizer` (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py)
+    splits its parameters by `is_cuda`: device parameters up to `offload_fraction` of their elements get
+    host copies (`.cpu().pin_memory()`, in fp32 `.detach().clone().float()`) that the CPU optimizer steps
+    and that are copied back after the step; the rest, and fp32 copies of them, stay with the device
+    optimizer. A parameter already in host memory belongs to neither (its grad and copy-back lookups,
+    `cpu_copys_map_gpu_param[param]`, fail). On CPU host memory is the device: inside that module a CPU
+    tensor reports `is_cuda` unless it is a host copy the module made (`.cpu()`; `.pin_memory()` returns the
+    tensor itself, there being no pinned allocator without an accelerator) or a copy of one (`detach`,
+    `clone`, `float`), so the split and the copies run as on a GPU, host to host.
+
+    Those tensor methods are swapped in only while a HybridDeviceOptimizer method runs (construction,
+    step, dummy step, state loading): nothing else in the process (a colocated vLLM engine compiling its
+    model, say) ever sees them."""
+    hybrid = import_module(_HYBRID_OPTIMIZER).HybridDeviceOptimizer
+    methods = _tensor_methods_of_a_host_device()
+    depth = [0]
+
+    def with_methods(method):
+        @functools.wraps(method)
+        def wrapper(*args, **kwargs):
+            saved = {name: torch.Tensor.__dict__.get(name) for name in methods}
+            if depth[0] == 0:
+                for name, replacement in methods.items():
+                    setattr(torch.Tensor, name, replacement)
+            depth[0] += 1
+            try:
+                return method(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    for name, original in saved.items():
+                        if original is None:
+                            delattr(torch.Tensor, name)
+                        else:
+                            setattr(torch.Tensor, name, original)
+
+        return wrapper
+
+    for name in ("__init__", "step", "dummy_step", "load_state_dict"):
+        setattr(hybrid, name, with_methods(getattr(hybrid, name)))
+
+
+def _tensor_methods_of_a_host_device() -> dict:
+    """The `torch.Tensor` attributes `_host_memory_as_the_device_of_the_hybrid_optimizer` swaps in."""
+    is_cuda, pin_memory, cpu = torch.Tensor.is_cuda, torch.Tensor.pin_memory, torch.Tensor.cpu
+
+    def is_host_copy(tensor) -> bool:
+        return getattr(tensor, "_megarl_host_copy", False)
+
+    def called_from_hybrid_optimizer() -> bool:
+        # Frames: this function, the patched method, its caller (torch's own optimizers see plain tensors).
+        return sys._getframe(2).f_globals.get("__name__", "") == _HYBRID_OPTIMIZER
+
+    def is_cuda_(self) -> bool:
+        if is_cuda.__get__(self):
+            return True
+        return self.device.type == "cpu" and not is_host_copy(self) and called_from_hybrid_optimizer()
+
+    def pin_memory_(self, *args, **kwargs):
+        return self if called_from_hybrid_optimizer() else pin_memory(self, *args, **kwargs)
+
+    def cpu_(self, *args, **kwargs):
+        copy_ = cpu(self, *args, **kwargs)
+        if called_from_hybrid_optimizer():
+            copy_._megarl_host_copy = True
+        return copy_
+
+    def inherits_host(method):
+        @functools.wraps(method)
+        def wrapper(self, *args, **kwargs):
+            result = method(self, *args, **kwargs)
+            if is_host_copy(self):
+                result._megarl_host_copy = True
+            return result
+
+        return wrapper
+
+    # The fp32 copy of a host copy (`param.detach().clone().float()`) is a host copy too.
+    inheriting = {name: inherits_host(getattr(torch.Tensor, name)) for name in ("detach", "clone", "float")}
+    return dict(is_cuda=property(is_cuda_), pin_memory=pin_memory_, cpu=cpu_, **inheriting)
+
+
+def _no_transformer_engine_is_no_minimum_version() -> None:
+    """`OptimizerConfig.__post_init__` (megatron/core/optimizer/optimizer_config.py) asks
+    `is_te_min_version("2.1.0")` for the precision-aware optimizer, the path optimizer CPU offload runs
+    through; without Transformer Engine (CUDA-only) `get_te_version()` is None and the comparison raises
+    TypeError. No Transformer Engine is none of any version."""
+    import_module("megatron.core.optimizer.optimizer_config").is_te_min_version = (
+        lambda version, check_equality=True: False
+    )

@@ -44,6 +44,8 @@ DOCUMENTED_METRICS: dict[str, str] = {
     "actor/kl": "token-mean KL estimate between the current policy and the reference (the actor's KL loss term)",
     "actor/reward_kl_penalty": "token-mean KL(old policy ‖ reference) of the KL penalty in the reward "
                                "(algorithm.use_kl_in_reward)",
+    "actor/overlong_filtered": "fraction of samples cut at the length limit and left out of the actor's loss "
+                               "(algorithm.overlong.filter_truncated)",
     "actor/reward_kl_penalty_coeff": "coefficient of the KL penalty in the reward (changes under adaptive KL control)",
     "actor/ppo_kl": "token-mean approximate KL between the rollout-time (old) and the current policy",
     "actor/entropy": "token-mean entropy of the current policy on the responses",

@@ -164,6 +164,7 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
         use_reference=plan.ref is not None and "ref" not in own, ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
         ref_micro_batch=settings.micro_batch_cut(config.ref, "ref"),
         ref_offload=config.ref.offload_params, critic=None if "critic" in own else critic,
+        ref_sequence_parallel=config.ref.parallel.sequence_parallel,
         reward_model_path=config.reward.reward_model,
     )
     specs = {"policy": policy}
@@ -174,9 +175,17 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
             actor=None, use_reference=role.role == "ref", ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
         ref_micro_batch=settings.micro_batch_cut(config.ref, "ref"),
             ref_offload=config.ref.offload_params, critic=critic if role.role == "critic" else None,
+            ref_sequence_parallel=config.ref.parallel.sequence_parallel,
             reward_model_path=None,
         )
     return specs
+
+
+def packs_by_tokens(role_config) -> bool:
+    """Whether a role packs any of its passes by tokens: its update's or its forward pass's budget (the
+    reference has only the one)."""
+    forward = getattr(role_config, "forward_max_tokens_per_micro_batch", None)
+    return role_config.max_tokens_per_micro_batch is not None or forward is not None
 
 
 def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
@@ -186,8 +195,10 @@ def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
         recompute=settings.recompute_settings(actor.recompute),
         loss=settings.policy_loss_settings(config),
         offload=settings.offload_settings(actor.offload),
+        sequence_parallel=plan.actor.sequence_parallel,
         mini_batch_size=plan.actor.update.samples_per_rank,
         micro_batch_size=settings.micro_batch_cut(actor, "actor"),
+        forward_micro_batch=settings.forward_micro_batch_cut(actor, "actor"),
         ppo_epochs=actor.ppo_epochs,
         rollout_tp=config.rollout.tensor_model_parallel_size,
         rollout_dtype=rollout_dtype(config.rollout, config.model.dtype),
@@ -202,8 +213,10 @@ def critic_spec(config: Config, plan: BatchPlan, total_steps: int) -> CriticSpec
         recompute=settings.recompute_settings(critic.recompute),
         loss=settings.value_loss_settings(config),
         offload=settings.offload_settings(critic.offload),
+        sequence_parallel=plan.critic.sequence_parallel,
         mini_batch_size=plan.critic.update.samples_per_rank,
         micro_batch_size=settings.micro_batch_cut(critic, "critic"),
+        forward_micro_batch=settings.forward_micro_batch_cut(critic, "critic"),
         ppo_epochs=critic.ppo_epochs,
     )
 
@@ -240,7 +253,7 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
     ring_nodes = [policy_nodes[rank] for rank, readers in enumerate(routes.readers) if readers]
     transport = sync_transport(rollout.sync.transport, device, plan.colocated, ring_nodes, rollout_group.node_ids())
     routes = None if transport == "collective" else routes
-    packed = frozenset(name for name in groups if getattr(config, name).max_tokens_per_micro_batch is not None)
+    packed = frozenset(name for name in groups if packs_by_tokens(getattr(config, name)))
     roles = Roles(groups, rollout_group, pg, transport, routes, packed)
     with startup("weight_sync"):
         if routes is None:

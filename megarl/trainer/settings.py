@@ -24,6 +24,8 @@ def optim_settings(optim: OptimizerConfig, optimizer_steps: int) -> OptimSetting
         adam_eps=optim.eps,
         clip_grad=optim.clip_grad,
         use_distributed_optimizer=optim.use_distributed_optimizer,
+        cpu_offload=optim.cpu_offload,
+        cpu_offload_fraction=optim.cpu_offload_fraction,
     )
 
 
@@ -67,6 +69,14 @@ def micro_batch_cut(role_config, role: str) -> int | TokenBudget:
     if role_config.max_tokens_per_micro_batch is None:
         return role_config.micro_batch_size_per_gpu
     return TokenBudget(role_config.max_tokens_per_micro_batch, f"{role}.max_tokens_per_micro_batch")
+
+
+def forward_micro_batch_cut(role_config, role: str) -> int | TokenBudget:
+    """How trained `role` ("actor", "critic") cuts a rank's samples for its forward-only pass: its own
+    budget (`forward_max_tokens_per_micro_batch`), else the update's cut (`micro_batch_cut`)."""
+    if role_config.forward_max_tokens_per_micro_batch is None:
+        return micro_batch_cut(role_config, role)
+    return TokenBudget(role_config.forward_max_tokens_per_micro_batch, f"{role}.forward_max_tokens_per_micro_batch")
 
 
 def offload_settings(offload) -> OffloadSettings:

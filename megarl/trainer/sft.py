@@ -96,7 +96,8 @@ class SftTrainer:
         dp = data_parallel_size(config)
         return (f"sft: {len(self.samples)} conversations ({trained} assistant tokens), {self.total_steps} optimizer "
                 f"steps of {train.batch_size} (DP {dp} × {train.batch_size // dp} per rank in micro-batches of "
-                f"{train.micro_batch_size_per_gpu}); TP {config.parallel.tensor_model_parallel_size}, PP "
+                f"{train.micro_batch_size_per_gpu}); TP {config.parallel.tensor_model_parallel_size}"
+                f"{' with sequence parallelism' if config.parallel.sequence_parallel else ''}, PP "
                 f"{config.parallel.pipeline_model_parallel_size} on {train.gpus} {train.device} rank(s); "
                 f"output {train.output_dir}")
 
@@ -152,6 +153,7 @@ class SftTrainer:
             model_path=self.model_path,
             model_settings=ModelSettings(dtype=config.model.dtype, transformer_impl=config.model.transformer_impl),
             tp=config.parallel.tensor_model_parallel_size, pp=config.parallel.pipeline_model_parallel_size,
+            sequence_parallel=config.parallel.sequence_parallel,
             seed=config.train.seed, optim=optim_settings(config.optim, self.total_steps),
             micro_batch_size=config.train.micro_batch_size_per_gpu,
         )

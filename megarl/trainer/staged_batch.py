@@ -50,7 +50,7 @@ METHOD_ROLES = {
 """The role whose group runs each per-sample worker method."""
 READ_BY = {
     "rollout_log_probs": "actor", "old_log_probs": "actor", "ref_log_probs": "actor", "advantages": "actor",
-    "values": "critic", "returns": "critic",
+    "values": "critic", "returns": "critic", "loss_mask": "actor",
 }
 """The role whose methods read each `PolicyBatch` field beyond the tokens and masks (which every role reads)."""
 

@@ -25,6 +25,7 @@ from transformers import AutoTokenizer
 
 from megarl import interrupt
 from megarl.algorithms.advantages import compute_advantages
+from megarl.algorithms.dapo import filtered_loss_mask, truncated_samples
 from megarl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
 from megarl.config import Config, ConfigError, checked_config, plan_batches
 from megarl.config.hub import resolve_hub_ids
@@ -250,6 +251,10 @@ class Trainer:
                     values=batch.values, reward_baselines=baselines, gamma=config.algorithm.gamma,
                     lam=config.algorithm.lam, norm_adv_by_std_in_grpo=config.algorithm.norm_adv_by_std_in_grpo,
                 )
+            if config.algorithm.overlong.filter_truncated:  # DAPO's overlong filtering (after the advantages)
+                truncated = truncated_samples(samples.finish_reasons)
+                batch.loss_mask = filtered_loss_mask(batch.response_mask, truncated)
+                metrics["actor/overlong_filtered"] = truncated.float().mean().item()
             if config.critic.enable:
                 with timer("update_critic"):  # the new fields the critic reads travel now: returns
                     metrics |= worker_metrics("critic", staged.update("update_critic", step))

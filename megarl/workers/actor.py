@@ -185,10 +185,13 @@ class MegatronActor(TrainedModel):
         model_settings: ModelSettings = ModelSettings(),
         recompute: RecomputeSettings = RecomputeSettings(),
         offload: OffloadSettings = OffloadSettings(),
+        sequence_parallel: bool = False,
     ) -> MegatronActor:
-        """Build this rank's shard from an HF checkpoint dir and load its weights."""
+        """Build this rank's shard from an HF checkpoint dir and load its weights; `sequence_parallel`:
+        megatron's sequence parallelism over the TP ranks (`actor.parallel.sequence_parallel`)."""
         model, vocab_size = load_model(
-            model_dir, groups, settings=model_settings, recompute=recompute, value_head=False
+            model_dir, groups, settings=model_settings, recompute=recompute, value_head=False,
+            sequence_parallel=sequence_parallel,
         )
         return cls(model, groups, vocab_size=vocab_size, optim=optim, offload=offload)
 
@@ -217,12 +220,17 @@ class MegatronActor(TrainedModel):
         `megarl.config.batch_plan.old_log_prob_pass`): the old log-probs are the detached log-probs of
         its own forward, so the ratio is exactly 1.
 
+        With `batch.loss_mask` the losses, their normalisers and the metrics count its tokens instead of
+        `response_mask`'s (DAPO's overlong filtering).
+
         Returns metrics averaged over the applied optimizer steps (`steps`, `skipped_steps` count
         all): loss, pg_loss, kl_loss, entropy, clip_frac, clip_frac_lower, approx_kl (token means), the
         loss's other `metric_names` (mismatch and correction metrics), grad_norm (before clipping), lr,
         tokens (per step, all DP ranks).
         """
         batch.require(loss_fn.required_fields, "MegatronActor.update_policy")
+        if batch.loss_mask is not None:
+            batch = dataclasses.replace(batch, response_mask=batch.loss_mask, loss_mask=None)
         check_divides(len(batch), mini_batch_size, "mini_batch_size", "samples of this DP rank")
         if batch.old_log_probs is None and (mini_batch_size != len(batch) or ppo_epochs != 1):
             raise ValueError(

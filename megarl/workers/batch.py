@@ -51,6 +51,10 @@ class PolicyBatch:
     """`[B, R]` float: the critic's values at rollout time (clipped value loss)."""
     returns: Tensor | None = None
     """`[B, R]` float: value targets (critic update)."""
+    loss_mask: Tensor | None = None
+    """`[B, R]` bool: the tokens the actor update's loss counts when fewer than `response_mask` (DAPO's
+    overlong filtering drops truncated samples: `megarl.algorithms.dapo.filtered_loss_mask`); None:
+    `response_mask`. The forward passes ignore it."""
 
     def __post_init__(self) -> None:
         rows = self.prompts.shape[0]

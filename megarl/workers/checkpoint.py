@@ -57,6 +57,7 @@ from megatron.core.dist_checkpointing.serialization import get_default_save_shar
 from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.dist_checkpointing.strategies.base import SaveShardedStrategy
 from megatron.core.optimizer import distrib_optimizer
+from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint import CheckpointException
@@ -248,7 +249,14 @@ def _optimizer_state(optimizer: Any, chunks: list[torch.nn.Module], *, is_loadin
 def _ensure_adam_state(optimizer: Any) -> None:
     """megatron's DistributedOptimizer builds its loading state dict from its current one, which with
     torch's Adam (no Transformer Engine / Apex) needs each parameter's `step`: a fresh optimizer has
-    none yet. Give it the zero state Adam starts from; the load overwrites all of it."""
+    none yet. Give it the zero state Adam starts from; the load overwrites all of it.
+
+    The offloading optimizer (`HybridDeviceOptimizer`, `optim.cpu_offload`) gets its state from a step of
+    its own (`_initialize_hybrid_state`), on GPU too."""
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if (isinstance(inner, distrib_optimizer.DistributedOptimizer) and not inner.optimizer.state
+                and isinstance(inner.optimizer, HybridDeviceOptimizer)):
+            _initialize_hybrid_state(inner.optimizer)
     if distrib_optimizer.HAVE_APEX_OR_TE:
         return
     for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
@@ -262,6 +270,23 @@ def _ensure_adam_state(optimizer: Any) -> None:
                     }
 
 
+def _initialize_hybrid_state(hybrid: HybridDeviceOptimizer) -> None:
+    """A fresh `HybridDeviceOptimizer` has no state (its fp32 `master_param`s among it) for the loading
+    state dict to be built from; megatron's own remedy, `dummy_step` (which `DistributedOptimizer.
+    load_state_dict` calls only when the state is empty, after `state_dict()` has needed it), steps on
+    random gradients and copies its fp32 copies, taken when the optimizer was built, into the model's
+    parameters, already loaded from the checkpoint. Refreshed from the loaded parameters first and
+    stepped at learning rate 0 (AdamW's update and decay both scale with it), they change no parameter,
+    and the step leaves the state the load overwrites."""
+    hybrid.update_fp32_param_by_new_param()
+    rates = [group["lr"] for group in hybrid.param_groups]
+    for group in hybrid.param_groups:
+        group["lr"] = 0.0
+    hybrid.dummy_step()
+    for group, rate in zip(hybrid.param_groups, rates):
+        group["lr"] = rate
+
+
 def _restore_adam_steps(optimizer: Any) -> None:
     """With torch's Adam, megatron's DistributedOptimizer keeps Adam's `step` in its param groups
     ("step") and means to copy it to every parameter on load; 0.16 ends up with one tensor shared by
@@ -270,6 +295,7 @@ def _restore_adam_steps(optimizer: Any) -> None:
     if distrib_optimizer.HAVE_APEX_OR_TE:
         return
     for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        # A HybridDeviceOptimizer's state dicts are its sub-optimizers' (torch's AdamW on CPU): the same fix.
         if isinstance(inner, distrib_optimizer.DistributedOptimizer):
             for group in inner.optimizer.param_groups:
                 step = group.pop("step")  # the group key is megatron's carrier only, torch's Adam has none

@@ -65,10 +65,12 @@ class MegatronCritic(TrainedModel):
         model_settings: ModelSettings = ModelSettings(),
         recompute: RecomputeSettings = RecomputeSettings(),
         offload: OffloadSettings = OffloadSettings(),
+        sequence_parallel: bool = False,
     ) -> MegatronCritic:
         """Build this rank's shard from an HF (policy) checkpoint dir: backbone weights loaded,
-        value head freshly initialised."""
-        model, _ = load_model(model_dir, groups, settings=model_settings, recompute=recompute, value_head=True)
+        value head freshly initialised; `sequence_parallel` as `critic.parallel.sequence_parallel`."""
+        model, _ = load_model(model_dir, groups, settings=model_settings, recompute=recompute, value_head=True,
+                              sequence_parallel=sequence_parallel)
         return cls(model, groups, optim=optim, loss=loss, offload=offload)
 
     def compute_values(self, batch: PolicyBatch, *, micro_batch_size: int | TokenBudget) -> Tensor:

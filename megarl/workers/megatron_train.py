@@ -53,7 +53,7 @@ from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.memory_stats import empty_cache
-from megarl.workers.micro_batches import MicroBatch, cut_micro_batches
+from megarl.workers.micro_batches import MicroBatch, cut_micro_batches, pad_sequence
 from megarl.workers.packing import TokenBudget
 from megarl.workers.settings import ModelSettings, OffloadSettings, OptimSettings, RecomputeSettings
 from megarl.workers.thd import cut_thd_micro_batches
@@ -61,8 +61,15 @@ from megarl.workers.thd import cut_thd_micro_batches
 
 def megatron_optimizer_config(settings: OptimSettings, model_config: TransformerConfig) -> OptimizerConfig:
     """`OptimizerConfig` from `settings`, in the precision of the model (`model_config`, its
-    `TransformerConfig`): bf16 parameters get fp32 main parameters (see the module docstring)."""
-    offload = settings.optimizer_cpu_offload and uses_cuda()
+    `TransformerConfig`): bf16 parameters get fp32 main parameters (see the module docstring).
+
+    `settings.cpu_offload`: megatron's `HybridDeviceOptimizer` holds the optimizer state of
+    `cpu_offload_fraction` of the parameters on the host. megatron-core builds it for
+    `optimizer_cpu_offload` (megatron/core/optimizer/__init__.py) and steps it through the precision-aware
+    path of the distributed optimizer, whose main parameters are then the HybridDeviceOptimizer's own
+    fp32 copies: Megatron-LM's arguments refuse `--optimizer-cpu-offload` without
+    `--use-precision-aware-optimizer` (which in turn needs the distributed optimizer and adam:
+    `OptimizerConfig.__post_init__`)."""
     return OptimizerConfig(
         optimizer=settings.optimizer,
         lr=settings.lr,
@@ -74,8 +81,9 @@ def megatron_optimizer_config(settings: OptimSettings, model_config: Transformer
         sgd_momentum=settings.sgd_momentum,
         clip_grad=settings.clip_grad,
         use_distributed_optimizer=settings.use_distributed_optimizer,
-        optimizer_cpu_offload=offload,
-        overlap_cpu_optimizer_d2h_h2d=offload and settings.overlap_cpu_optimizer_d2h_h2d,
+        optimizer_cpu_offload=settings.cpu_offload,
+        optimizer_offload_fraction=settings.cpu_offload_fraction if settings.cpu_offload else 0.0,
+        use_precision_aware_optimizer=settings.cpu_offload,
         bf16=model_config.bf16,
         params_dtype=model_config.params_dtype,
     )
@@ -342,10 +350,20 @@ def micro_batches_of(
     """`batch` cut into micro-batches (`cut`: samples each, or a token budget) on the compute device,
     in the layout the model built with `config` takes: THD on the Transformer Engine spec, padded or
     packed rows with a dense mask on the local spec (`megarl.models.architectures.takes_thd`); with
-    pipeline stages every micro-batch has one shape (the stages exchange fixed shapes)."""
+    pipeline stages every micro-batch has one shape (the stages exchange fixed shapes); with sequence
+    parallelism every row is padded to a multiple of TP (`sequence_multiple`)."""
     cut_into = cut_thd_micro_batches if takes_thd(config) else cut_micro_batches
-    device = compute_device()
-    return [micro_batch.to(device) for micro_batch in cut_into(batch, cut, fixed_shape=groups.pp_size > 1)]
+    device, multiple = compute_device(), sequence_multiple(config)
+    return [
+        pad_sequence(micro_batch, multiple).to(device)
+        for micro_batch in cut_into(batch, cut, fixed_shape=groups.pp_size > 1)
+    ]
+
+
+def sequence_multiple(config: TransformerConfig) -> int:
+    """What a micro-batch's sequence length must be a multiple of for a model built with `config`: TP with
+    sequence parallelism (it splits the sequence over the TP ranks), else 1."""
+    return config.tensor_model_parallel_size if config.sequence_parallel else 1
 
 
 def forward_collect(
@@ -387,13 +405,15 @@ def load_model(
     settings: ModelSettings,
     recompute: RecomputeSettings,
     value_head: bool,
+    sequence_parallel: bool,
 ) -> tuple[torch.nn.Module, int]:
     """This rank's GPTModel stage with an HF checkpoint's weights (a value head keeps its small
-    random init), in `settings`' dtype and layer spec, and the real (HF) vocabulary size."""
+    random init), in `settings`' dtype and layer spec, with megatron's sequence parallelism over the
+    TP ranks or without, and the real (HF) vocabulary size."""
     model = build_gpt_model(
         model_dir, groups, value_head=value_head, params_dtype=TORCH_DTYPES[settings.dtype],
         transformer_impl=resolve_transformer_impl(settings.transformer_impl, compute_device().type, settings.dtype),
-        **recompute.transformer_config_fields(),
+        sequence_parallel=sequence_parallel, **recompute.transformer_config_fields(),
     )
     load_hf_weights(model, model_dir, groups)
     return model, read_model_dims(model_dir).vocab_size

@@ -120,6 +120,44 @@ def padded_micro_batch(samples: PolicyBatch, rows: Tensor) -> MicroBatch:
     )
 
 
+def pad_sequence(micro_batch: MicroBatch, multiple: int) -> MicroBatch:
+    """`micro_batch` with every row padded at its end to a width `T'` that `multiple` divides (itself
+    when it divides `T` already). Megatron's sequence parallelism splits the sequence dimension over the
+    TP ranks and asserts it divides (`_split_along_first_dim` / `_reduce_scatter_along_first_dim` in
+    megatron/core/tensor_parallel/mappings.py), so with it `multiple` is TP (megatron-core's own rule
+    for SP alone, `get_padding` in megatron/core/models/multimodal/context_parallel.py; the 2 × CP
+    factor there is context parallelism's).
+
+    The new columns are padding (`PADDING_SEGMENT`): no sample's token attends to them, so every
+    sample's outputs stay what they were. In the THD layout they are one more `cu_seqlens` sequence
+    (they attend to themselves; nothing reads them), so the sequences still cover the row."""
+    rows, width = micro_batch.input_ids.shape
+    padded = -(-width // multiple) * multiple
+    if padded == width:
+        return micro_batch
+    extra = padded - width
+
+    def widen(tensor: Tensor, fill: int) -> Tensor:
+        return torch.cat([tensor, tensor.new_full((rows, extra), fill)], dim=1)
+
+    index = micro_batch.response_index
+    cu_seqlens, max_seqlen = micro_batch.cu_seqlens, micro_batch.max_seqlen
+    if cu_seqlens is not None:
+        cu_seqlens = torch.cat([cu_seqlens, cu_seqlens.new_tensor([padded])])
+        max_seqlen = max(max_seqlen or 0, extra)
+    return MicroBatch(
+        samples=micro_batch.samples,
+        rows=micro_batch.rows,
+        input_ids=widen(micro_batch.input_ids, 0),
+        position_ids=widen(micro_batch.position_ids, 0),
+        segment_ids=widen(micro_batch.segment_ids, PADDING_SEGMENT),
+        # Flat index row * T + column becomes row * T' + column.
+        response_index=index // width * padded + index % width,
+        cu_seqlens=cu_seqlens,
+        max_seqlen=max_seqlen,
+    )
+
+
 def token_counts(batch: PolicyBatch) -> Tensor:
     """`[B, 2]` int64 real prompt tokens and response tokens up to the last counted one (a token that
     never counts and comes after every counted one never influences a counted log-prob)."""

@@ -54,14 +54,18 @@ class PolicyWorker:
         self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed)
         actor, built = spec.actor, spec.model_settings
         self.actor = (MegatronActor.from_hf(spec.model_path, self.groups, optim=actor.optim, model_settings=built,
-                                            recompute=actor.recompute, offload=actor.offload) if actor else None)
-        self.reference = MegatronReference.from_hf(spec.model_path, self.groups, built) if spec.use_reference else None
+                                            recompute=actor.recompute, offload=actor.offload,
+                                            sequence_parallel=actor.sequence_parallel) if actor else None)
+        self.reference = (MegatronReference.from_hf(spec.model_path, self.groups, built,
+                                                    sequence_parallel=spec.ref_sequence_parallel)
+                          if spec.use_reference else None)
         if self.reference is not None and spec.ref_offload:
             self.reference.offload()
         critic = spec.critic
         self.critic = (
             MegatronCritic.from_hf(spec.model_path, self.groups, optim=critic.optim, loss=critic.loss,
-                                   model_settings=built, recompute=critic.recompute, offload=critic.offload)
+                                   model_settings=built, recompute=critic.recompute, offload=critic.offload,
+                                   sequence_parallel=critic.sequence_parallel)
             if critic
             else None
         )
@@ -113,7 +117,7 @@ class PolicyWorker:
 
     def compute_log_prob(self, batch: PolicyBatch) -> tuple[Tensor, Tensor]:
         """`[B, R]` log-probs and entropy of the responses under the current actor."""
-        return self.actor.compute_log_prob(batch, micro_batch_size=self.spec.actor.micro_batch_size)
+        return self.actor.compute_log_prob(batch, micro_batch_size=self.spec.actor.forward_micro_batch)
 
     def compute_ref_log_prob(self, batch: PolicyBatch) -> Tensor:
         """`[B, R]` reference log-probs (with `ref_offload`, the weights come to the device for this pass only)."""
@@ -166,7 +170,7 @@ class PolicyWorker:
         return self.reward_model.compute_scores(batch, micro_batch_size=self.spec.ref_micro_batch_size)
 
     def compute_values(self, batch: PolicyBatch) -> Tensor:
-        return self.critic.compute_values(batch, micro_batch_size=self.spec.critic.micro_batch_size)
+        return self.critic.compute_values(batch, micro_batch_size=self.spec.critic.forward_micro_batch)
 
     def update_actor(self, batch: PolicyBatch, shuffle_seed: int) -> dict[str, float]:
         s = self.spec.actor

@@ -35,11 +35,14 @@ class MegatronReference:
 
     @classmethod
     def from_hf(
-        cls, model_dir: str | Path, groups: ProcessGroups, model_settings: ModelSettings = ModelSettings()
+        cls, model_dir: str | Path, groups: ProcessGroups, model_settings: ModelSettings = ModelSettings(),
+        sequence_parallel: bool = False,
     ) -> MegatronReference:
-        """Build this rank's shard from an HF checkpoint dir (the actor's initial weights)."""
+        """Build this rank's shard from an HF checkpoint dir (the actor's initial weights); `sequence_parallel`
+        as `ref.parallel.sequence_parallel`."""
         model, vocab_size = load_model(
-            model_dir, groups, settings=model_settings, recompute=RecomputeSettings(), value_head=False
+            model_dir, groups, settings=model_settings, recompute=RecomputeSettings(), value_head=False,
+            sequence_parallel=sequence_parallel,
         )
         return cls(model, groups, vocab_size=vocab_size)
 

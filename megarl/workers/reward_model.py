@@ -47,7 +47,8 @@ class MegatronRewardModel:
         # Read (and check) the head before building: construction runs collectives, a bad checkpoint must not hang.
         score_weight = read_score_weight(model_dir)
         model, _ = load_model(
-            model_dir, groups, settings=model_settings, recompute=RecomputeSettings(), value_head=True
+            model_dir, groups, settings=model_settings, recompute=RecomputeSettings(), value_head=True,
+            sequence_parallel=False,
         )
         if groups.is_last_stage:
             with torch.no_grad():

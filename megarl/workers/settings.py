@@ -48,12 +48,15 @@ class OptimSettings:
     """Clip the global gradient norm to this value (0 = no clipping; the norm is still reported)."""
     use_distributed_optimizer: bool = False
     """Shard optimizer states (and main params) over DP ranks (megatron's distributed optimizer)."""
-    optimizer_cpu_offload: bool = False
-    """GPU only: keep optimizer states and the update on the CPU (megatron's HybridDeviceOptimizer;
-    needs `use_distributed_optimizer`). On a CPU-only process states already live in host memory:
-    nothing to offload, the setting is not passed to megatron."""
-    overlap_cpu_optimizer_d2h_h2d: bool = False
-    """GPU only: overlap the device<->host copies of `optimizer_cpu_offload` with compute."""
+    cpu_offload: bool = False
+    """Keep the optimizer state (fp32 main parameters, Adam moments) of `cpu_offload_fraction` of the
+    parameters in host memory and step them on the CPU: megatron-core's `HybridDeviceOptimizer`, which
+    megatron runs inside the precision-aware distributed optimizer (needs `use_distributed_optimizer`
+    and adam). On a CPU-only process host memory is the device: the same optimizer runs, copying host
+    to host (`megarl.parallel.cpu_runtime`)."""
+    cpu_offload_fraction: float = 1.0
+    """With `cpu_offload`: the share of the parameters' elements (in megatron's parameter order) whose
+    optimizer state lives on the host, in (0, 1]."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -63,6 +66,11 @@ class OptimSettings:
             problems.append(
                 f"use_distributed_optimizer=True needs optimizer='adam' (megatron's), got {self.optimizer!r}"
             )
+        if self.cpu_offload and not self.use_distributed_optimizer:
+            problems.append("cpu_offload=True needs use_distributed_optimizer=True (megatron steps the "
+                            "offloaded state through the precision-aware distributed optimizer)")
+        if not 0 < self.cpu_offload_fraction <= 1:
+            problems.append(f"cpu_offload_fraction={self.cpu_offload_fraction} must lie in (0, 1]")
         if self.lr_decay_style not in LR_DECAY_STYLES:
             problems.append(f"lr_decay_style={self.lr_decay_style!r}: use one of {LR_DECAY_STYLES}")
         if self.lr_decay_steps is None and self.lr_decay_style != "constant":
@@ -204,10 +212,14 @@ class CriticSpec:
     loss: ValueLossSettings
     offload: OffloadSettings
     """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`critic.offload`)."""
+    sequence_parallel: bool
+    """Megatron sequence parallelism over the TP ranks (`critic.parallel.sequence_parallel`)."""
     mini_batch_size: int
     """Samples per optimizer step on one DP rank."""
     micro_batch_size: int | TokenBudget
     """Samples per forward/backward micro-batch (per GPU), or the budget of packed micro-batches."""
+    forward_micro_batch: int | TokenBudget
+    """The forward-only pass's cut (old log-probs, values): samples, or the budget of packed micro-batches."""
     ppo_epochs: int
 
 
@@ -220,10 +232,14 @@ class ActorSpec:
     loss: PolicyLossSettings
     offload: OffloadSettings
     """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`actor.offload`)."""
+    sequence_parallel: bool
+    """Megatron sequence parallelism over the TP ranks (`actor.parallel.sequence_parallel`)."""
     mini_batch_size: int
     """Actor samples per optimizer step on one DP rank."""
     micro_batch_size: int | TokenBudget
     """Samples per forward/backward micro-batch (per GPU), or the budget of packed micro-batches."""
+    forward_micro_batch: int | TokenBudget
+    """The forward-only pass's cut (old log-probs, values): samples, or the budget of packed micro-batches."""
     ppo_epochs: int
     rollout_tp: int
     """Tensor-parallel size of each rollout engine (the bridge plan's target layout)."""
@@ -256,6 +272,8 @@ class PolicyWorkerSpec:
     """The reference's forward micro-batches: samples, or the budget of packed micro-batches."""
     ref_offload: bool
     """Keep the reference's weights in host memory except during its log-prob pass (`ref.offload_params`)."""
+    ref_sequence_parallel: bool
+    """The reference with Megatron sequence parallelism over the TP ranks (`ref.parallel.sequence_parallel`)."""
     critic: CriticSpec | None
     reward_model_path: str | None
     """HF `*ForSequenceClassification` checkpoint scored beside the reward function (None = none)."""
@@ -271,6 +289,8 @@ class SftWorkerSpec:
     """dtype and layer spec (`model.dtype`, `model.transformer_impl`)."""
     tp: int
     pp: int
+    sequence_parallel: bool
+    """Megatron sequence parallelism over the TP ranks (`parallel.sequence_parallel`)."""
     seed: int
     optim: OptimSettings
     micro_batch_size: int

@@ -45,7 +45,7 @@ class SftWorker:
         self.spec = spec
         self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed)
         self.actor = MegatronActor.from_hf(spec.model_path, self.groups, optim=spec.optim,
-                                           model_settings=spec.model_settings)
+                                           model_settings=spec.model_settings, sequence_parallel=spec.sequence_parallel)
         self.loss = NllLoss()
 
     def grid(self) -> dict[str, int]:

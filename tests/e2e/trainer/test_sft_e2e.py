@@ -111,24 +111,28 @@ def test_the_exported_model_is_a_valid_model_path_of_a_train_recipe(sft_run):
 
 
 def test_layout_and_micro_batching_do_not_change_the_training(sft_run):
-    """DP 2 with one micro-batch per rank and PP 2 with four per step train the same trajectory (the loss is
-    normalised by the step's token count, never per micro-batch or per rank)."""
+    """DP 2 with one micro-batch per rank, PP 2 with four per step and TP 2 with sequence parallelism (rows
+    padded to even widths) train the same trajectory (the loss is normalised by the step's token count, never
+    per micro-batch or per rank)."""
     root = sft_run[0]
     common = [f"model.path={root / 'model'}", f"data.train_files=[{root / 'demos.jsonl'}]", "train.batch_size=8",
               "train.total_steps=3", "optim.lr_warmup_steps=0"]
     layouts = {"dp2": ["train.micro_batch_size_per_gpu=4"],
-               "pp2": ["parallel.pipeline_model_parallel_size=2", "train.micro_batch_size_per_gpu=2"]}
+               "pp2": ["parallel.pipeline_model_parallel_size=2", "train.micro_batch_size_per_gpu=2"],
+               "tp2-sp": ["parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
+                          "train.micro_batch_size_per_gpu=4"]}
     runs = {}
     for name, layout in layouts.items():
         trainer = SftTrainer.from_config(REPO / "configs" / "sft_tiny.yaml",
                                          common + layout + [f"train.output_dir={root / name}"])
         with contextlib.redirect_stdout(io.StringIO()):
             runs[name] = trainer.fit()
-    dp2, pp2 = ([value for m in runs[name].metrics for value in (m["loss"], m["grad_norm"], m["tokens"])]
-                for name in layouts)
-    assert dp2 == pytest.approx(pp2, rel=1e-5)
+    dp2, pp2, tp2_sp = ([value for m in runs[name].metrics for value in (m["loss"], m["grad_norm"], m["tokens"])]
+                        for name in layouts)
+    assert dp2 == pytest.approx(pp2, rel=1e-5) and dp2 == pytest.approx(tp2_sp, rel=1e-5)
     assert dp2[-3] < dp2[0]  # it trained: the last step's loss is below the first's
     weights = {name: AutoModelForCausalLM.from_pretrained(runs[name].output_dir).state_dict() for name in layouts}
     # Adam turns float rounding of tiny gradients into steps of up to ~lr: 1e-4 is 5 % of one step (lr 2e-3).
     for key, tensor in weights["dp2"].items():
         torch.testing.assert_close(weights["pp2"][key], tensor, atol=1e-4, rtol=0)
+        torch.testing.assert_close(weights["tp2-sp"][key], tensor, atol=1e-4, rtol=0)

@@ -1,10 +1,12 @@
-"""DAPO: dynamic sampling filter and accumulator, overlong reward shaping."""
+"""DAPO: dynamic sampling filter and accumulator, overlong reward shaping and overlong filtering."""
 
 import numpy as np
 import pytest
 import torch
 
-from megarl.algorithms.dapo import DynamicSampler, dynamic_sampling_mask, overlong_penalty
+from megarl.algorithms.dapo import (
+    DynamicSampler, dynamic_sampling_mask, filtered_loss_mask, overlong_penalty, truncated_samples,
+)
 
 
 def test_mask_drops_all_equal_groups_and_singletons():
@@ -74,3 +76,13 @@ def test_mask_accepts_tensor_and_numpy_ids():
     expected = [True, True, False, False]
     assert dynamic_sampling_mask(torch.tensor([3, 3, 4, 4]), rewards).tolist() == expected
     assert dynamic_sampling_mask(np.array(["u", "u", "v", "v"]), rewards).tolist() == expected
+
+
+def test_truncated_samples_are_those_the_rollout_cut_at_a_length_limit():
+    assert truncated_samples(["length", "stop", "stop", "length"]).tolist() == [True, False, False, True]
+
+
+def test_the_filtered_loss_mask_drops_truncated_rows_only():
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 1]], dtype=torch.bool)
+    filtered = filtered_loss_mask(mask, torch.tensor([False, True, False]))
+    assert filtered.tolist() == [[True, True, False], [False, False, False], [True, False, True]]

@@ -67,6 +67,26 @@ def test_distributed_optimizer_divides_only_the_optimizer_state_by_dp():
     assert single[2] == 6 * single[0]
 
 
+def test_optimizer_cpu_offload_leaves_the_rest_of_the_optimizer_state_on_the_gpu():
+    full = _recipe("grpo_qwen2.5-7b_gsm8k.yaml")
+    shape = ModelShape.of(full.model.path)
+
+    def offloaded(fraction):
+        optim = dataclasses.replace(full.actor.optim, cpu_offload=True, cpu_offload_fraction=fraction)
+        offload = dataclasses.replace(full.actor.offload, optimizer=False)  # validate refuses both
+        return dataclasses.replace(full, actor=dataclasses.replace(full.actor, optim=optim, offload=offload))
+
+    base = estimate_memory(full, shape, train_gpus=8)
+    actor = base.roles[0]
+    for fraction in (1.0, 0.25):
+        estimate = estimate_memory(offloaded(fraction), shape, train_gpus=8)
+        moved = estimate.roles[0]
+        assert moved.optimizer == pytest.approx(actor.optimizer * (1 - fraction), abs=1)
+        assert (moved.parameters, moved.gradients, moved.activations) == (
+            actor.parameters, actor.gradients, actor.activations)
+        assert f"actor.optim.cpu_offload: {fraction:.0%} of the optimizer state in host memory" in estimate.runs
+
+
 def test_recompute_shrinks_activations():
     full = _recipe("grpo_qwen2.5-7b_gsm8k.yaml")
     none = dataclasses.replace(full, actor=dataclasses.replace(full.actor, recompute=dataclasses.replace(

@@ -183,3 +183,38 @@ def test_a_token_budget_below_the_longest_sample_names_the_key_and_the_minimum()
     assert "164 tokens (data.max_prompt_length 100 + response 64)" in actor.why
     assert actor.fix == "set actor.max_tokens_per_micro_batch to 164 or more, or null for padded micro-batches"
     assert problems["critic.max_tokens_per_micro_batch"].why == "must be a positive integer"
+
+
+def test_sequence_parallel_is_planned_per_role_and_shown():
+    config = config_of({
+        "data": {"train_batch_size": 4},
+        "actor": {"ppo_mini_batch_size": 4, "use_kl_loss": True,
+                  "parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True}},
+        "ref": {"micro_batch_size_per_gpu": 4, "parallel": {"tensor_model_parallel_size": 2}},
+        "placement": {"gpus_per_node": 2},
+    })
+    plan = plan_batches(config)
+    assert plan.actor.sequence_parallel and not plan.ref.sequence_parallel
+    assert "sequence parallel: actor (TP 2); micro-batch rows padded to a multiple of TP" in format_plan(plan)
+    off = config_of({"data": {"train_batch_size": 4}, "actor": {"ppo_mini_batch_size": 4, "micro_batch_size_per_gpu": 2},
+                     "placement": {"gpus_per_node": 2}})
+    assert "sequence parallel" not in format_plan(plan_batches(off))
+
+
+def test_a_forward_token_budget_packs_only_the_forward_pass():
+    data = {
+        "data": {"train_batch_size": 6, "max_prompt_length": 100},
+        "rollout": {"n": 2, "max_new_tokens": 64},
+        "actor": {"ppo_mini_batch_size": 6, "micro_batch_size_per_gpu": 2, "forward_max_tokens_per_micro_batch": 1024},
+        "placement": {"gpus_per_node": 2},
+    }
+    plan = plan_batches(config_of(data))
+    assert plan.actor.forward_micro_batches is None and plan.actor.update.grad_accumulation_steps == 3
+    assert plan.actor.max_tokens_per_micro_batch is None
+    data["actor"]["forward_max_tokens_per_micro_batch"] = 100
+    [problem] = batch_problems(config_of(data))
+    assert (problem.key, problem.value) == ("actor.forward_max_tokens_per_micro_batch", 100)
+    assert "a sample may have 164 tokens" in problem.why and "or null for the update's cut" in problem.fix
+    data["actor"]["forward_max_tokens_per_micro_batch"] = 0
+    [problem] = batch_problems(config_of(data))
+    assert problem.key == "actor.forward_max_tokens_per_micro_batch" and "positive integer" in problem.why

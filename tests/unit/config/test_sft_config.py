@@ -122,3 +122,19 @@ def test_transformer_engine_in_float32_is_refused(workdir):
         "model.transformer_impl = 'transformer_engine'"], shown
     assert not [line for line in problems_of(["model.transformer_impl=transformer_engine", "train.device=cuda",
                                               "model.dtype=bfloat16"]) if line.startswith("model.transformer_impl")]
+
+
+def test_sequence_parallel_needs_tensor_parallelism(workdir):
+    assert problems_of(["parallel.sequence_parallel=true"]) == [
+        "parallel.sequence_parallel = true: sequence parallelism splits the sequence over the TP ranks, and "
+        "parallel.tensor_model_parallel_size is 1; fix: set parallel.sequence_parallel: false, or a "
+        "tensor_model_parallel_size of 2 or more"]
+    assert problems_of(["train.gpus=2", "train.batch_size=2", "parallel.tensor_model_parallel_size=2",
+                        "parallel.sequence_parallel=true"]) == []
+
+
+def test_optimizer_cpu_offload_needs_bfloat16_and_the_distributed_optimizer(workdir):
+    shown = problems_of(["optim.cpu_offload=true", "optim.use_distributed_optimizer=false"])
+    assert [line.split(":")[0] for line in shown] == ["optim.cpu_offload = true"] * 2, shown
+    assert "model.dtype is float32" in shown[1] and "optim.use_distributed_optimizer is false" in shown[0]
+    assert problems_of(["model.dtype=bfloat16", "optim.cpu_offload=true", "optim.cpu_offload_fraction=0.5"]) == []

@@ -61,6 +61,47 @@ def test_token_budgets_reach_the_workers_and_none_keeps_padded_micro_batches():
     assert policy.ref_micro_batch_size == config.ref.micro_batch_size_per_gpu
 
 
+def test_sequence_parallel_reaches_each_role_that_sets_it():
+    config, plan = plan_of(*KL, *CRITIC, "actor.parallel.sequence_parallel=true",
+                           "critic.parallel.tensor_model_parallel_size=2", "critic.parallel.sequence_parallel=true",
+                           "ref.parallel.tensor_model_parallel_size=2")
+    policy = worker_specs(config, plan, total_steps=10)["policy"]
+    assert policy.actor.sequence_parallel and policy.critic.sequence_parallel and not policy.ref_sequence_parallel
+    config, plan = plan_of(*KL, "ref.parallel.tensor_model_parallel_size=2", "ref.colocate_with_actor=false",
+                           "ref.parallel.sequence_parallel=true")
+    specs = worker_specs(config, plan, total_steps=10)
+    assert specs["ref"].ref_sequence_parallel and not specs["policy"].actor.sequence_parallel
+
+
+def test_forward_token_budgets_reach_the_forward_passes_only():
+    from types import SimpleNamespace
+
+    from megarl.trainer.roles import packs_by_tokens
+    from megarl.workers.policy_worker import PolicyWorker
+
+    config, plan = plan_of(*CRITIC, "critic.parallel.tensor_model_parallel_size=2",
+                           "actor.forward_max_tokens_per_micro_batch=4096", "critic.forward_max_tokens_per_micro_batch=2048")
+    policy = worker_specs(config, plan, total_steps=10)["policy"]
+    assert policy.actor.forward_micro_batch == TokenBudget(4096, "actor.forward_max_tokens_per_micro_batch")
+    assert policy.critic.forward_micro_batch == TokenBudget(2048, "critic.forward_max_tokens_per_micro_batch")
+    assert policy.actor.micro_batch_size == config.actor.micro_batch_size_per_gpu  # the update keeps its cut
+    assert packs_by_tokens(config.actor) and not packs_by_tokens(config.ref)
+    # The worker's forward passes take the forward cut (its update the update's: `update_actor`).
+    seen = []
+    record = lambda name: lambda batch, *, micro_batch_size: seen.append((name, micro_batch_size))
+    worker = SimpleNamespace(spec=policy, actor=SimpleNamespace(compute_log_prob=record("log_prob")),
+                             critic=SimpleNamespace(compute_values=record("values")))
+    PolicyWorker.compute_log_prob(worker, None)
+    PolicyWorker.compute_values(worker, None)
+    assert seen == [("log_prob", policy.actor.forward_micro_batch), ("values", policy.critic.forward_micro_batch)]
+    # Unset: the forward pass cuts as the update does.
+    config, plan = plan_of(*CRITIC, "critic.parallel.tensor_model_parallel_size=2", "actor.max_tokens_per_micro_batch=64")
+    policy = worker_specs(config, plan, total_steps=10)["policy"]
+    assert policy.actor.forward_micro_batch == policy.actor.micro_batch_size == TokenBudget(
+        64, "actor.max_tokens_per_micro_batch")
+    assert policy.critic.forward_micro_batch == policy.critic.micro_batch_size
+
+
 def test_split_placement_counts_only_the_megatron_processes_per_training_slot():
     config, plan = plan_of(*KL, "ref.colocate_with_actor=false", "placement.mode=split", "placement.gpus_per_node=3",
                            "placement.rollout_gpus=1")

@@ -150,3 +150,20 @@ def test_a_call_that_needs_a_field_nobody_staged_names_it():
     trainer = recorded_trainer(QUICKSTART, [])
     with pytest.raises(ValueError, match="PolicyBatch.old_log_probs is neither in the driver nor kept"):
         trainer.roles.stage(tiny_batch()).fetch("old_log_probs")
+
+
+def test_overlong_filtering_sends_the_actor_a_loss_mask_without_the_truncated_samples():
+    trainer = recorded_trainer(QUICKSTART, ["algorithm.overlong.filter_truncated=true"])
+    samples, scores = samples_of(trainer.config, trainer.plan, seed=1)
+    cut = torch.arange(len(samples)) % 3 == 0
+    samples.finish_reasons = ["length" if c else "stop" for c in cut.tolist()]
+    metrics = trainer._train_step(1, lambda sampling, at_step: (samples, scores.clone(), {}))
+    [(_, actor)] = distinct_groups(trainer)
+    assert sent(step_calls(actor, 0))["loss_mask"] == actor.dp_size  # once per DP part, to the actor's group
+    assert metrics["actor/overlong_filtered"] == pytest.approx(cut.float().mean().item())
+    kept_tokens = sum(len(ids) for ids, c in zip(samples.response_ids, cut.tolist()) if not c)
+    assert metrics["actor/tokens"] == kept_tokens  # the update counted the uncut samples' tokens only
+    unfiltered = recorded_trainer(QUICKSTART, [])
+    metrics = unfiltered._train_step(1, lambda sampling, at_step: (samples, scores.clone(), {}))
+    assert metrics["actor/tokens"] == sum(len(ids) for ids in samples.response_ids) > kept_tokens
+    assert "actor/overlong_filtered" not in metrics
