@@ -216,7 +216,11 @@ def recorded_trainer(config_path, overrides: list[str]) -> trainer_module.Traine
 
 def run_step(trainer, step: int) -> dict[str, float]:
     """`Trainer._train_step` on this step's `samples_of` (the rollout phase's result, as a sync-mode stream hands it over)."""
-    samples, scores = samples_of(trainer.config, trainer.plan, seed=step)
+    return run_step_on(trainer, step, *samples_of(trainer.config, trainer.plan, seed=step))
+
+
+def run_step_on(trainer, step: int, samples, scores) -> dict[str, float]:
+    """`Trainer._train_step` on the given rollout result, as a sync-mode stream hands it over."""
     trainer.stream = RolloutStream(lambda at_step, version: GeneratedBatch(samples, scores.clone(), {}, None, version),
                                    trainer.timer, trainer.timer, lookahead=0, last_step=step, version=step - 1)
     return trainer._train_step(step)

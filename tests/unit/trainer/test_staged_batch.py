@@ -16,7 +16,7 @@ from megarl.config.rollout import response_length
 from megarl.trainer import rollout_batch as rb
 from megarl.workers.batch import PolicyBatch
 from recorded_transfers import (StandInWorker, old_log_probs_of, recorded_trainer, ref_log_probs_of,
-                                run_step, samples_of)
+                                run_step, run_step_on, samples_of)
 
 pytestmark = pytest.mark.unit
 
@@ -157,13 +157,13 @@ def test_overlong_filtering_sends_the_actor_a_loss_mask_without_the_truncated_sa
     samples, scores = samples_of(trainer.config, trainer.plan, seed=1)
     cut = torch.arange(len(samples)) % 3 == 0
     samples.finish_reasons = ["length" if c else "stop" for c in cut.tolist()]
-    metrics = trainer._train_step(1, lambda sampling, at_step: (samples, scores.clone(), {}))
+    metrics = run_step_on(trainer, 1, samples, scores)
     [(_, actor)] = distinct_groups(trainer)
     assert sent(step_calls(actor, 0))["loss_mask"] == actor.dp_size  # once per DP part, to the actor's group
     assert metrics["actor/overlong_filtered"] == pytest.approx(cut.float().mean().item())
     kept_tokens = sum(len(ids) for ids, c in zip(samples.response_ids, cut.tolist()) if not c)
     assert metrics["actor/tokens"] == kept_tokens  # the update counted the uncut samples' tokens only
     unfiltered = recorded_trainer(QUICKSTART, [])
-    metrics = unfiltered._train_step(1, lambda sampling, at_step: (samples, scores.clone(), {}))
+    metrics = run_step_on(unfiltered, 1, samples, scores)
     assert metrics["actor/tokens"] == sum(len(ids) for ids in samples.response_ids) > kept_tokens
     assert "actor/overlong_filtered" not in metrics
