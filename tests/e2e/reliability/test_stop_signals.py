@@ -1,6 +1,6 @@
 """SIGTERM (a scheduler's stop) and SIGINT (Ctrl-C in a terminal, sent to the whole foreground process
 group) end `megarl train` with one line naming the step, the phase, the last checkpoint and how to
-continue, the shell's exit code (143 / 130), no traceback, and no process left behind."""
+continue, the shell's exit code (143 / 130), no traceback, and no process or /dev/shm file left behind."""
 
 import os
 import re
@@ -30,3 +30,4 @@ def test_a_stop_signal_ends_the_run_with_one_line(workspace, tmp_path, jobs, sig
                         r"\(.+\); continue from it by running the same command with checkpoint.resume=auto", lines[0])
     assert "Traceback" not in out, out[-3000:]
     assert job.leftovers() == []
+    assert job.shm.leftovers() == []
