@@ -42,9 +42,9 @@ POLICY_TARGET = "megarl.workers.policy_worker:PolicyWorker"
 ROLLOUT_TARGET = "megarl.workers.rollout.rollout_worker:RolloutWorker"
 SYNC_TIMEOUT_S = 300.0
 ENGINE_SHUTDOWN_TIMEOUT_S = 60.0
-"""How long the end of a run waits for the rollout engines to stop their worker processes (vLLM gives
-a TP worker `VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`, 5 s, to exit, then 4 s after a SIGTERM) before it
-kills them; an engine still generating when a stop signal came may use it up."""
+"""How long the end of a run waits for the rollout engines to stop their worker processes (vLLM gives a
+TP worker `VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`, 30 s in megarl's engines, to exit, then 4 s after a
+SIGTERM) before it kills them; an engine still generating when a stop signal came may use it up."""
 
 
 @dataclass
