@@ -213,6 +213,17 @@ class WorkerGroup:
         """Call `method` on rank 0 only (e.g. exports that need no collective)."""
         return self._wait([self.actors[0].call.remote(method, *args, **kwargs)])[0]
 
+    def shutdown(self, timeout_s: float) -> None:
+        """Let every rank's worker release what lives outside its process (`shutdown()` of the hosted
+        object: a rollout engine stops its worker processes, which unlink their shared memory), then
+        `kill` the ranks. `kill` alone ends a rank at once, without its clean-up, and Ray then kills
+        its child processes too, so those leave their /dev/shm segments and semaphores behind. A rank
+        that fails, or is still busy or shutting down when `timeout_s` (for the whole group) runs
+        out, is killed all the same."""
+        calls = [actor.call.remote("shutdown") for actor in self.actors]
+        ray.wait(calls, num_returns=len(calls), timeout=timeout_s)
+        self.kill()
+
     def kill(self) -> None:
         """Stop every rank process of the group (idempotent)."""
         for actor in self.actors:

@@ -41,6 +41,10 @@ from megarl.workers.settings import ActorSpec, CriticSpec, ModelSettings, Policy
 POLICY_TARGET = "megarl.workers.policy_worker:PolicyWorker"
 ROLLOUT_TARGET = "megarl.workers.rollout.rollout_worker:RolloutWorker"
 SYNC_TIMEOUT_S = 300.0
+ENGINE_SHUTDOWN_TIMEOUT_S = 60.0
+"""How long the end of a run waits for the rollout engines to stop their worker processes (vLLM gives a
+TP worker `VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`, 30 s in megarl's engines, to exit, then 4 s after a
+SIGTERM) before it kills them; an engine still generating when a stop signal came may use it up."""
 
 
 @dataclass
@@ -136,7 +140,7 @@ class Roles:
     def shutdown(self) -> None:
         from ray.util.placement_group import remove_placement_group
 
-        self.rollout.kill()
+        self.rollout.shutdown(ENGINE_SHUTDOWN_TIMEOUT_S)
         for group in self._distinct_groups():
             group.workers.kill()
         remove_placement_group(self.placement)

@@ -31,6 +31,11 @@ from __future__ import annotations
 import os
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+# How long vLLM's shutdown lets TP workers exit by themselves before it terminates them (its default: 5 s).
+# A worker's own exit unlinks its message queues (psm_*), semaphores (sem.mp-*) and CPU communicator segments;
+# on a loaded CPU machine it takes longer than 5 s (vLLM's "workers still running after grace period" seen
+# in `megarl check-sync` here), and a worker still exiting 4 s after the SIGTERM is killed and leaves them.
+os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "30")
 
 import _posixshmem  # noqa: E402  # shm_unlink, the one multiprocessing.shared_memory uses
 import contextlib  # noqa: E402

@@ -20,6 +20,7 @@ from megarl.models.hf_config import read_model_dims
 from megarl.models.layout import hf_param_shapes
 from megarl.models.tiny import make_tiny_model
 from megarl.workers.rollout import make_rollout_engine
+from shm_testing import PrivateShm
 
 THRESHOLD = 1e-4
 TRAIN_LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2)]
@@ -62,18 +63,34 @@ def test_vllm_logprobs_equal_the_actors_after_each_sync(model, train_tp, train_p
     assert first.sync_metrics["sync/buckets"] > 1  # small buckets: the multi-bucket path ran
 
 
-def test_check_sync_command_reports_the_gap(tmp_path):
-    """`megarl check-sync` end to end on its own engine (a fresh process, as a user runs it)."""
+def test_check_sync_command_reports_the_gap_and_leaves_no_shared_memory(tmp_path):
+    """`megarl check-sync` end to end on its own TP-2 engine (a fresh process, as a user runs it), in a
+    /dev/shm of its own (`shm_testing.PrivateShm`): it leaves nothing there, though the engine's
+    workers had vLLM's queues and CPU communicator segments there (issue 36)."""
     import subprocess
     import sys
+    import time
 
     model_dir = make_tiny_model(tmp_path / "model", "qwen2")
+    shm = PrivateShm.make()
     command = [sys.executable, "-m", "megarl.cli.main", "check-sync", "--model", str(model_dir),
-               "--train-tp", "2", "--rollout-tp", "1", "--rounds", "1"]
-    finished = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert finished.returncode == 0, finished.stderr[-3000:]
-    line = next(line for line in finished.stdout.splitlines() if line.startswith("round 1:"))
-    assert "train TP=2/PP=1 → rollout TP=1" in line
+               "--train-tp", "2", "--rollout-tp", "2", "--rounds", "1"]
+    seen: set[str] = set()
+    try:
+        with (tmp_path / "out").open("w+") as out, (tmp_path / "err").open("w+") as err:
+            process = subprocess.Popen(shm.wrap(command), stdout=out, stderr=err, text=True)
+            while process.poll() is None:  # what the run holds in /dev/shm while it runs
+                seen.update(shm.leftovers())
+                time.sleep(0.2)
+            out.seek(0), err.seek(0)
+            stdout, stderr = out.read(), err.read()
+        assert process.returncode == 0, stderr[-3000:]
+        assert any(name.startswith("psm_") for name in seen) and any("cpushm" in name for name in seen), seen
+        assert shm.leftovers() == []
+    finally:
+        shm.remove()
+    line = next(line for line in stdout.splitlines() if line.startswith("round 1:"))
+    assert "train TP=2/PP=1 → rollout TP=2" in line
     assert f"{len(hf_param_shapes(read_model_dims(model_dir)))} tensors loaded bit for bit" in line  # the exact check
     gap = float(line.split("log-prob gap max ")[1].split()[0])
     assert gap <= THRESHOLD

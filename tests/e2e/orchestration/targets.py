@@ -10,8 +10,13 @@ import torch.distributed as dist
 class SumWorker:
     """All-reduces a value over the group: proves the ranks form one torch.distributed world."""
 
-    def __init__(self, offset: int = 0):
+    def __init__(self, offset: int = 0, shutdown_marker: str | None = None):
         self.offset = offset
+        self.shutdown_marker = shutdown_marker
+
+    def shutdown(self) -> None:
+        """The clean-up `WorkerGroup.shutdown` runs: leaves `<shutdown_marker>.<rank>` behind."""
+        open(f"{self.shutdown_marker}.{dist.get_rank()}", "w").close()
 
     def all_reduce(self, value: float) -> float:
         t = torch.tensor([value + self.offset], dtype=torch.float64)

@@ -117,6 +117,14 @@ def test_a_peers_collective_timeout_defers_to_the_stopped_rank(make_group):
         _continue(group.pids[1])
 
 
+def test_shutdown_runs_each_ranks_clean_up_then_ends_them_a_busy_one_at_the_deadline(make_group, tmp_path):
+    group = make_group("closing", init_kwargs={"shutdown_marker": str(tmp_path / "clean")})
+    group.actors[1].call.remote("hang")  # rank 1 busy: its clean-up call waits behind the hang
+    group.shutdown(timeout_s=5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clean.0"]
+    _assert_gone(group.pids)
+
+
 def _continue(pid):
     """A stopped process the test left behind would hold its Ray worker slot: let it run (and die)."""
     process = _proc(pid)

@@ -8,7 +8,9 @@
     python_stacks(policy[0].pid)                         # where a process is (py-spy dump)
 
 Every job gets its own Ray temp dir (`RAY_TMPDIR`), so its session logs can be read and nothing is
-shared with other Ray instances on the machine; `Job.cleanup()` kills whatever the job left behind.
+shared with other Ray instances on the machine, and its own /dev/shm (`shm_testing.PrivateShm`), so
+`job.shm.leftovers()` is exactly what the job left there; `Job.cleanup()` kills whatever the job left
+behind and removes both.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import yaml
 from megarl.models.tiny import make_tiny_model
 from megarl.rewards.tasks import repeat_first_char_rows
 from megarl.trainer.checkpoint_manager import Checkpoint, CheckpointManager
+from shm_testing import PrivateShm
 
 REWARDS_MODULE = '''"""Reward functions of the reliability tests (the job finds this module through PYTHONPATH)."""
 import json
@@ -98,6 +101,8 @@ class Job:
     ray_tmp: Path
     """This job's RAY_TMPDIR (short: Ray's socket paths must fit in 107 bytes)."""
     log: Path
+    shm: PrivateShm
+    """The job's /dev/shm."""
     seen: dict[int, psutil.Process] = field(default_factory=dict)
     """Every descendant process observed so far, by pid (to prove they are all gone at the end)."""
 
@@ -111,10 +116,11 @@ class Job:
                 "trainer.experiment_name=job", f"checkpoint.dir={checkpoint_dir}", *overrides]
         full_env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "PYTHONUNBUFFERED": "1", **(env or {})}
         full_env.pop("RAY_ADDRESS", None)
+        shm = PrivateShm.make()
         with log.open("wb") as sink:
-            process = subprocess.Popen(args, cwd=workspace, env=full_env, stdout=sink, stderr=subprocess.STDOUT,
+            process = subprocess.Popen(shm.wrap(args), cwd=workspace, env=full_env, stdout=sink, stderr=subprocess.STDOUT,
                                        start_new_session=True)
-        return cls(process, run_dir, checkpoint_dir, ray_tmp, log)
+        return cls(process, run_dir, checkpoint_dir, ray_tmp, log, shm)
 
     @property
     def metrics_path(self) -> Path:
@@ -190,7 +196,7 @@ class Job:
         return alive
 
     def cleanup(self) -> None:
-        """Kill the job and everything it started (only processes of this job), remove its Ray dir."""
+        """Kill the job and everything it started (only processes of this job), remove its Ray dir and /dev/shm."""
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
@@ -200,6 +206,7 @@ class Job:
             except psutil.NoSuchProcess:
                 pass
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
+        self.shm.remove()
 
 
 def failed_run_state(job: "Job", failed_step: int) -> tuple[list[dict], "Checkpoint"]:
