@@ -6,7 +6,7 @@ set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-Usage: bash scripts/gpu_check.sh [--python PY] [--report PATH] [-- PYTEST_ARGS...]
+Usage: bash scripts/gpu_check.sh [--python PY] [--report PATH] [--work DIR] [-- PYTEST_ARGS...]
 
 Checks a GPU machine for megarl, in this order, each step bounded in time:
   1. the NVIDIA driver (nvidia-smi) against the floor of the CUDA 13 stack (megarl/versions.py
@@ -19,18 +19,20 @@ Checks a GPU machine for megarl, in this order, each step bounded in time:
      network transport NCCL picked (NET/IB = InfiniBand/RoCE, NET/Socket = TCP), from NCCL_DEBUG=INFO
   4. the fp32 quickstart (configs/quickstart.yaml) on cuda, 2 steps, actor TP 1 on one GPU
   5. with 2 or more GPUs: the same run with actor TP 2 and rollout TP 2, colocated on 2 GPUs
-Steps 3-5 write their logs next to the report. On a machine without an NVIDIA driver the driver
+Steps 3-5 write their logs, the tiny model and data under --work. On a machine without an NVIDIA driver the driver
 check and steps 3-5 are skipped, every test of step 2 is skipped, the report says so, and the exit
 code is 0. Otherwise the exit code is 1 when any step failed (each failure is named at the end),
 0 when all passed.
 
-The Python must have megarl installed with the CUDA stack: inside the CUDA image (docker/Dockerfile),
-or an environment made as docker/README.md says. This script installs nothing.
+The Python must have megarl installed with the CUDA stack and pytest (the gpu and dev extras, installed
+as docker/README.md says); the CUDA image (docker/Dockerfile) holds neither pytest nor tests/. This
+script installs nothing.
 
 Options:
   --python PY    interpreter to run with (default: $MEGARL_PYTHON, else .venv/bin/python when it
                  exists, else python3)
   --report PATH  where the JSON report goes (default: benchmarks/results/gpu_check.json)
+  --work DIR     scratch directory of steps 3-5 (default: outputs/gpu_check)
   -h, --help     show this help
 USAGE
 }
@@ -38,11 +40,13 @@ USAGE
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python_bin="${MEGARL_PYTHON:-}"
 report="$root/benchmarks/results/gpu_check.json"
+work="$root/outputs/gpu_check"
 while [ $# -gt 0 ]; do
   case "$1" in
     -h|--help) usage; exit 0 ;;
     --python) [ $# -ge 2 ] || { echo "gpu_check.sh: --python needs a value" >&2; exit 2; }; python_bin="$2"; shift 2 ;;
     --report) [ $# -ge 2 ] || { echo "gpu_check.sh: --report needs a value" >&2; exit 2; }; report="$2"; shift 2 ;;
+    --work) [ $# -ge 2 ] || { echo "gpu_check.sh: --work needs a value" >&2; exit 2; }; work="$2"; shift 2 ;;
     --) shift; break ;;
     *) echo "gpu_check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -52,20 +56,24 @@ if [ -z "$python_bin" ]; then
 fi
 command -v "$python_bin" >/dev/null 2>&1 || { echo "gpu_check.sh: ERROR: no interpreter '$python_bin' (use --python)" >&2; exit 2; }
 "$python_bin" -c 'import megarl, torch, pytest' 2>/dev/null || {
-  echo "gpu_check.sh: ERROR: $python_bin cannot import megarl, torch and pytest; install megarl with" \
-       "pip install -e '.[gpu,dev]' (or run inside the CUDA image), or point --python at such an interpreter" >&2
+  echo "gpu_check.sh: ERROR: $python_bin cannot import megarl, torch and pytest; install megarl with the gpu" \
+       "and dev extras as docker/README.md says ('Installing the gpu extra outside the image')," \
+       "or point --python at such an interpreter" >&2
   exit 2
 }
 case "$report" in /*) ;; *) report="$PWD/$report" ;; esac
+case "$work" in /*) ;; *) work="$PWD/$work" ;; esac
 
 cd "$root"
-logs="$(dirname "$report")"
-mkdir -p "$logs"
+mkdir -p "$(dirname "$report")"
+mkdir -p "$work"
+# only what this script makes there (a --work pointed at a used directory keeps the rest)
+rm -rf "$work/tiny-model" "$work/quickstart-data" "$work/quickstart_fp32_cuda" "$work/quickstart_tp2_colocated"
 # Bounds per step (seconds): the script runs on short device leases.
 probe_timeout=180
 train_timeout=420
 
-# 1. Driver. One line per GPU; nvidia-smi ignores CUDA_VISIBLE_DEVICES, like the Ray/vLLM placement does not.
+# 1. Driver. One line per GPU of the machine (nvidia-smi ignores CUDA_VISIBLE_DEVICES).
 gpus=0
 if command -v nvidia-smi >/dev/null 2>&1; then
   floor="$("$python_bin" -c 'from megarl.versions import CUDA_DRIVER_MIN; print(CUDA_DRIVER_MIN)')"
@@ -100,7 +108,7 @@ PY
 
 # 3. NCCL all-reduce over the local GPUs; NCCL's INFO log says which network transport it loaded.
 if [ "$gpus" -ge 1 ]; then
-  log="$logs/nccl_probe.log"
+  log="$work/nccl_probe.log"
   if NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET timeout "$probe_timeout" \
        "$python_bin" -m torch.distributed.run --standalone --nproc-per-node "$gpus" scripts/nccl_probe.py >"$log" 2>&1; then
     grep -m 1 '^nccl_probe:' "$log" || failed+=("NCCL probe (no result line in $log)")
@@ -119,27 +127,27 @@ if [ "$gpus" -ge 1 ]; then
   fi
 fi
 
-# 4-5. The fp32 quickstart on cuda, then TP 2 / rollout TP 2 colocated; the tiny model and data are made
-# in a scratch directory next to the report.
+# 4-5. The fp32 quickstart on cuda, then TP 2 / rollout TP 2 colocated, on a tiny model and data made in
+# the scratch directory.
 run_quickstart() {  # NAME KEY=VALUE...: 2 steps of configs/quickstart.yaml on cuda
-  local name="$1" work="$logs/$1"
+  local name="$1" dir="$work/$1"
   shift
-  rm -rf "$work" && mkdir -p "$work"
+  mkdir -p "$dir"
   if timeout "$train_timeout" "$python_bin" -m megarl.cli.main train configs/quickstart.yaml \
        trainer.device=cuda trainer.total_steps=2 checkpoint.resume=disable \
-       model.path="$logs/tiny-model" "data.train_files=[$logs/quickstart-data/train.jsonl]" \
-       "data.val_files=[$logs/quickstart-data/val.jsonl]" checkpoint.dir="$work/checkpoints" \
-       trainer.output_dir="$work/outputs" "$@" >"$work/train.log" 2>&1; then
+       model.path="$work/tiny-model" "data.train_files=[$work/quickstart-data/train.jsonl]" \
+       "data.val_files=[$work/quickstart-data/val.jsonl]" checkpoint.dir="$dir/checkpoints" \
+       trainer.output_dir="$dir/outputs" "$@" >"$dir/train.log" 2>&1; then
     echo "gpu_check.sh: $name: OK ($*)"
   else
-    echo "gpu_check.sh: ERROR: $name failed or ran past ${train_timeout}s ($*); its log: $work/train.log" >&2
-    tail -n 20 "$work/train.log" >&2
+    echo "gpu_check.sh: ERROR: $name failed or ran past ${train_timeout}s ($*); its log: $dir/train.log" >&2
+    tail -n 20 "$dir/train.log" >&2
     failed+=("$name")
   fi
 }
 if [ "$gpus" -ge 1 ]; then
-  if "$python_bin" -m megarl.cli.main init-tiny-model --out "$logs/tiny-model" --arch qwen2 >"$logs/prepare.log" 2>&1 \
-     && "$python_bin" -m megarl.cli.main make-data --task repeat_first_char --out "$logs/quickstart-data" >>"$logs/prepare.log" 2>&1; then
+  if "$python_bin" -m megarl.cli.main init-tiny-model --out "$work/tiny-model" --arch qwen2 >"$work/prepare.log" 2>&1 \
+     && "$python_bin" -m megarl.cli.main make-data --task repeat_first_char --out "$work/quickstart-data" >>"$work/prepare.log" 2>&1; then
     run_quickstart quickstart_fp32_cuda actor.parallel.tensor_model_parallel_size=1 placement.gpus_per_node=1
     if [ "$gpus" -ge 2 ]; then
       run_quickstart quickstart_tp2_colocated actor.parallel.tensor_model_parallel_size=2 \
@@ -148,7 +156,7 @@ if [ "$gpus" -ge 1 ]; then
       echo "gpu_check.sh: TP 2 / rollout TP 2 colocated run skipped: 1 GPU"
     fi
   else
-    echo "gpu_check.sh: ERROR: making the tiny model and data failed; its log: $logs/prepare.log" >&2
+    echo "gpu_check.sh: ERROR: making the tiny model and data failed; its log: $work/prepare.log" >&2
     failed+=("quickstart preparation")
   fi
 fi

@@ -31,7 +31,8 @@ def _gpu_test_ids() -> set[str]:
 def test_gpu_check_reports_every_gpu_test_skipped_without_cuda(tmp_path):
     report_path = tmp_path / "report" / "gpu_check.json"
     result = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "--python", sys.executable, "--report", str(report_path)],
+        ["bash", "scripts/gpu_check.sh", "--python", sys.executable, "--report", str(report_path),
+         "--work", str(tmp_path / "work")],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -102,7 +103,7 @@ def _fake_gpu_run(tmp_path, *, gpus=2, driver="580.95.05", nccl=NCCL_IB, probe_r
            "FAKE_NCCL_LINES": nccl, "FAKE_PROBE_RC": str(probe_rc), "FAKE_TRAIN_FAILS": train_fails,
            "FAKE_LOG": str(log), "REAL_PYTHON": sys.executable}
     result = subprocess.run(["bash", "scripts/gpu_check.sh", "--python", str(bin_dir / "python"),
-                             "--report", str(tmp_path / "out" / "gpu_check.json")],
+                             "--report", str(tmp_path / "report" / "gpu_check.json"), "--work", str(tmp_path / "out")],
                             cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     calls = log.read_text().splitlines() if log.exists() else []
     return result, calls
