@@ -22,5 +22,9 @@ CUDA_IMAGE = "nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04"
 # glibc of CUDA_IMAGE's Ubuntu 24.04: the newest manylinux tag its Python can install
 # (tests/deploy/test_pin_resolution.py resolves the GPU pins for it).
 CUDA_IMAGE_GLIBC = "2.39"
+# Oldest NVIDIA driver the GPU image runs on: CUDA 13.x applications need an R580+ driver (minor version
+# compatibility), 580.65.06 being the CUDA 13.0 GA driver. The image's label io.megarl.cuda-driver-min and
+# scripts/gpu_check.sh's driver check read this value. Sources: docker/README.md.
+CUDA_DRIVER_MIN = "580.65.06"
 # KubeRay operator the manifests in k8s/ are written and checked for (schemas: ../shared/kuberay/). [deploy]
 KUBERAY = "1.7.0"

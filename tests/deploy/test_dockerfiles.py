@@ -1,6 +1,8 @@
 """docker/: both Dockerfiles parse, every pip install in them is constrained by constraints.txt (the file
 scripts/setup.sh installs with), their ARG defaults equal megarl/versions.py and constraints.txt (and the
-README's table), they run as a non-root numeric user (the one k8s/ runs as) with ENTRYPOINT ["megarl"].
+README's table), they run as a non-root numeric user (the one k8s/ runs as) with ENTRYPOINT ["megarl"]. The GPU image's
+Transformer Engine step (build tools and torch first, no build isolation, pins), RDMA packages, driver-floor
+label and `hf` CLI, and docker/README.md's install of the gpu extra in the image's order.
 No Docker engine runs in CI: the images are not built here."""
 
 import json
@@ -180,3 +182,99 @@ def test_readme_version_table_matches_versions_py():
         "Transformer Engine": versions.TRANSFORMER_ENGINE,
         "Ray": versions.RAY,
     }
+
+
+TE_BUILD_TOOLS = ["setuptools", "wheel", "pybind11", "ninja"]
+"""What Transformer Engine 2.9's PyTorch extension build imports (its bdist_wheel subclasses
+wheel.bdist_wheel; pybind11 and ninja for the C++/CUDA extension): without build isolation pip installs
+none of them, so they must be installed before it."""
+TE_INSTALL = r'--no-build-isolation -c constraints.txt "transformer-engine\[core-cu13,pytorch\]"'
+
+
+def _installed_names(command: str) -> list[str]:
+    """The requirement names a `pip install ...` command names, options dropped: ["torch", "ray", ...]."""
+    words = [word.strip('"') for word in command.split()[2:]]
+    names, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in {"-c", "-r", "--index-url", "--extra-index-url"}:
+            skip = True
+        elif not word.startswith("-"):
+            names.append(canonicalize_name(re.split(r"[\[=<>~!]", word)[0]) if word[0] != "." else word)
+    return names
+
+
+def _check_te_step(installs: list[str], where: str) -> None:
+    """Torch and the build tools come before Transformer Engine, which is built without isolation; every
+    build tool is pinned (in the command or by constraints.txt)."""
+    (te_index,) = [index for index, command in enumerate(installs) if "transformer-engine" in command]
+    assert re.search(TE_INSTALL, installs[te_index]), \
+        f"{where}: Transformer Engine must be built with {TE_INSTALL!r} against the installed torch: {installs[te_index]}"
+    before = [name for command in installs[:te_index] for name in _installed_names(command)]
+    assert "torch" in before, f"{where}: torch is not installed before Transformer Engine is compiled against it"
+    pins = constraints()
+    for tool in TE_BUILD_TOOLS:
+        assert tool in before, \
+            f"{where}: {tool} is not installed before Transformer Engine, whose build (no isolation) imports it"
+        command = next(command for command in installs[:te_index] if tool in _installed_names(command))
+        assert tool in pins or re.search(rf'"?{tool}==[\w.]+"?', command), \
+            f"{where}: {tool} is installed unpinned (neither in the command nor in constraints.txt): {command}"
+
+
+def test_gpu_image_installs_te_build_tools_before_compiling_te():
+    _check_te_step(_pip_installs(_load("Dockerfile")), "docker/Dockerfile")
+
+
+def test_te_step_check_catches_missing_tools_order_and_isolation():
+    good = ['pip install -c constraints.txt torch', 'pip install -c constraints.txt "setuptools==1" "wheel==1" '
+            '"pybind11==1" ninja', 'pip install --no-build-isolation -c constraints.txt "transformer-engine[core-cu13,pytorch]"']
+    _check_te_step(good, "good")
+    with pytest.raises(AssertionError, match="wheel is not installed before"):
+        _check_te_step([good[0], good[1].replace('"wheel==1" ', ""), good[2]], "no wheel")
+    with pytest.raises(AssertionError, match="torch is not installed before"):
+        _check_te_step([good[1], good[2], good[0]], "torch after")
+    with pytest.raises(AssertionError, match="--no-build-isolation"):
+        _check_te_step([good[0], good[1], good[2].replace("--no-build-isolation ", "")], "isolated")
+    with pytest.raises(AssertionError, match="pybind11 is installed unpinned"):
+        _check_te_step([good[0], good[1].replace('"pybind11==1"', "pybind11"), good[2]], "unpinned")
+
+
+def test_readme_gpu_extra_install_follows_the_image():
+    """docker/README.md's install of the gpu extra outside the image: the Dockerfile's steps, in its order."""
+    section = (DOCKER / "README.md").read_text().split("## Installing the `gpu` extra outside the image")[1]
+    block = section.split("```bash\n")[1].split("```")[0]
+    lines = [line.strip() for line in block.splitlines() if line.strip().startswith("pip install")]
+    _check_te_step(lines, "docker/README.md")
+    image = [command.replace("--no-cache-dir ", "") for command in _pip_installs(_load("Dockerfile"))]
+    te_index = next(index for index, command in enumerate(image) if "transformer-engine" in command)
+    assert lines[:te_index + 1] == image[:te_index + 1], "docker/README.md's install steps differ from the Dockerfile's"
+    assert lines[-1] == 'pip install -c constraints.txt -e ".[gpu,dev]"' and len(lines) == te_index + 2
+
+
+def test_gpu_image_has_rdma_userspace():
+    runs = " ".join(rest for name, rest in _load("Dockerfile").instructions if name == "RUN")
+    apt = [run for run in runs.split("&&") if "apt-get install" in run and "python" in run]
+    for package in ["rdma-core", "libibverbs1", "ibverbs-providers"]:
+        assert any(re.search(rf"(^|\s){package}(\s|$)", run) for run in apt), \
+            f"docker/Dockerfile does not apt-get install {package}: NCCL would use TCP instead of InfiniBand"
+
+
+def test_gpu_image_driver_floor_label_and_readme():
+    label = _load("Dockerfile").last("LABEL")
+    assert f'io.megarl.cuda-driver-min="{versions.CUDA_DRIVER_MIN}"' in label, \
+        f"docker/Dockerfile: label io.megarl.cuda-driver-min must be megarl/versions.py's {versions.CUDA_DRIVER_MIN}"
+    assert versions.CUDA_DRIVER_MIN.startswith("580."), "CUDA 13.x needs an R580+ driver"
+    section = (DOCKER / "README.md").read_text().split("## NVIDIA driver")[1].split("\n## ")[0]
+    assert f"**{versions.CUDA_DRIVER_MIN} or newer (R580+)**" in section
+    assert "io.megarl.cuda-driver-min" in section
+
+
+def test_gpu_image_has_the_hf_cli_that_k8s_prepare_calls():
+    job = yaml.safe_load((REPO / "k8s" / "prepare" / "job.yaml").read_text())
+    script = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    assert re.search(r"^\s*hf download ", script, re.MULTILINE), "k8s/prepare no longer calls `hf download`"
+    runs = [_load("Dockerfile").expand(rest) for name, rest in _load("Dockerfile").instructions if name == "RUN"]
+    megarl_run = next(run for run in runs if '".[gpu,wandb]"' in run)
+    assert "&& hf version" in megarl_run, "the GPU image build must run the `hf` CLI that k8s/prepare calls"
+    assert "huggingface-hub" in {canonicalize_name(name) for name in constraints()}
