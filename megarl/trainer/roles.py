@@ -248,9 +248,21 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
         offload_before_engines(started.values(), config.rollout.gpu_memory_utilization)
     groups = {role.role: started[role.role if role.own_group else "policy"]
               for role in (plan.actor, plan.critic, plan.ref) if role is not None}
-    rollout = config.rollout
     with startup("engines"):
         rollout_group = start_rollout(config, plan, pg, share.gpus if plan.colocated else bundle.gpus, env)
+    try:
+        return _connect(config, plan, device, startup, groups, rollout_group, pg)
+    except BaseException:
+        # The run has no `Roles` to shut down yet: the engines' own clean-up still runs (their TP workers'
+        # shared memory, issue 36); the Megatron ranks go with Ray.
+        rollout_group.shutdown(ENGINE_SHUTDOWN_TIMEOUT_S)
+        raise
+
+
+def _connect(config: Config, plan: BatchPlan, device: str, startup: PhaseTimer, groups: dict, rollout_group: WorkerGroup,
+             pg) -> Roles:
+    """The started groups as `Roles`, with the weight sync between them connected."""
+    rollout = config.rollout
     policy = groups["actor"].workers
     routes = shared_routes(config, plan, groups["actor"].grids)
     policy_nodes = policy.node_ids()

@@ -163,3 +163,30 @@ def test_a_packed_role_gets_rows_balanced_by_tokens_and_returns_them_in_order():
     staged = roles.stage(batch)
     assert torch.equal(staged.gather("compute_ref_log_prob"), ref_log_probs_of(batch))
     assert staged_rows(ref) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+
+
+def test_engines_started_before_a_failed_start_up_run_their_own_shutdown(monkeypatch):
+    """A start-up that fails after the engines started (the weight sync's connection, the transport's
+    placement check) has no `Roles` for `Trainer.fit` to shut down: the engines' own clean-up must still
+    run (a TP > 1 engine's workers hold /dev/shm segments that a kill leaves behind, issue 36)."""
+    from types import SimpleNamespace
+
+    from megarl.trainer import roles
+    from megarl.trainer.timing import STARTUP_PHASES, PhaseTimer
+
+    config, plan = plan_of()
+    calls = []
+    engines = SimpleNamespace(shutdown=lambda timeout_s: calls.append(("engines.shutdown", timeout_s)))
+    monkeypatch.setattr(roles, "create_placement_group", lambda *args: "pg")
+    monkeypatch.setattr(roles.MegatronGroup, "start", staticmethod(lambda name, *args, **kwargs: SimpleNamespace(
+        workers=SimpleNamespace(node_ids=lambda: ["node"] * 2), grids=grids(2, 1))))
+    monkeypatch.setattr(roles, "offload_before_engines", lambda *args: None)
+    monkeypatch.setattr(roles, "start_rollout", lambda *args: engines)
+
+    def no_connection(*args):
+        raise RuntimeError("the sync group did not form")
+
+    monkeypatch.setattr(roles, "_connect", no_connection)
+    with pytest.raises(RuntimeError, match="the sync group did not form"):
+        roles.start_roles(config, plan, 2, {}, "cpu", PhaseTimer(phases=STARTUP_PHASES))
+    assert calls == [("engines.shutdown", roles.ENGINE_SHUTDOWN_TIMEOUT_S)]
