@@ -1,4 +1,7 @@
-"""The built-in `python` tool: runs code in a fresh, resource-limited process without network."""
+"""The built-in `python` tool: runs code in namespaces of its own (`megarl.tools.builtin.sandbox`): no view
+of the host's files (a read-only system, a private /tmp), of other processes or of the network, a scrubbed
+environment and resource limits. Each call is a fresh `unshare` of util-linux (its cost: see
+`megarl/tools/builtin/sandbox.py`); everything the code starts dies with the call."""
 
 from __future__ import annotations
 
@@ -22,6 +25,12 @@ OPEN_FILES = 64
 """Open file descriptors (RLIMIT_NOFILE)."""
 FILE_BYTES = 16 << 20
 """Largest file the code may write (RLIMIT_FSIZE); its stdout and stderr are such files too."""
+PROCESSES = 32
+"""Processes the code may run at once (RLIMIT_NPROC, counted in its user namespace)."""
+TMP_BYTES = 64 << 20
+"""Size of the code's private, writable /tmp (its working directory)."""
+UNSHARE = ("unshare", "--user", "--map-root-user", "--mount", "--pid", "--net", "--fork", "--kill-child")
+"""The namespaces of one call (util-linux `unshare`); `--kill-child`: killing unshare kills the namespace."""
 OUTPUT_CHARS = 4000
 """Characters of stdout the observation keeps; the rest is cut with a note."""
 
@@ -30,13 +39,14 @@ def python(code: str) -> str:
     """Run a Python program and return what it prints to standard output.
 
     Args:
-        code: The program's source; print() the values you want to see. No network, no subprocesses.
+        code: The program's source; print() the values you want to see. No network; only /tmp is writable.
     """
     with tempfile.TemporaryDirectory(prefix="megarl-python-") as workdir:
         stdout_path, stderr_path = Path(workdir, "stdout"), Path(workdir, "stderr")
         with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
-            command = [sys.executable, "-I", sandbox.__file__, str(MEMORY_BYTES), str(CPU_S), str(OPEN_FILES),
-                       str(FILE_BYTES)]
+            limits = (MEMORY_BYTES, CPU_S, OPEN_FILES, FILE_BYTES, PROCESSES, TMP_BYTES)
+            command = [*UNSHARE, "--", os.path.realpath(sys.executable), "-I", sandbox.__file__,
+                       os.path.realpath(sys.base_prefix), *map(str, limits)]
             process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, cwd=workdir,
                                        env=_sandbox_environment(workdir))
             try:
@@ -71,7 +81,7 @@ def _head(path: Path) -> str:
 
 def _failure(returncode: int, stderr_path: Path) -> str:
     """One line saying why the program stopped: the last line of its error, or the limit it hit."""
-    if returncode == -signal.SIGXCPU:
+    if returncode == 128 + signal.SIGXCPU:
         return f"Error: the program used more than {CPU_S} s of CPU time and was stopped"
     with open(stderr_path, "rb") as file:
         file.seek(max(0, stderr_path.stat().st_size - 4096))
