@@ -82,12 +82,22 @@ def build_root(root: str, prefix: str, tmp_bytes: int) -> None:
     check(libc.umount2(b".", MNT_DETACH), "detach the old root")
     os.chdir("/")
     mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    bound_processes()
+    os.chdir("/tmp")
+
+
+def bound_processes() -> None:
+    """Lower the namespace's pid_max; where the kernel (< 6.14) has one pid_max for all, RLIMIT_NPROC
+    alone bounds the processes, which the host's root is exempt from: then refuse to run."""
     try:
         with open("/proc/sys/kernel/pid_max", "w") as file:
             file.write(str(PID_MAX))
-    except OSError:  # a kernel before 6.14 has one pid_max for all: RLIMIT_NPROC bounds non-root users
-        pass
-    os.chdir("/tmp")
+    except OSError:
+        with open("/proc/self/uid_map") as file:
+            outer_uid = int(file.read().split()[1])
+        if outer_uid == 0:
+            sys.exit("Error: the sandbox cannot bound the processes of code run by root on this kernel "
+                     "(Linux < 6.14 has no pid_max per namespace): run megarl as a non-root user")
 
 
 def drop_privileges() -> None:
@@ -114,6 +124,8 @@ def run_code(limits: list[int], code: str) -> None:
 
 
 def main() -> None:
+    if os.getpid() != 1:  # not in a pid namespace of its own: its mounts would change the host's
+        sys.exit("Error: sandbox.py runs only as pid 1 of new namespaces (under megarl's unshare command)")
     prefix = sys.argv[1]
     *limits, tmp_bytes = map(int, sys.argv[2:8])
     code = sys.stdin.read()
@@ -122,17 +134,8 @@ def main() -> None:
     os.environ["HOME"] = "/tmp"
     child = os.fork()
     if child == 0:
-        try:
-            run_code(limits, code)
-        except SystemExit:
-            raise
-        except BaseException:
-            import traceback
-            traceback.print_exc()
-            sys.stderr.flush()
-            os._exit(1)
-        sys.stdout.flush()
-        os._exit(0)
+        run_code(limits, code)  # its exceptions and exit() end this process as they end a script
+        return
     while True:  # pid 1 reaps every orphan until the code's own process ends
         pid, status = os.wait()
         if pid == child:

@@ -1,0 +1,141 @@
+"""Hostile code in the python tool ends as an observation (an error or a plain result) and changes nothing
+outside its sandbox: other processes' environments, the host's files, the network, the machine's processes."""
+
+import os
+import socket
+import textwrap
+
+import pytest
+
+import megarl.tools.builtin.python as python_tool
+import megarl.tools.builtin.sandbox as sandbox
+from megarl.tools.builtin.python import python
+
+
+def run(code: str) -> str:
+    return python(textwrap.dedent(code))
+
+
+def test_no_process_of_the_host_is_visible_nor_its_environment(monkeypatch):
+    monkeypatch.setenv("MEGARL_TEST_CANARY_TOKEN", "canary-7d1f")
+    seen = run(f"""
+        import os
+        try:
+            print(open('/proc/{os.getpid()}/environ', 'rb').read())
+        except OSError as error:
+            print(type(error).__name__)
+        found = []
+        for pid in os.listdir('/proc'):
+            try:
+                found.append(open(f'/proc/{{pid}}/environ', 'rb').read())
+            except OSError:
+                pass
+        print(sorted(p for p in os.listdir('/proc') if p.isdigit()), b'canary-7d1f' in b''.join(found))
+    """)
+    # Pid 1 is the sandbox's init, 2 the code: the test process (an ancestor) does not exist there.
+    assert seen == "FileNotFoundError\n['1', '2'] False"
+
+
+def test_host_files_are_neither_visible_nor_writable(tmp_path):
+    keep = tmp_path / "checkpoint" / "model.bin"
+    keep.parent.mkdir()
+    keep.write_bytes(b"weights")
+    seen = run(f"""
+        import os, shutil
+        for attempt in (lambda: shutil.rmtree({str(keep.parent)!r}), lambda: open({str(keep)!r}, 'wb'),
+                        lambda: os.listdir({str(tmp_path)!r}), lambda: os.listdir('/tmp/ray'),
+                        lambda: os.listdir('/work'), lambda: open('/usr/megarl-test-file', 'w'),
+                        lambda: os.remove('/usr/bin/env')):
+            try:
+                attempt()
+                print('done')
+            except OSError as error:
+                print(type(error).__name__)
+    """)
+    assert seen.splitlines() == ["FileNotFoundError"] * 5 + ["OSError"] * 2  # OSError: read-only file system
+    assert keep.read_bytes() == b"weights"
+
+
+def test_the_private_tmp_is_writable_and_gone_after_the_call():
+    assert run("""
+        import os
+        open('notes.txt', 'w').write('x' * 1000)
+        print(os.getcwd(), os.listdir('.'))
+    """) == "/tmp ['notes.txt']"
+    assert run("import os\nprint(os.listdir('/tmp'))") == "[]"
+
+
+def test_no_network_even_to_a_port_the_host_listens_on():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        seen = run(f"""
+            import socket
+            try:
+                socket.create_connection(('127.0.0.1', {port}), timeout=2)
+                print('connected')
+            except OSError as error:
+                print(type(error).__name__)
+        """)
+    assert seen in ("ConnectionRefusedError", "OSError")  # the sandbox's own loopback is down
+    assert seen != "connected"
+
+
+def test_processes_run_inside_and_die_with_the_call():
+    # A daemon that outlives its parent: gone once the call ends (pid 1 of the namespace exits).
+    assert run("""
+        import subprocess
+        print(subprocess.run(['echo', 'child'], capture_output=True, text=True).stdout.strip())
+        subprocess.Popen(['sleep', '600'], start_new_session=True)
+    """) == "child"
+    assert not any(_command_line(pid).startswith(b"sleep\x00600") for pid in os.listdir("/proc") if pid.isdigit())
+
+
+def _command_line(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            return file.read()
+    except OSError:
+        return b""
+
+
+def test_a_fork_bomb_is_bounded_and_ends(monkeypatch):
+    monkeypatch.setattr(python_tool, "WALL_S", 20.0)
+    seen = run(f"""
+        import os
+        started = 0
+        try:
+            while True:
+                if os.fork() == 0:
+                    import time
+                    time.sleep(600)
+                started += 1
+        except OSError as error:
+            print(started < {sandbox.PID_MAX}, type(error).__name__)
+    """)
+    # EAGAIN at RLIMIT_NPROC (a non-root user) or at the namespace's pid_max (root, exempt from RLIMIT_NPROC)
+    assert seen == "True BlockingIOError"
+
+
+def test_a_memory_hog_ends_with_an_error():
+    assert run("""
+        blocks = []
+        while True:
+            blocks.append(bytearray(64 << 20))
+    """) == "MemoryError"
+
+
+def test_endless_output_is_capped(monkeypatch):
+    monkeypatch.setattr(python_tool, "WALL_S", 30.0)
+    seen = run("""
+        while True:
+            print('x' * 1000)
+    """)
+    assert seen.startswith("x" * 1000) and f"(output cut at {python_tool.OUTPUT_CHARS} characters)" in seen
+    assert seen.endswith("File too large")  # RLIMIT_FSIZE ended it
+
+
+@pytest.mark.parametrize("code", ["print(sum(i * i for i in range(10)))", "import json, math\nprint(json.dumps(math.sqrt(2)))"])
+def test_ordinary_code_still_works(code):
+    assert run(code) in ("285", "1.4142135623730951")
