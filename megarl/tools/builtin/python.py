@@ -41,14 +41,17 @@ def python(code: str) -> str:
     Args:
         code: The program's source; print() the values you want to see. No network; only /tmp is writable.
     """
+    return execute(code, isolated=True)
+
+
+def execute(code: str, isolated: bool) -> str:
+    """The observation of running `code`: in its sandbox, or (`isolated` false: only where the user set
+    `rollout.multi_turn.python_tool.unsafe_no_sandbox`) in a plain limited process with the user's rights."""
     with tempfile.TemporaryDirectory(prefix="megarl-python-") as workdir:
         stdout_path, stderr_path = Path(workdir, "stdout"), Path(workdir, "stderr")
         with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
-            limits = (MEMORY_BYTES, CPU_S, OPEN_FILES, FILE_BYTES, PROCESSES, TMP_BYTES)
-            command = [*UNSHARE, "--", os.path.realpath(sys.executable), "-I", sandbox.__file__,
-                       os.path.realpath(sys.base_prefix), *map(str, limits)]
-            process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, cwd=workdir,
-                                       env=_sandbox_environment(workdir))
+            process = subprocess.Popen(_command(isolated), stdin=subprocess.PIPE, stdout=stdout, stderr=stderr,
+                                       cwd=workdir, env=_sandbox_environment(workdir))
             try:
                 process.communicate(code.encode(errors="replace"), timeout=WALL_S)
                 timed_out = False
@@ -62,6 +65,28 @@ def python(code: str) -> str:
         failure = f"Error: the program ran longer than {WALL_S:g} s and was stopped" if timed_out else \
             _failure(process.returncode, stderr_path)
         return "\n".join(part for part in (printed, failure) if part)
+
+
+def sandbox_problem() -> str | None:
+    """Why this machine cannot run the sandbox (e.g. user namespaces not permitted), or None: one empty
+    program is run in it."""
+    with tempfile.TemporaryDirectory(prefix="megarl-python-") as workdir:
+        try:
+            done = subprocess.run(_command(isolated=True), input=b"", capture_output=True, cwd=workdir,
+                                  env=_sandbox_environment(workdir), timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as error:  # no unshare on PATH; a machine too busy
+            return f"{type(error).__name__}: {error}"
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else f"the sandbox exited with code {done.returncode}"
+
+
+def _command(isolated: bool) -> list[str]:
+    limits = (MEMORY_BYTES, CPU_S, OPEN_FILES, FILE_BYTES, PROCESSES, TMP_BYTES)
+    program = [os.path.realpath(sys.executable), "-I", sandbox.__file__, "isolated" if isolated else "unisolated",
+               os.path.realpath(sys.base_prefix), *map(str, limits)]
+    return [*UNSHARE, "--", *program] if isolated else program
 
 
 def _sandbox_environment(workdir: str) -> dict[str, str]:

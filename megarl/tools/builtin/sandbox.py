@@ -1,5 +1,6 @@
-"""Runs the `python` tool's code inside its namespaces: `python -I sandbox.py <prefix> <memory> <cpu_s> <files>
-<file_bytes> <processes> <tmp_bytes>`, code on stdin.
+"""Runs the `python` tool's code inside its namespaces: `python -I sandbox.py isolated|unisolated <prefix> <memory>
+<cpu_s> <files> <file_bytes> <processes> <tmp_bytes>`, code on stdin. `unisolated` (only with the user's
+`rollout.multi_turn.python_tool.unsafe_no_sandbox`) keeps the resource limits alone.
 
 `megarl.tools.builtin.python` starts it under `unshare --user --map-root-user --mount --pid --net --fork
 --kill-child` (util-linux), so it is pid 1 of a new pid namespace, root of a new user namespace (mapped to
@@ -28,7 +29,8 @@ import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
 MNT_DETACH = 2
-SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}[os.uname().machine]
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+"""pivot_root's syscall number by machine (glibc has no wrapper for it)."""
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
 CAPABILITY_VERSION_3 = 0x20080522
 PID_MAX = 301
@@ -78,7 +80,10 @@ def build_root(root: str, prefix: str, tmp_bytes: int) -> None:
     os.makedirs(root + "/tmp")
     mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_bytes},mode=0777")
     os.chdir(root)
-    check(libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")  # the old root is stacked under the new
+    machine = os.uname().machine
+    if machine not in SYS_PIVOT_ROOT:
+        sys.exit(f"Error: the sandbox knows no pivot_root syscall number for {machine}")
+    check(libc.syscall(SYS_PIVOT_ROOT[machine], b".", b"."), "pivot_root")  # the old root is stacked under the new
     check(libc.umount2(b".", MNT_DETACH), "detach the old root")
     os.chdir("/")
     mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
@@ -104,7 +109,7 @@ def drop_privileges() -> None:
     """No capability left (not even after an exec): root of the namespace becomes a plain process."""
     for capability in range(64):
         if libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
-            break  # past the last capability the kernel knows (EINVAL)
+            break  # past the last capability the kernel knows (EINVAL), or none to drop (EPERM: unisolated, not root)
     header = (ctypes.c_uint32 * 2)(CAPABILITY_VERSION_3, 0)
     data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable: all empty (two 32-bit words each)
     check(libc.capset(header, data), "capset")
@@ -124,14 +129,16 @@ def run_code(limits: list[int], code: str) -> None:
 
 
 def main() -> None:
-    if os.getpid() != 1:  # not in a pid namespace of its own: its mounts would change the host's
-        sys.exit("Error: sandbox.py runs only as pid 1 of new namespaces (under megarl's unshare command)")
-    prefix = sys.argv[1]
-    *limits, tmp_bytes = map(int, sys.argv[2:8])
+    isolated = sys.argv[1] == "isolated"
+    if isolated and os.getpid() != 1:  # not in a pid namespace of its own: its mounts would change the host's
+        sys.exit("Error: sandbox.py isolated runs only as pid 1 of new namespaces (under megarl's unshare command)")
+    prefix = sys.argv[2]
+    *limits, tmp_bytes = map(int, sys.argv[3:9])
     code = sys.stdin.read()
     sys.stdin.close()
-    build_root(os.path.join(os.environ["HOME"], "root"), prefix, tmp_bytes)
-    os.environ["HOME"] = "/tmp"
+    if isolated:
+        build_root(os.path.join(os.environ["HOME"], "root"), prefix, tmp_bytes)
+        os.environ["HOME"] = "/tmp"
     child = os.fork()
     if child == 0:
         run_code(limits, code)  # its exceptions and exit() end this process as they end a script

@@ -9,8 +9,10 @@ import textwrap
 
 import pytest
 
+from megarl.config.rollout import MultiTurnConfig, PythonToolConfig, ToolConfig
 import megarl.tools.builtin.python as python_tool
 import megarl.tools.builtin.sandbox as sandbox
+from megarl.tools import ToolCall, ToolError, ToolSet
 from megarl.tools.builtin.python import python
 
 
@@ -148,3 +150,26 @@ def test_endless_output_is_capped(monkeypatch):
 @pytest.mark.parametrize("code", ["print(sum(i * i for i in range(10)))", "import json, math\nprint(json.dumps(math.sqrt(2)))"])
 def test_ordinary_code_still_works(code):
     assert run(code) in ("285", "1.4142135623730951")
+
+
+def test_without_a_sandbox_the_python_tool_is_refused_unless_allowed(monkeypatch, tmp_path):
+    # A machine without `unshare`: the probe fails, and the run stops at start naming the key that allows it.
+    monkeypatch.setattr(python_tool, "UNSHARE", ("/nonexistent/unshare",))
+    tools = (ToolConfig(function="calculator"), ToolConfig(function="python"))
+    with pytest.raises(ToolError, match=r"tools\[1\]\.function = 'python': this machine cannot run model-written code "
+                                        r"in its sandbox \(FileNotFoundError.*unsafe_no_sandbox: true"):
+        ToolSet(MultiTurnConfig(enable=True, tools=tools))
+    allowed = MultiTurnConfig(enable=True, tools=tools, python_tool=PythonToolConfig(unsafe_no_sandbox=True))
+    with ToolSet(allowed) as toolset:
+        toolset.wait_ready()
+        [result] = toolset.run([ToolCall("python", {"code": f"import os\nprint(os.path.exists({str(tmp_path)!r}))"})])
+    assert result.text == "True"  # it ran, unsandboxed: the host's files are in view
+
+
+def test_the_sandbox_is_used_where_it_works_whatever_the_setting(tmp_path):
+    allowed = MultiTurnConfig(enable=True, tools=(ToolConfig(function="python"),),
+                              python_tool=PythonToolConfig(unsafe_no_sandbox=True))
+    with ToolSet(allowed) as toolset:
+        toolset.wait_ready()
+        [result] = toolset.run([ToolCall("python", {"code": f"import os\nprint(os.getcwd(), os.path.exists({str(tmp_path)!r}))"})])
+    assert result.text == "/tmp False"
