@@ -6,9 +6,11 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
+from megarl.cli.main import main
 from megarl.config.rollout import MultiTurnConfig, PythonToolConfig, ToolConfig
 import megarl.tools.builtin.python as python_tool
 import megarl.tools.builtin.sandbox as sandbox
@@ -147,7 +149,8 @@ def test_endless_output_is_capped(monkeypatch):
     assert seen.endswith("File too large")  # RLIMIT_FSIZE ended it
 
 
-@pytest.mark.parametrize("code", ["print(sum(i * i for i in range(10)))", "import json, math\nprint(json.dumps(math.sqrt(2)))"])
+@pytest.mark.parametrize("code", ["print(sum(i * i for i in range(10)))",
+                                  "import json, math\nprint(json.dumps(math.sqrt(2)))"])
 def test_ordinary_code_still_works(code):
     assert run(code) in ("285", "1.4142135623730951")
 
@@ -171,5 +174,20 @@ def test_the_sandbox_is_used_where_it_works_whatever_the_setting(tmp_path):
                               python_tool=PythonToolConfig(unsafe_no_sandbox=True))
     with ToolSet(allowed) as toolset:
         toolset.wait_ready()
-        [result] = toolset.run([ToolCall("python", {"code": f"import os\nprint(os.getcwd(), os.path.exists({str(tmp_path)!r}))"})])
+        code = f"import os\nprint(os.getcwd(), os.path.exists({str(tmp_path)!r}))"
+        [result] = toolset.run([ToolCall("python", {"code": code})])
     assert result.text == "/tmp False"
+
+
+def test_validate_warns_when_the_sandbox_may_be_skipped(capsys):
+    recipe = str(Path(__file__).parents[3] / "configs" / "agent_quickstart.yaml")
+    assert main(["validate", "--no-file-checks", recipe]) == 0
+    assert warning_lines(capsys.readouterr().out) == []
+    assert main(["validate", "--no-file-checks", recipe, "rollout.multi_turn.python_tool.unsafe_no_sandbox=true"]) == 0
+    assert warning_lines(capsys.readouterr().out) == ["warning: rollout.multi_turn.python_tool.unsafe_no_sandbox is true: where this machine cannot "
+                        "sandbox the python tool, model-written code runs with your rights (your files, other "
+                        "processes' secrets, the network)"]
+
+
+def warning_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("warning: ")]
