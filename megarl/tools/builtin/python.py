@@ -29,7 +29,8 @@ PROCESSES = 32
 """Processes the code may run at once (RLIMIT_NPROC, counted in its user namespace)."""
 TMP_BYTES = 64 << 20
 """Size of the code's private, writable /tmp (its working directory)."""
-UNSHARE = ("unshare", "--user", "--map-root-user", "--mount", "--pid", "--net", "--fork", "--kill-child")
+UNSHARE = ("unshare", "--user", "--map-root-user", "--mount", "--pid", "--net", "--ipc", "--uts", "--fork",
+           "--kill-child")
 """The namespaces of one call (util-linux `unshare`); `--kill-child`: killing unshare kills the namespace."""
 OUTPUT_CHARS = 4000
 """Characters of stdout the observation keeps; the rest is cut with a note."""

@@ -2,10 +2,11 @@
 <cpu_s> <files> <file_bytes> <processes> <tmp_bytes>`, code on stdin. `unisolated` (only with the user's
 `rollout.multi_turn.python_tool.unsafe_no_sandbox`) keeps the resource limits alone.
 
-`megarl.tools.builtin.python` starts it under `unshare --user --map-root-user --mount --pid --net --fork
---kill-child` (util-linux), so it is pid 1 of a new pid namespace, root of a new user namespace (mapped to
-the tool worker's own uid), in a mount namespace of its own and a network namespace with only a down
-loopback. As pid 1 it builds the code's file system and then waits for the code:
+`megarl.tools.builtin.python` starts it under `unshare --user --map-root-user --mount --pid --net --ipc --uts
+--fork --kill-child` (util-linux), so it is pid 1 of a new pid namespace, root of a new user namespace
+(mapped to the tool worker's own uid), in mount, IPC and UTS namespaces of its own and a network
+namespace with only a down loopback. As pid 1 it builds the code's file system and then waits for the code
+(the whole call, unshare and two Python starts included, takes ~5-10 ms more than a plain Python process):
 
 - **File system.** A new root (tmpfs) holding `/usr` (and the interpreter's `<prefix>`) bound read-only,
   the host's `/bin`, `/lib*` links, `/dev/null`, a fresh `/proc` of the new pid namespace (no other
@@ -15,8 +16,10 @@ loopback. As pid 1 it builds the code's file system and then waits for the code:
 - **Processes.** The code runs in a child with no capabilities (bounding set emptied, no_new_privs), under
   resource limits (address space, CPU seconds, open files, file size, processes). The pid namespace's
   `pid_max` is lowered too (kernels >= 6.14 keep it per namespace), which bounds a fork bomb even where
-  RLIMIT_NPROC does not (the host's root is exempt from it). When the code's process ends, pid 1 exits,
-  and the kernel kills every process left in the namespace.
+  RLIMIT_NPROC does not (the host's root is exempt from it; as root on an older kernel the sandbox refuses
+  to run). Memory is bounded per process (RLIMIT_AS), so all of a call's processes together may hold
+  processes × that (a cgroup would bound the sum). When the code's process ends, pid 1 exits, and the
+  kernel kills every process left in the namespace.
 
 Pid 1 exits with the code's exit status, or 128 + the signal that killed it. It imports nothing of megarl
 (`-I`: no PYTHONPATH, no user site).
