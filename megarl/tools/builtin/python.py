@@ -5,7 +5,9 @@ environment and resource limits. Each call is a fresh `unshare` of util-linux (i
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -57,8 +59,7 @@ def execute(code: str, isolated: bool) -> str:
                 process.communicate(code.encode(errors="replace"), timeout=WALL_S)
                 timed_out = False
             except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+                _kill(process)
                 timed_out = True
         printed = _head(stdout_path)
         if process.returncode == 0:
@@ -88,6 +89,24 @@ def _command(isolated: bool) -> list[str]:
     program = [os.path.realpath(sys.executable), "-I", sandbox.__file__, "isolated" if isolated else "unisolated",
                os.path.realpath(sys.base_prefix), *map(str, limits)]
     return [*UNSHARE, "--", *program] if isolated else program
+
+
+def _kill(process: subprocess.Popen) -> None:
+    """SIGKILL `process` (unshare) and its child, the namespace's pid 1, and wait until the namespace is
+    gone: pid 1's exit ends only after every other process in its namespace has ended."""
+    try:
+        with open(f"/proc/{process.pid}/task/{process.pid}/children") as file:
+            children = [int(pid) for pid in file.read().split()]
+        init = os.pidfd_open(children[0]) if children else None
+    except OSError:  # pid 1 has just exited (and taken its namespace along)
+        init = None
+    process.kill()  # its --kill-child SIGKILLs pid 1 too, but only once the kernel has ended unshare
+    if init is not None:
+        with contextlib.suppress(ProcessLookupError):  # pid 1 has ended on its own since
+            signal.pidfd_send_signal(init, signal.SIGKILL)
+        select.select([init], [], [], 10.0)  # readable once pid 1 has ended
+        os.close(init)
+    process.wait()
 
 
 def _sandbox_environment(workdir: str) -> dict[str, str]:

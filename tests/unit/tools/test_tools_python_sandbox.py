@@ -57,7 +57,8 @@ def test_host_files_are_neither_visible_nor_writable(tmp_path):
         import os, shutil
         for attempt in (lambda: shutil.rmtree({str(keep.parent)!r}), lambda: open({str(keep)!r}, 'wb'),
                         lambda: open({str(tmp_path / "new.txt")!r}, 'w'), lambda: os.listdir({str(tmp_path)!r}),
-                        lambda: os.listdir('/tmp/ray'), lambda: os.listdir('/work')):
+                        lambda: os.listdir('/tmp/ray'), lambda: os.listdir('/work'),
+                        lambda: os.listdir('/dev/shm')):
             try:
                 attempt()
                 print('done')
@@ -65,7 +66,7 @@ def test_host_files_are_neither_visible_nor_writable(tmp_path):
                 print(type(error).__name__)
         print([bool(os.statvfs(path).f_flag & os.ST_RDONLY) for path in ('/', '/usr', '/tmp')])
     """)
-    assert seen.splitlines() == ["FileNotFoundError"] * 6 + ["[True, True, False]"]
+    assert seen.splitlines() == ["FileNotFoundError"] * 7 + ["[True, True, False]"]
     assert keep.read_bytes() == b"weights" and sorted(tmp_path.iterdir()) == [keep.parent]
 
 
@@ -103,6 +104,17 @@ def test_processes_run_inside_and_die_with_the_call():
         subprocess.Popen(['sleep', '600'], start_new_session=True)
     """) == "child"
     assert not any(_command_line(pid).startswith(b"sleep\x00600") for pid in os.listdir("/proc") if pid.isdigit())
+
+
+def test_processes_die_with_a_call_stopped_by_its_time_limit(monkeypatch):
+    monkeypatch.setattr(python_tool, "WALL_S", 2.0)
+    assert run("""
+        import subprocess, time
+        subprocess.Popen(['sleep', '601'], start_new_session=True)
+        print('started', flush=True)
+        time.sleep(600)
+    """) == "started\nError: the program ran longer than 2 s and was stopped"
+    assert not any(_command_line(pid).startswith(b"sleep\x00601") for pid in os.listdir("/proc") if pid.isdigit())
 
 
 def _command_line(pid: str) -> bytes:
