@@ -72,11 +72,20 @@ def run(args: argparse.Namespace) -> int:
     for device in _devices_left_open(config.trainer.device):
         for problem in placement_problems(config, device):
             print(f"warning: on a {device.upper()} cluster `megarl train` stops with: {problem}")
+    if config.rollout.multi_turn.python_tool.unsafe_no_sandbox:
+        print(_red("warning: rollout.multi_turn.python_tool.unsafe_no_sandbox is true: where this machine cannot "
+                   "sandbox the python tool, model-written code runs with your rights (your files, other "
+                   "processes' secrets, the network)"))
     if not check_files:
         print("skipped (--no-file-checks): existence of data files, model/tokenizer/reward-model directories (or "
               "their hub ids in the local HF cache) and the resume checkpoint; writability of checkpoint.dir and trainer.output_dir")
     print(f"\n{args.config}: OK")
     return 0
+
+
+def _red(text: str) -> str:
+    """`text` in red on a terminal, as is in a pipe or file."""
+    return f"\033[31m{text}\033[0m" if sys.stdout.isatty() else text
 
 
 def _is_sft_recipe(path: str, overrides: list[str]) -> bool:

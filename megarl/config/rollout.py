@@ -89,6 +89,20 @@ class SearchConfig:
 
 
 @dataclass(frozen=True)
+class PythonToolConfig:
+    """The built-in `python` tool: model-written code, run in a sandbox of its own per call
+    (`megarl.tools.builtin.sandbox`: its own user, pid, mount and network namespaces via util-linux
+    `unshare`, a read-only system, a private /tmp, no network, no other process visible, resource limits)."""
+
+    unsafe_no_sandbox: bool = False
+    """Where this machine cannot build the sandbox (user namespaces not permitted, no `unshare`), run the
+    code without it instead of refusing to start: it then runs with the user's rights and can read,
+    change and delete what the user can (checkpoints, other processes' environments and their secrets),
+    and reach the network. Only its resource and time limits stay. Where the sandbox works it is used
+    whatever this says; `megarl validate` prints a warning when this is true."""
+
+
+@dataclass(frozen=True)
 class MultiTurnConfig:
     """Multi-turn rollouts with tool calls (`megarl.rollout.multi_turn`): each sample generates a turn,
     its tool calls run, their observation tokens are appended (loss mask 0), and it generates again."""
@@ -112,6 +126,8 @@ class MultiTurnConfig:
     many tokens, followed by a one-line note saying so (counted in `agent/observations_truncated/mean`).
     Only a prefix of a few times this many characters is tokenized, so a megabyte result costs no more
     than a short one. >= 1."""
+    python_tool: PythonToolConfig = field(default_factory=PythonToolConfig)
+    """Settings of the built-in `python` tool (read only when it is among `tools`)."""
     straggler_wait_s: float = 1.0
     """How long the next turn's batch waits for more tool results once one trajectory's are all back.
     The trajectories still waiting after it go on running their calls and join a later batch, so one

@@ -26,6 +26,7 @@ from concurrent.futures import Future
 
 from megarl.config.rollout import MultiTurnConfig
 from megarl.tools.builtin import BUILTIN_TOOLS, tool_path
+from megarl.tools.builtin.python import sandbox_problem
 from megarl.tools.builtin.search import RetrieverClient
 from megarl.tools.calls import ToolCall, ToolError, ToolResult, one_line
 from megarl.tools.pool import MAX_WORKERS, ToolPool
@@ -33,6 +34,9 @@ from megarl.tools.pool import MAX_WORKERS, ToolPool
 logger = logging.getLogger(__name__)
 
 SEARCH = "search"
+PYTHON = "python"
+PYTHON_UNSANDBOXED = "megarl.tools.builtin.python_unsandboxed:python"
+"""The python tool where the user allowed it to run without its sandbox (`PythonToolConfig.unsafe_no_sandbox`)."""
 
 
 class ToolSet:
@@ -48,6 +52,8 @@ class ToolSet:
                      for index, (tool, path) in enumerate(zip(self.tools, paths)) if not _is_function_path(path)]
         if malformed:
             raise ToolError("\n".join(malformed))
+        paths = [_python_tool_path(multi_turn, index) if path == BUILTIN_TOOLS[PYTHON] else path
+                 for index, path in enumerate(paths)]
         self._pool = ToolPool(paths, max_workers=max_workers, startup_timeout_s=startup_timeout_s) if paths else None
         self._schemas: list[dict] | None = None
         self._index_by_name: dict[str, int] = {}
@@ -209,3 +215,20 @@ def _is_function_path(path: str) -> bool:
 def _timed_out(error: BaseException) -> bool:
     """A socket timeout, raised as is (while reading) or wrapped by urllib (while connecting)."""
     return isinstance(error, TimeoutError) or isinstance(getattr(error, "reason", None), TimeoutError)
+
+
+def _python_tool_path(multi_turn: MultiTurnConfig, index: int) -> str:
+    """The built-in python tool's function: the sandboxed one, or where this machine cannot build the sandbox,
+    the unsandboxed one if the user allowed it (ToolError naming the key otherwise)."""
+    problem = sandbox_problem()
+    if problem is None:
+        return BUILTIN_TOOLS[PYTHON]
+    if not multi_turn.python_tool.unsafe_no_sandbox:
+        raise ToolError(f"rollout.multi_turn.tools[{index}].function = 'python': this machine cannot run model-written "
+                        f"code in its sandbox ({problem}); run where unprivileged user namespaces are allowed "
+                        "(sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0, util-linux "
+                        "`unshare` on PATH), or set rollout.multi_turn.python_tool.unsafe_no_sandbox: true to run "
+                        "it with your rights")
+    logger.warning("the python tool runs model-written code WITHOUT a sandbox (%s), with your rights: "
+                   "rollout.multi_turn.python_tool.unsafe_no_sandbox is true", problem)
+    return PYTHON_UNSANDBOXED

@@ -1,8 +1,13 @@
-"""The built-in `python` tool: runs code in a fresh, resource-limited process without network."""
+"""The built-in `python` tool: runs code in namespaces of its own (`megarl.tools.builtin.sandbox`): no view
+of the host's files (a read-only system, a private /tmp), of other processes or of the network, a scrubbed
+environment and resource limits. Each call is a fresh `unshare` of util-linux (its cost: see
+`megarl/tools/builtin/sandbox.py`); everything the code starts dies with the call."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -22,6 +27,13 @@ OPEN_FILES = 64
 """Open file descriptors (RLIMIT_NOFILE)."""
 FILE_BYTES = 16 << 20
 """Largest file the code may write (RLIMIT_FSIZE); its stdout and stderr are such files too."""
+PROCESSES = 32
+"""Processes the code may run at once (RLIMIT_NPROC, counted in its user namespace)."""
+TMP_BYTES = 64 << 20
+"""Size of the code's private, writable /tmp (its working directory)."""
+UNSHARE = ("unshare", "--user", "--map-root-user", "--mount", "--pid", "--net", "--ipc", "--uts", "--fork",
+           "--kill-child")
+"""The namespaces of one call (util-linux `unshare`); `--kill-child`: killing unshare kills the namespace."""
 OUTPUT_CHARS = 4000
 """Characters of stdout the observation keeps; the rest is cut with a note."""
 
@@ -30,21 +42,24 @@ def python(code: str) -> str:
     """Run a Python program and return what it prints to standard output.
 
     Args:
-        code: The program's source; print() the values you want to see. No network, no subprocesses.
+        code: The program's source; print() the values you want to see. No network; only /tmp is writable.
     """
+    return execute(code, isolated=True)
+
+
+def execute(code: str, isolated: bool) -> str:
+    """The observation of running `code`: in its sandbox, or (`isolated` false: only where the user set
+    `rollout.multi_turn.python_tool.unsafe_no_sandbox`) in a plain limited process with the user's rights."""
     with tempfile.TemporaryDirectory(prefix="megarl-python-") as workdir:
         stdout_path, stderr_path = Path(workdir, "stdout"), Path(workdir, "stderr")
         with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
-            command = [sys.executable, "-I", sandbox.__file__, str(MEMORY_BYTES), str(CPU_S), str(OPEN_FILES),
-                       str(FILE_BYTES)]
-            process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, cwd=workdir,
-                                       env=_sandbox_environment(workdir))
+            process = subprocess.Popen(_command(isolated), stdin=subprocess.PIPE, stdout=stdout, stderr=stderr,
+                                       cwd=workdir, env=_sandbox_environment(workdir))
             try:
                 process.communicate(code.encode(errors="replace"), timeout=WALL_S)
                 timed_out = False
             except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+                _kill(process)
                 timed_out = True
         printed = _head(stdout_path)
         if process.returncode == 0:
@@ -52,6 +67,46 @@ def python(code: str) -> str:
         failure = f"Error: the program ran longer than {WALL_S:g} s and was stopped" if timed_out else \
             _failure(process.returncode, stderr_path)
         return "\n".join(part for part in (printed, failure) if part)
+
+
+def sandbox_problem() -> str | None:
+    """Why this machine cannot run the sandbox (e.g. user namespaces not permitted), or None: one empty
+    program is run in it."""
+    with tempfile.TemporaryDirectory(prefix="megarl-python-") as workdir:
+        try:
+            done = subprocess.run(_command(isolated=True), input=b"", capture_output=True, cwd=workdir,
+                                  env=_sandbox_environment(workdir), timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as error:  # no unshare on PATH; a machine too busy
+            return f"{type(error).__name__}: {error}"
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else f"the sandbox exited with code {done.returncode}"
+
+
+def _command(isolated: bool) -> list[str]:
+    limits = (MEMORY_BYTES, CPU_S, OPEN_FILES, FILE_BYTES, PROCESSES, TMP_BYTES)
+    program = [os.path.realpath(sys.executable), "-I", sandbox.__file__, "isolated" if isolated else "unisolated",
+               os.path.realpath(sys.base_prefix), *map(str, limits)]
+    return [*UNSHARE, "--", *program] if isolated else program
+
+
+def _kill(process: subprocess.Popen) -> None:
+    """SIGKILL `process` (unshare) and its child, the namespace's pid 1, and wait until the namespace is
+    gone: pid 1's exit ends only after every other process in its namespace has ended."""
+    try:
+        with open(f"/proc/{process.pid}/task/{process.pid}/children") as file:
+            children = [int(pid) for pid in file.read().split()]
+        init = os.pidfd_open(children[0]) if children else None
+    except OSError:  # pid 1 has just exited (and taken its namespace along)
+        init = None
+    process.kill()  # its --kill-child SIGKILLs pid 1 too, but only once the kernel has ended unshare
+    if init is not None:
+        with contextlib.suppress(ProcessLookupError):  # pid 1 has ended on its own since
+            signal.pidfd_send_signal(init, signal.SIGKILL)
+        select.select([init], [], [], 10.0)  # readable once pid 1 has ended
+        os.close(init)
+    process.wait()
 
 
 def _sandbox_environment(workdir: str) -> dict[str, str]:
@@ -71,7 +126,7 @@ def _head(path: Path) -> str:
 
 def _failure(returncode: int, stderr_path: Path) -> str:
     """One line saying why the program stopped: the last line of its error, or the limit it hit."""
-    if returncode == -signal.SIGXCPU:
+    if returncode == 128 + signal.SIGXCPU:
         return f"Error: the program used more than {CPU_S} s of CPU time and was stopped"
     with open(stderr_path, "rb") as file:
         file.seek(max(0, stderr_path.stat().st_size - 4096))

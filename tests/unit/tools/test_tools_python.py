@@ -1,7 +1,5 @@
 """The python tool runs code in a fresh limited process: stdout back, errors as their last line, CPU and wall
-limits, no network, no processes, bounded memory and output."""
-
-import pytest
+limits, bounded memory and output (what the sandbox keeps out: test_tools_python_sandbox.py)."""
 
 import megarl.tools.builtin.python as python_tool
 from megarl.tools.builtin.python import python
@@ -30,18 +28,6 @@ def test_a_sleeping_program_is_stopped_by_the_wall_clock_limit(monkeypatch):
     monkeypatch.setattr(python_tool, "WALL_S", 1.0)
     assert python("print('started', flush=True)\nimport time\ntime.sleep(60)") == \
         "started\nError: the program ran longer than 1 s and was stopped"
-
-
-@pytest.mark.parametrize("code, event", [
-    ("import socket\nsocket.socket()", "socket.__new__"),
-    ("import socket\nsocket.create_connection(('127.0.0.1', 9))", "socket.getaddrinfo"),
-    ("import subprocess\nsubprocess.run(['true'])", "subprocess.Popen"),
-    ("import os\nos.system('true')", "os.system"),
-    ("import os\nos.execv('/bin/true', ['true'])", "os.exec"),
-    ("import os\nos.kill(os.getppid(), 9)", "os.kill"),
-])
-def test_network_and_processes_are_refused(code, event):
-    assert python(code) == f"PermissionError: {event} is not allowed in this sandbox (no network, no processes)"
 
 
 def test_a_big_allocation_is_refused():

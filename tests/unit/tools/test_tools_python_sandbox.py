@@ -1,0 +1,205 @@
+"""Hostile code in the python tool ends as an observation (an error or a plain result) and changes nothing
+outside its sandbox: other processes' environments, the host's files, the network, the machine's processes."""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from megarl.cli.main import main
+from megarl.config.rollout import MultiTurnConfig, PythonToolConfig, ToolConfig
+import megarl.tools.builtin.python as python_tool
+import megarl.tools.builtin.sandbox as sandbox
+from megarl.tools import ToolCall, ToolError, ToolSet
+from megarl.tools.builtin.python import python
+
+
+def run(code: str) -> str:
+    return python(textwrap.dedent(code))
+
+
+def test_no_process_of_the_host_is_visible_nor_its_environment():
+    # A process of the host holding a canary token in its environment (as the driver holds HF_TOKEN).
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                              env={**os.environ, "HF_TOKEN": "canary-7d1f"})
+    try:
+        seen = run(f"""
+            import os
+            try:
+                print(open('/proc/{holder.pid}/environ', 'rb').read())
+            except OSError as error:
+                print(type(error).__name__)
+            found = []
+            for pid in os.listdir('/proc'):
+                try:
+                    found.append(open(f'/proc/{{pid}}/environ', 'rb').read())
+                except OSError:
+                    pass
+            print(sorted(p for p in os.listdir('/proc') if p.isdigit()), b'canary-7d1f' in b''.join(found))
+        """)
+    finally:
+        holder.kill()
+        holder.wait()
+    # Pid 1 is the sandbox's init, 2 the code: no process of the host exists there.
+    assert seen == "FileNotFoundError\n['1', '2'] False"
+
+
+def test_host_files_are_neither_visible_nor_writable(tmp_path):
+    # Only the test's own files are targets: were the sandbox broken, nothing else of the machine is harmed.
+    keep = tmp_path / "checkpoint" / "model.bin"
+    keep.parent.mkdir()
+    keep.write_bytes(b"weights")
+    seen = run(f"""
+        import os, shutil
+        for attempt in (lambda: shutil.rmtree({str(keep.parent)!r}), lambda: open({str(keep)!r}, 'wb'),
+                        lambda: open({str(tmp_path / "new.txt")!r}, 'w'), lambda: os.listdir({str(tmp_path)!r}),
+                        lambda: os.listdir('/tmp/ray'), lambda: os.listdir('/work'),
+                        lambda: os.listdir('/dev/shm')):
+            try:
+                attempt()
+                print('done')
+            except OSError as error:
+                print(type(error).__name__)
+        print([bool(os.statvfs(path).f_flag & os.ST_RDONLY) for path in ('/', '/usr', '/tmp')])
+    """)
+    assert seen.splitlines() == ["FileNotFoundError"] * 7 + ["[True, True, False]"]
+    assert keep.read_bytes() == b"weights" and sorted(tmp_path.iterdir()) == [keep.parent]
+
+
+def test_the_private_tmp_is_writable_and_gone_after_the_call():
+    assert run("""
+        import os
+        open('notes.txt', 'w').write('x' * 1000)
+        print(os.getcwd(), os.listdir('.'))
+    """) == "/tmp ['notes.txt']"
+    assert run("import os\nprint(os.listdir('/tmp'))") == "[]"
+
+
+def test_no_network_even_to_a_port_the_host_listens_on():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        seen = run(f"""
+            import socket
+            try:
+                socket.create_connection(('127.0.0.1', {port}), timeout=2)
+                print('connected')
+            except OSError as error:
+                print(type(error).__name__)
+        """)
+    assert seen in ("ConnectionRefusedError", "OSError")  # the sandbox's own loopback is down
+    assert seen != "connected"
+
+
+def test_processes_run_inside_and_die_with_the_call():
+    # A daemon that outlives its parent: gone once the call ends (pid 1 of the namespace exits).
+    assert run("""
+        import subprocess
+        print(subprocess.run(['echo', 'child'], capture_output=True, text=True).stdout.strip())
+        subprocess.Popen(['sleep', '600'], start_new_session=True)
+    """) == "child"
+    assert not any(_command_line(pid).startswith(b"sleep\x00600") for pid in os.listdir("/proc") if pid.isdigit())
+
+
+def test_processes_die_with_a_call_stopped_by_its_time_limit(monkeypatch):
+    monkeypatch.setattr(python_tool, "WALL_S", 2.0)
+    assert run("""
+        import subprocess, time
+        subprocess.Popen(['sleep', '601'], start_new_session=True)
+        print('started', flush=True)
+        time.sleep(600)
+    """) == "started\nError: the program ran longer than 2 s and was stopped"
+    assert not any(_command_line(pid).startswith(b"sleep\x00601") for pid in os.listdir("/proc") if pid.isdigit())
+
+
+def _command_line(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            return file.read()
+    except OSError:
+        return b""
+
+
+def test_a_fork_bomb_is_bounded_and_ends(monkeypatch):
+    monkeypatch.setattr(python_tool, "WALL_S", 20.0)
+    seen = run(f"""
+        import os
+        started = 0
+        try:
+            while True:
+                if os.fork() == 0:
+                    import time
+                    time.sleep(600)
+                started += 1
+        except OSError as error:
+            print(started < {sandbox.PID_MAX}, type(error).__name__)
+    """)
+    # EAGAIN at RLIMIT_NPROC (a non-root user) or at the namespace's pid_max (root, exempt from RLIMIT_NPROC)
+    assert seen == "True BlockingIOError"
+
+
+def test_a_memory_hog_ends_with_an_error():
+    assert run("""
+        blocks = []
+        while True:
+            blocks.append(bytearray(64 << 20))
+    """) == "MemoryError"
+
+
+def test_endless_output_is_capped(monkeypatch):
+    monkeypatch.setattr(python_tool, "WALL_S", 30.0)
+    seen = run("""
+        while True:
+            print('x' * 1000)
+    """)
+    assert seen.startswith("x" * 1000) and f"(output cut at {python_tool.OUTPUT_CHARS} characters)" in seen
+    assert seen.endswith("File too large")  # RLIMIT_FSIZE ended it
+
+
+@pytest.mark.parametrize("code", ["print(sum(i * i for i in range(10)))",
+                                  "import json, math\nprint(json.dumps(math.sqrt(2)))"])
+def test_ordinary_code_still_works(code):
+    assert run(code) in ("285", "1.4142135623730951")
+
+
+def test_without_a_sandbox_the_python_tool_is_refused_unless_allowed(monkeypatch, tmp_path):
+    # A machine without `unshare`: the probe fails, and the run stops at start naming the key that allows it.
+    monkeypatch.setattr(python_tool, "UNSHARE", ("/nonexistent/unshare",))
+    tools = (ToolConfig(function="calculator"), ToolConfig(function="python"))
+    with pytest.raises(ToolError, match=r"tools\[1\]\.function = 'python': this machine cannot run model-written code "
+                                        r"in its sandbox \(FileNotFoundError.*unsafe_no_sandbox: true"):
+        ToolSet(MultiTurnConfig(enable=True, tools=tools))
+    allowed = MultiTurnConfig(enable=True, tools=tools, python_tool=PythonToolConfig(unsafe_no_sandbox=True))
+    with ToolSet(allowed) as toolset:
+        toolset.wait_ready()
+        [result] = toolset.run([ToolCall("python", {"code": f"import os\nprint(os.path.exists({str(tmp_path)!r}))"})])
+    assert result.text == "True"  # it ran, unsandboxed: the host's files are in view
+
+
+def test_the_sandbox_is_used_where_it_works_whatever_the_setting(tmp_path):
+    allowed = MultiTurnConfig(enable=True, tools=(ToolConfig(function="python"),),
+                              python_tool=PythonToolConfig(unsafe_no_sandbox=True))
+    with ToolSet(allowed) as toolset:
+        toolset.wait_ready()
+        code = f"import os\nprint(os.getcwd(), os.path.exists({str(tmp_path)!r}))"
+        [result] = toolset.run([ToolCall("python", {"code": code})])
+    assert result.text == "/tmp False"
+
+
+def test_validate_warns_when_the_sandbox_may_be_skipped(capsys):
+    recipe = str(Path(__file__).parents[3] / "configs" / "agent_quickstart.yaml")
+    assert main(["validate", "--no-file-checks", recipe]) == 0
+    assert warning_lines(capsys.readouterr().out) == []
+    assert main(["validate", "--no-file-checks", recipe, "rollout.multi_turn.python_tool.unsafe_no_sandbox=true"]) == 0
+    assert warning_lines(capsys.readouterr().out) == ["warning: rollout.multi_turn.python_tool.unsafe_no_sandbox is true: where this machine cannot "
+                        "sandbox the python tool, model-written code runs with your rights (your files, other "
+                        "processes' secrets, the network)"]
+
+
+def warning_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("warning: ")]
