@@ -78,7 +78,7 @@ class PolicyWorker:
         self.staged: PolicyBatch | None = None
         """This replica's rows of the step's batch (`stage_batch`), with the fields kept or added since."""
         group = "actor" if actor else "critic" if critic else "ref"  # the group's first role, as the driver names it
-        self.profiler = StepProfiler(group, cuda=uses_cuda())
+        self.profiler = StepProfiler(group, rank=dist.get_rank(), cuda=uses_cuda())
 
     def grid(self) -> dict[str, int]:
         """This rank's place in the (TP, PP, DP) grid."""
@@ -89,7 +89,7 @@ class PolicyWorker:
         """Hold this replica's rows of the step's batch for the step's `call_staged` calls, in place of
         the last step's; with a `profile` request that names this rank, record the step until `stop_profile`."""
         self.staged = batch
-        self.profiler.start(profile, dist.get_rank())
+        self.profiler.start(profile)
 
     def stop_profile(self) -> str | None:
         """After a profiled step's weight sync: the step's trace written; its path (None: this rank did not record)."""

@@ -1,7 +1,7 @@
 """Torch profiler traces of chosen training steps on chosen Megatron ranks (`trainer.profile`).
 
-    profiler = StepProfiler("actor", cuda=uses_cuda())
-    profiler.start(request, rank)            # with the step's first staged call; nothing unless chosen
+    profiler = StepProfiler("actor", rank=0, cuda=uses_cuda())
+    profiler.start(request)                  # with the step's first staged call; nothing unless chosen
     with profiler.phase("update_actor"):     # a `record_function` range, and an NVTX range on CUDA
         ...
     path = profiler.stop()                   # after the step's weight sync: the Chrome trace written
@@ -52,21 +52,23 @@ def activities(cuda: bool) -> list[ProfilerActivity]:
 class StepProfiler:
     """One rank's profiler of chosen steps: idle (every `phase` a no-op) unless a step is being recorded."""
 
-    def __init__(self, group: str, *, cuda: bool):
-        """`group`: the name of the rank's group in trace file names; `cuda`: whether the rank computes on CUDA."""
+    def __init__(self, group: str, *, rank: int, cuda: bool):
+        """`group`: the name of the rank's group in trace file names; `rank`: the rank's in its group;
+        `cuda`: whether the rank computes on CUDA."""
         self.group = group
+        self.rank = rank
         self.cuda = cuda
         self.running: profile | None = None
         self.path: Path | None = None
         """The trace file of the step being recorded."""
 
-    def start(self, request: ProfileRequest | None, rank: int) -> None:
+    def start(self, request: ProfileRequest | None) -> None:
         """Record from now until `stop` when `request` names this rank (a recording already running, left
         by a step cut short, is dropped)."""
         self.running, self.path = None, None
-        if request is None or not request.chosen(rank):
+        if request is None or not request.chosen(self.rank):
             return
-        self.path = trace_path(request.directory, request.step, self.group, rank)
+        self.path = trace_path(request.directory, request.step, self.group, self.rank)
         self.running = profile(activities=activities(self.cuda))
         self.running.start()
 
