@@ -60,7 +60,7 @@ def test_a_profiled_step_writes_one_trace_per_chosen_rank_with_its_phases_and_no
     assert written == [str(root / "step_2" / "actor_rank1.pt.trace.json")]
     assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == ["step_2", "step_2/actor_rank1.pt.trace.json"]
     names = _names(root / "step_2" / "actor_rank1.pt.trace.json")
-    assert {"compute_log_prob", "update_actor", "aten::div"}  # the stand-in log-probs divide <= names
+    assert {"compute_log_prob", "update_actor", "aten::div"} <= names  # the stand-in log-probs divide
 
 
 def test_stopping_is_one_call_per_worker_group():
