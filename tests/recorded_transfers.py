@@ -30,6 +30,7 @@ from megarl.trainer.roles import MegatronGroup, Roles
 from megarl.trainer.rollout_stream import RolloutStream
 from megarl.trainer.timing import PhaseTimer
 from megarl.workers.policy_worker import PolicyWorker
+from megarl.workers.profiling import StepProfiler
 
 
 TINY_DIMS = ModelDims("qwen2", vocab_size=100, hidden_size=64, ffn_hidden_size=128, num_layers=2,
@@ -58,9 +59,12 @@ class StandInWorker:
     call_staged = PolicyWorker.call_staged
     staged_field = PolicyWorker.staged_field
     drop_staged = PolicyWorker.drop_staged
+    stop_profile = PolicyWorker.stop_profile
 
-    def __init__(self, actor_reads: tuple[str, ...]):
+    def __init__(self, actor_reads: tuple[str, ...], rank: int = 0, group: str = "actor"):
+        """`rank`, `group`: the rank's place, as `PolicyWorker`'s profiler names its traces."""
         self.staged = None
+        self.profiler = StepProfiler(group, rank=rank, cuda=False)
         self.actor_reads = actor_reads
         """The fields the actor's loss reads (`PolicyLoss.required_fields` of the run)."""
 
@@ -130,9 +134,9 @@ def _payload(args: tuple) -> tuple[dict[str, int], list[str]]:
 class RecordingWorkers:
     """A `WorkerGroup` stand-in of `world_size` `StandInWorker`s that records every call (`Call`)."""
 
-    def __init__(self, world_size: int, actor_reads: tuple[str, ...]):
+    def __init__(self, world_size: int, actor_reads: tuple[str, ...], group: str = "actor"):
         self.world_size = world_size
-        self.ranks = [StandInWorker(actor_reads) for _ in range(world_size)]
+        self.ranks = [StandInWorker(actor_reads, rank, group) for rank in range(world_size)]
         self.calls: list[Call] = []
 
     def call_each(self, method: str, per_rank_args: list[tuple], replying=None) -> list:
@@ -173,7 +177,7 @@ def recording_roles(config, plan) -> Roles:
         name = role.role if role.own_group else "policy"
         if name not in started:
             layout = grids(role.tensor_parallel, role.pipeline_parallel, role.data_parallel)
-            started[name] = MegatronGroup(RecordingWorkers(len(layout), tuple(actor_reads)), layout)
+            started[name] = MegatronGroup(RecordingWorkers(len(layout), tuple(actor_reads), role.role), layout)
     groups = {role.role: started[role.role if role.own_group else "policy"]
               for role in (plan.actor, plan.critic, plan.ref) if role is not None}
     packed = frozenset(name for name in groups if getattr(config, name).max_tokens_per_micro_batch is not None)

@@ -151,6 +151,26 @@ class RewardConfig:
 
 
 @dataclass(frozen=True)
+class ProfileConfig:
+    """Torch profiler traces of chosen training steps, per Megatron rank (`megarl.workers.profiling`):
+    a Chrome trace (open it in Perfetto or chrome://tracing) of each chosen rank's side of the step (CPU
+    ops, and CUDA kernels on GPUs) with a range per phase: the log-prob passes, the updates and the
+    weight-sync send, named by the worker method (`compute_log_prob`, `update_actor`, `send_weights`, ...).
+    On GPUs the same phases are NVTX ranges for Nsight Systems."""
+
+    steps: tuple[int, ...] = ()
+    """The training steps to record (1-based, as in metrics.jsonl); empty: profiling is off. Each
+    profiled step costs one extra call per worker group and the trace's writing."""
+    ranks: tuple[int, ...] | Literal["all"] = (0,)
+    """Which ranks of each Megatron group record (their rank in the group, 0 .. its world size - 1; a rank
+    a smaller group lacks is skipped there), or all."""
+    dir: str = ""
+    """Where the traces go, `<dir>/step_<k>/<group>_rank<r>.pt.trace.json` (`<group>`: actor, or critic
+    / ref for a group of its own); empty: `profile` in the run directory (output_dir/experiment_name).
+    On several nodes each rank writes on its own node: use a shared filesystem to see them together."""
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     """The training loop: length, validation, logging, device."""
 
@@ -191,6 +211,8 @@ class TrainerConfig:
     """The actor group's peak FLOP/s, all its devices together, that `perf/mfu` divides by (e.g. 8 × 989e12
     for 8 H100s in dense bf16, to compare with published MFU figures). None: measured at start-up, a
     ~0.3 s matmul benchmark (the best of several windows) in model.dtype on every actor rank at once (`megarl.workers.matmul_peak`)."""
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    """Torch profiler traces (and NVTX ranges on GPUs) of chosen steps on chosen ranks; off by default."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from megarl.config import names
-from megarl.config.batch_plan import batch_problems, uses_reference
+from megarl.config.batch_plan import batch_problems, plan_batches, uses_reference
 from megarl.config.config import Config
 from megarl.config.hub import cached_snapshot, hub_values, is_hub_id, missing_from_cache
 from megarl.config.loader import load_config
@@ -67,6 +67,7 @@ def validate(config: Config, check_files: bool = True) -> list[Problem]:
     _check_reward(config, check_files, problems)
     problems += tool_problems(config.rollout.multi_turn, check_files)
     _check_trainer(config, check_files, problems)
+    _check_profile(config, check_files, problems)
     _check_seeds(config, problems)
     problems += batch_problems(config)
     problems += placement_problems(config, config.trainer.device)
@@ -474,6 +475,29 @@ def _check_trainer(config: Config, check_files: bool, problems: list[Problem]) -
             problems.append(problem)
     if checkpoint.resume not in ("auto", "disable"):
         problem = _resume_problem(checkpoint.resume)
+        if problem is not None:
+            problems.append(problem)
+
+
+def _check_profile(config: Config, check_files: bool, problems: list[Problem]) -> None:
+    profile = config.trainer.profile
+    steps, ranks = list(profile.steps), profile.ranks
+    _need(problems, all(step >= 1 for step in steps) and len(set(steps)) == len(steps), "trainer.profile.steps",
+          steps, "steps count from 1 and are listed once each", "e.g. [3, 4]: a few steps after the first (warm-up)")
+    if ranks != "all":
+        _need(problems, len(ranks) > 0, "trainer.profile.ranks", [], "no rank would record the profiled steps",
+              "e.g. [0], or all")
+        _need(problems, all(rank >= 0 for rank in ranks) and len(set(ranks)) == len(ranks), "trainer.profile.ranks",
+              list(ranks), "ranks count from 0 and are listed once each", "e.g. [0], or all")
+        try:
+            train_gpus = plan_batches(config).train_gpus  # each Megatron group spans the training devices
+        except ConfigError:  # batch_problems reports why
+            train_gpus = None
+        _need(problems, train_gpus is None or all(rank < train_gpus for rank in ranks), "trainer.profile.ranks",
+              list(ranks), f"the Megatron groups have ranks 0 .. {(train_gpus or 1) - 1} ({train_gpus} training devices)",
+              f"list ranks below {train_gpus}, or all")
+    if check_files and profile.dir:
+        problem = writable_dir_problem("trainer.profile.dir", profile.dir)
         if problem is not None:
             problems.append(problem)
 

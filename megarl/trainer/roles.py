@@ -35,6 +35,7 @@ from megarl.trainer.staged_batch import StagedBatch
 from megarl.trainer.timing import PhaseTimer
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.checkpoint_files import step_dir_name
+from megarl.workers.profiling import ProfileRequest
 from megarl.workers.rollout.executor import engine_env, engine_holds_gpu
 from megarl.workers.settings import ActorSpec, CriticSpec, ModelSettings, PolicyWorkerSpec
 
@@ -110,10 +111,10 @@ class Roles:
         """The roles that run in groups of their own."""
         return {role: group for role, group in self.groups.items() if group is not self.groups["actor"]}
 
-    def stage(self, batch: PolicyBatch) -> StagedBatch:
-        """The step's `batch`, to be staged once on each group the step calls (`megarl.trainer.staged_batch`);
-        use it as a context manager: the groups drop their rows at its end."""
-        return StagedBatch(self.groups, batch, self.packed_roles)
+    def stage(self, batch: PolicyBatch, profile: ProfileRequest | None = None) -> StagedBatch:
+        """The step's `batch`, to be staged once on each group the step calls (`megarl.trainer.staged_batch`),
+        with the step's `profile` request; use it as a context manager: the groups drop their rows at its end."""
+        return StagedBatch(self.groups, batch, self.packed_roles, profile)
 
     def save_checkpoint(self, root: str, step: int, extra: dict) -> None:
         """Collective on every group with trained state: a critic of its own writes its part

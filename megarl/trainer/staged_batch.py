@@ -38,6 +38,7 @@ from megarl.trainer.rollout_batch import gather_by_dp, is_dp_leader
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.micro_batches import token_counts
 from megarl.workers.packing import balance_over_ranks
+from megarl.workers.profiling import ProfileRequest
 
 if TYPE_CHECKING:
     from megarl.trainer.roles import MegatronGroup
@@ -86,8 +87,11 @@ class GroupStage:
 class StagedBatch:
     """The driver's side of one step's staged batch (`Roles.stage`); a context manager that drops it."""
 
-    def __init__(self, groups: dict[str, MegatronGroup], batch: PolicyBatch, packed_roles: frozenset[str]):
+    def __init__(self, groups: dict[str, MegatronGroup], batch: PolicyBatch, packed_roles: frozenset[str],
+                 profile: ProfileRequest | None = None):
+        """`profile`: the step's, sent with each group's staging (`megarl.trainer.profile_schedule`)."""
         self.batch = batch
+        self.profile = profile
         """The driver's view of the step's batch: the fields it set or received (not those kept in groups)."""
         self.groups = groups
         self.packed_roles = packed_roles
@@ -147,7 +151,7 @@ class StagedBatch:
             stage = GroupStage(group, roles, self._dp_order(roles, group.dp_size))
             split = {name: stage.parts(rows) for name, rows in self._fields(stage).items()}
             parts = [PolicyBatch(**{name: rows[k] for name, rows in split.items()}) for k in range(group.dp_size)]
-            group.call_by_dp("stage_batch", [(part,) for part in parts], replies=_no_reply)
+            group.call_by_dp("stage_batch", [(part, self.profile) for part in parts], replies=_no_reply)
             stage.held = set(split)
             self.stages[id(group)] = stage
         return self.stages[id(group)]

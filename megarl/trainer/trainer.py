@@ -43,6 +43,7 @@ from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.trainer.generated import GeneratedBatch
 from megarl.trainer.handover import HandOver
 from megarl.trainer.metrics import agent_metrics, rollout_metrics, throughput_metrics, update_mfu_metrics, worker_metrics
+from megarl.trainer.profile_schedule import profile_request, stop_profiles
 from megarl.trainer.rollout import RolloutPhase
 from megarl.trainer.rollout_stream import RolloutStream
 from megarl.trainer.ray_node import WORKER_ENV, ray_cpus
@@ -181,6 +182,8 @@ class Trainer:
                     bad_steps = bad_steps + 1 if metrics.get("actor/skipped_steps") else 0
                     self._maybe_save(step, metrics)  # while the trained state is on the devices
                     metrics |= self.stream.sync(step, self.handover.to_rollout)
+                    if profile_request(self.config.trainer.profile, self.run_dir, step) is not None:  # after its sync
+                        stop_profiles(self.roles)
                     self._maybe_validate(step, phase, metrics)
                 metrics |= self.timer.pop() | self.handover.pop_memory()
                 metrics |= throughput_metrics(metrics.pop("_tokens"), metrics["timing/step"])
@@ -223,7 +226,8 @@ class Trainer:
         self.handover.to_training()  # the engines idle: their side of the hand-over does not wait for a generation
         self.stream.start_next(step)  # one_step_off: the next step's batch, generated while this one trains
         batch = rb.policy_batch(samples, response_length(config.rollout))
-        with self.roles.stage(batch) as staged:  # the batch crosses to each group once; dropped after the updates
+        profile = profile_request(config.trainer.profile, self.run_dir, step)  # the ranks start at the staging
+        with self.roles.stage(batch, profile) as staged:  # the batch crosses to each group once; dropped after the updates
             if config.reward.reward_model:
                 with timer("reward"):
                     rm_scores = staged.gather("compute_rm_scores")

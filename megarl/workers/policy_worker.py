@@ -39,6 +39,8 @@ from megarl.workers.critic import MegatronCritic
 from megarl.workers.matmul_peak import measure_matmul_peak
 from megarl.workers.megatron_train import compute_device
 from megarl.workers.memory_stats import free_device_memory, memory_stats
+from megarl.workers.profiling import ProfileRequest, StepProfiler
+from megarl.parallel.device import uses_cuda
 from megarl.workers.reference import MegatronReference
 from megarl.workers.reward_model import MegatronRewardModel
 from megarl.workers.settings import PolicyWorkerSpec
@@ -79,16 +81,23 @@ class PolicyWorker:
         self.sender: WeightSender | None = None
         self.staged: PolicyBatch | None = None
         """This replica's rows of the step's batch (`stage_batch`), with the fields kept or added since."""
+        group = "actor" if actor else "critic" if critic else "ref"  # the group's first role, as the driver names it
+        self.profiler = StepProfiler(group, rank=dist.get_rank(), cuda=uses_cuda())
 
     def grid(self) -> dict[str, int]:
         """This rank's place in the (TP, PP, DP) grid."""
         g = self.groups
         return dict(rank=dist.get_rank(), tp_rank=g.tp_rank, pp_rank=g.pp_rank, dp_rank=g.dp_rank, dp_size=g.dp_size)
 
-    def stage_batch(self, batch: PolicyBatch) -> None:
+    def stage_batch(self, batch: PolicyBatch, profile: ProfileRequest | None = None) -> None:
         """Hold this replica's rows of the step's batch for the step's `call_staged` calls, in place of
-        the last step's."""
+        the last step's; with a `profile` request that names this rank, record the step until `stop_profile`."""
         self.staged = batch
+        self.profiler.start(profile)
+
+    def stop_profile(self) -> str | None:
+        """After a profiled step's weight sync: the step's trace written; its path (None: this rank did not record)."""
+        return self.profiler.stop()
 
     def call_staged(self, method: str, fields: dict[str, Tensor], keep: str | None, output: int | None, *args):
         """`method(staged batch, *args)` once `fields` (name -> this replica's `[b, ...]` rows) are added
@@ -98,7 +107,8 @@ class PolicyWorker:
             raise ValueError(f"PolicyWorker.call_staged({method!r}): no batch is staged on this rank; "
                              "stage_batch the step's rows first")
         self.staged = dataclasses.replace(self.staged, **fields)
-        result = getattr(self, method)(self.staged, *args)
+        with self.profiler.phase(method):
+            result = getattr(self, method)(self.staged, *args)
         if output is not None:
             result = result[output]
         if keep is not None:
@@ -132,15 +142,17 @@ class PolicyWorker:
         """After the updates: the actor's and critic's gradients and optimizer state that their `offload`
         settings name leave the device (on CPU: the gradient buffers are freed, the rest stays); the parameters stay for the weight sync. This
         process's memory afterwards (`memory_stats`)."""
-        for model in self._trained_models():
-            model.offload_training_state()
+        with self.profiler.phase("offload_training_state"):
+            for model in self._trained_models():
+                model.offload_training_state()
         return memory_stats()
 
     def offload_params(self) -> dict[str, float]:
         """After the weight sync: their parameters too, where `offload.params` says so; `onload` before
         any other call on them. This process's memory afterwards."""
-        for model in self._trained_models():
-            model.offload_params()
+        with self.profiler.phase("offload_params"):
+            for model in self._trained_models():
+                model.offload_params()
         return memory_stats()
 
     def onload(self) -> dict[str, float]:
@@ -235,7 +247,8 @@ class PolicyWorker:
     def send_weights(self) -> dict[str, float]:
         """Collective: every bucket of the plan reaches the engines (each sending rank's shards, or
         rank 0's gathered buckets through its shared transport)."""
-        return self.sender.send().metrics()
+        with self.profiler.phase("send_weights"):
+            return self.sender.send().metrics()
 
     def weight_checksums(self, dtype: str) -> dict[str, int]:
         """This rank's partial checksums, in `dtype` (the engines'), of the HF tensors the engines must
