@@ -31,11 +31,12 @@ TEST_FREQ = 4  # validation after steps 4, 8 and 12 (the end)
 GRPO_ARGS = {"trainer.total_steps": STEPS, "checkpoint.save_freq": 2, "trainer.test_freq": TEST_FREQ,
              "rollout.tensor_model_parallel_size": 2}
 """The quickstart with one TP-2 engine over both trainer ranks' slots (colocated, as the seeds' layout)."""
-# Metrics every GRPO step logs (critic/, val/, dapo/, correction/ and KL-in-reward ones only when configured).
+# Metrics every GRPO step logs (critic/, val/, dapo/, correction/, overlong filtering and KL-in-reward ones
+# only when configured).
 GRPO_METRICS = {
     name for name in DOCUMENTED_METRICS
     if not name.startswith(("critic/", "val/", "timing/", "dapo/", "correction/", "actor/reward_kl_penalty"))
-    and name != "reward/rm_mean"
+    and name not in ("reward/rm_mean", "actor/overlong_filtered")
 } | {"timing/rollout", "timing/reward", "timing/adv", "timing/update_actor", "timing/sync", "timing/step",
      "timing/sleep", "timing/onload", "timing/offload", "timing/wake_up"}
 # The quickstart is colocated with rollout.free_cache_engine: every step hands the devices over, and each
@@ -50,10 +51,26 @@ HANDOVER_MEMORY = {
 @pytest.fixture(scope="module")
 def grpo_run(assets, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("grpo")
-    args = overrides(assets, run_dir, **GRPO_ARGS)
+    args = overrides(assets, run_dir, **GRPO_ARGS, **PROFILE_ARGS)
     trainer = Trainer.from_config(QUICKSTART, args)
     trainer.fit()
     return run_dir, args, read_metrics(trainer.run_dir / "metrics.jsonl"), trainer
+
+
+PROFILE_ARGS = {"trainer.profile.steps": "[3]", "trainer.profile.ranks": "[1]"}
+"""Step 3 of the GRPO run traced on actor rank 1 (`trainer.profile`)."""
+
+
+def test_the_profiled_step_leaves_one_trace_with_its_phases(grpo_run):
+    """A real run's `trainer.profile`: one Chrome trace, for the chosen step and rank only, holding the
+    worker-side phases of that step (the update and the weight sync's send) and the ops under them."""
+    _, _, _, trainer = grpo_run
+    root = trainer.run_dir / "profile"
+    traces = sorted(path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file())
+    assert traces == ["step_3/actor_rank1.pt.trace.json"], traces
+    names = {event.get("name") for event in json.loads((root / traces[0]).read_text())["traceEvents"]}
+    assert {"update_actor", "send_weights"} <= names, sorted(n for n in names if n and not n.startswith("aten::"))[:40]
+    assert any(name and name.startswith("aten::") for name in names)
 
 
 def test_grpo_trains_syncs_and_checkpoints(grpo_run, assets):
