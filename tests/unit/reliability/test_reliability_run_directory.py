@@ -12,15 +12,13 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-import psutil
 import pytest
-import ray
 import yaml
 
-from megarl.cli.main import main
 from megarl.config.sft import SFT_MARKER, load_sft_config, validate_sft, write_sft_marker
 from megarl.models.tiny import make_tiny_model
 from megarl.run_lock import LOCK_NAME, DirectoryLocks
+from test_reliability_cli_inputs import run_cli
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -55,16 +53,6 @@ def dead_holder(directory, lock_file) -> int:
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=60)
     return process.pid
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    """`megarl ARGV...` in this process, asserting it started no process and no Ray."""
-    children = {p.pid for p in psutil.Process().children(recursive=True)}
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    assert not ray.is_initialized(), f"megarl {argv[0]} started Ray"
-    assert {p.pid for p in psutil.Process().children(recursive=True)} <= children, f"megarl {argv[0]} started a process"
-    return code, captured.out, captured.err
 
 
 @pytest.mark.parametrize("setting, directory", [("trainer.output_dir", "out/quickstart"), ("checkpoint.dir", "ckpt")])
