@@ -23,9 +23,8 @@ from megarl.config.resources import data_file_problems, local_path, writable_dir
 from megarl.config.roles import OptimizerConfig, ParallelConfig
 from megarl.config.sections import ModelConfig
 from megarl.config.tokenizer_files import tokenizer_problems
-from megarl.config.validate import (
-    MAX_SEED, check_cpu_offload, check_megatron_layout, check_optimizer, check_sequence_parallel,
-)
+from megarl.config.role_checks import check_cpu_offload, check_optimizer, check_sequence_parallel
+from megarl.config.validate import MAX_SEED, check_megatron_layout
 
 SFT_MARKER = ".megarl-sft.json"
 """The file a `megarl sft` export leaves in train.output_dir: the names it wrote there (see SftTrainConfig.overwrite)."""

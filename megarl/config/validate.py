@@ -27,8 +27,10 @@ from megarl.config.resources import (
     unusable_path,
     writable_dir_problem,
 )
+from megarl.config.role_checks import check_cpu_offload, check_optimizer, check_sequence_parallel
+from megarl.config.role_checks import need as _need
 from megarl.config.rollout import response_length
-from megarl.config.roles import OptimizerConfig, ParallelConfig, RecomputeConfig, RolloutCorrectionConfig
+from megarl.config.roles import ParallelConfig, RecomputeConfig, RolloutCorrectionConfig
 from megarl.config.tokenizer_files import chat_template_problem, tokenizer_problems
 from megarl.models.hf_config import load_hf_config
 from megarl.tools.validation import tool_problems
@@ -89,11 +91,6 @@ def _model_facts(config: Config, check_files: bool, problems: list[Problem]) -> 
         if check_files or not config.model.path:
             problems.append(Problem("model.path", config.model.path, error.why, error.fix))
         return None
-
-
-def _need(problems: list[Problem], ok: bool, key: str, value, why: str, fix: str) -> None:
-    if not ok:
-        problems.append(Problem(key, value, why, fix))
 
 
 def _need_name(problems: list[Problem], key: str, value: str, valid: tuple[str, ...], what: str) -> None:
@@ -160,54 +157,6 @@ def _check_tokenizer(config: Config, facts: ModelFacts | None, problems: list[Pr
             problem = chat_template_problem(key, value, directory)
             if problem is not None:
                 problems.append(problem)
-
-
-def check_optimizer(prefix: str, optim: OptimizerConfig, problems: list[Problem]) -> None:
-    _need(problems, optim.lr > 0, f"{prefix}.lr", optim.lr, "the learning rate must be > 0", "e.g. 1e-6")
-    # Against a non-positive lr the bound is meaningless; lr's own problem says what to fix.
-    _need(problems, 0 <= optim.min_lr and (optim.lr <= 0 or optim.min_lr <= optim.lr), f"{prefix}.min_lr", optim.min_lr,
-          f"must lie in [0, lr = {optim.lr}]", "set it to 0 or a fraction of lr")
-    _need(problems, optim.weight_decay >= 0, f"{prefix}.weight_decay", optim.weight_decay, "must be >= 0", "e.g. 0.01")
-    _need(problems, all(0 <= beta < 1 for beta in optim.betas), f"{prefix}.betas", list(optim.betas),
-          "each beta must lie in [0, 1)", "e.g. [0.9, 0.999]")
-    _need(problems, optim.eps > 0, f"{prefix}.eps", optim.eps, "must be > 0", "e.g. 1e-8")
-    _need(problems, optim.lr_warmup_steps >= 0, f"{prefix}.lr_warmup_steps", optim.lr_warmup_steps,
-          "must be >= 0", "set 0 for no warm-up")
-    _need(problems, optim.clip_grad >= 0, f"{prefix}.clip_grad", optim.clip_grad, "must be >= 0 (0 disables)", "e.g. 1.0")
-
-
-def check_cpu_offload(prefix: str, optim: OptimizerConfig, dtype: str, problems: list[Problem],
-                      offload_optimizer: bool = False) -> None:
-    """`{prefix}.cpu_offload` (megatron-core's HybridDeviceOptimizer) and its fraction; `prefix` is the
-    optimizer section ("actor.optim", "optim"); `offload_optimizer`: the role's `offload.optimizer`."""
-    fraction = optim.cpu_offload_fraction
-    _need(problems, 0 < fraction <= 1, f"{prefix}.cpu_offload_fraction", fraction,
-          "the share of the optimizer state kept in host memory must lie in (0, 1]", "e.g. 1.0 (all of it) or 0.5")
-    if not optim.cpu_offload:
-        _need(problems, fraction == 1.0 or not 0 < fraction <= 1, f"{prefix}.cpu_offload_fraction", fraction,
-              f"has no effect while {prefix}.cpu_offload is false", f"set {prefix}.cpu_offload: true, or remove it")
-        return
-    _need(problems, optim.use_distributed_optimizer, f"{prefix}.cpu_offload", True,
-          "megatron steps the offloaded state through the precision-aware distributed optimizer (Megatron-LM "
-          "refuses --optimizer-cpu-offload without --use-precision-aware-optimizer, which needs the distributed "
-          f"optimizer), and {prefix}.use_distributed_optimizer is false",
-          f"set {prefix}.use_distributed_optimizer: true, or {prefix}.cpu_offload: false")
-    _need(problems, dtype == "bfloat16", f"{prefix}.cpu_offload", True,
-          f"model.dtype is {dtype}: megatron-core 0.16.1's distributed optimizer hands float32 parameters to the "
-          "offloading optimizer as views of the model's own (\"can't optimize a non-leaf Tensor\"); it offloads "
-          "the fp32 main copy that bfloat16 training keeps", f"use model.dtype: bfloat16, or {prefix}.cpu_offload: false")
-    role = prefix.split(".")[0]
-    _need(problems, not offload_optimizer, f"{role}.offload.optimizer", True,
-          f"{prefix}.cpu_offload keeps the optimizer state in host memory already", f"set {role}.offload.optimizer: false")
-
-
-def check_sequence_parallel(prefix: str, parallel: ParallelConfig, problems: list[Problem]) -> None:
-    """Sequence parallelism splits the sequence over the TP ranks: it needs TP > 1. `prefix` is the role
-    ("actor.", ...) or "" for a top-level `parallel` section (`megarl sft`)."""
-    tp = parallel.tensor_model_parallel_size
-    _need(problems, not parallel.sequence_parallel or tp > 1, f"{prefix}parallel.sequence_parallel", True,
-          f"sequence parallelism splits the sequence over the TP ranks, and {prefix}parallel.tensor_model_parallel_size "
-          f"is {tp}", f"set {prefix}parallel.sequence_parallel: false, or a tensor_model_parallel_size of 2 or more")
 
 
 def _check_recompute(prefix: str, recompute: RecomputeConfig, problems: list[Problem]) -> None:
