@@ -1,9 +1,21 @@
-"""Placement groups: one bundle per rank process, GPU bundles on GPU clusters, CPU bundles here."""
+"""Placement groups: one bundle per rank process, GPU bundles on GPU clusters, CPU bundles here.
 
+Slots. Ray hands each GPU bundle a GPU id in no promised order, and vLLM's Ray executor puts an
+engine's TP rank r on the r-th lowest GPU id of its workers' node, whatever bundle the worker sits on
+(`vllm/v1/executor/ray_executor.py: RayDistributedExecutor._init_workers_ray`: the workers, in
+`VLLM_RAY_BUNDLE_INDICES` order on one node, get local rank r and `assigned_physical_gpu_ids` sorted).
+So a run addresses its bundles through slots (`gpu_slots`): slot i is the bundle of the i-th lowest
+GPU id among the bundles of slot i's node, and consecutive slots of one node name ascending GPUs. An
+engine on consecutive slots then computes on the GPUs of its bundles, each TP rank on the GPU of the
+trainer rank of the same slot, whatever order Ray handed the GPUs out in.
+"""
+
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 
 class PlacementError(RuntimeError):
@@ -43,11 +55,54 @@ def create_placement_group(
     return pg
 
 
-def engine_bundles(pg: PlacementGroup, first_bundle: int, engines: int, tp: int, gpus_per_node: int) -> list[list[int]]:
-    """The bundle indices of each rollout engine: engine k spans the `tp` bundles first_bundle + k·tp ...
-    (its TP workers, one per device). Raises `PlacementError` when Ray put an engine's bundles on several
-    nodes: vLLM's TP workers of one engine must share a node."""
-    bundles = [[first_bundle + engine * tp + rank for rank in range(tp)] for engine in range(engines)]
+GPU_PROBE_SHARE = 0.01
+"""The GPU share of `gpu_slots`' probe task: any share of a bundle runs on the bundle's one GPU."""
+
+
+def slot_order(nodes: Sequence[str], gpu_ids: Sequence[int]) -> list[int]:
+    """Slot -> bundle (module docstring), given each bundle's node and GPU id (`gpu_ids[b]`, the physical
+    index): the slots a node's bundles hold stay that node's, refilled with its bundles by ascending GPU id.
+
+        slot_order(["a", "a", "b", "b"], [1, 0, 0, 1])  ->  [1, 0, 2, 3]
+    """
+    slots = list(range(len(nodes)))
+    for node in dict.fromkeys(nodes):
+        held = [bundle for bundle in range(len(nodes)) if nodes[bundle] == node]
+        for slot, bundle in zip(held, sorted(held, key=lambda b: gpu_ids[b])):
+            slots[slot] = bundle
+    return slots
+
+
+def gpu_slots(pg: PlacementGroup, count: int) -> list[int]:
+    """`slot_order` of the first `count` GPU bundles of `pg`: each bundle's GPU id read by a task
+    placed on it (the id Ray gives every process of that bundle)."""
+    probe = ray.remote(num_cpus=0, num_gpus=GPU_PROBE_SHARE)(_physical_gpu)
+    strategy = [PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=b)
+                for b in range(count)]
+    gpu_ids = ray.get([probe.options(scheduling_strategy=s).remote() for s in strategy])
+    node_of = placement_group_table(pg)["bundles_to_node_id"]
+    return slot_order([node_of[b] for b in range(count)], gpu_ids)
+
+
+def _physical_gpu() -> int:
+    """This task's GPU as the physical index vLLM sorts by (`vllm/platforms/cuda.py:
+    device_control_id_to_physical_device_id`: the id itself, or NVML's index of a UUID id)."""
+    [gpu] = ray.get_gpu_ids()
+    try:
+        return int(gpu)
+    except ValueError:
+        import pynvml  # vLLM's dependency (nvidia-ml-py), present wherever UUID ids are
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(str(gpu)))
+
+
+def engine_bundles(pg: PlacementGroup, slots: Sequence[int], first_slot: int, engines: int, tp: int,
+                   gpus_per_node: int) -> list[list[int]]:
+    """The bundle indices of each rollout engine: engine k spans the `tp` slots first_slot + k·tp ...
+    (its TP workers, one per device; `slots`: slot -> bundle, `gpu_slots`). Raises `PlacementError` when
+    Ray put an engine's bundles on several nodes: vLLM's TP workers of one engine must share a node."""
+    bundles = [[slots[first_slot + engine * tp + rank] for rank in range(tp)] for engine in range(engines)]
     node_of = placement_group_table(pg)["bundles_to_node_id"]
     for engine, indices in enumerate(bundles):
         nodes = {node_of[index] for index in indices}

@@ -134,8 +134,9 @@ def stored_once(per_rank_args: list[tuple]) -> list[tuple]:
 
 class WorkerGroup:
     """`world_size` RankProcess actors hosting `target` ("pkg.mod:Class"): rank r on placement-group bundle
-    `first_bundle + r * bundle_stride` (a stride of TP: one rollout engine per TP group of bundles, its TP
-    workers on the others). `init_kwargs` and `env`: one for all ranks, or a list with one per rank."""
+    `bundles[r]` (default r; a run's groups pass their slots' bundles, `placement.gpu_slots`; a rollout
+    engine's rank sits on the first bundle of its TP group, its TP workers on the others). `init_kwargs`
+    and `env`: one for all ranks, or a list with one per rank."""
 
     def __init__(
         self,
@@ -149,8 +150,7 @@ class WorkerGroup:
         collective_timeout_s: float = 600.0,
         call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S,
-        first_bundle: int = 0,
-        bundle_stride: int = 1,
+        bundles: Sequence[int] | None = None,
     ):
         self.role = role
         self.world_size = world_size
@@ -163,7 +163,8 @@ class WorkerGroup:
         self.heartbeats = HeartbeatWatch(keys, hang_timeout_s)
         per_rank = init_kwargs if isinstance(init_kwargs, list) else [dict(init_kwargs or {})] * world_size
         per_rank_env = env if isinstance(env, list) else [dict(env or {})] * world_size
-        bundles = [first_bundle + rank * bundle_stride for rank in range(world_size)]
+        bundles = list(range(world_size)) if bundles is None else list(bundles)
+        assert len(bundles) == world_size, "one bundle per rank"
         self.actors = self._create_actors(placement, bundle, bundles, per_rank_env, keys)
         rendezvous = self.actors[0].rendezvous_address.remote(collective_timeout_s)
         host, port = self._wait([rendezvous], timeout_s=call_timeout_s)[0]

@@ -24,7 +24,7 @@ from megarl.bridge.ring_routes import RingRoutes, route_rings
 from megarl.config import BatchPlan, Config, ConfigError, cluster_problems, resolve_device, uses_reference
 from megarl.config.rollout import response_length, rollout_dtype
 from megarl.orchestration.cluster import cluster_gpus
-from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group, engine_bundles
+from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group, engine_bundles, gpu_slots
 from megarl.orchestration.worker_group import DEFAULT_HANG_TIMEOUT_S, WorkerGroup
 from megarl.parallel.device import worker_env
 from megarl.trainer import settings
@@ -59,11 +59,11 @@ class MegatronGroup:
     @classmethod
     def start(cls, name: str, spec, world_size: int, placement, bundle: BundleSpec,
               env: dict[str, str], target: str = POLICY_TARGET,
-              hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S) -> MegatronGroup:
+              hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S, bundles: list[int] | None = None) -> MegatronGroup:
         """`world_size` ranks of `target` (a worker class taking `spec`, with a `grid()` method: a
-        `PolicyWorker`, or `megarl sft`'s `SftWorker`)."""
+        `PolicyWorker`, or `megarl sft`'s `SftWorker`), rank r on bundle `bundles[r]` (default r)."""
         workers = WorkerGroup(name, target, world_size, placement, bundle, init_kwargs={"spec": spec}, env=env,
-                              hang_timeout_s=hang_timeout_s)
+                              hang_timeout_s=hang_timeout_s, bundles=bundles)
         return cls(workers, workers.call_all("grid"))
 
     @property
@@ -240,17 +240,20 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
     bundles, cpus = device_bundles(plan)
     bundle = BundleSpec(cpus=cpus, gpus=1.0 if device == "cuda" else 0.0)
     pg = create_placement_group("megarl", bundles, bundle)
+    # Slots (`placement` module docstring): an engine's TP rank r computes on the GPU of its slot's trainer rank.
+    slots = gpu_slots(pg, bundles) if device == "cuda" else list(range(bundles))
     env = {**env, **worker_env(device)}
     share = process_share(bundle, plan.processes_per_train_gpu)
     with startup("megatron"):
         started = {name: MegatronGroup.start(name, spec, plan.train_gpus, pg, share, env,
-                                             hang_timeout_s=config.trainer.hang_timeout_s)
+                                             hang_timeout_s=config.trainer.hang_timeout_s,
+                                             bundles=slots[:plan.train_gpus])
                    for name, spec in worker_specs(config, plan, total_steps).items()}
         offload_before_engines(started.values(), config.rollout.gpu_memory_utilization)
     groups = {role.role: started[role.role if role.own_group else "policy"]
               for role in (plan.actor, plan.critic, plan.ref) if role is not None}
     with startup("engines"):
-        rollout_group = start_rollout(config, plan, pg, share.gpus if plan.colocated else bundle.gpus, env)
+        rollout_group = start_rollout(config, plan, pg, slots, share.gpus if plan.colocated else bundle.gpus, env)
     try:
         return _connect(config, plan, device, startup, groups, rollout_group, pg)
     except BaseException:
@@ -280,15 +283,16 @@ def _connect(config: Config, plan: BatchPlan, device: str, startup: PhaseTimer, 
     return roles
 
 
-def start_rollout(config: Config, plan: BatchPlan, pg, gpus_per_device: float, env: dict[str, str]) -> WorkerGroup:
+def start_rollout(config: Config, plan: BatchPlan, pg, slots: list[int], gpus_per_device: float,
+                  env: dict[str, str]) -> WorkerGroup:
     """One `RolloutWorker` per engine, engine k on the `rollout.tensor_model_parallel_size` bundles
-    `placement.engine_bundles` gives it (the training bundles when colocated, the split rollout's
-    after them), each worker taking `gpus_per_device` of a bundle's GPU. A TP 1 engine's process takes
+    `placement.engine_bundles` gives it from the run's `slots` (the training slots when colocated, the
+    split rollout's after them), each worker taking `gpus_per_device` of a bundle's GPU. A TP 1 engine's process takes
     its bundle's share; a wider engine's process takes none and vLLM places its TP workers on the
     engine's bundles (`megarl.workers.rollout.executor`)."""
     rollout, tp = config.rollout, config.rollout.tensor_model_parallel_size
     first = 0 if plan.colocated else plan.train_gpus
-    bundles = engine_bundles(pg, first, plan.rollout_engines, tp, config.placement.gpus_per_node)
+    bundles = engine_bundles(pg, slots, first, plan.rollout_engines, tp, config.placement.gpus_per_node)
     return WorkerGroup(
         "rollout", ROLLOUT_TARGET, plan.rollout_engines, pg,
         BundleSpec(cpus=1.0, gpus=gpus_per_device if engine_holds_gpu(tp) else 0.0),
@@ -301,7 +305,7 @@ def start_rollout(config: Config, plan: BatchPlan, pg, gpus_per_device: float, e
             "sleep_level": rollout.sleep_level,
         },
         env=[{**env, **engine_env(indices, gpus_per_device)} for indices in bundles],
-        hang_timeout_s=config.trainer.hang_timeout_s, first_bundle=first, bundle_stride=tp,
+        hang_timeout_s=config.trainer.hang_timeout_s, bundles=[indices[0] for indices in bundles],
     )
 
 

@@ -10,6 +10,7 @@ import torch
 
 from megarl.config import build_config, plan_batches
 from megarl.models.tiny import make_tiny_model
+from megarl.orchestration import placement
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.orchestration.placement import BundleSpec, create_placement_group
 from megarl.parallel.device import worker_env
@@ -50,8 +51,8 @@ def test_a_tp2_engine_spans_two_gpu_bundles(tmp_path, mode, memory_phase):
         pg = create_placement_group("rollout-tp2", bundles, bundle)
         share = roles.process_share(bundle, plan.processes_per_train_gpu)
         with memory_phase("start"):
-            group = roles.start_rollout(config, plan, pg, share.gpus if plan.colocated else bundle.gpus,
-                                        worker_env("cuda"))
+            group = roles.start_rollout(config, plan, pg, placement.gpu_slots(pg, bundles),
+                                        share.gpus if plan.colocated else bundle.gpus, worker_env("cuda"))
         try:
             assert group.world_size == 1
             # Each TP worker holds memory on a GPU of its own (which ids Ray gave the bundles is its choice).

@@ -59,7 +59,7 @@ def place(name: str, policy_ranks: int, rollout_ranks: int, colocated: bool) -> 
     try:
         groups.append(WorkerGroup(f"{name}-policy", PROBE, policy_ranks, pg, role, env=ENV))
         groups.append(WorkerGroup(f"{name}-rollout", PROBE, rollout_ranks, pg, role, env=ENV,
-                                  first_bundle=0 if colocated else policy_ranks))
+                                  bundles=range(0 if colocated else policy_ranks, bundles)))
         return tuple(group.call_all("report") for group in groups)
     finally:
         for group in groups:
