@@ -80,6 +80,9 @@ def _train(config) -> int:
     except (DataError, ToolError) as error:
         print(f"megarl train: {error}", file=sys.stderr)
         return 2
+    except CheckpointError as error:  # the checkpoint to resume is damaged (`checkpoint.resume` names it)
+        print(f"megarl train: failed: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
     try:
         try:
             with StopOnSignal(lambda: (trainer.step_in_progress, list(trainer.timer.active))):

@@ -39,11 +39,12 @@ from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.rewards.scorer import RewardScorer
 from megarl.rollout import AgentLoop, ObservationEncoder, single_turn
 from megarl.trainer import rollout_batch as rb
-from megarl.trainer.checkpoint_manager import CheckpointManager
+from megarl.trainer.checkpoint_manager import Checkpoint, CheckpointManager
 from megarl.trainer.generated import GeneratedBatch
 from megarl.trainer.handover import HandOver
 from megarl.trainer.metrics import agent_metrics, rollout_metrics, throughput_metrics, update_mfu_metrics, worker_metrics
 from megarl.trainer.profile_schedule import profile_request, stop_profiles
+from megarl.trainer.resume_check import IDENTITY_KEY, resume_problems, run_identity
 from megarl.trainer.rollout import RolloutPhase
 from megarl.trainer.rollout_stream import RolloutStream
 from megarl.trainer.ray_node import WORKER_ENV, ray_cpus
@@ -94,6 +95,10 @@ class Trainer:
         self.total_steps = min(config.trainer.total_steps or steps_by_epochs, steps_by_epochs)
         self.checkpoints = CheckpointManager(config.checkpoint.dir, max_keep=config.checkpoint.max_keep,
                                              parts=tuple(r.role for r in self.plan.own_groups if r.update))
+        self.identity = run_identity(config)
+        self.resume_from = self._checked_resume()
+        """The intact checkpoint this run continues (None: a fresh run), checked against the config now,
+        before any worker starts (`resume_check`)."""
         kl = config.algorithm.kl_ctrl
         self.kl_ctrl = (AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon) if kl.type == "adaptive"
                         else FixedKLController(kl.kl_coef))
@@ -309,13 +314,26 @@ class Trainer:
             self.stream.settle()  # the batch generated ahead, and the data position after it, belong to the checkpoint
             record = {name: value for name, value in metrics.items() if not name.startswith("_")}
             extra = {"step": step, "data": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value, "record": record,
-                     "stream": self.stream.state_dict(self.loader.prompts)}
+                     "stream": self.stream.state_dict(self.loader.prompts), IDENTITY_KEY: self.identity}
             self.roles.save_checkpoint(str(self.checkpoints.root), step, extra)
             self.checkpoints.rotate()
 
+    def _checked_resume(self) -> Checkpoint | None:
+        """`checkpoint.resume` resolved to an intact checkpoint (CheckpointError naming the damage), which
+        must be able to continue this run (ConfigError naming what changed); warnings printed."""
+        checkpoint = self.checkpoints.resolve_resume(self.config.checkpoint.resume)
+        if checkpoint is None:
+            return None
+        problems, warnings = resume_problems(self.config, self.plan, checkpoint.path)
+        if problems:
+            raise ConfigError(problems)
+        for warning in warnings:
+            print(warning, flush=True)
+        return checkpoint
+
     def _resume(self, startup: PhaseTimer) -> int:
         """The step to continue after (0 for a fresh run)."""
-        checkpoint = self.checkpoints.resolve_resume(self.config.checkpoint.resume)
+        checkpoint = self.resume_from
         if checkpoint is None:
             return 0
         with startup("resume"):

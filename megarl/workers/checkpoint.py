@@ -66,6 +66,7 @@ from megarl.models.checkpoint import export_hf_weights
 from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.checkpoint_files import (
+    EXTRA_FILE,
     CheckpointError,
     build_manifest,
     checkpoint_files,
@@ -84,7 +85,6 @@ from megarl.workers.checkpoint_files import (
 MODEL_DIR = "model"
 OPTIMIZER_DIR = "optimizer"
 SCHEDULER_FILE = "scheduler.json"
-EXTRA_FILE = "extra.json"
 RNG_DIR = "rng"
 HF_EXPORT_DIR = "hf"
 FULL_DISK_BYTES = 1 << 20

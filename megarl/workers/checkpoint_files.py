@@ -34,6 +34,8 @@ from typing import Mapping
 import megarl
 
 MANIFEST = "manifest.json"
+EXTRA_FILE = "extra.json"
+"""The driver's `extra` of a checkpoint (JSON): data position, KL coefficient, record, stream, identity."""
 FORMAT = "megarl-checkpoint/2"
 """/2 added each file's SHA-256 (`Manifest.sha256`)."""
 STEP_DIR = re.compile(r"^step_(\d{8,})$")
