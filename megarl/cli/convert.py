@@ -62,13 +62,20 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, KeyError) as e:
         print(f"megarl convert {args.direction}: error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
+    from megarl.cli.stop_signals import StopOnSignal
+    from megarl.interrupt import Stopped
     from megarl.parallel.spawn import DistributedFailure, run_distributed
 
     try:
-        job(run_distributed)
+        with StopOnSignal(lambda: None):
+            job(run_distributed)
     except DistributedFailure as e:
         print(f"megarl convert {args.direction}: failed: {e}", file=sys.stderr)
         return 1
+    except Stopped as stopped:  # the ranks are killed and the partial output removed on the way here
+        print(f"megarl convert {args.direction}: stopped by {stopped}; nothing was written to {args.out}",
+              file=sys.stderr)
+        return stopped.exit_code
     print(f"wrote {args.out}")
     return 0
 

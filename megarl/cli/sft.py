@@ -21,8 +21,10 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from megarl.cli.stop_signals import StopOnSignal
     from megarl.config import ConfigError
     from megarl.data import DataError
+    from megarl import interrupt
     from megarl.orchestration.cluster import RayStartError, check_ray_can_start
     from megarl.orchestration.placement import PlacementError
     from megarl.orchestration.worker_group import WorkerFailure
@@ -51,8 +53,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"megarl sft: {error}", file=sys.stderr)
         return 1
     try:
-        with locks:
-            result = trainer.fit()
+        try:
+            with locks, StopOnSignal(lambda: trainer.step_in_progress):
+                result = trainer.fit()
+        except Exception:
+            stopped = interrupt.requested()
+            if stopped is None:
+                raise
+            # A stop signal ended the run (a failure it caused while stopping counts as the stop); fit's
+            # clean-up ran: the ranks and Ray are gone.
+            where = "start-up or the export" if stopped.where is None else f"step {stopped.where}"
+            print(f"megarl sft: stopped by {stopped} during {where}; nothing was exported to {out}", file=sys.stderr)
+            return stopped.exit_code
     except ConfigError as error:  # what the running cluster cannot host (train.device: cuda without GPUs)
         for problem in error.problems:
             print(f"megarl sft: {problem}", file=sys.stderr)

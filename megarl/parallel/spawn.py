@@ -8,21 +8,27 @@ Usage:
     run_distributed(check, 2, 10)       # -> [0, 10]
 
 A failure on any rank stops every rank and raises `DistributedFailure` naming the rank with its
-traceback; a rank that does not finish within `timeout_s` is killed and reported the same way.
+traceback; a rank that does not finish within `timeout_s` is killed and reported the same way. A stop
+requested by a signal (`megarl.interrupt`, the CLI's `StopOnSignal`) is raised at the next poll and
+kills the ranks on its way out; a parent killed outright takes its ranks with it (`_die_with_parent`).
 """
 
 import atexit
+import ctypes
 import multiprocessing as mp
 import os
 import pickle
 import queue
 import random
+import signal
 import socket
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
+
+from megarl import interrupt
 
 
 class DistributedFailure(RuntimeError):
@@ -58,7 +64,22 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def _rank_main(fn, args, rank, world_size, port, collective_timeout_s, results):
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when the process that spawned it (pid `parent`) ends
+    (Linux's PR_SET_PDEATHSIG), so no rank outlives a parent killed (SIGKILL, OOM) before its clean-up
+    ran; a parent already gone by now is caught by the check after."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal this process gets when its parent ends."""
+
+
+def _rank_main(fn, args, rank, world_size, port, collective_timeout_s, results, parent):
+    _die_with_parent(parent)
     os.environ.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
@@ -112,7 +133,7 @@ def run_distributed(
     procs = [
         ctx.Process(
             target=_rank_main,
-            args=(fn, args, rank, world_size, port, collective_timeout_s, results),
+            args=(fn, args, rank, world_size, port, collective_timeout_s, results, os.getpid()),
             name=f"megarl-rank{rank}",
         )
         for rank in range(world_size)
@@ -123,6 +144,7 @@ def run_distributed(
     deadline = time.monotonic() + timeout_s
     try:
         while len(outputs) < world_size:
+            interrupt.check()  # a stop signal: the ranks are killed below
             remaining = deadline - time.monotonic()
             try:
                 rank, ok, value = results.get(timeout=max(0.0, min(remaining, 1.0)))

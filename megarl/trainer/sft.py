@@ -78,6 +78,8 @@ class SftTrainer:
                             f"train.batch_size={train.batch_size}; add conversations or lower train.batch_size")
         self.total_steps = min(train.total_steps or train.epochs * per_epoch, train.epochs * per_epoch)
         self.pad_id = next(i for i in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, 0) if i is not None)
+        self.step_in_progress: int | None = None
+        """The optimizer step running now (None before the first and after the last: start-up, export)."""
 
     @classmethod
     def from_config(cls, path: str | Path, overrides: Sequence[str] = ()) -> SftTrainer:
@@ -116,7 +118,9 @@ class SftTrainer:
             batches = sft_batches(self.samples, batch_size=train.batch_size, epochs=train.epochs, seed=train.seed,
                                   shuffle=self.config.data.shuffle)
             for step, rows in enumerate(islice(batches, self.total_steps), start=1):
+                self.step_in_progress = step
                 result.metrics.append(self._step(group, step, rows))
+            self.step_in_progress = None
             self._check_output_dir()  # again: files may have landed there while the run trained
             group.workers.call_all("export_hf", str(result.output_dir))
             write_sft_marker(result.output_dir)

@@ -92,7 +92,7 @@ def make_workspace(root: Path) -> Path:
 
 @dataclass
 class Job:
-    """One `megarl train` subprocess and the directories it writes."""
+    """One `megarl` subprocess (`train` unless `launch`ed with another subcommand) and the directories it writes."""
 
     process: subprocess.Popen
     run_dir: Path
@@ -108,19 +108,25 @@ class Job:
 
     @classmethod
     def start(cls, workspace: Path, run_dir: Path, overrides: list[str], env: dict[str, str] | None = None) -> Job:
+        """`megarl train` of the workspace's recipe, writing under `run_dir`."""
+        checkpoint_dir = run_dir / "checkpoints"
+        return cls.launch(["train", str(workspace / "recipe.yaml"), f"trainer.output_dir={run_dir}",
+                           "trainer.experiment_name=job", f"checkpoint.dir={checkpoint_dir}", *overrides],
+                          workspace, run_dir, env)
+
+    @classmethod
+    def launch(cls, megarl_args: list[str], cwd: Path, run_dir: Path, env: dict[str, str] | None = None) -> Job:
+        """`megarl <megarl_args>` in `cwd`, its output in `run_dir`/job.log (any subcommand)."""
         run_dir.mkdir(parents=True, exist_ok=True)
         ray_tmp = Path(tempfile.mkdtemp(prefix="mrl-", dir="/tmp"))
-        checkpoint_dir = run_dir / "checkpoints"
         log = run_dir / "job.log"
-        args = [MEGARL, "train", str(workspace / "recipe.yaml"), f"trainer.output_dir={run_dir}",
-                "trainer.experiment_name=job", f"checkpoint.dir={checkpoint_dir}", *overrides]
         full_env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "PYTHONUNBUFFERED": "1", **(env or {})}
         full_env.pop("RAY_ADDRESS", None)
         shm = PrivateShm.make()
         with log.open("wb") as sink:
-            process = subprocess.Popen(shm.wrap(args), cwd=workspace, env=full_env, stdout=sink, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
-        return cls(process, run_dir, checkpoint_dir, ray_tmp, log, shm)
+            process = subprocess.Popen(shm.wrap([MEGARL, *megarl_args]), cwd=cwd, env=full_env, stdout=sink,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        return cls(process, run_dir, run_dir / "checkpoints", ray_tmp, log, shm)
 
     @property
     def metrics_path(self) -> Path:

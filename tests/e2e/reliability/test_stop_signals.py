@@ -1,8 +1,8 @@
-"""SIGTERM (a scheduler's stop) and SIGINT (Ctrl-C in a terminal, sent to the whole foreground process
-group) end `megarl train` with one line naming the step, the phase, the last checkpoint and how to
-continue, the shell's exit code (143 / 130), no traceback, and no process or /dev/shm file left behind; also
-with the next step's batch generating in the driver's generation thread (`trainer.rollout_mode:
-one_step_off`). The Ctrl-C case runs a TP 2 engine: the signal reaches its vLLM worker processes too, and
+"""SIGTERM (a scheduler's stop), SIGINT (Ctrl-C in a terminal, sent to the whole foreground process
+group) and SIGHUP (the terminal closed) end `megarl train` with one line naming the step, the phase, the
+last checkpoint and how to continue, the shell's exit code (143 / 130 / 129), no traceback, and no process
+or /dev/shm file left behind; also with the next step's batch generating in the driver's generation
+thread (`trainer.rollout_mode: one_step_off`: the SIGHUP case). The Ctrl-C case runs a TP 2 engine: the signal reaches its vLLM worker processes too, and
 those hold most of a run's shared memory (issue 36)."""
 
 import os
@@ -21,8 +21,8 @@ ONE_STEP_OFF = ["trainer.rollout_mode=one_step_off", "placement.mode=split", "pl
 
 @pytest.mark.parametrize("signum,to_group,mode", [(signal.SIGTERM, False, []),
                                                    (signal.SIGINT, True, ["rollout.tensor_model_parallel_size=2"]),
-                                                   (signal.SIGTERM, False, ONE_STEP_OFF)],
-                         ids=["SIGTERM", "SIGINT-rollout-TP2", "SIGTERM-one-step-off"])
+                                                   (signal.SIGHUP, False, ONE_STEP_OFF)],
+                         ids=["SIGTERM", "SIGINT-rollout-TP2", "SIGHUP-one-step-off"])
 def test_a_stop_signal_ends_the_run_with_one_line(workspace, tmp_path, jobs, signum, to_group, mode):
     job = Job.start(workspace, tmp_path / "run", ["trainer.total_steps=50", "checkpoint.save_freq=2", *mode])
     jobs.append(job)

@@ -1,0 +1,63 @@
+"""`run_distributed`'s ranks never outlive it (issue 33, items 7 and 10): a stop requested by a signal
+(`megarl.interrupt`) is raised at its next poll and the ranks are killed on the way out; a parent killed
+outright (SIGKILL: no clean-up runs) takes its ranks with it (PR_SET_PDEATHSIG)."""
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from megarl import interrupt
+from megarl.interrupt import Stopped
+from megarl.parallel.spawn import run_distributed
+
+SLEEPER = "import time; from megarl.parallel.spawn import run_distributed; run_distributed(time.sleep, 2, 600)"
+
+
+def children_of(pid: int, count: int, timeout_s: float = 120.0) -> list[psutil.Process]:
+    """The `count` rank processes of `pid`, once they exist (multiprocessing's resource tracker aside)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ranks = [p for p in psutil.Process(pid).children() if "resource_tracker" not in " ".join(p.cmdline())]
+        if len(ranks) >= count:
+            return ranks
+        time.sleep(0.2)  # polling the process table: there is no event to wait on
+    raise AssertionError(f"{count} ranks of {pid} did not start within {timeout_s} s")
+
+
+def test_a_killed_parent_takes_its_ranks_with_it():
+    parent = subprocess.Popen([sys.executable, "-c", SLEEPER])
+    ranks = []
+    try:
+        ranks = children_of(parent.pid, 2)
+        parent.kill()
+        parent.wait()
+        _, alive = psutil.wait_procs(ranks, timeout=30)
+        assert alive == [], [p.pid for p in alive]
+    finally:
+        parent.kill()
+        for process in ranks:  # orphans of a failed case: their parent is gone
+            if process.is_running():
+                process.kill()
+
+
+def test_a_requested_stop_ends_the_world_and_its_ranks(monkeypatch):
+    monkeypatch.setattr(interrupt, "_requested", None)
+    me = psutil.Process()
+    before = {p.pid for p in me.children()}
+
+    def stop_once_started():
+        new = [p for p in children_of(me.pid, len(before) + 2) if p.pid not in before]
+        stop_once_started.ranks = new
+        interrupt.request(Stopped(signal.SIGTERM, None))
+
+    requester = threading.Thread(target=stop_once_started)
+    requester.start()
+    with pytest.raises(Stopped):
+        run_distributed(time.sleep, 2, 600)
+    requester.join()
+    assert not [p for p in stop_once_started.ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
