@@ -49,11 +49,13 @@ class WorkerStartError(RuntimeError):
 class IsolatedProcess:
     """One worker process (`python -m <module> <fd> <args...>`) and the driver's end of its connection."""
 
-    def __init__(self, module: str, *args: str):
+    def __init__(self, module: str, *args: str, env: dict[str, str] | None = None):
+        """`env`: variables the worker gets beside `worker_environment`'s (settings, never credentials)."""
         connection, child_end = Pipe()
         self.process = subprocess.Popen(
             [sys.executable, "-m", module, str(child_end.fileno()), *args],
-            env=worker_environment(dict(os.environ)), pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL,
+            env={**worker_environment(dict(os.environ)), **(env or {})}, pass_fds=(child_end.fileno(),),
+            stdin=subprocess.DEVNULL,
             # Own process group: a kill takes whatever the user's code started along with it.
             start_new_session=True,
         )

@@ -100,6 +100,11 @@ class PythonToolConfig:
     change and delete what the user can (checkpoints, other processes' environments and their secrets),
     and reach the network. Only its resource and time limits stay. Where the sandbox works it is used
     whatever this says; `megarl validate` prints a warning when this is true."""
+    sandbox_fusion_url: str = ""
+    """Run the code on a SandboxFusion server instead of the local sandbox (`megarl.tools.builtin.sandbox_fusion`:
+    POST <url>/run_code with the local sandbox's time and memory limits), e.g. http://sandbox:8080 on a
+    cluster whose nodes do not allow user namespaces. Empty: the local sandbox. The server is tried once
+    with a tiny program at start-up."""
 
 
 @dataclass(frozen=True)

@@ -38,10 +38,13 @@ calls a few at a time."""
 
 
 class ToolPool:
-    def __init__(self, paths: list[str], *, max_workers: int, startup_timeout_s: float):
+    def __init__(self, paths: list[str], *, max_workers: int, startup_timeout_s: float,
+                 env: dict[str, str] | None = None):
         """paths: the tools' `pkg.module:function`, in config order; max_workers: the most calls that run
-        at once; startup_timeout_s: limit for a worker to import the tools (past it: ToolError)."""
+        at once; startup_timeout_s: limit for a worker to import the tools (past it: ToolError); env:
+        settings of the tools, in every worker's environment."""
         self._paths_json = json.dumps(paths)
+        self._env = env
         self.max_workers = max_workers
         self.startup_timeout_s = startup_timeout_s
         self.workers = [self._start(read_schemas=True)]
@@ -57,7 +60,8 @@ class ToolPool:
         """Why the pool's thread stopped (a worker that cannot start): later calls fail with it."""
 
     def _start(self, read_schemas: bool = False) -> IsolatedProcess:
-        return IsolatedProcess("megarl.tools.worker", self._paths_json, "schemas" if read_schemas else "no-schemas")
+        return IsolatedProcess("megarl.tools.worker", self._paths_json, "schemas" if read_schemas else "no-schemas",
+                               env=self._env)
 
     def first_ready(self) -> list[dict]:
         """What the first worker reports once it imported the tools: per tool {"schema", "error"}."""

@@ -26,6 +26,7 @@ from concurrent.futures import Future
 
 from megarl.config.rollout import MultiTurnConfig
 from megarl.tools.builtin import BUILTIN_TOOLS, tool_path
+from megarl.tools.builtin import sandbox_fusion
 from megarl.tools.builtin.python import sandbox_problem
 from megarl.tools.builtin.search import RetrieverClient
 from megarl.tools.calls import ToolCall, ToolError, ToolResult, one_line
@@ -37,6 +38,8 @@ SEARCH = "search"
 PYTHON = "python"
 PYTHON_UNSANDBOXED = "megarl.tools.builtin.python_unsandboxed:python"
 """The python tool where the user allowed it to run without its sandbox (`PythonToolConfig.unsafe_no_sandbox`)."""
+PYTHON_REMOTE = "megarl.tools.builtin.sandbox_fusion:python"
+"""The python tool on a SandboxFusion server (`PythonToolConfig.sandbox_fusion_url`)."""
 
 
 class ToolSet:
@@ -54,7 +57,10 @@ class ToolSet:
             raise ToolError("\n".join(malformed))
         paths = [_python_tool_path(multi_turn, index) if path == BUILTIN_TOOLS[PYTHON] else path
                  for index, path in enumerate(paths)]
-        self._pool = ToolPool(paths, max_workers=max_workers, startup_timeout_s=startup_timeout_s) if paths else None
+        url = multi_turn.python_tool.sandbox_fusion_url
+        env = {sandbox_fusion.URL_ENV: url} if PYTHON_REMOTE in paths else None
+        self._pool = (ToolPool(paths, max_workers=max_workers, startup_timeout_s=startup_timeout_s, env=env)
+                      if paths else None)
         self._schemas: list[dict] | None = None
         self._index_by_name: dict[str, int] = {}
         self._search = None
@@ -218,8 +224,18 @@ def _timed_out(error: BaseException) -> bool:
 
 
 def _python_tool_path(multi_turn: MultiTurnConfig, index: int) -> str:
-    """The built-in python tool's function: the sandboxed one, or where this machine cannot build the sandbox,
-    the unsandboxed one if the user allowed it (ToolError naming the key otherwise)."""
+    """The built-in python tool's function: on the SandboxFusion server where one is set (ToolError naming the
+    key if it cannot run a tiny program), else the sandboxed one, or where this machine cannot build the
+    sandbox, the unsandboxed one if the user allowed it (ToolError naming the key otherwise)."""
+    url = multi_turn.python_tool.sandbox_fusion_url
+    if url:
+        problem = sandbox_fusion.server_problem(url)
+        if problem is not None:
+            raise ToolError(f"rollout.multi_turn.python_tool.sandbox_fusion_url = {url!r}: the server cannot run the "
+                            f"python tool's code ({problem}); start it (e.g. `docker run -p 8080:8080 "
+                            "volcengine/sandbox-fusion:server-20241204`), correct the URL, or empty it to run the "
+                            "code in the local sandbox")
+        return PYTHON_REMOTE
     problem = sandbox_problem()
     if problem is None:
         return BUILTIN_TOOLS[PYTHON]

@@ -62,7 +62,20 @@ def tool_problems(multi_turn: MultiTurnConfig, check_files: bool = True) -> list
         need(tool.timeout_s > 0, f"{key}.timeout_s", tool.timeout_s, "must be > 0 seconds", "e.g. 10")
     if "search" in named:
         _check_search(multi_turn, check_files, need)
+    _check_python_tool(multi_turn, need)
     return problems
+
+
+def _check_python_tool(multi_turn: MultiTurnConfig, need) -> None:
+    python_tool = multi_turn.python_tool
+    if not python_tool.sandbox_fusion_url:
+        return
+    need(python_tool.sandbox_fusion_url.startswith(("http://", "https://")), "python_tool.sandbox_fusion_url",
+         python_tool.sandbox_fusion_url, "not an http(s) URL", "write the SandboxFusion server's base URL, e.g. "
+         "http://127.0.0.1:8080")
+    need(not python_tool.unsafe_no_sandbox, "python_tool.unsafe_no_sandbox", True,
+         "the code runs on the SandboxFusion server (python_tool.sandbox_fusion_url), never locally, so nothing "
+         "reads it", "remove it, or empty python_tool.sandbox_fusion_url to run the code locally")
 
 
 def _check_search(multi_turn: MultiTurnConfig, check_files: bool, need) -> None:

@@ -118,8 +118,12 @@ def _sandbox_environment(workdir: str) -> dict[str, str]:
 def _head(path: Path) -> str:
     with open(path, "rb") as file:
         data = file.read(OUTPUT_CHARS * 4 + 1)
-    text = data.decode(errors="replace")
-    if len(text) > OUTPUT_CHARS or path.stat().st_size > len(data):
+    return head(data.decode(errors="replace"), more=path.stat().st_size > len(data))
+
+
+def head(text: str, more: bool = False) -> str:
+    """What the observation keeps of a program's output `text` (`more`: it was longer than `text`)."""
+    if len(text) > OUTPUT_CHARS or more:
         return text[:OUTPUT_CHARS] + f"\n... (output cut at {OUTPUT_CHARS} characters)"
     return text.rstrip("\n")
 
