@@ -275,8 +275,8 @@ def _straddling_engine(first: int, engines: int, tp: int, per_node: int) -> int 
     a node boundary can cross it, and it does unless the boundary is a whole number of engines past
     `first`. If the first boundary is and the second too, `per_node` is a multiple of `tp` and every
     boundary is."""
-    boundary = (first // per_node + 1) * per_node
-    for boundary in (boundary, boundary + per_node):
+    first_boundary = (first // per_node + 1) * per_node
+    for boundary in (first_boundary, first_boundary + per_node):
         engine = (boundary - 1 - first) // tp
         if engine >= engines:
             return None

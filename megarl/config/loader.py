@@ -145,10 +145,10 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = (), schema: 
         data = parse_yaml(_read_recipe(path), str(path)) or {}
     except OSError as error:
         raise ConfigError([Problem(str(path), None, f"cannot read the config file ({error.strerror})",
-                                   "pass the path of an existing YAML recipe, e.g. configs/quickstart.yaml")])
+                                   "pass the path of an existing YAML recipe, e.g. configs/quickstart.yaml")]) from error
     except yaml.YAMLError as error:
         raise ConfigError([Problem(str(path), None, f"not valid YAML: {' '.join(str(error).split())}",
-                                   "correct the YAML syntax at the position shown")])
+                                   "correct the YAML syntax at the position shown")]) from error
     if not isinstance(data, dict):
         raise ConfigError([Problem(str(path), data, "a recipe must be a mapping of sections",
                                    "write sections at the top level, e.g. `model:` then `  path: ...`")])

@@ -8,6 +8,7 @@ import time
 import urllib.error
 from concurrent.futures import Future
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 
@@ -90,7 +91,7 @@ def test_corpus_errors_name_the_setting_the_file_and_the_line(tmp_path, content,
 class Retriever(BaseHTTPRequestHandler):
     """A Search-R1 retrieval server: answers POST /retrieve; a query "hang" blocks until `release` is set."""
 
-    requests: list = []
+    requests: ClassVar[list] = []
     release = threading.Event()
 
     def do_POST(self):
