@@ -1,6 +1,8 @@
 """megarl: Megatron-first reinforcement-learning post-training for LLMs."""
 
-__version__ = "0.1.0"
+from megarl.versions import MEGARL as __version__
+
+__all__ = ["__version__"]
 
 
 def __getattr__(name: str):

@@ -7,6 +7,10 @@ tests/deploy/test_packaging.py checks that each of those equals the value here, 
 pin in constraints.txt. This module imports nothing (installed with megarl, it needs no repository).
 """
 
+MEGARL = "0.1.0"
+"""megarl's own release: `megarl.__version__`, the wheel's version (pyproject.toml reads it here) and the writer
+named in checkpoint manifests. Here rather than in megarl/__init__.py so that low layers (the checkpoint
+files, the manifest checks) read it without importing the package's front door."""
 PYTHON = "3.11"
 TORCH = "2.13.0"
 MEGATRON_CORE = "0.16.1"

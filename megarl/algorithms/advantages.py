@@ -16,7 +16,7 @@ every token's reward (the sequence score usually sits on the last valid token).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 
@@ -176,7 +176,7 @@ def grpo(token_level_rewards, response_mask, *, index, norm_adv_by_std_in_grpo, 
     A group whose rewards are all equal, a group of one included, gets 0 (0 / eps).
     """
     scores = _outcome_scores(token_level_rewards)
-    _, mean, std = group_stats(scores, _require(index, "index", "grpo"))
+    _count, mean, std = group_stats(scores, _require(index, "index", "grpo"))
     advantage = scores - mean
     if norm_adv_by_std_in_grpo:
         advantage = advantage / (std + epsilon)
@@ -187,7 +187,7 @@ def grpo(token_level_rewards, response_mask, *, index, norm_adv_by_std_in_grpo, 
 def rloo(token_level_rewards, response_mask, *, index, **_):
     """RLOO (Ahmadian et al. 2024): A_i = r_i - mean of the other n-1 rewards = n/(n-1) (r_i - mean_g)."""
     scores = _outcome_scores(token_level_rewards)
-    count, mean, _ = group_stats(scores, _require(index, "index", "rloo"))
+    count, mean, _std = group_stats(scores, _require(index, "index", "rloo"))
     advantage = (scores - mean) * count / (count - 1).clamp(min=1)
     advantages = advantage.unsqueeze(-1) * response_mask
     return advantages, advantages
@@ -211,7 +211,7 @@ def reinforce_plus_plus_baseline(token_level_rewards, response_mask, *, index, *
     """REINFORCE++ with group baseline (Hu et al. 2025): A_i = r_i - mean_g, broadcast to the
     tokens, then whitened over all valid tokens of the batch."""
     scores = _outcome_scores(token_level_rewards)
-    _, mean, _ = group_stats(scores, _require(index, "index", "reinforce_plus_plus_baseline"))
+    _count, mean, _std = group_stats(scores, _require(index, "index", "reinforce_plus_plus_baseline"))
     advantages = masked_whiten((scores - mean).unsqueeze(-1) * response_mask, response_mask) * response_mask
     return advantages, advantages
 
@@ -238,7 +238,7 @@ def remax(token_level_rewards, response_mask, *, reward_baselines, **_):
     return advantages, returns
 
 
-ADVANTAGE_ESTIMATORS = {
+ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
     "gae": gae,
     "grpo": grpo,
     "rloo": rloo,

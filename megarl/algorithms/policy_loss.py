@@ -12,6 +12,7 @@ log-ratio at 10 from above, as verl does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -175,7 +176,7 @@ def reinforce(old_log_prob, log_prob, advantages, response_mask, **_):
     return TokenLosses(-advantages * log_prob, no_clip, no_clip)
 
 
-POLICY_LOSSES = {
+POLICY_LOSSES: dict[str, Callable[..., TokenLosses]] = {
     "vanilla": vanilla,
     "gspo": gspo,
     "cispo": cispo,

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 
 import torch
 
-from megarl.models.arch import architecture
+from megarl.models.arch import QKV, REPLICATED, ROW, VOCAB, architecture
 from megarl.models.hf_config import ModelDims
-from megarl.models.layout import QKV, REPLICATED, ROW, ROW_BLOCK_KINDS, VOCAB, hf_param_shapes, padded_vocab_size, param_mapping
+from megarl.models.layout import ROW_BLOCK_KINDS, hf_param_shapes, padded_vocab_size, param_mapping
 from megarl.bridge.protocol import BucketMetadata, TensorSlot
 
 MIB = 1 << 20
@@ -196,8 +196,7 @@ def build_plan(
     groups: list[list[PlannedParam]] = []
     for param in _planned_params(dims, layout):
         current = groups[-1] if groups else None
-        fits = current and current[0].pp_rank == param.pp_rank and sum(p.numel for p in current) + param.numel <= limit
-        if fits:
+        if current and current[0].pp_rank == param.pp_rank and sum(p.numel for p in current) + param.numel <= limit:
             current.append(param)
         else:
             groups.append([param])
@@ -387,7 +386,7 @@ def vllm_vocab_rows(dims: ModelDims, tp_size: int) -> int:
     return -(-dims.vocab_size // VLLM_VOCAB_PADDING) * VLLM_VOCAB_PADDING // tp_size
 
 
-def vllm_rank_tensor(param: PlannedParam, dims: ModelDims, tp_size: int, tp_rank: int) -> tuple[str, tuple]:
+def vllm_rank_tensor(param: PlannedParam, dims: ModelDims, tp_size: int, tp_rank: int) -> tuple[str, tuple[int, ...]]:
     """vLLM TP rank `tp_rank`'s own tensor of `param`: its name (fused `qkv_proj` / `gate_up_proj`)
     and per-rank shape (qkv: `[q_r + k_r + v_r, ...]`, vocabulary: padding rows included)."""
     first = param.hf_shapes[0]

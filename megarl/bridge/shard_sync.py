@@ -253,7 +253,7 @@ def receive_rank_shards(group: dist.ProcessGroup, plan: SyncPlan, worker: int, d
     buffer. Lazy: the next bucket is received when the consumer asks for its first tensor."""
     schedule = build_schedule(plan, vocab_divisible_by)
     for tag, bucket in enumerate(schedule.buckets):
-        flat = receive_bucket(bucket, worker, lambda destination, sender: group.recv([destination], sender, tag), device)
+        flat = receive_bucket(bucket, worker, lambda destination, sender, tag=tag: group.recv([destination], sender, tag), device)
         yield from unpack(flat, bucket.received[worker])
 
 

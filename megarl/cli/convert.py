@@ -23,7 +23,7 @@ from megarl.cli.arguments import output_dir_problem
 from megarl.config.hub import cached_snapshot, download_command, is_hub_id
 from megarl.models.hf_checkpoint import check_hf_checkpoint, copy_hf_assets
 from megarl.models.hf_config import check_parallel_layout, load_hf_config, read_model_dims
-from megarl.models.training_export import check_actor_checkpoint, is_training_checkpoint
+from megarl.workers.training_export import check_actor_checkpoint, is_training_checkpoint
 
 
 def register(subparsers) -> None:
@@ -187,9 +187,9 @@ def _training_to_hf_rank(step_dir: str, hf_dir: str, out_dir: str, tp: int, pp: 
 
     from megarl.models.architectures import build_gpt_model
     from megarl.models.checkpoint import export_hf_weights
-    from megarl.models.training_export import ACTOR
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.checkpoint import load_checkpoint
+    from megarl.workers.training_export import ACTOR
 
     groups = initialize_model_parallel(tp, pp, seed=0)
     model = build_gpt_model(hf_dir, groups, params_dtype=getattr(torch, dtype), vocab_divisible_by=vocab_divisible_by)

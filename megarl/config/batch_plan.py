@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from megarl.config.config import Config
 from megarl.config.problems import ConfigError, Problem
-from megarl.config.roles import ParallelConfig
+from megarl.config.roles import ActorConfig, CriticConfig, ParallelConfig, RefConfig
 from megarl.config.rollout import response_length
 
 
@@ -152,7 +152,7 @@ def runs_in_own_group(name: str, config: Config) -> bool:
 def plan_batches(config: Config) -> BatchPlan:
     """The batch plan of `config`; raises `ConfigError` with every broken size or divisibility rule."""
     plan, problems = _plan(config)
-    if problems:
+    if problems or plan is None:
         raise ConfigError(problems)
     return plan
 
@@ -191,16 +191,17 @@ def _sizes_positive(config: Config, problems: list[Problem]) -> bool:
         "placement.nnodes": config.placement.nnodes,
         "placement.gpus_per_node": config.placement.gpus_per_node,
     }
-    roles = {"actor": config.actor, "critic": config.critic, "ref": config.ref}
+    roles: dict[str, ActorConfig | CriticConfig | RefConfig] = {"actor": config.actor, "critic": config.critic,
+                                                                 "ref": config.ref}
     for name, role in roles.items():
         sizes[f"{name}.parallel.tensor_model_parallel_size"] = role.parallel.tensor_model_parallel_size
         sizes[f"{name}.parallel.pipeline_model_parallel_size"] = role.parallel.pipeline_model_parallel_size
         sizes[f"{name}.micro_batch_size_per_gpu"] = role.micro_batch_size_per_gpu
     budgets = {f"{name}.max_tokens_per_micro_batch": role.max_tokens_per_micro_batch for name, role in roles.items()}
-    for name in ("actor", "critic"):
-        sizes[f"{name}.ppo_mini_batch_size"] = roles[name].ppo_mini_batch_size
-        sizes[f"{name}.ppo_epochs"] = roles[name].ppo_epochs
-        budgets[f"{name}.forward_max_tokens_per_micro_batch"] = roles[name].forward_max_tokens_per_micro_batch
+    for name, trained in (("actor", config.actor), ("critic", config.critic)):
+        sizes[f"{name}.ppo_mini_batch_size"] = trained.ppo_mini_batch_size
+        sizes[f"{name}.ppo_epochs"] = trained.ppo_epochs
+        budgets[f"{name}.forward_max_tokens_per_micro_batch"] = trained.forward_max_tokens_per_micro_batch
     sizes |= {key: budget for key, budget in budgets.items() if budget is not None}
     before = len(problems)
     for key, value in sizes.items():
@@ -274,8 +275,8 @@ def _straddling_engine(first: int, engines: int, tp: int, per_node: int) -> int 
     a node boundary can cross it, and it does unless the boundary is a whole number of engines past
     `first`. If the first boundary is and the second too, `per_node` is a multiple of `tp` and every
     boundary is."""
-    boundary = (first // per_node + 1) * per_node
-    for boundary in (boundary, boundary + per_node):
+    first_boundary = (first // per_node + 1) * per_node
+    for boundary in (first_boundary, first_boundary + per_node):
         engine = (boundary - 1 - first) // tp
         if engine >= engines:
             return None

@@ -2,6 +2,7 @@
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from megarl.config.roles import ActorConfig, CriticConfig, RefConfig
 from megarl.config.rollout import RolloutConfig
@@ -44,9 +45,10 @@ class Config:
     """Roles onto devices."""
 
 
-def to_dict(config) -> dict:
+def to_dict(config) -> dict[str, Any]:
     """The config (or one section) as plain YAML-ready data: sections become dicts, tuples become lists."""
-    return _plain(dataclasses.asdict(config))
+    plain: dict[str, Any] = _plain(dataclasses.asdict(config))
+    return plain
 
 
 def _plain(value):

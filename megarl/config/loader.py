@@ -13,7 +13,7 @@ import sys
 import types
 import typing
 from pathlib import Path
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 import yaml
 
@@ -109,7 +109,8 @@ def _tag(node) -> str:
 
 
 def _flow(value) -> str:
-    return yaml.safe_dump(value, default_flow_style=True).strip()
+    text: str = yaml.safe_dump(value, default_flow_style=True)
+    return text.strip()
 
 
 _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
@@ -144,10 +145,10 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = (), schema: 
         data = parse_yaml(_read_recipe(path), str(path)) or {}
     except OSError as error:
         raise ConfigError([Problem(str(path), None, f"cannot read the config file ({error.strerror})",
-                                   "pass the path of an existing YAML recipe, e.g. configs/quickstart.yaml")])
+                                   "pass the path of an existing YAML recipe, e.g. configs/quickstart.yaml")]) from error
     except yaml.YAMLError as error:
         raise ConfigError([Problem(str(path), None, f"not valid YAML: {' '.join(str(error).split())}",
-                                   "correct the YAML syntax at the position shown")])
+                                   "correct the YAML syntax at the position shown")]) from error
     if not isinstance(data, dict):
         raise ConfigError([Problem(str(path), data, "a recipe must be a mapping of sections",
                                    "write sections at the top level, e.g. `model:` then `  path: ...`")])
@@ -192,7 +193,7 @@ def _not_utf8(path: Path, error: UnicodeDecodeError) -> Problem:
                    f"save it as UTF-8, e.g. {iconv_hint(path, 'LATIN1', 'fixed.yaml')}")
 
 
-def apply_overrides(data: dict, overrides: typing.Sequence[str]) -> list[Problem]:
+def apply_overrides(data: dict[str, Any], overrides: typing.Sequence[str]) -> list[Problem]:
     """Set each `key.sub=value` (value parsed as YAML: scalars, `[a, b]` lists) into `data`, in place."""
     problems = []
     for override in overrides:
@@ -227,7 +228,7 @@ def apply_overrides(data: dict, overrides: typing.Sequence[str]) -> list[Problem
     return problems
 
 
-def _merge(into: dict, update: dict) -> None:
+def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(into.get(key), dict):
             _merge(into[key], value)
@@ -235,7 +236,7 @@ def _merge(into: dict, update: dict) -> None:
             into[key] = value
 
 
-def build_config(data: dict, problems: list[Problem], schema: type = Config):
+def build_config(data: dict[str, Any], problems: list[Problem], schema: type = Config):
     """Build a `Config` (or `schema`) from nested plain data, appending a `Problem` per unknown key or wrong type.
 
     A field with a problem keeps its default so the rest can still be checked; callers must not use
@@ -244,7 +245,7 @@ def build_config(data: dict, problems: list[Problem], schema: type = Config):
     return _build(schema, data, "", problems, _all_keys(schema), schema())
 
 
-def _build(cls, data: dict, prefix: str, problems: list[Problem], all_keys: list[str], base=None):
+def _build(cls, data: dict[str, Any], prefix: str, problems: list[Problem], all_keys: list[str], base=None):
     """`base` (a `cls` instance, default `cls()`) with the keys of `data`. A section's defaults are its
     field's (`critic.optim` defaults to lr 1e-5, not `OptimizerConfig`'s 1e-6), kept for every key the
     recipe does not state."""

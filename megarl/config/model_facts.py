@@ -113,7 +113,7 @@ def read_config_json(config_json: Path) -> ModelFacts:
     except (OSError, ValueError) as error:
         raise ModelFactsError(f"{config_json}: {error}",
                               f"use a checkpoint of a supported architecture ({', '.join(supported_model_types())}) "
-                              "with a complete config.json")
+                              "with a complete config.json") from error
     return ModelFacts(dims.model_type, dims.num_attention_heads, dims.num_kv_heads, dims.num_layers, dims.hidden_size,
                       dims.vocab_size, dims.max_position_embeddings, dims.ffn_hidden_size, dims.head_dim,
                       dims.tie_word_embeddings, str(config_json))

@@ -146,6 +146,7 @@ def function_problem(key: str, spec: str, what: str, signature: str, example: st
         return Problem(key, spec, f"{where} is an async def, but megarl calls a {what} as a plain function, so "
                                   "every call would return an unawaited coroutine instead of a result",
                        "make it a plain def (it may run its async code with asyncio.run)")
+    assert isinstance(definition, ast.FunctionDef)  # what `_top_level_bindings` keeps besides literals
     why = None if call_problem is None else call_problem(definition.args)
     if why is not None:
         return Problem(key, spec, f"{where} {why}", f"define it as `def {function}{signature}`")
@@ -194,14 +195,14 @@ _LITERALS = (ast.Constant, ast.Dict, ast.List, ast.Set, ast.Tuple)
 """Expressions whose value is never callable."""
 
 
-def _top_level_bindings(tree: ast.Module) -> dict[str, ast.AST | None] | None:
+def _top_level_bindings(tree: ast.Module) -> dict[str, ast.stmt | None] | None:
     """The names a module binds at its top level, those in module-level if/try/with blocks included
     (a `def` under `try:` is still a module attribute), each with the undecorated def or the `name = <literal>`
     that binds it, or None where that is unknown without running the module (bound twice, decorated, ...);
     None for the whole module when a `from x import *` makes its names unknowable without importing."""
-    bindings: dict[str, ast.AST | None] = {}
+    bindings: dict[str, ast.stmt | None] = {}
 
-    def bind(name: str, node: ast.AST) -> None:
+    def bind(name: str, node: ast.stmt) -> None:
         plain_def = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.decorator_list
         literal = isinstance(node, ast.Assign) and isinstance(node.value, _LITERALS) and len(node.targets) == 1
         bindings[name] = node if (plain_def or literal) and name not in bindings else None  # ClassDef: callable

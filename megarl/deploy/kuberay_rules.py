@@ -13,7 +13,7 @@ import re
 
 import yaml
 
-from megarl import __version__, versions
+from megarl import versions
 
 RAYCLUSTER_NAME_MAX = 53
 """KubeRay 1.7's MaxRayClusterNameLength (utils/constant.go): 63 less its longest Service suffix, "-serve-svc"."""
@@ -201,7 +201,7 @@ def _check_image(container: dict, path: str) -> list[str]:
     name, _, tag = image.rpartition(":")
     if not name or "/" in tag or tag in ("", "latest"):
         return [f"{path}.image {image!r} is not pinned: use an explicit version tag (not 'latest') or a digest, "
-                f"e.g. megarl:{__version__}"]
+                f"e.g. megarl:{versions.MEGARL}"]
     return []
 
 

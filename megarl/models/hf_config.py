@@ -93,7 +93,7 @@ def load_hf_config(source: str | Path | Mapping[str, Any] | Any) -> dict[str, An
     if isinstance(source, Mapping):
         return dict(source)
     if hasattr(source, "to_dict"):
-        return source.to_dict()
+        return dict(source.to_dict())
     path = Path(source)
     if path.is_dir():
         path = path / "config.json"
@@ -123,7 +123,8 @@ def read_model_dims(source: str | Path | Mapping[str, Any] | Any) -> ModelDims:
         raise ValueError(
             f"config.json: model_type={model_type!r} is not supported; megarl builds {list(supported_model_types())}"
         )
-    return architecture(model_type).read_dims(cfg)
+    dims: ModelDims = architecture(model_type).read_dims(cfg)  # Any there: arch cannot import this module back
+    return dims
 
 
 def check_parallel_layout(dims: ModelDims, *, tp_size: int, pp_size: int) -> None:

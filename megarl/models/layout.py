@@ -42,7 +42,7 @@ VOCAB_DIVISIBLE_BY = 128
 """Megatron's `make_vocab_size_divisible_by` default: the vocabulary is padded to a multiple of this × TP
 (the models megarl builds, the memory estimate and the weight sync all pad with it)."""
 
-TensorReader = Callable[[str, tuple], torch.Tensor]
+TensorReader = Callable[[str, tuple[slice, ...]], torch.Tensor]
 """`read(hf_name, index)` returns `hf_tensor[index]` (index: a tuple of slices); lets a loader read
 only the rows/columns a rank needs (safetensors `get_slice`) with the same slicing code as in memory."""
 
@@ -298,7 +298,10 @@ def _chunk(size: int, tp_size: int, tp_rank: int) -> slice:
 def _hf_layer_shape(hf_name: str, dims: ModelDims) -> tuple[int, ...]:
     """The shape of a decoder layer's HF tensor, from its architecture's table (e.g. o_proj's
     `[hidden, heads * head_dim]`, gate_proj's `[intermediate, hidden]`)."""
-    return _hf_layer_shapes(dims)[_HF_LAYER_NAME.fullmatch(hf_name).group(2)]
+    match = _HF_LAYER_NAME.fullmatch(hf_name)
+    if match is None:
+        raise ValueError(f"{hf_name!r} is not an HF decoder-layer tensor name (model.layers.<i>.<name>)")
+    return _hf_layer_shapes(dims)[match.group(2)]
 
 
 def _qkv_shard(names, read: TensorReader, dims: ModelDims, tp_size: int, tp_rank: int) -> torch.Tensor:

@@ -3,7 +3,7 @@
     from megarl.tools import ToolCall, ToolResult, ToolSet, ToolError, parser_for
 
     with ToolSet(config.rollout.multi_turn) as toolset:
-        toolset.wait_ready(); ...; toolset.start_shared()
+        toolset.wait_ready(); ...; toolset.start_shared(SearchActor)   # megarl.orchestration.search_actor
         parser = parser_for(config.rollout.multi_turn.tool_format, toolset.schemas())
         turn = parser.parse(text)             # ParsedTurn(calls=[ToolCall, ...], errors=[CallError, ...])
         results = toolset.run(turn.calls)     # [ToolResult(text, error, latency_s), ...]; or submit: futures

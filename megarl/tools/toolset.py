@@ -3,7 +3,7 @@
     with ToolSet(config.rollout.multi_turn) as toolset:   # starts the isolated tool workers
         toolset.wait_ready()       # before Ray: a tool that does not resolve raises ToolError here
         init_ray(...)
-        toolset.start_shared()     # after Ray: the built-in search's index (one Ray actor for the run)
+        toolset.start_shared(SearchActor)   # after Ray: the built-in search's index (one Ray actor for the run)
         toolset.schemas()          # [{"type": "function", "function": {...}}, ...] for apply_chat_template(tools=)
         futures = toolset.submit([ToolCall("calculator", {"expression": "2+2"}), ...])   # [Future[ToolResult], ...]
         results = toolset.run(calls)   # the same, waited for: [ToolResult, ...]
@@ -22,7 +22,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Protocol
 
 from megarl.config.rollout import MultiTurnConfig
 from megarl.tools.builtin import BUILTIN_TOOLS, tool_path
@@ -40,6 +42,15 @@ PYTHON_UNSANDBOXED = "megarl.tools.builtin.python_unsandboxed:python"
 """The python tool where the user allowed it to run without its sandbox (`PythonToolConfig.unsafe_no_sandbox`)."""
 PYTHON_REMOTE = "megarl.tools.builtin.sandbox_fusion:python"
 """The python tool on a SandboxFusion server (`PythonToolConfig.sandbox_fusion_url`)."""
+
+
+class SearchBackend(Protocol):
+    """What runs the built-in search's queries: `SearchActor` (`megarl.orchestration.search_actor`) or
+    `RetrieverClient` (`megarl.tools.builtin.search`)."""
+
+    def submit(self, queries: list[str]) -> Future: ...
+
+    def close(self) -> None: ...
 
 
 class ToolSet:
@@ -63,7 +74,7 @@ class ToolSet:
                       if paths else None)
         self._schemas: list[dict] | None = None
         self._index_by_name: dict[str, int] = {}
-        self._search = None
+        self._search: SearchBackend | None = None
         """The started search backend: `SearchActor` or `RetrieverClient` (both `submit(queries) -> Future`)."""
 
     def wait_ready(self) -> None:
@@ -89,10 +100,12 @@ class ToolSet:
         self._index_by_name = index_by_name
         self._schemas = [report["schema"] for report in reports]
 
-    def start_shared(self) -> None:
-        """After Ray is up: start what the whole run shares, the built-in search's backend (a Ray actor
-        that builds the BM25 index of `rollout.multi_turn.search.corpus` once, or the client of
-        `retriever_url`). A corpus that cannot be read raises ToolError naming its file and line."""
+    def start_shared(self, index_host: Callable[[str, int], SearchBackend]) -> None:
+        """After Ray is up: start what the whole run shares, the built-in search's backend: `index_host(corpus,
+        top_k)` (`megarl.orchestration.search_actor.SearchActor`, a Ray actor that builds the BM25 index of
+        `rollout.multi_turn.search.corpus` once; handed in by the caller because Ray lives in a layer above
+        the tools), or the client of `retriever_url`. A corpus that cannot be read raises ToolError naming
+        its file and line."""
         search = next((tool for tool in self.tools if tool.function == SEARCH), None)
         if search is None or self._search is not None:
             return
@@ -100,9 +113,7 @@ class ToolSet:
         if settings.retriever_url:
             self._search = RetrieverClient(settings.retriever_url, settings.top_k, search.timeout_s)
         else:
-            from megarl.orchestration.search_actor import SearchActor  # Ray only where it is needed
-
-            self._search = SearchActor(settings.corpus, settings.top_k)
+            self._search = index_host(settings.corpus, settings.top_k)
 
     def schemas(self) -> list[dict]:
         """The tools' OpenAI-style schemas, in config order (after `wait_ready`)."""

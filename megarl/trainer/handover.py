@@ -34,14 +34,11 @@ nothing: megarl's workers stand in, `megarl.workers.rollout.cpu_kv_sleep`) and t
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from megarl.config import ConfigError, Problem
 from megarl.trainer.metrics import memory_metric
+from megarl.trainer.sync_step import WeightSync
 from megarl.trainer.timing import PhaseTimer
-
-if TYPE_CHECKING:  # sync_step imports roles, which imports this module
-    from megarl.trainer.sync_step import WeightSync
 
 
 class HandOver:

@@ -18,20 +18,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from megarl.bridge.ring_routes import RingRoutes, route_rings
 from megarl.config import BatchPlan, Config, ConfigError, cluster_problems, resolve_device, uses_reference
 from megarl.config.rollout import response_length, rollout_dtype
 from megarl.orchestration.cluster import cluster_gpus
 from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group, engine_bundles, gpu_slots
-from megarl.orchestration.worker_group import DEFAULT_HANG_TIMEOUT_S, WorkerGroup
+from megarl.orchestration.worker_group import WorkerGroup
 from megarl.parallel.device import worker_env
 from megarl.trainer import settings
 from megarl.trainer.checkpoint_manager import part_dir
 from megarl.trainer.handover import offload_before_engines
+from megarl.trainer.megatron_group import MegatronGroup
 from megarl.trainer.ray_node import device_bundles
 from megarl.trainer.staged_batch import StagedBatch
+from megarl.trainer.sync_step import SYNC_TIMEOUT_S
 from megarl.trainer.timing import PhaseTimer
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.checkpoint_files import step_dir_name
@@ -39,42 +40,11 @@ from megarl.workers.profiling import ProfileRequest
 from megarl.workers.rollout.executor import engine_env, engine_holds_gpu
 from megarl.workers.settings import ActorSpec, CriticSpec, ModelSettings, PolicyWorkerSpec
 
-POLICY_TARGET = "megarl.workers.policy_worker:PolicyWorker"
 ROLLOUT_TARGET = "megarl.workers.rollout.rollout_worker:RolloutWorker"
-SYNC_TIMEOUT_S = 300.0
 ENGINE_SHUTDOWN_TIMEOUT_S = 60.0
 """How long the end of a run waits for the rollout engines to stop their worker processes (vLLM gives a
 TP worker `VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`, 30 s in megarl's engines, to exit, then 4 s after a
 SIGTERM) before it kills them; an engine still generating when a stop signal came may use it up."""
-
-
-@dataclass
-class MegatronGroup:
-    """A worker group of Megatron ranks (`PolicyWorker`s) and each rank's place in its grid."""
-
-    workers: WorkerGroup
-    grids: list[dict[str, int]]
-    """Per rank: rank, tp_rank, pp_rank, dp_rank, dp_size."""
-
-    @classmethod
-    def start(cls, name: str, spec, world_size: int, placement, bundle: BundleSpec,
-              env: dict[str, str], target: str = POLICY_TARGET,
-              hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S, bundles: list[int] | None = None) -> MegatronGroup:
-        """`world_size` ranks of `target` (a worker class taking `spec`, with a `grid()` method: a
-        `PolicyWorker`, or `megarl sft`'s `SftWorker`), rank r on bundle `bundles[r]` (default r)."""
-        workers = WorkerGroup(name, target, world_size, placement, bundle, init_kwargs={"spec": spec}, env=env,
-                              hang_timeout_s=hang_timeout_s, bundles=bundles)
-        return cls(workers, workers.call_all("grid"))
-
-    @property
-    def dp_size(self) -> int:
-        return self.grids[0]["dp_size"]
-
-    def call_by_dp(self, method: str, per_dp: list[tuple], replies: Callable[[dict[str, int]], bool] | None = None) -> list:
-        """Each rank runs `method` with its DP replica's arguments (stored once per replica, read by its
-        TP × PP ranks); results in rank order. `replies(grid)` False: that rank's result stays there (None)."""
-        replying = None if replies is None else [replies(g) for g in self.grids]
-        return self.workers.call_each(method, [per_dp[g["dp_rank"]] for g in self.grids], replying=replying)
 
 
 @dataclass

@@ -29,19 +29,16 @@ Results come back in row order.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from megarl.trainer.megatron_group import MegatronGroup
 from megarl.trainer.rollout_batch import gather_by_dp, is_dp_leader
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.micro_batches import token_counts
 from megarl.workers.packing import balance_over_ranks
 from megarl.workers.profiling import ProfileRequest
-
-if TYPE_CHECKING:
-    from megarl.trainer.roles import MegatronGroup
 
 METHOD_ROLES = {
     "compute_log_prob": "actor", "update_actor": "actor", "compute_ref_log_prob": "ref",

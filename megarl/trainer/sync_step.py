@@ -27,7 +27,9 @@ from megarl.bridge.verify import check_sync, probe_token_ids
 from megarl.config import Config
 from megarl.config.rollout import logprob_gap_threshold, rollout_dtype
 from megarl.trainer.metrics import reduce_metrics
-from megarl.trainer.roles import SYNC_TIMEOUT_S
+
+SYNC_TIMEOUT_S = 300.0
+"""How long the driver waits on a weight-sync call of the engines (connecting the group, finishing a receive)."""
 
 
 class WeightSync:

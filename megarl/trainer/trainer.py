@@ -36,6 +36,7 @@ from megarl.models.flops import training_flops
 from megarl.models.hf_checkpoint import check_hf_checkpoint
 from megarl.models.hf_config import read_model_dims
 from megarl.orchestration.cluster import init_ray, shutdown_ray
+from megarl.orchestration.search_actor import SearchActor
 from megarl.rewards.scorer import RewardScorer
 from megarl.rollout import AgentLoop, ObservationEncoder, single_turn
 from megarl.trainer import rollout_batch as rb
@@ -131,7 +132,7 @@ class Trainer:
             self.roles = None
             try:
                 if tools:
-                    tools.start_shared()
+                    tools.start_shared(SearchActor)
                 device = cluster_device(self.config)
                 self.roles = start_roles(self.config, self.plan, self.total_steps, WORKER_ENV, device, startup)
                 return self._train(scorer, self._rollout_function(tools), startup)

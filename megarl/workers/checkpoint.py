@@ -138,11 +138,11 @@ def save_checkpoint(
     try:
         run("creating the directory", lambda: _create_dirs(tmp_dir, models, optimizers), on_every_rank=False)
         for role, chunks in models.items():
-            save_sharded(f"the {role} model", lambda: _model_state(chunks), tmp_dir / role / MODEL_DIR)
+            save_sharded(f"the {role} model", lambda chunks=chunks: _model_state(chunks), tmp_dir / role / MODEL_DIR)
             fault_point("after_model")
             if role in optimizers:
                 save_sharded(f"the {role} optimizer",
-                             lambda: _optimizer_state(optimizers[role], chunks, is_loading=False),
+                             lambda role=role, chunks=chunks: _optimizer_state(optimizers[role], chunks, is_loading=False),
                              tmp_dir / role / OPTIMIZER_DIR)
                 fault_point("after_optimizer")
         run("the RNG states", lambda: write_durably(tmp_dir / RNG_DIR / _rng_file(), _to_bytes(rng_state)))

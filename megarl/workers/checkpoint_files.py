@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping
 
-import megarl
+from megarl.versions import MEGARL
 
 MANIFEST = "manifest.json"
 EXTRA_FILE = "extra.json"
@@ -81,7 +81,7 @@ class Manifest:
     layout: dict[str, int]
     """Process layout it was saved from: world_size, tp, pp, dp."""
     megarl_version: str
-    """`megarl.__version__` of the writer."""
+    """`megarl.__version__` of the writer (`megarl.versions.MEGARL`)."""
 
 
 def checkpoint_files(ckpt_dir: Path) -> list[str]:
@@ -117,7 +117,7 @@ def build_manifest(
         format=FORMAT, step=step, roles=list(roles),
         files={name: (ckpt_dir / name).stat().st_size for name in names},
         sha256={name: sha256[name] for name in names},
-        layout=dict(layout), megarl_version=megarl.__version__,
+        layout=dict(layout), megarl_version=MEGARL,
     )
 
 

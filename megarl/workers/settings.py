@@ -84,7 +84,7 @@ class OptimSettings:
             raise ValueError("OptimSettings: " + "; ".join(problems))
 
 
-@dataclass
+@dataclass(frozen=True)
 class RecomputeSettings:
     """Activation recompute (megatron-core `TransformerConfig` fields of the same names)."""
 
@@ -119,7 +119,7 @@ class RecomputeSettings:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class OffloadSettings:
     """What a trained role moves off the device while the colocated rollout runs, with megatron-core's
     own RL offload APIs (`megarl.workers.megatron_train.TrainEngine.offload_training_state` /

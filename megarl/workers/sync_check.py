@@ -128,7 +128,7 @@ def trainer_main(model_dir: str, layout: LayoutPair, ports: dict[int, int], buck
     for round_index in range(rounds):
         train_a_little(actor, dims.vocab_size, settings, round_index)
         logprobs = actor_probe_logprobs(actor, probe)
-        stats = [sender.send() for sender in senders][0]
+        stats, *_others = [sender.send() for sender in senders]  # every sender sends; the first one's stats
         suspects = conversion_errors(plan, local_params_by_plan_name(plan, actor.named_parameters_for_sync()), groups)
         checksums = rank_checksums(plan, actor.named_parameters_for_sync(), groups, ENGINE_DTYPE)
         results.append(dict(actor_logprobs=logprobs.tolist(), sync_metrics=stats.metrics(), suspects=suspects,

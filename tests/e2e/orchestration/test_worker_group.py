@@ -139,7 +139,7 @@ def test_unsatisfiable_placement_is_a_clear_error(ray_cluster):
 
 def _assert_gone(pids):
     """Killed ranks leave no process behind (bounded wait on the condition)."""
-    gone, alive = psutil.wait_procs([p for p in map(_proc, pids) if p], timeout=30)
+    _gone, alive = psutil.wait_procs([p for p in map(_proc, pids) if p], timeout=30)
     assert not alive, f"rank processes still alive: {alive}"
 
 

@@ -8,7 +8,7 @@ import weakref
 import pytest
 import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-from vllm.v1.sample.ops import logprobs
+from vllm.v1.sample.ops import logprobs as vllm_logprobs
 from rollout_reference import (
     PROMPTS,
     TOLERANCE,
@@ -63,7 +63,7 @@ def test_sampler_ranks_tokens_without_a_compile(engine):
     cpu_sampler_ops); the engine runs its eager form, so after sampling with log-probs dynamo holds no
     compiled entry for the op's code (it holds one once the compiled wrapper has run)."""
     engine.generate(PROMPTS, SamplingConfig(n=2, max_new_tokens=MAX_NEW, seed=0))
-    assert _debug_get_cache_entry_list(logprobs.batched_count_greater_than.__wrapped__.__code__) == []
+    assert _debug_get_cache_entry_list(vllm_logprobs.batched_count_greater_than.__wrapped__.__code__) == []
 
 
 def test_greedy_equals_hf_greedy(engine, hf_base):

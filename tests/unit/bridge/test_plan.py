@@ -17,7 +17,7 @@ from megarl.bridge.protocol import unpack
 LAYOUTS = [LayoutPair(tp, pp, rtp) for tp, pp in [(1, 1), (2, 1), (1, 2), (2, 2), (4, 2)] for rtp in (1, 2)]
 
 @pytest.mark.parametrize("arch", sorted(CONFIGS))
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"tp{l.train_tp}pp{l.train_pp}-rtp{l.rollout_tp}")
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda pair: f"tp{pair.train_tp}pp{pair.train_pp}-rtp{pair.rollout_tp}")
 def test_every_hf_element_is_written_exactly_once_and_correctly(arch, layout):
     dims = dims_of(arch)
     plan = build_plan(dims, layout, bucket_mb=0.25)

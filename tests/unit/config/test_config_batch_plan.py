@@ -127,7 +127,9 @@ def test_fix_suggests_mini_batches_that_fit():
         "actor": {"ppo_mini_batch_size": 2, "micro_batch_size_per_gpu": 1},
         "placement": {"gpus_per_node": 4},
     })
-    [problem] = pytest.raises(ConfigError, plan_batches, config).value.problems
+    with pytest.raises(ConfigError) as raised:
+        plan_batches(config)
+    [problem] = raised.value.problems
     assert problem.key == "actor.ppo_mini_batch_size"
     assert "2 prompts × 1 samples = 2 samples per mini-batch do not split over actor DP 4" in problem.why
     assert problem.fix.endswith(": 4, 12")

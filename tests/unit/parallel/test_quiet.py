@@ -29,17 +29,17 @@ def messages(shown) -> list[str]:
 def test_every_listed_warning_is_dropped_without_cuda_advice(restored):
     quiet.install(cuda_advice=False)
     for message, category in quiet.ALWAYS + quiet.CUDA_ADVICE:
-        warnings.warn(message + " (the rest of the library's text)", category)
+        warnings.warn(message + " (the rest of the library's text)", category, stacklevel=1)
     assert messages(restored) == []
 
 
 def test_other_warnings_and_cuda_advice_on_gpu_still_show(restored):
     quiet.install(cuda_advice=True)
     te_missing = quiet.CUDA_ADVICE[0][0] + ". Falling back to Torch optimizers."
-    warnings.warn(te_missing, UserWarning)
-    warnings.warn("my reward function saw an empty response", UserWarning)
-    warnings.warn("full scope is deprecated", DeprecationWarning)  # a listed text, another category
-    warnings.warn("use a newer megatron: " + quiet.ALWAYS[0][0], UserWarning)  # listed text, not at the start
+    warnings.warn(te_missing, UserWarning, stacklevel=1)
+    warnings.warn("my reward function saw an empty response", UserWarning, stacklevel=1)
+    warnings.warn("full scope is deprecated", DeprecationWarning, stacklevel=1)  # a listed text, another category
+    warnings.warn("use a newer megatron: " + quiet.ALWAYS[0][0], UserWarning, stacklevel=1)  # listed, not at the start
     assert messages(restored) == [te_missing, "my reward function saw an empty response", "full scope is deprecated",
                                   "use a newer megatron: " + quiet.ALWAYS[0][0]]
 

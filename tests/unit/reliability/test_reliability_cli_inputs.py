@@ -140,7 +140,7 @@ def assert_bad_data_ends_train(workdir, capsys, text, message) -> None:
     data = workdir / "data" / "train.jsonl"
     data.write_bytes(text if isinstance(text, bytes) else text.encode())
     before = snapshot(workdir)
-    code, out, err = run_cli(capsys, "train", "recipe.yaml")
+    code, _out, err = run_cli(capsys, "train", "recipe.yaml")
     assert code == 2
     lines = problem_lines("train", err)
     assert len(lines) == 1 and message.format(file=data) in lines[0], err

@@ -2,6 +2,7 @@
 
 import os
 import signal
+from pathlib import Path
 
 import psutil
 import pytest
@@ -44,7 +45,7 @@ def test_a_hung_call_is_killed_with_what_it_started_scored_zero_and_counted(tmp_
         result = scorer(["p", "p"], ["fine", "hang"], pid_file=[pid_file, pid_file])
         assert result.scores == [1.0, 0.0]
         assert result.metrics == {"reward/errors": 0.0, "reward/timeouts": 1.0, "reward/failed_samples": 1.0}
-        worker_pid, child_pid = map(int, open(pid_file).read().split())
+        worker_pid, child_pid = map(int, Path(pid_file).read_text().split())
         assert wait_until_gone(worker_pid) and wait_until_gone(child_pid)
         assert worker_pid not in scorer.worker_pids()
         assert scorer(["p", "p"], ["fine", "fine"], pid_file=[pid_file, pid_file]).scores == [1.0, 1.0]

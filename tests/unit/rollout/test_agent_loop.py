@@ -125,7 +125,7 @@ def test_loss_mask_is_exactly_the_observations_over_three_tool_turns():
     samples = loop(engines)(prompts(3), SAMPLING, "1.0")
 
     assert len(samples) == 6 and samples.index == ["1.0/0", "1.0/0", "1.0/1", "1.0/1", "1.0/2", "1.0/2"]
-    for prompt, ids, mask, log_probs, trajectory in zip(samples.prompts, samples.response_ids, samples.loss_masks,
+    for _prompt, ids, mask, log_probs, trajectory in zip(samples.prompts, samples.response_ids, samples.loss_masks,
                                                          samples.rollout_log_probs, samples.trajectories):
         expected_ids, expected_mask, expected_lp = [], [], []
         turn_text = ""

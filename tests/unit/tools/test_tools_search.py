@@ -8,11 +8,13 @@ import time
 import urllib.error
 from concurrent.futures import Future
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 
 from megarl.config.rollout import MultiTurnConfig, SearchConfig, ToolConfig
 from megarl.orchestration.cluster import init_ray, shutdown_ray
+from megarl.orchestration.search_actor import SearchActor
 from megarl.tools import ToolCall, ToolError, ToolSet
 from megarl.tools.builtin.search import read_corpus
 
@@ -45,7 +47,7 @@ def test_bm25_ranks_the_right_document_first_for_each_query_of_a_batch(ray_clust
     corpus = write_corpus(tmp_path / "corpus.jsonl", DOCUMENTS)
     with search_tools(corpus=corpus) as tools:
         tools.wait_ready()
-        tools.start_shared()
+        tools.start_shared(SearchActor)
         assert [schema["function"]["name"] for schema in tools.schemas()] == ["search", "calculator"]
         results = tools.run([ToolCall("search", {"query": "highest mountain"}),
                              ToolCall("calculator", {"expression": "6 * 7"}),
@@ -69,7 +71,7 @@ def test_a_bad_corpus_line_is_named_when_the_index_is_built(ray_cluster, tmp_pat
     with search_tools(corpus=str(corpus)) as tools:
         tools.wait_ready()
         with pytest.raises(ToolError, match=rf"rollout.multi_turn.search.corpus = '{corpus}': line 2 is not JSON"):
-            tools.start_shared()
+            tools.start_shared(SearchActor)
 
 
 @pytest.mark.parametrize("content, message", [
@@ -89,7 +91,7 @@ def test_corpus_errors_name_the_setting_the_file_and_the_line(tmp_path, content,
 class Retriever(BaseHTTPRequestHandler):
     """A Search-R1 retrieval server: answers POST /retrieve; a query "hang" blocks until `release` is set."""
 
-    requests: list = []
+    requests: ClassVar[list] = []
     release = threading.Event()
 
     def do_POST(self):
@@ -126,7 +128,7 @@ def retriever_url():
 def test_a_retrieval_server_gets_the_batch_of_queries_in_one_request(retriever_url):
     with search_tools(retriever_url=retriever_url) as tools:
         tools.wait_ready()
-        tools.start_shared()
+        tools.start_shared(SearchActor)
         results = tools.run([ToolCall("search", {"query": "alpha"}), ToolCall("calculator", {"expression": "1+1"}),
                              ToolCall("search", {"query": "beta"})])
     assert Retriever.requests == [("/retrieve", {"queries": ["alpha", "beta"], "topk": 2, "return_scores": True})]
@@ -137,7 +139,7 @@ def test_a_retrieval_server_gets_the_batch_of_queries_in_one_request(retriever_u
 def test_a_retrieval_server_past_the_time_limit_is_a_timeout(retriever_url):
     with search_tools(retriever_url=retriever_url, timeout_s=0.5) as tools:
         tools.wait_ready()
-        tools.start_shared()
+        tools.start_shared(SearchActor)
         hung, = tools.run([ToolCall("search", {"query": "hang"})])
         assert hung.error == "timeout" and hung.latency_s >= 0.5
         Retriever.release.set()
@@ -149,7 +151,7 @@ def test_an_unreachable_retrieval_server_is_a_raised_result():
         port = unused.getsockname()[1]
     with search_tools(retriever_url=f"http://127.0.0.1:{port}/retrieve") as tools:
         tools.wait_ready()
-        tools.start_shared()
+        tools.start_shared(SearchActor)
         result, = tools.run([ToolCall("search", {"query": "x"})])
     assert result.error == "raised"
     assert result.text.startswith("Error: the search failed (URLError: <urlopen error [Errno 111] Connection refused>")

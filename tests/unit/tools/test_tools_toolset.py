@@ -2,6 +2,7 @@
 no secrets, schemas read from docstrings in the worker, and tools that do not resolve stop the run at start."""
 
 import os
+from pathlib import Path
 
 import psutil
 import pytest
@@ -57,7 +58,7 @@ def test_a_hung_call_is_killed_with_what_it_started_and_the_tools_still_work(too
     assert hung.error == "timeout" and hung.text == "Error: the tool ran longer than 1 s and was stopped"
     assert hung.latency_s >= 1.0
     assert fine == ToolResult("ok", None, fine.latency_s)
-    worker_pid, child_pid = map(int, open(pid_file).read().split())
+    worker_pid, child_pid = map(int, Path(pid_file).read_text().split())
     assert wait_until_gone(worker_pid) and wait_until_gone(child_pid)
     assert worker_pid not in tools.worker_pids()
     assert [result.text for result in tools.run([ToolCall("echo", {"text": "a"}), ToolCall("echo", {"text": "b"})])] \

@@ -147,7 +147,7 @@ def test_each_phase_records_which_role_holds_what():
 
 
 def test_what_is_not_offloaded_stays_beside_the_engines():
-    step, _, actor, engines, sync = handover(offloads={"optimizer"})
+    step, _, _actor, _engines, sync = handover(offloads={"optimizer"})
     step.to_training()
     step.to_rollout(1)
     assert sync.seen["sync"] == ({"params", "grads"}, {"weights"})

@@ -88,7 +88,10 @@ def test_forward_token_budgets_reach_the_forward_passes_only():
     assert packs_by_tokens(config.actor) and not packs_by_tokens(config.ref)
     # The worker's forward passes take the forward cut (its update the update's: `update_actor`).
     seen = []
-    record = lambda name: lambda batch, *, micro_batch_size: seen.append((name, micro_batch_size))
+
+    def record(name):
+        return lambda batch, *, micro_batch_size: seen.append((name, micro_batch_size))
+
     worker = SimpleNamespace(spec=policy, actor=SimpleNamespace(compute_log_prob=record("log_prob")),
                              critic=SimpleNamespace(compute_values=record("values")))
     PolicyWorker.compute_log_prob(worker, None)
@@ -103,7 +106,7 @@ def test_forward_token_budgets_reach_the_forward_passes_only():
 
 
 def test_split_placement_counts_only_the_megatron_processes_per_training_slot():
-    config, plan = plan_of(*KL, "ref.colocate_with_actor=false", "placement.mode=split", "placement.gpus_per_node=3",
+    _config, plan = plan_of(*KL, "ref.colocate_with_actor=false", "placement.mode=split", "placement.gpus_per_node=3",
                            "placement.rollout_gpus=1")
     assert device_bundles(plan) == (3, 2) and plan.processes_per_train_gpu == 2
 

@@ -173,7 +173,7 @@ def test_a_checkpoint_without_a_batch_ahead_generates_the_first_one_now():
 
 
 def test_close_waits_for_the_generation_in_flight_and_drops_it():
-    stream, engines, timer = _stream(lookahead=1, steps=3)
+    stream, engines, _timer = _stream(lookahead=1, steps=3)
     stream.take(1)
     stream.start_next(1)  # step 2 waits for step 1's training, which never comes: the run failed
     assert engines.started[2].wait(WAIT_S)

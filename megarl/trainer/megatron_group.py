@@ -1,0 +1,43 @@
+"""A worker group of Megatron ranks and each rank's place in its grid: what `Roles` (`megarl.trainer.roles`)
+holds per role, what a staged batch is cut for (`megarl.trainer.staged_batch`) and what `megarl sft` trains
+with. Apart from `roles` so that the modules `roles` imports can name it without importing `roles` back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from megarl.orchestration.placement import BundleSpec
+from megarl.orchestration.worker_group import DEFAULT_HANG_TIMEOUT_S, WorkerGroup
+
+POLICY_TARGET = "megarl.workers.policy_worker:PolicyWorker"
+
+
+@dataclass
+class MegatronGroup:
+    """A worker group of Megatron ranks (`PolicyWorker`s) and each rank's place in its grid."""
+
+    workers: WorkerGroup
+    grids: list[dict[str, int]]
+    """Per rank: rank, tp_rank, pp_rank, dp_rank, dp_size."""
+
+    @classmethod
+    def start(cls, name: str, spec, world_size: int, placement, bundle: BundleSpec,
+              env: dict[str, str], target: str = POLICY_TARGET,
+              hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S, bundles: list[int] | None = None) -> MegatronGroup:
+        """`world_size` ranks of `target` (a worker class taking `spec`, with a `grid()` method: a
+        `PolicyWorker`, or `megarl sft`'s `SftWorker`), rank r on bundle `bundles[r]` (default r)."""
+        workers = WorkerGroup(name, target, world_size, placement, bundle, init_kwargs={"spec": spec}, env=env,
+                              hang_timeout_s=hang_timeout_s, bundles=bundles)
+        return cls(workers, workers.call_all("grid"))
+
+    @property
+    def dp_size(self) -> int:
+        return self.grids[0]["dp_size"]
+
+    def call_by_dp(self, method: str, per_dp: list[tuple], replies: Callable[[dict[str, int]], bool] | None = None) -> list:
+        """Each rank runs `method` with its DP replica's arguments (stored once per replica, read by its
+        TP × PP ranks); results in rank order. `replies(grid)` False: that rank's result stays there (None)."""
+        replying = None if replies is None else [replies(g) for g in self.grids]
+        return self.workers.call_each(method, [per_dp[g["dp_rank"]] for g in self.grids], replying=replying)
