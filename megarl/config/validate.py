@@ -401,9 +401,11 @@ def _check_trainer(config: Config, check_files: bool, problems: list[Problem]) -
           f"must be >= {MIN_HANG_TIMEOUT_S:g} seconds (a worker beats once a second; a shorter limit takes a busy "
           "machine's delay for a stopped process)", "e.g. 600")
     _need(problems, trainer.rollout_mode == "sync" or config.placement.mode == "split", "trainer.rollout_mode",
-          trainer.rollout_mode, "generating the next step's batch while the actor trains needs the rollout engines on "
+          trainer.rollout_mode, "generating batches while the actor trains needs the rollout engines on "
           "devices of their own, but placement.mode is colocated (the engines and the actor take turns on the same "
           "devices)", "set placement.mode: split with placement.rollout_gpus for the engines, or trainer.rollout_mode: sync")
+    _need(problems, trainer.max_staleness >= 0, "trainer.max_staleness", trainer.max_staleness,
+          "must be >= 0 (the weight versions a batch may lag the actor in trainer.rollout_mode: async)", "e.g. 1")
     _need(problems, trainer.peak_flops is None or trainer.peak_flops > 0, "trainer.peak_flops", trainer.peak_flops,
           "must be > 0", "e.g. 989e12 per H100 in bf16 times the actor's GPUs, or null to measure it")
     _need(problems, _is_plain_name(trainer.experiment_name), "trainer.experiment_name", trainer.experiment_name,
