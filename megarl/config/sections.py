@@ -210,7 +210,8 @@ class TrainerConfig:
     generate batch after batch in a driver thread while the actor trains, each started only when it will be
     at most `max_staleness` versions stale when trained (the weights load between two generations); needs
     placement.mode: split. Not deterministic (how far ahead the engines run depends on timing); a checkpoint
-    waits for the generation in flight and keeps the batches generated ahead, which a resume trains on."""
+    waits for the generation in flight (rollout.partial_rollout: for its segment; the batch is then lost)
+    and keeps the batches generated ahead, which a resume trains on."""
     max_staleness: int = 1
     """async: the most weight versions a batch may lag the actor when it is trained on (AReaL's η): the
     step-g batch is generated with the weights of step g - 1 - max_staleness or newer, so up to

@@ -238,6 +238,21 @@ def _check_sequence_parallel(config: Config, problems: list[Problem]) -> None:
         check_sequence_parallel(f"{role}.", parallel, problems)
 
 
+def _check_partial_rollout(config: Config, problems: list[Problem]) -> None:
+    rollout, key = config.rollout, "rollout.partial_rollout"
+    if rollout.partial_rollout == 0:
+        return
+    _need(problems, rollout.partial_rollout >= max(1, rollout.min_new_tokens), key, rollout.partial_rollout,
+          f"must be 0 (off) or at least 1 and rollout.min_new_tokens ({rollout.min_new_tokens}): a segment after "
+          "the first cannot know how many tokens the sample still must make", f"e.g. {max(64, rollout.min_new_tokens)}")
+    _need(problems, config.trainer.rollout_mode == "async", key, rollout.partial_rollout,
+          f"weight updates land between generations only in trainer.rollout_mode async (it is "
+          f"{config.trainer.rollout_mode})", "set trainer.rollout_mode: async, or rollout.partial_rollout: 0")
+    _need(problems, not rollout.multi_turn.enable, key, rollout.partial_rollout,
+          "partial rollouts are single-turn only (the agent loop does not continue a turn across a weight update)",
+          "set rollout.partial_rollout: 0, or rollout.multi_turn.enable: false")
+
+
 def _check_rollout(config: Config, problems: list[Problem]) -> None:
     rollout, sync = config.rollout, config.rollout.sync
     _need(problems, rollout.temperature > 0, "rollout.temperature", rollout.temperature,
@@ -248,6 +263,7 @@ def _check_rollout(config: Config, problems: list[Problem]) -> None:
           "must be -1 (off) or >= 1", "e.g. -1")
     _need(problems, rollout.max_new_tokens >= 1, "rollout.max_new_tokens", rollout.max_new_tokens,
           "must be >= 1", "e.g. 512")
+    _check_partial_rollout(config, problems)
     _need(problems, 0 <= rollout.min_new_tokens <= rollout.max_new_tokens, "rollout.min_new_tokens",
           rollout.min_new_tokens, f"must lie in [0, rollout.max_new_tokens = {rollout.max_new_tokens}]",
           f"choose 0 to {rollout.max_new_tokens}")

@@ -9,16 +9,24 @@ the engines never wait, up to η + 1 batches run ahead of the training:
     η = 2:  gen(b1, w0) gen(b2, w0) gen(b3, w0 | w1) ...    (b3 waits for nothing: 3 - 1 - 2 = 0)
             [train(b1) ............] sync w1 [train(b2) ...] sync w2 ...
 
-`take` checks the bound again on every batch: one over it (a checkpoint's batch resumed under a smaller
-`max_staleness`) is dropped and the step's batch generated afresh with the current weights, never
-trained on; `rollout/stale_dropped_samples` counts the samples dropped.
+`take` checks the bound again on every batch, on its oldest token: one over it (a checkpoint's batch
+resumed under a smaller `max_staleness`) is dropped and the step's batch generated afresh with the
+current weights, never trained on; `rollout/stale_dropped_samples` counts the samples dropped.
+
+Partial rollouts (`rollout.partial_rollout`, `megarl.rollout.partial`): the generation calls
+`between_segments` every few tokens, where the thread lets a waiting weight load (or validation, or a
+checkpoint) in and goes on with the weights it brought; each token keeps its version
+(`Samples.token_versions`), logged as `rollout/token_version_lag/mean` and `rollout/partial_samples`.
+A checkpoint then no longer waits for a whole generation: the batch in flight is lost (its prompts were
+taken from the data loader), and a resume says so and generates that step's batch from the next prompts.
 
 The trainer drives it as `RolloutStream`. A rollout worker runs one call at a time and the engines,
 reward scorer, tools and data loader are the thread's while it generates, so every main-thread use of
 them waits for the generation in flight and holds the thread meanwhile: `sync` (the weights load
 between two generations, never into one), `paused` (validation) and `settle` (a checkpoint: the
 batches generated ahead are saved with the data position after them; the thread waits until the
-step's sync). A checkpoint thus loses nothing generated before it; a resume trains on its batches.
+step's sync). Without partial rollouts a checkpoint thus loses nothing generated before it; a resume
+trains on its batches.
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ class AsyncRolloutStream:
         self.next_step = version + 1
         """The step whose batch the thread generates next."""
         self.generating = False
+        self.in_flight: int | None = None
+        """The step whose batch the thread is making (also while it waits between two segments)."""
         self.held = False
         """The main thread uses the engines (or is about to): the thread starts no generation."""
         self.stopping = False
@@ -73,21 +83,34 @@ class AsyncRolloutStream:
             self._raise_error()
             batch = self.ready.pop(step)
         dropped = 0
-        if step - 1 - batch.policy_version > self.max_staleness:
+        if step - 1 - oldest_version(batch) > self.max_staleness:
             dropped = len(batch.samples)
             with self.paused():  # the engines are the main thread's until the step's batch is made again
                 batch = self.generate(step, self.version)
                 batch.metrics |= self.gen_timer.pop()
-        batch.metrics["rollout/stale_dropped_samples"] = float(dropped)
+        batch.metrics |= {"rollout/stale_dropped_samples": float(dropped)} | token_version_metrics(batch, step)
         return RolloutStream._with_lag(batch, step)
+
+    def between_segments(self) -> int:
+        """Called by the generation between two segments of a partial rollout: in the thread, a sync,
+        validation or checkpoint waiting for the engines goes first. The weight version the engines hold."""
+        with self.cond:
+            if self.held and threading.current_thread() is self.thread:  # not the main thread's own generation
+                self.generating = False
+                self.cond.notify_all()
+                self.cond.wait_for(lambda: not self.held or self.stopping)
+                self.generating = True
+            return self.version
 
     def start_next(self, step: int) -> None:
         """Nothing to start: the thread generates ahead on its own."""
 
     def settle(self) -> None:
-        """Wait for the generation in flight, then hold the thread until the next `sync`; raise what it raised."""
+        """Wait for the generation in flight (partial rollouts: for its current segment), then hold the thread
+        until the next `sync`; raise what it raised."""
         with self.cond:
             self.held = True
+            self.cond.notify_all()  # for whoever waits for the engines to be wanted
             self.cond.wait_for(lambda: not self.generating)
             self._raise_error()
 
@@ -122,7 +145,8 @@ class AsyncRolloutStream:
     def state_dict(self, prompts: Sequence[Prompt]) -> dict:
         """For a checkpoint, once `settle`d: the batches generated ahead (JSON), by step."""
         assert self.held and not self.generating, "settle() before saving the stream's state"
-        return {"ready": {str(step): generated.encode(batch, prompts) for step, batch in sorted(self.ready.items())}}
+        return {"ready": {str(step): generated.encode(batch, prompts) for step, batch in sorted(self.ready.items())},
+                "in_flight": self.in_flight}
 
     def load_state_dict(self, state: dict | None, prompts: Sequence[Prompt]) -> None:
         """Continue from a checkpoint's `state_dict` (an async run's, or one_step_off's batch ahead, or
@@ -132,9 +156,12 @@ class AsyncRolloutStream:
         self.ready = {int(step): generated.decode(batch, prompts) for step, batch in ready.items()}
         self.next_step = self.version + 1 + len(self.ready)
         if state:
+            lost = state.get("in_flight")
             print(f"rollout stream: resumed with {len(self.ready)} batch(es) generated before the checkpoint "
-                  f"(steps {sorted(self.ready)}); 0 samples in flight lost (the checkpoint waited for the "
-                  "generation in flight)", flush=True)
+                  f"(steps {sorted(self.ready)}); "
+                  + ("no batch was in flight" if lost is None else
+                     f"the batch of step {lost} was in flight and is lost: it is generated again from the next prompts"),
+                  flush=True)
 
     def _may_start(self) -> bool:
         """The thread may generate `next_step`'s batch: it will be at most `max_staleness` versions stale."""
@@ -148,7 +175,7 @@ class AsyncRolloutStream:
                 if self.stopping or self.next_step > self.last_step:
                     return
                 step, version = self.next_step, self.version
-                self.next_step, self.generating = step + 1, True
+                self.next_step, self.generating, self.in_flight = step + 1, True, step
             try:
                 batch = self.generate(step, version)
                 batch.metrics |= self.gen_timer.pop()
@@ -156,10 +183,11 @@ class AsyncRolloutStream:
                 error.add_note(f"raised generating the batch of step {step} ahead (trainer.rollout_mode: async)")
                 with self.cond:
                     self.error, self.failed_in, self.generating = error, list(self.gen_timer.failed_in or []), False
+                    self.in_flight = None
                     self.cond.notify_all()
                 return
             with self.cond:
-                self.ready[step], self.generating = batch, False
+                self.ready[step], self.generating, self.in_flight = batch, False, None
                 self.cond.notify_all()
 
     def _release(self) -> None:
@@ -173,3 +201,20 @@ class AsyncRolloutStream:
             error, self.error = self.error, None
             self.timer.failed_in = [*self.timer.active, *self.failed_in]
             raise error
+
+
+def oldest_version(batch: GeneratedBatch) -> int:
+    """The weight version of the batch's oldest token (partial rollouts: a sample may span several)."""
+    return min([batch.policy_version, *(min(v) for v in batch.samples.token_versions if v)])
+
+
+def token_version_metrics(batch: GeneratedBatch, step: int) -> dict[str, float]:
+    """Partial rollouts: `rollout/token_version_lag/mean` (versions the actor, at step - 1, is ahead of each
+    token's weights, mean over the response tokens) and `rollout/partial_samples` (samples whose tokens
+    came from more than one version); nothing for a batch without per-token versions."""
+    versions = [v for v in batch.samples.token_versions if v is not None]
+    if not versions:
+        return {}
+    tokens = sum(map(len, versions))
+    return {"rollout/token_version_lag/mean": sum(step - 1 - x for v in versions for x in v) / max(tokens, 1),
+            "rollout/partial_samples": float(sum(len(set(v)) > 1 for v in versions))}

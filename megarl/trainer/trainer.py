@@ -38,6 +38,7 @@ from megarl.models.hf_config import read_model_dims
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.rewards.scorer import RewardScorer
 from megarl.rollout import AgentLoop, ObservationEncoder, single_turn
+from megarl.rollout.partial import partial_single_turn
 from megarl.trainer import rollout_batch as rb
 from megarl.trainer.async_stream import AsyncRolloutStream
 from megarl.trainer.checkpoint_manager import CheckpointManager
@@ -150,6 +151,9 @@ class Trainer:
 
     def _rollout_function(self, tools):
         """Single turn, or the agent loop with the run's tools (`megarl.rollout`)."""
+        if self.config.rollout.partial_rollout:  # async only (validate): the stream lets weight loads in between segments
+            return partial(partial_single_turn, self.roles.rollout, self.config.rollout.partial_rollout,
+                           lambda: self.stream.between_segments())
         if not self.multi_turn.enable:
             return partial(single_turn, self.roles.rollout)
         return AgentLoop(self.roles.rollout, tools, parser_for(self.multi_turn.tool_format, tools.schemas()),

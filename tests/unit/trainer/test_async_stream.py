@@ -28,7 +28,7 @@ def _batch(step: int, version: int) -> GeneratedBatch:
     samples = Samples(prompts=[PROMPTS[step % 4]] * 2, response_ids=[[step, version], [step]],
                       rollout_log_probs=[torch.tensor([-0.5, -1.0]), torch.tensor([-2.0])],
                       loss_masks=[torch.tensor([True, True]), torch.tensor([True])], finish_reasons=["stop", "length"],
-                      index=[f"{step}.0/0", f"{step}.0/0"], trajectories=[None, None])
+                      index=[f"{step}.0/0", f"{step}.0/0"], trajectories=[None, None], token_versions=[None, None])
     return GeneratedBatch(samples, torch.tensor([1.0, 0.0]), {"reward/mean": 0.5}, None, version)
 
 
@@ -176,3 +176,69 @@ def test_close_waits_for_the_generation_in_flight_and_drops_what_was_made():
     stream.close()
     assert stream.thread is None and stream.ready == {} and stream.error is None
 
+
+
+def _segmented(stream_box: list, hold_step: int):
+    """A generation in three segments that calls `between_segments` before each (as `partial_single_turn`
+    does); the batch of `hold_step` reaches its second segment only once the main thread wants the engines."""
+
+    def generate(step: int, version: int) -> GeneratedBatch:
+        stream, versions = stream_box[0], []
+        for segment in range(3):
+            if step == hold_step and segment == 1:
+                with stream.cond:
+                    assert stream.cond.wait_for(lambda: stream.held, WAIT_S)
+            versions.append(stream.between_segments())
+        batch = _batch(step, version)
+        batch.samples.token_versions = [versions[:2], versions[2:]]  # a token per segment
+        return batch
+
+    return generate
+
+
+def _segmented_stream(hold_step: int, version: int = 0) -> AsyncRolloutStream:
+    box: list = []
+    box.append(AsyncRolloutStream(_segmented(box, hold_step), PhaseTimer(), PhaseTimer(), max_staleness=1,
+                                  last_step=3, version=version))
+    return box[0]
+
+
+def test_a_weight_load_lands_between_two_segments_and_the_tokens_keep_their_versions():
+    stream = _segmented_stream(hold_step=2)
+    assert stream.take(1).samples.token_versions == [[0, 0], [0]]
+    loaded_in_flight = []
+    stream.sync(1, lambda step: loaded_in_flight.append(stream.in_flight) or {})
+    assert loaded_in_flight == [2]  # the load did not wait for step 2's batch to end
+    batch = stream.take(2)
+    assert batch.policy_version == 0 and batch.samples.token_versions == [[0, 1], [1]]
+    assert batch.metrics["rollout/policy_version_lag/max"] == 1  # its oldest token's
+    assert batch.metrics["rollout/token_version_lag/mean"] == pytest.approx(1 / 3)
+    assert batch.metrics["rollout/partial_samples"] == 1
+    stream.close()
+
+
+def test_a_checkpoint_mid_generation_loses_the_batch_in_flight_and_the_resume_says_so(capsys):
+    stream = _segmented_stream(hold_step=2)
+    stream.take(1)
+    stream.settle()  # step 1's checkpoint: the batch of step 2 is held between two segments
+    state = json.loads(json.dumps(stream.state_dict(PROMPTS)))
+    assert state == {"ready": {}, "in_flight": 2}
+    stream.sync(1, lambda step: {})
+    stream.close()
+
+    resumed = _segmented_stream(hold_step=0, version=1)
+    resumed.load_state_dict(state, PROMPTS)
+    assert "the batch of step 2 was in flight and is lost" in capsys.readouterr().out
+    assert resumed.take(2).samples.token_versions == [[1, 1], [1]]  # generated again, from the weights now
+    resumed.close()
+
+
+def test_the_bound_holds_on_the_oldest_token_of_a_partial_rollout():
+    stream, engines, timer = _stream(1, steps=4, version=2)
+    engines.weights = 2
+    old = _batch(3, 2)
+    old.samples.token_versions = [[0, 2], [2]]  # started under version 0: 2 versions stale at step 3
+    stream.load_state_dict({"ready": {"3": generated.encode(old, PROMPTS)}}, PROMPTS)
+    batches, _ = _train(stream, engines, timer, range(3, 5))
+    assert batches[0].metrics["rollout/stale_dropped_samples"] == 2 and batches[0].policy_version == 2
+    stream.close()
