@@ -5,7 +5,8 @@ by side (issue 31 item 5).
 The recipe's training devices stay the Megatron roles' in every mode: colocated, the engines share
 them (one engine per rollout TP group of them); split, one engine gets `rollout.tensor_model_parallel_size`
 devices of its own beside them. Each mode is `megarl.bench.step.run` (a warm-up step, then --repeats
-steps, medians); one_step_off's first step generates alone, so the warm-up step is that one.
+steps, medians); one_step_off's and async's first step generates alone, so the warm-up step is that one
+(async runs with the recipe's trainer.max_staleness).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ MODES: dict[str, tuple[str, str]] = {
     "colocated_sync": ("colocated", "sync"),
     "split_sync": ("split", "sync"),
     "split_one_step_off": ("split", "one_step_off"),
+    "split_async": ("split", "async"),
 }
 """Mode name -> (placement.mode, trainer.rollout_mode)."""
 BASELINE = "split_sync"

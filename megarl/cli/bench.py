@@ -57,7 +57,7 @@ def register(subparsers) -> None:
                              "data.seed and rollout.seed, TRL's seed); the model and prompts stay the same (default 0)")
     parser.add_argument("--modes", help="step only: run the recipe in each of these placements and rollout modes in "
                                         "turn, samples/s side by side: a comma-separated subset of colocated_sync, "
-                                        "split_sync, split_one_step_off (megarl.bench.step_modes)")
+                                        "split_sync, split_one_step_off, split_async (megarl.bench.step_modes)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny model and shapes (train: TP 1 only), to check that a benchmark runs; the numbers "
                              "mean nothing")

@@ -189,6 +189,13 @@ class RolloutConfig:
     turns' waves form alike). vLLM draws a seeded sample's noise one request at a time: on CPU that is
     2 % of generation time on issue 19's workload (benchmarks/README.md, "Generation by engine
     setting"); on GPU one more small kernel per sample per token, not measured here."""
+    partial_rollout: int = 0
+    """trainer.rollout_mode async: 0 (off), or the new tokens a request generates at a time. Between two
+    such segments a weight update may land; the requests then go on from the tokens made so far under the
+    new weights (prompt and partial response submitted again), each token keeping the version of the
+    weights that sampled it (`rollout/token_version_lag/mean`, `rollout/partial_samples`). A weight load
+    then waits for one segment instead of the whole batch; a checkpoint loses the batch in flight (a
+    resume says so and generates it again). Single-turn only. 0, or >= rollout.min_new_tokens and >= 1."""
     kv_cache_gib: float = 4.0
     """CPU only: KV-cache size per engine in GiB (VLLM_CPU_KVCACHE_SPACE). > 0."""
     gpu_memory_utilization: float = 0.5

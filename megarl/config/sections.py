@@ -201,12 +201,23 @@ class TrainerConfig:
     """A worker process that is alive but shows no sign of running for this long (stopped, frozen, its node
     cut off: its heartbeat, sent every second even while it computes or waits in a collective, stopped) ends
     the run, naming it. >= 10 seconds (`validate.MIN_HANG_TIMEOUT_S`)."""
-    rollout_mode: Literal["sync", "one_step_off"] = "sync"
+    rollout_mode: Literal["sync", "one_step_off", "async"] = "sync"
     """sync: a step generates its batch, then trains on it; the engines generate with the weights the
     previous step trained. one_step_off: the engines generate step k+1's batch while the actor trains on
     step k's, with the weights of step k-1 (exactly one version old: `rollout/policy_version_lag` 1 from
     the second step on); needs placement.mode: split (engines on devices of their own). Deterministic for a
-    seed; a checkpoint keeps the batch generated ahead, so a resume continues exactly."""
+    seed; a checkpoint keeps the batch generated ahead, so a resume continues exactly. async: the engines
+    generate batch after batch in a driver thread while the actor trains, each started only when it will be
+    at most `max_staleness` versions stale when trained (the weights load between two generations); needs
+    placement.mode: split. Not deterministic (how far ahead the engines run depends on timing); a checkpoint
+    waits for the generation in flight (rollout.partial_rollout: for its segment; the batch is then lost)
+    and keeps the batches generated ahead, which a resume trains on."""
+    max_staleness: int = 1
+    """async: the most weight versions a batch may lag the actor when it is trained on (AReaL's η): the
+    step-g batch is generated with the weights of step g - 1 - max_staleness or newer, so up to
+    max_staleness + 1 batches run ahead of the training. 0 generates each batch with the weights just
+    trained (as sync); a batch found over the bound is dropped and generated again, never trained on
+    (`rollout/stale_dropped_samples`). >= 0."""
     peak_flops: float | None = None
     """The actor group's peak FLOP/s, all its devices together, that `perf/mfu` divides by (e.g. 8 × 989e12
     for 8 H100s in dense bf16, to compare with published MFU figures). None: measured at start-up, a

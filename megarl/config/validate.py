@@ -238,6 +238,21 @@ def _check_sequence_parallel(config: Config, problems: list[Problem]) -> None:
         check_sequence_parallel(f"{role}.", parallel, problems)
 
 
+def _check_partial_rollout(config: Config, problems: list[Problem]) -> None:
+    rollout, key = config.rollout, "rollout.partial_rollout"
+    if rollout.partial_rollout == 0:
+        return
+    _need(problems, rollout.partial_rollout >= max(1, rollout.min_new_tokens), key, rollout.partial_rollout,
+          f"must be 0 (off) or at least 1 and rollout.min_new_tokens ({rollout.min_new_tokens}): a segment after "
+          "the first cannot know how many tokens the sample still must make", f"e.g. {max(64, rollout.min_new_tokens)}")
+    _need(problems, config.trainer.rollout_mode == "async", key, rollout.partial_rollout,
+          f"weight updates land between generations only in trainer.rollout_mode async (it is "
+          f"{config.trainer.rollout_mode})", "set trainer.rollout_mode: async, or rollout.partial_rollout: 0")
+    _need(problems, not rollout.multi_turn.enable, key, rollout.partial_rollout,
+          "partial rollouts are single-turn only (the agent loop does not continue a turn across a weight update)",
+          "set rollout.partial_rollout: 0, or rollout.multi_turn.enable: false")
+
+
 def _check_rollout(config: Config, problems: list[Problem]) -> None:
     rollout, sync = config.rollout, config.rollout.sync
     _need(problems, rollout.temperature > 0, "rollout.temperature", rollout.temperature,
@@ -248,6 +263,7 @@ def _check_rollout(config: Config, problems: list[Problem]) -> None:
           "must be -1 (off) or >= 1", "e.g. -1")
     _need(problems, rollout.max_new_tokens >= 1, "rollout.max_new_tokens", rollout.max_new_tokens,
           "must be >= 1", "e.g. 512")
+    _check_partial_rollout(config, problems)
     _need(problems, 0 <= rollout.min_new_tokens <= rollout.max_new_tokens, "rollout.min_new_tokens",
           rollout.min_new_tokens, f"must lie in [0, rollout.max_new_tokens = {rollout.max_new_tokens}]",
           f"choose 0 to {rollout.max_new_tokens}")
@@ -401,9 +417,11 @@ def _check_trainer(config: Config, check_files: bool, problems: list[Problem]) -
           f"must be >= {MIN_HANG_TIMEOUT_S:g} seconds (a worker beats once a second; a shorter limit takes a busy "
           "machine's delay for a stopped process)", "e.g. 600")
     _need(problems, trainer.rollout_mode == "sync" or config.placement.mode == "split", "trainer.rollout_mode",
-          trainer.rollout_mode, "generating the next step's batch while the actor trains needs the rollout engines on "
+          trainer.rollout_mode, "generating batches while the actor trains needs the rollout engines on "
           "devices of their own, but placement.mode is colocated (the engines and the actor take turns on the same "
           "devices)", "set placement.mode: split with placement.rollout_gpus for the engines, or trainer.rollout_mode: sync")
+    _need(problems, trainer.max_staleness >= 0, "trainer.max_staleness", trainer.max_staleness,
+          "must be >= 0 (the weight versions a batch may lag the actor in trainer.rollout_mode: async)", "e.g. 1")
     _need(problems, trainer.peak_flops is None or trainer.peak_flops > 0, "trainer.peak_flops", trainer.peak_flops,
           "must be > 0", "e.g. 989e12 per H100 in bf16 times the actor's GPUs, or null to measure it")
     _need(problems, _is_plain_name(trainer.experiment_name), "trainer.experiment_name", trainer.experiment_name,

@@ -222,4 +222,5 @@ class AgentLoop:
             samples.finish_reasons.append("length" if t.trajectory.ended in ("max_total_tokens", "turn_length") else "stop")
             samples.index.append(f"{group_prefix}/{t.group}")
             samples.trajectories.append(t.trajectory)
+            samples.token_versions.append(None)
         return samples

@@ -74,6 +74,9 @@ class Samples:
     """Group id of each sample (unique per prompt and rollout round)."""
     trajectories: list[Trajectory | None]
     """Multi-turn: what each sample did; single turn: None."""
+    token_versions: list[list[int] | None]
+    """Partial rollouts (`megarl.rollout.partial`): `[len(response)]` the weight version that sampled each
+    token; None: every token was sampled by the weights the batch was generated with."""
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -105,4 +108,5 @@ def flatten_rollouts(prompts: Sequence[Prompt], outputs: Sequence[RolloutOutput]
             samples.finish_reasons.append(finish)
             samples.index.append(f"{group_prefix}/{i}")
             samples.trajectories.append(None)
+            samples.token_versions.append(None)
     return samples

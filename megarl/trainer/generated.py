@@ -50,6 +50,7 @@ def encode(batch: GeneratedBatch, prompts: Sequence[Prompt]) -> dict:
         "finish_reasons": samples.finish_reasons,
         "index": samples.index,
         "trajectories": [None if t is None else asdict(t) for t in samples.trajectories],
+        "token_versions": samples.token_versions,
         "scores": batch.scores.tolist(),
         "metrics": batch.metrics,
         "baselines": None if batch.baselines is None else batch.baselines.tolist(),
@@ -67,6 +68,7 @@ def decode(state: dict, prompts: Sequence[Prompt]) -> GeneratedBatch:
         finish_reasons=list(state["finish_reasons"]),
         index=list(state["index"]),
         trajectories=[None if t is None else Trajectory(**t) for t in state["trajectories"]],
+        token_versions=list(state.get("token_versions") or [None] * len(state["index"])),  # none before partial rollouts
     )
     baselines = state["baselines"]
     return GeneratedBatch(samples, torch.tensor(state["scores"], dtype=torch.float32), dict(state["metrics"]),

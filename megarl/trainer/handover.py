@@ -44,19 +44,23 @@ from megarl.trainer.timing import PhaseTimer
 class HandOver:
     """Moves the devices between the Megatron groups and the rollout engines of `roles`."""
 
-    def __init__(self, roles, sync: WeightSync, *, engines_sleep: bool, timer: PhaseTimer):
-        """`roles`: the run's `Roles`; `engines_sleep`: colocated with `rollout.free_cache_engine`."""
+    def __init__(self, roles, sync: WeightSync, *, engines_sleep: bool, timer: PhaseTimer,
+                 engines_generate_beside: bool = False):
+        """`roles`: the run's `Roles`; `engines_sleep`: colocated with `rollout.free_cache_engine`;
+        `engines_generate_beside`: `trainer.rollout_mode: async`, where the engines may be generating the
+        next batch at `to_training`: their memory is not read there (the call would wait for the generation)."""
         self.megatron = megatron_groups(roles.groups)
         self.rollout = roles.rollout
         self.sync = sync
         self.engines_sleep = engines_sleep
+        self.engines_generate_beside = engines_generate_beside
         self.timer = timer
         self.memory: dict[str, float] = {}
         """`memory/<role>/<phase>/<stat>` recorded since the last `pop_memory`."""
 
     def to_training(self) -> None:
         """After generating: the engines sleep and the Megatron state comes back to the devices."""
-        self._snapshot("generated")
+        self._snapshot("generated", engines=not self.engines_generate_beside)
         if self.engines_sleep:
             with self.timer("sleep"):
                 self._record("rollout", "asleep", self.rollout.call_all("sleep"))
@@ -93,8 +97,8 @@ class HandOver:
         for role, group in self.megatron.items():
             self._record(role, phase, group.call_all(method))
 
-    def _snapshot(self, phase: str) -> None:
-        for role, group in {**self.megatron, "rollout": self.rollout}.items():
+    def _snapshot(self, phase: str, engines: bool = True) -> None:
+        for role, group in {**self.megatron, **({"rollout": self.rollout} if engines else {})}.items():
             self._record(role, phase, group.call_all("memory_stats"))
 
     def _record(self, role: str, phase: str, per_rank: list[dict[str, float]]) -> None:

@@ -36,8 +36,15 @@ DOCUMENTED_METRICS: dict[str, str] = {
     "prompt_length/mean": "mean prompt length in tokens",
     "rollout/policy_version_lag/mean": ("weight versions the actor is ahead of the engines that generated the step's "
                                         "samples, mean over the samples (0 in sync; 1 in one_step_off after the "
-                                        "first step: trainer.rollout_mode)"),
+                                        "first step; at most trainer.max_staleness in async: trainer.rollout_mode)"),
     "rollout/policy_version_lag/max": "the largest weight-version lag of the step's samples",
+    "rollout/token_version_lag/mean": ("rollout.partial_rollout: weight versions the actor is ahead of the "
+                                       "weights that sampled each response token, mean over the tokens"),
+    "rollout/partial_samples": ("rollout.partial_rollout: samples whose tokens came from more than one weight "
+                                "version (a weight update landed while they were generated)"),
+    "rollout/stale_dropped_samples": ("trainer.rollout_mode async: samples of a batch found more than "
+                                      "trainer.max_staleness versions stale when its step came, dropped and generated "
+                                      "again with the current weights (0 when the bound held at generation)"),
     # actor
     "actor/loss": "actor objective of the update: policy loss - entropy bonus + KL loss (mean over optimizer steps)",
     "actor/pg_loss": "policy-gradient loss (mean over optimizer steps)",

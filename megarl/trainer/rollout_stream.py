@@ -34,7 +34,8 @@ exactly as the uninterrupted run.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from megarl.data import Prompt
 from megarl.trainer import generated
@@ -96,6 +97,12 @@ class RolloutStream:
             # The trainer's timer is inside `step` here: the generation's phases are where the step failed.
             self.timer.failed_in = [*self.timer.active, *self.failed_in]
             raise error
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No generation in flight inside: the engines are the caller's (validation)."""
+        self.settle()
+        yield
 
     def sync(self, step: int, to_rollout: Callable[[int], dict[str, float]]) -> dict[str, float]:
         """The engines load the weights trained up to `step` (`to_rollout(step)`, the hand-over), once

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 PHASES: dict[str, str] = {
-    "rollout": "generate responses with the rollout engines (trainer.rollout_mode one_step_off: the step's batch, "
-               "generated while the step before trained: in timing/step only as far as the step waited for it)",
-    "reward": "score the responses (one_step_off: as timing/rollout)",
+    "rollout": "generate responses with the rollout engines (trainer.rollout_mode one_step_off, async: the step's "
+               "batch, generated while steps before trained: in timing/step only as far as the step waited for it)",
+    "reward": "score the responses (one_step_off, async: as timing/rollout)",
     "old_log_prob": "log-probs of the responses under the actor before the update (absent when exactly on-policy: "
                     "the update's forward gives them)",
     "ref": "log-probs under the reference model",

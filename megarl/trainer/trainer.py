@@ -4,7 +4,7 @@
     trainer.fit()
 
 rollout (`trainer.rollout_mode`: one_step_off generates the next step's batch while this one trains:
-`rollout_stream`) → (engines sleep, Megatron onloads) → the batch staged on the worker groups → rewards →
+`rollout_stream`; async, batches ahead under a staleness bound: `async_stream`) → (engines sleep, Megatron onloads) → the batch staged on the worker groups → rewards →
 old/ref log-probs (+ values) → advantages → critic/actor updates → checkpoint → (Megatron offloads,
 weight sync verified every `rollout.sync.verify_every` steps, engines wake: `handover`) → metrics.
 An exactly on-policy update takes the old log-probs from its own forward (`BatchPlan.old_log_prob_pass`).
@@ -39,7 +39,9 @@ from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.orchestration.search_actor import SearchActor
 from megarl.rewards.scorer import RewardScorer
 from megarl.rollout import AgentLoop, ObservationEncoder, single_turn
+from megarl.rollout.partial import partial_single_turn
 from megarl.trainer import rollout_batch as rb
+from megarl.trainer.async_stream import AsyncRolloutStream
 from megarl.trainer.checkpoint_manager import Checkpoint, CheckpointManager
 from megarl.trainer.generated import GeneratedBatch
 from megarl.trainer.handover import HandOver
@@ -111,7 +113,7 @@ class Trainer:
         """The record the resumed checkpoint kept of its step (`MetricsLogger.restore`)."""
         self.resumed_stream: dict | None = None
         """The resumed checkpoint's `RolloutStream.state_dict` (the batch generated ahead)."""
-        self.stream: RolloutStream | None = None
+        self.stream: RolloutStream | AsyncRolloutStream | None = None
         """Each step's batch, generated in time (`trainer.rollout_mode`), once the workers run."""
 
     @classmethod
@@ -155,6 +157,9 @@ class Trainer:
 
     def _rollout_function(self, tools):
         """Single turn, or the agent loop with the run's tools (`megarl.rollout`)."""
+        if self.config.rollout.partial_rollout:  # async only (validate): the stream lets weight loads in between segments
+            return partial(partial_single_turn, self.roles.rollout, self.config.rollout.partial_rollout,
+                           lambda: self.stream.between_segments())
         if not self.multi_turn.enable:
             return partial(single_turn, self.roles.rollout)
         return AgentLoop(self.roles.rollout, tools, parser_for(self.multi_turn.tool_format, tools.schemas()),
@@ -163,13 +168,17 @@ class Trainer:
     def _train(self, scorer: RewardScorer, rollout, startup: PhaseTimer) -> dict[str, float]:
         self.sync = WeightSync(self.roles, self.config, vocab_size=len(self.tokenizer), total_steps=self.total_steps)
         engines_sleep = self.config.placement.mode == "colocated" and self.config.rollout.free_cache_engine
-        self.handover = HandOver(self.roles, self.sync, engines_sleep=engines_sleep, timer=self.timer)
-        one_step_off = self.config.trainer.rollout_mode == "one_step_off"
-        gen_timer = PhaseTimer() if one_step_off else self.timer  # one_step_off generates in a thread of its own
+        mode = self.config.trainer.rollout_mode
+        self.handover = HandOver(self.roles, self.sync, engines_sleep=engines_sleep, timer=self.timer,
+                                 engines_generate_beside=mode == "async")
+        gen_timer = self.timer if mode == "sync" else PhaseTimer()  # the others generate in a thread of their own
         phase = RolloutPhase(self.config, rollout, scorer, self._decode, lambda: next(self.loader), gen_timer)
         start = self._resume(startup)
-        self.stream = RolloutStream(partial(self._generate, phase), gen_timer, self.timer, lookahead=int(one_step_off),
-                                    last_step=self.total_steps, version=start)
+        generate = partial(self._generate, phase)
+        self.stream = (AsyncRolloutStream(generate, gen_timer, self.timer, max_staleness=self.config.trainer.max_staleness,
+                                          last_step=self.total_steps, version=start) if mode == "async" else
+                       RolloutStream(generate, gen_timer, self.timer, lookahead=int(mode == "one_step_off"),
+                                     last_step=self.total_steps, version=start))
         self.stream.load_state_dict(self.resumed_stream, self.loader.prompts)
         self.peak_flops = self.config.trainer.peak_flops or self._measure_peak(startup)
         print(startup_line(startup.pop()), flush=True)
@@ -301,7 +310,7 @@ class Trainer:
         freq = self.config.trainer.test_freq
         if not self.val_prompts or not freq or (step % freq and step != self.total_steps):
             return
-        with self.timer("validation"):
+        with self.timer("validation"), self.stream.paused():  # async: the engines are validation's meanwhile
             sampling = sampling_config(self.config, self.stop_ids, seed=self.config.rollout.seed, validation=True)
             metrics |= phase.validation(self.val_prompts, sampling, self.config.data.val_batch_size)
 

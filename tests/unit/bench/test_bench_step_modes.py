@@ -16,7 +16,7 @@ QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 def test_every_mode_is_a_valid_recipe_on_the_same_training_devices(base):
     config = load_config(QUICKSTART, base)
     expected = {"colocated_sync": ("colocated", 2, 0, "sync"), "split_sync": ("split", 3, 1, "sync"),
-                "split_one_step_off": ("split", 3, 1, "one_step_off")}
+                "split_one_step_off": ("split", 3, 1, "one_step_off"), "split_async": ("split", 3, 1, "async")}
     for mode in MODES:
         moded = load_config(QUICKSTART, [*base, *mode_overrides(config, mode)])
         placement = moded.placement
@@ -27,7 +27,7 @@ def test_every_mode_is_a_valid_recipe_on_the_same_training_devices(base):
 
 @pytest.mark.parametrize("argv, message", [
     (["bench", "step", "--modes", "split_sync,async"], "--modes 'split_sync,async': unknown async; choose among "
-                                                       "colocated_sync, split_sync, split_one_step_off"),
+                                                       "colocated_sync, split_sync, split_one_step_off, split_async"),
     (["bench", "train", "--modes", "split_sync"], "compares whole steps of megarl alone"),
     (["bench", "step", "--modes", ""], "unknown empty list"),
 ])

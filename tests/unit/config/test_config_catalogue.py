@@ -211,8 +211,18 @@ CASES = [
     ("max-bad-steps-zero", ["trainer.max_bad_steps=0"], "trainer.max_bad_steps", "must be >= 1"),
     ("hang-timeout-below-ten-beats", ["trainer.hang_timeout_s=2"], "trainer.hang_timeout_s", "must be >= 10 seconds"),
     ("one-step-off-colocated", ["trainer.rollout_mode=one_step_off"], "trainer.rollout_mode",
-     "= 'one_step_off': generating the next step's batch while the actor trains needs the rollout engines on devices "
+     "= 'one_step_off': generating batches while the actor trains needs the rollout engines on devices "
      "of their own, but placement.mode is colocated"),
+    ("async-colocated", ["trainer.rollout_mode=async"], "trainer.rollout_mode",
+     "= 'async': generating batches while the actor trains needs the rollout engines on devices of their own, but "
+     "placement.mode is colocated (the engines and the actor take turns on the same devices); fix: set placement.mode: split"),
+    ("max-staleness-negative", ["trainer.max_staleness=-1"], "trainer.max_staleness", "must be >= 0"),
+    ("partial-rollout-in-sync", ["rollout.partial_rollout=64"], "rollout.partial_rollout",
+     "= 64: weight updates land between generations only in trainer.rollout_mode async (it is sync)"),
+    ("partial-rollout-below-min-tokens", ["rollout.partial_rollout=4", "rollout.min_new_tokens=8"],
+     "rollout.partial_rollout", "must be 0 (off) or at least 1 and rollout.min_new_tokens (8)"),
+    ("partial-rollout-multi-turn", ["rollout.partial_rollout=64", "rollout.multi_turn.enable=true"],
+     "rollout.partial_rollout", "partial rollouts are single-turn only"),
     ("peak-flops-zero", ["trainer.peak_flops=0"], "trainer.peak_flops", "must be > 0"),
     ("peak-flops-infinite", ["trainer.peak_flops=.inf"], "trainer.peak_flops", "not a finite number"),
     ("unknown-logger", ["trainer.loggers=[console,mlflow]"], "trainer.loggers", "expected a list of (one of 'console'"),

@@ -163,6 +163,16 @@ def test_engines_that_never_sleep_are_left_alone():
     assert "actor.onload" in log and "actor.offload_params" in log
 
 
+def test_engines_generating_beside_the_training_are_not_called_at_its_start():
+    """async: the engines may be generating the next batch at `to_training`; a memory read would wait for it."""
+    step, log, *_ = handover(offloads=set(), engines_sleep=False)
+    step.engines_generate_beside = True
+    step.to_training()
+    assert not [call for call in log if call.startswith("rollout.")] and "actor.onload" in log
+    step.to_rollout(1)  # the stream holds the generation for the sync: the engines' side runs as ever
+    assert "rollout.memory_stats" in log
+
+
 def test_a_critic_with_a_group_of_its_own_is_handed_over_too():
     step, log, *_ = handover(offloads={"params"}, critic_group=True)
     step.to_training()

@@ -35,6 +35,7 @@ def _batch(step: int, version: int) -> GeneratedBatch:
         index=[f"{step}.0/0", f"{step}.0/1"],
         trajectories=[Trajectory(messages=[{"role": "assistant", "content": "x", "tool_calls": []}], final_turn=[7],
                                  ended="answer", tool_latency_s=[0.25]), None],
+        token_versions=[[version - 1, version], None],
     )
     return GeneratedBatch(samples, torch.tensor([1.0, 1 / 3]), {"reward/mean": 2 / 3}, None, version)
 
@@ -187,7 +188,7 @@ def test_the_json_form_of_a_batch_is_exact():
     batch.baselines = torch.tensor([0.5, 1 / 7])
     back = generated.decode(json.loads(json.dumps(generated.encode(batch, PROMPTS))), PROMPTS)
     assert all(a is b for a, b in zip(back.samples.prompts, batch.samples.prompts))
-    for name in ("response_ids", "finish_reasons", "index", "trajectories"):
+    for name in ("response_ids", "finish_reasons", "index", "trajectories", "token_versions"):
         assert getattr(back.samples, name) == getattr(batch.samples, name), name
     for ours, theirs in [*zip(back.samples.rollout_log_probs, batch.samples.rollout_log_probs),
                          *zip(back.samples.loss_masks, batch.samples.loss_masks),

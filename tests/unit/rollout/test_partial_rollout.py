@@ -1,0 +1,93 @@
+"""Partial rollouts (`megarl.rollout.partial`) against stand-in engines that follow `RolloutEngine.generate`'s
+contract (megarl/workers/rollout/base.py: token ids in; per context `n` samples, their log-probs and finish
+reasons out, capped per context by `max_new_tokens`) and that `generate_contexts` reaches as it reaches a
+`WorkerGroup` (`call_each("generate", per-rank args)`).
+
+The stand-in model is deterministic: the k-th response token is 1000 + k, and a sample whose prompt starts
+with L stops with token 7 at its L-th token; its log-probs name the weight version that sampled them. So a
+segmented rollout must give exactly the unsegmented responses, with each token's version and log-prob
+from the weights of its segment."""
+
+import pytest
+import torch
+
+from megarl.data import Prompt
+from megarl.rollout.partial import partial_single_turn
+from megarl.rollout.single_turn import single_turn
+from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
+
+STOP = 7
+
+
+class Engines:
+    """A group of `world_size` stand-in engines holding weights of version `weights`."""
+
+    def __init__(self, world_size: int = 2):
+        self.world_size = world_size
+        self.weights = 0
+        self.calls: list[list[list[int]]] = []
+        """The contexts of each generate call, per engine."""
+
+    def call_each(self, method: str, per_rank_args: list[tuple]) -> list[list[RolloutOutput]]:
+        assert method == "generate" and len(per_rank_args) == self.world_size
+        return [self.generate(*args) for args in per_rank_args]
+
+    def generate(self, contexts, sampling: SamplingConfig, max_new_tokens=None, seeds=None) -> list[RolloutOutput]:
+        self.calls.append(contexts)
+        caps = max_new_tokens or [sampling.max_new_tokens] * len(contexts)
+        outputs = []
+        for context, cap in zip(contexts, caps, strict=True):
+            made = sum(token >= 1000 or token == STOP for token in context)  # response tokens so far
+            length = context[0]  # the prompt's first token: where the sample stops
+            ids = []
+            while len(ids) < cap and made + len(ids) < length:
+                ids.append(STOP if made + len(ids) == length - 1 else 1000 + made + len(ids))
+            finish = "stop" if ids and ids[-1] == STOP else "length"
+            outputs.append(RolloutOutput(list(context), [ids] * sampling.n,
+                                         [torch.full((len(ids),), -0.1 * (self.weights + 1))] * sampling.n,
+                                         [finish] * sampling.n))
+        return outputs
+
+
+PROMPTS = [Prompt(f"p{k}", (length, 50 + k), str(k), {}, "test") for k, length in enumerate((3, 9, 14))]
+SAMPLING = SamplingConfig(n=2, max_new_tokens=12, stop_token_ids=(STOP,), seed=5)
+
+
+def test_segments_give_the_whole_responses_each_token_with_the_version_that_sampled_it():
+    engines = Engines()
+    updates = iter([0, 1, 1, 3])  # a weight update lands before the second and the fourth segment
+
+    def between_segments() -> int:
+        engines.weights = next(updates)
+        return engines.weights
+
+    samples = partial_single_turn(engines, 4, between_segments, PROMPTS, SAMPLING, "1.0")
+    whole = single_turn(Engines(), PROMPTS, SAMPLING, "1.0")
+    assert samples.response_ids == whole.response_ids and samples.finish_reasons == whole.finish_reasons
+    assert samples.index == whole.index
+    assert [len(ids) for ids in samples.response_ids] == [3, 3, 9, 9, 12, 12]  # the last two cut at 12
+    assert samples.finish_reasons == ["stop", "stop", "stop", "stop", "length", "length"]
+    assert samples.token_versions[0] == [0, 0, 0]
+    assert samples.token_versions[2] == [0] * 4 + [1] * 4 + [1]  # 4 + 4 + 1 tokens, the update before segment 2
+    assert samples.token_versions[4] == [0] * 4 + [1] * 4 + [1] * 4  # segment 3 ended at the cap: no 4th
+    for versions, log_probs, mask in zip(samples.token_versions, samples.rollout_log_probs, samples.loss_masks):
+        assert torch.equal(log_probs, torch.tensor([-0.1 * (v + 1) for v in versions], dtype=torch.float32))
+        assert mask.all() and len(mask) == len(versions)
+    # Continuations carry prompt + tokens so far, one sample each, never past the length budget.
+    continued = [context for call in engines.calls[2:] for context in call]
+    assert all(len(c) - 2 <= 12 for c in continued)
+    assert continued[0] == [9, 51, *range(1000, 1004)]
+
+
+def test_no_segment_runs_after_every_sample_ended():
+    engines = Engines()
+    calls = []
+    samples = partial_single_turn(engines, 20, lambda: calls.append(1) or 0, PROMPTS, SAMPLING, "1.0")
+    assert len(calls) == 1 and len(engines.calls) == engines.world_size  # one segment holds every response
+    assert samples.token_versions == [[0] * len(ids) for ids in samples.response_ids]
+
+
+@pytest.mark.parametrize("segment", [1, 5])
+def test_any_segment_length_gives_the_same_responses(segment):
+    samples = partial_single_turn(Engines(), segment, lambda: 0, PROMPTS, SAMPLING, "1.0")
+    assert samples.response_ids == single_turn(Engines(), PROMPTS, SAMPLING, "1.0").response_ids
