@@ -213,7 +213,8 @@ def load_checkpoint(
 
 
 def export_hf(
-    actor_model: torch.nn.Module, root: str | Path, groups: ProcessGroups, *, hf_assets_dir: str | Path
+    actor_model: torch.nn.Module | list[torch.nn.Module], root: str | Path, groups: ProcessGroups, *,
+    hf_assets_dir: str | Path
 ) -> Path | None:
     """Write the actor as an HF safetensors checkpoint to `<root>/hf` (`checkpoint.export_hf`).
 

@@ -277,12 +277,12 @@ class PolicyWorker:
     def _trained_states(self) -> dict[str, dict]:
         engines = {role: model.engine for role, model in self._trained().items()}
         return dict(
-            models={role: [e.model] for role, e in engines.items()},
+            models={role: e.chunks for role, e in engines.items()},
             optimizers={role: e.optimizer for role, e in engines.items()},
             schedulers={role: e.scheduler for role, e in engines.items()},
         )
 
     def export_hf(self, root: str) -> str | None:
         """Collective: the actor's weights as an HF checkpoint dir `<root>/hf` (written by one rank)."""
-        path = export_hf(self.actor.engine.model.module, root, self.groups, hf_assets_dir=self.spec.model_path)
+        path = export_hf([chunk.module for chunk in self.actor.engine.chunks], root, self.groups, hf_assets_dir=self.spec.model_path)
         return None if path is None else str(path)

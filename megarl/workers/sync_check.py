@@ -103,7 +103,7 @@ def model_in_dtype(model_dir: str, groups, dtype: str) -> torch.nn.Module:
     from megarl.workers.megatron_train import load_model
     from megarl.workers.settings import ModelSettings, RecomputeSettings
 
-    model, _ = load_model(model_dir, groups, settings=ModelSettings(dtype=dtype, transformer_impl="auto"),
+    (model,), _ = load_model(model_dir, groups, settings=ModelSettings(dtype=dtype, transformer_impl="auto"),
                           recompute=RecomputeSettings(), value_head=False, sequence_parallel=False)
     return model
 
