@@ -260,6 +260,8 @@ class TrainEngine:
         self.chunks = wrap_for_training(chunks, settings, groups)
         """This rank's model chunks under DDP, one per virtual stage (one without virtual stages)."""
         self.optimizer, self.scheduler = build_optimizer(self.chunks, settings, groups)
+        self.skipped_steps = 0
+        """Optimizer steps skipped for a non-finite loss or gradient, since construction."""
 
     @property
     def model(self) -> DistributedDataParallel:
@@ -267,8 +269,6 @@ class TrainEngine:
         if len(self.chunks) != 1:
             raise ValueError(f"this rank holds {len(self.chunks)} virtual-stage chunks: read TrainEngine.chunks")
         return self.chunks[0]
-        self.skipped_steps = 0
-        """Optimizer steps skipped for a non-finite loss or gradient, since construction."""
 
     def train_step(
         self, micro_batches: Sequence[MicroBatch], forward_step: ForwardStep, report_keys: Sequence[str]

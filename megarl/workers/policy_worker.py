@@ -53,7 +53,7 @@ class PolicyWorker:
 
     def __init__(self, spec: PolicyWorkerSpec):
         self.spec = spec
-        self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed)
+        self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed, vpp=spec.vpp)
         actor, built = spec.actor, spec.model_settings
         self.actor = (MegatronActor.from_hf(spec.model_path, self.groups, optim=actor.optim, model_settings=built,
                                             recompute=actor.recompute, offload=actor.offload,
