@@ -2,7 +2,9 @@
 VPP 2 on gloo (fp32) computes what PP 2 without it does: each rank holds two chunks of a 4-layer model (rank 0
 layers 0 and 2, rank 1 layers 1 and 3, megatron's round-robin); the HF weights load into them and export back
 bit-exact; the actor's log-probs and entropy (padded micro-batches, and a packed cut of an odd count) and one
-update's losses and updated weights equal VPP off; the reference's log-probs too.
+update's losses and updated weights equal VPP off; the reference's log-probs too. A checkpoint saved at VPP 2
+resumes exactly (the next update of the resumed actor is bit-identical to the original's), and its weights load
+at VPP off, bit-exact.
 
 The model ties its embeddings: the first chunk of rank 0 and the last chunk of rank 1 share the word
 embedding, so the update also proves megatron's embedding-group all-reduce across virtual stages."""
@@ -28,6 +30,8 @@ def _rank_main(model_dir, out_dir, vpp, advantages):
     from megarl.models.checkpoint import export_hf_weights
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
+    from megarl.workers.checkpoint import load_checkpoint, save_checkpoint
+    from megarl.workers.checkpoint_files import step_dir_name
     from megarl.workers.megatron_train import micro_batches_of
     from megarl.workers.packing import TokenBudget
     from megarl.workers.reference import MegatronReference
@@ -53,8 +57,28 @@ def _rank_main(model_dir, out_dir, vpp, advantages):
     loss_fn = PolicyLoss(PolicyLossSettings(entropy_coeff=0.01, clip_ratio_low=0.1, clip_ratio_high=0.1))
     out["metrics"] = actor.update_policy(batch, loss_fn, mini_batch_size=len(batch),
                                          micro_batch_size=PADDED_MICRO_BATCH)
-    out["params"] = {name: p.detach().clone().numpy() for name, p in actor.named_parameters_for_sync()}
+    out["params"] = _params(actor)
+
+    def states(of):
+        return dict(models={"actor": of.engine.chunks}, optimizers={"actor": of.engine.optimizer},
+                    schedulers={"actor": of.engine.scheduler})
+
+    fresh = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=0.5, adam_eps=1.0))
+    if vpp == 1:  # the VPP 2 run's checkpoint (saved first), weights only
+        load_checkpoint(f"{out_dir}/ckpt_vpp2/{step_dir_name(1)}", groups, weights_only=True, **states(fresh))
+        out["converted"] = _params(fresh)
+        return out
+    step_dir = save_checkpoint(f"{out_dir}/ckpt_vpp2", 1, groups, extra={}, **states(actor))
+    load_checkpoint(step_dir, groups, **states(fresh))
+    for each in (actor, fresh):
+        each.update_policy(batch, loss_fn, mini_batch_size=len(batch), micro_batch_size=PADDED_MICRO_BATCH)
+    out["next_update"] = _params(actor)
+    out["resumed_next_update"] = _params(fresh)
     return out
+
+
+def _params(actor) -> dict[str, np.ndarray]:
+    return {name: p.detach().clone().numpy() for name, p in actor.named_parameters_for_sync()}
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +93,7 @@ def runs(tiny_tied, tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("vpp_export")
     advantages = torch.randn(ragged_batch().response_mask.shape, generator=torch.Generator().manual_seed(5))
     return {vpp: run_distributed(_rank_main, PP, str(tiny_tied), str(out_dir), vpp, advantages)
-            for vpp in (1, 2)}, out_dir
+            for vpp in (2, 1)}, out_dir
 
 
 def _max_diff(actual, expected, mask=None) -> float:
@@ -118,3 +142,17 @@ def test_update_equals_vpp_off(runs):
     for name, value in params[1].items():
         diff = _max_diff(params[2][name], value)
         assert diff <= TOLERANCE, f"{name}: VPP differs from VPP off by {diff:.2e} after one update"
+
+
+def test_checkpoint_resumes_exactly_and_loads_at_vpp_off(runs):
+    results, _ = runs
+    for rank in results[2]:
+        assert rank["next_update"].keys() == rank["params"].keys()
+        assert any(not np.array_equal(rank["next_update"][name], value) for name, value in rank["params"].items())
+        for name, value in rank["next_update"].items():
+            assert np.array_equal(rank["resumed_next_update"][name], value), name
+    saved = {name: value for rank in results[2] for name, value in rank["params"].items()}
+    converted = {name: value for rank in results[1] for name, value in rank["converted"].items()}
+    assert sorted(converted) == sorted(saved)
+    for name, value in saved.items():
+        assert np.array_equal(converted[name], value), name
