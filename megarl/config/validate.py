@@ -283,6 +283,12 @@ def _check_rollout(config: Config, problems: list[Problem]) -> None:
           "must be >= 1 (the log-prob check runs every this many steps)", "e.g. 1 to check every sync")
     _need(problems, sync.probe_batch_size >= 1, "rollout.sync.probe_batch_size", sync.probe_batch_size,
           "must be >= 1", "e.g. 4")
+    actor_pp = config.actor.parallel.pipeline_model_parallel_size
+    _need(problems, config.actor.parallel.virtual_pipeline_model_parallel_size is None
+          or sync.probe_batch_size >= actor_pp, "rollout.sync.probe_batch_size", sync.probe_batch_size,
+          f"the actor's probe pass runs one sequence per micro-batch, and megatron's interleaved schedule (actor."
+          f"parallel.virtual_pipeline_model_parallel_size) needs at least PP {actor_pp} micro-batches",
+          f"use {actor_pp} or more")
     if sync.per_rank == "always":
         train_tp = config.actor.parallel.tensor_model_parallel_size
         _need(problems, sync.transport != "collective", "rollout.sync.per_rank", "always",

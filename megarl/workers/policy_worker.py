@@ -76,7 +76,7 @@ class PolicyWorker:
         )
         self.loss = PolicyLoss(actor.loss) if actor else None
         # The weights travel in the engines' dtype: a cast on the sender halves an fp32 actor's bytes for bf16 engines.
-        self.plan = (build_plan(read_model_dims(spec.model_path), LayoutPair(spec.tp, spec.pp, actor.rollout_tp),
+        self.plan = (build_plan(read_model_dims(spec.model_path), LayoutPair(spec.tp, spec.pp, actor.rollout_tp, spec.vpp),
                                 bucket_mb=actor.bucket_mb, dtype=TORCH_DTYPES[actor.rollout_dtype]) if actor else None)
         self.sender: WeightSender | None = None
         self.staged: PolicyBatch | None = None
