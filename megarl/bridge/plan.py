@@ -227,6 +227,8 @@ def check_layout(dims: ModelDims, layout: LayoutPair) -> None:
             problems.append(
                 f"train PP={layout.train_pp} does not divide num_hidden_layers={dims.num_layers}: pick one that does"
             )
+        elif layout.train_vpp > 1 and layout.train_pp == 1:
+            problems.append(f"train VPP={layout.train_vpp} needs train PP > 1 (virtual stages interleave a pipeline)")
         elif dims.num_layers % (layout.train_pp * layout.train_vpp):
             problems.append(
                 f"train PP={layout.train_pp} × VPP={layout.train_vpp} does not divide num_hidden_layers="

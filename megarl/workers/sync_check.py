@@ -173,6 +173,7 @@ def run_sync_check(
     *,
     train_tp: int,
     train_pp: int,
+    train_vpp: int = 1,
     engines: dict[int, RolloutEngine],
     threshold: float,
     rounds: int = 2,
@@ -180,7 +181,7 @@ def run_sync_check(
     settings: TrainSettings = TrainSettings(),
     timeout_s: float = 300.0,
 ) -> list[RoundResult]:
-    """Train-and-sync `rounds` times from a (train_tp, train_pp) Megatron actor into `engines`
+    """Train-and-sync `rounds` times from a (train_tp, train_pp, train_vpp) Megatron actor into `engines`
     (rollout TP → engine, all started from `model_dir` in `ENGINE_DTYPE`), over one sync group per
     engine (the pieces each worker receives depend on its engine's TP). Raises
     `SyncVerificationError` for the first engine that loaded a tensor other than the actor's
@@ -193,15 +194,16 @@ def run_sync_check(
     stores = {tp: listen_weight_sync_store(HOST, senders + tp, timeout_s) for tp in engines}
     ports = {tp: store.port for tp, store in stores.items()}
     probe = probe_token_ids(dims.vocab_size)
+    train = LayoutPair(train_tp, train_pp, 1, train_vpp)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-check-sync") as pool:
         trainers = pool.submit(
-            run_distributed, trainer_main, train_tp * train_pp, model_dir, LayoutPair(train_tp, train_pp, 1), ports,
+            run_distributed, trainer_main, train_tp * train_pp, model_dir, train, ports,
             bucket_mb, rounds, settings, timeout_s, timeout_s=timeout_s,
         )
         joined = [engine.init_weight_sync(HOST, ports[tp], senders + tp, timeout_s, rank_offset=senders)
                   for tp, engine in engines.items()]
         wait_for_joins(joined, trainers, timeout_s)
-        plans = {tp: build_plan(dims, LayoutPair(train_tp, train_pp, tp), bucket_mb=bucket_mb) for tp in engines}
+        plans = {tp: build_plan(dims, dataclasses.replace(train, rollout_tp=tp), bucket_mb=bucket_mb) for tp in engines}
         engine_logprobs, loaded = [], []
         for _ in range(rounds):
             with ExitStack() as stack:
@@ -210,7 +212,7 @@ def run_sync_check(
             engine_logprobs.append({tp: torch.stack(e.prompt_logprobs(probe)).tolist() for tp, e in engines.items()})
             loaded.append({tp: e.loaded_checksums() for tp, e in engines.items()})
         per_rank = trainers.result(timeout=timeout_s)
-    return _verified(_merged(per_rank, engine_logprobs, loaded), LayoutPair(train_tp, train_pp, 1), threshold)
+    return _verified(_merged(per_rank, engine_logprobs, loaded), train, threshold)
 
 
 def run_colocated_check(
