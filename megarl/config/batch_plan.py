@@ -409,8 +409,8 @@ def _process_lines(plan: BatchPlan) -> list[str]:
     lines = [f"processes: {', '.join(shared)} in the actor's group ({plan.train_gpus} processes, one per training GPU)"]
     actor = plan.actor
     for role in plan.own_groups:
-        why = ("its layout differs from the actor's" if (role.tensor_parallel, role.pipeline_parallel)
-               != (actor.tensor_parallel, actor.pipeline_parallel) else "ref.colocate_with_actor: false")
+        why = ("its layout differs from the actor's" if (role.tensor_parallel, role.pipeline_parallel, role.virtual_pipeline)
+               != (actor.tensor_parallel, actor.pipeline_parallel, actor.virtual_pipeline) else "ref.colocate_with_actor: false")
         lines.append(f"           {role.role} in a group of its own ({plan.train_gpus} processes on the same GPUs, "
                      f"TP {role.tensor_parallel} × PP {role.pipeline_parallel} × DP {role.data_parallel}: {why})")
     megatron = 1 + len(plan.own_groups)
@@ -459,6 +459,11 @@ def format_plan(plan: BatchPlan) -> str:
              if role is not None and role.sequence_parallel]
     if split:
         lines.append(f"sequence parallel: {', '.join(split)}; micro-batch rows padded to a multiple of TP")
+    virtual = [f"{role.role} (PP {role.pipeline_parallel} × VPP {role.virtual_pipeline}: "
+               f"{role.pipeline_parallel * role.virtual_pipeline} chunks)"
+               for role in (plan.actor, plan.critic, plan.ref) if role is not None and role.virtual_pipeline > 1]
+    if virtual:
+        lines.append(f"virtual pipeline: {', '.join(virtual)}; megatron's interleaved 1F1B schedule")
     if plan.critic is None:
         lines.append("critic: none (critic.enable: false)")
     if plan.ref is None:

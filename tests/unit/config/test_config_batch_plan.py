@@ -213,6 +213,9 @@ def test_virtual_pipeline_is_planned_and_a_role_of_another_vpp_gets_its_own_grou
     assert (plan.actor.virtual_pipeline, plan.ref.virtual_pipeline) == (2, 1)
     assert plan.actor.update.grad_accumulation_steps == 2 and not plan.actor.own_group
     assert plan.ref.own_group, "megatron keeps one virtual pipeline size per process"
+    shown = format_plan(plan)
+    assert "virtual pipeline: actor (PP 2 × VPP 2: 4 chunks); megatron's interleaved 1F1B schedule" in shown
+    assert "ref in a group of its own" in shown and "its layout differs from the actor's" in shown
     data["ref"]["parallel"]["virtual_pipeline_model_parallel_size"] = 2
     assert not plan_batches(config_of(data)).ref.own_group
 
