@@ -2,7 +2,8 @@
 VPP 2 on gloo (fp32) computes what PP 2 without it does: each rank holds two chunks of a 4-layer model (rank 0
 layers 0 and 2, rank 1 layers 1 and 3, megatron's round-robin); the HF weights load into them and export back
 bit-exact; the actor's log-probs and entropy (padded micro-batches, and a packed cut of an odd count) and one
-update's losses and updated weights equal VPP off; the reference's log-probs too. A checkpoint saved at VPP 2
+update's losses and updated weights equal VPP off; the reference's log-probs and the critic's values and
+update too. A checkpoint saved at VPP 2
 resumes exactly (the next update of the resumed actor is bit-identical to the original's), and its weights load
 at VPP off, bit-exact.
 
@@ -32,10 +33,11 @@ def _rank_main(model_dir, out_dir, vpp, advantages):
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.checkpoint import load_checkpoint, save_checkpoint
     from megarl.workers.checkpoint_files import step_dir_name
+    from megarl.workers.critic import MegatronCritic
     from megarl.workers.megatron_train import micro_batches_of
     from megarl.workers.packing import TokenBudget
     from megarl.workers.reference import MegatronReference
-    from megarl.workers.settings import OptimSettings, PolicyLossSettings
+    from megarl.workers.settings import OptimSettings, PolicyLossSettings, ValueLossSettings
 
     groups = initialize_model_parallel(1, PP, seed=0, vpp=vpp)
     batch = ragged_batch()
@@ -53,6 +55,16 @@ def _rank_main(model_dir, out_dir, vpp, advantages):
         out[name] = dict(log_probs=log_probs.numpy(), entropy=entropy.numpy())
     reference = MegatronReference.from_hf(model_dir, groups)
     out["ref_log_probs"] = reference.compute_ref_log_prob(batch, micro_batch_size=PADDED_MICRO_BATCH).numpy()
+    critic = MegatronCritic.from_hf(model_dir, groups, optim=OptimSettings(lr=0.5, adam_eps=1.0),
+                                    loss=ValueLossSettings())
+    if groups.is_last_stage:  # the value head's random draw depends on what was built before it: set it
+        head = critic.engine.chunks[-1].module.output_layer.weight
+        with torch.no_grad():
+            head.copy_(torch.randn(head.shape, generator=torch.Generator().manual_seed(3)))
+    values = critic.compute_values(batch, micro_batch_size=PADDED_MICRO_BATCH)
+    batch.values, batch.returns = values, values + advantages
+    out["values"] = values.numpy()
+    out["critic_metrics"] = critic.update_critic(batch, mini_batch_size=len(batch), micro_batch_size=PADDED_MICRO_BATCH)
     batch.old_log_probs = torch.from_numpy(out["padded"]["log_probs"]) - 0.05
     loss_fn = PolicyLoss(PolicyLossSettings(entropy_coeff=0.01, clip_ratio_low=0.1, clip_ratio_high=0.1))
     out["metrics"] = actor.update_policy(batch, loss_fn, mini_batch_size=len(batch),
@@ -129,6 +141,7 @@ def test_forward_passes_equal_vpp_off(runs):
                 diff = _max_diff(on[name][key], off[name][key], mask)
                 assert diff <= TOLERANCE, f"{name} {key}: VPP differs from VPP off by {diff:.2e}"
         assert _max_diff(on["ref_log_probs"], off["ref_log_probs"], mask) <= TOLERANCE
+        assert _max_diff(on["values"], off["values"], mask) <= TOLERANCE
 
 
 def test_update_equals_vpp_off(runs):
@@ -137,6 +150,9 @@ def test_update_equals_vpp_off(runs):
         assert off["metrics"]["grad_norm"] > 0
         for key in ("loss", "pg_loss", "entropy", "grad_norm", "tokens"):
             assert on["metrics"][key] == pytest.approx(off["metrics"][key], rel=TOLERANCE, abs=TOLERANCE), key
+        for key in ("loss", "grad_norm"):
+            assert on["critic_metrics"][key] == pytest.approx(off["critic_metrics"][key], rel=TOLERANCE,
+                                                              abs=TOLERANCE), f"critic {key}"
     params = {vpp: {name: value for rank in results[vpp] for name, value in rank["params"].items()} for vpp in (1, 2)}
     assert sorted(params[2]) == sorted(params[1])
     for name, value in params[1].items():
