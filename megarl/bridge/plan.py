@@ -53,9 +53,12 @@ class LayoutPair:
     """Megatron pipeline-parallel size."""
     rollout_tp: int
     """vLLM tensor-parallel size of each rollout engine."""
+    train_vpp: int = 1
+    """Megatron virtual pipeline stages per PP rank (1: none): which stage holds which layers."""
 
     def __str__(self) -> str:
-        return f"train TP={self.train_tp}/PP={self.train_pp} → rollout TP={self.rollout_tp}"
+        virtual = f"/VPP={self.train_vpp}" if self.train_vpp > 1 else ""
+        return f"train TP={self.train_tp}/PP={self.train_pp}{virtual} → rollout TP={self.rollout_tp}"
 
 
 @dataclass(frozen=True)
@@ -144,14 +147,16 @@ def _megatron_param_names(dims: ModelDims) -> list[tuple[str, int]]:
     return names
 
 
-def _stage_of(layer: int, dims: ModelDims, pp_size: int) -> int:
-    """Stage holding a layer index; -1 (embedding) → first stage, num_layers (head) → last."""
+def _stage_of(layer: int, dims: ModelDims, pp_size: int, vpp_size: int) -> int:
+    """Stage holding a layer index; -1 (embedding) → first stage, num_layers (head) → last. With virtual
+    stages the layers come in pp_size × vpp_size chunks dealt round-robin over the stages
+    (`megarl.models.layout.layer_offset`)."""
     if layer < 0:
         return 0
     if layer >= dims.num_layers:
         return pp_size - 1
-    per_stage = dims.num_layers // pp_size
-    return layer // per_stage
+    per_chunk = dims.num_layers // (pp_size * vpp_size)
+    return layer // per_chunk % pp_size
 
 
 def _planned_params(dims: ModelDims, layout: LayoutPair) -> list[PlannedParam]:
@@ -163,7 +168,7 @@ def _planned_params(dims: ModelDims, layout: LayoutPair) -> list[PlannedParam]:
         params.append(
             PlannedParam(
                 megatron_name=name,
-                pp_rank=_stage_of(layer, dims, layout.train_pp),
+                pp_rank=_stage_of(layer, dims, layout.train_pp, layout.train_vpp),
                 kind=mapping.kind,
                 hf_names=mapping.hf_names,
                 hf_shapes=tuple(hf_shapes[n] for n in mapping.hf_names),
@@ -208,7 +213,7 @@ def check_layout(dims: ModelDims, layout: LayoutPair) -> None:
     """ValueError listing every way `layout` does not fit the model (before any process starts)."""
     problems = [
         f"{field}={getattr(layout, field)}: must be >= 1"
-        for field in ("train_tp", "train_pp", "rollout_tp")
+        for field in ("train_tp", "train_pp", "rollout_tp", "train_vpp")
         if getattr(layout, field) < 1
     ]
     if not problems:
@@ -220,6 +225,13 @@ def check_layout(dims: ModelDims, layout: LayoutPair) -> None:
         if dims.num_layers % layout.train_pp:
             problems.append(
                 f"train PP={layout.train_pp} does not divide num_hidden_layers={dims.num_layers}: pick one that does"
+            )
+        elif layout.train_vpp > 1 and layout.train_pp == 1:
+            problems.append(f"train VPP={layout.train_vpp} needs train PP > 1 (virtual stages interleave a pipeline)")
+        elif dims.num_layers % (layout.train_pp * layout.train_vpp):
+            problems.append(
+                f"train PP={layout.train_pp} × VPP={layout.train_vpp} does not divide num_hidden_layers="
+                f"{dims.num_layers}: pick sizes whose product does"
             )
         if dims.num_attention_heads % layout.rollout_tp:
             problems.append(

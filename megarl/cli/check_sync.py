@@ -38,6 +38,8 @@ def register(subparsers) -> None:
     parser.add_argument("--model", required=True, type=Path, help="HF checkpoint dir (config.json + safetensors)")
     parser.add_argument("--train-tp", type=int, default=1, help="Megatron tensor-parallel size (default: 1)")
     parser.add_argument("--train-pp", type=int, default=1, help="Megatron pipeline-parallel size (default: 1)")
+    parser.add_argument("--train-vpp", type=int, default=1,
+                        help="Megatron virtual pipeline stages per PP rank, the interleaved schedule (default: 1, none)")
     parser.add_argument("--rollout-tp", type=int, default=1, help="vLLM tensor-parallel size (default: 1)")
     parser.add_argument(
         "--threshold", type=positive_float(), default=THRESHOLD, help=f"max allowed |log-prob gap| (default: {THRESHOLD:g})"
@@ -61,7 +63,7 @@ def _problems(args: argparse.Namespace) -> list[str]:
 
     problems = [
         f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1"
-        for name in ("train_tp", "train_pp", "rollout_tp", "rounds")
+        for name in ("train_tp", "train_pp", "train_vpp", "rollout_tp", "rounds")
         if getattr(args, name) < 1
     ]
     if args.transport == "in-process" and args.rollout_tp != 1:
@@ -82,7 +84,7 @@ def _problems(args: argparse.Namespace) -> list[str]:
         return problems + [f"--model {args.model}: {error}"]
     if not problems:
         try:
-            check_layout(dims, LayoutPair(args.train_tp, args.train_pp, args.rollout_tp))
+            check_layout(dims, LayoutPair(args.train_tp, args.train_pp, args.rollout_tp, args.train_vpp))
         except ValueError as error:
             problems.append(str(error))
     return problems
@@ -120,7 +122,8 @@ def _run_check(args: argparse.Namespace):
     from megarl.workers.sync_check import run_colocated_check, run_sync_check
     from megarl.workers.rollout import make_rollout_engine
 
-    common = dict(train_tp=args.train_tp, train_pp=args.train_pp, threshold=args.threshold, rounds=args.rounds,
+    common = dict(train_tp=args.train_tp, train_pp=args.train_pp, train_vpp=args.train_vpp, threshold=args.threshold,
+                  rounds=args.rounds,
                   bucket_mb=args.bucket_mb)
     if args.transport == "in-process":
         return run_colocated_check(args.model, backend="vllm", **common)[0]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from megarl.config.config import Config
 from megarl.config.problems import ConfigError, Problem
+from megarl.config.role_checks import check_interleaved_micro_batches
 from megarl.config.roles import ActorConfig, CriticConfig, ParallelConfig, RefConfig
 from megarl.config.rollout import response_length
 
@@ -69,6 +70,9 @@ class RolePlan:
     GPUs) instead of inside the actor's processes."""
     sequence_parallel: bool
     """Megatron sequence parallelism over the TP ranks (the role's `parallel.sequence_parallel`)."""
+    virtual_pipeline: int
+    """Virtual stages (model chunks) per PP rank; 1 without the interleaved schedule
+    (`parallel.virtual_pipeline_model_parallel_size`)."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +149,8 @@ def runs_in_own_group(name: str, config: Config) -> bool:
     (TP, PP) grid per process, so a layout other than the actor's needs other processes; the reference
     also gets its own when `ref.colocate_with_actor` is false."""
     role = getattr(config, name)
-    layout = [(r.parallel.tensor_model_parallel_size, r.parallel.pipeline_model_parallel_size) for r in (role, config.actor)]
+    layout = [(r.parallel.tensor_model_parallel_size, r.parallel.pipeline_model_parallel_size,
+               r.parallel.virtual_pipeline_model_parallel_size) for r in (role, config.actor)]
     return layout[0] != layout[1] or (name == "ref" and not config.ref.colocate_with_actor)
 
 
@@ -312,15 +317,21 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
     dp = train_gpus // (tp * pp)
     own_group = name != "actor" and runs_in_own_group(name, config)
     dp_text = f"{name} DP {dp} ({train_gpus} GPUs ÷ (TP {tp} × PP {pp}))"
+    vpp = parallel.virtual_pipeline_model_parallel_size or 1
     if trained:
         update = _update_plan(name, role, dp, dp_text, config, problems)
         if update is None:
             return None
+        if update.grad_accumulation_steps is not None:
+            check_interleaved_micro_batches(
+                f"{name}.micro_batch_size_per_gpu", role.micro_batch_size_per_gpu, parallel,
+                update.grad_accumulation_steps, f"{update.samples_per_rank} samples per rank and mini-batch ÷ "
+                f"{role.micro_batch_size_per_gpu}", problems)
         # A step is a whole number of mini-batches, each split exactly: the forward pass splits too.
         per_rank = update.samples_per_rank * update.mini_batches_per_epoch
         forward = None if role.forward_max_tokens_per_micro_batch is not None else _micro_batches(per_rank, role)
         return RolePlan(name, tp, pp, dp, role.micro_batch_size_per_gpu, role.max_tokens_per_micro_batch, per_rank,
-                        forward, update, own_group, parallel.sequence_parallel)
+                        forward, update, own_group, parallel.sequence_parallel, vpp)
     prompts, n, micro = config.data.train_batch_size, config.rollout.n, role.micro_batch_size_per_gpu
     samples = prompts * n
     if samples % dp:
@@ -336,7 +347,7 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
                                 f"use a divisor of {per_rank}: {_divisors(per_rank)}"))
         return None
     return RolePlan(name, tp, pp, dp, micro, role.max_tokens_per_micro_batch, per_rank, _micro_batches(per_rank, role),
-                    None, own_group, parallel.sequence_parallel)
+                    None, own_group, parallel.sequence_parallel, vpp)
 
 
 def _micro_batches(samples: int, role) -> int | None:
@@ -399,8 +410,8 @@ def _process_lines(plan: BatchPlan) -> list[str]:
     lines = [f"processes: {', '.join(shared)} in the actor's group ({plan.train_gpus} processes, one per training GPU)"]
     actor = plan.actor
     for role in plan.own_groups:
-        why = ("its layout differs from the actor's" if (role.tensor_parallel, role.pipeline_parallel)
-               != (actor.tensor_parallel, actor.pipeline_parallel) else "ref.colocate_with_actor: false")
+        why = ("its layout differs from the actor's" if (role.tensor_parallel, role.pipeline_parallel, role.virtual_pipeline)
+               != (actor.tensor_parallel, actor.pipeline_parallel, actor.virtual_pipeline) else "ref.colocate_with_actor: false")
         lines.append(f"           {role.role} in a group of its own ({plan.train_gpus} processes on the same GPUs, "
                      f"TP {role.tensor_parallel} × PP {role.pipeline_parallel} × DP {role.data_parallel}: {why})")
     megatron = 1 + len(plan.own_groups)
@@ -449,6 +460,11 @@ def format_plan(plan: BatchPlan) -> str:
              if role is not None and role.sequence_parallel]
     if split:
         lines.append(f"sequence parallel: {', '.join(split)}; micro-batch rows padded to a multiple of TP")
+    virtual = [f"{role.role} (PP {role.pipeline_parallel} × VPP {role.virtual_pipeline}: "
+               f"{role.pipeline_parallel * role.virtual_pipeline} chunks)"
+               for role in (plan.actor, plan.critic, plan.ref) if role is not None and role.virtual_pipeline > 1]
+    if virtual:
+        lines.append(f"virtual pipeline: {', '.join(virtual)}; megatron's interleaved 1F1B schedule")
     if plan.critic is None:
         lines.append("critic: none (critic.enable: false)")
     if plan.ref is None:

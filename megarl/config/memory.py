@@ -30,7 +30,10 @@ holds the activations of the most micro-batches in flight):
                          there the estimate is an upper bound
       + 3f / t           fc1 output (gate, up) and the SwiGLU output
 
-  With 1F1B the first stage keeps PP micro-batches in flight of L/PP layers each: L layers' worth.
+  With 1F1B the first stage keeps PP micro-batches in flight of L/PP layers each: L layers' worth. The
+  interleaved schedule (VPP = v ≥ 2 chunks of L/(PP·v) layers per stage) warms up 2(PP − 1) + (v − 1)·PP
+  chunk passes on the first stage before its first backward (megatron-core's `get_pp_rank_microbatches`,
+  pipeline_parallel/schedules.py), one more in flight at steady state: L·(1 + (PP − 1)/(PP·v)) layers' worth.
   Full recompute keeps only each layer's input (h per token and layer) plus one layer's working set
   as above; selective recompute (core_attn) drops the a·S/t term. The last stage adds the logits
   per token: V_padded/t in `model.dtype`, their fp32 upcast when that is bfloat16, and the fp32
@@ -220,6 +223,9 @@ def activation_bytes(shape: ModelShape, parallel: ParallelConfig, recompute: Rec
                 + (per_stage - recomputed) * shape.activation_elements_per_token(tp, seq_len, "none")) * pp
     else:
         kept = shape.num_layers * shape.activation_elements_per_token(tp, seq_len, granularity)
+    vpp = parallel.virtual_pipeline_model_parallel_size or 1
+    if vpp > 1:  # the interleaved schedule's extra chunk passes in flight (module docstring)
+        kept = kept * (pp * vpp + pp - 1) // (pp * vpp)
     if granularity == "full":  # plus the working set of the one layer being recomputed
         kept += shape.activation_elements_per_token(tp, seq_len, "none")
     # Logits in the model dtype, their fp32 upcast (none when already fp32), the fp32 exponentials.

@@ -52,6 +52,39 @@ def check_cpu_offload(prefix: str, optim: OptimizerConfig, dtype: str, problems:
           f"{prefix}.cpu_offload keeps the optimizer state in host memory already", f"set {role}.offload.optimizer: false")
 
 
+def check_virtual_pipeline(prefix: str, parallel: ParallelConfig, problems: list[Problem]) -> None:
+    """The interleaved schedule needs virtual stages to interleave (>= 2) and a pipeline to run them on
+    (megatron-core's `initialize_model_parallel` refuses virtual stages at PP 1). `prefix` as
+    `check_sequence_parallel`'s."""
+    vpp, pp = parallel.virtual_pipeline_model_parallel_size, parallel.pipeline_model_parallel_size
+    if vpp is None:
+        return
+    key = f"{prefix}parallel.virtual_pipeline_model_parallel_size"
+    need(problems, vpp >= 2, key, vpp, "the interleaved schedule needs at least 2 virtual stages per rank",
+         "use 2 or more, or remove it (null) for one chunk per rank")
+    need(problems, pp > 1, key, vpp, f"virtual stages interleave a pipeline, and {prefix}parallel."
+         f"pipeline_model_parallel_size is {pp}", f"set {prefix}parallel.pipeline_model_parallel_size to 2 or more, "
+         "or remove the virtual pipeline size")
+
+
+def check_interleaved_micro_batches(key: str, value, parallel: ParallelConfig, micro_batches: int, what: str,
+                                    problems: list[Problem]) -> None:
+    """An update's `micro_batches` per rank under the interleaved schedule. megatron-core's
+    `forward_backward_pipelining_with_interleaving` (pipeline_parallel/schedules.py) runs them in groups of
+    `microbatch_group_size_per_vp_stage` (PP by default) and raises unless PP <= group <= M and M mod group is
+    0 or >= PP: with the default, M must be a multiple of PP. (megarl gives a pass of another count M >= PP, a
+    forward pass or a packed cut, one group of all M, `megatron_train.set_interleaving_group`; an update of
+    padded micro-batches is held to the default, whose warm-up keeps the fewest activations.) `key`/`value`:
+    the setting to change; `what`: how `micro_batches` came about."""
+    vpp, pp = parallel.virtual_pipeline_model_parallel_size, parallel.pipeline_model_parallel_size
+    if vpp is None or vpp < 2 or pp < 2:
+        return
+    need(problems, micro_batches >= pp and micro_batches % pp == 0, key, value,
+         f"{what} = {micro_batches} micro-batches per rank, and megatron's interleaved schedule (virtual pipeline "
+         f"size {vpp}) runs them in groups of PP {pp}: it needs a multiple of {pp}",
+         f"choose a micro-batch size that makes the count a multiple of {pp}, or no virtual pipeline")
+
+
 def check_sequence_parallel(prefix: str, parallel: ParallelConfig, problems: list[Problem]) -> None:
     """Sequence parallelism splits the sequence over the TP ranks: it needs TP > 1. `prefix` is the role
     ("actor.", ...) or "" for a top-level `parallel` section (`megarl sft`)."""

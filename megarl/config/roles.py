@@ -17,6 +17,12 @@ class ParallelConfig:
     """Tensor-parallel size (TP). Must divide the attention heads and the KV groups of the model."""
     pipeline_model_parallel_size: int = 1
     """Pipeline-parallel size (PP). Must divide the number of transformer layers."""
+    virtual_pipeline_model_parallel_size: int | None = None
+    """Virtual pipeline stages per PP rank (VPP, megatron's interleaved 1F1B schedule): the layers are cut
+    into PP × VPP chunks dealt round-robin, rank r holding chunks r, r + PP, …, which shrinks the pipeline
+    bubble VPP-fold for more point-to-point traffic. >= 2, with PP > 1 and PP × VPP dividing the layers; a
+    padded update's micro-batches per rank and mini-batch must be a multiple of PP (megatron's schedule
+    runs them in groups of PP). Same log-probs and updates as without. None: one chunk per rank."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: the activations outside attention and the MLP (norms, residuals,
     dropout) are split along the sequence over the TP ranks instead of replicated on each. Needs TP > 1;

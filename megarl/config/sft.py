@@ -23,7 +23,9 @@ from megarl.config.resources import data_file_problems, local_path, writable_dir
 from megarl.config.roles import OptimizerConfig, ParallelConfig
 from megarl.config.sections import ModelConfig
 from megarl.config.tokenizer_files import tokenizer_problems
-from megarl.config.role_checks import check_cpu_offload, check_optimizer, check_sequence_parallel
+from megarl.config.role_checks import (
+    check_cpu_offload, check_interleaved_micro_batches, check_optimizer, check_sequence_parallel, check_virtual_pipeline,
+)
 from megarl.config.validate import MAX_SEED, check_megatron_layout
 
 SFT_MARKER = ".megarl-sft.json"
@@ -150,8 +152,9 @@ def validate_sft(config: SftConfig, check_files: bool = True) -> list[Problem]:
          "e.g. 0 or 1234")
     check_optimizer("optim", config.optim, problems)
     check_sequence_parallel("", parallel, problems)
+    check_virtual_pipeline("", parallel, problems)
     check_cpu_offload("optim", config.optim, model.dtype, problems)
-    _check_batch_layout(config, need)
+    _check_batch_layout(config, need, problems)
     need(bool(train.output_dir), "train.output_dir", train.output_dir, "required: where the trained model is written",
          "set it to a new directory, e.g. outputs/sft/model")
     if check_files:
@@ -159,7 +162,7 @@ def validate_sft(config: SftConfig, check_files: bool = True) -> list[Problem]:
     return problems
 
 
-def _check_batch_layout(config: SftConfig, need) -> None:
+def _check_batch_layout(config: SftConfig, need, problems: list[Problem]) -> None:
     train, parallel = config.train, config.parallel
     tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
     if min(tp, pp, train.gpus, train.batch_size, train.micro_batch_size_per_gpu) < 1:
@@ -180,6 +183,10 @@ def _check_batch_layout(config: SftConfig, need) -> None:
          "train.micro_batch_size_per_gpu", train.micro_batch_size_per_gpu,
          f"must divide the {per_rank} conversations per rank (train.batch_size {train.batch_size} ÷ DP {dp})",
          f"use a divisor of {per_rank}")
+    if train.batch_size % dp == 0 and per_rank % train.micro_batch_size_per_gpu == 0:
+        check_interleaved_micro_batches("train.micro_batch_size_per_gpu", train.micro_batch_size_per_gpu, parallel,
+                                        per_rank // train.micro_batch_size_per_gpu,
+                                        f"{per_rank} conversations per rank ÷ {train.micro_batch_size_per_gpu}", problems)
 
 
 def _check_files(config: SftConfig, problems: list[Problem], need) -> None:

@@ -27,7 +27,9 @@ from megarl.config.resources import (
     unusable_path,
     writable_dir_problem,
 )
-from megarl.config.role_checks import check_cpu_offload, check_optimizer, check_sequence_parallel
+from megarl.config.role_checks import (
+    check_cpu_offload, check_optimizer, check_sequence_parallel, check_virtual_pipeline,
+)
 from megarl.config.role_checks import need as _need
 from megarl.config.rollout import response_length
 from megarl.config.roles import ParallelConfig, RecomputeConfig, RolloutCorrectionConfig
@@ -62,7 +64,7 @@ def validate(config: Config, check_files: bool = True) -> list[Problem]:
         _check_tokenizer(config, facts, problems)
     _check_actor(config, problems)
     _check_critic(config, problems)
-    _check_sequence_parallel(config, problems)
+    _check_role_parallel(config, problems)
     _check_rollout(config, problems)
     _check_algorithm(config, problems)
     _check_data(config, facts, check_files, problems)
@@ -227,7 +229,7 @@ def _check_critic(config: Config, problems: list[Problem]) -> None:
     _need(problems, critic.warmup_steps >= 0, "critic.warmup_steps", critic.warmup_steps, "must be >= 0", "e.g. 0")
 
 
-def _check_sequence_parallel(config: Config, problems: list[Problem]) -> None:
+def _check_role_parallel(config: Config, problems: list[Problem]) -> None:
     """Each Megatron role that runs: the actor, the critic when enabled, the reference when a KL term reads it."""
     roles = {"actor": config.actor.parallel}
     if config.critic.enable:
@@ -236,6 +238,7 @@ def _check_sequence_parallel(config: Config, problems: list[Problem]) -> None:
         roles["ref"] = config.ref.parallel
     for role, parallel in roles.items():
         check_sequence_parallel(f"{role}.", parallel, problems)
+        check_virtual_pipeline(f"{role}.", parallel, problems)
 
 
 def _check_partial_rollout(config: Config, problems: list[Problem]) -> None:
@@ -296,6 +299,12 @@ def _check_rollout(config: Config, problems: list[Problem]) -> None:
           "must be >= 1 (the log-prob check runs every this many steps)", "e.g. 1 to check every sync")
     _need(problems, sync.probe_batch_size >= 1, "rollout.sync.probe_batch_size", sync.probe_batch_size,
           "must be >= 1", "e.g. 4")
+    actor_pp = config.actor.parallel.pipeline_model_parallel_size
+    _need(problems, config.actor.parallel.virtual_pipeline_model_parallel_size is None
+          or sync.probe_batch_size >= actor_pp, "rollout.sync.probe_batch_size", sync.probe_batch_size,
+          f"the actor's probe pass runs one sequence per micro-batch, and megatron's interleaved schedule (actor."
+          f"parallel.virtual_pipeline_model_parallel_size) needs at least PP {actor_pp} micro-batches",
+          f"use {actor_pp} or more")
     if sync.per_rank == "always":
         train_tp = config.actor.parallel.tensor_model_parallel_size
         _need(problems, sync.transport != "collective", "rollout.sync.per_rank", "always",
@@ -566,6 +575,11 @@ def check_megatron_layout(role: str, parallel: ParallelConfig, recompute: Recomp
         _need(problems, layers % pp == 0, f"{prefix}parallel.pipeline_model_parallel_size", pp,
               f"PP {pp} does not divide the {layers} layers of {model} ({layers} ÷ {pp} = {layers / pp:.2f})",
               f"use a PP dividing {layers}")
+        vpp = parallel.virtual_pipeline_model_parallel_size
+        if vpp is not None and vpp >= 2 and layers % pp == 0:
+            _need(problems, layers % (pp * vpp) == 0, f"{prefix}parallel.virtual_pipeline_model_parallel_size", vpp,
+                  f"PP {pp} × VPP {vpp} = {pp * vpp} chunks do not divide the {layers} layers of {model}",
+                  f"use a VPP dividing {layers // pp} (the layers of a pipeline stage)")
         if recompute is not None and recompute.num_layers is not None and layers % pp == 0 and recompute.num_layers >= 1:
             per_stage = layers // pp
             _need(problems, recompute.num_layers <= per_stage, f"{prefix}recompute.num_layers", recompute.num_layers,

@@ -88,21 +88,24 @@ def transformer_config(
     *,
     tp_size: int,
     pp_size: int,
+    vpp_size: int = 1,
     params_dtype: torch.dtype = torch.float32,
     transformer_impl: str = "local",
     **overrides: Any,
 ) -> TransformerConfig:
-    """The TransformerConfig of `dims` on a (tp_size, pp_size) grid.
+    """The TransformerConfig of `dims` on a (tp_size, pp_size) grid, with `vpp_size` virtual stages per
+    PP rank (megatron's interleaved schedule; 1: none).
 
     params_dtype: float32 or bfloat16 (`TORCH_DTYPES`); megatron's `bf16` flag follows it.
     overrides: non-architectural TransformerConfig fields the caller owns (e.g. `sequence_parallel`,
     `recompute_granularity`); architectural fields, the precision fields and `apply_rope_fusion`
     (`rope_fusion` of `transformer_impl`) are rejected.
     """
-    check_parallel_layout(dims, tp_size=tp_size, pp_size=pp_size)
+    check_parallel_layout(dims, tp_size=tp_size, pp_size=pp_size, vpp_size=vpp_size)
     _check_impl(transformer_impl)
     architectural = architecture(dims.model_type).transformer_fields(dims)
-    derived = {"bf16", "fp16", "params_dtype", "pipeline_dtype", "apply_rope_fusion"}
+    derived = {"bf16", "fp16", "params_dtype", "pipeline_dtype", "apply_rope_fusion", "virtual_pipeline_model_parallel_size",
+               "batch_p2p_comm"}
     clashes = sorted(set(overrides) & (set(architectural) | derived))
     if clashes:
         raise ValueError(
@@ -114,15 +117,29 @@ def transformer_config(
         **architectural,
         tensor_model_parallel_size=tp_size,
         pipeline_model_parallel_size=pp_size,
+        virtual_pipeline_model_parallel_size=vpp_size if vpp_size > 1 else None,
         bf16=params_dtype == torch.bfloat16,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
         # Without CUDA, megatron must build full weights on the CPU and slice them per rank.
         use_cpu_initialization=not uses_cuda(),
+        batch_p2p_comm=batch_p2p_comm(vpp_size),
         transformer_impl=transformer_impl,
         apply_rope_fusion=rope_fusion(transformer_impl),
         **overrides,
     )
+
+
+def batch_p2p_comm(vpp_size: int) -> bool:
+    """TransformerConfig's `batch_p2p_comm`: megatron's default (True), except under the interleaved schedule
+    on gloo. There, at PP 2, a rank's one neighbour is both its next and its previous stage, and a steady-state
+    exchange sends it an activation and a gradient at once; megatron's batched exchange (`_batched_p2p_ops`,
+    megatron/core/pipeline_parallel/p2p_communication.py) posts send-previous before send-next on every rank
+    while the peer posts receive-previous first, and gloo pairs one peer's messages in posting order: the
+    activation lands in the gradient's buffer (measured: the update's loss 0.63 instead of VPP off's 0.019,
+    forward-only passes unaffected). The unbatched exchange (`_p2p_ops`) orders the posts by rank parity and
+    puts the two directions on different groups, so they pair up right."""
+    return uses_cuda() or vpp_size == 1
 
 
 def resolve_transformer_impl(setting: str, device_type: str, dtype: str) -> str:
@@ -169,9 +186,11 @@ def build_gpt_model(
     params_dtype: torch.dtype = torch.float32,
     value_head: bool = False,
     vocab_divisible_by: int = VOCAB_DIVISIBLE_BY,
+    vp_stage: int = 0,
     **config_overrides: Any,
 ) -> GPTModel:
-    """This rank's `GPTModel` stage for an HF config (dir, config.json path, dict or PretrainedConfig).
+    """This rank's `GPTModel` stage for an HF config (dir, config.json path, dict or PretrainedConfig);
+    with virtual stages (`groups.vpp_size` > 1) its chunk `vp_stage` (`build_model_chunks` builds them all).
 
     Weights are random-init (on the current GPU when there is one), every parameter in `params_dtype`;
     load a checkpoint with `megarl.models.checkpoint.load_hf_weights`.
@@ -189,24 +208,29 @@ def build_gpt_model(
         dims,
         tp_size=groups.tp_size,
         pp_size=groups.pp_size,
+        vpp_size=groups.vpp_size,
         params_dtype=params_dtype,
         transformer_impl=transformer_impl,
         **config_overrides,
     )
+    # The embedding lives in the model's first chunk, the head in its last.
+    pre_process = groups.is_first_stage and vp_stage == 0
+    post_process = groups.is_last_stage and vp_stage == groups.vpp_size - 1
     model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(dims, transformer_impl),
         vocab_size=padded_vocab_size(dims.vocab_size, vocab_divisible_by, groups.tp_size),
         max_sequence_length=dims.max_position_embeddings,
-        pre_process=groups.is_first_stage,
-        post_process=groups.is_last_stage,
+        pre_process=pre_process,
+        post_process=post_process,
         parallel_output=True,
         share_embeddings_and_output_weights=dims.tie_word_embeddings and not value_head,
         position_embedding_type="rope",
         **rope_arguments(dims),
         pg_collection=groups.collection,
+        vp_stage=vp_stage if groups.vpp_size > 1 else None,
     )
-    if value_head and groups.is_last_stage:
+    if value_head and post_process:
         model.output_layer = ValueHead(config, groups.tp)
     # Megatron's sharded layers honour params_dtype; torch-native ones (the local spec's norms) start
     # in fp32. This cast is what megatron's Float16Module does to the module it wraps; the wrapper's
@@ -217,6 +241,12 @@ def build_gpt_model(
         # Megatron allocates sharded weights on the GPU, but torch-native modules (norms) start on the CPU.
         model.cuda(torch.cuda.current_device())
     return model
+
+
+def build_model_chunks(hf_config: Any, groups: ProcessGroups, **options: Any) -> list[GPTModel]:
+    """This rank's model chunks, one per virtual stage in order (one without virtual stages): chunk v
+    holds the layers `megarl.models.layout.layer_offset` gives it. `options`: `build_gpt_model`'s."""
+    return [build_gpt_model(hf_config, groups, vp_stage=stage, **options) for stage in range(groups.vpp_size)]
 
 
 def rope_arguments(dims: ModelDims) -> dict[str, Any]:

@@ -45,7 +45,8 @@ def load_hf_weights(
     vocab_divisible_by: int = VOCAB_DIVISIBLE_BY,
 ) -> None:
     """Copy an HF checkpoint's weights into this rank's shards of `model` (a GPTModel, possibly
-    wrapped in DDP / Float16Module). A critic's `ValueHead` keeps its init (HF has no value head).
+    wrapped in DDP / Float16Module; with virtual stages one chunk, whose `vp_stage` places its layers).
+    A critic's `ValueHead` keeps its init (HF has no value head).
 
     Raises ValueError naming the file and tensor on a shape mismatch, KeyError on a missing tensor,
     FileNotFoundError on a missing shard file.
@@ -54,7 +55,7 @@ def load_hf_weights(
     dims = read_model_dims(hf_dir)
     checkpoint = HFCheckpoint(hf_dir)
     expected = hf_param_shapes(dims)
-    offset = layer_offset(dims.num_layers, groups.pp_size, groups.pp_rank)
+    offset = chunk_layer_offset(model, dims.num_layers, groups)
     value_head = "output_layer.weight" if isinstance(getattr(model, "output_layer", None), ValueHead) else None
     params = _named_weights(model)
     with checkpoint.reader() as read, torch.no_grad():
@@ -80,8 +81,14 @@ def load_hf_weights(
             param.copy_(shard)
 
 
+def chunk_layer_offset(chunk: torch.nn.Module, num_layers: int, groups: ProcessGroups) -> int:
+    """Global index of the first layer of `chunk` (an unwrapped GPTModel of this rank; its `vp_stage` is
+    None without virtual stages)."""
+    return layer_offset(num_layers, groups.pp_size, groups.pp_rank, groups.vpp_size, chunk.vp_stage or 0)
+
+
 def export_hf_weights(
-    model: torch.nn.Module,
+    model: torch.nn.Module | list[torch.nn.Module],
     out_dir: str | Path,
     groups: ProcessGroups,
     *,
@@ -92,17 +99,18 @@ def export_hf_weights(
     return None at once. PP = 1 writes `model.safetensors`, PP > 1 one file per stage plus an index.
 
     `out_dir` appears complete or not at all (an existing one is replaced). Returns it on the ranks
-    that wrote. The model must be an LM (a critic's value head has no HF form).
+    that wrote. The model must be an LM (a critic's value head has no HF form). With virtual stages pass
+    this rank's chunks (a list): its file holds the layers of all of them.
     """
     if groups.dp_rank != 0:
         return None
-    model = unwrap_model(model)
-    if isinstance(getattr(model, "output_layer", None), ValueHead):
+    chunks = [unwrap_model(chunk) for chunk in (model if isinstance(model, list) else [model])]
+    if any(isinstance(getattr(chunk, "output_layer", None), ValueHead) for chunk in chunks):
         raise ValueError("export_hf_weights: a critic (value_head=True) has no HF checkpoint form")
     dims = read_model_dims(Path(hf_assets_dir))
     out_dir = Path(out_dir)
     tmp_dir = _shared_tmp_dir(out_dir, groups)
-    tensors = _gather_stage_hf_tensors(model, dims, groups)
+    tensors = {name: tensor for chunk in chunks for name, tensor in _gather_stage_hf_tensors(chunk, dims, groups).items()}
     file_name = SINGLE_FILE if groups.pp_size == 1 else f"model-{groups.pp_rank + 1:05d}-of-{groups.pp_size:05d}.safetensors"
     if groups.tp_rank == 0:
         write_safetensors_shard(tensors, tmp_dir / file_name)
@@ -126,8 +134,8 @@ def _named_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _gather_stage_hf_tensors(model: torch.nn.Module, dims: ModelDims, groups: ProcessGroups) -> dict[str, torch.Tensor]:
-    """This stage's parameters as HF tensors on TP rank 0 (empty dict elsewhere); TP collectives."""
-    offset = layer_offset(dims.num_layers, groups.pp_size, groups.pp_rank)
+    """This chunk's parameters as HF tensors on TP rank 0 (empty dict elsewhere); TP collectives."""
+    offset = chunk_layer_offset(model, dims.num_layers, groups)
     dst = dist.get_global_rank(groups.tp, 0)
     hf_tensors: dict[str, torch.Tensor] = {}
     for name, param in _named_weights(model).items():

@@ -127,8 +127,8 @@ def read_model_dims(source: str | Path | Mapping[str, Any] | Any) -> ModelDims:
     return dims
 
 
-def check_parallel_layout(dims: ModelDims, *, tp_size: int, pp_size: int) -> None:
-    """Reject a (TP, PP) layout the model cannot be cut into, before any process group exists."""
+def check_parallel_layout(dims: ModelDims, *, tp_size: int, pp_size: int, vpp_size: int = 1) -> None:
+    """Reject a (TP, PP, VPP) layout the model cannot be cut into, before any process group exists."""
     problems = []
     if dims.num_kv_heads % tp_size:
         problems.append(
@@ -145,6 +145,11 @@ def check_parallel_layout(dims: ModelDims, *, tp_size: int, pp_size: int) -> Non
         problems.append(
             f"pipeline parallel size {pp_size} does not divide num_hidden_layers={dims.num_layers}: "
             "use a PP size that divides it"
+        )
+    elif dims.num_layers % (pp_size * vpp_size):
+        problems.append(
+            f"pipeline parallel size {pp_size} × virtual pipeline size {vpp_size} does not divide "
+            f"num_hidden_layers={dims.num_layers}: use sizes whose product divides it"
         )
     if problems:
         raise ValueError("; ".join(problems))

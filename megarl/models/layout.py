@@ -87,11 +87,16 @@ def _hf_layer_shapes(dims: ModelDims) -> dict[str, tuple[int, ...]]:
     return architecture(dims.model_type).hf_layer_shapes(dims)
 
 
-def layer_offset(num_layers: int, pp_size: int, pp_rank: int) -> int:
-    """Global index of the first layer on pipeline stage `pp_rank` (layers split evenly)."""
-    if num_layers % pp_size:
-        raise ValueError(f"num_hidden_layers={num_layers} is not divisible by pipeline parallel size {pp_size}")
-    return pp_rank * (num_layers // pp_size)
+def layer_offset(num_layers: int, pp_size: int, pp_rank: int, vpp_size: int = 1, vp_stage: int = 0) -> int:
+    """Global index of the first layer of virtual stage `vp_stage` on pipeline stage `pp_rank` (layers split
+    evenly). With `vpp_size` virtual stages the model is cut into pp_size × vpp_size chunks dealt round-robin:
+    chunk `vp_stage` of rank `pp_rank` is chunk vp_stage × pp_size + pp_rank of the model, as megatron-core's
+    `get_transformer_layer_offset` (megatron/core/transformer/transformer_layer.py) places it."""
+    chunks = pp_size * vpp_size
+    if num_layers % chunks:
+        raise ValueError(f"num_hidden_layers={num_layers} is not divisible by pipeline parallel size {pp_size} "
+                         f"× virtual pipeline size {vpp_size}")
+    return (vp_stage * pp_size + pp_rank) * (num_layers // chunks)
 
 
 def padded_vocab_size(vocab_size: int, vocab_divisible_by: int, tp_size: int) -> int:

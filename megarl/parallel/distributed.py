@@ -105,6 +105,8 @@ class ProcessGroups:
     pp_size: int
     dp_rank: int
     dp_size: int
+    vpp_size: int = 1
+    """Virtual pipeline stages per PP rank (model chunks this rank holds; 1 without the interleaved schedule)."""
 
     @property
     def is_first_stage(self) -> bool:
@@ -116,12 +118,13 @@ class ProcessGroups:
 
 
 def initialize_model_parallel(
-    tp: int, pp: int, seed: int, timeout_s: float = DEFAULT_TIMEOUT_S
+    tp: int, pp: int, seed: int, timeout_s: float = DEFAULT_TIMEOUT_S, vpp: int = 1
 ) -> ProcessGroups:
     """Build megatron-core's (TP, PP, DP) grid on an initialised world, install the CPU runtime when
     there is no GPU, and seed every RNG (the model-parallel streams included).
 
-    DP is world_size / (tp * pp). Calling it again with the same sizes returns the same grid.
+    DP is world_size / (tp * pp). `vpp` > 1: each PP rank holds that many virtual stages (model chunks)
+    and megatron runs its interleaved schedule. Calling it again with the same sizes returns the same grid.
     """
     from megatron.core import parallel_state as mpu
     from megatron.core.process_groups_config import ProcessGroupCollection
@@ -134,7 +137,9 @@ def initialize_model_parallel(
             f"= {tp * pp}; choose sizes whose product divides the number of processes"
         )
     if mpu.model_parallel_is_initialized():
-        if (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size()) != (tp, pp):
+        shape = (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size(),
+                 mpu.get_virtual_pipeline_model_parallel_world_size() or 1)
+        if shape != (tp, pp, vpp):
             raise RuntimeError(
                 "this process already has a model-parallel grid of a different shape; megarl keeps one "
                 "grid per process (a role with another layout runs in processes of its own)"
@@ -143,6 +148,7 @@ def initialize_model_parallel(
         mpu.initialize_model_parallel(
             tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=pp,
+            virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
             distributed_timeout_minutes=max(1, int(timeout_s // 60)),
         )
     groups = ProcessGroups(
@@ -157,6 +163,7 @@ def initialize_model_parallel(
         pp_size=pp,
         dp_rank=mpu.get_data_parallel_rank(),
         dp_size=mpu.get_data_parallel_world_size(),
+        vpp_size=vpp,
     )
     seed_everything(seed, tp_rank=groups.tp_rank, pp_rank=groups.pp_rank)
     return groups

@@ -65,8 +65,9 @@ def expected_layouts(plan: BatchPlan) -> dict[str, dict[str, int]]:
 
 
 def _layout(plan: BatchPlan, role) -> dict[str, int]:
+    virtual = {"vpp": role.virtual_pipeline} if role.virtual_pipeline > 1 else {}
     return {"world_size": plan.train_gpus, "tp": role.tensor_parallel, "pp": role.pipeline_parallel,
-            "dp": role.data_parallel}
+            "dp": role.data_parallel, **virtual}
 
 
 def resume_problems(config: Config, plan: BatchPlan, step_dir: Path) -> tuple[list[Problem], list[str]]:
@@ -126,4 +127,6 @@ def _layout_problem(step_dir: Path, role: str, layout: dict[str, int]) -> Proble
 
 
 def _format(layout: dict[str, int]) -> str:
-    return f"TP {layout.get('tp')} × PP {layout.get('pp')} × DP {layout.get('dp')} ({layout.get('world_size')} ranks)"
+    virtual = f" (VPP {layout['vpp']})" if "vpp" in layout else ""
+    return (f"TP {layout.get('tp')} × PP {layout.get('pp')}{virtual} × DP {layout.get('dp')} "
+            f"({layout.get('world_size')} ranks)")

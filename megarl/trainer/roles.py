@@ -135,6 +135,7 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
     critic = critic_spec(config, plan, total_steps) if plan.critic else None
     policy = PolicyWorkerSpec(
         model_path=config.model.path, model_settings=model, tp=plan.actor.tensor_parallel, pp=plan.actor.pipeline_parallel,
+        vpp=plan.actor.virtual_pipeline,
         seed=config.trainer.seed, actor=actor_spec(config, plan, total_steps),
         use_reference=plan.ref is not None and "ref" not in own, ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
         ref_micro_batch=settings.micro_batch_cut(config.ref, "ref"),
@@ -146,6 +147,7 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
     for role in plan.own_groups:
         specs[role.role] = PolicyWorkerSpec(
             model_path=config.model.path, model_settings=model, tp=role.tensor_parallel, pp=role.pipeline_parallel,
+            vpp=role.virtual_pipeline,
             seed=config.trainer.seed,
             actor=None, use_reference=role.role == "ref", ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
         ref_micro_batch=settings.micro_batch_cut(config.ref, "ref"),

@@ -157,6 +157,7 @@ class SftTrainer:
             model_path=self.model_path,
             model_settings=ModelSettings(dtype=config.model.dtype, transformer_impl=config.model.transformer_impl),
             tp=config.parallel.tensor_model_parallel_size, pp=config.parallel.pipeline_model_parallel_size,
+            vpp=config.parallel.virtual_pipeline_model_parallel_size or 1,
             sequence_parallel=config.parallel.sequence_parallel,
             seed=config.train.seed, optim=optim_settings(config.optim, self.total_steps),
             micro_batch_size=config.train.micro_batch_size_per_gpu,

@@ -49,7 +49,8 @@ class WeightSync:
         self.probe = probe_token_ids(vocab_size, sequences=self.settings.probe_batch_size)
         self.layout = LayoutPair(config.actor.parallel.tensor_model_parallel_size,
                                  config.actor.parallel.pipeline_model_parallel_size,
-                                 config.rollout.tensor_model_parallel_size)
+                                 config.rollout.tensor_model_parallel_size,
+                                 config.actor.parallel.virtual_pipeline_model_parallel_size or 1)
         # The plan is fixed for the run: fetch it once, not on every sync.
         self.plan = None if self.routes else self.policy.call_rank0("sync_plan")
         self.verified_once = False

@@ -29,7 +29,7 @@ from megarl.algorithms.policy_loss import POLICY_LOSSES, compute_policy_loss
 from megarl.algorithms.rollout_correction import (
     MISMATCH_METRICS, correction_metrics, correction_weights, mismatch_metrics,
 )
-from megarl.models.layout import layer_offset
+from megarl.models.checkpoint import chunk_layer_offset
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch, mini_batches
 from megarl.workers.logprobs import vocab_parallel_log_probs
@@ -199,7 +199,7 @@ class MegatronActor(TrainedModel):
         """`log_probs [B, R]` and `entropy [B, R]` of `batch.responses` (fp32, no gradient; padded
         positions hold numbers that mean nothing), on every rank. `micro_batch_size`: samples per
         micro-batch, or a token budget of packed micro-batches."""
-        return compute_log_probs(self.engine.model, batch, micro_batch_size, self.vocab_size, self.groups)
+        return compute_log_probs(self.engine.chunks, batch, micro_batch_size, self.vocab_size, self.groups)
 
     def update_policy(
         self,
@@ -247,7 +247,7 @@ class MegatronActor(TrainedModel):
             for mini_batch in mini_batches(batch, len(batch) // mini_batch_size, shuffle_seed=seed):
                 counts = StepCounts.of(mini_batch, loss_fn.loss_agg_mode, self.groups)
                 forward_step = self._policy_forward_step(loss_fn, counts)
-                micro_batches = micro_batches_of(mini_batch, micro_batch_size, self.groups, self.engine.model.config)
+                micro_batches = micro_batches_of(mini_batch, micro_batch_size, self.groups, self.engine.chunks[0].config)
                 sums, result = self.engine.train_step(micro_batches, forward_step, keys)
                 steps.append((sums, result))
         return summarize_steps(steps)
@@ -278,12 +278,14 @@ class MegatronActor(TrainedModel):
         """This rank's parameters under megatron names with **global** layer indices
         (`decoder.layers.<local index + this stage's layer offset>.…`), as the live tensors (no
         copies: read them before the next update). TP-sharded tensors are this rank's shard."""
-        return global_named_parameters(self.engine.model.module, self.groups)
+        for chunk in self.engine.chunks:
+            yield from global_named_parameters(chunk.module, self.groups)
 
 
 def global_named_parameters(model: torch.nn.Module, groups: ProcessGroups) -> Iterator[tuple[str, Tensor]]:
-    """`model.named_parameters()` with `decoder.layers.<i>` renumbered from stage-local to global."""
-    offset = layer_offset(model.config.num_layers, groups.pp_size, groups.pp_rank)
+    """`model.named_parameters()` (a GPTModel chunk) with `decoder.layers.<i>` renumbered from chunk-local
+    to global."""
+    offset = chunk_layer_offset(model, model.config.num_layers, groups)
     for name, param in model.named_parameters():
         if name.startswith("decoder.layers."):
             _, _, index, rest = name.split(".", 3)

@@ -187,7 +187,7 @@ def load_checkpoint(
     if not weights_only and manifest.layout != layout:
         raise CheckpointError(
             f"{ckpt_dir} was saved with layout {manifest.layout}, this job runs {layout}: an exact resume "
-            "(optimizer, RNG) needs the same TP/PP/DP; use the saved layout, or load the weights only"
+            "(optimizer, RNG) needs the same TP/PP/VPP/DP; use the saved layout, or load the weights only"
         )
     for role, chunks in models.items():
         state = dist_checkpointing.load(_model_state(chunks), str(ckpt_dir / role / MODEL_DIR))
@@ -213,7 +213,8 @@ def load_checkpoint(
 
 
 def export_hf(
-    actor_model: torch.nn.Module, root: str | Path, groups: ProcessGroups, *, hf_assets_dir: str | Path
+    actor_model: torch.nn.Module | list[torch.nn.Module], root: str | Path, groups: ProcessGroups, *,
+    hf_assets_dir: str | Path
 ) -> Path | None:
     """Write the actor as an HF safetensors checkpoint to `<root>/hf` (`checkpoint.export_hf`).
 
@@ -344,7 +345,11 @@ def _encode_extra(extra: dict[str, Any]) -> str:
 
 
 def _layout(groups: ProcessGroups) -> dict[str, int]:
-    return {"world_size": dist.get_world_size(), "tp": groups.tp_size, "pp": groups.pp_size, "dp": groups.dp_size}
+    """The layout an exact resume needs; virtual stages too (the distributed optimizer shards each chunk's
+    buffer), recorded only when there are some, so checkpoints from before VPP existed compare equal."""
+    virtual = {"vpp": groups.vpp_size} if groups.vpp_size > 1 else {}
+    return {"world_size": dist.get_world_size(), "tp": groups.tp_size, "pp": groups.pp_size, "dp": groups.dp_size,
+            **virtual}
 
 
 def _rng_file() -> str:

@@ -76,7 +76,7 @@ class MegatronCritic(TrainedModel):
     def compute_values(self, batch: PolicyBatch, *, micro_batch_size: int | TokenBudget) -> Tensor:
         """`[B, R]` values of the states before each response token (fp32, no gradient), on every rank."""
         (values,) = forward_collect(
-            self.engine.model, batch, micro_batch_size, self.groups,
+            self.engine.chunks, batch, micro_batch_size, self.groups,
             lambda output, micro_batch: response_values(output, micro_batch)[None], num_outputs=1,
         )
         return values
@@ -108,7 +108,7 @@ class MegatronCritic(TrainedModel):
                 counts = StepCounts.of(mini_batch, self.loss.loss_agg_mode, self.groups)
                 steps.append(
                     self.engine.train_step(
-                        micro_batches_of(mini_batch, micro_batch_size, self.groups, self.engine.model.config),
+                        micro_batches_of(mini_batch, micro_batch_size, self.groups, self.engine.chunks[0].config),
                         self._value_forward_step(counts),
                         ("loss", "clip_frac", "vpred_mean", "tokens"),
                     )

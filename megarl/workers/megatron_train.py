@@ -45,7 +45,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
 from megarl.algorithms.losses import agg_loss_normalizer
-from megarl.models.architectures import build_gpt_model, resolve_transformer_impl, takes_thd
+from megarl.models.architectures import build_model_chunks, resolve_transformer_impl, takes_thd
 from megarl.models.checkpoint import load_hf_weights
 from megarl.models.hf_config import read_model_dims
 from megarl.models.model_options import TORCH_DTYPES
@@ -90,31 +90,38 @@ def megatron_optimizer_config(settings: OptimSettings, model_config: Transformer
 
 
 def wrap_for_training(
-    model: torch.nn.Module, settings: OptimSettings, groups: ProcessGroups
-) -> DistributedDataParallel:
-    """Megatron DDP around `model`, with the model config hooks megatron's schedules call."""
-    config = model.config
-    ddp = DistributedDataParallel(
-        config,
-        # fp32 main grads whatever the parameter dtype (a no-op for fp32 parameters).
-        DistributedDataParallelConfig(
-            use_distributed_optimizer=settings.use_distributed_optimizer, grad_reduce_in_fp32=True
-        ),
-        model,
-        pg_collection=groups.collection,
-    )
-    # DP all-reduce, tied-embedding all-reduce across PP stages, at the end of each backward pass.
-    config.finalize_model_grads_func = finalize_model_grads
-    config.no_sync_func = ddp.no_sync
-    return ddp
+    chunks: Sequence[torch.nn.Module], settings: OptimSettings, groups: ProcessGroups
+) -> list[DistributedDataParallel]:
+    """Megatron DDP around each model chunk (one per virtual stage), with the model config hooks megatron's
+    schedules call. Only the first chunk's DDP buckets its gradients, as Megatron-LM's `get_model` does:
+    with several chunks, bucketing in the others would start their DP reductions out of schedule order."""
+    ddps = [
+        DistributedDataParallel(
+            chunk.config,
+            # fp32 main grads whatever the parameter dtype (a no-op for fp32 parameters).
+            DistributedDataParallelConfig(
+                use_distributed_optimizer=settings.use_distributed_optimizer, grad_reduce_in_fp32=True
+            ),
+            chunk,
+            disable_bucketing=index > 0,
+            pg_collection=groups.collection,
+        )
+        for index, chunk in enumerate(chunks)
+    ]
+    for ddp in ddps:
+        # DP all-reduce, tied-embedding all-reduce across PP stages, at the end of each backward pass.
+        ddp.config.finalize_model_grads_func = finalize_model_grads
+        # The interleaved schedule enters every chunk's no_sync; the others take one.
+        ddp.config.no_sync_func = [chunk.no_sync for chunk in ddps] if len(ddps) > 1 else ddps[0].no_sync
+    return ddps
 
 
 def build_optimizer(
-    ddp: DistributedDataParallel, settings: OptimSettings, groups: ProcessGroups
+    ddps: list[DistributedDataParallel], settings: OptimSettings, groups: ProcessGroups
 ) -> tuple[object, OptimizerParamScheduler]:
-    """Megatron optimizer over `ddp`'s parameters and its warm-up/decay scheduler."""
+    """Megatron optimizer over the parameters of `ddps` (the model chunks) and its warm-up/decay scheduler."""
     optimizer = get_megatron_optimizer(
-        megatron_optimizer_config(settings, ddp.config), [ddp],
+        megatron_optimizer_config(settings, ddps[0].config), ddps,
         use_gloo_process_groups=False, pg_collection=groups.collection,
     )
     scheduler = OptimizerParamScheduler(
@@ -142,13 +149,14 @@ iterator plumbing."""
 
 
 def run_schedule(
-    model: torch.nn.Module,
+    model: torch.nn.Module | Sequence[torch.nn.Module],
     micro_batches: Sequence[MicroBatch],
     forward_step: ForwardStep,
     *,
     forward_only: bool,
 ) -> list[dict[str, Tensor]]:
-    """Run `micro_batches` through megatron's schedule for the current PP size (1F1B when PP > 1).
+    """Run `micro_batches` through megatron's schedule for the current PP size (1F1B when PP > 1; the
+    interleaved 1F1B when `model` is a list of several virtual-stage chunks).
 
     Returns the loss callbacks' reported dicts, one per micro-batch, on the last pipeline stage;
     an empty list on the other stages.
@@ -156,16 +164,37 @@ def run_schedule(
     def step(data_iterator, wrapped_model):
         return forward_step(wrapped_model, next(data_iterator))
 
+    chunks = list(model) if isinstance(model, Sequence) else [model]
     rows, seq_length = micro_batches[0].input_ids.shape
+    if len(chunks) > 1:
+        set_interleaving_group(chunks[0].config, len(micro_batches))
     return get_forward_backward_func()(
         forward_step_func=step,
-        data_iterator=iter(micro_batches),
-        model=[model],
+        # Every chunk runs every micro-batch, in order: each reads its own iterator, as in Megatron-LM.
+        data_iterator=[iter(micro_batches) for _ in chunks] if len(chunks) > 1 else iter(micro_batches),
+        model=chunks,
         num_microbatches=len(micro_batches),
         seq_length=seq_length,
         micro_batch_size=rows,
         forward_only=forward_only,
     )
+
+
+def set_interleaving_group(config: TransformerConfig, num_micro_batches: int) -> None:
+    """The interleaved schedule's `microbatch_group_size_per_vp_stage` for a pass of `num_micro_batches`:
+    megatron-core's `forward_backward_pipelining_with_interleaving` (pipeline_parallel/schedules.py) needs
+    the group in [PP, M] and M mod group 0 or >= PP. PP (its default, the smallest bubble) when PP divides M,
+    else all M in one group, so a forward pass or a packed cut of any M >= PP runs; the results are the
+    same either way (only the order of the chunks' steps differs). Fewer than PP micro-batches cannot run."""
+    pp = config.pipeline_model_parallel_size
+    if num_micro_batches < pp:
+        raise ValueError(
+            f"the interleaved pipeline schedule (virtual_pipeline_model_parallel_size="
+            f"{config.virtual_pipeline_model_parallel_size}) needs at least pipeline_model_parallel_size={pp} "
+            f"micro-batches per pass, and this pass has {num_micro_batches}; give each rank more samples per "
+            "mini-batch, smaller micro-batches, or no virtual pipeline"
+        )
+    config.microbatch_group_size_per_vp_stage = pp if num_micro_batches % pp == 0 else num_micro_batches
 
 
 def compute_device() -> torch.device:
@@ -226,12 +255,20 @@ class StepResult:
 class TrainEngine:
     """A megatron model under DDP with its optimizer and LR schedule: the trained half of a worker."""
 
-    def __init__(self, model: torch.nn.Module, settings: OptimSettings, groups: ProcessGroups):
+    def __init__(self, chunks: Sequence[torch.nn.Module], settings: OptimSettings, groups: ProcessGroups):
         self.groups = groups
-        self.model = wrap_for_training(model, settings, groups)
-        self.optimizer, self.scheduler = build_optimizer(self.model, settings, groups)
+        self.chunks = wrap_for_training(chunks, settings, groups)
+        """This rank's model chunks under DDP, one per virtual stage (one without virtual stages)."""
+        self.optimizer, self.scheduler = build_optimizer(self.chunks, settings, groups)
         self.skipped_steps = 0
         """Optimizer steps skipped for a non-finite loss or gradient, since construction."""
+
+    @property
+    def model(self) -> DistributedDataParallel:
+        """The model under DDP where this rank holds it whole (no virtual stages); else see `chunks`."""
+        if len(self.chunks) != 1:
+            raise ValueError(f"this rank holds {len(self.chunks)} virtual-stage chunks: read TrainEngine.chunks")
+        return self.chunks[0]
 
     def train_step(
         self, micro_batches: Sequence[MicroBatch], forward_step: ForwardStep, report_keys: Sequence[str]
@@ -244,7 +281,8 @@ class TrainEngine:
         "loss"), tensors that add up over micro-batches and DP ranks. Returns those sums (the same
         on every rank) and the step's outcome.
         """
-        self.model.zero_grad_buffer()
+        for chunk in self.chunks:
+            chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         undo_averaging = len(micro_batches) * self.groups.dp_size
 
@@ -257,7 +295,7 @@ class TrainEngine:
 
             return output, scaled_loss
 
-        reports = run_schedule(self.model, micro_batches, scaled_forward_step, forward_only=False)
+        reports = run_schedule(self.chunks, micro_batches, scaled_forward_step, forward_only=False)
         totals = sum_reports(reports, report_keys, self.groups)
         return totals, self._apply_or_skip(totals["loss"])
 
@@ -285,14 +323,15 @@ class TrainEngine:
         On CPU host memory is the device: DDP's `offload_grad_buffers` frees the buffers' storage
         (`resize_(0)`) there as on a GPU, while moving the optimizer state to the host would free
         nothing (megatron's `offload_to_cpu` moves CUDA tensors only), so that part is GPU only."""
-        config = self.model.config
+        config = self.chunks[0].config
         if settings.optimizer and not (config.bf16 or config.fp16):
             raise ValueError(
                 "offload.optimizer=True needs bf16 or fp16 parameters (megatron keeps fp32 main copies for the "
                 "optimizer only then); train in bf16 or set offload.optimizer=False"
             )
         if settings.grads:
-            self.model.offload_grad_buffers(empty_cache=False)
+            for chunk in self.chunks:
+                chunk.offload_grad_buffers(empty_cache=False)
         if settings.optimizer and uses_cuda():
             self.optimizer.offload_to_cpu()
         empty_cache()
@@ -305,33 +344,39 @@ class TrainEngine:
 
         The parameters live in DDP's contiguous buffer only with the distributed optimizer (megatron-core
         `_ParamAndGradBuffer.param_data` is None otherwise, and `offload_to_cpu` then moves nothing)."""
-        if settings.params and not self.model.ddp_config.use_distributed_optimizer:
+        if settings.params and not self.chunks[0].ddp_config.use_distributed_optimizer:
             raise ValueError("offload.params=True needs the distributed optimizer (megatron keeps the parameters "
                              "in DDP's buffer only then); set optim.use_distributed_optimizer=True or "
                              "offload.params=False")
         if uses_cuda() and settings.params:
-            for buffer in self.model.buffers + self.model.expert_parallel_buffers:
+            for buffer in ddp_buffers(self.chunks):
                 buffer.offload_to_cpu(move_params=True, move_grads=False)
         empty_cache()
 
     def onload(self, settings: OffloadSettings) -> None:
         """Bring back what the two offloads moved; gradient buffers come back zeroed."""
         if settings.grads:
-            self.model.restore_grad_buffers()
+            for chunk in self.chunks:
+                chunk.restore_grad_buffers()
         if not uses_cuda():
             return
         if settings.params:
-            for buffer in self.model.buffers + self.model.expert_parallel_buffers:
+            for buffer in ddp_buffers(self.chunks):
                 buffer.reload_from_cpu(move_params=True, move_grads=False)
         if settings.optimizer:
             self.optimizer.restore_from_cpu()
 
     def _local_grads_finite(self) -> bool:
-        buffers = self.model.buffers + self.model.expert_parallel_buffers
+        buffers = ddp_buffers(self.chunks)
         # Any non-finite element makes the norm non-finite (so does a norm overflowing fp32, i.e.
         # gradients ~1e19, which deserve a skip too); one reduction is cheaper than an elementwise
         # isfinite pass over the buffer (measured: 4.6 % of a CPU update step).
         return all(bool(torch.isfinite(torch.linalg.vector_norm(buffer.grad_data))) for buffer in buffers)
+
+
+def ddp_buffers(chunks: Sequence[DistributedDataParallel]) -> list:
+    """The parameter and gradient buffers (megatron's `_ParamAndGradBuffer`s) of every chunk's DDP."""
+    return [buffer for chunk in chunks for buffer in chunk.buffers + chunk.expert_parallel_buffers]
 
 
 def run_model(model: torch.nn.Module, micro_batch: MicroBatch) -> Tensor:
@@ -367,7 +412,7 @@ def sequence_multiple(config: TransformerConfig) -> int:
 
 
 def forward_collect(
-    model: torch.nn.Module,
+    model: torch.nn.Module | Sequence[torch.nn.Module],
     batch: PolicyBatch,
     cut: int | TokenBudget,
     groups: ProcessGroups,
@@ -375,7 +420,7 @@ def forward_collect(
     num_outputs: int,
 ) -> Tensor:
     """Forward-only pass of `batch` in micro-batches (`cut`: samples each, or a token budget),
-    without autograd.
+    without autograd, through `model` (a GPTModel stage, or this rank's list of virtual-stage chunks).
 
     `extract(last_stage_output, micro_batch) -> [num_outputs, b, R]` picks per-response-token
     outputs; the result `[num_outputs, B, R]`, in `batch`'s row order, is broadcast from the last
@@ -388,7 +433,8 @@ def forward_collect(
 
         return run_model(model, micro_batch), collect
 
-    micro_batches = micro_batches_of(batch, cut, groups, model.config)
+    config = (model[0] if isinstance(model, Sequence) else model).config
+    micro_batches = micro_batches_of(batch, cut, groups, config)
     with torch.no_grad():
         reports = run_schedule(model, micro_batches, forward_step, forward_only=True)
     out = torch.zeros(num_outputs, len(batch), batch.response_length, device=compute_device())
@@ -406,17 +452,19 @@ def load_model(
     recompute: RecomputeSettings,
     value_head: bool,
     sequence_parallel: bool,
-) -> tuple[torch.nn.Module, int]:
-    """This rank's GPTModel stage with an HF checkpoint's weights (a value head keeps its small
-    random init), in `settings`' dtype and layer spec, with megatron's sequence parallelism over the
-    TP ranks or without, and the real (HF) vocabulary size."""
-    model = build_gpt_model(
+) -> tuple[list[torch.nn.Module], int]:
+    """This rank's GPTModel stage, as its chunks (one per virtual stage of `groups`; one without), with an
+    HF checkpoint's weights (a value head keeps its small random init), in `settings`' dtype and layer
+    spec, with megatron's sequence parallelism over the TP ranks or without, and the real (HF)
+    vocabulary size."""
+    chunks = build_model_chunks(
         model_dir, groups, value_head=value_head, params_dtype=TORCH_DTYPES[settings.dtype],
         transformer_impl=resolve_transformer_impl(settings.transformer_impl, compute_device().type, settings.dtype),
         sequence_parallel=sequence_parallel, **recompute.transformer_config_fields(),
     )
-    load_hf_weights(model, model_dir, groups)
-    return model, read_model_dims(model_dir).vocab_size
+    for chunk in chunks:
+        load_hf_weights(chunk, model_dir, groups)
+    return chunks, read_model_dims(model_dir).vocab_size
 
 
 def check_divides(total: int, part: int, part_name: str, total_name: str) -> None:

@@ -53,7 +53,7 @@ class PolicyWorker:
 
     def __init__(self, spec: PolicyWorkerSpec):
         self.spec = spec
-        self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed)
+        self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed, vpp=spec.vpp)
         actor, built = spec.actor, spec.model_settings
         self.actor = (MegatronActor.from_hf(spec.model_path, self.groups, optim=actor.optim, model_settings=built,
                                             recompute=actor.recompute, offload=actor.offload,
@@ -76,7 +76,7 @@ class PolicyWorker:
         )
         self.loss = PolicyLoss(actor.loss) if actor else None
         # The weights travel in the engines' dtype: a cast on the sender halves an fp32 actor's bytes for bf16 engines.
-        self.plan = (build_plan(read_model_dims(spec.model_path), LayoutPair(spec.tp, spec.pp, actor.rollout_tp),
+        self.plan = (build_plan(read_model_dims(spec.model_path), LayoutPair(spec.tp, spec.pp, actor.rollout_tp, spec.vpp),
                                 bucket_mb=actor.bucket_mb, dtype=TORCH_DTYPES[actor.rollout_dtype]) if actor else None)
         self.sender: WeightSender | None = None
         self.staged: PolicyBatch | None = None
@@ -277,12 +277,12 @@ class PolicyWorker:
     def _trained_states(self) -> dict[str, dict]:
         engines = {role: model.engine for role, model in self._trained().items()}
         return dict(
-            models={role: [e.model] for role, e in engines.items()},
+            models={role: e.chunks for role, e in engines.items()},
             optimizers={role: e.optimizer for role, e in engines.items()},
             schedulers={role: e.scheduler for role, e in engines.items()},
         )
 
     def export_hf(self, root: str) -> str | None:
         """Collective: the actor's weights as an HF checkpoint dir `<root>/hf` (written by one rank)."""
-        path = export_hf(self.actor.engine.model.module, root, self.groups, hf_assets_dir=self.spec.model_path)
+        path = export_hf([chunk.module for chunk in self.actor.engine.chunks], root, self.groups, hf_assets_dir=self.spec.model_path)
         return None if path is None else str(path)

@@ -27,9 +27,10 @@ from megarl.workers.packing import TokenBudget
 class MegatronReference:
     """This rank's shard of the reference model, frozen at construction."""
 
-    def __init__(self, model: torch.nn.Module, groups: ProcessGroups, *, vocab_size: int):
-        """`model`: this rank's GPTModel (weights loaded); `vocab_size`: the real (HF) vocabulary size."""
-        self.model = model.eval().requires_grad_(False)
+    def __init__(self, chunks: list[torch.nn.Module], groups: ProcessGroups, *, vocab_size: int):
+        """`chunks`: this rank's GPTModel stage, one chunk per virtual stage (weights loaded); `vocab_size`:
+        the real (HF) vocabulary size."""
+        self.chunks = [chunk.eval().requires_grad_(False) for chunk in chunks]
         self.groups = groups
         self.vocab_size = vocab_size
 
@@ -40,25 +41,27 @@ class MegatronReference:
     ) -> MegatronReference:
         """Build this rank's shard from an HF checkpoint dir (the actor's initial weights); `sequence_parallel`
         as `ref.parallel.sequence_parallel`."""
-        model, vocab_size = load_model(
+        chunks, vocab_size = load_model(
             model_dir, groups, settings=model_settings, recompute=RecomputeSettings(), value_head=False,
             sequence_parallel=sequence_parallel,
         )
-        return cls(model, groups, vocab_size=vocab_size)
+        return cls(chunks, groups, vocab_size=vocab_size)
 
     def offload(self) -> None:
         """Move the weights to host memory between log-prob passes (no-op on CPU)."""
         if uses_cuda():
-            self.model.cpu()
+            for chunk in self.chunks:
+                chunk.cpu()
             torch.cuda.empty_cache()
 
     def onload(self) -> None:
         """Undo `offload`."""
         if uses_cuda():
-            self.model.cuda()
+            for chunk in self.chunks:
+                chunk.cuda()
 
     def compute_ref_log_prob(self, batch: PolicyBatch, *, micro_batch_size: int | TokenBudget) -> Tensor:
         """`[B, R]` log-probs of `batch.responses` under the reference model, on every rank
         (`micro_batch_size`: samples per micro-batch, or a token budget of packed micro-batches)."""
-        log_probs, _ = compute_log_probs(self.model, batch, micro_batch_size, self.vocab_size, self.groups)
+        log_probs, _ = compute_log_probs(self.chunks, batch, micro_batch_size, self.vocab_size, self.groups)
         return log_probs

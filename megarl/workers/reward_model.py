@@ -34,9 +34,10 @@ from megarl.workers.settings import ModelSettings, RecomputeSettings
 class MegatronRewardModel:
     """This rank's shard of the reward model: no DDP, no optimizer, no gradients."""
 
-    def __init__(self, model: torch.nn.Module, groups: ProcessGroups):
-        """`model`: this rank's GPTModel built with `value_head=True`, reward-model weights loaded."""
-        self.model = model.eval().requires_grad_(False)
+    def __init__(self, model: list[torch.nn.Module], groups: ProcessGroups):
+        """`model`: this rank's GPTModel built with `value_head=True`, reward-model weights loaded; one
+        chunk per virtual stage."""
+        self.chunks = [chunk.eval().requires_grad_(False) for chunk in model]
         self.groups = groups
 
     @classmethod
@@ -52,7 +53,7 @@ class MegatronRewardModel:
         )
         if groups.is_last_stage:
             with torch.no_grad():
-                model.output_layer.weight.copy_(score_weight)
+                model[-1].output_layer.weight.copy_(score_weight)
         return cls(model, groups)
 
     def compute_scores(self, batch: PolicyBatch, *, micro_batch_size: int) -> Tensor:
@@ -64,9 +65,9 @@ class MegatronRewardModel:
             return run_model(model, micro_batch), collect
 
         device = compute_device()
-        micro_batches = micro_batches_of(batch, micro_batch_size, self.groups, self.model.config)
+        micro_batches = micro_batches_of(batch, micro_batch_size, self.groups, self.chunks[0].config)
         with torch.no_grad():
-            reports = run_schedule(self.model, micro_batches, forward_step, forward_only=True)
+            reports = run_schedule(self.chunks, micro_batches, forward_step, forward_only=True)
         scores = torch.zeros(len(batch), device=device)
         if self.groups.is_last_stage:
             scores.copy_(torch.cat([report["scores"] for report in reports]))

@@ -261,6 +261,8 @@ class PolicyWorkerSpec:
     """Tensor-parallel size of the grid (the layout of every hosted role)."""
     pp: int
     """Pipeline-parallel size of the grid."""
+    vpp: int
+    """Virtual pipeline stages per PP rank of the grid (1: none)."""
     seed: int
     actor: ActorSpec | None
     """The actor; None in the group of a role with a layout of its own."""
@@ -289,6 +291,8 @@ class SftWorkerSpec:
     """dtype and layer spec (`model.dtype`, `model.transformer_impl`)."""
     tp: int
     pp: int
+    vpp: int
+    """Virtual pipeline stages per PP rank (`parallel.virtual_pipeline_model_parallel_size`; 1: none)."""
     sequence_parallel: bool
     """Megatron sequence parallelism over the TP ranks (`parallel.sequence_parallel`)."""
     seed: int

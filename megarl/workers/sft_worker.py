@@ -43,7 +43,7 @@ class SftWorker:
 
     def __init__(self, spec: SftWorkerSpec):
         self.spec = spec
-        self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed)
+        self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed, vpp=spec.vpp)
         self.actor = MegatronActor.from_hf(spec.model_path, self.groups, optim=spec.optim,
                                            model_settings=spec.model_settings, sequence_parallel=spec.sequence_parallel)
         self.loss = NllLoss()
@@ -63,5 +63,5 @@ class SftWorker:
     def export_hf(self, out_dir: str) -> str | None:
         """Collective: the model as an HF checkpoint dir `out_dir` (replaced atomically; written by one rank),
         with config.json and the tokenizer of `model_path`. The dir on the ranks that wrote, else None."""
-        path = export_hf_weights(self.actor.engine.model.module, out_dir, self.groups, hf_assets_dir=self.spec.model_path)
+        path = export_hf_weights([chunk.module for chunk in self.actor.engine.chunks], out_dir, self.groups, hf_assets_dir=self.spec.model_path)
         return None if path is None else str(path)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,10 +78,11 @@ def train_a_little(actor, vocab_size: int, settings: TrainSettings, round_index:
     generator = torch.Generator().manual_seed(settings.seed + round_index)
     tokens = torch.randint(0, vocab_size, (4, 12), generator=generator).tolist()
     batch = probe_policy_batch(tokens)
-    batch.old_log_probs, _ = actor.compute_log_prob(batch, micro_batch_size=len(tokens))
+    # One sample per micro-batch: 4 micro-batches, which megatron's interleaved schedule runs at any PP <= 4.
+    batch.old_log_probs, _ = actor.compute_log_prob(batch, micro_batch_size=1)
     batch.advantages = torch.randn(batch.responses.shape, generator=generator)
     for _ in range(settings.steps_per_round):
-        actor.update_policy(batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=len(tokens), micro_batch_size=2)
+        actor.update_policy(batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=len(tokens), micro_batch_size=1)
 
 
 def trained_actor_and_plan(model_dir: str, layout: LayoutPair, bucket_mb: float, settings: TrainSettings):
@@ -89,7 +91,7 @@ def trained_actor_and_plan(model_dir: str, layout: LayoutPair, bucket_mb: float,
     from megarl.workers.actor import MegatronActor
     from megarl.workers.settings import OptimSettings
 
-    groups = initialize_model_parallel(layout.train_tp, layout.train_pp, seed=settings.seed)
+    groups = initialize_model_parallel(layout.train_tp, layout.train_pp, seed=settings.seed, vpp=layout.train_vpp)
     actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=settings.lr, clip_grad=0.0))
     dims = read_model_dims(model_dir)
     return groups, actor, dims, build_plan(dims, layout, bucket_mb=bucket_mb)
@@ -103,7 +105,7 @@ def model_in_dtype(model_dir: str, groups, dtype: str) -> torch.nn.Module:
     from megarl.workers.megatron_train import load_model
     from megarl.workers.settings import ModelSettings, RecomputeSettings
 
-    model, _ = load_model(model_dir, groups, settings=ModelSettings(dtype=dtype, transformer_impl="auto"),
+    (model,), _ = load_model(model_dir, groups, settings=ModelSettings(dtype=dtype, transformer_impl="auto"),
                           recompute=RecomputeSettings(), value_head=False, sequence_parallel=False)
     return model
 
@@ -118,7 +120,7 @@ def trainer_main(model_dir: str, layout: LayoutPair, ports: dict[int, int], buck
     groups, actor, dims, plan = trained_actor_and_plan(model_dir, layout, bucket_mb, settings)
     rank = sender_rank(layout, groups.pp_rank, groups.tp_rank)
     senders = [
-        ShardSender(build_plan(dims, LayoutPair(layout.train_tp, layout.train_pp, tp), bucket_mb=bucket_mb),
+        ShardSender(build_plan(dims, dataclasses.replace(layout, rollout_tp=tp), bucket_mb=bucket_mb),
                     actor.named_parameters_for_sync, groups,
                     create_weight_sync_group(HOST, port, rank, layout.train_tp * layout.train_pp + tp, timeout_s))
         for tp, port in ports.items()
@@ -171,6 +173,7 @@ def run_sync_check(
     *,
     train_tp: int,
     train_pp: int,
+    train_vpp: int = 1,
     engines: dict[int, RolloutEngine],
     threshold: float,
     rounds: int = 2,
@@ -178,7 +181,7 @@ def run_sync_check(
     settings: TrainSettings = TrainSettings(),
     timeout_s: float = 300.0,
 ) -> list[RoundResult]:
-    """Train-and-sync `rounds` times from a (train_tp, train_pp) Megatron actor into `engines`
+    """Train-and-sync `rounds` times from a (train_tp, train_pp, train_vpp) Megatron actor into `engines`
     (rollout TP → engine, all started from `model_dir` in `ENGINE_DTYPE`), over one sync group per
     engine (the pieces each worker receives depend on its engine's TP). Raises
     `SyncVerificationError` for the first engine that loaded a tensor other than the actor's
@@ -191,15 +194,16 @@ def run_sync_check(
     stores = {tp: listen_weight_sync_store(HOST, senders + tp, timeout_s) for tp in engines}
     ports = {tp: store.port for tp, store in stores.items()}
     probe = probe_token_ids(dims.vocab_size)
+    train = LayoutPair(train_tp, train_pp, 1, train_vpp)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-check-sync") as pool:
         trainers = pool.submit(
-            run_distributed, trainer_main, train_tp * train_pp, model_dir, LayoutPair(train_tp, train_pp, 1), ports,
+            run_distributed, trainer_main, train_tp * train_pp, model_dir, train, ports,
             bucket_mb, rounds, settings, timeout_s, timeout_s=timeout_s,
         )
         joined = [engine.init_weight_sync(HOST, ports[tp], senders + tp, timeout_s, rank_offset=senders)
                   for tp, engine in engines.items()]
         wait_for_joins(joined, trainers, timeout_s)
-        plans = {tp: build_plan(dims, LayoutPair(train_tp, train_pp, tp), bucket_mb=bucket_mb) for tp in engines}
+        plans = {tp: build_plan(dims, dataclasses.replace(train, rollout_tp=tp), bucket_mb=bucket_mb) for tp in engines}
         engine_logprobs, loaded = [], []
         for _ in range(rounds):
             with ExitStack() as stack:
@@ -208,7 +212,7 @@ def run_sync_check(
             engine_logprobs.append({tp: torch.stack(e.prompt_logprobs(probe)).tolist() for tp, e in engines.items()})
             loaded.append({tp: e.loaded_checksums() for tp, e in engines.items()})
         per_rank = trainers.result(timeout=timeout_s)
-    return _verified(_merged(per_rank, engine_logprobs, loaded), train_tp, train_pp, threshold)
+    return _verified(_merged(per_rank, engine_logprobs, loaded), train, threshold)
 
 
 def run_colocated_check(
@@ -216,6 +220,7 @@ def run_colocated_check(
     *,
     train_tp: int,
     train_pp: int,
+    train_vpp: int = 1,
     backend: str,
     threshold: float,
     rounds: int = 2,
@@ -227,14 +232,14 @@ def run_colocated_check(
     each training rank's process and the in-process transport. Returns per rank (in rank order)
     its rounds; every rank's engine is checked."""
     per_rank = run_distributed(
-        colocated_main, train_tp * train_pp, str(model_dir), LayoutPair(train_tp, train_pp, 1), backend,
+        colocated_main, train_tp * train_pp, str(model_dir), LayoutPair(train_tp, train_pp, 1, train_vpp), backend,
         bucket_mb, rounds, settings, timeout_s=timeout_s,
     )
     expected = [combine(rank_rounds[i]["checksums"] for rank_rounds in per_rank) for i in range(rounds)]
     for rank_rounds in per_rank:
         for trained, checksums in zip(rank_rounds, expected):
             trained["checksums"] = checksums
-    return [_verified(rank_rounds, train_tp, train_pp, threshold) for rank_rounds in per_rank]
+    return [_verified(rank_rounds, LayoutPair(train_tp, train_pp, 1, train_vpp), threshold) for rank_rounds in per_rank]
 
 
 def _merged(per_rank: list[list[dict]], engine_logprobs: list[dict], loaded: list[dict]) -> list[dict]:
@@ -246,7 +251,7 @@ def _merged(per_rank: list[list[dict]], engine_logprobs: list[dict], loaded: lis
     return rounds
 
 
-def _verified(trainer_rounds: list[dict], train_tp: int, train_pp: int, threshold: float) -> list[RoundResult]:
+def _verified(trainer_rounds: list[dict], train: LayoutPair, threshold: float) -> list[RoundResult]:
     """`RoundResult`s of the rounds, each engine checked exactly (`check_checksums`), then by its
     log-prob gap (`check_sync` raises over `threshold`).
     Log-probs arrive from the ranks as nested lists: tensors sent through multiprocessing queues
@@ -257,7 +262,7 @@ def _verified(trainer_rounds: list[dict], train_tp: int, train_pp: int, threshol
         after = {tp: torch.tensor(logprobs) for tp, logprobs in trained["after"].items()}
         metrics = {}
         for tp, logprobs in after.items():
-            layout = LayoutPair(train_tp, train_pp, tp)
+            layout = dataclasses.replace(train, rollout_tp=tp)
             loaded: list[LoadedChecksums] = trained["loaded"][tp]
             metrics[tp] = check_checksums(trained["checksums"], loaded, dtype=ENGINE_DTYPE, layout=layout,
                                           engine=f"the rollout TP-{tp} engine")

@@ -26,6 +26,7 @@ def probe_policy_batch(token_ids: Sequence[Sequence[int]]) -> PolicyBatch:
 
 
 def actor_probe_logprobs(actor, token_ids: Sequence[Sequence[int]]) -> torch.Tensor:
-    """`[B, T-1]` log-probs of the probe under a `MegatronActor` (collective over its ranks)."""
-    log_probs, _ = actor.compute_log_prob(probe_policy_batch(token_ids), micro_batch_size=len(token_ids))
+    """`[B, T-1]` log-probs of the probe under a `MegatronActor` (collective over its ranks), one sequence per
+    micro-batch: megatron's interleaved schedule (virtual pipeline stages) needs at least PP micro-batches."""
+    log_probs, _ = actor.compute_log_prob(probe_policy_batch(token_ids), micro_batch_size=1)
     return log_probs.float()

@@ -13,11 +13,12 @@ from megarl.workers.settings import OffloadSettings, OptimSettings
 class TrainedModel:
     """Base of `MegatronActor` and `MegatronCritic`."""
 
-    def __init__(self, model: torch.nn.Module, groups: ProcessGroups, optim: OptimSettings, offload: OffloadSettings):
-        """`model`: this rank's megatron `GPTModel` (weights loaded)."""
+    def __init__(self, chunks: list[torch.nn.Module], groups: ProcessGroups, optim: OptimSettings,
+                 offload: OffloadSettings):
+        """`chunks`: this rank's megatron `GPTModel` stage, one chunk per virtual stage (weights loaded)."""
         self.groups = groups
         self.offload_settings = offload
-        self.engine = TrainEngine(model, optim, groups)
+        self.engine = TrainEngine(chunks, optim, groups)
 
     def offload_training_state(self) -> None:
         """After the update: free what `OffloadSettings` names of the gradients and optimizer (no-op on

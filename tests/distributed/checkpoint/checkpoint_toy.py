@@ -34,8 +34,8 @@ class ToyJob:
             clip_grad=1.0, use_distributed_optimizer=use_distributed_optimizer,
         )
         model = build_gpt_model(TINY_QWEN2, self.groups, vocab_divisible_by=vocab_divisible_by)
-        self.ddp = wrap_for_training(model, settings, self.groups)
-        self.optimizer, self.scheduler = build_optimizer(self.ddp, settings, self.groups)
+        [self.ddp] = wrap_for_training([model], settings, self.groups)
+        self.optimizer, self.scheduler = build_optimizer([self.ddp], settings, self.groups)
 
     def parts(self) -> dict:
         """The keyword arguments of save_checkpoint / load_checkpoint for this job."""

@@ -30,7 +30,7 @@ def _rank_main(model_dir, tp, pp, micro_batch_size, rejected_dirs):
         # numpy: a torch tensor sent through run_distributed's queue dies with the rank process.
         scores=scores.numpy(),
         dtype=str(scores.dtype),
-        frozen=not any(p.requires_grad for p in reward_model.model.parameters()),
+        frozen=not any(p.requires_grad for chunk in reward_model.chunks for p in chunk.parameters()),
         errors=errors,
     )
 

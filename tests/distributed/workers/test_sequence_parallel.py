@@ -57,7 +57,7 @@ def _rank_main(model_dir, old_log_probs, advantages, returns):
             log_probs, entropy = actor.compute_log_prob(batch, micro_batch_size=cut)
             out[sp, name] = dict(
                 sequence_parallel=(config.sequence_parallel, critic.engine.model.config.sequence_parallel,
-                                   reference.model.config.sequence_parallel),
+                                   reference.chunks[0].config.sequence_parallel),
                 widths=widths,
                 log_probs=log_probs.numpy(), entropy=entropy.numpy(),
                 ref_log_probs=reference.compute_ref_log_prob(batch, micro_batch_size=cut).numpy(),

@@ -97,6 +97,24 @@ def test_recompute_shrinks_activations():
     assert with_recompute < without / 2
 
 
+def test_interleaved_schedule_keeps_more_activations_and_the_same_state():
+    """PP 4 × VPP 2: the first stage keeps L · (1 + 3/8) layers' activations instead of L (megatron's warm-up of
+    2(PP - 1) + (VPP - 1) PP chunk passes); parameters, gradients and optimizer are those of PP 4."""
+    shape = ModelShape.of("Qwen/Qwen2.5-7B-Instruct")
+    config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml")
+
+    def actor_at(vpp):
+        parallel = ParallelConfig(tensor_model_parallel_size=2, pipeline_model_parallel_size=4,
+                                  virtual_pipeline_model_parallel_size=vpp)
+        recompute = dataclasses.replace(config.actor.recompute, granularity="none", num_layers=None)
+        actor = dataclasses.replace(config.actor, parallel=parallel, recompute=recompute)
+        return estimate_memory(dataclasses.replace(config, actor=actor), shape, train_gpus=8).roles[0]
+
+    off, on = actor_at(None), actor_at(2)
+    assert on.activations == pytest.approx(off.activations * 11 / 8, rel=1e-6)
+    assert (on.parameters, on.gradients, on.optimizer) == (off.parameters, off.gradients, off.optimizer)
+
+
 def test_validate_prints_the_estimate(capsys):
     from megarl.cli.main import main
 

@@ -21,6 +21,16 @@ def test_bad_layout_and_values_exit_2_naming_each(tmp_path, capsys):
     assert "rollout TP=3 does not divide num_attention_heads=4" in err
 
 
+def test_virtual_stages_must_fit_the_pipeline_and_layers(tmp_path, capsys):
+    model_dir = make_tiny_model(tmp_path / "m", "qwen2")  # 2 layers
+    assert main(["check-sync", "--model", str(model_dir), "--train-vpp", "2"]) == 2
+    assert "train VPP=2 needs train PP > 1" in capsys.readouterr().err
+    assert main(["check-sync", "--model", str(model_dir), "--train-pp", "2", "--train-vpp", "2"]) == 2
+    assert "train PP=2 × VPP=2 does not divide num_hidden_layers=2" in capsys.readouterr().err
+    assert main(["check-sync", "--model", str(model_dir), "--train-vpp", "0"]) == 2
+    assert "--train-vpp 0: must be >= 1" in capsys.readouterr().err
+
+
 def test_missing_model_exits_2(tmp_path, capsys):
     assert main(["check-sync", "--model", str(tmp_path / "nowhere")]) == 2
     assert "HF config not found" in capsys.readouterr().err

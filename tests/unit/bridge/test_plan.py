@@ -70,6 +70,18 @@ def test_layers_go_to_their_pipeline_stage():
     assert qkv.megatron_name == "decoder.layers.3.self_attention.linear_qkv.weight" and qkv.pp_rank == 1
 
 
+def test_virtual_stages_send_their_round_robin_layers():
+    """PP 2 × VPP 2 of 4 layers: stage 0 holds layers 0 and 2, stage 1 layers 1 and 3 (megatron's chunk order)."""
+    dims = dims_of("qwen2")
+    stage = {p.megatron_name: p.pp_rank for p in build_plan(dims, LayoutPair(1, 2, 1, train_vpp=2)).params}
+    assert [stage[f"decoder.layers.{i}.input_layernorm.weight"] for i in range(4)] == [0, 1, 0, 1]
+    assert stage["embedding.word_embeddings.weight"] == 0 and stage["decoder.final_layernorm.weight"] == 1
+    with pytest.raises(ValueError, match="train PP=2 × VPP=4 does not divide num_hidden_layers=4"):
+        build_plan(dims, LayoutPair(1, 2, 1, train_vpp=4))
+    with pytest.raises(ValueError, match="train VPP=2 needs train PP > 1"):
+        build_plan(dims, LayoutPair(1, 1, 1, train_vpp=2))
+
+
 def test_plan_is_built_once_per_layout_pair():
     dims = dims_of("llama")
     assert build_plan(dims, LayoutPair(2, 1, 2), bucket_mb=16) is build_plan(dims, LayoutPair(2, 1, 2), bucket_mb=16)

@@ -203,6 +203,25 @@ def test_sequence_parallel_is_planned_per_role_and_shown():
     assert "sequence parallel" not in format_plan(plan_batches(off))
 
 
+def test_virtual_pipeline_is_planned_and_a_role_of_another_vpp_gets_its_own_group():
+    data = {
+        "data": {"train_batch_size": 4},
+        "actor": {"ppo_mini_batch_size": 4, "micro_batch_size_per_gpu": 2, "use_kl_loss": True,
+                  "parallel": {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2}},
+        "ref": {"micro_batch_size_per_gpu": 2, "parallel": {"pipeline_model_parallel_size": 2}},
+        "placement": {"gpus_per_node": 2},
+    }
+    plan = plan_batches(config_of(data))
+    assert (plan.actor.virtual_pipeline, plan.ref.virtual_pipeline) == (2, 1)
+    assert plan.actor.update.grad_accumulation_steps == 2 and not plan.actor.own_group
+    assert plan.ref.own_group, "megatron keeps one virtual pipeline size per process"
+    shown = format_plan(plan)
+    assert "virtual pipeline: actor (PP 2 × VPP 2: 4 chunks); megatron's interleaved 1F1B schedule" in shown
+    assert "ref in a group of its own" in shown and "its layout differs from the actor's" in shown
+    data["ref"]["parallel"]["virtual_pipeline_model_parallel_size"] = 2
+    assert not plan_batches(config_of(data)).ref.own_group
+
+
 def test_a_forward_token_budget_packs_only_the_forward_pass():
     data = {
         "data": {"train_batch_size": 6, "max_prompt_length": 100},

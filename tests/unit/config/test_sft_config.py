@@ -138,3 +138,16 @@ def test_optimizer_cpu_offload_needs_bfloat16_and_the_distributed_optimizer(work
     assert [line.split(":")[0] for line in shown] == ["optim.cpu_offload = true"] * 2, shown
     assert "model.dtype is float32" in shown[1] and "optim.use_distributed_optimizer is false" in shown[0]
     assert problems_of(["model.dtype=bfloat16", "optim.cpu_offload=true", "optim.cpu_offload_fraction=0.5"]) == []
+
+
+def test_virtual_pipeline_needs_a_pipeline_and_micro_batches_in_groups_of_pp(workdir):
+    pipeline = ["train.gpus=2", "train.batch_size=16", "parallel.pipeline_model_parallel_size=2"]
+    assert problems_of(["parallel.virtual_pipeline_model_parallel_size=2"]) == [
+        "parallel.virtual_pipeline_model_parallel_size = 2: virtual stages interleave a pipeline, and "
+        "parallel.pipeline_model_parallel_size is 1; fix: set parallel.pipeline_model_parallel_size to 2 or more, "
+        "or remove the virtual pipeline size"]
+    assert problems_of([*pipeline, "train.micro_batch_size_per_gpu=4", "parallel.virtual_pipeline_model_parallel_size=2"]
+                       ) == []
+    [problem] = problems_of([*pipeline, "train.micro_batch_size_per_gpu=16",
+                             "parallel.virtual_pipeline_model_parallel_size=2"])
+    assert problem.startswith("train.micro_batch_size_per_gpu = 16: 16 conversations per rank ÷ 16 = 1 micro-batches")

@@ -95,3 +95,7 @@ def test_parallel_layouts_the_model_cannot_be_cut_into():
         check_parallel_layout(dims, tp_size=4, pp_size=1)
     with pytest.raises(ValueError, match="pipeline parallel size 3 does not divide num_hidden_layers=4"):
         check_parallel_layout(dims, tp_size=1, pp_size=3)
+    check_parallel_layout(dims, tp_size=1, pp_size=2, vpp_size=2)
+    with pytest.raises(ValueError, match="pipeline parallel size 2 × virtual pipeline size 4 does not divide "
+                                         "num_hidden_layers=4"):
+        check_parallel_layout(dims, tp_size=1, pp_size=2, vpp_size=4)

@@ -121,6 +121,23 @@ def test_names_add_the_stage_layer_offset():
         layout.layer_offset(6, 4, 1)
 
 
+@pytest.mark.parametrize("layers, pp, vpp", [(8, 2, 2), (12, 2, 3), (16, 4, 2), (8, 4, 1)])
+def test_virtual_stage_offsets_are_megatrons(layers, pp, vpp):
+    """Chunk v of rank r starts where megatron-core's own `get_transformer_layer_offset` puts it."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    config = TransformerConfig(num_layers=layers, hidden_size=8, num_attention_heads=2, use_cpu_initialization=True,
+                               pipeline_model_parallel_size=pp, pipeline_dtype=torch.float32,
+                               virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
+    for rank in range(pp):
+        for stage in range(vpp):
+            expected = get_transformer_layer_offset(config, vp_stage=stage if vpp > 1 else None, pp_rank=rank)
+            assert layout.layer_offset(layers, pp, rank, vpp, stage) == expected, (rank, stage)
+    with pytest.raises(ValueError, match=f"pipeline parallel size {pp} × virtual pipeline size {layers}"):
+        layout.layer_offset(layers, pp, 0, layers, 0)
+
+
 def test_transformer_engine_fused_norm_names_map_like_local_ones():
     te = layout.param_mapping("decoder.layers.0.self_attention.linear_qkv.layer_norm_weight", DIMS)
     local = layout.param_mapping("decoder.layers.0.input_layernorm.weight", DIMS)

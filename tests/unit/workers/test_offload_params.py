@@ -26,7 +26,7 @@ class _Buffer:
 def _engine(distributed_optimizer: bool) -> SimpleNamespace:
     model = SimpleNamespace(ddp_config=SimpleNamespace(use_distributed_optimizer=distributed_optimizer),
                             buffers=[_Buffer()], expert_parallel_buffers=[_Buffer()])
-    return SimpleNamespace(model=model)
+    return SimpleNamespace(chunks=[model], model=model)
 
 
 @pytest.fixture
