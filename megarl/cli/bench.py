@@ -44,7 +44,9 @@ def register(subparsers) -> None:
                         help="step only: run the same GRPO workload with this other framework too, side by side "
                              "(trl: TRL's GRPOTrainer with HF generate and with colocated vLLM; needs the bench "
                              "extra) on issue 19's 23.7 M Qwen2, 16 prompts x 8 samples, <= 64 new tokens; "
-                             "--repeats steps are measured after one warm-up step")
+                             "--repeats steps are measured after one warm-up step. Each TRL contender sweeps "
+                             "its micro-batch (1, 2, 4, 8 accumulation steps) and, with vLLM, eager or compiled "
+                             "engines; megarl is compared with its fastest run")
     parser.add_argument("--workload", choices=("fixed", "variable", "full"), default="fixed",
                         help="with --peer: response lengths; fixed: EOS ends a response (~49 tokens on average, "
                              "issue 19's table); variable: 8 to 64 tokens (~30), EOS and three more stop tokens; "

@@ -63,6 +63,12 @@ class MicroBatch:
     max_seqlen: int | None = None
     """THD layout only: the longest of the `cu_seqlens` sequences (TE takes it instead of syncing
     with the GPU to find it)."""
+    response_columns: slice | None = None
+    """Padded layout only (row `i` is sample `i`, `r` = `b`): the columns of every row that predict its
+    response tokens, `response_index` as a slice. Read through it, the outputs are a view whose backward
+    copies the gradient into place; read through the index, a gather whose backward is an accumulating
+    scatter (`index_put_(accumulate=True)`, which PyTorch runs single-threaded on CPU) over `[b, R, V]`.
+    None: the packed and THD layouts, read through `response_index`."""
 
     def attention_mask(self) -> Tensor | None:
         """GPTModel's `attention_mask`: None in the THD layout (attention is causal inside each
@@ -91,6 +97,8 @@ class MicroBatch:
 
     def response_outputs(self, output: Tensor) -> Tensor:
         """`[b, R, ...]` the model output `[r, T, ...]` at each response token's predicting column."""
+        if self.response_columns is not None:
+            return output[:, self.response_columns]
         return output.flatten(0, 1)[self.response_index]
 
     def to(self, device: torch.device) -> MicroBatch:
@@ -98,7 +106,7 @@ class MicroBatch:
         return MicroBatch(
             self.samples.to(device), self.rows.to(device), self.input_ids.to(device), self.position_ids.to(device),
             self.segment_ids.to(device), self.response_index.to(device),
-            None if self.cu_seqlens is None else self.cu_seqlens.to(device), self.max_seqlen,
+            None if self.cu_seqlens is None else self.cu_seqlens.to(device), self.max_seqlen, self.response_columns,
         )
 
 
@@ -109,7 +117,8 @@ def padded_micro_batch(samples: PolicyBatch, rows: Tensor) -> MicroBatch:
     device = samples.prompts.device
     real = torch.cat([samples.prompt_mask, torch.ones_like(samples.response_mask)], dim=1)
     row_starts = torch.arange(batch_size, device=device)[:, None] * seq
-    columns = samples.prompt_length - 1 + torch.arange(samples.response_length, device=device)
+    first = samples.prompt_length - 1
+    columns = first + torch.arange(samples.response_length, device=device)
     return MicroBatch(
         samples=samples,
         rows=rows,
@@ -117,6 +126,7 @@ def padded_micro_batch(samples: PolicyBatch, rows: Tensor) -> MicroBatch:
         position_ids=torch.arange(seq, device=device).expand(batch_size, seq),
         segment_ids=torch.where(real, 0, PADDING_SEGMENT),
         response_index=row_starts + columns[None, :],
+        response_columns=slice(first, first + samples.response_length),
     )
 
 
@@ -155,6 +165,7 @@ def pad_sequence(micro_batch: MicroBatch, multiple: int) -> MicroBatch:
         response_index=index // width * padded + index % width,
         cu_seqlens=cu_seqlens,
         max_seqlen=max_seqlen,
+        response_columns=micro_batch.response_columns,  # columns added at the rows' end move no column
     )
 
 

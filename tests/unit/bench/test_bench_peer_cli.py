@@ -109,10 +109,13 @@ def test_the_full_workload_runs_every_response_to_the_cap_in_both_systems(tmp_pa
     monkeypatch.setattr(peer, "_megarl", lambda config, model, data, shape, steps, extra: runs.append(extra) or {})
     monkeypatch.setattr(peer, "_trl", lambda spec, out: runs.append(spec) or {})
     for smoke in (False, True):
+        runs.clear()
         result = peer.run("configs/quickstart.yaml", 1, tmp_path / str(smoke), smoke, "full", names=("megarl", "trl"))
         cap = result["workload"]["max_new_tokens"]
         assert result["lengths"] == dict(name="full", min_new_tokens=cap, stop_ids=[])
-        assert f"rollout.min_new_tokens={cap}" in runs[-2] and runs[-1]["min_new_tokens"] == cap
+        (megarl_run, *trl_runs) = runs  # megarl's overrides, then every run of TRL's sweep
+        assert f"rollout.min_new_tokens={cap}" in megarl_run
+        assert trl_runs and all(spec["min_new_tokens"] == cap for spec in trl_runs)
 
 
 def test_the_seed_reaches_every_run_and_the_model_and_prompts_stay(tmp_path, monkeypatch):
@@ -123,12 +126,14 @@ def test_the_seed_reaches_every_run_and_the_model_and_prompts_stay(tmp_path, mon
     monkeypatch.setattr(peer, "_trl", lambda spec, out: runs.append(spec) or {})
     made = {}
     for seed in (0, 7):
+        runs.clear()
         result = peer.run("configs/quickstart.yaml", 1, tmp_path / str(seed), True, names=("megarl", "trl"), seed=seed)
         made[seed] = [(tmp_path / str(seed) / name).read_bytes() for name in ("model/model.safetensors", "train.jsonl")]
         assert result["seed"] == seed
+        (megarl_run, *trl_runs) = runs  # megarl's overrides, then every run of TRL's sweep
+        assert {f"trainer.seed={seed}", f"data.seed={seed}", f"rollout.seed={seed}"} <= set(megarl_run)
+        assert trl_runs and all(spec["seed"] == seed for spec in trl_runs)
     assert made[0] == made[7]
-    assert {"trainer.seed=7", "data.seed=7", "rollout.seed=7"} <= set(runs[2]) and runs[3]["seed"] == 7
-    assert {"trainer.seed=0", "data.seed=0", "rollout.seed=0"} <= set(runs[0]) and runs[1]["seed"] == 0
 
 
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="the bench extra (TRL) is not installed")
@@ -153,8 +158,10 @@ def test_trl_runs_with_the_spec_seed(tmp_path, monkeypatch):
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"prompt": "a", "answer": "a"}) + "\n")
     spec = dict(model=str(tmp_path), data=str(data), steps=1, samples_per_prompt=2, prompts_per_step=1,
-                max_new_tokens=4, min_new_tokens=0, learning_rate=1e-3, seed=7, vllm_dtype=None)
+                max_new_tokens=4, min_new_tokens=0, learning_rate=1e-3, seed=7, vllm_dtype=None, micro_batch=1,
+                enforce_eager=None)
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     with pytest.raises(Built):
         trl_peer.main(str(tmp_path / "spec.json"), str(tmp_path / "result.json"))
     assert seen["seed"] == 7
+    assert (seen["per_device_train_batch_size"], seen["gradient_accumulation_steps"], seen["steps_per_generation"]) == (1, 2, 2)

@@ -69,3 +69,41 @@ def test_a_micro_batch_holds_several_rows_no_wider_than_the_paddedthree_samples(
     # Fixed shapes: as many full-width rows as the budget holds (here 2 of 6).
     [fixed] = cut_micro_batches(batch, TokenBudget(13, "actor.max_tokens_per_micro_batch"), fixed_shape=True)
     assert fixed.input_ids.shape == (2, 6)
+
+
+def _graph_ops(tensor: torch.Tensor) -> set[str]:
+    """The names of the autograd nodes `tensor` was computed through."""
+    seen, stack = set(), [tensor.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node.name() not in seen:
+            seen.add(node.name())
+            stack.extend(next_node for next_node, _ in node.next_functions)
+    return seen
+
+
+@pytest.mark.parametrize("width", [6, 8])  # as cut, and padded at the rows' end (sequence parallelism)
+def test_a_padded_micro_batch_reads_its_responses_through_a_view_not_a_gather(width):
+    """The update's log-probs read the logits of the response columns: a padded micro-batch reads them as
+    a slice, whose backward copies, not through `response_index`, whose backward is an accumulating scatter
+    over `[b, R, V]` (single-threaded on CPU). The same numbers and the same gradient either way."""
+    from megarl.workers.micro_batches import pad_sequence
+
+    micro_batch = pad_sequence(cut_micro_batches(three_samples(), 3, fixed_shape=False)[0], width)
+    output = torch.randn(3, width, 5, requires_grad=True)  # [r, T, V]
+    read = micro_batch.response_outputs(output)
+    gathered = output.flatten(0, 1)[micro_batch.response_index]
+    assert torch.equal(read, gathered)
+    assert _graph_ops(read) == {"SliceBackward0", "torch::autograd::AccumulateGrad"}  # the leaf `output`
+    assert "IndexBackward0" in _graph_ops(gathered)
+    weights = torch.randn(read.shape)
+    (view_grad,) = torch.autograd.grad((read * weights).sum(), output)
+    (gather_grad,) = torch.autograd.grad((gathered * weights).sum(), output)
+    assert torch.equal(view_grad, gather_grad)
+
+
+def test_packed_micro_batches_read_through_their_index():
+    packed = packed_micro_batch(three_samples(), torch.arange(3), [3], row_length=None, num_rows=None)
+    output = torch.randn(1, 11, 5)
+    assert packed.response_columns is None
+    assert torch.equal(packed.response_outputs(output), output.flatten(0, 1)[packed.response_index])
