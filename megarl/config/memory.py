@@ -42,6 +42,13 @@ holds the activations of the most micro-batches in flight):
   its activations; vLLM refuses to start unless that much is free); on CPU the weights / rollout TP
   plus `rollout.kv_cache_gib`.
 
+Outside PyTorch's allocator, each process on a GPU holds its CUDA context and NCCL's communicator
+buffers (`RUNTIME_GIB_PER_PROCESS`); colocated, every Megatron process of a training GPU and the engine's
+worker share it. And a GPU must keep `MARGIN_GIB` free at its peak for what the table does not model
+(the caching allocator's fragmentation, vLLM's sampler, the weight sync's buckets): a recipe fits when
+peak + runtime + margin <= the GPU, and the verdict states what is left (issue 32, item 1: a KV-cache
+wake after the update must not meet a full GPU).
+
 Peak per GPU. Split placement: the training GPUs hold the trained roles during the update (actor,
 critic, reference parameters), the rollout GPUs the engine. Colocated: the larger of the rollout
 phase (the engine's share + what the Megatron roles keep resident: parameters unless `offload.params`,
@@ -67,6 +74,12 @@ from megarl.models.arch.dense import layer_parameters
 from megarl.models.layout import VOCAB_DIVISIBLE_BY
 
 GIB = 2**30
+RUNTIME_GIB_PER_PROCESS = 1.0
+"""A CUDA process's memory outside PyTorch's allocator: its CUDA context with torch's kernels loaded
+(about 0.5 GiB on Hopper) and NCCL's buffers for the communicators it joins (tens to a few hundred MiB
+each), rounded up."""
+MARGIN_GIB = 2.0
+"""What a GPU keeps free at its peak for what the estimate does not model (module docstring)."""
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 FP32 = 4
 ADAM_MOMENTS = 2 * FP32
@@ -187,10 +200,19 @@ class MemoryEstimate:
     """The GPU size compared against."""
     runs: tuple[str, ...] = ()
     """What the estimate counts, one line each (precision, offload, the rollout engine's share)."""
+    runtime_bytes: int = 0
+    """CUDA contexts and NCCL buffers of the processes on the peak's GPU (`RUNTIME_GIB_PER_PROCESS`); 0 on CPU."""
+    margin_bytes: int = 0
+    """What the peak's GPU must keep free (`MARGIN_GIB`); 0 on CPU."""
+
+    @property
+    def spare_bytes(self) -> int:
+        """What the busiest GPU has left at its peak, runtime included, before the margin."""
+        return self.gpu_memory_bytes - self.peak_bytes - self.runtime_bytes
 
     @property
     def fits(self) -> bool:
-        return self.peak_bytes <= self.gpu_memory_bytes
+        return self.spare_bytes >= self.margin_bytes
 
 
 def state_bytes(shape: ModelShape, parallel: ParallelConfig, dp: int, dtype: str, *, distributed_optimizer: bool,
@@ -235,9 +257,10 @@ def activation_bytes(shape: ModelShape, parallel: ParallelConfig, recompute: Rec
 
 
 def estimate_memory(config: Config, shape: ModelShape, *, train_gpus: int, gpu_memory_gib: float = 80.0,
-                    on_gpu: bool = True) -> MemoryEstimate:
+                    on_gpu: bool = True, processes_per_train_gpu: int = 1) -> MemoryEstimate:
     """Per-GPU memory of `config`'s roles for a model of `shape` on `train_gpus` training GPUs
-    (`plan_batches(config).train_gpus`). `on_gpu=False` sizes the rollout as on CPU."""
+    (`plan_batches(config).train_gpus`), each shared by `processes_per_train_gpu` processes (the batch
+    plan's, engine included when colocated). `on_gpu=False` sizes the rollout as on CPU."""
     dtype = config.model.dtype
     seq_len = config.data.max_prompt_length + response_length(config.rollout)
     roles: list[RoleMemory] = []
@@ -266,7 +289,10 @@ def estimate_memory(config: Config, shape: ModelShape, *, train_gpus: int, gpu_m
         weights = shape.total_parameters() * DTYPE_BYTES[engine_dtype] // rollout.tensor_model_parallel_size
         roles.append(RoleMemory("rollout", weights, 0, 0, 0, other=int(rollout.kv_cache_gib * GIB)))
     peak, phase = _peak(config, roles)
-    return MemoryEstimate(roles, peak, phase, int(gpu_memory_gib * GIB), _what_runs(config, on_gpu, gpu_memory_gib))
+    processes = 1 if phase == "rollout GPUs" else processes_per_train_gpu  # a rollout GPU: one engine worker
+    runtime = int(processes * RUNTIME_GIB_PER_PROCESS * GIB) if on_gpu else 0
+    return MemoryEstimate(roles, peak, phase, int(gpu_memory_gib * GIB), _what_runs(config, on_gpu, gpu_memory_gib),
+                          runtime, int(MARGIN_GIB * GIB) if on_gpu else 0)
 
 
 def _what_runs(config: Config, on_gpu: bool, gpu_memory_gib: float) -> tuple[str, ...]:
@@ -397,8 +423,12 @@ def format_estimate(estimate: MemoryEstimate) -> str:
         cells = [r.parameters, r.gradients, r.optimizer, r.activations, r.other, r.total]
         lines.append(f"{r.role:<8}" + "".join(f"{c / GIB:8.2f}" for c in cells))
     verdict = "fits" if estimate.fits else "does not fit"
-    lines.append(f"peak {estimate.peak_bytes / GIB:.1f} GiB per GPU ({estimate.peak_phase}) of "
-                 f"{estimate.gpu_memory_bytes / GIB:.0f} GiB: {verdict}")
+    runtime = (f" + {estimate.runtime_bytes / GIB:.1f} GiB of CUDA contexts and NCCL buffers"
+               if estimate.runtime_bytes else "")
+    margin = (f"{estimate.spare_bytes / GIB:.1f} GiB to spare (keeps {estimate.margin_bytes / GIB:.0f}): "
+              if estimate.margin_bytes else "")
+    lines.append(f"peak {estimate.peak_bytes / GIB:.1f} GiB per GPU ({estimate.peak_phase}){runtime} of "
+                 f"{estimate.gpu_memory_bytes / GIB:.0f} GiB: {margin}{verdict}")
     return "\n".join(lines)
 
 
@@ -410,6 +440,7 @@ def memory_report(config: Config, gpu_memory_gib: float) -> str:
     except ModelFactsError as error:
         return f"none: {error.why}"
     on_gpu = config.trainer.device != "cpu"
-    estimate = estimate_memory(config, shape, train_gpus=plan_batches(config).train_gpus,
-                               gpu_memory_gib=gpu_memory_gib, on_gpu=on_gpu)
+    plan = plan_batches(config)
+    estimate = estimate_memory(config, shape, train_gpus=plan.train_gpus, gpu_memory_gib=gpu_memory_gib,
+                               on_gpu=on_gpu, processes_per_train_gpu=plan.processes_per_train_gpu)
     return format_estimate(estimate)
