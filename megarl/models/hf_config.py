@@ -137,9 +137,15 @@ def read_model_dims(source: str | Path | Mapping[str, Any] | Any) -> ModelDims:
     return dims
 
 
-def check_parallel_layout(dims: ModelDims, *, tp_size: int, pp_size: int) -> None:
-    """Reject a (TP, PP) layout the model cannot be cut into, before any process group exists."""
+def check_parallel_layout(dims: ModelDims, *, tp_size: int, pp_size: int, ep_size: int = 1) -> None:
+    """Reject a (TP, PP, EP) layout the model cannot be cut into, before any process group exists."""
     problems = []
+    if ep_size > 1 and not dims.num_experts:
+        problems.append(f"expert parallel size {ep_size} for a dense model (model_type={dims.model_type!r} has no "
+                        "experts): set expert_model_parallel_size to 1")
+    elif dims.num_experts % ep_size:
+        problems.append(f"expert parallel size {ep_size} does not divide num_experts={dims.num_experts}: "
+                        "use an EP size that divides it")
     if dims.num_kv_heads % tp_size:
         problems.append(
             f"tensor parallel size {tp_size} does not divide num_key_value_heads={dims.num_kv_heads} "

@@ -101,6 +101,7 @@ def install() -> None:
     _host_memory_as_the_device_of_the_hybrid_optimizer()
     _no_transformer_engine_is_no_minimum_version()
     _router_gemm_without_transformer_engine()
+    _dispatcher_split_sizes_as_host_arrays()
     _installed = True
 
 
@@ -349,3 +350,16 @@ def _router_gemm_without_transformer_engine() -> None:
     moe_utils = import_module("megatron.core.transformer.moe.moe_utils")
     if not moe_utils.HAVE_TE:
         moe_utils.te_general_gemm = None
+
+
+def _dispatcher_split_sizes_as_host_arrays() -> None:
+    """`MoEAlltoAllTokenDispatcher` hands its split sizes to `all_to_all_single` after
+    `maybe_move_tensor_to_cpu(..., as_numpy=True)` (megatron/core/transformer/moe/moe_utils.py), which
+    makes the numpy array only for a CUDA tensor: on the CPU the sizes stay a torch tensor, which
+    the collective's binding refuses. On the CPU the move is nothing, and `as_numpy` still means numpy."""
+    dispatcher = import_module("megatron.core.transformer.moe.token_dispatcher")
+
+    def on_host(tensor, as_numpy=False, record_stream=False):
+        return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
+
+    dispatcher.maybe_move_tensor_to_cpu = on_host

@@ -12,8 +12,8 @@ expert cut over TP like a dense MLP (GATE_UP, ROW). The table names experts by t
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
 
 from megarl.models.arch import GATE_UP, REPLICATED, ROW, LayerParam
 from megarl.models.arch.dense import DenseDecoder, attention_flops_per_token, attention_parameters

@@ -124,3 +124,28 @@ def test_expert_table(tmp_path):
 def test_dense_architectures_refuse_expert_keys():
     with pytest.raises(ValueError, match="num_experts=8 for model_type='qwen3' .*model_type 'qwen3_moe'"):
         read_model_dims({**QWEN3_30B_A3B, "model_type": "qwen3", "num_experts": 8})
+
+
+def test_expert_parallel_layouts_the_model_cannot_be_cut_into():
+    from megarl.models.hf_config import check_parallel_layout
+
+    dims = read_model_dims(QWEN3_30B_A3B)
+    check_parallel_layout(dims, tp_size=4, pp_size=4, ep_size=8)
+    with pytest.raises(ValueError, match="expert parallel size 3 does not divide num_experts=128"):
+        check_parallel_layout(dims, tp_size=1, pp_size=1, ep_size=3)
+    dense = read_model_dims({**QWEN3_30B_A3B, "model_type": "qwen3", "num_experts": None})
+    with pytest.raises(ValueError, match="expert parallel size 2 for a dense model .*expert_model_parallel_size to 1"):
+        check_parallel_layout(dense, tp_size=1, pp_size=1, ep_size=2)
+
+
+def test_local_expert_names_map_to_global_experts():
+    from megarl.models.layout import expert_offset, is_expert, param_mapping
+
+    dims = read_model_dims(QWEN3_30B_A3B)
+    offset = expert_offset(dims, ep_size=4, ep_rank=3)
+    assert offset == 96
+    name = "decoder.layers.1.mlp.experts.local_experts.5.linear_fc2.weight"
+    assert is_expert(name) and not is_expert("decoder.layers.1.mlp.router.weight")
+    assert param_mapping(name, dims, layer_offset=24, expert_offset=offset).hf_names == (
+        "model.layers.25.mlp.experts.101.down_proj.weight",
+    )
