@@ -110,6 +110,10 @@ class ModelShape:
     """Per-head q/k RMSNorm (Qwen3)."""
     tie_word_embeddings: bool = False
     """The output layer is the embedding (no separate output weight)."""
+    num_experts: int = 0
+    """Routed experts per layer (Qwen3-MoE); 0 for a dense model."""
+    moe_ffn_hidden_size: int = 0
+    """One expert's intermediate size; 0 for a dense model."""
 
     @classmethod
     def of(cls, model_path: str) -> ModelShape:
@@ -120,10 +124,11 @@ class ModelShape:
         return cls(facts.vocab_size, facts.hidden_size, facts.ffn_hidden_size, facts.num_hidden_layers,
                    facts.num_attention_heads, facts.num_key_value_heads, facts.head_dim,
                    qkv_bias=arch.qkv_bias, qk_layernorm=arch.qk_layernorm,
-                   tie_word_embeddings=facts.tie_word_embeddings)
+                   tie_word_embeddings=facts.tie_word_embeddings, num_experts=facts.num_experts,
+                   moe_ffn_hidden_size=facts.moe_ffn_hidden_size)
 
     def layer_parameters(self, tp: int) -> int:
-        """Parameters of one transformer layer on one TP rank (the dense family's count)."""
+        """Parameters of one transformer layer on one TP rank (the decoder family's count, all experts)."""
         return layer_parameters(self, tp)
 
     def padded_vocab(self, tp: int) -> int:

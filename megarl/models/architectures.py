@@ -91,17 +91,18 @@ def transformer_config(
     vpp_size: int = 1,
     params_dtype: torch.dtype = torch.float32,
     transformer_impl: str = "local",
+    ep_size: int = 1,
     **overrides: Any,
 ) -> TransformerConfig:
     """The TransformerConfig of `dims` on a (tp_size, pp_size) grid, with `vpp_size` virtual stages per
-    PP rank (megatron's interleaved schedule; 1: none).
+    PP rank (megatron's interleaved schedule; 1: none), experts split over `ep_size` ranks.
 
     params_dtype: float32 or bfloat16 (`TORCH_DTYPES`); megatron's `bf16` flag follows it.
     overrides: non-architectural TransformerConfig fields the caller owns (e.g. `sequence_parallel`,
     `recompute_granularity`); architectural fields, the precision fields and `apply_rope_fusion`
     (`rope_fusion` of `transformer_impl`) are rejected.
     """
-    check_parallel_layout(dims, tp_size=tp_size, pp_size=pp_size, vpp_size=vpp_size)
+    check_parallel_layout(dims, tp_size=tp_size, pp_size=pp_size, vpp_size=vpp_size, ep_size=ep_size)
     _check_impl(transformer_impl)
     architectural = architecture(dims.model_type).transformer_fields(dims)
     derived = {"bf16", "fp16", "params_dtype", "pipeline_dtype", "apply_rope_fusion", "virtual_pipeline_model_parallel_size",
@@ -118,6 +119,7 @@ def transformer_config(
         tensor_model_parallel_size=tp_size,
         pipeline_model_parallel_size=pp_size,
         virtual_pipeline_model_parallel_size=vpp_size if vpp_size > 1 else None,
+        expert_model_parallel_size=ep_size,
         bf16=params_dtype == torch.bfloat16,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
@@ -209,6 +211,7 @@ def build_gpt_model(
         tp_size=groups.tp_size,
         pp_size=groups.pp_size,
         vpp_size=groups.vpp_size,
+        ep_size=groups.ep_size,
         params_dtype=params_dtype,
         transformer_impl=transformer_impl,
         **config_overrides,

@@ -32,7 +32,7 @@ from megarl.models.hf_checkpoint import (
 )
 from megarl.models.hf_config import ModelDims, read_model_dims
 from megarl.models.layout import (
-    VOCAB_DIVISIBLE_BY, hf_param_shapes, layer_offset, merge_tp_shards, param_mapping, tp_shard_from_hf,
+    VOCAB_DIVISIBLE_BY, expert_offset, hf_param_shapes, is_expert, layer_offset, merge_tp_shards, param_mapping, tp_shard_from_hf,
 )
 from megarl.parallel.distributed import ProcessGroups
 
@@ -56,13 +56,14 @@ def load_hf_weights(
     checkpoint = HFCheckpoint(hf_dir)
     expected = hf_param_shapes(dims)
     offset = chunk_layer_offset(model, dims.num_layers, groups)
+    experts = expert_offset(dims, groups.ep_size, groups.ep_rank)
     value_head = "output_layer.weight" if isinstance(getattr(model, "output_layer", None), ValueHead) else None
     params = _named_weights(model)
     with checkpoint.reader() as read, torch.no_grad():
         for name, param in params.items():
             if name == value_head:
                 continue
-            mapping = param_mapping(name, dims, layer_offset=offset)
+            mapping = param_mapping(name, dims, layer_offset=offset, expert_offset=experts)
             for hf_name in mapping.hf_names:
                 checkpoint.require(hf_name, expected[hf_name])
             shard = tp_shard_from_hf(
@@ -100,17 +101,20 @@ def export_hf_weights(
 
     `out_dir` appears complete or not at all (an existing one is replaced). Returns it on the ranks
     that wrote. The model must be an LM (a critic's value head has no HF form). With virtual stages pass
-    this rank's chunks (a list): its file holds the layers of all of them.
+    this rank's chunks (a list): its file holds the layers of all of them. With expert parallelism the
+    EP ranks of DP rank 0 send their experts to it (the first expert-DP replica).
     """
-    if groups.dp_rank != 0:
+    if groups.expert_dp_rank != 0:
         return None
     chunks = [unwrap_model(chunk) for chunk in (model if isinstance(model, list) else [model])]
     if any(isinstance(getattr(chunk, "output_layer", None), ValueHead) for chunk in chunks):
         raise ValueError("export_hf_weights: a critic (value_head=True) has no HF checkpoint form")
     dims = read_model_dims(Path(hf_assets_dir))
     out_dir = Path(out_dir)
-    tmp_dir = _shared_tmp_dir(out_dir, groups)
     tensors = {name: tensor for chunk in chunks for name, tensor in _gather_stage_hf_tensors(chunk, dims, groups).items()}
+    if groups.dp_rank != 0:  # an EP rank whose experts DP rank 0 now holds
+        return None
+    tmp_dir = _shared_tmp_dir(out_dir, groups)
     file_name = SINGLE_FILE if groups.pp_size == 1 else f"model-{groups.pp_rank + 1:05d}-of-{groups.pp_size:05d}.safetensors"
     if groups.tp_rank == 0:
         write_safetensors_shard(tensors, tmp_dir / file_name)
@@ -134,22 +138,37 @@ def _named_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _gather_stage_hf_tensors(model: torch.nn.Module, dims: ModelDims, groups: ProcessGroups) -> dict[str, torch.Tensor]:
-    """This chunk's parameters as HF tensors on TP rank 0 (empty dict elsewhere); TP collectives."""
+    """This chunk's parameters as HF tensors on TP rank 0 of EP rank 0 (empty dict elsewhere); TP
+    collectives, and EP collectives for the experts (EP rank r's local expert e is global expert
+    r * E / EP + e)."""
     offset = chunk_layer_offset(model, dims.num_layers, groups)
-    dst = dist.get_global_rank(groups.tp, 0)
     hf_tensors: dict[str, torch.Tensor] = {}
     for name, param in _named_weights(model).items():
         if name == "output_layer.weight" and dims.tie_word_embeddings:
             continue  # a copy of the first stage's embedding, exported from there
-        mapping = param_mapping(name, dims, layer_offset=offset)  # on every rank: fail before the collective
+        param_mapping(name, dims, layer_offset=offset)  # on every rank: fail before the collective
         shard = param.detach().contiguous()
-        shards = [torch.empty_like(shard) for _ in range(groups.tp_size)] if groups.tp_rank == 0 else None
-        dist.gather(shard, shards, dst=dst, group=groups.tp)
-        if groups.tp_rank == 0:
-            # Host memory: a whole stage would not fit beside the model on the accelerator.
-            merged = merge_tp_shards(mapping, shards, dims)
-            hf_tensors.update((hf_name, tensor.cpu()) for hf_name, tensor in merged)
+        ep_shards = [shard]  # this parameter on EP rank 0, 1, ... (experts only; dense ones are replicas)
+        if groups.ep_size > 1 and is_expert(name):
+            ep_shards = [torch.empty_like(shard) for _ in range(groups.ep_size)] if groups.ep_rank == 0 else None
+            dist.gather(shard, ep_shards, dst=dist.get_global_rank(groups.ep, 0), group=groups.ep)
+        if groups.ep_rank != 0:
+            continue
+        for ep_rank, ep_shard in enumerate(ep_shards):
+            experts = expert_offset(dims, groups.ep_size, ep_rank)
+            mapping = param_mapping(name, dims, layer_offset=offset, expert_offset=experts)
+            hf_tensors.update(_gather_tp(mapping, ep_shard, dims, groups))
     return hf_tensors
+
+
+def _gather_tp(mapping, shard: torch.Tensor, dims: ModelDims, groups: ProcessGroups) -> list[tuple[str, torch.Tensor]]:
+    """The HF tensors of one parameter from its TP shards, on TP rank 0 (empty elsewhere); a TP collective."""
+    shards = [torch.empty_like(shard) for _ in range(groups.tp_size)] if groups.tp_rank == 0 else None
+    dist.gather(shard, shards, dst=dist.get_global_rank(groups.tp, 0), group=groups.tp)
+    if groups.tp_rank != 0:
+        return []
+    # Host memory: a whole stage would not fit beside the model on the accelerator.
+    return [(hf_name, tensor.cpu()) for hf_name, tensor in merge_tp_shards(mapping, shards, dims)]
 
 
 def _shared_tmp_dir(out_dir: Path, groups: ProcessGroups) -> Path:

@@ -35,7 +35,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelDims:
-    """Shapes and features of a dense decoder-only HF checkpoint (Llama / Qwen2 / Qwen3 family)."""
+    """Shapes and features of a decoder-only HF checkpoint (Llama / Qwen2 / Qwen3 dense, Qwen3-MoE)."""
 
     model_type: str
     """HF `model_type`, one registered in `megarl.models.arch` (the architecture that read it)."""
@@ -71,6 +71,16 @@ class ModelDims:
     """Std of the normal init (used for parameters that a checkpoint does not provide)."""
     attention_dropout: float
     """Attention-probability dropout (0 for all released Llama/Qwen models)."""
+    num_experts: int = 0
+    """Routed experts per MoE layer (`num_experts`); 0 for a dense model."""
+    num_experts_per_tok: int = 0
+    """Experts each token is routed to (top-k); 0 for a dense model."""
+    moe_ffn_hidden_size: int = 0
+    """One expert's intermediate size (`moe_intermediate_size`); 0 for a dense model."""
+    norm_topk_prob: bool = False
+    """The top-k routing weights are renormalised to sum to 1 (Qwen3-MoE `norm_topk_prob`)."""
+    router_aux_loss_coef: float = 0.0
+    """Load-balancing auxiliary loss coefficient (`router_aux_loss_coef`); 0 for a dense model."""
 
     @property
     def heads_per_group(self) -> int:
@@ -127,9 +137,16 @@ def read_model_dims(source: str | Path | Mapping[str, Any] | Any) -> ModelDims:
     return dims
 
 
-def check_parallel_layout(dims: ModelDims, *, tp_size: int, pp_size: int, vpp_size: int = 1) -> None:
-    """Reject a (TP, PP, VPP) layout the model cannot be cut into, before any process group exists."""
+def check_parallel_layout(dims: ModelDims, *, tp_size: int, pp_size: int, vpp_size: int = 1,
+                          ep_size: int = 1) -> None:
+    """Reject a (TP, PP, VPP, EP) layout the model cannot be cut into, before any process group exists."""
     problems = []
+    if ep_size > 1 and not dims.num_experts:
+        problems.append(f"expert parallel size {ep_size} for a dense model (model_type={dims.model_type!r} has no "
+                        "experts): set expert_model_parallel_size to 1")
+    elif dims.num_experts % ep_size:
+        problems.append(f"expert parallel size {ep_size} does not divide num_experts={dims.num_experts}: "
+                        "use an EP size that divides it")
     if dims.num_kv_heads % tp_size:
         problems.append(
             f"tensor parallel size {tp_size} does not divide num_key_value_heads={dims.num_kv_heads} "
@@ -141,6 +158,10 @@ def check_parallel_layout(dims: ModelDims, *, tp_size: int, pp_size: int, vpp_si
         )
     if dims.ffn_hidden_size % tp_size:
         problems.append(f"tensor parallel size {tp_size} does not divide intermediate_size={dims.ffn_hidden_size}")
+    if dims.moe_ffn_hidden_size % tp_size:
+        problems.append(
+            f"tensor parallel size {tp_size} does not divide moe_intermediate_size={dims.moe_ffn_hidden_size}"
+        )
     if dims.num_layers % pp_size:
         problems.append(
             f"pipeline parallel size {pp_size} does not divide num_hidden_layers={dims.num_layers}: "

@@ -73,6 +73,19 @@ _TE_FUSED_NORMS = {
 each norm into the linear after it (`layer_norm_weight`)."""
 _LAYER_NAME = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
 _HF_LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_LOCAL_EXPERT = re.compile(r"(mlp\.experts\.local_experts\.)(\d+)(\..+)")
+
+
+def is_expert(megatron_name: str) -> bool:
+    """Whether a stage-local Megatron parameter belongs to one expert (split over EP ranks)."""
+    match = _LAYER_NAME.fullmatch(megatron_name)
+    return match is not None and _LOCAL_EXPERT.match(match.group(2)) is not None
+
+
+def expert_offset(dims: ModelDims, ep_size: int, ep_rank: int) -> int:
+    """Global index of the first expert on EP rank `ep_rank` (experts split evenly, in order, as
+    megatron's `MoELayer` assigns `local_expert_indices`)."""
+    return ep_rank * (dims.num_experts // ep_size)
 
 
 @functools.lru_cache(maxsize=64)
@@ -105,8 +118,13 @@ def padded_vocab_size(vocab_size: int, vocab_divisible_by: int, tp_size: int) ->
     return -(-vocab_size // multiple) * multiple
 
 
-def param_mapping(megatron_name: str, dims: ModelDims, *, layer_offset: int = 0) -> ParamMapping:
+def param_mapping(
+    megatron_name: str, dims: ModelDims, *, layer_offset: int = 0, expert_offset: int = 0
+) -> ParamMapping:
     """The HF tensors behind a stage-local Megatron parameter name (no `module.` prefix).
+
+    Expert names are EP-rank-local too (`mlp.experts.local_experts.{e}`): `expert_offset` (the EP
+    rank × experts per EP rank, `expert_offset`) makes `e` the global expert the table names.
 
     With tied embeddings, the last stage's `output_layer.weight` (Megatron keeps a copy when PP > 1)
     maps to `model.embed_tokens.weight`. Raises ValueError for names with no HF counterpart.
@@ -118,7 +136,11 @@ def param_mapping(megatron_name: str, dims: ModelDims, *, layer_offset: int = 0)
         return ParamMapping(megatron_name, (hf_name,), kind)
     match = _LAYER_NAME.fullmatch(megatron_name)
     if match:
-        param = _layer_table(dims).get(_TE_FUSED_NORMS.get(match.group(2), match.group(2)))
+        suffix = _TE_FUSED_NORMS.get(match.group(2), match.group(2))
+        expert = _LOCAL_EXPERT.match(suffix)
+        if expert is not None:
+            suffix = f"{expert.group(1)}{int(expert.group(2)) + expert_offset}{expert.group(3)}"
+        param = _layer_table(dims).get(suffix)
         if param is not None:
             hf_layer = f"model.layers.{int(match.group(1)) + layer_offset}."
             return ParamMapping(megatron_name, tuple(hf_layer + s for s in param.hf), param.kind)

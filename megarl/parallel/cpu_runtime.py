@@ -69,6 +69,13 @@ _REDIRECTED_MODULES = {
     # HybridDeviceOptimizer (optimizer CPU offload): copies on side streams, waits on their events,
     # pinned host buffers.
     "megatron.core.optimizer.cpu_offloading.hybrid_optimizer": "copy streams and events, pinned buffers",
+    # MoEAlltoAllTokenDispatcher copies its split sizes to the host on a side stream and waits on its event.
+    "megatron.core.transformer.moe.token_dispatcher": "the alltoall dispatcher's device-to-host stream",
+    # The router moves its weight to the current device on first use; aux-loss scalars on it.
+    "megatron.core.transformer.moe.router": "router weight, aux-loss scalars",
+    "megatron.core.transformer.moe.experts": "expert buffers",
+    # The per-layer MoE metric tracker's values are created with device="cuda".
+    "megatron.core.transformer.moe.moe_utils": "MoE metric tracker values",
 }
 _HYBRID_OPTIMIZER = "megatron.core.optimizer.cpu_offloading.hybrid_optimizer"
 
@@ -93,6 +100,8 @@ def install() -> None:
     _mark_torch_norms_sequence_parallel()
     _host_memory_as_the_device_of_the_hybrid_optimizer()
     _no_transformer_engine_is_no_minimum_version()
+    _router_gemm_without_transformer_engine()
+    _dispatcher_split_sizes_as_host_arrays()
     _installed = True
 
 
@@ -331,3 +340,26 @@ def _no_transformer_engine_is_no_minimum_version() -> None:
     import_module("megatron.core.optimizer.optimizer_config").is_te_min_version = (
         lambda version, check_equality=True: False
     )
+
+
+def _router_gemm_without_transformer_engine() -> None:
+    """`RouterGatingLinearFunction` (megatron/core/transformer/moe/moe_utils.py, the fp32 router of
+    `moe_router_dtype`) tests `te_general_gemm is not None`, but the module's `except ImportError`
+    (no Transformer Engine) never defines the name, so the test raises NameError. None is what the test
+    means: the plain `torch.mm` in the router dtype."""
+    moe_utils = import_module("megatron.core.transformer.moe.moe_utils")
+    if not moe_utils.HAVE_TE:
+        moe_utils.te_general_gemm = None
+
+
+def _dispatcher_split_sizes_as_host_arrays() -> None:
+    """`MoEAlltoAllTokenDispatcher` hands its split sizes to `all_to_all_single` after
+    `maybe_move_tensor_to_cpu(..., as_numpy=True)` (megatron/core/transformer/moe/moe_utils.py), which
+    makes the numpy array only for a CUDA tensor: on the CPU the sizes stay a torch tensor, which
+    the collective's binding refuses. On the CPU the move is nothing, and `as_numpy` still means numpy."""
+    dispatcher = import_module("megatron.core.transformer.moe.token_dispatcher")
+
+    def on_host(tensor, as_numpy=False, record_stream=False):
+        return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
+
+    dispatcher.maybe_move_tensor_to_cpu = on_host

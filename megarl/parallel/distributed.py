@@ -107,6 +107,13 @@ class ProcessGroups:
     dp_size: int
     vpp_size: int = 1
     """Virtual pipeline stages per PP rank (model chunks this rank holds; 1 without the interleaved schedule)."""
+    ep: dist.ProcessGroup | None = None
+    """Megatron's expert-parallel group (the ranks that split the experts of one layer); None for ep 1."""
+    ep_rank: int = 0
+    ep_size: int = 1
+    expert_dp_rank: int = 0
+    """Rank in the expert-data-parallel group (replicas of the same experts); the dense `dp_rank`
+    counts the EP ranks too (EP is carved out of DP)."""
 
     @property
     def is_first_stage(self) -> bool:
@@ -118,13 +125,15 @@ class ProcessGroups:
 
 
 def initialize_model_parallel(
-    tp: int, pp: int, seed: int, timeout_s: float = DEFAULT_TIMEOUT_S, vpp: int = 1
+    tp: int, pp: int, seed: int, timeout_s: float = DEFAULT_TIMEOUT_S, vpp: int = 1, ep: int = 1
 ) -> ProcessGroups:
     """Build megatron-core's (TP, PP, DP) grid on an initialised world, install the CPU runtime when
     there is no GPU, and seed every RNG (the model-parallel streams included).
 
     DP is world_size / (tp * pp). `vpp` > 1: each PP rank holds that many virtual stages (model chunks)
-    and megatron runs its interleaved schedule. Calling it again with the same sizes returns the same grid.
+    and megatron runs its interleaved schedule. `ep`: expert parallel size, carved out of DP (megatron's
+    expert grid is expert-TP (= TP) × EP × expert-DP × PP), so it must divide DP. Calling it again with
+    the same sizes returns the same grid.
     """
     from megatron.core import parallel_state as mpu
     from megatron.core.process_groups_config import ProcessGroupCollection
@@ -136,10 +145,15 @@ def initialize_model_parallel(
             f"world size {world} is not divisible by tensor parallel {tp} × pipeline parallel {pp} "
             f"= {tp * pp}; choose sizes whose product divides the number of processes"
         )
+    if (world // (tp * pp)) % ep:
+        raise ValueError(
+            f"expert parallel size {ep} does not divide the data-parallel size {world // (tp * pp)} "
+            f"(world {world} / (TP {tp} × PP {pp})): megatron carves EP out of DP; choose an EP that divides it"
+        )
     if mpu.model_parallel_is_initialized():
         shape = (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size(),
-                 mpu.get_virtual_pipeline_model_parallel_world_size() or 1)
-        if shape != (tp, pp, vpp):
+                 mpu.get_virtual_pipeline_model_parallel_world_size() or 1, mpu.get_expert_model_parallel_world_size())
+        if shape != (tp, pp, vpp, ep):
             raise RuntimeError(
                 "this process already has a model-parallel grid of a different shape; megarl keeps one "
                 "grid per process (a role with another layout runs in processes of its own)"
@@ -149,6 +163,7 @@ def initialize_model_parallel(
             tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=pp,
             virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+            expert_model_parallel_size=ep,
             distributed_timeout_minutes=max(1, int(timeout_s // 60)),
         )
     groups = ProcessGroups(
@@ -164,6 +179,10 @@ def initialize_model_parallel(
         dp_rank=mpu.get_data_parallel_rank(),
         dp_size=mpu.get_data_parallel_world_size(),
         vpp_size=vpp,
+        ep=mpu.get_expert_model_parallel_group() if ep > 1 else None,
+        ep_rank=mpu.get_expert_model_parallel_rank(),
+        ep_size=ep,
+        expert_dp_rank=mpu.get_expert_data_parallel_rank(),
     )
     seed_everything(seed, tp_rank=groups.tp_rank, pp_rank=groups.pp_rank)
     return groups

@@ -33,6 +33,14 @@ class DenseDecoder(Architecture):
     """The architecture's changes to the tiny model's config fields (a copy of them is passed)."""
 
     def read_dims(self, cfg: Mapping[str, Any]) -> ModelDims:
+        for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+            if cfg.get(key):
+                raise ValueError(f"config.json: unsupported {key}={cfg[key]} for model_type={cfg['model_type']!r} "
+                                 "(a dense architecture; megarl builds mixture-of-experts as model_type 'qwen3_moe')")
+        return self.read_shared_dims(cfg)
+
+    def read_shared_dims(self, cfg: Mapping[str, Any]) -> ModelDims:
+        """The dims every decoder of the family reads (attention, sizes, RoPE, norms), MoE fields at 0."""
         _reject_unsupported_features(cfg)
         num_heads = read_positive_int(cfg, "num_attention_heads")
         hidden = read_positive_int(cfg, "hidden_size")
@@ -95,6 +103,12 @@ class DenseDecoder(Architecture):
         return options | {"normalization": "RMSNorm"} if transformer_impl == "local" else options
 
     def layer_params(self, dims: ModelDims) -> tuple[LayerParam, ...]:
+        return (*self.attention_params(dims),
+                LayerParam("mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), GATE_UP),
+                LayerParam("mlp.linear_fc2.weight", ("mlp.down_proj.weight",), ROW))
+
+    def attention_params(self, dims: ModelDims) -> tuple[LayerParam, ...]:
+        """The layer's parameters before its MLP: norms, attention and the pre-MLP norm, in model order."""
         params = [
             LayerParam("input_layernorm.weight", ("input_layernorm.weight",), REPLICATED),
             LayerParam("self_attention.linear_qkv.weight",
@@ -110,12 +124,16 @@ class DenseDecoder(Architecture):
             ]
         return (*params,
                 LayerParam("self_attention.linear_proj.weight", ("self_attn.o_proj.weight",), ROW),
-                LayerParam("pre_mlp_layernorm.weight", ("post_attention_layernorm.weight",), REPLICATED),
-                LayerParam("mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), GATE_UP),
-                LayerParam("mlp.linear_fc2.weight", ("mlp.down_proj.weight",), ROW))
+                LayerParam("pre_mlp_layernorm.weight", ("post_attention_layernorm.weight",), REPLICATED))
 
     def hf_layer_shapes(self, dims: ModelDims) -> dict[str, tuple[int, ...]]:
         h, f = dims.hidden_size, dims.ffn_hidden_size
+        return self.hf_attention_shapes(dims) | {
+            "mlp.gate_proj.weight": (f, h), "mlp.up_proj.weight": (f, h), "mlp.down_proj.weight": (h, f)}
+
+    def hf_attention_shapes(self, dims: ModelDims) -> dict[str, tuple[int, ...]]:
+        """The HF tensors of `attention_params` with their shapes."""
+        h = dims.hidden_size
         shapes = {
             "input_layernorm.weight": (h,),
             "post_attention_layernorm.weight": (h,),
@@ -129,7 +147,7 @@ class DenseDecoder(Architecture):
                        "self_attn.v_proj.bias": (dims.kv_size,)}
         if dims.qk_layernorm:
             shapes |= {"self_attn.q_norm.weight": (dims.head_dim,), "self_attn.k_norm.weight": (dims.head_dim,)}
-        return shapes | {"mlp.gate_proj.weight": (f, h), "mlp.up_proj.weight": (f, h), "mlp.down_proj.weight": (h, f)}
+        return shapes
 
     def layer_parameters(self, dims, tp: int) -> int:
         return layer_parameters(dims, tp)
@@ -137,10 +155,8 @@ class DenseDecoder(Architecture):
     def forward_flops_per_token(self, dims: ModelDims, sequence_length: int) -> int:
         """`megarl.models.flops` explains the count (matmuls only, PaLM / Megatron-LM convention)."""
         h = dims.hidden_size
-        projections = 2 * h * (dims.q_size + 2 * dims.kv_size) + 2 * dims.q_size * h
-        attention = 2 * 2 * dims.q_size * sequence_length
         mlp = 2 * 3 * h * dims.ffn_hidden_size
-        return dims.num_layers * (projections + attention + mlp) + 2 * h * dims.vocab_size
+        return dims.num_layers * (attention_flops_per_token(dims, sequence_length) + mlp) + 2 * h * dims.vocab_size
 
     def tiny_config(self, fields: dict[str, Any]) -> Any:
         import transformers
@@ -148,12 +164,29 @@ class DenseDecoder(Architecture):
         return getattr(transformers, self.hf_config_class)(**self.tiny_fields(dict(fields)))
 
 
+def attention_flops_per_token(dims: ModelDims, sequence_length: int) -> int:
+    """One layer's attention matmul FLOPs per token: the q/k/v/o projections and the score and value
+    products over `sequence_length` keys."""
+    h = dims.hidden_size
+    projections = 2 * h * (dims.q_size + 2 * dims.kv_size) + 2 * dims.q_size * h
+    return projections + 2 * 2 * dims.q_size * sequence_length
+
+
 def layer_parameters(shape, tp: int) -> int:
-    """Parameters of one dense decoder layer on one TP rank. `shape`: anything with the sizes and
-    switches of `ModelDims` (the memory estimate's `ModelShape` has them too)."""
+    """Parameters of one decoder layer of the family on one TP rank, all experts counted when
+    `shape.num_experts` > 0 (Qwen3-MoE). `shape`: anything with the sizes and switches of `ModelDims`
+    (the memory estimate's `ModelShape` has them too)."""
+    h = shape.hidden_size
+    if shape.num_experts:  # a routed MoE MLP: the router replicated, each expert cut over TP
+        return attention_parameters(shape, tp) + shape.num_experts * (h + 3 * h * shape.moe_ffn_hidden_size // tp)
+    return attention_parameters(shape, tp) + 3 * h * shape.ffn_hidden_size // tp
+
+
+def attention_parameters(shape, tp: int) -> int:
+    """Parameters of one layer's `attention_params` (both norms included) on one TP rank."""
     h, q, kv = shape.hidden_size, shape.num_attention_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     qkv_rows = q + 2 * kv
-    sharded = h * qkv_rows + (qkv_rows if shape.qkv_bias else 0) + q * h + 3 * h * shape.ffn_hidden_size
+    sharded = h * qkv_rows + (qkv_rows if shape.qkv_bias else 0) + q * h
     replicated = 2 * h + (2 * shape.head_dim if shape.qk_layernorm else 0)
     return sharded // tp + replicated
 
@@ -172,9 +205,6 @@ def _reject_unsupported_features(cfg: Mapping[str, Any]) -> None:
     non_full = sorted({str(t) for t in layer_types if t != "full_attention"})
     if non_full:
         problems.append(f"layer_types contains {non_full} (only 'full_attention' layers are supported)")
-    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
-        if cfg.get(key):
-            problems.append(f"{key}={cfg[key]} (mixture-of-experts models are not supported yet)")
     if cfg.get("attention_bias"):
         # Llama/Qwen3 attention_bias puts a bias on o_proj too; Megatron's add_qkv_bias covers q/k/v only.
         problems.append(
