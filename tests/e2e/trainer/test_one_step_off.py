@@ -1,12 +1,10 @@
 """`trainer.rollout_mode: one_step_off` end to end on CPU: split placement (the actor's two TP ranks on
 two slots, the vLLM engine on a third), the engines generating each next batch in the driver's
-generation thread while the actor trains, with DAPO's dynamic sampling and validation on, then a
-resume from the middle of the run."""
+generation thread while the actor trains, with DAPO's dynamic sampling and validation on. A resume from
+the middle of such a run (the batch generated ahead, kept in the checkpoint) is the loop's logic:
+tests/unit/trainer/test_loop_on_fake_cluster.py."""
 
 import json
-import shutil
-
-import pytest
 
 from megarl import Trainer
 from megarl.workers.checkpoint_files import step_dir_name
@@ -20,14 +18,11 @@ ARGS = {
     "algorithm.dynamic_sampling.enable": "true", "algorithm.dynamic_sampling.max_rounds": 20,
     "checkpoint.export_hf": "false",
 }
-COMPARED = ("reward/mean", "reward/std", "dapo/rounds", "response_length/mean", "actor/pg_loss", "actor/grad_norm",
-            "actor/entropy", "actor/loss", "rollout/policy_version_lag/max")
 
 
-def test_one_step_off_trains_one_version_behind_and_resumes_exactly(assets, tmp_path):
+def test_one_step_off_trains_one_version_behind(assets, tmp_path):
     run_dir = tmp_path / "run"
-    args = overrides(assets, run_dir, **ARGS)
-    trainer = Trainer.from_config(QUICKSTART, args)
+    trainer = Trainer.from_config(QUICKSTART, overrides(assets, run_dir, **ARGS))
     trainer.fit()
     metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
@@ -42,17 +37,3 @@ def test_one_step_off_trains_one_version_behind_and_resumes_exactly(assets, tmp_
     extra = json.loads((run_dir / "checkpoints" / step_dir_name(2) / "extra.json").read_text())
     assert extra["stream"]["ahead"]["policy_version"] == 1
     assert json.loads((run_dir / "checkpoints" / step_dir_name(4) / "extra.json").read_text())["stream"] == {"ahead": None}
-
-    # The run stopped after step 2's checkpoint: a copy without step 4's resumes from it, trains step 3 on
-    # the batch the checkpoint kept and step 4 on one its engines generate with step 2's weights, as the
-    # uninterrupted run did.
-    copy = tmp_path / "copy"
-    shutil.copytree(run_dir, copy)
-    shutil.rmtree(copy / "checkpoints" / step_dir_name(4))
-    Trainer.from_config(QUICKSTART, [arg.replace(str(run_dir), str(copy)) for arg in args]).fit()
-    resumed = read_metrics(copy / "quickstart" / "metrics.jsonl")
-    assert [m["step"] for m in resumed] == list(range(1, STEPS + 1))
-    for ours, theirs in zip(resumed[2:], metrics[2:]):
-        for key in COMPARED:
-            assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-6), (ours["step"], key)
-    assert resumed[-1]["val/reward/mean"] == pytest.approx(metrics[-1]["val/reward/mean"], rel=1e-5, abs=1e-6)
