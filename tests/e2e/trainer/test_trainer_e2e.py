@@ -18,7 +18,6 @@ from megarl.algorithms.advantages import compute_advantages
 from megarl.config.rollout import LOGPROB_GAP_BY_DTYPE
 from megarl.models.tiny import make_tiny_reward_model
 from megarl.trainer.timing import STARTUP_PHASES
-from megarl.rewards.functions import RewardFunctionError
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.trainer.metrics import DOCUMENTED_METRICS
 
@@ -384,17 +383,12 @@ def test_bf16_engines_beside_an_fp32_actor_load_its_weights_cast_and_train_with_
         assert 0 < m["correction/weight_mean"] <= 2 and 0 <= m["correction/out_of_range_tokens"] < 1
 
 
-def test_reward_faults_are_counted_and_wrong_length_stops(split_tp2_flaky_reward_run, assets, tmp_path, monkeypatch):
+def test_reward_faults_are_counted(split_tp2_flaky_reward_run):
+    """A reward function that raises or hangs costs its samples, counted; the run goes on. (One returning
+    the wrong number of scores stops the run: tests/unit/trainer/test_loop_on_fake_cluster.py.)"""
     _, _, metrics = split_tp2_flaky_reward_run  # scored by bad_rewards:flaky
     assert [m["step"] for m in metrics] == [1, 2]
     assert sum(m["reward/errors"] for m in metrics) > 0 and sum(m["reward/timeouts"] for m in metrics) > 0
-
-    monkeypatch.syspath_prepend(str(REPO))  # the reward functions are imported as tests.e2e.trainer.bad_rewards
-    wrong = overrides(assets, tmp_path / "wrong", **{
-        "trainer.total_steps": 2, "reward.function": "tests.e2e.trainer.bad_rewards:wrong_length",
-    })
-    with pytest.raises(RewardFunctionError, match="wrong_length"):
-        Trainer.from_config(QUICKSTART, wrong).fit()
 
 
 def _wait_for(condition, process, timeout_s=300):

@@ -5,6 +5,7 @@ RNG restored, vLLM engines reloaded, a killed driver) stays in tests/e2e/trainer
 
 import inspect
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -21,6 +22,9 @@ from fake_cluster import (
 import megarl.trainer.trainer as trainer_module
 from megarl import Trainer
 from megarl.cli.main import main
+from megarl.cli.train import _train
+from megarl.config import checked_config
+from megarl.rewards.functions import RewardFunctionError
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.trainer.handover import HandOver
 from megarl.trainer.roles import Roles
@@ -198,19 +202,59 @@ def test_one_step_off_resumes_from_the_middle_with_the_batch_the_checkpoint_kept
     assert resumed[-1]["val/reward/mean"] == pytest.approx(metrics[-1]["val/reward/mean"], rel=1e-9)
 
 
-def test_consecutive_bad_steps_stop_the_run_naming_max_bad_steps(assets, tmp_path, monkeypatch):
-    """`trainer.max_bad_steps` counts consecutive skipped updates: two in a row end the run right after
-    the second one's record; a good step in between starts the count again."""
+def train_command(monkeypatch, args: list[str]) -> int:
+    """`megarl train`'s run and its errors' exit codes (`megarl.cli.train._train`) on the fake cluster,
+    with this directory's reward functions importable (`loop_rewards`)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    with fake_cluster(monkeypatch):
+        return _train(checked_config(QUICKSTART, args))
+
+
+def test_consecutive_nan_steps_stop_the_run_naming_max_bad_steps(assets, tmp_path, monkeypatch, capsys):
+    """Valid float32 rewards whose group sums overflow: NaN advantages, a NaN gradient on every step, each
+    update skipped; two in a row end the run right after the second one's record, exit 1, the message
+    naming the setting (moved from tests/e2e/reliability/test_numerical_faults.py; that megatron-core's
+    optimizer skips a NaN step and reports it is tests/distributed/workers/test_megatron_workers.py's)."""
+    code = train_command(monkeypatch, overrides(assets, tmp_path, **{
+        "reward.function": "loop_rewards:group_sum_overflow", "trainer.max_bad_steps": 2, "trainer.total_steps": 6}))
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "megarl train: failed: BadStepsError: 2 consecutive steps" in err and "trainer.max_bad_steps=2" in err, err
+    records = read_metrics(tmp_path / "quickstart" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2], "the run must stop right after the 2nd bad step"
+    assert all(r["actor/skipped_steps"] >= 1 and r["actor/optimizer_steps"] == r["actor/skipped_steps"] for r in records)
+
+
+def test_a_good_step_between_bad_ones_starts_the_count_again(assets, tmp_path, monkeypatch):
     args = overrides(assets, tmp_path / "a", **{"trainer.total_steps": 6, "trainer.max_bad_steps": 2})
     with pytest.raises(trainer_module.BadStepsError, match=r"2 consecutive steps .*trainer.max_bad_steps=2"):
         fit(monkeypatch, args, bad_steps={2, 3})
     records = read_metrics(tmp_path / "a" / "quickstart" / "metrics.jsonl")
-    assert [r["step"] for r in records] == [1, 2, 3], "the run must stop right after the 2nd bad step"
     assert [r["actor/skipped_steps"] for r in records] == [0, 1, 1]
-
     apart = fit(monkeypatch, overrides(assets, tmp_path / "b", **{"trainer.total_steps": 5, "trainer.max_bad_steps": 2}),
                 bad_steps={2, 4})
     assert [r["step"] for r in read_metrics(apart.run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+
+
+def test_a_reward_beyond_float32_stops_the_run_at_scoring(assets, tmp_path, monkeypatch, capsys):
+    """Exit 2, the message naming the function, the value, the sample's index and its response, and no
+    step trained (moved from tests/e2e/reliability/test_numerical_faults.py)."""
+    code = train_command(monkeypatch, overrides(assets, tmp_path, **{
+        "reward.function": "loop_rewards:beyond_float32", "trainer.total_steps": 3}))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert re.search(r"megarl train: reward.function 'loop_rewards:beyond_float32' returned 1e\+39 \(float\) "
+                     r"as score \d+; .*float32.*; the response it scored: '.+'", err), err
+    assert not (tmp_path / "quickstart" / "metrics.jsonl").exists() or \
+        read_metrics(tmp_path / "quickstart" / "metrics.jsonl") == [], "no step may train on a reward the trainer cannot hold"
+
+
+def test_a_reward_function_returning_the_wrong_length_stops_the_run(assets, tmp_path, monkeypatch):
+    """(moved from tests/e2e/trainer/test_trainer_e2e.py::test_reward_faults_are_counted_and_wrong_length_stops)"""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    with pytest.raises(RewardFunctionError, match="wrong_length"):
+        fit(monkeypatch, overrides(assets, tmp_path, **{"trainer.total_steps": 2,
+                                                        "reward.function": "loop_rewards:wrong_length"}))
 
 
 def test_validation_runs_every_test_freq_steps_and_at_the_end(assets, tmp_path, monkeypatch):
