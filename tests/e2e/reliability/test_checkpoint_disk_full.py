@@ -19,6 +19,8 @@ from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.workers.checkpoint_files import read_manifest
 from reliability_job import Job, assert_trained_alike
 
+pytestmark = pytest.mark.slow  # a whole job with a fault injected: `-m "not slow"` leaves it out
+
 TMPFS_SIZE = "48m"
 """Room for a few checkpoints of the tiny model (about 5 MB each) and the filler."""
 OVERRIDES = ["checkpoint.save_freq=2"]

@@ -13,6 +13,8 @@ import pytest
 
 from reliability_job import Job
 
+pytestmark = pytest.mark.slow  # a whole job with a fault injected: `-m "not slow"` leaves it out
+
 
 @pytest.fixture
 def job_runner(workspace, tmp_path):

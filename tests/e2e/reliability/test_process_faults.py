@@ -10,9 +10,12 @@ import re
 import time
 
 import psutil
+import pytest
 
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from reliability_job import Job, assert_trained_alike, failed_run_state, python_stacks
+
+pytestmark = pytest.mark.slow  # a whole job with a fault injected: `-m "not slow"` leaves it out
 
 # How long a job may take to notice a dead rank and exit: Ray reports the actor's death within
 # seconds; the rest is the driver's shutdown of the other processes and of Ray.
