@@ -190,7 +190,8 @@ def test_one_step_off_resumes_from_the_middle_with_the_batch_the_checkpoint_kept
     assert all(m["dapo/rounds"] >= 1 and m["reward/std"] > 0 for m in metrics)
     extra = json.loads((run_dir / "checkpoints" / step_dir_name(2) / "extra.json").read_text())
     assert extra["stream"]["ahead"]["policy_version"] == 1
-    assert json.loads((run_dir / "checkpoints" / step_dir_name(4) / "extra.json").read_text())["stream"] == {"ahead": None}
+    last = json.loads((run_dir / "checkpoints" / step_dir_name(4) / "extra.json").read_text())
+    assert last["stream"] == {"ahead": None}
 
     copy = tmp_path / "copy"
     shutil.copytree(run_dir, copy)
@@ -222,7 +223,8 @@ def test_consecutive_nan_steps_stop_the_run_naming_max_bad_steps(assets, tmp_pat
     assert "megarl train: failed: BadStepsError: 2 consecutive steps" in err and "trainer.max_bad_steps=2" in err, err
     records = read_metrics(tmp_path / "quickstart" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2], "the run must stop right after the 2nd bad step"
-    assert all(r["actor/skipped_steps"] >= 1 and r["actor/optimizer_steps"] == r["actor/skipped_steps"] for r in records)
+    assert all(r["actor/skipped_steps"] >= 1 and r["actor/optimizer_steps"] == r["actor/skipped_steps"]
+               for r in records)
 
 
 def test_a_good_step_between_bad_ones_starts_the_count_again(assets, tmp_path, monkeypatch):
@@ -231,8 +233,8 @@ def test_a_good_step_between_bad_ones_starts_the_count_again(assets, tmp_path, m
         fit(monkeypatch, args, bad_steps={2, 3})
     records = read_metrics(tmp_path / "a" / "quickstart" / "metrics.jsonl")
     assert [r["actor/skipped_steps"] for r in records] == [0, 1, 1]
-    apart = fit(monkeypatch, overrides(assets, tmp_path / "b", **{"trainer.total_steps": 5, "trainer.max_bad_steps": 2}),
-                bad_steps={2, 4})
+    args = overrides(assets, tmp_path / "b", **{"trainer.total_steps": 5, "trainer.max_bad_steps": 2})
+    apart = fit(monkeypatch, args, bad_steps={2, 4})
     assert [r["step"] for r in read_metrics(apart.run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5]
 
 
@@ -245,8 +247,9 @@ def test_a_reward_beyond_float32_stops_the_run_at_scoring(assets, tmp_path, monk
     assert code == 2, err
     assert re.search(r"megarl train: reward.function 'loop_rewards:beyond_float32' returned 1e\+39 \(float\) "
                      r"as score \d+; .*float32.*; the response it scored: '.+'", err), err
-    assert not (tmp_path / "quickstart" / "metrics.jsonl").exists() or \
-        read_metrics(tmp_path / "quickstart" / "metrics.jsonl") == [], "no step may train on a reward the trainer cannot hold"
+    metrics_file = tmp_path / "quickstart" / "metrics.jsonl"
+    assert not metrics_file.exists() or read_metrics(metrics_file) == [], \
+        "no step may train on a reward the trainer cannot hold"
 
 
 def test_a_reward_function_returning_the_wrong_length_stops_the_run(assets, tmp_path, monkeypatch):
