@@ -5,8 +5,10 @@ RNG restored, vLLM engines reloaded, a killed driver) stays in tests/e2e/trainer
 
 import inspect
 import json
+import os
 import re
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ from fake_cluster import (
 )
 
 import megarl.trainer.trainer as trainer_module
-from megarl import Trainer
+from megarl import Trainer, interrupt
 from megarl.cli.main import main
 from megarl.cli.train import _train
 from megarl.config import checked_config
@@ -258,6 +260,32 @@ def test_a_reward_function_returning_the_wrong_length_stops_the_run(assets, tmp_
     with pytest.raises(RewardFunctionError, match="wrong_length"):
         fit(monkeypatch, overrides(assets, tmp_path, **{"trainer.total_steps": 2,
                                                         "reward.function": "loop_rewards:wrong_length"}))
+
+
+def test_a_stop_signal_ends_the_run_after_the_step_it_came_in_with_one_line(assets, tmp_path, monkeypatch, capsys):
+    """SIGTERM during step 3: the step finishes and is logged, the loop stops before step 4, and `megarl
+    train` prints one line naming the step, its phase and the last checkpoint, exit 143. (That the signal
+    also ends every process and leaves no /dev/shm file is the whole job's:
+    tests/e2e/reliability/test_stop_signals.py.)"""
+    monkeypatch.setattr(interrupt, "_requested", None)  # the process-wide request, this test's only
+    with fake_cluster(monkeypatch):
+        to_rollout = trainer_module.HandOver.to_rollout
+
+        def signalled_in_step_3(self, step):
+            if step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return to_rollout(self, step)
+
+        monkeypatch.setattr(trainer_module.HandOver, "to_rollout", signalled_in_step_3)
+        args = overrides(assets, tmp_path, **{"trainer.total_steps": 6, "checkpoint.save_freq": 2})
+        code = _train(checked_config(QUICKSTART, args))
+    err = capsys.readouterr().err
+    assert code == 128 + signal.SIGTERM, err
+    [line] = [line for line in err.splitlines() if line.startswith("megarl train: stopped by")]
+    assert re.fullmatch(r"megarl train: stopped by SIGTERM during step 3 \(step\); last checkpoint: step 2 \(.+\); "
+                        r"continue from it by running the same command with checkpoint.resume=auto", line), line
+    assert "Traceback" not in err
+    assert [m["step"] for m in read_metrics(tmp_path / "quickstart" / "metrics.jsonl")] == [1, 2, 3]
 
 
 def test_validation_runs_every_test_freq_steps_and_at_the_end(assets, tmp_path, monkeypatch):
