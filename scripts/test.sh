@@ -7,6 +7,7 @@ if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
   echo "Usage: bash scripts/test.sh [pytest args...]"
   echo "Sets up .venv (scripts/setup.sh) and runs the test suite with pytest (default: all of tests/),"
   echo "then lists the 25 slowest tests (of those over 1 s)."
+  echo "The fast lane: bash scripts/test.sh -m \"not slow\" (all but the long fault and soak tests)."
   exit 0
 fi
 

@@ -15,6 +15,8 @@ from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.workers.checkpoint_files import read_manifest
 from reliability_job import Job
 
+pytestmark = pytest.mark.slow  # a whole job with a fault injected: `-m "not slow"` leaves it out
+
 
 def mount_read_only(directory, pid: int) -> bool:
     """Bind-mount `directory` onto itself read-only in the mount namespace of process `pid`; False where this

@@ -1,7 +1,6 @@
 """checkpoint.dir filling up between two saves of a run: the next save fails with an error naming the
 step's directory and ENOSPC, the job ends (non-zero), no temp dir is left, the previous checkpoint stays
-complete and is the one `checkpoint.resume=auto` picks once space is freed, and the resumed run trains
-the steps after it exactly as the first run did.
+complete and is the one `checkpoint.resume=auto` picks once space is freed.
 
 The checkpoint code's own no-space handling is covered by tests/distributed/checkpoint/test_checkpoint_faults.py;
 this is the same through a whole job, on a real full file system: a small tmpfs (needs CAP_SYS_ADMIN,
@@ -17,7 +16,9 @@ import pytest
 
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.workers.checkpoint_files import read_manifest
-from reliability_job import Job, assert_trained_alike
+from reliability_job import Job
+
+pytestmark = pytest.mark.slow  # a whole job with a fault injected: `-m "not slow"` leaves it out
 
 TMPFS_SIZE = "48m"
 """Room for a few checkpoints of the tiny model (about 5 MB each) and the filler."""
@@ -51,8 +52,8 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "--lazy", str(directory)], check=True)
 
 
-def test_full_disk_fails_the_save_and_auto_resume_continues_from_the_previous_checkpoint(workspace, tmp_path, jobs,
-                                                                                           small_disk):
+def test_full_disk_fails_the_save_and_auto_resume_picks_the_previous_checkpoint(workspace, tmp_path, jobs,
+                                                                                small_disk):
     run_dir = tmp_path / "run"
     first = Job.start(workspace, run_dir, ["trainer.total_steps=8", *OVERRIDES])
     jobs.append(first)
@@ -80,11 +81,8 @@ def test_full_disk_fails_the_save_and_auto_resume_continues_from_the_previous_ch
     assert first.leftovers() == []
 
     (small_disk / "filler").unlink()
-    second = Job.start(workspace, run_dir, [f"trainer.total_steps={failed_step}", "checkpoint.resume=auto", *OVERRIDES])
-    jobs.append(second)
-    assert second.wait() == 0, second.output()[-4000:]
-    resumed = second.metrics()
-    assert [r["step"] for r in resumed] == list(range(1, failed_step + 1))
-    assert resumed[:saved[-1].step] == logged[:saved[-1].step]
-    assert_trained_alike(resumed[saved[-1].step:failed_step - 1], logged[saved[-1].step:])
-    assert manager.latest().step == failed_step
+    # Once space is freed, `checkpoint.resume=auto` continues from the checkpoint saved before the disk
+    # filled, intact (every SHA-256 checked). That a resume trains the steps after it as the interrupted
+    # run did is the same path as after a killed driver: tests/e2e/trainer/test_trainer_e2e.py::
+    # test_resume_after_killed_driver_matches_uninterrupted_run (and tests/unit/trainer/test_loop_on_fake_cluster.py).
+    assert manager.resolve_resume("auto").path == saved[-1].path

@@ -13,6 +13,8 @@ import pytest
 
 from reliability_job import Job
 
+pytestmark = pytest.mark.slow  # a whole job with a fault injected: `-m "not slow"` leaves it out
+
 END_BOUND_S = 120.0
 ONE_STEP_OFF = ["trainer.rollout_mode=one_step_off", "placement.mode=split", "placement.gpus_per_node=3",
                 "placement.rollout_gpus=1"]

@@ -10,8 +10,11 @@ import signal
 import time
 
 import psutil
+import pytest
 
 from reliability_job import Job, failed_run_state, python_stacks
+
+pytestmark = pytest.mark.slow  # a whole job with a fault injected: `-m "not slow"` leaves it out
 
 HANG_TIMEOUT_S = 10
 SHUTDOWN_BOUND_S = 110.0

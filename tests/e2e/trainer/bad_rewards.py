@@ -11,6 +11,3 @@ def flaky(prompts, responses, **columns):
         time.sleep(3600)
     return [1.0] * len(responses)
 
-
-def wrong_length(prompts, responses, **columns):
-    return [1.0]
