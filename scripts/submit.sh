@@ -68,7 +68,9 @@ fi
 # Bounded wait for the whole cluster (a multi-node job placed on a partial cluster would wait or fail).
 if [ "$wait_nodes" -gt 0 ]; then
   deadline=$((SECONDS + wait_timeout))
-  until alive="$(ray list nodes --address "$address" --filter state=ALIVE --format json 2>/dev/null | grep -c '"node_id"')" \
+  # `--format json` prints the whole list on one line: count the ids, not the lines.
+  until alive="$(ray list nodes --address "$address" --filter state=ALIVE --format json 2>/dev/null \
+                 | grep -o '"node_id"' | wc -l)" \
         && [ "$alive" -ge "$wait_nodes" ]; do
     [ "$SECONDS" -lt "$deadline" ] \
       || fail "the cluster at $address did not reach $wait_nodes alive node(s) within ${wait_timeout}s (has ${alive:-none})."
