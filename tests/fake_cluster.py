@@ -163,7 +163,7 @@ class FakeWeightSync:
 class FakeHandOver:
     """`megarl.trainer.handover.HandOver`: `to_rollout` gives every engine rank 0's weights."""
 
-    def __init__(self, roles, sync, *, engines_sleep: bool, timer):
+    def __init__(self, roles, sync, *, engines_sleep: bool, timer, engines_generate_beside: bool = False):
         self.roles, self.timer = roles, timer
 
     def to_training(self) -> None:

@@ -15,6 +15,7 @@ from megarl.models.tiny import make_tiny_model
 from megarl.rewards.tasks import calc_tool_demo_rows
 from reliability_job import Job
 
+pytestmark = pytest.mark.slow  # whole commands with a signal sent: `-m "not slow"` leaves them out
 REPO = Path(__file__).resolve().parents[3]
 END_BOUND_S = 60.0
 
