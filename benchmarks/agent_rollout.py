@@ -57,13 +57,23 @@ def main() -> None:
     with ToolSet(multi_turn) as tools:
         tools.wait_ready()
         prompts = load_prompts(config.data.train_files, tokenizer, config.data, tools.schemas())[0]
-        prompts = prompts[:config.data.train_batch_size]
-        engine = make_rollout_engine("vllm", config.model.path, dtype="float32",
-                                     max_model_len=config.data.max_prompt_length + multi_turn.max_total_tokens)
+        prompts = prompts[: config.data.train_batch_size]
+        engine = make_rollout_engine(
+            "vllm",
+            config.model.path,
+            dtype="float32",
+            max_model_len=config.data.max_prompt_length + multi_turn.max_total_tokens,
+        )
         try:
             engines = OneEngine(engine)
-            loop = AgentLoop(engines, tools, parser_for(multi_turn.tool_format, tools.schemas()), ObservationEncoder(tokenizer),
-                             lambda ids: tokenizer.decode(ids, skip_special_tokens=False), multi_turn)
+            loop = AgentLoop(
+                engines,
+                tools,
+                parser_for(multi_turn.tool_format, tools.schemas()),
+                ObservationEncoder(tokenizer),
+                lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+                multi_turn,
+            )
             loop(prompts, sampling, "warm-up")
             single_turn(engines, prompts, replace(sampling, stop_token_ids=()), "warm-up")
             rows = []
@@ -79,21 +89,34 @@ def main() -> None:
                 outputs = engine.generate(contexts, flat, model_tokens)
                 single_s = time.perf_counter() - start
                 assert [len(o.response_token_ids[0]) for o in outputs] == model_tokens
-                rows.append({"agent_s": agent_s, "single_turn_s": single_s, "model_tokens": sum(model_tokens),
-                             "observation_tokens": sum(len(ids) for ids in samples.response_ids) - sum(model_tokens),
-                             "turns_mean": sum(t.turns for t in samples.trajectories) / len(samples)})
+                rows.append(
+                    {
+                        "agent_s": agent_s,
+                        "single_turn_s": single_s,
+                        "model_tokens": sum(model_tokens),
+                        "observation_tokens": sum(len(ids) for ids in samples.response_ids) - sum(model_tokens),
+                        "turns_mean": sum(t.turns for t in samples.trajectories) / len(samples),
+                    }
+                )
         finally:
             engine.shutdown()
     ratio = statistics.median(r["agent_s"] / r["single_turn_s"] for r in rows)
-    result = {"recipe": RECIPE, "samples": len(prompts) * sampling.n, "repeats": rows,
-              "median_agent_over_single_turn": ratio, "machine": platform.processor() or platform.machine()}
+    result = {
+        "recipe": RECIPE,
+        "samples": len(prompts) * sampling.n,
+        "repeats": rows,
+        "median_agent_over_single_turn": ratio,
+        "machine": platform.processor() or platform.machine(),
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))
     print("| samples | turns/sample | model tokens | observation tokens | agent loop s | single turn s | ratio |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {result['samples']} | {r['turns_mean']:.2f} | {r['model_tokens']} | {r['observation_tokens']} | "
-              f"{r['agent_s']:.2f} | {r['single_turn_s']:.2f} | {r['agent_s'] / r['single_turn_s']:.2f} |")
+        print(
+            f"| {result['samples']} | {r['turns_mean']:.2f} | {r['model_tokens']} | {r['observation_tokens']} | "
+            f"{r['agent_s']:.2f} | {r['single_turn_s']:.2f} | {r['agent_s'] / r['single_turn_s']:.2f} |"
+        )
     print(f"median agent ÷ single turn: {ratio:.2f}")
 
 

@@ -25,8 +25,14 @@ sys.path.insert(0, str(REPO / "tests"))
 from recorded_transfers import recorded_trainer, run_step  # noqa: E402
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
-PPO = ["actor.use_kl_loss=true", "critic.enable=true", "algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=16",
-       "actor.ppo_mini_batch_size=4", "actor.micro_batch_size_per_gpu=4"]
+PPO = [
+    "actor.use_kl_loss=true",
+    "critic.enable=true",
+    "algorithm.adv_estimator=gae",
+    "critic.ppo_mini_batch_size=16",
+    "actor.ppo_mini_batch_size=4",
+    "actor.micro_batch_size_per_gpu=4",
+]
 SAME_LAYOUT = ["ref.parallel.tensor_model_parallel_size=2", "critic.parallel.tensor_model_parallel_size=2"]
 OWN_GROUPS = ["ref.parallel.tensor_model_parallel_size=1", "critic.parallel.tensor_model_parallel_size=1"]
 LONG = ["rollout.max_new_tokens=64"]
@@ -48,7 +54,7 @@ def step_bytes(overrides: list[str]) -> tuple[int, int, Counter]:
     run_step(trainer, 2)
     sent, received, by_field = 0, 0, Counter()
     for group in {id(group): group for group in trainer.roles.groups.values()}.values():
-        for call in group.workers.calls[marks[id(group)]:]:
+        for call in group.workers.calls[marks[id(group)] :]:
             sent += sum(call.sent.values())
             received += call.received
             by_field.update(call.sent)

@@ -49,22 +49,37 @@ def main() -> None:
     if not (model_dir / "config.json").exists():
         make_tiny_model(str(model_dir), "qwen2", **MODEL_100M)
     tensors = list(_checkpoint(str(model_dir)).values())
-    report = dict(benchmark="checksum_cost", context=context(), model=model_summary(model_dir), tensors=len(tensors),
-                  repeats=args.repeats, threads=1, dtypes={})
+    report = dict(
+        benchmark="checksum_cost",
+        context=context(),
+        model=model_summary(model_dir),
+        tensors=len(tensors),
+        repeats=args.repeats,
+        threads=1,
+        dtypes={},
+    )
     for name in ("float32", "bfloat16"):
         dtype = getattr(torch, name)
-        timings = time_interleaved({
-            "checksum": lambda: [tensor_checksum(t, dtype) for t in tensors],
-            "affine_sum": lambda: [affine_checksum(t, dtype) for t in tensors],
-            "clone": lambda: [t.clone() for t in tensors],
-        }, args.repeats)
-        report["dtypes"][name] = dict(seconds=timings.seconds,
-                                      median_seconds={k: timings.median(k) for k in timings.seconds},
-                                      checksum_over_affine_paired=timings.paired_ratio("checksum", "affine_sum"),
-                                      checksum_over_clone_paired=timings.paired_ratio("checksum", "clone"))
+        timings = time_interleaved(
+            {
+                "checksum": lambda: [tensor_checksum(t, dtype) for t in tensors],
+                "affine_sum": lambda: [affine_checksum(t, dtype) for t in tensors],
+                "clone": lambda: [t.clone() for t in tensors],
+            },
+            args.repeats,
+        )
+        report["dtypes"][name] = dict(
+            seconds=timings.seconds,
+            median_seconds={k: timings.median(k) for k in timings.seconds},
+            checksum_over_affine_paired=timings.paired_ratio("checksum", "affine_sum"),
+            checksum_over_clone_paired=timings.paired_ratio("checksum", "clone"),
+        )
     write_json(args.json, report)
-    print(json.dumps({name: {k: v for k, v in d.items() if k != "seconds"} for name, d in report["dtypes"].items()},
-                     indent=1))
+    print(
+        json.dumps(
+            {name: {k: v for k, v in d.items() if k != "seconds"} for name, d in report["dtypes"].items()}, indent=1
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -22,15 +22,20 @@ from megarl.trainer.metrics import MEMORY_PHASES, MEMORY_ROLES, MEMORY_STATS, me
 def memory_by_phase(step: dict, stat: str) -> dict[str, dict[str, float]]:
     """phase -> role -> GiB of one step's record, for the (phase, role) pairs it logged."""
     return {
-        phase: {role: step[memory_metric(role, phase, stat)] for role in MEMORY_ROLES
-                if memory_metric(role, phase, stat) in step}
+        phase: {
+            role: step[memory_metric(role, phase, stat)]
+            for role in MEMORY_ROLES
+            if memory_metric(role, phase, stat) in step
+        }
         for phase in MEMORY_PHASES
     }
 
 
 def logged_stat(step: dict) -> str | None:
     """The memory stat a run logged (`rss_gib` on CPU; on CUDA the first of the allocator's); None if none."""
-    stats = [stat for stat in MEMORY_STATS if any(name.endswith("/" + stat) for name in step if name.startswith("memory/"))]
+    stats = [
+        stat for stat in MEMORY_STATS if any(name.endswith("/" + stat) for name in step if name.startswith("memory/"))
+    ]
     return stats[0] if stats else None
 
 
@@ -39,8 +44,9 @@ def markdown(first: dict, last: dict, first_step: int, last_step: int, stat: str
     header = ["phase", *(f"{role}, step {step}" for role in roles for step in (first_step, last_step))]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for phase in MEMORY_PHASES:
-        cells = [f"{table[phase][role]:.3f}" if role in table[phase] else "" for role in roles
-                 for table in (first, last)]
+        cells = [
+            f"{table[phase][role]:.3f}" if role in table[phase] else "" for role in roles for table in (first, last)
+        ]
         lines.append(f"| {phase} | " + " | ".join(cells) + " |")
     return f"{stat}, GiB (the highest rank of each role):\n\n" + "\n".join(lines)
 
@@ -62,15 +68,19 @@ def main() -> None:
     steps = [json.loads(line) for line in args.metrics.read_text().splitlines() if line.strip()]
     stat = logged_stat(steps[0]) if steps else None
     if stat is None:
-        parser.error(f"{args.metrics}: no memory/<role>/<phase>/<stat> metric in its first step; a colocated run "
-                     "logs them every step (megarl.trainer.handover)")
+        parser.error(
+            f"{args.metrics}: no memory/<role>/<phase>/<stat> metric in its first step; a colocated run "
+            "logs them every step (megarl.trainer.handover)"
+        )
     tables = {step["step"]: memory_by_phase(step, stat) for step in steps}
     first, last = steps[0]["step"], steps[-1]["step"]
     print(markdown(tables[first], tables[last], first, last, stat))
     if args.json:
         run = f"{args.metrics.parent.name}/{args.metrics.name}"
-        series = {phase: {role: [round(tables[step][phase][role], 6) for step in tables] for role in tables[last][phase]}
-                  for phase in MEMORY_PHASES}
+        series = {
+            phase: {role: [round(tables[step][phase][role], 6) for step in tables] for role in tables[last][phase]}
+            for phase in MEMORY_PHASES
+        }
         header = {"metrics": run, "stat": stat, "unit": "GiB", "steps": list(tables)}
         args.json.write_text(one_line_per_series(header, series))
 

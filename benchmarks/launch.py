@@ -28,8 +28,17 @@ STEPS = 2
 
 def launch(workdir: Path) -> dict:
     """One `megarl train` to STEPS steps: seconds from launch to each marker line, and the start-up phases."""
-    command = [sys.executable, "-m", "megarl.cli.main", "train", "configs/quickstart.yaml", "checkpoint.resume=disable",
-               f"trainer.total_steps={STEPS}", f"trainer.output_dir={workdir}", "trainer.experiment_name=launch"]
+    command = [
+        sys.executable,
+        "-m",
+        "megarl.cli.main",
+        "train",
+        "configs/quickstart.yaml",
+        "checkpoint.resume=disable",
+        f"trainer.total_steps={STEPS}",
+        f"trainer.output_dir={workdir}",
+        "trainer.experiment_name=launch",
+    ]
     began = time.perf_counter()
     seen: dict = {"steps": {}}
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
@@ -38,8 +47,9 @@ def launch(workdir: Path) -> dict:
             if match := STARTUP.match(line.strip()):
                 seen["startup_line"] = now
                 seen["startup_seconds"] = float(match[1])
-                seen["phases"] = {name: float(value) for name, value in
-                                  (part.rsplit(" ", 2)[:2] for part in match[2].split(" | "))}
+                seen["phases"] = {
+                    name: float(value) for name, value in (part.rsplit(" ", 2)[:2] for part in match[2].split(" | "))
+                }
             elif match := STEP.match(line.strip()):
                 seen["steps"][int(match[1])] = now
     if process.returncode != 0 or "startup_line" not in seen or len(seen["steps"]) != STEPS:
@@ -63,7 +73,11 @@ def main() -> None:
         return statistics.median(pick(run) for run in runs)
 
     report = dict(
-        benchmark="launch", context=context(), config="configs/quickstart.yaml", repeats=args.repeats, runs=runs,
+        benchmark="launch",
+        context=context(),
+        config="configs/quickstart.yaml",
+        repeats=args.repeats,
+        runs=runs,
         median_launch_to_first_step=median(lambda run: run["steps"][1]),
         median_before_startup=median(lambda run: run["before_startup"]),
         median_startup=median(lambda run: run["startup_seconds"]),
@@ -71,10 +85,12 @@ def main() -> None:
         median_first_step=median(lambda run: run["steps"][1] - run["startup_line"]),
     )
     write_json(args.json, report)
-    print(f"launch → step 1: {report['median_launch_to_first_step']:.1f} s (median of {args.repeats}) = before "
-          f"start-up {report['median_before_startup']:.1f} s + start-up {report['median_startup']:.1f} s ("
-          + ", ".join(f"{name} {value:.1f} s" for name, value in report["median_phases"].items())
-          + f") + step 1 {report['median_first_step']:.1f} s")
+    print(
+        f"launch → step 1: {report['median_launch_to_first_step']:.1f} s (median of {args.repeats}) = before "
+        f"start-up {report['median_before_startup']:.1f} s + start-up {report['median_startup']:.1f} s ("
+        + ", ".join(f"{name} {value:.1f} s" for name, value in report["median_phases"].items())
+        + f") + step 1 {report['median_first_step']:.1f} s"
+    )
 
 
 if __name__ == "__main__":

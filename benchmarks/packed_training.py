@@ -69,13 +69,14 @@ def _experiment(model_dir: str, repeats: int) -> dict:
     from megarl.config.memory import ModelShape
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.settings import OptimSettings, PolicyLossSettings
     from megarl.workers.micro_batches import cut_micro_batches
     from megarl.workers.packing import TokenBudget
+    from megarl.workers.settings import OptimSettings, PolicyLossSettings
 
     batch = variable_length_batch(ModelShape.of(model_dir).vocab_size)
-    actor = MegatronActor.from_hf(model_dir, initialize_model_parallel(1, 1, seed=0),
-                                  optim=OptimSettings(lr=1e-6, clip_grad=1.0))
+    actor = MegatronActor.from_hf(
+        model_dir, initialize_model_parallel(1, 1, seed=0), optim=OptimSettings(lr=1e-6, clip_grad=1.0)
+    )
     loss = PolicyLoss(PolicyLossSettings())
     cuts = {"padded": PADDED_MICRO_BATCH} | {
         f"packed {budget}": TokenBudget(budget, "actor.max_tokens_per_micro_batch") for budget in BUDGETS
@@ -83,15 +84,17 @@ def _experiment(model_dir: str, repeats: int) -> dict:
     contenders = {}
     for name, cut in cuts.items():
         contenders[f"update, {name}"] = lambda cut=cut: actor.update_policy(
-            batch, loss, mini_batch_size=SAMPLES, micro_batch_size=cut)
+            batch, loss, mini_batch_size=SAMPLES, micro_batch_size=cut
+        )
         contenders[f"log-prob, {name}"] = lambda cut=cut: actor.compute_log_prob(batch, micro_batch_size=cut)
     seconds = _time_interleaved(contenders, repeats)
     real_tokens = int(batch.prompt_mask.sum() + batch.response_mask.sum())
     layouts = {}
     for name, cut in cuts.items():
         micro_batches = cut_micro_batches(batch, cut, fixed_shape=False)
-        layouts[name] = dict(micro_batches=len(micro_batches),
-                             token_slots=sum(m.input_ids.numel() for m in micro_batches))
+        layouts[name] = dict(
+            micro_batches=len(micro_batches), token_slots=sum(m.input_ids.numel() for m in micro_batches)
+        )
     cpu, wall = seconds["cpu"], seconds["wall"]
 
     def padded(name):
@@ -113,16 +116,19 @@ def _experiment(model_dir: str, repeats: int) -> dict:
 
 
 def markdown(result: dict) -> str:
-    lines = ["| pass | cut | micro-batches per step | token slots computed | tokens per CPU-second | "
-             "× padded, CPU time | × padded, wall (paired) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| pass | cut | micro-batches per step | token slots computed | tokens per CPU-second | "
+        "× padded, CPU time | × padded, wall (paired) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name in result["median_cpu_seconds"]:
         pass_, cut = name.split(", ")
         layout = result["layouts"][cut]
         lines.append(
             f"| {pass_} | {cut} | {layout['micro_batches']} | {layout['token_slots']} | "
             f"{result['tokens_per_cpu_second'][name]:.0f} | {result['cpu_speedup_over_padded'][name]:.2f}× | "
-            f"{result['paired_wall_speedup_over_padded'][name]:.2f}× |")
+            f"{result['paired_wall_speedup_over_padded'][name]:.2f}× |"
+        )
     return "\n".join(lines)
 
 
@@ -139,10 +145,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(make_tiny_model(tmp, "qwen2", **BENCH_MODEL))
         result = run_distributed(_experiment, 1, model_dir, args.repeats, timeout_s=3000)[0]
-        report = dict(benchmark="packed_training", context=context(), model=model_summary(model_dir),
-                      workload=dict(samples=SAMPLES, prompt_tokens="12-24 (padded to 24)",
-                                    response_tokens="8-64 (padded to 64)", padded_micro_batch=PADDED_MICRO_BATCH,
-                                    budgets=list(BUDGETS), repeats=args.repeats), result=result)
+        report = dict(
+            benchmark="packed_training",
+            context=context(),
+            model=model_summary(model_dir),
+            workload=dict(
+                samples=SAMPLES,
+                prompt_tokens="12-24 (padded to 24)",
+                response_tokens="8-64 (padded to 64)",
+                padded_micro_batch=PADDED_MICRO_BATCH,
+                budgets=list(BUDGETS),
+                repeats=args.repeats,
+            ),
+            result=result,
+        )
     write_json(args.json, report)
     print(markdown(result))
 

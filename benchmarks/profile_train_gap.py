@@ -32,13 +32,14 @@ def _experiment(model_dir: str, repeats: int) -> dict:
     from megarl.workers import megatron_train
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.megatron_train import TrainEngine
-    from megarl.workers.settings import OptimSettings, PolicyLossSettings
     from megarl.workers.micro_batches import cut_micro_batches
+    from megarl.workers.settings import OptimSettings, PolicyLossSettings
 
     shape = TrainShape()
     batch = make_batch(shape, ModelShape.of(model_dir).vocab_size)
-    actor = MegatronActor.from_hf(model_dir, initialize_model_parallel(1, 1, seed=0),
-                                  optim=OptimSettings(lr=1e-5, clip_grad=1.0))
+    actor = MegatronActor.from_hf(
+        model_dir, initialize_model_parallel(1, 1, seed=0), optim=OptimSettings(lr=1e-5, clip_grad=1.0)
+    )
     loss = PolicyLoss(PolicyLossSettings())
     parts: dict[str, list[float]] = {"schedule": [], "apply": [], "finite": [], "log_probs": [], "loss": []}
     in_step: dict[str, float] = {}
@@ -49,6 +50,7 @@ def _experiment(model_dir: str, repeats: int) -> dict:
             result = fn(*args, **kwargs)
             in_step[name] = in_step.get(name, 0.0) + time.perf_counter() - start
             return result
+
         return wrapper
 
     megatron_train.run_schedule = timed("schedule", megatron_train.run_schedule)
@@ -73,21 +75,33 @@ def _experiment(model_dir: str, repeats: int) -> dict:
     tokens = batch.response_mask.sum()
 
     def pytorch(attention: str):
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attention).train()
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, attn_implementation=attention
+        ).train()
         adamw = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
 
         def step():
             adamw.zero_grad(set_to_none=True)
             for micro in batch.split(shape.samples // shape.micro_batch):
-                log_softmax = model(input_ids=micro.input_ids).logits[:, micro.prompt_length - 1: -1].float().log_softmax(-1)
+                log_softmax = (
+                    model(input_ids=micro.input_ids).logits[:, micro.prompt_length - 1 : -1].float().log_softmax(-1)
+                )
                 log_probs = log_softmax.gather(-1, micro.responses.unsqueeze(-1)).squeeze(-1)
                 with torch.no_grad():  # the entropy megarl's loss reports
                     entropy = -(log_softmax.exp() * log_softmax).sum(-1)
                 del entropy
-                compute_policy_loss("vanilla", micro.old_log_probs, log_probs, micro.advantages, micro.response_mask,
-                                    loss_agg_mode="token-mean", global_normalizer=tokens).loss.backward()
+                compute_policy_loss(
+                    "vanilla",
+                    micro.old_log_probs,
+                    log_probs,
+                    micro.advantages,
+                    micro.response_mask,
+                    loss_agg_mode="token-mean",
+                    global_normalizer=tokens,
+                ).loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             adamw.step()
+
         return step
 
     hf_sdpa = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").train()
@@ -97,8 +111,13 @@ def _experiment(model_dir: str, repeats: int) -> dict:
         for micro in micro_batches:
             hf_sdpa(input_ids=micro.input_ids).logits.sum().backward()
 
-    contenders = {"megatron": megatron, "pytorch_sdpa": pytorch("sdpa"), "pytorch_eager": pytorch("eager"),
-                  "megatron_model_only": megatron_model_only, "pytorch_model_only": pytorch_model_only}
+    contenders = {
+        "megatron": megatron,
+        "pytorch_sdpa": pytorch("sdpa"),
+        "pytorch_eager": pytorch("eager"),
+        "megatron_model_only": megatron_model_only,
+        "pytorch_model_only": pytorch_model_only,
+    }
     timings = time_interleaved(contenders, repeats)
     return dict(
         median_seconds={name: timings.median(name) for name in timings.seconds},

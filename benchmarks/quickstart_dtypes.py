@@ -22,9 +22,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from megarl import Trainer  # noqa: E402
+from megarl import Trainer
 
 DTYPES = ("float32", "bfloat16")
 WINDOW = 10
@@ -32,9 +32,14 @@ WINDOW = 10
 
 
 def run(dtype: str, output_dir: Path) -> dict:
-    overrides = [f"model.dtype={dtype}", "checkpoint.resume=disable", "checkpoint.save_freq=0",
-                 f"trainer.output_dir={output_dir}", f"trainer.experiment_name=quickstart-{dtype}",
-                 f"checkpoint.dir={output_dir / dtype / 'checkpoints'}"]
+    overrides = [
+        f"model.dtype={dtype}",
+        "checkpoint.resume=disable",
+        "checkpoint.save_freq=0",
+        f"trainer.output_dir={output_dir}",
+        f"trainer.experiment_name=quickstart-{dtype}",
+        f"checkpoint.dir={output_dir / dtype / 'checkpoints'}",
+    ]
     trainer = Trainer.from_config("configs/quickstart.yaml", overrides)
     start = time.perf_counter()
     trainer.fit()
@@ -42,8 +47,11 @@ def run(dtype: str, output_dir: Path) -> dict:
     steps = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
     rewards = [step["reward/mean"] for step in steps]
     return {
-        "dtype": dtype, "seconds": seconds, "rewards": rewards,
-        "first_mean": sum(rewards[:WINDOW]) / WINDOW, "last_mean": sum(rewards[-WINDOW:]) / WINDOW,
+        "dtype": dtype,
+        "seconds": seconds,
+        "rewards": rewards,
+        "first_mean": sum(rewards[:WINDOW]) / WINDOW,
+        "last_mean": sum(rewards[-WINDOW:]) / WINDOW,
         "sync_checks": sum("sync/checksum_tensors" in step for step in steps),
         "sync_gap_max": max(step["sync/logprob_max_abs_diff"] for step in steps if "sync/logprob_max_abs_diff" in step),
         "sync_threshold": trainer.sync.threshold,
@@ -59,21 +67,26 @@ def main() -> None:
     args = parser.parse_args()
     results = [run(dtype, args.output_dir) for dtype in DTYPES]
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"machine": platform.processor() or platform.machine(), "runs": results},
-                                    indent=2) + "\n")
+    args.json.write_text(
+        json.dumps({"machine": platform.processor() or platform.machine(), "runs": results}, indent=2) + "\n"
+    )
     figure, axes = plt.subplots(figsize=(7, 4))
     for result in results:
         axes.plot(range(1, len(result["rewards"]) + 1), result["rewards"], label=result["dtype"])
     axes.set(xlabel="step", ylabel="reward/mean", title="quickstart GRPO: float32 vs bfloat16")
     axes.legend()
     figure.savefig(args.png, dpi=100, bbox_inches="tight")
-    print("| model.dtype | reward, first 10 steps | reward, last 10 steps | last val reward | synced steps checked "
-          "bit for bit | max sync log-prob gap (threshold) | time |")
+    print(
+        "| model.dtype | reward, first 10 steps | reward, last 10 steps | last val reward | synced steps checked "
+        "bit for bit | max sync log-prob gap (threshold) | time |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['dtype']} | {r['first_mean']:.3f} | {r['last_mean']:.3f} | {r['val_reward_last']:.3f} | "
-              f"{r['sync_checks']}/{len(r['rewards'])} | {r['sync_gap_max']:.3g} ({r['sync_threshold']:.3g}) | "
-              f"{r['seconds']:.0f} s |")
+        print(
+            f"| {r['dtype']} | {r['first_mean']:.3f} | {r['last_mean']:.3f} | {r['val_reward_last']:.3f} | "
+            f"{r['sync_checks']}/{len(r['rewards'])} | {r['sync_gap_max']:.3g} ({r['sync_threshold']:.3g}) | "
+            f"{r['seconds']:.0f} s |"
+        )
 
 
 if __name__ == "__main__":

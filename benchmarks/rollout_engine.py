@@ -26,8 +26,14 @@ ENGINES = {  # name: (rollout.dtype, rollout.enforce_eager)
     "bfloat16 compiled": ("bfloat16", False),
 }
 BASELINE = "float32 eager"
-MODEL = dict(hidden_size=512, num_hidden_layers=8, intermediate_size=1408, num_attention_heads=8,
-             num_key_value_heads=4, head_dim=64)
+MODEL = dict(
+    hidden_size=512,
+    num_hidden_layers=8,
+    intermediate_size=1408,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=64,
+)
 
 
 def serve(model_dir: str, dtype: str, eager: bool) -> None:
@@ -43,11 +49,23 @@ def serve(model_dir: str, dtype: str, eager: bool) -> None:
     token_ids = [list(p.token_ids) for p in make_prompts(shape, ModelShape.of(model_dir).vocab_size)]
     sampling = SamplingConfig(n=shape.n, temperature=1.0, max_new_tokens=shape.max_new_tokens, seed=1234)
     began = time.perf_counter()
-    worker = RolloutWorker("vllm", model_dir, tensor_parallel_size=1, dtype=dtype, seed=0,
-                           max_model_len=shape.prompt_length + shape.max_new_tokens, cpu_kv_cache_gib=1,
-                           gpu_memory_utilization=0.5, enforce_eager=eager)
-    print(json.dumps({"start_seconds": time.perf_counter() - began,
-                      "tokens": shape.prompts * shape.n * shape.max_new_tokens}), flush=True)
+    worker = RolloutWorker(
+        "vllm",
+        model_dir,
+        tensor_parallel_size=1,
+        dtype=dtype,
+        seed=0,
+        max_model_len=shape.prompt_length + shape.max_new_tokens,
+        cpu_kv_cache_gib=1,
+        gpu_memory_utilization=0.5,
+        enforce_eager=eager,
+    )
+    print(
+        json.dumps(
+            {"start_seconds": time.perf_counter() - began, "tokens": shape.prompts * shape.n * shape.max_new_tokens}
+        ),
+        flush=True,
+    )
     for _ in sys.stdin:
         wall, cpu = time.perf_counter(), time.process_time()
         worker.generate(token_ids, sampling)
@@ -81,7 +99,11 @@ def main() -> None:
         for name, (dtype, eager) in ENGINES.items():  # one start at a time: each start timed alone
             processes[name] = subprocess.Popen(
                 [sys.executable, __file__, "--serve", str(model_dir), dtype, str(eager)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
             started[name] = _answer(processes[name])
         wall, cpu = ({name: [] for name in ENGINES} for _ in range(2))
         order = interleaved_order(list(ENGINES), args.repeats)
@@ -99,9 +121,14 @@ def main() -> None:
     walls, cpus = Timings(wall), Timings(cpu)
     tokens = started[BASELINE]["tokens"]
     report = dict(
-        benchmark="rollout_engine", context=context(), model=model_summary(model_dir),
+        benchmark="rollout_engine",
+        context=context(),
+        model=model_summary(model_dir),
         engines={name: dict(dtype=dtype, enforce_eager=eager) for name, (dtype, eager) in ENGINES.items()},
-        repeats=args.repeats, generated_tokens=tokens, wall_seconds=wall, cpu_seconds=cpu,
+        repeats=args.repeats,
+        generated_tokens=tokens,
+        wall_seconds=wall,
+        cpu_seconds=cpu,
         start_seconds={name: answer["start_seconds"] for name, answer in started.items()},
         median_seconds={name: walls.median(name) for name in ENGINES},
         tokens_per_second={name: tokens / walls.median(name) for name in ENGINES},
@@ -110,9 +137,21 @@ def main() -> None:
         cpu_speedup_over_float32_eager={name: cpus.ratio(BASELINE, name) for name in ENGINES},
     )
     write_json(args.json, report)
-    print(json.dumps({key: report[key] for key in ("start_seconds", "median_seconds", "speedup_over_float32_eager",
-                                                    "speedup_over_float32_eager_paired",
-                                                    "cpu_speedup_over_float32_eager")}, indent=1))
+    print(
+        json.dumps(
+            {
+                key: report[key]
+                for key in (
+                    "start_seconds",
+                    "median_seconds",
+                    "speedup_over_float32_eager",
+                    "speedup_over_float32_eager_paired",
+                    "cpu_speedup_over_float32_eager",
+                )
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

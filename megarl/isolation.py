@@ -54,7 +54,8 @@ class IsolatedProcess:
         connection, child_end = Pipe()
         self.process = subprocess.Popen(
             [sys.executable, "-m", module, str(child_end.fileno()), *args],
-            env={**worker_environment(dict(os.environ)), **(env or {})}, pass_fds=(child_end.fileno(),),
+            env={**worker_environment(dict(os.environ)), **(env or {})},
+            pass_fds=(child_end.fileno(),),
             stdin=subprocess.DEVNULL,
             # Own process group: a kill takes whatever the user's code started along with it.
             start_new_session=True,
@@ -77,8 +78,7 @@ class IsolatedProcess:
         try:
             _, payload = self.connection.recv()
         except EOFError:
-            raise WorkerStartError(f"exited during start-up with code {self.kill()} "
-                                   "(see its output above)") from None
+            raise WorkerStartError(f"exited during start-up with code {self.kill()} (see its output above)") from None
         self.ready = True
         return payload
 
@@ -137,12 +137,15 @@ def import_function(path: str) -> Callable:
     try:
         module = importlib.import_module(module_name)
     except Exception as error:  # any failure of the user's module at import time
-        raise FunctionNotFound(f"module {module_name} cannot be imported ({type(error).__name__}: {error}); "
-                               "install it or put its directory on PYTHONPATH") from error
+        raise FunctionNotFound(
+            f"module {module_name} cannot be imported ({type(error).__name__}: {error}); "
+            "install it or put its directory on PYTHONPATH"
+        ) from error
     function = getattr(module, attribute, None)
     if function is None:
-        raise FunctionNotFound(f"module {module_name} ({module.__file__}) has no attribute {attribute!r}; "
-                               "correct the name after the colon")
+        raise FunctionNotFound(
+            f"module {module_name} ({module.__file__}) has no attribute {attribute!r}; correct the name after the colon"
+        )
     if not callable(function):
         raise FunctionNotFound(f"{module_name}.{attribute} is a {type(function).__name__}, not a function")
     return function

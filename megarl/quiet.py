@@ -53,8 +53,10 @@ ALWAYS = (
 CUDA_ADVICE = (
     ("Transformer Engine and Apex are not installed", UserWarning),
     ("Apex is not installed. Falling back to Torch Norm", UserWarning),
-    ("When using async grad allreduce it is recommended to set the environment variable "
-     "CUDA_DEVICE_MAX_CONNECTIONS", UserWarning),
+    (
+        "When using async grad allreduce it is recommended to set the environment variable CUDA_DEVICE_MAX_CONNECTIONS",
+        UserWarning,
+    ),
 )
 """(message start, category) of the advice on CUDA libraries and settings: worth acting on in a rank that
 computes on CUDA, noise on the CPU and in the driver."""

@@ -93,9 +93,12 @@ class DirectoryLocks:
             self.release()
             raise
         for holder, directories in stale.items():  # one line per dead run, however many of its locks
-            print(f"{program}: {' and '.join(directories)} {'were' if len(directories) > 1 else 'was'} locked by a run "
-                  f"that is no longer running ({holder}); taking {'their locks' if len(directories) > 1 else 'its lock'} "
-                  "over", file=sys.stderr)
+            print(
+                f"{program}: {' and '.join(directories)} {'were' if len(directories) > 1 else 'was'} locked by a run "
+                f"that is no longer running ({holder}); taking {'their locks' if len(directories) > 1 else 'its lock'} "
+                "over",
+                file=sys.stderr,
+            )
         return self
 
     def release(self) -> None:
@@ -143,7 +146,8 @@ def _lock_file(path: Path, what: str, setting: str) -> int:
                 f"{what} is in use by another run: "
                 f"{holder or 'a run whose record is not readable yet'}; fix: give this run another {setting}"
                 f"{' or trainer.experiment_name' if setting == 'trainer.output_dir' else ''}, or stop that run"
-                f"{f' (kill {holder.pid} on {holder.host})' if holder else ''}") from None
+                f"{f' (kill {holder.pid} on {holder.host})' if holder else ''}"
+            ) from None
         try:
             same = os.stat(path).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:

@@ -6,8 +6,10 @@ line, which says nothing about the cause. Callers name the encoding and the `ico
 
 # Byte-order marks, longest first (UTF-32LE's starts like UTF-16LE's); iconv's name of each encoding.
 _BOMS = (
-    (b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
-    (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"),
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
 )
 
 

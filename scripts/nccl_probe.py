@@ -60,8 +60,11 @@ def main(argv: list[str] | None = None) -> None:
         assert check.item() == world * (world + 1) / 2, f"all-reduce gave {check.item()} for world {world}"
         if dist.get_rank() == 0:
             algbw = buffer.numel() * 4 / seconds / 1e9
-            print(f"nccl_probe: world {world}, {args.mib} MiB, algbw {algbw:.2f} GB/s, "
-                  f"busbw {bus_bandwidth(algbw, world):.2f} GB/s", flush=True)
+            print(
+                f"nccl_probe: world {world}, {args.mib} MiB, algbw {algbw:.2f} GB/s, "
+                f"busbw {bus_bandwidth(algbw, world):.2f} GB/s",
+                flush=True,
+            )
     finally:
         dist.destroy_process_group()
 

@@ -90,8 +90,15 @@ class FakePolicyWorker:
             self.momentum = MOMENTUM * self.momentum + gradient
             self.weights = self.weights + LEARNING_RATE * self.momentum
         entropy = float(-(probs * log_probs).sum())
-        return {"loss": pg_loss, "pg_loss": pg_loss, "grad_norm": grad_norm, "entropy": entropy,
-                "tokens": float(tokens), "steps": 1.0, "skipped_steps": float(skipped)}
+        return {
+            "loss": pg_loss,
+            "pg_loss": pg_loss,
+            "grad_norm": grad_norm,
+            "entropy": entropy,
+            "tokens": float(tokens),
+            "steps": 1.0,
+            "skipped_steps": float(skipped),
+        }
 
     def matmul_peak(self) -> float:
         return 1e12
@@ -126,8 +133,13 @@ class FakeEngine:
         self.weights = torch.zeros(vocab_size, dtype=torch.float64)
         self.weight_version = 0
 
-    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingConfig,
-                 max_new_tokens: list[int] | None = None, seeds: list[int] | None = None) -> list[RolloutOutput]:
+    def generate(
+        self,
+        prompt_token_ids: list[list[int]],
+        sampling: SamplingConfig,
+        max_new_tokens: list[int] | None = None,
+        seeds: list[int] | None = None,
+    ) -> list[RolloutOutput]:
         """`sampling.n` samples per prompt, sample j of prompt i drawn with seed `prompt_seeds[i] + j`
         (as the real engines seed them), so a sample depends on its seed and the weights only."""
         caps = max_new_tokens or [sampling.max_new_tokens] * len(prompt_token_ids)
@@ -140,8 +152,11 @@ class FakeEngine:
                 generator = torch.Generator().manual_seed(0 if seed is None else seed + j)
                 tokens, reason = [], "length"
                 for _ in range(cap):
-                    token = int(log_probs.argmax() if sampling.greedy
-                                else torch.multinomial(log_probs.exp(), 1, generator=generator))
+                    token = int(
+                        log_probs.argmax()
+                        if sampling.greedy
+                        else torch.multinomial(log_probs.exp(), 1, generator=generator)
+                    )
                     tokens.append(token)
                     if token in sampling.stop_token_ids:
                         reason = "stop"
@@ -210,8 +225,13 @@ class FakeCluster:
         engines.ranks = [FakeEngine(vocab) for _ in range(engines.world_size)]
         engines.shut_down = False
         with startup("megatron"):
-            self.roles = FakeRoles({"actor": MegatronGroup(policy, layout)}, rollout=engines, placement=None,
-                                   sync_transport="fake", routes=None)
+            self.roles = FakeRoles(
+                {"actor": MegatronGroup(policy, layout)},
+                rollout=engines,
+                placement=None,
+                sync_transport="fake",
+                routes=None,
+            )
         return self.roles
 
 

@@ -32,11 +32,25 @@ from megarl.trainer.timing import PhaseTimer
 from megarl.workers.policy_worker import PolicyWorker
 from megarl.workers.profiling import StepProfiler
 
-
-TINY_DIMS = ModelDims("qwen2", vocab_size=100, hidden_size=64, ffn_hidden_size=128, num_layers=2,
-                      num_attention_heads=4, num_kv_heads=2, head_dim=16, qkv_bias=True, qk_layernorm=False,
-                      tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=1e4, rope_scaling=None,
-                      max_position_embeddings=128, initializer_range=0.02, attention_dropout=0.0)
+TINY_DIMS = ModelDims(
+    "qwen2",
+    vocab_size=100,
+    hidden_size=64,
+    ffn_hidden_size=128,
+    num_layers=2,
+    num_attention_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    qkv_bias=True,
+    qk_layernorm=False,
+    tie_word_embeddings=False,
+    rms_norm_eps=1e-6,
+    rope_theta=1e4,
+    rope_scaling=None,
+    max_position_embeddings=128,
+    initializer_range=0.02,
+    attention_dropout=0.0,
+)
 """For the step's update FLOPs (a number the recording does not read)."""
 
 
@@ -120,7 +134,7 @@ def _payload(args: tuple) -> tuple[dict[str, int], list[str]]:
     """Bytes of one argument tuple by `PolicyBatch` field (a batch, or a dict of fields) and the rest."""
     sent, fields = {"other": 0}, []
     for arg in args:
-        tensors = (vars(arg) if hasattr(arg, "prompt_mask") else arg if isinstance(arg, dict) else None)
+        tensors = vars(arg) if hasattr(arg, "prompt_mask") else arg if isinstance(arg, dict) else None
         if tensors is None:
             sent["other"] += _size(arg)
             continue
@@ -159,8 +173,10 @@ class RecordingWorkers:
 
 def grids(tp: int, pp: int, dp: int) -> list[dict[str, int]]:
     """megatron-core's rank order: TP fastest, then DP, then PP (as `PolicyWorker.grid`)."""
-    return [dict(rank=r, tp_rank=r % tp, dp_rank=(r // tp) % dp, pp_rank=r // (tp * dp), dp_size=dp)
-            for r in range(tp * pp * dp)]
+    return [
+        dict(rank=r, tp_rank=r % tp, dp_rank=(r // tp) % dp, pp_rank=r // (tp * dp), dp_size=dp)
+        for r in range(tp * pp * dp)
+    ]
 
 
 def recording_roles(config, plan) -> Roles:
@@ -178,8 +194,11 @@ def recording_roles(config, plan) -> Roles:
         if name not in started:
             layout = grids(role.tensor_parallel, role.pipeline_parallel, role.data_parallel)
             started[name] = MegatronGroup(RecordingWorkers(len(layout), tuple(actor_reads), role.role), layout)
-    groups = {role.role: started[role.role if role.own_group else "policy"]
-              for role in (plan.actor, plan.critic, plan.ref) if role is not None}
+    groups = {
+        role.role: started[role.role if role.own_group else "policy"]
+        for role in (plan.actor, plan.critic, plan.ref)
+        if role is not None
+    }
     packed = frozenset(name for name in groups if getattr(config, name).max_tokens_per_micro_batch is not None)
     return Roles(groups, rollout=None, placement=None, sync_transport="collective", routes=None, packed_roles=packed)
 
@@ -188,9 +207,16 @@ def samples_of(config, plan, seed: int) -> tuple[Samples, torch.Tensor]:
     """One step's samples: prompts and responses of random lengths up to the run's limits, and scores."""
     generator = torch.Generator().manual_seed(seed)
     n, limit = config.rollout.n, response_length(config.rollout)
-    prompts = [Prompt(f"p{k}", tuple(range(1, 2 + int(torch.randint(config.data.max_prompt_length, (1,),
-                                                                       generator=generator)))), None, {}, "test")
-               for k in range(plan.prompts_per_step)]
+    prompts = [
+        Prompt(
+            f"p{k}",
+            tuple(range(1, 2 + int(torch.randint(config.data.max_prompt_length, (1,), generator=generator)))),
+            None,
+            {},
+            "test",
+        )
+        for k in range(plan.prompts_per_step)
+    ]
     samples = Samples.empty()
     for k, prompt in enumerate(prompts):
         for _ in range(n):
@@ -225,6 +251,12 @@ def run_step(trainer, step: int) -> dict[str, float]:
 
 def run_step_on(trainer, step: int, samples, scores) -> dict[str, float]:
     """`Trainer._train_step` on the given rollout result, as a sync-mode stream hands it over."""
-    trainer.stream = RolloutStream(lambda at_step, version: GeneratedBatch(samples, scores.clone(), {}, None, version),
-                                   trainer.timer, trainer.timer, lookahead=0, last_step=step, version=step - 1)
+    trainer.stream = RolloutStream(
+        lambda at_step, version: GeneratedBatch(samples, scores.clone(), {}, None, version),
+        trainer.timer,
+        trainer.timer,
+        lookahead=0,
+        last_step=step,
+        version=step - 1,
+    )
     return trainer._train_step(step)

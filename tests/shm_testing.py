@@ -44,7 +44,9 @@ class PrivateShm:
     def make(cls) -> PrivateShm:
         """A new empty one; skips the test where mount namespaces are refused (not root)."""
         path = Path(tempfile.mkdtemp(prefix="megarl-test-shm-", dir=SHM_DIR))
-        probe = subprocess.run(["unshare", "--mount", "sh", "-c", BIND, str(path), "true"], capture_output=True, text=True)
+        probe = subprocess.run(
+            ["unshare", "--mount", "sh", "-c", BIND, str(path), "true"], capture_output=True, text=True
+        )
         if probe.returncode != 0:
             shutil.rmtree(path, ignore_errors=True)
             pytest.skip(f"a private /dev/shm needs `unshare --mount` (root): {probe.stderr.strip()}")

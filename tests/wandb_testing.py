@@ -30,8 +30,12 @@ def offline_runs(run_dir: Path) -> list[Path]:
 
 
 def inspect(wandb_run: Path, *options: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", *options, str(wandb_run)],
-                            check=True, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", *options, str(wandb_run)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return result.stdout
 
 
@@ -47,9 +51,14 @@ def summary(wandb_run: Path) -> dict:
 
 def history(wandb_run: Path) -> list[tuple[int, dict[str, float]]]:
     """(step, metrics) of each logged step, without W&B's own `_runtime`/`_step`/`_timestamp`."""
-    return [(record["history"]["step"]["num"],
-             {name: value for name, value in record["history"]["item"].items() if not name.startswith("_")})
-            for record in records(wandb_run) if record["type"] == "history"]
+    return [
+        (
+            record["history"]["step"]["num"],
+            {name: value for name, value in record["history"]["item"].items() if not name.startswith("_")},
+        )
+        for record in records(wandb_run)
+        if record["type"] == "history"
+    ]
 
 
 def wandb_processes() -> list[psutil.Process]:

@@ -74,8 +74,10 @@ class RolloutCorrection:
         if not 0 <= self.low <= 1:
             problems.append(f"low={self.low} must lie in [0, 1] (an on-policy token has ratio 1 and is kept)")
         if self.mode == "truncate" and self.low != 0:
-            problems.append(f"low={self.low} with mode='truncate': truncation caps from above only; "
-                            "use mode='mask' to drop low ratios")
+            problems.append(
+                f"low={self.low} with mode='truncate': truncation caps from above only; "
+                "use mode='mask' to drop low ratios"
+            )
         if problems:
             raise ValueError("RolloutCorrection: " + "; ".join(problems))
 
@@ -120,7 +122,10 @@ def correction_weights(
 
 
 def correction_metrics(
-    result: CorrectionWeights, response_mask: Tensor, *, tokens: Tensor | float | None = None,
+    result: CorrectionWeights,
+    response_mask: Tensor,
+    *,
+    tokens: Tensor | float | None = None,
     sequences: Tensor | float | None = None,
 ) -> dict[str, Tensor]:
     """`weight_mean` (token mean of the weights), `out_of_range_tokens` (fraction of response tokens
@@ -141,8 +146,12 @@ def correction_metrics(
 
 
 def mismatch_metrics(
-    actor_log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor, *,
-    tokens: Tensor | float | None = None, sequences: Tensor | float | None = None,
+    actor_log_prob: Tensor,
+    rollout_log_prob: Tensor,
+    response_mask: Tensor,
+    *,
+    tokens: Tensor | float | None = None,
+    sequences: Tensor | float | None = None,
 ) -> dict[str, Tensor]:
     """How far the engines' sampling distribution is from the actor's, on the sampled response tokens
     (no gradient). With ρ = π_actor / π_rollout per token (log-ratio clamped to [-20, 20]):

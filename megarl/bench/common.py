@@ -51,7 +51,7 @@ def time_interleaved(contenders: dict[str, Callable[[], object]], repeats: int, 
 def interleaved_order(names: list[str], repeats: int, warmup: int = 1) -> list[str]:
     """The calls `time_interleaved` makes, in order (the far side of a contender that communicates
     replays it): `warmup` rounds in `names` order, then `repeats` rounds, rotated one more each."""
-    rounds = [names] * warmup + [names[r % len(names):] + names[: r % len(names)] for r in range(repeats)]
+    rounds = [names] * warmup + [names[r % len(names) :] + names[: r % len(names)] for r in range(repeats)]
     return [name for round_ in rounds for name in round_]
 
 
@@ -69,8 +69,11 @@ def versions() -> dict[str, str]:
 def context() -> dict:
     """The machine and the software a result was measured with."""
     return dict(
-        versions=versions(), python=platform.python_version(), machine=platform.machine(),
-        cpus=len(os.sched_getaffinity(0)), time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        versions=versions(),
+        python=platform.python_version(),
+        machine=platform.machine(),
+        cpus=len(os.sched_getaffinity(0)),
+        time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         load_average_1_5_15_min=list(os.getloadavg()),  # how much else ran: > cpus means a shared, noisy machine
     )
 

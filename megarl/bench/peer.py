@@ -56,23 +56,37 @@ from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
 
-PEER_MODEL = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
-                  num_key_value_heads=4, head_dim=64)
+PEER_MODEL = dict(
+    hidden_size=512,
+    intermediate_size=1408,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=64,
+)
 """The workload's model (23.7 M parameters with the char tokenizer's 100-row vocabulary)."""
 FULL = dict(prompts_per_step=16, samples_per_prompt=8, max_new_tokens=64)
 SMOKE = dict(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=4)
 """--smoke: the tiny default model and these shapes, to check that every contender runs."""
 LEARNING_RATE = 1e-3
 """The quickstart's."""
-MEGARL_LAYOUT = ("actor.parallel.tensor_model_parallel_size=1", "rollout.tensor_model_parallel_size=1",
-                 "rollout.sync.verify_every=1000000", "data.val_files=[]")
+MEGARL_LAYOUT = (
+    "actor.parallel.tensor_model_parallel_size=1",
+    "rollout.tensor_model_parallel_size=1",
+    "rollout.sync.verify_every=1000000",
+    "data.val_files=[]",
+)
 """Actor DP 2 with one TP-1 engine per trainer slot (the fastest layout of issue 19's table); the sync
 is checked on the first and last steps only."""
 MICRO_BATCH = 32
 """megarl's micro-batch (the quickstart's): 2 per rank and optimizer step on the full workload."""
 TUNED = ("rollout.enforce_eager=false", "actor.max_tokens_per_micro_batch={packed_budget}")
-MEGARL_CONTENDERS = {"megarl": (), "megarl_tuned": TUNED, "megarl_bf16": (*TUNED, "rollout.dtype=bfloat16"),
-                     "megarl_call_seeds": (*TUNED, "rollout.seed_each_sample=false")}
+MEGARL_CONTENDERS = {
+    "megarl": (),
+    "megarl_tuned": TUNED,
+    "megarl_bf16": (*TUNED, "rollout.dtype=bfloat16"),
+    "megarl_call_seeds": (*TUNED, "rollout.seed_each_sample=false"),
+}
 """Name -> the overrides of that megarl contender on top of the workload's ({packed_budget}: the token
 slots of a padded micro-batch, micro-batch × (data.max_prompt_length + max new tokens))."""
 TRL_CONTENDERS = {"trl": None, "trl_vllm": "float32", "trl_vllm_bf16": "bfloat16"}
@@ -95,8 +109,11 @@ def peer_sweep(name: str, batch: int) -> dict[str, PeerSettings]:
     """The runs of TRL contender `name` (a key of `TRL_CONTENDERS`) for a step of `batch` samples, by run name."""
     micro_batches = [batch // steps for steps in ACCUMULATION_STEPS if batch % steps == 0]
     modes = (None,) if TRL_CONTENDERS[name] is None else (True, False)
-    return {f"{name}.mb{micro}" + ("" if eager is None else ".eager" if eager else ".compiled"):
-            PeerSettings(micro, eager) for micro in micro_batches for eager in modes}
+    return {
+        f"{name}.mb{micro}" + ("" if eager is None else ".eager" if eager else ".compiled"): PeerSettings(micro, eager)
+        for micro in micro_batches
+        for eager in modes
+    }
 
 
 def fastest_peers(runs: dict) -> dict[str, str]:
@@ -108,9 +125,14 @@ def fastest_peers(runs: dict) -> dict[str, str]:
             fastest[name] = min(ran, key=lambda run: runs[run]["step_seconds"])
     return fastest
 
+
 CONTENDERS = (*MEGARL_CONTENDERS, *TRL_CONTENDERS)
-GENERATION_PEERS = {"megarl": "trl_vllm", "megarl_tuned": "trl_vllm", "megarl_bf16": "trl_vllm_bf16",
-                    "megarl_call_seeds": "trl_vllm"}
+GENERATION_PEERS = {
+    "megarl": "trl_vllm",
+    "megarl_tuned": "trl_vllm",
+    "megarl_bf16": "trl_vllm_bf16",
+    "megarl_call_seeds": "trl_vllm",
+}
 """megarl contender -> the TRL contender whose vLLM engine has the same dtype."""
 
 
@@ -125,12 +147,22 @@ class Lengths:
     none of the task's prompt alphabet, so no stop is a right answer."""
 
 
-WORKLOADS = {"fixed": Lengths(min_new_tokens=0, stop_chars=""), "variable": Lengths(min_new_tokens=8, stop_chars="xyz"),
-             "full": Lengths(min_new_tokens=FULL["max_new_tokens"], stop_chars="")}
+WORKLOADS = {
+    "fixed": Lengths(min_new_tokens=0, stop_chars=""),
+    "variable": Lengths(min_new_tokens=8, stop_chars="xyz"),
+    "full": Lengths(min_new_tokens=FULL["max_new_tokens"], stop_chars=""),
+}
 
 
-def run(config_path: str, steps: int, workdir: Path, smoke: bool, workload: str = "fixed",
-        names: tuple[str, ...] = CONTENDERS, seed: int = 0) -> dict:
+def run(
+    config_path: str,
+    steps: int,
+    workdir: Path,
+    smoke: bool,
+    workload: str = "fixed",
+    names: tuple[str, ...] = CONTENDERS,
+    seed: int = 0,
+) -> dict:
     """Runs the contenders `names` (in the order of `CONTENDERS`) on `workload` (a key of `WORKLOADS`), every
     run seeded `seed` (`seed_overrides`; TRL's `seed`): the model and the prompts are the same for any seed."""
     from megarl.bench.common import context, model_summary
@@ -138,8 +170,10 @@ def run(config_path: str, steps: int, workdir: Path, smoke: bool, workload: str 
 
     shape = SMOKE if smoke else FULL
     model = make_tiny_model(workdir / "model", "qwen2", **({} if smoke else PEER_MODEL))
-    lengths = dict(min_new_tokens=min(WORKLOADS[workload].min_new_tokens, shape["max_new_tokens"]),
-                   stop_ids=_stop_on(model, WORKLOADS[workload].stop_chars))
+    lengths = dict(
+        min_new_tokens=min(WORKLOADS[workload].min_new_tokens, shape["max_new_tokens"]),
+        stop_ids=_stop_on(model, WORKLOADS[workload].stop_chars),
+    )
     data = _write_prompts(workdir / "train.jsonl", shape["prompts_per_step"] * (steps + 1))
     batch = shape["prompts_per_step"] * shape["samples_per_prompt"]
     contenders = {}
@@ -149,24 +183,45 @@ def run(config_path: str, steps: int, workdir: Path, smoke: bool, workload: str 
             contenders[name] = _timed(lambda: _megarl(config_path, model, data, shape, steps, extra))
             continue
         for run_name, settings in peer_sweep(name, batch).items():
-            spec = dict(model=str(model), data=str(data), steps=steps + 1, learning_rate=LEARNING_RATE,
-                        vllm_dtype=TRL_CONTENDERS[name], min_new_tokens=lengths["min_new_tokens"], seed=seed,
-                        micro_batch=settings.micro_batch, enforce_eager=settings.enforce_eager, **shape)
+            spec = dict(
+                model=str(model),
+                data=str(data),
+                steps=steps + 1,
+                learning_rate=LEARNING_RATE,
+                vllm_dtype=TRL_CONTENDERS[name],
+                min_new_tokens=lengths["min_new_tokens"],
+                seed=seed,
+                micro_batch=settings.micro_batch,
+                enforce_eager=settings.enforce_eager,
+                **shape,
+            )
             contenders[run_name] = _timed(lambda: _trl(spec, workdir / run_name))
     fastest = fastest_peers(contenders)
     at_best = contenders | {name: contenders[run] for name, run in fastest.items()}
     peers = [*TRL_CONTENDERS, *(run for run in contenders if run not in MEGARL_CONTENDERS)]
-    return dict(benchmark="step_peer_trl", context=context(), model=model_summary(model), workload=shape,
-                lengths=dict(name=workload, **lengths), learning_rate=LEARNING_RATE, seed=seed, measured_steps=steps,
-                contenders=contenders, fastest_peers=fastest,
-                megarl_over_peer_step_ratio=_ratios(at_best, "step_seconds", product(MEGARL_CONTENDERS, peers)),
-                megarl_over_peer_generation_ratio=_ratios(at_best, "generate_ms_per_token", GENERATION_PEERS.items()))
+    return dict(
+        benchmark="step_peer_trl",
+        context=context(),
+        model=model_summary(model),
+        workload=shape,
+        lengths=dict(name=workload, **lengths),
+        learning_rate=LEARNING_RATE,
+        seed=seed,
+        measured_steps=steps,
+        contenders=contenders,
+        fastest_peers=fastest,
+        megarl_over_peer_step_ratio=_ratios(at_best, "step_seconds", product(MEGARL_CONTENDERS, peers)),
+        megarl_over_peer_generation_ratio=_ratios(at_best, "generate_ms_per_token", GENERATION_PEERS.items()),
+    )
 
 
 def _ratios(contenders: dict, figure: str, pairs) -> dict[str, float]:
     """`mine/peer` -> figure(mine) / figure(peer) for the (mine, peer) `pairs` where both have the figure."""
-    return {f"{mine}/{peer}": contenders[mine][figure] / contenders[peer][figure] for mine, peer in pairs
-            if contenders.get(mine, {}).get(figure) and contenders.get(peer, {}).get(figure)}
+    return {
+        f"{mine}/{peer}": contenders[mine][figure] / contenders[peer][figure]
+        for mine, peer in pairs
+        if contenders.get(mine, {}).get(figure) and contenders.get(peer, {}).get(figure)
+    }
 
 
 def _stop_on(model: Path, stop_chars: str) -> list[int]:
@@ -214,18 +269,32 @@ def _megarl(config_path: str, model: Path, data: Path, shape: dict, steps: int, 
     micro_batch = min(MICRO_BATCH, samples_per_rank)
     width = load_config(config_path).data.max_prompt_length + shape["max_new_tokens"]
     extra = tuple(override.format(packed_budget=micro_batch * width) for override in extra)
-    overrides = [f"model.path={model}", f"data.train_files=[{data}]", f"data.train_batch_size={shape['prompts_per_step']}",
-                 f"actor.ppo_mini_batch_size={shape['prompts_per_step']}", f"rollout.n={shape['samples_per_prompt']}",
-                 f"rollout.max_new_tokens={shape['max_new_tokens']}", f"actor.optim.lr={LEARNING_RATE}",
-                 f"actor.micro_batch_size_per_gpu={micro_batch}", *MEGARL_LAYOUT, *extra]
+    overrides = [
+        f"model.path={model}",
+        f"data.train_files=[{data}]",
+        f"data.train_batch_size={shape['prompts_per_step']}",
+        f"actor.ppo_mini_batch_size={shape['prompts_per_step']}",
+        f"rollout.n={shape['samples_per_prompt']}",
+        f"rollout.max_new_tokens={shape['max_new_tokens']}",
+        f"actor.optim.lr={LEARNING_RATE}",
+        f"actor.micro_batch_size_per_gpu={micro_batch}",
+        *MEGARL_LAYOUT,
+        *extra,
+    ]
     result = step.run(config_path, overrides, steps)
     per_step, samples = result["per_step"], shape["prompts_per_step"] * shape["samples_per_prompt"]
     tokens = [samples * length for length in per_step["response_length/mean"]]
-    return dict(step_seconds=result["step_seconds"], step_seconds_all=result["step_seconds_all"],
-                phase_seconds=result["phase_seconds"], update_mfu=result["update_mfu"],
-                peak_tflops=result["peak_tflops"], overrides=overrides,
-                generate_ms_per_token=ms_per_token(per_step["timing/rollout"][1:], tokens[1:]),
-                reward_per_step=per_step["reward/mean"], response_length_per_step=per_step["response_length/mean"])
+    return dict(
+        step_seconds=result["step_seconds"],
+        step_seconds_all=result["step_seconds_all"],
+        phase_seconds=result["phase_seconds"],
+        update_mfu=result["update_mfu"],
+        peak_tflops=result["peak_tflops"],
+        overrides=overrides,
+        generate_ms_per_token=ms_per_token(per_step["timing/rollout"][1:], tokens[1:]),
+        reward_per_step=per_step["reward/mean"],
+        response_length_per_step=per_step["response_length/mean"],
+    )
 
 
 def reward_rise(rewards: list[float]) -> tuple[float, float]:
@@ -244,17 +313,25 @@ def _trl(spec: dict, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     spec_path, result_path = out / "spec.json", out / "result.json"
     spec_path.write_text(json.dumps(spec))
-    done = subprocess.run([sys.executable, "-m", "megarl.bench.trl_peer", str(spec_path), str(result_path)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "megarl.bench.trl_peer", str(spec_path), str(result_path)],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         return {"error": done.stderr[-2000:]}
     result = json.loads(result_path.read_text())
     measured = result["step_seconds"][1:]  # the first step warms up
     logs, samples = result["logs"], spec["prompts_per_step"] * spec["samples_per_prompt"]
     lengths = [entry["completions/mean_length"] for entry in logs]
-    return dict(step_seconds=statistics.median(measured), step_seconds_all=measured, logs=logs,
-                generate_ms_per_token=ms_per_token(result["generate_seconds"][1:], [samples * n for n in lengths[1:]]),
-                reward_per_step=[entry["reward"] for entry in logs], response_length_per_step=lengths)
+    return dict(
+        step_seconds=statistics.median(measured),
+        step_seconds_all=measured,
+        logs=logs,
+        generate_ms_per_token=ms_per_token(result["generate_seconds"][1:], [samples * n for n in lengths[1:]]),
+        reward_per_step=[entry["reward"] for entry in logs],
+        response_length_per_step=lengths,
+    )
 
 
 def _exception_line(stderr: str) -> str:
@@ -268,36 +345,61 @@ def _exception_line(stderr: str) -> str:
 def markdown(result: dict) -> str:
     shape, ratios, lengths = result["workload"], result["megarl_over_peer_step_ratio"], result["lengths"]
     mine = [name for name in result["contenders"] if name in MEGARL_CONTENDERS]
-    header = ["system", "s/step", "generate ms/token", "mean response tokens", "reward, first → last quarter of steps",
-              *(f"{name} ÷ system" for name in mine), "launch→end s"]
+    header = [
+        "system",
+        "s/step",
+        "generate ms/token",
+        "mean response tokens",
+        "reward, first → last quarter of steps",
+        *(f"{name} ÷ system" for name in mine),
+        "launch→end s",
+    ]
     lines = [
         f"step vs TRL: {result['model']['parameters'] / 1e6:.1f} M-parameter Qwen2, {shape['prompts_per_step']} prompts "
         f"× {shape['samples_per_prompt']} samples, {lengths['min_new_tokens']} to {shape['max_new_tokens']} new tokens "
         f"({lengths['name']} lengths), seed {result['seed']}; median of {result['measured_steps']} step(s) after one "
         "warm-up step",
-        _row(header), "|" + "---|" * len(header),
+        _row(header),
+        "|" + "---|" * len(header),
     ]
     for name, contender in result["contenders"].items():
         launch = f"{contender['launch_to_end_seconds']:.0f}"
         if "error" in contender:
-            lines.append(_row([name, f"failed: {_exception_line(contender['error'])[:160]}", *["—"] * (3 + len(mine)), launch]))
+            lines.append(
+                _row([name, f"failed: {_exception_line(contender['error'])[:160]}", *["—"] * (3 + len(mine)), launch])
+            )
             continue
         first, last = reward_rise(contender["reward_per_step"])
         tokens = statistics.mean(contender["response_length_per_step"])
         cells = [f"{ratios[f'{m}/{name}']:.2f}" if f"{m}/{name}" in ratios else "—" for m in mine]
-        lines.append(_row([name, f"{contender['step_seconds']:.2f}", f"{contender['generate_ms_per_token']:.2f}",
-                           f"{tokens:.1f}", f"{first:.2f} → {last:.2f}", *cells, launch]))
+        lines.append(
+            _row(
+                [
+                    name,
+                    f"{contender['step_seconds']:.2f}",
+                    f"{contender['generate_ms_per_token']:.2f}",
+                    f"{tokens:.1f}",
+                    f"{first:.2f} → {last:.2f}",
+                    *cells,
+                    launch,
+                ]
+            )
+        )
     for name, run in result.get("fastest_peers", {}).items():
         cells = [f"{m} ÷ it {ratios[f'{m}/{name}']:.2f}" for m in mine if f"{m}/{name}" in ratios]
-        lines.append(f"{name} at its best: {run}, {result['contenders'][run]['step_seconds']:.2f} s/step"
-                     + (f"; {', '.join(cells)}" if cells else ""))
+        lines.append(
+            f"{name} at its best: {run}, {result['contenders'][run]['step_seconds']:.2f} s/step"
+            + (f"; {', '.join(cells)}" if cells else "")
+        )
     for pair, ratio in result["megarl_over_peer_generation_ratio"].items():
         lines.append(f"generation per token, {pair.replace('/', ' ÷ ')}: {ratio:.2f}")
     for name in mine:
         contender = result["contenders"][name]
         if contender.get("update_mfu") is not None:
-            lines.append(f"{name}'s actor update: MFU {contender['update_mfu']:.1%} of a "
-                         f"{contender['peak_tflops'] * 1e3:.1f} GFLOP/s measured matmul peak")
+            lines.append(
+                f"{name}'s actor update: MFU {contender['update_mfu']:.1%} of a "
+                f"{contender['peak_tflops'] * 1e3:.1f} GFLOP/s measured matmul peak"
+            )
     return "\n".join(lines)
 
 

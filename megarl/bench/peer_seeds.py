@@ -52,7 +52,9 @@ def markdown(runs: dict[str, dict[int, list[float]]]) -> str:
         cells = [f"{rises[seed][0]:.2f} → {rises[seed][1]:.2f}" if seed in rises else "—" for seed in seeds]
         mean = [statistics.mean(rise[k] for rise in rises.values()) for k in (0, 1)]
         risen = sum(has_risen(rewards) for rewards in by_seed.values())
-        lines.append("| " + " | ".join([name, *cells, f"{mean[0]:.2f} → {mean[1]:.2f}", f"{risen} of {len(by_seed)}"]) + " |")
+        lines.append(
+            "| " + " | ".join([name, *cells, f"{mean[0]:.2f} → {mean[1]:.2f}", f"{risen} of {len(by_seed)}"]) + " |"
+        )
     return "\n".join(lines)
 
 
@@ -64,7 +66,9 @@ def plot_seeds(runs: dict[str, dict[int, list[float]]], out_path: Path) -> Path:
     axes_row = figure.subplots(1, max(1, len(runs)), sharey=True, squeeze=False)[0]
     for axes, (name, by_seed) in zip(axes_row, runs.items()):
         for seed, rewards in by_seed.items():
-            axes.plot(range(1, len(rewards) + 1), rolling_mean(rewards, rolling_window(len(rewards))), label=f"seed {seed}")
+            axes.plot(
+                range(1, len(rewards) + 1), rolling_mean(rewards, rolling_window(len(rewards))), label=f"seed {seed}"
+            )
         axes.set_title(name)
         axes.set_xlabel("step")
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))

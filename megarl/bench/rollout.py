@@ -69,15 +69,30 @@ def run(model_dir: str, shape: RolloutShape, repeats: int, with_hf: bool = True)
     vocab = ModelShape.of(model_dir).vocab_size
     prompts = make_prompts(shape, vocab)
     token_ids = [list(p.token_ids) for p in prompts]
-    worker = RolloutWorker("vllm", model_dir, tensor_parallel_size=1, dtype="float32", seed=0,
-                           max_model_len=shape.prompt_length + shape.max_new_tokens, cpu_kv_cache_gib=1,
-                           gpu_memory_utilization=0.5, enforce_eager=False)
+    worker = RolloutWorker(
+        "vllm",
+        model_dir,
+        tensor_parallel_size=1,
+        dtype="float32",
+        seed=0,
+        max_model_len=shape.prompt_length + shape.max_new_tokens,
+        cpu_kv_cache_gib=1,
+        gpu_memory_utilization=0.5,
+        enforce_eager=False,
+    )
     sampling = SamplingConfig(n=shape.n, temperature=1.0, max_new_tokens=shape.max_new_tokens, seed=1234)
     llm = worker.engine._llm  # the same engine instance: only the wrapping differs
     requests = [{"prompt_token_ids": ids} for ids in token_ids]
     params = [
-        SamplingParams(n=shape.n, temperature=1.0, max_tokens=shape.max_new_tokens, ignore_eos=True,
-                       seed=1234 + i * shape.n, logprobs=0, detokenize=False)
+        SamplingParams(
+            n=shape.n,
+            temperature=1.0,
+            max_tokens=shape.max_new_tokens,
+            ignore_eos=True,
+            seed=1234 + i * shape.n,
+            logprobs=0,
+            detokenize=False,
+        )
         for i in range(len(requests))
     ]
 
@@ -100,11 +115,21 @@ def run(model_dir: str, shape: RolloutShape, repeats: int, with_hf: bool = True)
         input_ids = torch.zeros(len(token_ids), width, dtype=torch.long)
         attention = torch.zeros(len(token_ids), width, dtype=torch.long)
         for row, ids in enumerate(token_ids):
-            input_ids[row, width - len(ids):] = torch.tensor(ids)
-            attention[row, width - len(ids):] = 1
-        config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=shape.max_new_tokens,
-                                  min_new_tokens=shape.max_new_tokens, num_return_sequences=shape.n, pad_token_id=0,
-                                  eos_token_id=None, output_scores=True, return_dict_in_generate=True)
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            attention[row, width - len(ids) :] = 1
+        config = GenerationConfig(
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=shape.max_new_tokens,
+            min_new_tokens=shape.max_new_tokens,
+            num_return_sequences=shape.n,
+            pad_token_id=0,
+            eos_token_id=None,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
 
         @torch.no_grad()
         def hf_generate():
@@ -118,8 +143,14 @@ def run(model_dir: str, shape: RolloutShape, repeats: int, with_hf: bool = True)
         worker.shutdown()
     tokens = shape.prompts * shape.n * shape.max_new_tokens
     result = dict(
-        benchmark="rollout", context=context(), model=model_summary(model_dir), shape=shape.__dict__, repeats=repeats,
-        generated_tokens=tokens, same_tokens=same_tokens, seconds=timings.seconds,
+        benchmark="rollout",
+        context=context(),
+        model=model_summary(model_dir),
+        shape=shape.__dict__,
+        repeats=repeats,
+        generated_tokens=tokens,
+        same_tokens=same_tokens,
+        seconds=timings.seconds,
         median_seconds={name: timings.median(name) for name in contenders},
         tokens_per_second={name: tokens / timings.median(name) for name in contenders},
         megarl_over_vllm=timings.ratio("megarl", "vllm"),
@@ -150,10 +181,14 @@ def markdown(result: dict) -> str:
     ]
     for name, seconds in result["median_seconds"].items():
         lines.append(f"| {name} | {seconds:.3f} | {result['tokens_per_second'][name]:.0f} |")
-    lines.append(f"megarl ÷ vLLM time: {result['megarl_over_vllm']:.3f}× (paired per repeat: "
-                 f"{result['megarl_over_vllm_paired']:.3f}×; goal ≤ 1.1×); the driver's flatten + batch assembly "
-                 f"alone: {result['driver_seconds_median'] * 1e3:.1f} ms ({result['driver_share_of_megarl']:.1%})")
+    lines.append(
+        f"megarl ÷ vLLM time: {result['megarl_over_vllm']:.3f}× (paired per repeat: "
+        f"{result['megarl_over_vllm_paired']:.3f}×; goal ≤ 1.1×); the driver's flatten + batch assembly "
+        f"alone: {result['driver_seconds_median'] * 1e3:.1f} ms ({result['driver_share_of_megarl']:.1%})"
+    )
     if "hf_over_megarl" in result:
-        lines.append(f"HF generate ÷ megarl time: {result['hf_over_megarl']:.2f}× (paired: "
-                     f"{result['hf_over_megarl_paired']:.2f}×): megarl's speed-up over HF")
+        lines.append(
+            f"HF generate ÷ megarl time: {result['hf_over_megarl']:.2f}× (paired: "
+            f"{result['hf_over_megarl_paired']:.2f}×): megarl's speed-up over HF"
+        )
     return "\n".join(lines)

@@ -29,8 +29,13 @@ def run(config_path: str, overrides: list[str], repeats: int, warmup: int = 1) -
 
     with tempfile.TemporaryDirectory(prefix="megarl-bench-step-") as out:
         run_overrides = [
-            *overrides, f"trainer.total_steps={warmup + repeats}", "trainer.test_freq=0", "checkpoint.save_freq=0",
-            f"trainer.output_dir={out}", "trainer.experiment_name=bench", "trainer.loggers=[jsonl]",
+            *overrides,
+            f"trainer.total_steps={warmup + repeats}",
+            "trainer.test_freq=0",
+            "checkpoint.save_freq=0",
+            f"trainer.output_dir={out}",
+            "trainer.experiment_name=bench",
+            "trainer.loggers=[jsonl]",
             f"checkpoint.dir={out}/checkpoints",
         ]
         trainer = Trainer.from_config(config_path, run_overrides)
@@ -38,10 +43,16 @@ def run(config_path: str, overrides: list[str], repeats: int, warmup: int = 1) -
         rows = [json.loads(line) for line in (Path(out) / "bench" / METRICS_FILE).read_text().splitlines() if line]
     measured = [row for row in rows if row["step"] > warmup]
     result = dict(
-        benchmark="step", context=context(), model=model_summary(trainer.config.model.path), config=config_path,
-        overrides=run_overrides[: len(overrides)], warmup_steps=warmup, repeats=len(measured),
+        benchmark="step",
+        context=context(),
+        model=model_summary(trainer.config.model.path),
+        config=config_path,
+        overrides=run_overrides[: len(overrides)],
+        warmup_steps=warmup,
+        repeats=len(measured),
         samples_per_step=trainer.plan.samples_per_step,
-        update_mfu=_median(measured, "perf/mfu"), peak_tflops=_median(measured, "perf/peak_tflops"),
+        update_mfu=_median(measured, "perf/mfu"),
+        peak_tflops=_median(measured, "perf/peak_tflops"),
         per_step={name: [row.get(name) for row in rows] for name in PER_STEP},
         **breakdown(measured),
     )
@@ -64,9 +75,11 @@ def breakdown(rows: list[dict]) -> dict:
     medians = {name: statistics.median(values) for name, values in per_phase.items()}
     transfer = [row["sync/seconds"] for row in rows if "sync/seconds" in row]
     return dict(
-        step_seconds=step, step_seconds_all=[row[STEP] for row in rows],
+        step_seconds=step,
+        step_seconds_all=[row[STEP] for row in rows],
         sync_transfer_seconds=statistics.median(transfer) if transfer else None,
-        phase_seconds=medians, phase_share={name: seconds / step for name, seconds in medians.items()},
+        phase_seconds=medians,
+        phase_share={name: seconds / step for name, seconds in medians.items()},
         other_share_per_step=[o / row[STEP] for o, row in zip(per_phase["other"], rows)],
     )
 
@@ -81,12 +94,16 @@ def markdown(result: dict) -> str:
     for name, seconds in result["phase_seconds"].items():
         lines.append(f"| {name} | {seconds:.3f} | {result['phase_share'][name]:.1%} |")
     if result["sync_transfer_seconds"] is not None and "sync" in result["phase_seconds"]:
-        lines.append(f"sync: the weight transfer itself (`sync/seconds`) is {result['sync_transfer_seconds']:.3f} s of "
-                     f"the phase's {result['phase_seconds']['sync']:.3f} s; the rest is hand-shake calls and the "
-                     "log-prob check")
+        lines.append(
+            f"sync: the weight transfer itself (`sync/seconds`) is {result['sync_transfer_seconds']:.3f} s of "
+            f"the phase's {result['phase_seconds']['sync']:.3f} s; the rest is hand-shake calls and the "
+            "log-prob check"
+        )
     if result["update_mfu"] is not None:
-        lines.append(f"actor update: MFU {result['update_mfu']:.1%} of the measured matmul peak "
-                     f"({result['peak_tflops'] * 1e3:.1f} GFLOP/s, perf/mfu)")
+        lines.append(
+            f"actor update: MFU {result['update_mfu']:.1%} of the measured matmul peak "
+            f"({result['peak_tflops'] * 1e3:.1f} GFLOP/s, perf/mfu)"
+        )
     other = result["phase_share"]["other"]
     lines.append(f"other: {other:.1%} of the step (goal ≤ 10 %: {'met' if other <= 0.10 else 'not met'})")
     return "\n".join(lines)

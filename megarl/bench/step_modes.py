@@ -29,8 +29,12 @@ def mode_overrides(config: Config, mode: str) -> list[str]:
     placement, rollout_mode = MODES[mode]
     training = config.placement.gpus_per_node - config.placement.rollout_gpus  # the Megatron roles' devices
     engine = config.rollout.tensor_model_parallel_size if placement == "split" else 0
-    return [f"placement.mode={placement}", f"placement.gpus_per_node={training + engine}",
-            f"placement.rollout_gpus={engine}", f"trainer.rollout_mode={rollout_mode}"]
+    return [
+        f"placement.mode={placement}",
+        f"placement.gpus_per_node={training + engine}",
+        f"placement.rollout_gpus={engine}",
+        f"trainer.rollout_mode={rollout_mode}",
+    ]
 
 
 def run(config_path: str, overrides: list[str], repeats: int, modes: tuple[str, ...]) -> dict:
@@ -41,9 +45,15 @@ def run(config_path: str, overrides: list[str], repeats: int, modes: tuple[str, 
     results = {mode: step.run(config_path, [*overrides, *mode_overrides(config, mode)], repeats) for mode in modes}
     rates = {mode: result["samples_per_step"] / result["step_seconds"] for mode, result in results.items()}
     baseline = BASELINE if BASELINE in rates else modes[0]
-    return dict(benchmark="step_modes", config=config_path, overrides=overrides, baseline=baseline,
-                samples_per_s=rates, ratios={mode: rate / rates[baseline] for mode, rate in rates.items()},
-                modes=results)
+    return dict(
+        benchmark="step_modes",
+        config=config_path,
+        overrides=overrides,
+        baseline=baseline,
+        samples_per_s=rates,
+        ratios={mode: rate / rates[baseline] for mode, rate in rates.items()},
+        modes=results,
+    )
 
 
 def markdown(result: dict) -> str:
@@ -55,6 +65,8 @@ def markdown(result: dict) -> str:
         "|---|---|---|---|",
     ]
     for mode, run in result["modes"].items():
-        lines.append(f"| {mode} | {run['step_seconds']:.3f} | {result['samples_per_s'][mode]:.2f} | "
-                     f"{result['ratios'][mode]:.2f} |")
+        lines.append(
+            f"| {mode} | {run['step_seconds']:.3f} | {result['samples_per_s'][mode]:.2f} | "
+            f"{result['ratios'][mode]:.2f} |"
+        )
     return "\n".join(lines)

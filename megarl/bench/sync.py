@@ -46,8 +46,14 @@ class SyncShape:
 
 
 SMOKE = SyncShape(train_layouts=((2, 1, (1, 2)),), bucket_mb=(0.05, 1))
-MODEL_100M = dict(hidden_size=768, num_hidden_layers=16, intermediate_size=2048, num_attention_heads=12,
-                  num_key_value_heads=4, head_dim=64)
+MODEL_100M = dict(
+    hidden_size=768,
+    num_hidden_layers=16,
+    intermediate_size=2048,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    head_dim=64,
+)
 """The default model of `megarl bench sync`: a Qwen2 of 100.9 M parameters (403 MB in fp32)."""
 
 
@@ -69,8 +75,8 @@ def _check_views(named_tensors, expected: dict, where: str) -> None:
 def _unpacking_transport(expected: dict | None):
     """`InProcessTransport` without an engine: hands on each bucket's HF-named views; the first
     send is checked against `expected` (the checkpoint)."""
-    from megarl.bridge.transports.base import WeightTransport
     from megarl.bridge.protocol import unpack
+    from megarl.bridge.transports.base import WeightTransport
 
     class Unpacking(WeightTransport):
         def __init__(self):
@@ -105,10 +111,10 @@ def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, int], shape: Syn
     from megarl.bridge import LayoutPair, ShardSender, build_plan, build_schedule, receiver_rank, sender_rank
     from megarl.bridge.sync import WeightSender
     from megarl.bridge.sync_group import create_weight_sync_group
-    from megarl.models.layout import VOCAB_DIVISIBLE_BY
     from megarl.models.architectures import build_gpt_model
     from megarl.models.checkpoint import load_hf_weights
     from megarl.models.hf_config import read_model_dims
+    from megarl.models.layout import VOCAB_DIVISIBLE_BY
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import global_named_parameters
 
@@ -155,8 +161,10 @@ def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, int], shape: Syn
 
             def raw():
                 dist.barrier()
-                works = [group.send([largest[:numel]], receiver_rank(plan.layout, 0, worker), tag)
-                         for tag, worker, numel in sizes]
+                works = [
+                    group.send([largest[:numel]], receiver_rank(plan.layout, 0, worker), tag)
+                    for tag, worker, numel in sizes
+                ]
                 for work in works:
                     work.wait()
                 dist.barrier()
@@ -164,8 +172,11 @@ def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, int], shape: Syn
             timings = time_interleaved(dict(zip(CONTENDERS, (bridge, raw))), repeats)
             record = _record(plan, bucket_mb, timings, stats, "raw")
             workers = {piece.worker for _, piece in schedule.sent_by(me)}
-            record.update(rollout_tp=rollout_tp, bytes_sent=stats[0].bytes_sent,
-                          receivers_need=sum(schedule.bytes_needed(w) for w in workers))
+            record.update(
+                rollout_tp=rollout_tp,
+                bytes_sent=stats[0].bytes_sent,
+                receivers_need=sum(schedule.bytes_needed(w) for w in workers),
+            )
             out["cross_process"].append(record)
     return out
 
@@ -173,8 +184,11 @@ def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, int], shape: Syn
 def _record(plan, bucket_mb: float, timings, stats, baseline: str) -> dict:
     """One plan's figures on this rank (the sender's are the ones reported)."""
     return dict(
-        bucket_mb=bucket_mb, buckets=len(plan.buckets), bytes=sum(b.nbytes for b in plan.buckets),
-        largest_bucket_bytes=max(b.nbytes for b in plan.buckets), seconds=timings.seconds,
+        bucket_mb=bucket_mb,
+        buckets=len(plan.buckets),
+        bytes=sum(b.nbytes for b in plan.buckets),
+        largest_bucket_bytes=max(b.nbytes for b in plan.buckets),
+        seconds=timings.seconds,
         bridge_over_baseline=timings.ratio("bridge", baseline),
         bridge_over_baseline_paired=timings.paired_ratio("bridge", baseline),
         peak_extra_bytes=max(s.peak_buffer_bytes for s in stats),
@@ -198,23 +212,40 @@ def _receiver(port: int, worker: int, plans: list, repeats: int) -> list[dict]:
     import torch
 
     from megarl.bench.common import interleaved_order
-    from megarl.bridge import LoadedChecksums, VllmRankLayout, build_schedule, receive_rank_shards, receiver_rank, recorded
+    from megarl.bridge import (
+        LoadedChecksums,
+        VllmRankLayout,
+        build_schedule,
+        receive_rank_shards,
+        receiver_rank,
+        recorded,
+    )
     from megarl.bridge.sync_group import create_weight_sync_group
     from megarl.models.layout import VOCAB_DIVISIBLE_BY
 
     layout = plans[0].layout
-    group = create_weight_sync_group(HOST, port, receiver_rank(layout, 0, worker),
-                                     layout.train_tp * layout.train_pp + layout.rollout_tp, TIMEOUT_S)
+    group = create_weight_sync_group(
+        HOST, port, receiver_rank(layout, 0, worker), layout.train_tp * layout.train_pp + layout.rollout_tp, TIMEOUT_S
+    )
     cpu = torch.device("cpu")
     checked = []
     for plan in plans:
         counting, record = _CountingGroup(group), LoadedChecksums("float32")
-        for _ in recorded(receive_rank_shards(counting, plan, worker, cpu), record,
-                          VllmRankLayout(plan.dims, layout.rollout_tp, worker)):
+        for _ in recorded(
+            receive_rank_shards(counting, plan, worker, cpu),
+            record,
+            VllmRankLayout(plan.dims, layout.rollout_tp, worker),
+        ):
             pass
         schedule = build_schedule(plan, VOCAB_DIVISIBLE_BY)
-        checked.append(dict(record=record, worker=worker, bytes_received=counting.received,
-                            bytes_needed=schedule.bytes_needed(worker)))
+        checked.append(
+            dict(
+                record=record,
+                worker=worker,
+                bytes_received=counting.received,
+                bytes_needed=schedule.bytes_needed(worker),
+            )
+        )
         for name in interleaved_order(list(CONTENDERS), repeats):
             if name == "bridge":
                 for _ in receive_rank_shards(group, plan, worker, cpu):
@@ -250,8 +281,8 @@ def _layout(model_dir: str, tp: int, pp: int, rollout_tps: tuple[int, ...], shap
 
     from megarl.bridge import LayoutPair, build_plan
     from megarl.bridge.checksum import check_checksums, tensor_checksum
-    from megarl.models.hf_config import read_model_dims
     from megarl.bridge.sync_group import listen_weight_sync_store
+    from megarl.models.hf_config import read_model_dims
     from megarl.parallel.spawn import run_distributed
 
     dims = read_model_dims(model_dir)
@@ -262,10 +293,22 @@ def _layout(model_dir: str, tp: int, pp: int, rollout_tps: tuple[int, ...], shap
     plans = {r: [build_plan(dims, LayoutPair(tp, pp, r), bucket_mb=mb) for mb in shape.bucket_mb] for r in rollout_tps}
     expected = {name: tensor_checksum(tensor, torch.float32) for name, tensor in _checkpoint(model_dir).items()}
     with ThreadPoolExecutor(max_workers=1 + sum(rollout_tps)) as pool:
-        trainers = pool.submit(run_distributed, _trainer, tp * pp, model_dir, tp, pp, ports, shape, repeats,
-                               timeout_s=TIMEOUT_S, collective_timeout_s=TIMEOUT_S)
-        received = {r: [pool.submit(_receiver, ports[r], worker, plans[r], repeats) for worker in range(r)]
-                    for r in rollout_tps}
+        trainers = pool.submit(
+            run_distributed,
+            _trainer,
+            tp * pp,
+            model_dir,
+            tp,
+            pp,
+            ports,
+            shape,
+            repeats,
+            timeout_s=TIMEOUT_S,
+            collective_timeout_s=TIMEOUT_S,
+        )
+        received = {
+            r: [pool.submit(_receiver, ports[r], worker, plans[r], repeats) for worker in range(r)] for r in rollout_tps
+        }
         per_rank = trainers.result()
         checked = {r: [future.result() for future in futures] for r, futures in received.items()}
     result = per_rank[0]
@@ -277,11 +320,22 @@ def _layout(model_dir: str, tp: int, pp: int, rollout_tps: tuple[int, ...], shap
         for r in rollout_tps:
             i, record = next(runs)
             workers = [checked[r][worker][m] for worker in range(r)]
-            check_checksums(expected, [w.pop("record") for w in workers], dtype="float32",
-                            layout=plans[r][m].layout, engine="the benchmark's workers")
-            senders = [dict(pp_rank=rank["pp_rank"], tp_rank=rank["tp_rank"],
-                            bytes_sent=rank["cross_process"][i]["bytes_sent"],
-                            receivers_need=rank["cross_process"][i]["receivers_need"]) for rank in per_rank]
+            check_checksums(
+                expected,
+                [w.pop("record") for w in workers],
+                dtype="float32",
+                layout=plans[r][m].layout,
+                engine="the benchmark's workers",
+            )
+            senders = [
+                dict(
+                    pp_rank=rank["pp_rank"],
+                    tp_rank=rank["tp_rank"],
+                    bytes_sent=rank["cross_process"][i]["bytes_sent"],
+                    receivers_need=rank["cross_process"][i]["receivers_need"],
+                )
+                for rank in per_rank
+            ]
             record.pop("bytes_sent"), record.pop("receivers_need")  # rank 0's: in `senders`
             peak = max(rank["cross_process"][i]["peak_extra_bytes"] for rank in per_rank)
             record.update(train_tp=tp, train_pp=pp, peak_extra_bytes=peak, senders=senders, workers=workers)
@@ -298,8 +352,14 @@ def run(model_dir: str, repeats: int, shape: SyncShape = SyncShape()) -> dict:
         in_process += result["in_process"]
         cross_process += result["cross_process"]
     return dict(
-        benchmark="sync", context=context(), model=model_summary(model_dir), repeats=repeats, dtype="float32",
-        transport="gloo over loopback", in_process=in_process, cross_process=cross_process,
+        benchmark="sync",
+        context=context(),
+        model=model_summary(model_dir),
+        repeats=repeats,
+        dtype="float32",
+        transport="gloo over loopback",
+        in_process=in_process,
+        cross_process=cross_process,
         goals=goals(in_process, cross_process),
     )
 
@@ -313,12 +373,14 @@ def goals(in_process: list[dict], cross_process: list[dict]) -> dict:
         cross_process_over_raw=max(r["bridge_over_baseline"] for r in cross_process),
         cross_process_over_raw_paired=max(r["bridge_over_baseline_paired"] for r in cross_process),
         # Bytes: a trainer rank sends no more than the workers it sends to need; a worker gets its shard once.
-        sent_over_receivers_need=max(s["bytes_sent"] / s["receivers_need"] for r in cross_process
-                                     for s in r["senders"] if s["receivers_need"]),
+        sent_over_receivers_need=max(
+            s["bytes_sent"] / s["receivers_need"] for r in cross_process for s in r["senders"] if s["receivers_need"]
+        ),
         received_over_needed=max(w["bytes_received"] / w["bytes_needed"] for r in cross_process for w in r["workers"]),
         # "≤ 2 buckets": two of the plan's bucket size (or of its largest bucket, when one parameter exceeds it).
-        peak_over_two_buckets=max(r["peak_extra_bytes"] / (2 * max(r["bucket_mb"] * 2**20, r["largest_bucket_bytes"]))
-                                  for r in runs),
+        peak_over_two_buckets=max(
+            r["peak_extra_bytes"] / (2 * max(r["bucket_mb"] * 2**20, r["largest_bucket_bytes"])) for r in runs
+        ),
     )
 
 
@@ -349,12 +411,17 @@ def markdown(result: dict) -> str:
         "|---|---|---|---|---|",
     ]
     for r in result["cross_process"]:
-        senders = ", ".join(f"({s['pp_rank']}, {s['tp_rank']}): {s['bytes_sent'] / 1e6:.1f} / "
-                            f"{s['receivers_need'] / 1e6:.1f}" for s in r["senders"])
-        workers = ", ".join(f"{w['worker']}: {w['bytes_received'] / 1e6:.1f} / {w['bytes_needed'] / 1e6:.1f}"
-                            for w in r["workers"])
-        lines.append(f"| {r['train_tp']}/{r['train_pp']} → {r['rollout_tp']} | {r['bucket_mb']:g} | {senders} "
-                     f"| {workers} | {r['bytes'] / 1e6:.1f} |")
+        senders = ", ".join(
+            f"({s['pp_rank']}, {s['tp_rank']}): {s['bytes_sent'] / 1e6:.1f} / {s['receivers_need'] / 1e6:.1f}"
+            for s in r["senders"]
+        )
+        workers = ", ".join(
+            f"{w['worker']}: {w['bytes_received'] / 1e6:.1f} / {w['bytes_needed'] / 1e6:.1f}" for w in r["workers"]
+        )
+        lines.append(
+            f"| {r['train_tp']}/{r['train_pp']} → {r['rollout_tp']} | {r['bucket_mb']:g} | {senders} "
+            f"| {workers} | {r['bytes'] / 1e6:.1f} |"
+        )
     g = result["goals"]
     lines.append(
         f"worst cases: in-process ÷ clone {g['in_process_over_clone']:.2f}× "

@@ -39,9 +39,12 @@ def make_batch(shape: TrainShape, vocab_size: int):
     g = torch.Generator().manual_seed(0)
     b, p, r = shape.samples, shape.prompt_length, shape.response_length
     return PolicyBatch(
-        prompts=torch.randint(3, vocab_size, (b, p), generator=g), prompt_mask=torch.ones(b, p, dtype=torch.bool),
-        responses=torch.randint(3, vocab_size, (b, r), generator=g), response_mask=torch.ones(b, r, dtype=torch.bool),
-        old_log_probs=-torch.rand(b, r, generator=g) - 4.0, advantages=torch.randn(b, r, generator=g),
+        prompts=torch.randint(3, vocab_size, (b, p), generator=g),
+        prompt_mask=torch.ones(b, p, dtype=torch.bool),
+        responses=torch.randint(3, vocab_size, (b, r), generator=g),
+        response_mask=torch.ones(b, r, dtype=torch.bool),
+        old_log_probs=-torch.rand(b, r, generator=g) - 4.0,
+        advantages=torch.randn(b, r, generator=g),
     )
 
 
@@ -65,8 +68,13 @@ def _compare_tp1(model_dir: str, shape: TrainShape, repeats: int) -> dict:
     loss = PolicyLoss(PolicyLossSettings())
 
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
-    adamw = torch.optim.AdamW(hf.parameters(), lr=optim.lr, betas=(optim.adam_beta1, optim.adam_beta2),
-                              eps=optim.adam_eps, weight_decay=optim.weight_decay)
+    adamw = torch.optim.AdamW(
+        hf.parameters(),
+        lr=optim.lr,
+        betas=(optim.adam_beta1, optim.adam_beta2),
+        eps=optim.adam_eps,
+        weight_decay=optim.weight_decay,
+    )
     settings = loss.settings
     tokens = batch.response_mask.sum()
 
@@ -76,15 +84,22 @@ def _compare_tp1(model_dir: str, shape: TrainShape, repeats: int) -> dict:
     def pytorch_step():
         adamw.zero_grad(set_to_none=True)
         for micro in batch.split(shape.samples // shape.micro_batch):
-            logits = hf(input_ids=micro.input_ids).logits[:, micro.prompt_length - 1: -1].float()
+            logits = hf(input_ids=micro.input_ids).logits[:, micro.prompt_length - 1 : -1].float()
             log_softmax = logits.log_softmax(-1)
             log_probs = log_softmax.gather(-1, micro.responses.unsqueeze(-1)).squeeze(-1)
             with torch.no_grad():  # megarl's loss reports the entropy too
                 entropy = -(log_softmax.exp() * log_softmax).sum(-1)
             out = compute_policy_loss(
-                settings.name, micro.old_log_probs, log_probs, micro.advantages, micro.response_mask,
-                clip_ratio_low=settings.clip_ratio_low, clip_ratio_high=settings.clip_ratio_high,
-                clip_ratio_c=settings.clip_ratio_c, loss_agg_mode=settings.loss_agg_mode, global_normalizer=tokens,
+                settings.name,
+                micro.old_log_probs,
+                log_probs,
+                micro.advantages,
+                micro.response_mask,
+                clip_ratio_low=settings.clip_ratio_low,
+                clip_ratio_high=settings.clip_ratio_high,
+                clip_ratio_c=settings.clip_ratio_c,
+                loss_agg_mode=settings.loss_agg_mode,
+                global_normalizer=tokens,
             )
             out.loss.backward()
             del entropy
@@ -114,7 +129,9 @@ def _time_layout(model_dir: str, shape: TrainShape, repeats: int, tp: int, pp: i
     return seconds[1:]
 
 
-def run(model_dir: str, shape: TrainShape, repeats: int, layouts: tuple[tuple[int, int], ...] = ((2, 1), (1, 2))) -> dict:
+def run(
+    model_dir: str, shape: TrainShape, repeats: int, layouts: tuple[tuple[int, int], ...] = ((2, 1), (1, 2))
+) -> dict:
     from megarl.bench.common import context, model_summary
     from megarl.parallel.spawn import run_distributed
 
@@ -123,8 +140,12 @@ def run(model_dir: str, shape: TrainShape, repeats: int, layouts: tuple[tuple[in
     pytorch = statistics.median(tp1["seconds"]["pytorch"])
     paired = statistics.median(p / m for m, p in zip(tp1["seconds"]["megatron"], tp1["seconds"]["pytorch"]))
     result = dict(
-        benchmark="train", context=context(), model=model_summary(model_dir), shape=dict(shape.__dict__, tokens=shape.tokens),
-        repeats=repeats, tp1=tp1,
+        benchmark="train",
+        context=context(),
+        model=model_summary(model_dir),
+        shape=dict(shape.__dict__, tokens=shape.tokens),
+        repeats=repeats,
+        tp1=tp1,
         tokens_per_second=dict(megatron=shape.tokens / megatron, pytorch=shape.tokens / pytorch),
         megatron_over_pytorch_throughput=pytorch / megatron,
         megatron_over_pytorch_throughput_paired=paired,
@@ -135,7 +156,9 @@ def run(model_dir: str, shape: TrainShape, repeats: int, layouts: tuple[tuple[in
         seconds = [max(rank[i] for rank in per_rank) for i in range(repeats)]
         median = statistics.median(seconds)
         result["layouts"][f"tp{tp}_pp{pp}"] = dict(
-            seconds=seconds, microseconds_per_token=median / shape.tokens * 1e6, over_tp1_megatron=median / megatron,
+            seconds=seconds,
+            microseconds_per_token=median / shape.tokens * 1e6,
+            over_tp1_megatron=median / megatron,
         )
     return result
 
@@ -153,8 +176,12 @@ def markdown(result: dict) -> str:
         f"{tps['megatron'] / tps['pytorch']:.2f} |",
     ]
     for name, layout in result["layouts"].items():
-        lines.append(f"| Megatron {name.replace('_', ' ').upper()} (2 processes) | {1e6 / layout['microseconds_per_token']:.0f} | "
-                     f"{layout['microseconds_per_token']:.0f} | {layout['over_tp1_megatron']:.2f} |")
-    lines.append(f"Megatron ÷ PyTorch throughput: {result['megatron_over_pytorch_throughput']:.2f}× "
-                 f"(paired per repeat: {result['megatron_over_pytorch_throughput_paired']:.2f}×; goal ≥ 0.8×)")
+        lines.append(
+            f"| Megatron {name.replace('_', ' ').upper()} (2 processes) | {1e6 / layout['microseconds_per_token']:.0f} | "
+            f"{layout['microseconds_per_token']:.0f} | {layout['over_tp1_megatron']:.2f} |"
+        )
+    lines.append(
+        f"Megatron ÷ PyTorch throughput: {result['megatron_over_pytorch_throughput']:.2f}× "
+        f"(paired per repeat: {result['megatron_over_pytorch_throughput_paired']:.2f}×; goal ≥ 0.8×)"
+    )
     return "\n".join(lines)

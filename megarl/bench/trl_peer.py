@@ -38,8 +38,10 @@ import sys
 import time
 from pathlib import Path
 
-MISSING_TRL = ("megarl bench step --peer trl needs TRL: install the bench extra (pip install 'megarl[bench]', or "
-               "pip install trl) into this environment, or into a separate one if it would change torch there")
+MISSING_TRL = (
+    "megarl bench step --peer trl needs TRL: install the bench extra (pip install 'megarl[bench]', or "
+    "pip install trl) into this environment, or into a separate one if it would change torch there"
+)
 
 
 def main(spec_path: str, result_path: str) -> None:
@@ -61,13 +63,31 @@ def main(spec_path: str, result_path: str) -> None:
 
     rows = [json.loads(line) for line in Path(spec["data"]).read_text().splitlines() if line]
     config = GRPOConfig(
-        output_dir=str(Path(result_path).parent / "trl-out"), max_steps=spec["steps"], learning_rate=spec["learning_rate"],
-        **batching(spec), num_iterations=1,
-        num_generations=spec["samples_per_prompt"], max_completion_length=spec["max_new_tokens"], beta=0.0,
-        lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0,
-        temperature=1.0, top_k=0, top_p=1.0, use_cpu=True, bf16=False, logging_steps=1, report_to=[],
-        save_strategy="no", use_vllm=use_vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=0.1,
-        seed=spec["seed"], dataloader_num_workers=0, generation_kwargs=generation_kwargs,
+        output_dir=str(Path(result_path).parent / "trl-out"),
+        max_steps=spec["steps"],
+        learning_rate=spec["learning_rate"],
+        **batching(spec),
+        num_iterations=1,
+        num_generations=spec["samples_per_prompt"],
+        max_completion_length=spec["max_new_tokens"],
+        beta=0.0,
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        use_cpu=True,
+        bf16=False,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_vllm=use_vllm,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=0.1,
+        seed=spec["seed"],
+        dataloader_num_workers=0,
+        generation_kwargs=generation_kwargs,
     )
 
     def reward(prompts, completions, answer, **columns):
@@ -82,11 +102,16 @@ def main(spec_path: str, result_path: str) -> None:
 
         def on_step_end(self, args, state, control, **kwargs):
             step_seconds.append(time.perf_counter() - self.start)
-            generate_seconds.append(sum(generate_calls[self.calls:]))
+            generate_seconds.append(sum(generate_calls[self.calls :]))
 
-    trainer = GRPOTrainer(model=spec["model"], reward_funcs=reward, args=config,
-                          train_dataset=Dataset.from_list(rows), processing_class=AutoTokenizer.from_pretrained(spec["model"]),
-                          callbacks=[StepClock()])
+    trainer = GRPOTrainer(
+        model=spec["model"],
+        reward_funcs=reward,
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=AutoTokenizer.from_pretrained(spec["model"]),
+        callbacks=[StepClock()],
+    )
     trainer.train()
     logs = [entry for entry in trainer.state.log_history if "reward" in entry]
     result = {"step_seconds": step_seconds, "generate_seconds": generate_seconds, "logs": logs}
@@ -98,11 +123,16 @@ def batching(spec: dict) -> dict[str, int]:
     spec's `micro_batch`: generated at once (`steps_per_generation`), accumulated to one optimizer step."""
     batch, micro_batch = spec["prompts_per_step"] * spec["samples_per_prompt"], spec["micro_batch"]
     if micro_batch < 1 or batch % micro_batch:
-        raise ValueError(f"trl_peer spec: micro_batch {micro_batch} does not divide the step's batch of {batch} "
-                         "samples; choose a divisor (megarl.bench.peer.peer_sweep does)")
+        raise ValueError(
+            f"trl_peer spec: micro_batch {micro_batch} does not divide the step's batch of {batch} "
+            "samples; choose a divisor (megarl.bench.peer.peer_sweep does)"
+        )
     accumulation = batch // micro_batch
-    return dict(per_device_train_batch_size=micro_batch, gradient_accumulation_steps=accumulation,
-                steps_per_generation=accumulation)
+    return dict(
+        per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=accumulation,
+        steps_per_generation=accumulation,
+    )
 
 
 def _generator(use_vllm: bool) -> type:
@@ -159,8 +189,9 @@ def _single_process_world() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
 
 
 if __name__ == "__main__":

@@ -147,30 +147,49 @@ def add_into(total: dict[str, int], part: Mapping[str, int]) -> None:
 # --- trainer side: the actor's shards, placed by the checkpoint loader's slicing -----------------
 
 
-def rank_checksums(plan: SyncPlan, named_parameters: Iterable[tuple[str, torch.Tensor]], groups,
-                   dtype: str) -> dict[str, int]:
+def rank_checksums(
+    plan: SyncPlan, named_parameters: Iterable[tuple[str, torch.Tensor]], groups, dtype: str
+) -> dict[str, int]:
     """`actor_checksums` of this trainer rank's live parameters (`MegatronActor.named_parameters_for_sync`)
     in its place of `groups` (`ProcessGroups`), checksummed in `dtype` (the engines' dtype name)."""
     local = local_params_by_plan_name(plan, named_parameters)
-    return actor_checksums(plan, local, tp_size=groups.tp_size, tp_rank=groups.tp_rank, pp_rank=groups.pp_rank,
-                           dp_rank=groups.dp_rank, dtype=getattr(torch, dtype))
+    return actor_checksums(
+        plan,
+        local,
+        tp_size=groups.tp_size,
+        tp_rank=groups.tp_rank,
+        pp_rank=groups.pp_rank,
+        dp_rank=groups.dp_rank,
+        dtype=getattr(torch, dtype),
+    )
 
 
-def actor_checksums(plan: SyncPlan, local: Mapping[str, torch.Tensor], *, tp_size: int, tp_rank: int,
-                    pp_rank: int, dp_rank: int, dtype: torch.dtype) -> dict[str, int]:
+def actor_checksums(
+    plan: SyncPlan,
+    local: Mapping[str, torch.Tensor],
+    *,
+    tp_size: int,
+    tp_rank: int,
+    pp_rank: int,
+    dp_rank: int,
+    dtype: torch.dtype,
+) -> dict[str, int]:
     """This trainer rank's partial checksums of the HF tensors of `plan` (`local`: its shards by plan
     name, `collect.local_params_by_plan_name`); empty outside DP replica 0. `combine` over the ranks
     gives the checksum of every HF tensor the engines must hold."""
     if dp_rank != 0:
         return {}
-    parts = [shard_checksums(param, local[param.megatron_name], plan.dims, tp_size=tp_size, tp_rank=tp_rank,
-                             dtype=dtype)
-             for param in plan.params if param.pp_rank == pp_rank]
+    parts = [
+        shard_checksums(param, local[param.megatron_name], plan.dims, tp_size=tp_size, tp_rank=tp_rank, dtype=dtype)
+        for param in plan.params
+        if param.pp_rank == pp_rank
+    ]
     return combine(parts)
 
 
-def shard_checksums(param: PlannedParam, shard: torch.Tensor, dims: ModelDims, *, tp_size: int, tp_rank: int,
-                    dtype: torch.dtype) -> dict[str, int]:
+def shard_checksums(
+    param: PlannedParam, shard: torch.Tensor, dims: ModelDims, *, tp_size: int, tp_rank: int, dtype: torch.dtype
+) -> dict[str, int]:
     """TP rank `tp_rank`'s partial checksums of `param`'s HF tensors from its Megatron `shard` (a
     replicated parameter: TP rank 0's whole copy, nothing from the others)."""
     if param.kind == REPLICATED and tp_rank > 0:
@@ -179,18 +198,22 @@ def shard_checksums(param: PlannedParam, shard: torch.Tensor, dims: ModelDims, *
     divisible_by = shard.shape[0] if param.kind == VOCAB else 1
     origin, first_columns = loader_rows(param, dims, tp_size, tp_rank, divisible_by)
     if origin.shape[0] != shard.shape[0]:
-        raise ValueError(f"{param.megatron_name}: shard of {shard.shape[0]} rows, the loader's slicing gives "
-                         f"{origin.shape[0]} at TP {tp_size}")
+        raise ValueError(
+            f"{param.megatron_name}: shard of {shard.shape[0]} rows, the loader's slicing gives "
+            f"{origin.shape[0]} at TP {tp_size}"
+        )
     checksums = {}
     for index, name in enumerate(param.hf_names):
         rows = origin[:, 0] == index + 1  # on the CPU, like `origin`; the shard may be on a GPU
-        checksums[name] = block_checksum(shard[rows.to(shard.device)], dtype, origin[rows, 1],
-                                         first_columns.get(index, 0))
+        checksums[name] = block_checksum(
+            shard[rows.to(shard.device)], dtype, origin[rows, 1], first_columns.get(index, 0)
+        )
     return checksums
 
 
-def loader_rows(param: PlannedParam, dims: ModelDims, tp_size: int, tp_rank: int,
-                vocab_divisible_by: int) -> tuple[torch.Tensor, dict[int, int]]:
+def loader_rows(
+    param: PlannedParam, dims: ModelDims, tp_size: int, tp_rank: int, vocab_divisible_by: int
+) -> tuple[torch.Tensor, dict[int, int]]:
     """Where each row of TP rank `tp_rank`'s shard of `param` comes from in the HF tensors, by the
     checkpoint loader's own slicing run on row numbers: `[rows, 2]` (index into `hf_names` + 1, or 0
     for a padding row; HF row), and the first HF column of a column block, by HF name index."""
@@ -204,16 +227,18 @@ def loader_rows(param: PlannedParam, dims: ModelDims, tp_size: int, tp_rank: int
         return torch.stack([torch.full_like(rows, which + 1), rows], dim=1)
 
     mapping = ParamMapping(param.megatron_name, param.hf_names, param.kind)
-    origin = tp_shard_from_hf(mapping, read, dims, tp_size=tp_size, tp_rank=tp_rank,
-                              vocab_divisible_by=vocab_divisible_by)
+    origin = tp_shard_from_hf(
+        mapping, read, dims, tp_size=tp_size, tp_rank=tp_rank, vocab_divisible_by=vocab_divisible_by
+    )
     return origin, first_columns
 
 
 # --- engine side: what a worker's loader receives ------------------------------------------------
 
 
-def recorded(weights: Iterable[tuple[str, torch.Tensor]], record: LoadedChecksums,
-             rank_layout: VllmRankLayout | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def recorded(
+    weights: Iterable[tuple[str, torch.Tensor]], record: LoadedChecksums, rank_layout: VllmRankLayout | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """`weights` as they are, each tensor checksummed into `record` as the loader takes it (so a
     streamed tensor is read before its buffer is reused). `rank_layout`: the tensors are a per-rank
     sync's (vLLM names and per-rank shapes); None: full HF tensors."""
@@ -240,8 +265,10 @@ class VllmRankLayout:
 
     def whole(self, name: str) -> bool:
         """Whether the tensor is a whole HF tensor (the norms)."""
-        return not any(part in name for part in ("qkv_proj.", "gate_up_proj.", "o_proj.", "down_proj.",
-                                                 "embed_tokens.", "lm_head."))
+        return not any(
+            part in name
+            for part in ("qkv_proj.", "gate_up_proj.", "o_proj.", "down_proj.", "embed_tokens.", "lm_head.")
+        )
 
     def checksums(self, name: str, tensor: torch.Tensor, dtype: torch.dtype) -> dict[str, int]:
         """The HF tensors' partial checksums of this worker's per-rank tensor `name`."""
@@ -255,9 +282,10 @@ class VllmRankLayout:
         if kind in ("o_proj", "down_proj"):  # a block of columns of every row
             columns = tensor.shape[1]
             return {name: block_checksum(tensor, dtype, torch.arange(tensor.shape[0]), self.tp_rank * columns)}
-        parts = {"qkv_proj": (("q_proj", self.dims.q_size), ("k_proj", self.dims.kv_size),
-                              ("v_proj", self.dims.kv_size)),
-                 "gate_up_proj": (("gate_proj", self.dims.ffn_hidden_size), ("up_proj", self.dims.ffn_hidden_size))}
+        parts = {
+            "qkv_proj": (("q_proj", self.dims.q_size), ("k_proj", self.dims.kv_size), ("v_proj", self.dims.kv_size)),
+            "gate_up_proj": (("gate_proj", self.dims.ffn_hidden_size), ("up_proj", self.dims.ffn_hidden_size)),
+        }
         replicas = max(1, self.tp_size // self.dims.num_kv_heads)  # vLLM's num_kv_head_replicas
         checksums, row = {}, 0
         for hf_kind, hf_rows in parts[kind]:
@@ -286,15 +314,17 @@ def checksum_problems(expected: Mapping[str, int], loaded: Sequence[LoadedChecks
             got.append(("its TP blocks summed over the workers", blocks[name]))
         if not got:
             problems.append(f"{name}: loaded by no worker")
-        problems += [f"{name}: {who} loaded checksum {value:#x}, the actor's is {want:#x}"
-                     for who, value in got if value != want]
+        problems += [
+            f"{name}: {who} loaded checksum {value:#x}, the actor's is {want:#x}" for who, value in got if value != want
+        ]
     for name in sorted(set().union(blocks, *(record.full for record in loaded)) - set(expected)):
         problems.append(f"{name}: loaded but not in the actor's weights")
     return problems
 
 
-def check_checksums(expected: Mapping[str, int], loaded: Sequence[LoadedChecksums], *, dtype: str,
-                    layout: LayoutPair, engine: str) -> dict[str, float]:
+def check_checksums(
+    expected: Mapping[str, int], loaded: Sequence[LoadedChecksums], *, dtype: str, layout: LayoutPair, engine: str
+) -> dict[str, float]:
     """`sync/checksum_tensors` (HF tensors verified exactly); raises `WeightChecksumError` naming
     the tensors of `engine` that differ, are missing or unexpected. `expected` was checksummed in
     `dtype`, which must be the engine's."""
@@ -309,7 +339,9 @@ def check_checksums(expected: Mapping[str, int], loaded: Sequence[LoadedChecksum
         more = f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
         raise WeightChecksumError(
             f"weight sync {layout}: {engine} ({dtype}) did not load the actor's weights bit for bit, "
-            f"{len(problems)} of {len(expected)} tensors: " + "; ".join(problems[:SHOWN]) + more
+            f"{len(problems)} of {len(expected)} tensors: "
+            + "; ".join(problems[:SHOWN])
+            + more
             + ". A tensor named here converts or travels wrongly (its mapping, the transport, or the cast to the "
             "engine's dtype); `megarl check-sync` reproduces a layout outside training"
         )

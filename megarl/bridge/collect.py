@@ -28,10 +28,10 @@ import torch.distributed as dist
 
 from megarl.bridge.convert import check_hf_shapes, mapping_of, to_hf, to_hf_into
 from megarl.bridge.plan import PlannedBucket, PlannedParam, SyncPlan
+from megarl.bridge.protocol import BucketMetadata
 from megarl.models.layout import ROW_BLOCK_KINDS, VOCAB, param_mapping, reader_of, shard_pieces, tp_shard_from_hf
 from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
-from megarl.bridge.protocol import BucketMetadata
 
 SENDER_RANK = 0
 """Global rank that assembles every bucket and hands it to the transport (TP 0, PP 0, DP 0)."""
@@ -129,8 +129,13 @@ def gather_shards(
 
 
 def _assemble(
-    bucket: PlannedBucket, local: dict[str, torch.Tensor], plan: SyncPlan, groups: ProcessGroups,
-    gathered: GatherBuffer, meter: BufferMeter, device: torch.device,
+    bucket: PlannedBucket,
+    local: dict[str, torch.Tensor],
+    plan: SyncPlan,
+    groups: ProcessGroups,
+    gathered: GatherBuffer,
+    meter: BufferMeter,
+    device: torch.device,
 ) -> torch.Tensor | None:
     """The bucket's flat buffer on the owning stage's TP rank 0 (None on its other TP ranks): each
     parameter written straight into its slots, no HF tensor of its own. With TP > 1, qkv and

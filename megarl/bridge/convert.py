@@ -97,7 +97,6 @@ def to_vllm_rank(param: PlannedParam, shard: torch.Tensor, dims: ModelDims, tp_s
     return _vllm_rank_name(param), shard
 
 
-
 def to_vllm_vocab_rank(full: torch.Tensor, dims: ModelDims, tp_size: int, tp_rank: int) -> torch.Tensor:
     """vLLM TP rank `tp_rank`'s rows of a full vocabulary tensor `[vocab, ...]`: the vocabulary padded
     to a multiple of 64 and split evenly (`VocabParallelEmbedding`), its padding rows zero."""

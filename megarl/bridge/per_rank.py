@@ -28,12 +28,12 @@ import torch.distributed as dist
 from megarl.bridge.collect import local_params_by_plan_name
 from megarl.bridge.convert import to_hf, to_vllm_rank, to_vllm_vocab_rank
 from megarl.bridge.plan import PlannedParam, SyncPlan
+from megarl.bridge.protocol import BucketMetadata, pack
+from megarl.bridge.shared_ring import SharedRing
 from megarl.bridge.sync import BucketCount, NamedParameters, SyncStats
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
 from megarl.models.layout import VOCAB
 from megarl.parallel.distributed import ProcessGroups
-from megarl.bridge.shared_ring import SharedRing
-from megarl.bridge.protocol import BucketMetadata, pack
 
 Named = Iterable[tuple[str, torch.Tensor]]
 
@@ -42,7 +42,10 @@ class PerRankSender:
     """The trainer side of the per-rank sync for one plan (built once, reused every step)."""
 
     def __init__(
-        self, plan: SyncPlan, named_parameters: NamedParameters, groups: ProcessGroups,
+        self,
+        plan: SyncPlan,
+        named_parameters: NamedParameters,
+        groups: ProcessGroups,
         transport: SharedMemoryTransport | None,
     ):
         """`transport`: this rank's ring (a shared transport of `ring_routes`' readers) on the ranks
@@ -111,4 +114,3 @@ def bucketed(named: Named, bucket_bytes: int, dtype: torch.dtype) -> Iterator[tu
         size += nbytes
     if pending:
         yield pack(pending, dtype)
-

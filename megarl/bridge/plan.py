@@ -35,10 +35,10 @@ from dataclasses import dataclass
 
 import torch
 
+from megarl.bridge.protocol import BucketMetadata, TensorSlot
 from megarl.models.arch import QKV, REPLICATED, ROW, VOCAB, architecture
 from megarl.models.hf_config import ModelDims
 from megarl.models.layout import ROW_BLOCK_KINDS, hf_param_shapes, padded_vocab_size, param_mapping
-from megarl.bridge.protocol import BucketMetadata, TensorSlot
 
 MIB = 1 << 20
 
@@ -239,7 +239,7 @@ def check_layout(dims: ModelDims, layout: LayoutPair) -> None:
                 "(vLLM splits query heads evenly): pick a rollout TP that divides it"
             )
         kv, tp = dims.num_kv_heads, layout.rollout_tp
-        if (kv % tp if tp <= kv else tp % kv):
+        if kv % tp if tp <= kv else tp % kv:
             problems.append(
                 f"rollout TP={tp} and num_key_value_heads={kv}: vLLM needs one to divide the other "
                 "(it splits KV heads evenly or replicates them): pick a rollout TP that does"
@@ -345,8 +345,9 @@ class SyncSchedule:
 
     def sent_by(self, sender: int) -> list[tuple[int, Piece]]:
         """`(tag, piece)` of every piece `sender` sends, in send order."""
-        return [(tag, piece) for tag, bucket in enumerate(self.buckets) for piece in bucket.pieces
-                if piece.sender == sender]
+        return [
+            (tag, piece) for tag, bucket in enumerate(self.buckets) for piece in bucket.pieces if piece.sender == sender
+        ]
 
     def bytes_sent(self, sender: int, engines: int) -> int:
         """What `sender` sends in one sync to `engines` engines."""
@@ -357,8 +358,9 @@ class SyncSchedule:
         """What worker `worker` of one engine needs: the real elements of its per-rank tensors
         (vocabulary padding rows excluded)."""
         itemsize = self.plan.dtype.itemsize
-        return itemsize * sum(piece.numel for bucket in self.buckets for piece in bucket.pieces
-                              if piece.worker == worker)
+        return itemsize * sum(
+            piece.numel for bucket in self.buckets for piece in bucket.pieces if piece.worker == worker
+        )
 
 
 def sender_rank(layout: LayoutPair, pp_rank: int, tp_rank: int) -> int:
@@ -371,8 +373,9 @@ def receiver_rank(layout: LayoutPair, engine_index: int, worker_rank: int) -> in
     return layout.train_tp * layout.train_pp + engine_index * layout.rollout_tp + worker_rank
 
 
-def megatron_block(param: PlannedParam, hf_index: int, dims: ModelDims, tp_size: int, tp_rank: int,
-                   vocab_divisible_by: int) -> range:
+def megatron_block(
+    param: PlannedParam, hf_index: int, dims: ModelDims, tp_size: int, tp_rank: int, vocab_divisible_by: int
+) -> range:
     """The HF rows (row-parallel: columns) of `param.hf_names[hf_index]` that train TP rank `tp_rank`
     holds, vocabulary padding cut (maybe empty)."""
     if param.kind == VOCAB:
@@ -434,8 +437,9 @@ def _part_offsets(param: PlannedParam, dims: ModelDims, tp_size: int, tp_rank: i
     return [sum(lengths[:i]) for i in range(len(lengths))]
 
 
-def _param_pieces(param: PlannedParam, layout: LayoutPair, dims: ModelDims, worker: int,
-                  vocab_divisible_by: int) -> list[Piece]:
+def _param_pieces(
+    param: PlannedParam, layout: LayoutPair, dims: ModelDims, worker: int, vocab_divisible_by: int
+) -> list[Piece]:
     """Every piece worker `worker` receives of `param`, in HF tensor then sender order."""
     pieces = []
     offsets = _part_offsets(param, dims, layout.rollout_tp, worker)
@@ -443,8 +447,21 @@ def _param_pieces(param: PlannedParam, layout: LayoutPair, dims: ModelDims, work
     for index, shape in enumerate(param.hf_shapes):
         if param.kind == REPLICATED:
             tp_rank = worker % layout.train_tp  # spread the replicated tensors over the stage's ranks
-            pieces.append(Piece(param, index, sender_rank(layout, param.pp_rank, tp_rank), tp_rank, worker,
-                                0, shape[0], 0, 0, False, shape))
+            pieces.append(
+                Piece(
+                    param,
+                    index,
+                    sender_rank(layout, param.pp_rank, tp_rank),
+                    tp_rank,
+                    worker,
+                    0,
+                    shape[0],
+                    0,
+                    0,
+                    False,
+                    shape,
+                )
+            )
             continue
         need = vllm_block(param, index, dims, layout.rollout_tp, worker)
         for tp_rank in range(layout.train_tp):
@@ -453,9 +470,21 @@ def _param_pieces(param: PlannedParam, layout: LayoutPair, dims: ModelDims, work
             if start >= stop:
                 continue
             piece_shape = (shape[0], stop - start) if columns else (stop - start, *shape[1:])
-            pieces.append(Piece(param, index, sender_rank(layout, param.pp_rank, tp_rank), tp_rank, worker,
-                                start, stop, start - held.start, offsets[index] + start - need.start, columns,
-                                piece_shape))
+            pieces.append(
+                Piece(
+                    param,
+                    index,
+                    sender_rank(layout, param.pp_rank, tp_rank),
+                    tp_rank,
+                    worker,
+                    start,
+                    stop,
+                    start - held.start,
+                    offsets[index] + start - need.start,
+                    columns,
+                    piece_shape,
+                )
+            )
     return pieces
 
 

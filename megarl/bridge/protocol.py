@@ -108,7 +108,4 @@ def unpack(flat: torch.Tensor, metadata: BucketMetadata) -> list[tuple[str, torc
             f"unpack: buffer {flat.dtype} {tuple(flat.shape)} does not match the metadata "
             f"({metadata.dtype}, {metadata.numel} elements)"
         )
-    return [
-        (slot.name, flat[slot.offset : slot.offset + slot.numel].view(slot.shape))
-        for slot in metadata.slots
-    ]
+    return [(slot.name, flat[slot.offset : slot.offset + slot.numel].view(slot.shape)) for slot in metadata.slots]

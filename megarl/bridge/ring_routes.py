@@ -72,8 +72,9 @@ class RingRoutes:
         return {tp_rank: [rings[rank] for rank in ranks] for tp_rank, ranks in enumerate(self.sources[engine])}
 
 
-def route_rings(grids: Sequence[dict[str, int]], engines: int, rollout_tp: int, *, colocated: bool,
-                per_rank: bool) -> RingRoutes:
+def route_rings(
+    grids: Sequence[dict[str, int]], engines: int, rollout_tp: int, *, colocated: bool, per_rank: bool
+) -> RingRoutes:
     """The routes for the actor's `grids` (per policy rank: its `tp_rank`, `pp_rank`, `dp_rank`) and `engines`
     engines of `rollout_tp`; `per_rank`: the per-rank sync is allowed (`rollout.sync.per_rank` not
     "never", vLLM backend). Raises ValueError for a colocated layout whose bundles do not pair one
@@ -95,8 +96,15 @@ def route_rings(grids: Sequence[dict[str, int]], engines: int, rollout_tp: int, 
             return RingRoutes("scheduled", (1,) * len(grids), sources, _schedule_senders(grids, train_tp))
         return RingRoutes("every_rank", (1,) * len(grids), sources)
     if same_tp:
-        by_tp = [tuple(sorted((rank for rank, g in enumerate(grids) if g["dp_rank"] == 0 and g["tp_rank"] == r),
-                              key=lambda rank: grids[rank]["pp_rank"])) for r in range(rollout_tp)]
+        by_tp = [
+            tuple(
+                sorted(
+                    (rank for rank, g in enumerate(grids) if g["dp_rank"] == 0 and g["tp_rank"] == r),
+                    key=lambda rank: grids[rank]["pp_rank"],
+                )
+            )
+            for r in range(rollout_tp)
+        ]
         readers = tuple(engines if g["dp_rank"] == 0 else 0 for g in grids)
         return RingRoutes("per_rank", readers, (tuple(by_tp),) * engines)
     if per_rank and rollout_tp <= len(grids):

@@ -46,14 +46,21 @@ from megarl.parallel.distributed import ProcessGroups
 class ScheduledRingSender:
     """The trainer side of the scheduled ring sync for one plan (built once, reused every step)."""
 
-    def __init__(self, plan: SyncPlan, named_parameters: NamedParameters, groups: ProcessGroups,
-                 routes: RingRoutes, transport: SharedMemoryTransport | None, *,
-                 vocab_divisible_by: int = VOCAB_DIVISIBLE_BY):
+    def __init__(
+        self,
+        plan: SyncPlan,
+        named_parameters: NamedParameters,
+        groups: ProcessGroups,
+        routes: RingRoutes,
+        transport: SharedMemoryTransport | None,
+        *,
+        vocab_divisible_by: int = VOCAB_DIVISIBLE_BY,
+    ):
         """`routes`: mode "scheduled"; `transport`: this rank's ring, of `routes.readers[rank]`
         readers, on the ranks that host a worker's ring; None elsewhere. `vocab_divisible_by`: the
         model's Megatron `make_vocab_size_divisible_by`."""
         if routes.mode != "scheduled":
-            raise ValueError(f"ScheduledRingSender needs the \"scheduled\" ring routes, got {routes.mode!r}")
+            raise ValueError(f'ScheduledRingSender needs the "scheduled" ring routes, got {routes.mode!r}')
         layout = plan.layout
         self.schedule = build_schedule(plan, vocab_divisible_by)
         self.named_parameters, self.transport = named_parameters, transport
@@ -63,16 +70,22 @@ class ScheduledRingSender:
         """`hosts[r]`: the policy ranks whose rings workers r read (colocated: one per engine)."""
         hosted = [r for r, ranks in enumerate(self.hosts) if self.rank in ranks]
         if len(hosted) > 1 or bool(hosted) != (transport is not None):
-            raise ValueError(f"scheduled ring sync: rank {self.rank} hosts the rings of workers {hosted} and was given "
-                             f"{'a' if transport else 'no'} transport; the routes give a rank one ring at most")
+            raise ValueError(
+                f"scheduled ring sync: rank {self.rank} hosts the rings of workers {hosted} and was given "
+                f"{'a' if transport else 'no'} transport; the routes give a rank one ring at most"
+            )
         self.worker = hosted[0] if hosted else None
         """The TP rank of the engine workers reading this rank's ring (None: it hosts none)."""
         me = sender_rank(layout, groups.pp_rank, groups.tp_rank) if groups.dp_rank == 0 else None
         if me is not None and self.senders[me] != self.rank:
-            raise ValueError(f"scheduled ring sync: this rank ({self.rank}) is schedule sender {me}, but the routes "
-                             f"name policy rank {self.senders[me]}")
-        self.sends = {tag: [piece for piece in bucket.pieces if piece.sender == me]
-                      for tag, bucket in enumerate(self.schedule.buckets)}
+            raise ValueError(
+                f"scheduled ring sync: this rank ({self.rank}) is schedule sender {me}, but the routes "
+                f"name policy rank {self.senders[me]}"
+            )
+        self.sends = {
+            tag: [piece for piece in bucket.pieces if piece.sender == me]
+            for tag, bucket in enumerate(self.schedule.buckets)
+        }
         """This rank's pieces of each bucket, in schedule order (none off DP replica 0)."""
         # A bucket's batch_isend_irecv runs on the ranks it concerns only, which NCCL allows once the
         # group has had a collective of all its ranks (torch.distributed.batch_isend_irecv's docstring:
@@ -103,8 +116,9 @@ class ScheduledRingSender:
         peak = meter.peak + (0 if self.transport is None else self.transport.peak_shared_bytes)
         return SyncStats(time.perf_counter() - start, sent[0], counted.buckets, peak)
 
-    def _buckets(self, local: dict[str, torch.Tensor], device: torch.device, meter: BufferMeter, sent: list[int]
-                 ) -> Iterator[tuple[torch.Tensor, BucketMetadata]]:
+    def _buckets(
+        self, local: dict[str, torch.Tensor], device: torch.device, meter: BufferMeter, sent: list[int]
+    ) -> Iterator[tuple[torch.Tensor, BucketMetadata]]:
         """The tensors of this rank's ring's workers, bucket by bucket, each exchanged as the ring asks
         for it; `sent[0]` counts this rank's bytes."""
         for tag, bucket in enumerate(self.schedule.buckets):
@@ -115,8 +129,9 @@ class ScheduledRingSender:
             del flat
             meter.release(held)
 
-    def _exchange(self, tag: int, bucket: BucketSchedule, local: dict[str, torch.Tensor], device: torch.device
-                  ) -> tuple[torch.Tensor | None, int, int]:
+    def _exchange(
+        self, tag: int, bucket: BucketSchedule, local: dict[str, torch.Tensor], device: torch.device
+    ) -> tuple[torch.Tensor | None, int, int]:
         """One bucket: this rank's pieces to their hosts and its worker's pieces from their senders, in
         one batch (NCCL needs the sends and receives of a pair grouped, or two ranks sending each
         other first would wait forever); the worker's flat buffer, the bytes of buffers held and
@@ -147,4 +162,3 @@ class ScheduledRingSender:
         if self.worker is None:
             return None, copies, sent
         return inbox.finish(), inbox.flat.nbytes + copies, sent
-

@@ -39,13 +39,18 @@ import torch.distributed as dist
 from megarl.bridge.collect import BufferMeter, local_params_by_plan_name
 from megarl.bridge.convert import mapping_of
 from megarl.bridge.plan import (
-    BucketSchedule, Piece, SyncPlan, SyncSchedule, build_schedule, receiver_rank, sender_rank,
+    BucketSchedule,
+    Piece,
+    SyncPlan,
+    SyncSchedule,
+    build_schedule,
+    receiver_rank,
+    sender_rank,
 )
-from megarl.models.layout import VOCAB_DIVISIBLE_BY
 from megarl.bridge.protocol import unpack
 from megarl.bridge.sync import NamedParameters, SyncStats
 from megarl.models.hf_config import ModelDims
-from megarl.models.layout import ROW_BLOCK_KINDS, VOCAB, shard_pieces
+from megarl.models.layout import ROW_BLOCK_KINDS, VOCAB, VOCAB_DIVISIBLE_BY, shard_pieces
 from megarl.parallel.distributed import ProcessGroups
 
 IN_FLIGHT = 2
@@ -82,8 +87,15 @@ def piece_tensor(schedule: SyncSchedule, piece: Piece, block: torch.Tensor) -> t
 class ShardSender:
     """The trainer side of the shard sync for one plan (built once per layout, reused every step)."""
 
-    def __init__(self, plan: SyncPlan, named_parameters: NamedParameters, groups: ProcessGroups,
-                 group: dist.ProcessGroup | None, *, vocab_divisible_by: int = VOCAB_DIVISIBLE_BY):
+    def __init__(
+        self,
+        plan: SyncPlan,
+        named_parameters: NamedParameters,
+        groups: ProcessGroups,
+        group: dist.ProcessGroup | None,
+        *,
+        vocab_divisible_by: int = VOCAB_DIVISIBLE_BY,
+    ):
         """`group`: the sync group on DP replica 0's ranks (this rank at `sender_rank`), None on the
         other DP replicas (they send nothing). `vocab_divisible_by`: the model's Megatron
         `make_vocab_size_divisible_by`."""
@@ -101,12 +113,16 @@ class ShardSender:
         layout = schedule.plan.layout
         me = sender_rank(layout, groups.pp_rank, groups.tp_rank)
         if group.rank() != me:
-            raise ValueError(f"shard sync: this rank (PP {groups.pp_rank}, TP {groups.tp_rank}) must be sync-group "
-                             f"rank {me}, not {group.rank()}")
+            raise ValueError(
+                f"shard sync: this rank (PP {groups.pp_rank}, TP {groups.tp_rank}) must be sync-group "
+                f"rank {me}, not {group.rank()}"
+            )
         receivers = group.size() - layout.train_tp * layout.train_pp
         if receivers <= 0 or receivers % layout.rollout_tp:
-            raise ValueError(f"shard sync: {receivers} receiving ranks in the sync group are not whole engines of "
-                             f"rollout TP {layout.rollout_tp}")
+            raise ValueError(
+                f"shard sync: {receivers} receiving ranks in the sync group are not whole engines of "
+                f"rollout TP {layout.rollout_tp}"
+            )
         self.engines = receivers // layout.rollout_tp
         self.pieces = schedule.sent_by(me)
 
@@ -129,8 +145,10 @@ class ShardSender:
                 for piece, tensor in piece_tensors(self.schedule, pieces, local):
                     if not shares_storage(tensor, local[piece.param.megatron_name]):
                         copies += tensor.nbytes
-                    works += [self.group.send([tensor], receiver_rank(self.schedule.plan.layout, k, piece.worker), tag)
-                              for k in range(self.engines)]
+                    works += [
+                        self.group.send([tensor], receiver_rank(self.schedule.plan.layout, k, piece.worker), tag)
+                        for k in range(self.engines)
+                    ]
                     sent += tensor.nbytes * self.engines
                 meter.hold(copies)
                 in_flight.append((works, copies))
@@ -139,9 +157,9 @@ class ShardSender:
         return SyncStats(time.perf_counter() - start, sent, len({tag for tag, _ in self.pieces}), meter.peak)
 
 
-
-def piece_tensors(schedule: SyncSchedule, pieces: list[Piece], local: dict[str, torch.Tensor]
-                  ) -> Iterator[tuple[Piece, torch.Tensor]]:
+def piece_tensors(
+    schedule: SyncSchedule, pieces: list[Piece], local: dict[str, torch.Tensor]
+) -> Iterator[tuple[Piece, torch.Tensor]]:
     """Each of this rank's `pieces` with its tensor (`piece_tensor`), the blocks (one qkv part copy
     each) shared by the pieces cut from them; `local`: this rank's parameters by plan name."""
     blocks: dict[tuple[str, int], torch.Tensor] = {}
@@ -230,8 +248,10 @@ def bucket_inbox(bucket: BucketSchedule, worker: int, device: torch.device) -> I
         destinations.append((piece, destination))
     for param, view in zip(bucket.bucket.params, views):
         if param.kind == VOCAB:
-            filled = max((p.target + p.stop - p.start for p in bucket.pieces
-                          if p.worker == worker and p.param is param), default=0)
+            filled = max(
+                (p.target + p.stop - p.start for p in bucket.pieces if p.worker == worker and p.param is param),
+                default=0,
+            )
             view[filled:].zero_()
     return Inbox(flat, destinations, aside)
 
@@ -246,25 +266,36 @@ def receive_bucket(bucket: BucketSchedule, worker: int, receive: Receive, device
     return inbox.finish()
 
 
-def receive_rank_shards(group: dist.ProcessGroup, plan: SyncPlan, worker: int, device: torch.device, *,
-                        vocab_divisible_by: int = VOCAB_DIVISIBLE_BY) -> Iterator[tuple[str, torch.Tensor]]:
+def receive_rank_shards(
+    group: dist.ProcessGroup,
+    plan: SyncPlan,
+    worker: int,
+    device: torch.device,
+    *,
+    vocab_divisible_by: int = VOCAB_DIVISIBLE_BY,
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Receiver side (vLLM TP rank `worker`): per bucket in plan order, receive this worker's pieces
     in place and yield its per-rank tensors as `(vLLM name, view)` of the bucket's fresh flat
     buffer. Lazy: the next bucket is received when the consumer asks for its first tensor."""
     schedule = build_schedule(plan, vocab_divisible_by)
     for tag, bucket in enumerate(schedule.buckets):
-        flat = receive_bucket(bucket, worker, lambda destination, sender, tag=tag: group.recv([destination], sender, tag), device)
+        flat = receive_bucket(
+            bucket, worker, lambda destination, sender, tag=tag: group.recv([destination], sender, tag), device
+        )
         yield from unpack(flat, bucket.received[worker])
 
 
-def rank_tensors_as_hf(plan: SyncPlan, tensors: Iterable[tuple[str, torch.Tensor]]
-                       ) -> Iterator[tuple[str, torch.Tensor]]:
+def rank_tensors_as_hf(
+    plan: SyncPlan, tensors: Iterable[tuple[str, torch.Tensor]]
+) -> Iterator[tuple[str, torch.Tensor]]:
     """A rollout TP 1 worker's tensors (`receive_rank_shards`) as the full HF tensors they are
     (views): qkv_proj / gate_up_proj split into q, k, v / gate, up, the vocabulary padding cut (what
     an HF engine loads)."""
     if plan.layout.rollout_tp != 1:
-        raise ValueError(f"rank_tensors_as_hf: {plan.layout} gives each worker part of the tensors; "
-                         "only rollout TP 1 receives whole ones")
+        raise ValueError(
+            f"rank_tensors_as_hf: {plan.layout} gives each worker part of the tensors; "
+            "only rollout TP 1 receives whole ones"
+        )
     params = iter(plan.params)
     for _, tensor in tensors:
         param = next(params)

@@ -56,8 +56,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from megarl.parallel.distributed import listen_store
 from megarl.bridge.protocol import BucketMetadata, SharedBucket, unpack
+from megarl.parallel.distributed import listen_store
 
 SLOTS = 2
 """Buckets in shared memory at once: one being read while the next is written."""
@@ -125,15 +125,19 @@ class RingSender:
 
     def wait_released(self, index: int) -> None:
         """Until every worker has released bucket `index` (its slot may then be overwritten)."""
-        self._wait(self.handle.key(f"released/{index}"),
-                   f"to release bucket {index} (slot {index % SLOTS}) so bucket {index + SLOTS} can be written there")
+        self._wait(
+            self.handle.key(f"released/{index}"),
+            f"to release bucket {index} (slot {index % SLOTS}) so bucket {index + SLOTS} can be written there",
+        )
 
     def finish(self) -> None:
         """Tell the workers the sync has no more buckets; wait until each has loaded them all."""
         buckets = self.published
         self._post(("end", buckets))
-        self._wait(self.handle.key("done"),
-                   f"to finish loading the sync's {buckets} buckets (the last in slot {(buckets - 1) % SLOTS})")
+        self._wait(
+            self.handle.key("done"),
+            f"to finish loading the sync's {buckets} buckets (the last in slot {(buckets - 1) % SLOTS})",
+        )
 
     def abort(self, why: str) -> None:
         """Wake the workers waiting for the next bucket with the sender's failure."""
@@ -149,8 +153,9 @@ class RingSender:
         joined readers (on this node) are alive, and sets `key` itself if one died, ending the wait
         at once instead of after `timeout_s`."""
         stop, dead = threading.Event(), []
-        watchdog = threading.Thread(target=self._watch, args=(key, stop, dead), daemon=True,
-                                    name="megarl-ring-watchdog")
+        watchdog = threading.Thread(
+            target=self._watch, args=(key, stop, dead), daemon=True, name="megarl-ring-watchdog"
+        )
         watchdog.start()
         try:
             self.store.wait([key], timedelta(seconds=self.handle.timeout_s))
@@ -287,8 +292,12 @@ class RingReader:
                 f"{self.name}'s loader still holds views derived from the tensors of bucket {bucket.index} "
                 f"({', '.join(name for name, _ in bucket.tensors)}); set rollout.sync.transport: collective for this model"
             )
-        _count(self.store, self.ring.key(f"acks/{bucket.index}"), self.ring.key(f"released/{bucket.index}"),
-               self.ring.readers)
+        _count(
+            self.store,
+            self.ring.key(f"acks/{bucket.index}"),
+            self.ring.key(f"released/{bucket.index}"),
+            self.ring.readers,
+        )
         self.released = bucket.index + 1
 
 
@@ -308,8 +317,9 @@ def _move_out_of_slot(tensor: torch.Tensor) -> None:
     tensor.set_(private.untyped_storage(), 0, private.shape, private.stride())
 
 
-def read_ring(ring: SharedRing, name: str, device: torch.device,
-              load: Callable[[Iterator[tuple[str, torch.Tensor]]], None]) -> None:
+def read_ring(
+    ring: SharedRing, name: str, device: torch.device, load: Callable[[Iterator[tuple[str, torch.Tensor]]], None]
+) -> None:
     """One worker's part of a sync: `load` (one pass) the stream of the ring's tensors, then tell
     the sender it is done, or why it failed. `name`: this worker in errors."""
     reader = RingReader(ring, name)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import socket
 from datetime import timedelta
 
-import torch
 import torch.distributed as dist
 
 from megarl.parallel.device import uses_cuda

@@ -37,8 +37,10 @@ def output_dir_problem(out: Path, *, overwrite: bool) -> str | None:
     held = sorted(path.name for path in out.iterdir()) if out.is_dir() else []
     if held and not overwrite:
         shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
-        return (f"--out {out} is not empty (holds {shown}): choose an empty or new directory, or pass --overwrite "
-                "to replace the files this command writes there")
+        return (
+            f"--out {out} is not empty (holds {shown}): choose an empty or new directory, or pass --overwrite "
+            "to replace the files this command writes there"
+        )
     return None
 
 

@@ -20,72 +20,118 @@ from megarl.cli.arguments import output_file_problem
 
 BENCHMARKS = ("sync", "rollout", "train", "step")
 PEERS = ("trl",)
-BENCH_MODEL = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-                   num_key_value_heads=2, head_dim=64)
+BENCH_MODEL = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+)
 """The default model when --model is not given: a 4-layer Qwen2, ~3 M parameters (sync: `bench.sync.MODEL_100M`,
 100.9 M; --smoke: the tiny default)."""
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "bench", help="benchmark a phase against its plain baseline (ratios, JSON)",
+        "bench",
+        help="benchmark a phase against its plain baseline (ratios, JSON)",
         description=__doc__.split("\n\n", 1)[1],
     )
-    parser.add_argument("benchmark", choices=BENCHMARKS,
-                        help="sync: weight sync vs clone and vs raw broadcast; rollout: megarl vs vLLM vs HF "
-                             "generate; train: Megatron update vs plain PyTorch, TP 2 / PP 2; step: the trainer's "
-                             "phase breakdown")
-    parser.add_argument("--model", type=Path, help="HF checkpoint dir (default: a 4-layer Qwen2 made on the spot; "
-                                                   "step: the recipe's model.path)")
+    parser.add_argument(
+        "benchmark",
+        choices=BENCHMARKS,
+        help="sync: weight sync vs clone and vs raw broadcast; rollout: megarl vs vLLM vs HF "
+        "generate; train: Megatron update vs plain PyTorch, TP 2 / PP 2; step: the trainer's "
+        "phase breakdown",
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="HF checkpoint dir (default: a 4-layer Qwen2 made on the spot; step: the recipe's model.path)",
+    )
     parser.add_argument("--json", type=Path, help="write the result here")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats after the warm-up (default 5)")
     parser.add_argument("--config", default="configs/quickstart.yaml", help="step: the recipe (default quickstart)")
-    parser.add_argument("--peer", choices=PEERS,
-                        help="step only: run the same GRPO workload with this other framework too, side by side "
-                             "(trl: TRL's GRPOTrainer with HF generate and with colocated vLLM; needs the bench "
-                             "extra) on issue 19's 23.7 M Qwen2, 16 prompts x 8 samples, <= 64 new tokens; "
-                             "--repeats steps are measured after one warm-up step. Each TRL contender sweeps "
-                             "its micro-batch (1, 2, 4, 8 accumulation steps) and, with vLLM, eager or compiled "
-                             "engines; megarl is compared with its fastest run")
-    parser.add_argument("--workload", choices=("fixed", "variable", "full"), default="fixed",
-                        help="with --peer: response lengths; fixed: EOS ends a response (~49 tokens on average, "
-                             "issue 19's table); variable: 8 to 64 tokens (~30), EOS and three more stop tokens; "
-                             "full: every response 64 tokens (generation on equal work)")
-    parser.add_argument("--contenders", help="with --peer: a comma-separated subset of megarl, megarl_tuned, "
-                                             "megarl_bf16, megarl_call_seeds, trl, trl_vllm, trl_vllm_bf16 (default: all); "
-                                             "e.g. megarl_tuned,trl_vllm with --repeats 40 for the reward curves")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="with --peer: the seed of every run (sampling and prompt order: megarl's trainer.seed, "
-                             "data.seed and rollout.seed, TRL's seed); the model and prompts stay the same (default 0)")
-    parser.add_argument("--modes", help="step only: run the recipe in each of these placements and rollout modes in "
-                                        "turn, samples/s side by side: a comma-separated subset of colocated_sync, "
-                                        "split_sync, split_one_step_off, split_async (megarl.bench.step_modes)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny model and shapes (train: TP 1 only), to check that a benchmark runs; the numbers "
-                             "mean nothing")
+    parser.add_argument(
+        "--peer",
+        choices=PEERS,
+        help="step only: run the same GRPO workload with this other framework too, side by side "
+        "(trl: TRL's GRPOTrainer with HF generate and with colocated vLLM; needs the bench "
+        "extra) on issue 19's 23.7 M Qwen2, 16 prompts x 8 samples, <= 64 new tokens; "
+        "--repeats steps are measured after one warm-up step. Each TRL contender sweeps "
+        "its micro-batch (1, 2, 4, 8 accumulation steps) and, with vLLM, eager or compiled "
+        "engines; megarl is compared with its fastest run",
+    )
+    parser.add_argument(
+        "--workload",
+        choices=("fixed", "variable", "full"),
+        default="fixed",
+        help="with --peer: response lengths; fixed: EOS ends a response (~49 tokens on average, "
+        "issue 19's table); variable: 8 to 64 tokens (~30), EOS and three more stop tokens; "
+        "full: every response 64 tokens (generation on equal work)",
+    )
+    parser.add_argument(
+        "--contenders",
+        help="with --peer: a comma-separated subset of megarl, megarl_tuned, "
+        "megarl_bf16, megarl_call_seeds, trl, trl_vllm, trl_vllm_bf16 (default: all); "
+        "e.g. megarl_tuned,trl_vllm with --repeats 40 for the reward curves",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="with --peer: the seed of every run (sampling and prompt order: megarl's trainer.seed, "
+        "data.seed and rollout.seed, TRL's seed); the model and prompts stay the same (default 0)",
+    )
+    parser.add_argument(
+        "--modes",
+        help="step only: run the recipe in each of these placements and rollout modes in "
+        "turn, samples/s side by side: a comma-separated subset of colocated_sync, "
+        "split_sync, split_one_step_off, split_async (megarl.bench.step_modes)",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny model and shapes (train: TP 1 only), to check that a benchmark runs; the numbers mean nothing",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
-        print(f"megarl bench: --repeats {args.repeats}: must be >= 1 (5 or more for a reported figure)", file=sys.stderr)
+        print(
+            f"megarl bench: --repeats {args.repeats}: must be >= 1 (5 or more for a reported figure)", file=sys.stderr
+        )
         return 2
     if args.peer is not None and args.benchmark != "step":
-        print(f"megarl bench {args.benchmark}: --peer {args.peer} compares whole steps only; use megarl bench step "
-              f"--peer {args.peer}", file=sys.stderr)
+        print(
+            f"megarl bench {args.benchmark}: --peer {args.peer} compares whole steps only; use megarl bench step "
+            f"--peer {args.peer}",
+            file=sys.stderr,
+        )
         return 2
     if args.peer is not None and args.model is not None:
-        print(f"megarl bench step --peer {args.peer}: --model {args.model}: the comparison makes its own model (the "
-              "workload of issue 19); leave --model out", file=sys.stderr)
+        print(
+            f"megarl bench step --peer {args.peer}: --model {args.model}: the comparison makes its own model (the "
+            "workload of issue 19); leave --model out",
+            file=sys.stderr,
+        )
         return 2
     if args.peer is None and (args.workload != "fixed" or args.contenders is not None or args.seed != 0):
-        print("megarl bench: --workload, --contenders and --seed choose the peer comparison's runs; add --peer trl "
-              "(megarl bench step --peer trl)", file=sys.stderr)
+        print(
+            "megarl bench: --workload, --contenders and --seed choose the peer comparison's runs; add --peer trl "
+            "(megarl bench step --peer trl)",
+            file=sys.stderr,
+        )
         return 2
     unknown = sorted(set((args.contenders or "").split(",")) - {""} - set(_peer_contenders()))
     if unknown or args.contenders == "":
-        print(f"megarl bench step --peer: --contenders {args.contenders!r}: unknown {', '.join(unknown) or 'empty list'}; "
-              f"choose among {', '.join(_peer_contenders())}", file=sys.stderr)
+        print(
+            f"megarl bench step --peer: --contenders {args.contenders!r}: unknown {', '.join(unknown) or 'empty list'}; "
+            f"choose among {', '.join(_peer_contenders())}",
+            file=sys.stderr,
+        )
         return 2
     problem = _modes_problem(args)
     if problem:
@@ -101,7 +147,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"megarl bench: {json_problem}", file=sys.stderr)
         return 2
     if args.model is not None and not (args.model / "config.json").is_file():
-        print(f"megarl bench: --model {args.model} has no config.json; point it at an HF checkpoint dir", file=sys.stderr)
+        print(
+            f"megarl bench: --model {args.model} has no config.json; point it at an HF checkpoint dir", file=sys.stderr
+        )
         return 2
     from megarl.bench.common import write_json
     from megarl.config import ConfigError
@@ -153,8 +201,16 @@ def _run(args: argparse.Namespace, tmp: Path) -> tuple[dict, str]:
     module = importlib.import_module(f"megarl.bench.{args.benchmark}")
     if args.benchmark == "step":
         overrides = [f"model.path={args.model}"] if args.model else []
-        overrides += ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4",
-                      "actor.micro_batch_size_per_gpu=8"] if args.smoke else []
+        overrides += (
+            [
+                "data.train_batch_size=4",
+                "rollout.n=4",
+                "actor.ppo_mini_batch_size=4",
+                "actor.micro_batch_size_per_gpu=8",
+            ]
+            if args.smoke
+            else []
+        )
         if args.modes:
             from megarl.bench import step_modes
 
@@ -168,8 +224,12 @@ def _run(args: argparse.Namespace, tmp: Path) -> tuple[dict, str]:
         result = module.run(model, shape, args.repeats)
     elif args.benchmark == "train":
         if args.smoke:
-            result = module.run(model, module.TrainShape(samples=4, micro_batch=2, prompt_length=8, response_length=8),
-                                args.repeats, layouts=())
+            result = module.run(
+                model,
+                module.TrainShape(samples=4, micro_batch=2, prompt_length=8, response_length=8),
+                args.repeats,
+                layouts=(),
+            )
         else:
             result = module.run(model, module.TrainShape(), args.repeats)
     else:  # sync

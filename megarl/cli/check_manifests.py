@@ -37,11 +37,19 @@ def register(subparsers) -> None:
         description=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("paths", nargs="*", metavar="PATH",
-                        help="YAML manifest file, kustomization directory, or - for stdin (default: stdin)")
-    parser.add_argument("--schemas", type=Path, metavar="DIR",
-                        help=f"directory with KubeRay's CRD JSON Schemas ({', '.join(SCHEMA_FILES.values())}); "
-                             "without it only megarl's rules are checked")
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="YAML manifest file, kustomization directory, or - for stdin (default: stdin)",
+    )
+    parser.add_argument(
+        "--schemas",
+        type=Path,
+        metavar="DIR",
+        help=f"directory with KubeRay's CRD JSON Schemas ({', '.join(SCHEMA_FILES.values())}); "
+        "without it only megarl's rules are checked",
+    )
     parser.set_defaults(func=run)
 
 
@@ -57,8 +65,10 @@ def run(args: argparse.Namespace) -> int:
         print(problem)
     checked = sum(obj.get("kind") in ("RayJob", "RayCluster", "Job") for obj in objects)
     schemas = "rules and CRD schemas" if validators else "rules only (no --schemas)"
-    print(f"{len(objects)} object(s), {checked} RayJob/RayCluster/Job checked ({schemas}): {len(problems)} problem(s)",
-          file=sys.stderr)
+    print(
+        f"{len(objects)} object(s), {checked} RayJob/RayCluster/Job checked ({schemas}): {len(problems)} problem(s)",
+        file=sys.stderr,
+    )
     return 1 if problems else 0
 
 
@@ -66,29 +76,37 @@ def read_objects(path: str) -> list[dict]:
     """The manifests of one PATH: stdin, a YAML file, or a kustomization directory rendered by kubectl."""
     if path == "-":
         if sys.stdin.isatty():
-            raise InputError("no PATH given and stdin is a terminal: pipe manifests in (kubectl kustomize DIR | "
-                             "megarl check-manifests) or name files or kustomization directories")
+            raise InputError(
+                "no PATH given and stdin is a terminal: pipe manifests in (kubectl kustomize DIR | "
+                "megarl check-manifests) or name files or kustomization directories"
+            )
         return _parse(sys.stdin.read(), "stdin")
     if Path(path).is_dir():
         return _parse(_kustomize(Path(path)), f"kubectl kustomize {path}")
     try:
         return _parse(Path(path).read_text(encoding="utf-8"), path)
     except (OSError, UnicodeDecodeError) as error:
-        raise InputError(f"{path}: cannot read ({error}); pass a YAML manifest file, a kustomization "
-                         f"directory or - for stdin") from None
+        raise InputError(
+            f"{path}: cannot read ({error}); pass a YAML manifest file, a kustomization directory or - for stdin"
+        ) from None
 
 
 def _kustomize(directory: Path) -> str:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        raise InputError(f"{directory} is a directory and rendering it needs kubectl, which is not on PATH: install "
-                         f"kubectl, or render elsewhere and pipe it in (kubectl kustomize {directory} | megarl "
-                         f"check-manifests)")
-    result = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True,
-                            timeout=KUSTOMIZE_TIMEOUT_S)
+        raise InputError(
+            f"{directory} is a directory and rendering it needs kubectl, which is not on PATH: install "
+            f"kubectl, or render elsewhere and pipe it in (kubectl kustomize {directory} | megarl "
+            f"check-manifests)"
+        )
+    result = subprocess.run(
+        [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=KUSTOMIZE_TIMEOUT_S
+    )
     if result.returncode != 0:
-        raise InputError(f"kubectl kustomize {directory} failed: {result.stderr.strip()}; fix the kustomization "
-                         f"(is {directory}/kustomization.yaml there?)")
+        raise InputError(
+            f"kubectl kustomize {directory} failed: {result.stderr.strip()}; fix the kustomization "
+            f"(is {directory}/kustomization.yaml there?)"
+        )
     return result.stdout
 
 
@@ -100,6 +118,7 @@ def _parse(text: str, source: str) -> list[dict]:
     objects = [document for document in documents if document is not None]
     bad = [index for index, document in enumerate(objects) if not isinstance(document, dict)]
     if bad:
-        raise InputError(f"{source}: document {bad[0] + 1} is not a Kubernetes object (a YAML mapping with kind "
-                         f"and metadata)")
+        raise InputError(
+            f"{source}: document {bad[0] + 1} is not a Kubernetes object (a YAML mapping with kind and metadata)"
+        )
     return objects

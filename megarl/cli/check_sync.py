@@ -38,17 +38,27 @@ def register(subparsers) -> None:
     parser.add_argument("--model", required=True, type=Path, help="HF checkpoint dir (config.json + safetensors)")
     parser.add_argument("--train-tp", type=int, default=1, help="Megatron tensor-parallel size (default: 1)")
     parser.add_argument("--train-pp", type=int, default=1, help="Megatron pipeline-parallel size (default: 1)")
-    parser.add_argument("--train-vpp", type=int, default=1,
-                        help="Megatron virtual pipeline stages per PP rank, the interleaved schedule (default: 1, none)")
+    parser.add_argument(
+        "--train-vpp",
+        type=int,
+        default=1,
+        help="Megatron virtual pipeline stages per PP rank, the interleaved schedule (default: 1, none)",
+    )
     parser.add_argument("--rollout-tp", type=int, default=1, help="vLLM tensor-parallel size (default: 1)")
     parser.add_argument(
-        "--threshold", type=positive_float(), default=THRESHOLD, help=f"max allowed |log-prob gap| (default: {THRESHOLD:g})"
+        "--threshold",
+        type=positive_float(),
+        default=THRESHOLD,
+        help=f"max allowed |log-prob gap| (default: {THRESHOLD:g})",
     )
-    parser.add_argument("--bucket-mb", type=positive_float(MAX_BUCKET_MB), default=64,
-                        help="bucket size in MiB (default: 64)")
+    parser.add_argument(
+        "--bucket-mb", type=positive_float(MAX_BUCKET_MB), default=64, help="bucket size in MiB (default: 64)"
+    )
     parser.add_argument("--rounds", type=int, default=2, help="train-then-sync rounds (default: 2)")
     parser.add_argument(
-        "--transport", choices=TRANSPORTS, default="collective",
+        "--transport",
+        choices=TRANSPORTS,
+        default="collective",
         help="collective: an engine in this process; every training rank sends its shards over a gloo "
         "group to the engine's workers (CPU only); in-process: a TP-1 engine inside each training rank's "
         "process (colocated, CPU or GPU) (default: collective)",
@@ -119,12 +129,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_check(args: argparse.Namespace):
     """The rounds of the check (of training rank 0's engine for --transport in-process)."""
-    from megarl.workers.sync_check import run_colocated_check, run_sync_check
     from megarl.workers.rollout import make_rollout_engine
+    from megarl.workers.sync_check import run_colocated_check, run_sync_check
 
-    common = dict(train_tp=args.train_tp, train_pp=args.train_pp, train_vpp=args.train_vpp, threshold=args.threshold,
-                  rounds=args.rounds,
-                  bucket_mb=args.bucket_mb)
+    common = dict(
+        train_tp=args.train_tp,
+        train_pp=args.train_pp,
+        train_vpp=args.train_vpp,
+        threshold=args.threshold,
+        rounds=args.rounds,
+        bucket_mb=args.bucket_mb,
+    )
     if args.transport == "in-process":
         return run_colocated_check(args.model, backend="vllm", **common)[0]
     engine = make_rollout_engine("vllm", args.model, tensor_parallel_size=args.rollout_tp, dtype="float32")

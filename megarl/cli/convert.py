@@ -16,8 +16,8 @@ import functools
 import shutil
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from megarl.cli.arguments import output_dir_problem
 from megarl.config.hub import cached_snapshot, download_command, is_hub_id
@@ -43,11 +43,19 @@ def register(subparsers) -> None:
     )
     to_mcore.set_defaults(func=run, direction="hf-to-mcore")
     to_hf = directions.add_parser("mcore-to-hf", help="Megatron checkpoint -> HF checkpoint dir")
-    to_hf.add_argument("--ckpt", required=True, type=Path,
-                       help="megarl Megatron checkpoint dir (hf-to-mcore output), or a training checkpoint's step_<N> dir")
-    to_hf.add_argument("--hf", type=Path, default=None,
-                       help="with a training checkpoint: the run's model.path, a directory or a cached hub id "
-                            "(config.json and tokenizer are copied)")
+    to_hf.add_argument(
+        "--ckpt",
+        required=True,
+        type=Path,
+        help="megarl Megatron checkpoint dir (hf-to-mcore output), or a training checkpoint's step_<N> dir",
+    )
+    to_hf.add_argument(
+        "--hf",
+        type=Path,
+        default=None,
+        help="with a training checkpoint: the run's model.path, a directory or a cached hub id "
+        "(config.json and tokenizer are copied)",
+    )
     to_hf.add_argument("--out", required=True, type=Path, help="new HF checkpoint dir (must not exist)")
     to_hf.add_argument("--tp", type=int, default=1, help="tensor-parallel size used to read it (default: 1)")
     to_hf.add_argument("--pp", type=int, default=1, help="pipeline-parallel size used to read it (default: 1)")
@@ -73,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"megarl convert {args.direction}: failed: {e}", file=sys.stderr)
         return 1
     except Stopped as stopped:  # the ranks are killed and the partial output removed on the way here
-        print(f"megarl convert {args.direction}: stopped by {stopped}; nothing was written to {args.out}",
-              file=sys.stderr)
+        print(
+            f"megarl convert {args.direction}: stopped by {stopped}; nothing was written to {args.out}", file=sys.stderr
+        )
         return stopped.exit_code
     print(f"wrote {args.out}")
     return 0
@@ -92,11 +101,20 @@ def _checked_job(args: argparse.Namespace) -> Callable[[Callable], None]:
         check_parallel_layout(read_model_dims(hf_dir), tp_size=args.tp, pp_size=args.pp)
         vocab_divisible_by = actor.vocab_divisible_by_at(args.tp)
         return lambda run_distributed: run_distributed(
-            _training_to_hf_rank, ranks, str(args.ckpt), str(hf_dir), str(args.out), args.tp, args.pp, actor.dtype,
-            vocab_divisible_by)
+            _training_to_hf_rank,
+            ranks,
+            str(args.ckpt),
+            str(hf_dir),
+            str(args.out),
+            args.tp,
+            args.pp,
+            actor.dtype,
+            vocab_divisible_by,
+        )
     _check_mcore_checkpoint(args)
-    return lambda run_distributed: run_distributed(_mcore_to_hf_rank, ranks, str(args.ckpt), str(args.out), args.tp,
-                                                   args.pp)
+    return lambda run_distributed: run_distributed(
+        _mcore_to_hf_rank, ranks, str(args.ckpt), str(args.out), args.tp, args.pp
+    )
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -115,8 +133,9 @@ def _check_mcore_checkpoint(args: argparse.Namespace) -> None:
 
     info = read_info(args.ckpt)
     if args.hf is not None:
-        raise ValueError(f"--hf is for training checkpoints; {args.ckpt} carries its HF config and tokenizer: leave "
-                         "--hf out")
+        raise ValueError(
+            f"--hf is for training checkpoints; {args.ckpt} carries its HF config and tokenizer: leave --hf out"
+        )
     check_parallel_layout(read_model_dims(info.hf_config), tp_size=args.tp, pp_size=args.pp)
     info.vocab_divisible_by_at(args.tp)
 
@@ -127,8 +146,9 @@ def _model_dir(hf: Path | None) -> Path | None:
         return hf
     snapshot = cached_snapshot(str(hf))
     if snapshot is None:
-        raise ValueError(f"--hf {hf} is not in the local HF cache: run `{download_command(str(hf))}`, or pass the "
-                         "model's directory")
+        raise ValueError(
+            f"--hf {hf} is not in the local HF cache: run `{download_command(str(hf))}`, or pass the model's directory"
+        )
     return snapshot
 
 
@@ -139,13 +159,21 @@ def _hf_to_mcore(args: argparse.Namespace, run_distributed) -> None:
     (tmp / MODEL_DIR).mkdir(parents=True)
     try:
         run_distributed(
-            _hf_to_mcore_rank, args.tp * args.pp, str(args.hf), str(tmp / MODEL_DIR), args.tp, args.pp,
+            _hf_to_mcore_rank,
+            args.tp * args.pp,
+            str(args.hf),
+            str(tmp / MODEL_DIR),
+            args.tp,
+            args.pp,
             args.vocab_divisible_by,
         )
         (tmp / ASSETS_DIR).mkdir()
         copy_hf_assets(args.hf, tmp / ASSETS_DIR)
         info = McoreCheckpointInfo(
-            format=FORMAT, tp_size=args.tp, pp_size=args.pp, vocab_divisible_by=args.vocab_divisible_by,
+            format=FORMAT,
+            tp_size=args.tp,
+            pp_size=args.pp,
+            vocab_divisible_by=args.vocab_divisible_by,
             hf_config=load_hf_config(args.hf),
         )
         write_info(tmp, info)
@@ -180,8 +208,9 @@ def _mcore_to_hf_rank(ckpt_dir: str, out_dir: str, tp: int, pp: int) -> None:
     export_hf_weights(model, out_dir, groups, hf_assets_dir=assets)
 
 
-def _training_to_hf_rank(step_dir: str, hf_dir: str, out_dir: str, tp: int, pp: int, dtype: str,
-                         vocab_divisible_by: int) -> None:
+def _training_to_hf_rank(
+    step_dir: str, hf_dir: str, out_dir: str, tp: int, pp: int, dtype: str, vocab_divisible_by: int
+) -> None:
     """The actor of a training checkpoint, loaded at (tp, pp) in its saved dtype, written as HF safetensors."""
     import torch
 

@@ -15,24 +15,36 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "init-tiny-model",
         help="write a tiny random-init HF checkpoint (any supported architecture) with a char-level tokenizer "
-             "(no download)",
+        "(no download)",
         description="Write a tiny random-init HF checkpoint dir (config.json, model.safetensors, tokenizer files).",
     )
-    parser.add_argument("--out", required=True, type=Path, help="output directory (created; must be empty unless --overwrite)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="write into a non-empty --out, replacing the files of the same names")
-    parser.add_argument("--arch", choices=supported_model_types(), default="qwen2",
-                        help="architecture, an HF model_type (default: qwen2)")
+    parser.add_argument(
+        "--out", required=True, type=Path, help="output directory (created; must be empty unless --overwrite)"
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="write into a non-empty --out, replacing the files of the same names"
+    )
+    parser.add_argument(
+        "--arch",
+        choices=supported_model_types(),
+        default="qwen2",
+        help="architecture, an HF model_type (default: qwen2)",
+    )
     parser.add_argument("--hidden-size", type=int, default=128, help="hidden size (default: 128)")
     parser.add_argument("--num-layers", type=int, default=2, help="number of transformer layers (default: 2)")
-    parser.add_argument("--num-heads", type=int, default=4, help="attention heads; head_dim = hidden / heads must be >= 32 (default: 4)")
+    parser.add_argument(
+        "--num-heads", type=int, default=4, help="attention heads; head_dim = hidden / heads must be >= 32 (default: 4)"
+    )
     parser.add_argument("--num-kv-heads", type=int, default=2, help="key/value heads (GQA groups) (default: 2)")
     parser.add_argument("--intermediate-size", type=int, default=256, help="MLP intermediate size (default: 256)")
     parser.add_argument("--tie-word-embeddings", action="store_true", help="share the input embedding and the LM head")
     parser.add_argument("--seed", type=int, default=0, help="random-init seed (default: 0)")
-    parser.add_argument("--tool-tokens", action="store_true",
-                        help="add <tool_call>, </tool_call>, <tool_response>, </tool_response> as single tokens "
-                             "(vocab 104) and a chat template that renders tools= and tool messages (agent runs)")
+    parser.add_argument(
+        "--tool-tokens",
+        action="store_true",
+        help="add <tool_call>, </tool_call>, <tool_response>, </tool_response> as single tokens "
+        "(vocab 104) and a chat template that renders tools= and tool messages (agent runs)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -71,16 +83,21 @@ def _memory_problems(args: argparse.Namespace) -> list[str]:
     available = psutil.virtual_memory().available
     if needed <= available:
         return []
-    return [f"--hidden-size {args.hidden_size}, --num-layers {args.num_layers}, --intermediate-size "
-            f"{args.intermediate_size} make {parameter_count(args, TOOL_VOCAB):.3g} parameters, {needed / 2**30:.3g} GiB "
-            f"to build and write in float32, more than the {available / 2**30:.3g} GiB of memory available: use smaller "
-            "sizes (the defaults make a test model of 0.32 M parameters)"]
+    return [
+        f"--hidden-size {args.hidden_size}, --num-layers {args.num_layers}, --intermediate-size "
+        f"{args.intermediate_size} make {parameter_count(args, TOOL_VOCAB):.3g} parameters, {needed / 2**30:.3g} GiB "
+        f"to build and write in float32, more than the {available / 2**30:.3g} GiB of memory available: use smaller "
+        "sizes (the defaults make a test model of 0.32 M parameters)"
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
     sizes = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
-    problems = [f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
-                for name in sizes if getattr(args, name) < 1]
+    problems = [
+        f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
+        for name in sizes
+        if getattr(args, name) < 1
+    ]
     if not problems:  # the divisions below need positive sizes
         problems += _head_problems(args)
     if not problems:

@@ -13,8 +13,18 @@ import sys
 from megarl import quiet
 from megarl.cli.version import VersionAction
 
-COMMANDS: list[str] = ["init_tiny_model", "make_data", "validate", "train", "sft", "convert", "check_sync", "check_manifests",
-                       "plot", "bench"]
+COMMANDS: list[str] = [
+    "init_tiny_model",
+    "make_data",
+    "validate",
+    "train",
+    "sft",
+    "convert",
+    "check_sync",
+    "check_manifests",
+    "plot",
+    "bench",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,8 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="megarl",
         description="Megatron-first RL post-training for LLMs (GRPO, PPO, DAPO) on megatron-core, vLLM and Ray.",
     )
-    parser.add_argument("--version", action=VersionAction,
-                        help="print megarl's version and the installed torch, megatron-core, vLLM, TE, Ray versions")
+    parser.add_argument(
+        "--version",
+        action=VersionAction,
+        help="print megarl's version and the installed torch, megatron-core, vLLM, TE, Ray versions",
+    )
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", dest="command")
     for name in COMMANDS:
         importlib.import_module(f"megarl.cli.{name}").register(subparsers)
@@ -46,8 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         _discard_stdout()
-        print(f"megarl {args.command}: the output's reader closed the pipe (e.g. `| head`); the rest of the "
-              "output was dropped", file=sys.stderr)
+        print(
+            f"megarl {args.command}: the output's reader closed the pipe (e.g. `| head`); the rest of the "
+            "output was dropped",
+            file=sys.stderr,
+        )
         return 1
     except OSError as error:
         print(f"megarl {args.command}: {environment_failure(error)}", file=sys.stderr)
@@ -61,8 +77,10 @@ def environment_failure(error: OSError) -> str:
     """One line for an OSError: what failed, on which path, and where to look."""
     if error.filename is None:
         return f"failed: {error}; fix: check the machine's resources (disk space, open files, network) and run again"
-    return (f"cannot use {error.filename}: {error.strerror or error}; fix: check that path (its permissions, the "
-            "free space of its file system) or choose another")
+    return (
+        f"cannot use {error.filename}: {error.strerror or error}; fix: check that path (its permissions, the "
+        "free space of its file system) or choose another"
+    )
 
 
 def _discard_stdout() -> None:

@@ -21,8 +21,16 @@ from megarl.rewards.tasks import TASKS
 
 DATASETS = ("gsm8k", "math", "jsonl")
 """Public-dataset conventions (`megarl.data.conventions`); `jsonl` is any dataset with the columns named."""
-_DATASET_FLAGS = ("source", "subset", "model", "prompt_format", "test_fraction", "instruction", "prompt_column",
-                  "answer_column")
+_DATASET_FLAGS = (
+    "source",
+    "subset",
+    "model",
+    "prompt_format",
+    "test_fraction",
+    "instruction",
+    "prompt_column",
+    "answer_column",
+)
 _TASK_FLAGS = ("n_train", "n_val")
 
 
@@ -31,31 +39,56 @@ def register(subparsers) -> None:
         "make-data",
         help="write prompt files from a public dataset (gsm8k, math, jsonl) or a synthetic task",
         description="From a dataset in its own schema (an HF hub id in the local cache, a dataset directory, or a "
-                    ".parquet/.jsonl file): OUT/train.parquet, OUT/test.parquet and OUT/summary.json with verl's "
-                    "GSM8K/MATH conventions. From a synthetic task (--task): OUT/train.jsonl and OUT/val.jsonl.",
+        ".parquet/.jsonl file): OUT/train.parquet, OUT/test.parquet and OUT/summary.json with verl's "
+        "GSM8K/MATH conventions. From a synthetic task (--task): OUT/train.jsonl and OUT/val.jsonl.",
     )
-    parser.add_argument("dataset", nargs="?", choices=DATASETS,
-                        help="gsm8k (question, answer with '#### N'), math (problem, solution with \\boxed{}), or "
-                             "jsonl (any columns, named by --prompt-column/--answer-column)")
+    parser.add_argument(
+        "dataset",
+        nargs="?",
+        choices=DATASETS,
+        help="gsm8k (question, answer with '#### N'), math (problem, solution with \\boxed{}), or "
+        "jsonl (any columns, named by --prompt-column/--answer-column)",
+    )
     parser.add_argument("--task", choices=sorted(TASKS), help="a synthetic task instead of a dataset")
-    parser.add_argument("--out", required=True, type=Path, help="output directory (created; must be empty unless --overwrite)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="write into a non-empty --out, replacing the files this command writes there")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the task generator or of the test cut (default: 0)")
+    parser.add_argument(
+        "--out", required=True, type=Path, help="output directory (created; must be empty unless --overwrite)"
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a non-empty --out, replacing the files this command writes there",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the task generator or of the test cut (default: 0)"
+    )
     dataset = parser.add_argument_group("datasets")
-    dataset.add_argument("--source", help="hub id in the local HF cache (openai/gsm8k), dataset directory, or "
-                                          ".parquet/.jsonl file in the dataset's own schema")
+    dataset.add_argument(
+        "--source",
+        help="hub id in the local HF cache (openai/gsm8k), dataset directory, or "
+        ".parquet/.jsonl file in the dataset's own schema",
+    )
     dataset.add_argument("--subset", help="the dataset's subset (config), e.g. main for openai/gsm8k")
-    dataset.add_argument("--model", help="model directory or cached hub id: its tokenizer measures the prompts "
-                                         "and its chat template formats them")
-    dataset.add_argument("--prompt-format", choices=("chat", "raw"),
-                         help="chat (default): chat messages, for instruct models; raw: plain text, for base models "
-                              "(the recipe then sets data.chat_template: false)")
-    dataset.add_argument("--test-fraction", type=positive_float(1.0),
-                         help="share of a single-split dataset held out as test (default: 0.1); a dataset with "
-                              "train and test splits keeps its own")
-    dataset.add_argument("--instruction", help="text appended to each question after a space (default: the "
-                                               "dataset's, e.g. GSM8K's '####' instruction; '' for none)")
+    dataset.add_argument(
+        "--model",
+        help="model directory or cached hub id: its tokenizer measures the prompts and its chat template formats them",
+    )
+    dataset.add_argument(
+        "--prompt-format",
+        choices=("chat", "raw"),
+        help="chat (default): chat messages, for instruct models; raw: plain text, for base models "
+        "(the recipe then sets data.chat_template: false)",
+    )
+    dataset.add_argument(
+        "--test-fraction",
+        type=positive_float(1.0),
+        help="share of a single-split dataset held out as test (default: 0.1); a dataset with "
+        "train and test splits keeps its own",
+    )
+    dataset.add_argument(
+        "--instruction",
+        help="text appended to each question after a space (default: the "
+        "dataset's, e.g. GSM8K's '####' instruction; '' for none)",
+    )
     dataset.add_argument("--prompt-column", help="jsonl: the question column (default: prompt)")
     dataset.add_argument("--answer-column", help="jsonl: the reference answer column (default: answer)")
     task = parser.add_argument_group("synthetic tasks")
@@ -86,8 +119,10 @@ def _mode_problem(args: argparse.Namespace) -> str | None:
     if missing:
         return f"the dataset {args.dataset} needs {' and '.join(missing)}, e.g. --source openai/gsm8k --model Qwen/Qwen2.5-0.5B-Instruct"
     if args.dataset != "jsonl" and (args.prompt_column or args.answer_column):
-        return (f"{args.dataset} has fixed columns; --prompt-column/--answer-column apply to jsonl "
-                f"(`megarl make-data jsonl ...` for another schema)")
+        return (
+            f"{args.dataset} has fixed columns; --prompt-column/--answer-column apply to jsonl "
+            f"(`megarl make-data jsonl ...` for another schema)"
+        )
     return None
 
 
@@ -116,17 +151,22 @@ def _run_dataset(args: argparse.Namespace) -> int:
     from megarl.data.template import PromptRenderer
 
     if args.dataset == "jsonl":
-        convention = generic_convention(args.prompt_column or "prompt", args.answer_column or "answer", args.instruction)
+        convention = generic_convention(
+            args.prompt_column or "prompt", args.answer_column or "answer", args.instruction
+        )
     else:
         convention = CONVENTIONS[args.dataset](args.instruction)
     prompt_format = args.prompt_format or "chat"
     try:
         tokenizer = _tokenizer(args.model, prompt_format)
-        train, test = load_splits(args.source, args.subset, args.test_fraction or 0.1, args.seed,
-                                  partial(check_columns, convention))
+        train, test = load_splits(
+            args.source, args.subset, args.test_fraction or 0.1, args.seed, partial(check_columns, convention)
+        )
         renderer = PromptRenderer(tokenizer, prompt_format == "chat")
-        splits = [prepare_split(name, split, convention, renderer, args.source)
-                  for name, split in (("train", train), ("test", test))]
+        splits = [
+            prepare_split(name, split, convention, renderer, args.source)
+            for name, split in (("train", train), ("test", test))
+        ]
     except (SourceError, SchemaError, PrepareError, DataError, _ModelError) as error:
         return _error(str(error))
     inputs = {"source": args.source, "subset": args.subset, "model": args.model, "prompt_format": prompt_format}
@@ -148,16 +188,22 @@ def _tokenizer(model: str, prompt_format: str):
 
     path = cached_snapshot(model) if is_hub_id(model) else Path(model).expanduser()
     if path is None:
-        raise _ModelError(f"--model {model}: a hub id that is not in the local Hugging Face cache; download it first "
-                          f"(`{download_command(model)}`) or give a model directory")
+        raise _ModelError(
+            f"--model {model}: a hub id that is not in the local Hugging Face cache; download it first "
+            f"(`{download_command(model)}`) or give a model directory"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as error:
-        raise _ModelError(f"--model {model}: no tokenizer loads from it ({type(error).__name__}: "
-                          f"{str(error).strip().splitlines()[0]}); give the model's checkpoint directory") from None
+        raise _ModelError(
+            f"--model {model}: no tokenizer loads from it ({type(error).__name__}: "
+            f"{str(error).strip().splitlines()[0]}); give the model's checkpoint directory"
+        ) from None
     if prompt_format == "chat" and not getattr(tokenizer, "chat_template", None):
-        raise _ModelError(f"--model {model}: its tokenizer has no chat template, so chat prompts cannot be formatted; "
-                          "for a base model pass --prompt-format raw (and set data.chat_template: false in the recipe)")
+        raise _ModelError(
+            f"--model {model}: its tokenizer has no chat template, so chat prompts cannot be formatted; "
+            "for a base model pass --prompt-format raw (and set data.chat_template: false in the recipe)"
+        )
     return tokenizer
 
 

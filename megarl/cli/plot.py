@@ -17,12 +17,13 @@ def register(subparsers) -> None:
         "plot",
         help="plot a run's reward, response length, KL and sync gap curves",
         description=f"Read RUN_DIR/{METRICS_FILE} and write a PNG with reward (and its rolling mean), response "
-                    f"length, KL to the reference and the weight-sync log-prob gap over steps "
-                    f"(default RUN_DIR/{CURVES_FILE}), and each role's memory through the last step's hand-over "
-                    f"phases into {MEMORY_FILE} beside it when the run logged memory metrics.",
+        f"length, KL to the reference and the weight-sync log-prob gap over steps "
+        f"(default RUN_DIR/{CURVES_FILE}), and each role's memory through the last step's hand-over "
+        f"phases into {MEMORY_FILE} beside it when the run logged memory metrics.",
     )
-    parser.add_argument("run_dir", metavar="RUN_DIR", type=Path,
-                        help="the run's directory: trainer.output_dir/trainer.experiment_name")
+    parser.add_argument(
+        "run_dir", metavar="RUN_DIR", type=Path, help="the run's directory: trainer.output_dir/trainer.experiment_name"
+    )
     parser.add_argument("--out", type=Path, help=f"PNG to write instead of RUN_DIR/{CURVES_FILE}")
     parser.set_defaults(func=run)
 
@@ -30,8 +31,11 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     metrics_path = args.run_dir / METRICS_FILE
     if not metrics_path.is_file():
-        print(f"megarl plot: no metrics file at {metrics_path}; pass the directory of a run "
-              "(trainer.output_dir/trainer.experiment_name) that has logged at least one step", file=sys.stderr)
+        print(
+            f"megarl plot: no metrics file at {metrics_path}; pass the directory of a run "
+            "(trainer.output_dir/trainer.experiment_name) that has logged at least one step",
+            file=sys.stderr,
+        )
         return 2
     try:
         records = read_metrics_file(metrics_path)
@@ -39,8 +43,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"megarl plot: {error}", file=sys.stderr)
         return 2
     if not records:
-        print(f"megarl plot: {metrics_path} holds no steps yet; plot again once the run has logged one",
-              file=sys.stderr)
+        print(
+            f"megarl plot: {metrics_path} holds no steps yet; plot again once the run has logged one", file=sys.stderr
+        )
         return 2
     problem = _record_problem(records) or _out_problem(args.out)
     if problem is not None:
@@ -63,12 +68,14 @@ def _record_problem(records: list) -> str | None:
             return f"{{file}}: record {number} is a JSON {type(record).__name__}, not an object of metrics"
         step = record.get("step")
         if not isinstance(step, int) or isinstance(step, bool):
-            return f"{{file}}: record {number} has no integer \"step\" (step = {step!r})"
+            return f'{{file}}: record {number} has no integer "step" (step = {step!r})'
         for name, value in record.items():
             if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
                 shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
-                return (f"{{file}}: step {step}: {name} = {shown} is a {type(value).__name__}, not a number; "
-                        "megarl writes numbers (or null) only: was the file edited? fix or remove that line")
+                return (
+                    f"{{file}}: step {step}: {name} = {shown} is a {type(value).__name__}, not a number; "
+                    "megarl writes numbers (or null) only: was the file edited? fix or remove that line"
+                )
     return None
 
 

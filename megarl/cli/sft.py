@@ -8,23 +8,27 @@ from pathlib import Path
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "sft", help="supervised warm-up on demonstration conversations (JSONL messages), exported as an HF checkpoint",
+        "sft",
+        help="supervised warm-up on demonstration conversations (JSONL messages), exported as an HF checkpoint",
         description="Validate CONFIG (with key.sub=value overrides) and check every conversation of data.train_files, "
-                    "then train with the negative log-likelihood of the assistant tokens on a Megatron worker group "
-                    "(Ray) and write train.output_dir, an HF checkpoint usable as model.path of `megarl train`.",
+        "then train with the negative log-likelihood of the assistant tokens on a Megatron worker group "
+        "(Ray) and write train.output_dir, an HF checkpoint usable as model.path of `megarl train`.",
     )
     parser.add_argument("config", help="SFT recipe YAML (see configs/sft_tiny.yaml)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides, e.g. train.total_steps=20")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="validate the recipe and every conversation, print the plan, start nothing")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate the recipe and every conversation, print the plan, start nothing",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from megarl import interrupt
     from megarl.cli.stop_signals import StopOnSignal
     from megarl.config import ConfigError
     from megarl.data import DataError
-    from megarl import interrupt
     from megarl.orchestration.cluster import RayStartError, check_ray_can_start
     from megarl.orchestration.placement import PlacementError
     from megarl.orchestration.worker_group import WorkerFailure
@@ -47,8 +51,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_ray_can_start()
         # Beside train.output_dir, not in it: the export replaces that directory by a rename.
-        locks = DirectoryLocks.acquire([("train.output_dir", out, out.parent / f".{out.name}{LOCK_NAME}")],
-                                       shlex.join(["megarl", "sft", args.config, *args.overrides]), "megarl sft")
+        locks = DirectoryLocks.acquire(
+            [("train.output_dir", out, out.parent / f".{out.name}{LOCK_NAME}")],
+            shlex.join(["megarl", "sft", args.config, *args.overrides]),
+            "megarl sft",
+        )
     except (RayStartError, DirectoryBusy) as error:
         print(f"megarl sft: {error}", file=sys.stderr)
         return 1

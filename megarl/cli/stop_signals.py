@@ -58,5 +58,7 @@ def resume_hint(checkpoint) -> str:
     """The latest complete checkpoint (`.step`, `.path`, or None) and how to continue from it."""
     if checkpoint is None:
         return "no checkpoint was saved; a new run starts from the beginning"
-    return (f"last checkpoint: step {checkpoint.step} ({checkpoint.path}); continue from it by running the "
-            "same command with checkpoint.resume=auto")
+    return (
+        f"last checkpoint: step {checkpoint.step} ({checkpoint.path}); continue from it by running the "
+        "same command with checkpoint.resume=auto"
+    )

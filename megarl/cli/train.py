@@ -8,7 +8,8 @@ from pathlib import Path
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "train", help="train a model with GRPO / PPO / DAPO from a recipe",
+        "train",
+        help="train a model with GRPO / PPO / DAPO from a recipe",
         description="Validate CONFIG (with key.sub=value overrides), then run the RL loop on Ray.",
     )
     parser.add_argument("config", help="recipe YAML (see configs/)")
@@ -28,8 +29,9 @@ def run(args: argparse.Namespace) -> int:
         return _config_problems(error)
     try:
         check_ray_can_start()
-        locks = DirectoryLocks.acquire(run_locks(config), shlex.join(["megarl", "train", args.config, *args.overrides]),
-                                       "megarl train")
+        locks = DirectoryLocks.acquire(
+            run_locks(config), shlex.join(["megarl", "train", args.config, *args.overrides]), "megarl train"
+        )
     except (RayStartError, DirectoryBusy) as error:
         print(f"megarl train: {error}", file=sys.stderr)
         return 1
@@ -49,7 +51,10 @@ def run_locks(config) -> list[tuple[str, Path, Path]]:
 
     run_dir = Path(config.trainer.output_dir) / config.trainer.experiment_name
     checkpoints = Path(config.checkpoint.dir).expanduser()
-    return [("trainer.output_dir", run_dir, run_dir / LOCK_NAME), ("checkpoint.dir", checkpoints, checkpoints / LOCK_NAME)]
+    return [
+        ("trainer.output_dir", run_dir, run_dir / LOCK_NAME),
+        ("checkpoint.dir", checkpoints, checkpoints / LOCK_NAME),
+    ]
 
 
 def _config_problems(error) -> int:
@@ -60,10 +65,10 @@ def _config_problems(error) -> int:
 
 def _train(config) -> int:
     from megarl import interrupt
+    from megarl.bridge.verify import SyncVerificationError
     from megarl.cli.stop_signals import StopOnSignal, doing, resume_hint, stopped_line
     from megarl.config import ConfigError
     from megarl.data import DataError
-    from megarl.bridge.verify import SyncVerificationError
     from megarl.orchestration.cluster import RayStartError
     from megarl.orchestration.worker_group import WorkerFailure
     from megarl.rewards.functions import RewardFunctionError
@@ -100,8 +105,11 @@ def _train(config) -> int:
         return 2
     except WorkerFailure as error:
         # A process or machine failed, not the recipe: the run can continue from its last checkpoint.
-        print(f"megarl train: failed during {doing(trainer.step_in_progress, trainer.timer.failed_in)}: "
-              f"{type(error).__name__}: {error}\n{resume_hint(trainer.checkpoints.latest())}", file=sys.stderr)
+        print(
+            f"megarl train: failed during {doing(trainer.step_in_progress, trainer.timer.failed_in)}: "
+            f"{type(error).__name__}: {error}\n{resume_hint(trainer.checkpoints.latest())}",
+            file=sys.stderr,
+        )
         return 1
     except RayStartError as error:
         print(f"megarl train: {error}", file=sys.stderr)
@@ -111,11 +119,15 @@ def _train(config) -> int:
         print(f"megarl train: failed: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
     if not metrics:
-        print(f"megarl train: the run in {trainer.run_dir} was already complete at step {trainer.total_steps} "
-              "(checkpoint.resume=auto continued from its last checkpoint); nothing to train. To train again: "
-              "checkpoint.resume=disable, or another trainer.output_dir")
+        print(
+            f"megarl train: the run in {trainer.run_dir} was already complete at step {trainer.total_steps} "
+            "(checkpoint.resume=auto continued from its last checkpoint); nothing to train. To train again: "
+            "checkpoint.resume=disable, or another trainer.output_dir"
+        )
         return 0
     trend = reward_trend(read_metrics_file(trainer.run_dir / METRICS_FILE))
-    print(f"megarl train: done after step {trainer.total_steps}; run dir {trainer.run_dir} "
-          f"(metrics.jsonl, curves.png, memory.png); {trend}")
+    print(
+        f"megarl train: done after step {trainer.total_steps}; run dir {trainer.run_dir} "
+        f"(metrics.jsonl, curves.png, memory.png); {trend}"
+    )
     return 0

@@ -30,18 +30,29 @@ def register(subparsers) -> None:
         "validate",
         help="check a config; print the resolved config and the batch plan",
         description="Check a YAML recipe (with key.sub=value overrides) without starting anything. Prints the "
-                    "resolved config and the batch plan (exit 0) or every problem found (exit 2).",
+        "resolved config and the batch plan (exit 0) or every problem found (exit 2).",
     )
     parser.add_argument("config", help="YAML recipe, e.g. configs/quickstart.yaml")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="overrides applied in order, values parsed as YAML: actor.optim.lr=1e-6 data.train_files=[a.jsonl]")
-    parser.add_argument("--no-file-checks", action="store_true",
-                        help="for a recipe meant for another machine: do not look at data files, model/tokenizer/"
-                             "reward-model directories, checkpoint/output directories or the resume path (the skipped "
-                             "checks are listed); model-shape checks use megarl's table of known hub models")
-    parser.add_argument("--gpu-memory-gib", type=positive_float(), default=80.0,
-                        help="GPU size the per-GPU memory estimate and the colocated engines' "
-                             "rollout.gpu_memory_utilization are checked against (default 80)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="overrides applied in order, values parsed as YAML: actor.optim.lr=1e-6 data.train_files=[a.jsonl]",
+    )
+    parser.add_argument(
+        "--no-file-checks",
+        action="store_true",
+        help="for a recipe meant for another machine: do not look at data files, model/tokenizer/"
+        "reward-model directories, checkpoint/output directories or the resume path (the skipped "
+        "checks are listed); model-shape checks use megarl's table of known hub models",
+    )
+    parser.add_argument(
+        "--gpu-memory-gib",
+        type=positive_float(),
+        default=80.0,
+        help="GPU size the per-GPU memory estimate and the colocated engines' "
+        "rollout.gpu_memory_utilization are checked against (default 80)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -51,8 +62,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         _report(args.config, error.problems)
         if _is_sft_recipe(args.config, args.overrides):
-            print(f"({args.config} is a `megarl sft` recipe: check it with `megarl sft {args.config} --dry-run`)",
-                  file=sys.stderr)
+            print(
+                f"({args.config} is a `megarl sft` recipe: check it with `megarl sft {args.config} --dry-run`)",
+                file=sys.stderr,
+            )
         else:
             print("(semantic checks run once the keys and types above are fixed)", file=sys.stderr)
         return 2
@@ -73,12 +86,18 @@ def run(args: argparse.Namespace) -> int:
         for problem in placement_problems(config, device):
             print(f"warning: on a {device.upper()} cluster `megarl train` stops with: {problem}")
     if config.rollout.multi_turn.python_tool.unsafe_no_sandbox:
-        print(_red("warning: rollout.multi_turn.python_tool.unsafe_no_sandbox is true: where this machine cannot "
-                   "sandbox the python tool, model-written code runs with your rights (your files, other "
-                   "processes' secrets, the network)"))
+        print(
+            _red(
+                "warning: rollout.multi_turn.python_tool.unsafe_no_sandbox is true: where this machine cannot "
+                "sandbox the python tool, model-written code runs with your rights (your files, other "
+                "processes' secrets, the network)"
+            )
+        )
     if not check_files:
-        print("skipped (--no-file-checks): existence of data files, model/tokenizer/reward-model directories (or "
-              "their hub ids in the local HF cache) and the resume checkpoint; writability of checkpoint.dir and trainer.output_dir")
+        print(
+            "skipped (--no-file-checks): existence of data files, model/tokenizer/reward-model directories (or "
+            "their hub ids in the local HF cache) and the resume checkpoint; writability of checkpoint.dir and trainer.output_dir"
+        )
     print(f"\n{args.config}: OK")
     return 0
 
@@ -103,7 +122,9 @@ class _Dumper(yaml.SafeDumper):
     """Block-style sections with flow-style lists: `betas: [0.9, 0.999]`."""
 
 
-_Dumper.add_representer(list, lambda dumper, items: dumper.represent_sequence("tag:yaml.org,2002:seq", items, flow_style=True))
+_Dumper.add_representer(
+    list, lambda dumper, items: dumper.represent_sequence("tag:yaml.org,2002:seq", items, flow_style=True)
+)
 
 
 def _report(source: str, problems: list[Problem]) -> None:
@@ -122,5 +143,7 @@ def _model_line(path: str) -> str:
         facts = load_model_facts(path)
     except ModelFactsError as error:
         return f"{path}: {error.why}; checks against the model's shape were skipped"
-    return (f"{path}: {facts.model_type}, {facts.num_hidden_layers} layers, {facts.num_attention_heads} heads, "
-            f"{facts.num_key_value_heads} KV heads (from {facts.source})")
+    return (
+        f"{path}: {facts.model_type}, {facts.num_hidden_layers} layers, {facts.num_attention_heads} heads, "
+        f"{facts.num_key_value_heads} KV heads (from {facts.source})"
+    )

@@ -137,8 +137,10 @@ def old_log_prob_pass(config: Config, update: UpdatePlan) -> tuple[str, ...]:
     reasons = []
     if update.optimizer_steps_per_step > 1:
         epochs = config.actor.ppo_epochs
-        reasons.append(f"{update.mini_batches_per_epoch} mini-batch{'es' if update.mini_batches_per_epoch > 1 else ''}"
-                       f" × {epochs} epoch{'s' if epochs > 1 else ''}")
+        reasons.append(
+            f"{update.mini_batches_per_epoch} mini-batch{'es' if update.mini_batches_per_epoch > 1 else ''}"
+            f" × {epochs} epoch{'s' if epochs > 1 else ''}"
+        )
     if config.algorithm.use_kl_in_reward:
         reasons.append("algorithm.use_kl_in_reward reads them before the update")
     return tuple(reasons)
@@ -149,8 +151,14 @@ def runs_in_own_group(name: str, config: Config) -> bool:
     (TP, PP) grid per process, so a layout other than the actor's needs other processes; the reference
     also gets its own when `ref.colocate_with_actor` is false."""
     role = getattr(config, name)
-    layout = [(r.parallel.tensor_model_parallel_size, r.parallel.pipeline_model_parallel_size,
-               r.parallel.virtual_pipeline_model_parallel_size) for r in (role, config.actor)]
+    layout = [
+        (
+            r.parallel.tensor_model_parallel_size,
+            r.parallel.pipeline_model_parallel_size,
+            r.parallel.virtual_pipeline_model_parallel_size,
+        )
+        for r in (role, config.actor)
+    ]
     return layout[0] != layout[1] or (name == "ref" and not config.ref.colocate_with_actor)
 
 
@@ -179,12 +187,29 @@ def _plan(config: Config) -> tuple[BatchPlan | None, list[Problem]]:
     world, train_gpus, rollout_gpus = gpus
     engines = _rollout_engines(config, rollout_gpus, samples, problems)
     actor = _role_plan("actor", config.actor, train_gpus, config, problems, trained=True)
-    critic = _role_plan("critic", config.critic, train_gpus, config, problems, trained=True) if config.critic.enable else None
+    critic = (
+        _role_plan("critic", config.critic, train_gpus, config, problems, trained=True)
+        if config.critic.enable
+        else None
+    )
     ref = _role_plan("ref", config.ref, train_gpus, config, problems, trained=False) if uses_reference(config) else None
     if problems:
         return None, problems
-    plan = BatchPlan(prompts, n, samples, world, train_gpus, rollout_gpus, config.rollout.tensor_model_parallel_size,
-                     engines, samples // engines, actor, critic, ref, old_log_prob_pass(config, actor.update))
+    plan = BatchPlan(
+        prompts,
+        n,
+        samples,
+        world,
+        train_gpus,
+        rollout_gpus,
+        config.rollout.tensor_model_parallel_size,
+        engines,
+        samples // engines,
+        actor,
+        critic,
+        ref,
+        old_log_prob_pass(config, actor.update),
+    )
     return plan, problems
 
 
@@ -196,8 +221,11 @@ def _sizes_positive(config: Config, problems: list[Problem]) -> bool:
         "placement.nnodes": config.placement.nnodes,
         "placement.gpus_per_node": config.placement.gpus_per_node,
     }
-    roles: dict[str, ActorConfig | CriticConfig | RefConfig] = {"actor": config.actor, "critic": config.critic,
-                                                                 "ref": config.ref}
+    roles: dict[str, ActorConfig | CriticConfig | RefConfig] = {
+        "actor": config.actor,
+        "critic": config.critic,
+        "ref": config.ref,
+    }
     for name, role in roles.items():
         sizes[f"{name}.parallel.tensor_model_parallel_size"] = role.parallel.tensor_model_parallel_size
         sizes[f"{name}.parallel.pipeline_model_parallel_size"] = role.parallel.pipeline_model_parallel_size
@@ -215,15 +243,30 @@ def _sizes_positive(config: Config, problems: list[Problem]) -> bool:
     longest = config.data.max_prompt_length + response_length(config.rollout)
     for key, budget in budgets.items():
         if budget is not None and 1 <= budget < longest:
-            problems.append(Problem(key, budget, f"a sample may have {longest} tokens (data.max_prompt_length "
-                                                 f"{config.data.max_prompt_length} + response {longest - config.data.max_prompt_length}) "
-                                                 "and is never split across micro-batches",
-                                    f"set {key} to {longest} or more, or null for "
-                                    + ("the update's cut" if key.endswith(".forward_max_tokens_per_micro_batch")
-                                       else "padded micro-batches")))
+            problems.append(
+                Problem(
+                    key,
+                    budget,
+                    f"a sample may have {longest} tokens (data.max_prompt_length "
+                    f"{config.data.max_prompt_length} + response {longest - config.data.max_prompt_length}) "
+                    "and is never split across micro-batches",
+                    f"set {key} to {longest} or more, or null for "
+                    + (
+                        "the update's cut"
+                        if key.endswith(".forward_max_tokens_per_micro_batch")
+                        else "padded micro-batches"
+                    ),
+                )
+            )
     if config.placement.rollout_gpus < 0:
-        problems.append(Problem("placement.rollout_gpus", config.placement.rollout_gpus, "cannot be negative",
-                                "set it to 0 (colocated) or the number of rollout GPUs (split)"))
+        problems.append(
+            Problem(
+                "placement.rollout_gpus",
+                config.placement.rollout_gpus,
+                "cannot be negative",
+                "set it to 0 (colocated) or the number of rollout GPUs (split)",
+            )
+        )
     return len(problems) == before
 
 
@@ -234,15 +277,25 @@ def _placement(config: Config, problems: list[Problem]) -> tuple[int, int, int] 
     layout = f"{placement.nnodes} node(s) × {placement.gpus_per_node} GPUs = {world} GPUs"
     if placement.mode == "colocated":
         if placement.rollout_gpus != 0:
-            problems.append(Problem("placement.rollout_gpus", placement.rollout_gpus,
-                                    "colocated placement shares all GPUs, so rollout_gpus would be ignored",
-                                    "set placement.rollout_gpus=0, or placement.mode=split to give the rollout GPUs of its own"))
+            problems.append(
+                Problem(
+                    "placement.rollout_gpus",
+                    placement.rollout_gpus,
+                    "colocated placement shares all GPUs, so rollout_gpus would be ignored",
+                    "set placement.rollout_gpus=0, or placement.mode=split to give the rollout GPUs of its own",
+                )
+            )
             return None
         return world, world, world
     if not 1 <= placement.rollout_gpus < world:
-        problems.append(Problem("placement.rollout_gpus", placement.rollout_gpus,
-                                f"split placement needs between 1 and {world - 1} rollout GPUs ({layout}; the rest train)",
-                                f"set placement.rollout_gpus between 1 and {world - 1}"))
+        problems.append(
+            Problem(
+                "placement.rollout_gpus",
+                placement.rollout_gpus,
+                f"split placement needs between 1 and {world - 1} rollout GPUs ({layout}; the rest train)",
+                f"set placement.rollout_gpus between 1 and {world - 1}",
+            )
+        )
         return None
     return world, world - placement.rollout_gpus, placement.rollout_gpus
 
@@ -252,9 +305,15 @@ def _rollout_engines(config: Config, rollout_gpus: int, samples: int, problems: 
     key = "rollout.tensor_model_parallel_size"
     where = "split rollout GPUs" if placement.mode == "split" else "GPUs"
     if rollout_gpus % tp:
-        problems.append(Problem(key, tp, f"rollout TP {tp} does not divide the {rollout_gpus} {where} "
-                                         f"({rollout_gpus} ÷ {tp} = {rollout_gpus / tp:.2f} engines)",
-                                f"use a rollout TP that divides {rollout_gpus}: {_divisors(rollout_gpus)}"))
+        problems.append(
+            Problem(
+                key,
+                tp,
+                f"rollout TP {tp} does not divide the {rollout_gpus} {where} "
+                f"({rollout_gpus} ÷ {tp} = {rollout_gpus / tp:.2f} engines)",
+                f"use a rollout TP that divides {rollout_gpus}: {_divisors(rollout_gpus)}",
+            )
+        )
         return 0
     engines = rollout_gpus // tp
     first = placement.nnodes * placement.gpus_per_node - rollout_gpus
@@ -263,12 +322,16 @@ def _rollout_engines(config: Config, rollout_gpus: int, samples: int, problems: 
         problems.append(_straddle_problem(config, first, straddling))
         return 0
     if samples % engines:
-        problems.append(Problem(
-            "data.train_batch_size", config.data.train_batch_size,
-            f"{config.data.train_batch_size} prompts × {config.rollout.n} samples = {samples} samples do not split "
-            f"evenly over {rollout_gpus} {where} ÷ rollout TP {tp} = {engines} engines "
-            f"({samples} ÷ {engines} = {samples / engines:.2f})",
-            f"make train_batch_size × rollout.n a multiple of {engines}"))
+        problems.append(
+            Problem(
+                "data.train_batch_size",
+                config.data.train_batch_size,
+                f"{config.data.train_batch_size} prompts × {config.rollout.n} samples = {samples} samples do not split "
+                f"evenly over {rollout_gpus} {where} ÷ rollout TP {tp} = {engines} engines "
+                f"({samples} ÷ {engines} = {samples / engines:.2f})",
+                f"make train_batch_size × rollout.n a multiple of {engines}",
+            )
+        )
     return engines
 
 
@@ -295,24 +358,36 @@ def _straddle_problem(config: Config, first: int, engine: int) -> Problem:
     per_node, key = placement.gpus_per_node, "rollout.tensor_model_parallel_size"
     fix = f"use a rollout TP that divides {per_node}: {_divisors(per_node)}"
     if placement.mode == "colocated":
-        return Problem(key, tp, f"colocated engines must not straddle nodes: rollout TP {tp} does not divide the "
-                                f"{per_node} GPUs of a node", fix)
+        return Problem(
+            key,
+            tp,
+            f"colocated engines must not straddle nodes: rollout TP {tp} does not divide the {per_node} GPUs of a node",
+            fix,
+        )
     start = first + engine * tp
-    return Problem(key, tp, f"split engines must not straddle nodes: engine {engine} would span GPUs {start}–"
-                            f"{start + tp - 1} (the rollout has the last {placement.rollout_gpus} of "
-                            f"{placement.nnodes} node(s) × {per_node} GPUs), across two nodes",
-                   f"{fix}; or a placement.rollout_gpus that leaves a multiple of {tp} training GPUs (here {first})")
+    return Problem(
+        key,
+        tp,
+        f"split engines must not straddle nodes: engine {engine} would span GPUs {start}–"
+        f"{start + tp - 1} (the rollout has the last {placement.rollout_gpus} of "
+        f"{placement.nnodes} node(s) × {per_node} GPUs), across two nodes",
+        f"{fix}; or a placement.rollout_gpus that leaves a multiple of {tp} training GPUs (here {first})",
+    )
 
 
 def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[Problem], trained: bool):
     parallel: ParallelConfig = role.parallel
     tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
     if train_gpus % (tp * pp):
-        problems.append(Problem(
-            f"{name}.parallel.tensor_model_parallel_size", tp,
-            f"{name} TP {tp} × PP {pp} = {tp * pp} does not divide the {train_gpus} training GPUs "
-            f"({train_gpus} ÷ {tp * pp} = {train_gpus / (tp * pp):.2f} data-parallel replicas)",
-            f"choose TP × PP dividing {train_gpus}: {_divisors(train_gpus)}"))
+        problems.append(
+            Problem(
+                f"{name}.parallel.tensor_model_parallel_size",
+                tp,
+                f"{name} TP {tp} × PP {pp} = {tp * pp} does not divide the {train_gpus} training GPUs "
+                f"({train_gpus} ÷ {tp * pp} = {train_gpus / (tp * pp):.2f} data-parallel replicas)",
+                f"choose TP × PP dividing {train_gpus}: {_divisors(train_gpus)}",
+            )
+        )
         return None
     dp = train_gpus // (tp * pp)
     own_group = name != "actor" and runs_in_own_group(name, config)
@@ -324,30 +399,68 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
             return None
         if update.grad_accumulation_steps is not None:
             check_interleaved_micro_batches(
-                f"{name}.micro_batch_size_per_gpu", role.micro_batch_size_per_gpu, parallel,
-                update.grad_accumulation_steps, f"{update.samples_per_rank} samples per rank and mini-batch ÷ "
-                f"{role.micro_batch_size_per_gpu}", problems)
+                f"{name}.micro_batch_size_per_gpu",
+                role.micro_batch_size_per_gpu,
+                parallel,
+                update.grad_accumulation_steps,
+                f"{update.samples_per_rank} samples per rank and mini-batch ÷ {role.micro_batch_size_per_gpu}",
+                problems,
+            )
         # A step is a whole number of mini-batches, each split exactly: the forward pass splits too.
         per_rank = update.samples_per_rank * update.mini_batches_per_epoch
         forward = None if role.forward_max_tokens_per_micro_batch is not None else _micro_batches(per_rank, role)
-        return RolePlan(name, tp, pp, dp, role.micro_batch_size_per_gpu, role.max_tokens_per_micro_batch, per_rank,
-                        forward, update, own_group, parallel.sequence_parallel, vpp)
+        return RolePlan(
+            name,
+            tp,
+            pp,
+            dp,
+            role.micro_batch_size_per_gpu,
+            role.max_tokens_per_micro_batch,
+            per_rank,
+            forward,
+            update,
+            own_group,
+            parallel.sequence_parallel,
+            vpp,
+        )
     prompts, n, micro = config.data.train_batch_size, config.rollout.n, role.micro_batch_size_per_gpu
     samples = prompts * n
     if samples % dp:
-        problems.append(Problem("data.train_batch_size", prompts,
-                                f"{prompts} prompts × {n} samples = {samples} samples do not split over {dp_text} "
-                                f"({samples} ÷ {dp} = {samples / dp:.2f})",
-                                f"make train_batch_size × rollout.n a multiple of {dp}"))
+        problems.append(
+            Problem(
+                "data.train_batch_size",
+                prompts,
+                f"{prompts} prompts × {n} samples = {samples} samples do not split over {dp_text} "
+                f"({samples} ÷ {dp} = {samples / dp:.2f})",
+                f"make train_batch_size × rollout.n a multiple of {dp}",
+            )
+        )
         return None
     per_rank = samples // dp
     if per_rank % micro and role.max_tokens_per_micro_batch is None:
-        problems.append(Problem(f"{name}.micro_batch_size_per_gpu", micro,
-                                f"{samples} samples ÷ {dp_text} = {per_rank} per rank, not a multiple of {micro}",
-                                f"use a divisor of {per_rank}: {_divisors(per_rank)}"))
+        problems.append(
+            Problem(
+                f"{name}.micro_batch_size_per_gpu",
+                micro,
+                f"{samples} samples ÷ {dp_text} = {per_rank} per rank, not a multiple of {micro}",
+                f"use a divisor of {per_rank}: {_divisors(per_rank)}",
+            )
+        )
         return None
-    return RolePlan(name, tp, pp, dp, micro, role.max_tokens_per_micro_batch, per_rank, _micro_batches(per_rank, role),
-                    None, own_group, parallel.sequence_parallel, vpp)
+    return RolePlan(
+        name,
+        tp,
+        pp,
+        dp,
+        micro,
+        role.max_tokens_per_micro_batch,
+        per_rank,
+        _micro_batches(per_rank, role),
+        None,
+        own_group,
+        parallel.sequence_parallel,
+        vpp,
+    )
 
 
 def _micro_batches(samples: int, role) -> int | None:
@@ -361,24 +474,42 @@ def _update_plan(name: str, role, dp: int, dp_text: str, config: Config, problem
     key = f"{name}.ppo_mini_batch_size"
     if prompts % mini:
         valid = [d for d in _divisor_list(prompts) if (d * n) % dp == 0]
-        problems.append(Problem(key, mini, f"{prompts} prompts per step (data.train_batch_size) are not a whole "
-                                           f"number of {mini}-prompt mini-batches ({prompts} ÷ {mini} = {prompts / mini:.2f})",
-                                f"use a divisor of {prompts} that also fits DP {dp}: {_short(valid)}"))
+        problems.append(
+            Problem(
+                key,
+                mini,
+                f"{prompts} prompts per step (data.train_batch_size) are not a whole "
+                f"number of {mini}-prompt mini-batches ({prompts} ÷ {mini} = {prompts / mini:.2f})",
+                f"use a divisor of {prompts} that also fits DP {dp}: {_short(valid)}",
+            )
+        )
         return None
     mini_samples = mini * n
     if mini_samples % dp:
         valid = [d for d in _divisor_list(prompts) if (d * n) % dp == 0]
-        problems.append(Problem(key, mini, f"{mini} prompts × {n} samples = {mini_samples} samples per mini-batch do "
-                                           f"not split over {dp_text}: {mini_samples} ÷ {dp} = {mini_samples / dp:.2f}",
-                                f"use a ppo_mini_batch_size with mini × {n} a multiple of {dp}: {_short(valid)}"
-                                if valid else f"change the {name} layout or rollout.n so that the DP size divides the samples"))
+        problems.append(
+            Problem(
+                key,
+                mini,
+                f"{mini} prompts × {n} samples = {mini_samples} samples per mini-batch do "
+                f"not split over {dp_text}: {mini_samples} ÷ {dp} = {mini_samples / dp:.2f}",
+                f"use a ppo_mini_batch_size with mini × {n} a multiple of {dp}: {_short(valid)}"
+                if valid
+                else f"change the {name} layout or rollout.n so that the DP size divides the samples",
+            )
+        )
         return None
     per_rank = mini_samples // dp
     if per_rank % micro and role.max_tokens_per_micro_batch is None:
-        problems.append(Problem(f"{name}.micro_batch_size_per_gpu", micro,
-                                f"{mini} prompts × {n} samples = {mini_samples} per mini-batch ÷ {dp_text} = {per_rank} "
-                                f"samples per rank, not a multiple of {micro}",
-                                f"use a divisor of {per_rank}: {_divisors(per_rank)}"))
+        problems.append(
+            Problem(
+                f"{name}.micro_batch_size_per_gpu",
+                micro,
+                f"{mini} prompts × {n} samples = {mini_samples} per mini-batch ÷ {dp_text} = {per_rank} "
+                f"samples per rank, not a multiple of {micro}",
+                f"use a divisor of {per_rank}: {_divisors(per_rank)}",
+            )
+        )
         return None
     batches = prompts // mini
     return UpdatePlan(mini, mini_samples, per_rank, _micro_batches(per_rank, role), batches, batches * role.ppo_epochs)
@@ -410,16 +541,24 @@ def _process_lines(plan: BatchPlan) -> list[str]:
     lines = [f"processes: {', '.join(shared)} in the actor's group ({plan.train_gpus} processes, one per training GPU)"]
     actor = plan.actor
     for role in plan.own_groups:
-        why = ("its layout differs from the actor's" if (role.tensor_parallel, role.pipeline_parallel, role.virtual_pipeline)
-               != (actor.tensor_parallel, actor.pipeline_parallel, actor.virtual_pipeline) else "ref.colocate_with_actor: false")
-        lines.append(f"           {role.role} in a group of its own ({plan.train_gpus} processes on the same GPUs, "
-                     f"TP {role.tensor_parallel} × PP {role.pipeline_parallel} × DP {role.data_parallel}: {why})")
+        why = (
+            "its layout differs from the actor's"
+            if (role.tensor_parallel, role.pipeline_parallel, role.virtual_pipeline)
+            != (actor.tensor_parallel, actor.pipeline_parallel, actor.virtual_pipeline)
+            else "ref.colocate_with_actor: false"
+        )
+        lines.append(
+            f"           {role.role} in a group of its own ({plan.train_gpus} processes on the same GPUs, "
+            f"TP {role.tensor_parallel} × PP {role.pipeline_parallel} × DP {role.data_parallel}: {why})"
+        )
     megatron = 1 + len(plan.own_groups)
     engine = "1 rollout engine" if plan.rollout_tp == 1 else f"1 TP worker of a {plan.rollout_tp}-GPU rollout engine"
-    lines.append(f"           {plan.processes_per_train_gpu} processes per training GPU: {megatron} Megatron, {engine}"
-                 if plan.colocated else
-                 f"           {megatron} Megatron process{'es' if megatron > 1 else ''} per training GPU "
-                 "(the rollout engines have GPUs of their own)")
+    lines.append(
+        f"           {plan.processes_per_train_gpu} processes per training GPU: {megatron} Megatron, {engine}"
+        if plan.colocated
+        else f"           {megatron} Megatron process{'es' if megatron > 1 else ''} per training GPU "
+        "(the rollout engines have GPUs of their own)"
+    )
     return lines
 
 
@@ -445,24 +584,36 @@ def format_plan(plan: BatchPlan) -> str:
         if role is None:
             continue
         update = role.update
-        mini = (f"{update.mini_batch_prompts}/{update.mini_batch_samples}/{update.samples_per_rank}"
-                if update else "- (no training)")
+        mini = (
+            f"{update.mini_batch_prompts}/{update.mini_batch_samples}/{update.samples_per_rank}"
+            if update
+            else "- (no training)"
+        )
         # Packed micro-batches: "≤N t" tokens each, their number set by the data ("by tok").
-        micro = role.micro_batch_size if role.max_tokens_per_micro_batch is None else f"≤{role.max_tokens_per_micro_batch}t"
+        micro = (
+            role.micro_batch_size if role.max_tokens_per_micro_batch is None else f"≤{role.max_tokens_per_micro_batch}t"
+        )
         forward = role.forward_micro_batches or "by tok"
         accumulation = "-" if update is None else update.grad_accumulation_steps or "by tok"
         lines.append(
             f"{role.role:<7}{role.tensor_parallel:>4}{role.pipeline_parallel:>4}{role.data_parallel:>4}  "
             f"{role.samples_per_rank:>12}  {micro:>5}  {forward:>9}  {mini:>31}  "
-            f"{accumulation:>8}  {update.optimizer_steps_per_step if update else '-':>9}")
+            f"{accumulation:>8}  {update.optimizer_steps_per_step if update else '-':>9}"
+        )
     lines += ["", *_process_lines(plan), _old_log_prob_line(plan)]
-    split = [f"{role.role} (TP {role.tensor_parallel})" for role in (plan.actor, plan.critic, plan.ref)
-             if role is not None and role.sequence_parallel]
+    split = [
+        f"{role.role} (TP {role.tensor_parallel})"
+        for role in (plan.actor, plan.critic, plan.ref)
+        if role is not None and role.sequence_parallel
+    ]
     if split:
         lines.append(f"sequence parallel: {', '.join(split)}; micro-batch rows padded to a multiple of TP")
-    virtual = [f"{role.role} (PP {role.pipeline_parallel} × VPP {role.virtual_pipeline}: "
-               f"{role.pipeline_parallel * role.virtual_pipeline} chunks)"
-               for role in (plan.actor, plan.critic, plan.ref) if role is not None and role.virtual_pipeline > 1]
+    virtual = [
+        f"{role.role} (PP {role.pipeline_parallel} × VPP {role.virtual_pipeline}: "
+        f"{role.pipeline_parallel * role.virtual_pipeline} chunks)"
+        for role in (plan.actor, plan.critic, plan.ref)
+        if role is not None and role.virtual_pipeline > 1
+    ]
     if virtual:
         lines.append(f"virtual pipeline: {', '.join(virtual)}; megatron's interleaved 1F1B schedule")
     if plan.critic is None:

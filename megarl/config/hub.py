@@ -48,16 +48,23 @@ def missing_from_cache(key: str, repo_id: str) -> Problem:
     """The problem of a hub id that is not in the local cache."""
     from huggingface_hub import constants
 
-    return Problem(key, repo_id, f"a hub id that is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}), "
-                                 "and megarl never downloads at run time",
-                   f"download it first: `{download_command(repo_id)}` (HF_HUB_CACHE picks the cache), or set {key} "
-                   "to a local checkpoint directory")
+    return Problem(
+        key,
+        repo_id,
+        f"a hub id that is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}), "
+        "and megarl never downloads at run time",
+        f"download it first: `{download_command(repo_id)}` (HF_HUB_CACHE picks the cache), or set {key} "
+        "to a local checkpoint directory",
+    )
 
 
 def hub_values(config: Config) -> dict[str, str]:
     """The settings of `config` that hold hub ids, by key."""
-    values = {"model.path": config.model.path, "model.tokenizer_path": config.model.tokenizer_path,
-              "reward.reward_model": config.reward.reward_model}
+    values = {
+        "model.path": config.model.path,
+        "model.tokenizer_path": config.model.tokenizer_path,
+        "reward.reward_model": config.reward.reward_model,
+    }
     return {key: value for key, value in values.items() if value and is_hub_id(value)}
 
 
@@ -69,7 +76,10 @@ def resolve_hub_ids(config: Config) -> Config:
     if missing:
         raise ConfigError(missing)
     local = {key: str(path) for key, path in found.items()}
-    model = replace(config.model, path=local.get("model.path", config.model.path),
-                    tokenizer_path=local.get("model.tokenizer_path", config.model.tokenizer_path))
+    model = replace(
+        config.model,
+        path=local.get("model.path", config.model.path),
+        tokenizer_path=local.get("model.tokenizer_path", config.model.tokenizer_path),
+    )
     reward = replace(config.reward, reward_model=local.get("reward.reward_model", config.reward.reward_model))
     return replace(config, model=model, reward=reward)

@@ -22,7 +22,6 @@ from megarl.config.problems import ConfigError, Problem, non_ascii_note
 from megarl.config.recipes import recipe_path
 from megarl.text_encoding import iconv_hint, wide_encoding
 
-
 MAX_DEPTH = 32
 """How deeply a recipe's values may nest (a recipe needs 5 levels: rollout.multi_turn.tools[i].function);
 PyYAML composes recursively, and a deeper document would exhaust Python's stack."""
@@ -42,11 +41,16 @@ class _Loader(yaml.SafeLoader):
     def compose_node(self, parent, index):
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) and event.anchor in self.open_anchors:
-            raise yaml.composer.ComposerError(None, None, f"the alias *{event.anchor} stands for a value that contains "
-                                              "it (a value that holds itself)", event.start_mark)
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"the alias *{event.anchor} stands for a value that contains it (a value that holds itself)",
+                event.start_mark,
+            )
         if len(self.open_anchors) >= MAX_DEPTH:
-            raise yaml.composer.ComposerError(None, None, f"values nested more than {MAX_DEPTH} levels deep",
-                                              event.start_mark)
+            raise yaml.composer.ComposerError(
+                None, None, f"values nested more than {MAX_DEPTH} levels deep", event.start_mark
+            )
         self.open_anchors.append(getattr(event, "anchor", None))
         try:
             return super().compose_node(parent, index)
@@ -59,8 +63,9 @@ class _Loader(yaml.SafeLoader):
             return super().construct_object(node, deep=True)
         except (ValueError, TypeError, KeyError, AttributeError):  # PyYAML's constructors on `!!int x`, `!!bool x`,
             # `!!timestamp 2001-13-45`, `!!set [1]`, and int() on more digits than Python converts
-            raise yaml.constructor.ConstructorError(None, None, f"{_excerpt(node)} cannot be read as {_tag(node)}",
-                                                    node.start_mark) from None
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{_excerpt(node)} cannot be read as {_tag(node)}", node.start_mark
+            ) from None
 
     def construct_yaml_int(self, node):
         """An integer Python can print: no setting means a number of thousands of digits, and no message
@@ -77,11 +82,17 @@ class _Loader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=True)  # deep: a complex key's items, for the message
             if not _hashable(key):
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"a complex key (`? {_flow(key)}`): keys of a recipe are plain names", key_node.start_mark
+                    None,
+                    None,
+                    f"a complex key (`? {_flow(key)}`): keys of a recipe are plain names",
+                    key_node.start_mark,
                 )
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (the first value would be silently dropped)", key_node.start_mark
+                    None,
+                    None,
+                    f"duplicate key {key!r} (the first value would be silently dropped)",
+                    key_node.start_mark,
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
@@ -144,14 +155,38 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = (), schema: 
     try:
         data = parse_yaml(_read_recipe(path), str(path)) or {}
     except OSError as error:
-        raise ConfigError([Problem(str(path), None, f"cannot read the config file ({error.strerror})",
-                                   "pass the path of an existing YAML recipe, e.g. configs/quickstart.yaml")]) from error
+        raise ConfigError(
+            [
+                Problem(
+                    str(path),
+                    None,
+                    f"cannot read the config file ({error.strerror})",
+                    "pass the path of an existing YAML recipe, e.g. configs/quickstart.yaml",
+                )
+            ]
+        ) from error
     except yaml.YAMLError as error:
-        raise ConfigError([Problem(str(path), None, f"not valid YAML: {' '.join(str(error).split())}",
-                                   "correct the YAML syntax at the position shown")]) from error
+        raise ConfigError(
+            [
+                Problem(
+                    str(path),
+                    None,
+                    f"not valid YAML: {' '.join(str(error).split())}",
+                    "correct the YAML syntax at the position shown",
+                )
+            ]
+        ) from error
     if not isinstance(data, dict):
-        raise ConfigError([Problem(str(path), data, "a recipe must be a mapping of sections",
-                                   "write sections at the top level, e.g. `model:` then `  path: ...`")])
+        raise ConfigError(
+            [
+                Problem(
+                    str(path),
+                    data,
+                    "a recipe must be a mapping of sections",
+                    "write sections at the top level, e.g. `model:` then `  path: ...`",
+                )
+            ]
+        )
     problems = apply_overrides(data, overrides)
     config = build_config(data, problems, schema)
     if problems:
@@ -169,13 +204,28 @@ def _read_recipe(path: Path) -> str:
     with path.open("rb") as file:
         raw = file.read(MAX_RECIPE_BYTES + 1)  # a device (/dev/zero) or a huge file would never end or fill memory
     if len(raw) > MAX_RECIPE_BYTES:
-        raise ConfigError([Problem(str(path), None, f"holds more than {MAX_RECIPE_BYTES >> 20} MiB, so it is no recipe "
-                                   "(a recipe is a few KiB of YAML)", "pass the recipe's YAML file, e.g. "
-                                   "configs/quickstart.yaml")])
+        raise ConfigError(
+            [
+                Problem(
+                    str(path),
+                    None,
+                    f"holds more than {MAX_RECIPE_BYTES >> 20} MiB, so it is no recipe (a recipe is a few KiB of YAML)",
+                    "pass the recipe's YAML file, e.g. configs/quickstart.yaml",
+                )
+            ]
+        )
     encoding = wide_encoding(raw[:4])
     if encoding is not None:
-        raise ConfigError([Problem(str(path), None, f"the file is {encoding}-encoded text, megarl reads UTF-8 recipes",
-                                   f"convert it, e.g. {iconv_hint(path, encoding, 'fixed.yaml')}")])
+        raise ConfigError(
+            [
+                Problem(
+                    str(path),
+                    None,
+                    f"the file is {encoding}-encoded text, megarl reads UTF-8 recipes",
+                    f"convert it, e.g. {iconv_hint(path, encoding, 'fixed.yaml')}",
+                )
+            ]
+        )
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as error:
@@ -188,9 +238,13 @@ def _not_utf8(path: Path, error: UnicodeDecodeError) -> Problem:
     line = before.count(b"\n") + 1
     column = error.start - (before.rfind(b"\n") + 1) + 1
     byte = error.object[error.start]
-    return Problem(f"{path}:{line}", None, f"byte 0x{byte:02x} at column {column} is not UTF-8 (the file was saved in "
-                   "another encoding, e.g. Latin-1 or cp1252)",
-                   f"save it as UTF-8, e.g. {iconv_hint(path, 'LATIN1', 'fixed.yaml')}")
+    return Problem(
+        f"{path}:{line}",
+        None,
+        f"byte 0x{byte:02x} at column {column} is not UTF-8 (the file was saved in "
+        "another encoding, e.g. Latin-1 or cp1252)",
+        f"save it as UTF-8, e.g. {iconv_hint(path, 'LATIN1', 'fixed.yaml')}",
+    )
 
 
 def apply_overrides(data: dict[str, Any], overrides: typing.Sequence[str]) -> list[Problem]:
@@ -199,15 +253,26 @@ def apply_overrides(data: dict[str, Any], overrides: typing.Sequence[str]) -> li
     for override in overrides:
         key, sep, text = override.partition("=")
         if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
-            problems.append(Problem("<override>", override,
-                                    f"an override must look like key.sub=value{non_ascii_note(key)}",
-                                    "write e.g. actor.optim.lr=1e-6 or data.train_files=[a.jsonl,b.jsonl]"))
+            problems.append(
+                Problem(
+                    "<override>",
+                    override,
+                    f"an override must look like key.sub=value{non_ascii_note(key)}",
+                    "write e.g. actor.optim.lr=1e-6 or data.train_files=[a.jsonl,b.jsonl]",
+                )
+            )
             continue
         try:
             value = parse_yaml(text)
         except yaml.YAMLError as error:
-            problems.append(Problem(key, text, f"the value is not valid YAML ({str(error).splitlines()[0]})",
-                                    "quote strings with special characters, e.g. key='a: b'"))
+            problems.append(
+                Problem(
+                    key,
+                    text,
+                    f"the value is not valid YAML ({str(error).splitlines()[0]})",
+                    "quote strings with special characters, e.g. key='a: b'",
+                )
+            )
             continue
         *parents, leaf = key.split(".")
         node = data
@@ -217,8 +282,14 @@ def apply_overrides(data: dict[str, Any], overrides: typing.Sequence[str]) -> li
             node = node[part]
             if not isinstance(node, dict):
                 section = ".".join(parents[: depth + 1])
-                problems.append(Problem(key, value, f"{section} is a value, not a section",
-                                        f"override {section} itself, e.g. {section}=..."))
+                problems.append(
+                    Problem(
+                        key,
+                        value,
+                        f"{section} is a value, not a section",
+                        f"override {section} itself, e.g. {section}=...",
+                    )
+                )
                 break
         else:
             if isinstance(value, dict) and isinstance(node.get(leaf), dict):
@@ -263,8 +334,14 @@ def _build(cls, data: dict[str, Any], prefix: str, problems: list[Problem], all_
             if value is None:  # `section:` with every key commented out
                 value = {}
             if not isinstance(value, dict):
-                problems.append(Problem(key, value, "this is a section, not a value",
-                                        f"write a mapping of its keys: {', '.join(f.name for f in dataclasses.fields(hint))}"))
+                problems.append(
+                    Problem(
+                        key,
+                        value,
+                        "this is a section, not a value",
+                        f"write a mapping of its keys: {', '.join(f.name for f in dataclasses.fields(hint))}",
+                    )
+                )
                 continue
             values[name] = _build(hint, value, f"{key}.", problems, all_keys, getattr(base, name))
             continue
@@ -275,18 +352,35 @@ def _build(cls, data: dict[str, Any], prefix: str, problems: list[Problem], all_
         try:
             values[name] = _convert(hint, value)
         except _Mismatch:
-            problems.append(Problem(key, value, f"wrong type: expected {_describe(hint)}{non_ascii_note(value)}",
-                                    f"set {key} to {_describe(hint)}"))
+            problems.append(
+                Problem(
+                    key,
+                    value,
+                    f"wrong type: expected {_describe(hint)}{non_ascii_note(value)}",
+                    f"set {key} to {_describe(hint)}",
+                )
+            )
         except _NotFinite:
-            problems.append(Problem(key, value, "not a finite number (YAML reads 1e999 and .inf as infinity, .nan as "
-                                    "not-a-number)", f"set {key} to a finite number"))
+            problems.append(
+                Problem(
+                    key,
+                    value,
+                    "not a finite number (YAML reads 1e999 and .inf as infinity, .nan as not-a-number)",
+                    f"set {key} to a finite number",
+                )
+            )
     return dataclasses.replace(base, **values)
 
 
 def _dataclass_items(hint):
     """The item class of a `tuple[SomeSection, ...]` field (a list of sections, like rollout.multi_turn.tools)."""
     args = typing.get_args(hint)
-    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis and dataclasses.is_dataclass(args[0]):
+    if (
+        typing.get_origin(hint) is tuple
+        and len(args) == 2
+        and args[1] is Ellipsis
+        and dataclasses.is_dataclass(args[0])
+    ):
         return args[0]
     return None
 

@@ -63,8 +63,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from megarl.config.config import Config
 from megarl.config.batch_plan import plan_batches, uses_reference
+from megarl.config.config import Config
 from megarl.config.model_facts import ModelFactsError, load_model_facts
 from megarl.config.problems import Problem
 from megarl.config.roles import ParallelConfig, RecomputeConfig
@@ -121,11 +121,20 @@ class ModelShape:
         (`load_model_facts`). Raises `ModelFactsError` when the shape cannot be found."""
         facts = load_model_facts(model_path)  # raises with the user-facing why/fix
         arch = architecture(facts.model_type)
-        return cls(facts.vocab_size, facts.hidden_size, facts.ffn_hidden_size, facts.num_hidden_layers,
-                   facts.num_attention_heads, facts.num_key_value_heads, facts.head_dim,
-                   qkv_bias=arch.qkv_bias, qk_layernorm=arch.qk_layernorm,
-                   tie_word_embeddings=facts.tie_word_embeddings, num_experts=facts.num_experts,
-                   moe_ffn_hidden_size=facts.moe_ffn_hidden_size)
+        return cls(
+            facts.vocab_size,
+            facts.hidden_size,
+            facts.ffn_hidden_size,
+            facts.num_hidden_layers,
+            facts.num_attention_heads,
+            facts.num_key_value_heads,
+            facts.head_dim,
+            qkv_bias=arch.qkv_bias,
+            qk_layernorm=arch.qk_layernorm,
+            tie_word_embeddings=facts.tie_word_embeddings,
+            num_experts=facts.num_experts,
+            moe_ffn_hidden_size=facts.moe_ffn_hidden_size,
+        )
 
     def layer_parameters(self, tp: int) -> int:
         """Parameters of one transformer layer on one TP rank (the decoder family's count, all experts)."""
@@ -220,11 +229,22 @@ class MemoryEstimate:
         return self.spare_bytes >= self.margin_bytes
 
 
-def state_bytes(shape: ModelShape, parallel: ParallelConfig, dp: int, dtype: str, *, distributed_optimizer: bool,
-                trained: bool, value_head: bool = False, offloaded: float = 0.0) -> tuple[int, int, int]:
+def state_bytes(
+    shape: ModelShape,
+    parallel: ParallelConfig,
+    dp: int,
+    dtype: str,
+    *,
+    distributed_optimizer: bool,
+    trained: bool,
+    value_head: bool = False,
+    offloaded: float = 0.0,
+) -> tuple[int, int, int]:
     """(parameters, gradients, optimizer) bytes on the busiest rank of a role (module docstring) on its GPU;
     `offloaded`: the share of the optimizer state kept in host memory (`optim.cpu_offload_fraction`)."""
-    params = shape.rank_parameters(parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size, value_head)
+    params = shape.rank_parameters(
+        parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size, value_head
+    )
     width = DTYPE_BYTES[dtype]
     if not trained:
         return params * width, 0, 0
@@ -234,8 +254,15 @@ def state_bytes(shape: ModelShape, parallel: ParallelConfig, dp: int, dtype: str
     return params * width, params * FP32, round(optimizer * (1 - offloaded))
 
 
-def activation_bytes(shape: ModelShape, parallel: ParallelConfig, recompute: RecomputeConfig, micro_batch: int,
-                     seq_len: int, dtype: str, value_head: bool = False) -> int:
+def activation_bytes(
+    shape: ModelShape,
+    parallel: ParallelConfig,
+    recompute: RecomputeConfig,
+    micro_batch: int,
+    seq_len: int,
+    dtype: str,
+    value_head: bool = False,
+) -> int:
     """Training activations of one micro-batch on the first stage (all its in-flight micro-batches),
     plus the last stage's logits and their fp32 working copies when PP is 1 (else they are on another rank)."""
     tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
@@ -246,8 +273,10 @@ def activation_bytes(shape: ModelShape, parallel: ParallelConfig, recompute: Rec
         # The first `num_layers` layers of each stage are recomputed, the others keep everything.
         per_stage = shape.num_layers // pp
         recomputed = min(recompute.num_layers or 0, per_stage)
-        kept = (recomputed * shape.activation_elements_per_token(tp, seq_len, "full")
-                + (per_stage - recomputed) * shape.activation_elements_per_token(tp, seq_len, "none")) * pp
+        kept = (
+            recomputed * shape.activation_elements_per_token(tp, seq_len, "full")
+            + (per_stage - recomputed) * shape.activation_elements_per_token(tp, seq_len, "none")
+        ) * pp
     else:
         kept = shape.num_layers * shape.activation_elements_per_token(tp, seq_len, granularity)
     vpp = parallel.virtual_pipeline_model_parallel_size or 1
@@ -261,8 +290,15 @@ def activation_bytes(shape: ModelShape, parallel: ParallelConfig, recompute: Rec
     return tokens * kept * width + logits
 
 
-def estimate_memory(config: Config, shape: ModelShape, *, train_gpus: int, gpu_memory_gib: float = 80.0,
-                    on_gpu: bool = True, processes_per_train_gpu: int = 1) -> MemoryEstimate:
+def estimate_memory(
+    config: Config,
+    shape: ModelShape,
+    *,
+    train_gpus: int,
+    gpu_memory_gib: float = 80.0,
+    on_gpu: bool = True,
+    processes_per_train_gpu: int = 1,
+) -> MemoryEstimate:
     """Per-GPU memory of `config`'s roles for a model of `shape` on `train_gpus` training GPUs
     (`plan_batches(config).train_gpus`), each shared by `processes_per_train_gpu` processes (the batch
     plan's, engine included when colocated). `on_gpu=False` sizes the rollout as on CPU."""
@@ -274,12 +310,22 @@ def estimate_memory(config: Config, shape: ModelShape, *, train_gpus: int, gpu_m
         p = role.parallel
         dp = train_gpus // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size)
         optim_config = role.optim
-        params, grads, optim = state_bytes(shape, p, dp, dtype, distributed_optimizer=optim_config.use_distributed_optimizer,
-                                           trained=True, value_head=value_head,
-                                           offloaded=optim_config.cpu_offload_fraction if optim_config.cpu_offload else 0.0)
+        params, grads, optim = state_bytes(
+            shape,
+            p,
+            dp,
+            dtype,
+            distributed_optimizer=optim_config.use_distributed_optimizer,
+            trained=True,
+            value_head=value_head,
+            offloaded=optim_config.cpu_offload_fraction if optim_config.cpu_offload else 0.0,
+        )
         # A packed micro-batch: rows of at most S tokens, as many as max_tokens_per_micro_batch holds.
-        micro_batch = (role.micro_batch_size_per_gpu if role.max_tokens_per_micro_batch is None
-                       else max(1, role.max_tokens_per_micro_batch // seq_len))
+        micro_batch = (
+            role.micro_batch_size_per_gpu
+            if role.max_tokens_per_micro_batch is None
+            else max(1, role.max_tokens_per_micro_batch // seq_len)
+        )
         acts = activation_bytes(shape, p, role.recompute, micro_batch, seq_len, dtype, value_head)
         roles.append(RoleMemory(name, params, grads, optim, acts))
     if uses_reference(config):
@@ -296,38 +342,60 @@ def estimate_memory(config: Config, shape: ModelShape, *, train_gpus: int, gpu_m
     peak, phase = _peak(config, roles)
     processes = 1 if phase == "rollout GPUs" else processes_per_train_gpu  # a rollout GPU: one engine worker
     runtime = int(processes * RUNTIME_GIB_PER_PROCESS * GIB) if on_gpu else 0
-    return MemoryEstimate(roles, peak, phase, int(gpu_memory_gib * GIB), _what_runs(config, on_gpu, gpu_memory_gib),
-                          runtime, int(MARGIN_GIB * GIB) if on_gpu else 0)
+    return MemoryEstimate(
+        roles,
+        peak,
+        phase,
+        int(gpu_memory_gib * GIB),
+        _what_runs(config, on_gpu, gpu_memory_gib),
+        runtime,
+        int(MARGIN_GIB * GIB) if on_gpu else 0,
+    )
 
 
 def _what_runs(config: Config, on_gpu: bool, gpu_memory_gib: float) -> tuple[str, ...]:
     """The lines `format_estimate` prints above the table (see the module docstring)."""
     dtype = config.model.dtype
     if DTYPE_BYTES[dtype] < FP32:
-        precision = (f"{dtype} parameters, fp32 main grads, fp32 main parameters + Adam moments "
-                     f"({DTYPE_BYTES[dtype]} + 4 + 12 B per parameter)")
+        precision = (
+            f"{dtype} parameters, fp32 main grads, fp32 main parameters + Adam moments "
+            f"({DTYPE_BYTES[dtype]} + 4 + 12 B per parameter)"
+        )
     else:
         precision = "fp32 parameters, grads and Adam moments, no main copy (4 + 4 + 8 B per parameter)"
     optimizer_moves = DTYPE_BYTES[dtype] < FP32
-    offloaded = [f"{role}.offload.{part}" for role in ("actor", "critic") for part in ("params", "grads")
-                 if getattr(getattr(config, role).offload, part)]
-    offloaded += [f"{role}.offload.optimizer" for role in ("actor", "critic")
-                  if getattr(config, role).offload.optimizer and optimizer_moves]
+    offloaded = [
+        f"{role}.offload.{part}"
+        for role in ("actor", "critic")
+        for part in ("params", "grads")
+        if getattr(getattr(config, role).offload, part)
+    ]
+    offloaded += [
+        f"{role}.offload.optimizer"
+        for role in ("actor", "critic")
+        if getattr(config, role).offload.optimizer and optimizer_moves
+    ]
     offloaded += ["ref.offload_params"] if config.ref.offload_params else []
     lines = [f"precision: {precision}; the distributed optimizer shards the 8-12 B over DP"]
     for role in ("actor", "critic"):
         optim = getattr(config, role).optim
         if optim.cpu_offload and (role == "actor" or config.critic.enable):
-            lines.append(f"{role}.optim.cpu_offload: {optim.cpu_offload_fraction:.0%} of the optimizer state in host memory")
+            lines.append(
+                f"{role}.optim.cpu_offload: {optim.cpu_offload_fraction:.0%} of the optimizer state in host memory"
+            )
     if config.placement.mode == "colocated":
         lines.append("offload during rollout: " + (", ".join(offloaded) if offloaded else "none"))
     rollout = config.rollout
     if on_gpu:
-        lines.append(f"rollout: vLLM takes gpu_memory_utilization {rollout.gpu_memory_utilization} of each "
-                     f"{'shared' if config.placement.mode == 'colocated' else 'rollout'} GPU "
-                     f"({rollout.gpu_memory_utilization * gpu_memory_gib:.1f} GiB)")
+        lines.append(
+            f"rollout: vLLM takes gpu_memory_utilization {rollout.gpu_memory_utilization} of each "
+            f"{'shared' if config.placement.mode == 'colocated' else 'rollout'} GPU "
+            f"({rollout.gpu_memory_utilization * gpu_memory_gib:.1f} GiB)"
+        )
     else:
-        lines.append(f"rollout: the engine's weights in {rollout_dtype(rollout, dtype)} and kv_cache_gib {rollout.kv_cache_gib} of host memory")
+        lines.append(
+            f"rollout: the engine's weights in {rollout_dtype(rollout, dtype)} and kv_cache_gib {rollout.kv_cache_gib} of host memory"
+        )
     return tuple(lines)
 
 
@@ -355,8 +423,11 @@ def resident_during_rollout(config: Config, roles: list[RoleMemory]) -> int:
     for r in roles:
         if r.role in offload:
             settings = offload[r.role]
-            resident += ((0 if settings.params else r.parameters) + (0 if settings.grads else r.gradients)
-                         + (0 if settings.optimizer and optimizer_moves else r.optimizer))
+            resident += (
+                (0 if settings.params else r.parameters)
+                + (0 if settings.grads else r.gradients)
+                + (0 if settings.optimizer and optimizer_moves else r.optimizer)
+            )
         elif r.role == "ref" and not config.ref.offload_params:
             resident += r.parameters
     return resident
@@ -380,14 +451,17 @@ def rollout_budget_problems(config: Config, gpu_memory_gib: float) -> list[Probl
     utilization = config.rollout.gpu_memory_utilization
     if utilization <= most:
         return []
-    return [Problem(
-        "rollout.gpu_memory_utilization", utilization,
-        f"the engines would take {utilization * gpu_memory_gib:.1f} GiB of each {gpu_memory_gib:g} GiB GPU, but the "
-        f"Megatron roles keep {resident / GIB:.1f} GiB there while the engines generate (vLLM refuses to start "
-        "unless its share is free)",
-        f"use at most {most:.2f}, or offload more: actor.offload.params / grads / optimizer (and the critic's), "
-        "ref.offload_params",
-    )]
+    return [
+        Problem(
+            "rollout.gpu_memory_utilization",
+            utilization,
+            f"the engines would take {utilization * gpu_memory_gib:.1f} GiB of each {gpu_memory_gib:g} GiB GPU, but the "
+            f"Megatron roles keep {resident / GIB:.1f} GiB there while the engines generate (vLLM refuses to start "
+            "unless its share is free)",
+            f"use at most {most:.2f}, or offload more: actor.offload.params / grads / optimizer (and the critic's), "
+            "ref.offload_params",
+        )
+    ]
 
 
 def kv_cache_problems(config: Config, memory_gib: float) -> list[Problem]:
@@ -405,20 +479,24 @@ def kv_cache_problems(config: Config, memory_gib: float) -> list[Problem]:
 
     def peak(kv_cache_gib: float) -> int:
         sized = replace(config, rollout=replace(config.rollout, kv_cache_gib=kv_cache_gib))
-        return estimate_memory(sized, shape, train_gpus=plan_batches(config).train_gpus,
-                               gpu_memory_gib=memory_gib, on_gpu=False).peak_bytes
+        return estimate_memory(
+            sized, shape, train_gpus=plan_batches(config).train_gpus, gpu_memory_gib=memory_gib, on_gpu=False
+        ).peak_bytes
 
     budget, with_cache = int(memory_gib * GIB), peak(kv)
     if with_cache <= budget or peak(0) > budget:
         return []
     # The peak grows one for one with the cache once the cache's phase is the peak, as it is here.
     most = (budget - (with_cache - int(kv * GIB))) / GIB
-    return [Problem(
-        "rollout.kv_cache_gib", kv,
-        f"the memory estimate (megarl validate's table) peaks at {with_cache / GIB:.1f} GiB with this cache, "
-        f"more than the {memory_gib:g} GiB compared against (--gpu-memory-gib)",
-        f"use at most {int(most * 10) / 10:g} GiB, or pass the machine's memory as --gpu-memory-gib",
-    )]
+    return [
+        Problem(
+            "rollout.kv_cache_gib",
+            kv,
+            f"the memory estimate (megarl validate's table) peaks at {with_cache / GIB:.1f} GiB with this cache, "
+            f"more than the {memory_gib:g} GiB compared against (--gpu-memory-gib)",
+            f"use at most {int(most * 10) / 10:g} GiB, or pass the machine's memory as --gpu-memory-gib",
+        )
+    ]
 
 
 def format_estimate(estimate: MemoryEstimate) -> str:
@@ -428,12 +506,18 @@ def format_estimate(estimate: MemoryEstimate) -> str:
         cells = [r.parameters, r.gradients, r.optimizer, r.activations, r.other, r.total]
         lines.append(f"{r.role:<8}" + "".join(f"{c / GIB:8.2f}" for c in cells))
     verdict = "fits" if estimate.fits else "does not fit"
-    runtime = (f" + {estimate.runtime_bytes / GIB:.1f} GiB of CUDA contexts and NCCL buffers"
-               if estimate.runtime_bytes else "")
-    margin = (f"{estimate.spare_bytes / GIB:.1f} GiB to spare (keeps {estimate.margin_bytes / GIB:.0f}): "
-              if estimate.margin_bytes else "")
-    lines.append(f"peak {estimate.peak_bytes / GIB:.1f} GiB per GPU ({estimate.peak_phase}){runtime} of "
-                 f"{estimate.gpu_memory_bytes / GIB:.0f} GiB: {margin}{verdict}")
+    runtime = (
+        f" + {estimate.runtime_bytes / GIB:.1f} GiB of CUDA contexts and NCCL buffers" if estimate.runtime_bytes else ""
+    )
+    margin = (
+        f"{estimate.spare_bytes / GIB:.1f} GiB to spare (keeps {estimate.margin_bytes / GIB:.0f}): "
+        if estimate.margin_bytes
+        else ""
+    )
+    lines.append(
+        f"peak {estimate.peak_bytes / GIB:.1f} GiB per GPU ({estimate.peak_phase}){runtime} of "
+        f"{estimate.gpu_memory_bytes / GIB:.0f} GiB: {margin}{verdict}"
+    )
     return "\n".join(lines)
 
 
@@ -446,6 +530,12 @@ def memory_report(config: Config, gpu_memory_gib: float) -> str:
         return f"none: {error.why}"
     on_gpu = config.trainer.device != "cpu"
     plan = plan_batches(config)
-    estimate = estimate_memory(config, shape, train_gpus=plan.train_gpus, gpu_memory_gib=gpu_memory_gib,
-                               on_gpu=on_gpu, processes_per_train_gpu=plan.processes_per_train_gpu)
+    estimate = estimate_memory(
+        config,
+        shape,
+        train_gpus=plan.train_gpus,
+        gpu_memory_gib=gpu_memory_gib,
+        on_gpu=on_gpu,
+        processes_per_train_gpu=plan.processes_per_train_gpu,
+    )
     return format_estimate(estimate)

@@ -58,8 +58,19 @@ class ModelFactsError(Exception):
 
 
 def _known(model_type, heads, kv_heads, layers, hidden, vocab, max_positions, ffn, head_dim, tied) -> ModelFacts:
-    return ModelFacts(model_type, heads, kv_heads, layers, hidden, vocab, max_positions, ffn, head_dim, tied,
-                      "megarl known models table")
+    return ModelFacts(
+        model_type,
+        heads,
+        kv_heads,
+        layers,
+        hidden,
+        vocab,
+        max_positions,
+        ffn,
+        head_dim,
+        tied,
+        "megarl known models table",
+    )
 
 
 KNOWN_MODELS = {
@@ -83,13 +94,17 @@ def load_model_facts(path: str) -> ModelFacts:
         raise ModelFactsError("model.path is required", "set model.path to an HF checkpoint directory or hub id")
     local = local_path(path)
     if os.path.isfile(local):
-        raise ModelFactsError(f"{local} is a file, not a directory",
-                              "point model.path at the directory that holds config.json and the safetensors")
+        raise ModelFactsError(
+            f"{local} is a file, not a directory",
+            "point model.path at the directory that holds config.json and the safetensors",
+        )
     if os.path.exists(local):
         config_json = local / "config.json"
         if not os.path.isfile(config_json):
-            raise ModelFactsError(f"{local} has no config.json, so it is not an HF checkpoint directory",
-                                  "point model.path at the directory that holds config.json and the safetensors")
+            raise ModelFactsError(
+                f"{local} has no config.json, so it is not an HF checkpoint directory",
+                "point model.path at the directory that holds config.json and the safetensors",
+            )
         return read_config_json(config_json)
     if is_hub_id(path):
         snapshot = cached_snapshot(path)
@@ -102,11 +117,14 @@ def load_model_facts(path: str) -> ModelFacts:
             "table of known models",
             "point model.path at an existing HF checkpoint directory (relative paths start at the working directory; "
             f"the quickstart makes one with `megarl init-tiny-model`), or download the model first "
-            f"(`{download_command(path)}`)")
+            f"(`{download_command(path)}`)",
+        )
     unusable = unusable_path(path)
-    raise ModelFactsError(unusable or f"directory {local} does not exist",
-                          "set model.path to an existing HF checkpoint directory (or create it first, e.g. with "
-                          "`megarl init-tiny-model` for the quickstart)")
+    raise ModelFactsError(
+        unusable or f"directory {local} does not exist",
+        "set model.path to an existing HF checkpoint directory (or create it first, e.g. with "
+        "`megarl init-tiny-model` for the quickstart)",
+    )
 
 
 def read_config_json(config_json: Path) -> ModelFacts:
@@ -115,10 +133,23 @@ def read_config_json(config_json: Path) -> ModelFacts:
     try:
         dims = read_model_dims(config_json)
     except (OSError, ValueError) as error:
-        raise ModelFactsError(f"{config_json}: {error}",
-                              f"use a checkpoint of a supported architecture ({', '.join(supported_model_types())}) "
-                              "with a complete config.json") from error
-    return ModelFacts(dims.model_type, dims.num_attention_heads, dims.num_kv_heads, dims.num_layers, dims.hidden_size,
-                      dims.vocab_size, dims.max_position_embeddings, dims.ffn_hidden_size, dims.head_dim,
-                      dims.tie_word_embeddings, str(config_json), dims.num_experts, dims.moe_ffn_hidden_size)
-
+        raise ModelFactsError(
+            f"{config_json}: {error}",
+            f"use a checkpoint of a supported architecture ({', '.join(supported_model_types())}) "
+            "with a complete config.json",
+        ) from error
+    return ModelFacts(
+        dims.model_type,
+        dims.num_attention_heads,
+        dims.num_kv_heads,
+        dims.num_layers,
+        dims.hidden_size,
+        dims.vocab_size,
+        dims.max_position_embeddings,
+        dims.ffn_hidden_size,
+        dims.head_dim,
+        dims.tie_word_embeddings,
+        str(config_json),
+        dims.num_experts,
+        dims.moe_ffn_hidden_size,
+    )

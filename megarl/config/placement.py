@@ -29,7 +29,8 @@ def _collective_on_shared_gpus(config: Config, device: str) -> Problem | None:
     if not (colocated and config.rollout.sync.transport == "collective" and RESOLVED[device] == ("cuda",)):
         return None
     return Problem(
-        "rollout.sync.transport", "collective",
+        "rollout.sync.transport",
+        "collective",
         f"with placement.mode=colocated on GPUs (trainer.device={device}), the sync's NCCL group would hold a trainer "
         "rank and the engine worker of the same GPU, and NCCL refuses two ranks on one device",
         "use rollout.sync.transport: auto (or cuda_ipc, each engine worker reading its own GPU's trainer rank), "
@@ -40,10 +41,12 @@ def _collective_on_shared_gpus(config: Config, device: str) -> Problem | None:
 def _cuda_ipc_without_colocated_gpus(config: Config, device: str) -> Problem | None:
     mode = config.placement.mode
     if config.rollout.sync.transport != "cuda_ipc" or not all(
-            mode != "colocated" or each == "cpu" for each in RESOLVED[device]):
+        mode != "colocated" or each == "cpu" for each in RESOLVED[device]
+    ):
         return None
     return Problem(
-        "rollout.sync.transport", "cuda_ipc",
+        "rollout.sync.transport",
+        "cuda_ipc",
         f"CUDA IPC needs colocated placement on GPUs (each engine worker opens the handles of the trainer rank on "
         f"its own GPU), here placement.mode={mode}, trainer.device={device}",
         "use rollout.sync.transport: auto (shared memory on CPU, the collective for split GPUs)",
@@ -55,7 +58,8 @@ def _per_rank_across_stages(config: Config, device: str) -> Problem | None:
     if not (config.rollout.sync.per_rank == "always" and config.placement.mode == "colocated" and pp > 1):
         return None
     return Problem(
-        "rollout.sync.per_rank", "always",
+        "rollout.sync.per_rank",
+        "always",
         f"with placement.mode=colocated each engine worker reads only the ring of the trainer rank on its own "
         f"device, which holds one of actor.parallel.pipeline_model_parallel_size={pp} stages, not its whole TP shard",
         "set rollout.sync.per_rank: auto (each rank then sends the planner's pieces to the ranks whose devices "
@@ -64,7 +68,7 @@ def _per_rank_across_stages(config: Config, device: str) -> Problem | None:
 
 
 def resolve_device(setting: str, cluster_gpus: float) -> str:
-    """"cpu" or "cuda" for `trainer.device` = `setting` on a Ray cluster with `cluster_gpus` GPU resources
+    """ "cpu" or "cuda" for `trainer.device` = `setting` on a Ray cluster with `cluster_gpus` GPU resources
     (`auto`: CUDA when it has any). A `cuda` setting without GPUs is a `cluster_problems` problem."""
     if setting == "auto":
         return "cuda" if cluster_gpus > 0 else "cpu"
@@ -75,9 +79,13 @@ def cluster_problems(config: Config, cluster_gpus: float) -> list[Problem]:
     """What `train` refuses once the Ray cluster is known: `trainer.device: cuda` without GPUs, and the
     placement problems of the resolved device."""
     if config.trainer.device == "cuda" and cluster_gpus <= 0:
-        return [Problem(
-            "trainer.device", "cuda", "the Ray cluster has 0 GPU resources",
-            "start the Ray nodes with their GPUs (`ray start --num-gpus N`, rayStartParams num-gpus on KubeRay) "
-            "or use trainer.device: cpu",
-        )]
+        return [
+            Problem(
+                "trainer.device",
+                "cuda",
+                "the Ray cluster has 0 GPU resources",
+                "start the Ray nodes with their GPUs (`ray start --num-gpus N`, rayStartParams num-gpus on KubeRay) "
+                "or use trainer.device: cpu",
+            )
+        ]
     return placement_problems(config, resolve_device(config.trainer.device, cluster_gpus))

@@ -52,15 +52,28 @@ def data_file_problems(key: str, paths: tuple[str, ...], check_exists: bool) -> 
     for index, path in enumerate(paths):
         item = f"{key}[{index}]"
         if check_exists and os.path.isdir(local_path(path)):
-            problems.append(Problem(item, path, "is a directory, not a data file",
-                                    f"list the {' or '.join(DATA_SUFFIXES)} files inside it one by one"))
+            problems.append(
+                Problem(
+                    item,
+                    path,
+                    "is a directory, not a data file",
+                    f"list the {' or '.join(DATA_SUFFIXES)} files inside it one by one",
+                )
+            )
         elif not path.endswith(DATA_SUFFIXES):
-            problems.append(Problem(item, path, "unsupported file type",
-                                    f"convert it to one of {', '.join(DATA_SUFFIXES)}"))
+            problems.append(
+                Problem(item, path, "unsupported file type", f"convert it to one of {', '.join(DATA_SUFFIXES)}")
+            )
         elif check_exists and not os.path.isfile(local_path(path)):
-            problems.append(Problem(item, path, unusable_path(path) or "file does not exist",
-                                    "correct the path (relative paths start at the working directory), create the "
-                                    "file, or validate with --no-file-checks for a recipe meant for another machine"))
+            problems.append(
+                Problem(
+                    item,
+                    path,
+                    unusable_path(path) or "file does not exist",
+                    "correct the path (relative paths start at the working directory), create the "
+                    "file, or validate with --no-file-checks for a recipe meant for another machine",
+                )
+            )
     return problems
 
 
@@ -74,20 +87,34 @@ def writable_dir_problem(key: str, path: str) -> Problem | None:
     while not os.path.exists(existing):
         existing = existing.parent
     if not existing.is_dir():
-        return Problem(key, path, f"{existing} is a file, so no directory can be made there",
-                       "choose a directory path that does not go through a file")
+        return Problem(
+            key,
+            path,
+            f"{existing} is a file, so no directory can be made there",
+            "choose a directory path that does not go through a file",
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
         made = "" if existing == target else f" (the nearest existing parent of {target})"
-        return Problem(key, path, f"{existing}{made} is not writable by this user",
-                       "choose a writable location or fix the permissions")
+        return Problem(
+            key,
+            path,
+            f"{existing}{made} is not writable by this user",
+            "choose a writable location or fix the permissions",
+        )
     return None
 
 
 def reward_function_problem(key: str, spec: str) -> Problem | None:
     """A problem if the reward function `pkg.module:function` cannot be found or cannot take megarl's call
     (`function_problem`)."""
-    return function_problem(key, spec, "reward function", "(prompts, completions, **columns) -> list[float]",
-                            "my_rewards.tasks:score", _reward_call_problem)
+    return function_problem(
+        key,
+        spec,
+        "reward function",
+        "(prompts, completions, **columns) -> list[float]",
+        "my_rewards.tasks:score",
+        _reward_call_problem,
+    )
 
 
 def _reward_call_problem(parameters: ast.arguments) -> str | None:
@@ -95,17 +122,27 @@ def _reward_call_problem(parameters: ast.arguments) -> str | None:
     (megarl.rewards.worker), or None. Only certain failures: other columns may fill named parameters."""
     positional = len(parameters.posonlyargs) + len(parameters.args)
     if parameters.vararg is None and positional < 2:
-        return (f"takes {positional} positional parameter(s), but megarl passes 2 (the prompts and the responses) "
-                "and the data's columns by name")
+        return (
+            f"takes {positional} positional parameter(s), but megarl passes 2 (the prompts and the responses) "
+            "and the data's columns by name"
+        )
     # "answer": megarl.data.prompts.ANSWER_ARGUMENT (not imported: megarl.data imports megarl.config)
     if parameters.kwarg is None and "answer" not in {p.arg for p in parameters.args + parameters.kwonlyargs}:
-        return ("has neither an `answer` parameter nor **columns, but megarl passes the data's answer column as "
-                "answer= (and its other columns by name)")
+        return (
+            "has neither an `answer` parameter nor **columns, but megarl passes the data's answer column as "
+            "answer= (and its other columns by name)"
+        )
     return None
 
 
-def function_problem(key: str, spec: str, what: str, signature: str, example: str,
-                     call_problem: Callable[[ast.arguments], str | None] | None = None) -> Problem | None:
+def function_problem(
+    key: str,
+    spec: str,
+    what: str,
+    signature: str,
+    example: str,
+    call_problem: Callable[[ast.arguments], str | None] | None = None,
+) -> Problem | None:
     """A problem if `pkg.module:function` cannot be found, is an `async def`, or (`call_problem` of its
     parameters) cannot take megarl's call. Nothing of the user's runs: the module is located without
     importing its parent packages (`_module_source`) and its source is parsed.
@@ -117,11 +154,19 @@ def function_problem(key: str, spec: str, what: str, signature: str, example: st
     try:
         origin = _module_source(module_name)
     except (ImportError, ValueError) as error:  # e.g. an empty part in the dotted name
-        return Problem(key, spec, f"module {module_name} cannot be found ({type(error).__name__}: {error})",
-                       f"write the module as a dotted name, e.g. {example.partition(':')[0]}")
+        return Problem(
+            key,
+            spec,
+            f"module {module_name} cannot be found ({type(error).__name__}: {error})",
+            f"write the module as a dotted name, e.g. {example.partition(':')[0]}",
+        )
     if origin is None:
-        return Problem(key, spec, f"module {module_name} cannot be imported (no such module on the Python path)",
-                       "install the package or add its directory to PYTHONPATH")
+        return Problem(
+            key,
+            spec,
+            f"module {module_name} cannot be imported (no such module on the Python path)",
+            "install the package or add its directory to PYTHONPATH",
+        )
     if not origin.endswith(".py"):
         return None  # a compiled or namespace module: its names are only known by importing it
     try:
@@ -132,8 +177,12 @@ def function_problem(key: str, spec: str, what: str, signature: str, example: st
     if bindings is None:
         return None
     if function not in bindings:
-        return Problem(key, spec, f"{origin} defines no top-level {function}",
-                       f"define `def {function}{signature}` there or correct the name")
+        return Problem(
+            key,
+            spec,
+            f"{origin} defines no top-level {function}",
+            f"define `def {function}{signature}` there or correct the name",
+        )
     definition = bindings[function]
     if definition is None:
         return None  # bound by something other than one plain def or literal: only importing it would tell
@@ -143,9 +192,13 @@ def function_problem(key: str, spec: str, what: str, signature: str, example: st
         kind = type(value.value).__name__ if isinstance(value, ast.Constant) else type(value).__name__.lower()
         return Problem(key, spec, f"{where} is a {kind}, not a function", f"point it at a `def {function}{signature}`")
     if isinstance(definition, ast.AsyncFunctionDef):
-        return Problem(key, spec, f"{where} is an async def, but megarl calls a {what} as a plain function, so "
-                                  "every call would return an unawaited coroutine instead of a result",
-                       "make it a plain def (it may run its async code with asyncio.run)")
+        return Problem(
+            key,
+            spec,
+            f"{where} is an async def, but megarl calls a {what} as a plain function, so "
+            "every call would return an unawaited coroutine instead of a result",
+            "make it a plain def (it may run its async code with asyncio.run)",
+        )
     assert isinstance(definition, ast.FunctionDef)  # what `_top_level_bindings` keeps besides literals
     why = None if call_problem is None else call_problem(definition.args)
     if why is not None:

@@ -16,40 +16,90 @@ def need(problems: list[Problem], ok: bool, key: str, value, why: str, fix: str)
 def check_optimizer(prefix: str, optim: OptimizerConfig, problems: list[Problem]) -> None:
     need(problems, optim.lr > 0, f"{prefix}.lr", optim.lr, "the learning rate must be > 0", "e.g. 1e-6")
     # Against a non-positive lr the bound is meaningless; lr's own problem says what to fix.
-    need(problems, 0 <= optim.min_lr and (optim.lr <= 0 or optim.min_lr <= optim.lr), f"{prefix}.min_lr", optim.min_lr,
-          f"must lie in [0, lr = {optim.lr}]", "set it to 0 or a fraction of lr")
+    need(
+        problems,
+        optim.min_lr >= 0 and (optim.lr <= 0 or optim.min_lr <= optim.lr),
+        f"{prefix}.min_lr",
+        optim.min_lr,
+        f"must lie in [0, lr = {optim.lr}]",
+        "set it to 0 or a fraction of lr",
+    )
     need(problems, optim.weight_decay >= 0, f"{prefix}.weight_decay", optim.weight_decay, "must be >= 0", "e.g. 0.01")
-    need(problems, all(0 <= beta < 1 for beta in optim.betas), f"{prefix}.betas", list(optim.betas),
-          "each beta must lie in [0, 1)", "e.g. [0.9, 0.999]")
+    need(
+        problems,
+        all(0 <= beta < 1 for beta in optim.betas),
+        f"{prefix}.betas",
+        list(optim.betas),
+        "each beta must lie in [0, 1)",
+        "e.g. [0.9, 0.999]",
+    )
     need(problems, optim.eps > 0, f"{prefix}.eps", optim.eps, "must be > 0", "e.g. 1e-8")
-    need(problems, optim.lr_warmup_steps >= 0, f"{prefix}.lr_warmup_steps", optim.lr_warmup_steps,
-          "must be >= 0", "set 0 for no warm-up")
-    need(problems, optim.clip_grad >= 0, f"{prefix}.clip_grad", optim.clip_grad, "must be >= 0 (0 disables)", "e.g. 1.0")
+    need(
+        problems,
+        optim.lr_warmup_steps >= 0,
+        f"{prefix}.lr_warmup_steps",
+        optim.lr_warmup_steps,
+        "must be >= 0",
+        "set 0 for no warm-up",
+    )
+    need(
+        problems, optim.clip_grad >= 0, f"{prefix}.clip_grad", optim.clip_grad, "must be >= 0 (0 disables)", "e.g. 1.0"
+    )
 
 
-def check_cpu_offload(prefix: str, optim: OptimizerConfig, dtype: str, problems: list[Problem],
-                      offload_optimizer: bool = False) -> None:
+def check_cpu_offload(
+    prefix: str, optim: OptimizerConfig, dtype: str, problems: list[Problem], offload_optimizer: bool = False
+) -> None:
     """`{prefix}.cpu_offload` (megatron-core's HybridDeviceOptimizer) and its fraction; `prefix` is the
     optimizer section ("actor.optim", "optim"); `offload_optimizer`: the role's `offload.optimizer`."""
     fraction = optim.cpu_offload_fraction
-    need(problems, 0 < fraction <= 1, f"{prefix}.cpu_offload_fraction", fraction,
-          "the share of the optimizer state kept in host memory must lie in (0, 1]", "e.g. 1.0 (all of it) or 0.5")
+    need(
+        problems,
+        0 < fraction <= 1,
+        f"{prefix}.cpu_offload_fraction",
+        fraction,
+        "the share of the optimizer state kept in host memory must lie in (0, 1]",
+        "e.g. 1.0 (all of it) or 0.5",
+    )
     if not optim.cpu_offload:
-        need(problems, fraction == 1.0 or not 0 < fraction <= 1, f"{prefix}.cpu_offload_fraction", fraction,
-              f"has no effect while {prefix}.cpu_offload is false", f"set {prefix}.cpu_offload: true, or remove it")
+        need(
+            problems,
+            fraction == 1.0 or not 0 < fraction <= 1,
+            f"{prefix}.cpu_offload_fraction",
+            fraction,
+            f"has no effect while {prefix}.cpu_offload is false",
+            f"set {prefix}.cpu_offload: true, or remove it",
+        )
         return
-    need(problems, optim.use_distributed_optimizer, f"{prefix}.cpu_offload", True,
-          "megatron steps the offloaded state through the precision-aware distributed optimizer (Megatron-LM "
-          "refuses --optimizer-cpu-offload without --use-precision-aware-optimizer, which needs the distributed "
-          f"optimizer), and {prefix}.use_distributed_optimizer is false",
-          f"set {prefix}.use_distributed_optimizer: true, or {prefix}.cpu_offload: false")
-    need(problems, dtype == "bfloat16", f"{prefix}.cpu_offload", True,
-          f"model.dtype is {dtype}: megatron-core 0.16.1's distributed optimizer hands float32 parameters to the "
-          "offloading optimizer as views of the model's own (\"can't optimize a non-leaf Tensor\"); it offloads "
-          "the fp32 main copy that bfloat16 training keeps", f"use model.dtype: bfloat16, or {prefix}.cpu_offload: false")
+    need(
+        problems,
+        optim.use_distributed_optimizer,
+        f"{prefix}.cpu_offload",
+        True,
+        "megatron steps the offloaded state through the precision-aware distributed optimizer (Megatron-LM "
+        "refuses --optimizer-cpu-offload without --use-precision-aware-optimizer, which needs the distributed "
+        f"optimizer), and {prefix}.use_distributed_optimizer is false",
+        f"set {prefix}.use_distributed_optimizer: true, or {prefix}.cpu_offload: false",
+    )
+    need(
+        problems,
+        dtype == "bfloat16",
+        f"{prefix}.cpu_offload",
+        True,
+        f"model.dtype is {dtype}: megatron-core 0.16.1's distributed optimizer hands float32 parameters to the "
+        "offloading optimizer as views of the model's own (\"can't optimize a non-leaf Tensor\"); it offloads "
+        "the fp32 main copy that bfloat16 training keeps",
+        f"use model.dtype: bfloat16, or {prefix}.cpu_offload: false",
+    )
     role = prefix.split(".")[0]
-    need(problems, not offload_optimizer, f"{role}.offload.optimizer", True,
-          f"{prefix}.cpu_offload keeps the optimizer state in host memory already", f"set {role}.offload.optimizer: false")
+    need(
+        problems,
+        not offload_optimizer,
+        f"{role}.offload.optimizer",
+        True,
+        f"{prefix}.cpu_offload keeps the optimizer state in host memory already",
+        f"set {role}.offload.optimizer: false",
+    )
 
 
 def check_virtual_pipeline(prefix: str, parallel: ParallelConfig, problems: list[Problem]) -> None:
@@ -60,15 +110,27 @@ def check_virtual_pipeline(prefix: str, parallel: ParallelConfig, problems: list
     if vpp is None:
         return
     key = f"{prefix}parallel.virtual_pipeline_model_parallel_size"
-    need(problems, vpp >= 2, key, vpp, "the interleaved schedule needs at least 2 virtual stages per rank",
-         "use 2 or more, or remove it (null) for one chunk per rank")
-    need(problems, pp > 1, key, vpp, f"virtual stages interleave a pipeline, and {prefix}parallel."
-         f"pipeline_model_parallel_size is {pp}", f"set {prefix}parallel.pipeline_model_parallel_size to 2 or more, "
-         "or remove the virtual pipeline size")
+    need(
+        problems,
+        vpp >= 2,
+        key,
+        vpp,
+        "the interleaved schedule needs at least 2 virtual stages per rank",
+        "use 2 or more, or remove it (null) for one chunk per rank",
+    )
+    need(
+        problems,
+        pp > 1,
+        key,
+        vpp,
+        f"virtual stages interleave a pipeline, and {prefix}parallel.pipeline_model_parallel_size is {pp}",
+        f"set {prefix}parallel.pipeline_model_parallel_size to 2 or more, or remove the virtual pipeline size",
+    )
 
 
-def check_interleaved_micro_batches(key: str, value, parallel: ParallelConfig, micro_batches: int, what: str,
-                                    problems: list[Problem]) -> None:
+def check_interleaved_micro_batches(
+    key: str, value, parallel: ParallelConfig, micro_batches: int, what: str, problems: list[Problem]
+) -> None:
     """An update's `micro_batches` per rank under the interleaved schedule. megatron-core's
     `forward_backward_pipelining_with_interleaving` (pipeline_parallel/schedules.py) runs them in groups of
     `microbatch_group_size_per_vp_stage` (PP by default) and raises unless PP <= group <= M and M mod group is
@@ -79,16 +141,27 @@ def check_interleaved_micro_batches(key: str, value, parallel: ParallelConfig, m
     vpp, pp = parallel.virtual_pipeline_model_parallel_size, parallel.pipeline_model_parallel_size
     if vpp is None or vpp < 2 or pp < 2:
         return
-    need(problems, micro_batches >= pp and micro_batches % pp == 0, key, value,
-         f"{what} = {micro_batches} micro-batches per rank, and megatron's interleaved schedule (virtual pipeline "
-         f"size {vpp}) runs them in groups of PP {pp}: it needs a multiple of {pp}",
-         f"choose a micro-batch size that makes the count a multiple of {pp}, or no virtual pipeline")
+    need(
+        problems,
+        micro_batches >= pp and micro_batches % pp == 0,
+        key,
+        value,
+        f"{what} = {micro_batches} micro-batches per rank, and megatron's interleaved schedule (virtual pipeline "
+        f"size {vpp}) runs them in groups of PP {pp}: it needs a multiple of {pp}",
+        f"choose a micro-batch size that makes the count a multiple of {pp}, or no virtual pipeline",
+    )
 
 
 def check_sequence_parallel(prefix: str, parallel: ParallelConfig, problems: list[Problem]) -> None:
     """Sequence parallelism splits the sequence over the TP ranks: it needs TP > 1. `prefix` is the role
     ("actor.", ...) or "" for a top-level `parallel` section (`megarl sft`)."""
     tp = parallel.tensor_model_parallel_size
-    need(problems, not parallel.sequence_parallel or tp > 1, f"{prefix}parallel.sequence_parallel", True,
-          f"sequence parallelism splits the sequence over the TP ranks, and {prefix}parallel.tensor_model_parallel_size "
-          f"is {tp}", f"set {prefix}parallel.sequence_parallel: false, or a tensor_model_parallel_size of 2 or more")
+    need(
+        problems,
+        not parallel.sequence_parallel or tp > 1,
+        f"{prefix}parallel.sequence_parallel",
+        True,
+        f"sequence parallelism splits the sequence over the TP ranks, and {prefix}parallel.tensor_model_parallel_size "
+        f"is {tp}",
+        f"set {prefix}parallel.sequence_parallel: false, or a tensor_model_parallel_size of 2 or more",
+    )

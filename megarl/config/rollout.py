@@ -3,7 +3,6 @@
 from dataclasses import dataclass, field
 from typing import Literal
 
-
 LOGPROB_GAP_MEASURED = {("float32", "float32"): 4.5e-5, ("bfloat16", "bfloat16"): 0.63, ("float32", "bfloat16"): 0.56}
 """Largest probe log-prob gap (nats) between a Megatron actor and a vLLM engine holding bit-identical
 weights (the engine's cast of the actor's, in a mixed pair), per (`model.dtype`, rollout dtype),

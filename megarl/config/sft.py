@@ -11,21 +11,26 @@ derived: train.gpus ÷ (TP × PP).
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
 
 from megarl.config.hub import cached_snapshot, is_hub_id, missing_from_cache
 from megarl.config.loader import load_config
 from megarl.config.model_facts import ModelFactsError, load_model_facts
 from megarl.config.problems import Problem
 from megarl.config.resources import data_file_problems, local_path, writable_dir_problem
+from megarl.config.role_checks import (
+    check_cpu_offload,
+    check_interleaved_micro_batches,
+    check_optimizer,
+    check_sequence_parallel,
+    check_virtual_pipeline,
+)
 from megarl.config.roles import OptimizerConfig, ParallelConfig
 from megarl.config.sections import ModelConfig
 from megarl.config.tokenizer_files import tokenizer_problems
-from megarl.config.role_checks import (
-    check_cpu_offload, check_interleaved_micro_batches, check_optimizer, check_sequence_parallel, check_virtual_pipeline,
-)
 from megarl.config.validate import MAX_SEED, check_megatron_layout
 
 SFT_MARKER = ".megarl-sft.json"
@@ -123,40 +128,85 @@ def validate_sft(config: SftConfig, check_files: bool = True) -> list[Problem]:
             problems.append(Problem(key, value, why, fix))
 
     model, data, train, parallel = config.model, config.data, config.train, config.parallel
-    need(not model.trust_remote_code, "model.trust_remote_code", True,
-         "megarl builds models from config.json and never runs code shipped with a checkpoint",
-         "set model.trust_remote_code=false and use a supported architecture")
-    need(model.tokenizer_path is None, "model.tokenizer_path", model.tokenizer_path,
-         "the trained model is exported with model.path's tokenizer files (config.json, tokenizer), so another "
-         "tokenizer would not travel with it", "copy the tokenizer files into model.path and leave tokenizer_path unset")
-    need(not (model.transformer_impl == "transformer_engine" and train.device == "cpu"), "model.transformer_impl",
-         model.transformer_impl, "Transformer Engine is CUDA-only and train.device is cpu",
-         "use model.transformer_impl: auto (or local)")
-    need(not (model.transformer_impl == "transformer_engine" and model.dtype == "float32"), "model.transformer_impl",
-         model.transformer_impl,
-         "Transformer Engine has no float32 attention for the THD micro-batches its spec takes (model.dtype is float32)",
-         "use model.dtype: bfloat16, or model.transformer_impl: auto (the local spec in float32)")
-    need(len(data.train_files) > 0, "data.train_files", [], "no demonstration files",
-         "list the .jsonl files, e.g. data.train_files=[demos.jsonl]")
+    need(
+        not model.trust_remote_code,
+        "model.trust_remote_code",
+        True,
+        "megarl builds models from config.json and never runs code shipped with a checkpoint",
+        "set model.trust_remote_code=false and use a supported architecture",
+    )
+    need(
+        model.tokenizer_path is None,
+        "model.tokenizer_path",
+        model.tokenizer_path,
+        "the trained model is exported with model.path's tokenizer files (config.json, tokenizer), so another "
+        "tokenizer would not travel with it",
+        "copy the tokenizer files into model.path and leave tokenizer_path unset",
+    )
+    need(
+        not (model.transformer_impl == "transformer_engine" and train.device == "cpu"),
+        "model.transformer_impl",
+        model.transformer_impl,
+        "Transformer Engine is CUDA-only and train.device is cpu",
+        "use model.transformer_impl: auto (or local)",
+    )
+    need(
+        not (model.transformer_impl == "transformer_engine" and model.dtype == "float32"),
+        "model.transformer_impl",
+        model.transformer_impl,
+        "Transformer Engine has no float32 attention for the THD micro-batches its spec takes (model.dtype is float32)",
+        "use model.dtype: bfloat16, or model.transformer_impl: auto (the local spec in float32)",
+    )
+    need(
+        len(data.train_files) > 0,
+        "data.train_files",
+        [],
+        "no demonstration files",
+        "list the .jsonl files, e.g. data.train_files=[demos.jsonl]",
+    )
     problems += data_file_problems("data.train_files", data.train_files, check_exists=check_files)
-    need(data.max_length >= 2, "data.max_length", data.max_length, "a conversation needs >= 2 tokens to train on",
-         "e.g. 1024")
-    for key, value in (("train.batch_size", train.batch_size), ("train.micro_batch_size_per_gpu",
-                       train.micro_batch_size_per_gpu), ("train.epochs", train.epochs), ("train.gpus", train.gpus),
-                       ("parallel.tensor_model_parallel_size", parallel.tensor_model_parallel_size),
-                       ("parallel.pipeline_model_parallel_size", parallel.pipeline_model_parallel_size)):
+    need(
+        data.max_length >= 2,
+        "data.max_length",
+        data.max_length,
+        "a conversation needs >= 2 tokens to train on",
+        "e.g. 1024",
+    )
+    for key, value in (
+        ("train.batch_size", train.batch_size),
+        ("train.micro_batch_size_per_gpu", train.micro_batch_size_per_gpu),
+        ("train.epochs", train.epochs),
+        ("train.gpus", train.gpus),
+        ("parallel.tensor_model_parallel_size", parallel.tensor_model_parallel_size),
+        ("parallel.pipeline_model_parallel_size", parallel.pipeline_model_parallel_size),
+    ):
         need(value >= 1, key, value, "must be >= 1", "e.g. 1")
-    need(train.total_steps is None or train.total_steps >= 1, "train.total_steps", train.total_steps, "must be >= 1",
-         "e.g. 50, or null to run all epochs")
-    need(0 <= train.seed <= MAX_SEED, "train.seed", train.seed, f"a seed must lie in [0, 2**63 - 1 = {MAX_SEED}]",
-         "e.g. 0 or 1234")
+    need(
+        train.total_steps is None or train.total_steps >= 1,
+        "train.total_steps",
+        train.total_steps,
+        "must be >= 1",
+        "e.g. 50, or null to run all epochs",
+    )
+    need(
+        0 <= train.seed <= MAX_SEED,
+        "train.seed",
+        train.seed,
+        f"a seed must lie in [0, 2**63 - 1 = {MAX_SEED}]",
+        "e.g. 0 or 1234",
+    )
     check_optimizer("optim", config.optim, problems)
     check_sequence_parallel("", parallel, problems)
     check_virtual_pipeline("", parallel, problems)
     check_cpu_offload("optim", config.optim, model.dtype, problems)
     _check_batch_layout(config, need, problems)
-    need(bool(train.output_dir), "train.output_dir", train.output_dir, "required: where the trained model is written",
-         "set it to a new directory, e.g. outputs/sft/model")
+    need(
+        bool(train.output_dir),
+        "train.output_dir",
+        train.output_dir,
+        "required: where the trained model is written",
+        "set it to a new directory, e.g. outputs/sft/model",
+    )
     if check_files:
         _check_files(config, problems, need)
     return problems
@@ -168,25 +218,41 @@ def _check_batch_layout(config: SftConfig, need, problems: list[Problem]) -> Non
     if min(tp, pp, train.gpus, train.batch_size, train.micro_batch_size_per_gpu) < 1:
         return  # each has its own problem
     model_parallel = tp * pp
-    need(train.gpus % model_parallel == 0, "train.gpus", train.gpus,
-         f"TP × PP = {tp} × {pp} = {model_parallel} does not divide the {train.gpus} GPUs "
-         f"({train.gpus} % {model_parallel} = {train.gpus % model_parallel})",
-         f"use a multiple of {model_parallel} GPUs or a smaller layout")
+    need(
+        train.gpus % model_parallel == 0,
+        "train.gpus",
+        train.gpus,
+        f"TP × PP = {tp} × {pp} = {model_parallel} does not divide the {train.gpus} GPUs "
+        f"({train.gpus} % {model_parallel} = {train.gpus % model_parallel})",
+        f"use a multiple of {model_parallel} GPUs or a smaller layout",
+    )
     if train.gpus % model_parallel:
         return
     dp = train.gpus // model_parallel
-    need(train.batch_size % dp == 0, "train.batch_size", train.batch_size,
-         f"must split evenly over DP = {dp} ranks ({train.batch_size} % {dp} = {train.batch_size % dp})",
-         f"use a multiple of {dp}")
+    need(
+        train.batch_size % dp == 0,
+        "train.batch_size",
+        train.batch_size,
+        f"must split evenly over DP = {dp} ranks ({train.batch_size} % {dp} = {train.batch_size % dp})",
+        f"use a multiple of {dp}",
+    )
     per_rank = train.batch_size // dp
-    need(train.batch_size % dp != 0 or per_rank % train.micro_batch_size_per_gpu == 0,
-         "train.micro_batch_size_per_gpu", train.micro_batch_size_per_gpu,
-         f"must divide the {per_rank} conversations per rank (train.batch_size {train.batch_size} ÷ DP {dp})",
-         f"use a divisor of {per_rank}")
+    need(
+        train.batch_size % dp != 0 or per_rank % train.micro_batch_size_per_gpu == 0,
+        "train.micro_batch_size_per_gpu",
+        train.micro_batch_size_per_gpu,
+        f"must divide the {per_rank} conversations per rank (train.batch_size {train.batch_size} ÷ DP {dp})",
+        f"use a divisor of {per_rank}",
+    )
     if train.batch_size % dp == 0 and per_rank % train.micro_batch_size_per_gpu == 0:
-        check_interleaved_micro_batches("train.micro_batch_size_per_gpu", train.micro_batch_size_per_gpu, parallel,
-                                        per_rank // train.micro_batch_size_per_gpu,
-                                        f"{per_rank} conversations per rank ÷ {train.micro_batch_size_per_gpu}", problems)
+        check_interleaved_micro_batches(
+            "train.micro_batch_size_per_gpu",
+            train.micro_batch_size_per_gpu,
+            parallel,
+            per_rank // train.micro_batch_size_per_gpu,
+            f"{per_rank} conversations per rank ÷ {train.micro_batch_size_per_gpu}",
+            problems,
+        )
 
 
 def _check_files(config: SftConfig, problems: list[Problem], need) -> None:
@@ -201,22 +267,35 @@ def _check_files(config: SftConfig, problems: list[Problem], need) -> None:
                 problems.append(Problem("model.path", model.path, error.why, error.fix))
             else:
                 check_megatron_layout("", config.parallel, None, facts, f"the model ({facts.source})", problems)
-                need(config.data.max_length <= facts.max_position_embeddings, "data.max_length",
-                     config.data.max_length, f"longer than the {facts.max_position_embeddings} positions of the model",
-                     f"use at most {facts.max_position_embeddings}")
+                need(
+                    config.data.max_length <= facts.max_position_embeddings,
+                    "data.max_length",
+                    config.data.max_length,
+                    f"longer than the {facts.max_position_embeddings} positions of the model",
+                    f"use at most {facts.max_position_embeddings}",
+                )
                 key = "model.tokenizer_path" if model.tokenizer_path else "model.path"
                 directory = local_path(local_dir(model.tokenizer_path or model.path))
                 if os.path.isdir(directory):
                     problems += tokenizer_problems(key, model.tokenizer_path or model.path, directory, facts)
                 elif model.tokenizer_path:
-                    problems.append(Problem(key, model.tokenizer_path, "not a directory, nor a hub id in the local cache",
-                                            "point it at a tokenizer directory, or leave it out to use model.path"))
+                    problems.append(
+                        Problem(
+                            key,
+                            model.tokenizer_path,
+                            "not a directory, nor a hub id in the local cache",
+                            "point it at a tokenizer directory, or leave it out to use model.path",
+                        )
+                    )
     if train.output_dir:
-        problems += output_dir_problems(train.output_dir, model.path, config.data.train_files, overwrite=train.overwrite)
+        problems += output_dir_problems(
+            train.output_dir, model.path, config.data.train_files, overwrite=train.overwrite
+        )
 
 
-def output_dir_problems(output_dir: str, model_path: str, train_files: Sequence[str], *,
-                        overwrite: bool) -> list[Problem]:
+def output_dir_problems(
+    output_dir: str, model_path: str, train_files: Sequence[str], *, overwrite: bool
+) -> list[Problem]:
     """Why the trained model cannot be written to `output_dir`: not writable, the model being trained (its
     export would replace its own source), holding files while `overwrite` is false, or (overwrite true)
     holding anything but what an earlier `megarl sft` wrote there (`SFT_MARKER`), this run's data first."""
@@ -225,24 +304,48 @@ def output_dir_problems(output_dir: str, model_path: str, train_files: Sequence[
         return [problem]
     out = local_path(output_dir)
     if out.resolve() == local_path(local_dir(model_path)).resolve():
-        return [Problem("train.output_dir", output_dir, "is model.path: the export would replace the model it starts from",
-                        "choose another directory")]
+        return [
+            Problem(
+                "train.output_dir",
+                output_dir,
+                "is model.path: the export would replace the model it starts from",
+                "choose another directory",
+            )
+        ]
     held = sorted(path.name for path in out.iterdir()) if out.is_dir() else []
     if held and not overwrite:
-        return [Problem("train.output_dir", output_dir, f"already holds {len(held)} file(s) ({', '.join(held[:5])})",
-                        "choose a new directory, or set train.overwrite: true to replace it")]
+        return [
+            Problem(
+                "train.output_dir",
+                output_dir,
+                f"already holds {len(held)} file(s) ({', '.join(held[:5])})",
+                "choose a new directory, or set train.overwrite: true to replace it",
+            )
+        ]
     if not held:
         return []
     inputs = [file for file in train_files if out.resolve() in local_path(file).resolve().parents]
     if inputs:
-        return [Problem("train.output_dir", output_dir, f"holds this run's training data ({', '.join(inputs[:3])}), "
-                        "which train.overwrite: true would delete", "write the model to another directory")]
+        return [
+            Problem(
+                "train.output_dir",
+                output_dir,
+                f"holds this run's training data ({', '.join(inputs[:3])}), which train.overwrite: true would delete",
+                "write the model to another directory",
+            )
+        ]
     foreign = sorted(set(held) - sft_written(out))
     if foreign:
-        return [Problem("train.output_dir", output_dir, f"holds {len(foreign)} file(s) that `megarl sft` did not write "
-                        f"({', '.join(foreign[:5])}); train.overwrite: true replaces only an earlier `megarl sft` "
-                        f"output (the files its {SFT_MARKER} lists)",
-                        "choose a new directory, or move those files out of it")]
+        return [
+            Problem(
+                "train.output_dir",
+                output_dir,
+                f"holds {len(foreign)} file(s) that `megarl sft` did not write "
+                f"({', '.join(foreign[:5])}); train.overwrite: true replaces only an earlier `megarl sft` "
+                f"output (the files its {SFT_MARKER} lists)",
+                "choose a new directory, or move those files out of it",
+            )
+        ]
     return []
 
 

@@ -22,32 +22,55 @@ def tokenizer_problems(key: str, value: str, directory: Path, facts: ModelFacts 
     `facts`, also ids beyond its vocabulary."""
     present = [name for name in VOCABULARY_FILES if (directory / name).is_file()]
     if not present:
-        return [Problem(key, value, f"{directory} holds no tokenizer vocabulary (none of {', '.join(VOCABULARY_FILES)}): "
-                                    "transformers would build an empty tokenizer and every prompt would be 0 tokens",
-                        "copy the model's tokenizer files into it, or set model.tokenizer_path to a directory that "
-                        "holds them")]
+        return [
+            Problem(
+                key,
+                value,
+                f"{directory} holds no tokenizer vocabulary (none of {', '.join(VOCABULARY_FILES)}): "
+                "transformers would build an empty tokenizer and every prompt would be 0 tokens",
+                "copy the model's tokenizer files into it, or set model.tokenizer_path to a directory that holds them",
+            )
+        ]
     if facts is None:
         return []
     try:
         size = tokenizer_size(directory, present[0])
         missing = _special_tokens_outside(directory, present[0])
     except (OSError, ValueError, TypeError) as error:  # TypeError: JSON of an unexpected shape
-        return [Problem(key, value, f"{directory / present[0]} cannot be read: {error}",
-                        "restore the tokenizer files from the model's original checkpoint")]
+        return [
+            Problem(
+                key,
+                value,
+                f"{directory / present[0]} cannot be read: {error}",
+                "restore the tokenizer files from the model's original checkpoint",
+            )
+        ]
     if size is None:
         return []
     if size > facts.vocab_size:
-        return [Problem(key, value, f"the tokenizer in {directory} has {size} ids (0 to {size - 1}) but the model has "
-                                    f"only {facts.vocab_size} embedding rows (vocab_size in {facts.source})",
-                        "use the tokenizer that belongs to this model, or a model whose vocabulary covers this tokenizer")]
+        return [
+            Problem(
+                key,
+                value,
+                f"the tokenizer in {directory} has {size} ids (0 to {size - 1}) but the model has "
+                f"only {facts.vocab_size} embedding rows (vocab_size in {facts.source})",
+                "use the tokenizer that belongs to this model, or a model whose vocabulary covers this tokenizer",
+            )
+        ]
     if size + len(missing) <= facts.vocab_size:
         return []
     named = ", ".join(f"{name} {token!r}" for name, token in missing)
-    return [Problem(key, value, f"{directory / 'tokenizer_config.json'} names {named}, not in the vocabulary of "
-                                f"{present[0]}: transformers would add it as id {size} or above, beyond the model's "
-                                f"{facts.vocab_size} embedding rows (vocab_size in {facts.source})",
-                    "name a token of the vocabulary there (e.g. the tokenizer's own end-of-text token), or restore "
-                    "the model's original tokenizer_config.json")]
+    return [
+        Problem(
+            key,
+            value,
+            f"{directory / 'tokenizer_config.json'} names {named}, not in the vocabulary of "
+            f"{present[0]}: transformers would add it as id {size} or above, beyond the model's "
+            f"{facts.vocab_size} embedding rows (vocab_size in {facts.source})",
+            "name a token of the vocabulary there (e.g. the tokenizer's own end-of-text token), or restore "
+            "the model's original tokenizer_config.json",
+        )
+    ]
 
 
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
@@ -62,8 +85,11 @@ def _special_tokens_outside(directory: Path, vocabulary_file: str) -> list[tuple
         return []
     settings = _json_object(config)
     tokens = _vocabulary_tokens(directory / vocabulary_file)
-    tokens |= {entry.get("content") for entry in (settings.get("added_tokens_decoder") or {}).values()
-               if isinstance(entry, dict)}
+    tokens |= {
+        entry.get("content")
+        for entry in (settings.get("added_tokens_decoder") or {}).values()
+        if isinstance(entry, dict)
+    }
     named = [(name, settings.get(name)) for name in SPECIAL_TOKENS]
     named = [(name, token.get("content") if isinstance(token, dict) else token) for name, token in named]
     return [(name, token) for name, token in named if isinstance(token, str) and token and token not in tokens]
@@ -94,10 +120,14 @@ def chat_template_problem(key: str, value: str, directory: Path) -> Problem | No
             return None
     except (OSError, ValueError):
         return None  # a damaged tokenizer_config.json: loading the tokenizer reports it
-    return Problem("data.chat_template", True, f"the tokenizer ({key} = {value}) has no chat template (none in "
-                                               "tokenizer_config.json, no chat_template.jinja or chat_template.json)",
-                   "set data.chat_template: false to use the prompts as raw text, give a Jinja template string, or "
-                   "use the model's instruct tokenizer")
+    return Problem(
+        "data.chat_template",
+        True,
+        f"the tokenizer ({key} = {value}) has no chat template (none in "
+        "tokenizer_config.json, no chat_template.jinja or chat_template.json)",
+        "set data.chat_template: false to use the prompts as raw text, give a Jinja template string, or "
+        "use the model's instruct tokenizer",
+    )
 
 
 def tokenizer_size(directory: Path, vocabulary_file: str) -> int | None:

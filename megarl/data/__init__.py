@@ -25,6 +25,16 @@ def train_loader(data: DataConfig, tokenizer, tools: list[dict] | None = None) -
 
 
 __all__ = [
-    "ANSWER_ARGUMENT", "DataError", "LoadReport", "Prompt", "PromptLoader", "PromptRenderer", "SKIP_REASONS",
-    "iter_batches", "load_prompts", "read_rows", "reward_columns", "train_loader",
+    "ANSWER_ARGUMENT",
+    "SKIP_REASONS",
+    "DataError",
+    "LoadReport",
+    "Prompt",
+    "PromptLoader",
+    "PromptRenderer",
+    "iter_batches",
+    "load_prompts",
+    "read_rows",
+    "reward_columns",
+    "train_loader",
 ]

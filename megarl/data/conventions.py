@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from megarl.rewards.boxed import last_boxed
 from megarl.rewards.gsm8k import extract_final_answer
 
-GSM8K_INSTRUCTION = "Let's think step by step and output the final answer after \"####\"."
+GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 
 DROP_REASONS = ("missing_prompt", "missing_answer", "no_final_answer")
@@ -55,13 +55,26 @@ class Convention:
 
 
 def gsm8k_convention(instruction: str | None = None) -> Convention:
-    return Convention("gsm8k", "question", "answer", GSM8K_INSTRUCTION if instruction is None else instruction,
-                      extract_final_answer, reward="gsm8k")
+    return Convention(
+        "gsm8k",
+        "question",
+        "answer",
+        GSM8K_INSTRUCTION if instruction is None else instruction,
+        extract_final_answer,
+        reward="gsm8k",
+    )
 
 
 def math_convention(instruction: str | None = None) -> Convention:
-    return Convention("math", "problem", "solution", MATH_INSTRUCTION if instruction is None else instruction,
-                      last_boxed, kept_columns=("level", "type", "subject"), reward="math")
+    return Convention(
+        "math",
+        "problem",
+        "solution",
+        MATH_INSTRUCTION if instruction is None else instruction,
+        last_boxed,
+        kept_columns=("level", "type", "subject"),
+        reward="math",
+    )
 
 
 def generic_convention(prompt_column: str, answer_column: str, instruction: str | None = None) -> Convention:
@@ -76,16 +89,20 @@ def check_columns(convention: Convention, columns: list[str], where: str) -> Non
     """SchemaError naming `where` when the prompt or answer column is absent from `columns`."""
     missing = [name for name in (convention.prompt_column, convention.answer_column) if name not in columns]
     if missing:
-        raise SchemaError(f"{where}: no column {', '.join(map(repr, missing))}; `megarl make-data {convention.name}` "
-                          f"reads {convention.prompt_column!r} and {convention.answer_column!r}, the input has "
-                          f"{sorted(columns)}: {_schema_hint(convention)}")
+        raise SchemaError(
+            f"{where}: no column {', '.join(map(repr, missing))}; `megarl make-data {convention.name}` "
+            f"reads {convention.prompt_column!r} and {convention.answer_column!r}, the input has "
+            f"{sorted(columns)}: {_schema_hint(convention)}"
+        )
 
 
 def _schema_hint(convention: Convention) -> str:
     if convention.name == "jsonl":
         return "name its columns with --prompt-column and --answer-column"
-    return ("use the dataset name that matches the input (gsm8k: question/answer; math: problem/solution), "
-            "or `megarl make-data jsonl --prompt-column ... --answer-column ...` for another schema")
+    return (
+        "use the dataset name that matches the input (gsm8k: question/answer; math: problem/solution), "
+        "or `megarl make-data jsonl --prompt-column ... --answer-column ...` for another schema"
+    )
 
 
 def convert_row(fields: dict, convention: Convention) -> tuple[dict | None, str | None]:

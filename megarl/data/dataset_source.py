@@ -45,8 +45,9 @@ class Split:
     """Where the rows came from, for the summary: `split 'train'`, or `split 'train', seeded 90%`."""
 
 
-def load_splits(source: str, subset: str | None, test_fraction: float, seed: int,
-                check_columns: Callable[[list[str], str], None]) -> tuple[Split, Split]:
+def load_splits(
+    source: str, subset: str | None, test_fraction: float, seed: int, check_columns: Callable[[list[str], str], None]
+) -> tuple[Split, Split]:
     """(train, test) of `source` (see the module doc). Raises SourceError. `check_columns(columns, where)`
     sees each split's columns first and raises what it finds wrong (a file in another schema is named as
     such, before anything else is said about it)."""
@@ -58,10 +59,12 @@ def load_splits(source: str, subset: str | None, test_fraction: float, seed: int
             test_name = next(name for name in TEST_SPLITS if name in splits)
             return _whole(splits["train"], "train"), _whole(splits[test_name], test_name)
         if len(splits) == 1:
-            (name, dataset), = splits.items()
+            ((name, dataset),) = splits.items()
             return _cut(dataset, name, source, test_fraction, seed)
-    raise SourceError(f"{source}: the splits {sorted(splits)} are neither train + test (or validation) nor a single "
-                      "split to cut by --test-fraction; pass a file of one split, or a dataset that has train and test")
+    raise SourceError(
+        f"{source}: the splits {sorted(splits)} are neither train + test (or validation) nor a single "
+        "split to cut by --test-fraction; pass a file of one split, or a dataset that has train and test"
+    )
 
 
 def _load(source: str, subset: str | None, cache_dir: str):
@@ -70,8 +73,10 @@ def _load(source: str, subset: str | None, cache_dir: str):
     path = Path(source).expanduser()
     if path.is_file():
         if path.suffix not in FILE_BUILDERS:
-            raise SourceError(f"--source {source}: unsupported file type {path.suffix!r}; give a "
-                              f"{' or '.join(FILE_BUILDERS)} file, a dataset directory or a hub id")
+            raise SourceError(
+                f"--source {source}: unsupported file type {path.suffix!r}; give a "
+                f"{' or '.join(FILE_BUILDERS)} file, a dataset directory or a hub id"
+            )
         if subset is not None:
             raise SourceError(f"--subset {subset}: a single file has no subsets; leave --subset out")
         arguments = dict(path=FILE_BUILDERS[path.suffix], data_files=str(path))
@@ -82,13 +87,17 @@ def _load(source: str, subset: str | None, cache_dir: str):
         if snapshot is None:
             from huggingface_hub import constants
 
-            raise SourceError(f"--source {source}: a hub id that is not in the local Hugging Face cache "
-                              f"({constants.HF_HUB_CACHE}), and megarl never downloads; download it first: "
-                              f"`{download_command(source, 'dataset')}` (HF_HUB_CACHE picks the cache), or give a "
-                              "local .parquet/.jsonl file or dataset directory")
+            raise SourceError(
+                f"--source {source}: a hub id that is not in the local Hugging Face cache "
+                f"({constants.HF_HUB_CACHE}), and megarl never downloads; download it first: "
+                f"`{download_command(source, 'dataset')}` (HF_HUB_CACHE picks the cache), or give a "
+                "local .parquet/.jsonl file or dataset directory"
+            )
         arguments = dict(path=str(snapshot), name=subset)
     else:
-        raise SourceError(f"--source {source}: no such file or directory, and not a hub id (org/name); correct the path")
+        raise SourceError(
+            f"--source {source}: no such file or directory, and not a hub id (org/name); correct the path"
+        )
     # Its "Generating train split" bars report the temporary cache being filled, nothing the user waits on;
     # its error log of a file it cannot parse would repeat, with a traceback, what the SourceError says.
     datasets.disable_progress_bars()
@@ -98,8 +107,10 @@ def _load(source: str, subset: str | None, cache_dir: str):
         return datasets.load_dataset(**arguments, cache_dir=cache_dir)
     except (ValueError, FileNotFoundError, datasets.exceptions.DatasetGenerationError) as error:
         # A subset that is not there, a subset left out where one is needed, a file `datasets` cannot parse.
-        raise SourceError(f"--source {source}: `datasets` cannot read it ({_reason(error)}); pick the subset "
-                          "with --subset where the dataset has several, or fix the file") from None
+        raise SourceError(
+            f"--source {source}: `datasets` cannot read it ({_reason(error)}); pick the subset "
+            "with --subset where the dataset has several, or fix the file"
+        ) from None
     finally:
         datasets.logging.set_verbosity(verbosity)
 
@@ -112,8 +123,10 @@ def _cut(dataset, name: str, source: str, test_fraction: float, seed: int) -> tu
     rows = dataset.to_list()
     test_count = round(len(rows) * test_fraction)
     if not 1 <= test_count < len(rows):
-        raise SourceError(f"{source}: split {name!r} has {len(rows)} rows; --test-fraction {test_fraction} of them is "
-                          f"{test_count} test rows, and both train and test need at least one: change --test-fraction")
+        raise SourceError(
+            f"{source}: split {name!r} has {len(rows)} rows; --test-fraction {test_fraction} of them is "
+            f"{test_count} test rows, and both train and test need at least one: change --test-fraction"
+        )
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
     test_share = round(100 * test_count / len(rows))

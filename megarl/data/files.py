@@ -54,8 +54,11 @@ _UTF8_BOM = b"\xef\xbb\xbf"
 
 # Magic numbers of compressed files, with the command that writes the plain text to stdout.
 _COMPRESSED = (
-    (b"\x1f\x8b", "gzip", "gunzip -c"), (b"BZh", "bzip2", "bunzip2 -c"), (b"\xfd7zXZ\x00", "xz", "xz -dc"),
-    (b"\x28\xb5\x2f\xfd", "zstd", "zstd -dc"), (b"PK\x03\x04", "zip", "unzip -p"),
+    (b"\x1f\x8b", "gzip", "gunzip -c"),
+    (b"BZh", "bzip2", "bunzip2 -c"),
+    (b"\xfd7zXZ\x00", "xz", "xz -dc"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "zstd -dc"),
+    (b"PK\x03\x04", "zip", "unzip -p"),
 )
 
 
@@ -78,11 +81,15 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, dict | None]]:
             try:
                 fields = json.loads(line)
             except json.JSONDecodeError as error:
-                raise DataError(f"{location}: not valid JSON ({error.msg} at column {error.colno}); "
-                                "a JSONL file holds one JSON object per line: fix or remove the line") from None
+                raise DataError(
+                    f"{location}: not valid JSON ({error.msg} at column {error.colno}); "
+                    "a JSONL file holds one JSON object per line: fix or remove the line"
+                ) from None
             if not isinstance(fields, dict):
-                raise DataError(f"{location}: a JSON {type(fields).__name__} where a JSON object "
-                                '(e.g. {"prompt": ..., "answer": ...}) is expected; one object per line')
+                raise DataError(
+                    f"{location}: a JSON {type(fields).__name__} where a JSON object "
+                    '(e.g. {"prompt": ..., "answer": ...}) is expected; one object per line'
+                )
             yield location, fields
 
 
@@ -90,16 +97,20 @@ def _check_compression(path: Path, head: bytes) -> None:
     """A compressed file named .jsonl: read as text, its binary lines would all be skipped as undecodable."""
     for magic, kind, command in _COMPRESSED:
         if head.startswith(magic):
-            raise DataError(f"{path}: the file is {kind}-compressed, megarl reads plain UTF-8 JSONL; decompress it, "
-                            f"e.g. {command} {path} > {path.with_suffix('.plain.jsonl')}, and list that file")
+            raise DataError(
+                f"{path}: the file is {kind}-compressed, megarl reads plain UTF-8 JSONL; decompress it, "
+                f"e.g. {command} {path} > {path.with_suffix('.plain.jsonl')}, and list that file"
+            )
 
 
 def _check_encoding(path: Path, head: bytes) -> None:
     """A UTF-16 or UTF-32 file named as such: read as UTF-8, its every line would be a bad line."""
     encoding = wide_encoding(head)
     if encoding is not None:
-        raise DataError(f"{path}: the file is {encoding}-encoded text, megarl reads UTF-8 JSONL; convert it, e.g. "
-                        f"{iconv_hint(path, encoding, path.with_suffix('.utf8.jsonl'))}")
+        raise DataError(
+            f"{path}: the file is {encoding}-encoded text, megarl reads UTF-8 JSONL; convert it, e.g. "
+            f"{iconv_hint(path, encoding, path.with_suffix('.utf8.jsonl'))}"
+        )
 
 
 def _parquet_rows(path: Path, prompt_key: str) -> Iterator[tuple[str, dict]]:
@@ -124,5 +135,7 @@ def _check_prompt_type(path: Path, prompt_key: str, kind: pa.DataType) -> None:
         names = {kind.value_type.field(i).name for i in range(kind.value_type.num_fields)}
         if {"role", "content"} <= names:
             return
-    raise DataError(f"{path}: column {prompt_key!r} has Parquet type {kind}; a prompt column must be a string or "
-                    "a list of {role, content} chat messages: convert the column or point data.prompt_key at another")
+    raise DataError(
+        f"{path}: column {prompt_key!r} has Parquet type {kind}; a prompt column must be a string or "
+        "a list of {role, content} chat messages: convert the column or point data.prompt_key at another"
+    )

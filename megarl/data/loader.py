@@ -29,8 +29,10 @@ class PromptLoader:
         if batch_size < 1:
             raise ValueError(f"PromptLoader: batch_size must be >= 1, got {batch_size}")
         if len(prompts) < batch_size:
-            raise DataError(f"data.train_batch_size {batch_size} is larger than the {len(prompts)} training prompts "
-                            "kept; lower data.train_batch_size or add prompts")
+            raise DataError(
+                f"data.train_batch_size {batch_size} is larger than the {len(prompts)} training prompts "
+                "kept; lower data.train_batch_size or add prompts"
+            )
         self.prompts = prompts
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -61,24 +63,35 @@ class PromptLoader:
         if self.position + self.batch_size > len(self.prompts):
             self.epoch, self.position = self.epoch + 1, 0
             self._order = self.epoch_order(self.epoch)
-        indices = self._order[self.position:self.position + self.batch_size]
+        indices = self._order[self.position : self.position + self.batch_size]
         self.position += self.batch_size
         return [self.prompts[index] for index in indices]
 
     def state_dict(self) -> dict[str, int | bool]:
         """The position (epoch, prompts consumed) and what the order depends on, to check on resume."""
-        return {"version": STATE_VERSION, "epoch": self.epoch, "position": self.position,
-                "num_prompts": len(self.prompts), "shuffle": self.shuffle, "seed": self.seed}
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "position": self.position,
+            "num_prompts": len(self.prompts),
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+        }
 
     def load_state_dict(self, state: dict[str, int | bool]) -> None:
         """Continue where `state` was taken. The prompts and their shuffling must be those of the saved run."""
         current = self.state_dict()
-        changed = [f"{key} {state[key]} → {current[key]}" for key in ("version", "num_prompts", "shuffle", "seed")
-                   if state[key] != current[key]]
+        changed = [
+            f"{key} {state[key]} → {current[key]}"
+            for key in ("version", "num_prompts", "shuffle", "seed")
+            if state[key] != current[key]
+        ]
         if changed:
-            raise DataError(f"the checkpoint's data-loader position does not fit this run's data ({', '.join(changed)}): "
-                            "resume with the same data files, filtering and data.shuffle/data.seed, or start fresh "
-                            "(checkpoint.resume: disable)")
+            raise DataError(
+                f"the checkpoint's data-loader position does not fit this run's data ({', '.join(changed)}): "
+                "resume with the same data files, filtering and data.shuffle/data.seed, or start fresh "
+                "(checkpoint.resume: disable)"
+            )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._order = self.epoch_order(self.epoch)
 
@@ -87,4 +100,4 @@ def iter_batches(prompts: Sequence[Prompt], batch_size: int | None) -> Iterator[
     """Every prompt once, in order, in batches of `batch_size` (the last may be smaller); None: one batch."""
     size = len(prompts) if batch_size is None else batch_size
     for start in range(0, len(prompts), size):
-        yield list(prompts[start:start + size])
+        yield list(prompts[start : start + size])

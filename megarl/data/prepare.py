@@ -55,8 +55,9 @@ class PreparedSplit:
     """Token count of each kept prompt as the model sees it, same order as `rows`."""
 
 
-def prepare_split(name: str, split: Split, convention: Convention, renderer: PromptRenderer,
-                  where: str) -> PreparedSplit:
+def prepare_split(
+    name: str, split: Split, convention: Convention, renderer: PromptRenderer, where: str
+) -> PreparedSplit:
     """Convert and measure one split (its columns already checked, `check_columns`); `where` names the
     input in messages. Raises PrepareError, or DataError (a chat template that fails on a prompt)."""
     rows, dropped = [], Counter()
@@ -67,9 +68,11 @@ def prepare_split(name: str, split: Split, convention: Convention, renderer: Pro
         else:
             rows.append(row)
     if not rows:
-        raise PrepareError(f"{where} ({split.origin}): none of its {len(split.rows)} rows is usable "
-                           f"(dropped: {_reasons(dropped)}); is it the {convention.name} schema, "
-                           f"with {convention.answer_column!r} holding solutions?")
+        raise PrepareError(
+            f"{where} ({split.origin}): none of its {len(split.rows)} rows is usable "
+            f"(dropped: {_reasons(dropped)}); is it the {convention.name} schema, "
+            f"with {convention.answer_column!r} holding solutions?"
+        )
     texts = [renderer.render(row["prompt"], f"{where} ({split.origin})") for row in rows]
     lengths = [len(ids) for ids in renderer.tokenize(texts)]
     if renderer.templated:
@@ -86,8 +89,9 @@ def length_stats(lengths: list[int]) -> dict[str, int]:
     return stats
 
 
-def summarize(splits: list[PreparedSplit], convention: Convention, out: Path, chat: bool,
-              inputs: dict[str, str | None]) -> dict:
+def summarize(
+    splits: list[PreparedSplit], convention: Convention, out: Path, chat: bool, inputs: dict[str, str | None]
+) -> dict:
     """The summary (see the module doc); `inputs`: the command's source, subset, model, prompt format."""
     longest = max(max(split.prompt_tokens) for split in splits)
     settings = {
@@ -103,26 +107,38 @@ def summarize(splits: list[PreparedSplit], convention: Convention, out: Path, ch
         "dataset": convention.name,
         **inputs,
         "instruction": convention.instruction,
-        "splits": {split.name: {
-            "from": split.origin, "file": str(out / f"{split.name}.parquet"), "rows": split.read,
-            "kept": len(split.rows), "dropped": dict(sorted(split.dropped.items())),
-            "prompt_tokens": length_stats(split.prompt_tokens),
-        } for split in splits},
+        "splits": {
+            split.name: {
+                "from": split.origin,
+                "file": str(out / f"{split.name}.parquet"),
+                "rows": split.read,
+                "kept": len(split.rows),
+                "dropped": dict(sorted(split.dropped.items())),
+                "prompt_tokens": length_stats(split.prompt_tokens),
+            }
+            for split in splits
+        },
         "settings": settings,
     }
 
 
 def format_summary(summary: dict) -> str:
     """The summary as the command prints it."""
-    lines = [f"{summary['dataset']} from {summary['source']}"
-             + (f" (subset {summary['subset']})" if summary["subset"] else "")
-             + f": {summary['prompt_format']} prompts, lengths in tokens of {summary['model']}"]
+    lines = [
+        f"{summary['dataset']} from {summary['source']}"
+        + (f" (subset {summary['subset']})" if summary["subset"] else "")
+        + f": {summary['prompt_format']} prompts, lengths in tokens of {summary['model']}"
+    ]
     for name, split in summary["splits"].items():
         dropped = f"; dropped {_reasons(Counter(split['dropped']))}" if split["dropped"] else ""
-        lines.append(f"{name} ({split['from']}): kept {split['kept']} of {split['rows']} rows{dropped} -> {split['file']}")
+        lines.append(
+            f"{name} ({split['from']}): kept {split['kept']} of {split['rows']} rows{dropped} -> {split['file']}"
+        )
         lines.append("  prompt tokens: " + ", ".join(f"{key} {value}" for key, value in split["prompt_tokens"].items()))
-    lines.append("recipe settings for these files (data.max_prompt_length: the longest prompt; a lower limit drops "
-                 "the prompts above it when data.filter_overlong_prompts is true):")
+    lines.append(
+        "recipe settings for these files (data.max_prompt_length: the longest prompt; a lower limit drops "
+        "the prompts above it when data.filter_overlong_prompts is true):"
+    )
     lines += [f"  {key}: {json.dumps(value)}" for key, value in summary["settings"].items() if value is not None]
     return "\n".join(lines)
 
@@ -132,7 +148,10 @@ def write_outputs(out: Path, splits: list[PreparedSplit], summary: dict) -> None
     (written aside, then renamed)."""
     out.mkdir(parents=True, exist_ok=True)
     for split in splits:
-        _replace(out / f"{split.name}.parquet", lambda path, rows=split.rows: pq.write_table(pa.Table.from_pylist(rows), path))
+        _replace(
+            out / f"{split.name}.parquet",
+            lambda path, rows=split.rows: pq.write_table(pa.Table.from_pylist(rows), path),
+        )
     _replace(out / "summary.json", lambda path: path.write_text(json.dumps(summary, indent=2) + "\n"))
 
 

@@ -80,8 +80,10 @@ class LoadReport:
         """One line: `kept 2040 of 2048 rows; skipped: overlong 5 (train.jsonl:3, ...), empty_prompt 3 (...)`."""
         line = f"kept {self.kept} of {self.rows} rows"
         if self.skipped:
-            parts = [f"{reason} {count} ({', '.join(self.examples[reason])}{', ...' if count > len(self.examples[reason]) else ''})"
-                     for reason, count in sorted(self.skipped.items())]
+            parts = [
+                f"{reason} {count} ({', '.join(self.examples[reason])}{', ...' if count > len(self.examples[reason]) else ''})"
+                for reason, count in sorted(self.skipped.items())
+            ]
             line += "; skipped: " + ", ".join(parts)
         return line
 
@@ -92,8 +94,9 @@ class LoadReport:
         return metrics
 
 
-def load_prompts(files: Sequence[str | Path], tokenizer, data: DataConfig,
-                 tools: list[dict] | None = None) -> tuple[list[Prompt], LoadReport]:
+def load_prompts(
+    files: Sequence[str | Path], tokenizer, data: DataConfig, tools: list[dict] | None = None
+) -> tuple[list[Prompt], LoadReport]:
     """Read, check, template and tokenize the prompts of `files` (in order) per the `data` section.
 
     tokenizer: an HF tokenizer (`__call__`, `apply_chat_template`). Uses data.prompt_key, answer_key,
@@ -106,10 +109,13 @@ def load_prompts(files: Sequence[str | Path], tokenizer, data: DataConfig,
         prompts += _load_file(Path(path), renderer, data, report)
     report.kept = len(prompts)
     if not prompts:
-        raise DataError(f"no usable prompt in {', '.join(map(str, files))}: {report.summary()}; "
-                        "fix the rows or the data.* settings named by the skip reasons")
-    (logger.warning if report.skipped else logger.info)("prompts from %s: %s",
-                                                        ", ".join(map(str, files)), report.summary())
+        raise DataError(
+            f"no usable prompt in {', '.join(map(str, files))}: {report.summary()}; "
+            "fix the rows or the data.* settings named by the skip reasons"
+        )
+    (logger.warning if report.skipped else logger.info)(
+        "prompts from %s: %s", ", ".join(map(str, files)), report.summary()
+    )
     return prompts, report
 
 
@@ -146,10 +152,15 @@ def _load_file(path: Path, renderer: PromptRenderer, data: DataConfig, report: L
         texts.append(text)
     if report.rows == rows_before:
         raise DataError(f"{path}: the file holds no rows; fill it or remove it from the data files")
-    for key, seen, setting in ((data.prompt_key, seen_prompt, "prompt_key"), (data.answer_key, seen_answer, "answer_key")):
+    for key, seen, setting in (
+        (data.prompt_key, seen_prompt, "prompt_key"),
+        (data.answer_key, seen_answer, "answer_key"),
+    ):
         if keys_seen and not seen:  # (a file of undecodable lines only has no columns to name)
-            raise DataError(f"{path}: no row has the column {key!r} (data.{setting}); the rows have "
-                            f"{sorted(keys_seen)}: set data.{setting} to one of them")
+            raise DataError(
+                f"{path}: no row has the column {key!r} (data.{setting}); the rows have "
+                f"{sorted(keys_seen)}: set data.{setting} to one of them"
+            )
     return _tokenized(rows, texts, renderer, data, report)
 
 
@@ -168,7 +179,9 @@ def _row_problem(fields: dict, data: DataConfig) -> str | None:
 
 
 def _is_message(message: Any) -> bool:
-    return isinstance(message, dict) and isinstance(message.get("role"), str) and isinstance(message.get("content"), str)
+    return (
+        isinstance(message, dict) and isinstance(message.get("role"), str) and isinstance(message.get("content"), str)
+    )
 
 
 def _encodable(text: str) -> bool:
@@ -180,23 +193,29 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def _tokenized(rows: list[tuple[str, dict]], texts: list[str], renderer: PromptRenderer, data: DataConfig,
-               report: LoadReport) -> list[Prompt]:
+def _tokenized(
+    rows: list[tuple[str, dict]], texts: list[str], renderer: PromptRenderer, data: DataConfig, report: LoadReport
+) -> list[Prompt]:
     token_ids = renderer.tokenize(texts)
     prompts = []
     for (location, fields), text, ids in zip(rows, texts, token_ids):
         if len(ids) > data.max_prompt_length:
             if not data.filter_overlong_prompts:
-                raise DataError(f"{location}: the prompt is {len(ids)} tokens, over data.max_prompt_length "
-                                f"{data.max_prompt_length}; raise the limit, shorten the prompt, or set "
-                                "data.filter_overlong_prompts: true to skip such prompts")
+                raise DataError(
+                    f"{location}: the prompt is {len(ids)} tokens, over data.max_prompt_length "
+                    f"{data.max_prompt_length}; raise the limit, shorten the prompt, or set "
+                    "data.filter_overlong_prompts: true to skip such prompts"
+                )
             report.skip("overlong", location)
             continue
         columns = {key: value for key, value in fields.items() if key not in (data.prompt_key, data.answer_key)}
         if ANSWER_ARGUMENT in columns:
-            raise DataError(f"{location}: the column {ANSWER_ARGUMENT!r} clashes with the answer column "
-                            f"{data.answer_key!r} (data.answer_key), which reward functions receive as "
-                            f"`{ANSWER_ARGUMENT}=`; rename one of them")
-        prompts.append(Prompt(text=text, token_ids=tuple(ids), answer=fields[data.answer_key], columns=columns,
-                              source=location))
+            raise DataError(
+                f"{location}: the column {ANSWER_ARGUMENT!r} clashes with the answer column "
+                f"{data.answer_key!r} (data.answer_key), which reward functions receive as "
+                f"`{ANSWER_ARGUMENT}=`; rename one of them"
+            )
+        prompts.append(
+            Prompt(text=text, token_ids=tuple(ids), answer=fields[data.answer_key], columns=columns, source=location)
+        )
     return prompts

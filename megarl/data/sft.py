@@ -56,8 +56,10 @@ def row_problems(fields: dict | None) -> list[str]:
     if messages is None:
         return ['"messages" is missing; fix: give {"messages": [{"role": ..., "content": ...}, ...]}']
     if not isinstance(messages, list) or not messages:
-        return [f'"messages" is {_kind(messages)}, not a non-empty list; fix: give a list of '
-                '{"role": ..., "content": ...} messages']
+        return [
+            f'"messages" is {_kind(messages)}, not a non-empty list; fix: give a list of '
+            '{"role": ..., "content": ...} messages'
+        ]
     problems = []
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
@@ -68,15 +70,21 @@ def row_problems(fields: dict | None) -> list[str]:
         if role not in ROLES:
             problems.append(f"{where}.role is {role!r}; fix: use one of {', '.join(ROLES)}")
         if not isinstance(message.get("content"), str):
-            problems.append(f"{where}.content is {_kind(message.get('content'))}, not a string; fix: write the "
-                            "message's text as one string (tool calls go in the assistant content)")
+            problems.append(
+                f"{where}.content is {_kind(message.get('content'))}, not a string; fix: write the "
+                "message's text as one string (tool calls go in the assistant content)"
+            )
     if not problems and not any(message["role"] == "assistant" for message in messages):
-        problems.append('"messages" has no assistant message, so nothing would be trained; fix: add the '
-                        "assistant's turns (or drop the row)")
+        problems.append(
+            '"messages" has no assistant message, so nothing would be trained; fix: add the '
+            "assistant's turns (or drop the row)"
+        )
     tools = fields.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(isinstance(tool, dict) for tool in tools)):
-        problems.append(f'"tools" is {_kind(tools)}; fix: give a list of OpenAI function schemas '
-                        '({"type": "function", "function": {"name": ..., "parameters": ...}}) or leave it out')
+        problems.append(
+            f'"tools" is {_kind(tools)}; fix: give a list of OpenAI function schemas '
+            '({"type": "function", "function": {"name": ..., "parameters": ...}}) or leave it out'
+        )
     return problems
 
 
@@ -108,8 +116,9 @@ def tokenize_conversation(tokenizer, messages: list[dict], tools: list[dict] | N
 
 def _render(tokenizer, messages, tools, generation_prompt: bool) -> list[int]:
     # Templated text holds the model's special tokens already: tokenize it without adding any.
-    text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                         add_generation_prompt=generation_prompt)
+    text = tokenizer.apply_chat_template(
+        messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
+    )
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -124,9 +133,7 @@ def _prefix(tokenizer, messages, tools, generation_prompt: bool, whole: list[int
     return ids
 
 
-def load_sft_samples(
-    files: Sequence[str | Path], tokenizer, *, max_length: int, truncate: bool
-) -> list[SftSample]:
+def load_sft_samples(files: Sequence[str | Path], tokenizer, *, max_length: int, truncate: bool) -> list[SftSample]:
     """Every conversation of `files`, in order. A conversation longer than `max_length` tokens is an
     error, or with `truncate` cut to its first `max_length` tokens (it must keep an assistant token).
     Raises `DataError` listing every bad row."""
@@ -138,18 +145,25 @@ def load_sft_samples(
                 try:
                     ids, mask = tokenize_conversation(tokenizer, fields["messages"], fields.get("tools"))
                 except (jinja2.TemplateError, ValueError, TypeError) as error:
-                    found = [f"the chat template failed on this row ({type(error).__name__}: {error}); fix: correct "
-                             "the row, or use a tokenizer whose template renders it"]
+                    found = [
+                        f"the chat template failed on this row ({type(error).__name__}: {error}); fix: correct "
+                        "the row, or use a tokenizer whose template renders it"
+                    ]
             truncated = not found and len(ids) > max_length
             if truncated and not truncate:
-                found = [f"{len(ids)} tokens > data.max_length={max_length}; fix: raise data.max_length, "
-                         "shorten the conversation, or set data.truncate: true (keeps the first max_length tokens)"]
+                found = [
+                    f"{len(ids)} tokens > data.max_length={max_length}; fix: raise data.max_length, "
+                    "shorten the conversation, or set data.truncate: true (keeps the first max_length tokens)"
+                ]
             elif truncated:
                 ids, mask = ids[:max_length], mask[:max_length]
             if not found and not any(mask[1:]):
-                found = [f"no assistant token within the first {max_length} tokens (data.max_length); fix: raise "
-                         "data.max_length or shorten the turns before the first assistant message" if truncated
-                         else "the chat template renders no token for the assistant messages; fix: give them content"]
+                found = [
+                    f"no assistant token within the first {max_length} tokens (data.max_length); fix: raise "
+                    "data.max_length or shorten the turns before the first assistant message"
+                    if truncated
+                    else "the chat template renders no token for the assistant messages; fix: give them content"
+                ]
             if found:
                 problems += [f"{location}: {problem}" for problem in found]
             else:
@@ -171,11 +185,13 @@ def sft_batches(
 ) -> Iterator[list[SftSample]]:
     """`epochs` passes of full batches; with `shuffle`, epoch `e` is ordered by `random.Random(seed + e)`."""
     if steps_per_epoch(len(samples), batch_size) < 1:
-        raise DataError(f"the SFT data has {len(samples)} conversation(s), fewer than one batch of "
-                        f"train.batch_size={batch_size}; add conversations or lower train.batch_size")
+        raise DataError(
+            f"the SFT data has {len(samples)} conversation(s), fewer than one batch of "
+            f"train.batch_size={batch_size}; add conversations or lower train.batch_size"
+        )
     for epoch in range(epochs):
         order = list(range(len(samples)))
         if shuffle:
             random.Random(seed + epoch).shuffle(order)
         for step in range(steps_per_epoch(len(samples), batch_size)):
-            yield [samples[i] for i in order[step * batch_size: (step + 1) * batch_size]]
+            yield [samples[i] for i in order[step * batch_size : (step + 1) * batch_size]]

@@ -29,8 +29,10 @@ class PromptRenderer:
         self.chat_template = chat_template
         self.tools = tools
         if chat_template is True and not getattr(tokenizer, "chat_template", None):
-            raise DataError(f"data.chat_template is true but the tokenizer ({tokenizer.name_or_path or 'in use'}) has "
-                            "no chat template; set data.chat_template: false (raw text) or give a Jinja template string")
+            raise DataError(
+                f"data.chat_template is true but the tokenizer ({tokenizer.name_or_path or 'in use'}) has "
+                "no chat template; set data.chat_template: false (raw text) or give a Jinja template string"
+            )
 
     @property
     def templated(self) -> bool:
@@ -40,18 +42,23 @@ class PromptRenderer:
         """The text the model sees for one dataset prompt (already checked to be a string or messages)."""
         if not self.templated:
             if isinstance(prompt, list):
-                raise DataError(f"{location}: the prompt is a list of chat messages but data.chat_template is false; "
-                                "set data.chat_template: true (the tokenizer's template) or a Jinja template string")
+                raise DataError(
+                    f"{location}: the prompt is a list of chat messages but data.chat_template is false; "
+                    "set data.chat_template: true (the tokenizer's template) or a Jinja template string"
+                )
             return prompt
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         custom = self.chat_template if isinstance(self.chat_template, str) else None
         try:
-            return self.tokenizer.apply_chat_template(messages, chat_template=custom, tokenize=False,
-                                                      add_generation_prompt=True, tools=self.tools)
+            return self.tokenizer.apply_chat_template(
+                messages, chat_template=custom, tokenize=False, add_generation_prompt=True, tools=self.tools
+            )
         except jinja2.TemplateError as error:
             which = "data.chat_template" if custom else "the tokenizer's chat template"
-            raise DataError(f"{location}: {which} failed on this prompt ({type(error).__name__}: {error}); "
-                            "fix the template or set data.chat_template: false") from None
+            raise DataError(
+                f"{location}: {which} failed on this prompt ({type(error).__name__}: {error}); "
+                "fix the template or set data.chat_template: false"
+            ) from None
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text (one batched tokenizer call)."""

@@ -11,8 +11,6 @@ Each problem names the object, the field path, the bad value and the fix.
 
 import re
 
-import yaml
-
 from megarl import versions
 
 RAYCLUSTER_NAME_MAX = 53
@@ -57,8 +55,10 @@ def check_object(obj: dict, ray_version: str = versions.RAY) -> list[str]:
     elif kind == "Job":
         problems = _check_pod_template(spec.get("template", {}), "spec.template", ray_container=None)
     elif kind == "Secret":
-        problems = ["Secret in the manifests: its values would live in the repository; create it out of band "
-                    "(kubectl create secret generic ...) and reference it with valueFrom.secretKeyRef"]
+        problems = [
+            "Secret in the manifests: its values would live in the repository; create it out of band "
+            "(kubectl create secret generic ...) and reference it with valueFrom.secretKeyRef"
+        ]
     else:
         return []
     return [f"{where}: {problem}" for problem in problems]
@@ -68,28 +68,38 @@ def _check_name(obj: dict, max_length: int) -> list[str]:
     name = obj.get("metadata", {}).get("name", "")
     if len(name) <= max_length and _DNS_1035.match(name):
         return []
-    return [f"metadata.name {name!r} must be a DNS-1035 label of at most {max_length} characters (lower-case "
-            f"letters, digits and '-', starting with a letter, ending with a letter or digit; it has {len(name)}); "
-            f"choose a shorter name or a shorter namePrefix/nameSuffix"]
+    return [
+        f"metadata.name {name!r} must be a DNS-1035 label of at most {max_length} characters (lower-case "
+        f"letters, digits and '-', starting with a letter, ending with a letter or digit; it has {len(name)}); "
+        f"choose a shorter name or a shorter namePrefix/nameSuffix"
+    ]
 
 
 def _check_rayjob(spec: dict) -> list[str]:
     problems = []
     if ("rayClusterSpec" in spec) == ("clusterSelector" in spec):
-        problems.append("spec needs exactly one of rayClusterSpec (a cluster for this job) and clusterSelector "
-                        "(an existing cluster); it has " + ("both" if "rayClusterSpec" in spec else "neither"))
+        problems.append(
+            "spec needs exactly one of rayClusterSpec (a cluster for this job) and clusterSelector "
+            "(an existing cluster); it has " + ("both" if "rayClusterSpec" in spec else "neither")
+        )
     ttl = spec.get("ttlSecondsAfterFinished", 0)
     if ttl > 0 and spec.get("shutdownAfterJobFinishes") is not True:
-        problems.append(f"spec.ttlSecondsAfterFinished is {ttl} but spec.shutdownAfterJobFinishes is not true: "
-                        f"the TTL only applies to a cluster shut down after the job; set "
-                        f"shutdownAfterJobFinishes: true (or drop the TTL)")
+        problems.append(
+            f"spec.ttlSecondsAfterFinished is {ttl} but spec.shutdownAfterJobFinishes is not true: "
+            f"the TTL only applies to a cluster shut down after the job; set "
+            f"shutdownAfterJobFinishes: true (or drop the TTL)"
+        )
     if ttl > TTL_MAX_S and spec.get("shutdownAfterJobFinishes") is True:
-        problems.append(f"spec.ttlSecondsAfterFinished is {ttl}: KubeRay deletes the RayCluster only {ttl} s after the "
-                        f"job ends (failed or not), and its GPUs idle until then; set at most {TTL_MAX_S} (the "
-                        f"submitter Job, not deleted, keeps the job's log)")
+        problems.append(
+            f"spec.ttlSecondsAfterFinished is {ttl}: KubeRay deletes the RayCluster only {ttl} s after the "
+            f"job ends (failed or not), and its GPUs idle until then; set at most {TTL_MAX_S} (the "
+            f"submitter Job, not deleted, keeps the job's log)"
+        )
     if spec.get("preRunningDeadlineSeconds") is None and "rayClusterSpec" in spec:
-        problems.append("spec.preRunningDeadlineSeconds is not set: a job whose pods never schedule (no free GPUs, an "
-                        "image that does not pull) waits forever, holding the pods it got; set it, e.g. 1800")
+        problems.append(
+            "spec.preRunningDeadlineSeconds is not set: a job whose pods never schedule (no free GPUs, an "
+            "image that does not pull) waits forever, holding the pods it got; set it, e.g. 1800"
+        )
     mode = spec.get("submissionMode", "K8sJobMode")
     if mode not in SUBMISSION_MODES:
         problems.append(f"spec.submissionMode {mode!r} is not one of {', '.join(SUBMISSION_MODES)}")
@@ -104,9 +114,11 @@ def _check_entrypoint(entrypoint: str) -> list[str]:
     found = sorted({char for char in unquoted if char in SHELL_OPERATORS} | ({"$"} if "$" in unquoted else set()))
     if not found:
         return []
-    return [f"spec.entrypoint has {' '.join(found)} outside quotes: KubeRay pastes the entrypoint unquoted into the "
-            f"submitter's shell command, so that part runs (or expands) in the submitter pod, not on the Ray head; "
-            f"wrap the whole command as bash -c '...'"]
+    return [
+        f"spec.entrypoint has {' '.join(found)} outside quotes: KubeRay pastes the entrypoint unquoted into the "
+        f"submitter's shell command, so that part runs (or expands) in the submitter pod, not on the Ray head; "
+        f"wrap the whole command as bash -c '...'"
+    ]
 
 
 def _unquoted(text: str) -> str:
@@ -134,8 +146,10 @@ def _unquoted(text: str) -> str:
 def _check_cluster_spec(cluster: dict, path: str, ray_version: str) -> list[str]:
     problems = []
     if cluster.get("rayVersion") != ray_version:
-        problems.append(f"{path}.rayVersion is {cluster.get('rayVersion')!r} but the image has Ray {ray_version} "
-                        f"(megarl/versions.py RAY); set rayVersion: \"{ray_version}\"")
+        problems.append(
+            f"{path}.rayVersion is {cluster.get('rayVersion')!r} but the image has Ray {ray_version} "
+            f'(megarl/versions.py RAY); set rayVersion: "{ray_version}"'
+        )
     head = cluster.get("headGroupSpec", {})
     problems += _check_start_params(head, f"{path}.headGroupSpec")
     problems += _check_pod_template(head.get("template", {}), f"{path}.headGroupSpec.template", "head")
@@ -151,22 +165,30 @@ def _check_cluster_spec(cluster: dict, path: str, ray_version: str) -> list[str]
 def _check_replicas(group: dict, path: str, autoscaling: bool) -> list[str]:
     low, count, high = group.get("minReplicas"), group.get("replicas"), group.get("maxReplicas")
     if low is None or high is None or count is None:
-        return [f"{path} must set replicas, minReplicas and maxReplicas (has replicas={count}, "
-                f"minReplicas={low}, maxReplicas={high})"]
+        return [
+            f"{path} must set replicas, minReplicas and maxReplicas (has replicas={count}, "
+            f"minReplicas={low}, maxReplicas={high})"
+        ]
     if not low <= count <= high:
-        return [f"{path}: minReplicas <= replicas <= maxReplicas fails ({low} <= {count} <= {high}); "
-                f"fix the three counts"]
+        return [
+            f"{path}: minReplicas <= replicas <= maxReplicas fails ({low} <= {count} <= {high}); fix the three counts"
+        ]
     if not autoscaling and not low == count == high:
-        return [f"{path}: with autoscaling off the group has a fixed size, so minReplicas = replicas = "
-                f"maxReplicas is required (has {low}, {count}, {high}); megarl places its roles once at start. "
-                f"Set all three to {count}"]
+        return [
+            f"{path}: with autoscaling off the group has a fixed size, so minReplicas = replicas = "
+            f"maxReplicas is required (has {low}, {count}, {high}); megarl places its roles once at start. "
+            f"Set all three to {count}"
+        ]
     return []
 
 
 def _check_start_params(group: dict, path: str) -> list[str]:
-    return [f"{path}.rayStartParams.{key} is {value!r} ({type(value).__name__}); KubeRay takes strings only: "
-            f"write {key}: \"{value}\""
-            for key, value in (group.get("rayStartParams") or {}).items() if not isinstance(value, str)]
+    return [
+        f"{path}.rayStartParams.{key} is {value!r} ({type(value).__name__}); KubeRay takes strings only: "
+        f'write {key}: "{value}"'
+        for key, value in (group.get("rayStartParams") or {}).items()
+        if not isinstance(value, str)
+    ]
 
 
 def _check_pod_template(template: dict, path: str, ray_container: str | None) -> list[str]:
@@ -177,8 +199,10 @@ def _check_pod_template(template: dict, path: str, ray_container: str | None) ->
         names = [container.get("name") for container in containers]
         wanted = RAY_CONTAINER[ray_container]
         if not names or names[0] != wanted:
-            problems.append(f"{path}.spec.containers[0] is {names[0] if names else None!r}: KubeRay runs Ray in the "
-                            f"first container, so the {wanted!r} container must come first (containers: {names})")
+            problems.append(
+                f"{path}.spec.containers[0] is {names[0] if names else None!r}: KubeRay runs Ray in the "
+                f"first container, so the {wanted!r} container must come first (containers: {names})"
+            )
     problems += _check_pod_security(pod, f"{path}.spec")
     for key in ("initContainers", "containers"):
         for index, container in enumerate(pod.get(key, [])):
@@ -189,8 +213,10 @@ def _check_pod_template(template: dict, path: str, ray_container: str | None) ->
             problems += _check_container_security(container, pod, container_path)
     first_limits = containers[0].get("resources", {}).get("limits", {}) if containers else {}
     if ray_container == "worker" and GPU_RESOURCE not in first_limits:
-        problems.append(f"{path}.spec.containers[0].resources.limits has no {GPU_RESOURCE!r}: megarl's worker groups "
-                        f"run GPU work; request the node's GPUs there, e.g. {GPU_RESOURCE}: 8")
+        problems.append(
+            f"{path}.spec.containers[0].resources.limits has no {GPU_RESOURCE!r}: megarl's worker groups "
+            f"run GPU work; request the node's GPUs there, e.g. {GPU_RESOURCE}: 8"
+        )
     return problems
 
 
@@ -200,8 +226,10 @@ def _check_image(container: dict, path: str) -> list[str]:
         return []
     name, _, tag = image.rpartition(":")
     if not name or "/" in tag or tag in ("", "latest"):
-        return [f"{path}.image {image!r} is not pinned: use an explicit version tag (not 'latest') or a digest, "
-                f"e.g. megarl:{versions.MEGARL}"]
+        return [
+            f"{path}.image {image!r} is not pinned: use an explicit version tag (not 'latest') or a digest, "
+            f"e.g. megarl:{versions.MEGARL}"
+        ]
     return []
 
 
@@ -210,20 +238,27 @@ def _check_env(container: dict, path: str) -> list[str]:
     for index, var in enumerate(container.get("env", [])):
         name = var.get("name", "")
         if _SECRET_LIKE.search(name) and "secretKeyRef" not in (var.get("valueFrom") or {}):
-            problems.append(f"{path}.env[{index}] {name!r} looks like a secret but is not read from a Secret: use "
-                            f"valueFrom.secretKeyRef (name: megarl-secrets, key: ...) instead of an inline value")
+            problems.append(
+                f"{path}.env[{index}] {name!r} looks like a secret but is not read from a Secret: use "
+                f"valueFrom.secretKeyRef (name: megarl-secrets, key: ...) instead of an inline value"
+            )
     return problems
 
 
 def _check_gpus(container: dict, path: str) -> list[str]:
     resources = container.get("resources", {})
     limits, requests = resources.get("limits", {}), resources.get("requests", {})
-    problems = [f"{path}.resources: unknown GPU resource {key!r}; NVIDIA GPUs are {GPU_RESOURCE!r}"
-                for key in {**limits, **requests} if _GPU_LOOKALIKE.search(key) and key != GPU_RESOURCE]
+    problems = [
+        f"{path}.resources: unknown GPU resource {key!r}; NVIDIA GPUs are {GPU_RESOURCE!r}"
+        for key in {**limits, **requests}
+        if _GPU_LOOKALIKE.search(key) and key != GPU_RESOURCE
+    ]
     if GPU_RESOURCE in requests and requests[GPU_RESOURCE] != limits.get(GPU_RESOURCE):
-        problems.append(f"{path}.resources: {GPU_RESOURCE} is requested ({requests[GPU_RESOURCE]}) but limits has "
-                        f"{limits.get(GPU_RESOURCE)}; GPUs are requested under resources.limits (requests, if "
-                        f"given, must equal the limit)")
+        problems.append(
+            f"{path}.resources: {GPU_RESOURCE} is requested ({requests[GPU_RESOURCE]}) but limits has "
+            f"{limits.get(GPU_RESOURCE)}; GPUs are requested under resources.limits (requests, if "
+            f"given, must equal the limit)"
+        )
     count = limits.get(GPU_RESOURCE)
     if count is not None and not (str(count).isdigit() and int(count) > 0):
         problems.append(f"{path}.resources.limits.{GPU_RESOURCE} is {count!r}; it must be a positive whole number")
@@ -233,9 +268,11 @@ def _check_gpus(container: dict, path: str) -> list[str]:
 def _check_pod_security(pod: dict, path: str) -> list[str]:
     context = pod.get("securityContext") or {}
     if "fsGroup" in context and context.get("fsGroupChangePolicy") != "OnRootMismatch":
-        return [f"{path}.securityContext has fsGroup without fsGroupChangePolicy: OnRootMismatch: the kubelet then "
-                f"changes the group of every file on the volumes at each pod start (hours on a full PVC); add "
-                f"fsGroupChangePolicy: OnRootMismatch"]
+        return [
+            f"{path}.securityContext has fsGroup without fsGroupChangePolicy: OnRootMismatch: the kubelet then "
+            f"changes the group of every file on the volumes at each pod start (hours on a full PVC); add "
+            f"fsGroupChangePolicy: OnRootMismatch"
+        ]
     return []
 
 
@@ -257,5 +294,7 @@ def _check_container_security(container: dict, pod: dict, path: str) -> list[str
         missing.append("seccompProfile: {type: RuntimeDefault} (here or in the pod's securityContext)")
     if not missing:
         return []
-    return [f"{path}.securityContext falls short of the restricted Pod Security level (a namespace enforcing it "
-            f"rejects the pod); it needs {'; '.join(missing)}"]
+    return [
+        f"{path}.securityContext falls short of the restricted Pod Security level (a namespace enforcing it "
+        f"rejects the pod); it needs {'; '.join(missing)}"
+    ]

@@ -30,8 +30,10 @@ def load_validators(directory: Path) -> dict[str, jsonschema.protocols.Validator
         try:
             schema = json.loads(path.read_text())
         except (OSError, ValueError) as error:
-            raise SchemaDirError(f"{path}: cannot read the KubeRay {kind} schema ({error}); pass the directory "
-                                 f"that holds {', '.join(SCHEMA_FILES.values())}") from None
+            raise SchemaDirError(
+                f"{path}: cannot read the KubeRay {kind} schema ({error}); pass the directory "
+                f"that holds {', '.join(SCHEMA_FILES.values())}"
+            ) from None
         validators[kind] = jsonschema.validators.validator_for(schema)(schema)
     return validators
 
@@ -43,8 +45,11 @@ def schema_problems(obj: dict, validators: dict[str, jsonschema.protocols.Valida
         return []
     where = f"{kind}/{(obj.get('metadata') or {}).get('name', '<no name>')}"
     errors = sorted(validators[kind].iter_errors(obj), key=lambda error: list(map(str, error.absolute_path)))
-    return [f"{where}: {_field(error.absolute_path)}: {error.message}; write it as KubeRay {versions.KUBERAY}'s "
-            f"{kind} CRD defines it (field names are case-sensitive)" for error in errors]
+    return [
+        f"{where}: {_field(error.absolute_path)}: {error.message}; write it as KubeRay {versions.KUBERAY}'s "
+        f"{kind} CRD defines it (field names are case-sensitive)"
+        for error in errors
+    ]
 
 
 def _field(path) -> str:

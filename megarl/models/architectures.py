@@ -105,8 +105,15 @@ def transformer_config(
     check_parallel_layout(dims, tp_size=tp_size, pp_size=pp_size, vpp_size=vpp_size, ep_size=ep_size)
     _check_impl(transformer_impl)
     architectural = architecture(dims.model_type).transformer_fields(dims)
-    derived = {"bf16", "fp16", "params_dtype", "pipeline_dtype", "apply_rope_fusion", "virtual_pipeline_model_parallel_size",
-               "batch_p2p_comm"}
+    derived = {
+        "bf16",
+        "fp16",
+        "params_dtype",
+        "pipeline_dtype",
+        "apply_rope_fusion",
+        "virtual_pipeline_model_parallel_size",
+        "batch_p2p_comm",
+    }
     clashes = sorted(set(overrides) & (set(architectural) | derived))
     if clashes:
         raise ValueError(
@@ -158,7 +165,6 @@ def resolve_transformer_impl(setting: str, device_type: str, dtype: str) -> str:
         _check_impl(setting)
         return setting
     return "transformer_engine" if device_type == "cuda" and dtype != "float32" and _te_importable() else "local"
-
 
 
 def layer_spec(dims: ModelDims, transformer_impl: str = "local") -> ModuleSpec:
@@ -280,7 +286,9 @@ class ValueHead(MegatronModule):
         self.weight = torch.nn.Parameter(torch.empty(1, config.hidden_size, dtype=config.params_dtype, device=device))
         config.init_method(self.weight)
         # Replicas must start equal whatever RNG draws each TP rank made before.
-        torch.distributed.broadcast(self.weight.data, src=torch.distributed.get_global_rank(tp_group, 0), group=tp_group)
+        torch.distributed.broadcast(
+            self.weight.data, src=torch.distributed.get_global_rank(tp_group, 0), group=tp_group
+        )
 
     def forward(self, hidden_states: torch.Tensor, weight=None, runtime_gather_output=None):
         """Same call signature as `ColumnParallelLinear` (GPTModel's post-processing calls it so)."""

@@ -32,7 +32,14 @@ from megarl.models.hf_checkpoint import (
 )
 from megarl.models.hf_config import ModelDims, read_model_dims
 from megarl.models.layout import (
-    VOCAB_DIVISIBLE_BY, expert_offset, hf_param_shapes, is_expert, layer_offset, merge_tp_shards, param_mapping, tp_shard_from_hf,
+    VOCAB_DIVISIBLE_BY,
+    expert_offset,
+    hf_param_shapes,
+    is_expert,
+    layer_offset,
+    merge_tp_shards,
+    param_mapping,
+    tp_shard_from_hf,
 )
 from megarl.parallel.distributed import ProcessGroups
 
@@ -111,15 +118,19 @@ def export_hf_weights(
         raise ValueError("export_hf_weights: a critic (value_head=True) has no HF checkpoint form")
     dims = read_model_dims(Path(hf_assets_dir))
     out_dir = Path(out_dir)
-    tensors = {name: tensor for chunk in chunks for name, tensor in _gather_stage_hf_tensors(chunk, dims, groups).items()}
+    tensors = {
+        name: tensor for chunk in chunks for name, tensor in _gather_stage_hf_tensors(chunk, dims, groups).items()
+    }
     if groups.dp_rank != 0:  # an EP rank whose experts DP rank 0 now holds
         return None
     tmp_dir = _shared_tmp_dir(out_dir, groups)
-    file_name = SINGLE_FILE if groups.pp_size == 1 else f"model-{groups.pp_rank + 1:05d}-of-{groups.pp_size:05d}.safetensors"
+    file_name = (
+        SINGLE_FILE if groups.pp_size == 1 else f"model-{groups.pp_rank + 1:05d}-of-{groups.pp_size:05d}.safetensors"
+    )
     if groups.tp_rank == 0:
         write_safetensors_shard(tensors, tmp_dir / file_name)
     stage_maps = [None] * groups.pp_size
-    summary = ({name: file_name for name in tensors}, sum(t.numel() * t.element_size() for t in tensors.values()))
+    summary = (dict.fromkeys(tensors, file_name), sum(t.numel() * t.element_size() for t in tensors.values()))
     dist.all_gather_object(stage_maps, summary, group=groups.pp)
     dist.barrier(group=groups.mp)
     if groups.tp_rank == 0 and groups.pp_rank == 0:

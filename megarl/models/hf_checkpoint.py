@@ -11,9 +11,9 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator, Mapping
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -102,15 +102,19 @@ def check_hf_checkpoint(hf_dir: str | Path, *, tp_size: int = 1, pp_size: int = 
             continue
         dtype = checkpoint.headers[name][1]
         if dtype not in FLOAT_DTYPES:
-            problems.append(f"{checkpoint.files[name]}: tensor {name!r} has dtype {dtype}, not a floating-point type "
-                            "(a quantized checkpoint?): megarl trains and converts float32, bfloat16 or float16 "
-                            "weights; use the model's unquantized checkpoint")
+            problems.append(
+                f"{checkpoint.files[name]}: tensor {name!r} has dtype {dtype}, not a floating-point type "
+                "(a quantized checkpoint?): megarl trains and converts float32, bfloat16 or float16 "
+                "weights; use the model's unquantized checkpoint"
+            )
     # A tied checkpoint may still carry lm_head.weight (a copy); rotary inv_freq buffers are derived.
     ignorable = {"lm_head.weight"} if dims.tie_word_embeddings else set()
     unexpected = sorted(n for n in set(found) - set(expected) - ignorable if not n.endswith("rotary_emb.inv_freq"))
     if unexpected:
         more = " ..." if len(unexpected) > 5 else ""
-        problems.append(f"HF checkpoint {checkpoint.dir}: tensors not in the {dims.model_type} layout: {unexpected[:5]}{more}")
+        problems.append(
+            f"HF checkpoint {checkpoint.dir}: tensors not in the {dims.model_type} layout: {unexpected[:5]}{more}"
+        )
     if problems:
         shown = problems[:8] + ([f"... and {len(problems) - 8} more"] if len(problems) > 8 else [])
         raise ValueError("; ".join(shown))
@@ -154,7 +158,5 @@ def _tensor_files(hf_dir: Path) -> dict[str, Path]:
     single = hf_dir / SINGLE_FILE
     if single.is_file():
         with _open_safetensors(single) as f:
-            return {name: single for name in f.keys()}
-    raise FileNotFoundError(
-        f"{hf_dir}: no {SINGLE_FILE} or {INDEX_FILE} (megarl reads safetensors checkpoints only)"
-    )
+            return dict.fromkeys(f.keys(), single)
+    raise FileNotFoundError(f"{hf_dir}: no {SINGLE_FILE} or {INDEX_FILE} (megarl reads safetensors checkpoints only)")

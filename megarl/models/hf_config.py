@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from megarl.models.arch import architecture, supported_model_types
 
@@ -116,8 +117,10 @@ def load_hf_config(source: str | Path | Mapping[str, Any] | Any) -> dict[str, An
     except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
         raise ValueError(f"{path}: not valid UTF-8 JSON ({error}): restore the model's original config.json") from None
     if not isinstance(content, dict):
-        raise ValueError(f"{path}: a JSON {type(content).__name__} where an object of settings belongs: "
-                         "restore the model's original config.json")
+        raise ValueError(
+            f"{path}: a JSON {type(content).__name__} where an object of settings belongs: "
+            "restore the model's original config.json"
+        )
     return content
 
 
@@ -127,8 +130,10 @@ def read_model_dims(source: str | Path | Mapping[str, Any] | Any) -> ModelDims:
     cfg = load_hf_config(source)
     model_type = cfg.get("model_type")
     if model_type is None:
-        raise ValueError("config.json: required key 'model_type' is missing (megarl builds "
-                         f"{list(supported_model_types())}): restore the model's original config.json")
+        raise ValueError(
+            "config.json: required key 'model_type' is missing (megarl builds "
+            f"{list(supported_model_types())}): restore the model's original config.json"
+        )
     if model_type not in supported_model_types():
         raise ValueError(
             f"config.json: model_type={model_type!r} is not supported; megarl builds {list(supported_model_types())}"
@@ -137,16 +142,19 @@ def read_model_dims(source: str | Path | Mapping[str, Any] | Any) -> ModelDims:
     return dims
 
 
-def check_parallel_layout(dims: ModelDims, *, tp_size: int, pp_size: int, vpp_size: int = 1,
-                          ep_size: int = 1) -> None:
+def check_parallel_layout(dims: ModelDims, *, tp_size: int, pp_size: int, vpp_size: int = 1, ep_size: int = 1) -> None:
     """Reject a (TP, PP, VPP, EP) layout the model cannot be cut into, before any process group exists."""
     problems = []
     if ep_size > 1 and not dims.num_experts:
-        problems.append(f"expert parallel size {ep_size} for a dense model (model_type={dims.model_type!r} has no "
-                        "experts): set expert_model_parallel_size to 1")
+        problems.append(
+            f"expert parallel size {ep_size} for a dense model (model_type={dims.model_type!r} has no "
+            "experts): set expert_model_parallel_size to 1"
+        )
     elif dims.num_experts % ep_size:
-        problems.append(f"expert parallel size {ep_size} does not divide num_experts={dims.num_experts}: "
-                        "use an EP size that divides it")
+        problems.append(
+            f"expert parallel size {ep_size} does not divide num_experts={dims.num_experts}: "
+            "use an EP size that divides it"
+        )
     if dims.num_kv_heads % tp_size:
         problems.append(
             f"tensor parallel size {tp_size} does not divide num_key_value_heads={dims.num_kv_heads} "
@@ -195,8 +203,9 @@ def read_positive_int(cfg: Mapping[str, Any], key: str, default: Any = _REQUIRED
     value = _value(cfg, key, default, key)
     # bool is an int to Python, never to a model's shape.
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"config.json: {key}={value!r} must be a positive integer: restore the model's original "
-                         "config.json")
+        raise ValueError(
+            f"config.json: {key}={value!r} must be a positive integer: restore the model's original config.json"
+        )
     return value
 
 
@@ -208,8 +217,9 @@ def read_number(cfg: Mapping[str, Any], key: str, default: Any = _REQUIRED, *, n
 
 def _finite(value: Any, name: str) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise ValueError(f"config.json: {name}={value!r} must be a finite number: restore the model's original "
-                         "config.json")
+        raise ValueError(
+            f"config.json: {name}={value!r} must be a finite number: restore the model's original config.json"
+        )
     return float(value)
 
 
@@ -219,8 +229,9 @@ def read_rope(cfg: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
     key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
     params = cfg.get(key) or {}
     if not isinstance(params, Mapping):
-        raise ValueError(f"config.json: {key}={params!r} must be an object such as "
-                         '{"rope_type": "linear", "factor": 2.0}, or null')
+        raise ValueError(
+            f'config.json: {key}={params!r} must be an object such as {{"rope_type": "linear", "factor": 2.0}}, or null'
+        )
     theta = params.get("rope_theta", cfg.get("rope_theta"))
     if theta is None:
         raise ValueError("config.json: RoPE base is missing (neither rope_theta nor rope_parameters.rope_theta)")

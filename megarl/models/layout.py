@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -107,8 +107,10 @@ def layer_offset(num_layers: int, pp_size: int, pp_rank: int, vpp_size: int = 1,
     `get_transformer_layer_offset` (megatron/core/transformer/transformer_layer.py) places it."""
     chunks = pp_size * vpp_size
     if num_layers % chunks:
-        raise ValueError(f"num_hidden_layers={num_layers} is not divisible by pipeline parallel size {pp_size} "
-                         f"× virtual pipeline size {vpp_size}")
+        raise ValueError(
+            f"num_hidden_layers={num_layers} is not divisible by pipeline parallel size {pp_size} "
+            f"× virtual pipeline size {vpp_size}"
+        )
     return (vp_stage * pp_size + pp_rank) * (num_layers // chunks)
 
 
@@ -305,7 +307,12 @@ def megatron_to_hf(
 
 
 def tp_shards_from_hf(
-    mapping: ParamMapping, hf_tensors: Mapping[str, torch.Tensor], dims: ModelDims, *, tp_size: int, vocab_divisible_by: int
+    mapping: ParamMapping,
+    hf_tensors: Mapping[str, torch.Tensor],
+    dims: ModelDims,
+    *,
+    tp_size: int,
+    vocab_divisible_by: int,
 ) -> list[torch.Tensor]:
     """All TP shards of a Megatron parameter from in-memory HF tensors (rank order)."""
     read = reader_of(hf_tensors)

@@ -62,8 +62,9 @@ def read_info(ckpt_dir: str | Path) -> McoreCheckpointInfo:
     """Read and check `megarl_model.json`; errors name the path and what is wrong."""
     path = Path(ckpt_dir) / METADATA_FILE
     if Path(ckpt_dir).is_file():
-        raise FileNotFoundError(f"{ckpt_dir} is a file, not a directory: pass the directory `megarl convert "
-                                "hf-to-mcore` wrote")
+        raise FileNotFoundError(
+            f"{ckpt_dir} is a file, not a directory: pass the directory `megarl convert hf-to-mcore` wrote"
+        )
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} not found: {ckpt_dir} is not a megarl Megatron checkpoint (write one with "
@@ -72,7 +73,9 @@ def read_info(ckpt_dir: str | Path) -> McoreCheckpointInfo:
     try:
         info = McoreCheckpointInfo(**json.loads(path.read_text()))
     except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as error:
-        raise ValueError(f"{path} is damaged ({error}): write the checkpoint again with `megarl convert hf-to-mcore`") from None
+        raise ValueError(
+            f"{path} is damaged ({error}): write the checkpoint again with `megarl convert hf-to-mcore`"
+        ) from None
     if info.format != FORMAT:
         raise ValueError(f"{path}: format={info.format!r}, this megarl reads {FORMAT!r}")
     if not (Path(ckpt_dir) / MODEL_DIR).is_dir() or not (Path(ckpt_dir) / ASSETS_DIR).is_dir():

@@ -13,8 +13,8 @@ renders `tools=` and `tool` messages, for agent (tool-calling) runs.
 from __future__ import annotations
 
 import json
-import tempfile
 import string
+import tempfile
 from pathlib import Path
 
 import torch
@@ -126,13 +126,15 @@ def make_tiny_model(
     # `rope_parameters` (e.g. llama3 scaling) may be overridden whole; else default RoPE at rope_theta.
     rope_theta = fields.pop("rope_theta")
     fields.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": rope_theta})
-    config = architecture(arch).tiny_config(dict(
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **fields,
-    ))
+    config = architecture(arch).tiny_config(
+        dict(
+            vocab_size=len(tokenizer),
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            **fields,
+        )
+    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config = GenerationConfig(

@@ -44,6 +44,7 @@ ADDRESS_PROBE_S = 5.0
 class RayStartError(RuntimeError):
     """Ray cannot be started or joined here; the message names the cause and the fix."""
 
+
 _early_start: Future | None = None
 """A start begun by `start_ray_early`: the next `init_ray` or `shutdown_ray` waits for it."""
 _node_stopped: threading.Event | None = None
@@ -58,12 +59,17 @@ def start_ray_early(num_cpus: int | None = None, env_vars: dict[str, str] | None
     if _early_start is not None or ray.is_initialized():
         return
     _early_start, _node_stopped = Future(), threading.Event()
-    threading.Thread(target=_start_and_stay, args=(_early_start, _node_stopped, num_cpus, env_vars),
-                     name="megarl-ray-start", daemon=True).start()
+    threading.Thread(
+        target=_start_and_stay,
+        args=(_early_start, _node_stopped, num_cpus, env_vars),
+        name="megarl-ray-start",
+        daemon=True,
+    ).start()
 
 
-def _start_and_stay(started: Future, node_stopped: threading.Event, num_cpus: int | None,
-                    env_vars: dict[str, str] | None) -> None:
+def _start_and_stay(
+    started: Future, node_stopped: threading.Event, num_cpus: int | None, env_vars: dict[str, str] | None
+) -> None:
     """Start Ray, then wait until it is shut down: Ray spawns its node processes (GCS, raylet) with a
     parent-death signal (ray/_private/services.py, `set_kill_on_parent_death_linux`), and on Linux that
     signal fires when the spawning *thread* ends, so this thread must outlive the node."""
@@ -123,7 +129,8 @@ def check_ray_can_start() -> None:
         raise RayStartError(
             f"{variable}={os.environ.get(variable)!r} is too long for Ray: its node's Unix socket paths "
             f"({temp_dir}/session_.../sockets/plasma_store) would pass the {SOCKET_PATH_MAX}-byte limit; fix: set "
-            f"RAY_TMPDIR to a directory of at most {room - len('/ray')} bytes, e.g. RAY_TMPDIR=/tmp")
+            f"RAY_TMPDIR to a directory of at most {room - len('/ray')} bytes, e.g. RAY_TMPDIR=/tmp"
+        )
 
 
 def _check_address(address: str) -> None:
@@ -132,15 +139,18 @@ def _check_address(address: str) -> None:
         return
     host, colon, port = address.split("://", 1)[-1].rpartition(":")
     if not colon or not port.isdigit():
-        raise RayStartError(f"RAY_ADDRESS={address!r} is not an address of a Ray cluster; fix: set it to the head "
-                            "node's host:port (e.g. 10.0.0.1:6379), or unset it to run on a local Ray instance")
+        raise RayStartError(
+            f"RAY_ADDRESS={address!r} is not an address of a Ray cluster; fix: set it to the head "
+            "node's host:port (e.g. 10.0.0.1:6379), or unset it to run on a local Ray instance"
+        )
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_PROBE_S).close()
     except OSError as error:
         raise RayStartError(
             f"RAY_ADDRESS={address!r}: no Ray cluster answers at {host}:{port} ({error.strerror or error}); fix: "
             f"start it (ray start --head --port={port}) or point RAY_ADDRESS at a running one, or unset RAY_ADDRESS "
-            "to run on a local Ray instance") from None
+            "to run on a local Ray instance"
+        ) from None
 
 
 def _start_or_join(num_cpus: int | None, num_gpus: int | None, runtime_env: dict) -> None:
@@ -163,7 +173,8 @@ def _start_or_join(num_cpus: int | None, num_gpus: int | None, runtime_env: dict
                 raise RayStartError(
                     f"Ray's local node did not start in time, twice ({error}); the machine is likely overloaded; "
                     "fix: run again once it is less busy, or start a node yourself (ray start --head) and set "
-                    "RAY_ADDRESS to it") from None
+                    "RAY_ADDRESS to it"
+                ) from None
 
 
 def _ray_processes() -> set[psutil.Process]:

@@ -38,9 +38,7 @@ class BundleSpec:
         return bundle
 
 
-def create_placement_group(
-    name: str, n_processes: int, bundle: BundleSpec, timeout_s: float = 120.0
-) -> PlacementGroup:
+def create_placement_group(name: str, n_processes: int, bundle: BundleSpec, timeout_s: float = 120.0) -> PlacementGroup:
     """Reserve `n_processes` bundles (packed onto as few nodes as possible) or fail with what is missing."""
     pg = placement_group([bundle.as_bundle()] * n_processes, strategy="PACK", name=name)
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
@@ -77,8 +75,9 @@ def gpu_slots(pg: PlacementGroup, count: int) -> list[int]:
     """`slot_order` of the first `count` GPU bundles of `pg`: each bundle's GPU id read by a task
     placed on it (the id Ray gives every process of that bundle)."""
     probe = ray.remote(num_cpus=0, num_gpus=GPU_PROBE_SHARE)(_physical_gpu)
-    strategy = [PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=b)
-                for b in range(count)]
+    strategy = [
+        PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=b) for b in range(count)
+    ]
     gpu_ids = ray.get([probe.options(scheduling_strategy=s).remote() for s in strategy])
     node_of = placement_group_table(pg)["bundles_to_node_id"]
     return slot_order([node_of[b] for b in range(count)], gpu_ids)
@@ -97,8 +96,9 @@ def _physical_gpu() -> int:
         return pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(str(gpu)))
 
 
-def engine_bundles(pg: PlacementGroup, slots: Sequence[int], first_slot: int, engines: int, tp: int,
-                   gpus_per_node: int) -> list[list[int]]:
+def engine_bundles(
+    pg: PlacementGroup, slots: Sequence[int], first_slot: int, engines: int, tp: int, gpus_per_node: int
+) -> list[list[int]]:
     """The bundle indices of each rollout engine: engine k spans the `tp` slots first_slot + k·tp ...
     (its TP workers, one per device; `slots`: slot -> bundle, `gpu_slots`). Raises `PlacementError` when
     Ray put an engine's bundles on several nodes: vLLM's TP workers of one engine must share a node."""

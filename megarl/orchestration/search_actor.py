@@ -1,8 +1,8 @@
 """The one Ray actor that holds the built-in search's BM25 index for a whole run.
 
-    index = SearchActor(corpus, top_k)          # builds the index once; ToolError for a bad corpus
-    index.submit(["query", ...]).result()       # ["Doc 1: ...\\nDoc 2: ...", ...], one per query
-    index.close()
+index = SearchActor(corpus, top_k)          # builds the index once; ToolError for a bad corpus
+index.submit(["query", ...]).result()       # ["Doc 1: ...\\nDoc 2: ...", ...], one per query
+index.close()
 """
 
 from concurrent.futures import Future

@@ -23,7 +23,8 @@ import importlib
 import os
 import time
 import uuid
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -83,8 +84,11 @@ class RankProcess:
         from megarl.parallel.distributed import init_distributed
 
         os.environ.update(
-            RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.device_index()),
-            MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK=str(self.device_index()),
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
         )
         if not uses_cuda():
             # Ray sets OMP_NUM_THREADS=1 for actors; use the cores this bundle reserved.
@@ -174,8 +178,9 @@ class WorkerGroup:
         )
         self.pids, self.nodes = [pid for pid, _ in started], [node for _, node in started]
 
-    def _create_actors(self, placement, bundle: BundleSpec, bundles: list[int], env: list[dict[str, str]],
-                       heartbeat_keys: list[str]) -> list:
+    def _create_actors(
+        self, placement, bundle: BundleSpec, bundles: list[int], env: list[dict[str, str]], heartbeat_keys: list[str]
+    ) -> list:
         remote_cls = ray.remote(RankProcess)
         return [
             remote_cls.options(
@@ -193,8 +198,9 @@ class WorkerGroup:
         """Call `method` with the same arguments on every rank; results in rank order."""
         return self._wait([a.call.remote(method, *args, **kwargs) for a in self.actors])
 
-    def call_each(self, method: str, per_rank_args: list[tuple], *, replying: Sequence[bool] | None = None,
-                  **kwargs: Any) -> list[Any]:
+    def call_each(
+        self, method: str, per_rank_args: list[tuple], *, replying: Sequence[bool] | None = None, **kwargs: Any
+    ) -> list[Any]:
         """Call `method(*per_rank_args[r], **kwargs)` on rank r (e.g. each rank's DP slice); results in rank
         order. An argument object given to several ranks is stored once (`stored_once`). `replying[r]`
         False: rank r's result is dropped in the rank, None here."""
@@ -244,8 +250,9 @@ class WorkerGroup:
                 missing = sorted(rank_of[r] for r in pending)
                 stuck = self.heartbeats.silent(missing)
                 if stuck:
-                    self._fail(stuck[0], f"{self._silence(stuck)} for {self.heartbeats.timeout_s:g} s "
-                                         "(the hang timeout)")
+                    self._fail(
+                        stuck[0], f"{self._silence(stuck)} for {self.heartbeats.timeout_s:g} s (the hang timeout)"
+                    )
                 if remaining > interrupt.POLL_S:
                     continue
                 self._fail(missing[0], f"ranks {missing} did not answer within the call timeout")
@@ -281,14 +288,14 @@ class WorkerGroup:
         after = self.heartbeats.read(sorted(rank_of[ref] for ref in still_pending))
         silent = [r for r, count in after.items() if count is not None and count == before[r]]
         if silent:
-            return silent[0], (f"{self._silence(silent)} while rank {rank}'s call failed, likely waiting for it:\n"
-                               f"{error}")
+            return silent[0], (
+                f"{self._silence(silent)} while rank {rank}'s call failed, likely waiting for it:\n{error}"
+            )
         return rank, str(error)
 
     @staticmethod
     def _silence(ranks: list[int]) -> str:
-        return (f"ranks {ranks} are alive but not running (stopped, frozen, or cut off from the cluster): "
-                "no heartbeat")
+        return f"ranks {ranks} are alive but not running (stopped, frozen, or cut off from the cluster): no heartbeat"
 
     def _where(self, rank: int) -> tuple[int | None, str | None]:
         return (self.pids[rank], self.nodes[rank]) if self.pids else (None, None)

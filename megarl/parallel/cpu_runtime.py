@@ -80,8 +80,20 @@ _REDIRECTED_MODULES = {
 _HYBRID_OPTIMIZER = "megatron.core.optimizer.cpu_offloading.hybrid_optimizer"
 
 _FACTORIES = (
-    "tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", "rand", "randn", "randint",
-    "zeros_like", "ones_like", "empty_like", "full_like",
+    "tensor",
+    "as_tensor",
+    "zeros",
+    "ones",
+    "empty",
+    "full",
+    "arange",
+    "rand",
+    "randn",
+    "randint",
+    "zeros_like",
+    "ones_like",
+    "empty_like",
+    "full_like",
 )
 _CPU = torch.device("cpu")
 _installed = False
@@ -337,8 +349,8 @@ def _no_transformer_engine_is_no_minimum_version() -> None:
     `is_te_min_version("2.1.0")` for the precision-aware optimizer, the path optimizer CPU offload runs
     through; without Transformer Engine (CUDA-only) `get_te_version()` is None and the comparison raises
     TypeError. No Transformer Engine is none of any version."""
-    import_module("megatron.core.optimizer.optimizer_config").is_te_min_version = (
-        lambda version, check_equality=True: False
+    import_module("megatron.core.optimizer.optimizer_config").is_te_min_version = lambda version, check_equality=True: (
+        False
     )
 
 

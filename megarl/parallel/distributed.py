@@ -58,13 +58,20 @@ def init_distributed(
             os.environ.setdefault(variable, LOOPBACK_INTERFACE)
     timeout = datetime.timedelta(seconds=timeout_s)
     if store is None:
-        store = (listen_store(host, world_size, timeout_s, port) if rank == 0
-                 else dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout))
+        store = (
+            listen_store(host, world_size, timeout_s, port)
+            if rank == 0
+            else dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+        )
     cuda = uses_cuda() if cuda is None else cuda
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(
-        backend=default_backend(cuda), store=store, rank=rank, world_size=world_size, timeout=timeout,
+        backend=default_backend(cuda),
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
     )
 
 
@@ -75,8 +82,13 @@ def listen_store(host: str, world_size: int, timeout_s: float, port: int = 0) ->
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     listener = socket.create_server((host, port), family=family, backlog=max(128, world_size))
     return dist.TCPStore(
-        host, listener.getsockname()[1], world_size, is_master=True, wait_for_workers=False,
-        timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=listener.detach(),
+        host,
+        listener.getsockname()[1],
+        world_size,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        master_listen_fd=listener.detach(),
     )
 
 
@@ -151,8 +163,12 @@ def initialize_model_parallel(
             f"(world {world} / (TP {tp} × PP {pp})): megatron carves EP out of DP; choose an EP that divides it"
         )
     if mpu.model_parallel_is_initialized():
-        shape = (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size(),
-                 mpu.get_virtual_pipeline_model_parallel_world_size() or 1, mpu.get_expert_model_parallel_world_size())
+        shape = (
+            mpu.get_tensor_model_parallel_world_size(),
+            mpu.get_pipeline_model_parallel_world_size(),
+            mpu.get_virtual_pipeline_model_parallel_world_size() or 1,
+            mpu.get_expert_model_parallel_world_size(),
+        )
         if shape != (tp, pp, vpp, ep):
             raise RuntimeError(
                 "this process already has a model-parallel grid of a different shape; megarl keeps one "

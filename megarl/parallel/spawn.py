@@ -25,8 +25,9 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from megarl import interrupt
 
@@ -81,8 +82,11 @@ _PR_SET_PDEATHSIG = 1
 def _rank_main(fn, args, rank, world_size, port, collective_timeout_s, results, parent):
     _die_with_parent(parent)
     os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
     from megarl import quiet
 
@@ -98,7 +102,7 @@ def _rank_main(fn, args, rank, world_size, port, collective_timeout_s, results, 
         # Pickled to bytes here: the queue would share tensor storage by file descriptor, which
         # vanishes when this process exits before the parent reads it.
         results.put((rank, True, pickle.dumps(fn(*args))))
-    except BaseException:  # noqa: BLE001 - reported to the parent with the traceback
+    except BaseException:
         results.put((rank, False, traceback.format_exc()))
     finally:
         destroy()

@@ -7,6 +7,7 @@ Kept light on purpose: the worker process imports this package, and importing it
 math-verify/sympy (the MATH reward) or torch.
 """
 
+from megarl.isolation import SECRET_NAME, worker_environment
 from megarl.rewards.functions import (
     BUILTIN_REWARDS,
     RewardFunctionError,
@@ -14,10 +15,17 @@ from megarl.rewards.functions import (
     function_path,
     resolve_reward_function,
 )
-from megarl.isolation import SECRET_NAME, worker_environment
 from megarl.rewards.scorer import METRICS, RewardResult, RewardScorer
 
 __all__ = [
-    "BUILTIN_REWARDS", "METRICS", "RewardFunctionError", "RewardResult", "RewardScorer", "SECRET_NAME",
-    "checked_scores", "function_path", "resolve_reward_function", "worker_environment",
+    "BUILTIN_REWARDS",
+    "METRICS",
+    "SECRET_NAME",
+    "RewardFunctionError",
+    "RewardResult",
+    "RewardScorer",
+    "checked_scores",
+    "function_path",
+    "resolve_reward_function",
+    "worker_environment",
 ]

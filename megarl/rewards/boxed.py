@@ -17,12 +17,12 @@ def last_boxed(text: str) -> str | None:
     if not matches:
         return None
     start = matches[-1].end()
-    if text[start:start + 1] != "{":
+    if text[start : start + 1] != "{":
         # `\boxed 5`: the answer runs to the next whitespace or `$`.
         return re.match(r"[^\s$]*", text[start:]).group(0) or None
     depth = 0
     for index in range(start, len(text)):
         depth += {"{": 1, "}": -1}.get(text[index], 0)
         if depth == 0:
-            return text[start + 1:index]
+            return text[start + 1 : index]
     return None  # unbalanced: the text was cut off inside the box

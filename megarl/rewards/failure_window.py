@@ -34,4 +34,5 @@ class FailureWindow:
                 f"reward.function {self.spec!r} failed on {failed_all} of the {total_all} responses of the last "
                 f"{len(self.steps)} step(s) ({failed_all / total_all:.0%} > reward.max_failed_fraction = "
                 f"{self.max_fraction}); they were scored 0. The first error:\n{(self.first_error or '').rstrip()}\n"
-                "Fix the function (or raise reward.timeout_s if it only needs more time)")
+                "Fix the function (or raise reward.timeout_s if it only needs more time)"
+            )

@@ -51,8 +51,10 @@ def resolve_reward_function(spec: str) -> RewardFn:
     path = function_path(spec)
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
-        raise RewardFunctionError(f"reward.function {spec!r}: neither a built-in ({', '.join(BUILTIN_REWARDS)}) nor "
-                                  "a function path `pkg.module:function`; write e.g. my_rewards.tasks:score")
+        raise RewardFunctionError(
+            f"reward.function {spec!r}: neither a built-in ({', '.join(BUILTIN_REWARDS)}) nor "
+            "a function path `pkg.module:function`; write e.g. my_rewards.tasks:score"
+        )
     try:
         return import_function(path)
     except FunctionNotFound as error:
@@ -71,11 +73,15 @@ def checked_scores(spec: str, result: object, responses: list[str], first: int =
             raise TypeError
         values = list(result)
     except TypeError:
-        raise RewardFunctionError(f"reward.function {spec!r} returned a {kind} ({repr(result)[:80]}); it must "
-                                  f"return a list of {len(responses)} floats, one per response") from None
+        raise RewardFunctionError(
+            f"reward.function {spec!r} returned a {kind} ({repr(result)[:80]}); it must "
+            f"return a list of {len(responses)} floats, one per response"
+        ) from None
     if len(values) != len(responses):
-        raise RewardFunctionError(f"reward.function {spec!r} returned {len(values)} scores for {len(responses)} "
-                                  "responses; it must return exactly one score per response")
+        raise RewardFunctionError(
+            f"reward.function {spec!r} returned {len(values)} scores for {len(responses)} "
+            "responses; it must return exactly one score per response"
+        )
     for index, value in enumerate(values):
         if isinstance(value, bool) or not isinstance(value, Real) or not abs(value) <= FLOAT32_MAX:
             raise RewardFunctionError(

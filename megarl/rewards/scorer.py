@@ -70,14 +70,23 @@ def _start_worker(spec: str) -> IsolatedProcess:
 class RewardScorer:
     """Runs reward function `spec` (built-in name or `pkg.module:function`) in isolated worker processes."""
 
-    def __init__(self, spec: str, *, timeout_s: float, num_workers: int = 2, chunk_size: int = 16,
-                 startup_timeout_s: float = 120.0):
+    def __init__(
+        self,
+        spec: str,
+        *,
+        timeout_s: float,
+        num_workers: int = 2,
+        chunk_size: int = 16,
+        startup_timeout_s: float = 120.0,
+    ):
         """timeout_s: time limit per response (a call gets timeout_s × its chunk's length); num_workers:
         worker processes; chunk_size: responses per call; startup_timeout_s: limit for a worker to
         import the function (past it: RewardFunctionError)."""
         if timeout_s <= 0 or num_workers < 1 or chunk_size < 1:
-            raise ValueError(f"RewardScorer: need timeout_s > 0, num_workers >= 1, chunk_size >= 1; got "
-                             f"{timeout_s}, {num_workers}, {chunk_size}")
+            raise ValueError(
+                f"RewardScorer: need timeout_s > 0, num_workers >= 1, chunk_size >= 1; got "
+                f"{timeout_s}, {num_workers}, {chunk_size}"
+            )
         self.spec = spec
         self.timeout_s = timeout_s
         self.chunk_size = chunk_size
@@ -134,10 +143,15 @@ class RewardScorer:
                 self._replace(index)
         for line, (responses, _) in reports.items():  # one line per distinct failure, not a traceback per call
             logger.warning("reward.function %r: %d of %d responses scored 0: %s", self.spec, responses, count, line)
-        return RewardResult(scores, {"reward/errors": float(failures["errors"]),
-                                     "reward/timeouts": float(failures["timeouts"]),
-                                     "reward/failed_samples": float(failures["failed_samples"])},
-                            next((report for _, report in reports.values()), None))
+        return RewardResult(
+            scores,
+            {
+                "reward/errors": float(failures["errors"]),
+                "reward/timeouts": float(failures["timeouts"]),
+                "reward/failed_samples": float(failures["failed_samples"]),
+            },
+            next((report for _, report in reports.values()), None),
+        )
 
     def _dispatch(self, index: int, start: int, prompts, responses, columns) -> tuple[int, int, float]:
         """Send the chunk starting at `start` to worker `index`; returns (start, stop, deadline)."""
@@ -146,12 +160,23 @@ class RewardScorer:
         worker = self.workers[index]
         stop = min(start + self.chunk_size, len(responses))
         self._wait_ready(worker)
-        worker.connection.send((start, prompts[start:stop], responses[start:stop],
-                                {name: values[start:stop] for name, values in columns.items()}))
+        worker.connection.send(
+            (
+                start,
+                prompts[start:stop],
+                responses[start:stop],
+                {name: values[start:stop] for name, values in columns.items()},
+            )
+        )
         return start, stop, time.monotonic() + self.timeout_s * (stop - start)
 
-    def _collect(self, busy: dict[int, tuple[int, int, float]], scores: list[float], failures: Counter,
-                 reports: dict[str, tuple[int, str]]) -> None:
+    def _collect(
+        self,
+        busy: dict[int, tuple[int, int, float]],
+        scores: list[float],
+        failures: Counter,
+        reports: dict[str, tuple[int, str]],
+    ) -> None:
         """Wait for the first reply or deadline among busy workers; record results, replace failed workers."""
         now = time.monotonic()
         earliest = min(deadline for _, _, deadline in busy.values())

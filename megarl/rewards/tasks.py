@@ -45,8 +45,10 @@ def repeat_first_char_rows(count: int, rng: random.Random) -> list[dict[str, str
     prompts: dict[str, None] = {}  # insertion-ordered set
     shortest, longest = REPEAT_LENGTHS
     if count > sum(len(REPEAT_ALPHABET) ** length for length in range(shortest, longest + 1)):
-        raise ValueError(f"repeat_first_char: cannot make {count} distinct prompts of length {shortest}..{longest} "
-                         f"over {len(REPEAT_ALPHABET)} characters")
+        raise ValueError(
+            f"repeat_first_char: cannot make {count} distinct prompts of length {shortest}..{longest} "
+            f"over {len(REPEAT_ALPHABET)} characters"
+        )
     while len(prompts) < count:
         length = rng.randint(shortest, longest)
         prompts["".join(rng.choice(REPEAT_ALPHABET) for _ in range(length))] = None
@@ -101,8 +103,12 @@ def calc_tool_demo_rows(count: int, rng: random.Random) -> list[dict]:
     rows = []
     for a, b in _calc_pairs(count, rng, True, "calc_tool_demos"):
         call = f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{a}+{b}"}}}}</tool_call>'
-        messages = [{"role": "user", "content": f"{a}+{b}"}, {"role": "assistant", "content": call},
-                    {"role": "tool", "content": str(a + b)}, {"role": "assistant", "content": str(a + b)}]
+        messages = [
+            {"role": "user", "content": f"{a}+{b}"},
+            {"role": "assistant", "content": call},
+            {"role": "tool", "content": str(a + b)},
+            {"role": "assistant", "content": str(a + b)},
+        ]
         if rng.random() < CALC_DIRECT_SHARE:
             messages = [messages[0], messages[3]]
         rows.append({"messages": messages, "tools": [schema]})

@@ -14,5 +14,13 @@ from megarl.rollout.observation import ObservationEncoder
 from megarl.rollout.samples import Samples, Trajectory, flatten_rollouts
 from megarl.rollout.single_turn import generate_contexts, offset_seed, single_turn
 
-__all__ = ["AgentLoop", "ObservationEncoder", "Samples", "Trajectory", "flatten_rollouts", "generate_contexts",
-           "offset_seed", "single_turn"]
+__all__ = [
+    "AgentLoop",
+    "ObservationEncoder",
+    "Samples",
+    "Trajectory",
+    "flatten_rollouts",
+    "generate_contexts",
+    "offset_seed",
+    "single_turn",
+]

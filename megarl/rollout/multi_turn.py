@@ -111,8 +111,15 @@ class _Live:
 class AgentLoop:
     """The multi-turn rollout function: `loop(prompts, sampling, group_prefix) -> Samples`."""
 
-    def __init__(self, engines: WorkerGroup, tools: Tools, parser: Parser, observations: ObservationEncoder,
-                 decode: Callable[[list[int]], str], settings: MultiTurnConfig):
+    def __init__(
+        self,
+        engines: WorkerGroup,
+        tools: Tools,
+        parser: Parser,
+        observations: ObservationEncoder,
+        decode: Callable[[list[int]], str],
+        settings: MultiTurnConfig,
+    ):
         """`decode`: token ids -> text with special tokens kept (tool-call tags may be special tokens)."""
         self.engines = engines
         self.tools = tools
@@ -146,8 +153,9 @@ class AgentLoop:
         budget = self.settings.max_total_tokens
         caps = [min(sampling.max_new_tokens, budget - len(t.ids)) for t in ready]
         seeds = None if sampling.seed is None else [sampling.seed + t.trajectory.turns * count + t.slot for t in ready]
-        outputs = generate_contexts(self.engines, [t.prompt.token_ids + tuple(t.ids) for t in ready],
-                                    replace(sampling, n=1), caps, seeds)
+        outputs = generate_contexts(
+            self.engines, [t.prompt.token_ids + tuple(t.ids) for t in ready], replace(sampling, n=1), caps, seeds
+        )
         for t, output in zip(ready, outputs, strict=True):
             ids, log_probs, reason = output.response_token_ids[0], output.response_logprobs[0], output.finish_reasons[0]
             fits = t.append(ids, log_probs.tolist(), budget)
@@ -155,8 +163,13 @@ class AgentLoop:
             parsed = self.parser.parse(t.turn_text)
             t.pending, t.rejected = list(parsed.calls), list(parsed.errors)
             t.trajectory.final_turn = list(ids)
-            t.trajectory.messages.append({"role": "assistant", "content": t.turn_text,
-                                          "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in t.pending]})
+            t.trajectory.messages.append(
+                {
+                    "role": "assistant",
+                    "content": t.turn_text,
+                    "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in t.pending],
+                }
+            )
             if not fits:
                 t.trajectory.ended = "max_total_tokens"
             elif reason == "length":
@@ -176,6 +189,7 @@ class AgentLoop:
     def _wait_for_tools(self, waiting: list[_Live]) -> list[_Live]:
         """The trajectories whose calls are all back: waits until one's are, then at most
         `straggler_wait_s` for the others'."""
+
         def unfinished() -> list[Future]:
             return [future for t in waiting for future in t.results if not future.done()]
 
@@ -219,7 +233,9 @@ class AgentLoop:
             samples.response_ids.append(t.ids)
             samples.rollout_log_probs.append(torch.tensor(t.log_probs, dtype=torch.float32))
             samples.loss_masks.append(torch.tensor(t.mask, dtype=torch.bool))
-            samples.finish_reasons.append("length" if t.trajectory.ended in ("max_total_tokens", "turn_length") else "stop")
+            samples.finish_reasons.append(
+                "length" if t.trajectory.ended in ("max_total_tokens", "turn_length") else "stop"
+            )
             samples.index.append(f"{group_prefix}/{t.group}")
             samples.trajectories.append(t.trajectory)
             samples.token_versions.append(None)

@@ -26,7 +26,7 @@ class ObservationEncoder:
         self._base = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _PLACEHOLDER}]
         rendered = self._render(self._base, generation_prompt=False)
         self._prefix = rendered
-        self.turn_end = rendered[rendered.rindex(_PLACEHOLDER) + len(_PLACEHOLDER):]
+        self.turn_end = rendered[rendered.rindex(_PLACEHOLDER) + len(_PLACEHOLDER) :]
         """What the template writes after an assistant turn's content."""
 
     def text(self, tool_messages: Sequence[dict], turn_text: str) -> str:
@@ -35,9 +35,11 @@ class ObservationEncoder:
         the model wrote it (special tokens included), whose stop token may already be part of the end."""
         rendered = self._render(self._base + list(tool_messages), generation_prompt=True)
         if not rendered.startswith(self._prefix):
-            raise ValueError("the chat template renders the turns before tool messages differently once they "
-                             "are added; its tool turns cannot be appended token for token")
-        return _rest_of(self.turn_end, turn_text) + rendered[len(self._prefix):]
+            raise ValueError(
+                "the chat template renders the turns before tool messages differently once they "
+                "are added; its tool turns cannot be appended token for token"
+            )
+        return _rest_of(self.turn_end, turn_text) + rendered[len(self._prefix) :]
 
     def capped(self, content: str, max_tokens: int) -> tuple[str, bool]:
         """`content` (one tool message's) cut to its first `max_tokens` tokens and a note, and whether it

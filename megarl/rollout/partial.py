@@ -25,18 +25,29 @@ from megarl.rollout.single_turn import generate_contexts
 from megarl.workers.rollout.base import SamplingConfig
 
 
-def partial_single_turn(engines: WorkerGroup, segment: int, between_segments: Callable[[], int],
-                        prompts: Sequence[Prompt], sampling: SamplingConfig, group_prefix: str) -> Samples:
+def partial_single_turn(
+    engines: WorkerGroup,
+    segment: int,
+    between_segments: Callable[[], int],
+    prompts: Sequence[Prompt],
+    sampling: SamplingConfig,
+    group_prefix: str,
+) -> Samples:
     """`single_turn`'s samples, generated `segment` tokens at a time with a weight update allowed between
     two segments; `token_versions` set on every sample."""
     cap = sampling.max_new_tokens
     version = between_segments()
-    first = generate_contexts(engines, [p.token_ids for p in prompts], replace(sampling, max_new_tokens=min(segment, cap)))
+    first = generate_contexts(
+        engines, [p.token_ids for p in prompts], replace(sampling, max_new_tokens=min(segment, cap))
+    )
     samples = flatten_rollouts(prompts, first, group_prefix)
     samples.token_versions = [[version] * len(ids) for ids in samples.response_ids]
     for turn in range(1, -(-cap // segment)):
-        going = [row for row, (ids, finish) in enumerate(zip(samples.response_ids, samples.finish_reasons))
-                 if finish == "length" and len(ids) < cap]
+        going = [
+            row
+            for row, (ids, finish) in enumerate(zip(samples.response_ids, samples.finish_reasons))
+            if finish == "length" and len(ids) < cap
+        ]
         if not going:
             break
         version = between_segments()
@@ -45,11 +56,22 @@ def partial_single_turn(engines: WorkerGroup, segment: int, between_segments: Ca
         # A seed per segment of a sample (the contexts differ, so a seed the next step's block also holds
         # samples something else); min_new_tokens <= segment (validate): the first segment honoured it.
         seeds = None if sampling.seed is None else [sampling.seed + turn * len(samples) + row for row in going]
-        outputs = generate_contexts(engines, contexts, replace(sampling, n=1, min_new_tokens=0, max_new_tokens=segment),
-                                    max_new_tokens=[min(segment, n) for n in left], seeds=seeds)
+        outputs = generate_contexts(
+            engines,
+            contexts,
+            replace(sampling, n=1, min_new_tokens=0, max_new_tokens=segment),
+            max_new_tokens=[min(segment, n) for n in left],
+            seeds=seeds,
+        )
         for row, output in zip(going, outputs, strict=True):
-            _extend(samples, row, output.response_token_ids[0], output.response_logprobs[0],
-                    output.finish_reasons[0], version)
+            _extend(
+                samples,
+                row,
+                output.response_token_ids[0],
+                output.response_logprobs[0],
+                output.finish_reasons[0],
+                version,
+            )
     return samples
 
 

@@ -17,7 +17,6 @@ from torch import Tensor
 from megarl.data import Prompt
 from megarl.workers.rollout.base import RolloutOutput
 
-
 TOOL_ERRORS = {
     "unknown_tool": "the call named no tool of the run",
     "raised": "the tool raised, or its process died",

@@ -20,9 +20,13 @@ def offset_seed(sampling: SamplingConfig, offset: int) -> SamplingConfig:
     return sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + offset)
 
 
-def generate_contexts(engines: WorkerGroup, contexts: Sequence[Sequence[int]], sampling: SamplingConfig,
-                      max_new_tokens: Sequence[int] | None = None,
-                      seeds: Sequence[int] | None = None) -> list[RolloutOutput]:
+def generate_contexts(
+    engines: WorkerGroup,
+    contexts: Sequence[Sequence[int]],
+    sampling: SamplingConfig,
+    max_new_tokens: Sequence[int] | None = None,
+    seeds: Sequence[int] | None = None,
+) -> list[RolloutOutput]:
     """`sampling.n` samples of each context (token ids), in order. Sample j of context i is seeded
     `sampling.seed + i·n + j` whichever engine it lands on: an engine seeds sample j of its k-th
     context `seed + k·n + j` (`megarl.workers.rollout.base.prompt_seeds`), so each chunk's seed is offset by its
@@ -41,7 +45,9 @@ def generate_contexts(engines: WorkerGroup, contexts: Sequence[Sequence[int]], s
     return [out for per_engine in engines.call_each("generate", args) for out in per_engine]
 
 
-def single_turn(engines: WorkerGroup, prompts: Sequence[Prompt], sampling: SamplingConfig, group_prefix: str) -> Samples:
+def single_turn(
+    engines: WorkerGroup, prompts: Sequence[Prompt], sampling: SamplingConfig, group_prefix: str
+) -> Samples:
     """`sampling.n` responses per prompt; samples in prompt order, every response token the model's."""
     outputs = generate_contexts(engines, [p.token_ids for p in prompts], sampling)
     return flatten_rollouts(prompts, outputs, group_prefix)

@@ -15,8 +15,13 @@ from __future__ import annotations
 import reprlib
 
 JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "number": (int, float), "integer": (int,), "boolean": (bool,), "array": (list,),
-    "object": (dict,), "null": (type(None),),
+    "string": (str,),
+    "number": (int, float),
+    "integer": (int,),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+    "null": (type(None),),
 }
 """The Python values `json.loads` gives for each JSON-schema type."""
 
@@ -26,14 +31,16 @@ def argument_problems(arguments: dict, parameters: dict) -> list[str]:
     `parameters`: missing required arguments, arguments it does not take, values of the wrong JSON
     type; [] when the call may run."""
     properties = parameters.get("properties", {})
-    problems = [f"missing required argument {name!r}" for name in parameters.get("required", ())
-                if name not in arguments]
+    problems = [
+        f"missing required argument {name!r}" for name in parameters.get("required", ()) if name not in arguments
+    ]
     problems += [f"unknown argument {name!r}" for name in arguments if name not in properties]
     for name, value in arguments.items():
         expected = _types(properties.get(name, {}))
         if expected and not any(_is_type(value, kind) for kind in expected):
-            problems.append(f"argument {name!r} must be {' or '.join(expected)}, not {_json_type(value)} "
-                            f"{_excerpt(value)}")
+            problems.append(
+                f"argument {name!r} must be {' or '.join(expected)}, not {_json_type(value)} {_excerpt(value)}"
+            )
     return problems
 
 
@@ -55,8 +62,9 @@ def _is_type(value, kind: str) -> bool:
 
 
 def _json_type(value) -> str:
-    return next(kind for kind in ("boolean", "integer", "number", "string", "array", "object", "null")
-                if _is_type(value, kind))
+    return next(
+        kind for kind in ("boolean", "integer", "number", "string", "array", "object", "null") if _is_type(value, kind)
+    )
 
 
 _SHORT_REPR = reprlib.Repr()

@@ -68,8 +68,13 @@ class HermesParser:
             parameters = self._parameters.get(call.name)  # None: an unknown name, which the ToolSet answers
             problems = [] if parameters is None else argument_problems(call.arguments, parameters)
             if problems:
-                turn.errors.append(CallError("bad_arguments", f"tool call {number} ({call.name}): {'; '.join(problems)}; "
-                                                              f"{self._signature(call.name)}", call.name))
+                turn.errors.append(
+                    CallError(
+                        "bad_arguments",
+                        f"tool call {number} ({call.name}): {'; '.join(problems)}; {self._signature(call.name)}",
+                        call.name,
+                    )
+                )
             else:
                 turn.calls.append(call)
         return turn
@@ -78,8 +83,10 @@ class HermesParser:
         """What the tool takes, as the fix of a bad call: `calculator takes expression (string, required)`."""
         parameters = self._parameters[name]
         required = set(parameters.get("required", ()))
-        taken = [f"{argument} ({properties.get('type', 'any')}{', required' if argument in required else ''})"
-                 for argument, properties in parameters.get("properties", {}).items()]
+        taken = [
+            f"{argument} ({properties.get('type', 'any')}{', required' if argument in required else ''})"
+            for argument, properties in parameters.get("properties", {}).items()
+        ]
         return f"{name} takes {', '.join(taken) or 'no arguments'}"
 
     def _read_call(self, body: str) -> tuple[ToolCall | None, str | None]:
@@ -97,7 +104,7 @@ class HermesParser:
         except ValueError:  # the one other ValueError of json.loads: an integer past int()'s digit limit
             return None, f"a number of more than {sys.get_int_max_str_digits()} digits in {_excerpt(body)}; {fix}"
         if not isinstance(data, dict):
-            return None, f"a JSON {type(data).__name__} instead of an object with \"name\" and \"arguments\""
+            return None, f'a JSON {type(data).__name__} instead of an object with "name" and "arguments"'
         name = data.get("name")
         if not isinstance(name, str) or not name:
             return None, f'no "name" string in {_excerpt(body)}'

@@ -38,8 +38,9 @@ calls a few at a time."""
 
 
 class ToolPool:
-    def __init__(self, paths: list[str], *, max_workers: int, startup_timeout_s: float,
-                 env: dict[str, str] | None = None):
+    def __init__(
+        self, paths: list[str], *, max_workers: int, startup_timeout_s: float, env: dict[str, str] | None = None
+    ):
         """paths: the tools' `pkg.module:function`, in config order; max_workers: the most calls that run
         at once; startup_timeout_s: limit for a worker to import the tools (past it: ToolError); env:
         settings of the tools, in every worker's environment."""
@@ -60,8 +61,9 @@ class ToolPool:
         """Why the pool's thread stopped (a worker that cannot start): later calls fail with it."""
 
     def _start(self, read_schemas: bool = False) -> IsolatedProcess:
-        return IsolatedProcess("megarl.tools.worker", self._paths_json, "schemas" if read_schemas else "no-schemas",
-                               env=self._env)
+        return IsolatedProcess(
+            "megarl.tools.worker", self._paths_json, "schemas" if read_schemas else "no-schemas", env=self._env
+        )
 
     def first_ready(self) -> list[dict]:
         """What the first worker reports once it imported the tools: per tool {"schema", "error"}."""
@@ -148,13 +150,19 @@ class ToolPool:
                 except EOFError:  # the tool killed its worker (os._exit, a crash in C code)
                     status, text = "raised", f"the tool's process exited with code {worker.kill()}"
                     self._replace(index)
-                future.set_result(ToolResult(text, None, now - start) if status == "ok" else
-                                  ToolResult.failed(status, f"Error: {text}", now - start))
+                future.set_result(
+                    ToolResult(text, None, now - start)
+                    if status == "ok"
+                    else ToolResult.failed(status, f"Error: {text}", now - start)
+                )
             elif now >= deadline:
                 del busy[index]
                 self._replace(index)
-                future.set_result(ToolResult.failed(
-                    "timeout", f"Error: the tool ran longer than {job[2]:g} s and was stopped", now - start))
+                future.set_result(
+                    ToolResult.failed(
+                        "timeout", f"Error: the tool ran longer than {job[2]:g} s and was stopped", now - start
+                    )
+                )
 
     def _replace(self, index: int) -> None:
         self.workers[index].kill()

@@ -27,8 +27,7 @@ from concurrent.futures import Future
 from typing import Protocol
 
 from megarl.config.rollout import MultiTurnConfig
-from megarl.tools.builtin import BUILTIN_TOOLS, tool_path
-from megarl.tools.builtin import sandbox_fusion
+from megarl.tools.builtin import BUILTIN_TOOLS, sandbox_fusion, tool_path
 from megarl.tools.builtin.python import sandbox_problem
 from megarl.tools.builtin.search import RetrieverClient
 from megarl.tools.calls import ToolCall, ToolError, ToolResult, one_line
@@ -54,24 +53,31 @@ class SearchBackend(Protocol):
 
 
 class ToolSet:
-    def __init__(self, multi_turn: MultiTurnConfig, *, max_workers: int = MAX_WORKERS,
-                 startup_timeout_s: float = 120.0):
+    def __init__(
+        self, multi_turn: MultiTurnConfig, *, max_workers: int = MAX_WORKERS, startup_timeout_s: float = 120.0
+    ):
         """max_workers: the most tool calls that run at once (more wait for a free worker); each worker
         is a Python process holding every tool. startup_timeout_s: limit for a worker to import the tools."""
         self.tools = multi_turn.tools
         self.search_config = multi_turn.search
         paths = [tool_path(tool.function) for tool in self.tools]
-        malformed = [f"rollout.multi_turn.tools[{index}].function = {tool.function!r}: neither a built-in tool "
-                     f"({', '.join(BUILTIN_TOOLS)}) nor `pkg.module:function`; write e.g. my_tools.web:fetch_page"
-                     for index, (tool, path) in enumerate(zip(self.tools, paths)) if not _is_function_path(path)]
+        malformed = [
+            f"rollout.multi_turn.tools[{index}].function = {tool.function!r}: neither a built-in tool "
+            f"({', '.join(BUILTIN_TOOLS)}) nor `pkg.module:function`; write e.g. my_tools.web:fetch_page"
+            for index, (tool, path) in enumerate(zip(self.tools, paths))
+            if not _is_function_path(path)
+        ]
         if malformed:
             raise ToolError("\n".join(malformed))
-        paths = [_python_tool_path(multi_turn, index) if path == BUILTIN_TOOLS[PYTHON] else path
-                 for index, path in enumerate(paths)]
+        paths = [
+            _python_tool_path(multi_turn, index) if path == BUILTIN_TOOLS[PYTHON] else path
+            for index, path in enumerate(paths)
+        ]
         url = multi_turn.python_tool.sandbox_fusion_url
         env = {sandbox_fusion.URL_ENV: url} if PYTHON_REMOTE in paths else None
-        self._pool = (ToolPool(paths, max_workers=max_workers, startup_timeout_s=startup_timeout_s, env=env)
-                      if paths else None)
+        self._pool = (
+            ToolPool(paths, max_workers=max_workers, startup_timeout_s=startup_timeout_s, env=env) if paths else None
+        )
         self._schemas: list[dict] | None = None
         self._index_by_name: dict[str, int] = {}
         self._search: SearchBackend | None = None
@@ -84,8 +90,11 @@ class ToolSet:
         if self._schemas is not None:
             return
         reports = self._pool.first_ready() if self._pool is not None else []
-        problems = [f"rollout.multi_turn.tools[{index}].function = {tool.function!r}: {report['error']}"
-                    for index, (tool, report) in enumerate(zip(self.tools, reports)) if report["error"] is not None]
+        problems = [
+            f"rollout.multi_turn.tools[{index}].function = {tool.function!r}: {report['error']}"
+            for index, (tool, report) in enumerate(zip(self.tools, reports))
+            if report["error"] is not None
+        ]
         if problems:
             raise ToolError("\n".join(problems))
         index_by_name: dict[str, int] = {}
@@ -93,9 +102,11 @@ class ToolSet:
             name = report["schema"]["function"]["name"]
             if name in index_by_name:
                 first = index_by_name[name]
-                raise ToolError(f"rollout.multi_turn.tools[{index}].function = {self.tools[index].function!r}: its "
-                                f"name {name!r} is also the name of tools[{first}] ({self.tools[first].function!r}); "
-                                "the model calls tools by name: remove one or rename its function")
+                raise ToolError(
+                    f"rollout.multi_turn.tools[{index}].function = {self.tools[index].function!r}: its "
+                    f"name {name!r} is also the name of tools[{first}] ({self.tools[first].function!r}); "
+                    "the model calls tools by name: remove one or rename its function"
+                )
             index_by_name[name] = index
         self._index_by_name = index_by_name
         self._schemas = [report["schema"] for report in reports]
@@ -137,15 +148,23 @@ class ToolSet:
         for position, call in enumerate(calls):
             index = self._index_by_name.get(call.name)
             if index is None:
-                futures[position].set_result(ToolResult.failed(
-                    "unknown_tool", f"Error: there is no tool {call.name!r}; the tools are: "
-                                    f"{', '.join(self._index_by_name) or 'none'}"))
+                futures[position].set_result(
+                    ToolResult.failed(
+                        "unknown_tool",
+                        f"Error: there is no tool {call.name!r}; the tools are: "
+                        f"{', '.join(self._index_by_name) or 'none'}",
+                    )
+                )
             elif self.tools[index].function == SEARCH:
                 query = call.arguments.get("query")
                 if set(call.arguments) != {"query"} or not isinstance(query, str):
-                    futures[position].set_result(ToolResult.failed(
-                        "raised", f"Error: TypeError: {SEARCH} takes one argument, query (a string); got "
-                                  f"{one_line(repr(call.arguments))[:200]}"))
+                    futures[position].set_result(
+                        ToolResult.failed(
+                            "raised",
+                            f"Error: TypeError: {SEARCH} takes one argument, query (a string); got "
+                            f"{one_line(repr(call.arguments))[:200]}",
+                        )
+                    )
                 else:
                     queries.append(query)
                     search_positions.append(position)
@@ -176,8 +195,14 @@ class ToolSet:
                         future.set_result(result)
 
         def time_out() -> None:
-            settle([ToolResult.failed("timeout", f"Error: the search ran longer than {timeout_s:g} s",
-                                      time.monotonic() - started)] * len(queries))
+            settle(
+                [
+                    ToolResult.failed(
+                        "timeout", f"Error: the search ran longer than {timeout_s:g} s", time.monotonic() - started
+                    )
+                ]
+                * len(queries)
+            )
             searching.cancel()
 
         searching = self._search.submit(queries)
@@ -200,8 +225,13 @@ class ToolSet:
             texts = searching.result()
         except Exception as error:  # the index's actor or the retrieval server failed: only these calls fail
             if _timed_out(error):  # the HTTP client's own limit (the same timeout_s) came before the deadline's
-                return [ToolResult.failed("timeout", f"Error: the search ran longer than its time limit ({error})",
-                                          time.monotonic() - started)] * count
+                return [
+                    ToolResult.failed(
+                        "timeout",
+                        f"Error: the search ran longer than its time limit ({error})",
+                        time.monotonic() - started,
+                    )
+                ] * count
             logger.warning("search failed for %d queries: %s", count, error)
             lines = str(error).strip().splitlines() or [""]
             text = one_line(f"Error: the search failed ({type(error).__name__}: {lines[-1]})")
@@ -242,20 +272,27 @@ def _python_tool_path(multi_turn: MultiTurnConfig, index: int) -> str:
     if url:
         problem = sandbox_fusion.server_problem(url)
         if problem is not None:
-            raise ToolError(f"rollout.multi_turn.python_tool.sandbox_fusion_url = {url!r}: the server cannot run the "
-                            f"python tool's code ({problem}); start it (e.g. `docker run -p 8080:8080 "
-                            "volcengine/sandbox-fusion:server-20241204`), correct the URL, or empty it to run the "
-                            "code in the local sandbox")
+            raise ToolError(
+                f"rollout.multi_turn.python_tool.sandbox_fusion_url = {url!r}: the server cannot run the "
+                f"python tool's code ({problem}); start it (e.g. `docker run -p 8080:8080 "
+                "volcengine/sandbox-fusion:server-20241204`), correct the URL, or empty it to run the "
+                "code in the local sandbox"
+            )
         return PYTHON_REMOTE
     problem = sandbox_problem()
     if problem is None:
         return BUILTIN_TOOLS[PYTHON]
     if not multi_turn.python_tool.unsafe_no_sandbox:
-        raise ToolError(f"rollout.multi_turn.tools[{index}].function = 'python': this machine cannot run model-written "
-                        f"code in its sandbox ({problem}); run where unprivileged user namespaces are allowed "
-                        "(sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0, util-linux "
-                        "`unshare` on PATH), or set rollout.multi_turn.python_tool.unsafe_no_sandbox: true to run "
-                        "it with your rights")
-    logger.warning("the python tool runs model-written code WITHOUT a sandbox (%s), with your rights: "
-                   "rollout.multi_turn.python_tool.unsafe_no_sandbox is true", problem)
+        raise ToolError(
+            f"rollout.multi_turn.tools[{index}].function = 'python': this machine cannot run model-written "
+            f"code in its sandbox ({problem}); run where unprivileged user namespaces are allowed "
+            "(sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0, util-linux "
+            "`unshare` on PATH), or set rollout.multi_turn.python_tool.unsafe_no_sandbox: true to run "
+            "it with your rights"
+        )
+    logger.warning(
+        "the python tool runs model-written code WITHOUT a sandbox (%s), with your rights: "
+        "rollout.multi_turn.python_tool.unsafe_no_sandbox is true",
+        problem,
+    )
     return PYTHON_UNSANDBOXED

@@ -35,8 +35,10 @@ def load_tools(paths: list[str], read_schemas: bool) -> tuple[list[Callable | No
             try:
                 schema = get_json_schema(function)
             except Exception as failure:  # transformers' DocstringParsingException, TypeHintParsingException
-                error = (f"no schema can be read from it ({type(failure).__name__}: {failure}); give it type hints "
-                         "and a Google-style docstring: a description, then `Args:` with one line per argument")
+                error = (
+                    f"no schema can be read from it ({type(failure).__name__}: {failure}); give it type hints "
+                    "and a Google-style docstring: a description, then `Args:` with one line per argument"
+                )
         functions.append(function)
         reports.append({"schema": schema, "error": error})
     return functions, reports

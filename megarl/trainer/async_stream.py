@@ -46,8 +46,16 @@ class AsyncRolloutStream:
     """Generates the batches of the coming steps in a thread, each at most `max_staleness` versions stale
     when trained."""
 
-    def __init__(self, generate: Generate, gen_timer: PhaseTimer, timer: PhaseTimer, *, max_staleness: int,
-                 last_step: int, version: int):
+    def __init__(
+        self,
+        generate: Generate,
+        gen_timer: PhaseTimer,
+        timer: PhaseTimer,
+        *,
+        max_staleness: int,
+        last_step: int,
+        version: int,
+    ):
         """`gen_timer`: the thread's own timer (popped into each batch's metrics); `version`: the weight
         version the engines hold now (the step of the checkpoint a resume loaded, else 0)."""
         assert gen_timer is not timer and max_staleness >= 0, (gen_timer, timer, max_staleness)
@@ -145,8 +153,10 @@ class AsyncRolloutStream:
     def state_dict(self, prompts: Sequence[Prompt]) -> dict:
         """For a checkpoint, once `settle`d: the batches generated ahead (JSON), by step."""
         assert self.held and not self.generating, "settle() before saving the stream's state"
-        return {"ready": {str(step): generated.encode(batch, prompts) for step, batch in sorted(self.ready.items())},
-                "in_flight": self.in_flight}
+        return {
+            "ready": {str(step): generated.encode(batch, prompts) for step, batch in sorted(self.ready.items())},
+            "in_flight": self.in_flight,
+        }
 
     def load_state_dict(self, state: dict | None, prompts: Sequence[Prompt]) -> None:
         """Continue from a checkpoint's `state_dict` (an async run's, or one_step_off's batch ahead, or
@@ -157,11 +167,16 @@ class AsyncRolloutStream:
         self.next_step = self.version + 1 + len(self.ready)
         if state:
             lost = state.get("in_flight")
-            print(f"rollout stream: resumed with {len(self.ready)} batch(es) generated before the checkpoint "
-                  f"(steps {sorted(self.ready)}); "
-                  + ("no batch was in flight" if lost is None else
-                     f"the batch of step {lost} was in flight and is lost: it is generated again from the next prompts"),
-                  flush=True)
+            print(
+                f"rollout stream: resumed with {len(self.ready)} batch(es) generated before the checkpoint "
+                f"(steps {sorted(self.ready)}); "
+                + (
+                    "no batch was in flight"
+                    if lost is None
+                    else f"the batch of step {lost} was in flight and is lost: it is generated again from the next prompts"
+                ),
+                flush=True,
+            )
 
     def _may_start(self) -> bool:
         """The thread may generate `next_step`'s batch: it will be at most `max_staleness` versions stale."""
@@ -179,7 +194,7 @@ class AsyncRolloutStream:
             try:
                 batch = self.generate(step, version)
                 batch.metrics |= self.gen_timer.pop()
-            except BaseException as error:  # noqa: BLE001 - every error, a stop signal's too, goes to the main thread
+            except BaseException as error:
                 error.add_note(f"raised generating the batch of step {step} ahead (trainer.rollout_mode: async)")
                 with self.cond:
                     self.error, self.failed_in, self.generating = error, list(self.gen_timer.failed_in or []), False
@@ -216,5 +231,7 @@ def token_version_metrics(batch: GeneratedBatch, step: int) -> dict[str, float]:
     if not versions:
         return {}
     tokens = sum(map(len, versions))
-    return {"rollout/token_version_lag/mean": sum(step - 1 - x for v in versions for x in v) / max(tokens, 1),
-            "rollout/partial_samples": float(sum(len(set(v)) > 1 for v in versions))}
+    return {
+        "rollout/token_version_lag/mean": sum(step - 1 - x for v in versions for x in v) / max(tokens, 1),
+        "rollout/partial_samples": float(sum(len(set(v)) > 1 for v in versions)),
+    }

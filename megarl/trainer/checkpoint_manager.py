@@ -21,9 +21,9 @@ before any rank loads it. `resume: auto` then falls back to the newest intact on
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from megarl.workers.checkpoint_files import (
     MANIFEST,
@@ -160,7 +160,7 @@ class CheckpointManager:
         victims = [] if self.max_keep is None else complete[: -self.max_keep]
         for checkpoint in victims:
             self._remove(checkpoint.path)
-        kept = {c.path.name for c in complete[len(victims):]}
+        kept = {c.path.name for c in complete[len(victims) :]}
         for role in self.parts:
             for part in CheckpointManager(self.root / role).complete():
                 if part.path.name not in kept:

@@ -68,8 +68,15 @@ def decode(state: dict, prompts: Sequence[Prompt]) -> GeneratedBatch:
         finish_reasons=list(state["finish_reasons"]),
         index=list(state["index"]),
         trajectories=[None if t is None else Trajectory(**t) for t in state["trajectories"]],
-        token_versions=list(state.get("token_versions") or [None] * len(state["index"])),  # none before partial rollouts
+        token_versions=list(
+            state.get("token_versions") or [None] * len(state["index"])
+        ),  # none before partial rollouts
     )
     baselines = state["baselines"]
-    return GeneratedBatch(samples, torch.tensor(state["scores"], dtype=torch.float32), dict(state["metrics"]),
-                          None if baselines is None else torch.tensor(baselines), state["policy_version"])
+    return GeneratedBatch(
+        samples,
+        torch.tensor(state["scores"], dtype=torch.float32),
+        dict(state["metrics"]),
+        None if baselines is None else torch.tensor(baselines),
+        state["policy_version"],
+    )

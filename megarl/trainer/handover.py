@@ -44,8 +44,9 @@ from megarl.trainer.timing import PhaseTimer
 class HandOver:
     """Moves the devices between the Megatron groups and the rollout engines of `roles`."""
 
-    def __init__(self, roles, sync: WeightSync, *, engines_sleep: bool, timer: PhaseTimer,
-                 engines_generate_beside: bool = False):
+    def __init__(
+        self, roles, sync: WeightSync, *, engines_sleep: bool, timer: PhaseTimer, engines_generate_beside: bool = False
+    ):
         """`roles`: the run's `Roles`; `engines_sleep`: colocated with `rollout.free_cache_engine`;
         `engines_generate_beside`: `trainer.rollout_mode: async`, where the engines may be generating the
         next batch at `to_training`: their memory is not read there (the call would wait for the generation)."""
@@ -129,11 +130,16 @@ def offload_before_engines(groups: Iterable, gpu_memory_utilization: float) -> N
         return
     free_gib, total_gib = min(devices)
     if gpu_memory_utilization * total_gib > free_gib:
-        raise ConfigError([Problem(
-            "rollout.gpu_memory_utilization", gpu_memory_utilization,
-            f"the engines would take {gpu_memory_utilization * total_gib:.1f} GiB of each {total_gib:.1f} GiB GPU, but "
-            f"beside what the Megatron roles keep resident while the engines generate only {free_gib:.1f} GiB is free "
-            "on the fullest one (vLLM refuses to start)",
-            f"use at most {int(free_gib / total_gib * 100) / 100:.2f}, or offload more: actor.offload.params / grads / "
-            "optimizer (and the critic's), ref.offload_params",
-        )])
+        raise ConfigError(
+            [
+                Problem(
+                    "rollout.gpu_memory_utilization",
+                    gpu_memory_utilization,
+                    f"the engines would take {gpu_memory_utilization * total_gib:.1f} GiB of each {total_gib:.1f} GiB GPU, but "
+                    f"beside what the Megatron roles keep resident while the engines generate only {free_gib:.1f} GiB is free "
+                    "on the fullest one (vLLM refuses to start)",
+                    f"use at most {int(free_gib / total_gib * 100) / 100:.2f}, or offload more: actor.offload.params / grads / "
+                    "optimizer (and the critic's), ref.offload_params",
+                )
+            ]
+        )

@@ -23,20 +23,40 @@ class MegatronGroup:
     """Per rank: rank, tp_rank, pp_rank, dp_rank, dp_size."""
 
     @classmethod
-    def start(cls, name: str, spec, world_size: int, placement, bundle: BundleSpec,
-              env: dict[str, str], target: str = POLICY_TARGET,
-              hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S, bundles: list[int] | None = None) -> MegatronGroup:
+    def start(
+        cls,
+        name: str,
+        spec,
+        world_size: int,
+        placement,
+        bundle: BundleSpec,
+        env: dict[str, str],
+        target: str = POLICY_TARGET,
+        hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S,
+        bundles: list[int] | None = None,
+    ) -> MegatronGroup:
         """`world_size` ranks of `target` (a worker class taking `spec`, with a `grid()` method: a
         `PolicyWorker`, or `megarl sft`'s `SftWorker`), rank r on bundle `bundles[r]` (default r)."""
-        workers = WorkerGroup(name, target, world_size, placement, bundle, init_kwargs={"spec": spec}, env=env,
-                              hang_timeout_s=hang_timeout_s, bundles=bundles)
+        workers = WorkerGroup(
+            name,
+            target,
+            world_size,
+            placement,
+            bundle,
+            init_kwargs={"spec": spec},
+            env=env,
+            hang_timeout_s=hang_timeout_s,
+            bundles=bundles,
+        )
         return cls(workers, workers.call_all("grid"))
 
     @property
     def dp_size(self) -> int:
         return self.grids[0]["dp_size"]
 
-    def call_by_dp(self, method: str, per_dp: list[tuple], replies: Callable[[dict[str, int]], bool] | None = None) -> list:
+    def call_by_dp(
+        self, method: str, per_dp: list[tuple], replies: Callable[[dict[str, int]], bool] | None = None
+    ) -> list:
         """Each rank runs `method` with its DP replica's arguments (stored once per replica, read by its
         TP × PP ranks); results in rank order. `replies(grid)` False: that rank's result stays there (None)."""
         replying = None if replies is None else [replies(g) for g in self.grids]

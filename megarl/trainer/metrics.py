@@ -34,25 +34,33 @@ DOCUMENTED_METRICS: dict[str, str] = {
     "response_length/min": "shortest response in tokens",
     "response_length/clip_ratio": "fraction of responses cut at the maximum response length",
     "prompt_length/mean": "mean prompt length in tokens",
-    "rollout/policy_version_lag/mean": ("weight versions the actor is ahead of the engines that generated the step's "
-                                        "samples, mean over the samples (0 in sync; 1 in one_step_off after the "
-                                        "first step; at most trainer.max_staleness in async: trainer.rollout_mode)"),
+    "rollout/policy_version_lag/mean": (
+        "weight versions the actor is ahead of the engines that generated the step's "
+        "samples, mean over the samples (0 in sync; 1 in one_step_off after the "
+        "first step; at most trainer.max_staleness in async: trainer.rollout_mode)"
+    ),
     "rollout/policy_version_lag/max": "the largest weight-version lag of the step's samples",
-    "rollout/token_version_lag/mean": ("rollout.partial_rollout: weight versions the actor is ahead of the "
-                                       "weights that sampled each response token, mean over the tokens"),
-    "rollout/partial_samples": ("rollout.partial_rollout: samples whose tokens came from more than one weight "
-                                "version (a weight update landed while they were generated)"),
-    "rollout/stale_dropped_samples": ("trainer.rollout_mode async: samples of a batch found more than "
-                                      "trainer.max_staleness versions stale when its step came, dropped and generated "
-                                      "again with the current weights (0 when the bound held at generation)"),
+    "rollout/token_version_lag/mean": (
+        "rollout.partial_rollout: weight versions the actor is ahead of the "
+        "weights that sampled each response token, mean over the tokens"
+    ),
+    "rollout/partial_samples": (
+        "rollout.partial_rollout: samples whose tokens came from more than one weight "
+        "version (a weight update landed while they were generated)"
+    ),
+    "rollout/stale_dropped_samples": (
+        "trainer.rollout_mode async: samples of a batch found more than "
+        "trainer.max_staleness versions stale when its step came, dropped and generated "
+        "again with the current weights (0 when the bound held at generation)"
+    ),
     # actor
     "actor/loss": "actor objective of the update: policy loss - entropy bonus + KL loss (mean over optimizer steps)",
     "actor/pg_loss": "policy-gradient loss (mean over optimizer steps)",
     "actor/kl": "token-mean KL estimate between the current policy and the reference (the actor's KL loss term)",
     "actor/reward_kl_penalty": "token-mean KL(old policy ‖ reference) of the KL penalty in the reward "
-                               "(algorithm.use_kl_in_reward)",
+    "(algorithm.use_kl_in_reward)",
     "actor/overlong_filtered": "fraction of samples cut at the length limit and left out of the actor's loss "
-                               "(algorithm.overlong.filter_truncated)",
+    "(algorithm.overlong.filter_truncated)",
     "actor/reward_kl_penalty_coeff": "coefficient of the KL penalty in the reward (changes under adaptive KL control)",
     "actor/ppo_kl": "token-mean approximate KL between the rollout-time (old) and the current policy",
     "actor/entropy": "token-mean entropy of the current policy on the responses",
@@ -67,17 +75,17 @@ DOCUMENTED_METRICS: dict[str, str] = {
     # over optimizer steps): `megarl.algorithms.rollout_correction.mismatch_metrics`
     "mismatch/kl_k3": "token-mean k3 estimate (ρ - 1 - log ρ) of KL(rollout engines ‖ actor) on the sampled tokens",
     "mismatch/kl_k1": "token-mean direct estimate (log π_rollout - log π_actor) of KL(rollout engines ‖ actor); "
-                      "unbiased but noisier than k3, may be below 0",
+    "unbiased but noisier than k3, may be below 0",
     "mismatch/chi2_token": "token-mean ρ² - 1: χ²(actor ‖ rollout engines) per token (the token weights' variance; "
-                           "an estimate, a batch may put it slightly below 0)",
+    "an estimate, a batch may put it slightly below 0)",
     "mismatch/chi2_seq": "sequence-mean (Π_t ρ_t)² - 1: χ²(actor ‖ rollout engines) of whole responses (an estimate)",
     "mismatch/ppl_ratio": "sequence-mean rollout perplexity / actor perplexity of the responses (1: no mismatch)",
     # actor.rollout_correction (only with a level other than none)
     "correction/weight_mean": "token-mean importance weight on the actor's token losses (0 where masked)",
     "correction/out_of_range_tokens": "fraction of response tokens whose ratio left the range: masked (mode mask) "
-                                      "or capped at high (mode truncate)",
+    "or capped at high (mode truncate)",
     "correction/out_of_range_seqs": "fraction of responses with such a token (at level sequence/geometric: the "
-                                    "whole response's ratio left the range)",
+    "whole response's ratio left the range)",
     # critic
     "critic/vf_loss": "clipped value loss (mean over optimizer steps)",
     "critic/vf_clipfrac": "fraction of tokens where the clipped value term was taken",
@@ -89,15 +97,17 @@ DOCUMENTED_METRICS: dict[str, str] = {
     "critic/skipped_steps": "critic optimizer steps skipped for a non-finite loss or gradient",
     # weight sync
     "sync/logprob_max_abs_diff": "largest |log-prob(rollout) - log-prob(actor)| on the probe batch after the sync "
-                                 "(checked steps only: rollout.sync.verify_every)",
+    "(checked steps only: rollout.sync.verify_every)",
     "sync/logprob_mean_abs_diff": "mean |log-prob(rollout) - log-prob(actor)| on the probe batch after the sync "
-                                  "(checked steps only: rollout.sync.verify_every)",
+    "(checked steps only: rollout.sync.verify_every)",
     "sync/checksum_tensors": "HF tensors every rollout worker loaded bit for bit as the actor holds them, in "
-                             "model.dtype (checked steps only: rollout.sync.verify_every)",
+    "model.dtype (checked steps only: rollout.sync.verify_every)",
     "sync/weight_version": "weight version of the rollout engines after the sync (+1 per sync)",
     "sync/seconds": "wall time of the weight send (gather, convert, transport)",
-    "sync/gigabytes": ("gigabytes handed to the transport, summed over the sending ranks (every copy counted: "
-                       "a colocated ring per rank, a shard sync's pieces per receiver)"),
+    "sync/gigabytes": (
+        "gigabytes handed to the transport, summed over the sending ranks (every copy counted: "
+        "a colocated ring per rank, a shard sync's pieces per receiver)"
+    ),
     "sync/buckets": "buckets handed to the transport",
     "sync/peak_buffer_megabytes": "most bridge buffer memory alive at once on a rank",
     # validation
@@ -109,11 +119,15 @@ DOCUMENTED_METRICS: dict[str, str] = {
     # throughput
     "perf/total_tokens": "prompt + response tokens of the step's samples",
     "perf/tokens_per_s": "perf/total_tokens / timing/step",
-    "perf/update_tflops": ("model TFLOP/s of the actor update: matmul FLOPs of forward and backward over the samples' "
-                           "prompt + response tokens, padding excluded, × actor.ppo_epochs (megarl.models.flops), "
-                           "/ timing/update_actor"),
-    "perf/peak_tflops": ("the actor group's matmul peak, all its ranks together: measured at start-up in model.dtype "
-                         "(megarl.workers.matmul_peak), or trainer.peak_flops"),
+    "perf/update_tflops": (
+        "model TFLOP/s of the actor update: matmul FLOPs of forward and backward over the samples' "
+        "prompt + response tokens, padding excluded, × actor.ppo_epochs (megarl.models.flops), "
+        "/ timing/update_actor"
+    ),
+    "perf/peak_tflops": (
+        "the actor group's matmul peak, all its ranks together: measured at start-up in model.dtype "
+        "(megarl.workers.matmul_peak), or trainer.peak_flops"
+    ),
     "perf/mfu": "model FLOPs utilisation of the actor update: perf/update_tflops / perf/peak_tflops",
     **{f"timing/{phase}": f"seconds: {meaning}" for phase, meaning in PHASES.items()},
 }
@@ -123,8 +137,10 @@ AGENT_METRICS: dict[str, str] = {
     "agent/tool_calls/mean": "tool calls per sample (those the parser rejected included)",
     "agent/tool_call_rate": "fraction of samples that called a tool at least once",
     "agent/tool_errors/mean": "failed tool calls per sample",
-    **{f"agent/tool_errors/{kind}": f"tool calls per sample that failed as {kind}: {meaning}"
-       for kind, meaning in TOOL_ERRORS.items()},
+    **{
+        f"agent/tool_errors/{kind}": f"tool calls per sample that failed as {kind}: {meaning}"
+        for kind, meaning in TOOL_ERRORS.items()
+    },
     "agent/tool_latency_s/mean": "mean wall time of one tool call",
     "agent/tool_latency_s/max": "longest tool call of the step",
     "agent/masked_token_fraction": "share of response tokens that are tool observations (masked out of the loss)",
@@ -156,33 +172,62 @@ MEMORY_STATS: dict[str, str] = {
 }
 """Stat of a `memory/<role>/<phase>/<stat>` metric -> what it counts (`megarl.workers.memory_stats`)."""
 
-SUMMED_METRICS = frozenset({
-    "reward/errors", "reward/timeouts", "reward/failed_samples", "perf/total_tokens", "sync/gigabytes", "sync/buckets",
-})
+SUMMED_METRICS = frozenset(
+    {
+        "reward/errors",
+        "reward/timeouts",
+        "reward/failed_samples",
+        "perf/total_tokens",
+        "sync/gigabytes",
+        "sync/buckets",
+    }
+)
 """Counts: ranks / micro-batches each hold a part, the step's value is the sum."""
-MAX_METRICS = frozenset({
-    "reward/max", "response_length/max", "sync/logprob_max_abs_diff", "sync/peak_buffer_megabytes", "sync/seconds",
-})
+MAX_METRICS = frozenset(
+    {
+        "reward/max",
+        "response_length/max",
+        "sync/logprob_max_abs_diff",
+        "sync/peak_buffer_megabytes",
+        "sync/seconds",
+    }
+)
 """Maxima (and the sync's wall time, set by its slowest rank); `timing/*` is reduced by max as well."""
 MIN_METRICS = frozenset({"reward/min", "response_length/min"})
 """Minima."""
 
 _WORKER_NAMES: dict[str, dict[str, str]] = {
     "actor": {
-        "loss": "actor/loss", "pg_loss": "actor/pg_loss", "kl_loss": "actor/kl", "entropy": "actor/entropy",
-        "clip_frac": "actor/pg_clipfrac", "clip_frac_lower": "actor/pg_clipfrac_lower", "approx_kl": "actor/ppo_kl",
-        "grad_norm": "actor/grad_norm", "lr": "actor/lr", "tokens": "actor/tokens",
-        "steps": "actor/optimizer_steps", "skipped_steps": "actor/skipped_steps",
-        "kl_k3": "mismatch/kl_k3", "kl_k1": "mismatch/kl_k1", "chi2_token": "mismatch/chi2_token",
-        "chi2_seq": "mismatch/chi2_seq", "ppl_ratio": "mismatch/ppl_ratio",
+        "loss": "actor/loss",
+        "pg_loss": "actor/pg_loss",
+        "kl_loss": "actor/kl",
+        "entropy": "actor/entropy",
+        "clip_frac": "actor/pg_clipfrac",
+        "clip_frac_lower": "actor/pg_clipfrac_lower",
+        "approx_kl": "actor/ppo_kl",
+        "grad_norm": "actor/grad_norm",
+        "lr": "actor/lr",
+        "tokens": "actor/tokens",
+        "steps": "actor/optimizer_steps",
+        "skipped_steps": "actor/skipped_steps",
+        "kl_k3": "mismatch/kl_k3",
+        "kl_k1": "mismatch/kl_k1",
+        "chi2_token": "mismatch/chi2_token",
+        "chi2_seq": "mismatch/chi2_seq",
+        "ppl_ratio": "mismatch/ppl_ratio",
         "correction_weight_mean": "correction/weight_mean",
         "correction_out_of_range_tokens": "correction/out_of_range_tokens",
         "correction_out_of_range_seqs": "correction/out_of_range_seqs",
     },
     "critic": {
-        "loss": "critic/vf_loss", "clip_frac": "critic/vf_clipfrac", "vpred_mean": "critic/vpred_mean",
-        "grad_norm": "critic/grad_norm", "lr": "critic/lr", "tokens": "critic/tokens",
-        "steps": "critic/optimizer_steps", "skipped_steps": "critic/skipped_steps",
+        "loss": "critic/vf_loss",
+        "clip_frac": "critic/vf_clipfrac",
+        "vpred_mean": "critic/vpred_mean",
+        "grad_norm": "critic/grad_norm",
+        "lr": "critic/lr",
+        "tokens": "critic/tokens",
+        "steps": "critic/optimizer_steps",
+        "skipped_steps": "critic/skipped_steps",
     },
 }
 """Keys of `MegatronActor.update_policy` / `MegatronCritic.update_critic` results -> logged names."""
@@ -193,8 +238,10 @@ def worker_metrics(role: Literal["actor", "critic"], update_result: Mapping[str,
     names = _WORKER_NAMES[role]
     unknown = sorted(set(update_result) - set(names))
     if unknown:
-        raise KeyError(f"{role} update returned metrics without a logged name: {unknown}; add them to "
-                       "megarl.trainer.metrics._WORKER_NAMES and DOCUMENTED_METRICS")
+        raise KeyError(
+            f"{role} update returned metrics without a logged name: {unknown}; add them to "
+            "megarl.trainer.metrics._WORKER_NAMES and DOCUMENTED_METRICS"
+        )
     return {names[key]: float(value) for key, value in update_result.items()}
 
 
@@ -254,7 +301,11 @@ def update_mfu_metrics(update_flops: float, update_seconds: float, peak_flops: f
     """`perf/update_tflops`, `perf/peak_tflops` and `perf/mfu` of an actor update of `update_flops` model
     FLOPs that took `update_seconds`, on a group whose peak is `peak_flops` FLOP/s."""
     achieved = update_flops / update_seconds
-    return {"perf/update_tflops": achieved / 1e12, "perf/peak_tflops": peak_flops / 1e12, "perf/mfu": achieved / peak_flops}
+    return {
+        "perf/update_tflops": achieved / 1e12,
+        "perf/peak_tflops": peak_flops / 1e12,
+        "perf/mfu": achieved / peak_flops,
+    }
 
 
 def reward_trend(records: Sequence[Mapping[str, object]], name: str = "reward/mean", window: int = 10) -> str:
@@ -266,8 +317,9 @@ def reward_trend(records: Sequence[Mapping[str, object]], name: str = "reward/me
         return f"{name} {logged[0][1]:.3f} at step {logged[0][0]}" if logged else f"{name}: no step logged it"
     width = min(window, len(logged) // 2)
     first, last = logged[:width], logged[-width:]
-    return (f"{name} {_mean([v for _, v in first]):.3f} {_over(first)} -> {_mean([v for _, v in last]):.3f} "
-            f"{_over(last)}")
+    return (
+        f"{name} {_mean([v for _, v in first]):.3f} {_over(first)} -> {_mean([v for _, v in last]):.3f} {_over(last)}"
+    )
 
 
 def _over(logged: Sequence[tuple[int, float]]) -> str:
@@ -288,7 +340,9 @@ def reduce_metrics(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:
 
 def undocumented(names: Iterable[str]) -> list[str]:
     """The names (sorted) that `DOCUMENTED_METRICS`, `AGENT_METRICS` and the memory catalogue do not explain."""
-    return sorted(name for name in set(names) - set(DOCUMENTED_METRICS) - set(AGENT_METRICS) if not _is_memory_metric(name))
+    return sorted(
+        name for name in set(names) - set(DOCUMENTED_METRICS) - set(AGENT_METRICS) if not _is_memory_metric(name)
+    )
 
 
 def memory_metric(role: str, phase: str, stat: str) -> str:
@@ -298,8 +352,13 @@ def memory_metric(role: str, phase: str, stat: str) -> str:
 
 def _is_memory_metric(name: str) -> bool:
     parts = name.split("/")
-    return (len(parts) == 4 and parts[0] == "memory" and parts[1] in MEMORY_ROLES and parts[2] in MEMORY_PHASES
-            and parts[3] in MEMORY_STATS)
+    return (
+        len(parts) == 4
+        and parts[0] == "memory"
+        and parts[1] in MEMORY_ROLES
+        and parts[2] in MEMORY_PHASES
+        and parts[3] in MEMORY_STATS
+    )
 
 
 def _reduce(name: str, values: list[float]) -> float:

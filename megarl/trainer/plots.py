@@ -39,7 +39,7 @@ def rolling_mean(values: Sequence[float], window: int) -> list[float]:
     window holds none. `[N] -> [N]`."""
     means = []
     for end in range(1, len(values) + 1):
-        finite = [v for v in values[max(0, end - window):end] if not math.isnan(v)]
+        finite = [v for v in values[max(0, end - window) : end] if not math.isnan(v)]
         means.append(sum(finite) / len(finite) if finite else math.nan)
     return means
 
@@ -97,7 +97,7 @@ def plot_memory(records: Sequence[dict[str, float | None]], out_path: Path, titl
         for role in MEMORY_ROLES:
             values = [record.get(memory_metric(role, phase, stat)) for phase in phases]
             if any(value is not None for value in values):
-                line, = axes.plot(phases, _carried(values), drawstyle="steps-post", label=role)
+                (line,) = axes.plot(phases, _carried(values), drawstyle="steps-post", label=role)
                 measured_at = [(phase, value) for phase, value in zip(phases, values) if value is not None]
                 axes.plot(*zip(*measured_at), "o", color=line.get_color())  # a dot where the role reported
         axes.tick_params(axis="x", labelrotation=20)

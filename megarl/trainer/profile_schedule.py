@@ -33,5 +33,9 @@ def profile_request(profile: ProfileConfig, run_dir: Path, step: int) -> Profile
 
 def stop_profiles(roles) -> list[str]:
     """Every Megatron group's recording ends and is written (`PolicyWorker.stop_profile`): the trace files."""
-    return [path for workers in megatron_groups(roles.groups).values()
-            for path in workers.call_all("stop_profile") if path is not None]
+    return [
+        path
+        for workers in megatron_groups(roles.groups).values()
+        for path in workers.call_all("stop_profile")
+        if path is not None
+    ]

@@ -66,8 +66,13 @@ def expected_layouts(plan: BatchPlan) -> dict[str, dict[str, int]]:
 
 def _layout(plan: BatchPlan, role) -> dict[str, int]:
     virtual = {"vpp": role.virtual_pipeline} if role.virtual_pipeline > 1 else {}
-    return {"world_size": plan.train_gpus, "tp": role.tensor_parallel, "pp": role.pipeline_parallel,
-            "dp": role.data_parallel, **virtual}
+    return {
+        "world_size": plan.train_gpus,
+        "tp": role.tensor_parallel,
+        "pp": role.pipeline_parallel,
+        "dp": role.data_parallel,
+        **virtual,
+    }
 
 
 def resume_problems(config: Config, plan: BatchPlan, step_dir: Path) -> tuple[list[Problem], list[str]]:
@@ -90,15 +95,22 @@ def resume_problems(config: Config, plan: BatchPlan, step_dir: Path) -> tuple[li
         if is_ == was:
             continue
         if name in WARNED:
-            warnings.append(f"warning: resuming {step_dir} (saved with {name}={was}) with {name}={is_}: the weights "
-                            "and optimizer state continue under the new objective")
+            warnings.append(
+                f"warning: resuming {step_dir} (saved with {name}={was}) with {name}={is_}: the weights "
+                "and optimizer state continue under the new objective"
+            )
             continue
         config_key = "model.path" if name == "model" else name
-        problems.append(Problem(
-            key, str(step_dir), f"the checkpoint was saved with {config_key} {_describe(name, was)}, this run has "
-            f"{_describe(name, is_)}",
-            f"resume with the checkpoint's {config_key}, or start a new run (checkpoint.resume: disable, or another "
-            "checkpoint.dir)"))
+        problems.append(
+            Problem(
+                key,
+                str(step_dir),
+                f"the checkpoint was saved with {config_key} {_describe(name, was)}, this run has "
+                f"{_describe(name, is_)}",
+                f"resume with the checkpoint's {config_key}, or start a new run (checkpoint.resume: disable, or another "
+                "checkpoint.dir)",
+            )
+        )
     return problems, warnings
 
 
@@ -113,20 +125,28 @@ def _layout_problem(step_dir: Path, role: str, layout: dict[str, int]) -> Proble
     try:
         saved = read_manifest(where).layout
     except CheckpointError as error:
-        return Problem("checkpoint.resume", str(step_dir), f"the {role} part: {error}",
-                       "choose another checkpoint, or checkpoint.resume: auto")
+        return Problem(
+            "checkpoint.resume",
+            str(step_dir),
+            f"the {role} part: {error}",
+            "choose another checkpoint, or checkpoint.resume: auto",
+        )
     if saved == layout:
         return None
     return Problem(
-        "checkpoint.resume", str(step_dir),
+        "checkpoint.resume",
+        str(step_dir),
         f"the {role} was saved with layout {_format(saved)}, this run's is {_format(layout)}; an exact resume "
         "restores each rank's optimizer shard and RNG, so it needs the saved layout",
         f"run with {role}.parallel sizes and the devices of the saved layout; or export the weights "
         f"(megarl convert mcore-to-hf --ckpt {step_dir} --out DIR) and start a new run from model.path=DIR "
-        "(the optimizer starts afresh)")
+        "(the optimizer starts afresh)",
+    )
 
 
 def _format(layout: dict[str, int]) -> str:
     virtual = f" (VPP {layout['vpp']})" if "vpp" in layout else ""
-    return (f"TP {layout.get('tp')} × PP {layout.get('pp')}{virtual} × DP {layout.get('dp')} "
-            f"({layout.get('world_size')} ranks)")
+    return (
+        f"TP {layout.get('tp')} × PP {layout.get('pp')}{virtual} × DP {layout.get('dp')} "
+        f"({layout.get('world_size')} ranks)"
+    )

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from megarl.bridge.ring_routes import RingRoutes, route_rings
-from megarl.config import BatchPlan, Config, ConfigError, cluster_problems, resolve_device, uses_reference
+from megarl.config import BatchPlan, Config, ConfigError, cluster_problems, resolve_device
 from megarl.config.rollout import response_length, rollout_dtype
 from megarl.orchestration.cluster import cluster_gpus
 from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group, engine_bundles, gpu_slots
@@ -134,24 +134,36 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
     model = ModelSettings(dtype=config.model.dtype, transformer_impl=config.model.transformer_impl)
     critic = critic_spec(config, plan, total_steps) if plan.critic else None
     policy = PolicyWorkerSpec(
-        model_path=config.model.path, model_settings=model, tp=plan.actor.tensor_parallel, pp=plan.actor.pipeline_parallel,
+        model_path=config.model.path,
+        model_settings=model,
+        tp=plan.actor.tensor_parallel,
+        pp=plan.actor.pipeline_parallel,
         vpp=plan.actor.virtual_pipeline,
-        seed=config.trainer.seed, actor=actor_spec(config, plan, total_steps),
-        use_reference=plan.ref is not None and "ref" not in own, ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
+        seed=config.trainer.seed,
+        actor=actor_spec(config, plan, total_steps),
+        use_reference=plan.ref is not None and "ref" not in own,
+        ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
         ref_micro_batch=settings.micro_batch_cut(config.ref, "ref"),
-        ref_offload=config.ref.offload_params, critic=None if "critic" in own else critic,
+        ref_offload=config.ref.offload_params,
+        critic=None if "critic" in own else critic,
         ref_sequence_parallel=config.ref.parallel.sequence_parallel,
         reward_model_path=config.reward.reward_model,
     )
     specs = {"policy": policy}
     for role in plan.own_groups:
         specs[role.role] = PolicyWorkerSpec(
-            model_path=config.model.path, model_settings=model, tp=role.tensor_parallel, pp=role.pipeline_parallel,
+            model_path=config.model.path,
+            model_settings=model,
+            tp=role.tensor_parallel,
+            pp=role.pipeline_parallel,
             vpp=role.virtual_pipeline,
             seed=config.trainer.seed,
-            actor=None, use_reference=role.role == "ref", ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
-        ref_micro_batch=settings.micro_batch_cut(config.ref, "ref"),
-            ref_offload=config.ref.offload_params, critic=critic if role.role == "critic" else None,
+            actor=None,
+            use_reference=role.role == "ref",
+            ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
+            ref_micro_batch=settings.micro_batch_cut(config.ref, "ref"),
+            ref_offload=config.ref.offload_params,
+            critic=critic if role.role == "critic" else None,
             ref_sequence_parallel=config.ref.parallel.sequence_parallel,
             reward_model_path=None,
         )
@@ -204,8 +216,9 @@ def process_share(bundle: BundleSpec, processes: int) -> BundleSpec:
     return BundleSpec(cpus=1.0, gpus=bundle.gpus / processes)
 
 
-def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str, str], device: str,
-                startup: PhaseTimer) -> Roles:
+def start_roles(
+    config: Config, plan: BatchPlan, total_steps: int, env: dict[str, str], device: str, startup: PhaseTimer
+) -> Roles:
     """Place and start the Megatron groups and the rollout group on `device` (`cluster_device`), then
     connect the weight sync (a process group of the trainer's sending ranks and every engine, or the
     shared transports' rings); each part timed by `startup` (`timing.STARTUP_PHASES`)."""
@@ -217,13 +230,25 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
     env = {**env, **worker_env(device)}
     share = process_share(bundle, plan.processes_per_train_gpu)
     with startup("megatron"):
-        started = {name: MegatronGroup.start(name, spec, plan.train_gpus, pg, share, env,
-                                             hang_timeout_s=config.trainer.hang_timeout_s,
-                                             bundles=slots[:plan.train_gpus])
-                   for name, spec in worker_specs(config, plan, total_steps).items()}
+        started = {
+            name: MegatronGroup.start(
+                name,
+                spec,
+                plan.train_gpus,
+                pg,
+                share,
+                env,
+                hang_timeout_s=config.trainer.hang_timeout_s,
+                bundles=slots[: plan.train_gpus],
+            )
+            for name, spec in worker_specs(config, plan, total_steps).items()
+        }
         offload_before_engines(started.values(), config.rollout.gpu_memory_utilization)
-    groups = {role.role: started[role.role if role.own_group else "policy"]
-              for role in (plan.actor, plan.critic, plan.ref) if role is not None}
+    groups = {
+        role.role: started[role.role if role.own_group else "policy"]
+        for role in (plan.actor, plan.critic, plan.ref)
+        if role is not None
+    }
     with startup("engines"):
         rollout_group = start_rollout(config, plan, pg, slots, share.gpus if plan.colocated else bundle.gpus, env)
     try:
@@ -235,8 +260,9 @@ def start_roles(config: Config, plan: BatchPlan, total_steps: int, env: dict[str
         raise
 
 
-def _connect(config: Config, plan: BatchPlan, device: str, startup: PhaseTimer, groups: dict, rollout_group: WorkerGroup,
-             pg) -> Roles:
+def _connect(
+    config: Config, plan: BatchPlan, device: str, startup: PhaseTimer, groups: dict, rollout_group: WorkerGroup, pg
+) -> Roles:
     """The started groups as `Roles`, with the weight sync between them connected."""
     rollout = config.rollout
     policy = groups["actor"].workers
@@ -255,8 +281,9 @@ def _connect(config: Config, plan: BatchPlan, device: str, startup: PhaseTimer, 
     return roles
 
 
-def start_rollout(config: Config, plan: BatchPlan, pg, slots: list[int], gpus_per_device: float,
-                  env: dict[str, str]) -> WorkerGroup:
+def start_rollout(
+    config: Config, plan: BatchPlan, pg, slots: list[int], gpus_per_device: float, env: dict[str, str]
+) -> WorkerGroup:
     """One `RolloutWorker` per engine, engine k on the `rollout.tensor_model_parallel_size` bundles
     `placement.engine_bundles` gives it from the run's `slots` (the training slots when colocated, the
     split rollout's after them), each worker taking `gpus_per_device` of a bundle's GPU. A TP 1 engine's process takes
@@ -266,18 +293,26 @@ def start_rollout(config: Config, plan: BatchPlan, pg, slots: list[int], gpus_pe
     first = 0 if plan.colocated else plan.train_gpus
     bundles = engine_bundles(pg, slots, first, plan.rollout_engines, tp, config.placement.gpus_per_node)
     return WorkerGroup(
-        "rollout", ROLLOUT_TARGET, plan.rollout_engines, pg,
+        "rollout",
+        ROLLOUT_TARGET,
+        plan.rollout_engines,
+        pg,
         BundleSpec(cpus=1.0, gpus=gpus_per_device if engine_holds_gpu(tp) else 0.0),
         init_kwargs={
-            "backend": rollout.backend, "model_path": config.model.path,
-            "tensor_parallel_size": tp, "dtype": rollout_dtype(rollout, config.model.dtype),
-            "seed": rollout.seed, "max_model_len": config.data.max_prompt_length + response_length(rollout),
+            "backend": rollout.backend,
+            "model_path": config.model.path,
+            "tensor_parallel_size": tp,
+            "dtype": rollout_dtype(rollout, config.model.dtype),
+            "seed": rollout.seed,
+            "max_model_len": config.data.max_prompt_length + response_length(rollout),
             "cpu_kv_cache_gib": max(1, math.ceil(rollout.kv_cache_gib)),
-            "gpu_memory_utilization": rollout.gpu_memory_utilization, "enforce_eager": rollout.enforce_eager,
+            "gpu_memory_utilization": rollout.gpu_memory_utilization,
+            "enforce_eager": rollout.enforce_eager,
             "sleep_level": rollout.sleep_level,
         },
         env=[{**env, **engine_env(indices, gpus_per_device)} for indices in bundles],
-        hang_timeout_s=config.trainer.hang_timeout_s, bundles=[indices[0] for indices in bundles],
+        hang_timeout_s=config.trainer.hang_timeout_s,
+        bundles=[indices[0] for indices in bundles],
     )
 
 
@@ -311,8 +346,13 @@ def shared_routes(config: Config, plan: BatchPlan, grids: list[dict[str, int]]) 
     where the routes do not stream each rank's own shards is an error (validation refuses the
     layouts, this the placement)."""
     setting = config.rollout.sync.per_rank
-    routes = route_rings(grids, plan.rollout_engines, config.rollout.tensor_model_parallel_size,
-                         colocated=plan.colocated, per_rank=setting != "never" and config.rollout.backend == "vllm")
+    routes = route_rings(
+        grids,
+        plan.rollout_engines,
+        config.rollout.tensor_model_parallel_size,
+        colocated=plan.colocated,
+        per_rank=setting != "never" and config.rollout.backend == "vllm",
+    )
     if setting == "always" and not routes.per_rank:
         raise PlacementError(
             f"rollout.sync.per_rank=always: this placement's rings do not carry each rank's own shards ({routes.mode}: actor "

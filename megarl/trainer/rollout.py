@@ -24,12 +24,16 @@ RolloutFn = Callable[[Sequence[Prompt], SamplingConfig, str], Samples]
 """`(prompts, sampling, group_prefix) -> Samples`: `megarl.rollout.single_turn` bound to the engines, or an `AgentLoop`."""
 
 
-def score(samples: Samples, scorer: RewardScorer, decode: Callable[[list[int]], str]) -> tuple[torch.Tensor, RewardResult]:
+def score(
+    samples: Samples, scorer: RewardScorer, decode: Callable[[list[int]], str]
+) -> tuple[torch.Tensor, RewardResult]:
     """`[N]` sequence-level rewards of the samples, and the scorer's result (its error counts, the first
     failure). A multi-turn
     sample's response is its last turn (the answer), and the function also gets the `trajectory`
     column: each sample's messages after the prompt (turns, tool calls, observations)."""
-    responses = [decode(t.final_turn if t is not None else ids) for ids, t in zip(samples.response_ids, samples.trajectories)]
+    responses = [
+        decode(t.final_turn if t is not None else ids) for ids, t in zip(samples.response_ids, samples.trajectories)
+    ]
     columns = reward_columns(samples.prompts)
     if any(t is not None for t in samples.trajectories):
         columns["trajectory"] = [t.messages for t in samples.trajectories]
@@ -40,14 +44,22 @@ def score(samples: Samples, scorer: RewardScorer, decode: Callable[[list[int]], 
 class RolloutPhase:
     """Produces one training step's samples and their sequence-level rewards."""
 
-    def __init__(self, config: Config, rollout: RolloutFn, scorer: RewardScorer,
-                 decode: Callable[[list[int]], str], next_prompts: Callable[[], list[Prompt]], timer: PhaseTimer):
+    def __init__(
+        self,
+        config: Config,
+        rollout: RolloutFn,
+        scorer: RewardScorer,
+        decode: Callable[[list[int]], str],
+        next_prompts: Callable[[], list[Prompt]],
+        timer: PhaseTimer,
+    ):
         self.timer = timer
         self.config = config
         self.rollout = rollout
         reward = config.reward
-        self.failures = FailureWindow(reward.function, max_fraction=reward.max_failed_fraction,
-                                      steps=reward.failure_window)
+        self.failures = FailureWindow(
+            reward.function, max_fraction=reward.max_failed_fraction, steps=reward.failure_window
+        )
         """The failure-rate limit over training rounds (a DAPO step's extra rounds count as steps)."""
         self.scorer = scorer
         self.decode = decode
@@ -68,7 +80,8 @@ class RolloutPhase:
             kept_scores.append(scores[keep])
             round_metrics.append(metrics)
         metrics = reduce_metrics(round_metrics) | {
-            "dapo/rounds": float(sampler.rounds), "dapo/groups_kept_ratio": sampler.groups_kept / sampler.groups_seen,
+            "dapo/rounds": float(sampler.rounds),
+            "dapo/groups_kept_ratio": sampler.groups_kept / sampler.groups_seen,
         }
         return Samples.concat(kept), torch.cat(kept_scores), metrics
 
@@ -90,8 +103,10 @@ class RolloutPhase:
         """`val/reward/mean` and `val/response_length/mean` of `prompts`, generated `batch_size` at a time."""
         samples = Samples.concat([self.rollout(chunk, sampling, "val") for chunk in iter_batches(prompts, batch_size)])
         scores, _ = score(samples, self.scorer, self.decode)  # validation: not in the failure-rate limit
-        return {"val/reward/mean": scores.mean().item(),
-                "val/response_length/mean": sum(map(len, samples.response_ids)) / len(samples)}
+        return {
+            "val/reward/mean": scores.mean().item(),
+            "val/response_length/mean": sum(map(len, samples.response_ids)) / len(samples),
+        }
 
     def _round(self, sampling: SamplingConfig, group_prefix: str) -> tuple[Samples, torch.Tensor, dict]:
         with self.timer("rollout"):

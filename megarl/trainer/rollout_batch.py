@@ -27,13 +27,16 @@ def policy_batch(samples: Samples, response_length: int) -> PolicyBatch:
         zip(samples.prompts, samples.response_ids, samples.rollout_log_probs, samples.loss_masks, strict=True)
     ):
         p, r = len(prompt.token_ids), len(response)
-        prompts[row, prompt_length - p:] = torch.tensor(prompt.token_ids)
-        prompt_mask[row, prompt_length - p:] = True
+        prompts[row, prompt_length - p :] = torch.tensor(prompt.token_ids)
+        prompt_mask[row, prompt_length - p :] = True
         responses[row, :r] = torch.tensor(response, dtype=torch.long)
         response_mask[row, :r] = loss_mask
         engine_log_probs[row, :r] = log_probs.float()
     return PolicyBatch(
-        prompts=prompts, prompt_mask=prompt_mask, responses=responses, response_mask=response_mask,
+        prompts=prompts,
+        prompt_mask=prompt_mask,
+        responses=responses,
+        response_mask=response_mask,
         rollout_log_probs=engine_log_probs,
     )
 

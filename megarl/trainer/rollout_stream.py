@@ -50,8 +50,16 @@ version `policy_version` (recorded in the batch)."""
 class RolloutStream:
     """Generates each step's batch `lookahead` (0 or 1) steps ahead of the training."""
 
-    def __init__(self, generate: Generate, gen_timer: PhaseTimer, timer: PhaseTimer, *, lookahead: int,
-                 last_step: int, version: int):
+    def __init__(
+        self,
+        generate: Generate,
+        gen_timer: PhaseTimer,
+        timer: PhaseTimer,
+        *,
+        lookahead: int,
+        last_step: int,
+        version: int,
+    ):
         """`gen_timer`: the timer `generate` times its phases with: the trainer's own `timer` when
         `lookahead` is 0 (the generation runs inside the step, as any phase), one of its own otherwise
         (popped into each batch's metrics); `version`: the weight version the engines hold now (the step
@@ -138,7 +146,7 @@ class RolloutStream:
         """The thread: `step`'s batch into `ahead`, or what it raised kept for the main thread."""
         try:
             batch = self.generate(step, self.version)  # no sync before this generation ends
-        except BaseException as error:  # noqa: BLE001 - every error, a stop signal's too, goes to the main thread
+        except BaseException as error:
             error.add_note(f"raised generating the batch of step {step} ahead (trainer.rollout_mode: one_step_off)")
             self.error, self.failed_in = error, list(self.gen_timer.failed_in or [])
             return

@@ -1,13 +1,18 @@
 """Config sections → the plain settings objects the workers take (workers never see the config)."""
 
-from megarl.config import BatchPlan, Config, ConfigError, Problem
 from megarl.algorithms.rollout_correction import RolloutCorrection
+from megarl.config import BatchPlan, Config, ConfigError, Problem
 from megarl.config.roles import OptimizerConfig, RecomputeConfig, RolloutCorrectionConfig
 from megarl.workers.packing import TokenBudget
 from megarl.workers.rollout.base import SamplingConfig
 from megarl.workers.settings import (
-    OffloadSettings, OptimSettings, PolicyLossSettings, RecomputeSettings, ValueLossSettings,
+    OffloadSettings,
+    OptimSettings,
+    PolicyLossSettings,
+    RecomputeSettings,
+    ValueLossSettings,
 )
+
 
 def optim_settings(optim: OptimizerConfig, optimizer_steps: int) -> OptimSettings:
     """`optimizer_steps`: optimizer steps of the whole run (the decay ends there)."""
@@ -91,11 +96,23 @@ def stop_token_ids(tokenizer, stop: tuple[str | int, ...]) -> tuple[int, ...]:
     for entry in stop:
         tokens = [entry] if isinstance(entry, int) else tokenizer.encode(entry, add_special_tokens=False)
         if len(tokens) != 1:
-            problems.append(Problem("rollout.stop", entry, f"the tokenizer encodes it as {len(tokens)} tokens {tokens}; "
-                                    "generation stops on single tokens", "give one token (its id or its text)"))
+            problems.append(
+                Problem(
+                    "rollout.stop",
+                    entry,
+                    f"the tokenizer encodes it as {len(tokens)} tokens {tokens}; generation stops on single tokens",
+                    "give one token (its id or its text)",
+                )
+            )
         elif not 0 <= tokens[0] < len(tokenizer):
-            problems.append(Problem("rollout.stop", entry, f"no such token: the vocabulary has {len(tokenizer)}",
-                                    f"use an id below {len(tokenizer)}"))
+            problems.append(
+                Problem(
+                    "rollout.stop",
+                    entry,
+                    f"no such token: the vocabulary has {len(tokenizer)}",
+                    f"use an id below {len(tokenizer)}",
+                )
+            )
         else:
             ids.append(tokens[0])
     if problems:
@@ -103,7 +120,9 @@ def stop_token_ids(tokenizer, stop: tuple[str | int, ...]) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
-def sampling_config(config: Config, stop_token_ids: tuple[int, ...], seed: int, validation: bool = False) -> SamplingConfig:
+def sampling_config(
+    config: Config, stop_token_ids: tuple[int, ...], seed: int, validation: bool = False
+) -> SamplingConfig:
     """Training sampling, or validation sampling (`rollout.val_*`; temperature 0 = greedy)."""
     rollout = config.rollout
     if validation:

@@ -67,15 +67,19 @@ class SftTrainer:
         self._check_output_dir()
         # Absolute: the rank processes need not share the driver's working directory.
         self.model_path = str(Path(local_dir(model.path)).expanduser().absolute())
-        self.tokenizer = AutoTokenizer.from_pretrained(local_dir(model.tokenizer_path or model.path),
-                                                       trust_remote_code=model.trust_remote_code)
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            local_dir(model.tokenizer_path or model.path), trust_remote_code=model.trust_remote_code
+        )
         data, train = config.data, config.train
-        self.samples = load_sft_samples(data.train_files, self.tokenizer, max_length=data.max_length,
-                                        truncate=data.truncate)
+        self.samples = load_sft_samples(
+            data.train_files, self.tokenizer, max_length=data.max_length, truncate=data.truncate
+        )
         per_epoch = steps_per_epoch(len(self.samples), train.batch_size)
         if per_epoch < 1:
-            raise DataError(f"the SFT data has {len(self.samples)} conversation(s), fewer than one batch of "
-                            f"train.batch_size={train.batch_size}; add conversations or lower train.batch_size")
+            raise DataError(
+                f"the SFT data has {len(self.samples)} conversation(s), fewer than one batch of "
+                f"train.batch_size={train.batch_size}; add conversations or lower train.batch_size"
+            )
         self.total_steps = min(train.total_steps or train.epochs * per_epoch, train.epochs * per_epoch)
         self.pad_id = next(i for i in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, 0) if i is not None)
         self.step_in_progress: int | None = None
@@ -96,12 +100,14 @@ class SftTrainer:
         config, train = self.config, self.config.train
         trained = sum(sum(sample.loss_mask[1:]) for sample in self.samples)
         dp = data_parallel_size(config)
-        return (f"sft: {len(self.samples)} conversations ({trained} assistant tokens), {self.total_steps} optimizer "
-                f"steps of {train.batch_size} (DP {dp} × {train.batch_size // dp} per rank in micro-batches of "
-                f"{train.micro_batch_size_per_gpu}); TP {config.parallel.tensor_model_parallel_size}"
-                f"{' with sequence parallelism' if config.parallel.sequence_parallel else ''}, PP "
-                f"{config.parallel.pipeline_model_parallel_size} on {train.gpus} {train.device} rank(s); "
-                f"output {train.output_dir}")
+        return (
+            f"sft: {len(self.samples)} conversations ({trained} assistant tokens), {self.total_steps} optimizer "
+            f"steps of {train.batch_size} (DP {dp} × {train.batch_size // dp} per rank in micro-batches of "
+            f"{train.micro_batch_size_per_gpu}); TP {config.parallel.tensor_model_parallel_size}"
+            f"{' with sequence parallelism' if config.parallel.sequence_parallel else ''}, PP "
+            f"{config.parallel.pipeline_model_parallel_size} on {train.gpus} {train.device} rank(s); "
+            f"output {train.output_dir}"
+        )
 
     def fit(self) -> SftResult:
         """Train `total_steps` optimizer steps and export the model to `train.output_dir`."""
@@ -112,11 +118,23 @@ class SftTrainer:
             device = self._device()
             bundle = BundleSpec(cpus=1.0, gpus=1.0 if device == "cuda" else 0.0)
             placement = create_placement_group("megarl-sft", train.gpus, bundle)
-            group = MegatronGroup.start("sft", self._worker_spec(), train.gpus, placement, bundle,
-                                        {**WORKER_ENV, **worker_env(device)}, target=SFT_TARGET)
+            group = MegatronGroup.start(
+                "sft",
+                self._worker_spec(),
+                train.gpus,
+                placement,
+                bundle,
+                {**WORKER_ENV, **worker_env(device)},
+                target=SFT_TARGET,
+            )
             result = SftResult(Path(train.output_dir).expanduser().absolute())
-            batches = sft_batches(self.samples, batch_size=train.batch_size, epochs=train.epochs, seed=train.seed,
-                                  shuffle=self.config.data.shuffle)
+            batches = sft_batches(
+                self.samples,
+                batch_size=train.batch_size,
+                epochs=train.epochs,
+                seed=train.seed,
+                shuffle=self.config.data.shuffle,
+            )
             for step, rows in enumerate(islice(batches, self.total_steps), start=1):
                 self.step_in_progress = step
                 result.metrics.append(self._step(group, step, rows))
@@ -124,8 +142,10 @@ class SftTrainer:
             self._check_output_dir()  # again: files may have landed there while the run trained
             group.workers.call_all("export_hf", str(result.output_dir))
             write_sft_marker(result.output_dir)
-            print(f"sft: wrote {result.output_dir} (HF checkpoint; use it as model.path of a `megarl train` recipe)",
-                  flush=True)
+            print(
+                f"sft: wrote {result.output_dir} (HF checkpoint; use it as model.path of a `megarl train` recipe)",
+                flush=True,
+            )
             return result
         finally:
             if group is not None:
@@ -139,16 +159,25 @@ class SftTrainer:
     def _check_output_dir(self) -> None:
         """`ConfigError` if the export may not replace train.output_dir (`output_dir_problems`)."""
         config = self.config
-        problems = output_dir_problems(config.train.output_dir, config.model.path, config.data.train_files,
-                                       overwrite=config.train.overwrite)
+        problems = output_dir_problems(
+            config.train.output_dir, config.model.path, config.data.train_files, overwrite=config.train.overwrite
+        )
         if problems:
             raise ConfigError(problems)
 
     def _device(self) -> str:
         gpus, setting = cluster_gpus(), self.config.train.device
         if setting == "cuda" and gpus <= 0:
-            raise ConfigError([Problem("train.device", "cuda", "the Ray cluster has 0 GPU resources",
-                                       "start the Ray nodes with their GPUs or use train.device: cpu")])
+            raise ConfigError(
+                [
+                    Problem(
+                        "train.device",
+                        "cuda",
+                        "the Ray cluster has 0 GPU resources",
+                        "start the Ray nodes with their GPUs or use train.device: cpu",
+                    )
+                ]
+            )
         return resolve_device(setting, gpus)
 
     def _worker_spec(self) -> SftWorkerSpec:
@@ -156,10 +185,12 @@ class SftTrainer:
         return SftWorkerSpec(
             model_path=self.model_path,
             model_settings=ModelSettings(dtype=config.model.dtype, transformer_impl=config.model.transformer_impl),
-            tp=config.parallel.tensor_model_parallel_size, pp=config.parallel.pipeline_model_parallel_size,
+            tp=config.parallel.tensor_model_parallel_size,
+            pp=config.parallel.pipeline_model_parallel_size,
             vpp=config.parallel.virtual_pipeline_model_parallel_size or 1,
             sequence_parallel=config.parallel.sequence_parallel,
-            seed=config.train.seed, optim=optim_settings(config.optim, self.total_steps),
+            seed=config.train.seed,
+            optim=optim_settings(config.optim, self.total_steps),
             micro_batch_size=config.train.micro_batch_size_per_gpu,
         )
 
@@ -172,9 +203,12 @@ class SftTrainer:
         seconds = time.perf_counter() - start
         metrics["tok_per_s"] = sum(len(row.input_ids) for row in rows) / seconds
         skipped = " | skipped (non-finite loss or gradient)" if metrics["skipped_steps"] else ""
-        print(f"sft step {step}/{self.total_steps} | loss {metrics.get('loss', float('nan')):.4f} | "
-              f"tok/s {metrics['tok_per_s']:.0f} | grad_norm {metrics.get('grad_norm', float('nan')):.3f} | "
-              f"lr {metrics.get('lr', float('nan')):.2e}{skipped}", flush=True)
+        print(
+            f"sft step {step}/{self.total_steps} | loss {metrics.get('loss', float('nan')):.4f} | "
+            f"tok/s {metrics['tok_per_s']:.0f} | grad_norm {metrics.get('grad_norm', float('nan')):.3f} | "
+            f"lr {metrics.get('lr', float('nan')):.2e}{skipped}",
+            flush=True,
+        )
         return metrics
 
 
@@ -190,5 +224,9 @@ def sft_policy_batch(samples: Sequence[SftSample], pad_id: int) -> PolicyBatch:
         responses[row, :length] = torch.tensor(sample.input_ids[1:])
         response_mask[row, :length] = torch.tensor(sample.loss_mask[1:])
     prompts = torch.tensor([[sample.input_ids[0]] for sample in samples], dtype=torch.long)
-    return PolicyBatch(prompts=prompts, prompt_mask=torch.ones_like(prompts, dtype=torch.bool),
-                       responses=responses, response_mask=response_mask)
+    return PolicyBatch(
+        prompts=prompts,
+        prompt_mask=torch.ones_like(prompts, dtype=torch.bool),
+        responses=responses,
+        response_mask=response_mask,
+    )

@@ -95,8 +95,11 @@ def console_line(step: int, total_steps: int, metrics: Mapping[str, float]) -> s
     """`step 3/10 | reward 0.5 | len 12.3 | ... | time 2.41s (rollout 1.2 reward 0.05 ...)`."""
     parts = [f"step {step}/{total_steps}"]
     parts += [f"{label} {metrics[name]:.4g}" for label, name in _CONSOLE_FIELDS if name in metrics]
-    phases = [(name.removeprefix("timing/"), seconds) for name, seconds in metrics.items()
-              if name.startswith("timing/") and name != "timing/step"]
+    phases = [
+        (name.removeprefix("timing/"), seconds)
+        for name, seconds in metrics.items()
+        if name.startswith("timing/") and name != "timing/step"
+    ]
     if "timing/step" in metrics or phases:
         total = f"{metrics['timing/step']:.3g}s " if "timing/step" in metrics else ""
         parts.append(f"time {total}({' '.join(f'{phase} {seconds:.3g}' for phase, seconds in phases)})")
@@ -107,8 +110,9 @@ class ConsoleSink:
     """One line per step; on a terminal a progress bar (tqdm) with ETA below the lines, elsewhere (CI
     logs, files) the ETA at the end of each line instead, so no carriage returns reach the log."""
 
-    def __init__(self, total_steps: int, resumed_step: int | None, stream: TextIO,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, total_steps: int, resumed_step: int | None, stream: TextIO, clock: Callable[[], float] = time.monotonic
+    ):
         self.total_steps = total_steps
         self.start_step = resumed_step or 0
         self.stream = stream
@@ -146,9 +150,11 @@ class JsonlSink:
     """`metrics.jsonl`, flushed after every step; reopened on resume per the module's policy."""
 
     def __init__(self, path: Path, resumed_step: int | None):
-        kept = [] if resumed_step is None or not path.exists() else [
-            record for record in read_metrics_file(path) if record["step"] <= resumed_step
-        ]
+        kept = (
+            []
+            if resumed_step is None or not path.exists()
+            else [record for record in read_metrics_file(path) if record["step"] <= resumed_step]
+        )
         # Rewrite then rename: a crash while truncating must not lose the kept records.
         partial = path.with_name(path.name + ".tmp")
         partial.write_text("".join(_json_line(record) for record in kept))
@@ -164,8 +170,9 @@ class JsonlSink:
 
 
 def _json_line(record: Mapping[str, object]) -> str:
-    strict = {name: None if isinstance(value, float) and not math.isfinite(value) else value
-              for name, value in record.items()}
+    strict = {
+        name: None if isinstance(value, float) and not math.isfinite(value) else value for name, value in record.items()
+    }
     return json.dumps(strict, allow_nan=False) + "\n"
 
 
@@ -182,8 +189,10 @@ def read_metrics_file(path: Path) -> list[dict[str, float | None]]:
         except json.JSONDecodeError as error:
             if number == len(lines):
                 break
-            raise ValueError(f"{path}:{number}: not a JSON object ({error}); the metrics file is damaged, "
-                             "move it away to start a new one") from None
+            raise ValueError(
+                f"{path}:{number}: not a JSON object ({error}); the metrics file is damaged, "
+                "move it away to start a new one"
+            ) from None
         records.append(record)
     return records
 
@@ -199,8 +208,9 @@ class TensorBoardSink:
         if description is not None:
             # Indented four spaces: TensorBoard renders the text as Markdown, this keeps the YAML a code block.
             text = yaml.safe_dump(dict(description), sort_keys=False, width=120)
-            self.writer.add_text("run_config", "".join(f"    {line}\n" for line in text.splitlines()),
-                                 global_step=resumed_step or 0)
+            self.writer.add_text(
+                "run_config", "".join(f"    {line}\n" for line in text.splitlines()), global_step=resumed_step or 0
+            )
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         for name, value in metrics.items():
@@ -217,8 +227,14 @@ class WandbSink:
     already has, so a re-run step keeps its first values there. `WANDB_MODE=offline` keeps the run in
     `run_dir/wandb/` for `wandb sync`."""
 
-    def __init__(self, run_dir: Path, project_name: str, experiment_name: str, resumed_step: int | None,
-                 description: Mapping[str, object] | None):
+    def __init__(
+        self,
+        run_dir: Path,
+        project_name: str,
+        experiment_name: str,
+        resumed_step: int | None,
+        description: Mapping[str, object] | None,
+    ):
         try:
             import wandb
         except ImportError:
@@ -233,9 +249,15 @@ class WandbSink:
         run_id = id_file.read_text().strip() if resuming else None
         # quiet: W&B still says where the run's data went and how to sync it, not its banner and history table.
         try:
-            self.run = wandb.init(project=project_name, name=experiment_name, id=run_id, dir=str(run_dir),
-                                  resume="allow", config=None if description is None else dict(description),
-                                  settings=wandb.Settings(quiet=True))
+            self.run = wandb.init(
+                project=project_name,
+                name=experiment_name,
+                id=run_id,
+                dir=str(run_dir),
+                resume="allow",
+                config=None if description is None else dict(description),
+                settings=wandb.Settings(quiet=True),
+            )
         except wandb.errors.UsageError as error:  # no API key, a bad setting: what the user can fix
             wandb.teardown()
             raise LoggerSetupError(
@@ -296,8 +318,9 @@ class MetricsLogger:
             self.sinks.append(ConsoleSink(total_steps, resumed_step, sys.stdout if stream is None else stream, clock))
 
     @classmethod
-    def from_config(cls, config: Config, plan: BatchPlan, total_steps: int,
-                    resumed_step: int | None = None) -> "MetricsLogger":
+    def from_config(
+        cls, config: Config, plan: BatchPlan, total_steps: int, resumed_step: int | None = None
+    ) -> "MetricsLogger":
         """For the run `trainer.output_dir/trainer.experiment_name`, described by `config` and `plan`."""
         trainer = config.trainer
         return cls(
@@ -313,8 +336,10 @@ class MetricsLogger:
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """All metrics of `step` (a number per name, see `megarl.trainer.metrics.DOCUMENTED_METRICS`)."""
         if step <= self.last_step:
-            raise ValueError(f"metrics of step {step} logged after step {self.last_step}: log each step once, "
-                             "in increasing order (merge validation metrics into the step's dict)")
+            raise ValueError(
+                f"metrics of step {step} logged after step {self.last_step}: log each step once, "
+                "in increasing order (merge validation metrics into the step's dict)"
+            )
         self._write(step, metrics)
         self.last_step = step
 

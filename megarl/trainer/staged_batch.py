@@ -41,14 +41,22 @@ from megarl.workers.packing import balance_over_ranks
 from megarl.workers.profiling import ProfileRequest
 
 METHOD_ROLES = {
-    "compute_log_prob": "actor", "update_actor": "actor", "compute_ref_log_prob": "ref",
-    "compute_values": "critic", "update_critic": "critic",
+    "compute_log_prob": "actor",
+    "update_actor": "actor",
+    "compute_ref_log_prob": "ref",
+    "compute_values": "critic",
+    "update_critic": "critic",
     "compute_rm_scores": "actor",  # the reward model lives in the actor's processes
 }
 """The role whose group runs each per-sample worker method."""
 READ_BY = {
-    "rollout_log_probs": "actor", "old_log_probs": "actor", "ref_log_probs": "actor", "advantages": "actor",
-    "values": "critic", "returns": "critic", "loss_mask": "actor",
+    "rollout_log_probs": "actor",
+    "old_log_probs": "actor",
+    "ref_log_probs": "actor",
+    "advantages": "actor",
+    "values": "critic",
+    "returns": "critic",
+    "loss_mask": "actor",
 }
 """The role whose methods read each `PolicyBatch` field beyond the tokens and masks (which every role reads)."""
 
@@ -84,8 +92,13 @@ class GroupStage:
 class StagedBatch:
     """The driver's side of one step's staged batch (`Roles.stage`); a context manager that drops it."""
 
-    def __init__(self, groups: dict[str, MegatronGroup], batch: PolicyBatch, packed_roles: frozenset[str],
-                 profile: ProfileRequest | None = None):
+    def __init__(
+        self,
+        groups: dict[str, MegatronGroup],
+        batch: PolicyBatch,
+        packed_roles: frozenset[str],
+        profile: ProfileRequest | None = None,
+    ):
         """`profile`: the step's, sent with each group's staging (`megarl.trainer.profile_schedule`)."""
         self.batch = batch
         self.profile = profile
@@ -107,8 +120,9 @@ class StagedBatch:
         (`batch.<field>`) with that group's next call."""
         reader = self.groups.get(READ_BY[field])
         elsewhere = reader is not None and reader is not self.groups[METHOD_ROLES[method]]
-        stage, per_rank = self._call(method, (), keep=field, output=output,
-                                     replies=is_dp_leader if elsewhere else _no_reply)
+        stage, per_rank = self._call(
+            method, (), keep=field, output=output, replies=is_dp_leader if elsewhere else _no_reply
+        )
         if elsewhere:
             setattr(self.batch, field, stage.in_row_order(per_rank))
 
@@ -117,10 +131,11 @@ class StagedBatch:
         if getattr(self.batch, field) is None:
             holder = next((stage for stage in self.stages.values() if field in stage.held), None)
             if holder is None:
-                raise ValueError(f"PolicyBatch.{field} is neither in the driver nor kept in a worker group this "
-                                 f"step; compute it first (StagedBatch.keep or gather)")
-            per_rank = holder.group.call_by_dp("staged_field", [(field,)] * holder.group.dp_size,
-                                               replies=is_dp_leader)
+                raise ValueError(
+                    f"PolicyBatch.{field} is neither in the driver nor kept in a worker group this "
+                    f"step; compute it first (StagedBatch.keep or gather)"
+                )
+            per_rank = holder.group.call_by_dp("staged_field", [(field,)] * holder.group.dp_size, replies=is_dp_leader)
             setattr(self.batch, field, holder.in_row_order(per_rank))
         return getattr(self.batch, field)
 
@@ -130,13 +145,16 @@ class StagedBatch:
         stage, results = self._call(method, (step,), keep=None, output=None, replies=lambda grid: grid["rank"] == 0)
         return next(r for g, r in zip(stage.group.grids, results) if g["rank"] == 0)
 
-    def _call(self, method: str, args: tuple, *, keep: str | None, output: int | None,
-              replies) -> tuple[GroupStage, list]:
+    def _call(
+        self, method: str, args: tuple, *, keep: str | None, output: int | None, replies
+    ) -> tuple[GroupStage, list]:
         """`PolicyWorker.call_staged` on every rank of `method`'s group, with the fields new to it."""
         stage = self._staged(self.groups[METHOD_ROLES[method]])
         new = {name: stage.parts(rows) for name, rows in self._fields(stage).items()}
-        per_dp = [(method, {name: parts[k] for name, parts in new.items()}, keep, output, *args)
-                  for k in range(stage.group.dp_size)]
+        per_dp = [
+            (method, {name: parts[k] for name, parts in new.items()}, keep, output, *args)
+            for k in range(stage.group.dp_size)
+        ]
         results = stage.group.call_by_dp("call_staged", per_dp, replies=replies)
         stage.held |= set(new) | ({keep} if keep else set())
         return stage, results
@@ -155,9 +173,13 @@ class StagedBatch:
 
     def _fields(self, stage: GroupStage) -> dict[str, Tensor]:
         """The driver's fields that the group's roles read and it does not hold yet."""
-        return {field.name: rows for field in dataclasses.fields(PolicyBatch)
-                if (rows := getattr(self.batch, field.name)) is not None
-                and field.name not in stage.held and stage.reads(field.name)}
+        return {
+            field.name: rows
+            for field in dataclasses.fields(PolicyBatch)
+            if (rows := getattr(self.batch, field.name)) is not None
+            and field.name not in stage.held
+            and stage.reads(field.name)
+        }
 
     def _dp_order(self, roles: frozenset[str], dp_size: int) -> Tensor:
         """`[B]` the rows as they are, or balanced by tokens over `dp_size` parts for a group with a packed role."""

@@ -47,10 +47,12 @@ class WeightSync:
         self.threshold = logprob_gap_threshold(self.settings, config.model.dtype, self.dtype)
         self.total_steps = total_steps
         self.probe = probe_token_ids(vocab_size, sequences=self.settings.probe_batch_size)
-        self.layout = LayoutPair(config.actor.parallel.tensor_model_parallel_size,
-                                 config.actor.parallel.pipeline_model_parallel_size,
-                                 config.rollout.tensor_model_parallel_size,
-                                 config.actor.parallel.virtual_pipeline_model_parallel_size or 1)
+        self.layout = LayoutPair(
+            config.actor.parallel.tensor_model_parallel_size,
+            config.actor.parallel.pipeline_model_parallel_size,
+            config.rollout.tensor_model_parallel_size,
+            config.actor.parallel.virtual_pipeline_model_parallel_size or 1,
+        )
         # The plan is fixed for the run: fetch it once, not on every sync.
         self.plan = None if self.routes else self.policy.call_rank0("sync_plan")
         self.verified_once = False
@@ -78,8 +80,10 @@ class WeightSync:
         versions = self.rollout.call_all("finish_receive", SYNC_TIMEOUT_S)
         metrics["sync/weight_version"] = float(min(versions))
         if checked:
-            self.actor_side = (combine(self.policy.call_all("weight_checksums", self.dtype)),
-                               self.policy.call_all("probe_log_probs", self.probe)[0])
+            self.actor_side = (
+                combine(self.policy.call_all("weight_checksums", self.dtype)),
+                self.policy.call_all("probe_log_probs", self.probe)[0],
+            )
         return metrics
 
     def start_shared_receive(self) -> None:
@@ -91,8 +95,9 @@ class WeightSync:
         if self.routes.rank_layout:
             self.rollout.call_each("start_rank_receive", [(engine,) for engine in by_engine])
         else:
-            self.rollout.call_each("start_shared_receive",
-                                   [({tp: ring for tp, (ring,) in engine.items()},) for engine in by_engine])
+            self.rollout.call_each(
+                "start_shared_receive", [({tp: ring for tp, (ring,) in engine.items()},) for engine in by_engine]
+            )
 
     def check_engines(self) -> dict[str, float]:
         """After a checked sync, with the engines awake: every tensor every engine loaded against the
@@ -102,10 +107,13 @@ class WeightSync:
         if self.actor_side is None:
             return {}
         (expected, actor_lp), self.actor_side = self.actor_side, None
-        checks = [check_checksums(expected, loaded, dtype=self.dtype, layout=self.layout, engine=f"rollout engine {i}")
-                  for i, loaded in enumerate(self.rollout.call_all("loaded_checksums"))]
-        gaps = [check_sync(engine_lp, actor_lp, threshold=self.threshold, layout=self.layout)
-                for engine_lp in self.rollout.call_all("prompt_logprobs", self.probe)]
+        checks = [
+            check_checksums(expected, loaded, dtype=self.dtype, layout=self.layout, engine=f"rollout engine {i}")
+            for i, loaded in enumerate(self.rollout.call_all("loaded_checksums"))
+        ]
+        gaps = [
+            check_sync(engine_lp, actor_lp, threshold=self.threshold, layout=self.layout)
+            for engine_lp in self.rollout.call_all("prompt_logprobs", self.probe)
+        ]
         self.verified_once = True
         return reduce_metrics(checks) | reduce_metrics(gaps)
-

@@ -17,10 +17,10 @@ from contextlib import contextmanager
 
 PHASES: dict[str, str] = {
     "rollout": "generate responses with the rollout engines (trainer.rollout_mode one_step_off, async: the step's "
-               "batch, generated while steps before trained: in timing/step only as far as the step waited for it)",
+    "batch, generated while steps before trained: in timing/step only as far as the step waited for it)",
     "reward": "score the responses (one_step_off, async: as timing/rollout)",
     "old_log_prob": "log-probs of the responses under the actor before the update (absent when exactly on-policy: "
-                    "the update's forward gives them)",
+    "the update's forward gives them)",
     "ref": "log-probs under the reference model",
     "values": "value estimates of the critic",
     "adv": "advantages and returns",
@@ -29,7 +29,7 @@ PHASES: dict[str, str] = {
     "sync": "weight sync actor -> rollout engines, including the log-prob check",
     "checkpoint": "saving a checkpoint",
     "offload": "the Megatron state named by actor/critic.offload off the devices: training state after the update, "
-               "parameters after the sync (nothing moves on CPU)",
+    "parameters after the sync (nothing moves on CPU)",
     "onload": "the offloaded Megatron state back to the devices before the log-prob passes (nothing moves on CPU)",
     "sleep": "rollout engines to sleep (KV cache and weights freed) before the Megatron roles onload",
     "wake_up": "rollout engines' weights back before the sync, their KV cache after the Megatron offload",
@@ -66,8 +66,10 @@ class PhaseTimer:
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
         if phase not in self.phases:
-            raise ValueError(f"unknown timing phase {phase!r}; use one of {', '.join(self.phases)} "
-                             "(a new phase is added to megarl.trainer.timing's table with its meaning)")
+            raise ValueError(
+                f"unknown timing phase {phase!r}; use one of {', '.join(self.phases)} "
+                "(a new phase is added to megarl.trainer.timing's table with its meaning)"
+            )
         start = self.clock()
         if not self.active:
             self.failed_in = None

@@ -40,24 +40,29 @@ from megarl.orchestration.search_actor import SearchActor
 from megarl.rewards.scorer import RewardScorer
 from megarl.rollout import AgentLoop, ObservationEncoder, single_turn
 from megarl.rollout.partial import partial_single_turn
+from megarl.tools import ToolSet, parser_for
 from megarl.trainer import rollout_batch as rb
 from megarl.trainer.async_stream import AsyncRolloutStream
 from megarl.trainer.checkpoint_manager import Checkpoint, CheckpointManager
 from megarl.trainer.generated import GeneratedBatch
 from megarl.trainer.handover import HandOver
-from megarl.trainer.metrics import agent_metrics, rollout_metrics, throughput_metrics, update_mfu_metrics, worker_metrics
+from megarl.trainer.metrics import (
+    agent_metrics,
+    rollout_metrics,
+    throughput_metrics,
+    update_mfu_metrics,
+    worker_metrics,
+)
 from megarl.trainer.profile_schedule import profile_request, stop_profiles
+from megarl.trainer.ray_node import WORKER_ENV, ray_cpus
 from megarl.trainer.resume_check import IDENTITY_KEY, resume_problems, run_identity
+from megarl.trainer.roles import cluster_device, start_roles
 from megarl.trainer.rollout import RolloutPhase
 from megarl.trainer.rollout_stream import RolloutStream
-from megarl.trainer.ray_node import WORKER_ENV, ray_cpus
-from megarl.trainer.roles import cluster_device, start_roles
 from megarl.trainer.settings import sampling_config, step_seed, stop_token_ids
 from megarl.trainer.sinks import METRICS_FILE, JsonlSink, MetricsLogger
 from megarl.trainer.sync_step import WeightSync
 from megarl.trainer.timing import STARTUP_PHASES, PhaseTimer, startup_line
-from megarl.tools import ToolSet, parser_for
-
 
 ROLLOUTS_FILE = "rollouts.jsonl"
 """In the run directory, multi-turn only: one sample's trajectory every `rollout.multi_turn.log_freq` steps."""
@@ -74,9 +79,17 @@ def _check_weights(model_path: str) -> None:
     try:
         check_hf_checkpoint(model_path)
     except (OSError, ValueError, KeyError) as error:  # KeyError: an index file without its weight_map
-        raise ConfigError([Problem("model.path", model_path, f"the weights do not match config.json: {error}",
-                                   "restore the checkpoint's files (or download it again), or point model.path at "
-                                   "a complete checkpoint")]) from None
+        raise ConfigError(
+            [
+                Problem(
+                    "model.path",
+                    model_path,
+                    f"the weights do not match config.json: {error}",
+                    "restore the checkpoint's files (or download it again), or point model.path at "
+                    "a complete checkpoint",
+                )
+            ]
+        ) from None
 
 
 class Trainer:
@@ -87,24 +100,32 @@ class Trainer:
         _check_weights(config.model.path)
         self.plan = plan_batches(config)
         self.model_dims = read_model_dims(config.model.path)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path or config.model.path,
-                                                       trust_remote_code=config.model.trust_remote_code)
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            config.model.tokenizer_path or config.model.path, trust_remote_code=config.model.trust_remote_code
+        )
         self.multi_turn = config.rollout.multi_turn
         tools = self._tool_schemas() if self.multi_turn.enable else None  # for the chat template
         self.loader, self.load_report = train_loader(config.data, self.tokenizer, tools)
-        self.val_prompts = (load_prompts(config.data.val_files, self.tokenizer, config.data, tools)[0]
-                            if config.data.val_files else [])
+        self.val_prompts = (
+            load_prompts(config.data.val_files, self.tokenizer, config.data, tools)[0] if config.data.val_files else []
+        )
         steps_by_epochs = config.trainer.total_epochs * self.loader.steps_per_epoch
         self.total_steps = min(config.trainer.total_steps or steps_by_epochs, steps_by_epochs)
-        self.checkpoints = CheckpointManager(config.checkpoint.dir, max_keep=config.checkpoint.max_keep,
-                                             parts=tuple(r.role for r in self.plan.own_groups if r.update))
+        self.checkpoints = CheckpointManager(
+            config.checkpoint.dir,
+            max_keep=config.checkpoint.max_keep,
+            parts=tuple(r.role for r in self.plan.own_groups if r.update),
+        )
         self.identity = run_identity(config)
         self.resume_from = self._checked_resume()
         """The intact checkpoint this run continues (None: a fresh run), checked against the config now,
         before any worker starts (`resume_check`)."""
         kl = config.algorithm.kl_ctrl
-        self.kl_ctrl = (AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon) if kl.type == "adaptive"
-                        else FixedKLController(kl.kl_coef))
+        self.kl_ctrl = (
+            AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon)
+            if kl.type == "adaptive"
+            else FixedKLController(kl.kl_coef)
+        )
         self.stop_ids = stop_token_ids(self.tokenizer, config.rollout.stop)
         self.timer = PhaseTimer()
         self.step_in_progress: int | None = None
@@ -157,36 +178,70 @@ class Trainer:
 
     def _rollout_function(self, tools):
         """Single turn, or the agent loop with the run's tools (`megarl.rollout`)."""
-        if self.config.rollout.partial_rollout:  # async only (validate): the stream lets weight loads in between segments
-            return partial(partial_single_turn, self.roles.rollout, self.config.rollout.partial_rollout,
-                           lambda: self.stream.between_segments())
+        if (
+            self.config.rollout.partial_rollout
+        ):  # async only (validate): the stream lets weight loads in between segments
+            return partial(
+                partial_single_turn,
+                self.roles.rollout,
+                self.config.rollout.partial_rollout,
+                lambda: self.stream.between_segments(),
+            )
         if not self.multi_turn.enable:
             return partial(single_turn, self.roles.rollout)
-        return AgentLoop(self.roles.rollout, tools, parser_for(self.multi_turn.tool_format, tools.schemas()),
-                         ObservationEncoder(self.tokenizer), self._decode_turn, self.multi_turn)
+        return AgentLoop(
+            self.roles.rollout,
+            tools,
+            parser_for(self.multi_turn.tool_format, tools.schemas()),
+            ObservationEncoder(self.tokenizer),
+            self._decode_turn,
+            self.multi_turn,
+        )
 
     def _train(self, scorer: RewardScorer, rollout, startup: PhaseTimer) -> dict[str, float]:
         self.sync = WeightSync(self.roles, self.config, vocab_size=len(self.tokenizer), total_steps=self.total_steps)
         engines_sleep = self.config.placement.mode == "colocated" and self.config.rollout.free_cache_engine
         mode = self.config.trainer.rollout_mode
-        self.handover = HandOver(self.roles, self.sync, engines_sleep=engines_sleep, timer=self.timer,
-                                 engines_generate_beside=mode == "async")
+        self.handover = HandOver(
+            self.roles,
+            self.sync,
+            engines_sleep=engines_sleep,
+            timer=self.timer,
+            engines_generate_beside=mode == "async",
+        )
         gen_timer = self.timer if mode == "sync" else PhaseTimer()  # the others generate in a thread of their own
         phase = RolloutPhase(self.config, rollout, scorer, self._decode, lambda: next(self.loader), gen_timer)
         start = self._resume(startup)
         generate = partial(self._generate, phase)
-        self.stream = (AsyncRolloutStream(generate, gen_timer, self.timer, max_staleness=self.config.trainer.max_staleness,
-                                          last_step=self.total_steps, version=start) if mode == "async" else
-                       RolloutStream(generate, gen_timer, self.timer, lookahead=int(mode == "one_step_off"),
-                                     last_step=self.total_steps, version=start))
+        self.stream = (
+            AsyncRolloutStream(
+                generate,
+                gen_timer,
+                self.timer,
+                max_staleness=self.config.trainer.max_staleness,
+                last_step=self.total_steps,
+                version=start,
+            )
+            if mode == "async"
+            else RolloutStream(
+                generate,
+                gen_timer,
+                self.timer,
+                lookahead=int(mode == "one_step_off"),
+                last_step=self.total_steps,
+                version=start,
+            )
+        )
         self.stream.load_state_dict(self.resumed_stream, self.loader.prompts)
         self.peak_flops = self.config.trainer.peak_flops or self._measure_peak(startup)
         print(startup_line(startup.pop()), flush=True)
         metrics, bad_steps = {}, 0
         # The run that saved the checkpoint wrote here (its file exists), unless this resume starts a new run dir.
         continuing = (self.run_dir / METRICS_FILE).exists()
-        with MetricsLogger.from_config(self.config, self.plan, self.total_steps, start or None) as logger, \
-                self._open_rollout_log(start) as self.rollout_log:
+        with (
+            MetricsLogger.from_config(self.config, self.plan, self.total_steps, start or None) as logger,
+            self._open_rollout_log(start) as self.rollout_log,
+        ):
             if start and continuing and self.resumed_record is not None:
                 logger.restore(start, self.resumed_record)
             for step in range(start + 1, self.total_steps + 1):
@@ -203,8 +258,9 @@ class Trainer:
                 metrics |= self.timer.pop() | self.handover.pop_memory()
                 metrics |= throughput_metrics(metrics.pop("_tokens"), metrics["timing/step"])
                 if "_update_flops" in metrics:
-                    metrics |= update_mfu_metrics(metrics.pop("_update_flops"), metrics["timing/update_actor"],
-                                                  self.peak_flops)
+                    metrics |= update_mfu_metrics(
+                        metrics.pop("_update_flops"), metrics["timing/update_actor"], self.peak_flops
+                    )
                 logger.log(step, metrics)
                 if bad_steps >= self.config.trainer.max_bad_steps:
                     raise BadStepsError(
@@ -237,12 +293,19 @@ class Trainer:
     def _train_step(self, step: int) -> dict[str, float]:
         config, timer = self.config, self.timer
         generated = self.stream.take(step)
-        samples, scores, metrics, baselines = generated.samples, generated.scores, generated.metrics, generated.baselines
+        samples, scores, metrics, baselines = (
+            generated.samples,
+            generated.scores,
+            generated.metrics,
+            generated.baselines,
+        )
         self.handover.to_training()  # the engines idle: their side of the hand-over does not wait for a generation
         self.stream.start_next(step)  # one_step_off: the next step's batch, generated while this one trains
         batch = rb.policy_batch(samples, response_length(config.rollout))
         profile = profile_request(config.trainer.profile, self.run_dir, step)  # the ranks start at the staging
-        with self.roles.stage(batch, profile) as staged:  # the batch crosses to each group once; dropped after the updates
+        with self.roles.stage(
+            batch, profile
+        ) as staged:  # the batch crosses to each group once; dropped after the updates
             if config.reward.reward_model:
                 with timer("reward"):
                     rm_scores = staged.gather("compute_rm_scores")
@@ -257,8 +320,14 @@ class Trainer:
                     staged.keep("compute_ref_log_prob", "ref_log_probs")
             rewards = scores_t
             if config.algorithm.use_kl_in_reward:
-                rewards, kl = apply_kl_penalty(scores_t, staged.fetch("old_log_probs"), staged.fetch("ref_log_probs"),
-                                               batch.response_mask, self.kl_ctrl.value, config.algorithm.kl_penalty)
+                rewards, kl = apply_kl_penalty(
+                    scores_t,
+                    staged.fetch("old_log_probs"),
+                    staged.fetch("ref_log_probs"),
+                    batch.response_mask,
+                    self.kl_ctrl.value,
+                    config.algorithm.kl_penalty,
+                )
                 self.kl_ctrl.update(kl.item(), len(batch))
                 metrics |= {"actor/reward_kl_penalty": kl.item(), "actor/reward_kl_penalty_coeff": self.kl_ctrl.value}
             if config.critic.enable:
@@ -266,9 +335,15 @@ class Trainer:
                     batch.values = staged.gather("compute_values", keep="values")
             with timer("adv"):
                 batch.advantages, batch.returns = compute_advantages(
-                    config.algorithm.adv_estimator, rewards, batch.response_mask, index=samples.index,
-                    values=batch.values, reward_baselines=baselines, gamma=config.algorithm.gamma,
-                    lam=config.algorithm.lam, norm_adv_by_std_in_grpo=config.algorithm.norm_adv_by_std_in_grpo,
+                    config.algorithm.adv_estimator,
+                    rewards,
+                    batch.response_mask,
+                    index=samples.index,
+                    values=batch.values,
+                    reward_baselines=baselines,
+                    gamma=config.algorithm.gamma,
+                    lam=config.algorithm.lam,
+                    norm_adv_by_std_in_grpo=config.algorithm.norm_adv_by_std_in_grpo,
                 )
             if config.algorithm.overlong.filter_truncated:  # DAPO's overlong filtering (after the advantages)
                 truncated = truncated_samples(samples.finish_reasons)
@@ -283,7 +358,8 @@ class Trainer:
         lengths, prompt_lengths = [len(r) for r in samples.response_ids], [len(p.token_ids) for p in samples.prompts]
         if step > config.critic.warmup_steps:
             metrics["_update_flops"] = config.actor.ppo_epochs * sum(
-                training_flops(self.model_dims, p + r) for p, r in zip(prompt_lengths, lengths))
+                training_flops(self.model_dims, p + r) for p, r in zip(prompt_lengths, lengths)
+            )
         metrics |= rollout_metrics(scores.tolist(), lengths, response_length(config.rollout), prompt_lengths)
         if self.multi_turn.enable:
             metrics |= agent_metrics(samples.trajectories, samples.loss_masks)
@@ -303,8 +379,15 @@ class Trainer:
         if not freq or step % freq:
             return
         trajectory = samples.trajectories[0]
-        self.rollout_log.log(step, {"prompt": samples.prompts[0].text, "messages": trajectory.messages,
-                                    "ended": trajectory.ended, "reward": scores[0].item()})
+        self.rollout_log.log(
+            step,
+            {
+                "prompt": samples.prompts[0].text,
+                "messages": trajectory.messages,
+                "ended": trajectory.ended,
+                "reward": scores[0].item(),
+            },
+        )
 
     def _maybe_validate(self, step: int, phase: RolloutPhase, metrics: dict) -> None:
         freq = self.config.trainer.test_freq
@@ -323,8 +406,14 @@ class Trainer:
         with self.timer("checkpoint"):
             self.stream.settle()  # the batch generated ahead, and the data position after it, belong to the checkpoint
             record = {name: value for name, value in metrics.items() if not name.startswith("_")}
-            extra = {"step": step, "data": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value, "record": record,
-                     "stream": self.stream.state_dict(self.loader.prompts), IDENTITY_KEY: self.identity}
+            extra = {
+                "step": step,
+                "data": self.loader.state_dict(),
+                "kl_coef": self.kl_ctrl.value,
+                "record": record,
+                "stream": self.stream.state_dict(self.loader.prompts),
+                IDENTITY_KEY: self.identity,
+            }
             self.roles.save_checkpoint(str(self.checkpoints.root), step, extra)
             self.checkpoints.rotate()
 

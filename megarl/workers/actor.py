@@ -27,7 +27,10 @@ from megarl.algorithms.kl import compute_kl_loss
 from megarl.algorithms.losses import LOSS_AGG_MODES, agg_loss
 from megarl.algorithms.policy_loss import POLICY_LOSSES, compute_policy_loss
 from megarl.algorithms.rollout_correction import (
-    MISMATCH_METRICS, correction_metrics, correction_weights, mismatch_metrics,
+    MISMATCH_METRICS,
+    correction_metrics,
+    correction_weights,
+    mismatch_metrics,
 )
 from megarl.models.checkpoint import chunk_layer_offset
 from megarl.parallel.distributed import ProcessGroups
@@ -122,8 +125,9 @@ class PolicyLoss:
         if s.rollout_correction is not None:
             correction = correction_weights(batch.old_log_probs, batch.rollout_log_probs, mask, s.rollout_correction)
             weights = correction.weights
-            metrics |= {f"correction_{name}": value
-                        for name, value in correction_metrics(correction, mask, **shares).items()}
+            metrics |= {
+                f"correction_{name}": value for name, value in correction_metrics(correction, mask, **shares).items()
+            }
         policy = compute_policy_loss(
             s.name,
             batch.old_log_probs,
@@ -190,7 +194,11 @@ class MegatronActor(TrainedModel):
         """Build this rank's shard from an HF checkpoint dir and load its weights; `sequence_parallel`:
         megatron's sequence parallelism over the TP ranks (`actor.parallel.sequence_parallel`)."""
         model, vocab_size = load_model(
-            model_dir, groups, settings=model_settings, recompute=recompute, value_head=False,
+            model_dir,
+            groups,
+            settings=model_settings,
+            recompute=recompute,
+            value_head=False,
             sequence_parallel=sequence_parallel,
         )
         return cls(model, groups, vocab_size=vocab_size, optim=optim, offload=offload)
@@ -247,7 +255,9 @@ class MegatronActor(TrainedModel):
             for mini_batch in mini_batches(batch, len(batch) // mini_batch_size, shuffle_seed=seed):
                 counts = StepCounts.of(mini_batch, loss_fn.loss_agg_mode, self.groups)
                 forward_step = self._policy_forward_step(loss_fn, counts)
-                micro_batches = micro_batches_of(mini_batch, micro_batch_size, self.groups, self.engine.chunks[0].config)
+                micro_batches = micro_batches_of(
+                    mini_batch, micro_batch_size, self.groups, self.engine.chunks[0].config
+                )
                 sums, result = self.engine.train_step(micro_batches, forward_step, keys)
                 steps.append((sums, result))
         return summarize_steps(steps)
@@ -258,8 +268,11 @@ class MegatronActor(TrainedModel):
                 log_probs, entropy = response_log_probs(logits, micro_batch, self.vocab_size, self.groups)
                 samples = micro_batch.samples
                 # Exactly on-policy (checked in update_policy): these weights sampled the batch.
-                scored = (samples if samples.old_log_probs is not None
-                          else dataclasses.replace(samples, old_log_probs=log_probs.detach()))
+                scored = (
+                    samples
+                    if samples.old_log_probs is not None
+                    else dataclasses.replace(samples, old_log_probs=log_probs.detach())
+                )
                 loss, metrics = loss_fn(log_probs, entropy, scored, counts)
                 mask = samples.response_mask
                 reported = dict(
@@ -294,7 +307,10 @@ def global_named_parameters(model: torch.nn.Module, groups: ProcessGroups) -> It
 
 
 def compute_log_probs(
-    model: torch.nn.Module, batch: PolicyBatch, micro_batch_size: int | TokenBudget, vocab_size: int,
+    model: torch.nn.Module,
+    batch: PolicyBatch,
+    micro_batch_size: int | TokenBudget,
+    vocab_size: int,
     groups: ProcessGroups,
 ) -> tuple[Tensor, Tensor]:
     """Forward-only `log_probs [B, R]` and `entropy [B, R]` of `batch.responses`, on every rank."""
@@ -311,6 +327,9 @@ def response_log_probs(
 ) -> tuple[Tensor, Tensor]:
     """`[b, R]` log-probs and entropy of the responses from the model's `[r, T, V_local]` logits."""
     return vocab_parallel_log_probs(
-        micro_batch.response_outputs(logits), micro_batch.samples.responses,
-        vocab_size=vocab_size, tp_group=groups.tp, with_entropy=True,
+        micro_batch.response_outputs(logits),
+        micro_batch.samples.responses,
+        vocab_size=vocab_size,
+        tp_group=groups.tp,
+        with_entropy=True,
     )

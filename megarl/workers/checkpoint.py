@@ -46,8 +46,9 @@ import queue
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -132,8 +133,12 @@ def save_checkpoint(
         _run_agreed(doing, what, action if on_every_rank or is_writer else None, group, tmp_dir.parent)
 
     def save_sharded(what: str, state: Callable[[], dict], path: Path) -> None:
-        run(what, lambda: dist_checkpointing.save(state(), str(path),
-                                                  sharded_strategy=_AgreedShardedSave(doing, what, group)))
+        run(
+            what,
+            lambda: dist_checkpointing.save(
+                state(), str(path), sharded_strategy=_AgreedShardedSave(doing, what, group)
+            ),
+        )
 
     try:
         run("creating the directory", lambda: _create_dirs(tmp_dir, models, optimizers), on_every_rank=False)
@@ -141,19 +146,31 @@ def save_checkpoint(
             save_sharded(f"the {role} model", lambda chunks=chunks: _model_state(chunks), tmp_dir / role / MODEL_DIR)
             fault_point("after_model")
             if role in optimizers:
-                save_sharded(f"the {role} optimizer",
-                             lambda role=role, chunks=chunks: _optimizer_state(optimizers[role], chunks, is_loading=False),
-                             tmp_dir / role / OPTIMIZER_DIR)
+                save_sharded(
+                    f"the {role} optimizer",
+                    lambda role=role, chunks=chunks: _optimizer_state(optimizers[role], chunks, is_loading=False),
+                    tmp_dir / role / OPTIMIZER_DIR,
+                )
                 fault_point("after_optimizer")
         run("the RNG states", lambda: write_durably(tmp_dir / RNG_DIR / _rng_file(), _to_bytes(rng_state)))
-        run("the scheduler and driver states",
-            lambda: _write_rank0_states(tmp_dir, schedulers, extra_json), on_every_rank=False)
+        run(
+            "the scheduler and driver states",
+            lambda: _write_rank0_states(tmp_dir, schedulers, extra_json),
+            on_every_rank=False,
+        )
         digests: dict[str, str] = {}
         run("the checksums", lambda: digests.update(_share_of_digests(tmp_dir)))
         digests = _gather_digests(digests, group)
         fault_point("before_manifest")
-        run("the manifest", lambda: commit(tmp_dir, step_dir, build_manifest(
-            tmp_dir, step=step, roles=list(models), layout=layout, digests=digests)), on_every_rank=False)
+        run(
+            "the manifest",
+            lambda: commit(
+                tmp_dir,
+                step_dir,
+                build_manifest(tmp_dir, step=step, roles=list(models), layout=layout, digests=digests),
+            ),
+            on_every_rank=False,
+        )
     except CheckpointError:
         if is_writer:
             shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -213,8 +230,11 @@ def load_checkpoint(
 
 
 def export_hf(
-    actor_model: torch.nn.Module | list[torch.nn.Module], root: str | Path, groups: ProcessGroups, *,
-    hf_assets_dir: str | Path
+    actor_model: torch.nn.Module | list[torch.nn.Module],
+    root: str | Path,
+    groups: ProcessGroups,
+    *,
+    hf_assets_dir: str | Path,
 ) -> Path | None:
     """Write the actor as an HF safetensors checkpoint to `<root>/hf` (`checkpoint.export_hf`).
 
@@ -255,8 +275,11 @@ def _ensure_adam_state(optimizer: Any) -> None:
     The offloading optimizer (`HybridDeviceOptimizer`, `optim.cpu_offload`) gets its state from a step of
     its own (`_initialize_hybrid_state`), on GPU too."""
     for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
-        if (isinstance(inner, distrib_optimizer.DistributedOptimizer) and not inner.optimizer.state
-                and isinstance(inner.optimizer, HybridDeviceOptimizer)):
+        if (
+            isinstance(inner, distrib_optimizer.DistributedOptimizer)
+            and not inner.optimizer.state
+            and isinstance(inner.optimizer, HybridDeviceOptimizer)
+        ):
             _initialize_hybrid_state(inner.optimizer)
     if distrib_optimizer.HAVE_APEX_OR_TE:
         return
@@ -326,7 +349,7 @@ def _share_of_digests(tmp_dir: Path) -> dict[str, str]:
     """The SHA-256 of this rank's share of the checkpoint's files (every world-size-th, from its rank),
     so that the whole checkpoint is read once, by every rank in parallel."""
     names = checkpoint_files(tmp_dir)
-    return file_digests(tmp_dir, names[dist.get_rank()::dist.get_world_size()])
+    return file_digests(tmp_dir, names[dist.get_rank() :: dist.get_world_size()])
 
 
 def _gather_digests(share: dict[str, str], group: dist.ProcessGroup) -> dict[str, str]:
@@ -348,8 +371,13 @@ def _layout(groups: ProcessGroups) -> dict[str, int]:
     """The layout an exact resume needs; virtual stages too (the distributed optimizer shards each chunk's
     buffer), recorded only when there are some, so checkpoints from before VPP existed compare equal."""
     virtual = {"vpp": groups.vpp_size} if groups.vpp_size > 1 else {}
-    return {"world_size": dist.get_world_size(), "tp": groups.tp_size, "pp": groups.pp_size, "dp": groups.dp_size,
-            **virtual}
+    return {
+        "world_size": dist.get_world_size(),
+        "tp": groups.tp_size,
+        "pp": groups.pp_size,
+        "dp": groups.dp_size,
+        **virtual,
+    }
 
 
 def _rng_file() -> str:
@@ -420,8 +448,7 @@ class _AgreedShardedSave(SaveShardedStrategy):
         self.inner.save(sharded_state_dict, checkpoint_dir)
 
 
-def _run_agreed(doing: str, what: str, action: Callable[[], None] | None, group: dist.ProcessGroup,
-                root: Path) -> None:
+def _run_agreed(doing: str, what: str, action: Callable[[], None] | None, group: dist.ProcessGroup, root: Path) -> None:
     """Run `action` (None: nothing on this rank) writing under `root`, then exchange outcomes: if any rank
     failed, raise the same CheckpointError on every rank, preferring a rank whose failure has an OS reason."""
     failure: BaseException | None = None
@@ -431,7 +458,9 @@ def _run_agreed(doing: str, what: str, action: Callable[[], None] | None, group:
     except _AgreedFailure as agreed:
         raise CheckpointError(str(agreed)) from None
     except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
-        failure = e if _describe(e)[0] or not _is_full(root) else OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(root))
+        failure = (
+            e if _describe(e)[0] or not _is_full(root) else OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(root))
+        )
     _agree(doing, what, failure, group)
 
 
@@ -445,8 +474,13 @@ def _is_full(root: Path) -> bool:
         return False
 
 
-def _agree(doing: str, what: str, failure: BaseException | None, group: dist.ProcessGroup,
-           error: type[Exception] = CheckpointError) -> None:
+def _agree(
+    doing: str,
+    what: str,
+    failure: BaseException | None,
+    group: dist.ProcessGroup,
+    error: type[Exception] = CheckpointError,
+) -> None:
     """Exchange this rank's outcome (`failure`: None for success); raise `error` on every rank if any failed."""
     outcomes: list[tuple[bool, str] | None] = [None] * dist.get_world_size(group)
     dist.all_gather_object(outcomes, None if failure is None else _describe(failure), group=group)
@@ -478,7 +512,6 @@ def _describe(failure: BaseException) -> tuple[bool, str]:
             return True, describe_os_error(OSError(int(found["errno"]), found["reason"], found["file"]))
     if isinstance(failure, CheckpointException):  # its str() is every rank's whole traceback
         return False, "; ".join(
-            f"rank {rank}: {type(error).__name__}: {error}"
-            for rank, (error, _) in sorted(failure.failures.items())
+            f"rank {rank}: {type(error).__name__}: {error}" for rank, (error, _) in sorted(failure.failures.items())
         ) or "a peer rank failed"
     return False, f"{type(failure).__name__}: {failure}"

@@ -26,10 +26,10 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Mapping
 
 from megarl.versions import MEGARL
 
@@ -96,6 +96,7 @@ def checkpoint_files(ckpt_dir: Path) -> list[str]:
 def file_digests(ckpt_dir: Path, names: list[str]) -> dict[str, str]:
     """SHA-256 (hex) of each of `names` (relative to `ckpt_dir`), read by a few threads: hashlib
     releases the GIL on large buffers, so the files are hashed in parallel at disk speed."""
+
     def digest(name: str) -> str:
         with open(ckpt_dir / name, "rb") as f:
             return hashlib.file_digest(f, "sha256").hexdigest()
@@ -114,10 +115,13 @@ def build_manifest(
     known = dict(digests or {})
     sha256 = known | file_digests(ckpt_dir, [name for name in names if name not in known])
     return Manifest(
-        format=FORMAT, step=step, roles=list(roles),
+        format=FORMAT,
+        step=step,
+        roles=list(roles),
         files={name: (ckpt_dir / name).stat().st_size for name in names},
         sha256={name: sha256[name] for name in names},
-        layout=dict(layout), megarl_version=MEGARL,
+        layout=dict(layout),
+        megarl_version=MEGARL,
     )
 
 

@@ -69,15 +69,25 @@ class MegatronCritic(TrainedModel):
     ) -> MegatronCritic:
         """Build this rank's shard from an HF (policy) checkpoint dir: backbone weights loaded,
         value head freshly initialised; `sequence_parallel` as `critic.parallel.sequence_parallel`."""
-        model, _ = load_model(model_dir, groups, settings=model_settings, recompute=recompute, value_head=True,
-                              sequence_parallel=sequence_parallel)
+        model, _ = load_model(
+            model_dir,
+            groups,
+            settings=model_settings,
+            recompute=recompute,
+            value_head=True,
+            sequence_parallel=sequence_parallel,
+        )
         return cls(model, groups, optim=optim, loss=loss, offload=offload)
 
     def compute_values(self, batch: PolicyBatch, *, micro_batch_size: int | TokenBudget) -> Tensor:
         """`[B, R]` values of the states before each response token (fp32, no gradient), on every rank."""
         (values,) = forward_collect(
-            self.engine.chunks, batch, micro_batch_size, self.groups,
-            lambda output, micro_batch: response_values(output, micro_batch)[None], num_outputs=1,
+            self.engine.chunks,
+            batch,
+            micro_batch_size,
+            self.groups,
+            lambda output, micro_batch: response_values(output, micro_batch)[None],
+            num_outputs=1,
         )
         return values
 
@@ -122,7 +132,10 @@ class MegatronCritic(TrainedModel):
                 samples = micro_batch.samples
                 mask = samples.response_mask
                 loss, clip_frac = compute_value_loss(
-                    vpreds, samples.values, samples.returns, mask,
+                    vpreds,
+                    samples.values,
+                    samples.returns,
+                    mask,
                     cliprange_value=self.loss.cliprange_value,
                     loss_agg_mode=self.loss.loss_agg_mode,
                     global_normalizer=counts.normalizer,

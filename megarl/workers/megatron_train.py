@@ -121,8 +121,10 @@ def build_optimizer(
 ) -> tuple[object, OptimizerParamScheduler]:
     """Megatron optimizer over the parameters of `ddps` (the model chunks) and its warm-up/decay scheduler."""
     optimizer = get_megatron_optimizer(
-        megatron_optimizer_config(settings, ddps[0].config), ddps,
-        use_gloo_process_groups=False, pg_collection=groups.collection,
+        megatron_optimizer_config(settings, ddps[0].config),
+        ddps,
+        use_gloo_process_groups=False,
+        pg_collection=groups.collection,
     )
     scheduler = OptimizerParamScheduler(
         optimizer,
@@ -161,6 +163,7 @@ def run_schedule(
     Returns the loss callbacks' reported dicts, one per micro-batch, on the last pipeline stage;
     an empty list on the other stages.
     """
+
     def step(data_iterator, wrapped_model):
         return forward_step(wrapped_model, next(data_iterator))
 
@@ -345,9 +348,11 @@ class TrainEngine:
         The parameters live in DDP's contiguous buffer only with the distributed optimizer (megatron-core
         `_ParamAndGradBuffer.param_data` is None otherwise, and `offload_to_cpu` then moves nothing)."""
         if settings.params and not self.chunks[0].ddp_config.use_distributed_optimizer:
-            raise ValueError("offload.params=True needs the distributed optimizer (megatron keeps the parameters "
-                             "in DDP's buffer only then); set optim.use_distributed_optimizer=True or "
-                             "offload.params=False")
+            raise ValueError(
+                "offload.params=True needs the distributed optimizer (megatron keeps the parameters "
+                "in DDP's buffer only then); set optim.use_distributed_optimizer=True or "
+                "offload.params=False"
+            )
         if uses_cuda() and settings.params:
             for buffer in ddp_buffers(self.chunks):
                 buffer.offload_to_cpu(move_params=True, move_grads=False)
@@ -384,7 +389,9 @@ def run_model(model: torch.nn.Module, micro_batch: MicroBatch) -> Tensor:
     logits (or `[r, T, 1]` values), other stages the hidden states they send on. Attention follows
     the micro-batch's layout: a dense mask, or THD sequences (`packed_seq_params`)."""
     return model(
-        micro_batch.input_ids, micro_batch.position_ids, micro_batch.attention_mask(),
+        micro_batch.input_ids,
+        micro_batch.position_ids,
+        micro_batch.attention_mask(),
         packed_seq_params=micro_batch.packed_seq_params(),
     )
 
@@ -458,9 +465,13 @@ def load_model(
     spec, with megatron's sequence parallelism over the TP ranks or without, and the real (HF)
     vocabulary size."""
     chunks = build_model_chunks(
-        model_dir, groups, value_head=value_head, params_dtype=TORCH_DTYPES[settings.dtype],
+        model_dir,
+        groups,
+        value_head=value_head,
+        params_dtype=TORCH_DTYPES[settings.dtype],
         transformer_impl=resolve_transformer_impl(settings.transformer_impl, compute_device().type, settings.dtype),
-        sequence_parallel=sequence_parallel, **recompute.transformer_config_fields(),
+        sequence_parallel=sequence_parallel,
+        **recompute.transformer_config_fields(),
     )
     for chunk in chunks:
         load_hf_weights(chunk, model_dir, groups)

@@ -91,8 +91,11 @@ class MicroBatch:
         from megatron.core.packed_seq_params import PackedSeqParams
 
         return PackedSeqParams(
-            qkv_format="thd", cu_seqlens_q=self.cu_seqlens, cu_seqlens_kv=self.cu_seqlens,
-            max_seqlen_q=self.max_seqlen, max_seqlen_kv=self.max_seqlen,
+            qkv_format="thd",
+            cu_seqlens_q=self.cu_seqlens,
+            cu_seqlens_kv=self.cu_seqlens,
+            max_seqlen_q=self.max_seqlen,
+            max_seqlen_kv=self.max_seqlen,
         )
 
     def response_outputs(self, output: Tensor) -> Tensor:
@@ -104,9 +107,15 @@ class MicroBatch:
     def to(self, device: torch.device) -> MicroBatch:
         """The micro-batch with every tensor on `device`."""
         return MicroBatch(
-            self.samples.to(device), self.rows.to(device), self.input_ids.to(device), self.position_ids.to(device),
-            self.segment_ids.to(device), self.response_index.to(device),
-            None if self.cu_seqlens is None else self.cu_seqlens.to(device), self.max_seqlen, self.response_columns,
+            self.samples.to(device),
+            self.rows.to(device),
+            self.input_ids.to(device),
+            self.position_ids.to(device),
+            self.segment_ids.to(device),
+            self.response_index.to(device),
+            None if self.cu_seqlens is None else self.cu_seqlens.to(device),
+            self.max_seqlen,
+            self.response_columns,
         )
 
 
@@ -176,8 +185,9 @@ def token_counts(batch: PolicyBatch) -> Tensor:
     return torch.stack([batch.prompt_mask.sum(dim=1), counted.amax(dim=1)], dim=1)
 
 
-def packed_micro_batch(samples: PolicyBatch, rows: Tensor, row_sizes: list[int], *, row_length: int | None,
-                       num_rows: int | None) -> MicroBatch:
+def packed_micro_batch(
+    samples: PolicyBatch, rows: Tensor, row_sizes: list[int], *, row_length: int | None, num_rows: int | None
+) -> MicroBatch:
     """Rows of `samples`' real tokens (prompt, then response up to its last counted token), one
     after another: row `k` holds the next `row_sizes[k]` samples. Rows are padded at their end to
     `row_length` (None: to the longest row); `num_rows` adds rows of padding (pipeline stages exchange
@@ -200,7 +210,8 @@ def packed_micro_batch(samples: PolicyBatch, rows: Tensor, row_sizes: list[int],
             prompt_len, response_len = counts[i]
             length, offset = lengths[i], k * width + column
             input_ids[k, column : column + length] = torch.cat(
-                [samples.prompts[i, samples.prompt_length - prompt_len :], samples.responses[i, :response_len]])
+                [samples.prompts[i, samples.prompt_length - prompt_len :], samples.responses[i, :response_len]]
+            )
             position_ids[k, column : column + length] = torch.arange(length)
             segment_ids[k, column : column + length] = i
             # Flat index of the column before response token t; uncounted ones stay inside the sample.
@@ -233,11 +244,15 @@ def cut_micro_batches(batch: PolicyBatch, cut: int | TokenBudget, *, fixed_shape
         micro_batches = []
         for row_plan in pack_rows(lengths, cut, row_width):
             rows = torch.tensor([i for row in row_plan for i in row], dtype=torch.long)
-            micro_batches.append(packed_micro_batch(
-                batch.select(rows), rows, [len(row) for row in row_plan],
-                row_length=row_width if fixed_shape else None,
-                num_rows=cut.max_tokens // row_width if fixed_shape else None,
-            ))
+            micro_batches.append(
+                packed_micro_batch(
+                    batch.select(rows),
+                    rows,
+                    [len(row) for row in row_plan],
+                    row_length=row_width if fixed_shape else None,
+                    num_rows=cut.max_tokens // row_width if fixed_shape else None,
+                )
+            )
         return micro_batches
     return [padded_micro_batch(batch.select(rows), rows) for rows in consecutive_rows(len(batch), cut)]
 

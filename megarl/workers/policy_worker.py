@@ -27,25 +27,25 @@ from megarl.bridge.checksum import rank_checksums
 from megarl.bridge.per_rank import PerRankSender
 from megarl.bridge.ring_routes import RingRoutes
 from megarl.bridge.scheduled_ring import ScheduledRingSender
+from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
 from megarl.bridge.transports.cuda_ipc import CudaIpcTransport
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
-from megarl.workers.sync_probe import actor_probe_logprobs
 from megarl.models.hf_config import read_model_dims
 from megarl.models.model_options import TORCH_DTYPES
+from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import initialize_model_parallel
 from megarl.workers.actor import MegatronActor, PolicyLoss
 from megarl.workers.batch import PolicyBatch
+from megarl.workers.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from megarl.workers.critic import MegatronCritic
 from megarl.workers.matmul_peak import measure_matmul_peak
 from megarl.workers.megatron_train import compute_device
 from megarl.workers.memory_stats import free_device_memory, memory_stats
 from megarl.workers.profiling import ProfileRequest, StepProfiler
-from megarl.parallel.device import uses_cuda
 from megarl.workers.reference import MegatronReference
 from megarl.workers.reward_model import MegatronRewardModel
 from megarl.workers.settings import PolicyWorkerSpec
-from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
-from megarl.workers.checkpoint import export_hf, load_checkpoint, save_checkpoint
+from megarl.workers.sync_probe import actor_probe_logprobs
 
 
 class PolicyWorker:
@@ -55,19 +55,38 @@ class PolicyWorker:
         self.spec = spec
         self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed, vpp=spec.vpp)
         actor, built = spec.actor, spec.model_settings
-        self.actor = (MegatronActor.from_hf(spec.model_path, self.groups, optim=actor.optim, model_settings=built,
-                                            recompute=actor.recompute, offload=actor.offload,
-                                            sequence_parallel=actor.sequence_parallel) if actor else None)
-        self.reference = (MegatronReference.from_hf(spec.model_path, self.groups, built,
-                                                    sequence_parallel=spec.ref_sequence_parallel)
-                          if spec.use_reference else None)
+        self.actor = (
+            MegatronActor.from_hf(
+                spec.model_path,
+                self.groups,
+                optim=actor.optim,
+                model_settings=built,
+                recompute=actor.recompute,
+                offload=actor.offload,
+                sequence_parallel=actor.sequence_parallel,
+            )
+            if actor
+            else None
+        )
+        self.reference = (
+            MegatronReference.from_hf(spec.model_path, self.groups, built, sequence_parallel=spec.ref_sequence_parallel)
+            if spec.use_reference
+            else None
+        )
         if self.reference is not None and spec.ref_offload:
             self.reference.offload()
         critic = spec.critic
         self.critic = (
-            MegatronCritic.from_hf(spec.model_path, self.groups, optim=critic.optim, loss=critic.loss,
-                                   model_settings=built, recompute=critic.recompute, offload=critic.offload,
-                                   sequence_parallel=critic.sequence_parallel)
+            MegatronCritic.from_hf(
+                spec.model_path,
+                self.groups,
+                optim=critic.optim,
+                loss=critic.loss,
+                model_settings=built,
+                recompute=critic.recompute,
+                offload=critic.offload,
+                sequence_parallel=critic.sequence_parallel,
+            )
             if critic
             else None
         )
@@ -76,8 +95,16 @@ class PolicyWorker:
         )
         self.loss = PolicyLoss(actor.loss) if actor else None
         # The weights travel in the engines' dtype: a cast on the sender halves an fp32 actor's bytes for bf16 engines.
-        self.plan = (build_plan(read_model_dims(spec.model_path), LayoutPair(spec.tp, spec.pp, actor.rollout_tp, spec.vpp),
-                                bucket_mb=actor.bucket_mb, dtype=TORCH_DTYPES[actor.rollout_dtype]) if actor else None)
+        self.plan = (
+            build_plan(
+                read_model_dims(spec.model_path),
+                LayoutPair(spec.tp, spec.pp, actor.rollout_tp, spec.vpp),
+                bucket_mb=actor.bucket_mb,
+                dtype=TORCH_DTYPES[actor.rollout_dtype],
+            )
+            if actor
+            else None
+        )
         self.sender: WeightSender | None = None
         self.staged: PolicyBatch | None = None
         """This replica's rows of the step's batch (`stage_batch`), with the fields kept or added since."""
@@ -104,8 +131,10 @@ class PolicyWorker:
         to the staged batch; its result (output `output` of a tuple), also kept as the staged batch's
         field `keep`."""
         if self.staged is None:
-            raise ValueError(f"PolicyWorker.call_staged({method!r}): no batch is staged on this rank; "
-                             "stage_batch the step's rows first")
+            raise ValueError(
+                f"PolicyWorker.call_staged({method!r}): no batch is staged on this rank; "
+                "stage_batch the step's rows first"
+            )
         self.staged = dataclasses.replace(self.staged, **fields)
         with self.profiler.phase(method):
             result = getattr(self, method)(self.staged, *args)
@@ -187,15 +216,22 @@ class PolicyWorker:
     def update_actor(self, batch: PolicyBatch, shuffle_seed: int) -> dict[str, float]:
         s = self.spec.actor
         return self.actor.update_policy(
-            batch, self.loss, mini_batch_size=s.mini_batch_size, micro_batch_size=s.micro_batch_size,
-            ppo_epochs=s.ppo_epochs, shuffle_seed=shuffle_seed,
+            batch,
+            self.loss,
+            mini_batch_size=s.mini_batch_size,
+            micro_batch_size=s.micro_batch_size,
+            ppo_epochs=s.ppo_epochs,
+            shuffle_seed=shuffle_seed,
         )
 
     def update_critic(self, batch: PolicyBatch, shuffle_seed: int) -> dict[str, float]:
         c = self.spec.critic
         return self.critic.update_critic(
-            batch, mini_batch_size=c.mini_batch_size, micro_batch_size=c.micro_batch_size,
-            ppo_epochs=c.ppo_epochs, shuffle_seed=shuffle_seed,
+            batch,
+            mini_batch_size=c.mini_batch_size,
+            micro_batch_size=c.micro_batch_size,
+            ppo_epochs=c.ppo_epochs,
+            shuffle_seed=shuffle_seed,
         )
 
     def listen_weight_sync(self, world_size: int, timeout_s: float) -> tuple[str, int]:
@@ -284,5 +320,7 @@ class PolicyWorker:
 
     def export_hf(self, root: str) -> str | None:
         """Collective: the actor's weights as an HF checkpoint dir `<root>/hf` (written by one rank)."""
-        path = export_hf([chunk.module for chunk in self.actor.engine.chunks], root, self.groups, hf_assets_dir=self.spec.model_path)
+        path = export_hf(
+            [chunk.module for chunk in self.actor.engine.chunks], root, self.groups, hf_assets_dir=self.spec.model_path
+        )
         return None if path is None else str(path)

@@ -20,8 +20,8 @@ from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.actor import compute_log_probs
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.megatron_train import load_model
-from megarl.workers.settings import ModelSettings, RecomputeSettings
 from megarl.workers.packing import TokenBudget
+from megarl.workers.settings import ModelSettings, RecomputeSettings
 
 
 class MegatronReference:
@@ -36,13 +36,20 @@ class MegatronReference:
 
     @classmethod
     def from_hf(
-        cls, model_dir: str | Path, groups: ProcessGroups, model_settings: ModelSettings = ModelSettings(),
+        cls,
+        model_dir: str | Path,
+        groups: ProcessGroups,
+        model_settings: ModelSettings = ModelSettings(),
         sequence_parallel: bool = False,
     ) -> MegatronReference:
         """Build this rank's shard from an HF checkpoint dir (the actor's initial weights); `sequence_parallel`
         as `ref.parallel.sequence_parallel`."""
         chunks, vocab_size = load_model(
-            model_dir, groups, settings=model_settings, recompute=RecomputeSettings(), value_head=False,
+            model_dir,
+            groups,
+            settings=model_settings,
+            recompute=RecomputeSettings(),
+            value_head=False,
             sequence_parallel=sequence_parallel,
         )
         return cls(chunks, groups, vocab_size=vocab_size)

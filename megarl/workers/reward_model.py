@@ -48,7 +48,11 @@ class MegatronRewardModel:
         # Read (and check) the head before building: construction runs collectives, a bad checkpoint must not hang.
         score_weight = read_score_weight(model_dir)
         model, _ = load_model(
-            model_dir, groups, settings=model_settings, recompute=RecomputeSettings(), value_head=True,
+            model_dir,
+            groups,
+            settings=model_settings,
+            recompute=RecomputeSettings(),
+            value_head=True,
             sequence_parallel=False,
         )
         if groups.is_last_stage:
@@ -58,6 +62,7 @@ class MegatronRewardModel:
 
     def compute_scores(self, batch: PolicyBatch, *, micro_batch_size: int) -> Tensor:
         """`[B]` scores of `batch` (fp32, no gradient), on every rank."""
+
         def forward_step(model, micro_batch):
             def collect(output):
                 return output.new_zeros(()), dict(scores=last_token_scores(output, micro_batch))

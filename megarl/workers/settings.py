@@ -12,7 +12,6 @@ from megarl.algorithms.rollout_correction import RolloutCorrection
 from megarl.models.model_options import TORCH_DTYPES, TRANSFORMER_IMPLS
 from megarl.workers.packing import TokenBudget
 
-
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
 
 
@@ -67,8 +66,10 @@ class OptimSettings:
                 f"use_distributed_optimizer=True needs optimizer='adam' (megatron's), got {self.optimizer!r}"
             )
         if self.cpu_offload and not self.use_distributed_optimizer:
-            problems.append("cpu_offload=True needs use_distributed_optimizer=True (megatron steps the "
-                            "offloaded state through the precision-aware distributed optimizer)")
+            problems.append(
+                "cpu_offload=True needs use_distributed_optimizer=True (megatron steps the "
+                "offloaded state through the precision-aware distributed optimizer)"
+            )
         if not 0 < self.cpu_offload_fraction <= 1:
             problems.append(f"cpu_offload_fraction={self.cpu_offload_fraction} must lie in (0, 1]")
         if self.lr_decay_style not in LR_DECAY_STYLES:

@@ -44,8 +44,13 @@ class SftWorker:
     def __init__(self, spec: SftWorkerSpec):
         self.spec = spec
         self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed, vpp=spec.vpp)
-        self.actor = MegatronActor.from_hf(spec.model_path, self.groups, optim=spec.optim,
-                                           model_settings=spec.model_settings, sequence_parallel=spec.sequence_parallel)
+        self.actor = MegatronActor.from_hf(
+            spec.model_path,
+            self.groups,
+            optim=spec.optim,
+            model_settings=spec.model_settings,
+            sequence_parallel=spec.sequence_parallel,
+        )
         self.loss = NllLoss()
 
     def grid(self) -> dict[str, int]:
@@ -57,11 +62,17 @@ class SftWorker:
         """One optimizer step over this DP rank's conversations (`sft_policy_batch`), in micro-batches.
         Metrics of the whole step (reduced over DP): loss (mean NLL per trained token), entropy, tokens
         (trained tokens), grad_norm, lr, skipped_steps."""
-        return self.actor.update_policy(batch, self.loss, mini_batch_size=len(batch),
-                                        micro_batch_size=self.spec.micro_batch_size)
+        return self.actor.update_policy(
+            batch, self.loss, mini_batch_size=len(batch), micro_batch_size=self.spec.micro_batch_size
+        )
 
     def export_hf(self, out_dir: str) -> str | None:
         """Collective: the model as an HF checkpoint dir `out_dir` (replaced atomically; written by one rank),
         with config.json and the tokenizer of `model_path`. The dir on the ranks that wrote, else None."""
-        path = export_hf_weights([chunk.module for chunk in self.actor.engine.chunks], out_dir, self.groups, hf_assets_dir=self.spec.model_path)
+        path = export_hf_weights(
+            [chunk.module for chunk in self.actor.engine.chunks],
+            out_dir,
+            self.groups,
+            hf_assets_dir=self.spec.model_path,
+        )
         return None if path is None else str(path)

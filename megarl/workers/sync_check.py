@@ -16,27 +16,27 @@ training ranks first; the engine's workers follow);
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from megarl.bridge.checksum import LoadedChecksums, check_checksums, combine, rank_checksums
-from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.bridge import ShardSender, sender_rank
-from megarl.bridge.sync import WeightSender, receiving, sync_in_process
+from megarl.bridge.checksum import LoadedChecksums, check_checksums, combine, rank_checksums
 from megarl.bridge.collect import conversion_errors, local_params_by_plan_name
+from megarl.bridge.plan import LayoutPair, build_plan
+from megarl.bridge.sync import WeightSender, receiving, sync_in_process
+from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
 from megarl.bridge.transports import InProcessTransport
 from megarl.bridge.verify import check_sync, probe_token_ids
-from megarl.workers.sync_probe import actor_probe_logprobs, probe_policy_batch
 from megarl.models.hf_config import read_model_dims
 from megarl.parallel.spawn import run_distributed
 from megarl.workers.rollout.base import RolloutEngine
-from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
+from megarl.workers.sync_probe import actor_probe_logprobs, probe_policy_batch
 
 HOST = "127.0.0.1"
 ENGINE_DTYPE = "float32"
@@ -105,13 +105,26 @@ def model_in_dtype(model_dir: str, groups, dtype: str) -> torch.nn.Module:
     from megarl.workers.megatron_train import load_model
     from megarl.workers.settings import ModelSettings, RecomputeSettings
 
-    (model,), _ = load_model(model_dir, groups, settings=ModelSettings(dtype=dtype, transformer_impl="auto"),
-                          recompute=RecomputeSettings(), value_head=False, sequence_parallel=False)
+    (model,), _ = load_model(
+        model_dir,
+        groups,
+        settings=ModelSettings(dtype=dtype, transformer_impl="auto"),
+        recompute=RecomputeSettings(),
+        value_head=False,
+        sequence_parallel=False,
+    )
     return model
 
 
-def trainer_main(model_dir: str, layout: LayoutPair, ports: dict[int, int], bucket_mb: float,
-                 rounds: int, settings: TrainSettings, timeout_s: float) -> list[dict]:
+def trainer_main(
+    model_dir: str,
+    layout: LayoutPair,
+    ports: dict[int, int],
+    bucket_mb: float,
+    rounds: int,
+    settings: TrainSettings,
+    timeout_s: float,
+) -> list[dict]:
     """One training rank of `run_sync_check`: per round, train, record the actor's probe log-probs,
     send each engine the pieces of its shards that engine's workers need (one sync group per rollout
     TP of `ports`, every rank at its sender rank), list parameters whose conversion does not invert,
@@ -120,9 +133,12 @@ def trainer_main(model_dir: str, layout: LayoutPair, ports: dict[int, int], buck
     groups, actor, dims, plan = trained_actor_and_plan(model_dir, layout, bucket_mb, settings)
     rank = sender_rank(layout, groups.pp_rank, groups.tp_rank)
     senders = [
-        ShardSender(build_plan(dims, dataclasses.replace(layout, rollout_tp=tp), bucket_mb=bucket_mb),
-                    actor.named_parameters_for_sync, groups,
-                    create_weight_sync_group(HOST, port, rank, layout.train_tp * layout.train_pp + tp, timeout_s))
+        ShardSender(
+            build_plan(dims, dataclasses.replace(layout, rollout_tp=tp), bucket_mb=bucket_mb),
+            actor.named_parameters_for_sync,
+            groups,
+            create_weight_sync_group(HOST, port, rank, layout.train_tp * layout.train_pp + tp, timeout_s),
+        )
         for tp, port in ports.items()
     ]
     probe = probe_token_ids(dims.vocab_size)
@@ -133,13 +149,15 @@ def trainer_main(model_dir: str, layout: LayoutPair, ports: dict[int, int], buck
         stats, *_others = [sender.send() for sender in senders]  # every sender sends; the first one's stats
         suspects = conversion_errors(plan, local_params_by_plan_name(plan, actor.named_parameters_for_sync()), groups)
         checksums = rank_checksums(plan, actor.named_parameters_for_sync(), groups, ENGINE_DTYPE)
-        results.append(dict(actor_logprobs=logprobs.tolist(), sync_metrics=stats.metrics(), suspects=suspects,
-                            checksums=checksums))
+        results.append(
+            dict(actor_logprobs=logprobs.tolist(), sync_metrics=stats.metrics(), suspects=suspects, checksums=checksums)
+        )
     return results
 
 
-def colocated_main(model_dir: str, layout: LayoutPair, backend: str, bucket_mb: float, rounds: int,
-                   settings: TrainSettings) -> list[dict]:
+def colocated_main(
+    model_dir: str, layout: LayoutPair, backend: str, bucket_mb: float, rounds: int, settings: TrainSettings
+) -> list[dict]:
     """One training rank of `run_colocated_check`: every rank owns a TP-1 rollout engine in its own
     process (a colocated deployment; vLLM also needs every rank of an existing world to build its
     groups) and syncs into it in-process. Per round each rank returns what `trainer_main` does plus
@@ -158,11 +176,16 @@ def colocated_main(model_dir: str, layout: LayoutPair, backend: str, bucket_mb: 
             stats = sync_in_process(engine, sender)
             suspects = sender.conversion_errors()
             after = {1: torch.stack(engine.prompt_logprobs(probe)).tolist()}
-            results.append(dict(
-                actor_logprobs=logprobs.tolist(), sync_metrics=stats.metrics(), suspects=suspects, after=after,
-                checksums=rank_checksums(plan, actor.named_parameters_for_sync(), groups, ENGINE_DTYPE),
-                loaded={1: engine.loaded_checksums()},
-            ))
+            results.append(
+                dict(
+                    actor_logprobs=logprobs.tolist(),
+                    sync_metrics=stats.metrics(),
+                    suspects=suspects,
+                    after=after,
+                    checksums=rank_checksums(plan, actor.named_parameters_for_sync(), groups, ENGINE_DTYPE),
+                    loaded={1: engine.loaded_checksums()},
+                )
+            )
     finally:
         engine.shutdown()
     return results
@@ -197,11 +220,22 @@ def run_sync_check(
     train = LayoutPair(train_tp, train_pp, 1, train_vpp)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-check-sync") as pool:
         trainers = pool.submit(
-            run_distributed, trainer_main, train_tp * train_pp, model_dir, train, ports,
-            bucket_mb, rounds, settings, timeout_s, timeout_s=timeout_s,
+            run_distributed,
+            trainer_main,
+            train_tp * train_pp,
+            model_dir,
+            train,
+            ports,
+            bucket_mb,
+            rounds,
+            settings,
+            timeout_s,
+            timeout_s=timeout_s,
         )
-        joined = [engine.init_weight_sync(HOST, ports[tp], senders + tp, timeout_s, rank_offset=senders)
-                  for tp, engine in engines.items()]
+        joined = [
+            engine.init_weight_sync(HOST, ports[tp], senders + tp, timeout_s, rank_offset=senders)
+            for tp, engine in engines.items()
+        ]
         wait_for_joins(joined, trainers, timeout_s)
         plans = {tp: build_plan(dims, dataclasses.replace(train, rollout_tp=tp), bucket_mb=bucket_mb) for tp in engines}
         engine_logprobs, loaded = [], []
@@ -232,8 +266,15 @@ def run_colocated_check(
     each training rank's process and the in-process transport. Returns per rank (in rank order)
     its rounds; every rank's engine is checked."""
     per_rank = run_distributed(
-        colocated_main, train_tp * train_pp, str(model_dir), LayoutPair(train_tp, train_pp, 1, train_vpp), backend,
-        bucket_mb, rounds, settings, timeout_s=timeout_s,
+        colocated_main,
+        train_tp * train_pp,
+        str(model_dir),
+        LayoutPair(train_tp, train_pp, 1, train_vpp),
+        backend,
+        bucket_mb,
+        rounds,
+        settings,
+        timeout_s=timeout_s,
     )
     expected = [combine(rank_rounds[i]["checksums"] for rank_rounds in per_rank) for i in range(rounds)]
     for rank_rounds in per_rank:
@@ -264,10 +305,12 @@ def _verified(trainer_rounds: list[dict], train: LayoutPair, threshold: float) -
         for tp, logprobs in after.items():
             layout = dataclasses.replace(train, rollout_tp=tp)
             loaded: list[LoadedChecksums] = trained["loaded"][tp]
-            metrics[tp] = check_checksums(trained["checksums"], loaded, dtype=ENGINE_DTYPE, layout=layout,
-                                          engine=f"the rollout TP-{tp} engine")
-            metrics[tp] |= check_sync(list(logprobs), actor, threshold=threshold, layout=layout,
-                                      suspects=trained["suspects"])
+            metrics[tp] = check_checksums(
+                trained["checksums"], loaded, dtype=ENGINE_DTYPE, layout=layout, engine=f"the rollout TP-{tp} engine"
+            )
+            metrics[tp] |= check_sync(
+                list(logprobs), actor, threshold=threshold, layout=layout, suspects=trained["suspects"]
+            )
         results.append(RoundResult(actor, after, metrics, trained["sync_metrics"]))
     return results
 

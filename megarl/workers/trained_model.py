@@ -13,8 +13,9 @@ from megarl.workers.settings import OffloadSettings, OptimSettings
 class TrainedModel:
     """Base of `MegatronActor` and `MegatronCritic`."""
 
-    def __init__(self, chunks: list[torch.nn.Module], groups: ProcessGroups, optim: OptimSettings,
-                 offload: OffloadSettings):
+    def __init__(
+        self, chunks: list[torch.nn.Module], groups: ProcessGroups, optim: OptimSettings, offload: OffloadSettings
+    ):
         """`chunks`: this rank's megatron `GPTModel` stage, one chunk per virtual stage (weights loaded)."""
         self.groups = groups
         self.offload_settings = offload

@@ -43,16 +43,22 @@ class ActorCheckpoint:
         """The `vocab_divisible_by` that rebuilds the saved padded vocabulary at `tp_size`."""
         saved_multiple = VOCAB_DIVISIBLE_BY * self.saved_tp
         if saved_multiple % tp_size:
-            raise ValueError(f"--tp {tp_size} cannot load {self.step_dir}, whose vocabulary is padded to a multiple of "
-                             f"{saved_multiple} (saved at TP={self.saved_tp}): use a --tp that divides {saved_multiple}")
+            raise ValueError(
+                f"--tp {tp_size} cannot load {self.step_dir}, whose vocabulary is padded to a multiple of "
+                f"{saved_multiple} (saved at TP={self.saved_tp}): use a --tp that divides {saved_multiple}"
+            )
         return saved_multiple // tp_size
 
 
 def is_training_checkpoint(path: Path) -> bool:
     """A `step_<N>` dir of `megarl train` (its manifest or its name), a save that did not finish, or the
     `checkpoint.dir` that holds them."""
-    return ((path / MANIFEST).is_file() or bool(STEP_DIR.match(path.name)) or bool(_PARTIAL.match(path.name))
-            or any(STEP_DIR.match(step.name) for step in path.glob("step_*")))
+    return (
+        (path / MANIFEST).is_file()
+        or bool(STEP_DIR.match(path.name))
+        or bool(_PARTIAL.match(path.name))
+        or any(STEP_DIR.match(step.name) for step in path.glob("step_*"))
+    )
 
 
 def check_actor_checkpoint(step_dir: Path, hf_dir: Path | None) -> ActorCheckpoint:
@@ -64,19 +70,24 @@ def check_actor_checkpoint(step_dir: Path, hf_dir: Path | None) -> ActorCheckpoi
     try:
         manifest = read_manifest(step_dir)
     except CheckpointError as error:
-        raise ValueError(f"{error}: convert another step of the run (a complete step_<N> directory) or restore this "
-                         "one from a copy") from None
+        raise ValueError(
+            f"{error}: convert another step of the run (a complete step_<N> directory) or restore this one from a copy"
+        ) from None
     if ACTOR not in manifest.roles:
         actor_dir = step_dir.parent.parent / step_dir.name
-        raise ValueError(f"{step_dir} holds the {', '.join(manifest.roles)} model, not the actor: a critic has no HF "
-                         f"form; pass the run's actor checkpoint ({actor_dir})")
+        raise ValueError(
+            f"{step_dir} holds the {', '.join(manifest.roles)} model, not the actor: a critic has no HF "
+            f"form; pass the run's actor checkpoint ({actor_dir})"
+        )
     try:
         verify_checksums(step_dir, manifest)
     except CheckpointError as error:
         raise ValueError(f"{error}: convert another step of the run or restore this one from a copy") from None
     if hf_dir is None:
-        raise ValueError(f"{step_dir} is a training checkpoint, which holds no HF config or tokenizer: pass "
-                         "--hf MODEL_DIR, the run's model.path (its config.json and tokenizer files are copied)")
+        raise ValueError(
+            f"{step_dir} is a training checkpoint, which holds no HF config or tokenizer: pass "
+            "--hf MODEL_DIR, the run's model.path (its config.json and tokenizer files are copied)"
+        )
     dims = read_model_dims(hf_dir)
     shapes, dtype = _saved_shapes(step_dir / ACTOR / MODEL_DIR)
     _check_shapes(step_dir, hf_dir, dims, shapes, manifest.layout["tp"])
@@ -85,15 +96,20 @@ def check_actor_checkpoint(step_dir: Path, hf_dir: Path | None) -> ActorCheckpoi
 
 def _check_is_a_step(path: Path) -> None:
     if not path.is_dir():
-        raise ValueError(f"{path} does not exist or is not a directory: pass a step_<N> directory of the run's "
-                         "checkpoint.dir")
+        raise ValueError(
+            f"{path} does not exist or is not a directory: pass a step_<N> directory of the run's checkpoint.dir"
+        )
     if _PARTIAL.match(path.name):
-        raise ValueError(f"{path} is a save that did not finish (no checkpoint): pass a complete step_<N> directory "
-                         f"beside it in {path.parent}")
+        raise ValueError(
+            f"{path} is a save that did not finish (no checkpoint): pass a complete step_<N> directory "
+            f"beside it in {path.parent}"
+        )
     if not (path / MANIFEST).is_file() and not STEP_DIR.match(path.name):
         steps = sorted(step.name for step in path.glob("step_*") if STEP_DIR.match(step.name))
-        raise ValueError(f"{path} is a checkpoint root (checkpoint.dir), not a checkpoint: pass one of its step "
-                         f"directories, e.g. {path / steps[-1]}")
+        raise ValueError(
+            f"{path} is a checkpoint root (checkpoint.dir), not a checkpoint: pass one of its step "
+            f"directories, e.g. {path / steps[-1]}"
+        )
 
 
 def _saved_shapes(model_dir: Path) -> tuple[dict[str, tuple[int, ...]], str]:

@@ -13,8 +13,11 @@ def kuberay_validators() -> dict:
     """{'RayJob': validator, 'RayCluster': validator}; fails with the fix when ../shared/kuberay is missing."""
     missing = [name for name in SCHEMA_FILES.values() if not (KUBERAY_SCHEMAS / name).is_file()]
     if missing:
-        pytest.fail(f"KubeRay CRD schemas {missing} not found in {KUBERAY_SCHEMAS}: the deploy tests need the "
-                    f"shared/ directory beside the repository (../shared/kuberay/ relative to {REPO})", pytrace=False)
+        pytest.fail(
+            f"KubeRay CRD schemas {missing} not found in {KUBERAY_SCHEMAS}: the deploy tests need the "
+            f"shared/ directory beside the repository (../shared/kuberay/ relative to {REPO})",
+            pytrace=False,
+        )
     return load_validators(KUBERAY_SCHEMAS)
 
 

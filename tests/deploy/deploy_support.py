@@ -57,8 +57,13 @@ def project() -> dict:
 def requirements(*extras: str) -> list[Requirement]:
     """pyproject.toml's dependencies, then those of each of `extras`, in order."""
     table = project()
-    return [Requirement(line) for line in [*table["dependencies"], *(line for extra in extras
-                                                                     for line in table["optional-dependencies"][extra])]]
+    return [
+        Requirement(line)
+        for line in [
+            *table["dependencies"],
+            *(line for extra in extras for line in table["optional-dependencies"][extra]),
+        ]
+    ]
 
 
 def constraints() -> dict[str, str]:

@@ -17,8 +17,25 @@ from packaging.utils import canonicalize_name
 from megarl import versions
 
 DOCKER = REPO / "docker"
-INSTRUCTIONS = {"FROM", "ARG", "ENV", "LABEL", "RUN", "COPY", "ADD", "WORKDIR", "USER", "SHELL", "ENTRYPOINT",
-                "CMD", "EXPOSE", "VOLUME", "HEALTHCHECK", "STOPSIGNAL", "ONBUILD"}
+INSTRUCTIONS = {
+    "FROM",
+    "ARG",
+    "ENV",
+    "LABEL",
+    "RUN",
+    "COPY",
+    "ADD",
+    "WORKDIR",
+    "USER",
+    "SHELL",
+    "ENTRYPOINT",
+    "CMD",
+    "EXPOSE",
+    "VOLUME",
+    "HEALTHCHECK",
+    "STOPSIGNAL",
+    "ONBUILD",
+}
 
 GPU_ARGS = {
     "CUDA_IMAGE": versions.CUDA_IMAGE,
@@ -30,8 +47,13 @@ GPU_ARGS = {
     "RAY_VERSION": versions.RAY,
 }
 CPU_ARGS = {"PYTHON_VERSION": versions.PYTHON, "TORCH_VERSION": versions.TORCH}
-GPU_ARG_PACKAGES = {"TORCH_VERSION": "torch", "VLLM_VERSION": "vllm", "MEGATRON_CORE_VERSION": "megatron-core",
-                    "RAY_VERSION": "ray", "TRANSFORMER_ENGINE_VERSION": "transformer-engine"}
+GPU_ARG_PACKAGES = {
+    "TORCH_VERSION": "torch",
+    "VLLM_VERSION": "vllm",
+    "MEGATRON_CORE_VERSION": "megatron-core",
+    "RAY_VERSION": "ray",
+    "TRANSFORMER_ENGINE_VERSION": "transformer-engine",
+}
 """docker/Dockerfile's version ARG (its image labels) -> the package whose constraints.txt pin it must equal."""
 CONSTRAINED = "-c constraints.txt"
 """What every `pip install` of both Dockerfiles carries (scripts/setup.sh installs with the same file)."""
@@ -94,8 +116,9 @@ def test_parser_rejects_unknown_instructions_and_defaultless_args():
 def test_arg_defaults_equal_versions_py(name, expected):
     args = _load(name).args
     for key, value in expected.items():
-        assert args.get(key) == value, \
+        assert args.get(key) == value, (
             f"docker/{name}: ARG {key} default is {args.get(key)!r}, megarl/versions.py says {value!r}"
+        )
 
 
 def _pip_installs(dockerfile: Dockerfile) -> list[str]:
@@ -111,12 +134,17 @@ def test_every_pip_install_uses_the_constraints(name):
     assert installs, f"docker/{name} installs nothing with pip"
     for command in installs:
         assert CONSTRAINED in command, f"docker/{name}: `{command}` is not constrained ({CONSTRAINED})"
-    first_install = next(index for index, (instruction, rest) in enumerate(dockerfile.instructions)
-                         if instruction == "RUN" and "pip install" in rest)
-    copied_before = [rest.split()[:-1] for instruction, rest in dockerfile.instructions[:first_install]
-                     if instruction == "COPY"]
-    assert any("constraints.txt" in sources for sources in copied_before), \
+    first_install = next(
+        index
+        for index, (instruction, rest) in enumerate(dockerfile.instructions)
+        if instruction == "RUN" and "pip install" in rest
+    )
+    copied_before = [
+        rest.split()[:-1] for instruction, rest in dockerfile.instructions[:first_install] if instruction == "COPY"
+    ]
+    assert any("constraints.txt" in sources for sources in copied_before), (
         f"docker/{name} runs pip before it copies constraints.txt"
+    )
 
 
 def test_gpu_image_base_and_arg_pins():
@@ -126,17 +154,21 @@ def test_gpu_image_base_and_arg_pins():
     assert image == versions.CUDA_IMAGE and not image.endswith(":latest")
     pins = constraints()
     for arg, package in GPU_ARG_PACKAGES.items():
-        assert dockerfile.args[arg] == pins[package], \
+        assert dockerfile.args[arg] == pins[package], (
             f"docker/Dockerfile: ARG {arg}={dockerfile.args[arg]}, constraints.txt pins {package}=={pins[package]}"
+        )
     installs = " ".join(_pip_installs(dockerfile))
     for package in ["torch", "vllm", "megatron-core", '"ray[default]"']:
         assert f" {package}" in installs, f"docker/Dockerfile does not pip install {package} before TE"
-    assert re.search(r'--no-build-isolation -c constraints.txt "transformer-engine\[', installs), \
+    assert re.search(r'--no-build-isolation -c constraints.txt "transformer-engine\[', installs), (
         "Transformer Engine's PyTorch extension must be compiled against the image's torch (--no-build-isolation)"
-    assert '".[gpu,wandb]"' in installs, \
+    )
+    assert '".[gpu,wandb]"' in installs, (
         "the GPU image must install megarl with the gpu and wandb extras (the k8s/ pods pass WANDB_API_KEY)"
-    assert "transformer_engine.pytorch" in " ".join(rest for name, rest in dockerfile.instructions if name == "RUN"), \
+    )
+    assert "transformer_engine.pytorch" in " ".join(rest for name, rest in dockerfile.instructions if name == "RUN"), (
         "the GPU image must import TE's compiled PyTorch extension"
+    )
 
 
 def test_cpu_image_base_and_torch_index():
@@ -162,8 +194,9 @@ def test_non_root_user_entrypoint_and_context_filter(name):
         security = group["template"]["spec"]["securityContext"]
         assert security["runAsUser"] == int(uid) and security["runAsNonRoot"] is True
     assert json.loads(dockerfile.last("ENTRYPOINT")) == ["megarl"]
-    ignore = [line for line in (DOCKER / f"{name}.dockerignore").read_text().splitlines()
-              if line and not line.startswith("#")]
+    ignore = [
+        line for line in (DOCKER / f"{name}.dockerignore").read_text().splitlines() if line and not line.startswith("#")
+    ]
     assert ignore[0] == "*", "the build-context filter must start by excluding everything"
     for source in [rest.split()[0] for instruction, rest in dockerfile.instructions if instruction == "COPY"]:
         assert f"!{source}" in ignore, f"docker/{name}.dockerignore leaves out {source}, which the Dockerfile copies"
@@ -209,17 +242,20 @@ def _check_te_step(installs: list[str], where: str) -> None:
     """Torch and the build tools come before Transformer Engine, which is built without isolation; every
     build tool is pinned (in the command or by constraints.txt)."""
     (te_index,) = [index for index, command in enumerate(installs) if "transformer-engine" in command]
-    assert re.search(TE_INSTALL, installs[te_index]), \
+    assert re.search(TE_INSTALL, installs[te_index]), (
         f"{where}: Transformer Engine must be built with {TE_INSTALL!r} against the installed torch: {installs[te_index]}"
+    )
     before = [name for command in installs[:te_index] for name in _installed_names(command)]
     assert "torch" in before, f"{where}: torch is not installed before Transformer Engine is compiled against it"
     pins = constraints()
     for tool in TE_BUILD_TOOLS:
-        assert tool in before, \
+        assert tool in before, (
             f"{where}: {tool} is not installed before Transformer Engine, whose build (no isolation) imports it"
+        )
         command = next(command for command in installs[:te_index] if tool in _installed_names(command))
-        assert tool in pins or re.search(rf'"?{tool}==[\w.]+"?', command), \
+        assert tool in pins or re.search(rf'"?{tool}==[\w.]+"?', command), (
             f"{where}: {tool} is installed unpinned (neither in the command nor in constraints.txt): {command}"
+        )
 
 
 def test_gpu_image_installs_te_build_tools_before_compiling_te():
@@ -227,8 +263,11 @@ def test_gpu_image_installs_te_build_tools_before_compiling_te():
 
 
 def test_te_step_check_catches_missing_tools_order_and_isolation():
-    good = ['pip install -c constraints.txt torch', 'pip install -c constraints.txt "setuptools==1" "wheel==1" '
-            '"pybind11==1" ninja', 'pip install --no-build-isolation -c constraints.txt "transformer-engine[core-cu13,pytorch]"']
+    good = [
+        "pip install -c constraints.txt torch",
+        'pip install -c constraints.txt "setuptools==1" "wheel==1" "pybind11==1" ninja',
+        'pip install --no-build-isolation -c constraints.txt "transformer-engine[core-cu13,pytorch]"',
+    ]
     _check_te_step(good, "good")
     with pytest.raises(AssertionError, match="wheel is not installed before"):
         _check_te_step([good[0], good[1].replace('"wheel==1" ', ""), good[2]], "no wheel")
@@ -248,7 +287,9 @@ def test_readme_gpu_extra_install_follows_the_image():
     _check_te_step(lines, "docker/README.md")
     image = [command.replace("--no-cache-dir ", "") for command in _pip_installs(_load("Dockerfile"))]
     te_index = next(index for index, command in enumerate(image) if "transformer-engine" in command)
-    assert lines[:te_index + 1] == image[:te_index + 1], "docker/README.md's install steps differ from the Dockerfile's"
+    assert lines[: te_index + 1] == image[: te_index + 1], (
+        "docker/README.md's install steps differ from the Dockerfile's"
+    )
     assert lines[-1] == 'pip install -c constraints.txt -e ".[gpu,dev]"' and len(lines) == te_index + 2
 
 
@@ -256,14 +297,16 @@ def test_gpu_image_has_rdma_userspace():
     runs = " ".join(rest for name, rest in _load("Dockerfile").instructions if name == "RUN")
     apt = [run for run in runs.split("&&") if "apt-get install" in run and "python" in run]
     for package in ["rdma-core", "libibverbs1", "ibverbs-providers"]:
-        assert any(re.search(rf"(^|\s){package}(\s|$)", run) for run in apt), \
+        assert any(re.search(rf"(^|\s){package}(\s|$)", run) for run in apt), (
             f"docker/Dockerfile does not apt-get install {package}: NCCL would use TCP instead of InfiniBand"
+        )
 
 
 def test_gpu_image_driver_floor_label_and_readme():
     label = _load("Dockerfile").last("LABEL")
-    assert f'io.megarl.cuda-driver-min="{versions.CUDA_DRIVER_MIN}"' in label, \
+    assert f'io.megarl.cuda-driver-min="{versions.CUDA_DRIVER_MIN}"' in label, (
         f"docker/Dockerfile: label io.megarl.cuda-driver-min must be megarl/versions.py's {versions.CUDA_DRIVER_MIN}"
+    )
     assert versions.CUDA_DRIVER_MIN.startswith("580."), "CUDA 13.x needs an R580+ driver"
     section = (DOCKER / "README.md").read_text().split("## NVIDIA driver")[1].split("\n## ")[0]
     assert f"**{versions.CUDA_DRIVER_MIN} or newer (R580+)**" in section

@@ -100,16 +100,33 @@ def _run_entrypoint(entrypoint: str, tmp_path) -> tuple[list[list[str]], list[li
     _fake_bin(fakes, "ray", _FAKE_RAY)
     _fake_bin(fakes, "megarl", _FAKE_MEGARL)
     address, job_id = "http://megarl-head-svc:8265", "megarl-grpo-abcde"
-    submitter = (f"if ! ray job status --address {address} {job_id} >/dev/null 2>&1 ; then ray job submit --address "
-                 f"{address} --no-wait --submission-id {job_id} -- {entrypoint.strip()} ; fi ; ray job logs --address "
-                 f"{address} --follow {job_id}")
-    env = {**os.environ, "PATH": f"{fakes}{os.pathsep}{os.environ['PATH']}", "CALLS": str(calls),
-           "SUBMITTED": str(submitted)}
-    ran = subprocess.run(["/bin/bash", "-ce", "--", submitter], env={**env, "WHERE": "submitter"}, capture_output=True,
-                         text=True, timeout=30)
+    submitter = (
+        f"if ! ray job status --address {address} {job_id} >/dev/null 2>&1 ; then ray job submit --address "
+        f"{address} --no-wait --submission-id {job_id} -- {entrypoint.strip()} ; fi ; ray job logs --address "
+        f"{address} --follow {job_id}"
+    )
+    env = {
+        **os.environ,
+        "PATH": f"{fakes}{os.pathsep}{os.environ['PATH']}",
+        "CALLS": str(calls),
+        "SUBMITTED": str(submitted),
+    }
+    ran = subprocess.run(
+        ["/bin/bash", "-ce", "--", submitter],
+        env={**env, "WHERE": "submitter"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert ran.returncode == 0, ran.stderr
-    head = subprocess.run(submitted.read_text().strip(), shell=True, capture_output=True, text=True,
-                          env={**env, "WHERE": "head", "MEGARL_RUN": RUN}, timeout=30)
+    head = subprocess.run(
+        submitted.read_text().strip(),
+        shell=True,
+        capture_output=True,
+        text=True,
+        env={**env, "WHERE": "head", "MEGARL_RUN": RUN},
+        timeout=30,
+    )
     assert head.returncode == 0, head.stderr
     lines = [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
     return [argv for where, *argv in lines if where == "submitter"], [argv for where, *argv in lines if where == "head"]
@@ -138,8 +155,9 @@ def test_rayjob_runs_validate_then_train_on_the_head_sized_to_its_cluster(kustom
 
 def test_a_bare_and_in_the_entrypoint_runs_in_the_submitter(tmp_path):
     """What the check above catches: the entrypoint these manifests had before ran `megarl train` in the submitter."""
-    in_submitter, on_head = _run_entrypoint("megarl validate /etc/megarl/recipe.yaml && megarl train "
-                                            "/etc/megarl/recipe.yaml", tmp_path)
+    in_submitter, on_head = _run_entrypoint(
+        "megarl validate /etc/megarl/recipe.yaml && megarl train /etc/megarl/recipe.yaml", tmp_path
+    )
     assert in_submitter == [["train", "/etc/megarl/recipe.yaml"]]
     assert on_head == [["validate", "/etc/megarl/recipe.yaml"]]
 
@@ -189,16 +207,27 @@ def test_workers_have_gpu_env_defaults_and_ray_logs_go_to_the_pvc(kustomization,
         ray = pod["containers"][0]
         env = {var["name"]: var.get("value") for var in ray["env"]}
         if group != "head":
-            defaults = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_DEBUG": "WARN", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1"}
+            defaults = {
+                "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+                "NCCL_DEBUG": "WARN",
+                "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
+            }
             assert {key: env.get(key) for key in defaults} == defaults, group
         # The preStop command, run with /data and /tmp/ray moved under tmp_path: the logs land per cluster and pod.
-        command = [arg.replace("/data/", f"{tmp_path}/data/").replace("/tmp/ray/", f"{tmp_path}/ray/")
-                   for arg in ray["lifecycle"]["preStop"]["exec"]["command"]]
+        command = [
+            arg.replace("/data/", f"{tmp_path}/data/").replace("/tmp/ray/", f"{tmp_path}/ray/")
+            for arg in ray["lifecycle"]["preStop"]["exec"]["command"]
+        ]
         logs = tmp_path / "ray" / "session_latest" / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         (logs / "raylet.out").write_text(group)
-        result = subprocess.run(command, env={**os.environ, "RAY_CLUSTER_NAME": "megarl-grpo-1x8-abcde",
-                                              "HOSTNAME": f"pod-{group}"}, capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            command,
+            env={**os.environ, "RAY_CLUSTER_NAME": "megarl-grpo-1x8-abcde", "HOSTNAME": f"pod-{group}"},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert result.returncode == 0, result.stderr
         copied = tmp_path / "data" / "ray-logs" / "megarl-grpo-1x8-abcde" / f"pod-{group}" / "logs" / "raylet.out"
         assert copied.read_text() == group
@@ -281,14 +310,21 @@ def test_readme_creates_the_recipe_configmap_from_an_existing_recipe():
     ttl = _rayjob("base")["spec"]["ttlSecondsAfterFinished"]
     assert f"`ttlSecondsAfterFinished` ({ttl} s)" in readme, "README states another TTL than the manifests"
     assert f"kuberay-operator --version {versions.KUBERAY}" in readme, "README installs another KubeRay version"
-    for command in ("kubectl apply -k k8s/storage", "kubectl apply -k k8s/prepare", "kubectl apply -k k8s/overlays/1x8",
-                    "kubectl apply -k k8s/overlays/nx8", "kubectl get rayjob", "kubectl logs"):
+    for command in (
+        "kubectl apply -k k8s/storage",
+        "kubectl apply -k k8s/prepare",
+        "kubectl apply -k k8s/overlays/1x8",
+        "kubectl apply -k k8s/overlays/nx8",
+        "kubectl get rayjob",
+        "kubectl logs",
+    ):
         assert command in readme, f"k8s/README.md lacks `{command}`"
 
 
 # One broken manifest per rule: (rule, how to break the base RayJob, what the message must say).
 def _set(path: tuple, value):
     """A mutation setting (or, with _DELETE, removing) the field at `path`, a tuple of keys and indices."""
+
     def mutate(job):
         *parents, last = path
         node = job
@@ -298,6 +334,7 @@ def _set(path: tuple, value):
             del node[last]
         else:
             node[last] = value
+
     return mutate
 
 
@@ -329,6 +366,7 @@ def _env(name: str, entry: dict):
         env = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
         (index,) = [i for i, var in enumerate(env) if var["name"] == name]
         env[index] = {"name": name, **entry}
+
     return mutate
 
 
@@ -338,36 +376,63 @@ BROKEN = [
     ("TTL without shutdown", _set(("spec", "shutdownAfterJobFinishes"), False), "set shutdownAfterJobFinishes: true"),
     ("TTL of an hour", _set(("spec", "ttlSecondsAfterFinished"), 3600), "its GPUs idle until then"),
     ("no pre-running deadline", _set(("spec", "preRunningDeadlineSeconds"), _DELETE), "waits forever"),
-    ("bare && in the entrypoint", _set(("spec", "entrypoint"), "megarl validate r.yaml && megarl train r.yaml"),
-     "has & outside quotes"),
-    ("variable expanded in the submitter", _set(("spec", "entrypoint"), 'megarl train r.yaml "checkpoint.dir=$RUN"'),
-     "has $ outside quotes"),
-    ("fsGroup chowns every start", _set((*_WORKERS, "template", "spec", "securityContext", "fsGroupChangePolicy"),
-                                        _DELETE), "fsGroupChangePolicy: OnRootMismatch"),
-    ("privilege escalation", _set((*_WORKER, "securityContext", "allowPrivilegeEscalation"), _DELETE),
-     "needs allowPrivilegeEscalation: false"),
-    ("capabilities kept", _set((*_WORKER, "securityContext", "capabilities", "drop"), []),
-     "capabilities: {drop: [ALL]}"),
-    ("submitter without seccomp", _set(("spec", "submitterPodTemplate", "spec", "securityContext", "seccompProfile"),
-                                       _DELETE), "seccompProfile: {type: RuntimeDefault}"),
+    (
+        "bare && in the entrypoint",
+        _set(("spec", "entrypoint"), "megarl validate r.yaml && megarl train r.yaml"),
+        "has & outside quotes",
+    ),
+    (
+        "variable expanded in the submitter",
+        _set(("spec", "entrypoint"), 'megarl train r.yaml "checkpoint.dir=$RUN"'),
+        "has $ outside quotes",
+    ),
+    (
+        "fsGroup chowns every start",
+        _set((*_WORKERS, "template", "spec", "securityContext", "fsGroupChangePolicy"), _DELETE),
+        "fsGroupChangePolicy: OnRootMismatch",
+    ),
+    (
+        "privilege escalation",
+        _set((*_WORKER, "securityContext", "allowPrivilegeEscalation"), _DELETE),
+        "needs allowPrivilegeEscalation: false",
+    ),
+    (
+        "capabilities kept",
+        _set((*_WORKER, "securityContext", "capabilities", "drop"), []),
+        "capabilities: {drop: [ALL]}",
+    ),
+    (
+        "submitter without seccomp",
+        _set(("spec", "submitterPodTemplate", "spec", "securityContext", "seccompProfile"), _DELETE),
+        "seccompProfile: {type: RuntimeDefault}",
+    ),
     ("cluster spec and selector", _set(("spec", "clusterSelector"), {"ray.io/cluster": "x"}), "exactly one of"),
     ("bad submission mode", _set(("spec", "submissionMode"), "K8sMode"), "submissionMode 'K8sMode'"),
     ("replicas above max", _set((*_WORKERS, "replicas"), 3), "minReplicas <= replicas <= maxReplicas"),
     ("min below replicas", _set((*_WORKERS, "minReplicas"), 0), "minReplicas = replicas = maxReplicas"),
-    ("maxReplicas missing", _set((*_WORKERS, "maxReplicas"), _DELETE),
-     "must set replicas, minReplicas and maxReplicas"),
+    (
+        "maxReplicas missing",
+        _set((*_WORKERS, "maxReplicas"), _DELETE),
+        "must set replicas, minReplicas and maxReplicas",
+    ),
     ("numeric rayStartParam", _set((*_WORKERS, "rayStartParams", "object-store-memory"), 68719476736), "strings only"),
     ("Ray container not first", _sidecar_first, "must come first"),
     ("GPU in requests only", _gpu_in_requests_only, "requested under resources.limits"),
     ("misspelled GPU resource", _misspelled_gpu, "unknown GPU resource 'nvidia.com/gpus'"),
-    ("worker without GPUs", _set((*_WORKER, "resources", "limits", "nvidia.com/gpu"), _DELETE),
-     "has no 'nvidia.com/gpu'"),
+    (
+        "worker without GPUs",
+        _set((*_WORKER, "resources", "limits", "nvidia.com/gpu"), _DELETE),
+        "has no 'nvidia.com/gpu'",
+    ),
     ("rayVersion differs", _set(("spec", "rayClusterSpec", "rayVersion"), "2.59.0"), f"Ray {versions.RAY}"),
     ("image latest", _set((*_WORKER, "image"), "megarl:latest"), "is not pinned"),
     ("image without tag", _set((*_WORKER, "image"), "registry.example.com:5000/megarl"), "is not pinned"),
     ("inline token", _env("HF_TOKEN", {"value": "hf_abc"}), "'HF_TOKEN' looks like a secret"),
-    ("key from a ConfigMap", _env("WANDB_API_KEY", {"valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}),
-     "'WANDB_API_KEY' looks like a secret"),
+    (
+        "key from a ConfigMap",
+        _env("WANDB_API_KEY", {"valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}),
+        "'WANDB_API_KEY' looks like a secret",
+    ),
 ]
 
 
@@ -399,8 +464,12 @@ def test_prepare_job_pod_is_checked():
 
 
 def test_secret_object_in_manifests_is_caught():
-    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "megarl-secrets"},
-              "stringData": {"hf-token": "hf_abc"}}
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "megarl-secrets"},
+        "stringData": {"hf-token": "hf_abc"},
+    }
     (problem,) = check_object(secret)
     assert "create it out of band" in problem
 
@@ -429,8 +498,9 @@ def test_check_manifests_reads_kubectl_output_from_stdin_one_line_per_problem(mo
     job = _rayjob("overlays/nx8")
     job["spec"]["rayClusterSpec"]["rayVersion"] = "2.0.0"
     job["spec"]["submitterPodTemplat"] = {}
-    code, lines, _ = _check_manifests("--schemas", str(KUBERAY_SCHEMAS), stdin=yaml.safe_dump(job),
-                                      monkeypatch=monkeypatch)
+    code, lines, _ = _check_manifests(
+        "--schemas", str(KUBERAY_SCHEMAS), stdin=yaml.safe_dump(job), monkeypatch=monkeypatch
+    )
     name = f"RayJob/{job['metadata']['name']}"
     assert code == 1 and len(lines) == 2, lines
     assert lines[0].startswith(f"{name}: spec: ") and "'submitterPodTemplat' was unexpected" in lines[0]
@@ -450,21 +520,29 @@ def test_check_manifests_rules_only_from_files(tmp_path, monkeypatch):
     assert "rules only (no --schemas)" in err
 
 
-@pytest.mark.parametrize("args, message", [
-    (["missing.yaml"], "missing.yaml: cannot read"),
-    (["--schemas", "no-such-dir", "-"], "no-such-dir/rayjob_v1.schema.json: cannot read the KubeRay RayJob schema"),
-    (["NOT_YAML"], "not YAML"),
-    (["NOT_AN_OBJECT"], "document 1 is not a Kubernetes object"),
-    (["EMPTY_DIR"], "kubectl kustomize"),
-    (["--bogus"], "unrecognized arguments: --bogus"),
-], ids=["missing file", "bad schema dir", "not YAML", "not an object", "dir without kustomization", "unknown flag"])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["missing.yaml"], "missing.yaml: cannot read"),
+        (["--schemas", "no-such-dir", "-"], "no-such-dir/rayjob_v1.schema.json: cannot read the KubeRay RayJob schema"),
+        (["NOT_YAML"], "not YAML"),
+        (["NOT_AN_OBJECT"], "document 1 is not a Kubernetes object"),
+        (["EMPTY_DIR"], "kubectl kustomize"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+    ids=["missing file", "bad schema dir", "not YAML", "not an object", "dir without kustomization", "unknown flag"],
+)
 def test_check_manifests_bad_input_exits_2_naming_it(args, message, tmp_path, monkeypatch):
     (tmp_path / "not.yaml").write_text("kind: [unclosed\n")
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     (tmp_path / "empty").mkdir()
     if "EMPTY_DIR" in args:
         _rendered("base")  # skips without kubectl, whose error this case reports
-    paths = {"NOT_YAML": tmp_path / "not.yaml", "NOT_AN_OBJECT": tmp_path / "list.yaml", "EMPTY_DIR": tmp_path / "empty"}
+    paths = {
+        "NOT_YAML": tmp_path / "not.yaml",
+        "NOT_AN_OBJECT": tmp_path / "list.yaml",
+        "EMPTY_DIR": tmp_path / "empty",
+    }
     code, lines, err = _check_manifests(*[str(paths.get(arg, arg)) for arg in args], monkeypatch=monkeypatch)
     assert code == 2 and lines == [] and message in err and "Traceback" not in err, err
 

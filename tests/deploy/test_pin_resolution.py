@@ -62,11 +62,37 @@ def resolve(requirements: list[str], workdir, *options: str) -> tuple[subprocess
     python = versions.PYTHON.replace(".", "")
     platforms = [arg for tag in manylinux_platforms(versions.CUDA_IMAGE_GLIBC) for arg in ("--platform", tag)]
     report = workdir / "report.json"
-    command = [sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--ignore-installed",
-               "--report", str(report), "--use-feature=fast-deps", "--no-cache-dir",
-               "--index-url", INDEX, "--timeout", "10", "--retries", "2",
-               "--only-binary=:all:", "--implementation", "cp", "--python-version", versions.PYTHON,
-               "--abi", f"cp{python}", *platforms, "--target", str(workdir / "target"), *options, *requirements]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "--isolated",
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--report",
+        str(report),
+        "--use-feature=fast-deps",
+        "--no-cache-dir",
+        "--index-url",
+        INDEX,
+        "--timeout",
+        "10",
+        "--retries",
+        "2",
+        "--only-binary=:all:",
+        "--implementation",
+        "cp",
+        "--python-version",
+        versions.PYTHON,
+        "--abi",
+        f"cp{python}",
+        *platforms,
+        "--target",
+        str(workdir / "target"),
+        *options,
+        *requirements,
+    ]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:
@@ -97,8 +123,11 @@ def index_reachable():
     """Fails on a pip that would download the wheels; skips when the index does not answer."""
     pip = Version(importlib.metadata.version("pip"))
     if pip < MIN_PIP:
-        pytest.fail(f"pip {pip} downloads every resolved wheel after an `install --dry-run` (4.3 GB for the GPU "
-                    f"pins): install pip>={MIN_PIP} (the dev extra of pyproject.toml; scripts/setup.sh)", pytrace=False)
+        pytest.fail(
+            f"pip {pip} downloads every resolved wheel after an `install --dry-run` (4.3 GB for the GPU "
+            f"pins): install pip>={MIN_PIP} (the dev extra of pyproject.toml; scripts/setup.sh)",
+            pytrace=False,
+        )
     reason = unreachable(f"{INDEX}/pip/")
     if reason is not None:
         pytest.skip(f"{INDEX} is unreachable ({reason}): the pin resolution needs the package index")
@@ -123,28 +152,39 @@ def test_gpu_requirements_replace_the_te_source_extension():
 
 
 def test_conflict_names_the_pair():
-    output = ("ERROR: Cannot install torch==2.12.0 and vllm==0.32.0 because these package versions have "
-              "conflicting dependencies.\n\nThe conflict is caused by:\n    The user requested torch==2.12.0\n"
-              "    vllm 0.32.0 depends on torch==2.13.0\n\nTo fix this you could try to:\n")
+    output = (
+        "ERROR: Cannot install torch==2.12.0 and vllm==0.32.0 because these package versions have "
+        "conflicting dependencies.\n\nThe conflict is caused by:\n    The user requested torch==2.12.0\n"
+        "    vllm 0.32.0 depends on torch==2.13.0\n\nTo fix this you could try to:\n"
+    )
     assert conflict(output) == "The user requested torch==2.12.0; vllm 0.32.0 depends on torch==2.13.0"
-    assert conflict("Collecting x\nERROR: No matching distribution found for x==9\n") == \
-        "ERROR: No matching distribution found for x==9"
+    assert (
+        conflict("Collecting x\nERROR: No matching distribution found for x==9\n")
+        == "ERROR: No matching distribution found for x==9"
+    )
 
 
 def test_gpu_pins_resolve_together(index_reachable, tmp_path):
     result, report = resolve(gpu_requirements(), tmp_path, "-c", str(REPO / "constraints.txt"))
     assert result.returncode == 0, f"the GPU pins cannot coexist: {conflict(result.stdout + result.stderr)}"
     resolved = {canonicalize_name(item["metadata"]["name"]): item["metadata"] for item in report["install"]}
-    for name, pin in [("torch", versions.TORCH), ("vllm", versions.VLLM_GPU), ("ray", versions.RAY),
-                      ("megatron-core", versions.MEGATRON_CORE), ("transformer-engine", versions.TRANSFORMER_ENGINE),
-                      ("transformer-engine-cu13", versions.TRANSFORMER_ENGINE)]:
+    for name, pin in [
+        ("torch", versions.TORCH),
+        ("vllm", versions.VLLM_GPU),
+        ("ray", versions.RAY),
+        ("megatron-core", versions.MEGATRON_CORE),
+        ("transformer-engine", versions.TRANSFORMER_ENGINE),
+        ("transformer-engine-cu13", versions.TRANSFORMER_ENGINE),
+    ]:
         assert resolved[name]["version"] == pin, f"{name} resolved to {resolved[name]['version']}, pinned {pin}"
     # The image compiles TE's extension with its own nvcc: it must be the CUDA that torch's wheel is built for.
     (toolkit,) = [Requirement(line) for line in resolved["torch"]["requires_dist"] if line.startswith("cuda-toolkit")]
     torch_cuda = ".".join(next(iter(toolkit.specifier)).version.split(".")[:2])
     image_cuda = ".".join(versions.CUDA_IMAGE.split(":")[1].split(".")[:2])
-    assert torch_cuda == image_cuda, f"torch {versions.TORCH} is built for CUDA {torch_cuda}; " \
-                                     f"versions.CUDA_IMAGE {versions.CUDA_IMAGE} has CUDA {image_cuda}"
+    assert torch_cuda == image_cuda, (
+        f"torch {versions.TORCH} is built for CUDA {torch_cuda}; "
+        f"versions.CUDA_IMAGE {versions.CUDA_IMAGE} has CUDA {image_cuda}"
+    )
 
 
 def test_conflicting_pins_fail_naming_the_pair(index_reachable, tmp_path):

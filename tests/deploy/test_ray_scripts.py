@@ -7,10 +7,9 @@ import secrets
 import shutil
 import socket
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
-
 from pathlib import Path
 
 import psutil
@@ -24,8 +23,12 @@ QUICKSTART_JOB = (
 )
 """The job that must succeed: a shortened quickstart training from the uploaded working directory
 (the model and data are made inside the job; only the metrics go to `{out}`, outside the upload)."""
-FAILING_JOB = ["python", "-c", "import os, sys; sys.exit(7 if os.path.isfile('megarl/versions.py')"
-                               " and not os.path.exists('.git') and not os.path.exists('.venv') else 1)"]
+FAILING_JOB = [
+    "python",
+    "-c",
+    "import os, sys; sys.exit(7 if os.path.isfile('megarl/versions.py')"
+    " and not os.path.exists('.git') and not os.path.exists('.venv') else 1)",
+]
 """Exits 7 only in a working directory uploaded without .git and .venv (submit.sh's excludes)."""
 FAILING_JOB_EXIT_CODE = 7
 NODE_MARK = "MEGARL_RAY_NODE_TEMP_DIR"
@@ -68,10 +71,29 @@ def ray_head(ray_env):
     temp_dir = tempfile.mkdtemp(prefix="mrl", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
     gcs, dashboard, client, agent = free_ports(4)
     # 4 logical CPUs: the quickstart's two colocated device bundles hold 2 each.
-    started = _run(["bash", "scripts/ray_head.sh", "--num-cpus", "4", "--port", str(gcs),
-                    "--dashboard-port", str(dashboard), "--temp-dir", temp_dir, "--timeout", "120", "--",
-                    "--ray-client-server-port", str(client), "--dashboard-agent-listen-port", str(agent)],
-                   ray_env, timeout_s=180)
+    started = _run(
+        [
+            "bash",
+            "scripts/ray_head.sh",
+            "--num-cpus",
+            "4",
+            "--port",
+            str(gcs),
+            "--dashboard-port",
+            str(dashboard),
+            "--temp-dir",
+            temp_dir,
+            "--timeout",
+            "120",
+            "--",
+            "--ray-client-server-port",
+            str(client),
+            "--dashboard-agent-listen-port",
+            str(agent),
+        ],
+        ray_env,
+        timeout_s=180,
+    )
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         yield {"address": f"http://127.0.0.1:{dashboard}", "temp_dir": temp_dir}
@@ -81,14 +103,18 @@ def ray_head(ray_env):
 
 
 def _submit(ray_head: dict, command: list[str], env: dict, *options: str) -> subprocess.CompletedProcess:
-    return _run(["bash", "scripts/submit.sh", "--address", ray_head["address"], *options, "--", *command], env,
-                timeout_s=300)
+    return _run(
+        ["bash", "scripts/submit.sh", "--address", ray_head["address"], *options, "--", *command], env, timeout_s=300
+    )
 
 
 def test_head_listens_on_loopback_only_for_the_job_api(ray_head):
     dashboard_port = int(ray_head["address"].rsplit(":", 1)[1])
-    listeners = [conn for conn in psutil.net_connections("tcp")
-                 if conn.status == psutil.CONN_LISTEN and conn.laddr.port == dashboard_port]
+    listeners = [
+        conn
+        for conn in psutil.net_connections("tcp")
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == dashboard_port
+    ]
     assert listeners and {conn.laddr.ip for conn in listeners} == {"127.0.0.1"}
 
 
@@ -122,8 +148,11 @@ def test_submit_reads_the_exit_code_from_rays_job_client_not_status_text():
 def _job_status(ray_head: dict, job_id: str, env: dict) -> str:
     """The job's status word through the `ray job status` CLI (a subprocess: Ray caches its auth
     mode per process, and other test modules may have imported ray with token auth off)."""
-    result = _run([str(Path(sys.executable).with_name("ray")), "job", "status", "--address", ray_head["address"],
-                   job_id], env, timeout_s=60)
+    result = _run(
+        [str(Path(sys.executable).with_name("ray")), "job", "status", "--address", ray_head["address"], job_id],
+        env,
+        timeout_s=60,
+    )
     output = result.stdout + result.stderr
     # Live jobs print "Status for job '<id>': RUNNING"; ended ones "Job '<id>' was stopped" (succeeded, failed).
     match = re.search(r"Status for job '[^']+': (\w+)|Job '[^']+' (?:was )?(stopped|succeeded|failed)", output)
@@ -132,9 +161,25 @@ def _job_status(ray_head: dict, job_id: str, env: dict) -> str:
 
 def test_terminating_submit_stops_the_job(ray_head, ray_env):
     job_id = f"megarl-test-{secrets.token_hex(4)}"
-    submit = subprocess.Popen(["bash", "scripts/submit.sh", "--address", ray_head["address"], "--submission-id", job_id,
-                               "--", "python", "-c", "import time; time.sleep(600)"],
-                              cwd=REPO, env=ray_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    submit = subprocess.Popen(
+        [
+            "bash",
+            "scripts/submit.sh",
+            "--address",
+            ray_head["address"],
+            "--submission-id",
+            job_id,
+            "--",
+            "python",
+            "-c",
+            "import time; time.sleep(600)",
+        ],
+        cwd=REPO,
+        env=ray_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         _wait_until(lambda: _job_status(ray_head, job_id, ray_env) == "RUNNING", 120, f"job {job_id} to run")
         submit.terminate()
@@ -176,8 +221,20 @@ def test_worker_gives_up_on_an_absent_head_within_its_timeout(ray_env):
         absent_head.bind(("127.0.0.1", 0))
         port = absent_head.getsockname()[1]
         try:
-            result = _run(["bash", "scripts/ray_worker.sh", "--address", f"127.0.0.1:{port}", "--timeout", "3",
-                           "--temp-dir", temp_dir], ray_env, timeout_s=60)
+            result = _run(
+                [
+                    "bash",
+                    "scripts/ray_worker.sh",
+                    "--address",
+                    f"127.0.0.1:{port}",
+                    "--timeout",
+                    "3",
+                    "--temp-dir",
+                    temp_dir,
+                ],
+                ray_env,
+                timeout_s=60,
+            )
             assert result.returncode == 1, result.stdout + result.stderr
             assert "did not answer a health check within 3s" in result.stderr
             assert "Ray runtime started" not in result.stdout + result.stderr

@@ -82,15 +82,35 @@ def slurm(tmp_path, script_env):
         (bin_dir / name).chmod(0o755)
     srun_log = tmp_path / "srun.log"
 
-    def run(hostnames: list[str], num_nodes: int, job_rc: int = 0, options: tuple = ("--venv", str(VENV_BIN.parent)),
-            **fake_env):
-        env = {**script_env, "PATH": f"{bin_dir}:{script_env['PATH']}", "FAKE_LOG": str(srun_log),
-               "FAKE_SCONTROL_LOG": str(tmp_path / "scontrol.log"), "FAKE_HOSTNAMES": " ".join(hostnames),
-               "FAKE_JOB_RC": str(job_rc), "SLURM_JOB_NODELIST": "gpu[01-99]", "SLURM_JOB_NUM_NODES": str(num_nodes),
-               "SLURM_JOB_ID": "4242", "SLURM_SUBMIT_DIR": str(REPO), "SLURM_CPUS_ON_NODE": str(CPUS),
-               "MEGARL_APPTAINER_IMAGE": "", **fake_env}
-        result = subprocess.run(["bash", str(SBATCH), "--log-dir", str(tmp_path / "ray-logs"), *options, "--",
-                                 *COMMAND], env=env, capture_output=True, text=True, timeout=60)
+    def run(
+        hostnames: list[str],
+        num_nodes: int,
+        job_rc: int = 0,
+        options: tuple = ("--venv", str(VENV_BIN.parent)),
+        **fake_env,
+    ):
+        env = {
+            **script_env,
+            "PATH": f"{bin_dir}:{script_env['PATH']}",
+            "FAKE_LOG": str(srun_log),
+            "FAKE_SCONTROL_LOG": str(tmp_path / "scontrol.log"),
+            "FAKE_HOSTNAMES": " ".join(hostnames),
+            "FAKE_JOB_RC": str(job_rc),
+            "SLURM_JOB_NODELIST": "gpu[01-99]",
+            "SLURM_JOB_NUM_NODES": str(num_nodes),
+            "SLURM_JOB_ID": "4242",
+            "SLURM_SUBMIT_DIR": str(REPO),
+            "SLURM_CPUS_ON_NODE": str(CPUS),
+            "MEGARL_APPTAINER_IMAGE": "",
+            **fake_env,
+        }
+        result = subprocess.run(
+            ["bash", str(SBATCH), "--log-dir", str(tmp_path / "ray-logs"), *options, "--", *COMMAND],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         calls = srun_log.read_text().splitlines() if srun_log.exists() else []
         return result, [call for call in calls if call != "ready"]
 
@@ -128,12 +148,16 @@ def test_exit_code_is_the_jobs(slurm):
     assert result.returncode == 3, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("hostnames, num_nodes, message", [
-    ([], 2, "returned no node"),
-    (["gpu01", "gpu02"], 3, "expands to 2 node(s)"),
-    (["gpu01", "gpu01"], 2, "appears twice"),
-    (["gpu01", "bad_node!"], 2, "is not a host name"),
-], ids=["empty", "count-mismatch", "duplicate", "bad-name"])
+@pytest.mark.parametrize(
+    "hostnames, num_nodes, message",
+    [
+        ([], 2, "returned no node"),
+        (["gpu01", "gpu02"], 3, "expands to 2 node(s)"),
+        (["gpu01", "gpu01"], 2, "appears twice"),
+        (["gpu01", "bad_node!"], 2, "is not a host name"),
+    ],
+    ids=["empty", "count-mismatch", "duplicate", "bad-name"],
+)
 def test_bad_node_list_fails_before_any_srun(slurm, hostnames, num_nodes, message):
     result, calls = slurm(hostnames, num_nodes)
     assert result.returncode != 0
@@ -147,8 +171,11 @@ def test_help_needs_no_slurm():
 
 
 def _node_steps(calls: list[str]) -> list[str]:
-    return [call for call in calls if ("scripts/ray_head.sh" in call or "scripts/ray_worker.sh" in call)
-            and not call.startswith("stopped ")]
+    return [
+        call
+        for call in calls
+        if ("scripts/ray_head.sh" in call or "scripts/ray_worker.sh" in call) and not call.startswith("stopped ")
+    ]
 
 
 def test_ray_node_steps_get_the_nodes_cpus_and_memory_and_copy_their_logs(slurm, tmp_path):
@@ -161,8 +188,9 @@ def test_ray_node_steps_get_the_nodes_cpus_and_memory_and_copy_their_logs(slurm,
         assert f"--cpus-per-task={CPUS}" in args and "--mem=0" in args, call
         assert f"--log-copy-dir {tmp_path / 'ray-logs'}" in call, call
     assert (tmp_path / "ray-logs").is_dir()
-    assert sorted(call for call in calls if call.startswith("stopped ")) == sorted(f"stopped {call}" for call in steps), \
-        "every Ray node step is stopped (and copies its logs) when the job ends"
+    assert sorted(call for call in calls if call.startswith("stopped ")) == sorted(
+        f"stopped {call}" for call in steps
+    ), "every Ray node step is stopped (and copies its logs) when the job ends"
 
 
 @pytest.mark.parametrize("dead, role", [("gpu01", "head"), ("gpu03", "worker")])
@@ -177,25 +205,34 @@ def test_a_dead_node_stops_the_job_at_once_naming_it(slurm, dead, role):
 
 
 def test_fixed_ports_for_firewalled_sites(slurm):
-    result, calls = slurm(["gpu01", "gpu02"], 2, options=("--venv", str(VENV_BIN.parent), "--node-ports", "20000",
-                                                          "--worker-ports", "21000-21999"))
+    result, calls = slurm(
+        ["gpu01", "gpu02"],
+        2,
+        options=("--venv", str(VENV_BIN.parent), "--node-ports", "20000", "--worker-ports", "21000-21999"),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     (head,) = [call for call in calls if "scripts/ray_head.sh" in call and not call.startswith("stopped ")]
     (worker,) = [call for call in calls if "scripts/ray_worker.sh" in call and not call.startswith("stopped ")]
-    node_ports = ("--node-manager-port 20000 --object-manager-port 20001 --dashboard-agent-grpc-port 20002 "
-                  "--dashboard-agent-listen-port 20003 --metrics-export-port 20004 --runtime-env-agent-port 20005 "
-                  "--min-worker-port 21000 --max-worker-port 21999")
+    node_ports = (
+        "--node-manager-port 20000 --object-manager-port 20001 --dashboard-agent-grpc-port 20002 "
+        "--dashboard-agent-listen-port 20003 --metrics-export-port 20004 --runtime-env-agent-port 20005 "
+        "--min-worker-port 21000 --max-worker-port 21999"
+    )
     assert head.endswith(f"-- {node_ports} --ray-client-server-port 20006") and "--port 6379" in head
     assert worker.endswith(f"-- {node_ports}")
 
 
-@pytest.mark.parametrize("options, message", [
-    (("--node-ports", "80"), "--node-ports 80: BASE..BASE+6 must lie in 1024..65535"),
-    (("--node-ports", "20k"), "--node-ports must be a whole number"),
-    (("--worker-ports", "21999-21000"), "--worker-ports must be MIN-MAX"),
-    (("--cpus-per-node", "0"), "--cpus-per-node must be at least 1"),
-    (("--venv", "/x", "--apptainer", "/y.sif"), "exclude each other"),
-], ids=["low-port", "not-a-port", "reversed-range", "no-cpus", "two-modes"])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (("--node-ports", "80"), "--node-ports 80: BASE..BASE+6 must lie in 1024..65535"),
+        (("--node-ports", "20k"), "--node-ports must be a whole number"),
+        (("--worker-ports", "21999-21000"), "--worker-ports must be MIN-MAX"),
+        (("--cpus-per-node", "0"), "--cpus-per-node must be at least 1"),
+        (("--venv", "/x", "--apptainer", "/y.sif"), "exclude each other"),
+    ],
+    ids=["low-port", "not-a-port", "reversed-range", "no-cpus", "two-modes"],
+)
 def test_bad_options_fail_before_any_srun(slurm, options, message):
     result, calls = slurm(["gpu01", "gpu02"], 2, options=options)
     assert result.returncode == 2 and message in result.stderr, result.stderr
@@ -244,9 +281,22 @@ def test_blocking_node_copies_its_ray_logs_when_stopped(script, tmp_path, script
         head.listen()
         address = f"127.0.0.1:{head.getsockname()[1]}"
         extra = ["--address", address] if script == "ray_worker.sh" else []
-        node = subprocess.Popen(["bash", str(REPO / "scripts" / script), *extra, "--temp-dir", str(temp_dir), "--block",
-                                 "--log-copy-dir", str(copies)], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        node = subprocess.Popen(
+            [
+                "bash",
+                str(REPO / "scripts" / script),
+                *extra,
+                "--temp-dir",
+                str(temp_dir),
+                "--block",
+                "--log-copy-dir",
+                str(copies),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         log = temp_dir / "session_latest" / "logs" / "raylet.out"
         deadline = time.monotonic() + 60
         while not log.exists():
@@ -263,6 +313,10 @@ def test_blocking_node_copies_its_ray_logs_when_stopped(script, tmp_path, script
 @pytest.mark.parametrize("script", ["ray_head.sh", "ray_worker.sh"])
 def test_log_copy_needs_block(script, tmp_path):
     address = ["--address", "127.0.0.1:1"] if script == "ray_worker.sh" else []
-    result = subprocess.run(["bash", str(REPO / "scripts" / script), *address, "--log-copy-dir", str(tmp_path)],
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        ["bash", str(REPO / "scripts" / script), *address, "--log-copy-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 2 and "--log-copy-dir needs --block" in result.stderr, result.stderr

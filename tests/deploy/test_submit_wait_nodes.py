@@ -27,11 +27,28 @@ def submit(tmp_path: Path, nodes: int, wait_nodes: int) -> subprocess.CompletedP
     ray = bin_dir / "ray"
     ray.write_text(FAKE_RAY)
     ray.chmod(ray.stat().st_mode | stat.S_IEXEC)
-    listing = json.dumps([{"node_id": f"{i:056x}", "node_ip": f"10.0.0.{i + 1}", "state": "ALIVE"} for i in range(nodes)])
+    listing = json.dumps(
+        [{"node_id": f"{i:056x}", "node_ip": f"10.0.0.{i + 1}", "state": "ALIVE"} for i in range(nodes)]
+    )
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_RAY_NODES": listing}
-    return subprocess.run(["bash", str(REPO / "scripts" / "submit.sh"), "--wait-nodes", str(wait_nodes),
-                           "--wait-timeout", "3", "--working-dir", str(tmp_path), "--", "true"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [
+            "bash",
+            str(REPO / "scripts" / "submit.sh"),
+            "--wait-nodes",
+            str(wait_nodes),
+            "--wait-timeout",
+            "3",
+            "--working-dir",
+            str(tmp_path),
+            "--",
+            "true",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_two_nodes_on_one_line_count_as_two(tmp_path):

@@ -110,9 +110,15 @@ def pytest_sessionfinish(session, exitstatus):
     path = os.environ.get(REPORT_ENV)
     if not path:
         return
-    report = {"device": _device(), "versions": _versions(), "tests": _results,
-              "summary": {outcome: sum(r["outcome"] == outcome for r in _results.values())
-                          for outcome in ("passed", "failed", "skipped")}}
+    report = {
+        "device": _device(),
+        "versions": _versions(),
+        "tests": _results,
+        "summary": {
+            outcome: sum(r["outcome"] == outcome for r in _results.values())
+            for outcome in ("passed", "failed", "skipped")
+        },
+    }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
 
@@ -139,8 +145,13 @@ def _versions() -> dict:
 
 def _driver_version() -> str | None:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     return out.splitlines()[0].strip() if out.strip() else None

@@ -6,7 +6,6 @@ tests/distributed/workers/test_mixed_precision.py and the left-padding case of t
 
 import math
 
-import pytest
 import torch
 
 from megarl.models.tiny import make_tiny_model
@@ -37,8 +36,12 @@ def _rank(model_dir: str, dtype: str = "bfloat16") -> dict:
     from megarl.workers.settings import ModelSettings, OptimSettings, PolicyLossSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
-    actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=1e-3),
-                                  model_settings=ModelSettings(dtype=dtype, transformer_impl="auto"))
+    actor = MegatronActor.from_hf(
+        model_dir,
+        groups,
+        optim=OptimSettings(lr=1e-3),
+        model_settings=ModelSettings(dtype=dtype, transformer_impl="auto"),
+    )
     model = actor.engine.model
     narrow, wide = _batch(0), _batch(16)
     narrow_lp, _ = actor.compute_log_prob(narrow, micro_batch_size=4)
@@ -87,4 +90,3 @@ def _te_installed() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("transformer_engine") is not None
-

@@ -26,8 +26,12 @@ def _reader(ring, results) -> None:
     """The engine worker on the sender's GPU: every tensor of the sync, copied to the CPU."""
     torch.cuda.set_device(0)
     got = {}
-    read_ring(ring, "reader on cuda:0", torch.device("cuda", 0),
-              lambda tensors: got.update({name: tensor.cpu() for name, tensor in tensors}))
+    read_ring(
+        ring,
+        "reader on cuda:0",
+        torch.device("cuda", 0),
+        lambda tensors: got.update({name: tensor.cpu() for name, tensor in tensors}),
+    )
     results.put(got)
 
 

@@ -25,19 +25,32 @@ def run_metrics(tmp_path_factory) -> list[dict]:
     subprocess.run(MEGARL + ["make-data", "--task", "repeat_first_char", "--out", str(root / "data")], check=True)
     run_dir = root / "run"
     overrides = {
-        "model.path": root / "model", "model.dtype": "bfloat16",
+        "model.path": root / "model",
+        "model.dtype": "bfloat16",
         "data.train_files": f"[{root / 'data' / 'train.jsonl'}]",
         "data.val_files": f"[{root / 'data' / 'val.jsonl'}]",
-        "trainer.device": "cuda", "trainer.total_steps": STEPS, "trainer.test_freq": 0,
-        "trainer.output_dir": run_dir, "placement.gpus_per_node": 1,
+        "trainer.device": "cuda",
+        "trainer.total_steps": STEPS,
+        "trainer.test_freq": 0,
+        "trainer.output_dir": run_dir,
+        "placement.gpus_per_node": 1,
         "actor.parallel.tensor_model_parallel_size": 1,
-        "actor.offload.params": "true", "actor.offload.grads": "true", "actor.offload.optimizer": "true",
-        "rollout.sleep_level": 2, "rollout.gpu_memory_utilization": 0.3,
-        "checkpoint.dir": run_dir / "checkpoints", "checkpoint.save_freq": 0, "checkpoint.export_hf": "false",
+        "actor.offload.params": "true",
+        "actor.offload.grads": "true",
+        "actor.offload.optimizer": "true",
+        "rollout.sleep_level": 2,
+        "rollout.gpu_memory_utilization": 0.3,
+        "checkpoint.dir": run_dir / "checkpoints",
+        "checkpoint.save_freq": 0,
+        "checkpoint.export_hf": "false",
     }
-    result = subprocess.run(MEGARL + ["train", str(REPO / "configs" / "quickstart.yaml"),
-                                      *(f"{key}={value}" for key, value in overrides.items())],
-                            capture_output=True, text=True, timeout=1500)
+    result = subprocess.run(
+        MEGARL
+        + ["train", str(REPO / "configs" / "quickstart.yaml"), *(f"{key}={value}" for key, value in overrides.items())],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     lines = (run_dir / "quickstart" / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
@@ -52,7 +65,9 @@ def test_the_actor_releases_what_it_offloads(run_metrics):
     for step in run_metrics:
         trained = step["memory/actor/trained/allocated_gib"]
         assert step["memory/actor/training_offloaded/allocated_gib"] < trained
-        assert step["memory/actor/params_offloaded/allocated_gib"] < step["memory/actor/training_offloaded/allocated_gib"]
+        assert (
+            step["memory/actor/params_offloaded/allocated_gib"] < step["memory/actor/training_offloaded/allocated_gib"]
+        )
 
 
 def test_sleeping_engines_free_the_device(run_metrics):

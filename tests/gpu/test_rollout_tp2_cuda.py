@@ -38,9 +38,15 @@ def test_a_tp2_engine_spans_two_gpu_bundles(tmp_path, mode, memory_phase):
         pytest.skip(f"{mode} rollout TP 2 needs {needed} GPUs, {torch.cuda.device_count()} visible")
     model_dir = make_tiny_model(tmp_path / "qwen2", "qwen2", initializer_range=0.2)
     problems = []
-    config = build_config({"model": {"path": str(model_dir), "dtype": "float32"}, "trainer": {"device": "cuda"},
-                           "rollout": {"tensor_model_parallel_size": 2, "gpu_memory_utilization": 0.2},
-                           "placement": PLACEMENTS[mode]}, problems)
+    config = build_config(
+        {
+            "model": {"path": str(model_dir), "dtype": "float32"},
+            "trainer": {"device": "cuda"},
+            "rollout": {"tensor_model_parallel_size": 2, "gpu_memory_utilization": 0.2},
+            "placement": PLACEMENTS[mode],
+        },
+        problems,
+    )
     assert problems == []
     plan = plan_batches(config)
     before = [_used_gib(gpu) for gpu in range(torch.cuda.device_count())]
@@ -51,8 +57,14 @@ def test_a_tp2_engine_spans_two_gpu_bundles(tmp_path, mode, memory_phase):
         pg = create_placement_group("rollout-tp2", bundles, bundle)
         share = roles.process_share(bundle, plan.processes_per_train_gpu)
         with memory_phase("start"):
-            group = roles.start_rollout(config, plan, pg, placement.gpu_slots(pg, bundles),
-                                        share.gpus if plan.colocated else bundle.gpus, worker_env("cuda"))
+            group = roles.start_rollout(
+                config,
+                plan,
+                pg,
+                placement.gpu_slots(pg, bundles),
+                share.gpus if plan.colocated else bundle.gpus,
+                worker_env("cuda"),
+            )
         try:
             assert group.world_size == 1
             # Each TP worker holds memory on a GPU of its own (which ids Ray gave the bundles is its choice).

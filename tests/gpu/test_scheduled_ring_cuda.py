@@ -34,8 +34,14 @@ from megarl.bridge.shared_ring import SharedRing
 from megarl.bridge.transports.cuda_ipc import CudaIpcTransport, device_uuid
 from megarl.parallel.spawn import run_distributed
 from tests.distributed.bridge.device_rings import (
-    TIMEOUT_S, WORLD, check_rings_hosted_by_the_routed_ranks, check_sent_as_scheduled,
-    check_workers_loaded_the_actors_weights, read_worker_ring, sync_rank, tiny_qwen2,
+    TIMEOUT_S,
+    WORLD,
+    check_rings_hosted_by_the_routed_ranks,
+    check_sent_as_scheduled,
+    check_workers_loaded_the_actors_weights,
+    read_worker_ring,
+    sync_rank,
+    tiny_qwen2,
 )
 
 pytestmark = pytest.mark.gpu
@@ -52,7 +58,7 @@ def _read_on_its_gpu(ring: SharedRing, name: str, layout: VllmRankLayout, result
     try:
         torch.cuda.set_device(0)
         results.put(dict(read_worker_ring(ring, name, layout, torch.device("cuda", 0)), reader_gpu=device_uuid(0)))
-    except BaseException:  # noqa: BLE001 - reported to the rank, which raises it
+    except BaseException:
         results.put(dict(error=traceback.format_exc()))
 
 
@@ -100,10 +106,11 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def worlds(model_dir):
     if torch.cuda.device_count() < WORLD:
-        pytest.skip(f"the scheduled CUDA IPC rings need {WORLD} GPUs (one trainer rank each), "
-                    f"{torch.cuda.device_count()} visible")
-    ranks = run_distributed(sync_rank, WORLD, model_dir, LAYOUTS, CudaIpcTransport, _GpuReader,
-                            timeout_s=TIMEOUT_S * 2)
+        pytest.skip(
+            f"the scheduled CUDA IPC rings need {WORLD} GPUs (one trainer rank each), "
+            f"{torch.cuda.device_count()} visible"
+        )
+    ranks = run_distributed(sync_rank, WORLD, model_dir, LAYOUTS, CudaIpcTransport, _GpuReader, timeout_s=TIMEOUT_S * 2)
     return {layout: [rank[layout] for rank in ranks] for layout in LAYOUTS}
 
 

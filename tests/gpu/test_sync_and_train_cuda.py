@@ -30,9 +30,12 @@ def assets(tmp_path_factory) -> Path:
 
 def test_check_sync_in_process_on_one_gpu(assets, memory_phase):
     with memory_phase("check_sync"):
-        result = subprocess.run(MEGARL + ["check-sync", "--model", str(assets / "model"), "--rounds", "2",
-                                          "--transport", "in-process"],
-                                capture_output=True, text=True, timeout=900)
+        result = subprocess.run(
+            MEGARL + ["check-sync", "--model", str(assets / "model"), "--rounds", "2", "--transport", "in-process"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.rstrip().endswith("OK")
 
@@ -40,18 +43,29 @@ def test_check_sync_in_process_on_one_gpu(assets, memory_phase):
 def test_grpo_quickstart_on_cuda_in_bf16(assets, tmp_path, memory_phase):
     run_dir = tmp_path / "run"
     overrides = {
-        "model.path": assets / "model", "model.dtype": "bfloat16",
+        "model.path": assets / "model",
+        "model.dtype": "bfloat16",
         "data.train_files": f"[{assets / 'data' / 'train.jsonl'}]",
         "data.val_files": f"[{assets / 'data' / 'val.jsonl'}]",
-        "trainer.device": "cuda", "trainer.total_steps": 8, "trainer.test_freq": 0, "trainer.output_dir": run_dir,
-        "placement.gpus_per_node": 1, "actor.parallel.tensor_model_parallel_size": 1,
-        "checkpoint.dir": run_dir / "checkpoints", "checkpoint.save_freq": 0, "checkpoint.export_hf": "false",
+        "trainer.device": "cuda",
+        "trainer.total_steps": 8,
+        "trainer.test_freq": 0,
+        "trainer.output_dir": run_dir,
+        "placement.gpus_per_node": 1,
+        "actor.parallel.tensor_model_parallel_size": 1,
+        "checkpoint.dir": run_dir / "checkpoints",
+        "checkpoint.save_freq": 0,
+        "checkpoint.export_hf": "false",
         "rollout.gpu_memory_utilization": 0.3,
     }
     args = [f"{key}={value}" for key, value in overrides.items()]
     with memory_phase("train"):
-        result = subprocess.run(MEGARL + ["train", str(REPO / "configs" / "quickstart.yaml"), *args],
-                                capture_output=True, text=True, timeout=1500)
+        result = subprocess.run(
+            MEGARL + ["train", str(REPO / "configs" / "quickstart.yaml"), *args],
+            capture_output=True,
+            text=True,
+            timeout=1500,
+        )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     metrics = [json.loads(line) for line in (run_dir / "quickstart" / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 8

@@ -17,8 +17,10 @@ from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import run_distributed
 
 # Without CUDA the conftest's skip says so (scripts/gpu_check.sh reports it); on a GPU without TE, this one.
-pytestmark = pytest.mark.skipif(torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is None,
-                                reason="Transformer Engine is not installed")
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is None,
+    reason="Transformer Engine is not installed",
+)
 
 CUTS = (4, 11, 96)
 """4 samples per micro-batch, or token budgets: the longest sample alone, all samples in one row."""
@@ -75,12 +77,18 @@ def _rope_checks(te, batch, groups) -> dict:
     unfused = te.compute_log_prob(batch, micro_batch_size=budget)
     for attention in attentions:
         attention.config.apply_rope_fusion = True
-    expected = [mb.cu_seqlens.tolist() for mb in micro_batches_of(batch, budget, groups, te.engine.model.config)
-                for _ in range(2 * len(attentions))]
-    return dict(rope_fusion=[a.config.apply_rope_fusion for a in attentions],
-                rope_calls_match=sorted(fused_calls) == sorted(expected), rope_calls=len(fused_calls),
-                rope_calls_unfused=len(calls) - len(fused_calls),
-                rope_gaps=[(a - b)[batch.response_mask].abs().max().item() for a, b in zip(fused, unfused)])
+    expected = [
+        mb.cu_seqlens.tolist()
+        for mb in micro_batches_of(batch, budget, groups, te.engine.model.config)
+        for _ in range(2 * len(attentions))
+    ]
+    return dict(
+        rope_fusion=[a.config.apply_rope_fusion for a in attentions],
+        rope_calls_match=sorted(fused_calls) == sorted(expected),
+        rope_calls=len(fused_calls),
+        rope_calls_unfused=len(calls) - len(fused_calls),
+        rope_gaps=[(a - b)[batch.response_mask].abs().max().item() for a, b in zip(fused, unfused)],
+    )
 
 
 def _rank(model_dir: str) -> dict:
@@ -92,8 +100,12 @@ def _rank(model_dir: str) -> dict:
     groups = initialize_model_parallel(1, 1, seed=0)
     optim = OptimSettings(lr=1e-3)
     local = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=ModelSettings(dtype="bfloat16"))
-    te = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=ModelSettings(
-        dtype="bfloat16", transformer_impl="transformer_engine"))
+    te = MegatronActor.from_hf(
+        model_dir,
+        groups,
+        optim=optim,
+        model_settings=ModelSettings(dtype="bfloat16", transformer_impl="transformer_engine"),
+    )
     batch = _batch(0)
     padded = local.compute_log_prob(batch, micro_batch_size=len(batch))
     gaps = {}
@@ -109,8 +121,13 @@ def _rank(model_dir: str) -> dict:
     metrics = te.update_policy(batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=8, micro_batch_size=budget)
     after, _ = te.compute_log_prob(batch, micro_batch_size=budget)
     mask = batch.response_mask
-    return dict(impl=te.engine.model.config.transformer_impl, gaps=gaps, grad_norm=metrics["grad_norm"],
-                gain=(after - before)[mask].mean().item(), **rope)
+    return dict(
+        impl=te.engine.model.config.transformer_impl,
+        gaps=gaps,
+        grad_norm=metrics["grad_norm"],
+        gain=(after - before)[mask].mean().item(),
+        **rope,
+    )
 
 
 def test_te_thd_micro_batches_compute_what_padded_local_ones_do(tmp_path, memory_phase):

@@ -22,8 +22,7 @@ def _used_bytes() -> int:
 def test_generate_sleep_wake_reload(tmp_path, memory_phase):
     model_dir = make_tiny_model(tmp_path / "qwen2", "qwen2", initializer_range=0.2)
     with memory_phase("start"):
-        engine = make_rollout_engine("vllm", model_dir, dtype="bfloat16", max_model_len=128,
-                                     gpu_memory_utilization=0.3)
+        engine = make_rollout_engine("vllm", model_dir, dtype="bfloat16", max_model_len=128, gpu_memory_utilization=0.3)
     try:
         with memory_phase("generate"):
             outputs = engine.generate([[5, 9, 14]], SamplingConfig(n=4, max_new_tokens=8, seed=0))
@@ -52,6 +51,7 @@ def test_per_call_seed_repeats_on_the_gpu_runner(tmp_path):
     model_dir = make_tiny_model(tmp_path / "qwen2", "qwen2", initializer_range=0.2)
     engine = make_rollout_engine("vllm", model_dir, dtype="bfloat16", max_model_len=128, gpu_memory_utilization=0.3)
     try:
+
         def call(seed):
             config = SamplingConfig(n=4, max_new_tokens=16, seed=seed, seed_each_sample=False)
             return [out.response_token_ids for out in engine.generate([[5, 9, 14], [7, 30, 2]], config)]

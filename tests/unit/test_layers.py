@@ -26,17 +26,44 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "megarl"
 
-CONFIG_SCHEMA = [f"megarl.config.{name}" for name in (
-    "sections", "roles", "rollout", "config", "problems", "resources", "recipes", "loader", "names", "hub",
-    "batch_plan", "placement", "role_checks")]
+CONFIG_SCHEMA = [
+    f"megarl.config.{name}"
+    for name in (
+        "sections",
+        "roles",
+        "rollout",
+        "config",
+        "problems",
+        "resources",
+        "recipes",
+        "loader",
+        "names",
+        "hub",
+        "batch_plan",
+        "placement",
+        "role_checks",
+    )
+]
 """The config modules that import no megarl package above the bottom row: the sections, YAML loading and the
 checks that read nothing but the config. The rest of `megarl.config` (`validate`, `model_facts`, `memory`,
 `tokenizer_files`, `sft` and the package's `__init__`, which re-exports `validate`) checks a config against
 the model registry, checkpoints and tools, and sits above them."""
 
 LAYERS: list[tuple[str, list[str]]] = [
-    ("base", ["megarl.versions", "megarl.text_encoding", "megarl.interrupt", "megarl.isolation", "megarl.run_lock",
-              "megarl.quiet", "megarl.algorithms", "megarl.parallel", *CONFIG_SCHEMA]),
+    (
+        "base",
+        [
+            "megarl.versions",
+            "megarl.text_encoding",
+            "megarl.interrupt",
+            "megarl.isolation",
+            "megarl.run_lock",
+            "megarl.quiet",
+            "megarl.algorithms",
+            "megarl.parallel",
+            *CONFIG_SCHEMA,
+        ],
+    ),
     ("models", ["megarl.models"]),
     ("bridge", ["megarl.bridge"]),
     ("workers", ["megarl.workers"]),
@@ -104,7 +131,9 @@ def _under(module: str, entry: str) -> bool:
 
 def row_of(module: str) -> int | None:
     """The index in `LAYERS` of `module`'s row; None when no entry names it."""
-    matches = [(len(entry), row) for row, (_, entries) in enumerate(LAYERS) for entry in entries if _under(module, entry)]
+    matches = [
+        (len(entry), row) for row, (_, entries) in enumerate(LAYERS) for entry in entries if _under(module, entry)
+    ]
     return max(matches)[1] if matches else None
 
 
@@ -124,8 +153,10 @@ def upward_imports(sources: dict[str, str]) -> list[str]:
     for module, target, line in megarl_edges(sources):
         low, high = row_of(module), row_of(target)
         if low is not None and high is not None and high > low:
-            found.append(f"{module}:{line} imports {target}: row {LAYERS[low][0]!r} may not import row "
-                         f"{LAYERS[high][0]!r}; move the code it needs down (or this code up)")
+            found.append(
+                f"{module}:{line} imports {target}: row {LAYERS[low][0]!r} may not import row "
+                f"{LAYERS[high][0]!r}; move the code it needs down (or this code up)"
+            )
     return found
 
 
@@ -199,8 +230,10 @@ def interface_breaches(sources: dict[str, str]) -> list[str]:
             for target, line, names in imports(module, source, sources):
                 if _under(target, package) and (target != package or not set(names) <= exported):
                     private = target if target != package else sorted(set(names) - exported)
-                    found.append(f"{module}:{line} imports {private}: use what `{package}` exports (its __all__), "
-                                 f"or export it there")
+                    found.append(
+                        f"{module}:{line} imports {private}: use what `{package}` exports (its __all__), "
+                        f"or export it there"
+                    )
     return found
 
 
@@ -227,7 +260,9 @@ def test_no_module_imports_a_higher_row():
 def test_the_module_graph_has_no_circle():
     sources = repository_sources()
     found = [describe_cycle(component, sources) for component in cycles(sources)]
-    assert found == [], "break each circle by moving what both sides need into a module of its own:\n" + "\n".join(found)
+    assert found == [], "break each circle by moving what both sides need into a module of its own:\n" + "\n".join(
+        found
+    )
 
 
 def test_heavy_libraries_stay_in_their_rows():
@@ -238,8 +273,11 @@ def test_heavy_libraries_stay_in_their_rows():
 def test_rollout_engines_take_weights_through_the_bridge_exports():
     sources = repository_sources()
     assert interface_breaches(sources) == []
-    assert any(_under(target, "megarl.bridge") for module, target, _ in megarl_edges(sources)
-               if _under(module, "megarl.workers.rollout"))  # the engines do use the bridge
+    assert any(
+        _under(target, "megarl.bridge")
+        for module, target, _ in megarl_edges(sources)
+        if _under(module, "megarl.workers.rollout")
+    )  # the engines do use the bridge
 
 
 def test_each_check_finds_what_it_guards():
@@ -259,15 +297,24 @@ def test_each_check_finds_what_it_guards():
         "megarl.models.flops:2 imports megarl.workers.checkpoint_files: row 'models' may not import row 'workers'; "
         "move the code it needs down (or this code up)",
         "megarl.workers.checkpoint_files:1 imports megarl: row 'workers' may not import row 'entry points'; "
-        "move the code it needs down (or this code up)"]
+        "move the code it needs down (or this code up)",
+    ]
     assert cycles(sources) == [["megarl.trainer.a", "megarl.trainer.b"]]
     assert describe_cycle(["megarl.trainer.a", "megarl.trainer.b"], sources) == (
         "circle megarl.trainer.a ⇄ megarl.trainer.b (megarl.trainer.a:3 -> megarl.trainer.b; "
-        "megarl.trainer.b:1 -> megarl.trainer.a)")
+        "megarl.trainer.b:1 -> megarl.trainer.a)"
+    )
     assert [line.split(" imports ")[:2] for line in library_imports(sources)] == [
-        ["megarl.workers.checkpoint_files:2", "ray, which only megarl.orchestration, megarl.rollout, megarl.trainer, "
-                                              "megarl.cli, megarl.bench may import"],
-        ["megarl.algorithms.kl:1", "torch.distributed, which only " + ", ".join(LIBRARIES["torch.distributed"])
-         + " may import"]]
+        [
+            "megarl.workers.checkpoint_files:2",
+            "ray, which only megarl.orchestration, megarl.rollout, megarl.trainer, megarl.cli, megarl.bench may import",
+        ],
+        [
+            "megarl.algorithms.kl:1",
+            "torch.distributed, which only " + ", ".join(LIBRARIES["torch.distributed"]) + " may import",
+        ],
+    ]
     assert [line.split(": use")[0] for line in interface_breaches(sources)] == [
-        "megarl.workers.rollout.engine:1 imports ['Hidden']", "megarl.workers.rollout.engine:2 imports megarl.bridge.plan"]
+        "megarl.workers.rollout.engine:1 imports ['Hidden']",
+        "megarl.workers.rollout.engine:2 imports megarl.bridge.plan",
+    ]

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
-from megarl.bridge.transports.base import Buckets, WeightTransport
-from megarl.bridge.shared_ring import SLOTS, RingSender, SharedRing, process_alive
 from megarl.bridge.protocol import BucketMetadata, SharedBucket
+from megarl.bridge.shared_ring import SLOTS, RingSender, SharedRing, process_alive
+from megarl.bridge.transports.base import Buckets, WeightTransport
 
 SHM_DIR = "/dev/shm"
 """Where the slots' files live: tmpfs, so a file is memory that any process can map by path."""
@@ -45,13 +45,14 @@ def new_slot_file(directory: str) -> str:
     """A new empty file in `directory` named for this process, first removing the files of senders
     that died without removing theirs (a killed trainer rank): a dead pid's files are nobody's."""
     for path in glob.glob(os.path.join(directory, f"{FILE_PREFIX}*-*")):
-        owner = os.path.basename(path)[len(FILE_PREFIX):].split("-", 1)[0]
+        owner = os.path.basename(path)[len(FILE_PREFIX) :].split("-", 1)[0]
         if owner.isdigit() and not process_alive(int(owner)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
     fd, path = tempfile.mkstemp(prefix=f"{FILE_PREFIX}{os.getpid()}-", dir=directory)
     os.close(fd)
     return path
+
 
 @dataclass(frozen=True)
 class ShmBucket(SharedBucket):

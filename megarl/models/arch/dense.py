@@ -10,8 +10,9 @@ switches and its transformers config class:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from megarl.models.arch import GATE_UP, QKV, REPLICATED, ROW, Architecture, LayerParam
 from megarl.models.hf_config import ModelDims, read_number, read_positive_int, read_rope
@@ -35,8 +36,10 @@ class DenseDecoder(Architecture):
     def read_dims(self, cfg: Mapping[str, Any]) -> ModelDims:
         for key in ("num_experts", "num_local_experts", "n_routed_experts"):
             if cfg.get(key):
-                raise ValueError(f"config.json: unsupported {key}={cfg[key]} for model_type={cfg['model_type']!r} "
-                                 "(a dense architecture; megarl builds mixture-of-experts as model_type 'qwen3_moe')")
+                raise ValueError(
+                    f"config.json: unsupported {key}={cfg[key]} for model_type={cfg['model_type']!r} "
+                    "(a dense architecture; megarl builds mixture-of-experts as model_type 'qwen3_moe')"
+                )
         return self.read_shared_dims(cfg)
 
     def read_shared_dims(self, cfg: Mapping[str, Any]) -> ModelDims:
@@ -103,33 +106,48 @@ class DenseDecoder(Architecture):
         return options | {"normalization": "RMSNorm"} if transformer_impl == "local" else options
 
     def layer_params(self, dims: ModelDims) -> tuple[LayerParam, ...]:
-        return (*self.attention_params(dims),
-                LayerParam("mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), GATE_UP),
-                LayerParam("mlp.linear_fc2.weight", ("mlp.down_proj.weight",), ROW))
+        return (
+            *self.attention_params(dims),
+            LayerParam("mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), GATE_UP),
+            LayerParam("mlp.linear_fc2.weight", ("mlp.down_proj.weight",), ROW),
+        )
 
     def attention_params(self, dims: ModelDims) -> tuple[LayerParam, ...]:
         """The layer's parameters before its MLP: norms, attention and the pre-MLP norm, in model order."""
         params = [
             LayerParam("input_layernorm.weight", ("input_layernorm.weight",), REPLICATED),
-            LayerParam("self_attention.linear_qkv.weight",
-                       ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"), QKV),
+            LayerParam(
+                "self_attention.linear_qkv.weight",
+                ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+                QKV,
+            ),
         ]
         if dims.qkv_bias:
-            params.append(LayerParam("self_attention.linear_qkv.bias",
-                                     ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"), QKV))
+            params.append(
+                LayerParam(
+                    "self_attention.linear_qkv.bias",
+                    ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
+                    QKV,
+                )
+            )
         if dims.qk_layernorm:
             params += [
                 LayerParam("self_attention.q_layernorm.weight", ("self_attn.q_norm.weight",), REPLICATED),
                 LayerParam("self_attention.k_layernorm.weight", ("self_attn.k_norm.weight",), REPLICATED),
             ]
-        return (*params,
-                LayerParam("self_attention.linear_proj.weight", ("self_attn.o_proj.weight",), ROW),
-                LayerParam("pre_mlp_layernorm.weight", ("post_attention_layernorm.weight",), REPLICATED))
+        return (
+            *params,
+            LayerParam("self_attention.linear_proj.weight", ("self_attn.o_proj.weight",), ROW),
+            LayerParam("pre_mlp_layernorm.weight", ("post_attention_layernorm.weight",), REPLICATED),
+        )
 
     def hf_layer_shapes(self, dims: ModelDims) -> dict[str, tuple[int, ...]]:
         h, f = dims.hidden_size, dims.ffn_hidden_size
         return self.hf_attention_shapes(dims) | {
-            "mlp.gate_proj.weight": (f, h), "mlp.up_proj.weight": (f, h), "mlp.down_proj.weight": (h, f)}
+            "mlp.gate_proj.weight": (f, h),
+            "mlp.up_proj.weight": (f, h),
+            "mlp.down_proj.weight": (h, f),
+        }
 
     def hf_attention_shapes(self, dims: ModelDims) -> dict[str, tuple[int, ...]]:
         """The HF tensors of `attention_params` with their shapes."""
@@ -143,8 +161,11 @@ class DenseDecoder(Architecture):
             "self_attn.o_proj.weight": (h, dims.q_size),
         }
         if dims.qkv_bias:
-            shapes |= {"self_attn.q_proj.bias": (dims.q_size,), "self_attn.k_proj.bias": (dims.kv_size,),
-                       "self_attn.v_proj.bias": (dims.kv_size,)}
+            shapes |= {
+                "self_attn.q_proj.bias": (dims.q_size,),
+                "self_attn.k_proj.bias": (dims.kv_size,),
+                "self_attn.v_proj.bias": (dims.kv_size,),
+            }
         if dims.qk_layernorm:
             shapes |= {"self_attn.q_norm.weight": (dims.head_dim,), "self_attn.k_norm.weight": (dims.head_dim,)}
         return shapes
@@ -217,7 +238,9 @@ def _reject_unsupported_features(cfg: Mapping[str, Any]) -> None:
     for key, holder in (("partial_rotary_factor", cfg), ("rope_parameters.partial_rotary_factor", rope_params)):
         if holder.get("partial_rotary_factor", 1.0) != 1.0:
             # Megatron would rotate only part of each head; HF's Llama/Qwen attention rotates whole heads.
-            problems.append(f"{key}={holder['partial_rotary_factor']} (RoPE over part of a head is not supported; "
-                            "Llama and Qwen rotate whole heads)")
+            problems.append(
+                f"{key}={holder['partial_rotary_factor']} (RoPE over part of a head is not supported; "
+                "Llama and Qwen rotate whole heads)"
+            )
     if problems:
         raise ValueError("config.json: unsupported " + "; ".join(problems))

@@ -8,5 +8,6 @@ def _tiny_fields(fields: dict) -> dict:
     return {**fields, "attention_bias": False, "mlp_bias": False}
 
 
-ARCHITECTURE = DenseDecoder("llama", qkv_bias=False, qk_layernorm=False, hf_config_class="LlamaConfig",
-                            tiny_fields=_tiny_fields)
+ARCHITECTURE = DenseDecoder(
+    "llama", qkv_bias=False, qk_layernorm=False, hf_config_class="LlamaConfig", tiny_fields=_tiny_fields
+)

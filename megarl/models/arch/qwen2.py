@@ -14,5 +14,6 @@ def _tiny_fields(fields: dict) -> dict:
     return fields
 
 
-ARCHITECTURE = DenseDecoder("qwen2", qkv_bias=True, qk_layernorm=False, hf_config_class="Qwen2Config",
-                            tiny_fields=_tiny_fields)
+ARCHITECTURE = DenseDecoder(
+    "qwen2", qkv_bias=True, qk_layernorm=False, hf_config_class="Qwen2Config", tiny_fields=_tiny_fields
+)

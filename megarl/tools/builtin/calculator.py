@@ -12,8 +12,13 @@ MAX_INTEGER_BITS = 4096
 for powers: `9**9**9` is refused at once instead of taking minutes and gigabytes."""
 
 _BINARY = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
 }
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 
@@ -66,6 +71,11 @@ def _evaluate(node: ast.AST) -> int | float:
 
 def _check_power(base: int | float, exponent: int | float) -> None:
     """Refuse an integer power whose result would exceed MAX_INTEGER_BITS (floats overflow by themselves)."""
-    if (isinstance(base, int) and isinstance(exponent, int) and abs(base) > 1 and exponent > 0
-            and (abs(base).bit_length() - 1) * exponent > MAX_INTEGER_BITS):
+    if (
+        isinstance(base, int)
+        and isinstance(exponent, int)
+        and abs(base) > 1
+        and exponent > 0
+        and (abs(base).bit_length() - 1) * exponent > MAX_INTEGER_BITS
+    ):
         raise _Refused(f"the result has more than {MAX_INTEGER_BITS} bits")

@@ -31,8 +31,18 @@ PROCESSES = 32
 """Processes the code may run at once (RLIMIT_NPROC, counted in its user namespace)."""
 TMP_BYTES = 64 << 20
 """Size of the code's private, writable /tmp (its working directory)."""
-UNSHARE = ("unshare", "--user", "--map-root-user", "--mount", "--pid", "--net", "--ipc", "--uts", "--fork",
-           "--kill-child")
+UNSHARE = (
+    "unshare",
+    "--user",
+    "--map-root-user",
+    "--mount",
+    "--pid",
+    "--net",
+    "--ipc",
+    "--uts",
+    "--fork",
+    "--kill-child",
+)
 """The namespaces of one call (util-linux `unshare`); `--kill-child`: killing unshare kills the namespace."""
 OUTPUT_CHARS = 4000
 """Characters of stdout the observation keeps; the rest is cut with a note."""
@@ -53,8 +63,14 @@ def execute(code: str, isolated: bool) -> str:
     with tempfile.TemporaryDirectory(prefix="megarl-python-") as workdir:
         stdout_path, stderr_path = Path(workdir, "stdout"), Path(workdir, "stderr")
         with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
-            process = subprocess.Popen(_command(isolated), stdin=subprocess.PIPE, stdout=stdout, stderr=stderr,
-                                       cwd=workdir, env=_sandbox_environment(workdir))
+            process = subprocess.Popen(
+                _command(isolated),
+                stdin=subprocess.PIPE,
+                stdout=stdout,
+                stderr=stderr,
+                cwd=workdir,
+                env=_sandbox_environment(workdir),
+            )
             try:
                 process.communicate(code.encode(errors="replace"), timeout=WALL_S)
                 timed_out = False
@@ -64,8 +80,11 @@ def execute(code: str, isolated: bool) -> str:
         printed = _head(stdout_path)
         if process.returncode == 0:
             return printed or "(no output: print() the values you want to see)"
-        failure = f"Error: the program ran longer than {WALL_S:g} s and was stopped" if timed_out else \
-            _failure(process.returncode, stderr_path)
+        failure = (
+            f"Error: the program ran longer than {WALL_S:g} s and was stopped"
+            if timed_out
+            else _failure(process.returncode, stderr_path)
+        )
         return "\n".join(part for part in (printed, failure) if part)
 
 
@@ -74,8 +93,14 @@ def sandbox_problem() -> str | None:
     program is run in it."""
     with tempfile.TemporaryDirectory(prefix="megarl-python-") as workdir:
         try:
-            done = subprocess.run(_command(isolated=True), input=b"", capture_output=True, cwd=workdir,
-                                  env=_sandbox_environment(workdir), timeout=60)
+            done = subprocess.run(
+                _command(isolated=True),
+                input=b"",
+                capture_output=True,
+                cwd=workdir,
+                env=_sandbox_environment(workdir),
+                timeout=60,
+            )
         except (OSError, subprocess.TimeoutExpired) as error:  # no unshare on PATH; a machine too busy
             return f"{type(error).__name__}: {error}"
     if done.returncode == 0:
@@ -86,8 +111,14 @@ def sandbox_problem() -> str | None:
 
 def _command(isolated: bool) -> list[str]:
     limits = (MEMORY_BYTES, CPU_S, OPEN_FILES, FILE_BYTES, PROCESSES, TMP_BYTES)
-    program = [os.path.realpath(sys.executable), "-I", sandbox.__file__, "isolated" if isolated else "unisolated",
-               os.path.realpath(sys.base_prefix), *map(str, limits)]
+    program = [
+        os.path.realpath(sys.executable),
+        "-I",
+        sandbox.__file__,
+        "isolated" if isolated else "unisolated",
+        os.path.realpath(sys.base_prefix),
+        *map(str, limits),
+    ]
     return [*UNSHARE, "--", *program] if isolated else program
 
 
@@ -111,7 +142,7 @@ def _kill(process: subprocess.Popen) -> None:
 
 def _sandbox_environment(workdir: str) -> dict[str, str]:
     # Nothing of the worker's environment: one thread per math library keeps RLIMIT_AS meaningful.
-    threads = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    threads = dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1")
     return {"PATH": os.defpath, "HOME": workdir, "LANG": "C.UTF-8", **threads}
 
 

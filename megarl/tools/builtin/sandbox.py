@@ -50,8 +50,9 @@ def check(result: int, what: str) -> None:
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     encode = lambda text: None if text is None else text.encode()  # noqa: E731
-    check(libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data)),
-          f"mount {source} on {target}")
+    check(
+        libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data)), f"mount {source} on {target}"
+    )
 
 
 def bind_read_only(source: str, target: str) -> None:
@@ -104,8 +105,10 @@ def bound_processes() -> None:
         with open("/proc/self/uid_map") as file:
             outer_uid = int(file.read().split()[1])
         if outer_uid == 0:
-            sys.exit("Error: the sandbox cannot bound the processes of code run by root on this kernel "
-                     "(Linux < 6.14 has no pid_max per namespace): run megarl as a non-root user")
+            sys.exit(
+                "Error: the sandbox cannot bound the processes of code run by root on this kernel "
+                "(Linux < 6.14 has no pid_max per namespace): run megarl as a non-root user"
+            )
 
 
 def drop_privileges() -> None:

@@ -46,8 +46,9 @@ def python(code: str) -> str:
 
 def run_code(url: str, code: str) -> str:
     """The observation of running `code` on the server at `url` (module docstring)."""
-    return observation(post(url, {"code": code, "language": "python", "run_timeout": WALL_S,
-                                  "memory_limit_MB": MEMORY_BYTES >> 20}))
+    return observation(
+        post(url, {"code": code, "language": "python", "run_timeout": WALL_S, "memory_limit_MB": MEMORY_BYTES >> 20})
+    )
 
 
 def post(url: str, request: dict) -> dict:
@@ -90,8 +91,17 @@ def observation(response: dict) -> str:
 def server_problem(url: str) -> str | None:
     """Why the server at `url` cannot run the tool's code (one tiny program is run there), or None."""
     try:
-        answer = observation(post(url, {"code": "print(6 * 7)", "language": "python", "run_timeout": WALL_S,
-                                        "memory_limit_MB": MEMORY_BYTES >> 20}))
+        answer = observation(
+            post(
+                url,
+                {
+                    "code": "print(6 * 7)",
+                    "language": "python",
+                    "run_timeout": WALL_S,
+                    "memory_limit_MB": MEMORY_BYTES >> 20,
+                },
+            )
+        )
     except SandboxFusionError as error:
         return str(error)
     return None if answer == "42" else f"print(6 * 7) gave {answer!r} there"

@@ -42,8 +42,10 @@ def read_corpus(path: str) -> list[str]:
     line for a missing file, a line that is not a JSON object, or one without a string document field."""
     file = Path(path).expanduser()
     if not file.is_file():
-        raise ToolError(f"{CORPUS_KEY} = {path!r}: no such file; give the JSONL corpus (one {{\"contents\": ...}} "
-                        "per line) or set rollout.multi_turn.search.retriever_url instead")
+        raise ToolError(
+            f'{CORPUS_KEY} = {path!r}: no such file; give the JSONL corpus (one {{"contents": ...}} '
+            "per line) or set rollout.multi_turn.search.retriever_url instead"
+        )
     documents = []
     with open(file, encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
@@ -52,12 +54,16 @@ def read_corpus(path: str) -> list[str]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
-                raise ToolError(f"{CORPUS_KEY} = {path!r}: line {number} is not JSON ({error}); each line must be "
-                                'an object like {"contents": "..."}') from None
+                raise ToolError(
+                    f"{CORPUS_KEY} = {path!r}: line {number} is not JSON ({error}); each line must be "
+                    'an object like {"contents": "..."}'
+                ) from None
             text = next((record[name] for name in DOCUMENT_FIELDS if isinstance(record, dict) and name in record), None)
             if not isinstance(text, str):
-                raise ToolError(f"{CORPUS_KEY} = {path!r}: line {number} has no string field "
-                                f"{' or '.join(DOCUMENT_FIELDS)}; put each document's text there")
+                raise ToolError(
+                    f"{CORPUS_KEY} = {path!r}: line {number} has no string field "
+                    f"{' or '.join(DOCUMENT_FIELDS)}; put each document's text there"
+                )
             documents.append(text)
     if not documents:
         raise ToolError(f"{CORPUS_KEY} = {path!r}: the file holds no documents; add one JSON object per line")
@@ -87,8 +93,10 @@ class BM25Index:
         if not queries:
             return []
         ranks, scores = self.retriever.retrieve(self._tokenize(queries), k=self.top_k, show_progress=False)
-        return [format_documents([self.documents[index] for index, score in zip(row, row_scores) if score > 0])
-                for row, row_scores in zip(ranks.tolist(), scores.tolist())]
+        return [
+            format_documents([self.documents[index] for index, score in zip(row, row_scores) if score > 0])
+            for row, row_scores in zip(ranks.tolist(), scores.tolist())
+        ]
 
 
 class RetrieverClient:
@@ -116,8 +124,10 @@ class RetrieverClient:
             reply = json.load(response)
         results = reply.get("result") if isinstance(reply, dict) else None
         if not isinstance(results, list) or len(results) != len(queries):
-            raise ValueError(f"the retrieval server {self.url} answered {_excerpt(reply)}; expected "
-                             f'{{"result": [...]}} with one list of documents per query ({len(queries)})')
+            raise ValueError(
+                f"the retrieval server {self.url} answered {_excerpt(reply)}; expected "
+                f'{{"result": [...]}} with one list of documents per query ({len(queries)})'
+            )
         return [format_documents([_contents(item) for item in hits]) for hits in results]
 
 

@@ -77,9 +77,7 @@ class SamplingConfig:
         if self.greedy and self.n != 1:
             problems.append(f"n={self.n} with greedy=True: greedy samples are identical; set n=1")
         if not self.greedy and not self.temperature > 0:
-            problems.append(
-                f"temperature={self.temperature}: must be > 0; set greedy=True for argmax decoding"
-            )
+            problems.append(f"temperature={self.temperature}: must be > 0; set greedy=True for argmax decoding")
         if not 0 < self.top_p <= 1:
             problems.append(f"top_p={self.top_p}: must be in (0, 1]; 1 turns it off")
         if self.top_k != -1 and self.top_k < 1:
@@ -87,7 +85,9 @@ class SamplingConfig:
         if self.max_new_tokens < 1:
             problems.append(f"max_new_tokens={self.max_new_tokens}: must be >= 1")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            problems.append(f"min_new_tokens={self.min_new_tokens}: must lie in [0, max_new_tokens={self.max_new_tokens}]")
+            problems.append(
+                f"min_new_tokens={self.min_new_tokens}: must lie in [0, max_new_tokens={self.max_new_tokens}]"
+            )
         if any(t < 0 for t in self.stop_token_ids):
             problems.append(f"stop_token_ids={self.stop_token_ids}: token ids are >= 0")
         if problems:
@@ -214,8 +214,11 @@ class RolloutEngine(abc.ABC):
 
     @abc.abstractmethod
     def generate(
-        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig,
-        max_new_tokens: Sequence[int] | None = None, seeds: Sequence[int] | None = None,
+        self,
+        prompt_token_ids: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        max_new_tokens: Sequence[int] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> list[RolloutOutput]:
         """Sample `sampling.n` responses for each prompt; one `RolloutOutput` per prompt, in order.
         `max_new_tokens`: a cap per prompt (>= 1) instead of `sampling.max_new_tokens` (an agent loop's

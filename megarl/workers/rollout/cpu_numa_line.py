@@ -19,9 +19,9 @@ the worker (vllm/v1/worker/worker_base.py: `WorkerWrapperBase.init_worker`). Bui
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 

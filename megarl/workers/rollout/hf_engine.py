@@ -14,11 +14,17 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from megarl.workers.rollout.base import call_seed, RolloutEngine, RolloutOutput, SamplingConfig, prompt_seeds
 from megarl.bridge import (
-    create_weight_sync_group, LoadedChecksums, rank_tensors_as_hf, read_ring, receive_rank_shards, recorded, SharedRing,
+    LoadedChecksums,
+    SharedRing,
     SyncPlan,
+    create_weight_sync_group,
+    rank_tensors_as_hf,
+    read_ring,
+    receive_rank_shards,
+    recorded,
 )
+from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig, call_seed, prompt_seeds
 
 
 def _generation_config(sampling: SamplingConfig, max_new_tokens: int) -> GenerationConfig:
@@ -62,8 +68,11 @@ class HFRolloutEngine(RolloutEngine):
 
     @torch.no_grad()
     def generate(
-        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig,
-        max_new_tokens: Sequence[int] | None = None, seeds: Sequence[int] | None = None,
+        self,
+        prompt_token_ids: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        max_new_tokens: Sequence[int] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> list[RolloutOutput]:
         self._check_ready("generate")
         caps = max_new_tokens or [sampling.max_new_tokens] * len(prompt_token_ids)
@@ -77,9 +86,7 @@ class HFRolloutEngine(RolloutEngine):
                 outputs.append(self._generate_one(list(prompt), _generation_config(sampling, cap), sampling))
         return outputs
 
-    def _generate_one(
-        self, prompt: list[int], config: GenerationConfig, sampling: SamplingConfig
-    ) -> RolloutOutput:
+    def _generate_one(self, prompt: list[int], config: GenerationConfig, sampling: SamplingConfig) -> RolloutOutput:
         input_ids = torch.tensor([prompt], device=self._device)
         result = self._model.generate(input_ids, generation_config=config)
         responses = result.sequences[:, len(prompt) :]  # [n, T]
@@ -133,8 +140,10 @@ class HFRolloutEngine(RolloutEngine):
     def loaded_checksums(self) -> list[LoadedChecksums]:
         """What the last sync loaded, checksummed as it came (`megarl.bridge.checksum`); one worker."""
         if self._loaded is None:
-            raise RuntimeError("loaded_checksums: no checksums of the last load (no load since the engine started, "
-                               "or one made with checksum_loads(False))")
+            raise RuntimeError(
+                "loaded_checksums: no checksums of the last load (no load since the engine started, "
+                "or one made with checksum_loads(False))"
+            )
         return [self._loaded]
 
     def load_shared_buckets(self, rings: Mapping[int, SharedRing]) -> Future[None]:

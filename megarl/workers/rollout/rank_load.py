@@ -45,7 +45,7 @@ from vllm.model_executor.model_loader.reload.layerwise import (
 from vllm.model_executor.model_loader.reload.meta import materialize_layer, restore_layer_on_meta
 from vllm.model_executor.model_loader.reload.utils import get_layer_params_buffers
 
-from megarl.bridge import LoadedChecksums, read_ring, recorded, RingReader, SharedRing, VllmRankLayout
+from megarl.bridge import LoadedChecksums, RingReader, SharedRing, VllmRankLayout, read_ring, recorded
 from megarl.models.hf_config import read_model_dims
 
 Named = Iterable[tuple[str, torch.Tensor]]
@@ -65,10 +65,14 @@ def load_rank_rings(worker, rings_by_rank: Mapping[int, Sequence[SharedRing]], r
     for stage, ring in enumerate(rings):
         name = f"rollout worker {rank} (trainer stage {stage})"
         try:
-            read_ring(ring, name, worker.device,
-                      lambda tensors: loader.load(tensors if record is None else recorded(tensors, record, layout)))
+            read_ring(
+                ring,
+                name,
+                worker.device,
+                lambda tensors: loader.load(tensors if record is None else recorded(tensors, record, layout)),
+            )
         except BaseException as error:
-            for later in rings[stage + 1:]:
+            for later in rings[stage + 1 :]:
                 RingReader(later, name).abort(f"an earlier stage's load failed: {error!r}")
             raise
 
@@ -78,8 +82,11 @@ def load_rank_tensors(worker, tensors: Named, record: LoadedChecksums | None) ->
     checksummed into `record` (None: unchecked) as they arrive. A tied LM head is the caller's to
     refresh afterwards."""
     rank = get_tensor_model_parallel_rank()
-    layout = VllmRankLayout(read_model_dims(worker.model_config.hf_text_config),
-                            worker.vllm_config.parallel_config.tensor_parallel_size, rank)
+    layout = VllmRankLayout(
+        read_model_dims(worker.model_config.hf_text_config),
+        worker.vllm_config.parallel_config.tensor_parallel_size,
+        rank,
+    )
     ModuleLoader(worker).load(tensors if record is None else recorded(tensors, record, layout))
 
 

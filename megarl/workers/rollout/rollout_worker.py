@@ -25,18 +25,41 @@ from megarl.workers.rollout.factory import make_rollout_engine
 class RolloutWorker:
     """Hosts one `RolloutEngine` (its own TP group of vLLM workers when TP > 1)."""
 
-    def __init__(self, backend: str, model_path: str, *, tensor_parallel_size: int, dtype: str, seed: int,
-                 max_model_len: int, cpu_kv_cache_gib: float, gpu_memory_utilization: float, enforce_eager: bool | Literal["auto"],
-                 sleep_level: int = 2):
+    def __init__(
+        self,
+        backend: str,
+        model_path: str,
+        *,
+        tensor_parallel_size: int,
+        dtype: str,
+        seed: int,
+        max_model_len: int,
+        cpu_kv_cache_gib: float,
+        gpu_memory_utilization: float,
+        enforce_eager: bool | Literal["auto"],
+        sleep_level: int = 2,
+    ):
         self.engine = make_rollout_engine(
-            backend, model_path, tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
-            max_model_len=max_model_len, cpu_kv_cache_gib=cpu_kv_cache_gib,
-            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager, sleep_level=sleep_level,
+            backend,
+            model_path,
+            tensor_parallel_size=tensor_parallel_size,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            cpu_kv_cache_gib=cpu_kv_cache_gib,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+            sleep_level=sleep_level,
         )
         self._pending: Future | None = None
 
-    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingConfig,
-                 max_new_tokens: list[int] | None = None, seeds: list[int] | None = None) -> list[RolloutOutput]:
+    def generate(
+        self,
+        prompt_token_ids: list[list[int]],
+        sampling: SamplingConfig,
+        max_new_tokens: list[int] | None = None,
+        seeds: list[int] | None = None,
+    ) -> list[RolloutOutput]:
         return self.engine.generate(prompt_token_ids, sampling, max_new_tokens, seeds)
 
     def prompt_logprobs(self, token_ids: list[list[int]]) -> list[Tensor]:

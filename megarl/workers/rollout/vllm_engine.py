@@ -37,22 +37,22 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 # in `megarl check-sync` here), and a worker still exiting 4 s after the SIGTERM is killed and leaves them.
 os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "30")
 
-import _posixshmem  # noqa: E402  # shm_unlink, the one multiprocessing.shared_memory uses
-import contextlib  # noqa: E402
-from collections.abc import Iterable, Iterator, Mapping, Sequence  # noqa: E402
-from concurrent.futures import Future, ThreadPoolExecutor  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Literal  # noqa: E402
+import _posixshmem  # shm_unlink, the one multiprocessing.shared_memory uses
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Literal
 
-import torch  # noqa: E402
-import vllm.envs  # noqa: E402
-from vllm import LLM, SamplingParams  # noqa: E402
-from vllm.platforms import current_platform  # noqa: E402
+import torch
+import vllm.envs
+from vllm import LLM, SamplingParams
+from vllm.platforms import current_platform
 
-from megarl.bridge import LoadedChecksums, SharedRing, SyncPlan  # noqa: E402
-from megarl.workers.rollout.base import call_seed, RolloutEngine, RolloutOutput, SamplingConfig, prompt_seeds  # noqa: E402
-from megarl.workers.rollout.executor import executor_backend  # noqa: E402
-from megarl.workers.rollout.worker_extension import WORKER_EXTENSION  # noqa: E402
+from megarl.bridge import LoadedChecksums, SharedRing, SyncPlan
+from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig, call_seed, prompt_seeds
+from megarl.workers.rollout.executor import executor_backend
+from megarl.workers.rollout.worker_extension import WORKER_EXTENSION
 
 
 def cpu_thread_binding(tensor_parallel_size: int) -> str:
@@ -172,8 +172,11 @@ class VLLMRolloutEngine(RolloutEngine):
         self._rpc_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-rollout-rpc")
 
     def generate(
-        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig,
-        max_new_tokens: Sequence[int] | None = None, seeds: Sequence[int] | None = None,
+        self,
+        prompt_token_ids: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        max_new_tokens: Sequence[int] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> list[RolloutOutput]:
         self._check_ready("generate")
         requests = [{"prompt_token_ids": list(prompt)} for prompt in prompt_token_ids]
@@ -181,8 +184,10 @@ class VLLMRolloutEngine(RolloutEngine):
         engine_seed = call_seed(sampling, seeds)
         if engine_seed is not None:  # every worker: whichever TP rank samples draws from its own process's generator
             self._llm.collective_rpc("seed_sampling", args=(engine_seed,))
-        params = [_sampling_params(sampling, seed, cap)
-                  for seed, cap in zip(prompt_seeds(sampling, len(requests), seeds), caps, strict=True)]
+        params = [
+            _sampling_params(sampling, seed, cap)
+            for seed, cap in zip(prompt_seeds(sampling, len(requests), seeds), caps, strict=True)
+        ]
         results = self._llm.generate(requests, params, use_tqdm=False)
         outputs = []
         for prompt, result in zip(prompt_token_ids, results):
@@ -259,9 +264,7 @@ class VLLMRolloutEngine(RolloutEngine):
     ) -> Future[None]:
         """See `RolloutEngine.init_weight_sync`. rank_offset: rank of this engine's first worker;
         with several engines of equal TP in one group, engine k uses `1 + k * TP`."""
-        kwargs = dict(
-            host=host, port=port, rank_offset=rank_offset, world_size=world_size, timeout_s=timeout_s
-        )
+        kwargs = dict(host=host, port=port, rank_offset=rank_offset, world_size=world_size, timeout_s=timeout_s)
         return self._rpc_thread.submit(self._llm.collective_rpc, "init_weight_sync_group", kwargs=kwargs)
 
     def receive_weights(self, plan: SyncPlan) -> Future[None]:
@@ -276,8 +279,10 @@ class VLLMRolloutEngine(RolloutEngine):
         it (`megarl.bridge.checksum`): the engine side of the bridge's exact check."""
         records = self._llm.collective_rpc("loaded_checksums")
         if any(record is None for record in records):
-            raise RuntimeError("loaded_checksums: no checksums of the last load (no load since the engine started, "
-                               "or one made with checksum_loads(False))")
+            raise RuntimeError(
+                "loaded_checksums: no checksums of the last load (no load since the engine started, "
+                "or one made with checksum_loads(False))"
+            )
         return records
 
     def _weights_changed(self) -> None:

@@ -29,7 +29,13 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from megarl.bridge import (
-    create_weight_sync_group, LoadedChecksums, read_ring, receive_rank_shards, recorded, SharedRing, SyncPlan,
+    LoadedChecksums,
+    SharedRing,
+    SyncPlan,
+    create_weight_sync_group,
+    read_ring,
+    receive_rank_shards,
+    recorded,
 )
 from megarl.workers.memory_stats import memory_stats
 from megarl.workers.rollout import cpu_numa_line
@@ -47,14 +53,10 @@ class WeightSyncWorkerExtension(CallSeeding, CpuKVCacheSleep, CpuSamplerOps):
     (`call_seeding`), and, on CPU, stands in for vLLM's KV-cache sleep (`cpu_kv_sleep`) and ranks sampled
     tokens without a compile (`cpu_sampler_ops`)."""
 
-    def init_weight_sync_group(
-        self, host: str, port: int, rank_offset: int, world_size: int, timeout_s: float
-    ) -> None:
+    def init_weight_sync_group(self, host: str, port: int, rank_offset: int, world_size: int, timeout_s: float) -> None:
         """Join as rank `rank_offset + self.rank` (the trainer's sending ranks come first:
         `bridge.receiver_rank`)."""
-        self._megarl_sync_group = create_weight_sync_group(
-            host, port, rank_offset + self.rank, world_size, timeout_s
-        )
+        self._megarl_sync_group = create_weight_sync_group(host, port, rank_offset + self.rank, world_size, timeout_s)
 
     def load_hf_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load full HF-named tensors (any subset of the model, whole fused layers)."""

@@ -52,8 +52,17 @@ dict once the worker has loaded the sync (e.g. a `concurrent.futures.Future`).""
 
 def tiny_qwen2(root) -> str:
     """The model both twins sync: a tiny Qwen2 with 2 KV heads (a qkv regroup at every TP)."""
-    return str(make_tiny_model(root, "qwen2", hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                               num_key_value_heads=2, head_dim=16))
+    return str(
+        make_tiny_model(
+            root,
+            "qwen2",
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+        )
+    )
 
 
 class TrainerWorld:
@@ -97,8 +106,9 @@ def read_worker_ring(ring: SharedRing, name: str, layout: VllmRankLayout, device
     return dict(record=record, reader_pid=os.getpid())
 
 
-def sync_rank(model_dir: str, layouts: Layouts, transport: type[SharedMemoryTransport],
-              start_reader: StartReader) -> dict:
+def sync_rank(
+    model_dir: str, layouts: Layouts, transport: type[SharedMemoryTransport], start_reader: StartReader
+) -> dict:
     """One trainer rank, in each train layout in turn (one spawn for all: megatron-core's grid torn
     down between them, as its own tests do), its rings of kind `transport`, read by the workers that
     `start_reader` starts on its device."""
@@ -111,8 +121,14 @@ def sync_rank(model_dir: str, layouts: Layouts, transport: type[SharedMemoryTran
     return out
 
 
-def _layout(model_dir: str, tp: int, pp: int, syncs: tuple[tuple[int, bool], ...],
-            transport: type[SharedMemoryTransport], start_reader: StartReader) -> dict:
+def _layout(
+    model_dir: str,
+    tp: int,
+    pp: int,
+    syncs: tuple[tuple[int, bool], ...],
+    transport: type[SharedMemoryTransport],
+    start_reader: StartReader,
+) -> dict:
     """One trainer rank and the engine worker on its device: for each rollout TP, open this rank's
     ring, learn every rank's (the driver's part), read the one the routes give this device's worker
     while sending; what was read, what was sent, and who joined this rank's ring."""
@@ -126,16 +142,26 @@ def _layout(model_dir: str, tp: int, pp: int, syncs: tuple[tuple[int, bool], ...
     load_hf_weights(model, model_dir, groups)
     named = lambda: global_named_parameters(model, groups)  # noqa: E731
     dims = read_model_dims(model_dir)
-    grid = dict(rank=dist.get_rank(), tp_rank=groups.tp_rank, pp_rank=groups.pp_rank, dp_rank=groups.dp_rank,
-                dp_size=groups.dp_size)  # as `PolicyWorker.grid`
+    grid = dict(
+        rank=dist.get_rank(),
+        tp_rank=groups.tp_rank,
+        pp_rank=groups.pp_rank,
+        dp_rank=groups.dp_rank,
+        dp_size=groups.dp_size,
+    )  # as `PolicyWorker.grid`
     grids = [None] * dist.get_world_size()
     dist.all_gather_object(grids, grid)
     rank = dist.get_rank()
     out = dict(tp_rank=groups.tp_rank, pp_rank=groups.pp_rank)
     for rollout_tp, colocated in syncs:
         plan = build_plan(dims, LayoutPair(tp, pp, rollout_tp), bucket_mb=BUCKET_MB)
-        routes = route_rings(grids, engines=len(grids) // rollout_tp if colocated else 1, rollout_tp=rollout_tp,
-                             colocated=colocated, per_rank=True)
+        routes = route_rings(
+            grids,
+            engines=len(grids) // rollout_tp if colocated else 1,
+            rollout_tp=rollout_tp,
+            colocated=colocated,
+            per_rank=True,
+        )
         readers = routes.readers[rank]
         ring_transport = transport(readers=readers, timeout_s=TIMEOUT_S) if readers else None
         if routes.per_rank:
@@ -151,16 +177,22 @@ def _layout(model_dir: str, tp: int, pp: int, syncs: tuple[tuple[int, bool], ...
         with TrainerWorld() as world:
             if worker < rollout_tp:
                 (mine,) = routes.engine_rings(engine, rings)[worker]
-                read = start_reader(mine, f"worker {worker} of engine {engine}",
-                                    VllmRankLayout(dims, rollout_tp, worker))
+                read = start_reader(
+                    mine, f"worker {worker} of engine {engine}", VllmRankLayout(dims, rollout_tp, worker)
+                )
             stats = sender.send()
             if worker < rollout_tp:
                 sync.update(read.result(timeout=TIMEOUT_S))
         sync.update(bytes=stats.bytes_sent, sent=dict(world.sent), other=world.other)
         if worker < rollout_tp:
             store = dist.TCPStore(HOST, ring.port, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
-            sync.update(read_port=mine.port, own_port=ring.port, joined=store.add(ring.key("joined"), 0),
-                        joined_pid=int(store.get(ring.key("pid/0"))), buckets=stats.buckets)
+            sync.update(
+                read_port=mine.port,
+                own_port=ring.port,
+                joined=store.add(ring.key("joined"), 0),
+                joined_pid=int(store.get(ring.key("pid/0"))),
+                buckets=stats.buckets,
+            )
     out["checksums"] = rank_checksums(plan, named(), groups, DTYPE)
     return out
 
@@ -179,8 +211,9 @@ def check_rings_hosted_by_the_routed_ranks(ranks: list[dict], rollout_tp: int, c
         assert sync["buckets"] >= 3  # both slots reused
 
 
-def check_workers_loaded_the_actors_weights(ranks: list[dict], train: tuple[int, int], rollout_tp: int,
-                                            colocated: bool) -> None:
+def check_workers_loaded_the_actors_weights(
+    ranks: list[dict], train: tuple[int, int], rollout_tp: int, colocated: bool
+) -> None:
     """Each engine's workers loaded the actor's weights bit for bit."""
     expected = combine(rank["checksums"] for rank in ranks)
     layout = LayoutPair(*train, rollout_tp)
@@ -194,9 +227,10 @@ def check_workers_loaded_the_actors_weights(ranks: list[dict], train: tuple[int,
         check_checksums(expected, records, dtype=DTYPE, layout=layout, engine=f"rollout engine {engine}")
 
 
-def check_sent_as_scheduled(model_dir: str, ranks: list[dict], train: tuple[int, int], rollout_tp: int,
-                            colocated: bool) -> None:
-    """"scheduled": each rank sent each other rank exactly the schedule's pieces for the worker
+def check_sent_as_scheduled(
+    model_dir: str, ranks: list[dict], train: tuple[int, int], rollout_tp: int, colocated: bool
+) -> None:
+    """ "scheduled": each rank sent each other rank exactly the schedule's pieces for the worker
     reading that rank's ring, nothing else went through the trainer world, and all ranks together
     sent each ring's worker exactly what it needs."""
     layout = LayoutPair(*train, rollout_tp)
@@ -217,7 +251,9 @@ def check_sent_as_scheduled(model_dir: str, ranks: list[dict], train: tuple[int,
         assert sync["sent"] == dict(scheduled)
         assert sync["bytes"] == schedule.bytes_sent(me, rings) > 0
         total += sync["bytes"]
-        print(f"train TP{train[0]}/PP{train[1]} → rollout TP{rollout_tp} ({'colocated' if colocated else 'split'}): "
-              f"rank {rank} sent {sum(sync['sent'].values())} B to other ranks, {sync['bytes']} B scheduled in all")
+        print(
+            f"train TP{train[0]}/PP{train[1]} → rollout TP{rollout_tp} ({'colocated' if colocated else 'split'}): "
+            f"rank {rank} sent {sum(sync['sent'].values())} B to other ranks, {sync['bytes']} B scheduled in all"
+        )
     # All ranks together send each ring's workers exactly what they need, each element once.
     assert total == rings * sum(schedule.bytes_needed(worker) for worker in range(rollout_tp))

@@ -27,11 +27,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 import torch
-
 from device_rings import (
-    TIMEOUT_S, WORLD, check_rings_hosted_by_the_routed_ranks, check_sent_as_scheduled,
-    check_workers_loaded_the_actors_weights, read_worker_ring, sync_rank, tiny_qwen2,
+    TIMEOUT_S,
+    WORLD,
+    check_rings_hosted_by_the_routed_ranks,
+    check_sent_as_scheduled,
+    check_workers_loaded_the_actors_weights,
+    read_worker_ring,
+    sync_rank,
+    tiny_qwen2,
 )
+
 from megarl.bridge.checksum import VllmRankLayout
 from megarl.bridge.shared_ring import SharedRing
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
@@ -57,13 +63,19 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def worlds(model_dir):
-    ranks = run_distributed(sync_rank, WORLD, model_dir, LAYOUTS, SharedMemoryTransport, _start_thread_reader,
-                            timeout_s=TIMEOUT_S * 2)
+    ranks = run_distributed(
+        sync_rank, WORLD, model_dir, LAYOUTS, SharedMemoryTransport, _start_thread_reader, timeout_s=TIMEOUT_S * 2
+    )
     return {layout: [rank[layout] for rank in ranks] for layout in LAYOUTS}
 
 
-CASES = [((2, 1), 2, True, "per_rank"), ((2, 1), 1, True, "scheduled"), ((1, 2), 1, True, "scheduled"),
-         ((1, 2), 2, True, "scheduled"), ((2, 1), 1, False, "scheduled")]
+CASES = [
+    ((2, 1), 2, True, "per_rank"),
+    ((2, 1), 1, True, "scheduled"),
+    ((1, 2), 1, True, "scheduled"),
+    ((1, 2), 2, True, "scheduled"),
+    ((2, 1), 1, False, "scheduled"),
+]
 
 
 @pytest.mark.parametrize("train, rollout_tp, colocated, mode", CASES)
@@ -76,8 +88,11 @@ def test_the_workers_loaded_the_actors_weights_bit_for_bit(worlds, train, rollou
     check_workers_loaded_the_actors_weights(worlds[train], train, rollout_tp, colocated)
 
 
-@pytest.mark.parametrize("train, rollout_tp, colocated",
-                         [(train, tp, colocated) for train, tp, colocated, mode in CASES if mode == "scheduled"])
-def test_each_rank_sends_only_the_schedules_pieces_for_each_rings_worker(model_dir, worlds, train, rollout_tp,
-                                                                        colocated):
+@pytest.mark.parametrize(
+    "train, rollout_tp, colocated",
+    [(train, tp, colocated) for train, tp, colocated, mode in CASES if mode == "scheduled"],
+)
+def test_each_rank_sends_only_the_schedules_pieces_for_each_rings_worker(
+    model_dir, worlds, train, rollout_tp, colocated
+):
     check_sent_as_scheduled(model_dir, worlds[train], train, rollout_tp, colocated)

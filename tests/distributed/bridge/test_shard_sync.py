@@ -29,16 +29,26 @@ from megarl.bridge.checksum import LoadedChecksums, VllmRankLayout, check_checks
 from megarl.bridge.plan import LayoutPair, build_plan, build_schedule, receiver_rank, sender_rank
 from megarl.bridge.shard_sync import receive_rank_shards
 from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
-from megarl.models.layout import VOCAB_DIVISIBLE_BY
 from megarl.models.hf_config import read_model_dims
+from megarl.models.layout import VOCAB_DIVISIBLE_BY
 from megarl.parallel.spawn import run_distributed
 
 HOST = "127.0.0.1"
 TIMEOUT_S = 300
 BUCKET_MB = 0.1
 ROLLOUT_TPS = (1, 2)
-TRAINER_WORLD_CALLS = ("send", "isend", "recv", "irecv", "broadcast", "all_reduce", "all_gather", "gather",
-                       "all_gather_into_tensor", "batch_isend_irecv")
+TRAINER_WORLD_CALLS = (
+    "send",
+    "isend",
+    "recv",
+    "irecv",
+    "broadcast",
+    "all_reduce",
+    "all_gather",
+    "gather",
+    "all_gather_into_tensor",
+    "batch_isend_irecv",
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +57,13 @@ def qwen2(tmp_path_factory):
     from megarl.models.tiny import make_tiny_model
 
     return make_tiny_model(
-        tmp_path_factory.mktemp("shard_sync"), "qwen2", hidden_size=256, num_attention_heads=8,
-        num_key_value_heads=4, head_dim=32, initializer_range=0.2,
+        tmp_path_factory.mktemp("shard_sync"),
+        "qwen2",
+        hidden_size=256,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        initializer_range=0.2,
     )
 
 
@@ -115,8 +130,9 @@ def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, int]) -> dict:
         sender = ShardSender(plan, lambda: global_named_parameters(model, groups), groups, group)
         with _TrainerWorldCalls() as world:
             stats = sender.send()
-        out["syncs"][rollout_tp] = dict(sent=dict(group.sent), trainer_world_calls=world.calls,
-                                        bytes=stats.bytes_sent, peak=stats.peak_buffer_bytes)
+        out["syncs"][rollout_tp] = dict(
+            sent=dict(group.sent), trainer_world_calls=world.calls, bytes=stats.bytes_sent, peak=stats.peak_buffer_bytes
+        )
     return out
 
 
@@ -124,11 +140,15 @@ def _receiver(port: int, plan, worker: int) -> LoadedChecksums:
     """Rollout worker `worker` of one engine: join the group, receive its per-rank tensors, checksum
     them as vLLM's loader takes them."""
     layout = plan.layout
-    group = create_weight_sync_group(HOST, port, receiver_rank(layout, 0, worker),
-                                     layout.train_tp * layout.train_pp + layout.rollout_tp, TIMEOUT_S)
+    group = create_weight_sync_group(
+        HOST, port, receiver_rank(layout, 0, worker), layout.train_tp * layout.train_pp + layout.rollout_tp, TIMEOUT_S
+    )
     record = LoadedChecksums("float32")
-    for _ in recorded(receive_rank_shards(group, plan, worker, torch.device("cpu")), record,
-                      VllmRankLayout(plan.dims, layout.rollout_tp, worker)):
+    for _ in recorded(
+        receive_rank_shards(group, plan, worker, torch.device("cpu")),
+        record,
+        VllmRankLayout(plan.dims, layout.rollout_tp, worker),
+    ):
         pass
     return record
 
@@ -139,8 +159,10 @@ def _checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(model_dir / "model.safetensors")
 
 
-@pytest.mark.parametrize("tp,pp,rollout_tps", [(1, 1, ROLLOUT_TPS), (2, 1, (*ROLLOUT_TPS, 4)), (1, 2, ROLLOUT_TPS),
-                                              (2, 2, ROLLOUT_TPS), (4, 1, ROLLOUT_TPS)])
+@pytest.mark.parametrize(
+    "tp,pp,rollout_tps",
+    [(1, 1, ROLLOUT_TPS), (2, 1, (*ROLLOUT_TPS, 4)), (1, 2, ROLLOUT_TPS), (2, 2, ROLLOUT_TPS), (4, 1, ROLLOUT_TPS)],
+)
 def test_every_rank_sends_each_worker_the_pieces_of_its_shard(qwen2, tp, pp, rollout_tps):
     """Rollout TP 4 (each train TP-2 shard split over two workers) once: four receiver threads, no
     extra trainer processes."""
@@ -153,14 +175,17 @@ def test_every_rank_sends_each_worker_the_pieces_of_its_shard(qwen2, tp, pp, rol
     receivers = [(r, worker) for r in rollout_tps for worker in range(r)]
     with ThreadPoolExecutor(max_workers=1 + len(receivers)) as pool:
         trainers = pool.submit(run_distributed, _trainer, tp * pp, str(qwen2), tp, pp, ports, timeout_s=TIMEOUT_S)
-        received = {
-            (r, worker): pool.submit(_receiver, ports[r], plans[r], worker) for r, worker in receivers
-        }
+        received = {(r, worker): pool.submit(_receiver, ports[r], plans[r], worker) for r, worker in receivers}
         per_rank = trainers.result()
         records = {key: future.result() for key, future in received.items()}
     for rollout_tp, plan in plans.items():
-        check_checksums(expected, [records[rollout_tp, w] for w in range(rollout_tp)], dtype="float32",
-                        layout=plan.layout, engine=f"rollout TP {rollout_tp}")
+        check_checksums(
+            expected,
+            [records[rollout_tp, w] for w in range(rollout_tp)],
+            dtype="float32",
+            layout=plan.layout,
+            engine=f"rollout TP {rollout_tp}",
+        )
         assert len(plan.buckets) > pp
         schedule = build_schedule(plan, VOCAB_DIVISIBLE_BY)
         for rank in per_rank:
@@ -173,7 +198,8 @@ def test_every_rank_sends_each_worker_the_pieces_of_its_shard(qwen2, tp, pp, rol
             assert sync["sent"] == dict(scheduled)  # to the receivers only, each exactly its pieces
             assert sync["bytes"] == schedule.bytes_sent(me, engines=1) > 0
             # Pieces go as views of the parameters where they can; copies of two buckets' pieces at most.
-            assert sync["peak"] <= 2 * max(sum(p.numel * 4 for t, p in schedule.sent_by(me) if t == tag)
-                                           for tag in range(len(plan.buckets)))
+            assert sync["peak"] <= 2 * max(
+                sum(p.numel * 4 for t, p in schedule.sent_by(me) if t == tag) for tag in range(len(plan.buckets))
+            )
         needed = sum(schedule.bytes_needed(worker) for worker in range(rollout_tp))
         assert sum(rank["syncs"][rollout_tp]["bytes"] for rank in per_rank) == needed  # each element once

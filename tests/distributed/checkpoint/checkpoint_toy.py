@@ -12,8 +12,15 @@ import torch.distributed as dist
 
 SEQ, BATCH = 16, 4
 TINY_QWEN2 = dict(
-    model_type="qwen2", vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-    num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
+    model_type="qwen2",
+    vocab_size=100,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-6,
     rope_theta=10000.0,
 )
 
@@ -30,8 +37,13 @@ class ToyJob:
         self.groups = initialize_model_parallel(tp, 1, seed=seed)
         # Warm-up then cosine decay: every step has its own LR, so a lost scheduler position shows.
         settings = OptimSettings(
-            lr=1e-2, min_lr=1e-3, lr_warmup_steps=2, lr_decay_steps=10, lr_decay_style="cosine",
-            clip_grad=1.0, use_distributed_optimizer=use_distributed_optimizer,
+            lr=1e-2,
+            min_lr=1e-3,
+            lr_warmup_steps=2,
+            lr_decay_steps=10,
+            lr_decay_style="cosine",
+            clip_grad=1.0,
+            use_distributed_optimizer=use_distributed_optimizer,
         )
         model = build_gpt_model(TINY_QWEN2, self.groups, vocab_divisible_by=vocab_divisible_by)
         [self.ddp] = wrap_for_training([model], settings, self.groups)
@@ -39,7 +51,9 @@ class ToyJob:
 
     def parts(self) -> dict:
         """The keyword arguments of save_checkpoint / load_checkpoint for this job."""
-        return dict(models={"actor": [self.ddp]}, optimizers={"actor": self.optimizer}, schedulers={"actor": self.scheduler})
+        return dict(
+            models={"actor": [self.ddp]}, optimizers={"actor": self.optimizer}, schedulers={"actor": self.scheduler}
+        )
 
     def train_step(self) -> dict:
         """One optimizer step on a batch drawn from torch's default RNG (the same on every rank; each
@@ -86,8 +100,13 @@ class ToyJob:
             return model(inputs, position_ids, None, labels=labels), loss_func
 
         losses = get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter([None]), model=[self.ddp], num_microbatches=1,
-            seq_length=SEQ, micro_batch_size=len(inputs), forward_only=forward_only,
+            forward_step_func=forward_step,
+            data_iterator=iter([None]),
+            model=[self.ddp],
+            num_microbatches=1,
+            seq_length=SEQ,
+            micro_batch_size=len(inputs),
+            forward_only=forward_only,
         )
         loss = losses[0]["loss"].reshape(1).clone()
         dist.all_reduce(loss, group=groups.dp)

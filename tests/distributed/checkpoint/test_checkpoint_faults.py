@@ -18,16 +18,19 @@ import pathlib
 from pathlib import Path
 
 import pytest
-
 from checkpoint_toy import TINY_QWEN2, ToyJob
+
 from megarl.parallel.spawn import run_distributed
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.workers.checkpoint_files import FAULT_ENV, FAULT_POINTS, InjectedFault
 
 
 def _digests(step_dir: Path) -> dict[str, str]:
-    return {p.relative_to(step_dir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(step_dir.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(step_dir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(step_dir.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _tmp_dirs(root: Path) -> list[str]:
@@ -83,9 +86,13 @@ def _disk_errors(job: ToyJob, root: Path) -> dict:
     from megarl.workers.checkpoint import CheckpointError, save_checkpoint
 
     cases = {
-        "ENOSPC in megatron's shard files": dict(open_error=OSError(errno.ENOSPC, "No space left on device"), match=".distcp"),
+        "ENOSPC in megatron's shard files": dict(
+            open_error=OSError(errno.ENOSPC, "No space left on device"), match=".distcp"
+        ),
         "EACCES on the RNG file": dict(open_error=OSError(errno.EACCES, "Permission denied"), match="rng/rank_"),
-        "EROFS creating the dir": dict(mkdir_error=OSError(errno.EROFS, "Read-only file system"), match="step_00000003"),
+        "EROFS creating the dir": dict(
+            mkdir_error=OSError(errno.EROFS, "Read-only file system"), match="step_00000003"
+        ),
     }
     manager = CheckpointManager(root)
     results = {}
@@ -99,8 +106,12 @@ def _disk_errors(job: ToyJob, root: Path) -> dict:
             error = dict(message=str(e), cause=e.__cause__)
         finally:
             restore()
-        results[name] = dict(error=error, latest=manager.latest().step, tmp_dirs=_tmp_dirs(root),
-                             previous_intact=_digests(manager.latest().path) == before)
+        results[name] = dict(
+            error=error,
+            latest=manager.latest().step,
+            tmp_dirs=_tmp_dirs(root),
+            previous_intact=_digests(manager.latest().path) == before,
+        )
     # A real OS error: the checkpoint dir lies under a regular file.
     (root.parent / "a_file").write_text("")
     try:
@@ -131,8 +142,17 @@ def _world(root: str, hf_assets: str) -> dict:
     reloaded = all((job.local_weights()[k] == v).all() for k, v in weights.items())
     exported = export_hf(job.ddp, root, job.groups, hf_assets_dir=hf_assets)
     embedding = job.ddp.module.embedding.word_embeddings.weight.detach()[: TINY_QWEN2["vocab_size"]].clone().numpy()
-    return dict(disk=disk, killed=killed, after_save=after_save, deleted=deleted, extra=extra, reloaded=reloaded,
-                remaining=sorted(p.name for p in root.iterdir()), exported=str(exported), embedding=embedding)
+    return dict(
+        disk=disk,
+        killed=killed,
+        after_save=after_save,
+        deleted=deleted,
+        extra=extra,
+        reloaded=reloaded,
+        remaining=sorted(p.name for p in root.iterdir()),
+        exported=str(exported),
+        embedding=embedding,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +174,9 @@ def test_killed_save_leaves_the_previous_checkpoint(world, point):
         assert True in got["partial_has_manifest"]
 
 
-@pytest.mark.parametrize("case", ["ENOSPC in megatron's shard files", "EACCES on the RNG file", "EROFS creating the dir"])
+@pytest.mark.parametrize(
+    "case", ["ENOSPC in megatron's shard files", "EACCES on the RNG file", "EROFS creating the dir"]
+)
 def test_disk_error_is_one_clear_error(world, case):
     got = world[0]["disk"][case]
     assert got["error"] is not None, "the save did not report the failure"

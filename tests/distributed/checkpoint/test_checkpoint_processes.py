@@ -2,8 +2,8 @@
 (such as a `multiprocessing` Manager per rank) piles up or lingers across saves."""
 
 import psutil
-
 from checkpoint_toy import ToyJob
+
 from megarl.parallel.spawn import run_distributed
 
 SAVES = 3

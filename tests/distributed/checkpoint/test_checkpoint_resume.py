@@ -9,8 +9,8 @@ done inside it and the numbers compared here.
 
 import numpy as np
 import pytest
-
 from checkpoint_toy import ToyJob
+
 from megarl.parallel.spawn import run_distributed
 
 EXTRA = {"step": 1, "data": {"epoch": 0, "position": 3, "seed": 5}, "note": "résumé"}
@@ -33,7 +33,9 @@ def _original(root: str, tp: int, dist_opt: bool) -> dict:
     step_dir = save_checkpoint(root, 1, job.groups, **job.parts(), extra=EXTRA)
     saved_eval_loss = job.eval_loss()
     after = [job.train_step() for _ in range(2)]
-    return dict(step_dir=str(step_dir), first=first, after=after, eval_loss=saved_eval_loss, weights=job.local_weights())
+    return dict(
+        step_dir=str(step_dir), first=first, after=after, eval_loss=saved_eval_loss, weights=job.local_weights()
+    )
 
 
 def _resumed(step_dir: str, tp: int, dist_opt: bool, other_layout_step_dir: str | None) -> dict:
@@ -44,8 +46,12 @@ def _resumed(step_dir: str, tp: int, dist_opt: bool, other_layout_step_dir: str 
     job = _job(tp, 999, dist_opt)
     fresh_eval_loss = job.eval_loss()
     extra = load_checkpoint(step_dir, job.groups, **job.parts())
-    result = dict(extra=extra, fresh_eval_loss=fresh_eval_loss, after=[job.train_step() for _ in range(2)],
-                  weights=job.local_weights())
+    result = dict(
+        extra=extra,
+        fresh_eval_loss=fresh_eval_loss,
+        after=[job.train_step() for _ in range(2)],
+        weights=job.local_weights(),
+    )
     if other_layout_step_dir is not None:
         try:
             load_checkpoint(other_layout_step_dir, job.groups, **job.parts())

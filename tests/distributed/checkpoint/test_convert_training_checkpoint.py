@@ -11,9 +11,9 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from checkpoint_toy import TINY_QWEN2, ToyJob
 from safetensors.torch import load_file
 
-from checkpoint_toy import TINY_QWEN2, ToyJob
 from megarl.cli.main import main
 from megarl.parallel.spawn import run_distributed
 
@@ -51,8 +51,23 @@ def _hf_tensors(directory: Path) -> dict[str, torch.Tensor]:
 def test_step_dir_converts_to_the_weights_at_that_step(run, tmp_path):
     root, hf_assets = run
     out = tmp_path / "exported"
-    assert main(["convert", "mcore-to-hf", "--ckpt", str(root / STEP), "--hf", str(hf_assets), "--out", str(out),
-                 "--pp", "2"]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                "mcore-to-hf",
+                "--ckpt",
+                str(root / STEP),
+                "--hf",
+                str(hf_assets),
+                "--out",
+                str(out),
+                "--pp",
+                "2",
+            ]
+        )
+        == 0
+    )
     converted, at_step = _hf_tensors(out), _hf_tensors(root / "hf")
     assert converted.keys() == at_step.keys() and "model.embed_tokens.weight" in converted
     for name, tensor in at_step.items():
@@ -89,8 +104,11 @@ def _critic_part(run, tmp_path):
     step = _copy(run, tmp_path, f"ckpt/critic/{STEP}")
     manifest = json.loads((step / "manifest.json").read_text())
     (step / "manifest.json").write_text(json.dumps({**manifest, "roles": ["critic"]}))
-    return step, f"holds the critic model, not the actor: a critic has no HF form; pass the run's actor checkpoint " \
-                 f"({tmp_path / 'ckpt' / STEP})"
+    return (
+        step,
+        f"holds the critic model, not the actor: a critic has no HF form; pass the run's actor checkpoint "
+        f"({tmp_path / 'ckpt' / STEP})",
+    )
 
 
 def _unfinished_save(run, tmp_path):
@@ -100,16 +118,25 @@ def _unfinished_save(run, tmp_path):
 
 
 def _checkpoint_root(run, tmp_path):
-    return run[0], f"is a checkpoint root (checkpoint.dir), not a checkpoint: pass one of its step directories, " \
-                   f"e.g. {run[0] / STEP}"
+    return (
+        run[0],
+        f"is a checkpoint root (checkpoint.dir), not a checkpoint: pass one of its step directories, "
+        f"e.g. {run[0] / STEP}",
+    )
 
 
 def _no_such_step(run, tmp_path):
     return tmp_path / "ckpt" / STEP, "does not exist or is not a directory: pass a step_<N> directory"
 
 
-CASES = {"no such step": _no_such_step, "a missing shard": _missing_shard, "a damaged shard": _damaged_shard, "a critic's part": _critic_part,
-         "a save that did not finish": _unfinished_save, "the checkpoint root": _checkpoint_root}
+CASES = {
+    "no such step": _no_such_step,
+    "a missing shard": _missing_shard,
+    "a damaged shard": _damaged_shard,
+    "a critic's part": _critic_part,
+    "a save that did not finish": _unfinished_save,
+    "the checkpoint root": _checkpoint_root,
+}
 
 
 def _refused(argv: list[str], capsys) -> str:
@@ -140,15 +167,30 @@ def test_step_dir_with_another_models_config_is_refused(run, tmp_path, capsys):
     other = tmp_path / "other_model"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({**TINY_QWEN2, "hidden_size": 128, "num_hidden_layers": 4}))
-    err = _refused(["convert", "mcore-to-hf", "--ckpt", str(run[0] / STEP), "--hf", str(other), "--out",
-                    str(tmp_path / "o")], capsys)
-    assert f"{run[0] / STEP} was not trained from --hf {other}: its actor has hidden size 64, 256 vocabulary rows " \
-           "and [2] layers, that model 128, 256 and [4]; pass the run's model.path as --hf" in err, err
+    err = _refused(
+        ["convert", "mcore-to-hf", "--ckpt", str(run[0] / STEP), "--hf", str(other), "--out", str(tmp_path / "o")],
+        capsys,
+    )
+    assert (
+        f"{run[0] / STEP} was not trained from --hf {other}: its actor has hidden size 64, 256 vocabulary rows "
+        "and [2] layers, that model 128, 256 and [4]; pass the run's model.path as --hf" in err
+    ), err
 
 
 def test_uncached_hub_id_as_hf_names_the_download(run, tmp_path, capsys):
-    err = _refused(["convert", "mcore-to-hf", "--ckpt", str(run[0] / STEP), "--hf", "megarl-tests/not-cached",
-                    "--out", str(tmp_path / "o")], capsys)
+    err = _refused(
+        [
+            "convert",
+            "mcore-to-hf",
+            "--ckpt",
+            str(run[0] / STEP),
+            "--hf",
+            "megarl-tests/not-cached",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capsys,
+    )
     assert "--hf megarl-tests/not-cached is not in the local HF cache: run `hf download megarl-tests/not-cached`" in err
 
 
@@ -158,8 +200,12 @@ def test_hf_with_a_converted_checkpoint_is_refused(tmp_path, capsys):
     converted = tmp_path / "mcore"
     (converted / MODEL_DIR).mkdir(parents=True)
     (converted / ASSETS_DIR).mkdir()
-    write_info(converted, McoreCheckpointInfo(format=FORMAT, tp_size=1, pp_size=1, vocab_divisible_by=128,
-                                              hf_config=TINY_QWEN2))
-    err = _refused(["convert", "mcore-to-hf", "--ckpt", str(converted), "--hf", str(tmp_path), "--out",
-                    str(tmp_path / "o")], capsys)
+    write_info(
+        converted,
+        McoreCheckpointInfo(format=FORMAT, tp_size=1, pp_size=1, vocab_divisible_by=128, hf_config=TINY_QWEN2),
+    )
+    err = _refused(
+        ["convert", "mcore-to-hf", "--ckpt", str(converted), "--hf", str(tmp_path), "--out", str(tmp_path / "o")],
+        capsys,
+    )
     assert f"--hf is for training checkpoints; {converted} carries its HF config and tokenizer: leave --hf out" in err

@@ -14,15 +14,27 @@ from megarl.models.tiny import make_tiny_model
 TINY_MODELS = {
     # head_dim * heads (256) != hidden; llama3 RoPE scaling; untied.
     "llama": dict(
-        hidden_size=128, num_attention_heads=8, num_key_value_heads=4, head_dim=32, num_hidden_layers=2,
+        hidden_size=128,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        num_hidden_layers=2,
         rope_parameters={
-            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
         },
     ),
     # q/k/v biases; tied embeddings.
     "qwen2": dict(
-        hidden_size=256, num_attention_heads=8, num_key_value_heads=4, head_dim=32, num_hidden_layers=2,
+        hidden_size=256,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        num_hidden_layers=2,
         tie_word_embeddings=True,
     ),
     # q/k norms, head_dim * heads != hidden, 2 layers per stage at PP=2.

@@ -120,4 +120,3 @@ def test_logits_match_hf_and_export_is_bit_exact(tiny_models, hf_logits, tmp_pat
     values = results["critic"]
     assert values.shape == (BATCH, SEQ, tp), "one scalar per token on each TP rank"
     assert torch.equal(values[..., :1].expand_as(values), values), "value head differs across TP ranks"
-

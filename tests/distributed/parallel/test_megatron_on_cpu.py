@@ -31,17 +31,34 @@ def _build(tp, pp, use_distributed_optimizer):
 
     groups = initialize_model_parallel(tp, pp, seed=1234)
     config = TransformerConfig(
-        num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2,
-        ffn_hidden_size=128, gated_linear_unit=True, activation_func=torch.nn.functional.silu,
-        normalization="RMSNorm", add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-        use_cpu_initialization=True, params_dtype=torch.float32, pipeline_dtype=torch.float32,
-        bf16=False, fp16=False,
+        num_layers=4,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_query_groups=2,
+        ffn_hidden_size=128,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        normalization="RMSNorm",
+        add_bias_linear=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        pipeline_dtype=torch.float32,
+        bf16=False,
+        fp16=False,
     )
     model = GPTModel(
-        config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
-        max_sequence_length=SEQ, pre_process=groups.is_first_stage, post_process=groups.is_last_stage,
-        share_embeddings_and_output_weights=False, position_embedding_type="rope",
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(),
+        vocab_size=VOCAB,
+        max_sequence_length=SEQ,
+        pre_process=groups.is_first_stage,
+        post_process=groups.is_last_stage,
+        share_embeddings_and_output_weights=False,
+        position_embedding_type="rope",
     )
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, use_distributed_optimizer=use_distributed_optimizer
@@ -50,8 +67,14 @@ def _build(tp, pp, use_distributed_optimizer):
     # The schedules reduce DP gradients (and tied-embedding grads across stages) only through this hook.
     config.finalize_model_grads_func = finalize_model_grads
     optimizer = get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=1e-3, clip_grad=1.0, bf16=False, fp16=False,
-                        use_distributed_optimizer=use_distributed_optimizer),
+        OptimizerConfig(
+            optimizer="adam",
+            lr=1e-3,
+            clip_grad=1.0,
+            bf16=False,
+            fp16=False,
+            use_distributed_optimizer=use_distributed_optimizer,
+        ),
         [ddp_model],
     )
     return groups, config, model, ddp_model, optimizer
@@ -94,8 +117,13 @@ def _train_step(ckpt_dir, tp, pp, use_distributed_optimizer):
 
     def run(forward_only):
         losses = get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter([None]), model=[ddp_model],
-            num_microbatches=1, seq_length=SEQ, micro_batch_size=micro_batch, forward_only=forward_only,
+            forward_step_func=forward_step,
+            data_iterator=iter([None]),
+            model=[ddp_model],
+            num_microbatches=1,
+            seq_length=SEQ,
+            micro_batch_size=micro_batch,
+            forward_only=forward_only,
         )
         loss = torch.tensor([losses[0]["loss"].item() if losses else 0.0])
         # The loss lives on the last stage; share it with the whole pipeline, average it over DP.

@@ -42,6 +42,7 @@ def _leave_exit_work(directory):
     """Registers an atexit handler (must run: a rank's cleanup) and parks an object for module teardown
     (skipped: `spawn._exit_without_finalizing`); returns a large result, which must reach the parent whole."""
     import atexit
+
     import torch.distributed as dist
 
     rank = dist.get_rank()
@@ -112,8 +113,11 @@ assert default_backend() == "gloo"
 """
 
 
-@pytest.mark.parametrize("script", [_CHECK_NOOP_WITH_CUDA, _CHECK_ACTIVE_ON_CPU, _CHECK_CPU_DECIDED_ON_A_GPU_MACHINE],
-                         ids=["cuda-noop", "cpu-active", "cpu-decided-on-gpu-machine"])
+@pytest.mark.parametrize(
+    "script",
+    [_CHECK_NOOP_WITH_CUDA, _CHECK_ACTIVE_ON_CPU, _CHECK_CPU_DECIDED_ON_A_GPU_MACHINE],
+    ids=["cuda-noop", "cpu-active", "cpu-decided-on-gpu-machine"],
+)
 def test_cpu_runtime(script):
     # A fresh interpreter: install() patches process-wide state.
     subprocess.run([sys.executable, "-c", script], check=True)

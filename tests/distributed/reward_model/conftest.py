@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from reward_model_helpers import BATCH_SIZE, make_tiny_reward_model, ragged_batch
 
 from megarl.models.tiny import make_tiny_model
-from reward_model_helpers import BATCH_SIZE, make_tiny_reward_model, ragged_batch
 
 
 @pytest.fixture(scope="session")

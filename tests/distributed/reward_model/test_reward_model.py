@@ -4,10 +4,9 @@ with the file named. One world per layout (spawns are the cost); the tests compa
 
 import pytest
 import torch
+from reward_model_helpers import ragged_batch
 
 from megarl.parallel.spawn import run_distributed
-
-from reward_model_helpers import ragged_batch
 
 ATOL = 1e-4
 

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from worker_batches import BATCH_SIZE, RESPONSE_LEN, ragged_batch
 
 from megarl.models.tiny import make_tiny_model
-from worker_batches import BATCH_SIZE, RESPONSE_LEN, ragged_batch
 
 
 @pytest.fixture(scope="session")

@@ -56,16 +56,36 @@ micro-batches took the fused path)."""
 class ThdDotProductAttention(MegatronModule):
     """TEDotProductAttention's THD contract in plain torch (fp32 softmax, one sequence at a time)."""
 
-    def __init__(self, config, layer_number, attn_mask_type, attention_type, attention_dropout=None,
-                 softmax_scale=None, k_channels=None, v_channels=None, num_splits=None, cp_comm_type="p2p",
-                 pg_collection=None):
+    def __init__(
+        self,
+        config,
+        layer_number,
+        attn_mask_type,
+        attention_type,
+        attention_dropout=None,
+        softmax_scale=None,
+        k_channels=None,
+        v_channels=None,
+        num_splits=None,
+        cp_comm_type="p2p",
+        pg_collection=None,
+    ):
         super().__init__(config)
         if attention_type != "self":
             raise ValueError(f"stand-in: attention_type={attention_type!r}; a GPT decoder uses self-attention")
         self.softmax_scale = softmax_scale or 1.0 / math.sqrt(config.kv_channels)
 
-    def forward(self, query, key, value, attention_mask, attn_mask_type, attention_bias=None,
-                packed_seq_params=None, num_splits=None):
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        attention_mask,
+        attn_mask_type,
+        attention_bias=None,
+        packed_seq_params=None,
+        num_splits=None,
+    ):
         if packed_seq_params is None or packed_seq_params.qkv_format != "thd":
             raise AssertionError("stand-in: the Transformer Engine spec must get every micro-batch as THD")
         if attn_mask_type not in THD_CAUSAL:
@@ -103,8 +123,9 @@ def fused_rope_thd(t, cu_seqlens, freqs, cp_size=1, cp_rank=0):
     if t.dim() != 3:
         raise AssertionError(f"stand-in: fused THD RoPE takes t as [t, h, d], got {tuple(t.shape)}")
     if freqs.dim() != 4 or freqs.shape[1:3] != (1, 1) or freqs.dtype != torch.float32 or freqs.shape[3] > t.shape[2]:
-        raise AssertionError(f"stand-in: freqs must be float32 [s, 1, 1, d2 <= {t.shape[2]}], got "
-                             f"{freqs.dtype} {tuple(freqs.shape)}")
+        raise AssertionError(
+            f"stand-in: freqs must be float32 [s, 1, 1, d2 <= {t.shape[2]}], got {freqs.dtype} {tuple(freqs.shape)}"
+        )
     if (cp_size, cp_rank) != (1, 0):
         raise AssertionError(f"stand-in: megarl runs no context parallelism, got cp_size={cp_size} cp_rank={cp_rank}")
     offsets = _rope_offsets(cu_seqlens, t.shape[0], freqs.shape[0])
@@ -113,7 +134,7 @@ def fused_rope_thd(t, cu_seqlens, freqs, cp_size=1, cp_rank=0):
     starts = torch.tensor(offsets[:-1]).repeat_interleave(lengths)
     positions = torch.arange(t.shape[0]) - starts  # restarting at each sequence
     angles = freqs[positions.to(freqs.device), 0]  # [t, 1, d2]
-    rotated, passed = t[..., : angles.shape[-1]].float(), t[..., angles.shape[-1]:]
+    rotated, passed = t[..., : angles.shape[-1]].float(), t[..., angles.shape[-1] :]
     first, second = rotated.chunk(2, dim=-1)
     out = rotated * angles.cos() + torch.cat([-second, first], dim=-1) * angles.sin()
     return torch.cat([out.to(t.dtype), passed], dim=-1)
@@ -121,8 +142,9 @@ def fused_rope_thd(t, cu_seqlens, freqs, cp_size=1, cp_rank=0):
 
 def _rope_offsets(cu_seqlens, tokens: int, table_rows: int) -> list[int]:
     if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
-        raise AssertionError(f"stand-in: cu_seqlens must be int32 [b + 1], got {cu_seqlens.dtype} "
-                             f"{tuple(cu_seqlens.shape)}")
+        raise AssertionError(
+            f"stand-in: cu_seqlens must be int32 [b + 1], got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}"
+        )
     offsets = cu_seqlens.tolist()
     lengths = [end - start for start, end in zip(offsets, offsets[1:])]
     if offsets[0] != 0 or offsets[-1] != tokens or min(lengths) < 0:

@@ -10,11 +10,10 @@ metrics add up over micro-batches and ranks to the full batch's (`mismatch_metri
 import numpy as np
 import pytest
 import torch
+from worker_batches import ragged_batch
 
 from megarl.algorithms.rollout_correction import mismatch_metrics
 from megarl.parallel.spawn import run_distributed
-
-from worker_batches import ragged_batch
 
 TOKEN_CAP, SEQUENCE_RANGE = 1.5, (0.3, 3.0)
 
@@ -25,8 +24,9 @@ def _update(model_dir, groups, batch, settings):
     from megarl.workers.settings import OptimSettings
 
     actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=0.5, adam_eps=1.0))
-    metrics = actor.update_policy(batch, PolicyLoss(settings), mini_batch_size=len(batch),
-                                  micro_batch_size=len(batch) // 2)
+    metrics = actor.update_policy(
+        batch, PolicyLoss(settings), mini_batch_size=len(batch), micro_batch_size=len(batch) // 2
+    )
     grads = {name: p.main_grad.detach().clone().numpy() for name, p in actor.named_parameters_for_sync()}
     return metrics, grads
 

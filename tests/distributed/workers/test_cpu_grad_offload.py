@@ -12,11 +12,10 @@ to tell apart from the rest.
 """
 
 import pytest
+from worker_batches import ragged_batch
 
 from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import run_distributed
-
-from worker_batches import ragged_batch
 
 GIB = 2**30
 
@@ -38,8 +37,9 @@ def _rank_main(model_dir):
     def update() -> float:
         # On-policy (old = current log-probs): the ratio starts at 1, so the clip cannot zero the gradient.
         batch.old_log_probs, _ = actor.compute_log_prob(batch, micro_batch_size=len(batch))
-        return actor.update_policy(batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=len(batch),
-                                   micro_batch_size=2)["grad_norm"]
+        return actor.update_policy(
+            batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=len(batch), micro_batch_size=2
+        )["grad_norm"]
 
     first_norm = update()
     trained = memory_stats()["rss_gib"]
@@ -50,16 +50,27 @@ def _rank_main(model_dir):
     onloaded = memory_stats()["rss_gib"]
     return dict(
         grad_gib=sum(b.grad_data.numel() * b.grad_data.element_size() for b in buffers) / GIB,
-        freed=trained - offloaded, restored=onloaded - offloaded, sizes_offloaded=sizes_offloaded,
-        zeroed=all(bool((b.grad_data == 0).all()) for b in buffers), first_norm=first_norm, second_norm=update(),
+        freed=trained - offloaded,
+        restored=onloaded - offloaded,
+        sizes_offloaded=sizes_offloaded,
+        zeroed=all(bool((b.grad_data == 0).all()) for b in buffers),
+        first_norm=first_norm,
+        second_norm=update(),
     )
 
 
 @pytest.fixture(scope="module")
 def offload(tmp_path_factory):
-    model_dir = make_tiny_model(tmp_path_factory.mktemp("offload") / "qwen2", "qwen2", hidden_size=512, head_dim=64,
-                                num_attention_heads=8, num_key_value_heads=4, intermediate_size=2048,
-                                num_hidden_layers=4)
+    model_dir = make_tiny_model(
+        tmp_path_factory.mktemp("offload") / "qwen2",
+        "qwen2",
+        hidden_size=512,
+        head_dim=64,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=2048,
+        num_hidden_layers=4,
+    )
     [result] = run_distributed(_rank_main, 1, str(model_dir), timeout_s=300)
     return result
 

@@ -19,12 +19,11 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from worker_batches import left_padded, ragged_batch
 
 from megarl.algorithms.rollout_correction import MISMATCH_METRICS
 from megarl.parallel.spawn import run_distributed
 from megarl.workers.actor import CORRECTION_METRICS
-
-from worker_batches import left_padded, ragged_batch
 
 LR = 0.5
 RTOL = 1e-5
@@ -40,9 +39,7 @@ def _from_ranks(ranks: list[dict]) -> list[dict]:
     return [{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in r.items()} for r in ranks]
 
 
-def _rank_main(
-    model_dir, out_dir, tp, pp, micro_batch_sizes, use_distributed_optimizer, old_log_probs, advantages
-):
+def _rank_main(model_dir, out_dir, tp, pp, micro_batch_sizes, use_distributed_optimizer, old_log_probs, advantages):
     """One world's checks (see the module docstring); returns numbers from every rank."""
     from megarl.algorithms.rollout_correction import RolloutCorrection
     from megarl.models.checkpoint import export_hf_weights
@@ -70,10 +67,14 @@ def _rank_main(
         export_hf_weights(actor.engine.model, Path(out_dir) / f"mb{micro_batch_size}", groups, hf_assets_dir=model_dir)
     # Sequence-mean aggregation with a KL loss and a sequence-level masked IS correction: the sequence
     # count is the global normaliser now, and the step's count of the correction's sequence metrics.
-    seq_loss_fn = PolicyLoss(PolicyLossSettings(
-        loss_agg_mode="seq-mean-token-mean", kl_loss_coef=0.1, mismatch_metrics=True,
-        rollout_correction=RolloutCorrection("sequence", "mask", low=0.5, high=2.0),
-    ))
+    seq_loss_fn = PolicyLoss(
+        PolicyLossSettings(
+            loss_agg_mode="seq-mean-token-mean",
+            kl_loss_coef=0.1,
+            mismatch_metrics=True,
+            rollout_correction=RolloutCorrection("sequence", "mask", low=0.5, high=2.0),
+        )
+    )
     local.ref_log_probs = local.old_log_probs - 0.1
     local.rollout_log_probs = local.old_log_probs + 0.1 * torch.arange(local.response_length)
     out["seq_mean_updates"] = {}
@@ -233,9 +234,11 @@ def layouts(tiny_qwen2, ppo_inputs, tmp_path_factory):
     results = {}
     for name, (world, tp, pp, micro_batch_sizes, dist_opt) in runs.items():
         out_dir = tmp_path_factory.mktemp(name)
-        ranks = _from_ranks(run_distributed(
-            _rank_main, world, str(tiny_qwen2), str(out_dir), tp, pp, micro_batch_sizes, dist_opt, *ppo_inputs
-        ))
+        ranks = _from_ranks(
+            run_distributed(
+                _rank_main, world, str(tiny_qwen2), str(out_dir), tp, pp, micro_batch_sizes, dist_opt, *ppo_inputs
+            )
+        )
         results[name] = (ranks, out_dir)
     return results
 

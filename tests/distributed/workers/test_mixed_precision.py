@@ -15,10 +15,9 @@ import math
 
 import pytest
 import torch
+from worker_batches import ragged_batch
 
 from megarl.parallel.spawn import run_distributed
-
-from worker_batches import ragged_batch
 
 STEPS = 4
 LR = 1e-3
@@ -139,7 +138,8 @@ def bf16_ranks(tiny_qwen2, tmp_path_factory):
 @pytest.mark.parametrize("kind", ["float16_optimizer", "distributed_optimizer"])
 def test_bf16_model_trains_with_fp32_main_params_grads_and_states(bf16_ranks, kind):
     expected_class = {
-        "float16_optimizer": "Float16OptimizerWithFloat16Params", "distributed_optimizer": "DistributedOptimizer"
+        "float16_optimizer": "Float16OptimizerWithFloat16Params",
+        "distributed_optimizer": "DistributedOptimizer",
     }
     for rank in bf16_ranks:
         out = rank[kind]

@@ -9,10 +9,10 @@ One TP-2 world (vocab-parallel log-probs), the loss with every term that reads t
 import numpy as np
 import pytest
 import torch
+from worker_batches import ragged_batch
 
 from megarl.parallel.spawn import run_distributed
 
-from worker_batches import ragged_batch
 
 def _update(actor, batch, loss_fn):
     """The update's metrics, then this rank's gradients and updated weights (Megatron keeps the grads
@@ -34,8 +34,9 @@ def _rank_main(model_dir, advantages, rollout_log_probs):
     groups = initialize_model_parallel(2, 1, seed=0)
     batch = ragged_batch()
     batch.advantages, batch.rollout_log_probs = advantages, rollout_log_probs
-    loss_fn = PolicyLoss(PolicyLossSettings(rollout_correction=RolloutCorrection(high=1.5), mismatch_metrics=True,
-                                            entropy_coeff=0.01))
+    loss_fn = PolicyLoss(
+        PolicyLossSettings(rollout_correction=RolloutCorrection(high=1.5), mismatch_metrics=True, entropy_coeff=0.01)
+    )
     optim = OptimSettings(lr=0.5, adam_eps=1.0)
     out = {}
 
@@ -63,7 +64,9 @@ def ranks(tiny_qwen2):
     gen = torch.Generator().manual_seed(3)
     shape = ragged_batch().responses.shape
     advantages = torch.randn(shape, generator=gen)
-    rollout_log_probs = -2.0 - torch.rand(shape, generator=gen)  # far enough from the policy's that the correction caps some
+    rollout_log_probs = -2.0 - torch.rand(
+        shape, generator=gen
+    )  # far enough from the policy's that the correction caps some
     return run_distributed(_rank_main, 2, str(tiny_qwen2), advantages, rollout_log_probs)
 
 

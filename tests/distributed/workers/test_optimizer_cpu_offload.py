@@ -13,10 +13,9 @@ state for the load, Adam's per-parameter steps).
 
 import pytest
 import torch
+from worker_batches import ragged_batch
 
 from megarl.parallel.spawn import run_distributed
-
-from worker_batches import ragged_batch
 
 FRACTIONS = (0.5, 1.0)
 TOLERANCE = 1e-5
@@ -53,8 +52,12 @@ def _rank_main(model_dir, old_log_probs, advantages):
     batch.old_log_probs, batch.advantages = old_log_probs.split(4)[groups.dp_rank], advantages.split(4)[groups.dp_rank]
     out = {}
     for fraction in (None, *FRACTIONS):
-        optim = OptimSettings(lr=0.01, use_distributed_optimizer=True, cpu_offload=fraction is not None,
-                              cpu_offload_fraction=fraction or 1.0)
+        optim = OptimSettings(
+            lr=0.01,
+            use_distributed_optimizer=True,
+            cpu_offload=fraction is not None,
+            cpu_offload_fraction=fraction or 1.0,
+        )
         actor = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=ModelSettings(dtype="bfloat16"))
         optimizer = actor.engine.optimizer
         hybrid = _inner(optimizer).optimizer
@@ -67,10 +70,15 @@ def _rank_main(model_dir, old_log_probs, advantages):
                 host_optimizers=len(hybrid.cpu_optimizers),
                 device_optimizer=hybrid.gpu_optimizer is not None,
             )
-        metrics = actor.update_policy(batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=len(batch),
-                                      micro_batch_size=2)
-        out[fraction] = dict(built=built, grad_norm=metrics["grad_norm"], main_params=_main_params(optimizer),
-                             params={n: p.detach().float() for n, p in actor.engine.model.module.named_parameters()})
+        metrics = actor.update_policy(
+            batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=len(batch), micro_batch_size=2
+        )
+        out[fraction] = dict(
+            built=built,
+            grad_norm=metrics["grad_norm"],
+            main_params=_main_params(optimizer),
+            params={n: p.detach().float() for n, p in actor.engine.model.module.named_parameters()},
+        )
     return out
 
 
@@ -129,8 +137,11 @@ def _resume_main(model_dir, root, advantages):
 
     def parts(actor):
         engine = actor.engine
-        return dict(models={"actor": [engine.model]}, optimizers={"actor": engine.optimizer},
-                    schedulers={"actor": engine.scheduler})
+        return dict(
+            models={"actor": [engine.model]},
+            optimizers={"actor": engine.optimizer},
+            schedulers={"actor": engine.scheduler},
+        )
 
     def step(actor):
         return actor.update_policy(batch, loss_fn, mini_batch_size=len(batch), micro_batch_size=2)["grad_norm"]
@@ -147,7 +158,8 @@ def _resume_main(model_dir, root, advantages):
 def test_a_resumed_run_continues_as_the_run_that_saved(tiny_qwen2, tmp_path):
     advantages = torch.randn(ragged_batch().response_mask.shape, generator=torch.Generator().manual_seed(9))
     for (running_norm, resumed_norm), (running, resumed) in run_distributed(
-            _resume_main, DP, str(tiny_qwen2), str(tmp_path), advantages):
+        _resume_main, DP, str(tiny_qwen2), str(tmp_path), advantages
+    ):
         assert resumed_norm == pytest.approx(running_norm, rel=TOLERANCE)
         for (shard, main), (resumed_shard, resumed_main) in zip(running, resumed):
             assert float((resumed_main - main).abs().max()) <= TOLERANCE

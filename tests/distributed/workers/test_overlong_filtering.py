@@ -6,10 +6,9 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from worker_batches import ragged_batch
 
 from megarl.parallel.spawn import run_distributed
-
-from worker_batches import ragged_batch
 
 TRUNCATED = torch.tensor([False, True, False, False, True, False, False, False])
 TOLERANCE = 1e-5

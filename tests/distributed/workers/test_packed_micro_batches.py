@@ -11,10 +11,9 @@ row, 96 the whole batch in one row.
 import numpy as np
 import pytest
 import torch
+from worker_batches import ragged_batch
 
 from megarl.parallel.spawn import run_distributed
-
-from worker_batches import ragged_batch
 
 BUDGETS = (11, 24, 96)
 PADDED_MICRO_BATCH = 4

@@ -12,10 +12,9 @@ by tensor parallel size"), so the SP runs also prove the padding to a multiple o
 import numpy as np
 import pytest
 import torch
+from worker_batches import ragged_batch
 
 from megarl.parallel.spawn import run_distributed
-
-from worker_batches import ragged_batch
 
 PADDED_MICRO_BATCH = 4
 BUDGET = 24
@@ -43,8 +42,9 @@ def _rank_main(model_dir, old_log_probs, advantages, returns):
     batch.values, batch.returns = torch.zeros_like(returns), returns
     cuts = {"padded": PADDED_MICRO_BATCH, "packed": TokenBudget(BUDGET, "actor.max_tokens_per_micro_batch")}
     optim = OptimSettings(lr=0.5, adam_eps=1.0)
-    loss_fn = PolicyLoss(PolicyLossSettings(entropy_coeff=0.01, kl_loss_coef=0.1, clip_ratio_low=0.1,
-                                            clip_ratio_high=0.1))
+    loss_fn = PolicyLoss(
+        PolicyLossSettings(entropy_coeff=0.01, kl_loss_coef=0.1, clip_ratio_low=0.1, clip_ratio_high=0.1)
+    )
     out = {}
     for sp in (False, True):
         actor = MegatronActor.from_hf(model_dir, groups, optim=optim, sequence_parallel=sp)
@@ -56,23 +56,33 @@ def _rank_main(model_dir, old_log_probs, advantages, returns):
             widths = [mb.input_ids.shape[1] for mb in micro_batches_of(batch, cut, groups, config)]
             log_probs, entropy = actor.compute_log_prob(batch, micro_batch_size=cut)
             out[sp, name] = dict(
-                sequence_parallel=(config.sequence_parallel, critic.engine.model.config.sequence_parallel,
-                                   reference.chunks[0].config.sequence_parallel),
+                sequence_parallel=(
+                    config.sequence_parallel,
+                    critic.engine.model.config.sequence_parallel,
+                    reference.chunks[0].config.sequence_parallel,
+                ),
                 widths=widths,
-                log_probs=log_probs.numpy(), entropy=entropy.numpy(),
+                log_probs=log_probs.numpy(),
+                entropy=entropy.numpy(),
                 ref_log_probs=reference.compute_ref_log_prob(batch, micro_batch_size=cut).numpy(),
                 values=critic.compute_values(batch, micro_batch_size=cut).numpy(),
             )
         for name, cut in cuts.items():
             actor = MegatronActor.from_hf(model_dir, groups, optim=optim, sequence_parallel=sp)
             torch.manual_seed(1)
-            critic = MegatronCritic.from_hf(model_dir, groups, optim=optim, loss=ValueLossSettings(),
-                                            sequence_parallel=sp)
+            critic = MegatronCritic.from_hf(
+                model_dir, groups, optim=optim, loss=ValueLossSettings(), sequence_parallel=sp
+            )
             metrics = actor.update_policy(batch, loss_fn, mini_batch_size=len(batch), micro_batch_size=cut)
             grads = {n: p.main_grad.detach().clone().numpy() for n, p in actor.engine.model.module.named_parameters()}
             critic_metrics = critic.update_critic(batch, mini_batch_size=len(batch), micro_batch_size=cut)
-            out[sp, name].update(metrics=metrics, grads=grads, params=_snapshot(actor.engine.model.module),
-                                 critic_metrics=critic_metrics, critic_params=_snapshot(critic.engine.model.module))
+            out[sp, name].update(
+                metrics=metrics,
+                grads=grads,
+                params=_snapshot(actor.engine.model.module),
+                critic_metrics=critic_metrics,
+                critic_params=_snapshot(critic.engine.model.module),
+            )
     return out
 
 
@@ -117,8 +127,9 @@ def test_updates_equal_sequence_parallel_off(ranks):
             for key in ("loss", "pg_loss", "kl_loss", "entropy", "grad_norm", "tokens"):
                 assert on["metrics"][key] == pytest.approx(off["metrics"][key], rel=TOLERANCE, abs=TOLERANCE), key
             for key in ("loss", "grad_norm"):
-                assert on["critic_metrics"][key] == pytest.approx(off["critic_metrics"][key], rel=TOLERANCE,
-                                                                  abs=TOLERANCE), f"critic {key}"
+                assert on["critic_metrics"][key] == pytest.approx(
+                    off["critic_metrics"][key], rel=TOLERANCE, abs=TOLERANCE
+                ), f"critic {key}"
             for group in ("grads", "params", "critic_params"):
                 for param, value in off[group].items():
                     diff = _max_diff(on[group][param], value)
@@ -138,14 +149,17 @@ def _pipeline_rank_main(model_dir, advantages):
     out = {}
     for sp in (False, True):
         for name, cut in cuts.items():
-            actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=0.5, adam_eps=1.0),
-                                          sequence_parallel=sp)
+            actor = MegatronActor.from_hf(
+                model_dir, groups, optim=OptimSettings(lr=0.5, adam_eps=1.0), sequence_parallel=sp
+            )
             log_probs, _ = actor.compute_log_prob(batch, micro_batch_size=cut)
             # Exactly on-policy (one mini-batch, one epoch): the update takes its old log-probs from its own forward.
-            metrics = actor.update_policy(batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=len(batch),
-                                          micro_batch_size=cut)
-            out[sp, name] = dict(log_probs=log_probs.numpy(), grad_norm=metrics["grad_norm"],
-                                 params=_snapshot(actor.engine.model.module))
+            metrics = actor.update_policy(
+                batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=len(batch), micro_batch_size=cut
+            )
+            out[sp, name] = dict(
+                log_probs=log_probs.numpy(), grad_norm=metrics["grad_norm"], params=_snapshot(actor.engine.model.module)
+            )
     return out
 
 

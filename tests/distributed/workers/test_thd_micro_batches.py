@@ -23,10 +23,9 @@ tests/gpu/test_thd_cuda.py.
 import numpy as np
 import pytest
 import torch
+from worker_batches import left_padded, ragged_batch
 
 from megarl.parallel.spawn import run_distributed
-
-from worker_batches import left_padded, ragged_batch
 
 CUTS = (4, 11, 24, 96)
 """4 samples per micro-batch, or token budgets: the longest sample alone (11), a few samples, all (the
@@ -48,8 +47,9 @@ def _rank_main(model_dir):
     groups = initialize_model_parallel(1, 2, seed=0)
     optim = OptimSettings(lr=0.5, adam_eps=1.0)
     local = MegatronActor.from_hf(model_dir, groups, optim=optim)
-    te = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=ModelSettings(
-        transformer_impl="transformer_engine"))
+    te = MegatronActor.from_hf(
+        model_dir, groups, optim=optim, model_settings=ModelSettings(transformer_impl="transformer_engine")
+    )
     batch = ragged_batch()
     out = {"impl": te.engine.model.config.transformer_impl}
     out["padded"] = [t.numpy() for t in local.compute_log_prob(batch, micro_batch_size=len(batch))]

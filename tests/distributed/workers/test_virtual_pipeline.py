@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from worker_batches import ragged_batch
 
 from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import run_distributed
-
-from worker_batches import ragged_batch
 
 PP = 2
 TOLERANCE = 1e-5
@@ -44,9 +43,16 @@ def _rank_main(model_dir, out_dir, vpp, advantages):
     batch.advantages = advantages
     actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=0.5, adam_eps=1.0))
     chunks = [chunk.module for chunk in actor.engine.chunks]
-    out = dict(layers=sorted({int(name.split(".")[2]) for name, _ in actor.named_parameters_for_sync()
-                              if name.startswith("decoder.layers.")}),
-               chunks=len(chunks))
+    out = dict(
+        layers=sorted(
+            {
+                int(name.split(".")[2])
+                for name, _ in actor.named_parameters_for_sync()
+                if name.startswith("decoder.layers.")
+            }
+        ),
+        chunks=len(chunks),
+    )
     export_hf_weights(chunks, f"{out_dir}/vpp{vpp}", groups, hf_assets_dir=model_dir)
     packed = TokenBudget(BUDGET, "actor.max_tokens_per_micro_batch")
     out["packed_micro_batches"] = len(micro_batches_of(batch, packed, groups, chunks[0].config))
@@ -55,8 +61,9 @@ def _rank_main(model_dir, out_dir, vpp, advantages):
         out[name] = dict(log_probs=log_probs.numpy(), entropy=entropy.numpy())
     reference = MegatronReference.from_hf(model_dir, groups)
     out["ref_log_probs"] = reference.compute_ref_log_prob(batch, micro_batch_size=PADDED_MICRO_BATCH).numpy()
-    critic = MegatronCritic.from_hf(model_dir, groups, optim=OptimSettings(lr=0.5, adam_eps=1.0),
-                                    loss=ValueLossSettings())
+    critic = MegatronCritic.from_hf(
+        model_dir, groups, optim=OptimSettings(lr=0.5, adam_eps=1.0), loss=ValueLossSettings()
+    )
     if groups.is_last_stage:  # the value head's random draw depends on what was built before it: set it
         head = critic.engine.chunks[-1].module.output_layer.weight
         with torch.no_grad():
@@ -67,13 +74,17 @@ def _rank_main(model_dir, out_dir, vpp, advantages):
     out["critic_metrics"] = critic.update_critic(batch, mini_batch_size=len(batch), micro_batch_size=PADDED_MICRO_BATCH)
     batch.old_log_probs = torch.from_numpy(out["padded"]["log_probs"]) - 0.05
     loss_fn = PolicyLoss(PolicyLossSettings(entropy_coeff=0.01, clip_ratio_low=0.1, clip_ratio_high=0.1))
-    out["metrics"] = actor.update_policy(batch, loss_fn, mini_batch_size=len(batch),
-                                         micro_batch_size=PADDED_MICRO_BATCH)
+    out["metrics"] = actor.update_policy(
+        batch, loss_fn, mini_batch_size=len(batch), micro_batch_size=PADDED_MICRO_BATCH
+    )
     out["params"] = _params(actor)
 
     def states(of):
-        return dict(models={"actor": of.engine.chunks}, optimizers={"actor": of.engine.optimizer},
-                    schedulers={"actor": of.engine.scheduler})
+        return dict(
+            models={"actor": of.engine.chunks},
+            optimizers={"actor": of.engine.optimizer},
+            schedulers={"actor": of.engine.scheduler},
+        )
 
     fresh = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=0.5, adam_eps=1.0))
     if vpp == 1:  # the VPP 2 run's checkpoint (saved first), weights only
@@ -96,16 +107,22 @@ def _params(actor) -> dict[str, np.ndarray]:
 @pytest.fixture(scope="module")
 def tiny_tied(tmp_path_factory):
     """4 layers (one per virtual stage at PP 2 × VPP 2), tied embeddings, a wide init (sharp attention)."""
-    return make_tiny_model(tmp_path_factory.mktemp("vpp") / "qwen2", "qwen2", num_hidden_layers=4,
-                           tie_word_embeddings=True, initializer_range=0.2)
+    return make_tiny_model(
+        tmp_path_factory.mktemp("vpp") / "qwen2",
+        "qwen2",
+        num_hidden_layers=4,
+        tie_word_embeddings=True,
+        initializer_range=0.2,
+    )
 
 
 @pytest.fixture(scope="module")
 def runs(tiny_tied, tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("vpp_export")
     advantages = torch.randn(ragged_batch().response_mask.shape, generator=torch.Generator().manual_seed(5))
-    return {vpp: run_distributed(_rank_main, PP, str(tiny_tied), str(out_dir), vpp, advantages)
-            for vpp in (2, 1)}, out_dir
+    return {
+        vpp: run_distributed(_rank_main, PP, str(tiny_tied), str(out_dir), vpp, advantages) for vpp in (2, 1)
+    }, out_dir
 
 
 def _max_diff(actual, expected, mask=None) -> float:
@@ -151,8 +168,9 @@ def test_update_equals_vpp_off(runs):
         for key in ("loss", "pg_loss", "entropy", "grad_norm", "tokens"):
             assert on["metrics"][key] == pytest.approx(off["metrics"][key], rel=TOLERANCE, abs=TOLERANCE), key
         for key in ("loss", "grad_norm"):
-            assert on["critic_metrics"][key] == pytest.approx(off["critic_metrics"][key], rel=TOLERANCE,
-                                                              abs=TOLERANCE), f"critic {key}"
+            assert on["critic_metrics"][key] == pytest.approx(
+                off["critic_metrics"][key], rel=TOLERANCE, abs=TOLERANCE
+            ), f"critic {key}"
     params = {vpp: {name: value for rank in results[vpp] for name, value in rank["params"].items()} for vpp in (1, 2)}
     assert sorted(params[2]) == sorted(params[1])
     for name, value in params[1].items():

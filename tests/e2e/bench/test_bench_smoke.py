@@ -11,9 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from shm_testing import PrivateShm
 
 from megarl.cli.main import main
-from shm_testing import PrivateShm
 
 REPO = Path(__file__).resolve().parents[3]
 MEGARL = str(Path(sys.executable).with_name("megarl"))
@@ -58,8 +58,11 @@ def test_step(tmp_path):
     assert main(["init-tiny-model", "--out", str(assets / "model")]) == 0
     assert main(["make-data", "--task", "repeat_first_char", "--out", str(assets / "data")]) == 0
     recipe = (REPO / "configs/quickstart.yaml").read_text()
-    recipe = recipe.replace("outputs/tiny-model", str(assets / "model")).replace(
-        "outputs/quickstart-data", str(assets / "data")).replace("outputs/", f"{tmp_path}/outputs/")
+    recipe = (
+        recipe.replace("outputs/tiny-model", str(assets / "model"))
+        .replace("outputs/quickstart-data", str(assets / "data"))
+        .replace("outputs/", f"{tmp_path}/outputs/")
+    )
     (tmp_path / "recipe.yaml").write_text(recipe)
     result = _bench(tmp_path, "step", "--config", str(tmp_path / "recipe.yaml"))
     assert result["repeats"] == 2
@@ -100,8 +103,13 @@ def test_sync(tmp_path):
     small, large = sorted(in_process, key=lambda r: r["bucket_mb"])
     assert small["buckets"] > large["buckets"]
     assert set(result["goals"]) == {
-        "in_process_over_clone", "in_process_over_clone_paired", "cross_process_over_raw",
-        "cross_process_over_raw_paired", "sent_over_receivers_need", "received_over_needed", "peak_over_two_buckets",
+        "in_process_over_clone",
+        "in_process_over_clone_paired",
+        "cross_process_over_raw",
+        "cross_process_over_raw_paired",
+        "sent_over_receivers_need",
+        "received_over_needed",
+        "peak_over_two_buckets",
     }
 
 

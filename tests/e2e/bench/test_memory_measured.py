@@ -36,16 +36,20 @@ def _measure_actor(model_dir: str, groups, distributed_optimizer: bool, dtype: s
     from megarl.workers.settings import ModelSettings, OptimSettings, PolicyLossSettings
 
     actor = MegatronActor.from_hf(
-        model_dir, groups, optim=OptimSettings(lr=1e-3, use_distributed_optimizer=distributed_optimizer),
+        model_dir,
+        groups,
+        optim=OptimSettings(lr=1e-3, use_distributed_optimizer=distributed_optimizer),
         model_settings=ModelSettings(dtype=dtype),
     )
     rows, prompt, response = 2, 4, 3
     generator = torch.Generator().manual_seed(0)  # the same batch on every rank
     batch = PolicyBatch(
-        prompts=torch.randint(3, 90, (rows, prompt), generator=generator), prompt_mask=torch.ones(rows, prompt, dtype=torch.bool),
+        prompts=torch.randint(3, 90, (rows, prompt), generator=generator),
+        prompt_mask=torch.ones(rows, prompt, dtype=torch.bool),
         responses=torch.randint(3, 90, (rows, response), generator=generator),
         response_mask=torch.ones(rows, response, dtype=torch.bool),
-        old_log_probs=torch.full((rows, response), -4.0), advantages=torch.ones(rows, response),
+        old_log_probs=torch.full((rows, response), -4.0),
+        advantages=torch.ones(rows, response),
     )
     actor.update_policy(batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=rows, micro_batch_size=rows)
     ddp = actor.engine.model
@@ -57,7 +61,8 @@ def _measure_actor(model_dir: str, groups, distributed_optimizer: bool, dtype: s
         for inner in megatron_optimizers
         for state in inner.optimizer.state.values()
         for tensor in state.values()
-        if torch.is_tensor(tensor) and tensor.dim() > 0  # Adam's step counter is a scalar, not a state of the size of the model
+        if torch.is_tensor(tensor)
+        and tensor.dim() > 0  # Adam's step counter is a scalar, not a state of the size of the model
     ]
     # The fp32 main parameters of mixed precision (Float16OptimizerWithFloat16Params /
     # DistributedOptimizer); with fp32 parameters there are none apart from the model's own.
@@ -79,8 +84,14 @@ def test_state_bytes_match_a_cpu_actor(model_dir, tp, distributed_optimizer):
     measured = run_distributed(_measure, 2, model_dir, tp, distributed_optimizer, timeout_s=240)
     shape = ModelShape.of(model_dir)
     for dtype in DTYPES:
-        expected = state_bytes(shape, ParallelConfig(tensor_model_parallel_size=tp), 2 // tp, dtype,
-                               distributed_optimizer=distributed_optimizer, trained=True)
+        expected = state_bytes(
+            shape,
+            ParallelConfig(tensor_model_parallel_size=tp),
+            2 // tp,
+            dtype,
+            distributed_optimizer=distributed_optimizer,
+            trained=True,
+        )
         for rank, by_dtype in enumerate(measured):
             got = by_dtype[dtype]
             print(f"{dtype} rank {rank}: measured (params, grads, optimizer) {got} B, estimate {expected} B")

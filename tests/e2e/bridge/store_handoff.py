@@ -7,7 +7,6 @@ from collections.abc import Callable
 from concurrent.futures import Future, wait
 
 import torch
-
 import torch.distributed as dist
 
 

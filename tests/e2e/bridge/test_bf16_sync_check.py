@@ -20,18 +20,18 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from megarl.workers.sync_check import model_in_dtype, wait_for_joins
 from megarl.bridge.checksum import WeightChecksumError, check_checksums, combine, rank_checksums
 from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.bridge.sync import receiving
+from megarl.bridge.sync_group import listen_weight_sync_store
 from megarl.bridge.verify import check_sync, probe_token_ids
-from megarl.workers.sync_probe import probe_policy_batch
 from megarl.config.rollout import LOGPROB_GAP_BY_DTYPE
 from megarl.models.hf_config import read_model_dims
 from megarl.models.tiny import make_tiny_model
-from megarl.bridge.sync_group import listen_weight_sync_store
 from megarl.parallel.spawn import run_distributed
 from megarl.workers.rollout import make_rollout_engine
+from megarl.workers.sync_check import model_in_dtype, wait_for_joins
+from megarl.workers.sync_probe import probe_policy_batch
 
 HOST = "127.0.0.1"
 TIMEOUT_S = 300
@@ -68,8 +68,9 @@ def _injected(kind: str | None):
             tensor.view(torch.int16)[0, 0] += 1
         return tensor
 
-    shard_sync.shard_block, shard_sync.piece_tensor = (wrong_block, wrong_piece) if kind else (original_block,
-                                                                                            original_piece)
+    shard_sync.shard_block, shard_sync.piece_tensor = (
+        (wrong_block, wrong_piece) if kind else (original_block, original_piece)
+    )
     try:
         yield
     finally:
@@ -81,17 +82,18 @@ def _trainer(model_dir: str, port: int, world_size: int) -> list[dict]:
     from megatron.core.utils import unwrap_model
 
     from megarl.bridge import ShardSender, sender_rank
+    from megarl.bridge.sync_group import create_weight_sync_group
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import compute_log_probs, global_named_parameters
-    from megarl.bridge.sync_group import create_weight_sync_group
 
     groups = initialize_model_parallel(LAYOUT.train_tp, LAYOUT.train_pp, seed=0)
     model = model_in_dtype(model_dir, groups, DTYPE)
     assert all(param.dtype == torch.bfloat16 for param in model.parameters())
     plan = _plan(model_dir)
     named = lambda: global_named_parameters(unwrap_model(model), groups)  # noqa: E731
-    group = create_weight_sync_group(HOST, port, sender_rank(LAYOUT, groups.pp_rank, groups.tp_rank), world_size,
-                                     TIMEOUT_S)
+    group = create_weight_sync_group(
+        HOST, port, sender_rank(LAYOUT, groups.pp_rank, groups.tp_rank), world_size, TIMEOUT_S
+    )
     sender = ShardSender(plan, named, groups, group)
     probe = probe_token_ids(plan.dims.vocab_size)
     log_probs, _ = compute_log_probs(model, probe_policy_batch(probe), len(probe), plan.dims.vocab_size, groups)
@@ -106,10 +108,18 @@ def _trainer(model_dir: str, port: int, world_size: int) -> list[dict]:
 @pytest.fixture(scope="module")
 def synced(tmp_path_factory):
     """Per injection: (the actor's checksums, the engine worker's, the actor's and engine's probe log-probs)."""
-    model_dir = str(make_tiny_model(
-        tmp_path_factory.mktemp("bf16_sync"), "qwen2", hidden_size=256, intermediate_size=384,
-        num_attention_heads=8, num_key_value_heads=4, head_dim=32, initializer_range=0.2,
-    ))
+    model_dir = str(
+        make_tiny_model(
+            tmp_path_factory.mktemp("bf16_sync"),
+            "qwen2",
+            hidden_size=256,
+            intermediate_size=384,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=32,
+            initializer_range=0.2,
+        )
+    )
     world_size = LAYOUT.train_tp + LAYOUT.rollout_tp
     # This process hosts the group's store before any rank starts: the engine's worker would otherwise
     # connect before trainer rank 0 (spawned, importing Megatron) listens, and back off for up to a minute.
@@ -117,8 +127,9 @@ def synced(tmp_path_factory):
     port = store.port
     plan, probe = _plan(model_dir), probe_token_ids(100)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        trainers = pool.submit(run_distributed, _trainer, LAYOUT.train_tp, model_dir, port, world_size,
-                               timeout_s=TIMEOUT_S)
+        trainers = pool.submit(
+            run_distributed, _trainer, LAYOUT.train_tp, model_dir, port, world_size, timeout_s=TIMEOUT_S
+        )
         engine = make_rollout_engine("vllm", model_dir, dtype=DTYPE, max_model_len=64)
         try:
             joined = engine.init_weight_sync(HOST, port, world_size, TIMEOUT_S, rank_offset=LAYOUT.train_tp)
@@ -131,8 +142,10 @@ def synced(tmp_path_factory):
             ranks = trainers.result(timeout=TIMEOUT_S)
         finally:
             engine.shutdown()
-    return {kind: (combine(rank[i]["checksums"] for rank in ranks), loaded, torch.tensor(ranks[0][i]["actor"]), lp)
-            for i, (kind, (loaded, lp)) in enumerate(zip(INJECTIONS, after))}
+    return {
+        kind: (combine(rank[i]["checksums"] for rank in ranks), loaded, torch.tensor(ranks[0][i]["actor"]), lp)
+        for i, (kind, (loaded, lp)) in enumerate(zip(INJECTIONS, after))
+    }
 
 
 def test_a_correct_bf16_sync_passes_both_checks(synced):

@@ -28,18 +28,18 @@ import torch
 import torch.distributed as dist
 from store_handoff import load_paused, take
 
-from megarl.workers.sync_check import TrainSettings, train_a_little, trained_actor_and_plan
 from megarl.bridge.checksum import check_checksums, combine, rank_checksums
 from megarl.bridge.collect import local_params_by_plan_name
 from megarl.bridge.per_rank import PerRankSender
 from megarl.bridge.plan import LayoutPair, vllm_vocab_rows
+from megarl.bridge.shared_ring import SLOTS
 from megarl.bridge.transports.shared_memory import SHM_DIR, SharedMemoryTransport
 from megarl.bridge.verify import check_sync, probe_token_ids
-from megarl.workers.sync_probe import actor_probe_logprobs
 from megarl.models.layout import VOCAB
 from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import run_distributed
-from megarl.bridge.shared_ring import SLOTS
+from megarl.workers.sync_check import TrainSettings, train_a_little, trained_actor_and_plan
+from megarl.workers.sync_probe import actor_probe_logprobs
 
 HOST = "127.0.0.1"
 THRESHOLD = 1e-4
@@ -83,7 +83,8 @@ def _trainer(model_dir: str, store_port: int, layout: LayoutPair, shm_dir: str) 
     # The vocabulary goes as vLLM rank r's rows of it, vLLM's padding included (`vllm_vocab_rows`).
     vocab_bytes = sum(
         vllm_vocab_rows(dims, layout.rollout_tp) * math.prod(param.hf_shapes[0][1:]) * 4
-        for param in plan.params if param.kind == VOCAB and param.pp_rank == groups.pp_rank
+        for param in plan.params
+        if param.kind == VOCAB and param.pp_rank == groups.pp_rank
     )
     probe = probe_token_ids(dims.vocab_size)
     rounds: list[dict] = []
@@ -93,14 +94,24 @@ def _trainer(model_dir: str, store_port: int, layout: LayoutPair, shm_dir: str) 
         rings = [None] * dist.get_world_size() if store is not None else None
         dist.gather_object((groups.tp_rank, groups.pp_rank, sender.begin()), rings, dst=0)
         if store is not None:
-            by_rank = {tp: [ring for _, _, ring in sorted((pp, i, r) for i, (t, pp, r) in enumerate(rings) if t == tp)]
-                       for tp in range(layout.train_tp)}
+            by_rank = {
+                tp: [ring for _, _, ring in sorted((pp, i, r) for i, (t, pp, r) in enumerate(rings) if t == tp)]
+                for tp in range(layout.train_tp)
+            }
             store.set(f"round{round_index}", pickle.dumps(by_rank))
         with _SendCounter() as sent:
             stats = sender.send()
-        rounds.append(dict(actor=logprobs.tolist(), sent=sent.bytes, bytes=stats.bytes_sent, buckets=stats.buckets,
-                           peak_shared=transport.peak_shared_bytes, largest=transport.largest_bucket_bytes,
-                           checksums=rank_checksums(plan, actor.named_parameters_for_sync(), groups, "float32")))
+        rounds.append(
+            dict(
+                actor=logprobs.tolist(),
+                sent=sent.bytes,
+                bytes=stats.bytes_sent,
+                buckets=stats.buckets,
+                peak_shared=transport.peak_shared_bytes,
+                largest=transport.largest_bucket_bytes,
+                checksums=rank_checksums(plan, actor.named_parameters_for_sync(), groups, "float32"),
+            )
+        )
     return dict(tp_rank=groups.tp_rank, rounds=rounds, own_bytes=shard_bytes + vocab_bytes)
 
 
@@ -129,9 +140,10 @@ def _sync_rounds(model_dir, tp: int, pp: int = 1) -> list[dict]:
         try:
             for round_index in range(ROUNDS):
                 rings_by_rank = pickle.loads(take(store, f"round{round_index}", trainers))
-                assert {rank: len(rings) for rank, rings in rings_by_rank.items()} == {r: pp for r in range(tp)}
+                assert {rank: len(rings) for rank, rings in rings_by_rank.items()} == dict.fromkeys(range(tp), pp)
                 engine_logprobs.append(
-                    load_paused(engine, lambda: engine.load_rank_rings(rings_by_rank), probe, TIMEOUT_S))
+                    load_paused(engine, lambda: engine.load_rank_rings(rings_by_rank), probe, TIMEOUT_S)
+                )
                 loaded.append(engine.loaded_checksums())
             ranks = trainers.result(timeout=TIMEOUT_S)
             assert engine.weight_version == ROUNDS
@@ -159,8 +171,14 @@ def _sync_rounds(model_dir, tp: int, pp: int = 1) -> list[dict]:
 
 def test_train_tp2_syncs_per_rank_into_rollout_tp2_without_gathering(tmp_path):
     model_dir = make_tiny_model(
-        tmp_path, "qwen2", hidden_size=256, intermediate_size=384,
-        num_attention_heads=8, num_key_value_heads=4, head_dim=32, initializer_range=0.2,
+        tmp_path,
+        "qwen2",
+        hidden_size=256,
+        intermediate_size=384,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        initializer_range=0.2,
     )
     _sync_rounds(model_dir, tp=2)
 

@@ -19,17 +19,17 @@ import torch
 import torch.distributed as dist
 from store_handoff import load_paused, take
 
-from megarl.workers.sync_check import TrainSettings, train_a_little, trained_actor_and_plan
 from megarl.bridge.checksum import check_checksums, combine, rank_checksums
 from megarl.bridge.plan import LayoutPair
+from megarl.bridge.shared_ring import SLOTS
 from megarl.bridge.sync import WeightSender
 from megarl.bridge.transports import SharedMemoryTransport
 from megarl.bridge.verify import check_sync, probe_token_ids
-from megarl.workers.sync_probe import actor_probe_logprobs
 from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import run_distributed
 from megarl.workers.rollout import make_rollout_engine
-from megarl.bridge.shared_ring import SLOTS
+from megarl.workers.sync_check import TrainSettings, train_a_little, trained_actor_and_plan
+from megarl.workers.sync_probe import actor_probe_logprobs
 
 HOST = "127.0.0.1"
 THRESHOLD = 1e-4
@@ -59,11 +59,21 @@ def _trainer(model_dir: str, store_port: int) -> list[dict] | None:
             store.set(f"round{round_index}", pickle.dumps(transport.begin()))
             slot_paths.append(list(transport.slot_paths))
         stats = sender.send()
-        results.append(dict(actor=logprobs.tolist(), buckets=stats.buckets, suspects=sender.conversion_errors(),
-                            checksums=rank_checksums(plan, actor.named_parameters_for_sync(), groups, "float32")))
+        results.append(
+            dict(
+                actor=logprobs.tolist(),
+                buckets=stats.buckets,
+                suspects=sender.conversion_errors(),
+                checksums=rank_checksums(plan, actor.named_parameters_for_sync(), groups, "float32"),
+            )
+        )
         if transport is not None:
-            results[-1].update(bytes_sent=stats.bytes_sent, peak_shared_bytes=transport.peak_shared_bytes,
-                               largest_bucket_bytes=transport.largest_bucket_bytes, slot_paths=slot_paths[-1])
+            results[-1].update(
+                bytes_sent=stats.bytes_sent,
+                peak_shared_bytes=transport.peak_shared_bytes,
+                largest_bucket_bytes=transport.largest_bucket_bytes,
+                slot_paths=slot_paths[-1],
+            )
     return results
 
 
@@ -83,7 +93,9 @@ def test_train_tp2_syncs_into_rollout_tp2_through_shared_memory(model_dir):
         try:
             for round_index in range(ROUNDS):
                 ring = pickle.loads(take(store, f"round{round_index}", trainers))
-                engine_logprobs.append(load_paused(engine, lambda: engine.load_shared_buckets({0: ring, 1: ring}), probe, TIMEOUT_S))
+                engine_logprobs.append(
+                    load_paused(engine, lambda: engine.load_shared_buckets({0: ring, 1: ring}), probe, TIMEOUT_S)
+                )
                 loaded.append(engine.loaded_checksums())
             per_rank = trainers.result(timeout=TIMEOUT_S)
             rounds = per_rank[0]
@@ -95,8 +107,13 @@ def test_train_tp2_syncs_into_rollout_tp2_through_shared_memory(model_dir):
         expected = combine(rank_rounds[index]["checksums"] for rank_rounds in per_rank)
         assert len(loaded[index]) == LAYOUT.rollout_tp and all(set(w.full) == set(expected) for w in loaded[index])
         check_checksums(expected, loaded[index], dtype="float32", layout=LAYOUT, engine="the engine")
-        metrics = check_sync(list(after), torch.tensor(trained["actor"]), threshold=THRESHOLD, layout=LAYOUT,
-                             suspects=trained["suspects"])
+        metrics = check_sync(
+            list(after),
+            torch.tensor(trained["actor"]),
+            threshold=THRESHOLD,
+            layout=LAYOUT,
+            suspects=trained["suspects"],
+        )
         assert metrics["sync/logprob_max_abs_diff"] <= THRESHOLD
         # The sync's footprint in /dev/shm: two slots, each at most the largest bucket, not the model.
         assert trained["peak_shared_bytes"] <= SLOTS * trained["largest_bucket_bytes"] < trained["bytes_sent"]

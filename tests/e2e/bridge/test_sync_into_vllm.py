@@ -14,13 +14,13 @@ tied embeddings into vLLM are covered by test_tied_sync.py."""
 from __future__ import annotations
 
 import pytest
+from shm_testing import PrivateShm
 
-from megarl.workers.sync_check import run_colocated_check, run_sync_check
 from megarl.models.hf_config import read_model_dims
 from megarl.models.layout import hf_param_shapes
 from megarl.models.tiny import make_tiny_model
 from megarl.workers.rollout import make_rollout_engine
-from shm_testing import PrivateShm
+from megarl.workers.sync_check import run_colocated_check, run_sync_check
 
 THRESHOLD = 1e-4
 TRAIN_LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2)]
@@ -32,13 +32,21 @@ def model(request, tmp_path_factory):
     """(model dir, {rollout TP: engine}) of one architecture, shared by every layout."""
     arch = request.param
     model_dir = make_tiny_model(
-        tmp_path_factory.mktemp(f"bridge_{arch}"), arch, hidden_size=256, intermediate_size=384,
-        num_attention_heads=8, num_key_value_heads=4, head_dim=32, initializer_range=0.2,
+        tmp_path_factory.mktemp(f"bridge_{arch}"),
+        arch,
+        hidden_size=256,
+        intermediate_size=384,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        initializer_range=0.2,
     )
     engines = {}
     try:
         for tp in (1, 2):
-            engines[tp] = make_rollout_engine("vllm", model_dir, tensor_parallel_size=tp, dtype="float32", max_model_len=64)
+            engines[tp] = make_rollout_engine(
+                "vllm", model_dir, tensor_parallel_size=tp, dtype="float32", max_model_len=64
+            )
         yield model_dir, engines
     finally:
         for engine in engines.values():
@@ -73,8 +81,20 @@ def test_check_sync_command_reports_the_gap_and_leaves_no_shared_memory(tmp_path
 
     model_dir = make_tiny_model(tmp_path / "model", "qwen2")
     shm = PrivateShm.make()
-    command = [sys.executable, "-m", "megarl.cli.main", "check-sync", "--model", str(model_dir),
-               "--train-tp", "2", "--rollout-tp", "2", "--rounds", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "megarl.cli.main",
+        "check-sync",
+        "--model",
+        str(model_dir),
+        "--train-tp",
+        "2",
+        "--rollout-tp",
+        "2",
+        "--rounds",
+        "1",
+    ]
     seen: set[str] = set()
     try:
         with (tmp_path / "out").open("w+") as out, (tmp_path / "err").open("w+") as err:
@@ -98,7 +118,9 @@ def test_check_sync_command_reports_the_gap_and_leaves_no_shared_memory(tmp_path
 
 def test_colocated_vllm_in_the_trainer_process(tmp_path):
     """The in-process transport into TP-1 vLLM engines, one inside each training rank's process."""
-    model_dir = make_tiny_model(tmp_path / "model", "qwen2", num_attention_heads=8, hidden_size=256, num_key_value_heads=4)
+    model_dir = make_tiny_model(
+        tmp_path / "model", "qwen2", num_attention_heads=8, hidden_size=256, num_key_value_heads=4
+    )
     per_rank = run_colocated_check(
         model_dir, train_tp=2, train_pp=1, backend="vllm", threshold=THRESHOLD, rounds=2, bucket_mb=0.25
     )

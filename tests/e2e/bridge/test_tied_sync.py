@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from megarl.workers.sync_check import run_sync_check
 from megarl.bridge.verify import probe_token_ids
 from megarl.models.tiny import make_tiny_model
 from megarl.workers.rollout import make_rollout_engine
+from megarl.workers.sync_check import run_sync_check
 
 THRESHOLD = 1e-4
 TIED = dict(tie_word_embeddings=True, initializer_range=0.2)

@@ -7,12 +7,12 @@ import pytest
 import ray
 from ray._private.node import Node
 from ray._private.parameter import RayParams
+from ray.util.placement_group import remove_placement_group
 
 from megarl.orchestration.cluster import LOCAL_HOST, init_ray, shutdown_ray
 from megarl.orchestration.placement import BundleSpec, create_placement_group
 from megarl.orchestration.worker_group import WorkerGroup
 from megarl.trainer.roles import process_share
-from ray.util.placement_group import remove_placement_group
 
 GPUS_PER_NODE = 4
 CPUS_PER_NODE = 2 * GPUS_PER_NODE
@@ -34,10 +34,17 @@ def two_node_cluster():
         second = None
         try:
             second = Node(
-                RayParams(num_cpus=CPUS_PER_NODE, num_gpus=GPUS_PER_NODE, node_ip_address=LOCAL_HOST,
-                          gcs_address=ray.get_runtime_context().gcs_address, include_log_monitor=False,
-                          object_store_memory=150 * 1024**2),
-                head=False, shutdown_at_exit=True, spawn_reaper=False,
+                RayParams(
+                    num_cpus=CPUS_PER_NODE,
+                    num_gpus=GPUS_PER_NODE,
+                    node_ip_address=LOCAL_HOST,
+                    gcs_address=ray.get_runtime_context().gcs_address,
+                    include_log_monitor=False,
+                    object_store_memory=150 * 1024**2,
+                ),
+                head=False,
+                shutdown_at_exit=True,
+                spawn_reaper=False,
             )
             assert ray.cluster_resources()["GPU"] == 2 * GPUS_PER_NODE
             yield
@@ -58,8 +65,17 @@ def place(name: str, policy_ranks: int, rollout_ranks: int, colocated: bool) -> 
     groups = []
     try:
         groups.append(WorkerGroup(f"{name}-policy", PROBE, policy_ranks, pg, role, env=ENV))
-        groups.append(WorkerGroup(f"{name}-rollout", PROBE, rollout_ranks, pg, role, env=ENV,
-                                  bundles=range(0 if colocated else policy_ranks, bundles)))
+        groups.append(
+            WorkerGroup(
+                f"{name}-rollout",
+                PROBE,
+                rollout_ranks,
+                pg,
+                role,
+                env=ENV,
+                bundles=range(0 if colocated else policy_ranks, bundles),
+            )
+        )
         return tuple(group.call_all("report") for group in groups)
     finally:
         for group in groups:

@@ -71,8 +71,11 @@ def placement_report() -> dict:
 
     names = ray._private.worker.global_worker.core_worker.resource_ids()
     bundles = {int(match.group(1)) for name in names if (match := re.search(r"_group_(\d+)_", name))}
-    return {"bundles": sorted(bundles), "gpu_ids": sorted(str(gpu) for gpu in ray.get_gpu_ids()),
-            "node": ray.get_runtime_context().get_node_id()}
+    return {
+        "bundles": sorted(bundles),
+        "gpu_ids": sorted(str(gpu) for gpu in ray.get_gpu_ids()),
+        "node": ray.get_runtime_context().get_node_id(),
+    }
 
 
 class TensorParallelWorkerProbe:
@@ -98,16 +101,23 @@ class EngineProbe:
         assert len(bundles) == tensor_parallel_size
         share = float(os.environ["VLLM_RAY_PER_WORKER_GPUS"])
         self.workers = [
-            ray.remote(TensorParallelWorkerProbe).options(
-                num_cpus=0, num_gpus=share,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group,
-                                                                     placement_group_bundle_index=bundle),
-            ).remote()
+            ray.remote(TensorParallelWorkerProbe)
+            .options(
+                num_cpus=0,
+                num_gpus=share,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=group, placement_group_bundle_index=bundle
+                ),
+            )
+            .remote()
             for bundle in bundles
         ]
 
     def report(self) -> dict:
         import ray
 
-        return {**placement_report(), "backend": dist.get_backend(),
-                "workers": ray.get([worker.report.remote() for worker in self.workers])}
+        return {
+            **placement_report(),
+            "backend": dist.get_backend(),
+            "workers": ray.get([worker.report.remote() for worker in self.workers]),
+        }

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from netns_testing import skip_reason, two_hosts
+
 from tests.e2e.reliability.reliability_job import make_workspace
 
 pytestmark = [pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or ""), pytest.mark.slow]
@@ -36,38 +36,81 @@ sees the dead rank (`WorkerFailure`) and the run stops."""
 
 def environment() -> dict[str, str]:
     """The venv's tools first on PATH (the scripts call `ray`, the job calls `megarl`), this checkout importable."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
         env.pop(name, None)
     # As scripts/lib/ray_node.sh: a token on this machine turns Ray's token authentication on, and the
     # state CLI sends it only when told to.
     token_file = Path(env.get("RAY_AUTH_TOKEN_PATH", Path.home() / ".ray" / "auth_token"))
-    if "RAY_AUTH_MODE" not in env and (env.get("RAY_AUTH_TOKEN") or (token_file.is_file() and token_file.stat().st_size)):
+    if "RAY_AUTH_MODE" not in env and (
+        env.get("RAY_AUTH_TOKEN") or (token_file.is_file() and token_file.stat().st_size)
+    ):
         env["RAY_AUTH_MODE"] = "token"
     return env
 
 
 def start_node(host, script: str, temp_dir: str, *args: str) -> None:
-    done = host.run(["bash", str(REPO / "scripts" / script), "--iface", host.iface, "--num-cpus", "2", "--num-gpus",
-                     "0", "--temp-dir", temp_dir, "--timeout", "120", *args],
-                    env=environment(), capture_output=True, text=True, timeout=240)
+    done = host.run(
+        [
+            "bash",
+            str(REPO / "scripts" / script),
+            "--iface",
+            host.iface,
+            "--num-cpus",
+            "2",
+            "--num-gpus",
+            "0",
+            "--temp-dir",
+            temp_dir,
+            "--timeout",
+            "120",
+            *args,
+        ],
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
 def stop_node(host, temp_dir: str) -> None:
-    host.run(["bash", str(REPO / "scripts" / "stop.sh"), "--temp-dir", temp_dir, "--timeout", "2"],
-             env=environment(), capture_output=True, timeout=120)
+    host.run(
+        ["bash", str(REPO / "scripts" / "stop.sh"), "--temp-dir", temp_dir, "--timeout", "2"],
+        env=environment(),
+        capture_output=True,
+        timeout=120,
+    )
 
 
 def submit(host, workspace: Path, out: Path) -> subprocess.Popen:
     """`megarl train` of the workspace's recipe as a Ray job from host A; output in out/submit.log."""
     out.mkdir(parents=True, exist_ok=True)
-    command = ["bash", str(REPO / "scripts" / "submit.sh"), "--wait-nodes", "2", "--wait-timeout", "120", "--",
-               "megarl", "train", str(workspace / "recipe.yaml"), "placement.mode=split", "placement.nnodes=2",
-               "placement.gpus_per_node=2", "placement.rollout_gpus=2", f"trainer.total_steps={STEPS}",
-               "checkpoint.save_freq=1", f"trainer.output_dir={out}", f"checkpoint.dir={out / 'ckpt'}",
-               "trainer.hang_timeout_s=60"]
+    command = [
+        "bash",
+        str(REPO / "scripts" / "submit.sh"),
+        "--wait-nodes",
+        "2",
+        "--wait-timeout",
+        "120",
+        "--",
+        "megarl",
+        "train",
+        str(workspace / "recipe.yaml"),
+        "placement.mode=split",
+        "placement.nnodes=2",
+        "placement.gpus_per_node=2",
+        "placement.rollout_gpus=2",
+        f"trainer.total_steps={STEPS}",
+        "checkpoint.save_freq=1",
+        f"trainer.output_dir={out}",
+        f"checkpoint.dir={out / 'ckpt'}",
+        "trainer.hang_timeout_s=60",
+    ]
     with open(out / "submit.log", "ab") as log:
         return host.popen(command, env=environment(), stdout=log, stderr=subprocess.STDOUT)
 
@@ -86,10 +129,26 @@ def wait_for(condition, what: str, timeout_s: float) -> None:
 
 def rank_nodes(host) -> list[str]:
     """The node address of each alive megarl rank process (Ray's state API, asked on the head's host)."""
+
     def listed(kind: str, *filters: str) -> list[dict]:
-        done = host.run(["ray", "list", kind, "--address", "http://127.0.0.1:8265", "--format", "json", "--limit",
-                         "1000", *[arg for f in filters for arg in ("--filter", f)]],
-                        env=environment(), capture_output=True, text=True, timeout=60)
+        done = host.run(
+            [
+                "ray",
+                "list",
+                kind,
+                "--address",
+                "http://127.0.0.1:8265",
+                "--format",
+                "json",
+                "--limit",
+                "1000",
+                *[arg for f in filters for arg in ("--filter", f)],
+            ],
+            env=environment(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         text = done.stdout.strip()
         # Ray's state CLI prints an empty listing as a sentence, not as JSON (state_cli.format_list_api_output).

@@ -15,8 +15,11 @@ RAY_PROCESSES = ("raylet", "gcs_server")
 
 
 def _ray_children() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True)
-            if any(name in " ".join(p.cmdline()) for name in RAY_PROCESSES)]
+    return [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if any(name in " ".join(p.cmdline()) for name in RAY_PROCESSES)
+    ]
 
 
 @ray.remote

@@ -15,8 +15,12 @@ from megarl.orchestration.placement import BundleSpec, create_placement_group
 from megarl.parallel.device import worker_env
 from megarl.trainer import ray_node, roles
 
-SEEDS = {"data": {"train_batch_size": 12}, "rollout": {"n": 8, "tensor_model_parallel_size": 2},
-         "actor": {"ppo_mini_batch_size": 12, "micro_batch_size_per_gpu": 8}, "placement": {"gpus_per_node": 6}}
+SEEDS = {
+    "data": {"train_batch_size": 12},
+    "rollout": {"n": 8, "tensor_model_parallel_size": 2},
+    "actor": {"ppo_mini_batch_size": 12, "micro_batch_size_per_gpu": 8},
+    "placement": {"gpus_per_node": 6},
+}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +50,10 @@ def test_the_seeds_engines_span_their_bundle_pairs(cluster, monkeypatch):
     try:
         engines = group.call_all("report")
         assert [(engine["bundles"], engine["gpu_ids"], engine["backend"]) for engine in engines] == [
-            ([slots[0]], [], "gloo"), ([slots[2]], [], "gloo"), ([slots[4]], [], "gloo")]
+            ([slots[0]], [], "gloo"),
+            ([slots[2]], [], "gloo"),
+            ([slots[4]], [], "gloo"),
+        ]
         workers = [worker for engine in engines for worker in engine["workers"]]
         assert [worker["bundles"] for worker in workers] == [[slot] for slot in slots]
         assert len({gpu for worker in workers for gpu in worker["gpu_ids"]}) == 6

@@ -5,11 +5,11 @@ import signal
 
 import psutil
 import pytest
+from ray.util.placement_group import remove_placement_group
 
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group
 from megarl.orchestration.worker_group import WorkerFailure, WorkerGroup
-from ray.util.placement_group import remove_placement_group
 
 TARGET = "tests.e2e.orchestration.targets:SumWorker"
 
@@ -67,7 +67,9 @@ def test_an_argument_shared_by_ranks_is_stored_once_and_unwanted_results_stay_in
 
 def test_remote_exception_names_role_rank_and_traceback(make_group):
     group = make_group("failing")
-    with pytest.raises(WorkerFailure, match=r"failing rank 1 failed:(.|\n)*ValueError: deliberate failure on rank 1") as info:
+    with pytest.raises(
+        WorkerFailure, match=r"failing rank 1 failed:(.|\n)*ValueError: deliberate failure on rank 1"
+    ) as info:
         group.call_all("fail_on", 1)
     assert (info.value.role, info.value.rank) == ("failing", 1)
     _assert_gone(group.pids)
@@ -93,8 +95,11 @@ def test_stopped_rank_is_named_by_its_silent_heartbeat(make_group):
     group = make_group("stopping", hang_timeout_s=3)
     os.kill(group.pids[1], signal.SIGSTOP)
     try:
-        with pytest.raises(WorkerFailure, match=r"stopping rank 1 failed:\n\(process \d+ on node [\d.]+\) ranks \[1\] "
-                                                r"are alive but not running .*no heartbeat for 3 s") as info:
+        with pytest.raises(
+            WorkerFailure,
+            match=r"stopping rank 1 failed:\n\(process \d+ on node [\d.]+\) ranks \[1\] "
+            r"are alive but not running .*no heartbeat for 3 s",
+        ) as info:
             group.call_all("all_reduce", 1.0)
         assert (info.value.pid, info.value.node) == (group.pids[1], group.nodes[1])
         _assert_gone(group.pids)
@@ -108,8 +113,11 @@ def test_a_peers_collective_timeout_defers_to_the_stopped_rank(make_group):
     group = make_group("timing-out", collective_timeout_s=1)
     os.kill(group.pids[1], signal.SIGSTOP)
     try:
-        with pytest.raises(WorkerFailure, match=r"timing-out rank 1 failed:(.|\n)*ranks \[1\] are alive but not running "
-                                                r"(.|\n)*while rank 0's call failed(.|\n)*") as info:
+        with pytest.raises(
+            WorkerFailure,
+            match=r"timing-out rank 1 failed:(.|\n)*ranks \[1\] are alive but not running "
+            r"(.|\n)*while rank 0's call failed(.|\n)*",
+        ) as info:
             group.call_all("all_reduce", 1.0)
         assert info.value.pid == group.pids[1]
         _assert_gone(group.pids)

@@ -1,7 +1,6 @@
 """Fixtures of the reliability tests: one tiny workspace (model, data, recipe) for the whole session."""
 
 import pytest
-
 from reliability_job import make_workspace
 
 

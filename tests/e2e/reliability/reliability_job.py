@@ -28,11 +28,11 @@ from pathlib import Path
 
 import psutil
 import yaml
+from shm_testing import PrivateShm
 
 from megarl.models.tiny import make_tiny_model
 from megarl.rewards.tasks import repeat_first_char_rows
 from megarl.trainer.checkpoint_manager import Checkpoint, CheckpointManager
-from shm_testing import PrivateShm
 
 REWARDS_MODULE = '''"""Reward functions of the reliability tests (the job finds this module through PYTHONPATH)."""
 import json
@@ -98,9 +98,19 @@ class Job:
     def start(cls, workspace: Path, run_dir: Path, overrides: list[str], env: dict[str, str] | None = None) -> Job:
         """`megarl train` of the workspace's recipe, writing under `run_dir`."""
         checkpoint_dir = run_dir / "checkpoints"
-        return cls.launch(["train", str(workspace / "recipe.yaml"), f"trainer.output_dir={run_dir}",
-                           "trainer.experiment_name=job", f"checkpoint.dir={checkpoint_dir}", *overrides],
-                          workspace, run_dir, env)
+        return cls.launch(
+            [
+                "train",
+                str(workspace / "recipe.yaml"),
+                f"trainer.output_dir={run_dir}",
+                "trainer.experiment_name=job",
+                f"checkpoint.dir={checkpoint_dir}",
+                *overrides,
+            ],
+            workspace,
+            run_dir,
+            env,
+        )
 
     @classmethod
     def launch(cls, megarl_args: list[str], cwd: Path, run_dir: Path, env: dict[str, str] | None = None) -> Job:
@@ -112,8 +122,14 @@ class Job:
         full_env.pop("RAY_ADDRESS", None)
         shm = PrivateShm.make()
         with log.open("wb") as sink:
-            process = subprocess.Popen(shm.wrap([MEGARL, *megarl_args]), cwd=cwd, env=full_env, stdout=sink,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                shm.wrap([MEGARL, *megarl_args]),
+                cwd=cwd,
+                env=full_env,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         return cls(process, run_dir, run_dir / "checkpoints", ray_tmp, log, shm)
 
     @property
@@ -160,7 +176,9 @@ class Job:
         while not condition():
             self.descendants()
             if self.process.poll() is not None:
-                raise AssertionError(f"the job exited ({self.process.returncode}) before {what}:\n{self.output()[-4000:]}")
+                raise AssertionError(
+                    f"the job exited ({self.process.returncode}) before {what}:\n{self.output()[-4000:]}"
+                )
             if time.monotonic() > deadline:
                 raise AssertionError(f"no {what} within {timeout_s:.0f} s:\n{self.output()[-4000:]}")
             time.sleep(POLL_S)
@@ -172,8 +190,10 @@ class Job:
         except subprocess.TimeoutExpired:
             stacks = self.driver_stacks()
             self.cleanup()
-            raise AssertionError(f"the job did not end within {timeout_s:.0f} s:\n{self.output()[-4000:]}\n"
-                                 f"the driver's threads at the deadline:\n{stacks}") from None
+            raise AssertionError(
+                f"the job did not end within {timeout_s:.0f} s:\n{self.output()[-4000:]}\n"
+                f"the driver's threads at the deadline:\n{stacks}"
+            ) from None
 
     def driver_stacks(self) -> str:
         """Where the driver is stuck, so a hang seen once in CI can be diagnosed from its log."""
@@ -203,7 +223,7 @@ class Job:
         self.shm.remove()
 
 
-def failed_run_state(job: "Job", failed_step: int) -> tuple[list[dict], "Checkpoint"]:
+def failed_run_state(job: Job, failed_step: int) -> tuple[list[dict], Checkpoint]:
     """After `job` failed during `failed_step` (checkpoints every 2 steps): its records, which end at the
     step before, and its newest checkpoint, the last even step before the failure (verified)."""
     logged = job.metrics()
@@ -228,8 +248,12 @@ def assert_trained_alike(again: list[dict], before: list[dict]) -> None:
 def python_stacks(pid: int) -> str:
     """Every thread's Python stack of process `pid` (py-spy, a dependency of the test set)."""
     try:
-        return subprocess.run([str(Path(sys.executable).with_name("py-spy")), "dump", "--pid", str(pid)],
-                              capture_output=True, text=True, timeout=60).stdout
+        return subprocess.run(
+            [str(Path(sys.executable).with_name("py-spy")), "dump", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"(py-spy failed: {error})"
 

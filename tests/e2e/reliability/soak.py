@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
-from reliability_job import Job, make_workspace  # noqa: E402
+from reliability_job import Job, make_workspace
 
 MIB = 1024 * 1024
 RSS_GROWTH_BOUND_MIB = 64.0
@@ -46,7 +46,9 @@ def role_of(process: psutil.Process, driver_pid: int, rollout_pids: set[int]) ->
     if "megarl.rewards.worker" in line:
         return "reward"
     if "from multiprocessing." in line:
-        return "mp_helper"  # e.g. the save worker (and its resource tracker) a policy rank starts at its first checkpoint
+        return (
+            "mp_helper"  # e.g. the save worker (and its resource tracker) a policy rank starts at its first checkpoint
+        )
     return "ray"
 
 
@@ -90,14 +92,18 @@ def summarize(samples: list[dict], warmup: int) -> dict:
     head, tail = settled[:WINDOW], settled[-WINDOW:]
     summary = {"from_step": head[0]["step"], "to_step": tail[-1]["step"], "samples": len(settled), "roles": {}}
     for role in sorted(set(head[0]["roles"]) & set(tail[-1]["roles"])):
+
         def median(window, key):
             return statistics.median(s["roles"].get(role, {}).get(key, 0) for s in window)
+
         summary["roles"][role] = {
             "processes": tail[-1]["roles"][role]["processes"],
-            "rss_start_mib": round(median(head, "rss_mib"), 1), "rss_end_mib": round(median(tail, "rss_mib"), 1),
+            "rss_start_mib": round(median(head, "rss_mib"), 1),
+            "rss_end_mib": round(median(tail, "rss_mib"), 1),
             "rss_peak_mib": round(max(s["roles"].get(role, {}).get("rss_mib", 0.0) for s in settled), 1),
             "rss_growth_mib": round(median(tail, "rss_mib") - median(head, "rss_mib"), 1),
-            "fds_start": median(head, "fds"), "fds_end": median(tail, "fds"),
+            "fds_start": median(head, "fds"),
+            "fds_end": median(tail, "fds"),
             "fds_growth": median(tail, "fds") - median(head, "fds"),
         }
     return summary
@@ -117,8 +123,10 @@ def check(report: dict) -> list[str]:
         if report[phase]["leftover_processes"]:
             failures.append(f"{phase}: processes left alive: {report[phase]['leftover_processes']}")
     if report["phase1"]["exit_code"] == 0 or report["phase2"]["exit_code"] != 0:
-        failures.append(f"exit codes {report['phase1']['exit_code']}, {report['phase2']['exit_code']}: expected "
-                        "the killed phase 1 to fail and the resumed phase 2 to succeed")
+        failures.append(
+            f"exit codes {report['phase1']['exit_code']}, {report['phase2']['exit_code']}: expected "
+            "the killed phase 1 to fail and the resumed phase 2 to succeed"
+        )
     if report["resumed_from"] < report["resume_at"]:
         failures.append(f"phase 2 resumed from step {report['resumed_from']}, before {report['resume_at']}")
     if report["steps_logged"] != list(range(1, report["steps"] + 1)):
@@ -130,12 +138,17 @@ def write_samples(path: Path, samples: list[dict]) -> None:
     path.write_text("".join(json.dumps(s) + "\n" for s in samples))
 
 
-def run_soak(workspace: Path, out: Path, *, steps: int, save_freq: int, resume_at: int, warmup: int,
-             interval_s: float = 1.0) -> dict:
+def run_soak(
+    workspace: Path, out: Path, *, steps: int, save_freq: int, resume_at: int, warmup: int, interval_s: float = 1.0
+) -> dict:
     from megarl.trainer.checkpoint_manager import CheckpointManager
 
-    overrides = [f"trainer.total_steps={steps}", f"checkpoint.save_freq={save_freq}", "trainer.total_epochs=1000",
-                 "checkpoint.max_keep=2"]
+    overrides = [
+        f"trainer.total_steps={steps}",
+        f"checkpoint.save_freq={save_freq}",
+        "trainer.total_epochs=1000",
+        "checkpoint.max_keep=2",
+    ]
     report = {"steps": steps, "save_freq": save_freq, "resume_at": resume_at, "warmup": warmup}
     first = Job.start(workspace, out, overrides)
     try:
@@ -145,9 +158,12 @@ def run_soak(workspace: Path, out: Path, *, steps: int, save_freq: int, resume_a
         victim.kill()
         code = first.wait(180)
         write_samples(out / "samples-phase1.jsonl", samples)
-        report["phase1"] = {"exit_code": code, "seconds": round(time.monotonic() - started, 1),
-                            "summary": summarize(samples, warmup),
-                            "leftover_processes": [p.pid for p in first.leftovers()]}
+        report["phase1"] = {
+            "exit_code": code,
+            "seconds": round(time.monotonic() - started, 1),
+            "summary": summarize(samples, warmup),
+            "leftover_processes": [p.pid for p in first.leftovers()],
+        }
     finally:
         first.cleanup()
     report["resumed_from"] = CheckpointManager(first.checkpoint_dir).latest().step
@@ -157,9 +173,12 @@ def run_soak(workspace: Path, out: Path, *, steps: int, save_freq: int, resume_a
         samples = watch(second, interval_s)
         code = second.wait(60)
         write_samples(out / "samples-phase2.jsonl", samples)
-        report["phase2"] = {"exit_code": code, "seconds": round(time.monotonic() - started, 1),
-                            "summary": summarize(samples, report["resumed_from"] + warmup),
-                            "leftover_processes": [p.pid for p in second.leftovers()]}
+        report["phase2"] = {
+            "exit_code": code,
+            "seconds": round(time.monotonic() - started, 1),
+            "summary": summarize(samples, report["resumed_from"] + warmup),
+            "leftover_processes": [p.pid for p in second.leftovers()],
+        }
         report["steps_logged"] = [r["step"] for r in second.metrics()]
         if code != 0:
             report["phase2"]["output_tail"] = second.output()[-3000:]
@@ -173,16 +192,27 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--save-freq", type=int, default=20)
     parser.add_argument("--resume-at", type=int, default=100, help="kill phase 1 once this step's checkpoint exists")
-    parser.add_argument("--warmup", type=int, default=25,
-                        help="steps before the memory baseline: after the first checkpoint, whose save starts "
-                             "long-lived helper processes")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=25,
+        help="steps before the memory baseline: after the first checkpoint, whose save starts "
+        "long-lived helper processes",
+    )
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     parser.add_argument("--out", type=Path, default=None, help="run dir (default: a new temp dir)")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="megarl-soak-"))
     workspace = make_workspace(Path(tempfile.mkdtemp(prefix="megarl-soak-ws-")))
-    report = run_soak(workspace, out, steps=args.steps, save_freq=args.save_freq, resume_at=args.resume_at,
-                      warmup=args.warmup, interval_s=args.interval)
+    report = run_soak(
+        workspace,
+        out,
+        steps=args.steps,
+        save_freq=args.save_freq,
+        resume_at=args.resume_at,
+        warmup=args.warmup,
+        interval_s=args.interval,
+    )
     report["failures"] = check(report)
     text = json.dumps(report, indent=1)
     (out / "soak.json").write_text(text + "\n")

@@ -10,10 +10,10 @@ permission bits), so the test needs CAP_SYS_ADMIN and is skipped without it.
 import subprocess
 
 import pytest
+from reliability_job import Job
 
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.workers.checkpoint_files import read_manifest
-from reliability_job import Job
 
 pytestmark = pytest.mark.slow  # a whole job with a fault injected: `-m "not slow"` leaves it out
 
@@ -27,7 +27,9 @@ def mount_read_only(directory, pid: int) -> bool:
     bind = subprocess.run([*enter, "mount", "--bind", str(directory), str(directory)], capture_output=True)
     if bind.returncode != 0:
         return False
-    return subprocess.run([*enter, "mount", "-o", "remount,bind,ro", str(directory)], capture_output=True).returncode == 0
+    return (
+        subprocess.run([*enter, "mount", "-o", "remount,bind,ro", str(directory)], capture_output=True).returncode == 0
+    )
 
 
 def test_read_only_checkpoint_dir_mid_run_fails_the_save_and_keeps_the_last_checkpoint(workspace, tmp_path):
@@ -39,7 +41,9 @@ def test_read_only_checkpoint_dir_mid_run_fails_the_save_and_keeps_the_last_chec
         code = job.wait()
         out = job.output()
         assert code != 0
-        assert "CheckpointError" in out and str(job.checkpoint_dir) in out and "Read-only file system" in out, out[-4000:]
+        assert "CheckpointError" in out and str(job.checkpoint_dir) in out and "Read-only file system" in out, out[
+            -4000:
+        ]
         complete = CheckpointManager(job.checkpoint_dir).complete()
         assert complete and complete[0].step == 2, "the checkpoint saved before the mount must stay complete"
         read_manifest(complete[-1].path)

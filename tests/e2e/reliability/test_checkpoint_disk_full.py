@@ -13,10 +13,10 @@ import subprocess
 import time
 
 import pytest
+from reliability_job import Job
 
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.workers.checkpoint_files import read_manifest
-from reliability_job import Job
 
 pytestmark = pytest.mark.slow  # a whole job with a fault injected: `-m "not slow"` leaves it out
 
@@ -44,16 +44,16 @@ def small_disk(tmp_path):
     """A tmpfs mounted where the job's checkpoint.dir will be; unmounted after the test."""
     directory = tmp_path / "run" / "checkpoints"
     directory.mkdir(parents=True)
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(directory)],
-                           capture_output=True, text=True)
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(directory)], capture_output=True, text=True
+    )
     if mount.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs CAP_SYS_ADMIN): {mount.stderr.strip()}")
     yield directory
     subprocess.run(["umount", "--lazy", str(directory)], check=True)
 
 
-def test_full_disk_fails_the_save_and_auto_resume_picks_the_previous_checkpoint(workspace, tmp_path, jobs,
-                                                                                small_disk):
+def test_full_disk_fails_the_save_and_auto_resume_picks_the_previous_checkpoint(workspace, tmp_path, jobs, small_disk):
     run_dir = tmp_path / "run"
     first = Job.start(workspace, run_dir, ["trainer.total_steps=8", *OVERRIDES])
     jobs.append(first)
@@ -63,8 +63,10 @@ def test_full_disk_fails_the_save_and_auto_resume_picks_the_previous_checkpoint(
     filled_at = time.monotonic()
 
     code = first.wait()
-    print(f"\ncheckpoint.dir full after step {manager.latest().step}'s save -> exit {code} after "
-          f"{time.monotonic() - filled_at:.1f} s")
+    print(
+        f"\ncheckpoint.dir full after step {manager.latest().step}'s save -> exit {code} after "
+        f"{time.monotonic() - filled_at:.1f} s"
+    )
     assert code == 1
     out = first.output()
     saved = manager.complete()
@@ -74,8 +76,9 @@ def test_full_disk_fails_the_save_and_auto_resume_picks_the_previous_checkpoint(
     # Saves happen before a step is logged: the failed one is the step after the last logged.
     logged = first.metrics()
     assert logged[-1]["step"] == failed_step - 1, "the run must stop at the first failed save"
-    assert re.search(rf"saving checkpoint {small_disk}/step_{failed_step:08d} failed .*No space left on device \(ENOSPC\)",
-                     out), out[-4000:]
+    assert re.search(
+        rf"saving checkpoint {small_disk}/step_{failed_step:08d} failed .*No space left on device \(ENOSPC\)", out
+    ), out[-4000:]
     print(next(line for line in out.splitlines() if "CheckpointError:" in line))
     assert [p.name for p in small_disk.iterdir() if ".tmp-" in p.name] == []
     assert first.leftovers() == []

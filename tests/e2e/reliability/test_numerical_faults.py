@@ -10,7 +10,6 @@ real workers show: a sync whose log-prob gap is over the threshold ends the run 
 """
 
 import pytest
-
 from reliability_job import Job
 
 pytestmark = pytest.mark.slow  # a whole job with a fault injected: `-m "not slow"` leaves it out

@@ -11,9 +11,9 @@ import time
 
 import psutil
 import pytest
+from reliability_job import Job, failed_run_state, python_stacks
 
 from megarl.trainer.checkpoint_manager import CheckpointManager
-from reliability_job import Job, failed_run_state, python_stacks
 
 pytestmark = pytest.mark.slow  # a whole job with a fault injected: `-m "not slow"` leaves it out
 
@@ -42,12 +42,17 @@ def test_killed_policy_rank_ends_the_job_and_leaves_a_checkpoint_to_resume_from(
     killed_at = time.monotonic()
 
     code = first.wait(END_BOUND_S)
-    print(f"\nSIGKILL of policy rank (process {victim}) in update_actor -> exit {code} after "
-          f"{time.monotonic() - killed_at:.1f} s")
+    print(
+        f"\nSIGKILL of policy rank (process {victim}) in update_actor -> exit {code} after "
+        f"{time.monotonic() - killed_at:.1f} s"
+    )
     assert code == 1
     out = first.output()
-    failure = re.search(rf"failed during step (\d+) \(update_actor\): WorkerFailure: policy rank [01] failed:\n"
-                        rf"\(process {victim} on node [\d.]+\)", out)
+    failure = re.search(
+        rf"failed during step (\d+) \(update_actor\): WorkerFailure: policy rank [01] failed:\n"
+        rf"\(process {victim} on node [\d.]+\)",
+        out,
+    )
     assert failure, out[-4000:]
     assert first.leftovers() == []
     failed_step = int(failure.group(1))
@@ -72,6 +77,9 @@ def test_killed_rollout_engine_ends_the_job_naming_it(workspace, tmp_path, jobs)
 
     assert job.wait(END_BOUND_S) != 0
     out = job.output()
-    assert re.search(rf"failed during step \d+ \(\w+\): WorkerFailure: rollout rank [01] failed:\n"
-                     rf"\(process {victim} on node [\d.]+\)", out), out[-4000:]
+    assert re.search(
+        rf"failed during step \d+ \(\w+\): WorkerFailure: rollout rank [01] failed:\n"
+        rf"\(process {victim} on node [\d.]+\)",
+        out,
+    ), out[-4000:]
     assert job.leftovers() == []

@@ -11,13 +11,16 @@ import os
 
 import psutil
 import pytest
+from reliability_job import Job
 
 from megarl import quiet
 from megarl.workers.rollout import cpu_numa_line
-from reliability_job import Job
 
-CANARIES = {"HF_TOKEN": "hf_secret_canary_123", "WANDB_API_KEY": "wandb_secret_canary_456",
-            "AWS_SECRET_ACCESS_KEY": "aws_secret_canary_789"}
+CANARIES = {
+    "HF_TOKEN": "hf_secret_canary_123",
+    "WANDB_API_KEY": "wandb_secret_canary_456",
+    "AWS_SECRET_ACCESS_KEY": "aws_secret_canary_789",
+}
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +28,16 @@ def live_job(workspace, tmp_path_factory):
     """The job after step 1 (still running), with the listening sockets seen then; the test that
     needs its end calls `job.wait()`."""
     run_dir = tmp_path_factory.mktemp("security")
-    job = Job.start(workspace, run_dir, ["reward.function=reliability_rewards:env_probe", "trainer.total_steps=3"],
-                    env={**CANARIES, "PYTHONPATH": os.pathsep.join(filter(None, [str(workspace), os.environ.get("PYTHONPATH")])),
-                         "RELIABILITY_PROBE_FILE": str(run_dir / "probe")})
+    job = Job.start(
+        workspace,
+        run_dir,
+        ["reward.function=reliability_rewards:env_probe", "trainer.total_steps=3"],
+        env={
+            **CANARIES,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(workspace), os.environ.get("PYTHONPATH")])),
+            "RELIABILITY_PROBE_FILE": str(run_dir / "probe"),
+        },
+    )
     try:
         job.wait_for(lambda: job.last_step() >= 1, "step 1 logged")
         job.listening = listening_sockets([psutil.Process(job.process.pid), *job.descendants()])
@@ -84,8 +94,11 @@ def test_no_secret_reaches_the_run_dir_or_rays_logs(live_job):
 
 
 # What the quickstart printed before step 1 that no user can act on (megarl.quiet's table).
-UNACTIONABLE = [message for message, _ in quiet.ALWAYS + quiet.CUDA_ADVICE] + list(quiet.LOGS.values()) + [
-    "Loading safetensors checkpoint shards", cpu_numa_line.LINE_START]
+UNACTIONABLE = (
+    [message for message, _ in quiet.ALWAYS + quiet.CUDA_ADVICE]
+    + list(quiet.LOGS.values())
+    + ["Loading safetensors checkpoint shards", cpu_numa_line.LINE_START]
+)
 
 
 def test_the_console_before_step_1_shows_the_users_warning_and_none_unactionable(live_job):

@@ -6,14 +6,12 @@ The long run (200 steps, figures in the final report) is `python tests/e2e/relia
 """
 
 import pytest
-
 from soak import check, run_soak
 
 
 @pytest.mark.slow
 def test_short_soak_with_a_forced_resume(workspace, tmp_path):
-    report = run_soak(workspace, tmp_path / "soak", steps=50, save_freq=10, resume_at=20, warmup=13,
-                      interval_s=0.25)
+    report = run_soak(workspace, tmp_path / "soak", steps=50, save_freq=10, resume_at=20, warmup=13, interval_s=0.25)
     assert check(report) == [], report
     assert report["phase1"]["summary"]["roles"].keys() >= {"driver", "policy", "rollout", "reward", "ray"}
     assert report["phase2"]["summary"]["roles"].keys() >= {"driver", "policy", "rollout", "reward", "ray"}

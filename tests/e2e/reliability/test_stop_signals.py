@@ -10,21 +10,29 @@ import re
 import signal
 
 import pytest
-
 from reliability_job import Job
 
 pytestmark = pytest.mark.slow  # a whole job with a fault injected: `-m "not slow"` leaves it out
 
 END_BOUND_S = 120.0
-ONE_STEP_OFF = ["trainer.rollout_mode=one_step_off", "placement.mode=split", "placement.gpus_per_node=3",
-                "placement.rollout_gpus=1"]
+ONE_STEP_OFF = [
+    "trainer.rollout_mode=one_step_off",
+    "placement.mode=split",
+    "placement.gpus_per_node=3",
+    "placement.rollout_gpus=1",
+]
 """A generation is in flight for most of every step after the first (the engine on a slot of its own)."""
 
 
-@pytest.mark.parametrize("signum,to_group,mode", [(signal.SIGTERM, False, []),
-                                                   (signal.SIGINT, True, ["rollout.tensor_model_parallel_size=2"]),
-                                                   (signal.SIGHUP, False, ONE_STEP_OFF)],
-                         ids=["SIGTERM", "SIGINT-rollout-TP2", "SIGHUP-one-step-off"])
+@pytest.mark.parametrize(
+    "signum,to_group,mode",
+    [
+        (signal.SIGTERM, False, []),
+        (signal.SIGINT, True, ["rollout.tensor_model_parallel_size=2"]),
+        (signal.SIGHUP, False, ONE_STEP_OFF),
+    ],
+    ids=["SIGTERM", "SIGINT-rollout-TP2", "SIGHUP-one-step-off"],
+)
 def test_a_stop_signal_ends_the_run_with_one_line(workspace, tmp_path, jobs, signum, to_group, mode):
     job = Job.start(workspace, tmp_path / "run", ["trainer.total_steps=50", "checkpoint.save_freq=2", *mode])
     jobs.append(job)
@@ -39,8 +47,11 @@ def test_a_stop_signal_ends_the_run_with_one_line(workspace, tmp_path, jobs, sig
     name = signal.Signals(signum).name
     lines = [line for line in out.splitlines() if line.startswith("megarl train: stopped by")]
     assert len(lines) == 1, out[-3000:]
-    assert re.fullmatch(rf"megarl train: stopped by {name} during step \d+( \(\w+\))?; last checkpoint: step \d+ "
-                        r"\(.+\); continue from it by running the same command with checkpoint.resume=auto", lines[0])
+    assert re.fullmatch(
+        rf"megarl train: stopped by {name} during step \d+( \(\w+\))?; last checkpoint: step \d+ "
+        r"\(.+\); continue from it by running the same command with checkpoint.resume=auto",
+        lines[0],
+    )
     assert "Traceback" not in out, out[-3000:]
     assert job.leftovers() == []
     assert job.shm.leftovers() == []

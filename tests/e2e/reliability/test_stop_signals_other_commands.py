@@ -10,10 +10,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from reliability_job import Job
 
 from megarl.models.tiny import make_tiny_model
 from megarl.rewards.tasks import calc_tool_demo_rows
-from reliability_job import Job
 
 pytestmark = pytest.mark.slow  # whole commands with a signal sent: `-m "not slow"` leaves them out
 REPO = Path(__file__).resolve().parents[3]
@@ -40,9 +40,19 @@ def test_sigterm_ends_sft_mid_training(tool_model, tmp_path, jobs):
     demos = tmp_path / "demos.jsonl"
     demos.write_text("".join(json.dumps(row) + "\n" for row in calc_tool_demo_rows(64, random.Random(0))))
     out = tmp_path / "out"
-    job = Job.launch(["sft", str(REPO / "configs" / "sft_tiny.yaml"), f"model.path={tool_model}",
-                      f"data.train_files=[{demos}]", f"train.output_dir={out}", "train.epochs=100",
-                      "train.total_steps=400"], tmp_path, tmp_path / "run")
+    job = Job.launch(
+        [
+            "sft",
+            str(REPO / "configs" / "sft_tiny.yaml"),
+            f"model.path={tool_model}",
+            f"data.train_files=[{demos}]",
+            f"train.output_dir={out}",
+            "train.epochs=100",
+            "train.total_steps=400",
+        ],
+        tmp_path,
+        tmp_path / "run",
+    )
     jobs.append(job)
     job.wait_for(lambda: "sft step 2/400" in job.output(), "sft step 2")
     job.descendants()  # note the job's processes, to check they are gone at the end
@@ -60,8 +70,9 @@ def test_sigterm_ends_sft_mid_training(tool_model, tmp_path, jobs):
 
 def test_sigterm_ends_convert_and_its_ranks(tool_model, tmp_path, jobs):
     out = tmp_path / "mcore"
-    job = Job.launch(["convert", "hf-to-mcore", "--hf", str(tool_model), "--out", str(out), "--tp", "2"],
-                     tmp_path, tmp_path / "run")
+    job = Job.launch(
+        ["convert", "hf-to-mcore", "--hf", str(tool_model), "--out", str(out), "--tp", "2"], tmp_path, tmp_path / "run"
+    )
     jobs.append(job)
     job.wait_for(lambda: rank_count(job) >= 2, "the two ranks started")
     job.process.send_signal(signal.SIGTERM)
@@ -69,7 +80,8 @@ def test_sigterm_ends_convert_and_its_ranks(tool_model, tmp_path, jobs):
     assert job.wait(END_BOUND_S) == 143
     output = job.output()
     assert output.strip().splitlines()[-1] == (
-        f"megarl convert hf-to-mcore: stopped by SIGTERM; nothing was written to {out}"), output[-3000:]
+        f"megarl convert hf-to-mcore: stopped by SIGTERM; nothing was written to {out}"
+    ), output[-3000:]
     assert "Traceback" not in output
     assert job.leftovers() == []
     assert not out.exists() and not list(tmp_path.glob(".mcore.tmp-*"))

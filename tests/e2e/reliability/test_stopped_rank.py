@@ -11,7 +11,6 @@ import time
 
 import psutil
 import pytest
-
 from reliability_job import Job, failed_run_state, python_stacks
 
 pytestmark = pytest.mark.slow  # a whole job with a fault injected: `-m "not slow"` leaves it out
@@ -26,8 +25,9 @@ OVERRIDES = ["checkpoint.save_freq=2", "actor.micro_batch_size_per_gpu=2"]
 
 def test_stopped_policy_rank_ends_the_run_within_the_hang_timeout(workspace, tmp_path, jobs):
     run_dir = tmp_path / "run"
-    first = Job.start(workspace, run_dir, ["trainer.total_steps=10", f"trainer.hang_timeout_s={HANG_TIMEOUT_S}",
-                                           *OVERRIDES])
+    first = Job.start(
+        workspace, run_dir, ["trainer.total_steps=10", f"trainer.hang_timeout_s={HANG_TIMEOUT_S}", *OVERRIDES]
+    )
     jobs.append(first)
     first.wait_for(lambda: first.last_step() >= 3, "step 3 logged")
     policy, _ = first.rank_processes()
@@ -37,18 +37,22 @@ def test_stopped_policy_rank_ends_the_run_within_the_hang_timeout(workspace, tmp
         victim.suspend()
         stopped_at = time.monotonic()
         code = first.wait(HANG_TIMEOUT_S + SHUTDOWN_BOUND_S)
-        print(f"\nSIGSTOP of policy rank (process {victim.pid}) in update_actor -> exit {code} after "
-              f"{time.monotonic() - stopped_at:.1f} s (trainer.hang_timeout_s = {HANG_TIMEOUT_S})")
+        print(
+            f"\nSIGSTOP of policy rank (process {victim.pid}) in update_actor -> exit {code} after "
+            f"{time.monotonic() - stopped_at:.1f} s (trainer.hang_timeout_s = {HANG_TIMEOUT_S})"
+        )
     finally:
         _resume_if_alive(victim)
 
     assert code == 1
     out = first.output()
-    failure = re.search(rf"megarl train: failed during step (\d+) \(update_actor\): WorkerFailure: policy rank [01] "
-                        rf"failed:\n\(process {victim.pid} on node [\d.]+\) ranks \[[01]\] are alive but not running",
-                        out)
+    failure = re.search(
+        rf"megarl train: failed during step (\d+) \(update_actor\): WorkerFailure: policy rank [01] "
+        rf"failed:\n\(process {victim.pid} on node [\d.]+\) ranks \[[01]\] are alive but not running",
+        out,
+    )
     assert failure, out[-4000:]
-    print(out[failure.start():].split("\n\n")[0])
+    print(out[failure.start() :].split("\n\n")[0])
     assert "Traceback" not in out, out[-4000:]
     assert first.leftovers() == []
     _, latest = failed_run_state(first, int(failure.group(1)))

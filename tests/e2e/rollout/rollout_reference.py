@@ -25,9 +25,7 @@ def load_hf(model_dir: Path, state_dict: dict[str, torch.Tensor] | None = None):
 
 
 @torch.no_grad()
-def hf_logprobs(
-    model, sequence: list[int], temperature: float = 1.0, top_k: int | None = None
-) -> torch.Tensor:
+def hf_logprobs(model, sequence: list[int], temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
     """`[T - 1]`: log p(token t | tokens < t) under softmax(logits / temperature), truncated to the
     top_k most likely tokens when given."""
     logits = model(torch.tensor([sequence])).logits[0, :-1].float() / temperature
@@ -40,8 +38,14 @@ def hf_logprobs(
 @torch.no_grad()
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     out = model.generate(
-        torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None,
-        pad_token_id=0, top_k=None, top_p=None, temperature=None,
+        torch.tensor([prompt]),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=None,
+        pad_token_id=0,
+        top_k=None,
+        top_p=None,
+        temperature=None,
     )
     return out[0, len(prompt) :].tolist()
 
@@ -69,21 +73,21 @@ def load_through_shared_memory(engine, buckets) -> None:
     loaded.result(timeout=60)
 
 
-def sync_over_group(engine, tp: int, model_dir: Path, tensors: dict[str, torch.Tensor], bucket_mb: float,
-                    timeout_s: float):
+def sync_over_group(
+    engine, tp: int, model_dir: Path, tensors: dict[str, torch.Tensor], bucket_mb: float, timeout_s: float
+):
     """One sync of `tensors` (an HF checkpoint of `model_dir`'s shape) into `engine` (TP `tp`) over a gloo sync
     group in which this process plays a TP-1, PP-1 trainer (group rank 0): it cuts its Megatron
     "shards" (here the whole parameters) from `tensors` and sends them, bucket by bucket of a plan of
     `bucket_mb`, to the engine's workers, each of which assembles its own TP shard of them. Returns the plan."""
     from types import SimpleNamespace
 
+    from megarl.bridge import ShardSender
     from megarl.bridge.convert import mapping_of
     from megarl.bridge.plan import LayoutPair, build_plan
-    from megarl.bridge import ShardSender
-    from megarl.models.layout import VOCAB_DIVISIBLE_BY
-    from megarl.models.hf_config import read_model_dims
-    from megarl.models.layout import reader_of, tp_shard_from_hf
     from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
+    from megarl.models.hf_config import read_model_dims
+    from megarl.models.layout import VOCAB_DIVISIBLE_BY, reader_of, tp_shard_from_hf
 
     plan = build_plan(read_model_dims(model_dir), LayoutPair(1, 1, tp), bucket_mb=bucket_mb)
     # Listening before the workers connect: a TCPStore client that finds no store backs off for up to a minute.
@@ -92,8 +96,17 @@ def sync_over_group(engine, tp: int, model_dir: Path, tensors: dict[str, torch.T
     group = create_weight_sync_group("127.0.0.1", store.port, 0, 1 + tp, timeout_s, store=store)
     joined.result(timeout=timeout_s)
     named = [
-        (param.megatron_name, tp_shard_from_hf(mapping_of(param), reader_of(tensors), plan.dims, tp_size=1, tp_rank=0,
-                                               vocab_divisible_by=VOCAB_DIVISIBLE_BY))
+        (
+            param.megatron_name,
+            tp_shard_from_hf(
+                mapping_of(param),
+                reader_of(tensors),
+                plan.dims,
+                tp_size=1,
+                tp_rank=0,
+                vocab_divisible_by=VOCAB_DIVISIBLE_BY,
+            ),
+        )
         for param in plan.params
     ]
     trainer = SimpleNamespace(tp_rank=0, tp_size=1, pp_rank=0, dp_rank=0)

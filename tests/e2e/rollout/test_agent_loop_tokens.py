@@ -18,7 +18,6 @@ by the trainer tests).
 
 from __future__ import annotations
 
-
 from concurrent.futures import Future
 
 import pytest
@@ -80,13 +79,22 @@ def rollout(base_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(base_model_dir)
     engine = make_rollout_engine("vllm", base_model_dir, dtype="float32", max_model_len=256)
     try:
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": f"question {k}"}], tokenize=False,
-                                               add_generation_prompt=True) for k in range(4)]
+        texts = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": f"question {k}"}], tokenize=False, add_generation_prompt=True
+            )
+            for k in range(4)
+        ]
         prompts = [Prompt(t, tuple(tokenizer.encode(t, add_special_tokens=False)), None, {}, "test") for t in texts]
         stops = tuple(range(4, 100, 3))
-        loop = AgentLoop(OneEngine(engine), Echo(), StopTokenParser(tokenizer.eos_token),
-                         ObservationEncoder(tokenizer), lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
-                         MultiTurnConfig(enable=True, max_turns=4, max_total_tokens=MAX_TOTAL))
+        loop = AgentLoop(
+            OneEngine(engine),
+            Echo(),
+            StopTokenParser(tokenizer.eos_token),
+            ObservationEncoder(tokenizer),
+            lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+            MultiTurnConfig(enable=True, max_turns=4, max_total_tokens=MAX_TOTAL),
+        )
         samples = loop(prompts, SamplingConfig(n=2, max_new_tokens=12, seed=7, stop_token_ids=stops), "t")
     finally:
         engine.shutdown()
@@ -103,13 +111,13 @@ def test_masked_positions_are_exactly_the_observations(rollout):
         position = 0
         for k, turn in enumerate(model_turns):
             turn_ids = tokenizer.encode(turn["content"], add_special_tokens=False)
-            assert ids[position:position + len(turn_ids)] == turn_ids
-            assert mask[position:position + len(turn_ids)].all()
+            assert ids[position : position + len(turn_ids)] == turn_ids
+            assert mask[position : position + len(turn_ids)].all()
             position += len(turn_ids)
             if k < trajectory.tool_calls:  # this turn called echo: its observation follows (maybe cut)
-                observed = ids[position:position + len(observation_ids)]
-                assert observed == observation_ids[:len(observed)]
-                assert not mask[position:position + len(observed)].any()
+                observed = ids[position : position + len(observation_ids)]
+                assert observed == observation_ids[: len(observed)]
+                assert not mask[position : position + len(observed)].any()
                 position += len(observed)
         assert position == len(ids) <= MAX_TOTAL
     assert sum(t >= 3 for t in turns) >= len(turns) // 2, turns

@@ -18,8 +18,8 @@ from rollout_reference import (
     sync_over_group,
 )
 
-from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine
 from megarl.bridge import pack
+from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine
 
 MAX_NEW = 6
 
@@ -54,9 +54,9 @@ def test_greedy_and_stop_token(engine, hf_base):
     tokens = output.response_token_ids[0]
     assert tokens == hf_greedy(hf_base, PROMPTS[0], MAX_NEW)
     stop = tokens[2]
-    stopped = engine.generate(
-        PROMPTS[:1], SamplingConfig(greedy=True, max_new_tokens=MAX_NEW, stop_token_ids=(stop,))
-    )[0]
+    stopped = engine.generate(PROMPTS[:1], SamplingConfig(greedy=True, max_new_tokens=MAX_NEW, stop_token_ids=(stop,)))[
+        0
+    ]
     assert stopped.response_token_ids[0] == tokens[: tokens.index(stop) + 1]
     assert stopped.finish_reasons == ["stop"]
     assert len(stopped.response_logprobs[0]) == len(stopped.response_token_ids[0])
@@ -72,13 +72,16 @@ def test_per_prompt_token_caps_and_seeds(engine):
     assert [[len(lp) for lp in output.response_logprobs] for output in capped] == [[3, 3], [5, 5]]
     assert [output.finish_reasons for output in capped] == [["length", "length"]] * 2
 
-    greedy = [output.response_token_ids[0] for output in engine.generate(PROMPTS[:2], SamplingConfig(
-        greedy=True, max_new_tokens=MAX_NEW))]
+    greedy = [
+        output.response_token_ids[0]
+        for output in engine.generate(PROMPTS[:2], SamplingConfig(greedy=True, max_new_tokens=MAX_NEW))
+    ]
     stop = greedy[1][1]
-    stopped = engine.generate(PROMPTS[:2], SamplingConfig(greedy=True, max_new_tokens=MAX_NEW, stop_token_ids=(stop,)),
-                              [3, 5])
+    stopped = engine.generate(
+        PROMPTS[:2], SamplingConfig(greedy=True, max_new_tokens=MAX_NEW, stop_token_ids=(stop,)), [3, 5]
+    )
     for tokens, output, cap in zip(greedy, stopped, [3, 5]):
-        cut = tokens[:cap][:tokens[:cap].index(stop) + 1] if stop in tokens[:cap] else tokens[:cap]
+        cut = tokens[:cap][: tokens[:cap].index(stop) + 1] if stop in tokens[:cap] else tokens[:cap]
         assert output.response_token_ids == [cut]
         assert output.finish_reasons == ["stop" if cut[-1] == stop else "length"]
     assert stopped[1].finish_reasons == ["stop"] and len(stopped[1].response_token_ids[0]) <= 2

@@ -46,6 +46,7 @@ def test_tp2_shutdown_of_terminated_workers_leaves_no_shm_and_no_process(base_mo
     if not names:
         # vllm/distributed/device_communicators/cpu_communicator.py falls back to torch.distributed when
         # its ranks' SHM group names disagree (seen on some machines, on an unchanged megarl too).
-        pytest.skip("vLLM made no CPU SHM segment on this machine (SHM communicator disabled): the workers "
-                    "were stopped, no segment to check")
-
+        pytest.skip(
+            "vLLM made no CPU SHM segment on this machine (SHM communicator disabled): the workers "
+            "were stopped, no segment to check"
+        )

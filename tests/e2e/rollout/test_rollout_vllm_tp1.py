@@ -7,8 +7,6 @@ import weakref
 
 import pytest
 import torch
-from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-from vllm.v1.sample.ops import logprobs as vllm_logprobs
 from rollout_reference import (
     PROMPTS,
     TOLERANCE,
@@ -19,11 +17,13 @@ from rollout_reference import (
     load_through_shared_memory,
     response_logprobs_of,
 )
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+from vllm.v1.sample.ops import logprobs as vllm_logprobs
 
-from megarl.bridge.checksum import tensor_checksum
-from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine
 from megarl.bridge import pack, unpack
+from megarl.bridge.checksum import tensor_checksum
 from megarl.workers.memory_stats import memory_stats
+from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine
 
 MAX_NEW = 8
 CPU_KV_CACHE_GIB = 1
@@ -33,8 +33,9 @@ LONG_PROMPT = [(7 * i) % 90 + 4 for i in range(150)]
 
 @pytest.fixture(scope="module")
 def engine(base_model_dir):
-    engine = make_rollout_engine("vllm", base_model_dir, dtype="float32", max_model_len=256,
-                                 cpu_kv_cache_gib=CPU_KV_CACHE_GIB)
+    engine = make_rollout_engine(
+        "vllm", base_model_dir, dtype="float32", max_model_len=256, cpu_kv_cache_gib=CPU_KV_CACHE_GIB
+    )
     yield engine
     engine.shutdown()
 
@@ -132,9 +133,9 @@ def test_stop_token_ends_the_greedy_sample_and_is_kept(engine):
     unstopped = engine.generate(PROMPTS[:1], SamplingConfig(greedy=True, max_new_tokens=MAX_NEW))
     tokens = unstopped[0].response_token_ids[0]
     stop = tokens[2]
-    stopped = engine.generate(
-        PROMPTS[:1], SamplingConfig(greedy=True, max_new_tokens=MAX_NEW, stop_token_ids=(stop,))
-    )[0]
+    stopped = engine.generate(PROMPTS[:1], SamplingConfig(greedy=True, max_new_tokens=MAX_NEW, stop_token_ids=(stop,)))[
+        0
+    ]
     assert stopped.response_token_ids[0] == tokens[: tokens.index(stop) + 1]
     assert stopped.finish_reasons == ["stop"]
     assert len(stopped.response_logprobs[0]) == len(stopped.response_token_ids[0])
@@ -142,9 +143,7 @@ def test_stop_token_ends_the_greedy_sample_and_is_kept(engine):
 
 def test_sampled_stops_end_at_the_first_stop_token(engine):
     stops = tuple(range(10, 60))  # half the vocabulary: most samples stop early
-    outputs = engine.generate(
-        PROMPTS, SamplingConfig(n=4, max_new_tokens=MAX_NEW, stop_token_ids=stops, seed=5)
-    )
+    outputs = engine.generate(PROMPTS, SamplingConfig(n=4, max_new_tokens=MAX_NEW, stop_token_ids=stops, seed=5))
     reasons = [r for o in outputs for r in o.finish_reasons]
     assert "stop" in reasons
     for output in outputs:
@@ -216,9 +215,7 @@ def test_load_weights_full_then_subset_then_back(engine, hf_base, base_model_dir
         assert [o.response_token_ids for o in after] != [o.response_token_ids for o in before]
 
         # A subset: whole layers (the fused gate_up_proj gets gate and up together) and lm_head.
-        subset = {
-            k: v for k, v in base.items() if k.startswith("model.layers.1.mlp.") or k == "lm_head.weight"
-        }
+        subset = {k: v for k, v in base.items() if k.startswith("model.layers.1.mlp.") or k == "lm_head.weight"}
         engine.load_weights(subset.items())
         # The worker checksummed exactly what its loader received in this load, in the engine's dtype.
         (record,) = engine.loaded_checksums()
@@ -286,9 +283,7 @@ def test_seeded_call_with_more_prompt_tokens_than_a_step(engine, hf_base):
     assert sum(map(len, prompts)) > 4096
     sampling = SamplingConfig(n=2, max_new_tokens=4, seed=11)
     outputs = engine.generate(prompts, sampling)
-    assert [o.response_token_ids for o in engine.generate(prompts, sampling)] == [
-        o.response_token_ids for o in outputs
-    ]
+    assert [o.response_token_ids for o in engine.generate(prompts, sampling)] == [o.response_token_ids for o in outputs]
     last = outputs[-1]
     expected = response_logprobs_of(hf_base, prompts[-1], last.response_token_ids[1])
     torch.testing.assert_close(last.response_logprobs[1], expected, atol=TOLERANCE, rtol=0)

@@ -15,9 +15,7 @@ TIMEOUT_S = 120
 
 @pytest.fixture(scope="module")
 def engine(base_model_dir):
-    engine = make_rollout_engine(
-        "vllm", base_model_dir, tensor_parallel_size=2, dtype="float32", max_model_len=128
-    )
+    engine = make_rollout_engine("vllm", base_model_dir, tensor_parallel_size=2, dtype="float32", max_model_len=128)
     yield engine
     engine.shutdown()
 
@@ -52,8 +50,9 @@ def test_gloo_weight_sync_loads_new_weights(engine, base_model_dir, new_model_di
     hf_base, hf_new = load_hf(base_model_dir), load_hf(new_model_dir)
     _assert_engine_matches(engine, hf_base)
     version = engine.weight_version
-    plan = sync_over_group(engine, 2, new_model_dir, checkpoint_tensors(new_model_dir), bucket_mb=0.05,
-                           timeout_s=TIMEOUT_S)
+    plan = sync_over_group(
+        engine, 2, new_model_dir, checkpoint_tensors(new_model_dir), bucket_mb=0.05, timeout_s=TIMEOUT_S
+    )
     try:
         assert len(plan.buckets) > 2 and engine.weight_version == version + 1
         _assert_engine_matches(engine, hf_new)

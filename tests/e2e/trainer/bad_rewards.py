@@ -10,4 +10,3 @@ def flaky(prompts, responses, **columns):
     if prompts[0].startswith("b"):
         time.sleep(3600)
     return [1.0] * len(responses)
-

@@ -23,18 +23,43 @@ def agent_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("agent")
     # The CLI's commands, run in this process: a subprocess per command only added an interpreter start.
     assert main(["init-tiny-model", "--tool-tokens", "--out", str(root / "tiny-model")]) == 0
-    assert main(["make-data", "--task", "calc_tool_demos", "--out", str(root / "sft-data"),
-                 "--n-train", "2048", "--n-val", "16"]) == 0
+    assert (
+        main(
+            [
+                "make-data",
+                "--task",
+                "calc_tool_demos",
+                "--out",
+                str(root / "sft-data"),
+                "--n-train",
+                "2048",
+                "--n-val",
+                "16",
+            ]
+        )
+        == 0
+    )
     assert main(["make-data", "--task", "calc", "--out", str(root / "data")]) == 0
-    SftTrainer.from_config(REPO / "configs" / "sft_agent.yaml", [
-        f"model.path={root / 'tiny-model'}", f"data.train_files=[{root / 'sft-data' / 'train.jsonl'}]",
-        f"train.output_dir={root / 'sft-model'}",
-    ]).fit()
-    trainer = Trainer.from_config(REPO / "configs" / "agent_quickstart.yaml", [
-        f"model.path={root / 'sft-model'}", f"data.train_files=[{root / 'data' / 'train.jsonl'}]",
-        f"data.val_files=[{root / 'data' / 'val.jsonl'}]", f"trainer.output_dir={root / 'runs'}",
-        f"checkpoint.dir={root / 'checkpoints'}", f"trainer.total_steps={STEPS}", "trainer.test_freq=0",
-    ])
+    SftTrainer.from_config(
+        REPO / "configs" / "sft_agent.yaml",
+        [
+            f"model.path={root / 'tiny-model'}",
+            f"data.train_files=[{root / 'sft-data' / 'train.jsonl'}]",
+            f"train.output_dir={root / 'sft-model'}",
+        ],
+    ).fit()
+    trainer = Trainer.from_config(
+        REPO / "configs" / "agent_quickstart.yaml",
+        [
+            f"model.path={root / 'sft-model'}",
+            f"data.train_files=[{root / 'data' / 'train.jsonl'}]",
+            f"data.val_files=[{root / 'data' / 'val.jsonl'}]",
+            f"trainer.output_dir={root / 'runs'}",
+            f"checkpoint.dir={root / 'checkpoints'}",
+            f"trainer.total_steps={STEPS}",
+            "trainer.test_freq=0",
+        ],
+    )
     trainer.fit()
     return trainer, read_metrics(trainer.run_dir / "metrics.jsonl")
 
@@ -66,8 +91,11 @@ def test_rollouts_jsonl_shows_a_whole_trajectory_per_step(agent_run):
     call = record["messages"][0]
     assert call["role"] == "assistant" and call["tool_calls"][0]["name"] == "calculator"
     observation = record["messages"][1]
-    assert observation == {"role": "tool", "name": "calculator",
-                           "content": calculator(call["tool_calls"][0]["arguments"]["expression"])}
+    assert observation == {
+        "role": "tool",
+        "name": "calculator",
+        "content": calculator(call["tool_calls"][0]["arguments"]["expression"]),
+    }
     a, b = (int(n) for n in expression.split("+"))
     answer = record["messages"][-1]["content"].strip()
     assert record["reward"] == (1.0 if answer == str(a + b) else 0.0)

@@ -21,13 +21,23 @@ from .conftest import QUICKSTART, overrides, read_metrics
 
 STEPS = 4
 ARGS = {
-    "trainer.rollout_mode": "one_step_off", "placement.mode": "split", "placement.gpus_per_node": 3,
-    "placement.rollout_gpus": 1, "trainer.total_steps": STEPS, "checkpoint.save_freq": 2, "trainer.test_freq": 2,
-    "algorithm.dynamic_sampling.enable": "true", "algorithm.dynamic_sampling.max_rounds": 20,
+    "trainer.rollout_mode": "one_step_off",
+    "placement.mode": "split",
+    "placement.gpus_per_node": 3,
+    "placement.rollout_gpus": 1,
+    "trainer.total_steps": STEPS,
+    "checkpoint.save_freq": 2,
+    "trainer.test_freq": 2,
+    "algorithm.dynamic_sampling.enable": "true",
+    "algorithm.dynamic_sampling.max_rounds": 20,
     # DAPO in bf16: the actor trains bf16 parameters (fp32 main copies), the engines run bf16, and every
     # sync is checked bit for bit (the exact check) and by the bf16 log-prob gap threshold.
-    "model.dtype": "bfloat16", "algorithm.overlong.enable": "true", "algorithm.overlong.buffer_length": 1,
-    "algorithm.overlong.penalty_factor": 0.1, "actor.clip_ratio_high": 0.28, "actor.loss_agg_mode": "token-mean",
+    "model.dtype": "bfloat16",
+    "algorithm.overlong.enable": "true",
+    "algorithm.overlong.buffer_length": 1,
+    "algorithm.overlong.penalty_factor": 0.1,
+    "actor.clip_ratio_high": 0.28,
+    "actor.loss_agg_mode": "token-mean",
 }
 
 
@@ -47,7 +57,9 @@ def test_one_step_off_trains_one_version_behind_with_dapo_in_bf16(assets, tmp_pa
     # Step 2's checkpoint holds step 3's batch, generated beside step 2 with step 1's weights.
     extra = json.loads((run_dir / "checkpoints" / step_dir_name(2) / "extra.json").read_text())
     assert extra["stream"]["ahead"]["policy_version"] == 1
-    assert json.loads((run_dir / "checkpoints" / step_dir_name(4) / "extra.json").read_text())["stream"] == {"ahead": None}
+    assert json.loads((run_dir / "checkpoints" / step_dir_name(4) / "extra.json").read_text())["stream"] == {
+        "ahead": None
+    }
     for m in metrics:
         # Groups with all-equal rewards were dropped and more prompts rolled out until 16 groups had signal.
         assert 0 < m["dapo/groups_kept_ratio"] <= 1 and m["actor/grad_norm"] > 0
@@ -59,9 +71,16 @@ def test_one_step_off_trains_one_version_behind_with_dapo_in_bf16(assets, tmp_pa
 
 ASYNC_STEPS = 3
 ASYNC_ARGS = {
-    "trainer.rollout_mode": "async", "trainer.max_staleness": 2, "placement.mode": "split",
-    "placement.gpus_per_node": 3, "placement.rollout_gpus": 1, "trainer.total_steps": ASYNC_STEPS,
-    "checkpoint.save_freq": 2, "trainer.test_freq": 2, "checkpoint.export_hf": "false", "rollout.partial_rollout": 1,
+    "trainer.rollout_mode": "async",
+    "trainer.max_staleness": 2,
+    "placement.mode": "split",
+    "placement.gpus_per_node": 3,
+    "placement.rollout_gpus": 1,
+    "trainer.total_steps": ASYNC_STEPS,
+    "checkpoint.save_freq": 2,
+    "trainer.test_freq": 2,
+    "checkpoint.export_hf": "false",
+    "rollout.partial_rollout": 1,
 }
 
 
@@ -99,6 +118,11 @@ def test_async_trains_within_the_staleness_bound_and_resumes_on_the_batches_it_k
         assert "the batch of step 3 was in flight and is lost" in capsys.readouterr().out
         return
     assert 2 - stream["ready"]["3"]["policy_version"] == lags[2]
-    for key in ("reward/mean", "response_length/mean", "rollout/policy_version_lag/max", "actor/pg_loss",
-                "actor/grad_norm"):
+    for key in (
+        "reward/mean",
+        "response_length/mean",
+        "rollout/policy_version_lag/max",
+        "actor/pg_loss",
+        "actor/grad_norm",
+    ):
         assert resumed[-1][key] == pytest.approx(metrics[-1][key], rel=1e-5, abs=1e-6), key

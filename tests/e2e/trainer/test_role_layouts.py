@@ -19,13 +19,19 @@ STEPS = 2
 LAYOUTS = {
     "ref.parallel.tensor_model_parallel_size": 1,
     "ref.max_tokens_per_micro_batch": 68,  # two rows of the quickstart's 32 + 2 tokens
-    "critic.enable": "true", "algorithm.adv_estimator": "gae", "algorithm.lam": 0.95,
-    "critic.parallel.tensor_model_parallel_size": 1, "critic.parallel.pipeline_model_parallel_size": 2,
-    "critic.ppo_mini_batch_size": 16, "critic.micro_batch_size_per_gpu": 32,
+    "critic.enable": "true",
+    "algorithm.adv_estimator": "gae",
+    "algorithm.lam": 0.95,
+    "critic.parallel.tensor_model_parallel_size": 1,
+    "critic.parallel.pipeline_model_parallel_size": 2,
+    "critic.ppo_mini_batch_size": 16,
+    "critic.micro_batch_size_per_gpu": 32,
     # The KL loss reads the reference; with the absolute-difference estimator actor/kl is the token
     # mean of |actor log-prob - ref log-prob|, taken before the step's one optimizer step.
-    "actor.use_kl_loss": "true", "actor.kl_loss_type": "abs",
-    "rollout.sync.verify_every": 5, "checkpoint.export_hf": "false",
+    "actor.use_kl_loss": "true",
+    "actor.kl_loss_type": "abs",
+    "rollout.sync.verify_every": 5,
+    "checkpoint.export_hf": "false",
 }
 FP32_LOGPROB_TOLERANCE = 1e-5
 """Actor (TP 2) and reference (TP 1) hold the same fp32 weights: their log-probs differ only by the
@@ -65,13 +71,25 @@ def test_critic_with_its_own_layout_trains_and_resumes(split_layout_run, assets,
     checkpoints = CheckpointManager(run_dir / "checkpoints").complete()
     assert [c.step for c in checkpoints] == [1, 2] and all(c.manifest.roles == ["actor"] for c in checkpoints)
     parts = CheckpointManager(run_dir / "checkpoints" / "critic").complete()
-    assert [(p.path, p.manifest.roles) for p in parts] == [(part_dir(c.path, "critic"), ["critic"]) for c in checkpoints]
+    assert [(p.path, p.manifest.roles) for p in parts] == [
+        (part_dir(c.path, "critic"), ["critic"]) for c in checkpoints
+    ]
     assert all(p.manifest.layout["pp"] == 2 for p in parts)
 
     # Resuming from step 1 replays step 2 exactly: the critic's weights and optimizer came back.
-    resumed = Trainer.from_config(QUICKSTART, overrides(assets, tmp_path, **LAYOUTS, **{
-        "trainer.total_steps": STEPS, "checkpoint.save_freq": 0, "checkpoint.resume": checkpoints[0].path,
-    }))
+    resumed = Trainer.from_config(
+        QUICKSTART,
+        overrides(
+            assets,
+            tmp_path,
+            **LAYOUTS,
+            **{
+                "trainer.total_steps": STEPS,
+                "checkpoint.save_freq": 0,
+                "checkpoint.resume": checkpoints[0].path,
+            },
+        ),
+    )
     resumed.fit()
     [replayed] = read_metrics(resumed.run_dir / "metrics.jsonl")
     assert replayed["step"] == 2

@@ -31,9 +31,16 @@ def sft_run(tmp_path_factory):
     model = make_tiny_model(root / "model", tool_tokens=True)
     demos = root / "demos.jsonl"
     demos.write_text("".join(json.dumps(row) + "\n" for row in calc_tool_demo_rows(64, random.Random(0))))
-    overrides = [f"model.path={model}", f"data.train_files=[{demos}]", f"train.output_dir={root / 'out'}",
-                 "parallel.tensor_model_parallel_size=2", f"train.batch_size={BATCH}", "train.micro_batch_size_per_gpu=4",
-                 "train.epochs=5", f"train.total_steps={STEPS}"]
+    overrides = [
+        f"model.path={model}",
+        f"data.train_files=[{demos}]",
+        f"train.output_dir={root / 'out'}",
+        "parallel.tensor_model_parallel_size=2",
+        f"train.batch_size={BATCH}",
+        "train.micro_batch_size_per_gpu=4",
+        "train.epochs=5",
+        f"train.total_steps={STEPS}",
+    ]
     trainer = SftTrainer.from_config(REPO / "configs" / "sft_tiny.yaml", overrides)
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         result = trainer.fit()
@@ -75,7 +82,9 @@ def test_sft_trains_the_assistant_tokens_and_exports_a_usable_model(sft_run):
     assert json.loads((out / "config.json").read_text())["vocab_size"] == 104
     assert not list(out.parent.glob(".out.*")), "the export's temporary dir was left behind"
     # Its marker lists what it wrote, so a later run with train.overwrite: true may replace it (and only it).
-    assert json.loads((out / SFT_MARKER).read_text())["files"] == sorted(p.name for p in out.iterdir() if p.name != SFT_MARKER)
+    assert json.loads((out / SFT_MARKER).read_text())["files"] == sorted(
+        p.name for p in out.iterdir() if p.name != SFT_MARKER
+    )
     assert output_dir_problems(str(out), str(root / "model"), [str(root / "demos.jsonl")], overwrite=True) == []
     # The trained model gives the demonstrations a higher likelihood than the initial one.
     trained, initial = assistant_nll(out, trainer.samples), assistant_nll(root / "model", trainer.samples)
@@ -84,8 +93,9 @@ def test_sft_trains_the_assistant_tokens_and_exports_a_usable_model(sft_run):
     # It learned the format: asked a new sum, it opens a tool call (one token, id 100) in HF and in vLLM.
     tokenizer = AutoTokenizer.from_pretrained(out)
     tools = calc_tool_demo_rows(1, random.Random(0))[0]["tools"]
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "12+31"}], tools=tools, tokenize=False,
-                                           add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "12+31"}], tools=tools, tokenize=False, add_generation_prompt=True
+    )
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     hf_model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     with torch.no_grad():
@@ -104,9 +114,16 @@ def test_the_exported_model_is_a_valid_model_path_of_a_train_recipe(sft_run):
     root, _, result, _ = sft_run
     prompts = root / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "abc", "answer": "a"}) + "\n")
-    config = load_config(QUICKSTART, [f"model.path={result.output_dir}", f"data.train_files=[{prompts}]",
-                                      f"data.val_files=[{prompts}]", f"trainer.output_dir={root / 'rl'}",
-                                      f"checkpoint.dir={root / 'rl' / 'checkpoints'}"])
+    config = load_config(
+        QUICKSTART,
+        [
+            f"model.path={result.output_dir}",
+            f"data.train_files=[{prompts}]",
+            f"data.val_files=[{prompts}]",
+            f"trainer.output_dir={root / 'rl'}",
+            f"checkpoint.dir={root / 'rl' / 'checkpoints'}",
+        ],
+    )
     assert validate(config) == []
 
 
@@ -115,20 +132,32 @@ def test_layout_and_micro_batching_do_not_change_the_training(sft_run):
     padded to even widths) train the same trajectory (the loss is normalised by the step's token count, never
     per micro-batch or per rank)."""
     root = sft_run[0]
-    common = [f"model.path={root / 'model'}", f"data.train_files=[{root / 'demos.jsonl'}]", "train.batch_size=8",
-              "train.total_steps=3", "optim.lr_warmup_steps=0"]
-    layouts = {"dp2": ["train.micro_batch_size_per_gpu=4"],
-               "pp2": ["parallel.pipeline_model_parallel_size=2", "train.micro_batch_size_per_gpu=2"],
-               "tp2-sp": ["parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
-                          "train.micro_batch_size_per_gpu=4"]}
+    common = [
+        f"model.path={root / 'model'}",
+        f"data.train_files=[{root / 'demos.jsonl'}]",
+        "train.batch_size=8",
+        "train.total_steps=3",
+        "optim.lr_warmup_steps=0",
+    ]
+    layouts = {
+        "dp2": ["train.micro_batch_size_per_gpu=4"],
+        "pp2": ["parallel.pipeline_model_parallel_size=2", "train.micro_batch_size_per_gpu=2"],
+        "tp2-sp": [
+            "parallel.tensor_model_parallel_size=2",
+            "parallel.sequence_parallel=true",
+            "train.micro_batch_size_per_gpu=4",
+        ],
+    }
     runs = {}
     for name, layout in layouts.items():
-        trainer = SftTrainer.from_config(REPO / "configs" / "sft_tiny.yaml",
-                                         common + layout + [f"train.output_dir={root / name}"])
+        trainer = SftTrainer.from_config(
+            REPO / "configs" / "sft_tiny.yaml", common + layout + [f"train.output_dir={root / name}"]
+        )
         with contextlib.redirect_stdout(io.StringIO()):
             runs[name] = trainer.fit()
-    dp2, pp2, tp2_sp = ([value for m in runs[name].metrics for value in (m["loss"], m["grad_norm"], m["tokens"])]
-                        for name in layouts)
+    dp2, pp2, tp2_sp = (
+        [value for m in runs[name].metrics for value in (m["loss"], m["grad_norm"], m["tokens"])] for name in layouts
+    )
     assert dp2 == pytest.approx(pp2, rel=1e-5) and dp2 == pytest.approx(tp2_sp, rel=1e-5)
     assert dp2[-3] < dp2[0]  # it trained: the last step's loss is below the first's
     weights = {name: AutoModelForCausalLM.from_pretrained(runs[name].output_dir).state_dict() for name in layouts}

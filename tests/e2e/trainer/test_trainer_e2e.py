@@ -8,40 +8,62 @@ import sys
 import psutil
 import pytest
 import torch
+from hf_cache_testing import put_in_cache, use_cache
 from safetensors.torch import load_file
+from wandb_testing import history, offline_runs, summary, use_offline_wandb, wandb_processes
 
 import megarl.trainer.trainer as trainer_module
-from hf_cache_testing import put_in_cache, use_cache
-from wandb_testing import history, offline_runs, summary, use_offline_wandb, wandb_processes
 from megarl import Trainer
 from megarl.algorithms.advantages import compute_advantages
 from megarl.config.rollout import LOGPROB_GAP_BY_DTYPE
 from megarl.models.tiny import make_tiny_reward_model
-from megarl.trainer.timing import STARTUP_PHASES
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.trainer.metrics import DOCUMENTED_METRICS
+from megarl.trainer.timing import STARTUP_PHASES
 
 from .conftest import QUICKSTART, REPO, overrides, read_metrics
 
 STEPS = 12  # enough for the reward to rise: the quickstart's climbs from ~0.02 over its first dozen steps
 TEST_FREQ = 4  # validation after steps 4, 8 and 12 (the end)
-GRPO_ARGS = {"trainer.total_steps": STEPS, "checkpoint.save_freq": 2, "trainer.test_freq": TEST_FREQ,
-             "rollout.tensor_model_parallel_size": 2}
+GRPO_ARGS = {
+    "trainer.total_steps": STEPS,
+    "checkpoint.save_freq": 2,
+    "trainer.test_freq": TEST_FREQ,
+    "rollout.tensor_model_parallel_size": 2,
+}
 """The quickstart with one TP-2 engine over both trainer ranks' slots (colocated, as the seeds' layout)."""
 # Metrics every GRPO step logs (critic/, val/, dapo/, correction/, overlong filtering and KL-in-reward ones
 # only when configured).
 GRPO_METRICS = {
-    name for name in DOCUMENTED_METRICS
+    name
+    for name in DOCUMENTED_METRICS
     if not name.startswith(("critic/", "val/", "timing/", "dapo/", "correction/", "actor/reward_kl_penalty"))
     and name not in ("reward/rm_mean", "actor/overlong_filtered")
-} | {"timing/rollout", "timing/reward", "timing/adv", "timing/update_actor", "timing/sync", "timing/step",
-     "timing/sleep", "timing/onload", "timing/offload", "timing/wake_up"}
+} | {
+    "timing/rollout",
+    "timing/reward",
+    "timing/adv",
+    "timing/update_actor",
+    "timing/sync",
+    "timing/step",
+    "timing/sleep",
+    "timing/onload",
+    "timing/offload",
+    "timing/wake_up",
+}
 # The quickstart is colocated with rollout.free_cache_engine: every step hands the devices over, and each
 # phase reports the memory of the group that acted (both groups after generating and after training).
 HANDOVER_MEMORY = {
-    ("actor", "generated"), ("rollout", "generated"), ("rollout", "asleep"), ("actor", "onloaded"),
-    ("actor", "trained"), ("rollout", "trained"), ("actor", "training_offloaded"), ("rollout", "weights_awake"),
-    ("actor", "params_offloaded"), ("rollout", "awake"),
+    ("actor", "generated"),
+    ("rollout", "generated"),
+    ("rollout", "asleep"),
+    ("actor", "onloaded"),
+    ("actor", "trained"),
+    ("rollout", "trained"),
+    ("actor", "training_offloaded"),
+    ("rollout", "weights_awake"),
+    ("actor", "params_offloaded"),
+    ("rollout", "awake"),
 }
 
 
@@ -109,10 +131,21 @@ def test_the_exported_actor_is_served_as_is_by_vllm_and_transformers(grpo_run):
     the prompt, and both greedy continuations agree token for token."""
     run_dir = grpo_run[0]
     export = run_dir / "checkpoints" / "hf"
-    assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-            "chat_template.jinja", "model.safetensors"} <= {p.name for p in export.iterdir()}
-    served = subprocess.run([sys.executable, str(REPO / "tests/e2e/trainer/serve_exported.py"), str(export), "abc"],
-                            check=True, capture_output=True, text=True, timeout=600)
+    assert {
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "model.safetensors",
+    } <= {p.name for p in export.iterdir()}
+    served = subprocess.run(
+        [sys.executable, str(REPO / "tests/e2e/trainer/serve_exported.py"), str(export), "abc"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     [line] = [line for line in served.stdout.splitlines() if line.startswith("{")]
     result = json.loads(line)
     assert result["prompt"].startswith("user: abc")  # the tiny chat template, rendered by transformers
@@ -188,8 +221,9 @@ def test_resume_after_killed_driver_matches_uninterrupted_run(grpo_run, assets, 
     The interrupted run is the GRPO run's first `KILLED_RUN_STEPS` steps: with the quickstart's constant
     learning rate and seeds that depend on the step alone, its steps train as the longer run's did."""
     _, _, reference, _ = grpo_run
-    args = overrides(assets, tmp_path, **GRPO_ARGS | {"trainer.total_steps": KILLED_RUN_STEPS,
-                                                      "checkpoint.export_hf": "false"})
+    args = overrides(
+        assets, tmp_path, **GRPO_ARGS | {"trainer.total_steps": KILLED_RUN_STEPS, "checkpoint.export_hf": "false"}
+    )
     command = [sys.executable, "-m", "megarl.cli.main", "train", str(QUICKSTART), *args]
     metrics_file = tmp_path / "quickstart" / "metrics.jsonl"
     driver = subprocess.Popen(command)
@@ -230,16 +264,29 @@ def test_ppo_trains_the_critic_with_split_placement_and_a_reward_model(assets, t
     # Logged to W&B too, the real client offline: its run directory is read back below.
     use_offline_wandb(monkeypatch, tmp_path / "wandb-home")
     reward_model = make_tiny_reward_model(tmp_path / "rm", initializer_range=0.2)
-    args = overrides(assets, tmp_path, **{
-        "reward.reward_model": reward_model, "critic.parallel.tensor_model_parallel_size": 2,
-        "trainer.total_steps": 3, "algorithm.adv_estimator": "gae", "critic.enable": "true",
-        "critic.ppo_mini_batch_size": 16, "critic.micro_batch_size_per_gpu": 32, "checkpoint.save_freq": 3,
-        "algorithm.lam": 0.95, "placement.mode": "split", "placement.gpus_per_node": 3, "placement.rollout_gpus": 1,
-        "rollout.sync.verify_every": 5,  # checks only the run's first sync and its last step
-        "rollout.sync.transport": "collective",  # each trainer rank sends its shards over the sync group
-        "trainer.loggers": "[console,jsonl,wandb]",
-        "algorithm.use_kl_in_reward": "true", "ref.parallel.tensor_model_parallel_size": 2,
-    })
+    args = overrides(
+        assets,
+        tmp_path,
+        **{
+            "reward.reward_model": reward_model,
+            "critic.parallel.tensor_model_parallel_size": 2,
+            "trainer.total_steps": 3,
+            "algorithm.adv_estimator": "gae",
+            "critic.enable": "true",
+            "critic.ppo_mini_batch_size": 16,
+            "critic.micro_batch_size_per_gpu": 32,
+            "checkpoint.save_freq": 3,
+            "algorithm.lam": 0.95,
+            "placement.mode": "split",
+            "placement.gpus_per_node": 3,
+            "placement.rollout_gpus": 1,
+            "rollout.sync.verify_every": 5,  # checks only the run's first sync and its last step
+            "rollout.sync.transport": "collective",  # each trainer rank sends its shards over the sync group
+            "trainer.loggers": "[console,jsonl,wandb]",
+            "algorithm.use_kl_in_reward": "true",
+            "ref.parallel.tensor_model_parallel_size": 2,
+        },
+    )
     trainer = Trainer.from_config(QUICKSTART, args)
     trainer.fit()
     assert trainer.roles.sync_transport == "collective" and not trainer.roles.own_groups
@@ -274,11 +321,20 @@ def split_tp2_flaky_reward_run(assets, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("split_tp2_flaky")
     # Actor TP 2 on two slots, one rollout TP-2 engine on two more (split): rollout.sync.per_rank=auto
     # streams each TP rank's own shards through its own ring to the engine's worker of that rank.
-    args = overrides(assets, run_dir, **{
-        "trainer.total_steps": 2, "placement.mode": "split", "placement.gpus_per_node": 4,
-        "placement.rollout_gpus": 2, "rollout.tensor_model_parallel_size": 2, "checkpoint.save_freq": 0,
-        "reward.function": "tests.e2e.trainer.bad_rewards:flaky", "reward.timeout_s": 0.2,
-    })
+    args = overrides(
+        assets,
+        run_dir,
+        **{
+            "trainer.total_steps": 2,
+            "placement.mode": "split",
+            "placement.gpus_per_node": 4,
+            "placement.rollout_gpus": 2,
+            "rollout.tensor_model_parallel_size": 2,
+            "checkpoint.save_freq": 0,
+            "reward.function": "tests.e2e.trainer.bad_rewards:flaky",
+            "reward.timeout_s": 0.2,
+        },
+    )
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.syspath_prepend(str(REPO))  # the reward functions are imported as tests.e2e.trainer.bad_rewards
         trainer = Trainer.from_config(QUICKSTART, args)
@@ -319,10 +375,18 @@ def bf16_engines_remax_run(assets, tmp_path_factory):
         use_cache(monkeypatch, cache)
         snapshot = put_in_cache(assets / "model", "megarl-test/quickstart-tiny", cache)
         monkeypatch.setattr(trainer_module, "compute_advantages", recording_advantages)
-        args = overrides(assets, run_dir, **{
-            "model.path": "megarl-test/quickstart-tiny", "algorithm.adv_estimator": "remax", "trainer.total_steps": 2,
-            "rollout.dtype": "bfloat16", "actor.rollout_correction.level": "token", "checkpoint.export_hf": "false",
-        })
+        args = overrides(
+            assets,
+            run_dir,
+            **{
+                "model.path": "megarl-test/quickstart-tiny",
+                "algorithm.adv_estimator": "remax",
+                "trainer.total_steps": 2,
+                "rollout.dtype": "bfloat16",
+                "actor.rollout_correction.level": "token",
+                "checkpoint.export_hf": "false",
+            },
+        )
         trainer = Trainer.from_config(QUICKSTART, args)
         trainer.fit()
     return trainer, read_metrics(trainer.run_dir / "metrics.jsonl"), snapshot, seen

@@ -5,7 +5,11 @@ import pytest
 import torch
 
 from megarl.algorithms.dapo import (
-    DynamicSampler, dynamic_sampling_mask, filtered_loss_mask, overlong_penalty, truncated_samples,
+    DynamicSampler,
+    dynamic_sampling_mask,
+    filtered_loss_mask,
+    overlong_penalty,
+    truncated_samples,
 )
 
 

@@ -147,7 +147,11 @@ def test_importance_weights_are_constants():
     weights = torch.tensor([[math.exp(0.5), math.exp(-1.0)]], dtype=DTYPE, requires_grad=True)
     log_prob = torch.tensor([[-1.2, -1.8]], dtype=DTYPE, requires_grad=True)
     out = compute_policy_loss(
-        "reinforce", log_prob.detach(), log_prob, torch.ones(1, 2, dtype=DTYPE), torch.ones(1, 2),
+        "reinforce",
+        log_prob.detach(),
+        log_prob,
+        torch.ones(1, 2, dtype=DTYPE),
+        torch.ones(1, 2),
         importance_weights=weights,
     )
     out.loss.backward()
@@ -206,9 +210,7 @@ def test_gradcheck_with_importance_weights():
     weights = torch.linspace(0.0, 2.0, 12, dtype=DTYPE).reshape(3, 4)
 
     def loss(log_prob):
-        return compute_policy_loss(
-            "vanilla", old_log_prob, log_prob, advantages, mask, importance_weights=weights
-        ).loss
+        return compute_policy_loss("vanilla", old_log_prob, log_prob, advantages, mask, importance_weights=weights).loss
 
     assert torch.autograd.gradcheck(loss, (log_prob,))
 
@@ -254,7 +256,11 @@ def test_importance_weights_need_one_weight_per_token():
     old_log_prob, log_prob = _log_probs([[1.0, 1.0]])
     with pytest.raises(ValueError, match=r"importance_weights has shape \(1, 1\), the log-probs \(1, 2\)"):
         compute_policy_loss(
-            "vanilla", old_log_prob, log_prob, torch.ones(1, 2, dtype=DTYPE), torch.ones(1, 2),
+            "vanilla",
+            old_log_prob,
+            log_prob,
+            torch.ones(1, 2, dtype=DTYPE),
+            torch.ones(1, 2),
             importance_weights=torch.ones(1, 1, dtype=DTYPE),
         )
 

@@ -141,27 +141,32 @@ def test_no_mismatch_gives_zero_divergence_and_ppl_ratio_one():
 def test_metric_shares_of_micro_batches_add_up_to_the_full_batch():
     old, rollout, mask = _random_log_probs(3)
     correction = RolloutCorrection("token", "mask", low=0.8, high=1.2)
-    full = mismatch_metrics(old, rollout, mask) | correction_metrics(correction_weights(old, rollout, mask, correction),
-                                                                     mask)
+    full = mismatch_metrics(old, rollout, mask) | correction_metrics(
+        correction_weights(old, rollout, mask, correction), mask
+    )
     counts = dict(tokens=mask.sum(), sequences=mask.any(dim=-1).sum())
     totals = {}
     for rows in (slice(0, 1), slice(1, 4)):
         part = mask[rows]
         shares = mismatch_metrics(old[rows], rollout[rows], part, **counts) | correction_metrics(
-            correction_weights(old[rows], rollout[rows], part, correction), part, **counts)
+            correction_weights(old[rows], rollout[rows], part, correction), part, **counts
+        )
         totals = {name: totals.get(name, 0) + value for name, value in shares.items()}
     assert 0 < full["out_of_range_tokens"] < 1  # the range masks some tokens, not all
     for name, value in full.items():
         torch.testing.assert_close(totals[name], value, msg=name)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(level="tokens"), "level='tokens' is not one of"),
-    (dict(mode="clip"), "mode='clip' is not one of"),
-    (dict(high=0.9), "high=0.9 must be >= 1"),
-    (dict(mode="mask", low=1.5), r"low=1.5 must lie in \[0, 1\]"),
-    (dict(low=0.5), "low=0.5 with mode='truncate'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(level="tokens"), "level='tokens' is not one of"),
+        (dict(mode="clip"), "mode='clip' is not one of"),
+        (dict(high=0.9), "high=0.9 must be >= 1"),
+        (dict(mode="mask", low=1.5), r"low=1.5 must lie in \[0, 1\]"),
+        (dict(low=0.5), "low=0.5 with mode='truncate'"),
+    ],
+)
 def test_bad_corrections_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         RolloutCorrection(**kwargs)

@@ -31,8 +31,11 @@ def test_report_marks_each_goal_met_or_not():
 
     results = {
         "rollout": {"megarl_over_vllm": 1.2, "megarl_over_vllm_paired": 1.15},
-        "train": {"megatron_over_pytorch_throughput": 0.85, "megatron_over_pytorch_throughput_paired": 0.9,
-                  "layouts": {}},
+        "train": {
+            "megatron_over_pytorch_throughput": 0.85,
+            "megatron_over_pytorch_throughput_paired": 0.9,
+            "layouts": {},
+        },
         "step": {"phase_share": {"other": 0.05}},
     }
     verdicts = {figure.split()[0]: goal for _, figure, _, goal in rows(results)}

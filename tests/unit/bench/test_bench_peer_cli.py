@@ -15,14 +15,20 @@ from megarl.models.tiny import make_tiny_model
 from megarl.rewards.tasks import REPEAT_ALPHABET
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["bench", "train", "--peer", "trl"], "--peer trl compares whole steps only; use megarl bench step --peer trl"),
-    (["bench", "step", "--peer", "trl", "--model", "."], "the comparison makes its own model"),
-    (["bench", "step", "--workload", "variable"], "add --peer trl"),
-    (["bench", "step", "--contenders", "megarl"], "add --peer trl"),
-    (["bench", "step", "--seed", "3"], "--workload, --contenders and --seed choose"),
-    (["bench", "step", "--peer", "trl", "--contenders", "megarl,verl"], "--contenders 'megarl,verl': unknown verl; choose among megarl, megarl_tuned"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["bench", "train", "--peer", "trl"], "--peer trl compares whole steps only; use megarl bench step --peer trl"),
+        (["bench", "step", "--peer", "trl", "--model", "."], "the comparison makes its own model"),
+        (["bench", "step", "--workload", "variable"], "add --peer trl"),
+        (["bench", "step", "--contenders", "megarl"], "add --peer trl"),
+        (["bench", "step", "--seed", "3"], "--workload, --contenders and --seed choose"),
+        (
+            ["bench", "step", "--peer", "trl", "--contenders", "megarl,verl"],
+            "--contenders 'megarl,verl': unknown verl; choose among megarl, megarl_tuned",
+        ),
+    ],
+)
 def test_a_peer_outside_its_benchmark_is_refused(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
@@ -44,20 +50,38 @@ def test_unknown_peer_is_an_argument_error(capsys):
 
 
 def _result() -> dict:
-    ran = dict(generate_ms_per_token=2.0, reward_per_step=[0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7],
-               response_length_per_step=[30.0, 32.0] * 4)
+    ran = dict(
+        generate_ms_per_token=2.0,
+        reward_per_step=[0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7],
+        response_length_per_step=[30.0, 32.0] * 4,
+    )
     return {
-        "model": {"parameters": 23.7e6}, "workload": {"prompts_per_step": 16, "samples_per_prompt": 8,
-                                                       "max_new_tokens": 64},
+        "model": {"parameters": 23.7e6},
+        "workload": {"prompts_per_step": 16, "samples_per_prompt": 8, "max_new_tokens": 64},
         "lengths": {"name": "variable", "min_new_tokens": 8, "stop_ids": [1, 2, 3]},
-        "measured_steps": 7, "seed": 3,
+        "measured_steps": 7,
+        "seed": 3,
         "contenders": {
-            "megarl": {"step_seconds": 10.0, "launch_to_end_seconds": 80.0, "update_mfu": 0.25, "peak_tflops": 0.04,
-                       **ran},
-            "megarl_bf16": {"step_seconds": 4.0, "launch_to_end_seconds": 90.0, "update_mfu": 0.26, "peak_tflops": 0.04,
-                            **ran, "generate_ms_per_token": 1.0},
+            "megarl": {
+                "step_seconds": 10.0,
+                "launch_to_end_seconds": 80.0,
+                "update_mfu": 0.25,
+                "peak_tflops": 0.04,
+                **ran,
+            },
+            "megarl_bf16": {
+                "step_seconds": 4.0,
+                "launch_to_end_seconds": 90.0,
+                "update_mfu": 0.26,
+                "peak_tflops": 0.04,
+                **ran,
+                "generate_ms_per_token": 1.0,
+            },
             "trl": {"step_seconds": 8.0, "launch_to_end_seconds": 50.0, **ran, "generate_ms_per_token": 4.0},
-            "trl_vllm": {"error": "Traceback ...\n[rank0]: RuntimeError: no engine\n  0%|   | 0/2 [00:08<?, ?it/s]\n", "launch_to_end_seconds": 9.0},
+            "trl_vllm": {
+                "error": "Traceback ...\n[rank0]: RuntimeError: no engine\n  0%|   | 0/2 [00:08<?, ?it/s]\n",
+                "launch_to_end_seconds": 9.0,
+            },
         },
         "megarl_over_peer_step_ratio": {"megarl/trl": 1.25, "megarl_bf16/trl": 0.5},
         "megarl_over_peer_generation_ratio": {"megarl_bf16/trl_vllm_bf16": 0.8},
@@ -67,8 +91,10 @@ def _result() -> dict:
 def test_the_table_shows_each_contender_its_ratio_and_a_failure_with_its_last_error_line():
     table = markdown(_result())
     assert "8 to 64 new tokens (variable lengths), seed 3;" in table
-    assert ("| system | s/step | generate ms/token | mean response tokens | reward, first → last quarter of steps | "
-            "megarl ÷ system | megarl_bf16 ÷ system | launch→end s |") in table
+    assert (
+        "| system | s/step | generate ms/token | mean response tokens | reward, first → last quarter of steps | "
+        "megarl ÷ system | megarl_bf16 ÷ system | launch→end s |"
+    ) in table
     assert "| trl | 8.00 | 4.00 | 31.0 | 0.05 → 0.65 | 1.25 | 0.50 | 50 |" in table
     assert "| megarl | 10.00 | 2.00 | 31.0 | 0.05 → 0.65 | — | — | 80 |" in table
     assert "| trl_vllm | failed: RuntimeError: no engine | — | — | — | — | — | 9 |" in table
@@ -83,8 +109,12 @@ def test_the_curves_png_draws_the_contenders_that_ran(tmp_path):
 
 
 def test_generation_ratios_pair_engines_of_the_same_dtype_and_skip_what_did_not_run():
-    contenders = {"megarl": {"generate_ms_per_token": 3.0}, "megarl_bf16": {"generate_ms_per_token": 1.0},
-                  "trl_vllm": {"generate_ms_per_token": 2.0}, "trl_vllm_bf16": {"error": "..."}}
+    contenders = {
+        "megarl": {"generate_ms_per_token": 3.0},
+        "megarl_bf16": {"generate_ms_per_token": 1.0},
+        "trl_vllm": {"generate_ms_per_token": 2.0},
+        "trl_vllm_bf16": {"error": "..."},
+    }
     assert peer._ratios(contenders, "generate_ms_per_token", peer.GENERATION_PEERS.items()) == {"megarl/trl_vllm": 1.5}
     assert peer.ms_per_token([1.0, 2.0, 3.0], [1000, 1000, 1000]) == 2.0
 
@@ -157,11 +187,26 @@ def test_trl_runs_with_the_spec_seed(tmp_path, monkeypatch):
     monkeypatch.setattr(trl, "GRPOConfig", config)
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"prompt": "a", "answer": "a"}) + "\n")
-    spec = dict(model=str(tmp_path), data=str(data), steps=1, samples_per_prompt=2, prompts_per_step=1,
-                max_new_tokens=4, min_new_tokens=0, learning_rate=1e-3, seed=7, vllm_dtype=None, micro_batch=1,
-                enforce_eager=None)
+    spec = dict(
+        model=str(tmp_path),
+        data=str(data),
+        steps=1,
+        samples_per_prompt=2,
+        prompts_per_step=1,
+        max_new_tokens=4,
+        min_new_tokens=0,
+        learning_rate=1e-3,
+        seed=7,
+        vllm_dtype=None,
+        micro_batch=1,
+        enforce_eager=None,
+    )
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     with pytest.raises(Built):
         trl_peer.main(str(tmp_path / "spec.json"), str(tmp_path / "result.json"))
     assert seen["seed"] == 7
-    assert (seen["per_device_train_batch_size"], seen["gradient_accumulation_steps"], seen["steps_per_generation"]) == (1, 2, 2)
+    assert (seen["per_device_train_batch_size"], seen["gradient_accumulation_steps"], seen["steps_per_generation"]) == (
+        1,
+        2,
+        2,
+    )

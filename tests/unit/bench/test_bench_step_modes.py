@@ -12,25 +12,41 @@ from megarl.config import load_config, validate
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 
 
-@pytest.mark.parametrize("base", [[], ["placement.mode=split", "placement.gpus_per_node=3", "placement.rollout_gpus=1"]])
+@pytest.mark.parametrize(
+    "base", [[], ["placement.mode=split", "placement.gpus_per_node=3", "placement.rollout_gpus=1"]]
+)
 def test_every_mode_is_a_valid_recipe_on_the_same_training_devices(base):
     config = load_config(QUICKSTART, base)
-    expected = {"colocated_sync": ("colocated", 2, 0, "sync"), "split_sync": ("split", 3, 1, "sync"),
-                "split_one_step_off": ("split", 3, 1, "one_step_off"), "split_async": ("split", 3, 1, "async")}
+    expected = {
+        "colocated_sync": ("colocated", 2, 0, "sync"),
+        "split_sync": ("split", 3, 1, "sync"),
+        "split_one_step_off": ("split", 3, 1, "one_step_off"),
+        "split_async": ("split", 3, 1, "async"),
+    }
     for mode in MODES:
         moded = load_config(QUICKSTART, [*base, *mode_overrides(config, mode)])
         placement = moded.placement
-        assert (placement.mode, placement.gpus_per_node, placement.rollout_gpus,
-                moded.trainer.rollout_mode) == expected[mode], mode
+        assert (
+            placement.mode,
+            placement.gpus_per_node,
+            placement.rollout_gpus,
+            moded.trainer.rollout_mode,
+        ) == expected[mode], mode
         assert validate(moded, check_files=False) == [], mode
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["bench", "step", "--modes", "split_sync,async"], "--modes 'split_sync,async': unknown async; choose among "
-                                                       "colocated_sync, split_sync, split_one_step_off, split_async"),
-    (["bench", "train", "--modes", "split_sync"], "compares whole steps of megarl alone"),
-    (["bench", "step", "--modes", ""], "unknown empty list"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["bench", "step", "--modes", "split_sync,async"],
+            "--modes 'split_sync,async': unknown async; choose among "
+            "colocated_sync, split_sync, split_one_step_off, split_async",
+        ),
+        (["bench", "train", "--modes", "split_sync"], "compares whole steps of megarl alone"),
+        (["bench", "step", "--modes", ""], "unknown empty list"),
+    ],
+)
 def test_modes_outside_their_benchmark_or_unknown_are_refused(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
@@ -38,9 +54,12 @@ def test_modes_outside_their_benchmark_or_unknown_are_refused(argv, message, cap
 
 def test_the_table_gives_samples_per_second_and_the_ratio_to_split_sync():
     run = {"samples_per_step": 128, "repeats": 5, "warmup_steps": 1}
-    result = {"config": "q.yaml", "baseline": "split_sync",
-              "modes": {"split_sync": {**run, "step_seconds": 16.0}, "split_one_step_off": {**run, "step_seconds": 8.0}},
-              "samples_per_s": {"split_sync": 8.0, "split_one_step_off": 16.0},
-              "ratios": {"split_sync": 1.0, "split_one_step_off": 2.0}}
+    result = {
+        "config": "q.yaml",
+        "baseline": "split_sync",
+        "modes": {"split_sync": {**run, "step_seconds": 16.0}, "split_one_step_off": {**run, "step_seconds": 8.0}},
+        "samples_per_s": {"split_sync": 8.0, "split_one_step_off": 16.0},
+        "ratios": {"split_sync": 1.0, "split_one_step_off": 2.0},
+    }
     table = markdown(result)
     assert "| split_one_step_off | 8.000 | 16.00 | 2.00 |" in table and "× split_sync" in table

@@ -8,13 +8,27 @@ from pathlib import Path
 import pytest
 
 from megarl.config import load_config
-from megarl.config.memory import (GIB, ModelShape, estimate_memory, memory_report, resident_during_rollout,
-                                 rollout_budget_problems, state_bytes)
+from megarl.config.memory import (
+    GIB,
+    ModelShape,
+    estimate_memory,
+    memory_report,
+    resident_during_rollout,
+    rollout_budget_problems,
+    state_bytes,
+)
 from megarl.config.roles import ParallelConfig
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
-LLAMA_70B = ModelShape(vocab_size=128256, hidden_size=8192, ffn_hidden_size=28672, num_layers=80,
-                       num_attention_heads=64, num_kv_heads=8, head_dim=128)
+LLAMA_70B = ModelShape(
+    vocab_size=128256,
+    hidden_size=8192,
+    ffn_hidden_size=28672,
+    num_layers=80,
+    num_attention_heads=64,
+    num_kv_heads=8,
+    head_dim=128,
+)
 """Llama-3.1-70B's published config.json."""
 
 
@@ -41,18 +55,28 @@ def test_7b_recipe_with_tp2_fits_on_80_gb():
 
 
 def test_70b_with_tp1_does_not_fit_on_80_gb():
-    config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml", "actor.parallel.tensor_model_parallel_size=1",
-                     "ref.parallel.tensor_model_parallel_size=1")
+    config = _recipe(
+        "grpo_qwen2.5-7b_gsm8k.yaml",
+        "actor.parallel.tensor_model_parallel_size=1",
+        "ref.parallel.tensor_model_parallel_size=1",
+    )
     estimate = estimate_memory(config, LLAMA_70B, train_gpus=8)
     assert not estimate.fits
     assert estimate.roles[0].parameters > 80 * GIB  # the bf16 weights alone exceed the GPU
 
 
 def test_70b_fits_with_enough_model_parallelism_and_offload():
-    config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml", "actor.parallel.tensor_model_parallel_size=8",
-                     "actor.parallel.pipeline_model_parallel_size=4", "ref.parallel.tensor_model_parallel_size=8",
-                     "ref.parallel.pipeline_model_parallel_size=4", "placement.nnodes=4", "ref.offload_params=true",
-                     "actor.offload.params=true", "rollout.gpu_memory_utilization=0.5")
+    config = _recipe(
+        "grpo_qwen2.5-7b_gsm8k.yaml",
+        "actor.parallel.tensor_model_parallel_size=8",
+        "actor.parallel.pipeline_model_parallel_size=4",
+        "ref.parallel.tensor_model_parallel_size=8",
+        "ref.parallel.pipeline_model_parallel_size=4",
+        "placement.nnodes=4",
+        "ref.offload_params=true",
+        "actor.offload.params=true",
+        "rollout.gpu_memory_utilization=0.5",
+    )
     assert estimate_memory(config, LLAMA_70B, train_gpus=32).fits
 
 
@@ -83,14 +107,21 @@ def test_optimizer_cpu_offload_leaves_the_rest_of_the_optimizer_state_on_the_gpu
         moved = estimate.roles[0]
         assert moved.optimizer == pytest.approx(actor.optimizer * (1 - fraction), abs=1)
         assert (moved.parameters, moved.gradients, moved.activations) == (
-            actor.parameters, actor.gradients, actor.activations)
+            actor.parameters,
+            actor.gradients,
+            actor.activations,
+        )
         assert f"actor.optim.cpu_offload: {fraction:.0%} of the optimizer state in host memory" in estimate.runs
 
 
 def test_recompute_shrinks_activations():
     full = _recipe("grpo_qwen2.5-7b_gsm8k.yaml")
-    none = dataclasses.replace(full, actor=dataclasses.replace(full.actor, recompute=dataclasses.replace(
-        full.actor.recompute, granularity="none", num_layers=None)))
+    none = dataclasses.replace(
+        full,
+        actor=dataclasses.replace(
+            full.actor, recompute=dataclasses.replace(full.actor.recompute, granularity="none", num_layers=None)
+        ),
+    )
     shape = ModelShape.of(full.model.path)
     with_recompute = estimate_memory(full, shape, train_gpus=8).roles[0].activations
     without = estimate_memory(none, shape, train_gpus=8).roles[0].activations
@@ -104,8 +135,9 @@ def test_interleaved_schedule_keeps_more_activations_and_the_same_state():
     config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml")
 
     def actor_at(vpp):
-        parallel = ParallelConfig(tensor_model_parallel_size=2, pipeline_model_parallel_size=4,
-                                  virtual_pipeline_model_parallel_size=vpp)
+        parallel = ParallelConfig(
+            tensor_model_parallel_size=2, pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=vpp
+        )
         recompute = dataclasses.replace(config.actor.recompute, granularity="none", num_layers=None)
         actor = dataclasses.replace(config.actor, parallel=parallel, recompute=recompute)
         return estimate_memory(dataclasses.replace(config, actor=actor), shape, train_gpus=8).roles[0]
@@ -125,11 +157,33 @@ def test_validate_prints_the_estimate(capsys):
     assert verdict.endswith("(keeps 2): fits") and "+ 2.0 GiB of CUDA contexts and NCCL buffers" in verdict
     # On 40 GiB, with the grad buffer kept on the GPU, the engines' 0.6 cannot be free beside the actor and
     # reference: refused, naming what fits.
-    assert main(["validate", "--no-file-checks", "--gpu-memory-gib", "40", str(CONFIGS / "grpo_qwen2.5-7b_gsm8k.yaml"),
-                 "actor.offload.grads=false"]) == 2
+    assert (
+        main(
+            [
+                "validate",
+                "--no-file-checks",
+                "--gpu-memory-gib",
+                "40",
+                str(CONFIGS / "grpo_qwen2.5-7b_gsm8k.yaml"),
+                "actor.offload.grads=false",
+            ]
+        )
+        == 2
+    )
     assert "rollout.gpu_memory_utilization = 0.6" in capsys.readouterr().err
-    assert main(["validate", "--no-file-checks", "--gpu-memory-gib", "40", str(CONFIGS / "grpo_qwen2.5-7b_gsm8k.yaml"),
-                 "rollout.gpu_memory_utilization=0.25"]) == 0
+    assert (
+        main(
+            [
+                "validate",
+                "--no-file-checks",
+                "--gpu-memory-gib",
+                "40",
+                str(CONFIGS / "grpo_qwen2.5-7b_gsm8k.yaml"),
+                "rollout.gpu_memory_utilization=0.25",
+            ]
+        )
+        == 0
+    )
     assert "(keeps 2): does not fit" in capsys.readouterr().out
 
 
@@ -140,14 +194,25 @@ def test_the_engines_budget_must_fit_beside_what_megatron_keeps_resident():
     most = int((80 * GIB - resident) / (80 * GIB) * 100) / 100
     (problem,) = rollout_budget_problems(config, 80)
     assert problem.key == "rollout.gpu_memory_utilization" and f"use at most {most:.2f}" in problem.fix
-    assert not rollout_budget_problems(_recipe("grpo_qwen2.5-7b_gsm8k.yaml", f"rollout.gpu_memory_utilization={most}"), 80)
+    assert not rollout_budget_problems(
+        _recipe("grpo_qwen2.5-7b_gsm8k.yaml", f"rollout.gpu_memory_utilization={most}"), 80
+    )
     # Offloading the parameters and gradients too leaves room for more.
-    offloaded = _recipe("grpo_qwen2.5-7b_gsm8k.yaml", "rollout.gpu_memory_utilization=0.9", "actor.offload.params=true",
-                        "actor.offload.grads=true", "ref.offload_params=true")
+    offloaded = _recipe(
+        "grpo_qwen2.5-7b_gsm8k.yaml",
+        "rollout.gpu_memory_utilization=0.9",
+        "actor.offload.params=true",
+        "actor.offload.grads=true",
+        "ref.offload_params=true",
+    )
     assert not rollout_budget_problems(offloaded, 80)
     # Engines on GPUs of their own take what they are given.
-    split = _recipe("grpo_qwen2.5-7b_gsm8k.yaml", "rollout.gpu_memory_utilization=0.9", "placement.mode=split",
-                    "placement.rollout_gpus=4")
+    split = _recipe(
+        "grpo_qwen2.5-7b_gsm8k.yaml",
+        "rollout.gpu_memory_utilization=0.9",
+        "placement.mode=split",
+        "placement.rollout_gpus=4",
+    )
     assert not rollout_budget_problems(split, 80)
 
 
@@ -157,8 +222,9 @@ def test_gradients_are_fp32_and_the_main_copy_exists_only_for_bf16(dtype, param_
     parameter dtype; Adam's fp32 moments, plus fp32 main parameters for bf16 ones."""
     shape = ModelShape.of("Qwen/Qwen2.5-7B-Instruct")
     params = shape.rank_parameters(2, 1)
-    got = state_bytes(shape, ParallelConfig(tensor_model_parallel_size=2), 4, dtype, distributed_optimizer=False,
-                      trained=True)
+    got = state_bytes(
+        shape, ParallelConfig(tensor_model_parallel_size=2), 4, dtype, distributed_optimizer=False, trained=True
+    )
     assert got == (params * param_bytes, params * 4, params * optimizer_bytes)
 
 
@@ -193,16 +259,25 @@ def test_a_packed_micro_batch_is_sized_as_the_rows_its_budget_holds():
 
     def actor_activations(actor: dict) -> int:
         problems = []
-        config = build_config({"data": {"max_prompt_length": 100}, "rollout": {"max_new_tokens": 28},
-                               "actor": actor}, problems)
+        config = build_config(
+            {"data": {"max_prompt_length": 100}, "rollout": {"max_new_tokens": 28}, "actor": actor}, problems
+        )
         assert problems == []
-        shape = ModelShape(vocab_size=100, hidden_size=256, ffn_hidden_size=512, num_layers=4,
-                           num_attention_heads=4, num_kv_heads=2, head_dim=64)
+        shape = ModelShape(
+            vocab_size=100,
+            hidden_size=256,
+            ffn_hidden_size=512,
+            num_layers=4,
+            num_attention_heads=4,
+            num_kv_heads=2,
+            head_dim=64,
+        )
         [actor_memory, *_] = estimate_memory(config, shape, train_gpus=1).roles
         return actor_memory.activations
 
-    assert actor_activations({"micro_batch_size_per_gpu": 8, "max_tokens_per_micro_batch": 3 * 128 + 5}) == \
-        actor_activations({"micro_batch_size_per_gpu": 3})
+    assert actor_activations(
+        {"micro_batch_size_per_gpu": 8, "max_tokens_per_micro_batch": 3 * 128 + 5}
+    ) == actor_activations({"micro_batch_size_per_gpu": 3})
 
 
 def test_the_7b_recipe_keeps_its_margin_and_would_not_without_the_grads_offload():
@@ -210,8 +285,12 @@ def test_the_7b_recipe_keeps_its_margin_and_would_not_without_the_grads_offload(
     full. Its rollout phase (vLLM's 48 GiB beside what the actor and reference keep) plus two processes'
     CUDA contexts and NCCL buffers keeps more than the margin; with the grad buffer left on the GPU it
     would keep 1.6 GiB, less than the margin."""
-    with_offload = estimate_memory(config := _recipe("grpo_qwen2.5-7b_gsm8k.yaml"), ModelShape.of(config.model.path),
-                                   train_gpus=8, processes_per_train_gpu=2)
+    with_offload = estimate_memory(
+        config := _recipe("grpo_qwen2.5-7b_gsm8k.yaml"),
+        ModelShape.of(config.model.path),
+        train_gpus=8,
+        processes_per_train_gpu=2,
+    )
     assert with_offload.runtime_bytes == 2 * GIB and with_offload.fits and with_offload.spare_bytes > 10 * GIB
     grads_kept = _recipe("grpo_qwen2.5-7b_gsm8k.yaml", "actor.offload.grads=false")
     without = estimate_memory(grads_kept, ModelShape.of(config.model.path), train_gpus=8, processes_per_train_gpu=2)

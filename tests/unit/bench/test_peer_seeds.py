@@ -11,12 +11,16 @@ def _result(contenders: dict, seed: int | None = None) -> dict:
 
 
 def test_a_later_run_of_a_contender_and_seed_replaces_an_earlier_one_and_failures_are_left_out():
-    runs = runs_by_seed([
-        _result({"trl": {"reward_per_step": FLAT}, "megarl": {"reward_per_step": RISING}}),  # before `seed` existed: 0
-        _result({"trl": {"reward_per_step": RISING}}, seed=0),
-        _result({"trl": {"reward_per_step": FLAT}, "megarl": {"error": "boom"}}, seed=2),
-        _result({"megarl": {"reward_per_step": FLAT}}, seed=1),
-    ])
+    runs = runs_by_seed(
+        [
+            _result(
+                {"trl": {"reward_per_step": FLAT}, "megarl": {"reward_per_step": RISING}}
+            ),  # before `seed` existed: 0
+            _result({"trl": {"reward_per_step": RISING}}, seed=0),
+            _result({"trl": {"reward_per_step": FLAT}, "megarl": {"error": "boom"}}, seed=2),
+            _result({"megarl": {"reward_per_step": FLAT}}, seed=1),
+        ]
+    )
     assert runs == {"trl": {0: RISING, 2: FLAT}, "megarl": {0: RISING, 1: FLAT}}
 
 

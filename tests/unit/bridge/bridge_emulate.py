@@ -14,16 +14,39 @@ VOCAB_DIVISIBLE_BY = 128
 
 CONFIGS = {
     # GQA with 2 KV groups per TP-2 rank, untied, q/k/v biases.
-    "qwen2": dict(model_type="qwen2", hidden_size=256, num_attention_heads=8, num_key_value_heads=4, tie_word_embeddings=False),
+    "qwen2": dict(
+        model_type="qwen2", hidden_size=256, num_attention_heads=8, num_key_value_heads=4, tie_word_embeddings=False
+    ),
     # Tied embeddings (no lm_head), GQA.
-    "llama": dict(model_type="llama", hidden_size=256, num_attention_heads=8, num_key_value_heads=4, head_dim=32, tie_word_embeddings=True),
+    "llama": dict(
+        model_type="llama",
+        hidden_size=256,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        tie_word_embeddings=True,
+    ),
     # q/k norms, one KV head per query head (MHA).
-    "qwen3": dict(model_type="qwen3", hidden_size=128, num_attention_heads=4, num_key_value_heads=4, head_dim=32, tie_word_embeddings=False),
+    "qwen3": dict(
+        model_type="qwen3",
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=32,
+        tie_word_embeddings=False,
+    ),
 }
 
 
 def dims_of(arch: str, **overrides):
-    config = dict(vocab_size=100, intermediate_size=384, num_hidden_layers=4, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=10000.0)
+    config = dict(
+        vocab_size=100,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+    )
     config.update(CONFIGS[arch], **overrides)
     return read_model_dims(config)
 
@@ -38,7 +61,11 @@ def megatron_shards(plan: SyncPlan, hf_tensors) -> dict[str, list[torch.Tensor]]
     tp = plan.layout.train_tp
     return {
         p.megatron_name: tp_shards_from_hf(
-            param_mapping(p.megatron_name, plan.dims), hf_tensors, plan.dims, tp_size=tp, vocab_divisible_by=VOCAB_DIVISIBLE_BY
+            param_mapping(p.megatron_name, plan.dims),
+            hf_tensors,
+            plan.dims,
+            tp_size=tp,
+            vocab_divisible_by=VOCAB_DIVISIBLE_BY,
         )
         for p in plan.params
     }

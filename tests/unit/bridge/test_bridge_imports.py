@@ -20,11 +20,15 @@ def _under(module: str, prefix: str) -> bool:
 
 def test_importing_the_bridge_loads_nothing_above_it():
     """A fresh interpreter that imported megarl.bridge and each of its modules holds no module above it."""
-    code = ("import importlib, json, pkgutil, sys, megarl.bridge\n"
-            "for info in pkgutil.walk_packages(megarl.bridge.__path__, 'megarl.bridge.'):\n"
-            "    importlib.import_module(info.name)\n"
-            "print(json.dumps(sorted(sys.modules)))")
-    loaded = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, check=True, capture_output=True, text=True)
+    code = (
+        "import importlib, json, pkgutil, sys, megarl.bridge\n"
+        "for info in pkgutil.walk_packages(megarl.bridge.__path__, 'megarl.bridge.'):\n"
+        "    importlib.import_module(info.name)\n"
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], cwd=PACKAGE.parent, check=True, capture_output=True, text=True
+    )
     modules = json.loads(loaded.stdout)
     assert "megarl.bridge.plan" in modules  # the probe really imported the bridge
     bad = [m for m in modules if any(_under(m, f) for f in BRIDGE_MUST_NOT_LOAD)]

@@ -8,8 +8,8 @@ import pickle
 import pytest
 import torch
 
-from megarl.bridge.transports.cuda_ipc import CudaIpcTransport, IpcBucket, pack_ipc_bucket, with_device
 from megarl.bridge.protocol import pack
+from megarl.bridge.transports.cuda_ipc import CudaIpcTransport, IpcBucket, pack_ipc_bucket, with_device
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 
@@ -27,7 +27,23 @@ def test_cpu_buckets_are_refused():
 
 def test_receiver_substitutes_its_device_index_and_the_bucket_pickles():
     # rebuild_cuda_tensor's argument tuple (torch 2.x): the device is its 7th entry.
-    args = (torch.Tensor, (4,), (1,), 0, "storage", torch.float32, 3, b"handle", 16, 0, False, b"ref", 0, b"event", True)
+    args = (
+        torch.Tensor,
+        (4,),
+        (1,),
+        0,
+        "storage",
+        torch.float32,
+        3,
+        b"handle",
+        16,
+        0,
+        False,
+        b"ref",
+        0,
+        b"event",
+        True,
+    )
     moved = with_device(args, 0)
     assert moved[6] == 0 and moved[:6] == args[:6] and moved[7:] == args[7:]
     _, metadata = pack([("model.norm.weight", torch.ones(4))])

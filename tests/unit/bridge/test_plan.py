@@ -11,10 +11,11 @@ import torch
 from bridge_emulate import CONFIGS, dims_of, emulated_buckets, megatron_shards, random_hf_tensors
 
 from megarl.bridge.plan import LayoutPair, build_plan
-from megarl.models.layout import hf_param_shapes
 from megarl.bridge.protocol import unpack
+from megarl.models.layout import hf_param_shapes
 
 LAYOUTS = [LayoutPair(tp, pp, rtp) for tp, pp in [(1, 1), (2, 1), (1, 2), (2, 2), (4, 2)] for rtp in (1, 2)]
+
 
 @pytest.mark.parametrize("arch", sorted(CONFIGS))
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda pair: f"tp{pair.train_tp}pp{pair.train_pp}-rtp{pair.rollout_tp}")
@@ -85,7 +86,9 @@ def test_virtual_stages_send_their_round_robin_layers():
 def test_plan_is_built_once_per_layout_pair():
     dims = dims_of("llama")
     assert build_plan(dims, LayoutPair(2, 1, 2), bucket_mb=16) is build_plan(dims, LayoutPair(2, 1, 2), bucket_mb=16)
-    assert build_plan(dims, LayoutPair(2, 1, 2), bucket_mb=16) is not build_plan(dims, LayoutPair(2, 1, 1), bucket_mb=16)
+    assert build_plan(dims, LayoutPair(2, 1, 2), bucket_mb=16) is not build_plan(
+        dims, LayoutPair(2, 1, 1), bucket_mb=16
+    )
 
 
 def test_layouts_that_do_not_fit_are_reported_together():

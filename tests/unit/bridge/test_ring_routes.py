@@ -21,13 +21,16 @@ def device_of_worker(engine: int, tp_rank: int, rollout_tp: int) -> int:
     return engine * rollout_tp + tp_rank
 
 
-@pytest.mark.parametrize("tp, pp, dp, rollout_tp, mode", [
-    (2, 1, 2, 2, "per_rank"),      # TP matches, PP 1: each rank's own shards
-    (1, 1, 4, 1, "per_rank"),
-    (2, 1, 2, 1, "scheduled"),     # TP differs: the planner's pieces, assembled on the worker's rank
-    (1, 2, 2, 2, "scheduled"),     # PP 2: a rank holds one stage only
-    (2, 2, 1, 2, "scheduled"),     # TP matches but PP 2
-])
+@pytest.mark.parametrize(
+    "tp, pp, dp, rollout_tp, mode",
+    [
+        (2, 1, 2, 2, "per_rank"),  # TP matches, PP 1: each rank's own shards
+        (1, 1, 4, 1, "per_rank"),
+        (2, 1, 2, 1, "scheduled"),  # TP differs: the planner's pieces, assembled on the worker's rank
+        (1, 2, 2, 2, "scheduled"),  # PP 2: a rank holds one stage only
+        (2, 2, 1, 2, "scheduled"),  # TP matches but PP 2
+    ],
+)
 def test_colocated_workers_read_only_the_ring_on_their_own_device(tp, pp, dp, rollout_tp, mode):
     world = tp * pp * dp
     engines = world // rollout_tp
@@ -59,7 +62,8 @@ def test_scheduled_senders_are_dp_replica_0s_ranks_in_the_schedules_order(tp, pp
     assert routes.mode == "scheduled"
     # Schedule sender i (`plan.sender_rank`) is stage i // tp, TP rank i % tp, of DP replica 0.
     assert [(layout[rank]["pp_rank"], layout[rank]["tp_rank"], layout[rank]["dp_rank"]) for rank in routes.senders] == [
-        (*divmod(sender, tp), 0) for sender in range(tp * pp)]
+        (*divmod(sender, tp), 0) for sender in range(tp * pp)
+    ]
 
 
 def test_engine_rings_hands_each_engine_its_workers_rings():
@@ -88,8 +92,9 @@ def test_split_scheduled_worker_r_of_every_engine_reads_rank_rs_ring():
 def test_split_gathered_is_rank_0s_ring_read_by_every_worker():
     # The per-rank load off (HF backend, per_rank: never), or more workers per engine than ranks.
     for tp, rollout_tp, per_rank in ((2, 1, False), (1, 2, True)):
-        routes = route_rings(grids(tp=tp, pp=1, dp=1), engines=2, rollout_tp=rollout_tp, colocated=False,
-                             per_rank=per_rank)
+        routes = route_rings(
+            grids(tp=tp, pp=1, dp=1), engines=2, rollout_tp=rollout_tp, colocated=False, per_rank=per_rank
+        )
         assert routes.mode == "rank0"
         assert routes.sources == ((((0,),) * rollout_tp),) * 2
         assert routes.readers == (2 * rollout_tp,) + (0,) * (tp - 1)

@@ -69,7 +69,7 @@ def _vllm_rank_tensor(param, hf, dims, tp: int, rank: int) -> torch.Tensor:
     if param.kind == "qkv":
         q, k, v = tensors
         kv_head = rank * dims.num_kv_heads // tp if tp > dims.num_kv_heads else None
-        kv = [t[kv_head * d:(kv_head + 1) * d] if kv_head is not None else t.chunk(tp)[rank] for t in (k, v)]
+        kv = [t[kv_head * d : (kv_head + 1) * d] if kv_head is not None else t.chunk(tp)[rank] for t in (k, v)]
         return torch.cat([q.chunk(tp)[rank], *kv])
     padded = -(-dims.vocab_size // 64) * 64
     out = tensors[0].new_zeros(padded, *tensors[0].shape[1:])
@@ -79,8 +79,11 @@ def _vllm_rank_tensor(param, hf, dims, tp: int, rank: int) -> torch.Tensor:
 
 def _dims(tp: int, rollout: int):
     # KV heads 4 fit every TP here; 2 KV heads make rollout TP 4 replicate them (vLLM's KV replicas).
-    return dims_of("qwen2", vocab_size=300) if tp == 4 or rollout < 4 else dims_of("qwen2", num_key_value_heads=2,
-                                                                                    vocab_size=300)
+    return (
+        dims_of("qwen2", vocab_size=300)
+        if tp == 4 or rollout < 4
+        else dims_of("qwen2", num_key_value_heads=2, vocab_size=300)
+    )
 
 
 @pytest.mark.parametrize("tp,pp,rollout", PAIRS)
@@ -96,22 +99,34 @@ def test_every_element_a_worker_needs_arrives_once_from_a_sender_that_holds_it(t
                 assert held.start <= piece.start < piece.stop <= held.stop
                 assert piece.source == piece.start - held.start
         for worker in range(rollout):
-            for param, (_, slot_view) in zip(bucket.bucket.params,
-                                             unpack(torch.zeros(bucket.received[worker].numel),  # counts
-                                                    bucket.received[worker])):
+            for param, (_, slot_view) in zip(
+                bucket.bucket.params,
+                unpack(
+                    torch.zeros(bucket.received[worker].numel),  # counts
+                    bucket.received[worker],
+                ),
+            ):
                 for piece in (p for p in bucket.pieces if p.worker == worker and p.param is param):
                     width = piece.stop - piece.start
-                    region = (slot_view[:, piece.target:piece.target + width] if piece.columns
-                              else slot_view[piece.target:piece.target + width])
+                    region = (
+                        slot_view[:, piece.target : piece.target + width]
+                        if piece.columns
+                        else slot_view[piece.target : piece.target + width]
+                    )
                     region += 1
                 real = slot_view
                 if param.kind == "vocab":
-                    rows = [p.target + p.stop - p.start for p in bucket.pieces if p.worker == worker and p.param is param]
-                    real, padding = slot_view[: max(rows, default=0)], slot_view[max(rows, default=0):]
+                    rows = [
+                        p.target + p.stop - p.start for p in bucket.pieces if p.worker == worker and p.param is param
+                    ]
+                    real, padding = slot_view[: max(rows, default=0)], slot_view[max(rows, default=0) :]
                     assert padding.eq(0).all(), param.megatron_name
                 assert real.eq(1).all(), (param.megatron_name, worker)
-    sent = sum(schedule.bytes_sent(sender_rank(layout, pp_rank, tp_rank), engines=1)
-               for pp_rank in range(pp) for tp_rank in range(tp))
+    sent = sum(
+        schedule.bytes_sent(sender_rank(layout, pp_rank, tp_rank), engines=1)
+        for pp_rank in range(pp)
+        for tp_rank in range(tp)
+    )
     assert sent == sum(schedule.bytes_needed(worker) for worker in range(rollout))
 
 
@@ -130,7 +145,9 @@ def test_workers_assemble_the_tensors_vllm_would_load(arch, tp, pp, rollout):
         records.append(LoadedChecksums("float32"))
         for bucket in schedule.buckets:
             flat = receive_bucket(bucket, worker, _Wire(_sent(schedule, bucket, worker, shards)), torch.device("cpu"))
-            received = recorded(unpack(flat, bucket.received[worker]), records[-1], VllmRankLayout(dims, rollout, worker))
+            received = recorded(
+                unpack(flat, bucket.received[worker]), records[-1], VllmRankLayout(dims, rollout, worker)
+            )
             for param, (name, tensor) in zip(bucket.bucket.params, received):
                 assert torch.equal(tensor, _vllm_rank_tensor(param, hf, dims, rollout, worker)), (name, worker)
                 if tp == rollout and param.kind != "vocab":  # the per-rank sync's conversion agrees
@@ -162,8 +179,11 @@ def test_replicated_tensors_are_spread_over_the_stage_and_vocabulary_padding_is_
     pieces = [p for b in schedule.buckets for p in b.pieces]
     norms = {p.worker: p.tp_rank for p in pieces if p.param.megatron_name == "decoder.final_layernorm.weight"}
     assert norms == {0: 0, 1: 1}
-    embedding = sorted((p.worker, p.tp_rank, p.start, p.stop) for p in pieces if p.param.kind == "vocab"
-                       and p.param.megatron_name.startswith("embedding"))
+    embedding = sorted(
+        (p.worker, p.tp_rank, p.start, p.stop)
+        for p in pieces
+        if p.param.kind == "vocab" and p.param.megatron_name.startswith("embedding")
+    )
     # vLLM rank 0: rows 0..159, rank 1: rows 160..299 (its rows 300..319 are padding); TP rank 3: none.
     assert embedding == [(0, 0, 0, 128), (0, 1, 128, 160), (1, 1, 160, 256), (1, 2, 256, 300)]
 

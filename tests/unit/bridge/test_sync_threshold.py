@@ -62,5 +62,8 @@ def test_fp32_engines_beside_a_bf16_actor_are_refused(tmp_path):
     recipe.write_text("model:\n  path: some/model\n  dtype: bfloat16\n")
     problems = validate(load_config(recipe, ["rollout.dtype=float32"]), check_files=False)
     assert [p for p in problems if p.key == "rollout.dtype" and "use auto (the model's dtype) or bfloat16" in str(p)]
-    assert not [p for p in validate(load_config(recipe, ["rollout.dtype=bfloat16"]), check_files=False)
-                if p.key == "rollout.dtype"]
+    assert not [
+        p
+        for p in validate(load_config(recipe, ["rollout.dtype=bfloat16"]), check_files=False)
+        if p.key == "rollout.dtype"
+    ]

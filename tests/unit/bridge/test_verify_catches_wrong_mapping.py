@@ -24,8 +24,12 @@ LAYOUT = LayoutPair(train_tp=2, train_pp=1, rollout_tp=1)
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return make_tiny_model(
-        tmp_path_factory.mktemp("bridge_verify"), "qwen2", hidden_size=256, num_attention_heads=8,
-        num_key_value_heads=4, initializer_range=0.2,
+        tmp_path_factory.mktemp("bridge_verify"),
+        "qwen2",
+        hidden_size=256,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        initializer_range=0.2,
     )
 
 

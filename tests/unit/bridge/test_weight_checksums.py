@@ -31,9 +31,17 @@ def trainer_checksums(plan, shards, dtype):
     """What `combine` of every trainer rank's `actor_checksums` gives (DP replica 0, every stage)."""
     layout = plan.layout
     return combine(
-        actor_checksums(plan, {name: ranks[tp] for name, ranks in shards.items()}, tp_size=layout.train_tp,
-                        tp_rank=tp, pp_rank=pp, dp_rank=0, dtype=getattr(torch, dtype))
-        for tp in range(layout.train_tp) for pp in range(layout.train_pp)
+        actor_checksums(
+            plan,
+            {name: ranks[tp] for name, ranks in shards.items()},
+            tp_size=layout.train_tp,
+            tp_rank=tp,
+            pp_rank=pp,
+            dp_rank=0,
+            dtype=getattr(torch, dtype),
+        )
+        for tp in range(layout.train_tp)
+        for pp in range(layout.train_pp)
     )
 
 
@@ -69,14 +77,17 @@ def test_per_rank_vllm_tensors_add_up_to_the_hf_tensors(arch, dtype):
     records = []
     for rank in range(2):
         record = LoadedChecksums(dtype)
-        tensors = [(p.hf_names[0], convert.to_vllm_vocab_rank(hf[p.hf_names[0]], dims, 2, rank)) if p.kind == "vocab"
-                   else convert.to_vllm_rank(p, shards[p.megatron_name][rank], dims, 2) for p in plan.params]
+        tensors = [
+            (p.hf_names[0], convert.to_vllm_vocab_rank(hf[p.hf_names[0]], dims, 2, rank))
+            if p.kind == "vocab"
+            else convert.to_vllm_rank(p, shards[p.megatron_name][rank], dims, 2)
+            for p in plan.params
+        ]
         list(recorded(tensors, record, VllmRankLayout(dims, 2, rank)))
         records.append(record)
     assert records[0].partial and records[0].full  # blocks of linear layers and the vocabulary; norms whole
     expected = {name: tensor_checksum(tensor, getattr(torch, dtype)) for name, tensor in hf.items()}
-    check_checksums(expected, records, dtype=dtype, layout=plan.layout,
-                    engine="e")
+    check_checksums(expected, records, dtype=dtype, layout=plan.layout, engine="e")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -88,8 +99,9 @@ def test_a_wrong_gate_up_merge_on_the_sender_is_named(dtype, monkeypatch):
     expected = trainer_checksums(plan, shards, dtype)
     monkeypatch.setattr(convert, "merge_tp_shards_into", naive_gate_up_merge_into)
     with pytest.raises(WeightChecksumError) as error:
-        check_checksums(expected, [engine_record(plan, shards, dtype)], dtype=dtype, layout=plan.layout,
-                        engine="engine 0")
+        check_checksums(
+            expected, [engine_record(plan, shards, dtype)], dtype=dtype, layout=plan.layout, engine="engine 0"
+        )
     message = str(error.value)
     assert "4 of" in message and "train TP=2/PP=1 → rollout TP=1" in message and "engine 0" in message
     for layer in range(2):

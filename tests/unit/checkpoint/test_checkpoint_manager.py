@@ -44,8 +44,10 @@ def test_commit_writes_a_manifest_that_lists_every_file(tmp_path):
     manifest = read_manifest(step_dir)
     assert manifest.step == 3 and manifest.roles == ["actor"] and manifest.layout == LAYOUT
     assert manifest.files == {"actor/model/__0_0.distcp": len(b"weights"), "extra.json": len('{"step": 3}')}
-    assert manifest.sha256 == {"actor/model/__0_0.distcp": hashlib.sha256(b"weights").hexdigest(),
-                               "extra.json": hashlib.sha256(b'{"step": 3}').hexdigest()}
+    assert manifest.sha256 == {
+        "actor/model/__0_0.distcp": hashlib.sha256(b"weights").hexdigest(),
+        "extra.json": hashlib.sha256(b'{"step": 3}').hexdigest(),
+    }
     assert [p.name for p in tmp_path.iterdir()] == [step_dir.name]  # the temp dir became the step dir
 
 
@@ -57,7 +59,10 @@ def test_commit_writes_a_manifest_that_lists_every_file(tmp_path):
         (lambda d: (d / "extra.json").unlink(), "extra.json is listed in manifest.json but missing"),
         (lambda d: (d / "actor/model/__0_0.distcp").write_bytes(b"trunc"), "has 5 bytes, manifest.json lists 7"),
         (lambda d: d.rename(d.parent / step_dir_name(4)), "is for step 3"),
-        (lambda d: _edit_manifest(d, format="megarl-checkpoint/1"), "checkpoints of format megarl-checkpoint/1 carry no checksums"),
+        (
+            lambda d: _edit_manifest(d, format="megarl-checkpoint/1"),
+            "checkpoints of format megarl-checkpoint/1 carry no checksums",
+        ),
         (lambda d: _edit_manifest(d, sha256={}), "do not list the same files"),
     ],
     ids=["no-manifest", "corrupt-manifest", "missing-file", "wrong-size", "renamed", "old-format", "checksums-dropped"],
@@ -89,13 +94,19 @@ def test_checksums_find_same_size_damage_that_sizes_miss(tmp_path):
     verify_checksums(step_dir, read_manifest(step_dir))  # intact
     _flip_a_byte(step_dir)
     manifest = read_manifest(step_dir)  # the sizes still agree
-    with pytest.raises(CheckpointError, match=r"step_00000003 is damaged: actor/model/__0_0.distcp has SHA-256 \w+\.\.\., "
-                                              r"manifest.json lists \w+"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"step_00000003 is damaged: actor/model/__0_0.distcp has SHA-256 \w+\.\.\., "
+        r"manifest.json lists \w+",
+    ):
         verify_checksums(step_dir, manifest)
 
 
-@pytest.mark.parametrize("damage", [_flip_a_byte, lambda d: (d / "actor/model/__0_0.distcp").write_bytes(b"trunc")],
-                         ids=["same-size", "truncated"])
+@pytest.mark.parametrize(
+    "damage",
+    [_flip_a_byte, lambda d: (d / "actor/model/__0_0.distcp").write_bytes(b"trunc")],
+    ids=["same-size", "truncated"],
+)
 def test_resume_auto_falls_back_to_the_newest_intact_checkpoint_and_says_so(tmp_path, damage):
     _save(tmp_path, 1)
     intact, newest = _save(tmp_path, 2), _save(tmp_path, 3)
@@ -103,15 +114,20 @@ def test_resume_auto_falls_back_to_the_newest_intact_checkpoint_and_says_so(tmp_
     said = []
     assert CheckpointManager(tmp_path).resolve_resume("auto", report=said.append).path == intact
     assert len(said) == 2, said
-    assert said[0].startswith(f"checkpoint.resume=auto: passing over {newest}: {newest} is damaged: actor/model/__0_0.distcp has ")
+    assert said[0].startswith(
+        f"checkpoint.resume=auto: passing over {newest}: {newest} is damaged: actor/model/__0_0.distcp has "
+    )
     assert said[1] == f"checkpoint.resume=auto: resuming from {intact}, the newest intact checkpoint"
 
 
 def test_resume_auto_refuses_when_every_checkpoint_is_damaged(tmp_path):
     for step in (1, 2):
         _flip_a_byte(_save(tmp_path, step))
-    with pytest.raises(CheckpointError, match=r"no checkpoint under .* is intact \(step_00000002, step_00000001\); "
-                                              "set checkpoint.resume=disable to start anew"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"no checkpoint under .* is intact \(step_00000002, step_00000001\); "
+        "set checkpoint.resume=disable to start anew",
+    ):
         CheckpointManager(tmp_path).resolve_resume("auto", report=lambda line: None)
 
 
@@ -125,7 +141,9 @@ def test_resume_checks_the_parts_of_a_checkpoint_too(tmp_path):
     manager = CheckpointManager(tmp_path, parts=("critic",))
     assert manager.resolve_resume("auto", report=said.append).path == intact
     assert "critic/step_00000002 is damaged" in said[0]
-    with pytest.raises(CheckpointError, match=r"checkpoint.resume='.*step_00000002': .*critic/step_00000002 is damaged"):
+    with pytest.raises(
+        CheckpointError, match=r"checkpoint.resume='.*step_00000002': .*critic/step_00000002 is damaged"
+    ):
         manager.resolve_resume(str(tmp_path / step_dir_name(2)))
 
 
@@ -183,7 +201,9 @@ def test_rotation_removes_the_parts_of_removed_and_of_never_completed_checkpoint
     CheckpointManager(tmp_path, max_keep=2, parts=("critic",)).rotate()
     kept = CheckpointManager(tmp_path).complete()
     assert [c.step for c in kept] == [2, 3]
-    assert [c.path for c in CheckpointManager(tmp_path / "critic").complete()] == [part_dir(c.path, "critic") for c in kept]
+    assert [c.path for c in CheckpointManager(tmp_path / "critic").complete()] == [
+        part_dir(c.path, "critic") for c in kept
+    ]
 
 
 def test_rotation_never_deletes_the_only_complete_checkpoint(tmp_path):

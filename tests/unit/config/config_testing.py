@@ -61,4 +61,3 @@ def snapshot(directory: Path) -> dict[str, tuple[int, int]]:
 
 def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error: ")]
-

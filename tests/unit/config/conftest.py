@@ -2,7 +2,6 @@
 
 import pytest
 import yaml
-
 from config_testing import write_model
 
 
@@ -18,8 +17,12 @@ def workdir(tmp_path, monkeypatch):
     (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
     recipe = {
         "model": {"path": str(tmp_path / "model"), "dtype": "float32"},
-        "actor": {"parallel": {"tensor_model_parallel_size": 2}, "micro_batch_size_per_gpu": 4,
-                  "ppo_mini_batch_size": 4, "use_kl_loss": True},
+        "actor": {
+            "parallel": {"tensor_model_parallel_size": 2},
+            "micro_batch_size_per_gpu": 4,
+            "ppo_mini_batch_size": 4,
+            "use_kl_loss": True,
+        },
         "ref": {"micro_batch_size_per_gpu": 4},
         "rollout": {"n": 4, "max_new_tokens": 16},
         "data": {"train_files": [str(tmp_path / "train.jsonl")], "train_batch_size": 8, "max_prompt_length": 64},

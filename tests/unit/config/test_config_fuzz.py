@@ -25,10 +25,10 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from config_testing import error_lines, run_validate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from config_testing import error_lines, run_validate
 from megarl.cli.validate import run as validate_command
 from megarl.config import Config, ConfigError, load_config
 from megarl.config.sft import SftConfig
@@ -36,8 +36,13 @@ from megarl.config.sft import SftConfig
 CPU_LIMIT_S = 10
 """CPU seconds one example may use. The hypothesis deadline only judges an example once it returns; this
 alarm (CPU time, so a loaded machine does not trip it) turns one that never returns into a failure."""
-FUZZ = settings(max_examples=120, deadline=timedelta(seconds=5), derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=120,
+    deadline=timedelta(seconds=5),
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 """Every property: 120 examples, the same ones every run; the deadline (wall time) is far above the
 milliseconds an example takes, so only a blow-up trips it."""
 
@@ -58,34 +63,139 @@ def schema_keys(schema) -> dict[str, object]:
 
 # --- values
 
-HUGE_INT_TEXTS = ["1" * 5000, "-" + "9" * 4400, "0x" + "f" * 5000, "0x" + "f" * 4000, "1_000_" + "0" * 5000,
-                  "9" * 4300 + ".5"]
+HUGE_INT_TEXTS = [
+    "1" * 5000,
+    "-" + "9" * 4400,
+    "0x" + "f" * 5000,
+    "0x" + "f" * 4000,
+    "1_000_" + "0" * 5000,
+    "9" * 4300 + ".5",
+]
 """Integers past Python's 4300-digit limit of int <-> str conversion, as YAML text."""
 SPECIAL_SCALARS = [
-    "~", "null", "NULL", "", "true", "True", "yes", "no", "on", "off", "y", "n", ".inf", "-.inf", ".nan", ".NaN",
-    "1e999", "-1e999", "1e-999", "0x1F", "0o17", "017", "0b101", "1_000", "1:20:30", "-0", "+1", "2001-12-14",
-    "2001-12-14t21:59:43.10-05:00", "!!binary aGVsbG8=", "!!timestamp x", "!!timestamp 2001-13-45", "!!bool x",
-    "!!set [1]", "!!map [1]", "!!set {a, b}", "!!omap [a: 1]", "!!str 3", "!!int x",
-    "!!float abc", "!foo bar", "!!python/object/apply:os.system [echo]", "&a [*a]", "&a {x: *a}", "*undefined",
-    "[1, [2, [3]]]", "{a: 1}", "{a: {b: {c: 1}}}", "[" * 300 + "]" * 300, "{a: " * 300 + "1" + "}" * 300,
-    "? [a, b]", "{? [a, b]: 1}", "{<<: {a: 1}}", "{<<: [1]}", "{<<: 3}", "{a: 1, a: 2}", "'unterminated",
-    '"\\x00"', '"\\ud800"', "- a", "a: b", "|\n  block", ">-\n  x", "%YAML 1.2", "---", "...", "#comment",
-    "\t", "@", "`", "=", "a=b", "~/x", "~nosuchuser/x", "/", ".", "..", "a\\b", "C:\\x", "\x00",
+    "~",
+    "null",
+    "NULL",
+    "",
+    "true",
+    "True",
+    "yes",
+    "no",
+    "on",
+    "off",
+    "y",
+    "n",
+    ".inf",
+    "-.inf",
+    ".nan",
+    ".NaN",
+    "1e999",
+    "-1e999",
+    "1e-999",
+    "0x1F",
+    "0o17",
+    "017",
+    "0b101",
+    "1_000",
+    "1:20:30",
+    "-0",
+    "+1",
+    "2001-12-14",
+    "2001-12-14t21:59:43.10-05:00",
+    "!!binary aGVsbG8=",
+    "!!timestamp x",
+    "!!timestamp 2001-13-45",
+    "!!bool x",
+    "!!set [1]",
+    "!!map [1]",
+    "!!set {a, b}",
+    "!!omap [a: 1]",
+    "!!str 3",
+    "!!int x",
+    "!!float abc",
+    "!foo bar",
+    "!!python/object/apply:os.system [echo]",
+    "&a [*a]",
+    "&a {x: *a}",
+    "*undefined",
+    "[1, [2, [3]]]",
+    "{a: 1}",
+    "{a: {b: {c: 1}}}",
+    "[" * 300 + "]" * 300,
+    "{a: " * 300 + "1" + "}" * 300,
+    "? [a, b]",
+    "{? [a, b]: 1}",
+    "{<<: {a: 1}}",
+    "{<<: [1]}",
+    "{<<: 3}",
+    "{a: 1, a: 2}",
+    "'unterminated",
+    '"\\x00"',
+    '"\\ud800"',
+    "- a",
+    "a: b",
+    "|\n  block",
+    ">-\n  x",
+    "%YAML 1.2",
+    "---",
+    "...",
+    "#comment",
+    "\t",
+    "@",
+    "`",
+    "=",
+    "a=b",
+    "~/x",
+    "~nosuchuser/x",
+    "/",
+    ".",
+    "..",
+    "a\\b",
+    "C:\\x",
+    "\x00",
     *HUGE_INT_TEXTS,
 ]
 """Plain YAML text that a parser reads as something other than a string, or not at all."""
 
 EDGE_INTS = st.sampled_from([0, -1, 1, 2, 3, 7, 2**31, 2**63 - 1, 2**63, 2**64, -(2**64), 10**30, 10**400])
 EDGE_FLOATS = st.sampled_from([0.0, -0.0, 1e-320, 0.5, 1.5, 1e308, float("inf"), float("-inf"), float("nan")])
-PATHS = st.sampled_from(["", ".", "..", "/", "/tmp", "~", "~/x", "~nosuchuser/x", "model", "train.jsonl",
-                         "a.parquet", "org/name", "Qwen/Qwen2.5-0.5B", "a" * 300, "x/" * 100, "a\x00b", "pkg.mod:fn"])
+PATHS = st.sampled_from(
+    [
+        "",
+        ".",
+        "..",
+        "/",
+        "/tmp",
+        "~",
+        "~/x",
+        "~nosuchuser/x",
+        "model",
+        "train.jsonl",
+        "a.parquet",
+        "org/name",
+        "Qwen/Qwen2.5-0.5B",
+        "a" * 300,
+        "x/" * 100,
+        "a\x00b",
+        "pkg.mod:fn",
+    ]
+)
 TEXTS = st.text(max_size=20) | st.sampled_from(SPECIAL_SCALARS) | PATHS
 """Strings: random unicode, empty, YAML-special and path-like."""
 
-SCALARS = (st.none() | st.booleans() | st.integers() | st.integers(-(10**400), 10**400) | EDGE_INTS
-           | st.floats() | EDGE_FLOATS | TEXTS)
-VALUES = st.recursive(SCALARS, lambda items: st.lists(items, max_size=3) | st.dictionaries(TEXTS, items, max_size=3),
-                      max_leaves=8)
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(-(10**400), 10**400)
+    | EDGE_INTS
+    | st.floats()
+    | EDGE_FLOATS
+    | TEXTS
+)
+VALUES = st.recursive(
+    SCALARS, lambda items: st.lists(items, max_size=3) | st.dictionaries(TEXTS, items, max_size=3), max_leaves=8
+)
 """A value of any YAML type, nested."""
 
 
@@ -101,10 +211,16 @@ def typed_value(hint) -> st.SearchStrategy:
             return st.lists(typed_value(args[0]), max_size=3)
         return st.tuples(*(typed_value(member) for member in args)).map(list)
     if dataclasses.is_dataclass(hint):
-        return st.fixed_dictionaries({}, optional={f.name: typed_value(typing.get_type_hints(hint)[f.name])
-                                                   for f in dataclasses.fields(hint)})
-    return {type(None): st.none(), bool: st.booleans(), int: EDGE_INTS | st.integers(),
-            float: EDGE_FLOATS | st.floats(), str: TEXTS}[hint]
+        return st.fixed_dictionaries(
+            {}, optional={f.name: typed_value(typing.get_type_hints(hint)[f.name]) for f in dataclasses.fields(hint)}
+        )
+    return {
+        type(None): st.none(),
+        bool: st.booleans(),
+        int: EDGE_INTS | st.integers(),
+        float: EDGE_FLOATS | st.floats(),
+        str: TEXTS,
+    }[hint]
 
 
 # --- recipes and overrides
@@ -115,34 +231,43 @@ IDENTIFIERS = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
 def key_paths(keys: dict[str, object]) -> st.SearchStrategy:
     """A known key, an unknown key inside a known section, or an unknown path (random, unicode)."""
     sections = [key for key, hint in keys.items() if dataclasses.is_dataclass(hint)]
-    return (st.sampled_from(list(keys))
-            | st.tuples(st.sampled_from(sections), IDENTIFIERS).map(".".join)
-            | st.lists(IDENTIFIERS | st.text(min_size=1, max_size=6), min_size=1, max_size=3).map(".".join))
+    return (
+        st.sampled_from(list(keys))
+        | st.tuples(st.sampled_from(sections), IDENTIFIERS).map(".".join)
+        | st.lists(IDENTIFIERS | st.text(min_size=1, max_size=6), min_size=1, max_size=3).map(".".join)
+    )
 
 
 def assignments(keys: dict[str, object]) -> st.SearchStrategy:
     """(key, value) pairs; a known key mostly gets a value of its own type."""
+
     def value_for(key):
         return typed_value(keys[key]) | VALUES if key in keys else VALUES
+
     return st.lists(key_paths(keys).flatmap(lambda key: st.tuples(st.just(key), value_for(key))), max_size=4)
 
 
 def flow_yaml(value) -> str:
     """`value` as one line of YAML, as a user would type it after `key=`."""
-    return yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=10**9).removesuffix("\n...\n").strip()
+    return (
+        yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=10**9).removesuffix("\n...\n").strip()
+    )
 
 
 def typed_override(keys: dict[str, object]) -> st.SearchStrategy:
     """`key.sub=value` with a value of the key's own type, which loads."""
-    return st.sampled_from(list(keys)).flatmap(lambda key: typed_value(keys[key]).map(lambda v: f"{key}={flow_yaml(v)}"))
+    return st.sampled_from(list(keys)).flatmap(
+        lambda key: typed_value(keys[key]).map(lambda v: f"{key}={flow_yaml(v)}")
+    )
 
 
 def overrides(keys: dict[str, object]) -> st.SearchStrategy:
     """`key.sub=value` strings: typed or any values, raw YAML-special text, and malformed ones."""
     well_formed = st.tuples(key_paths(keys), st.builds(flow_yaml, VALUES) | TEXTS).map("=".join)
     typed = typed_override(keys)
-    malformed = st.text(max_size=12) | st.sampled_from(["=", "=1", "a..b=1", "a.=1", ".a=1", "-x=1", "a b=1",
-                                                        "actor.optim.lr", "1a=2", "actor.optim.lr==1"])
+    malformed = st.text(max_size=12) | st.sampled_from(
+        ["=", "=1", "a..b=1", "a.=1", ".a=1", "-x=1", "a b=1", "actor.optim.lr", "1a=2", "actor.optim.lr==1"]
+    )
     return st.lists(well_formed | typed | malformed, max_size=3)
 
 
@@ -168,8 +293,11 @@ def recipe_text(base: dict, pairs: list[tuple[str, object]], raw: tuple[str, str
     return text
 
 
-RAW_LINES = st.none() | st.tuples(IDENTIFIERS | st.sampled_from(["trainer", "actor", "zz"]), IDENTIFIERS | st.just("seed"),
-                                   st.sampled_from(SPECIAL_SCALARS) | st.text(max_size=20))
+RAW_LINES = st.none() | st.tuples(
+    IDENTIFIERS | st.sampled_from(["trainer", "actor", "zz"]),
+    IDENTIFIERS | st.just("seed"),
+    st.sampled_from(SPECIAL_SCALARS) | st.text(max_size=20),
+)
 
 
 # --- the properties
@@ -179,8 +307,10 @@ RAW_LINES = st.none() | st.tuples(IDENTIFIERS | st.sampled_from(["trainer", "act
 def cpu_bound(seconds: float):
     """Raise `TimeoutError` in the example once it has used `seconds` of CPU time (SIGVTALRM: pytest-timeout
     owns SIGALRM)."""
+
     def stop(signum, frame):
         raise TimeoutError(f"one example used more than {seconds} CPU seconds: a hang")
+
     previous = signal.signal(signal.SIGVTALRM, stop)
     signal.setitimer(signal.ITIMER_VIRTUAL, seconds)
     try:
@@ -201,8 +331,9 @@ def load(path: Path, override_list: list[str], schema):
 
 def validate_exit_code(recipe: Path, override_list: list[str], check_files: bool) -> int:
     """`megarl validate RECIPE OVERRIDES...` in-process (the function the CLI runs), output swallowed."""
-    args = argparse.Namespace(config=str(recipe), overrides=override_list, no_file_checks=not check_files,
-                              gpu_memory_gib=80.0)
+    args = argparse.Namespace(
+        config=str(recipe), overrides=override_list, no_file_checks=not check_files, gpu_memory_gib=80.0
+    )
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
         code = validate_command(args)
     assert "Traceback" not in err.getvalue()
@@ -244,8 +375,11 @@ def test_any_file_content_loads_or_raises_config_error(tmp_path):
     recipe, examples = tmp_path / "recipe.yaml", []
 
     @FUZZ
-    @given(content=st.binary(max_size=64) | st.text(max_size=64).map(str.encode)
-           | st.sampled_from(SPECIAL_SCALARS).map(str.encode))
+    @given(
+        content=st.binary(max_size=64)
+        | st.text(max_size=64).map(str.encode)
+        | st.sampled_from(SPECIAL_SCALARS).map(str.encode)
+    )
     def check(content):
         examples.append(1)
         recipe.write_bytes(content)
@@ -265,12 +399,18 @@ def test_validate_exits_0_or_2_and_starts_nothing(workdir, tmp_path_factory):
     modules_before, children_before = set(sys.modules), {child.pid for child in psutil.Process().children()}
     assert validate_exit_code(workdir / "base.yaml", [], check_files=True) == 0
     leaves = [key for key, hint in keys.items() if not dataclasses.is_dataclass(hint)]
-    typed_pairs = st.lists(st.sampled_from(leaves).flatmap(lambda key: st.tuples(st.just(key), typed_value(keys[key]))),
-                           min_size=1, max_size=4)
+    typed_pairs = st.lists(
+        st.sampled_from(leaves).flatmap(lambda key: st.tuples(st.just(key), typed_value(keys[key]))),
+        min_size=1,
+        max_size=4,
+    )
 
     @FUZZ
-    @given(pairs=typed_pairs, override_list=st.lists(typed_override(keys), max_size=2) | overrides(keys),
-           check_files=st.booleans())
+    @given(
+        pairs=typed_pairs,
+        override_list=st.lists(typed_override(keys), max_size=2) | overrides(keys),
+        check_files=st.booleans(),
+    )
     def check(pairs, override_list, check_files):
         examples.append(1)
         recipe.write_text(recipe_text(base, pairs, None))
@@ -293,39 +433,99 @@ FOUND = [
     # PyYAML's constructors raised ValueError / KeyError / AttributeError / TypeError on a tag they cannot read
     ("tag-int-unreadable", ["rollout.stop=[!!int x]"], "rollout.stop", "('x' cannot be read as !!int"),
     ("tag-bool-unreadable", ["rollout.stop=[!!bool x]"], "rollout.stop", "('x' cannot be read as !!bool)"),
-    ("tag-timestamp-unreadable", ["trainer.project_name=!!timestamp x"], "trainer.project_name",
-     "('x' cannot be read as !!timestamp)"),
+    (
+        "tag-timestamp-unreadable",
+        ["trainer.project_name=!!timestamp x"],
+        "trainer.project_name",
+        "('x' cannot be read as !!timestamp)",
+    ),
     ("tag-set-of-a-list", ["rollout.stop=!!set [1]"], "rollout.stop", "(the value cannot be read as !!set)"),
     # ValueError: Python converts at most 4300 digits between int and str
-    ("integer-of-5000-digits", ["trainer.seed=" + "1" * 5000], "trainer.seed",
-     "('11111111111111111111'... (5000 characters) cannot be read as !!int (an integer of at most 4300 digits)"),
-    ("hex-integer-of-4800-digits", ["trainer.seed=0x" + "f" * 4000], "trainer.seed",
-     "(4002 characters) cannot be read as !!int (an integer of at most 4300 digits)"),
+    (
+        "integer-of-5000-digits",
+        ["trainer.seed=" + "1" * 5000],
+        "trainer.seed",
+        "('11111111111111111111'... (5000 characters) cannot be read as !!int (an integer of at most 4300 digits)",
+    ),
+    (
+        "hex-integer-of-4800-digits",
+        ["trainer.seed=0x" + "f" * 4000],
+        "trainer.seed",
+        "(4002 characters) cannot be read as !!int (an integer of at most 4300 digits)",
+    ),
     # RecursionError
-    ("alias-inside-its-anchor", ["rollout.stop=&a [*a]"], "rollout.stop",
-     "(the alias *a stands for a value that contains it (a value that holds itself)"),
-    ("nested-1000-deep", ["rollout.stop=" + "[" * 1000 + "]" * 1000], "rollout.stop",
-     "(values nested more than 32 levels deep"),
+    (
+        "alias-inside-its-anchor",
+        ["rollout.stop=&a [*a]"],
+        "rollout.stop",
+        "(the alias *a stands for a value that contains it (a value that holds itself)",
+    ),
+    (
+        "nested-1000-deep",
+        ["rollout.stop=" + "[" * 1000 + "]" * 1000],
+        "rollout.stop",
+        "(values nested more than 32 levels deep",
+    ),
     # RuntimeError: Could not determine home directory (pathlib's expanduser)
-    ("unknown-user-model", [f"model.path={NO_USER}"], "model.path",
-     "~megarl-no-such-user is no user of this machine, so the path cannot be expanded"),
-    ("unknown-user-tokenizer", [f"model.tokenizer_path={NO_USER}"], "model.tokenizer_path", "is no user of this machine"),
+    (
+        "unknown-user-model",
+        [f"model.path={NO_USER}"],
+        "model.path",
+        "~megarl-no-such-user is no user of this machine, so the path cannot be expanded",
+    ),
+    (
+        "unknown-user-tokenizer",
+        [f"model.tokenizer_path={NO_USER}"],
+        "model.tokenizer_path",
+        "is no user of this machine",
+    ),
     ("unknown-user-data", [f"data.train_files=[{NO_USER}.jsonl]"], "data.train_files[0]", "is no user of this machine"),
-    ("unknown-user-output", [f"trainer.output_dir={NO_USER}"], "trainer.output_dir",
-     "is no user of this machine, so the path cannot be expanded; fix: write the directory out in full"),
+    (
+        "unknown-user-output",
+        [f"trainer.output_dir={NO_USER}"],
+        "trainer.output_dir",
+        "is no user of this machine, so the path cannot be expanded; fix: write the directory out in full",
+    ),
     ("unknown-user-resume", [f"checkpoint.resume={NO_USER}"], "checkpoint.resume", "is no user of this machine"),
-    ("unknown-user-reward-model", [f"reward.reward_model={NO_USER}"], "reward.reward_model", "is no user of this machine"),
+    (
+        "unknown-user-reward-model",
+        [f"reward.reward_model={NO_USER}"],
+        "reward.reward_model",
+        "is no user of this machine",
+    ),
     # OSError: [Errno 36] File name too long (pathlib's is_dir / exists ignore only ENOENT-like errors)
-    ("long-name-data", [f"data.train_files=[{LONG_NAME}.jsonl]"], "data.train_files[0]",
-     "cannot be looked at (File name too long)"),
+    (
+        "long-name-data",
+        [f"data.train_files=[{LONG_NAME}.jsonl]"],
+        "data.train_files[0]",
+        "cannot be looked at (File name too long)",
+    ),
     ("long-name-model", [f"model.path={LONG_NAME}"], "model.path", "cannot be looked at (File name too long)"),
-    ("long-name-output", [f"trainer.output_dir={LONG_NAME}"], "trainer.output_dir", "cannot be looked at (File name too long)"),
-    ("long-name-resume", [f"checkpoint.resume={LONG_NAME}"], "checkpoint.resume", "cannot be looked at (File name too long)"),
+    (
+        "long-name-output",
+        [f"trainer.output_dir={LONG_NAME}"],
+        "trainer.output_dir",
+        "cannot be looked at (File name too long)",
+    ),
+    (
+        "long-name-resume",
+        [f"checkpoint.resume={LONG_NAME}"],
+        "checkpoint.resume",
+        "cannot be looked at (File name too long)",
+    ),
     # hangs: a loop over every rollout engine, and over every number up to a batch size
-    ("engines-beyond-counting", ["placement.nnodes=1000000000000000000000000000000"], "data.train_batch_size",
-     "32 samples do not split evenly over 4000000000000000000000000000000 GPUs"),
-    ("batch-beyond-counting", ["data.train_batch_size=9223372036854775807"], "actor.ppo_mini_batch_size",
-     "fix: use a divisor of 9223372036854775807 that also fits DP 2: 1, 7, 49, 73, 127, 337"),
+    (
+        "engines-beyond-counting",
+        ["placement.nnodes=1000000000000000000000000000000"],
+        "data.train_batch_size",
+        "32 samples do not split evenly over 4000000000000000000000000000000 GPUs",
+    ),
+    (
+        "batch-beyond-counting",
+        ["data.train_batch_size=9223372036854775807"],
+        "actor.ppo_mini_batch_size",
+        "fix: use a divisor of 9223372036854775807 that also fits DP 2: 1, 7, 49, 73, 127, 337",
+    ),
     # OverflowError: cannot convert float infinity to integer (the memory estimate in bytes)
     ("kv-cache-of-1e308-gib", ["rollout.kv_cache_gib=1e308"], "rollout.kv_cache_gib", "must lie in (0, 1048576] GiB"),
 ]

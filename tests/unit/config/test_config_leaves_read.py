@@ -24,8 +24,16 @@ from megarl.config.sft import SftConfig
 
 MEGARL = Path(__file__).resolve().parents[3] / "megarl"
 NOT_RUNTIME = {
-    "config/validate.py", "config/loader.py", "config/memory.py", "config/model_facts.py", "config/names.py",
-    "config/placement.py", "config/problems.py", "config/resources.py", "cli/validate.py", "tools/validation.py",
+    "config/validate.py",
+    "config/loader.py",
+    "config/memory.py",
+    "config/model_facts.py",
+    "config/names.py",
+    "config/placement.py",
+    "config/problems.py",
+    "config/resources.py",
+    "cli/validate.py",
+    "tools/validation.py",
 }
 """Modules that load, validate or estimate a config: their reads do not make a key do anything."""
 SFT_RUNTIME = {"trainer/sft.py", "trainer/settings.py", "cli/sft.py", "workers/sft_worker.py"}
@@ -65,8 +73,13 @@ class Scope:
         self.aliases: dict[Chain, set[Chain]] = {}
         for assign in (n for n in ast.walk(node) if _is_single_assignment(n)):
             target, value = (assign.targets[0] if isinstance(assign, ast.Assign) else assign.target), assign.value
-            pairs = (zip(target.elts, value.elts) if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
-                     and len(target.elts) == len(value.elts) else [(target, value)])
+            pairs = (
+                zip(target.elts, value.elts)
+                if isinstance(target, ast.Tuple)
+                and isinstance(value, ast.Tuple)
+                and len(target.elts) == len(value.elts)
+                else [(target, value)]
+            )
             for name, expression in pairs:
                 chain = _chain(expression)
                 if isinstance(name, ast.Name) and chain is not None and len(chain) > 1:
@@ -77,17 +90,22 @@ class Scope:
         for what those start with (a bounded number of times: `x = x.next` must not loop)."""
         found, frontier = {chain}, [chain]
         for _ in range(4):
-            frontier = [alias + current[size:] for current in frontier for size in (1, 2)
-                        for alias in self.aliases.get(current[:size], set()) | self.members.get(current[:size], set())
-                        if alias + current[size:] not in found]
+            frontier = [
+                alias + current[size:]
+                for current in frontier
+                for size in (1, 2)
+                for alias in self.aliases.get(current[:size], set()) | self.members.get(current[:size], set())
+                if alias + current[size:] not in found
+            ]
             found.update(frontier)
         return found
 
 
 def _is_single_assignment(node: ast.AST) -> bool:
     """`x = ...` or `x: T = ...`."""
-    return ((isinstance(node, ast.Assign) and len(node.targets) == 1)
-            or (isinstance(node, ast.AnnAssign) and node.value is not None))
+    return (isinstance(node, ast.Assign) and len(node.targets) == 1) or (
+        isinstance(node, ast.AnnAssign) and node.value is not None
+    )
 
 
 def _scopes(trees: list[ast.Module]) -> list[Scope]:
@@ -123,7 +141,7 @@ def _bind_parameters(scopes: list[Scope]) -> None:
                 for param, value in bound:
                     chain = _chain(value)
                     if chain is not None:  # only what leads back to the config matters here
-                        rooted = {c for c in caller.expand(chain) if any(c[:len(r)] == r for r in ROOTS)}
+                        rooted = {c for c in caller.expand(chain) if any(c[: len(r)] == r for r in ROOTS)}
                         callee.aliases.setdefault((param,), set()).update(rooted)
 
 
@@ -137,7 +155,7 @@ def _resolve_members(scopes: list[Scope]) -> None:
         for assign in (n for n in ast.walk(scope.node) if isinstance(n, ast.Assign) and len(n.targets) == 1):
             target, value = _chain(assign.targets[0]), _chain(assign.value)
             if target is not None and len(target) == 2 and value is not None:
-                rooted = {c for c in scope.expand(value) if any(c[:len(r)] == r for r in ROOTS)}
+                rooted = {c for c in scope.expand(value) if any(c[: len(r)] == r for r in ROOTS)}
                 scope.members.setdefault(target, set()).update(rooted)
 
 
@@ -145,8 +163,9 @@ def config_reads(modules: set[str] | None = None) -> set[Chain]:
     """Every config path (without its root) that a runtime attribute chain spells out from the config
     (in `modules` only, paths relative to megarl/, when given)."""
     paths = [path for path in sorted(MEGARL.rglob("*.py")) if str(path.relative_to(MEGARL)) not in NOT_RUNTIME]
-    trees = [ast.parse(path.read_text()) for path in paths
-             if modules is None or str(path.relative_to(MEGARL)) in modules]
+    trees = [
+        ast.parse(path.read_text()) for path in paths if modules is None or str(path.relative_to(MEGARL)) in modules
+    ]
     scopes = _scopes(trees)
     _bind_parameters(scopes)
     _resolve_members(scopes)
@@ -156,8 +175,8 @@ def config_reads(modules: set[str] | None = None) -> set[Chain]:
             chain = _chain(node) if isinstance(node, ast.Attribute) else None
             for expanded in scope.expand(chain) if chain else ():
                 for root in ROOTS:
-                    if expanded[:len(root)] == root:
-                        reads.add(expanded[len(root):])
+                    if expanded[: len(root)] == root:
+                        reads.add(expanded[len(root) :])
     return reads
 
 

@@ -5,9 +5,9 @@ import subprocess
 import sys
 
 import pytest
+from config_testing import CONFIGS, SFT_RECIPES
 
 from megarl.config import Config, ConfigError, apply_overrides, load_config, parse_yaml, to_dict
-from config_testing import CONFIGS, SFT_RECIPES
 from megarl.config.sft import SftConfig
 
 
@@ -35,18 +35,21 @@ def test_unstated_keys_equal_the_dataclass_defaults(recipe):
 def test_overrides_parse_as_yaml_and_apply(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("actor:\n  optim:\n    lr: 1e-6\n")
-    config = load_config(recipe, [
-        "actor.optim.lr=3e-5",
-        "data.train_files=[a.jsonl, b.parquet]",
-        "actor.rollout_correction.high=2",
-        "rollout.stop=['</answer>', 151643]",
-        "rollout.enforce_eager=true",
-        "data.chat_template='{{ messages }}'",
-        "trainer.total_steps=7",
-        "trainer.total_steps=9",  # later overrides win
-        "critic.optim.betas=[0.9, 0.95]",
-        "model.tokenizer_path=null",
-    ])
+    config = load_config(
+        recipe,
+        [
+            "actor.optim.lr=3e-5",
+            "data.train_files=[a.jsonl, b.parquet]",
+            "actor.rollout_correction.high=2",
+            "rollout.stop=['</answer>', 151643]",
+            "rollout.enforce_eager=true",
+            "data.chat_template='{{ messages }}'",
+            "trainer.total_steps=7",
+            "trainer.total_steps=9",  # later overrides win
+            "critic.optim.betas=[0.9, 0.95]",
+            "model.tokenizer_path=null",
+        ],
+    )
     assert config.actor.optim.lr == 3e-5
     assert config.data.train_files == ("a.jsonl", "b.parquet")
     assert config.actor.rollout_correction.high == 2.0 and isinstance(config.actor.rollout_correction.high, float)
@@ -132,10 +135,13 @@ def test_every_field_has_a_docstring():
 
 
 def test_reading_a_config_imports_no_heavy_stack():
-    code = ("import sys, megarl.config as c; c.load_config('configs/quickstart.yaml'); "
-            "print(sorted(m for m in ('torch', 'ray', 'megatron', 'vllm') if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            cwd=CONFIGS.parent)
+    code = (
+        "import sys, megarl.config as c; c.load_config('configs/quickstart.yaml'); "
+        "print(sorted(m for m in ('torch', 'ray', 'megatron', 'vllm') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=CONFIGS.parent
+    )
     assert result.stdout.strip() == "[]"
 
 
@@ -143,7 +149,11 @@ def test_section_override_merges_into_the_recipe(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("actor:\n  optim:\n    weight_decay: 0.1\ncritic:\n")
     config = load_config(recipe, ["actor.optim={lr: 2e-6, betas: [0.9, 0.95]}", "critic.enable=false"])
-    assert (config.actor.optim.lr, config.actor.optim.betas, config.actor.optim.weight_decay) == (2e-6, (0.9, 0.95), 0.1)
+    assert (config.actor.optim.lr, config.actor.optim.betas, config.actor.optim.weight_decay) == (
+        2e-6,
+        (0.9, 0.95),
+        0.1,
+    )
     assert config.critic == Config().critic  # an empty section changes nothing
 
 

@@ -4,9 +4,9 @@ import importlib.util
 import shutil
 
 import pytest
+from config_testing import CONFIGS, RL_RECIPES, error_lines, run_validate, write_model
 
 from megarl.config import format_plan, load_config, plan_batches
-from config_testing import CONFIGS, RL_RECIPES, error_lines, run_validate, write_model
 
 CPU_RECIPES = ("quickstart.yaml", "agent_quickstart.yaml")
 """Recipes of the tiny models the quickstart scripts make on the spot."""
@@ -15,8 +15,13 @@ REAL_RECIPES = [p for p in RL_RECIPES if p.name not in CPU_RECIPES]
 
 def test_there_are_real_recipes_for_each_algorithm():
     names = {p.name for p in REAL_RECIPES}
-    assert {"grpo_qwen2.5-7b_gsm8k.yaml", "grpo_qwen2.5-0.5b_gsm8k.yaml", "ppo_qwen2.5-1.5b_gsm8k.yaml",
-            "dapo_qwen2.5-math-7b_math.yaml", "grpo_qwen2.5-7b_math.yaml"} <= names
+    assert {
+        "grpo_qwen2.5-7b_gsm8k.yaml",
+        "grpo_qwen2.5-0.5b_gsm8k.yaml",
+        "ppo_qwen2.5-1.5b_gsm8k.yaml",
+        "dapo_qwen2.5-math-7b_math.yaml",
+        "grpo_qwen2.5-7b_math.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("recipe", REAL_RECIPES, ids=lambda p: p.name)
@@ -33,17 +38,27 @@ def test_real_recipe_validates_without_file_checks(recipe, capsys, tmp_path, mon
 def test_real_recipe_reports_missing_data_by_default(recipe, capsys):
     code, _, err = run_validate(capsys, str(recipe))
     assert code == 2
-    assert any(line.startswith("error: data.train_files[0] ") and "file does not exist" in line
-               for line in error_lines(err))
+    assert any(
+        line.startswith("error: data.train_files[0] ") and "file does not exist" in line for line in error_lines(err)
+    )
 
 
 def test_model_shape_is_checked_for_hub_ids(capsys):
     recipe = CONFIGS / "grpo_qwen2.5-7b_gsm8k.yaml"
-    code, _, err = run_validate(capsys, "--no-file-checks", str(recipe), "actor.parallel.tensor_model_parallel_size=8",
-                                "ref.parallel.tensor_model_parallel_size=8")
+    code, _, err = run_validate(
+        capsys,
+        "--no-file-checks",
+        str(recipe),
+        "actor.parallel.tensor_model_parallel_size=8",
+        "ref.parallel.tensor_model_parallel_size=8",
+    )
     assert code == 2
-    assert any(line.startswith("error: actor.parallel.tensor_model_parallel_size = 8: TP 8 does not divide the 28 "
-                               "attention heads") for line in error_lines(err))
+    assert any(
+        line.startswith(
+            "error: actor.parallel.tensor_model_parallel_size = 8: TP 8 does not divide the 28 attention heads"
+        )
+        for line in error_lines(err)
+    )
 
 
 def test_quickstart_plan():
@@ -75,8 +90,11 @@ def test_agent_quickstart_validates_with_its_files_in_place(capsys, tmp_path, mo
 _REWARDS_MISSING = importlib.util.find_spec("megarl.rewards") is None
 
 
-@pytest.mark.xfail(_REWARDS_MISSING, strict=True,
-                   reason="megarl.rewards.tasks:repeat_first_char (the quickstart reward) is not written yet")
+@pytest.mark.xfail(
+    _REWARDS_MISSING,
+    strict=True,
+    reason="megarl.rewards.tasks:repeat_first_char (the quickstart reward) is not written yet",
+)
 def test_quickstart_validates_with_its_files_in_place(capsys, tmp_path, monkeypatch):
     # What scripts/quickstart.sh creates before training: the tiny model and the data.
     monkeypatch.chdir(tmp_path)
@@ -101,8 +119,10 @@ OLD_LOG_PROB_PASS = {
     "grpo_qwen2.5-7b_math.yaml": ("4 mini-batches × 1 epoch",),
     "grpo_qwen2.5-3b_search.yaml": ("4 mini-batches × 1 epoch",),
     "dapo_qwen2.5-math-7b_math.yaml": ("16 mini-batches × 1 epoch",),
-    "ppo_qwen2.5-1.5b_gsm8k.yaml": ("4 mini-batches × 1 epoch",
-                                    "algorithm.use_kl_in_reward reads them before the update"),
+    "ppo_qwen2.5-1.5b_gsm8k.yaml": (
+        "4 mini-batches × 1 epoch",
+        "algorithm.use_kl_in_reward reads them before the update",
+    ),
 }
 
 
@@ -110,6 +130,9 @@ OLD_LOG_PROB_PASS = {
 def test_old_log_prob_pass_of_each_recipe(recipe):
     plan = plan_batches(load_config(recipe))
     assert plan.old_log_prob_pass == OLD_LOG_PROB_PASS[recipe.name]
-    expected = (f"old log-probs: separate forward pass ({'; '.join(plan.old_log_prob_pass)})" if plan.old_log_prob_pass
-                else "old log-probs: from the update's forward (exactly on-policy: 1 mini-batch × 1 epoch)")
+    expected = (
+        f"old log-probs: separate forward pass ({'; '.join(plan.old_log_prob_pass)})"
+        if plan.old_log_prob_pass
+        else "old log-probs: from the update's forward (exactly on-policy: 1 mini-batch × 1 epoch)"
+    )
     assert expected in format_plan(plan).splitlines()

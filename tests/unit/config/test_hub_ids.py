@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from huggingface_hub import scan_cache_dir, snapshot_download, try_to_load_from_cache
-
 from config_testing import error_lines, run_validate
 from hf_cache_testing import COMMIT, put_in_cache, use_cache
+from huggingface_hub import scan_cache_dir, snapshot_download, try_to_load_from_cache
+
 from megarl.config import ConfigError, load_config
 from megarl.config.hub import resolve_hub_ids
 from megarl.models.tiny import make_tiny_model, make_tiny_reward_model
@@ -64,8 +64,9 @@ def test_local_directories_are_left_as_they_are(workdir, hf_cache):
 
 
 @pytest.mark.parametrize("key", ["model.path", "model.tokenizer_path", "reward.reward_model"])
-def test_a_hub_id_missing_from_the_cache_stops_validation_with_the_download_command(workdir, tmp_path, monkeypatch,
-                                                                                   capsys, key):
+def test_a_hub_id_missing_from_the_cache_stops_validation_with_the_download_command(
+    workdir, tmp_path, monkeypatch, capsys, key
+):
     use_cache(monkeypatch, tmp_path / "empty-cache")
     repo_id = "Qwen/Qwen2.5-0.5B-Instruct"  # in megarl's known-models table: only the cache is missing
     code, _, err = run_validate(capsys, "base.yaml", f"{key}={repo_id}")
@@ -82,6 +83,7 @@ def test_a_hub_id_missing_from_the_cache_stops_validation_with_the_download_comm
 def test_the_download_command_is_the_installed_huggingface_hub_cli():
     (script,) = importlib.metadata.entry_points(group="console_scripts", name="hf")
     assert script.dist.name == "huggingface_hub"
-    help_text = subprocess.run([Path(sys.executable).parent / "hf", "download", "--help"], capture_output=True,
-                               text=True, check=True).stdout
+    help_text = subprocess.run(
+        [Path(sys.executable).parent / "hf", "download", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     assert "REPO_ID" in help_text.upper()

@@ -46,8 +46,10 @@ def test_a_missing_submodule_is_named_without_running_the_package(package):
     assert not (package / "__init__.py.ran").exists()
 
 
-@pytest.mark.parametrize("source", [
-    """
+@pytest.mark.parametrize(
+    "source",
+    [
+        """
     try:
         import numpy
     except ImportError:
@@ -61,7 +63,7 @@ def test_a_missing_submodule_is_named_without_running_the_package(package):
         def score(prompts, completions, **columns):
             return [0.0] * len(prompts)
     """,
-    """
+        """
     import os
 
     if os.environ.get("FAST"):
@@ -70,8 +72,9 @@ def test_a_missing_submodule_is_named_without_running_the_package(package):
         def score(prompts, completions, **columns):
             return [0.0] * len(prompts)
     """,
-    "from user_helpers import *\n",  # its names are only known by importing it
-])
+        "from user_helpers import *\n",  # its names are only known by importing it
+    ],
+)
 def test_what_python_binds_at_module_level_is_accepted(package, source):
     write(package, "rewards", source)
     assert reward_function_problem("reward.function", "user_pkg.rewards:score") is None
@@ -86,7 +89,9 @@ def test_a_function_inside_nested_namespace_packages_is_found_without_importing_
     from megarl.config.resources import reward_function_problem
 
     (tmp_path / "nsroot" / "inner").mkdir(parents=True)
-    (tmp_path / "nsroot" / "inner" / "rewards.py").write_text("def score(prompts, responses, **columns):\n    return []\n")
+    (tmp_path / "nsroot" / "inner" / "rewards.py").write_text(
+        "def score(prompts, responses, **columns):\n    return []\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert reward_function_problem("reward.function", "nsroot.inner.rewards:score") is None
     missing = reward_function_problem("reward.function", "nsroot.inner.rewards:nope")

@@ -5,9 +5,9 @@ import json
 
 import pytest
 import yaml
+from config_testing import CONFIGS, write_model
 
 import megarl.trainer.sft as sft_module
-from config_testing import CONFIGS, write_model
 from megarl.cli.main import main
 from megarl.config import ConfigError
 from megarl.config.sft import SftConfig, load_sft_config, validate_sft
@@ -23,8 +23,11 @@ def workdir(tmp_path, monkeypatch):
     write_model(tmp_path / "model", vocab_size=104)
     build_char_tokenizer(tool_tokens=True).save_pretrained(tmp_path / "model")
     (tmp_path / "demos.jsonl").write_text(json.dumps(DEMO) + "\n")
-    recipe = {"model": {"path": "model", "dtype": "float32"}, "data": {"train_files": ["demos.jsonl"]},
-              "train": {"batch_size": 1, "device": "cpu", "output_dir": "out"}}
+    recipe = {
+        "model": {"path": "model", "dtype": "float32"},
+        "data": {"train_files": ["demos.jsonl"]},
+        "train": {"batch_size": 1, "device": "cpu", "output_dir": "out"},
+    }
     (tmp_path / "sft.yaml").write_text(yaml.safe_dump(recipe))
     return tmp_path
 
@@ -46,7 +49,9 @@ def test_unknown_keys_and_wrong_types_are_reported_at_once(workdir):
     assert len(shown) == 4, shown
     assert "train.batchsize = 8: unknown key in train; fix: did you mean train.batch_size?" in shown
     assert "optim.lr = 'fast': wrong type: expected a number; fix: set optim.lr to a number" in shown
-    assert any(line.startswith("data.max_len = 64: unknown key in data; fix: did you mean data.max_length") for line in shown)
+    assert any(
+        line.startswith("data.max_len = 64: unknown key in data; fix: did you mean data.max_length") for line in shown
+    )
     assert any(line.startswith("trainer = ") and "unknown key in the top level" in line for line in shown)
 
 
@@ -56,29 +61,54 @@ def test_layout_and_batch_arithmetic(workdir):
     shown = problems_of(["train.gpus=4", "parallel.tensor_model_parallel_size=2", "train.batch_size=5"])
     assert shown == ["train.batch_size = 5: must split evenly over DP = 2 ranks (5 % 2 = 1); fix: use a multiple of 2"]
     shown = problems_of(["train.gpus=2", "train.batch_size=6", "train.micro_batch_size_per_gpu=2"])
-    assert shown == ["train.micro_batch_size_per_gpu = 2: must divide the 3 conversations per rank "
-                     "(train.batch_size 6 ÷ DP 2); fix: use a divisor of 3"]
+    assert shown == [
+        "train.micro_batch_size_per_gpu = 2: must divide the 3 conversations per rank "
+        "(train.batch_size 6 ÷ DP 2); fix: use a divisor of 3"
+    ]
     shown = problems_of(["train.gpus=3", "parallel.tensor_model_parallel_size=3"])
-    assert any(line.startswith("parallel.tensor_model_parallel_size = 3: TP 3 does not divide the 4 attention heads")
-               for line in shown), shown
+    assert any(
+        line.startswith("parallel.tensor_model_parallel_size = 3: TP 3 does not divide the 4 attention heads")
+        for line in shown
+    ), shown
 
 
 def test_every_other_problem_is_reported_at_once(workdir):
     (workdir / "full").mkdir()
     (workdir / "full" / "weights.bin").write_text("x")
-    shown = problems_of(["data.max_length=2048", "data.train_files=[missing.jsonl, notes.txt]", "train.epochs=0",
-                         "optim.lr=0", "train.seed=-1", "train.output_dir=full", "model.trust_remote_code=true",
-                         "model.tokenizer_path=model"])
+    shown = problems_of(
+        [
+            "data.max_length=2048",
+            "data.train_files=[missing.jsonl, notes.txt]",
+            "train.epochs=0",
+            "optim.lr=0",
+            "train.seed=-1",
+            "train.output_dir=full",
+            "model.trust_remote_code=true",
+            "model.tokenizer_path=model",
+        ]
+    )
     keys = sorted(line.split(" = ")[0] for line in shown)
-    assert keys == ["data.max_length", "data.train_files[0]", "data.train_files[1]", "model.tokenizer_path",
-                    "model.trust_remote_code",
-                    "optim.lr", "train.epochs", "train.output_dir", "train.seed"], shown
-    assert any("train.output_dir = 'full': already holds 1 file(s) (weights.bin); fix: choose a new directory, or set "
-               "train.overwrite: true" in line for line in shown)
+    assert keys == [
+        "data.max_length",
+        "data.train_files[0]",
+        "data.train_files[1]",
+        "model.tokenizer_path",
+        "model.trust_remote_code",
+        "optim.lr",
+        "train.epochs",
+        "train.output_dir",
+        "train.seed",
+    ], shown
+    assert any(
+        "train.output_dir = 'full': already holds 1 file(s) (weights.bin); fix: choose a new directory, or set "
+        "train.overwrite: true" in line
+        for line in shown
+    )
     (line,) = problems_of(["train.output_dir=full", "train.overwrite=true"])  # tests/unit/reliability: the marker
     assert line.startswith("train.output_dir = 'full': holds 1 file(s) that `megarl sft` did not write (weights.bin)")
     assert [line.split(":")[1] for line in problems_of(["train.output_dir=model", "train.overwrite=true"])] == [
-        " is model.path"]
+        " is model.path"
+    ]
     assert [line.split(" = ")[0] for line in problems_of(["train.output_dir=''"])] == ["train.output_dir"]
 
 
@@ -119,18 +149,34 @@ def test_transformer_engine_in_float32_is_refused(workdir):
     """TE has no float32 attention for the THD micro-batches of its spec; auto picks the local spec there."""
     shown = problems_of(["model.transformer_impl=transformer_engine", "train.device=cuda"])
     assert [line.split(":")[0] for line in shown if line.startswith("model.transformer_impl")] == [
-        "model.transformer_impl = 'transformer_engine'"], shown
-    assert not [line for line in problems_of(["model.transformer_impl=transformer_engine", "train.device=cuda",
-                                              "model.dtype=bfloat16"]) if line.startswith("model.transformer_impl")]
+        "model.transformer_impl = 'transformer_engine'"
+    ], shown
+    assert not [
+        line
+        for line in problems_of(
+            ["model.transformer_impl=transformer_engine", "train.device=cuda", "model.dtype=bfloat16"]
+        )
+        if line.startswith("model.transformer_impl")
+    ]
 
 
 def test_sequence_parallel_needs_tensor_parallelism(workdir):
     assert problems_of(["parallel.sequence_parallel=true"]) == [
         "parallel.sequence_parallel = true: sequence parallelism splits the sequence over the TP ranks, and "
         "parallel.tensor_model_parallel_size is 1; fix: set parallel.sequence_parallel: false, or a "
-        "tensor_model_parallel_size of 2 or more"]
-    assert problems_of(["train.gpus=2", "train.batch_size=2", "parallel.tensor_model_parallel_size=2",
-                        "parallel.sequence_parallel=true"]) == []
+        "tensor_model_parallel_size of 2 or more"
+    ]
+    assert (
+        problems_of(
+            [
+                "train.gpus=2",
+                "train.batch_size=2",
+                "parallel.tensor_model_parallel_size=2",
+                "parallel.sequence_parallel=true",
+            ]
+        )
+        == []
+    )
 
 
 def test_optimizer_cpu_offload_needs_bfloat16_and_the_distributed_optimizer(workdir):
@@ -145,9 +191,13 @@ def test_virtual_pipeline_needs_a_pipeline_and_micro_batches_in_groups_of_pp(wor
     assert problems_of(["parallel.virtual_pipeline_model_parallel_size=2"]) == [
         "parallel.virtual_pipeline_model_parallel_size = 2: virtual stages interleave a pipeline, and "
         "parallel.pipeline_model_parallel_size is 1; fix: set parallel.pipeline_model_parallel_size to 2 or more, "
-        "or remove the virtual pipeline size"]
-    assert problems_of([*pipeline, "train.micro_batch_size_per_gpu=4", "parallel.virtual_pipeline_model_parallel_size=2"]
-                       ) == []
-    [problem] = problems_of([*pipeline, "train.micro_batch_size_per_gpu=16",
-                             "parallel.virtual_pipeline_model_parallel_size=2"])
+        "or remove the virtual pipeline size"
+    ]
+    assert (
+        problems_of([*pipeline, "train.micro_batch_size_per_gpu=4", "parallel.virtual_pipeline_model_parallel_size=2"])
+        == []
+    )
+    [problem] = problems_of(
+        [*pipeline, "train.micro_batch_size_per_gpu=16", "parallel.virtual_pipeline_model_parallel_size=2"]
+    )
     assert problem.startswith("train.micro_batch_size_per_gpu = 16: 16 conversations per rank ÷ 16 = 1 micro-batches")

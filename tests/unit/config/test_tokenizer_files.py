@@ -21,12 +21,23 @@ def test_added_tokens_of_tokenizer_config_count(tmp_path):
     assert tokenizer_size(tmp_path, "vocab.json") == 8
 
 
-@pytest.mark.parametrize("name, text, size", [
-    ("vocab.txt", "[PAD]\n[UNK]\nhello\nworld\n", 4),
-    ("tokenizer.json", json.dumps({"model": {"type": "Unigram", "vocab": [["<unk>", 0.0], ["a", -1.0]]},
-                                   "added_tokens": [{"id": 5, "content": "<eos>"}]}), 6),
-    ("tokenizer.model", "binary SentencePiece model", None),  # only its library reads it: not checked
-])
+@pytest.mark.parametrize(
+    "name, text, size",
+    [
+        ("vocab.txt", "[PAD]\n[UNK]\nhello\nworld\n", 4),
+        (
+            "tokenizer.json",
+            json.dumps(
+                {
+                    "model": {"type": "Unigram", "vocab": [["<unk>", 0.0], ["a", -1.0]]},
+                    "added_tokens": [{"id": 5, "content": "<eos>"}],
+                }
+            ),
+            6,
+        ),
+        ("tokenizer.model", "binary SentencePiece model", None),  # only its library reads it: not checked
+    ],
+)
 def test_size_by_format(tmp_path, name, text, size):
     (tmp_path / name).write_text(text)
     assert tokenizer_size(tmp_path, name) == size

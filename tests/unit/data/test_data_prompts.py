@@ -19,8 +19,9 @@ def load(paths, tokenizer, **fields):
 
 
 def test_jsonl_prompts_carry_text_tokens_answer_and_other_columns(write_jsonl, tokenizer):
-    path = write_jsonl("train.jsonl", [{"prompt": "abc", "answer": "a", "level": 3},
-                                       {"prompt": "xy", "answer": "x", "source": "web"}])
+    path = write_jsonl(
+        "train.jsonl", [{"prompt": "abc", "answer": "a", "level": 3}, {"prompt": "xy", "answer": "x", "source": "web"}]
+    )
     prompts, report = load([path], tokenizer)
     assert [p.text for p in prompts] == ["abc", "xy"]
     assert prompts[0].token_ids == tuple(tokenizer("abc", add_special_tokens=False)["input_ids"])
@@ -35,8 +36,9 @@ def test_parquet_prompts_with_chat_messages_and_the_tokenizer_template(tmp_path,
     path = tmp_path / "train.parquet"
     messages = [[{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2"}]]
     pq.write_table(pa.table({"question": messages, "solution": [4]}), path)
-    prompts, _ = load([path], tokenizer, prompt_key="question", answer_key="solution", chat_template=True,
-                      max_prompt_length=64)
+    prompts, _ = load(
+        [path], tokenizer, prompt_key="question", answer_key="solution", chat_template=True, max_prompt_length=64
+    )
     assert prompts[0].text == "system: be brief\nuser: 2+2\nassistant: "
     assert prompts[0].answer == 4 and prompts[0].source == f"{path} row 0"
     assert len(prompts[0].token_ids) == len(prompts[0].text)
@@ -50,31 +52,41 @@ def test_custom_template_string_wraps_a_string_prompt_as_a_user_message(write_js
 
 
 def test_chat_messages_without_a_template_are_an_error_naming_the_row(write_jsonl, tokenizer):
-    path = write_jsonl("train.jsonl", [{"prompt": "ok", "answer": "1"},
-                                       {"prompt": [{"role": "user", "content": "hi"}], "answer": "1"}])
+    path = write_jsonl(
+        "train.jsonl", [{"prompt": "ok", "answer": "1"}, {"prompt": [{"role": "user", "content": "hi"}], "answer": "1"}]
+    )
     with pytest.raises(DataError, match=rf"{path}:2: .*chat messages but data.chat_template is false"):
         load([path], tokenizer)
 
 
 def test_bad_rows_are_skipped_and_counted_by_reason_with_their_locations(write_jsonl, tokenizer):
-    path = write_jsonl("train.jsonl", [
-        {"prompt": "good", "answer": "g"},                                  # 1 kept
-        {"prompt": "", "answer": "x"},                                      # 2 empty
-        {"prompt": "   ", "answer": "x"},                                   # 3 empty (whitespace)
-        {"question": "no prompt key", "prompt": None, "answer": "x"},       # 4 missing prompt (null)
-        {"prompt": "no answer"},                                            # 5 missing answer
-        {"prompt": 42, "answer": "x"},                                      # 6 invalid type
-        b'{"prompt": "caf\xe9", "answer": "x"}\n',                          # 7 latin-1 byte: undecodable
-        {"prompt": "\udc80lone surrogate", "answer": "x"},                  # 8 unencodable string
-        {"prompt": "x" * 17, "answer": "x"},                                # 9 overlong (limit 16)
-        b"\n",                                                              # blank line: not a row
-        {"prompt": "also good", "answer": "a"},                             # 11 kept
-    ])
+    path = write_jsonl(
+        "train.jsonl",
+        [
+            {"prompt": "good", "answer": "g"},  # 1 kept
+            {"prompt": "", "answer": "x"},  # 2 empty
+            {"prompt": "   ", "answer": "x"},  # 3 empty (whitespace)
+            {"question": "no prompt key", "prompt": None, "answer": "x"},  # 4 missing prompt (null)
+            {"prompt": "no answer"},  # 5 missing answer
+            {"prompt": 42, "answer": "x"},  # 6 invalid type
+            b'{"prompt": "caf\xe9", "answer": "x"}\n',  # 7 latin-1 byte: undecodable
+            {"prompt": "\udc80lone surrogate", "answer": "x"},  # 8 unencodable string
+            {"prompt": "x" * 17, "answer": "x"},  # 9 overlong (limit 16)
+            b"\n",  # blank line: not a row
+            {"prompt": "also good", "answer": "a"},  # 11 kept
+        ],
+    )
     prompts, report = load([path], tokenizer)
     assert [p.text for p in prompts] == ["good", "also good"]
     assert report.rows == 10 and report.kept == 2
-    assert dict(report.skipped) == {"empty_prompt": 2, "missing_prompt": 1, "missing_answer": 1,
-                                    "invalid_prompt": 1, "undecodable": 2, "overlong": 1}
+    assert dict(report.skipped) == {
+        "empty_prompt": 2,
+        "missing_prompt": 1,
+        "missing_answer": 1,
+        "invalid_prompt": 1,
+        "undecodable": 2,
+        "overlong": 1,
+    }
     assert report.examples["undecodable"] == [f"{path}:7", f"{path}:8"]
     assert report.examples["overlong"] == [f"{path}:9"]
     metrics = report.metrics("data/train")
@@ -90,8 +102,11 @@ def test_overlong_prompt_is_an_error_when_filtering_is_off(write_jsonl, tokenize
 
 def test_prompt_column_absent_from_the_file_is_an_error_listing_the_columns(write_jsonl, tokenizer):
     path = write_jsonl("train.jsonl", [{"question": "q", "answer": "a"}])
-    with pytest.raises(DataError, match=rf"{path}: no row has the column 'prompt' \(data.prompt_key\); "
-                                        r"the rows have \['answer', 'question'\]"):
+    with pytest.raises(
+        DataError,
+        match=rf"{path}: no row has the column 'prompt' \(data.prompt_key\); "
+        r"the rows have \['answer', 'question'\]",
+    ):
         load([path], tokenizer)
 
 
@@ -114,7 +129,9 @@ def test_empty_file_is_an_error_and_all_rows_skipped_is_an_error_with_counts(wri
     with pytest.raises(DataError, match=rf"{empty}: the file holds no rows"):
         load([empty], tokenizer)
     useless = write_jsonl("useless.jsonl", [{"prompt": "", "answer": "a"}])
-    with pytest.raises(DataError, match=r"no usable prompt in .*useless.jsonl: kept 0 of 1 rows; skipped: empty_prompt 1"):
+    with pytest.raises(
+        DataError, match=r"no usable prompt in .*useless.jsonl: kept 0 of 1 rows; skipped: empty_prompt 1"
+    ):
         load([useless], tokenizer)
 
 

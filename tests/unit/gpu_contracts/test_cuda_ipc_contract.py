@@ -22,7 +22,11 @@ from megarl.bridge.transports import cuda_ipc
 
 pytestmark = pytest.mark.unit
 
-GPU_A, GPU_B, GPU_C = "6a1c0c2e-0000-4000-8000-00000000000a", "6a1c0c2e-0000-4000-8000-00000000000b", "6a1c0c2e-0000-4000-8000-00000000000c"
+GPU_A, GPU_B, GPU_C = (
+    "6a1c0c2e-0000-4000-8000-00000000000a",
+    "6a1c0c2e-0000-4000-8000-00000000000b",
+    "6a1c0c2e-0000-4000-8000-00000000000c",
+)
 """Fake device UUIDs, in the format of `str(torch.cuda.get_device_properties(i).uuid)`."""
 
 
@@ -30,8 +34,11 @@ def _reduce_tensor_cuda_args() -> list[str]:
     """The expressions of the argument tuple that reduce_tensor returns with rebuild_cuda_tensor."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(reductions.reduce_tensor)))
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple)
-                and ast.unparse(node.value.elts[0]) == "rebuild_cuda_tensor"):
+        if (
+            isinstance(node, ast.Return)
+            and isinstance(node.value, ast.Tuple)
+            and ast.unparse(node.value.elts[0]) == "rebuild_cuda_tensor"
+        ):
             return [ast.unparse(argument) for argument in node.value.elts[1].elts]
     raise AssertionError("torch's reduce_tensor no longer returns (rebuild_cuda_tensor, (...))")
 
@@ -84,5 +91,7 @@ def test_open_rebuilds_on_the_receivers_index_of_the_buckets_gpu(monkeypatch):
     opened = bucket.open(torch.device("cuda", 0))
     assert opened["storage_device"] == 0
     assert {k: v for k, v in opened.items() if k != "storage_device"} == {
-        k: v for k, v in zip(inspect.signature(reductions.rebuild_cuda_tensor).parameters, bucket.rebuild_args)
-        if k != "storage_device"}
+        k: v
+        for k, v in zip(inspect.signature(reductions.rebuild_cuda_tensor).parameters, bucket.rebuild_args)
+        if k != "storage_device"
+    }

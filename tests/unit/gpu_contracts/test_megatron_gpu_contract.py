@@ -5,6 +5,7 @@ are GPU-only in megarl (`TrainEngine.offload_params` / `onload` skip them on CPU
 guard them here."""
 
 import pytest
+from call_sites import assert_fits, call_sites, dataclass_fields
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBuffer
 from megatron.core.optimizer import OptimizerConfig
@@ -12,18 +13,19 @@ from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.optimizer.optimizer import ChainedOptimizer, Float16OptimizerWithFloat16Params, FP32Optimizer
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from call_sites import assert_fits, call_sites, dataclass_fields
-
 pytestmark = pytest.mark.unit
 
 TRAIN = "workers/megatron_train.py"
 
 
-@pytest.mark.parametrize("path, cls", [
-    (TRAIN, OptimizerConfig),                    # megatron/core/optimizer/optimizer_config.py
-    (TRAIN, DistributedDataParallelConfig),      # megatron/core/distributed/distributed_data_parallel_config.py
-    ("models/architectures.py", TransformerConfig),  # megatron/core/transformer/transformer_config.py
-])
+@pytest.mark.parametrize(
+    "path, cls",
+    [
+        (TRAIN, OptimizerConfig),  # megatron/core/optimizer/optimizer_config.py
+        (TRAIN, DistributedDataParallelConfig),  # megatron/core/distributed/distributed_data_parallel_config.py
+        ("models/architectures.py", TransformerConfig),  # megatron/core/transformer/transformer_config.py
+    ],
+)
 def test_config_keywords_are_fields(path, cls):
     for site in call_sites(path, cls.__name__):
         unknown = sorted(set(site.keywords) - dataclass_fields(cls))
@@ -54,8 +56,9 @@ def test_grad_buffer_offload_calls_fit():
     assert call_sites(TRAIN, "offload_grad_buffers") and call_sites(TRAIN, "restore_grad_buffers")
 
 
-@pytest.mark.parametrize("optimizer", [Float16OptimizerWithFloat16Params, DistributedOptimizer, FP32Optimizer,
-                                       ChainedOptimizer])
+@pytest.mark.parametrize(
+    "optimizer", [Float16OptimizerWithFloat16Params, DistributedOptimizer, FP32Optimizer, ChainedOptimizer]
+)
 def test_optimizer_offload_calls_fit(optimizer):
     """Every optimizer `get_megatron_optimizer` may return (megatron/core/optimizer/__init__.py) has
     `offload_to_cpu()` / `restore_from_cpu()` (megatron/core/optimizer/optimizer.py, distrib_optimizer.py)."""

@@ -27,12 +27,20 @@ from megarl.models.hf_config import read_model_dims
 
 pytestmark = pytest.mark.unit
 
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 MODELS = {
     "llama": {"model_type": "llama", "rope_parameters": LLAMA3_ROPE},
-    "llama-linear": {"model_type": "llama",
-                     "rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}},
+    "llama-linear": {
+        "model_type": "llama",
+        "rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0},
+    },
     "qwen2": {"model_type": "qwen2", "rope_theta": 1e6},
     "qwen3": {"model_type": "qwen3", "rope_theta": 1e6, "head_dim": 32},
 }
@@ -50,9 +58,19 @@ class _OneRankGroup:
 
 
 def _dims(fields):
-    return read_model_dims({"vocab_size": 100, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
-                            "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
-                            "max_position_embeddings": 512, **fields})
+    return read_model_dims(
+        {
+            "vocab_size": 100,
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 512,
+            **fields,
+        }
+    )
 
 
 def _te_config(monkeypatch, fields, fused_thd):
@@ -95,8 +113,9 @@ def test_thd_rope_goes_to_the_fused_kernel_with_the_cu_seqlens(monkeypatch):
     t, freqs = torch.randn(7, 4, 32), torch.randn(5, 1, 1, 32)
     cu_seqlens = torch.tensor([0, 3, 4, 7], dtype=torch.int32)
     assert "cu_seqlens=cu_seqlens_q" in inspect.getsource(SelfAttention.forward)
-    out = rope_utils.apply_rotary_pos_emb(t, freqs, config=config, cu_seqlens=cu_seqlens, mscale=1.0,
-                                          cp_group=_OneRankGroup())
+    out = rope_utils.apply_rotary_pos_emb(
+        t, freqs, config=config, cu_seqlens=cu_seqlens, mscale=1.0, cp_group=_OneRankGroup()
+    )
     [(args, kwargs)] = calls
     assert out is t and args[0] is t and args[1] is cu_seqlens and args[2] is freqs and len(args) == 3
     assert kwargs == {"cp_size": 1, "cp_rank": 0}
@@ -114,8 +133,11 @@ def test_te_wrapper_runs_te_rope_fused_on_thd_without_interleaving():
     (transformer_engine/pytorch/attention/rope.py) and never passes `interleaved` (TE's default,
     False): why megarl pins `rotary_interleaved=False`."""
     wrapper = _te_extension_function("fused_apply_rotary_pos_emb_thd")
-    te_calls = [node for node in ast.walk(wrapper) if isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Name) and node.func.id == "apply_rotary_pos_emb"]
+    te_calls = [
+        node
+        for node in ast.walk(wrapper)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "apply_rotary_pos_emb"
+    ]
     assert te_calls
     for call in te_calls:
         keywords = {k.arg: ast.unparse(k.value) for k in call.keywords}

@@ -11,13 +11,12 @@ import inspect
 from pathlib import Path
 
 import pytest
+from call_sites import assert_fits, call_sites, dataclass_fields
 from megatron.core.models.gpt import GPTModel
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_layer import TransformerLayer
-
-from call_sites import assert_fits, call_sites, dataclass_fields
 
 pytestmark = pytest.mark.unit
 
@@ -38,11 +37,14 @@ def test_packed_seq_params_keywords_are_fields():
         assert not unknown, f"{site.where}: PackedSeqParams has no fields {unknown}"
 
 
-@pytest.mark.parametrize("forward", [
-    TransformerBlock.forward,                # megatron/core/transformer/transformer_block.py
-    TransformerLayer._forward_attention,     # megatron/core/transformer/transformer_layer.py
-    SelfAttention.forward,                   # megatron/core/transformer/attention.py (Attention.forward)
-])
+@pytest.mark.parametrize(
+    "forward",
+    [
+        TransformerBlock.forward,  # megatron/core/transformer/transformer_block.py
+        TransformerLayer._forward_attention,  # megatron/core/transformer/transformer_layer.py
+        SelfAttention.forward,  # megatron/core/transformer/attention.py (Attention.forward)
+    ],
+)
 def test_every_module_on_the_way_takes_packed_seq_params(forward):
     assert "packed_seq_params" in inspect.signature(forward).parameters, forward.__qualname__
 
@@ -72,7 +74,14 @@ def test_te_core_attention_takes_packed_seq_params_and_hands_its_fields_to_te():
     `PackedSeqParams` fields go to TE's `DotProductAttention.forward` as keywords."""
     forward = _te_core_attention_forward()
     assert [arg.arg for arg in forward.args.args][:8] == [
-        "self", "query", "key", "value", "attention_mask", "attn_mask_type", "attention_bias", "packed_seq_params",
+        "self",
+        "query",
+        "key",
+        "value",
+        "attention_mask",
+        "attn_mask_type",
+        "attention_bias",
+        "packed_seq_params",
     ]
     source = ast.unparse(forward)
     assert "packed_seq_kwargs = {key: getattr(packed_seq_params, key) for key in self.kept_packed_seq_params}" in source

@@ -11,12 +11,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from vllm import LLM  # noqa: E402
-from vllm.engine.arg_utils import EngineArgs  # noqa: E402
-from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
-from vllm.v1.worker.gpu_worker import Worker as GPUWorker  # noqa: E402
-
-from call_sites import assert_fits, call_sites  # noqa: E402
+from call_sites import assert_fits, call_sites
+from vllm import LLM
+from vllm.engine.arg_utils import EngineArgs
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+from vllm.v1.worker.gpu_worker import Worker as GPUWorker
 
 pytestmark = pytest.mark.unit
 

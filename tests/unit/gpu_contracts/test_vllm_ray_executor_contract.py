@@ -18,16 +18,16 @@ import pytest
 
 pytest.importorskip("vllm")
 
-import vllm  # noqa: E402
-import vllm.envs  # noqa: E402
-from vllm.config.parallel import DistributedExecutorBackend  # noqa: E402
-from vllm.platforms.cpu import CpuPlatform  # noqa: E402
-from vllm.v1.executor import ray_executor_v2, ray_utils  # noqa: E402
-from vllm.v1.executor.abstract import Executor  # noqa: E402
-from vllm.v1.executor.ray_executor import RayDistributedExecutor  # noqa: E402
-from vllm.v1.executor.ray_executor_v2 import RayExecutorV2  # noqa: E402
+import vllm
+import vllm.envs
+from vllm.config.parallel import DistributedExecutorBackend
+from vllm.platforms.cpu import CpuPlatform
+from vllm.v1.executor import ray_executor_v2, ray_utils
+from vllm.v1.executor.abstract import Executor
+from vllm.v1.executor.ray_executor import RayDistributedExecutor
+from vllm.v1.executor.ray_executor_v2 import RayExecutorV2
 
-from megarl.workers.rollout.executor import engine_env, executor_backend  # noqa: E402
+from megarl.workers.rollout.executor import engine_env, executor_backend
 
 pytestmark = pytest.mark.unit
 
@@ -64,8 +64,10 @@ def test_vllm_reads_our_environment_as_we_mean_it(monkeypatch):
         monkeypatch.setenv(name, value)
     assert list(map(int, vllm.envs.VLLM_RAY_BUNDLE_INDICES.split(","))) == BUNDLES
     assert vllm.envs.VLLM_RAY_PER_WORKER_GPUS == SHARE
-    for source in (inspect.getsource(RayExecutorV2._init_executor),
-                   inspect.getsource(RayDistributedExecutor._init_workers_ray)):
+    for source in (
+        inspect.getsource(RayExecutorV2._init_executor),
+        inspect.getsource(RayDistributedExecutor._init_workers_ray),
+    ):
         assert "envs.VLLM_RAY_BUNDLE_INDICES.split" in source
 
 
@@ -87,7 +89,10 @@ def test_tp_rank_r_goes_to_the_rth_bundle_of_the_current_placement_group():
     rank r the r-th of them."""
     assert "ray.util.get_current_placement_group()" in inspect.getsource(ray_utils.initialize_ray_cluster)
     assert list(inspect.signature(ray_utils.get_bundles_for_indices).parameters) == [
-        "placement_group", "bundle_indices", "world_size"]
+        "placement_group",
+        "bundle_indices",
+        "world_size",
+    ]
     assert "for bid in bundle_indices" in inspect.getsource(ray_utils.get_bundles_for_indices)
     init = inspect.getsource(RayExecutorV2._init_executor)
     assert "for rank, (bundle_id_idx, node_id, node_ip) in enumerate(bundle_to_node_id)" in init

@@ -12,10 +12,10 @@ import torch
 
 pytest.importorskip("vllm")
 
-from vllm import SamplingParams  # noqa: E402
-from vllm.v1.worker.gpu.sample import states  # noqa: E402
+from vllm import SamplingParams
+from vllm.v1.worker.gpu.sample import states
 
-from megarl.workers.rollout.call_seeding import CallSeeding  # noqa: E402
+from megarl.workers.rollout.call_seeding import CallSeeding
 
 pytestmark = pytest.mark.unit
 

@@ -72,7 +72,9 @@ def test_tiny_model_round_trips_through_megatron_shards(tiny, tp, pp):
 
 
 def test_unknown_model_type_names_the_key_and_the_supported_list(tmp_path, capsys):
-    with pytest.raises(ValueError, match=re.escape(f"config.json: model_type='gpt2' is not supported; megarl builds {list(ARCHS)}")):
+    with pytest.raises(
+        ValueError, match=re.escape(f"config.json: model_type='gpt2' is not supported; megarl builds {list(ARCHS)}")
+    ):
         read_model_dims({"model_type": "gpt2"})
     with pytest.raises(ValueError, match=r"model_type='gpt2' is not supported"):
         registry.architecture("gpt2")

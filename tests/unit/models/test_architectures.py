@@ -16,9 +16,17 @@ from megarl.models.architectures import (
 from megarl.models.hf_config import read_model_dims
 
 BASE = {
-    "vocab_size": 100, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "rms_norm_eps": 1e-5, "max_position_embeddings": 512,
-    "hidden_act": "silu", "rope_theta": 10000.0, "initializer_range": 0.05,
+    "vocab_size": 100,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 512,
+    "hidden_act": "silu",
+    "rope_theta": 10000.0,
+    "initializer_range": 0.05,
 }
 
 
@@ -106,10 +114,11 @@ def test_transformer_engine_spec_is_causal_for_thd(monkeypatch):
     monkeypatch.setattr(architectures, "_te_importable", lambda: True)
     monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb_thd", lambda *args, **kwargs: None)
     monkeypatch.setattr(
-        architectures, "get_gpt_layer_with_transformer_engine_spec",
+        architectures,
+        "get_gpt_layer_with_transformer_engine_spec",
         lambda qk_layernorm: get_gpt_layer_local_spec(qk_layernorm=qk_layernorm, normalization="RMSNorm"),
     )
-    assert TE_SELF_ATTENTION_MASK_TYPE == AttnMaskType.causal
+    assert AttnMaskType.causal == TE_SELF_ATTENTION_MASK_TYPE
     te_attention = layer_spec(dims_of("qwen3"), "transformer_engine").submodules.self_attention
     assert te_attention.params["attn_mask_type"] == AttnMaskType.causal
     assert te_attention.submodules.q_layernorm is not None  # the rest of the spec is untouched
@@ -145,11 +154,15 @@ def test_transformer_engine_contract_the_mask_type_relies_on():
     spec_source = inspect.getsource(get_gpt_layer_with_transformer_engine_spec)
     assert re.search(r'module=SelfAttention,\s*params=\{"attn_mask_type": AttnMaskType.causal\}', spec_source)
     te = _megatron_source("megatron.core.extensions.transformer_engine")
-    forward = te[te.index("class TEDotProductAttention"):]
-    forward = forward[forward.index("    def forward("):]
-    forward = forward[:forward.index("\n    def ", 10)]
-    assert re.search(r'if qkv_format == "thd".*?\n\s*if attn_mask_type == AttnMaskType.causal:'
-                     r'\n\s*attn_mask_type = AttnMaskType.padding_causal', forward, re.DOTALL)
+    forward = te[te.index("class TEDotProductAttention") :]
+    forward = forward[forward.index("    def forward(") :]
+    forward = forward[: forward.index("\n    def ", 10)]
+    assert re.search(
+        r'if qkv_format == "thd".*?\n\s*if attn_mask_type == AttnMaskType.causal:'
+        r"\n\s*attn_mask_type = AttnMaskType.padding_causal",
+        forward,
+        re.DOTALL,
+    )
     assert "attn_mask_type=attn_mask_type.name, **attention_bias_kwargs, **packed_seq_kwargs" in forward
     assert "super().forward(query, key, value, attention_mask, **_fa_kwargs)" in forward
 
@@ -171,8 +184,14 @@ def test_transformer_engine_without_it_says_to_use_local():
 @pytest.mark.parametrize(
     "rope_parameters",
     [
-        {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
         {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
     ],
     ids=["llama3", "linear"],
@@ -185,8 +204,14 @@ def test_rope_scaling_gives_hf_frequencies(rope_parameters):
 
     from megarl.models.architectures import rope_arguments
 
-    hf_config = LlamaConfig(hidden_size=128, num_attention_heads=4, head_dim=32, intermediate_size=256,
-                            max_position_embeddings=16384, rope_parameters=rope_parameters)
+    hf_config = LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=4,
+        head_dim=32,
+        intermediate_size=256,
+        max_position_embeddings=16384,
+        rope_parameters=rope_parameters,
+    )
     dims = read_model_dims(hf_config)
     rotary = RotaryEmbedding(kv_channels=32, rotary_percent=1.0, use_cpu_initialization=True, **rope_arguments(dims))
     positions = 9000

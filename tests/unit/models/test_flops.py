@@ -17,7 +17,13 @@ def test_the_formula_equals_a_hand_count_of_the_matmuls_of_a_small_qwen2(tmp_pat
     25 600: 625 664 per token forward; ×10 tokens ×3 (forward + backward) = 18 769 920."""
     dims = read_model_dims(make_tiny_model(tmp_path / "m", "qwen2"))
     assert (dims.hidden_size, dims.num_layers, dims.q_size, dims.kv_size, dims.ffn_hidden_size, dims.vocab_size) == (
-        128, 2, 128, 64, 256, 100)
+        128,
+        2,
+        128,
+        64,
+        256,
+        100,
+    )
     assert forward_flops_per_token(dims, 10) == 625_664
     assert training_flops(dims, 10) == 18_769_920
 
@@ -29,8 +35,13 @@ def test_the_formula_equals_torchs_flop_counter_on_a_forward_and_backward_of_the
     because the counter has no formula for CPU's fused SDPA kernel (with it the counter misses exactly
     the 4·q_size·S² per layer of the attention products, and nothing else differs). Qwen3 (q/k norms,
     head_dim·heads != hidden) and GQA check that the formula reads the right widths."""
-    for arch, shape in (("qwen2", {}), ("qwen3", dict(hidden_size=96, head_dim=32, num_attention_heads=4,
-                                                      num_key_value_heads=1, intermediate_size=160))):
+    for arch, shape in (
+        ("qwen2", {}),
+        (
+            "qwen3",
+            dict(hidden_size=96, head_dim=32, num_attention_heads=4, num_key_value_heads=1, intermediate_size=160),
+        ),
+    ):
         model_dir = make_tiny_model(tmp_path / arch, arch, **shape)
         dims = read_model_dims(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager")

@@ -46,8 +46,11 @@ def test_shape_mismatch_names_file_and_tensor(tiny_qwen3, tmp_path):
     tensors = load_file(model_dir / "model.safetensors")
     tensors["model.layers.1.mlp.up_proj.weight"] = tensors["model.layers.1.mlp.up_proj.weight"][:100]
     save_file(tensors, model_dir / "model.safetensors")
-    with pytest.raises(ValueError, match=r"model.safetensors: tensor 'model.layers.1.mlp.up_proj.weight' has shape "
-                                         r"\[100, 128\], config.json implies \[256, 128\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"model.safetensors: tensor 'model.layers.1.mlp.up_proj.weight' has shape "
+        r"\[100, 128\], config.json implies \[256, 128\]",
+    ):
         check_hf_checkpoint(model_dir)
 
 
@@ -69,6 +72,7 @@ def test_missing_tensor_and_missing_shard_file(tiny_qwen3, tmp_path):
 @pytest.fixture
 def no_spawn(monkeypatch):
     """Fail the test if the CLI gets as far as starting processes."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("processes were started for bad input")
 

@@ -5,9 +5,16 @@ import pytest
 from megarl.models.hf_config import RopeScaling, check_parallel_layout, read_model_dims
 
 BASE = {
-    "vocab_size": 100, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4,
-    "num_attention_heads": 8, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
-    "hidden_act": "silu", "rope_theta": 10000.0,
+    "vocab_size": 100,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 512,
+    "hidden_act": "silu",
+    "rope_theta": 10000.0,
 }
 
 
@@ -48,8 +55,13 @@ def test_rope_from_transformers_v5_rope_parameters():
 
 @pytest.mark.parametrize("key", ["rope_scaling", "rope_parameters"])
 def test_llama3_rope_scaling_with_megatrons_fixed_factors(key):
-    scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192}
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     cfg = config("llama", **{key: {**scaling, "rope_theta": 5e5} if key == "rope_parameters" else scaling})
     assert read_model_dims(cfg).rope_scaling == RopeScaling("llama3", 32.0)
     scaling["high_freq_factor"] = 2.0
@@ -70,15 +82,22 @@ def test_linear_rope_scaling_and_unsupported_rope_types():
     [
         ("mistral", {}, "model_type='mistral' is not supported"),
         ("qwen2", {"use_sliding_window": True}, "use_sliding_window=true"),
-        ("qwen3", {"layer_types": ["full_attention", "sliding_attention"]}, "layer_types contains \\['sliding_attention'\\]"),
+        (
+            "qwen3",
+            {"layer_types": ["full_attention", "sliding_attention"]},
+            "layer_types contains \\['sliding_attention'\\]",
+        ),
         ("qwen2", {"num_experts": 8}, "num_experts=8 .*mixture-of-experts"),
         ("llama", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
         ("llama", {"attention_bias": True}, "attention_bias=true for model_type='llama'"),
         ("qwen3", {"attention_bias": True}, "attention_bias=true for model_type='qwen3'"),
         ("llama", {"mlp_bias": True}, "mlp_bias=true"),
         ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5 \\(RoPE over part of a head"),
-        ("qwen3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25}},
-         "rope_parameters.partial_rotary_factor=0.25"),
+        (
+            "qwen3",
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25}},
+            "rope_parameters.partial_rotary_factor=0.25",
+        ),
         ("llama", {"num_key_value_heads": 3}, "num_attention_heads=8 is not a multiple of num_key_value_heads=3"),
         ("llama", {"vocab_size": None}, "required key 'vocab_size' is missing"),
     ],
@@ -96,6 +115,7 @@ def test_parallel_layouts_the_model_cannot_be_cut_into():
     with pytest.raises(ValueError, match="pipeline parallel size 3 does not divide num_hidden_layers=4"):
         check_parallel_layout(dims, tp_size=1, pp_size=3)
     check_parallel_layout(dims, tp_size=1, pp_size=2, vpp_size=2)
-    with pytest.raises(ValueError, match="pipeline parallel size 2 × virtual pipeline size 4 does not divide "
-                                         "num_hidden_layers=4"):
+    with pytest.raises(
+        ValueError, match="pipeline parallel size 2 × virtual pipeline size 4 does not divide num_hidden_layers=4"
+    ):
         check_parallel_layout(dims, tp_size=1, pp_size=2, vpp_size=4)

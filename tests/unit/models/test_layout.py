@@ -9,10 +9,23 @@ from megarl.models import layout
 from megarl.models.hf_config import ModelDims
 
 DIMS = ModelDims(
-    model_type="qwen2", vocab_size=100, hidden_size=16, ffn_hidden_size=24, num_layers=4,
-    num_attention_heads=8, num_kv_heads=4, head_dim=4, qkv_bias=True, qk_layernorm=True,
-    tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=1e4, rope_scaling=None,
-    max_position_embeddings=64, initializer_range=0.02, attention_dropout=0.0,
+    model_type="qwen2",
+    vocab_size=100,
+    hidden_size=16,
+    ffn_hidden_size=24,
+    num_layers=4,
+    num_attention_heads=8,
+    num_kv_heads=4,
+    head_dim=4,
+    qkv_bias=True,
+    qk_layernorm=True,
+    tie_word_embeddings=False,
+    rms_norm_eps=1e-6,
+    rope_theta=1e4,
+    rope_scaling=None,
+    max_position_embeddings=64,
+    initializer_range=0.02,
+    attention_dropout=0.0,
 )
 
 LAYER_PARAMS = [
@@ -80,8 +93,10 @@ def test_qkv_shards_hold_whole_kv_groups_interleaved():
 
 def test_gate_up_shard_is_gate_then_up_of_the_rank():
     dims = dataclasses.replace(DIMS, ffn_hidden_size=4, hidden_size=1)
-    hf = {"model.layers.0.mlp.gate_proj.weight": torch.arange(4.0)[:, None],
-          "model.layers.0.mlp.up_proj.weight": 10 + torch.arange(4.0)[:, None]}
+    hf = {
+        "model.layers.0.mlp.gate_proj.weight": torch.arange(4.0)[:, None],
+        "model.layers.0.mlp.up_proj.weight": 10 + torch.arange(4.0)[:, None],
+    }
     mapping = layout.param_mapping("decoder.layers.0.mlp.linear_fc1.weight", dims)
     shards = layout.tp_shards_from_hf(mapping, hf, dims, tp_size=2, vocab_divisible_by=1)
     assert [s.flatten().tolist() for s in shards] == [[0, 1, 10, 11], [2, 3, 12, 13]]
@@ -127,9 +142,15 @@ def test_virtual_stage_offsets_are_megatrons(layers, pp, vpp):
     from megatron.core.transformer.transformer_config import TransformerConfig
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    config = TransformerConfig(num_layers=layers, hidden_size=8, num_attention_heads=2, use_cpu_initialization=True,
-                               pipeline_model_parallel_size=pp, pipeline_dtype=torch.float32,
-                               virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
+    config = TransformerConfig(
+        num_layers=layers,
+        hidden_size=8,
+        num_attention_heads=2,
+        use_cpu_initialization=True,
+        pipeline_model_parallel_size=pp,
+        pipeline_dtype=torch.float32,
+        virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+    )
     for rank in range(pp):
         for stage in range(vpp):
             expected = get_transformer_layer_offset(config, vp_stage=stage if vpp > 1 else None, pp_rank=rank)
@@ -168,6 +189,8 @@ def test_hf_names_map_back_to_the_owning_stage_and_parameter(pp_size):
         offset = layout.layer_offset(DIMS.num_layers, pp_size, stage)
         assert hf_name in layout.param_mapping(megatron_name, DIMS, layer_offset=offset).hf_names
     assert layout.megatron_name_of("model.layers.3.self_attn.k_proj.weight", DIMS, pp_size=2) == (
-        1, "decoder.layers.1.self_attention.linear_qkv.weight")
+        1,
+        "decoder.layers.1.self_attention.linear_qkv.weight",
+    )
     with pytest.raises(ValueError, match="'model.layers.0.mlp.experts.0.w1' has no Megatron counterpart"):
         layout.megatron_name_of("model.layers.0.mlp.experts.0.w1", DIMS, pp_size=1)

@@ -6,8 +6,16 @@ from megarl.models.mcore_checkpoint import FORMAT, McoreCheckpointInfo, read_inf
 
 
 def _info(**fields):
-    return McoreCheckpointInfo(**{"format": FORMAT, "tp_size": 2, "pp_size": 2, "vocab_divisible_by": 128,
-                                  "hf_config": {"model_type": "qwen2"}, **fields})
+    return McoreCheckpointInfo(
+        **{
+            "format": FORMAT,
+            "tp_size": 2,
+            "pp_size": 2,
+            "vocab_divisible_by": 128,
+            "hf_config": {"model_type": "qwen2"},
+            **fields,
+        }
+    )
 
 
 def test_metadata_round_trip_and_incomplete_checkpoints(tmp_path):

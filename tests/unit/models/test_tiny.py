@@ -50,8 +50,23 @@ def test_seed_fixes_the_weights_and_overrides_apply(tmp_path):
 
 def test_init_tiny_model_cli(tmp_path, capsys):
     out = tmp_path / "m"
-    rc = main(["init-tiny-model", "--out", str(out), "--arch", "qwen3", "--hidden-size", "64", "--num-heads", "2",
-               "--num-kv-heads", "1", "--num-layers", "3"])
+    rc = main(
+        [
+            "init-tiny-model",
+            "--out",
+            str(out),
+            "--arch",
+            "qwen3",
+            "--hidden-size",
+            "64",
+            "--num-heads",
+            "2",
+            "--num-kv-heads",
+            "1",
+            "--num-layers",
+            "3",
+        ]
+    )
     assert rc == 0
     cfg = json.loads((out / "config.json").read_text())
     assert (cfg["model_type"], cfg["hidden_size"], cfg["num_hidden_layers"], cfg["head_dim"]) == ("qwen3", 64, 3, 32)
@@ -73,13 +88,20 @@ def test_tool_tokens_are_single_tokens_after_the_char_vocabulary(tmp_path, capsy
     assert [tokenizer.convert_tokens_to_ids(t) for t in TOOL_TOKENS] == [100, 101, 102, 103]
     # Kept by decode(skip_special_tokens=True): tool-call parsers read decoded text.
     assert tokenizer.decode(ids, skip_special_tokens=True) == call + "<tool_response>2</tool_response>"
-    tools = [{"type": "function", "function": {"name": "calc", "parameters": {"properties": {"expression": {}}}}},
-             {"name": "now"}]
-    messages = [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": call},
-                {"role": "tool", "content": "2"}]
+    tools = [
+        {"type": "function", "function": {"name": "calc", "parameters": {"properties": {"expression": {}}}}},
+        {"name": "now"},
+    ]
+    messages = [
+        {"role": "user", "content": "1+1"},
+        {"role": "assistant", "content": call},
+        {"role": "tool", "content": "2"},
+    ]
     text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
-    assert text == ("tools: calc(expression), now()\nuser: 1+1\nassistant: " + call + "\n"
-                    "tool: <tool_response>2</tool_response>\nassistant: ")
+    assert text == (
+        "tools: calc(expression), now()\nuser: 1+1\nassistant: " + call + "\n"
+        "tool: <tool_response>2</tool_response>\nassistant: "
+    )
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.get_input_embeddings().weight.shape[0] == 104
 
@@ -87,6 +109,8 @@ def test_tool_tokens_are_single_tokens_after_the_char_vocabulary(tmp_path, capsy
 def test_default_models_keep_the_100_token_vocabulary_and_plain_template(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(make_tiny_model(tmp_path / "plain"))
     assert len(tokenizer) == 100
-    assert tokenizer("<tool_call>", add_special_tokens=False).input_ids == [4 + CHARACTERS.index(c) for c in "<tool_call>"]
+    assert tokenizer("<tool_call>", add_special_tokens=False).input_ids == [
+        4 + CHARACTERS.index(c) for c in "<tool_call>"
+    ]
     text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[{"name": "now"}], tokenize=False)
     assert text == "user: hi\n"

@@ -14,14 +14,17 @@ import torch
 from megarl.parallel.device import DEVICE_ENV, DeviceError, uses_cuda, visible_index, worker_env
 
 
-@pytest.mark.parametrize("assigned, visible, index", [
-    (["5"], "5", 0),                 # Ray narrowed the list to the one assigned GPU: ordinal 0, not 5
-    (["6", "3"], "3,6", 0),          # a multi-GPU process (ids in no order): its first visible GPU
-    (["6"], "2,4,6,7", 2),           # NOSET: the node's list stays, the id's position counts
-    ([7], "4, 5, 6, 7", 3),          # ids as ints, spaces in the list
-    (["2"], None, 2),                # nothing narrowed, every GPU visible: the id is the ordinal
-    (["GPU-a1b2"], "GPU-9f,GPU-a1b2", 1),  # UUIDs
-])
+@pytest.mark.parametrize(
+    "assigned, visible, index",
+    [
+        (["5"], "5", 0),  # Ray narrowed the list to the one assigned GPU: ordinal 0, not 5
+        (["6", "3"], "3,6", 0),  # a multi-GPU process (ids in no order): its first visible GPU
+        (["6"], "2,4,6,7", 2),  # NOSET: the node's list stays, the id's position counts
+        ([7], "4, 5, 6, 7", 3),  # ids as ints, spaces in the list
+        (["2"], None, 2),  # nothing narrowed, every GPU visible: the id is the ordinal
+        (["GPU-a1b2"], "GPU-9f,GPU-a1b2", 1),  # UUIDs
+    ],
+)
 def test_the_ordinal_is_the_position_among_the_visible_gpus(assigned, visible, index):
     assert visible_index(assigned, visible) == index
 

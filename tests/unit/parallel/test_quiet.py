@@ -40,8 +40,12 @@ def test_other_warnings_and_cuda_advice_on_gpu_still_show(restored):
     warnings.warn("my reward function saw an empty response", UserWarning, stacklevel=1)
     warnings.warn("full scope is deprecated", DeprecationWarning, stacklevel=1)  # a listed text, another category
     warnings.warn("use a newer megatron: " + quiet.ALWAYS[0][0], UserWarning, stacklevel=1)  # listed, not at the start
-    assert messages(restored) == [te_missing, "my reward function saw an empty response", "full scope is deprecated",
-                                  "use a newer megatron: " + quiet.ALWAYS[0][0]]
+    assert messages(restored) == [
+        te_missing,
+        "my reward function saw an empty response",
+        "full scope is deprecated",
+        "use a newer megatron: " + quiet.ALWAYS[0][0],
+    ]
 
 
 def test_installing_twice_adds_no_filters(restored):

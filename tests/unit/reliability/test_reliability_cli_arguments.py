@@ -23,7 +23,10 @@ from megarl.models.tiny import make_tiny_model
 
 BAD_NUMBERS = [
     # (command line before the flag, flag, value)
-    *[(["check-sync", "--model", "{model}"], "--bucket-mb", value) for value in ("inf", "nan", "0", "-1", "1e300", "abc")],
+    *[
+        (["check-sync", "--model", "{model}"], "--bucket-mb", value)
+        for value in ("inf", "nan", "0", "-1", "1e300", "abc")
+    ],
     *[(["check-sync", "--model", "{model}"], "--threshold", value) for value in ("inf", "-inf", "nan", "0")],
     *[(["validate", "recipe.yaml"], "--gpu-memory-gib", value) for value in ("inf", "nan", "0", "-80", "eighty")],
 ]
@@ -31,13 +34,26 @@ BAD_NUMBERS = [
 BAD_CONFIG_JSON = [
     # (id, change to the tiny model's config.json (a function of it), words of the one-line error)
     ("zero-heads", lambda c: {**c, "num_attention_heads": 0}, "num_attention_heads=0 must be a positive integer"),
-    ("heads-as-text", lambda c: {**c, "num_attention_heads": "4"}, "num_attention_heads='4' must be a positive integer"),
+    (
+        "heads-as-text",
+        lambda c: {**c, "num_attention_heads": "4"},
+        "num_attention_heads='4' must be a positive integer",
+    ),
     ("json-list", lambda c: [c], "config.json: a JSON list where an object of settings belongs"),
-    ("linear-rope-without-factor", lambda c: {**c, "rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}},
-     "required key 'rope_parameters.factor' is missing"),
-    ("legacy-linear-rope-without-factor",
-     lambda c: {**{k: v for k, v in c.items() if k != "rope_parameters"}, "rope_theta": 1e4,
-                "rope_scaling": {"type": "linear"}}, "required key 'rope_scaling.factor' is missing"),
+    (
+        "linear-rope-without-factor",
+        lambda c: {**c, "rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}},
+        "required key 'rope_parameters.factor' is missing",
+    ),
+    (
+        "legacy-linear-rope-without-factor",
+        lambda c: {
+            **{k: v for k, v in c.items() if k != "rope_parameters"},
+            "rope_theta": 1e4,
+            "rope_scaling": {"type": "linear"},
+        },
+        "required key 'rope_scaling.factor' is missing",
+    ),
 ]
 
 
@@ -47,7 +63,10 @@ def model_dir(tmp_path_factory):
 
 
 def snapshot(directory: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns) for p in [directory, *directory.rglob("*")]}
+    return {
+        str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in [directory, *directory.rglob("*")]
+    }
 
 
 def run_cli(capsys, argv: list[str]) -> tuple[int, str, str]:
@@ -84,8 +103,13 @@ def test_bad_number_stops_argument_parsing(model_dir, tmp_path, capsys, monkeypa
 def test_check_sync_process_with_an_infinite_bucket_exits_at_once(model_dir, tmp_path):
     """The real process: once accepted, `--bucket-mb inf` hung for minutes in the spawned ranks."""
     megarl = str(Path(sys.executable).with_name("megarl"))
-    result = subprocess.run([megarl, "check-sync", "--model", str(model_dir), "--bucket-mb", "inf"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [megarl, "check-sync", "--model", str(model_dir), "--bucket-mb", "inf"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "argument --bucket-mb: 'inf': must be a finite number above 0 and at most 1048576" in result.stderr
     assert "Traceback" not in result.stderr
@@ -102,8 +126,10 @@ def test_non_empty_out_is_refused_without_overwrite(tmp_path, capsys, command):
     before = snapshot(tmp_path)
     code, out_text, err = run_cli(capsys, argv)
     assert (code, out_text) == (2, "")
-    assert err == (f"megarl {command}: error: --out {out} is not empty (holds model.safetensors, train.jsonl): choose "
-                   "an empty or new directory, or pass --overwrite to replace the files this command writes there\n")
+    assert err == (
+        f"megarl {command}: error: --out {out} is not empty (holds model.safetensors, train.jsonl): choose "
+        "an empty or new directory, or pass --overwrite to replace the files this command writes there\n"
+    )
     assert snapshot(tmp_path) == before
     code, _, err = run_cli(capsys, argv + ["--overwrite"])
     assert (code, err) == (0, "")
@@ -119,16 +145,21 @@ def test_empty_out_is_written_without_overwrite(tmp_path, capsys, command):
     assert (code, err) == (0, "")
 
 
-@pytest.mark.parametrize("argv", [["init-tiny-model"], ["make-data", "--task", "repeat_first_char"],
-                                  ["convert", "hf-to-mcore", "--hf", "{model}"]], ids=lambda argv: argv[0])
+@pytest.mark.parametrize(
+    "argv",
+    [["init-tiny-model"], ["make-data", "--task", "repeat_first_char"], ["convert", "hf-to-mcore", "--hf", "{model}"]],
+    ids=lambda argv: argv[0],
+)
 def test_out_through_a_file_is_named(model_dir, tmp_path, capsys, argv):
     (tmp_path / "notes.txt").write_text("a file, not a directory")
     out = tmp_path / "notes.txt" / "out"
     before = snapshot(tmp_path)
     code, _, err = run_cli(capsys, [arg.format(model=model_dir) for arg in argv] + ["--out", str(out)])
     assert code == 2
-    assert err.endswith(f"error: --out {out}: {tmp_path / 'notes.txt'} is a file, so no directory can be made there; "
-                        "choose a directory path that does not go through a file\n"), err
+    assert err.endswith(
+        f"error: --out {out}: {tmp_path / 'notes.txt'} is a file, so no directory can be made there; "
+        "choose a directory path that does not go through a file\n"
+    ), err
     assert "Traceback" not in err
     assert snapshot(tmp_path) == before
 
@@ -147,8 +178,11 @@ def test_convert_into_a_read_only_directory_is_named(model_dir, tmp_path, capsys
 @pytest.mark.parametrize("change, message", [c[1:] for c in BAD_CONFIG_JSON], ids=[c[0] for c in BAD_CONFIG_JSON])
 def test_bad_config_json_is_one_line(model_dir, tmp_path, capsys, command, change, message):
     bad = copy_with_config(model_dir, tmp_path / "bad-model", change)
-    argv = (["convert", "hf-to-mcore", "--hf", str(bad), "--out", str(tmp_path / "out")] if command == "convert"
-            else ["check-sync", "--model", str(bad)])
+    argv = (
+        ["convert", "hf-to-mcore", "--hf", str(bad), "--out", str(tmp_path / "out")]
+        if command == "convert"
+        else ["check-sync", "--model", str(bad)]
+    )
     before = snapshot(tmp_path)
     code, out, err = run_cli(capsys, argv)
     assert (code, out) == (2, "")
@@ -171,14 +205,18 @@ def test_convert_refuses_integer_weights(model_dir, tmp_path, capsys):
     bad = copy_with_config(model_dir, tmp_path / "int8-model", lambda config: config)
     weights = bad / "model.safetensors"
     tensors = load_file(weights)
-    save_file({**tensors, "model.layers.1.mlp.up_proj.weight": tensors["model.layers.1.mlp.up_proj.weight"].to(torch.int8)},
-              weights)
+    save_file(
+        {**tensors, "model.layers.1.mlp.up_proj.weight": tensors["model.layers.1.mlp.up_proj.weight"].to(torch.int8)},
+        weights,
+    )
     before = snapshot(tmp_path)
     code, _, err = run_cli(capsys, ["convert", "hf-to-mcore", "--hf", str(bad), "--out", str(tmp_path / "out")])
     assert code == 2
-    assert err == (f"megarl convert hf-to-mcore: error: {weights}: tensor 'model.layers.1.mlp.up_proj.weight' has dtype "
-                   "I8, not a floating-point type (a quantized checkpoint?): megarl trains and converts float32, "
-                   "bfloat16 or float16 weights; use the model's unquantized checkpoint\n")
+    assert err == (
+        f"megarl convert hf-to-mcore: error: {weights}: tensor 'model.layers.1.mlp.up_proj.weight' has dtype "
+        "I8, not a floating-point type (a quantized checkpoint?): megarl trains and converts float32, "
+        "bfloat16 or float16 weights; use the model's unquantized checkpoint\n"
+    )
     assert snapshot(tmp_path) == before
 
 
@@ -189,6 +227,8 @@ def test_convert_names_a_truncated_safetensors_file(model_dir, tmp_path, capsys)
     before = snapshot(tmp_path)
     code, _, err = run_cli(capsys, ["convert", "hf-to-mcore", "--hf", str(bad), "--out", str(tmp_path / "out")])
     assert code == 2
-    assert err == (f"megarl convert hf-to-mcore: error: {weights} is not a complete safetensors file (Error while "
-                   "deserializing header: incomplete metadata, file not fully covered): copy or download it again\n")
+    assert err == (
+        f"megarl convert hf-to-mcore: error: {weights} is not a complete safetensors file (Error while "
+        "deserializing header: incomplete metadata, file not fully covered): copy or download it again\n"
+    )
     assert snapshot(tmp_path) == before

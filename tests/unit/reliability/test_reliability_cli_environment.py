@@ -47,28 +47,76 @@ def run_dir_with(tmp_path: Path, *records) -> Path:
 
 CASES = [
     # (id, argv ({tmp} = the test's directory), exit code, words of the one line)
-    ("validate-dev-zero", ["validate", "/dev/zero"], 2, "error: /dev/zero = null: holds more than 1 MiB, so it is no recipe"),
+    (
+        "validate-dev-zero",
+        ["validate", "/dev/zero"],
+        2,
+        "error: /dev/zero = null: holds more than 1 MiB, so it is no recipe",
+    ),
     ("train-dev-zero", ["train", "/dev/zero"], 2, "megarl train: /dev/zero = null: holds more than 1 MiB"),
-    ("init-tiny-model-enormous", ["init-tiny-model", "--out", "{tmp}/big", "--hidden-size", "1000000", "--num-heads",
-                                  "1000", "--num-kv-heads", "1000", "--num-layers", "1000"], 2,
-     "megarl init-tiny-model: error: --hidden-size 1000000, --num-layers 1000, --intermediate-size 256 make 4e+15 "
-     "parameters, 2.98e+07 GiB to build and write in float32, more than the "),
-    ("plot-string-values", ["plot", "{tmp}/strings"], 2,
-     "megarl plot: {tmp}/strings/metrics.jsonl: step 1: reward/mean = 'high' is a str, not a number"),
-    ("plot-record-not-an-object", ["plot", "{tmp}/list"], 2,
-     "megarl plot: {tmp}/list/metrics.jsonl: record 1 is a JSON list, not an object of metrics"),
-    ("plot-record-without-step", ["plot", "{tmp}/no_step"], 2,
-     'megarl plot: {tmp}/no_step/metrics.jsonl: record 1 has no integer "step" (step = None)'),
-    ("plot-into-a-missing-directory", ["plot", "{tmp}/good", "--out", "{tmp}/missing/curves.png"], 2,
-     "megarl plot: --out {tmp}/missing/curves.png: the directory {tmp}/missing does not exist"),
-    ("plot-onto-a-full-device", ["plot", "{tmp}/good", "--out", "/dev/full"], 1,
-     "megarl plot: failed: [Errno 28] No space left on device; fix: check the machine's resources"),
-    ("bench-json-through-a-file", ["bench", "sync", "--json", "{tmp}/a_file/result.json"], 2,
-     "megarl bench: --json {tmp}/a_file/result.json: {tmp}/a_file is a file, so no directory can be made there"),
+    (
+        "init-tiny-model-enormous",
+        [
+            "init-tiny-model",
+            "--out",
+            "{tmp}/big",
+            "--hidden-size",
+            "1000000",
+            "--num-heads",
+            "1000",
+            "--num-kv-heads",
+            "1000",
+            "--num-layers",
+            "1000",
+        ],
+        2,
+        "megarl init-tiny-model: error: --hidden-size 1000000, --num-layers 1000, --intermediate-size 256 make 4e+15 "
+        "parameters, 2.98e+07 GiB to build and write in float32, more than the ",
+    ),
+    (
+        "plot-string-values",
+        ["plot", "{tmp}/strings"],
+        2,
+        "megarl plot: {tmp}/strings/metrics.jsonl: step 1: reward/mean = 'high' is a str, not a number",
+    ),
+    (
+        "plot-record-not-an-object",
+        ["plot", "{tmp}/list"],
+        2,
+        "megarl plot: {tmp}/list/metrics.jsonl: record 1 is a JSON list, not an object of metrics",
+    ),
+    (
+        "plot-record-without-step",
+        ["plot", "{tmp}/no_step"],
+        2,
+        'megarl plot: {tmp}/no_step/metrics.jsonl: record 1 has no integer "step" (step = None)',
+    ),
+    (
+        "plot-into-a-missing-directory",
+        ["plot", "{tmp}/good", "--out", "{tmp}/missing/curves.png"],
+        2,
+        "megarl plot: --out {tmp}/missing/curves.png: the directory {tmp}/missing does not exist",
+    ),
+    (
+        "plot-onto-a-full-device",
+        ["plot", "{tmp}/good", "--out", "/dev/full"],
+        1,
+        "megarl plot: failed: [Errno 28] No space left on device; fix: check the machine's resources",
+    ),
+    (
+        "bench-json-through-a-file",
+        ["bench", "sync", "--json", "{tmp}/a_file/result.json"],
+        2,
+        "megarl bench: --json {tmp}/a_file/result.json: {tmp}/a_file is a file, so no directory can be made there",
+    ),
     ("bench-json-a-directory", ["bench", "sync", "--json", "{tmp}"], 2, "megarl bench: --json {tmp} is a directory"),
     # Root passes the permission check, and the kernel refuses the write (exit 1); anyone else is refused at the check.
-    ("convert-out-in-sys", ["convert", "hf-to-mcore", "--hf", "{model}", "--out", "/sys/kernel/megarl-model"],
-     1 if ROOT else 2, "cannot use /sys/kernel/.megarl-model.tmp-" if ROOT else "--out /sys/kernel/megarl-model"),
+    (
+        "convert-out-in-sys",
+        ["convert", "hf-to-mcore", "--hf", "{model}", "--out", "/sys/kernel/megarl-model"],
+        1 if ROOT else 2,
+        "cannot use /sys/kernel/.megarl-model.tmp-" if ROOT else "--out /sys/kernel/megarl-model",
+    ),
 ]
 
 
@@ -97,11 +145,21 @@ def test_a_reader_that_closes_the_pipe_ends_validate_with_one_line():
     """`megarl validate CONFIG | head -1`: the reader is gone before the output comes (closed here at once,
     while megarl still imports): exit 1, one line, no traceback (nor Python's 'Exception ignored')."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = subprocess.Popen([str(Path(sys.executable).with_name("megarl")), "validate",
-                                str(REPO / "configs" / "quickstart.yaml"), "--no-file-checks"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    process = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("megarl")),
+            "validate",
+            str(REPO / "configs" / "quickstart.yaml"),
+            "--no-file-checks",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
     process.stdout.close()
     err = process.stderr.read()
     assert process.wait(timeout=120) == 1
-    assert err == ("megarl validate: the output's reader closed the pipe (e.g. `| head`); the rest of the output "
-                   "was dropped\n")
+    assert err == (
+        "megarl validate: the output's reader closed the pipe (e.g. `| head`); the rest of the output was dropped\n"
+    )

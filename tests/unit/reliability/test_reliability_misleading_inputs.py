@@ -16,22 +16,42 @@ from megarl.cli.main import main
 
 CASES = [
     # (id, argv ({tmp} = the working directory), words of the error line)
-    ("hf-to-mcore-given-a-weights-file", ["convert", "hf-to-mcore", "--hf", "{tmp}/model.safetensors", "--out", "{tmp}/o"],
-     "{tmp}/model.safetensors is a file, not a checkpoint directory: pass the directory that holds config.json"),
-    ("check-sync-given-a-data-file", ["check-sync", "--model", "{tmp}/train.jsonl"],
-     "{tmp}/train.jsonl is a file, not a checkpoint directory"),
-    ("hf-to-mcore-given-a-binary-config", ["convert", "hf-to-mcore", "--hf", "{tmp}/binary_config", "--out", "{tmp}/o"],
-     "{tmp}/binary_config/config.json: not valid UTF-8 JSON"),
-    ("mcore-to-hf-given-a-file", ["convert", "mcore-to-hf", "--ckpt", "{tmp}/model.safetensors", "--out", "{tmp}/o"],
-     "{tmp}/model.safetensors is a file, not a directory"),
-    ("mcore-to-hf-given-a-damaged-training-step", ["convert", "mcore-to-hf", "--ckpt", "{tmp}/ckpt/step_00000004", "--out",
-                                                  "{tmp}/o"],
-     "{tmp}/ckpt/step_00000004/manifest.json cannot be read as a megarl checkpoint manifest"),
-    ("mcore-to-hf-given-a-checkpoint-dir", ["convert", "mcore-to-hf", "--ckpt", "{tmp}/ckpt", "--out", "{tmp}/o"],
-     "{tmp}/ckpt is a checkpoint root (checkpoint.dir), not a checkpoint: pass one of its step directories, e.g. "
-     "{tmp}/ckpt/step_00000004"),
-    ("mcore-to-hf-damaged-metadata", ["convert", "mcore-to-hf", "--ckpt", "{tmp}/damaged", "--out", "{tmp}/o"],
-     "{tmp}/damaged/megarl_model.json is damaged ("),
+    (
+        "hf-to-mcore-given-a-weights-file",
+        ["convert", "hf-to-mcore", "--hf", "{tmp}/model.safetensors", "--out", "{tmp}/o"],
+        "{tmp}/model.safetensors is a file, not a checkpoint directory: pass the directory that holds config.json",
+    ),
+    (
+        "check-sync-given-a-data-file",
+        ["check-sync", "--model", "{tmp}/train.jsonl"],
+        "{tmp}/train.jsonl is a file, not a checkpoint directory",
+    ),
+    (
+        "hf-to-mcore-given-a-binary-config",
+        ["convert", "hf-to-mcore", "--hf", "{tmp}/binary_config", "--out", "{tmp}/o"],
+        "{tmp}/binary_config/config.json: not valid UTF-8 JSON",
+    ),
+    (
+        "mcore-to-hf-given-a-file",
+        ["convert", "mcore-to-hf", "--ckpt", "{tmp}/model.safetensors", "--out", "{tmp}/o"],
+        "{tmp}/model.safetensors is a file, not a directory",
+    ),
+    (
+        "mcore-to-hf-given-a-damaged-training-step",
+        ["convert", "mcore-to-hf", "--ckpt", "{tmp}/ckpt/step_00000004", "--out", "{tmp}/o"],
+        "{tmp}/ckpt/step_00000004/manifest.json cannot be read as a megarl checkpoint manifest",
+    ),
+    (
+        "mcore-to-hf-given-a-checkpoint-dir",
+        ["convert", "mcore-to-hf", "--ckpt", "{tmp}/ckpt", "--out", "{tmp}/o"],
+        "{tmp}/ckpt is a checkpoint root (checkpoint.dir), not a checkpoint: pass one of its step directories, e.g. "
+        "{tmp}/ckpt/step_00000004",
+    ),
+    (
+        "mcore-to-hf-damaged-metadata",
+        ["convert", "mcore-to-hf", "--ckpt", "{tmp}/damaged", "--out", "{tmp}/o"],
+        "{tmp}/damaged/megarl_model.json is damaged (",
+    ),
 ]
 
 
@@ -41,7 +61,9 @@ def workdir(tmp_path):
     (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
     (tmp_path / "binary_config").mkdir()
     (tmp_path / "binary_config" / "config.json").write_bytes(b"\xff\xd8\xff\xe0 a JPEG, not JSON")
-    (tmp_path / "ckpt" / "step_00000004").mkdir(parents=True)  # a run's checkpoint.dir, one step, its manifest cut short
+    (tmp_path / "ckpt" / "step_00000004").mkdir(
+        parents=True
+    )  # a run's checkpoint.dir, one step, its manifest cut short
     (tmp_path / "ckpt" / "step_00000004" / "manifest.json").write_text(json.dumps({"step": 4}))
     (tmp_path / "damaged").mkdir()
     (tmp_path / "damaged" / "megarl_model.json").write_text('{"format": "megarl-mcore/1", "tp_si')

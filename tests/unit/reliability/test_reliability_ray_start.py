@@ -2,7 +2,6 @@
 (Ray retried it for 300 s and more), a temp directory too long for Ray's Unix sockets (a traceback from
 inside Ray), a local start that times out (retried once, then named). With real Ray."""
 
-import os
 import socket
 
 import psutil
@@ -39,9 +38,11 @@ def test_a_stale_ray_address_fails_at_once_naming_it(workdir, capsys, monkeypatc
     monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{closed_port}")
     code, out, err = run_train(capsys)
     assert (code, out) == (1, "")
-    assert err == (f"megarl train: RAY_ADDRESS='127.0.0.1:{closed_port}': no Ray cluster answers at 127.0.0.1:"
-                   f"{closed_port} (Connection refused); fix: start it (ray start --head --port={closed_port}) or "
-                   "point RAY_ADDRESS at a running one, or unset RAY_ADDRESS to run on a local Ray instance\n")
+    assert err == (
+        f"megarl train: RAY_ADDRESS='127.0.0.1:{closed_port}': no Ray cluster answers at 127.0.0.1:"
+        f"{closed_port} (Connection refused); fix: start it (ray start --head --port={closed_port}) or "
+        "point RAY_ADDRESS at a running one, or unset RAY_ADDRESS to run on a local Ray instance\n"
+    )
     assert not (workdir / "out").exists()  # refused before the run directory is locked
     # The library path too (what `megarl train`'s early start and the trainer call): no minutes of Ray retries.
     with pytest.raises(RayStartError, match="no Ray cluster answers at"):
@@ -52,7 +53,9 @@ def test_a_stale_ray_address_fails_at_once_naming_it(workdir, capsys, monkeypatc
 def test_a_ray_address_that_is_no_address_is_named(workdir, capsys, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "my-cluster")
     code, _, err = run_train(capsys)
-    assert code == 1 and err.startswith("megarl train: RAY_ADDRESS='my-cluster' is not an address of a Ray cluster; fix:")
+    assert code == 1 and err.startswith(
+        "megarl train: RAY_ADDRESS='my-cluster' is not an address of a Ray cluster; fix:"
+    )
 
 
 def test_a_temp_dir_too_long_for_ray_sockets_is_refused_up_front(workdir, capsys, monkeypatch):

@@ -8,11 +8,11 @@ check reads only those."""
 import json
 
 import pytest
+from test_reliability_cli_inputs import problem_lines, run_cli
 
 from megarl.config import checked_config, plan_batches
 from megarl.trainer.resume_check import IDENTITY_KEY, expected_layouts, run_identity
 from megarl.workers.checkpoint_files import EXTRA_FILE, build_manifest, commit, new_nonce, step_dir_name, tmp_dir_for
-from test_reliability_cli_inputs import problem_lines, run_cli
 
 
 def save_fake_checkpoint(workdir, overrides=(), identity=True):
@@ -46,8 +46,9 @@ def test_a_changed_data_file_is_refused_naming_the_key(workdir, capsys, ray_refu
     code, out, err = resume(workdir, capsys)
     assert (code, out) == (2, "")
     (line,) = problem_lines("train", err)
-    assert line.startswith(f"checkpoint.resume = '{step_dir}': the checkpoint was saved with data.train_files = "
-                           "[['train.jsonl', "), err
+    assert line.startswith(
+        f"checkpoint.resume = '{step_dir}': the checkpoint was saved with data.train_files = [['train.jsonl', "
+    ), err
     assert "fix: resume with the checkpoint's data.train_files" in line
 
 
@@ -56,8 +57,9 @@ def test_a_changed_layout_is_refused_naming_both_layouts_and_how_to_convert(work
     code, _, err = resume(workdir, capsys, "actor.parallel.tensor_model_parallel_size=1")
     assert code == 2
     (line,) = problem_lines("train", err)
-    assert ("the actor was saved with layout TP 2 × PP 1 × DP 1 (2 ranks), this run's is TP 1 × PP 1 × DP 2 "
-            "(2 ranks)") in line, err
+    assert (
+        "the actor was saved with layout TP 2 × PP 1 × DP 1 (2 ranks), this run's is TP 1 × PP 1 × DP 2 (2 ranks)"
+    ) in line, err
     assert f"megarl convert mcore-to-hf --ckpt {step_dir} --out DIR" in line
 
 

@@ -18,13 +18,14 @@ def range_module(tmp_path, monkeypatch):
     """`score` gives 1.0 to every response but the one equal to "big", which gets float(prompt)."""
     (tmp_path / "reliability_range_reward.py").write_text(
         "def score(prompts, responses, **columns):\n"
-        "    return [float(p) if r == 'big' else 1.0 for p, r in zip(prompts, responses)]\n")
+        "    return [float(p) if r == 'big' else 1.0 for p, r in zip(prompts, responses)]\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))  # the scorer hands sys.path to its workers as PYTHONPATH
     return SPEC
 
 
 def test_float32_max_is_torchs():
-    assert FLOAT32_MAX == torch.finfo(torch.float32).max
+    assert torch.finfo(torch.float32).max == FLOAT32_MAX
 
 
 @pytest.mark.parametrize("value", [1e39, -1e39, 10**40, math.inf, -math.inf, math.nan])
@@ -48,15 +49,24 @@ def test_the_scorer_stops_naming_the_function_the_value_and_the_sample(range_mod
             scorer(["1e39"] * 7, responses)
 
 
-@pytest.mark.parametrize("result, shown", [(None, "a NoneType (None)"), ("1.0", "a str ('1.0')"),
-                                           ({"a": 1.0, "b": 0.0}, "a dict ({'a': 1.0, 'b': 0.0})"),
-                                           (torch.tensor(1.0), "a Tensor (1.0)")],
-                         ids=["none", "str", "dict", "scalar-tensor"])
+@pytest.mark.parametrize(
+    "result, shown",
+    [
+        (None, "a NoneType (None)"),
+        ("1.0", "a str ('1.0')"),
+        ({"a": 1.0, "b": 0.0}, "a dict ({'a': 1.0, 'b': 0.0})"),
+        (torch.tensor(1.0), "a Tensor (1.0)"),
+    ],
+    ids=["none", "str", "dict", "scalar-tensor"],
+)
 def test_a_result_that_is_not_one_score_per_response_is_named(result, shown):
     """A str and a dict were read item by item: '3 scores for 2 responses', or "'a' (str) as score 0"."""
     with pytest.raises(RewardFunctionError) as error:
         checked_scores("fn", result, ["a", "b"])
-    assert str(error.value) == f"reward.function 'fn' returned {shown}; it must return a list of 2 floats, one per response"
+    assert (
+        str(error.value)
+        == f"reward.function 'fn' returned {shown}; it must return a list of 2 floats, one per response"
+    )
 
 
 def test_a_tensor_of_scores_is_read_as_its_numbers():

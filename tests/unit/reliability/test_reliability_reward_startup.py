@@ -10,7 +10,8 @@ from megarl.rewards.scorer import RewardScorer
 @pytest.fixture
 def raising_module(tmp_path, monkeypatch):
     (tmp_path / "reliability_raising_reward.py").write_text(
-        "import no_such_dependency_xyz\n\ndef score(prompts, responses, **columns):\n    return [0.0] * len(responses)\n")
+        "import no_such_dependency_xyz\n\ndef score(prompts, responses, **columns):\n    return [0.0] * len(responses)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))  # the scorer hands sys.path to its workers as PYTHONPATH
     return "reliability_raising_reward:score"
 

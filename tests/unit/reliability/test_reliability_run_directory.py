@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_reliability_cli_inputs import run_cli
 
 from megarl.config.sft import SFT_MARKER, load_sft_config, validate_sft, write_sft_marker
 from megarl.models.tiny import make_tiny_model
 from megarl.run_lock import LOCK_NAME, DirectoryLocks
-from test_reliability_cli_inputs import run_cli
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -37,8 +37,13 @@ sys.stdin.read()
 def lock_holder(directory, lock_file):
     """A live process holding the lock; yields it (its pid is the holder's)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(directory), str(lock_file)], env=env,
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(directory), str(lock_file)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert process.stdout.readline() == "locked\n"
         yield process
@@ -65,8 +70,10 @@ def test_a_second_train_into_a_held_directory_is_refused_before_ray(workdir, cap
         assert (held / LOCK_NAME).read_text() == record  # the holder's lock and record are left alone
     assert (code, out) == (1, "")
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith(f"megarl train: {held} ({setting}) is in use by another run: pid {holder.pid} on "
-                          f"{socket.gethostname()}, started "), err
+    assert err.startswith(
+        f"megarl train: {held} ({setting}) is in use by another run: pid {holder.pid} on "
+        f"{socket.gethostname()}, started "
+    ), err
     assert "(`megarl train other.yaml`); fix: give this run another " + setting in err
     assert err.endswith(f", or stop that run (kill {holder.pid} on {socket.gethostname()})\n"), err
 
@@ -80,7 +87,8 @@ def test_the_stale_lock_of_a_killed_run_is_named_and_taken_over(workdir, capsys,
     code, _, err = run_cli(capsys, "train", "recipe.yaml")
     assert code == 2
     assert err.splitlines()[0].startswith(
-        f"megarl train: {run_dir} was locked by a run that is no longer running (pid {pid} on "), err
+        f"megarl train: {run_dir} was locked by a run that is no longer running (pid {pid} on "
+    ), err
     assert err.splitlines()[0].endswith("(`megarl train other.yaml`)); taking its lock over"), err
     assert "the file holds no rows" in err.splitlines()[1]
     assert sorted(p.name for p in run_dir.iterdir()) == []  # released: the lock file is gone
@@ -91,8 +99,14 @@ def test_a_dead_run_holding_two_directories_is_named_once(tmp_path, capsys):
     checkpoints.mkdir(parents=True)
     pid = dead_holder(run_dir, run_dir / LOCK_NAME)
     (checkpoints / LOCK_NAME).write_bytes((run_dir / LOCK_NAME).read_bytes())  # as the dead run left both
-    with DirectoryLocks.acquire([("trainer.output_dir", run_dir, run_dir / LOCK_NAME),
-                                 ("checkpoint.dir", checkpoints, checkpoints / LOCK_NAME)], "megarl train x", "t"):
+    with DirectoryLocks.acquire(
+        [
+            ("trainer.output_dir", run_dir, run_dir / LOCK_NAME),
+            ("checkpoint.dir", checkpoints, checkpoints / LOCK_NAME),
+        ],
+        "megarl train x",
+        "t",
+    ):
         pass
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"t: {run_dir} and {checkpoints} were locked by a run that is no longer running (pid {pid} ")
@@ -117,8 +131,11 @@ def sft_workdir(tmp_path, monkeypatch):
     make_tiny_model(tmp_path / "model", tool_tokens=True)
     demo = {"messages": [{"role": "user", "content": "1+2"}, {"role": "assistant", "content": "3"}]}
     (tmp_path / "demos.jsonl").write_text(json.dumps(demo) + "\n")
-    recipe = {"model": {"path": "model", "dtype": "float32"}, "data": {"train_files": ["demos.jsonl"]},
-              "train": {"batch_size": 1, "device": "cpu", "output_dir": "out", "overwrite": True}}
+    recipe = {
+        "model": {"path": "model", "dtype": "float32"},
+        "data": {"train_files": ["demos.jsonl"]},
+        "train": {"batch_size": 1, "device": "cpu", "output_dir": "out", "overwrite": True},
+    }
     (tmp_path / "sft.yaml").write_text(yaml.safe_dump(recipe))
     return tmp_path
 
@@ -134,7 +151,8 @@ def test_sft_overwrite_refuses_a_directory_of_user_files(sft_workdir, capsys):
     assert sft_problems([]) == [
         "train.output_dir = 'out': holds 1 file(s) that `megarl sft` did not write (notes.txt); train.overwrite: "
         f"true replaces only an earlier `megarl sft` output (the files its {SFT_MARKER} lists); fix: choose a new "
-        "directory, or move those files out of it"]
+        "directory, or move those files out of it"
+    ]
     code, out_text, err = run_cli(capsys, "sft", "sft.yaml")
     assert (code, out_text) == (2, "") and "megarl sft: train.output_dir = 'out': holds 1 file(s)" in err
     assert (out / "notes.txt").read_text() == "mine"
@@ -152,7 +170,8 @@ def test_sft_overwrite_replaces_only_an_earlier_sft_output(sft_workdir):
     assert sft_problems([]) == [
         "train.output_dir = 'out': holds 1 file(s) that `megarl sft` did not write (eval.txt); train.overwrite: "
         f"true replaces only an earlier `megarl sft` output (the files its {SFT_MARKER} lists); fix: choose a new "
-        "directory, or move those files out of it"]
+        "directory, or move those files out of it"
+    ]
 
 
 def test_sft_overwrite_refuses_a_directory_holding_its_own_data(sft_workdir):
@@ -162,7 +181,8 @@ def test_sft_overwrite_refuses_a_directory_holding_its_own_data(sft_workdir):
     write_sft_marker(out)  # even a marked directory: the marker would list the data as the export's
     assert sft_problems(["data.train_files=[out/demos.jsonl]"]) == [
         "train.output_dir = 'out': holds this run's training data (out/demos.jsonl), which train.overwrite: true "
-        "would delete; fix: write the model to another directory"]
+        "would delete; fix: write the model to another directory"
+    ]
 
 
 def test_a_second_sft_into_a_held_directory_is_refused_before_ray(sft_workdir, capsys, monkeypatch):
@@ -178,6 +198,7 @@ def test_a_second_sft_into_a_held_directory_is_refused_before_ray(sft_workdir, c
     assert code == 1
     line = err.splitlines()[-1]
     assert line.startswith(f"megarl sft: {out} (train.output_dir) is in use by another run: pid {holder.pid} on "), err
-    assert line.endswith(f"fix: give this run another train.output_dir, or stop that run (kill {holder.pid} on "
-                         f"{socket.gethostname()})"), err
+    assert line.endswith(
+        f"fix: give this run another train.output_dir, or stop that run (kill {holder.pid} on {socket.gethostname()})"
+    ), err
     assert not out.exists()

@@ -10,33 +10,64 @@ from hypothesis import strategies as st
 
 from megarl.tools import ParsedTurn, parser_for
 
-SCHEMA = {"type": "function", "function": {"name": "search", "parameters": {
-    "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
+SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+    },
+}
 
 DEEP = 100_000
 
 DEGENERATE_TURNS = [
     # (id, the turn's text, words of the one error observation)
     ("nested-arrays", "<tool_call>" + "[" * DEEP + "]" * DEEP + "</tool_call>", "JSON nested too deeply to read"),
-    ("nested-arguments", '<tool_call>{"name": "search", "arguments": {"query": ' + '{"a": ' * DEEP + "1" + "}" * DEEP,
-     "JSON nested too deeply to read"),
+    (
+        "nested-arguments",
+        '<tool_call>{"name": "search", "arguments": {"query": ' + '{"a": ' * DEEP + "1" + "}" * DEEP,
+        "JSON nested too deeply to read",
+    ),
     ("nested-unclosed", "<tool_call>" + "[" * DEEP, "JSON nested too deeply to read"),
-    ("5000-digit-number", '<tool_call>{"name": "search", "arguments": {"query": ' + "7" * 5000 + "}}</tool_call>",
-     "a number of more than 4300 digits in"),
+    (
+        "5000-digit-number",
+        '<tool_call>{"name": "search", "arguments": {"query": ' + "7" * 5000 + "}}</tool_call>",
+        "a number of more than 4300 digits in",
+    ),
     ("5000-digit-name", '<tool_call>{"name": ' + "9" * 5000 + "}</tool_call>", "a number of more than 4300 digits"),
-    ("escaped-lone-surrogate", '<tool_call>{"name": "search", "arguments": {"query": "\\ud800"}}</tool_call>',
-     "a string with an unpaired surrogate escape"),
-    ("escaped-lone-surrogate-name", '<tool_call>{"name": "\\udfff", "arguments": {}}</tool_call>',
-     "a string with an unpaired surrogate escape"),
-    ("raw-lone-surrogate", '<tool_call>{"name": "search", "arguments": {"query": "\ud800"}}</tool_call>',
-     "a string with an unpaired surrogate escape"),
-    ("invalid-utf8-bytes", b'<tool_call>{"name": "search\xff\xfe", "arguments": {}}'.decode("utf-8", "surrogateescape"),
-     "a string with an unpaired surrogate escape"),
-    ("10-mb-unclosed-string", '<tool_call>{"name": "search", "arguments": {"query": "' + "a" * 10_000_000,
-     "invalid JSON (Unterminated string"),
+    (
+        "escaped-lone-surrogate",
+        '<tool_call>{"name": "search", "arguments": {"query": "\\ud800"}}</tool_call>',
+        "a string with an unpaired surrogate escape",
+    ),
+    (
+        "escaped-lone-surrogate-name",
+        '<tool_call>{"name": "\\udfff", "arguments": {}}</tool_call>',
+        "a string with an unpaired surrogate escape",
+    ),
+    (
+        "raw-lone-surrogate",
+        '<tool_call>{"name": "search", "arguments": {"query": "\ud800"}}</tool_call>',
+        "a string with an unpaired surrogate escape",
+    ),
+    (
+        "invalid-utf8-bytes",
+        b'<tool_call>{"name": "search\xff\xfe", "arguments": {}}'.decode("utf-8", "surrogateescape"),
+        "a string with an unpaired surrogate escape",
+    ),
+    (
+        "10-mb-unclosed-string",
+        '<tool_call>{"name": "search", "arguments": {"query": "' + "a" * 10_000_000,
+        "invalid JSON (Unterminated string",
+    ),
     ("10-mb-of-start-tags", "<tool_call>" * 1_000_000, "invalid JSON (Expecting value"),
-    ("1-mb-argument-of-a-wrong-type", '<tool_call>{"name": "search", "arguments": {"query": ['
-     + ", ".join(["[[[[1]]]]"] * 100_000) + "]}}</tool_call>", "argument 'query' must be string, not array [[[[...]"),
+    (
+        "1-mb-argument-of-a-wrong-type",
+        '<tool_call>{"name": "search", "arguments": {"query": ['
+        + ", ".join(["[[[[1]]]]"] * 100_000)
+        + "]}}</tool_call>",
+        "argument 'query' must be string, not array [[[[...]",
+    ),
 ]
 
 
@@ -71,13 +102,34 @@ def test_a_huge_well_formed_call_passes_on(parser):
     assert turn.errors == [] and len(turn.calls[0].arguments["query"]) == 10_000_000
 
 
-TAGGED = st.lists(st.one_of(
-    st.text(), st.sampled_from(["<tool_call>", "</tool_call>", '{"name": "search", "arguments": {', "[" * 5000, "\\ud800",
-                                '"query": ', "1" * 4400, "}", "]", '"', "\\"])), max_size=30).map("".join)
+TAGGED = st.lists(
+    st.one_of(
+        st.text(),
+        st.sampled_from(
+            [
+                "<tool_call>",
+                "</tool_call>",
+                '{"name": "search", "arguments": {',
+                "[" * 5000,
+                "\\ud800",
+                '"query": ',
+                "1" * 4400,
+                "}",
+                "]",
+                '"',
+                "\\",
+            ]
+        ),
+    ),
+    max_size=30,
+).map("".join)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(st.binary(max_size=2000).map(lambda raw: (b"<tool_call>" + raw).decode("utf-8", "surrogateescape")),
-                 TAGGED))
+@given(
+    st.one_of(
+        st.binary(max_size=2000).map(lambda raw: (b"<tool_call>" + raw).decode("utf-8", "surrogateescape")), TAGGED
+    )
+)
 def test_any_text_parses_without_raising(parser, text):
     assert_observable(parser.parse(text))

@@ -18,12 +18,14 @@ CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 def test_a_tool_that_fails_to_import_stops_train_before_ray(tmp_path, monkeypatch, capsys, ray_refused):
     (tmp_path / "reliability_raising_tool.py").write_text(
         "import no_such_dependency_xyz\n\n\ndef lookup(key: str) -> str:\n"
-        "    \"\"\"Look a key up.\n\n    Args:\n        key: the key\n    \"\"\"\n    return key\n")
+        '    """Look a key up.\n\n    Args:\n        key: the key\n    """\n    return key\n'
+    )
     monkeypatch.syspath_prepend(str(tmp_path))  # tool workers get the driver's sys.path
     monkeypatch.chdir(tmp_path)
     make_tiny_model(tmp_path / "model", tool_tokens=True)
-    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"prompt": f"12+{b}", "answer": str(12 + b)}) + "\n"
-                                                 for b in range(10, 26)))
+    (tmp_path / "data.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"12+{b}", "answer": str(12 + b)}) + "\n" for b in range(10, 26))
+    )
     recipe = yaml.safe_load((CONFIGS / "agent_quickstart.yaml").read_text())
     recipe["model"]["path"] = str(tmp_path / "model")
     recipe["data"] |= {"train_files": [str(tmp_path / "data.jsonl")], "val_files": []}

@@ -19,4 +19,7 @@ def test_the_last_answer_tag_counts_against_any_reference():
 
 def test_it_resolves_as_a_builtin():
     reward = resolve_reward_function("qa_em")
-    assert reward(["q", "q"], ["<answer>1969</answer>", "<answer>1970</answer>"], answer=[["1969"], "1969"]) == [1.0, 0.0]
+    assert reward(["q", "q"], ["<answer>1969</answer>", "<answer>1970</answer>"], answer=[["1969"], "1969"]) == [
+        1.0,
+        0.0,
+    ]

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from process_testing import wait_until_gone
 
 from megarl.rewards import RewardFunctionError, RewardScorer, resolve_reward_function, worker_environment
 from megarl.rewards.gsm8k import gsm8k_reward
 from megarl.rewards.math_answer import math_reward
-from process_testing import wait_until_gone
 
 
 def test_scores_come_back_in_order_across_chunks_and_workers():
@@ -64,8 +64,11 @@ def test_a_worker_that_died_between_calls_is_replaced():
 def test_a_module_that_hangs_on_import_stops_the_run_and_is_killed():
     scorer = RewardScorer("rewards_testing_hung_import:score", timeout_s=30, num_workers=1, startup_timeout_s=1)
     (pid,) = scorer.worker_pids()
-    with pytest.raises(RewardFunctionError, match=r"'rewards_testing_hung_import:score': the reward worker did not "
-                                                  r"start within 1 s"):
+    with pytest.raises(
+        RewardFunctionError,
+        match=r"'rewards_testing_hung_import:score': the reward worker did not "
+        r"start within 1 s",
+    ):
         scorer(["p"], ["a"])
     assert wait_until_gone(pid)
     scorer.close()
@@ -79,11 +82,17 @@ def test_close_leaves_no_worker_process():
     assert all(wait_until_gone(pid) for pid in pids)
 
 
-@pytest.mark.parametrize("function, message", [
-    ("one_score_too_few", r"'rewards_testing:one_score_too_few' returned 2 scores for 3 responses"),
-    ("strings", r"'rewards_testing:strings' returned '1.0' \(str\) as score 0"),
-    ("not_a_number", r"'rewards_testing:not_a_number' returned nan \(float\) as score 0; every score must be a finite"),
-])
+@pytest.mark.parametrize(
+    "function, message",
+    [
+        ("one_score_too_few", r"'rewards_testing:one_score_too_few' returned 2 scores for 3 responses"),
+        ("strings", r"'rewards_testing:strings' returned '1.0' \(str\) as score 0"),
+        (
+            "not_a_number",
+            r"'rewards_testing:not_a_number' returned nan \(float\) as score 0; every score must be a finite",
+        ),
+    ],
+)
 def test_a_bad_result_stops_the_run_naming_the_function(function, message):
     with RewardScorer(f"rewards_testing:{function}", timeout_s=30, num_workers=1) as scorer:
         with pytest.raises(RewardFunctionError, match=message):
@@ -107,20 +116,33 @@ def test_secrets_of_the_driver_do_not_reach_the_reward_process(monkeypatch):
 
 
 def test_worker_environment_drops_credential_names_and_sets_the_import_path():
-    environment = worker_environment({"HF_TOKEN": "x", "GITHUB_TOKEN": "x", "OPENAI_API_KEY": "x",
-                                      "db_password": "x", "GOOGLE_APPLICATION_CREDENTIALS": "x", "PATH": "/bin"})
+    environment = worker_environment(
+        {
+            "HF_TOKEN": "x",
+            "GITHUB_TOKEN": "x",
+            "OPENAI_API_KEY": "x",
+            "db_password": "x",
+            "GOOGLE_APPLICATION_CREDENTIALS": "x",
+            "PATH": "/bin",
+        }
+    )
     assert set(environment) == {"PATH", "PYTHONPATH"}
 
 
 def test_resolve_names_the_spec_and_the_problem():
     assert resolve_reward_function("gsm8k") is gsm8k_reward
     assert resolve_reward_function("math") is math_reward
-    with pytest.raises(RewardFunctionError, match=r"'no_such_pkg_xyz.rewards:score': module no_such_pkg_xyz.rewards "
-                                                  r"cannot be imported \(ModuleNotFoundError"):
+    with pytest.raises(
+        RewardFunctionError,
+        match=r"'no_such_pkg_xyz.rewards:score': module no_such_pkg_xyz.rewards "
+        r"cannot be imported \(ModuleNotFoundError",
+    ):
         resolve_reward_function("no_such_pkg_xyz.rewards:score")
     with pytest.raises(RewardFunctionError, match=r"rewards_testing.NOT_CALLABLE is a int, not a function"):
         resolve_reward_function("rewards_testing:NOT_CALLABLE")
-    with pytest.raises(RewardFunctionError, match=r"'bleu': neither a built-in \(gsm8k, math, qa_em\) nor a function path"):
+    with pytest.raises(
+        RewardFunctionError, match=r"'bleu': neither a built-in \(gsm8k, math, qa_em\) nor a function path"
+    ):
         resolve_reward_function("bleu")
 
 
@@ -131,7 +153,8 @@ def test_closing_the_scorer_kills_what_a_reward_function_started(tmp_path, monke
         "def score(prompts, responses, **columns):\n"
         "    child = subprocess.Popen(['sleep', '3600'])\n"
         f"    open({str(tmp_path / 'child.pid')!r}, 'w').write(str(child.pid))\n"
-        "    return [1.0] * len(responses)\n")
+        "    return [1.0] * len(responses)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     with RewardScorer("leaky_reward:score", timeout_s=10, num_workers=1) as scorer:
         assert scorer(["p"], ["r"]).scores == [1.0]

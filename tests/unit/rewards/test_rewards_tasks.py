@@ -21,7 +21,9 @@ def test_repeat_first_char_rewards_only_the_exact_first_character():
 
 def test_make_data_writes_disjoint_reproducible_files_the_quickstart_config_loads(tmp_path, monkeypatch, capsys):
     out = tmp_path / "quickstart-data"
-    assert main(["make-data", "--task", "repeat_first_char", "--out", str(out), "--n-train", "300", "--n-val", "20"]) == 0
+    assert (
+        main(["make-data", "--task", "repeat_first_char", "--out", str(out), "--n-train", "300", "--n-val", "20"]) == 0
+    )
     assert "train.jsonl (300 rows)" in capsys.readouterr().out
     train = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
     val = [json.loads(line) for line in (out / "val.jsonl").read_text().splitlines()]
@@ -45,8 +47,10 @@ def test_make_data_writes_disjoint_reproducible_files_the_quickstart_config_load
     assert report.kept == report.rows == 300
     assert all(prompt.text == prompt.text.strip() and len(prompt.token_ids) == len(prompt.text) for prompt in prompts)
     # Ground truth scores 1 through the task's reward.
-    assert repeat_first_char([p.text for p in prompts], [p.answer for p in prompts],
-                             answer=[p.answer for p in prompts]) == [1.0] * 300
+    assert (
+        repeat_first_char([p.text for p in prompts], [p.answer for p in prompts], answer=[p.answer for p in prompts])
+        == [1.0] * 300
+    )
 
 
 def test_make_data_refuses_bad_sizes(tmp_path, capsys):
@@ -67,7 +71,9 @@ def test_calc_tool_demos_are_distinct_reproducible_conversations_sft_reads(tmp_p
     assert [m["role"] for m in calls[0]["messages"]] == ["user", "assistant", "tool", "assistant"]
     assert calls[0]["messages"][2]["content"] == calls[0]["messages"][3]["content"] == str(a + b)
     assert json.loads(calls[0]["messages"][1]["content"].removeprefix("<tool_call>").removesuffix("</tool_call>")) == {
-        "name": "calculator", "arguments": {"expression": f"{a}+{b}"}}
+        "name": "calculator",
+        "arguments": {"expression": f"{a}+{b}"},
+    }
     assert calls[0]["tools"][0]["function"]["name"] == "calculator"
     c, d = (int(n) for n in direct[0]["messages"][0]["content"].split("+"))
     assert [m["role"] for m in direct[0]["messages"]] == ["user", "assistant"]
@@ -75,8 +81,9 @@ def test_calc_tool_demos_are_distinct_reproducible_conversations_sft_reads(tmp_p
     again = tmp_path / "again"
     main(["make-data", "--task", "calc_tool_demos", "--out", str(again), "--n-train", "40", "--n-val", "4"])
     assert (again / "train.jsonl").read_text() == (out / "train.jsonl").read_text()
-    samples = load_sft_samples([out / "train.jsonl"], build_char_tokenizer(tool_tokens=True), max_length=160,
-                               truncate=False)
+    samples = load_sft_samples(
+        [out / "train.jsonl"], build_char_tokenizer(tool_tokens=True), max_length=160, truncate=False
+    )
     assert len(samples) == 40 and sum(100 in s.input_ids for s in samples) == len(calls)
 
 

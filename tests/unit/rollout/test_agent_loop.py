@@ -64,8 +64,11 @@ class Tools:
         return [self.start(call) for call in calls]
 
     def start(self, call: ToolCall) -> Future:
-        return done(ToolResult(str(call.arguments["a"] + call.arguments["b"]), None, 0.01) if call.name == "add"
-                    else ToolResult.failed("unknown_tool", f"unknown tool {call.name}", 0.01))
+        return done(
+            ToolResult(str(call.arguments["a"] + call.arguments["b"]), None, 0.01)
+            if call.name == "add"
+            else ToolResult.failed("unknown_tool", f"unknown tool {call.name}", 0.01)
+        )
 
 
 def call_text(a: int, b: int, name: str = "add") -> str:
@@ -102,15 +105,27 @@ class ScriptedEngines:
 
 
 def prompts(count: int) -> list[Prompt]:
-    rendered = [TOKENIZER.apply_chat_template([{"role": "user", "content": f"q{k}"}], tokenize=False,
-                                              add_generation_prompt=True) for k in range(count)]
-    return [Prompt(text, tuple(TOKENIZER.encode(text, add_special_tokens=False)), None, {}, "test") for text in rendered]
+    rendered = [
+        TOKENIZER.apply_chat_template(
+            [{"role": "user", "content": f"q{k}"}], tokenize=False, add_generation_prompt=True
+        )
+        for k in range(count)
+    ]
+    return [
+        Prompt(text, tuple(TOKENIZER.encode(text, add_special_tokens=False)), None, {}, "test") for text in rendered
+    ]
 
 
 def loop(engines, tools=None, **settings) -> AgentLoop:
     config = MultiTurnConfig(enable=True, **{"max_turns": 4, "max_total_tokens": 1000, **settings})
-    return AgentLoop(engines, tools or Tools(), Parser(), ObservationEncoder(TOKENIZER),
-                     lambda ids: TOKENIZER.decode(ids, skip_special_tokens=False), config)
+    return AgentLoop(
+        engines,
+        tools or Tools(),
+        Parser(),
+        ObservationEncoder(TOKENIZER),
+        lambda ids: TOKENIZER.decode(ids, skip_special_tokens=False),
+        config,
+    )
 
 
 def three_calls_then_answer(text: str, turn: int) -> str:
@@ -125,8 +140,9 @@ def test_loss_mask_is_exactly_the_observations_over_three_tool_turns():
     samples = loop(engines)(prompts(3), SAMPLING, "1.0")
 
     assert len(samples) == 6 and samples.index == ["1.0/0", "1.0/0", "1.0/1", "1.0/1", "1.0/2", "1.0/2"]
-    for _prompt, ids, mask, log_probs, trajectory in zip(samples.prompts, samples.response_ids, samples.loss_masks,
-                                                         samples.rollout_log_probs, samples.trajectories):
+    for _prompt, ids, mask, log_probs, trajectory in zip(
+        samples.prompts, samples.response_ids, samples.loss_masks, samples.rollout_log_probs, samples.trajectories
+    ):
         expected_ids, expected_mask, expected_lp = [], [], []
         turn_text = ""
         for turn in range(4):
@@ -152,14 +168,14 @@ def test_loss_mask_is_exactly_the_observations_over_three_tool_turns():
     # The engines saw exactly prompt + everything so far at every turn: token in, token out.
     final = {tuple(p.token_ids) + tuple(ids) for p, ids in zip(samples.prompts, samples.response_ids)}
     for context, _, _ in engines.requests:
-        assert any(full[:len(context)] == tuple(context) for full in final)
+        assert any(full[: len(context)] == tuple(context) for full in final)
 
 
 def test_the_batch_trains_on_model_tokens_and_scores_the_last_one():
     samples = loop(ScriptedEngines(1, three_calls_then_answer))(prompts(2), SAMPLING, "1.0")
     batch = policy_batch(samples, 1000)
     for row, (ids, mask) in enumerate(zip(samples.response_ids, samples.loss_masks)):
-        assert batch.responses[row, :len(ids)].tolist() == ids
+        assert batch.responses[row, : len(ids)].tolist() == ids
         assert batch.response_mask[row].tolist() == mask.tolist() + [False] * (1000 - len(ids))
     scores = token_level_scores(torch.arange(1.0, len(samples) + 1), batch.response_mask)
     for row, ids in enumerate(samples.response_ids):
@@ -184,8 +200,9 @@ def test_a_trajectory_is_cut_at_max_total_tokens_mid_observation():
     first_turn = len(TOKENIZER.encode(call_text(0, 10), add_special_tokens=False)) + 1
     budget = first_turn + 5
     samples = loop(ScriptedEngines(1, three_calls_then_answer), max_total_tokens=budget)(prompts(1), SAMPLING, "1.0")
-    for ids, mask, finish, trajectory in zip(samples.response_ids, samples.loss_masks, samples.finish_reasons,
-                                             samples.trajectories):
+    for ids, mask, finish, trajectory in zip(
+        samples.response_ids, samples.loss_masks, samples.finish_reasons, samples.trajectories
+    ):
         assert len(ids) == budget and finish == "length" and trajectory.ended == "max_total_tokens"
         assert mask.tolist() == [True] * first_turn + [False] * 5
         assert trajectory.tool_calls == 1
@@ -200,7 +217,9 @@ def test_each_turn_asks_for_no_more_than_the_budget_left():
 
 def test_turn_length_max_turns_and_tool_errors_end_or_count():
     # A turn cut by rollout.max_new_tokens ends the trajectory.
-    cut = loop(ScriptedEngines(1, three_calls_then_answer))(prompts(1), SamplingConfig(n=1, max_new_tokens=5, seed=0), "x")
+    cut = loop(ScriptedEngines(1, three_calls_then_answer))(
+        prompts(1), SamplingConfig(n=1, max_new_tokens=5, seed=0), "x"
+    )
     assert cut.trajectories[0].ended == "turn_length" and cut.trajectories[0].tool_calls == 0
     # Always calling: ends after max_turns, the last turn's calls not run.
     tools = Tools()
@@ -241,9 +260,14 @@ class RecordingTokenizer:
 def test_a_1_mb_tool_result_is_cut_to_max_observation_tokens_and_counted():
     tokenizer = RecordingTokenizer()
     script = lambda text, turn: call_text(1, 2) + call_text(3, 4) if turn == 0 else "done"  # noqa: E731
-    agent = AgentLoop(ScriptedEngines(1, script), HugeTools(), Parser(), ObservationEncoder(tokenizer),
-                      lambda ids: TOKENIZER.decode(ids, skip_special_tokens=False),
-                      MultiTurnConfig(enable=True, max_turns=4, max_total_tokens=1000, max_observation_tokens=50))
+    agent = AgentLoop(
+        ScriptedEngines(1, script),
+        HugeTools(),
+        Parser(),
+        ObservationEncoder(tokenizer),
+        lambda ids: TOKENIZER.decode(ids, skip_special_tokens=False),
+        MultiTurnConfig(enable=True, max_turns=4, max_total_tokens=1000, max_observation_tokens=50),
+    )
     samples = agent(prompts(1), SamplingConfig(n=1, max_new_tokens=200, seed=0), "x")
     trajectory = samples.trajectories[0]
     note = "\n[truncated: the first 50 tokens of 1000000 characters]"
@@ -270,14 +294,23 @@ def test_a_call_that_does_not_fit_its_schema_is_answered_without_running_and_cou
     (`Tools.add` would raise a KeyError), its observation says what is wrong, it counts as bad_arguments."""
     tools = Tools()
     script = lambda text, turn: call_text(1, 2).replace(', "b": 2', "") if turn == 0 else "done"  # noqa: E731
-    agent = AgentLoop(ScriptedEngines(1, script), tools, parser_for("hermes", [get_json_schema(add)]),
-                      ObservationEncoder(TOKENIZER), lambda ids: TOKENIZER.decode(ids, skip_special_tokens=False),
-                      MultiTurnConfig(enable=True, max_turns=4, max_total_tokens=1000))
+    agent = AgentLoop(
+        ScriptedEngines(1, script),
+        tools,
+        parser_for("hermes", [get_json_schema(add)]),
+        ObservationEncoder(TOKENIZER),
+        lambda ids: TOKENIZER.decode(ids, skip_special_tokens=False),
+        MultiTurnConfig(enable=True, max_turns=4, max_total_tokens=1000),
+    )
     trajectory = agent(prompts(1), SamplingConfig(n=1, max_new_tokens=200, seed=0), "x").trajectories[0]
     assert tools.runs == []
     assert trajectory.tool_errors == {"bad_arguments": 1} and trajectory.tool_calls == 1 and trajectory.turns == 2
-    assert trajectory.messages[1] == {"role": "tool", "name": "add", "content": "tool call 1 (add): missing required "
-                                      "argument 'b'; add takes a (integer, required), b (integer, required)"}
+    assert trajectory.messages[1] == {
+        "role": "tool",
+        "name": "add",
+        "content": "tool call 1 (add): missing required "
+        "argument 'b'; add takes a (integer, required), b (integer, required)",
+    }
 
 
 @dataclass
@@ -322,8 +355,10 @@ def test_a_slow_tool_holds_back_only_its_own_trajectory():
     assert samples.index == ["1.0/0", "1.0/0", "1.0/1", "1.0/1", "1.0/2", "1.0/2"]
     assert [p.text for p in samples.prompts] == [p.text for p in prompts(3) for _ in range(2)]
     # q0's second turn was generated after the others' fourth: they did not wait for its tool.
-    turns = [(TOKENIZER.decode(context).count("\ntool: "), "q0" in TOKENIZER.decode(context))
-             for context, _, _ in engines.requests]
+    turns = [
+        (TOKENIZER.decode(context).count("\ntool: "), "q0" in TOKENIZER.decode(context))
+        for context, _, _ in engines.requests
+    ]
     assert turns.index((1, True)) > max(k for k, (turn, slow) in enumerate(turns) if turn == 3 and not slow)
     # The same requests (context and seed) as with every tool answering at once: seeds follow the
     # trajectory and its turn, not the wave it was generated in.
@@ -342,8 +377,9 @@ def test_single_turn_answers_match_the_plain_rollout(engines):
 
     class TwoArgEngines(ScriptedEngines):
         def call_each(self, method, args):
-            return super().call_each(method, [(c, s, [s.max_new_tokens] * len(c), [s.seed + i for i in range(len(c))])
-                                              for c, s in args])
+            return super().call_each(
+                method, [(c, s, [s.max_new_tokens] * len(c), [s.seed + i for i in range(len(c))]) for c, s in args]
+            )
 
     agent = loop(scripted)(prompts(4), SAMPLING, "s")
     plain = single_turn(TwoArgEngines(engines, lambda text, turn: "plain"), prompts(4), replace_n1(SAMPLING), "s")
@@ -353,6 +389,7 @@ def test_single_turn_answers_match_the_plain_rollout(engines):
 
 def replace_n1(sampling):
     from dataclasses import replace
+
     return replace(sampling, n=1)
 
 
@@ -367,20 +404,36 @@ def test_dapo_dynamic_sampling_runs_on_top_of_the_agent_loop_and_the_reward_sees
     from megarl.trainer.rollout import RolloutPhase
     from megarl.trainer.timing import PhaseTimer
 
-    config = load_config(Path(__file__).resolve().parents[3] / "configs" / "agent_quickstart.yaml",
-                         ["algorithm.dynamic_sampling.enable=true", "algorithm.dynamic_sampling.max_rounds=4",
-                          "data.train_batch_size=2"])
+    config = load_config(
+        Path(__file__).resolve().parents[3] / "configs" / "agent_quickstart.yaml",
+        [
+            "algorithm.dynamic_sampling.enable=true",
+            "algorithm.dynamic_sampling.max_rounds=4",
+            "data.train_batch_size=2",
+        ],
+    )
     seen = []
 
     def scorer(prompts, responses, **columns):
         seen.append((responses, columns["trajectory"]))
         # Prompt q0 and q2 groups vary (the tool answered 10 for the first sample only), q1 does not.
-        return RewardResult([1.0 if r == "the answer" and "q1" not in p and i % 2 == 0 else 0.0
-                             for i, (p, r) in enumerate(zip(prompts, responses))], {"reward/failed_samples": 0.0})
+        return RewardResult(
+            [
+                1.0 if r == "the answer" and "q1" not in p and i % 2 == 0 else 0.0
+                for i, (p, r) in enumerate(zip(prompts, responses))
+            ],
+            {"reward/failed_samples": 0.0},
+        )
 
     batches = iter([prompts(2), [prompts(3)[2], prompts(2)[1]], prompts(3)[1:]])
-    phase = RolloutPhase(config, loop(ScriptedEngines(1, three_calls_then_answer)), scorer,
-                         lambda ids: TOKENIZER.decode(ids, skip_special_tokens=True), lambda: next(batches), PhaseTimer())
+    phase = RolloutPhase(
+        config,
+        loop(ScriptedEngines(1, three_calls_then_answer)),
+        scorer,
+        lambda ids: TOKENIZER.decode(ids, skip_special_tokens=True),
+        lambda: next(batches),
+        PhaseTimer(),
+    )
     samples, scores, metrics = phase(SamplingConfig(n=2, max_new_tokens=200, seed=0, stop_token_ids=(EOS,)), step=1)
 
     assert metrics["dapo/rounds"] == 2.0 and len(samples) == 4  # q0 kept in round 0, q2 in round 1; q1 dropped

@@ -35,8 +35,17 @@ def _llm_kwargs(monkeypatch, enforce_eager, on_cpu: bool = False) -> dict:
     monkeypatch.setattr(vllm_engine, "_set_cpu_environment", lambda *args: None)
     monkeypatch.setattr(vllm_engine.current_platform, "is_cpu", lambda: on_cpu)
     with pytest.raises(_Recorded) as recorded:
-        RolloutWorker("vllm", "/no/model", tensor_parallel_size=1, dtype="auto", seed=0, max_model_len=64,
-                      cpu_kv_cache_gib=1, gpu_memory_utilization=0.5, enforce_eager=enforce_eager)
+        RolloutWorker(
+            "vllm",
+            "/no/model",
+            tensor_parallel_size=1,
+            dtype="auto",
+            seed=0,
+            max_model_len=64,
+            cpu_kv_cache_gib=1,
+            gpu_memory_utilization=0.5,
+            enforce_eager=enforce_eager,
+        )
     return recorded.value.kwargs
 
 

@@ -40,4 +40,6 @@ def test_hf_engine_samples_run_at_least_min_new_tokens(tmp_path):
     free = engine.generate([[5, 6, 7]], sampling)[0].response_token_ids
     held = engine.generate([[5, 6, 7]], SamplingConfig(**{**vars(sampling), "min_new_tokens": shortest}))[0]
     assert min(map(len, free)) < shortest
-    assert all(len(tokens) >= shortest and not any(t in stops for t in tokens[:-1]) for tokens in held.response_token_ids)
+    assert all(
+        len(tokens) >= shortest and not any(t in stops for t in tokens[:-1]) for tokens in held.response_token_ids
+    )

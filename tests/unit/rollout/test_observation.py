@@ -35,7 +35,9 @@ def test_a_turn_stopped_at_its_tool_call_gets_the_end_of_turn_then_the_tool_turn
     observations = encoder(QWEN_TOOLS)
     assert observations.turn_end == "<|im_end|>\n"
     text = observations.text([tool("95")], '<tool_call>{"name": "calculator"}</tool_call>')
-    assert text == "<|im_end|>\n<|im_start|>user\n<tool_response>\n95\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        text == "<|im_end|>\n<|im_start|>user\n<tool_response>\n95\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_a_turn_that_wrote_its_end_of_turn_token_gets_only_the_rest():

@@ -43,9 +43,14 @@ class Engines:
             while len(ids) < cap and made + len(ids) < length:
                 ids.append(STOP if made + len(ids) == length - 1 else 1000 + made + len(ids))
             finish = "stop" if ids and ids[-1] == STOP else "length"
-            outputs.append(RolloutOutput(list(context), [ids] * sampling.n,
-                                         [torch.full((len(ids),), -0.1 * (self.weights + 1))] * sampling.n,
-                                         [finish] * sampling.n))
+            outputs.append(
+                RolloutOutput(
+                    list(context),
+                    [ids] * sampling.n,
+                    [torch.full((len(ids),), -0.1 * (self.weights + 1))] * sampling.n,
+                    [finish] * sampling.n,
+                )
+            )
         return outputs
 
 

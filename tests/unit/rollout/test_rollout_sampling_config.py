@@ -9,9 +9,7 @@ from megarl.workers.rollout import SamplingConfig
 
 def test_defaults_and_typical_settings_are_valid():
     SamplingConfig()
-    SamplingConfig(
-        n=8, temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=1024, stop_token_ids=(2,), seed=7
-    )
+    SamplingConfig(n=8, temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=1024, stop_token_ids=(2,), seed=7)
     SamplingConfig(greedy=True, temperature=0.0)
 
 

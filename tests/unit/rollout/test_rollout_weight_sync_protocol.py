@@ -9,17 +9,14 @@ import threading
 import pytest
 import torch
 
-from megarl.bridge.sync_group import address_towards, create_weight_sync_group, listen_weight_sync_store
 from megarl.bridge.protocol import BucketMetadata, TensorSlot, pack, unpack
+from megarl.bridge.sync_group import address_towards, create_weight_sync_group, listen_weight_sync_store
 
 
 def _tensors(dtype: torch.dtype) -> list[tuple[str, torch.Tensor]]:
     generator = torch.Generator().manual_seed(0)
     shapes = {"a.weight": (3, 4), "b.bias": (5,), "c.scale": (), "d.weight": (2, 1, 3)}
-    return [
-        (name, (torch.randn(shape, generator=generator) * 100).to(dtype))
-        for name, shape in shapes.items()
-    ]
+    return [(name, (torch.randn(shape, generator=generator) * 100).to(dtype)) for name, shape in shapes.items()]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64])

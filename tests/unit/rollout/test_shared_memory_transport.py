@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from megarl.bridge.transports.shared_memory import FILE_PREFIX, SharedMemoryTransport, new_slot_file
-from megarl.bridge.shared_ring import SLOTS, RingSender, SharedRing, read_ring
 from megarl.bridge.protocol import pack
+from megarl.bridge.shared_ring import SLOTS, RingSender, SharedRing, read_ring
+from megarl.bridge.transports.shared_memory import FILE_PREFIX, SharedMemoryTransport, new_slot_file
 
 CPU = torch.device("cpu")
 

@@ -48,9 +48,18 @@ def worker(monkeypatch) -> RolloutWorker:
     monkeypatch.setattr(vllm_engine, "LLM", RecordingLLM)
     for name in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND"):  # the engine sets them on CPU: undone after
         monkeypatch.setenv(name, "")
-    return RolloutWorker("vllm", "/no/model", tensor_parallel_size=1, dtype="auto", seed=0, max_model_len=64,
-                         cpu_kv_cache_gib=1, gpu_memory_utilization=0.5, enforce_eager=True,
-                         sleep_level=RolloutConfig().sleep_level)
+    return RolloutWorker(
+        "vllm",
+        "/no/model",
+        tensor_parallel_size=1,
+        dtype="auto",
+        seed=0,
+        max_model_len=64,
+        cpu_kv_cache_gib=1,
+        gpu_memory_utilization=0.5,
+        enforce_eager=True,
+        sleep_level=RolloutConfig().sleep_level,
+    )
 
 
 def llm_calls(worker: RolloutWorker, name: str) -> list[tuple[tuple, dict]]:

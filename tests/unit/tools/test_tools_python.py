@@ -26,8 +26,10 @@ def test_a_busy_loop_is_stopped_by_the_cpu_limit(monkeypatch):
 
 def test_a_sleeping_program_is_stopped_by_the_wall_clock_limit(monkeypatch):
     monkeypatch.setattr(python_tool, "WALL_S", 1.0)
-    assert python("print('started', flush=True)\nimport time\ntime.sleep(60)") == \
-        "started\nError: the program ran longer than 1 s and was stopped"
+    assert (
+        python("print('started', flush=True)\nimport time\ntime.sleep(60)")
+        == "started\nError: the program ran longer than 1 s and was stopped"
+    )
 
 
 def test_a_big_allocation_is_refused():

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from megarl.cli.main import main
-from megarl.config.rollout import MultiTurnConfig, PythonToolConfig, ToolConfig
 import megarl.tools.builtin.python as python_tool
 import megarl.tools.builtin.sandbox as sandbox
+from megarl.cli.main import main
+from megarl.config.rollout import MultiTurnConfig, PythonToolConfig, ToolConfig
 from megarl.tools import ToolCall, ToolError, ToolSet
 from megarl.tools.builtin.python import python
 
@@ -24,8 +24,9 @@ def run(code: str) -> str:
 
 def test_no_process_of_the_host_is_visible_nor_its_environment():
     # A process of the host holding a canary token in its environment (as the driver holds HF_TOKEN).
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
-                              env={**os.environ, "HF_TOKEN": "canary-7d1f"})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], env={**os.environ, "HF_TOKEN": "canary-7d1f"}
+    )
     try:
         seen = run(f"""
             import os
@@ -71,11 +72,14 @@ def test_host_files_are_neither_visible_nor_writable(tmp_path):
 
 
 def test_the_private_tmp_is_writable_and_gone_after_the_call():
-    assert run("""
+    assert (
+        run("""
         import os
         open('notes.txt', 'w').write('x' * 1000)
         print(os.getcwd(), os.listdir('.'))
-    """) == "/tmp ['notes.txt']"
+    """)
+        == "/tmp ['notes.txt']"
+    )
     assert run("import os\nprint(os.listdir('/tmp'))") == "[]"
 
 
@@ -98,22 +102,28 @@ def test_no_network_even_to_a_port_the_host_listens_on():
 
 def test_processes_run_inside_and_die_with_the_call():
     # A daemon that outlives its parent: gone once the call ends (pid 1 of the namespace exits).
-    assert run("""
+    assert (
+        run("""
         import subprocess
         print(subprocess.run(['echo', 'child'], capture_output=True, text=True).stdout.strip())
         subprocess.Popen(['sleep', '600'], start_new_session=True)
-    """) == "child"
+    """)
+        == "child"
+    )
     assert not any(_command_line(pid).startswith(b"sleep\x00600") for pid in os.listdir("/proc") if pid.isdigit())
 
 
 def test_processes_die_with_a_call_stopped_by_its_time_limit(monkeypatch):
     monkeypatch.setattr(python_tool, "WALL_S", 2.0)
-    assert run("""
+    assert (
+        run("""
         import subprocess, time
         subprocess.Popen(['sleep', '601'], start_new_session=True)
         print('started', flush=True)
         time.sleep(600)
-    """) == "started\nError: the program ran longer than 2 s and was stopped"
+    """)
+        == "started\nError: the program ran longer than 2 s and was stopped"
+    )
     assert not any(_command_line(pid).startswith(b"sleep\x00601") for pid in os.listdir("/proc") if pid.isdigit())
 
 
@@ -144,11 +154,14 @@ def test_a_fork_bomb_is_bounded_and_ends(monkeypatch):
 
 
 def test_a_memory_hog_ends_with_an_error():
-    assert run("""
+    assert (
+        run("""
         blocks = []
         while True:
             blocks.append(bytearray(64 << 20))
-    """) == "MemoryError"
+    """)
+        == "MemoryError"
+    )
 
 
 def test_endless_output_is_capped(monkeypatch):
@@ -161,8 +174,9 @@ def test_endless_output_is_capped(monkeypatch):
     assert seen.endswith("File too large")  # RLIMIT_FSIZE ended it
 
 
-@pytest.mark.parametrize("code", ["print(sum(i * i for i in range(10)))",
-                                  "import json, math\nprint(json.dumps(math.sqrt(2)))"])
+@pytest.mark.parametrize(
+    "code", ["print(sum(i * i for i in range(10)))", "import json, math\nprint(json.dumps(math.sqrt(2)))"]
+)
 def test_ordinary_code_still_works(code):
     assert run(code) in ("285", "1.4142135623730951")
 
@@ -171,8 +185,11 @@ def test_without_a_sandbox_the_python_tool_is_refused_unless_allowed(monkeypatch
     # A machine without `unshare`: the probe fails, and the run stops at start naming the key that allows it.
     monkeypatch.setattr(python_tool, "UNSHARE", ("/nonexistent/unshare",))
     tools = (ToolConfig(function="calculator"), ToolConfig(function="python"))
-    with pytest.raises(ToolError, match=r"tools\[1\]\.function = 'python': this machine cannot run model-written code "
-                                        r"in its sandbox \(FileNotFoundError.*unsafe_no_sandbox: true"):
+    with pytest.raises(
+        ToolError,
+        match=r"tools\[1\]\.function = 'python': this machine cannot run model-written code "
+        r"in its sandbox \(FileNotFoundError.*unsafe_no_sandbox: true",
+    ):
         ToolSet(MultiTurnConfig(enable=True, tools=tools))
     allowed = MultiTurnConfig(enable=True, tools=tools, python_tool=PythonToolConfig(unsafe_no_sandbox=True))
     with ToolSet(allowed) as toolset:
@@ -182,8 +199,9 @@ def test_without_a_sandbox_the_python_tool_is_refused_unless_allowed(monkeypatch
 
 
 def test_the_sandbox_is_used_where_it_works_whatever_the_setting(tmp_path):
-    allowed = MultiTurnConfig(enable=True, tools=(ToolConfig(function="python"),),
-                              python_tool=PythonToolConfig(unsafe_no_sandbox=True))
+    allowed = MultiTurnConfig(
+        enable=True, tools=(ToolConfig(function="python"),), python_tool=PythonToolConfig(unsafe_no_sandbox=True)
+    )
     with ToolSet(allowed) as toolset:
         toolset.wait_ready()
         code = f"import os\nprint(os.getcwd(), os.path.exists({str(tmp_path)!r}))"
@@ -196,9 +214,11 @@ def test_validate_warns_when_the_sandbox_may_be_skipped(capsys):
     assert main(["validate", "--no-file-checks", recipe]) == 0
     assert warning_lines(capsys.readouterr().out) == []
     assert main(["validate", "--no-file-checks", recipe, "rollout.multi_turn.python_tool.unsafe_no_sandbox=true"]) == 0
-    assert warning_lines(capsys.readouterr().out) == ["warning: rollout.multi_turn.python_tool.unsafe_no_sandbox is true: where this machine cannot "
-                        "sandbox the python tool, model-written code runs with your rights (your files, other "
-                        "processes' secrets, the network)"]
+    assert warning_lines(capsys.readouterr().out) == [
+        "warning: rollout.multi_turn.python_tool.unsafe_no_sandbox is true: where this machine cannot "
+        "sandbox the python tool, model-written code runs with your rights (your files, other "
+        "processes' secrets, the network)"
+    ]
 
 
 def warning_lines(out: str) -> list[str]:

@@ -49,12 +49,16 @@ def test_bm25_ranks_the_right_document_first_for_each_query_of_a_batch(ray_clust
         tools.wait_ready()
         tools.start_shared(SearchActor)
         assert [schema["function"]["name"] for schema in tools.schemas()] == ["search", "calculator"]
-        results = tools.run([ToolCall("search", {"query": "highest mountain"}),
-                             ToolCall("calculator", {"expression": "6 * 7"}),
-                             ToolCall("search", {"query": "capital of Germany"}),
-                             ToolCall("search", {"query": "plants sugar"}),
-                             ToolCall("search", {"query": "zebra quantum"}),
-                             ToolCall("search", {"q": "capital"})])
+        results = tools.run(
+            [
+                ToolCall("search", {"query": "highest mountain"}),
+                ToolCall("calculator", {"expression": "6 * 7"}),
+                ToolCall("search", {"query": "capital of Germany"}),
+                ToolCall("search", {"query": "plants sugar"}),
+                ToolCall("search", {"query": "zebra quantum"}),
+                ToolCall("search", {"q": "capital"}),
+            ]
+        )
         assert [result.error for result in results] == [None, None, None, None, None, "raised"]
         assert results[0].text.startswith("Doc 1: " + DOCUMENTS[1]["contents"])
         assert results[1].text == "42"
@@ -74,12 +78,15 @@ def test_a_bad_corpus_line_is_named_when_the_index_is_built(ray_cluster, tmp_pat
             tools.start_shared(SearchActor)
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, r"no such file; give the JSONL corpus"),
-    ('{"contents": "a"}\n\n{"title": "b"}\n', r"line 3 has no string field contents or text"),
-    ('{"contents": "a"}\n[1, 2]\n', r"line 2 has no string field contents or text"),
-    ("\n", r"the file holds no documents"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, r"no such file; give the JSONL corpus"),
+        ('{"contents": "a"}\n\n{"title": "b"}\n', r"line 3 has no string field contents or text"),
+        ('{"contents": "a"}\n[1, 2]\n', r"line 2 has no string field contents or text"),
+        ("\n", r"the file holds no documents"),
+    ],
+)
 def test_corpus_errors_name_the_setting_the_file_and_the_line(tmp_path, content, message):
     path = tmp_path / "corpus.jsonl"
     if content is not None:
@@ -99,8 +106,13 @@ class Retriever(BaseHTTPRequestHandler):
         Retriever.requests.append((self.path, body))
         if "hang" in body["queries"]:
             Retriever.release.wait()
-        result = [[{"document": {"id": str(rank), "contents": f"{query} result {rank}"}, "score": 1.0 / (rank + 1)}
-                   for rank in range(body["topk"])] for query in body["queries"]]
+        result = [
+            [
+                {"document": {"id": str(rank), "contents": f"{query} result {rank}"}, "score": 1.0 / (rank + 1)}
+                for rank in range(body["topk"])
+            ]
+            for query in body["queries"]
+        ]
         reply = json.dumps({"result": result}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -129,18 +141,26 @@ def test_a_retrieval_server_gets_the_batch_of_queries_in_one_request(retriever_u
     with search_tools(retriever_url=retriever_url) as tools:
         tools.wait_ready()
         tools.start_shared(SearchActor)
-        results = tools.run([ToolCall("search", {"query": "alpha"}), ToolCall("calculator", {"expression": "1+1"}),
-                             ToolCall("search", {"query": "beta"})])
+        results = tools.run(
+            [
+                ToolCall("search", {"query": "alpha"}),
+                ToolCall("calculator", {"expression": "1+1"}),
+                ToolCall("search", {"query": "beta"}),
+            ]
+        )
     assert Retriever.requests == [("/retrieve", {"queries": ["alpha", "beta"], "topk": 2, "return_scores": True})]
-    assert [result.text for result in results] == ["Doc 1: alpha result 0\nDoc 2: alpha result 1", "2",
-                                                   "Doc 1: beta result 0\nDoc 2: beta result 1"]
+    assert [result.text for result in results] == [
+        "Doc 1: alpha result 0\nDoc 2: alpha result 1",
+        "2",
+        "Doc 1: beta result 0\nDoc 2: beta result 1",
+    ]
 
 
 def test_a_retrieval_server_past_the_time_limit_is_a_timeout(retriever_url):
     with search_tools(retriever_url=retriever_url, timeout_s=0.5) as tools:
         tools.wait_ready()
         tools.start_shared(SearchActor)
-        hung, = tools.run([ToolCall("search", {"query": "hang"})])
+        (hung,) = tools.run([ToolCall("search", {"query": "hang"})])
         assert hung.error == "timeout" and hung.latency_s >= 0.5
         Retriever.release.set()
 
@@ -152,7 +172,7 @@ def test_an_unreachable_retrieval_server_is_a_raised_result():
     with search_tools(retriever_url=f"http://127.0.0.1:{port}/retrieve") as tools:
         tools.wait_ready()
         tools.start_shared(SearchActor)
-        result, = tools.run([ToolCall("search", {"query": "x"})])
+        (result,) = tools.run([ToolCall("search", {"query": "x"})])
     assert result.error == "raised"
     assert result.text.startswith("Error: the search failed (URLError: <urlopen error [Errno 111] Connection refused>")
 
@@ -164,5 +184,5 @@ def test_the_http_clients_own_timeout_is_a_timeout_too(error):
     counted as a timeout, not as a raised search."""
     failed = Future()
     failed.set_exception(error)
-    result, = ToolSet._search_results(failed, 1, time.monotonic())
+    (result,) = ToolSet._search_results(failed, 1, time.monotonic())
     assert result.error == "timeout" and result.text.startswith("Error: the search ran longer than its time limit")

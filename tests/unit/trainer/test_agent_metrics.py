@@ -7,8 +7,14 @@ from megarl.trainer.metrics import AGENT_METRICS, agent_metrics, undocumented
 
 
 def test_agent_metrics_count_turns_calls_errors_endings_and_masked_tokens():
-    calling = Trajectory(messages=[{"role": "assistant"}, {"role": "tool"}, {"role": "assistant"}], ended="answer",
-                         tool_calls=1, tool_errors={"timeout": 1}, tool_latency_s=[2.0], observations_truncated=1)
+    calling = Trajectory(
+        messages=[{"role": "assistant"}, {"role": "tool"}, {"role": "assistant"}],
+        ended="answer",
+        tool_calls=1,
+        tool_errors={"timeout": 1},
+        tool_latency_s=[2.0],
+        observations_truncated=1,
+    )
     plain = Trajectory(messages=[{"role": "assistant"}], ended="turn_length")
     masks = [torch.tensor([True, False, False, True]), torch.tensor([True, True, True, True])]
     metrics = agent_metrics([calling, plain], masks)

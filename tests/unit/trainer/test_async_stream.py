@@ -25,10 +25,16 @@ PROMPTS = [Prompt(f"p{k}", (100 + k,), str(k), {}, "test") for k in range(4)]
 
 def _batch(step: int, version: int) -> GeneratedBatch:
     """Two samples that name the step and weight version they were made for."""
-    samples = Samples(prompts=[PROMPTS[step % 4]] * 2, response_ids=[[step, version], [step]],
-                      rollout_log_probs=[torch.tensor([-0.5, -1.0]), torch.tensor([-2.0])],
-                      loss_masks=[torch.tensor([True, True]), torch.tensor([True])], finish_reasons=["stop", "length"],
-                      index=[f"{step}.0/0", f"{step}.0/0"], trajectories=[None, None], token_versions=[None, None])
+    samples = Samples(
+        prompts=[PROMPTS[step % 4]] * 2,
+        response_ids=[[step, version], [step]],
+        rollout_log_probs=[torch.tensor([-0.5, -1.0]), torch.tensor([-2.0])],
+        loss_masks=[torch.tensor([True, True]), torch.tensor([True])],
+        finish_reasons=["stop", "length"],
+        index=[f"{step}.0/0", f"{step}.0/0"],
+        trajectories=[None, None],
+        token_versions=[None, None],
+    )
     return GeneratedBatch(samples, torch.tensor([1.0, 0.0]), {"reward/mean": 0.5}, None, version)
 
 
@@ -73,8 +79,13 @@ def _stream(max_staleness: int, steps: int, version: int = 0) -> tuple[AsyncRoll
     timer, gen_timer = PhaseTimer(), PhaseTimer()
     engines = Engines(gen_timer, max_staleness)
     engines.weights = version
-    return AsyncRolloutStream(engines.generate, gen_timer, timer, max_staleness=max_staleness, last_step=steps,
-                              version=version), engines, timer
+    return (
+        AsyncRolloutStream(
+            engines.generate, gen_timer, timer, max_staleness=max_staleness, last_step=steps, version=version
+        ),
+        engines,
+        timer,
+    )
 
 
 def _train(stream: AsyncRolloutStream, engines: Engines, timer: PhaseTimer, steps, save_at: int | None = None):
@@ -177,7 +188,6 @@ def test_close_waits_for_the_generation_in_flight_and_drops_what_was_made():
     assert stream.thread is None and stream.ready == {} and stream.error is None
 
 
-
 def _segmented(stream_box: list, hold_step: int):
     """A generation in three segments that calls `between_segments` before each (as `partial_single_turn`
     does); the batch of `hold_step` reaches its second segment only once the main thread wants the engines."""
@@ -198,8 +208,11 @@ def _segmented(stream_box: list, hold_step: int):
 
 def _segmented_stream(hold_step: int, version: int = 0) -> AsyncRolloutStream:
     box: list = []
-    box.append(AsyncRolloutStream(_segmented(box, hold_step), PhaseTimer(), PhaseTimer(), max_staleness=1,
-                                  last_step=3, version=version))
+    box.append(
+        AsyncRolloutStream(
+            _segmented(box, hold_step), PhaseTimer(), PhaseTimer(), max_staleness=1, last_step=3, version=version
+        )
+    )
     return box[0]
 
 

@@ -25,18 +25,22 @@ def _run_imports(cli_file: Path) -> set[str]:
 
 def _function_imports(cli_file: Path, name: str) -> set[str]:
     """The modules one function of a CLI file imports."""
-    function = next(node for node in ast.parse(cli_file.read_text()).body
-                    if isinstance(node, ast.FunctionDef) and node.name == name)
+    function = next(
+        node for node in ast.parse(cli_file.read_text()).body if isinstance(node, ast.FunctionDef) and node.name == name
+    )
     return {node.module for node in ast.walk(function) if isinstance(node, ast.ImportFrom)}
 
 
 def _loaded_by(names) -> list[str]:
     """Every module in `sys.modules` after a fresh interpreter imports `names`."""
-    code = ("import importlib, json, sys\n"
-            f"for name in {sorted(names)!r}: importlib.import_module(name)\n"
-            "print(json.dumps(sorted(sys.modules)))")
-    loaded = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, check=True, capture_output=True,
-                            text=True)
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {sorted(names)!r}: importlib.import_module(name)\n"
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], cwd=PACKAGE.parent, check=True, capture_output=True, text=True
+    )
     return json.loads(loaded.stdout)
 
 

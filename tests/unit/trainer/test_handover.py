@@ -114,12 +114,19 @@ def test_a_step_hands_over_in_verls_order():
     log.append("train")
     metrics = step.to_rollout(3)
     assert log == [
-        "actor.memory_stats", "rollout.memory_stats",  # after generating
-        "rollout.sleep", "actor.onload",
+        "actor.memory_stats",
+        "rollout.memory_stats",  # after generating
+        "rollout.sleep",
+        "actor.onload",
         "train",
-        "actor.memory_stats", "rollout.memory_stats",  # after training
-        "actor.offload_training_state", "rollout.wake_up(['weights'])", "sync(3)",
-        "actor.offload_params", "rollout.wake_up(['kv_cache'])", "check_engines",
+        "actor.memory_stats",
+        "rollout.memory_stats",  # after training
+        "actor.offload_training_state",
+        "rollout.wake_up(['weights'])",
+        "sync(3)",
+        "actor.offload_params",
+        "rollout.wake_up(['kv_cache'])",
+        "check_engines",
     ]
     # The sync finds the actor's parameters (only) beside the engines' weights (only); the check finds
     # the engines fully awake beside nothing of the actor.
@@ -134,11 +141,16 @@ def test_each_phase_records_which_role_holds_what():
     step.to_rollout(1)
     memory = step.pop_memory()
     assert memory == {
-        "memory/actor/generated/device_used_gib": 0.0, "memory/rollout/generated/device_used_gib": 4.0,
-        "memory/rollout/asleep/device_used_gib": 0.0, "memory/actor/onloaded/device_used_gib": 7.0,
-        "memory/actor/trained/device_used_gib": 7.0, "memory/rollout/trained/device_used_gib": 0.0,
-        "memory/actor/training_offloaded/device_used_gib": 1.0, "memory/rollout/weights_awake/device_used_gib": 1.0,
-        "memory/actor/params_offloaded/device_used_gib": 0.0, "memory/rollout/awake/device_used_gib": 4.0,
+        "memory/actor/generated/device_used_gib": 0.0,
+        "memory/rollout/generated/device_used_gib": 4.0,
+        "memory/rollout/asleep/device_used_gib": 0.0,
+        "memory/actor/onloaded/device_used_gib": 7.0,
+        "memory/actor/trained/device_used_gib": 7.0,
+        "memory/rollout/trained/device_used_gib": 0.0,
+        "memory/actor/training_offloaded/device_used_gib": 1.0,
+        "memory/rollout/weights_awake/device_used_gib": 1.0,
+        "memory/actor/params_offloaded/device_used_gib": 0.0,
+        "memory/rollout/awake/device_used_gib": 4.0,
     }
     assert undocumented(memory) == []
     # Never both sides in full: the most the GPU holds is the trained state alone.
@@ -184,8 +196,11 @@ def test_a_critic_with_a_group_of_its_own_is_handed_over_too():
 
 def test_groups_are_named_by_the_first_role_they_host():
     policy, critic = object(), object()
-    groups = {"actor": SimpleNamespace(workers=policy), "critic": SimpleNamespace(workers=critic),
-              "ref": SimpleNamespace(workers=policy)}
+    groups = {
+        "actor": SimpleNamespace(workers=policy),
+        "critic": SimpleNamespace(workers=critic),
+        "ref": SimpleNamespace(workers=policy),
+    }
     assert megatron_groups(groups) == {"actor": policy, "critic": critic}
 
 
@@ -208,8 +223,11 @@ def test_engines_start_after_the_offload_and_within_the_free_memory():
     group = FakeGpuGroup(log, free=60.0, total=80.0)
     offload_before_engines([SimpleNamespace(workers=group)], gpu_memory_utilization=0.7)
     assert log == ["actor.offload_training_state", "actor.offload_params", "actor.free_device_memory"]
-    with pytest.raises(ConfigError, match=r"rollout.gpu_memory_utilization = 0.8: .* 64.0 GiB of each 80.0 GiB GPU.* "
-                                          r"only 60.0 GiB is free.*use at most 0.75"):
+    with pytest.raises(
+        ConfigError,
+        match=r"rollout.gpu_memory_utilization = 0.8: .* 64.0 GiB of each 80.0 GiB GPU.* "
+        r"only 60.0 GiB is free.*use at most 0.75",
+    ):
         offload_before_engines([SimpleNamespace(workers=group)], gpu_memory_utilization=0.8)
 
 

@@ -42,8 +42,15 @@ from megarl.workers.rollout.rollout_worker import RolloutWorker
 pytestmark = pytest.mark.unit
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
-TRAINED = ("reward/mean", "reward/std", "response_length/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy",
-           "actor/loss")
+TRAINED = (
+    "reward/mean",
+    "reward/std",
+    "response_length/mean",
+    "actor/pg_loss",
+    "actor/grad_norm",
+    "actor/entropy",
+    "actor/loss",
+)
 """What a step trained and measured: a step trained again after a resume gives the same values."""
 
 
@@ -60,7 +67,9 @@ def overrides(assets: Path, run_dir: Path, **extra) -> list[str]:
         "model.path": assets / "model",
         "data.train_files": f"[{assets / 'data' / 'train.jsonl'}]",
         "data.val_files": f"[{assets / 'data' / 'val.jsonl'}]",
-        "trainer.output_dir": run_dir, "checkpoint.dir": run_dir / "checkpoints", "trainer.test_freq": 0,
+        "trainer.output_dir": run_dir,
+        "checkpoint.dir": run_dir / "checkpoints",
+        "trainer.test_freq": 0,
     } | extra
     return [f"{key}={value}" for key, value in values.items()]
 
@@ -87,13 +96,23 @@ def _parameters(function) -> list[str]:
     return list(inspect.signature(function).parameters)
 
 
-@pytest.mark.parametrize("fake,real", [(FakePolicyWorker, PolicyWorker), (FakeEngine, RolloutWorker),
-                                       (FakeHandOver, HandOver), (FakeWeightSync, WeightSync)])
+@pytest.mark.parametrize(
+    "fake,real",
+    [
+        (FakePolicyWorker, PolicyWorker),
+        (FakeEngine, RolloutWorker),
+        (FakeHandOver, HandOver),
+        (FakeWeightSync, WeightSync),
+    ],
+)
 def test_the_fakes_keep_the_real_signatures(fake, real):
     """Every method a fake defines exists on the class it stands for, with the same parameters, so a
     change of the real contract fails here rather than leaving the loop tests on a stale fake."""
-    own = [name for name, value in vars(fake).items() if callable(value) and (not name.startswith("_") or
-                                                                            name == "__init__")]
+    own = [
+        name
+        for name, value in vars(fake).items()
+        if callable(value) and (not name.startswith("_") or name == "__init__")
+    ]
     for name in own:
         if name == "__init__" and fake in (FakePolicyWorker, FakeEngine):
             continue  # a worker's construction is start_roles', which the fake cluster replaces
@@ -174,9 +193,15 @@ def test_exactly_one_record_per_step_when_a_stop_falls_between_checkpoint_and_re
 
 
 ONE_STEP_OFF = {
-    "trainer.rollout_mode": "one_step_off", "placement.mode": "split", "placement.gpus_per_node": 3,
-    "placement.rollout_gpus": 1, "trainer.total_steps": 4, "checkpoint.save_freq": 2, "trainer.test_freq": 2,
-    "algorithm.dynamic_sampling.enable": "true", "algorithm.dynamic_sampling.max_rounds": 20,
+    "trainer.rollout_mode": "one_step_off",
+    "placement.mode": "split",
+    "placement.gpus_per_node": 3,
+    "placement.rollout_gpus": 1,
+    "trainer.total_steps": 4,
+    "checkpoint.save_freq": 2,
+    "trainer.test_freq": 2,
+    "algorithm.dynamic_sampling.enable": "true",
+    "algorithm.dynamic_sampling.max_rounds": 20,
 }
 
 
@@ -218,15 +243,26 @@ def test_consecutive_nan_steps_stop_the_run_naming_max_bad_steps(assets, tmp_pat
     update skipped; two in a row end the run right after the second one's record, exit 1, the message
     naming the setting (moved from tests/e2e/reliability/test_numerical_faults.py; that megatron-core's
     optimizer skips a NaN step and reports it is tests/distributed/workers/test_megatron_workers.py's)."""
-    code = train_command(monkeypatch, overrides(assets, tmp_path, **{
-        "reward.function": "loop_rewards:group_sum_overflow", "trainer.max_bad_steps": 2, "trainer.total_steps": 6}))
+    code = train_command(
+        monkeypatch,
+        overrides(
+            assets,
+            tmp_path,
+            **{
+                "reward.function": "loop_rewards:group_sum_overflow",
+                "trainer.max_bad_steps": 2,
+                "trainer.total_steps": 6,
+            },
+        ),
+    )
     err = capsys.readouterr().err
     assert code == 1
     assert "megarl train: failed: BadStepsError: 2 consecutive steps" in err and "trainer.max_bad_steps=2" in err, err
     records = read_metrics(tmp_path / "quickstart" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2], "the run must stop right after the 2nd bad step"
-    assert all(r["actor/skipped_steps"] >= 1 and r["actor/optimizer_steps"] == r["actor/skipped_steps"]
-               for r in records)
+    assert all(
+        r["actor/skipped_steps"] >= 1 and r["actor/optimizer_steps"] == r["actor/skipped_steps"] for r in records
+    )
 
 
 def test_a_good_step_between_bad_ones_starts_the_count_again(assets, tmp_path, monkeypatch):
@@ -243,23 +279,31 @@ def test_a_good_step_between_bad_ones_starts_the_count_again(assets, tmp_path, m
 def test_a_reward_beyond_float32_stops_the_run_at_scoring(assets, tmp_path, monkeypatch, capsys):
     """Exit 2, the message naming the function, the value, the sample's index and its response, and no
     step trained (moved from tests/e2e/reliability/test_numerical_faults.py)."""
-    code = train_command(monkeypatch, overrides(assets, tmp_path, **{
-        "reward.function": "loop_rewards:beyond_float32", "trainer.total_steps": 3}))
+    code = train_command(
+        monkeypatch,
+        overrides(assets, tmp_path, **{"reward.function": "loop_rewards:beyond_float32", "trainer.total_steps": 3}),
+    )
     err = capsys.readouterr().err
     assert code == 2, err
-    assert re.search(r"megarl train: reward.function 'loop_rewards:beyond_float32' returned 1e\+39 \(float\) "
-                     r"as score \d+; .*float32.*; the response it scored: '.+'", err), err
+    assert re.search(
+        r"megarl train: reward.function 'loop_rewards:beyond_float32' returned 1e\+39 \(float\) "
+        r"as score \d+; .*float32.*; the response it scored: '.+'",
+        err,
+    ), err
     metrics_file = tmp_path / "quickstart" / "metrics.jsonl"
-    assert not metrics_file.exists() or read_metrics(metrics_file) == [], \
+    assert not metrics_file.exists() or read_metrics(metrics_file) == [], (
         "no step may train on a reward the trainer cannot hold"
+    )
 
 
 def test_a_reward_function_returning_the_wrong_length_stops_the_run(assets, tmp_path, monkeypatch):
     """(moved from tests/e2e/trainer/test_trainer_e2e.py::test_reward_faults_are_counted_and_wrong_length_stops)"""
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     with pytest.raises(RewardFunctionError, match="wrong_length"):
-        fit(monkeypatch, overrides(assets, tmp_path, **{"trainer.total_steps": 2,
-                                                        "reward.function": "loop_rewards:wrong_length"}))
+        fit(
+            monkeypatch,
+            overrides(assets, tmp_path, **{"trainer.total_steps": 2, "reward.function": "loop_rewards:wrong_length"}),
+        )
 
 
 def test_a_stop_signal_ends_the_run_after_the_step_it_came_in_with_one_line(assets, tmp_path, monkeypatch, capsys):
@@ -282,8 +326,11 @@ def test_a_stop_signal_ends_the_run_after_the_step_it_came_in_with_one_line(asse
     err = capsys.readouterr().err
     assert code == 128 + signal.SIGTERM, err
     [line] = [line for line in err.splitlines() if line.startswith("megarl train: stopped by")]
-    assert re.fullmatch(r"megarl train: stopped by SIGTERM during step 3 \(step\); last checkpoint: step 2 \(.+\); "
-                        r"continue from it by running the same command with checkpoint.resume=auto", line), line
+    assert re.fullmatch(
+        r"megarl train: stopped by SIGTERM during step 3 \(step\); last checkpoint: step 2 \(.+\); "
+        r"continue from it by running the same command with checkpoint.resume=auto",
+        line,
+    ), line
     assert "Traceback" not in err
     assert [m["step"] for m in read_metrics(tmp_path / "quickstart" / "metrics.jsonl")] == [1, 2, 3]
 

@@ -35,9 +35,19 @@ def _ticks(*values):
 def test_console_line_shows_the_step_and_each_headline_metric():
     line = console_line(3, 10, SAMPLE)
     assert "\n" not in line
-    for part in ("step 3/10", "reward 0.625", "len 12.5", "len_clip 0.125", "kl 0.0012", "ent 2.31",
-                 "pg_clip 0.02", "gnorm 0.84", "sync_gap 3.1e-07", "tok/s 850",
-                 "time 2.41s (rollout 1.2 update_actor 0.9)"):
+    for part in (
+        "step 3/10",
+        "reward 0.625",
+        "len 12.5",
+        "len_clip 0.125",
+        "kl 0.0012",
+        "ent 2.31",
+        "pg_clip 0.02",
+        "gnorm 0.84",
+        "sync_gap 3.1e-07",
+        "tok/s 850",
+        "time 2.41s (rollout 1.2 update_actor 0.9)",
+    ):
         assert part in line, part
 
 
@@ -49,7 +59,7 @@ def test_console_line_leaves_out_what_the_step_did_not_log():
 def test_plain_output_has_one_line_per_step_with_the_eta():
     stream = io.StringIO()
     sink = ConsoleSink(total_steps=5, resumed_step=None, stream=stream, clock=_ticks(100.0, 110.0, 120.0))
-    sink.log(1, SAMPLE)   # 10 s per step so far, 4 steps left
+    sink.log(1, SAMPLE)  # 10 s per step so far, 4 steps left
     sink.log(2, SAMPLE)
     sink.close()
     lines = stream.getvalue().splitlines()
@@ -75,5 +85,5 @@ def test_terminal_gets_a_progress_bar_under_the_lines():
     sink.close()
     output = stream.getvalue()
     assert console_line(2, 10, SAMPLE) in output
-    bar = output.rsplit(console_line(2, 10, SAMPLE), 1)[1]   # redrawn below the newest line
-    assert re.search(r"2/10 \[\d\d:\d\d<\d\d:\d\d", bar)    # steps done, elapsed<remaining
+    bar = output.rsplit(console_line(2, 10, SAMPLE), 1)[1]  # redrawn below the newest line
+    assert re.search(r"2/10 \[\d\d:\d\d<\d\d:\d\d", bar)  # steps done, elapsed<remaining

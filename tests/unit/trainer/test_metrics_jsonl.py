@@ -20,7 +20,8 @@ def test_round_trip_and_flushed_every_step(tmp_path):
     # Flushed: readable while the sink is still open (a crash right after loses nothing).
     lines = (tmp_path / METRICS_FILE).read_text().splitlines()
     assert [json.loads(line) for line in lines] == [
-        {"step": 1, "reward/mean": 0.5, "actor/grad_norm": None, "actor/loss": None}]
+        {"step": 1, "reward/mean": 0.5, "actor/grad_norm": None, "actor/loss": None}
+    ]
     sink.log(2, {"reward/mean": 0.75})
     sink.close()
     assert read_metrics_file(tmp_path / METRICS_FILE) == [
@@ -30,7 +31,7 @@ def test_round_trip_and_flushed_every_step(tmp_path):
 
 
 def test_resume_drops_the_steps_after_the_checkpoint_and_appends(tmp_path):
-    _log_steps(tmp_path, range(1, 6))                       # crashed after step 5, checkpoint at 3
+    _log_steps(tmp_path, range(1, 6))  # crashed after step 5, checkpoint at 3
     _log_steps(tmp_path, range(4, 8), resumed_step=3, tag=100.0)
     records = read_metrics_file(tmp_path / METRICS_FILE)
     assert [record["step"] for record in records] == [1, 2, 3, 4, 5, 6, 7]

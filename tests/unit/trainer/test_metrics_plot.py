@@ -19,8 +19,15 @@ def _png_size(path) -> tuple[int, int]:
 def _run(run_dir, steps=12):
     with MetricsLogger(run_dir, ["jsonl"], total_steps=steps) as metrics_logger:
         for step in range(1, steps + 1):
-            metrics_logger.log(step, {"reward/mean": step / steps, "response_length/mean": 10 + step,
-                                      "actor/kl": 0.01 * step, "sync/logprob_max_abs_diff": 1e-7})
+            metrics_logger.log(
+                step,
+                {
+                    "reward/mean": step / steps,
+                    "response_length/mean": 10 + step,
+                    "actor/kl": 0.01 * step,
+                    "sync/logprob_max_abs_diff": 1e-7,
+                },
+            )
     return metrics_logger
 
 
@@ -59,12 +66,17 @@ def test_rolling_mean_trails_and_skips_nan():
 
 def _memory_run(run_dir, steps=2):
     """A run that logged the hand-over's memory, as a colocated CPU run does (`megarl.trainer.handover`)."""
-    phases = {"rollout": ("generated", "asleep", "trained", "weights_awake", "awake"),
-              "actor": ("generated", "onloaded", "trained", "training_offloaded", "params_offloaded")}
+    phases = {
+        "rollout": ("generated", "asleep", "trained", "weights_awake", "awake"),
+        "actor": ("generated", "onloaded", "trained", "training_offloaded", "params_offloaded"),
+    }
     with MetricsLogger(run_dir, ["jsonl"], total_steps=steps) as metrics_logger:
         for step in range(1, steps + 1):
-            memory = {f"memory/{role}/{phase}/rss_gib": 1.0 + index / 10
-                      for role, names in phases.items() for index, phase in enumerate(names)}
+            memory = {
+                f"memory/{role}/{phase}/rss_gib": 1.0 + index / 10
+                for role, names in phases.items()
+                for index, phase in enumerate(names)
+            }
             metrics_logger.log(step, {"reward/mean": 0.5, **memory})
 
 

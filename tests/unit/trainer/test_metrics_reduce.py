@@ -9,8 +9,8 @@ from megarl.trainer.metrics import (
     reduce_metrics,
     rollout_metrics,
     throughput_metrics,
-    update_mfu_metrics,
     undocumented,
+    update_mfu_metrics,
     worker_metrics,
 )
 from megarl.trainer.timing import PHASES, STARTUP_PHASES, PhaseTimer, startup_line
@@ -18,10 +18,20 @@ from megarl.trainer.timing import PHASES, STARTUP_PHASES, PhaseTimer, startup_li
 
 def test_reduce_means_by_default_and_sums_maxes_mins_the_documented_exceptions():
     ranks = [
-        {"actor/entropy": 1.0, "reward/errors": 1.0, "sync/logprob_max_abs_diff": 2e-7, "timing/rollout": 3.0,
-         "response_length/min": 4.0},
-        {"actor/entropy": 3.0, "reward/errors": 2.0, "sync/logprob_max_abs_diff": 5e-7, "timing/rollout": 1.0,
-         "response_length/min": 2.0},
+        {
+            "actor/entropy": 1.0,
+            "reward/errors": 1.0,
+            "sync/logprob_max_abs_diff": 2e-7,
+            "timing/rollout": 3.0,
+            "response_length/min": 4.0,
+        },
+        {
+            "actor/entropy": 3.0,
+            "reward/errors": 2.0,
+            "sync/logprob_max_abs_diff": 5e-7,
+            "timing/rollout": 1.0,
+            "response_length/min": 2.0,
+        },
     ]
     assert reduce_metrics(ranks) == {
         "actor/entropy": 2.0,
@@ -41,26 +51,40 @@ def test_reduce_uses_the_dicts_that_have_a_name_and_propagates_nan():
 def test_rollout_metrics_of_a_step():
     metrics = rollout_metrics([1.0, 0.0, 1.0, 0.0], [3, 8, 8, 5], max_response_length=8, prompt_lengths=[2, 4, 2, 4])
     assert metrics == {
-        "reward/mean": 0.5, "reward/std": 0.5, "reward/max": 1.0, "reward/min": 0.0,
-        "response_length/mean": 6.0, "response_length/max": 8.0, "response_length/min": 3.0,
-        "response_length/clip_ratio": 0.5, "prompt_length/mean": 3.0,
+        "reward/mean": 0.5,
+        "reward/std": 0.5,
+        "reward/max": 1.0,
+        "reward/min": 0.0,
+        "response_length/mean": 6.0,
+        "response_length/max": 8.0,
+        "response_length/min": 3.0,
+        "response_length/clip_ratio": 0.5,
+        "prompt_length/mean": 3.0,
     }
 
 
 def test_throughput():
-    assert throughput_metrics(total_tokens=600, step_seconds=2.0) == {"perf/total_tokens": 600.0,
-                                                                      "perf/tokens_per_s": 300.0}
+    assert throughput_metrics(total_tokens=600, step_seconds=2.0) == {
+        "perf/total_tokens": 600.0,
+        "perf/tokens_per_s": 300.0,
+    }
 
 
 def test_update_mfu_is_the_updates_model_flop_rate_over_the_peak():
     """3e12 model FLOPs in 1.5 s on a 4 TFLOP/s group: 2 TFLOP/s achieved, half the peak."""
     assert update_mfu_metrics(update_flops=3e12, update_seconds=1.5, peak_flops=4e12) == {
-        "perf/update_tflops": 2.0, "perf/peak_tflops": 4.0, "perf/mfu": 0.5}
+        "perf/update_tflops": 2.0,
+        "perf/peak_tflops": 4.0,
+        "perf/mfu": 0.5,
+    }
 
 
 def test_worker_results_get_logged_names_and_unknown_keys_are_refused():
     assert worker_metrics("actor", {"clip_frac": 0.1, "approx_kl": 0.01, "kl_loss": 0.2}) == {
-        "actor/pg_clipfrac": 0.1, "actor/ppo_kl": 0.01, "actor/kl": 0.2}
+        "actor/pg_clipfrac": 0.1,
+        "actor/ppo_kl": 0.01,
+        "actor/kl": 0.2,
+    }
     assert worker_metrics("critic", {"loss": 0.5}) == {"critic/vf_loss": 0.5}
     with pytest.raises(KeyError, match="new_metric"):
         worker_metrics("actor", {"new_metric": 1.0})
@@ -72,12 +96,36 @@ def test_every_produced_name_is_documented():
         *throughput_metrics(1, 1.0),
         *update_mfu_metrics(1.0, 1.0, 1.0),
         *(f"timing/{phase}" for phase in PHASES),
-        *worker_metrics("actor", dict.fromkeys(["loss", "pg_loss", "kl_loss", "entropy", "clip_frac",
-                                                "clip_frac_lower", "approx_kl", "grad_norm", "lr", "tokens",
-                                                "steps", "skipped_steps"], 0.0)),
-        *worker_metrics("critic", dict.fromkeys(["loss", "clip_frac", "vpred_mean", "grad_norm", "lr", "tokens",
-                                                 "steps", "skipped_steps"], 0.0)),
-        "sync/logprob_max_abs_diff", "sync/logprob_mean_abs_diff", "sync/weight_version", "step",
+        *worker_metrics(
+            "actor",
+            dict.fromkeys(
+                [
+                    "loss",
+                    "pg_loss",
+                    "kl_loss",
+                    "entropy",
+                    "clip_frac",
+                    "clip_frac_lower",
+                    "approx_kl",
+                    "grad_norm",
+                    "lr",
+                    "tokens",
+                    "steps",
+                    "skipped_steps",
+                ],
+                0.0,
+            ),
+        ),
+        *worker_metrics(
+            "critic",
+            dict.fromkeys(
+                ["loss", "clip_frac", "vpred_mean", "grad_norm", "lr", "tokens", "steps", "skipped_steps"], 0.0
+            ),
+        ),
+        "sync/logprob_max_abs_diff",
+        "sync/logprob_mean_abs_diff",
+        "sync/weight_version",
+        "step",
     }
     assert undocumented(produced) == []
     assert undocumented(["reward/mean", "made/up"]) == ["made/up"]
@@ -87,10 +135,10 @@ def test_every_produced_name_is_documented():
 def test_phase_timer_accumulates_per_phase_and_resets_on_pop():
     ticks = iter([0.0, 1.0, 1.5, 2.0, 2.25, 10.0])
     timer = PhaseTimer(clock=lambda: next(ticks))
-    with timer("step"):                 # 0.0 .. 10.0
-        with timer("rollout"):          # 1.0 .. 1.5
+    with timer("step"):  # 0.0 .. 10.0
+        with timer("rollout"):  # 1.0 .. 1.5
             pass
-        with timer("rollout"):          # 2.0 .. 2.25
+        with timer("rollout"):  # 2.0 .. 2.25
             pass
     assert timer.pop() == {"timing/step": 10.0, "timing/rollout": 0.75}
     assert timer.pop() == {}

@@ -47,8 +47,10 @@ def test_the_run_description_is_one_text_summary_at_the_runs_first_step(tmp_path
 
 
 def test_wandb_requested_but_not_installed_is_a_clear_error_before_any_file(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "wandb", None)   # what `import wandb` meets without the package
-    with pytest.raises(LoggerSetupError, match=r"trainer.loggers includes 'wandb'.*pip install 'megarl\[wandb\]'.*drop 'wandb'"):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # what `import wandb` meets without the package
+    with pytest.raises(
+        LoggerSetupError, match=r"trainer.loggers includes 'wandb'.*pip install 'megarl\[wandb\]'.*drop 'wandb'"
+    ):
         MetricsLogger(tmp_path, ["console", "wandb"], total_steps=3)
     assert not (tmp_path / METRICS_FILE).exists()
 

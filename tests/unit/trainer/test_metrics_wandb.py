@@ -3,13 +3,15 @@ with W&B's own reader (`tests/wandb_testing.py`) and matches metrics.jsonl; the 
 the W&B run's config; a resumed megarl run continues the same W&B run; nothing of W&B outlives the run."""
 
 import pytest
-
-from megarl.trainer.sinks import METRICS_FILE, LoggerSetupError, MetricsLogger, read_metrics_file
 from process_testing import wait_until_gone
 from wandb_testing import history, offline_runs, summary, use_offline_wandb, wandb_processes
 
-DESCRIPTION = {"trainer": {"experiment_name": "exp", "loggers": ["console", "wandb"]},
-               "batch_plan": {"samples_per_step": 128, "critic": None}}
+from megarl.trainer.sinks import METRICS_FILE, LoggerSetupError, MetricsLogger, read_metrics_file
+
+DESCRIPTION = {
+    "trainer": {"experiment_name": "exp", "loggers": ["console", "wandb"]},
+    "batch_plan": {"samples_per_step": 128, "critic": None},
+}
 
 
 @pytest.fixture
@@ -19,8 +21,15 @@ def offline(monkeypatch, tmp_path):
 
 def _log(run_dir, steps, resumed_step=None):
     """A MetricsLogger with the W&B sink logging `steps`; the W&B processes seen while it ran."""
-    with MetricsLogger(run_dir, ["jsonl", "wandb"], total_steps=4, project_name="proj", experiment_name="exp",
-                       resumed_step=resumed_step, description=DESCRIPTION) as metrics_logger:
+    with MetricsLogger(
+        run_dir,
+        ["jsonl", "wandb"],
+        total_steps=4,
+        project_name="proj",
+        experiment_name="exp",
+        resumed_step=resumed_step,
+        description=DESCRIPTION,
+    ) as metrics_logger:
         live = wandb_processes()
         for step in steps:
             metrics_logger.log(step, {"reward/mean": step / 4, "actor/grad_norm": 1.5 * step})
@@ -60,6 +69,8 @@ def test_online_without_an_api_key_is_a_setup_error_naming_the_fixes(tmp_path, m
     monkeypatch.delenv("WANDB_MODE")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc login
     monkeypatch.setenv("NETRC", str(tmp_path / "home" / ".netrc"))
-    with pytest.raises(LoggerSetupError, match=r"No API key configured.*WANDB_API_KEY.*WANDB_MODE=offline.*drop 'wandb'"):
+    with pytest.raises(
+        LoggerSetupError, match=r"No API key configured.*WANDB_API_KEY.*WANDB_MODE=offline.*drop 'wandb'"
+    ):
         MetricsLogger(tmp_path / "run", ["wandb"], total_steps=1)
     assert not wandb_processes()

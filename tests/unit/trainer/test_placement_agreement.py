@@ -16,8 +16,7 @@ SPLIT = ["placement.mode=split", "placement.gpus_per_node=4", "placement.rollout
 TP_2 = ["rollout.tensor_model_parallel_size=2"]
 SEEDS = ["placement.gpus_per_node=6", *TP_2, "data.train_batch_size=12", "actor.ppo_mini_batch_size=12"]
 """The seeds' layout: 6 GPUs, colocated, rollout TP 2 (3 engines); 12 prompts × 8 samples fit actor DP 3."""
-PLACEMENTS = {"colocated-tp1": [], "colocated-tp2": TP_2, "split-tp1": SPLIT, "split-tp2": SPLIT + TP_2,
-              "seeds": SEEDS}
+PLACEMENTS = {"colocated-tp1": [], "colocated-tp2": TP_2, "split-tp1": SPLIT, "split-tp2": SPLIT + TP_2, "seeds": SEEDS}
 CLUSTER_GPUS = {"cpu": 0.0, "cuda": 8.0}
 
 
@@ -52,9 +51,15 @@ def test_the_seeds_layout_validates_with_three_two_gpu_engines(workdir, capsys):
     assert "           2 processes per training GPU: 1 Megatron, 1 TP worker of a 2-GPU rollout engine" in lines
 
 
-@pytest.mark.parametrize("setting, gpus, device", [
-    ("auto", 8.0, "cuda"), ("auto", 0.0, "cpu"), ("cpu", 8.0, "cpu"), ("cuda", 0.5, "cuda"),
-])
+@pytest.mark.parametrize(
+    "setting, gpus, device",
+    [
+        ("auto", 8.0, "cuda"),
+        ("auto", 0.0, "cpu"),
+        ("cpu", 8.0, "cpu"),
+        ("cuda", 0.5, "cuda"),
+    ],
+)
 def test_the_device_is_resolved_against_the_cluster_not_this_machine(setting, gpus, device):
     assert resolve_device(setting, gpus) == device
 

@@ -11,21 +11,26 @@ import json
 from pathlib import Path
 
 import pytest
+from recorded_transfers import recorded_trainer, run_step
 
 from megarl.config import load_config
 from megarl.config.sections import ProfileConfig
 from megarl.trainer.profile_schedule import PROFILE_DIR, profile_request, stop_profiles
 from megarl.workers.profiling import ProfileRequest
-from recorded_transfers import recorded_trainer, run_step
 
 pytestmark = pytest.mark.unit
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 OLD_LOG_PROB_PASS = ("actor.ppo_mini_batch_size=4", "actor.micro_batch_size_per_gpu=4")
 """Several mini-batches: the old log-probs need a pass of their own."""
-OWN_GROUPS = ("actor.use_kl_loss=true", "critic.enable=true", "algorithm.adv_estimator=gae",
-              "critic.ppo_mini_batch_size=16", "critic.parallel.tensor_model_parallel_size=1",
-              "ref.parallel.tensor_model_parallel_size=1")
+OWN_GROUPS = (
+    "actor.use_kl_loss=true",
+    "critic.enable=true",
+    "algorithm.adv_estimator=gae",
+    "critic.ppo_mini_batch_size=16",
+    "critic.parallel.tensor_model_parallel_size=1",
+    "ref.parallel.tensor_model_parallel_size=1",
+)
 """The critic and the reference at TP 1 × DP 2 beside the actor's TP 2: three groups."""
 
 
@@ -41,15 +46,23 @@ def test_only_the_listed_steps_are_profiled_in_the_run_dir_by_default(tmp_path, 
 
 
 def test_the_recipe_keys_load(tmp_path):
-    config = load_config(QUICKSTART, ["trainer.profile.steps=[2, 4]", "trainer.profile.ranks=all",
-                                      f"trainer.profile.dir={tmp_path}"])
+    config = load_config(
+        QUICKSTART, ["trainer.profile.steps=[2, 4]", "trainer.profile.ranks=all", f"trainer.profile.dir={tmp_path}"]
+    )
     assert config.trainer.profile == ProfileConfig(steps=(2, 4), ranks="all", dir=str(tmp_path))
     assert load_config(QUICKSTART, []).trainer.profile.ranks == (0,)
 
 
 def test_a_profiled_step_writes_one_trace_per_chosen_rank_with_its_phases_and_nothing_for_other_steps(tmp_path):
-    trainer = recorded_trainer(QUICKSTART, [*OLD_LOG_PROB_PASS, "trainer.profile.steps=[2]", "trainer.profile.ranks=[1]",
-                                            f"trainer.output_dir={tmp_path}"])
+    trainer = recorded_trainer(
+        QUICKSTART,
+        [
+            *OLD_LOG_PROB_PASS,
+            "trainer.profile.steps=[2]",
+            "trainer.profile.ranks=[1]",
+            f"trainer.output_dir={tmp_path}",
+        ],
+    )
     assert len({id(group) for group in trainer.roles.groups.values()}) == 1 and trainer.roles.policy.world_size == 2
     for step in (1, 2):
         run_step(trainer, step)

@@ -4,13 +4,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from recorded_transfers import RecordingWorkers, old_log_probs_of, ref_log_probs_of
 
 from megarl.config import format_plan, load_config, plan_batches
 from megarl.trainer.ray_node import device_bundles
 from megarl.trainer.roles import MegatronGroup, Roles, worker_specs
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.packing import TokenBudget
-from recorded_transfers import RecordingWorkers, old_log_probs_of, ref_log_probs_of
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 # The quickstart's actor: TP 2 × PP 1 on 2 device slots, colocated with the engines.
@@ -24,14 +24,22 @@ def plan_of(*overrides: str):
     return config, plan_batches(config)
 
 
-@pytest.mark.parametrize(("overrides", "own"), [
-    (KL + CRITIC + ("ref.parallel.tensor_model_parallel_size=2", "critic.parallel.tensor_model_parallel_size=2"), []),
-    (KL + ("ref.parallel.tensor_model_parallel_size=1",), ["ref"]),
-    (KL + ("ref.parallel.tensor_model_parallel_size=2", "ref.colocate_with_actor=false"), ["ref"]),
-    (CRITIC + ("critic.parallel.tensor_model_parallel_size=1", "critic.parallel.pipeline_model_parallel_size=2"),
-     ["critic"]),
-    (KL + CRITIC + ("ref.parallel.tensor_model_parallel_size=1",), ["critic", "ref"]),
-])
+@pytest.mark.parametrize(
+    ("overrides", "own"),
+    [
+        (
+            KL + CRITIC + ("ref.parallel.tensor_model_parallel_size=2", "critic.parallel.tensor_model_parallel_size=2"),
+            [],
+        ),
+        (KL + ("ref.parallel.tensor_model_parallel_size=1",), ["ref"]),
+        (KL + ("ref.parallel.tensor_model_parallel_size=2", "ref.colocate_with_actor=false"), ["ref"]),
+        (
+            CRITIC + ("critic.parallel.tensor_model_parallel_size=1", "critic.parallel.pipeline_model_parallel_size=2"),
+            ["critic"],
+        ),
+        (KL + CRITIC + ("ref.parallel.tensor_model_parallel_size=1",), ["critic", "ref"]),
+    ],
+)
 def test_a_role_gets_its_own_group_when_its_layout_differs_or_ref_is_not_colocated(overrides, own):
     config, plan = plan_of(*overrides)
     assert [role.role for role in plan.own_groups] == own
@@ -62,13 +70,22 @@ def test_token_budgets_reach_the_workers_and_none_keeps_padded_micro_batches():
 
 
 def test_sequence_parallel_reaches_each_role_that_sets_it():
-    config, plan = plan_of(*KL, *CRITIC, "actor.parallel.sequence_parallel=true",
-                           "critic.parallel.tensor_model_parallel_size=2", "critic.parallel.sequence_parallel=true",
-                           "ref.parallel.tensor_model_parallel_size=2")
+    config, plan = plan_of(
+        *KL,
+        *CRITIC,
+        "actor.parallel.sequence_parallel=true",
+        "critic.parallel.tensor_model_parallel_size=2",
+        "critic.parallel.sequence_parallel=true",
+        "ref.parallel.tensor_model_parallel_size=2",
+    )
     policy = worker_specs(config, plan, total_steps=10)["policy"]
     assert policy.actor.sequence_parallel and policy.critic.sequence_parallel and not policy.ref_sequence_parallel
-    config, plan = plan_of(*KL, "ref.parallel.tensor_model_parallel_size=2", "ref.colocate_with_actor=false",
-                           "ref.parallel.sequence_parallel=true")
+    config, plan = plan_of(
+        *KL,
+        "ref.parallel.tensor_model_parallel_size=2",
+        "ref.colocate_with_actor=false",
+        "ref.parallel.sequence_parallel=true",
+    )
     specs = worker_specs(config, plan, total_steps=10)
     assert specs["ref"].ref_sequence_parallel and not specs["policy"].actor.sequence_parallel
 
@@ -79,8 +96,12 @@ def test_forward_token_budgets_reach_the_forward_passes_only():
     from megarl.trainer.roles import packs_by_tokens
     from megarl.workers.policy_worker import PolicyWorker
 
-    config, plan = plan_of(*CRITIC, "critic.parallel.tensor_model_parallel_size=2",
-                           "actor.forward_max_tokens_per_micro_batch=4096", "critic.forward_max_tokens_per_micro_batch=2048")
+    config, plan = plan_of(
+        *CRITIC,
+        "critic.parallel.tensor_model_parallel_size=2",
+        "actor.forward_max_tokens_per_micro_batch=4096",
+        "critic.forward_max_tokens_per_micro_batch=2048",
+    )
     policy = worker_specs(config, plan, total_steps=10)["policy"]
     assert policy.actor.forward_micro_batch == TokenBudget(4096, "actor.forward_max_tokens_per_micro_batch")
     assert policy.critic.forward_micro_batch == TokenBudget(2048, "critic.forward_max_tokens_per_micro_batch")
@@ -92,32 +113,48 @@ def test_forward_token_budgets_reach_the_forward_passes_only():
     def record(name):
         return lambda batch, *, micro_batch_size: seen.append((name, micro_batch_size))
 
-    worker = SimpleNamespace(spec=policy, actor=SimpleNamespace(compute_log_prob=record("log_prob")),
-                             critic=SimpleNamespace(compute_values=record("values")))
+    worker = SimpleNamespace(
+        spec=policy,
+        actor=SimpleNamespace(compute_log_prob=record("log_prob")),
+        critic=SimpleNamespace(compute_values=record("values")),
+    )
     PolicyWorker.compute_log_prob(worker, None)
     PolicyWorker.compute_values(worker, None)
     assert seen == [("log_prob", policy.actor.forward_micro_batch), ("values", policy.critic.forward_micro_batch)]
     # Unset: the forward pass cuts as the update does.
-    config, plan = plan_of(*CRITIC, "critic.parallel.tensor_model_parallel_size=2", "actor.max_tokens_per_micro_batch=64")
+    config, plan = plan_of(
+        *CRITIC, "critic.parallel.tensor_model_parallel_size=2", "actor.max_tokens_per_micro_batch=64"
+    )
     policy = worker_specs(config, plan, total_steps=10)["policy"]
-    assert policy.actor.forward_micro_batch == policy.actor.micro_batch_size == TokenBudget(
-        64, "actor.max_tokens_per_micro_batch")
+    assert (
+        policy.actor.forward_micro_batch
+        == policy.actor.micro_batch_size
+        == TokenBudget(64, "actor.max_tokens_per_micro_batch")
+    )
     assert policy.critic.forward_micro_batch == policy.critic.micro_batch_size
 
 
 def test_split_placement_counts_only_the_megatron_processes_per_training_slot():
-    _config, plan = plan_of(*KL, "ref.colocate_with_actor=false", "placement.mode=split", "placement.gpus_per_node=3",
-                           "placement.rollout_gpus=1")
+    _config, plan = plan_of(
+        *KL,
+        "ref.colocate_with_actor=false",
+        "placement.mode=split",
+        "placement.gpus_per_node=3",
+        "placement.rollout_gpus=1",
+    )
     assert device_bundles(plan) == (3, 2) and plan.processes_per_train_gpu == 2
 
 
 def test_the_printed_plan_states_the_processes_of_each_role():
-    _, plan = plan_of(*KL, *CRITIC, "ref.parallel.tensor_model_parallel_size=1",
-                      "critic.parallel.tensor_model_parallel_size=2")
+    _, plan = plan_of(
+        *KL, *CRITIC, "ref.parallel.tensor_model_parallel_size=1", "critic.parallel.tensor_model_parallel_size=2"
+    )
     lines = format_plan(plan).splitlines()
     assert "processes: actor, critic in the actor's group (2 processes, one per training GPU)" in lines
-    assert ("           ref in a group of its own (2 processes on the same GPUs, TP 1 × PP 1 × DP 2: "
-            "its layout differs from the actor's)") in lines
+    assert (
+        "           ref in a group of its own (2 processes on the same GPUs, TP 1 × PP 1 × DP 2: "
+        "its layout differs from the actor's)"
+    ) in lines
     assert "           3 processes per training GPU: 2 Megatron, 1 rollout engine" in lines
 
 
@@ -127,15 +164,19 @@ def grids(tp: int, dp: int) -> list[dict[str, int]]:
 
 def batch_of(responses: torch.Tensor, response_mask: torch.Tensor) -> PolicyBatch:
     rows = len(responses)
-    return PolicyBatch(prompts=torch.zeros(rows, 1, dtype=torch.long),
-                       prompt_mask=torch.ones(rows, 1, dtype=torch.bool), responses=responses,
-                       response_mask=response_mask)
+    return PolicyBatch(
+        prompts=torch.zeros(rows, 1, dtype=torch.long),
+        prompt_mask=torch.ones(rows, 1, dtype=torch.bool),
+        responses=responses,
+        response_mask=response_mask,
+    )
 
 
 def staged_rows(group: MegatronGroup) -> list[list[int]]:
     """The first response token of each row each DP replica's leader holds."""
-    return [rank.staged.responses[:, 0].tolist() for rank, g in zip(group.workers.ranks, group.grids)
-            if g["tp_rank"] == 0]
+    return [
+        rank.staged.responses[:, 0].tolist() for rank, g in zip(group.workers.ranks, group.grids) if g["tp_rank"] == 0
+    ]
 
 
 def test_calls_go_to_their_roles_group_and_are_scattered_by_its_dp_size():
@@ -156,8 +197,14 @@ def test_calls_go_to_their_roles_group_and_are_scattered_by_its_dp_size():
 
 def test_a_packed_role_gets_rows_balanced_by_tokens_and_returns_them_in_order():
     ref = MegatronGroup(RecordingWorkers(2, actor_reads=()), grids(tp=1, dp=2))
-    roles = Roles({"actor": ref, "ref": ref}, rollout=None, placement=None, sync_transport="collective", routes=None,
-                  packed_roles=frozenset({"ref"}))
+    roles = Roles(
+        {"actor": ref, "ref": ref},
+        rollout=None,
+        placement=None,
+        sync_transport="collective",
+        routes=None,
+        packed_roles=frozenset({"ref"}),
+    )
     # Rows 0-3 are long (8 response tokens), rows 4-7 short (1): consecutive blocks would give one rank all
     # the long ones.
     rows = torch.arange(8)
@@ -181,8 +228,15 @@ def test_engines_started_before_a_failed_start_up_run_their_own_shutdown(monkeyp
     calls = []
     engines = SimpleNamespace(shutdown=lambda timeout_s: calls.append(("engines.shutdown", timeout_s)))
     monkeypatch.setattr(roles, "create_placement_group", lambda *args: "pg")
-    monkeypatch.setattr(roles.MegatronGroup, "start", staticmethod(lambda name, *args, **kwargs: SimpleNamespace(
-        workers=SimpleNamespace(node_ids=lambda: ["node"] * 2), grids=grids(2, 1))))
+    monkeypatch.setattr(
+        roles.MegatronGroup,
+        "start",
+        staticmethod(
+            lambda name, *args, **kwargs: SimpleNamespace(
+                workers=SimpleNamespace(node_ids=lambda: ["node"] * 2), grids=grids(2, 1)
+            )
+        ),
+    )
     monkeypatch.setattr(roles, "offload_before_engines", lambda *args: None)
     monkeypatch.setattr(roles, "start_rollout", lambda *args: engines)
 

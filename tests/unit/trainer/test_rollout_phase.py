@@ -42,8 +42,11 @@ class RecordingEngines:
                     responses = [[prompt[0]]]
                 else:
                     responses = [[sampling.seed + i * sampling.n + j] for j in range(sampling.n)]
-                outputs.append(RolloutOutput(list(prompt), responses, [torch.zeros(1)] * len(responses),
-                                             ["length"] * len(responses)))
+                outputs.append(
+                    RolloutOutput(
+                        list(prompt), responses, [torch.zeros(1)] * len(responses), ["length"] * len(responses)
+                    )
+                )
             results.append(outputs)
         return results
 
@@ -61,7 +64,9 @@ def _phase(config, engines: RecordingEngines) -> RolloutPhase:
     prompts = config.data.train_batch_size
     batches = iter(range(10**6))
     next_prompts = lambda: _prompts(prompts, next(batches) * prompts)  # noqa: E731
-    return RolloutPhase(config, partial(single_turn, engines), _score_token, lambda ids: str(ids[0]), next_prompts, PhaseTimer())
+    return RolloutPhase(
+        config, partial(single_turn, engines), _score_token, lambda ids: str(ids[0]), next_prompts, PhaseTimer()
+    )
 
 
 def test_remax_baseline_is_the_greedy_reward_of_each_prompt():

@@ -24,20 +24,29 @@ def config_of(data: dict):
     return config
 
 
-SEEDS = {"data": {"train_batch_size": 12}, "rollout": {"n": 8, "tensor_model_parallel_size": 2},
-         "actor": {"ppo_mini_batch_size": 12, "micro_batch_size_per_gpu": 8}, "placement": {"gpus_per_node": 6}}
+SEEDS = {
+    "data": {"train_batch_size": 12},
+    "rollout": {"n": 8, "tensor_model_parallel_size": 2},
+    "actor": {"ppo_mini_batch_size": 12, "micro_batch_size_per_gpu": 8},
+    "placement": {"gpus_per_node": 6},
+}
 """The seeds' layout: 6 GPUs, colocated, rollout TP 2."""
-SPLIT = {**SEEDS, "placement": {"mode": "split", "nnodes": 2, "gpus_per_node": 4, "rollout_gpus": 4},
-         "actor": {"ppo_mini_batch_size": 12, "micro_batch_size_per_gpu": 8}}
+SPLIT = {
+    **SEEDS,
+    "placement": {"mode": "split", "nnodes": 2, "gpus_per_node": 4, "rollout_gpus": 4},
+    "actor": {"ppo_mini_batch_size": 12, "micro_batch_size_per_gpu": 8},
+}
 """2 nodes × 4 GPUs: the first node trains, the second hosts two TP-2 engines."""
 
 
 @pytest.fixture
 def nodes(monkeypatch):
     """Bundle i of the placement group lies on node i // per_node (Ray's PACK on equal bundles)."""
+
     def place(per_node: int, bundles: int = 16) -> None:
         table = {"bundles_to_node_id": {i: f"node-{i // per_node}" for i in range(bundles)}}
         monkeypatch.setattr(placement, "placement_group_table", lambda pg: table)
+
     return place
 
 
@@ -51,8 +60,9 @@ class RecordingGroup:
 def started(data: dict, gpus_per_device: float, monkeypatch, slots: list[int] | None = None) -> RecordingGroup:
     monkeypatch.setattr(roles, "WorkerGroup", RecordingGroup)
     config = config_of(data)
-    return roles.start_rollout(config, plan_batches(config), "pg", slots or list(range(16)), gpus_per_device,
-                               {"MEGARL_DEVICE": "cuda"})
+    return roles.start_rollout(
+        config, plan_batches(config), "pg", slots or list(range(16)), gpus_per_device, {"MEGARL_DEVICE": "cuda"}
+    )
 
 
 def test_the_seeds_three_engines_span_two_bundles_each(nodes, monkeypatch):
@@ -87,7 +97,8 @@ def test_an_engine_on_two_nodes_is_refused_naming_the_setting(nodes):
         engine_bundles("pg", list(range(6)), first_slot=0, engines=3, tp=2, gpus_per_node=6)
     assert str(error.value) == (
         "rollout engine 1 would span bundles [2, 3] on 2 nodes: rollout.tensor_model_parallel_size=2 must fit in "
-        "one node of placement.gpus_per_node=6 GPUs; use a rollout TP that divides the GPUs of every node")
+        "one node of placement.gpus_per_node=6 GPUs; use a rollout TP that divides the GPUs of every node"
+    )
 
 
 def test_engines_take_the_bundles_of_their_slots(nodes, monkeypatch):

@@ -33,8 +33,15 @@ def _batch(step: int, version: int) -> GeneratedBatch:
         loss_masks=[torch.tensor([True, False]), torch.tensor([True])],
         finish_reasons=["stop", "length"],
         index=[f"{step}.0/0", f"{step}.0/1"],
-        trajectories=[Trajectory(messages=[{"role": "assistant", "content": "x", "tool_calls": []}], final_turn=[7],
-                                 ended="answer", tool_latency_s=[0.25]), None],
+        trajectories=[
+            Trajectory(
+                messages=[{"role": "assistant", "content": "x", "tool_calls": []}],
+                final_turn=[7],
+                ended="answer",
+                tool_latency_s=[0.25],
+            ),
+            None,
+        ],
         token_versions=[[version - 1, version], None],
     )
     return GeneratedBatch(samples, torch.tensor([1.0, 1 / 3]), {"reward/mean": 2 / 3}, None, version)
@@ -49,7 +56,7 @@ class Engines:
         self.generating = False
         self.log: list[tuple] = []
         self.started = {step: threading.Event() for step in range(1, 10)}
-        self.trained = {step: threading.Event() for step in range(0, 10)}
+        self.trained = {step: threading.Event() for step in range(10)}
         self.trained[0].set()  # nothing trains before step 1
         self.gate = gate
         """one_step_off: step k+1's generation ends only once step k trained (and k's training waits for
@@ -63,7 +70,9 @@ class Engines:
         with self.gen_timer("rollout"):
             self.log.append(("gen", step, self.weights))
             if self.gate:
-                assert self.trained[step - 1].wait(WAIT_S), f"step {step}'s generation ended before step {step - 1} trained"
+                assert self.trained[step - 1].wait(WAIT_S), (
+                    f"step {step}'s generation ended before step {step - 1} trained"
+                )
             if step == self.fail_at:
                 with self.gen_timer("reward"):
                     raise ValueError("the reward function raised")
@@ -81,11 +90,16 @@ def _stream(lookahead: int, steps: int, version: int = 0) -> tuple[RolloutStream
     timer = PhaseTimer()
     gen_timer = PhaseTimer() if lookahead else timer
     engines = Engines(gen_timer, gate=bool(lookahead))
-    return RolloutStream(engines.generate, gen_timer, timer, lookahead=lookahead, last_step=steps,
-                         version=version), engines, timer
+    return (
+        RolloutStream(engines.generate, gen_timer, timer, lookahead=lookahead, last_step=steps, version=version),
+        engines,
+        timer,
+    )
 
 
-def _train(stream: RolloutStream, engines: Engines, timer: PhaseTimer, steps, *, one_step_off: bool) -> list[GeneratedBatch]:
+def _train(
+    stream: RolloutStream, engines: Engines, timer: PhaseTimer, steps, *, one_step_off: bool
+) -> list[GeneratedBatch]:
     """The trainer's calls (`Trainer._train_step` and its loop), the training being a log entry."""
     taken = []
     for step in steps:
@@ -106,8 +120,12 @@ def test_one_step_off_generates_the_next_batch_with_weights_one_version_old():
     batches = _train(stream, engines, timer, range(1, 5), one_step_off=True)
     # gen(b1, w0); [train(b1) ∥ gen(b2, w0)]; sync w1; [train(b2) ∥ gen(b3, w1)]; sync w2; ...
     assert [e for e in engines.log if e[0] == "gen"] == [("gen", 1, 0), ("gen", 2, 0), ("gen", 3, 1), ("gen", 4, 2)]
-    assert [e for e in engines.log if e[0] == "train"] == [("train", 1, 0), ("train", 2, 0), ("train", 3, 1),
-                                                            ("train", 4, 2)]
+    assert [e for e in engines.log if e[0] == "train"] == [
+        ("train", 1, 0),
+        ("train", 2, 0),
+        ("train", 3, 1),
+        ("train", 4, 2),
+    ]
     assert [b.metrics["rollout/policy_version_lag/max"] for b in batches] == [0.0, 1.0, 1.0, 1.0]
     assert [b.metrics["rollout/policy_version_lag/mean"] for b in batches] == [0.0, 1.0, 1.0, 1.0]
     assert all(b.metrics["timing/rollout"] >= 0 for b in batches)  # the thread's own timer, popped per batch
@@ -118,7 +136,13 @@ def test_sync_generates_each_batch_with_the_weights_just_trained():
     stream, engines, timer = _stream(lookahead=0, steps=3)
     batches = _train(stream, engines, timer, range(1, 4), one_step_off=False)
     assert [e for e in engines.log if e[0] != "sync"] == [
-        ("gen", 1, 0), ("train", 1, 0), ("gen", 2, 1), ("train", 2, 1), ("gen", 3, 2), ("train", 3, 2)]
+        ("gen", 1, 0),
+        ("train", 1, 0),
+        ("gen", 2, 1),
+        ("train", 2, 1),
+        ("gen", 3, 2),
+        ("train", 3, 2),
+    ]
     assert [b.metrics["rollout/policy_version_lag/max"] for b in batches] == [0.0, 0.0, 0.0]
     assert "timing/rollout" in timer.pop()  # sync: the generation is a phase of the trainer's step
 
@@ -190,8 +214,11 @@ def test_the_json_form_of_a_batch_is_exact():
     assert all(a is b for a, b in zip(back.samples.prompts, batch.samples.prompts))
     for name in ("response_ids", "finish_reasons", "index", "trajectories", "token_versions"):
         assert getattr(back.samples, name) == getattr(batch.samples, name), name
-    for ours, theirs in [*zip(back.samples.rollout_log_probs, batch.samples.rollout_log_probs),
-                         *zip(back.samples.loss_masks, batch.samples.loss_masks),
-                         (back.scores, batch.scores), (back.baselines, batch.baselines)]:
+    for ours, theirs in [
+        *zip(back.samples.rollout_log_probs, batch.samples.rollout_log_probs),
+        *zip(back.samples.loss_masks, batch.samples.loss_masks),
+        (back.scores, batch.scores),
+        (back.baselines, batch.baselines),
+    ]:
         assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
     assert (back.metrics, back.policy_version) == (batch.metrics, batch.policy_version)

@@ -13,7 +13,7 @@ from megarl.config import load_config, plan_batches
 from megarl.data import Prompt
 from megarl.rollout import offset_seed, single_turn
 from megarl.trainer.settings import sampling_config, step_seed
-from megarl.workers.rollout.base import call_seed, prompt_seeds, RolloutOutput
+from megarl.workers.rollout.base import RolloutOutput, call_seed, prompt_seeds
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 STEPS = 3
@@ -30,9 +30,15 @@ class SeedRecordingEngines:
         assert method == "generate"
         outputs = []
         for prompt_ids, sampling in per_engine_args:
-            self.seeds += [sampling.seed + i * sampling.n + j for i in range(len(prompt_ids)) for j in range(sampling.n)]
-            outputs.append([RolloutOutput(list(ids), [[1]] * sampling.n, [None] * sampling.n, ["length"] * sampling.n)
-                            for ids in prompt_ids])
+            self.seeds += [
+                sampling.seed + i * sampling.n + j for i in range(len(prompt_ids)) for j in range(sampling.n)
+            ]
+            outputs.append(
+                [
+                    RolloutOutput(list(ids), [[1]] * sampling.n, [None] * sampling.n, ["length"] * sampling.n)
+                    for ids in prompt_ids
+                ]
+            )
         return outputs
 
 

@@ -10,13 +10,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from recorded_transfers import (
+    StandInWorker,
+    old_log_probs_of,
+    recorded_trainer,
+    ref_log_probs_of,
+    run_step,
+    run_step_on,
+    samples_of,
+)
 
 from megarl.algorithms.kl import apply_kl_penalty
 from megarl.config.rollout import response_length
 from megarl.trainer import rollout_batch as rb
 from megarl.workers.batch import PolicyBatch
-from recorded_transfers import (StandInWorker, old_log_probs_of, recorded_trainer, ref_log_probs_of,
-                                run_step, run_step_on, samples_of)
 
 pytestmark = pytest.mark.unit
 
@@ -26,8 +33,11 @@ SEVERAL_MINI_BATCHES = ("actor.ppo_mini_batch_size=4", "actor.micro_batch_size_p
 """The old log-probs need a pass of their own."""
 KL_LOSS = ("actor.use_kl_loss=true",)
 CRITIC = ("critic.enable=true", "algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=16")
-OWN_GROUPS = ("ref.parallel.tensor_model_parallel_size=1", "critic.parallel.tensor_model_parallel_size=1",
-              "ref.max_tokens_per_micro_batch=68")
+OWN_GROUPS = (
+    "ref.parallel.tensor_model_parallel_size=1",
+    "critic.parallel.tensor_model_parallel_size=1",
+    "ref.max_tokens_per_micro_batch=68",
+)
 """The reference and the critic at TP 1 × DP 2 beside the actor's TP 2: groups of their own."""
 
 
@@ -74,8 +84,12 @@ def test_grpo_keeps_the_old_log_probs_in_the_actor_group():
     assert_batch_staged_once_per_group(trainer)
     [(_, actor)] = distinct_groups(trainer)
     calls = step_calls(actor, 0)
-    assert [c.method for c in calls] == ["stage_batch", "call_staged:compute_log_prob", "call_staged:update_actor",
-                                         "drop_staged"]
+    assert [c.method for c in calls] == [
+        "stage_batch",
+        "call_staged:compute_log_prob",
+        "call_staged:update_actor",
+        "drop_staged",
+    ]
     old_pass, update = calls[1], calls[2]
     assert old_pass.kept == "old_log_probs" and old_pass.received == 0
     assert update.fields_sent == ["advantages", "advantages"]  # one part per DP replica, nothing else
@@ -85,8 +99,13 @@ def test_grpo_keeps_the_old_log_probs_in_the_actor_group():
 
 
 def test_ppo_in_the_actor_group_sends_advantages_and_returns_and_receives_only_the_values():
-    trainer, metrics = run(*SEVERAL_MINI_BATCHES, *KL_LOSS, *CRITIC, "ref.parallel.tensor_model_parallel_size=2",
-                           "critic.parallel.tensor_model_parallel_size=2")
+    trainer, metrics = run(
+        *SEVERAL_MINI_BATCHES,
+        *KL_LOSS,
+        *CRITIC,
+        "ref.parallel.tensor_model_parallel_size=2",
+        "critic.parallel.tensor_model_parallel_size=2",
+    )
     assert not trainer.roles.own_groups
     assert_batch_staged_once_per_group(trainer)
     [(_, group)] = distinct_groups(trainer)
@@ -108,34 +127,49 @@ def test_a_reference_of_its_own_hands_its_log_probs_to_the_actor_through_the_dri
     assert ref_calls["call_staged:compute_ref_log_prob"].received > 0
     actor_calls = step_calls(groups["actor"], 0)
     # [B, R] once (DP 1), with the actor's next call after the reference's pass: its update.
-    assert [c.fields_sent for c in actor_calls if c.method == "call_staged:update_actor"] == [["ref_log_probs",
-                                                                                                "advantages"]]
+    assert [c.fields_sent for c in actor_calls if c.method == "call_staged:update_actor"] == [
+        ["ref_log_probs", "advantages"]
+    ]
     assert "old_log_probs" not in sent(actor_calls) and sent(actor_calls)["rollout_log_probs"] == 1
     # The critic gets the tokens, then only the returns; the reference only the tokens: no actor fields.
-    assert sent(step_calls(groups["critic"], 0)) == Counter({name: 2 for name in (*BASE, "returns")})
-    assert sent(step_calls(groups["ref"], 0)) == Counter({name: 2 for name in BASE})
+    assert sent(step_calls(groups["critic"], 0)) == Counter(dict.fromkeys((*BASE, "returns"), 2))
+    assert sent(step_calls(groups["ref"], 0)) == Counter(dict.fromkeys(BASE, 2))
 
 
 def test_the_kl_penalty_in_the_reward_fetches_both_log_probs_in_row_order():
-    trainer, metrics = run(*SEVERAL_MINI_BATCHES, "algorithm.use_kl_in_reward=true",
-                           "ref.max_tokens_per_micro_batch=68", "actor.max_tokens_per_micro_batch=68",
-                           "actor.parallel.tensor_model_parallel_size=1", "ref.parallel.tensor_model_parallel_size=1")
+    trainer, metrics = run(
+        *SEVERAL_MINI_BATCHES,
+        "algorithm.use_kl_in_reward=true",
+        "ref.max_tokens_per_micro_batch=68",
+        "actor.max_tokens_per_micro_batch=68",
+        "actor.parallel.tensor_model_parallel_size=1",
+        "ref.parallel.tensor_model_parallel_size=1",
+    )
     [(_, group)] = distinct_groups(trainer)
     assert group.dp_size == 2 and trainer.roles.packed_roles == {"actor", "ref"}
     calls = [c.method for c in step_calls(group, 1)]
     assert calls.count("staged_field") == 2  # the old and the reference log-probs, once each
     samples, scores = samples_of(trainer.config, trainer.plan, seed=2)
     batch = rb.policy_batch(samples, response_length(trainer.config.rollout))
-    _, kl = apply_kl_penalty(rb.token_level_scores(scores, batch.response_mask), old_log_probs_of(batch),
-                             ref_log_probs_of(batch), batch.response_mask, trainer.kl_ctrl.value,
-                             trainer.config.algorithm.kl_penalty)
+    _, kl = apply_kl_penalty(
+        rb.token_level_scores(scores, batch.response_mask),
+        old_log_probs_of(batch),
+        ref_log_probs_of(batch),
+        batch.response_mask,
+        trainer.kl_ctrl.value,
+        trainer.config.algorithm.kl_penalty,
+    )
     assert metrics[-1]["actor/reward_kl_penalty"] == pytest.approx(kl.item(), rel=1e-6)
 
 
 def tiny_batch(**fields) -> PolicyBatch:
-    return PolicyBatch(prompts=torch.zeros(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1, dtype=torch.bool),
-                       responses=torch.ones(2, 3, dtype=torch.long), response_mask=torch.ones(2, 3, dtype=torch.bool),
-                       **fields)
+    return PolicyBatch(
+        prompts=torch.zeros(2, 1, dtype=torch.long),
+        prompt_mask=torch.ones(2, 1, dtype=torch.bool),
+        responses=torch.ones(2, 3, dtype=torch.long),
+        response_mask=torch.ones(2, 3, dtype=torch.bool),
+        **fields,
+    )
 
 
 def test_a_call_that_needs_a_field_nobody_staged_names_it():

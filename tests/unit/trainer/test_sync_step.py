@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from megarl.bridge.checksum import LoadedChecksums, WeightChecksumError
+from megarl.bridge.ring_routes import route_rings
 from megarl.bridge.verify import SyncVerificationError
 from megarl.config import load_config
-from megarl.bridge.ring_routes import route_rings
 from megarl.trainer.sync_step import WeightSync
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
@@ -51,7 +51,9 @@ class Engines(Group):
     def __init__(self, broken_from: int | None = None, wrong_tensor_from: int | None = None, dtype: str = "float32"):
         self.version, self.broken_from, self.wrong_tensor_from = 0, broken_from, wrong_tensor_from
         super().__init__(
-            checksum_loads=lambda: [None], start_receive=lambda: [None], start_shared_receive=lambda: [None],
+            checksum_loads=lambda: [None],
+            start_receive=lambda: [None],
+            start_shared_receive=lambda: [None],
             start_rank_receive=lambda: [None],
             finish_receive=self._receive,
             prompt_logprobs=lambda: [list(ACTOR_LOG_PROBS + (0.5 if self._broken() else 0.0))],
@@ -70,15 +72,22 @@ class Engines(Group):
         return self.broken_from is not None and self.version >= self.broken_from
 
 
-GRIDS = [dict(rank=0, tp_rank=0, pp_rank=0, dp_rank=0, dp_size=1), dict(rank=1, tp_rank=1, pp_rank=0, dp_rank=0, dp_size=1)]
+GRIDS = [
+    dict(rank=0, tp_rank=0, pp_rank=0, dp_rank=0, dp_size=1),
+    dict(rank=1, tp_rank=1, pp_rank=0, dp_rank=0, dp_size=1),
+]
 """The actor's grid (`PolicyWorker.grid`): TP 2, two ranks."""
 
 
 def weight_sync(verify_every: int, total_steps: int, engines: Engines | None = None, routes=None) -> WeightSync:
     config = load_config(QUICKSTART, [f"rollout.sync.verify_every={verify_every}"])
-    policy = Group(sync_plan=lambda: ["the plan"], send_weights=lambda: [{"sync/seconds": 0.01}] * 2,
-                   probe_log_probs=lambda: [ACTOR_LOG_PROBS] * 2, begin_weight_sync=lambda: ["ring 0", "ring 1"],
-                   weight_checksums=lambda: RANK_CHECKSUMS)
+    policy = Group(
+        sync_plan=lambda: ["the plan"],
+        send_weights=lambda: [{"sync/seconds": 0.01}] * 2,
+        probe_log_probs=lambda: [ACTOR_LOG_PROBS] * 2,
+        begin_weight_sync=lambda: ["ring 0", "ring 1"],
+        weight_checksums=lambda: RANK_CHECKSUMS,
+    )
     roles = SimpleNamespace(policy=policy, rollout=engines or Engines(), routes=routes)
     return WeightSync(roles, config, vocab_size=64, total_steps=total_steps)
 
@@ -164,8 +173,11 @@ def test_a_bad_sync_is_caught_on_the_next_checked_step():
 def test_a_wrong_tensor_is_named_by_the_exact_check_where_the_log_probs_agree():
     sync = weight_sync(verify_every=1, total_steps=3, engines=Engines(wrong_tensor_from=2))
     assert sync_and_check(sync, 1)["sync/checksum_tensors"] == 2.0
-    with pytest.raises(WeightChecksumError, match=r"rollout engine 0 \(float32\).* 1 of 2 tensors: lm_head.weight: "
-                                                  r"rollout worker 0 loaded checksum 0x8, the actor's is 0x7"):
+    with pytest.raises(
+        WeightChecksumError,
+        match=r"rollout engine 0 \(float32\).* 1 of 2 tensors: lm_head.weight: "
+        r"rollout worker 0 loaded checksum 0x8, the actor's is 0x7",
+    ):
         sync_and_check(sync, 2)
 
 
@@ -191,10 +203,18 @@ def test_bf16_engines_beside_an_fp32_actor_are_checked_in_bf16_with_the_pairs_th
             asked.extend(args if method == "weight_checksums" else ())
             return super().call_all(method)
 
-    policy = Policy(sync_plan=lambda: ["the plan"], weight_checksums=lambda: RANK_CHECKSUMS,
-                    send_weights=lambda: [{"sync/seconds": 0.01}] * 2, probe_log_probs=lambda: [ACTOR_LOG_PROBS] * 2)
-    sync = WeightSync(SimpleNamespace(policy=policy, rollout=Engines(dtype="bfloat16"), routes=None), config, vocab_size=64,
-                      total_steps=1)
+    policy = Policy(
+        sync_plan=lambda: ["the plan"],
+        weight_checksums=lambda: RANK_CHECKSUMS,
+        send_weights=lambda: [{"sync/seconds": 0.01}] * 2,
+        probe_log_probs=lambda: [ACTOR_LOG_PROBS] * 2,
+    )
+    sync = WeightSync(
+        SimpleNamespace(policy=policy, rollout=Engines(dtype="bfloat16"), routes=None),
+        config,
+        vocab_size=64,
+        total_steps=1,
+    )
     assert sync.dtype == "bfloat16" and sync.threshold == LOGPROB_GAP_BY_DTYPE[("float32", "bfloat16")]
     sync_and_check(sync, 1)
     assert asked == ["bfloat16"]

@@ -76,14 +76,20 @@ def test_auto_sends_the_schedules_pieces_when_the_tp_sizes_differ():
 
 def test_per_rank_always_where_the_routes_do_not_stream_own_shards_names_the_setting_and_the_fix():
     with pytest.raises(PlacementError, match=r"rollout.sync.per_rank=always.*scheduled.*PP 2.*per_rank: auto"):
-        _routes(TP_1, "actor.parallel.pipeline_model_parallel_size=2", "rollout.sync.per_rank=always",
-                grids=_grids(tp=1, pp=2, dp=1))
+        _routes(
+            TP_1,
+            "actor.parallel.pipeline_model_parallel_size=2",
+            "rollout.sync.per_rank=always",
+            grids=_grids(tp=1, pp=2, dp=1),
+        )
 
 
 def test_train_refuses_the_collective_on_colocated_gpus_once_the_cluster_has_them():
     from megarl.config import cluster_problems, placement_problems
 
-    config = load_config(QUICKSTART, ["trainer.device=auto", "rollout.sync.transport=collective"])  # the quickstart is colocated
+    config = load_config(
+        QUICKSTART, ["trainer.device=auto", "rollout.sync.transport=collective"]
+    )  # the quickstart is colocated
     assert placement_problems(config, "auto") == []  # validate: it may still run on CPU
     assert cluster_problems(config, cluster_gpus=0) == []
     [problem] = cluster_problems(config, cluster_gpus=2)

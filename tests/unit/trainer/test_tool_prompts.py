@@ -20,17 +20,23 @@ def test_the_tool_schemas_reach_the_training_and_validation_prompts(tmp_path, mo
     make_tiny_model(tmp_path / "model", tool_tokens=True)
     (tmp_path / "train.jsonl").write_text("".join(f'{{"prompt": "{k}+35", "answer": "{k + 35}"}}\n' for k in range(16)))
     shutil.copy(tmp_path / "train.jsonl", tmp_path / "val.jsonl")
-    config = load_config(CONFIGS / "agent_quickstart.yaml", [
-        f"model.path={tmp_path / 'model'}", f"data.train_files=[{tmp_path / 'train.jsonl'}]",
-        f"data.val_files=[{tmp_path / 'val.jsonl'}]", "data.max_prompt_length=128",
-        "rollout.multi_turn.tools=[{function: calculator}, {function: 'tools_testing:records_interval'}]"])
+    config = load_config(
+        CONFIGS / "agent_quickstart.yaml",
+        [
+            f"model.path={tmp_path / 'model'}",
+            f"data.train_files=[{tmp_path / 'train.jsonl'}]",
+            f"data.val_files=[{tmp_path / 'val.jsonl'}]",
+            "data.max_prompt_length=128",
+            "rollout.multi_turn.tools=[{function: calculator}, {function: 'tools_testing:records_interval'}]",
+        ],
+    )
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "tools"))  # tools_testing, for the worker
 
     trainer = Trainer(config)
 
     expected = build_char_tokenizer(tool_tokens=True).apply_chat_template(
-        [{"role": "user", "content": "0+35"}], tokenize=False, add_generation_prompt=True,
-        tools=trainer._tool_schemas())
+        [{"role": "user", "content": "0+35"}], tokenize=False, add_generation_prompt=True, tools=trainer._tool_schemas()
+    )
     assert expected == TOOLS_LINE + "user: 0+35\nassistant: "
     for prompt in (*trainer.loader.prompts, *trainer.val_prompts):
         assert prompt.text.startswith(TOOLS_LINE)

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from megarl.workers.rollout.cpu_numa_line import LINE_START as LINE, silenced
+from megarl.workers.rollout.cpu_numa_line import LINE_START as LINE
+from megarl.workers.rollout.cpu_numa_line import silenced
 
 CALL = "import torch; torch.ops._C.init_cpu_memory_env([0]); import sys; print('after', file=sys.stderr)"
 
@@ -19,8 +20,10 @@ def stderr_of(code: str) -> str:
 
 
 def test_the_op_prints_the_line_past_python_filters():
-    err = stderr_of("import warnings; warnings.simplefilter('ignore'); "
-                    "from vllm.platforms import current_platform; current_platform.import_kernels(); " + CALL)
+    err = stderr_of(
+        "import warnings; warnings.simplefilter('ignore'); "
+        "from vllm.platforms import current_platform; current_platform.import_kernels(); " + CALL
+    )
     assert LINE in err
 
 

@@ -24,8 +24,11 @@ class _Buffer:
 
 
 def _engine(distributed_optimizer: bool) -> SimpleNamespace:
-    model = SimpleNamespace(ddp_config=SimpleNamespace(use_distributed_optimizer=distributed_optimizer),
-                            buffers=[_Buffer()], expert_parallel_buffers=[_Buffer()])
+    model = SimpleNamespace(
+        ddp_config=SimpleNamespace(use_distributed_optimizer=distributed_optimizer),
+        buffers=[_Buffer()],
+        expert_parallel_buffers=[_Buffer()],
+    )
     return SimpleNamespace(chunks=[model], model=model)
 
 
@@ -48,8 +51,10 @@ def test_params_offload_moves_every_buffer_params_only(emptied):
     engine = _engine(distributed_optimizer=True)
     TrainEngine.offload_params(engine, OffloadSettings(params=True))
     assert emptied == [1]
-    assert [buffer.calls for buffer in engine.model.buffers + engine.model.expert_parallel_buffers] == \
-        [[(True, False)], [(True, False)]]
+    assert [buffer.calls for buffer in engine.model.buffers + engine.model.expert_parallel_buffers] == [
+        [(True, False)],
+        [(True, False)],
+    ]
 
 
 def test_params_offload_without_distributed_optimizer_is_refused(emptied):

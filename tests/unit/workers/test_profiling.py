@@ -36,7 +36,9 @@ def test_a_chosen_rank_writes_a_readable_trace_with_a_range_per_phase(tmp_path):
     assert profiler.stop() is None  # the recording ended with the step
 
 
-@pytest.mark.parametrize("request_", [None, ProfileRequest(3, "unused", ranks=(1,))], ids=["step-not-profiled", "rank-not-chosen"])
+@pytest.mark.parametrize(
+    "request_", [None, ProfileRequest(3, "unused", ranks=(1,))], ids=["step-not-profiled", "rank-not-chosen"]
+)
 def test_other_steps_and_ranks_record_nothing(tmp_path, request_):
     if request_ is not None:
         request_ = ProfileRequest(3, str(tmp_path), request_.ranks)
@@ -83,8 +85,12 @@ def test_on_cuda_each_phase_is_an_nvtx_range_closed_even_when_it_fails(tmp_path,
         pass
     with pytest.raises(RuntimeError), profiler.phase("send_weights"):
         raise RuntimeError("a failed send")
-    assert nvtx.calls == [("push", "compute_log_prob"), ("pop", "compute_log_prob"),
-                          ("push", "send_weights"), ("pop", "send_weights")]
+    assert nvtx.calls == [
+        ("push", "compute_log_prob"),
+        ("pop", "compute_log_prob"),
+        ("push", "send_weights"),
+        ("pop", "send_weights"),
+    ]
     assert nvtx.open == []
     assert {"compute_log_prob", "send_weights"} <= event_names(profiler.stop())
 

@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from megarl.workers.rollout import base  # noqa: E402
-from megarl.workers.rollout.vllm_engine import VLLMRolloutEngine  # noqa: E402
+from megarl.workers.rollout import base
+from megarl.workers.rollout.vllm_engine import VLLMRolloutEngine
 
 pytestmark = pytest.mark.unit
 
@@ -35,11 +35,12 @@ def test_gpu_engine_of_tp2_asks_its_workers_and_never_cuda_here(monkeypatch):
         raise AssertionError("the engine's own process touched CUDA")
 
     monkeypatch.setattr(base, "memory_stats", no_local_stats)
-    per_worker = [{"allocated_gib": 1.0, "reserved_gib": 2.0, "device_used_gib": 30.0},
-                  {"allocated_gib": 1.5, "reserved_gib": 1.0, "device_used_gib": 31.0}]
+    per_worker = [
+        {"allocated_gib": 1.0, "reserved_gib": 2.0, "device_used_gib": 30.0},
+        {"allocated_gib": 1.5, "reserved_gib": 1.0, "device_used_gib": 31.0},
+    ]
     engine = _engine(is_cpu=False, tp=2, per_worker=per_worker)
-    assert engine.memory_stats() == {"allocated_gib": 1.5, "reserved_gib": 2.0,
-                                                      "device_used_gib": 31.0}
+    assert engine.memory_stats() == {"allocated_gib": 1.5, "reserved_gib": 2.0, "device_used_gib": 31.0}
     assert engine._llm.calls == ["memory_stats"]
 
 

@@ -33,13 +33,17 @@ def test_optimizer_cpu_offload_maps_onto_megatrons_hybrid_optimizer_fields():
     assert "cpu_offload_fraction=1.5 must lie in (0, 1]" in str(error.value)
     model = SimpleNamespace(bf16=True, params_dtype=torch.bfloat16)
     config = megatron_optimizer_config(
-        OptimSettings(use_distributed_optimizer=True, cpu_offload=True, cpu_offload_fraction=0.5), model)
+        OptimSettings(use_distributed_optimizer=True, cpu_offload=True, cpu_offload_fraction=0.5), model
+    )
     assert (config.optimizer_cpu_offload, config.optimizer_offload_fraction) == (True, 0.5)
     # Megatron-LM's arguments pair the offload with the precision-aware optimizer; megarl does the same.
     assert config.use_precision_aware_optimizer and config.use_distributed_optimizer
     off = megatron_optimizer_config(OptimSettings(use_distributed_optimizer=True), model)
     assert (off.optimizer_cpu_offload, off.optimizer_offload_fraction, off.use_precision_aware_optimizer) == (
-        False, 0.0, False)
+        False,
+        0.0,
+        False,
+    )
 
 
 def test_recompute_settings_become_transformer_config_fields():

@@ -53,8 +53,9 @@ def test_a_budget_cut_covers_every_sample_once_within_the_budget(fixed_shape):
 
 def test_a_sample_count_cut_takes_consecutive_samples():
     batch = three_samples()
-    twice = PolicyBatch(*(torch.cat([t, t]) for t in (batch.prompts, batch.prompt_mask, batch.responses,
-                                                         batch.response_mask)))
+    twice = PolicyBatch(
+        *(torch.cat([t, t]) for t in (batch.prompts, batch.prompt_mask, batch.responses, batch.response_mask))
+    )
     [first, second] = cut_thd_micro_batches(twice, 3, fixed_shape=True)
     assert first.rows.tolist() == [0, 1, 2] and second.rows.tolist() == [3, 4, 5]
     assert first.input_ids.shape == (1, 18)  # 3 samples of 3 + 3 columns
