@@ -10,12 +10,15 @@ engine on consecutive slots then computes on the GPUs of its bundles, each TP ra
 trainer rank of the same slot, whatever order Ray handed the GPUs out in.
 """
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+logger = logging.getLogger(__name__)
 
 
 class PlacementError(RuntimeError):
@@ -73,27 +76,29 @@ def slot_order(nodes: Sequence[str], gpu_ids: Sequence[int]) -> list[int]:
 
 def gpu_slots(pg: PlacementGroup, count: int) -> list[int]:
     """`slot_order` of the first `count` GPU bundles of `pg`: each bundle's GPU id read by a task
-    placed on it (the id Ray gives every process of that bundle)."""
-    probe = ray.remote(num_cpus=0, num_gpus=GPU_PROBE_SHARE)(_physical_gpu)
+    placed on it (the id Ray gives every process of that bundle). Ids that are not indices (GPU UUIDs in
+    CUDA_VISIBLE_DEVICES, which vLLM orders by NVML's index) leave the bundles in their order, as before
+    slots existed: the CUDA IPC sync's device check then stops a run whose pairs Ray crossed."""
+    probe = ray.remote(num_cpus=0, num_gpus=GPU_PROBE_SHARE)(_gpu_id)
     strategy = [
         PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=b) for b in range(count)
     ]
     gpu_ids = ray.get([probe.options(scheduling_strategy=s).remote() for s in strategy])
+    if not all(gpu.isdigit() for gpu in gpu_ids):
+        logger.warning(
+            "Ray's GPU ids %s are not indices: the placement keeps the bundles' order (list the GPUs "
+            "by index in CUDA_VISIBLE_DEVICES so that each engine's TP ranks pair with their GPUs)",
+            gpu_ids,
+        )
+        return list(range(count))
     node_of = placement_group_table(pg)["bundles_to_node_id"]
-    return slot_order([node_of[b] for b in range(count)], gpu_ids)
+    return slot_order([node_of[b] for b in range(count)], [int(gpu) for gpu in gpu_ids])
 
 
-def _physical_gpu() -> int:
-    """This task's GPU as the physical index vLLM sorts by (`vllm/platforms/cuda.py:
-    device_control_id_to_physical_device_id`: the id itself, or NVML's index of a UUID id)."""
+def _gpu_id() -> str:
+    """This task's GPU id as Ray gives it (an index, the physical index vLLM sorts by, or a UUID)."""
     [gpu] = ray.get_gpu_ids()
-    try:
-        return int(gpu)
-    except ValueError:
-        import pynvml  # vLLM's dependency (nvidia-ml-py), present wherever UUID ids are
-
-        pynvml.nvmlInit()
-        return pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(str(gpu)))
+    return str(gpu)
 
 
 def engine_bundles(

@@ -135,3 +135,29 @@ def test_without_slots_an_engine_would_compute_on_another_ranks_gpu():
     gpu_of = {0: 1, 1: 0}  # Ray gave bundle 0 GPU 1
     assert vllm_tp_gpus([0, 1], gpu_of) != [gpu_of[0], gpu_of[1]]
     assert placement.slot_order(["n0", "n0"], [1, 0]) == [1, 0]
+
+
+class _Probe:
+    """Stands in for `ray.remote(...)(_gpu_id)`: each bundle's task answers the next id."""
+
+    def __init__(self, ids):
+        self.ids = iter(ids)
+
+    def options(self, scheduling_strategy):
+        return self
+
+    def remote(self):
+        return next(self.ids)
+
+
+@pytest.mark.parametrize(
+    "ids, slots",
+    [(["1", "0", "3", "2"], [1, 0, 3, 2]), (["GPU-b", "GPU-a", "GPU-d", "GPU-c"], [0, 1, 2, 3])],
+    ids=["indices", "uuids-keep-bundle-order"],
+)
+def test_gpu_slots_order_by_index_and_keep_bundle_order_for_uuids(nodes, monkeypatch, ids, slots):
+    nodes(per_node=4)
+    monkeypatch.setattr(placement.ray, "remote", lambda **resources: lambda function: _Probe(ids))
+    monkeypatch.setattr(placement.ray, "get", lambda refs: list(refs))
+    monkeypatch.setattr(placement, "PlacementGroupSchedulingStrategy", lambda **kwargs: kwargs)
+    assert placement.gpu_slots("pg", 4) == slots
