@@ -8,12 +8,13 @@ so processes of the weight-sync group sit on both hosts and the collective sync 
 need one node) crosses the veth pair; every step's sync is verified by exact checksums and the log-prob
 check. Then host B's Ray is killed mid-run: the job ends with one line naming B's address and the step,
 exits 1, and leaves no rank process; with B back, the same command resumes from the last checkpoint and
-finishes. Nothing leaves the two namespaces (a /24 of their own, no route out)."""
+trains two more steps. Nothing leaves the two namespaces (a /24 of their own, no route out)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,12 +24,16 @@ from pathlib import Path
 import pytest
 from netns_testing import skip_reason, two_hosts
 
+from megarl.trainer.checkpoint_manager import CheckpointManager
 from tests.e2e.reliability.reliability_job import make_workspace
 
 pytestmark = [pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or ""), pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[3]
-STEPS = 5
+STEPS = 1000
+"""Far more than the run reaches before host B is lost: the loss always lands mid-run (a step takes ~1 s)."""
+RESUMED_STEPS = 2
+"""Steps the resume trains after the last checkpoint (`trainer.total_steps` is not part of what a resume checks)."""
 JOB_END_S = 240.0
 """Bound on a job's end once its node is gone: Ray marks the node dead, the driver's wait on its workers
 sees the dead rank (`WorkerFailure`) and the run stops."""
@@ -87,8 +92,8 @@ def stop_node(host, temp_dir: str) -> None:
     )
 
 
-def submit(host, workspace: Path, out: Path) -> subprocess.Popen:
-    """`megarl train` of the workspace's recipe as a Ray job from host A; output in out/submit.log."""
+def submit(host, workspace: Path, out: Path, steps: int) -> subprocess.Popen:
+    """`megarl train` of the workspace's recipe for `steps` steps as a Ray job from host A; output in out/submit.log."""
     out.mkdir(parents=True, exist_ok=True)
     command = [
         "bash",
@@ -105,7 +110,7 @@ def submit(host, workspace: Path, out: Path) -> subprocess.Popen:
         "placement.nnodes=2",
         "placement.gpus_per_node=2",
         "placement.rollout_gpus=2",
-        f"trainer.total_steps={STEPS}",
+        f"trainer.total_steps={steps}",
         "checkpoint.save_freq=1",
         f"trainer.output_dir={out}",
         f"checkpoint.dir={out / 'ckpt'}",
@@ -167,7 +172,7 @@ def test_a_run_spans_two_hosts_survives_losing_one_as_a_clean_stop_and_resumes(t
         try:
             start_node(a, "ray_head.sh", temp_a)
             start_node(b, "ray_worker.sh", temp_b, "--address", f"{a.ip}:6379")
-            job = submit(a, workspace, out)
+            job = submit(a, workspace, out, STEPS)
             wait_for(lambda: len(metrics(out)) >= 2 or job.poll() is not None, "step 2 logged", 300)
             assert job.poll() is None, (out / "submit.log").read_text()[-4000:]
             assert rank_nodes(a) == [a.ip, a.ip, b.ip, b.ip]  # 2 trainer ranks and 2 engines, 2 per host
@@ -184,13 +189,16 @@ def test_a_run_spans_two_hosts_survives_losing_one_as_a_clean_stop_and_resumes(t
             assert len(failed) == 1, log[-4000:]
             assert f"on node {b.ip}" in log and "submit.sh: job " in log and "(exit code 1)" in log, log[-4000:]
             assert rank_nodes(a) == []  # the job's processes on host A ended with it
-            done_steps = len(metrics(out))
+            last = CheckpointManager(out / "ckpt").latest().step
+            assert last >= 2
 
             start_node(b, "ray_worker.sh", temp_b, "--address", f"{a.ip}:6379")
-            assert submit(a, workspace, out).wait(600) == 0, (out / "submit.log").read_text()[-4000:]
+            resumed = submit(a, workspace, out, last + RESUMED_STEPS)
+            assert resumed.wait(600) == 0, (out / "submit.log").read_text()[-4000:]
             steps = [record["step"] for record in metrics(out)]
-            assert steps == list(range(1, STEPS + 1)), steps  # the resume replaced nothing it had kept
-            assert done_steps >= 2
+            assert steps == list(range(1, last + RESUMED_STEPS + 1)), steps  # one record per step, the resume's after
         finally:
             stop_node(b, temp_b)
             stop_node(a, temp_a)
+            shutil.rmtree(temp_a, ignore_errors=True)
+            shutil.rmtree(temp_b, ignore_errors=True)
