@@ -39,6 +39,8 @@ GRPO_METRICS = {
     for name in DOCUMENTED_METRICS
     if not name.startswith(("critic/", "val/", "timing/", "dapo/", "correction/", "actor/reward_kl_penalty"))
     and name not in ("reward/rm_mean", "actor/overlong_filtered")
+    # async mode only (trainer.rollout_mode: async, rollout.partial_rollout)
+    and name not in ("rollout/stale_dropped_samples", "rollout/token_version_lag/mean", "rollout/partial_samples")
 } | {
     "timing/rollout",
     "timing/reward",

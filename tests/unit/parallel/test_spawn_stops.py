@@ -48,16 +48,30 @@ def test_a_killed_parent_takes_its_ranks_with_it():
 def test_a_requested_stop_ends_the_world_and_its_ranks(monkeypatch):
     monkeypatch.setattr(interrupt, "_requested", None)
     me = psutil.Process()
-    before = {p.pid for p in me.children()}
+    before = {p.pid for p in me.children()}  # whatever earlier tests left running under this process
+    ranks: list[psutil.Process] = []
+
+    def new_ranks() -> list[psutil.Process]:
+        found = []
+        for process in me.children():
+            try:
+                if process.pid not in before and "resource_tracker" not in " ".join(process.cmdline()):
+                    found.append(process)
+            except psutil.Error:  # ended meanwhile
+                pass
+        return found
 
     def stop_once_started():
-        new = [p for p in children_of(me.pid, len(before) + 2) if p.pid not in before]
-        stop_once_started.ranks = new
+        deadline = time.monotonic() + 120
+        while len(new_ranks()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)  # polling the process table: there is no event to wait on
+        ranks.extend(new_ranks())
         interrupt.request(Stopped(signal.SIGTERM, None))
 
     requester = threading.Thread(target=stop_once_started)
     requester.start()
     with pytest.raises(Stopped):
-        run_distributed(time.sleep, 2, 600)
+        run_distributed(time.sleep, 2, 600, timeout_s=180)
     requester.join()
-    assert not [p for p in stop_once_started.ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert len(ranks) == 2
+    assert not [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
