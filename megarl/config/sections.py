@@ -200,7 +200,7 @@ class TrainerConfig:
     hang_timeout_s: float = 600.0
     """A worker process that is alive but shows no sign of running for this long (stopped, frozen, its node
     cut off: its heartbeat, sent every second even while it computes or waits in a collective, stopped) ends
-    the run, naming it. >= 10 seconds (`validate.MIN_HANG_TIMEOUT_S`)."""
+    the run, naming it. >= 10 seconds (`run_checks.MIN_HANG_TIMEOUT_S`)."""
     rollout_mode: Literal["sync", "one_step_off", "async"] = "sync"
     """sync: a step generates its batch, then trains on it; the engines generate with the weights the
     previous step trained. one_step_off: the engines generate step k+1's batch while the actor trains on

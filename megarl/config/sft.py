@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from megarl.config.hub import cached_snapshot, is_hub_id, missing_from_cache
+from megarl.config.layout_checks import check_megatron_layout
 from megarl.config.loader import load_config
 from megarl.config.model_facts import ModelFactsError, load_model_facts
 from megarl.config.problems import Problem
@@ -29,9 +30,9 @@ from megarl.config.role_checks import (
     check_virtual_pipeline,
 )
 from megarl.config.roles import OptimizerConfig, ParallelConfig
+from megarl.config.run_checks import MAX_SEED
 from megarl.config.sections import ModelConfig
 from megarl.config.tokenizer_files import tokenizer_problems
-from megarl.config.validate import MAX_SEED, check_megatron_layout
 
 SFT_MARKER = ".megarl-sft.json"
 """The file a `megarl sft` export leaves in train.output_dir: the names it wrote there (see SftTrainConfig.overwrite)."""

@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from megarl.config import names
-from megarl.config.batch_plan import batch_problems, plan_batches, uses_reference
+from megarl.config.batch_plan import batch_problems, uses_reference
 from megarl.config.config import Config
 from megarl.config.hub import cached_snapshot, hub_values, is_hub_id, missing_from_cache
+from megarl.config.layout_checks import check_layout_against_model
 from megarl.config.loader import load_config
 from megarl.config.model_facts import ModelFacts, ModelFactsError, load_model_facts
 from megarl.config.placement import placement_problems
@@ -25,7 +26,6 @@ from megarl.config.resources import (
     local_path,
     reward_function_problem,
     unusable_path,
-    writable_dir_problem,
 )
 from megarl.config.role_checks import (
     check_cpu_offload,
@@ -34,15 +34,13 @@ from megarl.config.role_checks import (
     check_virtual_pipeline,
 )
 from megarl.config.role_checks import need as _need
-from megarl.config.roles import ParallelConfig, RecomputeConfig, RolloutCorrectionConfig
+from megarl.config.roles import RecomputeConfig
 from megarl.config.rollout import response_length
+from megarl.config.rollout_checks import check_rollout, check_rollout_correction
+from megarl.config.run_checks import check_profile, check_seeds, check_trainer
 from megarl.config.tokenizer_files import chat_template_problem, tokenizer_problems
 from megarl.models.hf_config import load_hf_config
 from megarl.tools.validation import tool_problems
-from megarl.workers.checkpoint_files import STEP_DIR, CheckpointError, read_manifest
-
-MIN_HANG_TIMEOUT_S = 10.0
-"""The shortest trainer.hang_timeout_s: ten missed heartbeats."""
 
 
 def checked_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
@@ -68,18 +66,18 @@ def validate(config: Config, check_files: bool = True) -> list[Problem]:
     _check_actor(config, problems)
     _check_critic(config, problems)
     _check_role_parallel(config, problems)
-    _check_rollout(config, problems)
+    check_rollout(config, problems)
     _check_algorithm(config, problems)
     _check_data(config, facts, check_files, problems)
     _check_reward(config, check_files, problems)
     problems += tool_problems(config.rollout.multi_turn, check_files)
-    _check_trainer(config, check_files, problems)
-    _check_profile(config, check_files, problems)
-    _check_seeds(config, problems)
+    check_trainer(config, check_files, problems)
+    check_profile(config, check_files, problems)
+    check_seeds(config, problems)
     problems += batch_problems(config)
     problems += placement_problems(config, config.trainer.device)
     if facts is not None:
-        _check_layout_against_model(config, facts, problems)
+        check_layout_against_model(config, facts, problems)
     return problems
 
 
@@ -257,53 +255,7 @@ def _check_actor(config: Config, problems: list[Problem]) -> None:
     )
     _need(problems, actor.entropy_coeff >= 0, "actor.entropy_coeff", actor.entropy_coeff, "must be >= 0", "e.g. 0")
     _need(problems, actor.kl_loss_coef >= 0, "actor.kl_loss_coef", actor.kl_loss_coef, "must be >= 0", "e.g. 0.001")
-    _check_rollout_correction(actor.rollout_correction, problems)
-
-
-def _check_rollout_correction(correction: RolloutCorrectionConfig, problems: list[Problem]) -> None:
-    key = "actor.rollout_correction"
-    if correction.level == "none":
-        unused = [
-            name
-            for name in ("mode", "low", "high")
-            if getattr(correction, name) != getattr(RolloutCorrectionConfig, name)
-        ]
-        for name in unused:
-            _need(
-                problems,
-                False,
-                f"{key}.{name}",
-                getattr(correction, name),
-                "no correction is applied (level: none)",
-                f"remove it, or set {key}.level to token, sequence or geometric",
-            )
-        return
-    _need(
-        problems,
-        correction.high >= 1,
-        f"{key}.high",
-        correction.high,
-        "must be >= 1: an on-policy token (ratio 1) must keep its weight 1",
-        "e.g. 2.0",
-    )
-    if correction.mode == "truncate":
-        _need(
-            problems,
-            correction.low == 0,
-            f"{key}.low",
-            correction.low,
-            "truncation caps ratios from above only",
-            f"remove it, or set {key}.mode: mask to mask low ratios",
-        )
-    else:
-        _need(
-            problems,
-            0 <= correction.low <= 1,
-            f"{key}.low",
-            correction.low,
-            "must lie in [0, 1]: an on-policy token (ratio 1) must be kept",
-            "e.g. 0.5, or 0 for no lower bound",
-        )
+    check_rollout_correction(actor.rollout_correction, problems)
 
 
 def _check_critic(config: Config, problems: list[Problem]) -> None:
@@ -353,210 +305,6 @@ def _check_role_parallel(config: Config, problems: list[Problem]) -> None:
     for role, parallel in roles.items():
         check_sequence_parallel(f"{role}.", parallel, problems)
         check_virtual_pipeline(f"{role}.", parallel, problems)
-
-
-def _check_partial_rollout(config: Config, problems: list[Problem]) -> None:
-    rollout, key = config.rollout, "rollout.partial_rollout"
-    if rollout.partial_rollout == 0:
-        return
-    _need(
-        problems,
-        rollout.partial_rollout >= max(1, rollout.min_new_tokens),
-        key,
-        rollout.partial_rollout,
-        f"must be 0 (off) or at least 1 and rollout.min_new_tokens ({rollout.min_new_tokens}): a segment after "
-        "the first cannot know how many tokens the sample still must make",
-        f"e.g. {max(64, rollout.min_new_tokens)}",
-    )
-    _need(
-        problems,
-        config.trainer.rollout_mode == "async",
-        key,
-        rollout.partial_rollout,
-        f"weight updates land between generations only in trainer.rollout_mode async (it is "
-        f"{config.trainer.rollout_mode})",
-        "set trainer.rollout_mode: async, or rollout.partial_rollout: 0",
-    )
-    _need(
-        problems,
-        not rollout.multi_turn.enable,
-        key,
-        rollout.partial_rollout,
-        "partial rollouts are single-turn only (the agent loop does not continue a turn across a weight update)",
-        "set rollout.partial_rollout: 0, or rollout.multi_turn.enable: false",
-    )
-
-
-def _check_rollout(config: Config, problems: list[Problem]) -> None:
-    rollout, sync = config.rollout, config.rollout.sync
-    _need(
-        problems,
-        rollout.temperature > 0,
-        "rollout.temperature",
-        rollout.temperature,
-        "training rollouts must sample (temperature 0 is greedy: every sample of a prompt would be the same)",
-        "e.g. 1.0",
-    )
-    _need(problems, 0 < rollout.top_p <= 1, "rollout.top_p", rollout.top_p, "must lie in (0, 1]", "e.g. 1.0")
-    _need(
-        problems,
-        rollout.top_k == -1 or rollout.top_k >= 1,
-        "rollout.top_k",
-        rollout.top_k,
-        "must be -1 (off) or >= 1",
-        "e.g. -1",
-    )
-    _need(
-        problems,
-        rollout.max_new_tokens >= 1,
-        "rollout.max_new_tokens",
-        rollout.max_new_tokens,
-        "must be >= 1",
-        "e.g. 512",
-    )
-    _check_partial_rollout(config, problems)
-    _need(
-        problems,
-        0 <= rollout.min_new_tokens <= rollout.max_new_tokens,
-        "rollout.min_new_tokens",
-        rollout.min_new_tokens,
-        f"must lie in [0, rollout.max_new_tokens = {rollout.max_new_tokens}]",
-        f"choose 0 to {rollout.max_new_tokens}",
-    )
-    _need(
-        problems,
-        all(s != "" and not (isinstance(s, int) and s < 0) for s in rollout.stop),
-        "rollout.stop",
-        list(rollout.stop),
-        "stop strings must be non-empty and token ids >= 0",
-        "remove the empty or negative entries",
-    )
-    _need(
-        problems,
-        0 < rollout.kv_cache_gib <= MAX_KV_CACHE_GIB,
-        "rollout.kv_cache_gib",
-        rollout.kv_cache_gib,
-        f"must lie in (0, {MAX_KV_CACHE_GIB}] GiB (more than a PiB is no machine's memory)",
-        "e.g. 4",
-    )
-    _need(
-        problems,
-        0 < rollout.gpu_memory_utilization <= 1,
-        "rollout.gpu_memory_utilization",
-        rollout.gpu_memory_utilization,
-        "must lie in (0, 1]",
-        "e.g. 0.5",
-    )
-    _need(
-        problems,
-        rollout.sleep_level in (1, 2),
-        "rollout.sleep_level",
-        rollout.sleep_level,
-        "vLLM's sleep levels that free the weights are 1 (kept in host memory) and 2 (dropped)",
-        "use 2 (the weight sync refills the weights) or 1",
-    )
-    _need(problems, rollout.val_n >= 1, "rollout.val_n", rollout.val_n, "must be >= 1", "e.g. 1")
-    _need(
-        problems,
-        rollout.val_temperature >= 0,
-        "rollout.val_temperature",
-        rollout.val_temperature,
-        "must be >= 0 (0 is greedy)",
-        "e.g. 0",
-    )
-    _need(
-        problems,
-        not (rollout.val_n > 1 and rollout.val_temperature == 0),
-        "rollout.val_n",
-        rollout.val_n,
-        "greedy validation (val_temperature 0) gives val_n identical samples",
-        "set val_n=1 or val_temperature > 0",
-    )
-    _need(
-        problems, 0 < rollout.val_top_p <= 1, "rollout.val_top_p", rollout.val_top_p, "must lie in (0, 1]", "e.g. 1.0"
-    )
-    _need(
-        problems,
-        not (rollout.backend == "hf" and rollout.tensor_model_parallel_size > 1),
-        "rollout.tensor_model_parallel_size",
-        rollout.tensor_model_parallel_size,
-        "the hf backend (HF generate) has no tensor parallelism",
-        "set it to 1, or rollout.backend=vllm",
-    )
-    _need(
-        problems,
-        not (rollout.dtype == "float32" and config.model.dtype == "bfloat16"),
-        "rollout.dtype",
-        rollout.dtype,
-        "beside model.dtype=bfloat16 the engines would hold bf16 weights in twice the memory, no more precise",
-        "use auto (the model's dtype) or bfloat16",
-    )
-    _need(problems, sync.bucket_mb >= 1, "rollout.sync.bucket_mb", sync.bucket_mb, "must be >= 1", "e.g. 512")
-    _need(
-        problems,
-        sync.logprob_gap_threshold == "auto" or sync.logprob_gap_threshold > 0,
-        "rollout.sync.logprob_gap_threshold",
-        sync.logprob_gap_threshold,
-        "must be > 0 or auto",
-        "auto (measured per model and rollout dtype) or e.g. 0.05",
-    )
-    _need(
-        problems,
-        sync.verify_every >= 1,
-        "rollout.sync.verify_every",
-        sync.verify_every,
-        "must be >= 1 (the log-prob check runs every this many steps)",
-        "e.g. 1 to check every sync",
-    )
-    _need(
-        problems,
-        sync.probe_batch_size >= 1,
-        "rollout.sync.probe_batch_size",
-        sync.probe_batch_size,
-        "must be >= 1",
-        "e.g. 4",
-    )
-    actor_pp = config.actor.parallel.pipeline_model_parallel_size
-    _need(
-        problems,
-        config.actor.parallel.virtual_pipeline_model_parallel_size is None or sync.probe_batch_size >= actor_pp,
-        "rollout.sync.probe_batch_size",
-        sync.probe_batch_size,
-        f"the actor's probe pass runs one sequence per micro-batch, and megatron's interleaved schedule (actor."
-        f"parallel.virtual_pipeline_model_parallel_size) needs at least PP {actor_pp} micro-batches",
-        f"use {actor_pp} or more",
-    )
-    if sync.per_rank == "always":
-        train_tp = config.actor.parallel.tensor_model_parallel_size
-        _need(
-            problems,
-            sync.transport != "collective",
-            "rollout.sync.per_rank",
-            "always",
-            "the per-rank sync streams through shared memory, but rollout.sync.transport is collective",
-            "set rollout.sync.transport: auto (or shared_memory), or per_rank: auto",
-        )
-        _need(
-            problems,
-            train_tp == rollout.tensor_model_parallel_size,
-            "rollout.sync.per_rank",
-            "always",
-            f"needs actor TP == rollout TP, got actor TP {train_tp} and rollout TP {rollout.tensor_model_parallel_size}",
-            "make the two TP sizes equal, or set rollout.sync.per_rank: auto",
-        )
-        _need(
-            problems,
-            rollout.backend == "vllm",
-            "rollout.sync.per_rank",
-            "always",
-            f"the per-rank load is vLLM's; rollout.backend is {rollout.backend}",
-            "set rollout.sync.per_rank: auto",
-        )
-
-
-MAX_KV_CACHE_GIB = 2**20
-"""The largest `rollout.kv_cache_gib` (a PiB, more than any machine's memory): the memory estimate counts
-the cache in whole bytes, which a float such as 1e308 GiB overflows."""
 
 
 def _check_algorithm(config: Config, problems: list[Problem]) -> None:
@@ -749,343 +497,3 @@ def _check_reward(config: Config, check_files: bool, problems: list[Problem]) ->
             unusable_path(reward.reward_model) or "not an HF checkpoint directory (no config.json)",
             "point it at a reward model directory",
         )
-
-
-def _check_trainer(config: Config, check_files: bool, problems: list[Problem]) -> None:
-    trainer, checkpoint = config.trainer, config.checkpoint
-    _need(problems, trainer.total_epochs >= 1, "trainer.total_epochs", trainer.total_epochs, "must be >= 1", "e.g. 1")
-    _need(
-        problems,
-        trainer.total_steps is None or trainer.total_steps >= 1,
-        "trainer.total_steps",
-        trainer.total_steps,
-        "must be >= 1",
-        "e.g. 100, or null to run all epochs",
-    )
-    _need(
-        problems, trainer.test_freq >= 0, "trainer.test_freq", trainer.test_freq, "must be >= 0 (0 disables)", "e.g. 10"
-    )
-    _need(
-        problems,
-        trainer.test_freq == 0 or len(config.data.val_files) > 0,
-        "trainer.test_freq",
-        trainer.test_freq,
-        "validation is requested but data.val_files is empty",
-        "list data.val_files, or set trainer.test_freq=0",
-    )
-    _need(
-        problems, trainer.max_bad_steps >= 1, "trainer.max_bad_steps", trainer.max_bad_steps, "must be >= 1", "e.g. 3"
-    )
-    _need(
-        problems,
-        trainer.hang_timeout_s >= MIN_HANG_TIMEOUT_S,
-        "trainer.hang_timeout_s",
-        trainer.hang_timeout_s,
-        f"must be >= {MIN_HANG_TIMEOUT_S:g} seconds (a worker beats once a second; a shorter limit takes a busy "
-        "machine's delay for a stopped process)",
-        "e.g. 600",
-    )
-    _need(
-        problems,
-        trainer.rollout_mode == "sync" or config.placement.mode == "split",
-        "trainer.rollout_mode",
-        trainer.rollout_mode,
-        "generating batches while the actor trains needs the rollout engines on "
-        "devices of their own, but placement.mode is colocated (the engines and the actor take turns on the same "
-        "devices)",
-        "set placement.mode: split with placement.rollout_gpus for the engines, or trainer.rollout_mode: sync",
-    )
-    _need(
-        problems,
-        trainer.max_staleness >= 0,
-        "trainer.max_staleness",
-        trainer.max_staleness,
-        "must be >= 0 (the weight versions a batch may lag the actor in trainer.rollout_mode: async)",
-        "e.g. 1",
-    )
-    _need(
-        problems,
-        trainer.peak_flops is None or trainer.peak_flops > 0,
-        "trainer.peak_flops",
-        trainer.peak_flops,
-        "must be > 0",
-        "e.g. 989e12 per H100 in bf16 times the actor's GPUs, or null to measure it",
-    )
-    _need(
-        problems,
-        _is_plain_name(trainer.experiment_name),
-        "trainer.experiment_name",
-        trainer.experiment_name,
-        "names the run's directory inside trainer.output_dir, so it must not be empty, '.', '..', or hold a path "
-        "separator (the run directory would land outside trainer.output_dir)",
-        "use a plain name such as gsm8k-grpo-run1; choose the parent with trainer.output_dir",
-    )
-    _need(
-        problems,
-        len(set(trainer.loggers)) == len(trainer.loggers),
-        "trainer.loggers",
-        list(trainer.loggers),
-        "a logger is listed twice",
-        "list each logger once",
-    )
-    _need(
-        problems,
-        checkpoint.save_freq >= 0,
-        "checkpoint.save_freq",
-        checkpoint.save_freq,
-        "must be >= 0 (0 saves only at the end)",
-        "e.g. 50",
-    )
-    _need(
-        problems,
-        checkpoint.max_keep is None or checkpoint.max_keep >= 1,
-        "checkpoint.max_keep",
-        checkpoint.max_keep,
-        "must be >= 1",
-        "e.g. 3, or null to keep all",
-    )
-    if not check_files:
-        return
-    for key, directory in (("checkpoint.dir", checkpoint.dir), ("trainer.output_dir", trainer.output_dir)):
-        problem = writable_dir_problem(key, directory)
-        if problem is not None:
-            problems.append(problem)
-    if checkpoint.resume not in ("auto", "disable"):
-        problem = _resume_problem(checkpoint.resume)
-        if problem is not None:
-            problems.append(problem)
-
-
-def _check_profile(config: Config, check_files: bool, problems: list[Problem]) -> None:
-    profile = config.trainer.profile
-    steps, ranks = list(profile.steps), profile.ranks
-    _need(
-        problems,
-        all(step >= 1 for step in steps) and len(set(steps)) == len(steps),
-        "trainer.profile.steps",
-        steps,
-        "steps count from 1 and are listed once each",
-        "e.g. [3, 4]: a few steps after the first (warm-up)",
-    )
-    if ranks != "all":
-        _need(
-            problems,
-            len(ranks) > 0,
-            "trainer.profile.ranks",
-            [],
-            "no rank would record the profiled steps",
-            "e.g. [0], or all",
-        )
-        _need(
-            problems,
-            all(rank >= 0 for rank in ranks) and len(set(ranks)) == len(ranks),
-            "trainer.profile.ranks",
-            list(ranks),
-            "ranks count from 0 and are listed once each",
-            "e.g. [0], or all",
-        )
-        try:
-            train_gpus = plan_batches(config).train_gpus  # each Megatron group spans the training devices
-        except ConfigError:  # batch_problems reports why
-            train_gpus = None
-        _need(
-            problems,
-            train_gpus is None or all(rank < train_gpus for rank in ranks),
-            "trainer.profile.ranks",
-            list(ranks),
-            f"the Megatron groups have ranks 0 .. {(train_gpus or 1) - 1} ({train_gpus} training devices)",
-            f"list ranks below {train_gpus}, or all",
-        )
-    if check_files and profile.dir:
-        problem = writable_dir_problem("trainer.profile.dir", profile.dir)
-        if problem is not None:
-            problems.append(problem)
-
-
-def _is_plain_name(name: str) -> bool:
-    """A single directory name: `output_dir / name` stays inside output_dir."""
-    return name not in ("", ".", "..") and not any(sep in name for sep in ("/", "\\", "\0"))
-
-
-def _resume_problem(resume: str) -> Problem | None:
-    """A `checkpoint.resume` path that is not a complete checkpoint, found now rather than after Ray and
-    the engines started (the manifest check is the one `megarl train` runs on resume)."""
-    path = local_path(resume)
-    if not os.path.isdir(path):
-        why = unusable_path(resume) or "neither auto, disable nor an existing checkpoint directory"
-        return Problem(
-            "checkpoint.resume",
-            resume,
-            why,
-            "use auto (newest in checkpoint.dir), disable, or the path of a saved checkpoint",
-        )
-    try:
-        read_manifest(path)
-    except CheckpointError as error:
-        if any(_is_checkpoint(child) for child in path.iterdir() if STEP_DIR.match(child.name)):
-            fix = f"point it at one of its step_<N> directories, or set checkpoint.dir={resume} and checkpoint.resume=auto"
-            return Problem("checkpoint.resume", resume, "a directory of checkpoints, not a checkpoint", fix)
-        return Problem(
-            "checkpoint.resume",
-            resume,
-            f"not a checkpoint: {error}",
-            "use auto, disable, or a step_<N> directory that megarl saved",
-        )
-    return None
-
-
-def _is_checkpoint(path: Path) -> bool:
-    try:
-        read_manifest(path)
-    except CheckpointError:
-        return False
-    return True
-
-
-# Offsets are added to a seed per pipeline stage, TP rank and step (megarl.parallel.seed,
-# megarl.trainer.settings.step_seed); torch takes seeds below 2**64, so half that range is left for them.
-MAX_SEED = 2**63 - 1
-
-
-def _check_seeds(config: Config, problems: list[Problem]) -> None:
-    for key, seed in (
-        ("trainer.seed", config.trainer.seed),
-        ("data.seed", config.data.seed),
-        ("rollout.seed", config.rollout.seed),
-    ):
-        _need(
-            problems,
-            0 <= seed <= MAX_SEED,
-            key,
-            seed,
-            f"a seed must lie in [0, 2**63 - 1 = {MAX_SEED}]",
-            "e.g. 0 or 1234",
-        )
-
-
-def _check_layout_against_model(config: Config, facts: ModelFacts, problems: list[Problem]) -> None:
-    """Megatron needs TP | heads, TP | KV groups, TP | MLP width and PP | layers; vLLM needs TP | heads, TP | MLP
-    width and TP, KV heads nested."""
-    roles = {"actor": (config.actor.parallel, config.actor.recompute)}
-    if config.critic.enable:
-        roles["critic"] = (config.critic.parallel, config.critic.recompute)
-    if uses_reference(config):
-        roles["ref"] = (config.ref.parallel, None)
-    model = f"the model ({facts.source})"
-    for role, (parallel, recompute) in roles.items():
-        check_megatron_layout(role, parallel, recompute, facts, model, problems)
-    beyond = [stop for stop in config.rollout.stop if isinstance(stop, int) and stop >= facts.vocab_size]
-    _need(
-        problems,
-        not beyond,
-        "rollout.stop",
-        list(config.rollout.stop),
-        f"token id(s) {beyond} lie beyond the vocabulary of {model}, ids 0 to {facts.vocab_size - 1}, so they "
-        "could never be generated and never stop a response",
-        "list token ids below the vocabulary size, or the stop text as a string",
-    )
-    tp, heads, kv = config.rollout.tensor_model_parallel_size, facts.num_attention_heads, facts.num_key_value_heads
-    ffn, key = facts.ffn_hidden_size, "rollout.tensor_model_parallel_size"
-    if tp >= 1:
-        _need(
-            problems,
-            heads % tp == 0,
-            key,
-            tp,
-            f"rollout TP {tp} does not divide the {heads} attention heads of {model}",
-            f"use a rollout TP dividing {heads}",
-        )
-        _need(
-            problems,
-            kv % tp == 0 or tp % kv == 0,
-            key,
-            tp,
-            f"vLLM needs rollout TP {tp} and the {kv} KV heads of {model} to divide one another",
-            f"use a rollout TP that divides {kv} or is a multiple of it",
-        )
-        _need(
-            problems,
-            ffn % tp == 0,
-            key,
-            tp,
-            _ffn_split("rollout TP", tp, ffn, model),
-            f"use a rollout TP dividing {ffn}",
-        )
-
-
-def _ffn_split(what: str, tp: int, ffn: int, model: str) -> str:
-    """Why a TP that does not divide the MLP width fails: Megatron and vLLM alike give each TP rank an equal
-    slice of the gate/up rows and of the down projection's columns."""
-    return (
-        f"{what} {tp} does not divide the MLP intermediate size {ffn} of {model} ({ffn} ÷ {tp} = {ffn / tp:.2f}): "
-        "every TP rank holds an equal slice of the MLP"
-    )
-
-
-def check_megatron_layout(
-    role: str,
-    parallel: ParallelConfig,
-    recompute: RecomputeConfig | None,
-    facts: ModelFacts,
-    model: str,
-    problems: list[Problem],
-) -> None:
-    """TP | heads, TP | KV groups, TP | MLP width, PP | layers (and recomputed layers within a stage) of `role`'s layout; `role`
-    "" for a recipe whose `parallel` section is top-level (`megarl sft`)."""
-    tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
-    prefix = f"{role}." if role else ""
-    heads, kv, layers = facts.num_attention_heads, facts.num_key_value_heads, facts.num_hidden_layers
-    if tp >= 1:
-        key = f"{prefix}parallel.tensor_model_parallel_size"
-        _need(
-            problems,
-            heads % tp == 0,
-            key,
-            tp,
-            f"TP {tp} does not divide the {heads} attention heads of {model}",
-            f"use a TP dividing {heads}",
-        )
-        _need(
-            problems,
-            kv % tp == 0,
-            key,
-            tp,
-            f"Megatron needs TP {tp} to divide the {kv} KV groups of {model} ({kv} ÷ {tp} = {kv / tp:.2f})",
-            f"use a TP dividing {kv}",
-        )
-        ffn = facts.ffn_hidden_size
-        _need(problems, ffn % tp == 0, key, tp, _ffn_split("TP", tp, ffn, model), f"use a TP dividing {ffn}")
-    if pp >= 1:
-        _need(
-            problems,
-            layers % pp == 0,
-            f"{prefix}parallel.pipeline_model_parallel_size",
-            pp,
-            f"PP {pp} does not divide the {layers} layers of {model} ({layers} ÷ {pp} = {layers / pp:.2f})",
-            f"use a PP dividing {layers}",
-        )
-        vpp = parallel.virtual_pipeline_model_parallel_size
-        if vpp is not None and vpp >= 2 and layers % pp == 0:
-            _need(
-                problems,
-                layers % (pp * vpp) == 0,
-                f"{prefix}parallel.virtual_pipeline_model_parallel_size",
-                vpp,
-                f"PP {pp} × VPP {vpp} = {pp * vpp} chunks do not divide the {layers} layers of {model}",
-                f"use a VPP dividing {layers // pp} (the layers of a pipeline stage)",
-            )
-        if (
-            recompute is not None
-            and recompute.num_layers is not None
-            and layers % pp == 0
-            and recompute.num_layers >= 1
-        ):
-            per_stage = layers // pp
-            _need(
-                problems,
-                recompute.num_layers <= per_stage,
-                f"{prefix}recompute.num_layers",
-                recompute.num_layers,
-                f"more than the {per_stage} layers of a pipeline stage ({layers} layers ÷ PP {pp})",
-                f"use 1 to {per_stage}",
-            )

@@ -1,0 +1,137 @@
+"""Whether a role's (TP, PP, VPP) layout and the rollout TP can cut the model (`megarl.config.validate`, and
+`megarl sft` for its top-level `parallel`): Megatron's and vLLM's divisibility rules, from the model's facts."""
+
+from megarl.config.batch_plan import uses_reference
+from megarl.config.config import Config
+from megarl.config.model_facts import ModelFacts
+from megarl.config.problems import Problem
+from megarl.config.role_checks import need
+from megarl.config.roles import ParallelConfig, RecomputeConfig
+
+
+def check_layout_against_model(config: Config, facts: ModelFacts, problems: list[Problem]) -> None:
+    """Megatron needs TP | heads, TP | KV groups, TP | MLP width and PP | layers; vLLM needs TP | heads, TP | MLP
+    width and TP, KV heads nested."""
+    roles = {"actor": (config.actor.parallel, config.actor.recompute)}
+    if config.critic.enable:
+        roles["critic"] = (config.critic.parallel, config.critic.recompute)
+    if uses_reference(config):
+        roles["ref"] = (config.ref.parallel, None)
+    model = f"the model ({facts.source})"
+    for role, (parallel, recompute) in roles.items():
+        check_megatron_layout(role, parallel, recompute, facts, model, problems)
+    beyond = [stop for stop in config.rollout.stop if isinstance(stop, int) and stop >= facts.vocab_size]
+    need(
+        problems,
+        not beyond,
+        "rollout.stop",
+        list(config.rollout.stop),
+        f"token id(s) {beyond} lie beyond the vocabulary of {model}, ids 0 to {facts.vocab_size - 1}, so they "
+        "could never be generated and never stop a response",
+        "list token ids below the vocabulary size, or the stop text as a string",
+    )
+    tp, heads, kv = config.rollout.tensor_model_parallel_size, facts.num_attention_heads, facts.num_key_value_heads
+    ffn, key = facts.ffn_hidden_size, "rollout.tensor_model_parallel_size"
+    if tp >= 1:
+        need(
+            problems,
+            heads % tp == 0,
+            key,
+            tp,
+            f"rollout TP {tp} does not divide the {heads} attention heads of {model}",
+            f"use a rollout TP dividing {heads}",
+        )
+        need(
+            problems,
+            kv % tp == 0 or tp % kv == 0,
+            key,
+            tp,
+            f"vLLM needs rollout TP {tp} and the {kv} KV heads of {model} to divide one another",
+            f"use a rollout TP that divides {kv} or is a multiple of it",
+        )
+        need(
+            problems,
+            ffn % tp == 0,
+            key,
+            tp,
+            _ffn_split("rollout TP", tp, ffn, model),
+            f"use a rollout TP dividing {ffn}",
+        )
+
+
+def _ffn_split(what: str, tp: int, ffn: int, model: str) -> str:
+    """Why a TP that does not divide the MLP width fails: Megatron and vLLM alike give each TP rank an equal
+    slice of the gate/up rows and of the down projection's columns."""
+    return (
+        f"{what} {tp} does not divide the MLP intermediate size {ffn} of {model} ({ffn} ÷ {tp} = {ffn / tp:.2f}): "
+        "every TP rank holds an equal slice of the MLP"
+    )
+
+
+def check_megatron_layout(
+    role: str,
+    parallel: ParallelConfig,
+    recompute: RecomputeConfig | None,
+    facts: ModelFacts,
+    model: str,
+    problems: list[Problem],
+) -> None:
+    """TP | heads, TP | KV groups, TP | MLP width, PP | layers (and recomputed layers within a stage) of `role`'s layout; `role`
+    "" for a recipe whose `parallel` section is top-level (`megarl sft`)."""
+    tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
+    prefix = f"{role}." if role else ""
+    heads, kv, layers = facts.num_attention_heads, facts.num_key_value_heads, facts.num_hidden_layers
+    if tp >= 1:
+        key = f"{prefix}parallel.tensor_model_parallel_size"
+        need(
+            problems,
+            heads % tp == 0,
+            key,
+            tp,
+            f"TP {tp} does not divide the {heads} attention heads of {model}",
+            f"use a TP dividing {heads}",
+        )
+        need(
+            problems,
+            kv % tp == 0,
+            key,
+            tp,
+            f"Megatron needs TP {tp} to divide the {kv} KV groups of {model} ({kv} ÷ {tp} = {kv / tp:.2f})",
+            f"use a TP dividing {kv}",
+        )
+        ffn = facts.ffn_hidden_size
+        need(problems, ffn % tp == 0, key, tp, _ffn_split("TP", tp, ffn, model), f"use a TP dividing {ffn}")
+    if pp >= 1:
+        need(
+            problems,
+            layers % pp == 0,
+            f"{prefix}parallel.pipeline_model_parallel_size",
+            pp,
+            f"PP {pp} does not divide the {layers} layers of {model} ({layers} ÷ {pp} = {layers / pp:.2f})",
+            f"use a PP dividing {layers}",
+        )
+        vpp = parallel.virtual_pipeline_model_parallel_size
+        if vpp is not None and vpp >= 2 and layers % pp == 0:
+            need(
+                problems,
+                layers % (pp * vpp) == 0,
+                f"{prefix}parallel.virtual_pipeline_model_parallel_size",
+                vpp,
+                f"PP {pp} × VPP {vpp} = {pp * vpp} chunks do not divide the {layers} layers of {model}",
+                f"use a VPP dividing {layers // pp} (the layers of a pipeline stage)",
+            )
+        if (
+            recompute is not None
+            and recompute.num_layers is not None
+            and layers % pp == 0
+            and recompute.num_layers >= 1
+        ):
+            per_stage = layers // pp
+            need(
+                problems,
+                recompute.num_layers <= per_stage,
+                f"{prefix}recompute.num_layers",
+                recompute.num_layers,
+                f"more than the {per_stage} layers of a pipeline stage ({layers} layers ÷ PP {pp})",
+                f"use 1 to {per_stage}",
+            )
