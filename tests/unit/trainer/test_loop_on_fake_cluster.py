@@ -20,10 +20,10 @@ from fake_cluster import (
     FakeWeightSync,
     fake_cluster,
 )
+from quickstart_assets import make_assets, overrides, read_metrics
 
 import megarl.trainer.trainer as trainer_module
 from megarl import Trainer, interrupt
-from megarl.cli.main import main
 from megarl.cli.train import _train
 from megarl.config import checked_config
 from megarl.rewards.functions import RewardFunctionError
@@ -56,22 +56,7 @@ TRAINED = (
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("fake_cluster_assets")
-    assert main(["init-tiny-model", "--out", str(root / "model")]) == 0
-    assert main(["make-data", "--task", "repeat_first_char", "--out", str(root / "data")]) == 0
-    return root
-
-
-def overrides(assets: Path, run_dir: Path, **extra) -> list[str]:
-    values = {
-        "model.path": assets / "model",
-        "data.train_files": f"[{assets / 'data' / 'train.jsonl'}]",
-        "data.val_files": f"[{assets / 'data' / 'val.jsonl'}]",
-        "trainer.output_dir": run_dir,
-        "checkpoint.dir": run_dir / "checkpoints",
-        "trainer.test_freq": 0,
-    } | extra
-    return [f"{key}={value}" for key, value in values.items()]
+    return make_assets(tmp_path_factory.mktemp("fake_cluster_assets"))
 
 
 def fit(monkeypatch, args: list[str], bad_steps=()) -> Trainer:
@@ -79,10 +64,6 @@ def fit(monkeypatch, args: list[str], bad_steps=()) -> Trainer:
         trainer = Trainer.from_config(QUICKSTART, args)
         trainer.fit()
     return trainer
-
-
-def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def assert_trained_alike(again: list[dict], before: list[dict], keys=TRAINED) -> None:
