@@ -15,7 +15,7 @@ whole start-up inside a rank's load:
 
 Checkpoints saved before identities were recorded are checked on their layouts only.
 
-    problems, warnings = resume_problems(config, plan, checkpoint.path)
+    problems, warnings = resume_problems(run_identity(config, dims), plan, checkpoint.path)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from megarl.config import BatchPlan, Config
 from megarl.config.problems import Problem
-from megarl.models.hf_config import read_model_dims
+from megarl.models.hf_config import ModelDims
 from megarl.trainer.checkpoint_manager import part_dir
 from megarl.workers.checkpoint_files import EXTRA_FILE, CheckpointError, read_manifest
 
@@ -37,12 +37,12 @@ WARNED = ("algorithm.adv_estimator",)
 """Identity keys whose change a resume allows, with a warning."""
 
 
-def run_identity(config: Config) -> dict:
+def run_identity(config: Config, dims: ModelDims) -> dict:
     """What a checkpoint of this run must match to be resumed by another: the model's dimensions
     (`ModelDims`), each training data file's name and size (a local file; a hub id as given), the
     advantage estimator, and the roles with trained state."""
     return {
-        "model": dataclasses.asdict(read_model_dims(config.model.path)),
+        "model": dataclasses.asdict(dims),
         "data.train_files": [_file_identity(name) for name in config.data.train_files],
         "algorithm.adv_estimator": config.algorithm.adv_estimator,
         "critic.enable": config.critic.enable,
@@ -75,7 +75,7 @@ def _layout(plan: BatchPlan, role) -> dict[str, int]:
     }
 
 
-def resume_problems(config: Config, plan: BatchPlan, step_dir: Path) -> tuple[list[Problem], list[str]]:
+def resume_problems(identity: dict, plan: BatchPlan, step_dir: Path) -> tuple[list[Problem], list[str]]:
     """The reasons the checkpoint `step_dir` cannot continue this run (module docstring), and the
     warnings of what a resume allows but changes."""
     key = "checkpoint.resume"
@@ -87,7 +87,7 @@ def resume_problems(config: Config, plan: BatchPlan, step_dir: Path) -> tuple[li
     saved = json.loads((step_dir / EXTRA_FILE).read_text()).get(IDENTITY_KEY)
     if saved is None:
         return problems, []
-    now, warnings = json.loads(json.dumps(run_identity(config))), []  # as saved: tuples are lists in JSON
+    now, warnings = json.loads(json.dumps(identity)), []  # as saved: tuples are lists in JSON
     for name, was in saved.items():
         is_ = now.get(name)
         if name == "model" and isinstance(was, dict):

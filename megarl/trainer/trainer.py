@@ -116,7 +116,7 @@ class Trainer:
             max_keep=config.checkpoint.max_keep,
             parts=tuple(r.role for r in self.plan.own_groups if r.update),
         )
-        self.identity = run_identity(config)
+        self.identity = run_identity(config, self.model_dims)
         self.resume_from = self._checked_resume()
         """The intact checkpoint this run continues (None: a fresh run), checked against the config now,
         before any worker starts (`resume_check`)."""
@@ -423,7 +423,7 @@ class Trainer:
         checkpoint = self.checkpoints.resolve_resume(self.config.checkpoint.resume)
         if checkpoint is None:
             return None
-        problems, warnings = resume_problems(self.config, self.plan, checkpoint.path)
+        problems, warnings = resume_problems(self.identity, self.plan, checkpoint.path)
         if problems:
             raise ConfigError(problems)
         for warning in warnings:

@@ -11,6 +11,7 @@ import pytest
 from test_reliability_cli_inputs import problem_lines, run_cli
 
 from megarl.config import checked_config, plan_batches
+from megarl.models.hf_config import read_model_dims
 from megarl.trainer.resume_check import IDENTITY_KEY, expected_layouts, run_identity
 from megarl.workers.checkpoint_files import EXTRA_FILE, build_manifest, commit, new_nonce, step_dir_name, tmp_dir_for
 
@@ -21,7 +22,10 @@ def save_fake_checkpoint(workdir, overrides=(), identity=True):
     step_dir = workdir / "ckpt" / step_dir_name(2)
     tmp = tmp_dir_for(step_dir, new_nonce())
     tmp.mkdir(parents=True)
-    extra = {"step": 2, **({IDENTITY_KEY: run_identity(config)} if identity else {})}
+    extra = {
+        "step": 2,
+        **({IDENTITY_KEY: run_identity(config, read_model_dims(config.model.path))} if identity else {}),
+    }
     (tmp / EXTRA_FILE).write_text(json.dumps(extra))
     layout = expected_layouts(plan_batches(config))["actor"]
     commit(tmp, step_dir, build_manifest(tmp, step=2, roles=["actor"], layout=layout))
