@@ -1,14 +1,16 @@
-"""Two hosts on one machine (network namespaces joined by a veth pair, `tests/netns_testing.py`), set up the
-way a user sets up two machines: the real `scripts/ray_head.sh` on host A and `scripts/ray_worker.sh` on
-host B (each with `--iface`, so Ray, Gloo and NCCL use the hosts' own addresses), and a GRPO job submitted
-with the real `scripts/submit.sh --wait-nodes 2` (issue 32, item 12).
+"""Two hosts on one machine (network namespaces on one switch, `tests/netns_testing.py`), set up the way a
+user sets up two machines: the real `scripts/ray_head.sh` on host A and `scripts/ray_worker.sh` on host B
+(each with `--iface`, so Ray, Gloo and NCCL use the hosts' own addresses), and a GRPO job submitted with the
+real `scripts/submit.sh --wait-nodes 2` (issue 32, item 12).
 
 The job places 4 processes on 2 nodes of 2 CPUs each (split: 2 trainer ranks at TP 2, 2 rollout engines),
 so processes of the weight-sync group sit on both hosts and the collective sync (the shared transports
-need one node) crosses the veth pair; every step's sync is verified by exact checksums and the log-prob
-check. Then host B's Ray is killed mid-run: the job ends with one line naming B's address and the step,
-exits 1, and leaves no rank process; with B back, the same command resumes from the last checkpoint and
-trains two more steps. Nothing leaves the two namespaces (a /24 of their own, no route out)."""
+need one node) crosses the switch; every step's sync is verified by exact checksums and the log-prob
+check. Then host B is cut off mid-run (its switch port down: its processes live on, silent, as behind a
+pulled cable): the job ends within the hang timeout with one line naming B's address and the step, exits
+1, and leaves no process of the job on either host once B is back on the switch. On the restored cluster
+the same command resumes from the last checkpoint and trains two more steps. Nothing leaves the hosts'
+namespaces (a /24 of their own, no route out)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from netns_testing import skip_reason, two_hosts
+from netns_testing import hosts, skip_reason
 
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from tests.e2e.reliability.reliability_job import make_workspace
@@ -34,9 +36,14 @@ STEPS = 1000
 """Far more than the run reaches before host B is lost: the loss always lands mid-run (a step takes ~1 s)."""
 RESUMED_STEPS = 2
 """Steps the resume trains after the last checkpoint (`trainer.total_steps` is not part of what a resume checks)."""
+HANG_TIMEOUT_S = 15
+"""`trainer.hang_timeout_s`: how long B's ranks may be silent before the driver names them."""
 JOB_END_S = 240.0
-"""Bound on a job's end once its node is gone: Ray marks the node dead, the driver's wait on its workers
-sees the dead rank (`WorkerFailure`) and the run stops."""
+"""Bound on a job's end once its node is cut off: B's ranks' heartbeats stop, after the hang timeout the
+driver's wait names them (`WorkerFailure`), kills the groups and the run stops."""
+ORPHANS_GONE_S = 180.0
+"""Bound on the end of B's job processes once B is back: its raylet learns from the head that the job
+ended (or that the node was declared dead) and ends them."""
 
 
 def environment() -> dict[str, str]:
@@ -114,7 +121,7 @@ def submit(host, workspace: Path, out: Path, steps: int) -> subprocess.Popen:
         "checkpoint.save_freq=1",
         f"trainer.output_dir={out}",
         f"checkpoint.dir={out / 'ckpt'}",
-        "trainer.hang_timeout_s=60",
+        f"trainer.hang_timeout_s={HANG_TIMEOUT_S}",
     ]
     with open(out / "submit.log", "ab") as log:
         return host.popen(command, env=environment(), stdout=log, stderr=subprocess.STDOUT)
@@ -130,6 +137,19 @@ def wait_for(condition, what: str, timeout_s: float) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
         time.sleep(1.0)  # polling files and processes another process writes: no event to wait on
+
+
+def job_processes(host) -> list[str]:
+    """The command lines of the job's processes running on `host`: its driver (`megarl train`) and ranks."""
+    found = []
+    for pid in host.pids():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # ended meanwhile
+            continue
+        if "RankProcess" in cmdline or "megarl train" in cmdline:
+            found.append(f"{pid}: {cmdline}")
+    return found
 
 
 def rank_nodes(host) -> list[str]:
@@ -168,7 +188,8 @@ def test_a_run_spans_two_hosts_survives_losing_one_as_a_clean_stop_and_resumes(t
     out = tmp_path / "run"
     temp_a = tempfile.mkdtemp(prefix="mrla", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     temp_b = tempfile.mkdtemp(prefix="mrlb", dir="/tmp")
-    with two_hosts() as (a, b):
+    with hosts(2) as (a, b):
+        job = None
         try:
             start_node(a, "ray_head.sh", temp_a)
             start_node(b, "ray_worker.sh", temp_b, "--address", f"{a.ip}:6379")
@@ -179,25 +200,33 @@ def test_a_run_spans_two_hosts_survives_losing_one_as_a_clean_stop_and_resumes(t
             for record in metrics(out):  # the sync that crossed the hosts arrived bit-exact
                 assert record["sync/checksum_tensors"] > 0 and record["sync/logprob_max_abs_diff"] < 1e-4
 
-            lost_at = time.monotonic()
-            stop_node(b, temp_b)
+            cut_at = time.monotonic()
+            b.cut()
             assert job.wait(JOB_END_S) == 1
-            print(f"the job ended {time.monotonic() - lost_at:.0f} s after host B was lost")
+            print(f"the job ended {time.monotonic() - cut_at:.0f} s after host B was cut off")
             log = (out / "submit.log").read_text()
             # One line from the driver (Ray's job CLI repeats the end of a failed job's log once more).
             failed = {line for line in log.splitlines() if line.startswith("megarl train: failed during step")}
             assert len(failed) == 1, log[-4000:]
             assert f"on node {b.ip}" in log and "submit.sh: job " in log and "(exit code 1)" in log, log[-4000:]
-            assert rank_nodes(a) == []  # the job's processes on host A ended with it
+            assert job_processes(a) == []  # the driver and A's ranks ended with the job
+            b.reconnect()
+            wait_for(lambda: job_processes(b) == [], "host B's ranks ended once B was back", ORPHANS_GONE_S)
+            print(f"host B's ranks ended {time.monotonic() - cut_at:.0f} s after it was cut off")
             last = CheckpointManager(out / "ckpt").latest().step
             assert last >= 2
 
+            stop_node(b, temp_b)  # B's Ray, whatever the head made of it, makes way for a fresh node
             start_node(b, "ray_worker.sh", temp_b, "--address", f"{a.ip}:6379")
-            resumed = submit(a, workspace, out, last + RESUMED_STEPS)
-            assert resumed.wait(600) == 0, (out / "submit.log").read_text()[-4000:]
+            job = submit(a, workspace, out, last + RESUMED_STEPS)
+            assert job.wait(600) == 0, (out / "submit.log").read_text()[-4000:]
             steps = [record["step"] for record in metrics(out)]
             assert steps == list(range(1, last + RESUMED_STEPS + 1)), steps  # one record per step, the resume's after
         finally:
+            if job is not None and job.poll() is None:
+                job.kill()
+                job.wait()
+            b.reconnect()
             stop_node(b, temp_b)
             stop_node(a, temp_a)
             shutil.rmtree(temp_a, ignore_errors=True)
