@@ -9,22 +9,26 @@ need one node) crosses the switch; every step's sync is verified by exact checks
 check. Then host B is cut off mid-run (its switch port down: its processes live on, silent, as behind a
 pulled cable): the job ends within the hang timeout with one line naming B's address and the step, exits
 1, and leaves no process of the job on either host once B is back on the switch. On the restored cluster
-the same command resumes from the last checkpoint and trains two more steps. Nothing leaves the hosts'
-namespaces (a /24 of their own, no route out)."""
+the same command resumes from the last checkpoint and trains two more steps. Each host's processes see a
+/dev/shm of their own (`shm_testing`), left empty. Nothing leaves the hosts' namespaces (a /24 of their
+own, no route out)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from netns_testing import hosts, skip_reason
+from netns_testing import Host, hosts, skip_reason
+from shm_testing import PrivateShm
 
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from tests.e2e.reliability.reliability_job import make_workspace
@@ -65,38 +69,30 @@ def environment() -> dict[str, str]:
     return env
 
 
-def start_node(host, script: str, temp_dir: str, *args: str) -> None:
-    done = host.run(
-        [
-            "bash",
-            str(REPO / "scripts" / script),
-            "--iface",
-            host.iface,
-            "--num-cpus",
-            "2",
-            "--num-gpus",
-            "0",
-            "--temp-dir",
-            temp_dir,
-            "--timeout",
-            "120",
-            *args,
-        ],
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+@dataclass(frozen=True)
+class RayNode:
+    """The Ray node of a host: its temp dir and the private /dev/shm its processes see (`shm_testing`)."""
 
+    host: Host
+    temp_dir: str
+    shm: PrivateShm
 
-def stop_node(host, temp_dir: str) -> None:
-    host.run(
-        ["bash", str(REPO / "scripts" / "stop.sh"), "--temp-dir", temp_dir, "--timeout", "2"],
-        env=environment(),
-        capture_output=True,
-        timeout=120,
-    )
+    def start(self, script: str, *args: str) -> None:
+        """`scripts/<script>` (ray_head.sh or ray_worker.sh) on the host, on its own interface."""
+        argv = [str(REPO / "scripts" / script), "--iface", self.host.iface, "--num-cpus", "2", "--num-gpus", "0"]
+        argv += ["--temp-dir", self.temp_dir, "--timeout", "120", *args]
+        done = self.host.run(
+            self.shm.wrap(["bash", *argv]), env=environment(), capture_output=True, text=True, timeout=240
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+    def stop(self) -> None:
+        self.host.run(
+            ["bash", str(REPO / "scripts" / "stop.sh"), "--temp-dir", self.temp_dir, "--timeout", "2"],
+            env=environment(),
+            capture_output=True,
+            timeout=120,
+        )
 
 
 def submit(host, workspace: Path, out: Path, steps: int) -> subprocess.Popen:
@@ -124,7 +120,7 @@ def submit(host, workspace: Path, out: Path, steps: int) -> subprocess.Popen:
         f"trainer.hang_timeout_s={HANG_TIMEOUT_S}",
     ]
     with open(out / "submit.log", "ab") as log:
-        return host.popen(command, env=environment(), stdout=log, stderr=subprocess.STDOUT)
+        return host.popen(command, env=environment(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def metrics(out: Path) -> list[dict]:
@@ -186,13 +182,16 @@ def rank_nodes(host) -> list[str]:
 def test_a_run_spans_two_hosts_survives_losing_one_as_a_clean_stop_and_resumes(tmp_path):
     workspace = make_workspace(tmp_path / "workspace")
     out = tmp_path / "run"
-    temp_a = tempfile.mkdtemp(prefix="mrla", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
-    temp_b = tempfile.mkdtemp(prefix="mrlb", dir="/tmp")
     with hosts(2) as (a, b):
+        # Temp dirs short: Ray's socket paths must fit in 107 bytes.
+        head, worker = (
+            RayNode(host, tempfile.mkdtemp(prefix=f"mrl{name}", dir="/tmp"), PrivateShm.make())
+            for host, name in ((a, "a"), (b, "b"))
+        )
         job = None
         try:
-            start_node(a, "ray_head.sh", temp_a)
-            start_node(b, "ray_worker.sh", temp_b, "--address", f"{a.ip}:6379")
+            head.start("ray_head.sh")
+            worker.start("ray_worker.sh", "--address", f"{a.ip}:6379")
             job = submit(a, workspace, out, STEPS)
             wait_for(lambda: len(metrics(out)) >= 2 or job.poll() is not None, "step 2 logged", 300)
             assert job.poll() is None, (out / "submit.log").read_text()[-4000:]
@@ -216,18 +215,21 @@ def test_a_run_spans_two_hosts_survives_losing_one_as_a_clean_stop_and_resumes(t
             last = CheckpointManager(out / "ckpt").latest().step
             assert last >= 2
 
-            stop_node(b, temp_b)  # B's Ray, whatever the head made of it, makes way for a fresh node
-            start_node(b, "ray_worker.sh", temp_b, "--address", f"{a.ip}:6379")
+            worker.stop()  # B's Ray, whatever the head made of it, makes way for a fresh node
+            worker.start("ray_worker.sh", "--address", f"{a.ip}:6379")
             job = submit(a, workspace, out, last + RESUMED_STEPS)
             assert job.wait(600) == 0, (out / "submit.log").read_text()[-4000:]
             steps = [record["step"] for record in metrics(out)]
             assert steps == list(range(1, last + RESUMED_STEPS + 1)), steps  # one record per step, the resume's after
+            worker.stop()
+            head.stop()
+            assert head.shm.leftovers() == [] and worker.shm.leftovers() == []  # in /dev/shm, from either host
         finally:
             if job is not None and job.poll() is None:
-                job.kill()
+                os.killpg(job.pid, signal.SIGKILL)  # submit.sh and its `ray job submit`
                 job.wait()
             b.reconnect()
-            stop_node(b, temp_b)
-            stop_node(a, temp_a)
-            shutil.rmtree(temp_a, ignore_errors=True)
-            shutil.rmtree(temp_b, ignore_errors=True)
+            for node in (worker, head):
+                node.stop()
+                node.shm.remove()
+                shutil.rmtree(node.temp_dir, ignore_errors=True)
