@@ -16,7 +16,10 @@ Rank 0 starts first and tells the others where to rendezvous. A failure on any r
 `WorkerFailure` naming the role, the rank, its process and node, and the remote traceback, and kills the
 whole group, so peers blocked in a collective with the dead rank do not hang the driver. A rank that is
 alive but does not run (stopped, frozen, cut off) is found by its heartbeat (`megarl.orchestration.heartbeat`):
-silent for `hang_timeout_s`, it fails the call the same way.
+silent for `hang_timeout_s`, it fails the call the same way. So is a silent rank of a group whose ranks share
+collectives with this one's (`shares_collectives_with`: the trainer and the engines in the weight sync): a
+trainer rank sending to an engine on a node that was cut off is alive and beating, and would otherwise wait
+for its collective's own timeout and then be blamed for it.
 """
 
 import importlib
@@ -165,6 +168,8 @@ class WorkerGroup:
         """IP address of each rank's node, once started."""
         keys = [f"{role}-{uuid.uuid4().hex}/{rank}" for rank in range(world_size)]
         self.heartbeats = HeartbeatWatch(keys, hang_timeout_s)
+        self.peers: list[WorkerGroup] = []
+        """Groups whose ranks join collectives with this group's (`shares_collectives_with`)."""
         per_rank = init_kwargs if isinstance(init_kwargs, list) else [dict(init_kwargs or {})] * world_size
         per_rank_env = env if isinstance(env, list) else [dict(env or {})] * world_size
         bundles = list(range(world_size)) if bundles is None else list(bundles)
@@ -193,6 +198,11 @@ class WorkerGroup:
             ).remote(self.role, rank, self.world_size, env[rank], heartbeat_keys[rank])
             for rank in range(self.world_size)
         ]
+
+    def shares_collectives_with(self, *groups: "WorkerGroup") -> None:
+        """Ranks of `groups` join collectives with this group's ranks: a wait on this group also fails, naming
+        the peer's rank and node, when a rank of theirs is silent for their hang timeout."""
+        self.peers = list(groups)
 
     def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call `method` with the same arguments on every rank; results in rank order."""
@@ -253,6 +263,7 @@ class WorkerGroup:
                     self._fail(
                         stuck[0], f"{self._silence(stuck)} for {self.heartbeats.timeout_s:g} s (the hang timeout)"
                     )
+                self._fail_on_silent_peer(missing)
                 if remaining > interrupt.POLL_S:
                     continue
                 self._fail(missing[0], f"ranks {missing} did not answer within the call timeout")
@@ -267,6 +278,19 @@ class WorkerGroup:
     def _fail(self, rank: int, detail: str):
         self.kill()
         raise WorkerFailure(self.role, rank, detail, *self._where(rank)) from None
+
+    def _fail_on_silent_peer(self, waiting: list[int]) -> None:
+        """Raise `WorkerFailure` for the first silent rank of a peer group (killing this group: its ranks may
+        be blocked in a collective with it); nothing if all peers beat."""
+        for peer in self.peers:
+            stuck = peer.heartbeats.silent(list(range(peer.world_size)))
+            if stuck:
+                self.kill()
+                detail = (
+                    f"{peer._silence(stuck)} for {peer.heartbeats.timeout_s:g} s (the hang timeout) while "
+                    f"{self.role} ranks {waiting} waited, likely in a collective with them"
+                )
+                raise WorkerFailure(peer.role, stuck[0], detail, *peer._where(stuck[0])) from None
 
     def _root_cause(self, rank_of: dict, rank: int, error: Exception, pending: list) -> tuple[int, str]:
         """The rank to blame, and why. A rank whose process died or stopped running makes its peers fail

@@ -273,6 +273,9 @@ def _connect(
     routes = None if transport == "collective" else routes
     packed = frozenset(name for name in groups if packs_by_tokens(getattr(config, name)))
     roles = Roles(groups, rollout_group, pg, transport, routes, packed)
+    # The sync blocks each side on the other: a wait on either names a silent rank of the other (a cut-off node).
+    policy.shares_collectives_with(rollout_group)
+    rollout_group.shares_collectives_with(policy)
     with startup("weight_sync"):
         if routes is None:
             connect_weight_sync(roles, rollout.tensor_model_parallel_size)

@@ -1,28 +1,34 @@
-"""Two hosts on one machine (network namespaces joined by a veth pair, `tests/netns_testing.py`), set up the
-way a user sets up two machines: the real `scripts/ray_head.sh` on host A and `scripts/ray_worker.sh` on
-host B (each with `--iface`, so Ray, Gloo and NCCL use the hosts' own addresses), and a GRPO job submitted
-with the real `scripts/submit.sh --wait-nodes 2` (issue 32, item 12).
+"""Two hosts on one machine (network namespaces on one switch, `tests/netns_testing.py`), set up the way a
+user sets up two machines: the real `scripts/ray_head.sh` on host A and `scripts/ray_worker.sh` on host B
+(each with `--iface`, so Ray, Gloo and NCCL use the hosts' own addresses), and a GRPO job submitted with the
+real `scripts/submit.sh --wait-nodes 2` (issue 32, item 12).
 
 The job places 4 processes on 2 nodes of 2 CPUs each (split: 2 trainer ranks at TP 2, 2 rollout engines),
 so processes of the weight-sync group sit on both hosts and the collective sync (the shared transports
-need one node) crosses the veth pair; every step's sync is verified by exact checksums and the log-prob
-check. Then host B's Ray is killed mid-run: the job ends with one line naming B's address and the step,
-exits 1, and leaves no rank process; with B back, the same command resumes from the last checkpoint and
-trains two more steps. Nothing leaves the two namespaces (a /24 of their own, no route out)."""
+need one node) crosses the switch; every step's sync is verified by exact checksums and the log-prob
+check. Then host B is cut off mid-run (its switch port down: its processes live on, silent, as behind a
+pulled cable): the job ends within the hang timeout with one line naming B's address and the step, exits
+1, and leaves no process of the job on either host once B is back on the switch. On the restored cluster
+the same command resumes from the last checkpoint and trains two more steps. Each host's processes see a
+/dev/shm of their own (`shm_testing`), left empty. Nothing leaves the hosts' namespaces (a /24 of their
+own, no route out)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from netns_testing import skip_reason, two_hosts
+from netns_testing import Host, hosts, skip_reason
+from shm_testing import PrivateShm
 
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from tests.e2e.reliability.reliability_job import make_workspace
@@ -34,9 +40,14 @@ STEPS = 1000
 """Far more than the run reaches before host B is lost: the loss always lands mid-run (a step takes ~1 s)."""
 RESUMED_STEPS = 2
 """Steps the resume trains after the last checkpoint (`trainer.total_steps` is not part of what a resume checks)."""
+HANG_TIMEOUT_S = 15
+"""`trainer.hang_timeout_s`: how long B's ranks may be silent before the driver names them."""
 JOB_END_S = 240.0
-"""Bound on a job's end once its node is gone: Ray marks the node dead, the driver's wait on its workers
-sees the dead rank (`WorkerFailure`) and the run stops."""
+"""Bound on a job's end once its node is cut off: B's ranks' heartbeats stop, after the hang timeout the
+driver's wait names them (`WorkerFailure`), kills the groups and the run stops."""
+ORPHANS_GONE_S = 180.0
+"""Bound on the end of B's job processes once B is back: its raylet learns from the head that the job
+ended (or that the node was declared dead) and ends them."""
 
 
 def environment() -> dict[str, str]:
@@ -58,38 +69,30 @@ def environment() -> dict[str, str]:
     return env
 
 
-def start_node(host, script: str, temp_dir: str, *args: str) -> None:
-    done = host.run(
-        [
-            "bash",
-            str(REPO / "scripts" / script),
-            "--iface",
-            host.iface,
-            "--num-cpus",
-            "2",
-            "--num-gpus",
-            "0",
-            "--temp-dir",
-            temp_dir,
-            "--timeout",
-            "120",
-            *args,
-        ],
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+@dataclass(frozen=True)
+class RayNode:
+    """The Ray node of a host: its temp dir and the private /dev/shm its processes see (`shm_testing`)."""
 
+    host: Host
+    temp_dir: str
+    shm: PrivateShm
 
-def stop_node(host, temp_dir: str) -> None:
-    host.run(
-        ["bash", str(REPO / "scripts" / "stop.sh"), "--temp-dir", temp_dir, "--timeout", "2"],
-        env=environment(),
-        capture_output=True,
-        timeout=120,
-    )
+    def start(self, script: str, *args: str) -> None:
+        """`scripts/<script>` (ray_head.sh or ray_worker.sh) on the host, on its own interface."""
+        argv = [str(REPO / "scripts" / script), "--iface", self.host.iface, "--num-cpus", "2", "--num-gpus", "0"]
+        argv += ["--temp-dir", self.temp_dir, "--timeout", "120", *args]
+        done = self.host.run(
+            self.shm.wrap(["bash", *argv]), env=environment(), capture_output=True, text=True, timeout=240
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+    def stop(self) -> None:
+        self.host.run(
+            ["bash", str(REPO / "scripts" / "stop.sh"), "--temp-dir", self.temp_dir, "--timeout", "2"],
+            env=environment(),
+            capture_output=True,
+            timeout=120,
+        )
 
 
 def submit(host, workspace: Path, out: Path, steps: int) -> subprocess.Popen:
@@ -114,10 +117,10 @@ def submit(host, workspace: Path, out: Path, steps: int) -> subprocess.Popen:
         "checkpoint.save_freq=1",
         f"trainer.output_dir={out}",
         f"checkpoint.dir={out / 'ckpt'}",
-        "trainer.hang_timeout_s=60",
+        f"trainer.hang_timeout_s={HANG_TIMEOUT_S}",
     ]
     with open(out / "submit.log", "ab") as log:
-        return host.popen(command, env=environment(), stdout=log, stderr=subprocess.STDOUT)
+        return host.popen(command, env=environment(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def metrics(out: Path) -> list[dict]:
@@ -130,6 +133,19 @@ def wait_for(condition, what: str, timeout_s: float) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
         time.sleep(1.0)  # polling files and processes another process writes: no event to wait on
+
+
+def job_processes(host) -> list[str]:
+    """The command lines of the job's processes running on `host`: its driver (`megarl train`) and ranks."""
+    found = []
+    for pid in host.pids():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # ended meanwhile
+            continue
+        if "RankProcess" in cmdline or "megarl train" in cmdline:
+            found.append(f"{pid}: {cmdline}")
+    return found
 
 
 def rank_nodes(host) -> list[str]:
@@ -166,12 +182,16 @@ def rank_nodes(host) -> list[str]:
 def test_a_run_spans_two_hosts_survives_losing_one_as_a_clean_stop_and_resumes(tmp_path):
     workspace = make_workspace(tmp_path / "workspace")
     out = tmp_path / "run"
-    temp_a = tempfile.mkdtemp(prefix="mrla", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
-    temp_b = tempfile.mkdtemp(prefix="mrlb", dir="/tmp")
-    with two_hosts() as (a, b):
+    with hosts(2) as (a, b):
+        # Temp dirs short: Ray's socket paths must fit in 107 bytes.
+        head, worker = (
+            RayNode(host, tempfile.mkdtemp(prefix=f"mrl{name}", dir="/tmp"), PrivateShm.make())
+            for host, name in ((a, "a"), (b, "b"))
+        )
+        job = None
         try:
-            start_node(a, "ray_head.sh", temp_a)
-            start_node(b, "ray_worker.sh", temp_b, "--address", f"{a.ip}:6379")
+            head.start("ray_head.sh")
+            worker.start("ray_worker.sh", "--address", f"{a.ip}:6379")
             job = submit(a, workspace, out, STEPS)
             wait_for(lambda: len(metrics(out)) >= 2 or job.poll() is not None, "step 2 logged", 300)
             assert job.poll() is None, (out / "submit.log").read_text()[-4000:]
@@ -179,26 +199,37 @@ def test_a_run_spans_two_hosts_survives_losing_one_as_a_clean_stop_and_resumes(t
             for record in metrics(out):  # the sync that crossed the hosts arrived bit-exact
                 assert record["sync/checksum_tensors"] > 0 and record["sync/logprob_max_abs_diff"] < 1e-4
 
-            lost_at = time.monotonic()
-            stop_node(b, temp_b)
+            cut_at = time.monotonic()
+            b.cut()
             assert job.wait(JOB_END_S) == 1
-            print(f"the job ended {time.monotonic() - lost_at:.0f} s after host B was lost")
+            print(f"the job ended {time.monotonic() - cut_at:.0f} s after host B was cut off")
             log = (out / "submit.log").read_text()
             # One line from the driver (Ray's job CLI repeats the end of a failed job's log once more).
             failed = {line for line in log.splitlines() if line.startswith("megarl train: failed during step")}
             assert len(failed) == 1, log[-4000:]
             assert f"on node {b.ip}" in log and "submit.sh: job " in log and "(exit code 1)" in log, log[-4000:]
-            assert rank_nodes(a) == []  # the job's processes on host A ended with it
+            assert job_processes(a) == []  # the driver and A's ranks ended with the job
+            b.reconnect()
+            wait_for(lambda: job_processes(b) == [], "host B's ranks ended once B was back", ORPHANS_GONE_S)
+            print(f"host B's ranks ended {time.monotonic() - cut_at:.0f} s after it was cut off")
             last = CheckpointManager(out / "ckpt").latest().step
             assert last >= 2
 
-            start_node(b, "ray_worker.sh", temp_b, "--address", f"{a.ip}:6379")
-            resumed = submit(a, workspace, out, last + RESUMED_STEPS)
-            assert resumed.wait(600) == 0, (out / "submit.log").read_text()[-4000:]
+            worker.stop()  # B's Ray, whatever the head made of it, makes way for a fresh node
+            worker.start("ray_worker.sh", "--address", f"{a.ip}:6379")
+            job = submit(a, workspace, out, last + RESUMED_STEPS)
+            assert job.wait(600) == 0, (out / "submit.log").read_text()[-4000:]
             steps = [record["step"] for record in metrics(out)]
             assert steps == list(range(1, last + RESUMED_STEPS + 1)), steps  # one record per step, the resume's after
+            worker.stop()
+            head.stop()
+            assert head.shm.leftovers() == [] and worker.shm.leftovers() == []  # in /dev/shm, from either host
         finally:
-            stop_node(b, temp_b)
-            stop_node(a, temp_a)
-            shutil.rmtree(temp_a, ignore_errors=True)
-            shutil.rmtree(temp_b, ignore_errors=True)
+            if job is not None and job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)  # submit.sh and its `ray job submit`
+                job.wait()
+            b.reconnect()
+            for node in (worker, head):
+                node.stop()
+                node.shm.remove()
+                shutil.rmtree(node.temp_dir, ignore_errors=True)

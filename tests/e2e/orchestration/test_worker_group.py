@@ -125,6 +125,26 @@ def test_a_peers_collective_timeout_defers_to_the_stopped_rank(make_group):
         _continue(group.pids[1])
 
 
+def test_a_silent_rank_of_a_peer_group_ends_a_wait_on_this_one(make_group):
+    """The sending side of a weight sync (alive, beating, blocked until its collective times out) while an
+    engine rank is cut off: the peer's silent rank is named, with its process and node, not the waiting rank."""
+    waiting = make_group("sending", world_size=1)
+    peer = make_group("receiving", hang_timeout_s=3)
+    waiting.shares_collectives_with(peer)
+    os.kill(peer.pids[1], signal.SIGSTOP)
+    try:
+        with pytest.raises(
+            WorkerFailure,
+            match=r"receiving rank 1 failed:\n\(process \d+ on node [\d.]+\) ranks \[1\] are alive but not running "
+            r".*no heartbeat for 3 s \(the hang timeout\) while sending ranks \[0\] waited",
+        ) as info:
+            waiting.call_all("hang")
+        assert (info.value.role, info.value.pid, info.value.node) == ("receiving", peer.pids[1], peer.nodes[1])
+        _assert_gone(waiting.pids)
+    finally:
+        _continue(peer.pids[1])
+
+
 def test_shutdown_runs_each_ranks_clean_up_then_ends_them_a_busy_one_at_the_deadline(make_group, tmp_path):
     group = make_group("closing", init_kwargs={"shutdown_marker": str(tmp_path / "clean")})
     group.actors[1].call.remote("hang")  # rank 1 busy: its clean-up call waits behind the hang
