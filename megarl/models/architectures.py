@@ -91,16 +91,18 @@ def transformer_config(
     params_dtype: torch.dtype = torch.float32,
     transformer_impl: str = "local",
     ep_size: int = 1,
+    etp_size: int | None = None,
     **overrides: Any,
 ) -> TransformerConfig:
-    """The TransformerConfig of `dims` on a (tp_size, pp_size) grid, experts split over `ep_size` ranks.
+    """The TransformerConfig of `dims` on a (tp_size, pp_size) grid, experts split over `ep_size` ranks
+    and each expert over `etp_size` (None: TP).
 
     params_dtype: float32 or bfloat16 (`TORCH_DTYPES`); megatron's `bf16` flag follows it.
     overrides: non-architectural TransformerConfig fields the caller owns (e.g. `sequence_parallel`,
     `recompute_granularity`); architectural fields, the precision fields and `apply_rope_fusion`
     (`rope_fusion` of `transformer_impl`) are rejected.
     """
-    check_parallel_layout(dims, tp_size=tp_size, pp_size=pp_size, ep_size=ep_size)
+    check_parallel_layout(dims, tp_size=tp_size, pp_size=pp_size, ep_size=ep_size, etp_size=etp_size)
     _check_impl(transformer_impl)
     architectural = architecture(dims.model_type).transformer_fields(dims)
     derived = {"bf16", "fp16", "params_dtype", "pipeline_dtype", "apply_rope_fusion"}
@@ -116,6 +118,7 @@ def transformer_config(
         tensor_model_parallel_size=tp_size,
         pipeline_model_parallel_size=pp_size,
         expert_model_parallel_size=ep_size,
+        expert_tensor_parallel_size=tp_size if etp_size is None else etp_size,
         bf16=params_dtype == torch.bfloat16,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
@@ -192,6 +195,7 @@ def build_gpt_model(
         tp_size=groups.tp_size,
         pp_size=groups.pp_size,
         ep_size=groups.ep_size,
+        etp_size=groups.etp_size,
         params_dtype=params_dtype,
         transformer_impl=transformer_impl,
         **config_overrides,

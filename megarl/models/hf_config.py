@@ -137,8 +137,12 @@ def read_model_dims(source: str | Path | Mapping[str, Any] | Any) -> ModelDims:
     return dims
 
 
-def check_parallel_layout(dims: ModelDims, *, tp_size: int, pp_size: int, ep_size: int = 1) -> None:
-    """Reject a (TP, PP, EP) layout the model cannot be cut into, before any process group exists."""
+def check_parallel_layout(
+    dims: ModelDims, *, tp_size: int, pp_size: int, ep_size: int = 1, etp_size: int | None = None
+) -> None:
+    """Reject a (TP, PP, EP, expert TP) layout the model cannot be cut into, before any process group
+    exists; `etp_size` None is TP (megatron's default)."""
+    etp_size = tp_size if etp_size is None else etp_size
     problems = []
     if ep_size > 1 and not dims.num_experts:
         problems.append(f"expert parallel size {ep_size} for a dense model (model_type={dims.model_type!r} has no "
@@ -157,10 +161,13 @@ def check_parallel_layout(dims: ModelDims, *, tp_size: int, pp_size: int, ep_siz
         )
     if dims.ffn_hidden_size % tp_size:
         problems.append(f"tensor parallel size {tp_size} does not divide intermediate_size={dims.ffn_hidden_size}")
-    if dims.moe_ffn_hidden_size % tp_size:
+    if dims.moe_ffn_hidden_size % etp_size:
         problems.append(
-            f"tensor parallel size {tp_size} does not divide moe_intermediate_size={dims.moe_ffn_hidden_size}"
+            f"expert tensor parallel size {etp_size} does not divide moe_intermediate_size={dims.moe_ffn_hidden_size}"
         )
+    if etp_size != tp_size and not dims.num_experts:
+        problems.append(f"expert tensor parallel size {etp_size} for a dense model (model_type={dims.model_type!r} "
+                        "has no experts): leave expert_tensor_parallel_size unset")
     if dims.num_layers % pp_size:
         problems.append(
             f"pipeline parallel size {pp_size} does not divide num_hidden_layers={dims.num_layers}: "
