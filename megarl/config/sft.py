@@ -23,7 +23,7 @@ from megarl.config.resources import data_file_problems, local_path, writable_dir
 from megarl.config.roles import OptimizerConfig, ParallelConfig
 from megarl.config.sections import ModelConfig
 from megarl.config.tokenizer_files import tokenizer_problems
-from megarl.config.role_checks import check_cpu_offload, check_optimizer, check_sequence_parallel
+from megarl.config.role_checks import check_cpu_offload, check_expert_grid, check_optimizer, check_sequence_parallel
 from megarl.config.validate import MAX_SEED, check_megatron_layout
 
 SFT_MARKER = ".megarl-sft.json"
@@ -142,7 +142,9 @@ def validate_sft(config: SftConfig, check_files: bool = True) -> list[Problem]:
     for key, value in (("train.batch_size", train.batch_size), ("train.micro_batch_size_per_gpu",
                        train.micro_batch_size_per_gpu), ("train.epochs", train.epochs), ("train.gpus", train.gpus),
                        ("parallel.tensor_model_parallel_size", parallel.tensor_model_parallel_size),
-                       ("parallel.pipeline_model_parallel_size", parallel.pipeline_model_parallel_size)):
+                       ("parallel.pipeline_model_parallel_size", parallel.pipeline_model_parallel_size),
+                       ("parallel.expert_model_parallel_size", parallel.expert_model_parallel_size),
+                       ("parallel.expert_tensor_parallel_size", parallel.expert_tensor_parallel_size or 1)):
         need(value >= 1, key, value, "must be >= 1", "e.g. 1")
     need(train.total_steps is None or train.total_steps >= 1, "train.total_steps", train.total_steps, "must be >= 1",
          "e.g. 50, or null to run all epochs")
@@ -151,7 +153,7 @@ def validate_sft(config: SftConfig, check_files: bool = True) -> list[Problem]:
     check_optimizer("optim", config.optim, problems)
     check_sequence_parallel("", parallel, problems)
     check_cpu_offload("optim", config.optim, model.dtype, problems)
-    _check_batch_layout(config, need)
+    _check_batch_layout(config, need, problems)
     need(bool(train.output_dir), "train.output_dir", train.output_dir, "required: where the trained model is written",
          "set it to a new directory, e.g. outputs/sft/model")
     if check_files:
@@ -159,7 +161,7 @@ def validate_sft(config: SftConfig, check_files: bool = True) -> list[Problem]:
     return problems
 
 
-def _check_batch_layout(config: SftConfig, need) -> None:
+def _check_batch_layout(config: SftConfig, need, problems: list[Problem]) -> None:
     train, parallel = config.train, config.parallel
     tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
     if min(tp, pp, train.gpus, train.batch_size, train.micro_batch_size_per_gpu) < 1:
@@ -171,6 +173,8 @@ def _check_batch_layout(config: SftConfig, need) -> None:
          f"use a multiple of {model_parallel} GPUs or a smaller layout")
     if train.gpus % model_parallel:
         return
+    if parallel.expert_model_parallel_size >= 1 and (parallel.expert_tensor_parallel_size or 1) >= 1:
+        check_expert_grid("", parallel, train.gpus, problems)
     dp = train.gpus // model_parallel
     need(train.batch_size % dp == 0, "train.batch_size", train.batch_size,
          f"must split evenly over DP = {dp} ranks ({train.batch_size} % {dp} = {train.batch_size % dp})",

@@ -187,6 +187,12 @@ def _check_actor(config: Config, problems: list[Problem]) -> None:
     _need(problems, actor.entropy_coeff >= 0, "actor.entropy_coeff", actor.entropy_coeff, "must be >= 0", "e.g. 0")
     _need(problems, actor.kl_loss_coef >= 0, "actor.kl_loss_coef", actor.kl_loss_coef, "must be >= 0", "e.g. 0.001")
     _check_rollout_correction(actor.rollout_correction, problems)
+    moe = actor.moe
+    _need(problems, moe.aux_loss_coeff is None or moe.aux_loss_coeff >= 0, "actor.moe.aux_loss_coeff",
+          moe.aux_loss_coeff, "must be >= 0 (0 turns the load-balancing loss off)",
+          "e.g. 0.001, or null for the checkpoint's router_aux_loss_coef")
+    _need(problems, moe.z_loss_coeff is None or moe.z_loss_coeff > 0, "actor.moe.z_loss_coeff", moe.z_loss_coeff,
+          "must be > 0", "e.g. 0.001, or null for no z-loss")
 
 
 def _check_rollout_correction(correction: RolloutCorrectionConfig, problems: list[Problem]) -> None:
@@ -506,6 +512,11 @@ def _check_layout_against_model(config: Config, facts: ModelFacts, problems: lis
     model = f"the model ({facts.source})"
     for role, (parallel, recompute) in roles.items():
         check_megatron_layout(role, parallel, recompute, facts, model, problems)
+    if not facts.num_experts:
+        for key, value in (("actor.moe.aux_loss_coeff", config.actor.moe.aux_loss_coeff),
+                           ("actor.moe.z_loss_coeff", config.actor.moe.z_loss_coeff)):
+            _need(problems, value is None, key, value, f"{model} is dense (model_type {facts.model_type!r}, no experts): "
+                  "there is no router to balance", f"remove {key} (null)")
     beyond = [stop for stop in config.rollout.stop if isinstance(stop, int) and stop >= facts.vocab_size]
     _need(problems, not beyond, "rollout.stop", list(config.rollout.stop),
           f"token id(s) {beyond} lie beyond the vocabulary of {model}, ids 0 to {facts.vocab_size - 1}, so they "
@@ -520,6 +531,10 @@ def _check_layout_against_model(config: Config, facts: ModelFacts, problems: lis
               f"vLLM needs rollout TP {tp} and the {kv} KV heads of {model} to divide one another",
               f"use a rollout TP that divides {kv} or is a multiple of it")
         _need(problems, ffn % tp == 0, key, tp, _ffn_split("rollout TP", tp, ffn, model), f"use a rollout TP dividing {ffn}")
+        expert = facts.moe_ffn_hidden_size
+        _need(problems, expert % tp == 0, key, tp,
+              f"vLLM cuts every expert over the rollout TP ranks, and rollout TP {tp} does not divide the expert "
+              f"intermediate size {expert} (moe_intermediate_size) of {model}", f"use a rollout TP dividing {expert}")
 
 
 def _ffn_split(what: str, tp: int, ffn: int, model: str) -> str:
@@ -544,6 +559,7 @@ def check_megatron_layout(role: str, parallel: ParallelConfig, recompute: Recomp
                                                f"({kv} ÷ {tp} = {kv / tp:.2f})", f"use a TP dividing {kv}")
         ffn = facts.ffn_hidden_size
         _need(problems, ffn % tp == 0, key, tp, _ffn_split("TP", tp, ffn, model), f"use a TP dividing {ffn}")
+    _check_expert_layout(prefix, parallel, facts, model, problems)
     if pp >= 1:
         _need(problems, layers % pp == 0, f"{prefix}parallel.pipeline_model_parallel_size", pp,
               f"PP {pp} does not divide the {layers} layers of {model} ({layers} ÷ {pp} = {layers / pp:.2f})",
@@ -553,3 +569,25 @@ def check_megatron_layout(role: str, parallel: ParallelConfig, recompute: Recomp
             _need(problems, recompute.num_layers <= per_stage, f"{prefix}recompute.num_layers", recompute.num_layers,
                   f"more than the {per_stage} layers of a pipeline stage ({layers} layers ÷ PP {pp})",
                   f"use 1 to {per_stage}")
+
+
+def _check_expert_layout(prefix: str, parallel: ParallelConfig, facts: ModelFacts, model: str,
+                         problems: list[Problem]) -> None:
+    """EP | experts and expert TP | expert width for a mixture-of-experts model; neither set for a dense one."""
+    ep, etp = parallel.expert_model_parallel_size, parallel.expert_tensor_parallel_size
+    ep_key, etp_key = f"{prefix}parallel.expert_model_parallel_size", f"{prefix}parallel.expert_tensor_parallel_size"
+    experts, width = facts.num_experts, facts.moe_ffn_hidden_size
+    if not experts:
+        dense = f"{model} is dense (model_type {facts.model_type!r}, no experts)"
+        _need(problems, ep == 1, ep_key, ep, f"{dense}: expert parallelism splits experts", f"set {ep_key}: 1")
+        _need(problems, etp is None, etp_key, etp, f"{dense}: expert TP cuts experts", f"remove {etp_key} (null)")
+        return
+    if ep >= 1:
+        _need(problems, experts % ep == 0, ep_key, ep,
+              f"EP {ep} does not divide the {experts} experts of {model} (each EP rank holds an equal share)",
+              f"use an EP dividing {experts}")
+    etp = parallel.tensor_model_parallel_size if etp is None else etp
+    if etp >= 1:
+        _need(problems, width % etp == 0, etp_key, etp,
+              f"expert TP {etp} does not divide the expert intermediate size {width} (moe_intermediate_size) of {model}",
+              f"use an expert TP dividing {width} (unset, it is the role's TP)")

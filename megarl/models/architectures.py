@@ -83,6 +83,11 @@ def rope_fusion(transformer_impl: str) -> bool:
     return transformer_impl == "transformer_engine"
 
 
+TRAINING_DEFAULTS = frozenset({"moe_aux_loss_coeff"})
+"""Architectural fields that are a checkpoint's default for a training setting (the load-balancing
+coefficient of config.json's `router_aux_loss_coef`), which a role's settings (`actor.moe`) may replace."""
+
+
 def transformer_config(
     dims: ModelDims,
     *,
@@ -106,12 +111,17 @@ def transformer_config(
     _check_impl(transformer_impl)
     architectural = architecture(dims.model_type).transformer_fields(dims)
     derived = {"bf16", "fp16", "params_dtype", "pipeline_dtype", "apply_rope_fusion"}
-    clashes = sorted(set(overrides) & (set(architectural) | derived))
+    clashes = sorted(set(overrides) & (set(architectural) - TRAINING_DEFAULTS | derived))
     if clashes:
         raise ValueError(
             f"transformer_config: {clashes} come from the HF config.json, params_dtype or transformer_impl "
             "and cannot be overridden"
         )
+    router_settings = sorted(name for name in overrides if name.startswith("moe_"))
+    if router_settings and not dims.num_experts:
+        raise ValueError(f"transformer_config: {router_settings} for a dense model (model_type={dims.model_type!r} "
+                         "has no experts); leave the MoE settings unset")
+    architectural = {name: value for name, value in architectural.items() if name not in overrides}
     _check_dtype(params_dtype)
     return TransformerConfig(
         **architectural,

@@ -66,7 +66,7 @@ def expected_layouts(plan: BatchPlan) -> dict[str, dict[str, int]]:
 
 def _layout(plan: BatchPlan, role) -> dict[str, int]:
     return {"world_size": plan.train_gpus, "tp": role.tensor_parallel, "pp": role.pipeline_parallel,
-            "dp": role.data_parallel}
+            "dp": role.data_parallel, "ep": role.expert_parallel, "etp": role.expert_tensor_parallel}
 
 
 def resume_problems(config: Config, plan: BatchPlan, step_dir: Path) -> tuple[list[Problem], list[str]]:
@@ -126,4 +126,7 @@ def _layout_problem(step_dir: Path, role: str, layout: dict[str, int]) -> Proble
 
 
 def _format(layout: dict[str, int]) -> str:
-    return f"TP {layout.get('tp')} × PP {layout.get('pp')} × DP {layout.get('dp')} ({layout.get('world_size')} ranks)"
+    experts = ("" if (layout.get("ep"), layout.get("etp")) == (1, layout.get("tp"))
+               else f", experts: expert TP {layout.get('etp')} × EP {layout.get('ep')}")
+    return (f"TP {layout.get('tp')} × PP {layout.get('pp')} × DP {layout.get('dp')} ({layout.get('world_size')} ranks"
+            f"{experts})")

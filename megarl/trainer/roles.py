@@ -135,7 +135,7 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
     critic = critic_spec(config, plan, total_steps) if plan.critic else None
     policy = PolicyWorkerSpec(
         model_path=config.model.path, model_settings=model, tp=plan.actor.tensor_parallel, pp=plan.actor.pipeline_parallel,
-        seed=config.trainer.seed, actor=actor_spec(config, plan, total_steps),
+        ep=plan.actor.expert_parallel, etp=plan.actor.expert_tensor_parallel, seed=config.trainer.seed, actor=actor_spec(config, plan, total_steps),
         use_reference=plan.ref is not None and "ref" not in own, ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
         ref_micro_batch=settings.micro_batch_cut(config.ref, "ref"),
         ref_offload=config.ref.offload_params, critic=None if "critic" in own else critic,
@@ -146,7 +146,7 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
     for role in plan.own_groups:
         specs[role.role] = PolicyWorkerSpec(
             model_path=config.model.path, model_settings=model, tp=role.tensor_parallel, pp=role.pipeline_parallel,
-            seed=config.trainer.seed,
+            ep=role.expert_parallel, etp=role.expert_tensor_parallel, seed=config.trainer.seed,
             actor=None, use_reference=role.role == "ref", ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
         ref_micro_batch=settings.micro_batch_cut(config.ref, "ref"),
             ref_offload=config.ref.offload_params, critic=critic if role.role == "critic" else None,
@@ -171,6 +171,7 @@ def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
         loss=settings.policy_loss_settings(config),
         offload=settings.offload_settings(actor.offload),
         sequence_parallel=plan.actor.sequence_parallel,
+        moe=settings.moe_settings(actor.moe),
         mini_batch_size=plan.actor.update.samples_per_rank,
         micro_batch_size=settings.micro_batch_cut(actor, "actor"),
         forward_micro_batch=settings.forward_micro_batch_cut(actor, "actor"),

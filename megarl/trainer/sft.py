@@ -153,10 +153,13 @@ class SftTrainer:
 
     def _worker_spec(self) -> SftWorkerSpec:
         config = self.config
+        parallel = config.parallel
+        etp = parallel.expert_tensor_parallel_size
         return SftWorkerSpec(
             model_path=self.model_path,
             model_settings=ModelSettings(dtype=config.model.dtype, transformer_impl=config.model.transformer_impl),
-            tp=config.parallel.tensor_model_parallel_size, pp=config.parallel.pipeline_model_parallel_size,
+            tp=parallel.tensor_model_parallel_size, pp=parallel.pipeline_model_parallel_size,
+            ep=parallel.expert_model_parallel_size, etp=parallel.tensor_model_parallel_size if etp is None else etp,
             sequence_parallel=config.parallel.sequence_parallel,
             seed=config.train.seed, optim=optim_settings(config.optim, self.total_steps),
             micro_batch_size=config.train.micro_batch_size_per_gpu,

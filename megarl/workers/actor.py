@@ -44,7 +44,9 @@ from megarl.workers.megatron_train import (
 )
 from megarl.workers.micro_batches import MicroBatch
 from megarl.workers.packing import TokenBudget
-from megarl.workers.settings import ModelSettings, OffloadSettings, OptimSettings, PolicyLossSettings, RecomputeSettings
+from megarl.workers.settings import (
+    ModelSettings, MoeSettings, OffloadSettings, OptimSettings, PolicyLossSettings, RecomputeSettings,
+)
 from megarl.workers.trained_model import TrainedModel
 
 
@@ -186,12 +188,14 @@ class MegatronActor(TrainedModel):
         recompute: RecomputeSettings = RecomputeSettings(),
         offload: OffloadSettings = OffloadSettings(),
         sequence_parallel: bool = False,
+        moe: MoeSettings = MoeSettings(),
     ) -> MegatronActor:
         """Build this rank's shard from an HF checkpoint dir and load its weights; `sequence_parallel`:
-        megatron's sequence parallelism over the TP ranks (`actor.parallel.sequence_parallel`)."""
+        megatron's sequence parallelism over the TP ranks (`actor.parallel.sequence_parallel`); `moe`:
+        a mixture-of-experts model's router losses (`actor.moe`)."""
         model, vocab_size = load_model(
             model_dir, groups, settings=model_settings, recompute=recompute, value_head=False,
-            sequence_parallel=sequence_parallel,
+            sequence_parallel=sequence_parallel, moe=moe,
         )
         return cls(model, groups, vocab_size=vocab_size, optim=optim, offload=offload)
 

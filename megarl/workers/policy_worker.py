@@ -53,11 +53,12 @@ class PolicyWorker:
 
     def __init__(self, spec: PolicyWorkerSpec):
         self.spec = spec
-        self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed)
+        self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed, ep=spec.ep, etp=spec.etp)
         actor, built = spec.actor, spec.model_settings
         self.actor = (MegatronActor.from_hf(spec.model_path, self.groups, optim=actor.optim, model_settings=built,
                                             recompute=actor.recompute, offload=actor.offload,
-                                            sequence_parallel=actor.sequence_parallel) if actor else None)
+                                            sequence_parallel=actor.sequence_parallel, moe=actor.moe)
+                      if actor else None)
         self.reference = (MegatronReference.from_hf(spec.model_path, self.groups, built,
                                                     sequence_parallel=spec.ref_sequence_parallel)
                           if spec.use_reference else None)

@@ -43,7 +43,7 @@ class SftWorker:
 
     def __init__(self, spec: SftWorkerSpec):
         self.spec = spec
-        self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed)
+        self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed, ep=spec.ep, etp=spec.etp)
         self.actor = MegatronActor.from_hf(spec.model_path, self.groups, optim=spec.optim,
                                            model_settings=spec.model_settings, sequence_parallel=spec.sequence_parallel)
         self.loss = NllLoss()

@@ -84,6 +84,23 @@ def test_transformer_config_routes_as_qwen3_moe(norm_topk_prob):
     assert config.moe_aux_loss_coeff == 0.001
 
 
+def test_router_loss_settings_replace_the_checkpoint_default_and_a_dense_model_refuses_them():
+    from megarl.models.architectures import transformer_config
+    from megarl.workers.settings import MoeSettings
+
+    dims = read_model_dims(QWEN3_30B_A3B)
+    settings = MoeSettings(aux_loss_coeff=0.0, z_loss_coeff=1e-3).transformer_config_fields()
+    config = transformer_config(dims, tp_size=1, pp_size=1, ep_size=4, etp_size=1, **settings)
+    assert (config.moe_aux_loss_coeff, config.moe_z_loss_coeff) == (0.0, 1e-3)
+    assert (config.expert_model_parallel_size, config.expert_tensor_parallel_size) == (4, 1)
+    assert MoeSettings().transformer_config_fields() == {}, "unset: the checkpoint's coefficient, no z-loss"
+    dense = read_model_dims({**QWEN3_30B_A3B, "model_type": "qwen3", "num_experts": None})
+    with pytest.raises(ValueError, match=r"\['moe_z_loss_coeff'\] for a dense model"):
+        transformer_config(dense, tp_size=1, pp_size=1, moe_z_loss_coeff=1e-3)
+    with pytest.raises(ValueError, match="cannot be overridden"):
+        transformer_config(dims, tp_size=1, pp_size=1, moe_router_topk=2)
+
+
 def test_megatron_routing_equals_hf_routing():
     """megatron-core's router function with these settings picks HF's experts with HF's weights."""
     from megatron.core.transformer.moe.moe_utils import topk_routing_with_score_function
