@@ -187,12 +187,26 @@ def _check_actor(config: Config, problems: list[Problem]) -> None:
     _need(problems, actor.entropy_coeff >= 0, "actor.entropy_coeff", actor.entropy_coeff, "must be >= 0", "e.g. 0")
     _need(problems, actor.kl_loss_coef >= 0, "actor.kl_loss_coef", actor.kl_loss_coef, "must be >= 0", "e.g. 0.001")
     _check_rollout_correction(actor.rollout_correction, problems)
+    _check_expert_sync(actor.parallel, problems)
     moe = actor.moe
     _need(problems, moe.aux_loss_coeff is None or moe.aux_loss_coeff >= 0, "actor.moe.aux_loss_coeff",
           moe.aux_loss_coeff, "must be >= 0 (0 turns the load-balancing loss off)",
           "e.g. 0.001, or null for the checkpoint's router_aux_loss_coef")
     _need(problems, moe.z_loss_coeff is None or moe.z_loss_coeff > 0, "actor.moe.z_loss_coeff", moe.z_loss_coeff,
           "must be > 0", "e.g. 0.001, or null for no z-loss")
+
+
+def _check_expert_sync(parallel: ParallelConfig, problems: list[Problem]) -> None:
+    """The weight sync (`megarl.bridge`) plans over the actor's TP × PP: with experts split over EP or
+    expert-TP ranks it would look for every expert on every rank, so an RL run refuses those layouts."""
+    why = ("the weight sync to the rollout engines does not send experts split over expert-parallel or expert-TP "
+           "ranks yet (issue 29 item 3); the experts load, train, checkpoint and export at this layout (megarl sft, "
+           "megarl convert)")
+    ep, etp = parallel.expert_model_parallel_size, parallel.expert_tensor_parallel_size
+    _need(problems, ep <= 1, "actor.parallel.expert_model_parallel_size", ep, why,
+          "set actor.parallel.expert_model_parallel_size: 1 for an RL run")
+    _need(problems, etp in (None, parallel.tensor_model_parallel_size), "actor.parallel.expert_tensor_parallel_size",
+          etp, why, "leave actor.parallel.expert_tensor_parallel_size unset (the actor's TP) for an RL run")
 
 
 def _check_rollout_correction(correction: RolloutCorrectionConfig, problems: list[Problem]) -> None:

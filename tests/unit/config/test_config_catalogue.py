@@ -194,6 +194,12 @@ CASES = [
     ("rollout-tp-not-dividing-expert-width", ["model.path={tmp}/model_moe", "rollout.tensor_model_parallel_size=4"],
      "rollout.tensor_model_parallel_size", "vLLM cuts every expert over the rollout TP ranks, and rollout TP 4 does not "
      "divide the expert intermediate size 6 (moe_intermediate_size)"),
+    ("actor-ep-before-the-expert-sync", ["model.path={tmp}/model_moe", "actor.parallel.expert_model_parallel_size=2"],
+     "actor.parallel.expert_model_parallel_size", "the weight sync to the rollout engines does not send experts split "
+     "over expert-parallel or expert-TP ranks yet (issue 29 item 3)"),
+    ("actor-expert-tp-before-the-expert-sync", ["model.path={tmp}/model_moe",
+                                               "actor.parallel.expert_tensor_parallel_size=1"],
+     "actor.parallel.expert_tensor_parallel_size", "fix: leave actor.parallel.expert_tensor_parallel_size unset"),
     ("fp16-params", ["model.dtype=float16"], "model.dtype", "expected one of 'float32', 'bfloat16'"),
     ("sequence-parallel-tp1", ["actor.parallel.tensor_model_parallel_size=1", "actor.parallel.sequence_parallel=true"],
      "actor.parallel.sequence_parallel",
