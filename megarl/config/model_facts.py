@@ -47,6 +47,8 @@ class ModelFacts:
     """Routed experts per layer (`num_experts`, Qwen3-MoE); 0 for a dense model."""
     moe_ffn_hidden_size: int = 0
     """One expert's intermediate size (`moe_intermediate_size`); 0 for a dense model."""
+    num_experts_per_tok: int = 0
+    """Experts each token is routed to (`num_experts_per_tok`, top-k); 0 for a dense model."""
 
 
 class ModelFactsError(Exception):
@@ -120,5 +122,6 @@ def read_config_json(config_json: Path) -> ModelFacts:
                               "with a complete config.json") from error
     return ModelFacts(dims.model_type, dims.num_attention_heads, dims.num_kv_heads, dims.num_layers, dims.hidden_size,
                       dims.vocab_size, dims.max_position_embeddings, dims.ffn_hidden_size, dims.head_dim,
-                      dims.tie_word_embeddings, str(config_json), dims.num_experts, dims.moe_ffn_hidden_size)
+                      dims.tie_word_embeddings, str(config_json), dims.num_experts, dims.moe_ffn_hidden_size,
+                      dims.num_experts_per_tok)
 
