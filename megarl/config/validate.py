@@ -525,7 +525,7 @@ def _check_layout_against_model(config: Config, facts: ModelFacts, problems: lis
         roles["ref"] = (config.ref.parallel, None)
     model = f"the model ({facts.source})"
     for role, (parallel, recompute) in roles.items():
-        check_megatron_layout(role, parallel, recompute, facts, model, problems)
+        check_megatron_layout(role, parallel, recompute, facts, model, problems, trained=role != "ref")
     if not facts.num_experts:
         for key, value in (("actor.moe.aux_loss_coeff", config.actor.moe.aux_loss_coeff),
                            ("actor.moe.z_loss_coeff", config.actor.moe.z_loss_coeff)):
@@ -559,7 +559,7 @@ def _ffn_split(what: str, tp: int, ffn: int, model: str) -> str:
 
 
 def check_megatron_layout(role: str, parallel: ParallelConfig, recompute: RecomputeConfig | None, facts: ModelFacts,
-                           model: str, problems: list[Problem]) -> None:
+                           model: str, problems: list[Problem], trained: bool = True) -> None:
     """TP | heads, TP | KV groups, TP | MLP width, PP | layers (and recomputed layers within a stage) of `role`'s layout; `role`
     "" for a recipe whose `parallel` section is top-level (`megarl sft`)."""
     tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
@@ -573,7 +573,7 @@ def check_megatron_layout(role: str, parallel: ParallelConfig, recompute: Recomp
                                                f"({kv} ÷ {tp} = {kv / tp:.2f})", f"use a TP dividing {kv}")
         ffn = facts.ffn_hidden_size
         _need(problems, ffn % tp == 0, key, tp, _ffn_split("TP", tp, ffn, model), f"use a TP dividing {ffn}")
-    _check_expert_layout(prefix, parallel, facts, model, problems)
+    _check_expert_layout(prefix, parallel, facts, model, problems, trained)
     if pp >= 1:
         _need(problems, layers % pp == 0, f"{prefix}parallel.pipeline_model_parallel_size", pp,
               f"PP {pp} does not divide the {layers} layers of {model} ({layers} ÷ {pp} = {layers / pp:.2f})",
@@ -586,8 +586,11 @@ def check_megatron_layout(role: str, parallel: ParallelConfig, recompute: Recomp
 
 
 def _check_expert_layout(prefix: str, parallel: ParallelConfig, facts: ModelFacts, model: str,
-                         problems: list[Problem]) -> None:
-    """EP | experts and expert TP | expert width for a mixture-of-experts model; neither set for a dense one."""
+                         problems: list[Problem], trained: bool) -> None:
+    """EP | experts and expert TP | expert width for a mixture-of-experts model; neither set for a dense one.
+    A trained mixture of experts with TP > 1 needs sequence parallelism: without it every TP rank routes
+    the same tokens to the experts, whose gradients would count each token TP times (Megatron-LM's
+    arguments refuse MoE with TP > 1 and no --sequence-parallel)."""
     ep, etp = parallel.expert_model_parallel_size, parallel.expert_tensor_parallel_size
     ep_key, etp_key = f"{prefix}parallel.expert_model_parallel_size", f"{prefix}parallel.expert_tensor_parallel_size"
     experts, width = facts.num_experts, facts.moe_ffn_hidden_size
@@ -596,6 +599,12 @@ def _check_expert_layout(prefix: str, parallel: ParallelConfig, facts: ModelFact
         _need(problems, ep == 1, ep_key, ep, f"{dense}: expert parallelism splits experts", f"set {ep_key}: 1")
         _need(problems, etp is None, etp_key, etp, f"{dense}: expert TP cuts experts", f"remove {etp_key} (null)")
         return
+    tp = parallel.tensor_model_parallel_size
+    sp_key = f"{prefix}parallel.sequence_parallel"
+    _need(problems, not trained or tp <= 1 or parallel.sequence_parallel, sp_key, False,
+          f"{model} is a mixture of experts trained at TP {tp}: without sequence parallelism every TP rank would route "
+          "the same tokens to the experts and their gradients would count each token TP times (Megatron-LM refuses "
+          "MoE with TP > 1 without --sequence-parallel)", f"set {sp_key}: true")
     if ep >= 1:
         _need(problems, experts % ep == 0, ep_key, ep,
               f"EP {ep} does not divide the {experts} experts of {model} (each EP rank holds an equal share)",

@@ -194,6 +194,8 @@ CASES = [
     ("rollout-tp-not-dividing-expert-width", ["model.path={tmp}/model_moe", "rollout.tensor_model_parallel_size=4"],
      "rollout.tensor_model_parallel_size", "vLLM cuts every expert over the rollout TP ranks, and rollout TP 4 does not "
      "divide the expert intermediate size 6 (moe_intermediate_size)"),
+    ("moe-trained-at-tp2-without-sequence-parallel", ["model.path={tmp}/model_moe"], "actor.parallel.sequence_parallel",
+     "is a mixture of experts trained at TP 2: without sequence parallelism every TP rank would route the same tokens"),
     ("actor-ep-before-the-expert-sync", ["model.path={tmp}/model_moe", "actor.parallel.expert_model_parallel_size=2"],
      "actor.parallel.expert_model_parallel_size", "the weight sync to the rollout engines does not send experts split "
      "over expert-parallel or expert-TP ranks yet (issue 29 item 3)"),
@@ -464,6 +466,15 @@ def test_base_recipe_is_valid(workdir, capsys):
     assert (code, err) == (0, "")
     assert "base.yaml: OK" in out
     assert snapshot(workdir) == before
+
+
+def test_a_mixture_of_experts_recipe_is_valid_with_its_router_settings(workdir, capsys):
+    write_bad_models(workdir)
+    code, out, err = run_validate(capsys, "base.yaml", f"model.path={workdir}/model_moe",
+                                  "actor.parallel.sequence_parallel=true", "actor.moe.aux_loss_coeff=0.01",
+                                  "actor.moe.z_loss_coeff=0.001")
+    assert (code, err) == (0, ""), err
+    assert "base.yaml: OK" in out
 
 
 def test_three_problems_are_all_reported(workdir, capsys):
