@@ -35,7 +35,8 @@ GRPO_ARGS = {"trainer.total_steps": STEPS, "checkpoint.save_freq": 2, "trainer.t
 # only when configured).
 GRPO_METRICS = {
     name for name in DOCUMENTED_METRICS
-    if not name.startswith(("critic/", "val/", "timing/", "dapo/", "correction/", "actor/reward_kl_penalty"))
+    if not name.startswith(("critic/", "val/", "timing/", "dapo/", "correction/", "actor/reward_kl_penalty",
+                            "actor/moe/"))
     and name not in ("reward/rm_mean", "actor/overlong_filtered")
 } | {"timing/rollout", "timing/reward", "timing/adv", "timing/update_actor", "timing/sync", "timing/step",
      "timing/sleep", "timing/onload", "timing/offload", "timing/wake_up"}
