@@ -4,7 +4,8 @@ The architecture of the config's `model_type` (`megarl.models.arch`) gives the a
 TransformerConfig fields and the layer spec; this module adds what every architecture shares: the
 parallel sizes, precision, RoPE arguments, the Transformer Engine mask type and the value head.
 `transformer_impl` picks the layer spec: "local" (plain torch, runs on CPU) or "transformer_engine"
-(GPU); the TransformerConfig is the same for both but for `apply_rope_fusion` (`rope_fusion`).
+(GPU); the TransformerConfig is the same for both but for `apply_rope_fusion` (`rope_fusion`) and, for a
+mixture of experts, `moe_grouped_gemm` (the TE spec's grouped-GEMM experts).
 `params_dtype` bfloat16 gives bf16 parameters and compute (megatron's `bf16` TransformerConfig field
 follows it); the fp32 main parameters and gradients of mixed precision belong to the trainer
 (`megarl.workers.megatron_train`).
@@ -110,7 +111,7 @@ def transformer_config(
     check_parallel_layout(dims, tp_size=tp_size, pp_size=pp_size, ep_size=ep_size, etp_size=etp_size)
     _check_impl(transformer_impl)
     architectural = architecture(dims.model_type).transformer_fields(dims)
-    derived = {"bf16", "fp16", "params_dtype", "pipeline_dtype", "apply_rope_fusion"}
+    derived = {"bf16", "fp16", "params_dtype", "pipeline_dtype", "apply_rope_fusion", "moe_grouped_gemm"}
     clashes = sorted(set(overrides) & (set(architectural) - TRAINING_DEFAULTS | derived))
     if clashes:
         raise ValueError(
@@ -136,6 +137,8 @@ def transformer_config(
         use_cpu_initialization=not uses_cuda(),
         transformer_impl=transformer_impl,
         apply_rope_fusion=rope_fusion(transformer_impl),
+        # The TE spec's experts are one grouped GEMM (`layer_spec_options` of a mixture of experts).
+        moe_grouped_gemm=bool(dims.num_experts) and transformer_impl == "transformer_engine",
         **overrides,
     )
 

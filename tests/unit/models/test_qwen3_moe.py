@@ -155,6 +155,24 @@ def test_expert_parallel_layouts_the_model_cannot_be_cut_into():
         check_parallel_layout(dense, tp_size=1, pp_size=1, ep_size=2)
 
 
+def test_transformer_engines_grouped_gemm_experts_map_to_the_same_hf_tensors():
+    """The TE spec's TEGroupedMLP holds a stage's local experts as `linear_fc1.weight{e}` of one grouped
+    linear; they are the local spec's `local_experts.{e}` (global expert offset + e)."""
+    from megarl.models.layout import expert_offset, is_expert, param_mapping
+
+    dims = read_model_dims(QWEN3_30B_A3B)
+    assert architecture("qwen3_moe").layer_spec_options(dims, "transformer_engine")["moe_grouped_gemm"]
+    assert not architecture("qwen3_moe").layer_spec_options(dims, "local")["moe_grouped_gemm"]
+    offset = expert_offset(dims, ep_size=8, ep_rank=2)
+    grouped = param_mapping("decoder.layers.3.mlp.experts.linear_fc1.weight5", dims, expert_offset=offset)
+    assert grouped.hf_names == ("model.layers.3.mlp.experts.37.gate_proj.weight", "model.layers.3.mlp.experts.37.up_proj.weight")
+    assert grouped.kind == "gate_up" and grouped.megatron_name.endswith("linear_fc1.weight5")
+    assert param_mapping("decoder.layers.0.mlp.experts.linear_fc2.weight15", dims).hf_names == (
+        "model.layers.0.mlp.experts.15.down_proj.weight",)
+    assert is_expert("decoder.layers.0.mlp.experts.linear_fc2.weight15")
+    assert not is_expert("decoder.layers.0.mlp.linear_fc2.weight")
+
+
 def test_local_expert_names_map_to_global_experts():
     from megarl.models.layout import expert_offset, is_expert, param_mapping
 
