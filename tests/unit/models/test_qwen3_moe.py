@@ -1,7 +1,7 @@
 """Qwen3-MoE's architecture module: config.json → dims (and what it refuses), the TransformerConfig MoE
 fields, the layer spec, the expert tensor table and the total / active counts. The registry-wide
 tests (test_arch_registry) cover its tiny checkpoint's tensors, parameter count and TP round trip;
-tests/distributed/models/test_qwen3_moe.py its logits against transformers'."""
+tests/distributed/models/test_qwen3_moe_parity.py its logits against transformers'."""
 
 import pytest
 import torch
