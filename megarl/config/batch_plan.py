@@ -3,8 +3,10 @@
     samples per step        = data.train_batch_size (prompts) × rollout.n
     rollout engines         = rollout GPUs ÷ rollout TP;  samples per engine = samples per step ÷ engines
     role DP                 = training GPUs ÷ (TP × PP)
-    role processes          = the actor's, or a worker group of its own when its (TP, PP) differs from the
-                              actor's (megatron-core keeps one grid per process) or ref.colocate_with_actor is false
+    role processes          = the actor's, or a worker group of its own when its (TP, PP, EP, expert TP) differs
+                              from the actor's (megatron-core keeps one grid per process) or ref.colocate_with_actor
+                              is false
+    role experts            = expert TP × EP × expert DP per pipeline stage (training GPUs ÷ PP)
     samples per mini-batch  = ppo_mini_batch_size (prompts) × rollout.n;  per rank = that ÷ DP
     grad accumulation       = per-rank mini-batch ÷ micro_batch_size_per_gpu (micro-batches per optimizer step);
                               with max_tokens_per_micro_batch, as many packed micro-batches as the tokens need
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 from megarl.config.config import Config
 from megarl.config.problems import ConfigError, Problem
-from megarl.config.role_checks import check_interleaved_micro_batches
+from megarl.config.role_checks import check_expert_grid, check_interleaved_micro_batches
 from megarl.config.roles import ActorConfig, CriticConfig, ParallelConfig, RefConfig
 from megarl.config.rollout import response_length
 
@@ -73,6 +75,21 @@ class RolePlan:
     virtual_pipeline: int
     """Virtual stages (model chunks) per PP rank; 1 without the interleaved schedule
     (`parallel.virtual_pipeline_model_parallel_size`)."""
+    expert_parallel: int = 1
+    """EP size (the role's `parallel.expert_model_parallel_size`); 1 for a dense model."""
+    expert_tensor_parallel: int = 1
+    """Expert TP size (the role's `parallel.expert_tensor_parallel_size`, its TP when unset)."""
+
+    @property
+    def grid(self) -> tuple[int, int, int, int, int]:
+        """(TP, PP, VPP, EP, expert TP): what one process's megatron grid and model chunks are made of."""
+        return (
+            self.tensor_parallel,
+            self.pipeline_parallel,
+            self.virtual_pipeline,
+            self.expert_parallel,
+            self.expert_tensor_parallel,
+        )
 
 
 @dataclass(frozen=True)
@@ -148,18 +165,19 @@ def old_log_prob_pass(config: Config, update: UpdatePlan) -> tuple[str, ...]:
 
 def runs_in_own_group(name: str, config: Config) -> bool:
     """Whether role `name` (critic, ref) needs a worker group of its own: megatron-core keeps one
-    (TP, PP) grid per process, so a layout other than the actor's needs other processes; the reference
-    also gets its own when `ref.colocate_with_actor` is false."""
+    (TP, PP, EP, expert TP) grid per process, so a layout other than the actor's needs other processes;
+    the reference also gets its own when `ref.colocate_with_actor` is false."""
     role = getattr(config, name)
-    layout = [
-        (
-            r.parallel.tensor_model_parallel_size,
-            r.parallel.pipeline_model_parallel_size,
-            r.parallel.virtual_pipeline_model_parallel_size,
-        )
-        for r in (role, config.actor)
-    ]
-    return layout[0] != layout[1] or (name == "ref" and not config.ref.colocate_with_actor)
+    return grid_of(role.parallel) != grid_of(config.actor.parallel) or (
+        name == "ref" and not config.ref.colocate_with_actor
+    )
+
+
+def grid_of(parallel: ParallelConfig) -> tuple[int, int, int, int, int]:
+    """(TP, PP, VPP, EP, expert TP) of a `parallel` section, VPP and expert TP resolved (unset: 1 and TP)."""
+    tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
+    vpp, etp = parallel.virtual_pipeline_model_parallel_size, parallel.expert_tensor_parallel_size
+    return tp, pp, vpp or 1, parallel.expert_model_parallel_size, tp if etp is None else etp
 
 
 def plan_batches(config: Config) -> BatchPlan:
@@ -229,6 +247,9 @@ def _sizes_positive(config: Config, problems: list[Problem]) -> bool:
     for name, role in roles.items():
         sizes[f"{name}.parallel.tensor_model_parallel_size"] = role.parallel.tensor_model_parallel_size
         sizes[f"{name}.parallel.pipeline_model_parallel_size"] = role.parallel.pipeline_model_parallel_size
+        sizes[f"{name}.parallel.expert_model_parallel_size"] = role.parallel.expert_model_parallel_size
+        if role.parallel.expert_tensor_parallel_size is not None:
+            sizes[f"{name}.parallel.expert_tensor_parallel_size"] = role.parallel.expert_tensor_parallel_size
         sizes[f"{name}.micro_batch_size_per_gpu"] = role.micro_batch_size_per_gpu
     budgets = {f"{name}.max_tokens_per_micro_batch": role.max_tokens_per_micro_batch for name, role in roles.items()}
     for name, trained in (("actor", config.actor), ("critic", config.critic)):
@@ -390,6 +411,9 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
         )
         return None
     dp = train_gpus // (tp * pp)
+    if not check_expert_grid(f"{name}.", parallel, train_gpus, problems):
+        return None
+    _, _, _, ep, etp = grid_of(parallel)
     own_group = name != "actor" and runs_in_own_group(name, config)
     dp_text = f"{name} DP {dp} ({train_gpus} GPUs ÷ (TP {tp} × PP {pp}))"
     vpp = parallel.virtual_pipeline_model_parallel_size or 1
@@ -422,6 +446,8 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
             own_group,
             parallel.sequence_parallel,
             vpp,
+            ep,
+            etp,
         )
     prompts, n, micro = config.data.train_batch_size, config.rollout.n, role.micro_batch_size_per_gpu
     samples = prompts * n
@@ -460,6 +486,8 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
         own_group,
         parallel.sequence_parallel,
         vpp,
+        ep,
+        etp,
     )
 
 
@@ -541,12 +569,7 @@ def _process_lines(plan: BatchPlan) -> list[str]:
     lines = [f"processes: {', '.join(shared)} in the actor's group ({plan.train_gpus} processes, one per training GPU)"]
     actor = plan.actor
     for role in plan.own_groups:
-        why = (
-            "its layout differs from the actor's"
-            if (role.tensor_parallel, role.pipeline_parallel, role.virtual_pipeline)
-            != (actor.tensor_parallel, actor.pipeline_parallel, actor.virtual_pipeline)
-            else "ref.colocate_with_actor: false"
-        )
+        why = "its layout differs from the actor's" if role.grid != actor.grid else "ref.colocate_with_actor: false"
         lines.append(
             f"           {role.role} in a group of its own ({plan.train_gpus} processes on the same GPUs, "
             f"TP {role.tensor_parallel} × PP {role.pipeline_parallel} × DP {role.data_parallel}: {why})"
@@ -616,6 +639,14 @@ def format_plan(plan: BatchPlan) -> str:
     ]
     if virtual:
         lines.append(f"virtual pipeline: {', '.join(virtual)}; megatron's interleaved 1F1B schedule")
+    experts = [
+        f"{role.role} (expert TP {role.expert_tensor_parallel} × EP {role.expert_parallel} × expert DP "
+        f"{plan.train_gpus // (role.pipeline_parallel * role.expert_tensor_parallel * role.expert_parallel)})"
+        for role in (plan.actor, plan.critic, plan.ref)
+        if role is not None and (role.expert_parallel, role.expert_tensor_parallel) != (1, role.tensor_parallel)
+    ]
+    if experts:
+        lines.append(f"experts: {', '.join(experts)} per pipeline stage")
     if plan.critic is None:
         lines.append("critic: none (critic.enable: false)")
     if plan.ref is None:

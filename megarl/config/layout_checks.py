@@ -4,6 +4,7 @@
 from megarl.config.batch_plan import uses_reference
 from megarl.config.config import Config
 from megarl.config.model_facts import ModelFacts
+from megarl.config.moe_checks import check_dense_router_settings, check_expert_layout, check_rollout_expert_split
 from megarl.config.problems import Problem
 from megarl.config.role_checks import need
 from megarl.config.roles import ParallelConfig, RecomputeConfig
@@ -19,7 +20,8 @@ def check_layout_against_model(config: Config, facts: ModelFacts, problems: list
         roles["ref"] = (config.ref.parallel, None)
     model = f"the model ({facts.source})"
     for role, (parallel, recompute) in roles.items():
-        check_megatron_layout(role, parallel, recompute, facts, model, problems)
+        check_megatron_layout(role, parallel, recompute, facts, model, problems, trained=role != "ref")
+    check_dense_router_settings(config.actor, facts, model, problems)
     beyond = [stop for stop in config.rollout.stop if isinstance(stop, int) and stop >= facts.vocab_size]
     need(
         problems,
@@ -57,6 +59,7 @@ def check_layout_against_model(config: Config, facts: ModelFacts, problems: list
             _ffn_split("rollout TP", tp, ffn, model),
             f"use a rollout TP dividing {ffn}",
         )
+        check_rollout_expert_split(tp, facts, model, problems)
 
 
 def _ffn_split(what: str, tp: int, ffn: int, model: str) -> str:
@@ -75,6 +78,7 @@ def check_megatron_layout(
     facts: ModelFacts,
     model: str,
     problems: list[Problem],
+    trained: bool = True,
 ) -> None:
     """TP | heads, TP | KV groups, TP | MLP width, PP | layers (and recomputed layers within a stage) of `role`'s layout; `role`
     "" for a recipe whose `parallel` section is top-level (`megarl sft`)."""
@@ -101,6 +105,7 @@ def check_megatron_layout(
         )
         ffn = facts.ffn_hidden_size
         need(problems, ffn % tp == 0, key, tp, _ffn_split("TP", tp, ffn, model), f"use a TP dividing {ffn}")
+    check_expert_layout(prefix, parallel, facts, model, problems, trained)
     if pp >= 1:
         need(
             problems,

@@ -10,13 +10,16 @@ holds the activations of the most micro-batches in flight):
   vocabulary is padded to a multiple of 128 × TP as megatron does; the first stage holds the
   embedding, the last the output layer (absent when tied) and the final norm; norms are replicated
   over TP.
+  A mixture of experts (Qwen3-MoE) holds the router and E / EP experts per layer, each expert cut
+  over expert TP (the role's TP unless `expert_tensor_parallel_size` says).
 - **gradients**: megatron DDP's grad buffer, always fp32 (`grad_reduce_in_fp32`: the main grads of
   mixed precision), 4 bytes per parameter.
 - **optimizer**: Adam's two fp32 moments, plus the fp32 main copy of the parameters when they are
   bfloat16 (megatron's mixed-precision optimizers); divided by DP with the distributed optimizer. Per
   parameter: fp32 4 + 4 + 8/DP bytes, bf16 2 + 4 + 12/DP (megatron's distributed-optimizer table,
   with fp32 gradients). `optim.cpu_offload` keeps `cpu_offload_fraction` of it in host memory
-  (megatron's HybridDeviceOptimizer): the GPU holds the rest.
+  (megatron's HybridDeviceOptimizer): the GPU holds the rest. Experts' state shards over expert DP
+  (a stage's GPUs ÷ (expert TP × EP)) instead of DP.
 - **activations** of one training micro-batch of `micro_batch_size_per_gpu` samples of
   S = `data.max_prompt_length + rollout.max_new_tokens` tokens (packed: `max_tokens_per_micro_batch` ÷ S
   rows of S tokens) (no sequence parallelism, no dropout),
@@ -28,7 +31,9 @@ holds the activations of the most micro-batches in flight):
       + a·S / t          the softmax probabilities, which the local spec's softmax keeps; Transformer
                          Engine's THD attention (flash/cuDNN, `megarl.workers.thd`) keeps none, so
                          there the estimate is an upper bound
-      + 3f / t           fc1 output (gate, up) and the SwiGLU output
+      + 3f / t           fc1 output (gate, up) and the SwiGLU output; with experts
+                         k·(h + 3f_e / t_e) for each token's k dispatched copies and its experts' (top-k
+                         k, expert width f_e, expert TP t_e)
 
   With 1F1B the first stage keeps PP micro-batches in flight of L/PP layers each: L layers' worth. The
   interleaved schedule (VPP = v ≥ 2 chunks of L/(PP·v) layers per stage) warms up 2(PP − 1) + (v − 1)·PP
@@ -70,7 +75,7 @@ from megarl.config.problems import Problem
 from megarl.config.roles import ParallelConfig, RecomputeConfig
 from megarl.config.rollout import response_length, rollout_dtype
 from megarl.models.arch import architecture
-from megarl.models.arch.dense import layer_parameters
+from megarl.models.arch.dense import expert_parameters, layer_parameters
 from megarl.models.layout import VOCAB_DIVISIBLE_BY
 
 GIB = 2**30
@@ -114,6 +119,8 @@ class ModelShape:
     """Routed experts per layer (Qwen3-MoE); 0 for a dense model."""
     moe_ffn_hidden_size: int = 0
     """One expert's intermediate size; 0 for a dense model."""
+    num_experts_per_tok: int = 0
+    """Experts each token goes through (top-k); 0 for a dense model."""
 
     @classmethod
     def of(cls, model_path: str) -> ModelShape:
@@ -134,19 +141,28 @@ class ModelShape:
             tie_word_embeddings=facts.tie_word_embeddings,
             num_experts=facts.num_experts,
             moe_ffn_hidden_size=facts.moe_ffn_hidden_size,
+            num_experts_per_tok=facts.num_experts_per_tok,
         )
 
-    def layer_parameters(self, tp: int) -> int:
-        """Parameters of one transformer layer on one TP rank (the decoder family's count, all experts)."""
-        return layer_parameters(self, tp)
+    def layer_parameters(self, tp: int, ep: int = 1, etp: int | None = None) -> int:
+        """Parameters of one transformer layer on one rank (the decoder family's count): a mixture of
+        experts' E / EP experts cut over expert TP `etp` (None: `tp`)."""
+        return layer_parameters(self, tp, ep, etp)
+
+    def stage_expert_parameters(self, pp: int, ep: int, etp: int) -> int:
+        """The expert parameters of one rank of a stage (its layers' E / EP experts cut over `etp`),
+        which the distributed optimizer shards over the expert-DP ranks instead of DP."""
+        return self.num_layers // pp * expert_parameters(self, ep, etp)
 
     def padded_vocab(self, tp: int) -> int:
         multiple = VOCAB_DIVISIBLE_BY * tp
         return -(-self.vocab_size // multiple) * multiple
 
-    def stage_parameters(self, tp: int, pp: int, stage: int, value_head: bool = False) -> int:
+    def stage_parameters(
+        self, tp: int, pp: int, stage: int, value_head: bool = False, ep: int = 1, etp: int | None = None
+    ) -> int:
         """Parameters on one rank of pipeline stage `stage` (layers split evenly over the stages)."""
-        count = self.num_layers // pp * self.layer_parameters(tp)
+        count = self.num_layers // pp * self.layer_parameters(tp, ep, etp)
         vocab_shard = self.padded_vocab(tp) * self.hidden_size // tp
         if stage == 0:
             count += vocab_shard
@@ -158,9 +174,9 @@ class ModelShape:
                 count += vocab_shard
         return count
 
-    def rank_parameters(self, tp: int, pp: int, value_head: bool = False) -> int:
-        """The most parameters any rank of a (TP, PP) layout holds."""
-        return max(self.stage_parameters(tp, pp, stage, value_head) for stage in range(pp))
+    def rank_parameters(self, tp: int, pp: int, value_head: bool = False, ep: int = 1, etp: int | None = None) -> int:
+        """The most parameters any rank of a (TP, PP, EP, expert TP) layout holds."""
+        return max(self.stage_parameters(tp, pp, stage, value_head, ep, etp) for stage in range(pp))
 
     def total_parameters(self) -> int:
         """Parameters of the unsharded model (HF vocabulary, no padding)."""
@@ -168,14 +184,21 @@ class ModelShape:
         output = 0 if self.tie_word_embeddings else embedding
         return self.num_layers * self.layer_parameters(1) + embedding + output + self.hidden_size
 
-    def activation_elements_per_token(self, tp: int, seq_len: int, recompute: str) -> int:
+    def activation_elements_per_token(self, tp: int, seq_len: int, recompute: str, etp: int | None = None) -> int:
         """Elements one transformer layer keeps per token for backward (see the module docstring);
         with "full" recompute, only the layer input."""
         if recompute == "full":
             return self.hidden_size
         h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_kv_heads * self.head_dim
         attention = self.num_attention_heads * seq_len // tp if recompute != "selective" else 0
-        return 4 * h + (2 * q + 2 * kv) // tp + attention + 3 * self.ffn_hidden_size // tp
+        return 4 * h + (2 * q + 2 * kv) // tp + attention + self.mlp_activation_elements(tp, etp)
+
+    def mlp_activation_elements(self, tp: int, etp: int | None) -> int:
+        """The MLP's share per token: 3f / t dense; with experts, top-k × (h + 3f_e / expert TP) (each
+        token's k dispatched copies and its experts' fc1 and SwiGLU outputs)."""
+        if not self.num_experts:
+            return 3 * self.ffn_hidden_size // tp
+        return self.num_experts_per_tok * (self.hidden_size + 3 * self.moe_ffn_hidden_size // (etp or tp))
 
 
 @dataclass(frozen=True)
@@ -242,15 +265,23 @@ def state_bytes(
 ) -> tuple[int, int, int]:
     """(parameters, gradients, optimizer) bytes on the busiest rank of a role (module docstring) on its GPU;
     `offloaded`: the share of the optimizer state kept in host memory (`optim.cpu_offload_fraction`)."""
-    params = shape.rank_parameters(
-        parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size, value_head
+    tp, pp, ep = (
+        parallel.tensor_model_parallel_size,
+        parallel.pipeline_model_parallel_size,
+        parallel.expert_model_parallel_size,
     )
+    etp = parallel.expert_tensor_parallel_size or tp
+    params = shape.rank_parameters(tp, pp, value_head, ep, etp)
     width = DTYPE_BYTES[dtype]
     if not trained:
         return params * width, 0, 0
-    optimizer = params * (ADAM_MOMENTS + (FP32 if width < FP32 else 0))
+    per_parameter = ADAM_MOMENTS + (FP32 if width < FP32 else 0)
+    optimizer = params * per_parameter
     if distributed_optimizer:
-        optimizer = -(-optimizer // dp)
+        # Dense parameters shard over DP, experts over expert DP (a stage's GPUs ÷ (expert TP × EP)).
+        experts = shape.stage_expert_parameters(pp, ep, etp)
+        expert_dp = dp * tp // (etp * ep)
+        optimizer = -(-(params - experts) * per_parameter // dp) + -(-experts * per_parameter // expert_dp)
     return params * width, params * FP32, round(optimizer * (1 - offloaded))
 
 
@@ -265,7 +296,11 @@ def activation_bytes(
 ) -> int:
     """Training activations of one micro-batch on the first stage (all its in-flight micro-batches),
     plus the last stage's logits and their fp32 working copies when PP is 1 (else they are on another rank)."""
-    tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
+    tp, pp, etp = (
+        parallel.tensor_model_parallel_size,
+        parallel.pipeline_model_parallel_size,
+        parallel.expert_tensor_parallel_size,
+    )
     tokens = micro_batch * seq_len
     width = DTYPE_BYTES[dtype]
     granularity = recompute.granularity
@@ -274,16 +309,16 @@ def activation_bytes(
         per_stage = shape.num_layers // pp
         recomputed = min(recompute.num_layers or 0, per_stage)
         kept = (
-            recomputed * shape.activation_elements_per_token(tp, seq_len, "full")
-            + (per_stage - recomputed) * shape.activation_elements_per_token(tp, seq_len, "none")
+            recomputed * shape.activation_elements_per_token(tp, seq_len, "full", etp)
+            + (per_stage - recomputed) * shape.activation_elements_per_token(tp, seq_len, "none", etp)
         ) * pp
     else:
-        kept = shape.num_layers * shape.activation_elements_per_token(tp, seq_len, granularity)
+        kept = shape.num_layers * shape.activation_elements_per_token(tp, seq_len, granularity, etp)
     vpp = parallel.virtual_pipeline_model_parallel_size or 1
     if vpp > 1:  # the interleaved schedule's extra chunk passes in flight (module docstring)
         kept = kept * (pp * vpp + pp - 1) // (pp * vpp)
     if granularity == "full":  # plus the working set of the one layer being recomputed
-        kept += shape.activation_elements_per_token(tp, seq_len, "none")
+        kept += shape.activation_elements_per_token(tp, seq_len, "none", etp)
     # Logits in the model dtype, their fp32 upcast (none when already fp32), the fp32 exponentials.
     logit_bytes = width + (FP32 if width < FP32 else 0) + FP32
     logits = 0 if pp > 1 else tokens * (FP32 if value_head else logit_bytes * shape.padded_vocab(tp) // tp)

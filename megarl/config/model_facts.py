@@ -47,6 +47,8 @@ class ModelFacts:
     """Routed experts per layer (`num_experts`, Qwen3-MoE); 0 for a dense model."""
     moe_ffn_hidden_size: int = 0
     """One expert's intermediate size (`moe_intermediate_size`); 0 for a dense model."""
+    num_experts_per_tok: int = 0
+    """Experts each token is routed to (`num_experts_per_tok`, top-k); 0 for a dense model."""
 
 
 class ModelFactsError(Exception):
@@ -152,4 +154,5 @@ def read_config_json(config_json: Path) -> ModelFacts:
         str(config_json),
         dims.num_experts,
         dims.moe_ffn_hidden_size,
+        dims.num_experts_per_tok,
     )

@@ -165,3 +165,24 @@ def check_sequence_parallel(prefix: str, parallel: ParallelConfig, problems: lis
         f"is {tp}",
         f"set {prefix}parallel.sequence_parallel: false, or a tensor_model_parallel_size of 2 or more",
     )
+
+
+def check_expert_grid(prefix: str, parallel: ParallelConfig, gpus: int, problems: list[Problem]) -> bool:
+    """megatron lays each pipeline stage's experts out as expert TP × EP × expert DP over the stage's
+    GPUs: expert TP × EP must divide `gpus` ÷ PP. `prefix` as in `check_sequence_parallel`; `gpus` the
+    role's training GPUs, already a multiple of TP × PP. Returns whether it holds."""
+    pp, ep = parallel.pipeline_model_parallel_size, parallel.expert_model_parallel_size
+    etp = parallel.expert_tensor_parallel_size or parallel.tensor_model_parallel_size
+    stage = gpus // pp
+    ok = stage % (etp * ep) == 0
+    divisors = ", ".join(str(d) for d in range(1, min(stage, 64) + 1) if stage % d == 0)  # a recipe may state millions
+    need(
+        problems,
+        ok,
+        f"{prefix}parallel.expert_model_parallel_size",
+        ep,
+        f"expert TP {etp} × EP {ep} = {etp * ep} does not divide the {stage} GPUs of a pipeline stage ({gpus} GPUs ÷ "
+        f"PP {pp}): megatron lays each stage's experts out as expert TP × EP × expert DP",
+        f"choose expert TP × EP dividing {stage}: {divisors}",
+    )
+    return ok

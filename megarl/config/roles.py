@@ -28,6 +28,16 @@ class ParallelConfig:
     dropout) are split along the sequence over the TP ranks instead of replicated on each. Needs TP > 1;
     every micro-batch's sequence length is padded to a multiple of TP (`megarl.workers.micro_batches.
     pad_sequence`). Same log-probs and gradients as off, to float rounding."""
+    expert_model_parallel_size: int = 1
+    """Expert-parallel size (EP) of a mixture-of-experts model (Qwen3-MoE): each layer's experts are
+    split over EP ranks, and tokens travel to their experts' ranks and back (megatron's alltoall
+    dispatcher). Must divide the model's `num_experts`; 1 for a dense model. The experts have a grid of
+    their own over the same ranks: expert TP × EP × expert DP on each pipeline stage, so expert TP × EP
+    must divide the training GPUs ÷ PP (EP takes ranks from what would be DP for the experts)."""
+    expert_tensor_parallel_size: int | None = None
+    """Tensor-parallel size of each expert (ETP), when the experts are cut differently from the dense
+    layers (e.g. 1: every expert whole on its rank, with TP > 1 for attention). null: the role's TP. Must
+    divide the model's `moe_intermediate_size`; unset for a dense model."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,20 @@ class RolloutCorrectionConfig:
 
 
 @dataclass(frozen=True)
+class MoeConfig:
+    """Training settings of a mixture-of-experts model's routers (megatron-core's MoE losses); a dense
+    model must leave them unset."""
+
+    aux_loss_coeff: float | None = None
+    """Weight of the load-balancing auxiliary loss (megatron's `moe_aux_loss_coeff`, Switch-style:
+    experts' token shares × their mean routing scores, per layer and micro-batch). null: the
+    checkpoint's `router_aux_loss_coef` (0.001 for Qwen3-MoE). 0 turns it off. >= 0."""
+    z_loss_coeff: float | None = None
+    """Weight of the router z-loss (ST-MoE: the squared log-sum-exp of the router logits, which keeps
+    them small; megatron's `moe_z_loss_coeff`). null: off. > 0."""
+
+
+@dataclass(frozen=True)
 class ActorConfig:
     """The policy being trained: its layout, batch slicing, optimizer and policy loss."""
 
@@ -163,6 +187,8 @@ class ActorConfig:
     """Activation recomputation."""
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     """Host offload while the rollout runs."""
+    moe: MoeConfig = field(default_factory=MoeConfig)
+    """Router losses of a mixture-of-experts model (load balancing, z-loss)."""
 
 
 @dataclass(frozen=True)

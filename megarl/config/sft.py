@@ -24,6 +24,7 @@ from megarl.config.problems import Problem
 from megarl.config.resources import data_file_problems, local_path, writable_dir_problem
 from megarl.config.role_checks import (
     check_cpu_offload,
+    check_expert_grid,
     check_interleaved_micro_batches,
     check_optimizer,
     check_sequence_parallel,
@@ -180,6 +181,8 @@ def validate_sft(config: SftConfig, check_files: bool = True) -> list[Problem]:
         ("train.gpus", train.gpus),
         ("parallel.tensor_model_parallel_size", parallel.tensor_model_parallel_size),
         ("parallel.pipeline_model_parallel_size", parallel.pipeline_model_parallel_size),
+        ("parallel.expert_model_parallel_size", parallel.expert_model_parallel_size),
+        ("parallel.expert_tensor_parallel_size", parallel.expert_tensor_parallel_size or 1),
     ):
         need(value >= 1, key, value, "must be >= 1", "e.g. 1")
     need(
@@ -229,6 +232,8 @@ def _check_batch_layout(config: SftConfig, need, problems: list[Problem]) -> Non
     )
     if train.gpus % model_parallel:
         return
+    if parallel.expert_model_parallel_size >= 1 and (parallel.expert_tensor_parallel_size or 1) >= 1:
+        check_expert_grid("", parallel, train.gpus, problems)
     dp = train.gpus // model_parallel
     need(
         train.batch_size % dp == 0,

@@ -4,7 +4,8 @@ The architecture of the config's `model_type` (`megarl.models.arch`) gives the a
 TransformerConfig fields and the layer spec; this module adds what every architecture shares: the
 parallel sizes, precision, RoPE arguments, the Transformer Engine mask type and the value head.
 `transformer_impl` picks the layer spec: "local" (plain torch, runs on CPU) or "transformer_engine"
-(GPU); the TransformerConfig is the same for both but for `apply_rope_fusion` (`rope_fusion`).
+(GPU); the TransformerConfig is the same for both but for `apply_rope_fusion` (`rope_fusion`) and, for a
+mixture of experts, `moe_grouped_gemm` (the TE spec's grouped-GEMM experts).
 `params_dtype` bfloat16 gives bf16 parameters and compute (megatron's `bf16` TransformerConfig field
 follows it); the fp32 main parameters and gradients of mixed precision belong to the trainer
 (`megarl.workers.megatron_train`).
@@ -83,6 +84,11 @@ def rope_fusion(transformer_impl: str) -> bool:
     return transformer_impl == "transformer_engine"
 
 
+TRAINING_DEFAULTS = frozenset({"moe_aux_loss_coeff"})
+"""Architectural fields that are a checkpoint's default for a training setting (the load-balancing
+coefficient of config.json's `router_aux_loss_coef`), which a role's settings (`actor.moe`) may replace."""
+
+
 def transformer_config(
     dims: ModelDims,
     *,
@@ -92,17 +98,19 @@ def transformer_config(
     params_dtype: torch.dtype = torch.float32,
     transformer_impl: str = "local",
     ep_size: int = 1,
+    etp_size: int | None = None,
     **overrides: Any,
 ) -> TransformerConfig:
     """The TransformerConfig of `dims` on a (tp_size, pp_size) grid, with `vpp_size` virtual stages per
-    PP rank (megatron's interleaved schedule; 1: none), experts split over `ep_size` ranks.
+    PP rank (megatron's interleaved schedule; 1: none), experts split over `ep_size` ranks and each expert
+    over `etp_size` (None: TP).
 
     params_dtype: float32 or bfloat16 (`TORCH_DTYPES`); megatron's `bf16` flag follows it.
     overrides: non-architectural TransformerConfig fields the caller owns (e.g. `sequence_parallel`,
     `recompute_granularity`); architectural fields, the precision fields and `apply_rope_fusion`
     (`rope_fusion` of `transformer_impl`) are rejected.
     """
-    check_parallel_layout(dims, tp_size=tp_size, pp_size=pp_size, vpp_size=vpp_size, ep_size=ep_size)
+    check_parallel_layout(dims, tp_size=tp_size, pp_size=pp_size, vpp_size=vpp_size, ep_size=ep_size, etp_size=etp_size)
     _check_impl(transformer_impl)
     architectural = architecture(dims.model_type).transformer_fields(dims)
     derived = {
@@ -113,13 +121,21 @@ def transformer_config(
         "apply_rope_fusion",
         "virtual_pipeline_model_parallel_size",
         "batch_p2p_comm",
+        "moe_grouped_gemm",
     }
-    clashes = sorted(set(overrides) & (set(architectural) | derived))
+    clashes = sorted(set(overrides) & (set(architectural) - TRAINING_DEFAULTS | derived))
     if clashes:
         raise ValueError(
             f"transformer_config: {clashes} come from the HF config.json, params_dtype or transformer_impl "
             "and cannot be overridden"
         )
+    router_settings = sorted(name for name in overrides if name.startswith("moe_"))
+    if router_settings and not dims.num_experts:
+        raise ValueError(
+            f"transformer_config: {router_settings} for a dense model (model_type={dims.model_type!r} "
+            "has no experts); leave the MoE settings unset"
+        )
+    architectural = {name: value for name, value in architectural.items() if name not in overrides}
     _check_dtype(params_dtype)
     return TransformerConfig(
         **architectural,
@@ -127,6 +143,7 @@ def transformer_config(
         pipeline_model_parallel_size=pp_size,
         virtual_pipeline_model_parallel_size=vpp_size if vpp_size > 1 else None,
         expert_model_parallel_size=ep_size,
+        expert_tensor_parallel_size=tp_size if etp_size is None else etp_size,
         bf16=params_dtype == torch.bfloat16,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
@@ -135,6 +152,8 @@ def transformer_config(
         batch_p2p_comm=batch_p2p_comm(vpp_size),
         transformer_impl=transformer_impl,
         apply_rope_fusion=rope_fusion(transformer_impl),
+        # The TE spec's experts are one grouped GEMM (`layer_spec_options` of a mixture of experts).
+        moe_grouped_gemm=bool(dims.num_experts) and transformer_impl == "transformer_engine",
         **overrides,
     )
 
@@ -218,6 +237,7 @@ def build_gpt_model(
         pp_size=groups.pp_size,
         vpp_size=groups.vpp_size,
         ep_size=groups.ep_size,
+        etp_size=groups.etp_size,
         params_dtype=params_dtype,
         transformer_impl=transformer_impl,
         **config_overrides,

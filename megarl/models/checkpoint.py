@@ -73,18 +73,17 @@ def load_hf_weights(
             mapping = param_mapping(name, dims, layer_offset=offset, expert_offset=experts)
             for hf_name in mapping.hf_names:
                 checkpoint.require(hf_name, expected[hf_name])
+            # An expert is cut over the expert-TP ranks, everything else over the TP ranks.
+            tp_size, tp_rank = (
+                (groups.etp_size, groups.etp_rank) if is_expert(name) else (groups.tp_size, groups.tp_rank)
+            )
             shard = tp_shard_from_hf(
-                mapping,
-                read,
-                dims,
-                tp_size=groups.tp_size,
-                tp_rank=groups.tp_rank,
-                vocab_divisible_by=vocab_divisible_by,
+                mapping, read, dims, tp_size=tp_size, tp_rank=tp_rank, vocab_divisible_by=vocab_divisible_by
             )
             if shard.shape != param.shape:
                 raise ValueError(
                     f"{checkpoint.dir}: {mapping.hf_names} give a shard of shape {list(shard.shape)} for Megatron "
-                    f"{name} of shape {list(param.shape)} (vocab_divisible_by={vocab_divisible_by}, TP={groups.tp_size})"
+                    f"{name} of shape {list(param.shape)} (vocab_divisible_by={vocab_divisible_by}, TP={tp_size})"
                 )
             param.copy_(shard)
 
@@ -108,10 +107,11 @@ def export_hf_weights(
 
     `out_dir` appears complete or not at all (an existing one is replaced). Returns it on the ranks
     that wrote. The model must be an LM (a critic's value head has no HF form). With virtual stages pass
-    this rank's chunks (a list): its file holds the layers of all of them. With expert parallelism the
-    EP ranks of DP rank 0 send their experts to it (the first expert-DP replica).
+    this rank's chunks (a list): its file holds the layers of all of them. The experts come from the
+    first expert-DP replica (its ETP × EP ranks), which shares its first rank, the writer of each stage,
+    with DP rank 0 (megatron's dense and expert grids both start a stage at its first rank).
     """
-    if groups.expert_dp_rank != 0:
+    if groups.dp_rank != 0 and groups.expert_dp_rank != 0:
         return None
     chunks = [unwrap_model(chunk) for chunk in (model if isinstance(model, list) else [model])]
     if any(isinstance(getattr(chunk, "output_layer", None), ValueHead) for chunk in chunks):
@@ -121,7 +121,7 @@ def export_hf_weights(
     tensors = {
         name: tensor for chunk in chunks for name, tensor in _gather_stage_hf_tensors(chunk, dims, groups).items()
     }
-    if groups.dp_rank != 0:  # an EP rank whose experts DP rank 0 now holds
+    if groups.dp_rank != 0:  # a rank of the first expert-DP replica: its experts are on the writer now
         return None
     tmp_dir = _shared_tmp_dir(out_dir, groups)
     file_name = (
@@ -149,9 +149,9 @@ def _named_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _gather_stage_hf_tensors(model: torch.nn.Module, dims: ModelDims, groups: ProcessGroups) -> dict[str, torch.Tensor]:
-    """This chunk's parameters as HF tensors on TP rank 0 of EP rank 0 (empty dict elsewhere); TP
-    collectives, and EP collectives for the experts (EP rank r's local expert e is global expert
-    r * E / EP + e)."""
+    """This chunk's parameters as HF tensors (host memory) on its stage's first rank (empty dict
+    elsewhere): dense ones gathered over TP by DP rank 0's ranks, experts over expert-TP then EP by the
+    first expert-DP replica's (EP rank r's local expert e is global expert r * E / EP + e)."""
     offset = chunk_layer_offset(model, dims.num_layers, groups)
     hf_tensors: dict[str, torch.Tensor] = {}
     for name, param in _named_weights(model).items():
@@ -159,27 +159,48 @@ def _gather_stage_hf_tensors(model: torch.nn.Module, dims: ModelDims, groups: Pr
             continue  # a copy of the first stage's embedding, exported from there
         param_mapping(name, dims, layer_offset=offset)  # on every rank: fail before the collective
         shard = param.detach().contiguous()
-        ep_shards = [shard]  # this parameter on EP rank 0, 1, ... (experts only; dense ones are replicas)
-        if groups.ep_size > 1 and is_expert(name):
-            ep_shards = [torch.empty_like(shard) for _ in range(groups.ep_size)] if groups.ep_rank == 0 else None
-            dist.gather(shard, ep_shards, dst=dist.get_global_rank(groups.ep, 0), group=groups.ep)
-        if groups.ep_rank != 0:
-            continue
-        for ep_rank, ep_shard in enumerate(ep_shards):
-            experts = expert_offset(dims, groups.ep_size, ep_rank)
-            mapping = param_mapping(name, dims, layer_offset=offset, expert_offset=experts)
-            hf_tensors.update(_gather_tp(mapping, ep_shard, dims, groups))
+        if is_expert(name):
+            gathered = _gather_expert(name, shard, dims, offset, groups) if groups.expert_dp_rank == 0 else []
+        elif groups.dp_rank == 0:
+            mapping = param_mapping(name, dims, layer_offset=offset)
+            gathered = _gather_tp(mapping, shard, dims, groups.tp, groups.tp_size, groups.tp_rank)
+        else:
+            gathered = []
+        # Host memory: a whole stage would not fit beside the model on the accelerator.
+        hf_tensors.update((hf_name, tensor.cpu()) for hf_name, tensor in gathered)
     return hf_tensors
 
 
-def _gather_tp(mapping, shard: torch.Tensor, dims: ModelDims, groups: ProcessGroups) -> list[tuple[str, torch.Tensor]]:
-    """The HF tensors of one parameter from its TP shards, on TP rank 0 (empty elsewhere); a TP collective."""
-    shards = [torch.empty_like(shard) for _ in range(groups.tp_size)] if groups.tp_rank == 0 else None
-    dist.gather(shard, shards, dst=dist.get_global_rank(groups.tp, 0), group=groups.tp)
-    if groups.tp_rank != 0:
-        return []
-    # Host memory: a whole stage would not fit beside the model on the accelerator.
-    return [(hf_name, tensor.cpu()) for hf_name, tensor in merge_tp_shards(mapping, shards, dims)]
+def _gather_tp(
+    mapping, shard: torch.Tensor, dims: ModelDims, group, size: int, rank: int
+) -> list[tuple[str, torch.Tensor]]:
+    """The HF tensors of one parameter from its shards over a TP (or expert-TP) `group`, on its rank
+    0 (empty elsewhere); a collective of the group."""
+    shards = [torch.empty_like(shard) for _ in range(size)] if rank == 0 else None
+    dist.gather(shard, shards, dst=dist.get_global_rank(group, 0), group=group)
+    return merge_tp_shards(mapping, shards, dims) if rank == 0 else []
+
+
+def _gather_expert(name: str, shard: torch.Tensor, dims: ModelDims, offset: int, groups: ProcessGroups):
+    """One local expert parameter of every EP rank as HF tensors on expert-TP rank 0 of EP rank 0:
+    merged over expert TP, then gathered over EP among the expert-TP rank 0s (an EP group holds ranks
+    of one expert-TP rank)."""
+    experts = expert_offset(dims, groups.ep_size, groups.ep_rank)
+    mapping = param_mapping(name, dims, layer_offset=offset, expert_offset=experts)
+    merged = _gather_tp(mapping, shard, dims, groups.etp, groups.etp_size, groups.etp_rank)
+    if groups.etp_rank != 0 or groups.ep_size == 1:
+        return merged
+    gathered = []
+    for index, (_, tensor) in enumerate(merged):
+        parts = [torch.empty_like(tensor) for _ in range(groups.ep_size)] if groups.ep_rank == 0 else None
+        dist.gather(tensor.contiguous(), parts, dst=dist.get_global_rank(groups.ep, 0), group=groups.ep)
+        if groups.ep_rank == 0:
+            for ep_rank, part in enumerate(parts):
+                names = param_mapping(
+                    name, dims, layer_offset=offset, expert_offset=expert_offset(dims, groups.ep_size, ep_rank)
+                ).hf_names
+                gathered.append((names[index], part))
+    return gathered
 
 
 def _shared_tmp_dir(out_dir: Path, groups: ProcessGroups) -> Path:

@@ -81,15 +81,17 @@ class HFCheckpoint:
             yield read
 
 
-def check_hf_checkpoint(hf_dir: str | Path, *, tp_size: int = 1, pp_size: int = 1) -> ModelDims:
-    """Validate an HF checkpoint dir for megarl at (tp_size, pp_size) and return its dims.
+def check_hf_checkpoint(
+    hf_dir: str | Path, *, tp_size: int = 1, pp_size: int = 1, ep_size: int = 1, etp_size: int | None = None
+) -> ModelDims:
+    """Validate an HF checkpoint dir for megarl at (tp_size, pp_size, ep_size, etp_size) and return its dims.
 
     Raises ValueError / FileNotFoundError naming the file and tensor: unsupported config, a layout the
     model cannot be cut into, missing shard files, missing or unexpected tensors, wrong shapes or
     non-float dtypes.
     """
     dims = read_model_dims(hf_dir)
-    check_parallel_layout(dims, tp_size=tp_size, pp_size=pp_size)
+    check_parallel_layout(dims, tp_size=tp_size, pp_size=pp_size, ep_size=ep_size, etp_size=etp_size)
     checkpoint = HFCheckpoint(hf_dir)
     found = checkpoint.shapes
     expected = hf_param_shapes(dims)

@@ -142,8 +142,18 @@ def read_model_dims(source: str | Path | Mapping[str, Any] | Any) -> ModelDims:
     return dims
 
 
-def check_parallel_layout(dims: ModelDims, *, tp_size: int, pp_size: int, vpp_size: int = 1, ep_size: int = 1) -> None:
-    """Reject a (TP, PP, VPP, EP) layout the model cannot be cut into, before any process group exists."""
+def check_parallel_layout(
+    dims: ModelDims,
+    *,
+    tp_size: int,
+    pp_size: int,
+    vpp_size: int = 1,
+    ep_size: int = 1,
+    etp_size: int | None = None,
+) -> None:
+    """Reject a (TP, PP, VPP, EP, expert TP) layout the model cannot be cut into, before any process
+    group exists; `etp_size` None is TP (megatron's default)."""
+    etp_size = tp_size if etp_size is None else etp_size
     problems = []
     if ep_size > 1 and not dims.num_experts:
         problems.append(
@@ -166,9 +176,14 @@ def check_parallel_layout(dims: ModelDims, *, tp_size: int, pp_size: int, vpp_si
         )
     if dims.ffn_hidden_size % tp_size:
         problems.append(f"tensor parallel size {tp_size} does not divide intermediate_size={dims.ffn_hidden_size}")
-    if dims.moe_ffn_hidden_size % tp_size:
+    if dims.moe_ffn_hidden_size % etp_size:
         problems.append(
-            f"tensor parallel size {tp_size} does not divide moe_intermediate_size={dims.moe_ffn_hidden_size}"
+            f"expert tensor parallel size {etp_size} does not divide moe_intermediate_size={dims.moe_ffn_hidden_size}"
+        )
+    if etp_size != tp_size and not dims.num_experts:
+        problems.append(
+            f"expert tensor parallel size {etp_size} for a dense model (model_type={dims.model_type!r} "
+            "has no experts): leave expert_tensor_parallel_size unset"
         )
     if dims.num_layers % pp_size:
         problems.append(

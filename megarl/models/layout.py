@@ -74,12 +74,24 @@ each norm into the linear after it (`layer_norm_weight`)."""
 _LAYER_NAME = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
 _HF_LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _LOCAL_EXPERT = re.compile(r"(mlp\.experts\.local_experts\.)(\d+)(\..+)")
+_GROUPED_EXPERT = re.compile(r"mlp\.experts\.(linear_fc[12])\.weight(\d+)")
+"""Transformer Engine's grouped-GEMM experts (`TEGroupedMLP`): one `weight{e}` per local expert of a
+fused linear, the local spec's `local_experts.{e}.linear_fc1/2.weight`."""
 
 
 def is_expert(megatron_name: str) -> bool:
     """Whether a stage-local Megatron parameter belongs to one expert (split over EP ranks)."""
     match = _LAYER_NAME.fullmatch(megatron_name)
-    return match is not None and _LOCAL_EXPERT.match(match.group(2)) is not None
+    return match is not None and _LOCAL_EXPERT.match(_local_spec_name(match.group(2))) is not None
+
+
+def _local_spec_name(layer_suffix: str) -> str:
+    """A layer parameter's name after `decoder.layers.{i}.` in the local spec's naming (the table's):
+    Transformer Engine's fused norms and grouped experts renamed."""
+    grouped = _GROUPED_EXPERT.fullmatch(layer_suffix)
+    if grouped:
+        return f"mlp.experts.local_experts.{grouped.group(2)}.{grouped.group(1)}.weight"
+    return _TE_FUSED_NORMS.get(layer_suffix, layer_suffix)
 
 
 def expert_offset(dims: ModelDims, ep_size: int, ep_rank: int) -> int:
@@ -138,7 +150,7 @@ def param_mapping(
         return ParamMapping(megatron_name, (hf_name,), kind)
     match = _LAYER_NAME.fullmatch(megatron_name)
     if match:
-        suffix = _TE_FUSED_NORMS.get(match.group(2), match.group(2))
+        suffix = _local_spec_name(match.group(2))
         expert = _LOCAL_EXPERT.match(suffix)
         if expert is not None:
             suffix = f"{expert.group(1)}{int(expert.group(2)) + expert_offset}{expert.group(3)}"

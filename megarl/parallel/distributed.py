@@ -126,6 +126,11 @@ class ProcessGroups:
     expert_dp_rank: int = 0
     """Rank in the expert-data-parallel group (replicas of the same experts); the dense `dp_rank`
     counts the EP ranks too (EP is carved out of DP)."""
+    etp: dist.ProcessGroup | None = None
+    """Megatron's expert-tensor-parallel group (the ranks that split each expert's matrices); the TP
+    group when ETP = TP."""
+    etp_rank: int = 0
+    etp_size: int = 1
 
     @property
     def is_first_stage(self) -> bool:
@@ -137,15 +142,21 @@ class ProcessGroups:
 
 
 def initialize_model_parallel(
-    tp: int, pp: int, seed: int, timeout_s: float = DEFAULT_TIMEOUT_S, vpp: int = 1, ep: int = 1
+    tp: int,
+    pp: int,
+    seed: int,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    vpp: int = 1,
+    ep: int = 1,
+    etp: int | None = None,
 ) -> ProcessGroups:
     """Build megatron-core's (TP, PP, DP) grid on an initialised world, install the CPU runtime when
     there is no GPU, and seed every RNG (the model-parallel streams included).
 
     DP is world_size / (tp * pp). `vpp` > 1: each PP rank holds that many virtual stages (model chunks)
-    and megatron runs its interleaved schedule. `ep`: expert parallel size, carved out of DP (megatron's
-    expert grid is expert-TP (= TP) × EP × expert-DP × PP), so it must divide DP. Calling it again with
-    the same sizes returns the same grid.
+    and megatron runs its interleaved schedule. The experts have a grid of their own over the same ranks
+    (megatron's): expert-TP `etp` (None: `tp`) × EP `ep` × expert-DP × PP, so ETP × EP must divide
+    world_size / pp. Calling it again with the same sizes returns the same grid.
     """
     from megatron.core import parallel_state as mpu
     from megatron.core.process_groups_config import ProcessGroupCollection
@@ -157,10 +168,12 @@ def initialize_model_parallel(
             f"world size {world} is not divisible by tensor parallel {tp} × pipeline parallel {pp} "
             f"= {tp * pp}; choose sizes whose product divides the number of processes"
         )
-    if (world // (tp * pp)) % ep:
+    etp = tp if etp is None else etp
+    if (world // pp) % (etp * ep):
         raise ValueError(
-            f"expert parallel size {ep} does not divide the data-parallel size {world // (tp * pp)} "
-            f"(world {world} / (TP {tp} × PP {pp})): megatron carves EP out of DP; choose an EP that divides it"
+            f"expert tensor parallel {etp} × expert parallel {ep} = {etp * ep} does not divide the {world // pp} "
+            f"ranks of a pipeline stage (world {world} / PP {pp}): megatron lays the experts out as "
+            "ETP × EP × expert-DP on each stage; choose ETP × EP dividing it"
         )
     if mpu.model_parallel_is_initialized():
         shape = (
@@ -168,8 +181,9 @@ def initialize_model_parallel(
             mpu.get_pipeline_model_parallel_world_size(),
             mpu.get_virtual_pipeline_model_parallel_world_size() or 1,
             mpu.get_expert_model_parallel_world_size(),
+            mpu.get_expert_tensor_parallel_world_size(),
         )
-        if shape != (tp, pp, vpp, ep):
+        if shape != (tp, pp, vpp, ep, etp):
             raise RuntimeError(
                 "this process already has a model-parallel grid of a different shape; megarl keeps one "
                 "grid per process (a role with another layout runs in processes of its own)"
@@ -180,6 +194,7 @@ def initialize_model_parallel(
             pipeline_model_parallel_size=pp,
             virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
             expert_model_parallel_size=ep,
+            expert_tensor_parallel_size=etp,
             distributed_timeout_minutes=max(1, int(timeout_s // 60)),
         )
     groups = ProcessGroups(
@@ -199,6 +214,9 @@ def initialize_model_parallel(
         ep_rank=mpu.get_expert_model_parallel_rank(),
         ep_size=ep,
         expert_dp_rank=mpu.get_expert_data_parallel_rank(),
+        etp=mpu.get_expert_tensor_parallel_group(),
+        etp_rank=mpu.get_expert_tensor_parallel_rank(),
+        etp_size=etp,
     )
     seed_everything(seed, tp_rank=groups.tp_rank, pp_rank=groups.pp_rank)
     return groups

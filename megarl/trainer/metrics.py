@@ -10,6 +10,7 @@ the mean, except: counts are summed (`SUMMED_METRICS`), maxima and phase times t
 """
 
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
@@ -71,6 +72,11 @@ DOCUMENTED_METRICS: dict[str, str] = {
     "actor/tokens": "response tokens per actor optimizer step (all DP ranks)",
     "actor/optimizer_steps": "actor optimizer steps attempted in this training step",
     "actor/skipped_steps": "actor optimizer steps skipped for a non-finite loss or gradient",
+    "actor/moe/aux_loss": "mixture of experts: the load-balancing loss before its coefficient (1 = balanced; "
+    "top-k for a router that sends every token to the same experts), mean over layers and "
+    "micro-batches (actor.moe.aux_loss_coeff > 0)",
+    "actor/moe/z_loss": "mixture of experts: the router z-loss before its coefficient (mean squared log-sum-exp "
+    "of the router logits), mean over layers and micro-batches (actor.moe.z_loss_coeff set)",
     # engines vs actor on the sampled response tokens, ρ = π_actor / π_rollout (the actor's old log-probs; means
     # over optimizer steps): `megarl.algorithms.rollout_correction.mismatch_metrics`
     "mismatch/kl_k3": "token-mean k3 estimate (ρ - 1 - log ρ) of KL(rollout engines ‖ actor) on the sampled tokens",
@@ -171,6 +177,15 @@ MEMORY_STATS: dict[str, str] = {
     "rss_gib": "CPU: resident GiB of the role's process and the processes it started (the highest rank)",
 }
 """Stat of a `memory/<role>/<phase>/<stat>` metric -> what it counts (`megarl.workers.memory_stats`)."""
+MOE_LAYER_STATS: dict[str, str] = {
+    "tokens_per_expert": "token copies routed to one expert of the layer in the update (tokens × top-k ÷ experts)",
+    "load_min": "the layer's least loaded expert: its tokens ÷ the mean expert's (1 = balanced)",
+    "load_max": "the layer's most loaded expert: its tokens ÷ the mean expert's (1 = balanced)",
+    "load_cv": "standard deviation ÷ mean of the layer's tokens per expert (0 = balanced)",
+}
+"""Stat of an `actor/moe/layer_<i>/<stat>` metric (layer i of a mixture of experts, from 0, over the
+actor's update: `megarl.workers.moe_metrics`) -> what it is."""
+_MOE_LAYER_KEY = re.compile(r"moe_layer_(\d+)_(" + "|".join(MOE_LAYER_STATS) + ")")
 
 SUMMED_METRICS = frozenset(
     {
@@ -210,6 +225,8 @@ _WORKER_NAMES: dict[str, dict[str, str]] = {
         "tokens": "actor/tokens",
         "steps": "actor/optimizer_steps",
         "skipped_steps": "actor/skipped_steps",
+        "moe_aux_loss": "actor/moe/aux_loss",
+        "moe_z_loss": "actor/moe/z_loss",
         "kl_k3": "mismatch/kl_k3",
         "kl_k1": "mismatch/kl_k1",
         "chi2_token": "mismatch/chi2_token",
@@ -234,8 +251,13 @@ _WORKER_NAMES: dict[str, dict[str, str]] = {
 
 
 def worker_metrics(role: Literal["actor", "critic"], update_result: Mapping[str, float]) -> dict[str, float]:
-    """An update's result dict under the logged names: `{"clip_frac": 0.1}` -> `{"actor/pg_clipfrac": 0.1}`."""
-    names = _WORKER_NAMES[role]
+    """An update's result dict under the logged names: `{"clip_frac": 0.1}` -> `{"actor/pg_clipfrac": 0.1}`,
+    `{"moe_layer_3_load_max": 1.4}` -> `{"actor/moe/layer_3/load_max": 1.4}`."""
+    names = dict(_WORKER_NAMES[role])
+    for key in update_result:
+        layer = _MOE_LAYER_KEY.fullmatch(key)
+        if layer and role == "actor":
+            names[key] = f"actor/moe/layer_{layer.group(1)}/{layer.group(2)}"
     unknown = sorted(set(update_result) - set(names))
     if unknown:
         raise KeyError(
@@ -341,13 +363,25 @@ def reduce_metrics(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:
 def undocumented(names: Iterable[str]) -> list[str]:
     """The names (sorted) that `DOCUMENTED_METRICS`, `AGENT_METRICS` and the memory catalogue do not explain."""
     return sorted(
-        name for name in set(names) - set(DOCUMENTED_METRICS) - set(AGENT_METRICS) if not _is_memory_metric(name)
+        name
+        for name in set(names) - set(DOCUMENTED_METRICS) - set(AGENT_METRICS)
+        if not _is_memory_metric(name) and not _is_moe_layer_metric(name)
     )
 
 
 def memory_metric(role: str, phase: str, stat: str) -> str:
     """The name of one memory metric: `memory/actor/onloaded/rss_gib`."""
     return f"memory/{role}/{phase}/{stat}"
+
+
+def _is_moe_layer_metric(name: str) -> bool:
+    parts = name.split("/")
+    return (
+        len(parts) == 4
+        and parts[:2] == ["actor", "moe"]
+        and re.fullmatch(r"layer_\d+", parts[2]) is not None
+        and parts[3] in MOE_LAYER_STATS
+    )
 
 
 def _is_memory_metric(name: str) -> bool:

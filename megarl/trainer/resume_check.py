@@ -71,6 +71,8 @@ def _layout(plan: BatchPlan, role) -> dict[str, int]:
         "tp": role.tensor_parallel,
         "pp": role.pipeline_parallel,
         "dp": role.data_parallel,
+        "ep": role.expert_parallel,
+        "etp": role.expert_tensor_parallel,
         **virtual,
     }
 
@@ -146,7 +148,12 @@ def _layout_problem(step_dir: Path, role: str, layout: dict[str, int]) -> Proble
 
 def _format(layout: dict[str, int]) -> str:
     virtual = f" (VPP {layout['vpp']})" if "vpp" in layout else ""
+    experts = (
+        ""
+        if (layout.get("ep"), layout.get("etp")) == (1, layout.get("tp"))
+        else f", experts: expert TP {layout.get('etp')} × EP {layout.get('ep')}"
+    )
     return (
         f"TP {layout.get('tp')} × PP {layout.get('pp')}{virtual} × DP {layout.get('dp')} "
-        f"({layout.get('world_size')} ranks)"
+        f"({layout.get('world_size')} ranks{experts})"
     )

@@ -2,10 +2,11 @@
 
 from megarl.algorithms.rollout_correction import RolloutCorrection
 from megarl.config import BatchPlan, Config, ConfigError, Problem
-from megarl.config.roles import OptimizerConfig, RecomputeConfig, RolloutCorrectionConfig
+from megarl.config.roles import MoeConfig, OptimizerConfig, RecomputeConfig, RolloutCorrectionConfig
 from megarl.workers.packing import TokenBudget
 from megarl.workers.rollout.base import SamplingConfig
 from megarl.workers.settings import (
+    MoeSettings,
     OffloadSettings,
     OptimSettings,
     PolicyLossSettings,
@@ -40,6 +41,10 @@ def recompute_settings(recompute: RecomputeConfig) -> RecomputeSettings:
     return RecomputeSettings(
         granularity=recompute.granularity, method=recompute.method, num_layers=recompute.num_layers
     )
+
+
+def moe_settings(moe: MoeConfig) -> MoeSettings:
+    return MoeSettings(aux_loss_coeff=moe.aux_loss_coeff, z_loss_coeff=moe.z_loss_coeff)
 
 
 def policy_loss_settings(config: Config) -> PolicyLossSettings:

@@ -182,12 +182,16 @@ class SftTrainer:
 
     def _worker_spec(self) -> SftWorkerSpec:
         config = self.config
+        parallel = config.parallel
+        etp = parallel.expert_tensor_parallel_size
         return SftWorkerSpec(
             model_path=self.model_path,
             model_settings=ModelSettings(dtype=config.model.dtype, transformer_impl=config.model.transformer_impl),
-            tp=config.parallel.tensor_model_parallel_size,
-            pp=config.parallel.pipeline_model_parallel_size,
-            vpp=config.parallel.virtual_pipeline_model_parallel_size or 1,
+            tp=parallel.tensor_model_parallel_size,
+            pp=parallel.pipeline_model_parallel_size,
+            vpp=parallel.virtual_pipeline_model_parallel_size or 1,
+            ep=parallel.expert_model_parallel_size,
+            etp=parallel.tensor_model_parallel_size if etp is None else etp,
             sequence_parallel=config.parallel.sequence_parallel,
             seed=config.train.seed,
             optim=optim_settings(config.optim, self.total_steps),

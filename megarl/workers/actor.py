@@ -46,8 +46,16 @@ from megarl.workers.megatron_train import (
     summarize_steps,
 )
 from megarl.workers.micro_batches import MicroBatch
+from megarl.workers.moe_metrics import RouterLoad, clear_router_losses
 from megarl.workers.packing import TokenBudget
-from megarl.workers.settings import ModelSettings, OffloadSettings, OptimSettings, PolicyLossSettings, RecomputeSettings
+from megarl.workers.settings import (
+    ModelSettings,
+    MoeSettings,
+    OffloadSettings,
+    OptimSettings,
+    PolicyLossSettings,
+    RecomputeSettings,
+)
 from megarl.workers.trained_model import TrainedModel
 
 
@@ -178,6 +186,8 @@ class MegatronActor(TrainedModel):
         vocabulary size, the output layer's padding beyond it is ignored."""
         self.vocab_size = vocab_size
         super().__init__(model, groups, optim, offload)
+        self.router_load = RouterLoad(model, groups)
+        """Tokens per expert of a mixture-of-experts model's routers during updates (`moe_metrics`)."""
 
     @classmethod
     def from_hf(
@@ -190,9 +200,11 @@ class MegatronActor(TrainedModel):
         recompute: RecomputeSettings = RecomputeSettings(),
         offload: OffloadSettings = OffloadSettings(),
         sequence_parallel: bool = False,
+        moe: MoeSettings = MoeSettings(),
     ) -> MegatronActor:
         """Build this rank's shard from an HF checkpoint dir and load its weights; `sequence_parallel`:
-        megatron's sequence parallelism over the TP ranks (`actor.parallel.sequence_parallel`)."""
+        megatron's sequence parallelism over the TP ranks (`actor.parallel.sequence_parallel`); `moe`:
+        a mixture-of-experts model's router losses (`actor.moe`)."""
         model, vocab_size = load_model(
             model_dir,
             groups,
@@ -200,6 +212,7 @@ class MegatronActor(TrainedModel):
             recompute=recompute,
             value_head=False,
             sequence_parallel=sequence_parallel,
+            moe=moe,
         )
         return cls(model, groups, vocab_size=vocab_size, optim=optim, offload=offload)
 
@@ -234,7 +247,8 @@ class MegatronActor(TrainedModel):
         Returns metrics averaged over the applied optimizer steps (`steps`, `skipped_steps` count
         all): loss, pg_loss, kl_loss, entropy, clip_frac, clip_frac_lower, approx_kl (token means), the
         loss's other `metric_names` (mismatch and correction metrics), grad_norm (before clipping), lr,
-        tokens (per step, all DP ranks).
+        tokens (per step, all DP ranks); a mixture of experts adds its routers' metrics over the whole
+        update (`megarl.workers.moe_metrics`).
         """
         batch.require(loss_fn.required_fields, "MegatronActor.update_policy")
         if batch.loss_mask is not None:
@@ -249,7 +263,8 @@ class MegatronActor(TrainedModel):
         if not isinstance(micro_batch_size, TokenBudget):
             check_divides(mini_batch_size, micro_batch_size, "micro_batch_size", "mini_batch_size")
         keys = ("loss", "entropy", "tokens", *loss_fn.metric_names)
-        steps = []
+        steps, micro_batch_count = [], 0
+        clear_router_losses()  # megatron's tracker is the process's: drop what another model's update left
         for epoch in range(ppo_epochs):
             seed = None if shuffle_seed is None else shuffle_seed + epoch
             for mini_batch in mini_batches(batch, len(batch) // mini_batch_size, shuffle_seed=seed):
@@ -260,7 +275,8 @@ class MegatronActor(TrainedModel):
                 )
                 sums, result = self.engine.train_step(micro_batches, forward_step, keys)
                 steps.append((sums, result))
-        return summarize_steps(steps)
+                micro_batch_count += len(micro_batches)
+        return summarize_steps(steps) | self.router_load.take(micro_batch_count)
 
     def _policy_forward_step(self, loss_fn: PolicyLossFn, counts: StepCounts):
         def forward_step(model, micro_batch: MicroBatch):

@@ -190,7 +190,7 @@ def load_checkpoint(
     """Restore a complete checkpoint in place and return its `extra`. Collective over all ranks.
 
     Full resume (default): model weights, optimizer and scheduler states of the given roles, and
-    this rank's RNG states; needs the (TP, PP, DP) layout the checkpoint was saved from.
+    this rank's RNG states; needs the (TP, PP, DP, EP, expert TP) layout the checkpoint was saved from.
     `weights_only=True`: only the model weights, at any layout megatron can reshard to (the given
     optimizers keep their state and take the loaded weights as their main params).
     Raises CheckpointError naming the dir when it is incomplete or does not match.
@@ -204,7 +204,7 @@ def load_checkpoint(
     if not weights_only and manifest.layout != layout:
         raise CheckpointError(
             f"{ckpt_dir} was saved with layout {manifest.layout}, this job runs {layout}: an exact resume "
-            "(optimizer, RNG) needs the same TP/PP/VPP/DP; use the saved layout, or load the weights only"
+            "(optimizer, RNG) needs the same TP/PP/VPP/DP/EP/expert TP; use the saved layout, or load the weights only"
         )
     for role, chunks in models.items():
         state = dist_checkpointing.load(_model_state(chunks), str(ckpt_dir / role / MODEL_DIR))
@@ -376,6 +376,8 @@ def _layout(groups: ProcessGroups) -> dict[str, int]:
         "tp": groups.tp_size,
         "pp": groups.pp_size,
         "dp": groups.dp_size,
+        "ep": groups.ep_size,
+        "etp": groups.etp_size,
         **virtual,
     }
 

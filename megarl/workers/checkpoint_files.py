@@ -79,7 +79,8 @@ class Manifest:
     sha256: dict[str, str]
     """The same files -> their SHA-256 (hex), taken after every rank wrote, before the manifest."""
     layout: dict[str, int]
-    """Process layout it was saved from: world_size, tp, pp, dp."""
+    """Process layout it was saved from: world_size, tp, pp, dp, ep (expert parallel), etp (expert TP).
+    Manifests written before expert parallelism have no ep / etp: read as ep 1, etp = tp."""
     megarl_version: str
     """`megarl.__version__` of the writer (`megarl.versions.MEGARL`)."""
 
@@ -171,6 +172,8 @@ def read_manifest(ckpt_dir: str | Path) -> Manifest:
                 "megarl-checkpoint/1 carry no checksums): resume it with the megarl that wrote it, or start anew"
             )
         manifest = Manifest(**fields)
+        manifest.layout.setdefault("ep", 1)
+        manifest.layout.setdefault("etp", manifest.layout.get("tp"))
     except FileNotFoundError:
         raise CheckpointError(f"{ckpt_dir} is not a complete megarl checkpoint: {MANIFEST} is missing") from None
     except (OSError, ValueError, TypeError) as e:

@@ -55,7 +55,7 @@ from megarl.workers.batch import PolicyBatch
 from megarl.workers.memory_stats import empty_cache
 from megarl.workers.micro_batches import MicroBatch, cut_micro_batches, pad_sequence
 from megarl.workers.packing import TokenBudget
-from megarl.workers.settings import ModelSettings, OffloadSettings, OptimSettings, RecomputeSettings
+from megarl.workers.settings import ModelSettings, MoeSettings, OffloadSettings, OptimSettings, RecomputeSettings
 from megarl.workers.thd import cut_thd_micro_batches
 
 
@@ -459,11 +459,12 @@ def load_model(
     recompute: RecomputeSettings,
     value_head: bool,
     sequence_parallel: bool,
+    moe: MoeSettings = MoeSettings(),
 ) -> tuple[list[torch.nn.Module], int]:
     """This rank's GPTModel stage, as its chunks (one per virtual stage of `groups`; one without), with an
     HF checkpoint's weights (a value head keeps its small random init), in `settings`' dtype and layer
-    spec, with megatron's sequence parallelism over the TP ranks or without, and the real (HF)
-    vocabulary size."""
+    spec, with megatron's sequence parallelism over the TP ranks or without, a mixture-of-experts
+    model's router losses as `moe` says, and the real (HF) vocabulary size."""
     chunks = build_model_chunks(
         model_dir,
         groups,
@@ -472,6 +473,7 @@ def load_model(
         transformer_impl=resolve_transformer_impl(settings.transformer_impl, compute_device().type, settings.dtype),
         sequence_parallel=sequence_parallel,
         **recompute.transformer_config_fields(),
+        **moe.transformer_config_fields(),
     )
     for chunk in chunks:
         load_hf_weights(chunk, model_dir, groups)

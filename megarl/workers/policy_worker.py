@@ -53,7 +53,7 @@ class PolicyWorker:
 
     def __init__(self, spec: PolicyWorkerSpec):
         self.spec = spec
-        self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed, vpp=spec.vpp)
+        self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed, vpp=spec.vpp, ep=spec.ep, etp=spec.etp)
         actor, built = spec.actor, spec.model_settings
         self.actor = (
             MegatronActor.from_hf(
@@ -64,6 +64,7 @@ class PolicyWorker:
                 recompute=actor.recompute,
                 offload=actor.offload,
                 sequence_parallel=actor.sequence_parallel,
+                moe=actor.moe,
             )
             if actor
             else None

@@ -121,6 +121,22 @@ class RecomputeSettings:
 
 
 @dataclass(frozen=True)
+class MoeSettings:
+    """A mixture-of-experts model's router losses (megatron-core `TransformerConfig` fields); None
+    leaves the architecture's value (the checkpoint's `router_aux_loss_coef`; no z-loss)."""
+
+    aux_loss_coeff: float | None = None
+    """`moe_aux_loss_coeff`: weight of the load-balancing loss."""
+    z_loss_coeff: float | None = None
+    """`moe_z_loss_coeff`: weight of the router z-loss."""
+
+    def transformer_config_fields(self) -> dict:
+        """The `TransformerConfig` overrides these settings stand for."""
+        fields = {"moe_aux_loss_coeff": self.aux_loss_coeff, "moe_z_loss_coeff": self.z_loss_coeff}
+        return {name: value for name, value in fields.items() if value is not None}
+
+
+@dataclass(frozen=True)
 class OffloadSettings:
     """What a trained role moves off the device while the colocated rollout runs, with megatron-core's
     own RL offload APIs (`megarl.workers.megatron_train.TrainEngine.offload_training_state` /
@@ -235,6 +251,8 @@ class ActorSpec:
     """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`actor.offload`)."""
     sequence_parallel: bool
     """Megatron sequence parallelism over the TP ranks (`actor.parallel.sequence_parallel`)."""
+    moe: MoeSettings
+    """Router losses of a mixture-of-experts actor (`actor.moe`)."""
     mini_batch_size: int
     """Actor samples per optimizer step on one DP rank."""
     micro_batch_size: int | TokenBudget
@@ -264,6 +282,10 @@ class PolicyWorkerSpec:
     """Pipeline-parallel size of the grid."""
     vpp: int
     """Virtual pipeline stages per PP rank of the grid (1: none)."""
+    ep: int
+    """Expert-parallel size of the grid (1 for a dense model)."""
+    etp: int
+    """Expert tensor-parallel size of the grid (TP unless the role's `expert_tensor_parallel_size` says)."""
     seed: int
     actor: ActorSpec | None
     """The actor; None in the group of a role with a layout of its own."""
@@ -294,6 +316,10 @@ class SftWorkerSpec:
     pp: int
     vpp: int
     """Virtual pipeline stages per PP rank (`parallel.virtual_pipeline_model_parallel_size`; 1: none)."""
+    ep: int
+    """Expert-parallel size (`parallel.expert_model_parallel_size`)."""
+    etp: int
+    """Expert tensor-parallel size (`parallel.expert_tensor_parallel_size`, TP when unset)."""
     sequence_parallel: bool
     """Megatron sequence parallelism over the TP ranks (`parallel.sequence_parallel`)."""
     seed: int

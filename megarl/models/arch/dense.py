@@ -193,14 +193,22 @@ def attention_flops_per_token(dims: ModelDims, sequence_length: int) -> int:
     return projections + 2 * 2 * dims.q_size * sequence_length
 
 
-def layer_parameters(shape, tp: int) -> int:
-    """Parameters of one decoder layer of the family on one TP rank, all experts counted when
-    `shape.num_experts` > 0 (Qwen3-MoE). `shape`: anything with the sizes and switches of `ModelDims`
-    (the memory estimate's `ModelShape` has them too)."""
+def layer_parameters(shape, tp: int, ep: int = 1, etp: int | None = None) -> int:
+    """Parameters of one decoder layer of the family on one rank of a TP × EP × expert-TP grid: with
+    `shape.num_experts` > 0 (Qwen3-MoE) the router (replicated) and this rank's E / EP experts, each cut
+    over `etp` (None: `tp`). `shape`: anything with the sizes and switches of `ModelDims` (the memory
+    estimate's `ModelShape` has them too)."""
     h = shape.hidden_size
-    if shape.num_experts:  # a routed MoE MLP: the router replicated, each expert cut over TP
-        return attention_parameters(shape, tp) + shape.num_experts * (h + 3 * h * shape.moe_ffn_hidden_size // tp)
+    if shape.num_experts:
+        router = shape.num_experts * h
+        return attention_parameters(shape, tp) + router + expert_parameters(shape, ep, tp if etp is None else etp)
     return attention_parameters(shape, tp) + 3 * h * shape.ffn_hidden_size // tp
+
+
+def expert_parameters(shape, ep: int, etp: int) -> int:
+    """Parameters of one layer's experts on one rank: E / EP SwiGLU experts, each cut over `etp`; 0
+    for a dense model."""
+    return shape.num_experts // ep * 3 * shape.hidden_size * shape.moe_ffn_hidden_size // etp
 
 
 def attention_parameters(shape, tp: int) -> int:

@@ -4,9 +4,10 @@ in place of every layer's MLP.
 Each layer's MLP is a router (`mlp.gate`, `[E, h]`, no bias) choosing `num_experts_per_tok` of
 `num_experts` SwiGLU experts per token (HF: softmax over all experts, top-k, then the k weights
 renormalised when `norm_topk_prob`); no shared expert. On Megatron it is a `MoELayer` whose experts
-are a `SequentialMLP` (one `MLP` per expert, `mlp.experts.local_experts.{e}.linear_fc1/2`), each
-expert cut over TP like a dense MLP (GATE_UP, ROW). The table names experts by their global index
-`e` (the EP1 layout).
+are a `SequentialMLP` (one `MLP` per expert, `mlp.experts.local_experts.{e}.linear_fc1/2`) on the
+local spec and Transformer Engine's grouped GEMM (`TEGroupedMLP`, `mlp.experts.linear_fc1/2.weight{e}`)
+on the TE spec, each expert cut over expert TP like a dense MLP (GATE_UP, ROW). The table names experts
+by their global index `e` (the EP1 layout) in the local spec's naming.
 """
 
 from __future__ import annotations
@@ -66,11 +67,11 @@ class Qwen3MoeDecoder(DenseDecoder):
         )
 
     def layer_spec_options(self, dims: ModelDims, transformer_impl: str) -> dict[str, Any]:
-        # SequentialMLP experts on both specs: the grouped-GEMM experts name their weights
-        # `weight{e}`, which the table does not map (yet).
+        # Local: a SequentialMLP (one MLP per expert, plain torch). Transformer Engine: TEGroupedMLP, all
+        # local experts in one grouped GEMM (`weight{e}` per expert: `layout` maps them to the table's names).
         return super().layer_spec_options(dims, transformer_impl) | {
             "num_experts": dims.num_experts,
-            "moe_grouped_gemm": False,
+            "moe_grouped_gemm": transformer_impl == "transformer_engine",
         }
 
     def layer_params(self, dims: ModelDims) -> tuple[LayerParam, ...]:

@@ -37,7 +37,9 @@ GRPO_ARGS = {
 GRPO_METRICS = {
     name
     for name in DOCUMENTED_METRICS
-    if not name.startswith(("critic/", "val/", "timing/", "dapo/", "correction/", "actor/reward_kl_penalty"))
+    if not name.startswith(
+        ("critic/", "val/", "timing/", "dapo/", "correction/", "actor/reward_kl_penalty", "actor/moe/")
+    )
     and name not in ("reward/rm_mean", "actor/overlong_filtered")
     # async mode only (trainer.rollout_mode: async, rollout.partial_rollout)
     and name not in ("rollout/stale_dropped_samples", "rollout/token_version_lag/mean", "rollout/partial_samples")

@@ -295,3 +295,36 @@ def test_the_7b_recipe_keeps_its_margin_and_would_not_without_the_grads_offload(
     grads_kept = _recipe("grpo_qwen2.5-7b_gsm8k.yaml", "actor.offload.grads=false")
     without = estimate_memory(grads_kept, ModelShape.of(config.model.path), train_gpus=8, processes_per_train_gpu=2)
     assert not without.fits and 0 < without.spare_bytes < without.margin_bytes
+
+
+QWEN3_30B_A3B = ModelShape(
+    vocab_size=151936,
+    hidden_size=2048,
+    ffn_hidden_size=6144,
+    num_layers=48,
+    num_attention_heads=32,
+    num_kv_heads=4,
+    head_dim=128,
+    qk_layernorm=True,
+    num_experts=128,
+    moe_ffn_hidden_size=768,
+    num_experts_per_tok=8,
+)
+"""Qwen3-30B-A3B's published config.json."""
+
+
+def test_expert_parallelism_splits_the_experts_and_their_optimizer_state_shards_over_expert_dp():
+    experts = 48 * 128 * 3 * 2048 * 768  # 29.0 B of the 30.5 B parameters
+    assert QWEN3_30B_A3B.total_parameters() == pytest.approx(30.5e9, rel=0.01)
+    ep8 = ParallelConfig(expert_model_parallel_size=8, expert_tensor_parallel_size=1)
+    params, grads, optimizer = state_bytes(QWEN3_30B_A3B, ep8, 16, "bfloat16", distributed_optimizer=True, trained=True)
+    rank = QWEN3_30B_A3B.rank_parameters(1, 1)
+    assert params == 2 * (rank - experts * 7 // 8), "an EP-8 rank holds 16 of the 128 experts of every layer"
+    assert grads == 4 * params // 2
+    # 12 B per parameter (fp32 main + Adam): the dense 1.5 B over DP 16, the 3.6 B experts over expert DP 16 / 8 = 2.
+    dense = rank - experts
+    assert optimizer == pytest.approx(12 * dense / 16 + 12 * (experts / 8) / 2, rel=1e-6)
+    tp2 = ParallelConfig(tensor_model_parallel_size=2, expert_model_parallel_size=8)  # experts cut over TP 2 too
+    assert state_bytes(QWEN3_30B_A3B, tp2, 8, "bfloat16", distributed_optimizer=True, trained=True)[0] == pytest.approx(
+        params / 2, rel=0.01
+    )

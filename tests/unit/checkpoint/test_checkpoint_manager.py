@@ -20,7 +20,7 @@ from megarl.workers.checkpoint_files import (
     verify_checksums,
 )
 
-LAYOUT = {"world_size": 2, "tp": 2, "pp": 1, "dp": 1}
+LAYOUT = {"world_size": 2, "tp": 2, "pp": 1, "dp": 1, "ep": 1, "etp": 2}
 
 
 def _save(root, step, payload=b"weights"):
@@ -49,6 +49,14 @@ def test_commit_writes_a_manifest_that_lists_every_file(tmp_path):
         "extra.json": hashlib.sha256(b'{"step": 3}').hexdigest(),
     }
     assert [p.name for p in tmp_path.iterdir()] == [step_dir.name]  # the temp dir became the step dir
+
+
+def test_a_manifest_from_before_expert_parallelism_reads_as_ep_1_with_expert_tp_equal_to_tp(tmp_path):
+    tmp = tmp_dir_for(tmp_path / step_dir_name(1), "ab12cd34")
+    (tmp / "actor").mkdir(parents=True)
+    dense = {"world_size": 4, "tp": 2, "pp": 1, "dp": 2}
+    commit(tmp, tmp_path / step_dir_name(1), build_manifest(tmp, step=1, roles=["actor"], layout=dense))
+    assert read_manifest(tmp_path / step_dir_name(1)).layout == dense | {"ep": 1, "etp": 2}
 
 
 @pytest.mark.parametrize(

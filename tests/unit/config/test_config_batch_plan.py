@@ -311,3 +311,19 @@ def test_a_forward_token_budget_packs_only_the_forward_pass():
     data["actor"]["forward_max_tokens_per_micro_batch"] = 0
     [problem] = batch_problems(config_of(data))
     assert problem.key == "actor.forward_max_tokens_per_micro_batch" and "positive integer" in problem.why
+
+
+def test_expert_layout_is_planned_shown_and_a_reference_with_another_one_runs_apart():
+    experts = {"tensor_model_parallel_size": 2, "expert_model_parallel_size": 2, "expert_tensor_parallel_size": 1}
+    data = {
+        "data": {"train_batch_size": 4},
+        "actor": {"ppo_mini_batch_size": 4, "micro_batch_size_per_gpu": 2, "use_kl_loss": True, "parallel": experts},
+        "ref": {"micro_batch_size_per_gpu": 2, "parallel": {"tensor_model_parallel_size": 2}},
+        "placement": {"gpus_per_node": 4},
+    }
+    plan = plan_batches(config_of(data))
+    assert plan.actor.grid == (2, 1, 1, 2, 1) and plan.ref.grid == (2, 1, 1, 1, 2)
+    assert plan.ref.own_group, "megatron keeps one grid per process: another expert layout needs other processes"
+    assert "experts: actor (expert TP 1 × EP 2 × expert DP 2) per pipeline stage" in format_plan(plan)
+    same = config_of({**data, "ref": {"micro_batch_size_per_gpu": 2, "parallel": experts}})
+    assert not plan_batches(same).ref.own_group

@@ -399,6 +399,92 @@ CASES = [
         "rollout.sync.per_rank",
         "streams through shared memory, but rollout.sync.transport is collective",
     ),
+    # --- mixture of experts: settings on a dense model, EP / expert TP against the experts and the grid
+    (
+        "ep-on-dense-model",
+        ["actor.parallel.expert_model_parallel_size=2"],
+        "actor.parallel.expert_model_parallel_size",
+        "is dense (model_type 'qwen2', no experts): expert parallelism splits experts; fix: set "
+        "actor.parallel.expert_model_parallel_size: 1",
+    ),
+    (
+        "expert-tp-on-dense-model",
+        ["actor.parallel.expert_tensor_parallel_size=1"],
+        "actor.parallel.expert_tensor_parallel_size",
+        "is dense (model_type 'qwen2', no experts): expert TP cuts experts",
+    ),
+    (
+        "moe-aux-loss-on-dense-model",
+        ["actor.moe.aux_loss_coeff=0.01"],
+        "actor.moe.aux_loss_coeff",
+        "no experts): there is no router to balance; fix: remove actor.moe.aux_loss_coeff (null)",
+    ),
+    (
+        "moe-z-loss-on-dense-model",
+        ["actor.moe.z_loss_coeff=0.001"],
+        "actor.moe.z_loss_coeff",
+        "there is no router to balance",
+    ),
+    (
+        "moe-z-loss-negative",
+        ["model.path={tmp}/model_moe", "actor.moe.z_loss_coeff=-1"],
+        "actor.moe.z_loss_coeff",
+        "must be > 0",
+    ),
+    (
+        "moe-aux-loss-negative",
+        ["model.path={tmp}/model_moe", "actor.moe.aux_loss_coeff=-0.1"],
+        "actor.moe.aux_loss_coeff",
+        "must be >= 0 (0 turns the load-balancing loss off)",
+    ),
+    (
+        "ep-not-dividing-experts",
+        [
+            "model.path={tmp}/model_moe6",
+            "actor.parallel.tensor_model_parallel_size=1",
+            "actor.parallel.expert_model_parallel_size=4",
+        ],
+        "actor.parallel.expert_model_parallel_size",
+        "EP 4 does not divide the 6 experts of the model",
+    ),
+    (
+        "expert-grid-too-large",
+        ["model.path={tmp}/model_moe", "actor.parallel.expert_model_parallel_size=4"],
+        "actor.parallel.expert_model_parallel_size",
+        "expert TP 2 × EP 4 = 8 does not divide the 4 GPUs of a pipeline stage (4 GPUs ÷ PP 1)",
+    ),
+    (
+        "expert-tp-not-dividing-expert-width",
+        ["model.path={tmp}/model_moe", "actor.parallel.expert_tensor_parallel_size=4"],
+        "actor.parallel.expert_tensor_parallel_size",
+        "expert TP 4 does not divide the expert intermediate size 6",
+    ),
+    (
+        "rollout-tp-not-dividing-expert-width",
+        ["model.path={tmp}/model_moe", "rollout.tensor_model_parallel_size=4"],
+        "rollout.tensor_model_parallel_size",
+        "vLLM cuts every expert over the rollout TP ranks, and rollout TP 4 does not "
+        "divide the expert intermediate size 6 (moe_intermediate_size)",
+    ),
+    (
+        "moe-trained-at-tp2-without-sequence-parallel",
+        ["model.path={tmp}/model_moe"],
+        "actor.parallel.sequence_parallel",
+        "is a mixture of experts trained at TP 2: without sequence parallelism every TP rank would route the same tokens",
+    ),
+    (
+        "actor-ep-before-the-expert-sync",
+        ["model.path={tmp}/model_moe", "actor.parallel.expert_model_parallel_size=2"],
+        "actor.parallel.expert_model_parallel_size",
+        "the weight sync to the rollout engines does not send experts split "
+        "over expert-parallel or expert-TP ranks yet (issue 29 item 3)",
+    ),
+    (
+        "actor-expert-tp-before-the-expert-sync",
+        ["model.path={tmp}/model_moe", "actor.parallel.expert_tensor_parallel_size=1"],
+        "actor.parallel.expert_tensor_parallel_size",
+        "fix: leave actor.parallel.expert_tensor_parallel_size unset",
+    ),
     ("fp16-params", ["model.dtype=float16"], "model.dtype", "expected one of 'float32', 'bfloat16'"),
     (
         "sequence-parallel-tp1",
@@ -885,6 +971,17 @@ def write_bad_models(workdir):
     """The model directories the cases point model.path and model.tokenizer_path at."""
     write_model(workdir / "model3", num_attention_heads=6, num_key_value_heads=2)
     write_model(workdir / "model_ffn255", intermediate_size=255)
+    moe = dict(
+        architectures=["Qwen3MoeForCausalLM"],
+        model_type="qwen3_moe",
+        head_dim=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=6,
+        norm_topk_prob=True,
+    )
+    write_model(workdir / "model_moe", **moe)
+    write_model(workdir / "model_moe6", **moe | {"num_experts": 6})
     write_model(workdir / "model_gpt2", architectures=["GPT2LMHeadModel"], model_type="gpt2")
     write_model(workdir / "model_swa", use_sliding_window=True)
     write_model(workdir / "model_heads_zero", num_attention_heads=0)
@@ -922,6 +1019,20 @@ def test_base_recipe_is_valid(workdir, capsys):
     assert (code, err) == (0, "")
     assert "base.yaml: OK" in out
     assert snapshot(workdir) == before
+
+
+def test_a_mixture_of_experts_recipe_is_valid_with_its_router_settings(workdir, capsys):
+    write_bad_models(workdir)
+    code, out, err = run_validate(
+        capsys,
+        "base.yaml",
+        f"model.path={workdir}/model_moe",
+        "actor.parallel.sequence_parallel=true",
+        "actor.moe.aux_loss_coeff=0.01",
+        "actor.moe.z_loss_coeff=0.001",
+    )
+    assert (code, err) == (0, ""), err
+    assert "base.yaml: OK" in out
 
 
 def test_three_problems_are_all_reported(workdir, capsys):

@@ -179,6 +179,17 @@ def test_sequence_parallel_needs_tensor_parallelism(workdir):
     )
 
 
+def test_expert_parallelism_is_checked_against_the_grid_and_the_model(workdir):
+    assert problems_of(["train.gpus=2", "train.batch_size=2", "parallel.expert_model_parallel_size=4"])[0] == (
+        "parallel.expert_model_parallel_size = 4: expert TP 1 × EP 4 = 4 does not divide the 2 GPUs of a pipeline "
+        "stage (2 GPUs ÷ PP 1): megatron lays each stage's experts out as expert TP × EP × expert DP; fix: choose "
+        "expert TP × EP dividing 2: 1, 2"
+    )
+    dense = problems_of(["train.gpus=2", "train.batch_size=2", "parallel.expert_model_parallel_size=2"])
+    assert [line.split(":")[0] for line in dense] == ["parallel.expert_model_parallel_size = 2"], dense
+    assert "is dense (model_type 'qwen2', no experts)" in dense[0]
+
+
 def test_optimizer_cpu_offload_needs_bfloat16_and_the_distributed_optimizer(workdir):
     shown = problems_of(["optim.cpu_offload=true", "optim.use_distributed_optimizer=false"])
     assert [line.split(":")[0] for line in shown] == ["optim.cpu_offload = true"] * 2, shown

@@ -50,3 +50,18 @@ def test_the_formula_equals_torchs_flop_counter_on_a_forward_and_backward_of_the
         with FlopCounterMode(display=False) as counter:
             model(input_ids=ids, labels=ids).loss.backward()
         assert counter.get_total_flops() == batch * training_flops(dims, length), arch
+
+
+def test_a_mixture_of_experts_counts_the_flops_of_the_experts_each_token_goes_through(tmp_path):
+    """Qwen3-MoE (8 experts, top-2): the formula counts the router and the top-k experts of each token
+    (active parameters, what MFU divides by), not all experts, and equals torch's FLOP counter on HF's
+    eager experts, which run each expert on its routed tokens only (transformers' default grouped_mm
+    experts are invisible to the counter)."""
+    model_dir = make_tiny_model(tmp_path / "moe", "qwen3_moe")
+    dims = read_model_dims(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager", experts_implementation="eager")
+    batch, length = 3, 17
+    ids = torch.randint(0, dims.vocab_size, (batch, length), generator=torch.Generator().manual_seed(0))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert counter.get_total_flops() == batch * training_flops(dims, length)

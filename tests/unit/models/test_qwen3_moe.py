@@ -1,7 +1,7 @@
 """Qwen3-MoE's architecture module: config.json → dims (and what it refuses), the TransformerConfig MoE
 fields, the layer spec, the expert tensor table and the total / active counts. The registry-wide
 tests (test_arch_registry) cover its tiny checkpoint's tensors, parameter count and TP round trip;
-tests/distributed/models/test_qwen3_moe.py its logits against transformers'."""
+tests/distributed/models/test_qwen3_moe_parity.py its logits against transformers'."""
 
 import pytest
 import torch
@@ -84,6 +84,23 @@ def test_transformer_config_routes_as_qwen3_moe(norm_topk_prob):
     assert config.moe_aux_loss_coeff == 0.001
 
 
+def test_router_loss_settings_replace_the_checkpoint_default_and_a_dense_model_refuses_them():
+    from megarl.models.architectures import transformer_config
+    from megarl.workers.settings import MoeSettings
+
+    dims = read_model_dims(QWEN3_30B_A3B)
+    settings = MoeSettings(aux_loss_coeff=0.0, z_loss_coeff=1e-3).transformer_config_fields()
+    config = transformer_config(dims, tp_size=1, pp_size=1, ep_size=4, etp_size=1, **settings)
+    assert (config.moe_aux_loss_coeff, config.moe_z_loss_coeff) == (0.0, 1e-3)
+    assert (config.expert_model_parallel_size, config.expert_tensor_parallel_size) == (4, 1)
+    assert MoeSettings().transformer_config_fields() == {}, "unset: the checkpoint's coefficient, no z-loss"
+    dense = read_model_dims({**QWEN3_30B_A3B, "model_type": "qwen3", "num_experts": None})
+    with pytest.raises(ValueError, match=r"\['moe_z_loss_coeff'\] for a dense model"):
+        transformer_config(dense, tp_size=1, pp_size=1, moe_z_loss_coeff=1e-3)
+    with pytest.raises(ValueError, match="cannot be overridden"):
+        transformer_config(dims, tp_size=1, pp_size=1, moe_router_topk=2)
+
+
 def test_megatron_routing_equals_hf_routing():
     """megatron-core's router function with these settings picks HF's experts with HF's weights."""
     from megatron.core.transformer.moe.moe_utils import topk_routing_with_score_function
@@ -136,6 +153,28 @@ def test_expert_parallel_layouts_the_model_cannot_be_cut_into():
     dense = read_model_dims({**QWEN3_30B_A3B, "model_type": "qwen3", "num_experts": None})
     with pytest.raises(ValueError, match="expert parallel size 2 for a dense model .*expert_model_parallel_size to 1"):
         check_parallel_layout(dense, tp_size=1, pp_size=1, ep_size=2)
+
+
+def test_transformer_engines_grouped_gemm_experts_map_to_the_same_hf_tensors():
+    """The TE spec's TEGroupedMLP holds a stage's local experts as `linear_fc1.weight{e}` of one grouped
+    linear; they are the local spec's `local_experts.{e}` (global expert offset + e)."""
+    from megarl.models.layout import expert_offset, is_expert, param_mapping
+
+    dims = read_model_dims(QWEN3_30B_A3B)
+    assert architecture("qwen3_moe").layer_spec_options(dims, "transformer_engine")["moe_grouped_gemm"]
+    assert not architecture("qwen3_moe").layer_spec_options(dims, "local")["moe_grouped_gemm"]
+    offset = expert_offset(dims, ep_size=8, ep_rank=2)
+    grouped = param_mapping("decoder.layers.3.mlp.experts.linear_fc1.weight5", dims, expert_offset=offset)
+    assert grouped.hf_names == (
+        "model.layers.3.mlp.experts.37.gate_proj.weight",
+        "model.layers.3.mlp.experts.37.up_proj.weight",
+    )
+    assert grouped.kind == "gate_up" and grouped.megatron_name.endswith("linear_fc1.weight5")
+    assert param_mapping("decoder.layers.0.mlp.experts.linear_fc2.weight15", dims).hf_names == (
+        "model.layers.0.mlp.experts.15.down_proj.weight",
+    )
+    assert is_expert("decoder.layers.0.mlp.experts.linear_fc2.weight15")
+    assert not is_expert("decoder.layers.0.mlp.linear_fc2.weight")
 
 
 def test_local_expert_names_map_to_global_experts():

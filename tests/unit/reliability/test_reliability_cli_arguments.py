@@ -232,3 +232,25 @@ def test_convert_names_a_truncated_safetensors_file(model_dir, tmp_path, capsys)
         "deserializing header: incomplete metadata, file not fully covered): copy or download it again\n"
     )
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--ep", "3"], "expert parallel size 3 does not divide num_experts=8: use an EP size that divides it"),
+        (["--ep", "0"], "--ep must be >= 1, got 0"),
+        (["--etp", "3"], "expert tensor parallel size 3 does not divide moe_intermediate_size=128"),
+    ],
+)
+def test_convert_names_an_expert_layout_the_model_cannot_be_cut_into(tmp_path, capsys, flags, message):
+    moe = make_tiny_model(tmp_path / "moe", "qwen3_moe")
+    code, _, err = run_cli(capsys, ["convert", "hf-to-mcore", "--hf", str(moe), "--out", str(tmp_path / "out"), *flags])
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_convert_refuses_expert_parallelism_for_a_dense_model(model_dir, tmp_path, capsys):
+    code, _, err = run_cli(
+        capsys, ["convert", "hf-to-mcore", "--hf", str(model_dir), "--out", str(tmp_path / "out"), "--ep", "2"]
+    )
+    assert code == 2 and "expert parallel size 2 for a dense model" in err and "expert_model_parallel_size to 1" in err

@@ -88,6 +88,12 @@ def test_worker_results_get_logged_names_and_unknown_keys_are_refused():
     assert worker_metrics("critic", {"loss": 0.5}) == {"critic/vf_loss": 0.5}
     with pytest.raises(KeyError, match="new_metric"):
         worker_metrics("actor", {"new_metric": 1.0})
+    assert worker_metrics("actor", {"moe_layer_3_load_cv": 0.2, "moe_aux_loss": 1.1}) == {
+        "actor/moe/layer_3/load_cv": 0.2,
+        "actor/moe/aux_loss": 1.1,
+    }
+    with pytest.raises(KeyError, match="moe_layer_3_load_median"):
+        worker_metrics("actor", {"moe_layer_3_load_median": 1.0})
 
 
 def test_every_produced_name_is_documented():
@@ -112,6 +118,10 @@ def test_every_produced_name_is_documented():
                     "tokens",
                     "steps",
                     "skipped_steps",
+                    "moe_aux_loss",
+                    "moe_z_loss",
+                    "moe_layer_0_load_max",
+                    "moe_layer_47_tokens_per_expert",
                 ],
                 0.0,
             ),
@@ -128,7 +138,10 @@ def test_every_produced_name_is_documented():
         "step",
     }
     assert undocumented(produced) == []
-    assert undocumented(["reward/mean", "made/up"]) == ["made/up"]
+    assert undocumented(["reward/mean", "made/up", "actor/moe/layer_x/load_max"]) == [
+        "actor/moe/layer_x/load_max",
+        "made/up",
+    ]
     assert all(meaning.strip() for meaning in DOCUMENTED_METRICS.values())
 
 

@@ -1,0 +1,136 @@
+"""A mixture-of-experts model's settings (`megarl.config.validate`, `megarl.config.layout_checks`): the router
+coefficients, the expert layout (EP | experts, expert TP | expert width, sequence parallelism when trained
+at TP > 1) and every expert setting on a dense model, each a problem naming its key."""
+
+from megarl.config.model_facts import ModelFacts
+from megarl.config.problems import Problem
+from megarl.config.role_checks import need
+from megarl.config.roles import ActorConfig, ParallelConfig
+
+
+def check_moe_settings(actor: ActorConfig, problems: list[Problem]) -> None:
+    """The ranges of `actor.moe`'s router coefficients, whatever the model."""
+    moe = actor.moe
+    need(
+        problems,
+        moe.aux_loss_coeff is None or moe.aux_loss_coeff >= 0,
+        "actor.moe.aux_loss_coeff",
+        moe.aux_loss_coeff,
+        "must be >= 0 (0 turns the load-balancing loss off)",
+        "e.g. 0.001, or null for the checkpoint's router_aux_loss_coef",
+    )
+    need(
+        problems,
+        moe.z_loss_coeff is None or moe.z_loss_coeff > 0,
+        "actor.moe.z_loss_coeff",
+        moe.z_loss_coeff,
+        "must be > 0",
+        "e.g. 0.001, or null for no z-loss",
+    )
+
+
+def check_dense_router_settings(actor: ActorConfig, facts: ModelFacts, model: str, problems: list[Problem]) -> None:
+    """`actor.moe` router settings on a dense model: there is no router they could reach."""
+    if facts.num_experts:
+        return
+    for key, value in (
+        ("actor.moe.aux_loss_coeff", actor.moe.aux_loss_coeff),
+        ("actor.moe.z_loss_coeff", actor.moe.z_loss_coeff),
+    ):
+        need(
+            problems,
+            value is None,
+            key,
+            value,
+            f"{model} is dense (model_type {facts.model_type!r}, no experts): there is no router to balance",
+            f"remove {key} (null)",
+        )
+
+
+def check_rollout_expert_split(tp: int, facts: ModelFacts, model: str, problems: list[Problem]) -> None:
+    """vLLM cuts every expert's intermediate dimension over the rollout TP ranks."""
+    expert = facts.moe_ffn_hidden_size
+    need(
+        problems,
+        not facts.num_experts or expert % tp == 0,
+        "rollout.tensor_model_parallel_size",
+        tp,
+        f"vLLM cuts every expert over the rollout TP ranks, and rollout TP {tp} does not divide the expert "
+        f"intermediate size {expert} (moe_intermediate_size) of {model}",
+        f"use a rollout TP dividing {expert}",
+    )
+
+
+def check_expert_layout(
+    prefix: str, parallel: ParallelConfig, facts: ModelFacts, model: str, problems: list[Problem], trained: bool
+) -> None:
+    """EP | experts and expert TP | expert width for a mixture-of-experts model; neither set for a dense one.
+    A trained mixture of experts with TP > 1 needs sequence parallelism: without it every TP rank routes
+    the same tokens to the experts, whose gradients would count each token TP times (Megatron-LM's
+    arguments refuse MoE with TP > 1 and no --sequence-parallel)."""
+    ep, etp = parallel.expert_model_parallel_size, parallel.expert_tensor_parallel_size
+    ep_key, etp_key = f"{prefix}parallel.expert_model_parallel_size", f"{prefix}parallel.expert_tensor_parallel_size"
+    experts, width = facts.num_experts, facts.moe_ffn_hidden_size
+    if not experts:
+        dense = f"{model} is dense (model_type {facts.model_type!r}, no experts)"
+        need(problems, ep == 1, ep_key, ep, f"{dense}: expert parallelism splits experts", f"set {ep_key}: 1")
+        need(problems, etp is None, etp_key, etp, f"{dense}: expert TP cuts experts", f"remove {etp_key} (null)")
+        return
+    tp = parallel.tensor_model_parallel_size
+    sp_key = f"{prefix}parallel.sequence_parallel"
+    need(
+        problems,
+        not trained or tp <= 1 or parallel.sequence_parallel,
+        sp_key,
+        False,
+        f"{model} is a mixture of experts trained at TP {tp}: without sequence parallelism every TP rank would route "
+        "the same tokens to the experts and their gradients would count each token TP times (Megatron-LM refuses "
+        "MoE with TP > 1 without --sequence-parallel)",
+        f"set {sp_key}: true",
+    )
+    if ep >= 1:
+        need(
+            problems,
+            experts % ep == 0,
+            ep_key,
+            ep,
+            f"EP {ep} does not divide the {experts} experts of {model} (each EP rank holds an equal share)",
+            f"use an EP dividing {experts}",
+        )
+    etp = parallel.tensor_model_parallel_size if etp is None else etp
+    if etp >= 1:
+        need(
+            problems,
+            width % etp == 0,
+            etp_key,
+            etp,
+            f"expert TP {etp} does not divide the expert intermediate size {width} (moe_intermediate_size) of {model}",
+            f"use an expert TP dividing {width} (unset, it is the role's TP)",
+        )
+
+
+def check_expert_sync(parallel: ParallelConfig, problems: list[Problem]) -> None:
+    """The weight sync (`megarl.bridge`) plans over the actor's TP × PP: with experts split over EP or
+    expert-TP ranks it would look for every expert on every rank, so an RL run refuses those layouts."""
+    why = (
+        "the weight sync to the rollout engines does not send experts split over expert-parallel or expert-TP "
+        "ranks yet (issue 29 item 3); the experts load, train, checkpoint and export at this layout (megarl sft, "
+        "megarl convert)"
+    )
+    ep, etp = parallel.expert_model_parallel_size, parallel.expert_tensor_parallel_size
+    need(
+        problems,
+        ep <= 1,
+        "actor.parallel.expert_model_parallel_size",
+        ep,
+        why,
+        "set actor.parallel.expert_model_parallel_size: 1 for an RL run",
+    )
+    need(
+        problems,
+        etp in (None, parallel.tensor_model_parallel_size),
+        "actor.parallel.expert_tensor_parallel_size",
+        etp,
+        why,
+        "leave actor.parallel.expert_tensor_parallel_size unset (the actor's TP) for an RL run",
+    )
