@@ -59,7 +59,10 @@ class ModelFactsError(Exception):
         self.why, self.fix = why, fix
 
 
-def _known(model_type, heads, kv_heads, layers, hidden, vocab, max_positions, ffn, head_dim, tied) -> ModelFacts:
+def _known(
+    model_type, heads, kv_heads, layers, hidden, vocab, max_positions, ffn, head_dim, tied, experts=(0, 0, 0)
+) -> ModelFacts:
+    """`experts`: (num_experts, moe_intermediate_size, num_experts_per_tok) of a mixture of experts."""
     return ModelFacts(
         model_type,
         heads,
@@ -72,6 +75,7 @@ def _known(model_type, heads, kv_heads, layers, hidden, vocab, max_positions, ff
         head_dim,
         tied,
         "megarl known models table",
+        *experts,
     )
 
 
@@ -85,6 +89,7 @@ KNOWN_MODELS = {
     "Qwen/Qwen2.5-32B": _known("qwen2", 40, 8, 64, 5120, 152064, 131072, 27648, 128, False),
     "Qwen/Qwen3-0.6B": _known("qwen3", 16, 8, 28, 1024, 151936, 40960, 3072, 128, True),
     "Qwen/Qwen3-8B": _known("qwen3", 32, 8, 36, 4096, 151936, 40960, 12288, 128, False),
+    "Qwen/Qwen3-30B-A3B": _known("qwen3_moe", 32, 4, 48, 2048, 151936, 40960, 6144, 128, False, (128, 768, 8)),
     "meta-llama/Llama-3.1-8B-Instruct": _known("llama", 32, 8, 32, 4096, 128256, 131072, 14336, 128, False),
 }
 """Hub id -> facts from the checkpoint's published config.json, for validating without a download."""
