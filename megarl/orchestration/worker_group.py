@@ -12,6 +12,10 @@ stored once and every one of them reads that copy (passed by value, Ray would se
 call: a batch, TP × PP times per DP replica). A rank can be told not to reply (`replying`): it drops
 its result instead of sending back a copy that the caller would throw away.
 
+Every call (`call_all`, `call_each`, `call_rank0`) is one driver round trip: the driver sends to the group
+and waits for its ranks' answers. `round_trips()` counts them in this process, so the loop can log how
+many a step took (`perf/round_trips`).
+
 Rank 0 starts first and tells the others where to rendezvous. A failure on any rank raises
 `WorkerFailure` naming the role, the rank, its process and node, and the remote traceback, and kills the
 whole group, so peers blocked in a collective with the dead rank do not hang the driver. A rank that is
@@ -24,6 +28,7 @@ for its collective's own timeout and then be blamed for it.
 
 import importlib
 import os
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -42,6 +47,22 @@ DEFAULT_HANG_TIMEOUT_S = 600.0
 DEATH_GRACE_S = 5.0
 """How long a rank's error waits for news that a peer's process died or stopped running (the likelier root
 cause; several heartbeats, `heartbeat.BEAT_S`)."""
+
+
+_calls_lock = threading.Lock()
+_calls_made = 0
+
+
+def round_trips() -> int:
+    """Driver round trips (calls to a group, answered by its ranks) this process made so far, from any
+    thread (an async run's generation thread included)."""
+    return _calls_made
+
+
+def _count_round_trip() -> None:
+    global _calls_made
+    with _calls_lock:
+        _calls_made += 1
 
 
 class WorkerFailure(RuntimeError):
@@ -206,6 +227,7 @@ class WorkerGroup:
 
     def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call `method` with the same arguments on every rank; results in rank order."""
+        _count_round_trip()
         return self._wait([a.call.remote(method, *args, **kwargs) for a in self.actors])
 
     def call_each(
@@ -216,6 +238,7 @@ class WorkerGroup:
         False: rank r's result is dropped in the rank, None here."""
         assert len(per_rank_args) == self.world_size, "one argument tuple per rank"
         replying = [True] * self.world_size if replying is None else list(replying)
+        _count_round_trip()
         calls = []
         for actor, args, reply in zip(self.actors, stored_once(per_rank_args), replying, strict=True):
             call = actor.call if reply else actor.call_dropping_result
@@ -228,6 +251,7 @@ class WorkerGroup:
 
     def call_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call `method` on rank 0 only (e.g. exports that need no collective)."""
+        _count_round_trip()
         return self._wait([self.actors[0].call.remote(method, *args, **kwargs)])[0]
 
     def shutdown(self, timeout_s: float) -> None:

@@ -125,6 +125,10 @@ DOCUMENTED_METRICS: dict[str, str] = {
     # throughput
     "perf/total_tokens": "prompt + response tokens of the step's samples",
     "perf/tokens_per_s": "perf/total_tokens / timing/step",
+    "perf/round_trips": (
+        "driver round trips of the step: calls from the driver to a worker group, each answered by its ranks "
+        "(generation, hand-over, staging, passes, updates, weight sync, checkpoint, validation)"
+    ),
     "perf/update_tflops": (
         "model TFLOP/s of the actor update: matmul FLOPs of forward and backward over the samples' "
         "prompt + response tokens, padding excluded, × actor.ppo_epochs (megarl.models.flops), "

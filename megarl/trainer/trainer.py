@@ -37,6 +37,7 @@ from megarl.models.hf_checkpoint import check_hf_checkpoint
 from megarl.models.hf_config import read_model_dims
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.orchestration.search_actor import SearchActor
+from megarl.orchestration.worker_group import round_trips
 from megarl.rewards.scorer import RewardScorer
 from megarl.rollout import AgentLoop, ObservationEncoder, single_turn
 from megarl.rollout.partial import partial_single_turn
@@ -247,6 +248,7 @@ class Trainer:
             for step in range(start + 1, self.total_steps + 1):
                 interrupt.check()
                 self.step_in_progress = step
+                calls_before = round_trips()
                 with self.timer("step"):
                     metrics = self._train_step(step)
                     bad_steps = bad_steps + 1 if metrics.get("actor/skipped_steps") else 0
@@ -257,6 +259,7 @@ class Trainer:
                     self._maybe_validate(step, phase, metrics)
                 metrics |= self.timer.pop() | self.handover.pop_memory()
                 metrics |= throughput_metrics(metrics.pop("_tokens"), metrics["timing/step"])
+                metrics["perf/round_trips"] = float(round_trips() - calls_before)
                 if "_update_flops" in metrics:
                     metrics |= update_mfu_metrics(
                         metrics.pop("_update_flops"), metrics["timing/update_actor"], self.peak_flops

@@ -9,7 +9,7 @@ from ray.util.placement_group import remove_placement_group
 
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group
-from megarl.orchestration.worker_group import WorkerFailure, WorkerGroup
+from megarl.orchestration.worker_group import WorkerFailure, WorkerGroup, round_trips
 
 TARGET = "tests.e2e.orchestration.targets:SumWorker"
 
@@ -39,12 +39,14 @@ def make_group(ray_cluster):
         item.kill() if isinstance(item, WorkerGroup) else remove_placement_group(item)
 
 
-def test_ranks_form_one_world(make_group):
+def test_ranks_form_one_world_and_each_call_is_one_round_trip(make_group):
     group = make_group("sum", init_kwargs=[{"offset": 10}, {"offset": 20}])
+    before = round_trips()
     assert group.call_all("rank") == [0, 1]
     assert group.call_all("all_reduce", 1.0) == [32.0, 32.0]
     assert group.call_each("all_reduce", [(1.0,), (2.0,)]) == [33.0, 33.0]
     assert group.call_rank0("rank") == 0
+    assert round_trips() - before == 4, "one per call, however many ranks answer"
 
 
 def test_an_argument_shared_by_ranks_is_stored_once_and_unwanted_results_stay_in_the_ranks(make_group, monkeypatch):
