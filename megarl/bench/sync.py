@@ -309,8 +309,12 @@ def _layout(model_dir: str, tp: int, pp: int, rollout_tps: tuple[int, ...], shap
         received = {
             r: [pool.submit(_receiver, ports[r], worker, plans[r], repeats) for worker in range(r)] for r in rollout_tps
         }
-        per_rank = trainers.result()
-        checked = {r: [future.result() for future in futures] for r, futures in received.items()}
+        try:
+            per_rank = trainers.result()
+            checked = {r: [future.result() for future in futures] for r, futures in received.items()}
+        except BaseException:  # a stop signal or a failed rank: the receivers must not wait out TIMEOUT_S
+            stores.clear()  # their rendezvous servers go: a receiver still waiting there fails at once
+            raise
     result = per_rank[0]
     for i, record in enumerate(result["in_process"]):  # the peak is the worst rank's
         peak = max(rank["in_process"][i]["peak_extra_bytes"] for rank in per_rank)

@@ -152,14 +152,20 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     from megarl.bench.common import write_json
+    from megarl.cli.stop_signals import StopOnSignal
     from megarl.config import ConfigError
+    from megarl.interrupt import Stopped
 
     try:
-        with tempfile.TemporaryDirectory(prefix="megarl-bench-") as tmp:
+        with StopOnSignal(lambda: None), tempfile.TemporaryDirectory(prefix="megarl-bench-") as tmp:
             result, table = _run(args, Path(tmp))
     except ConfigError as error:  # only `step` reads a recipe
         print(f"megarl bench step: {args.config}:\n{error}", file=sys.stderr)
         return 2
+    except Stopped as stopped:  # its workers are ended and its scratch directory removed on the way here
+        written = f"; nothing was written to {args.json}" if args.json else ""
+        print(f"megarl bench {args.benchmark}: stopped by {stopped}{written}", file=sys.stderr)
+        return stopped.exit_code
     write_json(args.json, result)
     print(table)
     if args.json:

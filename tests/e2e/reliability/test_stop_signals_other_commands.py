@@ -1,5 +1,5 @@
 """SIGTERM to the long-running subcommands besides `megarl train` (issue 33, items 7 and 11): `megarl sft`
-mid-training and `megarl convert` while its ranks run end within seconds with one line (what was
+mid-training, `megarl convert` and `megarl bench` while their ranks run end within seconds with one line (what was
 stopped, that nothing was written), exit 143, no traceback, no process of theirs left (Ray's included)
 and no output or temporary directory. (SIGHUP to `megarl train`: test_stop_signals.py.)"""
 
@@ -85,3 +85,22 @@ def test_sigterm_ends_convert_and_its_ranks(tool_model, tmp_path, jobs):
     assert "Traceback" not in output
     assert job.leftovers() == []
     assert not out.exists() and not list(tmp_path.glob(".mcore.tmp-*"))
+
+
+def test_sigterm_ends_bench_and_its_ranks(tmp_path, jobs):
+    out = tmp_path / "sync.json"
+    job = Job.launch(["bench", "sync", "--smoke", "--json", str(out)], tmp_path, tmp_path / "run")
+    jobs.append(job)
+    job.wait_for(lambda: rank_count(job) >= 2, "the benchmark's ranks started")
+    job.process.send_signal(signal.SIGTERM)
+
+    assert job.wait(END_BOUND_S) == 143
+    output = job.output()
+    assert output.strip().splitlines()[-1] == f"megarl bench sync: stopped by SIGTERM; nothing was written to {out}", (
+        output[-3000:]
+    )
+    assert "Traceback" not in output
+    # multiprocessing's resource tracker ends once it sees the driver gone, within moments of it
+    _, alive = psutil.wait_procs(job.leftovers(), timeout=10)
+    assert alive == []
+    assert not out.exists()
