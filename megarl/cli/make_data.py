@@ -16,6 +16,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
+from megarl import interrupt
 from megarl.cli.arguments import output_dir_problem, positive_float
 from megarl.rewards.tasks import TASKS
 
@@ -101,7 +102,15 @@ def run(args: argparse.Namespace) -> int:
     problem = _mode_problem(args) or output_dir_problem(args.out, overwrite=args.overwrite)
     if problem is not None:
         return _error(problem)
-    return _run_task(args) if args.task else _run_dataset(args)
+    from megarl.cli.stop_signals import StopOnSignal
+    from megarl.interrupt import Stopped
+
+    try:  # a stop is taken until the files are written (each whole: `write_whole`), not while they are
+        with StopOnSignal(lambda: None):
+            return _run_task(args) if args.task else _run_dataset(args)
+    except Stopped as stopped:
+        print(f"megarl make-data: stopped by {stopped}; nothing was written to {args.out}", file=sys.stderr)
+        return stopped.exit_code
 
 
 def _mode_problem(args: argparse.Namespace) -> str | None:
@@ -135,10 +144,13 @@ def _run_task(args: argparse.Namespace) -> int:
         rows = TASKS[args.task](n_train + n_val, random.Random(args.seed))
     except ValueError as error:
         return _error(f"{error}; lower --n-train/--n-val")
+    from megarl.data.prepare import write_whole
+
+    interrupt.check()
     args.out.mkdir(parents=True, exist_ok=True)
     for name, part in (("train", rows[:n_train]), ("val", rows[n_train:])):
         path = args.out / f"{name}.jsonl"
-        path.write_text("".join(json.dumps(row) + "\n" for row in part))
+        write_whole(path, lambda target, part=part: target.write_text("".join(json.dumps(row) + "\n" for row in part)))
         print(f"wrote {path} ({len(part)} rows)")
     return 0
 
@@ -171,6 +183,7 @@ def _run_dataset(args: argparse.Namespace) -> int:
         return _error(str(error))
     inputs = {"source": args.source, "subset": args.subset, "model": args.model, "prompt_format": prompt_format}
     summary = summarize(splits, convention, args.out, prompt_format == "chat", inputs)
+    interrupt.check()
     write_outputs(args.out, splits, summary)
     print(format_summary(summary))
     print(f"summary: {args.out / 'summary.json'}")

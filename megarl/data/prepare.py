@@ -25,6 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from megarl import interrupt
 from megarl.data.conventions import Convention, convert_row
 from megarl.data.dataset_source import Split
 from megarl.data.template import PromptRenderer
@@ -62,6 +63,7 @@ def prepare_split(
     input in messages. Raises PrepareError, or DataError (a chat template that fails on a prompt)."""
     rows, dropped = [], Counter()
     for fields in split.rows:
+        interrupt.check()  # a stop signal ends a large dataset between two rows
         row, reason = convert_row(fields, convention)
         if row is None:
             dropped[reason] += 1
@@ -73,7 +75,10 @@ def prepare_split(
             f"(dropped: {_reasons(dropped)}); is it the {convention.name} schema, "
             f"with {convention.answer_column!r} holding solutions?"
         )
-    texts = [renderer.render(row["prompt"], f"{where} ({split.origin})") for row in rows]
+    texts = []
+    for row in rows:
+        interrupt.check()
+        texts.append(renderer.render(row["prompt"], f"{where} ({split.origin})"))
     lengths = [len(ids) for ids in renderer.tokenize(texts)]
     if renderer.templated:
         rows = [{**row, "prompt": [{"role": "user", "content": row["prompt"]}]} for row in rows]
@@ -148,16 +153,23 @@ def write_outputs(out: Path, splits: list[PreparedSplit], summary: dict) -> None
     (written aside, then renamed)."""
     out.mkdir(parents=True, exist_ok=True)
     for split in splits:
-        _replace(
+        write_whole(
             out / f"{split.name}.parquet",
             lambda path, rows=split.rows: pq.write_table(pa.Table.from_pylist(rows), path),
         )
-    _replace(out / "summary.json", lambda path: path.write_text(json.dumps(summary, indent=2) + "\n"))
+    write_whole(out / "summary.json", lambda path: path.write_text(json.dumps(summary, indent=2) + "\n"))
 
 
-def _replace(target: Path, write) -> None:
+def write_whole(target: Path, write) -> None:
+    """`write(path)` to a hidden sibling of `target`, then renamed to it: `target` appears whole or not at
+    all (a failed write removes its part; only a kill can leave the hidden `.<name>.partial`, which the
+    next run replaces)."""
     partial = target.with_name(f".{target.name}.partial")
-    write(partial)
+    try:
+        write(partial)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     os.replace(partial, target)
 
 

@@ -8,6 +8,8 @@ with `\\boxed{}`), HuggingFaceH4/MATH-500 (`problem`, `solution`, `answer`, `sub
 """
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,14 +17,15 @@ import pyarrow.parquet as pq
 import pytest
 from hf_cache_testing import put_in_cache, use_cache
 
+from megarl import interrupt
 from megarl.cli.main import main
 from megarl.config import load_config
 from megarl.config.sections import DataConfig
 from megarl.data import load_prompts, reward_columns
 from megarl.data.conventions import GSM8K_INSTRUCTION, MATH_INSTRUCTION
-from megarl.data.prepare import length_stats
+from megarl.data.prepare import length_stats, write_whole
 from megarl.models.tiny import build_char_tokenizer
-from megarl.rewards import resolve_reward_function
+from megarl.rewards import resolve_reward_function, tasks
 
 CONFIGS = Path(__file__).parents[3] / "configs"
 GSM8K_RECIPE = CONFIGS / "grpo_qwen2.5-0.5b_gsm8k.yaml"
@@ -485,3 +488,30 @@ def test_a_non_empty_out_is_kept_unless_overwrite(gsm8k_in_cache, model_dir, tmp
 def test_length_percentiles_are_nearest_rank_lengths_of_real_prompts():
     assert length_stats(list(range(100, 0, -1))) == {"min": 1, "p50": 50, "p90": 90, "p95": 95, "p99": 99, "max": 100}
     assert length_stats([7, 3]) == {"min": 3, "p50": 3, "p90": 7, "p95": 7, "p99": 7, "max": 7}
+
+
+def test_a_stop_signal_ends_it_with_one_line_and_nothing_written(tmp_path, capsys, monkeypatch):
+    """Issue 33, items 7 and 11: a SIGTERM while the rows are made ends `make-data` with the signal's exit
+    code, one line, and no file (a partial one neither)."""
+    monkeypatch.setattr(interrupt, "_requested", None)  # the process-wide request, this test's only
+    make_rows = tasks.TASKS["repeat_first_char"]
+
+    def rows_then_signal(n, rng):
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives while the command runs, as a scheduler's would
+        return make_rows(n, rng)
+
+    monkeypatch.setitem(tasks.TASKS, "repeat_first_char", rows_then_signal)
+    out = tmp_path / "data"
+    assert main(["make-data", "--task", "repeat_first_char", "--out", str(out)]) == 143
+    assert capsys.readouterr().err.strip() == f"megarl make-data: stopped by SIGTERM; nothing was written to {out}"
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_a_failed_write_leaves_no_partial_file(tmp_path):
+    def fails(path):
+        path.write_text("half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        write_whole(tmp_path / "train.jsonl", fails)
+    assert list(tmp_path.iterdir()) == []
