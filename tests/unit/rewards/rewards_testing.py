@@ -49,27 +49,3 @@ def sees_variables(prompts, responses, variable, **columns):
     """1.0 where the environment variable named in `variable` is visible to the function, in any way."""
     initial = Path("/proc/self/environ").read_bytes()
     return [float(name in os.environ or name.encode() + b"=" in initial) for name in variable]
-
-
-def finds_credentials(prompts, responses, digests, report, **columns):
-    """Writes to `report[0]` where this process can find a value whose sha256 is in `digests[0]`: in
-    every environment /proc lets it read (pid and variable), and whether its parent's memory is open to it."""
-    import hashlib
-    import json
-
-    found, digests = [], set(digests[0])
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for name, _, value in (entry.partition(b"=") for entry in entries):
-            if hashlib.sha256(value).hexdigest() in digests:
-                found.append([int(pid), name.decode()])
-    try:
-        open(f"/proc/{os.getppid()}/mem", "rb").close()
-        parent_memory = "open"
-    except OSError as error:
-        parent_memory = type(error).__name__
-    Path(report[0]).write_text(json.dumps({"found": found, "parent_memory": parent_memory}))
-    return [1.0] * len(responses)
