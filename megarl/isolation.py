@@ -5,7 +5,7 @@
     worker.connection.send(request); worker.connection.recv()     # one call, one reply
     worker.kill()                                                 # SIGKILL to its whole process group
 
-The worker side is `serve(connection, ready, handle)`: it says it is ready, then answers each request
+The worker side is `serve(worker_connection(fd), ready, handle)`: it says it is ready, then answers each request
 with `handle(request)` until the connection closes or a `None` request arrives.
 
 - **Process group.** Each worker starts a session of its own, and every end of a worker (a timeout, a
@@ -13,16 +13,18 @@ with `handle(request)` until the connection closes or a `None` request arrives.
   is killed before the worker is reaped: until then the worker's pid, which is the group's id, cannot
   name another process.
 - **Secrets.** Workers start from the driver's environment minus every variable whose name looks
-  like a credential (`SECRET_NAME`: *TOKEN*, *KEY*, *SECRET*, *PASSWORD*, ...: HF_TOKEN,
-  WANDB_API_KEY, AWS_SECRET_ACCESS_KEY), so user code cannot read them, not even from
-  /proc/self/environ. They see the driver's `sys.path` (as PYTHONPATH) and working directory.
+  like a credential (`megarl.credentials.SECRET_NAME`: *TOKEN*, *KEY*, *SECRET*, *PASSWORD*, ...:
+  HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY), so user code cannot read them, not even from
+  /proc/self/environ; and each worker gives up, before it imports user code, the capabilities that
+  read other processes' memory (`worker_connection`: root's CAP_SYS_PTRACE), so the driver's
+  environment is closed to it too (`megarl.credentials.withhold`). They see the driver's `sys.path`
+  (as PYTHONPATH) and working directory.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -30,13 +32,12 @@ from collections.abc import Callable
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection
 
-SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
-"""Environment variables whose name matches are not passed to isolated workers."""
+from megarl.credentials import forgo_reading_other_processes, is_credential
 
 
 def worker_environment(environ: dict[str, str]) -> dict[str, str]:
-    """`environ` without credentials, with PYTHONPATH set to this process's import path."""
-    clean = {name: value for name, value in environ.items() if not SECRET_NAME.search(name)}
+    """`environ` without credentials (Ray's included), with PYTHONPATH set to this process's import path."""
+    clean = {name: value for name, value in environ.items() if not is_credential(name)}
     clean["PYTHONPATH"] = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
     return clean
 
@@ -109,6 +110,13 @@ class IsolatedProcess:
         except OSError:
             pass  # broken: killed below
         self.kill()
+
+
+def worker_connection(fd: str) -> Connection:
+    """The worker's end of its connection (file descriptor `fd`), after giving up the capabilities that
+    read other processes' memory (`megarl.credentials`): called by every worker before it imports user code."""
+    forgo_reading_other_processes()
+    return Connection(int(fd))
 
 
 def serve(connection: Connection, ready: object, handle: Callable[[object], object]) -> None:

@@ -25,7 +25,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from megarl import interrupt
+    from megarl import credentials, interrupt
     from megarl.cli.stop_signals import StopOnSignal
     from megarl.config import ConfigError
     from megarl.data import DataError
@@ -59,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     except (RayStartError, DirectoryBusy) as error:
         print(f"megarl sft: {error}", file=sys.stderr)
         return 1
+    # Before Ray starts: no process of the run holds a credential (megarl.credentials).
+    credentials.withhold()
     try:
         try:
             with locks, StopOnSignal(lambda: trainer.step_in_progress):

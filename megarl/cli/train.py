@@ -18,6 +18,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from megarl import credentials
     from megarl.config import ConfigError, checked_config, plan_batches
     from megarl.orchestration.cluster import RayStartError, check_ray_can_start, shutdown_ray, start_ray_early
     from megarl.run_lock import DirectoryBusy, DirectoryLocks
@@ -36,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"megarl train: {error}", file=sys.stderr)
         return 1
     with locks:
+        # Before Ray and user code start: no process of the run holds a credential (megarl.credentials).
+        credentials.withhold()
         # The Ray node comes up on the other cores while the trainer's imports and the data load run here.
         start_ray_early(ray_cpus(plan_batches(config)), WORKER_ENV)
         try:

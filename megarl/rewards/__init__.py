@@ -7,7 +7,8 @@ Kept light on purpose: the worker process imports this package, and importing it
 math-verify/sympy (the MATH reward) or torch.
 """
 
-from megarl.isolation import SECRET_NAME, worker_environment
+from megarl.credentials import SECRET_NAME
+from megarl.isolation import worker_environment
 from megarl.rewards.functions import (
     BUILTIN_REWARDS,
     RewardFunctionError,

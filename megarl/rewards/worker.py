@@ -18,7 +18,7 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 
-from megarl.isolation import serve
+from megarl.isolation import serve, worker_connection
 from megarl.rewards.functions import RewardFunctionError, checked_scores, resolve_reward_function
 
 
@@ -45,4 +45,4 @@ def serve_reward(connection: Connection, spec: str) -> None:
 
 
 if __name__ == "__main__":
-    serve_reward(Connection(int(sys.argv[1])), sys.argv[2])
+    serve_reward(worker_connection(sys.argv[1]), sys.argv[2])

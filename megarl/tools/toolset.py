@@ -286,9 +286,10 @@ def _python_tool_path(multi_turn: MultiTurnConfig, index: int) -> str:
         raise ToolError(
             f"rollout.multi_turn.tools[{index}].function = 'python': this machine cannot run model-written "
             f"code in its sandbox ({problem}); run where unprivileged user namespaces are allowed "
-            "(sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0, util-linux "
-            "`unshare` on PATH), or set rollout.multi_turn.python_tool.unsafe_no_sandbox: true to run "
-            "it with your rights"
+            "(sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0; on Ubuntu 24.04 and "
+            "later kernel.apparmor_restrict_unprivileged_userns=0; util-linux `unshare` on PATH), or run the "
+            "code on a SandboxFusion server (rollout.multi_turn.python_tool.sandbox_fusion_url), or set "
+            "rollout.multi_turn.python_tool.unsafe_no_sandbox: true to run it with your rights"
         )
     logger.warning(
         "the python tool runs model-written code WITHOUT a sandbox (%s), with your rights: "

@@ -14,9 +14,8 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from multiprocessing.connection import Connection
 
-from megarl.isolation import FunctionNotFound, import_function, serve
+from megarl.isolation import FunctionNotFound, import_function, serve, worker_connection
 from megarl.tools.calls import one_line
 
 
@@ -56,5 +55,6 @@ def call_tool(functions: list[Callable | None], request: tuple[int, dict]) -> tu
 
 
 if __name__ == "__main__":
+    connection = worker_connection(sys.argv[1])  # before the tools' modules are imported
     tools, ready = load_tools(json.loads(sys.argv[2]), read_schemas=sys.argv[3] == "schemas")
-    serve(Connection(int(sys.argv[1])), ready, lambda request: call_tool(tools, request))
+    serve(connection, ready, lambda request: call_tool(tools, request))

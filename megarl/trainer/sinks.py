@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from megarl.config import BatchPlan, Config
 from megarl.config.config import to_dict
+from megarl.credentials import credential
 from megarl.trainer.plots import CURVES_FILE, MEMORY_FILE, plot_memory, plot_metrics
 
 METRICS_FILE = "metrics.jsonl"
@@ -256,7 +257,8 @@ class WandbSink:
                 dir=str(run_dir),
                 resume="allow",
                 config=None if description is None else dict(description),
-                settings=wandb.Settings(quiet=True),
+                # The key `megarl train` took out of the environment (megarl.credentials), or W&B's own login.
+                settings=wandb.Settings(quiet=True, api_key=credential("WANDB_API_KEY")),
             )
         except wandb.errors.UsageError as error:  # no API key, a bad setting: what the user can fix
             wandb.teardown()

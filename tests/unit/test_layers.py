@@ -56,6 +56,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "megarl.versions",
             "megarl.text_encoding",
             "megarl.interrupt",
+            "megarl.credentials",
             "megarl.isolation",
             "megarl.run_lock",
             "megarl.quiet",

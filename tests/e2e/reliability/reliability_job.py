@@ -35,6 +35,7 @@ from megarl.rewards.tasks import repeat_first_char_rows
 from megarl.trainer.checkpoint_manager import Checkpoint, CheckpointManager
 
 REWARDS_MODULE = '''"""Reward functions of the reliability tests (the job finds this module through PYTHONPATH)."""
+import hashlib
 import json
 import os
 import warnings
@@ -43,14 +44,32 @@ from megarl.rewards.tasks import repeat_first_char
 
 
 def env_probe(prompts, responses, **columns):
-    """repeat_first_char, after recording this process's environment and parentage once (and warning
-    once, as user code may: the console must show it)."""
+    """repeat_first_char, after recording once this process's environment and parentage, and where on
+    the machine it finds a value whose sha256 is in RELIABILITY_CANARY_DIGESTS (every environment /proc
+    lets it read); and warning once, as user code may: the console must show it."""
     path = os.environ["RELIABILITY_PROBE_FILE"] + f".{os.getpid()}"
     if not os.path.exists(path):
         warnings.warn("env_probe: a warning from user code", UserWarning)
+        digests = set(os.environ["RELIABILITY_CANARY_DIGESTS"].split(","))
         with open(path, "w") as f:
-            json.dump({"pid": os.getpid(), "ppid": os.getppid(), "environ": dict(os.environ)}, f)
+            json.dump(
+                {"pid": os.getpid(), "ppid": os.getppid(), "environ": dict(os.environ), "found": _find(digests)}, f
+            )
     return repeat_first_char(prompts, responses, **columns)
+
+
+def _find(digests):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as file:
+                entries = file.read().split(b"\\0")
+        except OSError:
+            continue
+        for name, _, value in (entry.partition(b"=") for entry in entries):
+            if hashlib.sha256(value).hexdigest() in digests:
+                found.append([int(pid), name.decode()])
+    return found
 '''
 
 MEGARL = str(Path(sys.executable).with_name("megarl"))

@@ -1,26 +1,27 @@
 """A running local job: what listens on the network, what user reward code can see, what is logged.
 
-One job (3 steps) for the module, with canary secrets in the driver's environment and a reward
-function that records its own environment. The scorer's own isolation (time limit, process group
+One job (3 steps) for the module, with canary secrets in every credential variable megarl knows of
+(`megarl.credentials.KNOWN`) in the driver's environment, and a reward function that records its own
+environment and searches every environment on the machine for them. The scorer's own isolation (time limit, process group
 kill, credential filter) is tested in tests/unit/rewards/test_rewards_scorer.py.
 """
 
+import hashlib
 import ipaddress
 import json
 import os
+import secrets
 
 import psutil
 import pytest
 from reliability_job import Job
 
 from megarl import quiet
+from megarl.credentials import KNOWN
 from megarl.workers.rollout import cpu_numa_line
 
-CANARIES = {
-    "HF_TOKEN": "hf_secret_canary_123",
-    "WANDB_API_KEY": "wandb_secret_canary_456",
-    "AWS_SECRET_ACCESS_KEY": "aws_secret_canary_789",
-}
+# Unique to this session: another job on the machine cannot hold them.
+CANARIES = {name: f"{name.lower()}-canary-{secrets.token_hex(8)}" for name in KNOWN}
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,7 @@ def live_job(workspace, tmp_path_factory):
             **CANARIES,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(workspace), os.environ.get("PYTHONPATH")])),
             "RELIABILITY_PROBE_FILE": str(run_dir / "probe"),
+            "RELIABILITY_CANARY_DIGESTS": ",".join(hashlib.sha256(v.encode()).hexdigest() for v in CANARIES.values()),
         },
     )
     try:
@@ -80,6 +82,8 @@ def test_reward_code_runs_in_another_process_without_the_drivers_secrets(live_jo
         assert probe["pid"] != live_job.process.pid and probe["ppid"] == live_job.process.pid
         assert not set(CANARIES) & set(probe["environ"])
         assert not [v for v in probe["environ"].values() if any(c in v for c in CANARIES.values())]
+        # Nor in the driver's /proc/<pid>/environ, Ray's, the workers' or any other process's.
+        assert probe["found"] == []
 
 
 def test_no_secret_reaches_the_run_dir_or_rays_logs(live_job):

@@ -164,6 +164,13 @@ def test_a_memory_hog_ends_with_an_error():
     )
 
 
+def test_an_endless_loop_ends_at_its_cpu_limit(monkeypatch):
+    # The wall-clock limit far above the CPU limit, however loaded the machine: the CPU limit ends it.
+    monkeypatch.setattr(python_tool, "CPU_S", 1)
+    monkeypatch.setattr(python_tool, "WALL_S", 120.0)
+    assert run("while True:\n    pass") == "Error: the program used more than 1 s of CPU time and was stopped"
+
+
 def test_endless_output_is_capped(monkeypatch):
     monkeypatch.setattr(python_tool, "WALL_S", 30.0)
     seen = run("""
