@@ -25,7 +25,8 @@ tool results, not on the timing of the others' tools.
 Partial rollouts (`rollout.partial_rollout`, trainer.rollout_mode async; `megarl.rollout.partial` is the
 single-turn case): a wave's turns are generated `segment` new tokens at a time, and `between_segments()`
 runs before every segment, the first of each turn included, so a weight update waits for one segment
-(or for the tool calls in flight, which run on) and lands between two turns or inside one. A turn a
+(or, while every trajectory waits on its tools, for the next wave's calls to come back; the calls of
+trajectories left out of a wave run on through the update) and lands between two turns or inside one. A turn a
 segment cut short goes on in the wave's next segment from prompt + every token so far, under the
 weights the engines hold then; its tokens are parsed for tool calls only once the turn ended. Every
 token records the weight version that sampled it (`Samples.token_versions`), and an observation's

@@ -36,6 +36,8 @@ ASYNC = [
     "checkpoint.save_freq=2",
 ]
 STEPS = 6
+STARTUP_BOUND_S = 600.0
+"""Until step 3 is logged: three workers and an engine start on a machine other jobs share."""
 END_BOUND_S = 120.0
 """From the signal to the exit (test_stop_signals' bound)."""
 HANG_TIMEOUT_S = 10
@@ -50,7 +52,7 @@ def test_sigterm_mid_async_run_ends_cleanly_and_the_resume_trains_on_the_batch_t
     args = [f"trainer.total_steps={STEPS}", *ASYNC]
     first = Job.start(workspace, run_dir, args)
     jobs.append(first)
-    first.wait_for(lambda: first.last_step() >= 3, "step 3 logged")
+    first.wait_for(lambda: first.last_step() >= 3, "step 3 logged", timeout_s=STARTUP_BOUND_S)
     first.rank_processes()  # note the job's processes, to check they are gone at the end
     os.kill(first.process.pid, signal.SIGTERM)
 
@@ -107,7 +109,7 @@ def test_stopped_rollout_engine_in_async_mode_ends_the_run_naming_it(workspace, 
         ["trainer.total_steps=50", f"trainer.hang_timeout_s={HANG_TIMEOUT_S}", *ASYNC],
     )
     jobs.append(job)
-    job.wait_for(lambda: job.last_step() >= 3, "step 3 logged")
+    job.wait_for(lambda: job.last_step() >= 3, "step 3 logged", timeout_s=STARTUP_BOUND_S)
     _, rollout = job.rank_processes()
     assert len(rollout) == 1, rollout
     victim = rollout[0]
