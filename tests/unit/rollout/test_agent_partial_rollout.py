@@ -11,6 +11,7 @@ token's log-prob names the weights that sampled it: -(1 + k) / 100 - weights for
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -19,6 +20,7 @@ from test_agent_loop import EOS, SAMPLING, TOKENIZER, Parser, ScriptedEngines, T
 
 from megarl.config.rollout import MultiTurnConfig
 from megarl.rollout import AgentLoop, ObservationEncoder
+from megarl.trainer import generated
 from megarl.trainer.async_stream import AsyncRolloutStream
 from megarl.trainer.generated import GeneratedBatch
 from megarl.trainer.timing import PhaseTimer
@@ -228,3 +230,18 @@ def _from_weights(versions: list[int], mask: torch.Tensor) -> torch.Tensor:
         expected.append(-(1 + k) / 100 - version if mine else 0.0)
         k = k + 1 if mine else 0
     return torch.tensor(expected)
+
+
+def test_a_checkpoint_keeps_a_multi_turn_batch_with_its_token_versions():
+    """The async stream's checkpoint state (`generated.encode`, JSON) holds the trajectories, masks and
+    per-token versions of an agent batch generated ahead; a resume reads back the same batch."""
+    engines = ContinuingEngines(1, three_calls_then_answer)
+    between_segments, _ = _each_segment_a_new_version(engines)
+    batch_prompts = prompts(2)
+    samples = agent_loop(engines, 16, between_segments)(batch_prompts, SAMPLING, "3.0")
+    batch = GeneratedBatch(samples, torch.arange(4.0), {"reward/mean": 1.5}, None, 0)
+    back = generated.decode(json.loads(json.dumps(generated.encode(batch, batch_prompts))), batch_prompts)
+    assert back.samples.token_versions == samples.token_versions and back.samples.trajectories == samples.trajectories
+    assert [m.tolist() for m in back.samples.loss_masks] == [m.tolist() for m in samples.loss_masks]
+    assert all(torch.equal(a, b) for a, b in zip(back.samples.rollout_log_probs, samples.rollout_log_probs))
+    assert back.scores.tolist() == [0.0, 1.0, 2.0, 3.0] and back.policy_version == 0
