@@ -194,7 +194,9 @@ class RolloutConfig:
     new weights (prompt and partial response submitted again), each token keeping the version of the
     weights that sampled it (`rollout/token_version_lag/mean`, `rollout/partial_samples`). A weight load
     then waits for one segment instead of the whole batch; a checkpoint loses the batch in flight (a
-    resume says so and generates it again). Single-turn only. 0, or >= rollout.min_new_tokens and >= 1."""
+    resume says so and generates it again). With multi_turn, per assistant turn: an update may also land
+    between two turns (the tool calls in flight run on), and a turn cut by one goes on under the new
+    weights. 0, or >= rollout.min_new_tokens and >= 1."""
     kv_cache_gib: float = 4.0
     """CPU only: KV-cache size per engine in GiB (VLLM_CPU_KVCACHE_SPACE). > 0."""
     gpu_memory_utilization: float = 0.5

@@ -75,14 +75,6 @@ def _check_partial_rollout(config: Config, problems: list[Problem]) -> None:
         f"{config.trainer.rollout_mode})",
         "set trainer.rollout_mode: async, or rollout.partial_rollout: 0",
     )
-    need(
-        problems,
-        not rollout.multi_turn.enable,
-        key,
-        rollout.partial_rollout,
-        "partial rollouts are single-turn only (the agent loop does not continue a turn across a weight update)",
-        "set rollout.partial_rollout: 0, or rollout.multi_turn.enable: false",
-    )
 
 
 def check_rollout(config: Config, problems: list[Problem]) -> None:

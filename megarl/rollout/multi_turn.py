@@ -21,6 +21,19 @@ Seeds: turn t of the trajectory in row k (prompt-major) is seeded `sampling.seed
 samples of the call), whichever wave it is generated in, inside the block of `S × max_turns` seeds
 `settings.step_seed` reserves per rollout round: a trajectory's tokens depend on its own context and
 tool results, not on the timing of the others' tools.
+
+Partial rollouts (`rollout.partial_rollout`, trainer.rollout_mode async; `megarl.rollout.partial` is the
+single-turn case): a wave's turns are generated `segment` new tokens at a time, and `between_segments()`
+runs before every segment, the first of each turn included, so a weight update waits for one segment
+(or, while every trajectory waits on its tools, for the next wave's calls to come back; the calls of
+trajectories left out of a wave run on through the update) and lands between two turns or inside one. A turn a
+segment cut short goes on in the wave's next segment from prompt + every token so far, under the
+weights the engines hold then; its tokens are parsed for tool calls only once the turn ended. Every
+token records the weight version that sampled it (`Samples.token_versions`), and an observation's
+tokens, which the loss masks out, the version of the turn whose calls they answer, so the staleness
+bound and `rollout/token_version_lag` see a trajectory's oldest model token. Segment s >= 1 of turn t
+is seeded `sampling.seed + (t + s·max_turns)·S + k`: past the round's block, as a continued
+single-turn segment is (its context differs from whatever else holds that seed).
 """
 
 from __future__ import annotations
@@ -92,7 +105,15 @@ class _Live:
     """The futures of `pending`'s calls, once submitted."""
     rejected: list[CallError] = field(default_factory=list)
     """The turn's calls the parser did not pass on."""
+    turn_ids: list[int] = field(default_factory=list)
+    """The tokens of the turn being generated (several segments with partial rollouts)."""
     turn_text: str = ""
+    finish: str = ""
+    """How the turn's last segment ended ("stop" or "length")."""
+    versions: list[int] = field(default_factory=list)
+    """The weight version of each token of `ids` (an observation's: its turn's)."""
+    version: int = 0
+    """The weight version of the turn's last segment."""
 
     def append(self, ids: Sequence[int], log_probs: Sequence[float] | None, budget: int) -> bool:
         """Append tokens (the model's when `log_probs` is given, else an observation's), cut at `budget`
@@ -102,6 +123,7 @@ class _Live:
         self.ids += kept
         self.log_probs += list(log_probs[:room]) if log_probs is not None else [0.0] * len(kept)
         self.mask += [log_probs is not None] * len(kept)
+        self.versions += [self.version] * len(kept)
         return len(kept) == len(ids) and len(self.ids) < budget
 
     def calls_back(self) -> bool:
@@ -119,14 +141,23 @@ class AgentLoop:
         observations: ObservationEncoder,
         decode: Callable[[list[int]], str],
         settings: MultiTurnConfig,
+        *,
+        segment: int = 0,
+        between_segments: Callable[[], int] | None = None,
     ):
-        """`decode`: token ids -> text with special tokens kept (tool-call tags may be special tokens)."""
+        """`decode`: token ids -> text with special tokens kept (tool-call tags may be special tokens).
+        Partial rollouts: `segment` (`rollout.partial_rollout`) new tokens at a time, `between_segments()`
+        before each segment returning the engines' weight version (`AsyncRolloutStream.between_segments`);
+        0 and None: whole turns, and no `token_versions`."""
+        assert (segment > 0) == (between_segments is not None), (segment, between_segments)
         self.engines = engines
         self.tools = tools
         self.parser = parser
         self.observations = observations
         self.decode = decode
         self.settings = settings
+        self.segment = segment
+        self.between_segments = between_segments
 
     def __call__(self, prompts: Sequence[Prompt], sampling: SamplingConfig, group_prefix: str) -> Samples:
         everyone = [_Live(prompt, i * sampling.n + j, i) for i, prompt in enumerate(prompts) for j in range(sampling.n)]
@@ -145,24 +176,27 @@ class AgentLoop:
             for t in back:
                 self._observe(t)
                 (done if t.trajectory.ended else ready).append(t)
-        return self._samples(done, group_prefix)
+        return self._samples(done, group_prefix, self.between_segments is not None)
 
     def _generate(self, ready: list[_Live], sampling: SamplingConfig, count: int) -> None:
-        """One turn of every ready trajectory, one batched call (`count`: trajectories of the loop's call);
-        parses each turn's tool calls or ends the trajectory."""
+        """One turn of every ready trajectory, in one batched call per segment (`count`: trajectories of the
+        loop's call); parses each turn's tool calls or ends the trajectory."""
         budget = self.settings.max_total_tokens
-        caps = [min(sampling.max_new_tokens, budget - len(t.ids)) for t in ready]
-        seeds = None if sampling.seed is None else [sampling.seed + t.trajectory.turns * count + t.slot for t in ready]
-        outputs = generate_contexts(
-            self.engines, [t.prompt.token_ids + tuple(t.ids) for t in ready], replace(sampling, n=1), caps, seeds
-        )
-        for t, output in zip(ready, outputs, strict=True):
-            ids, log_probs, reason = output.response_token_ids[0], output.response_logprobs[0], output.finish_reasons[0]
-            fits = t.append(ids, log_probs.tolist(), budget)
-            t.turn_text = self.decode(ids)
+        for t in ready:
+            t.turn_ids = []
+        going, piece = list(ready), 0
+        while going:
+            going = [
+                t
+                for t in self._segment(going, sampling, count, piece)
+                if len(t.turn_ids) < sampling.max_new_tokens and len(t.ids) < budget
+            ]
+            piece += 1
+        for t in ready:
+            t.turn_text = self.decode(t.turn_ids)
             parsed = self.parser.parse(t.turn_text)
             t.pending, t.rejected = list(parsed.calls), list(parsed.errors)
-            t.trajectory.final_turn = list(ids)
+            t.trajectory.final_turn = list(t.turn_ids)
             t.trajectory.messages.append(
                 {
                     "role": "assistant",
@@ -170,12 +204,48 @@ class AgentLoop:
                     "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in t.pending],
                 }
             )
-            if not fits:
+            if len(t.ids) >= budget:
                 t.trajectory.ended = "max_total_tokens"
-            elif reason == "length":
+            elif t.finish == "length":
                 t.trajectory.ended = "turn_length"
             elif not t.pending and not t.rejected:
                 t.trajectory.ended = "answer"
+
+    def _segment(self, going: list[_Live], sampling: SamplingConfig, count: int, piece: int) -> list[_Live]:
+        """Segment `piece` of the turns `going` (the whole turn without partial rollouts): one batched call,
+        each capped at what is left of its turn and of the token budget. The turns the cap cut short."""
+        if self.between_segments is not None:
+            version = self.between_segments()
+            for t in going:
+                t.version = version
+        step = self.segment or sampling.max_new_tokens
+        caps = [
+            min(step, sampling.max_new_tokens - len(t.turn_ids), self.settings.max_total_tokens - len(t.ids))
+            for t in going
+        ]
+        turns = self.settings.max_turns
+        seeds = (
+            None
+            if sampling.seed is None
+            else [sampling.seed + (t.trajectory.turns + piece * turns) * count + t.slot for t in going]
+        )
+        # min_new_tokens <= segment (validate): the turn's first segment honoured it.
+        outputs = generate_contexts(
+            self.engines,
+            [t.prompt.token_ids + tuple(t.ids) for t in going],
+            replace(sampling, n=1, min_new_tokens=0) if piece else replace(sampling, n=1),
+            caps,
+            seeds,
+        )
+        cut = []
+        for t, output, cap in zip(going, outputs, caps, strict=True):
+            ids, log_probs = output.response_token_ids[0], output.response_logprobs[0]
+            t.append(ids, log_probs.tolist(), self.settings.max_total_tokens)
+            t.turn_ids += ids
+            t.finish = output.finish_reasons[0]
+            if t.finish == "length" and len(ids) == cap:
+                cut.append(t)
+        return cut
 
     def _submit(self, calling: list[_Live]) -> list[_Live]:
         """Start the calls of a wave's trajectories, as one submit (the search calls among them go to
@@ -225,8 +295,8 @@ class AgentLoop:
         return {"role": "tool", "name": name, "content": content}
 
     @staticmethod
-    def _samples(done: list[_Live], group_prefix: str) -> Samples:
-        """Prompt-major samples (the loop finishes trajectories out of order)."""
+    def _samples(done: list[_Live], group_prefix: str, partial: bool) -> Samples:
+        """Prompt-major samples (the loop finishes trajectories out of order); `partial`: with `token_versions`."""
         samples = Samples.empty()
         for t in sorted(done, key=lambda t: t.slot):
             samples.prompts.append(t.prompt)
@@ -238,5 +308,5 @@ class AgentLoop:
             )
             samples.index.append(f"{group_prefix}/{t.group}")
             samples.trajectories.append(t.trajectory)
-            samples.token_versions.append(None)
+            samples.token_versions.append(t.versions if partial else None)
         return samples

@@ -14,9 +14,10 @@ resumed under a smaller `max_staleness`) is dropped and the step's batch generat
 current weights, never trained on; `rollout/stale_dropped_samples` counts the samples dropped.
 
 Partial rollouts (`rollout.partial_rollout`, `megarl.rollout.partial`): the generation calls
-`between_segments` every few tokens, where the thread lets a waiting weight load (or validation, or a
-checkpoint) in and goes on with the weights it brought; each token keeps its version
-(`Samples.token_versions`), logged as `rollout/token_version_lag/mean` and `rollout/partial_samples`.
+`between_segments` every few tokens (the agent loop also before each turn, `megarl.rollout.multi_turn`),
+where the thread lets a waiting weight load (or validation, or a checkpoint) in and goes on with the
+weights it brought; each token keeps its version (`Samples.token_versions`), logged as
+`rollout/token_version_lag/mean` and `rollout/partial_samples`.
 A checkpoint then no longer waits for a whole generation: the batch in flight is lost (its prompts were
 taken from the data loader), and a resume says so and generates that step's batch from the next prompts.
 
@@ -224,10 +225,16 @@ def oldest_version(batch: GeneratedBatch) -> int:
 
 
 def token_version_metrics(batch: GeneratedBatch, step: int) -> dict[str, float]:
-    """Partial rollouts: `rollout/token_version_lag/mean` (versions the actor, at step - 1, is ahead of each
-    token's weights, mean over the response tokens) and `rollout/partial_samples` (samples whose tokens
-    came from more than one version); nothing for a batch without per-token versions."""
-    versions = [v for v in batch.samples.token_versions if v is not None]
+    """Partial rollouts: `rollout/token_version_lag/mean` (versions the actor, at step - 1, is ahead of the
+    weights that sampled each token the model wrote, mean over them: a multi-turn sample's observation
+    tokens are not the model's) and `rollout/partial_samples` (samples whose tokens came from more than one
+    version); nothing for a batch without per-token versions."""
+    samples = batch.samples
+    versions = [
+        [x for x, mine in zip(v, mask.tolist(), strict=True) if mine]
+        for v, mask in zip(samples.token_versions, samples.loss_masks, strict=True)
+        if v is not None
+    ]
     if not versions:
         return {}
     tokens = sum(map(len, versions))

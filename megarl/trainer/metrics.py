@@ -43,7 +43,7 @@ DOCUMENTED_METRICS: dict[str, str] = {
     "rollout/policy_version_lag/max": "the largest weight-version lag of the step's samples",
     "rollout/token_version_lag/mean": (
         "rollout.partial_rollout: weight versions the actor is ahead of the "
-        "weights that sampled each response token, mean over the tokens"
+        "weights that sampled each token the model wrote (tool observations left out), mean over them"
     ),
     "rollout/partial_samples": (
         "rollout.partial_rollout: samples whose tokens came from more than one weight "

@@ -178,26 +178,24 @@ class Trainer:
         return ToolSet(self.multi_turn) if self.multi_turn.enable else nullcontext()
 
     def _rollout_function(self, tools):
-        """Single turn, or the agent loop with the run's tools (`megarl.rollout`)."""
-        if (
-            self.config.rollout.partial_rollout
-        ):  # async only (validate): the stream lets weight loads in between segments
-            return partial(
-                partial_single_turn,
+        """Single turn, or the agent loop with the run's tools (`megarl.rollout`); with partial rollouts (async
+        only, validate) in segments, between which the stream lets weight loads in."""
+        segment = self.config.rollout.partial_rollout
+        between_segments = (lambda: self.stream.between_segments()) if segment else None
+        if self.multi_turn.enable:
+            return AgentLoop(
                 self.roles.rollout,
-                self.config.rollout.partial_rollout,
-                lambda: self.stream.between_segments(),
+                tools,
+                parser_for(self.multi_turn.tool_format, tools.schemas()),
+                ObservationEncoder(self.tokenizer),
+                self._decode_turn,
+                self.multi_turn,
+                segment=segment,
+                between_segments=between_segments,
             )
-        if not self.multi_turn.enable:
-            return partial(single_turn, self.roles.rollout)
-        return AgentLoop(
-            self.roles.rollout,
-            tools,
-            parser_for(self.multi_turn.tool_format, tools.schemas()),
-            ObservationEncoder(self.tokenizer),
-            self._decode_turn,
-            self.multi_turn,
-        )
+        if segment:
+            return partial(partial_single_turn, self.roles.rollout, segment, between_segments)
+        return partial(single_turn, self.roles.rollout)
 
     def _train(self, scorer: RewardScorer, rollout, startup: PhaseTimer) -> dict[str, float]:
         self.sync = WeightSync(self.roles, self.config, vocab_size=len(self.tokenizer), total_steps=self.total_steps)

@@ -1,7 +1,8 @@
 """The agent quickstart end to end on CPU (scripts/agent_quickstart.sh, shortened): a tiny tool-token
 model, `megarl sft` on calculator demonstrations, then multi-turn GRPO with the built-in calculator
 running in its isolated tool process. The reward and the tool-call rate both rise, every step logs the
-agent metrics, and rollouts.jsonl holds one readable trajectory per step."""
+agent metrics, and rollouts.jsonl holds one readable trajectory per step. The same warmed-up model then
+runs a few steps of the agent loop in trainer.rollout_mode async with partial rollouts."""
 
 import json
 
@@ -19,7 +20,8 @@ WINDOW = 5
 
 
 @pytest.fixture(scope="module")
-def agent_run(tmp_path_factory):
+def sft_model(tmp_path_factory):
+    """The tiny tool-token model after `megarl sft` on calculator demonstrations, and the task's data (root/data)."""
     root = tmp_path_factory.mktemp("agent")
     # The CLI's commands, run in this process: a subprocess per command only added an interpreter start.
     assert main(["init-tiny-model", "--tool-tokens", "--out", str(root / "tiny-model")]) == 0
@@ -48,17 +50,27 @@ def agent_run(tmp_path_factory):
             f"train.output_dir={root / 'sft-model'}",
         ],
     ).fit()
+    return root
+
+
+def agent_overrides(root, run_dir, **extra) -> list[str]:
+    """The agent quickstart recipe on the warmed-up model, writing under `run_dir`, validation off."""
+    values = {
+        "model.path": root / "sft-model",
+        "data.train_files": f"[{root / 'data' / 'train.jsonl'}]",
+        "data.val_files": f"[{root / 'data' / 'val.jsonl'}]",
+        "trainer.output_dir": run_dir,
+        "checkpoint.dir": run_dir / "checkpoints",
+        "trainer.test_freq": 0,
+    } | extra
+    return [f"{key}={value}" for key, value in values.items()]
+
+
+@pytest.fixture(scope="module")
+def agent_run(sft_model):
     trainer = Trainer.from_config(
         REPO / "configs" / "agent_quickstart.yaml",
-        [
-            f"model.path={root / 'sft-model'}",
-            f"data.train_files=[{root / 'data' / 'train.jsonl'}]",
-            f"data.val_files=[{root / 'data' / 'val.jsonl'}]",
-            f"trainer.output_dir={root / 'runs'}",
-            f"checkpoint.dir={root / 'checkpoints'}",
-            f"trainer.total_steps={STEPS}",
-            "trainer.test_freq=0",
-        ],
+        agent_overrides(sft_model, sft_model / "runs", **{"trainer.total_steps": STEPS}),
     )
     trainer.fit()
     return trainer, read_metrics(trainer.run_dir / "metrics.jsonl")
@@ -99,3 +111,51 @@ def test_rollouts_jsonl_shows_a_whole_trajectory_per_step(agent_run):
     a, b = (int(n) for n in expression.split("+"))
     answer = record["messages"][-1]["content"].strip()
     assert record["reward"] == (1.0 if answer == str(a + b) else 0.0)
+
+
+ASYNC_STEPS = 3
+SHOWN = (
+    "rollout/policy_version_lag/max",
+    "rollout/token_version_lag/mean",
+    "rollout/partial_samples",
+    "agent/tool_call_rate",
+    "reward/mean",
+)
+
+
+def test_the_agent_loop_trains_in_async_mode_with_turns_across_weight_updates(sft_model):
+    """trainer.rollout_mode async, max_staleness 1, partial rollouts of 8 tokens (a calculator call is ~30):
+    the trajectories, tool calls included, are generated in the driver's rollout thread while the actor
+    trains (split placement: the engine on a slot of its own), a weight load landing between two segments
+    of a turn or between two turns; every step trains within the bound and logs the agent metrics."""
+    trainer = Trainer.from_config(
+        REPO / "configs" / "agent_quickstart.yaml",
+        agent_overrides(
+            sft_model,
+            sft_model / "async-runs",
+            **{
+                "trainer.total_steps": ASYNC_STEPS,
+                "trainer.rollout_mode": "async",
+                "trainer.max_staleness": 1,
+                "rollout.partial_rollout": 8,
+                "placement.mode": "split",
+                "placement.gpus_per_node": 3,
+                "placement.rollout_gpus": 1,
+            },
+        ),
+    )
+    trainer.fit()
+    metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, ASYNC_STEPS + 1))
+    lags = [m["rollout/policy_version_lag/max"] for m in metrics]
+    assert lags[0] == 0 and all(0 <= lag <= 1 for lag in lags) and max(lags) == 1, lags  # ahead, within the bound
+    assert all(m["rollout/stale_dropped_samples"] == 0 for m in metrics)
+    for m in metrics:
+        assert set(AGENT_METRICS) <= set(m)
+        assert m["agent/tool_call_rate"] > 0 and 0 < m["agent/masked_token_fraction"] < 1  # tools ran, masked out
+        assert 0 <= m["rollout/token_version_lag/mean"] <= m["rollout/policy_version_lag/max"]
+        assert 0 <= m["rollout/partial_samples"] <= 16 * 8 and m["actor/grad_norm"] > 0  # of 16 prompts x 8 samples
+    print("async agent run:", [{k: m[k] for k in SHOWN} for m in metrics])
+    records = [json.loads(line) for line in (trainer.run_dir / "rollouts.jsonl").read_text().splitlines()]
+    tool_messages = [m for r in records for m in r["messages"] if m["role"] == "tool"]
+    assert tool_messages and all(m["name"] == "calculator" for m in tool_messages)

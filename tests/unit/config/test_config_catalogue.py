@@ -634,12 +634,6 @@ CASES = [
         "rollout.partial_rollout",
         "must be 0 (off) or at least 1 and rollout.min_new_tokens (8)",
     ),
-    (
-        "partial-rollout-multi-turn",
-        ["rollout.partial_rollout=64", "rollout.multi_turn.enable=true"],
-        "rollout.partial_rollout",
-        "partial rollouts are single-turn only",
-    ),
     ("peak-flops-zero", ["trainer.peak_flops=0"], "trainer.peak_flops", "must be > 0"),
     ("peak-flops-infinite", ["trainer.peak_flops=.inf"], "trainer.peak_flops", "not a finite number"),
     ("unknown-logger", ["trainer.loggers=[console,mlflow]"], "trainer.loggers", "expected a list of (one of 'console'"),
@@ -1094,3 +1088,21 @@ def test_read_only_checkpoint_parent(workdir, capsys):
     code, _, err = run_validate(capsys, "base.yaml", f"checkpoint.dir={locked}/ckpt")
     assert code == 2
     assert any("checkpoint.dir" in line and "is not writable" in line for line in error_lines(err))
+
+
+def test_an_async_agent_recipe_with_partial_rollouts_is_valid(workdir, capsys):
+    """The agent loop continues a turn across a weight update (megarl/rollout/multi_turn.py): no refusal."""
+    code, out, err = run_validate(
+        capsys,
+        "base.yaml",
+        "trainer.rollout_mode=async",
+        "placement.mode=split",
+        "placement.gpus_per_node=3",
+        "placement.rollout_gpus=1",
+        "rollout.partial_rollout=4",
+        "rollout.multi_turn.enable=true",
+        "rollout.multi_turn.tools=[{function: calculator}]",
+        "rollout.multi_turn.max_total_tokens=256",
+    )
+    assert (code, err) == (0, ""), err
+    assert "base.yaml: OK" in out
