@@ -10,6 +10,9 @@ padded and packed micro-batches, and make the update's forward reproduce the old
 ratio of exactly 1 in its first step: the update replays too).
 
 Layouts (2 ranks each): TP2 with sequence parallelism × EP2 (each EP rank 4 experts), and PP2.
+
+End to end (one rank): the HF rollout engine's returned routing reaches the batch, and replaying it narrows
+the actor's log-prob gap to the engine.
 """
 
 import dataclasses
@@ -134,3 +137,59 @@ def test_replay_routes_through_the_given_experts(sharp_moe, tp, pp, ep):
         assert abs(update["approx_kl"]) < 1e-6 and update["clip_frac"] == 0, "the update replayed as the old pass did"
         assert update["routing_agreement"] < 0.5, "the routers' own choice rarely matches a random assignment"
         assert update["logprob_gap_replay"] != update["logprob_gap_no_replay"]
+
+
+def _measure_main(model_dir: str, batch) -> dict:
+    from megarl.parallel.distributed import initialize_model_parallel
+    from megarl.workers.actor import MegatronActor, compute_log_probs
+    from megarl.workers.reference import MegatronReference
+    from megarl.workers.settings import MoeSettings, OptimSettings
+
+    groups = initialize_model_parallel(1, 1, seed=0)
+    actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=1e-3), moe=MoeSettings(router_replay=True))
+    old, _ = actor.compute_log_prob(batch, micro_batch_size=8)
+    routing = actor.routing(replay=True)
+    compute_log_probs(actor.engine.chunks, batch, 8, actor.vocab_size, groups, routing=routing)
+    reference = MegatronReference.from_hf(model_dir, groups, router_replay=True)
+    return dict(
+        metrics=actor.routing_metrics,
+        replayed_agreement=routing.agreement(),
+        old=old,
+        ref=reference.compute_ref_log_prob(batch, micro_batch_size=8),
+    )
+
+
+def test_an_engines_routing_reaches_the_batch_and_replay_narrows_the_gap(tmp_path):
+    """The HF rollout engine generates with the router weights of a step before (the actor's plus noise, as
+    off-policy engines have): its routing arrives in the batch for every token it fed, the actor's own routing
+    disagrees with it on many tokens, replay follows it exactly and narrows the log-prob gap to the engine;
+    the reference replays as the actor does."""
+    from megarl.data import Prompt
+    from megarl.rollout.samples import flatten_rollouts
+    from megarl.trainer.rollout_batch import policy_batch
+    from megarl.workers.rollout import SamplingConfig, make_rollout_engine
+
+    actor_dir = make_tiny_model(tmp_path / "actor", "qwen3_moe", seed=0, initializer_range=0.1)
+    engine_dir = make_tiny_model(tmp_path / "engine", "qwen3_moe", seed=0, initializer_range=0.1)
+    tensors = load_file(engine_dir / "model.safetensors")
+    gen = torch.Generator().manual_seed(1)
+    for name, weight in tensors.items():
+        if name.endswith("mlp.gate.weight"):
+            tensors[name] = weight + 0.3 * weight.std() * torch.randn(weight.shape, generator=gen)
+    save_file(tensors, engine_dir / "model.safetensors", metadata={"format": "pt"})
+    engine = make_rollout_engine("hf", engine_dir, dtype="float32", return_routed_experts=True)
+    prompts = [Prompt(f"p{i}", tuple(range(3 + i, 8 + 2 * i)), "", {}, "t") for i in range(4)]
+    outputs = engine.generate([p.token_ids for p in prompts], SamplingConfig(n=4, max_new_tokens=12, seed=3))
+    engine.shutdown()
+    samples = flatten_rollouts(prompts, outputs, "g")
+    batch = policy_batch(samples, response_length=12)
+    fed = (batch.routed_experts >= 0).all(dim=-1).all(dim=-1)
+    assert fed.sum() == sum(len(p.token_ids) + len(r) - 1 for p, r in zip(samples.prompts, samples.response_ids))
+
+    (result,) = run_distributed(_measure_main, 1, str(actor_dir), batch, timeout_s=600)
+    metrics = result["metrics"]
+    assert metrics["routing_agreement"] < 0.9, "the stale router picked other experts for many tokens"
+    assert result["replayed_agreement"] == 1.0
+    assert metrics["logprob_gap_replay"] < 0.6 * metrics["logprob_gap_no_replay"]
+    mask = batch.response_mask
+    torch.testing.assert_close(result["ref"][mask], result["old"][mask], atol=0, rtol=0)
