@@ -59,6 +59,31 @@ _ROUTER_NAME = re.compile(r"model\.layers\.(\d+)\.mlp\.gate")
 forward returns `(logits, weights, top-k indices [tokens, k])`)."""
 
 
+_EXPERT_NAME = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
+"""A checkpoint's per-expert tensor, which transformers 5 keeps fused in the loaded model."""
+
+
+def _parameter_of(params: Mapping[str, torch.Tensor], name: str) -> torch.Tensor | None:
+    """Where the checkpoint tensor `name` lives in the loaded model: its own parameter, or for a mixture of
+    experts' per-expert tensor (`...mlp.experts.{e}.gate_proj.weight`, the checkpoint's layout) its slice of
+    the fused ones transformers builds (Qwen3-MoE's `Qwen3MoeExperts`: `gate_up_proj [E, 2f, h]`, gate rows
+    first, and `down_proj [E, h, f]`); None when the model has neither."""
+    if name in params:
+        return params[name]
+    expert = _EXPERT_NAME.fullmatch(name)
+    if expert is None:
+        return None
+    prefix, index, part = expert[1], int(expert[2]), expert[3]
+    if part == "down_proj":
+        fused = params.get(f"{prefix}.down_proj")
+        return None if fused is None else fused[index]
+    fused = params.get(f"{prefix}.gate_up_proj")
+    if fused is None:
+        return None
+    gate, up = fused[index].chunk(2, dim=0)
+    return gate if part == "gate_proj" else up
+
+
 class HFRolloutEngine(RolloutEngine):
     """`RolloutEngine` on a transformers causal LM. dtype: "auto" (the checkpoint's) or a torch
     dtype name such as "float32"; device: where the model runs ("cpu", "cuda:0");
@@ -169,15 +194,16 @@ class HFRolloutEngine(RolloutEngine):
         unknown = []
         with torch.no_grad():
             for name, tensor in named_tensors:
-                if name not in params:
+                target = _parameter_of(params, name)
+                if target is None:
                     unknown.append(name)
-                elif params[name].shape != tensor.shape:
+                elif target.shape != tensor.shape:
                     raise ValueError(
-                        f"HFRolloutEngine.load_weights: {name!r} is {tuple(params[name].shape)} in the model, "
+                        f"HFRolloutEngine.load_weights: {name!r} is {tuple(target.shape)} in the model, "
                         f"the sender's is {tuple(tensor.shape)}"
                     )
                 else:
-                    params[name].copy_(tensor)
+                    target.copy_(tensor)
         if unknown:
             raise ValueError(
                 f"HFRolloutEngine.load_weights: the model has no parameters named {unknown}; send HF checkpoint names"
