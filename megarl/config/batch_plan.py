@@ -160,6 +160,8 @@ def old_log_prob_pass(config: Config, update: UpdatePlan) -> tuple[str, ...]:
         )
     if config.algorithm.use_kl_in_reward:
         reasons.append("algorithm.use_kl_in_reward reads them before the update")
+    if config.actor.moe.router_replay:
+        reasons.append("actor.moe.router_replay measures the routers' own choice against the rollout's there")
     return tuple(reasons)
 
 

@@ -2,6 +2,7 @@
 coefficients, the expert layout (EP | experts, expert TP | expert width, sequence parallelism when trained
 at TP > 1) and every expert setting on a dense model, each a problem naming its key."""
 
+from megarl.config.config import Config
 from megarl.config.model_facts import ModelFacts
 from megarl.config.problems import Problem
 from megarl.config.role_checks import need
@@ -29,10 +30,51 @@ def check_moe_settings(actor: ActorConfig, problems: list[Problem]) -> None:
     )
 
 
+def check_router_replay(config: Config, problems: list[Problem]) -> None:
+    """`actor.moe.router_replay` needs each sample's routing from one engine call over its whole sequence, and
+    passes that do not run the router again: single-turn rollouts, no partial rollouts, no full recompute."""
+    if not config.actor.moe.router_replay:
+        return
+    why = "rollout routing replay (actor.moe.router_replay) takes each sample's routing from the one engine call that "
+    need(
+        problems,
+        not config.rollout.multi_turn.enable,
+        "rollout.multi_turn.enable",
+        True,
+        why + "generated it whole, and a multi-turn trajectory spans several calls with tool observations between",
+        "set rollout.multi_turn.enable: false or actor.moe.router_replay: false",
+    )
+    need(
+        problems,
+        config.rollout.partial_rollout == 0,
+        "rollout.partial_rollout",
+        config.rollout.partial_rollout,
+        why + "generated it whole, and a partial rollout resumes a sample in another call under new weights",
+        "set rollout.partial_rollout: 0 or actor.moe.router_replay: false",
+    )
+    need(
+        problems,
+        config.actor.recompute.granularity != "full",
+        "actor.recompute.granularity",
+        "full",
+        "rollout routing replay (actor.moe.router_replay) sets each micro-batch's routing for its forward only, and a "
+        "full recompute runs the routers again during the backward of a later micro-batch",
+        "use actor.recompute.granularity: selective or none, or actor.moe.router_replay: false",
+    )
+
+
 def check_dense_router_settings(actor: ActorConfig, facts: ModelFacts, model: str, problems: list[Problem]) -> None:
     """`actor.moe` router settings on a dense model: there is no router they could reach."""
     if facts.num_experts:
         return
+    need(
+        problems,
+        not actor.moe.router_replay,
+        "actor.moe.router_replay",
+        True,
+        f"{model} is dense (model_type {facts.model_type!r}, no experts): there is no routing to replay",
+        "set actor.moe.router_replay: false",
+    )
     for key, value in (
         ("actor.moe.aux_loss_coeff", actor.moe.aux_loss_coeff),
         ("actor.moe.z_loss_coeff", actor.moe.z_loss_coeff),

@@ -133,6 +133,16 @@ class MoeConfig:
     z_loss_coeff: float | None = None
     """Weight of the router z-loss (ST-MoE: the squared log-sum-exp of the router logits, which keeps
     them small; megatron's `moe_z_loss_coeff`). null: off. > 0."""
+    router_replay: bool = False
+    """Rollout routing replay (R3): the rollout engines return the experts each token was routed to, and
+    the actor's old-log-prob, reference and update passes route every token through exactly those experts
+    (megatron-core's RouterReplay; the router's gate weights over them stay trained). It keeps the trainer's
+    log-probs those of the function that sampled the tokens, where the engine's and the trainer's routers
+    would otherwise pick different experts on near ties (GRPO on MoE models collapses without it:
+    Megatron-LM#4168). The old-log-prob pass then runs twice, once with the routers' own choice, to log
+    `actor/moe/routing_agreement` and the log-prob gap to the engines with and without replay. Single-turn,
+    non-partial rollouts; the vLLM engines need its Model Runner V2 (Triton; on CPU triton-cpu) to return
+    the routing. false: each pass routes by its own routers."""
 
 
 @dataclass(frozen=True)

@@ -76,26 +76,45 @@ class Samples:
     token_versions: list[list[int] | None]
     """Partial rollouts (`megarl.rollout.partial`): `[len(response)]` the weight version that sampled each
     token; None: every token was sampled by the weights the batch was generated with."""
+    routed_experts: list[Tensor] | None = None
+    """`[len(prompt) + len(response) - 1, L, k]` int16 per sample: the experts the engine routed each token
+    to in each of the model's `L` layers (`RolloutOutput.routed_experts`; rollout routing replay). None:
+    the engines returned none."""
 
     def __len__(self) -> int:
         return len(self.response_ids)
 
     def select(self, keep: Sequence[bool]) -> Samples:
         rows = [i for i, k in enumerate(keep) if k]
-        return Samples(*([getattr(self, f)[i] for i in rows] for f in self.__dataclass_fields__))
+        return Samples(*(None if (values := getattr(self, f)) is None else [values[i] for i in rows] for f in _FIELDS))
 
     @staticmethod
     def concat(parts: Sequence[Samples]) -> Samples:
-        return Samples(*([x for part in parts for x in getattr(part, f)] for f in Samples.__dataclass_fields__))
+        if not parts:
+            return Samples.empty()
+        if len({part.routed_experts is None for part in parts}) > 1:
+            raise ValueError("Samples.concat: some parts carry routed experts and others do not")
+        return Samples(
+            *(
+                None if getattr(parts[0], f) is None else [x for part in parts for x in getattr(part, f)]
+                for f in _FIELDS
+            )
+        )
 
     @staticmethod
     def empty() -> Samples:
-        return Samples(*([] for _ in Samples.__dataclass_fields__))
+        return Samples(*([] for _ in _FIELDS[:-1]))
+
+
+_FIELDS = tuple(Samples.__dataclass_fields__)
+"""`Samples`' fields in order (`routed_experts`, which may be None, last)."""
 
 
 def flatten_rollouts(prompts: Sequence[Prompt], outputs: Sequence[RolloutOutput], group_prefix: str) -> Samples:
     """Single-turn samples: `outputs[i]` holds the samples of `prompts[i]`; every response token is the model's."""
     samples = Samples.empty()
+    if any(output.routed_experts for output in outputs):
+        samples.routed_experts = [routed for output in outputs for routed in output.routed_experts]
     for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
         for response, log_probs, finish in zip(
             output.response_token_ids, output.response_logprobs, output.finish_reasons, strict=True

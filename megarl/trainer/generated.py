@@ -51,6 +51,7 @@ def encode(batch: GeneratedBatch, prompts: Sequence[Prompt]) -> dict:
         "index": samples.index,
         "trajectories": [None if t is None else asdict(t) for t in samples.trajectories],
         "token_versions": samples.token_versions,
+        "routed_experts": None if samples.routed_experts is None else [t.tolist() for t in samples.routed_experts],
         "scores": batch.scores.tolist(),
         "metrics": batch.metrics,
         "baselines": None if batch.baselines is None else batch.baselines.tolist(),
@@ -71,6 +72,9 @@ def decode(state: dict, prompts: Sequence[Prompt]) -> GeneratedBatch:
         token_versions=list(
             state.get("token_versions") or [None] * len(state["index"])
         ),  # none before partial rollouts
+        routed_experts=None
+        if state.get("routed_experts") is None  # none without router replay
+        else [torch.tensor(values, dtype=torch.int16) for values in state["routed_experts"]],
     )
     baselines = state["baselines"]
     return GeneratedBatch(

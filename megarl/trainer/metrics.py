@@ -77,6 +77,13 @@ DOCUMENTED_METRICS: dict[str, str] = {
     "micro-batches (actor.moe.aux_loss_coeff > 0)",
     "actor/moe/z_loss": "mixture of experts: the router z-loss before its coefficient (mean squared log-sum-exp "
     "of the router logits), mean over layers and micro-batches (actor.moe.z_loss_coeff set)",
+    "actor/moe/routing_agreement": "mixture of experts, with routed experts from the engines (actor.moe.router_replay):"
+    " the fraction of (token, layer) pairs the rollout routed whose top-k expert set the actor's routers choose "
+    "themselves (without replay) in the old-log-prob pass",
+    "actor/moe/logprob_gap_no_replay": "token-mean |log π_rollout - log π_actor| on the response tokens, the actor's "
+    "routers choosing their own experts (the gap replay removes; actor.moe.router_replay)",
+    "actor/moe/logprob_gap_replay": "token-mean |log π_rollout - log π_actor| on the response tokens with the "
+    "rollout's routing replayed: the old log-probs the update and the mismatch/* metrics use (actor.moe.router_replay)",
     # engines vs actor on the sampled response tokens, ρ = π_actor / π_rollout (the actor's old log-probs; means
     # over optimizer steps): `megarl.algorithms.rollout_correction.mismatch_metrics`
     "mismatch/kl_k3": "token-mean k3 estimate (ρ - 1 - log ρ) of KL(rollout engines ‖ actor) on the sampled tokens",
@@ -231,6 +238,9 @@ _WORKER_NAMES: dict[str, dict[str, str]] = {
         "skipped_steps": "actor/skipped_steps",
         "moe_aux_loss": "actor/moe/aux_loss",
         "moe_z_loss": "actor/moe/z_loss",
+        "routing_agreement": "actor/moe/routing_agreement",
+        "logprob_gap_no_replay": "actor/moe/logprob_gap_no_replay",
+        "logprob_gap_replay": "actor/moe/logprob_gap_replay",
         "kl_k3": "mismatch/kl_k3",
         "kl_k1": "mismatch/kl_k1",
         "chi2_token": "mismatch/chi2_token",

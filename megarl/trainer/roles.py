@@ -149,6 +149,7 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
         ref_offload=config.ref.offload_params,
         critic=None if "critic" in own else critic,
         ref_sequence_parallel=config.ref.parallel.sequence_parallel,
+        ref_router_replay=config.actor.moe.router_replay,
         reward_model_path=config.reward.reward_model,
     )
     specs = {"policy": policy}
@@ -169,6 +170,7 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
             ref_offload=config.ref.offload_params,
             critic=critic if role.role == "critic" else None,
             ref_sequence_parallel=config.ref.parallel.sequence_parallel,
+            ref_router_replay=config.actor.moe.router_replay,
             reward_model_path=None,
         )
     return specs
@@ -317,6 +319,7 @@ def start_rollout(
             "gpu_memory_utilization": rollout.gpu_memory_utilization,
             "enforce_eager": rollout.enforce_eager,
             "sleep_level": rollout.sleep_level,
+            "return_routed_experts": config.actor.moe.router_replay,
         },
         env=[{**env, **engine_env(indices, gpus_per_device)} for indices in bundles],
         hang_timeout_s=config.trainer.hang_timeout_s,

@@ -15,7 +15,9 @@ def policy_batch(samples: Samples, response_length: int) -> PolicyBatch:
     """Prompts left-padded to the longest prompt, responses right-padded to `response_length`
     (`config.rollout.response_length`, so every step has the same width); the response mask is each
     sample's loss mask (False on tool observations and padding); the engines' log-probs, which the
-    actor's mismatch metrics (every step) and correction read."""
+    actor's mismatch metrics (every step) and correction read; the experts the engines routed each
+    token to, when they returned them (`PolicyBatch.routed_experts`: -1 on padding and on each sample's
+    last token, which the engine never fed back)."""
     rows = len(samples)
     prompt_length = max(len(p.token_ids) for p in samples.prompts)
     prompts = torch.zeros(rows, prompt_length, dtype=torch.long)
@@ -38,7 +40,27 @@ def policy_batch(samples: Samples, response_length: int) -> PolicyBatch:
         responses=responses,
         response_mask=response_mask,
         rollout_log_probs=engine_log_probs,
+        routed_experts=None
+        if samples.routed_experts is None
+        else routed_columns(samples, prompt_length, response_length),
     )
+
+
+def routed_columns(samples: Samples, prompt_length: int, response_length: int) -> Tensor:
+    """`[B, P + R, L, k]` int16: each sample's routed experts (`[p + r - 1, L, k]`) at its tokens' columns of
+    the batch (prompt left-padded to `P`, response right-padded to `R`), -1 elsewhere."""
+    first = samples.routed_experts[0]
+    out = torch.full((len(samples), prompt_length + response_length, *first.shape[1:]), -1, dtype=torch.int16)
+    for row, (prompt, response, routed) in enumerate(
+        zip(samples.prompts, samples.response_ids, samples.routed_experts, strict=True)
+    ):
+        p, r = len(prompt.token_ids), len(response)
+        if routed.shape[0] != p + r - 1:
+            raise ValueError(
+                f"sample {row}: the engine routed {routed.shape[0]} tokens, expected prompt {p} + response {r} - 1"
+            )
+        out[row, prompt_length - p : prompt_length + r - 1] = routed
+    return out
 
 
 def token_level_scores(scores: Tensor, response_mask: Tensor) -> Tensor:

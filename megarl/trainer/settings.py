@@ -44,7 +44,9 @@ def recompute_settings(recompute: RecomputeConfig) -> RecomputeSettings:
 
 
 def moe_settings(moe: MoeConfig) -> MoeSettings:
-    return MoeSettings(aux_loss_coeff=moe.aux_loss_coeff, z_loss_coeff=moe.z_loss_coeff)
+    return MoeSettings(
+        aux_loss_coeff=moe.aux_loss_coeff, z_loss_coeff=moe.z_loss_coeff, router_replay=moe.router_replay
+    )
 
 
 def policy_loss_settings(config: Config) -> PolicyLossSettings:

@@ -58,7 +58,8 @@ READ_BY = {
     "returns": "critic",
     "loss_mask": "actor",
 }
-"""The role whose methods read each `PolicyBatch` field beyond the tokens and masks (which every role reads)."""
+"""The role whose methods read each `PolicyBatch` field beyond the tokens and masks (which every role reads;
+so does `routed_experts`, which the actor and the reference replay, in one group or two)."""
 
 
 @dataclasses.dataclass

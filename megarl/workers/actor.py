@@ -38,7 +38,9 @@ from megarl.workers.batch import PolicyBatch, mini_batches
 from megarl.workers.logprobs import vocab_parallel_log_probs
 from megarl.workers.megatron_train import (
     StepCounts,
+    all_reduce,
     check_divides,
+    compute_device,
     forward_collect,
     load_model,
     micro_batches_of,
@@ -48,6 +50,7 @@ from megarl.workers.megatron_train import (
 from megarl.workers.micro_batches import MicroBatch
 from megarl.workers.moe_metrics import RouterLoad, clear_router_losses
 from megarl.workers.packing import TokenBudget
+from megarl.workers.router_replay import ExpertRouting
 from megarl.workers.settings import (
     ModelSettings,
     MoeSettings,
@@ -188,6 +191,9 @@ class MegatronActor(TrainedModel):
         super().__init__(model, groups, optim, offload)
         self.router_load = RouterLoad(model, groups)
         """Tokens per expert of a mixture-of-experts model's routers during updates (`moe_metrics`)."""
+        self.routing_metrics: dict[str, float] = {}
+        """What the last log-prob pass of a batch with routed experts measured (`compute_log_prob`), until
+        the next update reports it."""
 
     @classmethod
     def from_hf(
@@ -216,11 +222,40 @@ class MegatronActor(TrainedModel):
         )
         return cls(model, groups, vocab_size=vocab_size, optim=optim, offload=offload)
 
+    @property
+    def router_replay(self) -> bool:
+        """The forward passes route through the rollout's experts (`actor.moe.router_replay`)."""
+        return bool(self.engine.chunks[0].config.moe_enable_routing_replay)
+
+    def routing(self, *, replay: bool) -> ExpertRouting:
+        """A pass's routing of this actor's routers (`megarl.workers.router_replay`)."""
+        return ExpertRouting(
+            self.groups, replay=replay, sequence_parallel=self.engine.chunks[0].config.sequence_parallel
+        )
+
     def compute_log_prob(self, batch: PolicyBatch, *, micro_batch_size: int | TokenBudget) -> tuple[Tensor, Tensor]:
         """`log_probs [B, R]` and `entropy [B, R]` of `batch.responses` (fp32, no gradient; padded
         positions hold numbers that mean nothing), on every rank. `micro_batch_size`: samples per
-        micro-batch, or a token budget of packed micro-batches."""
-        return compute_log_probs(self.engine.chunks, batch, micro_batch_size, self.vocab_size, self.groups)
+        micro-batch, or a token budget of packed micro-batches.
+
+        With `batch.routed_experts` (a mixture of experts whose engines returned their routing), the pass
+        first runs with the routers' own choice and measures it against the rollout's (`routing_metrics`:
+        `routing_agreement`, `logprob_gap_no_replay`); with `router_replay` a second pass routes through
+        the rollout's experts and gives the result (and `logprob_gap_replay`)."""
+        chunks, vocab_size, groups = self.engine.chunks, self.vocab_size, self.groups
+        if batch.routed_experts is None:
+            return compute_log_probs(chunks, batch, micro_batch_size, vocab_size, groups)
+        measured = self.routing(replay=False)
+        result = compute_log_probs(chunks, batch, micro_batch_size, vocab_size, groups, routing=measured)
+        agreement = measured.agreement()
+        self.routing_metrics = {} if agreement is None else {"routing_agreement": agreement}
+        self.routing_metrics |= logprob_gap(result[0], batch, groups, "logprob_gap_no_replay")
+        if self.router_replay:
+            result = compute_log_probs(
+                chunks, batch, micro_batch_size, vocab_size, groups, routing=self.routing(replay=True)
+            )
+            self.routing_metrics |= logprob_gap(result[0], batch, groups, "logprob_gap_replay")
+        return result
 
     def update_policy(
         self,
@@ -248,7 +283,9 @@ class MegatronActor(TrainedModel):
         all): loss, pg_loss, kl_loss, entropy, clip_frac, clip_frac_lower, approx_kl (token means), the
         loss's other `metric_names` (mismatch and correction metrics), grad_norm (before clipping), lr,
         tokens (per step, all DP ranks); a mixture of experts adds its routers' metrics over the whole
-        update (`megarl.workers.moe_metrics`).
+        update (`megarl.workers.moe_metrics`), and the routing metrics of the last log-prob pass of a batch
+        with routed experts (`compute_log_prob`). With `router_replay` the update's forwards route
+        through `batch.routed_experts`.
         """
         batch.require(loss_fn.required_fields, "MegatronActor.update_policy")
         if batch.loss_mask is not None:
@@ -276,9 +313,12 @@ class MegatronActor(TrainedModel):
                 sums, result = self.engine.train_step(micro_batches, forward_step, keys)
                 steps.append((sums, result))
                 micro_batch_count += len(micro_batches)
-        return summarize_steps(steps) | self.router_load.take(micro_batch_count)
+        routing_metrics, self.routing_metrics = self.routing_metrics, {}
+        return summarize_steps(steps) | self.router_load.take(micro_batch_count) | routing_metrics
 
     def _policy_forward_step(self, loss_fn: PolicyLossFn, counts: StepCounts):
+        routing = self.routing(replay=self.router_replay)
+
         def forward_step(model, micro_batch: MicroBatch):
             def loss_func(logits):
                 log_probs, entropy = response_log_probs(logits, micro_batch, self.vocab_size, self.groups)
@@ -299,7 +339,7 @@ class MegatronActor(TrainedModel):
                 )
                 return loss, reported
 
-            return run_model(model, micro_batch), loss_func
+            return routing.forward(model, micro_batch), loss_func
 
         return forward_step
 
@@ -328,14 +368,29 @@ def compute_log_probs(
     micro_batch_size: int | TokenBudget,
     vocab_size: int,
     groups: ProcessGroups,
+    routing: ExpertRouting | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Forward-only `log_probs [B, R]` and `entropy [B, R]` of `batch.responses`, on every rank."""
+    """Forward-only `log_probs [B, R]` and `entropy [B, R]` of `batch.responses`, on every rank; a
+    mixture of experts' tokens routed as `routing` says (None: by the routers)."""
 
     def extract(logits, micro_batch):
         return torch.stack(response_log_probs(logits, micro_batch, vocab_size, groups))
 
-    log_probs, entropy = forward_collect(model, batch, micro_batch_size, groups, extract, num_outputs=2)
+    run = run_model if routing is None else routing.forward
+    log_probs, entropy = forward_collect(model, batch, micro_batch_size, groups, extract, num_outputs=2, run=run)
     return log_probs, entropy
+
+
+def logprob_gap(log_probs: Tensor, batch: PolicyBatch, groups: ProcessGroups, name: str) -> dict[str, float]:
+    """`{name: token-mean |log π_rollout - log_probs|}` over the response tokens of every DP rank's batch
+    (`log_probs [B, R]`, this rank's); {} without the engines' log-probs."""
+    if batch.rollout_log_probs is None:
+        return {}
+    mask = batch.response_mask
+    gap = (log_probs - batch.rollout_log_probs).abs()
+    sums = torch.stack([torch.where(mask, gap, 0.0).sum(), mask.sum()]).to(compute_device(), torch.float64)
+    all_reduce(sums, groups.dp)
+    return {name: (sums[0] / sums[1].clamp(min=1)).item()}
 
 
 def response_log_probs(

@@ -55,6 +55,12 @@ class PolicyBatch:
     """`[B, R]` bool: the tokens the actor update's loss counts when fewer than `response_mask` (DAPO's
     overlong filtering drops truncated samples: `megarl.algorithms.dapo.filtered_loss_mask`); None:
     `response_mask`. The forward passes ignore it."""
+    routed_experts: Tensor | None = None
+    """`[B, P + R, L, k]` int16: the experts the rollout engine routed each token of `input_ids` to, in
+    each of the model's `L` layers (its top-k expert ids, in any order); -1 on the tokens it routed none
+    (padding, and each sample's last token, which the engine never fed back). The actor's and the
+    reference's forward passes route through them (`actor.moe.router_replay`, `megarl.workers.router_replay`).
+    None: the engines returned no routing (a dense model, or replay off)."""
 
     def __post_init__(self) -> None:
         rows = self.prompts.shape[0]

@@ -425,20 +425,22 @@ def forward_collect(
     groups: ProcessGroups,
     extract: Callable[[Tensor, MicroBatch], Tensor],
     num_outputs: int,
+    run: Callable[[torch.nn.Module, MicroBatch], Tensor] = run_model,
 ) -> Tensor:
     """Forward-only pass of `batch` in micro-batches (`cut`: samples each, or a token budget),
     without autograd, through `model` (a GPTModel stage, or this rank's list of virtual-stage chunks).
 
     `extract(last_stage_output, micro_batch) -> [num_outputs, b, R]` picks per-response-token
     outputs; the result `[num_outputs, B, R]`, in `batch`'s row order, is broadcast from the last
-    stage to every stage.
+    stage to every stage. `run`: the forward of one micro-batch (`run_model`, or one that routes a
+    mixture of experts' tokens as the pass says: `megarl.workers.router_replay.ExpertRouting.forward`).
     """
 
     def forward_step(model, micro_batch):
         def collect(output):
             return output.new_zeros(()), dict(outputs=extract(output, micro_batch))
 
-        return run_model(model, micro_batch), collect
+        return run(model, micro_batch), collect
 
     config = (model[0] if isinstance(model, Sequence) else model).config
     micro_batches = micro_batches_of(batch, cut, groups, config)

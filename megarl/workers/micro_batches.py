@@ -69,6 +69,10 @@ class MicroBatch:
     copies the gradient into place; read through the index, a gather whose backward is an accumulating
     scatter (`index_put_(accumulate=True)`, which PyTorch runs single-threaded on CPU) over `[b, R, V]`.
     None: the packed and THD layouts, read through `response_index`."""
+    routed_experts: Tensor | None = None
+    """`[r, T, L, k]` int16: `PolicyBatch.routed_experts` in this layout, the rollout's experts of each token
+    of `input_ids` in every layer; -1 on padding and on tokens the rollout routed none. None: the batch
+    has none."""
 
     def attention_mask(self) -> Tensor | None:
         """GPTModel's `attention_mask`: None in the THD layout (attention is causal inside each
@@ -116,6 +120,7 @@ class MicroBatch:
             None if self.cu_seqlens is None else self.cu_seqlens.to(device),
             self.max_seqlen,
             self.response_columns,
+            None if self.routed_experts is None else self.routed_experts.to(device),
         )
 
 
@@ -136,6 +141,7 @@ def padded_micro_batch(samples: PolicyBatch, rows: Tensor) -> MicroBatch:
         segment_ids=torch.where(real, 0, PADDING_SEGMENT),
         response_index=row_starts + columns[None, :],
         response_columns=slice(first, first + samples.response_length),
+        routed_experts=samples.routed_experts,
     )
 
 
@@ -157,7 +163,7 @@ def pad_sequence(micro_batch: MicroBatch, multiple: int) -> MicroBatch:
     extra = padded - width
 
     def widen(tensor: Tensor, fill: int) -> Tensor:
-        return torch.cat([tensor, tensor.new_full((rows, extra), fill)], dim=1)
+        return torch.cat([tensor, tensor.new_full((rows, extra, *tensor.shape[2:]), fill)], dim=1)
 
     index = micro_batch.response_index
     cu_seqlens, max_seqlen = micro_batch.cu_seqlens, micro_batch.max_seqlen
@@ -175,6 +181,7 @@ def pad_sequence(micro_batch: MicroBatch, multiple: int) -> MicroBatch:
         cu_seqlens=cu_seqlens,
         max_seqlen=max_seqlen,
         response_columns=micro_batch.response_columns,  # columns added at the rows' end move no column
+        routed_experts=None if micro_batch.routed_experts is None else widen(micro_batch.routed_experts, -1),
     )
 
 
@@ -203,6 +210,8 @@ def packed_micro_batch(
     input_ids = samples.prompts.new_zeros(total_rows, width)
     position_ids = torch.zeros(total_rows, width, dtype=torch.long)
     segment_ids = torch.full((total_rows, width), PADDING_SEGMENT, dtype=torch.long)
+    routed = samples.routed_experts
+    routed_experts = None if routed is None else routed.new_full((total_rows, width, *routed.shape[2:]), -1)
     index = []
     for k, (start, size) in enumerate(zip(starts, row_sizes)):
         column = 0
@@ -214,6 +223,9 @@ def packed_micro_batch(
             )
             position_ids[k, column : column + length] = torch.arange(length)
             segment_ids[k, column : column + length] = i
+            if routed_experts is not None:  # the sample's real tokens are one run of the batch's columns
+                first = samples.prompt_length - prompt_len
+                routed_experts[k, column : column + length] = routed[i, first : first + length]
             # Flat index of the column before response token t; uncounted ones stay inside the sample.
             predicting = offset + prompt_len - 1 + torch.arange(samples.response_length)
             index.append(predicting.clamp(offset, max(offset, offset + length - 1)))
@@ -227,6 +239,7 @@ def packed_micro_batch(
         segment_ids=segment_ids.to(device),
         # A sample without tokens (no prompt, nothing counted) points inside the micro-batch all the same.
         response_index=torch.stack(index).clamp(max=total_rows * width - 1).to(device),
+        routed_experts=None if routed_experts is None else routed_experts.to(device),
     )
 
 

@@ -70,7 +70,13 @@ class PolicyWorker:
             else None
         )
         self.reference = (
-            MegatronReference.from_hf(spec.model_path, self.groups, built, sequence_parallel=spec.ref_sequence_parallel)
+            MegatronReference.from_hf(
+                spec.model_path,
+                self.groups,
+                built,
+                sequence_parallel=spec.ref_sequence_parallel,
+                router_replay=spec.ref_router_replay,
+            )
             if spec.use_reference
             else None
         )

@@ -21,7 +21,8 @@ from megarl.workers.actor import compute_log_probs
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.megatron_train import load_model
 from megarl.workers.packing import TokenBudget
-from megarl.workers.settings import ModelSettings, RecomputeSettings
+from megarl.workers.router_replay import ExpertRouting
+from megarl.workers.settings import ModelSettings, MoeSettings, RecomputeSettings
 
 
 class MegatronReference:
@@ -41,9 +42,11 @@ class MegatronReference:
         groups: ProcessGroups,
         model_settings: ModelSettings = ModelSettings(),
         sequence_parallel: bool = False,
+        router_replay: bool = False,
     ) -> MegatronReference:
         """Build this rank's shard from an HF checkpoint dir (the actor's initial weights); `sequence_parallel`
-        as `ref.parallel.sequence_parallel`."""
+        as `ref.parallel.sequence_parallel`; `router_replay`: a mixture of experts routes the tokens of a
+        batch with routed experts through them, as the actor does (`actor.moe.router_replay`)."""
         chunks, vocab_size = load_model(
             model_dir,
             groups,
@@ -51,6 +54,7 @@ class MegatronReference:
             recompute=RecomputeSettings(),
             value_head=False,
             sequence_parallel=sequence_parallel,
+            moe=MoeSettings(router_replay=router_replay),
         )
         return cls(chunks, groups, vocab_size=vocab_size)
 
@@ -70,5 +74,10 @@ class MegatronReference:
     def compute_ref_log_prob(self, batch: PolicyBatch, *, micro_batch_size: int | TokenBudget) -> Tensor:
         """`[B, R]` log-probs of `batch.responses` under the reference model, on every rank
         (`micro_batch_size`: samples per micro-batch, or a token budget of packed micro-batches)."""
-        log_probs, _ = compute_log_probs(self.chunks, batch, micro_batch_size, self.vocab_size, self.groups)
+        config = self.chunks[0].config
+        replay = config.moe_enable_routing_replay
+        routing = (
+            ExpertRouting(self.groups, replay=True, sequence_parallel=config.sequence_parallel) if replay else None
+        )
+        log_probs, _ = compute_log_probs(self.chunks, batch, micro_batch_size, self.vocab_size, self.groups, routing)
         return log_probs

@@ -129,11 +129,15 @@ class MoeSettings:
     """`moe_aux_loss_coeff`: weight of the load-balancing loss."""
     z_loss_coeff: float | None = None
     """`moe_z_loss_coeff`: weight of the router z-loss."""
+    router_replay: bool = False
+    """`moe_enable_routing_replay`: the forward passes route tokens through the rollout's experts when the
+    batch carries them (`megarl.workers.router_replay`)."""
 
     def transformer_config_fields(self) -> dict:
         """The `TransformerConfig` overrides these settings stand for."""
         fields = {"moe_aux_loss_coeff": self.aux_loss_coeff, "moe_z_loss_coeff": self.z_loss_coeff}
-        return {name: value for name, value in fields.items() if value is not None}
+        replay = {"moe_enable_routing_replay": True} if self.router_replay else {}
+        return {name: value for name, value in fields.items() if value is not None} | replay
 
 
 @dataclass(frozen=True)
@@ -299,6 +303,8 @@ class PolicyWorkerSpec:
     """Keep the reference's weights in host memory except during its log-prob pass (`ref.offload_params`)."""
     ref_sequence_parallel: bool
     """The reference with Megatron sequence parallelism over the TP ranks (`ref.parallel.sequence_parallel`)."""
+    ref_router_replay: bool
+    """The reference routes a batch's tokens through the rollout's experts, as the actor (`actor.moe.router_replay`)."""
     critic: CriticSpec | None
     reward_model_path: str | None
     """HF `*ForSequenceClassification` checkpoint scored beside the reward function (None = none)."""

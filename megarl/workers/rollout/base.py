@@ -127,6 +127,11 @@ class RolloutOutput:
     """n float32 tensors `[T_i]`: log-prob of each sampled token (see the module docstring)."""
     finish_reasons: list[FinishReason] = field(default_factory=list)
     """n reasons: "stop" (a stop token was sampled) or "length" (`max_new_tokens` reached)."""
+    routed_experts: list[torch.Tensor] = field(default_factory=list)
+    """n int16 tensors `[len(prompt) + T_i - 1, L, k]` when the engine was asked for them
+    (`return_routed_experts`): the top-k experts each token of the prompt and the response was routed to in
+    each of the model's `L` layers, as the engine computed while generating (the last sampled token is never
+    fed back, so it has none); empty otherwise."""
 
 
 class RolloutEngine(abc.ABC):

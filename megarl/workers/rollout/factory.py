@@ -23,10 +23,11 @@ def make_rollout_engine(
     enforce_eager: bool | Literal["auto"] = "auto",
     sleep_level: int = 2,
     device: str = "cpu",
+    return_routed_experts: bool = False,
 ) -> RolloutEngine:
     """backend "vllm": `VLLMRolloutEngine` (all arguments but `device`, which vLLM picks itself).
-    backend "hf": `HFRolloutEngine` on `device` (TP 1 only; `dtype`; the vLLM-only arguments are
-    unused). The backend modules are imported here, so a process that never asks for vLLM never
+    backend "hf": `HFRolloutEngine` on `device` (TP 1 only; `dtype`, `return_routed_experts`; the
+    vLLM-only arguments are unused). The backend modules are imported here, so a process that never asks for vLLM never
     imports it."""
     if backend == "vllm":
         from megarl.workers.rollout.vllm_engine import VLLMRolloutEngine
@@ -41,6 +42,7 @@ def make_rollout_engine(
             gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=enforce_eager,
             sleep_level=sleep_level,
+            return_routed_experts=return_routed_experts,
         )
     if backend == "hf":
         if tensor_parallel_size != 1:
@@ -50,5 +52,5 @@ def make_rollout_engine(
             )
         from megarl.workers.rollout.hf_engine import HFRolloutEngine
 
-        return HFRolloutEngine(model_path, dtype=dtype, device=device)
+        return HFRolloutEngine(model_path, dtype=dtype, device=device, return_routed_experts=return_routed_experts)
     raise ValueError(f"rollout backend {backend!r} is not one of {BACKENDS}")

@@ -7,7 +7,9 @@ reasons; see base.py), slower: prompts are generated one at a time (so no paddin
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -52,16 +54,59 @@ def _cut_at_stop(tokens: list[int], stop_token_ids: tuple[int, ...]) -> tuple[li
     return tokens, "length"
 
 
+_ROUTER_NAME = re.compile(r"model\.layers\.(\d+)\.mlp\.gate")
+"""A mixture-of-experts layer's router in transformers' modelling (Qwen3-MoE's `Qwen3MoeTopKRouter`, whose
+forward returns `(logits, weights, top-k indices [tokens, k])`)."""
+
+
+_EXPERT_NAME = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
+"""A checkpoint's per-expert tensor, which transformers 5 keeps fused in the loaded model."""
+
+
+def _parameter_of(params: Mapping[str, torch.Tensor], name: str) -> torch.Tensor | None:
+    """Where the checkpoint tensor `name` lives in the loaded model: its own parameter, or for a mixture of
+    experts' per-expert tensor (`...mlp.experts.{e}.gate_proj.weight`, the checkpoint's layout) its slice of
+    the fused ones transformers builds (Qwen3-MoE's `Qwen3MoeExperts`: `gate_up_proj [E, 2f, h]`, gate rows
+    first, and `down_proj [E, h, f]`); None when the model has neither."""
+    if name in params:
+        return params[name]
+    expert = _EXPERT_NAME.fullmatch(name)
+    if expert is None:
+        return None
+    prefix, index, part = expert[1], int(expert[2]), expert[3]
+    if part == "down_proj":
+        fused = params.get(f"{prefix}.down_proj")
+        return None if fused is None else fused[index]
+    fused = params.get(f"{prefix}.gate_up_proj")
+    if fused is None:
+        return None
+    gate, up = fused[index].chunk(2, dim=0)
+    return gate if part == "gate_proj" else up
+
+
 class HFRolloutEngine(RolloutEngine):
     """`RolloutEngine` on a transformers causal LM. dtype: "auto" (the checkpoint's) or a torch
-    dtype name such as "float32"; device: where the model runs ("cpu", "cuda:0")."""
+    dtype name such as "float32"; device: where the model runs ("cpu", "cuda:0");
+    return_routed_experts: a mixture of experts' `RolloutOutput.routed_experts`, what its routers chose
+    in the very forward passes of the generation (the prompt's prefill, then one token per step)."""
 
-    def __init__(self, model_path: str | Path, *, dtype: str = "auto", device: str = "cpu") -> None:
+    def __init__(
+        self, model_path: str | Path, *, dtype: str = "auto", device: str = "cpu", return_routed_experts: bool = False
+    ) -> None:
         super().__init__()
         self._device = torch.device(device)
         torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
         self._model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
         self._model.to(self._device).eval()
+        routers = {
+            int(m[1]): module for name, module in self._model.named_modules() if (m := _ROUTER_NAME.fullmatch(name))
+        }
+        if return_routed_experts and not routers:
+            raise ValueError(
+                f"HFRolloutEngine: return_routed_experts needs a mixture-of-experts model; {model_path} has no "
+                "router (model.layers.<i>.mlp.gate)"
+            )
+        self._routers = [routers[i] for i in sorted(routers)] if return_routed_experts else []
         self._rpc_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-hf-sync")
         self._sync_group = None
         self._loaded: LoadedChecksums | None = None
@@ -88,7 +133,8 @@ class HFRolloutEngine(RolloutEngine):
 
     def _generate_one(self, prompt: list[int], config: GenerationConfig, sampling: SamplingConfig) -> RolloutOutput:
         input_ids = torch.tensor([prompt], device=self._device)
-        result = self._model.generate(input_ids, generation_config=config)
+        with self._routing(sampling.n) as routed:
+            result = self._model.generate(input_ids, generation_config=config)
         responses = result.sequences[:, len(prompt) :]  # [n, T]
         # scores[t]: [n, V] processed logits of step t (temperature, top-k/p applied).
         logprobs = torch.stack(result.scores, dim=1).float().log_softmax(-1)  # [n, T, V]
@@ -99,7 +145,33 @@ class HFRolloutEngine(RolloutEngine):
             output.response_token_ids.append(tokens)
             output.response_logprobs.append(token_logprobs[i, : len(tokens)].clone())
             output.finish_reasons.append(reason)
+            if self._routers:  # every token fed to the model: the prompt, then the response but its last
+                output.routed_experts.append(routed[0][i, : len(prompt) + len(tokens) - 1].clone())
         return output
+
+    @contextlib.contextmanager
+    def _routing(self, rows: int) -> Iterator[list[torch.Tensor]]:
+        """Inside, the routers' choices are recorded; on exit the yielded list holds `[rows, tokens fed, L, k]`
+        int16 (each forward feeds `[rows, s]` tokens: the prefill, then one per step). It stays empty
+        without `return_routed_experts`."""
+        routed: list[torch.Tensor] = []
+        steps: list[list[torch.Tensor]] = [[] for _ in self._routers]
+
+        def record(layer: int):
+            def hook(module, inputs, outputs) -> None:
+                indices = outputs[-1]  # [rows * s, k]
+                steps[layer].append(indices.view(rows, -1, indices.shape[-1]).to("cpu", torch.int16))
+
+            return hook
+
+        hooks = [router.register_forward_hook(record(layer)) for layer, router in enumerate(self._routers)]
+        try:
+            yield routed
+        finally:
+            for hook in hooks:
+                hook.remove()
+        if self._routers:
+            routed.append(torch.stack([torch.cat(layer, dim=1) for layer in steps], dim=2))
 
     @torch.no_grad()
     def prompt_logprobs(self, token_ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
@@ -122,15 +194,16 @@ class HFRolloutEngine(RolloutEngine):
         unknown = []
         with torch.no_grad():
             for name, tensor in named_tensors:
-                if name not in params:
+                target = _parameter_of(params, name)
+                if target is None:
                     unknown.append(name)
-                elif params[name].shape != tensor.shape:
+                elif target.shape != tensor.shape:
                     raise ValueError(
-                        f"HFRolloutEngine.load_weights: {name!r} is {tuple(params[name].shape)} in the model, "
+                        f"HFRolloutEngine.load_weights: {name!r} is {tuple(target.shape)} in the model, "
                         f"the sender's is {tuple(tensor.shape)}"
                     )
                 else:
-                    params[name].copy_(tensor)
+                    target.copy_(tensor)
         if unknown:
             raise ValueError(
                 f"HFRolloutEngine.load_weights: the model has no parameters named {unknown}; send HF checkpoint names"

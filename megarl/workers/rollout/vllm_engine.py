@@ -73,6 +73,21 @@ def _set_cpu_environment(kv_cache_gib: int, tensor_parallel_size: int) -> None:
     vllm.envs.disable_envs_cache()
 
 
+def _use_model_runner_v2() -> None:
+    """vLLM returns routed experts from its Model Runner V2 only (vllm/config/vllm.py: "AuxOutput Connector
+    requires Model Runner V2"), which needs Triton: refuse clearly where it is missing, else ask for it."""
+    from vllm.triton_utils import HAS_TRITON
+
+    if not HAS_TRITON:
+        raise ValueError(
+            "actor.moe.router_replay: vLLM returns the routed experts only from its Model Runner V2, which needs "
+            "Triton (triton-cpu on CPU), and this vLLM has none; install it, use rollout.backend: hf, or set "
+            "actor.moe.router_replay: false"
+        )
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    vllm.envs.disable_envs_cache()
+
+
 @contextlib.contextmanager
 def _default_process_group_kept() -> Iterator[None]:
     """vLLM's shutdown destroys torch.distributed's default group, even one it found already made
@@ -117,7 +132,12 @@ class VLLMRolloutEngine(RolloutEngine):
     sleep level (`rollout.sleep_level`; 1: weights to host memory; 2: weights dropped, the next sync
     reloads them).
     enforce_eager: `rollout.enforce_eager`: true runs eagerly; false compiles (and captures CUDA graphs
-    on GPU); "auto" compiles on GPU only.
+    on GPU); "auto" compiles on GPU only. return_routed_experts: a mixture of experts'
+    `RolloutOutput.routed_experts` (`actor.moe.router_replay`), vLLM's `enable_return_routed_experts`: its
+    `CompletionOutput.routed_experts`, `[prompt + generated - 1, layers, top-k]` uint8 (uint16 past 256
+    experts), one row per token the model was fed (vllm/distributed/aux_output_connector/connector.py
+    `take_output`: rows up to `num_tokens - 1`), cached prompt blocks included. vLLM serves it from its
+    Model Runner V2 only, which needs Triton (on CPU triton-cpu).
     """
 
     def __init__(
@@ -133,11 +153,14 @@ class VLLMRolloutEngine(RolloutEngine):
         enable_prefix_caching: bool = True,
         sleep_level: int = 2,
         enforce_eager: bool | Literal["auto"] = "auto",
+        return_routed_experts: bool = False,
     ) -> None:
         super().__init__()
         is_cpu = current_platform.is_cpu()
         if is_cpu:
             _set_cpu_environment(cpu_kv_cache_gib, tensor_parallel_size)
+        if return_routed_experts:
+            _use_model_runner_v2()
         self._sleep_level = sleep_level
         self._is_cpu = is_cpu
         self._tensor_parallel_size = tensor_parallel_size
@@ -163,6 +186,7 @@ class VLLMRolloutEngine(RolloutEngine):
             # vLLM raises the budget to at least max_model_len, so every prompt fits in one step.
             enable_chunked_prefill=False if is_cpu else None,
             use_tqdm_on_load=False,  # a progress bar per engine start, before step 1 (megarl.quiet)
+            enable_return_routed_experts=return_routed_experts,
         )
         if is_cpu:  # saves each engine a compile before its first generate (`cpu_sampler_ops`)
             self._llm.collective_rpc("rank_tokens_eagerly")
@@ -204,6 +228,8 @@ class VLLMRolloutEngine(RolloutEngine):
                 if sample.finish_reason not in ("stop", "length"):
                     raise RuntimeError(f"vLLM ended a sample with finish reason {sample.finish_reason!r}")
                 output.finish_reasons.append(sample.finish_reason)
+                if sample.routed_experts is not None:
+                    output.routed_experts.append(torch.from_numpy(sample.routed_experts.astype("int16")))
             outputs.append(output)
         return outputs
 

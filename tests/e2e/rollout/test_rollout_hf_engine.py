@@ -150,3 +150,29 @@ def test_load_shared_buckets(engine, base_model_dir, new_model_dir):
             torch.testing.assert_close(got, hf_logprobs(hf_new, sequence), atol=TOLERANCE, rtol=0)
     finally:
         engine.load_weights(checkpoint_tensors(base_model_dir).items())
+
+
+def test_a_mixture_of_experts_loads_the_checkpoints_per_expert_tensors(tmp_path):
+    """A Qwen3-MoE checkpoint names each expert's tensors (`mlp.experts.{e}.gate_proj.weight`, as the bridge
+    sends them); transformers 5 holds them fused (`gate_up_proj [E, 2f, h]`, `down_proj [E, h, f]`). Loaded
+    into an engine started from other weights, they give the log-probs of an engine started from them; and
+    the routing the engine returns is that of the weights it holds."""
+    from megarl.models.tiny import make_tiny_model
+
+    first = make_tiny_model(tmp_path / "first", "qwen3_moe", seed=0, initializer_range=0.1)
+    second = make_tiny_model(tmp_path / "second", "qwen3_moe", seed=1, initializer_range=0.1)
+    engine = make_rollout_engine("hf", first, dtype="float32", return_routed_experts=True)
+    expected = make_rollout_engine("hf", second, dtype="float32", return_routed_experts=True)
+    try:
+        engine.load_weights(checkpoint_tensors(second).items())
+        for got, want in zip(engine.prompt_logprobs(PROMPTS), expected.prompt_logprobs(PROMPTS)):
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+        greedy = SamplingConfig(greedy=True, max_new_tokens=MAX_NEW)
+        got, want = engine.generate(PROMPTS, greedy), expected.generate(PROMPTS, greedy)
+        assert [o.response_token_ids for o in got] == [o.response_token_ids for o in want]
+        for a, b in zip(got, want):
+            assert torch.equal(a.routed_experts[0], b.routed_experts[0])
+            assert a.routed_experts[0].shape[0] == len(a.prompt_token_ids) + len(a.response_token_ids[0]) - 1
+    finally:
+        engine.shutdown()
+        expected.shutdown()

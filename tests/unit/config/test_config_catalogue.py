@@ -426,6 +426,24 @@ CASES = [
         "there is no router to balance",
     ),
     (
+        "router-replay-on-dense-model",
+        ["actor.moe.router_replay=true"],
+        "actor.moe.router_replay",
+        "no experts): there is no routing to replay; fix: set actor.moe.router_replay: false",
+    ),
+    (
+        "router-replay-multi-turn",
+        ["model.path={tmp}/model_moe", "actor.moe.router_replay=true", "rollout.multi_turn.enable=true"],
+        "rollout.multi_turn.enable",
+        "a multi-turn trajectory spans several calls with tool observations between",
+    ),
+    (
+        "router-replay-full-recompute",
+        ["model.path={tmp}/model_moe", "actor.moe.router_replay=true", "actor.recompute.granularity=full"],
+        "actor.recompute.granularity",
+        "a full recompute runs the routers again during the backward of a later micro-batch",
+    ),
+    (
         "moe-z-loss-negative",
         ["model.path={tmp}/model_moe", "actor.moe.z_loss_coeff=-1"],
         "actor.moe.z_loss_coeff",
@@ -1024,6 +1042,7 @@ def test_a_mixture_of_experts_recipe_is_valid_with_its_router_settings(workdir, 
         "actor.parallel.sequence_parallel=true",
         "actor.moe.aux_loss_coeff=0.01",
         "actor.moe.z_loss_coeff=0.001",
+        "actor.moe.router_replay=true",
     )
     assert (code, err) == (0, ""), err
     assert "base.yaml: OK" in out

@@ -90,6 +90,16 @@ def test_sequence_parallel_reaches_each_role_that_sets_it():
     assert specs["ref"].ref_sequence_parallel and not specs["policy"].actor.sequence_parallel
 
 
+def test_router_replay_reaches_the_actor_and_the_reference_in_either_group():
+    for own_group in (False, True):
+        config, plan = plan_of(*KL, "actor.moe.router_replay=true", f"ref.colocate_with_actor={not own_group}")
+        specs = worker_specs(config, plan, total_steps=10)
+        assert specs["policy"].actor.moe.router_replay
+        assert specs["ref" if own_group else "policy"].ref_router_replay
+    config, plan = plan_of(*KL)
+    assert not worker_specs(config, plan, total_steps=10)["policy"].ref_router_replay
+
+
 def test_forward_token_budgets_reach_the_forward_passes_only():
     from types import SimpleNamespace
 
