@@ -283,6 +283,8 @@ def receive_rank_shards(
     buffer. Lazy: the next bucket is received when the consumer asks for its first tensor."""
     schedule = build_schedule(plan, vocab_divisible_by)
     for tag, bucket in enumerate(schedule.buckets):
+        if not bucket.held[worker]:  # only experts that vLLM expert parallelism places on other workers
+            continue
         flat = receive_bucket(
             bucket, worker, lambda destination, sender, tag=tag: group.recv([destination], sender, tag), device
         )
