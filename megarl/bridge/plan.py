@@ -348,7 +348,8 @@ def _metadata(params: list[PlannedParam], dtype: torch.dtype) -> BucketMetadata:
 
 # --- the schedule: who sends which piece of which HF tensor to whom ------------------------------
 #
-# Each trainer rank of DP replica 0 holds a block of every HF tensor of its stage (its Megatron TP
+# Each trainer rank of DP replica 0 holds a block of every dense HF tensor of its stage (its Megatron
+# TP shard), each rank of the first expert-DP replica a block of its EP rank's experts (its expert-TP
 # shard), and each vLLM worker needs a block of it (its own TP shard, vLLM's per-rank layout).
 # A piece is the intersection of the two along the tensor's split dimension; the schedule lists
 # every piece once per receiving worker, so every element a worker needs arrives exactly once and a
@@ -364,6 +365,9 @@ def _metadata(params: list[PlannedParam], dtype: torch.dtype) -> BucketMetadata:
 # | vocab     | rows of the vocabulary padded to a      | rows of the vocabulary padded to a multiple  |
 # |           | multiple of vocab_divisible_by · T      | of 64 (`VocabParallelEmbedding._get_indices`)|
 # | replicated| the whole tensor                        | the whole tensor (sent by TP rank r mod T)   |
+# | an expert | gate_up / row as above over its expert- | gate_up / row as above over R (fused-MoE     |
+# | (EP)      | TP ranks t of E_T, on the EP rank that  | `w13_weight` / `w2_weight` rows of expert e);|
+# |           | holds it, first expert-DP replica       | vLLM EP: whole, on the rank placing it       |
 #
 # Padding rows beyond the vocabulary are neither sent nor received (the receiver zeroes its own).
 

@@ -69,5 +69,4 @@ def test_each_expert_reaches_vllm_from_the_rank_holding_it(moe, train):
         # Every HF tensor, every expert's among them, checked bit for bit on both engines.
         assert result.metrics[tp]["sync/checksum_tensors"] == len(hf_param_shapes(dims))
         assert result.metrics[tp]["sync/logprob_max_abs_diff"] <= THRESHOLD
-    print("MEASURED", train, {tp: result.metrics[tp] for tp in engines}, result.sync_metrics)
     assert result.sync_metrics["sync/buckets"] > 1  # small buckets: the multi-bucket path ran
