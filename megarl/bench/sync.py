@@ -451,7 +451,7 @@ def markdown(result: dict) -> str:
             )
     lines += [
         "",
-        "| train TP/PP → rollout TP | bucket MB | trainer rank (PP, TP): MB sent / its workers need "
+        "| train TP/PP → rollout TP | bucket MB | trainer rank (PP, TP[, EP]): MB sent / its workers need "
         "| worker: MB received / its shard | model MB |",
         "|---|---|---|---|---|",
     ]
