@@ -306,6 +306,10 @@ def test_workers_assemble_the_expert_rows_vllm_would_load_and_checksum_them(layo
                 leaf = "w13_weight" if param.kind == "gate_up" else "w2_weight"
                 assert name == f"{param.hf_names[0].rsplit('.', 2)[0]}.{leaf}"
                 assert torch.equal(tensor, _vllm_expert_tensor(param, hf, layout, worker)), (name, worker)
+                if layout.expert_tp == layout.rollout_tp and not layout.rollout_ep:  # the per-rank sync's agrees
+                    shard = shards[param.megatron_name][worker]
+                    vllm_name, per_rank = to_vllm_rank(param, shard, dims, layout.rollout_tp)
+                    assert vllm_name == name and torch.equal(per_rank, tensor)
                 experts += 1
     assert experts == 2 * dims.num_layers * dims.num_experts * (1 if layout.rollout_ep else layout.rollout_tp)
     expected = {name: tensor_checksum(tensor, torch.float32) for name, tensor in hf.items()}
