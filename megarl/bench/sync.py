@@ -23,6 +23,7 @@ every rank is done).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,9 +44,12 @@ class SyncShape:
     in-process runs use rollout TP 1 (the in-process engine is TP 1)."""
     bucket_mb: tuple[float, ...] = (64,)
     """Bucket sizes (MiB) of the plans."""
+    expert_layouts: tuple[tuple[int, int, int, tuple[int, ...]], ...] = ((1, 1, 2, (1, 2)),)
+    """A mixture-of-experts model's too: (train TP, train PP, train EP, rollout TPs), cross-process only (each
+    expert sent by the EP rank holding it; the in-process sync gathers over TP and refuses experts split)."""
 
 
-SMOKE = SyncShape(train_layouts=((2, 1, (1, 2)),), bucket_mb=(0.05, 1))
+SMOKE = SyncShape(train_layouts=((2, 1, (1, 2)),), bucket_mb=(0.05, 1), expert_layouts=((1, 1, 2, (1, 2)),))
 MODEL_100M = dict(
     hidden_size=768,
     num_hidden_layers=16,
@@ -101,15 +105,15 @@ def raw_sizes(schedule, sender: int) -> list[tuple[int, int, int]]:
     return [(tag, worker, numel) for (tag, worker), numel in sizes.items()]
 
 
-def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, int], shape: SyncShape, repeats: int) -> dict:
-    """One trainer rank: for every bucket size, in-process then cross-process per rollout TP.
-    `ports`: rollout TP → its sync group's port."""
+def _trainer(model_dir: str, tp: int, pp: int, ep: int, ports: dict[int, int], shape: SyncShape, repeats: int) -> dict:
+    """One trainer rank: for every bucket size, in-process (EP 1) then cross-process per rollout TP.
+    `ports`: rollout TP → its sync group's port. Ranks that send nothing (DP replicas) join the timing."""
     import torch
     import torch.distributed as dist
 
     from megarl.bench.common import time_interleaved
-    from megarl.bridge import LayoutPair, ShardSender, build_plan, build_schedule, receiver_rank, sender_rank
-    from megarl.bridge.sync import WeightSender
+    from megarl.bridge import LayoutPair, ShardSender, build_plan, build_schedule, receiver_rank
+    from megarl.bridge.collect import sync_rank
     from megarl.bridge.sync_group import create_weight_sync_group
     from megarl.models.architectures import build_gpt_model
     from megarl.models.checkpoint import load_hf_weights
@@ -118,39 +122,34 @@ def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, int], shape: Syn
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import global_named_parameters
 
-    groups = initialize_model_parallel(tp, pp, seed=0)
+    groups = initialize_model_parallel(tp, pp, seed=0, ep=ep)
     model = build_gpt_model(model_dir, groups)
     load_hf_weights(model, model_dir, groups)
     dims = read_model_dims(model_dir)
     sender_rank0 = dist.get_rank() == 0
-    me = sender_rank(LayoutPair(tp, pp, 1), groups.pp_rank, groups.tp_rank)  # the same for every rollout TP
-    sync_groups = {r: create_weight_sync_group(HOST, port, me, tp * pp + r, TIMEOUT_S) for r, port in ports.items()}
+    train = LayoutPair(tp, pp, 1, train_ep=ep)
+    me = sync_rank(train, groups)  # the same for every rollout TP; None: sends nothing
+    sync_groups = {
+        r: None if me is None else create_weight_sync_group(HOST, port, me, train.senders + r, TIMEOUT_S)
+        for r, port in ports.items()
+    }
     expected = _checkpoint(model_dir) if sender_rank0 else None
 
     def params():
         return global_named_parameters(model, groups)
 
-    out = dict(pp_rank=groups.pp_rank, tp_rank=groups.tp_rank, in_process=[], cross_process=[])
+    out = dict(pp_rank=groups.pp_rank, tp_rank=groups.tp_rank, ep_rank=groups.ep_rank, sync_rank=me)
+    out.update(in_process=[], cross_process=[])
     for bucket_mb in shape.bucket_mb:
-        plan = build_plan(dims, LayoutPair(tp, pp, 1), bucket_mb=bucket_mb)
-        sender = WeightSender(plan, params, groups, _unpacking_transport(expected) if sender_rank0 else None)
-        stats = [sender.send()]  # checked against the checkpoint
-        flat = torch.empty(sum(b.nbytes for b in plan.buckets) // 4).normal_() if sender_rank0 else None
-
-        def clone():
-            if flat is not None:
-                flat.clone()
-
-        timings = time_interleaved({"bridge": lambda: stats.append(sender.send()), "clone": clone}, repeats)
-        out["in_process"].append(_record(plan, bucket_mb, timings, stats, "clone"))
-        flat = None  # frees the model-sized buffer before the cross-process runs
+        if ep == 1:
+            _in_process(out, dims, train, bucket_mb, params, groups, expected, repeats)
         for rollout_tp, group in sync_groups.items():
-            plan = build_plan(dims, LayoutPair(tp, pp, rollout_tp), bucket_mb=bucket_mb)
+            plan = build_plan(dims, dataclasses.replace(train, rollout_tp=rollout_tp), bucket_mb=bucket_mb)
             schedule = build_schedule(plan, VOCAB_DIVISIBLE_BY)
             shard_sender = ShardSender(plan, params, groups, group)
             stats = [shard_sender.send()]  # checked by the receivers
             sizes = raw_sizes(schedule, me)
-            largest = torch.zeros(max(numel for _, _, numel in sizes))
+            largest = torch.zeros(max((numel for _, _, numel in sizes), default=0))
 
             # Each between two barriers of the trainer world: timed from when every rank starts until
             # every rank is done, neither overlapping the other contender.
@@ -179,6 +178,29 @@ def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, int], shape: Syn
             )
             out["cross_process"].append(record)
     return out
+
+
+def _in_process(out: dict, dims, train, bucket_mb: float, params, groups, expected, repeats: int) -> None:
+    """The in-process contenders of one bucket size (the gathering sync vs a clone), into `out`."""
+    import torch
+    import torch.distributed as dist
+
+    from megarl.bench.common import time_interleaved
+    from megarl.bridge import build_plan
+    from megarl.bridge.sync import WeightSender
+
+    sender_rank0 = dist.get_rank() == 0
+    plan = build_plan(dims, train, bucket_mb=bucket_mb)
+    sender = WeightSender(plan, params, groups, _unpacking_transport(expected) if sender_rank0 else None)
+    stats = [sender.send()]  # checked against the checkpoint
+    flat = torch.empty(sum(b.nbytes for b in plan.buckets) // 4).normal_() if sender_rank0 else None
+
+    def clone():
+        if flat is not None:
+            flat.clone()
+
+    timings = time_interleaved({"bridge": lambda: stats.append(sender.send()), "clone": clone}, repeats)
+    out["in_process"].append(_record(plan, bucket_mb, timings, stats, "clone"))
 
 
 def _record(plan, bucket_mb: float, timings, stats, baseline: str) -> dict:
@@ -225,7 +247,7 @@ def _receiver(port: int, worker: int, plans: list, repeats: int) -> list[dict]:
 
     layout = plans[0].layout
     group = create_weight_sync_group(
-        HOST, port, receiver_rank(layout, 0, worker), layout.train_tp * layout.train_pp + layout.rollout_tp, TIMEOUT_S
+        HOST, port, receiver_rank(layout, 0, worker), layout.senders + layout.rollout_tp, TIMEOUT_S
     )
     cpu = torch.device("cpu")
     checked = []
@@ -274,9 +296,12 @@ def _receive_raw(group, schedule, worker: int) -> None:
             work.wait()
 
 
-def _layout(model_dir: str, tp: int, pp: int, rollout_tps: tuple[int, ...], shape: SyncShape, repeats: int) -> dict:
-    """The trainer world of one train layout with its receiver threads; rank 0's timings, every
-    rank's and every worker's bytes, each first cross-process sync checked exactly."""
+def _layout(
+    model_dir: str, tp: int, pp: int, rollout_tps: tuple[int, ...], shape: SyncShape, repeats: int, ep: int = 1
+) -> dict:
+    """The trainer world of one train layout (EP `ep`: TP × EP ranks a stage) with its receiver threads;
+    rank 0's timings, every sending rank's and every worker's bytes, each first cross-process sync checked
+    exactly."""
     import torch
 
     from megarl.bridge import LayoutPair, build_plan
@@ -288,18 +313,23 @@ def _layout(model_dir: str, tp: int, pp: int, rollout_tps: tuple[int, ...], shap
     dims = read_model_dims(model_dir)
     # Listening before any rank starts: receivers need not wait out TCPStore's connect backoff while
     # trainer rank 0 spawns (as `megarl.workers.sync_check.run_sync_check`).
-    stores = {r: listen_weight_sync_store(HOST, tp * pp + r, TIMEOUT_S) for r in rollout_tps}
+    train = LayoutPair(tp, pp, 1, train_ep=ep)
+    stores = {r: listen_weight_sync_store(HOST, train.senders + r, TIMEOUT_S) for r in rollout_tps}
     ports = {r: store.port for r, store in stores.items()}
-    plans = {r: [build_plan(dims, LayoutPair(tp, pp, r), bucket_mb=mb) for mb in shape.bucket_mb] for r in rollout_tps}
+    plans = {
+        r: [build_plan(dims, dataclasses.replace(train, rollout_tp=r), bucket_mb=mb) for mb in shape.bucket_mb]
+        for r in rollout_tps
+    }
     expected = {name: tensor_checksum(tensor, torch.float32) for name, tensor in _checkpoint(model_dir).items()}
     with ThreadPoolExecutor(max_workers=1 + sum(rollout_tps)) as pool:
         trainers = pool.submit(
             run_distributed,
             _trainer,
-            tp * pp,
+            tp * pp * ep,
             model_dir,
             tp,
             pp,
+            ep,
             ports,
             shape,
             repeats,
@@ -318,7 +348,7 @@ def _layout(model_dir: str, tp: int, pp: int, rollout_tps: tuple[int, ...], shap
     result = per_rank[0]
     for i, record in enumerate(result["in_process"]):  # the peak is the worst rank's
         peak = max(rank["in_process"][i]["peak_extra_bytes"] for rank in per_rank)
-        record.update(train_tp=tp, train_pp=pp, rollout_tp=1, peak_extra_bytes=peak)
+        record.update(train_tp=tp, train_pp=pp, train_ep=ep, rollout_tp=1, peak_extra_bytes=peak)
     runs = iter(enumerate(result["cross_process"]))  # bucket size by bucket size, rollout TP by rollout TP
     for m in range(len(shape.bucket_mb)):
         for r in rollout_tps:
@@ -335,24 +365,32 @@ def _layout(model_dir: str, tp: int, pp: int, rollout_tps: tuple[int, ...], shap
                 dict(
                     pp_rank=rank["pp_rank"],
                     tp_rank=rank["tp_rank"],
+                    ep_rank=rank["ep_rank"],
                     bytes_sent=rank["cross_process"][i]["bytes_sent"],
                     receivers_need=rank["cross_process"][i]["receivers_need"],
                 )
                 for rank in per_rank
+                if rank["sync_rank"] is not None
             ]
             record.pop("bytes_sent"), record.pop("receivers_need")  # rank 0's: in `senders`
             peak = max(rank["cross_process"][i]["peak_extra_bytes"] for rank in per_rank)
-            record.update(train_tp=tp, train_pp=pp, peak_extra_bytes=peak, senders=senders, workers=workers)
+            record.update(
+                train_tp=tp, train_pp=pp, train_ep=ep, peak_extra_bytes=peak, senders=senders, workers=workers
+            )
     return result
 
 
 def run(model_dir: str, repeats: int, shape: SyncShape = SyncShape()) -> dict:
     """Every train layout of `shape`, every bucket size; the JSON report."""
     from megarl.bench.common import context, model_summary
+    from megarl.models.hf_config import read_model_dims
 
     in_process, cross_process = [], []
-    for tp, pp, rollout_tps in shape.train_layouts:
-        result = _layout(model_dir, tp, pp, rollout_tps, shape, repeats)
+    layouts = [(tp, pp, 1, rollout_tps) for tp, pp, rollout_tps in shape.train_layouts]
+    if read_model_dims(model_dir).num_experts:
+        layouts += list(shape.expert_layouts)
+    for tp, pp, ep, rollout_tps in layouts:
+        result = _layout(model_dir, tp, pp, rollout_tps, shape, repeats, ep)
         in_process += result["in_process"]
         cross_process += result["cross_process"]
     return dict(
@@ -388,6 +426,13 @@ def goals(in_process: list[dict], cross_process: list[dict]) -> dict:
     )
 
 
+def _train(record: dict) -> str:
+    """A record's train layout, "TP/PP" (EP > 1: "TP/PP/EP N", its senders then named (PP, TP, EP))."""
+    return f"{record['train_tp']}/{record['train_pp']}" + (
+        f"/EP {record['train_ep']}" if record["train_ep"] > 1 else ""
+    )
+
+
 def markdown(result: dict) -> str:
     gigabytes = result["in_process"][0]["bytes"] / 1e9
     lines = [
@@ -403,28 +448,28 @@ def markdown(result: dict) -> str:
             moved = r["bytes"] if kind == "in_process" else sum(s["bytes_sent"] for s in r["senders"])
             bound = 2 * max(r["bucket_mb"] * 2**20, r["largest_bucket_bytes"])
             lines.append(
-                f"| {kind.replace('_', '-')} vs {baseline} | {r['train_tp']}/{r['train_pp']} → {r['rollout_tp']} | "
+                f"| {kind.replace('_', '-')} vs {baseline} | {_train(r)} → {r['rollout_tp']} | "
                 f"{r['bucket_mb']:g} ({r['buckets']}) | {bridge:.3f} | {moved / 1e9 / bridge:.2f} | {base:.3f} | "
                 f"{r['bridge_over_baseline']:.2f}× ({r['bridge_over_baseline_paired']:.2f}×) | "
                 f"{r['peak_extra_bytes'] / 2**20:.1f} ({r['peak_extra_bytes'] / bound:.2f}) |"
             )
     lines += [
         "",
-        "| train TP/PP → rollout TP | bucket MB | trainer rank (PP, TP): MB sent / its workers need "
+        "| train TP/PP → rollout TP | bucket MB | trainer rank (PP, TP[, EP]): MB sent / its workers need "
         "| worker: MB received / its shard | model MB |",
         "|---|---|---|---|---|",
     ]
     for r in result["cross_process"]:
         senders = ", ".join(
-            f"({s['pp_rank']}, {s['tp_rank']}): {s['bytes_sent'] / 1e6:.1f} / {s['receivers_need'] / 1e6:.1f}"
+            f"({s['pp_rank']}, {s['tp_rank']}{', ' + str(s['ep_rank']) if r['train_ep'] > 1 else ''}): "
+            f"{s['bytes_sent'] / 1e6:.1f} / {s['receivers_need'] / 1e6:.1f}"
             for s in r["senders"]
         )
         workers = ", ".join(
             f"{w['worker']}: {w['bytes_received'] / 1e6:.1f} / {w['bytes_needed'] / 1e6:.1f}" for w in r["workers"]
         )
         lines.append(
-            f"| {r['train_tp']}/{r['train_pp']} → {r['rollout_tp']} | {r['bucket_mb']:g} | {senders} "
-            f"| {workers} | {r['bytes'] / 1e6:.1f} |"
+            f"| {_train(r)} → {r['rollout_tp']} | {r['bucket_mb']:g} | {senders} | {workers} | {r['bytes'] / 1e6:.1f} |"
         )
     g = result["goals"]
     lines.append(

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from megarl.bridge.collect import local_params_by_plan_name
+from megarl.bridge.collect import holds_shard, local_params_by_plan_name, shard_group
 from megarl.bridge.plan import LayoutPair, PlannedParam, SyncPlan, vllm_vocab_rows
 from megarl.bridge.verify import SyncVerificationError
 from megarl.models.hf_config import ModelDims
@@ -152,38 +152,25 @@ def rank_checksums(
 ) -> dict[str, int]:
     """`actor_checksums` of this trainer rank's live parameters (`MegatronActor.named_parameters_for_sync`)
     in its place of `groups` (`ProcessGroups`), checksummed in `dtype` (the engines' dtype name)."""
-    local = local_params_by_plan_name(plan, named_parameters)
-    return actor_checksums(
-        plan,
-        local,
-        tp_size=groups.tp_size,
-        tp_rank=groups.tp_rank,
-        pp_rank=groups.pp_rank,
-        dp_rank=groups.dp_rank,
-        dtype=getattr(torch, dtype),
-    )
+    local = local_params_by_plan_name(plan, named_parameters, groups)
+    return actor_checksums(plan, local, groups, dtype=getattr(torch, dtype))
 
 
-def actor_checksums(
-    plan: SyncPlan,
-    local: Mapping[str, torch.Tensor],
-    *,
-    tp_size: int,
-    tp_rank: int,
-    pp_rank: int,
-    dp_rank: int,
-    dtype: torch.dtype,
-) -> dict[str, int]:
+def actor_checksums(plan: SyncPlan, local: Mapping[str, torch.Tensor], groups, *, dtype: torch.dtype) -> dict[str, int]:
     """This trainer rank's partial checksums of the HF tensors of `plan` (`local`: its shards by plan
-    name, `collect.local_params_by_plan_name`); empty outside DP replica 0. `combine` over the ranks
-    gives the checksum of every HF tensor the engines must hold."""
-    if dp_rank != 0:
-        return {}
-    parts = [
-        shard_checksums(param, local[param.megatron_name], plan.dims, tp_size=tp_size, tp_rank=tp_rank, dtype=dtype)
-        for param in plan.params
-        if param.pp_rank == pp_rank
-    ]
+    name, `collect.local_params_by_plan_name`; `groups`: its place in the grid, `ProcessGroups`), of
+    the copies the sync sends (`collect.holds_shard`: DP replica 0's; an expert's, its EP rank's in
+    the first expert-DP replica). `combine` over the ranks gives the checksum of every HF tensor the
+    engines must hold."""
+    parts = []
+    for param in plan.params:
+        if holds_shard(param, plan, groups):
+            cut = shard_group(param, groups)
+            parts.append(
+                shard_checksums(
+                    param, local[param.megatron_name], plan.dims, tp_size=cut.size, tp_rank=cut.rank, dtype=dtype
+                )
+            )
     return combine(parts)
 
 
@@ -262,17 +249,30 @@ class VllmRankLayout:
     dims: ModelDims
     tp_size: int
     tp_rank: int
+    expert_parallel: bool = False
+    """vLLM expert parallelism: the worker holds whole experts (its expert TP is 1)."""
 
     def whole(self, name: str) -> bool:
-        """Whether the tensor is a whole HF tensor (the norms)."""
+        """Whether the tensor is a whole HF tensor (the norms, the router)."""
         return not any(
             part in name
-            for part in ("qkv_proj.", "gate_up_proj.", "o_proj.", "down_proj.", "embed_tokens.", "lm_head.")
+            for part in (
+                "qkv_proj.",
+                "gate_up_proj.",
+                "o_proj.",
+                "down_proj.",
+                "embed_tokens.",
+                "lm_head.",
+                ".w13_weight",
+                ".w2_weight",
+            )
         )
 
     def checksums(self, name: str, tensor: torch.Tensor, dtype: torch.dtype) -> dict[str, int]:
         """The HF tensors' partial checksums of this worker's per-rank tensor `name`."""
         prefix, _, leaf = name.rpartition(".")  # e.g. "model.layers.0.self_attn.qkv_proj", "weight"
+        if leaf in ("w13_weight", "w2_weight"):  # one expert's: prefix "model.layers.0.mlp.experts.{e}"
+            return self._expert_checksums(prefix, leaf, tensor, dtype)
         module, _, kind = prefix.rpartition(".")
         if kind in ("embed_tokens", "lm_head"):  # rows of the padded vocabulary
             per_rank = vllm_vocab_rows(self.dims, self.tp_size)
@@ -297,6 +297,24 @@ class VllmRankLayout:
                 checksums[f"{module}.{hf_kind}.{leaf}"] = block_checksum(tensor[block], dtype, hf_row_numbers)
             row += local
         return checksums
+
+    def _expert_checksums(self, expert: str, leaf: str, tensor: torch.Tensor, dtype: torch.dtype) -> dict[str, int]:
+        """One expert's `w13_weight` rows `[gate_r; up_r]` or `w2_weight` columns (`plan.vllm_rank_name`),
+        cut over the worker's TP ranks, or whole with expert parallelism."""
+        tp_size, tp_rank = (1, 0) if self.expert_parallel else (self.tp_size, self.tp_rank)
+        width = self.dims.moe_ffn_hidden_size // tp_size
+        if leaf == "w2_weight":
+            return {
+                f"{expert}.down_proj.weight": block_checksum(
+                    tensor, dtype, torch.arange(tensor.shape[0]), tp_rank * width
+                )
+            }
+        rows = torch.arange(width) + tp_rank * width
+        gate, up = tensor.split(width)
+        return {
+            f"{expert}.gate_proj.weight": block_checksum(gate, dtype, rows),
+            f"{expert}.up_proj.weight": block_checksum(up, dtype, rows),
+        }
 
 
 # --- the comparison ------------------------------------------------------------------------------

@@ -27,9 +27,25 @@ import torch
 import torch.distributed as dist
 
 from megarl.bridge.convert import check_hf_shapes, mapping_of, to_hf, to_hf_into
-from megarl.bridge.plan import PlannedBucket, PlannedParam, SyncPlan
+from megarl.bridge.plan import (
+    LayoutPair,
+    PlannedBucket,
+    PlannedParam,
+    SyncPlan,
+    expert_owner,
+    sender_rank,
+    stage_index,
+)
 from megarl.bridge.protocol import BucketMetadata
-from megarl.models.layout import ROW_BLOCK_KINDS, VOCAB, param_mapping, reader_of, shard_pieces, tp_shard_from_hf
+from megarl.models.layout import (
+    ROW_BLOCK_KINDS,
+    VOCAB,
+    expert_offset,
+    param_mapping,
+    reader_of,
+    shard_pieces,
+    tp_shard_from_hf,
+)
 from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
 
@@ -60,18 +76,21 @@ class BufferMeter:
 
 
 def local_params_by_plan_name(
-    plan: SyncPlan, named_parameters: Iterable[tuple[str, torch.Tensor]]
+    plan: SyncPlan, named_parameters: Iterable[tuple[str, torch.Tensor]], groups: ProcessGroups
 ) -> dict[str, torch.Tensor]:
     """This rank's tensors keyed by the plan's Megatron names. `named_parameters` are global-layer
     Megatron names (`MegatronActor.named_parameters_for_sync`); they are matched to the plan by the
     HF tensors they map to, so Transformer-Engine names (`linear_qkv.layer_norm_weight`) work too.
-    With tied embeddings the last stage's `output_layer.weight` copy is not sent."""
+    Expert names count this EP rank's experts from 0 (megatron's `local_experts.{e}`): `groups`' EP
+    rank makes them global (the plan's). With tied embeddings the last stage's `output_layer.weight`
+    copy is not sent."""
     by_hf_names = {p.hf_names: p.megatron_name for p in plan.params}
+    experts = expert_offset(plan.dims, groups.ep_size, groups.ep_rank) if plan.dims.num_experts else 0
     local = {}
     for name, tensor in named_parameters:
         if name == "output_layer.weight" and plan.dims.tie_word_embeddings:
             continue
-        hf_names = param_mapping(name, plan.dims).hf_names
+        hf_names = param_mapping(name, plan.dims, expert_offset=experts).hf_names
         if hf_names not in by_hf_names:
             raise ValueError(
                 f"Megatron parameter {name} maps to {hf_names}, which the sync plan for {plan.layout} does not send"
@@ -80,19 +99,58 @@ def local_params_by_plan_name(
     return local
 
 
+@dataclass(frozen=True)
+class ShardGroup:
+    """The ranks a parameter is cut over: the TP group, or an expert's expert-TP group."""
+
+    group: dist.ProcessGroup | None
+    size: int
+    rank: int
+
+
+def shard_group(param: PlannedParam, groups: ProcessGroups) -> ShardGroup:
+    """The group `param`'s shards are cut over on this rank."""
+    if param.expert >= 0:
+        return ShardGroup(groups.etp, groups.etp_size, groups.etp_rank)
+    return ShardGroup(groups.tp, groups.tp_size, groups.tp_rank)
+
+
+def holds_shard(param: PlannedParam, plan: SyncPlan, groups: ProcessGroups) -> bool:
+    """Whether this rank holds the copy of `param` the sync sends: DP replica 0's on its stage; an
+    expert's, its EP rank's in the first expert-DP replica."""
+    if groups.pp_rank != param.pp_rank:
+        return False
+    if param.expert < 0:
+        return groups.dp_rank == 0
+    return groups.expert_dp_rank == 0 and expert_owner(plan.dims, plan.layout, param.expert) == groups.ep_rank
+
+
+def sync_rank(layout: LayoutPair, groups: ProcessGroups) -> int | None:
+    """This trainer rank's sync-group rank (`plan.sender_rank`), None when it sends nothing (outside
+    DP replica 0 and the first expert-DP replica)."""
+    index = stage_index(
+        layout,
+        tp_rank=groups.tp_rank,
+        dp_rank=groups.dp_rank,
+        etp_rank=groups.etp_rank,
+        ep_rank=groups.ep_rank,
+        expert_dp_rank=groups.expert_dp_rank,
+    )
+    return None if index is None else sender_rank(layout, groups.pp_rank, index)
+
+
 class GatherBuffer:
     """Where TP rank 0 of a TP > 1 layout receives the other ranks' shards of the parameters that
     are not received straight into their slots: one buffer for all of them, grown to the largest
     (counted by `meter`). A fresh buffer per parameter would cost its page faults every time."""
 
-    def __init__(self, groups: ProcessGroups, meter: BufferMeter):
-        self.groups, self.meter = groups, meter
+    def __init__(self, meter: BufferMeter):
+        self.meter = meter
         self._buffer: torch.Tensor | None = None
 
-    def others(self, shard: torch.Tensor) -> list[torch.Tensor]:
-        """`tp_size - 1` views `[*shard.shape]` of the buffer, for TP ranks 1.. in order (the
+    def others(self, shard: torch.Tensor, others: int) -> list[torch.Tensor]:
+        """`others` views `[*shard.shape]` of the buffer, for (expert-)TP ranks 1.. in order (the
         previous parameter's are overwritten)."""
-        others = self.groups.tp_size - 1
         if self._buffer is None or self._buffer.numel() < shard.numel() * others:
             self.release()
             self._buffer = torch.empty(shard.numel() * others, dtype=shard.dtype, device=shard.device)
@@ -108,19 +166,21 @@ class GatherBuffer:
 def gather_shards(
     param: PlannedParam, shard: torch.Tensor, groups: ProcessGroups, gathered: GatherBuffer
 ) -> list[torch.Tensor] | None:
-    """All TP shards of `param` on TP rank 0 (rank order: its own, in place, then views of
-    `gathered`), None on the other TP ranks. Point-to-point rather than `dist.gather`, which copies
-    the root's own shard and receives into a fresh flat buffer of its own before copying out."""
+    """All TP (an expert's: expert-TP) shards of `param` on that group's rank 0 (rank order: its own,
+    in place, then views of `gathered`), None on the group's other ranks. Point-to-point rather than
+    `dist.gather`, which copies the root's own shard and receives into a fresh flat buffer of its own
+    before copying out."""
     shard = shard.detach()
-    if not param.needs_tp_gather or groups.tp_size == 1:
-        return [shard] if groups.tp_rank == 0 else None
+    cut = shard_group(param, groups)
+    if not param.needs_tp_gather or cut.size == 1:
+        return [shard] if cut.rank == 0 else None
     shard = shard.contiguous()
-    if groups.tp_rank != 0:
-        dist.send(shard, dst=dist.get_global_rank(groups.tp, 0), group=groups.tp)
+    if cut.rank != 0:
+        dist.send(shard, dst=dist.get_global_rank(cut.group, 0), group=cut.group)
         return None
-    others = gathered.others(shard)
+    others = gathered.others(shard, cut.size - 1)
     receives = [
-        dist.irecv(view, src=dist.get_global_rank(groups.tp, rank), group=groups.tp)
+        dist.irecv(view, src=dist.get_global_rank(cut.group, rank), group=cut.group)
         for rank, view in enumerate(others, start=1)
     ]
     for receive in receives:
@@ -233,7 +293,7 @@ def collect_buckets(
     (`HFRolloutEngine.load_weights` keeps them all until it loads). The meter counts a bucket
     released when the next one is asked for: the bridge's own memory, not the consumer's."""
     receives = every_rank or dist.get_rank() == SENDER_RANK
-    gathered = GatherBuffer(groups, meter)
+    gathered = GatherBuffer(meter)
     # Buckets live where the weights do (a GPU's for NCCL and CUDA IPC); the thread uses this
     # thread's current GPU.
     device = next(iter(local.values())).device if local else torch.device("cpu")
@@ -268,16 +328,15 @@ def collect_buckets(
 
 def conversion_errors(plan: SyncPlan, local: dict[str, torch.Tensor], groups: ProcessGroups) -> list[str]:
     """Megatron names whose HF tensors do not turn back into the rank's shards (collective over
-    the trainer world; every rank gets the whole list).
+    the trainer world; every rank gets the whole list). Each parameter is gathered over the group it
+    is cut over by the ranks holding the copy the sync sends (`holds_shard`).
 
     The check inverts the conversion with the checkpoint loader's slicing (`tp_shard_from_hf`),
     so a wrong merge (e.g. gate/up joined naively) names its parameter."""
     errors = []
-    gathered = GatherBuffer(groups, BufferMeter())
-    for bucket in plan.buckets:
-        if groups.dp_rank != 0 or groups.pp_rank != bucket.pp_rank:
-            continue
-        for param in bucket.params:
+    gathered = GatherBuffer(BufferMeter())
+    for param in plan.params:
+        if holds_shard(param, plan, groups):
             shards = gather_shards(param, local[param.megatron_name], groups, gathered)
             if shards is not None and not round_trips(param, shards, plan):
                 errors.append(param.megatron_name)

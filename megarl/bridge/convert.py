@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
-from megarl.bridge.plan import PlannedParam, vllm_vocab_rows
+from megarl.bridge.plan import PlannedParam, vllm_rank_name, vllm_vocab_rows
 from megarl.models.hf_config import ModelDims
 from megarl.models.layout import GATE_UP, QKV, REPLICATED, ROW, VOCAB, ParamMapping, merge_tp_shards_into, merged_shapes
 
@@ -68,16 +68,6 @@ def check_hf_shapes(param: PlannedParam, shard_shapes: Sequence[tuple[int, ...]]
             )
 
 
-def _vllm_rank_name(param: PlannedParam) -> str:
-    """vLLM's per-rank parameter name: fused `qkv_proj` / `gate_up_proj`, else the HF name."""
-    first = param.hf_names[0]
-    if param.kind == QKV:
-        return first.replace("q_proj", "qkv_proj")
-    if param.kind == GATE_UP:
-        return first.replace("gate_proj", "gate_up_proj")
-    return first
-
-
 def to_vllm_rank(param: PlannedParam, shard: torch.Tensor, dims: ModelDims, tp_size: int) -> tuple[str, torch.Tensor]:
     """Train TP rank r's shard of `param` as vLLM TP rank r's tensor (train TP == rollout TP ==
     `tp_size`). qkv: `[groups_r * (hpg + 2) * d, ...]` → `[Q_r; K_r; V_r]` of the same size."""
@@ -94,7 +84,7 @@ def to_vllm_rank(param: PlannedParam, shard: torch.Tensor, dims: ModelDims, tp_s
         shard = torch.cat([part.reshape(-1, *trailing) for part in (q, k, v)])
     elif param.kind not in (GATE_UP, ROW, REPLICATED):
         raise ValueError(f"{param.megatron_name}: unknown parameter kind {param.kind!r}")
-    return _vllm_rank_name(param), shard
+    return vllm_rank_name(param), shard
 
 
 def to_vllm_vocab_rank(full: torch.Tensor, dims: ModelDims, tp_size: int, tp_rank: int) -> torch.Tensor:

@@ -55,6 +55,7 @@ class PerRankSender:
                 f"per-rank weight sync needs train TP == rollout TP, got {plan.layout}; use the gathering sync "
                 f"(megarl.bridge.sync.WeightSender) for other layouts"
             )
+        plan.layout.refuse_split_experts("the per-rank weight sync")
         self.plan, self.named_parameters, self.groups, self.transport = plan, named_parameters, groups, transport
 
     def begin(self) -> SharedRing | None:
@@ -80,7 +81,7 @@ class PerRankSender:
     def _tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """This rank's tensors in vLLM worker `tp_rank`'s names and shapes, its stage's in plan order."""
         groups, dims = self.groups, self.plan.dims
-        local = local_params_by_plan_name(self.plan, self.named_parameters())
+        local = local_params_by_plan_name(self.plan, self.named_parameters(), groups)
         for param in self.plan.params:
             if param.pp_rank != groups.pp_rank:
                 continue

@@ -1,13 +1,16 @@
 """The weight-sync plan: which Megatron parameter becomes which HF tensors, from which pipeline
 stage, in which order, cut into which buckets. Pure: no processes, no vLLM.
 
-The plan depends only on the model's dimensions, the (train TP, train PP) → rollout TP layout pair,
+The plan depends only on the model's dimensions, the (train TP, PP, EP, expert TP) → rollout TP (and
+vLLM expert parallelism) layout pair,
 the dtype and the bucket size, so the sending trainer ranks and the receiving side (which must know
 each bucket's metadata before the data arrives) compute the same plan independently. It is built
 once per layout pair and cached (`build_plan` is memoised).
 
 A *unit* is one Megatron parameter (all its TP shards): the gather/convert step turns it into one
-or more HF tensors (q/k/v of `linear_qkv`, gate/up of `linear_fc1`). Units never straddle buckets,
+or more HF tensors (q/k/v of `linear_qkv`, gate/up of `linear_fc1`). A mixture of experts has one
+unit per expert parameter (`PlannedParam.expert`, the global expert): its shards are cut over the
+expert-TP ranks of the EP rank that holds the expert (`expert_sender`), not over the TP ranks. Units never straddle buckets,
 so every fused vLLM layer (qkv_proj, gate_up_proj) receives all its parts within one bucket; a unit
 larger than the bucket size travels alone in its own bucket. Buckets never straddle pipeline
 stages (one stage sends each bucket) or dtypes (a bucket is one flat buffer).
@@ -31,12 +34,13 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass
 
 import torch
 
 from megarl.bridge.protocol import BucketMetadata, TensorSlot
-from megarl.models.arch import QKV, REPLICATED, ROW, VOCAB, architecture
+from megarl.models.arch import GATE_UP, QKV, REPLICATED, ROW, VOCAB, architecture
 from megarl.models.hf_config import ModelDims
 from megarl.models.layout import ROW_BLOCK_KINDS, hf_param_shapes, padded_vocab_size, param_mapping
 
@@ -55,10 +59,57 @@ class LayoutPair:
     """vLLM tensor-parallel size of each rollout engine."""
     train_vpp: int = 1
     """Megatron virtual pipeline stages per PP rank (1: none): which stage holds which layers."""
+    train_ep: int = 1
+    """Megatron expert-parallel size: EP rank r holds experts [r·E/EP, (r+1)·E/EP) of every layer."""
+    train_etp: int | None = None
+    """Megatron expert-tensor-parallel size (each expert's matrices cut over this many ranks); None: train TP."""
+    rollout_ep: bool = False
+    """vLLM expert parallelism (`enable_expert_parallel`): each rollout TP rank holds whole experts
+    (`vllm_expert_range`) instead of a TP cut of every expert."""
+
+    @property
+    def expert_tp(self) -> int:
+        """The trainer's expert-TP size (train TP unless set)."""
+        return self.train_tp if self.train_etp is None else self.train_etp
+
+    @property
+    def stage_senders(self) -> int:
+        """Sending ranks per pipeline stage: the first max(TP, ETP × EP) ranks of the stage, which hold
+        DP replica 0's dense shards (ranks [0, TP)) and the first expert-DP replica's experts (ranks
+        [0, ETP × EP)): megatron numbers a stage's ranks tp + TP·dp for the dense grid and
+        etp + ETP·(ep + EP·expert_dp) for the experts' (its default order "tp-cp-ep-dp-pp")."""
+        return max(self.train_tp, self.expert_tp * self.train_ep)
+
+    @property
+    def experts_split(self) -> bool:
+        """Whether either side cuts the experts otherwise than the dense weights (train EP > 1, expert
+        TP ≠ TP, vLLM expert parallelism): only the shard sync (`shard_sync`) handles such a layout."""
+        return self.train_ep > 1 or self.expert_tp != self.train_tp or self.rollout_ep
+
+    def refuse_split_experts(self, sync: str) -> None:
+        """ValueError naming `sync` when the layout splits the experts (`experts_split`)."""
+        if self.experts_split:
+            raise ValueError(
+                f"{sync} moves TP shards between TP ranks only, and {self} places the experts otherwise (expert "
+                "parallelism or expert TP on the trainer, vLLM expert parallelism): use the collective transport "
+                "(rollout.sync.transport: collective), whose shard sync sends each expert from the rank holding it "
+                "to the worker holding it"
+            )
+
+    @property
+    def senders(self) -> int:
+        """Sending trainer ranks, all stages."""
+        return self.stage_senders * self.train_pp
 
     def __str__(self) -> str:
         virtual = f"/VPP={self.train_vpp}" if self.train_vpp > 1 else ""
-        return f"train TP={self.train_tp}/PP={self.train_pp}{virtual} → rollout TP={self.rollout_tp}"
+        experts = (
+            f"/EP={self.train_ep}/ETP={self.expert_tp}" if (self.train_ep, self.expert_tp) != (1, self.train_tp) else ""
+        )
+        rollout_ep = " with vLLM EP" if self.rollout_ep else ""
+        return (
+            f"train TP={self.train_tp}/PP={self.train_pp}{virtual}{experts} → rollout TP={self.rollout_tp}{rollout_ep}"
+        )
 
 
 @dataclass(frozen=True)
@@ -76,6 +127,8 @@ class PlannedParam:
     """The HF tensors it is merged into, in this order (q, k, v / gate, up / one)."""
     hf_shapes: tuple[tuple[int, ...], ...]
     """The full HF shape of each of `hf_names`."""
+    expert: int = -1
+    """The global expert an expert's parameter belongs to (-1: not an expert's)."""
 
     @property
     def numel(self) -> int:
@@ -159,12 +212,16 @@ def _stage_of(layer: int, dims: ModelDims, pp_size: int, vpp_size: int) -> int:
     return layer // per_chunk % pp_size
 
 
+_EXPERT = re.compile(r"decoder\.layers\.\d+\.mlp\.experts\.local_experts\.(\d+)\.")
+
+
 def _planned_params(dims: ModelDims, layout: LayoutPair) -> list[PlannedParam]:
     """Every unit of the model in send order (stage by stage, model order within a stage)."""
     hf_shapes = hf_param_shapes(dims)
     params = []
     for name, layer in _megatron_param_names(dims):
         mapping = param_mapping(name, dims)
+        expert = _EXPERT.match(name)
         params.append(
             PlannedParam(
                 megatron_name=name,
@@ -172,6 +229,7 @@ def _planned_params(dims: ModelDims, layout: LayoutPair) -> list[PlannedParam]:
                 kind=mapping.kind,
                 hf_names=mapping.hf_names,
                 hf_shapes=tuple(hf_shapes[n] for n in mapping.hf_names),
+                expert=-1 if expert is None else int(expert.group(1)),
             )
         )
     params.sort(key=lambda p: p.pp_rank)  # stable: model order within a stage
@@ -213,7 +271,7 @@ def check_layout(dims: ModelDims, layout: LayoutPair) -> None:
     """ValueError listing every way `layout` does not fit the model (before any process starts)."""
     problems = [
         f"{field}={getattr(layout, field)}: must be >= 1"
-        for field in ("train_tp", "train_pp", "rollout_tp", "train_vpp")
+        for field in ("train_tp", "train_pp", "rollout_tp", "train_vpp", "train_ep", "expert_tp")
         if getattr(layout, field) < 1
     ]
     if not problems:
@@ -248,8 +306,35 @@ def check_layout(dims: ModelDims, layout: LayoutPair) -> None:
             problems.append(
                 f"rollout TP={tp} does not divide intermediate_size={dims.ffn_hidden_size}: pick one that does"
             )
+        problems += _expert_problems(dims, layout)
     if problems:
         raise ValueError(f"weight-sync layout {layout} does not fit the model:\n  " + "\n  ".join(problems))
+
+
+def _expert_problems(dims: ModelDims, layout: LayoutPair) -> list[str]:
+    """How the layout's expert settings do not fit the model (a dense one takes none)."""
+    experts, width = dims.num_experts, dims.moe_ffn_hidden_size
+    if not experts:
+        dense = (layout.train_ep, layout.expert_tp, layout.rollout_ep) != (1, layout.train_tp, False)
+        return [f"{layout}: expert settings on a dense model (no experts): drop them"] if dense else []
+    problems = []
+    if experts % layout.train_ep:
+        problems.append(f"train EP={layout.train_ep} does not divide num_experts={experts}: pick one that does")
+    if width % layout.expert_tp:
+        problems.append(
+            f"train expert TP={layout.expert_tp} does not divide moe_intermediate_size={width}: pick one that does"
+        )
+    if layout.rollout_ep and experts < layout.rollout_tp:
+        problems.append(
+            f"rollout TP={layout.rollout_tp} with vLLM expert parallelism: more ranks than num_experts={experts} "
+            "(vLLM gives every rank at least one expert): pick a rollout TP of at most that"
+        )
+    if not layout.rollout_ep and width % layout.rollout_tp:
+        problems.append(
+            f"rollout TP={layout.rollout_tp} does not divide moe_intermediate_size={width} (vLLM cuts every "
+            "expert over its TP ranks): pick one that does, or use vLLM expert parallelism"
+        )
+    return problems
 
 
 def _metadata(params: list[PlannedParam], dtype: torch.dtype) -> BucketMetadata:
@@ -263,7 +348,8 @@ def _metadata(params: list[PlannedParam], dtype: torch.dtype) -> BucketMetadata:
 
 # --- the schedule: who sends which piece of which HF tensor to whom ------------------------------
 #
-# Each trainer rank of DP replica 0 holds a block of every HF tensor of its stage (its Megatron TP
+# Each trainer rank of DP replica 0 holds a block of every dense HF tensor of its stage (its Megatron
+# TP shard), each rank of the first expert-DP replica a block of its EP rank's experts (its expert-TP
 # shard), and each vLLM worker needs a block of it (its own TP shard, vLLM's per-rank layout).
 # A piece is the intersection of the two along the tensor's split dimension; the schedule lists
 # every piece once per receiving worker, so every element a worker needs arrives exactly once and a
@@ -279,6 +365,9 @@ def _metadata(params: list[PlannedParam], dtype: torch.dtype) -> BucketMetadata:
 # | vocab     | rows of the vocabulary padded to a      | rows of the vocabulary padded to a multiple  |
 # |           | multiple of vocab_divisible_by · T      | of 64 (`VocabParallelEmbedding._get_indices`)|
 # | replicated| the whole tensor                        | the whole tensor (sent by TP rank r mod T)   |
+# | an expert | gate_up / row as above over its expert- | gate_up / row as above over R (fused-MoE     |
+# | (EP)      | TP ranks t of E_T, on the EP rank that  | `w13_weight` / `w2_weight` rows of expert e);|
+# |           | holds it, first expert-DP replica       | vLLM EP: whole, on the rank placing it       |
 #
 # Padding rows beyond the vocabulary are neither sent nor received (the receiver zeroes its own).
 
@@ -330,6 +419,9 @@ class BucketSchedule:
     received: tuple[BucketMetadata, ...]
     """Per worker: its per-rank tensors of the bucket in vLLM's names and shapes, laid out in one
     flat buffer (`protocol.unpack`)."""
+    held: tuple[tuple[PlannedParam, ...], ...]
+    """Per worker: the parameters of the bucket it holds, in the order of its `received` slots (all of
+    them, but for the experts other workers hold under vLLM expert parallelism)."""
 
 
 @dataclass(frozen=True)
@@ -363,36 +455,85 @@ class SyncSchedule:
         )
 
 
-def sender_rank(layout: LayoutPair, pp_rank: int, tp_rank: int) -> int:
-    """Sync-group rank of the trainer rank (pp_rank, tp_rank) of DP replica 0."""
-    return pp_rank * layout.train_tp + tp_rank
+def sender_rank(layout: LayoutPair, pp_rank: int, index: int) -> int:
+    """Sync-group rank of the trainer rank `index` of stage `pp_rank` (its rank within the stage: the
+    TP rank of DP replica 0 for dense shards, `expert_sender` for experts)."""
+    return pp_rank * layout.stage_senders + index
 
 
 def receiver_rank(layout: LayoutPair, engine_index: int, worker_rank: int) -> int:
     """Sync-group rank of rollout engine `engine_index`'s TP worker `worker_rank`."""
-    return layout.train_tp * layout.train_pp + engine_index * layout.rollout_tp + worker_rank
+    return layout.senders + engine_index * layout.rollout_tp + worker_rank
+
+
+def stage_index(layout: LayoutPair, *, tp_rank: int, dp_rank: int, etp_rank: int, ep_rank: int, expert_dp_rank: int):
+    """This trainer rank's index within its stage (`sender_rank`'s `index`), or None when it sends
+    nothing (neither DP replica 0 nor the first expert-DP replica). ValueError when its dense and
+    expert coordinates do not name the same rank of the stage (the grid is not megatron's order)."""
+    dense = tp_rank + layout.train_tp * dp_rank
+    expert = etp_rank + layout.expert_tp * (ep_rank + layout.train_ep * expert_dp_rank)
+    if dense != expert:
+        raise ValueError(
+            f"weight sync {layout}: this rank is rank {dense} of its stage by its TP/DP ranks ({tp_rank}, {dp_rank}) "
+            f"but {expert} by its expert TP/EP/expert-DP ranks ({etp_rank}, {ep_rank}, {expert_dp_rank}); the sync "
+            "expects megatron's rank order tp-cp-ep-dp-pp"
+        )
+    return dense if dense < layout.stage_senders else None
+
+
+def expert_owner(dims: ModelDims, layout: LayoutPair, expert: int) -> int:
+    """The train EP rank that holds global expert `expert` (`models.layout.expert_offset`)."""
+    return expert // (dims.num_experts // layout.train_ep)
+
+
+def expert_sender(dims: ModelDims, layout: LayoutPair, expert: int, etp_rank: int) -> int:
+    """Stage index of expert-TP rank `etp_rank` of the EP rank holding `expert`, first expert-DP replica."""
+    return etp_rank + layout.expert_tp * expert_owner(dims, layout, expert)
+
+
+def vllm_expert_range(dims: ModelDims, tp_size: int, tp_rank: int) -> range:
+    """The global experts vLLM rank `tp_rank` holds with expert parallelism (EP size = TP, one engine of
+    data parallel 1): vLLM's linear placement (`expert_map_manager.determine_expert_map`): E // EP
+    each, the first E % EP ranks one more."""
+    base, extra = divmod(dims.num_experts, tp_size)
+    start = tp_rank * base + min(tp_rank, extra)
+    return range(start, start + base + (tp_rank < extra))
+
+
+def holds(param: PlannedParam, layout: LayoutPair, dims: ModelDims, worker: int) -> bool:
+    """Whether vLLM worker `worker` holds (a block of) `param`: every worker holds every parameter,
+    but with vLLM expert parallelism an expert's only on the worker it is placed on."""
+    return (
+        param.expert < 0 or not layout.rollout_ep or param.expert in vllm_expert_range(dims, layout.rollout_tp, worker)
+    )
 
 
 def megatron_block(
     param: PlannedParam, hf_index: int, dims: ModelDims, tp_size: int, tp_rank: int, vocab_divisible_by: int
 ) -> range:
     """The HF rows (row-parallel: columns) of `param.hf_names[hf_index]` that train TP rank `tp_rank`
-    holds, vocabulary padding cut (maybe empty)."""
+    (of an expert: expert-TP rank) holds, vocabulary padding cut (maybe empty)."""
     if param.kind == VOCAB:
         per_rank = padded_vocab_size(dims.vocab_size, vocab_divisible_by, tp_size) // tp_size
         return _clipped(tp_rank * per_rank, per_rank, dims.vocab_size)
     return _even_block(_split_size(param, hf_index), tp_size, tp_rank)
 
 
-def vllm_block(param: PlannedParam, hf_index: int, dims: ModelDims, tp_size: int, tp_rank: int) -> range:
+def vllm_block(
+    param: PlannedParam, hf_index: int, dims: ModelDims, tp_size: int, tp_rank: int, *, expert_parallel: bool = False
+) -> range:
     """The HF rows (row-parallel: columns) of `param.hf_names[hf_index]` that vLLM TP rank `tp_rank`
-    holds, vocabulary padding cut."""
+    holds, vocabulary padding cut. With `expert_parallel`, an expert is whole on the rank it is placed
+    on (vLLM's expert TP is 1 then) and absent elsewhere."""
     if param.kind == VOCAB:
         per_rank = vllm_vocab_rows(dims, tp_size)
         return _clipped(tp_rank * per_rank, per_rank, dims.vocab_size)
     if param.kind == QKV and hf_index > 0 and tp_size > dims.num_kv_heads:
         head = tp_rank * dims.num_kv_heads // tp_size  # vLLM's `tp_rank // num_kv_head_replicas`
         return range(head * dims.head_dim, (head + 1) * dims.head_dim)
+    if param.expert >= 0 and expert_parallel:
+        held = param.expert in vllm_expert_range(dims, tp_size, tp_rank)
+        return range(_split_size(param, hf_index) if held else 0)
     return _even_block(_split_size(param, hf_index), tp_size, tp_rank)
 
 
@@ -401,19 +542,41 @@ def vllm_vocab_rows(dims: ModelDims, tp_size: int) -> int:
     return -(-dims.vocab_size // VLLM_VOCAB_PADDING) * VLLM_VOCAB_PADDING // tp_size
 
 
-def vllm_rank_tensor(param: PlannedParam, dims: ModelDims, tp_size: int, tp_rank: int) -> tuple[str, tuple[int, ...]]:
-    """vLLM TP rank `tp_rank`'s own tensor of `param`: its name (fused `qkv_proj` / `gate_up_proj`)
-    and per-rank shape (qkv: `[q_r + k_r + v_r, ...]`, vocabulary: padding rows included)."""
+def vllm_rank_name(param: PlannedParam) -> str:
+    """vLLM's per-rank name of `param`: fused `qkv_proj` / `gate_up_proj`; an expert's
+    `model.layers.{i}.mlp.experts.{e}.w13_weight` ([gate; up]) / `.w2_weight` (down), the rows of
+    expert e (global) in the fused-MoE layer's `w13_weight [E_local, 2·I_r, h]` / `w2_weight
+    [E_local, h, I_r]` (vLLM's `FusedMoE.weight_loader`: w1 rows first, then w3); else the HF name."""
+    first = param.hf_names[0]
+    if param.expert >= 0:
+        leaf = "w13_weight" if param.kind == GATE_UP else "w2_weight"
+        return first.rsplit(".", 2)[0] + "." + leaf
+    if param.kind == QKV:
+        return first.replace("q_proj", "qkv_proj")
+    if param.kind == GATE_UP:
+        return first.replace("gate_proj", "gate_up_proj")
+    return first
+
+
+def vllm_rank_tensor(
+    param: PlannedParam, dims: ModelDims, tp_size: int, tp_rank: int, *, expert_parallel: bool = False
+) -> tuple[str, tuple[int, ...]]:
+    """vLLM TP rank `tp_rank`'s own tensor of `param` (`vllm_rank_name`) and its per-rank shape (qkv:
+    `[q_r + k_r + v_r, ...]`, vocabulary: padding rows included; an expert with `expert_parallel`:
+    whole, on the rank holding it)."""
     first = param.hf_shapes[0]
+    name = vllm_rank_name(param)
     if param.kind == REPLICATED:
-        return param.hf_names[0], first
+        return name, first
     if param.kind == ROW:
-        return param.hf_names[0], (first[0], len(vllm_block(param, 0, dims, tp_size, tp_rank)))
+        return name, (first[0], len(vllm_block(param, 0, dims, tp_size, tp_rank, expert_parallel=expert_parallel)))
     if param.kind == VOCAB:
-        return param.hf_names[0], (vllm_vocab_rows(dims, tp_size), *first[1:])
-    rows = sum(len(vllm_block(param, i, dims, tp_size, tp_rank)) for i in range(len(param.hf_names)))
-    fused = "qkv_proj" if param.kind == QKV else "gate_up_proj"
-    return param.hf_names[0].replace("q_proj" if param.kind == QKV else "gate_proj", fused), (rows, *first[1:])
+        return name, (vllm_vocab_rows(dims, tp_size), *first[1:])
+    rows = sum(
+        len(vllm_block(param, i, dims, tp_size, tp_rank, expert_parallel=expert_parallel))
+        for i in range(len(param.hf_names))
+    )
+    return name, (rows, *first[1:])
 
 
 def _split_size(param: PlannedParam, hf_index: int) -> int:
@@ -429,43 +592,47 @@ def _clipped(start: int, length: int, limit: int) -> range:
     return range(min(start, limit), min(start + length, limit))
 
 
-def _part_offsets(param: PlannedParam, dims: ModelDims, tp_size: int, tp_rank: int) -> list[int]:
-    """Where each HF tensor's block starts in vLLM rank `tp_rank`'s per-rank tensor (rows)."""
+def _part_offsets(param: PlannedParam, dims: ModelDims, layout: LayoutPair, worker: int) -> list[int]:
+    """Where each HF tensor's block starts in vLLM worker `worker`'s per-rank tensor (rows)."""
     if param.kind not in ROW_BLOCK_KINDS:
         return [0]
-    lengths = [len(vllm_block(param, i, dims, tp_size, tp_rank)) for i in range(len(param.hf_names))]
+    lengths = [
+        len(vllm_block(param, i, dims, layout.rollout_tp, worker, expert_parallel=layout.rollout_ep))
+        for i in range(len(param.hf_names))
+    ]
     return [sum(lengths[:i]) for i in range(len(lengths))]
+
+
+def _senders(param: PlannedParam, layout: LayoutPair, dims: ModelDims) -> list[tuple[int, int]]:
+    """`(sync-group rank, train (expert-)TP rank)` of every rank holding a shard of `param`, in
+    shard order: DP replica 0's TP ranks of its stage; an expert's, the expert-TP ranks of the EP rank
+    holding it in the first expert-DP replica."""
+    if param.expert < 0:
+        return [(sender_rank(layout, param.pp_rank, t), t) for t in range(layout.train_tp)]
+    return [
+        (sender_rank(layout, param.pp_rank, expert_sender(dims, layout, param.expert, t)), t)
+        for t in range(layout.expert_tp)
+    ]
 
 
 def _param_pieces(
     param: PlannedParam, layout: LayoutPair, dims: ModelDims, worker: int, vocab_divisible_by: int
 ) -> list[Piece]:
     """Every piece worker `worker` receives of `param`, in HF tensor then sender order."""
+    if not holds(param, layout, dims, worker):
+        return []
     pieces = []
-    offsets = _part_offsets(param, dims, layout.rollout_tp, worker)
+    offsets = _part_offsets(param, dims, layout, worker)
     columns = param.kind == ROW
+    senders = _senders(param, layout, dims)
     for index, shape in enumerate(param.hf_shapes):
         if param.kind == REPLICATED:
-            tp_rank = worker % layout.train_tp  # spread the replicated tensors over the stage's ranks
-            pieces.append(
-                Piece(
-                    param,
-                    index,
-                    sender_rank(layout, param.pp_rank, tp_rank),
-                    tp_rank,
-                    worker,
-                    0,
-                    shape[0],
-                    0,
-                    0,
-                    False,
-                    shape,
-                )
-            )
+            sender, tp_rank = senders[worker % len(senders)]  # spread the replicated tensors over the stage's ranks
+            pieces.append(Piece(param, index, sender, tp_rank, worker, 0, shape[0], 0, 0, False, shape))
             continue
-        need = vllm_block(param, index, dims, layout.rollout_tp, worker)
-        for tp_rank in range(layout.train_tp):
-            held = megatron_block(param, index, dims, layout.train_tp, tp_rank, vocab_divisible_by)
+        need = vllm_block(param, index, dims, layout.rollout_tp, worker, expert_parallel=layout.rollout_ep)
+        for sender, tp_rank in senders:
+            held = megatron_block(param, index, dims, len(senders), tp_rank, vocab_divisible_by)
             start, stop = max(need.start, held.start), min(need.stop, held.stop)
             if start >= stop:
                 continue
@@ -474,7 +641,7 @@ def _param_pieces(
                 Piece(
                     param,
                     index,
-                    sender_rank(layout, param.pp_rank, tp_rank),
+                    sender,
                     tp_rank,
                     worker,
                     start,
@@ -495,14 +662,18 @@ def build_schedule(plan: SyncPlan, vocab_divisible_by: int) -> SyncSchedule:
     layout, dims, dtype = plan.layout, plan.dims, plan.dtype
     buckets = []
     for bucket in plan.buckets:
-        pieces, received = [], []
+        pieces, received, held = [], [], []
         for worker in range(layout.rollout_tp):
             slots, offset = [], 0
-            for param in bucket.params:
+            mine = tuple(param for param in bucket.params if holds(param, layout, dims, worker))
+            for param in mine:
                 pieces += _param_pieces(param, layout, dims, worker, vocab_divisible_by)
-                name, shape = vllm_rank_tensor(param, dims, layout.rollout_tp, worker)
+                name, shape = vllm_rank_tensor(
+                    param, dims, layout.rollout_tp, worker, expert_parallel=layout.rollout_ep
+                )
                 slots.append(TensorSlot(name, shape, dtype, offset))
                 offset += math.prod(shape)
             received.append(BucketMetadata(tuple(slots)))
-        buckets.append(BucketSchedule(bucket, tuple(pieces), tuple(received)))
+            held.append(mine)
+        buckets.append(BucketSchedule(bucket, tuple(pieces), tuple(received), tuple(held)))
     return SyncSchedule(plan, vocab_divisible_by, tuple(buckets))

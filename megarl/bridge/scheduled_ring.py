@@ -31,8 +31,8 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
-from megarl.bridge.collect import BufferMeter, local_params_by_plan_name
-from megarl.bridge.plan import BucketSchedule, SyncPlan, build_schedule, sender_rank
+from megarl.bridge.collect import BufferMeter, local_params_by_plan_name, sync_rank
+from megarl.bridge.plan import BucketSchedule, SyncPlan, build_schedule
 from megarl.bridge.protocol import BucketMetadata
 from megarl.bridge.ring_routes import RingRoutes
 from megarl.bridge.shard_sync import bucket_inbox, piece_tensors, shares_storage
@@ -62,8 +62,9 @@ class ScheduledRingSender:
         if routes.mode != "scheduled":
             raise ValueError(f'ScheduledRingSender needs the "scheduled" ring routes, got {routes.mode!r}')
         layout = plan.layout
+        layout.refuse_split_experts("the scheduled ring sync")
         self.schedule = build_schedule(plan, vocab_divisible_by)
-        self.named_parameters, self.transport = named_parameters, transport
+        self.named_parameters, self.groups, self.transport = named_parameters, groups, transport
         self.rank = dist.get_rank()
         self.senders = routes.senders
         self.hosts = [sorted({workers[r][0] for workers in routes.sources}) for r in range(layout.rollout_tp)]
@@ -76,7 +77,7 @@ class ScheduledRingSender:
             )
         self.worker = hosted[0] if hosted else None
         """The TP rank of the engine workers reading this rank's ring (None: it hosts none)."""
-        me = sender_rank(layout, groups.pp_rank, groups.tp_rank) if groups.dp_rank == 0 else None
+        me = sync_rank(layout, groups)
         if me is not None and self.senders[me] != self.rank:
             raise ValueError(
                 f"scheduled ring sync: this rank ({self.rank}) is schedule sender {me}, but the routes "
@@ -103,7 +104,7 @@ class ScheduledRingSender:
         start = time.perf_counter()
         meter, counted, sent = BufferMeter(), BucketCount(), [0]
         with torch.no_grad():
-            local = local_params_by_plan_name(self.schedule.plan, self.named_parameters())
+            local = local_params_by_plan_name(self.schedule.plan, self.named_parameters(), self.groups)
             device = next(iter(local.values())).device
             if self.transport is None:  # this rank only sends
                 for tag, bucket in enumerate(self.schedule.buckets):

@@ -1,4 +1,5 @@
-"""The shard sync, both halves: every trainer rank of DP replica 0 sends each vLLM worker exactly
+"""The shard sync, both halves: every trainer rank of DP replica 0 (and, for the experts, of the
+first expert-DP replica: each EP rank sends the experts it holds) sends each vLLM worker exactly
 the pieces of its own shards that the worker's TP shard needs, and the worker assembles its
 per-rank tensors (vLLM's names and shapes) from them, so no full tensor is built anywhere and
 nothing goes through trainer rank 0. Both sides replay the planner's schedule
@@ -6,8 +7,10 @@ nothing goes through trainer rank 0. Both sides replay the planner's schedule
 
 The sync group (`sync_group.create_weight_sync_group`) is laid out as:
 
-- group ranks `0 .. S-1`: the senders, S = train TP × train PP, `plan.sender_rank(layout, pp, tp)`
-  = pp × train TP + tp (group rank 0, stage 0's TP rank 0, hosts the store);
+- group ranks `0 .. S-1`: the senders, S = PP × max(TP, expert TP × EP) (`LayoutPair.senders`),
+  `plan.sender_rank(layout, pp, i)` = pp × S/PP + i for the stage's rank i: the first ranks of a
+  stage hold DP replica 0's dense shards and the first expert-DP replica's experts (group rank 0,
+  stage 0's first rank, hosts the store);
 - group ranks `S ..`: the receivers, engine k's worker r at `plan.receiver_rank(layout, k, r)`.
 
 Bucket b travels with tag b, one point-to-point send per piece. A piece is a block of rows of one
@@ -36,7 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from megarl.bridge.collect import BufferMeter, local_params_by_plan_name
+from megarl.bridge.collect import BufferMeter, local_params_by_plan_name, sync_rank
 from megarl.bridge.convert import mapping_of
 from megarl.bridge.plan import (
     BucketSchedule,
@@ -45,7 +48,6 @@ from megarl.bridge.plan import (
     SyncSchedule,
     build_schedule,
     receiver_rank,
-    sender_rank,
 )
 from megarl.bridge.protocol import unpack
 from megarl.bridge.sync import NamedParameters, SyncStats
@@ -96,28 +98,29 @@ class ShardSender:
         *,
         vocab_divisible_by: int = VOCAB_DIVISIBLE_BY,
     ):
-        """`group`: the sync group on DP replica 0's ranks (this rank at `sender_rank`), None on the
-        other DP replicas (they send nothing). `vocab_divisible_by`: the model's Megatron
-        `make_vocab_size_divisible_by`."""
+        """`group`: the sync group on the sending ranks (this rank at `collect.sync_rank`: DP replica
+        0's and the first expert-DP replica's), None on the others (they send nothing).
+        `vocab_divisible_by`: the model's Megatron `make_vocab_size_divisible_by`."""
         schedule = build_schedule(plan, vocab_divisible_by)
-        if (group is None) != (groups.dp_rank != 0):
+        layout = schedule.plan.layout
+        me = sync_rank(layout, groups)
+        if (group is None) != (me is None):
             raise ValueError(
-                f"shard sync: DP rank {groups.dp_rank} was given {'no' if group is None else 'a'} sync group; "
-                "every rank of DP replica 0, and only those, joins it"
+                f"shard sync: the rank at DP {groups.dp_rank} / expert-DP {groups.expert_dp_rank} was given "
+                f"{'no' if group is None else 'a'} sync group; every rank of DP replica 0 and of the first "
+                "expert-DP replica, and only those, joins it"
             )
         self.schedule, self.named_parameters, self.groups, self.group = schedule, named_parameters, groups, group
         self.engines = 0
         self.pieces: list[tuple[int, Piece]] = []  # (tag, piece) of this rank, send order
         if group is None:
             return
-        layout = schedule.plan.layout
-        me = sender_rank(layout, groups.pp_rank, groups.tp_rank)
         if group.rank() != me:
             raise ValueError(
-                f"shard sync: this rank (PP {groups.pp_rank}, TP {groups.tp_rank}) must be sync-group "
-                f"rank {me}, not {group.rank()}"
+                f"shard sync: this rank (PP {groups.pp_rank}, TP {groups.tp_rank}, EP {groups.ep_rank}) must be "
+                f"sync-group rank {me}, not {group.rank()}"
             )
-        receivers = group.size() - layout.train_tp * layout.train_pp
+        receivers = group.size() - layout.senders
         if receivers <= 0 or receivers % layout.rollout_tp:
             raise ValueError(
                 f"shard sync: {receivers} receiving ranks in the sync group are not whole engines of "
@@ -134,7 +137,7 @@ class ShardSender:
         meter = BufferMeter()
         if not self.pieces:
             return SyncStats(time.perf_counter() - start, 0, 0, 0)
-        local = local_params_by_plan_name(self.schedule.plan, self.named_parameters())
+        local = local_params_by_plan_name(self.schedule.plan, self.named_parameters(), self.groups)
         in_flight: deque[tuple[list[dist.Work], int]] = deque()
         sent = 0
         with torch.no_grad():
@@ -231,7 +234,8 @@ def bucket_inbox(bucket: BucketSchedule, worker: int, device: torch.device) -> I
     metadata = bucket.received[worker]
     flat = torch.empty(metadata.numel, dtype=metadata.dtype, device=device)
     views = [view for _, view in unpack(flat, metadata)]
-    by_param = dict(zip((param.megatron_name for param in bucket.bucket.params), views))
+    held = bucket.held[worker]
+    by_param = dict(zip((param.megatron_name for param in held), views))
     destinations, aside = [], []
     for piece in bucket.pieces:
         if piece.worker != worker:
@@ -246,7 +250,7 @@ def bucket_inbox(bucket: BucketSchedule, worker: int, device: torch.device) -> I
             destination = torch.empty(piece.shape, dtype=flat.dtype, device=device)
             aside.append((destination, target[:, piece.target : piece.target + width]))
         destinations.append((piece, destination))
-    for param, view in zip(bucket.bucket.params, views):
+    for param, view in zip(held, views):
         if param.kind == VOCAB:
             filled = max(
                 (p.target + p.stop - p.start for p in bucket.pieces if p.worker == worker and p.param is param),
@@ -279,6 +283,8 @@ def receive_rank_shards(
     buffer. Lazy: the next bucket is received when the consumer asks for its first tensor."""
     schedule = build_schedule(plan, vocab_divisible_by)
     for tag, bucket in enumerate(schedule.buckets):
+        if not bucket.held[worker]:  # only experts that vLLM expert parallelism places on other workers
+            continue
         flat = receive_bucket(
             bucket, worker, lambda destination, sender, tag=tag: group.recv([destination], sender, tag), device
         )

@@ -102,6 +102,7 @@ class WeightSender:
         every rank, and colocated rings where the per-rank load is off (`rollout.sync.per_rank:
         never`, the HF backend); colocated vLLM engines get the planner's pieces instead
         (`scheduled_ring`), which gather nothing."""
+        plan.layout.refuse_split_experts("the gathering weight sync")
         self.plan = plan
         self.named_parameters = named_parameters
         self.groups = groups
@@ -109,7 +110,7 @@ class WeightSender:
         self.every_rank = every_rank
 
     def _local(self) -> dict[str, torch.Tensor]:
-        return local_params_by_plan_name(self.plan, self.named_parameters())
+        return local_params_by_plan_name(self.plan, self.named_parameters(), self.groups)
 
     def send(self) -> SyncStats:
         """Collective over the trainer world: every bucket of the plan reaches the transport."""

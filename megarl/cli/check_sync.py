@@ -1,6 +1,7 @@
 """`megarl check-sync`: run the whole weight-sync path on a model and check it, exactly and by the log-prob gap.
 
-Spawns the training ranks (Megatron actor of --train-tp × --train-pp loaded from the HF checkpoint),
+Spawns the training ranks (Megatron actor of --train-tp × --train-pp, and for a mixture of experts
+--train-ep × --train-etp, loaded from the HF checkpoint),
 trains them a few optimizer steps per round so the sync really changes the weights, syncs into a
 vLLM engine of --rollout-tp (over --transport), then checks every tensor the engine's workers loaded
 against the actor's own shards bit for bit (the trainer's exact sync check, naming any tensor that
@@ -44,6 +45,19 @@ def register(subparsers) -> None:
         default=1,
         help="Megatron virtual pipeline stages per PP rank, the interleaved schedule (default: 1, none)",
     )
+    parser.add_argument(
+        "--train-ep",
+        type=int,
+        default=1,
+        help="Megatron expert-parallel size, a mixture-of-experts model only; the trainer world grows to "
+        "the fewest ranks the layout fits (default: 1)",
+    )
+    parser.add_argument(
+        "--train-etp",
+        type=int,
+        default=None,
+        help="Megatron expert-tensor-parallel size, a mixture-of-experts model only (default: --train-tp)",
+    )
     parser.add_argument("--rollout-tp", type=int, default=1, help="vLLM tensor-parallel size (default: 1)")
     parser.add_argument(
         "--threshold",
@@ -67,15 +81,21 @@ def register(subparsers) -> None:
 
 
 def _problems(args: argparse.Namespace) -> list[str]:
-    from megarl.bridge.plan import LayoutPair, check_layout
+    from megarl.bridge.plan import check_layout
     from megarl.models.hf_config import read_model_dims
     from megarl.parallel.device import uses_cuda
 
     problems = [
         f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1"
-        for name in ("train_tp", "train_pp", "train_vpp", "rollout_tp", "rounds")
-        if getattr(args, name) < 1
+        for name in ("train_tp", "train_pp", "train_vpp", "train_ep", "train_etp", "rollout_tp", "rounds")
+        if getattr(args, name) is not None and getattr(args, name) < 1
     ]
+    if args.transport == "in-process" and (args.train_ep > 1 or args.train_etp not in (None, args.train_tp)):
+        problems.append(
+            f"--train-ep {args.train_ep} / --train-etp {args.train_etp} with --transport in-process: the colocated "
+            "check gathers full tensors over TP only; use --transport collective, whose shard sync sends each "
+            "expert from the rank holding it"
+        )
     if args.transport == "in-process" and args.rollout_tp != 1:
         problems.append(
             f"--rollout-tp {args.rollout_tp} with --transport in-process: a colocated engine runs in one trainer "
@@ -94,10 +114,18 @@ def _problems(args: argparse.Namespace) -> list[str]:
         return problems + [f"--model {args.model}: {error}"]
     if not problems:
         try:
-            check_layout(dims, LayoutPair(args.train_tp, args.train_pp, args.rollout_tp, args.train_vpp))
+            check_layout(dims, _layout(args))
         except ValueError as error:
             problems.append(str(error))
     return problems
+
+
+def _layout(args: argparse.Namespace):
+    from megarl.bridge.plan import LayoutPair
+
+    return LayoutPair(
+        args.train_tp, args.train_pp, args.rollout_tp, args.train_vpp, train_ep=args.train_ep, train_etp=args.train_etp
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         gap = result.metrics[args.rollout_tp]
         sync = result.sync_metrics
         print(
-            f"round {i}: train TP={args.train_tp}/PP={args.train_pp} → rollout TP={args.rollout_tp}: "
+            f"round {i}: {_layout(args)}: "
             f"log-prob gap max {gap['sync/logprob_max_abs_diff']:.3g} mean {gap['sync/logprob_mean_abs_diff']:.3g} "
             f"(threshold {args.threshold:g}); {int(gap['sync/checksum_tensors'])} tensors loaded bit for bit; "
             f"sync {sync['sync/seconds']:.3f} s, {int(sync['sync/buckets'])} buckets, "
@@ -144,6 +172,8 @@ def _run_check(args: argparse.Namespace):
         return run_colocated_check(args.model, backend="vllm", **common)[0]
     engine = make_rollout_engine("vllm", args.model, tensor_parallel_size=args.rollout_tp, dtype="float32")
     try:
-        return run_sync_check(args.model, engines={args.rollout_tp: engine}, **common)
+        return run_sync_check(
+            args.model, engines={args.rollout_tp: engine}, train_ep=args.train_ep, train_etp=args.train_etp, **common
+        )
     finally:
         engine.shutdown()

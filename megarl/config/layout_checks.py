@@ -59,7 +59,7 @@ def check_layout_against_model(config: Config, facts: ModelFacts, problems: list
             _ffn_split("rollout TP", tp, ffn, model),
             f"use a rollout TP dividing {ffn}",
         )
-        check_rollout_expert_split(tp, facts, model, problems)
+        check_rollout_expert_split(config.rollout, facts, model, problems)
 
 
 def _ffn_split(what: str, tp: int, ffn: int, model: str) -> str:

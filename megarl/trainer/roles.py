@@ -197,6 +197,7 @@ def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
         forward_micro_batch=settings.forward_micro_batch_cut(actor, "actor"),
         ppo_epochs=actor.ppo_epochs,
         rollout_tp=config.rollout.tensor_model_parallel_size,
+        rollout_expert_parallel=config.rollout.expert_parallel,
         rollout_dtype=rollout_dtype(config.rollout, config.model.dtype),
         bucket_mb=config.rollout.sync.bucket_mb,
     )
@@ -276,7 +277,9 @@ def _connect(
     routes = shared_routes(config, plan, groups["actor"].grids)
     policy_nodes = policy.node_ids()
     ring_nodes = [policy_nodes[rank] for rank, readers in enumerate(routes.readers) if readers]
-    transport = sync_transport(rollout.sync.transport, device, plan.colocated, ring_nodes, rollout_group.node_ids())
+    transport = sync_transport(
+        rollout.sync.transport, device, plan.colocated, ring_nodes, rollout_group.node_ids(), experts_split(config)
+    )
     routes = None if transport == "collective" else routes
     packed = frozenset(name for name in groups if packs_by_tokens(getattr(config, name)))
     roles = Roles(groups, rollout_group, pg, transport, routes, packed)
@@ -320,6 +323,7 @@ def start_rollout(
             "enforce_eager": rollout.enforce_eager,
             "sleep_level": rollout.sleep_level,
             "return_routed_experts": config.actor.moe.router_replay,
+            "expert_parallel": rollout.expert_parallel,
         },
         env=[{**env, **engine_env(indices, gpus_per_device)} for indices in bundles],
         hang_timeout_s=config.trainer.hang_timeout_s,
@@ -327,7 +331,22 @@ def start_rollout(
     )
 
 
-def sync_transport(setting: str, device: str, colocated: bool, ring_nodes: list[str], engine_nodes: list[str]) -> str:
+def experts_split(config: Config) -> bool:
+    """Whether the actor or the engines place the experts otherwise than the dense weights (actor EP > 1,
+    expert TP ≠ TP, `rollout.expert_parallel`): only the collective transport's shard sync sends those
+    (`bridge.LayoutPair.experts_split`; validation refuses the shared transports with them)."""
+    parallel = config.actor.parallel
+    etp = parallel.expert_tensor_parallel_size
+    return (
+        parallel.expert_model_parallel_size > 1
+        or etp not in (None, parallel.tensor_model_parallel_size)
+        or config.rollout.expert_parallel
+    )
+
+
+def sync_transport(
+    setting: str, device: str, colocated: bool, ring_nodes: list[str], engine_nodes: list[str], experts: bool = False
+) -> str:
     """`rollout.sync.transport` for this placement on `device`. A shared transport needs each engine
     worker on the node of the ring it reads: colocated, that of the trainer rank on its own bundle
     (`ring_routes`), always; split, the nodes of the ring-hosting trainer ranks (`ring_nodes`: rank 0,
@@ -335,8 +354,10 @@ def sync_transport(setting: str, device: str, colocated: bool, ring_nodes: list[
     one node. auto takes CUDA IPC for colocated GPUs (a
     collective there would put a trainer rank and an engine worker of one GPU in one NCCL group,
     which NCCL refuses: `placement_problems` refuses that setting), shared memory on CPU where it
-    reaches, else the collective."""
+    reaches, else the collective; the collective whenever `experts` are split (`experts_split`)."""
     reaches = colocated or len(set(engine_nodes) | set(ring_nodes)) == 1
+    if setting == "auto" and experts:
+        return "collective"
     if setting == "auto":
         if device == "cuda":
             return "cuda_ipc" if colocated else "collective"
@@ -375,10 +396,11 @@ def shared_routes(config: Config, plan: BatchPlan, grids: list[dict[str, int]]) 
 
 
 def connect_weight_sync(roles: Roles, rollout_tp: int) -> None:
-    """The trainer's sending ranks (DP replica 0; global rank 0 hosts the store) and every engine's
-    workers form one process group (`megarl.bridge.receiver_rank`: engine k's workers at
-    senders + k·TP ...); the engines start joining first, then the trainer side completes it."""
-    senders = sum(grid["dp_rank"] == 0 for grid in roles.grids)
+    """The trainer's sending ranks (DP replica 0's and the first expert-DP replica's, `LayoutPair.senders`;
+    global rank 0 hosts the store) and every engine's workers form one process group
+    (`megarl.bridge.receiver_rank`: engine k's workers at senders + k·TP ...); the engines start joining
+    first, then the trainer side completes it."""
+    senders = roles.policy.call_rank0("sync_plan").layout.senders
     world = senders + roles.rollout.world_size * rollout_tp
     host, port = roles.policy.call_rank0("listen_weight_sync", world, SYNC_TIMEOUT_S)
     roles.rollout.call_each(

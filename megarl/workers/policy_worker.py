@@ -22,8 +22,9 @@ import os
 import torch.distributed as dist
 from torch import Tensor
 
-from megarl.bridge import LayoutPair, ShardSender, SyncPlan, WeightSender, build_plan, sender_rank
+from megarl.bridge import LayoutPair, ShardSender, SyncPlan, WeightSender, build_plan
 from megarl.bridge.checksum import rank_checksums
+from megarl.bridge.collect import sync_rank
 from megarl.bridge.per_rank import PerRankSender
 from megarl.bridge.ring_routes import RingRoutes
 from megarl.bridge.scheduled_ring import ScheduledRingSender
@@ -105,7 +106,15 @@ class PolicyWorker:
         self.plan = (
             build_plan(
                 read_model_dims(spec.model_path),
-                LayoutPair(spec.tp, spec.pp, actor.rollout_tp, spec.vpp),
+                LayoutPair(
+                    spec.tp,
+                    spec.pp,
+                    actor.rollout_tp,
+                    spec.vpp,
+                    train_ep=spec.ep,
+                    train_etp=spec.etp,
+                    rollout_ep=actor.rollout_expert_parallel,
+                ),
                 bucket_mb=actor.bucket_mb,
                 dtype=TORCH_DTYPES[actor.rollout_dtype],
             )
@@ -248,12 +257,12 @@ class PolicyWorker:
         return host, self._sync_store.port
 
     def connect_weight_sync(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
-        """Collective over the trainer ranks: the ranks of DP replica 0 join the sync group at their
-        sender ranks (global rank 0 on its store) and wait for the engines (whose
+        """Collective over the trainer ranks: the ranks of DP replica 0 and of the first expert-DP
+        replica join the sync group at their sender ranks (global rank 0 on its store) and wait for the engines (whose
         `RolloutWorker.start_weight_sync` must be running); every sync, each sends its own shards."""
         group = None
-        if self.groups.dp_rank == 0:
-            rank = sender_rank(self.plan.layout, self.groups.pp_rank, self.groups.tp_rank)
+        rank = sync_rank(self.plan.layout, self.groups)
+        if rank is not None:
             store = self._sync_store if rank == 0 else None
             group = create_weight_sync_group(host, port, rank, world_size, timeout_s, store=store)
         self.sender = ShardSender(self.plan, self.actor.named_parameters_for_sync, self.groups, group)

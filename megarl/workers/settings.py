@@ -266,6 +266,8 @@ class ActorSpec:
     ppo_epochs: int
     rollout_tp: int
     """Tensor-parallel size of each rollout engine (the bridge plan's target layout)."""
+    rollout_expert_parallel: bool
+    """The engines place whole experts over their TP ranks (`rollout.expert_parallel`, vLLM's expert parallelism)."""
     rollout_dtype: str
     """The engines' dtype (`rollout.dtype` resolved): the weights are cast to it on the way."""
     bucket_mb: float

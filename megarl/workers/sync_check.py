@@ -17,6 +17,7 @@ training ranks first; the engine's workers follow);
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
@@ -25,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from megarl.bridge import ShardSender, sender_rank
+from megarl.bridge import ShardSender
 from megarl.bridge.checksum import LoadedChecksums, check_checksums, combine, rank_checksums
-from megarl.bridge.collect import conversion_errors, local_params_by_plan_name
+from megarl.bridge.collect import conversion_errors, local_params_by_plan_name, sync_rank
 from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.bridge.sync import WeightSender, receiving, sync_in_process
 from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
@@ -91,8 +92,20 @@ def trained_actor_and_plan(model_dir: str, layout: LayoutPair, bucket_mb: float,
     from megarl.workers.actor import MegatronActor
     from megarl.workers.settings import OptimSettings
 
-    groups = initialize_model_parallel(layout.train_tp, layout.train_pp, seed=settings.seed, vpp=layout.train_vpp)
-    actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=settings.lr, clip_grad=0.0))
+    groups = initialize_model_parallel(
+        layout.train_tp,
+        layout.train_pp,
+        seed=settings.seed,
+        vpp=layout.train_vpp,
+        ep=layout.train_ep,
+        etp=layout.train_etp,
+    )
+    actor = MegatronActor.from_hf(
+        model_dir,
+        groups,
+        optim=OptimSettings(lr=settings.lr, clip_grad=0.0),
+        sequence_parallel=layout.train_tp > 1 and read_model_dims(model_dir).num_experts > 0,
+    )
     dims = read_model_dims(model_dir)
     return groups, actor, dims, build_plan(dims, layout, bucket_mb=bucket_mb)
 
@@ -131,13 +144,13 @@ def trainer_main(
     and checksum its shards. Every rank returns its rounds (the log-probs and the sync metrics, of
     the first engine's sync, are rank 0's). `layout.rollout_tp` is unused: each engine's is its own."""
     groups, actor, dims, plan = trained_actor_and_plan(model_dir, layout, bucket_mb, settings)
-    rank = sender_rank(layout, groups.pp_rank, groups.tp_rank)
+    rank = sync_rank(layout, groups)  # None: a rank outside DP replica 0 and the first expert-DP replica
     senders = [
         ShardSender(
             build_plan(dims, dataclasses.replace(layout, rollout_tp=tp), bucket_mb=bucket_mb),
             actor.named_parameters_for_sync,
             groups,
-            create_weight_sync_group(HOST, port, rank, layout.train_tp * layout.train_pp + tp, timeout_s),
+            None if rank is None else create_weight_sync_group(HOST, port, rank, layout.senders + tp, timeout_s),
         )
         for tp, port in ports.items()
     ]
@@ -147,7 +160,8 @@ def trainer_main(
         train_a_little(actor, dims.vocab_size, settings, round_index)
         logprobs = actor_probe_logprobs(actor, probe)
         stats, *_others = [sender.send() for sender in senders]  # every sender sends; the first one's stats
-        suspects = conversion_errors(plan, local_params_by_plan_name(plan, actor.named_parameters_for_sync()), groups)
+        local = local_params_by_plan_name(plan, actor.named_parameters_for_sync(), groups)
+        suspects = conversion_errors(plan, local, groups)
         checksums = rank_checksums(plan, actor.named_parameters_for_sync(), groups, ENGINE_DTYPE)
         results.append(
             dict(actor_logprobs=logprobs.tolist(), sync_metrics=stats.metrics(), suspects=suspects, checksums=checksums)
@@ -197,6 +211,8 @@ def run_sync_check(
     train_tp: int,
     train_pp: int,
     train_vpp: int = 1,
+    train_ep: int = 1,
+    train_etp: int | None = None,
     engines: dict[int, RolloutEngine],
     threshold: float,
     rounds: int = 2,
@@ -204,25 +220,26 @@ def run_sync_check(
     settings: TrainSettings = TrainSettings(),
     timeout_s: float = 300.0,
 ) -> list[RoundResult]:
-    """Train-and-sync `rounds` times from a (train_tp, train_pp, train_vpp) Megatron actor into `engines`
-    (rollout TP → engine, all started from `model_dir` in `ENGINE_DTYPE`), over one sync group per
-    engine (the pieces each worker receives depend on its engine's TP). Raises
-    `SyncVerificationError` for the first engine that loaded a tensor other than the actor's
+    """Train-and-sync `rounds` times from a (train_tp, train_pp, train_vpp; a mixture of experts's
+    train_ep, train_etp) Megatron actor into `engines` (rollout TP → engine, all started from
+    `model_dir` in `ENGINE_DTYPE`), over one sync group per engine (the pieces each worker receives
+    depend on its engine's TP). The trainer world is the fewest ranks the layout fits (`train_world`).
+    Raises `SyncVerificationError` for the first engine that loaded a tensor other than the actor's
     (`WeightChecksumError`) or whose gap exceeds `threshold` (after the training ranks have finished)."""
     model_dir = str(model_dir)
     dims = read_model_dims(model_dir)
-    senders = train_tp * train_pp
+    train = LayoutPair(train_tp, train_pp, 1, train_vpp, train_ep=train_ep, train_etp=train_etp)
+    senders = train.senders
     # The stores listen before any rank starts: engines joining a store that trainer rank 0 would host
     # only once spawned and past its imports wait out TCPStore's connect backoff (up to a minute a try).
     stores = {tp: listen_weight_sync_store(HOST, senders + tp, timeout_s) for tp in engines}
     ports = {tp: store.port for tp, store in stores.items()}
     probe = probe_token_ids(dims.vocab_size)
-    train = LayoutPair(train_tp, train_pp, 1, train_vpp)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-check-sync") as pool:
         trainers = pool.submit(
             run_distributed,
             trainer_main,
-            train_tp * train_pp,
+            train_world(train),
             model_dir,
             train,
             ports,
@@ -281,6 +298,12 @@ def run_colocated_check(
         for trained, checksums in zip(rank_rounds, expected):
             trained["checksums"] = checksums
     return [_verified(rank_rounds, LayoutPair(train_tp, train_pp, 1, train_vpp), threshold) for rank_rounds in per_rank]
+
+
+def train_world(layout: LayoutPair) -> int:
+    """The fewest trainer ranks `layout` fits: per stage, a multiple of both TP (the dense grid, TP × DP)
+    and expert TP × EP (the experts', ETP × EP × expert-DP)."""
+    return layout.train_pp * math.lcm(layout.train_tp, layout.expert_tp * layout.train_ep)
 
 
 def _merged(per_rank: list[list[dict]], engine_logprobs: list[dict], loaded: list[dict]) -> list[dict]:

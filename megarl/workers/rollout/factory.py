@@ -22,6 +22,7 @@ def make_rollout_engine(
     gpu_memory_utilization: float = 0.5,
     enforce_eager: bool | Literal["auto"] = "auto",
     sleep_level: int = 2,
+    expert_parallel: bool = False,
     device: str = "cpu",
     return_routed_experts: bool = False,
 ) -> RolloutEngine:
@@ -43,12 +44,13 @@ def make_rollout_engine(
             enforce_eager=enforce_eager,
             sleep_level=sleep_level,
             return_routed_experts=return_routed_experts,
+            expert_parallel=expert_parallel,
         )
     if backend == "hf":
-        if tensor_parallel_size != 1:
+        if tensor_parallel_size != 1 or expert_parallel:
             raise ValueError(
-                f"rollout backend 'hf' runs on one device: tensor_parallel_size={tensor_parallel_size}; "
-                f"use backend 'vllm' for TP > 1"
+                f"rollout backend 'hf' runs on one device: tensor_parallel_size={tensor_parallel_size}, "
+                f"expert_parallel={expert_parallel}; use backend 'vllm' for TP > 1 or expert parallelism"
             )
         from megarl.workers.rollout.hf_engine import HFRolloutEngine
 

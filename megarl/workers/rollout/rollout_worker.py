@@ -39,6 +39,7 @@ class RolloutWorker:
         enforce_eager: bool | Literal["auto"],
         sleep_level: int = 2,
         return_routed_experts: bool = False,
+        expert_parallel: bool = False,
     ):
         self.engine = make_rollout_engine(
             backend,
@@ -52,6 +53,7 @@ class RolloutWorker:
             enforce_eager=enforce_eager,
             sleep_level=sleep_level,
             return_routed_experts=return_routed_experts,
+            expert_parallel=expert_parallel,
         )
         self._pending: Future | None = None
 

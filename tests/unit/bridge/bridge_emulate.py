@@ -3,6 +3,8 @@ the buckets the bridge would send from them (the same conversion calls as `colle
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from megarl.bridge.convert import to_hf
@@ -25,6 +27,19 @@ CONFIGS = {
         num_key_value_heads=4,
         head_dim=32,
         tie_word_embeddings=True,
+    ),
+    # Qwen3's attention with 8 routed experts (top-2) of width 64 in every layer.
+    "qwen3_moe": dict(
+        model_type="qwen3_moe",
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=32,
+        tie_word_embeddings=False,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        norm_topk_prob=True,
     ),
     # q/k norms, one KV head per query head (MHA).
     "qwen3": dict(
@@ -57,18 +72,38 @@ def random_hf_tensors(dims, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def megatron_shards(plan: SyncPlan, hf_tensors) -> dict[str, list[torch.Tensor]]:
-    """Plan Megatron name -> its TP shards (rank order), as the checkpoint loader makes them."""
-    tp = plan.layout.train_tp
+    """Plan Megatron name -> its TP shards (rank order; an expert's: expert-TP), as the checkpoint loader makes them."""
     return {
         p.megatron_name: tp_shards_from_hf(
             param_mapping(p.megatron_name, plan.dims),
             hf_tensors,
             plan.dims,
-            tp_size=tp,
+            tp_size=plan.layout.expert_tp if p.expert >= 0 else plan.layout.train_tp,
             vocab_divisible_by=VOCAB_DIVISIBLE_BY,
         )
         for p in plan.params
     }
+
+
+def stage_ranks(layout):
+    """The grid coordinates of every rank of one stage (`ProcessGroups`' fields the bridge reads), in
+    megatron's rank order tp-cp-ep-dp-pp: rank i is TP rank i % TP of DP replica i // TP, and expert-TP
+    rank i % ETP of EP rank i // ETP % EP in expert-DP replica i // (ETP · EP); the fewest ranks both
+    grids fit."""
+    etp, ep = layout.expert_tp, layout.train_ep
+    return [
+        dict(
+            tp_size=layout.train_tp,
+            tp_rank=i % layout.train_tp,
+            dp_rank=i // layout.train_tp,
+            etp_size=etp,
+            etp_rank=i % etp,
+            ep_size=ep,
+            ep_rank=i // etp % ep,
+            expert_dp_rank=i // (etp * ep),
+        )
+        for i in range(math.lcm(layout.train_tp, etp * ep))
+    ]
 
 
 def emulated_buckets(plan: SyncPlan, shards) -> list[tuple[torch.Tensor, object]]:

@@ -58,3 +58,24 @@ def test_collective_on_gpus_is_refused_naming_the_fix(tmp_path, capsys, monkeypa
     register(parser.add_subparsers())
     in_process = parser.parse_args(["check-sync", "--model", str(model_dir), "--transport", "in-process"])
     assert _problems(in_process) == []  # checked only: running it would start the engines
+
+
+def test_expert_layouts_are_checked_against_the_model_and_the_transport(tmp_path, capsys):
+    """--train-ep / --train-etp: a dense model has no experts, EP must divide them, and the colocated
+    in-process check (which gathers over TP only) refuses experts split over EP ranks."""
+    dense = make_tiny_model(tmp_path / "dense", "qwen2")
+    assert main(["check-sync", "--model", str(dense), "--train-ep", "2"]) == 2
+    assert "expert settings on a dense model" in capsys.readouterr().err
+    moe = make_tiny_model(tmp_path / "moe", "qwen3_moe")  # 8 experts of width 128
+    assert main(["check-sync", "--model", str(moe), "--train-etp", "0"]) == 2
+    assert "--train-etp 0: must be >= 1" in capsys.readouterr().err
+    assert main(["check-sync", "--model", str(moe), "--train-ep", "3"]) == 2
+    assert "train EP=3 does not divide num_experts=8" in capsys.readouterr().err
+    assert main(["check-sync", "--model", str(moe), "--train-ep", "2", "--transport", "in-process"]) == 2
+    assert "--train-ep 2 / --train-etp None with --transport in-process" in capsys.readouterr().err
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(
+        ["check-sync", "--model", str(moe), "--train-ep", "2", "--train-tp", "2", "--train-etp", "1"]
+    )
+    assert _problems(args) == []

@@ -21,7 +21,7 @@ import itertools
 
 import pytest
 import torch
-from bridge_emulate import VOCAB_DIVISIBLE_BY, dims_of, megatron_shards, random_hf_tensors
+from bridge_emulate import VOCAB_DIVISIBLE_BY, dims_of, megatron_shards, random_hf_tensors, stage_ranks
 
 from megarl.bridge.checksum import LoadedChecksums, VllmRankLayout, check_checksums, recorded, tensor_checksum
 from megarl.bridge.convert import to_vllm_rank
@@ -204,3 +204,138 @@ def test_group_ranks_put_senders_first():
     layout = LayoutPair(train_tp=2, train_pp=2, rollout_tp=2)
     assert [sender_rank(layout, pp, tp) for pp in range(2) for tp in range(2)] == [0, 1, 2, 3]
     assert [receiver_rank(layout, k, r) for k in range(2) for r in range(2)] == [4, 5, 6, 7]
+
+
+# --- experts ----------------------------------------------------------------------------------------
+#
+# A mixture of experts on the trainer: each expert's shards lie on the expert-TP ranks of the EP rank
+# holding it, in the first expert-DP replica (megatron's grid, `bridge_emulate.stage_ranks`); in vLLM
+# every worker holds a TP cut of every expert (`FusedMoE.weight_loader`: w13 rows [gate_r; up_r], w2
+# columns of rank r), or with expert parallelism whole experts, placed linearly
+# (`expert_map_manager.determine_expert_map`: E // EP each, the first E % EP ranks one more).
+
+MOE_PAIRS = [
+    LayoutPair(1, 1, 1, train_ep=2),
+    LayoutPair(2, 1, 2, train_ep=2),
+    LayoutPair(2, 2, 1, train_ep=2),
+    LayoutPair(1, 2, 2, train_ep=4),
+    LayoutPair(2, 1, 4, train_ep=2, train_etp=1),
+    LayoutPair(1, 1, 2, train_ep=2, train_etp=2),
+    LayoutPair(4, 1, 2, train_ep=1, train_etp=2),
+    LayoutPair(2, 1, 2, train_ep=2, rollout_ep=True),
+    LayoutPair(1, 2, 3, train_ep=4, rollout_ep=True),
+]
+
+
+def _vllm_placement(experts: int, ranks: int, rank: int) -> range:
+    """vLLM's linear expert placement, written out from `determine_expert_map`."""
+    base, remainder = divmod(experts, ranks)
+    start = rank * base + min(rank, remainder)
+    return range(start, start + base + (1 if rank < remainder else 0))
+
+
+def _vllm_expert_tensor(param, hf, layout, rank: int) -> torch.Tensor:
+    """vLLM worker `rank`'s rows of one expert in its fused-MoE weights, by `FusedMoE.weight_loader`."""
+    tensors = [hf[name] for name in param.hf_names]
+    parts = 1 if layout.rollout_ep else layout.rollout_tp
+    index = 0 if layout.rollout_ep else rank
+    if param.kind == "row":  # w2: the columns of this rank
+        return tensors[0].chunk(parts, dim=1)[index]
+    return torch.cat([t.chunk(parts)[index] for t in tensors])  # w13: [gate_r; up_r]
+
+
+def _moe_dims(layout):
+    # 4 KV heads and attention heads fit rollout TP 1, 2, 4; rollout TP 3 only with expert parallelism.
+    heads = {"num_attention_heads": 6, "num_key_value_heads": 3, "hidden_size": 192} if layout.rollout_tp == 3 else {}
+    return dims_of("qwen3_moe", vocab_size=300, intermediate_size=384, **heads)
+
+
+@pytest.mark.parametrize("layout", MOE_PAIRS, ids=str)
+def test_each_expert_comes_from_the_rank_holding_it_and_reaches_the_workers_holding_it(layout):
+    dims = _moe_dims(layout)
+    schedule = build_schedule(build_plan(dims, layout, bucket_mb=0.25), VOCAB_DIVISIBLE_BY)
+    ranks = stage_ranks(layout)
+    per_ep = dims.num_experts // layout.train_ep
+    got = {}
+    for bucket in schedule.buckets:
+        for piece in bucket.pieces:
+            param = piece.param
+            if param.expert < 0:
+                continue
+            sender = ranks[piece.sender - bucket.bucket.pp_rank * layout.stage_senders]
+            # The first expert-DP replica's expert-TP rank of the EP rank holding the expert.
+            assert sender["expert_dp_rank"] == 0 and sender["ep_rank"] == param.expert // per_ep
+            assert sender["etp_rank"] == piece.tp_rank
+            held = megatron_block(param, piece.hf_index, dims, layout.expert_tp, piece.tp_rank, VOCAB_DIVISIBLE_BY)
+            assert held.start <= piece.start < piece.stop <= held.stop
+            got.setdefault(piece.worker, set()).add(param.expert)
+    for worker in range(layout.rollout_tp):
+        placed = _vllm_placement(dims.num_experts, layout.rollout_tp, worker) if layout.rollout_ep else range(8)
+        assert got[worker] == set(placed)
+    # Bytes sent ÷ bytes needed is 1.00: every sending rank of every stage together sends what the workers need.
+    sent = sum(
+        schedule.bytes_sent(sender_rank(layout, pp, index), engines=1)
+        for pp in range(layout.train_pp)
+        for index in range(layout.stage_senders)
+    )
+    assert sent == sum(schedule.bytes_needed(worker) for worker in range(layout.rollout_tp)) > 0
+
+
+@pytest.mark.parametrize("layout", MOE_PAIRS, ids=str)
+def test_workers_assemble_the_expert_rows_vllm_would_load_and_checksum_them(layout):
+    dims = _moe_dims(layout)
+    hf = random_hf_tensors(dims)
+    plan = build_plan(dims, layout, bucket_mb=0.25)
+    schedule = build_schedule(plan, VOCAB_DIVISIBLE_BY)
+    shards = megatron_shards(plan, hf)
+    records, experts = [], 0
+    for worker in range(layout.rollout_tp):
+        records.append(LoadedChecksums("float32"))
+        rank_layout = VllmRankLayout(dims, layout.rollout_tp, worker, expert_parallel=layout.rollout_ep)
+        for bucket in schedule.buckets:
+            if not bucket.held[worker]:  # nothing for it: experts placed on other workers (receive_rank_shards)
+                assert not any(piece.worker == worker for piece in bucket.pieces)
+                continue
+            flat = receive_bucket(bucket, worker, _Wire(_sent(schedule, bucket, worker, shards)), torch.device("cpu"))
+            received = recorded(unpack(flat, bucket.received[worker]), records[-1], rank_layout)
+            for param, (name, tensor) in zip(bucket.held[worker], received, strict=True):
+                if param.expert < 0:
+                    if not layout.rollout_ep:
+                        assert torch.equal(tensor, _vllm_rank_tensor(param, hf, dims, layout.rollout_tp, worker))
+                    continue
+                leaf = "w13_weight" if param.kind == "gate_up" else "w2_weight"
+                assert name == f"{param.hf_names[0].rsplit('.', 2)[0]}.{leaf}"
+                assert torch.equal(tensor, _vllm_expert_tensor(param, hf, layout, worker)), (name, worker)
+                if layout.expert_tp == layout.rollout_tp and not layout.rollout_ep:  # the per-rank sync's agrees
+                    shard = shards[param.megatron_name][worker]
+                    vllm_name, per_rank = to_vllm_rank(param, shard, dims, layout.rollout_tp)
+                    assert vllm_name == name and torch.equal(per_rank, tensor)
+                experts += 1
+    assert experts == 2 * dims.num_layers * dims.num_experts * (1 if layout.rollout_ep else layout.rollout_tp)
+    expected = {name: tensor_checksum(tensor, torch.float32) for name, tensor in hf.items()}
+    check_checksums(expected, records, dtype="float32", layout=plan.layout, engine="e")
+
+
+def test_vllm_places_whole_experts_linearly_with_expert_parallelism():
+    """8 experts over 3 ranks: vLLM's `determine_expert_map` gives 3, 3, 2."""
+    from megarl.bridge.plan import vllm_expert_range
+
+    dims = dims_of("qwen3_moe")
+    assert [list(vllm_expert_range(dims, 3, r)) for r in range(3)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert [vllm_expert_range(dims, 3, r) for r in range(3)] == [_vllm_placement(8, 3, r) for r in range(3)]
+
+
+def test_expert_layouts_that_do_not_fit_are_refused_and_other_syncs_refuse_split_experts():
+    from megarl.bridge.plan import check_layout
+
+    dims = dims_of("qwen3_moe")
+    with pytest.raises(ValueError, match="train EP=3 does not divide num_experts=8"):
+        check_layout(dims, LayoutPair(1, 1, 1, train_ep=3))
+    with pytest.raises(ValueError, match="rollout TP=4 does not divide moe_intermediate_size=66"):
+        check_layout(dims_of("qwen3_moe", moe_intermediate_size=66), LayoutPair(1, 1, 4))
+    check_layout(dims_of("qwen3_moe", moe_intermediate_size=66), LayoutPair(1, 1, 4, rollout_ep=True))  # whole experts
+    with pytest.raises(ValueError, match="expert settings on a dense model"):
+        check_layout(dims_of("qwen2"), LayoutPair(1, 1, 1, train_ep=2))
+    with pytest.raises(ValueError, match="use the collective transport"):
+        LayoutPair(1, 1, 1, train_ep=2).refuse_split_experts("the per-rank weight sync")
+    LayoutPair(2, 1, 2).refuse_split_experts("the per-rank weight sync")  # experts cut like the dense weights

@@ -6,9 +6,18 @@ are each caught and named exactly, in bf16 too."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
-from bridge_emulate import dims_of, emulated_buckets, megatron_shards, naive_gate_up_merge_into, random_hf_tensors
+from bridge_emulate import (
+    dims_of,
+    emulated_buckets,
+    megatron_shards,
+    naive_gate_up_merge_into,
+    random_hf_tensors,
+    stage_ranks,
+)
 
 import megarl.bridge.convert as convert
 from megarl.bridge.checksum import (
@@ -28,21 +37,29 @@ DTYPES = ("float32", "bfloat16")
 
 
 def trainer_checksums(plan, shards, dtype):
-    """What `combine` of every trainer rank's `actor_checksums` gives (DP replica 0, every stage)."""
-    layout = plan.layout
+    """What `combine` of every trainer rank's `actor_checksums` gives (every rank of every stage, DP
+    replicas included: only the copies the sync sends count)."""
     return combine(
         actor_checksums(
             plan,
-            {name: ranks[tp] for name, ranks in shards.items()},
-            tp_size=layout.train_tp,
-            tp_rank=tp,
-            pp_rank=pp,
-            dp_rank=0,
+            rank_shards(plan, shards, rank),
+            SimpleNamespace(pp_rank=pp, tp=None, etp=None, **rank),
             dtype=getattr(torch, dtype),
         )
-        for tp in range(layout.train_tp)
-        for pp in range(layout.train_pp)
+        for rank in stage_ranks(plan.layout)
+        for pp in range(plan.layout.train_pp)
     )
+
+
+def rank_shards(plan, shards, rank):
+    """A rank's shards by plan name: its TP shard of the dense weights, its expert-TP shard of the
+    experts its EP rank holds."""
+    per_ep = plan.dims.num_experts // plan.layout.train_ep if plan.dims.num_experts else 0
+    return {
+        p.megatron_name: shards[p.megatron_name][rank["etp_rank"] if p.expert >= 0 else rank["tp_rank"]]
+        for p in plan.params
+        if p.expert < 0 or p.expert // per_ep == rank["ep_rank"]
+    }
 
 
 def engine_record(plan, shards, dtype) -> LoadedChecksums:
@@ -53,12 +70,24 @@ def engine_record(plan, shards, dtype) -> LoadedChecksums:
     return record
 
 
-@pytest.mark.parametrize("arch,train_tp,train_pp", [("qwen2", 2, 2), ("llama", 2, 1), ("qwen3", 1, 1)])
+@pytest.mark.parametrize(
+    "arch,layout",
+    [
+        ("qwen2", LayoutPair(2, 2, 1)),
+        ("llama", LayoutPair(2, 1, 1)),
+        ("qwen3", LayoutPair(1, 1, 1)),
+        ("qwen3_moe", LayoutPair(2, 1, 1)),
+        ("qwen3_moe", LayoutPair(2, 2, 1, train_ep=2)),
+        ("qwen3_moe", LayoutPair(1, 1, 1, train_ep=4, train_etp=2)),
+    ],
+)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_shard_checksums_add_up_to_the_hf_tensors(arch, train_tp, train_pp, dtype):
+def test_shard_checksums_add_up_to_the_hf_tensors(arch, layout, dtype):
+    """Every rank of the trainer (DP and expert-DP replicas too) adds its share of the copies the sync
+    sends, experts by the EP rank holding them, cut over its expert-TP ranks."""
     dims = dims_of(arch, num_hidden_layers=2)
     hf = random_hf_tensors(dims)
-    plan = build_plan(dims, LayoutPair(train_tp, train_pp, 1))
+    plan = build_plan(dims, layout)
     expected = {name: tensor_checksum(tensor, getattr(torch, dtype)) for name, tensor in hf.items()}
     assert trainer_checksums(plan, megatron_shards(plan, hf), dtype) == expected
     record = engine_record(plan, megatron_shards(plan, hf), dtype)

