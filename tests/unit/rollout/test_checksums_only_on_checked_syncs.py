@@ -55,6 +55,10 @@ class FakeVllmWorker(WeightSyncWorkerExtension):
         assert is_checkpoint_format
         self.weights.update((name, tensor.clone()) for name, tensor in weights_iterator)
 
+    def get_model(self) -> torch.nn.Module:
+        """vLLM's `Worker.get_model`: the model, here one without fused-MoE layers to redo after a load."""
+        return torch.nn.Module()
+
     def receive_weights(self, plan) -> None:
         self._load(iter(plan))  # the plan here is the sync's tensors: the transport is not under test
 
