@@ -5,6 +5,7 @@ reads them: it builds the grid once per process and hands out a `ProcessGroups` 
 of megarl passes in, so no other code asks megatron's globals which group it is in.
 """
 
+import dataclasses
 import datetime
 import ipaddress
 import os
@@ -145,6 +146,14 @@ class ProcessGroups:
     def grad_group(self) -> dist.ProcessGroup:
         """The ranks whose gradients are summed into one step: DP × CP (`dp_cp`), `dp` without CP."""
         return self.dp if self.dp_cp is None else self.dp_cp
+
+    def weight_replicas(self) -> "ProcessGroups":
+        """The grid as the weight sync and the HF export see it: the CP ranks of a DP replica hold the same
+        weights, so each (DP, CP) pair is a replica of them (`dp_rank` its rank in the DP × CP group, DP
+        replica 0's CP rank 0 being replica 0, the one that sends); the grid itself without CP."""
+        if self.dp_cp is None:
+            return self
+        return dataclasses.replace(self, dp_rank=dist.get_rank(self.dp_cp), dp_size=self.dp_cp.size())
 
     @property
     def is_first_stage(self) -> bool:

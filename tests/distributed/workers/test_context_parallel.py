@@ -1,7 +1,8 @@
 """Context parallelism (`*.parallel.context_parallel_size`) computes what it computes without: the actor's
 log-probs and entropy, the critic's values, and one update's losses, gradient norm and updated parameters
-of both, for micro-batches cut by samples and packed under a token budget, at CP 2 (2 ranks) and at
-TP 2 × CP 2 with sequence parallelism (4 ranks), against CP 1, on gloo in fp32.
+of both, for micro-batches cut by samples and packed under a token budget, at CP 2 (2 ranks), against CP 1,
+on gloo in fp32; and the actor's log-probs, entropy and update at TP 2 × CP 2 with sequence parallelism (4 ranks),
+where each CP rank's share is split again over TP.
 
 Context parallelism runs on the Transformer Engine spec (THD micro-batches), CUDA-only: its core attention
 and fused THD RoPE are `te_thd_stand_in`'s, which follow TE's CP contract (whole-row `cu_seqlens`, each
@@ -114,17 +115,23 @@ def test_context_parallel_equals_it_off(tiny_qwen2, inputs, without_cp, tp, cp):
             assert all(width % multiple == 0 for width in on["row_widths"]), on["row_widths"]
             assert all(length % (2 * cp) == 0 for lengths in on["sequences"] for length in lengths), name
             assert any(length % (2 * cp) for lengths in off["sequences"] for length in lengths), "no padding exercised"
-            for key in ("log_probs", "entropy", "values"):
+            for key in ("log_probs", "entropy"):
                 diff = _max_diff(on[key], off[key], mask)
                 assert diff <= TOLERANCE, f"{name} {key}: CP {cp} differs from CP 1 by {diff:.2e}"
-            assert off["metrics"]["grad_norm"] > 0 and off["critic_metrics"]["grad_norm"] > 0
+            assert off["metrics"]["grad_norm"] > 0
             for key in ("loss", "pg_loss", "entropy", "grad_norm", "tokens"):
                 assert on["metrics"][key] == pytest.approx(off["metrics"][key], rel=TOLERANCE, abs=TOLERANCE), key
-            for key in ("loss", "grad_norm", "vpred_mean"):
-                assert on["critic_metrics"][key] == pytest.approx(
-                    off["critic_metrics"][key], rel=TOLERANCE, abs=TOLERANCE
-                ), f"critic {key}"
-            if tp == 1:  # TP shards differ in shape from the unsharded parameters
+            # The critic's value head is drawn at construction, differently at TP 2 than at TP 1 (megatron's CPU
+            # initialisation consumes the RNG per TP layout), and TP shards differ in shape from whole parameters:
+            # the critic and the parameters are compared at TP 1.
+            if tp == 1:
+                diff = _max_diff(on["values"], off["values"], mask)
+                assert diff <= TOLERANCE, f"{name} values: CP {cp} differs from CP 1 by {diff:.2e}"
+                assert off["critic_metrics"]["grad_norm"] > 0
+                for key in ("loss", "grad_norm", "vpred_mean"):
+                    assert on["critic_metrics"][key] == pytest.approx(
+                        off["critic_metrics"][key], rel=TOLERANCE, abs=TOLERANCE
+                    ), f"critic {key}"
                 for group in ("params", "critic_params"):
                     for param, value in off[group].items():
                         diff = _max_diff(on[group][param], value)
