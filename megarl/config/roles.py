@@ -2,7 +2,7 @@
 
 Batch sizes follow verl's conventions: `ppo_mini_batch_size` counts *prompts* across all data-parallel
 ranks (each prompt brings `rollout.n` samples); `micro_batch_size_per_gpu` counts *samples* on one rank.
-The data-parallel size is never set: it is derived (GPUs ÷ (TP × PP)) and shown by `megarl validate`.
+The data-parallel size is never set: it is derived (GPUs ÷ (TP × CP × PP)) and shown by `megarl validate`.
 """
 
 from dataclasses import dataclass, field

@@ -30,9 +30,10 @@ def _snapshot(model) -> dict[str, np.ndarray]:
     return {name: p.detach().clone().numpy() for name, p in model.named_parameters()}
 
 
-def _rank_main(model_dir, tp, cp, old_log_probs, advantages, returns):
+def _rank_main(model_dir, export_dir, tp, cp, old_log_probs, advantages, returns):
     from te_thd_stand_in import use_stand_in_transformer_engine
 
+    from megarl.models.checkpoint import export_hf_weights
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.critic import MegatronCritic
@@ -50,7 +51,7 @@ def _rank_main(model_dir, tp, cp, old_log_probs, advantages, returns):
     sp = tp > 1
     loss_fn = PolicyLoss(PolicyLossSettings(entropy_coeff=0.01, clip_ratio_low=0.1, clip_ratio_high=0.1))
     cuts = {"samples": SAMPLES_PER_MICRO_BATCH, "packed": TokenBudget(BUDGET, "actor.max_tokens_per_micro_batch")}
-    out = {"grid": (groups.cp_size, groups.cp_rank, groups.dp_size)}
+    out = {"grid": (groups.cp_size, groups.cp_rank, groups.dp_size), "sync_replica": groups.weight_replicas().dp_rank}
     for name, cut in cuts.items():
         actor = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=te, sequence_parallel=sp)
         torch.manual_seed(1)  # the value head is freshly drawn: the same draw at every CP
@@ -76,6 +77,8 @@ def _rank_main(model_dir, tp, cp, old_log_probs, advantages, returns):
             params=_snapshot(actor.engine.model.module),
             critic_params=_snapshot(critic.engine.model.module),
         )
+    exported = export_hf_weights([actor.engine.model.module], export_dir, groups, hf_assets_dir=model_dir)
+    out["exported"] = exported is not None
     return out
 
 
@@ -91,8 +94,8 @@ def inputs(hf_reference):
 
 
 @pytest.fixture(scope="module")
-def without_cp(tiny_qwen2, inputs):
-    (rank,) = run_distributed(_rank_main, 1, str(tiny_qwen2), 1, 1, *inputs)
+def without_cp(tiny_qwen2, inputs, tmp_path_factory):
+    (rank,) = run_distributed(_rank_main, 1, str(tiny_qwen2), str(tmp_path_factory.mktemp("cp1")), 1, 1, *inputs)
     return rank
 
 
@@ -102,10 +105,14 @@ def _max_diff(actual, expected, mask=None) -> float:
 
 
 @pytest.mark.parametrize(("tp", "cp"), [(1, 2), (2, 2)], ids=["cp2", "tp2-sp-cp2"])
-def test_context_parallel_equals_it_off(tiny_qwen2, inputs, without_cp, tp, cp):
+def test_context_parallel_equals_it_off(tiny_qwen2, inputs, without_cp, tmp_path, tp, cp):
     mask = ragged_batch().response_mask.numpy()
-    ranks = run_distributed(_rank_main, tp * cp, str(tiny_qwen2), tp, cp, *inputs)
+    ranks = run_distributed(_rank_main, tp * cp, str(tiny_qwen2), str(tmp_path / "hf"), tp, cp, *inputs)
     assert sorted(rank["grid"] for rank in ranks) == sorted((cp, r, 1) for r in range(cp) for _ in range(tp))
+    # CP ranks hold the same weights: only CP rank 0 (the weight sync's replica 0) sends and exports them.
+    assert [rank["sync_replica"] for rank in ranks] == [rank["grid"][1] for rank in ranks]
+    assert [rank["exported"] for rank in ranks] == [rank["grid"][1] == 0 for rank in ranks]
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
     multiple = 2 * cp * tp  # 2·CP chunks, each CP rank's share split over TP by sequence parallelism
     for rank in ranks:
         for name in ("samples", "packed"):
