@@ -644,6 +644,16 @@ def format_plan(plan: BatchPlan) -> str:
     ]
     if split:
         lines.append(f"sequence parallel: {', '.join(split)}; micro-batch rows padded to a multiple of TP")
+    context = [
+        f"{role.role} (CP {role.context_parallel})"
+        for role in (plan.actor, plan.critic, plan.ref)
+        if role is not None and role.context_parallel > 1
+    ]
+    if context:
+        lines.append(
+            f"context parallel: {', '.join(context)}; each sequence split over CP ranks in 2 × CP chunks (samples "
+            "padded to a multiple of 2 × CP tokens); DP = GPUs ÷ (TP × CP × PP)"
+        )
     virtual = [
         f"{role.role} (PP {role.pipeline_parallel} × VPP {role.virtual_pipeline}: "
         f"{role.pipeline_parallel * role.virtual_pipeline} chunks)"

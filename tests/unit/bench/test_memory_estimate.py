@@ -18,6 +18,7 @@ from megarl.config.memory import (
     state_bytes,
 )
 from megarl.config.roles import ParallelConfig
+from megarl.config.validate import validate
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 LLAMA_70B = ModelShape(
@@ -363,3 +364,24 @@ def test_sequence_parallel_splits_the_norm_and_linear_inputs_and_te_keeps_no_sof
     local = _actor_activations(config, shape, impl="local").activations
     assert te - sp == per_layer_token_bytes * (4 * shape.hidden_size - 4 * shape.hidden_size // 2)
     assert local - te == per_layer_token_bytes * (shape.num_attention_heads * seq_len // 2)
+
+
+def test_the_32k_recipe_validates_and_sequence_and_context_parallelism_cut_its_activations():
+    """configs/grpo_qwen3-8b_32k.yaml (Qwen3-8B, 33 792-token samples, 2 × 8 GPUs, TP 4 × SP × CP 2) validates, and
+    its actor's activations per GPU are those its header states: SP and CP together a third of neither's."""
+    config = _recipe("grpo_qwen3-8b_32k.yaml")
+    assert validate(config, check_files=False) == []
+    shape = ModelShape.of(config.model.path)
+
+    def activations_gib(sp: bool, cp: int) -> float:
+        parallel = dataclasses.replace(config.actor.parallel, sequence_parallel=sp, context_parallel_size=cp)
+        actor = dataclasses.replace(config.actor, parallel=parallel)
+        return (
+            estimate_memory(dataclasses.replace(config, actor=actor), shape, train_gpus=16).roles[0].activations / GIB
+        )
+
+    both, cp_only, sp_only, neither = (
+        activations_gib(*case) for case in ((True, 2), (False, 2), (True, 1), (False, 1))
+    )
+    assert [round(gib, 1) for gib in (both, cp_only, sp_only, neither)] == [7.6, 11.5, 15.3, 23.0]
+    assert both < neither / 3
