@@ -43,8 +43,8 @@ holds the activations of the most micro-batches in flight):
   interleaved schedule (VPP = v ≥ 2 chunks of L/(PP·v) layers per stage) warms up 2(PP − 1) + (v − 1)·PP
   chunk passes on the first stage before its first backward (megatron-core's `get_pp_rank_microbatches`,
   pipeline_parallel/schedules.py), one more in flight at steady state: L·(1 + (PP − 1)/(PP·v)) layers' worth.
-  Full recompute keeps only each layer's input (h per token and layer, h / t with sequence parallelism) plus one layer's working set
-  as above; selective recompute (core_attn) drops the a·S/t term. The last stage adds the logits
+  Full recompute keeps only each layer's input (h per token and layer, h / t with sequence parallelism)
+  plus one layer's working set as above; selective recompute (core_attn) drops the a·S/t term. The last stage adds the logits
   per token: V_padded/t in `model.dtype`, their fp32 upcast when that is bfloat16, and the fp32
   exponentials of the log-softmax (megarl.workers.logprobs).
 - **rollout**: on GPU vLLM takes `rollout.gpu_memory_utilization` of the GPU (weights, KV cache and

@@ -208,8 +208,8 @@ def check_context_parallel(
         transformer_impl == "transformer_engine",
         key,
         cp,
-        "context parallelism runs in Transformer Engine's attention on THD micro-batches, and model.transformer_impl is "
-        f"{transformer_impl!r} (megatron's local spec has no context-parallel attention)",
+        "context parallelism runs in Transformer Engine's attention on THD micro-batches, and "
+        f"model.transformer_impl is {transformer_impl!r} (megatron's local spec has no context-parallel attention)",
         f"set model.transformer_impl: transformer_engine (GPU, bfloat16), or {key}: 1",
     )
     multiple = 2 * cp * (parallel.tensor_model_parallel_size if parallel.sequence_parallel else 1)

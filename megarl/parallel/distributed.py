@@ -179,8 +179,8 @@ def initialize_model_parallel(
 
     DP is world_size / (tp * cp * pp). `cp` > 1: each sequence is split over that many ranks (context
     parallelism); they hold the same weights and take the same samples (the same `dp_rank`), and their
-    gradients are reduced with DP's (`ProcessGroups.grad_group`). `vpp` > 1: each PP rank holds that many virtual stages (model chunks)
-    and megatron runs its interleaved schedule. The experts have a grid of their own over the same ranks
+    gradients are reduced with DP's (`ProcessGroups.grad_group`). `vpp` > 1: each PP rank holds that many
+    virtual stages (model chunks) and megatron runs its interleaved schedule. The experts have a grid of their own over the same ranks
     (megatron's): expert-TP `etp` (None: `tp`) × EP `ep` × expert-DP × PP, so ETP × EP must divide
     world_size / pp. Calling it again with the same sizes returns the same grid.
     """

@@ -204,7 +204,8 @@ def load_checkpoint(
     if not weights_only and manifest.layout != layout:
         raise CheckpointError(
             f"{ckpt_dir} was saved with layout {manifest.layout}, this job runs {layout}: an exact resume "
-            "(optimizer, RNG) needs the same TP/PP/VPP/CP/DP/EP/expert TP; use the saved layout, or load the weights only"
+            "(optimizer, RNG) needs the same TP/PP/VPP/CP/DP/EP/expert TP; use the saved layout, or load the weights "
+            "only"
         )
     for role, chunks in models.items():
         state = dist_checkpointing.load(_model_state(chunks), str(ckpt_dir / role / MODEL_DIR))

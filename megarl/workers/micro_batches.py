@@ -114,11 +114,15 @@ class MicroBatch:
     def response_outputs(self, output: Tensor) -> Tensor:
         """`[b, R, ...]` the model output `[r, T, ...]` at each response token's predicting column; under
         context parallelism the output is this rank's `[1, T / CP, ...]`, gathered into the row first."""
-        if self.context is not None:
-            output = self.context.gather(output)
+        output = self.whole_row(output)
         if self.response_columns is not None:
             return output[:, self.response_columns]
         return output.flatten(0, 1)[self.response_index]
+
+    def whole_row(self, output: Tensor) -> Tensor:
+        """`[r, T, ...]` the model output over the whole rows: `output` itself, or under context parallelism
+        every CP rank's columns gathered from this rank's `[1, T / CP, ...]` (`ContextShard.gather`)."""
+        return output if self.context is None else self.context.gather(output)
 
     def to(self, device: torch.device) -> MicroBatch:
         """The micro-batch with every tensor on `device`."""

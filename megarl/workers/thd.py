@@ -18,11 +18,12 @@ packed_seq_params=PackedSeqParams(qkv_format="thd", ...))` (`MicroBatch.packed_s
 Padding. megatron-core's own rule for THD (megatron/core/models/multimodal/context_parallel.py,
 `get_padding`): a multiple of 2·CP with context parallelism, of TP with sequence parallelism (which
 splits the tokens over TP ranks), of 16 with FP8 (32 with MXFP8), else none. Of these megarl runs
-sequence parallelism and context parallelism: the row's end is padded to a multiple of TP, times 2·CP with CP
-(`megatron_train.sequence_multiple`, `micro_batches.pad_sequence`: one more `cu_seqlens` sequence); with
-CP every sample's sequence is padded at its end to a multiple of 2·CP too (its 2·CP chunks,
-`megarl.workers.context_parallel`; the padding is inside the sequence, after its tokens, so causal attention
-keeps it from every real token), and otherwise samples are never padded. Pipeline stages exchange one shape: there the row is padded at its
+sequence parallelism and context parallelism: the row's end is padded to a multiple of TP, times 2·CP
+with CP (`megatron_train.sequence_multiple`, `micro_batches.pad_sequence`: one more `cu_seqlens`
+sequence); with CP every sample's sequence is padded at its end to a multiple of 2·CP too (its 2·CP
+chunks, `megarl.workers.context_parallel`; the padding is inside the sequence, after its tokens, so
+causal attention keeps it from every real token); otherwise samples are never padded. Pipeline stages
+exchange one shape: there the row is padded at its
 end to `num_tokens`, and that padding is one more sequence of `cu_seqlens` (it attends to itself;
 nothing reads it), so the sequences always cover the row as RoPE's split needs, with no padding
 between sequences (`cu_seqlens_q_padded`). Samples without tokens get no sequence.

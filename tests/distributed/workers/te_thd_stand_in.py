@@ -48,8 +48,8 @@ spec: `megarl.models.architectures.rope_fusion`). What it mirrors:
   (positions restart at each sequence); with `cp_size` > 1, `cu_seqlens` are the whole row's, a
   sequence's local tokens start at `cu_seqlens[b] / cp_size`, and local token `s` of `L / cp_size` takes
   row `s + cp_rank·half` in its first half, `L - (cp_rank + 1)·half + (s - half)` in its second
-  (`half = L / (2·cp_size)`: chunks `cp_rank` and `2·cp_size - 1 - cp_rank`); `x * cos + rotate_half(x) * sin` in float32 (`sincosf` of
-  the float32 angle), stored in `t`'s dtype; channels past `d2` copied.
+  (`half = L / (2·cp_size)`: chunks `cp_rank` and `2·cp_size - 1 - cp_rank`); `x * cos + rotate_half(x)
+  * sin` in float32 (`sincosf` of the float32 angle), stored in `t`'s dtype; channels past `d2` copied.
 """
 
 from __future__ import annotations

@@ -30,6 +30,20 @@ def _snapshot(model) -> dict[str, np.ndarray]:
     return {name: p.detach().clone().numpy() for name, p in model.named_parameters()}
 
 
+def _record_gathered_widths() -> list[int]:
+    """The last dimension of every tensor gathered over CP in this process (`ContextShard.gather`, which still runs)."""
+    from megarl.workers.context_parallel import ContextShard
+
+    widths, gather = [], ContextShard.gather
+
+    def recorded(self, local):
+        widths.append(local.shape[-1])
+        return gather(self, local)
+
+    ContextShard.gather = recorded
+    return widths
+
+
 def _rank_main(model_dir, export_dir, tp, cp, old_log_probs, advantages, returns):
     from te_thd_stand_in import use_stand_in_transformer_engine
 
@@ -42,6 +56,7 @@ def _rank_main(model_dir, export_dir, tp, cp, old_log_probs, advantages, returns
     from megarl.workers.settings import ModelSettings, OptimSettings, PolicyLossSettings, ValueLossSettings
 
     use_stand_in_transformer_engine()
+    gathered = _record_gathered_widths()
     groups = initialize_model_parallel(tp, 1, seed=0, cp=cp)
     batch = ragged_batch()
     batch.old_log_probs, batch.advantages = old_log_probs, advantages
@@ -77,6 +92,7 @@ def _rank_main(model_dir, export_dir, tp, cp, old_log_probs, advantages, returns
             params=_snapshot(actor.engine.model.module),
             critic_params=_snapshot(critic.engine.model.module),
         )
+    out["gathered_widths"] = sorted(set(gathered))
     exported = export_hf_weights([actor.engine.model.module], export_dir, groups, hf_assets_dir=model_dir)
     out["exported"] = exported is not None
     return out
@@ -113,6 +129,8 @@ def test_context_parallel_equals_it_off(tiny_qwen2, inputs, without_cp, tmp_path
     assert [rank["sync_replica"] for rank in ranks] == [rank["grid"][1] for rank in ranks]
     assert [rank["exported"] for rank in ranks] == [rank["grid"][1] == 0 for rank in ranks]
     assert (tmp_path / "hf" / "model.safetensors").is_file()
+    # Per-token scalars cross the CP group (log-prob and entropy, a value), never a row of logits.
+    assert all(rank["gathered_widths"] == [1, 2] for rank in ranks), [rank["gathered_widths"] for rank in ranks]
     multiple = 2 * cp * tp  # 2·CP chunks, each CP rank's share split over TP by sequence parallelism
     for rank in ranks:
         for name in ("samples", "packed"):
