@@ -2,7 +2,8 @@
 log-probs and entropy, the critic's values, and one update's losses, gradient norm and updated parameters
 of both, for micro-batches cut by samples and packed under a token budget, at CP 2 (2 ranks), against CP 1,
 on gloo in fp32; and the actor's log-probs, entropy and update at TP 2 × CP 2 with sequence parallelism (4 ranks),
-where each CP rank's share is split again over TP.
+where each CP rank's share is split again over TP, and at CP 2 × PP 2 (4 ranks: the stages exchange each CP
+rank's share of the row, megatron's schedule sizing it from the whole row's length).
 
 Context parallelism runs on the Transformer Engine spec (THD micro-batches), CUDA-only: its core attention
 and fused THD RoPE are `te_thd_stand_in`'s, which follow TE's CP contract (whole-row `cu_seqlens`, each
@@ -44,7 +45,7 @@ def _record_gathered_widths() -> list[int]:
     return widths
 
 
-def _rank_main(model_dir, export_dir, tp, cp, old_log_probs, advantages, returns):
+def _rank_main(model_dir, export_dir, tp, cp, pp, old_log_probs, advantages, returns):
     from te_thd_stand_in import use_stand_in_transformer_engine
 
     from megarl.models.checkpoint import export_hf_weights
@@ -57,7 +58,7 @@ def _rank_main(model_dir, export_dir, tp, cp, old_log_probs, advantages, returns
 
     use_stand_in_transformer_engine()
     gathered = _record_gathered_widths()
-    groups = initialize_model_parallel(tp, 1, seed=0, cp=cp)
+    groups = initialize_model_parallel(tp, pp, seed=0, cp=cp)
     batch = ragged_batch()
     batch.old_log_probs, batch.advantages = old_log_probs, advantages
     batch.values, batch.returns = torch.zeros_like(returns), returns
@@ -66,7 +67,11 @@ def _rank_main(model_dir, export_dir, tp, cp, old_log_probs, advantages, returns
     sp = tp > 1
     loss_fn = PolicyLoss(PolicyLossSettings(entropy_coeff=0.01, clip_ratio_low=0.1, clip_ratio_high=0.1))
     cuts = {"samples": SAMPLES_PER_MICRO_BATCH, "packed": TokenBudget(BUDGET, "actor.max_tokens_per_micro_batch")}
-    out = {"grid": (groups.cp_size, groups.cp_rank, groups.dp_size), "sync_replica": groups.weight_replicas().dp_rank}
+    out = {
+        "grid": (groups.cp_size, groups.cp_rank, groups.dp_size),
+        "last_stage": groups.is_last_stage,
+        "sync_replica": groups.weight_replicas().dp_rank,
+    }
     for name, cut in cuts.items():
         actor = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=te, sequence_parallel=sp)
         torch.manual_seed(1)  # the value head is freshly drawn: the same draw at every CP
@@ -111,7 +116,7 @@ def inputs(hf_reference):
 
 @pytest.fixture(scope="module")
 def without_cp(tiny_qwen2, inputs, tmp_path_factory):
-    (rank,) = run_distributed(_rank_main, 1, str(tiny_qwen2), str(tmp_path_factory.mktemp("cp1")), 1, 1, *inputs)
+    (rank,) = run_distributed(_rank_main, 1, str(tiny_qwen2), str(tmp_path_factory.mktemp("cp1")), 1, 1, 1, *inputs)
     return rank
 
 
@@ -120,17 +125,18 @@ def _max_diff(actual, expected, mask=None) -> float:
     return float((np.where(mask, diff, 0.0) if mask is not None else diff).max())
 
 
-@pytest.mark.parametrize(("tp", "cp"), [(1, 2), (2, 2)], ids=["cp2", "tp2-sp-cp2"])
-def test_context_parallel_equals_it_off(tiny_qwen2, inputs, without_cp, tmp_path, tp, cp):
+@pytest.mark.parametrize(("tp", "cp", "pp"), [(1, 2, 1), (2, 2, 1), (1, 2, 2)], ids=["cp2", "tp2-sp-cp2", "cp2-pp2"])
+def test_context_parallel_equals_it_off(tiny_qwen2, inputs, without_cp, tmp_path, tp, cp, pp):
     mask = ragged_batch().response_mask.numpy()
-    ranks = run_distributed(_rank_main, tp * cp, str(tiny_qwen2), str(tmp_path / "hf"), tp, cp, *inputs)
-    assert sorted(rank["grid"] for rank in ranks) == sorted((cp, r, 1) for r in range(cp) for _ in range(tp))
+    ranks = run_distributed(_rank_main, tp * cp * pp, str(tiny_qwen2), str(tmp_path / "hf"), tp, cp, pp, *inputs)
+    assert sorted(rank["grid"] for rank in ranks) == sorted((cp, r, 1) for r in range(cp) for _ in range(tp * pp))
     # CP ranks hold the same weights: only CP rank 0 (the weight sync's replica 0) sends and exports them.
     assert [rank["sync_replica"] for rank in ranks] == [rank["grid"][1] for rank in ranks]
     assert [rank["exported"] for rank in ranks] == [rank["grid"][1] == 0 for rank in ranks]
-    assert (tmp_path / "hf" / "model.safetensors").is_file()
-    # Per-token scalars cross the CP group (log-prob and entropy, a value), never a row of logits.
-    assert all(rank["gathered_widths"] == [1, 2] for rank in ranks), [rank["gathered_widths"] for rank in ranks]
+    assert (tmp_path / "hf" / ("model.safetensors" if pp == 1 else "model.safetensors.index.json")).is_file()
+    # Per-token scalars cross the CP group on the last stage (log-prob and entropy, a value), never a row of logits.
+    widths = [rank["gathered_widths"] for rank in ranks]
+    assert widths == [[1, 2] if rank["last_stage"] else [] for rank in ranks], widths
     multiple = 2 * cp * tp  # 2·CP chunks, each CP rank's share split over TP by sequence parallelism
     for rank in ranks:
         for name in ("samples", "packed"):
@@ -147,9 +153,9 @@ def test_context_parallel_equals_it_off(tiny_qwen2, inputs, without_cp, tmp_path
             for key in ("loss", "pg_loss", "entropy", "grad_norm", "tokens"):
                 assert on["metrics"][key] == pytest.approx(off["metrics"][key], rel=TOLERANCE, abs=TOLERANCE), key
             # The critic's value head is drawn at construction, differently at TP 2 than at TP 1 (megatron's CPU
-            # initialisation consumes the RNG per TP layout), and TP shards differ in shape from whole parameters:
-            # the critic and the parameters are compared at TP 1.
-            if tp == 1:
+            # initialisation consumes the RNG per layout), and TP shards and pipeline stages hold other parameters
+            # than the whole model: the critic and the parameters are compared at TP 1 × PP 1.
+            if tp == 1 and pp == 1:
                 diff = _max_diff(on["values"], off["values"], mask)
                 assert diff <= TOLERANCE, f"{name} values: CP {cp} differs from CP 1 by {diff:.2e}"
                 assert off["critic_metrics"]["grad_norm"] > 0
