@@ -20,7 +20,7 @@ pairing an early chunk with a late one gives every rank the same work. What the 
 Outputs. The losses are nonlinear in a sample's tokens (per-sequence means, ratios against old
 log-probs that live with the batch), so megarl does not cut them per rank: the per-token scalars the losses
 read (log-probs and entropy, values) are computed on each rank's columns, all-gathered over CP into the
-whole row, and every CP rank computes the same whole loss from them (`ContextShard.gather`). The gather's
+whole row, and every CP rank computes the same whole loss from them (`megarl.workers.context_shard.ContextShard.gather`). The gather's
 backward hands each rank the gradient of its own columns only (megatron's
 `gather_from_sequence_parallel_region` with `tensor_parallel_output_grad=False`), so the gradients of
 the CP ranks' parameters are partial sums that add up, over CP, to the whole sample's: megatron reduces
@@ -32,40 +32,13 @@ logits themselves are never gathered: a long row's `[t, V]` is what CP exists to
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 from torch import Tensor
 
+from megarl.workers.context_shard import ContextShard
 from megarl.workers.micro_batches import MicroBatch
-
-
-@dataclass
-class ContextShard:
-    """Which of a THD row's `t` columns this CP rank holds, and how to put every rank's back together."""
-
-    group: dist.ProcessGroup
-    """The context-parallel group."""
-    columns: Tensor
-    """`[t / CP]` int64: the row column of each of this rank's tokens, in their local order."""
-    targets: Tensor
-    """`[1, t / CP]` int64: the token after each of this rank's columns in the row (what the column
-    predicts; 0 after the row's last token, which nothing reads)."""
-    order: Tensor
-    """`[t]` int64: where column `c` of the row lies in the ranks' columns concatenated in rank order."""
-
-    def gather(self, local: Tensor) -> Tensor:
-        """`[1, t, ...]` the whole row's outputs from every rank's `local` `[1, t / CP, ...]`; differentiable,
-        each rank's gradient flowing back to its own columns only (every rank computes the same loss)."""
-        parts = gather_from_sequence_parallel_region(local[0], tensor_parallel_output_grad=False, group=self.group)
-        return parts[self.order][None]
-
-    def to(self, device: torch.device) -> ContextShard:
-        return dataclasses.replace(
-            self, columns=self.columns.to(device), targets=self.targets.to(device), order=self.order.to(device)
-        )
 
 
 def load_balanced_columns(offsets: list[int], cp_size: int, cp_rank: int) -> Tensor:

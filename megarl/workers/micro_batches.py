@@ -34,7 +34,7 @@ from megarl.workers.packing import TokenBudget, pack_rows
 if TYPE_CHECKING:
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    from megarl.workers.context_parallel import ContextShard
+    from megarl.workers.context_shard import ContextShard
 
 PADDING_SEGMENT = -1
 """`segment_ids` of tokens that belong to no sample."""

@@ -33,7 +33,7 @@ def _snapshot(model) -> dict[str, np.ndarray]:
 
 def _record_gathered_widths() -> list[int]:
     """The last dimension of every tensor gathered over CP in this process (`ContextShard.gather`, which still runs)."""
-    from megarl.workers.context_parallel import ContextShard
+    from megarl.workers.context_shard import ContextShard
 
     widths, gather = [], ContextShard.gather
 
