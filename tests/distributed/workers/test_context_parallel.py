@@ -3,7 +3,8 @@ log-probs and entropy, the critic's values, and one update's losses, gradient no
 of both, for micro-batches cut by samples and packed under a token budget, at CP 2 (2 ranks), against CP 1,
 on gloo in fp32; and the actor's log-probs, entropy and update at TP 2 × CP 2 with sequence parallelism (4 ranks),
 where each CP rank's share is split again over TP, and at CP 2 × PP 2 (4 ranks: the stages exchange each CP
-rank's share of the row, megatron's schedule sizing it from the whole row's length).
+rank's share of the row, megatron's schedule sizing it from the whole row's length). Only CP rank 0 exports
+and fills the weight sync; a checkpoint saved at CP 2 records it and resumes exactly.
 
 Context parallelism runs on the Transformer Engine spec (THD micro-batches), CUDA-only: its core attention
 and fused THD RoPE are `te_thd_stand_in`'s, which follow TE's CP contract (whole-row `cu_seqlens`, each
@@ -43,6 +44,39 @@ def _record_gathered_widths() -> list[int]:
 
     ContextShard.gather = recorded
     return widths
+
+
+def _resume(actor, model_dir, root, groups, batch, loss_fn, cut) -> dict:
+    """The manifest's layout of a checkpoint saved at CP 2, and the next update of the saved actor and of a fresh one
+    that loaded the checkpoint (an exact resume: the same losses and parameters)."""
+    from megarl.workers.actor import MegatronActor
+    from megarl.workers.checkpoint import load_checkpoint, save_checkpoint
+    from megarl.workers.checkpoint_files import read_manifest
+    from megarl.workers.settings import ModelSettings, OptimSettings
+
+    def states(of):
+        return dict(
+            models={"actor": of.engine.chunks},
+            optimizers={"actor": of.engine.optimizer},
+            schedulers={"actor": of.engine.scheduler},
+        )
+
+    step_dir = save_checkpoint(f"{root}-checkpoints", 1, groups, extra={}, **states(actor))
+    fresh = MegatronActor.from_hf(
+        model_dir,
+        groups,
+        optim=OptimSettings(lr=0.5, adam_eps=1.0),
+        model_settings=ModelSettings(transformer_impl="transformer_engine"),
+    )
+    load_checkpoint(step_dir, groups, **states(fresh))
+    losses = [
+        each.update_policy(batch, loss_fn, mini_batch_size=len(batch), micro_batch_size=cut) for each in (actor, fresh)
+    ]
+    return dict(
+        layout=read_manifest(step_dir).layout,
+        losses=[metrics["loss"] for metrics in losses],
+        params=[_snapshot(each.engine.model.module) for each in (actor, fresh)],
+    )
 
 
 def _rank_main(model_dir, export_dir, tp, cp, pp, old_log_probs, advantages, returns):
@@ -98,6 +132,8 @@ def _rank_main(model_dir, export_dir, tp, cp, pp, old_log_probs, advantages, ret
             critic_params=_snapshot(critic.engine.model.module),
         )
     out["gathered_widths"] = sorted(set(gathered))
+    if cp > 1 and tp == 1 and pp == 1:
+        out["resume"] = _resume(actor, model_dir, export_dir, groups, batch, loss_fn, cuts["packed"])
     exported = export_hf_weights([actor.engine.model.module], export_dir, groups, hf_assets_dir=model_dir)
     out["exported"] = exported is not None
     return out
@@ -137,6 +173,12 @@ def test_context_parallel_equals_it_off(tiny_qwen2, inputs, without_cp, tmp_path
     # Per-token scalars cross the CP group on the last stage (log-prob and entropy, a value), never a row of logits.
     widths = [rank["gathered_widths"] for rank in ranks]
     assert widths == [[1, 2] if rank["last_stage"] else [] for rank in ranks], widths
+    for rank in ranks if "resume" in ranks[0] else ():  # CP 2 alone: a checkpoint records CP and resumes exactly
+        resume = rank["resume"]
+        assert resume["layout"]["cp"] == cp and resume["layout"]["dp"] == 1, resume["layout"]
+        assert resume["losses"][0] == resume["losses"][1]
+        for name, value in resume["params"][0].items():
+            assert np.array_equal(resume["params"][1][name], value), name
     multiple = 2 * cp * tp  # 2·CP chunks, each CP rank's share split over TP by sequence parallelism
     for rank in ranks:
         for name in ("samples", "packed"):
