@@ -79,16 +79,19 @@ class RolePlan:
     """EP size (the role's `parallel.expert_model_parallel_size`); 1 for a dense model."""
     expert_tensor_parallel: int = 1
     """Expert TP size (the role's `parallel.expert_tensor_parallel_size`, its TP when unset)."""
+    context_parallel: int = 1
+    """CP size (the role's `parallel.context_parallel_size`): ranks each sequence is split over."""
 
     @property
-    def grid(self) -> tuple[int, int, int, int, int]:
-        """(TP, PP, VPP, EP, expert TP): what one process's megatron grid and model chunks are made of."""
+    def grid(self) -> tuple[int, int, int, int, int, int]:
+        """(TP, PP, VPP, EP, expert TP, CP): what one process's megatron grid and model chunks are made of."""
         return (
             self.tensor_parallel,
             self.pipeline_parallel,
             self.virtual_pipeline,
             self.expert_parallel,
             self.expert_tensor_parallel,
+            self.context_parallel,
         )
 
 
@@ -175,11 +178,12 @@ def runs_in_own_group(name: str, config: Config) -> bool:
     )
 
 
-def grid_of(parallel: ParallelConfig) -> tuple[int, int, int, int, int]:
-    """(TP, PP, VPP, EP, expert TP) of a `parallel` section, VPP and expert TP resolved (unset: 1 and TP)."""
+def grid_of(parallel: ParallelConfig) -> tuple[int, int, int, int, int, int]:
+    """(TP, PP, VPP, EP, expert TP, CP) of a `parallel` section, VPP and expert TP resolved (unset: 1 and TP)."""
     tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
     vpp, etp = parallel.virtual_pipeline_model_parallel_size, parallel.expert_tensor_parallel_size
-    return tp, pp, vpp or 1, parallel.expert_model_parallel_size, tp if etp is None else etp
+    ep, cp = parallel.expert_model_parallel_size, parallel.context_parallel_size
+    return tp, pp, vpp or 1, ep, tp if etp is None else etp, cp
 
 
 def plan_batches(config: Config) -> BatchPlan:
@@ -250,6 +254,7 @@ def _sizes_positive(config: Config, problems: list[Problem]) -> bool:
         sizes[f"{name}.parallel.tensor_model_parallel_size"] = role.parallel.tensor_model_parallel_size
         sizes[f"{name}.parallel.pipeline_model_parallel_size"] = role.parallel.pipeline_model_parallel_size
         sizes[f"{name}.parallel.expert_model_parallel_size"] = role.parallel.expert_model_parallel_size
+        sizes[f"{name}.parallel.context_parallel_size"] = role.parallel.context_parallel_size
         if role.parallel.expert_tensor_parallel_size is not None:
             sizes[f"{name}.parallel.expert_tensor_parallel_size"] = role.parallel.expert_tensor_parallel_size
         sizes[f"{name}.micro_batch_size_per_gpu"] = role.micro_batch_size_per_gpu
@@ -400,24 +405,30 @@ def _straddle_problem(config: Config, first: int, engine: int) -> Problem:
 
 def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[Problem], trained: bool):
     parallel: ParallelConfig = role.parallel
-    tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
-    if train_gpus % (tp * pp):
+    tp, pp, cp = (
+        parallel.tensor_model_parallel_size,
+        parallel.pipeline_model_parallel_size,
+        parallel.context_parallel_size,
+    )
+    model_parallel = tp * cp * pp
+    sizes = f"TP {tp} × CP {cp} × PP {pp}" if cp > 1 else f"TP {tp} × PP {pp}"
+    if train_gpus % model_parallel:
         problems.append(
             Problem(
                 f"{name}.parallel.tensor_model_parallel_size",
                 tp,
-                f"{name} TP {tp} × PP {pp} = {tp * pp} does not divide the {train_gpus} training GPUs "
-                f"({train_gpus} ÷ {tp * pp} = {train_gpus / (tp * pp):.2f} data-parallel replicas)",
-                f"choose TP × PP dividing {train_gpus}: {_divisors(train_gpus)}",
+                f"{name} {sizes} = {model_parallel} does not divide the {train_gpus} training GPUs "
+                f"({train_gpus} ÷ {model_parallel} = {train_gpus / model_parallel:.2f} data-parallel replicas)",
+                f"choose sizes whose product divides {train_gpus}: {_divisors(train_gpus)}",
             )
         )
         return None
-    dp = train_gpus // (tp * pp)
+    dp = train_gpus // model_parallel
     if not check_expert_grid(f"{name}.", parallel, train_gpus, problems):
         return None
-    _, _, _, ep, etp = grid_of(parallel)
+    _, _, _, ep, etp, _ = grid_of(parallel)
     own_group = name != "actor" and runs_in_own_group(name, config)
-    dp_text = f"{name} DP {dp} ({train_gpus} GPUs ÷ (TP {tp} × PP {pp}))"
+    dp_text = f"{name} DP {dp} ({train_gpus} GPUs ÷ ({sizes}))"
     vpp = parallel.virtual_pipeline_model_parallel_size or 1
     if trained:
         update = _update_plan(name, role, dp, dp_text, config, problems)
@@ -450,6 +461,7 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
             vpp,
             ep,
             etp,
+            cp,
         )
     prompts, n, micro = config.data.train_batch_size, config.rollout.n, role.micro_batch_size_per_gpu
     samples = prompts * n
@@ -490,6 +502,7 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
         vpp,
         ep,
         etp,
+        cp,
     )
 
 
@@ -633,6 +646,16 @@ def format_plan(plan: BatchPlan) -> str:
     ]
     if split:
         lines.append(f"sequence parallel: {', '.join(split)}; micro-batch rows padded to a multiple of TP")
+    context = [
+        f"{role.role} (CP {role.context_parallel})"
+        for role in (plan.actor, plan.critic, plan.ref)
+        if role is not None and role.context_parallel > 1
+    ]
+    if context:
+        lines.append(
+            f"context parallel: {', '.join(context)}; each sequence split over CP ranks in 2 × CP chunks (samples "
+            "padded to a multiple of 2 × CP tokens); DP = GPUs ÷ (TP × CP × PP)"
+        )
     virtual = [
         f"{role.role} (PP {role.pipeline_parallel} × VPP {role.virtual_pipeline}: "
         f"{role.pipeline_parallel * role.virtual_pipeline} chunks)"

@@ -21,6 +21,7 @@ def check_layout_against_model(config: Config, facts: ModelFacts, problems: list
     model = f"the model ({facts.source})"
     for role, (parallel, recompute) in roles.items():
         check_megatron_layout(role, parallel, recompute, facts, model, problems, trained=role != "ref")
+        check_context_parallel_model(f"{role}.", parallel, facts, model, problems)
     check_dense_router_settings(config.actor, facts, model, problems)
     beyond = [stop for stop in config.rollout.stop if isinstance(stop, int) and stop >= facts.vocab_size]
     need(
@@ -68,6 +69,23 @@ def _ffn_split(what: str, tp: int, ffn: int, model: str) -> str:
     return (
         f"{what} {tp} does not divide the MLP intermediate size {ffn} of {model} ({ffn} ÷ {tp} = {ffn / tp:.2f}): "
         "every TP rank holds an equal slice of the MLP"
+    )
+
+
+def check_context_parallel_model(
+    prefix: str, parallel: ParallelConfig, facts: ModelFacts, model: str, problems: list[Problem]
+) -> None:
+    """Context parallelism on a dense model only: megarl's router metrics and the expert sync count a
+    mixture of experts' tokens per DP rank, and CP (which splits them over more ranks) is untested with them."""
+    cp, key = parallel.context_parallel_size, f"{prefix}parallel.context_parallel_size"
+    need(
+        problems,
+        cp <= 1 or not facts.num_experts,
+        key,
+        cp,
+        f"{model} is a mixture of experts ({facts.num_experts} experts), and megarl runs context parallelism on dense "
+        "models only (its expert paths are not proven with CP)",
+        f"set {key}: 1 for this model",
     )
 
 

@@ -22,15 +22,19 @@ holds the activations of the most micro-batches in flight):
   (a stage's GPUs ÷ (expert TP × EP)) instead of DP.
 - **activations** of one training micro-batch of `micro_batch_size_per_gpu` samples of
   S = `data.max_prompt_length + rollout.max_new_tokens` tokens (packed: `max_tokens_per_micro_batch` ÷ S
-  rows of S tokens) (no sequence parallelism, no dropout),
+  rows of S tokens) (no dropout), of which a rank holds S / CP tokens per sample with context parallelism
+  (`parallel.context_parallel_size`: each sequence split over CP ranks),
   per token and layer, in elements of `model.dtype` (Q = heads × head_dim, K = KV heads × head_dim,
   a = heads, f = ffn, h = hidden, t = TP):
 
-      4h                 inputs of the two norms and of the two linears after them
+      4h                 inputs of the two norms and of the two linears after them; 4h / t with sequence
+                         parallelism (each TP rank keeps its share of the sequence; megatron gathers the
+                         linears' inputs again in backward)
       + (2Q + 2K) / t    q, k, v for attention and the attention context
       + a·S / t          the softmax probabilities, which the local spec's softmax keeps; Transformer
-                         Engine's THD attention (flash/cuDNN, `megarl.workers.thd`) keeps none, so
-                         there the estimate is an upper bound
+                         Engine's THD attention (flash/cuDNN, `megarl.workers.thd`) keeps none, so with
+                         `model.transformer_impl: transformer_engine` (context parallelism's spec) the
+                         term is 0 (with "auto" it stays: an upper bound)
       + 3f / t           fc1 output (gate, up) and the SwiGLU output; with experts
                          k·(h + 3f_e / t_e) for each token's k dispatched copies and its experts' (top-k
                          k, expert width f_e, expert TP t_e)
@@ -39,8 +43,8 @@ holds the activations of the most micro-batches in flight):
   interleaved schedule (VPP = v ≥ 2 chunks of L/(PP·v) layers per stage) warms up 2(PP − 1) + (v − 1)·PP
   chunk passes on the first stage before its first backward (megatron-core's `get_pp_rank_microbatches`,
   pipeline_parallel/schedules.py), one more in flight at steady state: L·(1 + (PP − 1)/(PP·v)) layers' worth.
-  Full recompute keeps only each layer's input (h per token and layer) plus one layer's working set
-  as above; selective recompute (core_attn) drops the a·S/t term. The last stage adds the logits
+  Full recompute keeps only each layer's input (h per token and layer, h / t with sequence parallelism)
+  plus one layer's working set as above; selective recompute (core_attn) drops the a·S/t term. The last stage adds the logits
   per token: V_padded/t in `model.dtype`, their fp32 upcast when that is bfloat16, and the fp32
   exponentials of the log-softmax (megarl.workers.logprobs).
 - **rollout**: on GPU vLLM takes `rollout.gpu_memory_utilization` of the GPU (weights, KV cache and
@@ -184,14 +188,24 @@ class ModelShape:
         output = 0 if self.tie_word_embeddings else embedding
         return self.num_layers * self.layer_parameters(1) + embedding + output + self.hidden_size
 
-    def activation_elements_per_token(self, tp: int, seq_len: int, recompute: str, etp: int | None = None) -> int:
+    def activation_elements_per_token(
+        self,
+        tp: int,
+        seq_len: int,
+        recompute: str,
+        etp: int | None = None,
+        sequence_parallel: bool = False,
+        softmax_probs: bool = True,
+    ) -> int:
         """Elements one transformer layer keeps per token for backward (see the module docstring);
-        with "full" recompute, only the layer input."""
+        with "full" recompute, only the layer input. `sequence_parallel`: the sequence-split tensors are
+        1/TP; `softmax_probs`: the attention keeps its probabilities (the local spec; TE's does not)."""
+        split = tp if sequence_parallel else 1
         if recompute == "full":
-            return self.hidden_size
+            return self.hidden_size // split
         h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        attention = self.num_attention_heads * seq_len // tp if recompute != "selective" else 0
-        return 4 * h + (2 * q + 2 * kv) // tp + attention + self.mlp_activation_elements(tp, etp)
+        attention = self.num_attention_heads * seq_len // tp if recompute != "selective" and softmax_probs else 0
+        return 4 * h // split + (2 * q + 2 * kv) // tp + attention + self.mlp_activation_elements(tp, etp)
 
     def mlp_activation_elements(self, tp: int, etp: int | None) -> int:
         """The MLP's share per token: 3f / t dense; with experts, top-k × (h + 3f_e / expert TP) (each
@@ -293,32 +307,43 @@ def activation_bytes(
     seq_len: int,
     dtype: str,
     value_head: bool = False,
+    transformer_impl: str = "auto",
 ) -> int:
     """Training activations of one micro-batch on the first stage (all its in-flight micro-batches),
-    plus the last stage's logits and their fp32 working copies when PP is 1 (else they are on another rank)."""
+    plus the last stage's logits and their fp32 working copies when PP is 1 (else they are on another rank).
+    `transformer_impl`: the layer spec (`model.transformer_impl`; only Transformer Engine's is known to keep no
+    attention probabilities)."""
     tp, pp, etp = (
         parallel.tensor_model_parallel_size,
         parallel.pipeline_model_parallel_size,
         parallel.expert_tensor_parallel_size,
     )
-    tokens = micro_batch * seq_len
+    tokens = micro_batch * seq_len // parallel.context_parallel_size  # this rank's share of each sequence
     width = DTYPE_BYTES[dtype]
     granularity = recompute.granularity
+
+    def per_token(granularity: str) -> int:
+        return shape.activation_elements_per_token(
+            tp,
+            seq_len,
+            granularity,
+            etp,
+            sequence_parallel=parallel.sequence_parallel,
+            softmax_probs=transformer_impl != "transformer_engine",
+        )
+
     if granularity == "full" and recompute.method == "block":
         # The first `num_layers` layers of each stage are recomputed, the others keep everything.
         per_stage = shape.num_layers // pp
         recomputed = min(recompute.num_layers or 0, per_stage)
-        kept = (
-            recomputed * shape.activation_elements_per_token(tp, seq_len, "full", etp)
-            + (per_stage - recomputed) * shape.activation_elements_per_token(tp, seq_len, "none", etp)
-        ) * pp
+        kept = (recomputed * per_token("full") + (per_stage - recomputed) * per_token("none")) * pp
     else:
-        kept = shape.num_layers * shape.activation_elements_per_token(tp, seq_len, granularity, etp)
+        kept = shape.num_layers * per_token(granularity)
     vpp = parallel.virtual_pipeline_model_parallel_size or 1
     if vpp > 1:  # the interleaved schedule's extra chunk passes in flight (module docstring)
         kept = kept * (pp * vpp + pp - 1) // (pp * vpp)
     if granularity == "full":  # plus the working set of the one layer being recomputed
-        kept += shape.activation_elements_per_token(tp, seq_len, "none", etp)
+        kept += per_token("none")
     # Logits in the model dtype, their fp32 upcast (none when already fp32), the fp32 exponentials.
     logit_bytes = width + (FP32 if width < FP32 else 0) + FP32
     logits = 0 if pp > 1 else tokens * (FP32 if value_head else logit_bytes * shape.padded_vocab(tp) // tp)
@@ -343,12 +368,13 @@ def estimate_memory(
     trained = [("actor", config.actor, False)] + ([("critic", config.critic, True)] if config.critic.enable else [])
     for name, role, value_head in trained:
         p = role.parallel
-        dp = train_gpus // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size)
+        dp = train_gpus // (p.tensor_model_parallel_size * p.context_parallel_size * p.pipeline_model_parallel_size)
         optim_config = role.optim
         params, grads, optim = state_bytes(
             shape,
             p,
-            dp,
+            # megatron's distributed optimizer shards over DP × CP (the gradient group): CP ranks hold the same weights
+            dp * p.context_parallel_size,
             dtype,
             distributed_optimizer=optim_config.use_distributed_optimizer,
             trained=True,
@@ -361,7 +387,9 @@ def estimate_memory(
             if role.max_tokens_per_micro_batch is None
             else max(1, role.max_tokens_per_micro_batch // seq_len)
         )
-        acts = activation_bytes(shape, p, role.recompute, micro_batch, seq_len, dtype, value_head)
+        acts = activation_bytes(
+            shape, p, role.recompute, micro_batch, seq_len, dtype, value_head, config.model.transformer_impl
+        )
         roles.append(RoleMemory(name, params, grads, optim, acts))
     if uses_reference(config):
         params, _, _ = state_bytes(shape, config.ref.parallel, 1, dtype, distributed_optimizer=False, trained=False)

@@ -186,3 +186,41 @@ def check_expert_grid(prefix: str, parallel: ParallelConfig, gpus: int, problems
         f"choose expert TP × EP dividing {stage}: {divisors}",
     )
     return ok
+
+
+def check_context_parallel(
+    prefix: str,
+    parallel: ParallelConfig,
+    transformer_impl: str,
+    budgets: dict[str, int | None],
+    problems: list[Problem],
+) -> None:
+    """Context parallelism runs in Transformer Engine's attention, on THD micro-batches: the layer spec must be
+    TE's (megatron's local `DotProductAttention` asserts context_parallel_size == 1), and each token budget in
+    `budgets` (key -> value, None: unset) a multiple of 2 × CP (× TP with sequence parallelism), megatron's
+    padding rule (`megarl.workers.megatron_train.sequence_multiple`), so a budget is the row a pipeline stage
+    sends. `prefix` as `check_sequence_parallel`'s."""
+    cp, key = parallel.context_parallel_size, f"{prefix}parallel.context_parallel_size"
+    if cp <= 1:  # < 1: the batch plan's size check names it
+        return
+    need(
+        problems,
+        transformer_impl == "transformer_engine",
+        key,
+        cp,
+        "context parallelism runs in Transformer Engine's attention on THD micro-batches, and "
+        f"model.transformer_impl is {transformer_impl!r} (megatron's local spec has no context-parallel attention)",
+        f"set model.transformer_impl: transformer_engine (GPU, bfloat16), or {key}: 1",
+    )
+    multiple = 2 * cp * (parallel.tensor_model_parallel_size if parallel.sequence_parallel else 1)
+    what = "2 × CP × TP (sequence parallelism splits each CP rank's share over TP)" if multiple > 2 * cp else "2 × CP"
+    for budget_key, budget in budgets.items():
+        need(
+            problems,
+            budget is None or budget < 1 or budget % multiple == 0,
+            budget_key,
+            budget,
+            f"with {key}: {cp} a micro-batch's tokens are cut into 2 × CP chunks and must be a multiple of {what} = "
+            f"{multiple}",
+            f"use a multiple of {multiple}, e.g. {-(-(budget or 1) // multiple) * multiple}",
+        )

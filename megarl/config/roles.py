@@ -2,7 +2,7 @@
 
 Batch sizes follow verl's conventions: `ppo_mini_batch_size` counts *prompts* across all data-parallel
 ranks (each prompt brings `rollout.n` samples); `micro_batch_size_per_gpu` counts *samples* on one rank.
-The data-parallel size is never set: it is derived (GPUs ÷ (TP × PP)) and shown by `megarl validate`.
+The data-parallel size is never set: it is derived (GPUs ÷ (TP × CP × PP)) and shown by `megarl validate`.
 """
 
 from dataclasses import dataclass, field
@@ -28,6 +28,16 @@ class ParallelConfig:
     dropout) are split along the sequence over the TP ranks instead of replicated on each. Needs TP > 1;
     every micro-batch's sequence length is padded to a multiple of TP (`megarl.workers.micro_batches.
     pad_sequence`). Same log-probs and gradients as off, to float rounding."""
+    context_parallel_size: int = 1
+    """Context-parallel size (CP): each sequence is split over CP ranks (megatron's load-balanced layout: cut
+    into 2 × CP chunks, rank r holding chunks r and 2·CP - 1 - r), with Transformer Engine's ring attention
+    (`cp_comm_type` p2p) passing keys and values between them, so a rank holds the activations of 1/CP of
+    every sequence. The CP ranks hold the same weights and take the same samples; data parallelism gets
+    GPUs ÷ (TP × CP × PP), and gradients are reduced over DP × CP. Needs `model.transformer_impl:
+    transformer_engine` (the THD micro-batches its CP attention takes; megatron's local spec has none), a
+    dense model, and token budgets that are multiples of 2 × CP (× TP with sequence parallelism); every
+    sample is padded to a multiple of 2 × CP tokens. Same log-probs and gradients as CP 1, to float
+    rounding."""
     expert_model_parallel_size: int = 1
     """Expert-parallel size (EP) of a mixture-of-experts model (Qwen3-MoE): each layer's experts are
     split over EP ranks, and tokens travel to their experts' ranks and back (megatron's alltoall

@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Literal
 
 from megarl.config.hub import cached_snapshot, is_hub_id, missing_from_cache
-from megarl.config.layout_checks import check_megatron_layout
+from megarl.config.layout_checks import check_context_parallel_model, check_megatron_layout
 from megarl.config.loader import load_config
 from megarl.config.model_facts import ModelFactsError, load_model_facts
 from megarl.config.problems import Problem
 from megarl.config.resources import data_file_problems, local_path, writable_dir_problem
 from megarl.config.role_checks import (
+    check_context_parallel,
     check_cpu_offload,
     check_expert_grid,
     check_interleaved_micro_batches,
@@ -106,9 +107,11 @@ def load_sft_config(path: str | Path, overrides: Sequence[str] = ()) -> SftConfi
 
 
 def data_parallel_size(config: SftConfig) -> int:
-    """DP = train.gpus ÷ (TP × PP) (validated to divide)."""
+    """DP = train.gpus ÷ (TP × CP × PP) (validated to divide)."""
     parallel = config.parallel
-    return config.train.gpus // (parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size)
+    return config.train.gpus // (
+        parallel.tensor_model_parallel_size * parallel.context_parallel_size * parallel.pipeline_model_parallel_size
+    )
 
 
 def local_dir(path: str) -> str:
@@ -202,6 +205,7 @@ def validate_sft(config: SftConfig, check_files: bool = True) -> list[Problem]:
     check_optimizer("optim", config.optim, problems)
     check_sequence_parallel("", parallel, problems)
     check_virtual_pipeline("", parallel, problems)
+    check_context_parallel("", parallel, model.transformer_impl, {}, problems)
     check_cpu_offload("optim", config.optim, model.dtype, problems)
     _check_batch_layout(config, need, problems)
     need(
@@ -218,15 +222,20 @@ def validate_sft(config: SftConfig, check_files: bool = True) -> list[Problem]:
 
 def _check_batch_layout(config: SftConfig, need, problems: list[Problem]) -> None:
     train, parallel = config.train, config.parallel
-    tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
-    if min(tp, pp, train.gpus, train.batch_size, train.micro_batch_size_per_gpu) < 1:
+    tp, pp, cp = (
+        parallel.tensor_model_parallel_size,
+        parallel.pipeline_model_parallel_size,
+        parallel.context_parallel_size,
+    )
+    if min(tp, pp, cp, train.gpus, train.batch_size, train.micro_batch_size_per_gpu) < 1:
         return  # each has its own problem
-    model_parallel = tp * pp
+    model_parallel = tp * cp * pp
     need(
         train.gpus % model_parallel == 0,
         "train.gpus",
         train.gpus,
-        f"TP × PP = {tp} × {pp} = {model_parallel} does not divide the {train.gpus} GPUs "
+        (f"TP × CP × PP = {tp} × {cp} × {pp}" if cp > 1 else f"TP × PP = {tp} × {pp}")
+        + f" = {model_parallel} does not divide the {train.gpus} GPUs "
         f"({train.gpus} % {model_parallel} = {train.gpus % model_parallel})",
         f"use a multiple of {model_parallel} GPUs or a smaller layout",
     )
@@ -272,7 +281,9 @@ def _check_files(config: SftConfig, problems: list[Problem], need) -> None:
             except ModelFactsError as error:
                 problems.append(Problem("model.path", model.path, error.why, error.fix))
             else:
-                check_megatron_layout("", config.parallel, None, facts, f"the model ({facts.source})", problems)
+                described = f"the model ({facts.source})"
+                check_megatron_layout("", config.parallel, None, facts, described, problems)
+                check_context_parallel_model("", config.parallel, facts, described, problems)
                 need(
                     config.data.max_length <= facts.max_position_embeddings,
                     "data.max_length",

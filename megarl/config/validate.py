@@ -29,6 +29,7 @@ from megarl.config.resources import (
     unusable_path,
 )
 from megarl.config.role_checks import (
+    check_context_parallel,
     check_cpu_offload,
     check_optimizer,
     check_sequence_parallel,
@@ -309,6 +310,11 @@ def _check_role_parallel(config: Config, problems: list[Problem]) -> None:
     for role, parallel in roles.items():
         check_sequence_parallel(f"{role}.", parallel, problems)
         check_virtual_pipeline(f"{role}.", parallel, problems)
+        section = getattr(config, role)
+        budgets = {f"{role}.max_tokens_per_micro_batch": section.max_tokens_per_micro_batch}
+        if role != "ref":
+            budgets[f"{role}.forward_max_tokens_per_micro_batch"] = section.forward_max_tokens_per_micro_batch
+        check_context_parallel(f"{role}.", parallel, config.model.transformer_impl, budgets, problems)
 
 
 def _check_algorithm(config: Config, problems: list[Problem]) -> None:

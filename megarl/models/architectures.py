@@ -51,6 +51,16 @@ which TE runs only in its unfused O(T^2) attention.) Set explicitly, not left to
 default, because the THD layout depends on it."""
 
 
+CP_COMM_TYPE = "p2p"
+"""How Transformer Engine's attention exchanges keys and values between CP ranks (TransformerConfig's
+`cp_comm_type`, which megatron's `TEDotProductAttention.__init__` hands TE with `cp_group` and
+`cp_global_ranks`): "p2p", a ring in which each rank passes its K/V chunks to the next while computing on
+the ones it holds (TE's `AttnFuncWithCPAndKVP2P`, transformer_engine/pytorch/attention/
+dot_product_attention/context_parallel.py). It is the one of TE's CP schemes that takes every micro-batch
+in the THD layout, as the TE spec gets them (`takes_thd`): TE's KV all-gather and QKVO all-to-all do not
+(its CP tests, tests/pytorch/attention/test_attention_with_cp.py, skip THD for "all_gather" and "a2a")."""
+
+
 def takes_thd(config: TransformerConfig) -> bool:
     """Whether a model built with `config` takes its micro-batches in megatron-core's THD layout
     (`PackedSeqParams`, no attention mask): the Transformer Engine spec does (`TEDotProductAttention`);
@@ -99,11 +109,13 @@ def transformer_config(
     transformer_impl: str = "local",
     ep_size: int = 1,
     etp_size: int | None = None,
+    cp_size: int = 1,
     **overrides: Any,
 ) -> TransformerConfig:
     """The TransformerConfig of `dims` on a (tp_size, pp_size) grid, with `vpp_size` virtual stages per
     PP rank (megatron's interleaved schedule; 1: none), experts split over `ep_size` ranks and each expert
-    over `etp_size` (None: TP).
+    over `etp_size` (None: TP), and each sequence over `cp_size` ranks (context parallelism: Transformer
+    Engine's attention only, `CP_COMM_TYPE`).
 
     params_dtype: float32 or bfloat16 (`TORCH_DTYPES`); megatron's `bf16` flag follows it.
     overrides: non-architectural TransformerConfig fields the caller owns (e.g. `sequence_parallel`,
@@ -112,6 +124,12 @@ def transformer_config(
     """
     check_parallel_layout(dims, tp_size=tp_size, pp_size=pp_size, vpp_size=vpp_size, ep_size=ep_size, etp_size=etp_size)
     _check_impl(transformer_impl)
+    if cp_size > 1 and transformer_impl != "transformer_engine":
+        raise ValueError(
+            f"context_parallel_size={cp_size} needs transformer_impl='transformer_engine' (got {transformer_impl!r}): "
+            "megatron's local spec has no context-parallel attention (its DotProductAttention asserts "
+            "context_parallel_size == 1); use the Transformer Engine spec or context_parallel_size 1"
+        )
     architectural = architecture(dims.model_type).transformer_fields(dims)
     derived = {
         "bf16",
@@ -122,6 +140,8 @@ def transformer_config(
         "virtual_pipeline_model_parallel_size",
         "batch_p2p_comm",
         "moe_grouped_gemm",
+        "context_parallel_size",
+        "cp_comm_type",
     }
     clashes = sorted(set(overrides) & (set(architectural) - TRAINING_DEFAULTS | derived))
     if clashes:
@@ -144,6 +164,8 @@ def transformer_config(
         virtual_pipeline_model_parallel_size=vpp_size if vpp_size > 1 else None,
         expert_model_parallel_size=ep_size,
         expert_tensor_parallel_size=tp_size if etp_size is None else etp_size,
+        context_parallel_size=cp_size,
+        cp_comm_type=CP_COMM_TYPE if cp_size > 1 else None,
         bf16=params_dtype == torch.bfloat16,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
@@ -238,6 +260,7 @@ def build_gpt_model(
         vpp_size=groups.vpp_size,
         ep_size=groups.ep_size,
         etp_size=groups.etp_size,
+        cp_size=groups.cp_size,
         params_dtype=params_dtype,
         transformer_impl=transformer_impl,
         **config_overrides,

@@ -111,6 +111,8 @@ def export_hf_weights(
     first expert-DP replica (its ETP × EP ranks), which shares its first rank, the writer of each stage,
     with DP rank 0 (megatron's dense and expert grids both start a stage at its first rank).
     """
+    if groups.cp_rank != 0:  # a CP rank holds its DP replica's weights (`ProcessGroups.weight_replicas`)
+        return None
     if groups.dp_rank != 0 and groups.expert_dp_rank != 0:
         return None
     chunks = [unwrap_model(chunk) for chunk in (model if isinstance(model, list) else [model])]

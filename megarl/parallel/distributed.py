@@ -5,6 +5,7 @@ reads them: it builds the grid once per process and hands out a `ProcessGroups` 
 of megarl passes in, so no other code asks megatron's globals which group it is in.
 """
 
+import dataclasses
 import datetime
 import ipaddress
 import os
@@ -131,6 +132,28 @@ class ProcessGroups:
     group when ETP = TP."""
     etp_rank: int = 0
     etp_size: int = 1
+    cp: dist.ProcessGroup | None = None
+    """Megatron's context-parallel group (the ranks that split each sequence: same weights, same samples,
+    different tokens); None for cp 1."""
+    cp_rank: int = 0
+    cp_size: int = 1
+    dp_cp: dist.ProcessGroup | None = None
+    """The data-parallel group with the context-parallel ranks in it (megatron's
+    `get_data_parallel_group(with_context_parallel=True)`), over which gradients are reduced; `dp` (samples)
+    when cp is 1."""
+
+    @property
+    def grad_group(self) -> dist.ProcessGroup:
+        """The ranks whose gradients are summed into one step: DP × CP (`dp_cp`), `dp` without CP."""
+        return self.dp if self.dp_cp is None else self.dp_cp
+
+    def weight_replicas(self) -> "ProcessGroups":
+        """The grid as the weight sync and the HF export see it: the CP ranks of a DP replica hold the same
+        weights, so each (DP, CP) pair is a replica of them (`dp_rank` its rank in the DP × CP group, DP
+        replica 0's CP rank 0 being replica 0, the one that sends); the grid itself without CP."""
+        if self.dp_cp is None:
+            return self
+        return dataclasses.replace(self, dp_rank=dist.get_rank(self.dp_cp), dp_size=self.dp_cp.size())
 
     @property
     def is_first_stage(self) -> bool:
@@ -149,12 +172,15 @@ def initialize_model_parallel(
     vpp: int = 1,
     ep: int = 1,
     etp: int | None = None,
+    cp: int = 1,
 ) -> ProcessGroups:
-    """Build megatron-core's (TP, PP, DP) grid on an initialised world, install the CPU runtime when
+    """Build megatron-core's (TP, CP, PP, DP) grid on an initialised world, install the CPU runtime when
     there is no GPU, and seed every RNG (the model-parallel streams included).
 
-    DP is world_size / (tp * pp). `vpp` > 1: each PP rank holds that many virtual stages (model chunks)
-    and megatron runs its interleaved schedule. The experts have a grid of their own over the same ranks
+    DP is world_size / (tp * cp * pp). `cp` > 1: each sequence is split over that many ranks (context
+    parallelism); they hold the same weights and take the same samples (the same `dp_rank`), and their
+    gradients are reduced with DP's (`ProcessGroups.grad_group`). `vpp` > 1: each PP rank holds that many
+    virtual stages (model chunks) and megatron runs its interleaved schedule. The experts have a grid of their own over the same ranks
     (megatron's): expert-TP `etp` (None: `tp`) × EP `ep` × expert-DP × PP, so ETP × EP must divide
     world_size / pp. Calling it again with the same sizes returns the same grid.
     """
@@ -163,10 +189,10 @@ def initialize_model_parallel(
 
     cpu_runtime.install()
     world = dist.get_world_size()
-    if world % (tp * pp) != 0:
+    if world % (tp * cp * pp) != 0:
         raise ValueError(
-            f"world size {world} is not divisible by tensor parallel {tp} × pipeline parallel {pp} "
-            f"= {tp * pp}; choose sizes whose product divides the number of processes"
+            f"world size {world} is not divisible by tensor parallel {tp} × context parallel {cp} × pipeline "
+            f"parallel {pp} = {tp * cp * pp}; choose sizes whose product divides the number of processes"
         )
     etp = tp if etp is None else etp
     if (world // pp) % (etp * ep):
@@ -182,8 +208,9 @@ def initialize_model_parallel(
             mpu.get_virtual_pipeline_model_parallel_world_size() or 1,
             mpu.get_expert_model_parallel_world_size(),
             mpu.get_expert_tensor_parallel_world_size(),
+            mpu.get_context_parallel_world_size(),
         )
-        if shape != (tp, pp, vpp, ep, etp):
+        if shape != (tp, pp, vpp, ep, etp, cp):
             raise RuntimeError(
                 "this process already has a model-parallel grid of a different shape; megarl keeps one "
                 "grid per process (a role with another layout runs in processes of its own)"
@@ -195,6 +222,7 @@ def initialize_model_parallel(
             virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
             expert_model_parallel_size=ep,
             expert_tensor_parallel_size=etp,
+            context_parallel_size=cp,
             distributed_timeout_minutes=max(1, int(timeout_s // 60)),
         )
     groups = ProcessGroups(
@@ -217,6 +245,10 @@ def initialize_model_parallel(
         etp=mpu.get_expert_tensor_parallel_group(),
         etp_rank=mpu.get_expert_tensor_parallel_rank(),
         etp_size=etp,
+        cp=mpu.get_context_parallel_group() if cp > 1 else None,
+        cp_rank=mpu.get_context_parallel_rank(),
+        cp_size=cp,
+        dp_cp=mpu.get_data_parallel_group(with_context_parallel=True) if cp > 1 else None,
     )
     seed_everything(seed, tp_rank=groups.tp_rank, pp_rank=groups.pp_rank)
     return groups

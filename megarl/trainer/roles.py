@@ -141,6 +141,7 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
         vpp=plan.actor.virtual_pipeline,
         ep=plan.actor.expert_parallel,
         etp=plan.actor.expert_tensor_parallel,
+        cp=plan.actor.context_parallel,
         seed=config.trainer.seed,
         actor=actor_spec(config, plan, total_steps),
         use_reference=plan.ref is not None and "ref" not in own,
@@ -162,6 +163,7 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
             vpp=role.virtual_pipeline,
             ep=role.expert_parallel,
             etp=role.expert_tensor_parallel,
+            cp=role.context_parallel,
             seed=config.trainer.seed,
             actor=None,
             use_reference=role.role == "ref",
@@ -274,7 +276,7 @@ def _connect(
     """The started groups as `Roles`, with the weight sync between them connected."""
     rollout = config.rollout
     policy = groups["actor"].workers
-    routes = shared_routes(config, plan, groups["actor"].grids)
+    routes = shared_routes(config, plan, weight_sync_grids(groups["actor"].grids))
     policy_nodes = policy.node_ids()
     ring_nodes = [policy_nodes[rank] for rank, readers in enumerate(routes.readers) if readers]
     transport = sync_transport(
@@ -395,9 +397,16 @@ def shared_routes(config: Config, plan: BatchPlan, grids: list[dict[str, int]]) 
     return routes
 
 
+def weight_sync_grids(grids: list[dict[str, int]]) -> list[dict[str, int]]:
+    """The actor's `grids` as the weight sync sees them: `dp_rank` the rank's replica of the weights
+    (`PolicyWorker.grid`'s `sync_replica`: with context parallelism each (DP, CP) pair is one, and only
+    replica 0 sends; without, the DP rank)."""
+    return [dict(grid, dp_rank=grid["sync_replica"]) for grid in grids]
+
+
 def connect_weight_sync(roles: Roles, rollout_tp: int) -> None:
-    """The trainer's sending ranks (DP replica 0's and the first expert-DP replica's, `LayoutPair.senders`;
-    global rank 0 hosts the store) and every engine's workers form one process group
+    """The trainer's sending ranks (DP replica 0's CP rank 0 and the first expert-DP replica's,
+    `LayoutPair.senders`; global rank 0 hosts the store) and every engine's workers form one process group
     (`megarl.bridge.receiver_rank`: engine k's workers at senders + k·TP ...); the engines start joining
     first, then the trainer side completes it."""
     senders = roles.policy.call_rank0("sync_plan").layout.senders

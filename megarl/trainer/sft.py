@@ -192,6 +192,7 @@ class SftTrainer:
             vpp=parallel.virtual_pipeline_model_parallel_size or 1,
             ep=parallel.expert_model_parallel_size,
             etp=parallel.tensor_model_parallel_size if etp is None else etp,
+            cp=parallel.context_parallel_size,
             sequence_parallel=config.parallel.sequence_parallel,
             seed=config.train.seed,
             optim=optim_settings(config.optim, self.total_steps),

@@ -396,11 +396,20 @@ def logprob_gap(log_probs: Tensor, batch: PolicyBatch, groups: ProcessGroups, na
 def response_log_probs(
     logits: Tensor, micro_batch: MicroBatch, vocab_size: int, groups: ProcessGroups
 ) -> tuple[Tensor, Tensor]:
-    """`[b, R]` log-probs and entropy of the responses from the model's `[r, T, V_local]` logits."""
-    return vocab_parallel_log_probs(
-        micro_batch.response_outputs(logits),
-        micro_batch.samples.responses,
-        vocab_size=vocab_size,
-        tp_group=groups.tp,
-        with_entropy=True,
+    """`[b, R]` log-probs and entropy of the responses from the model's `[r, T, V_local]` logits (under context
+    parallelism this rank's `[1, T / CP, V_local]`: each column's log-prob of the token after it and its entropy,
+    then those of the whole row gathered, never the logits: `megarl.workers.context_parallel`)."""
+    context = micro_batch.context
+    if context is None:
+        return vocab_parallel_log_probs(
+            micro_batch.response_outputs(logits),
+            micro_batch.samples.responses,
+            vocab_size=vocab_size,
+            tp_group=groups.tp,
+            with_entropy=True,
+        )
+    columns = vocab_parallel_log_probs(
+        logits, context.targets, vocab_size=vocab_size, tp_group=groups.tp, with_entropy=True
     )
+    both = micro_batch.response_outputs(torch.stack(columns, dim=-1))
+    return both[..., 0], both[..., 1]

@@ -204,7 +204,8 @@ def load_checkpoint(
     if not weights_only and manifest.layout != layout:
         raise CheckpointError(
             f"{ckpt_dir} was saved with layout {manifest.layout}, this job runs {layout}: an exact resume "
-            "(optimizer, RNG) needs the same TP/PP/VPP/DP/EP/expert TP; use the saved layout, or load the weights only"
+            "(optimizer, RNG) needs the same TP/PP/VPP/CP/DP/EP/expert TP; use the saved layout, or load the weights "
+            "only"
         )
     for role, chunks in models.items():
         state = dist_checkpointing.load(_model_state(chunks), str(ckpt_dir / role / MODEL_DIR))
@@ -369,8 +370,10 @@ def _encode_extra(extra: dict[str, Any]) -> str:
 
 def _layout(groups: ProcessGroups) -> dict[str, int]:
     """The layout an exact resume needs; virtual stages too (the distributed optimizer shards each chunk's
-    buffer), recorded only when there are some, so checkpoints from before VPP existed compare equal."""
+    buffer) and context parallelism (it shards over DP × CP), each recorded only when there is some, so
+    checkpoints from before VPP or CP existed compare equal."""
     virtual = {"vpp": groups.vpp_size} if groups.vpp_size > 1 else {}
+    virtual |= {"cp": groups.cp_size} if groups.cp_size > 1 else {}
     return {
         "world_size": dist.get_world_size(),
         "tp": groups.tp_size,

@@ -52,6 +52,7 @@ from megarl.models.model_options import TORCH_DTYPES
 from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch
+from megarl.workers.context_parallel import split_for_context_parallel
 from megarl.workers.memory_stats import empty_cache
 from megarl.workers.micro_batches import MicroBatch, cut_micro_batches, pad_sequence
 from megarl.workers.packing import TokenBudget
@@ -168,7 +169,7 @@ def run_schedule(
         return forward_step(wrapped_model, next(data_iterator))
 
     chunks = list(model) if isinstance(model, Sequence) else [model]
-    rows, seq_length = micro_batches[0].input_ids.shape
+    rows, seq_length = len(micro_batches[0].input_ids), micro_batches[0].sequence_length
     if len(chunks) > 1:
         set_interleaving_group(chunks[0].config, len(micro_batches))
     return get_forward_backward_func()(
@@ -308,7 +309,7 @@ class TrainEngine:
         finite = torch.tensor(float(local_ok), device=compute_device())
         # Every rank must agree: a rank that stepped while another skipped would desynchronise.
         all_reduce(finite, self.groups.mp, dist.ReduceOp.MIN)
-        all_reduce(finite, self.groups.dp, dist.ReduceOp.MIN)
+        all_reduce(finite, self.groups.grad_group, dist.ReduceOp.MIN)
         if finite.item() == 0.0:
             self.skipped_steps += 1
             self.optimizer.zero_grad()
@@ -402,20 +403,33 @@ def micro_batches_of(
     """`batch` cut into micro-batches (`cut`: samples each, or a token budget) on the compute device,
     in the layout the model built with `config` takes: THD on the Transformer Engine spec, padded or
     packed rows with a dense mask on the local spec (`megarl.models.architectures.takes_thd`); with
-    pipeline stages every micro-batch has one shape (the stages exchange fixed shapes); with sequence
-    parallelism every row is padded to a multiple of TP (`sequence_multiple`)."""
-    cut_into = cut_thd_micro_batches if takes_thd(config) else cut_micro_batches
-    device, multiple = compute_device(), sequence_multiple(config)
-    return [
-        pad_sequence(micro_batch, multiple).to(device)
-        for micro_batch in cut_into(batch, cut, fixed_shape=groups.pp_size > 1)
-    ]
+    pipeline stages every micro-batch has one shape (the stages exchange fixed shapes); every row is
+    padded to a multiple of `sequence_multiple`; with context parallelism each THD sequence takes a
+    multiple of 2 × CP tokens and this CP rank gets its share of the row
+    (`megarl.workers.context_parallel`)."""
+    device, multiple, fixed_shape = compute_device(), sequence_multiple(config), groups.pp_size > 1
+    if takes_thd(config):
+        sample_multiple = 2 * groups.cp_size if groups.cp_size > 1 else 1
+        cut_into = cut_thd_micro_batches(
+            batch, cut, fixed_shape=fixed_shape, sample_multiple=sample_multiple, row_multiple=multiple
+        )
+    else:
+        cut_into = cut_micro_batches(batch, cut, fixed_shape=fixed_shape)
+    micro_batches = [pad_sequence(micro_batch, multiple).to(device) for micro_batch in cut_into]
+    if groups.cp is None:
+        return micro_batches
+    return [split_for_context_parallel(micro_batch, groups.cp) for micro_batch in micro_batches]
 
 
 def sequence_multiple(config: TransformerConfig) -> int:
-    """What a micro-batch's sequence length must be a multiple of for a model built with `config`: TP with
-    sequence parallelism (it splits the sequence over the TP ranks), else 1."""
-    return config.tensor_model_parallel_size if config.sequence_parallel else 1
+    """What a micro-batch's sequence length must be a multiple of for a model built with `config`:
+    megatron-core's rule (`get_padding` in megatron/core/models/multimodal/context_parallel.py) for the
+    parallelisms megarl runs: TP with sequence parallelism (it splits the sequence over the TP ranks),
+    times 2 × CP with context parallelism (each CP rank takes two of 2 × CP chunks, then SP splits its
+    share over TP), else 1."""
+    tp = config.tensor_model_parallel_size if config.sequence_parallel else 1
+    cp = config.context_parallel_size
+    return tp * (2 * cp if cp > 1 else 1)
 
 
 def forward_collect(

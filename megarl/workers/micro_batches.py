@@ -34,6 +34,8 @@ from megarl.workers.packing import TokenBudget, pack_rows
 if TYPE_CHECKING:
     from megatron.core.packed_seq_params import PackedSeqParams
 
+    from megarl.workers.context_shard import ContextShard
+
 PADDING_SEGMENT = -1
 """`segment_ids` of tokens that belong to no sample."""
 
@@ -73,6 +75,17 @@ class MicroBatch:
     """`[r, T, L, k]` int16: `PolicyBatch.routed_experts` in this layout, the rollout's experts of each token
     of `input_ids` in every layer; -1 on padding and on tokens the rollout routed none. None: the batch
     has none."""
+    context: ContextShard | None = None
+    """THD layout under context parallelism (`megarl.workers.context_parallel`): `input_ids`,
+    `position_ids` and `segment_ids` hold this CP rank's `t / CP` columns of the row, which this
+    describes; `cu_seqlens`, `max_seqlen` and `response_index` still describe the whole row. None: the
+    tensors are the whole row."""
+
+    @property
+    def sequence_length(self) -> int:
+        """The row's width `T` (under context parallelism the whole row's, as megatron's schedule takes it)."""
+        width = self.input_ids.shape[1]
+        return width if self.context is None else width * self.context.group.size()
 
     def attention_mask(self) -> Tensor | None:
         """GPTModel's `attention_mask`: None in the THD layout (attention is causal inside each
@@ -103,10 +116,17 @@ class MicroBatch:
         )
 
     def response_outputs(self, output: Tensor) -> Tensor:
-        """`[b, R, ...]` the model output `[r, T, ...]` at each response token's predicting column."""
+        """`[b, R, ...]` the model output `[r, T, ...]` at each response token's predicting column; under
+        context parallelism the output is this rank's `[1, T / CP, ...]`, gathered into the row first."""
+        output = self.whole_row(output)
         if self.response_columns is not None:
             return output[:, self.response_columns]
         return output.flatten(0, 1)[self.response_index]
+
+    def whole_row(self, output: Tensor) -> Tensor:
+        """`[r, T, ...]` the model output over the whole rows: `output` itself, or under context parallelism
+        every CP rank's columns gathered from this rank's `[1, T / CP, ...]` (`ContextShard.gather`)."""
+        return output if self.context is None else self.context.gather(output)
 
     def to(self, device: torch.device) -> MicroBatch:
         """The micro-batch with every tensor on `device`."""
@@ -120,7 +140,8 @@ class MicroBatch:
             None if self.cu_seqlens is None else self.cu_seqlens.to(device),
             self.max_seqlen,
             self.response_columns,
-            None if self.routed_experts is None else self.routed_experts.to(device),
+            routed_experts=None if self.routed_experts is None else self.routed_experts.to(device),
+            context=None if self.context is None else self.context.to(device),
         )
 
 
@@ -193,16 +214,24 @@ def token_counts(batch: PolicyBatch) -> Tensor:
 
 
 def packed_micro_batch(
-    samples: PolicyBatch, rows: Tensor, row_sizes: list[int], *, row_length: int | None, num_rows: int | None
+    samples: PolicyBatch,
+    rows: Tensor,
+    row_sizes: list[int],
+    *,
+    row_length: int | None,
+    num_rows: int | None,
+    sample_multiple: int = 1,
 ) -> MicroBatch:
     """Rows of `samples`' real tokens (prompt, then response up to its last counted token), one
     after another: row `k` holds the next `row_sizes[k]` samples. Rows are padded at their end to
     `row_length` (None: to the longest row); `num_rows` adds rows of padding (pipeline stages exchange
-    fixed shapes; None adds none)."""
+    fixed shapes; None adds none). `sample_multiple`: each sample takes a multiple of it of columns, its
+    real tokens then padding (`sample_spans`; context parallelism's 2 × CP chunks)."""
     counts = token_counts(samples).tolist()
     lengths = [prompt_len + response_len for prompt_len, response_len in counts]
+    spans = sample_spans(lengths, sample_multiple)
     starts = [sum(row_sizes[:k]) for k in range(len(row_sizes))]
-    row_tokens = [sum(lengths[start : start + size]) for start, size in zip(starts, row_sizes)]
+    row_tokens = [sum(spans[start : start + size]) for start, size in zip(starts, row_sizes)]
     width = max(row_tokens, default=0) if row_length is None else row_length
     if max(row_tokens, default=0) > width:
         raise ValueError(f"packed_micro_batch: {max(row_tokens)} tokens do not fit a row of {row_length}")
@@ -229,7 +258,7 @@ def packed_micro_batch(
             # Flat index of the column before response token t; uncounted ones stay inside the sample.
             predicting = offset + prompt_len - 1 + torch.arange(samples.response_length)
             index.append(predicting.clamp(offset, max(offset, offset + length - 1)))
-            column += length
+            column += spans[i]
     device = samples.prompts.device
     return MicroBatch(
         samples=samples,
@@ -241,6 +270,11 @@ def packed_micro_batch(
         response_index=torch.stack(index).clamp(max=total_rows * width - 1).to(device),
         routed_experts=None if routed_experts is None else routed_experts.to(device),
     )
+
+
+def sample_spans(lengths: list[int], multiple: int) -> list[int]:
+    """Columns each sample of `lengths` tokens takes in a packed row: its length rounded up to `multiple`."""
+    return [-(-length // multiple) * multiple for length in lengths]
 
 
 def cut_micro_batches(batch: PolicyBatch, cut: int | TokenBudget, *, fixed_shape: bool) -> list[MicroBatch]:

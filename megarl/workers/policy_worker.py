@@ -54,7 +54,11 @@ class PolicyWorker:
 
     def __init__(self, spec: PolicyWorkerSpec):
         self.spec = spec
-        self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed, vpp=spec.vpp, ep=spec.ep, etp=spec.etp)
+        self.groups = initialize_model_parallel(
+            spec.tp, spec.pp, spec.seed, vpp=spec.vpp, ep=spec.ep, etp=spec.etp, cp=spec.cp
+        )
+        self.sync_groups = self.groups.weight_replicas()
+        """The grid the weight sync is given: with context parallelism, CP rank 0 of DP replica 0 sends."""
         actor, built = spec.actor, spec.model_settings
         self.actor = (
             MegatronActor.from_hf(
@@ -130,7 +134,14 @@ class PolicyWorker:
     def grid(self) -> dict[str, int]:
         """This rank's place in the (TP, PP, DP) grid."""
         g = self.groups
-        return dict(rank=dist.get_rank(), tp_rank=g.tp_rank, pp_rank=g.pp_rank, dp_rank=g.dp_rank, dp_size=g.dp_size)
+        return dict(
+            rank=dist.get_rank(),
+            tp_rank=g.tp_rank,
+            pp_rank=g.pp_rank,
+            dp_rank=g.dp_rank,
+            dp_size=g.dp_size,
+            sync_replica=self.sync_groups.dp_rank,
+        )
 
     def stage_batch(self, batch: PolicyBatch, profile: ProfileRequest | None = None) -> None:
         """Hold this replica's rows of the step's batch for the step's `call_staged` calls, in place of
@@ -260,12 +271,12 @@ class PolicyWorker:
         """Collective over the trainer ranks: the ranks of DP replica 0 and of the first expert-DP
         replica join the sync group at their sender ranks (global rank 0 on its store) and wait for the engines (whose
         `RolloutWorker.start_weight_sync` must be running); every sync, each sends its own shards."""
-        group = None
-        rank = sync_rank(self.plan.layout, self.groups)
+        group, groups = None, self.sync_groups
+        rank = sync_rank(self.plan.layout, groups)
         if rank is not None:
             store = self._sync_store if rank == 0 else None
             group = create_weight_sync_group(host, port, rank, world_size, timeout_s, store=store)
-        self.sender = ShardSender(self.plan, self.actor.named_parameters_for_sync, self.groups, group)
+        self.sender = ShardSender(self.plan, self.actor.named_parameters_for_sync, groups, group)
 
     def use_shared_weight_sync(self, kind: str, routes: RingRoutes, timeout_s: float) -> None:
         """Collective over the trainer ranks: stream every sync through shared slots on this node
@@ -278,12 +289,13 @@ class PolicyWorker:
         readers = routes.readers[dist.get_rank()]
         transport = shared(readers, timeout_s=timeout_s) if readers else None
         named = self.actor.named_parameters_for_sync
+        groups = self.sync_groups
         if routes.mode == "per_rank":
-            self.sender = PerRankSender(self.plan, named, self.groups, transport)
+            self.sender = PerRankSender(self.plan, named, groups, transport)
         elif routes.mode == "scheduled":
-            self.sender = ScheduledRingSender(self.plan, named, self.groups, routes, transport)
+            self.sender = ScheduledRingSender(self.plan, named, groups, routes, transport)
         else:
-            self.sender = WeightSender(self.plan, named, self.groups, transport, every_rank=routes.mode == "every_rank")
+            self.sender = WeightSender(self.plan, named, groups, transport, every_rank=routes.mode == "every_rank")
 
     def begin_weight_sync(self):
         """Shared transports: open the next sync's slots; the ring the engines load from
@@ -305,7 +317,7 @@ class PolicyWorker:
     def weight_checksums(self, dtype: str) -> dict[str, int]:
         """This rank's partial checksums, in `dtype` (the engines'), of the HF tensors the engines must
         hold, from its live shards (`bridge.checksum.rank_checksums`; the driver sums over the ranks)."""
-        return rank_checksums(self.plan, self.actor.named_parameters_for_sync(), self.groups, dtype)
+        return rank_checksums(self.plan, self.actor.named_parameters_for_sync(), self.sync_groups, dtype)
 
     def probe_log_probs(self, token_ids: list[list[int]]) -> Tensor:
         """`[B, T-1]` actor log-probs of the sync probe (collective)."""

@@ -89,4 +89,4 @@ def last_token_scores(output: Tensor, micro_batch: MicroBatch) -> Tensor:
     kept = (samples.response_mask * torch.arange(1, width + 1, device=output.device)).amax(dim=1)
     index = micro_batch.response_index
     columns = torch.where(kept < width, index.gather(1, kept.clamp(max=width - 1)[:, None])[:, 0], index[:, -1] + 1)
-    return output.flatten(0, 1)[columns, 0].float()
+    return micro_batch.whole_row(output).flatten(0, 1)[columns, 0].float()

@@ -310,6 +310,9 @@ class PolicyWorkerSpec:
     critic: CriticSpec | None
     reward_model_path: str | None
     """HF `*ForSequenceClassification` checkpoint scored beside the reward function (None = none)."""
+    cp: int = 1
+    """Context-parallel size of the grid (the role's `parallel.context_parallel_size`): ranks each sequence is
+    split over."""
 
 
 @dataclass(frozen=True)
@@ -328,6 +331,8 @@ class SftWorkerSpec:
     """Expert-parallel size (`parallel.expert_model_parallel_size`)."""
     etp: int
     """Expert tensor-parallel size (`parallel.expert_tensor_parallel_size`, TP when unset)."""
+    cp: int
+    """Context-parallel size (`parallel.context_parallel_size`): ranks each sequence is split over."""
     sequence_parallel: bool
     """Megatron sequence parallelism over the TP ranks (`parallel.sequence_parallel`)."""
     seed: int

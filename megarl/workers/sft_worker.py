@@ -43,7 +43,9 @@ class SftWorker:
 
     def __init__(self, spec: SftWorkerSpec):
         self.spec = spec
-        self.groups = initialize_model_parallel(spec.tp, spec.pp, spec.seed, vpp=spec.vpp, ep=spec.ep, etp=spec.etp)
+        self.groups = initialize_model_parallel(
+            spec.tp, spec.pp, spec.seed, vpp=spec.vpp, ep=spec.ep, etp=spec.etp, cp=spec.cp
+        )
         self.actor = MegatronActor.from_hf(
             spec.model_path,
             self.groups,

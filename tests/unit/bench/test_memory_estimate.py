@@ -18,6 +18,7 @@ from megarl.config.memory import (
     state_bytes,
 )
 from megarl.config.roles import ParallelConfig
+from megarl.config.validate import validate
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 LLAMA_70B = ModelShape(
@@ -328,3 +329,59 @@ def test_expert_parallelism_splits_the_experts_and_their_optimizer_state_shards_
     assert state_bytes(QWEN3_30B_A3B, tp2, 8, "bfloat16", distributed_optimizer=True, trained=True)[0] == pytest.approx(
         params / 2, rel=0.01
     )
+
+
+def _actor_activations(config, shape, impl="transformer_engine", **parallel):
+    actor = dataclasses.replace(
+        config.actor,
+        parallel=ParallelConfig(tensor_model_parallel_size=2, **parallel),
+        recompute=dataclasses.replace(config.actor.recompute, granularity="none", num_layers=None),
+    )
+    model = dataclasses.replace(config.model, transformer_impl=impl)
+    return estimate_memory(dataclasses.replace(config, actor=actor, model=model), shape, train_gpus=8).roles[0]
+
+
+def test_context_parallel_splits_each_sequences_activations_and_keeps_the_optimizer_shard():
+    """CP 2 at TP 2 on 8 GPUs: each rank holds half of every sequence's activations and logits; DP drops to 2 but
+    megatron's distributed optimizer shards over DP × CP = 4, as DP 4 does without CP."""
+    shape = ModelShape.of("Qwen/Qwen2.5-7B-Instruct")
+    config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml")
+    off, on = _actor_activations(config, shape), _actor_activations(config, shape, context_parallel_size=2)
+    assert on.activations * 2 == off.activations
+    assert (on.parameters, on.gradients, on.optimizer) == (off.parameters, off.gradients, off.optimizer)
+
+
+def test_sequence_parallel_splits_the_norm_and_linear_inputs_and_te_keeps_no_softmax():
+    """Per token and layer: sequence parallelism keeps 4h / TP instead of 4h; Transformer Engine's attention keeps
+    no a·S / TP softmax probabilities, the local spec's does."""
+    shape = ModelShape.of("Qwen/Qwen2.5-7B-Instruct")
+    config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml")
+    seq_len = config.data.max_prompt_length + config.rollout.max_new_tokens
+    tokens = config.actor.micro_batch_size_per_gpu * seq_len
+    per_layer_token_bytes = shape.num_layers * tokens * 2  # bfloat16
+    te = _actor_activations(config, shape).activations
+    sp = _actor_activations(config, shape, sequence_parallel=True).activations
+    local = _actor_activations(config, shape, impl="local").activations
+    assert te - sp == per_layer_token_bytes * (4 * shape.hidden_size - 4 * shape.hidden_size // 2)
+    assert local - te == per_layer_token_bytes * (shape.num_attention_heads * seq_len // 2)
+
+
+def test_the_32k_recipe_validates_and_sequence_and_context_parallelism_cut_its_activations():
+    """configs/grpo_qwen3-8b_32k.yaml (Qwen3-8B, 33 792-token samples, 2 × 8 GPUs, TP 4 × SP × CP 2) validates, and
+    its actor's activations per GPU are those its header states: SP and CP together a third of neither's."""
+    config = _recipe("grpo_qwen3-8b_32k.yaml")
+    assert validate(config, check_files=False) == []
+    shape = ModelShape.of(config.model.path)
+
+    def activations_gib(sp: bool, cp: int) -> float:
+        parallel = dataclasses.replace(config.actor.parallel, sequence_parallel=sp, context_parallel_size=cp)
+        actor = dataclasses.replace(config.actor, parallel=parallel)
+        return (
+            estimate_memory(dataclasses.replace(config, actor=actor), shape, train_gpus=16).roles[0].activations / GIB
+        )
+
+    both, cp_only, sp_only, neither = (
+        activations_gib(*case) for case in ((True, 2), (False, 2), (True, 1), (False, 1))
+    )
+    assert [round(gib, 1) for gib in (both, cp_only, sp_only, neither)] == [7.6, 11.5, 15.3, 23.0]
+    assert both < neither / 3

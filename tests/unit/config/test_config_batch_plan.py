@@ -322,7 +322,7 @@ def test_expert_layout_is_planned_shown_and_a_reference_with_another_one_runs_ap
         "placement": {"gpus_per_node": 4},
     }
     plan = plan_batches(config_of(data))
-    assert plan.actor.grid == (2, 1, 1, 2, 1) and plan.ref.grid == (2, 1, 1, 1, 2)
+    assert plan.actor.grid == (2, 1, 1, 2, 1, 1) and plan.ref.grid == (2, 1, 1, 1, 2, 1)
     assert plan.ref.own_group, "megatron keeps one grid per process: another expert layout needs other processes"
     assert "experts: actor (expert TP 1 × EP 2 × expert DP 2) per pipeline stage" in format_plan(plan)
     same = config_of({**data, "ref": {"micro_batch_size_per_gpu": 2, "parallel": experts}})

@@ -558,6 +558,52 @@ CASES = [
         "splits the sequence over the TP ranks, and actor.parallel.tensor_model_parallel_size is 1",
     ),
     (
+        "context-parallel-on-the-local-spec",
+        ["actor.parallel.context_parallel_size=2"],
+        "actor.parallel.context_parallel_size",
+        "context parallelism runs in Transformer Engine's attention on THD micro-batches, and model.transformer_impl "
+        "is 'auto'",
+    ),
+    (
+        "context-parallel-not-dividing-gpus",
+        ["actor.parallel.context_parallel_size=3"],
+        "actor.parallel.tensor_model_parallel_size",
+        "actor TP 2 × CP 3 × PP 1 = 6 does not divide the 4 training GPUs",
+    ),
+    (
+        "context-parallel-zero",
+        ["actor.parallel.context_parallel_size=0"],
+        "actor.parallel.context_parallel_size",
+        "must be a positive integer",
+    ),
+    (
+        "context-parallel-budget-not-multiple-of-2cp",
+        ["actor.parallel.context_parallel_size=2", "actor.max_tokens_per_micro_batch=90"],
+        "actor.max_tokens_per_micro_batch",
+        "with actor.parallel.context_parallel_size: 2 a micro-batch's tokens are cut into 2 × CP chunks and must be "
+        "a multiple of 2 × CP = 4",
+    ),
+    (
+        "context-parallel-budget-not-multiple-of-2cp-tp-under-sp",
+        [
+            "actor.parallel.context_parallel_size=2",
+            "actor.parallel.sequence_parallel=true",
+            "actor.forward_max_tokens_per_micro_batch=100",
+        ],
+        "actor.forward_max_tokens_per_micro_batch",
+        "must be a multiple of 2 × CP × TP (sequence parallelism splits each CP rank's share over TP) = 8",
+    ),
+    (
+        "context-parallel-with-experts",
+        [
+            "model.path={tmp}/model_moe",
+            "actor.parallel.sequence_parallel=true",
+            "actor.parallel.context_parallel_size=2",
+        ],
+        "actor.parallel.context_parallel_size",
+        "is a mixture of experts (8 experts), and megarl runs context parallelism on dense models only",
+    ),
+    (
         "vpp-without-pipeline",
         ["actor.parallel.virtual_pipeline_model_parallel_size=2"],
         "actor.parallel.virtual_pipeline_model_parallel_size",

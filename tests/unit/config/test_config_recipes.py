@@ -119,6 +119,7 @@ OLD_LOG_PROB_PASS = {
     "grpo_qwen2.5-7b_math.yaml": ("4 mini-batches × 1 epoch",),
     "grpo_qwen2.5-3b_search.yaml": ("4 mini-batches × 1 epoch",),
     "dapo_qwen2.5-math-7b_math.yaml": ("16 mini-batches × 1 epoch",),
+    "grpo_qwen3-8b_32k.yaml": ("4 mini-batches × 1 epoch",),
     "ppo_qwen2.5-1.5b_gsm8k.yaml": (
         "4 mini-batches × 1 epoch",
         "algorithm.use_kl_in_reward reads them before the update",

@@ -9,7 +9,7 @@ import pytest
 
 from megarl.config import load_config
 from megarl.orchestration.placement import PlacementError
-from megarl.trainer.roles import shared_routes, sync_transport
+from megarl.trainer.roles import shared_routes, sync_transport, weight_sync_grids
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 
@@ -95,3 +95,13 @@ def test_train_refuses_the_collective_on_colocated_gpus_once_the_cluster_has_the
     [problem] = cluster_problems(config, cluster_gpus=2)
     assert (problem.key, problem.value) == ("rollout.sync.transport", "collective")
     assert "NCCL refuses two ranks on one device" in problem.why and "auto" in problem.fix
+
+
+def test_only_cp_rank_0_of_dp_replica_0_fills_the_split_engines_rings_under_context_parallelism():
+    """TP 1 × CP 2 × DP 1, split engines: both ranks are DP rank 0 and hold the same weights; the weight sync's view
+    of the grid (`weight_sync_grids`, from `PolicyWorker.grid`'s `sync_replica`) has CP rank 0 alone fill the
+    rings. The grid itself would read the two CP ranks as two ranks of one replica."""
+    grids = [dict(rank=rank, tp_rank=0, pp_rank=0, dp_rank=0, dp_size=1, sync_replica=rank) for rank in range(2)]
+    routes = _routes(TP_1, grids=weight_sync_grids(grids), colocated=False)
+    assert (routes.mode, routes.readers, routes.sources) == ("per_rank", (2, 0), (((0,),), ((0,),)))
+    assert _routes(TP_1, grids=grids, colocated=False).sources == (((0, 1),), ((0, 1),))
