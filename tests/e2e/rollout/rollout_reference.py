@@ -109,7 +109,10 @@ def sync_over_group(
         )
         for param in plan.params
     ]
-    trainer = SimpleNamespace(tp_rank=0, tp_size=1, pp_rank=0, dp_rank=0)
+    # `ProcessGroups`' ranks that the sender reads, of a lone trainer rank (no experts split anywhere).
+    trainer = SimpleNamespace(
+        tp_rank=0, tp_size=1, pp_rank=0, dp_rank=0, ep_rank=0, ep_size=1, etp_rank=0, etp_size=1, expert_dp_rank=0
+    )
     sender = ShardSender(plan, lambda: iter(named), trainer, group)
     engine.pause()
     try:
