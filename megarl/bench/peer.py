@@ -296,10 +296,11 @@ def _megarl(config_path: str, model: Path, data: Path, shape: dict, steps: int, 
     )
 
 
-def reward_rise(rewards: list[float]) -> tuple[float, float]:
-    """The mean reward of the first and of the last quarter of the steps (one step each for under 8)."""
-    quarter = max(1, len(rewards) // 4)
-    return statistics.mean(rewards[:quarter]), statistics.mean(rewards[-quarter:])
+def reward_rise(rewards: list[float], window: int | None = None) -> tuple[float, float]:
+    """The mean reward of the first and of the last `window` steps (None: a quarter of them, one step each
+    for under 8)."""
+    window = max(1, len(rewards) // 4) if window is None else min(window, len(rewards))
+    return statistics.mean(rewards[:window]), statistics.mean(rewards[-window:])
 
 
 def ms_per_token(seconds: list[float], tokens: list[float]) -> float:

@@ -6,7 +6,9 @@ The recipe's training devices stay the Megatron roles' in every mode: colocated,
 them (one engine per rollout TP group of them); split, one engine gets `rollout.tensor_model_parallel_size`
 devices of its own beside them. Each mode is `megarl.bench.step.run` (a warm-up step, then --repeats
 steps, medians); one_step_off's and async's first step generates alone, so the warm-up step is that one
-(async runs with the recipe's trainer.max_staleness).
+(async runs with the recipe's trainer.max_staleness). `seed` is every mode's trainer, data and rollout
+seed; each mode's reward per step is kept, its first and last 10 steps' means compared (`reward_rise`),
+and `megarl bench step --modes ... --json X.json` draws the curves into X.png (`modes_plot`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ MODES: dict[str, tuple[str, str]] = {
     "split_async": ("split", "async"),
 }
 """Mode name -> (placement.mode, trainer.rollout_mode)."""
+REWARD_WINDOW = 10
+"""Steps whose mean reward opens and closes a mode's curve (`reward_rise`)."""
 BASELINE = "split_sync"
 """The ratios' denominator when it runs (else the first mode run)."""
 
@@ -37,12 +41,14 @@ def mode_overrides(config: Config, mode: str) -> list[str]:
     ]
 
 
-def run(config_path: str, overrides: list[str], repeats: int, modes: tuple[str, ...]) -> dict:
+def run(config_path: str, overrides: list[str], repeats: int, modes: tuple[str, ...], seed: int = 0) -> dict:
     from megarl.bench import step
+    from megarl.bench.peer import reward_rise, seed_overrides
     from megarl.config import load_config
 
     config = load_config(config_path, overrides)
-    results = {mode: step.run(config_path, [*overrides, *mode_overrides(config, mode)], repeats) for mode in modes}
+    seeded = [*overrides, *seed_overrides(seed)]
+    results = {mode: step.run(config_path, [*seeded, *mode_overrides(config, mode)], repeats) for mode in modes}
     rates = {mode: result["samples_per_step"] / result["step_seconds"] for mode, result in results.items()}
     baseline = BASELINE if BASELINE in rates else modes[0]
     return dict(
@@ -50,7 +56,11 @@ def run(config_path: str, overrides: list[str], repeats: int, modes: tuple[str, 
         config=config_path,
         overrides=overrides,
         baseline=baseline,
+        seed=seed,
         samples_per_s=rates,
+        reward_rise={
+            mode: reward_rise(result["per_step"]["reward/mean"], REWARD_WINDOW) for mode, result in results.items()
+        },
         ratios={mode: rate / rates[baseline] for mode, rate in rates.items()},
         modes=results,
     )
@@ -60,13 +70,14 @@ def markdown(result: dict) -> str:
     first = next(iter(result["modes"].values()))
     lines = [
         f"step modes: {result['config']} ({first['samples_per_step']} samples per step), median of {first['repeats']} "
-        f"steps after {first['warmup_steps']} warm-up step(s) per mode",
-        f"| mode | step s | samples/s | × {result['baseline']} |",
-        "|---|---|---|---|",
+        f"steps after {first['warmup_steps']} warm-up step(s) per mode, seed {result['seed']}",
+        f"| mode | step s | samples/s | × {result['baseline']} | reward first {REWARD_WINDOW} → last {REWARD_WINDOW} |",
+        "|---|---|---|---|---|",
     ]
     for mode, run in result["modes"].items():
+        start, end = result["reward_rise"][mode]
         lines.append(
             f"| {mode} | {run['step_seconds']:.3f} | {result['samples_per_s'][mode]:.2f} | "
-            f"{result['ratios'][mode]:.2f} |"
+            f"{result['ratios'][mode]:.2f} | {start:.3f} → {end:.3f} |"
         )
     return "\n".join(lines)

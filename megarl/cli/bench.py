@@ -81,14 +81,15 @@ def register(subparsers) -> None:
         "--seed",
         type=int,
         default=0,
-        help="with --peer: the seed of every run (sampling and prompt order: megarl's trainer.seed, "
+        help="with --peer or --modes: the seed of every run (sampling and prompt order: megarl's trainer.seed, "
         "data.seed and rollout.seed, TRL's seed); the model and prompts stay the same (default 0)",
     )
     parser.add_argument(
         "--modes",
         help="step only: run the recipe in each of these placements and rollout modes in "
-        "turn, samples/s side by side: a comma-separated subset of colocated_sync, "
-        "split_sync, split_one_step_off, split_async (megarl.bench.step_modes)",
+        "turn, samples/s and reward first 10 -> last 10 steps side by side: a comma-separated subset of "
+        "colocated_sync, split_sync, split_one_step_off, split_async (megarl.bench.step_modes); with --json X.json "
+        "the reward curves go to X.png",
     )
     parser.add_argument(
         "--smoke",
@@ -118,10 +119,17 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.peer is None and (args.workload != "fixed" or args.contenders is not None or args.seed != 0):
+    if args.peer is None and (args.workload != "fixed" or args.contenders is not None):
         print(
-            "megarl bench: --workload, --contenders and --seed choose the peer comparison's runs; add --peer trl "
+            "megarl bench: --workload and --contenders choose the peer comparison's runs; add --peer trl "
             "(megarl bench step --peer trl)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.peer is None and args.modes is None and args.seed != 0:
+        print(
+            "megarl bench: --seed seeds the runs of a comparison; add --peer trl or --modes "
+            "(megarl bench step --modes split_sync,split_async --seed 1)",
             file=sys.stderr,
         )
         return 2
@@ -174,6 +182,10 @@ def run(args: argparse.Namespace) -> int:
         from megarl.bench.peer_plot import plot_rewards
 
         print(f"wrote {plot_rewards(result, args.json.with_suffix('.png'))}")
+    if args.json and args.modes is not None:
+        from megarl.bench.modes_plot import plot_modes
+
+        print(f"wrote {plot_modes(result, args.json.with_suffix('.png'))}")
     return 0
 
 
@@ -220,7 +232,7 @@ def _run(args: argparse.Namespace, tmp: Path) -> tuple[dict, str]:
         if args.modes:
             from megarl.bench import step_modes
 
-            result = step_modes.run(args.config, overrides, args.repeats, tuple(args.modes.split(",")))
+            result = step_modes.run(args.config, overrides, args.repeats, tuple(args.modes.split(",")), args.seed)
             return result, step_modes.markdown(result)
         result = module.run(args.config, overrides, args.repeats)
         return result, module.markdown(result)

@@ -22,7 +22,7 @@ from megarl.rewards.tasks import REPEAT_ALPHABET
         (["bench", "step", "--peer", "trl", "--model", "."], "the comparison makes its own model"),
         (["bench", "step", "--workload", "variable"], "add --peer trl"),
         (["bench", "step", "--contenders", "megarl"], "add --peer trl"),
-        (["bench", "step", "--seed", "3"], "--workload, --contenders and --seed choose"),
+        (["bench", "step", "--seed", "3"], "--seed seeds the runs of a comparison; add --peer trl or --modes"),
         (
             ["bench", "step", "--peer", "trl", "--contenders", "megarl,verl"],
             "--contenders 'megarl,verl': unknown verl; choose among megarl, megarl_tuned",

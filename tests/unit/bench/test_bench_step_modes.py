@@ -60,6 +60,41 @@ def test_the_table_gives_samples_per_second_and_the_ratio_to_split_sync():
         "modes": {"split_sync": {**run, "step_seconds": 16.0}, "split_one_step_off": {**run, "step_seconds": 8.0}},
         "samples_per_s": {"split_sync": 8.0, "split_one_step_off": 16.0},
         "ratios": {"split_sync": 1.0, "split_one_step_off": 2.0},
+        "seed": 0,
+        "reward_rise": {"split_sync": (0.02, 0.8), "split_one_step_off": (0.03, 0.7)},
     }
     table = markdown(result)
-    assert "| split_one_step_off | 8.000 | 16.00 | 2.00 |" in table and "× split_sync" in table
+    assert "| split_one_step_off | 8.000 | 16.00 | 2.00 | 0.030 → 0.700 |" in table and "× split_sync" in table
+
+
+def test_every_mode_runs_with_the_seed_and_keeps_its_reward_curve(tmp_path, monkeypatch):
+    """Issue 31, item 5: the modes run with one seed, each keeps its reward per step, the table compares its
+    first and last 10 steps, and the curves are drawn (`modes_plot`)."""
+    from megarl.bench import step, step_modes
+    from megarl.bench.modes_plot import plot_modes
+
+    seen = {}
+
+    def fake_step_run(config_path, overrides, repeats):
+        mode = next(o.removeprefix("trainer.rollout_mode=") for o in overrides if o.startswith("trainer.rollout_mode="))
+        seen[mode] = overrides
+        rewards = [0.1] * 10 + [0.5] * (repeats - 9)  # the warm-up step is the first of `repeats + 1`
+        return dict(
+            samples_per_step=128,
+            step_seconds=2.0 if mode == "sync" else 1.0,
+            step_seconds_all=[1.0] * repeats,
+            per_step={"reward/mean": rewards},
+            repeats=repeats,
+            warmup_steps=1,
+        )
+
+    monkeypatch.setattr(step, "run", fake_step_run)
+    result = step_modes.run(str(QUICKSTART), [], 40, ("split_sync", "split_async"), seed=3)
+    assert all({"trainer.seed=3", "data.seed=3", "rollout.seed=3"} <= set(o) for o in seen.values())
+    assert set(seen) == {"sync", "async"}
+    assert result["reward_rise"] == {"split_sync": (0.1, 0.5), "split_async": (0.1, 0.5)}
+    assert result["ratios"]["split_async"] == 2.0
+    table = markdown(result)
+    assert "seed 3" in table and "| split_async | 1.000 | 128.00 | 2.00 | 0.100 → 0.500 |" in table
+    png = plot_modes(result, tmp_path / "modes.png")
+    assert png.read_bytes().startswith(b"\x89PNG")
