@@ -17,8 +17,9 @@ device's), `per_rank` (each TP rank's shards through its own ring, read by `work
 """
 
 from megarl.bridge.checksum import LoadedChecksums, VllmRankLayout, recorded
-from megarl.bridge.plan import LayoutPair, SyncPlan, build_plan, build_schedule, receiver_rank, sender_rank
+from megarl.bridge.plan import LayoutPair, SyncPlan, build_plan
 from megarl.bridge.protocol import BucketMetadata, SharedBucket, TensorSlot, pack, unpack
+from megarl.bridge.schedule import build_schedule, receiver_rank, sender_rank
 from megarl.bridge.shard_sync import ShardSender, rank_tensors_as_hf, receive_rank_shards
 from megarl.bridge.shared_ring import RingReader, SharedRing, read_ring
 from megarl.bridge.sync import SyncStats, WeightSender, receiving, sync_in_process

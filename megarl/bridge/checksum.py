@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 import torch
 
 from megarl.bridge.collect import holds_shard, local_params_by_plan_name, shard_group
-from megarl.bridge.plan import LayoutPair, PlannedParam, SyncPlan, vllm_vocab_rows
+from megarl.bridge.plan import LayoutPair, PlannedParam, SyncPlan
+from megarl.bridge.schedule import vllm_vocab_rows
 from megarl.bridge.verify import SyncVerificationError
 from megarl.models.hf_config import ModelDims
 from megarl.models.layout import REPLICATED, VOCAB, ParamMapping, tp_shard_from_hf
@@ -299,7 +300,7 @@ class VllmRankLayout:
         return checksums
 
     def _expert_checksums(self, expert: str, leaf: str, tensor: torch.Tensor, dtype: torch.dtype) -> dict[str, int]:
-        """One expert's `w13_weight` rows `[gate_r; up_r]` or `w2_weight` columns (`plan.vllm_rank_name`),
+        """One expert's `w13_weight` rows `[gate_r; up_r]` or `w2_weight` columns (`schedule.vllm_rank_name`),
         cut over the worker's TP ranks, or whole with expert parallelism."""
         tp_size, tp_rank = (1, 0) if self.expert_parallel else (self.tp_size, self.tp_rank)
         width = self.dims.moe_ffn_hidden_size // tp_size

@@ -27,16 +27,9 @@ import torch
 import torch.distributed as dist
 
 from megarl.bridge.convert import check_hf_shapes, mapping_of, to_hf, to_hf_into
-from megarl.bridge.plan import (
-    LayoutPair,
-    PlannedBucket,
-    PlannedParam,
-    SyncPlan,
-    expert_owner,
-    sender_rank,
-    stage_index,
-)
+from megarl.bridge.plan import LayoutPair, PlannedBucket, PlannedParam, SyncPlan
 from megarl.bridge.protocol import BucketMetadata
+from megarl.bridge.schedule import expert_owner, sender_rank, stage_index
 from megarl.models.layout import (
     ROW_BLOCK_KINDS,
     VOCAB,
@@ -126,7 +119,7 @@ def holds_shard(param: PlannedParam, plan: SyncPlan, groups: ProcessGroups) -> b
 
 
 def sync_rank(layout: LayoutPair, groups: ProcessGroups) -> int | None:
-    """This trainer rank's sync-group rank (`plan.sender_rank`), None when it sends nothing (outside
+    """This trainer rank's sync-group rank (`schedule.sender_rank`), None when it sends nothing (outside
     DP replica 0 and the first expert-DP replica)."""
     index = stage_index(
         layout,

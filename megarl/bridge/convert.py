@@ -29,7 +29,8 @@ from collections.abc import Sequence
 
 import torch
 
-from megarl.bridge.plan import PlannedParam, vllm_rank_name, vllm_vocab_rows
+from megarl.bridge.plan import PlannedParam
+from megarl.bridge.schedule import vllm_rank_name, vllm_vocab_rows
 from megarl.models.hf_config import ModelDims
 from megarl.models.layout import GATE_UP, QKV, REPLICATED, ROW, VOCAB, ParamMapping, merge_tp_shards_into, merged_shapes
 

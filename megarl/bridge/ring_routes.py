@@ -9,7 +9,7 @@ a ring of one reader:
 - "per_rank" (train TP == rollout TP, PP 1): the rank's own shards, already in vLLM worker r's
   layout (`per_rank.PerRankSender`); policy rank `k * tp + r` is TP rank r of DP replica k.
 - "scheduled" (any other layout): the rank's worker's tensors in vLLM's per-rank layout too,
-  assembled from the pieces the planner's schedule sends it (`plan.build_schedule`): each rank of
+  assembled from the pieces the planner's schedule sends it (`schedule.build_schedule`): each rank of
   DP replica 0 (the schedule's sender i is policy rank `senders[i]`) sends each piece point to
   point, inside the trainer world, to the ranks hosting the piece's worker
   (`scheduled_ring.ScheduledRingSender`); nothing is gathered.
@@ -53,7 +53,7 @@ class RingRoutes:
     sources: tuple[tuple[tuple[int, ...], ...], ...]
     """`sources[k][r]`: the policy ranks whose rings worker r of engine k reads, in stage order."""
     senders: tuple[int, ...] = ()
-    """"scheduled": the policy rank of the schedule's sender i (`plan.sender_rank`: stage i // train
+    """"scheduled": the policy rank of the schedule's sender i (`schedule.sender_rank`: stage i // train
     TP, TP rank i % train TP, of DP replica 0); empty otherwise."""
 
     @property
@@ -116,7 +116,7 @@ def route_rings(
 
 
 def _schedule_senders(grids: Sequence[dict[str, int]], train_tp: int) -> tuple[int, ...]:
-    """Per schedule sender `pp * train_tp + tp` (`plan.sender_rank`), the policy rank of DP replica 0
+    """Per schedule sender `pp * train_tp + tp` (`schedule.sender_rank`), the policy rank of DP replica 0
     at (pp, tp)."""
     at = {(g["pp_rank"], g["tp_rank"]): rank for rank, g in enumerate(grids) if g["dp_rank"] == 0}
     return tuple(at[divmod(sender, train_tp)] for sender in range(len(at)))

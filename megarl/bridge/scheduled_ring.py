@@ -6,7 +6,7 @@ That ring carries the worker's own tensors in vLLM's per-rank layout, as the per
 so the engine loads them with its per-rank loader (`load_rank_rings`).
 
 Every rank of DP replica 0 sends, bucket by bucket, each piece of its own shards that the
-planner's schedule (`plan.build_schedule`) sends to worker r, to every rank hosting a worker r,
+planner's schedule (`schedule.build_schedule`) sends to worker r, to every rank hosting a worker r,
 point to point inside the trainer world (gloo on CPU, NCCL on GPU: the trainer world never holds
 two ranks of one device); a piece whose host is the sender itself is copied. Each hosting rank
 assembles its worker's tensors of the bucket from the pieces it receives
@@ -32,9 +32,10 @@ import torch
 import torch.distributed as dist
 
 from megarl.bridge.collect import BufferMeter, local_params_by_plan_name, sync_rank
-from megarl.bridge.plan import BucketSchedule, SyncPlan, build_schedule
+from megarl.bridge.plan import SyncPlan
 from megarl.bridge.protocol import BucketMetadata
 from megarl.bridge.ring_routes import RingRoutes
+from megarl.bridge.schedule import BucketSchedule, build_schedule
 from megarl.bridge.shard_sync import bucket_inbox, piece_tensors, shares_storage
 from megarl.bridge.shared_ring import SharedRing
 from megarl.bridge.sync import BucketCount, NamedParameters, SyncStats

@@ -3,12 +3,12 @@ first expert-DP replica: each EP rank sends the experts it holds) sends each vLL
 the pieces of its own shards that the worker's TP shard needs, and the worker assembles its
 per-rank tensors (vLLM's names and shapes) from them, so no full tensor is built anywhere and
 nothing goes through trainer rank 0. Both sides replay the planner's schedule
-(`plan.build_schedule`: who sends which block of which HF tensor to whom), so no metadata travels.
+(`schedule.build_schedule`: who sends which block of which HF tensor to whom), so no metadata travels.
 
 The sync group (`sync_group.create_weight_sync_group`) is laid out as:
 
 - group ranks `0 .. S-1`: the senders, S = PP × max(TP, expert TP × EP) (`LayoutPair.senders`),
-  `plan.sender_rank(layout, pp, i)` = pp × S/PP + i for the stage's rank i: the first ranks of a
+  `schedule.sender_rank(layout, pp, i)` = pp × S/PP + i for the stage's rank i: the first ranks of a
   stage hold DP replica 0's dense shards and the first expert-DP replica's experts (group rank 0,
   stage 0's first rank, hosts the store);
 - group ranks `S ..`: the receivers, engine k's worker r at `plan.receiver_rank(layout, k, r)`.
@@ -41,15 +41,9 @@ import torch.distributed as dist
 
 from megarl.bridge.collect import BufferMeter, local_params_by_plan_name, sync_rank
 from megarl.bridge.convert import mapping_of
-from megarl.bridge.plan import (
-    BucketSchedule,
-    Piece,
-    SyncPlan,
-    SyncSchedule,
-    build_schedule,
-    receiver_rank,
-)
+from megarl.bridge.plan import SyncPlan
 from megarl.bridge.protocol import unpack
+from megarl.bridge.schedule import BucketSchedule, Piece, SyncSchedule, build_schedule, receiver_rank
 from megarl.bridge.sync import NamedParameters, SyncStats
 from megarl.models.hf_config import ModelDims
 from megarl.models.layout import ROW_BLOCK_KINDS, VOCAB, VOCAB_DIVISIBLE_BY, shard_pieces

@@ -1,5 +1,5 @@
 """The weight-sync process group: the trainer's sending ranks, then the rollout workers
-(`plan.sender_rank` / `receiver_rank`; the trainer's global rank 0 is group rank 0).
+(`schedule.sender_rank` / `receiver_rank`; the trainer's global rank 0 is group rank 0).
 
 It is standalone, made from a `TCPStore` and a process-group object directly, not through
 `torch.distributed.init_process_group`: each side already has its own default world (Megatron's on

@@ -94,7 +94,7 @@ def load_rank_tensors(worker, tensors: Named, record: LoadedChecksums | None) ->
 
 
 EXPERT_TENSOR = re.compile(r"(.+\.experts)\.(\d+)\.(w13_weight|w2_weight)")
-"""One expert's rows of a fused-MoE layer's weight (`bridge.plan.vllm_rank_name`): module, global expert, parameter."""
+"""One expert's rows of a fused-MoE layer's weight (`bridge.schedule.vllm_rank_name`): module, global expert, parameter."""
 
 Write = tuple[str, "int | None", torch.Tensor]
 """(parameter name, local expert index or None for the whole parameter, tensor)."""

@@ -26,8 +26,9 @@ import torch.distributed as dist
 
 from megarl.bridge.checksum import LoadedChecksums, VllmRankLayout, check_checksums, combine, rank_checksums, recorded
 from megarl.bridge.per_rank import PerRankSender
-from megarl.bridge.plan import LayoutPair, build_plan, build_schedule, sender_rank
+from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.bridge.ring_routes import route_rings
+from megarl.bridge.schedule import build_schedule, sender_rank
 from megarl.bridge.scheduled_ring import ScheduledRingSender
 from megarl.bridge.shared_ring import HOST, SharedRing, read_ring
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport

@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 
 from megarl.bridge.checksum import LoadedChecksums, VllmRankLayout, check_checksums, recorded, tensor_checksum
-from megarl.bridge.plan import LayoutPair, build_plan, build_schedule, receiver_rank
+from megarl.bridge.plan import LayoutPair, build_plan
+from megarl.bridge.schedule import build_schedule, receiver_rank
 from megarl.bridge.shard_sync import receive_rank_shards
 from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
 from megarl.models.hf_config import read_model_dims

@@ -31,7 +31,8 @@ from store_handoff import load_paused, take
 from megarl.bridge.checksum import check_checksums, combine, rank_checksums
 from megarl.bridge.collect import local_params_by_plan_name
 from megarl.bridge.per_rank import PerRankSender
-from megarl.bridge.plan import LayoutPair, vllm_vocab_rows
+from megarl.bridge.plan import LayoutPair
+from megarl.bridge.schedule import vllm_vocab_rows
 from megarl.bridge.shared_ring import SLOTS
 from megarl.bridge.transports.shared_memory import SHM_DIR, SharedMemoryTransport
 from megarl.bridge.verify import check_sync, probe_token_ids

@@ -25,8 +25,9 @@ from bridge_emulate import VOCAB_DIVISIBLE_BY, dims_of, megatron_shards, random_
 
 from megarl.bridge.checksum import LoadedChecksums, VllmRankLayout, check_checksums, recorded, tensor_checksum
 from megarl.bridge.convert import to_vllm_rank
-from megarl.bridge.plan import LayoutPair, build_plan, build_schedule, megatron_block, receiver_rank, sender_rank
+from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.bridge.protocol import unpack
+from megarl.bridge.schedule import build_schedule, megatron_block, receiver_rank, sender_rank
 from megarl.bridge.shard_sync import piece_tensor, rank_tensors_as_hf, receive_bucket, shard_block
 
 PAIRS = [(tp, pp, rollout) for tp, pp, rollout in itertools.product((1, 2, 4), (1, 2), (1, 2, 4))]
@@ -318,7 +319,7 @@ def test_workers_assemble_the_expert_rows_vllm_would_load_and_checksum_them(layo
 
 def test_vllm_places_whole_experts_linearly_with_expert_parallelism():
     """8 experts over 3 ranks: vLLM's `determine_expert_map` gives 3, 3, 2."""
-    from megarl.bridge.plan import vllm_expert_range
+    from megarl.bridge.schedule import vllm_expert_range
 
     dims = dims_of("qwen3_moe")
     assert [list(vllm_expert_range(dims, 3, r)) for r in range(3)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
