@@ -48,10 +48,11 @@ def test_the_moe_quickstart_learns_with_its_experts_split_and_synced_exactly(moe
     half = STEPS // 2
     first, second = (sum(m["reward/mean"] for m in part) / half for part in (metrics[:half], metrics[half:]))
     assert second > first, [m["reward/mean"] for m in metrics]
+    tensors = _tensors(model)
     for m in metrics:
         assert set(m) >= MOE_METRICS, sorted(MOE_METRICS - set(m))
         # Every tensor, each expert's included, arrived bit for bit on every sync.
-        assert m["sync/checksum_tensors"] == _tensors(model)
+        assert m["sync/checksum_tensors"] == tensors
         assert m["sync/logprob_max_abs_diff"] <= trainer.sync.threshold
         # fp32 engines and actor: the routers agree with the rollout's routing, and the replayed pass's
         # log-probs are as close to the engines' as the checked sync's.
