@@ -34,6 +34,9 @@ from megarl.models.tiny import make_tiny_model
 from megarl.rewards.tasks import repeat_first_char_rows
 from megarl.trainer.checkpoint_manager import Checkpoint, CheckpointManager
 
+EXIT_GRACE_S = 10.0
+"""How long a process of an ended job may take to exit before it counts as left behind."""
+
 REWARDS_MODULE = '''"""Reward functions of the reliability tests (the job finds this module through PYTHONPATH)."""
 import hashlib
 import json
@@ -219,14 +222,17 @@ class Job:
         return python_stacks(self.process.pid)
 
     def leftovers(self) -> list[psutil.Process]:
-        """Processes of this job still alive (the driver's descendants as seen while it ran, plus any
-        process whose command line names this job's Ray temp dir)."""
-        alive = [p for p in self.seen.values() if _alive(p)]
+        """Processes of this job still alive `EXIT_GRACE_S` after this call (the driver's descendants as
+        seen while it ran, plus any process whose command line names this job's Ray temp dir). The grace:
+        multiprocessing's resource tracker ends on its own once it sees the driver's pipe close, moments
+        after the driver."""
+        running = [p for p in self.seen.values() if _alive(p)]
         marker = str(self.ray_tmp)
         for process in psutil.process_iter(["cmdline"]):
             if process.pid not in self.seen and marker in " ".join(process.info["cmdline"] or ()):
-                alive.append(process)
-        return alive
+                running.append(process)
+        _, alive = psutil.wait_procs(running, timeout=EXIT_GRACE_S)
+        return [p for p in alive if _alive(p)]
 
     def cleanup(self) -> None:
         """Kill the job and everything it started (only processes of this job), remove its Ray dir and /dev/shm."""
