@@ -8,9 +8,7 @@ One run for both: DAPO in bf16 (once a job of its own in test_trainer_e2e.py) re
 rollout mode, and the one-version lag reads nothing of the dtype or the loss."""
 
 import json
-import shutil
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -84,14 +82,13 @@ ASYNC_ARGS = {
 }
 
 
-def test_async_trains_within_the_staleness_bound_and_resumes_on_the_batches_it_kept(assets, tmp_path, capsys):
+def test_async_trains_within_the_staleness_bound_and_checkpoints_the_batches_ahead(assets, tmp_path):
     """async with max_staleness 2 and partial rollouts (a token per segment: the quickstart's responses have
     two): the engines run up to three batches ahead in the driver's thread, weight loads, validation and
-    checkpoints take them between two segments; a resume from step 2's checkpoint trains step 3 on the batch
-    the checkpoint kept, or says the batch was in flight and generates it again."""
+    checkpoints take them between two segments. The resume from such a checkpoint (on the batch it kept, or
+    saying the batch was in flight) is the loop's logic: tests/unit/trainer/test_loop_on_fake_cluster.py."""
     run_dir = tmp_path / "run"
-    args = overrides(assets, run_dir, **ASYNC_ARGS)
-    trainer = Trainer.from_config(QUICKSTART, args)
+    trainer = Trainer.from_config(QUICKSTART, overrides(assets, run_dir, **ASYNC_ARGS))
     trainer.fit()
     metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, ASYNC_STEPS + 1))
@@ -103,26 +100,8 @@ def test_async_trains_within_the_staleness_bound_and_resumes_on_the_batches_it_k
     assert [m["sync/weight_version"] for m in metrics] == [1.0, 2.0, 3.0]
     assert [m["step"] for m in metrics if "val/reward/mean" in m] == [2, 3]
     # Step 2's checkpoint took the engines between two segments: step 3's batch (3 - 1 - 2 = 0: any weights
-    # will do) was either made by then or in flight; nothing beyond the last step.
+    # will do) was either made by then, by the weights its lag says, or in flight; nothing beyond the last step.
     stream = json.loads((run_dir / "checkpoints" / step_dir_name(2) / "extra.json").read_text())["stream"]
     assert (list(stream["ready"]), stream["in_flight"]) in ((["3"], None), ([], 3)), stream
-    capsys.readouterr()
-
-    copy = tmp_path / "copy"
-    shutil.copytree(run_dir, copy)
-    shutil.rmtree(copy / "checkpoints" / step_dir_name(ASYNC_STEPS))
-    Trainer.from_config(QUICKSTART, [arg.replace(str(run_dir), str(copy)) for arg in args]).fit()
-    resumed = read_metrics(copy / "quickstart" / "metrics.jsonl")
-    assert [m["step"] for m in resumed] == list(range(1, ASYNC_STEPS + 1))
-    if stream["in_flight"] == 3:
-        assert "the batch of step 3 was in flight and is lost" in capsys.readouterr().out
-        return
-    assert 2 - stream["ready"]["3"]["policy_version"] == lags[2]
-    for key in (
-        "reward/mean",
-        "response_length/mean",
-        "rollout/policy_version_lag/max",
-        "actor/pg_loss",
-        "actor/grad_norm",
-    ):
-        assert resumed[-1][key] == pytest.approx(metrics[-1][key], rel=1e-5, abs=1e-6), key
+    if stream["ready"]:
+        assert 2 - stream["ready"]["3"]["policy_version"] == lags[2]

@@ -321,3 +321,46 @@ def test_validation_runs_every_test_freq_steps_and_at_the_end(assets, tmp_path, 
     metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics if "val/reward/mean" in m] == [2, 4, 5]
     assert all(("timing/validation" in m) == ("val/reward/mean" in m) for m in metrics)
+
+
+ASYNC = {
+    "trainer.rollout_mode": "async",
+    "trainer.max_staleness": 2,
+    "placement.mode": "split",
+    "placement.gpus_per_node": 3,
+    "placement.rollout_gpus": 1,
+    "trainer.total_steps": 4,
+    "checkpoint.save_freq": 2,
+    "checkpoint.max_keep": 3,
+    "rollout.partial_rollout": 1,
+}
+
+
+def test_async_resumes_from_the_middle_on_the_batches_the_checkpoint_kept(assets, tmp_path, monkeypatch, capsys):
+    """async, max_staleness 2, partial rollouts of a token per segment: the run stopped after step 2's
+    checkpoint resumes from it and trains step 3 on the batch the checkpoint kept (its policy version as
+    recorded), or says the batch was in flight and generates it again; every later batch is generated
+    after the resume (moved here from tests/e2e/trainer/test_one_step_off.py, which keeps the uninterrupted
+    run on the real cluster)."""
+    run_dir = tmp_path / "run"
+    args = overrides(assets, run_dir, **ASYNC)
+    metrics = read_metrics(fit(monkeypatch, args).run_dir / "metrics.jsonl")
+    lags = [m["rollout/policy_version_lag/max"] for m in metrics]
+    assert lags[0] == 0 and all(0 <= lag <= 2 for lag in lags), lags
+    stream = json.loads((run_dir / "checkpoints" / step_dir_name(2) / "extra.json").read_text())["stream"]
+    assert set(stream["ready"]) <= {"3", "4"} and stream["in_flight"] in (None, 3, 4), stream
+    capsys.readouterr()
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    for step in (3, 4):
+        shutil.rmtree(copy / "checkpoints" / step_dir_name(step), ignore_errors=True)
+    fit(monkeypatch, [arg.replace(str(run_dir), str(copy)) for arg in args])
+    out = capsys.readouterr().out
+    resumed = read_metrics(copy / "quickstart" / "metrics.jsonl")
+    assert [m["step"] for m in resumed] == [1, 2, 3, 4]
+    if "3" not in stream["ready"]:
+        assert "the batch of step 3 was in flight and is lost" in out, out
+        return
+    assert 2 - stream["ready"]["3"]["policy_version"] == lags[2]
+    assert_trained_alike(resumed[2:3], metrics[2:3], (*TRAINED, "rollout/policy_version_lag/max"))
