@@ -58,7 +58,7 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
 def bind_read_only(source: str, target: str) -> None:
     if os.path.isdir(source):
         os.makedirs(target, exist_ok=True)
-    else:
+    elif not os.path.exists(target):
         open(target, "w").close()
     mount(source, target, None, MS_BIND | MS_REC)
     mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
@@ -68,15 +68,11 @@ def build_root(root: str, prefix: str, tmp_bytes: int) -> None:
     """The code's file system at `root` (see the module docstring), then made the root."""
     os.makedirs(root)
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-    bind_read_only("/usr", root + "/usr")
-    if not prefix.startswith("/usr/"):
-        bind_read_only(prefix, root + prefix)
-    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        path = "/" + name
-        if os.path.islink(path):
-            os.symlink(os.readlink(path), f"{root}/{name}")
-        elif os.path.isdir(path):
-            bind_read_only(path, f"{root}/{name}")
+    for path, link in system_view(prefix):
+        if link is None:
+            bind_read_only(path, root + path)
+        else:
+            os.symlink(link, root + path)
     os.makedirs(root + "/dev")
     bind_read_only("/dev/null", root + "/dev/null")
     os.makedirs(root + "/proc")
@@ -91,8 +87,32 @@ def build_root(root: str, prefix: str, tmp_bytes: int) -> None:
     check(libc.umount2(b".", MNT_DETACH), "detach the old root")
     os.chdir("/")
     mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def system_view(prefix: str) -> list[tuple[str, str | None]]:
+    """What of the host the code sees, read-only, under both backends: (path, None) for a directory bound
+    at the same path, (path, target) for a symbolic link made there. `/usr`, the interpreter's `prefix`
+    where it lies elsewhere, and `/bin`, `/sbin`, `/lib*` (links into /usr on merged-/usr systems)."""
+    view: list[tuple[str, str | None]] = [("/usr", None)]
+    if not prefix.startswith("/usr/"):
+        view.append((prefix, None))
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = "/" + name
+        if os.path.islink(path):
+            view.append((path, os.readlink(path)))
+        elif os.path.isdir(path):
+            view.append((path, None))
+    return view
+
+
+def seal_proc() -> None:
+    """Bound the processes, then make the kernel's settings read-only: the code runs as root of its user
+    namespace, which is the host's root where megarl runs as root, and root may write every sysctl
+    (`/proc/sys/vm/*` are the whole machine's) and `/proc/sysrq-trigger` without any capability."""
     bound_processes()
-    os.chdir("/tmp")
+    for path in ("/proc/sys", "/proc/sysrq-trigger"):
+        if os.path.exists(path):
+            bind_read_only(path, path)
 
 
 def bound_processes() -> None:
@@ -135,15 +155,18 @@ def run_code(limits: list[int], code: str) -> None:
 
 
 def main() -> None:
-    isolated = sys.argv[1] == "isolated"
-    if isolated and os.getpid() != 1:  # not in a pid namespace of its own: its mounts would change the host's
-        sys.exit("Error: sandbox.py isolated runs only as pid 1 of new namespaces (under megarl's unshare command)")
+    backend = sys.argv[1]
+    if backend != "none" and os.getpid() != 1:  # not in a pid namespace of its own: its mounts would change the host's
+        sys.exit(f"Error: sandbox.py {backend} runs only as pid 1 of new namespaces (under megarl's {backend} command)")
     prefix = sys.argv[2]
     *limits, tmp_bytes = map(int, sys.argv[3:9])
     code = sys.stdin.read()
     sys.stdin.close()
-    if isolated:
+    if backend == "unshare":  # bubblewrap has built the same file system before it started this process
         build_root(os.path.join(os.environ["HOME"], "root"), prefix, tmp_bytes)
+    if backend != "none":
+        seal_proc()
+        os.chdir("/tmp")
         os.environ["HOME"] = "/tmp"
     child = os.fork()
     if child == 0:
