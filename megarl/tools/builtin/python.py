@@ -146,7 +146,9 @@ def _bwrap_arguments(prefix: str) -> list[str]:
     with the two capabilities its own steps need (lowering pid_max and covering /proc/sys: CAP_SYS_ADMIN;
     emptying the bounding set: CAP_SETPCAP) and drops them before the code starts. `--unshare-user`: a user
     namespace even where bwrap runs as root (`--unshare-all` only tries one), so those capabilities never
-    reach beyond it; `--die-with-parent`: killing bwrap kills the namespace."""
+    reach beyond it; `--die-with-parent`: killing bwrap kills the namespace; `--new-session`: the code cannot
+    type into the worker's terminal (TIOCSTI). The environment is the one both backends get
+    (`_sandbox_environment`), which bwrap passes on (adding PWD), so it needs no `--clearenv`."""
     view = []
     for path, link in sandbox.system_view(prefix):
         view += ["--ro-bind", path, path] if link is None else ["--symlink", link, path]

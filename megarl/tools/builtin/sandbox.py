@@ -1,25 +1,33 @@
-"""Runs the `python` tool's code inside its namespaces: `python -I sandbox.py isolated|unisolated <prefix> <memory>
-<cpu_s> <files> <file_bytes> <processes> <tmp_bytes>`, code on stdin. `unisolated` (only with the user's
-`rollout.multi_turn.python_tool.unsafe_no_sandbox`) keeps the resource limits alone.
+"""Runs the `python` tool's code inside its namespaces: `python -I -c <this file> bubblewrap|unshare|none
+<prefix> <memory> <cpu_s> <files> <file_bytes> <processes> <tmp_bytes>`, code on stdin. `none` (only with
+the user's `rollout.multi_turn.python_tool.unsafe_no_sandbox`) keeps the resource limits alone.
 
-`megarl.tools.builtin.python` starts it under `unshare --user --map-root-user --mount --pid --net --ipc --uts
---fork --kill-child` (util-linux), so it is pid 1 of a new pid namespace, root of a new user namespace
-(mapped to the tool worker's own uid), in mount, IPC and UTS namespaces of its own and a network
-namespace with only a down loopback. As pid 1 it builds the code's file system and then waits for the code
-(the whole call, unshare and two Python starts included, takes ~5-10 ms more than a plain Python process):
+`megarl.tools.builtin.python` starts it as pid 1 of a new pid namespace, in a new user namespace (the
+worker's own uid outside), in mount, IPC and UTS namespaces of its own and a network namespace with only a
+down loopback, built by one of two backends (`python.BACKENDS`, the first that works on the machine):
 
-- **File system.** A new root (tmpfs) holding `/usr` (and the interpreter's `<prefix>`) bound read-only,
-  the host's `/bin`, `/lib*` links, `/dev/null`, a fresh `/proc` of the new pid namespace (no other
-  process visible) and a private writable `/tmp` (tmpfs of `<tmp_bytes>`), the code's working directory
-  and HOME. `pivot_root` then detaches the old root: nothing else of the host (`/work`, `/root`, `/tmp/ray`,
-  checkpoints) is reachable, and `/` is read-only.
+- **bubblewrap** (`bwrap --unshare-all --unshare-user --as-pid-1 ...`, e.g. Debian's `bubblewrap`) builds
+  the file system below before this program starts; it keeps CAP_SYS_ADMIN and CAP_SETPCAP of the new
+  user namespace for this program's own steps. The code runs as the worker's uid (0 where that is root).
+- **unshare** (util-linux `unshare --user --map-root-user --mount --pid --net --ipc --uts --fork
+  --kill-child`) only makes the namespaces; this program, their pid 1, builds the file system (`build_root`).
+  The code runs as uid 0 of its namespace (the worker's uid outside).
+
+Under unshare the whole call (unshare and two Python starts included) takes ~5-10 ms more than a plain
+Python process; bubblewrap's cost has not been measured apart (no difference showed on a busy shared machine).
+
+- **File system.** A new root (tmpfs, read-only once built) holding `/usr` (and the interpreter's
+  `<prefix>`) bound read-only, the host's `/bin`, `/lib*` links (`system_view`), `/dev/null`, a fresh
+  `/proc` of the new pid namespace (no other process visible; its `/proc/sys` made read-only: `seal_proc`)
+  and a private writable `/tmp` (tmpfs of `<tmp_bytes>`), the code's working directory and HOME. Nothing
+  else of the host (`/work`, `/root`, `/tmp/ray`, checkpoints, megarl itself) is reachable.
 - **Processes.** The code runs in a child with no capabilities (bounding set emptied, no_new_privs), under
   resource limits (address space, CPU seconds, open files, file size, processes). The pid namespace's
   `pid_max` is lowered too (kernels >= 6.14 keep it per namespace), which bounds a fork bomb even where
   RLIMIT_NPROC does not (the host's root is exempt from it; as root on an older kernel the sandbox refuses
-  to run). Memory is bounded per process (RLIMIT_AS), so all of a call's processes together may hold
-  processes × that (a cgroup would bound the sum). When the code's process ends, pid 1 exits, and the
-  kernel kills every process left in the namespace.
+  to run). Both hold under both backends. Memory is bounded per process (RLIMIT_AS), so all of a call's
+  processes together may hold processes × that (a cgroup would bound the sum). When the code's process
+  ends, pid 1 exits, and the kernel kills every process left in the namespace.
 
 Pid 1 exits with the code's exit status, or 128 + the signal that killed it. It imports nothing of megarl
 (`-I`: no PYTHONPATH, no user site).
