@@ -2,6 +2,7 @@
 util-linux `unshare`), and what happens where neither can: the run is refused unless the user allows the
 code to run unsandboxed, which `megarl validate` warns about."""
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -72,15 +73,17 @@ def test_without_a_sandbox_the_python_tool_is_refused_unless_allowed(path_dir, t
     assert result.text == "True"  # it ran, unsandboxed: the host's files are in view
 
 
-def test_the_sandbox_is_used_where_it_works_whatever_the_setting(tmp_path):
+def test_the_sandbox_is_used_where_it_works_whatever_the_setting(tmp_path, caplog):
     allowed = MultiTurnConfig(
         enable=True, tools=(ToolConfig(function="python"),), python_tool=PythonToolConfig(unsafe_no_sandbox=True)
     )
-    with ToolSet(allowed) as toolset:
+    with caplog.at_level(logging.INFO, logger="megarl.tools.toolset"), ToolSet(allowed) as toolset:
         toolset.wait_ready()
         code = f"import os\nprint(os.getcwd(), os.path.exists({str(tmp_path)!r}))"
         [result] = toolset.run([ToolCall("python", {"code": code})])
     assert result.text == "/tmp False"
+    # The start-up line names the backend in use (bubblewrap where installed: .ci/run installs it).
+    assert caplog.messages == [f"the python tool runs model-written code in a sandbox built by {python_tool.backend()}"]
 
 
 def test_validate_warns_when_the_sandbox_may_be_skipped(capsys):
