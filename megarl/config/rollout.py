@@ -90,14 +90,15 @@ class SearchConfig:
 @dataclass(frozen=True)
 class PythonToolConfig:
     """The built-in `python` tool: model-written code, run in a sandbox of its own per call
-    (`megarl.tools.builtin.sandbox`: its own user, pid, mount and network namespaces via util-linux
-    `unshare`, a read-only system, a private /tmp, no network, no other process visible, resource limits)."""
+    (`megarl.tools.builtin.sandbox`: its own user, pid, mount and network namespaces built by bubblewrap where
+    `bwrap` is installed and works, else by util-linux `unshare`; a read-only system, a private /tmp, no
+    network, no other process visible, resource limits)."""
 
     unsafe_no_sandbox: bool = False
-    """Where this machine cannot build the sandbox (user namespaces not permitted, no `unshare`), run the
-    code without it instead of refusing to start: it then runs with the user's rights and can read,
-    change and delete what the user can (checkpoints, other processes' environments and their secrets),
-    and reach the network. Only its resource and time limits stay. Where the sandbox works it is used
+    """Where this machine cannot build the sandbox (user namespaces not permitted, neither `bwrap` nor
+    `unshare` works), run the code without it instead of refusing to start: it then runs with the user's
+    rights and can read, change and delete what the user can (checkpoints, other processes' environments
+    and their secrets), and reach the network. Only its resource and time limits stay. Where the sandbox works it is used
     whatever this says; `megarl validate` prints a warning when this is true."""
     sandbox_fusion_url: str = ""
     """Run the code on a SandboxFusion server instead of the local sandbox (`megarl.tools.builtin.sandbox_fusion`:

@@ -28,7 +28,7 @@ from typing import Protocol
 
 from megarl.config.rollout import MultiTurnConfig
 from megarl.tools.builtin import BUILTIN_TOOLS, sandbox_fusion, tool_path
-from megarl.tools.builtin.python import sandbox_problem
+from megarl.tools.builtin.python import backend, sandbox_problem
 from megarl.tools.builtin.search import RetrieverClient
 from megarl.tools.calls import ToolCall, ToolError, ToolResult, one_line
 from megarl.tools.pool import MAX_WORKERS, ToolPool
@@ -281,15 +281,16 @@ def _python_tool_path(multi_turn: MultiTurnConfig, index: int) -> str:
         return PYTHON_REMOTE
     problem = sandbox_problem()
     if problem is None:
+        logger.info("the python tool runs model-written code in a sandbox built by %s", backend())
         return BUILTIN_TOOLS[PYTHON]
     if not multi_turn.python_tool.unsafe_no_sandbox:
         raise ToolError(
             f"rollout.multi_turn.tools[{index}].function = 'python': this machine cannot run model-written "
             f"code in its sandbox ({problem}); run where unprivileged user namespaces are allowed "
             "(sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0; on Ubuntu 24.04 and "
-            "later kernel.apparmor_restrict_unprivileged_userns=0; util-linux `unshare` on PATH), or run the "
-            "code on a SandboxFusion server (rollout.multi_turn.python_tool.sandbox_fusion_url), or set "
-            "rollout.multi_turn.python_tool.unsafe_no_sandbox: true to run it with your rights"
+            "later kernel.apparmor_restrict_unprivileged_userns=0; bubblewrap's `bwrap` or util-linux `unshare` "
+            "on PATH), or run the code on a SandboxFusion server (rollout.multi_turn.python_tool.sandbox_fusion_url), "
+            "or set rollout.multi_turn.python_tool.unsafe_no_sandbox: true to run it with your rights"
         )
     logger.warning(
         "the python tool runs model-written code WITHOUT a sandbox (%s), with your rights: "

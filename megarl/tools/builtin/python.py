@@ -1,17 +1,21 @@
 """The built-in `python` tool: runs code in namespaces of its own (`megarl.tools.builtin.sandbox`): no view
 of the host's files (a read-only system, a private /tmp), of other processes or of the network, a scrubbed
-environment and resource limits. Each call is a fresh `unshare` of util-linux (its cost: see
-`megarl/tools/builtin/sandbox.py`); everything the code starts dies with the call."""
+environment and resource limits. Each call is a fresh sandbox, built by bubblewrap (`bwrap`) where it is
+installed and works, else by util-linux `unshare` (BACKENDS; its cost: see `megarl/tools/builtin/sandbox.py`);
+everything the code starts dies with the call."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import megarl.tools.builtin.sandbox as sandbox
@@ -31,21 +35,10 @@ PROCESSES = 32
 """Processes the code may run at once (RLIMIT_NPROC, counted in its user namespace)."""
 TMP_BYTES = 64 << 20
 """Size of the code's private, writable /tmp (its working directory)."""
-UNSHARE = (
-    "unshare",
-    "--user",
-    "--map-root-user",
-    "--mount",
-    "--pid",
-    "--net",
-    "--ipc",
-    "--uts",
-    "--fork",
-    "--kill-child",
-)
-"""The namespaces of one call (util-linux `unshare`); `--kill-child`: killing unshare kills the namespace."""
 OUTPUT_CHARS = 4000
 """Characters of stdout the observation keeps; the rest is cut with a note."""
+SANDBOX_SOURCE = Path(sandbox.__file__).read_text()
+"""The program that runs the code in the sandbox (`megarl.tools.builtin.sandbox`)."""
 
 
 def python(code: str) -> str:
@@ -54,17 +47,21 @@ def python(code: str) -> str:
     Args:
         code: The program's source; print() the values you want to see. No network; only /tmp is writable.
     """
-    return execute(code, isolated=True)
+    chosen = backend()
+    if chosen is None:  # the ToolSet checked at start: the machine changed since
+        return f"Error: this machine can no longer sandbox the code ({sandbox_problem()})"
+    return execute(code, chosen)
 
 
-def execute(code: str, isolated: bool) -> str:
-    """The observation of running `code`: in its sandbox, or (`isolated` false: only where the user set
-    `rollout.multi_turn.python_tool.unsafe_no_sandbox`) in a plain limited process with the user's rights."""
+def execute(code: str, isolation: str) -> str:
+    """The observation of running `code` in the sandbox `isolation` builds (a name in BACKENDS), or
+    (`isolation` "none": only where the user set `rollout.multi_turn.python_tool.unsafe_no_sandbox`) in a
+    plain limited process with the user's rights."""
     with tempfile.TemporaryDirectory(prefix="megarl-python-") as workdir:
         stdout_path, stderr_path = Path(workdir, "stdout"), Path(workdir, "stderr")
         with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
             process = subprocess.Popen(
-                _command(isolated),
+                _command(isolation),
                 stdin=subprocess.PIPE,
                 stdout=stdout,
                 stderr=stderr,
@@ -88,20 +85,37 @@ def execute(code: str, isolated: bool) -> str:
         return "\n".join(part for part in (printed, failure) if part)
 
 
+@functools.cache
+def backend() -> str | None:
+    """The first of BACKENDS that runs an empty program in its sandbox on this machine, or None (why:
+    `sandbox_problem()`). Probed once per process."""
+    return next((name for name in BACKENDS if backend_problem(name) is None), None)
+
+
 def sandbox_problem() -> str | None:
-    """Why this machine cannot run the sandbox (e.g. user namespaces not permitted), or None: one empty
-    program is run in it."""
+    """Why no backend can sandbox code on this machine (each one's reason), or None."""
+    if backend() is not None:
+        return None
+    return "; ".join(f"{name}: {backend_problem(name)}" for name in BACKENDS)
+
+
+@functools.cache
+def backend_problem(name: str) -> str | None:
+    """Why the backend `name` cannot run the sandbox here (not on PATH, user namespaces not permitted, an
+    option its version lacks), or None: one empty program is run in it."""
+    if shutil.which(BACKENDS[name][0]) is None:
+        return f"no `{BACKENDS[name][0]}` on PATH"
     with tempfile.TemporaryDirectory(prefix="megarl-python-") as workdir:
         try:
             done = subprocess.run(
-                _command(isolated=True),
+                _command(name),
                 input=b"",
                 capture_output=True,
                 cwd=workdir,
                 env=_sandbox_environment(workdir),
                 timeout=60,
             )
-        except (OSError, subprocess.TimeoutExpired) as error:  # no unshare on PATH; a machine too busy
+        except (OSError, subprocess.TimeoutExpired) as error:  # not executable; a machine too busy
             return f"{type(error).__name__}: {error}"
     if done.returncode == 0:
         return None
@@ -109,29 +123,62 @@ def sandbox_problem() -> str | None:
     return lines[-1] if lines else f"the sandbox exited with code {done.returncode}"
 
 
-def _command(isolated: bool) -> list[str]:
+def _command(isolation: str) -> list[str]:
     limits = (MEMORY_BYTES, CPU_S, OPEN_FILES, FILE_BYTES, PROCESSES, TMP_BYTES)
-    program = [
-        os.path.realpath(sys.executable),
-        "-I",
-        sandbox.__file__,
-        "isolated" if isolated else "unisolated",
-        os.path.realpath(sys.base_prefix),
-        *map(str, limits),
+    prefix = os.path.realpath(sys.base_prefix)
+    # Its source on the command line, not its path: under bubblewrap megarl's directory is not in view.
+    program = [os.path.realpath(sys.executable), "-I", "-c", SANDBOX_SOURCE, isolation, prefix, *map(str, limits)]
+    if isolation == "none":
+        return program
+    executable, arguments = BACKENDS[isolation]
+    return [shutil.which(executable) or executable, *arguments(prefix), "--", *program]
+
+
+def _unshare_arguments(prefix: str) -> list[str]:
+    """util-linux `unshare`: the namespaces alone; sandbox.py, their pid 1, builds the file system.
+    `--kill-child`: killing unshare kills the namespace."""
+    return ["--user", "--map-root-user", "--mount", "--pid", "--net", "--ipc", "--uts", "--fork", "--kill-child"]
+
+
+def _bwrap_arguments(prefix: str) -> list[str]:
+    """bubblewrap: the namespaces and the file system sandbox.py builds under unshare (`sandbox.system_view`,
+    /dev/null, a fresh /proc, a /tmp of TMP_BYTES, `/` read-only). sandbox.py runs as pid 1 (`--as-pid-1`)
+    with the two capabilities its own steps need (lowering pid_max and covering /proc/sys: CAP_SYS_ADMIN;
+    emptying the bounding set: CAP_SETPCAP) and drops them before the code starts. `--unshare-user`: a user
+    namespace even where bwrap runs as root (`--unshare-all` only tries one), so those capabilities never
+    reach beyond it; `--die-with-parent`: killing bwrap kills the namespace; `--new-session`: the code cannot
+    type into the worker's terminal (TIOCSTI). The environment is the one both backends get
+    (`_sandbox_environment`), which bwrap passes on (adding PWD), so it needs no `--clearenv`."""
+    view = []
+    for path, link in sandbox.system_view(prefix):
+        view += ["--ro-bind", path, path] if link is None else ["--symlink", link, path]
+    return [
+        *("--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--as-pid-1"),
+        *("--cap-drop", "ALL", "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"),
+        *view,
+        *("--dev-bind", "/dev/null", "/dev/null", "--proc", "/proc"),
+        *("--size", str(TMP_BYTES), "--perms", "0777", "--tmpfs", "/tmp", "--remount-ro", "/", "--chdir", "/tmp"),
     ]
-    return [*UNSHARE, "--", *program] if isolated else program
+
+
+BACKENDS: dict[str, tuple[str, Callable[[str], list[str]]]] = {
+    "bubblewrap": ("bwrap", _bwrap_arguments),
+    "unshare": ("unshare", _unshare_arguments),
+}
+"""The ways to build the sandbox, in order of preference: name -> (executable looked up on PATH, its
+arguments for the interpreter's prefix)."""
 
 
 def _kill(process: subprocess.Popen) -> None:
-    """SIGKILL `process` (unshare) and its child, the namespace's pid 1, and wait until the namespace is
-    gone: pid 1's exit ends only after every other process in its namespace has ended."""
+    """SIGKILL `process` (bwrap or unshare) and its child, the namespace's pid 1, and wait until the
+    namespace is gone: pid 1's exit ends only after every other process in its namespace has ended."""
     try:
         with open(f"/proc/{process.pid}/task/{process.pid}/children") as file:
             children = [int(pid) for pid in file.read().split()]
         init = os.pidfd_open(children[0]) if children else None
     except OSError:  # pid 1 has just exited (and taken its namespace along)
         init = None
-    process.kill()  # its --kill-child SIGKILLs pid 1 too, but only once the kernel has ended unshare
+    process.kill()  # --die-with-parent/--kill-child SIGKILL pid 1 too, but only once the kernel has ended it
     if init is not None:
         with contextlib.suppress(ProcessLookupError):  # pid 1 has ended on its own since
             signal.pidfd_send_signal(init, signal.SIGKILL)

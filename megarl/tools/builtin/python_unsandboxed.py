@@ -12,4 +12,4 @@ def python(code: str) -> str:
     Args:
         code: The program's source; print() the values you want to see.
     """
-    return execute(code, isolated=False)
+    return execute(code, "none")

@@ -1,25 +1,33 @@
-"""Runs the `python` tool's code inside its namespaces: `python -I sandbox.py isolated|unisolated <prefix> <memory>
-<cpu_s> <files> <file_bytes> <processes> <tmp_bytes>`, code on stdin. `unisolated` (only with the user's
-`rollout.multi_turn.python_tool.unsafe_no_sandbox`) keeps the resource limits alone.
+"""Runs the `python` tool's code inside its namespaces: `python -I -c <this file> bubblewrap|unshare|none
+<prefix> <memory> <cpu_s> <files> <file_bytes> <processes> <tmp_bytes>`, code on stdin. `none` (only with
+the user's `rollout.multi_turn.python_tool.unsafe_no_sandbox`) keeps the resource limits alone.
 
-`megarl.tools.builtin.python` starts it under `unshare --user --map-root-user --mount --pid --net --ipc --uts
---fork --kill-child` (util-linux), so it is pid 1 of a new pid namespace, root of a new user namespace
-(mapped to the tool worker's own uid), in mount, IPC and UTS namespaces of its own and a network
-namespace with only a down loopback. As pid 1 it builds the code's file system and then waits for the code
-(the whole call, unshare and two Python starts included, takes ~5-10 ms more than a plain Python process):
+`megarl.tools.builtin.python` starts it as pid 1 of a new pid namespace, in a new user namespace (the
+worker's own uid outside), in mount, IPC and UTS namespaces of its own and a network namespace with only a
+down loopback, built by one of two backends (`python.BACKENDS`, the first that works on the machine):
 
-- **File system.** A new root (tmpfs) holding `/usr` (and the interpreter's `<prefix>`) bound read-only,
-  the host's `/bin`, `/lib*` links, `/dev/null`, a fresh `/proc` of the new pid namespace (no other
-  process visible) and a private writable `/tmp` (tmpfs of `<tmp_bytes>`), the code's working directory
-  and HOME. `pivot_root` then detaches the old root: nothing else of the host (`/work`, `/root`, `/tmp/ray`,
-  checkpoints) is reachable, and `/` is read-only.
+- **bubblewrap** (`bwrap --unshare-all --unshare-user --as-pid-1 ...`, e.g. Debian's `bubblewrap`) builds
+  the file system below before this program starts; it keeps CAP_SYS_ADMIN and CAP_SETPCAP of the new
+  user namespace for this program's own steps. The code runs as the worker's uid (0 where that is root).
+- **unshare** (util-linux `unshare --user --map-root-user --mount --pid --net --ipc --uts --fork
+  --kill-child`) only makes the namespaces; this program, their pid 1, builds the file system (`build_root`).
+  The code runs as uid 0 of its namespace (the worker's uid outside).
+
+Under unshare the whole call (unshare and two Python starts included) takes ~5-10 ms more than a plain
+Python process; bubblewrap's cost has not been measured apart (no difference showed on a busy shared machine).
+
+- **File system.** A new root (tmpfs, read-only once built) holding `/usr` (and the interpreter's
+  `<prefix>`) bound read-only, the host's `/bin`, `/lib*` links (`system_view`), `/dev/null`, a fresh
+  `/proc` of the new pid namespace (no other process visible; its `/proc/sys` made read-only: `seal_proc`)
+  and a private writable `/tmp` (tmpfs of `<tmp_bytes>`), the code's working directory and HOME. Nothing
+  else of the host (`/work`, `/root`, `/tmp/ray`, checkpoints, megarl itself) is reachable.
 - **Processes.** The code runs in a child with no capabilities (bounding set emptied, no_new_privs), under
   resource limits (address space, CPU seconds, open files, file size, processes). The pid namespace's
   `pid_max` is lowered too (kernels >= 6.14 keep it per namespace), which bounds a fork bomb even where
   RLIMIT_NPROC does not (the host's root is exempt from it; as root on an older kernel the sandbox refuses
-  to run). Memory is bounded per process (RLIMIT_AS), so all of a call's processes together may hold
-  processes × that (a cgroup would bound the sum). When the code's process ends, pid 1 exits, and the
-  kernel kills every process left in the namespace.
+  to run). Both hold under both backends. Memory is bounded per process (RLIMIT_AS), so all of a call's
+  processes together may hold processes × that (a cgroup would bound the sum). When the code's process
+  ends, pid 1 exits, and the kernel kills every process left in the namespace.
 
 Pid 1 exits with the code's exit status, or 128 + the signal that killed it. It imports nothing of megarl
 (`-I`: no PYTHONPATH, no user site).
@@ -58,7 +66,7 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
 def bind_read_only(source: str, target: str) -> None:
     if os.path.isdir(source):
         os.makedirs(target, exist_ok=True)
-    else:
+    elif not os.path.exists(target):
         open(target, "w").close()
     mount(source, target, None, MS_BIND | MS_REC)
     mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
@@ -68,15 +76,11 @@ def build_root(root: str, prefix: str, tmp_bytes: int) -> None:
     """The code's file system at `root` (see the module docstring), then made the root."""
     os.makedirs(root)
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-    bind_read_only("/usr", root + "/usr")
-    if not prefix.startswith("/usr/"):
-        bind_read_only(prefix, root + prefix)
-    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        path = "/" + name
-        if os.path.islink(path):
-            os.symlink(os.readlink(path), f"{root}/{name}")
-        elif os.path.isdir(path):
-            bind_read_only(path, f"{root}/{name}")
+    for path, link in system_view(prefix):
+        if link is None:
+            bind_read_only(path, root + path)
+        else:
+            os.symlink(link, root + path)
     os.makedirs(root + "/dev")
     bind_read_only("/dev/null", root + "/dev/null")
     os.makedirs(root + "/proc")
@@ -91,8 +95,32 @@ def build_root(root: str, prefix: str, tmp_bytes: int) -> None:
     check(libc.umount2(b".", MNT_DETACH), "detach the old root")
     os.chdir("/")
     mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def system_view(prefix: str) -> list[tuple[str, str | None]]:
+    """What of the host the code sees, read-only, under both backends: (path, None) for a directory bound
+    at the same path, (path, target) for a symbolic link made there. `/usr`, the interpreter's `prefix`
+    where it lies elsewhere, and `/bin`, `/sbin`, `/lib*` (links into /usr on merged-/usr systems)."""
+    view: list[tuple[str, str | None]] = [("/usr", None)]
+    if not prefix.startswith("/usr/"):
+        view.append((prefix, None))
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = "/" + name
+        if os.path.islink(path):
+            view.append((path, os.readlink(path)))
+        elif os.path.isdir(path):
+            view.append((path, None))
+    return view
+
+
+def seal_proc() -> None:
+    """Bound the processes, then make the kernel's settings read-only: the code runs as root of its user
+    namespace, which is the host's root where megarl runs as root, and root may write every sysctl
+    (`/proc/sys/vm/*` are the whole machine's) and `/proc/sysrq-trigger` without any capability."""
     bound_processes()
-    os.chdir("/tmp")
+    for path in ("/proc/sys", "/proc/sysrq-trigger"):
+        if os.path.exists(path):
+            bind_read_only(path, path)
 
 
 def bound_processes() -> None:
@@ -135,15 +163,18 @@ def run_code(limits: list[int], code: str) -> None:
 
 
 def main() -> None:
-    isolated = sys.argv[1] == "isolated"
-    if isolated and os.getpid() != 1:  # not in a pid namespace of its own: its mounts would change the host's
-        sys.exit("Error: sandbox.py isolated runs only as pid 1 of new namespaces (under megarl's unshare command)")
+    backend = sys.argv[1]
+    if backend != "none" and os.getpid() != 1:  # not in a pid namespace of its own: its mounts would change the host's
+        sys.exit(f"Error: sandbox.py {backend} runs only as pid 1 of new namespaces (under megarl's {backend} command)")
     prefix = sys.argv[2]
     *limits, tmp_bytes = map(int, sys.argv[3:9])
     code = sys.stdin.read()
     sys.stdin.close()
-    if isolated:
+    if backend == "unshare":  # bubblewrap has built the same file system before it started this process
         build_root(os.path.join(os.environ["HOME"], "root"), prefix, tmp_bytes)
+    if backend != "none":
+        seal_proc()
+        os.chdir("/tmp")
         os.environ["HOME"] = "/tmp"
     child = os.fork()
     if child == 0:

@@ -1,8 +1,13 @@
 """The python tool runs code in a fresh limited process: stdout back, errors as their last line, CPU and wall
-limits, bounded memory and output (what the sandbox keeps out: test_tools_python_sandbox.py)."""
+limits, bounded memory and output (what the sandbox keeps out: test_tools_python_sandbox.py), under each
+backend of its sandbox."""
+
+import pytest
 
 import megarl.tools.builtin.python as python_tool
 from megarl.tools.builtin.python import python
+
+pytestmark = pytest.mark.usefixtures("sandbox_backend")
 
 
 def test_stdout_comes_back():
