@@ -16,3 +16,18 @@ def wait_until_gone(pid: int, timeout_s: float = 10.0) -> bool:
             return True
         time.sleep(0.05)  # polling the condition itself
     return False
+
+
+def spawned_ranks(ancestor: psutil.Process) -> list[psutil.Process]:
+    """The `megarl.parallel.spawn` ranks among `ancestor`'s descendants: the children of a multiprocessing
+    fork server (`spawn._context`; a forked rank keeps its server's command line, the server's parent is
+    the caller)."""
+    ranks = []
+    for process in ancestor.children(recursive=True):
+        try:
+            parent = process.parent()
+            if parent is not None and "multiprocessing.forkserver" in " ".join(parent.cmdline()):
+                ranks.append(process)
+        except psutil.Error:  # ended meanwhile
+            pass
+    return ranks

@@ -1,5 +1,8 @@
 """Run a function in N fresh processes that form a torch.distributed world (tests, CLI tools).
 
+The processes are forked from multiprocessing's fork server, which imported torch, megatron-core and
+transformers once (`_context`, `megarl.parallel.rank_preload`).
+
 Usage:
     def check(x):                       # module-level, so the spawned processes can import it
         groups = initialize_model_parallel(tp=2, pp=1, seed=0)
@@ -10,19 +13,20 @@ Usage:
 A failure on any rank stops every rank and raises `DistributedFailure` naming the rank with its
 traceback; a rank that does not finish within `timeout_s` is killed and reported the same way. A stop
 requested by a signal (`megarl.interrupt`, the CLI's `StopOnSignal`) is raised at the next poll and
-kills the ranks on its way out; a parent killed outright takes its ranks with it (`_die_with_parent`).
+kills the ranks on its way out; a caller killed outright takes its ranks with it (`_die_with_caller`).
 """
 
 import atexit
-import ctypes
 import multiprocessing as mp
 import os
 import pickle
 import queue
 import random
+import select
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -65,22 +69,36 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def _die_with_parent(parent: int) -> None:
-    """Have the kernel SIGKILL this process when the process that spawned it (pid `parent`) ends
-    (Linux's PR_SET_PDEATHSIG), so no rank outlives a parent killed (SIGKILL, OOM) before its clean-up
-    ran; a parent already gone by now is caught by the check after."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:
+def _context():
+    """multiprocessing's fork server, preloaded with what every rank imports (`rank_preload`): ranks are
+    forked from it, with the caller's sys.path and working directory (multiprocessing's preparation data)
+    and its environment (`_rank_main`), as fresh spawned processes would have."""
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(["megarl.parallel.rank_preload"])
+    return context
+
+
+def _die_with_caller(caller: int) -> None:
+    """SIGKILL this rank as soon as its caller (pid `caller`) ends, so no rank outlives a caller killed
+    (SIGKILL, OOM) before its clean-up ran: a thread waits on the caller's pidfd (readable once it ended).
+    The kernel's parent-death signal cannot do it: a rank's parent is the fork server, which lives while
+    any process holds its "alive" pipe, and every rank inherits that pipe (multiprocessing.forkserver)."""
+    try:
+        caller_fd = os.pidfd_open(caller)
+    except ProcessLookupError:  # ended already
         os._exit(1)
 
+    def watch() -> None:
+        select.select([caller_fd], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
 
-_PR_SET_PDEATHSIG = 1
-"""prctl(2) option: the signal this process gets when its parent ends."""
+    threading.Thread(target=watch, name="megarl-caller-watch", daemon=True).start()
 
 
-def _rank_main(fn, args, rank, world_size, port, collective_timeout_s, results, parent):
-    _die_with_parent(parent)
+def _rank_main(fn, args, rank, world_size, port, collective_timeout_s, results, caller, environment):
+    _die_with_caller(caller)
+    os.environ.clear()  # the fork server's is the caller's at the server's start: take the caller's now
+    os.environ.update(environment)
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -131,13 +149,14 @@ def run_distributed(
     collective_timeout_s: float = 120.0,
 ) -> list[Any]:
     """Run `fn(*args)` on `world_size` gloo ranks; return the per-rank results in rank order."""
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
     port = free_port()
+    environment = dict(os.environ)
     procs = [
         ctx.Process(
             target=_rank_main,
-            args=(fn, args, rank, world_size, port, collective_timeout_s, results, os.getpid()),
+            args=(fn, args, rank, world_size, port, collective_timeout_s, results, os.getpid(), environment),
             name=f"megarl-rank{rank}",
         )
         for rank in range(world_size)

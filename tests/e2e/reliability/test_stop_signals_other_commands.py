@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from process_testing import spawned_ranks
 from reliability_job import Job
 
 from megarl.models.tiny import make_tiny_model
@@ -21,14 +22,8 @@ END_BOUND_S = 60.0
 
 
 def rank_count(job: Job) -> int:
-    """The job's spawned ranks (multiprocessing's resource tracker aside)."""
-    count = 0
-    for process in job.descendants():
-        try:
-            count += "resource_tracker" not in " ".join(process.cmdline())
-        except psutil.Error:  # ended meanwhile
-            pass
-    return count
+    """The job's spawned ranks (`megarl.parallel.spawn`: the children of its fork server)."""
+    return len(spawned_ranks(psutil.Process(job.process.pid)))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """`run_distributed`'s ranks never outlive it (issue 33, items 7 and 10): a stop requested by a signal
 (`megarl.interrupt`) is raised at its next poll and the ranks are killed on the way out; a parent killed
-outright (SIGKILL: no clean-up runs) takes its ranks with it (PR_SET_PDEATHSIG)."""
+outright (SIGKILL: no clean-up runs) takes its ranks with it (each rank watches its caller's pidfd)."""
 
 import signal
 import subprocess
@@ -10,6 +10,7 @@ import time
 
 import psutil
 import pytest
+from process_testing import spawned_ranks
 
 from megarl import interrupt
 from megarl.interrupt import Stopped
@@ -19,10 +20,10 @@ SLEEPER = "import time; from megarl.parallel.spawn import run_distributed; run_d
 
 
 def children_of(pid: int, count: int, timeout_s: float = 120.0) -> list[psutil.Process]:
-    """The `count` rank processes of `pid`, once they exist (multiprocessing's resource tracker aside)."""
+    """The `count` rank processes of `pid`, once they exist."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        ranks = [p for p in psutil.Process(pid).children() if "resource_tracker" not in " ".join(p.cmdline())]
+        ranks = spawned_ranks(psutil.Process(pid))
         if len(ranks) >= count:
             return ranks
         time.sleep(0.2)  # polling the process table: there is no event to wait on
@@ -48,18 +49,11 @@ def test_a_killed_parent_takes_its_ranks_with_it():
 def test_a_requested_stop_ends_the_world_and_its_ranks(monkeypatch):
     monkeypatch.setattr(interrupt, "_requested", None)
     me = psutil.Process()
-    before = {p.pid for p in me.children()}  # whatever earlier tests left running under this process
+    before = {p.pid for p in spawned_ranks(me)}  # whatever earlier tests left running under this process
     ranks: list[psutil.Process] = []
 
     def new_ranks() -> list[psutil.Process]:
-        found = []
-        for process in me.children():
-            try:
-                if process.pid not in before and "resource_tracker" not in " ".join(process.cmdline()):
-                    found.append(process)
-            except psutil.Error:  # ended meanwhile
-                pass
-        return found
+        return [process for process in spawned_ranks(me) if process.pid not in before]
 
     def stop_once_started():
         deadline = time.monotonic() + 120

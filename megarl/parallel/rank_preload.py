@@ -1,0 +1,20 @@
+"""What a `megarl.parallel.spawn` rank imports before its function runs, imported once in multiprocessing's
+fork server (`spawn._context`), from which every rank is forked: a rank then starts in ~0.1 s instead of
+importing torch, megatron-core and transformers afresh (4-8 s of CPU each on a 2-core machine, where a
+test's or a command's ranks start together and share the cores).
+
+`quiet.install()` first: the fork server's imports print megatron-core's start-up warnings once, filtered
+as every rank's would be. Nothing here may start a thread (a fork copies only the forking thread): torch,
+megatron-core and transformers start theirs at first use, in the rank.
+"""
+
+from megarl import quiet
+
+quiet.install()
+
+import megatron.core  # noqa: E402
+import megatron.core.models.gpt  # noqa: E402, F401
+import torch  # noqa: E402, F401
+import transformers  # noqa: E402, F401
+
+from megarl.parallel import distributed  # noqa: E402, F401
