@@ -45,7 +45,11 @@ class FakeSandboxFusion(BaseHTTPRequestHandler):
             )
         try:
             done = subprocess.run(
-                [sys.executable, "-c", request["code"]], capture_output=True, text=True, timeout=request["run_timeout"]
+                [sys.executable, "-c", request["code"]],
+                input=request["stdin"],
+                capture_output=True,
+                text=True,
+                timeout=request["run_timeout"],
             )
             run = {
                 "status": "Finished",
@@ -105,6 +109,7 @@ def test_a_program_runs_there_with_the_local_sandboxs_limits(server):
     assert request == {
         "path": "/run_code",
         "code": "print(sum(range(10)))",
+        "stdin": "",
         "language": "python",
         "run_timeout": local_python.WALL_S,
         "memory_limit_MB": local_python.MEMORY_BYTES >> 20,
