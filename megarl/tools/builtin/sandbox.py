@@ -156,7 +156,7 @@ def run_code(limits: list[int], code: str, stdin: int) -> None:
     """Run `code` as a script reading the file `stdin` (a descriptor) as its standard input."""
     os.dup2(stdin, 0)
     os.close(stdin)
-    sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)
+    sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115 (the script's stdin for good)
     memory_bytes, cpu_s, files, file_bytes, processes = limits
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))  # soft: SIGXCPU ends the process
