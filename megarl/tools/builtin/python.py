@@ -72,6 +72,8 @@ class Completed:
     failure: str | None
     """None where it exited 0; else one line saying why it stopped: the last line of its error output, or
     the limit it hit (wall clock, CPU seconds)."""
+    timed_out: bool = False
+    """It was stopped at its wall-clock or CPU-time limit."""
 
 
 def run(
@@ -112,7 +114,7 @@ def run(
             failure: str | None = f"Error: the program ran longer than {wall_s:g} s and was stopped"
         else:
             failure = None if process.returncode == 0 else _failure(process.returncode, stderr_path, cpu_s)
-        return Completed(printed, cut, failure)
+        return Completed(printed, cut, failure, timed_out or process.returncode == 128 + signal.SIGXCPU)
 
 
 def observation(completed: Completed) -> str:

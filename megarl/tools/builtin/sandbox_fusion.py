@@ -103,7 +103,7 @@ def completed(response: dict, wall_s: float | None = None, output_chars: int | N
     else:
         lines = [line for line in (run.get("stderr") or "").splitlines() if line.strip()]
         failure = lines[-1] if lines else f"Error: the program exited with code {run.get('return_code')}"
-    return Completed(stdout[:chars], len(stdout) > chars, failure)
+    return Completed(stdout[:chars], len(stdout) > chars, failure, run.get("status") == "TimeLimitExceeded")
 
 
 def observation(response: dict) -> str:
