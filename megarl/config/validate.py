@@ -483,7 +483,7 @@ def _check_reward_sandbox(reward: RewardConfig, problems: list[Problem]) -> None
             sandbox.case_timeout_s < reward.timeout_s,
             "reward.sandbox.case_timeout_s",
             sandbox.case_timeout_s,
-            f"must be below reward.timeout_s ({reward.timeout_s} s): a response's test cases all run within that",
+            f"must be below reward.timeout_s ({reward.timeout_s:g} s): a response's test cases all run within that",
             "lower it, or raise reward.timeout_s",
         )
     if not sandbox.sandbox_fusion_url:
