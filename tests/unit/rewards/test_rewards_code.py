@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import megarl.tools.builtin.python as python_tool
+from megarl.cli.main import main
 from megarl.config import build_config
 from megarl.config.sections import RewardConfig, RewardSandboxConfig
 from megarl.config.validate import validate
@@ -235,3 +236,12 @@ def test_validate_names_the_key(reward, key, words):
     assert problems == []
     found = [p for p in validate(config, check_files=False) if p.key.startswith("reward.")]
     assert len(found) == 1 and found[0].key == key and words in found[0].why, found
+
+
+def test_validate_warns_when_the_rewards_sandbox_may_be_skipped(capsys):
+    recipe = str(Path(__file__).parents[3] / "configs" / "quickstart.yaml")
+    assert main(["validate", "--no-file-checks", recipe, "reward.sandbox.unsafe_no_sandbox=true"]) == 0
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: reward.")] == [
+        "warning: reward.sandbox.unsafe_no_sandbox is true: where this machine cannot sandbox the reward's "
+        "programs, model-written code runs with your rights (your files, other processes' secrets, the network)"
+    ]
