@@ -2,7 +2,8 @@
 of the host's files (a read-only system, a private /tmp), of other processes or of the network, a scrubbed
 environment and resource limits. Each call is a fresh sandbox, built by bubblewrap (`bwrap`) where it is
 installed and works, else by util-linux `unshare` (BACKENDS; its cost: see `megarl/tools/builtin/sandbox.py`);
-everything the code starts dies with the call."""
+everything the code starts dies with the call. `run` (the code, its stdin, its limits) is the one path by which
+megarl runs untrusted code locally: the code rewards' test cases go through it too (`megarl.rewards.code_tests`)."""
 
 from __future__ import annotations
 
