@@ -93,6 +93,14 @@ def run(args: argparse.Namespace) -> int:
                 "processes' secrets, the network)"
             )
         )
+    if config.reward.sandbox.unsafe_no_sandbox:
+        print(
+            _red(
+                "warning: reward.sandbox.unsafe_no_sandbox is true: where this machine cannot sandbox the "
+                "reward's programs, model-written code runs with your rights (your files, other processes' "
+                "secrets, the network)"
+            )
+        )
     if not check_files:
         print(
             "skipped (--no-file-checks): existence of data files, model/tokenizer/reward-model directories (or "

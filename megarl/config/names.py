@@ -10,7 +10,7 @@ CRITIC_ESTIMATORS = ("gae",)
 GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo")
 """Estimators whose baseline comes from the other samples of the same prompt (need rollout.n >= 2)."""
 
-BUILTIN_REWARDS = ("gsm8k", "math", "qa_em")
+BUILTIN_REWARDS = ("gsm8k", "math", "qa_em", "code")
 """Rule rewards shipped in megarl.rewards, selected by bare name in reward.function."""
 
 

@@ -128,11 +128,35 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class RewardSandboxConfig:
+    """Where reward code runs programs: the built-in `code` reward's test cases, and a user reward's calls of
+    `megarl.rewards.code_tests.run_sandboxed`, run in the python tool's sandbox (`megarl.tools.builtin.sandbox`:
+    its own user, pid, mount and network namespaces built by bubblewrap or util-linux `unshare`; a read-only
+    system, a private /tmp, no network, no other process visible, resource limits), one fresh sandbox a run."""
+
+    case_timeout_s: float = 4.0
+    """Wall-clock limit of one program run (one test case), in seconds; its CPU-time limit is this rounded up.
+    > 0; with reward.function `code`, below reward.timeout_s (a response's test cases share that limit)."""
+    unsafe_no_sandbox: bool = False
+    """Where this machine cannot build the sandbox (user namespaces not permitted, neither `bwrap` nor
+    `unshare` works), run the programs without it instead of refusing to start: they then run with the
+    user's rights and can read, change and delete what the user can, and reach the network. Only their
+    resource and time limits stay. Where the sandbox works it is used whatever this says; `megarl validate`
+    prints a warning when this is true."""
+    sandbox_fusion_url: str = ""
+    """Run the programs on a SandboxFusion server instead of the local sandbox (`megarl.tools.builtin.sandbox_fusion`:
+    POST <url>/run_code with the program's stdin, `case_timeout_s` and the local memory limit), e.g.
+    http://sandbox:8080. Empty: the local sandbox. With reward.function `code` the server is tried once with a
+    tiny program at start-up."""
+
+
+@dataclass(frozen=True)
 class RewardConfig:
     """How a response is scored."""
 
     function: str = "gsm8k"
-    """A built-in rule reward (`gsm8k`, `math`) or a user function `pkg.module:function` with TRL's signature
+    """A built-in rule reward (`gsm8k`, `math`, `qa_em`; `code`: test cases run in a sandbox,
+    `megarl.rewards.code_tests`) or a user function `pkg.module:function` with TRL's signature
     `fn(prompts, completions, **columns) -> list[float]`."""
     timeout_s: float = 10.0
     """Time limit for scoring one response, in seconds. > 0."""
@@ -148,6 +172,8 @@ class RewardConfig:
     sees the function's scores). It runs in the trainer's processes with the actor's layout. A directory
     or a hub id in the local HF cache (like model.path). Not with adv_estimator remax (its greedy
     baseline is scored by `function` only)."""
+    sandbox: RewardSandboxConfig = field(default_factory=RewardSandboxConfig)
+    """Where programs that reward code runs (the `code` reward's test cases) run."""
 
 
 @dataclass(frozen=True)

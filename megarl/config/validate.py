@@ -40,6 +40,7 @@ from megarl.config.roles import RecomputeConfig
 from megarl.config.rollout import response_length
 from megarl.config.rollout_checks import check_rollout, check_rollout_correction
 from megarl.config.run_checks import check_profile, check_seeds, check_trainer
+from megarl.config.sections import RewardConfig
 from megarl.config.tokenizer_files import chat_template_problem, tokenizer_problems
 from megarl.models.hf_config import load_hf_config
 from megarl.tools.validation import tool_problems
@@ -466,6 +467,46 @@ def _check_data(config: Config, facts: ModelFacts | None, check_files: bool, pro
         )
 
 
+def _check_reward_sandbox(reward: RewardConfig, problems: list[Problem]) -> None:
+    sandbox = reward.sandbox
+    _need(
+        problems,
+        sandbox.case_timeout_s > 0,
+        "reward.sandbox.case_timeout_s",
+        sandbox.case_timeout_s,
+        "must be > 0 seconds",
+        "e.g. 4",
+    )
+    if reward.function == "code":
+        _need(
+            problems,
+            sandbox.case_timeout_s < reward.timeout_s,
+            "reward.sandbox.case_timeout_s",
+            sandbox.case_timeout_s,
+            f"must be below reward.timeout_s ({reward.timeout_s:g} s): a response's test cases all run within that",
+            "lower it, or raise reward.timeout_s",
+        )
+    if not sandbox.sandbox_fusion_url:
+        return
+    _need(
+        problems,
+        sandbox.sandbox_fusion_url.startswith(("http://", "https://")),
+        "reward.sandbox.sandbox_fusion_url",
+        sandbox.sandbox_fusion_url,
+        "not an http(s) URL",
+        "write the SandboxFusion server's base URL, e.g. http://127.0.0.1:8080",
+    )
+    _need(
+        problems,
+        not sandbox.unsafe_no_sandbox,
+        "reward.sandbox.unsafe_no_sandbox",
+        True,
+        "the programs run on the SandboxFusion server (reward.sandbox.sandbox_fusion_url), never locally, so "
+        "nothing reads it",
+        "remove it, or empty reward.sandbox.sandbox_fusion_url to run the programs locally",
+    )
+
+
 def _check_reward(config: Config, check_files: bool, problems: list[Problem]) -> None:
     reward = config.reward
     if ":" in reward.function:
@@ -498,6 +539,7 @@ def _check_reward(config: Config, check_files: bool, problems: list[Problem]) ->
         "must be >= 1 training step",
         "e.g. 10",
     )
+    _check_reward_sandbox(reward, problems)
     if check_files and reward.reward_model is not None and not is_hub_id(reward.reward_model):  # hub ids: above
         _need(
             problems,

@@ -22,6 +22,7 @@ BUILTIN_REWARDS = {
     "gsm8k": "megarl.rewards.gsm8k:gsm8k_reward",
     "math": "megarl.rewards.math_answer:math_reward",
     "qa_em": "megarl.rewards.qa_em:qa_em_reward",
+    "code": "megarl.rewards.code_tests:code_reward",
 }
 """`reward.function` names of the rule rewards shipped with megarl, and the functions they stand for."""
 
@@ -33,8 +34,9 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 class RewardFunctionError(RuntimeError):
     """The reward function cannot be used: it does not resolve, or it returned something other than one
-    finite float32-sized number per response. The message names the function (and the value and the
-    response it scored). It stops the run (a bug, not bad luck)."""
+    finite float32-sized number per response, or it raised this itself (the `code` reward on test cases
+    that do not parse, `run_sandboxed` where nothing may run the code). The message names the function (and
+    the value and the response it scored). It stops the run (a bug, not bad luck)."""
 
 
 def function_path(spec: str) -> str:

@@ -31,7 +31,8 @@ from multiprocessing.connection import wait
 
 from megarl.config.sections import RewardConfig
 from megarl.isolation import IsolatedProcess, WorkerStartError
-from megarl.rewards.functions import RewardFunctionError, function_path
+from megarl.rewards import code_tests
+from megarl.rewards.functions import BUILTIN_REWARDS, RewardFunctionError, function_path
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +64,8 @@ def _report(reports: dict[str, tuple[int, str]], line: str, responses: int, repo
     reports[line] = (counted + responses, first)
 
 
-def _start_worker(spec: str) -> IsolatedProcess:
-    return IsolatedProcess("megarl.rewards.worker", spec)
+def _start_worker(spec: str, env: dict[str, str] | None) -> IsolatedProcess:
+    return IsolatedProcess("megarl.rewards.worker", spec, env=env)
 
 
 class RewardScorer:
@@ -78,10 +79,12 @@ class RewardScorer:
         num_workers: int = 2,
         chunk_size: int = 16,
         startup_timeout_s: float = 120.0,
+        env: dict[str, str] | None = None,
     ):
         """timeout_s: time limit per response (a call gets timeout_s × its chunk's length); num_workers:
         worker processes; chunk_size: responses per call; startup_timeout_s: limit for a worker to
-        import the function (past it: RewardFunctionError)."""
+        import the function (past it: RewardFunctionError); env: settings the workers get in their
+        environment (`reward.sandbox`: `megarl.rewards.code_tests.worker_settings`)."""
         if timeout_s <= 0 or num_workers < 1 or chunk_size < 1:
             raise ValueError(
                 f"RewardScorer: need timeout_s > 0, num_workers >= 1, chunk_size >= 1; got "
@@ -91,14 +94,19 @@ class RewardScorer:
         self.timeout_s = timeout_s
         self.chunk_size = chunk_size
         self.startup_timeout_s = startup_timeout_s
+        self.env = env
         # Fail fast on a malformed spec; the import itself happens only in the workers.
         if ":" not in function_path(spec):
             raise RewardFunctionError(f"reward.function {spec!r}: neither a built-in nor `pkg.module:function`")
-        self.workers = [_start_worker(spec) for _ in range(num_workers)]
+        self.workers = [_start_worker(spec, env) for _ in range(num_workers)]
 
     @classmethod
     def from_config(cls, reward: RewardConfig) -> RewardScorer:
-        return cls(reward.function, timeout_s=reward.timeout_s)
+        """The run's scorer. The `code` reward's programs must be able to run: where they cannot
+        (`code_tests.check_sandbox`), RewardFunctionError naming the key, before any worker starts."""
+        if function_path(reward.function) == BUILTIN_REWARDS["code"]:
+            code_tests.check_sandbox(reward.sandbox)
+        return cls(reward.function, timeout_s=reward.timeout_s, env=code_tests.worker_settings(reward.sandbox))
 
     def wait_ready(self) -> None:
         """Block until every worker imported the function: a function that does not resolve (its module
@@ -209,7 +217,7 @@ class RewardScorer:
 
     def _replace(self, index: int) -> None:
         self.workers[index].kill()
-        self.workers[index] = _start_worker(self.spec)
+        self.workers[index] = _start_worker(self.spec, self.env)
 
     def close(self) -> None:
         """Stop all workers (politely, then by SIGKILL); the scorer cannot be used afterwards."""

@@ -6,7 +6,8 @@ descriptor `fd` until the connection closes or a `None` request arrives. Every r
     ("ready", None | message)   after start-up: the message says why the function does not resolve
     ("ok", [float, ...])        one checked score per response
     ("error", traceback text)   the function raised: its samples score 0, the run goes on
-    ("invalid", message)        the function does not resolve or returned a bad result: the run stops
+    ("invalid", message)        the function does not resolve, returned a bad result or raised
+                                RewardFunctionError: the run stops
 
 Requests are `(first, prompts, responses, columns)`, `first` being the batch index of the chunk's
 first response (to name a bad score by its place); see `megarl.rewards.functions` for the signature.
@@ -34,6 +35,8 @@ def serve_reward(connection: Connection, spec: str) -> None:
             return "invalid", failure
         try:
             result = function(prompts, responses, **columns)
+        except RewardFunctionError as error:  # the function says it cannot score (malformed test cases)
+            return "invalid", str(error)
         except (Exception, SystemExit):  # a user bug costs this call's samples, not the worker
             return "error", traceback.format_exc()
         try:

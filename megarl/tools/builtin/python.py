@@ -2,7 +2,8 @@
 of the host's files (a read-only system, a private /tmp), of other processes or of the network, a scrubbed
 environment and resource limits. Each call is a fresh sandbox, built by bubblewrap (`bwrap`) where it is
 installed and works, else by util-linux `unshare` (BACKENDS; its cost: see `megarl/tools/builtin/sandbox.py`);
-everything the code starts dies with the call."""
+everything the code starts dies with the call. `run` (the code, its stdin, its limits) is the one path by which
+megarl runs untrusted code locally: the code rewards' test cases go through it too (`megarl.rewards.code_tests`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import megarl.tools.builtin.sandbox as sandbox
@@ -57,11 +59,45 @@ def execute(code: str, isolation: str) -> str:
     """The observation of running `code` in the sandbox `isolation` builds (a name in BACKENDS), or
     (`isolation` "none": only where the user set `rollout.multi_turn.python_tool.unsafe_no_sandbox`) in a
     plain limited process with the user's rights."""
+    return observation(run(code, isolation))
+
+
+@dataclass(frozen=True)
+class Completed:
+    """What one run of a program gave (in the local sandbox, or on a SandboxFusion server)."""
+
+    stdout: str
+    """Its standard output, at most `output_chars` characters of it."""
+    stdout_cut: bool
+    """The output was longer than `stdout`."""
+    failure: str | None
+    """None where it exited 0; else one line saying why it stopped: the last line of its error output, or
+    the limit it hit (wall clock, CPU seconds)."""
+    timed_out: bool = False
+    """It was stopped at its wall-clock or CPU-time limit."""
+
+
+def run(
+    code: str,
+    isolation: str,
+    stdin: str = "",
+    *,
+    wall_s: float | None = None,
+    cpu_s: int | None = None,
+    output_chars: int | None = None,
+) -> Completed:
+    """Run the program `code` with `stdin` as its standard input in the sandbox `isolation` builds (as
+    `execute`), stopped after `wall_s` seconds (default WALL_S) or `cpu_s` CPU seconds (default CPU_S);
+    `output_chars` (default OUTPUT_CHARS) of its output are kept. The one way megarl runs untrusted code
+    locally: the python tool's calls and the code rewards' test cases (`megarl.rewards.code_tests`)."""
+    wall_s = WALL_S if wall_s is None else wall_s
+    cpu_s = CPU_S if cpu_s is None else cpu_s
+    output_chars = OUTPUT_CHARS if output_chars is None else output_chars
     with tempfile.TemporaryDirectory(prefix="megarl-python-") as workdir:
         stdout_path, stderr_path = Path(workdir, "stdout"), Path(workdir, "stderr")
         with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
             process = subprocess.Popen(
-                _command(isolation),
+                _command(isolation, cpu_s),
                 stdin=subprocess.PIPE,
                 stdout=stdout,
                 stderr=stderr,
@@ -69,20 +105,32 @@ def execute(code: str, isolation: str) -> str:
                 env=_sandbox_environment(workdir),
             )
             try:
-                process.communicate(code.encode(errors="replace"), timeout=WALL_S)
+                process.communicate(_framed(code, stdin), timeout=wall_s)
                 timed_out = False
             except subprocess.TimeoutExpired:
                 _kill(process)
                 timed_out = True
-        printed = _head(stdout_path)
-        if process.returncode == 0:
-            return printed or "(no output: print() the values you want to see)"
-        failure = (
-            f"Error: the program ran longer than {WALL_S:g} s and was stopped"
-            if timed_out
-            else _failure(process.returncode, stderr_path)
-        )
-        return "\n".join(part for part in (printed, failure) if part)
+        printed, cut = _read_head(stdout_path, output_chars)
+        if timed_out:
+            failure: str | None = f"Error: the program ran longer than {wall_s:g} s and was stopped"
+        else:
+            failure = None if process.returncode == 0 else _failure(process.returncode, stderr_path, cpu_s)
+        return Completed(printed, cut, failure, timed_out or process.returncode == 128 + signal.SIGXCPU)
+
+
+def observation(completed: Completed) -> str:
+    """What the model reads of a run: its output (cut at OUTPUT_CHARS, with a note), then why it failed."""
+    printed = head(completed.stdout, more=completed.stdout_cut)
+    if completed.failure is None:
+        return printed or "(no output: print() the values you want to see)"
+    return "\n".join(part for part in (printed, completed.failure) if part)
+
+
+def _framed(code: str, stdin: str) -> bytes:
+    """What sandbox.py reads on its standard input: the code's length in bytes, a newline, the code, then
+    the program's own standard input."""
+    source = code.encode(errors="replace")
+    return b"%d\n" % len(source) + source + stdin.encode(errors="replace")
 
 
 @functools.cache
@@ -108,8 +156,8 @@ def backend_problem(name: str) -> str | None:
     with tempfile.TemporaryDirectory(prefix="megarl-python-") as workdir:
         try:
             done = subprocess.run(
-                _command(name),
-                input=b"",
+                _command(name, CPU_S),
+                input=_framed("", ""),
                 capture_output=True,
                 cwd=workdir,
                 env=_sandbox_environment(workdir),
@@ -123,8 +171,8 @@ def backend_problem(name: str) -> str | None:
     return lines[-1] if lines else f"the sandbox exited with code {done.returncode}"
 
 
-def _command(isolation: str) -> list[str]:
-    limits = (MEMORY_BYTES, CPU_S, OPEN_FILES, FILE_BYTES, PROCESSES, TMP_BYTES)
+def _command(isolation: str, cpu_s: int) -> list[str]:
+    limits = (MEMORY_BYTES, cpu_s, OPEN_FILES, FILE_BYTES, PROCESSES, TMP_BYTES)
     prefix = os.path.realpath(sys.base_prefix)
     # Its source on the command line, not its path: under bubblewrap megarl's directory is not in view.
     program = [os.path.realpath(sys.executable), "-I", "-c", SANDBOX_SOURCE, isolation, prefix, *map(str, limits)]
@@ -193,10 +241,12 @@ def _sandbox_environment(workdir: str) -> dict[str, str]:
     return {"PATH": os.defpath, "HOME": workdir, "LANG": "C.UTF-8", **threads}
 
 
-def _head(path: Path) -> str:
+def _read_head(path: Path, chars: int) -> tuple[str, bool]:
+    """The first `chars` characters of the file at `path`, and whether it holds more."""
     with open(path, "rb") as file:
-        data = file.read(OUTPUT_CHARS * 4 + 1)
-    return head(data.decode(errors="replace"), more=path.stat().st_size > len(data))
+        data = file.read(chars * 4 + 1)  # UTF-8: at most 4 bytes a character
+    text = data.decode(errors="replace")
+    return text[:chars], len(text) > chars or path.stat().st_size > len(data)
 
 
 def head(text: str, more: bool = False) -> str:
@@ -206,10 +256,10 @@ def head(text: str, more: bool = False) -> str:
     return text.rstrip("\n")
 
 
-def _failure(returncode: int, stderr_path: Path) -> str:
+def _failure(returncode: int, stderr_path: Path, cpu_s: int) -> str:
     """One line saying why the program stopped: the last line of its error, or the limit it hit."""
     if returncode == 128 + signal.SIGXCPU:
-        return f"Error: the program used more than {CPU_S} s of CPU time and was stopped"
+        return f"Error: the program used more than {cpu_s} s of CPU time and was stopped"
     with open(stderr_path, "rb") as file:
         file.seek(max(0, stderr_path.stat().st_size - 4096))
         lines = [line for line in file.read().decode(errors="replace").splitlines() if line.strip()]

@@ -1,6 +1,8 @@
 """Runs the `python` tool's code inside its namespaces: `python -I -c <this file> bubblewrap|unshare|none
-<prefix> <memory> <cpu_s> <files> <file_bytes> <processes> <tmp_bytes>`, code on stdin. `none` (only with
-the user's `rollout.multi_turn.python_tool.unsafe_no_sandbox`) keeps the resource limits alone.
+<prefix> <memory> <cpu_s> <files> <file_bytes> <processes> <tmp_bytes>`; on its standard input the code's
+length in bytes, a newline, the code, then what the code reads as its own standard input (a code reward's
+test case: `megarl.rewards.code_tests`). `none` (only with the user's `unsafe_no_sandbox`) keeps the
+resource limits alone.
 
 `megarl.tools.builtin.python` starts it as pid 1 of a new pid namespace, in a new user namespace (the
 worker's own uid outside), in mount, IPC and UTS namespaces of its own and a network namespace with only a
@@ -150,7 +152,11 @@ def drop_privileges() -> None:
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
-def run_code(limits: list[int], code: str) -> None:
+def run_code(limits: list[int], code: str, stdin: int) -> None:
+    """Run `code` as a script reading the file `stdin` (a descriptor) as its standard input."""
+    os.dup2(stdin, 0)
+    os.close(stdin)
+    sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115 (the script's stdin for good)
     memory_bytes, cpu_s, files, file_bytes, processes = limits
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))  # soft: SIGXCPU ends the process
@@ -168,8 +174,12 @@ def main() -> None:
         sys.exit(f"Error: sandbox.py {backend} runs only as pid 1 of new namespaces (under megarl's {backend} command)")
     prefix = sys.argv[2]
     *limits, tmp_bytes = map(int, sys.argv[3:9])
-    code = sys.stdin.read()
-    sys.stdin.close()
+    length, _, rest = sys.stdin.buffer.read().partition(b"\n")
+    code = rest[: int(length)].decode(errors="replace")
+    stdin = os.memfd_create("stdin")  # in no file system: out of the code's view but as its stdin
+    with open(stdin, "wb", closefd=False) as file:
+        file.write(rest[int(length) :])
+    os.lseek(stdin, 0, os.SEEK_SET)
     if backend == "unshare":  # bubblewrap has built the same file system before it started this process
         build_root(os.path.join(os.environ["HOME"], "root"), prefix, tmp_bytes)
     if backend != "none":
@@ -178,7 +188,7 @@ def main() -> None:
         os.environ["HOME"] = "/tmp"
     child = os.fork()
     if child == 0:
-        run_code(limits, code)  # its exceptions and exit() end this process as they end a script
+        run_code(limits, code, stdin)  # its exceptions and exit() end this process as they end a script
         return
     while True:  # pid 1 reaps every orphan until the code's own process ends
         pid, status = os.wait()

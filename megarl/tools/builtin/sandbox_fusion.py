@@ -5,7 +5,7 @@ the cluster's alternative to the local sandbox (`megarl.tools.builtin.python`), 
 The contract (SandboxFusion's `POST /run_code`, documented in its README and API reference; the fields
 verl's `verl/utils/reward_score/sandbox_fusion/utils.py` sends and reads):
 
-    request   {"code": str, "language": "python", "run_timeout": s, "memory_limit_MB": MB}
+    request   {"code": str, "stdin": str, "language": "python", "run_timeout": s, "memory_limit_MB": MB}
     response  {"status": "Success" | "Failed" | "SandboxError", "message": str,
                "run_result": {"status": "Finished" | "TimeLimitExceeded" | "Error",
                               "return_code": int | null, "stdout": str, "stderr": str, ...} | null, ...}
@@ -13,7 +13,8 @@ verl's `verl/utils/reward_score/sandbox_fusion/utils.py` sends and reads):
 "Failed" is the program's failure (a non-zero exit, a time limit), which the model reads as the local
 sandbox's observation would say it; "SandboxError" and an unreachable or malformed server are the
 service's failure, raised (the call's observation names it; the run goes on). The tool worker gets the
-URL in its environment (`URL_ENV`), set by the `ToolSet`; the limits are the local sandbox's.
+URL in its environment (`URL_ENV`), set by the `ToolSet`; the limits are the local sandbox's. The code
+rewards' test cases run there too where `reward.sandbox.sandbox_fusion_url` is set (`run`, with `stdin`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import os
 import urllib.error
 import urllib.request
 
-from megarl.tools.builtin.python import MEMORY_BYTES, WALL_S, head
+from megarl.tools.builtin import python as local
+from megarl.tools.builtin.python import Completed
 
 URL_ENV = "MEGARL_SANDBOX_FUSION_URL"
 """The tool worker's environment variable holding the server's base URL."""
@@ -46,18 +48,32 @@ def python(code: str) -> str:
 
 def run_code(url: str, code: str) -> str:
     """The observation of running `code` on the server at `url` (module docstring)."""
-    return observation(
-        post(url, {"code": code, "language": "python", "run_timeout": WALL_S, "memory_limit_MB": MEMORY_BYTES >> 20})
-    )
+    return local.observation(run(url, code))
 
 
-def post(url: str, request: dict) -> dict:
+def run(
+    url: str, code: str, stdin: str = "", *, wall_s: float | None = None, output_chars: int | None = None
+) -> Completed:
+    """Run `code` with `stdin` as its standard input on the server at `url`, as `local.run` runs it in the
+    local sandbox (same defaults; the memory limit is the local one, the CPU limit the server's own)."""
+    wall_s = local.WALL_S if wall_s is None else wall_s
+    request = {
+        "code": code,
+        "stdin": stdin,
+        "language": "python",
+        "run_timeout": wall_s,
+        "memory_limit_MB": local.MEMORY_BYTES >> 20,
+    }
+    return completed(post(url, request, wall_s), wall_s, output_chars)
+
+
+def post(url: str, request: dict, wall_s: float) -> dict:
     """`request` to `<url>/run_code`; the decoded answer, or SandboxFusionError saying what went wrong."""
     endpoint = url.rstrip("/") + "/run_code"
     data = json.dumps(request).encode()
     http = urllib.request.Request(endpoint, data=data, headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(http, timeout=WALL_S + HTTP_MARGIN_S) as answer:
+        with urllib.request.urlopen(http, timeout=wall_s + HTTP_MARGIN_S) as answer:
             body = answer.read()
     except urllib.error.HTTPError as error:
         raise SandboxFusionError(f"{endpoint} answered HTTP {error.code} {error.reason}") from None
@@ -72,36 +88,33 @@ def post(url: str, request: dict) -> dict:
     return response
 
 
-def observation(response: dict) -> str:
-    """What the model reads of a `/run_code` answer, in the local sandbox's words."""
+def completed(response: dict, wall_s: float | None = None, output_chars: int | None = None) -> Completed:
+    """A `/run_code` answer in the local sandbox's terms (`wall_s`: the limit the request gave)."""
     status, run = response["status"], response.get("run_result") or {}
     if status == "SandboxError" or not run:
         raise SandboxFusionError(f"the sandbox failed: {response.get('message') or status}")
-    printed = head(run.get("stdout") or "")
+    wall_s = local.WALL_S if wall_s is None else wall_s
+    chars = local.OUTPUT_CHARS if output_chars is None else output_chars
+    stdout = run.get("stdout") or ""
     if status == "Success" and run.get("return_code") == 0:
-        return printed or "(no output: print() the values you want to see)"
-    if run.get("status") == "TimeLimitExceeded":
-        failure = f"Error: the program ran longer than {WALL_S:g} s and was stopped"
+        failure = None
+    elif run.get("status") == "TimeLimitExceeded":
+        failure = f"Error: the program ran longer than {wall_s:g} s and was stopped"
     else:
         lines = [line for line in (run.get("stderr") or "").splitlines() if line.strip()]
         failure = lines[-1] if lines else f"Error: the program exited with code {run.get('return_code')}"
-    return "\n".join(part for part in (printed, failure) if part)
+    return Completed(stdout[:chars], len(stdout) > chars, failure, run.get("status") == "TimeLimitExceeded")
+
+
+def observation(response: dict) -> str:
+    """What the model reads of a `/run_code` answer, in the local sandbox's words."""
+    return local.observation(completed(response))
 
 
 def server_problem(url: str) -> str | None:
-    """Why the server at `url` cannot run the tool's code (one tiny program is run there), or None."""
+    """Why the server at `url` cannot run code (one tiny program is run there), or None."""
     try:
-        answer = observation(
-            post(
-                url,
-                {
-                    "code": "print(6 * 7)",
-                    "language": "python",
-                    "run_timeout": WALL_S,
-                    "memory_limit_MB": MEMORY_BYTES >> 20,
-                },
-            )
-        )
+        answer = run_code(url, "print(6 * 7)")
     except SandboxFusionError as error:
         return str(error)
     return None if answer == "42" else f"print(6 * 7) gave {answer!r} there"

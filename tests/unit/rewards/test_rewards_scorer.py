@@ -141,7 +141,7 @@ def test_resolve_names_the_spec_and_the_problem():
     with pytest.raises(RewardFunctionError, match=r"rewards_testing.NOT_CALLABLE is a int, not a function"):
         resolve_reward_function("rewards_testing:NOT_CALLABLE")
     with pytest.raises(
-        RewardFunctionError, match=r"'bleu': neither a built-in \(gsm8k, math, qa_em\) nor a function path"
+        RewardFunctionError, match=r"'bleu': neither a built-in \(gsm8k, math, qa_em, code\) nor a function path"
     ):
         resolve_reward_function("bleu")
 

@@ -16,6 +16,8 @@ import pytest
 
 from megarl.config import build_config
 from megarl.config.rollout import MultiTurnConfig, PythonToolConfig, ToolConfig
+from megarl.config.sections import RewardConfig, RewardSandboxConfig
+from megarl.rewards import RewardFunctionError, RewardScorer, code_tests
 from megarl.tools import ToolCall, ToolError, ToolSet
 from megarl.tools.builtin import python as local_python
 from megarl.tools.builtin.sandbox_fusion import SandboxFusionError, observation, run_code
@@ -45,7 +47,11 @@ class FakeSandboxFusion(BaseHTTPRequestHandler):
             )
         try:
             done = subprocess.run(
-                [sys.executable, "-c", request["code"]], capture_output=True, text=True, timeout=request["run_timeout"]
+                [sys.executable, "-c", request["code"]],
+                input=request["stdin"],
+                capture_output=True,
+                text=True,
+                timeout=request["run_timeout"],
             )
             run = {
                 "status": "Finished",
@@ -105,6 +111,7 @@ def test_a_program_runs_there_with_the_local_sandboxs_limits(server):
     assert request == {
         "path": "/run_code",
         "code": "print(sum(range(10)))",
+        "stdin": "",
         "language": "python",
         "run_timeout": local_python.WALL_S,
         "memory_limit_MB": local_python.MEMORY_BYTES >> 20,
@@ -192,3 +199,24 @@ def test_validate_names_the_key(python_tool, key, words):
     assert problems == []
     found = [p for p in tool_problems(config.rollout.multi_turn, check_files=False) if p.key.endswith(key)]
     assert len(found) == 1 and words in found[0].why, found
+
+
+def test_the_code_rewards_cases_run_there_with_their_stdin(server, monkeypatch):
+    # A reward worker of a run with reward.sandbox.sandbox_fusion_url set (`code_tests.worker_settings`).
+    monkeypatch.setenv(
+        *code_tests.worker_settings(RewardSandboxConfig(sandbox_fusion_url=server, case_timeout_s=3)).popitem()
+    )
+    cases = {"inputs": ["1 2\n", "5 7\n"], "outputs": ["3\n", "35\n"]}
+    program = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+    assert code_tests.code_reward(["p"], [program], answer=[json.dumps(cases)]) == [0.5]
+    assert sorted((r["stdin"], r["run_timeout"]) for r in FakeSandboxFusion.requests) == [("1 2\n", 3), ("5 7\n", 3)]
+    with RewardScorer.from_config(
+        RewardConfig(function="code", sandbox=RewardSandboxConfig(sandbox_fusion_url=server))
+    ):
+        assert FakeSandboxFusion.requests[-1]["code"] == "print(6 * 7)"  # tried once at start-up
+    dead = RewardConfig(function="code", sandbox=RewardSandboxConfig(sandbox_fusion_url="http://127.0.0.1:9"))
+    with pytest.raises(
+        RewardFunctionError,
+        match=r"reward.sandbox.sandbox_fusion_url = 'http://127.0.0.1:9': the server cannot run the reward's programs",
+    ):
+        RewardScorer.from_config(dead)

@@ -1,5 +1,6 @@
-"""`sandbox_backend`: a test of the python tool runs once per way of building its sandbox (bubblewrap,
-util-linux unshare), skipped with the reason where this machine cannot build it that way."""
+"""`sandbox_backend`: a test of code run in the python tool's sandbox (the python tool's, the code reward's)
+runs once per way of building the sandbox (bubblewrap, util-linux unshare), skipped with the reason where
+this machine cannot build it that way."""
 
 import pytest
 
