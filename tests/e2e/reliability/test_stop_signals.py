@@ -1,9 +1,14 @@
-"""SIGTERM (a scheduler's stop), SIGINT (Ctrl-C in a terminal, sent to the whole foreground process
-group) and SIGHUP (the terminal closed) end `megarl train` with one line naming the step, the phase, the
-last checkpoint and how to continue, the shell's exit code (143 / 130 / 129), no traceback, and no process
-or /dev/shm file left behind; also with the next step's batch generating in the driver's generation
-thread (`trainer.rollout_mode: one_step_off`: the SIGHUP case). The Ctrl-C case runs a TP 2 engine: the signal reaches its vLLM worker processes too, and
-those hold most of a run's shared memory (issue 36)."""
+"""SIGINT (Ctrl-C in a terminal, sent to the whole foreground process group) and SIGHUP (the terminal
+closed) end `megarl train` with one line naming the step, the phase, the last checkpoint and how to
+continue, the shell's exit code (130 / 129), no traceback, and no process or /dev/shm file left behind;
+also with the next step's batch generating in the driver's generation thread (`trainer.rollout_mode:
+one_step_off`: the SIGHUP case). The Ctrl-C case runs a TP 2 engine: the signal reaches its vLLM worker
+processes too, and those hold most of a run's shared memory (issue 36).
+
+SIGTERM (a scheduler's stop) takes the same path (`megarl.cli.stop_signals`): its whole job is
+test_async_faults.py's (an async run), its one line and exit 143 in sync mode the fake cluster's
+(tests/unit/trainer/test_loop_on_fake_cluster.py), and `sft`, `convert` and `bench` have theirs in
+test_stop_signals_other_commands.py."""
 
 import os
 import re
@@ -27,11 +32,10 @@ ONE_STEP_OFF = [
 @pytest.mark.parametrize(
     "signum,to_group,mode",
     [
-        (signal.SIGTERM, False, []),
         (signal.SIGINT, True, ["rollout.tensor_model_parallel_size=2"]),
         (signal.SIGHUP, False, ONE_STEP_OFF),
     ],
-    ids=["SIGTERM", "SIGINT-rollout-TP2", "SIGHUP-one-step-off"],
+    ids=["SIGINT-rollout-TP2", "SIGHUP-one-step-off"],
 )
 def test_a_stop_signal_ends_the_run_with_one_line(workspace, tmp_path, jobs, signum, to_group, mode):
     job = Job.start(workspace, tmp_path / "run", ["trainer.total_steps=50", "checkpoint.save_freq=2", *mode])
