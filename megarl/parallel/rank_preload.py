@@ -5,10 +5,17 @@ test's or a command's ranks start together and share the cores).
 
 `quiet.install()` first: the fork server's imports print megatron-core's start-up warnings once, filtered
 as every rank's would be. Nothing here may start a thread (a fork copies only the forking thread): torch,
-megatron-core and transformers start theirs at first use, in the rank.
+megatron-core and transformers start theirs at first use, in the rank. Nor the CUDA runtime, which a forked
+rank could not use ("Cannot re-initialize CUDA in forked subprocess"): `quiet.install` asks whether a GPU
+is there (`torch.cuda.is_available`), which torch answers from NVML, without the runtime, with
+`PYTORCH_NVML_BASED_CUDA_CHECK=1` (set in the fork server only: a rank takes its caller's environment).
 """
 
-from megarl import quiet
+import os
+
+os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+
+from megarl import quiet  # noqa: E402
 
 quiet.install()
 
