@@ -1,8 +1,8 @@
 """The fork server's imports (`megarl.parallel.rank_preload`) leave the CUDA runtime alone, so ranks forked
 from it on a GPU machine can start it themselves. CPU torch has no CUDA runtime to start: the check stands
-in for a CUDA build (`torch.cuda._is_compiled`, asked by `is_available` and `device_count`) and watches the two ways torch asks for the GPU count, the
-runtime's (`torch._C._cuda_getDeviceCount`, which poisons a later fork) and NVML's (fork-safe), as
-torch/cuda/__init__.py's `is_available` and `device_count` choose between them."""
+in for a CUDA build (`torch.cuda._is_compiled`, as `is_available` and `device_count` ask it) and watches the
+two ways torch counts GPUs, the runtime's (`torch._C._cuda_getDeviceCount`, which poisons a later fork) and
+NVML's (fork-safe), as torch/cuda/__init__.py's `is_available` and `device_count` choose between them."""
 
 import subprocess
 import sys
