@@ -25,7 +25,7 @@ from megarl.config import load_config, plan_batches
 from megarl.config.rollout import response_length
 from megarl.data.prompts import Prompt
 from megarl.models.hf_config import ModelDims
-from megarl.orchestration.worker_group import Call
+from megarl.orchestration.worker_group import Call, _count_round_trip
 from megarl.rollout.samples import Samples
 from megarl.trainer.generated import GeneratedBatch
 from megarl.trainer.roles import MegatronGroup, Roles
@@ -164,6 +164,7 @@ class RecordingWorkers:
         of the arguments; answered at once."""
         assert len(per_rank_calls) == self.world_size, "one chain of calls per rank"
         replying = [True] * self.world_size if replying is None else list(replying)
+        _count_round_trip()  # the run's `perf/round_trips`, as `WorkerGroup.submit` counts it
         answers: list[list] = [[] for _ in self.ranks]
         for calls in zip(*per_rank_calls, strict=True):
             distinct = {id(arg): arg for call in calls for arg in call.args}  # `stored_once`: one copy each
@@ -191,8 +192,11 @@ class RecordingWorkers:
         return self.call_each(method, [args] * self.world_size)
 
     def call_rank0(self, method: str, *args):
+        _count_round_trip()
+        result = getattr(self.ranks[0], method)(*pickle.loads(pickle.dumps(args)))
+        self.calls.append(Recorded(method, {"other": _size(args)}, _size(result), 1, trip=self.trips))
         self.trips += 1
-        return getattr(self.ranks[0], method)(*pickle.loads(pickle.dumps(args)))
+        return result
 
 
 @dataclass
