@@ -35,7 +35,8 @@ from megarl.orchestration.worker_group import Call
 from megarl.trainer.metrics import reduce_metrics
 
 SYNC_TIMEOUT_S = 300.0
-"""How long the driver waits on a weight-sync call of the engines (connecting the group, finishing a receive)."""
+"""How long an engine waits on a weight-sync operation (connecting the group; a receive, the send it waits
+for included)."""
 
 
 class WeightSync:
