@@ -166,7 +166,7 @@ class RankProcess:
         return ray.get_runtime_context().get_node_id()
 
 
-def stored_once(per_rank_args: list[tuple]) -> list[tuple]:
+def stored_once(per_rank_args: Sequence[Sequence]) -> list[tuple]:
     """`per_rank_args` with each argument object that several ranks get (the same object) replaced by
     one `ray.put` of it: Ray hands a rank the stored value of an `ObjectRef` argument, and stores an
     argument passed by value anew for every call."""

@@ -310,7 +310,8 @@ def test_engines_that_never_sleep_are_left_alone():
     assert "actor.onload" in log and "actor.offload_params" in log
     log.clear()
     step.to_rollout(3)  # unchecked: nothing after the sync
-    assert log[-1] == "actor answered" and trips(step) == 2 + 4 + 3  # checked: the engines checked in a trip of their own
+    # Onload 2; the checked sync 4 (the engines checked in a trip of their own); the unchecked one 3.
+    assert log[-1] == "actor answered" and trips(step) == 2 + 4 + 3
 
 
 def test_engines_generating_beside_the_training_are_not_called_at_its_start():
