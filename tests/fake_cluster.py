@@ -8,8 +8,10 @@ advantages, checkpoints, resume, metrics, stop conditions) against fake worker g
 What is fake is what `megarl.trainer.roles.start_roles` starts and what drives it across processes: the
 Megatron group is `FakePolicyWorker` ranks and the engines `FakeEngine`s, called through
 `recorded_transfers.RecordingWorkers` (each rank gets its own pickled copy of the arguments, as a Ray
-actor does); the hand-over and the weight sync are `FakeHandOver` / `FakeWeightSync` (the engines take
-the actor's weights at each `to_rollout`). The model is a bag of tokens: one logit per vocabulary entry,
+actor does; every call to a group counts as the driver round trip it is, `perf/round_trips`). The
+hand-over and the weight sync are the run's own (`HandOver`, `WeightSync`): the engines sleep and wake,
+and a receive takes the weights of policy rank 0, as the collective transport's does; checked syncs
+compare the engines' checksums and probe log-probs with the actor's. The model is a bag of tokens: one logit per vocabulary entry,
 shared by every position, trained by a policy gradient with momentum (an optimizer state that a resume
 must restore to continue exactly). Each fake's methods have the names and parameters of the real class
 they stand for (`test_loop_on_fake_cluster.py::test_the_fakes_keep_the_real_signatures`).
@@ -21,6 +23,7 @@ atomic rename), so `CheckpointManager` lists, rotates, verifies and resumes them
 from __future__ import annotations
 
 import json
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +32,7 @@ import torch
 from recorded_transfers import RecordingWorkers, grids
 
 import megarl.trainer.trainer as trainer_module
+from megarl.bridge.checksum import LoadedChecksums
 from megarl.models.hf_config import read_model_dims
 from megarl.trainer.roles import MegatronGroup, Roles
 from megarl.workers.checkpoint_files import (
@@ -45,6 +49,8 @@ from megarl.workers.rollout.base import RolloutOutput, SamplingConfig, prompt_se
 LEARNING_RATE = 20.0
 MOMENTUM = 0.9
 WEIGHTS_FILE = "actor/weights.pt"
+WEIGHTS_NAME = "lm_head.weight"
+"""The one tensor the fake model has, by the HF name its checksums carry."""
 EXTRA_FILE = "extra.json"
 
 
@@ -103,6 +109,25 @@ class FakePolicyWorker:
     def matmul_peak(self) -> float:
         return 1e12
 
+    def memory_stats(self) -> dict[str, float]:
+        return {"rss_gib": 0.0}
+
+    onload = offload_training_state = offload_params = memory_stats
+
+    def sync_plan(self) -> str:
+        return "the fake plan"
+
+    def send_weights(self) -> dict[str, float]:
+        return {"sync/buckets": float(self.rank == 0)}
+
+    def weight_checksums(self, dtype: str) -> dict[str, int]:
+        """Rank 0's checksum of the weights (the others hold the same; `combine` sums the ranks')."""
+        return {WEIGHTS_NAME: weights_checksum(self.weights)} if self.rank == 0 else {}
+
+    def probe_log_probs(self, token_ids: list[list[int]]) -> torch.Tensor:
+        """`[B, T-1]` log-probs of each probe sequence's tokens after the first."""
+        return torch.stack(probe_log_probs(self.weights, token_ids))
+
     def save_checkpoint(self, root: str, step: int, extra: dict) -> str:
         """Rank 0 writes `<root>/step_<step>` as the real save does: a temp dir, the SHA-256 manifest
         (`build_manifest`), then the atomic rename (`commit`); the other ranks hold the same state."""
@@ -126,12 +151,55 @@ class FakePolicyWorker:
         raise NotImplementedError("the fake cluster has no HF model to export: run with checkpoint.export_hf=false")
 
 
-class FakeEngine:
-    """A rollout engine (`RolloutWorker`): samples from the logits it was last synced."""
+def weights_checksum(weights: torch.Tensor) -> int:
+    return zlib.crc32(weights.numpy().tobytes())
 
-    def __init__(self, vocab_size: int):
+
+def probe_log_probs(weights: torch.Tensor, token_ids: list[list[int]]) -> list[torch.Tensor]:
+    log_probs = torch.log_softmax(weights, dim=0)
+    return [log_probs[torch.tensor(tokens[1:]) % len(weights)].float() for tokens in token_ids]
+
+
+class FakeEngine:
+    """A rollout engine (`RolloutWorker`): samples from the logits it was last synced; asleep, it refuses
+    to generate (a real engine would never answer)."""
+
+    def __init__(self, vocab_size: int, cluster: FakeCluster):
         self.weights = torch.zeros(vocab_size, dtype=torch.float64)
         self.weight_version = 0
+        self.cluster = cluster
+        self.awake = {"weights", "kv_cache"}
+        self.checksumming = True
+
+    def memory_stats(self) -> dict[str, float]:
+        return {"rss_gib": 0.0}
+
+    def sleep(self) -> dict[str, float]:
+        self.awake = set()
+        return self.memory_stats()
+
+    def wake_up(self, tags: list[str] | None = None) -> dict[str, float]:
+        self.awake |= set(tags or ("weights", "kv_cache"))
+        return self.memory_stats()
+
+    def checksum_loads(self, enabled: bool) -> None:
+        self.checksumming = enabled
+
+    def start_receive(self, plan) -> None:
+        assert "weights" in self.awake, "a receive into weights that are asleep"
+
+    def finish_receive(self, timeout_s: float) -> int:
+        """The load: policy rank 0's weights (its trained ones, as the send that runs beside it sends them)."""
+        self.weights = self.cluster.roles.policy.ranks[0].weights.clone()
+        self.weight_version += 1
+        return self.weight_version
+
+    def loaded_checksums(self) -> list[LoadedChecksums]:
+        full = {WEIGHTS_NAME: weights_checksum(self.weights)} if self.checksumming else {}
+        return [LoadedChecksums("float32", full=full)]
+
+    def prompt_logprobs(self, token_ids: list[list[int]]) -> list[torch.Tensor]:
+        return probe_log_probs(self.weights, token_ids)
 
     def generate(
         self,
@@ -142,6 +210,7 @@ class FakeEngine:
     ) -> list[RolloutOutput]:
         """`sampling.n` samples per prompt, sample j of prompt i drawn with seed `prompt_seeds[i] + j`
         (as the real engines seed them), so a sample depends on its seed and the weights only."""
+        assert self.awake == {"weights", "kv_cache"}, "generate on an engine that is not awake"
         caps = max_new_tokens or [sampling.max_new_tokens] * len(prompt_token_ids)
         logits = self.weights / (1.0 if sampling.greedy else sampling.temperature)
         log_probs = torch.log_softmax(logits, dim=0)
@@ -166,33 +235,6 @@ class FakeEngine:
                 out.finish_reasons.append(reason)
             outputs.append(out)
         return outputs
-
-
-class FakeWeightSync:
-    """`megarl.trainer.sync_step.WeightSync`: the hand-over below copies the weights itself."""
-
-    def __init__(self, roles, config, *, vocab_size: int, total_steps: int):
-        self.threshold = config.rollout.sync.logprob_gap_threshold
-
-
-class FakeHandOver:
-    """`megarl.trainer.handover.HandOver`: `to_rollout` gives every engine rank 0's weights."""
-
-    def __init__(self, roles, sync, *, engines_sleep: bool, timer, engines_generate_beside: bool = False):
-        self.roles, self.timer = roles, timer
-
-    def to_training(self) -> None:
-        pass
-
-    def to_rollout(self, step: int) -> dict[str, float]:
-        with self.timer("sync"):
-            weights = self.roles.policy.ranks[0].weights
-            for engine in self.roles.rollout.ranks:
-                engine.weights, engine.weight_version = weights.clone(), step
-        return {"sync/weight_version": float(step)}
-
-    def pop_memory(self) -> dict[str, float]:
-        return {}
 
 
 class FakeRoles(Roles):
@@ -222,7 +264,7 @@ class FakeCluster:
         policy = RecordingWorkers(len(layout), (), "actor")
         policy.ranks = [FakePolicyWorker(rank, vocab, self) for rank in range(len(layout))]
         engines = RecordingWorkers(plan.rollout_engines, (), "rollout")
-        engines.ranks = [FakeEngine(vocab) for _ in range(engines.world_size)]
+        engines.ranks = [FakeEngine(vocab, self) for _ in range(engines.world_size)]
         engines.shut_down = False
         with startup("megatron"):
             self.roles = FakeRoles(
@@ -244,6 +286,4 @@ def fake_cluster(monkeypatch, bad_steps=()):
     monkeypatch.setattr(trainer_module, "shutdown_ray", lambda: None)
     monkeypatch.setattr(trainer_module, "cluster_device", lambda config: "cpu")
     monkeypatch.setattr(trainer_module, "start_roles", cluster.start_roles)
-    monkeypatch.setattr(trainer_module, "WeightSync", FakeWeightSync)
-    monkeypatch.setattr(trainer_module, "HandOver", FakeHandOver)
     yield cluster

@@ -1,9 +1,10 @@
 """The trainer's step against Megatron groups of recording stand-ins: what crosses the Ray boundary.
 
 `RecordingWorkers` stands in for `megarl.orchestration.worker_group.WorkerGroup` as the trainer uses it
-(`call_each`, `call_all`): an argument object given to several ranks is counted once, as `stored_once`
-puts it in Ray's object store once; every other argument once per rank (passed by value); a rank's
-result only where it replies (`call_dropping_result` sends nothing back). Sizes are pickled sizes
+(`submit` and the calls made of it: `call_each`, `call_all`, `call_rank0`, `chain`): an argument object
+given to several ranks is counted once, as `stored_once` puts it in Ray's object store once; every other
+argument once per rank (passed by value); a rank's result only where it replies (`run_dropping_results`
+sends nothing back). Each call of a chain is recorded on its own, with the round trip it was part of. Sizes are pickled sizes
 (Ray serializes tensors with pickle; a view carries its whole storage, as there). Each rank gets its
 own unpickled copy, as a Ray actor does. The ranks host `StandInWorker`s: `PolicyWorker`'s own
 staging methods around arithmetic stand-ins for the Megatron roles, whose updates check that every
@@ -24,6 +25,7 @@ from megarl.config import load_config, plan_batches
 from megarl.config.rollout import response_length
 from megarl.data.prompts import Prompt
 from megarl.models.hf_config import ModelDims
+from megarl.orchestration.worker_group import Call, _count_round_trip
 from megarl.rollout.samples import Samples
 from megarl.trainer.generated import GeneratedBatch
 from megarl.trainer.roles import MegatronGroup, Roles
@@ -109,8 +111,8 @@ class StandInWorker:
 
 
 @dataclass
-class Call:
-    """One call of a group: what it sent and what came back."""
+class Recorded:
+    """One call of a group (one step of a chain): what it sent and what came back."""
 
     method: str
     """The worker method (for `call_staged`, the method it runs: "call_staged:update_actor")."""
@@ -124,6 +126,8 @@ class Call:
     fields_sent: list[str] = field(default_factory=list)
     """The `PolicyBatch` fields among the arguments, once per object sent."""
     kept: str | None = None
+    trip: int = 0
+    """The group's round trip the call was part of (counted from 0)."""
 
 
 def _size(value) -> int:
@@ -146,29 +150,66 @@ def _payload(args: tuple) -> tuple[dict[str, int], list[str]]:
 
 
 class RecordingWorkers:
-    """A `WorkerGroup` stand-in of `world_size` `StandInWorker`s that records every call (`Call`)."""
+    """A `WorkerGroup` stand-in of `world_size` `StandInWorker`s that records every call (`Recorded`)."""
 
     def __init__(self, world_size: int, actor_reads: tuple[str, ...], group: str = "actor"):
         self.world_size = world_size
         self.ranks = [StandInWorker(actor_reads, rank, group) for rank in range(world_size)]
-        self.calls: list[Call] = []
+        self.calls: list[Recorded] = []
+        self.trips = 0
+        """Round trips so far (each `submit`)."""
+
+    def submit(self, per_rank_calls: list[list[Call]], replying=None) -> Answered:
+        """Every rank runs its chain (the same methods on every rank), each call on its own unpickled copy
+        of the arguments; answered at once."""
+        assert len(per_rank_calls) == self.world_size, "one chain of calls per rank"
+        replying = [True] * self.world_size if replying is None else list(replying)
+        _count_round_trip()  # the run's `perf/round_trips`, as `WorkerGroup.submit` counts it
+        answers: list[list] = [[] for _ in self.ranks]
+        for calls in zip(*per_rank_calls, strict=True):
+            distinct = {id(arg): arg for call in calls for arg in call.args}  # `stored_once`: one copy each
+            sent, fields = _payload(tuple(distinct.values()))
+            received = 0
+            for worker, call, reply, rank_answers in zip(self.ranks, calls, replying, answers, strict=True):
+                result = getattr(worker, call.method)(*pickle.loads(pickle.dumps(call.args)))
+                received += _size(result) if reply else 0
+                rank_answers.append(result)
+            method, args = calls[0].method, calls[0].args
+            name = f"{method}:{args[0]}" if method == "call_staged" else method
+            kept = args[2] if method == "call_staged" else None
+            self.calls.append(Recorded(name, sent, received, sum(replying), fields, kept, self.trips))
+        self.trips += 1
+        return Answered([rank if reply else None for rank, reply in zip(answers, replying)])
+
+    def chain(self, *calls: Call) -> list[list]:
+        return self.submit([list(calls)] * self.world_size).wait()
 
     def call_each(self, method: str, per_rank_args: list[tuple], replying=None) -> list:
-        replying = [True] * self.world_size if replying is None else list(replying)
-        distinct = {id(arg): arg for args in per_rank_args for arg in args}  # `stored_once`: one copy each
-        sent, fields = _payload(tuple(distinct.values()))
-        results, received = [], 0
-        for worker, args, reply in zip(self.ranks, per_rank_args, replying, strict=True):
-            result = getattr(worker, method)(*pickle.loads(pickle.dumps(args)))
-            received += _size(result) if reply else 0
-            results.append(result if reply else None)
-        name = f"{method}:{per_rank_args[0][0]}" if method == "call_staged" else method
-        kept = per_rank_args[0][2] if method == "call_staged" else None
-        self.calls.append(Call(name, sent, received, sum(replying), fields, kept))
-        return results
+        answers = self.submit([[Call(method, args)] for args in per_rank_args], replying).wait()
+        return [None if rank is None else rank[0] for rank in answers]
 
     def call_all(self, method: str, *args) -> list:
         return self.call_each(method, [args] * self.world_size)
+
+    def call_rank0(self, method: str, *args):
+        _count_round_trip()
+        result = getattr(self.ranks[0], method)(*pickle.loads(pickle.dumps(args)))
+        self.calls.append(Recorded(method, {"other": _size(args)}, _size(result), 1, trip=self.trips))
+        self.trips += 1
+        return result
+
+
+@dataclass
+class Answered:
+    """`megarl.orchestration.worker_group.PendingCall` of a stand-in group: answered when submitted."""
+
+    answers: list
+
+    def poll(self, timeout_s: float) -> bool:
+        return True
+
+    def wait(self) -> list:
+        return self.answers
 
 
 def grids(tp: int, pp: int, dp: int) -> list[dict[str, int]]:

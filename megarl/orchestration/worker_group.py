@@ -6,15 +6,22 @@ Usage:
     group.call_all("compute_log_prob", batch)          # same arguments on every rank -> [r0, r1]
     group.call_each("generate", [args_r0, args_r1])     # one argument tuple per rank
     group.call_rank0("export_hf", out_dir)
+    group.chain(Call("memory_stats"), Call("onload"))   # several calls, one round trip -> [[m0, o0], [m1, o1]]
+    sending = group.submit([[Call("send_weights")]] * 2)   # in flight; other groups' calls can start
+    wait_all(receiving, sending)                         # the results of both, the first failure raised
 
 Arguments reach the ranks through Ray's object store: an argument object given to several ranks is
 stored once and every one of them reads that copy (passed by value, Ray would serialize it once per
 call: a batch, TP × PP times per DP replica). A rank can be told not to reply (`replying`): it drops
 its result instead of sending back a copy that the caller would throw away.
 
-Every call (`call_all`, `call_each`, `call_rank0`) is one driver round trip: the driver sends to the group
-and waits for its ranks' answers. `round_trips()` counts them in this process, so the loop can log how
-many a step took (`perf/round_trips`).
+Every call (`call_all`, `call_each`, `call_rank0`, `chain`, `submit`) is one driver round trip: the driver
+sends to the group and waits for its ranks' answers. `round_trips()` counts them in this process, so the
+loop can log how many a step took (`perf/round_trips`). A round trip can carry a chain of calls (`Call`s)
+that each rank runs in order, one after the other, in one Ray task: the driver's phases that need no
+answer between two calls of a group make them one trip. `submit` returns at once, so that calls to two
+groups that must run at the same time (a sender and its receivers) are in flight together;
+`PendingCall.wait` or `wait_all` collect them.
 
 Rank 0 starts first and tells the others where to rendezvous. A failure on any rank raises
 `WorkerFailure` naming the role, the rank, its process and node, and the remote traceback, and kills the
@@ -32,6 +39,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -63,6 +71,14 @@ def _count_round_trip() -> None:
     global _calls_made
     with _calls_lock:
         _calls_made += 1
+
+
+@dataclass(frozen=True)
+class Call:
+    """One method call of a rank's worker: `method(*args)`; a step of a chain (`WorkerGroup.chain`, `submit`)."""
+
+    method: str
+    args: tuple = ()
 
 
 class WorkerFailure(RuntimeError):
@@ -133,18 +149,24 @@ class RankProcess:
         gpu_ids = ray.get_gpu_ids()
         return visible_index(gpu_ids, os.environ.get("CUDA_VISIBLE_DEVICES")) if gpu_ids else 0
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.target, method)(*args, **kwargs)
+    def run(self, layout: list[tuple[str, int]], *args: Any) -> list[Any]:
+        """Run a chain of calls in order: `layout[i]` is the i-th call's method and how many of `args`
+        (the chain's arguments, in order) are its own (`WorkerGroup.submit`). Each call's result."""
+        results, start = [], 0
+        for method, count in layout:
+            results.append(getattr(self.target, method)(*args[start : start + count]))
+            start += count
+        return results
 
-    def call_dropping_result(self, method: str, *args: Any, **kwargs: Any) -> None:
-        """`call`, for a rank whose result the caller does not need: nothing travels back."""
-        getattr(self.target, method)(*args, **kwargs)
+    def run_dropping_results(self, layout: list[tuple[str, int]], *args: Any) -> None:
+        """`run`, for a rank whose results the caller does not need: nothing travels back."""
+        self.run(layout, *args)
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
 
-def stored_once(per_rank_args: list[tuple]) -> list[tuple]:
+def stored_once(per_rank_args: Sequence[Sequence]) -> list[tuple]:
     """`per_rank_args` with each argument object that several ranks get (the same object) replaced by
     one `ray.put` of it: Ray hands a rank the stored value of an `ObjectRef` argument, and stores an
     argument passed by value anew for every call."""
@@ -225,34 +247,49 @@ class WorkerGroup:
         the peer's rank and node, when a rank of theirs is silent for their hang timeout."""
         self.peers = list(groups)
 
-    def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+    def call_all(self, method: str, *args: Any) -> list[Any]:
         """Call `method` with the same arguments on every rank; results in rank order."""
-        _count_round_trip()
-        return self._wait([a.call.remote(method, *args, **kwargs) for a in self.actors])
+        return [results[0] for results in self.chain(Call(method, args))]
 
     def call_each(
-        self, method: str, per_rank_args: list[tuple], *, replying: Sequence[bool] | None = None, **kwargs: Any
+        self, method: str, per_rank_args: list[tuple], *, replying: Sequence[bool] | None = None
     ) -> list[Any]:
-        """Call `method(*per_rank_args[r], **kwargs)` on rank r (e.g. each rank's DP slice); results in rank
-        order. An argument object given to several ranks is stored once (`stored_once`). `replying[r]`
-        False: rank r's result is dropped in the rank, None here."""
+        """Call `method(*per_rank_args[r])` on rank r (e.g. each rank's DP slice); results in rank order. An
+        argument object given to several ranks is stored once (`stored_once`). `replying[r]` False: rank
+        r's result is dropped in the rank, None here."""
         assert len(per_rank_args) == self.world_size, "one argument tuple per rank"
+        chains = self.submit([[Call(method, args)] for args in per_rank_args], replying=replying).wait()
+        return [None if results is None else results[0] for results in chains]
+
+    def call_rank0(self, method: str, *args: Any) -> Any:
+        """Call `method` on rank 0 only (e.g. exports that need no collective)."""
+        _count_round_trip()
+        layout, flat = _flatten([Call(method, args)])
+        return PendingCall(self, [self.actors[0].run.remote(layout, *flat)]).wait()[0][0]
+
+    def chain(self, *calls: Call) -> list[list[Any]]:
+        """Run `calls` in order on every rank, in one round trip; per rank (in rank order) each call's result."""
+        return self.submit([list(calls)] * self.world_size).wait()
+
+    def submit(self, per_rank_calls: list[list[Call]], *, replying: Sequence[bool] | None = None) -> "PendingCall":
+        """Start rank r on the chain `per_rank_calls[r]` (its calls in order) and return at once: one round
+        trip, collected by `PendingCall.wait` (or `wait_all`, with other groups' calls). An argument
+        object given to several ranks is stored once (`stored_once`). `replying[r]` False: rank r's
+        results are dropped in the rank, None for it."""
+        assert len(per_rank_calls) == self.world_size, "one chain of calls per rank"
         replying = [True] * self.world_size if replying is None else list(replying)
         _count_round_trip()
-        calls = []
-        for actor, args, reply in zip(self.actors, stored_once(per_rank_args), replying, strict=True):
-            call = actor.call if reply else actor.call_dropping_result
-            calls.append(call.remote(method, *args, **kwargs))
-        return self._wait(calls)
+        flattened = [_flatten(calls) for calls in per_rank_calls]
+        shared = stored_once([flat for _, flat in flattened])
+        refs = []
+        for actor, (layout, _), args, reply in zip(self.actors, flattened, shared, replying, strict=True):
+            run = actor.run if reply else actor.run_dropping_results
+            refs.append(run.remote(layout, *args))
+        return PendingCall(self, refs)
 
     def node_ids(self) -> list[str]:
         """The Ray node of each rank, in rank order."""
         return self._wait([a.node_id.remote() for a in self.actors])
-
-    def call_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call `method` on rank 0 only (e.g. exports that need no collective)."""
-        _count_round_trip()
-        return self._wait([self.actors[0].call.remote(method, *args, **kwargs)])[0]
 
     def shutdown(self, timeout_s: float) -> None:
         """Let every rank's worker release what lives outside its process (`shutdown()` of the hosted
@@ -261,7 +298,7 @@ class WorkerGroup:
         its child processes too, so those leave their /dev/shm segments and semaphores behind. A rank
         that fails, or is still busy or shutting down when `timeout_s` (for the whole group) runs
         out, is killed all the same."""
-        calls = [actor.call.remote("shutdown") for actor in self.actors]
+        calls = [actor.run.remote(*_flatten([Call("shutdown")])) for actor in self.actors]
         ray.wait(calls, num_returns=len(calls), timeout=timeout_s)
         self.kill()
 
@@ -273,31 +310,7 @@ class WorkerGroup:
 
     def _wait(self, refs: list, timeout_s: float | None = None) -> list[Any]:
         """Gather results in order; on the first failure or at the deadline, kill the group and raise."""
-        deadline = time.monotonic() + (timeout_s or self.call_timeout_s)
-        rank_of = {ref: rank for rank, ref in enumerate(refs)}  # call_rank0 passes rank 0's ref alone
-        pending, results = list(refs), {}
-        while pending:
-            remaining = deadline - time.monotonic()
-            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, min(remaining, interrupt.POLL_S)))
-            interrupt.check()  # a stop signal: the caller's clean-up kills the groups
-            if not done:
-                missing = sorted(rank_of[r] for r in pending)
-                stuck = self.heartbeats.silent(missing)
-                if stuck:
-                    self._fail(
-                        stuck[0], f"{self._silence(stuck)} for {self.heartbeats.timeout_s:g} s (the hang timeout)"
-                    )
-                self._fail_on_silent_peer(missing)
-                if remaining > interrupt.POLL_S:
-                    continue
-                self._fail(missing[0], f"ranks {missing} did not answer within the call timeout")
-            ref = done[0]
-            try:
-                results[ref] = ray.get(ref, timeout=0)
-            except (RayTaskError, RayActorError, GetTimeoutError) as error:
-                rank, detail = self._root_cause(rank_of, rank_of[ref], error, pending)
-                self._fail(rank, detail)
-        return [results[ref] for ref in refs]
+        return PendingCall(self, refs, timeout_s).wait()
 
     def _fail(self, rank: int, detail: str):
         self.kill()
@@ -347,3 +360,65 @@ class WorkerGroup:
 
     def _where(self, rank: int) -> tuple[int | None, str | None]:
         return (self.pids[rank], self.nodes[rank]) if self.pids else (None, None)
+
+
+class PendingCall:
+    """A group's call in flight (`WorkerGroup.submit`): its ranks' results once all answered. The first
+    failure, a silent rank (its own or a peer group's: `shares_collectives_with`) or the call timeout
+    kills the group and raises `WorkerFailure`."""
+
+    def __init__(self, group: WorkerGroup, refs: list, timeout_s: float | None = None):
+        """`refs`: rank r's at index r (rank 0's alone for a call of rank 0)."""
+        self.group = group
+        self.refs = refs
+        self.deadline = time.monotonic() + (timeout_s or group.call_timeout_s)
+        self.rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        self.pending = list(refs)
+        self.results: dict = {}
+
+    def poll(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for one more rank's answer (raising its failure); whether all answered."""
+        if not self.pending:
+            return True
+        group, remaining = self.group, self.deadline - time.monotonic()
+        done, self.pending = ray.wait(self.pending, num_returns=1, timeout=max(0.0, min(remaining, timeout_s)))
+        interrupt.check()  # a stop signal: the caller's clean-up kills the groups
+        if not done:
+            missing = sorted(self.rank_of[r] for r in self.pending)
+            stuck = group.heartbeats.silent(missing)
+            if stuck:
+                group._fail(
+                    stuck[0], f"{group._silence(stuck)} for {group.heartbeats.timeout_s:g} s (the hang timeout)"
+                )
+            group._fail_on_silent_peer(missing)
+            if remaining > timeout_s:
+                return False
+            group._fail(missing[0], f"ranks {missing} did not answer within the call timeout")
+        ref = done[0]
+        try:
+            self.results[ref] = ray.get(ref, timeout=0)
+        except (RayTaskError, RayActorError, GetTimeoutError) as error:
+            rank, detail = group._root_cause(self.rank_of, self.rank_of[ref], error, self.pending)
+            group._fail(rank, detail)
+        return not self.pending
+
+    def wait(self) -> list[Any]:
+        """Every rank's result, in rank order."""
+        while not self.poll(interrupt.POLL_S):
+            pass
+        return [self.results[ref] for ref in self.refs]
+
+
+def wait_all(*calls: PendingCall) -> list[list[Any]]:
+    """The results of calls to several groups that run at the same time, each `PendingCall.wait`'s; they
+    are waited on together, so the first failure in any of them raises at once (a sender that failed
+    while its receivers wait for it, or the other way round)."""
+    answered = [False]
+    while not all(answered):
+        answered = [call.poll(interrupt.POLL_S / len(calls)) for call in calls]  # each call polled every round
+    return [call.wait() for call in calls]
+
+
+def _flatten(calls: Sequence[Call]) -> tuple[list[tuple[str, int]], list[Any]]:
+    """A chain as `RankProcess.run` takes it: each call's method and argument count, and the arguments in order."""
+    return [(call.method, len(call.args)) for call in calls], [arg for call in calls for arg in call.args]

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from megarl.orchestration.placement import BundleSpec
-from megarl.orchestration.worker_group import DEFAULT_HANG_TIMEOUT_S, WorkerGroup
+from megarl.orchestration.worker_group import DEFAULT_HANG_TIMEOUT_S, Call, WorkerGroup
 
 POLICY_TARGET = "megarl.workers.policy_worker:PolicyWorker"
 
@@ -61,3 +61,9 @@ class MegatronGroup:
         TP × PP ranks); results in rank order. `replies(grid)` False: that rank's result stays there (None)."""
         replying = None if replies is None else [replies(g) for g in self.grids]
         return self.workers.call_each(method, [per_dp[g["dp_rank"]] for g in self.grids], replying=replying)
+
+    def chain_by_dp(self, per_dp: list[list[Call]], replies: Callable[[dict[str, int]], bool]) -> list:
+        """`call_by_dp` for chains: each rank runs its DP replica's calls in order, in one round trip; per
+        rank the calls' results (None where `replies(grid)` is False)."""
+        replying = [replies(g) for g in self.grids]
+        return self.workers.submit([per_dp[g["dp_rank"]] for g in self.grids], replying=replying).wait()

@@ -180,7 +180,10 @@ MEMORY_PHASES: dict[str, str] = {
     "params_offloaded": "after the sync, with the Megatron parameters offloaded as configured",
     "awake": "after the engines' KV cache came back: ready to generate",
 }
-"""The hand-over's phases in step order (`megarl.trainer.handover`) -> the moment measured."""
+"""The hand-over's phases in step order (`megarl.trainer.handover`) -> the moment measured. A group reads
+"generated" and "trained" in its next call, right before it acts: the Megatron groups' "generated" comes
+after the engines slept and the engines' "trained" after the training state left (what `device_used_gib`,
+the whole GPU's, sees of the other side)."""
 MEMORY_STATS: dict[str, str] = {
     "allocated_gib": "CUDA: GiB in live tensors of the role's processes (torch's allocator; the highest rank)",
     "reserved_gib": "CUDA: GiB torch's allocator holds from the device, in use or cached (the highest rank)",

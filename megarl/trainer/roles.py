@@ -16,6 +16,7 @@ too; split: the rollout gets `placement.rollout_gpus` bundles of its own after t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,10 +82,13 @@ class Roles:
         """The roles that run in groups of their own."""
         return {role: group for role, group in self.groups.items() if group is not self.groups["actor"]}
 
-    def stage(self, batch: PolicyBatch, profile: ProfileRequest | None = None) -> StagedBatch:
+    def stage(
+        self, batch: PolicyBatch, profile: ProfileRequest | None = None, updates: Sequence[str] = ()
+    ) -> StagedBatch:
         """The step's `batch`, to be staged once on each group the step calls (`megarl.trainer.staged_batch`),
-        with the step's `profile` request; use it as a context manager: the groups drop their rows at its end."""
-        return StagedBatch(self.groups, batch, self.packed_roles, profile)
+        with the step's `profile` request; `updates`: the update methods the step runs, in order (each
+        group drops its rows with its last); use it as a context manager: the other groups drop theirs at its end."""
+        return StagedBatch(self.groups, batch, self.packed_roles, profile, updates)
 
     def save_checkpoint(self, root: str, step: int, extra: dict) -> None:
         """Collective on every group with trained state: a critic of its own writes its part

@@ -1,19 +1,22 @@
 """A step's batch staged once on each Megatron group the step calls; later calls send only what is new.
 
-    with roles.stage(batch) as staged:                                # nothing travels yet
+    with roles.stage(batch, updates=["update_actor"]) as staged:     # nothing travels yet
         staged.keep("compute_log_prob", "old_log_probs", output=0)    # stages the actor's rows; no reply
         batch.values = staged.gather("compute_values", keep="values")  # stages the critic's; GAE reads them here
         batch.advantages, batch.returns = compute_advantages(...)
-        metrics = staged.update("update_actor", step)                 # sends the advantages only
+        metrics = staged.update("update_actor", step)                 # sends the advantages only; drops the rows
     # every group called dropped its staged rows
 
-The first call of a step to a group stages that group's rows of `batch` (`PolicyWorker.stage_batch`):
-one part per DP replica, in the group's DP order, put in Ray's object store once and read by the
-replica's TP × PP ranks, holding the tokens, masks and the fields the group's roles read
-(`READ_BY`); each part is a tensor of its own (a view would carry the whole batch's storage through
-Ray's serializer, once per part). A later call (`PolicyWorker.call_staged`) sends the fields the driver set on `batch`
-since then that the group's roles read and it does not hold (the advantages and returns), and the
-step. Only the DP leaders send results back (`is_dp_leader`; an update's metrics: rank 0). A result
+The first call of a step to a group stages that group's rows of `batch` (`PolicyWorker.stage_batch`, in
+the same round trip as the call: a chain, `WorkerGroup.submit`): one part per DP replica, in the
+group's DP order, put in Ray's object store once and read by the replica's TP × PP ranks, holding the
+tokens, masks and the fields the group's roles read (`READ_BY`); each part is a tensor of its own (a
+view would carry the whole batch's storage through Ray's serializer, once per part). A later call
+(`PolicyWorker.call_staged`) sends the fields the driver set on `batch` since then that the group's
+roles read and it does not hold (the advantages and returns), and the step. The group's last update of
+the step (`updates`: the updates the step runs, in order) drops the rows in its round trip
+(`PolicyWorker.drop_staged`); a group whose last call is no update drops them at the end, in a round trip
+of its own. Only the DP leaders send results back (`is_dp_leader`; an update's metrics: rank 0). A result
 can stay where it is produced (`keep`): the old and reference log-probs stay in the actor's group and
 reach the driver only when it asks (`fetch`: the KL penalty in the reward); the critic's values and
 the reward model's scores come back (GAE and the rewards run in the driver); a
@@ -29,10 +32,12 @@ Results come back in row order.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
+from megarl.orchestration.worker_group import Call
 from megarl.trainer.megatron_group import MegatronGroup
 from megarl.trainer.rollout_batch import gather_by_dp, is_dp_leader
 from megarl.workers.batch import PolicyBatch
@@ -73,6 +78,8 @@ class GroupStage:
     """`[B]` the batch's rows in the order they are cut into the group's DP parts."""
     held: set[str] = dataclasses.field(default_factory=set)
     """The `PolicyBatch` fields staged there; empty until the group's first call of the step."""
+    dropped: bool = False
+    """Whether the group dropped its rows (with its last update)."""
 
     def reads(self, field: str) -> bool:
         return field not in READ_BY or READ_BY[field] in self.roles
@@ -99,11 +106,15 @@ class StagedBatch:
         batch: PolicyBatch,
         packed_roles: frozenset[str],
         profile: ProfileRequest | None = None,
+        updates: Sequence[str] = (),
     ):
-        """`profile`: the step's, sent with each group's staging (`megarl.trainer.profile_schedule`)."""
+        """`profile`: the step's, sent with each group's staging (`megarl.trainer.profile_schedule`);
+        `updates`: the update methods the step runs, in order (a group's last drops its rows)."""
         self.batch = batch
-        self.profile = profile
         """The driver's view of the step's batch: the fields it set or received (not those kept in groups)."""
+        self.profile = profile
+        self.last_update = {id(groups[METHOD_ROLES[method]]): method for method in updates}
+        """By `id` of the group: the method of its last update this step."""
         self.groups = groups
         self.packed_roles = packed_roles
         self.stages: dict[int, GroupStage] = {}
@@ -149,27 +160,36 @@ class StagedBatch:
     def _call(
         self, method: str, args: tuple, *, keep: str | None, output: int | None, replies
     ) -> tuple[GroupStage, list]:
-        """`PolicyWorker.call_staged` on every rank of `method`'s group, with the fields new to it."""
-        stage = self._staged(self.groups[METHOD_ROLES[method]])
+        """`PolicyWorker.call_staged` on every rank of `method`'s group, with the fields new to it: after
+        staging its rows on the group's first call, before dropping them on its last update; one round trip."""
+        group = self.groups[METHOD_ROLES[method]]
+        first = id(group) not in self.stages
+        stage = self._stage(group)
         new = {name: stage.parts(rows) for name, rows in self._fields(stage).items()}
-        per_dp = [
-            (method, {name: parts[k] for name, parts in new.items()}, keep, output, *args)
-            for k in range(stage.group.dp_size)
-        ]
-        results = stage.group.call_by_dp("call_staged", per_dp, replies=replies)
+        parts = [{name: parts[k] for name, parts in new.items()} for k in range(group.dp_size)]
+        if first:  # the rows travel as the replica's staged `PolicyBatch`, with the step's profile request
+            per_dp = [
+                [
+                    Call("stage_batch", (PolicyBatch(**part), self.profile)),
+                    Call("call_staged", (method, {}, keep, output, *args)),
+                ]
+                for part in parts
+            ]
+        else:
+            per_dp = [[Call("call_staged", (method, part, keep, output, *args))] for part in parts]
         stage.held |= set(new) | ({keep} if keep else set())
-        return stage, results
+        stage.dropped = self.last_update.get(id(group)) == method
+        if stage.dropped:
+            per_dp = [[*calls, Call("drop_staged")] for calls in per_dp]
+        results = group.chain_by_dp(per_dp, replies)
+        at = int(first)  # the call's result in each rank's chain
+        return stage, [None if answers is None else answers[at] for answers in results]
 
-    def _staged(self, group: MegatronGroup) -> GroupStage:
-        """The group's stage, staging its rows of the batch on its first call of the step."""
+    def _stage(self, group: MegatronGroup) -> GroupStage:
+        """The group's stage (cut into its DP parts in its order), made on its first call of the step."""
         if id(group) not in self.stages:
             roles = frozenset(role for role, hosting in self.groups.items() if hosting is group)
-            stage = GroupStage(group, roles, self._dp_order(roles, group.dp_size))
-            split = {name: stage.parts(rows) for name, rows in self._fields(stage).items()}
-            parts = [PolicyBatch(**{name: rows[k] for name, rows in split.items()}) for k in range(group.dp_size)]
-            group.call_by_dp("stage_batch", [(part, self.profile) for part in parts], replies=_no_reply)
-            stage.held = set(split)
-            self.stages[id(group)] = stage
+            self.stages[id(group)] = GroupStage(group, roles, self._dp_order(roles, group.dp_size))
         return self.stages[id(group)]
 
     def _fields(self, stage: GroupStage) -> dict[str, Tensor]:
@@ -190,10 +210,11 @@ class StagedBatch:
         return torch.tensor([row for rows in per_rank for row in rows], dtype=torch.long)
 
     def close(self) -> None:
-        """Every group called this step drops its staged rows (the next step stages anew; a stage
-        replaces the last one, so a step cut short by an error leaves no more than one behind)."""
+        """Every group called this step that still holds its staged rows drops them (the next step stages
+        anew; a stage replaces the last one, so a step cut short by an error leaves no more than one behind)."""
         for stage in self.stages.values():
-            stage.group.workers.call_all("drop_staged")
+            if not stage.dropped:
+                stage.group.workers.call_all("drop_staged")
         self.stages.clear()
 
     def __enter__(self) -> StagedBatch:

@@ -1,20 +1,25 @@
 """The end of every step: the actor's new weights into every rollout engine, then (on verified
 steps) the check that the engines now hold exactly the actor's weights and compute its log-probs.
 
-A sync is three Ray round trips (`start_receive`, `send_weights`, `finish_receive`), four with a
-shared transport (every ring-hosting trainer rank opens its ring in `begin_weight_sync`, and each
-engine starts from the rings its workers read: `megarl.bridge.ring_routes`). Waking sleeping engines is the hand-over's
-(`megarl.trainer.handover`): their weights before the sync, their KV cache after it.
+`WeightSync` says which calls each side makes and reads what they answer; the hand-over
+(`megarl.trainer.handover`) sends them, each side's in one round trip with the hand-over's own calls
+around them (waking the engines' weights before they receive, offloading the actor's parameters after
+it sent): the engines' (`receive`: on checked syncs checksumming the load, `checksum_loads`; starting
+the receive, `start_receive` / `start_shared_receive` / `start_rank_receive`; waiting for it,
+`finish_receive`) and the policy's (`send`: `send_weights`) at once, since each waits for the other. A
+shared transport first opens the rings the engines read (`opening`: every ring-hosting trainer rank's
+`begin_weight_sync`, and each engine starts from the rings its workers read: `megarl.bridge.ring_routes`),
+with the policy's call before.
 
 The check is split in two, because the hand-over moves the actor's parameters off the devices before
-the engines' KV cache comes back. At the sync (`__call__`), while the parameters are there, the
-trainer ranks' checksums of their shards and the actor's log-probs of the probe batch; once the
-engines are fully awake (`check_engines`), every engine worker's checksums of what its loader
-received (`megarl.bridge.checksum`, exact, in the engines' dtype, naming any tensor that differs), then
-the engines' probe log-probs, within `rollout.sync.logprob_gap_threshold`. `rollout.sync.verify_every
+the engines' KV cache comes back. With the send (`send`, checked syncs), while the parameters are there,
+the trainer ranks' checksums of their shards and the actor's log-probs of the probe batch; once the
+engines are fully awake (`engine_checks`, `check_engines`), every engine worker's checksums of what its
+loader received (`megarl.bridge.checksum`, exact, in the engines' dtype, naming any tensor that differs),
+then the engines' probe log-probs, within `rollout.sync.logprob_gap_threshold`. `rollout.sync.verify_every
 = k` runs the check on steps that are multiples of k, on the last step and always on the first sync
 of a run (a resumed run's too: its engines are new); the engines checksum only the loads of checked
-syncs (`checksum_loads`).
+syncs.
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ from megarl.bridge.plan import LayoutPair
 from megarl.bridge.verify import check_sync, probe_token_ids
 from megarl.config import Config
 from megarl.config.rollout import logprob_gap_threshold, rollout_dtype
+from megarl.orchestration.worker_group import Call
 from megarl.trainer.metrics import reduce_metrics
 
 SYNC_TIMEOUT_S = 300.0
-"""How long the driver waits on a weight-sync call of the engines (connecting the group, finishing a receive)."""
+"""How long an engine waits on a weight-sync operation (connecting the group; a receive, the send it waits
+for included)."""
 
 
 class WeightSync:
@@ -65,55 +72,60 @@ class WeightSync:
         """Whether the sync after `step` is checked."""
         return not self.verified_once or step % self.settings.verify_every == 0 or step == self.total_steps
 
-    def __call__(self, step: int) -> dict[str, float]:
-        """Sync the weights trained up to `step`: `sync/*` transfer metrics. When `verifies(step)`, also
-        take the actor's side of the check now, for `check_engines` to complete."""
-        checked = self.verifies(step)
-        if checked != self.engines_checksum:
-            self.rollout.call_all("checksum_loads", checked)
-            self.engines_checksum = checked
+    def opening(self) -> list[Call]:
+        """The policy's calls that open a sync, before the engines receive: a shared transport's rings
+        (each rank's, None where it hosts none: `receive`'s `opened`); none for the collective."""
+        return [] if self.routes is None else [Call("begin_weight_sync")]
+
+    def receive(self, checked: bool, opened: list | None) -> list[list[Call]]:
+        """Each engine's calls that receive one sync (answering with its weight version last), checksumming
+        the load when `checked`; `opened`: per policy rank, what `opening` answered (the rings)."""
+        toggle = [Call("checksum_loads", (checked,))] if checked != self.engines_checksum else []
+        self.engines_checksum = checked
+        finish = Call("finish_receive", (SYNC_TIMEOUT_S,))
         if self.routes is None:
-            self.rollout.call_all("start_receive", self.plan)
-        else:
-            self.start_shared_receive()
-        metrics = reduce_metrics(self.policy.call_all("send_weights"))
-        versions = self.rollout.call_all("finish_receive", SYNC_TIMEOUT_S)
-        metrics["sync/weight_version"] = float(min(versions))
+            return [[*toggle, Call("start_receive", (self.plan,)), finish]] * self.rollout.world_size
+        by_engine = [self.routes.engine_rings(k, opened) for k in range(self.rollout.world_size)]
+        if self.routes.rank_layout:  # per-rank tensors ("per_rank", "scheduled"): {tp_rank: [ring per trainer stage]}
+            return [[*toggle, Call("start_rank_receive", (engine,)), finish] for engine in by_engine]
+        return [  # gathered: {tp_rank: ring}
+            [*toggle, Call("start_shared_receive", ({tp: ring for tp, (ring,) in engine.items()},)), finish]
+            for engine in by_engine
+        ]
+
+    def send(self, checked: bool) -> list[Call]:
+        """The policy's calls of one sync: the send; when `checked`, then the actor's side of the check,
+        while its parameters are on the devices."""
+        check = [Call("weight_checksums", (self.dtype,)), Call("probe_log_probs", (self.probe,))]
+        return [Call("send_weights"), *(check if checked else [])]
+
+    def sent(self, checked: bool, sent: list[list], received: list[list]) -> dict[str, float]:
+        """`sync/*` transfer metrics of a sync from what the policy ranks answered `send`'s calls and
+        the engines `receive`'s; a checked sync keeps the actor's side of the check for `check_engines`."""
+        metrics = reduce_metrics([answers[0] for answers in sent])
+        metrics["sync/weight_version"] = float(min(answers[-1] for answers in received))
         if checked:
-            self.actor_side = (
-                combine(self.policy.call_all("weight_checksums", self.dtype)),
-                self.policy.call_all("probe_log_probs", self.probe)[0],
-            )
+            self.actor_side = (combine([answers[1] for answers in sent]), sent[0][2])
         return metrics
 
-    def start_shared_receive(self) -> None:
-        """Open every ring-hosting rank's ring and start each engine on the rings its workers read:
-        per-rank tensors ("per_rank", "scheduled"), `{tp_rank: [ring per trainer stage]}`; gathered,
-        `{tp_rank: ring}`."""
-        rings = self.policy.call_all("begin_weight_sync")
-        by_engine = [self.routes.engine_rings(k, rings) for k in range(self.rollout.world_size)]
-        if self.routes.rank_layout:
-            self.rollout.call_each("start_rank_receive", [(engine,) for engine in by_engine])
-        else:
-            self.rollout.call_each(
-                "start_shared_receive", [({tp: ring for tp, (ring,) in engine.items()},) for engine in by_engine]
-            )
+    def engine_checks(self) -> list[Call]:
+        """After a checked sync, with the engines awake: their side of the check (none after an unchecked one)."""
+        return [] if self.actor_side is None else [Call("loaded_checksums"), Call("prompt_logprobs", (self.probe,))]
 
-    def check_engines(self) -> dict[str, float]:
-        """After a checked sync, with the engines awake: every tensor every engine loaded against the
-        actor's shards (`sync/checksum_tensors`), then the engines' probe log-probs against the actor's
-        (`sync/logprob_*`, worst engine); raises `SyncVerificationError` / `WeightChecksumError` on a
-        bad sync. Nothing (`{}`) after an unchecked sync."""
+    def check_engines(self, answers: list[list]) -> dict[str, float]:
+        """After a checked sync, from what each engine answered `engine_checks`: every tensor every engine
+        loaded against the actor's shards (`sync/checksum_tensors`), then the engines' probe log-probs
+        against the actor's (`sync/logprob_*`, worst engine); raises `SyncVerificationError` /
+        `WeightChecksumError` on a bad sync. Nothing (`{}`) after an unchecked sync."""
         if self.actor_side is None:
             return {}
         (expected, actor_lp), self.actor_side = self.actor_side, None
         checks = [
             check_checksums(expected, loaded, dtype=self.dtype, layout=self.layout, engine=f"rollout engine {i}")
-            for i, loaded in enumerate(self.rollout.call_all("loaded_checksums"))
+            for i, (loaded, _) in enumerate(answers)
         ]
         gaps = [
-            check_sync(engine_lp, actor_lp, threshold=self.threshold, layout=self.layout)
-            for engine_lp in self.rollout.call_all("prompt_logprobs", self.probe)
+            check_sync(engine_lp, actor_lp, threshold=self.threshold, layout=self.layout) for _, engine_lp in answers
         ]
         self.verified_once = True
         return reduce_metrics(checks) | reduce_metrics(gaps)

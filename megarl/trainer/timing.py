@@ -26,13 +26,15 @@ PHASES: dict[str, str] = {
     "adv": "advantages and returns",
     "update_critic": "critic optimizer steps",
     "update_actor": "actor optimizer steps",
-    "sync": "weight sync actor -> rollout engines, including the log-prob check",
+    "sync": "weight sync actor -> rollout engines, with the engines' weights woken, the actor's side of a checked "
+    "sync's check and the Megatron parameters offloaded (engines that do not sleep: their side of the check too)",
     "checkpoint": "saving a checkpoint",
-    "offload": "the Megatron state named by actor/critic.offload off the devices: training state after the update, "
-    "parameters after the sync (nothing moves on CPU)",
+    "offload": "the Megatron training state named by actor/critic.offload off the devices after the update (the "
+    "parameters leave with the sync; nothing moves on CPU)",
     "onload": "the offloaded Megatron state back to the devices before the log-prob passes (nothing moves on CPU)",
     "sleep": "rollout engines to sleep (KV cache and weights freed) before the Megatron roles onload",
-    "wake_up": "rollout engines' weights back before the sync, their KV cache after the Megatron offload",
+    "wake_up": "rollout engines' KV cache back after the Megatron offload, with their side of a checked sync's check "
+    "(their weights wake with the sync)",
     "validation": "generating and scoring the validation prompts",
     "step": "the whole step, the phases above included",
 }

@@ -304,9 +304,9 @@ class Trainer:
         self.stream.start_next(step)  # one_step_off: the next step's batch, generated while this one trains
         batch = rb.policy_batch(samples, response_length(config.rollout))
         profile = profile_request(config.trainer.profile, self.run_dir, step)  # the ranks start at the staging
-        with self.roles.stage(
-            batch, profile
-        ) as staged:  # the batch crosses to each group once; dropped after the updates
+        updates = ["update_critic"] * config.critic.enable + ["update_actor"] * (step > config.critic.warmup_steps)
+        # The batch crosses to each group once; dropped with the group's last update.
+        with self.roles.stage(batch, profile, updates) as staged:
             if config.reward.reward_model:
                 with timer("reward"):
                     rm_scores = staged.gather("compute_rm_scores")

@@ -9,7 +9,7 @@ from ray.util.placement_group import remove_placement_group
 
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group
-from megarl.orchestration.worker_group import WorkerFailure, WorkerGroup, round_trips
+from megarl.orchestration.worker_group import Call, WorkerFailure, WorkerGroup, round_trips, wait_all
 
 TARGET = "tests.e2e.orchestration.targets:SumWorker"
 
@@ -47,6 +47,23 @@ def test_ranks_form_one_world_and_each_call_is_one_round_trip(make_group):
     assert group.call_each("all_reduce", [(1.0,), (2.0,)]) == [33.0, 33.0]
     assert group.call_rank0("rank") == 0
     assert round_trips() - before == 4, "one per call, however many ranks answer"
+
+
+def test_a_chain_is_one_round_trip_run_in_order_and_two_groups_run_at_once(make_group):
+    """A chain's calls run one after the other on each rank (the all-reduce sees the offset set before
+    it); `submit` returns before the ranks answer, so a group can wait in a collective for one issued
+    later; `wait_all` raises the first failure of either group, whichever it waits on first."""
+    group = make_group("chained", init_kwargs=[{"offset": 1}, {"offset": 2}])
+    before = round_trips()
+    assert group.chain(Call("rank"), Call("all_reduce", (10.0,))) == [[0, 23.0], [1, 23.0]]
+    assert round_trips() - before == 1
+    other = make_group("other")
+    reducing = group.submit([[Call("all_reduce", (0.0,))]] * 2)
+    assert wait_all(other.submit([[Call("rank")]] * 2), reducing) == [[[0], [1]], [[3.0], [3.0]]]
+    hanging = group.submit([[Call("hang")]] * 2)
+    with pytest.raises(WorkerFailure, match="deliberate failure on rank 1"):
+        wait_all(hanging, other.submit([[Call("fail_on", (1,))]] * 2))
+    _assert_gone(other.pids)
 
 
 def test_an_argument_shared_by_ranks_is_stored_once_and_unwanted_results_stay_in_the_ranks(make_group, monkeypatch):
@@ -150,7 +167,7 @@ def test_a_silent_rank_of_a_peer_group_ends_a_wait_on_this_one(make_group):
 
 def test_shutdown_runs_each_ranks_clean_up_then_ends_them_a_busy_one_at_the_deadline(make_group, tmp_path):
     group = make_group("closing", init_kwargs={"shutdown_marker": str(tmp_path / "clean")})
-    group.actors[1].call.remote("hang")  # rank 1 busy: its clean-up call waits behind the hang
+    group.submit([[], [Call("hang")]])  # rank 1 busy: its clean-up call waits behind the hang
     group.shutdown(timeout_s=5)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clean.0"]
     _assert_gone(group.pids)

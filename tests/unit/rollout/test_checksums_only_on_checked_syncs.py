@@ -2,7 +2,7 @@
 checksum anywhere, on the engines or on the trainer ranks; a checked one checksums every tensor once
 on each side, and the exact check passes on those checksums.
 
-The chain is the real one from the driver to the vLLM worker: `WeightSync` → `RolloutWorker` →
+The chain is the real one from the driver to the vLLM worker: `HandOver` and `WeightSync` → `RolloutWorker` →
 `VLLMRolloutEngine` → `LLM.collective_rpc` → `WeightSyncWorkerExtension`. `InProcessLLM` stands in
 for `vllm.LLM` with TP 1, whose uniprocess executor runs a collective RPC as the worker's method of
 that name, in-process, with the arguments as they are (vllm/v1/executor/uniproc_executor.py
@@ -20,10 +20,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from recorded_transfers import RecordingWorkers
 
 from megarl.bridge import checksum
 from megarl.config import load_config
+from megarl.trainer.handover import HandOver
 from megarl.trainer.sync_step import WeightSync
+from megarl.trainer.timing import PhaseTimer
 from megarl.workers.rollout import vllm_engine
 from megarl.workers.rollout.rollout_worker import RolloutWorker
 from megarl.workers.rollout.worker_extension import WeightSyncWorkerExtension
@@ -87,19 +90,11 @@ class InProcessLLM:
         ]
 
 
-class Hosted:
+def hosted(target) -> RecordingWorkers:
     """A worker group of one rank, hosting `target` as `megarl.orchestration` would."""
-
-    world_size = 1
-
-    def __init__(self, target):
-        self.target = target
-
-    def call_all(self, method, *args):
-        return [getattr(self.target, method)(*args)]
-
-    def call_rank0(self, method, *args):
-        return self.call_all(method, *args)[0]
+    group = RecordingWorkers(1, ())
+    group.ranks = [target]
+    return group
 
 
 class Actor:
@@ -117,6 +112,11 @@ class Actor:
     def probe_log_probs(self, token_ids):
         return torch.tensor([[probe_log_prob(token) for token in ids[1:]] for ids in token_ids])
 
+    def memory_stats(self) -> dict[str, float]:
+        return {}
+
+    offload_training_state = offload_params = memory_stats
+
 
 @pytest.fixture
 def counted(monkeypatch) -> list[int]:
@@ -133,7 +133,8 @@ def counted(monkeypatch) -> list[int]:
 
 
 @pytest.fixture
-def sync(monkeypatch) -> WeightSync:
+def sync(monkeypatch) -> HandOver:
+    """The hand-over of engines that do not sleep, driving the run's `WeightSync` (`sync`)."""
     monkeypatch.setattr(vllm_engine, "LLM", InProcessLLM)
     for name in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND"):  # the engine sets them on CPU: undone after
         monkeypatch.setenv(name, "")
@@ -150,9 +151,11 @@ def sync(monkeypatch) -> WeightSync:
         sleep_level=2,
     )
     config = load_config(QUICKSTART, ["rollout.sync.verify_every=3"])
-    roles = SimpleNamespace(policy=Hosted(Actor()), rollout=Hosted(rollout), routes=None)
+    policy = hosted(Actor())
+    groups = {"actor": SimpleNamespace(workers=policy)}
+    roles = SimpleNamespace(groups=groups, policy=policy, rollout=hosted(rollout), routes=None)
     weight_sync = WeightSync(roles, config, vocab_size=64, total_steps=4)
-    yield weight_sync
+    yield HandOver(roles, weight_sync, engines_sleep=False, timer=PhaseTimer())
     rollout.engine._rpc_thread.shutdown(wait=True)
 
 
@@ -160,19 +163,18 @@ def test_unchecked_syncs_checksum_nothing_checked_ones_every_tensor_on_each_side
     checksummed, checked = {}, []
     for step in range(1, 5):  # checked: 1 (the first), 3 (a multiple of 3), 4 (the last)
         before = len(counted)
-        metrics = sync(step) | sync.check_engines()
+        metrics = sync.to_rollout(step)
         checksummed[step] = len(counted) - before
         if "sync/checksum_tensors" in metrics:
             assert metrics["sync/checksum_tensors"] == len(TENSORS)
             checked.append(step)
     assert checked == [1, 3, 4]
-    assert sync.rollout.target.engine.weight_version == 4  # every sync loaded
+    assert sync.rollout.ranks[0].engine.weight_version == 4  # every sync loaded
     assert checksummed == {1: 2 * len(TENSORS), 2: 0, 3: 2 * len(TENSORS), 4: 2 * len(TENSORS)}
 
 
 def test_an_unchecked_load_leaves_no_checksums_to_be_taken_for_its_own(sync):
-    sync(1)
-    sync.check_engines()
-    sync(2)  # unchecked: the engines' records of step 1 are forgotten
+    sync.to_rollout(1)
+    sync.to_rollout(2)  # unchecked: the engines' records of step 1 are forgotten
     with pytest.raises(RuntimeError, match=r"checksum_loads\(False\)"):
         sync.rollout.call_all("loaded_checksums")
