@@ -15,7 +15,7 @@ import os
 
 os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
 
-from megarl import quiet  # noqa: E402
+from megarl import quiet
 
 quiet.install()
 
