@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from megarl.bridge.ring_routes import RingRoutes, route_rings
+from megarl.bridge.transports.shared_memory import remove_slot_files
 from megarl.config import BatchPlan, Config, ConfigError, cluster_problems, resolve_device
 from megarl.config.rollout import response_length, rollout_dtype
 from megarl.orchestration.cluster import cluster_gpus
@@ -113,11 +114,19 @@ class Roles:
         return {role: group for role, group in self.own_groups.items() if role != "ref"}
 
     def shutdown(self) -> None:
+        """Stop the engines (their clean-up runs), kill the Megatron ranks, and remove the weight-sync slot
+        files of those on this node: a rank killed with a sync's slots open (a stop between the rings'
+        opening and the send that closes them, or a failure mid-send) cannot remove its own."""
+        import ray
         from ray.util.placement_group import remove_placement_group
 
         self.rollout.shutdown(ENGINE_SHUTDOWN_TIMEOUT_S)
+        here = ray.util.get_node_ip_address()
+        killed = set()
         for group in self._distinct_groups():
             group.workers.kill()
+            killed |= {pid for pid, node in zip(group.workers.pids, group.workers.nodes) if node == here}
+        remove_slot_files(killed.__contains__)
         remove_placement_group(self.placement)
 
 

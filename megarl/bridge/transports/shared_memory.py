@@ -27,6 +27,7 @@ import contextlib
 import glob
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -44,14 +45,20 @@ FILE_PREFIX = "megarl-bucket-"
 def new_slot_file(directory: str) -> str:
     """A new empty file in `directory` named for this process, first removing the files of senders
     that died without removing theirs (a killed trainer rank): a dead pid's files are nobody's."""
-    for path in glob.glob(os.path.join(directory, f"{FILE_PREFIX}*-*")):
-        owner = os.path.basename(path)[len(FILE_PREFIX) :].split("-", 1)[0]
-        if owner.isdigit() and not process_alive(int(owner)):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+    remove_slot_files(lambda pid: not process_alive(pid), directory)
     fd, path = tempfile.mkstemp(prefix=f"{FILE_PREFIX}{os.getpid()}-", dir=directory)
     os.close(fd)
     return path
+
+
+def remove_slot_files(owned_by: Callable[[int], bool], directory: str = SHM_DIR) -> None:
+    """Remove the slot files in `directory` whose sender's pid `owned_by` picks (dead senders, or the
+    trainer ranks a run just killed: `Roles.shutdown`)."""
+    for path in glob.glob(os.path.join(directory, f"{FILE_PREFIX}*-*")):
+        owner = os.path.basename(path)[len(FILE_PREFIX) :].split("-", 1)[0]
+        if owner.isdigit() and owned_by(int(owner)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import torch
 
 from megarl.bridge.protocol import pack
 from megarl.bridge.shared_ring import SLOTS, RingSender, SharedRing, read_ring
-from megarl.bridge.transports.shared_memory import FILE_PREFIX, SharedMemoryTransport, new_slot_file
+from megarl.bridge.transports.shared_memory import FILE_PREFIX, SharedMemoryTransport, new_slot_file, remove_slot_files
 
 CPU = torch.device("cpu")
 
@@ -204,3 +204,13 @@ def test_a_new_slot_removes_the_files_of_dead_senders_only(tmp_path):
     made = new_slot_file(str(tmp_path))
     assert not dead.exists() and live.exists() and foreign.exists()
     assert os.path.basename(made).startswith(f"{FILE_PREFIX}{os.getpid()}-")
+
+
+def test_the_slot_files_of_the_senders_picked_are_removed_alive_or_not(tmp_path):
+    """What `Roles.shutdown` does for the trainer ranks it killed, which may not have ended yet."""
+    mine, other = tmp_path / f"{FILE_PREFIX}{os.getpid()}-k1", tmp_path / f"{FILE_PREFIX}1-k2"
+    foreign = tmp_path / "not-a-slot"
+    for path in (mine, other, foreign):
+        path.write_bytes(b"x")
+    remove_slot_files({os.getpid()}.__contains__, str(tmp_path))
+    assert not mine.exists() and other.exists() and foreign.exists()
