@@ -114,6 +114,7 @@ def install() -> None:
     _no_transformer_engine_is_no_minimum_version()
     _router_gemm_without_transformer_engine()
     _dispatcher_split_sizes_as_host_arrays()
+    _uneven_all_gather_in_mappings()
     _installed = True
 
 
@@ -375,3 +376,36 @@ def _dispatcher_split_sizes_as_host_arrays() -> None:
         return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
 
     dispatcher.maybe_move_tensor_to_cpu = on_host
+
+
+def _uneven_all_gather_in_mappings() -> None:
+    """With expert TP > 1 and sequence parallelism the alltoall dispatcher gathers each expert-TP rank's
+    tokens, whose counts differ, by `_gather_along_first_dim(..., output_split_sizes)`
+    (megatron/core/tensor_parallel/mappings.py: `torch.distributed.all_gather` into the output's unequal
+    splits; also the backward of the combine's reduce-scatter). NCCL takes unequal tensors
+    (`ProcessGroupNCCL::allgather` broadcasts each rank's, coalesced); gloo refuses them ("invalid tensor
+    size"). In that module, on the CPU, unequal tensors are gathered flat, padded to the largest, and each
+    rank's cut back to its size: the contract kept, `tensor_list[i]` gets rank i's `tensor`."""
+    mappings = import_module("megatron.core.tensor_parallel.mappings")
+    distributed = types.ModuleType("torch.distributed")
+    distributed.__dict__.update(torch.distributed.__dict__)
+    distributed.all_gather = all_gather_uneven
+    view = types.ModuleType("torch")
+    view.__dict__.update(mappings.torch.__dict__)
+    view.distributed = distributed
+    mappings.torch = view
+
+
+def all_gather_uneven(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None) -> None:
+    """`torch.distributed.all_gather` (synchronous) for tensors of any sizes: `tensor_list[i]` receives rank
+    i's `tensor`, every rank passing the same sizes. Equal sizes are one plain all-gather."""
+    if len({t.shape for t in tensor_list}) == 1:
+        torch.distributed.all_gather(tensor_list, tensor, group=group)
+        return
+    longest = max(t.numel() for t in tensor_list)
+    padded = tensor.new_zeros(longest)
+    padded[: tensor.numel()] = tensor.reshape(-1)
+    gathered = [torch.empty_like(padded) for _ in tensor_list]
+    torch.distributed.all_gather(gathered, padded, group=group)
+    for out, flat in zip(tensor_list, gathered, strict=True):
+        out.copy_(flat[: out.numel()].view(out.shape))
