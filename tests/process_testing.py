@@ -31,3 +31,12 @@ def spawned_ranks(ancestor: psutil.Process) -> list[psutil.Process]:
         except psutil.Error:  # ended meanwhile
             pass
     return ranks
+
+
+def command_line(pid: str) -> bytes:
+    """Process `pid`'s raw command line (NUL-separated), or b"" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            return file.read()
+    except OSError:
+        return b""

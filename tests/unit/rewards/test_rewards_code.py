@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from process_testing import command_line
 
 import megarl.tools.builtin.python as python_tool
 from megarl.cli.main import main
@@ -121,19 +122,11 @@ def test_a_hostile_program_scores_zero_harms_nothing_and_raises_nothing(attack, 
         holder.kill()
         holder.wait()
     assert list(tmp_path.iterdir()) == []
-    assert not any(_command_line(pid) == b"sleep\x00602.33\x00" for pid in _pids())  # the fork bomb's
+    assert not any(command_line(pid) == b"sleep\x00602.33\x00" for pid in _pids())  # the fork bomb's
 
 
 def _pids() -> list[str]:
     return [pid for pid in os.listdir("/proc") if pid.isdigit()]
-
-
-def _command_line(pid: str) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as file:
-            return file.read()
-    except OSError:
-        return b""
 
 
 @pytest.mark.usefixtures("sandbox_backend", "case_timeout")

@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+from process_testing import command_line
 
 import megarl.tools.builtin.python as python_tool
 import megarl.tools.builtin.sandbox as sandbox
@@ -110,7 +111,7 @@ def test_processes_run_inside_and_die_with_the_call():
     """)
         == "child"
     )
-    assert not any(_command_line(pid).startswith(b"sleep\x00600") for pid in os.listdir("/proc") if pid.isdigit())
+    assert not any(command_line(pid).startswith(b"sleep\x00600") for pid in os.listdir("/proc") if pid.isdigit())
 
 
 def test_processes_die_with_a_call_stopped_by_its_time_limit(monkeypatch):
@@ -124,15 +125,7 @@ def test_processes_die_with_a_call_stopped_by_its_time_limit(monkeypatch):
     """)
         == "started\nError: the program ran longer than 2 s and was stopped"
     )
-    assert not any(_command_line(pid).startswith(b"sleep\x00601") for pid in os.listdir("/proc") if pid.isdigit())
-
-
-def _command_line(pid: str) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as file:
-            return file.read()
-    except OSError:
-        return b""
+    assert not any(command_line(pid).startswith(b"sleep\x00601") for pid in os.listdir("/proc") if pid.isdigit())
 
 
 def test_a_fork_bomb_is_bounded_and_ends(monkeypatch):
