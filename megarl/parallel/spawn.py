@@ -14,6 +14,9 @@ A failure on any rank stops every rank and raises `DistributedFailure` naming th
 traceback; a rank that does not finish within `timeout_s` is killed and reported the same way. A stop
 requested by a signal (`megarl.interrupt`, the CLI's `StopOnSignal`) is raised at the next poll and
 kills the ranks on its way out; a caller killed outright takes its ranks with it (`_die_with_caller`).
+Each rank leads a process group of its own, killed whole: a rank's own children go with it (megatron-core's
+checkpoint writer starts a multiprocessing manager, a server that would otherwise outlive a killed rank
+forever, and with it multiprocessing's resource tracker, which waits for every holder of its pipe).
 """
 
 import atexit
@@ -79,7 +82,7 @@ def _context():
 
 
 def _die_with_caller(caller: int) -> None:
-    """SIGKILL this rank as soon as its caller (pid `caller`) ends, so no rank outlives a caller killed
+    """SIGKILL this rank's process group as soon as its caller (pid `caller`) ends, so no rank outlives a caller killed
     (SIGKILL, OOM) before its clean-up ran: a thread waits on the caller's pidfd (readable once it ended).
     The kernel's parent-death signal cannot do it: a rank's parent is the fork server, which lives while
     any process holds its "alive" pipe, and every rank inherits that pipe (multiprocessing.forkserver)."""
@@ -90,12 +93,13 @@ def _die_with_caller(caller: int) -> None:
 
     def watch() -> None:
         select.select([caller_fd], [], [])
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.killpg(0, signal.SIGKILL)
 
     threading.Thread(target=watch, name="megarl-caller-watch", daemon=True).start()
 
 
 def _rank_main(fn, args, rank, world_size, port, collective_timeout_s, results, caller, environment):
+    os.setpgid(0, 0)  # before any child of its own: `_kill_rank` and `_die_with_caller` kill the group
     _die_with_caller(caller)
     os.environ.clear()  # the fork server's is the caller's at the server's start: take the caller's now
     os.environ.update(environment)
@@ -125,6 +129,16 @@ def _rank_main(fn, args, rank, world_size, port, collective_timeout_s, results, 
     finally:
         destroy()
     _exit_without_finalizing(results)
+
+
+def _kill_rank(process) -> None:
+    """SIGKILL a rank and every process of its group (`_rank_main`); a rank that has not made its group
+    yet has started no process, and the plain kill ends it."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # no group yet, or it ended and its pid is another's now
+        pass
+    process.kill()
 
 
 def _exit_without_finalizing(results) -> None:
@@ -190,10 +204,10 @@ def run_distributed(
     finally:
         if len(outputs) < world_size:
             for p in procs:  # peers of a failed rank may be blocked in a collective
-                p.kill()
+                _kill_rank(p)
         for p in procs:
             p.join(timeout=30)
             if p.is_alive():
-                p.kill()
+                _kill_rank(p)
                 p.join()
     return [outputs[r] for r in range(world_size)]

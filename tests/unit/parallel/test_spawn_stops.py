@@ -1,71 +1,88 @@
 """`run_distributed`'s ranks never outlive it (issue 33, items 7 and 10): a stop requested by a signal
 (`megarl.interrupt`) is raised at its next poll and the ranks are killed on the way out; a parent killed
-outright (SIGKILL: no clean-up runs) takes its ranks with it (each rank watches its caller's pidfd)."""
+outright (SIGKILL: no clean-up runs) takes its ranks with it (each rank watches its caller's pidfd). A rank's
+own children go with it (each rank leads a process group, killed whole)."""
 
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
-from process_testing import spawned_ranks
+from process_testing import sleep_beside_a_child, spawned_ranks
 
 from megarl import interrupt
 from megarl.interrupt import Stopped
 from megarl.parallel.spawn import run_distributed
 
-SLEEPER = "import time; from megarl.parallel.spawn import run_distributed; run_distributed(time.sleep, 2, 600)"
+TESTS = Path(__file__).resolve().parents[2]
+SLEEPER = (
+    "from process_testing import sleep_beside_a_child; from megarl.parallel.spawn import run_distributed; "
+    "run_distributed(sleep_beside_a_child, 2, 600)"
+)
 
 
-def children_of(pid: int, count: int, timeout_s: float = 120.0) -> list[psutil.Process]:
-    """The `count` rank processes of `pid`, once they exist."""
+def ranks_and_children(pid: int, count: int, before: set[int] = frozenset(), timeout_s: float = 120.0):
+    """The `count` rank processes of `pid` not in `before` and their children, once each rank has one."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        ranks = spawned_ranks(psutil.Process(pid))
-        if len(ranks) >= count:
-            return ranks
+        ranks = [p for p in spawned_ranks(psutil.Process(pid)) if p.pid not in before]
+        children = [child for rank in ranks for child in _children(rank)]
+        if len(ranks) >= count and len(children) >= count:
+            return ranks + children
         time.sleep(0.2)  # polling the process table: there is no event to wait on
-    raise AssertionError(f"{count} ranks of {pid} did not start within {timeout_s} s")
+    raise AssertionError(f"{count} ranks of {pid}, each with a child, did not start within {timeout_s} s")
 
 
-def test_a_killed_parent_takes_its_ranks_with_it():
-    parent = subprocess.Popen([sys.executable, "-c", SLEEPER])
-    ranks = []
+def _children(process: psutil.Process) -> list[psutil.Process]:
     try:
-        ranks = children_of(parent.pid, 2)
+        return process.children()
+    except psutil.NoSuchProcess:
+        return []
+
+
+def running(processes: list[psutil.Process]) -> list[int]:
+    """The pids of `processes` still running (a zombie has ended)."""
+    _, alive = psutil.wait_procs(processes, timeout=30)
+    return [p.pid for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_killed_parent_takes_its_ranks_and_their_children_with_it():
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    parent = subprocess.Popen([sys.executable, "-c", SLEEPER], env=environment)
+    processes = []
+    try:
+        processes = ranks_and_children(parent.pid, 2)
         parent.kill()
         parent.wait()
-        _, alive = psutil.wait_procs(ranks, timeout=30)
-        assert alive == [], [p.pid for p in alive]
+        assert running(processes) == []
     finally:
         parent.kill()
-        for process in ranks:  # orphans of a failed case: their parent is gone
+        for process in processes:  # orphans of a failed case: their parent is gone
             if process.is_running():
                 process.kill()
 
 
-def test_a_requested_stop_ends_the_world_and_its_ranks(monkeypatch):
+def test_a_requested_stop_ends_the_world_its_ranks_and_their_children(monkeypatch):
     monkeypatch.setattr(interrupt, "_requested", None)
-    me = psutil.Process()
-    before = {p.pid for p in spawned_ranks(me)}  # whatever earlier tests left running under this process
-    ranks: list[psutil.Process] = []
-
-    def new_ranks() -> list[psutil.Process]:
-        return [process for process in spawned_ranks(me) if process.pid not in before]
+    me = os.getpid()
+    before = {p.pid for p in spawned_ranks(psutil.Process(me))}  # whatever earlier tests left running here
+    processes: list[psutil.Process] = []
 
     def stop_once_started():
-        deadline = time.monotonic() + 120
-        while len(new_ranks()) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)  # polling the process table: there is no event to wait on
-        ranks.extend(new_ranks())
-        interrupt.request(Stopped(signal.SIGTERM, None))
+        try:
+            processes.extend(ranks_and_children(me, 2, before))
+        finally:
+            interrupt.request(Stopped(signal.SIGTERM, None))
 
     requester = threading.Thread(target=stop_once_started)
     requester.start()
     with pytest.raises(Stopped):
-        run_distributed(time.sleep, 2, 600, timeout_s=180)
+        run_distributed(sleep_beside_a_child, 2, 600, timeout_s=180)
     requester.join()
-    assert len(ranks) == 2
-    assert not [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert len(processes) == 4
+    assert running(processes) == []
