@@ -105,6 +105,16 @@ def _default_process_group_kept() -> Iterator[None]:
         torch.distributed.destroy_process_group = destroy
 
 
+def message_queue_shm_names(executor) -> list[str]:
+    """The shared-memory rings of the message queues of vLLM's "mp" executor (`executor_backend`: TP > 1
+    on CPU): the requests' broadcast queue, created by the engine's process, and each worker's response
+    queue, created by the worker (vllm/v1/executor/multiproc_executor.py: `MultiprocExecutor.
+    rpc_broadcast_mq`, `.response_mqs`; a queue's ring `MessageQueue.buffer`, a `ShmRingBuffer` whose
+    `shared_memory` its creator alone unlinks: vllm/distributed/device_communicators/shm_broadcast.py)."""
+    queues = [executor.rpc_broadcast_mq, *executor.response_mqs]
+    return [queue.buffer.shared_memory.name for queue in queues if queue is not None and queue.buffer is not None]
+
+
 def _sampling_params(sampling: SamplingConfig, seed: int | None, max_new_tokens: int) -> SamplingParams:
     return SamplingParams(
         n=sampling.n,
@@ -169,11 +179,12 @@ class VLLMRolloutEngine(RolloutEngine):
         self._tensor_parallel_size = tensor_parallel_size
         # A trainer's world in this process: vLLM builds its groups inside it, and must leave it be.
         self._in_existing_world = torch.distributed.is_initialized()
+        backend = executor_backend(tensor_parallel_size, on_gpu=not is_cpu)
         self._llm = LLM(
             model=str(model_path),
             tensor_parallel_size=tensor_parallel_size,
             enable_expert_parallel=expert_parallel,
-            distributed_executor_backend=executor_backend(tensor_parallel_size, on_gpu=not is_cpu),
+            distributed_executor_backend=backend,
             worker_extension_cls=WORKER_EXTENSION,
             dtype=dtype,
             seed=seed,
@@ -195,7 +206,9 @@ class VLLMRolloutEngine(RolloutEngine):
         if is_cpu:  # saves each engine a compile before its first generate (`cpu_sampler_ops`)
             self._llm.collective_rpc("rank_tokens_eagerly")
         # Asked now, while the workers surely answer: what `shutdown` must not leave behind.
-        self._cpu_shm_names = [name for names in self._llm.collective_rpc("cpu_shm_names") for name in names]
+        self._shm_names = [name for names in self._llm.collective_rpc("shm_names") for name in names]
+        if backend == "mp":  # LLM.llm_engine (LLMEngine) .engine_core (InprocClient) .engine_core (EngineCore)
+            self._shm_names += message_queue_shm_names(self._llm.llm_engine.engine_core.engine_core.model_executor)
         # Runs the collective RPCs that must overlap with the trainer's side of a collective.
         self._rpc_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-rollout-rpc")
 
@@ -349,14 +362,16 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def shutdown(self) -> None:
         """Stop the engine and its worker processes (vLLM terminates workers still exiting after
-        `VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`, then kills them), then remove the workers' CPU
-        collective segments (`WeightSyncWorkerExtension.cpu_shm_names`) that vLLM left: it unlinks
-        them only when a worker's process exit runs to its end, which a terminated worker's (a slow
-        interpreter teardown on a loaded machine) does not. Exactly these names, none guessed."""
+        `VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`, then kills them), then remove the shared memory vLLM
+        left: the workers' CPU collectives' segments and groups' broadcasters (`WeightSyncWorkerExtension.
+        shm_names`) and the executor's message queues (`message_queue_shm_names`), which a worker unlinks
+        only when its process exit runs to its end, which a terminated worker's (a slow interpreter
+        teardown on a loaded machine, or one that a Ctrl-C reached first) does not. Exactly these names,
+        none guessed."""
         self._rpc_thread.shutdown(wait=True)
         keep_world = _default_process_group_kept() if self._in_existing_world else contextlib.nullcontext()
         with keep_world:
             self._llm.llm_engine.engine_core.shutdown()
-        for name in self._cpu_shm_names:
-            with contextlib.suppress(FileNotFoundError):  # the worker's own exit unlinked it
+        for name in self._shm_names:
+            with contextlib.suppress(FileNotFoundError):  # its creator's own exit unlinked it
                 _posixshmem.shm_unlink(name)

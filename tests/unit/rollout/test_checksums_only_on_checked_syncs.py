@@ -73,7 +73,7 @@ class InProcessLLM:
         self.worker = FakeVllmWorker()
 
     def collective_rpc(self, method, args=(), kwargs=None):
-        if method in ("cpu_shm_names", "rank_tokens_eagerly"):  # engine start-up: CPU segments, sampler warm-up
+        if method in ("shm_names", "rank_tokens_eagerly"):  # engine start-up: CPU segments, sampler warm-up
             return [[]]
         return [getattr(self.worker, method)(*args, **(kwargs or {}))]
 
