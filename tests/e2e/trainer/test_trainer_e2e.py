@@ -10,6 +10,7 @@ import pytest
 import torch
 from hf_cache_testing import put_in_cache, use_cache
 from safetensors.torch import load_file
+from shm_testing import PrivateShm
 from wandb_testing import history, offline_runs, summary, use_offline_wandb, wandb_processes
 
 import megarl.trainer.trainer as trainer_module
@@ -223,27 +224,33 @@ def test_resume_after_killed_driver_matches_uninterrupted_run(grpo_run, assets, 
     4's record comes from the checkpoint, `MetricsLogger.restore`). Both must continue exactly.
 
     The interrupted run is the GRPO run's first `KILLED_RUN_STEPS` steps: with the quickstart's constant
-    learning rate and seeds that depend on the step alone, its steps train as the longer run's did."""
+    learning rate and seeds that depend on the step alone, its steps train as the longer run's did.
+
+    The killed run has a private /dev/shm: a SIGKILL ends every process of the run before any clean-up
+    (the engines' message queues and collective segments, ~700 MB, would stay in the machine's)."""
     _, _, reference, _ = grpo_run
     args = overrides(
         assets, tmp_path, **GRPO_ARGS | {"trainer.total_steps": KILLED_RUN_STEPS, "checkpoint.export_hf": "false"}
     )
     command = [sys.executable, "-m", "megarl.cli.main", "train", str(QUICKSTART), *args]
     metrics_file = tmp_path / "quickstart" / "metrics.jsonl"
-    driver = subprocess.Popen(command)
+    shm = PrivateShm.make()
+    driver = subprocess.Popen(shm.wrap(command))
     tree = psutil.Process(driver.pid)
+    family = [tree]
     try:
         _wait_for(lambda: metrics_file.exists() and len(read_metrics(metrics_file)) >= 3, driver)
         family = [tree, *tree.children(recursive=True)]
         driver.send_signal(signal.SIGKILL)
     finally:
         driver.wait()
-    for process in family:  # the killed driver's local Ray and workers
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(family, timeout=60)
+        for process in family:  # the killed driver's local Ray and workers
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(family, timeout=60)
+        shm.remove()
     resumed_from = CheckpointManager(tmp_path / "checkpoints").latest().step
     assert resumed_from in (2, 4), resumed_from
 
