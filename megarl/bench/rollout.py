@@ -64,6 +64,7 @@ def run(model_dir: str, shape: RolloutShape, repeats: int, with_hf: bool = True)
     from megarl.rollout import flatten_rollouts
     from megarl.trainer.rollout_batch import policy_batch
     from megarl.workers.rollout.base import SamplingConfig
+    from megarl.workers.rollout.engine_args import EngineArgs
     from megarl.workers.rollout.rollout_worker import RolloutWorker
 
     vocab = ModelShape.of(model_dir).vocab_size
@@ -71,14 +72,16 @@ def run(model_dir: str, shape: RolloutShape, repeats: int, with_hf: bool = True)
     token_ids = [list(p.token_ids) for p in prompts]
     worker = RolloutWorker(
         "vllm",
-        model_dir,
-        tensor_parallel_size=1,
-        dtype="float32",
-        seed=0,
-        max_model_len=shape.prompt_length + shape.max_new_tokens,
-        cpu_kv_cache_gib=1,
-        gpu_memory_utilization=0.5,
-        enforce_eager=False,
+        EngineArgs(
+            model_dir,
+            tensor_parallel_size=1,
+            dtype="float32",
+            seed=0,
+            max_model_len=shape.prompt_length + shape.max_new_tokens,
+            cpu_kv_cache_gib=1,
+            gpu_memory_utilization=0.5,
+            enforce_eager=False,
+        ),
     )
     sampling = SamplingConfig(n=shape.n, temperature=1.0, max_new_tokens=shape.max_new_tokens, seed=1234)
     llm = worker.engine._llm  # the same engine instance: only the wrapping differs

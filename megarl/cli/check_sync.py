@@ -158,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_check(args: argparse.Namespace):
     """The rounds of the check (of training rank 0's engine for --transport in-process)."""
     from megarl.workers.rollout import make_rollout_engine
+    from megarl.workers.rollout.engine_args import EngineArgs
     from megarl.workers.sync_check import run_colocated_check, run_sync_check
 
     common = dict(
@@ -170,7 +171,7 @@ def _run_check(args: argparse.Namespace):
     )
     if args.transport == "in-process":
         return run_colocated_check(args.model, backend="vllm", **common)[0]
-    engine = make_rollout_engine("vllm", args.model, tensor_parallel_size=args.rollout_tp, dtype="float32")
+    engine = make_rollout_engine("vllm", EngineArgs(args.model, tensor_parallel_size=args.rollout_tp, dtype="float32"))
     try:
         return run_sync_check(
             args.model, engines={args.rollout_tp: engine}, train_ep=args.train_ep, train_etp=args.train_etp, **common

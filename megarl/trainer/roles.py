@@ -39,6 +39,7 @@ from megarl.trainer.timing import PhaseTimer
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.checkpoint_files import step_dir_name
 from megarl.workers.profiling import ProfileRequest
+from megarl.workers.rollout.engine_args import EngineArgs
 from megarl.workers.rollout.executor import engine_env, engine_holds_gpu
 from megarl.workers.settings import ActorSpec, CriticSpec, ModelSettings, PolicyWorkerSpec
 
@@ -326,23 +327,28 @@ def start_rollout(
         plan.rollout_engines,
         pg,
         BundleSpec(cpus=1.0, gpus=gpus_per_device if engine_holds_gpu(tp) else 0.0),
-        init_kwargs={
-            "backend": rollout.backend,
-            "model_path": config.model.path,
-            "tensor_parallel_size": tp,
-            "dtype": rollout_dtype(rollout, config.model.dtype),
-            "seed": rollout.seed,
-            "max_model_len": config.data.max_prompt_length + response_length(rollout),
-            "cpu_kv_cache_gib": max(1, math.ceil(rollout.kv_cache_gib)),
-            "gpu_memory_utilization": rollout.gpu_memory_utilization,
-            "enforce_eager": rollout.enforce_eager,
-            "sleep_level": rollout.sleep_level,
-            "return_routed_experts": config.actor.moe.router_replay,
-            "expert_parallel": rollout.expert_parallel,
-        },
+        init_kwargs={"backend": rollout.backend, "args": engine_args(config)},
         env=[{**env, **engine_env(indices, gpus_per_device)} for indices in bundles],
         hang_timeout_s=config.trainer.hang_timeout_s,
         bundles=[indices[0] for indices in bundles],
+    )
+
+
+def engine_args(config: Config) -> EngineArgs:
+    """What every rollout engine of the run is started with."""
+    rollout = config.rollout
+    return EngineArgs(
+        model_path=config.model.path,
+        tensor_parallel_size=rollout.tensor_model_parallel_size,
+        dtype=rollout_dtype(rollout, config.model.dtype),
+        seed=rollout.seed,
+        max_model_len=config.data.max_prompt_length + response_length(rollout),
+        cpu_kv_cache_gib=max(1, math.ceil(rollout.kv_cache_gib)),
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        enforce_eager=rollout.enforce_eager,
+        sleep_level=rollout.sleep_level,
+        return_routed_experts=config.actor.moe.router_replay,
+        expert_parallel=rollout.expert_parallel,
     )
 
 

@@ -9,7 +9,7 @@ workers the pieces of its own shards they need, over a gloo/NCCL sync group per 
 training ranks first; the engine's workers follow);
 `run_colocated_check` puts a TP-1 engine inside training rank 0's process (in-process transport).
 
-    engines = {1: make_rollout_engine("vllm", hf_dir, dtype="float32"), 2: ...(tensor_parallel_size=2)}
+    engines = {1: make_rollout_engine("vllm", EngineArgs(hf_dir, dtype="float32")), 2: ...(tensor_parallel_size=2)}
     rounds = run_sync_check(hf_dir, train_tp=2, train_pp=1, engines=engines, threshold=1e-4)
     rounds[-1].metrics[2]["sync/logprob_max_abs_diff"], rounds[-1].metrics[2]["sync/checksum_tensors"]
 """
@@ -37,6 +37,7 @@ from megarl.bridge.verify import check_sync, probe_token_ids
 from megarl.models.hf_config import read_model_dims
 from megarl.parallel.spawn import run_distributed
 from megarl.workers.rollout.base import RolloutEngine
+from megarl.workers.rollout.engine_args import EngineArgs
 from megarl.workers.sync_probe import actor_probe_logprobs, probe_policy_batch
 
 HOST = "127.0.0.1"
@@ -179,7 +180,7 @@ def colocated_main(
     from megarl.workers.rollout import make_rollout_engine
 
     groups, actor, dims, plan = trained_actor_and_plan(model_dir, layout, bucket_mb, settings)
-    engine = make_rollout_engine(backend, model_dir, dtype=ENGINE_DTYPE)
+    engine = make_rollout_engine(backend, EngineArgs(model_dir, dtype=ENGINE_DTYPE))
     sender = WeightSender(plan, actor.named_parameters_for_sync, groups, InProcessTransport(engine), every_rank=True)
     probe = probe_token_ids(dims.vocab_size)
     results = []

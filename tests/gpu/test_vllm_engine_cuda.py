@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 
 from megarl.models.tiny import make_tiny_model
 from megarl.workers.rollout import SamplingConfig, make_rollout_engine
+from megarl.workers.rollout.engine_args import EngineArgs
 
 pytestmark = pytest.mark.gpu
 
@@ -22,7 +23,9 @@ def _used_bytes() -> int:
 def test_generate_sleep_wake_reload(tmp_path, memory_phase):
     model_dir = make_tiny_model(tmp_path / "qwen2", "qwen2", initializer_range=0.2)
     with memory_phase("start"):
-        engine = make_rollout_engine("vllm", model_dir, dtype="bfloat16", max_model_len=128, gpu_memory_utilization=0.3)
+        engine = make_rollout_engine(
+            "vllm", EngineArgs(model_dir, dtype="bfloat16", max_model_len=128, gpu_memory_utilization=0.3)
+        )
     try:
         with memory_phase("generate"):
             outputs = engine.generate([[5, 9, 14]], SamplingConfig(n=4, max_new_tokens=8, seed=0))
@@ -49,7 +52,9 @@ def test_per_call_seed_repeats_on_the_gpu_runner(tmp_path):
     which the per-call reseed fixes: tests/unit/gpu_contracts/test_vllm_v2_runner_seeding.py), another
     seed gives others."""
     model_dir = make_tiny_model(tmp_path / "qwen2", "qwen2", initializer_range=0.2)
-    engine = make_rollout_engine("vllm", model_dir, dtype="bfloat16", max_model_len=128, gpu_memory_utilization=0.3)
+    engine = make_rollout_engine(
+        "vllm", EngineArgs(model_dir, dtype="bfloat16", max_model_len=128, gpu_memory_utilization=0.3)
+    )
     try:
 
         def call(seed):

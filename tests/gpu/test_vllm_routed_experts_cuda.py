@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from megarl.models.tiny import make_tiny_model
 from megarl.workers.rollout import SamplingConfig, make_rollout_engine
+from megarl.workers.rollout.engine_args import EngineArgs
 
 pytestmark = pytest.mark.gpu
 
@@ -25,7 +26,10 @@ def test_vllm_returns_the_routing_of_every_fed_token(tmp_path):
             tensors[name] = torch.randn(tensor.shape, generator=gen)
     save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
     engine = make_rollout_engine(
-        "vllm", model_dir, dtype="float32", max_model_len=128, gpu_memory_utilization=0.3, return_routed_experts=True
+        "vllm",
+        EngineArgs(
+            model_dir, dtype="float32", max_model_len=128, gpu_memory_utilization=0.3, return_routed_experts=True
+        ),
     )
     try:
         prompts = [[5, 9, 14], [7, 30, 2, 19, 44]]

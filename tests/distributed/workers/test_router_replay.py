@@ -168,6 +168,7 @@ def test_an_engines_routing_reaches_the_batch_and_replay_narrows_the_gap(tmp_pat
     from megarl.rollout.samples import flatten_rollouts
     from megarl.trainer.rollout_batch import policy_batch
     from megarl.workers.rollout import SamplingConfig, make_rollout_engine
+    from megarl.workers.rollout.engine_args import EngineArgs
 
     actor_dir = make_tiny_model(tmp_path / "actor", "qwen3_moe", seed=0, initializer_range=0.1)
     engine_dir = make_tiny_model(tmp_path / "engine", "qwen3_moe", seed=0, initializer_range=0.1)
@@ -177,7 +178,7 @@ def test_an_engines_routing_reaches_the_batch_and_replay_narrows_the_gap(tmp_pat
         if name.endswith("mlp.gate.weight"):
             tensors[name] = weight + 0.3 * weight.std() * torch.randn(weight.shape, generator=gen)
     save_file(tensors, engine_dir / "model.safetensors", metadata={"format": "pt"})
-    engine = make_rollout_engine("hf", engine_dir, dtype="float32", return_routed_experts=True)
+    engine = make_rollout_engine("hf", EngineArgs(engine_dir, dtype="float32", return_routed_experts=True))
     prompts = [Prompt(f"p{i}", tuple(range(3 + i, 8 + 2 * i)), "", {}, "t") for i in range(4)]
     outputs = engine.generate([p.token_ids for p in prompts], SamplingConfig(n=4, max_new_tokens=12, seed=3))
     engine.shutdown()

@@ -30,6 +30,7 @@ from megarl.models.hf_config import read_model_dims
 from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import run_distributed
 from megarl.workers.rollout import make_rollout_engine
+from megarl.workers.rollout.engine_args import EngineArgs
 from megarl.workers.sync_check import model_in_dtype, wait_for_joins
 from megarl.workers.sync_probe import probe_policy_batch
 
@@ -130,7 +131,7 @@ def synced(tmp_path_factory):
         trainers = pool.submit(
             run_distributed, _trainer, LAYOUT.train_tp, model_dir, port, world_size, timeout_s=TIMEOUT_S
         )
-        engine = make_rollout_engine("vllm", model_dir, dtype=DTYPE, max_model_len=64)
+        engine = make_rollout_engine("vllm", EngineArgs(model_dir, dtype=DTYPE, max_model_len=64))
         try:
             joined = engine.init_weight_sync(HOST, port, world_size, TIMEOUT_S, rank_offset=LAYOUT.train_tp)
             wait_for_joins([joined], trainers, TIMEOUT_S)

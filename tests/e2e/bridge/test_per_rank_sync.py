@@ -117,9 +117,10 @@ def _trainer(model_dir: str, store_port: int, layout: LayoutPair, shm_dir: str) 
 
 
 def _engine(model_dir, tp: int):
+    from megarl.workers.rollout.engine_args import EngineArgs
     from megarl.workers.rollout.vllm_engine import VLLMRolloutEngine
 
-    return VLLMRolloutEngine(model_dir, tensor_parallel_size=tp, dtype="float32", max_model_len=64)
+    return VLLMRolloutEngine(EngineArgs(model_dir, tensor_parallel_size=tp, dtype="float32", max_model_len=64))
 
 
 def _sync_rounds(model_dir, tp: int, pp: int = 1) -> list[dict]:

@@ -28,6 +28,7 @@ from megarl.bridge.verify import check_sync, probe_token_ids
 from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import run_distributed
 from megarl.workers.rollout import make_rollout_engine
+from megarl.workers.rollout.engine_args import EngineArgs
 from megarl.workers.sync_check import TrainSettings, train_a_little, trained_actor_and_plan
 from megarl.workers.sync_probe import actor_probe_logprobs
 
@@ -89,7 +90,9 @@ def test_train_tp2_syncs_into_rollout_tp2_through_shared_memory(model_dir):
     with ThreadPoolExecutor(max_workers=1) as pool:
         # The ranks load and train while the engine starts; the first sync waits for the engine.
         trainers = pool.submit(run_distributed, _trainer, 2, str(model_dir), store.port, timeout_s=TIMEOUT_S)
-        engine = make_rollout_engine("vllm", model_dir, tensor_parallel_size=2, dtype="float32", max_model_len=64)
+        engine = make_rollout_engine(
+            "vllm", EngineArgs(model_dir, tensor_parallel_size=2, dtype="float32", max_model_len=64)
+        )
         try:
             for round_index in range(ROUNDS):
                 ring = pickle.loads(take(store, f"round{round_index}", trainers))

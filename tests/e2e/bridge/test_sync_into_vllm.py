@@ -20,6 +20,7 @@ from megarl.models.hf_config import read_model_dims
 from megarl.models.layout import hf_param_shapes
 from megarl.models.tiny import make_tiny_model
 from megarl.workers.rollout import make_rollout_engine
+from megarl.workers.rollout.engine_args import EngineArgs
 from megarl.workers.sync_check import run_colocated_check, run_sync_check
 
 THRESHOLD = 1e-4
@@ -45,7 +46,7 @@ def model(request, tmp_path_factory):
     try:
         for tp in (1, 2):
             engines[tp] = make_rollout_engine(
-                "vllm", model_dir, tensor_parallel_size=tp, dtype="float32", max_model_len=64
+                "vllm", EngineArgs(model_dir, tensor_parallel_size=tp, dtype="float32", max_model_len=64)
             )
         yield model_dir, engines
     finally:

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 from megarl.bridge.verify import probe_token_ids
 from megarl.models.tiny import make_tiny_model
 from megarl.workers.rollout import make_rollout_engine
+from megarl.workers.rollout.engine_args import EngineArgs
 from megarl.workers.sync_check import run_sync_check
 
 THRESHOLD = 1e-4
@@ -27,7 +28,7 @@ def tied_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(tied_dir):
-    engine = make_rollout_engine("vllm", tied_dir, dtype="float32", max_model_len=64)
+    engine = make_rollout_engine("vllm", EngineArgs(tied_dir, dtype="float32", max_model_len=64))
     yield engine
     engine.shutdown()
 

@@ -31,6 +31,7 @@ from megarl.rollout import AgentLoop, ObservationEncoder
 from megarl.tools import ParsedTurn, ToolCall, ToolResult
 from megarl.trainer.rollout_batch import policy_batch
 from megarl.workers.rollout import SamplingConfig, make_rollout_engine
+from megarl.workers.rollout.engine_args import EngineArgs
 
 TOLERANCE = 1e-4
 MAX_TOTAL = 96
@@ -77,7 +78,7 @@ def _actor_log_probs(model_dir, batch):
 @pytest.fixture(scope="module")
 def rollout(base_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(base_model_dir)
-    engine = make_rollout_engine("vllm", base_model_dir, dtype="float32", max_model_len=256)
+    engine = make_rollout_engine("vllm", EngineArgs(base_model_dir, dtype="float32", max_model_len=256))
     try:
         texts = [
             tokenizer.apply_chat_template(

@@ -22,13 +22,16 @@ from rollout_reference import (
 
 from megarl.bridge import pack
 from megarl.workers.rollout import SamplingConfig, make_rollout_engine
+from megarl.workers.rollout.engine_args import EngineArgs
 
 MAX_NEW = 8
 
 
 @pytest.fixture(scope="module")
 def engine(base_model_dir):
-    engine = make_rollout_engine("vllm", base_model_dir, dtype="float32", max_model_len=64, enforce_eager=False)
+    engine = make_rollout_engine(
+        "vllm", EngineArgs(base_model_dir, dtype="float32", max_model_len=64, enforce_eager=False)
+    )
     yield engine
     engine.shutdown()
 

@@ -20,13 +20,14 @@ from rollout_reference import (
 
 from megarl.bridge import pack
 from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine
+from megarl.workers.rollout.engine_args import EngineArgs
 
 MAX_NEW = 6
 
 
 @pytest.fixture(scope="module")
 def engine(base_model_dir):
-    engine = make_rollout_engine("hf", base_model_dir, dtype="float32")
+    engine = make_rollout_engine("hf", EngineArgs(base_model_dir, dtype="float32"))
     yield engine
     engine.shutdown()
 
@@ -161,8 +162,8 @@ def test_a_mixture_of_experts_loads_the_checkpoints_per_expert_tensors(tmp_path)
 
     first = make_tiny_model(tmp_path / "first", "qwen3_moe", seed=0, initializer_range=0.1)
     second = make_tiny_model(tmp_path / "second", "qwen3_moe", seed=1, initializer_range=0.1)
-    engine = make_rollout_engine("hf", first, dtype="float32", return_routed_experts=True)
-    expected = make_rollout_engine("hf", second, dtype="float32", return_routed_experts=True)
+    engine = make_rollout_engine("hf", EngineArgs(first, dtype="float32", return_routed_experts=True))
+    expected = make_rollout_engine("hf", EngineArgs(second, dtype="float32", return_routed_experts=True))
     try:
         engine.load_weights(checkpoint_tensors(second).items())
         for got, want in zip(engine.prompt_logprobs(PROMPTS), expected.prompt_logprobs(PROMPTS)):

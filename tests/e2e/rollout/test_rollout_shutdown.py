@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 
 from megarl.workers.rollout import make_rollout_engine
+from megarl.workers.rollout.engine_args import EngineArgs
 
 SHM_DIR = Path("/dev/shm")
 
@@ -38,7 +39,9 @@ def mapped_shm(pid: int) -> set[str]:
 def test_tp2_shutdown_of_terminated_workers_leaves_no_shm_and_no_process(base_model_dir, monkeypatch):
     # No grace: vLLM terminates the workers as soon as it has asked them to exit.
     monkeypatch.setenv("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "0")
-    engine = make_rollout_engine("vllm", base_model_dir, tensor_parallel_size=2, dtype="float32", max_model_len=64)
+    engine = make_rollout_engine(
+        "vllm", EngineArgs(base_model_dir, tensor_parallel_size=2, dtype="float32", max_model_len=64)
+    )
     pids = engine._llm.collective_rpc(_pid)
     assert len(set(pids)) == 2 and os.getpid() not in pids
     names = set().union(*map(mapped_shm, pids))

@@ -9,6 +9,7 @@ import torch.distributed as dist
 from rollout_reference import PROMPTS, free_port
 
 from megarl.workers.rollout import SamplingConfig, make_rollout_engine
+from megarl.workers.rollout.engine_args import EngineArgs
 
 
 @pytest.fixture
@@ -19,7 +20,7 @@ def trainer_world():
 
 
 def test_engine_shutdown_keeps_the_trainer_world(trainer_world, base_model_dir):
-    engine = make_rollout_engine("vllm", base_model_dir, dtype="float32", max_model_len=128)
+    engine = make_rollout_engine("vllm", EngineArgs(base_model_dir, dtype="float32", max_model_len=128))
     outputs = engine.generate(PROMPTS, SamplingConfig(greedy=True, max_new_tokens=4))
     assert all(len(o.response_token_ids[0]) == 4 for o in outputs)
     engine.shutdown()

@@ -24,6 +24,7 @@ from megarl.bridge import pack, unpack
 from megarl.bridge.checksum import tensor_checksum
 from megarl.workers.memory_stats import memory_stats
 from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine
+from megarl.workers.rollout.engine_args import EngineArgs
 
 MAX_NEW = 8
 CPU_KV_CACHE_GIB = 1
@@ -34,7 +35,7 @@ LONG_PROMPT = [(7 * i) % 90 + 4 for i in range(150)]
 @pytest.fixture(scope="module")
 def engine(base_model_dir):
     engine = make_rollout_engine(
-        "vllm", base_model_dir, dtype="float32", max_model_len=256, cpu_kv_cache_gib=CPU_KV_CACHE_GIB
+        "vllm", EngineArgs(base_model_dir, dtype="float32", max_model_len=256, cpu_kv_cache_gib=CPU_KV_CACHE_GIB)
     )
     yield engine
     engine.shutdown()

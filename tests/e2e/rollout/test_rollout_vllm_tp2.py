@@ -9,13 +9,16 @@ import torch
 from rollout_reference import PROMPTS, TOLERANCE, checkpoint_tensors, hf_logprobs, load_hf, sync_over_group
 
 from megarl.workers.rollout import SamplingConfig, make_rollout_engine
+from megarl.workers.rollout.engine_args import EngineArgs
 
 TIMEOUT_S = 120
 
 
 @pytest.fixture(scope="module")
 def engine(base_model_dir):
-    engine = make_rollout_engine("vllm", base_model_dir, tensor_parallel_size=2, dtype="float32", max_model_len=128)
+    engine = make_rollout_engine(
+        "vllm", EngineArgs(base_model_dir, tensor_parallel_size=2, dtype="float32", max_model_len=128)
+    )
     yield engine
     engine.shutdown()
 

@@ -18,6 +18,7 @@ from megarl.models.tiny import make_tiny_model
 from megarl.rewards.tasks import calc_tool_demo_rows
 from megarl.trainer.sft import SftTrainer
 from megarl.workers.rollout import make_rollout_engine
+from megarl.workers.rollout.engine_args import EngineArgs
 
 from .conftest import QUICKSTART, REPO
 
@@ -101,7 +102,7 @@ def test_sft_trains_the_assistant_tokens_and_exports_a_usable_model(sft_run):
     with torch.no_grad():
         hf_log_probs = torch.log_softmax(hf_model(torch.tensor([prompt_ids])).logits[0], dim=-1)
     assert hf_log_probs[-1].argmax().item() == tokenizer.convert_tokens_to_ids("<tool_call>") == 100
-    engine = make_rollout_engine("vllm", out, dtype="float32", max_model_len=256)
+    engine = make_rollout_engine("vllm", EngineArgs(out, dtype="float32", max_model_len=256))
     try:
         (vllm_log_probs,) = engine.prompt_logprobs([prompt_ids + [100]])
     finally:

@@ -28,6 +28,7 @@ from megarl.trainer.handover import HandOver
 from megarl.trainer.sync_step import WeightSync
 from megarl.trainer.timing import PhaseTimer
 from megarl.workers.rollout import vllm_engine
+from megarl.workers.rollout.engine_args import EngineArgs
 from megarl.workers.rollout.rollout_worker import RolloutWorker
 from megarl.workers.rollout.worker_extension import WeightSyncWorkerExtension
 
@@ -140,15 +141,17 @@ def sync(monkeypatch) -> HandOver:
         monkeypatch.setenv(name, "")
     rollout = RolloutWorker(
         "vllm",
-        "/no/model",
-        tensor_parallel_size=1,
-        dtype="float32",
-        seed=0,
-        max_model_len=64,
-        cpu_kv_cache_gib=1,
-        gpu_memory_utilization=0.5,
-        enforce_eager=True,
-        sleep_level=2,
+        EngineArgs(
+            "/no/model",
+            tensor_parallel_size=1,
+            dtype="float32",
+            seed=0,
+            max_model_len=64,
+            cpu_kv_cache_gib=1,
+            gpu_memory_utilization=0.5,
+            enforce_eager=True,
+            sleep_level=2,
+        ),
     )
     config = load_config(QUICKSTART, ["rollout.sync.verify_every=3"])
     policy = hosted(Actor())

@@ -17,6 +17,7 @@ import pytest
 import vllm
 
 from megarl.workers.rollout import vllm_engine
+from megarl.workers.rollout.engine_args import EngineArgs
 from megarl.workers.rollout.rollout_worker import RolloutWorker
 
 
@@ -37,14 +38,16 @@ def _llm_kwargs(monkeypatch, enforce_eager, on_cpu: bool = False) -> dict:
     with pytest.raises(_Recorded) as recorded:
         RolloutWorker(
             "vllm",
-            "/no/model",
-            tensor_parallel_size=1,
-            dtype="auto",
-            seed=0,
-            max_model_len=64,
-            cpu_kv_cache_gib=1,
-            gpu_memory_utilization=0.5,
-            enforce_eager=enforce_eager,
+            EngineArgs(
+                "/no/model",
+                tensor_parallel_size=1,
+                dtype="auto",
+                seed=0,
+                max_model_len=64,
+                cpu_kv_cache_gib=1,
+                gpu_memory_utilization=0.5,
+                enforce_eager=enforce_eager,
+            ),
         )
     return recorded.value.kwargs
 

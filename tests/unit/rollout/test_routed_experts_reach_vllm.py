@@ -17,7 +17,7 @@ import vllm
 import vllm.triton_utils
 from vllm.outputs import CompletionOutput
 
-from megarl.workers.rollout import vllm_engine
+from megarl.workers.rollout import EngineArgs, vllm_engine
 from megarl.workers.rollout.rollout_worker import RolloutWorker
 
 
@@ -37,15 +37,17 @@ def _start(monkeypatch, return_routed_experts: bool) -> None:
     monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)  # restored after the test
     RolloutWorker(
         "vllm",
-        "/no/model",
-        tensor_parallel_size=1,
-        dtype="auto",
-        seed=0,
-        max_model_len=64,
-        cpu_kv_cache_gib=1,
-        gpu_memory_utilization=0.5,
-        enforce_eager=True,
-        return_routed_experts=return_routed_experts,
+        EngineArgs(
+            "/no/model",
+            tensor_parallel_size=1,
+            dtype="auto",
+            seed=0,
+            max_model_len=64,
+            cpu_kv_cache_gib=1,
+            gpu_memory_utilization=0.5,
+            enforce_eager=True,
+            return_routed_experts=return_routed_experts,
+        ),
     )
 
 

@@ -21,6 +21,7 @@ from vllm.v1.executor.abstract import SLEEP_TAGS as VLLM_SLEEP_TAGS
 from megarl.config.rollout import RolloutConfig
 from megarl.workers.rollout import vllm_engine
 from megarl.workers.rollout.base import SLEEP_TAGS, RolloutPausedError
+from megarl.workers.rollout.engine_args import EngineArgs
 from megarl.workers.rollout.rollout_worker import RolloutWorker
 from megarl.workers.rollout.worker_extension import WeightSyncWorkerExtension
 
@@ -50,15 +51,17 @@ def worker(monkeypatch) -> RolloutWorker:
         monkeypatch.setenv(name, "")
     return RolloutWorker(
         "vllm",
-        "/no/model",
-        tensor_parallel_size=1,
-        dtype="auto",
-        seed=0,
-        max_model_len=64,
-        cpu_kv_cache_gib=1,
-        gpu_memory_utilization=0.5,
-        enforce_eager=True,
-        sleep_level=RolloutConfig().sleep_level,
+        EngineArgs(
+            "/no/model",
+            tensor_parallel_size=1,
+            dtype="auto",
+            seed=0,
+            max_model_len=64,
+            cpu_kv_cache_gib=1,
+            gpu_memory_utilization=0.5,
+            enforce_eager=True,
+            sleep_level=RolloutConfig().sleep_level,
+        ),
     )
 
 

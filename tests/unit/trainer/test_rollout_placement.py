@@ -73,7 +73,7 @@ def test_the_seeds_three_engines_span_two_bundles_each(nodes, monkeypatch):
     assert [env["VLLM_RAY_BUNDLE_INDICES"] for env in group.env] == ["0,1", "2,3", "4,5"]
     assert {env["VLLM_RAY_PER_WORKER_GPUS"] for env in group.env} == {"0.5"}
     assert all(env["MEGARL_DEVICE"] == "cuda" for env in group.env)
-    assert group.init_kwargs["tensor_parallel_size"] == 2
+    assert group.init_kwargs["args"].tensor_parallel_size == 2
 
 
 def test_split_engines_take_the_bundles_after_the_trainer(nodes, monkeypatch):
