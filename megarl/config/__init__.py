@@ -8,11 +8,12 @@ Defaults live only in the dataclasses; a recipe states what differs. Nothing her
 setting: derived sizes live in the `BatchPlan`.
 """
 
-from megarl.config.batch_plan import BatchPlan, RolePlan, UpdatePlan, format_plan, plan_batches, uses_reference
+from megarl.config.batch_plan import BatchPlan, RolePlan, UpdatePlan, plan_batches, uses_reference
 from megarl.config.config import Config, to_dict
 from megarl.config.loader import apply_overrides, build_config, load_config, parse_yaml
 from megarl.config.model_facts import KNOWN_MODELS, ModelFacts, ModelFactsError, load_model_facts
 from megarl.config.placement import cluster_problems, placement_problems, resolve_device
+from megarl.config.plan_table import format_plan
 from megarl.config.problems import ConfigError, Problem
 from megarl.config.roles import (
     ActorConfig,

@@ -3,7 +3,8 @@
 import pytest
 
 from megarl.config import ConfigError, build_config, plan_batches
-from megarl.config.batch_plan import batch_problems, format_plan
+from megarl.config.batch_plan import batch_problems
+from megarl.config.plan_table import format_plan
 
 
 def config_of(data: dict):
