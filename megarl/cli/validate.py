@@ -21,7 +21,8 @@ from megarl.config import (
     to_dict,
     validate,
 )
-from megarl.config.memory import kv_cache_problems, memory_report, rollout_budget_problems
+from megarl.config.memory import kv_cache_problems, rollout_budget_problems
+from megarl.config.memory_table import memory_report
 from megarl.config.model_facts import ModelFactsError
 
 

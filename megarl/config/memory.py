@@ -417,7 +417,7 @@ def estimate_memory(
 
 
 def _what_runs(config: Config, on_gpu: bool, gpu_memory_gib: float) -> tuple[str, ...]:
-    """The lines `format_estimate` prints above the table (see the module docstring)."""
+    """The lines `memory_table.format_estimate` prints above the table (see the module docstring)."""
     dtype = config.model.dtype
     if DTYPE_BYTES[dtype] < FP32:
         precision = (
@@ -500,7 +500,7 @@ def rollout_budget_problems(config: Config, gpu_memory_gib: float) -> list[Probl
     """Colocated on GPUs: vLLM starts only when `rollout.gpu_memory_utilization` of the GPU is free,
     beside what the Megatron roles keep resident while the engines generate (the engines start after
     they offload: `megarl.trainer.handover`); a problem naming the largest value that fits when it is
-    not. No problem when the model's shape is unknown (`memory_report` says why) or nothing is
+    not. No problem when the model's shape is unknown (`memory_table.memory_report` says why) or nothing is
     colocated on a GPU."""
     if config.placement.mode != "colocated" or config.trainer.device == "cpu":
         return []
@@ -560,45 +560,3 @@ def kv_cache_problems(config: Config, memory_gib: float) -> list[Problem]:
             f"use at most {int(most * 10) / 10:g} GiB, or pass the machine's memory as --gpu-memory-gib",
         )
     ]
-
-
-def format_estimate(estimate: MemoryEstimate) -> str:
-    """The table `megarl validate` prints, GiB per GPU, and the verdict."""
-    lines = [*estimate.runs, "role     params   grads   optim   activ   other   total  (GiB per GPU)"]
-    for r in estimate.roles:
-        cells = [r.parameters, r.gradients, r.optimizer, r.activations, r.other, r.total]
-        lines.append(f"{r.role:<8}" + "".join(f"{c / GIB:8.2f}" for c in cells))
-    verdict = "fits" if estimate.fits else "does not fit"
-    runtime = (
-        f" + {estimate.runtime_bytes / GIB:.1f} GiB of CUDA contexts and NCCL buffers" if estimate.runtime_bytes else ""
-    )
-    margin = (
-        f"{estimate.spare_bytes / GIB:.1f} GiB to spare (keeps {estimate.margin_bytes / GIB:.0f}): "
-        if estimate.margin_bytes
-        else ""
-    )
-    lines.append(
-        f"peak {estimate.peak_bytes / GIB:.1f} GiB per GPU ({estimate.peak_phase}){runtime} of "
-        f"{estimate.gpu_memory_bytes / GIB:.0f} GiB: {margin}{verdict}"
-    )
-    return "\n".join(lines)
-
-
-def memory_report(config: Config, gpu_memory_gib: float) -> str:
-    """`format_estimate` for a validated `config`, or one line saying why there is none (the model's
-    shape could not be read)."""
-    try:
-        shape = ModelShape.of(config.model.path)
-    except ModelFactsError as error:
-        return f"none: {error.why}"
-    on_gpu = config.trainer.device != "cpu"
-    plan = plan_batches(config)
-    estimate = estimate_memory(
-        config,
-        shape,
-        train_gpus=plan.train_gpus,
-        gpu_memory_gib=gpu_memory_gib,
-        on_gpu=on_gpu,
-        processes_per_train_gpu=plan.processes_per_train_gpu,
-    )
-    return format_estimate(estimate)

@@ -12,11 +12,11 @@ from megarl.config.memory import (
     GIB,
     ModelShape,
     estimate_memory,
-    memory_report,
     resident_during_rollout,
     rollout_budget_problems,
     state_bytes,
 )
+from megarl.config.memory_table import memory_report
 from megarl.config.roles import ParallelConfig
 from megarl.config.validate import validate
 

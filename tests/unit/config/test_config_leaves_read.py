@@ -27,6 +27,7 @@ NOT_RUNTIME = {
     "config/validate.py",
     "config/loader.py",
     "config/memory.py",
+    "config/memory_table.py",
     "config/model_facts.py",
     "config/names.py",
     "config/placement.py",
