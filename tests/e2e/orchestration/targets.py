@@ -6,6 +6,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from megarl.workers.rollout.engine_args import EngineArgs
+
 
 class SumWorker:
     """All-reduces a value over the group: proves the ranks form one torch.distributed world."""
@@ -86,19 +88,19 @@ class TensorParallelWorkerProbe:
 
 
 class EngineProbe:
-    """Stands in for `RolloutWorker` (takes its keyword arguments) and, for a TP > 1 engine, starts its TP
+    """Stands in for `RolloutWorker` (takes its arguments) and, for a TP > 1 engine, starts its TP
     workers as vLLM's Ray executor does (vllm/v1/executor/ray_executor_v2.py: RayExecutorV2._init_executor):
     one actor per rank in the current placement group (ray_utils.initialize_ray_cluster:
     `ray.util.get_current_placement_group()`), rank r on bundle r of VLLM_RAY_BUNDLE_INDICES, with
     `num_cpus=0` and `num_gpus=VLLM_RAY_PER_WORKER_GPUS` (`_get_actor_resource_kwargs`)."""
 
-    def __init__(self, *, tensor_parallel_size: int, **_):
+    def __init__(self, backend: str, args: EngineArgs):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         group = ray.util.get_current_placement_group()
         bundles = list(map(int, os.environ["VLLM_RAY_BUNDLE_INDICES"].split(",")))
-        assert len(bundles) == tensor_parallel_size
+        assert len(bundles) == args.tensor_parallel_size
         share = float(os.environ["VLLM_RAY_PER_WORKER_GPUS"])
         self.workers = [
             ray.remote(TensorParallelWorkerProbe)
