@@ -388,13 +388,28 @@ def ddp_buffers(chunks: Sequence[DistributedDataParallel]) -> list:
 def run_model(model: torch.nn.Module, micro_batch: MicroBatch) -> Tensor:
     """Forward of `micro_batch` through (this stage of) a GPTModel: last stage `[r, T, V_local]`
     logits (or `[r, T, 1]` values), other stages the hidden states they send on. Attention follows
-    the micro-batch's layout: a dense mask, or THD sequences (`packed_seq_params`)."""
+    the micro-batch's layout: a dense mask, or THD sequences (`packed_seq_params`); the padding is
+    named (`padding_mask`), so a mixture of experts routes it outside its router losses."""
     return model(
         micro_batch.input_ids,
         micro_batch.position_ids,
         micro_batch.attention_mask(),
         packed_seq_params=micro_batch.packed_seq_params(),
+        padding_mask=_stage_padding_mask(model, micro_batch.padding_mask()),
     )
+
+
+def _stage_padding_mask(model: torch.nn.Module, mask: Tensor) -> Tensor:
+    """`mask` as this model chunk's layers take it. Under sequence parallelism megatron cuts it to this TP
+    rank's share of the sequence where it embeds the tokens, on the first stage only (megatron/core/models/
+    gpt/gpt_model.py `GPTModel._preprocess`); a later stage gets it as given, so it is cut here the same way."""
+    from megatron.core import tensor_parallel
+    from megatron.core.utils import unwrap_model
+
+    gpt = unwrap_model(model)
+    if gpt.pre_process or not gpt.config.sequence_parallel:
+        return mask
+    return tensor_parallel.scatter_to_sequence_parallel_region(mask.transpose(0, 1).contiguous()).transpose(0, 1)
 
 
 def micro_batches_of(

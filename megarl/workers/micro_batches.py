@@ -99,6 +99,13 @@ class MicroBatch:
         other = self.segment_ids[:, :, None] != self.segment_ids[:, None, :]
         return (future[None] | other)[:, None]
 
+    def padding_mask(self) -> Tensor:
+        """GPTModel's `padding_mask`: `[r, T]` bool, True on the tokens of no sample (`PADDING_SEGMENT`),
+        which a mixture of experts' router leaves out of its losses, token counts and expert bias
+        (megatron/core/transformer/moe/router.py, moe_utils.py: `compute_routing_scores_for_aux_loss`,
+        `z_loss_func`); a dense model's layers ignore it."""
+        return self.segment_ids == PADDING_SEGMENT
+
     def packed_seq_params(self) -> PackedSeqParams | None:
         """GPTModel's `packed_seq_params` (megatron/core/packed_seq_params.py): the THD sequences
         for self-attention (queries and keys alike); None in the dense layouts."""

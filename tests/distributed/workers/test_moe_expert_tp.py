@@ -4,9 +4,10 @@ log-probs, one update's losses and gradient norm, and the log-probs after it.
 
 At expert TP 2 the alltoall dispatcher gathers each expert-TP rank's tokens, whose counts differ, with an
 all-gather of unequal sizes, which gloo cannot do itself (`megarl.parallel.cpu_runtime.all_gather_uneven`).
-Both layouts have two DP ranks, each taking the same half of the batch. The router losses are off: TP 2 + SP
-pads each row to a multiple of 2 and those columns enter them (megarl passes megatron no `padding_mask`), so
-only without them do the two layouts compute the same step.
+Both layouts have two DP ranks, each taking the same half of the batch. The router's load-balancing and z
+losses are on: TP 2 + SP pads each row to a multiple of 2, and those columns stay out of them as all padding
+does (`MicroBatch.padding_mask`); before they did, the padding column (token 0, a zero embedding row in the
+tiny model) entered the aux loss and its RMSNorm sent a gradient of norm ~8,000 back into the embedding.
 """
 
 import pytest
@@ -30,7 +31,7 @@ def _rank_main(model_dir: str, tp: int, etp: int, advantages: torch.Tensor) -> d
         groups,
         # Adam's eps 1 (as test_sequence_parallel): rounding noise in a near-zero gradient is not scaled up to a full step.
         optim=OptimSettings(lr=0.5, adam_eps=1.0, use_distributed_optimizer=True),
-        moe=MoeSettings(aux_loss_coeff=0.0),
+        moe=MoeSettings(aux_loss_coeff=0.01),
         sequence_parallel=tp > 1,
     )
     fc2 = next(

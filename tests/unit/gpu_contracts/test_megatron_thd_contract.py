@@ -23,9 +23,9 @@ pytestmark = pytest.mark.unit
 
 def test_run_model_passes_packed_seq_params_as_gpt_model_forward_takes_it():
     """megatron/core/models/gpt/gpt_model.py `GPTModel.forward(input_ids, position_ids,
-    attention_mask, ..., packed_seq_params=None, ...)`."""
+    attention_mask, ..., packed_seq_params=None, ..., padding_mask=None)`."""
     sites = call_sites("workers/megatron_train.py", "model")
-    assert [site.keywords for site in sites] == [("packed_seq_params",)]
+    assert [site.keywords for site in sites] == [("packed_seq_params", "padding_mask")]
     assert_fits(sites, GPTModel.forward, bound=True)
 
 
