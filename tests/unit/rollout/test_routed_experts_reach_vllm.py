@@ -34,7 +34,10 @@ def _record(**kwargs):
 def _start(monkeypatch, return_routed_experts: bool) -> None:
     monkeypatch.setattr(vllm_engine, "LLM", _record)
     monkeypatch.setattr(vllm_engine, "_set_cpu_environment", lambda *args: None)
-    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)  # restored after the test
+    # Set, then removed: monkeypatch records the variable's state only when it changes it, and the engine
+    # sets it; a bare delenv of an absent variable left the engine's value to every later test.
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "")
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
     RolloutWorker(
         "vllm",
         EngineArgs(
