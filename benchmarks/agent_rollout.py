@@ -28,6 +28,7 @@ from megarl.rollout import AgentLoop, ObservationEncoder, single_turn
 from megarl.tools import ToolSet, parser_for
 from megarl.trainer.settings import sampling_config, stop_token_ids
 from megarl.workers.rollout import make_rollout_engine
+from megarl.workers.rollout.engine_args import EngineArgs
 
 RECIPE = "configs/agent_quickstart.yaml"
 
@@ -60,9 +61,11 @@ def main() -> None:
         prompts = prompts[: config.data.train_batch_size]
         engine = make_rollout_engine(
             "vllm",
-            config.model.path,
-            dtype="float32",
-            max_model_len=config.data.max_prompt_length + multi_turn.max_total_tokens,
+            EngineArgs(
+                config.model.path,
+                dtype="float32",
+                max_model_len=config.data.max_prompt_length + multi_turn.max_total_tokens,
+            ),
         )
         try:
             engines = OneEngine(engine)

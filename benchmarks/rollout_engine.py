@@ -43,6 +43,7 @@ def serve(model_dir: str, dtype: str, eager: bool) -> None:
     from megarl.bench.rollout import RolloutShape, make_prompts
     from megarl.config.memory import ModelShape
     from megarl.workers.rollout.base import SamplingConfig
+    from megarl.workers.rollout.engine_args import EngineArgs
     from megarl.workers.rollout.rollout_worker import RolloutWorker
 
     shape = RolloutShape(prompts=16, n=8, prompt_length=24, max_new_tokens=64)
@@ -51,14 +52,12 @@ def serve(model_dir: str, dtype: str, eager: bool) -> None:
     began = time.perf_counter()
     worker = RolloutWorker(
         "vllm",
-        model_dir,
-        tensor_parallel_size=1,
-        dtype=dtype,
-        seed=0,
-        max_model_len=shape.prompt_length + shape.max_new_tokens,
-        cpu_kv_cache_gib=1,
-        gpu_memory_utilization=0.5,
-        enforce_eager=eager,
+        EngineArgs(
+            model_dir,
+            dtype=dtype,
+            max_model_len=shape.prompt_length + shape.max_new_tokens,
+            enforce_eager=eager,
+        ),
     )
     print(
         json.dumps(

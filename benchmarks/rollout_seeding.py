@@ -36,6 +36,7 @@ def main() -> None:
     from megarl.config.memory import ModelShape
     from megarl.models.tiny import make_tiny_model
     from megarl.workers.rollout.base import SamplingConfig
+    from megarl.workers.rollout.engine_args import EngineArgs
     from megarl.workers.rollout.rollout_worker import RolloutWorker
 
     model_dir = args.workdir / "model"
@@ -45,14 +46,12 @@ def main() -> None:
     token_ids = [list(p.token_ids) for p in make_prompts(shape, ModelShape.of(str(model_dir)).vocab_size)]
     worker = RolloutWorker(
         "vllm",
-        str(model_dir),
-        tensor_parallel_size=1,
-        dtype="float32",
-        seed=0,
-        max_model_len=shape.prompt_length + shape.max_new_tokens,
-        cpu_kv_cache_gib=1,
-        gpu_memory_utilization=0.5,
-        enforce_eager=args.eager,
+        EngineArgs(
+            str(model_dir),
+            dtype="float32",
+            max_model_len=shape.prompt_length + shape.max_new_tokens,
+            enforce_eager=args.eager,
+        ),
     )
     calls = {
         name: SamplingConfig(

@@ -75,10 +75,11 @@ def actor_rank(model_dir: str, dtype: str, engine_dtype: str, train_tp: int) -> 
 
 def measure(model_dir: Path, dtype: str, engine_dtype: str) -> list[dict]:
     from megarl.workers.rollout import make_rollout_engine
+    from megarl.workers.rollout.engine_args import EngineArgs
 
     dims = read_model_dims(model_dir)
     probe = probe_token_ids(dims.vocab_size, sequences=SEQUENCES)
-    engine = make_rollout_engine("vllm", model_dir, dtype=engine_dtype, max_model_len=64)
+    engine = make_rollout_engine("vllm", EngineArgs(model_dir, dtype=engine_dtype, max_model_len=64))
     try:
         engine.load_weights(load_file(model_dir / "model.safetensors").items())
         loaded = engine.loaded_checksums()

@@ -74,12 +74,8 @@ def run(model_dir: str, shape: RolloutShape, repeats: int, with_hf: bool = True)
         "vllm",
         EngineArgs(
             model_dir,
-            tensor_parallel_size=1,
             dtype="float32",
-            seed=0,
             max_model_len=shape.prompt_length + shape.max_new_tokens,
-            cpu_kv_cache_gib=1,
-            gpu_memory_utilization=0.5,
             enforce_eager=False,
         ),
     )

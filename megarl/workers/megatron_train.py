@@ -37,11 +37,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from megatron.core import tensor_parallel
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
 from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.utils import unwrap_model
 from torch import Tensor
 
 from megarl.algorithms.losses import agg_loss_normalizer
@@ -403,9 +405,6 @@ def _stage_padding_mask(model: torch.nn.Module, mask: Tensor) -> Tensor:
     """`mask` as this model chunk's layers take it. Under sequence parallelism megatron cuts it to this TP
     rank's share of the sequence where it embeds the tokens, on the first stage only (megatron/core/models/
     gpt/gpt_model.py `GPTModel._preprocess`); a later stage gets it as given, so it is cut here the same way."""
-    from megatron.core import tensor_parallel
-    from megatron.core.utils import unwrap_model
-
     gpt = unwrap_model(model)
     if gpt.pre_process or not gpt.config.sequence_parallel:
         return mask

@@ -143,12 +143,8 @@ def sync(monkeypatch) -> HandOver:
         "vllm",
         EngineArgs(
             "/no/model",
-            tensor_parallel_size=1,
             dtype="float32",
-            seed=0,
             max_model_len=64,
-            cpu_kv_cache_gib=1,
-            gpu_memory_utilization=0.5,
             enforce_eager=True,
             sleep_level=2,
         ),

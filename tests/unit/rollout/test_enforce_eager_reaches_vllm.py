@@ -40,12 +40,7 @@ def _llm_kwargs(monkeypatch, enforce_eager, on_cpu: bool = False) -> dict:
             "vllm",
             EngineArgs(
                 "/no/model",
-                tensor_parallel_size=1,
-                dtype="auto",
-                seed=0,
                 max_model_len=64,
-                cpu_kv_cache_gib=1,
-                gpu_memory_utilization=0.5,
                 enforce_eager=enforce_eager,
             ),
         )

@@ -42,12 +42,7 @@ def _start(monkeypatch, return_routed_experts: bool) -> None:
         "vllm",
         EngineArgs(
             "/no/model",
-            tensor_parallel_size=1,
-            dtype="auto",
-            seed=0,
             max_model_len=64,
-            cpu_kv_cache_gib=1,
-            gpu_memory_utilization=0.5,
             enforce_eager=True,
             return_routed_experts=return_routed_experts,
         ),

@@ -41,7 +41,7 @@ class RecordingLLM:
 
     def collective_rpc(self, method, *args, **kwargs):
         self.calls.append(("collective_rpc", (method, *args), kwargs))
-        return [[]]  # `cpu_shm_names` at start: one worker, no segments
+        return [[]]  # `shm_names` at start: one worker, no segments
 
 
 @pytest.fixture
@@ -53,12 +53,7 @@ def worker(monkeypatch) -> RolloutWorker:
         "vllm",
         EngineArgs(
             "/no/model",
-            tensor_parallel_size=1,
-            dtype="auto",
-            seed=0,
             max_model_len=64,
-            cpu_kv_cache_gib=1,
-            gpu_memory_utilization=0.5,
             enforce_eager=True,
             sleep_level=RolloutConfig().sleep_level,
         ),
