@@ -4,7 +4,12 @@
 from megarl.config.batch_plan import uses_reference
 from megarl.config.config import Config
 from megarl.config.model_facts import ModelFacts
-from megarl.config.moe_checks import check_dense_router_settings, check_expert_layout, check_rollout_expert_split
+from megarl.config.moe_checks import (
+    check_block_recompute,
+    check_dense_router_settings,
+    check_expert_layout,
+    check_rollout_expert_split,
+)
 from megarl.config.problems import Problem
 from megarl.config.role_checks import need
 from megarl.config.roles import ParallelConfig, RecomputeConfig
@@ -22,6 +27,8 @@ def check_layout_against_model(config: Config, facts: ModelFacts, problems: list
     for role, (parallel, recompute) in roles.items():
         check_megatron_layout(role, parallel, recompute, facts, model, problems, trained=role != "ref")
         check_context_parallel_model(f"{role}.", parallel, facts, model, problems)
+        if recompute is not None:
+            check_block_recompute(role, parallel, recompute, facts, model, problems)
     check_dense_router_settings(config.actor, facts, model, problems)
     beyond = [stop for stop in config.rollout.stop if isinstance(stop, int) and stop >= facts.vocab_size]
     need(

@@ -6,7 +6,7 @@ from megarl.config.config import Config
 from megarl.config.model_facts import ModelFacts
 from megarl.config.problems import Problem
 from megarl.config.role_checks import need
-from megarl.config.roles import ActorConfig, ParallelConfig
+from megarl.config.roles import ActorConfig, ParallelConfig, RecomputeConfig
 from megarl.config.rollout import RolloutConfig
 
 
@@ -33,7 +33,7 @@ def check_moe_settings(actor: ActorConfig, problems: list[Problem]) -> None:
 
 def check_router_replay(config: Config, problems: list[Problem]) -> None:
     """`actor.moe.router_replay` needs each sample's routing from one engine call over its whole sequence, and
-    passes that do not run the router again: single-turn rollouts, no partial rollouts, no full recompute."""
+    so single-turn rollouts without partial rollouts (a full recompute replays too: `megarl.workers.router_replay`)."""
     if not config.actor.moe.router_replay:
         return
     why = "rollout routing replay (actor.moe.router_replay) takes each sample's routing from the one engine call that "
@@ -53,14 +53,39 @@ def check_router_replay(config: Config, problems: list[Problem]) -> None:
         why + "generated it whole, and a partial rollout resumes a sample in another call under new weights",
         "set rollout.partial_rollout: 0 or actor.moe.router_replay: false",
     )
+
+
+def check_block_recompute(
+    role: str,
+    parallel: ParallelConfig,
+    recompute: RecomputeConfig,
+    facts: ModelFacts,
+    model: str,
+    problems: list[Problem],
+) -> None:
+    """Full recompute by "block" of fewer layers than a model chunk holds, on a mixture of experts: megatron-core
+    0.16 runs the layers it leaves alone without the padding mask (`TransformerBlock._checkpointed_forward`), so
+    their routers would count the padding in their load-balancing losses and token counts (the mask
+    `megarl.workers.megatron_train.run_model` passes for exactly that reason)."""
+    if (
+        not facts.num_experts
+        or recompute.granularity != "full"
+        or recompute.method != "block"
+        or not recompute.num_layers
+    ):
+        return
+    per_chunk = facts.num_hidden_layers // (
+        parallel.pipeline_model_parallel_size * (parallel.virtual_pipeline_model_parallel_size or 1)
+    )
     need(
         problems,
-        config.actor.recompute.granularity != "full",
-        "actor.recompute.granularity",
-        "full",
-        "rollout routing replay (actor.moe.router_replay) sets each micro-batch's routing for its forward only, and a "
-        "full recompute runs the routers again during the backward of a later micro-batch",
-        "use actor.recompute.granularity: selective or none, or actor.moe.router_replay: false",
+        recompute.num_layers >= per_chunk,
+        f"{role}.recompute.num_layers",
+        recompute.num_layers,
+        f"block recompute of {recompute.num_layers} of the {per_chunk} layers each model chunk holds runs the others "
+        "without the padding mask in megatron-core (TransformerBlock._checkpointed_forward), and "
+        f"{model} is a mixture of experts: their routers would count padding tokens in their losses",
+        f"use {role}.recompute.method: uniform, or {role}.recompute.num_layers: {per_chunk} (every layer)",
     )
 
 

@@ -306,19 +306,21 @@ class MegatronActor(TrainedModel):
             seed = None if shuffle_seed is None else shuffle_seed + epoch
             for mini_batch in mini_batches(batch, len(batch) // mini_batch_size, shuffle_seed=seed):
                 counts = StepCounts.of(mini_batch, loss_fn.loss_agg_mode, self.groups)
-                forward_step = self._policy_forward_step(loss_fn, counts)
+                routing = self.routing(replay=self.router_replay)
+                forward_step = self._policy_forward_step(loss_fn, counts, routing)
                 micro_batches = micro_batches_of(
                     mini_batch, micro_batch_size, self.groups, self.engine.chunks[0].config
                 )
-                sums, result = self.engine.train_step(micro_batches, forward_step, keys)
+                try:
+                    sums, result = self.engine.train_step(micro_batches, forward_step, keys)
+                finally:
+                    routing.close()
                 steps.append((sums, result))
                 micro_batch_count += len(micro_batches)
         routing_metrics, self.routing_metrics = self.routing_metrics, {}
         return summarize_steps(steps) | self.router_load.take(micro_batch_count) | routing_metrics
 
-    def _policy_forward_step(self, loss_fn: PolicyLossFn, counts: StepCounts):
-        routing = self.routing(replay=self.router_replay)
-
+    def _policy_forward_step(self, loss_fn: PolicyLossFn, counts: StepCounts, routing: ExpertRouting):
         def forward_step(model, micro_batch: MicroBatch):
             def loss_func(logits):
                 log_probs, entropy = response_log_probs(logits, micro_batch, self.vocab_size, self.groups)

@@ -18,14 +18,21 @@ under sequence parallelism only this TP rank's slice of the sequence (megatron s
 over the TP group in rank order: `_split_along_first_dim`, tensor_parallel/mappings.py). Expert
 parallelism routes before the dispatch, so every EP rank replays its own tokens' global expert ids.
 
-Targets are set right before each micro-batch's forward and cleared after it: megarl's backward passes do
-not run the router again (replay is refused with full activation recompute, whose recomputed forward
-would need megatron's `REPLAY_BACKWARD` queue).
+Targets are set right before each micro-batch's forward. Without full activation recompute the backward
+does not run the routers again, and a micro-batch's targets are dropped after its forward. With it
+(`actor.recompute.granularity: full`), the backward of each recomputed layer runs its router again, later
+and, under pipeline parallelism, after the forwards of other micro-batches (1F1B): the targets then stay
+queued in megatron's `replay_backward_list` (one per forward, in forward order) and the routers switch
+to `REPLAY_BACKWARD`, which pops the oldest. Megatron's schedules run each micro-batch's backward in the
+order of its forward on every model chunk, so the queue's head is always the micro-batch being
+recomputed. A router that is not recomputed ("block" recompute of fewer layers than a stage holds) keeps
+its queue to the end of the pass (`ExpertRouting.close`).
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable
 
 import torch
 from megatron.core.transformer.moe.router import TopKRouter
@@ -69,6 +76,8 @@ class ExpertRouting:
         self.sequence_parallel = sequence_parallel
         self.counts = torch.zeros(2, dtype=torch.float64, device=compute_device())
         """[agreeing (token, layer) pairs, pairs with a rollout routing] of this rank's routers so far."""
+        self.queued: set[TopKRouter] = set()
+        """Routers whose targets wait for the backward's recompute (cleared by `close`)."""
 
     def forward(self, model: torch.nn.Module, micro_batch: MicroBatch) -> Tensor:
         """`run_model(model, micro_batch)`, routed as this pass says. A micro-batch without routed experts,
@@ -81,18 +90,29 @@ class ExpertRouting:
             router.register_forward_hook(self._count_agreement(target))
             for router, target in zip(routers, targets, strict=True)
         ]
+        recomputed = self.replay and recomputes_routers(model)
         if self.replay:
             for router, target in zip(routers, targets, strict=True):
-                replay_through(router, target)
+                replay_through(router, target, queue=recomputed)
+        if recomputed:
+            self.queued.update(routers)
         try:
-            return run_model(model, micro_batch)
+            output = run_model(model, micro_batch)
         finally:
             for hook in hooks:
                 hook.remove()
+            if not recomputed:
+                clear(routers)
+        if recomputed:
             for router in routers:
-                if router.router_replay is not None:
-                    router.router_replay.clear_indices()
-                    router.router_replay.clear_router_replay_action()
+                router.router_replay.set_router_replay_action(RouterReplayAction.REPLAY_BACKWARD)
+        return output
+
+    def close(self) -> None:
+        """End the pass: drop the targets still queued for a recompute (call after the pass's schedule,
+        whether it finished or raised)."""
+        clear(self.queued)
+        self.queued.clear()
 
     def _count_agreement(self, target: Tensor):
         def count(router: TopKRouter, inputs, outputs) -> None:
@@ -115,9 +135,16 @@ class ExpertRouting:
         return None if total[1] == 0 else (total[0] / total[1]).item()
 
 
-def replay_through(router: TopKRouter, target: Tensor) -> None:
+def recomputes_routers(model: torch.nn.Module) -> bool:
+    """The backward of `model`'s forward runs its routers again: full activation recompute while training
+    (megatron's `TransformerBlock.forward` checkpoints its layers only then)."""
+    return model.config.recompute_granularity == "full" and model.training and torch.is_grad_enabled()
+
+
+def replay_through(router: TopKRouter, target: Tensor, *, queue: bool) -> None:
     """Make `router`'s next forward route its tokens to `target` (`[tokens, k]` global expert ids; rows of
-    -1, padding, go to experts 0..k-1, which nothing reads)."""
+    -1, padding, go to experts 0..k-1, which nothing reads). `queue`: keep the targets of earlier forwards
+    queued for their backward's recompute (else they are dropped)."""
     if router.router_replay is None:
         raise ValueError(
             "routing replay on a model built without it: build the model with actor.moe.router_replay "
@@ -125,6 +152,15 @@ def replay_through(router: TopKRouter, target: Tensor) -> None:
         )
     unknown = (target < 0).any(dim=-1, keepdim=True)
     fallback = torch.arange(target.shape[-1], device=target.device).expand_as(target)
-    router.router_replay.clear_indices()
+    if not queue:
+        router.router_replay.clear_indices()
     router.router_replay.set_target_indices(torch.where(unknown, fallback, target))
     router.router_replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+
+
+def clear(routers: Iterable[TopKRouter]) -> None:
+    """Drop `routers`' replay targets (queued ones too) and action: they route by their own choice again."""
+    for router in routers:
+        if router.router_replay is not None:
+            router.router_replay.clear_indices()
+            router.router_replay.clear_router_replay_action()

@@ -445,10 +445,15 @@ CASES = [
         "installs has none; fix: use rollout.backend: hf on CPU",
     ),
     (
-        "router-replay-full-recompute",
-        ["model.path={tmp}/model_moe", "actor.moe.router_replay=true", "actor.recompute.granularity=full"],
-        "actor.recompute.granularity",
-        "a full recompute runs the routers again during the backward of a later micro-batch",
+        "block-recompute-leaving-moe-layers",
+        [
+            "model.path={tmp}/model_moe",
+            "actor.recompute.granularity=full",
+            "actor.recompute.method=block",
+            "actor.recompute.num_layers=1",
+        ],
+        "actor.recompute.num_layers",
+        "runs the others without the padding mask in megatron-core (TransformerBlock._checkpointed_forward)",
     ),
     (
         "moe-z-loss-negative",
@@ -1143,6 +1148,8 @@ def test_a_mixture_of_experts_recipe_is_valid_with_its_router_settings(workdir, 
         "actor.moe.aux_loss_coeff=0.01",
         "actor.moe.z_loss_coeff=0.001",
         "actor.moe.router_replay=true",
+        "actor.recompute.granularity=full",  # the recompute replays the rollout's routing too
+        "actor.recompute.num_layers=1",
         "rollout.backend=hf",  # on CPU only the HF engines return routed experts
     )
     assert (code, err) == (0, ""), err
