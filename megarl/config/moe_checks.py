@@ -1,6 +1,7 @@
 """A mixture-of-experts model's settings (`megarl.config.validate`, `megarl.config.layout_checks`): the router
 coefficients, the expert layout (EP | experts, expert TP | expert width, sequence parallelism when trained
-at TP > 1) and every expert setting on a dense model, each a problem naming its key."""
+at TP > 1), block recompute that would run a mixture of experts' layers without the padding mask, and every
+expert setting on a dense model, each a problem naming its key."""
 
 from megarl.config.config import Config
 from megarl.config.model_facts import ModelFacts
@@ -28,30 +29,6 @@ def check_moe_settings(actor: ActorConfig, problems: list[Problem]) -> None:
         moe.z_loss_coeff,
         "must be > 0",
         "e.g. 0.001, or null for no z-loss",
-    )
-
-
-def check_router_replay(config: Config, problems: list[Problem]) -> None:
-    """`actor.moe.router_replay` needs each sample's routing from one engine call over its whole sequence, and
-    so single-turn rollouts without partial rollouts (a full recompute replays too: `megarl.workers.router_replay`)."""
-    if not config.actor.moe.router_replay:
-        return
-    why = "rollout routing replay (actor.moe.router_replay) takes each sample's routing from the one engine call that "
-    need(
-        problems,
-        not config.rollout.multi_turn.enable,
-        "rollout.multi_turn.enable",
-        True,
-        why + "generated it whole, and a multi-turn trajectory spans several calls with tool observations between",
-        "set rollout.multi_turn.enable: false or actor.moe.router_replay: false",
-    )
-    need(
-        problems,
-        config.rollout.partial_rollout == 0,
-        "rollout.partial_rollout",
-        config.rollout.partial_rollout,
-        why + "generated it whole, and a partial rollout resumes a sample in another call under new weights",
-        "set rollout.partial_rollout: 0 or actor.moe.router_replay: false",
     )
 
 

@@ -19,7 +19,7 @@ from megarl.config.hub import cached_snapshot, hub_values, is_hub_id, missing_fr
 from megarl.config.layout_checks import check_layout_against_model
 from megarl.config.loader import load_config
 from megarl.config.model_facts import ModelFacts, ModelFactsError, load_model_facts
-from megarl.config.moe_checks import check_expert_transport, check_moe_settings, check_router_replay
+from megarl.config.moe_checks import check_expert_transport, check_moe_settings
 from megarl.config.placement import placement_problems
 from megarl.config.problems import ConfigError, Problem, non_ascii_note
 from megarl.config.resources import (
@@ -260,7 +260,6 @@ def _check_actor(config: Config, problems: list[Problem]) -> None:
     _need(problems, actor.kl_loss_coef >= 0, "actor.kl_loss_coef", actor.kl_loss_coef, "must be >= 0", "e.g. 0.001")
     check_rollout_correction(actor.rollout_correction, problems)
     check_moe_settings(actor, problems)
-    check_router_replay(config, problems)
     check_expert_transport(config, problems)
 
 

@@ -34,6 +34,10 @@ tokens, which the loss masks out, the version of the turn whose calls they answe
 bound and `rollout/token_version_lag` see a trajectory's oldest model token. Segment s >= 1 of turn t
 is seeded `sampling.seed + (t + s·max_turns)·S + k`: past the round's block, as a continued
 single-turn segment is (its context differs from whatever else holds that seed).
+
+Routing replay (`actor.moe.router_replay`): each call returns the routing of every token it fed; a token
+keeps the routing of the call that fed it first, the one it was sampled under (an observation's tokens:
+the next turn's call; a closing observation no call fed: -1, nothing reads it).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from megarl.config.rollout import MultiTurnConfig
 from megarl.data import Prompt
 from megarl.orchestration.worker_group import WorkerGroup
 from megarl.rollout.observation import ObservationEncoder
-from megarl.rollout.samples import Samples, Trajectory
+from megarl.rollout.samples import Samples, Trajectory, extend_routing, fit_routing
 from megarl.rollout.single_turn import generate_contexts
 from megarl.workers.rollout.base import SamplingConfig
 
@@ -114,6 +118,9 @@ class _Live:
     """The weight version of each token of `ids` (an observation's: its turn's)."""
     version: int = 0
     """The weight version of the turn's last segment."""
+    routed: torch.Tensor | None = None
+    """With routing replay: `[tokens fed so far, L, k]` the experts each context token was routed to by the
+    call that fed it first (`extend_routing`)."""
 
     def append(self, ids: Sequence[int], log_probs: Sequence[float] | None, budget: int) -> bool:
         """Append tokens (the model's when `log_probs` is given, else an observation's), cut at `budget`
@@ -243,6 +250,8 @@ class AgentLoop:
             t.append(ids, log_probs.tolist(), self.settings.max_total_tokens)
             t.turn_ids += ids
             t.finish = output.finish_reasons[0]
+            if output.routed_experts:
+                t.routed = extend_routing(t.routed, output.routed_experts[0])
             if t.finish == "length" and len(ids) == cap:
                 cut.append(t)
         return cut
@@ -309,4 +318,9 @@ class AgentLoop:
             samples.index.append(f"{group_prefix}/{t.group}")
             samples.trajectories.append(t.trajectory)
             samples.token_versions.append(t.versions if partial else None)
+        if done and done[0].routed is not None:
+            samples.routed_experts = [
+                fit_routing(t.routed, len(t.prompt.token_ids) + len(t.ids) - 1)
+                for t in sorted(done, key=lambda t: t.slot)
+            ]
         return samples

@@ -8,7 +8,9 @@ hold now. A sample a segment cut short (finish reason "length" below `sampling.m
 from where it stopped: its prompt and the tokens made so far are submitted again as the context of the
 next segment (vLLM re-encodes the prefix; its prefix cache is reset at every weight load), n = 1,
 capped at what is left of the sample's length budget. Every token keeps the version of the weights that
-sampled it (`Samples.token_versions`) and its log-prob under those weights, what the corrections need.
+sampled it (`Samples.token_versions`) and its log-prob under those weights, what the corrections need;
+with routing replay, the experts each token was routed to by the segment that fed it first
+(`megarl.rollout.samples.extend_routing`).
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ import torch
 
 from megarl.data import Prompt
 from megarl.orchestration.worker_group import WorkerGroup
-from megarl.rollout.samples import Samples, flatten_rollouts
+from megarl.rollout.samples import Samples, extend_routing, flatten_rollouts
 from megarl.rollout.single_turn import generate_contexts
-from megarl.workers.rollout.base import SamplingConfig
+from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
 
 
 def partial_single_turn(
@@ -64,21 +66,18 @@ def partial_single_turn(
             seeds=seeds,
         )
         for row, output in zip(going, outputs, strict=True):
-            _extend(
-                samples,
-                row,
-                output.response_token_ids[0],
-                output.response_logprobs[0],
-                output.finish_reasons[0],
-                version,
-            )
+            _extend(samples, row, output, version)
     return samples
 
 
-def _extend(samples: Samples, row: int, ids: list[int], log_probs: torch.Tensor, finish: str, version: int) -> None:
-    """Sample `row` goes on with `ids` (their log-probs, how they ended) sampled by weights of `version`."""
+def _extend(samples: Samples, row: int, output: RolloutOutput, version: int) -> None:
+    """Sample `row` goes on with `output`'s one sample (its tokens, their log-probs, how they ended and, with
+    routing replay, the routing of the tokens it fed first) sampled by weights of `version`."""
+    ids = output.response_token_ids[0]
     samples.response_ids[row] = [*samples.response_ids[row], *ids]
-    samples.rollout_log_probs[row] = torch.cat([samples.rollout_log_probs[row], log_probs.float()])
+    samples.rollout_log_probs[row] = torch.cat([samples.rollout_log_probs[row], output.response_logprobs[0].float()])
     samples.loss_masks[row] = torch.ones(len(samples.response_ids[row]), dtype=torch.bool)
-    samples.finish_reasons[row] = finish
+    samples.finish_reasons[row] = output.finish_reasons[0]
     samples.token_versions[row] = [*samples.token_versions[row], *[version] * len(ids)]
+    if samples.routed_experts is not None:
+        samples.routed_experts[row] = extend_routing(samples.routed_experts[row], output.routed_experts[0])

@@ -78,8 +78,10 @@ class Samples:
     token; None: every token was sampled by the weights the batch was generated with."""
     routed_experts: list[Tensor] | None = None
     """`[len(prompt) + len(response) - 1, L, k]` int16 per sample: the experts the engine routed each token
-    to in each of the model's `L` layers (`RolloutOutput.routed_experts`; rollout routing replay). None:
-    the engines returned none."""
+    to in each of the model's `L` layers (`RolloutOutput.routed_experts`; rollout routing replay), a token
+    generated over several calls (multi-turn, partial rollouts) by the call that fed it first
+    (`extend_routing`); -1 on tokens no call fed (a trajectory's closing observation). None: the engines
+    returned none."""
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -128,3 +130,19 @@ def flatten_rollouts(prompts: Sequence[Prompt], outputs: Sequence[RolloutOutput]
             samples.trajectories.append(None)
             samples.token_versions.append(None)
     return samples
+
+
+def extend_routing(routed: Tensor | None, call: Tensor) -> Tensor:
+    """A sample's routing `[tokens fed, L, k]` after one more engine call over its context (`call`, that call's
+    `RolloutOutput.routed_experts` row): the tokens this call fed first taken from it, the earlier ones kept
+    from the calls that fed them. That is the routing each token was sampled under: a later call's prefill of
+    the same prefix may route otherwise (other kernels; with partial rollouts, newer weights)."""
+    return call if routed is None else torch.cat([routed, call[len(routed) :]])
+
+
+def fit_routing(routed: Tensor, tokens: int) -> Tensor:
+    """`routed` cut or padded with -1 to `tokens` rows: a sample's response may end before the last call's
+    tokens (cut at a budget) or after them (an observation no call fed)."""
+    if len(routed) >= tokens:
+        return routed[:tokens]
+    return torch.cat([routed, routed.new_full((tokens - len(routed), *routed.shape[1:]), -1)])

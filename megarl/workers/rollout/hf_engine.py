@@ -134,7 +134,11 @@ class HFRolloutEngine(RolloutEngine):
     def _generate_one(self, prompt: list[int], config: GenerationConfig, sampling: SamplingConfig) -> RolloutOutput:
         input_ids = torch.tensor([prompt], device=self._device)
         with self._routing(sampling.n) as routed:
-            result = self._model.generate(input_ids, generation_config=config)
+            # Every context token is real: without a mask, generate takes each pad-id token (0, which models
+            # may also sample) for padding and hides it, as a continued segment or turn would show.
+            result = self._model.generate(
+                input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config
+            )
         responses = result.sequences[:, len(prompt) :]  # [n, T]
         # scores[t]: [n, V] processed logits of step t (temperature, top-k/p applied).
         logprobs = torch.stack(result.scores, dim=1).float().log_softmax(-1)  # [n, T, V]

@@ -244,3 +244,74 @@ def test_a_full_recompute_replays_the_routing_of_each_micro_batchs_forward(sharp
         assert other["left"] == [0] * len(other["left"]) and other["left"], (
             "a router's replay queue outlived the update"
         )
+
+
+def routing_under(model_dir, tensors: dict, tokens: list[int]) -> torch.Tensor:
+    """`[len(tokens), L, k]` transformers' routing of `tokens` in one forward, with `tensors` loaded."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model.load_state_dict(tensors, strict=False)
+    chosen = []
+    hooks = [
+        layer.mlp.gate.register_forward_hook(lambda module, inputs, outputs: chosen.append(outputs[2]))
+        for layer in model.model.layers
+    ]
+    with torch.no_grad():
+        model(torch.tensor([tokens]))
+    for hook in hooks:
+        hook.remove()
+    return torch.stack(chosen, dim=1).to(torch.int16)
+
+
+def test_a_partial_rollouts_routing_is_each_segments_own(sharp_moe):
+    """Partial rollouts through the HF engine with a weight load between two segments that changes the routers:
+    each token's routing is the one the weights of the segment that fed it first chose (a forward of the whole
+    sequence under those weights), not the later segment's prefill of it under the new weights."""
+    from megarl.data import Prompt
+    from megarl.rollout.partial import partial_single_turn
+    from megarl.workers.rollout import SamplingConfig, make_rollout_engine
+    from megarl.workers.rollout.engine_args import EngineArgs
+
+    engine = make_rollout_engine("hf", EngineArgs(sharp_moe, dtype="float32", return_routed_experts=True))
+    first = load_file(sharp_moe / "model.safetensors")
+    gen = torch.Generator().manual_seed(11)
+    second = {
+        name: torch.randn(tensor.shape, generator=gen) if name.endswith("mlp.gate.weight") else tensor
+        for name, tensor in first.items()
+    }
+    loads = iter([None, second])
+
+    class Engines:  # the one engine as `generate_contexts` reaches a WorkerGroup
+        world_size = 1
+
+        def call_each(self, method, args):
+            return [getattr(engine, method)(*args[0])]
+
+    def between_segments() -> int:
+        tensors = next(loads, None)
+        if tensors is not None:
+            engine.load_weights(tensors.items())
+        return engine.weight_version
+
+    prompts = [Prompt(f"p{i}", tuple(range(3 + i, 9 + 2 * i)), "", {}, "t") for i in range(3)]
+    samples = partial_single_turn(
+        Engines(), 4, between_segments, prompts, SamplingConfig(n=1, max_new_tokens=9, seed=3), "g"
+    )
+    engine.shutdown()
+    flipped = 0
+    for prompt, ids, versions, routed in zip(
+        samples.prompts, samples.response_ids, samples.token_versions, samples.routed_experts, strict=True
+    ):
+        tokens, p = [*prompt.token_ids, *ids], len(prompt.token_ids)
+        under = {
+            v: routing_under(sharp_moe, tensors, tokens)[:-1]
+            for v, tensors in zip(sorted(set(versions)), (first, second))
+        }
+        feeder = torch.tensor([versions[max(q - p + 1, 0)] for q in range(len(tokens) - 1)])
+        for version, expected in under.items():
+            mine = feeder == version
+            assert torch.equal(routed[mine].sort(-1).values, expected[mine].sort(-1).values), f"version {version}"
+        if len(under) == 2:
+            flipped += (under[min(under)] != under[max(under)])[feeder == min(under)].any(-1).sum().item()
+    assert flipped > 0, "the second weights route some earlier token otherwise: the test tells the rules apart"

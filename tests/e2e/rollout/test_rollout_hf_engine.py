@@ -50,6 +50,16 @@ def test_samples_logprobs_and_seed(engine, hf_base):
     assert [o.response_token_ids for o in outputs] == [o.response_token_ids for o in again]
 
 
+def test_a_context_holding_the_pad_id_is_attended_whole(engine, hf_base):
+    """A context token equal to the pad id (0: a prompt's, or one the model sampled, which a continued segment
+    or turn sends back) is a real token: the log-probs are those of a forward that attends to it."""
+    context = [*PROMPTS[0][:2], 0, *PROMPTS[0][2:]]
+    output = engine.generate([context], SamplingConfig(n=1, temperature=0.7, max_new_tokens=MAX_NEW, seed=2))[0]
+    tokens = output.response_token_ids[0]
+    expected = response_logprobs_of(hf_base, context, tokens, temperature=0.7)
+    torch.testing.assert_close(output.response_logprobs[0], expected, atol=TOLERANCE, rtol=0)
+
+
 def test_greedy_and_stop_token(engine, hf_base):
     output = engine.generate(PROMPTS[:1], SamplingConfig(greedy=True, max_new_tokens=MAX_NEW))[0]
     tokens = output.response_token_ids[0]

@@ -432,12 +432,6 @@ CASES = [
         "no experts): there is no routing to replay; fix: set actor.moe.router_replay: false",
     ),
     (
-        "router-replay-multi-turn",
-        ["model.path={tmp}/model_moe", "actor.moe.router_replay=true", "rollout.multi_turn.enable=true"],
-        "rollout.multi_turn.enable",
-        "a multi-turn trajectory spans several calls with tool observations between",
-    ),
-    (
         "router-replay-from-vllm-on-cpu",
         ["model.path={tmp}/model_moe", "actor.parallel.sequence_parallel=true", "actor.moe.router_replay=true"],
         "actor.moe.router_replay",

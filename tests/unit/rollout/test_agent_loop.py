@@ -442,3 +442,52 @@ def test_dapo_dynamic_sampling_runs_on_top_of_the_agent_loop_and_the_reward_sees
     responses, trajectories = seen[0]
     assert responses == ["the answer"] * 4  # the last turn, not the whole response
     assert [m["role"] for m in trajectories[0]] == ["assistant", "tool"] * 3 + ["assistant"]
+
+
+class RoutingEngines(ScriptedEngines):
+    """`ScriptedEngines` that also return routing, as an engine asked for routed experts does: for every token a
+    request fed (its context, then its tokens but the last), `[request number, position]` (one layer, k = 2)."""
+
+    def __init__(self, world_size: int, script):
+        super().__init__(world_size, script)
+        self.fed: list[tuple[list[int], int]] = []
+        """(context, tokens fed) of every request, in request order."""
+
+    def call_each(self, method, args):
+        results = super().call_each(method, args)
+        for output in (output for outputs in results for output in outputs):
+            fed = len(output.prompt_token_ids) + len(output.response_token_ids[0]) - 1
+            positions = torch.arange(fed, dtype=torch.int16)
+            number = torch.full((fed,), len(self.fed), dtype=torch.int16)
+            output.routed_experts = [torch.stack([number, positions], dim=-1)[:, None]]
+            self.fed.append((output.prompt_token_ids, fed))
+        return results
+
+
+def first_feeders(engines: RoutingEngines, tokens: list[int]) -> list[int]:
+    """Per position of `tokens` (prompt + response) but the last: the first request that fed it, -1 if none."""
+    mine = [(number, fed) for number, (context, fed) in enumerate(engines.fed) if tokens[: len(context)] == context]
+    return [next((number for number, fed in mine if position < fed), -1) for position in range(len(tokens) - 1)]
+
+
+@pytest.mark.parametrize("cut", [False, True], ids=["answered", "cut-in-an-observation"])
+def test_each_token_keeps_the_routing_of_the_call_that_fed_it_first(cut):
+    """Routing replay over several turns: each turn's call routes the whole context again, and a token keeps
+    the routing of the call that fed it first (the one it was sampled under: the turn that generated it, the
+    next turn for a turn's last token and for an observation); a closing observation no call fed gets -1."""
+    first_turn = len(TOKENIZER.encode(call_text(0, 10), add_special_tokens=False)) + 1
+    engines = RoutingEngines(2, three_calls_then_answer)
+    samples = loop(engines, max_total_tokens=first_turn + 5 if cut else 1000)(
+        prompts(3), SamplingConfig(n=1, max_new_tokens=200, seed=0), "x"
+    )
+    batch = policy_batch(samples, 1000)  # the batch takes them: one row per token fed, at its columns
+    assert batch.routed_experts is not None
+    for prompt, ids, routed, trajectory in zip(
+        samples.prompts, samples.response_ids, samples.routed_experts, samples.trajectories, strict=True
+    ):
+        tokens = list(prompt.token_ids) + ids
+        feeders = first_feeders(engines, tokens)
+        assert routed[:, 0, 0].tolist() == feeders
+        assert [p for p, f in enumerate(feeders) if f >= 0] == routed[:, 0, 1][routed[:, 0, 1] >= 0].tolist()
+        assert len(set(feeders) - {-1}) == trajectory.turns  # every turn's call fed some of them first
+        assert (-1 in feeders) == (trajectory.ended == "max_total_tokens")

@@ -96,3 +96,38 @@ def test_no_segment_runs_after_every_sample_ended():
 def test_any_segment_length_gives_the_same_responses(segment):
     samples = partial_single_turn(Engines(), segment, lambda: 0, PROMPTS, SAMPLING, "1.0")
     assert samples.response_ids == single_turn(Engines(), PROMPTS, SAMPLING, "1.0").response_ids
+
+
+class RoutingEngines(Engines):
+    """`Engines` that also return routing, as an engine asked for routed experts does: for every token a call fed
+    (its context, then its tokens but the last), `[weight version, position]` (one layer, k = 2)."""
+
+    def generate(self, contexts, sampling: SamplingConfig, max_new_tokens=None, seeds=None) -> list[RolloutOutput]:
+        outputs = super().generate(contexts, sampling, max_new_tokens, seeds)
+        for output in outputs:
+            fed = len(output.prompt_token_ids) + len(output.response_token_ids[0]) - 1
+            routing = torch.stack([torch.full((fed,), self.weights), torch.arange(fed)], dim=-1).to(torch.int16)
+            output.routed_experts = [routing[:, None]] * sampling.n
+        return outputs
+
+
+def test_each_token_keeps_the_routing_of_the_segment_that_fed_it_first():
+    """Routing replay with partial rollouts: a token's routing is that of the segment that fed it first, under
+    the weights that sampled the next token (a segment's last token is fed by the next segment, after an
+    update), not the later segments' prefill of it."""
+    engines = RoutingEngines()
+    updates = iter([0, 1, 1, 3])
+
+    def between_segments() -> int:
+        engines.weights = next(updates)
+        return engines.weights
+
+    samples = partial_single_turn(engines, 4, between_segments, PROMPTS, SAMPLING, "1.0")
+    for prompt, ids, versions, routed in zip(
+        samples.prompts, samples.response_ids, samples.token_versions, samples.routed_experts, strict=True
+    ):
+        p = len(prompt.token_ids)
+        assert routed[:, 0, 1].tolist() == list(range(p + len(ids) - 1))
+        # Position q feeds the sampling of response token q - p + 1 (the prompt's: of the first one).
+        assert routed[:, 0, 0].tolist() == [versions[max(q - p + 1, 0)] for q in range(p + len(ids) - 1)]
+    assert {v for versions in samples.token_versions for v in versions} == {0, 1}
