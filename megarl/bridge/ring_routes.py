@@ -8,11 +8,13 @@ a ring of one reader:
 
 - "per_rank" (train TP == rollout TP, PP 1): the rank's own shards, already in vLLM worker r's
   layout (`per_rank.PerRankSender`); policy rank `k * tp + r` is TP rank r of DP replica k.
-- "scheduled" (any other layout): the rank's worker's tensors in vLLM's per-rank layout too,
-  assembled from the pieces the planner's schedule sends it (`schedule.build_schedule`): each rank of
-  DP replica 0 (the schedule's sender i is policy rank `senders[i]`) sends each piece point to
-  point, inside the trainer world, to the ranks hosting the piece's worker
-  (`scheduled_ring.ScheduledRingSender`); nothing is gathered.
+- "scheduled" (any other layout, and any layout whose experts lie otherwise than the dense weights: EP,
+  expert TP ≠ TP, vLLM expert parallelism): the rank's worker's tensors in vLLM's per-rank layout too,
+  assembled from the pieces the planner's schedule sends it (`schedule.build_schedule`): each sending
+  rank (DP replica 0's for the dense weights, the first expert-DP replica's for the experts; the
+  schedule's sender i is policy rank `senders[i]`) sends each piece point to point, inside the trainer
+  world, to the ranks hosting the piece's worker (`scheduled_ring.ScheduledRingSender`); nothing is
+  gathered.
 - "every_rank" (the per-rank load not allowed: `rollout.sync.per_rank: never`, or an engine
   backend that loads only full HF tensors): the gathered HF buckets, which every rank assembles
   (`sync.WeightSender(every_rank=True)`).
@@ -28,7 +30,7 @@ engine on the sender's GPU):
 - "rank0" (the per-rank load not allowed, or more workers per engine than policy ranks): rank 0
   alone assembles the gathered buckets; every worker of every engine reads its ring.
 
-    routes = route_rings(grids, engines=4, rollout_tp=2, colocated=True, per_rank=True)
+    routes = route_rings(grids, engines=4, rollout_tp=2, colocated=True, per_rank=True, experts_split=False)
     routes.readers[rank]                  # workers reading policy rank `rank`'s ring (0: it has none)
     routes.engine_rings(k, rings)         # {tp_rank: [ring, ...]} for engine k, from every rank's ring
 """
@@ -53,8 +55,8 @@ class RingRoutes:
     sources: tuple[tuple[tuple[int, ...], ...], ...]
     """`sources[k][r]`: the policy ranks whose rings worker r of engine k reads, in stage order."""
     senders: tuple[int, ...] = ()
-    """"scheduled": the policy rank of the schedule's sender i (`schedule.sender_rank`: stage i // train
-    TP, TP rank i % train TP, of DP replica 0); empty otherwise."""
+    """"scheduled": the policy rank of the schedule's sender i (`schedule.sender_rank`, the grids'
+    `sync_sender`); empty otherwise."""
 
     @property
     def per_rank(self) -> bool:
@@ -73,14 +75,29 @@ class RingRoutes:
 
 
 def route_rings(
-    grids: Sequence[dict[str, int]], engines: int, rollout_tp: int, *, colocated: bool, per_rank: bool
+    grids: Sequence[dict[str, int | None]],
+    engines: int,
+    rollout_tp: int,
+    *,
+    colocated: bool,
+    per_rank: bool,
+    experts_split: bool,
 ) -> RingRoutes:
-    """The routes for the actor's `grids` (per policy rank: its `tp_rank`, `pp_rank`, `dp_rank`) and `engines`
-    engines of `rollout_tp`; `per_rank`: the per-rank sync is allowed (`rollout.sync.per_rank` not
-    "never", vLLM backend). Raises ValueError for a colocated layout whose bundles do not pair one
-    engine worker with one policy rank."""
+    """The routes for the actor's `grids` (per policy rank: its `tp_rank`, `pp_rank`, `dp_rank` and
+    `sync_sender`, its sender index in the sync's schedule or None: `PolicyWorker.grid`) and `engines`
+    engines of `rollout_tp`; `per_rank`: the per-rank load is allowed (`rollout.sync.per_rank` not
+    "never", vLLM backend); `experts_split`: a rank's own shards are not a worker's
+    (`LayoutPair.experts_split`), so only the schedule's pieces reach the workers. Raises ValueError for a
+    colocated layout whose bundles do not pair one engine worker with one policy rank, or experts split
+    without the per-rank load (the gathered buckets do not carry them)."""
+    if experts_split and not per_rank:
+        raise ValueError(
+            "ring routes: the experts are split, which only the per-rank load of the schedule's pieces carries, "
+            "and the per-rank load is not allowed here (rollout.sync.per_rank: never, or an engine that loads "
+            "only whole HF tensors)"
+        )
     train_tp, train_pp = (1 + max(grid[key] for grid in grids) for key in ("tp_rank", "pp_rank"))
-    same_tp = per_rank and train_tp == rollout_tp
+    same_tp = per_rank and train_tp == rollout_tp and not experts_split
     if colocated:
         if len(grids) != engines * rollout_tp:
             raise ValueError(
@@ -93,7 +110,7 @@ def route_rings(
             _check_tp_ranks(grids, rollout_tp)
             return RingRoutes("per_rank", (1,) * len(grids), sources)
         if per_rank:
-            return RingRoutes("scheduled", (1,) * len(grids), sources, _schedule_senders(grids, train_tp))
+            return RingRoutes("scheduled", (1,) * len(grids), sources, _schedule_senders(grids))
         return RingRoutes("every_rank", (1,) * len(grids), sources)
     if same_tp:
         by_tp = [
@@ -110,16 +127,18 @@ def route_rings(
     if per_rank and rollout_tp <= len(grids):
         readers = tuple(engines if rank < rollout_tp else 0 for rank in range(len(grids)))
         sources = (tuple((r,) for r in range(rollout_tp)),) * engines
-        return RingRoutes("scheduled", readers, sources, _schedule_senders(grids, train_tp))
+        return RingRoutes("scheduled", readers, sources, _schedule_senders(grids))
     readers = (engines * rollout_tp,) + (0,) * (len(grids) - 1)
     return RingRoutes("rank0", readers, (((0,),) * rollout_tp,) * engines)
 
 
-def _schedule_senders(grids: Sequence[dict[str, int]], train_tp: int) -> tuple[int, ...]:
-    """Per schedule sender `pp * train_tp + tp` (`schedule.sender_rank`), the policy rank of DP replica 0
-    at (pp, tp)."""
-    at = {(g["pp_rank"], g["tp_rank"]): rank for rank, g in enumerate(grids) if g["dp_rank"] == 0}
-    return tuple(at[divmod(sender, train_tp)] for sender in range(len(at)))
+def _schedule_senders(grids: Sequence[dict[str, int | None]]) -> tuple[int, ...]:
+    """Per schedule sender (`schedule.sender_rank`), the policy rank that is that sender (its grid's
+    `sync_sender`)."""
+    at = {grid["sync_sender"]: rank for rank, grid in enumerate(grids) if grid["sync_sender"] is not None}
+    if sorted(at) != list(range(len(at))):
+        raise ValueError(f"ring routes: the policy ranks' sync senders {sorted(at)} are not 0..{len(at) - 1}")
+    return tuple(at[sender] for sender in range(len(at)))
 
 
 def _check_tp_ranks(grids: Sequence[dict[str, int]], rollout_tp: int) -> None:

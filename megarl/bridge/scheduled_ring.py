@@ -5,7 +5,8 @@
 That ring carries the worker's own tensors in vLLM's per-rank layout, as the per-rank sync's do,
 so the engine loads them with its per-rank loader (`load_rank_rings`).
 
-Every rank of DP replica 0 sends, bucket by bucket, each piece of its own shards that the
+Every sending rank (DP replica 0's for the dense weights, the first expert-DP replica's for the experts,
+which EP spreads over the DP replicas) sends, bucket by bucket, each piece of its own shards that the
 planner's schedule (`schedule.build_schedule`) sends to worker r, to every rank hosting a worker r,
 point to point inside the trainer world (gloo on CPU, NCCL on GPU: the trainer world never holds
 two ranks of one device); a piece whose host is the sender itself is copied. Each hosting rank
@@ -63,7 +64,6 @@ class ScheduledRingSender:
         if routes.mode != "scheduled":
             raise ValueError(f'ScheduledRingSender needs the "scheduled" ring routes, got {routes.mode!r}')
         layout = plan.layout
-        layout.refuse_split_experts("the scheduled ring sync")
         self.schedule = build_schedule(plan, vocab_divisible_by)
         self.named_parameters, self.groups, self.transport = named_parameters, groups, transport
         self.rank = dist.get_rank()
@@ -88,7 +88,7 @@ class ScheduledRingSender:
             tag: [piece for piece in bucket.pieces if piece.sender == me]
             for tag, bucket in enumerate(self.schedule.buckets)
         }
-        """This rank's pieces of each bucket, in schedule order (none off DP replica 0)."""
+        """This rank's pieces of each bucket, in schedule order (none on a rank that sends nothing)."""
         # A bucket's batch_isend_irecv runs on the ranks it concerns only, which NCCL allows once the
         # group has had a collective of all its ranks (torch.distributed.batch_isend_irecv's docstring:
         # a first call of a subset is undefined). Every policy rank builds this sender: one barrier here.

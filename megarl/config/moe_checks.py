@@ -184,38 +184,38 @@ def check_expert_layout(
 
 def check_expert_transport(config: Config, problems: list[Problem]) -> None:
     """Experts placed otherwise than the dense weights (actor EP > 1, expert TP ≠ TP, `rollout.expert_parallel`)
-    reach the engines through the collective transport only: its shard sync sends each expert from the
-    rank holding it to the worker holding it (`megarl.bridge.shard_sync`); the shared transports stream
-    TP shards between TP ranks."""
-    parallel, sync = config.actor.parallel, config.rollout.sync
+    reach the engines as the planner's pieces, each from the rank holding it to the worker holding it: through
+    the collective transport's shard sync (`megarl.bridge.shard_sync`) or, loaded per rank by vLLM, through the
+    rings (`megarl.bridge.scheduled_ring`); never as a rank's own shards or gathered HF tensors."""
+    parallel, rollout = config.actor.parallel, config.rollout
     ep, etp = parallel.expert_model_parallel_size, parallel.expert_tensor_parallel_size
     split = [
         f"actor.parallel.expert_model_parallel_size={ep}" if ep > 1 else None,
         f"actor.parallel.expert_tensor_parallel_size={etp}"
         if etp not in (None, parallel.tensor_model_parallel_size)
         else None,
-        "rollout.expert_parallel=true" if config.rollout.expert_parallel else None,
+        "rollout.expert_parallel=true" if rollout.expert_parallel else None,
     ]
     split = [setting for setting in split if setting]
     if not split:
         return
-    why = (
-        f"with {', '.join(split)} the experts lie on other ranks than the dense weights, and only the collective "
-        "transport's shard sync sends each expert from the rank holding it to the engine worker holding it"
-    )
+    why = f"with {', '.join(split)} the experts lie on other ranks than the dense weights, and "
     need(
         problems,
-        sync.transport in ("auto", "collective"),
+        rollout.sync.transport in ("auto", "collective")
+        or (rollout.backend == "vllm" and rollout.sync.per_rank != "never"),
         "rollout.sync.transport",
-        sync.transport,
-        why,
-        "use rollout.sync.transport: auto (the collective, with experts split) or collective",
+        rollout.sync.transport,
+        why
+        + "the shared transports carry them only as pieces the engines load per rank, which the "
+        + ("HF engine does not" if rollout.backend != "vllm" else "rollout.sync.per_rank: never forbids"),
+        "use rollout.sync.transport: auto (it picks the collective here) or collective",
     )
     need(
         problems,
-        sync.per_rank != "always",
+        rollout.sync.per_rank != "always",
         "rollout.sync.per_rank",
-        sync.per_rank,
-        why,
+        rollout.sync.per_rank,
+        why + "a rank's own shards are not what any engine worker holds",
         "use rollout.sync.per_rank: auto",
     )

@@ -90,17 +90,19 @@ def _split_experts_on_colocated_gpus(config: Config, device: str) -> Problem | N
         )
         if applies
     ]
-    if not (split and config.placement.mode == "colocated" and RESOLVED[device] == ("cuda",)):
+    per_rank_load = config.rollout.backend == "vllm" and config.rollout.sync.per_rank != "never"
+    if not (split and not per_rank_load and config.placement.mode == "colocated" and RESOLVED[device] == ("cuda",)):
         return None
     key, value = split[0]
     return Problem(
         key,
         value,
-        f"colocated on GPUs (trainer.device={device}) the weight sync streams TP shards through CUDA IPC between the "
-        "ranks of one GPU, which does not move experts placed otherwise than the dense weights yet, and the "
-        "collective transport, which does, cannot run there (its NCCL group would hold two ranks of one GPU)",
-        "use placement.mode: split (the collective transport sends each expert from the rank holding it), or place "
-        "the experts like the dense weights (EP 1, expert TP = TP, rollout.expert_parallel: false)",
+        f"colocated on GPUs (trainer.device={device}) the weight sync streams through CUDA IPC, which carries experts "
+        "placed otherwise than the dense weights only as the planner's pieces that vLLM loads per rank "
+        f"(rollout.backend={config.rollout.backend}, rollout.sync.per_rank={config.rollout.sync.per_rank}), and the "
+        "collective transport cannot run there (its NCCL group would hold two ranks of one GPU)",
+        "use rollout.backend: vllm with rollout.sync.per_rank: auto, or placement.mode: split, or place the experts "
+        "like the dense weights (EP 1, expert TP = TP, rollout.expert_parallel: false)",
     )
 
 

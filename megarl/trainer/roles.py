@@ -290,11 +290,15 @@ def _connect(
     """The started groups as `Roles`, with the weight sync between them connected."""
     rollout = config.rollout
     policy = groups["actor"].workers
-    routes = shared_routes(config, plan, weight_sync_grids(groups["actor"].grids))
+    # Split experts reach the engines through the rings only as the schedule's pieces, which need the per-rank load.
+    collective_only = experts_split(config) and not per_rank_load(config)
+    routes = None if collective_only else shared_routes(config, plan, weight_sync_grids(groups["actor"].grids))
     policy_nodes = policy.node_ids()
-    ring_nodes = [policy_nodes[rank] for rank, readers in enumerate(routes.readers) if readers]
+    ring_nodes = (
+        [] if routes is None else [policy_nodes[rank] for rank, readers in enumerate(routes.readers) if readers]
+    )
     transport = sync_transport(
-        rollout.sync.transport, device, plan.colocated, ring_nodes, rollout_group.node_ids(), experts_split(config)
+        rollout.sync.transport, device, plan.colocated, ring_nodes, rollout_group.node_ids(), collective_only
     )
     routes = None if transport == "collective" else routes
     packed = frozenset(name for name in groups if packs_by_tokens(getattr(config, name)))
@@ -354,8 +358,8 @@ def engine_args(config: Config) -> EngineArgs:
 
 def experts_split(config: Config) -> bool:
     """Whether the actor or the engines place the experts otherwise than the dense weights (actor EP > 1,
-    expert TP ≠ TP, `rollout.expert_parallel`): only the collective transport's shard sync sends those
-    (`bridge.LayoutPair.experts_split`; validation refuses the shared transports with them)."""
+    expert TP ≠ TP, `rollout.expert_parallel`): the collective's shard sync or the rings' schedule sends
+    those (`bridge.LayoutPair.experts_split`), not a rank's own shards nor gathered buckets."""
     parallel = config.actor.parallel
     etp = parallel.expert_tensor_parallel_size
     return (
@@ -366,7 +370,12 @@ def experts_split(config: Config) -> bool:
 
 
 def sync_transport(
-    setting: str, device: str, colocated: bool, ring_nodes: list[str], engine_nodes: list[str], experts: bool = False
+    setting: str,
+    device: str,
+    colocated: bool,
+    ring_nodes: list[str],
+    engine_nodes: list[str],
+    collective_only: bool = False,
 ) -> str:
     """`rollout.sync.transport` for this placement on `device`. A shared transport needs each engine
     worker on the node of the ring it reads: colocated, that of the trainer rank on its own bundle
@@ -375,9 +384,10 @@ def sync_transport(
     one node. auto takes CUDA IPC for colocated GPUs (a
     collective there would put a trainer rank and an engine worker of one GPU in one NCCL group,
     which NCCL refuses: `placement_problems` refuses that setting), shared memory on CPU where it
-    reaches, else the collective; the collective whenever `experts` are split (`experts_split`)."""
+    reaches, else the collective; the collective whenever only it carries the weights (`collective_only`:
+    experts split, `experts_split`, without the per-rank load that takes the schedule's pieces from rings)."""
     reaches = colocated or len(set(engine_nodes) | set(ring_nodes)) == 1
-    if setting == "auto" and experts:
+    if setting == "auto" and collective_only:
         return "collective"
     if setting == "auto":
         if device == "cuda":
@@ -392,6 +402,12 @@ def sync_transport(
     return setting
 
 
+def per_rank_load(config: Config) -> bool:
+    """The engines may load per-rank tensors from the rings (`rollout.sync.per_rank` not "never"; the vLLM
+    backend: the HF engine loads whole HF tensors only)."""
+    return config.rollout.sync.per_rank != "never" and config.rollout.backend == "vllm"
+
+
 def shared_routes(config: Config, plan: BatchPlan, grids: list[dict[str, int]]) -> RingRoutes:
     """The ring routes for the actor's `grids` (`route_rings`), with `rollout.sync.per_rank` resolved:
     the per-rank load needs the vLLM backend; each rank's own shards need actor TP == rollout TP (and
@@ -404,7 +420,8 @@ def shared_routes(config: Config, plan: BatchPlan, grids: list[dict[str, int]]) 
         plan.rollout_engines,
         config.rollout.tensor_model_parallel_size,
         colocated=plan.colocated,
-        per_rank=setting != "never" and config.rollout.backend == "vllm",
+        per_rank=per_rank_load(config),
+        experts_split=experts_split(config),
     )
     if setting == "always" and not routes.per_rank:
         raise PlacementError(

@@ -131,8 +131,9 @@ class PolicyWorker:
         group = "actor" if actor else "critic" if critic else "ref"  # the group's first role, as the driver names it
         self.profiler = StepProfiler(group, rank=dist.get_rank(), cuda=uses_cuda())
 
-    def grid(self) -> dict[str, int]:
-        """This rank's place in the (TP, PP, DP) grid."""
+    def grid(self) -> dict[str, int | None]:
+        """This rank's place in the (TP, PP, DP) grid, and with an actor its sender index in the weight sync's
+        schedule (`sync_sender`, `bridge.collect.sync_rank`; None: it sends nothing)."""
         g = self.groups
         return dict(
             rank=dist.get_rank(),
@@ -141,6 +142,7 @@ class PolicyWorker:
             dp_rank=g.dp_rank,
             dp_size=g.dp_size,
             sync_replica=self.sync_groups.dp_rank,
+            sync_sender=None if self.plan is None else sync_rank(self.plan.layout, self.sync_groups),
         )
 
     def stage_batch(self, batch: PolicyBatch, profile: ProfileRequest | None = None) -> None:

@@ -1,6 +1,7 @@
 """The scheduled ring sync on two GPUs (issue 15, items 2 and 5): two trainer ranks, one per GPU, in
 one NCCL world; train (TP, PP) = (2, 1) and (1, 2) → rollout TP 1 (an engine per GPU) and (1, 2) →
-rollout TP 2 (one engine over both GPUs), all colocated, so mode "scheduled"
+rollout TP 2 (one engine over both GPUs), and a tiny Qwen3-MoE at EP 2 → rollout TP 1 and 2 (issue 29:
+experts split over the trainer's ranks, each sent by the rank holding it), all colocated, so mode "scheduled"
 (`megarl.bridge.ring_routes`): each rank sends only its scheduled pieces point to point inside the
 trainer world (`ScheduledRingSender`: `torch.distributed.batch_isend_irecv`, which with NCCL runs the
 sends and receives of a bucket as one coalesced group, `distributed_c10d.batch_isend_irecv`'s
@@ -42,15 +43,18 @@ from tests.distributed.bridge.device_rings import (
     read_worker_ring,
     sync_rank,
     tiny_qwen2,
+    tiny_qwen3_moe,
 )
 
 pytestmark = pytest.mark.gpu
 
-LAYOUTS = {(2, 1): ((1, True),), (1, 2): ((1, True), (2, True))}
-"""Train (TP, PP) → the (rollout TP, colocated) syncs from it: the colocated scheduled ones (a split
+LAYOUTS = {(2, 1, 1): ((1, True),), (1, 2, 1): ((1, True), (2, True))}
+"""Train (TP, PP, EP) → the (rollout TP, colocated) syncs from it: the colocated scheduled ones (a split
 engine is on other GPUs than the trainer's, where CUDA IPC does not reach)."""
-CASES = [((2, 1), 1), ((1, 2), 1), ((1, 2), 2)]
-"""(train (TP, PP), rollout TP), colocated."""
+MOE_LAYOUTS = {(1, 1, 2): ((1, True), (2, True))}
+"""The same for the mixture of experts."""
+CASES = [((2, 1, 1), 1), ((1, 2, 1), 1), ((1, 2, 1), 2), ((1, 1, 2), 1), ((1, 1, 2), 2)]
+"""(train (TP, PP, EP), rollout TP), colocated."""
 
 
 def _read_on_its_gpu(ring: SharedRing, name: str, layout: VllmRankLayout, results) -> None:
@@ -104,14 +108,22 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def worlds(model_dir):
+def moe_dir(tmp_path_factory):
+    return tiny_qwen3_moe(tmp_path_factory.mktemp("moe_rings"))
+
+
+@pytest.fixture(scope="module")
+def worlds(model_dir, moe_dir):
     if torch.cuda.device_count() < WORLD:
         pytest.skip(
             f"the scheduled CUDA IPC rings need {WORLD} GPUs (one trainer rank each), "
             f"{torch.cuda.device_count()} visible"
         )
-    ranks = run_distributed(sync_rank, WORLD, model_dir, LAYOUTS, CudaIpcTransport, _GpuReader, timeout_s=TIMEOUT_S * 2)
-    return {layout: [rank[layout] for rank in ranks] for layout in LAYOUTS}
+    out = {}
+    for model, layouts in ((model_dir, LAYOUTS), (moe_dir, MOE_LAYOUTS)):
+        ranks = run_distributed(sync_rank, WORLD, model, layouts, CudaIpcTransport, _GpuReader, timeout_s=TIMEOUT_S * 2)
+        out |= {layout: [rank[layout] for rank in ranks] for layout in layouts}
+    return out
 
 
 @pytest.mark.parametrize("train, rollout_tp", CASES)
@@ -130,5 +142,5 @@ def test_the_workers_loaded_the_actors_weights_bit_for_bit(worlds, train, rollou
 
 
 @pytest.mark.parametrize("train, rollout_tp", CASES)
-def test_each_rank_sends_only_the_schedules_pieces_over_nccl(model_dir, worlds, train, rollout_tp):
-    check_sent_as_scheduled(model_dir, worlds[train], train, rollout_tp, True)
+def test_each_rank_sends_only_the_schedules_pieces_over_nccl(model_dir, moe_dir, worlds, train, rollout_tp):
+    check_sent_as_scheduled(moe_dir if train in MOE_LAYOUTS else model_dir, worlds[train], train, rollout_tp, True)

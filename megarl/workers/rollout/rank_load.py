@@ -62,7 +62,12 @@ def load_rank_rings(worker, rings_by_rank: Mapping[int, Sequence[SharedRing]], r
     rank = get_tensor_model_parallel_rank()
     rings = rings_by_rank[rank]
     loader = ModuleLoader(worker)
-    layout = VllmRankLayout(read_model_dims(worker.model_config.hf_text_config), len(rings_by_rank), rank)
+    layout = VllmRankLayout(
+        read_model_dims(worker.model_config.hf_text_config),
+        len(rings_by_rank),
+        rank,
+        expert_parallel=worker.vllm_config.parallel_config.enable_expert_parallel,
+    )
     for stage, ring in enumerate(rings):
         name = f"rollout worker {rank} (trainer stage {stage})"
         try:

@@ -9,7 +9,7 @@ same for both buffer kinds:
   (`checksum.VllmRankLayout`), adds up to the actor's weights exactly (`bridge.checksum`);
 - "scheduled": the bytes each rank sends each other rank equal the schedule's, the trainer world
   carries nothing else (no gather), and all ranks together send each ring's worker exactly what it
-  needs.
+  needs; with expert parallelism the ranks holding experts send them, whichever DP replica they are in.
 
     results = run_distributed(sync_rank, 2, model_dir, layouts, SharedMemoryTransport, start_reader)
 """
@@ -25,10 +25,11 @@ import torch
 import torch.distributed as dist
 
 from megarl.bridge.checksum import LoadedChecksums, VllmRankLayout, check_checksums, combine, rank_checksums, recorded
+from megarl.bridge.collect import sync_rank as sync_sender
 from megarl.bridge.per_rank import PerRankSender
 from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.bridge.ring_routes import route_rings
-from megarl.bridge.schedule import build_schedule, sender_rank
+from megarl.bridge.schedule import build_schedule
 from megarl.bridge.scheduled_ring import ScheduledRingSender
 from megarl.bridge.shared_ring import HOST, SharedRing, read_ring
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
@@ -44,11 +45,23 @@ DTYPE = "float32"
 """The actor's and the rings' dtype (checksummed in it)."""
 GATHERS = ("broadcast", "all_reduce", "all_gather", "gather", "all_gather_into_tensor", "send", "recv")
 
-Layouts = Mapping[tuple[int, int], tuple[tuple[int, bool], ...]]
-"""Train (TP, PP) → the (rollout TP, colocated) syncs from it; split: one engine."""
+Train = tuple[int, int, int]
+"""Train (TP, PP, EP); a mixture of experts' expert TP is 1."""
+Layouts = Mapping[Train, tuple[tuple[int, bool], ...]]
+"""Train (TP, PP, EP) → the (rollout TP, colocated) syncs from it; split: one engine."""
 StartReader = Callable[[SharedRing, str, VllmRankLayout], object]
 """`(ring, worker's name, its layout)` → a handle whose `result(timeout)` returns `read_worker_ring`'s
 dict once the worker has loaded the sync (e.g. a `concurrent.futures.Future`)."""
+
+
+def layout_pair(train: Train, rollout_tp: int) -> LayoutPair:
+    tp, pp, ep = train
+    return LayoutPair(tp, pp, rollout_tp, train_ep=ep, train_etp=1 if ep > 1 else None)
+
+
+def tiny_qwen3_moe(root) -> str:
+    """The mixture of experts the EP layouts sync: a tiny Qwen3-MoE (8 experts, top-2)."""
+    return str(make_tiny_model(root, "qwen3_moe"))
 
 
 def tiny_qwen2(root) -> str:
@@ -116,16 +129,15 @@ def sync_rank(
     from megatron.core import parallel_state
 
     out = {}
-    for tp, pp in layouts:
-        out[tp, pp] = _layout(model_dir, tp, pp, layouts[tp, pp], transport, start_reader)
+    for train in layouts:
+        out[train] = _layout(model_dir, train, layouts[train], transport, start_reader)
         parallel_state.destroy_model_parallel()
     return out
 
 
 def _layout(
     model_dir: str,
-    tp: int,
-    pp: int,
+    train: Train,
     syncs: tuple[tuple[int, bool], ...],
     transport: type[SharedMemoryTransport],
     start_reader: StartReader,
@@ -138,30 +150,35 @@ def _layout(
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import global_named_parameters
 
-    groups = initialize_model_parallel(tp, pp, seed=0)
+    tp, pp, ep = train
+    groups = initialize_model_parallel(tp, pp, seed=0, ep=ep, etp=1 if ep > 1 else None)
     model = build_gpt_model(model_dir, groups)
     load_hf_weights(model, model_dir, groups)
     named = lambda: global_named_parameters(model, groups)  # noqa: E731
     dims = read_model_dims(model_dir)
+    sender = sync_sender(layout_pair(train, 1), groups)  # the train side decides it: any rollout TP does
     grid = dict(
         rank=dist.get_rank(),
         tp_rank=groups.tp_rank,
         pp_rank=groups.pp_rank,
         dp_rank=groups.dp_rank,
         dp_size=groups.dp_size,
+        sync_sender=sender,
     )  # as `PolicyWorker.grid`
     grids = [None] * dist.get_world_size()
     dist.all_gather_object(grids, grid)
     rank = dist.get_rank()
-    out = dict(tp_rank=groups.tp_rank, pp_rank=groups.pp_rank)
+    out = dict(sync_sender=sender)
     for rollout_tp, colocated in syncs:
-        plan = build_plan(dims, LayoutPair(tp, pp, rollout_tp), bucket_mb=BUCKET_MB)
+        layout = layout_pair(train, rollout_tp)
+        plan = build_plan(dims, layout, bucket_mb=BUCKET_MB)
         routes = route_rings(
             grids,
             engines=len(grids) // rollout_tp if colocated else 1,
             rollout_tp=rollout_tp,
             colocated=colocated,
             per_rank=True,
+            experts_split=layout.experts_split,
         )
         readers = routes.readers[rank]
         ring_transport = transport(readers=readers, timeout_s=TIMEOUT_S) if readers else None
@@ -212,12 +229,10 @@ def check_rings_hosted_by_the_routed_ranks(ranks: list[dict], rollout_tp: int, c
         assert sync["buckets"] >= 3  # both slots reused
 
 
-def check_workers_loaded_the_actors_weights(
-    ranks: list[dict], train: tuple[int, int], rollout_tp: int, colocated: bool
-) -> None:
+def check_workers_loaded_the_actors_weights(ranks: list[dict], train: Train, rollout_tp: int, colocated: bool) -> None:
     """Each engine's workers loaded the actor's weights bit for bit."""
     expected = combine(rank["checksums"] for rank in ranks)
-    layout = LayoutPair(*train, rollout_tp)
+    layout = layout_pair(train, rollout_tp)
     by_engine: dict[int, list] = {}
     for rank in ranks:  # in rank order: worker r of each engine
         sync = rank[rollout_tp, colocated]
@@ -228,32 +243,31 @@ def check_workers_loaded_the_actors_weights(
         check_checksums(expected, records, dtype=DTYPE, layout=layout, engine=f"rollout engine {engine}")
 
 
-def check_sent_as_scheduled(
-    model_dir: str, ranks: list[dict], train: tuple[int, int], rollout_tp: int, colocated: bool
-) -> None:
+def check_sent_as_scheduled(model_dir: str, ranks: list[dict], train: Train, rollout_tp: int, colocated: bool) -> None:
     """ "scheduled": each rank sent each other rank exactly the schedule's pieces for the worker
     reading that rank's ring, nothing else went through the trainer world, and all ranks together
     sent each ring's worker exactly what it needs."""
-    layout = LayoutPair(*train, rollout_tp)
+    layout = layout_pair(train, rollout_tp)
     schedule = build_schedule(build_plan(read_model_dims(model_dir), layout, bucket_mb=BUCKET_MB), VOCAB_DIVISIBLE_BY)
     rings = WORLD // rollout_tp if colocated else 1  # rings per worker: one per engine, split one for all
     itemsize = getattr(torch, DTYPE).itemsize
     total = 0
     for rank, out in enumerate(ranks):
         sync = out[rollout_tp, colocated]
-        me = sender_rank(layout, out["pp_rank"], out["tp_rank"])
+        me = out["sync_sender"]
         scheduled = defaultdict(int)  # host rank -> bytes of the pieces for the worker reading its ring
-        for _, piece in schedule.sent_by(me):
+        for _, piece in schedule.sent_by(me) if me is not None else ():
             for engine in range(rings):
                 host = engine * rollout_tp + piece.worker
                 if host != rank:  # a piece for this rank's own ring is copied, not sent
                     scheduled[host] += piece.numel * itemsize
         assert sync["other"] == []  # no gather, no broadcast: the pieces alone
         assert sync["sent"] == dict(scheduled)
-        assert sync["bytes"] == schedule.bytes_sent(me, rings) > 0
+        assert sync["bytes"] == (0 if me is None else schedule.bytes_sent(me, rings))
+        assert sync["bytes"] > 0 or me is None
         total += sync["bytes"]
         print(
-            f"train TP{train[0]}/PP{train[1]} → rollout TP{rollout_tp} ({'colocated' if colocated else 'split'}): "
+            f"{layout} ({'colocated' if colocated else 'split'}): "
             f"rank {rank} sent {sum(sync['sent'].values())} B to other ranks, {sync['bytes']} B scheduled in all"
         )
     # All ranks together send each ring's workers exactly what they need, each element once.

@@ -16,9 +16,12 @@ joined by it alone; what it read, checksummed as vLLM's per-rank loader takes it
 - split, train TP 2 → one rollout TP 1 engine: "scheduled" too, the engine's worker reading rank
   0's ring while rank 1 only sends its pieces (not the full model through rank 0: rank 0 receives
   rank 1's shards' pieces only, which is what the worker needs of them).
+- a mixture of experts at EP 2 (TP 1, two DP replicas of the dense weights): "scheduled" at every rollout
+  TP, equal TP included (a rank's own shards hold half the experts, no worker's), rank 0 sending the dense
+  weights and its experts, rank 1 only its experts, colocated and split.
 
-No vLLM here (the engines' side of the rings runs in the e2e trainer tests): a tiny Qwen2 loaded
-into Megatron, no training, small buckets so each ring cycles through both slots. The driving and the
+No vLLM here (the engines' side of the rings runs in the e2e trainer tests): a tiny Qwen2 (and a tiny
+Qwen3-MoE) loaded into Megatron, no training, small buckets so each ring cycles through both slots. The driving and the
 checks are `device_rings`', shared with the CUDA IPC twin (tests/gpu/test_scheduled_ring_cuda.py)."""
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from device_rings import (
     read_worker_ring,
     sync_rank,
     tiny_qwen2,
+    tiny_qwen3_moe,
 )
 
 from megarl.bridge.checksum import VllmRankLayout
@@ -43,8 +47,10 @@ from megarl.bridge.shared_ring import SharedRing
 from megarl.bridge.transports.shared_memory import SharedMemoryTransport
 from megarl.parallel.spawn import run_distributed
 
-LAYOUTS = {(2, 1): ((2, True), (1, True), (1, False)), (1, 2): ((1, True), (2, True))}
-"""Train (TP, PP) → the (rollout TP, colocated) syncs from it; split: one engine."""
+LAYOUTS = {(2, 1, 1): ((2, True), (1, True), (1, False)), (1, 2, 1): ((1, True), (2, True))}
+"""Train (TP, PP, EP) → the (rollout TP, colocated) syncs from it; split: one engine."""
+MOE_LAYOUTS = {(1, 1, 2): ((1, True), (2, True), (1, False))}
+"""The same for the mixture of experts."""
 
 
 def _start_thread_reader(ring: SharedRing, name: str, layout: VllmRankLayout) -> Future:
@@ -62,19 +68,30 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def worlds(model_dir):
-    ranks = run_distributed(
-        sync_rank, WORLD, model_dir, LAYOUTS, SharedMemoryTransport, _start_thread_reader, timeout_s=TIMEOUT_S * 2
-    )
-    return {layout: [rank[layout] for rank in ranks] for layout in LAYOUTS}
+def moe_dir(tmp_path_factory):
+    return tiny_qwen3_moe(tmp_path_factory.mktemp("moe_rings"))
+
+
+@pytest.fixture(scope="module")
+def worlds(model_dir, moe_dir):
+    out = {}
+    for model, layouts in ((model_dir, LAYOUTS), (moe_dir, MOE_LAYOUTS)):
+        ranks = run_distributed(
+            sync_rank, WORLD, model, layouts, SharedMemoryTransport, _start_thread_reader, timeout_s=TIMEOUT_S * 2
+        )
+        out |= {layout: [rank[layout] for rank in ranks] for layout in layouts}
+    return out
 
 
 CASES = [
-    ((2, 1), 2, True, "per_rank"),
-    ((2, 1), 1, True, "scheduled"),
-    ((1, 2), 1, True, "scheduled"),
-    ((1, 2), 2, True, "scheduled"),
-    ((2, 1), 1, False, "scheduled"),
+    ((2, 1, 1), 2, True, "per_rank"),
+    ((2, 1, 1), 1, True, "scheduled"),
+    ((1, 2, 1), 1, True, "scheduled"),
+    ((1, 2, 1), 2, True, "scheduled"),
+    ((2, 1, 1), 1, False, "scheduled"),
+    ((1, 1, 2), 1, True, "scheduled"),
+    ((1, 1, 2), 2, True, "scheduled"),
+    ((1, 1, 2), 1, False, "scheduled"),
 ]
 
 
@@ -93,6 +110,6 @@ def test_the_workers_loaded_the_actors_weights_bit_for_bit(worlds, train, rollou
     [(train, tp, colocated) for train, tp, colocated, mode in CASES if mode == "scheduled"],
 )
 def test_each_rank_sends_only_the_schedules_pieces_for_each_rings_worker(
-    model_dir, worlds, train, rollout_tp, colocated
+    model_dir, moe_dir, worlds, train, rollout_tp, colocated
 ):
-    check_sent_as_scheduled(model_dir, worlds[train], train, rollout_tp, colocated)
+    check_sent_as_scheduled(moe_dir if train in MOE_LAYOUTS else model_dir, worlds[train], train, rollout_tp, colocated)

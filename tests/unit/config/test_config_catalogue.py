@@ -503,10 +503,11 @@ CASES = [
             "actor.parallel.sequence_parallel=true",
             "actor.parallel.expert_model_parallel_size=2",
             "rollout.sync.transport=shared_memory",
+            "rollout.backend=hf",
         ],
         "rollout.sync.transport",
         "with actor.parallel.expert_model_parallel_size=2 the experts lie on other ranks than the dense weights, and "
-        "only the collective transport's shard sync sends each expert",
+        "the shared transports carry them only as pieces the engines load per rank, which the HF engine does not",
     ),
     (
         "actor-expert-tp-per-rank-always",
@@ -546,15 +547,18 @@ CASES = [
         "with rollout.expert_parallel vLLM places whole experts, at least one on each of the 16 ranks",
     ),
     (
-        "actor-ep-colocated-on-gpus",
+        "actor-ep-colocated-on-gpus-hf-engines",
         [
             "model.path={tmp}/model_moe",
             "actor.parallel.sequence_parallel=true",
             "actor.parallel.expert_model_parallel_size=2",
             "trainer.device=cuda",
+            "rollout.backend=hf",
         ],
         "actor.parallel.expert_model_parallel_size",
-        "colocated on GPUs (trainer.device=cuda) the weight sync streams TP shards through CUDA IPC",
+        "colocated on GPUs (trainer.device=cuda) the weight sync streams through CUDA IPC, which carries experts "
+        "placed otherwise than the dense weights only as the planner's pieces that vLLM loads per rank "
+        "(rollout.backend=hf",
     ),
     ("fp16-params", ["model.dtype=float16"], "model.dtype", "expected one of 'float32', 'bfloat16'"),
     (
@@ -1156,6 +1160,8 @@ def test_a_mixture_of_experts_recipe_is_valid_with_its_router_settings(workdir, 
         ["actor.parallel.expert_model_parallel_size=2"],
         ["actor.parallel.expert_model_parallel_size=2", "actor.parallel.expert_tensor_parallel_size=1"],
         ["actor.parallel.expert_tensor_parallel_size=1", "rollout.sync.transport=collective"],
+        ["actor.parallel.expert_model_parallel_size=2", "rollout.sync.transport=shared_memory"],
+        ["actor.parallel.expert_model_parallel_size=2", "trainer.device=cuda"],
         [
             "rollout.expert_parallel=true",
             "trainer.device=cuda",
@@ -1164,11 +1170,12 @@ def test_a_mixture_of_experts_recipe_is_valid_with_its_router_settings(workdir, 
             "rollout.tensor_model_parallel_size=2",
         ],
     ],
-    ids=["ep2", "ep2-etp1", "etp1-collective", "rollout-ep-gpu"],
+    ids=["ep2", "ep2-etp1", "etp1-collective", "ep2-shared-memory", "ep2-colocated-gpus", "rollout-ep-gpu"],
 )
 def test_an_rl_run_with_experts_split_validates(workdir, capsys, layout):
     """The weight sync sends experts from the EP / expert-TP ranks holding them (issue 29 item 3): the actor's
-    expert layouts and vLLM's expert parallelism (on GPUs) validate, the transport left on auto."""
+    expert layouts and vLLM's expert parallelism (on GPUs) validate, the transport on auto or shared (the rings
+    carry the schedule's pieces, so colocated GPUs take them through CUDA IPC)."""
     write_bad_models(workdir)
     code, out, err = run_validate(
         capsys, "base.yaml", f"model.path={workdir}/model_moe", "actor.parallel.sequence_parallel=true", *layout

@@ -100,8 +100,8 @@ def group(*ranks) -> RecordingWorkers:
 
 
 GRIDS = [
-    dict(rank=0, tp_rank=0, pp_rank=0, dp_rank=0, dp_size=1),
-    dict(rank=1, tp_rank=1, pp_rank=0, dp_rank=0, dp_size=1),
+    dict(rank=0, tp_rank=0, pp_rank=0, dp_rank=0, dp_size=1, sync_sender=0),
+    dict(rank=1, tp_rank=1, pp_rank=0, dp_rank=0, dp_size=1, sync_sender=1),
 ]
 """The actor's grid (`PolicyWorker.grid`): TP 2, two ranks."""
 
@@ -203,7 +203,7 @@ def test_an_unchecked_sync_asks_for_no_check():
 def test_a_gathered_shared_sync_starts_each_engine_worker_on_its_own_devices_ring():
     # Colocated, one TP-2 engine over the two ranks' devices; with per_rank off every rank hosts the
     # gathered buckets, and worker r reads rank r's.
-    routes = route_rings(GRIDS, engines=1, rollout_tp=2, colocated=True, per_rank=False)
+    routes = route_rings(GRIDS, engines=1, rollout_tp=2, colocated=True, per_rank=False, experts_split=False)
     handover = weight_sync(verify_every=1, total_steps=1, routes=routes)
     sync_and_check(handover, 1)
     rollout, policy = handover.sync.rollout, handover.sync.policy
@@ -227,7 +227,7 @@ def test_a_per_rank_layout_sync_starts_each_engine_worker_on_its_ranks_rings(tra
     # Actor TP 2 (GRIDS): each rank's own shards; as if TP 1 × PP 2: the schedule's pieces, in the same
     # per-rank layout, so the same per-rank load.
     grids = GRIDS if train_tp == 2 else [dict(g, tp_rank=0, pp_rank=g["tp_rank"]) for g in GRIDS]
-    routes = route_rings(grids, engines=1, rollout_tp=2, colocated=True, per_rank=True)
+    routes = route_rings(grids, engines=1, rollout_tp=2, colocated=True, per_rank=True, experts_split=False)
     assert routes.mode == mode
     handover = weight_sync(verify_every=1, total_steps=1, routes=routes)
     sync_and_check(handover, 1)

@@ -48,10 +48,22 @@ def test_split_shared_memory_with_an_engine_on_another_node_names_the_setting_an
         sync_transport("shared_memory", "cpu", False, ["node-a"], ["node-a", "node-b", "node-b"])
 
 
-def _grids(tp: int, pp: int, dp: int) -> list[dict[str, int]]:
-    """`PolicyWorker.grid` per rank, in megatron-core's rank order: TP fastest, then DP, then PP."""
+def _grids(tp: int, pp: int, dp: int, stage_senders: int | None = None) -> list[dict[str, int | None]]:
+    """`PolicyWorker.grid` per rank, in megatron-core's rank order: TP fastest, then DP, then PP; a stage's first
+    `stage_senders` ranks (TP, or ETP × EP) are its sync senders."""
+    senders = stage_senders or tp
     ranks = [(t, d, p) for p in range(pp) for d in range(dp) for t in range(tp)]
-    return [dict(rank=rank, tp_rank=t, pp_rank=p, dp_rank=d, dp_size=dp) for rank, (t, d, p) in enumerate(ranks)]
+    return [
+        dict(
+            rank=rank,
+            tp_rank=t,
+            pp_rank=p,
+            dp_rank=d,
+            dp_size=dp,
+            sync_sender=p * senders + t + tp * d if t + tp * d < senders else None,
+        )
+        for rank, (t, d, p) in enumerate(ranks)
+    ]
 
 
 def _routes(*overrides: str, grids=None, engines: int = 2, colocated: bool = True):
@@ -72,6 +84,18 @@ def test_auto_routes_per_rank_when_the_tp_sizes_match_on_the_vllm_backend():
 def test_auto_sends_the_schedules_pieces_when_the_tp_sizes_differ():
     assert _routes(grids=_grids(tp=2, pp=1, dp=1)).mode == "scheduled"
     assert _routes("rollout.backend=hf", grids=_grids(tp=2, pp=1, dp=1)).mode == "every_rank"
+
+
+def test_split_experts_go_through_the_rings_as_the_schedules_pieces_where_vllm_loads_them_per_rank():
+    """Actor EP 2 on two ranks (TP 1): the rings carry the schedule's pieces from both ranks (rank 1 holds half
+    the experts) even at equal TP; without the per-rank load (the HF engine) only the collective carries them,
+    and auto takes it (`collective_only`), on CPU and on colocated GPUs alike."""
+    ep = ("actor.parallel.expert_model_parallel_size=2", TP_1)
+    routes = _routes(*ep, grids=_grids(tp=1, pp=1, dp=2, stage_senders=2))
+    assert (routes.mode, routes.senders) == ("scheduled", (0, 1))
+    assert sync_transport("auto", "cpu", True, ["node-a"], ["node-a"]) == "shared_memory"
+    assert sync_transport("auto", "cuda", True, ["node-a"], ["node-a"]) == "cuda_ipc"
+    assert sync_transport("auto", "cuda", True, ["node-a"], ["node-a"], collective_only=True) == "collective"
 
 
 def test_per_rank_always_where_the_routes_do_not_stream_own_shards_names_the_setting_and_the_fix():
@@ -101,7 +125,10 @@ def test_only_cp_rank_0_of_dp_replica_0_fills_the_split_engines_rings_under_cont
     """TP 1 × CP 2 × DP 1, split engines: both ranks are DP rank 0 and hold the same weights; the weight sync's view
     of the grid (`weight_sync_grids`, from `PolicyWorker.grid`'s `sync_replica`) has CP rank 0 alone fill the
     rings. The grid itself would read the two CP ranks as two ranks of one replica."""
-    grids = [dict(rank=rank, tp_rank=0, pp_rank=0, dp_rank=0, dp_size=1, sync_replica=rank) for rank in range(2)]
+    grids = [
+        dict(rank=rank, tp_rank=0, pp_rank=0, dp_rank=0, dp_size=1, sync_replica=rank, sync_sender=(0, None)[rank])
+        for rank in range(2)
+    ]
     routes = _routes(TP_1, grids=weight_sync_grids(grids), colocated=False)
     assert (routes.mode, routes.readers, routes.sources) == ("per_rank", (2, 0), (((0,),), ((0,),)))
     assert _routes(TP_1, grids=grids, colocated=False).sources == (((0, 1),), ((0, 1),))
