@@ -5,7 +5,7 @@ advantages, checkpoints, resume, metrics, stop conditions) against fake worker g
         trainer = Trainer.from_config(QUICKSTART, overrides)
         trainer.fit()
 
-What is fake is what `megarl.trainer.roles.start_roles` starts and what drives it across processes: the
+What is fake is what `megarl.cluster.roles.start_roles` starts and what drives it across processes: the
 Megatron group is `FakePolicyWorker` ranks and the engines `FakeEngine`s, called through
 `recorded_transfers.RecordingWorkers` (each rank gets its own pickled copy of the arguments, as a Ray
 actor does; every call to a group counts as the driver round trip it is, `perf/round_trips`). The
@@ -33,8 +33,8 @@ from recorded_transfers import RecordingWorkers, grids
 
 import megarl.trainer.trainer as trainer_module
 from megarl.bridge.checksum import LoadedChecksums
+from megarl.cluster.roles import MegatronGroup, Roles
 from megarl.models.hf_config import read_model_dims
-from megarl.trainer.roles import MegatronGroup, Roles
 from megarl.workers.checkpoint_files import (
     build_manifest,
     commit,

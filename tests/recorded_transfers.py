@@ -21,6 +21,8 @@ import torch
 
 import megarl.trainer.trainer as trainer_module
 from megarl.algorithms.kl import FixedKLController
+from megarl.cluster.roles import MegatronGroup, Roles
+from megarl.cluster.timing import PhaseTimer
 from megarl.config import load_config, plan_batches
 from megarl.config.rollout import response_length
 from megarl.data.prompts import Prompt
@@ -28,9 +30,7 @@ from megarl.models.hf_config import ModelDims
 from megarl.orchestration.worker_group import Call, _count_round_trip
 from megarl.rollout.samples import Samples
 from megarl.trainer.generated import GeneratedBatch
-from megarl.trainer.roles import MegatronGroup, Roles
 from megarl.trainer.rollout_stream import RolloutStream
-from megarl.trainer.timing import PhaseTimer
 from megarl.workers.policy_worker import PolicyWorker
 from megarl.workers.profiling import StepProfiler
 

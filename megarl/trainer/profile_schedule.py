@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from megarl.cluster.handover import megatron_groups
 from megarl.config.sections import ProfileConfig
-from megarl.trainer.handover import megatron_groups
 from megarl.workers.profiling import ProfileRequest
 
 PROFILE_DIR = "profile"

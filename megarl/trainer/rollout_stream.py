@@ -37,10 +37,10 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
+from megarl.cluster.timing import PhaseTimer
 from megarl.data import Prompt
 from megarl.trainer import generated
 from megarl.trainer.generated import GeneratedBatch
-from megarl.trainer.timing import PhaseTimer
 
 Generate = Callable[[int, int], GeneratedBatch]
 """`generate(step, policy_version)`: step's batch from the engines as they are, which hold the weights of

@@ -27,6 +27,11 @@ from megarl import interrupt
 from megarl.algorithms.advantages import compute_advantages
 from megarl.algorithms.dapo import filtered_loss_mask, truncated_samples
 from megarl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
+from megarl.cluster.handover import HandOver
+from megarl.cluster.ray_node import WORKER_ENV, ray_cpus
+from megarl.cluster.roles import cluster_device, start_roles
+from megarl.cluster.sync_step import WeightSync
+from megarl.cluster.timing import STARTUP_PHASES, PhaseTimer, startup_line
 from megarl.config import Config, ConfigError, checked_config, plan_batches
 from megarl.config.hub import resolve_hub_ids
 from megarl.config.problems import Problem
@@ -46,7 +51,6 @@ from megarl.trainer import rollout_batch as rb
 from megarl.trainer.async_stream import AsyncRolloutStream
 from megarl.trainer.checkpoint_manager import Checkpoint, CheckpointManager
 from megarl.trainer.generated import GeneratedBatch
-from megarl.trainer.handover import HandOver
 from megarl.trainer.metrics import (
     agent_metrics,
     rollout_metrics,
@@ -55,15 +59,11 @@ from megarl.trainer.metrics import (
     worker_metrics,
 )
 from megarl.trainer.profile_schedule import profile_request, stop_profiles
-from megarl.trainer.ray_node import WORKER_ENV, ray_cpus
 from megarl.trainer.resume_check import IDENTITY_KEY, resume_problems, run_identity
-from megarl.trainer.roles import cluster_device, start_roles
 from megarl.trainer.rollout import RolloutPhase
 from megarl.trainer.rollout_stream import RolloutStream
 from megarl.trainer.settings import sampling_config, step_seed, stop_token_ids
 from megarl.trainer.sinks import METRICS_FILE, JsonlSink, MetricsLogger
-from megarl.trainer.sync_step import WeightSync
-from megarl.trainer.timing import STARTUP_PHASES, PhaseTimer, startup_line
 
 ROLLOUTS_FILE = "rollouts.jsonl"
 """In the run directory, multi-turn only: one sample's trajectory every `rollout.multi_turn.log_freq` steps."""

@@ -11,7 +11,8 @@ import math
 import pytest
 
 from megarl import Trainer
-from megarl.trainer.checkpoint_manager import CheckpointManager, part_dir
+from megarl.trainer.checkpoint_manager import CheckpointManager
+from megarl.workers.checkpoint_files import part_dir
 
 from .conftest import QUICKSTART, overrides, read_metrics
 

@@ -16,11 +16,11 @@ from wandb_testing import history, offline_runs, summary, use_offline_wandb, wan
 import megarl.trainer.trainer as trainer_module
 from megarl import Trainer
 from megarl.algorithms.advantages import compute_advantages
+from megarl.cluster.timing import STARTUP_PHASES
 from megarl.config.rollout import LOGPROB_GAP_BY_DTYPE
 from megarl.models.tiny import make_tiny_reward_model
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.trainer.metrics import DOCUMENTED_METRICS
-from megarl.trainer.timing import STARTUP_PHASES
 
 from .conftest import QUICKSTART, REPO, overrides, read_metrics
 
