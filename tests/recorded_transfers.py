@@ -22,6 +22,7 @@ import torch
 import megarl.trainer.trainer as trainer_module
 from megarl.algorithms.kl import FixedKLController
 from megarl.cluster.roles import MegatronGroup, Roles
+from megarl.cluster.running import RunningCluster
 from megarl.cluster.timing import PhaseTimer
 from megarl.config import load_config, plan_batches
 from megarl.config.rollout import response_length
@@ -277,10 +278,10 @@ def recorded_trainer(config_path, overrides: list[str]) -> trainer_module.Traine
     trainer = trainer_module.Trainer.__new__(trainer_module.Trainer)
     trainer.config = config = load_config(config_path, overrides)
     trainer.plan = plan = plan_batches(config)
-    trainer.roles = recording_roles(config, plan)
+    # The run's own cluster over the recording groups; no engines, so nothing to hand over.
+    trainer.cluster = RunningCluster(recording_roles(config, plan), SimpleNamespace(to_training=lambda: None))
     trainer.timer, trainer.stop_ids, trainer.multi_turn = PhaseTimer(), (), config.rollout.multi_turn
     trainer.kl_ctrl = FixedKLController(config.algorithm.kl_ctrl.kl_coef)
-    trainer.handover = SimpleNamespace(to_training=lambda: None)
     trainer.model_dims = TINY_DIMS
     return trainer
 

@@ -1,4 +1,4 @@
-"""Worker groups placed the way `trainer/roles.py` places them, on a Ray cluster with fake GPU counts
+"""Worker groups placed the way `cluster/roles.py` places them, on a Ray cluster with fake GPU counts
 (Ray's GPU resources are logical: nothing here touches CUDA; the ranks form gloo worlds)."""
 
 import contextlib
