@@ -50,10 +50,10 @@ def step_bytes(overrides: list[str]) -> tuple[int, int, Counter]:
     """Bytes sent to and received from the groups in step 2, and the sent bytes by field."""
     trainer = recorded_trainer(QUICKSTART, overrides)
     run_step(trainer, 1)
-    marks = {id(group): len(group.workers.calls) for group in trainer.roles.groups.values()}
+    marks = {id(group): len(group.workers.calls) for group in trainer.cluster.roles.groups.values()}
     run_step(trainer, 2)
     sent, received, by_field = 0, 0, Counter()
-    for group in {id(group): group for group in trainer.roles.groups.values()}.values():
+    for group in {id(group): group for group in trainer.cluster.roles.groups.values()}.values():
         for call in group.workers.calls[marks[id(group)] :]:
             sent += sum(call.sent.values())
             received += call.received

@@ -1,4 +1,4 @@
-"""The memory of each role through the phases of the hand-over (`megarl.trainer.handover`), read from a
+"""The memory of each role through the phases of the hand-over (`megarl.cluster.handover`), read from a
 run's metrics.jsonl: the table of issue 15's "memory per phase", for a colocated run.
 
     python benchmarks/handover_memory.py outputs/quickstart/metrics.jsonl \\
@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from megarl.trainer.metrics import MEMORY_PHASES, MEMORY_ROLES, MEMORY_STATS, memory_metric
+from megarl.cluster.memory_metrics import MEMORY_PHASES, MEMORY_ROLES, MEMORY_STATS, memory_metric
 
 
 def memory_by_phase(step: dict, stat: str) -> dict[str, dict[str, float]]:
@@ -70,7 +70,7 @@ def main() -> None:
     if stat is None:
         parser.error(
             f"{args.metrics}: no memory/<role>/<phase>/<stat> metric in its first step; a colocated run "
-            "logs them every step (megarl.trainer.handover)"
+            "logs them every step (megarl.cluster.handover)"
         )
     tables = {step["step"]: memory_by_phase(step, stat) for step in steps}
     first, last = steps[0]["step"], steps[-1]["step"]

@@ -54,7 +54,7 @@ def run(dtype: str, output_dir: Path) -> dict:
         "last_mean": sum(rewards[-WINDOW:]) / WINDOW,
         "sync_checks": sum("sync/checksum_tensors" in step for step in steps),
         "sync_gap_max": max(step["sync/logprob_max_abs_diff"] for step in steps if "sync/logprob_max_abs_diff" in step),
-        "sync_threshold": trainer.sync.threshold,
+        "sync_threshold": trainer.cluster.sync.threshold,
         "val_reward_last": [step["val/reward/mean"] for step in steps if "val/reward/mean" in step][-1],
     }
 

@@ -1,7 +1,7 @@
 """Quiet start: drop the start-up warnings a megarl user cannot act on, keep every other one.
 
 `install()` runs first thing in each process megarl starts (the CLI driver, every Ray rank process,
-`megarl.parallel.spawn` ranks); `PYTHONWARNINGS` (in `megarl.trainer.ray_node.WORKER_ENV`) carries the
+`megarl.parallel.spawn` ranks); `PYTHONWARNINGS` (in `megarl.cluster.ray_node.WORKER_ENV`) carries the
 device-independent filters on to the processes megarl does not start itself (vLLM's TP workers, spawned
 by the engine). Each entry matches one message by its start, its category or logger, never a whole
 category: a warning from user code or a new library warning still shows.

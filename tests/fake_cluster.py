@@ -1,11 +1,12 @@
 """The loop's cluster, in process: `Trainer.fit` runs its real loop (rollout phase, reward workers, staging,
 advantages, checkpoints, resume, metrics, stop conditions) against fake worker groups, in seconds.
 
-    with fake_cluster(monkeypatch) as cluster:      # patches the trainer's cluster seam
+    with fake_cluster(monkeypatch) as cluster:      # patches the trainer's cluster seam, `start_cluster`
         trainer = Trainer.from_config(QUICKSTART, overrides)
         trainer.fit()
 
-What is fake is what `megarl.trainer.roles.start_roles` starts and what drives it across processes: the
+The loop drives the run's own `megarl.cluster.running.RunningCluster` (the `Cluster` protocol); what is fake
+is what `megarl.cluster.roles.start_roles` starts and what drives it across processes: the
 Megatron group is `FakePolicyWorker` ranks and the engines `FakeEngine`s, called through
 `recorded_transfers.RecordingWorkers` (each rank gets its own pickled copy of the arguments, as a Ray
 actor does; every call to a group counts as the driver round trip it is, `perf/round_trips`). The
@@ -33,8 +34,9 @@ from recorded_transfers import RecordingWorkers, grids
 
 import megarl.trainer.trainer as trainer_module
 from megarl.bridge.checksum import LoadedChecksums
+from megarl.cluster.roles import MegatronGroup, Roles
+from megarl.cluster.running import RunningCluster
 from megarl.models.hf_config import read_model_dims
-from megarl.trainer.roles import MegatronGroup, Roles
 from megarl.workers.checkpoint_files import (
     build_manifest,
     commit,
@@ -246,7 +248,7 @@ class FakeRoles(Roles):
 
 @dataclass
 class FakeCluster:
-    """What `start_roles` started, for the test to look at."""
+    """What `start_cluster` started, for the test to look at."""
 
     bad_steps: set[int] = field(default_factory=set)
     """Steps whose update the fake actor reports skipped (`actor/skipped_steps`), as a NaN gradient would."""
@@ -255,7 +257,8 @@ class FakeCluster:
     """Steps saved, in order, once per rank."""
     roles: FakeRoles | None = None
 
-    def start_roles(self, config, plan, total_steps, env, device, startup) -> FakeRoles:
+    def start_cluster(self, config, plan, total_steps, env, startup, *, timer, vocab_size) -> RunningCluster:
+        """`megarl.cluster.running.start_cluster`: the run's `RunningCluster` over fake groups."""
         if plan.critic is not None or plan.ref is not None:
             raise NotImplementedError("the fake cluster hosts an actor only (no critic, no reference)")
         vocab = read_model_dims(config.model.path).vocab_size
@@ -274,16 +277,15 @@ class FakeCluster:
                 sync_transport="fake",
                 routes=None,
             )
-        return self.roles
+        return RunningCluster.over(self.roles, config, timer=timer, vocab_size=vocab_size, total_steps=total_steps)
 
 
 @contextmanager
 def fake_cluster(monkeypatch, bad_steps=()):
     """Point `Trainer.fit` at a `FakeCluster` (no Ray, no Megatron, no vLLM): the trainer's seam is the
-    names `megarl.trainer.trainer` imports to start and drive the cluster."""
+    names `megarl.trainer.trainer` imports to start the cluster (`start_cluster`) and Ray."""
     cluster = FakeCluster(set(bad_steps))
     monkeypatch.setattr(trainer_module, "init_ray", lambda **_: None)
     monkeypatch.setattr(trainer_module, "shutdown_ray", lambda: None)
-    monkeypatch.setattr(trainer_module, "cluster_device", lambda config: "cpu")
-    monkeypatch.setattr(trainer_module, "start_roles", cluster.start_roles)
+    monkeypatch.setattr(trainer_module, "start_cluster", cluster.start_cluster)
     yield cluster

@@ -21,6 +21,9 @@ import torch
 
 import megarl.trainer.trainer as trainer_module
 from megarl.algorithms.kl import FixedKLController
+from megarl.cluster.roles import MegatronGroup, Roles
+from megarl.cluster.running import RunningCluster
+from megarl.cluster.timing import PhaseTimer
 from megarl.config import load_config, plan_batches
 from megarl.config.rollout import response_length
 from megarl.data.prompts import Prompt
@@ -28,9 +31,7 @@ from megarl.models.hf_config import ModelDims
 from megarl.orchestration.worker_group import Call, _count_round_trip
 from megarl.rollout.samples import Samples
 from megarl.trainer.generated import GeneratedBatch
-from megarl.trainer.roles import MegatronGroup, Roles
 from megarl.trainer.rollout_stream import RolloutStream
-from megarl.trainer.timing import PhaseTimer
 from megarl.workers.policy_worker import PolicyWorker
 from megarl.workers.profiling import StepProfiler
 
@@ -277,10 +278,10 @@ def recorded_trainer(config_path, overrides: list[str]) -> trainer_module.Traine
     trainer = trainer_module.Trainer.__new__(trainer_module.Trainer)
     trainer.config = config = load_config(config_path, overrides)
     trainer.plan = plan = plan_batches(config)
-    trainer.roles = recording_roles(config, plan)
+    # The run's own cluster over the recording groups; no engines, so nothing to hand over.
+    trainer.cluster = RunningCluster(recording_roles(config, plan), SimpleNamespace(to_training=lambda: None))
     trainer.timer, trainer.stop_ids, trainer.multi_turn = PhaseTimer(), (), config.rollout.multi_turn
     trainer.kl_ctrl = FixedKLController(config.algorithm.kl_ctrl.kl_coef)
-    trainer.handover = SimpleNamespace(to_training=lambda: None)
     trainer.model_dims = TINY_DIMS
     return trainer
 

@@ -17,7 +17,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-# The engine core in this process, as the trainer's workers run it (megarl.trainer.ray_node.WORKER_ENV);
+# The engine core in this process, as the trainer's workers run it (megarl.cluster.ray_node.WORKER_ENV);
 # vLLM must see it before its first import, which `run` does before importing the engine module.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 

@@ -7,7 +7,7 @@ phases (driver work between phases: batch assembly, splitting, advantage bookkee
 Ray call overhead). The sync phase is split further with the bridge's own `sync/seconds` (the
 send itself, on the trainer): the rest of it is the receive hand-shake calls and, on the steps
 `rollout.sync.verify_every` selects, the log-prob check of the synced weights
-(`megarl.trainer.sync_step.WeightSync`).
+(`megarl.cluster.sync_step.WeightSync`).
 """
 
 from __future__ import annotations

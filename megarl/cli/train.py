@@ -19,10 +19,10 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from megarl import credentials
+    from megarl.cluster.ray_node import WORKER_ENV, ray_cpus
     from megarl.config import ConfigError, checked_config, plan_batches
     from megarl.orchestration.cluster import RayStartError, check_ray_can_start, shutdown_ray, start_ray_early
     from megarl.run_lock import DirectoryBusy, DirectoryLocks
-    from megarl.trainer.ray_node import WORKER_ENV, ray_cpus
 
     try:
         config = checked_config(args.config, args.overrides)

@@ -499,7 +499,7 @@ def resident_during_rollout(config: Config, roles: list[RoleMemory]) -> int:
 def rollout_budget_problems(config: Config, gpu_memory_gib: float) -> list[Problem]:
     """Colocated on GPUs: vLLM starts only when `rollout.gpu_memory_utilization` of the GPU is free,
     beside what the Megatron roles keep resident while the engines generate (the engines start after
-    they offload: `megarl.trainer.handover`); a problem naming the largest value that fits when it is
+    they offload: `megarl.cluster.handover`); a problem naming the largest value that fits when it is
     not. No problem when the model's shape is unknown (`memory_table.memory_report` says why) or nothing is
     colocated on a GPU."""
     if config.placement.mode != "colocated" or config.trainer.device == "cpu":

@@ -97,7 +97,7 @@ class RecomputeConfig:
 @dataclass(frozen=True)
 class OffloadConfig:
     """What the role moves off its GPUs while the colocated rollout engines generate, with megatron-core's
-    offload APIs (`megarl.trainer.handover`). On CPU, where host memory is the device, only `grads` frees
+    offload APIs (`megarl.cluster.handover`). On CPU, where host memory is the device, only `grads` frees
     memory (params and optimizer would move host memory to host memory: nothing happens)."""
 
     params: bool = False

@@ -216,7 +216,7 @@ class RolloutConfig:
     free_cache_engine: bool = True
     """Colocated: put the engines to sleep (KV cache and weights freed) while the Megatron roles train
     on the same GPUs, waking the weights for the weight sync and the KV cache once the trainer has
-    offloaded (`megarl.trainer.handover`). false: the engines keep their memory, and the GPU must
+    offloaded (`megarl.cluster.handover`). false: the engines keep their memory, and the GPU must
     hold both sides at once."""
     sleep_level: int = 2
     """vLLM's sleep level (`LLM.sleep(level=...)`) when the engines sleep: 2 drops the weights, which

@@ -36,11 +36,11 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
+from megarl.cluster.timing import PhaseTimer
 from megarl.data import Prompt
 from megarl.trainer import generated
 from megarl.trainer.generated import GeneratedBatch
 from megarl.trainer.rollout_stream import Generate, RolloutStream
-from megarl.trainer.timing import PhaseTimer
 
 
 class AsyncRolloutStream:

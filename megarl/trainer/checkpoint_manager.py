@@ -32,16 +32,12 @@ from megarl.workers.checkpoint_files import (
     Manifest,
     describe_os_error,
     new_nonce,
+    part_dir,
     read_manifest,
     step_dir_name,
     tmp_dir_for,
     verify_checksums,
 )
-
-
-def part_dir(step_dir: Path, role: str) -> Path:
-    """`<root>/<role>/step_<N>`: the checkpoint of `role`'s own group that belongs to `<root>/step_<N>`."""
-    return step_dir.parent / role / step_dir.name
 
 
 @dataclass(frozen=True)

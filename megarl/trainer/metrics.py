@@ -1,12 +1,10 @@
-"""Metric names, their meanings, and how per-rank / per-micro-batch values combine into one per step.
+"""Metric names and their meanings.
 
 Every number the trainer logs has a name in `DOCUMENTED_METRICS` (the e2e test checks the metrics
 file against it). Names follow verl's where verl has one (`actor/pg_clipfrac`, `critic/vf_loss`,
 `response_length/clip_ratio`, ...), so dashboards and habits carry over.
 
-`reduce_metrics` combines several dicts of the same step (one per DP rank or per micro-batch) by
-the mean, except: counts are summed (`SUMMED_METRICS`), maxima and phase times take the max
-(`MAX_METRICS`, `timing/*`: a collective phase lasts as long as its slowest rank), minima the min.
+How per-rank / per-micro-batch values combine into one per step is `megarl.cluster.metric_reduce`.
 """
 
 import math
@@ -17,8 +15,9 @@ from typing import Literal
 
 from torch import Tensor
 
+from megarl.cluster.memory_metrics import MEMORY_PHASES, MEMORY_ROLES, MEMORY_STATS
+from megarl.cluster.timing import PHASES
 from megarl.rollout.samples import ENDINGS, TOOL_ERRORS, Trajectory
-from megarl.trainer.timing import PHASES
 
 DOCUMENTED_METRICS: dict[str, str] = {
     "step": "training step (1 = after the first update; 0 = before training, e.g. a first validation)",
@@ -165,32 +164,8 @@ AGENT_METRICS: dict[str, str] = {
     **{f"agent/ended/{how}": f"fraction of samples whose trajectory ended by {how}" for how in ENDINGS},
 }
 """The metrics of multi-turn steps only (`rollout.multi_turn.enable`), documented like `DOCUMENTED_METRICS`."""
-"""Metric name -> one-line meaning (and `memory/<role>/<phase>/<stat>`: `MEMORY_PHASES`, `MEMORY_STATS`)."""
+"""Metric name -> one-line meaning (and `memory/<role>/<phase>/<stat>`: `megarl.cluster.memory_metrics`)."""
 
-MEMORY_ROLES = ("actor", "critic", "ref", "rollout")
-"""Whose memory `memory/<role>/...` is: a Megatron group by the first role it hosts (the actor's group
-also holds the reference and critic that share its layout), or the rollout engines."""
-MEMORY_PHASES: dict[str, str] = {
-    "generated": "after the rollout: engines awake, Megatron state offloaded as configured",
-    "asleep": "after the engines' sleep (KV cache and weights freed)",
-    "onloaded": "after the Megatron state came back, before the log-prob passes",
-    "trained": "after the updates (and the checkpoint), everything the trainer uses still resident",
-    "training_offloaded": "after gradients and optimizer state left the devices as configured",
-    "weights_awake": "after the engines' weights came back, before the sync",
-    "params_offloaded": "after the sync, with the Megatron parameters offloaded as configured",
-    "awake": "after the engines' KV cache came back: ready to generate",
-}
-"""The hand-over's phases in step order (`megarl.trainer.handover`) -> the moment measured. A group reads
-"generated" and "trained" in its next call, right before it acts: the Megatron groups' "generated" comes
-after the engines slept and the engines' "trained" after the training state left (what `device_used_gib`,
-the whole GPU's, sees of the other side)."""
-MEMORY_STATS: dict[str, str] = {
-    "allocated_gib": "CUDA: GiB in live tensors of the role's processes (torch's allocator; the highest rank)",
-    "reserved_gib": "CUDA: GiB torch's allocator holds from the device, in use or cached (the highest rank)",
-    "device_used_gib": "CUDA: GiB used on the role's GPU by every process on it (vLLM's pool included)",
-    "rss_gib": "CPU: resident GiB of the role's process and the processes it started (the highest rank)",
-}
-"""Stat of a `memory/<role>/<phase>/<stat>` metric -> what it counts (`megarl.workers.memory_stats`)."""
 MOE_LAYER_STATS: dict[str, str] = {
     "tokens_per_expert": "token copies routed to one expert of the layer in the update (tokens × top-k ÷ experts)",
     "load_min": "the layer's least loaded expert: its tokens ÷ the mean expert's (1 = balanced)",
@@ -200,30 +175,6 @@ MOE_LAYER_STATS: dict[str, str] = {
 """Stat of an `actor/moe/layer_<i>/<stat>` metric (layer i of a mixture of experts, from 0, over the
 actor's update: `megarl.workers.moe_metrics`) -> what it is."""
 _MOE_LAYER_KEY = re.compile(r"moe_layer_(\d+)_(" + "|".join(MOE_LAYER_STATS) + ")")
-
-SUMMED_METRICS = frozenset(
-    {
-        "reward/errors",
-        "reward/timeouts",
-        "reward/failed_samples",
-        "perf/total_tokens",
-        "sync/gigabytes",
-        "sync/buckets",
-    }
-)
-"""Counts: ranks / micro-batches each hold a part, the step's value is the sum."""
-MAX_METRICS = frozenset(
-    {
-        "reward/max",
-        "response_length/max",
-        "sync/logprob_max_abs_diff",
-        "sync/peak_buffer_megabytes",
-        "sync/seconds",
-    }
-)
-"""Maxima (and the sync's wall time, set by its slowest rank); `timing/*` is reduced by max as well."""
-MIN_METRICS = frozenset({"reward/min", "response_length/min"})
-"""Minima."""
 
 _WORKER_NAMES: dict[str, dict[str, str]] = {
     "actor": {
@@ -366,17 +317,6 @@ def _over(logged: Sequence[tuple[int, float]]) -> str:
     return f"at step {first}" if first == last else f"over steps {first}-{last}"
 
 
-def reduce_metrics(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:
-    """One value per name from several dicts of the same step (per rank / micro-batch): mean by default,
-    sum / max / min for the names listed above. A name missing from some dicts reduces over the rest.
-    Non-finite values propagate (a NaN loss on one rank shows as NaN)."""
-    values: dict[str, list[float]] = {}
-    for part in parts:
-        for name, value in part.items():
-            values.setdefault(name, []).append(float(value))
-    return {name: _reduce(name, vals) for name, vals in values.items()}
-
-
 def undocumented(names: Iterable[str]) -> list[str]:
     """The names (sorted) that `DOCUMENTED_METRICS`, `AGENT_METRICS` and the memory catalogue do not explain."""
     return sorted(
@@ -384,11 +324,6 @@ def undocumented(names: Iterable[str]) -> list[str]:
         for name in set(names) - set(DOCUMENTED_METRICS) - set(AGENT_METRICS)
         if not _is_memory_metric(name) and not _is_moe_layer_metric(name)
     )
-
-
-def memory_metric(role: str, phase: str, stat: str) -> str:
-    """The name of one memory metric: `memory/actor/onloaded/rss_gib`."""
-    return f"memory/{role}/{phase}/{stat}"
 
 
 def _is_moe_layer_metric(name: str) -> bool:
@@ -410,21 +345,6 @@ def _is_memory_metric(name: str) -> bool:
         and parts[2] in MEMORY_PHASES
         and parts[3] in MEMORY_STATS
     )
-
-
-def _reduce(name: str, values: list[float]) -> float:
-    if name in SUMMED_METRICS:
-        return sum(values)
-    if name in MAX_METRICS or name.startswith("timing/"):
-        return _nan_aware(max, values)
-    if name in MIN_METRICS:
-        return _nan_aware(min, values)
-    return _mean(values)
-
-
-def _nan_aware(pick, values: list[float]) -> float:
-    # max()/min() silently skip a NaN depending on its position; a NaN must win.
-    return math.nan if any(math.isnan(v) for v in values) else pick(values)
 
 
 def _mean(values: Sequence[float]) -> float:

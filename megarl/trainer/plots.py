@@ -1,6 +1,6 @@
 """Training curves of a run as one PNG: reward (with a rolling mean), response length, KL to the
 reference and the weight-sync log-prob gap, over steps; and the memory of each role through the
-phases of the last step's hand-over (`megarl.trainer.handover`) as a second one.
+phases of the last step's hand-over (`megarl.cluster.handover`) as a second one.
 
 Written at the end of every run and by `megarl plot RUN_DIR`, as `RUN_DIR/curves.png` and
 `RUN_DIR/memory.png` (`FIGURE_PIXELS` wide × high). Drawn on the Agg canvas directly, so no display
@@ -15,7 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from megarl.trainer.metrics import MEMORY_PHASES, MEMORY_ROLES, MEMORY_STATS, memory_metric
+from megarl.cluster.memory_metrics import MEMORY_PHASES, MEMORY_ROLES, MEMORY_STATS, memory_metric
 
 CURVES_FILE = "curves.png"
 """The curves' file name in the run directory."""

@@ -1,9 +1,9 @@
 """Which training steps the Megatron ranks profile (`trainer.profile`), and the driver's two touches of it.
 
     request = profile_request(config.trainer.profile, run_dir, step)   # None on steps not profiled
-    with roles.stage(batch, request) as staged: ...                    # the chosen ranks start recording
+    with cluster.stage(batch, request) as staged: ...                  # the chosen ranks start recording
     ... the updates, the hand-over and the weight sync ...
-    stop_profiles(roles)                                              # profiled steps: each group writes
+    cluster.stop_profiles()                                            # profiled steps: each group writes
 
 Starting rides on the step's first call to each group (`PolicyWorker.stage_batch`); stopping is one
 extra call per group, on profiled steps only. Which ranks record is each worker's decision
@@ -15,7 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from megarl.config.sections import ProfileConfig
-from megarl.trainer.handover import megatron_groups
 from megarl.workers.profiling import ProfileRequest
 
 PROFILE_DIR = "profile"
@@ -29,13 +28,3 @@ def profile_request(profile: ProfileConfig, run_dir: Path, step: int) -> Profile
     ranks = None if profile.ranks == "all" else tuple(profile.ranks)
     directory = Path(profile.dir) if profile.dir else run_dir / PROFILE_DIR
     return ProfileRequest(step, str(directory.absolute()), ranks)  # the workers' working directory may differ
-
-
-def stop_profiles(roles) -> list[str]:
-    """Every Megatron group's recording ends and is written (`PolicyWorker.stop_profile`): the trace files."""
-    return [
-        path
-        for workers in megatron_groups(roles.groups).values()
-        for path in workers.call_all("stop_profile")
-        if path is not None
-    ]

@@ -28,8 +28,7 @@ from pathlib import Path
 from megarl.config import BatchPlan, Config
 from megarl.config.problems import Problem
 from megarl.models.hf_config import ModelDims
-from megarl.trainer.checkpoint_manager import part_dir
-from megarl.workers.checkpoint_files import EXTRA_FILE, CheckpointError, read_manifest
+from megarl.workers.checkpoint_files import EXTRA_FILE, CheckpointError, part_dir, read_manifest
 
 IDENTITY_KEY = "identity"
 """The entry of a checkpoint's `extra` holding `run_identity`."""

@@ -10,14 +10,14 @@ from dataclasses import replace
 import torch
 
 from megarl.algorithms.dapo import DynamicSampler, overlong_penalty
+from megarl.cluster.metric_reduce import reduce_metrics
+from megarl.cluster.timing import PhaseTimer
 from megarl.config import Config
 from megarl.config.rollout import response_length
 from megarl.data import Prompt, iter_batches, reward_columns
 from megarl.rewards.failure_window import FailureWindow
 from megarl.rewards.scorer import RewardResult, RewardScorer
 from megarl.rollout import Samples, offset_seed
-from megarl.trainer.metrics import reduce_metrics
-from megarl.trainer.timing import PhaseTimer
 from megarl.workers.rollout.base import SamplingConfig
 
 RolloutFn = Callable[[Sequence[Prompt], SamplingConfig, str], Samples]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor
 
@@ -72,14 +70,3 @@ def token_level_scores(scores: Tensor, response_mask: Tensor) -> Tensor:
     has_tokens = last > 0
     out[has_tokens, last[has_tokens] - 1] = scores[has_tokens].float()
     return out
-
-
-def is_dp_leader(grid: dict[str, int]) -> bool:
-    """The rank whose copy of its DP replica's result is taken: TP rank 0 of the first stage."""
-    return grid["tp_rank"] == 0 and grid["pp_rank"] == 0
-
-
-def gather_by_dp(per_rank: Sequence[Tensor | None], grids: Sequence[dict[str, int]]) -> Tensor:
-    """Concatenate one result per DP replica (taken from its leader, `is_dp_leader`), in DP order."""
-    leaders = {g["dp_rank"]: result for g, result in zip(grids, per_rank) if is_dp_leader(g)}
-    return torch.cat([leaders[d] for d in range(len(leaders))], dim=0)

@@ -11,10 +11,10 @@ The trainer drives it so each step (a checkpoint `settle`s first and saves `stat
 elsewhere, `close` once the engines are stopped):
 
     batch = stream.take(step)        # step's batch: generated now (sync, or none ahead), or the one ahead
-    handover.to_training()           # the engines idle: their memory snapshot does not queue behind a generation
+    cluster.to_training()            # the engines idle: their memory snapshot does not queue behind a generation
     stream.start_next(step)          # one_step_off: step + 1's batch, in the thread
     ... train on batch ...
-    stream.sync(step, handover.to_rollout)   # waits for the generation in flight, then loads w_step
+    stream.sync(step, cluster.to_rollout)    # waits for the generation in flight, then loads w_step
 
 A rollout worker is a Ray actor that runs one call at a time, so the main thread calls the engines
 only while no generation is in flight; everything the generation touches (engines, reward scorer,
@@ -37,10 +37,10 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
+from megarl.cluster.timing import PhaseTimer
 from megarl.data import Prompt
 from megarl.trainer import generated
 from megarl.trainer.generated import GeneratedBatch
-from megarl.trainer.timing import PhaseTimer
 
 Generate = Callable[[int, int], GeneratedBatch]
 """`generate(step, policy_version)`: step's batch from the engines as they are, which hold the weights of

@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from megarl.cluster.megatron_group import MegatronGroup
+from megarl.cluster.ray_node import WORKER_ENV
 from megarl.config import ConfigError, Problem
 from megarl.config.placement import resolve_device
 from megarl.config.sft import (
@@ -37,8 +39,6 @@ from megarl.data.sft import SftSample, load_sft_samples, sft_batches, steps_per_
 from megarl.orchestration.cluster import cluster_gpus, init_ray, shutdown_ray
 from megarl.orchestration.placement import BundleSpec, create_placement_group
 from megarl.parallel.device import worker_env
-from megarl.trainer.megatron_group import MegatronGroup
-from megarl.trainer.ray_node import WORKER_ENV
 from megarl.trainer.settings import optim_settings
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.settings import ModelSettings, SftWorkerSpec

@@ -6,13 +6,15 @@
 rollout (`trainer.rollout_mode`: one_step_off generates the next step's batch while this one trains:
 `rollout_stream`; async, batches ahead under a staleness bound: `async_stream`) → (engines sleep, Megatron onloads) → the batch staged on the worker groups → rewards →
 old/ref log-probs (+ values) → advantages → critic/actor updates → checkpoint → (Megatron offloads,
-weight sync verified every `rollout.sync.verify_every` steps, engines wake: `handover`) → metrics.
+weight sync verified every `rollout.sync.verify_every` steps, engines wake: `megarl.cluster.handover`) → metrics.
 An exactly on-policy update takes the old log-probs from its own forward (`BatchPlan.old_log_prob_pass`).
 
-The batch crosses to each worker group once per step (`Roles.stage`); the old and reference
-log-probs stay in the actor's group unless the KL penalty in the reward reads them here, and the
-driver sends the groups only what it computes (advantages, returns). The distributed mechanics live
-in the worker groups.
+The worker groups are the loop's `megarl.cluster.protocol.Cluster`: the rollout phase generates on its
+engines, and every other call to a group is one of its methods (hand-over, staging, checkpoint save and
+load, export, profiling, shutdown). The batch crosses to each worker group once per step (`Cluster.stage`);
+the old and reference log-probs stay in the actor's group unless the KL penalty in the reward reads them
+here, and the driver sends the groups only what it computes (advantages, returns). The distributed
+mechanics live in the worker groups.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from megarl import interrupt
 from megarl.algorithms.advantages import compute_advantages
 from megarl.algorithms.dapo import filtered_loss_mask, truncated_samples
 from megarl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
+from megarl.cluster.protocol import Cluster
+from megarl.cluster.ray_node import WORKER_ENV, ray_cpus
+from megarl.cluster.running import start_cluster
+from megarl.cluster.timing import STARTUP_PHASES, PhaseTimer, startup_line
 from megarl.config import Config, ConfigError, checked_config, plan_batches
 from megarl.config.hub import resolve_hub_ids
 from megarl.config.problems import Problem
@@ -46,7 +52,6 @@ from megarl.trainer import rollout_batch as rb
 from megarl.trainer.async_stream import AsyncRolloutStream
 from megarl.trainer.checkpoint_manager import Checkpoint, CheckpointManager
 from megarl.trainer.generated import GeneratedBatch
-from megarl.trainer.handover import HandOver
 from megarl.trainer.metrics import (
     agent_metrics,
     rollout_metrics,
@@ -54,16 +59,12 @@ from megarl.trainer.metrics import (
     update_mfu_metrics,
     worker_metrics,
 )
-from megarl.trainer.profile_schedule import profile_request, stop_profiles
-from megarl.trainer.ray_node import WORKER_ENV, ray_cpus
+from megarl.trainer.profile_schedule import profile_request
 from megarl.trainer.resume_check import IDENTITY_KEY, resume_problems, run_identity
-from megarl.trainer.roles import cluster_device, start_roles
 from megarl.trainer.rollout import RolloutPhase
 from megarl.trainer.rollout_stream import RolloutStream
 from megarl.trainer.settings import sampling_config, step_seed, stop_token_ids
 from megarl.trainer.sinks import METRICS_FILE, JsonlSink, MetricsLogger
-from megarl.trainer.sync_step import WeightSync
-from megarl.trainer.timing import STARTUP_PHASES, PhaseTimer, startup_line
 
 ROLLOUTS_FILE = "rollouts.jsonl"
 """In the run directory, multi-turn only: one sample's trajectory every `rollout.multi_turn.log_freq` steps."""
@@ -135,6 +136,8 @@ class Trainer:
         """The record the resumed checkpoint kept of its step (`MetricsLogger.restore`)."""
         self.resumed_stream: dict | None = None
         """The resumed checkpoint's `RolloutStream.state_dict` (the batch generated ahead)."""
+        self.cluster: Cluster | None = None
+        """The job's worker groups as the loop drives them (`megarl.cluster.protocol`), once `fit` started them."""
         self.stream: RolloutStream | AsyncRolloutStream | None = None
         """Each step's batch, generated in time (`trainer.rollout_mode`), once the workers run."""
 
@@ -153,16 +156,22 @@ class Trainer:
                     tools.wait_ready()
             with startup("ray"):
                 init_ray(num_cpus=ray_cpus(self.plan), env_vars=WORKER_ENV)
-            self.roles = None
             try:
                 if tools:
                     tools.start_shared(SearchActor)
-                device = cluster_device(self.config)
-                self.roles = start_roles(self.config, self.plan, self.total_steps, WORKER_ENV, device, startup)
+                self.cluster = start_cluster(
+                    self.config,
+                    self.plan,
+                    self.total_steps,
+                    WORKER_ENV,
+                    startup,
+                    timer=self.timer,
+                    vocab_size=len(self.tokenizer),
+                )
                 return self._train(scorer, self._rollout_function(tools), startup)
             finally:
-                if self.roles is not None:
-                    self.roles.shutdown()
+                if self.cluster is not None:
+                    self.cluster.shutdown()
                 if self.stream is not None:  # after the engines stopped: a generation in flight ends at once
                     self.stream.close()
                 shutdown_ray()
@@ -184,7 +193,7 @@ class Trainer:
         between_segments = (lambda: self.stream.between_segments()) if segment else None
         if self.multi_turn.enable:
             return AgentLoop(
-                self.roles.rollout,
+                self.cluster.engines,
                 tools,
                 parser_for(self.multi_turn.tool_format, tools.schemas()),
                 ObservationEncoder(self.tokenizer),
@@ -194,20 +203,11 @@ class Trainer:
                 between_segments=between_segments,
             )
         if segment:
-            return partial(partial_single_turn, self.roles.rollout, segment, between_segments)
-        return partial(single_turn, self.roles.rollout)
+            return partial(partial_single_turn, self.cluster.engines, segment, between_segments)
+        return partial(single_turn, self.cluster.engines)
 
     def _train(self, scorer: RewardScorer, rollout, startup: PhaseTimer) -> dict[str, float]:
-        self.sync = WeightSync(self.roles, self.config, vocab_size=len(self.tokenizer), total_steps=self.total_steps)
-        engines_sleep = self.config.placement.mode == "colocated" and self.config.rollout.free_cache_engine
         mode = self.config.trainer.rollout_mode
-        self.handover = HandOver(
-            self.roles,
-            self.sync,
-            engines_sleep=engines_sleep,
-            timer=self.timer,
-            engines_generate_beside=mode == "async",
-        )
         gen_timer = self.timer if mode == "sync" else PhaseTimer()  # the others generate in a thread of their own
         phase = RolloutPhase(self.config, rollout, scorer, self._decode, lambda: next(self.loader), gen_timer)
         start = self._resume(startup)
@@ -251,11 +251,11 @@ class Trainer:
                     metrics = self._train_step(step)
                     bad_steps = bad_steps + 1 if metrics.get("actor/skipped_steps") else 0
                     self._maybe_save(step, metrics)  # while the trained state is on the devices
-                    metrics |= self.stream.sync(step, self.handover.to_rollout)
+                    metrics |= self.stream.sync(step, self.cluster.to_rollout)
                     if profile_request(self.config.trainer.profile, self.run_dir, step) is not None:  # after its sync
-                        stop_profiles(self.roles)
+                        self.cluster.stop_profiles()
                     self._maybe_validate(step, phase, metrics)
-                metrics |= self.timer.pop() | self.handover.pop_memory()
+                metrics |= self.timer.pop() | self.cluster.pop_memory()
                 metrics |= throughput_metrics(metrics.pop("_tokens"), metrics["timing/step"])
                 metrics["perf/round_trips"] = float(round_trips() - calls_before)
                 if "_update_flops" in metrics:
@@ -269,15 +269,15 @@ class Trainer:
                         f"{self.config.trainer.max_bad_steps}); lower the learning rate or check the data"
                     )
         if self.config.checkpoint.export_hf:
-            self.handover.to_training()
-            self.roles.policy.call_all("export_hf", str(self.checkpoints.root))
+            self.cluster.to_training()
+            self.cluster.export_hf(str(self.checkpoints.root))
         return metrics
 
     def _measure_peak(self, startup: PhaseTimer) -> float:
         """The actor group's matmul peak, FLOP/s: every rank benchmarks at once (ranks sharing a device or
         cores share them as in training), the group's peak is the sum."""
         with startup("matmul_peak"):
-            return sum(self.roles.policy.call_all("matmul_peak"))
+            return self.cluster.matmul_peak()
 
     @property
     def run_dir(self) -> Path:
@@ -300,13 +300,13 @@ class Trainer:
             generated.metrics,
             generated.baselines,
         )
-        self.handover.to_training()  # the engines idle: their side of the hand-over does not wait for a generation
+        self.cluster.to_training()  # the engines idle: their side of the hand-over does not wait for a generation
         self.stream.start_next(step)  # one_step_off: the next step's batch, generated while this one trains
         batch = rb.policy_batch(samples, response_length(config.rollout))
         profile = profile_request(config.trainer.profile, self.run_dir, step)  # the ranks start at the staging
         updates = ["update_critic"] * config.critic.enable + ["update_actor"] * (step > config.critic.warmup_steps)
         # The batch crosses to each group once; dropped with the group's last update.
-        with self.roles.stage(batch, profile, updates) as staged:
+        with self.cluster.stage(batch, profile, updates) as staged:
             if config.reward.reward_model:
                 with timer("reward"):
                     rm_scores = staged.gather("compute_rm_scores")
@@ -415,7 +415,7 @@ class Trainer:
                 "stream": self.stream.state_dict(self.loader.prompts),
                 IDENTITY_KEY: self.identity,
             }
-            self.roles.save_checkpoint(str(self.checkpoints.root), step, extra)
+            self.cluster.save(str(self.checkpoints.root), step, extra)
             self.checkpoints.rotate()
 
     def _checked_resume(self) -> Checkpoint | None:
@@ -437,15 +437,15 @@ class Trainer:
         if checkpoint is None:
             return 0
         with startup("resume"):
-            self.handover.to_training()
-            extra = self.roles.load_checkpoint(str(checkpoint.path))
+            self.cluster.to_training()
+            extra = self.cluster.load(str(checkpoint.path))
             self.loader.load_state_dict(extra["data"])
             self.kl_ctrl.value = extra["kl_coef"]
             self.resumed_record = extra.get("record")  # checkpoints before it was kept have none
             self.resumed_stream = extra.get("stream")  # nor the stream's, before one_step_off
-            self.handover.to_rollout(extra["step"])  # the engines start from the restored weights
+            self.cluster.to_rollout(extra["step"])  # the engines start from the restored weights
         self.timer.pop()  # the resume's hand-over times and memory are not the first step's
-        self.handover.pop_memory()
+        self.cluster.pop_memory()
         return extra["step"]
 
     def _decode(self, token_ids: list[int]) -> str:

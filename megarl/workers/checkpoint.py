@@ -1,7 +1,7 @@
 """Save and restore what a training job needs to continue exactly where it stopped.
 
 Collective over every rank of one training world (the roles one worker group hosts, one grid; a
-critic in a group of its own saves its own checkpoint, `megarl.trainer.checkpoint_manager.part_dir`):
+critic in a group of its own saves its own checkpoint, `megarl.workers.checkpoint_files.part_dir`):
 
     step_dir = save_checkpoint(cfg.checkpoint.dir, step, groups,
                                models={"actor": [actor_model]}, optimizers={"actor": actor_optimizer},

@@ -54,6 +54,11 @@ def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
+def part_dir(step_dir: Path, role: str) -> Path:
+    """`<root>/<role>/step_<N>`: the checkpoint of `role`'s own group that belongs to `<root>/step_<N>`."""
+    return step_dir.parent / role / step_dir.name
+
+
 def tmp_dir_for(step_dir: Path, nonce: str) -> Path:
     """The sibling temp dir a save of `step_dir` writes into before the rename."""
     return step_dir.parent / f"{step_dir.name}.tmp-{nonce}"

@@ -1,5 +1,5 @@
 """What one worker process holds in memory right now, for the hand-over's per-phase metrics
-(`megarl.trainer.handover`: `memory/<role>/<phase>/<stat>`).
+(`megarl.cluster.handover`: `memory/<role>/<phase>/<stat>`).
 
 On CUDA: `allocated_gib` (tensors alive, torch's allocator), `reserved_gib` (what the allocator keeps
 from the device, freed or not) and `device_used_gib` (the whole GPU as the driver sees it: every

@@ -11,7 +11,7 @@ megatron-core keeps one (TP, PP) grid per process, so every role a worker hosts 
 layout. Every rank of a DP replica holds the same `PolicyBatch` (that replica's rows); results are
 returned on every rank. In training the driver stages a step's rows once (`stage_batch`) and runs
 the methods on them by name (`call_staged`), adding only the fields new since
-(`megarl.trainer.staged_batch`).
+(`megarl.cluster.staged_batch`).
 """
 
 from __future__ import annotations

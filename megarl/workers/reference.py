@@ -2,7 +2,7 @@
 
 No DDP, no optimizer, no gradients. In the actor's processes and process groups (the same
 `ProcessGroups`, a separate model instance) when it has the actor's layout; else in processes of
-its own (`megarl.trainer.roles`).
+its own (`megarl.cluster.roles`).
 
     reference = MegatronReference.from_hf("/ckpt/tiny", groups)
     ref_log_probs = reference.compute_ref_log_prob(batch, micro_batch_size=8)   # [B, R]

@@ -1,8 +1,8 @@
-"""The hand-over on one GPU (`megarl.trainer.handover`): the quickstart recipe in bf16 with the actor
+"""The hand-over on one GPU (`megarl.cluster.handover`): the quickstart recipe in bf16 with the actor
 offloading parameters, gradients and optimizer state, colocated with a vLLM engine that sleeps at
 level 2. Each phase's memory metric must show the side that is idle holding less than when it works.
 CPU twin: tests/e2e/trainer/test_trainer_e2e.py (the calls happen and are measured, RSS per phase)
-and tests/unit/trainer/test_handover.py (the order over fake workers)."""
+and tests/unit/cluster/test_handover.py (the order over fake workers)."""
 
 import json
 import subprocess

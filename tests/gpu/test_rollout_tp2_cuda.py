@@ -8,13 +8,13 @@ tests/e2e/trainer/test_trainer_e2e.py (a colocated TP-2 engine in a training run
 import pytest
 import torch
 
+from megarl.cluster import ray_node, roles
 from megarl.config import build_config, plan_batches
 from megarl.models.tiny import make_tiny_model
 from megarl.orchestration import placement
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.orchestration.placement import BundleSpec, create_placement_group
 from megarl.parallel.device import worker_env
-from megarl.trainer import ray_node, roles
 from megarl.workers.rollout import SamplingConfig
 from tests.e2e.rollout.rollout_reference import PROMPTS, hf_logprobs, load_hf
 

@@ -71,15 +71,18 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("data, rewards, tools", ["megarl.data", "megarl.rewards", "megarl.tools"]),
     ("config checks, orchestration", ["megarl.config", "megarl.orchestration"]),
     ("rollout", ["megarl.rollout"]),
+    ("cluster", ["megarl.cluster", "megarl.trainer.settings"]),
     ("trainer", ["megarl.trainer"]),
     ("entry points", [ROOT := "megarl", "megarl.cli", "megarl.bench", "megarl.deploy"]),
 ]
 """Bottom-up. An entry names a module or a package (the package and everything under it); the longest entry
 that names a module decides its row. `megarl` itself (ROOT) is the package's front door
-(`from megarl import Trainer`) and names only `megarl/__init__.py`."""
+(`from megarl import Trainer`) and names only `megarl/__init__.py`. `megarl.trainer.settings` (the config
+sections → the workers' settings objects) sits in the cluster's row: the cluster's start-up builds the worker
+specs with it (`megarl.cluster.roles.worker_specs`), and it imports nothing above the config checks."""
 
 LIBRARIES: dict[str, list[str]] = {
-    "ray": ["megarl.orchestration", "megarl.rollout", "megarl.trainer", "megarl.cli", "megarl.bench"],
+    "ray": ["megarl.orchestration", "megarl.rollout", "megarl.cluster", "megarl.trainer", "megarl.cli", "megarl.bench"],
     "vllm": ["megarl.workers.rollout", "megarl.bench"],
     "megatron": ["megarl.parallel", "megarl.models", "megarl.workers"],
     "torch.distributed": [entry for _, entries in LAYERS for entry in entries if entry != "megarl.algorithms"],
@@ -308,7 +311,7 @@ def test_each_check_finds_what_it_guards():
     assert [line.split(" imports ")[:2] for line in library_imports(sources)] == [
         [
             "megarl.workers.checkpoint_files:2",
-            "ray, which only megarl.orchestration, megarl.rollout, megarl.trainer, megarl.cli, megarl.bench may import",
+            "ray, which only " + ", ".join(LIBRARIES["ray"]) + " may import",
         ],
         [
             "megarl.algorithms.kl:1",

@@ -1,6 +1,6 @@
 """`EngineArgs`: what a rollout engine is started with, one record from the run's config to the engine.
 
-The trainer fills it from the config (`megarl.trainer.roles.start_rollout`), the Ray worker hosting an
+The trainer fills it from the config (`megarl.cluster.roles.start_rollout`), the Ray worker hosting an
 engine takes it as is (`RolloutWorker`), and the factory hands it to the backend (`make_rollout_engine`):
 a new engine argument is one field here and the line that sets it.
 

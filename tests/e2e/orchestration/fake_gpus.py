@@ -1,4 +1,4 @@
-"""Worker groups placed the way `trainer/roles.py` places them, on a Ray cluster with fake GPU counts
+"""Worker groups placed the way `cluster/roles.py` places them, on a Ray cluster with fake GPU counts
 (Ray's GPU resources are logical: nothing here touches CUDA; the ranks form gloo worlds)."""
 
 import contextlib
@@ -9,10 +9,10 @@ from ray._private.node import Node
 from ray._private.parameter import RayParams
 from ray.util.placement_group import remove_placement_group
 
+from megarl.cluster.roles import process_share
 from megarl.orchestration.cluster import LOCAL_HOST, init_ray, shutdown_ray
 from megarl.orchestration.placement import BundleSpec, create_placement_group
 from megarl.orchestration.worker_group import WorkerGroup
-from megarl.trainer.roles import process_share
 
 GPUS_PER_NODE = 4
 CPUS_PER_NODE = 2 * GPUS_PER_NODE

@@ -8,12 +8,12 @@ The bundles are addressed through the run's slots (`placement.gpu_slots`, probed
 import pytest
 import ray
 
+from megarl.cluster import ray_node, roles
 from megarl.config import build_config, plan_batches
 from megarl.orchestration import placement
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.orchestration.placement import BundleSpec, create_placement_group
 from megarl.parallel.device import worker_env
-from megarl.trainer import ray_node, roles
 
 SEEDS = {
     "data": {"train_batch_size": 12},

@@ -53,8 +53,8 @@ def test_the_moe_quickstart_learns_with_its_experts_split_and_synced_exactly(moe
         assert set(m) >= MOE_METRICS, sorted(MOE_METRICS - set(m))
         # Every tensor, each expert's included, arrived bit for bit on every sync.
         assert m["sync/checksum_tensors"] == tensors
-        assert m["sync/logprob_max_abs_diff"] <= trainer.sync.threshold
+        assert m["sync/logprob_max_abs_diff"] <= trainer.cluster.sync.threshold
         # fp32 engines and actor: the routers agree with the rollout's routing, and the replayed pass's
         # log-probs are as close to the engines' as the checked sync's.
         assert 0 < m["actor/moe/routing_agreement"] <= 1
-        assert m["actor/moe/logprob_gap_replay"] <= trainer.sync.threshold
+        assert m["actor/moe/logprob_gap_replay"] <= trainer.cluster.sync.threshold

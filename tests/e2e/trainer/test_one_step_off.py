@@ -61,7 +61,7 @@ def test_one_step_off_trains_one_version_behind_with_dapo_in_bf16(assets, tmp_pa
     for m in metrics:
         # Groups with all-equal rewards were dropped and more prompts rolled out until 16 groups had signal.
         assert 0 < m["dapo/groups_kept_ratio"] <= 1 and m["actor/grad_norm"] > 0
-        assert m["sync/checksum_tensors"] > 0 and m["sync/logprob_max_abs_diff"] <= trainer.sync.threshold
+        assert m["sync/checksum_tensors"] > 0 and m["sync/logprob_max_abs_diff"] <= trainer.cluster.sync.threshold
     # The actor trained bf16 parameters: its export holds them as they are.
     exported = load_file(run_dir / "checkpoints" / "hf" / "model.safetensors")
     assert {tensor.dtype for tensor in exported.values()} == {torch.bfloat16}

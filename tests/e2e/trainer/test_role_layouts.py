@@ -11,7 +11,8 @@ import math
 import pytest
 
 from megarl import Trainer
-from megarl.trainer.checkpoint_manager import CheckpointManager, part_dir
+from megarl.trainer.checkpoint_manager import CheckpointManager
+from megarl.workers.checkpoint_files import part_dir
 
 from .conftest import QUICKSTART, overrides, read_metrics
 
@@ -49,7 +50,7 @@ def split_layout_run(assets, tmp_path_factory):
 
 def test_reference_with_its_own_layout_matches_the_actor_before_any_update(split_layout_run):
     _, trainer, metrics = split_layout_run
-    roles, plan = trainer.roles, trainer.plan
+    roles, plan = trainer.cluster.roles, trainer.plan
     assert set(roles.own_groups) == {"ref", "critic"}
     ref = roles.groups["ref"]
     assert ref.dp_size == plan.ref.data_parallel == 2 and {g["tp_rank"] for g in ref.grids} == {0}
@@ -62,7 +63,7 @@ def test_reference_with_its_own_layout_matches_the_actor_before_any_update(split
 
 def test_critic_with_its_own_layout_trains_and_resumes(split_layout_run, assets, tmp_path):
     run_dir, trainer, metrics = split_layout_run
-    critic = trainer.roles.groups["critic"]
+    critic = trainer.cluster.roles.groups["critic"]
     assert critic.dp_size == trainer.plan.critic.data_parallel == 1 and {g["pp_rank"] for g in critic.grids} == {0, 1}
     losses = [m["critic/vf_loss"] for m in metrics]
     assert all(math.isfinite(loss) for loss in losses) and len(set(losses)) == STEPS

@@ -16,11 +16,11 @@ from wandb_testing import history, offline_runs, summary, use_offline_wandb, wan
 import megarl.trainer.trainer as trainer_module
 from megarl import Trainer
 from megarl.algorithms.advantages import compute_advantages
+from megarl.cluster.timing import STARTUP_PHASES
 from megarl.config.rollout import LOGPROB_GAP_BY_DTYPE
 from megarl.models.tiny import make_tiny_reward_model
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.trainer.metrics import DOCUMENTED_METRICS
-from megarl.trainer.timing import STARTUP_PHASES
 
 from .conftest import QUICKSTART, REPO, overrides, read_metrics
 
@@ -111,9 +111,9 @@ def test_grpo_trains_syncs_and_checkpoints(grpo_run, assets):
     # threshold, and each step advanced the engines' weights.
     # Colocated, actor TP 2 → one TP-2 engine over both trainer ranks' slots: each rank's own shards,
     # in vLLM worker r's layout, go into its own ring, read only by the worker on its own slot.
-    assert trainer.roles.sync_transport == "shared_memory" and trainer.roles.routes.mode == "per_rank"
-    assert trainer.roles.rollout.world_size == 1 and trainer.roles.routes.sources == (((0,), (1,)),)
-    threshold = trainer.sync.threshold  # rollout.sync.logprob_gap_threshold, resolved
+    assert trainer.cluster.roles.sync_transport == "shared_memory" and trainer.cluster.roles.routes.mode == "per_rank"
+    assert trainer.cluster.roles.rollout.world_size == 1 and trainer.cluster.roles.routes.sources == (((0,), (1,)),)
+    threshold = trainer.cluster.sync.threshold  # rollout.sync.logprob_gap_threshold, resolved
     assert all(m["sync/logprob_max_abs_diff"] <= threshold for m in metrics)
     assert all(m["sync/checksum_tensors"] > 0 for m in metrics)  # and every tensor was loaded bit for bit
     assert [m["sync/weight_version"] for m in metrics] == [m["step"] for m in metrics]
@@ -300,7 +300,7 @@ def test_ppo_trains_the_critic_with_split_placement_and_a_reward_model(assets, t
     )
     trainer = Trainer.from_config(QUICKSTART, args)
     trainer.fit()
-    assert trainer.roles.sync_transport == "collective" and not trainer.roles.own_groups
+    assert trainer.cluster.roles.sync_transport == "collective" and not trainer.cluster.roles.own_groups
     metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
     # The W&B run holds every step's values as metrics.jsonl does, and the run's config and batch plan.
     [wandb_run] = offline_runs(trainer.run_dir)
@@ -355,10 +355,10 @@ def split_tp2_flaky_reward_run(assets, tmp_path_factory):
 
 def test_equal_tp_sizes_sync_per_rank(split_tp2_flaky_reward_run):
     run_dir, trainer, metrics = split_tp2_flaky_reward_run
-    assert trainer.roles.sync_transport == "shared_memory" and trainer.roles.routes.per_rank
-    assert trainer.roles.routes.sources == (((0,), (1,)),)  # worker r reads TP rank r's ring
+    assert trainer.cluster.roles.sync_transport == "shared_memory" and trainer.cluster.roles.routes.per_rank
+    assert trainer.cluster.roles.routes.sources == (((0,), (1,)),)  # worker r reads TP rank r's ring
     assert [m["sync/weight_version"] for m in metrics] == [1, 2]
-    threshold = trainer.sync.threshold  # rollout.sync.logprob_gap_threshold, resolved
+    threshold = trainer.cluster.sync.threshold  # rollout.sync.logprob_gap_threshold, resolved
     assert all(m["sync/logprob_max_abs_diff"] <= threshold for m in metrics)
     assert all(m["sync/checksum_tensors"] > 0 for m in metrics)  # and every tensor was loaded bit for bit
     assert all(m["sync/buckets"] >= 2 for m in metrics)  # one ring per TP rank, each with its buckets
@@ -424,18 +424,22 @@ def test_bf16_engines_beside_an_fp32_actor_load_its_weights_cast_and_train_with_
     sampling (`actor.rollout_correction`, level token, truncated at 2), whose weights and the engines' mismatch
     are logged."""
     trainer, metrics, *_ = bf16_engines_remax_run
-    assert trainer.config.model.dtype == "float32" and trainer.sync.dtype == "bfloat16"
+    assert trainer.config.model.dtype == "float32" and trainer.cluster.sync.dtype == "bfloat16"
     weights = load_file(assets / "model" / "model.safetensors")
     fp32_bytes = sum(t.numel() * 4 for t in weights.values())
     for m in metrics:
         assert m["sync/checksum_tensors"] == len(weights)
         # bf16 rounding, far above what fp32 engines show and within the mixed pair's threshold.
-        assert LOGPROB_GAP_BY_DTYPE[("float32", "float32")] < m["sync/logprob_max_abs_diff"] <= trainer.sync.threshold
+        assert (
+            LOGPROB_GAP_BY_DTYPE[("float32", "float32")]
+            < m["sync/logprob_max_abs_diff"]
+            <= trainer.cluster.sync.threshold
+        )
         # Each engine (one per device slot here) received every tensor in bf16, half the fp32 bytes, each
         # element once: the actor's TP 2 ranks send the planner's pieces, unequal shares (rounded: a sum of
         # per-rank gigabytes).
-        assert trainer.roles.routes.mode == "scheduled"
-        assert round(m["sync/gigabytes"] * 1e9) == trainer.roles.rollout.world_size * fp32_bytes / 2
+        assert trainer.cluster.roles.routes.mode == "scheduled"
+        assert round(m["sync/gigabytes"] * 1e9) == trainer.cluster.roles.rollout.world_size * fp32_bytes / 2
         assert m["actor/grad_norm"] > 0
         # bf16 engines sample from a policy measurably apart from the fp32 actor's (k3 is > 0 per differing
         # token); the weights are capped at 2.

@@ -6,13 +6,14 @@ import json
 
 import pytest
 
-from megarl.trainer.checkpoint_manager import CheckpointManager, part_dir
+from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.workers.checkpoint_files import (
     MANIFEST,
     CheckpointError,
     build_manifest,
     commit,
     describe_os_error,
+    part_dir,
     read_manifest,
     remove_stale_tmp_dirs,
     step_dir_name,

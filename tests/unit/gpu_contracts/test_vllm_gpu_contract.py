@@ -44,7 +44,7 @@ def test_sleep_and_wake_up_fit_llm_and_gpu_worker():
 
 def test_waking_the_weights_tag_restores_the_weights():
     """The hand-over wakes an engine's weights alone before a sync (`wake_up(tags=["weights"])`,
-    megarl.trainer.handover) and expects them back: after a level-2 sleep, gpu_worker.py
+    megarl.cluster.handover) and expects them back: after a level-2 sleep, gpu_worker.py
     `Worker.wake_up` restores the parameters it saved (those the checkpoint does not hold) when
     "weights" is among the tags; the sync then overwrites the rest. The KV cache comes back by its own tag."""
     assert all(site.keywords == ("tags",) and site.positional == 0 for site in call_sites(ENGINE, "wake_up"))

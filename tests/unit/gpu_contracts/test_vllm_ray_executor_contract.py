@@ -103,5 +103,5 @@ def test_bundles_of_one_gpu_each():
     """vLLM refuses a placement group whose bundles hold more than one GPU; megarl's have one each
     (`roles.start_roles`: BundleSpec(gpus=1.0) on CUDA)."""
     assert "Placement group bundle cannot have more than 1" in inspect.getsource(ray_utils.initialize_ray_cluster)
-    roles_source = (Path(__file__).resolve().parents[3] / "megarl" / "trainer" / "roles.py").read_text()
+    roles_source = (Path(__file__).resolve().parents[3] / "megarl" / "cluster" / "roles.py").read_text()
     assert 'gpus=1.0 if device == "cuda" else 0.0' in roles_source

@@ -399,10 +399,10 @@ def test_dapo_dynamic_sampling_runs_on_top_of_the_agent_loop_and_the_reward_sees
     last turn as the response and its messages as the `trajectory` column."""
     from pathlib import Path
 
+    from megarl.cluster.timing import PhaseTimer
     from megarl.config import load_config
     from megarl.rewards.scorer import RewardResult
     from megarl.trainer.rollout import RolloutPhase
-    from megarl.trainer.timing import PhaseTimer
 
     config = load_config(
         Path(__file__).resolve().parents[3] / "configs" / "agent_quickstart.yaml",

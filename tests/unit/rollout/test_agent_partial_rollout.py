@@ -18,12 +18,12 @@ import pytest
 import torch
 from test_agent_loop import EOS, SAMPLING, TOKENIZER, Parser, ScriptedEngines, Tools, prompts, three_calls_then_answer
 
+from megarl.cluster.timing import PhaseTimer
 from megarl.config.rollout import MultiTurnConfig
 from megarl.rollout import AgentLoop, ObservationEncoder
 from megarl.trainer import generated
 from megarl.trainer.async_stream import AsyncRolloutStream
 from megarl.trainer.generated import GeneratedBatch
-from megarl.trainer.timing import PhaseTimer
 from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
 
 GENERATION_PROMPT = TOKENIZER.encode("assistant: ", add_special_tokens=False)

@@ -23,10 +23,10 @@ import torch
 from recorded_transfers import RecordingWorkers
 
 from megarl.bridge import checksum
+from megarl.cluster.handover import HandOver
+from megarl.cluster.sync_step import WeightSync
+from megarl.cluster.timing import PhaseTimer
 from megarl.config import load_config
-from megarl.trainer.handover import HandOver
-from megarl.trainer.sync_step import WeightSync
-from megarl.trainer.timing import PhaseTimer
 from megarl.workers.rollout import vllm_engine
 from megarl.workers.rollout.engine_args import EngineArgs
 from megarl.workers.rollout.rollout_worker import RolloutWorker

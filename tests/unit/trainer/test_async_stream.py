@@ -12,12 +12,12 @@ import threading
 import pytest
 import torch
 
+from megarl.cluster.timing import PhaseTimer
 from megarl.data import Prompt
 from megarl.rollout import Samples
 from megarl.trainer import generated
 from megarl.trainer.async_stream import AsyncRolloutStream
 from megarl.trainer.generated import GeneratedBatch
-from megarl.trainer.timing import PhaseTimer
 
 WAIT_S = 60  # a bound for conditions that must come; reached only when the stream is broken
 PROMPTS = [Prompt(f"p{k}", (100 + k,), str(k), {}, "test") for k in range(4)]

@@ -12,16 +12,18 @@ import signal
 from pathlib import Path
 
 import pytest
-from fake_cluster import FakeEngine, FakePolicyWorker, FakeRoles, fake_cluster
+from fake_cluster import FakeCluster, FakeEngine, FakePolicyWorker, FakeRoles, fake_cluster
 from quickstart_assets import make_assets, overrides, read_metrics
 
 import megarl.trainer.trainer as trainer_module
 from megarl import Trainer, interrupt
 from megarl.cli.train import _train
+from megarl.cluster.protocol import Cluster
+from megarl.cluster.roles import Roles
+from megarl.cluster.running import RunningCluster, start_cluster
 from megarl.config import checked_config
 from megarl.rewards.functions import RewardFunctionError
 from megarl.trainer.checkpoint_manager import CheckpointManager
-from megarl.trainer.roles import Roles
 from megarl.workers.checkpoint_files import (
     read_manifest,
     step_dir_name,
@@ -73,6 +75,7 @@ def _parameters(function) -> list[str]:
     [
         (FakePolicyWorker, PolicyWorker),
         (FakeEngine, RolloutWorker),
+        (FakeRoles, Roles),
     ],
 )
 def test_the_fakes_keep_the_real_signatures(fake, real):
@@ -89,6 +92,8 @@ def test_the_fakes_keep_the_real_signatures(fake, real):
         assert hasattr(real, name), f"{fake.__name__}.{name}: {real.__name__} has no {name}"
         assert _parameters(getattr(fake, name)) == _parameters(getattr(real, name)), (fake.__name__, name)
     assert issubclass(FakeRoles, Roles)
+    # The fake starts the cluster with the real start's arguments (the trainer's seam).
+    assert _parameters(FakeCluster.start_cluster)[1:] == _parameters(start_cluster)
 
 
 def test_the_fake_policy_learns(assets, tmp_path, monkeypatch):
@@ -98,7 +103,7 @@ def test_the_fake_policy_learns(assets, tmp_path, monkeypatch):
     metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
     assert metrics[-1]["actor/entropy"] < metrics[0]["actor/entropy"]
     assert [m["sync/weight_version"] for m in metrics] == [1, 2, 3, 4, 5, 6]
-    assert trainer.roles.rollout.shut_down
+    assert isinstance(trainer.cluster, Cluster) and trainer.cluster.engines.shut_down
 
 
 def test_a_colocated_step_is_eight_driver_round_trips_checked_or_not(assets, tmp_path, monkeypatch):
@@ -153,14 +158,14 @@ def test_exactly_one_record_per_step_when_a_stop_falls_between_checkpoint_and_re
     record from the checkpoint, and metrics.jsonl holds exactly one record per step (issue 18 item 4)."""
     args = overrides(assets, tmp_path, **{"trainer.total_steps": 4, "checkpoint.save_freq": 2})
     with fake_cluster(monkeypatch):
-        to_rollout = trainer_module.HandOver.to_rollout
+        to_rollout = RunningCluster.to_rollout
 
         def stop_at_step_4(self, step):  # runs right after the step's checkpoint, before its record
             if step == 4:
                 raise StopAfterCheckpoint
             return to_rollout(self, step)
 
-        monkeypatch.setattr(trainer_module.HandOver, "to_rollout", stop_at_step_4)
+        monkeypatch.setattr(RunningCluster, "to_rollout", stop_at_step_4)
         first = Trainer.from_config(QUICKSTART, args)
         with pytest.raises(StopAfterCheckpoint):
             first.fit()
@@ -296,14 +301,14 @@ def test_a_stop_signal_ends_the_run_after_the_step_it_came_in_with_one_line(asse
     tests/e2e/reliability/test_stop_signals.py.)"""
     monkeypatch.setattr(interrupt, "_requested", None)  # the process-wide request, this test's only
     with fake_cluster(monkeypatch):
-        to_rollout = trainer_module.HandOver.to_rollout
+        to_rollout = RunningCluster.to_rollout
 
         def signalled_in_step_3(self, step):
             if step == 3:
                 os.kill(os.getpid(), signal.SIGTERM)
             return to_rollout(self, step)
 
-        monkeypatch.setattr(trainer_module.HandOver, "to_rollout", signalled_in_step_3)
+        monkeypatch.setattr(RunningCluster, "to_rollout", signalled_in_step_3)
         args = overrides(assets, tmp_path, **{"trainer.total_steps": 6, "checkpoint.save_freq": 2})
         code = _train(checked_config(QUICKSTART, args))
     err = capsys.readouterr().err

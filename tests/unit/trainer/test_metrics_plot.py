@@ -65,7 +65,7 @@ def test_rolling_mean_trails_and_skips_nan():
 
 
 def _memory_run(run_dir, steps=2):
-    """A run that logged the hand-over's memory, as a colocated CPU run does (`megarl.trainer.handover`)."""
+    """A run that logged the hand-over's memory, as a colocated CPU run does (`megarl.cluster.handover`)."""
     phases = {
         "rollout": ("generated", "asleep", "trained", "weights_awake", "awake"),
         "actor": ("generated", "onloaded", "trained", "training_offloaded", "params_offloaded"),

@@ -4,16 +4,16 @@ import math
 
 import pytest
 
+from megarl.cluster.metric_reduce import reduce_metrics
+from megarl.cluster.timing import PHASES, STARTUP_PHASES, PhaseTimer, startup_line
 from megarl.trainer.metrics import (
     DOCUMENTED_METRICS,
-    reduce_metrics,
     rollout_metrics,
     throughput_metrics,
     undocumented,
     update_mfu_metrics,
     worker_metrics,
 )
-from megarl.trainer.timing import PHASES, STARTUP_PHASES, PhaseTimer, startup_line
 
 
 def test_reduce_means_by_default_and_sums_maxes_mins_the_documented_exceptions():

@@ -15,7 +15,7 @@ from recorded_transfers import recorded_trainer, run_step
 
 from megarl.config import load_config
 from megarl.config.sections import ProfileConfig
-from megarl.trainer.profile_schedule import PROFILE_DIR, profile_request, stop_profiles
+from megarl.trainer.profile_schedule import PROFILE_DIR, profile_request
 from megarl.workers.profiling import ProfileRequest
 
 pytestmark = pytest.mark.unit
@@ -63,10 +63,13 @@ def test_a_profiled_step_writes_one_trace_per_chosen_rank_with_its_phases_and_no
             f"trainer.output_dir={tmp_path}",
         ],
     )
-    assert len({id(group) for group in trainer.roles.groups.values()}) == 1 and trainer.roles.policy.world_size == 2
+    assert (
+        len({id(group) for group in trainer.cluster.roles.groups.values()}) == 1
+        and trainer.cluster.roles.policy.world_size == 2
+    )
     for step in (1, 2):
         run_step(trainer, step)
-        written = stop_profiles(trainer.roles)
+        written = trainer.cluster.stop_profiles()
         if step == 1:
             assert written == []  # the step was not profiled: no rank recorded
     root = trainer.run_dir / PROFILE_DIR
@@ -78,9 +81,9 @@ def test_a_profiled_step_writes_one_trace_per_chosen_rank_with_its_phases_and_no
 
 def test_stopping_is_one_call_per_worker_group():
     trainer = recorded_trainer(QUICKSTART, list(OWN_GROUPS))
-    groups = {id(group.workers): group.workers for group in trainer.roles.groups.values()}
+    groups = {id(group.workers): group.workers for group in trainer.cluster.roles.groups.values()}
     assert len(groups) == 3
-    assert stop_profiles(trainer.roles) == []  # nothing was recording
+    assert trainer.cluster.stop_profiles() == []  # nothing was recording
     assert [_count(workers, "stop_profile") for workers in groups.values()] == [1, 1, 1]
 
 

@@ -12,13 +12,13 @@ from pathlib import Path
 import torch
 
 from megarl.algorithms.advantages import compute_advantages
+from megarl.cluster.timing import PhaseTimer
 from megarl.config import load_config
 from megarl.data import Prompt
 from megarl.rewards.scorer import RewardResult
 from megarl.rollout import single_turn
 from megarl.trainer import rollout_batch as rb
 from megarl.trainer.rollout import RolloutPhase
-from megarl.trainer.timing import PhaseTimer
 from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"

@@ -42,7 +42,7 @@ OWN_GROUPS = (
 
 
 def distinct_groups(trainer):
-    return list({id(group): (role, group) for role, group in trainer.roles.groups.items()}.values())
+    return list({id(group): (role, group) for role, group in trainer.cluster.roles.groups.items()}.values())
 
 
 def step_calls(group, step_index: int):
@@ -106,7 +106,7 @@ def test_ppo_in_the_actor_group_sends_advantages_and_returns_and_receives_only_t
         "ref.parallel.tensor_model_parallel_size=2",
         "critic.parallel.tensor_model_parallel_size=2",
     )
-    assert not trainer.roles.own_groups
+    assert not trainer.cluster.roles.own_groups
     assert_batch_staged_once_per_group(trainer)
     [(_, group)] = distinct_groups(trainer)
     calls = {c.method: c for c in step_calls(group, 1)}
@@ -120,9 +120,9 @@ def test_ppo_in_the_actor_group_sends_advantages_and_returns_and_receives_only_t
 
 def test_a_reference_of_its_own_hands_its_log_probs_to_the_actor_through_the_driver():
     trainer, _ = run(*SEVERAL_MINI_BATCHES, *KL_LOSS, *CRITIC, *OWN_GROUPS, "actor.rollout_correction.level=token")
-    assert set(trainer.roles.own_groups) == {"ref", "critic"}
+    assert set(trainer.cluster.roles.own_groups) == {"ref", "critic"}
     assert_batch_staged_once_per_group(trainer)
-    groups = trainer.roles.groups
+    groups = trainer.cluster.roles.groups
     ref_calls = {c.method: c for c in step_calls(groups["ref"], 0)}
     assert ref_calls["call_staged:compute_ref_log_prob"].received > 0
     actor_calls = step_calls(groups["actor"], 0)
@@ -146,7 +146,7 @@ def test_the_kl_penalty_in_the_reward_fetches_both_log_probs_in_row_order():
         "ref.parallel.tensor_model_parallel_size=1",
     )
     [(_, group)] = distinct_groups(trainer)
-    assert group.dp_size == 2 and trainer.roles.packed_roles == {"actor", "ref"}
+    assert group.dp_size == 2 and trainer.cluster.roles.packed_roles == {"actor", "ref"}
     calls = [c.method for c in step_calls(group, 1)]
     assert calls.count("staged_field") == 2  # the old and the reference log-probs, once each
     samples, scores = samples_of(trainer.config, trainer.plan, seed=2)
@@ -183,7 +183,7 @@ def test_a_call_that_needs_a_field_nobody_staged_names_it():
         worker.staged_field("ref_log_probs")
     trainer = recorded_trainer(QUICKSTART, [])
     with pytest.raises(ValueError, match="PolicyBatch.old_log_probs is neither in the driver nor kept"):
-        trainer.roles.stage(tiny_batch()).fetch("old_log_probs")
+        trainer.cluster.roles.stage(tiny_batch()).fetch("old_log_probs")
 
 
 def test_overlong_filtering_sends_the_actor_a_loss_mask_without_the_truncated_samples():

@@ -37,9 +37,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from megarl.cluster.megatron_group import MegatronGroup, gather_by_dp, is_dp_leader
 from megarl.orchestration.worker_group import Call
-from megarl.trainer.megatron_group import MegatronGroup
-from megarl.trainer.rollout_batch import gather_by_dp, is_dp_leader
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.micro_batches import token_counts
 from megarl.workers.packing import balance_over_ranks

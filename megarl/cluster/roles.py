@@ -4,7 +4,7 @@ and grid), and a rollout group (one engine per worker), placed on Ray, with the 
 wired between the policy and the rollout.
 
 Routing. `Roles.stage` stages a step's batch once on each group the step calls, cut by that group's
-DP size, and sends each worker method to the group of its role (`megarl.trainer.staged_batch`:
+DP size, and sends each worker method to the group of its role (`megarl.cluster.staged_batch`:
 `METHOD_ROLES`); later calls send only the fields new to the group.
 
 Placement. One bundle per device (a GPU, or one CPU slot on a CPU machine). The policy group and
@@ -22,6 +22,12 @@ from pathlib import Path
 
 from megarl.bridge.ring_routes import RingRoutes, route_rings
 from megarl.bridge.transports.shared_memory import remove_slot_files
+from megarl.cluster.handover import offload_before_engines
+from megarl.cluster.megatron_group import MegatronGroup
+from megarl.cluster.ray_node import device_bundles
+from megarl.cluster.staged_batch import StagedBatch
+from megarl.cluster.sync_step import SYNC_TIMEOUT_S
+from megarl.cluster.timing import PhaseTimer
 from megarl.config import BatchPlan, Config, ConfigError, cluster_problems, resolve_device
 from megarl.config.rollout import response_length, rollout_dtype
 from megarl.orchestration.cluster import cluster_gpus
@@ -29,15 +35,8 @@ from megarl.orchestration.placement import BundleSpec, PlacementError, create_pl
 from megarl.orchestration.worker_group import WorkerGroup
 from megarl.parallel.device import worker_env
 from megarl.trainer import settings
-from megarl.trainer.checkpoint_manager import part_dir
-from megarl.trainer.handover import offload_before_engines
-from megarl.trainer.megatron_group import MegatronGroup
-from megarl.trainer.ray_node import device_bundles
-from megarl.trainer.staged_batch import StagedBatch
-from megarl.trainer.sync_step import SYNC_TIMEOUT_S
-from megarl.trainer.timing import PhaseTimer
 from megarl.workers.batch import PolicyBatch
-from megarl.workers.checkpoint_files import step_dir_name
+from megarl.workers.checkpoint_files import part_dir, step_dir_name
 from megarl.workers.profiling import ProfileRequest
 from megarl.workers.rollout.engine_args import EngineArgs
 from megarl.workers.rollout.executor import engine_env, engine_holds_gpu
@@ -87,7 +86,7 @@ class Roles:
     def stage(
         self, batch: PolicyBatch, profile: ProfileRequest | None = None, updates: Sequence[str] = ()
     ) -> StagedBatch:
-        """The step's `batch`, to be staged once on each group the step calls (`megarl.trainer.staged_batch`),
+        """The step's `batch`, to be staged once on each group the step calls (`megarl.cluster.staged_batch`),
         with the step's `profile` request; `updates`: the update methods the step runs, in order (each
         group drops its rows with its last); use it as a context manager: the other groups drop theirs at its end."""
         return StagedBatch(self.groups, batch, self.packed_roles, profile, updates)

@@ -2,7 +2,7 @@
 steps) the check that the engines now hold exactly the actor's weights and compute its log-probs.
 
 `WeightSync` says which calls each side makes and reads what they answer; the hand-over
-(`megarl.trainer.handover`) sends them, each side's in one round trip with the hand-over's own calls
+(`megarl.cluster.handover`) sends them, each side's in one round trip with the hand-over's own calls
 around them (waking the engines' weights before they receive, offloading the actor's parameters after
 it sent): the engines' (`receive`: on checked syncs checksumming the load, `checksum_loads`; starting
 the receive, `start_receive` / `start_shared_receive` / `start_rank_receive`; waiting for it,
@@ -29,10 +29,10 @@ from torch import Tensor
 from megarl.bridge.checksum import check_checksums, combine
 from megarl.bridge.plan import LayoutPair
 from megarl.bridge.verify import check_sync, probe_token_ids
+from megarl.cluster.metric_reduce import reduce_metrics
 from megarl.config import Config
 from megarl.config.rollout import logprob_gap_threshold, rollout_dtype
 from megarl.orchestration.worker_group import Call
-from megarl.trainer.metrics import reduce_metrics
 
 SYNC_TIMEOUT_S = 300.0
 """How long an engine waits on a weight-sync operation (connecting the group; a receive, the send it waits

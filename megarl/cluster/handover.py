@@ -31,7 +31,7 @@ changes. A colocated step is six round trips besides the generation and the stag
     5 engines     wake the KV cache (awake), on checked syncs their side of the check
 
 Memory order (a GPU holds one side in full at a time); the driver waits for a phase's calls before
-it starts the calls that must come after them, and `tests/unit/trainer/test_handover.py` fails if
+it starts the calls that must come after them, and `tests/unit/cluster/test_handover.py` fails if
 one of these breaks:
 - the engines are asleep (1 answered) before any Megatron group onloads (2 starts);
 - every Megatron group's training state is off the devices (3 answered) before the engines' weights
@@ -44,8 +44,8 @@ one of these breaks:
 The engines start after the Megatron roles have offloaded (`offload_before_engines`): vLLM takes
 `rollout.gpu_memory_utilization` of the GPU and refuses to start unless that much is free.
 
-Every phase's memory is a metric, `memory/<role>/<phase>/<stat>` (`metrics.MEMORY_PHASES`,
-`metrics.MEMORY_STATS`): the group that acted reports its memory after the action (the highest of
+Every phase's memory is a metric, `memory/<role>/<phase>/<stat>` (`memory_metrics.MEMORY_PHASES`,
+`memory_metrics.MEMORY_STATS`): the group that acted reports its memory after the action (the highest of
 its ranks), and every group does after generating and after training, each in its next chain before
 it acts (so `device_used_gib`, which counts the whole GPU, shows the other side as it is then: the
 Megatron groups read "generated" with the engines asleep, the engines "trained" with the training
@@ -63,11 +63,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from megarl.cluster.memory_metrics import memory_metric
+from megarl.cluster.sync_step import WeightSync
+from megarl.cluster.timing import PhaseTimer
 from megarl.config import ConfigError, Problem
 from megarl.orchestration.worker_group import Call, wait_all
-from megarl.trainer.metrics import memory_metric
-from megarl.trainer.sync_step import WeightSync
-from megarl.trainer.timing import PhaseTimer
 
 MEMORY = Call("memory_stats")
 

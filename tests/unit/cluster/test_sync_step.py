@@ -14,10 +14,10 @@ from recorded_transfers import RecordingWorkers
 from megarl.bridge.checksum import LoadedChecksums, WeightChecksumError
 from megarl.bridge.ring_routes import route_rings
 from megarl.bridge.verify import SyncVerificationError
+from megarl.cluster.handover import HandOver
+from megarl.cluster.sync_step import WeightSync
+from megarl.cluster.timing import PhaseTimer
 from megarl.config import load_config
-from megarl.trainer.handover import HandOver
-from megarl.trainer.sync_step import WeightSync
-from megarl.trainer.timing import PhaseTimer
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 ACTOR_LOG_PROBS = -torch.rand(4, 7) - 1.0

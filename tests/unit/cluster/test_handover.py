@@ -1,4 +1,4 @@
-"""The hand-over (`megarl.trainer.handover`) over fake worker groups: the calls of a whole step in
+"""The hand-over (`megarl.cluster.handover`) over fake worker groups: the calls of a whole step in
 verl's order, one round trip per group per phase, the memory order between the groups, which role
 holds which memory in each phase, and the metrics that record it.
 
@@ -20,12 +20,13 @@ import pytest
 import torch
 
 from megarl.bridge.checksum import LoadedChecksums
+from megarl.cluster.handover import HandOver, megatron_groups, offload_before_engines
+from megarl.cluster.memory_metrics import MEMORY_PHASES
+from megarl.cluster.sync_step import WeightSync
+from megarl.cluster.timing import PhaseTimer
 from megarl.config import ConfigError, load_config
 from megarl.orchestration.worker_group import Call
-from megarl.trainer.handover import HandOver, megatron_groups, offload_before_engines
-from megarl.trainer.metrics import MEMORY_PHASES, undocumented
-from megarl.trainer.sync_step import WeightSync
-from megarl.trainer.timing import PhaseTimer
+from megarl.trainer.metrics import undocumented
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 STATE_GIB = {"params": 1.0, "grads": 2.0, "optimizer": 4.0}

@@ -6,9 +6,9 @@ import pytest
 import torch
 from recorded_transfers import RecordingWorkers, old_log_probs_of, ref_log_probs_of
 
+from megarl.cluster.ray_node import device_bundles
+from megarl.cluster.roles import MegatronGroup, Roles, worker_specs
 from megarl.config import format_plan, load_config, plan_batches
-from megarl.trainer.ray_node import device_bundles
-from megarl.trainer.roles import MegatronGroup, Roles, worker_specs
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.packing import TokenBudget
 
@@ -103,7 +103,7 @@ def test_router_replay_reaches_the_actor_and_the_reference_in_either_group():
 def test_forward_token_budgets_reach_the_forward_passes_only():
     from types import SimpleNamespace
 
-    from megarl.trainer.roles import packs_by_tokens
+    from megarl.cluster.roles import packs_by_tokens
     from megarl.workers.policy_worker import PolicyWorker
 
     config, plan = plan_of(
@@ -231,8 +231,8 @@ def test_engines_started_before_a_failed_start_up_run_their_own_shutdown(monkeyp
     run (a TP > 1 engine's workers hold /dev/shm segments that a kill leaves behind, issue 36)."""
     from types import SimpleNamespace
 
-    from megarl.trainer import roles
-    from megarl.trainer.timing import STARTUP_PHASES, PhaseTimer
+    from megarl.cluster import roles
+    from megarl.cluster.timing import STARTUP_PHASES, PhaseTimer
 
     config, plan = plan_of()
     calls = []

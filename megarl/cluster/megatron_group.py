@@ -1,12 +1,16 @@
-"""A worker group of Megatron ranks and each rank's place in its grid: what `Roles` (`megarl.trainer.roles`)
-holds per role, what a staged batch is cut for (`megarl.trainer.staged_batch`) and what `megarl sft` trains
-with. Apart from `roles` so that the modules `roles` imports can name it without importing `roles` back.
+"""A worker group of Megatron ranks and each rank's place in its grid: what `Roles` (`megarl.cluster.roles`)
+holds per role, what a staged batch is cut for (`megarl.cluster.staged_batch`) and what `megarl sft` trains
+with; and which rank's result stands for its DP replica (`is_dp_leader`, `gather_by_dp`). Apart from `roles`
+so that the modules `roles` imports can name it without importing `roles` back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import torch
+from torch import Tensor
 
 from megarl.orchestration.placement import BundleSpec
 from megarl.orchestration.worker_group import DEFAULT_HANG_TIMEOUT_S, Call, WorkerGroup
@@ -67,3 +71,14 @@ class MegatronGroup:
         rank the calls' results (None where `replies(grid)` is False)."""
         replying = [replies(g) for g in self.grids]
         return self.workers.submit([per_dp[g["dp_rank"]] for g in self.grids], replying=replying).wait()
+
+
+def is_dp_leader(grid: dict[str, int]) -> bool:
+    """The rank whose copy of its DP replica's result is taken: TP rank 0 of the first stage."""
+    return grid["tp_rank"] == 0 and grid["pp_rank"] == 0
+
+
+def gather_by_dp(per_rank: Sequence[Tensor | None], grids: Sequence[dict[str, int]]) -> Tensor:
+    """Concatenate one result per DP replica (taken from its leader, `is_dp_leader`), in DP order."""
+    leaders = {g["dp_rank"]: result for g, result in zip(grids, per_rank) if is_dp_leader(g)}
+    return torch.cat([leaders[d] for d in range(len(leaders))], dim=0)

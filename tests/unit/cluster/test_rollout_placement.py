@@ -11,10 +11,10 @@ import itertools
 
 import pytest
 
+from megarl.cluster import roles
 from megarl.config import build_config, plan_batches
 from megarl.orchestration import placement
 from megarl.orchestration.placement import PlacementError, engine_bundles
-from megarl.trainer import roles
 
 
 def config_of(data: dict):

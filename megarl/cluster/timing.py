@@ -70,7 +70,7 @@ class PhaseTimer:
         if phase not in self.phases:
             raise ValueError(
                 f"unknown timing phase {phase!r}; use one of {', '.join(self.phases)} "
-                "(a new phase is added to megarl.trainer.timing's table with its meaning)"
+                "(a new phase is added to megarl.cluster.timing's table with its meaning)"
             )
         start = self.clock()
         if not self.active:

@@ -1,4 +1,4 @@
-"""`rollout.sync.transport` resolved for a placement (`megarl.trainer.roles.sync_transport`): auto
+"""`rollout.sync.transport` resolved for a placement (`megarl.cluster.roles.sync_transport`): auto
 takes CUDA IPC on colocated GPUs, shared memory where every engine worker's ring is on its node (on
 CPU), else the collective; and the ring routes with `rollout.sync.per_rank` resolved (`shared_routes`)."""
 
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from megarl.cluster.roles import shared_routes, sync_transport, weight_sync_grids
 from megarl.config import load_config
 from megarl.orchestration.placement import PlacementError
-from megarl.trainer.roles import shared_routes, sync_transport, weight_sync_grids
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 
