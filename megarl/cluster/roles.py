@@ -30,8 +30,15 @@ from megarl.cluster.sync_step import SYNC_TIMEOUT_S
 from megarl.cluster.timing import PhaseTimer
 from megarl.config import BatchPlan, Config, ConfigError, cluster_problems, resolve_device
 from megarl.config.rollout import response_length, rollout_dtype
-from megarl.orchestration.cluster import cluster_gpus
-from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group, engine_bundles, gpu_slots
+from megarl.orchestration.cluster import cluster_gpus, driver_node_address
+from megarl.orchestration.placement import (
+    BundleSpec,
+    PlacementError,
+    create_placement_group,
+    engine_bundles,
+    gpu_slots,
+    remove_placement_group,
+)
 from megarl.orchestration.worker_group import WorkerGroup
 from megarl.parallel.device import worker_env
 from megarl.trainer import settings
@@ -117,11 +124,8 @@ class Roles:
         """Stop the engines (their clean-up runs), kill the Megatron ranks, and remove the weight-sync slot
         files of those on this node: a rank killed with a sync's slots open (a stop between the rings'
         opening and the send that closes them, or a failure mid-send) cannot remove its own."""
-        import ray
-        from ray.util.placement_group import remove_placement_group
-
         self.rollout.shutdown(ENGINE_SHUTDOWN_TIMEOUT_S)
-        here = ray.util.get_node_ip_address()
+        here = driver_node_address()
         killed = set()
         for group in self._distinct_groups():
             group.workers.kill()

@@ -228,6 +228,11 @@ def cluster_gpus() -> float:
     return ray.cluster_resources().get("GPU", 0.0)
 
 
+def driver_node_address() -> str:
+    """This process's node address as Ray names the nodes (`WorkerGroup.nodes`)."""
+    return ray.util.get_node_ip_address()
+
+
 def shutdown_ray() -> None:
     """Disconnect (and stop a local instance this driver started, or is starting: `start_ray_early`)."""
     global _node_stopped

@@ -37,7 +37,7 @@ from megarl.config.sft import (
 from megarl.data import DataError
 from megarl.data.sft import SftSample, load_sft_samples, sft_batches, steps_per_epoch
 from megarl.orchestration.cluster import cluster_gpus, init_ray, shutdown_ray
-from megarl.orchestration.placement import BundleSpec, create_placement_group
+from megarl.orchestration.placement import BundleSpec, create_placement_group, remove_placement_group
 from megarl.parallel.device import worker_env
 from megarl.trainer.settings import optim_settings
 from megarl.workers.batch import PolicyBatch
@@ -151,8 +151,6 @@ class SftTrainer:
             if group is not None:
                 group.workers.kill()
             if placement is not None:
-                from ray.util.placement_group import remove_placement_group
-
                 remove_placement_group(placement)
             shutdown_ray()
 

@@ -82,13 +82,13 @@ sections → the workers' settings objects) sits in the cluster's row: the clust
 specs with it (`megarl.cluster.roles.worker_specs`), and it imports nothing above the config checks."""
 
 LIBRARIES: dict[str, list[str]] = {
-    "ray": ["megarl.orchestration", "megarl.rollout", "megarl.cluster", "megarl.trainer", "megarl.cli", "megarl.bench"],
+    "ray": ["megarl.orchestration"],
     "vllm": ["megarl.workers.rollout", "megarl.bench"],
     "megatron": ["megarl.parallel", "megarl.models", "megarl.workers"],
     "torch.distributed": [entry for _, entries in LAYERS for entry in entries if entry != "megarl.algorithms"],
 }
-"""Where each heavy library may be imported: Ray by the orchestration and above (the workers are plain
-classes), vLLM by the rollout engines (and the peer benchmark), megatron-core by the processes that build
+"""Where each heavy library may be imported: Ray by the orchestration only (the workers are plain classes,
+and the layers above reach Ray through its functions), vLLM by the rollout engines (and the peer benchmark), megatron-core by the processes that build
 models; `megarl.algorithms` is pure torch math (no torch.distributed)."""
 
 INTERFACES: dict[str, str] = {"megarl.workers.rollout": "megarl.bridge"}
