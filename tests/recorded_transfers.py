@@ -21,7 +21,8 @@ import torch
 
 import megarl.trainer.trainer as trainer_module
 from megarl.algorithms.kl import FixedKLController
-from megarl.config import load_config, plan_batches
+from megarl.config.batch_plan import plan_batches
+from megarl.config.loader import load_config
 from megarl.config.rollout import response_length
 from megarl.data.prompts import Prompt
 from megarl.models.hf_config import ModelDims

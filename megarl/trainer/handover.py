@@ -63,7 +63,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from megarl.config import ConfigError, Problem
+from megarl.config.problems import ConfigError, Problem
 from megarl.orchestration.worker_group import Call, wait_all
 from megarl.trainer.metrics import memory_metric
 from megarl.trainer.sync_step import WeightSync

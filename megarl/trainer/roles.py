@@ -22,7 +22,10 @@ from pathlib import Path
 
 from megarl.bridge.ring_routes import RingRoutes, route_rings
 from megarl.bridge.transports.shared_memory import remove_slot_files
-from megarl.config import BatchPlan, Config, ConfigError, cluster_problems, resolve_device
+from megarl.config.batch_plan import BatchPlan
+from megarl.config.config import Config
+from megarl.config.placement import cluster_problems, resolve_device
+from megarl.config.problems import ConfigError
 from megarl.config.rollout import response_length, rollout_dtype
 from megarl.orchestration.cluster import cluster_gpus
 from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group, engine_bundles, gpu_slots

@@ -10,7 +10,7 @@ from dataclasses import replace
 import torch
 
 from megarl.algorithms.dapo import DynamicSampler, overlong_penalty
-from megarl.config import Config
+from megarl.config.config import Config
 from megarl.config.rollout import response_length
 from megarl.data import Prompt, iter_batches, reward_columns
 from megarl.rewards.failure_window import FailureWindow

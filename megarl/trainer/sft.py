@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from megarl.config import ConfigError, Problem
 from megarl.config.placement import resolve_device
+from megarl.config.problems import ConfigError, Problem
 from megarl.config.sft import (
     SftConfig,
     data_parallel_size,

@@ -27,10 +27,12 @@ from megarl import interrupt
 from megarl.algorithms.advantages import compute_advantages
 from megarl.algorithms.dapo import filtered_loss_mask, truncated_samples
 from megarl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
-from megarl.config import Config, ConfigError, checked_config, plan_batches
+from megarl.config.batch_plan import plan_batches
+from megarl.config.config import Config
 from megarl.config.hub import resolve_hub_ids
-from megarl.config.problems import Problem
+from megarl.config.problems import ConfigError, Problem
 from megarl.config.rollout import response_length
+from megarl.config.validate import checked_config
 from megarl.data import load_prompts, train_loader
 from megarl.models.flops import training_flops
 from megarl.models.hf_checkpoint import check_hf_checkpoint

@@ -8,7 +8,8 @@ tests/e2e/trainer/test_trainer_e2e.py (a colocated TP-2 engine in a training run
 import pytest
 import torch
 
-from megarl.config import build_config, plan_batches
+from megarl.config.batch_plan import plan_batches
+from megarl.config.loader import build_config
 from megarl.models.tiny import make_tiny_model
 from megarl.orchestration import placement
 from megarl.orchestration.cluster import init_ray, shutdown_ray

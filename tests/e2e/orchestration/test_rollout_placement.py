@@ -8,7 +8,8 @@ The bundles are addressed through the run's slots (`placement.gpu_slots`, probed
 import pytest
 import ray
 
-from megarl.config import build_config, plan_batches
+from megarl.config.batch_plan import plan_batches
+from megarl.config.loader import build_config
 from megarl.orchestration import placement
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.orchestration.placement import BundleSpec, create_placement_group

@@ -399,7 +399,7 @@ def test_dapo_dynamic_sampling_runs_on_top_of_the_agent_loop_and_the_reward_sees
     last turn as the response and its messages as the `trajectory` column."""
     from pathlib import Path
 
-    from megarl.config import load_config
+    from megarl.config.loader import load_config
     from megarl.rewards.scorer import RewardResult
     from megarl.trainer.rollout import RolloutPhase
     from megarl.trainer.timing import PhaseTimer

@@ -23,7 +23,7 @@ import torch
 from recorded_transfers import RecordingWorkers
 
 from megarl.bridge import checksum
-from megarl.config import load_config
+from megarl.config.loader import load_config
 from megarl.trainer.handover import HandOver
 from megarl.trainer.sync_step import WeightSync
 from megarl.trainer.timing import PhaseTimer

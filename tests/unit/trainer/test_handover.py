@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from megarl.bridge.checksum import LoadedChecksums
-from megarl.config import ConfigError, load_config
+from megarl.config.loader import load_config
+from megarl.config.problems import ConfigError
 from megarl.orchestration.worker_group import Call
 from megarl.trainer.handover import HandOver, megatron_groups, offload_before_engines
 from megarl.trainer.metrics import MEMORY_PHASES, undocumented

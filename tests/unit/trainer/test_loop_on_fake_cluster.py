@@ -18,7 +18,7 @@ from quickstart_assets import make_assets, overrides, read_metrics
 import megarl.trainer.trainer as trainer_module
 from megarl import Trainer, interrupt
 from megarl.cli.train import _train
-from megarl.config import checked_config
+from megarl.config.validate import checked_config
 from megarl.rewards.functions import RewardFunctionError
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.trainer.roles import Roles

@@ -14,7 +14,7 @@ from recorded_transfers import RecordingWorkers
 from megarl.bridge.checksum import LoadedChecksums, WeightChecksumError
 from megarl.bridge.ring_routes import route_rings
 from megarl.bridge.verify import SyncVerificationError
-from megarl.config import load_config
+from megarl.config.loader import load_config
 from megarl.trainer.handover import HandOver
 from megarl.trainer.sync_step import WeightSync
 from megarl.trainer.timing import PhaseTimer
