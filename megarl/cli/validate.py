@@ -10,7 +10,6 @@ import sys
 import yaml
 
 from megarl.cli.arguments import positive_float
-from megarl.config import validate
 from megarl.config.batch_plan import plan_batches
 from megarl.config.config import to_dict
 from megarl.config.loader import load_config
@@ -20,6 +19,7 @@ from megarl.config.model_facts import ModelFactsError, load_model_facts
 from megarl.config.placement import placement_problems
 from megarl.config.plan_table import format_plan
 from megarl.config.problems import ConfigError, Problem
+from megarl.config.validate import validate
 
 
 def register(subparsers) -> None:
