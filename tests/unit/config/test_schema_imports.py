@@ -5,11 +5,14 @@ interpreter loads only the schema modules it names, `megarl`, `megarl.versions` 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 SCHEMA = ["sections", "roles", "rollout", "problems", "config"]
 ALLOWED = {"megarl", "megarl.versions", "megarl.config", *(f"megarl.config.{name}" for name in SCHEMA)}
+REPOSITORY = Path(__file__).resolve().parents[3]
+"""The working directory of the probes: `python -c` puts it first on sys.path, so they import this megarl."""
 HEAVY = ("torch", "ray", "megatron", "vllm", "transformers", "yaml", "numpy")
 
 
@@ -19,7 +22,7 @@ def test_a_schema_module_loads_only_the_schema(name):
         f"import sys, json, megarl.config.{name}; "
         "print(json.dumps(sorted(m for m in sys.modules if m == 'megarl' or m.startswith('megarl.'))))"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPOSITORY)
     loaded = json.loads(result.stdout)
     extra = sorted(set(loaded) - ALLOWED)
     assert not extra, (
@@ -36,5 +39,5 @@ def test_the_schema_imports_no_heavy_library():
         "import sys, json, megarl.config.config, megarl.config.problems; "
         f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPOSITORY)
     assert json.loads(result.stdout) == [], "the schema must not import heavy libraries: move the import to a check"
