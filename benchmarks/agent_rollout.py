@@ -22,7 +22,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from megarl.config import load_config
+from megarl.config.loader import load_config
 from megarl.data import load_prompts
 from megarl.rollout import AgentLoop, ObservationEncoder, single_turn
 from megarl.tools import ToolSet, parser_for

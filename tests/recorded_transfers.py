@@ -24,7 +24,8 @@ from megarl.algorithms.kl import FixedKLController
 from megarl.cluster.roles import MegatronGroup, Roles
 from megarl.cluster.running import RunningCluster
 from megarl.cluster.timing import PhaseTimer
-from megarl.config import load_config, plan_batches
+from megarl.config.batch_plan import plan_batches
+from megarl.config.loader import load_config
 from megarl.config.rollout import response_length
 from megarl.data.prompts import Prompt
 from megarl.models.hf_config import ModelDims

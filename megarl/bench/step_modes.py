@@ -13,7 +13,7 @@ and `megarl bench step --modes ... --json X.json` draws the curves into X.png (`
 
 from __future__ import annotations
 
-from megarl.config import Config
+from megarl.config.config import Config
 
 MODES: dict[str, tuple[str, str]] = {
     "colocated_sync": ("colocated", "sync"),
@@ -44,7 +44,7 @@ def mode_overrides(config: Config, mode: str) -> list[str]:
 def run(config_path: str, overrides: list[str], repeats: int, modes: tuple[str, ...], seed: int = 0) -> dict:
     from megarl.bench import step
     from megarl.bench.peer import reward_rise, seed_overrides
-    from megarl.config import load_config
+    from megarl.config.loader import load_config
 
     config = load_config(config_path, overrides)
     seeded = [*overrides, *seed_overrides(seed)]

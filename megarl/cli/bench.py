@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from megarl.bench.common import write_json
     from megarl.cli.stop_signals import StopOnSignal
-    from megarl.config import ConfigError
+    from megarl.config.problems import ConfigError
     from megarl.interrupt import Stopped
 
     try:

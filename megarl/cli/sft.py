@@ -27,7 +27,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from megarl import credentials, interrupt
     from megarl.cli.stop_signals import StopOnSignal
-    from megarl.config import ConfigError
+    from megarl.config.problems import ConfigError
     from megarl.data import DataError
     from megarl.orchestration.cluster import RayStartError, check_ray_can_start
     from megarl.orchestration.placement import PlacementError

@@ -20,7 +20,9 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from megarl import credentials
     from megarl.cluster.ray_node import WORKER_ENV, ray_cpus
-    from megarl.config import ConfigError, checked_config, plan_batches
+    from megarl.config.batch_plan import plan_batches
+    from megarl.config.problems import ConfigError
+    from megarl.config.validate import checked_config
     from megarl.orchestration.cluster import RayStartError, check_ray_can_start, shutdown_ray, start_ray_early
     from megarl.run_lock import DirectoryBusy, DirectoryLocks
 
@@ -70,7 +72,7 @@ def _train(config) -> int:
     from megarl import interrupt
     from megarl.bridge.verify import SyncVerificationError
     from megarl.cli.stop_signals import StopOnSignal, doing, resume_hint, stopped_line
-    from megarl.config import ConfigError
+    from megarl.config.problems import ConfigError
     from megarl.data import DataError
     from megarl.orchestration.cluster import RayStartError
     from megarl.orchestration.worker_group import WorkerFailure

@@ -10,20 +10,16 @@ import sys
 import yaml
 
 from megarl.cli.arguments import positive_float
-from megarl.config import (
-    ConfigError,
-    Problem,
-    format_plan,
-    load_config,
-    load_model_facts,
-    placement_problems,
-    plan_batches,
-    to_dict,
-    validate,
-)
+from megarl.config.batch_plan import plan_batches
+from megarl.config.config import to_dict
+from megarl.config.loader import load_config
 from megarl.config.memory import kv_cache_problems, rollout_budget_problems
 from megarl.config.memory_table import memory_report
-from megarl.config.model_facts import ModelFactsError
+from megarl.config.model_facts import ModelFactsError, load_model_facts
+from megarl.config.placement import placement_problems
+from megarl.config.plan_table import format_plan
+from megarl.config.problems import ConfigError, Problem
+from megarl.config.validate import validate
 
 
 def register(subparsers) -> None:

@@ -66,7 +66,7 @@ from collections.abc import Iterable
 from megarl.cluster.memory_metrics import memory_metric
 from megarl.cluster.sync_step import WeightSync
 from megarl.cluster.timing import PhaseTimer
-from megarl.config import ConfigError, Problem
+from megarl.config.problems import ConfigError, Problem
 from megarl.orchestration.worker_group import Call, wait_all
 
 MEMORY = Call("memory_stats")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from megarl.config import BatchPlan
+from megarl.config.batch_plan import BatchPlan
 from megarl.quiet import python_warnings
 
 WORKER_ENV = {

@@ -28,7 +28,10 @@ from megarl.cluster.ray_node import device_bundles
 from megarl.cluster.staged_batch import StagedBatch
 from megarl.cluster.sync_step import SYNC_TIMEOUT_S
 from megarl.cluster.timing import PhaseTimer
-from megarl.config import BatchPlan, Config, ConfigError, cluster_problems, resolve_device
+from megarl.config.batch_plan import BatchPlan
+from megarl.config.config import Config
+from megarl.config.placement import cluster_problems, resolve_device
+from megarl.config.problems import ConfigError
 from megarl.config.rollout import response_length, rollout_dtype
 from megarl.orchestration.cluster import cluster_gpus, driver_node_address
 from megarl.orchestration.placement import (

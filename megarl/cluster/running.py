@@ -14,7 +14,8 @@ from megarl.cluster.roles import Roles, cluster_device, start_roles
 from megarl.cluster.staged_batch import StagedBatch
 from megarl.cluster.sync_step import WeightSync
 from megarl.cluster.timing import PhaseTimer
-from megarl.config import BatchPlan, Config
+from megarl.config.batch_plan import BatchPlan
+from megarl.config.config import Config
 from megarl.orchestration.worker_group import WorkerGroup
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.profiling import ProfileRequest

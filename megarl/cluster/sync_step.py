@@ -30,7 +30,7 @@ from megarl.bridge.checksum import check_checksums, combine
 from megarl.bridge.plan import LayoutPair
 from megarl.bridge.verify import check_sync, probe_token_ids
 from megarl.cluster.metric_reduce import reduce_metrics
-from megarl.config import Config
+from megarl.config.config import Config
 from megarl.config.rollout import logprob_gap_threshold, rollout_dtype
 from megarl.orchestration.worker_group import Call
 

@@ -25,7 +25,8 @@ import json
 import os
 from pathlib import Path
 
-from megarl.config import BatchPlan, Config
+from megarl.config.batch_plan import BatchPlan
+from megarl.config.config import Config
 from megarl.config.problems import Problem
 from megarl.models.hf_config import ModelDims
 from megarl.workers.checkpoint_files import EXTRA_FILE, CheckpointError, part_dir, read_manifest

@@ -12,7 +12,7 @@ import torch
 from megarl.algorithms.dapo import DynamicSampler, overlong_penalty
 from megarl.cluster.metric_reduce import reduce_metrics
 from megarl.cluster.timing import PhaseTimer
-from megarl.config import Config
+from megarl.config.config import Config
 from megarl.config.rollout import response_length
 from megarl.data import Prompt, iter_batches, reward_columns
 from megarl.rewards.failure_window import FailureWindow

@@ -1,7 +1,9 @@
 """Config sections → the plain settings objects the workers take (workers never see the config)."""
 
 from megarl.algorithms.rollout_correction import RolloutCorrection
-from megarl.config import BatchPlan, Config, ConfigError, Problem
+from megarl.config.batch_plan import BatchPlan
+from megarl.config.config import Config
+from megarl.config.problems import ConfigError, Problem
 from megarl.config.roles import MoeConfig, OptimizerConfig, RecomputeConfig, RolloutCorrectionConfig
 from megarl.workers.packing import TokenBudget
 from megarl.workers.rollout.base import SamplingConfig

@@ -23,8 +23,8 @@ from transformers import AutoTokenizer
 
 from megarl.cluster.megatron_group import MegatronGroup
 from megarl.cluster.ray_node import WORKER_ENV
-from megarl.config import ConfigError, Problem
 from megarl.config.placement import resolve_device
+from megarl.config.problems import ConfigError, Problem
 from megarl.config.sft import (
     SftConfig,
     data_parallel_size,

@@ -36,8 +36,8 @@ from typing import Protocol, TextIO
 import yaml
 from tqdm import tqdm
 
-from megarl.config import BatchPlan, Config
-from megarl.config.config import to_dict
+from megarl.config.batch_plan import BatchPlan
+from megarl.config.config import Config, to_dict
 from megarl.credentials import credential
 from megarl.trainer.plots import CURVES_FILE, MEMORY_FILE, plot_memory, plot_metrics
 

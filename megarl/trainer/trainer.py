@@ -33,10 +33,12 @@ from megarl.cluster.protocol import Cluster
 from megarl.cluster.ray_node import WORKER_ENV, ray_cpus
 from megarl.cluster.running import start_cluster
 from megarl.cluster.timing import STARTUP_PHASES, PhaseTimer, startup_line
-from megarl.config import Config, ConfigError, checked_config, plan_batches
+from megarl.config.batch_plan import plan_batches
+from megarl.config.config import Config
 from megarl.config.hub import resolve_hub_ids
-from megarl.config.problems import Problem
+from megarl.config.problems import ConfigError, Problem
 from megarl.config.rollout import response_length
+from megarl.config.validate import checked_config
 from megarl.data import load_prompts, train_loader
 from megarl.models.flops import training_flops
 from megarl.models.hf_checkpoint import check_hf_checkpoint

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from megarl.cluster import ray_node, roles
-from megarl.config import build_config, plan_batches
+from megarl.config.batch_plan import plan_batches
+from megarl.config.loader import build_config
 from megarl.models.tiny import make_tiny_model
 from megarl.orchestration import placement
 from megarl.orchestration.cluster import init_ray, shutdown_ray

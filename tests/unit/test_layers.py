@@ -12,9 +12,9 @@ from the interpreter: the trainer's roles -> handover -> sync_step -> roles circ
 one side imported lazily or for type checking. `from pkg import name` is an edge to `pkg.name` where that
 is a module, else to `pkg` (its `__init__`). Not counted: the parent packages' `__init__` that Python
 runs on the way to a submodule (a package re-exporting its modules would otherwise be a circle with each
-of them; `import megarl.config.sections` still runs `megarl/config/__init__.py`: issue 30 item 2 splits
-the schema from the checks so that it loads nothing heavy), and dotted strings ("pkg.module:function")
-that worker groups, rewards and tools resolve in other processes.
+of them; `megarl/config/__init__.py` re-exports nothing, so `import megarl.config.sections` loads the
+schema alone: `tests/unit/config/test_schema_imports.py` counts that at run time), and dotted strings
+("pkg.module:function") that worker groups, rewards and tools resolve in other processes.
 
 A new module falls in the row of its package; a new package (or top-level module) must be given a row
 (`test_every_module_has_a_row`). A finding names the file, the line and the fix.
@@ -46,8 +46,8 @@ CONFIG_SCHEMA = [
 ]
 """The config modules that import no megarl package above the bottom row: the sections, YAML loading and the
 checks that read nothing but the config. The rest of `megarl.config` (`validate`, `model_facts`, `memory`,
-`tokenizer_files`, `sft` and the package's `__init__`, which re-exports `validate`) checks a config against
-the model registry, checkpoints and tools, and sits above them."""
+`tokenizer_files`, `sft`) checks a config against the model registry, checkpoints and tools, and sits above
+them; the package's `__init__` imports nothing."""
 
 LAYERS: list[tuple[str, list[str]]] = [
     (

@@ -9,7 +9,8 @@ import pytest
 import ray
 
 from megarl.cluster import ray_node, roles
-from megarl.config import build_config, plan_batches
+from megarl.config.batch_plan import plan_batches
+from megarl.config.loader import build_config
 from megarl.orchestration import placement
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.orchestration.placement import BundleSpec, create_placement_group

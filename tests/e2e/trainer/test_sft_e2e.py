@@ -11,8 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from megarl.config import load_config, validate
+from megarl.config.loader import load_config
 from megarl.config.sft import SFT_MARKER, output_dir_problems
+from megarl.config.validate import validate
 from megarl.data.sft import sft_batches
 from megarl.models.tiny import make_tiny_model
 from megarl.rewards.tasks import calc_tool_demo_rows

@@ -7,7 +7,8 @@ import pytest
 
 from megarl.bench.step_modes import MODES, markdown, mode_overrides
 from megarl.cli.main import main
-from megarl.config import load_config, validate
+from megarl.config.loader import load_config
+from megarl.config.validate import validate
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 

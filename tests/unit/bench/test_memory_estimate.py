@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from megarl.config import load_config
+from megarl.config.loader import load_config
 from megarl.config.memory import (
     GIB,
     ModelShape,
@@ -255,7 +255,7 @@ def test_report_says_what_runs():
 def test_a_packed_micro_batch_is_sized_as_the_rows_its_budget_holds():
     """max_tokens_per_micro_batch = 3 rows of S: the activations of 3 padded samples, whatever
     micro_batch_size_per_gpu says."""
-    from megarl.config import build_config
+    from megarl.config.loader import build_config
     from megarl.config.memory import ModelShape, estimate_memory
 
     def actor_activations(actor: dict) -> int:

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from megarl.config import ConfigError, SyncConfig, load_config
+from megarl.config.loader import load_config
+from megarl.config.problems import ConfigError
 from megarl.config.rollout import (
     LOGPROB_GAP_BY_DTYPE,
     LOGPROB_GAP_MARGIN,
     LOGPROB_GAP_MEASURED,
+    SyncConfig,
     logprob_gap_threshold,
     rollout_dtype,
 )

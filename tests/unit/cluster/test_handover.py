@@ -24,7 +24,8 @@ from megarl.cluster.handover import HandOver, megatron_groups, offload_before_en
 from megarl.cluster.memory_metrics import MEMORY_PHASES
 from megarl.cluster.sync_step import WeightSync
 from megarl.cluster.timing import PhaseTimer
-from megarl.config import ConfigError, load_config
+from megarl.config.loader import load_config
+from megarl.config.problems import ConfigError
 from megarl.orchestration.worker_group import Call
 from megarl.trainer.metrics import undocumented
 

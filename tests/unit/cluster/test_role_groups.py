@@ -8,7 +8,9 @@ from recorded_transfers import RecordingWorkers, old_log_probs_of, ref_log_probs
 
 from megarl.cluster.ray_node import device_bundles
 from megarl.cluster.roles import MegatronGroup, Roles, worker_specs
-from megarl.config import format_plan, load_config, plan_batches
+from megarl.config.batch_plan import plan_batches
+from megarl.config.loader import load_config
+from megarl.config.plan_table import format_plan
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.packing import TokenBudget
 

@@ -12,7 +12,8 @@ import itertools
 import pytest
 
 from megarl.cluster import roles
-from megarl.config import build_config, plan_batches
+from megarl.config.batch_plan import plan_batches
+from megarl.config.loader import build_config
 from megarl.orchestration import placement
 from megarl.orchestration.placement import PlacementError, engine_bundles
 

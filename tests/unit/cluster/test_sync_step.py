@@ -17,7 +17,7 @@ from megarl.bridge.verify import SyncVerificationError
 from megarl.cluster.handover import HandOver
 from megarl.cluster.sync_step import WeightSync
 from megarl.cluster.timing import PhaseTimer
-from megarl.config import load_config
+from megarl.config.loader import load_config
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 ACTOR_LOG_PROBS = -torch.rand(4, 7) - 1.0

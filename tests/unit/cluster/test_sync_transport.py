@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from megarl.cluster.roles import shared_routes, sync_transport, weight_sync_grids
-from megarl.config import load_config
+from megarl.config.loader import load_config
 from megarl.orchestration.placement import PlacementError
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
@@ -109,7 +109,7 @@ def test_per_rank_always_where_the_routes_do_not_stream_own_shards_names_the_set
 
 
 def test_train_refuses_the_collective_on_colocated_gpus_once_the_cluster_has_them():
-    from megarl.config import cluster_problems, placement_problems
+    from megarl.config.placement import cluster_problems, placement_problems
 
     config = load_config(
         QUICKSTART, ["trainer.device=auto", "rollout.sync.transport=collective"]

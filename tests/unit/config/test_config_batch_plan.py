@@ -2,9 +2,10 @@
 
 import pytest
 
-from megarl.config import ConfigError, build_config, plan_batches
-from megarl.config.batch_plan import batch_problems
+from megarl.config.batch_plan import batch_problems, plan_batches
+from megarl.config.loader import build_config
 from megarl.config.plan_table import format_plan
+from megarl.config.problems import ConfigError
 
 
 def config_of(data: dict):

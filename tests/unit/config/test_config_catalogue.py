@@ -10,7 +10,7 @@ import os
 import pytest
 from config_testing import TINY_MODEL, error_lines, run_validate, snapshot, write_model
 
-from megarl.config import load_config
+from megarl.config.loader import load_config
 from megarl.workers.checkpoint_files import build_manifest, commit, new_nonce, step_dir_name, tmp_dir_for
 
 CASES = [

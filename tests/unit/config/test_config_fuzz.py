@@ -30,7 +30,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from megarl.cli.validate import run as validate_command
-from megarl.config import Config, ConfigError, load_config
+from megarl.config.config import Config
+from megarl.config.loader import load_config
+from megarl.config.problems import ConfigError
 from megarl.config.sft import SftConfig
 
 CPU_LIMIT_S = 10

@@ -7,7 +7,9 @@ import sys
 import pytest
 from config_testing import CONFIGS, SFT_RECIPES
 
-from megarl.config import Config, ConfigError, apply_overrides, load_config, parse_yaml, to_dict
+from megarl.config.config import Config, to_dict
+from megarl.config.loader import apply_overrides, load_config, parse_yaml
+from megarl.config.problems import ConfigError
 from megarl.config.sft import SftConfig
 
 
@@ -119,12 +121,15 @@ def test_every_field_has_a_docstring():
     import ast
     import inspect
 
-    import megarl.config as package
+    from megarl.config import batch_plan, config, model_facts, roles, rollout, sections
 
-    for name in package.__all__:
-        cls = getattr(package, name)
+    classes = [
+        cls for module in (sections, roles, rollout, config, batch_plan, model_facts) for cls in vars(module).values()
+    ]
+    for cls in classes:
         if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
             continue
+        name = cls.__name__
         tree = ast.parse(inspect.getsource(cls))
         body = tree.body[0].body
         for index, node in enumerate(body):
@@ -136,7 +141,7 @@ def test_every_field_has_a_docstring():
 
 def test_reading_a_config_imports_no_heavy_stack():
     code = (
-        "import sys, megarl.config as c; c.load_config('configs/quickstart.yaml'); "
+        "import sys, megarl.config.loader as c; c.load_config('configs/quickstart.yaml'); "
         "print(sorted(m for m in ('torch', 'ray', 'megatron', 'vllm') if m in sys.modules))"
     )
     result = subprocess.run(
@@ -158,7 +163,7 @@ def test_section_override_merges_into_the_recipe(tmp_path):
 
 
 def test_problem_shows_values_as_yaml():
-    from megarl.config import Problem
+    from megarl.config.problems import Problem
 
     assert str(Problem("critic.enable", True, "why", "fix")) == "critic.enable = true: why; fix: fix"
     assert str(Problem("model.tokenizer_path", None, "w", "f")) == "model.tokenizer_path = null: w; fix: f"

@@ -6,7 +6,9 @@ import shutil
 import pytest
 from config_testing import CONFIGS, RL_RECIPES, error_lines, run_validate, write_model
 
-from megarl.config import format_plan, load_config, plan_batches
+from megarl.config.batch_plan import plan_batches
+from megarl.config.loader import load_config
+from megarl.config.plan_table import format_plan
 
 CPU_RECIPES = ("quickstart.yaml", "agent_quickstart.yaml", "quickstart_moe.yaml")
 """Recipes of the tiny models the quickstart scripts make on the spot."""

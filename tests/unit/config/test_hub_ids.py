@@ -13,8 +13,9 @@ from config_testing import error_lines, run_validate
 from hf_cache_testing import COMMIT, put_in_cache, use_cache
 from huggingface_hub import scan_cache_dir, snapshot_download, try_to_load_from_cache
 
-from megarl.config import ConfigError, load_config
 from megarl.config.hub import resolve_hub_ids
+from megarl.config.loader import load_config
+from megarl.config.problems import ConfigError
 from megarl.models.tiny import make_tiny_model, make_tiny_reward_model
 
 MODEL_ID = "megarl-test/tiny-qwen2"

@@ -9,7 +9,7 @@ from config_testing import CONFIGS, write_model
 
 import megarl.trainer.sft as sft_module
 from megarl.cli.main import main
-from megarl.config import ConfigError
+from megarl.config.problems import ConfigError
 from megarl.config.sft import SftConfig, load_sft_config, validate_sft
 from megarl.models.tiny import build_char_tokenizer
 

@@ -19,7 +19,7 @@ from hf_cache_testing import put_in_cache, use_cache
 
 from megarl import interrupt
 from megarl.cli.main import main
-from megarl.config import load_config
+from megarl.config.loader import load_config
 from megarl.config.sections import DataConfig
 from megarl.data import load_prompts, reward_columns
 from megarl.data.conventions import GSM8K_INSTRUCTION, MATH_INSTRUCTION

@@ -10,7 +10,8 @@ import json
 import pytest
 from test_reliability_cli_inputs import problem_lines, run_cli
 
-from megarl.config import checked_config, plan_batches
+from megarl.config.batch_plan import plan_batches
+from megarl.config.validate import checked_config
 from megarl.models.hf_config import read_model_dims
 from megarl.trainer.resume_check import IDENTITY_KEY, expected_layouts, run_identity
 from megarl.workers.checkpoint_files import EXTRA_FILE, build_manifest, commit, new_nonce, step_dir_name, tmp_dir_for

@@ -16,7 +16,7 @@ from process_testing import command_line
 
 import megarl.tools.builtin.python as python_tool
 from megarl.cli.main import main
-from megarl.config import build_config
+from megarl.config.loader import build_config
 from megarl.config.sections import RewardConfig, RewardSandboxConfig
 from megarl.config.validate import validate
 from megarl.rewards import RewardFunctionError, RewardScorer, code_tests

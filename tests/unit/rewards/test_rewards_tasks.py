@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from megarl.cli.main import main
-from megarl.config import load_config
+from megarl.config.loader import load_config
 from megarl.data import load_prompts
 from megarl.data.sft import load_sft_samples
 from megarl.models.tiny import CHARACTERS, build_char_tokenizer

@@ -400,7 +400,7 @@ def test_dapo_dynamic_sampling_runs_on_top_of_the_agent_loop_and_the_reward_sees
     from pathlib import Path
 
     from megarl.cluster.timing import PhaseTimer
-    from megarl.config import load_config
+    from megarl.config.loader import load_config
     from megarl.rewards.scorer import RewardResult
     from megarl.trainer.rollout import RolloutPhase
 

@@ -26,7 +26,7 @@ from megarl.bridge import checksum
 from megarl.cluster.handover import HandOver
 from megarl.cluster.sync_step import WeightSync
 from megarl.cluster.timing import PhaseTimer
-from megarl.config import load_config
+from megarl.config.loader import load_config
 from megarl.workers.rollout import vllm_engine
 from megarl.workers.rollout.engine_args import EngineArgs
 from megarl.workers.rollout.rollout_worker import RolloutWorker

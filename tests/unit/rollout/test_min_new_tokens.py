@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from megarl.config import load_config
+from megarl.config.loader import load_config
 from megarl.models.tiny import make_tiny_model
 from megarl.trainer.settings import sampling_config
 from megarl.workers.rollout import SamplingConfig

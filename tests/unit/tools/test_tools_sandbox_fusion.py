@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import pytest
 
-from megarl.config import build_config
+from megarl.config.loader import build_config
 from megarl.config.rollout import MultiTurnConfig, PythonToolConfig, ToolConfig
 from megarl.config.sections import RewardConfig, RewardSandboxConfig
 from megarl.rewards import RewardFunctionError, RewardScorer, code_tests

@@ -21,7 +21,7 @@ from megarl.cli.train import _train
 from megarl.cluster.protocol import Cluster
 from megarl.cluster.roles import Roles
 from megarl.cluster.running import RunningCluster, start_cluster
-from megarl.config import checked_config
+from megarl.config.validate import checked_config
 from megarl.rewards.functions import RewardFunctionError
 from megarl.trainer.checkpoint_manager import CheckpointManager
 from megarl.workers.checkpoint_files import (

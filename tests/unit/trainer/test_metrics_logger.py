@@ -4,8 +4,8 @@
 import dataclasses
 import json
 
-from megarl.config import Config, plan_batches
-from megarl.config.config import to_dict
+from megarl.config.batch_plan import plan_batches
+from megarl.config.config import Config, to_dict
 from megarl.config.sections import TrainerConfig
 from megarl.trainer.sinks import CURVES_FILE, METRICS_FILE, RUN_CONFIG_FILE, MetricsLogger, read_metrics_file
 

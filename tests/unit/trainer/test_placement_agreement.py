@@ -7,7 +7,8 @@ placement and device (issue 15, item 4), so the seeds' layout (6 GPUs, colocated
 import pytest
 
 from megarl.cluster import roles
-from megarl.config import ConfigError, resolve_device
+from megarl.config.placement import resolve_device
+from megarl.config.problems import ConfigError
 from megarl.trainer.trainer import Trainer
 from tests.unit.reliability.conftest import model_dir, workdir  # noqa: F401
 from tests.unit.reliability.test_reliability_cli_inputs import problem_lines, run_cli

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from recorded_transfers import recorded_trainer, run_step
 
-from megarl.config import load_config
+from megarl.config.loader import load_config
 from megarl.config.sections import ProfileConfig
 from megarl.trainer.profile_schedule import PROFILE_DIR, profile_request
 from megarl.workers.profiling import ProfileRequest

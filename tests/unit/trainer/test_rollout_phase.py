@@ -13,7 +13,7 @@ import torch
 
 from megarl.algorithms.advantages import compute_advantages
 from megarl.cluster.timing import PhaseTimer
-from megarl.config import load_config
+from megarl.config.loader import load_config
 from megarl.data import Prompt
 from megarl.rewards.scorer import RewardResult
 from megarl.rollout import single_turn

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from megarl.config import load_config, plan_batches
+from megarl.config.batch_plan import plan_batches
+from megarl.config.loader import load_config
 from megarl.data import Prompt
 from megarl.rollout import offset_seed, single_turn
 from megarl.trainer.settings import sampling_config, step_seed

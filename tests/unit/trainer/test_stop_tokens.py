@@ -4,7 +4,7 @@ naming the setting. (The engines ending a sample on `stop_token_ids`: tests/e2e/
 
 import pytest
 
-from megarl.config import ConfigError
+from megarl.config.problems import ConfigError
 from megarl.models.tiny import build_char_tokenizer
 from megarl.trainer.settings import stop_token_ids
 

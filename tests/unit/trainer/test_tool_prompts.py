@@ -7,7 +7,7 @@ user tool beside the built-in calculator; nothing but the Trainer's constructor 
 import shutil
 from pathlib import Path
 
-from megarl.config import load_config
+from megarl.config.loader import load_config
 from megarl.models.tiny import build_char_tokenizer, make_tiny_model
 from megarl.trainer.trainer import Trainer
 
