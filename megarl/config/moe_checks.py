@@ -4,6 +4,7 @@ at TP > 1) and every expert setting on a dense model, each a problem naming its 
 
 from megarl.config.config import Config
 from megarl.config.model_facts import ModelFacts
+from megarl.config.engines import engine_capabilities
 from megarl.config.problems import Problem
 from megarl.config.role_checks import need
 from megarl.config.roles import ActorConfig, ParallelConfig
@@ -105,7 +106,7 @@ def check_rollout_expert_split(rollout: RolloutConfig, facts: ModelFacts, model:
         )
         need(
             problems,
-            rollout.backend == "vllm",
+            engine_capabilities(rollout.backend).expert_parallel,
             "rollout.expert_parallel",
             True,
             f"rollout.backend={rollout.backend} generates on one device; expert parallelism is vLLM's",

@@ -8,6 +8,7 @@ Nothing here asks the machine running it for a GPU: the driver's CUDA says nothi
 """
 
 from megarl.config.config import Config
+from megarl.config.engines import engine_capabilities
 from megarl.config.problems import Problem
 
 RESOLVED = {"auto": ("cpu", "cuda"), "cpu": ("cpu",), "cuda": ("cuda",)}
@@ -118,7 +119,11 @@ def _expert_parallel_on_cpu(config: Config, device: str) -> Problem | None:
 
 
 def _routed_experts_from_vllm_on_cpu(config: Config, device: str) -> Problem | None:
-    if not (config.actor.moe.router_replay and config.rollout.backend == "vllm" and RESOLVED[device] == ("cpu",)):
+    if not (
+        config.actor.moe.router_replay
+        and not engine_capabilities(config.rollout.backend).routed_experts_on_cpu
+        and RESOLVED[device] == ("cpu",)
+    ):
         return None
     return Problem(
         "actor.moe.router_replay",

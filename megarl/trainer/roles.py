@@ -23,6 +23,7 @@ from pathlib import Path
 from megarl.bridge.ring_routes import RingRoutes, route_rings
 from megarl.bridge.transports.shared_memory import remove_slot_files
 from megarl.config import BatchPlan, Config, ConfigError, cluster_problems, resolve_device
+from megarl.config.engines import engine_capabilities
 from megarl.config.rollout import response_length, rollout_dtype
 from megarl.orchestration.cluster import cluster_gpus
 from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group, engine_bundles, gpu_slots
@@ -404,7 +405,7 @@ def shared_routes(config: Config, plan: BatchPlan, grids: list[dict[str, int]]) 
         plan.rollout_engines,
         config.rollout.tensor_model_parallel_size,
         colocated=plan.colocated,
-        per_rank=setting != "never" and config.rollout.backend == "vllm",
+        per_rank=setting != "never" and engine_capabilities(config.rollout.backend).per_rank_load,
     )
     if setting == "always" and not routes.per_rank:
         raise PlacementError(
