@@ -3,8 +3,8 @@ coefficients, the expert layout (EP | experts, expert TP | expert width, sequenc
 at TP > 1) and every expert setting on a dense model, each a problem naming its key."""
 
 from megarl.config.config import Config
-from megarl.config.model_facts import ModelFacts
 from megarl.config.engines import engine_capabilities
+from megarl.config.model_facts import ModelFacts
 from megarl.config.problems import Problem
 from megarl.config.role_checks import need
 from megarl.config.roles import ActorConfig, ParallelConfig

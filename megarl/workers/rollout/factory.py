@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from megarl.config.engines import engine_capabilities
 from megarl.workers.rollout.base import RolloutEngine
 from megarl.workers.rollout.engine_args import EngineArgs
-
-from megarl.config.engines import engine_capabilities
 
 
 def make_rollout_engine(backend: str, args: EngineArgs) -> RolloutEngine:
