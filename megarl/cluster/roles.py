@@ -30,6 +30,7 @@ from megarl.cluster.sync_step import SYNC_TIMEOUT_S
 from megarl.cluster.timing import PhaseTimer
 from megarl.config.batch_plan import BatchPlan
 from megarl.config.config import Config
+from megarl.config.engines import engine_capabilities
 from megarl.config.placement import cluster_problems, resolve_device
 from megarl.config.problems import ConfigError
 from megarl.config.rollout import response_length, rollout_dtype
@@ -411,7 +412,7 @@ def sync_transport(
 def per_rank_load(config: Config) -> bool:
     """The engines may load per-rank tensors from the rings (`rollout.sync.per_rank` not "never"; the vLLM
     backend: the HF engine loads whole HF tensors only)."""
-    return config.rollout.sync.per_rank != "never" and config.rollout.backend == "vllm"
+    return config.rollout.sync.per_rank != "never" and engine_capabilities(config.rollout.backend).per_rank_load
 
 
 def shared_routes(config: Config, plan: BatchPlan, grids: list[dict[str, int]]) -> RingRoutes:

@@ -4,6 +4,7 @@ at TP > 1), block recompute that would run a mixture of experts' layers without 
 expert setting on a dense model, each a problem naming its key."""
 
 from megarl.config.config import Config
+from megarl.config.engines import engine_capabilities
 from megarl.config.model_facts import ModelFacts
 from megarl.config.problems import Problem
 from megarl.config.role_checks import need
@@ -107,7 +108,7 @@ def check_rollout_expert_split(rollout: RolloutConfig, facts: ModelFacts, model:
         )
         need(
             problems,
-            rollout.backend == "vllm",
+            engine_capabilities(rollout.backend).expert_parallel,
             "rollout.expert_parallel",
             True,
             f"rollout.backend={rollout.backend} generates on one device; expert parallelism is vLLM's",
@@ -203,12 +204,16 @@ def check_expert_transport(config: Config, problems: list[Problem]) -> None:
     need(
         problems,
         rollout.sync.transport in ("auto", "collective")
-        or (rollout.backend == "vllm" and rollout.sync.per_rank != "never"),
+        or (engine_capabilities(rollout.backend).per_rank_load and rollout.sync.per_rank != "never"),
         "rollout.sync.transport",
         rollout.sync.transport,
         why
         + "the shared transports carry them only as pieces the engines load per rank, which the "
-        + ("HF engine does not" if rollout.backend != "vllm" else "rollout.sync.per_rank: never forbids"),
+        + (
+            f"{rollout.backend} engine does not"
+            if not engine_capabilities(rollout.backend).per_rank_load
+            else "rollout.sync.per_rank: never forbids"
+        ),
         "use rollout.sync.transport: auto (it picks the collective here) or collective",
     )
     need(

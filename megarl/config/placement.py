@@ -8,6 +8,7 @@ Nothing here asks the machine running it for a GPU: the driver's CUDA says nothi
 """
 
 from megarl.config.config import Config
+from megarl.config.engines import engine_capabilities
 from megarl.config.problems import Problem
 
 RESOLVED = {"auto": ("cpu", "cuda"), "cpu": ("cpu",), "cuda": ("cuda",)}
@@ -90,7 +91,9 @@ def _split_experts_on_colocated_gpus(config: Config, device: str) -> Problem | N
         )
         if applies
     ]
-    per_rank_load = config.rollout.backend == "vllm" and config.rollout.sync.per_rank != "never"
+    per_rank_load = (
+        engine_capabilities(config.rollout.backend).per_rank_load and config.rollout.sync.per_rank != "never"
+    )
     if not (split and not per_rank_load and config.placement.mode == "colocated" and RESOLVED[device] == ("cuda",)):
         return None
     key, value = split[0]
@@ -120,7 +123,11 @@ def _expert_parallel_on_cpu(config: Config, device: str) -> Problem | None:
 
 
 def _routed_experts_from_vllm_on_cpu(config: Config, device: str) -> Problem | None:
-    if not (config.actor.moe.router_replay and config.rollout.backend == "vllm" and RESOLVED[device] == ("cpu",)):
+    if not (
+        config.actor.moe.router_replay
+        and not engine_capabilities(config.rollout.backend).routed_experts_on_cpu
+        and RESOLVED[device] == ("cpu",)
+    ):
         return None
     return Problem(
         "actor.moe.router_replay",

@@ -2,6 +2,7 @@
 engine, sampling, sync, KV cache, partial rollouts; each problem names the key, value, reason and fix."""
 
 from megarl.config.config import Config
+from megarl.config.engines import ENGINES, engine_capabilities
 from megarl.config.problems import Problem
 from megarl.config.role_checks import need
 from megarl.config.roles import RolloutCorrectionConfig
@@ -165,11 +166,12 @@ def check_rollout(config: Config, problems: list[Problem]) -> None:
     need(problems, 0 < rollout.val_top_p <= 1, "rollout.val_top_p", rollout.val_top_p, "must lie in (0, 1]", "e.g. 1.0")
     need(
         problems,
-        not (rollout.backend == "hf" and rollout.tensor_model_parallel_size > 1),
+        (max_tp := engine_capabilities(rollout.backend).max_tensor_parallel) is None
+        or rollout.tensor_model_parallel_size <= max_tp,
         "rollout.tensor_model_parallel_size",
         rollout.tensor_model_parallel_size,
-        "the hf backend (HF generate) has no tensor parallelism",
-        "set it to 1, or rollout.backend=vllm",
+        f"the {rollout.backend} backend runs at most TP {max_tp}",
+        f"set it to at most {max_tp}, or a rollout.backend with tensor parallelism ({_engines_where('max_tensor_parallel', None)})",
     )
     need(
         problems,
@@ -234,10 +236,10 @@ def check_rollout(config: Config, problems: list[Problem]) -> None:
         )
         need(
             problems,
-            rollout.backend == "vllm",
+            engine_capabilities(rollout.backend).per_rank_load,
             "rollout.sync.per_rank",
             "always",
-            f"the per-rank load is vLLM's; rollout.backend is {rollout.backend}",
+            f"rollout.backend {rollout.backend} has no per-rank load (engines with one: {_engines_where('per_rank_load', True)})",
             "set rollout.sync.per_rank: auto",
         )
 
@@ -245,3 +247,8 @@ def check_rollout(config: Config, problems: list[Problem]) -> None:
 MAX_KV_CACHE_GIB = 2**20
 """The largest `rollout.kv_cache_gib` (a PiB, more than any machine's memory): the memory estimate counts
 the cache in whole bytes, which a float such as 1e308 GiB overflows."""
+
+
+def _engines_where(capability: str, value) -> str:
+    """The backends whose `capability` is `value`, for an error's fix."""
+    return ", ".join(name for name, row in ENGINES.items() if getattr(row, capability) == value)

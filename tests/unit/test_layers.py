@@ -42,6 +42,7 @@ CONFIG_SCHEMA = [
         "batch_plan",
         "placement",
         "role_checks",
+        "engines",
     )
 ]
 """The config modules that import no megarl package above the bottom row: the sections, YAML loading and the

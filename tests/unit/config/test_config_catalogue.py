@@ -394,6 +394,18 @@ CASES = [
         "needs actor TP == rollout TP, got actor TP 2 and rollout TP 1",
     ),
     (
+        "hf-backend-tp2",
+        ["rollout.backend=hf", "rollout.tensor_model_parallel_size=2"],
+        "rollout.tensor_model_parallel_size",
+        "the hf backend runs at most TP 1; fix: set it to at most 1, or a rollout.backend with tensor parallelism (vllm)",
+    ),
+    (
+        "per-rank-sync-hf",
+        ["rollout.sync.per_rank=always", "rollout.backend=hf", "actor.parallel.tensor_model_parallel_size=1"],
+        "rollout.sync.per_rank",
+        "rollout.backend hf has no per-rank load (engines with one: vllm)",
+    ),
+    (
         "per-rank-sync-collective",
         ["rollout.sync.per_rank=always", "rollout.sync.transport=collective"],
         "rollout.sync.per_rank",
@@ -507,7 +519,7 @@ CASES = [
         ],
         "rollout.sync.transport",
         "with actor.parallel.expert_model_parallel_size=2 the experts lie on other ranks than the dense weights, and "
-        "the shared transports carry them only as pieces the engines load per rank, which the HF engine does not",
+        "the shared transports carry them only as pieces the engines load per rank, which the hf engine does not",
     ),
     (
         "actor-expert-tp-per-rank-always",
