@@ -6,6 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from policy_grids import grids as policy_grids
 
 from megarl.cluster.roles import shared_routes, sync_transport, weight_sync_grids
 from megarl.config.loader import load_config
@@ -48,28 +49,10 @@ def test_split_shared_memory_with_an_engine_on_another_node_names_the_setting_an
         sync_transport("shared_memory", "cpu", False, ["node-a"], ["node-a", "node-b", "node-b"])
 
 
-def _grids(tp: int, pp: int, dp: int, stage_senders: int | None = None) -> list[dict[str, int | None]]:
-    """`PolicyWorker.grid` per rank, in megatron-core's rank order: TP fastest, then DP, then PP; a stage's first
-    `stage_senders` ranks (TP, or ETP × EP) are its sync senders."""
-    senders = stage_senders or tp
-    ranks = [(t, d, p) for p in range(pp) for d in range(dp) for t in range(tp)]
-    return [
-        dict(
-            rank=rank,
-            tp_rank=t,
-            pp_rank=p,
-            dp_rank=d,
-            dp_size=dp,
-            sync_sender=p * senders + t + tp * d if t + tp * d < senders else None,
-        )
-        for rank, (t, d, p) in enumerate(ranks)
-    ]
-
-
 def _routes(*overrides: str, grids=None, engines: int = 2, colocated: bool = True):
     config = load_config(QUICKSTART, list(overrides))
     plan = SimpleNamespace(rollout_engines=engines, colocated=colocated)
-    return shared_routes(config, plan, grids or _grids(tp=1, pp=1, dp=2))
+    return shared_routes(config, plan, grids or policy_grids(tp=1, pp=1, dp=2))
 
 
 TP_1 = "actor.parallel.tensor_model_parallel_size=1"
@@ -82,8 +65,8 @@ def test_auto_routes_per_rank_when_the_tp_sizes_match_on_the_vllm_backend():
 
 
 def test_auto_sends_the_schedules_pieces_when_the_tp_sizes_differ():
-    assert _routes(grids=_grids(tp=2, pp=1, dp=1)).mode == "scheduled"
-    assert _routes("rollout.backend=hf", grids=_grids(tp=2, pp=1, dp=1)).mode == "every_rank"
+    assert _routes(grids=policy_grids(tp=2, pp=1, dp=1)).mode == "scheduled"
+    assert _routes("rollout.backend=hf", grids=policy_grids(tp=2, pp=1, dp=1)).mode == "every_rank"
 
 
 def test_split_experts_go_through_the_rings_as_the_schedules_pieces_where_vllm_loads_them_per_rank():
@@ -91,7 +74,7 @@ def test_split_experts_go_through_the_rings_as_the_schedules_pieces_where_vllm_l
     the experts) even at equal TP; without the per-rank load (the HF engine) only the collective carries them,
     and auto takes it (`collective_only`), on CPU and on colocated GPUs alike."""
     ep = ("actor.parallel.expert_model_parallel_size=2", TP_1)
-    routes = _routes(*ep, grids=_grids(tp=1, pp=1, dp=2, stage_senders=2))
+    routes = _routes(*ep, grids=policy_grids(tp=1, pp=1, dp=2, stage_senders=2))
     assert (routes.mode, routes.senders) == ("scheduled", (0, 1))
     assert sync_transport("auto", "cpu", True, ["node-a"], ["node-a"]) == "shared_memory"
     assert sync_transport("auto", "cuda", True, ["node-a"], ["node-a"]) == "cuda_ipc"
@@ -104,7 +87,7 @@ def test_per_rank_always_where_the_routes_do_not_stream_own_shards_names_the_set
             TP_1,
             "actor.parallel.pipeline_model_parallel_size=2",
             "rollout.sync.per_rank=always",
-            grids=_grids(tp=1, pp=2, dp=1),
+            grids=policy_grids(tp=1, pp=2, dp=1),
         )
 
 
