@@ -30,7 +30,7 @@ from megarl.cluster.sync_step import SYNC_TIMEOUT_S
 from megarl.cluster.timing import PhaseTimer
 from megarl.config.batch_plan import BatchPlan
 from megarl.config.config import Config
-from megarl.config.engines import engine_capabilities
+from megarl.config.engines import loads_per_rank
 from megarl.config.placement import cluster_problems, resolve_device
 from megarl.config.problems import ConfigError
 from megarl.config.rollout import response_length, rollout_dtype
@@ -298,7 +298,7 @@ def _connect(
     rollout = config.rollout
     policy = groups["actor"].workers
     # Split experts reach the engines through the rings only as the schedule's pieces, which need the per-rank load.
-    collective_only = experts_split(config) and not per_rank_load(config)
+    collective_only = experts_split(config) and not loads_per_rank(config.rollout)
     routes = None if collective_only else shared_routes(config, plan, weight_sync_grids(groups["actor"].grids))
     policy_nodes = policy.node_ids()
     ring_nodes = (
@@ -409,12 +409,6 @@ def sync_transport(
     return setting
 
 
-def per_rank_load(config: Config) -> bool:
-    """The engines may load per-rank tensors from the rings (`rollout.sync.per_rank` not "never"; the vLLM
-    backend: the HF engine loads whole HF tensors only)."""
-    return config.rollout.sync.per_rank != "never" and engine_capabilities(config.rollout.backend).per_rank_load
-
-
 def shared_routes(config: Config, plan: BatchPlan, grids: list[dict[str, int]]) -> RingRoutes:
     """The ring routes for the actor's `grids` (`route_rings`), with `rollout.sync.per_rank` resolved:
     the per-rank load needs the vLLM backend; each rank's own shards need actor TP == rollout TP (and
@@ -427,7 +421,7 @@ def shared_routes(config: Config, plan: BatchPlan, grids: list[dict[str, int]]) 
         plan.rollout_engines,
         config.rollout.tensor_model_parallel_size,
         colocated=plan.colocated,
-        per_rank=per_rank_load(config),
+        per_rank=loads_per_rank(config.rollout),
         experts_split=experts_split(config),
     )
     if setting == "always" and not routes.per_rank:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from megarl.config.rollout import RolloutConfig
+
 
 @dataclass(frozen=True)
 class EngineCapabilities:
@@ -40,3 +42,9 @@ def engine_capabilities(backend: str) -> EngineCapabilities:
     if backend not in ENGINES:
         raise ValueError(f"rollout backend {backend!r} names no rollout engine; use one of {sorted(ENGINES)}")
     return ENGINES[backend]
+
+
+def loads_per_rank(rollout: RolloutConfig) -> bool:
+    """The engines may load per-rank tensors from the rings: the backend can (`per_rank_load`) and
+    `rollout.sync.per_rank` is not "never"."""
+    return rollout.sync.per_rank != "never" and engine_capabilities(rollout.backend).per_rank_load

@@ -4,7 +4,7 @@ at TP > 1), block recompute that would run a mixture of experts' layers without 
 expert setting on a dense model, each a problem naming its key."""
 
 from megarl.config.config import Config
-from megarl.config.engines import engine_capabilities
+from megarl.config.engines import engine_capabilities, loads_per_rank
 from megarl.config.model_facts import ModelFacts
 from megarl.config.problems import Problem
 from megarl.config.role_checks import need
@@ -203,8 +203,7 @@ def check_expert_transport(config: Config, problems: list[Problem]) -> None:
     why = f"with {', '.join(split)} the experts lie on other ranks than the dense weights, and "
     need(
         problems,
-        rollout.sync.transport in ("auto", "collective")
-        or (engine_capabilities(rollout.backend).per_rank_load and rollout.sync.per_rank != "never"),
+        rollout.sync.transport in ("auto", "collective") or loads_per_rank(rollout),
         "rollout.sync.transport",
         rollout.sync.transport,
         why

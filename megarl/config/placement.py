@@ -8,7 +8,7 @@ Nothing here asks the machine running it for a GPU: the driver's CUDA says nothi
 """
 
 from megarl.config.config import Config
-from megarl.config.engines import engine_capabilities
+from megarl.config.engines import engine_capabilities, loads_per_rank
 from megarl.config.problems import Problem
 
 RESOLVED = {"auto": ("cpu", "cuda"), "cpu": ("cpu",), "cuda": ("cuda",)}
@@ -91,10 +91,12 @@ def _split_experts_on_colocated_gpus(config: Config, device: str) -> Problem | N
         )
         if applies
     ]
-    per_rank_load = (
-        engine_capabilities(config.rollout.backend).per_rank_load and config.rollout.sync.per_rank != "never"
-    )
-    if not (split and not per_rank_load and config.placement.mode == "colocated" and RESOLVED[device] == ("cuda",)):
+    if not (
+        split
+        and not loads_per_rank(config.rollout)
+        and config.placement.mode == "colocated"
+        and RESOLVED[device] == ("cuda",)
+    ):
         return None
     key, value = split[0]
     return Problem(
