@@ -15,7 +15,7 @@ from megarl.config.config import to_dict
 from megarl.config.loader import load_config
 from megarl.config.memory import kv_cache_problems, rollout_budget_problems
 from megarl.config.memory_table import memory_report
-from megarl.config.model_facts import ModelFactsError, load_model_facts
+from megarl.config.model_facts import ModelFactsError, load_model_dims
 from megarl.config.placement import placement_problems
 from megarl.config.plan_table import format_plan
 from megarl.config.problems import ConfigError, Problem
@@ -145,10 +145,10 @@ def _devices_left_open(setting: str) -> tuple[str, ...]:
 
 def _model_line(path: str) -> str:
     try:
-        facts = load_model_facts(path)
+        dims, source = load_model_dims(path)
     except ModelFactsError as error:
         return f"{path}: {error.why}; checks against the model's shape were skipped"
     return (
-        f"{path}: {facts.model_type}, {facts.num_hidden_layers} layers, {facts.num_attention_heads} heads, "
-        f"{facts.num_key_value_heads} KV heads (from {facts.source})"
+        f"{path}: {dims.model_type}, {dims.num_layers} layers, {dims.num_attention_heads} heads, "
+        f"{dims.num_kv_heads} KV heads (from {source})"
     )

@@ -1,9 +1,8 @@
 """Whether a role's (TP, PP, VPP) layout and the rollout TP can cut the model (`megarl.config.validate`, and
-`megarl sft` for its top-level `parallel`): Megatron's and vLLM's divisibility rules, from the model's facts."""
+`megarl sft` for its top-level `parallel`): Megatron's and vLLM's divisibility rules, from the model's dims."""
 
 from megarl.config.batch_plan import uses_reference
 from megarl.config.config import Config
-from megarl.config.model_facts import ModelFacts
 from megarl.config.moe_checks import (
     check_block_recompute,
     check_dense_router_settings,
@@ -13,35 +12,36 @@ from megarl.config.moe_checks import (
 from megarl.config.problems import Problem
 from megarl.config.role_checks import need
 from megarl.config.roles import ParallelConfig, RecomputeConfig
+from megarl.models.hf_config import ModelDims
 
 
-def check_layout_against_model(config: Config, facts: ModelFacts, problems: list[Problem]) -> None:
+def check_layout_against_model(config: Config, dims: ModelDims, source: str, problems: list[Problem]) -> None:
     """Megatron needs TP | heads, TP | KV groups, TP | MLP width and PP | layers; vLLM needs TP | heads, TP | MLP
-    width and TP, KV heads nested."""
+    width and TP, KV heads nested. `source`: where `dims` were read (`load_model_dims`), named in the problems."""
     roles = {"actor": (config.actor.parallel, config.actor.recompute)}
     if config.critic.enable:
         roles["critic"] = (config.critic.parallel, config.critic.recompute)
     if uses_reference(config):
         roles["ref"] = (config.ref.parallel, None)
-    model = f"the model ({facts.source})"
+    model = f"the model ({source})"
     for role, (parallel, recompute) in roles.items():
-        check_megatron_layout(role, parallel, recompute, facts, model, problems, trained=role != "ref")
-        check_context_parallel_model(f"{role}.", parallel, facts, model, problems)
+        check_megatron_layout(role, parallel, recompute, dims, model, problems, trained=role != "ref")
+        check_context_parallel_model(f"{role}.", parallel, dims, model, problems)
         if recompute is not None:
-            check_block_recompute(role, parallel, recompute, facts, model, problems)
-    check_dense_router_settings(config.actor, facts, model, problems)
-    beyond = [stop for stop in config.rollout.stop if isinstance(stop, int) and stop >= facts.vocab_size]
+            check_block_recompute(role, parallel, recompute, dims, model, problems)
+    check_dense_router_settings(config.actor, dims, model, problems)
+    beyond = [stop for stop in config.rollout.stop if isinstance(stop, int) and stop >= dims.vocab_size]
     need(
         problems,
         not beyond,
         "rollout.stop",
         list(config.rollout.stop),
-        f"token id(s) {beyond} lie beyond the vocabulary of {model}, ids 0 to {facts.vocab_size - 1}, so they "
+        f"token id(s) {beyond} lie beyond the vocabulary of {model}, ids 0 to {dims.vocab_size - 1}, so they "
         "could never be generated and never stop a response",
         "list token ids below the vocabulary size, or the stop text as a string",
     )
-    tp, heads, kv = config.rollout.tensor_model_parallel_size, facts.num_attention_heads, facts.num_key_value_heads
-    ffn, key = facts.ffn_hidden_size, "rollout.tensor_model_parallel_size"
+    tp, heads, kv = config.rollout.tensor_model_parallel_size, dims.num_attention_heads, dims.num_kv_heads
+    ffn, key = dims.ffn_hidden_size, "rollout.tensor_model_parallel_size"
     if tp >= 1:
         need(
             problems,
@@ -67,7 +67,7 @@ def check_layout_against_model(config: Config, facts: ModelFacts, problems: list
             _ffn_split("rollout TP", tp, ffn, model),
             f"use a rollout TP dividing {ffn}",
         )
-        check_rollout_expert_split(config.rollout, facts, model, problems)
+        check_rollout_expert_split(config.rollout, dims, model, problems)
 
 
 def _ffn_split(what: str, tp: int, ffn: int, model: str) -> str:
@@ -80,17 +80,17 @@ def _ffn_split(what: str, tp: int, ffn: int, model: str) -> str:
 
 
 def check_context_parallel_model(
-    prefix: str, parallel: ParallelConfig, facts: ModelFacts, model: str, problems: list[Problem]
+    prefix: str, parallel: ParallelConfig, dims: ModelDims, model: str, problems: list[Problem]
 ) -> None:
     """Context parallelism on a dense model only: megarl's router metrics and the expert sync count a
     mixture of experts' tokens per DP rank, and CP (which splits them over more ranks) is untested with them."""
     cp, key = parallel.context_parallel_size, f"{prefix}parallel.context_parallel_size"
     need(
         problems,
-        cp <= 1 or not facts.num_experts,
+        cp <= 1 or not dims.num_experts,
         key,
         cp,
-        f"{model} is a mixture of experts ({facts.num_experts} experts), and megarl runs context parallelism on dense "
+        f"{model} is a mixture of experts ({dims.num_experts} experts), and megarl runs context parallelism on dense "
         "models only (its expert paths are not proven with CP)",
         f"set {key}: 1 for this model",
     )
@@ -100,7 +100,7 @@ def check_megatron_layout(
     role: str,
     parallel: ParallelConfig,
     recompute: RecomputeConfig | None,
-    facts: ModelFacts,
+    dims: ModelDims,
     model: str,
     problems: list[Problem],
     trained: bool = True,
@@ -109,7 +109,7 @@ def check_megatron_layout(
     "" for a recipe whose `parallel` section is top-level (`megarl sft`)."""
     tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
     prefix = f"{role}." if role else ""
-    heads, kv, layers = facts.num_attention_heads, facts.num_key_value_heads, facts.num_hidden_layers
+    heads, kv, layers = dims.num_attention_heads, dims.num_kv_heads, dims.num_layers
     if tp >= 1:
         key = f"{prefix}parallel.tensor_model_parallel_size"
         need(
@@ -128,9 +128,9 @@ def check_megatron_layout(
             f"Megatron needs TP {tp} to divide the {kv} KV groups of {model} ({kv} ÷ {tp} = {kv / tp:.2f})",
             f"use a TP dividing {kv}",
         )
-        ffn = facts.ffn_hidden_size
+        ffn = dims.ffn_hidden_size
         need(problems, ffn % tp == 0, key, tp, _ffn_split("TP", tp, ffn, model), f"use a TP dividing {ffn}")
-    check_expert_layout(prefix, parallel, facts, model, problems, trained)
+    check_expert_layout(prefix, parallel, dims, model, problems, trained)
     if pp >= 1:
         need(
             problems,

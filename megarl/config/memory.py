@@ -74,7 +74,7 @@ from dataclasses import dataclass, replace
 
 from megarl.config.batch_plan import plan_batches, uses_reference
 from megarl.config.config import Config
-from megarl.config.model_facts import ModelFactsError, load_model_facts
+from megarl.config.model_facts import ModelFactsError, load_model_dims
 from megarl.config.problems import Problem
 from megarl.config.roles import ParallelConfig, RecomputeConfig
 from megarl.config.rollout import response_length, rollout_dtype
@@ -129,16 +129,16 @@ class ModelShape:
     @classmethod
     def of(cls, model_path: str) -> ModelShape:
         """From a local checkpoint's config.json, or for a hub id from megarl's known-models table
-        (`load_model_facts`). Raises `ModelFactsError` when the shape cannot be found."""
-        facts = load_model_facts(model_path)  # raises with the user-facing why/fix
+        (`load_model_dims`). Raises `ModelFactsError` when the shape cannot be found."""
+        facts, _ = load_model_dims(model_path)  # raises with the user-facing why/fix
         arch = architecture(facts.model_type)
         return cls(
             facts.vocab_size,
             facts.hidden_size,
             facts.ffn_hidden_size,
-            facts.num_hidden_layers,
+            facts.num_layers,
             facts.num_attention_heads,
-            facts.num_key_value_heads,
+            facts.num_kv_heads,
             facts.head_dim,
             qkv_bias=arch.qkv_bias,
             qk_layernorm=arch.qk_layernorm,

@@ -5,11 +5,11 @@ expert setting on a dense model, each a problem naming its key."""
 
 from megarl.config.config import Config
 from megarl.config.engines import engine_capabilities, loads_per_rank
-from megarl.config.model_facts import ModelFacts
 from megarl.config.problems import Problem
 from megarl.config.role_checks import need
 from megarl.config.roles import ActorConfig, ParallelConfig, RecomputeConfig
 from megarl.config.rollout import RolloutConfig
+from megarl.models.hf_config import ModelDims
 
 
 def check_moe_settings(actor: ActorConfig, problems: list[Problem]) -> None:
@@ -37,7 +37,7 @@ def check_block_recompute(
     role: str,
     parallel: ParallelConfig,
     recompute: RecomputeConfig,
-    facts: ModelFacts,
+    dims: ModelDims,
     model: str,
     problems: list[Problem],
 ) -> None:
@@ -46,13 +46,13 @@ def check_block_recompute(
     their routers would count the padding in their load-balancing losses and token counts (the mask
     `megarl.workers.megatron_train.run_model` passes for exactly that reason)."""
     if (
-        not facts.num_experts
+        not dims.num_experts
         or recompute.granularity != "full"
         or recompute.method != "block"
         or not recompute.num_layers
     ):
         return
-    per_chunk = facts.num_hidden_layers // (
+    per_chunk = dims.num_layers // (
         parallel.pipeline_model_parallel_size * (parallel.virtual_pipeline_model_parallel_size or 1)
     )
     need(
@@ -67,16 +67,16 @@ def check_block_recompute(
     )
 
 
-def check_dense_router_settings(actor: ActorConfig, facts: ModelFacts, model: str, problems: list[Problem]) -> None:
+def check_dense_router_settings(actor: ActorConfig, dims: ModelDims, model: str, problems: list[Problem]) -> None:
     """`actor.moe` router settings on a dense model: there is no router they could reach."""
-    if facts.num_experts:
+    if dims.num_experts:
         return
     need(
         problems,
         not actor.moe.router_replay,
         "actor.moe.router_replay",
         True,
-        f"{model} is dense (model_type {facts.model_type!r}, no experts): there is no routing to replay",
+        f"{model} is dense (model_type {dims.model_type!r}, no experts): there is no routing to replay",
         "set actor.moe.router_replay: false",
     )
     for key, value in (
@@ -88,22 +88,22 @@ def check_dense_router_settings(actor: ActorConfig, facts: ModelFacts, model: st
             value is None,
             key,
             value,
-            f"{model} is dense (model_type {facts.model_type!r}, no experts): there is no router to balance",
+            f"{model} is dense (model_type {dims.model_type!r}, no experts): there is no router to balance",
             f"remove {key} (null)",
         )
 
 
-def check_rollout_expert_split(rollout: RolloutConfig, facts: ModelFacts, model: str, problems: list[Problem]) -> None:
+def check_rollout_expert_split(rollout: RolloutConfig, dims: ModelDims, model: str, problems: list[Problem]) -> None:
     """vLLM cuts every expert's intermediate dimension over the rollout TP ranks, or with expert parallelism
     (`rollout.expert_parallel`) places whole experts on them, one at least each; a dense model has none."""
-    tp, expert = rollout.tensor_model_parallel_size, facts.moe_ffn_hidden_size
+    tp, expert = rollout.tensor_model_parallel_size, dims.moe_ffn_hidden_size
     if rollout.expert_parallel:
         need(
             problems,
-            facts.num_experts > 0,
+            dims.num_experts > 0,
             "rollout.expert_parallel",
             True,
-            f"{model} is dense (model_type {facts.model_type!r}, no experts): there are no experts to place",
+            f"{model} is dense (model_type {dims.model_type!r}, no experts): there are no experts to place",
             "set rollout.expert_parallel: false",
         )
         need(
@@ -116,17 +116,17 @@ def check_rollout_expert_split(rollout: RolloutConfig, facts: ModelFacts, model:
         )
         need(
             problems,
-            not facts.num_experts or tp <= facts.num_experts,
+            not dims.num_experts or tp <= dims.num_experts,
             "rollout.tensor_model_parallel_size",
             tp,
             f"with rollout.expert_parallel vLLM places whole experts, at least one on each of the {tp} ranks, "
-            f"and {model} has {facts.num_experts}",
-            f"use a rollout TP of at most {facts.num_experts}",
+            f"and {model} has {dims.num_experts}",
+            f"use a rollout TP of at most {dims.num_experts}",
         )
         return
     need(
         problems,
-        not facts.num_experts or expert % tp == 0,
+        not dims.num_experts or expert % tp == 0,
         "rollout.tensor_model_parallel_size",
         tp,
         f"vLLM cuts every expert over the rollout TP ranks, and rollout TP {tp} does not divide the expert "
@@ -136,7 +136,7 @@ def check_rollout_expert_split(rollout: RolloutConfig, facts: ModelFacts, model:
 
 
 def check_expert_layout(
-    prefix: str, parallel: ParallelConfig, facts: ModelFacts, model: str, problems: list[Problem], trained: bool
+    prefix: str, parallel: ParallelConfig, dims: ModelDims, model: str, problems: list[Problem], trained: bool
 ) -> None:
     """EP | experts and expert TP | expert width for a mixture-of-experts model; neither set for a dense one.
     A trained mixture of experts with TP > 1 needs sequence parallelism: without it every TP rank routes
@@ -144,9 +144,9 @@ def check_expert_layout(
     arguments refuse MoE with TP > 1 and no --sequence-parallel)."""
     ep, etp = parallel.expert_model_parallel_size, parallel.expert_tensor_parallel_size
     ep_key, etp_key = f"{prefix}parallel.expert_model_parallel_size", f"{prefix}parallel.expert_tensor_parallel_size"
-    experts, width = facts.num_experts, facts.moe_ffn_hidden_size
+    experts, width = dims.num_experts, dims.moe_ffn_hidden_size
     if not experts:
-        dense = f"{model} is dense (model_type {facts.model_type!r}, no experts)"
+        dense = f"{model} is dense (model_type {dims.model_type!r}, no experts)"
         need(problems, ep == 1, ep_key, ep, f"{dense}: expert parallelism splits experts", f"set {ep_key}: 1")
         need(problems, etp is None, etp_key, etp, f"{dense}: expert TP cuts experts", f"remove {etp_key} (null)")
         return

@@ -19,7 +19,7 @@ from typing import Literal
 from megarl.config.hub import cached_snapshot, is_hub_id, missing_from_cache
 from megarl.config.layout_checks import check_context_parallel_model, check_megatron_layout
 from megarl.config.loader import load_config
-from megarl.config.model_facts import ModelFactsError, load_model_facts
+from megarl.config.model_facts import ModelFactsError, load_model_dims
 from megarl.config.problems import Problem
 from megarl.config.resources import data_file_problems, local_path, writable_dir_problem
 from megarl.config.role_checks import (
@@ -277,24 +277,24 @@ def _check_files(config: SftConfig, problems: list[Problem], need) -> None:
             problems.append(missing_from_cache("model.path", model.path))
         else:
             try:
-                facts = load_model_facts(local_dir(model.path))
+                dims, source = load_model_dims(local_dir(model.path))
             except ModelFactsError as error:
                 problems.append(Problem("model.path", model.path, error.why, error.fix))
             else:
-                described = f"the model ({facts.source})"
-                check_megatron_layout("", config.parallel, None, facts, described, problems)
-                check_context_parallel_model("", config.parallel, facts, described, problems)
+                described = f"the model ({source})"
+                check_megatron_layout("", config.parallel, None, dims, described, problems)
+                check_context_parallel_model("", config.parallel, dims, described, problems)
                 need(
-                    config.data.max_length <= facts.max_position_embeddings,
+                    config.data.max_length <= dims.max_position_embeddings,
                     "data.max_length",
                     config.data.max_length,
-                    f"longer than the {facts.max_position_embeddings} positions of the model",
-                    f"use at most {facts.max_position_embeddings}",
+                    f"longer than the {dims.max_position_embeddings} positions of the model",
+                    f"use at most {dims.max_position_embeddings}",
                 )
                 key = "model.tokenizer_path" if model.tokenizer_path else "model.path"
                 directory = local_path(local_dir(model.tokenizer_path or model.path))
                 if os.path.isdir(directory):
-                    problems += tokenizer_problems(key, model.tokenizer_path or model.path, directory, facts)
+                    problems += tokenizer_problems(key, model.tokenizer_path or model.path, directory, (dims, source))
                 elif model.tokenizer_path:
                     problems.append(
                         Problem(

@@ -10,16 +10,16 @@ code (and no code shipped with a checkpoint) runs.
 import json
 from pathlib import Path
 
-from megarl.config.model_facts import ModelFacts
 from megarl.config.problems import Problem
+from megarl.models.hf_config import ModelDims
 
 VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "tekken.json")
 """Files that carry a vocabulary (transformers' fast, SentencePiece, BPE, WordPiece and Tekken tokenizers)."""
 
 
-def tokenizer_problems(key: str, value: str, directory: Path, facts: ModelFacts | None) -> list[Problem]:
-    """Problems of the tokenizer in `directory` (named by setting `key` = `value`); with the model's
-    `facts`, also ids beyond its vocabulary."""
+def tokenizer_problems(key: str, value: str, directory: Path, model: tuple[ModelDims, str] | None) -> list[Problem]:
+    """Problems of the tokenizer in `directory` (named by setting `key` = `value`); with the model's dims and
+    where they were read (`load_model_dims`), also ids beyond its vocabulary."""
     present = [name for name in VOCABULARY_FILES if (directory / name).is_file()]
     if not present:
         return [
@@ -31,8 +31,9 @@ def tokenizer_problems(key: str, value: str, directory: Path, facts: ModelFacts 
                 "copy the model's tokenizer files into it, or set model.tokenizer_path to a directory that holds them",
             )
         ]
-    if facts is None:
+    if model is None:
         return []
+    dims, source = model
     try:
         size = tokenizer_size(directory, present[0])
         missing = _special_tokens_outside(directory, present[0])
@@ -47,17 +48,17 @@ def tokenizer_problems(key: str, value: str, directory: Path, facts: ModelFacts 
         ]
     if size is None:
         return []
-    if size > facts.vocab_size:
+    if size > dims.vocab_size:
         return [
             Problem(
                 key,
                 value,
                 f"the tokenizer in {directory} has {size} ids (0 to {size - 1}) but the model has "
-                f"only {facts.vocab_size} embedding rows (vocab_size in {facts.source})",
+                f"only {dims.vocab_size} embedding rows (vocab_size in {source})",
                 "use the tokenizer that belongs to this model, or a model whose vocabulary covers this tokenizer",
             )
         ]
-    if size + len(missing) <= facts.vocab_size:
+    if size + len(missing) <= dims.vocab_size:
         return []
     named = ", ".join(f"{name} {token!r}" for name, token in missing)
     return [
@@ -66,7 +67,7 @@ def tokenizer_problems(key: str, value: str, directory: Path, facts: ModelFacts 
             value,
             f"{directory / 'tokenizer_config.json'} names {named}, not in the vocabulary of "
             f"{present[0]}: transformers would add it as id {size} or above, beyond the model's "
-            f"{facts.vocab_size} embedding rows (vocab_size in {facts.source})",
+            f"{dims.vocab_size} embedding rows (vocab_size in {source})",
             "name a token of the vocabulary there (e.g. the tokenizer's own end-of-text token), or restore "
             "the model's original tokenizer_config.json",
         )

@@ -18,7 +18,7 @@ from megarl.config.config import Config
 from megarl.config.hub import cached_snapshot, hub_values, is_hub_id, missing_from_cache
 from megarl.config.layout_checks import check_layout_against_model
 from megarl.config.loader import load_config
-from megarl.config.model_facts import ModelFacts, ModelFactsError, load_model_facts
+from megarl.config.model_facts import ModelFactsError, load_model_dims
 from megarl.config.moe_checks import check_expert_transport, check_moe_settings
 from megarl.config.placement import placement_problems
 from megarl.config.problems import ConfigError, Problem, non_ascii_note
@@ -42,7 +42,7 @@ from megarl.config.rollout_checks import check_rollout, check_rollout_correction
 from megarl.config.run_checks import check_profile, check_seeds, check_trainer
 from megarl.config.sections import RewardConfig
 from megarl.config.tokenizer_files import chat_template_problem, tokenizer_problems
-from megarl.models.hf_config import load_hf_config
+from megarl.models.hf_config import ModelDims, load_hf_config
 from megarl.tools.validation import tool_problems
 
 
@@ -60,18 +60,19 @@ def validate(config: Config, check_files: bool = True) -> list[Problem]:
     problems: list[Problem] = []
     uncached = _uncached_hub_ids(config) if check_files else {}
     problems += [missing_from_cache(key, repo_id) for key, repo_id in uncached.items()]
-    facts = _model_facts(config, check_files and "model.path" not in uncached, problems)
+    model = _model_dims(config, check_files and "model.path" not in uncached, problems)
+    dims = model[0] if model is not None else None
     _check_model(config, check_files, problems)
-    if facts is not None:
-        _check_causal_lm(config, facts, problems)
+    if model is not None:
+        _check_causal_lm(config, model[1], problems)
     if check_files:
-        _check_tokenizer(config, facts, problems)
+        _check_tokenizer(config, model, problems)
     _check_actor(config, problems)
     _check_critic(config, problems)
     _check_role_parallel(config, problems)
     check_rollout(config, problems)
     _check_algorithm(config, problems)
-    _check_data(config, facts, check_files, problems)
+    _check_data(config, dims, check_files, problems)
     _check_reward(config, check_files, problems)
     problems += tool_problems(config.rollout.multi_turn, check_files)
     check_trainer(config, check_files, problems)
@@ -79,8 +80,8 @@ def validate(config: Config, check_files: bool = True) -> list[Problem]:
     check_seeds(config, problems)
     problems += batch_problems(config)
     problems += placement_problems(config, config.trainer.device)
-    if facts is not None:
-        check_layout_against_model(config, facts, problems)
+    if model is not None:
+        check_layout_against_model(config, *model, problems)
     return problems
 
 
@@ -89,10 +90,11 @@ def _uncached_hub_ids(config: Config) -> dict[str, str]:
     return {key: repo_id for key, repo_id in hub_values(config).items() if cached_snapshot(repo_id) is None}
 
 
-def _model_facts(config: Config, check_files: bool, problems: list[Problem]) -> ModelFacts | None:
-    """The model's shape facts, or None (a problem is added unless file checks are off)."""
+def _model_dims(config: Config, check_files: bool, problems: list[Problem]) -> tuple[ModelDims, str] | None:
+    """The model's dims and where they were read (`load_model_dims`), or None (a problem is added unless file
+    checks are off)."""
     try:
-        return load_model_facts(config.model.path)
+        return load_model_dims(config.model.path)
     except ModelFactsError as error:
         if check_files or not config.model.path:
             problems.append(Problem("model.path", config.model.path, error.why, error.fix))
@@ -167,12 +169,12 @@ def _check_model(config: Config, check_files: bool, problems: list[Problem]) -> 
         )
 
 
-def _check_causal_lm(config: Config, facts: ModelFacts, problems: list[Problem]) -> None:
-    """model.path is a causal LM: a `*ForSequenceClassification` checkpoint of the same model type (a reward
-    model) has the same shape facts but a score head instead of the LM head the policy samples from."""
-    if not facts.source.endswith("config.json"):
+def _check_causal_lm(config: Config, source: str, problems: list[Problem]) -> None:
+    """model.path, whose dims were read from `source`, is a causal LM: a `*ForSequenceClassification` checkpoint
+    of the same model type (a reward model) has the same dims but a score head instead of the LM head the policy samples from."""
+    if not source.endswith("config.json"):
         return  # the known-models table lists causal LMs only
-    architectures = load_hf_config(facts.source).get("architectures") or []
+    architectures = load_hf_config(source).get("architectures") or []
     architectures = [architectures] if isinstance(architectures, str) else architectures
     others = [name for name in architectures if not (isinstance(name, str) and name.endswith("ForCausalLM"))]
     _need(
@@ -180,23 +182,23 @@ def _check_causal_lm(config: Config, facts: ModelFacts, problems: list[Problem])
         not others,
         "model.path",
         config.model.path,
-        f"{facts.source} describes {others}, not a causal LM (*ForCausalLM): the policy generates with the LM head",
+        f"{source} describes {others}, not a causal LM (*ForCausalLM): the policy generates with the LM head",
         "point model.path at the causal LM checkpoint (a *ForSequenceClassification one is a reward model: set "
         "it as reward.reward_model)",
     )
 
 
-def _check_tokenizer(config: Config, facts: ModelFacts | None, problems: list[Problem]) -> None:
+def _check_tokenizer(config: Config, model: tuple[ModelDims, str] | None, problems: list[Problem]) -> None:
     """The tokenizer the trainer will load (model.tokenizer_path, else model.path) holds a vocabulary that fits
     the model, and a chat template when data.chat_template is true. A missing directory or uncached hub id is
     reported by its own check."""
     key = "model.tokenizer_path" if config.model.tokenizer_path else "model.path"
     value = config.model.tokenizer_path or config.model.path
-    if key == "model.path" and facts is None:
+    if key == "model.path" and model is None:
         return  # model.path is no usable checkpoint: its own problem says why
     directory = cached_snapshot(value) if is_hub_id(value) else local_path(value)
     if directory is not None and os.path.isdir(directory):
-        problems += tokenizer_problems(key, value, directory, facts)
+        problems += tokenizer_problems(key, value, directory, model)
         if config.data.chat_template is True:
             problem = chat_template_problem(key, value, directory)
             if problem is not None:
@@ -405,7 +407,7 @@ def _check_algorithm(config: Config, problems: list[Problem]) -> None:
     )
 
 
-def _check_data(config: Config, facts: ModelFacts | None, check_files: bool, problems: list[Problem]) -> None:
+def _check_data(config: Config, dims: ModelDims | None, check_files: bool, problems: list[Problem]) -> None:
     data = config.data
     _need(
         problems,
@@ -451,18 +453,18 @@ def _check_data(config: Config, facts: ModelFacts | None, check_files: bool, pro
         "must be >= 1",
         "e.g. 256, or null for the whole validation set",
     )
-    if facts is not None:
+    if dims is not None:
         width = response_length(config.rollout)
         key = "rollout.multi_turn.max_total_tokens" if config.rollout.multi_turn.enable else "rollout.max_new_tokens"
         total = data.max_prompt_length + width
         _need(
             problems,
-            total <= facts.max_position_embeddings,
+            total <= dims.max_position_embeddings,
             key,
             width,
             f"data.max_prompt_length {data.max_prompt_length} + {key.rsplit('.', 1)[-1]} {width} = "
-            f"{total} tokens exceed the model's max_position_embeddings {facts.max_position_embeddings}",
-            f"keep prompt + response within {facts.max_position_embeddings} tokens",
+            f"{total} tokens exceed the model's max_position_embeddings {dims.max_position_embeddings}",
+            f"keep prompt + response within {dims.max_position_embeddings} tokens",
         )
 
 
