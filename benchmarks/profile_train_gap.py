@@ -26,7 +26,7 @@ def _experiment(model_dir: str, repeats: int) -> dict:
     from megarl.algorithms.policy_loss import compute_policy_loss
     from megarl.bench.common import time_interleaved
     from megarl.bench.train import TrainShape, make_batch
-    from megarl.config.memory import ModelShape
+    from megarl.models.hf_config import read_model_dims
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers import actor as actor_module
     from megarl.workers import megatron_train
@@ -36,7 +36,7 @@ def _experiment(model_dir: str, repeats: int) -> dict:
     from megarl.workers.settings import OptimSettings, PolicyLossSettings
 
     shape = TrainShape()
-    batch = make_batch(shape, ModelShape.of(model_dir).vocab_size)
+    batch = make_batch(shape, read_model_dims(model_dir).vocab_size)
     actor = MegatronActor.from_hf(
         model_dir, initialize_model_parallel(1, 1, seed=0), optim=OptimSettings(lr=1e-5, clip_grad=1.0)
     )

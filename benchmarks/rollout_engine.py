@@ -41,13 +41,13 @@ def serve(model_dir: str, dtype: str, eager: bool) -> None:
     per line on stdin and answers each with its wall and CPU seconds (one JSON line each)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process, as in a run
     from megarl.bench.rollout import RolloutShape, make_prompts
-    from megarl.config.memory import ModelShape
+    from megarl.models.hf_config import read_model_dims
     from megarl.workers.rollout.base import SamplingConfig
     from megarl.workers.rollout.engine_args import EngineArgs
     from megarl.workers.rollout.rollout_worker import RolloutWorker
 
     shape = RolloutShape(prompts=16, n=8, prompt_length=24, max_new_tokens=64)
-    token_ids = [list(p.token_ids) for p in make_prompts(shape, ModelShape.of(model_dir).vocab_size)]
+    token_ids = [list(p.token_ids) for p in make_prompts(shape, read_model_dims(model_dir).vocab_size)]
     sampling = SamplingConfig(n=shape.n, temperature=1.0, max_new_tokens=shape.max_new_tokens, seed=1234)
     began = time.perf_counter()
     worker = RolloutWorker(

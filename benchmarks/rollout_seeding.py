@@ -33,7 +33,7 @@ def main() -> None:
     from benchmarks.rollout_engine import MODEL
     from megarl.bench.common import context, model_summary, time_interleaved, write_json
     from megarl.bench.rollout import RolloutShape, make_prompts
-    from megarl.config.memory import ModelShape
+    from megarl.models.hf_config import read_model_dims
     from megarl.models.tiny import make_tiny_model
     from megarl.workers.rollout.base import SamplingConfig
     from megarl.workers.rollout.engine_args import EngineArgs
@@ -43,7 +43,7 @@ def main() -> None:
     if not (model_dir / "config.json").exists():
         make_tiny_model(model_dir, "qwen2", **MODEL)
     shape = RolloutShape(prompts=16, n=8, prompt_length=24, max_new_tokens=64)
-    token_ids = [list(p.token_ids) for p in make_prompts(shape, ModelShape.of(str(model_dir)).vocab_size)]
+    token_ids = [list(p.token_ids) for p in make_prompts(shape, read_model_dims(str(model_dir)).vocab_size)]
     worker = RolloutWorker(
         "vllm",
         EngineArgs(

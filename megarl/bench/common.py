@@ -104,10 +104,11 @@ def context() -> dict:
 
 def model_summary(model_dir: str | Path) -> dict:
     """The model's shape as the JSON records it (parameters counted from the config)."""
-    from megarl.config.memory import ModelShape
+    from megarl.config.memory import total_parameters
+    from megarl.models.hf_config import read_model_dims
 
-    shape = ModelShape.of(str(model_dir))
-    return dict(path=str(model_dir), parameters=shape.total_parameters(), **asdict(shape))
+    dims = read_model_dims(model_dir)
+    return dict(path=str(model_dir), parameters=total_parameters(dims), **asdict(dims))
 
 
 def write_json(path: str | Path | None, report: dict) -> None:

@@ -60,14 +60,14 @@ def run(model_dir: str, shape: RolloutShape, repeats: int, with_hf: bool = True)
     from vllm import SamplingParams
 
     from megarl.bench.common import context, model_summary, time_interleaved
-    from megarl.config.memory import ModelShape
+    from megarl.models.hf_config import read_model_dims
     from megarl.rollout import flatten_rollouts
     from megarl.trainer.rollout_batch import policy_batch
     from megarl.workers.rollout.base import SamplingConfig
     from megarl.workers.rollout.engine_args import EngineArgs
     from megarl.workers.rollout.rollout_worker import RolloutWorker
 
-    vocab = ModelShape.of(model_dir).vocab_size
+    vocab = read_model_dims(model_dir).vocab_size
     prompts = make_prompts(shape, vocab)
     token_ids = [list(p.token_ids) for p in prompts]
     worker = RolloutWorker(

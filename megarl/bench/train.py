@@ -55,12 +55,12 @@ def _compare_tp1(model_dir: str, shape: TrainShape, repeats: int) -> dict:
 
     from megarl.algorithms.policy_loss import compute_policy_loss
     from megarl.bench.common import time_interleaved
-    from megarl.config.memory import ModelShape
+    from megarl.models.hf_config import read_model_dims
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.settings import OptimSettings, PolicyLossSettings
 
-    vocab = ModelShape.of(model_dir).vocab_size
+    vocab = read_model_dims(model_dir).vocab_size
     batch = make_batch(shape, vocab)
     groups = initialize_model_parallel(1, 1, seed=0)
     optim = OptimSettings(lr=1e-5, clip_grad=1.0)
@@ -112,12 +112,12 @@ def _compare_tp1(model_dir: str, shape: TrainShape, repeats: int) -> dict:
 
 def _time_layout(model_dir: str, shape: TrainShape, repeats: int, tp: int, pp: int) -> list[float]:
     """Seconds of each `update_policy` on this rank (a world of tp × pp), after one warm-up."""
-    from megarl.config.memory import ModelShape
+    from megarl.models.hf_config import read_model_dims
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.settings import OptimSettings, PolicyLossSettings
 
-    batch = make_batch(shape, ModelShape.of(model_dir).vocab_size)
+    batch = make_batch(shape, read_model_dims(model_dir).vocab_size)
     groups = initialize_model_parallel(tp, pp, seed=0)
     actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=1e-5, clip_grad=1.0))
     loss = PolicyLoss(PolicyLossSettings())

@@ -78,9 +78,9 @@ from megarl.config.model_facts import ModelFactsError, load_model_dims
 from megarl.config.problems import Problem
 from megarl.config.roles import ParallelConfig, RecomputeConfig
 from megarl.config.rollout import response_length, rollout_dtype
-from megarl.models.arch import architecture
 from megarl.models.arch.dense import expert_parameters, layer_parameters
-from megarl.models.layout import VOCAB_DIVISIBLE_BY
+from megarl.models.hf_config import ModelDims
+from megarl.models.layout import VOCAB_DIVISIBLE_BY, padded_vocab_size
 
 GIB = 2**30
 RUNTIME_GIB_PER_PROCESS = 1.0
@@ -94,125 +94,68 @@ FP32 = 4
 ADAM_MOMENTS = 2 * FP32
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """The sizes that decide memory (an HF config.json's, as `megarl.models.hf_config.ModelDims`) of a
-    dense decoder; the switches come from the model's architecture (`megarl.models.arch.dense`)."""
-
-    vocab_size: int
-    """HF vocabulary rows, before padding."""
-    hidden_size: int
-    """h."""
-    ffn_hidden_size: int
-    """f, the MLP intermediate size (gate and up each have f rows)."""
-    num_layers: int
-    """L."""
-    num_attention_heads: int
-    """a, query heads."""
-    num_kv_heads: int
-    """KV heads (GQA groups)."""
-    head_dim: int
-    """Width of one head."""
-    qkv_bias: bool = False
-    """q/k/v projections have biases (Qwen2)."""
-    qk_layernorm: bool = False
-    """Per-head q/k RMSNorm (Qwen3)."""
-    tie_word_embeddings: bool = False
-    """The output layer is the embedding (no separate output weight)."""
-    num_experts: int = 0
-    """Routed experts per layer (Qwen3-MoE); 0 for a dense model."""
-    moe_ffn_hidden_size: int = 0
-    """One expert's intermediate size; 0 for a dense model."""
-    num_experts_per_tok: int = 0
-    """Experts each token goes through (top-k); 0 for a dense model."""
-
-    @classmethod
-    def of(cls, model_path: str) -> ModelShape:
-        """From a local checkpoint's config.json, or for a hub id from megarl's known-models table
-        (`load_model_dims`). Raises `ModelFactsError` when the shape cannot be found."""
-        facts, _ = load_model_dims(model_path)  # raises with the user-facing why/fix
-        arch = architecture(facts.model_type)
-        return cls(
-            facts.vocab_size,
-            facts.hidden_size,
-            facts.ffn_hidden_size,
-            facts.num_layers,
-            facts.num_attention_heads,
-            facts.num_kv_heads,
-            facts.head_dim,
-            qkv_bias=arch.qkv_bias,
-            qk_layernorm=arch.qk_layernorm,
-            tie_word_embeddings=facts.tie_word_embeddings,
-            num_experts=facts.num_experts,
-            moe_ffn_hidden_size=facts.moe_ffn_hidden_size,
-            num_experts_per_tok=facts.num_experts_per_tok,
-        )
-
-    def layer_parameters(self, tp: int, ep: int = 1, etp: int | None = None) -> int:
-        """Parameters of one transformer layer on one rank (the decoder family's count): a mixture of
-        experts' E / EP experts cut over expert TP `etp` (None: `tp`)."""
-        return layer_parameters(self, tp, ep, etp)
-
-    def stage_expert_parameters(self, pp: int, ep: int, etp: int) -> int:
-        """The expert parameters of one rank of a stage (its layers' E / EP experts cut over `etp`),
-        which the distributed optimizer shards over the expert-DP ranks instead of DP."""
-        return self.num_layers // pp * expert_parameters(self, ep, etp)
-
-    def padded_vocab(self, tp: int) -> int:
-        multiple = VOCAB_DIVISIBLE_BY * tp
-        return -(-self.vocab_size // multiple) * multiple
-
-    def stage_parameters(
-        self, tp: int, pp: int, stage: int, value_head: bool = False, ep: int = 1, etp: int | None = None
-    ) -> int:
-        """Parameters on one rank of pipeline stage `stage` (layers split evenly over the stages)."""
-        count = self.num_layers // pp * self.layer_parameters(tp, ep, etp)
-        vocab_shard = self.padded_vocab(tp) * self.hidden_size // tp
-        if stage == 0:
+def stage_parameters(
+    dims: ModelDims, tp: int, pp: int, stage: int, value_head: bool = False, ep: int = 1, etp: int | None = None
+) -> int:
+    """Parameters on one rank of pipeline stage `stage` (layers split evenly over the stages) of a (TP, PP, EP,
+    expert TP) layout: a mixture of experts' E / EP experts cut over expert TP `etp` (None: `tp`)."""
+    count = dims.num_layers // pp * layer_parameters(dims, tp, ep, etp)
+    vocab_shard = padded_vocab_size(dims.vocab_size, VOCAB_DIVISIBLE_BY, tp) * dims.hidden_size // tp
+    if stage == 0:
+        count += vocab_shard
+    if stage == pp - 1:
+        count += dims.hidden_size  # final norm
+        if value_head:
+            count += dims.hidden_size
+        elif not dims.tie_word_embeddings or pp > 1:  # tied across stages: the last stage keeps a copy
             count += vocab_shard
-        if stage == pp - 1:
-            count += self.hidden_size  # final norm
-            if value_head:
-                count += self.hidden_size
-            elif not self.tie_word_embeddings or pp > 1:  # tied across stages: the last stage keeps a copy
-                count += vocab_shard
-        return count
+    return count
 
-    def rank_parameters(self, tp: int, pp: int, value_head: bool = False, ep: int = 1, etp: int | None = None) -> int:
-        """The most parameters any rank of a (TP, PP, EP, expert TP) layout holds."""
-        return max(self.stage_parameters(tp, pp, stage, value_head, ep, etp) for stage in range(pp))
 
-    def total_parameters(self) -> int:
-        """Parameters of the unsharded model (HF vocabulary, no padding)."""
-        embedding = self.vocab_size * self.hidden_size
-        output = 0 if self.tie_word_embeddings else embedding
-        return self.num_layers * self.layer_parameters(1) + embedding + output + self.hidden_size
+def rank_parameters(
+    dims: ModelDims, tp: int, pp: int, value_head: bool = False, ep: int = 1, etp: int | None = None
+) -> int:
+    """The most parameters any rank of a (TP, PP, EP, expert TP) layout holds."""
+    return max(stage_parameters(dims, tp, pp, stage, value_head, ep, etp) for stage in range(pp))
 
-    def activation_elements_per_token(
-        self,
-        tp: int,
-        seq_len: int,
-        recompute: str,
-        etp: int | None = None,
-        sequence_parallel: bool = False,
-        softmax_probs: bool = True,
-    ) -> int:
-        """Elements one transformer layer keeps per token for backward (see the module docstring);
-        with "full" recompute, only the layer input. `sequence_parallel`: the sequence-split tensors are
-        1/TP; `softmax_probs`: the attention keeps its probabilities (the local spec; TE's does not)."""
-        split = tp if sequence_parallel else 1
-        if recompute == "full":
-            return self.hidden_size // split
-        h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        attention = self.num_attention_heads * seq_len // tp if recompute != "selective" and softmax_probs else 0
-        return 4 * h // split + (2 * q + 2 * kv) // tp + attention + self.mlp_activation_elements(tp, etp)
 
-    def mlp_activation_elements(self, tp: int, etp: int | None) -> int:
-        """The MLP's share per token: 3f / t dense; with experts, top-k × (h + 3f_e / expert TP) (each
-        token's k dispatched copies and its experts' fc1 and SwiGLU outputs)."""
-        if not self.num_experts:
-            return 3 * self.ffn_hidden_size // tp
-        return self.num_experts_per_tok * (self.hidden_size + 3 * self.moe_ffn_hidden_size // (etp or tp))
+def total_parameters(dims: ModelDims) -> int:
+    """Parameters of the unsharded model (HF vocabulary, no padding)."""
+    embedding = dims.vocab_size * dims.hidden_size
+    output = 0 if dims.tie_word_embeddings else embedding
+    return dims.num_layers * layer_parameters(dims, 1) + embedding + output + dims.hidden_size
+
+
+def activation_elements_per_token(
+    dims: ModelDims,
+    tp: int,
+    seq_len: int,
+    recompute: str,
+    etp: int | None = None,
+    sequence_parallel: bool = False,
+    softmax_probs: bool = True,
+) -> int:
+    """Elements one transformer layer keeps per token for backward (see the module docstring);
+    with "full" recompute, only the layer input. `sequence_parallel`: the sequence-split tensors are
+    1/TP; `softmax_probs`: the attention keeps its probabilities (the local spec; TE's does not)."""
+    split = tp if sequence_parallel else 1
+    if recompute == "full":
+        return dims.hidden_size // split
+    attention = dims.num_attention_heads * seq_len // tp if recompute != "selective" and softmax_probs else 0
+    return (
+        4 * dims.hidden_size // split
+        + (2 * dims.q_size + 2 * dims.kv_size) // tp
+        + attention
+        + _mlp_activation_elements(dims, tp, etp)
+    )
+
+
+def _mlp_activation_elements(dims: ModelDims, tp: int, etp: int | None) -> int:
+    """The MLP's share per token: 3f / t dense; with experts, top-k × (h + 3f_e / expert TP) (each
+    token's k dispatched copies and its experts' fc1 and SwiGLU outputs)."""
+    if not dims.num_experts:
+        return 3 * dims.ffn_hidden_size // tp
+    return dims.num_experts_per_tok * (dims.hidden_size + 3 * dims.moe_ffn_hidden_size // (etp or tp))
 
 
 @dataclass(frozen=True)
@@ -267,7 +210,7 @@ class MemoryEstimate:
 
 
 def state_bytes(
-    shape: ModelShape,
+    dims: ModelDims,
     parallel: ParallelConfig,
     dp: int,
     dtype: str,
@@ -285,7 +228,7 @@ def state_bytes(
         parallel.expert_model_parallel_size,
     )
     etp = parallel.expert_tensor_parallel_size or tp
-    params = shape.rank_parameters(tp, pp, value_head, ep, etp)
+    params = rank_parameters(dims, tp, pp, value_head, ep, etp)
     width = DTYPE_BYTES[dtype]
     if not trained:
         return params * width, 0, 0
@@ -293,14 +236,14 @@ def state_bytes(
     optimizer = params * per_parameter
     if distributed_optimizer:
         # Dense parameters shard over DP, experts over expert DP (a stage's GPUs ÷ (expert TP × EP)).
-        experts = shape.stage_expert_parameters(pp, ep, etp)
+        experts = dims.num_layers // pp * expert_parameters(dims, ep, etp)
         expert_dp = dp * tp // (etp * ep)
         optimizer = -(-(params - experts) * per_parameter // dp) + -(-experts * per_parameter // expert_dp)
     return params * width, params * FP32, round(optimizer * (1 - offloaded))
 
 
 def activation_bytes(
-    shape: ModelShape,
+    dims: ModelDims,
     parallel: ParallelConfig,
     recompute: RecomputeConfig,
     micro_batch: int,
@@ -323,7 +266,8 @@ def activation_bytes(
     granularity = recompute.granularity
 
     def per_token(granularity: str) -> int:
-        return shape.activation_elements_per_token(
+        return activation_elements_per_token(
+            dims,
             tp,
             seq_len,
             granularity,
@@ -334,11 +278,11 @@ def activation_bytes(
 
     if granularity == "full" and recompute.method == "block":
         # The first `num_layers` layers of each stage are recomputed, the others keep everything.
-        per_stage = shape.num_layers // pp
+        per_stage = dims.num_layers // pp
         recomputed = min(recompute.num_layers or 0, per_stage)
         kept = (recomputed * per_token("full") + (per_stage - recomputed) * per_token("none")) * pp
     else:
-        kept = shape.num_layers * per_token(granularity)
+        kept = dims.num_layers * per_token(granularity)
     vpp = parallel.virtual_pipeline_model_parallel_size or 1
     if vpp > 1:  # the interleaved schedule's extra chunk passes in flight (module docstring)
         kept = kept * (pp * vpp + pp - 1) // (pp * vpp)
@@ -346,20 +290,25 @@ def activation_bytes(
         kept += per_token("none")
     # Logits in the model dtype, their fp32 upcast (none when already fp32), the fp32 exponentials.
     logit_bytes = width + (FP32 if width < FP32 else 0) + FP32
-    logits = 0 if pp > 1 else tokens * (FP32 if value_head else logit_bytes * shape.padded_vocab(tp) // tp)
+    logits = (
+        0
+        if pp > 1
+        else tokens
+        * (FP32 if value_head else logit_bytes * padded_vocab_size(dims.vocab_size, VOCAB_DIVISIBLE_BY, tp) // tp)
+    )
     return tokens * kept * width + logits
 
 
 def estimate_memory(
     config: Config,
-    shape: ModelShape,
+    dims: ModelDims,
     *,
     train_gpus: int,
     gpu_memory_gib: float = 80.0,
     on_gpu: bool = True,
     processes_per_train_gpu: int = 1,
 ) -> MemoryEstimate:
-    """Per-GPU memory of `config`'s roles for a model of `shape` on `train_gpus` training GPUs
+    """Per-GPU memory of `config`'s roles for a model of `dims` on `train_gpus` training GPUs
     (`plan_batches(config).train_gpus`), each shared by `processes_per_train_gpu` processes (the batch
     plan's, engine included when colocated). `on_gpu=False` sizes the rollout as on CPU."""
     dtype = config.model.dtype
@@ -371,7 +320,7 @@ def estimate_memory(
         dp = train_gpus // (p.tensor_model_parallel_size * p.context_parallel_size * p.pipeline_model_parallel_size)
         optim_config = role.optim
         params, grads, optim = state_bytes(
-            shape,
+            dims,
             p,
             # megatron's distributed optimizer shards over DP × CP (the gradient group): CP ranks hold the same weights
             dp * p.context_parallel_size,
@@ -388,11 +337,11 @@ def estimate_memory(
             else max(1, role.max_tokens_per_micro_batch // seq_len)
         )
         acts = activation_bytes(
-            shape, p, role.recompute, micro_batch, seq_len, dtype, value_head, config.model.transformer_impl
+            dims, p, role.recompute, micro_batch, seq_len, dtype, value_head, config.model.transformer_impl
         )
         roles.append(RoleMemory(name, params, grads, optim, acts))
     if uses_reference(config):
-        params, _, _ = state_bytes(shape, config.ref.parallel, 1, dtype, distributed_optimizer=False, trained=False)
+        params, _, _ = state_bytes(dims, config.ref.parallel, 1, dtype, distributed_optimizer=False, trained=False)
         roles.append(RoleMemory("ref", params, 0, 0, 0))
     rollout = config.rollout
     if on_gpu:
@@ -400,7 +349,7 @@ def estimate_memory(
         roles.append(RoleMemory("rollout", 0, 0, 0, 0, other=engine))
     else:
         engine_dtype = rollout_dtype(rollout, dtype)
-        weights = shape.total_parameters() * DTYPE_BYTES[engine_dtype] // rollout.tensor_model_parallel_size
+        weights = total_parameters(dims) * DTYPE_BYTES[engine_dtype] // rollout.tensor_model_parallel_size
         roles.append(RoleMemory("rollout", weights, 0, 0, 0, other=int(rollout.kv_cache_gib * GIB)))
     peak, phase = _peak(config, roles)
     processes = 1 if phase == "rollout GPUs" else processes_per_train_gpu  # a rollout GPU: one engine worker
@@ -505,10 +454,10 @@ def rollout_budget_problems(config: Config, gpu_memory_gib: float) -> list[Probl
     if config.placement.mode != "colocated" or config.trainer.device == "cpu":
         return []
     try:
-        shape = ModelShape.of(config.model.path)
+        dims, _ = load_model_dims(config.model.path)
     except ModelFactsError:
         return []
-    estimate = estimate_memory(config, shape, train_gpus=plan_batches(config).train_gpus, gpu_memory_gib=gpu_memory_gib)
+    estimate = estimate_memory(config, dims, train_gpus=plan_batches(config).train_gpus, gpu_memory_gib=gpu_memory_gib)
     resident = resident_during_rollout(config, estimate.roles)
     most = int((estimate.gpu_memory_bytes - resident) / estimate.gpu_memory_bytes * 100) / 100
     utilization = config.rollout.gpu_memory_utilization
@@ -535,7 +484,7 @@ def kv_cache_problems(config: Config, memory_gib: float) -> list[Problem]:
     if config.trainer.device != "cpu":
         return []
     try:
-        shape = ModelShape.of(config.model.path)
+        dims, _ = load_model_dims(config.model.path)
     except ModelFactsError:
         return []
     kv = config.rollout.kv_cache_gib
@@ -543,7 +492,7 @@ def kv_cache_problems(config: Config, memory_gib: float) -> list[Problem]:
     def peak(kv_cache_gib: float) -> int:
         sized = replace(config, rollout=replace(config.rollout, kv_cache_gib=kv_cache_gib))
         return estimate_memory(
-            sized, shape, train_gpus=plan_batches(config).train_gpus, gpu_memory_gib=memory_gib, on_gpu=False
+            sized, dims, train_gpus=plan_batches(config).train_gpus, gpu_memory_gib=memory_gib, on_gpu=False
         ).peak_bytes
 
     budget, with_cache = int(memory_gib * GIB), peak(kv)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from megarl.config.batch_plan import plan_batches
 from megarl.config.config import Config
-from megarl.config.memory import GIB, MemoryEstimate, ModelShape, estimate_memory
-from megarl.config.model_facts import ModelFactsError
+from megarl.config.memory import GIB, MemoryEstimate, estimate_memory
+from megarl.config.model_facts import ModelFactsError, load_model_dims
 
 
 def format_estimate(estimate: MemoryEstimate) -> str:
@@ -35,14 +35,14 @@ def memory_report(config: Config, gpu_memory_gib: float) -> str:
     """`format_estimate` for a validated `config`, or one line saying why there is none (the model's
     shape could not be read)."""
     try:
-        shape = ModelShape.of(config.model.path)
+        dims, _ = load_model_dims(config.model.path)
     except ModelFactsError as error:
         return f"none: {error.why}"
     on_gpu = config.trainer.device != "cpu"
     plan = plan_batches(config)
     estimate = estimate_memory(
         config,
-        shape,
+        dims,
         train_gpus=plan.train_gpus,
         gpu_memory_gib=gpu_memory_gib,
         on_gpu=on_gpu,

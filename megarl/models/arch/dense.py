@@ -193,30 +193,29 @@ def attention_flops_per_token(dims: ModelDims, sequence_length: int) -> int:
     return projections + 2 * 2 * dims.q_size * sequence_length
 
 
-def layer_parameters(shape, tp: int, ep: int = 1, etp: int | None = None) -> int:
+def layer_parameters(dims: ModelDims, tp: int, ep: int = 1, etp: int | None = None) -> int:
     """Parameters of one decoder layer of the family on one rank of a TP × EP × expert-TP grid: with
-    `shape.num_experts` > 0 (Qwen3-MoE) the router (replicated) and this rank's E / EP experts, each cut
-    over `etp` (None: `tp`). `shape`: anything with the sizes and switches of `ModelDims` (the memory
-    estimate's `ModelShape` has them too)."""
-    h = shape.hidden_size
-    if shape.num_experts:
-        router = shape.num_experts * h
-        return attention_parameters(shape, tp) + router + expert_parameters(shape, ep, tp if etp is None else etp)
-    return attention_parameters(shape, tp) + 3 * h * shape.ffn_hidden_size // tp
+    `dims.num_experts` > 0 (Qwen3-MoE) the router (replicated) and this rank's E / EP experts, each cut
+    over `etp` (None: `tp`)."""
+    h = dims.hidden_size
+    if dims.num_experts:
+        router = dims.num_experts * h
+        return attention_parameters(dims, tp) + router + expert_parameters(dims, ep, tp if etp is None else etp)
+    return attention_parameters(dims, tp) + 3 * h * dims.ffn_hidden_size // tp
 
 
-def expert_parameters(shape, ep: int, etp: int) -> int:
+def expert_parameters(dims: ModelDims, ep: int, etp: int) -> int:
     """Parameters of one layer's experts on one rank: E / EP SwiGLU experts, each cut over `etp`; 0
     for a dense model."""
-    return shape.num_experts // ep * 3 * shape.hidden_size * shape.moe_ffn_hidden_size // etp
+    return dims.num_experts // ep * 3 * dims.hidden_size * dims.moe_ffn_hidden_size // etp
 
 
-def attention_parameters(shape, tp: int) -> int:
+def attention_parameters(dims: ModelDims, tp: int) -> int:
     """Parameters of one layer's `attention_params` (both norms included) on one TP rank."""
-    h, q, kv = shape.hidden_size, shape.num_attention_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    h, q, kv = dims.hidden_size, dims.num_attention_heads * dims.head_dim, dims.num_kv_heads * dims.head_dim
     qkv_rows = q + 2 * kv
-    sharded = h * qkv_rows + (qkv_rows if shape.qkv_bias else 0) + q * h
-    replicated = 2 * h + (2 * shape.head_dim if shape.qk_layernorm else 0)
+    sharded = h * qkv_rows + (qkv_rows if dims.qkv_bias else 0) + q * h
+    replicated = 2 * h + (2 * dims.head_dim if dims.qk_layernorm else 0)
     return sharded // tp + replicated
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megarl.config.memory import ModelShape, state_bytes
+from megarl.config.memory import state_bytes
 from megarl.config.roles import ParallelConfig
+from megarl.models.hf_config import read_model_dims
 from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import run_distributed
 
@@ -82,10 +83,10 @@ def model_dir(tmp_path_factory):
 @pytest.mark.parametrize("tp, distributed_optimizer", [(2, False), (1, True)], ids=["tp2", "dp2-distributed-optimizer"])
 def test_state_bytes_match_a_cpu_actor(model_dir, tp, distributed_optimizer):
     measured = run_distributed(_measure, 2, model_dir, tp, distributed_optimizer, timeout_s=240)
-    shape = ModelShape.of(model_dir)
+    dims = read_model_dims(model_dir)
     for dtype in DTYPES:
         expected = state_bytes(
-            shape,
+            dims,
             ParallelConfig(tensor_model_parallel_size=tp),
             2 // tp,
             dtype,

@@ -10,25 +10,40 @@ import pytest
 from megarl.config.loader import load_config
 from megarl.config.memory import (
     GIB,
-    ModelShape,
     estimate_memory,
+    rank_parameters,
     resident_during_rollout,
     rollout_budget_problems,
     state_bytes,
+    total_parameters,
 )
 from megarl.config.memory_table import memory_report
+from megarl.config.model_facts import load_model_dims
 from megarl.config.roles import ParallelConfig
 from megarl.config.validate import validate
+from megarl.models.hf_config import read_model_dims
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
-LLAMA_70B = ModelShape(
-    vocab_size=128256,
-    hidden_size=8192,
-    ffn_hidden_size=28672,
-    num_layers=80,
-    num_attention_heads=64,
-    num_kv_heads=8,
-    head_dim=128,
+LLAMA_70B = read_model_dims(
+    dict(
+        model_type="llama",
+        vocab_size=128256,
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=dict(
+            rope_type="llama3",
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=8192,
+        ),
+    )
 )
 """Llama-3.1-70B's published config.json."""
 
@@ -39,16 +54,16 @@ def _recipe(name: str, *overrides: str):
 
 def test_qwen2_5_7b_parameter_count_is_the_published_one():
     # Qwen2.5-7B: 7.61 B parameters (model card).
-    assert ModelShape.of("Qwen/Qwen2.5-7B-Instruct").total_parameters() == pytest.approx(7.61e9, rel=0.01)
+    assert total_parameters(load_model_dims("Qwen/Qwen2.5-7B-Instruct")[0]) == pytest.approx(7.61e9, rel=0.01)
 
 
 def test_llama_70b_parameter_count_is_the_published_one():
-    assert LLAMA_70B.total_parameters() == pytest.approx(70.6e9, rel=0.01)
+    assert total_parameters(LLAMA_70B) == pytest.approx(70.6e9, rel=0.01)
 
 
 def test_7b_recipe_with_tp2_fits_on_80_gb():
     config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml")
-    estimate = estimate_memory(config, ModelShape.of(config.model.path), train_gpus=8)
+    estimate = estimate_memory(config, load_model_dims(config.model.path)[0], train_gpus=8)
     assert estimate.fits, memory_report(config, 80)
     actor = estimate.roles[0]
     # bf16 weights: 2 bytes per parameter of a TP-2 shard (half the layers' weights, half the vocabulary).
@@ -82,7 +97,7 @@ def test_70b_fits_with_enough_model_parallelism_and_offload():
 
 
 def test_distributed_optimizer_divides_only_the_optimizer_state_by_dp():
-    shape = ModelShape.of("Qwen/Qwen2.5-7B-Instruct")
+    shape = load_model_dims("Qwen/Qwen2.5-7B-Instruct")[0]
     tp2 = ParallelConfig(tensor_model_parallel_size=2)
     single = state_bytes(shape, tp2, 1, "bfloat16", distributed_optimizer=True, trained=True)
     sharded = state_bytes(shape, tp2, 4, "bfloat16", distributed_optimizer=True, trained=True)
@@ -94,7 +109,7 @@ def test_distributed_optimizer_divides_only_the_optimizer_state_by_dp():
 
 def test_optimizer_cpu_offload_leaves_the_rest_of_the_optimizer_state_on_the_gpu():
     full = _recipe("grpo_qwen2.5-7b_gsm8k.yaml")
-    shape = ModelShape.of(full.model.path)
+    shape = load_model_dims(full.model.path)[0]
 
     def offloaded(fraction):
         optim = dataclasses.replace(full.actor.optim, cpu_offload=True, cpu_offload_fraction=fraction)
@@ -123,7 +138,7 @@ def test_recompute_shrinks_activations():
             full.actor, recompute=dataclasses.replace(full.actor.recompute, granularity="none", num_layers=None)
         ),
     )
-    shape = ModelShape.of(full.model.path)
+    shape = load_model_dims(full.model.path)[0]
     with_recompute = estimate_memory(full, shape, train_gpus=8).roles[0].activations
     without = estimate_memory(none, shape, train_gpus=8).roles[0].activations
     assert with_recompute < without / 2
@@ -132,7 +147,7 @@ def test_recompute_shrinks_activations():
 def test_interleaved_schedule_keeps_more_activations_and_the_same_state():
     """PP 4 × VPP 2: the first stage keeps L · (1 + 3/8) layers' activations instead of L (megatron's warm-up of
     2(PP - 1) + (VPP - 1) PP chunk passes); parameters, gradients and optimizer are those of PP 4."""
-    shape = ModelShape.of("Qwen/Qwen2.5-7B-Instruct")
+    shape = load_model_dims("Qwen/Qwen2.5-7B-Instruct")[0]
     config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml")
 
     def actor_at(vpp):
@@ -190,7 +205,7 @@ def test_validate_prints_the_estimate(capsys):
 
 def test_the_engines_budget_must_fit_beside_what_megatron_keeps_resident():
     config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml", "rollout.gpu_memory_utilization=0.9")
-    estimate = estimate_memory(config, ModelShape.of(config.model.path), train_gpus=8)
+    estimate = estimate_memory(config, load_model_dims(config.model.path)[0], train_gpus=8)
     resident = resident_during_rollout(config, estimate.roles)
     most = int((80 * GIB - resident) / (80 * GIB) * 100) / 100
     (problem,) = rollout_budget_problems(config, 80)
@@ -221,8 +236,8 @@ def test_the_engines_budget_must_fit_beside_what_megatron_keeps_resident():
 def test_gradients_are_fp32_and_the_main_copy_exists_only_for_bf16(dtype, param_bytes, optimizer_bytes):
     """What megatron_train runs: DDP's grad buffer in fp32 (grad_reduce_in_fp32) whatever the
     parameter dtype; Adam's fp32 moments, plus fp32 main parameters for bf16 ones."""
-    shape = ModelShape.of("Qwen/Qwen2.5-7B-Instruct")
-    params = shape.rank_parameters(2, 1)
+    shape = load_model_dims("Qwen/Qwen2.5-7B-Instruct")[0]
+    params = rank_parameters(shape, 2, 1)
     got = state_bytes(
         shape, ParallelConfig(tensor_model_parallel_size=2), 4, dtype, distributed_optimizer=False, trained=True
     )
@@ -235,7 +250,7 @@ def test_optimizer_offload_frees_memory_only_with_bf16_parameters():
     for dtype in ("bfloat16", "float32"):
         for offload in ("true", "false"):
             config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml", f"model.dtype={dtype}", f"actor.offload.optimizer={offload}")
-            estimate = estimate_memory(config, ModelShape.of(config.model.path), train_gpus=8, gpu_memory_gib=200)
+            estimate = estimate_memory(config, load_model_dims(config.model.path)[0], train_gpus=8, gpu_memory_gib=200)
             peaks[dtype, offload] = estimate.peak_bytes, estimate.peak_phase
     assert peaks["bfloat16", "true"][0] < peaks["bfloat16", "false"][0]
     assert peaks["float32", "true"] == peaks["float32", "false"]
@@ -256,7 +271,6 @@ def test_a_packed_micro_batch_is_sized_as_the_rows_its_budget_holds():
     """max_tokens_per_micro_batch = 3 rows of S: the activations of 3 padded samples, whatever
     micro_batch_size_per_gpu says."""
     from megarl.config.loader import build_config
-    from megarl.config.memory import ModelShape, estimate_memory
 
     def actor_activations(actor: dict) -> int:
         problems = []
@@ -264,14 +278,19 @@ def test_a_packed_micro_batch_is_sized_as_the_rows_its_budget_holds():
             {"data": {"max_prompt_length": 100}, "rollout": {"max_new_tokens": 28}, "actor": actor}, problems
         )
         assert problems == []
-        shape = ModelShape(
-            vocab_size=100,
-            hidden_size=256,
-            ffn_hidden_size=512,
-            num_layers=4,
-            num_attention_heads=4,
-            num_kv_heads=2,
-            head_dim=64,
+        shape = read_model_dims(
+            dict(
+                model_type="llama",
+                vocab_size=100,
+                hidden_size=256,
+                intermediate_size=512,
+                num_hidden_layers=4,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=128,
+                rms_norm_eps=1e-6,
+                rope_theta=10000.0,
+            )
         )
         [actor_memory, *_] = estimate_memory(config, shape, train_gpus=1).roles
         return actor_memory.activations
@@ -288,38 +307,47 @@ def test_the_7b_recipe_keeps_its_margin_and_would_not_without_the_grads_offload(
     would keep 1.6 GiB, less than the margin."""
     with_offload = estimate_memory(
         config := _recipe("grpo_qwen2.5-7b_gsm8k.yaml"),
-        ModelShape.of(config.model.path),
+        load_model_dims(config.model.path)[0],
         train_gpus=8,
         processes_per_train_gpu=2,
     )
     assert with_offload.runtime_bytes == 2 * GIB and with_offload.fits and with_offload.spare_bytes > 10 * GIB
     grads_kept = _recipe("grpo_qwen2.5-7b_gsm8k.yaml", "actor.offload.grads=false")
-    without = estimate_memory(grads_kept, ModelShape.of(config.model.path), train_gpus=8, processes_per_train_gpu=2)
+    without = estimate_memory(
+        grads_kept, load_model_dims(config.model.path)[0], train_gpus=8, processes_per_train_gpu=2
+    )
     assert not without.fits and 0 < without.spare_bytes < without.margin_bytes
 
 
-QWEN3_30B_A3B = ModelShape(
-    vocab_size=151936,
-    hidden_size=2048,
-    ffn_hidden_size=6144,
-    num_layers=48,
-    num_attention_heads=32,
-    num_kv_heads=4,
-    head_dim=128,
-    qk_layernorm=True,
-    num_experts=128,
-    moe_ffn_hidden_size=768,
-    num_experts_per_tok=8,
+QWEN3_30B_A3B = read_model_dims(
+    dict(
+        model_type="qwen3_moe",
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        num_experts=128,
+        moe_intermediate_size=768,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        router_aux_loss_coef=0.001,
+    )
 )
 """Qwen3-30B-A3B's published config.json."""
 
 
 def test_expert_parallelism_splits_the_experts_and_their_optimizer_state_shards_over_expert_dp():
     experts = 48 * 128 * 3 * 2048 * 768  # 29.0 B of the 30.5 B parameters
-    assert QWEN3_30B_A3B.total_parameters() == pytest.approx(30.5e9, rel=0.01)
+    assert total_parameters(QWEN3_30B_A3B) == pytest.approx(30.5e9, rel=0.01)
     ep8 = ParallelConfig(expert_model_parallel_size=8, expert_tensor_parallel_size=1)
     params, grads, optimizer = state_bytes(QWEN3_30B_A3B, ep8, 16, "bfloat16", distributed_optimizer=True, trained=True)
-    rank = QWEN3_30B_A3B.rank_parameters(1, 1)
+    rank = rank_parameters(QWEN3_30B_A3B, 1, 1)
     assert params == 2 * (rank - experts * 7 // 8), "an EP-8 rank holds 16 of the 128 experts of every layer"
     assert grads == 4 * params // 2
     # 12 B per parameter (fp32 main + Adam): the dense 1.5 B over DP 16, the 3.6 B experts over expert DP 16 / 8 = 2.
@@ -344,7 +372,7 @@ def _actor_activations(config, shape, impl="transformer_engine", **parallel):
 def test_context_parallel_splits_each_sequences_activations_and_keeps_the_optimizer_shard():
     """CP 2 at TP 2 on 8 GPUs: each rank holds half of every sequence's activations and logits; DP drops to 2 but
     megatron's distributed optimizer shards over DP × CP = 4, as DP 4 does without CP."""
-    shape = ModelShape.of("Qwen/Qwen2.5-7B-Instruct")
+    shape = load_model_dims("Qwen/Qwen2.5-7B-Instruct")[0]
     config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml")
     off, on = _actor_activations(config, shape), _actor_activations(config, shape, context_parallel_size=2)
     assert on.activations * 2 == off.activations
@@ -354,7 +382,7 @@ def test_context_parallel_splits_each_sequences_activations_and_keeps_the_optimi
 def test_sequence_parallel_splits_the_norm_and_linear_inputs_and_te_keeps_no_softmax():
     """Per token and layer: sequence parallelism keeps 4h / TP instead of 4h; Transformer Engine's attention keeps
     no a·S / TP softmax probabilities, the local spec's does."""
-    shape = ModelShape.of("Qwen/Qwen2.5-7B-Instruct")
+    shape = load_model_dims("Qwen/Qwen2.5-7B-Instruct")[0]
     config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml")
     seq_len = config.data.max_prompt_length + config.rollout.max_new_tokens
     tokens = config.actor.micro_batch_size_per_gpu * seq_len
@@ -371,7 +399,7 @@ def test_the_32k_recipe_validates_and_sequence_and_context_parallelism_cut_its_a
     its actor's activations per GPU are those its header states: SP and CP together a third of neither's."""
     config = _recipe("grpo_qwen3-8b_32k.yaml")
     assert validate(config, check_files=False) == []
-    shape = ModelShape.of(config.model.path)
+    shape = load_model_dims(config.model.path)[0]
 
     def activations_gib(sp: bool, cp: int) -> float:
         parallel = dataclasses.replace(config.actor.parallel, sequence_parallel=sp, context_parallel_size=cp)
@@ -392,7 +420,7 @@ def test_the_qwen3_30b_a3b_recipe_fits_two_nodes_with_its_experts_split_over_ep(
     memory estimate, which counts a rank's 16 of 128 experts per layer (EP 8); the known-models table's shape
     is the published config's."""
     config = _recipe("grpo_qwen3-30b-a3b_math.yaml")
-    shape = ModelShape.of(config.model.path)
+    shape = load_model_dims(config.model.path)[0]
     assert shape == QWEN3_30B_A3B
     assert config.placement.mode == "colocated"
     estimate = estimate_memory(config, shape, train_gpus=16)
