@@ -65,10 +65,11 @@ def load_through_shared_memory(engine, buckets) -> None:
     """One sync of `buckets` (`(flat, metadata)` pairs) into `engine` by the shared-memory transport:
     the engine starts loading from the sync's ring, the transport streams the buckets through its two
     slots, and this returns once the engine has loaded them."""
+    from megarl.bridge import SharedRings
     from megarl.bridge.transports import SharedMemoryTransport
 
     transport = SharedMemoryTransport(readers=1)
-    loaded = engine.load_shared_buckets({0: transport.begin()})
+    loaded = engine.receive(SharedRings({0: transport.begin()}))
     transport.send(buckets)
     loaded.result(timeout=60)
 
@@ -82,7 +83,7 @@ def sync_over_group(
     `bucket_mb`, to the engine's workers, each of which assembles its own TP shard of them. Returns the plan."""
     from types import SimpleNamespace
 
-    from megarl.bridge import ShardSender
+    from megarl.bridge import CollectivePlan, ShardSender
     from megarl.bridge.convert import mapping_of
     from megarl.bridge.plan import LayoutPair, build_plan
     from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
@@ -116,7 +117,7 @@ def sync_over_group(
     sender = ShardSender(plan, lambda: iter(named), trainer, group)
     engine.pause()
     try:
-        loaded = engine.receive_weights(plan)
+        loaded = engine.receive(CollectivePlan(plan))
         sender.send()
         loaded.result(timeout=timeout_s)
     finally:

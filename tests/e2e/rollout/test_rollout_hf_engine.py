@@ -18,7 +18,7 @@ from rollout_reference import (
     sync_over_group,
 )
 
-from megarl.bridge import pack
+from megarl.bridge import InProcessTensors, pack
 from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine
 from megarl.workers.rollout.engine_args import EngineArgs
 
@@ -138,13 +138,13 @@ def test_weight_sync_and_load_weights(engine, base_model_dir, new_model_dir):
     for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
         torch.testing.assert_close(got, hf_logprobs(hf_new, sequence), atol=TOLERANCE, rtol=0)
 
-    engine.load_weights(base.items())
+    engine.receive(InProcessTensors(base.items())).result()
     assert engine.weight_version == version + 2
     hf_base = load_hf(base_model_dir)
     for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
         torch.testing.assert_close(got, hf_logprobs(hf_base, sequence), atol=TOLERANCE, rtol=0)
     with pytest.raises(ValueError, match="no parameters named"):
-        engine.load_weights([("model.layers.9.mlp.up_proj.weight", torch.zeros(1))])
+        engine.receive(InProcessTensors([("model.layers.9.mlp.up_proj.weight", torch.zeros(1))])).result()
 
 
 def test_load_shared_buckets(engine, base_model_dir, new_model_dir):
@@ -160,7 +160,7 @@ def test_load_shared_buckets(engine, base_model_dir, new_model_dir):
         for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
             torch.testing.assert_close(got, hf_logprobs(hf_new, sequence), atol=TOLERANCE, rtol=0)
     finally:
-        engine.load_weights(checkpoint_tensors(base_model_dir).items())
+        engine.receive(InProcessTensors(checkpoint_tensors(base_model_dir).items())).result()
 
 
 def test_a_mixture_of_experts_loads_the_checkpoints_per_expert_tensors(tmp_path):
@@ -175,7 +175,7 @@ def test_a_mixture_of_experts_loads_the_checkpoints_per_expert_tensors(tmp_path)
     engine = make_rollout_engine("hf", EngineArgs(first, dtype="float32", return_routed_experts=True))
     expected = make_rollout_engine("hf", EngineArgs(second, dtype="float32", return_routed_experts=True))
     try:
-        engine.load_weights(checkpoint_tensors(second).items())
+        engine.receive(InProcessTensors(checkpoint_tensors(second).items())).result()
         for got, want in zip(engine.prompt_logprobs(PROMPTS), expected.prompt_logprobs(PROMPTS)):
             torch.testing.assert_close(got, want, atol=0, rtol=0)
         greedy = SamplingConfig(greedy=True, max_new_tokens=MAX_NEW)

@@ -20,7 +20,7 @@ from rollout_reference import (
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from vllm.v1.sample.ops import logprobs as vllm_logprobs
 
-from megarl.bridge import pack, unpack
+from megarl.bridge import InProcessTensors, pack, unpack
 from megarl.bridge.checksum import tensor_checksum
 from megarl.workers.memory_stats import memory_stats
 from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine
@@ -206,7 +206,7 @@ def test_load_weights_full_then_subset_then_back(engine, hf_base, base_model_dir
     before = engine.generate(prompts, sampling)
     version = engine.weight_version
     try:
-        engine.load_weights(new.items())
+        engine.receive(InProcessTensors(new.items())).result()
         assert engine.weight_version == version + 1
         for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
             torch.testing.assert_close(got, hf_logprobs(hf_new, sequence), atol=TOLERANCE, rtol=0)
@@ -217,7 +217,7 @@ def test_load_weights_full_then_subset_then_back(engine, hf_base, base_model_dir
 
         # A subset: whole layers (the fused gate_up_proj gets gate and up together) and lm_head.
         subset = {k: v for k, v in base.items() if k.startswith("model.layers.1.mlp.") or k == "lm_head.weight"}
-        engine.load_weights(subset.items())
+        engine.receive(InProcessTensors(subset.items())).result()
         # The worker checksummed exactly what its loader received in this load, in the engine's dtype.
         (record,) = engine.loaded_checksums()
         assert record.dtype == "float32" and not record.partial
@@ -226,7 +226,7 @@ def test_load_weights_full_then_subset_then_back(engine, hf_base, base_model_dir
         for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
             torch.testing.assert_close(got, hf_logprobs(hf_mixed, sequence), atol=TOLERANCE, rtol=0)
     finally:
-        engine.load_weights(base.items())
+        engine.receive(InProcessTensors(base.items())).result()
     assert engine.weight_version == version + 3
     for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
         torch.testing.assert_close(got, hf_logprobs(hf_base, sequence), atol=TOLERANCE, rtol=0)
@@ -269,12 +269,12 @@ def test_load_weights_streams_at_tp1(engine, base_model_dir, new_model_dir):
             del flat
 
     try:
-        engine.load_weights(stream())
+        engine.receive(InProcessTensors(stream())).result()
         assert most_alive <= 3 < len(groups) - 1
         for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
             torch.testing.assert_close(got, hf_logprobs(load_hf(new_model_dir), sequence), atol=TOLERANCE, rtol=0)
     finally:
-        engine.load_weights(checkpoint_tensors(base_model_dir).items())
+        engine.receive(InProcessTensors(checkpoint_tensors(base_model_dir).items())).result()
 
 
 def test_seeded_call_with_more_prompt_tokens_than_a_step(engine, hf_base):
@@ -302,4 +302,4 @@ def test_load_shared_buckets_in_process(engine, base_model_dir, new_model_dir):
         for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
             torch.testing.assert_close(got, hf_logprobs(hf_new, sequence), atol=TOLERANCE, rtol=0)
     finally:
-        engine.load_weights(checkpoint_tensors(base_model_dir).items())
+        engine.receive(InProcessTensors(checkpoint_tensors(base_model_dir).items())).result()
