@@ -102,6 +102,9 @@ class HFRolloutEngine(RolloutEngine):
         torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
         self._model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
         self._model.to(self._device).eval()
+        # generate fills what a call's config leaves None from the model's own (transformers 5.19
+        # `_prepare_generation_config`): the checkpoint's eos_token_id would stop samples that no stop token ends.
+        self._model.generation_config = GenerationConfig()
         routers = {
             int(m[1]): module for name, module in self._model.named_modules() if (m := _ROUTER_NAME.fullmatch(name))
         }
