@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from megarl.bridge import InProcessTensors
 from megarl.bridge.checksum import check_checksums, combine, rank_checksums
 from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.bridge.verify import PROBE_LENGTH, logprob_gap, probe_token_ids
@@ -81,7 +82,7 @@ def measure(model_dir: Path, dtype: str, engine_dtype: str) -> list[dict]:
     probe = probe_token_ids(dims.vocab_size, sequences=SEQUENCES)
     engine = make_rollout_engine("vllm", EngineArgs(model_dir, dtype=engine_dtype, max_model_len=64))
     try:
-        engine.load_weights(load_file(model_dir / "model.safetensors").items())
+        engine.receive(InProcessTensors(load_file(model_dir / "model.safetensors").items())).result()
         loaded = engine.loaded_checksums()
         engine_log_probs = engine.prompt_logprobs(probe)
     finally:

@@ -187,7 +187,7 @@ class FakeEngine:
     def checksum_loads(self, enabled: bool) -> None:
         self.checksumming = enabled
 
-    def start_receive(self, plan) -> None:
+    def start_receive(self, source) -> None:
         assert "weights" in self.awake, "a receive into weights that are asleep"
 
     def finish_receive(self, timeout_s: float) -> int:

@@ -2,7 +2,7 @@
 
 - **In-process** (the engine lives in the sender's process, as with `InProcessTransport`):
   `WeightSender.send` into a receiver that takes every bucket's HF-named views (what the engine's
-  `load_weights` is handed) vs `clone()` of a buffer of the model's bytes in the sender process.
+  in-process source, `InProcessTensors`, holds) vs `clone()` of a buffer of the model's bytes in the sender process.
 - **Cross-process** (the shard sync, `bridge.shard_sync`): `ShardSender.send` on every trainer rank,
   each sending each rollout worker only the pieces of its shards that the worker's vLLM TP shard
   needs (the planner's schedule), received and assembled by the workers (`receive_rank_shards`), vs

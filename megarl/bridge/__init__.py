@@ -1,7 +1,8 @@
 """The weight-sync bridge: Megatron shards → rollout engines, after every training step. Each
 transport is one place holding both its halves; rollout backends take weights only through the
-names exported here, and nothing in this package imports a rollout backend (`LoadsWeights` is the
-little it needs of an engine).
+names exported here (a sync reaches an engine as one of the `transports.sources` records, which its
+`receive` takes), and nothing in this package imports a rollout backend (`LoadsWeights` is the little it
+needs of an engine).
 
 Pure: `plan` (units, send order, buckets, the shard sync's schedule; cached per layout pair), `convert` (TP gather to HF
 tensors, per-rank regroup), `protocol` (the bucket format both halves share). Trainer side:
@@ -25,23 +26,29 @@ from megarl.bridge.shared_ring import RingReader, SharedRing, read_ring
 from megarl.bridge.sync import SyncStats, WeightSender, receiving, sync_in_process
 from megarl.bridge.sync_group import create_weight_sync_group
 from megarl.bridge.transports.base import LoadsWeights
+from megarl.bridge.transports.sources import CollectivePlan, InProcessTensors, RankRings, SharedRings, WeightSource
 from megarl.bridge.verify import SyncVerificationError, check_sync, probe_token_ids
 
 __all__ = [
     "BucketMetadata",
+    "CollectivePlan",
+    "InProcessTensors",
     "LayoutPair",
     "LoadedChecksums",
     "LoadsWeights",
+    "RankRings",
     "RingReader",
     "ShardSender",
     "SharedBucket",
     "SharedRing",
+    "SharedRings",
     "SyncPlan",
     "SyncStats",
     "SyncVerificationError",
     "TensorSlot",
     "VllmRankLayout",
     "WeightSender",
+    "WeightSource",
     "build_plan",
     "build_schedule",
     "check_sync",

@@ -283,7 +283,7 @@ def collect_buckets(
     consumer sends bucket i, so the bridge holds at most two buckets plus one gathered parameter.
     The thread issues every trainer-world collective of the sync, in plan order on every rank.
     Each bucket is a buffer of its own, handed over to the consumer: an engine may hold several
-    (`HFRolloutEngine.load_weights` keeps them all until it loads). The meter counts a bucket
+    (`HFRolloutEngine.receive(InProcessTensors(...))` keeps them all until it loads). The meter counts a bucket
     released when the next one is asked for: the bridge's own memory, not the consumer's."""
     receives = every_rank or dist.get_rank() == SENDER_RANK
     gathered = GatherBuffer(meter)

@@ -10,7 +10,7 @@ vLLM pad it differently: each TP rank sends vLLM rank r's rows of it (`convert.t
     transport = SharedMemoryTransport(readers=routes.readers[rank]) if routes.readers[rank] else None
     sender = PerRankSender(plan, actor.named_parameters_for_sync, groups, transport)
     ring = sender.begin()         # each sync: None on ranks without a ring; the driver hands the rings
-                                  # to the engines along the routes (`VLLMRolloutEngine.load_rank_rings`)
+                                  # to the engines along the routes (`RolloutEngine.receive(RankRings(...))`)
     stats = sender.send()         # streams; returns once every engine has loaded this rank's ring
 
 Memory per sending rank: the bucket being packed plus the ring's two slots (three buckets), not

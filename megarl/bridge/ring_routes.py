@@ -65,7 +65,7 @@ class RingRoutes:
 
     @property
     def rank_layout(self) -> bool:
-        """The rings carry vLLM per-rank tensors (the engines load them with `load_rank_rings`), not
+        """The rings carry vLLM per-rank tensors (the engines load them as `RankRings`), not
         full HF tensors."""
         return self.mode in ("per_rank", "scheduled")
 

@@ -3,7 +3,7 @@
 (`ring_routes`, mode "scheduled"): colocated, worker r of engine k reads the ring of policy rank
 `k * rollout_tp + r`, on its own device; split, worker r of every engine reads policy rank r's.
 That ring carries the worker's own tensors in vLLM's per-rank layout, as the per-rank sync's do,
-so the engine loads them with its per-rank loader (`load_rank_rings`).
+so the engine loads them with its per-rank loader (`receive(RankRings(...))`).
 
 Every sending rank (DP replica 0's for the dense weights, the first expert-DP replica's for the experts,
 which EP spreads over the DP replicas) sends, bucket by bucket, each piece of its own shards that the

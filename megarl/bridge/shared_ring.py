@@ -162,7 +162,7 @@ class RingSender:
         except dist.DistStoreError:
             raise TimeoutError(
                 f"shared-memory weight sync: the sender waited {self.handle.timeout_s}s for the "
-                f"{self.handle.readers} rollout workers {what}; is the engine's `load_shared_buckets` running?"
+                f"{self.handle.readers} rollout workers {what}; is the engine's `receive(SharedRings(...))` running?"
             ) from None
         finally:
             stop.set()

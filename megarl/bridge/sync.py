@@ -35,6 +35,7 @@ import torch
 from megarl.bridge.collect import BufferMeter, collect_buckets, conversion_errors, local_params_by_plan_name
 from megarl.bridge.plan import SyncPlan
 from megarl.bridge.transports.base import Buckets, LoadsWeights, WeightTransport
+from megarl.bridge.transports.sources import CollectivePlan
 from megarl.parallel.distributed import ProcessGroups
 
 NamedParameters = Callable[[], Iterable[tuple[str, torch.Tensor]]]
@@ -141,7 +142,7 @@ def receiving(engine: LoadsWeights, plan: SyncPlan, timeout_s: float = 600.0) ->
     its prefix cache and bumps `weight_version` when the load completes."""
     engine.pause()
     try:
-        loaded = engine.receive_weights(plan)
+        loaded = engine.receive(CollectivePlan(plan))
         yield
         loaded.result(timeout=timeout_s)
     finally:

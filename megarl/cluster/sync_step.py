@@ -5,7 +5,7 @@ steps) the check that the engines now hold exactly the actor's weights and compu
 (`megarl.cluster.handover`) sends them, each side's in one round trip with the hand-over's own calls
 around them (waking the engines' weights before they receive, offloading the actor's parameters after
 it sent): the engines' (`receive`: on checked syncs checksumming the load, `checksum_loads`; starting
-the receive, `start_receive` / `start_shared_receive` / `start_rank_receive`; waiting for it,
+the receive from the sync's weight source, `start_receive`; waiting for it,
 `finish_receive`) and the policy's (`send`: `send_weights`) at once, since each waits for the other. A
 shared transport first opens the rings the engines read (`opening`: every ring-hosting trainer rank's
 `begin_weight_sync`, and each engine starts from the rings its workers read: `megarl.bridge.ring_routes`),
@@ -28,6 +28,7 @@ from torch import Tensor
 
 from megarl.bridge.checksum import check_checksums, combine
 from megarl.bridge.plan import LayoutPair
+from megarl.bridge.transports.sources import CollectivePlan, RankRings, SharedRings, WeightSource
 from megarl.bridge.verify import check_sync, probe_token_ids
 from megarl.cluster.metric_reduce import reduce_metrics
 from megarl.config.config import Config
@@ -83,15 +84,16 @@ class WeightSync:
         toggle = [Call("checksum_loads", (checked,))] if checked != self.engines_checksum else []
         self.engines_checksum = checked
         finish = Call("finish_receive", (SYNC_TIMEOUT_S,))
+        return [[*toggle, Call("start_receive", (source,)), finish] for source in self.sources(opened)]
+
+    def sources(self, opened: list | None) -> list[WeightSource]:
+        """Each engine's weight source of one sync: the plan over the sync group, or the rings its workers read."""
         if self.routes is None:
-            return [[*toggle, Call("start_receive", (self.plan,)), finish]] * self.rollout.world_size
+            return [CollectivePlan(self.plan)] * self.rollout.world_size
         by_engine = [self.routes.engine_rings(k, opened) for k in range(self.rollout.world_size)]
         if self.routes.rank_layout:  # per-rank tensors ("per_rank", "scheduled"): {tp_rank: [ring per trainer stage]}
-            return [[*toggle, Call("start_rank_receive", (engine,)), finish] for engine in by_engine]
-        return [  # gathered: {tp_rank: ring}
-            [*toggle, Call("start_shared_receive", ({tp: ring for tp, (ring,) in engine.items()},)), finish]
-            for engine in by_engine
-        ]
+            return [RankRings(engine) for engine in by_engine]
+        return [SharedRings({tp: ring for tp, (ring,) in engine.items()}) for engine in by_engine]  # gathered
 
     def send(self, checked: bool) -> list[Call]:
         """The policy's calls of one sync: the send; when `checked`, then the actor's side of the check,

@@ -20,7 +20,7 @@ class EngineCapabilities:
     """Whether it can place experts across its TP ranks (rollout.expert_parallel)."""
     per_rank_load: bool
     """Whether each of its TP ranks loads its own shards straight from the matching trainer rank
-    (rollout.sync.per_rank)."""
+    (rollout.sync.per_rank): the engine receives the bridge's `RankRings` source."""
     routed_experts_on_cpu: bool
     """Whether it returns the routed experts (actor.moe.router_replay) on a CPU-only device."""
 

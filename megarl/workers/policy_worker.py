@@ -301,13 +301,13 @@ class PolicyWorker:
 
     def begin_weight_sync(self):
         """Shared transports: open the next sync's slots; the ring the engines load from
-        (`RolloutWorker.start_shared_receive` / `start_rank_receive`, along the ring routes), before
+        (`RolloutWorker.start_receive` of `SharedRings` / `RankRings`, along the ring routes), before
         `send_weights`. None on ranks that host no ring."""
         transport = self.sender.transport
         return None if transport is None else transport.begin()
 
     def sync_plan(self) -> SyncPlan:
-        """The plan of every sync, which the engines receive by (`RolloutWorker.start_receive`)."""
+        """The plan of every sync, which the engines receive by (`RolloutWorker.start_receive(CollectivePlan(plan))`)."""
         return self.plan
 
     def send_weights(self) -> dict[str, float]:

@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from megarl.bridge import InProcessTensors
 from megarl.models.tiny import make_tiny_model
 from megarl.workers.rollout import SamplingConfig, make_rollout_engine
 from megarl.workers.rollout.engine_args import EngineArgs
@@ -37,7 +38,7 @@ def test_generate_sleep_wake_reload(tmp_path, memory_phase):
         assert _used_bytes() < awake, "vLLM's sleep freed no device memory"
         with memory_phase("wake_up_and_reload"):
             engine.wake_up()
-            engine.load_weights(load_file(str(model_dir / "model.safetensors")).items())
+            engine.receive(InProcessTensors(load_file(str(model_dir / "model.safetensors")).items())).result()
         after = engine.prompt_logprobs(PROBE)
         for a, b in zip(before, after):
             assert torch.equal(a, b)

@@ -5,13 +5,14 @@ to a rollout engine. One implementation per file: `in_process`, `shared_memory` 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Protocol
 
 import torch
 
 from megarl.bridge.protocol import BucketMetadata
+from megarl.bridge.transports.sources import WeightSource
 
 Buckets = Iterator[tuple[torch.Tensor, BucketMetadata]]
 """One sync's buckets in plan order: `(flat [numel], metadata)`. Lazy: the next bucket is assembled
@@ -28,11 +29,8 @@ class LoadsWeights(Protocol):
     def resume(self) -> None:
         """Generate again."""
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load full HF-named tensors handed over in this process."""
-
-    def receive_weights(self, plan) -> Future[None]:
-        """Start receiving one sync of `plan` (a `SyncPlan`) over the sync group; done when loaded."""
+    def receive(self, source: WeightSource) -> Future[None]:
+        """Start loading one sync from `source` (`sources`); the future completes when loaded."""
 
 
 class WeightTransport(abc.ABC):

@@ -8,6 +8,7 @@ import torch
 
 from megarl.bridge.protocol import unpack
 from megarl.bridge.transports.base import Buckets, LoadsWeights, WeightTransport
+from megarl.bridge.transports.sources import InProcessTensors
 
 
 def _named_tensors(buckets: Buckets) -> Iterator[tuple[str, torch.Tensor]]:
@@ -16,11 +17,11 @@ def _named_tensors(buckets: Buckets) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 class InProcessTransport(WeightTransport):
-    """Hands the buckets to `engine.load_weights` as one lazy stream of HF-named tensors: one load
+    """Hands the buckets to the engine as one lazy stream of HF-named tensors (`InProcessTensors`): one load
     per sync (a fused vLLM layer needs all its parts within one load), one bucket alive at a time."""
 
     def __init__(self, engine: LoadsWeights):
         self.engine = engine
 
     def send(self, buckets: Buckets) -> None:
-        self.engine.load_weights(_named_tensors(buckets))
+        self.engine.receive(InProcessTensors(_named_tensors(buckets))).result()

@@ -8,11 +8,11 @@ memory, not the model (`peak_shared_bytes`).
 
     transport = SharedMemoryTransport(readers=rollout_tp)        # on the sender, once
     ring = transport.begin()                                   # each sync: a new ring ...
-    engine.load_shared_buckets({r: ring for r in range(rollout_tp)})   # ... the engine starts loading,
+    engine.receive(SharedRings({r: ring for r in range(rollout_tp)}))   # ... the engine starts loading,
     transport.send(buckets)                                    # then the sender streams the buckets
 
 `begin` opens the sync's slots and names its ring (a small picklable handle that the driver passes
-to the engine workers that read it, `megarl.bridge.ring_routes`: `RolloutWorker.start_shared_receive`); `send` streams the buckets and
+to the engine workers that read it, `megarl.bridge.ring_routes`: `RolloutWorker.start_receive`); `send` streams the buckets and
 returns once every worker has loaded the sync.
 
 CPU: each slot is a file in /dev/shm (tmpfs, i.e. memory), mapped shared by the sender and the
@@ -95,7 +95,7 @@ class SharedMemoryTransport(WeightTransport):
 
     def begin(self) -> SharedRing:
         """Open the next sync's slots; its ring, with which every reading engine must start its
-        load (`RolloutEngine.load_shared_buckets`) before `send`."""
+        load (`RolloutEngine.receive(SharedRings(...))`) before `send`."""
         self._close_slots()  # a sync begun but never sent
         self._open_slots()
         if self._ring is None:

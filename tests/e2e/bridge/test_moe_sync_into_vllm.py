@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from store_handoff import load_paused, take
 
+from megarl.bridge import RankRings
 from megarl.bridge.checksum import check_checksums, combine, rank_checksums
 from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.bridge.shared_ring import HOST
@@ -152,7 +153,7 @@ def test_experts_reach_vllm_through_the_rings_from_the_ranks_holding_them(moe):
             for name, layout in layouts.items():
                 engine = engines[layout.rollout_tp]
                 rings = pickle.loads(take(store, name, trainers))
-                after[name] = load_paused(engine, lambda: engine.load_rank_rings(rings), probe, TIMEOUT_S)
+                after[name] = load_paused(engine, lambda: engine.receive(RankRings(rings)), probe, TIMEOUT_S)
                 loaded[name] = engine.loaded_checksums()
             ranks = trainers.result(timeout=TIMEOUT_S)
         assert os.listdir(shm_dir) == []  # every slot file went with its sync

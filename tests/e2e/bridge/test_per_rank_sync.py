@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from store_handoff import load_paused, take
 
+from megarl.bridge import RankRings
 from megarl.bridge.checksum import check_checksums, combine, rank_checksums
 from megarl.bridge.collect import local_params_by_plan_name
 from megarl.bridge.per_rank import PerRankSender
@@ -144,7 +145,7 @@ def _sync_rounds(model_dir, tp: int, pp: int = 1) -> list[dict]:
                 rings_by_rank = pickle.loads(take(store, f"round{round_index}", trainers))
                 assert {rank: len(rings) for rank, rings in rings_by_rank.items()} == dict.fromkeys(range(tp), pp)
                 engine_logprobs.append(
-                    load_paused(engine, lambda: engine.load_rank_rings(rings_by_rank), probe, TIMEOUT_S)
+                    load_paused(engine, lambda: engine.receive(RankRings(rings_by_rank)), probe, TIMEOUT_S)
                 )
                 loaded.append(engine.loaded_checksums())
             ranks = trainers.result(timeout=TIMEOUT_S)

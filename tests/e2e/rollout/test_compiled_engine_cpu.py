@@ -20,7 +20,7 @@ from rollout_reference import (
     load_through_shared_memory,
 )
 
-from megarl.bridge import pack
+from megarl.bridge import InProcessTensors, pack
 from megarl.workers.rollout import SamplingConfig, make_rollout_engine
 from megarl.workers.rollout.engine_args import EngineArgs
 
@@ -54,9 +54,9 @@ def test_after_each_weight_load_the_compiled_graph_reads_the_new_weights(engine,
     # The two models answer differently, so generating from stale weights cannot pass.
     assert [hf_greedy(hf_base, p, MAX_NEW) for p in PROMPTS] != [hf_greedy(hf_new, p, MAX_NEW) for p in PROMPTS]
     try:
-        engine.load_weights(new.items())
+        engine.receive(InProcessTensors(new.items())).result()
         _assert_generates_from(engine, hf_new)
         load_through_shared_memory(engine, [pack(base.items())])  # the whole model, one bucket
         _assert_generates_from(engine, hf_base)
     finally:
-        engine.load_weights(base.items())
+        engine.receive(InProcessTensors(base.items())).result()

@@ -1,4 +1,5 @@
-"""The HuggingFace `generate` backend: the same contract as vLLM, checked more lightly."""
+"""The HuggingFace `generate` backend beyond the engine contract (test_engine_contract.py): pad-id context
+tokens, per-prompt caps and seeds, a call seed, an unknown tensor, a mixture of experts."""
 
 from __future__ import annotations
 
@@ -6,20 +7,10 @@ from dataclasses import replace
 
 import pytest
 import torch
-from rollout_reference import (
-    PROMPTS,
-    TOLERANCE,
-    checkpoint_tensors,
-    hf_greedy,
-    hf_logprobs,
-    load_hf,
-    load_through_shared_memory,
-    response_logprobs_of,
-    sync_over_group,
-)
+from rollout_reference import PROMPTS, TOLERANCE, checkpoint_tensors, load_hf, response_logprobs_of
 
-from megarl.bridge import pack
-from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine
+from megarl.bridge import InProcessTensors
+from megarl.workers.rollout import SamplingConfig, make_rollout_engine
 from megarl.workers.rollout.engine_args import EngineArgs
 
 MAX_NEW = 6
@@ -37,19 +28,6 @@ def hf_base(base_model_dir):
     return load_hf(base_model_dir)
 
 
-def test_samples_logprobs_and_seed(engine, hf_base):
-    sampling = SamplingConfig(n=3, temperature=0.7, max_new_tokens=MAX_NEW, seed=2)
-    outputs = engine.generate(PROMPTS, sampling)
-    for prompt, output in zip(PROMPTS, outputs):
-        assert output.finish_reasons == ["length"] * 3
-        for tokens, logprobs in zip(output.response_token_ids, output.response_logprobs):
-            assert len(tokens) == MAX_NEW
-            expected = response_logprobs_of(hf_base, prompt, tokens, temperature=0.7)
-            torch.testing.assert_close(logprobs, expected, atol=TOLERANCE, rtol=0)
-    again = engine.generate(PROMPTS, sampling)
-    assert [o.response_token_ids for o in outputs] == [o.response_token_ids for o in again]
-
-
 def test_a_context_holding_the_pad_id_is_attended_whole(engine, hf_base):
     """A context token equal to the pad id (0: a prompt's, or one the model sampled, which a continued segment
     or turn sends back) is a real token: the log-probs are those of a forward that attends to it."""
@@ -58,19 +36,6 @@ def test_a_context_holding_the_pad_id_is_attended_whole(engine, hf_base):
     tokens = output.response_token_ids[0]
     expected = response_logprobs_of(hf_base, context, tokens, temperature=0.7)
     torch.testing.assert_close(output.response_logprobs[0], expected, atol=TOLERANCE, rtol=0)
-
-
-def test_greedy_and_stop_token(engine, hf_base):
-    output = engine.generate(PROMPTS[:1], SamplingConfig(greedy=True, max_new_tokens=MAX_NEW))[0]
-    tokens = output.response_token_ids[0]
-    assert tokens == hf_greedy(hf_base, PROMPTS[0], MAX_NEW)
-    stop = tokens[2]
-    stopped = engine.generate(PROMPTS[:1], SamplingConfig(greedy=True, max_new_tokens=MAX_NEW, stop_token_ids=(stop,)))[
-        0
-    ]
-    assert stopped.response_token_ids[0] == tokens[: tokens.index(stop) + 1]
-    assert stopped.finish_reasons == ["stop"]
-    assert len(stopped.response_logprobs[0]) == len(stopped.response_token_ids[0])
 
 
 def test_per_prompt_token_caps_and_seeds(engine):
@@ -118,49 +83,11 @@ def test_a_call_seed_makes_the_call_reproducible(engine):
     assert alone[0].response_token_ids != first[1].response_token_ids
 
 
-def test_pause_refuses_generation(engine):
-    engine.pause()
-    with pytest.raises(RolloutPausedError):
-        engine.generate(PROMPTS, SamplingConfig(greedy=True, max_new_tokens=2))
-    engine.resume()
-    engine.generate(PROMPTS, SamplingConfig(greedy=True, max_new_tokens=2))
-
-
-def test_weight_sync_and_load_weights(engine, base_model_dir, new_model_dir):
-    """Receive the new model over a gloo group (the test thread is a TP-1 trainer, rank 0, sending
-    its shards), then load the base back with `load_weights`."""
-    base, new = checkpoint_tensors(base_model_dir), checkpoint_tensors(new_model_dir)
-    hf_new = load_hf(new_model_dir)
+def test_a_tensor_the_model_lacks_is_refused(engine):
     version = engine.weight_version
-    plan = sync_over_group(engine, 1, new_model_dir, new, bucket_mb=0.05, timeout_s=60)
-    assert len(plan.buckets) > 2
-    assert engine.weight_version == version + 1
-    for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
-        torch.testing.assert_close(got, hf_logprobs(hf_new, sequence), atol=TOLERANCE, rtol=0)
-
-    engine.load_weights(base.items())
-    assert engine.weight_version == version + 2
-    hf_base = load_hf(base_model_dir)
-    for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
-        torch.testing.assert_close(got, hf_logprobs(hf_base, sequence), atol=TOLERANCE, rtol=0)
     with pytest.raises(ValueError, match="no parameters named"):
-        engine.load_weights([("model.layers.9.mlp.up_proj.weight", torch.zeros(1))])
-
-
-def test_load_shared_buckets(engine, base_model_dir, new_model_dir):
-    """One sync by shared-memory handles (the engine opens the sender's buffers)."""
-    new = checkpoint_tensors(new_model_dir)
-    names = list(new)
-    buckets = iter([pack((n, new[n]) for n in names[:10]), pack((n, new[n]) for n in names[10:])])
-    version = engine.weight_version
-    try:
-        load_through_shared_memory(engine, buckets)
-        assert engine.weight_version == version + 1
-        hf_new = load_hf(new_model_dir)
-        for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
-            torch.testing.assert_close(got, hf_logprobs(hf_new, sequence), atol=TOLERANCE, rtol=0)
-    finally:
-        engine.load_weights(checkpoint_tensors(base_model_dir).items())
+        engine.receive(InProcessTensors([("model.layers.9.mlp.up_proj.weight", torch.zeros(1))]))
+    assert engine.weight_version == version
 
 
 def test_a_mixture_of_experts_loads_the_checkpoints_per_expert_tensors(tmp_path):
@@ -175,7 +102,7 @@ def test_a_mixture_of_experts_loads_the_checkpoints_per_expert_tensors(tmp_path)
     engine = make_rollout_engine("hf", EngineArgs(first, dtype="float32", return_routed_experts=True))
     expected = make_rollout_engine("hf", EngineArgs(second, dtype="float32", return_routed_experts=True))
     try:
-        engine.load_weights(checkpoint_tensors(second).items())
+        engine.receive(InProcessTensors(checkpoint_tensors(second).items())).result()
         for got, want in zip(engine.prompt_logprobs(PROMPTS), expected.prompt_logprobs(PROMPTS)):
             torch.testing.assert_close(got, want, atol=0, rtol=0)
         greedy = SamplingConfig(greedy=True, max_new_tokens=MAX_NEW)

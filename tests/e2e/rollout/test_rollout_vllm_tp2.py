@@ -8,6 +8,7 @@ import pytest
 import torch
 from rollout_reference import PROMPTS, TOLERANCE, checkpoint_tensors, hf_logprobs, load_hf, sync_over_group
 
+from megarl.bridge import InProcessTensors
 from megarl.workers.rollout import SamplingConfig, make_rollout_engine
 from megarl.workers.rollout.engine_args import EngineArgs
 
@@ -65,7 +66,7 @@ def test_gloo_weight_sync_loads_new_weights(engine, base_model_dir, new_model_di
         expected = hf_logprobs(hf_new, PROMPTS[0] + tokens)[len(PROMPTS[0]) - 1 :]
         torch.testing.assert_close(output.response_logprobs[0], expected, atol=TOLERANCE, rtol=0)
     finally:
-        engine.load_weights(checkpoint_tensors(base_model_dir).items())
+        engine.receive(InProcessTensors(checkpoint_tensors(base_model_dir).items())).result()
 
 
 def test_load_weights_reaches_the_worker_processes(engine, base_model_dir, new_model_dir):
@@ -74,11 +75,11 @@ def test_load_weights_reaches_the_worker_processes(engine, base_model_dir, new_m
     _assert_engine_matches(engine, hf_base)
     version = engine.weight_version
     try:
-        engine.load_weights(checkpoint_tensors(new_model_dir).items())
+        engine.receive(InProcessTensors(checkpoint_tensors(new_model_dir).items())).result()
         assert engine.weight_version == version + 1
         _assert_engine_matches(engine, hf_new)
     finally:
-        engine.load_weights(checkpoint_tensors(base_model_dir).items())
+        engine.receive(InProcessTensors(checkpoint_tensors(base_model_dir).items())).result()
     _assert_engine_matches(engine, hf_base)
 
 

@@ -10,6 +10,7 @@ from bridge_emulate import emulated_buckets, megatron_shards, naive_gate_up_merg
 from safetensors.torch import load_file
 
 import megarl.bridge.convert as convert
+from megarl.bridge import InProcessTensors
 from megarl.bridge.collect import round_trips
 from megarl.bridge.plan import LayoutPair, build_plan
 from megarl.bridge.transports import InProcessTransport
@@ -46,7 +47,7 @@ def sync_and_check(model_dir, trained):
     plan = build_plan(dims, LAYOUT)
     shards = megatron_shards(plan, trained)
     actor = HFRolloutEngine(model_dir, dtype="float32")
-    actor.load_weights(trained.items())
+    actor.receive(InProcessTensors(trained.items())).result()
     probe = probe_token_ids(dims.vocab_size)
     engine = HFRolloutEngine(model_dir, dtype="float32")
     InProcessTransport(engine).send(iter(emulated_buckets(plan, shards)))

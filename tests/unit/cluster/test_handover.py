@@ -149,7 +149,7 @@ class FakeEngines:
     def checksum_loads(self, enabled: bool) -> None:
         pass
 
-    def start_receive(self, plan) -> None:
+    def start_receive(self, source) -> None:
         assert "weights" in self.resident, "received into weights that are asleep"
 
     def finish_receive(self, timeout_s: float) -> int:

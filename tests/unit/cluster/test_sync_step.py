@@ -13,6 +13,7 @@ from recorded_transfers import RecordingWorkers
 
 from megarl.bridge.checksum import LoadedChecksums, WeightChecksumError
 from megarl.bridge.ring_routes import route_rings
+from megarl.bridge.transports.sources import CollectivePlan, RankRings, SharedRings
 from megarl.bridge.verify import SyncVerificationError
 from megarl.cluster.handover import HandOver
 from megarl.cluster.sync_step import WeightSync
@@ -62,18 +63,14 @@ class EngineRank:
 
     def __init__(self, broken_from: int | None = None, wrong_tensor_from: int | None = None, dtype: str = "float32"):
         self.version, self.broken_from, self.wrong_tensor_from, self.dtype = 0, broken_from, wrong_tensor_from, dtype
-        self.rings = None
+        self.source = None
+        """What the last `start_receive` was given."""
 
     def checksum_loads(self, enabled: bool) -> None:
         pass
 
-    def start_receive(self, plan) -> None:
-        assert plan == ["the plan"]
-
-    def start_shared_receive(self, rings) -> None:
-        self.rings = rings
-
-    start_rank_receive = start_shared_receive
+    def start_receive(self, source) -> None:
+        self.source = source
 
     def finish_receive(self, timeout_s: float) -> int:
         self.version += 1
@@ -181,6 +178,7 @@ def test_a_sync_is_received_then_checked_in_order():
         "loaded_checksums",
         "prompt_logprobs",
     ]
+    assert rollout.ranks[0].source == CollectivePlan(["the plan"])
     # One round trip per group per phase: the policy's offload, then its send with the engines' receive, then the engines' check.
     assert [call.trip for call in policy.calls] == [0, 1, 1, 2, 2, 2, 2]
     assert [call.trip for call in rollout.calls] == [0, 0, 0, 1, 1]
@@ -207,8 +205,8 @@ def test_a_gathered_shared_sync_starts_each_engine_worker_on_its_own_devices_rin
     handover = weight_sync(verify_every=1, total_steps=1, routes=routes)
     sync_and_check(handover, 1)
     rollout, policy = handover.sync.rollout, handover.sync.policy
-    assert methods(rollout)[1:] == ["start_shared_receive", "finish_receive", "loaded_checksums", "prompt_logprobs"]
-    assert rollout.ranks[0].rings == {0: "ring 0", 1: "ring 1"}
+    assert methods(rollout)[1:] == ["start_receive", "finish_receive", "loaded_checksums", "prompt_logprobs"]
+    assert rollout.ranks[0].source == SharedRings({0: "ring 0", 1: "ring 1"})
     # The rings open with the policy's offload, before the engines start on them.
     assert methods(policy) == [
         "memory_stats",
@@ -232,8 +230,8 @@ def test_a_per_rank_layout_sync_starts_each_engine_worker_on_its_ranks_rings(tra
     handover = weight_sync(verify_every=1, total_steps=1, routes=routes)
     sync_and_check(handover, 1)
     rollout = handover.sync.rollout
-    assert methods(rollout)[1:] == ["start_rank_receive", "finish_receive", "loaded_checksums", "prompt_logprobs"]
-    assert rollout.ranks[0].rings == {0: ["ring 0"], 1: ["ring 1"]}
+    assert methods(rollout)[1:] == ["start_receive", "finish_receive", "loaded_checksums", "prompt_logprobs"]
+    assert rollout.ranks[0].source == RankRings({0: ["ring 0"], 1: ["ring 1"]})
 
 
 def test_a_bad_sync_is_caught_on_the_next_checked_step():
