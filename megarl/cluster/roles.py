@@ -209,7 +209,8 @@ def packs_by_tokens(role_config) -> bool:
 def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
     actor = config.actor
     return ActorSpec(
-        optim=settings.optim_settings(actor.optim, settings.total_optimizer_steps(plan, "actor", total_steps)),
+        optim=actor.optim,
+        lr_decay_steps=settings.total_optimizer_steps(plan, "actor", total_steps),
         recompute=settings.recompute_settings(actor.recompute),
         loss=settings.policy_loss_settings(config),
         offload=settings.offload_settings(actor.offload),
@@ -229,7 +230,8 @@ def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
 def critic_spec(config: Config, plan: BatchPlan, total_steps: int) -> CriticSpec:
     critic = config.critic
     return CriticSpec(
-        optim=settings.optim_settings(critic.optim, settings.total_optimizer_steps(plan, "critic", total_steps)),
+        optim=critic.optim,
+        lr_decay_steps=settings.total_optimizer_steps(plan, "critic", total_steps),
         recompute=settings.recompute_settings(critic.recompute),
         loss=settings.value_loss_settings(config),
         offload=settings.offload_settings(critic.offload),
