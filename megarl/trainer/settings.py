@@ -9,7 +9,6 @@ from megarl.workers.packing import TokenBudget
 from megarl.workers.rollout.base import SamplingConfig
 from megarl.workers.settings import (
     MoeSettings,
-    OffloadSettings,
     PolicyLossSettings,
     RecomputeSettings,
     ValueLossSettings,
@@ -70,10 +69,6 @@ def forward_micro_batch_cut(role_config, role: str) -> int | TokenBudget:
     if role_config.forward_max_tokens_per_micro_batch is None:
         return micro_batch_cut(role_config, role)
     return TokenBudget(role_config.forward_max_tokens_per_micro_batch, f"{role}.forward_max_tokens_per_micro_batch")
-
-
-def offload_settings(offload) -> OffloadSettings:
-    return OffloadSettings(params=offload.params, grads=offload.grads, optimizer=offload.optimizer)
 
 
 def stop_token_ids(tokenizer, stop: tuple[str | int, ...]) -> tuple[int, ...]:

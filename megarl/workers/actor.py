@@ -32,7 +32,7 @@ from megarl.algorithms.rollout_correction import (
     correction_weights,
     mismatch_metrics,
 )
-from megarl.config.roles import OptimizerConfig
+from megarl.config.roles import OffloadConfig, OptimizerConfig
 from megarl.models.checkpoint import chunk_layer_offset
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch, mini_batches
@@ -55,7 +55,6 @@ from megarl.workers.router_replay import ExpertRouting
 from megarl.workers.settings import (
     ModelSettings,
     MoeSettings,
-    OffloadSettings,
     PolicyLossSettings,
     RecomputeSettings,
 )
@@ -184,7 +183,7 @@ class MegatronActor(TrainedModel):
         vocab_size: int,
         optim: OptimizerConfig,
         lr_decay_steps: int | None = None,
-        offload: OffloadSettings = OffloadSettings(),
+        offload: OffloadConfig = OffloadConfig(),
     ):
         """`model`: this rank's megatron `GPTModel` (weights loaded); `vocab_size`: the real (HF)
         vocabulary size, the output layer's padding beyond it is ignored."""
@@ -206,7 +205,7 @@ class MegatronActor(TrainedModel):
         lr_decay_steps: int | None = None,
         model_settings: ModelSettings = ModelSettings(),
         recompute: RecomputeSettings = RecomputeSettings(),
-        offload: OffloadSettings = OffloadSettings(),
+        offload: OffloadConfig = OffloadConfig(),
         sequence_parallel: bool = False,
         moe: MoeSettings = MoeSettings(),
     ) -> MegatronActor:

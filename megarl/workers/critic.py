@@ -19,7 +19,7 @@ from torch import Tensor
 
 from megarl.algorithms.losses import LOSS_AGG_MODES
 from megarl.algorithms.value_loss import compute_value_loss
-from megarl.config.roles import OptimizerConfig
+from megarl.config.roles import OffloadConfig, OptimizerConfig
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch, mini_batches
 from megarl.workers.megatron_train import (
@@ -33,7 +33,7 @@ from megarl.workers.megatron_train import (
 )
 from megarl.workers.micro_batches import MicroBatch
 from megarl.workers.packing import TokenBudget
-from megarl.workers.settings import ModelSettings, OffloadSettings, RecomputeSettings, ValueLossSettings
+from megarl.workers.settings import ModelSettings, RecomputeSettings, ValueLossSettings
 from megarl.workers.trained_model import TrainedModel
 
 
@@ -48,7 +48,7 @@ class MegatronCritic(TrainedModel):
         optim: OptimizerConfig,
         lr_decay_steps: int | None = None,
         loss: ValueLossSettings,
-        offload: OffloadSettings = OffloadSettings(),
+        offload: OffloadConfig = OffloadConfig(),
     ):
         """`model`: this rank's GPTModel built with `value_head=True` (last stage outputs `[b, S, 1]`)."""
         if loss.loss_agg_mode not in LOSS_AGG_MODES:
@@ -67,7 +67,7 @@ class MegatronCritic(TrainedModel):
         loss: ValueLossSettings,
         model_settings: ModelSettings = ModelSettings(),
         recompute: RecomputeSettings = RecomputeSettings(),
-        offload: OffloadSettings = OffloadSettings(),
+        offload: OffloadConfig = OffloadConfig(),
         sequence_parallel: bool = False,
     ) -> MegatronCritic:
         """Build this rank's shard from an HF (policy) checkpoint dir: backbone weights loaded,

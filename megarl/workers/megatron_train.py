@@ -48,7 +48,7 @@ from megatron.core.utils import unwrap_model
 from torch import Tensor
 
 from megarl.algorithms.losses import agg_loss_normalizer
-from megarl.config.roles import OptimizerConfig
+from megarl.config.roles import OffloadConfig, OptimizerConfig
 from megarl.models.architectures import build_model_chunks, resolve_transformer_impl, takes_thd
 from megarl.models.checkpoint import load_hf_weights
 from megarl.models.hf_config import read_model_dims
@@ -60,7 +60,7 @@ from megarl.workers.context_parallel import split_for_context_parallel
 from megarl.workers.memory_stats import empty_cache
 from megarl.workers.micro_batches import MicroBatch, cut_micro_batches, pad_sequence
 from megarl.workers.packing import TokenBudget
-from megarl.workers.settings import ModelSettings, MoeSettings, OffloadSettings, RecomputeSettings
+from megarl.workers.settings import ModelSettings, MoeSettings, RecomputeSettings
 from megarl.workers.thd import cut_thd_micro_batches
 
 
@@ -343,7 +343,7 @@ class TrainEngine:
             self.scheduler.step(increment=1)
         return StepResult(skipped=not updated, grad_norm=float(grad_norm), lr=lr)
 
-    def offload_training_state(self, settings: OffloadSettings) -> None:
+    def offload_training_state(self, settings: OffloadConfig) -> None:
         """After the update: free the gradient buffers and move the optimizer state to host memory, as
         `settings` name, and hand the freed memory back (`memory_stats.empty_cache`). The parameters
         stay for the weight sync (`offload_params`). `onload` before the next update.
@@ -364,7 +364,7 @@ class TrainEngine:
             self.optimizer.offload_to_cpu()
         empty_cache()
 
-    def offload_params(self, settings: OffloadSettings) -> None:
+    def offload_params(self, settings: OffloadConfig) -> None:
         """After the weight sync: the parameters to pinned host memory when `settings.params` (GPU only:
         on CPU they are in host memory already); nothing may read them (weight sync included) until `onload`.
         Either way the freed memory goes back (`memory_stats.empty_cache`): the sync's buckets and
@@ -383,7 +383,7 @@ class TrainEngine:
                 buffer.offload_to_cpu(move_params=True, move_grads=False)
         empty_cache()
 
-    def onload(self, settings: OffloadSettings) -> None:
+    def onload(self, settings: OffloadConfig) -> None:
         """Bring back what the two offloads moved; gradient buffers come back zeroed."""
         if settings.grads:
             for chunk in self.chunks:

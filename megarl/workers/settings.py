@@ -1,6 +1,6 @@
-"""The plain settings the driver hands the workers: each trained role's recompute, offload and loss
-settings (its optimizer goes as the config's own `optim` section), and the specs a worker rank is built
-from. Plain values that import no megatron-core, so that the driver (`megarl.trainer`) starts without loading it; the worker modules
+"""The plain settings the driver hands the workers: each trained role's recompute and loss settings
+(its optimizer and offload go as the config's own `optim` and `offload` sections), and the specs a worker
+rank is built from. Plain values that import no megatron-core, so that the driver (`megarl.trainer`) starts without loading it; the worker modules
 that use them (`megatron_train`, `actor`, `critic`, `policy_worker`, `sft_worker`) import them from here.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from megarl.algorithms.rollout_correction import RolloutCorrection
-from megarl.config.roles import OptimizerConfig
+from megarl.config.roles import OffloadConfig, OptimizerConfig
 from megarl.models.model_options import TORCH_DTYPES, TRANSFORMER_IMPLS
 from megarl.workers.packing import TokenBudget
 
@@ -67,23 +67,6 @@ class MoeSettings:
         fields = {"moe_aux_loss_coeff": self.aux_loss_coeff, "moe_z_loss_coeff": self.z_loss_coeff}
         replay = {"moe_enable_routing_replay": True} if self.router_replay else {}
         return {name: value for name, value in fields.items() if value is not None} | replay
-
-
-@dataclass(frozen=True)
-class OffloadSettings:
-    """What a trained role moves off the device while the colocated rollout runs, with megatron-core's
-    own RL offload APIs (`megarl.workers.megatron_train.TrainEngine.offload_training_state` /
-    `offload_params` / `onload`). On a CPU-only process host memory is the device: only `grads` frees
-    anything there (the others would move host memory to host memory, and do nothing)."""
-
-    params: bool = False
-    """Parameters: copied to pinned host memory after the weight sync (DDP buffers' `offload_to_cpu`); GPU only."""
-    grads: bool = False
-    """Gradient buffers: freed after the update (DDP's `offload_grad_buffers`; they come back zeroed), on CPU too."""
-    optimizer: bool = False
-    """Optimizer states and fp32 main parameters: to host memory after the update; needs bf16/fp16
-    parameters (with fp32 ones the optimizer's parameters are the model's own, which megatron's hook
-    would move out of DDP's buffer)."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +146,7 @@ class CriticSpec:
     """The critic's optimizer steps over the run (the batch plan's): the LR decay ends there."""
     recompute: RecomputeSettings
     loss: ValueLossSettings
-    offload: OffloadSettings
+    offload: OffloadConfig
     """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`critic.offload`)."""
     sequence_parallel: bool
     """Megatron sequence parallelism over the TP ranks (`critic.parallel.sequence_parallel`)."""
@@ -186,7 +169,7 @@ class ActorSpec:
     """The actor's optimizer steps over the run (the batch plan's): the LR decay ends there."""
     recompute: RecomputeSettings
     loss: PolicyLossSettings
-    offload: OffloadSettings
+    offload: OffloadConfig
     """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`actor.offload`)."""
     sequence_parallel: bool
     """Megatron sequence parallelism over the TP ranks (`actor.parallel.sequence_parallel`)."""

@@ -7,8 +7,8 @@ spells it out from the config object: `config.actor.offload.params`, or the same
 names that stand for a part of it:
 - a local `critic = config.critic` (then `critic.offload.params`),
 - a member `self.settings = config.rollout.sync` (then `self.settings.verify_every`),
-- a parameter, for every chain its callers pass (`offload_settings(critic.offload)` makes `offload.params`
-  inside `offload_settings` read `config.critic.offload.params`).
+- a parameter, for every chain its callers pass (`micro_batch_cut(config.ref, "ref")` makes
+  `role_config.max_tokens_per_micro_batch` inside `micro_batch_cut` read `config.ref.max_tokens_per_micro_batch`).
 Chains that do not lead back to `config` (a worker's `spec.critic.offload`, a settings object of the
 same field names) do not count, so the scan is section-aware: reading the actor's `offload.params`
 does not make the critic's read.
