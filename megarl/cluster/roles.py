@@ -215,7 +215,7 @@ def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
         loss=settings.policy_loss_settings(config),
         offload=actor.offload,
         sequence_parallel=plan.actor.sequence_parallel,
-        moe=settings.moe_settings(actor.moe),
+        moe=actor.moe,
         mini_batch_size=plan.actor.update.samples_per_rank,
         micro_batch_size=settings.micro_batch_cut(actor, "actor"),
         forward_micro_batch=settings.forward_micro_batch_cut(actor, "actor"),

@@ -4,11 +4,10 @@ from megarl.algorithms.rollout_correction import RolloutCorrection
 from megarl.config.batch_plan import BatchPlan
 from megarl.config.config import Config
 from megarl.config.problems import ConfigError, Problem
-from megarl.config.roles import MoeConfig, RecomputeConfig, RolloutCorrectionConfig
+from megarl.config.roles import RecomputeConfig, RolloutCorrectionConfig
 from megarl.workers.packing import TokenBudget
 from megarl.workers.rollout.base import SamplingConfig
 from megarl.workers.settings import (
-    MoeSettings,
     PolicyLossSettings,
     RecomputeSettings,
     ValueLossSettings,
@@ -20,12 +19,6 @@ def recompute_settings(recompute: RecomputeConfig) -> RecomputeSettings:
         return RecomputeSettings()
     return RecomputeSettings(
         granularity=recompute.granularity, method=recompute.method, num_layers=recompute.num_layers
-    )
-
-
-def moe_settings(moe: MoeConfig) -> MoeSettings:
-    return MoeSettings(
-        aux_loss_coeff=moe.aux_loss_coeff, z_loss_coeff=moe.z_loss_coeff, router_replay=moe.router_replay
     )
 
 

@@ -32,7 +32,7 @@ from megarl.algorithms.rollout_correction import (
     correction_weights,
     mismatch_metrics,
 )
-from megarl.config.roles import OffloadConfig, OptimizerConfig
+from megarl.config.roles import MoeConfig, OffloadConfig, OptimizerConfig
 from megarl.models.checkpoint import chunk_layer_offset
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch, mini_batches
@@ -54,7 +54,6 @@ from megarl.workers.packing import TokenBudget
 from megarl.workers.router_replay import ExpertRouting
 from megarl.workers.settings import (
     ModelSettings,
-    MoeSettings,
     PolicyLossSettings,
     RecomputeSettings,
 )
@@ -207,7 +206,7 @@ class MegatronActor(TrainedModel):
         recompute: RecomputeSettings = RecomputeSettings(),
         offload: OffloadConfig = OffloadConfig(),
         sequence_parallel: bool = False,
-        moe: MoeSettings = MoeSettings(),
+        moe: MoeConfig = MoeConfig(),
     ) -> MegatronActor:
         """Build this rank's shard from an HF checkpoint dir and load its weights; `sequence_parallel`:
         megatron's sequence parallelism over the TP ranks (`actor.parallel.sequence_parallel`); `moe`:

@@ -48,7 +48,7 @@ from megatron.core.utils import unwrap_model
 from torch import Tensor
 
 from megarl.algorithms.losses import agg_loss_normalizer
-from megarl.config.roles import OffloadConfig, OptimizerConfig
+from megarl.config.roles import MoeConfig, OffloadConfig, OptimizerConfig
 from megarl.models.architectures import build_model_chunks, resolve_transformer_impl, takes_thd
 from megarl.models.checkpoint import load_hf_weights
 from megarl.models.hf_config import read_model_dims
@@ -60,7 +60,7 @@ from megarl.workers.context_parallel import split_for_context_parallel
 from megarl.workers.memory_stats import empty_cache
 from megarl.workers.micro_batches import MicroBatch, cut_micro_batches, pad_sequence
 from megarl.workers.packing import TokenBudget
-from megarl.workers.settings import ModelSettings, MoeSettings, RecomputeSettings
+from megarl.workers.settings import ModelSettings, RecomputeSettings
 from megarl.workers.thd import cut_thd_micro_batches
 
 
@@ -511,7 +511,7 @@ def load_model(
     recompute: RecomputeSettings,
     value_head: bool,
     sequence_parallel: bool,
-    moe: MoeSettings = MoeSettings(),
+    moe: MoeConfig = MoeConfig(),
 ) -> tuple[list[torch.nn.Module], int]:
     """This rank's GPTModel stage, as its chunks (one per virtual stage of `groups`; one without), with an
     HF checkpoint's weights (a value head keeps its small random init), in `settings`' dtype and layer
@@ -525,11 +525,20 @@ def load_model(
         transformer_impl=resolve_transformer_impl(settings.transformer_impl, compute_device().type, settings.dtype),
         sequence_parallel=sequence_parallel,
         **recompute.transformer_config_fields(),
-        **moe.transformer_config_fields(),
+        **moe_transformer_fields(moe),
     )
     for chunk in chunks:
         load_hf_weights(chunk, model_dir, groups)
     return chunks, read_model_dims(model_dir).vocab_size
+
+
+def moe_transformer_fields(moe: MoeConfig) -> dict:
+    """The megatron-core `TransformerConfig` overrides a role's `moe` section stands for; an unset
+    coefficient leaves the architecture's value (the checkpoint's `router_aux_loss_coef`; no z-loss), and
+    `router_replay` turns on `moe_enable_routing_replay` (`megarl.workers.router_replay`)."""
+    fields = {"moe_aux_loss_coeff": moe.aux_loss_coeff, "moe_z_loss_coeff": moe.z_loss_coeff}
+    replay = {"moe_enable_routing_replay": True} if moe.router_replay else {}
+    return {name: value for name, value in fields.items() if value is not None} | replay
 
 
 def check_divides(total: int, part: int, part_name: str, total_name: str) -> None:

@@ -1,5 +1,5 @@
 """The plain settings the driver hands the workers: each trained role's recompute and loss settings
-(its optimizer and offload go as the config's own `optim` and `offload` sections), and the specs a worker
+(its optimizer, offload and router losses go as the config's own `optim`, `offload` and `moe` sections), and the specs a worker
 rank is built from. Plain values that import no megatron-core, so that the driver (`megarl.trainer`) starts without loading it; the worker modules
 that use them (`megatron_train`, `actor`, `critic`, `policy_worker`, `sft_worker`) import them from here.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from megarl.algorithms.rollout_correction import RolloutCorrection
-from megarl.config.roles import OffloadConfig, OptimizerConfig
+from megarl.config.roles import MoeConfig, OffloadConfig, OptimizerConfig
 from megarl.models.model_options import TORCH_DTYPES, TRANSFORMER_IMPLS
 from megarl.workers.packing import TokenBudget
 
@@ -47,26 +47,6 @@ class RecomputeSettings:
             recompute_method=self.method,
             recompute_num_layers=self.num_layers,
         )
-
-
-@dataclass(frozen=True)
-class MoeSettings:
-    """A mixture-of-experts model's router losses (megatron-core `TransformerConfig` fields); None
-    leaves the architecture's value (the checkpoint's `router_aux_loss_coef`; no z-loss)."""
-
-    aux_loss_coeff: float | None = None
-    """`moe_aux_loss_coeff`: weight of the load-balancing loss."""
-    z_loss_coeff: float | None = None
-    """`moe_z_loss_coeff`: weight of the router z-loss."""
-    router_replay: bool = False
-    """`moe_enable_routing_replay`: the forward passes route tokens through the rollout's experts when the
-    batch carries them (`megarl.workers.router_replay`)."""
-
-    def transformer_config_fields(self) -> dict:
-        """The `TransformerConfig` overrides these settings stand for."""
-        fields = {"moe_aux_loss_coeff": self.aux_loss_coeff, "moe_z_loss_coeff": self.z_loss_coeff}
-        replay = {"moe_enable_routing_replay": True} if self.router_replay else {}
-        return {name: value for name, value in fields.items() if value is not None} | replay
 
 
 @dataclass(frozen=True)
@@ -173,7 +153,7 @@ class ActorSpec:
     """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`actor.offload`)."""
     sequence_parallel: bool
     """Megatron sequence parallelism over the TP ranks (`actor.parallel.sequence_parallel`)."""
-    moe: MoeSettings
+    moe: MoeConfig
     """Router losses of a mixture-of-experts actor (`actor.moe`)."""
     mini_batch_size: int
     """Actor samples per optimizer step on one DP rank."""
