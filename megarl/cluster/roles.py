@@ -209,12 +209,13 @@ def packs_by_tokens(role_config) -> bool:
 def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
     actor = config.actor
     return ActorSpec(
-        optim=settings.optim_settings(actor.optim, settings.total_optimizer_steps(plan, "actor", total_steps)),
+        optim=actor.optim,
+        lr_decay_steps=settings.total_optimizer_steps(plan, "actor", total_steps),
         recompute=settings.recompute_settings(actor.recompute),
         loss=settings.policy_loss_settings(config),
-        offload=settings.offload_settings(actor.offload),
+        offload=actor.offload,
         sequence_parallel=plan.actor.sequence_parallel,
-        moe=settings.moe_settings(actor.moe),
+        moe=actor.moe,
         mini_batch_size=plan.actor.update.samples_per_rank,
         micro_batch_size=settings.micro_batch_cut(actor, "actor"),
         forward_micro_batch=settings.forward_micro_batch_cut(actor, "actor"),
@@ -229,10 +230,11 @@ def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
 def critic_spec(config: Config, plan: BatchPlan, total_steps: int) -> CriticSpec:
     critic = config.critic
     return CriticSpec(
-        optim=settings.optim_settings(critic.optim, settings.total_optimizer_steps(plan, "critic", total_steps)),
+        optim=critic.optim,
+        lr_decay_steps=settings.total_optimizer_steps(plan, "critic", total_steps),
         recompute=settings.recompute_settings(critic.recompute),
         loss=settings.value_loss_settings(config),
-        offload=settings.offload_settings(critic.offload),
+        offload=critic.offload,
         sequence_parallel=plan.critic.sequence_parallel,
         mini_batch_size=plan.critic.update.samples_per_rank,
         micro_batch_size=settings.micro_batch_cut(critic, "critic"),

@@ -4,37 +4,14 @@ from megarl.algorithms.rollout_correction import RolloutCorrection
 from megarl.config.batch_plan import BatchPlan
 from megarl.config.config import Config
 from megarl.config.problems import ConfigError, Problem
-from megarl.config.roles import MoeConfig, OptimizerConfig, RecomputeConfig, RolloutCorrectionConfig
+from megarl.config.roles import RecomputeConfig, RolloutCorrectionConfig
 from megarl.workers.packing import TokenBudget
 from megarl.workers.rollout.base import SamplingConfig
 from megarl.workers.settings import (
-    MoeSettings,
-    OffloadSettings,
-    OptimSettings,
     PolicyLossSettings,
     RecomputeSettings,
     ValueLossSettings,
 )
-
-
-def optim_settings(optim: OptimizerConfig, optimizer_steps: int) -> OptimSettings:
-    """`optimizer_steps`: optimizer steps of the whole run (the decay ends there)."""
-    decays = optim.lr_decay_style != "constant"
-    return OptimSettings(
-        lr=optim.lr,
-        min_lr=optim.min_lr,
-        lr_warmup_steps=optim.lr_warmup_steps,
-        lr_decay_steps=max(optimizer_steps, optim.lr_warmup_steps + 1) if decays else None,
-        lr_decay_style=optim.lr_decay_style,
-        weight_decay=optim.weight_decay,
-        adam_beta1=optim.betas[0],
-        adam_beta2=optim.betas[1],
-        adam_eps=optim.eps,
-        clip_grad=optim.clip_grad,
-        use_distributed_optimizer=optim.use_distributed_optimizer,
-        cpu_offload=optim.cpu_offload,
-        cpu_offload_fraction=optim.cpu_offload_fraction,
-    )
 
 
 def recompute_settings(recompute: RecomputeConfig) -> RecomputeSettings:
@@ -42,12 +19,6 @@ def recompute_settings(recompute: RecomputeConfig) -> RecomputeSettings:
         return RecomputeSettings()
     return RecomputeSettings(
         granularity=recompute.granularity, method=recompute.method, num_layers=recompute.num_layers
-    )
-
-
-def moe_settings(moe: MoeConfig) -> MoeSettings:
-    return MoeSettings(
-        aux_loss_coeff=moe.aux_loss_coeff, z_loss_coeff=moe.z_loss_coeff, router_replay=moe.router_replay
     )
 
 
@@ -91,10 +62,6 @@ def forward_micro_batch_cut(role_config, role: str) -> int | TokenBudget:
     if role_config.forward_max_tokens_per_micro_batch is None:
         return micro_batch_cut(role_config, role)
     return TokenBudget(role_config.forward_max_tokens_per_micro_batch, f"{role}.forward_max_tokens_per_micro_batch")
-
-
-def offload_settings(offload) -> OffloadSettings:
-    return OffloadSettings(params=offload.params, grads=offload.grads, optimizer=offload.optimizer)
 
 
 def stop_token_ids(tokenizer, stop: tuple[str | int, ...]) -> tuple[int, ...]:

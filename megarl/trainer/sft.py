@@ -39,7 +39,6 @@ from megarl.data.sft import SftSample, load_sft_samples, sft_batches, steps_per_
 from megarl.orchestration.cluster import cluster_gpus, init_ray, shutdown_ray
 from megarl.orchestration.placement import BundleSpec, create_placement_group, remove_placement_group
 from megarl.parallel.device import worker_env
-from megarl.trainer.settings import optim_settings
 from megarl.workers.batch import PolicyBatch
 from megarl.workers.settings import ModelSettings, SftWorkerSpec
 
@@ -193,7 +192,8 @@ class SftTrainer:
             cp=parallel.context_parallel_size,
             sequence_parallel=config.parallel.sequence_parallel,
             seed=config.train.seed,
-            optim=optim_settings(config.optim, self.total_steps),
+            optim=config.optim,
+            lr_decay_steps=self.total_steps,
             micro_batch_size=config.train.micro_batch_size_per_gpu,
         )
 

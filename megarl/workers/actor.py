@@ -1,7 +1,7 @@
 """The policy: token log-probs and PPO-family updates of a megatron-core GPTModel over (TP, PP, DP).
 
     groups = initialize_model_parallel(tp=2, pp=2, seed=0)
-    actor = MegatronActor.from_hf("/ckpt/tiny", groups, optim=OptimSettings(lr=1e-5))
+    actor = MegatronActor.from_hf("/ckpt/tiny", groups, optim=OptimizerConfig(lr=1e-5))
     old_log_probs, entropy = actor.compute_log_prob(batch, micro_batch_size=8)
     metrics = actor.update_policy(batch, PolicyLoss(PolicyLossSettings()),
                                   mini_batch_size=16, micro_batch_size=4)
@@ -32,6 +32,7 @@ from megarl.algorithms.rollout_correction import (
     correction_weights,
     mismatch_metrics,
 )
+from megarl.config.roles import MoeConfig, OffloadConfig, OptimizerConfig
 from megarl.models.checkpoint import chunk_layer_offset
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch, mini_batches
@@ -53,9 +54,6 @@ from megarl.workers.packing import TokenBudget
 from megarl.workers.router_replay import ExpertRouting
 from megarl.workers.settings import (
     ModelSettings,
-    MoeSettings,
-    OffloadSettings,
-    OptimSettings,
     PolicyLossSettings,
     RecomputeSettings,
 )
@@ -182,13 +180,14 @@ class MegatronActor(TrainedModel):
         groups: ProcessGroups,
         *,
         vocab_size: int,
-        optim: OptimSettings,
-        offload: OffloadSettings = OffloadSettings(),
+        optim: OptimizerConfig,
+        lr_decay_steps: int | None = None,
+        offload: OffloadConfig = OffloadConfig(),
     ):
         """`model`: this rank's megatron `GPTModel` (weights loaded); `vocab_size`: the real (HF)
         vocabulary size, the output layer's padding beyond it is ignored."""
         self.vocab_size = vocab_size
-        super().__init__(model, groups, optim, offload)
+        super().__init__(model, groups, optim, lr_decay_steps, offload)
         self.router_load = RouterLoad(model, groups)
         """Tokens per expert of a mixture-of-experts model's routers during updates (`moe_metrics`)."""
         self.routing_metrics: dict[str, float] = {}
@@ -201,16 +200,18 @@ class MegatronActor(TrainedModel):
         model_dir: str | Path,
         groups: ProcessGroups,
         *,
-        optim: OptimSettings,
+        optim: OptimizerConfig,
+        lr_decay_steps: int | None = None,
         model_settings: ModelSettings = ModelSettings(),
         recompute: RecomputeSettings = RecomputeSettings(),
-        offload: OffloadSettings = OffloadSettings(),
+        offload: OffloadConfig = OffloadConfig(),
         sequence_parallel: bool = False,
-        moe: MoeSettings = MoeSettings(),
+        moe: MoeConfig = MoeConfig(),
     ) -> MegatronActor:
         """Build this rank's shard from an HF checkpoint dir and load its weights; `sequence_parallel`:
         megatron's sequence parallelism over the TP ranks (`actor.parallel.sequence_parallel`); `moe`:
-        a mixture-of-experts model's router losses (`actor.moe`)."""
+        a mixture-of-experts model's router losses (`actor.moe`); `optim`, `lr_decay_steps` as
+        `megarl.workers.megatron_train.TrainEngine`'s."""
         model, vocab_size = load_model(
             model_dir,
             groups,
@@ -220,7 +221,7 @@ class MegatronActor(TrainedModel):
             sequence_parallel=sequence_parallel,
             moe=moe,
         )
-        return cls(model, groups, vocab_size=vocab_size, optim=optim, offload=offload)
+        return cls(model, groups, vocab_size=vocab_size, optim=optim, lr_decay_steps=lr_decay_steps, offload=offload)
 
     @property
     def router_replay(self) -> bool:

@@ -1,6 +1,6 @@
 """The critic: the policy's backbone with a scalar value head, trained with the clipped value loss.
 
-    critic = MegatronCritic.from_hf("/ckpt/tiny", groups, optim=OptimSettings(lr=1e-5),
+    critic = MegatronCritic.from_hf("/ckpt/tiny", groups, optim=OptimizerConfig(lr=1e-5),
                                     loss=ValueLossSettings(cliprange_value=0.5))
     values = critic.compute_values(batch, micro_batch_size=8)            # [B, R]
     metrics = critic.update_critic(batch, mini_batch_size=16, micro_batch_size=4)
@@ -19,6 +19,7 @@ from torch import Tensor
 
 from megarl.algorithms.losses import LOSS_AGG_MODES
 from megarl.algorithms.value_loss import compute_value_loss
+from megarl.config.roles import OffloadConfig, OptimizerConfig
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch, mini_batches
 from megarl.workers.megatron_train import (
@@ -32,7 +33,7 @@ from megarl.workers.megatron_train import (
 )
 from megarl.workers.micro_batches import MicroBatch
 from megarl.workers.packing import TokenBudget
-from megarl.workers.settings import ModelSettings, OffloadSettings, OptimSettings, RecomputeSettings, ValueLossSettings
+from megarl.workers.settings import ModelSettings, RecomputeSettings, ValueLossSettings
 from megarl.workers.trained_model import TrainedModel
 
 
@@ -44,15 +45,16 @@ class MegatronCritic(TrainedModel):
         model: torch.nn.Module,
         groups: ProcessGroups,
         *,
-        optim: OptimSettings,
+        optim: OptimizerConfig,
+        lr_decay_steps: int | None = None,
         loss: ValueLossSettings,
-        offload: OffloadSettings = OffloadSettings(),
+        offload: OffloadConfig = OffloadConfig(),
     ):
         """`model`: this rank's GPTModel built with `value_head=True` (last stage outputs `[b, S, 1]`)."""
         if loss.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(f"loss_agg_mode={loss.loss_agg_mode!r} is not one of {LOSS_AGG_MODES}; pick one of them")
         self.loss = loss
-        super().__init__(model, groups, optim, offload)
+        super().__init__(model, groups, optim, lr_decay_steps, offload)
 
     @classmethod
     def from_hf(
@@ -60,15 +62,17 @@ class MegatronCritic(TrainedModel):
         model_dir: str | Path,
         groups: ProcessGroups,
         *,
-        optim: OptimSettings,
+        optim: OptimizerConfig,
+        lr_decay_steps: int | None = None,
         loss: ValueLossSettings,
         model_settings: ModelSettings = ModelSettings(),
         recompute: RecomputeSettings = RecomputeSettings(),
-        offload: OffloadSettings = OffloadSettings(),
+        offload: OffloadConfig = OffloadConfig(),
         sequence_parallel: bool = False,
     ) -> MegatronCritic:
         """Build this rank's shard from an HF (policy) checkpoint dir: backbone weights loaded,
-        value head freshly initialised; `sequence_parallel` as `critic.parallel.sequence_parallel`."""
+        value head freshly initialised; `sequence_parallel` as `critic.parallel.sequence_parallel`; `optim`,
+        `lr_decay_steps` as `megarl.workers.megatron_train.TrainEngine`'s."""
         model, _ = load_model(
             model_dir,
             groups,
@@ -77,7 +81,7 @@ class MegatronCritic(TrainedModel):
             value_head=True,
             sequence_parallel=sequence_parallel,
         )
-        return cls(model, groups, optim=optim, loss=loss, offload=offload)
+        return cls(model, groups, optim=optim, lr_decay_steps=lr_decay_steps, loss=loss, offload=offload)
 
     def compute_values(self, batch: PolicyBatch, *, micro_batch_size: int | TokenBudget) -> Tensor:
         """`[B, R]` values of the states before each response token (fp32, no gradient), on every rank."""

@@ -21,7 +21,7 @@ Mixed precision (bf16 parameters), the way megatron-core does it; the model's `T
   grad_reduce_in_fp32`; each parameter's `main_grad` is a view of it), as megatron's training
   arguments force for bf16 (`accumulate_allreduce_grads_in_fp32`);
 - the optimizer keeps fp32 main parameters and fp32 Adam states and copies the updated main
-  parameters back into the bf16 model (`OptimizerConfig.bf16` + `params_dtype`:
+  parameters back into the bf16 model (megatron's `OptimizerConfig.bf16` + `params_dtype`:
   `get_megatron_optimizer` builds `Float16OptimizerWithFloat16Params`, or the `DistributedOptimizer`
   with fp32 main-parameter shards); bf16 needs no loss scale.
 With fp32 parameters the same DDP buffer is fp32 and megatron's `FP32Optimizer` updates the model's
@@ -39,7 +39,8 @@ import torch
 import torch.distributed as dist
 from megatron.core import tensor_parallel
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -47,6 +48,7 @@ from megatron.core.utils import unwrap_model
 from torch import Tensor
 
 from megarl.algorithms.losses import agg_loss_normalizer
+from megarl.config.roles import MoeConfig, OffloadConfig, OptimizerConfig
 from megarl.models.architectures import build_model_chunks, resolve_transformer_impl, takes_thd
 from megarl.models.checkpoint import load_hf_weights
 from megarl.models.hf_config import read_model_dims
@@ -58,42 +60,42 @@ from megarl.workers.context_parallel import split_for_context_parallel
 from megarl.workers.memory_stats import empty_cache
 from megarl.workers.micro_batches import MicroBatch, cut_micro_batches, pad_sequence
 from megarl.workers.packing import TokenBudget
-from megarl.workers.settings import ModelSettings, MoeSettings, OffloadSettings, OptimSettings, RecomputeSettings
+from megarl.workers.settings import ModelSettings, RecomputeSettings
 from megarl.workers.thd import cut_thd_micro_batches
 
 
-def megatron_optimizer_config(settings: OptimSettings, model_config: TransformerConfig) -> OptimizerConfig:
-    """`OptimizerConfig` from `settings`, in the precision of the model (`model_config`, its
-    `TransformerConfig`): bf16 parameters get fp32 main parameters (see the module docstring).
+def megatron_optimizer_config(optim: OptimizerConfig, model_config: TransformerConfig) -> MegatronOptimizerConfig:
+    """megatron's optimizer config from a role's `optim` section, in the precision of the model
+    (`model_config`, its `TransformerConfig`): bf16 parameters get fp32 main parameters (see the module
+    docstring).
 
-    `settings.cpu_offload`: megatron's `HybridDeviceOptimizer` holds the optimizer state of
+    `optim.cpu_offload`: megatron's `HybridDeviceOptimizer` holds the optimizer state of
     `cpu_offload_fraction` of the parameters on the host. megatron-core builds it for
     `optimizer_cpu_offload` (megatron/core/optimizer/__init__.py) and steps it through the precision-aware
     path of the distributed optimizer, whose main parameters are then the HybridDeviceOptimizer's own
     fp32 copies: Megatron-LM's arguments refuse `--optimizer-cpu-offload` without
     `--use-precision-aware-optimizer` (which in turn needs the distributed optimizer and adam:
-    `OptimizerConfig.__post_init__`)."""
-    return OptimizerConfig(
-        optimizer=settings.optimizer,
-        lr=settings.lr,
-        min_lr=settings.min_lr,
-        weight_decay=settings.weight_decay,
-        adam_beta1=settings.adam_beta1,
-        adam_beta2=settings.adam_beta2,
-        adam_eps=settings.adam_eps,
-        sgd_momentum=settings.sgd_momentum,
-        clip_grad=settings.clip_grad,
-        use_distributed_optimizer=settings.use_distributed_optimizer,
-        optimizer_cpu_offload=settings.cpu_offload,
-        optimizer_offload_fraction=settings.cpu_offload_fraction if settings.cpu_offload else 0.0,
-        use_precision_aware_optimizer=settings.cpu_offload,
+    megatron's `OptimizerConfig.__post_init__`)."""
+    return MegatronOptimizerConfig(
+        optimizer="adam",
+        lr=optim.lr,
+        min_lr=optim.min_lr,
+        weight_decay=optim.weight_decay,
+        adam_beta1=optim.betas[0],
+        adam_beta2=optim.betas[1],
+        adam_eps=optim.eps,
+        clip_grad=optim.clip_grad,
+        use_distributed_optimizer=optim.use_distributed_optimizer,
+        optimizer_cpu_offload=optim.cpu_offload,
+        optimizer_offload_fraction=optim.cpu_offload_fraction if optim.cpu_offload else 0.0,
+        use_precision_aware_optimizer=optim.cpu_offload,
         bf16=model_config.bf16,
         params_dtype=model_config.params_dtype,
     )
 
 
 def wrap_for_training(
-    chunks: Sequence[torch.nn.Module], settings: OptimSettings, groups: ProcessGroups
+    chunks: Sequence[torch.nn.Module], optim: OptimizerConfig, groups: ProcessGroups
 ) -> list[DistributedDataParallel]:
     """Megatron DDP around each model chunk (one per virtual stage), with the model config hooks megatron's
     schedules call. Only the first chunk's DDP buckets its gradients, as Megatron-LM's `get_model` does:
@@ -103,7 +105,7 @@ def wrap_for_training(
             chunk.config,
             # fp32 main grads whatever the parameter dtype (a no-op for fp32 parameters).
             DistributedDataParallelConfig(
-                use_distributed_optimizer=settings.use_distributed_optimizer, grad_reduce_in_fp32=True
+                use_distributed_optimizer=optim.use_distributed_optimizer, grad_reduce_in_fp32=True
             ),
             chunk,
             disable_bucketing=index > 0,
@@ -119,27 +121,39 @@ def wrap_for_training(
     return ddps
 
 
+def lr_decay_end(optim: OptimizerConfig, lr_decay_steps: int | None) -> int:
+    """The step (counted from 0, warm-up included) at which the decay reaches `optim.min_lr`:
+    `lr_decay_steps`, past the warm-up. megatron's scheduler wants it past the warm-up even when nothing
+    decays ("constant"), or when the run ends inside the warm-up."""
+    if lr_decay_steps is None and optim.lr_decay_style != "constant":
+        raise ValueError(
+            f"lr_decay_style={optim.lr_decay_style!r} needs lr_decay_steps (the optimizer step the decay ends "
+            "at: the run's optimizer steps); pass it, or use lr_decay_style='constant'"
+        )
+    return max(lr_decay_steps or 0, optim.lr_warmup_steps + 1)
+
+
 def build_optimizer(
-    ddps: list[DistributedDataParallel], settings: OptimSettings, groups: ProcessGroups
+    ddps: list[DistributedDataParallel], optim: OptimizerConfig, lr_decay_steps: int | None, groups: ProcessGroups
 ) -> tuple[object, OptimizerParamScheduler]:
-    """Megatron optimizer over the parameters of `ddps` (the model chunks) and its warm-up/decay scheduler."""
+    """Megatron optimizer over the parameters of `ddps` (the model chunks) and its warm-up/decay scheduler
+    (`lr_decay_steps` as `lr_decay_end`'s)."""
     optimizer = get_megatron_optimizer(
-        megatron_optimizer_config(settings, ddps[0].config),
+        megatron_optimizer_config(optim, ddps[0].config),
         ddps,
         use_gloo_process_groups=False,
         pg_collection=groups.collection,
     )
     scheduler = OptimizerParamScheduler(
         optimizer,
-        init_lr=0.0 if settings.lr_warmup_steps > 0 else settings.lr,
-        max_lr=settings.lr,
-        min_lr=settings.min_lr,
-        lr_warmup_steps=settings.lr_warmup_steps,
-        # megatron wants decay steps > warm-up steps even when nothing decays ("constant").
-        lr_decay_steps=settings.lr_decay_steps or settings.lr_warmup_steps + 1,
-        lr_decay_style=settings.lr_decay_style,
-        start_wd=settings.weight_decay,
-        end_wd=settings.weight_decay,
+        init_lr=0.0 if optim.lr_warmup_steps > 0 else optim.lr,
+        max_lr=optim.lr,
+        min_lr=optim.min_lr,
+        lr_warmup_steps=optim.lr_warmup_steps,
+        lr_decay_steps=lr_decay_end(optim, lr_decay_steps),
+        lr_decay_style=optim.lr_decay_style,
+        start_wd=optim.weight_decay,
+        end_wd=optim.weight_decay,
         wd_incr_steps=1,
         wd_incr_style="constant",
     )
@@ -261,11 +275,19 @@ class StepResult:
 class TrainEngine:
     """A megatron model under DDP with its optimizer and LR schedule: the trained half of a worker."""
 
-    def __init__(self, chunks: Sequence[torch.nn.Module], settings: OptimSettings, groups: ProcessGroups):
+    def __init__(
+        self,
+        chunks: Sequence[torch.nn.Module],
+        optim: OptimizerConfig,
+        lr_decay_steps: int | None,
+        groups: ProcessGroups,
+    ):
+        """`optim`: the role's `optim` section; `lr_decay_steps`: the optimizer step the LR decay ends at
+        (the run's optimizer steps, from the batch plan; None only with `lr_decay_style` constant)."""
         self.groups = groups
-        self.chunks = wrap_for_training(chunks, settings, groups)
+        self.chunks = wrap_for_training(chunks, optim, groups)
         """This rank's model chunks under DDP, one per virtual stage (one without virtual stages)."""
-        self.optimizer, self.scheduler = build_optimizer(self.chunks, settings, groups)
+        self.optimizer, self.scheduler = build_optimizer(self.chunks, optim, lr_decay_steps, groups)
         self.skipped_steps = 0
         """Optimizer steps skipped for a non-finite loss or gradient, since construction."""
 
@@ -321,7 +343,7 @@ class TrainEngine:
             self.scheduler.step(increment=1)
         return StepResult(skipped=not updated, grad_norm=float(grad_norm), lr=lr)
 
-    def offload_training_state(self, settings: OffloadSettings) -> None:
+    def offload_training_state(self, settings: OffloadConfig) -> None:
         """After the update: free the gradient buffers and move the optimizer state to host memory, as
         `settings` name, and hand the freed memory back (`memory_stats.empty_cache`). The parameters
         stay for the weight sync (`offload_params`). `onload` before the next update.
@@ -342,7 +364,7 @@ class TrainEngine:
             self.optimizer.offload_to_cpu()
         empty_cache()
 
-    def offload_params(self, settings: OffloadSettings) -> None:
+    def offload_params(self, settings: OffloadConfig) -> None:
         """After the weight sync: the parameters to pinned host memory when `settings.params` (GPU only:
         on CPU they are in host memory already); nothing may read them (weight sync included) until `onload`.
         Either way the freed memory goes back (`memory_stats.empty_cache`): the sync's buckets and
@@ -361,7 +383,7 @@ class TrainEngine:
                 buffer.offload_to_cpu(move_params=True, move_grads=False)
         empty_cache()
 
-    def onload(self, settings: OffloadSettings) -> None:
+    def onload(self, settings: OffloadConfig) -> None:
         """Bring back what the two offloads moved; gradient buffers come back zeroed."""
         if settings.grads:
             for chunk in self.chunks:
@@ -489,7 +511,7 @@ def load_model(
     recompute: RecomputeSettings,
     value_head: bool,
     sequence_parallel: bool,
-    moe: MoeSettings = MoeSettings(),
+    moe: MoeConfig = MoeConfig(),
 ) -> tuple[list[torch.nn.Module], int]:
     """This rank's GPTModel stage, as its chunks (one per virtual stage of `groups`; one without), with an
     HF checkpoint's weights (a value head keeps its small random init), in `settings`' dtype and layer
@@ -503,11 +525,20 @@ def load_model(
         transformer_impl=resolve_transformer_impl(settings.transformer_impl, compute_device().type, settings.dtype),
         sequence_parallel=sequence_parallel,
         **recompute.transformer_config_fields(),
-        **moe.transformer_config_fields(),
+        **moe_transformer_fields(moe),
     )
     for chunk in chunks:
         load_hf_weights(chunk, model_dir, groups)
     return chunks, read_model_dims(model_dir).vocab_size
+
+
+def moe_transformer_fields(moe: MoeConfig) -> dict:
+    """The megatron-core `TransformerConfig` overrides a role's `moe` section stands for; an unset
+    coefficient leaves the architecture's value (the checkpoint's `router_aux_loss_coef`; no z-loss), and
+    `router_replay` turns on `moe_enable_routing_replay` (`megarl.workers.router_replay`)."""
+    fields = {"moe_aux_loss_coeff": moe.aux_loss_coeff, "moe_z_loss_coeff": moe.z_loss_coeff}
+    replay = {"moe_enable_routing_replay": True} if moe.router_replay else {}
+    return {name: value for name, value in fields.items() if value is not None} | replay
 
 
 def check_divides(total: int, part: int, part_name: str, total_name: str) -> None:

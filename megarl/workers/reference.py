@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from megarl.config.roles import MoeConfig
 from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.actor import compute_log_probs
@@ -22,7 +23,7 @@ from megarl.workers.batch import PolicyBatch
 from megarl.workers.megatron_train import load_model
 from megarl.workers.packing import TokenBudget
 from megarl.workers.router_replay import ExpertRouting
-from megarl.workers.settings import ModelSettings, MoeSettings, RecomputeSettings
+from megarl.workers.settings import ModelSettings, RecomputeSettings
 
 
 class MegatronReference:
@@ -54,7 +55,7 @@ class MegatronReference:
             recompute=RecomputeSettings(),
             value_head=False,
             sequence_parallel=sequence_parallel,
-            moe=MoeSettings(router_replay=router_replay),
+            moe=MoeConfig(router_replay=router_replay),
         )
         return cls(chunks, groups, vocab_size=vocab_size)
 

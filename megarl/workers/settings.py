@@ -1,6 +1,6 @@
-"""The plain settings the driver hands the workers: each trained role's optimizer, recompute,
-offload and loss settings, and the specs a worker rank is built from. Plain values that import no
-megatron-core, so that the driver (`megarl.trainer`) starts without loading it; the worker modules
+"""The plain settings the driver hands the workers: each trained role's recompute and loss settings
+(its optimizer, offload and router losses go as the config's own `optim`, `offload` and `moe` sections), and the specs a worker
+rank is built from. Plain values that import no megatron-core, so that the driver (`megarl.trainer`) starts without loading it; the worker modules
 that use them (`megatron_train`, `actor`, `critic`, `policy_worker`, `sft_worker`) import them from here.
 """
 
@@ -9,80 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from megarl.algorithms.rollout_correction import RolloutCorrection
+from megarl.config.roles import MoeConfig, OffloadConfig, OptimizerConfig
 from megarl.models.model_options import TORCH_DTYPES, TRANSFORMER_IMPLS
 from megarl.workers.packing import TokenBudget
-
-LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
-
-
-@dataclass
-class OptimSettings:
-    """Optimizer, LR schedule and gradient settings of one trained role (actor or critic)."""
-
-    lr: float = 1e-6
-    """Peak learning rate (reached after warm-up)."""
-    min_lr: float = 0.0
-    """Learning rate at the end of the decay."""
-    lr_warmup_steps: int = 0
-    """Optimizer steps of linear warm-up from 0 to `lr`. megatron's convention: step k (from 0)
-    runs at `lr * k / lr_warmup_steps`, so the first step of a warm-up runs at 0."""
-    lr_decay_steps: int | None = None
-    """Step (counted from 0, warm-up included) at which the decay reaches `min_lr`; must exceed
-    `lr_warmup_steps`. None only with `lr_decay_style="constant"`."""
-    lr_decay_style: str = "constant"
-    """One of `LR_DECAY_STYLES` (megatron's names)."""
-    optimizer: str = "adam"
-    """"adam" (AdamW-style decoupled weight decay) or "sgd" (not with the distributed optimizer)."""
-    weight_decay: float = 0.0
-    """Decoupled weight decay (constant over training)."""
-    adam_beta1: float = 0.9
-    """Adam beta1."""
-    adam_beta2: float = 0.999
-    """Adam beta2."""
-    adam_eps: float = 1e-8
-    """Adam epsilon."""
-    sgd_momentum: float = 0.0
-    """SGD momentum."""
-    clip_grad: float = 1.0
-    """Clip the global gradient norm to this value (0 = no clipping; the norm is still reported)."""
-    use_distributed_optimizer: bool = False
-    """Shard optimizer states (and main params) over DP ranks (megatron's distributed optimizer)."""
-    cpu_offload: bool = False
-    """Keep the optimizer state (fp32 main parameters, Adam moments) of `cpu_offload_fraction` of the
-    parameters in host memory and step them on the CPU: megatron-core's `HybridDeviceOptimizer`, which
-    megatron runs inside the precision-aware distributed optimizer (needs `use_distributed_optimizer`
-    and adam). On a CPU-only process host memory is the device: the same optimizer runs, copying host
-    to host (`megarl.parallel.cpu_runtime`)."""
-    cpu_offload_fraction: float = 1.0
-    """With `cpu_offload`: the share of the parameters' elements (in megatron's parameter order) whose
-    optimizer state lives on the host, in (0, 1]."""
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.optimizer not in ("adam", "sgd"):
-            problems.append(f"optimizer={self.optimizer!r}: use 'adam' or 'sgd'")
-        if self.use_distributed_optimizer and self.optimizer != "adam":
-            problems.append(
-                f"use_distributed_optimizer=True needs optimizer='adam' (megatron's), got {self.optimizer!r}"
-            )
-        if self.cpu_offload and not self.use_distributed_optimizer:
-            problems.append(
-                "cpu_offload=True needs use_distributed_optimizer=True (megatron steps the "
-                "offloaded state through the precision-aware distributed optimizer)"
-            )
-        if not 0 < self.cpu_offload_fraction <= 1:
-            problems.append(f"cpu_offload_fraction={self.cpu_offload_fraction} must lie in (0, 1]")
-        if self.lr_decay_style not in LR_DECAY_STYLES:
-            problems.append(f"lr_decay_style={self.lr_decay_style!r}: use one of {LR_DECAY_STYLES}")
-        if self.lr_decay_steps is None and self.lr_decay_style != "constant":
-            problems.append(f"lr_decay_style={self.lr_decay_style!r} needs lr_decay_steps (the step the decay ends)")
-        if self.lr_decay_steps is not None and self.lr_decay_steps <= self.lr_warmup_steps:
-            problems.append(
-                f"lr_decay_steps={self.lr_decay_steps} must exceed lr_warmup_steps={self.lr_warmup_steps} "
-                "(the decay ends after the warm-up)"
-            )
-        if problems:
-            raise ValueError("OptimSettings: " + "; ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -118,43 +47,6 @@ class RecomputeSettings:
             recompute_method=self.method,
             recompute_num_layers=self.num_layers,
         )
-
-
-@dataclass(frozen=True)
-class MoeSettings:
-    """A mixture-of-experts model's router losses (megatron-core `TransformerConfig` fields); None
-    leaves the architecture's value (the checkpoint's `router_aux_loss_coef`; no z-loss)."""
-
-    aux_loss_coeff: float | None = None
-    """`moe_aux_loss_coeff`: weight of the load-balancing loss."""
-    z_loss_coeff: float | None = None
-    """`moe_z_loss_coeff`: weight of the router z-loss."""
-    router_replay: bool = False
-    """`moe_enable_routing_replay`: the forward passes route tokens through the rollout's experts when the
-    batch carries them (`megarl.workers.router_replay`)."""
-
-    def transformer_config_fields(self) -> dict:
-        """The `TransformerConfig` overrides these settings stand for."""
-        fields = {"moe_aux_loss_coeff": self.aux_loss_coeff, "moe_z_loss_coeff": self.z_loss_coeff}
-        replay = {"moe_enable_routing_replay": True} if self.router_replay else {}
-        return {name: value for name, value in fields.items() if value is not None} | replay
-
-
-@dataclass(frozen=True)
-class OffloadSettings:
-    """What a trained role moves off the device while the colocated rollout runs, with megatron-core's
-    own RL offload APIs (`megarl.workers.megatron_train.TrainEngine.offload_training_state` /
-    `offload_params` / `onload`). On a CPU-only process host memory is the device: only `grads` frees
-    anything there (the others would move host memory to host memory, and do nothing)."""
-
-    params: bool = False
-    """Parameters: copied to pinned host memory after the weight sync (DDP buffers' `offload_to_cpu`); GPU only."""
-    grads: bool = False
-    """Gradient buffers: freed after the update (DDP's `offload_grad_buffers`; they come back zeroed), on CPU too."""
-    optimizer: bool = False
-    """Optimizer states and fp32 main parameters: to host memory after the update; needs bf16/fp16
-    parameters (with fp32 ones the optimizer's parameters are the model's own, which megatron's hook
-    would move out of DDP's buffer)."""
 
 
 @dataclass(frozen=True)
@@ -228,10 +120,13 @@ class ValueLossSettings:
 class CriticSpec:
     """The critic of a PPO run."""
 
-    optim: OptimSettings
+    optim: OptimizerConfig
+    """`critic.optim`."""
+    lr_decay_steps: int
+    """The critic's optimizer steps over the run (the batch plan's): the LR decay ends there."""
     recompute: RecomputeSettings
     loss: ValueLossSettings
-    offload: OffloadSettings
+    offload: OffloadConfig
     """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`critic.offload`)."""
     sequence_parallel: bool
     """Megatron sequence parallelism over the TP ranks (`critic.parallel.sequence_parallel`)."""
@@ -248,14 +143,17 @@ class CriticSpec:
 class ActorSpec:
     """The policy being trained, and the sync of its weights into the rollout engines."""
 
-    optim: OptimSettings
+    optim: OptimizerConfig
+    """`actor.optim`."""
+    lr_decay_steps: int
+    """The actor's optimizer steps over the run (the batch plan's): the LR decay ends there."""
     recompute: RecomputeSettings
     loss: PolicyLossSettings
-    offload: OffloadSettings
+    offload: OffloadConfig
     """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`actor.offload`)."""
     sequence_parallel: bool
     """Megatron sequence parallelism over the TP ranks (`actor.parallel.sequence_parallel`)."""
-    moe: MoeSettings
+    moe: MoeConfig
     """Router losses of a mixture-of-experts actor (`actor.moe`)."""
     mini_batch_size: int
     """Actor samples per optimizer step on one DP rank."""
@@ -336,6 +234,9 @@ class SftWorkerSpec:
     sequence_parallel: bool
     """Megatron sequence parallelism over the TP ranks (`parallel.sequence_parallel`)."""
     seed: int
-    optim: OptimSettings
+    optim: OptimizerConfig
+    """`optim`."""
+    lr_decay_steps: int
+    """Optimizer steps of the run: the LR decay ends there."""
     micro_batch_size: int
     """Conversations per forward/backward pass."""

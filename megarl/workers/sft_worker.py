@@ -50,6 +50,7 @@ class SftWorker:
             spec.model_path,
             self.groups,
             optim=spec.optim,
+            lr_decay_steps=spec.lr_decay_steps,
             model_settings=spec.model_settings,
             sequence_parallel=spec.sequence_parallel,
         )

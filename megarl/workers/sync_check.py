@@ -89,9 +89,9 @@ def train_a_little(actor, vocab_size: int, settings: TrainSettings, round_index:
 
 def trained_actor_and_plan(model_dir: str, layout: LayoutPair, bucket_mb: float, settings: TrainSettings):
     """This rank's actor loaded from `model_dir` (on a fresh grid), the plan and the model dims."""
+    from megarl.config.roles import OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor
-    from megarl.workers.settings import OptimSettings
 
     groups = initialize_model_parallel(
         layout.train_tp,
@@ -104,7 +104,7 @@ def trained_actor_and_plan(model_dir: str, layout: LayoutPair, bucket_mb: float,
     actor = MegatronActor.from_hf(
         model_dir,
         groups,
-        optim=OptimSettings(lr=settings.lr, clip_grad=0.0),
+        optim=OptimizerConfig(lr=settings.lr, weight_decay=0.0, clip_grad=0.0, use_distributed_optimizer=False),
         sequence_parallel=layout.train_tp > 1 and read_model_dims(model_dir).num_experts > 0,
     )
     dims = read_model_dims(model_dir)

@@ -5,29 +5,35 @@ from __future__ import annotations
 
 import torch
 
+from megarl.config.roles import OffloadConfig, OptimizerConfig
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.megatron_train import TrainEngine
-from megarl.workers.settings import OffloadSettings, OptimSettings
 
 
 class TrainedModel:
     """Base of `MegatronActor` and `MegatronCritic`."""
 
     def __init__(
-        self, chunks: list[torch.nn.Module], groups: ProcessGroups, optim: OptimSettings, offload: OffloadSettings
+        self,
+        chunks: list[torch.nn.Module],
+        groups: ProcessGroups,
+        optim: OptimizerConfig,
+        lr_decay_steps: int | None,
+        offload: OffloadConfig,
     ):
-        """`chunks`: this rank's megatron `GPTModel` stage, one chunk per virtual stage (weights loaded)."""
+        """`chunks`: this rank's megatron `GPTModel` stage, one chunk per virtual stage (weights loaded);
+        `optim`, `lr_decay_steps` as `TrainEngine`'s."""
         self.groups = groups
         self.offload_settings = offload
-        self.engine = TrainEngine(chunks, optim, groups)
+        self.engine = TrainEngine(chunks, optim, lr_decay_steps, groups)
 
     def offload_training_state(self) -> None:
-        """After the update: free what `OffloadSettings` names of the gradients and optimizer (no-op on
+        """After the update: free what the role's `offload` section names of the gradients and optimizer (no-op on
         CPU); the parameters stay for the weight sync."""
         self.engine.offload_training_state(self.offload_settings)
 
     def offload_params(self) -> None:
-        """After the weight sync: the parameters off the device when `OffloadSettings.params`. Call
+        """After the weight sync: the parameters off the device when `offload.params`. Call
         `onload` before any other method, weight sync included."""
         self.engine.offload_params(self.offload_settings)
 

@@ -31,15 +31,16 @@ def _batch(extra_left_padding: int) -> PolicyBatch:
 
 
 def _rank(model_dir: str, dtype: str = "bfloat16") -> dict:
+    from megarl.config.roles import OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.settings import ModelSettings, OptimSettings, PolicyLossSettings
+    from megarl.workers.settings import ModelSettings, PolicyLossSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     actor = MegatronActor.from_hf(
         model_dir,
         groups,
-        optim=OptimSettings(lr=1e-3),
+        optim=OptimizerConfig(lr=1e-3, weight_decay=0.0, use_distributed_optimizer=False),
         model_settings=ModelSettings(dtype=dtype, transformer_impl="auto"),
     )
     model = actor.engine.model

@@ -92,13 +92,14 @@ def _rope_checks(te, batch, groups) -> dict:
 
 
 def _rank(model_dir: str) -> dict:
+    from megarl.config.roles import OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import ModelSettings, OptimSettings, PolicyLossSettings
+    from megarl.workers.settings import ModelSettings, PolicyLossSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
-    optim = OptimSettings(lr=1e-3)
+    optim = OptimizerConfig(lr=1e-3, weight_decay=0.0, use_distributed_optimizer=False)
     local = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=ModelSettings(dtype="bfloat16"))
     te = MegatronActor.from_hf(
         model_dir,

@@ -29,25 +29,25 @@ class ToyJob:
     """One rank's model, DDP wrapper, optimizer and scheduler (role "actor")."""
 
     def __init__(self, tp: int, *, seed: int, use_distributed_optimizer: bool, vocab_divisible_by: int = 128):
+        from megarl.config.roles import OptimizerConfig
         from megarl.models.architectures import build_gpt_model
         from megarl.parallel.distributed import initialize_model_parallel
         from megarl.workers.megatron_train import build_optimizer, wrap_for_training
-        from megarl.workers.settings import OptimSettings
 
         self.groups = initialize_model_parallel(tp, 1, seed=seed)
         # Warm-up then cosine decay: every step has its own LR, so a lost scheduler position shows.
-        settings = OptimSettings(
+        optim = OptimizerConfig(
             lr=1e-2,
             min_lr=1e-3,
+            weight_decay=0.0,
             lr_warmup_steps=2,
-            lr_decay_steps=10,
             lr_decay_style="cosine",
             clip_grad=1.0,
             use_distributed_optimizer=use_distributed_optimizer,
         )
         model = build_gpt_model(TINY_QWEN2, self.groups, vocab_divisible_by=vocab_divisible_by)
-        [self.ddp] = wrap_for_training([model], settings, self.groups)
-        self.optimizer, self.scheduler = build_optimizer([self.ddp], settings, self.groups)
+        [self.ddp] = wrap_for_training([model], optim, self.groups)
+        self.optimizer, self.scheduler = build_optimizer([self.ddp], optim, 10, self.groups)
 
     def parts(self) -> dict:
         """The keyword arguments of save_checkpoint / load_checkpoint for this job."""

@@ -49,10 +49,11 @@ def _record_gathered_widths() -> list[int]:
 def _resume(actor, model_dir, root, groups, batch, loss_fn, cut) -> dict:
     """The manifest's layout of a checkpoint saved at CP 2, and the next update of the saved actor and of a fresh one
     that loaded the checkpoint (an exact resume: the same losses and parameters)."""
+    from megarl.config.roles import OptimizerConfig
     from megarl.workers.actor import MegatronActor
     from megarl.workers.checkpoint import load_checkpoint, save_checkpoint
     from megarl.workers.checkpoint_files import read_manifest
-    from megarl.workers.settings import ModelSettings, OptimSettings
+    from megarl.workers.settings import ModelSettings
 
     def states(of):
         return dict(
@@ -65,7 +66,7 @@ def _resume(actor, model_dir, root, groups, batch, loss_fn, cut) -> dict:
     fresh = MegatronActor.from_hf(
         model_dir,
         groups,
-        optim=OptimSettings(lr=0.5, adam_eps=1.0),
+        optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False),
         model_settings=ModelSettings(transformer_impl="transformer_engine"),
     )
     load_checkpoint(step_dir, groups, **states(fresh))
@@ -82,13 +83,14 @@ def _resume(actor, model_dir, root, groups, batch, loss_fn, cut) -> dict:
 def _rank_main(model_dir, export_dir, tp, cp, pp, old_log_probs, advantages, returns):
     from te_thd_stand_in import use_stand_in_transformer_engine
 
+    from megarl.config.roles import OptimizerConfig
     from megarl.models.checkpoint import export_hf_weights
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.critic import MegatronCritic
     from megarl.workers.megatron_train import micro_batches_of
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import ModelSettings, OptimSettings, PolicyLossSettings, ValueLossSettings
+    from megarl.workers.settings import ModelSettings, PolicyLossSettings, ValueLossSettings
 
     use_stand_in_transformer_engine()
     gathered = _record_gathered_widths()
@@ -97,7 +99,7 @@ def _rank_main(model_dir, export_dir, tp, cp, pp, old_log_probs, advantages, ret
     batch.old_log_probs, batch.advantages = old_log_probs, advantages
     batch.values, batch.returns = torch.zeros_like(returns), returns
     te = ModelSettings(transformer_impl="transformer_engine")
-    optim = OptimSettings(lr=0.5, adam_eps=1.0)
+    optim = OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
     sp = tp > 1
     loss_fn = PolicyLoss(PolicyLossSettings(entropy_coeff=0.01, clip_ratio_low=0.1, clip_ratio_high=0.1))
     cuts = {"samples": SAMPLES_PER_MICRO_BATCH, "packed": TokenBudget(BUDGET, "actor.max_tokens_per_micro_batch")}

@@ -20,10 +20,12 @@ TOKEN_CAP, SEQUENCE_RANGE = 1.5, (0.3, 3.0)
 
 def _update(model_dir, groups, batch, settings):
     """A fresh actor's update of `batch`: its metrics and this rank's gradients."""
+    from megarl.config.roles import OptimizerConfig
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.settings import OptimSettings
 
-    actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=0.5, adam_eps=1.0))
+    actor = MegatronActor.from_hf(
+        model_dir, groups, optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
+    )
     metrics = actor.update_policy(
         batch, PolicyLoss(settings), mini_batch_size=len(batch), micro_batch_size=len(batch) // 2
     )
@@ -33,13 +35,16 @@ def _update(model_dir, groups, batch, settings):
 
 def _rank_main(model_dir, advantages, ratios):
     from megarl.algorithms.rollout_correction import RolloutCorrection
+    from megarl.config.roles import OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor
-    from megarl.workers.settings import OptimSettings, PolicyLossSettings
+    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)  # DP 2
     full = ragged_batch()
-    probe = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings())
+    probe = MegatronActor.from_hf(
+        model_dir, groups, optim=OptimizerConfig(weight_decay=0.0, use_distributed_optimizer=False)
+    )
     full.old_log_probs, _ = probe.compute_log_prob(full, micro_batch_size=4)
     full.rollout_log_probs = full.old_log_probs - ratios.log()  # π_old / π_rollout = ratios
     full.advantages = advantages

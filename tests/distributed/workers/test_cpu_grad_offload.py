@@ -23,13 +23,19 @@ GIB = 2**30
 def _rank_main(model_dir):
     import torch
 
+    from megarl.config.roles import OffloadConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.memory_stats import memory_stats
-    from megarl.workers.settings import OffloadSettings, OptimSettings, PolicyLossSettings
+    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
-    actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=1e-3), offload=OffloadSettings(grads=True))
+    actor = MegatronActor.from_hf(
+        model_dir,
+        groups,
+        optim=OptimizerConfig(lr=1e-3, weight_decay=0.0, use_distributed_optimizer=False),
+        offload=OffloadConfig(grads=True),
+    )
     buffers = actor.engine.model.buffers
     batch = ragged_batch()
     batch.advantages = torch.ones(len(batch), batch.response_length)

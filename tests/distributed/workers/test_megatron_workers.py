@@ -42,11 +42,12 @@ def _from_ranks(ranks: list[dict]) -> list[dict]:
 def _rank_main(model_dir, out_dir, tp, pp, micro_batch_sizes, use_distributed_optimizer, old_log_probs, advantages):
     """One world's checks (see the module docstring); returns numbers from every rank."""
     from megarl.algorithms.rollout_correction import RolloutCorrection
+    from megarl.config.roles import OptimizerConfig
     from megarl.models.checkpoint import export_hf_weights
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.reference import MegatronReference
-    from megarl.workers.settings import OptimSettings, PolicyLossSettings
+    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(tp, pp, seed=0)
     batch = ragged_batch()
@@ -54,7 +55,9 @@ def _rank_main(model_dir, out_dir, tp, pp, micro_batch_sizes, use_distributed_op
     share = len(batch) // groups.dp_size
     local = batch.select(slice(groups.dp_rank * share, (groups.dp_rank + 1) * share))
     loss_fn = PolicyLoss(PolicyLossSettings(entropy_coeff=0.01, clip_ratio_low=0.1, clip_ratio_high=0.1))
-    optim = OptimSettings(lr=LR, adam_eps=1.0, clip_grad=1.0, use_distributed_optimizer=use_distributed_optimizer)
+    optim = OptimizerConfig(
+        lr=LR, eps=1.0, clip_grad=1.0, use_distributed_optimizer=use_distributed_optimizer, weight_decay=0.0
+    )
     out = dict(updates={})
 
     reference = MegatronReference.from_hf(model_dir, groups)
@@ -102,11 +105,15 @@ def _rank_main(model_dir, out_dir, tp, pp, micro_batch_sizes, use_distributed_op
 def _critic_step(model_dir, groups, local, rows):
     """Values and one clipped-value update of a critic whose head is set to the same seeded weights
     on every layout (its fresh init depends on the layout's RNG use)."""
+    from megarl.config.roles import OptimizerConfig
     from megarl.workers.critic import MegatronCritic
-    from megarl.workers.settings import OptimSettings, ValueLossSettings
+    from megarl.workers.settings import ValueLossSettings
 
     critic = MegatronCritic.from_hf(
-        model_dir, groups, optim=OptimSettings(lr=LR, adam_eps=1.0), loss=ValueLossSettings(cliprange_value=0.2)
+        model_dir,
+        groups,
+        optim=OptimizerConfig(lr=LR, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False),
+        loss=ValueLossSettings(cliprange_value=0.2),
     )
     if groups.is_last_stage:
         head = critic.engine.model.module.output_layer.weight
@@ -124,15 +131,19 @@ def _critic_step(model_dir, groups, local, rows):
 
 def _critic_and_schedule_main(model_dir, old_log_probs, advantages):
     """Critic learning + clipping, the actor's LR schedule and epochs, activation recompute."""
+    from megarl.config.roles import OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.critic import MegatronCritic
-    from megarl.workers.settings import OptimSettings, PolicyLossSettings, RecomputeSettings, ValueLossSettings
+    from megarl.workers.settings import PolicyLossSettings, RecomputeSettings, ValueLossSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     batch = ragged_batch()
     critic = MegatronCritic.from_hf(
-        model_dir, groups, optim=OptimSettings(lr=1e-3, clip_grad=1.0), loss=ValueLossSettings(cliprange_value=0.5)
+        model_dir,
+        groups,
+        optim=OptimizerConfig(lr=1e-3, clip_grad=1.0, weight_decay=0.0, use_distributed_optimizer=False),
+        loss=ValueLossSettings(cliprange_value=0.5),
     )
     out = dict(critic_losses=[])
     values = critic.compute_values(batch, micro_batch_size=4)
@@ -147,7 +158,12 @@ def _critic_and_schedule_main(model_dir, old_log_probs, advantages):
 
     batch.old_log_probs, batch.advantages = old_log_probs, advantages
     actor = MegatronActor.from_hf(
-        model_dir, groups, optim=OptimSettings(lr=1e-3, lr_warmup_steps=2, lr_decay_steps=4, lr_decay_style="linear")
+        model_dir,
+        groups,
+        optim=OptimizerConfig(
+            lr=1e-3, lr_warmup_steps=2, lr_decay_style="linear", weight_decay=0.0, use_distributed_optimizer=False
+        ),
+        lr_decay_steps=4,
     )
     loss_fn = PolicyLoss(PolicyLossSettings())
     out["step_lrs"] = [
@@ -160,7 +176,12 @@ def _critic_and_schedule_main(model_dir, old_log_probs, advantages):
 
     # Full recompute of every layer gives the same update; the settings reach megatron's config.
     for name, recompute in (("plain", RecomputeSettings()), ("recompute", RecomputeSettings("full", "uniform", 1))):
-        actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=1e-3), recompute=recompute)
+        actor = MegatronActor.from_hf(
+            model_dir,
+            groups,
+            optim=OptimizerConfig(lr=1e-3, weight_decay=0.0, use_distributed_optimizer=False),
+            recompute=recompute,
+        )
         out[name] = actor.update_policy(batch, loss_fn, mini_batch_size=8, micro_batch_size=4)
         out[f"{name}_granularity"] = actor.engine.model.config.recompute_granularity
     return out
@@ -203,14 +224,17 @@ def _vocab_parallel_grad_check(groups, vocab_size):
 def _tied_embeddings_main(model_dir, pp, old_log_probs, advantages):
     """One update of a model whose LM head is its input embedding: with PP, the two copies live on
     the first and last stage and megatron all-reduces their gradients."""
+    from megarl.config.roles import OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.settings import OptimSettings, PolicyLossSettings
+    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(1, pp, seed=0)
     batch = ragged_batch()
     batch.old_log_probs, batch.advantages = old_log_probs, advantages
-    actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=LR, adam_eps=1.0))
+    actor = MegatronActor.from_hf(
+        model_dir, groups, optim=OptimizerConfig(lr=LR, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
+    )
     metrics = actor.update_policy(batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=8, micro_batch_size=2)
     log_probs, _ = actor.compute_log_prob(batch, micro_batch_size=8)
     return metrics, log_probs.numpy()

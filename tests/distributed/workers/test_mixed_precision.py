@@ -50,12 +50,13 @@ def _adam_states(optimizer) -> list[torch.Tensor]:
 
 def _train(model_dir, groups, distributed_optimizer, checkpoint_dir):
     """STEPS bf16 updates of the tiny actor; dtypes, progress, and (with `checkpoint_dir`) a round trip."""
+    from megarl.config.roles import OptimizerConfig
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.checkpoint import load_checkpoint, save_checkpoint
-    from megarl.workers.settings import ModelSettings, OptimSettings, PolicyLossSettings
+    from megarl.workers.settings import ModelSettings, PolicyLossSettings
 
     settings = ModelSettings(dtype="bfloat16", transformer_impl="auto")
-    optim = OptimSettings(lr=LR, use_distributed_optimizer=distributed_optimizer)
+    optim = OptimizerConfig(lr=LR, use_distributed_optimizer=distributed_optimizer, weight_decay=0.0)
     actor = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=settings)
     ddp, optimizer = actor.engine.model, actor.engine.optimizer
     out = dict(

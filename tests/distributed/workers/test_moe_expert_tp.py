@@ -21,17 +21,18 @@ MOE_INTERMEDIATE = 128  # make_tiny_model's qwen3_moe
 
 
 def _rank_main(model_dir: str, tp: int, etp: int, advantages: torch.Tensor) -> dict:
+    from megarl.config.roles import MoeConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.settings import MoeSettings, OptimSettings, PolicyLossSettings
+    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(tp, 1, seed=0, ep=2, etp=etp)
     actor = MegatronActor.from_hf(
         model_dir,
         groups,
         # Adam's eps 1 (as test_sequence_parallel): rounding noise in a near-zero gradient is not scaled up to a full step.
-        optim=OptimSettings(lr=0.5, adam_eps=1.0, use_distributed_optimizer=True),
-        moe=MoeSettings(aux_loss_coeff=0.01),
+        optim=OptimizerConfig(lr=0.5, eps=1.0, use_distributed_optimizer=True, weight_decay=0.0),
+        moe=MoeConfig(aux_loss_coeff=0.01),
         sequence_parallel=tp > 1,
     )
     fc2 = next(

@@ -43,20 +43,22 @@ def _main_params(optimizer) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def _rank_main(model_dir, old_log_probs, advantages):
     from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
 
+    from megarl.config.roles import OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.settings import ModelSettings, OptimSettings, PolicyLossSettings
+    from megarl.workers.settings import ModelSettings, PolicyLossSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     batch = ragged_batch().split(DP)[groups.dp_rank]
     batch.old_log_probs, batch.advantages = old_log_probs.split(4)[groups.dp_rank], advantages.split(4)[groups.dp_rank]
     out = {}
     for fraction in (None, *FRACTIONS):
-        optim = OptimSettings(
+        optim = OptimizerConfig(
             lr=0.01,
             use_distributed_optimizer=True,
             cpu_offload=fraction is not None,
             cpu_offload_fraction=fraction or 1.0,
+            weight_decay=0.0,
         )
         actor = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=ModelSettings(dtype="bfloat16"))
         optimizer = actor.engine.optimizer
@@ -121,15 +123,18 @@ def test_one_update_equals_the_update_without_offload(ranks):
 
 
 def _resume_main(model_dir, root, advantages):
+    from megarl.config.roles import OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.checkpoint import load_checkpoint, save_checkpoint
-    from megarl.workers.settings import ModelSettings, OptimSettings, PolicyLossSettings
+    from megarl.workers.settings import ModelSettings, PolicyLossSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     batch = ragged_batch().split(DP)[groups.dp_rank]
     batch.advantages = advantages.split(4)[groups.dp_rank]
-    optim = OptimSettings(lr=0.01, use_distributed_optimizer=True, cpu_offload=True, cpu_offload_fraction=0.5)
+    optim = OptimizerConfig(
+        lr=0.01, use_distributed_optimizer=True, cpu_offload=True, cpu_offload_fraction=0.5, weight_decay=0.0
+    )
     loss_fn = PolicyLoss(PolicyLossSettings())
 
     def build():

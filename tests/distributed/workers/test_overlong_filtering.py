@@ -16,9 +16,10 @@ TOLERANCE = 1e-5
 
 def _rank_main(model_dir, old_log_probs, advantages):
     from megarl.algorithms.dapo import filtered_loss_mask
+    from megarl.config.roles import OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.settings import OptimSettings, PolicyLossSettings
+    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     batch = ragged_batch()
@@ -32,7 +33,9 @@ def _rank_main(model_dir, old_log_probs, advantages):
     }
     out = {}
     for name, (part, micro) in runs.items():
-        actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=0.5, adam_eps=1.0))
+        actor = MegatronActor.from_hf(
+            model_dir, groups, optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
+        )
         metrics = actor.update_policy(part, loss_fn, mini_batch_size=len(part), micro_batch_size=micro)
         out[name] = metrics, {n: p.detach().clone().numpy() for n, p in actor.named_parameters_for_sync()}
     return out

@@ -29,11 +29,12 @@ def _update(actor, batch, loss_fn, cut):
 
 
 def _rank_main(model_dir, tp, pp, old_log_probs, advantages, returns):
+    from megarl.config.roles import OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.critic import MegatronCritic
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import OptimSettings, PolicyLossSettings, ValueLossSettings
+    from megarl.workers.settings import PolicyLossSettings, ValueLossSettings
 
     groups = initialize_model_parallel(tp, pp, seed=0)
     batch = ragged_batch()
@@ -43,7 +44,7 @@ def _rank_main(model_dir, tp, pp, old_log_probs, advantages, returns):
     cuts = {"padded": PADDED_MICRO_BATCH} | {
         budget: TokenBudget(budget, "actor.max_tokens_per_micro_batch") for budget in BUDGETS
     }
-    optim = OptimSettings(lr=0.5, adam_eps=1.0)
+    optim = OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
     losses = {
         "token-mean": PolicyLoss(PolicyLossSettings(entropy_coeff=0.01, clip_ratio_low=0.1, clip_ratio_high=0.1)),
         "seq-mean-token-mean": PolicyLoss(

@@ -30,14 +30,19 @@ EXPERTS, TOP_K, LAYERS = 8, 2, 2
 
 
 def _rank_main(model_dir: str, natural: torch.Tensor, forced: torch.Tensor, tp: int, pp: int, ep: int) -> dict:
+    from megarl.config.roles import MoeConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss, compute_log_probs
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import MoeSettings, OptimSettings, PolicyLossSettings
+    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(tp, pp, seed=0, ep=ep, etp=1)
     actor = MegatronActor.from_hf(
-        model_dir, groups, optim=OptimSettings(lr=1e-3), moe=MoeSettings(router_replay=True), sequence_parallel=tp > 1
+        model_dir,
+        groups,
+        optim=OptimizerConfig(lr=1e-3, weight_decay=0.0, use_distributed_optimizer=False),
+        moe=MoeConfig(router_replay=True),
+        sequence_parallel=tp > 1,
     )
     batch = ragged_batch()  # DP 1 in both layouts: every rank holds the whole batch
     batch.rollout_log_probs = torch.zeros(batch.responses.shape)
@@ -141,13 +146,18 @@ def test_replay_routes_through_the_given_experts(sharp_moe, tp, pp, ep):
 
 
 def _measure_main(model_dir: str, batch) -> dict:
+    from megarl.config.roles import MoeConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, compute_log_probs
     from megarl.workers.reference import MegatronReference
-    from megarl.workers.settings import MoeSettings, OptimSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
-    actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=1e-3), moe=MoeSettings(router_replay=True))
+    actor = MegatronActor.from_hf(
+        model_dir,
+        groups,
+        optim=OptimizerConfig(lr=1e-3, weight_decay=0.0, use_distributed_optimizer=False),
+        moe=MoeConfig(router_replay=True),
+    )
     old, _ = actor.compute_log_prob(batch, micro_batch_size=8)
     routing = actor.routing(replay=True)
     compute_log_probs(actor.engine.chunks, batch, 8, actor.vocab_size, groups, routing=routing)
@@ -198,18 +208,19 @@ def test_an_engines_routing_reaches_the_batch_and_replay_narrows_the_gap(tmp_pat
 
 
 def _recompute_main(model_dir: str, forced: torch.Tensor, pp: int, method: str | None) -> dict:
+    from megarl.config.roles import MoeConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.router_replay import stage_routers
-    from megarl.workers.settings import MoeSettings, OptimSettings, PolicyLossSettings, RecomputeSettings
+    from megarl.workers.settings import PolicyLossSettings, RecomputeSettings
 
     groups = initialize_model_parallel(1, pp, seed=0)
     recompute = RecomputeSettings(granularity="full", method=method, num_layers=1) if method else RecomputeSettings()
     actor = MegatronActor.from_hf(
         model_dir,
         groups,
-        optim=OptimSettings(lr=1e-2),
-        moe=MoeSettings(aux_loss_coeff=0.0, router_replay=True),
+        optim=OptimizerConfig(lr=1e-2, weight_decay=0.0, use_distributed_optimizer=False),
+        moe=MoeConfig(aux_loss_coeff=0.0, router_replay=True),
         recompute=recompute,
     )
     batch = ragged_batch()

@@ -27,13 +27,14 @@ def _snapshot(model) -> dict[str, np.ndarray]:
 
 
 def _rank_main(model_dir, old_log_probs, advantages, returns):
+    from megarl.config.roles import OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.critic import MegatronCritic
     from megarl.workers.megatron_train import micro_batches_of
     from megarl.workers.packing import TokenBudget
     from megarl.workers.reference import MegatronReference
-    from megarl.workers.settings import OptimSettings, PolicyLossSettings, ValueLossSettings
+    from megarl.workers.settings import PolicyLossSettings, ValueLossSettings
 
     groups = initialize_model_parallel(TP, 1, seed=0)
     batch = ragged_batch()
@@ -41,7 +42,7 @@ def _rank_main(model_dir, old_log_probs, advantages, returns):
     batch.ref_log_probs = old_log_probs - 0.1
     batch.values, batch.returns = torch.zeros_like(returns), returns
     cuts = {"padded": PADDED_MICRO_BATCH, "packed": TokenBudget(BUDGET, "actor.max_tokens_per_micro_batch")}
-    optim = OptimSettings(lr=0.5, adam_eps=1.0)
+    optim = OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
     loss_fn = PolicyLoss(
         PolicyLossSettings(entropy_coeff=0.01, kl_loss_coef=0.1, clip_ratio_low=0.1, clip_ratio_high=0.1)
     )
@@ -137,10 +138,11 @@ def test_updates_equal_sequence_parallel_off(ranks):
 
 
 def _pipeline_rank_main(model_dir, advantages):
+    from megarl.config.roles import OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import OptimSettings, PolicyLossSettings
+    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(TP, 2, seed=0)
     batch = ragged_batch()
@@ -150,7 +152,10 @@ def _pipeline_rank_main(model_dir, advantages):
     for sp in (False, True):
         for name, cut in cuts.items():
             actor = MegatronActor.from_hf(
-                model_dir, groups, optim=OptimSettings(lr=0.5, adam_eps=1.0), sequence_parallel=sp
+                model_dir,
+                groups,
+                optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False),
+                sequence_parallel=sp,
             )
             log_probs, _ = actor.compute_log_prob(batch, micro_batch_size=cut)
             # Exactly on-policy (one mini-batch, one epoch): the update takes its old log-probs from its own forward.

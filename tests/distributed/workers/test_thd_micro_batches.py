@@ -37,15 +37,16 @@ def _rank_main(model_dir):
     from megatron.core.transformer.attention import SelfAttention
     from te_thd_stand_in import ROPE_CALLS, use_stand_in_transformer_engine
 
+    from megarl.config.roles import OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.megatron_train import micro_batches_of
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import ModelSettings, OptimSettings, PolicyLossSettings
+    from megarl.workers.settings import ModelSettings, PolicyLossSettings
 
     use_stand_in_transformer_engine()
     groups = initialize_model_parallel(1, 2, seed=0)
-    optim = OptimSettings(lr=0.5, adam_eps=1.0)
+    optim = OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
     local = MegatronActor.from_hf(model_dir, groups, optim=optim)
     te = MegatronActor.from_hf(
         model_dir, groups, optim=optim, model_settings=ModelSettings(transformer_impl="transformer_engine")

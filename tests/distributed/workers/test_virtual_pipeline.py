@@ -27,6 +27,7 @@ BUDGET = 24
 
 
 def _rank_main(model_dir, out_dir, vpp, advantages):
+    from megarl.config.roles import OptimizerConfig
     from megarl.models.checkpoint import export_hf_weights
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
@@ -36,12 +37,14 @@ def _rank_main(model_dir, out_dir, vpp, advantages):
     from megarl.workers.megatron_train import micro_batches_of
     from megarl.workers.packing import TokenBudget
     from megarl.workers.reference import MegatronReference
-    from megarl.workers.settings import OptimSettings, PolicyLossSettings, ValueLossSettings
+    from megarl.workers.settings import PolicyLossSettings, ValueLossSettings
 
     groups = initialize_model_parallel(1, PP, seed=0, vpp=vpp)
     batch = ragged_batch()
     batch.advantages = advantages
-    actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=0.5, adam_eps=1.0))
+    actor = MegatronActor.from_hf(
+        model_dir, groups, optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
+    )
     chunks = [chunk.module for chunk in actor.engine.chunks]
     out = dict(
         layers=sorted(
@@ -62,7 +65,10 @@ def _rank_main(model_dir, out_dir, vpp, advantages):
     reference = MegatronReference.from_hf(model_dir, groups)
     out["ref_log_probs"] = reference.compute_ref_log_prob(batch, micro_batch_size=PADDED_MICRO_BATCH).numpy()
     critic = MegatronCritic.from_hf(
-        model_dir, groups, optim=OptimSettings(lr=0.5, adam_eps=1.0), loss=ValueLossSettings()
+        model_dir,
+        groups,
+        optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False),
+        loss=ValueLossSettings(),
     )
     if groups.is_last_stage:  # the value head's random draw depends on what was built before it: set it
         head = critic.engine.chunks[-1].module.output_layer.weight
@@ -86,7 +92,9 @@ def _rank_main(model_dir, out_dir, vpp, advantages):
             schedulers={"actor": of.engine.scheduler},
         )
 
-    fresh = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings(lr=0.5, adam_eps=1.0))
+    fresh = MegatronActor.from_hf(
+        model_dir, groups, optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
+    )
     if vpp == 1:  # the VPP 2 run's checkpoint (saved first), weights only
         load_checkpoint(f"{out_dir}/ckpt_vpp2/{step_dir_name(1)}", groups, weights_only=True, **states(fresh))
         out["converted"] = _params(fresh)

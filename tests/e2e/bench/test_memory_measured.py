@@ -32,14 +32,15 @@ def _measure(model_dir: str, tp: int, distributed_optimizer: bool) -> dict[str, 
 
 
 def _measure_actor(model_dir: str, groups, distributed_optimizer: bool, dtype: str) -> tuple[int, int, int]:
+    from megarl.config.roles import OptimizerConfig
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.batch import PolicyBatch
-    from megarl.workers.settings import ModelSettings, OptimSettings, PolicyLossSettings
+    from megarl.workers.settings import ModelSettings, PolicyLossSettings
 
     actor = MegatronActor.from_hf(
         model_dir,
         groups,
-        optim=OptimSettings(lr=1e-3, use_distributed_optimizer=distributed_optimizer),
+        optim=OptimizerConfig(lr=1e-3, use_distributed_optimizer=distributed_optimizer, weight_decay=0.0),
         model_settings=ModelSettings(dtype=dtype),
     )
     rows, prompt, response = 2, 4, 3

@@ -65,12 +65,14 @@ class OneEngine:
 
 
 def _actor_log_probs(model_dir, batch):
+    from megarl.config.roles import OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor
-    from megarl.workers.settings import OptimSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
-    actor = MegatronActor.from_hf(model_dir, groups, optim=OptimSettings())
+    actor = MegatronActor.from_hf(
+        model_dir, groups, optim=OptimizerConfig(weight_decay=0.0, use_distributed_optimizer=False)
+    )
     log_probs, _ = actor.compute_log_prob(batch, micro_batch_size=len(batch))
     return log_probs
 

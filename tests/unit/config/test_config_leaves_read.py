@@ -7,11 +7,17 @@ spells it out from the config object: `config.actor.offload.params`, or the same
 names that stand for a part of it:
 - a local `critic = config.critic` (then `critic.offload.params`),
 - a member `self.settings = config.rollout.sync` (then `self.settings.verify_every`),
-- a parameter, for every chain its callers pass (`offload_settings(critic.offload)` makes `offload.params`
-  inside `offload_settings` read `config.critic.offload.params`).
+- a parameter, for every chain its callers pass (`micro_batch_cut(config.ref, "ref")` makes
+  `role_config.max_tokens_per_micro_batch` inside `micro_batch_cut` read `config.ref.max_tokens_per_micro_batch`).
 Chains that do not lead back to `config` (a worker's `spec.critic.offload`, a settings object of the
 same field names) do not count, so the scan is section-aware: reading the actor's `offload.params`
-does not make the critic's read."""
+does not make the critic's read.
+
+A section handed on whole (`ActorSpec(optim=actor.optim)`: the workers take the config's own section
+classes) is followed by its class: a parameter annotated with it (`optim: OptimizerConfig`) stands for
+every chain of that class the runtime hands on whole, so `optim.weight_decay` in the worker reads
+`actor.optim.weight_decay` and `critic.optim.weight_decay` while both sections are handed on, and
+neither once nothing hands it on."""
 
 from __future__ import annotations
 
@@ -37,9 +43,16 @@ NOT_RUNTIME = {
     "tools/validation.py",
 }
 """Modules that load, validate or estimate a config: their reads do not make a key do anything."""
-SFT_RUNTIME = {"trainer/sft.py", "trainer/settings.py", "cli/sft.py", "workers/sft_worker.py"}
+SFT_RUNTIME = {
+    "trainer/sft.py",
+    "trainer/settings.py",
+    "cli/sft.py",
+    "workers/sft_worker.py",
+    "workers/megatron_train.py",
+}
 """The modules that run `megarl sft` (its recipe, `SftConfig`, shares section names with `Config`: the
-scan of its keys looks at its own runtime only, so an RL read of `data.shuffle` does not count)."""
+scan of its keys looks at its own runtime only, so an RL read of `data.shuffle` does not count);
+`megatron_train` reads the sections the SFT worker hands on whole (`optim`)."""
 ROOTS = {("config",), ("self", "config")}
 """How the runtime holds the config (`config: Config` arguments, `Trainer.config`)."""
 Chain = tuple[str, ...]
@@ -146,6 +159,47 @@ def _bind_parameters(scopes: list[Scope]) -> None:
                         callee.aliases.setdefault((param,), set()).update(rooted)
 
 
+def section_paths(cls=Config, prefix: Chain = ()) -> dict[str, set[Chain]]:
+    """Class name of each section (and subsection) -> its paths in `cls` (`OptimizerConfig` ->
+    {("actor", "optim"), ("critic", "optim")})."""
+    found: dict[str, set[Chain]] = {}
+    for field in dataclasses.fields(cls):
+        default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+        if dataclasses.is_dataclass(default):
+            found.setdefault(type(default).__name__, set()).add(prefix + (field.name,))
+            for name, paths in section_paths(type(default), prefix + (field.name,)).items():
+                found.setdefault(name, set()).update(paths)
+    return found
+
+
+def _bind_sections(scopes: list[Scope], schema) -> None:
+    """A parameter annotated with a section's class stands for every config chain of that class that
+    some call hands on whole (as an argument: `ActorSpec(optim=actor.optim)`)."""
+    sections = section_paths(schema)
+    last_names = {path[-1] for paths in sections.values() for path in paths}
+    handed: dict[str, set[Chain]] = {}
+    for scope in scopes:
+        for call in (n for n in ast.walk(scope.node) if isinstance(n, ast.Call)):
+            for value in [*call.args, *(k.value for k in call.keywords)]:
+                chain = _chain(value)
+                if chain is None or len(chain) < 2 or chain[-1] not in last_names:
+                    continue  # only `<...>.optim`-like chains can name a section (and expanding is costly)
+                for expanded in scope.expand(chain):
+                    for root in ROOTS:
+                        if expanded[: len(root)] != root:
+                            continue
+                        for name, paths in sections.items():
+                            if expanded[len(root) :] in paths:
+                                handed.setdefault(name, set()).add(expanded)
+    for scope in (s for s in scopes if isinstance(s.node, ast.FunctionDef)):
+        for arg in scope.node.args.args + scope.node.args.kwonlyargs:
+            annotation = (
+                {n.id for n in ast.walk(arg.annotation) if isinstance(n, ast.Name)} if arg.annotation else set()
+            )
+            for name in annotation & handed.keys():
+                scope.aliases.setdefault((arg.arg,), set()).update(handed[name])
+
+
 def _resolve_members(scopes: list[Scope]) -> None:
     """A member set from a parameter (`self.search = multi_turn.search` in `__init__(self, multi_turn)`,
     or the parameter itself: `self.settings = settings`) also stands for what that parameter stands for
@@ -160,14 +214,16 @@ def _resolve_members(scopes: list[Scope]) -> None:
                 scope.members.setdefault(target, set()).update(rooted)
 
 
-def config_reads(modules: set[str] | None = None) -> set[Chain]:
+def config_reads(modules: set[str] | None = None, schema=Config) -> set[Chain]:
     """Every config path (without its root) that a runtime attribute chain spells out from the config
-    (in `modules` only, paths relative to megarl/, when given)."""
+    (in `modules` only, paths relative to megarl/, when given); `schema`: the config's class, whose
+    sections `_bind_sections` follows."""
     paths = [path for path in sorted(MEGARL.rglob("*.py")) if str(path.relative_to(MEGARL)) not in NOT_RUNTIME]
     trees = [
         ast.parse(path.read_text()) for path in paths if modules is None or str(path.relative_to(MEGARL)) in modules
     ]
     scopes = _scopes(trees)
+    _bind_sections(scopes, schema)
     _bind_parameters(scopes)
     _resolve_members(scopes)
     reads = set()
@@ -190,7 +246,7 @@ def test_every_config_key_is_read_by_the_runtime():
 
 
 def test_every_sft_config_key_is_read_by_the_sft_runtime():
-    assert unread_leaves(config_reads(SFT_RUNTIME), SftConfig) == []
+    assert unread_leaves(config_reads(SFT_RUNTIME, SftConfig), SftConfig) == []
 
 
 def test_the_scan_is_section_aware():

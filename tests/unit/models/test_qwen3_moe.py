@@ -85,15 +85,16 @@ def test_transformer_config_routes_as_qwen3_moe(norm_topk_prob):
 
 
 def test_router_loss_settings_replace_the_checkpoint_default_and_a_dense_model_refuses_them():
+    from megarl.config.roles import MoeConfig
     from megarl.models.architectures import transformer_config
-    from megarl.workers.settings import MoeSettings
+    from megarl.workers.megatron_train import moe_transformer_fields
 
     dims = read_model_dims(QWEN3_30B_A3B)
-    settings = MoeSettings(aux_loss_coeff=0.0, z_loss_coeff=1e-3).transformer_config_fields()
+    settings = moe_transformer_fields(MoeConfig(aux_loss_coeff=0.0, z_loss_coeff=1e-3))
     config = transformer_config(dims, tp_size=1, pp_size=1, ep_size=4, etp_size=1, **settings)
     assert (config.moe_aux_loss_coeff, config.moe_z_loss_coeff) == (0.0, 1e-3)
     assert (config.expert_model_parallel_size, config.expert_tensor_parallel_size) == (4, 1)
-    assert MoeSettings().transformer_config_fields() == {}, "unset: the checkpoint's coefficient, no z-loss"
+    assert moe_transformer_fields(MoeConfig()) == {}, "unset: the checkpoint's coefficient, no z-loss"
     dense = read_model_dims({**QWEN3_30B_A3B, "model_type": "qwen3", "num_experts": None})
     with pytest.raises(ValueError, match=r"\['moe_z_loss_coeff'\] for a dense model"):
         transformer_config(dense, tp_size=1, pp_size=1, moe_z_loss_coeff=1e-3)

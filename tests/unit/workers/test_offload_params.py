@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from megarl.config.roles import OffloadConfig
 from megarl.workers import megatron_train
 from megarl.workers.megatron_train import TrainEngine
-from megarl.workers.settings import OffloadSettings
 
 
 class _Buffer:
@@ -42,14 +42,14 @@ def emptied(monkeypatch) -> list[int]:
 
 def test_cache_is_emptied_after_the_sync_without_params_offload(emptied):
     engine = _engine(distributed_optimizer=True)
-    TrainEngine.offload_params(engine, OffloadSettings(params=False))
+    TrainEngine.offload_params(engine, OffloadConfig(params=False))
     assert emptied == [1]
     assert all(not buffer.calls for buffer in engine.model.buffers + engine.model.expert_parallel_buffers)
 
 
 def test_params_offload_moves_every_buffer_params_only(emptied):
     engine = _engine(distributed_optimizer=True)
-    TrainEngine.offload_params(engine, OffloadSettings(params=True))
+    TrainEngine.offload_params(engine, OffloadConfig(params=True))
     assert emptied == [1]
     assert [buffer.calls for buffer in engine.model.buffers + engine.model.expert_parallel_buffers] == [
         [(True, False)],
@@ -60,5 +60,5 @@ def test_params_offload_moves_every_buffer_params_only(emptied):
 def test_params_offload_without_distributed_optimizer_is_refused(emptied):
     engine = _engine(distributed_optimizer=False)
     with pytest.raises(ValueError, match="offload.params=True needs the distributed optimizer"):
-        TrainEngine.offload_params(engine, OffloadSettings(params=True))
+        TrainEngine.offload_params(engine, OffloadConfig(params=True))
     assert not engine.model.buffers[0].calls
