@@ -19,5 +19,7 @@ echo "test.sh: running pytest $*"
 # --durations: the slowest tests are listed at the end of every run, so a test that grows shows up.
 # -n 2: a whole training job keeps two cores about 60 % busy (Ray, vLLM and Megatron start-ups wait on each
 # other), so a second process fills the gaps; --dist loadfile keeps a file's tests, and so its module-scoped
-# runs, in one process. tests/conftest.py orders the files longest first. "-n 0" after these runs one process.
-exec "$root/.venv/bin/python" -m pytest -p no:cacheprovider -n 2 --dist loadfile --durations=25 --durations-min=1.0 "$@"
+# runs, in one process. tests/conftest.py orders the files longest first, and --no-loadscope-reorder keeps that
+# order (xdist's default hands out the files with the most tests first: unit files, leaving the whole jobs for
+# the end). "-n 0" after these runs one process.
+exec "$root/.venv/bin/python" -m pytest -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=25 --durations-min=1.0 "$@"
