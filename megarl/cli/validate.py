@@ -1,7 +1,8 @@
 """`megarl validate CONFIG [key=value ...]`: check a recipe and show what would run, starting nothing.
 
-Prints the resolved config (every key, defaults included) and the batch plan, exit 0; or every
-problem, one line each, exit 2. Nothing is written and no process, Ray or model is started.
+Prints the resolved config (every key, defaults included), the batch plan and the memory estimate (with a
+warning when it does not fit the GPUs: an estimate, so not a refusal), exit 0; or every problem, one line
+each, exit 2. Nothing is written and no process, Ray or model is started.
 """
 
 import argparse
@@ -14,7 +15,7 @@ from megarl.config.batch_plan import plan_batches
 from megarl.config.config import to_dict
 from megarl.config.loader import load_config
 from megarl.config.memory import kv_cache_problems, rollout_budget_problems
-from megarl.config.memory_table import memory_report
+from megarl.config.memory_table import memory_fits, memory_report
 from megarl.config.model_facts import ModelFactsError, load_model_dims
 from megarl.config.placement import placement_problems
 from megarl.config.plan_table import format_plan
@@ -79,6 +80,15 @@ def run(args: argparse.Namespace) -> int:
     print(format_plan(plan_batches(config)))
     print(f"\nmodel: {_model_line(config.model.path)}")
     print(f"\n# memory estimate (megarl/config/memory.py)\n{memory_report(config, args.gpu_memory_gib)}")
+    fits = memory_fits(config, args.gpu_memory_gib)
+    if not fits:
+        print(
+            _red(
+                f"warning: the memory estimate above does not fit a {args.gpu_memory_gib:g} GiB GPU: `megarl train` "
+                "would likely run out of GPU memory. Shard the model over more GPUs (actor.parallel.*), offload "
+                "(actor.offload.*, actor.optim.cpu_offload), or give your GPUs' size with --gpu-memory-gib"
+            )
+        )
     for device in _devices_left_open(config.trainer.device):
         for problem in placement_problems(config, device):
             print(f"warning: on a {device.upper()} cluster `megarl train` stops with: {problem}")
@@ -103,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             "skipped (--no-file-checks): existence of data files, model/tokenizer/reward-model directories (or "
             "their hub ids in the local HF cache) and the resume checkpoint; writability of checkpoint.dir and trainer.output_dir"
         )
-    print(f"\n{args.config}: OK")
+    print(f"\n{args.config}: OK" + ("" if fits else ", but see the memory warning above"))
     return 0
 
 

@@ -1,5 +1,6 @@
 """The memory estimate as `megarl validate` prints it: `format_estimate` (the table, GiB per GPU per role,
-and the verdict) and `memory_report` (the estimate of a validated recipe, or why there is none)."""
+and the verdict), `memory_report` (the estimate of a validated recipe, or why there is none) and `memory_fits`
+(its verdict, for validate's warning)."""
 
 from __future__ import annotations
 
@@ -35,17 +36,29 @@ def memory_report(config: Config, gpu_memory_gib: float) -> str:
     """`format_estimate` for a validated `config`, or one line saying why there is none (the model's
     shape could not be read)."""
     try:
-        dims, _ = load_model_dims(config.model.path)
+        return format_estimate(_estimate(config, gpu_memory_gib))
     except ModelFactsError as error:
         return f"none: {error.why}"
-    on_gpu = config.trainer.device != "cpu"
+
+
+def memory_fits(config: Config, gpu_memory_gib: float) -> bool:
+    """Whether the estimate of a validated `config` fits its GPUs (True when the model's shape is unknown:
+    `memory_report` then says there is no estimate)."""
+    try:
+        return _estimate(config, gpu_memory_gib).fits
+    except ModelFactsError:
+        return True
+
+
+def _estimate(config: Config, gpu_memory_gib: float) -> MemoryEstimate:
+    """The estimate of a validated `config`; raises `ModelFactsError` when the model's shape cannot be read."""
+    dims, _ = load_model_dims(config.model.path)
     plan = plan_batches(config)
-    estimate = estimate_memory(
+    return estimate_memory(
         config,
         dims,
         train_gpus=plan.train_gpus,
         gpu_memory_gib=gpu_memory_gib,
-        on_gpu=on_gpu,
+        on_gpu=config.trainer.device != "cpu",
         processes_per_train_gpu=plan.processes_per_train_gpu,
     )
-    return format_estimate(estimate)

@@ -171,6 +171,7 @@ def test_validate_prints_the_estimate(capsys):
     assert "# memory estimate" in out and "of 80 GiB: fits" not in out  # the verdict states the margin
     [verdict] = [line for line in out.splitlines() if line.startswith("peak ")]
     assert verdict.endswith("(keeps 2): fits") and "+ 2.0 GiB of CUDA contexts and NCCL buffers" in verdict
+    assert "warning: the memory estimate" not in out
     # On 40 GiB, with the grad buffer kept on the GPU, the engines' 0.6 cannot be free beside the actor and
     # reference: refused, naming what fits.
     assert (
@@ -200,7 +201,10 @@ def test_validate_prints_the_estimate(capsys):
         )
         == 0
     )
-    assert "(keeps 2): does not fit" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "(keeps 2): does not fit" in out
+    assert "warning: the memory estimate above does not fit a 40 GiB GPU" in out
+    assert out.rstrip().endswith("grpo_qwen2.5-7b_gsm8k.yaml: OK, but see the memory warning above")
 
 
 def test_the_engines_budget_must_fit_beside_what_megatron_keeps_resident():
