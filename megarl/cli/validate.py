@@ -15,7 +15,7 @@ from megarl.config.batch_plan import plan_batches
 from megarl.config.config import to_dict
 from megarl.config.loader import load_config
 from megarl.config.memory import kv_cache_problems, rollout_budget_problems
-from megarl.config.memory_table import memory_fits, memory_report
+from megarl.config.memory_table import memory_report
 from megarl.config.model_facts import ModelFactsError, load_model_dims
 from megarl.config.placement import placement_problems
 from megarl.config.plan_table import format_plan
@@ -79,8 +79,8 @@ def run(args: argparse.Namespace) -> int:
     print("\n# batch plan")
     print(format_plan(plan_batches(config)))
     print(f"\nmodel: {_model_line(config.model.path)}")
-    print(f"\n# memory estimate (megarl/config/memory.py)\n{memory_report(config, args.gpu_memory_gib)}")
-    fits = memory_fits(config, args.gpu_memory_gib)
+    report, fits = memory_report(config, args.gpu_memory_gib)
+    print(f"\n# memory estimate (megarl/config/memory.py)\n{report}")
     if not fits:
         print(
             _red(

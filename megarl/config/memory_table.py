@@ -1,6 +1,6 @@
 """The memory estimate as `megarl validate` prints it: `format_estimate` (the table, GiB per GPU per role,
-and the verdict), `memory_report` (the estimate of a validated recipe, or why there is none) and `memory_fits`
-(its verdict, for validate's warning)."""
+and the verdict) and `memory_report` (the estimate of a validated recipe, or why there is none, and whether it
+fits)."""
 
 from __future__ import annotations
 
@@ -32,22 +32,14 @@ def format_estimate(estimate: MemoryEstimate) -> str:
     return "\n".join(lines)
 
 
-def memory_report(config: Config, gpu_memory_gib: float) -> str:
+def memory_report(config: Config, gpu_memory_gib: float) -> tuple[str, bool]:
     """`format_estimate` for a validated `config`, or one line saying why there is none (the model's
-    shape could not be read)."""
+    shape could not be read); and whether the estimate fits its GPUs (True when there is none)."""
     try:
-        return format_estimate(_estimate(config, gpu_memory_gib))
+        estimate = _estimate(config, gpu_memory_gib)
     except ModelFactsError as error:
-        return f"none: {error.why}"
-
-
-def memory_fits(config: Config, gpu_memory_gib: float) -> bool:
-    """Whether the estimate of a validated `config` fits its GPUs (True when the model's shape is unknown:
-    `memory_report` then says there is no estimate)."""
-    try:
-        return _estimate(config, gpu_memory_gib).fits
-    except ModelFactsError:
-        return True
+        return f"none: {error.why}", True
+    return format_estimate(estimate), estimate.fits
 
 
 def _estimate(config: Config, gpu_memory_gib: float) -> MemoryEstimate:

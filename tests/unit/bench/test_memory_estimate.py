@@ -64,7 +64,7 @@ def test_llama_70b_parameter_count_is_the_published_one():
 def test_7b_recipe_with_tp2_fits_on_80_gb():
     config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml")
     estimate = estimate_memory(config, load_model_dims(config.model.path)[0], train_gpus=8)
-    assert estimate.fits, memory_report(config, 80)
+    assert estimate.fits, memory_report(config, 80)[0]
     actor = estimate.roles[0]
     # bf16 weights: 2 bytes per parameter of a TP-2 shard (half the layers' weights, half the vocabulary).
     assert actor.parameters == pytest.approx(7.61e9 / 2 * 2, rel=0.02)
@@ -262,11 +262,11 @@ def test_optimizer_offload_frees_memory_only_with_bf16_parameters():
 
 def test_report_says_what_runs():
     config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml", "rollout.gpu_memory_utilization=0.5")
-    report = memory_report(config, 80)
+    report, _ = memory_report(config, 80)
     assert "precision: bfloat16 parameters, fp32 main grads, fp32 main parameters + Adam moments" in report
     assert "offload during rollout: actor.offload.grads, actor.offload.optimizer" in report
     assert "vLLM takes gpu_memory_utilization 0.5 of each shared GPU (40.0 GiB)" in report
-    fp32 = memory_report(_recipe("grpo_qwen2.5-7b_gsm8k.yaml", "model.dtype=float32"), 80)
+    fp32, _ = memory_report(_recipe("grpo_qwen2.5-7b_gsm8k.yaml", "model.dtype=float32"), 80)
     assert "precision: fp32 parameters, grads and Adam moments, no main copy" in fp32
     assert "offload during rollout: actor.offload.grads\n" in fp32  # offload.optimizer has nothing to move in fp32
 
@@ -309,17 +309,12 @@ def test_the_7b_recipe_keeps_its_margin_and_would_not_without_the_grads_offload(
     full. Its rollout phase (vLLM's 48 GiB beside what the actor and reference keep) plus two processes'
     CUDA contexts and NCCL buffers keeps more than the margin; with the grad buffer left on the GPU it
     would keep 1.6 GiB, less than the margin."""
-    with_offload = estimate_memory(
-        config := _recipe("grpo_qwen2.5-7b_gsm8k.yaml"),
-        load_model_dims(config.model.path)[0],
-        train_gpus=8,
-        processes_per_train_gpu=2,
-    )
+    config = _recipe("grpo_qwen2.5-7b_gsm8k.yaml")
+    dims, _ = load_model_dims(config.model.path)
+    with_offload = estimate_memory(config, dims, train_gpus=8, processes_per_train_gpu=2)
     assert with_offload.runtime_bytes == 2 * GIB and with_offload.fits and with_offload.spare_bytes > 10 * GIB
     grads_kept = _recipe("grpo_qwen2.5-7b_gsm8k.yaml", "actor.offload.grads=false")
-    without = estimate_memory(
-        grads_kept, load_model_dims(config.model.path)[0], train_gpus=8, processes_per_train_gpu=2
-    )
+    without = estimate_memory(grads_kept, dims, train_gpus=8, processes_per_train_gpu=2)
     assert not without.fits and 0 < without.spare_bytes < without.margin_bytes
 
 
