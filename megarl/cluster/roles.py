@@ -211,7 +211,7 @@ def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
     return ActorSpec(
         optim=actor.optim,
         lr_decay_steps=settings.total_optimizer_steps(plan, "actor", total_steps),
-        recompute=settings.recompute_settings(actor.recompute),
+        recompute=actor.recompute,
         loss=settings.policy_loss_settings(config),
         offload=actor.offload,
         sequence_parallel=plan.actor.sequence_parallel,
@@ -232,7 +232,7 @@ def critic_spec(config: Config, plan: BatchPlan, total_steps: int) -> CriticSpec
     return CriticSpec(
         optim=critic.optim,
         lr_decay_steps=settings.total_optimizer_steps(plan, "critic", total_steps),
-        recompute=settings.recompute_settings(critic.recompute),
+        recompute=critic.recompute,
         loss=settings.value_loss_settings(config),
         offload=critic.offload,
         sequence_parallel=plan.critic.sequence_parallel,

@@ -4,22 +4,13 @@ from megarl.algorithms.rollout_correction import RolloutCorrection
 from megarl.config.batch_plan import BatchPlan
 from megarl.config.config import Config
 from megarl.config.problems import ConfigError, Problem
-from megarl.config.roles import RecomputeConfig, RolloutCorrectionConfig
+from megarl.config.roles import RolloutCorrectionConfig
 from megarl.workers.packing import TokenBudget
 from megarl.workers.rollout.base import SamplingConfig
 from megarl.workers.settings import (
     PolicyLossSettings,
-    RecomputeSettings,
     ValueLossSettings,
 )
-
-
-def recompute_settings(recompute: RecomputeConfig) -> RecomputeSettings:
-    if recompute.granularity == "none":
-        return RecomputeSettings()
-    return RecomputeSettings(
-        granularity=recompute.granularity, method=recompute.method, num_layers=recompute.num_layers
-    )
 
 
 def policy_loss_settings(config: Config) -> PolicyLossSettings:

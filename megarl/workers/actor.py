@@ -32,7 +32,7 @@ from megarl.algorithms.rollout_correction import (
     correction_weights,
     mismatch_metrics,
 )
-from megarl.config.roles import MoeConfig, OffloadConfig, OptimizerConfig
+from megarl.config.roles import MoeConfig, OffloadConfig, OptimizerConfig, RecomputeConfig
 from megarl.models.checkpoint import chunk_layer_offset
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch, mini_batches
@@ -55,7 +55,6 @@ from megarl.workers.router_replay import ExpertRouting
 from megarl.workers.settings import (
     ModelSettings,
     PolicyLossSettings,
-    RecomputeSettings,
 )
 from megarl.workers.trained_model import TrainedModel
 
@@ -203,7 +202,7 @@ class MegatronActor(TrainedModel):
         optim: OptimizerConfig,
         lr_decay_steps: int | None = None,
         model_settings: ModelSettings = ModelSettings(),
-        recompute: RecomputeSettings = RecomputeSettings(),
+        recompute: RecomputeConfig = RecomputeConfig(),
         offload: OffloadConfig = OffloadConfig(),
         sequence_parallel: bool = False,
         moe: MoeConfig = MoeConfig(),

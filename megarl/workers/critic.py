@@ -19,7 +19,7 @@ from torch import Tensor
 
 from megarl.algorithms.losses import LOSS_AGG_MODES
 from megarl.algorithms.value_loss import compute_value_loss
-from megarl.config.roles import OffloadConfig, OptimizerConfig
+from megarl.config.roles import OffloadConfig, OptimizerConfig, RecomputeConfig
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch, mini_batches
 from megarl.workers.megatron_train import (
@@ -33,7 +33,7 @@ from megarl.workers.megatron_train import (
 )
 from megarl.workers.micro_batches import MicroBatch
 from megarl.workers.packing import TokenBudget
-from megarl.workers.settings import ModelSettings, RecomputeSettings, ValueLossSettings
+from megarl.workers.settings import ModelSettings, ValueLossSettings
 from megarl.workers.trained_model import TrainedModel
 
 
@@ -66,7 +66,7 @@ class MegatronCritic(TrainedModel):
         lr_decay_steps: int | None = None,
         loss: ValueLossSettings,
         model_settings: ModelSettings = ModelSettings(),
-        recompute: RecomputeSettings = RecomputeSettings(),
+        recompute: RecomputeConfig = RecomputeConfig(),
         offload: OffloadConfig = OffloadConfig(),
         sequence_parallel: bool = False,
     ) -> MegatronCritic:

@@ -48,7 +48,7 @@ from megatron.core.utils import unwrap_model
 from torch import Tensor
 
 from megarl.algorithms.losses import agg_loss_normalizer
-from megarl.config.roles import MoeConfig, OffloadConfig, OptimizerConfig
+from megarl.config.roles import MoeConfig, OffloadConfig, OptimizerConfig, RecomputeConfig
 from megarl.models.architectures import build_model_chunks, resolve_transformer_impl, takes_thd
 from megarl.models.checkpoint import load_hf_weights
 from megarl.models.hf_config import read_model_dims
@@ -60,7 +60,7 @@ from megarl.workers.context_parallel import split_for_context_parallel
 from megarl.workers.memory_stats import empty_cache
 from megarl.workers.micro_batches import MicroBatch, cut_micro_batches, pad_sequence
 from megarl.workers.packing import TokenBudget
-from megarl.workers.settings import ModelSettings, RecomputeSettings
+from megarl.workers.settings import ModelSettings
 from megarl.workers.thd import cut_thd_micro_batches
 
 
@@ -508,7 +508,7 @@ def load_model(
     groups: ProcessGroups,
     *,
     settings: ModelSettings,
-    recompute: RecomputeSettings,
+    recompute: RecomputeConfig,
     value_head: bool,
     sequence_parallel: bool,
     moe: MoeConfig = MoeConfig(),
@@ -524,12 +524,31 @@ def load_model(
         params_dtype=TORCH_DTYPES[settings.dtype],
         transformer_impl=resolve_transformer_impl(settings.transformer_impl, compute_device().type, settings.dtype),
         sequence_parallel=sequence_parallel,
-        **recompute.transformer_config_fields(),
+        **recompute_transformer_fields(recompute),
         **moe_transformer_fields(moe),
     )
     for chunk in chunks:
         load_hf_weights(chunk, model_dir, groups)
     return chunks, read_model_dims(model_dir).vocab_size
+
+
+SELECTIVE_RECOMPUTE_MODULES = ["core_attn"]
+"""What `granularity: selective` recomputes: the attention core (softmax and its dropout), the part the
+memory estimate (`megarl.config.memory`) drops for it."""
+
+
+def recompute_transformer_fields(recompute: RecomputeConfig) -> dict:
+    """The megatron-core `TransformerConfig` overrides a role's `recompute` section stands for (its
+    checks, e.g. `full` needs `num_layers`, are the config's: `megarl.config.validate`)."""
+    if recompute.granularity == "none":
+        return {}
+    if recompute.granularity == "selective":
+        return dict(recompute_granularity="selective", recompute_modules=list(SELECTIVE_RECOMPUTE_MODULES))
+    return dict(
+        recompute_granularity=recompute.granularity,
+        recompute_method=recompute.method,
+        recompute_num_layers=recompute.num_layers,
+    )
 
 
 def moe_transformer_fields(moe: MoeConfig) -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from megarl.config.roles import MoeConfig
+from megarl.config.roles import MoeConfig, RecomputeConfig
 from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.actor import compute_log_probs
@@ -23,7 +23,7 @@ from megarl.workers.batch import PolicyBatch
 from megarl.workers.megatron_train import load_model
 from megarl.workers.packing import TokenBudget
 from megarl.workers.router_replay import ExpertRouting
-from megarl.workers.settings import ModelSettings, RecomputeSettings
+from megarl.workers.settings import ModelSettings
 
 
 class MegatronReference:
@@ -52,7 +52,7 @@ class MegatronReference:
             model_dir,
             groups,
             settings=model_settings,
-            recompute=RecomputeSettings(),
+            recompute=RecomputeConfig(),
             value_head=False,
             sequence_parallel=sequence_parallel,
             moe=MoeConfig(router_replay=router_replay),

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from megarl.config.roles import RecomputeConfig
 from megarl.models.reward_head import read_score_weight
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch
@@ -28,7 +29,7 @@ from megarl.workers.megatron_train import (
     run_schedule,
 )
 from megarl.workers.micro_batches import MicroBatch
-from megarl.workers.settings import ModelSettings, RecomputeSettings
+from megarl.workers.settings import ModelSettings
 
 
 class MegatronRewardModel:
@@ -51,7 +52,7 @@ class MegatronRewardModel:
             model_dir,
             groups,
             settings=model_settings,
-            recompute=RecomputeSettings(),
+            recompute=RecomputeConfig(),
             value_head=True,
             sequence_parallel=False,
         )

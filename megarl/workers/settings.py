@@ -1,52 +1,17 @@
-"""The plain settings the driver hands the workers: each trained role's recompute and loss settings
-(its optimizer, offload and router losses go as the config's own `optim`, `offload` and `moe` sections), and the specs a worker
+"""The plain settings the driver hands the workers: each trained role's loss settings
+(its optimizer, recompute, offload and router losses go as the config's own `optim`, `recompute`, `offload` and `moe` sections), and the specs a worker
 rank is built from. Plain values that import no megatron-core, so that the driver (`megarl.trainer`) starts without loading it; the worker modules
 that use them (`megatron_train`, `actor`, `critic`, `policy_worker`, `sft_worker`) import them from here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from megarl.algorithms.rollout_correction import RolloutCorrection
-from megarl.config.roles import MoeConfig, OffloadConfig, OptimizerConfig
+from megarl.config.roles import MoeConfig, OffloadConfig, OptimizerConfig, RecomputeConfig
 from megarl.models.model_options import TORCH_DTYPES, TRANSFORMER_IMPLS
 from megarl.workers.packing import TokenBudget
-
-
-@dataclass(frozen=True)
-class RecomputeSettings:
-    """Activation recompute (megatron-core `TransformerConfig` fields of the same names)."""
-
-    granularity: str | None = None
-    """None (off), "full" (whole layers) or "selective" (the `modules` below)."""
-    method: str | None = None
-    """With "full": "uniform" (chunks of `num_layers`) or "block" (the first `num_layers` per stage)."""
-    num_layers: int | None = None
-    """Layers per recompute chunk ("uniform") or recomputed layers per stage ("block")."""
-    modules: list[str] = field(default_factory=lambda: ["core_attn"])
-    """With "selective": submodules to recompute (megatron names, e.g. "core_attn", "mlp")."""
-
-    def __post_init__(self) -> None:
-        if self.granularity not in (None, "full", "selective"):
-            raise ValueError(f"recompute granularity={self.granularity!r}: use None, 'full' or 'selective'")
-        if self.granularity == "full" and (self.method not in ("uniform", "block") or not self.num_layers):
-            raise ValueError(
-                f"recompute granularity='full' needs method 'uniform' or 'block' and num_layers >= 1, got "
-                f"method={self.method!r}, num_layers={self.num_layers!r}"
-            )
-
-    def transformer_config_fields(self) -> dict:
-        """The `TransformerConfig` overrides these settings stand for."""
-        if self.granularity is None:
-            return {}
-        if self.granularity == "selective":
-            return dict(recompute_granularity="selective", recompute_modules=list(self.modules))
-        return dict(
-            recompute_granularity=self.granularity,
-            recompute_method=self.method,
-            recompute_num_layers=self.num_layers,
-        )
 
 
 @dataclass(frozen=True)
@@ -124,7 +89,8 @@ class CriticSpec:
     """`critic.optim`."""
     lr_decay_steps: int
     """The critic's optimizer steps over the run (the batch plan's): the LR decay ends there."""
-    recompute: RecomputeSettings
+    recompute: RecomputeConfig
+    """`critic.recompute`."""
     loss: ValueLossSettings
     offload: OffloadConfig
     """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`critic.offload`)."""
@@ -147,7 +113,8 @@ class ActorSpec:
     """`actor.optim`."""
     lr_decay_steps: int
     """The actor's optimizer steps over the run (the batch plan's): the LR decay ends there."""
-    recompute: RecomputeSettings
+    recompute: RecomputeConfig
+    """`actor.recompute`."""
     loss: PolicyLossSettings
     offload: OffloadConfig
     """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`actor.offload`)."""

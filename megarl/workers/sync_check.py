@@ -116,14 +116,15 @@ def model_in_dtype(model_dir: str, groups, dtype: str) -> torch.nn.Module:
     built as the Megatron roles build it (`load_model` with that `model.dtype`). A forward-only actor,
     for measuring what the dtype alone does to the sync's log-prob gap
     (`benchmarks/sync_logprob_gap.py`) and checking a sync in it."""
+    from megarl.config.roles import RecomputeConfig
     from megarl.workers.megatron_train import load_model
-    from megarl.workers.settings import ModelSettings, RecomputeSettings
+    from megarl.workers.settings import ModelSettings
 
     (model,), _ = load_model(
         model_dir,
         groups,
         settings=ModelSettings(dtype=dtype, transformer_impl="auto"),
-        recompute=RecomputeSettings(),
+        recompute=RecomputeConfig(),
         value_head=False,
         sequence_parallel=False,
     )

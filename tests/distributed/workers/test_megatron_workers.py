@@ -131,11 +131,11 @@ def _critic_step(model_dir, groups, local, rows):
 
 def _critic_and_schedule_main(model_dir, old_log_probs, advantages):
     """Critic learning + clipping, the actor's LR schedule and epochs, activation recompute."""
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import OptimizerConfig, RecomputeConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.critic import MegatronCritic
-    from megarl.workers.settings import PolicyLossSettings, RecomputeSettings, ValueLossSettings
+    from megarl.workers.settings import PolicyLossSettings, ValueLossSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     batch = ragged_batch()
@@ -175,7 +175,7 @@ def _critic_and_schedule_main(model_dir, old_log_probs, advantages):
     )
 
     # Full recompute of every layer gives the same update; the settings reach megatron's config.
-    for name, recompute in (("plain", RecomputeSettings()), ("recompute", RecomputeSettings("full", "uniform", 1))):
+    for name, recompute in (("plain", RecomputeConfig()), ("recompute", RecomputeConfig("full", "uniform", 1))):
         actor = MegatronActor.from_hf(
             model_dir,
             groups,

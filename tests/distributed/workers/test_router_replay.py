@@ -208,14 +208,14 @@ def test_an_engines_routing_reaches_the_batch_and_replay_narrows_the_gap(tmp_pat
 
 
 def _recompute_main(model_dir: str, forced: torch.Tensor, pp: int, method: str | None) -> dict:
-    from megarl.config.roles import MoeConfig, OptimizerConfig
+    from megarl.config.roles import MoeConfig, OptimizerConfig, RecomputeConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.router_replay import stage_routers
-    from megarl.workers.settings import PolicyLossSettings, RecomputeSettings
+    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(1, pp, seed=0)
-    recompute = RecomputeSettings(granularity="full", method=method, num_layers=1) if method else RecomputeSettings()
+    recompute = RecomputeConfig(granularity="full", method=method, num_layers=1) if method else RecomputeConfig()
     actor = MegatronActor.from_hf(
         model_dir,
         groups,

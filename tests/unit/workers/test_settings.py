@@ -2,9 +2,8 @@
 
 import pytest
 
-from megarl.config.roles import OptimizerConfig
-from megarl.workers.megatron_train import check_divides, lr_decay_end
-from megarl.workers.settings import RecomputeSettings
+from megarl.config.roles import OptimizerConfig, RecomputeConfig
+from megarl.workers.megatron_train import check_divides, lr_decay_end, recompute_transformer_fields
 
 
 def test_the_lr_decay_ends_past_the_warm_up_and_only_a_constant_lr_goes_without_its_end():
@@ -41,16 +40,17 @@ def test_optimizer_cpu_offload_maps_onto_megatrons_hybrid_optimizer_fields():
     )
 
 
-def test_recompute_settings_become_transformer_config_fields():
-    assert RecomputeSettings().transformer_config_fields() == {}
-    assert RecomputeSettings("full", "block", 2).transformer_config_fields() == dict(
+def test_a_recompute_section_becomes_transformer_config_fields():
+    assert recompute_transformer_fields(RecomputeConfig()) == {}
+    assert recompute_transformer_fields(RecomputeConfig("full", "block", 2)) == dict(
         recompute_granularity="full", recompute_method="block", recompute_num_layers=2
     )
-    assert RecomputeSettings("selective", modules=["mlp"]).transformer_config_fields() == dict(
-        recompute_granularity="selective", recompute_modules=["mlp"]
+    # selective: the attention core, the part the memory estimate drops for it.
+    assert recompute_transformer_fields(RecomputeConfig("selective")) == dict(
+        recompute_granularity="selective", recompute_modules=["core_attn"]
     )
-    with pytest.raises(ValueError, match="needs method 'uniform' or 'block'"):
-        RecomputeSettings("full")
+    # full without num_layers is the config's error (naming actor.recompute.num_layers): the catalogue's
+    # recompute-full-without-layers.
 
 
 def test_check_divides_names_the_setting():
