@@ -233,7 +233,7 @@ def critic_spec(config: Config, plan: BatchPlan, total_steps: int) -> CriticSpec
         optim=critic.optim,
         lr_decay_steps=settings.total_optimizer_steps(plan, "critic", total_steps),
         recompute=critic.recompute,
-        loss=settings.value_loss_settings(config),
+        loss=critic,
         offload=critic.offload,
         sequence_parallel=plan.critic.sequence_parallel,
         mini_batch_size=plan.critic.update.samples_per_rank,

@@ -9,7 +9,6 @@ from megarl.workers.packing import TokenBudget
 from megarl.workers.rollout.base import SamplingConfig
 from megarl.workers.settings import (
     PolicyLossSettings,
-    ValueLossSettings,
 )
 
 
@@ -33,10 +32,6 @@ def rollout_correction(correction: RolloutCorrectionConfig) -> RolloutCorrection
     if correction.level == "none":
         return None
     return RolloutCorrection(level=correction.level, mode=correction.mode, low=correction.low, high=correction.high)
-
-
-def value_loss_settings(config: Config) -> ValueLossSettings:
-    return ValueLossSettings(cliprange_value=config.critic.cliprange_value, loss_agg_mode=config.critic.loss_agg_mode)
 
 
 def micro_batch_cut(role_config, role: str) -> int | TokenBudget:

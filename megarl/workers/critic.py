@@ -1,7 +1,7 @@
 """The critic: the policy's backbone with a scalar value head, trained with the clipped value loss.
 
     critic = MegatronCritic.from_hf("/ckpt/tiny", groups, optim=OptimizerConfig(lr=1e-5),
-                                    loss=ValueLossSettings(cliprange_value=0.5))
+                                    loss=CriticConfig(cliprange_value=0.5))
     values = critic.compute_values(batch, micro_batch_size=8)            # [B, R]
     metrics = critic.update_critic(batch, mini_batch_size=16, micro_batch_size=4)
 
@@ -19,7 +19,7 @@ from torch import Tensor
 
 from megarl.algorithms.losses import LOSS_AGG_MODES
 from megarl.algorithms.value_loss import compute_value_loss
-from megarl.config.roles import OffloadConfig, OptimizerConfig, RecomputeConfig
+from megarl.config.roles import CriticConfig, OffloadConfig, OptimizerConfig, RecomputeConfig
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch, mini_batches
 from megarl.workers.megatron_train import (
@@ -33,7 +33,7 @@ from megarl.workers.megatron_train import (
 )
 from megarl.workers.micro_batches import MicroBatch
 from megarl.workers.packing import TokenBudget
-from megarl.workers.settings import ModelSettings, ValueLossSettings
+from megarl.workers.settings import ModelSettings
 from megarl.workers.trained_model import TrainedModel
 
 
@@ -47,10 +47,11 @@ class MegatronCritic(TrainedModel):
         *,
         optim: OptimizerConfig,
         lr_decay_steps: int | None = None,
-        loss: ValueLossSettings,
+        loss: CriticConfig,
         offload: OffloadConfig = OffloadConfig(),
     ):
-        """`model`: this rank's GPTModel built with `value_head=True` (last stage outputs `[b, S, 1]`)."""
+        """`model`: this rank's GPTModel built with `value_head=True` (last stage outputs `[b, S, 1]`); `loss`:
+        the `critic` section, whose `cliprange_value` and `loss_agg_mode` make the value loss."""
         if loss.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(f"loss_agg_mode={loss.loss_agg_mode!r} is not one of {LOSS_AGG_MODES}; pick one of them")
         self.loss = loss
@@ -64,7 +65,7 @@ class MegatronCritic(TrainedModel):
         *,
         optim: OptimizerConfig,
         lr_decay_steps: int | None = None,
-        loss: ValueLossSettings,
+        loss: CriticConfig,
         model_settings: ModelSettings = ModelSettings(),
         recompute: RecomputeConfig = RecomputeConfig(),
         offload: OffloadConfig = OffloadConfig(),

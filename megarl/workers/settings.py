@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megarl.algorithms.rollout_correction import RolloutCorrection
-from megarl.config.roles import MoeConfig, OffloadConfig, OptimizerConfig, RecomputeConfig
+from megarl.config.roles import CriticConfig, MoeConfig, OffloadConfig, OptimizerConfig, RecomputeConfig
 from megarl.models.model_options import TORCH_DTYPES, TRANSFORMER_IMPLS
 from megarl.workers.packing import TokenBudget
 
@@ -71,16 +71,6 @@ class PolicyLossSettings:
     """KL estimator of the KL loss (`megarl.algorithms.kl.KL_ESTIMATORS`)."""
 
 
-@dataclass
-class ValueLossSettings:
-    """The critic objective: 0.5 × agg(max((V - R)², (clip(V, V_old ± c) - R)²))."""
-
-    cliprange_value: float = 0.5
-    """How far a prediction may move from the rollout-time value before its loss is clipped."""
-    loss_agg_mode: str = "token-mean"
-    """How token losses become one number (`megarl.algorithms.losses.LOSS_AGG_MODES`)."""
-
-
 @dataclass(frozen=True)
 class CriticSpec:
     """The critic of a PPO run."""
@@ -91,7 +81,8 @@ class CriticSpec:
     """The critic's optimizer steps over the run (the batch plan's): the LR decay ends there."""
     recompute: RecomputeConfig
     """`critic.recompute`."""
-    loss: ValueLossSettings
+    loss: CriticConfig
+    """The `critic` section: its `cliprange_value` and `loss_agg_mode` make the value loss."""
     offload: OffloadConfig
     """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`critic.offload`)."""
     sequence_parallel: bool

@@ -83,14 +83,14 @@ def _resume(actor, model_dir, root, groups, batch, loss_fn, cut) -> dict:
 def _rank_main(model_dir, export_dir, tp, cp, pp, old_log_probs, advantages, returns):
     from te_thd_stand_in import use_stand_in_transformer_engine
 
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import CriticConfig, OptimizerConfig
     from megarl.models.checkpoint import export_hf_weights
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.critic import MegatronCritic
     from megarl.workers.megatron_train import micro_batches_of
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import ModelSettings, PolicyLossSettings, ValueLossSettings
+    from megarl.workers.settings import ModelSettings, PolicyLossSettings
 
     use_stand_in_transformer_engine()
     gathered = _record_gathered_widths()
@@ -112,7 +112,7 @@ def _rank_main(model_dir, export_dir, tp, cp, pp, old_log_probs, advantages, ret
         actor = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=te, sequence_parallel=sp)
         torch.manual_seed(1)  # the value head is freshly drawn: the same draw at every CP
         critic = MegatronCritic.from_hf(
-            model_dir, groups, optim=optim, loss=ValueLossSettings(), model_settings=te, sequence_parallel=sp
+            model_dir, groups, optim=optim, loss=CriticConfig(), model_settings=te, sequence_parallel=sp
         )
         config = actor.engine.model.config
         micro_batches = micro_batches_of(batch, cut, groups, config)

@@ -105,15 +105,14 @@ def _rank_main(model_dir, out_dir, tp, pp, micro_batch_sizes, use_distributed_op
 def _critic_step(model_dir, groups, local, rows):
     """Values and one clipped-value update of a critic whose head is set to the same seeded weights
     on every layout (its fresh init depends on the layout's RNG use)."""
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import CriticConfig, OptimizerConfig
     from megarl.workers.critic import MegatronCritic
-    from megarl.workers.settings import ValueLossSettings
 
     critic = MegatronCritic.from_hf(
         model_dir,
         groups,
         optim=OptimizerConfig(lr=LR, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False),
-        loss=ValueLossSettings(cliprange_value=0.2),
+        loss=CriticConfig(cliprange_value=0.2),
     )
     if groups.is_last_stage:
         head = critic.engine.model.module.output_layer.weight
@@ -131,11 +130,11 @@ def _critic_step(model_dir, groups, local, rows):
 
 def _critic_and_schedule_main(model_dir, old_log_probs, advantages):
     """Critic learning + clipping, the actor's LR schedule and epochs, activation recompute."""
-    from megarl.config.roles import OptimizerConfig, RecomputeConfig
+    from megarl.config.roles import CriticConfig, OptimizerConfig, RecomputeConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.critic import MegatronCritic
-    from megarl.workers.settings import PolicyLossSettings, ValueLossSettings
+    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     batch = ragged_batch()
@@ -143,7 +142,7 @@ def _critic_and_schedule_main(model_dir, old_log_probs, advantages):
         model_dir,
         groups,
         optim=OptimizerConfig(lr=1e-3, clip_grad=1.0, weight_decay=0.0, use_distributed_optimizer=False),
-        loss=ValueLossSettings(cliprange_value=0.5),
+        loss=CriticConfig(cliprange_value=0.5),
     )
     out = dict(critic_losses=[])
     values = critic.compute_values(batch, micro_batch_size=4)

@@ -29,12 +29,12 @@ def _update(actor, batch, loss_fn, cut):
 
 
 def _rank_main(model_dir, tp, pp, old_log_probs, advantages, returns):
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import CriticConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.critic import MegatronCritic
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import PolicyLossSettings, ValueLossSettings
+    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(tp, pp, seed=0)
     batch = ragged_batch()
@@ -59,7 +59,7 @@ def _rank_main(model_dir, tp, pp, old_log_probs, advantages, returns):
         for name, cut in cuts.items():
             actor = MegatronActor.from_hf(model_dir, groups, optim=optim)
             out["updates"][loss_name, name] = _update(actor, batch, loss_fn, cut)
-    critic = MegatronCritic.from_hf(model_dir, groups, optim=optim, loss=ValueLossSettings())
+    critic = MegatronCritic.from_hf(model_dir, groups, optim=optim, loss=CriticConfig())
     for name, cut in cuts.items():
         out["values"][name] = critic.compute_values(batch, micro_batch_size=cut).numpy()
     out["log_probs"] = {k: v.numpy() for k, v in out["log_probs"].items()}

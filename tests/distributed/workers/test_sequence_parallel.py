@@ -27,14 +27,14 @@ def _snapshot(model) -> dict[str, np.ndarray]:
 
 
 def _rank_main(model_dir, old_log_probs, advantages, returns):
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import CriticConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.critic import MegatronCritic
     from megarl.workers.megatron_train import micro_batches_of
     from megarl.workers.packing import TokenBudget
     from megarl.workers.reference import MegatronReference
-    from megarl.workers.settings import PolicyLossSettings, ValueLossSettings
+    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(TP, 1, seed=0)
     batch = ragged_batch()
@@ -50,7 +50,7 @@ def _rank_main(model_dir, old_log_probs, advantages, returns):
     for sp in (False, True):
         actor = MegatronActor.from_hf(model_dir, groups, optim=optim, sequence_parallel=sp)
         torch.manual_seed(1)  # the value head is freshly drawn: the same draw for SP on and off
-        critic = MegatronCritic.from_hf(model_dir, groups, optim=optim, loss=ValueLossSettings(), sequence_parallel=sp)
+        critic = MegatronCritic.from_hf(model_dir, groups, optim=optim, loss=CriticConfig(), sequence_parallel=sp)
         reference = MegatronReference.from_hf(model_dir, groups, sequence_parallel=sp)
         config = actor.engine.model.config
         for name, cut in cuts.items():
@@ -71,9 +71,7 @@ def _rank_main(model_dir, old_log_probs, advantages, returns):
         for name, cut in cuts.items():
             actor = MegatronActor.from_hf(model_dir, groups, optim=optim, sequence_parallel=sp)
             torch.manual_seed(1)
-            critic = MegatronCritic.from_hf(
-                model_dir, groups, optim=optim, loss=ValueLossSettings(), sequence_parallel=sp
-            )
+            critic = MegatronCritic.from_hf(model_dir, groups, optim=optim, loss=CriticConfig(), sequence_parallel=sp)
             metrics = actor.update_policy(batch, loss_fn, mini_batch_size=len(batch), micro_batch_size=cut)
             grads = {n: p.main_grad.detach().clone().numpy() for n, p in actor.engine.model.module.named_parameters()}
             critic_metrics = critic.update_critic(batch, mini_batch_size=len(batch), micro_batch_size=cut)

@@ -27,7 +27,7 @@ BUDGET = 24
 
 
 def _rank_main(model_dir, out_dir, vpp, advantages):
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import CriticConfig, OptimizerConfig
     from megarl.models.checkpoint import export_hf_weights
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
@@ -37,7 +37,7 @@ def _rank_main(model_dir, out_dir, vpp, advantages):
     from megarl.workers.megatron_train import micro_batches_of
     from megarl.workers.packing import TokenBudget
     from megarl.workers.reference import MegatronReference
-    from megarl.workers.settings import PolicyLossSettings, ValueLossSettings
+    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(1, PP, seed=0, vpp=vpp)
     batch = ragged_batch()
@@ -68,7 +68,7 @@ def _rank_main(model_dir, out_dir, vpp, advantages):
         model_dir,
         groups,
         optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False),
-        loss=ValueLossSettings(),
+        loss=CriticConfig(),
     )
     if groups.is_last_stage:  # the value head's random draw depends on what was built before it: set it
         head = critic.engine.chunks[-1].module.output_layer.weight
