@@ -66,13 +66,12 @@ def _time_interleaved(contenders: dict, repeats: int) -> dict[str, dict[str, lis
 
 
 def _experiment(model_dir: str, repeats: int) -> dict:
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import ActorConfig, OptimizerConfig
     from megarl.models.hf_config import read_model_dims
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.micro_batches import cut_micro_batches
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import PolicyLossSettings
 
     batch = variable_length_batch(read_model_dims(model_dir).vocab_size)
     actor = MegatronActor.from_hf(
@@ -80,7 +79,7 @@ def _experiment(model_dir: str, repeats: int) -> dict:
         initialize_model_parallel(1, 1, seed=0),
         optim=OptimizerConfig(lr=1e-6, weight_decay=0.0, clip_grad=1.0, use_distributed_optimizer=False),
     )
-    loss = PolicyLoss(PolicyLossSettings())
+    loss = PolicyLoss(ActorConfig())
     cuts = {"padded": PADDED_MICRO_BATCH} | {
         f"packed {budget}": TokenBudget(budget, "actor.max_tokens_per_micro_batch") for budget in BUDGETS
     }

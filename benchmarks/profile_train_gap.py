@@ -26,7 +26,7 @@ def _experiment(model_dir: str, repeats: int) -> dict:
     from megarl.algorithms.policy_loss import compute_policy_loss
     from megarl.bench.common import time_interleaved
     from megarl.bench.train import TrainShape, make_batch
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import ActorConfig, OptimizerConfig
     from megarl.models.hf_config import read_model_dims
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers import actor as actor_module
@@ -34,7 +34,6 @@ def _experiment(model_dir: str, repeats: int) -> dict:
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.megatron_train import TrainEngine
     from megarl.workers.micro_batches import cut_micro_batches
-    from megarl.workers.settings import PolicyLossSettings
 
     shape = TrainShape()
     batch = make_batch(shape, read_model_dims(model_dir).vocab_size)
@@ -43,7 +42,7 @@ def _experiment(model_dir: str, repeats: int) -> dict:
         initialize_model_parallel(1, 1, seed=0),
         optim=OptimizerConfig(lr=1e-5, weight_decay=0.0, clip_grad=1.0, use_distributed_optimizer=False),
     )
-    loss = PolicyLoss(PolicyLossSettings())
+    loss = PolicyLoss(ActorConfig())
     parts: dict[str, list[float]] = {"schedule": [], "apply": [], "finite": [], "log_probs": [], "loss": []}
     in_step: dict[str, float] = {}
 

@@ -55,18 +55,17 @@ def _compare_tp1(model_dir: str, shape: TrainShape, repeats: int) -> dict:
 
     from megarl.algorithms.policy_loss import compute_policy_loss
     from megarl.bench.common import time_interleaved
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import ActorConfig, OptimizerConfig
     from megarl.models.hf_config import read_model_dims
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.settings import PolicyLossSettings
 
     vocab = read_model_dims(model_dir).vocab_size
     batch = make_batch(shape, vocab)
     groups = initialize_model_parallel(1, 1, seed=0)
     optim = OptimizerConfig(lr=1e-5, weight_decay=0.0, clip_grad=1.0, use_distributed_optimizer=False)
     actor = MegatronActor.from_hf(model_dir, groups, optim=optim)
-    loss = PolicyLoss(PolicyLossSettings())
+    loss = PolicyLoss(ActorConfig())
 
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
     adamw = torch.optim.AdamW(
@@ -113,17 +112,16 @@ def _compare_tp1(model_dir: str, shape: TrainShape, repeats: int) -> dict:
 
 def _time_layout(model_dir: str, shape: TrainShape, repeats: int, tp: int, pp: int) -> list[float]:
     """Seconds of each `update_policy` on this rank (a world of tp × pp), after one warm-up."""
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import ActorConfig, OptimizerConfig
     from megarl.models.hf_config import read_model_dims
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.settings import PolicyLossSettings
 
     batch = make_batch(shape, read_model_dims(model_dir).vocab_size)
     groups = initialize_model_parallel(tp, pp, seed=0)
     optim = OptimizerConfig(lr=1e-5, weight_decay=0.0, clip_grad=1.0, use_distributed_optimizer=False)
     actor = MegatronActor.from_hf(model_dir, groups, optim=optim)
-    loss = PolicyLoss(PolicyLossSettings())
+    loss = PolicyLoss(ActorConfig())
     seconds = []
     for _ in range(repeats + 1):
         start = time.perf_counter()

@@ -212,7 +212,7 @@ def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
         optim=actor.optim,
         lr_decay_steps=settings.total_optimizer_steps(plan, "actor", total_steps),
         recompute=actor.recompute,
-        loss=settings.policy_loss_settings(config),
+        loss=actor,
         offload=actor.offload,
         sequence_parallel=plan.actor.sequence_parallel,
         moe=actor.moe,

@@ -1,37 +1,10 @@
-"""Config sections → the plain settings objects the workers take (workers never see the config)."""
+"""Config → what the workers take beside the config's own sections: micro-batch cuts, sampling, stop tokens, seeds, optimizer steps."""
 
-from megarl.algorithms.rollout_correction import RolloutCorrection
 from megarl.config.batch_plan import BatchPlan
 from megarl.config.config import Config
 from megarl.config.problems import ConfigError, Problem
-from megarl.config.roles import RolloutCorrectionConfig
 from megarl.workers.packing import TokenBudget
 from megarl.workers.rollout.base import SamplingConfig
-from megarl.workers.settings import (
-    PolicyLossSettings,
-)
-
-
-def policy_loss_settings(config: Config) -> PolicyLossSettings:
-    actor = config.actor
-    return PolicyLossSettings(
-        name=actor.policy_loss,
-        clip_ratio_low=actor.clip_ratio_low,
-        clip_ratio_high=actor.clip_ratio_high,
-        clip_ratio_c=actor.clip_ratio_c,
-        loss_agg_mode=actor.loss_agg_mode,
-        rollout_correction=rollout_correction(actor.rollout_correction),
-        mismatch_metrics=True,  # the engines always report log-probs
-        entropy_coeff=actor.entropy_coeff,
-        kl_loss_coef=actor.kl_loss_coef if actor.use_kl_loss else 0.0,
-        kl_loss_type=actor.kl_loss_type,
-    )
-
-
-def rollout_correction(correction: RolloutCorrectionConfig) -> RolloutCorrection | None:
-    if correction.level == "none":
-        return None
-    return RolloutCorrection(level=correction.level, mode=correction.mode, low=correction.low, high=correction.high)
 
 
 def micro_batch_cut(role_config, role: str) -> int | TokenBudget:

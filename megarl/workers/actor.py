@@ -3,7 +3,7 @@
     groups = initialize_model_parallel(tp=2, pp=2, seed=0)
     actor = MegatronActor.from_hf("/ckpt/tiny", groups, optim=OptimizerConfig(lr=1e-5))
     old_log_probs, entropy = actor.compute_log_prob(batch, micro_batch_size=8)
-    metrics = actor.update_policy(batch, PolicyLoss(PolicyLossSettings()),
+    metrics = actor.update_policy(batch, PolicyLoss(ActorConfig()),
                                   mini_batch_size=16, micro_batch_size=4)
     # or micro-batches packed under a token budget (`megarl.workers.packing`), no padding computed:
     budget = TokenBudget(2048, "actor.max_tokens_per_micro_batch")
@@ -28,11 +28,19 @@ from megarl.algorithms.losses import LOSS_AGG_MODES, agg_loss
 from megarl.algorithms.policy_loss import POLICY_LOSSES, compute_policy_loss
 from megarl.algorithms.rollout_correction import (
     MISMATCH_METRICS,
+    RolloutCorrection,
     correction_metrics,
     correction_weights,
     mismatch_metrics,
 )
-from megarl.config.roles import MoeConfig, OffloadConfig, OptimizerConfig, RecomputeConfig
+from megarl.config.roles import (
+    ActorConfig,
+    MoeConfig,
+    OffloadConfig,
+    OptimizerConfig,
+    RecomputeConfig,
+    RolloutCorrectionConfig,
+)
 from megarl.models.checkpoint import chunk_layer_offset
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch, mini_batches
@@ -54,7 +62,6 @@ from megarl.workers.packing import TokenBudget
 from megarl.workers.router_replay import ExpertRouting
 from megarl.workers.settings import (
     ModelSettings,
-    PolicyLossSettings,
 )
 from megarl.workers.trained_model import TrainedModel
 
@@ -86,58 +93,58 @@ CORRECTION_METRICS = ("correction_weight_mean", "correction_out_of_range_tokens"
 
 
 class PolicyLoss:
-    """`PolicyLossFn` from `PolicyLossSettings`, built on megarl.algorithms. With `mismatch_metrics` it
-    also reports `MISMATCH_METRICS` (engines vs the actor's old log-probs), with a correction
+    """`PolicyLossFn` of the `actor` section (`policy_loss`, the clip ratios, `loss_agg_mode`,
+    `entropy_coeff`, the KL loss when `use_kl_loss`, `rollout_correction`), built on megarl.algorithms.
+    With `report_mismatch` it also reports `MISMATCH_METRICS` (engines vs the actor's old log-probs;
+    the trainer always asks: the engines always report log-probs), with a correction
     `CORRECTION_METRICS`: step token / sequence means, like the clip fractions."""
 
     metric_names = ("pg_loss", "kl_loss", "clip_frac", "clip_frac_lower", "approx_kl")
 
-    def __init__(self, settings: PolicyLossSettings):
-        if settings.name not in POLICY_LOSSES:
+    def __init__(self, actor: ActorConfig, *, report_mismatch: bool = False):
+        if actor.policy_loss not in POLICY_LOSSES:
             raise ValueError(
-                f"policy loss name={settings.name!r} is not one of {sorted(POLICY_LOSSES)}; pick one of them"
+                f"actor.policy_loss={actor.policy_loss!r} is not one of {sorted(POLICY_LOSSES)}; pick one of them"
             )
-        if settings.loss_agg_mode not in LOSS_AGG_MODES:
+        if actor.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(
-                f"loss_agg_mode={settings.loss_agg_mode!r} is not one of {LOSS_AGG_MODES}; pick one of them"
+                f"actor.loss_agg_mode={actor.loss_agg_mode!r} is not one of {LOSS_AGG_MODES}; pick one of them"
             )
-        if settings.loss_scale_factor is not None and settings.loss_agg_mode != "seq-mean-token-sum-norm":
-            raise ValueError(
-                f"loss_scale_factor={settings.loss_scale_factor} only applies to loss_agg_mode="
-                f"'seq-mean-token-sum-norm', not {settings.loss_agg_mode!r}; drop it or switch the mode"
-            )
-        self.settings = settings
-        self.loss_agg_mode = settings.loss_agg_mode
-        corrected = settings.rollout_correction is not None
+        self.actor = actor
+        self.loss_agg_mode = actor.loss_agg_mode
+        self.kl_loss_coef = actor.kl_loss_coef if actor.use_kl_loss else 0.0
+        self.correction = rollout_correction(actor.rollout_correction)
+        self.report_mismatch = report_mismatch
+        corrected = self.correction is not None
         self.required_fields = (
             ("advantages",)
-            + (("rollout_log_probs",) if corrected or settings.mismatch_metrics else ())
-            + (("ref_log_probs",) if settings.kl_loss_coef else ())
+            + (("rollout_log_probs",) if corrected or report_mismatch else ())
+            + (("ref_log_probs",) if self.kl_loss_coef else ())
         )
         self.metric_names = (
             self.metric_names
-            + (MISMATCH_METRICS if settings.mismatch_metrics else ())
+            + (MISMATCH_METRICS if report_mismatch else ())
             + (CORRECTION_METRICS if corrected else ())
         )
 
     def __call__(self, log_probs, entropy, batch, counts):
-        s = self.settings
+        s = self.actor
         mask = batch.response_mask
-        aggregation = dict(global_normalizer=counts.normalizer, loss_scale_factor=s.loss_scale_factor)
+        aggregation = dict(global_normalizer=counts.normalizer)
         # Step shares (sums over the step's tokens / sequences): they add up over micro-batches and ranks.
         shares = dict(tokens=counts.tokens, sequences=counts.sequences)
         metrics = {}
-        if s.mismatch_metrics:
+        if self.report_mismatch:
             metrics |= mismatch_metrics(batch.old_log_probs, batch.rollout_log_probs, mask, **shares)
         weights = None
-        if s.rollout_correction is not None:
-            correction = correction_weights(batch.old_log_probs, batch.rollout_log_probs, mask, s.rollout_correction)
+        if self.correction is not None:
+            correction = correction_weights(batch.old_log_probs, batch.rollout_log_probs, mask, self.correction)
             weights = correction.weights
             metrics |= {
                 f"correction_{name}": value for name, value in correction_metrics(correction, mask, **shares).items()
             }
         policy = compute_policy_loss(
-            s.name,
+            s.policy_loss,
             batch.old_log_probs,
             log_probs,
             batch.advantages,
@@ -153,11 +160,11 @@ class PolicyLoss:
         if s.entropy_coeff:
             loss = loss - s.entropy_coeff * agg_loss(entropy, mask, s.loss_agg_mode, **aggregation)
         kl_loss = log_probs.new_zeros(())
-        if s.kl_loss_coef:
+        if self.kl_loss_coef:
             kl_loss = compute_kl_loss(
                 log_probs, batch.ref_log_probs, mask, s.kl_loss_type, s.loss_agg_mode, **aggregation
             )
-            loss = loss + s.kl_loss_coef * kl_loss
+            loss = loss + self.kl_loss_coef * kl_loss
         # compute_policy_loss reports micro-batch token means; weight them into step token means.
         token_share = mask.sum() / counts.tokens
         metrics |= dict(
@@ -168,6 +175,13 @@ class PolicyLoss:
             approx_kl=policy.approx_kl * token_share,
         )
         return loss, metrics
+
+
+def rollout_correction(section: RolloutCorrectionConfig) -> RolloutCorrection | None:
+    """The correction `actor.rollout_correction` asks for, as megarl.algorithms takes it; None for `level: none`."""
+    if section.level == "none":
+        return None
+    return RolloutCorrection(level=section.level, mode=section.mode, low=section.low, high=section.high)
 
 
 class MegatronActor(TrainedModel):

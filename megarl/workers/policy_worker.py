@@ -107,7 +107,9 @@ class PolicyWorker:
         self.reward_model = (
             MegatronRewardModel.from_hf(spec.reward_model_path, self.groups, built) if spec.reward_model_path else None
         )
-        self.loss = PolicyLoss(actor.loss) if actor else None
+        self.loss = (
+            PolicyLoss(actor.loss, report_mismatch=True) if actor else None
+        )  # the engines always report log-probs
         # The weights travel in the engines' dtype: a cast on the sender halves an fp32 actor's bytes for bf16 engines.
         self.plan = (
             build_plan(

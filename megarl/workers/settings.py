@@ -1,15 +1,15 @@
-"""The plain settings the driver hands the workers: each trained role's loss settings
-(its optimizer, recompute, offload and router losses go as the config's own `optim`, `recompute`, `offload` and `moe` sections), and the specs a worker
-rank is built from. Plain values that import no megatron-core, so that the driver (`megarl.trainer`) starts without loading it; the worker modules
-that use them (`megatron_train`, `actor`, `critic`, `policy_worker`, `sft_worker`) import them from here.
+"""The specs a worker rank is built from, and `ModelSettings`. The trained roles take the config's own
+sections (`optim`, `recompute`, `offload`, `moe`, and the `actor` / `critic` section whose loss fields
+make their objectives) plus numbers from the batch plan. Plain values that import no megatron-core, so
+that the driver (`megarl.trainer`) starts without loading it; the worker modules that use them
+(`megatron_train`, `actor`, `critic`, `policy_worker`, `sft_worker`) import them from here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megarl.algorithms.rollout_correction import RolloutCorrection
-from megarl.config.roles import CriticConfig, MoeConfig, OffloadConfig, OptimizerConfig, RecomputeConfig
+from megarl.config.roles import ActorConfig, CriticConfig, MoeConfig, OffloadConfig, OptimizerConfig, RecomputeConfig
 from megarl.models.model_options import TORCH_DTYPES, TRANSFORMER_IMPLS
 from megarl.workers.packing import TokenBudget
 
@@ -37,38 +37,6 @@ class ModelSettings:
             raise ValueError(
                 f"model.transformer_impl={self.transformer_impl!r} is not one of {['auto', *TRANSFORMER_IMPLS]}"
             )
-
-
-@dataclass
-class PolicyLossSettings:
-    """The actor objective: policy loss + optional entropy bonus + optional KL-to-reference loss."""
-
-    name: str = "vanilla"
-    """Policy loss, a key of `megarl.algorithms.policy_loss.POLICY_LOSSES` ("vanilla" = PPO clip)."""
-    clip_ratio_low: float = 0.2
-    """Ratio clipped below at 1 - clip_ratio_low."""
-    clip_ratio_high: float = 0.2
-    """Ratio clipped above at 1 + clip_ratio_high (DAPO's clip-higher uses > low)."""
-    clip_ratio_c: float = 3.0
-    """Dual-clip bound for negative advantages."""
-    loss_agg_mode: str = "token-mean"
-    """How token losses become one number (`megarl.algorithms.losses.LOSS_AGG_MODES`)."""
-    loss_scale_factor: float | None = None
-    """Only for "seq-mean-token-sum-norm" (Dr. GRPO): the constant length token sums are divided
-    by; None uses the padded response length."""
-    rollout_correction: RolloutCorrection | None = None
-    """The off-policy correction between the engines that sampled the batch and the actor
-    (`megarl.algorithms.rollout_correction`); needs `rollout_log_probs`. None: no correction."""
-    mismatch_metrics: bool = False
-    """Report the mismatch between the engines' and the actor's log-probs (`MISMATCH_METRICS`) and,
-    with a correction, its weights; needs `rollout_log_probs`. The trainer sets it: the engines always
-    report log-probs."""
-    entropy_coeff: float = 0.0
-    """Weight of the entropy bonus (subtracted from the loss)."""
-    kl_loss_coef: float = 0.0
-    """Weight of the KL-to-reference loss (GRPO); needs `ref_log_probs` in the batch when > 0."""
-    kl_loss_type: str = "low_var_kl"
-    """KL estimator of the KL loss (`megarl.algorithms.kl.KL_ESTIMATORS`)."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +74,8 @@ class ActorSpec:
     """The actor's optimizer steps over the run (the batch plan's): the LR decay ends there."""
     recompute: RecomputeConfig
     """`actor.recompute`."""
-    loss: PolicyLossSettings
+    loss: ActorConfig
+    """The `actor` section: its policy-loss fields make the objective (`megarl.workers.actor.PolicyLoss`)."""
     offload: OffloadConfig
     """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`actor.offload`)."""
     sequence_parallel: bool

@@ -74,8 +74,8 @@ class RoundResult:
 def train_a_little(actor, vocab_size: int, settings: TrainSettings, round_index: int) -> None:
     """`settings.steps_per_round` PPO steps of `actor` on a seeded random batch with random
     advantages: no task, just a deterministic, layout-independent change of every weight."""
+    from megarl.config.roles import ActorConfig
     from megarl.workers.actor import PolicyLoss
-    from megarl.workers.settings import PolicyLossSettings
 
     generator = torch.Generator().manual_seed(settings.seed + round_index)
     tokens = torch.randint(0, vocab_size, (4, 12), generator=generator).tolist()
@@ -84,7 +84,7 @@ def train_a_little(actor, vocab_size: int, settings: TrainSettings, round_index:
     batch.old_log_probs, _ = actor.compute_log_prob(batch, micro_batch_size=1)
     batch.advantages = torch.randn(batch.responses.shape, generator=generator)
     for _ in range(settings.steps_per_round):
-        actor.update_policy(batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=len(tokens), micro_batch_size=1)
+        actor.update_policy(batch, PolicyLoss(ActorConfig()), mini_batch_size=len(tokens), micro_batch_size=1)
 
 
 def trained_actor_and_plan(model_dir: str, layout: LayoutPair, bucket_mb: float, settings: TrainSettings):

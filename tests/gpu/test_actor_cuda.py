@@ -31,10 +31,10 @@ def _batch(extra_left_padding: int) -> PolicyBatch:
 
 
 def _rank(model_dir: str, dtype: str = "bfloat16") -> dict:
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import ActorConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.settings import ModelSettings, PolicyLossSettings
+    from megarl.workers.settings import ModelSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     actor = MegatronActor.from_hf(
@@ -52,7 +52,7 @@ def _rank(model_dir: str, dtype: str = "bfloat16") -> dict:
     for _ in range(STEPS):
         narrow.old_log_probs, _ = actor.compute_log_prob(narrow, micro_batch_size=4)
         means.append(narrow.old_log_probs.mean().item())
-        actor.update_policy(narrow, PolicyLoss(PolicyLossSettings()), mini_batch_size=4, micro_batch_size=2)
+        actor.update_policy(narrow, PolicyLoss(ActorConfig()), mini_batch_size=4, micro_batch_size=2)
     return dict(
         impl=model.config.transformer_impl,
         devices={str(p.device.type) for p in model.parameters()},

@@ -45,11 +45,11 @@ def _batch():
 
 
 def _rank(model_dir: str, cp: int) -> dict:
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import ActorConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import ModelSettings, PolicyLossSettings
+    from megarl.workers.settings import ModelSettings
 
     groups = initialize_model_parallel(1, 1, seed=0, cp=cp)
     settings = ModelSettings(dtype="bfloat16", transformer_impl="transformer_engine")
@@ -64,7 +64,7 @@ def _rank(model_dir: str, cp: int) -> dict:
         batch = _batch()
         before, entropy = actor.compute_log_prob(batch, micro_batch_size=cut)
         batch.old_log_probs, batch.advantages = before, torch.ones(batch.response_mask.shape)
-        metrics = actor.update_policy(batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=8, micro_batch_size=cut)
+        metrics = actor.update_policy(batch, PolicyLoss(ActorConfig()), mini_batch_size=8, micro_batch_size=cut)
         after, _ = actor.compute_log_prob(batch, micro_batch_size=cut)
         out[name] = dict(
             log_probs=before,

@@ -27,10 +27,10 @@ def _batch() -> PolicyBatch:
 
 
 def _rank(model_dir: str, ep: int) -> dict:
-    from megarl.config.roles import MoeConfig, OptimizerConfig
+    from megarl.config.roles import ActorConfig, MoeConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.settings import ModelSettings, PolicyLossSettings
+    from megarl.workers.settings import ModelSettings
 
     groups = initialize_model_parallel(1, 1, seed=0, ep=ep, etp=1)
     actor = MegatronActor.from_hf(
@@ -46,7 +46,7 @@ def _rank(model_dir: str, ep: int) -> dict:
     local = batch.select(slice(groups.dp_rank * share, (groups.dp_rank + 1) * share))
     local.old_log_probs, _ = actor.compute_log_prob(local, micro_batch_size=share)
     local.advantages = torch.ones_like(local.old_log_probs)
-    loss = PolicyLoss(PolicyLossSettings(clip_ratio_low=0.9, clip_ratio_high=10.0))
+    loss = PolicyLoss(ActorConfig(clip_ratio_low=0.9, clip_ratio_high=10.0))
     updates = [
         actor.update_policy(local, loss, mini_batch_size=share, micro_batch_size=share // 2) for _ in range(UPDATES)
     ]

@@ -92,11 +92,11 @@ def _rope_checks(te, batch, groups) -> dict:
 
 
 def _rank(model_dir: str) -> dict:
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import ActorConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import ModelSettings, PolicyLossSettings
+    from megarl.workers.settings import ModelSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     optim = OptimizerConfig(lr=1e-3, weight_decay=0.0, use_distributed_optimizer=False)
@@ -119,7 +119,7 @@ def _rank(model_dir: str) -> dict:
     budget = TokenBudget(24, "actor.max_tokens_per_micro_batch")
     before, _ = te.compute_log_prob(batch, micro_batch_size=budget)
     batch.old_log_probs, batch.advantages = before, torch.ones(8, 5)
-    metrics = te.update_policy(batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=8, micro_batch_size=budget)
+    metrics = te.update_policy(batch, PolicyLoss(ActorConfig()), mini_batch_size=8, micro_batch_size=budget)
     after, _ = te.compute_log_prob(batch, micro_batch_size=budget)
     mask = batch.response_mask
     return dict(

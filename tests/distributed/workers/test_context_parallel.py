@@ -83,14 +83,14 @@ def _resume(actor, model_dir, root, groups, batch, loss_fn, cut) -> dict:
 def _rank_main(model_dir, export_dir, tp, cp, pp, old_log_probs, advantages, returns):
     from te_thd_stand_in import use_stand_in_transformer_engine
 
-    from megarl.config.roles import CriticConfig, OptimizerConfig
+    from megarl.config.roles import ActorConfig, CriticConfig, OptimizerConfig
     from megarl.models.checkpoint import export_hf_weights
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.critic import MegatronCritic
     from megarl.workers.megatron_train import micro_batches_of
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import ModelSettings, PolicyLossSettings
+    from megarl.workers.settings import ModelSettings
 
     use_stand_in_transformer_engine()
     gathered = _record_gathered_widths()
@@ -101,7 +101,7 @@ def _rank_main(model_dir, export_dir, tp, cp, pp, old_log_probs, advantages, ret
     te = ModelSettings(transformer_impl="transformer_engine")
     optim = OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
     sp = tp > 1
-    loss_fn = PolicyLoss(PolicyLossSettings(entropy_coeff=0.01, clip_ratio_low=0.1, clip_ratio_high=0.1))
+    loss_fn = PolicyLoss(ActorConfig(entropy_coeff=0.01, clip_ratio_low=0.1, clip_ratio_high=0.1))
     cuts = {"samples": SAMPLES_PER_MICRO_BATCH, "packed": TokenBudget(BUDGET, "actor.max_tokens_per_micro_batch")}
     out = {
         "grid": (groups.cp_size, groups.cp_rank, groups.dp_size),

@@ -18,27 +18,23 @@ from megarl.parallel.spawn import run_distributed
 TOKEN_CAP, SEQUENCE_RANGE = 1.5, (0.3, 3.0)
 
 
-def _update(model_dir, groups, batch, settings):
-    """A fresh actor's update of `batch`: its metrics and this rank's gradients."""
+def _update(model_dir, groups, batch, loss):
+    """A fresh actor's update of `batch` with `loss`: its metrics and this rank's gradients."""
     from megarl.config.roles import OptimizerConfig
-    from megarl.workers.actor import MegatronActor, PolicyLoss
+    from megarl.workers.actor import MegatronActor
 
     actor = MegatronActor.from_hf(
         model_dir, groups, optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
     )
-    metrics = actor.update_policy(
-        batch, PolicyLoss(settings), mini_batch_size=len(batch), micro_batch_size=len(batch) // 2
-    )
+    metrics = actor.update_policy(batch, loss, mini_batch_size=len(batch), micro_batch_size=len(batch) // 2)
     grads = {name: p.main_grad.detach().clone().numpy() for name, p in actor.named_parameters_for_sync()}
     return metrics, grads
 
 
 def _rank_main(model_dir, advantages, ratios):
-    from megarl.algorithms.rollout_correction import RolloutCorrection
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import ActorConfig, OptimizerConfig, RolloutCorrectionConfig
     from megarl.parallel.distributed import initialize_model_parallel
-    from megarl.workers.actor import MegatronActor
-    from megarl.workers.settings import PolicyLossSettings
+    from megarl.workers.actor import MegatronActor, PolicyLoss
 
     groups = initialize_model_parallel(1, 1, seed=0)  # DP 2
     full = ragged_batch()
@@ -60,16 +56,16 @@ def _rank_main(model_dir, advantages, ratios):
 
     out = {"old_log_probs": full.old_log_probs.numpy()}
     corrections = {
-        "token_truncate": (RolloutCorrection("token", "truncate", high=TOKEN_CAP), token_weights),
-        "sequence_mask": (RolloutCorrection("sequence", "mask", low=low, high=high), sequence_weights),
+        "token_truncate": (RolloutCorrectionConfig("token", "truncate", high=TOKEN_CAP), token_weights),
+        "sequence_mask": (RolloutCorrectionConfig("sequence", "mask", low=low, high=high), sequence_weights),
     }
     for name, (correction, weights) in corrections.items():
-        settings = PolicyLossSettings(rollout_correction=correction, mismatch_metrics=True)
-        out[name] = _update(model_dir, groups, batch, settings)
+        corrected = PolicyLoss(ActorConfig(rollout_correction=correction), report_mismatch=True)
+        out[name] = _update(model_dir, groups, batch, corrected)
         weighted = batch.select(slice(None))
         weighted.advantages = batch.advantages * weights.expand_as(mask)
-        out[f"{name}_by_hand"] = _update(model_dir, groups, weighted, PolicyLossSettings())
-    out["uncorrected"] = _update(model_dir, groups, batch, PolicyLossSettings())
+        out[f"{name}_by_hand"] = _update(model_dir, groups, weighted, PolicyLoss(ActorConfig()))
+    out["uncorrected"] = _update(model_dir, groups, batch, PolicyLoss(ActorConfig()))
     return out
 
 

@@ -23,11 +23,10 @@ GIB = 2**30
 def _rank_main(model_dir):
     import torch
 
-    from megarl.config.roles import OffloadConfig, OptimizerConfig
+    from megarl.config.roles import ActorConfig, OffloadConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.memory_stats import memory_stats
-    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     actor = MegatronActor.from_hf(
@@ -43,9 +42,9 @@ def _rank_main(model_dir):
     def update() -> float:
         # On-policy (old = current log-probs): the ratio starts at 1, so the clip cannot zero the gradient.
         batch.old_log_probs, _ = actor.compute_log_prob(batch, micro_batch_size=len(batch))
-        return actor.update_policy(
-            batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=len(batch), micro_batch_size=2
-        )["grad_norm"]
+        return actor.update_policy(batch, PolicyLoss(ActorConfig()), mini_batch_size=len(batch), micro_batch_size=2)[
+            "grad_norm"
+        ]
 
     first_norm = update()
     trained = memory_stats()["rss_gib"]

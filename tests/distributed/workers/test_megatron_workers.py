@@ -41,20 +41,18 @@ def _from_ranks(ranks: list[dict]) -> list[dict]:
 
 def _rank_main(model_dir, out_dir, tp, pp, micro_batch_sizes, use_distributed_optimizer, old_log_probs, advantages):
     """One world's checks (see the module docstring); returns numbers from every rank."""
-    from megarl.algorithms.rollout_correction import RolloutCorrection
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import ActorConfig, OptimizerConfig, RolloutCorrectionConfig
     from megarl.models.checkpoint import export_hf_weights
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.reference import MegatronReference
-    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(tp, pp, seed=0)
     batch = ragged_batch()
     batch.old_log_probs, batch.advantages = old_log_probs, advantages
     share = len(batch) // groups.dp_size
     local = batch.select(slice(groups.dp_rank * share, (groups.dp_rank + 1) * share))
-    loss_fn = PolicyLoss(PolicyLossSettings(entropy_coeff=0.01, clip_ratio_low=0.1, clip_ratio_high=0.1))
+    loss_fn = PolicyLoss(ActorConfig(entropy_coeff=0.01, clip_ratio_low=0.1, clip_ratio_high=0.1))
     optim = OptimizerConfig(
         lr=LR, eps=1.0, clip_grad=1.0, use_distributed_optimizer=use_distributed_optimizer, weight_decay=0.0
     )
@@ -71,12 +69,13 @@ def _rank_main(model_dir, out_dir, tp, pp, micro_batch_sizes, use_distributed_op
     # Sequence-mean aggregation with a KL loss and a sequence-level masked IS correction: the sequence
     # count is the global normaliser now, and the step's count of the correction's sequence metrics.
     seq_loss_fn = PolicyLoss(
-        PolicyLossSettings(
+        ActorConfig(
             loss_agg_mode="seq-mean-token-mean",
+            use_kl_loss=True,
             kl_loss_coef=0.1,
-            mismatch_metrics=True,
-            rollout_correction=RolloutCorrection("sequence", "mask", low=0.5, high=2.0),
-        )
+            rollout_correction=RolloutCorrectionConfig("sequence", "mask", low=0.5, high=2.0),
+        ),
+        report_mismatch=True,
     )
     local.ref_log_probs = local.old_log_probs - 0.1
     local.rollout_log_probs = local.old_log_probs + 0.1 * torch.arange(local.response_length)
@@ -130,11 +129,10 @@ def _critic_step(model_dir, groups, local, rows):
 
 def _critic_and_schedule_main(model_dir, old_log_probs, advantages):
     """Critic learning + clipping, the actor's LR schedule and epochs, activation recompute."""
-    from megarl.config.roles import CriticConfig, OptimizerConfig, RecomputeConfig
+    from megarl.config.roles import ActorConfig, CriticConfig, OptimizerConfig, RecomputeConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.critic import MegatronCritic
-    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     batch = ragged_batch()
@@ -164,7 +162,7 @@ def _critic_and_schedule_main(model_dir, old_log_probs, advantages):
         ),
         lr_decay_steps=4,
     )
-    loss_fn = PolicyLoss(PolicyLossSettings())
+    loss_fn = PolicyLoss(ActorConfig())
     out["step_lrs"] = [
         actor.update_policy(batch, loss_fn, mini_batch_size=8, micro_batch_size=4)["lr"] for _ in range(4)
     ]
@@ -223,10 +221,9 @@ def _vocab_parallel_grad_check(groups, vocab_size):
 def _tied_embeddings_main(model_dir, pp, old_log_probs, advantages):
     """One update of a model whose LM head is its input embedding: with PP, the two copies live on
     the first and last stage and megatron all-reduces their gradients."""
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import ActorConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(1, pp, seed=0)
     batch = ragged_batch()
@@ -234,7 +231,7 @@ def _tied_embeddings_main(model_dir, pp, old_log_probs, advantages):
     actor = MegatronActor.from_hf(
         model_dir, groups, optim=OptimizerConfig(lr=LR, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
     )
-    metrics = actor.update_policy(batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=8, micro_batch_size=2)
+    metrics = actor.update_policy(batch, PolicyLoss(ActorConfig()), mini_batch_size=8, micro_batch_size=2)
     log_probs, _ = actor.compute_log_prob(batch, micro_batch_size=8)
     return metrics, log_probs.numpy()
 

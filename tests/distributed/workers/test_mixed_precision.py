@@ -50,10 +50,10 @@ def _adam_states(optimizer) -> list[torch.Tensor]:
 
 def _train(model_dir, groups, distributed_optimizer, checkpoint_dir):
     """STEPS bf16 updates of the tiny actor; dtypes, progress, and (with `checkpoint_dir`) a round trip."""
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import ActorConfig, OptimizerConfig
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.checkpoint import load_checkpoint, save_checkpoint
-    from megarl.workers.settings import ModelSettings, PolicyLossSettings
+    from megarl.workers.settings import ModelSettings
 
     settings = ModelSettings(dtype="bfloat16", transformer_impl="auto")
     optim = OptimizerConfig(lr=LR, use_distributed_optimizer=distributed_optimizer, weight_decay=0.0)
@@ -75,9 +75,7 @@ def _train(model_dir, groups, distributed_optimizer, checkpoint_dir):
         # On-policy steps (old = current log-probs): the ratio starts at 1, never clipped away.
         local.old_log_probs, _ = actor.compute_log_prob(local, micro_batch_size=share)
         mean_log_probs.append(float(local.old_log_probs[mask].mean()))
-        metrics = actor.update_policy(
-            local, PolicyLoss(PolicyLossSettings()), mini_batch_size=share, micro_batch_size=2
-        )
+        metrics = actor.update_policy(local, PolicyLoss(ActorConfig()), mini_batch_size=share, micro_batch_size=2)
         losses.append(metrics["loss"])
         grad_norms.append(metrics["grad_norm"])
     log_probs, entropy = actor.compute_log_prob(local, micro_batch_size=share)

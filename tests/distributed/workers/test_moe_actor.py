@@ -17,16 +17,15 @@ UPDATES = 3
 
 
 def _rank_main(model_dir: str, ckpt_root: str, tp: int, sequence_parallel: bool) -> dict:
-    from megarl.config.roles import MoeConfig, OptimizerConfig
+    from megarl.config.roles import ActorConfig, MoeConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.checkpoint import load_checkpoint, save_checkpoint
-    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(tp, 1, seed=0, ep=2, etp=1)
     optim = OptimizerConfig(lr=1e-3, use_distributed_optimizer=True, weight_decay=0.0)
     moe = MoeConfig(aux_loss_coeff=1e-2, z_loss_coeff=1e-3)
-    loss = PolicyLoss(PolicyLossSettings(clip_ratio_low=0.9, clip_ratio_high=10.0))
+    loss = PolicyLoss(ActorConfig(clip_ratio_low=0.9, clip_ratio_high=10.0))
 
     def new_actor():
         return MegatronActor.from_hf(model_dir, groups, optim=optim, moe=moe, sequence_parallel=sequence_parallel)

@@ -21,10 +21,9 @@ MOE_INTERMEDIATE = 128  # make_tiny_model's qwen3_moe
 
 
 def _rank_main(model_dir: str, tp: int, etp: int, advantages: torch.Tensor) -> dict:
-    from megarl.config.roles import MoeConfig, OptimizerConfig
+    from megarl.config.roles import ActorConfig, MoeConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(tp, 1, seed=0, ep=2, etp=etp)
     actor = MegatronActor.from_hf(
@@ -44,7 +43,7 @@ def _rank_main(model_dir: str, tp: int, etp: int, advantages: torch.Tensor) -> d
     local = batch.select(slice(groups.dp_rank * share, (groups.dp_rank + 1) * share))
     before, _ = actor.compute_log_prob(local, micro_batch_size=share)
     local.old_log_probs = before
-    loss = PolicyLoss(PolicyLossSettings(clip_ratio_low=0.2, clip_ratio_high=0.2))
+    loss = PolicyLoss(ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.2))
     metrics = actor.update_policy(local, loss, mini_batch_size=share, micro_batch_size=share // 2)
     after, _ = actor.compute_log_prob(local, micro_batch_size=share)
     return dict(

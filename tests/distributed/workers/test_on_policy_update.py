@@ -26,17 +26,16 @@ def _update(actor, batch, loss_fn):
 
 def _rank_main(model_dir, advantages, rollout_log_probs):
     import megarl.workers.actor as actor_module
-    from megarl.algorithms.rollout_correction import RolloutCorrection
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import ActorConfig, OptimizerConfig, RolloutCorrectionConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(2, 1, seed=0)
     batch = ragged_batch()
     batch.advantages, batch.rollout_log_probs = advantages, rollout_log_probs
     loss_fn = PolicyLoss(
-        PolicyLossSettings(rollout_correction=RolloutCorrection(high=1.5), mismatch_metrics=True, entropy_coeff=0.01)
+        ActorConfig(rollout_correction=RolloutCorrectionConfig(level="token", high=1.5), entropy_coeff=0.01),
+        report_mismatch=True,
     )
     optim = OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
     out = {}

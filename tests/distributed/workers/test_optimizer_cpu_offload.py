@@ -43,10 +43,10 @@ def _main_params(optimizer) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def _rank_main(model_dir, old_log_probs, advantages):
     from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
 
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import ActorConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.settings import ModelSettings, PolicyLossSettings
+    from megarl.workers.settings import ModelSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     batch = ragged_batch().split(DP)[groups.dp_rank]
@@ -72,9 +72,7 @@ def _rank_main(model_dir, old_log_probs, advantages):
                 host_optimizers=len(hybrid.cpu_optimizers),
                 device_optimizer=hybrid.gpu_optimizer is not None,
             )
-        metrics = actor.update_policy(
-            batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=len(batch), micro_batch_size=2
-        )
+        metrics = actor.update_policy(batch, PolicyLoss(ActorConfig()), mini_batch_size=len(batch), micro_batch_size=2)
         out[fraction] = dict(
             built=built,
             grad_norm=metrics["grad_norm"],
@@ -123,11 +121,11 @@ def test_one_update_equals_the_update_without_offload(ranks):
 
 
 def _resume_main(model_dir, root, advantages):
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import ActorConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.checkpoint import load_checkpoint, save_checkpoint
-    from megarl.workers.settings import ModelSettings, PolicyLossSettings
+    from megarl.workers.settings import ModelSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     batch = ragged_batch().split(DP)[groups.dp_rank]
@@ -135,7 +133,7 @@ def _resume_main(model_dir, root, advantages):
     optim = OptimizerConfig(
         lr=0.01, use_distributed_optimizer=True, cpu_offload=True, cpu_offload_fraction=0.5, weight_decay=0.0
     )
-    loss_fn = PolicyLoss(PolicyLossSettings())
+    loss_fn = PolicyLoss(ActorConfig())
 
     def build():
         return MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=ModelSettings(dtype="bfloat16"))

@@ -16,15 +16,14 @@ TOLERANCE = 1e-5
 
 def _rank_main(model_dir, old_log_probs, advantages):
     from megarl.algorithms.dapo import filtered_loss_mask
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import ActorConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     batch = ragged_batch()
     batch.old_log_probs, batch.advantages = old_log_probs, advantages
-    loss_fn = PolicyLoss(PolicyLossSettings(entropy_coeff=0.01, clip_ratio_low=0.1, clip_ratio_high=0.1))
+    loss_fn = PolicyLoss(ActorConfig(entropy_coeff=0.01, clip_ratio_low=0.1, clip_ratio_high=0.1))
     kept = torch.nonzero(~TRUNCATED)[:, 0]
     runs = {
         "filtered": (dataclasses.replace(batch, loss_mask=filtered_loss_mask(batch.response_mask, TRUNCATED)), 4),

@@ -29,12 +29,11 @@ def _update(actor, batch, loss_fn, cut):
 
 
 def _rank_main(model_dir, tp, pp, old_log_probs, advantages, returns):
-    from megarl.config.roles import CriticConfig, OptimizerConfig
+    from megarl.config.roles import ActorConfig, CriticConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.critic import MegatronCritic
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(tp, pp, seed=0)
     batch = ragged_batch()
@@ -46,9 +45,9 @@ def _rank_main(model_dir, tp, pp, old_log_probs, advantages, returns):
     }
     optim = OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
     losses = {
-        "token-mean": PolicyLoss(PolicyLossSettings(entropy_coeff=0.01, clip_ratio_low=0.1, clip_ratio_high=0.1)),
+        "token-mean": PolicyLoss(ActorConfig(entropy_coeff=0.01, clip_ratio_low=0.1, clip_ratio_high=0.1)),
         "seq-mean-token-mean": PolicyLoss(
-            PolicyLossSettings(loss_agg_mode="seq-mean-token-mean", kl_loss_coef=0.1, entropy_coeff=0.01)
+            ActorConfig(loss_agg_mode="seq-mean-token-mean", use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01)
         ),
     }
     out = {"log_probs": {}, "entropy": {}, "updates": {}, "values": {}}

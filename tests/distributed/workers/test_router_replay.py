@@ -30,11 +30,10 @@ EXPERTS, TOP_K, LAYERS = 8, 2, 2
 
 
 def _rank_main(model_dir: str, natural: torch.Tensor, forced: torch.Tensor, tp: int, pp: int, ep: int) -> dict:
-    from megarl.config.roles import MoeConfig, OptimizerConfig
+    from megarl.config.roles import ActorConfig, MoeConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss, compute_log_probs
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(tp, pp, seed=0, ep=ep, etp=1)
     actor = MegatronActor.from_hf(
@@ -66,7 +65,7 @@ def _rank_main(model_dir: str, natural: torch.Tensor, forced: torch.Tensor, tp: 
     forced_batch.old_log_probs = old
     forced_batch.advantages = torch.ones_like(old)
     update = actor.update_policy(
-        forced_batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=BATCH_SIZE, micro_batch_size=4
+        forced_batch, PolicyLoss(ActorConfig()), mini_batch_size=BATCH_SIZE, micro_batch_size=4
     )
     return dict(
         plain=plain,
@@ -208,11 +207,10 @@ def test_an_engines_routing_reaches_the_batch_and_replay_narrows_the_gap(tmp_pat
 
 
 def _recompute_main(model_dir: str, forced: torch.Tensor, pp: int, method: str | None) -> dict:
-    from megarl.config.roles import MoeConfig, OptimizerConfig, RecomputeConfig
+    from megarl.config.roles import ActorConfig, MoeConfig, OptimizerConfig, RecomputeConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.router_replay import stage_routers
-    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(1, pp, seed=0)
     recompute = RecomputeConfig(granularity="full", method=method, num_layers=1) if method else RecomputeConfig()
@@ -228,9 +226,7 @@ def _recompute_main(model_dir: str, forced: torch.Tensor, pp: int, method: str |
     batch = dataclasses.replace(batch, routed_experts=forced)
     batch.old_log_probs, _ = actor.compute_log_prob(batch, micro_batch_size=2)
     batch.advantages = torch.linspace(-1, 1, BATCH_SIZE)[:, None].expand_as(batch.old_log_probs).clone()
-    update = actor.update_policy(
-        batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=BATCH_SIZE, micro_batch_size=2
-    )
+    update = actor.update_policy(batch, PolicyLoss(ActorConfig()), mini_batch_size=BATCH_SIZE, micro_batch_size=2)
     after, _ = actor.compute_log_prob(batch, micro_batch_size=2)
     routers = [router for chunk in actor.engine.chunks for router in stage_routers(chunk)]
     return dict(update=update, after=after, left=[len(router.router_replay.replay_backward_list) for router in routers])

@@ -27,14 +27,13 @@ def _snapshot(model) -> dict[str, np.ndarray]:
 
 
 def _rank_main(model_dir, old_log_probs, advantages, returns):
-    from megarl.config.roles import CriticConfig, OptimizerConfig
+    from megarl.config.roles import ActorConfig, CriticConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.critic import MegatronCritic
     from megarl.workers.megatron_train import micro_batches_of
     from megarl.workers.packing import TokenBudget
     from megarl.workers.reference import MegatronReference
-    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(TP, 1, seed=0)
     batch = ragged_batch()
@@ -44,7 +43,7 @@ def _rank_main(model_dir, old_log_probs, advantages, returns):
     cuts = {"padded": PADDED_MICRO_BATCH, "packed": TokenBudget(BUDGET, "actor.max_tokens_per_micro_batch")}
     optim = OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
     loss_fn = PolicyLoss(
-        PolicyLossSettings(entropy_coeff=0.01, kl_loss_coef=0.1, clip_ratio_low=0.1, clip_ratio_high=0.1)
+        ActorConfig(entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1, clip_ratio_low=0.1, clip_ratio_high=0.1)
     )
     out = {}
     for sp in (False, True):
@@ -136,11 +135,10 @@ def test_updates_equal_sequence_parallel_off(ranks):
 
 
 def _pipeline_rank_main(model_dir, advantages):
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import ActorConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(TP, 2, seed=0)
     batch = ragged_batch()
@@ -158,7 +156,7 @@ def _pipeline_rank_main(model_dir, advantages):
             log_probs, _ = actor.compute_log_prob(batch, micro_batch_size=cut)
             # Exactly on-policy (one mini-batch, one epoch): the update takes its old log-probs from its own forward.
             metrics = actor.update_policy(
-                batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=len(batch), micro_batch_size=cut
+                batch, PolicyLoss(ActorConfig()), mini_batch_size=len(batch), micro_batch_size=cut
             )
             out[sp, name] = dict(
                 log_probs=log_probs.numpy(), grad_norm=metrics["grad_norm"], params=_snapshot(actor.engine.model.module)

@@ -37,12 +37,12 @@ def _rank_main(model_dir):
     from megatron.core.transformer.attention import SelfAttention
     from te_thd_stand_in import ROPE_CALLS, use_stand_in_transformer_engine
 
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import ActorConfig, OptimizerConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.megatron_train import micro_batches_of
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import ModelSettings, PolicyLossSettings
+    from megarl.workers.settings import ModelSettings
 
     use_stand_in_transformer_engine()
     groups = initialize_model_parallel(1, 2, seed=0)
@@ -80,7 +80,7 @@ def _rank_main(model_dir):
     out["offsets"] = whole.cu_seqlens.tolist()
     batch.old_log_probs = torch.from_numpy(out["padded"][0]) + 0.05
     batch.advantages = torch.linspace(-1, 1, batch.response_length).expand(len(batch), -1).clone()
-    loss = PolicyLoss(PolicyLossSettings(entropy_coeff=0.01))
+    loss = PolicyLoss(ActorConfig(entropy_coeff=0.01))
     for name, actor, cut in (("padded", local, len(batch)), ("thd", te, budgets[24])):
         metrics = actor.update_policy(batch, loss, mini_batch_size=len(batch), micro_batch_size=cut)
         grads = {n: p.main_grad.detach().clone().numpy() for n, p in actor.named_parameters_for_sync()}

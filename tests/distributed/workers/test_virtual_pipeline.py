@@ -27,7 +27,7 @@ BUDGET = 24
 
 
 def _rank_main(model_dir, out_dir, vpp, advantages):
-    from megarl.config.roles import CriticConfig, OptimizerConfig
+    from megarl.config.roles import ActorConfig, CriticConfig, OptimizerConfig
     from megarl.models.checkpoint import export_hf_weights
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
@@ -37,7 +37,6 @@ def _rank_main(model_dir, out_dir, vpp, advantages):
     from megarl.workers.megatron_train import micro_batches_of
     from megarl.workers.packing import TokenBudget
     from megarl.workers.reference import MegatronReference
-    from megarl.workers.settings import PolicyLossSettings
 
     groups = initialize_model_parallel(1, PP, seed=0, vpp=vpp)
     batch = ragged_batch()
@@ -79,7 +78,7 @@ def _rank_main(model_dir, out_dir, vpp, advantages):
     out["values"] = values.numpy()
     out["critic_metrics"] = critic.update_critic(batch, mini_batch_size=len(batch), micro_batch_size=PADDED_MICRO_BATCH)
     batch.old_log_probs = torch.from_numpy(out["padded"]["log_probs"]) - 0.05
-    loss_fn = PolicyLoss(PolicyLossSettings(entropy_coeff=0.01, clip_ratio_low=0.1, clip_ratio_high=0.1))
+    loss_fn = PolicyLoss(ActorConfig(entropy_coeff=0.01, clip_ratio_low=0.1, clip_ratio_high=0.1))
     out["metrics"] = actor.update_policy(
         batch, loss_fn, mini_batch_size=len(batch), micro_batch_size=PADDED_MICRO_BATCH
     )

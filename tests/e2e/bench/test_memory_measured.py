@@ -32,10 +32,10 @@ def _measure(model_dir: str, tp: int, distributed_optimizer: bool) -> dict[str, 
 
 
 def _measure_actor(model_dir: str, groups, distributed_optimizer: bool, dtype: str) -> tuple[int, int, int]:
-    from megarl.config.roles import OptimizerConfig
+    from megarl.config.roles import ActorConfig, OptimizerConfig
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.batch import PolicyBatch
-    from megarl.workers.settings import ModelSettings, PolicyLossSettings
+    from megarl.workers.settings import ModelSettings
 
     actor = MegatronActor.from_hf(
         model_dir,
@@ -53,7 +53,7 @@ def _measure_actor(model_dir: str, groups, distributed_optimizer: bool, dtype: s
         old_log_probs=torch.full((rows, response), -4.0),
         advantages=torch.ones(rows, response),
     )
-    actor.update_policy(batch, PolicyLoss(PolicyLossSettings()), mini_batch_size=rows, micro_batch_size=rows)
+    actor.update_policy(batch, PolicyLoss(ActorConfig()), mini_batch_size=rows, micro_batch_size=rows)
     ddp = actor.engine.model
     params = _tensor_bytes(ddp.module.parameters())
     grads = _tensor_bytes(buffer.grad_data for buffer in ddp.buffers)

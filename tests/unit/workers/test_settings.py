@@ -59,16 +59,22 @@ def test_check_divides_names_the_setting():
         check_divides(8, 3, "micro_batch_size", "mini_batch_size")
 
 
-def test_policy_loss_settings_are_checked_before_training():
+def test_the_policy_loss_reads_the_actor_section_and_checks_it_before_training():
     from megarl.algorithms.rollout_correction import RolloutCorrection
+    from megarl.config.roles import ActorConfig, RolloutCorrectionConfig
     from megarl.workers.actor import PolicyLoss
-    from megarl.workers.settings import PolicyLossSettings
 
-    with pytest.raises(ValueError, match="policy loss name='ppo' is not one of"):
-        PolicyLoss(PolicyLossSettings(name="ppo"))
-    with pytest.raises(ValueError, match="loss_scale_factor=512 only applies to"):
-        PolicyLoss(PolicyLossSettings(loss_scale_factor=512))
-    loss = PolicyLoss(PolicyLossSettings(kl_loss_coef=0.1, rollout_correction=RolloutCorrection()))
+    with pytest.raises(ValueError, match="actor.policy_loss='ppo' is not one of"):
+        PolicyLoss(ActorConfig(policy_loss="ppo"))
+    with pytest.raises(ValueError, match="actor.loss_agg_mode='mean' is not one of"):
+        PolicyLoss(ActorConfig(loss_agg_mode="mean"))
+    kl_and_correction = ActorConfig(
+        use_kl_loss=True, kl_loss_coef=0.1, rollout_correction=RolloutCorrectionConfig(level="token")
+    )
+    loss = PolicyLoss(kl_and_correction)
     assert loss.required_fields == ("advantages", "rollout_log_probs", "ref_log_probs")
-    assert PolicyLoss(PolicyLossSettings(mismatch_metrics=True)).required_fields == ("advantages", "rollout_log_probs")
-    assert PolicyLoss(PolicyLossSettings()).required_fields == ("advantages",)
+    assert loss.correction == RolloutCorrection(level="token", mode="truncate", low=0.0, high=2.0)
+    assert PolicyLoss(ActorConfig(), report_mismatch=True).required_fields == ("advantages", "rollout_log_probs")
+    assert PolicyLoss(ActorConfig()).required_fields == ("advantages",)
+    # The KL loss weighs nothing without use_kl_loss (kl_loss_coef's default 0.001 is then unused).
+    assert (PolicyLoss(ActorConfig()).kl_loss_coef, PolicyLoss(ActorConfig()).correction) == (0.0, None)
