@@ -67,6 +67,7 @@ def _time_interleaved(contenders: dict, repeats: int) -> dict[str, dict[str, lis
 
 def _experiment(model_dir: str, repeats: int) -> dict:
     from megarl.config.roles import ActorConfig, OptimizerConfig
+    from megarl.config.sections import ModelConfig
     from megarl.models.hf_config import read_model_dims
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
@@ -78,6 +79,7 @@ def _experiment(model_dir: str, repeats: int) -> dict:
         model_dir,
         initialize_model_parallel(1, 1, seed=0),
         optim=OptimizerConfig(lr=1e-6, weight_decay=0.0, clip_grad=1.0, use_distributed_optimizer=False),
+        model=ModelConfig(dtype="float32", transformer_impl="local"),
     )
     loss = PolicyLoss(ActorConfig())
     cuts = {"padded": PADDED_MICRO_BATCH} | {

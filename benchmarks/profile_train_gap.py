@@ -27,6 +27,7 @@ def _experiment(model_dir: str, repeats: int) -> dict:
     from megarl.bench.common import time_interleaved
     from megarl.bench.train import TrainShape, make_batch
     from megarl.config.roles import ActorConfig, OptimizerConfig
+    from megarl.config.sections import ModelConfig
     from megarl.models.hf_config import read_model_dims
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers import actor as actor_module
@@ -41,6 +42,7 @@ def _experiment(model_dir: str, repeats: int) -> dict:
         model_dir,
         initialize_model_parallel(1, 1, seed=0),
         optim=OptimizerConfig(lr=1e-5, weight_decay=0.0, clip_grad=1.0, use_distributed_optimizer=False),
+        model=ModelConfig(dtype="float32", transformer_impl="local"),
     )
     loss = PolicyLoss(ActorConfig())
     parts: dict[str, list[float]] = {"schedule": [], "apply": [], "finite": [], "log_probs": [], "loss": []}

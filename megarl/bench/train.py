@@ -56,6 +56,7 @@ def _compare_tp1(model_dir: str, shape: TrainShape, repeats: int) -> dict:
     from megarl.algorithms.policy_loss import compute_policy_loss
     from megarl.bench.common import time_interleaved
     from megarl.config.roles import ActorConfig, OptimizerConfig
+    from megarl.config.sections import ModelConfig
     from megarl.models.hf_config import read_model_dims
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
@@ -64,7 +65,9 @@ def _compare_tp1(model_dir: str, shape: TrainShape, repeats: int) -> dict:
     batch = make_batch(shape, vocab)
     groups = initialize_model_parallel(1, 1, seed=0)
     optim = OptimizerConfig(lr=1e-5, weight_decay=0.0, clip_grad=1.0, use_distributed_optimizer=False)
-    actor = MegatronActor.from_hf(model_dir, groups, optim=optim)
+    actor = MegatronActor.from_hf(
+        model_dir, groups, optim=optim, model=ModelConfig(dtype="float32", transformer_impl="local")
+    )
     loss = PolicyLoss(ActorConfig())
 
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
@@ -113,6 +116,7 @@ def _compare_tp1(model_dir: str, shape: TrainShape, repeats: int) -> dict:
 def _time_layout(model_dir: str, shape: TrainShape, repeats: int, tp: int, pp: int) -> list[float]:
     """Seconds of each `update_policy` on this rank (a world of tp × pp), after one warm-up."""
     from megarl.config.roles import ActorConfig, OptimizerConfig
+    from megarl.config.sections import ModelConfig
     from megarl.models.hf_config import read_model_dims
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
@@ -120,7 +124,9 @@ def _time_layout(model_dir: str, shape: TrainShape, repeats: int, tp: int, pp: i
     batch = make_batch(shape, read_model_dims(model_dir).vocab_size)
     groups = initialize_model_parallel(tp, pp, seed=0)
     optim = OptimizerConfig(lr=1e-5, weight_decay=0.0, clip_grad=1.0, use_distributed_optimizer=False)
-    actor = MegatronActor.from_hf(model_dir, groups, optim=optim)
+    actor = MegatronActor.from_hf(
+        model_dir, groups, optim=optim, model=ModelConfig(dtype="float32", transformer_impl="local")
+    )
     loss = PolicyLoss(ActorConfig())
     seconds = []
     for _ in range(repeats + 1):

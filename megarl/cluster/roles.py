@@ -51,7 +51,7 @@ from megarl.workers.checkpoint_files import part_dir, step_dir_name
 from megarl.workers.profiling import ProfileRequest
 from megarl.workers.rollout.engine_args import EngineArgs
 from megarl.workers.rollout.executor import engine_env, engine_holds_gpu
-from megarl.workers.settings import ActorSpec, CriticSpec, ModelSettings, PolicyWorkerSpec
+from megarl.workers.settings import ActorSpec, CriticSpec, PolicyWorkerSpec
 
 ROLLOUT_TARGET = "megarl.workers.rollout.rollout_worker:RolloutWorker"
 ENGINE_SHUTDOWN_TIMEOUT_S = 60.0
@@ -152,11 +152,10 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
     """The spec of each Megatron group: "policy" (the actor and every role without a group of its
     own), then one per role in `plan.own_groups`, named after it."""
     own = {role.role for role in plan.own_groups}
-    model = ModelSettings(dtype=config.model.dtype, transformer_impl=config.model.transformer_impl)
     critic = critic_spec(config, plan, total_steps) if plan.critic else None
     policy = PolicyWorkerSpec(
         model_path=config.model.path,
-        model_settings=model,
+        model=config.model,
         tp=plan.actor.tensor_parallel,
         pp=plan.actor.pipeline_parallel,
         vpp=plan.actor.virtual_pipeline,
@@ -178,7 +177,7 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
     for role in plan.own_groups:
         specs[role.role] = PolicyWorkerSpec(
             model_path=config.model.path,
-            model_settings=model,
+            model=config.model,
             tp=role.tensor_parallel,
             pp=role.pipeline_parallel,
             vpp=role.virtual_pipeline,

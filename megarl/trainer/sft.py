@@ -40,7 +40,7 @@ from megarl.orchestration.cluster import cluster_gpus, init_ray, shutdown_ray
 from megarl.orchestration.placement import BundleSpec, create_placement_group, remove_placement_group
 from megarl.parallel.device import worker_env
 from megarl.workers.batch import PolicyBatch
-from megarl.workers.settings import ModelSettings, SftWorkerSpec
+from megarl.workers.settings import SftWorkerSpec
 
 SFT_TARGET = "megarl.workers.sft_worker:SftWorker"
 
@@ -183,7 +183,7 @@ class SftTrainer:
         etp = parallel.expert_tensor_parallel_size
         return SftWorkerSpec(
             model_path=self.model_path,
-            model_settings=ModelSettings(dtype=config.model.dtype, transformer_impl=config.model.transformer_impl),
+            model=config.model,
             tp=parallel.tensor_model_parallel_size,
             pp=parallel.pipeline_model_parallel_size,
             vpp=parallel.virtual_pipeline_model_parallel_size or 1,

@@ -1,7 +1,7 @@
 """The policy: token log-probs and PPO-family updates of a megatron-core GPTModel over (TP, PP, DP).
 
     groups = initialize_model_parallel(tp=2, pp=2, seed=0)
-    actor = MegatronActor.from_hf("/ckpt/tiny", groups, optim=OptimizerConfig(lr=1e-5))
+    actor = MegatronActor.from_hf("/ckpt/tiny", groups, optim=OptimizerConfig(lr=1e-5), model=config.model)
     old_log_probs, entropy = actor.compute_log_prob(batch, micro_batch_size=8)
     metrics = actor.update_policy(batch, PolicyLoss(ActorConfig()),
                                   mini_batch_size=16, micro_batch_size=4)
@@ -41,6 +41,7 @@ from megarl.config.roles import (
     RecomputeConfig,
     RolloutCorrectionConfig,
 )
+from megarl.config.sections import ModelConfig
 from megarl.models.checkpoint import chunk_layer_offset
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch, mini_batches
@@ -60,9 +61,6 @@ from megarl.workers.micro_batches import MicroBatch
 from megarl.workers.moe_metrics import RouterLoad, clear_router_losses
 from megarl.workers.packing import TokenBudget
 from megarl.workers.router_replay import ExpertRouting
-from megarl.workers.settings import (
-    ModelSettings,
-)
 from megarl.workers.trained_model import TrainedModel
 
 
@@ -215,7 +213,7 @@ class MegatronActor(TrainedModel):
         *,
         optim: OptimizerConfig,
         lr_decay_steps: int | None = None,
-        model_settings: ModelSettings = ModelSettings(),
+        model: ModelConfig,
         recompute: RecomputeConfig = RecomputeConfig(),
         offload: OffloadConfig = OffloadConfig(),
         sequence_parallel: bool = False,
@@ -228,7 +226,7 @@ class MegatronActor(TrainedModel):
         model, vocab_size = load_model(
             model_dir,
             groups,
-            settings=model_settings,
+            model=model,
             recompute=recompute,
             value_head=False,
             sequence_parallel=sequence_parallel,

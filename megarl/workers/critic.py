@@ -1,7 +1,7 @@
 """The critic: the policy's backbone with a scalar value head, trained with the clipped value loss.
 
     critic = MegatronCritic.from_hf("/ckpt/tiny", groups, optim=OptimizerConfig(lr=1e-5),
-                                    loss=CriticConfig(cliprange_value=0.5))
+                                    loss=config.critic, model=config.model)
     values = critic.compute_values(batch, micro_batch_size=8)            # [B, R]
     metrics = critic.update_critic(batch, mini_batch_size=16, micro_batch_size=4)
 
@@ -20,6 +20,7 @@ from torch import Tensor
 from megarl.algorithms.losses import LOSS_AGG_MODES
 from megarl.algorithms.value_loss import compute_value_loss
 from megarl.config.roles import CriticConfig, OffloadConfig, OptimizerConfig, RecomputeConfig
+from megarl.config.sections import ModelConfig
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch, mini_batches
 from megarl.workers.megatron_train import (
@@ -33,7 +34,6 @@ from megarl.workers.megatron_train import (
 )
 from megarl.workers.micro_batches import MicroBatch
 from megarl.workers.packing import TokenBudget
-from megarl.workers.settings import ModelSettings
 from megarl.workers.trained_model import TrainedModel
 
 
@@ -66,7 +66,7 @@ class MegatronCritic(TrainedModel):
         optim: OptimizerConfig,
         lr_decay_steps: int | None = None,
         loss: CriticConfig,
-        model_settings: ModelSettings = ModelSettings(),
+        model: ModelConfig,
         recompute: RecomputeConfig = RecomputeConfig(),
         offload: OffloadConfig = OffloadConfig(),
         sequence_parallel: bool = False,
@@ -77,7 +77,7 @@ class MegatronCritic(TrainedModel):
         model, _ = load_model(
             model_dir,
             groups,
-            settings=model_settings,
+            model=model,
             recompute=recompute,
             value_head=True,
             sequence_parallel=sequence_parallel,

@@ -49,6 +49,7 @@ from torch import Tensor
 
 from megarl.algorithms.losses import agg_loss_normalizer
 from megarl.config.roles import MoeConfig, OffloadConfig, OptimizerConfig, RecomputeConfig
+from megarl.config.sections import ModelConfig
 from megarl.models.architectures import build_model_chunks, resolve_transformer_impl, takes_thd
 from megarl.models.checkpoint import load_hf_weights
 from megarl.models.hf_config import read_model_dims
@@ -60,7 +61,6 @@ from megarl.workers.context_parallel import split_for_context_parallel
 from megarl.workers.memory_stats import empty_cache
 from megarl.workers.micro_batches import MicroBatch, cut_micro_batches, pad_sequence
 from megarl.workers.packing import TokenBudget
-from megarl.workers.settings import ModelSettings
 from megarl.workers.thd import cut_thd_micro_batches
 
 
@@ -507,22 +507,22 @@ def load_model(
     model_dir: str | Path,
     groups: ProcessGroups,
     *,
-    settings: ModelSettings,
+    model: ModelConfig,
     recompute: RecomputeConfig,
     value_head: bool,
     sequence_parallel: bool,
     moe: MoeConfig = MoeConfig(),
 ) -> tuple[list[torch.nn.Module], int]:
     """This rank's GPTModel stage, as its chunks (one per virtual stage of `groups`; one without), with an
-    HF checkpoint's weights (a value head keeps its small random init), in `settings`' dtype and layer
-    spec, with megatron's sequence parallelism over the TP ranks or without, a mixture-of-experts
+    HF checkpoint's weights (a value head keeps its small random init), in the `model` section's dtype and
+    layer spec (its checkpoint is `model_dir`), with megatron's sequence parallelism over the TP ranks or without, a mixture-of-experts
     model's router losses as `moe` says, and the real (HF) vocabulary size."""
     chunks = build_model_chunks(
         model_dir,
         groups,
         value_head=value_head,
-        params_dtype=TORCH_DTYPES[settings.dtype],
-        transformer_impl=resolve_transformer_impl(settings.transformer_impl, compute_device().type, settings.dtype),
+        params_dtype=TORCH_DTYPES[model.dtype],
+        transformer_impl=resolve_transformer_impl(model.transformer_impl, compute_device().type, model.dtype),
         sequence_parallel=sequence_parallel,
         **recompute_transformer_fields(recompute),
         **moe_transformer_fields(moe),

@@ -59,14 +59,14 @@ class PolicyWorker:
         )
         self.sync_groups = self.groups.weight_replicas()
         """The grid the weight sync is given: with context parallelism, CP rank 0 of DP replica 0 sends."""
-        actor, built = spec.actor, spec.model_settings
+        actor, model = spec.actor, spec.model
         self.actor = (
             MegatronActor.from_hf(
                 spec.model_path,
                 self.groups,
                 optim=actor.optim,
                 lr_decay_steps=actor.lr_decay_steps,
-                model_settings=built,
+                model=model,
                 recompute=actor.recompute,
                 offload=actor.offload,
                 sequence_parallel=actor.sequence_parallel,
@@ -79,7 +79,7 @@ class PolicyWorker:
             MegatronReference.from_hf(
                 spec.model_path,
                 self.groups,
-                built,
+                model=model,
                 sequence_parallel=spec.ref_sequence_parallel,
                 router_replay=spec.ref_router_replay,
             )
@@ -96,7 +96,7 @@ class PolicyWorker:
                 optim=critic.optim,
                 lr_decay_steps=critic.lr_decay_steps,
                 loss=critic.loss,
-                model_settings=built,
+                model=model,
                 recompute=critic.recompute,
                 offload=critic.offload,
                 sequence_parallel=critic.sequence_parallel,
@@ -105,7 +105,9 @@ class PolicyWorker:
             else None
         )
         self.reward_model = (
-            MegatronRewardModel.from_hf(spec.reward_model_path, self.groups, built) if spec.reward_model_path else None
+            MegatronRewardModel.from_hf(spec.reward_model_path, self.groups, model=model)
+            if spec.reward_model_path
+            else None
         )
         self.loss = (
             PolicyLoss(actor.loss, report_mismatch=True) if actor else None
@@ -234,7 +236,7 @@ class PolicyWorker:
     def matmul_peak(self) -> float:
         """FLOP/s of a matmul benchmark in the model's dtype on this rank's device; call it on every rank
         at once (`megarl.workers.matmul_peak`)."""
-        return measure_matmul_peak(TORCH_DTYPES[self.spec.model_settings.dtype], compute_device())
+        return measure_matmul_peak(TORCH_DTYPES[self.spec.model.dtype], compute_device())
 
     def _trained_models(self) -> list:
         return [model for model in (self.actor, self.critic) if model is not None]

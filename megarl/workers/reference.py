@@ -4,7 +4,7 @@ No DDP, no optimizer, no gradients. In the actor's processes and process groups 
 `ProcessGroups`, a separate model instance) when it has the actor's layout; else in processes of
 its own (`megarl.cluster.roles`).
 
-    reference = MegatronReference.from_hf("/ckpt/tiny", groups)
+    reference = MegatronReference.from_hf("/ckpt/tiny", groups, model=config.model)
     ref_log_probs = reference.compute_ref_log_prob(batch, micro_batch_size=8)   # [B, R]
 """
 
@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from megarl.config.roles import MoeConfig, RecomputeConfig
+from megarl.config.sections import ModelConfig
 from megarl.parallel.device import uses_cuda
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.actor import compute_log_probs
@@ -23,7 +24,6 @@ from megarl.workers.batch import PolicyBatch
 from megarl.workers.megatron_train import load_model
 from megarl.workers.packing import TokenBudget
 from megarl.workers.router_replay import ExpertRouting
-from megarl.workers.settings import ModelSettings
 
 
 class MegatronReference:
@@ -41,7 +41,8 @@ class MegatronReference:
         cls,
         model_dir: str | Path,
         groups: ProcessGroups,
-        model_settings: ModelSettings = ModelSettings(),
+        *,
+        model: ModelConfig,
         sequence_parallel: bool = False,
         router_replay: bool = False,
     ) -> MegatronReference:
@@ -51,7 +52,7 @@ class MegatronReference:
         chunks, vocab_size = load_model(
             model_dir,
             groups,
-            settings=model_settings,
+            model=model,
             recompute=RecomputeConfig(),
             value_head=False,
             sequence_parallel=sequence_parallel,

@@ -1,7 +1,7 @@
 """The optional reward model (`reward.reward_model`): an HF `*ForSequenceClassification` checkpoint
 (one label) run as a frozen Megatron GPT with a scalar head, one score per sample.
 
-    rm = MegatronRewardModel.from_hf("/ckpt/rm", groups)          # any (TP, PP), like the actor
+    rm = MegatronRewardModel.from_hf("/ckpt/rm", groups, model=config.model)          # any (TP, PP), like the actor
     scores = rm.compute_scores(batch, micro_batch_size=8)           # [B], fp32, on every rank
 
 The backbone loads like a policy's; the head is the checkpoint's `score.weight` in a `ValueHead`.
@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from megarl.config.roles import RecomputeConfig
+from megarl.config.sections import ModelConfig
 from megarl.models.reward_head import read_score_weight
 from megarl.parallel.distributed import ProcessGroups
 from megarl.workers.batch import PolicyBatch
@@ -29,7 +30,6 @@ from megarl.workers.megatron_train import (
     run_schedule,
 )
 from megarl.workers.micro_batches import MicroBatch
-from megarl.workers.settings import ModelSettings
 
 
 class MegatronRewardModel:
@@ -42,16 +42,14 @@ class MegatronRewardModel:
         self.groups = groups
 
     @classmethod
-    def from_hf(
-        cls, model_dir: str | Path, groups: ProcessGroups, model_settings: ModelSettings = ModelSettings()
-    ) -> MegatronRewardModel:
+    def from_hf(cls, model_dir: str | Path, groups: ProcessGroups, *, model: ModelConfig) -> MegatronRewardModel:
         """Build this rank's shard from an HF reward-model checkpoint dir (see the module docstring)."""
         # Read (and check) the head before building: construction runs collectives, a bad checkpoint must not hang.
         score_weight = read_score_weight(model_dir)
         model, _ = load_model(
             model_dir,
             groups,
-            settings=model_settings,
+            model=model,
             recompute=RecomputeConfig(),
             value_head=True,
             sequence_parallel=False,

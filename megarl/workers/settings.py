@@ -1,5 +1,5 @@
-"""The specs a worker rank is built from, and `ModelSettings`. The trained roles take the config's own
-sections (`optim`, `recompute`, `offload`, `moe`, and the `actor` / `critic` section whose loss fields
+"""The specs a worker rank is built from. The workers take the config's own sections (`model`, and the
+trained roles' `optim`, `recompute`, `offload`, `moe`, and the `actor` / `critic` section whose loss fields
 make their objectives) plus numbers from the batch plan. Plain values that import no megatron-core, so
 that the driver (`megarl.trainer`) starts without loading it; the worker modules that use them
 (`megatron_train`, `actor`, `critic`, `policy_worker`, `sft_worker`) import them from here.
@@ -10,33 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megarl.config.roles import ActorConfig, CriticConfig, MoeConfig, OffloadConfig, OptimizerConfig, RecomputeConfig
-from megarl.models.model_options import TORCH_DTYPES, TRANSFORMER_IMPLS
+from megarl.config.sections import ModelConfig
 from megarl.workers.packing import TokenBudget
-
-
-@dataclass(frozen=True)
-class ModelSettings:
-    """How every Megatron role of a run builds its model (`model.dtype`, `model.transformer_impl`)."""
-
-    dtype: str = "float32"
-    """Parameter and compute dtype, a key of `megarl.models.model_options.TORCH_DTYPES`; trained
-    roles in bfloat16 keep fp32 main parameters, gradients and optimizer states (the mixed precision
-    of `megarl.workers.megatron_train`'s module docstring)."""
-    transformer_impl: str = "local"
-    """Layer spec: "local", "transformer_engine", or "auto" (resolved by each process for its own
-    device: `megarl.models.architectures.resolve_transformer_impl`)."""
-
-    def __post_init__(self) -> None:
-        if self.dtype not in TORCH_DTYPES:
-            raise ValueError(
-                f"model.dtype={self.dtype!r}: the Megatron roles train in one of {list(TORCH_DTYPES)} "
-                "(float16 needs a loss scale driven by the training loop, which megarl does not run); "
-                "use model.dtype: bfloat16"
-            )
-        if self.transformer_impl not in ("auto",) + TRANSFORMER_IMPLS:
-            raise ValueError(
-                f"model.transformer_impl={self.transformer_impl!r} is not one of {['auto', *TRANSFORMER_IMPLS]}"
-            )
 
 
 @dataclass(frozen=True)
@@ -105,8 +80,8 @@ class PolicyWorkerSpec:
 
     model_path: str
     """HF checkpoint dir the actor (and reference, critic backbone) start from."""
-    model_settings: ModelSettings
-    """dtype and layer spec of every Megatron role (`model.dtype`, `model.transformer_impl`)."""
+    model: ModelConfig
+    """The `model` section: dtype and layer spec of every Megatron role (the checkpoint is `model_path`)."""
     tp: int
     """Tensor-parallel size of the grid (the layout of every hosted role)."""
     pp: int
@@ -146,8 +121,8 @@ class SftWorkerSpec:
 
     model_path: str
     """HF checkpoint dir to start from (its config.json and tokenizer files go into the export)."""
-    model_settings: ModelSettings
-    """dtype and layer spec (`model.dtype`, `model.transformer_impl`)."""
+    model: ModelConfig
+    """The `model` section: dtype and layer spec (the checkpoint is `model_path`)."""
     tp: int
     pp: int
     vpp: int

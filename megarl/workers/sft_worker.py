@@ -51,7 +51,7 @@ class SftWorker:
             self.groups,
             optim=spec.optim,
             lr_decay_steps=spec.lr_decay_steps,
-            model_settings=spec.model_settings,
+            model=spec.model,
             sequence_parallel=spec.sequence_parallel,
         )
         self.loss = NllLoss()

@@ -90,6 +90,7 @@ def train_a_little(actor, vocab_size: int, settings: TrainSettings, round_index:
 def trained_actor_and_plan(model_dir: str, layout: LayoutPair, bucket_mb: float, settings: TrainSettings):
     """This rank's actor loaded from `model_dir` (on a fresh grid), the plan and the model dims."""
     from megarl.config.roles import OptimizerConfig
+    from megarl.config.sections import ModelConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor
 
@@ -106,6 +107,7 @@ def trained_actor_and_plan(model_dir: str, layout: LayoutPair, bucket_mb: float,
         groups,
         optim=OptimizerConfig(lr=settings.lr, weight_decay=0.0, clip_grad=0.0, use_distributed_optimizer=False),
         sequence_parallel=layout.train_tp > 1 and read_model_dims(model_dir).num_experts > 0,
+        model=ModelConfig(dtype="float32", transformer_impl="local"),
     )
     dims = read_model_dims(model_dir)
     return groups, actor, dims, build_plan(dims, layout, bucket_mb=bucket_mb)
@@ -117,13 +119,13 @@ def model_in_dtype(model_dir: str, groups, dtype: str) -> torch.nn.Module:
     for measuring what the dtype alone does to the sync's log-prob gap
     (`benchmarks/sync_logprob_gap.py`) and checking a sync in it."""
     from megarl.config.roles import RecomputeConfig
+    from megarl.config.sections import ModelConfig
     from megarl.workers.megatron_train import load_model
-    from megarl.workers.settings import ModelSettings
 
     (model,), _ = load_model(
         model_dir,
         groups,
-        settings=ModelSettings(dtype=dtype, transformer_impl="auto"),
+        model=ModelConfig(dtype=dtype, transformer_impl="auto"),
         recompute=RecomputeConfig(),
         value_head=False,
         sequence_parallel=False,

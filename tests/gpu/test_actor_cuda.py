@@ -32,16 +32,16 @@ def _batch(extra_left_padding: int) -> PolicyBatch:
 
 def _rank(model_dir: str, dtype: str = "bfloat16") -> dict:
     from megarl.config.roles import ActorConfig, OptimizerConfig
+    from megarl.config.sections import ModelConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.settings import ModelSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     actor = MegatronActor.from_hf(
         model_dir,
         groups,
         optim=OptimizerConfig(lr=1e-3, weight_decay=0.0, use_distributed_optimizer=False),
-        model_settings=ModelSettings(dtype=dtype, transformer_impl="auto"),
+        model=ModelConfig(dtype=dtype, transformer_impl="auto"),
     )
     model = actor.engine.model
     narrow, wide = _batch(0), _batch(16)

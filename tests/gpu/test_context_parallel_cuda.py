@@ -46,20 +46,20 @@ def _batch():
 
 def _rank(model_dir: str, cp: int) -> dict:
     from megarl.config.roles import ActorConfig, OptimizerConfig
+    from megarl.config.sections import ModelConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import ModelSettings
 
     groups = initialize_model_parallel(1, 1, seed=0, cp=cp)
-    settings = ModelSettings(dtype="bfloat16", transformer_impl="transformer_engine")
+    settings = ModelConfig(dtype="bfloat16", transformer_impl="transformer_engine")
     out = {"cp": groups.cp_size}
     for name, cut in (("samples", 4), ("packed", TokenBudget(24, "actor.max_tokens_per_micro_batch"))):
         actor = MegatronActor.from_hf(
             model_dir,
             groups,
             optim=OptimizerConfig(lr=1e-3, weight_decay=0.0, use_distributed_optimizer=False),
-            model_settings=settings,
+            model=settings,
         )
         batch = _batch()
         before, entropy = actor.compute_log_prob(batch, micro_batch_size=cut)

@@ -28,16 +28,16 @@ def _batch() -> PolicyBatch:
 
 def _rank(model_dir: str, ep: int) -> dict:
     from megarl.config.roles import ActorConfig, MoeConfig, OptimizerConfig
+    from megarl.config.sections import ModelConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.settings import ModelSettings
 
     groups = initialize_model_parallel(1, 1, seed=0, ep=ep, etp=1)
     actor = MegatronActor.from_hf(
         model_dir,
         groups,
         optim=OptimizerConfig(lr=1e-3, use_distributed_optimizer=True, weight_decay=0.0),
-        model_settings=ModelSettings(dtype="bfloat16", transformer_impl="auto"),
+        model=ModelConfig(dtype="bfloat16", transformer_impl="auto"),
         moe=MoeConfig(aux_loss_coeff=1e-2),
     )
     model = actor.engine.model

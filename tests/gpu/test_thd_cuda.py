@@ -93,19 +93,21 @@ def _rope_checks(te, batch, groups) -> dict:
 
 def _rank(model_dir: str) -> dict:
     from megarl.config.roles import ActorConfig, OptimizerConfig
+    from megarl.config.sections import ModelConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import ModelSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     optim = OptimizerConfig(lr=1e-3, weight_decay=0.0, use_distributed_optimizer=False)
-    local = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=ModelSettings(dtype="bfloat16"))
+    local = MegatronActor.from_hf(
+        model_dir, groups, optim=optim, model=ModelConfig(dtype="bfloat16", transformer_impl="local")
+    )
     te = MegatronActor.from_hf(
         model_dir,
         groups,
         optim=optim,
-        model_settings=ModelSettings(dtype="bfloat16", transformer_impl="transformer_engine"),
+        model=ModelConfig(dtype="bfloat16", transformer_impl="transformer_engine"),
     )
     batch = _batch(0)
     padded = local.compute_log_prob(batch, micro_batch_size=len(batch))

@@ -5,6 +5,7 @@ with the file named. One world per layout (spawns are the cost); the tests compa
 import pytest
 import torch
 from reward_model_helpers import ragged_batch
+from worker_models import FLOAT32_LOCAL
 
 from megarl.parallel.spawn import run_distributed
 
@@ -20,10 +21,10 @@ def _rank_main(model_dir, tp, pp, micro_batch_size, rejected_dirs):
     errors = {}
     for name, rejected_dir in rejected_dirs.items():
         try:
-            MegatronRewardModel.from_hf(rejected_dir, groups)
+            MegatronRewardModel.from_hf(rejected_dir, groups, model=FLOAT32_LOCAL)
         except ValueError as e:
             errors[name] = str(e)
-    reward_model = MegatronRewardModel.from_hf(model_dir, groups)
+    reward_model = MegatronRewardModel.from_hf(model_dir, groups, model=FLOAT32_LOCAL)
     scores = reward_model.compute_scores(ragged_batch(), micro_batch_size=micro_batch_size)
     return dict(
         # numpy: a torch tensor sent through run_distributed's queue dies with the rank process.

@@ -50,10 +50,10 @@ def _resume(actor, model_dir, root, groups, batch, loss_fn, cut) -> dict:
     """The manifest's layout of a checkpoint saved at CP 2, and the next update of the saved actor and of a fresh one
     that loaded the checkpoint (an exact resume: the same losses and parameters)."""
     from megarl.config.roles import OptimizerConfig
+    from megarl.config.sections import ModelConfig
     from megarl.workers.actor import MegatronActor
     from megarl.workers.checkpoint import load_checkpoint, save_checkpoint
     from megarl.workers.checkpoint_files import read_manifest
-    from megarl.workers.settings import ModelSettings
 
     def states(of):
         return dict(
@@ -67,7 +67,7 @@ def _resume(actor, model_dir, root, groups, batch, loss_fn, cut) -> dict:
         model_dir,
         groups,
         optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False),
-        model_settings=ModelSettings(transformer_impl="transformer_engine"),
+        model=ModelConfig(dtype="float32", transformer_impl="transformer_engine"),
     )
     load_checkpoint(step_dir, groups, **states(fresh))
     losses = [
@@ -84,13 +84,13 @@ def _rank_main(model_dir, export_dir, tp, cp, pp, old_log_probs, advantages, ret
     from te_thd_stand_in import use_stand_in_transformer_engine
 
     from megarl.config.roles import ActorConfig, CriticConfig, OptimizerConfig
+    from megarl.config.sections import ModelConfig
     from megarl.models.checkpoint import export_hf_weights
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.critic import MegatronCritic
     from megarl.workers.megatron_train import micro_batches_of
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import ModelSettings
 
     use_stand_in_transformer_engine()
     gathered = _record_gathered_widths()
@@ -98,7 +98,7 @@ def _rank_main(model_dir, export_dir, tp, cp, pp, old_log_probs, advantages, ret
     batch = ragged_batch()
     batch.old_log_probs, batch.advantages = old_log_probs, advantages
     batch.values, batch.returns = torch.zeros_like(returns), returns
-    te = ModelSettings(transformer_impl="transformer_engine")
+    te = ModelConfig(dtype="float32", transformer_impl="transformer_engine")
     optim = OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
     sp = tp > 1
     loss_fn = PolicyLoss(ActorConfig(entropy_coeff=0.01, clip_ratio_low=0.1, clip_ratio_high=0.1))
@@ -109,10 +109,10 @@ def _rank_main(model_dir, export_dir, tp, cp, pp, old_log_probs, advantages, ret
         "sync_replica": groups.weight_replicas().dp_rank,
     }
     for name, cut in cuts.items():
-        actor = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=te, sequence_parallel=sp)
+        actor = MegatronActor.from_hf(model_dir, groups, optim=optim, model=te, sequence_parallel=sp)
         torch.manual_seed(1)  # the value head is freshly drawn: the same draw at every CP
         critic = MegatronCritic.from_hf(
-            model_dir, groups, optim=optim, loss=CriticConfig(), model_settings=te, sequence_parallel=sp
+            model_dir, groups, optim=optim, loss=CriticConfig(), model=te, sequence_parallel=sp
         )
         config = actor.engine.model.config
         micro_batches = micro_batches_of(batch, cut, groups, config)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from worker_batches import ragged_batch
+from worker_models import FLOAT32_LOCAL
 
 from megarl.algorithms.rollout_correction import mismatch_metrics
 from megarl.parallel.spawn import run_distributed
@@ -24,7 +25,10 @@ def _update(model_dir, groups, batch, loss):
     from megarl.workers.actor import MegatronActor
 
     actor = MegatronActor.from_hf(
-        model_dir, groups, optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
+        model_dir,
+        groups,
+        optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False),
+        model=FLOAT32_LOCAL,
     )
     metrics = actor.update_policy(batch, loss, mini_batch_size=len(batch), micro_batch_size=len(batch) // 2)
     grads = {name: p.main_grad.detach().clone().numpy() for name, p in actor.named_parameters_for_sync()}
@@ -39,7 +43,7 @@ def _rank_main(model_dir, advantages, ratios):
     groups = initialize_model_parallel(1, 1, seed=0)  # DP 2
     full = ragged_batch()
     probe = MegatronActor.from_hf(
-        model_dir, groups, optim=OptimizerConfig(weight_decay=0.0, use_distributed_optimizer=False)
+        model_dir, groups, optim=OptimizerConfig(weight_decay=0.0, use_distributed_optimizer=False), model=FLOAT32_LOCAL
     )
     full.old_log_probs, _ = probe.compute_log_prob(full, micro_batch_size=4)
     full.rollout_log_probs = full.old_log_probs - ratios.log()  # π_old / π_rollout = ratios

@@ -13,6 +13,7 @@ to tell apart from the rest.
 
 import pytest
 from worker_batches import ragged_batch
+from worker_models import FLOAT32_LOCAL
 
 from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import run_distributed
@@ -34,6 +35,7 @@ def _rank_main(model_dir):
         groups,
         optim=OptimizerConfig(lr=1e-3, weight_decay=0.0, use_distributed_optimizer=False),
         offload=OffloadConfig(grads=True),
+        model=FLOAT32_LOCAL,
     )
     buffers = actor.engine.model.buffers
     batch = ragged_batch()

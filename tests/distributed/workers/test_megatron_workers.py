@@ -20,6 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from worker_batches import left_padded, ragged_batch
+from worker_models import FLOAT32_LOCAL
 
 from megarl.algorithms.rollout_correction import MISMATCH_METRICS
 from megarl.parallel.spawn import run_distributed
@@ -58,9 +59,9 @@ def _rank_main(model_dir, out_dir, tp, pp, micro_batch_sizes, use_distributed_op
     )
     out = dict(updates={})
 
-    reference = MegatronReference.from_hf(model_dir, groups)
+    reference = MegatronReference.from_hf(model_dir, groups, model=FLOAT32_LOCAL)
     for micro_batch_size in micro_batch_sizes:
-        actor = MegatronActor.from_hf(model_dir, groups, optim=optim)
+        actor = MegatronActor.from_hf(model_dir, groups, optim=optim, model=FLOAT32_LOCAL)
         out["log_probs"], out["entropy"] = actor.compute_log_prob(local, micro_batch_size=share // 2)
         out["updates"][micro_batch_size] = actor.update_policy(
             local, loss_fn, mini_batch_size=share, micro_batch_size=micro_batch_size
@@ -81,7 +82,7 @@ def _rank_main(model_dir, out_dir, tp, pp, micro_batch_sizes, use_distributed_op
     local.rollout_log_probs = local.old_log_probs + 0.1 * torch.arange(local.response_length)
     out["seq_mean_updates"] = {}
     for micro_batch_size in micro_batch_sizes:
-        seq_actor = MegatronActor.from_hf(model_dir, groups, optim=optim)
+        seq_actor = MegatronActor.from_hf(model_dir, groups, optim=optim, model=FLOAT32_LOCAL)
         out["seq_mean_updates"][micro_batch_size] = seq_actor.update_policy(
             local, seq_loss_fn, mini_batch_size=share, micro_batch_size=micro_batch_size
         )
@@ -112,6 +113,7 @@ def _critic_step(model_dir, groups, local, rows):
         groups,
         optim=OptimizerConfig(lr=LR, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False),
         loss=CriticConfig(cliprange_value=0.2),
+        model=FLOAT32_LOCAL,
     )
     if groups.is_last_stage:
         head = critic.engine.model.module.output_layer.weight
@@ -141,6 +143,7 @@ def _critic_and_schedule_main(model_dir, old_log_probs, advantages):
         groups,
         optim=OptimizerConfig(lr=1e-3, clip_grad=1.0, weight_decay=0.0, use_distributed_optimizer=False),
         loss=CriticConfig(cliprange_value=0.5),
+        model=FLOAT32_LOCAL,
     )
     out = dict(critic_losses=[])
     values = critic.compute_values(batch, micro_batch_size=4)
@@ -161,6 +164,7 @@ def _critic_and_schedule_main(model_dir, old_log_probs, advantages):
             lr=1e-3, lr_warmup_steps=2, lr_decay_style="linear", weight_decay=0.0, use_distributed_optimizer=False
         ),
         lr_decay_steps=4,
+        model=FLOAT32_LOCAL,
     )
     loss_fn = PolicyLoss(ActorConfig())
     out["step_lrs"] = [
@@ -178,6 +182,7 @@ def _critic_and_schedule_main(model_dir, old_log_probs, advantages):
             groups,
             optim=OptimizerConfig(lr=1e-3, weight_decay=0.0, use_distributed_optimizer=False),
             recompute=recompute,
+            model=FLOAT32_LOCAL,
         )
         out[name] = actor.update_policy(batch, loss_fn, mini_batch_size=8, micro_batch_size=4)
         out[f"{name}_granularity"] = actor.engine.model.config.recompute_granularity
@@ -229,7 +234,10 @@ def _tied_embeddings_main(model_dir, pp, old_log_probs, advantages):
     batch = ragged_batch()
     batch.old_log_probs, batch.advantages = old_log_probs, advantages
     actor = MegatronActor.from_hf(
-        model_dir, groups, optim=OptimizerConfig(lr=LR, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
+        model_dir,
+        groups,
+        optim=OptimizerConfig(lr=LR, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False),
+        model=FLOAT32_LOCAL,
     )
     metrics = actor.update_policy(batch, PolicyLoss(ActorConfig()), mini_batch_size=8, micro_batch_size=2)
     log_probs, _ = actor.compute_log_prob(batch, micro_batch_size=8)

@@ -51,13 +51,13 @@ def _adam_states(optimizer) -> list[torch.Tensor]:
 def _train(model_dir, groups, distributed_optimizer, checkpoint_dir):
     """STEPS bf16 updates of the tiny actor; dtypes, progress, and (with `checkpoint_dir`) a round trip."""
     from megarl.config.roles import ActorConfig, OptimizerConfig
+    from megarl.config.sections import ModelConfig
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.checkpoint import load_checkpoint, save_checkpoint
-    from megarl.workers.settings import ModelSettings
 
-    settings = ModelSettings(dtype="bfloat16", transformer_impl="auto")
+    settings = ModelConfig(dtype="bfloat16", transformer_impl="auto")
     optim = OptimizerConfig(lr=LR, use_distributed_optimizer=distributed_optimizer, weight_decay=0.0)
-    actor = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=settings)
+    actor = MegatronActor.from_hf(model_dir, groups, optim=optim, model=settings)
     ddp, optimizer = actor.engine.model, actor.engine.optimizer
     out = dict(
         optimizer_classes={type(inner).__name__ for inner in _inner(optimizer)},
@@ -100,7 +100,7 @@ def _train(model_dir, groups, distributed_optimizer, checkpoint_dir):
 
     if checkpoint_dir is not None:
         path = save_checkpoint(checkpoint_dir, STEPS, groups, **_states(actor), extra={})
-        fresh = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=settings)
+        fresh = MegatronActor.from_hf(model_dir, groups, optim=optim, model=settings)
         load_checkpoint(path, groups, **_states(fresh))
         out["restored_model"] = all(
             torch.equal(a, b) for a, b in zip(ddp.module.parameters(), fresh.engine.model.module.parameters())

@@ -10,6 +10,7 @@ sequence parallelism × EP2 × expert TP 1 (the dense layers cut in two, every e
 import pytest
 import torch
 from worker_batches import BATCH_SIZE, PROMPT_LEN, RESPONSE_LEN, ragged_batch
+from worker_models import FLOAT32_LOCAL
 
 from megarl.parallel.spawn import run_distributed
 
@@ -28,7 +29,9 @@ def _rank_main(model_dir: str, ckpt_root: str, tp: int, sequence_parallel: bool)
     loss = PolicyLoss(ActorConfig(clip_ratio_low=0.9, clip_ratio_high=10.0))
 
     def new_actor():
-        return MegatronActor.from_hf(model_dir, groups, optim=optim, moe=moe, sequence_parallel=sequence_parallel)
+        return MegatronActor.from_hf(
+            model_dir, groups, optim=optim, moe=moe, sequence_parallel=sequence_parallel, model=FLOAT32_LOCAL
+        )
 
     batch = ragged_batch()
     share = len(batch) // groups.dp_size

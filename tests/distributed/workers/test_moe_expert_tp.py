@@ -13,6 +13,7 @@ tiny model) entered the aux loss and its RMSNorm sent a gradient of norm ~8,000 
 import pytest
 import torch
 from worker_batches import ragged_batch
+from worker_models import FLOAT32_LOCAL
 
 from megarl.parallel.spawn import run_distributed
 
@@ -33,6 +34,7 @@ def _rank_main(model_dir: str, tp: int, etp: int, advantages: torch.Tensor) -> d
         optim=OptimizerConfig(lr=0.5, eps=1.0, use_distributed_optimizer=True, weight_decay=0.0),
         moe=MoeConfig(aux_loss_coeff=0.01),
         sequence_parallel=tp > 1,
+        model=FLOAT32_LOCAL,
     )
     fc2 = next(
         p for n, p in actor.engine.model.module.named_parameters() if n.endswith("local_experts.0.linear_fc2.weight")

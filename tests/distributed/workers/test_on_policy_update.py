@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from worker_batches import ragged_batch
+from worker_models import FLOAT32_LOCAL
 
 from megarl.parallel.spawn import run_distributed
 
@@ -40,7 +41,7 @@ def _rank_main(model_dir, advantages, rollout_log_probs):
     optim = OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
     out = {}
 
-    separate = MegatronActor.from_hf(model_dir, groups, optim=optim)
+    separate = MegatronActor.from_hf(model_dir, groups, optim=optim, model=FLOAT32_LOCAL)
     with_pass = batch.select(slice(None))
     with_pass.old_log_probs, _ = separate.compute_log_prob(batch, micro_batch_size=len(batch) // 2)
     out["separate"] = _update(separate, with_pass, loss_fn)
@@ -49,7 +50,7 @@ def _rank_main(model_dir, advantages, rollout_log_probs):
         raise AssertionError("the on-policy update ran a separate old-log-prob pass")
 
     actor_module.compute_log_probs = no_separate_pass
-    on_policy = MegatronActor.from_hf(model_dir, groups, optim=optim)
+    on_policy = MegatronActor.from_hf(model_dir, groups, optim=optim, model=FLOAT32_LOCAL)
     out["on_policy"] = _update(on_policy, batch, loss_fn)
     # Two mini-batches reuse the batch under moved weights: the update refuses to guess old log-probs.
     try:

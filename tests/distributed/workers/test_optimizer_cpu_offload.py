@@ -44,9 +44,9 @@ def _rank_main(model_dir, old_log_probs, advantages):
     from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
 
     from megarl.config.roles import ActorConfig, OptimizerConfig
+    from megarl.config.sections import ModelConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
-    from megarl.workers.settings import ModelSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     batch = ragged_batch().split(DP)[groups.dp_rank]
@@ -60,7 +60,9 @@ def _rank_main(model_dir, old_log_probs, advantages):
             cpu_offload_fraction=fraction or 1.0,
             weight_decay=0.0,
         )
-        actor = MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=ModelSettings(dtype="bfloat16"))
+        actor = MegatronActor.from_hf(
+            model_dir, groups, optim=optim, model=ModelConfig(dtype="bfloat16", transformer_impl="local")
+        )
         optimizer = actor.engine.optimizer
         hybrid = _inner(optimizer).optimizer
         built = dict(hybrid=isinstance(hybrid, HybridDeviceOptimizer))
@@ -122,10 +124,10 @@ def test_one_update_equals_the_update_without_offload(ranks):
 
 def _resume_main(model_dir, root, advantages):
     from megarl.config.roles import ActorConfig, OptimizerConfig
+    from megarl.config.sections import ModelConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.checkpoint import load_checkpoint, save_checkpoint
-    from megarl.workers.settings import ModelSettings
 
     groups = initialize_model_parallel(1, 1, seed=0)
     batch = ragged_batch().split(DP)[groups.dp_rank]
@@ -136,7 +138,9 @@ def _resume_main(model_dir, root, advantages):
     loss_fn = PolicyLoss(ActorConfig())
 
     def build():
-        return MegatronActor.from_hf(model_dir, groups, optim=optim, model_settings=ModelSettings(dtype="bfloat16"))
+        return MegatronActor.from_hf(
+            model_dir, groups, optim=optim, model=ModelConfig(dtype="bfloat16", transformer_impl="local")
+        )
 
     def parts(actor):
         engine = actor.engine

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from worker_batches import ragged_batch
+from worker_models import FLOAT32_LOCAL
 
 from megarl.parallel.spawn import run_distributed
 
@@ -33,7 +34,10 @@ def _rank_main(model_dir, old_log_probs, advantages):
     out = {}
     for name, (part, micro) in runs.items():
         actor = MegatronActor.from_hf(
-            model_dir, groups, optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
+            model_dir,
+            groups,
+            optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False),
+            model=FLOAT32_LOCAL,
         )
         metrics = actor.update_policy(part, loss_fn, mini_batch_size=len(part), micro_batch_size=micro)
         out[name] = metrics, {n: p.detach().clone().numpy() for n, p in actor.named_parameters_for_sync()}

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from worker_batches import ragged_batch
+from worker_models import FLOAT32_LOCAL
 
 from megarl.parallel.spawn import run_distributed
 
@@ -51,14 +52,14 @@ def _rank_main(model_dir, tp, pp, old_log_probs, advantages, returns):
         ),
     }
     out = {"log_probs": {}, "entropy": {}, "updates": {}, "values": {}}
-    actor = MegatronActor.from_hf(model_dir, groups, optim=optim)
+    actor = MegatronActor.from_hf(model_dir, groups, optim=optim, model=FLOAT32_LOCAL)
     for name, cut in cuts.items():
         out["log_probs"][name], out["entropy"][name] = actor.compute_log_prob(batch, micro_batch_size=cut)
     for loss_name, loss_fn in losses.items():
         for name, cut in cuts.items():
-            actor = MegatronActor.from_hf(model_dir, groups, optim=optim)
+            actor = MegatronActor.from_hf(model_dir, groups, optim=optim, model=FLOAT32_LOCAL)
             out["updates"][loss_name, name] = _update(actor, batch, loss_fn, cut)
-    critic = MegatronCritic.from_hf(model_dir, groups, optim=optim, loss=CriticConfig())
+    critic = MegatronCritic.from_hf(model_dir, groups, optim=optim, loss=CriticConfig(), model=FLOAT32_LOCAL)
     for name, cut in cuts.items():
         out["values"][name] = critic.compute_values(batch, micro_batch_size=cut).numpy()
     out["log_probs"] = {k: v.numpy() for k, v in out["log_probs"].items()}

@@ -21,6 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from worker_batches import BATCH_SIZE, PROMPT_LEN, RESPONSE_LEN, ragged_batch
+from worker_models import FLOAT32_LOCAL
 
 from megarl.bridge import InProcessTensors
 from megarl.models.tiny import make_tiny_model
@@ -42,6 +43,7 @@ def _rank_main(model_dir: str, natural: torch.Tensor, forced: torch.Tensor, tp: 
         optim=OptimizerConfig(lr=1e-3, weight_decay=0.0, use_distributed_optimizer=False),
         moe=MoeConfig(router_replay=True),
         sequence_parallel=tp > 1,
+        model=FLOAT32_LOCAL,
     )
     batch = ragged_batch()  # DP 1 in both layouts: every rank holds the whole batch
     batch.rollout_log_probs = torch.zeros(batch.responses.shape)
@@ -156,11 +158,12 @@ def _measure_main(model_dir: str, batch) -> dict:
         groups,
         optim=OptimizerConfig(lr=1e-3, weight_decay=0.0, use_distributed_optimizer=False),
         moe=MoeConfig(router_replay=True),
+        model=FLOAT32_LOCAL,
     )
     old, _ = actor.compute_log_prob(batch, micro_batch_size=8)
     routing = actor.routing(replay=True)
     compute_log_probs(actor.engine.chunks, batch, 8, actor.vocab_size, groups, routing=routing)
-    reference = MegatronReference.from_hf(model_dir, groups, router_replay=True)
+    reference = MegatronReference.from_hf(model_dir, groups, router_replay=True, model=FLOAT32_LOCAL)
     return dict(
         metrics=actor.routing_metrics,
         replayed_agreement=routing.agreement(),
@@ -220,6 +223,7 @@ def _recompute_main(model_dir: str, forced: torch.Tensor, pp: int, method: str |
         optim=OptimizerConfig(lr=1e-2, weight_decay=0.0, use_distributed_optimizer=False),
         moe=MoeConfig(aux_loss_coeff=0.0, router_replay=True),
         recompute=recompute,
+        model=FLOAT32_LOCAL,
     )
     batch = ragged_batch()
     batch.rollout_log_probs = torch.zeros(batch.responses.shape)

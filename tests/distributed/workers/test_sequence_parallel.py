@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from worker_batches import ragged_batch
+from worker_models import FLOAT32_LOCAL
 
 from megarl.parallel.spawn import run_distributed
 
@@ -47,10 +48,12 @@ def _rank_main(model_dir, old_log_probs, advantages, returns):
     )
     out = {}
     for sp in (False, True):
-        actor = MegatronActor.from_hf(model_dir, groups, optim=optim, sequence_parallel=sp)
+        actor = MegatronActor.from_hf(model_dir, groups, optim=optim, sequence_parallel=sp, model=FLOAT32_LOCAL)
         torch.manual_seed(1)  # the value head is freshly drawn: the same draw for SP on and off
-        critic = MegatronCritic.from_hf(model_dir, groups, optim=optim, loss=CriticConfig(), sequence_parallel=sp)
-        reference = MegatronReference.from_hf(model_dir, groups, sequence_parallel=sp)
+        critic = MegatronCritic.from_hf(
+            model_dir, groups, optim=optim, loss=CriticConfig(), sequence_parallel=sp, model=FLOAT32_LOCAL
+        )
+        reference = MegatronReference.from_hf(model_dir, groups, sequence_parallel=sp, model=FLOAT32_LOCAL)
         config = actor.engine.model.config
         for name, cut in cuts.items():
             widths = [mb.input_ids.shape[1] for mb in micro_batches_of(batch, cut, groups, config)]
@@ -68,9 +71,11 @@ def _rank_main(model_dir, old_log_probs, advantages, returns):
                 values=critic.compute_values(batch, micro_batch_size=cut).numpy(),
             )
         for name, cut in cuts.items():
-            actor = MegatronActor.from_hf(model_dir, groups, optim=optim, sequence_parallel=sp)
+            actor = MegatronActor.from_hf(model_dir, groups, optim=optim, sequence_parallel=sp, model=FLOAT32_LOCAL)
             torch.manual_seed(1)
-            critic = MegatronCritic.from_hf(model_dir, groups, optim=optim, loss=CriticConfig(), sequence_parallel=sp)
+            critic = MegatronCritic.from_hf(
+                model_dir, groups, optim=optim, loss=CriticConfig(), sequence_parallel=sp, model=FLOAT32_LOCAL
+            )
             metrics = actor.update_policy(batch, loss_fn, mini_batch_size=len(batch), micro_batch_size=cut)
             grads = {n: p.main_grad.detach().clone().numpy() for n, p in actor.engine.model.module.named_parameters()}
             critic_metrics = critic.update_critic(batch, mini_batch_size=len(batch), micro_batch_size=cut)
@@ -152,6 +157,7 @@ def _pipeline_rank_main(model_dir, advantages):
                 groups,
                 optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False),
                 sequence_parallel=sp,
+                model=FLOAT32_LOCAL,
             )
             log_probs, _ = actor.compute_log_prob(batch, micro_batch_size=cut)
             # Exactly on-policy (one mini-batch, one epoch): the update takes its old log-probs from its own forward.

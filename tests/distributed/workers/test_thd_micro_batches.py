@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 from worker_batches import left_padded, ragged_batch
+from worker_models import FLOAT32_LOCAL
 
 from megarl.parallel.spawn import run_distributed
 
@@ -38,18 +39,18 @@ def _rank_main(model_dir):
     from te_thd_stand_in import ROPE_CALLS, use_stand_in_transformer_engine
 
     from megarl.config.roles import ActorConfig, OptimizerConfig
+    from megarl.config.sections import ModelConfig
     from megarl.parallel.distributed import initialize_model_parallel
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.megatron_train import micro_batches_of
     from megarl.workers.packing import TokenBudget
-    from megarl.workers.settings import ModelSettings
 
     use_stand_in_transformer_engine()
     groups = initialize_model_parallel(1, 2, seed=0)
     optim = OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
-    local = MegatronActor.from_hf(model_dir, groups, optim=optim)
+    local = MegatronActor.from_hf(model_dir, groups, optim=optim, model=FLOAT32_LOCAL)
     te = MegatronActor.from_hf(
-        model_dir, groups, optim=optim, model_settings=ModelSettings(transformer_impl="transformer_engine")
+        model_dir, groups, optim=optim, model=ModelConfig(dtype="float32", transformer_impl="transformer_engine")
     )
     batch = ragged_batch()
     out = {"impl": te.engine.model.config.transformer_impl}

@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from worker_batches import ragged_batch
+from worker_models import FLOAT32_LOCAL
 
 from megarl.models.tiny import make_tiny_model
 from megarl.parallel.spawn import run_distributed
@@ -42,7 +43,10 @@ def _rank_main(model_dir, out_dir, vpp, advantages):
     batch = ragged_batch()
     batch.advantages = advantages
     actor = MegatronActor.from_hf(
-        model_dir, groups, optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
+        model_dir,
+        groups,
+        optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False),
+        model=FLOAT32_LOCAL,
     )
     chunks = [chunk.module for chunk in actor.engine.chunks]
     out = dict(
@@ -61,13 +65,14 @@ def _rank_main(model_dir, out_dir, vpp, advantages):
     for name, cut in (("padded", PADDED_MICRO_BATCH), ("packed", packed)):
         log_probs, entropy = actor.compute_log_prob(batch, micro_batch_size=cut)
         out[name] = dict(log_probs=log_probs.numpy(), entropy=entropy.numpy())
-    reference = MegatronReference.from_hf(model_dir, groups)
+    reference = MegatronReference.from_hf(model_dir, groups, model=FLOAT32_LOCAL)
     out["ref_log_probs"] = reference.compute_ref_log_prob(batch, micro_batch_size=PADDED_MICRO_BATCH).numpy()
     critic = MegatronCritic.from_hf(
         model_dir,
         groups,
         optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False),
         loss=CriticConfig(),
+        model=FLOAT32_LOCAL,
     )
     if groups.is_last_stage:  # the value head's random draw depends on what was built before it: set it
         head = critic.engine.chunks[-1].module.output_layer.weight
@@ -92,7 +97,10 @@ def _rank_main(model_dir, out_dir, vpp, advantages):
         )
 
     fresh = MegatronActor.from_hf(
-        model_dir, groups, optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False)
+        model_dir,
+        groups,
+        optim=OptimizerConfig(lr=0.5, eps=1.0, weight_decay=0.0, use_distributed_optimizer=False),
+        model=FLOAT32_LOCAL,
     )
     if vpp == 1:  # the VPP 2 run's checkpoint (saved first), weights only
         load_checkpoint(f"{out_dir}/ckpt_vpp2/{step_dir_name(1)}", groups, weights_only=True, **states(fresh))

@@ -33,15 +33,15 @@ def _measure(model_dir: str, tp: int, distributed_optimizer: bool) -> dict[str, 
 
 def _measure_actor(model_dir: str, groups, distributed_optimizer: bool, dtype: str) -> tuple[int, int, int]:
     from megarl.config.roles import ActorConfig, OptimizerConfig
+    from megarl.config.sections import ModelConfig
     from megarl.workers.actor import MegatronActor, PolicyLoss
     from megarl.workers.batch import PolicyBatch
-    from megarl.workers.settings import ModelSettings
 
     actor = MegatronActor.from_hf(
         model_dir,
         groups,
         optim=OptimizerConfig(lr=1e-3, use_distributed_optimizer=distributed_optimizer, weight_decay=0.0),
-        model_settings=ModelSettings(dtype=dtype),
+        model=ModelConfig(dtype=dtype, transformer_impl="local"),
     )
     rows, prompt, response = 2, 4, 3
     generator = torch.Generator().manual_seed(0)  # the same batch on every rank

@@ -23,6 +23,7 @@ from concurrent.futures import Future
 import pytest
 import torch
 from transformers import AutoTokenizer
+from worker_models import FLOAT32_LOCAL
 
 from megarl.config.rollout import MultiTurnConfig
 from megarl.data import Prompt
@@ -71,7 +72,7 @@ def _actor_log_probs(model_dir, batch):
 
     groups = initialize_model_parallel(1, 1, seed=0)
     actor = MegatronActor.from_hf(
-        model_dir, groups, optim=OptimizerConfig(weight_decay=0.0, use_distributed_optimizer=False)
+        model_dir, groups, optim=OptimizerConfig(weight_decay=0.0, use_distributed_optimizer=False), model=FLOAT32_LOCAL
     )
     log_probs, _ = actor.compute_log_prob(batch, micro_batch_size=len(batch))
     return log_probs
