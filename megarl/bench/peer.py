@@ -30,8 +30,10 @@ Each TRL contender is a sweep of the knobs a TRL user tunes (`peer_sweep`): the 
 or 8 micro-batches (`per_device_train_batch_size` with gradient accumulation to the same batch, one
 generation and one optimizer step per batch either way) and, with vLLM, its engine eager or compiled;
 one run per setting, named `<contender>.mb<micro-batch>[.eager|.compiled]`. The contender's figures are
-those of its fastest run (`fastest_peers`): megarl is compared with the peer at its best, and every
-run of the sweep is printed.
+those of its fastest run (`fastest_runs`): megarl is compared with the peer at its best, and every
+run of the sweep is printed. With `--sweep-megarl` megarl's contenders sweep their own micro-batch the same
+way (`megarl_runs`): the default stays the figure of each ratio, and each contender's fastest run is set
+beside each peer at its best.
 Each run takes 1 + `steps` steps; the figure is the median of the steps after the first, and the ratio
 megarl / contender (> 1: megarl is slower). A run that fails is reported with its error, not
 left out silently. Launch→end is each run's whole wall time (start-up included).
@@ -79,6 +81,9 @@ MEGARL_LAYOUT = (
 is checked on the first and last steps only."""
 MICRO_BATCH = 32
 """megarl's micro-batch (the quickstart's): 2 per rank and optimizer step on the full workload."""
+MEGARL_MICRO_BATCHES = (16, 32, 64)
+"""`--sweep-megarl`: megarl's own sweep, the samples per micro-batch and rank (the tuned contenders' token
+budget follows it); 64 is a rank's whole half of the full workload's batch, one micro-batch per update."""
 TUNED = ("rollout.enforce_eager=false", "actor.max_tokens_per_micro_batch={packed_budget}")
 MEGARL_CONTENDERS = {
     "megarl": (),
@@ -115,14 +120,26 @@ def peer_sweep(name: str, batch: int) -> dict[str, PeerSettings]:
     }
 
 
-def fastest_peers(runs: dict) -> dict[str, str]:
-    """TRL contender -> its sweep's fastest run (median s/step) among `runs` that finished; none if none did."""
+def fastest_runs(runs: dict, names) -> dict[str, str]:
+    """Contender -> the fastest (median s/step) of its runs among `runs` that finished (the run named as the
+    contender and its sweep's `<name>.<setting>` runs), for each of `names`; none if none did."""
     fastest = {}
-    for name in TRL_CONTENDERS:
-        ran = [run for run, result in runs.items() if run.startswith(f"{name}.") and result.get("step_seconds")]
+    for name in names:
+        ran = [
+            run
+            for run, result in runs.items()
+            if (run == name or run.startswith(f"{name}.")) and result.get("step_seconds")
+        ]
         if ran:
             fastest[name] = min(ran, key=lambda run: runs[run]["step_seconds"])
     return fastest
+
+
+def megarl_runs(name: str, sweep: bool) -> dict[str, int]:
+    """Run name -> samples per micro-batch of megarl contender `name`: its default run at `MICRO_BATCH`,
+    named `name`, and with `sweep` the other `MEGARL_MICRO_BATCHES` as `<name>.mb<M>`."""
+    micro_batches = MEGARL_MICRO_BATCHES if sweep else (MICRO_BATCH,)
+    return {name if micro == MICRO_BATCH else f"{name}.mb{micro}": micro for micro in micro_batches}
 
 
 CONTENDERS = (*MEGARL_CONTENDERS, *TRL_CONTENDERS)
@@ -161,9 +178,12 @@ def run(
     workload: str = "fixed",
     names: tuple[str, ...] = CONTENDERS,
     seed: int = 0,
+    sweep_megarl: bool = False,
 ) -> dict:
     """Runs the contenders `names` (in the order of `CONTENDERS`) on `workload` (a key of `WORKLOADS`), every
-    run seeded `seed` (`seed_overrides`; TRL's `seed`): the model and the prompts are the same for any seed."""
+    run seeded `seed` (`seed_overrides`; TRL's `seed`): the model and the prompts are the same for any seed.
+    With `sweep_megarl` each megarl contender also runs at the other `MEGARL_MICRO_BATCHES` (`megarl_runs`);
+    its ratios stay those of its default run, and its fastest run is compared with each peer at its best."""
     from megarl.bench.common import context, model_summary
     from megarl.models.tiny import make_tiny_model
 
@@ -179,7 +199,8 @@ def run(
     for name in (name for name in CONTENDERS if name in names):
         if name in MEGARL_CONTENDERS:
             extra = (*MEGARL_CONTENDERS[name], *_megarl_lengths(**lengths), *seed_overrides(seed))
-            contenders[name] = _timed(lambda: _megarl(config_path, model, data, shape, steps, extra))
+            for run_name, micro in megarl_runs(name, sweep_megarl).items():
+                contenders[run_name] = _timed(lambda: _megarl(config_path, model, data, shape, steps, micro, extra))
             continue
         for run_name, settings in peer_sweep(name, batch).items():
             spec = dict(
@@ -195,9 +216,10 @@ def run(
                 **shape,
             )
             contenders[run_name] = _timed(lambda: _trl(spec, workdir / run_name))
-    fastest = fastest_peers(contenders)
+    fastest = fastest_runs(contenders, TRL_CONTENDERS)
     at_best = contenders | {name: contenders[run] for name, run in fastest.items()}
-    peers = [*TRL_CONTENDERS, *(run for run in contenders if run not in MEGARL_CONTENDERS)]
+    peers = [*TRL_CONTENDERS, *(run for run in contenders if run.startswith(tuple(f"{n}." for n in TRL_CONTENDERS)))]
+    fastest_megarl = fastest_runs(contenders, MEGARL_CONTENDERS) if sweep_megarl else {}
     return dict(
         benchmark="step_peer_trl",
         context=context(),
@@ -209,7 +231,9 @@ def run(
         measured_steps=steps,
         contenders=contenders,
         fastest_peers=fastest,
-        megarl_over_peer_step_ratio=_ratios(at_best, "step_seconds", product(MEGARL_CONTENDERS, peers)),
+        fastest_megarl=fastest_megarl,
+        megarl_over_peer_step_ratio=_ratios(at_best, "step_seconds", product(MEGARL_CONTENDERS, peers))
+        | _ratios(at_best, "step_seconds", product(fastest_megarl.values(), fastest)),
         megarl_over_peer_generation_ratio=_ratios(at_best, "generate_ms_per_token", GENERATION_PEERS.items()),
     )
 
@@ -260,12 +284,14 @@ def _timed(contender) -> dict:
     return result | {"launch_to_end_seconds": time.perf_counter() - start}
 
 
-def _megarl(config_path: str, model: Path, data: Path, shape: dict, steps: int, extra: tuple[str, ...]) -> dict:
+def _megarl(
+    config_path: str, model: Path, data: Path, shape: dict, steps: int, micro_batch: int, extra: tuple[str, ...]
+) -> dict:
     from megarl.bench import step
     from megarl.config.loader import load_config
 
     samples_per_rank = shape["prompts_per_step"] * shape["samples_per_prompt"] // 2  # actor DP 2
-    micro_batch = min(MICRO_BATCH, samples_per_rank)
+    micro_batch = min(micro_batch, samples_per_rank)
     width = load_config(config_path).data.max_prompt_length + shape["max_new_tokens"]
     extra = tuple(override.format(packed_budget=micro_batch * width) for override in extra)
     overrides = [
@@ -385,6 +411,12 @@ def markdown(result: dict) -> str:
         )
     for name, run in result.get("fastest_peers", {}).items():
         cells = [f"{m} ÷ it {ratios[f'{m}/{name}']:.2f}" for m in mine if f"{m}/{name}" in ratios]
+        lines.append(
+            f"{name} at its best: {run}, {result['contenders'][run]['step_seconds']:.2f} s/step"
+            + (f"; {', '.join(cells)}" if cells else "")
+        )
+    for name, run in result.get("fastest_megarl", {}).items():
+        cells = [f"÷ {peer} at its best {ratios[f'{run}/{peer}']:.2f}" for peer in result.get("fastest_peers", {})]
         lines.append(
             f"{name} at its best: {run}, {result['contenders'][run]['step_seconds']:.2f} s/step"
             + (f"; {', '.join(cells)}" if cells else "")

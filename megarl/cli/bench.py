@@ -78,6 +78,12 @@ def register(subparsers) -> None:
         "e.g. megarl_tuned,trl_vllm with --repeats 40 for the reward curves",
     )
     parser.add_argument(
+        "--sweep-megarl",
+        action="store_true",
+        help="with --peer: each megarl contender also runs at 16 and 64 samples per micro-batch and rank (the "
+        "default 32 stays the figure of the ratios); its fastest run is compared with each peer at its best",
+    )
+    parser.add_argument(
         "--seed",
         type=int,
         default=0,
@@ -119,9 +125,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.peer is None and (args.workload != "fixed" or args.contenders is not None):
+    if args.peer is None and (args.workload != "fixed" or args.contenders is not None or args.sweep_megarl):
         print(
-            "megarl bench: --workload and --contenders choose the peer comparison's runs; add --peer trl "
+            "megarl bench: --workload, --contenders and --sweep-megarl choose the peer comparison's runs; add --peer trl "
             "(megarl bench step --peer trl)",
             file=sys.stderr,
         )
@@ -214,7 +220,9 @@ def _run(args: argparse.Namespace, tmp: Path) -> tuple[dict, str]:
         from megarl.bench import peer
 
         names = tuple(args.contenders.split(",")) if args.contenders else peer.CONTENDERS
-        result = peer.run(args.config, args.repeats, tmp, args.smoke, args.workload, names, args.seed)
+        result = peer.run(
+            args.config, args.repeats, tmp, args.smoke, args.workload, names, args.seed, args.sweep_megarl
+        )
         return result, peer.markdown(result)
     module = importlib.import_module(f"megarl.bench.{args.benchmark}")
     if args.benchmark == "step":
