@@ -294,33 +294,44 @@ def test_a_reward_function_returning_the_wrong_length_stops_the_run(assets, tmp_
         )
 
 
-def test_a_stop_signal_ends_the_run_after_the_step_it_came_in_with_one_line(assets, tmp_path, monkeypatch, capsys):
-    """SIGTERM during step 3: the step finishes and is logged, the loop stops before step 4, and `megarl
-    train` prints one line naming the step, its phase and the last checkpoint, exit 143. (That the signal
-    also ends every process and leaves no /dev/shm file is the whole job's:
-    tests/e2e/reliability/test_stop_signals.py.)"""
+@pytest.mark.parametrize(
+    "signum,mode",
+    [(signal.SIGTERM, {}), (signal.SIGHUP, ONE_STEP_OFF)],
+    ids=["SIGTERM-sync", "SIGHUP-one-step-off"],
+)
+def test_a_stop_signal_ends_the_run_after_the_step_it_came_in_with_one_line(
+    assets, tmp_path, monkeypatch, capsys, signum, mode
+):
+    """A stop signal during step 3: the step finishes and is logged, the loop stops before step 4, and
+    `megarl train` prints one line naming the signal, the step, its phase and the last checkpoint, with the
+    shell's exit code (143 / 129); also with step 4's batch generating beside step 3 (one_step_off: the
+    SIGHUP case, moved from tests/e2e/reliability/test_stop_signals.py). (That the signal also ends every
+    process and leaves no /dev/shm file is the whole job's: tests/e2e/reliability/test_stop_signals.py.)"""
     monkeypatch.setattr(interrupt, "_requested", None)  # the process-wide request, this test's only
     with fake_cluster(monkeypatch):
         to_rollout = RunningCluster.to_rollout
 
         def signalled_in_step_3(self, step):
             if step == 3:
-                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signum)
             return to_rollout(self, step)
 
         monkeypatch.setattr(RunningCluster, "to_rollout", signalled_in_step_3)
-        args = overrides(assets, tmp_path, **{"trainer.total_steps": 6, "checkpoint.save_freq": 2})
+        args = overrides(assets, tmp_path, **mode | {"trainer.total_steps": 6, "checkpoint.save_freq": 2})
         code = _train(checked_config(QUICKSTART, args))
     err = capsys.readouterr().err
-    assert code == 128 + signal.SIGTERM, err
+    assert code == 128 + signum, err
     [line] = [line for line in err.splitlines() if line.startswith("megarl train: stopped by")]
     assert re.fullmatch(
-        r"megarl train: stopped by SIGTERM during step 3 \(step\); last checkpoint: step 2 \(.+\); "
-        r"continue from it by running the same command with checkpoint.resume=auto",
+        rf"megarl train: stopped by {signal.Signals(signum).name} during step 3 \(step\); last checkpoint: "
+        r"step 2 \(.+\); continue from it by running the same command with checkpoint.resume=auto",
         line,
     ), line
     assert "Traceback" not in err
-    assert [m["step"] for m in read_metrics(tmp_path / "quickstart" / "metrics.jsonl")] == [1, 2, 3]
+    metrics = read_metrics(tmp_path / "quickstart" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    if mode:  # step 3 trained beside step 4's generation
+        assert metrics[2]["rollout/policy_version_lag/max"] == 1
 
 
 def test_validation_runs_every_test_freq_steps_and_at_the_end(assets, tmp_path, monkeypatch):
