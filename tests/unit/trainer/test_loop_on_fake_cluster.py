@@ -351,6 +351,7 @@ ASYNC = {
     "checkpoint.save_freq": 2,
     "checkpoint.max_keep": 3,
     "rollout.partial_rollout": 1,
+    "trainer.test_freq": 2,
 }
 
 
@@ -358,13 +359,18 @@ def test_async_resumes_from_the_middle_on_the_batches_the_checkpoint_kept(assets
     """async, max_staleness 2, partial rollouts of a token per segment: the run stopped after step 2's
     checkpoint resumes from it and trains step 3 on the batch the checkpoint kept (its policy version as
     recorded), or says the batch was in flight and generates it again; every later batch is generated
-    after the resume (moved here from tests/e2e/trainer/test_one_step_off.py, which keeps the uninterrupted
-    run on the real cluster)."""
+    after the resume; validation (every 2 steps and at the end) takes the engines between two segments
+    (moved here from tests/e2e/trainer/test_one_step_off.py, with the uninterrupted run's lag bound,
+    checkpointed stream and validation cadence: the async whole jobs are tests/e2e/trainer/
+    test_agent_quickstart.py's, partial rollouts and weight loads between segments on vLLM, and
+    tests/e2e/reliability/test_async_faults.py's, a stop and the checkpointed batch ahead)."""
     run_dir = tmp_path / "run"
     args = overrides(assets, run_dir, **ASYNC)
     metrics = read_metrics(fit(monkeypatch, args).run_dir / "metrics.jsonl")
     lags = [m["rollout/policy_version_lag/max"] for m in metrics]
     assert lags[0] == 0 and all(0 <= lag <= 2 for lag in lags), lags
+    assert [m["step"] for m in metrics if "val/reward/mean" in m] == [2, 4]
+    assert [m["sync/weight_version"] for m in metrics] == [1.0, 2.0, 3.0, 4.0]
     stream = json.loads((run_dir / "checkpoints" / step_dir_name(2) / "extra.json").read_text())["stream"]
     assert set(stream["ready"]) <= {"3", "4"} and stream["in_flight"] in (None, 3, 4), stream
     capsys.readouterr()
