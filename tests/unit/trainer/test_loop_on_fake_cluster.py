@@ -218,12 +218,31 @@ def test_one_step_off_resumes_from_the_middle_with_the_batch_the_checkpoint_kept
     assert resumed[-1]["val/reward/mean"] == pytest.approx(metrics[-1]["val/reward/mean"], rel=1e-9)
 
 
-def train_command(monkeypatch, args: list[str]) -> int:
+def train_command(monkeypatch, args: list[str], probe_gap=0.0) -> int:
     """`megarl train`'s run and its errors' exit codes (`megarl.cli.train._train`) on the fake cluster,
     with this directory's reward functions importable (`loop_rewards`)."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    with fake_cluster(monkeypatch):
+    with fake_cluster(monkeypatch, probe_gap=probe_gap):
         return _train(checked_config(QUICKSTART, args))
+
+
+def test_a_sync_gap_over_the_threshold_stops_the_run_before_the_next_rollout(assets, tmp_path, monkeypatch, capsys):
+    """Engines whose probe log-probs are 1e-3 from the actor's, every tensor loaded bit for bit: the
+    first sync's check fails, `megarl train` exits 1 with the message naming the layout, the gap and
+    the threshold, and no step is logged, so no rollout used the synced weights (moved from
+    tests/e2e/reliability/test_numerical_faults.py, a whole job; that a real TP-2 actor and TP-1 engine
+    show a gap the check measures is tests/e2e/trainer/test_trainer_e2e.py's, the bf16 engines' test)."""
+    args = overrides(assets, tmp_path, **{"rollout.sync.logprob_gap_threshold": 1e-4, "trainer.total_steps": 3})
+    code = train_command(monkeypatch, args, probe_gap=1e-3)
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert re.search(
+        r"megarl train: failed: SyncVerificationError: weight sync train TP=2/PP=1 → rollout TP=1: rollout "
+        r"log-probs differ from the actor's by 0\.001 \(mean 0\.001\) > threshold 0\.0001",
+        err,
+    ), err
+    metrics_file = tmp_path / "quickstart" / "metrics.jsonl"
+    assert not metrics_file.exists() or read_metrics(metrics_file) == []
 
 
 def test_consecutive_nan_steps_stop_the_run_naming_max_bad_steps(assets, tmp_path, monkeypatch, capsys):
