@@ -14,10 +14,13 @@ vLLM adds to its stop tokens) and `min_tokens` / `min_new_tokens` in its `genera
 Contenders, one after another in this process's run (each its own process tree, so none inherits
 another's threads or memory):
 - megarl: the `Trainer` on configs/quickstart.yaml with the workload's settings, in its best layout on
-  2 CPUs (actor DP 2, two colocated TP-1 vLLM engines), the sync check off (TRL has none);
-- megarl_tuned: the same, all fp32, with the two throughput settings a user would turn on: engines that
-  vLLM compiles (`rollout.enforce_eager=false`, eager by default on CPU) and micro-batches packed by
-  tokens (`actor.max_tokens_per_micro_batch`, the token slots of a padded micro-batch);
+  2 CPUs (actor DP 2, two colocated TP-1 vLLM engines), the sync check off (TRL has none), with megarl's
+  defaults: micro-batches packed by tokens (`actor.max_tokens_per_micro_batch: auto`, the token slots of a
+  padded micro-batch) and engines eager (`rollout.enforce_eager: auto`: a run this short would not repay
+  the compile on CPU);
+- megarl_tuned: the same, all fp32, with engines that vLLM compiles (`rollout.enforce_eager=false`), the
+  throughput setting a user would turn on for this benchmark, which times the steps after the first (the
+  compile is paid before them);
 - megarl_bf16: megarl_tuned with bfloat16 engines (`rollout.dtype=bfloat16`) beside the fp32 actor, as
   verl runs by default;
 - megarl_call_seeds: megarl_tuned with one seed per engine call instead of one per sample
@@ -82,17 +85,16 @@ is checked on the first and last steps only."""
 MICRO_BATCH = 32
 """megarl's micro-batch (the quickstart's): 2 per rank and optimizer step on the full workload."""
 MEGARL_MICRO_BATCHES = (16, 32, 64)
-"""`--sweep-megarl`: megarl's own sweep, the samples per micro-batch and rank (the tuned contenders' token
-budget follows it); 64 is a rank's whole half of the full workload's batch, one micro-batch per update."""
-TUNED = ("rollout.enforce_eager=false", "actor.max_tokens_per_micro_batch={packed_budget}")
+"""`--sweep-megarl`: megarl's own sweep, the samples per micro-batch and rank (the default token budget,
+`auto`, follows it); 64 is a rank's whole half of the full workload's batch, one micro-batch per update."""
+TUNED = ("rollout.enforce_eager=false",)
 MEGARL_CONTENDERS = {
     "megarl": (),
     "megarl_tuned": TUNED,
     "megarl_bf16": (*TUNED, "rollout.dtype=bfloat16"),
     "megarl_call_seeds": (*TUNED, "rollout.seed_each_sample=false"),
 }
-"""Name -> the overrides of that megarl contender on top of the workload's ({packed_budget}: the token
-slots of a padded micro-batch, micro-batch × (data.max_prompt_length + max new tokens))."""
+"""Name -> the overrides of that megarl contender on top of the workload's."""
 TRL_CONTENDERS = {"trl": None, "trl_vllm": "float32", "trl_vllm_bf16": "bfloat16"}
 """Name -> the dtype of TRL's colocated vLLM engine (None: TRL generates with HF `generate`)."""
 ACCUMULATION_STEPS = (1, 2, 4, 8)
@@ -288,12 +290,9 @@ def _megarl(
     config_path: str, model: Path, data: Path, shape: dict, steps: int, micro_batch: int, extra: tuple[str, ...]
 ) -> dict:
     from megarl.bench import step
-    from megarl.config.loader import load_config
 
     samples_per_rank = shape["prompts_per_step"] * shape["samples_per_prompt"] // 2  # actor DP 2
     micro_batch = min(micro_batch, samples_per_rank)
-    width = load_config(config_path).data.max_prompt_length + shape["max_new_tokens"]
-    extra = tuple(override.format(packed_budget=micro_batch * width) for override in extra)
     overrides = [
         f"model.path={model}",
         f"data.train_files=[{data}]",
