@@ -12,7 +12,7 @@ QUICKSTART = str(CONFIGS / "quickstart.yaml")
 
 
 def quickstart(*overrides: str):
-    config = load_config(QUICKSTART, ["rollout.enforce_eager=auto", *overrides])
+    config = load_config(QUICKSTART, list(overrides))
     return config, plan_batches(config)
 
 
@@ -56,7 +56,7 @@ def test_an_unknown_run_length_names_the_steps_from_which_a_cpu_run_compiles():
 
 
 def test_validate_prints_the_choice_and_why(capsys):
-    code, out, err = run_validate(capsys, QUICKSTART, "rollout.enforce_eager=auto", "--no-file-checks")
+    code, out, err = run_validate(capsys, QUICKSTART, "--no-file-checks")
     assert (code, err) == (0, "")
     assert (
         "rollout.enforce_eager auto → eager: ~12,800 generated tokens per engine over the run (100 steps × 128 "
