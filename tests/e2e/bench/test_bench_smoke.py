@@ -40,6 +40,7 @@ def test_rollout(tmp_path):
     result = _bench(tmp_path, "rollout")
     # Same engine, same seeds: megarl's batch holds exactly the tokens vLLM generated.
     assert result["same_tokens"] is True
+    assert result["compiled"] is False  # --smoke: eager; the compiled engine is test_compiled_engine_cpu.py's
     assert set(result["seconds"]) == {"megarl", "vllm", "hf"}
     assert all(len(times) == 2 for times in result["seconds"].values())
     assert result["megarl_over_vllm"] > 0 and result["hf_over_megarl"] > 0
