@@ -100,7 +100,8 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="tiny model and shapes (train: TP 1 only), to check that a benchmark runs; the numbers mean nothing",
+        help="tiny model and shapes (train: TP 1 only; rollout: the engine eager, not compiled), to check that a "
+        "benchmark runs; the numbers mean nothing",
     )
     parser.set_defaults(func=run)
 
@@ -247,7 +248,7 @@ def _run(args: argparse.Namespace, tmp: Path) -> tuple[dict, str]:
     model = str(args.model or _make_model(tmp, args.smoke, args.benchmark))
     if args.benchmark == "rollout":
         shape = module.RolloutShape(prompts=4, n=2, max_new_tokens=4) if args.smoke else module.RolloutShape()
-        result = module.run(model, shape, args.repeats)
+        result = module.run(model, shape, args.repeats, compiled=not args.smoke)
     elif args.benchmark == "train":
         if args.smoke:
             result = module.run(
