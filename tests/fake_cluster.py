@@ -201,7 +201,7 @@ class FakeEngine:
         return [LoadedChecksums("float32", full=full)]
 
     def prompt_logprobs(self, token_ids: list[list[int]]) -> list[torch.Tensor]:
-        return probe_log_probs(self.weights, token_ids)
+        return [log_probs + self.cluster.probe_gap for log_probs in probe_log_probs(self.weights, token_ids)]
 
     def generate(
         self,
@@ -252,6 +252,9 @@ class FakeCluster:
 
     bad_steps: set[int] = field(default_factory=set)
     """Steps whose update the fake actor reports skipped (`actor/skipped_steps`), as a NaN gradient would."""
+    probe_gap: float = 0.0
+    """Added to the engines' log-probs of the sync check's probes, as engines whose numerics differ from
+    the actor's would (the exact checksums still agree)."""
     world_size: int = 0
     saved: list[int] = field(default_factory=list)
     """Steps saved, in order, once per rank."""
@@ -281,10 +284,10 @@ class FakeCluster:
 
 
 @contextmanager
-def fake_cluster(monkeypatch, bad_steps=()):
+def fake_cluster(monkeypatch, bad_steps=(), probe_gap=0.0):
     """Point `Trainer.fit` at a `FakeCluster` (no Ray, no Megatron, no vLLM): the trainer's seam is the
     names `megarl.trainer.trainer` imports to start the cluster (`start_cluster`) and Ray."""
-    cluster = FakeCluster(set(bad_steps))
+    cluster = FakeCluster(set(bad_steps), probe_gap)
     monkeypatch.setattr(trainer_module, "init_ray", lambda **_: None)
     monkeypatch.setattr(trainer_module, "shutdown_ray", lambda: None)
     monkeypatch.setattr(trainer_module, "start_cluster", cluster.start_cluster)

@@ -21,7 +21,7 @@ import torch
 
 import megarl.trainer.trainer as trainer_module
 from megarl.algorithms.kl import FixedKLController
-from megarl.cluster.roles import MegatronGroup, Roles
+from megarl.cluster.roles import MegatronGroup, Roles, packs_by_tokens
 from megarl.cluster.running import RunningCluster
 from megarl.cluster.timing import PhaseTimer
 from megarl.config.batch_plan import plan_batches
@@ -242,7 +242,7 @@ def recording_roles(config, plan) -> Roles:
         for role in (plan.actor, plan.critic, plan.ref)
         if role is not None
     }
-    packed = frozenset(name for name in groups if getattr(config, name).max_tokens_per_micro_batch is not None)
+    packed = frozenset(name for name in groups if packs_by_tokens(getattr(config, name), config))
     return Roles(groups, rollout=None, placement=None, sync_transport="collective", routes=None, packed_roles=packed)
 
 

@@ -14,10 +14,13 @@ vLLM adds to its stop tokens) and `min_tokens` / `min_new_tokens` in its `genera
 Contenders, one after another in this process's run (each its own process tree, so none inherits
 another's threads or memory):
 - megarl: the `Trainer` on configs/quickstart.yaml with the workload's settings, in its best layout on
-  2 CPUs (actor DP 2, two colocated TP-1 vLLM engines), the sync check off (TRL has none);
-- megarl_tuned: the same, all fp32, with the two throughput settings a user would turn on: engines that
-  vLLM compiles (`rollout.enforce_eager=false`, eager by default on CPU) and micro-batches packed by
-  tokens (`actor.max_tokens_per_micro_batch`, the token slots of a padded micro-batch);
+  2 CPUs (actor DP 2, two colocated TP-1 vLLM engines), the sync check off (TRL has none), with megarl's
+  defaults: micro-batches packed by tokens (`actor.max_tokens_per_micro_batch: auto`, the token slots of a
+  padded micro-batch) and engines eager (`rollout.enforce_eager: auto`: a run this short would not repay
+  the compile on CPU);
+- megarl_tuned: the same, all fp32, with engines that vLLM compiles (`rollout.enforce_eager=false`), the
+  throughput setting a user would turn on for this benchmark, which times the steps after the first (the
+  compile is paid before them);
 - megarl_bf16: megarl_tuned with bfloat16 engines (`rollout.dtype=bfloat16`) beside the fp32 actor, as
   verl runs by default;
 - megarl_call_seeds: megarl_tuned with one seed per engine call instead of one per sample
@@ -30,8 +33,10 @@ Each TRL contender is a sweep of the knobs a TRL user tunes (`peer_sweep`): the 
 or 8 micro-batches (`per_device_train_batch_size` with gradient accumulation to the same batch, one
 generation and one optimizer step per batch either way) and, with vLLM, its engine eager or compiled;
 one run per setting, named `<contender>.mb<micro-batch>[.eager|.compiled]`. The contender's figures are
-those of its fastest run (`fastest_peers`): megarl is compared with the peer at its best, and every
-run of the sweep is printed.
+those of its fastest run (`fastest_runs`): megarl is compared with the peer at its best, and every
+run of the sweep is printed. With `--sweep-megarl` megarl's contenders sweep their own micro-batch the same
+way (`megarl_runs`): the default stays the figure of each ratio, and each contender's fastest run is set
+beside each peer at its best.
 Each run takes 1 + `steps` steps; the figure is the median of the steps after the first, and the ratio
 megarl / contender (> 1: megarl is slower). A run that fails is reported with its error, not
 left out silently. Launch→end is each run's whole wall time (start-up included).
@@ -79,15 +84,17 @@ MEGARL_LAYOUT = (
 is checked on the first and last steps only."""
 MICRO_BATCH = 32
 """megarl's micro-batch (the quickstart's): 2 per rank and optimizer step on the full workload."""
-TUNED = ("rollout.enforce_eager=false", "actor.max_tokens_per_micro_batch={packed_budget}")
+MEGARL_MICRO_BATCHES = (16, 32, 64)
+"""`--sweep-megarl`: megarl's own sweep, the samples per micro-batch and rank (the default token budget,
+`auto`, follows it); 64 is a rank's whole half of the full workload's batch, one micro-batch per update."""
+TUNED = ("rollout.enforce_eager=false",)
 MEGARL_CONTENDERS = {
     "megarl": (),
     "megarl_tuned": TUNED,
     "megarl_bf16": (*TUNED, "rollout.dtype=bfloat16"),
     "megarl_call_seeds": (*TUNED, "rollout.seed_each_sample=false"),
 }
-"""Name -> the overrides of that megarl contender on top of the workload's ({packed_budget}: the token
-slots of a padded micro-batch, micro-batch × (data.max_prompt_length + max new tokens))."""
+"""Name -> the overrides of that megarl contender on top of the workload's."""
 TRL_CONTENDERS = {"trl": None, "trl_vllm": "float32", "trl_vllm_bf16": "bfloat16"}
 """Name -> the dtype of TRL's colocated vLLM engine (None: TRL generates with HF `generate`)."""
 ACCUMULATION_STEPS = (1, 2, 4, 8)
@@ -115,14 +122,26 @@ def peer_sweep(name: str, batch: int) -> dict[str, PeerSettings]:
     }
 
 
-def fastest_peers(runs: dict) -> dict[str, str]:
-    """TRL contender -> its sweep's fastest run (median s/step) among `runs` that finished; none if none did."""
+def fastest_runs(runs: dict, names) -> dict[str, str]:
+    """Contender -> the fastest (median s/step) of its runs among `runs` that finished (the run named as the
+    contender and its sweep's `<name>.<setting>` runs), for each of `names`; none if none did."""
     fastest = {}
-    for name in TRL_CONTENDERS:
-        ran = [run for run, result in runs.items() if run.startswith(f"{name}.") and result.get("step_seconds")]
+    for name in names:
+        ran = [
+            run
+            for run, result in runs.items()
+            if (run == name or run.startswith(f"{name}.")) and result.get("step_seconds")
+        ]
         if ran:
             fastest[name] = min(ran, key=lambda run: runs[run]["step_seconds"])
     return fastest
+
+
+def megarl_runs(name: str, sweep: bool) -> dict[str, int]:
+    """Run name -> samples per micro-batch of megarl contender `name`: its default run at `MICRO_BATCH`,
+    named `name`, and with `sweep` the other `MEGARL_MICRO_BATCHES` as `<name>.mb<M>`."""
+    micro_batches = MEGARL_MICRO_BATCHES if sweep else (MICRO_BATCH,)
+    return {name if micro == MICRO_BATCH else f"{name}.mb{micro}": micro for micro in micro_batches}
 
 
 CONTENDERS = (*MEGARL_CONTENDERS, *TRL_CONTENDERS)
@@ -161,9 +180,12 @@ def run(
     workload: str = "fixed",
     names: tuple[str, ...] = CONTENDERS,
     seed: int = 0,
+    sweep_megarl: bool = False,
 ) -> dict:
     """Runs the contenders `names` (in the order of `CONTENDERS`) on `workload` (a key of `WORKLOADS`), every
-    run seeded `seed` (`seed_overrides`; TRL's `seed`): the model and the prompts are the same for any seed."""
+    run seeded `seed` (`seed_overrides`; TRL's `seed`): the model and the prompts are the same for any seed.
+    With `sweep_megarl` each megarl contender also runs at the other `MEGARL_MICRO_BATCHES` (`megarl_runs`);
+    its ratios stay those of its default run, and its fastest run is compared with each peer at its best."""
     from megarl.bench.common import context, model_summary
     from megarl.models.tiny import make_tiny_model
 
@@ -179,7 +201,8 @@ def run(
     for name in (name for name in CONTENDERS if name in names):
         if name in MEGARL_CONTENDERS:
             extra = (*MEGARL_CONTENDERS[name], *_megarl_lengths(**lengths), *seed_overrides(seed))
-            contenders[name] = _timed(lambda: _megarl(config_path, model, data, shape, steps, extra))
+            for run_name, micro in megarl_runs(name, sweep_megarl).items():
+                contenders[run_name] = _timed(lambda: _megarl(config_path, model, data, shape, steps, micro, extra))
             continue
         for run_name, settings in peer_sweep(name, batch).items():
             spec = dict(
@@ -195,9 +218,10 @@ def run(
                 **shape,
             )
             contenders[run_name] = _timed(lambda: _trl(spec, workdir / run_name))
-    fastest = fastest_peers(contenders)
+    fastest = fastest_runs(contenders, TRL_CONTENDERS)
     at_best = contenders | {name: contenders[run] for name, run in fastest.items()}
-    peers = [*TRL_CONTENDERS, *(run for run in contenders if run not in MEGARL_CONTENDERS)]
+    peers = [*TRL_CONTENDERS, *(run for run in contenders if run.startswith(tuple(f"{n}." for n in TRL_CONTENDERS)))]
+    fastest_megarl = fastest_runs(contenders, MEGARL_CONTENDERS) if sweep_megarl else {}
     return dict(
         benchmark="step_peer_trl",
         context=context(),
@@ -209,7 +233,9 @@ def run(
         measured_steps=steps,
         contenders=contenders,
         fastest_peers=fastest,
-        megarl_over_peer_step_ratio=_ratios(at_best, "step_seconds", product(MEGARL_CONTENDERS, peers)),
+        fastest_megarl=fastest_megarl,
+        megarl_over_peer_step_ratio=_ratios(at_best, "step_seconds", product(MEGARL_CONTENDERS, peers))
+        | _ratios(at_best, "step_seconds", product(fastest_megarl.values(), fastest)),
         megarl_over_peer_generation_ratio=_ratios(at_best, "generate_ms_per_token", GENERATION_PEERS.items()),
     )
 
@@ -260,14 +286,13 @@ def _timed(contender) -> dict:
     return result | {"launch_to_end_seconds": time.perf_counter() - start}
 
 
-def _megarl(config_path: str, model: Path, data: Path, shape: dict, steps: int, extra: tuple[str, ...]) -> dict:
+def _megarl(
+    config_path: str, model: Path, data: Path, shape: dict, steps: int, micro_batch: int, extra: tuple[str, ...]
+) -> dict:
     from megarl.bench import step
-    from megarl.config.loader import load_config
 
     samples_per_rank = shape["prompts_per_step"] * shape["samples_per_prompt"] // 2  # actor DP 2
-    micro_batch = min(MICRO_BATCH, samples_per_rank)
-    width = load_config(config_path).data.max_prompt_length + shape["max_new_tokens"]
-    extra = tuple(override.format(packed_budget=micro_batch * width) for override in extra)
+    micro_batch = min(micro_batch, samples_per_rank)
     overrides = [
         f"model.path={model}",
         f"data.train_files=[{data}]",
@@ -385,6 +410,12 @@ def markdown(result: dict) -> str:
         )
     for name, run in result.get("fastest_peers", {}).items():
         cells = [f"{m} ÷ it {ratios[f'{m}/{name}']:.2f}" for m in mine if f"{m}/{name}" in ratios]
+        lines.append(
+            f"{name} at its best: {run}, {result['contenders'][run]['step_seconds']:.2f} s/step"
+            + (f"; {', '.join(cells)}" if cells else "")
+        )
+    for name, run in result.get("fastest_megarl", {}).items():
+        cells = [f"÷ {peer} at its best {ratios[f'{run}/{peer}']:.2f}" for peer in result.get("fastest_peers", {})]
         lines.append(
             f"{name} at its best: {run}, {result['contenders'][run]['step_seconds']:.2f} s/step"
             + (f"; {', '.join(cells)}" if cells else "")

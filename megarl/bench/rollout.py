@@ -53,8 +53,10 @@ def make_prompts(shape: RolloutShape, vocab_size: int) -> list:
     return prompts
 
 
-def run(model_dir: str, shape: RolloutShape, repeats: int, with_hf: bool = True) -> dict:
-    """Time the three contenders; returns the JSON report (medians, ratios, shapes)."""
+def run(model_dir: str, shape: RolloutShape, repeats: int, with_hf: bool = True, compiled: bool = True) -> dict:
+    """Time the three contenders; returns the JSON report (medians, ratios, shapes). `compiled`: the engine
+    compiled as on GPU (`rollout.enforce_eager: false`); False runs it eagerly (`--smoke`: compiling adds tens
+    of seconds to the engine's start on CPU; tests/e2e/rollout/test_compiled_engine_cpu.py checks that path)."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
     from vllm import SamplingParams
@@ -76,7 +78,7 @@ def run(model_dir: str, shape: RolloutShape, repeats: int, with_hf: bool = True)
             model_dir,
             dtype="float32",
             max_model_len=shape.prompt_length + shape.max_new_tokens,
-            enforce_eager=False,
+            enforce_eager=not compiled,
         ),
     )
     sampling = SamplingConfig(n=shape.n, temperature=1.0, max_new_tokens=shape.max_new_tokens, seed=1234)
@@ -146,6 +148,7 @@ def run(model_dir: str, shape: RolloutShape, repeats: int, with_hf: bool = True)
         context=context(),
         model=model_summary(model_dir),
         shape=shape.__dict__,
+        compiled=compiled,
         repeats=repeats,
         generated_tokens=tokens,
         same_tokens=same_tokens,

@@ -13,6 +13,7 @@ send itself, on the trainer): the rest of it is the receive hand-shake calls and
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -27,6 +28,9 @@ def run(config_path: str, overrides: list[str], repeats: int, warmup: int = 1) -
     from megarl.trainer.sinks import METRICS_FILE
     from megarl.trainer.trainer import Trainer
 
+    # Ray's raylet starts its workers at nice 15 (its `worker_niceness`): on a machine that runs anything else,
+    # megarl's ranks and engines would then yield to it while a peer or a baseline, a plain process, would not.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     with tempfile.TemporaryDirectory(prefix="megarl-bench-step-") as out:
         run_overrides = [
             *overrides,

@@ -78,6 +78,12 @@ def register(subparsers) -> None:
         "e.g. megarl_tuned,trl_vllm with --repeats 40 for the reward curves",
     )
     parser.add_argument(
+        "--sweep-megarl",
+        action="store_true",
+        help="with --peer: each megarl contender also runs at 16 and 64 samples per micro-batch and rank (the "
+        "default 32 stays the figure of the ratios); its fastest run is compared with each peer at its best",
+    )
+    parser.add_argument(
         "--seed",
         type=int,
         default=0,
@@ -94,7 +100,8 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="tiny model and shapes (train: TP 1 only), to check that a benchmark runs; the numbers mean nothing",
+        help="tiny model and shapes (train: TP 1 only; rollout: the engine eager, not compiled), to check that a "
+        "benchmark runs; the numbers mean nothing",
     )
     parser.set_defaults(func=run)
 
@@ -119,9 +126,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.peer is None and (args.workload != "fixed" or args.contenders is not None):
+    if args.peer is None and (args.workload != "fixed" or args.contenders is not None or args.sweep_megarl):
         print(
-            "megarl bench: --workload and --contenders choose the peer comparison's runs; add --peer trl "
+            "megarl bench: --workload, --contenders and --sweep-megarl choose the peer comparison's runs; add --peer trl "
             "(megarl bench step --peer trl)",
             file=sys.stderr,
         )
@@ -214,7 +221,9 @@ def _run(args: argparse.Namespace, tmp: Path) -> tuple[dict, str]:
         from megarl.bench import peer
 
         names = tuple(args.contenders.split(",")) if args.contenders else peer.CONTENDERS
-        result = peer.run(args.config, args.repeats, tmp, args.smoke, args.workload, names, args.seed)
+        result = peer.run(
+            args.config, args.repeats, tmp, args.smoke, args.workload, names, args.seed, args.sweep_megarl
+        )
         return result, peer.markdown(result)
     module = importlib.import_module(f"megarl.bench.{args.benchmark}")
     if args.benchmark == "step":
@@ -239,7 +248,7 @@ def _run(args: argparse.Namespace, tmp: Path) -> tuple[dict, str]:
     model = str(args.model or _make_model(tmp, args.smoke, args.benchmark))
     if args.benchmark == "rollout":
         shape = module.RolloutShape(prompts=4, n=2, max_new_tokens=4) if args.smoke else module.RolloutShape()
-        result = module.run(model, shape, args.repeats)
+        result = module.run(model, shape, args.repeats, compiled=not args.smoke)
     elif args.benchmark == "train":
         if args.smoke:
             result = module.run(

@@ -1,6 +1,7 @@
 """`megarl validate CONFIG [key=value ...]`: check a recipe and show what would run, starting nothing.
 
-Prints the resolved config (every key, defaults included), the batch plan and the memory estimate (with a
+Prints the resolved config (every key, defaults included), the batch plan, the engines' mode
+(`rollout.enforce_eager`, "auto" resolved for the run) and the memory estimate (with a
 warning when it does not fit the GPUs: an estimate, so not a refusal), exit 0; or every problem, one line
 each, exit 2. Nothing is written and no process, Ray or model is started.
 """
@@ -13,6 +14,7 @@ import yaml
 from megarl.cli.arguments import positive_float
 from megarl.config.batch_plan import plan_batches
 from megarl.config.config import to_dict
+from megarl.config.engine_compile import validate_lines
 from megarl.config.loader import load_config
 from megarl.config.memory import kv_cache_problems, rollout_budget_problems
 from megarl.config.memory_table import memory_report
@@ -77,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
     print("# resolved config")
     print(yaml.dump(to_dict(config), Dumper=_Dumper, sort_keys=False, width=120), end="")
     print("\n# batch plan")
-    print(format_plan(plan_batches(config)))
+    plan = plan_batches(config)
+    print(format_plan(plan))
+    print("\n".join(validate_lines(config, plan)))
     print(f"\nmodel: {_model_line(config.model.path)}")
     report, fits = memory_report(config, args.gpu_memory_gib)
     print(f"\n# memory estimate (megarl/config/memory.py)\n{report}")

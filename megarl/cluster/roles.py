@@ -30,10 +30,12 @@ from megarl.cluster.sync_step import SYNC_TIMEOUT_S
 from megarl.cluster.timing import PhaseTimer
 from megarl.config.batch_plan import BatchPlan
 from megarl.config.config import Config
+from megarl.config.engine_compile import engines_eager
 from megarl.config.engines import loads_per_rank
 from megarl.config.placement import cluster_problems, resolve_device
 from megarl.config.problems import ConfigError
 from megarl.config.rollout import response_length, rollout_dtype
+from megarl.config.token_budget import sample_token_bound, token_budget
 from megarl.orchestration.cluster import cluster_gpus, driver_node_address
 from megarl.orchestration.placement import (
     BundleSpec,
@@ -76,7 +78,7 @@ class Roles:
     """The shared transports' rings: which trainer rank's ring each engine worker reads, carrying
     what (`megarl.bridge.ring_routes`; `rollout.sync.per_rank` resolved); None for the collective."""
     packed_roles: frozenset[str] = frozenset()
-    """Roles with packed micro-batches (`max_tokens_per_micro_batch` set): the DP ranks of their groups
+    """Roles with packed micro-batches (`packs_by_tokens`): the DP ranks of their groups
     get rows balanced by tokens, since a packed rank's time follows its tokens, not its rows."""
 
     @property
@@ -166,7 +168,7 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
         actor=actor_spec(config, plan, total_steps),
         use_reference=plan.ref is not None and "ref" not in own,
         ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
-        ref_micro_batch=settings.micro_batch_cut(config.ref, "ref"),
+        ref_micro_batch=settings.micro_batch_cut(config.ref, "ref", config),
         ref_offload=config.ref.offload_params,
         critic=None if "critic" in own else critic,
         ref_sequence_parallel=config.ref.parallel.sequence_parallel,
@@ -188,7 +190,7 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
             actor=None,
             use_reference=role.role == "ref",
             ref_micro_batch_size=config.ref.micro_batch_size_per_gpu,
-            ref_micro_batch=settings.micro_batch_cut(config.ref, "ref"),
+            ref_micro_batch=settings.micro_batch_cut(config.ref, "ref", config),
             ref_offload=config.ref.offload_params,
             critic=critic if role.role == "critic" else None,
             ref_sequence_parallel=config.ref.parallel.sequence_parallel,
@@ -198,11 +200,11 @@ def worker_specs(config: Config, plan: BatchPlan, total_steps: int) -> dict[str,
     return specs
 
 
-def packs_by_tokens(role_config) -> bool:
-    """Whether a role packs any of its passes by tokens: its update's or its forward pass's budget (the
-    reference has only the one)."""
+def packs_by_tokens(role_config, config: Config) -> bool:
+    """Whether a role (its section `role_config` of `config`) packs any of its passes by tokens: its
+    update's budget ("auto" resolved) or its forward pass's (the reference has only the one)."""
     forward = getattr(role_config, "forward_max_tokens_per_micro_batch", None)
-    return role_config.max_tokens_per_micro_batch is not None or forward is not None
+    return token_budget(role_config, sample_token_bound(config)) is not None or forward is not None
 
 
 def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
@@ -216,8 +218,8 @@ def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
         sequence_parallel=plan.actor.sequence_parallel,
         moe=actor.moe,
         mini_batch_size=plan.actor.update.samples_per_rank,
-        micro_batch_size=settings.micro_batch_cut(actor, "actor"),
-        forward_micro_batch=settings.forward_micro_batch_cut(actor, "actor"),
+        micro_batch_size=settings.micro_batch_cut(actor, "actor", config),
+        forward_micro_batch=settings.forward_micro_batch_cut(actor, "actor", config),
         ppo_epochs=actor.ppo_epochs,
         rollout_tp=config.rollout.tensor_model_parallel_size,
         rollout_expert_parallel=config.rollout.expert_parallel,
@@ -236,8 +238,8 @@ def critic_spec(config: Config, plan: BatchPlan, total_steps: int) -> CriticSpec
         offload=critic.offload,
         sequence_parallel=plan.critic.sequence_parallel,
         mini_batch_size=plan.critic.update.samples_per_rank,
-        micro_batch_size=settings.micro_batch_cut(critic, "critic"),
-        forward_micro_batch=settings.forward_micro_batch_cut(critic, "critic"),
+        micro_batch_size=settings.micro_batch_cut(critic, "critic", config),
+        forward_micro_batch=settings.forward_micro_batch_cut(critic, "critic", config),
         ppo_epochs=critic.ppo_epochs,
     )
 
@@ -282,7 +284,10 @@ def start_roles(
         if role is not None
     }
     with startup("engines"):
-        rollout_group = start_rollout(config, plan, pg, slots, share.gpus if plan.colocated else bundle.gpus, env)
+        eager = engines_eager(config, plan, total_steps, device).eager
+        rollout_group = start_rollout(
+            config, plan, pg, slots, share.gpus if plan.colocated else bundle.gpus, env, eager
+        )
     try:
         return _connect(config, plan, device, startup, groups, rollout_group, pg)
     except BaseException:
@@ -309,7 +314,7 @@ def _connect(
         rollout.sync.transport, device, plan.colocated, ring_nodes, rollout_group.node_ids(), collective_only
     )
     routes = None if transport == "collective" else routes
-    packed = frozenset(name for name in groups if packs_by_tokens(getattr(config, name)))
+    packed = frozenset(name for name in groups if packs_by_tokens(getattr(config, name), config))
     roles = Roles(groups, rollout_group, pg, transport, routes, packed)
     # The sync blocks each side on the other: a wait on either names a silent rank of the other (a cut-off node).
     policy.shares_collectives_with(rollout_group)
@@ -323,13 +328,14 @@ def _connect(
 
 
 def start_rollout(
-    config: Config, plan: BatchPlan, pg, slots: list[int], gpus_per_device: float, env: dict[str, str]
+    config: Config, plan: BatchPlan, pg, slots: list[int], gpus_per_device: float, env: dict[str, str], eager: bool
 ) -> WorkerGroup:
     """One `RolloutWorker` per engine, engine k on the `rollout.tensor_model_parallel_size` bundles
     `placement.engine_bundles` gives it from the run's `slots` (the training slots when colocated, the
     split rollout's after them), each worker taking `gpus_per_device` of a bundle's GPU. A TP 1 engine's process takes
     its bundle's share; a wider engine's process takes none and vLLM places its TP workers on the
-    engine's bundles (`megarl.workers.rollout.executor`)."""
+    engine's bundles (`megarl.workers.rollout.executor`). `eager`: the run's `rollout.enforce_eager`, resolved
+    (`megarl.config.engine_compile.engines_eager`)."""
     rollout, tp = config.rollout, config.rollout.tensor_model_parallel_size
     first = 0 if plan.colocated else plan.train_gpus
     bundles = engine_bundles(pg, slots, first, plan.rollout_engines, tp, config.placement.gpus_per_node)
@@ -339,15 +345,15 @@ def start_rollout(
         plan.rollout_engines,
         pg,
         BundleSpec(cpus=1.0, gpus=gpus_per_device if engine_holds_gpu(tp) else 0.0),
-        init_kwargs={"backend": rollout.backend, "args": engine_args(config)},
+        init_kwargs={"backend": rollout.backend, "args": engine_args(config, eager)},
         env=[{**env, **engine_env(indices, gpus_per_device)} for indices in bundles],
         hang_timeout_s=config.trainer.hang_timeout_s,
         bundles=[indices[0] for indices in bundles],
     )
 
 
-def engine_args(config: Config) -> EngineArgs:
-    """What every rollout engine of the run is started with."""
+def engine_args(config: Config, eager: bool) -> EngineArgs:
+    """What every rollout engine of the run is started with; `eager` as `start_rollout`'s."""
     rollout = config.rollout
     return EngineArgs(
         model_path=config.model.path,
@@ -357,7 +363,7 @@ def engine_args(config: Config) -> EngineArgs:
         max_model_len=config.data.max_prompt_length + response_length(rollout),
         cpu_kv_cache_gib=max(1, math.ceil(rollout.kv_cache_gib)),
         gpu_memory_utilization=rollout.gpu_memory_utilization,
-        enforce_eager=rollout.enforce_eager,
+        enforce_eager=eager,
         sleep_level=rollout.sleep_level,
         return_routed_experts=config.actor.moe.router_replay,
         expert_parallel=rollout.expert_parallel,

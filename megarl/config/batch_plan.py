@@ -9,7 +9,9 @@
     role experts            = expert TP × EP × expert DP per pipeline stage (training GPUs ÷ PP)
     samples per mini-batch  = ppo_mini_batch_size (prompts) × rollout.n;  per rank = that ÷ DP
     grad accumulation       = per-rank mini-batch ÷ micro_batch_size_per_gpu (micro-batches per optimizer step);
-                              with max_tokens_per_micro_batch, as many packed micro-batches as the tokens need
+                              packed by tokens (max_tokens_per_micro_batch, "auto" by default: the token slots
+                              of a padded micro-batch, `megarl.config.token_budget`), as many packed
+                              micro-batches as the tokens need
     optimizer steps / step  = (train_batch_size ÷ ppo_mini_batch_size) × ppo_epochs
     old log-probs           = the actor update's own forward when exactly on-policy (1 optimizer step, nothing
                               reads them before the update), else a forward pass of their own
@@ -23,7 +25,7 @@ from megarl.config.config import Config
 from megarl.config.problems import ConfigError, Problem
 from megarl.config.role_checks import check_expert_grid, check_interleaved_micro_batches
 from megarl.config.roles import ActorConfig, CriticConfig, ParallelConfig, RefConfig
-from megarl.config.rollout import response_length
+from megarl.config.token_budget import sample_token_bound, token_budget
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,8 @@ class RolePlan:
     micro_batch_size: int
     """Samples per micro-batch on one rank (padded micro-batches)."""
     max_tokens_per_micro_batch: int | None
-    """Token budget of packed micro-batches (the role's `max_tokens_per_micro_batch`); None = padded."""
+    """Token budget of packed micro-batches (the role's `max_tokens_per_micro_batch`, "auto" resolved:
+    `megarl.config.token_budget`); None = padded."""
     samples_per_rank: int
     """Samples of one training step on one DP rank (log-prob / value pass)."""
     forward_micro_batches: int | None
@@ -258,19 +261,25 @@ def _sizes_positive(config: Config, problems: list[Problem]) -> bool:
         if role.parallel.expert_tensor_parallel_size is not None:
             sizes[f"{name}.parallel.expert_tensor_parallel_size"] = role.parallel.expert_tensor_parallel_size
         sizes[f"{name}.micro_batch_size_per_gpu"] = role.micro_batch_size_per_gpu
-    budgets = {f"{name}.max_tokens_per_micro_batch": role.max_tokens_per_micro_batch for name, role in roles.items()}
+    # "auto" resolves to at least a whole sample (`token_budget`): only a number given can be too small.
+    budgets = {
+        f"{name}.max_tokens_per_micro_batch": role.max_tokens_per_micro_batch
+        for name, role in roles.items()
+        if isinstance(role.max_tokens_per_micro_batch, int)
+    }
     for name, trained in (("actor", config.actor), ("critic", config.critic)):
         sizes[f"{name}.ppo_mini_batch_size"] = trained.ppo_mini_batch_size
         sizes[f"{name}.ppo_epochs"] = trained.ppo_epochs
-        budgets[f"{name}.forward_max_tokens_per_micro_batch"] = trained.forward_max_tokens_per_micro_batch
-    sizes |= {key: budget for key, budget in budgets.items() if budget is not None}
+        if trained.forward_max_tokens_per_micro_batch is not None:
+            budgets[f"{name}.forward_max_tokens_per_micro_batch"] = trained.forward_max_tokens_per_micro_batch
+    sizes |= budgets
     before = len(problems)
     for key, value in sizes.items():
         if value < 1:
             problems.append(Problem(key, value, "must be a positive integer", f"set {key} to 1 or more"))
-    longest = config.data.max_prompt_length + response_length(config.rollout)
+    longest = sample_token_bound(config)
     for key, budget in budgets.items():
-        if budget is not None and 1 <= budget < longest:
+        if 1 <= budget < longest:
             problems.append(
                 Problem(
                     key,
@@ -430,8 +439,9 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
     own_group = name != "actor" and runs_in_own_group(name, config)
     dp_text = f"{name} DP {dp} ({train_gpus} GPUs ÷ ({sizes}))"
     vpp = parallel.virtual_pipeline_model_parallel_size or 1
+    budget = token_budget(role, sample_token_bound(config))
     if trained:
-        update = _update_plan(name, role, dp, dp_text, config, problems)
+        update = _update_plan(name, role, budget, dp, dp_text, config, problems)
         if update is None:
             return None
         if update.grad_accumulation_steps is not None:
@@ -445,14 +455,16 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
             )
         # A step is a whole number of mini-batches, each split exactly: the forward pass splits too.
         per_rank = update.samples_per_rank * update.mini_batches_per_epoch
-        forward = None if role.forward_max_tokens_per_micro_batch is not None else _micro_batches(per_rank, role)
+        forward = (
+            None if role.forward_max_tokens_per_micro_batch is not None else _micro_batches(per_rank, role, budget)
+        )
         return RolePlan(
             name,
             tp,
             pp,
             dp,
             role.micro_batch_size_per_gpu,
-            role.max_tokens_per_micro_batch,
+            budget,
             per_rank,
             forward,
             update,
@@ -477,7 +489,7 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
         )
         return None
     per_rank = samples // dp
-    if per_rank % micro and role.max_tokens_per_micro_batch is None:
+    if per_rank % micro and budget is None:
         problems.append(
             Problem(
                 f"{name}.micro_batch_size_per_gpu",
@@ -493,9 +505,9 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
         pp,
         dp,
         micro,
-        role.max_tokens_per_micro_batch,
+        budget,
         per_rank,
-        _micro_batches(per_rank, role),
+        _micro_batches(per_rank, role, budget),
         None,
         own_group,
         parallel.sequence_parallel,
@@ -506,12 +518,14 @@ def _role_plan(name: str, role, train_gpus: int, config: Config, problems: list[
     )
 
 
-def _micro_batches(samples: int, role) -> int | None:
-    """Padded micro-batches of `samples` samples; None when packed by tokens (the data decides)."""
-    return None if role.max_tokens_per_micro_batch is not None else samples // role.micro_batch_size_per_gpu
+def _micro_batches(samples: int, role, budget: int | None) -> int | None:
+    """Padded micro-batches of `samples` samples; None when packed by tokens under `budget` (the data decides)."""
+    return None if budget is not None else samples // role.micro_batch_size_per_gpu
 
 
-def _update_plan(name: str, role, dp: int, dp_text: str, config: Config, problems: list[Problem]) -> UpdatePlan | None:
+def _update_plan(
+    name: str, role, budget: int | None, dp: int, dp_text: str, config: Config, problems: list[Problem]
+) -> UpdatePlan | None:
     prompts, n, micro = config.data.train_batch_size, config.rollout.n, role.micro_batch_size_per_gpu
     mini = role.ppo_mini_batch_size
     key = f"{name}.ppo_mini_batch_size"
@@ -543,7 +557,7 @@ def _update_plan(name: str, role, dp: int, dp_text: str, config: Config, problem
         )
         return None
     per_rank = mini_samples // dp
-    if per_rank % micro and role.max_tokens_per_micro_batch is None:
+    if per_rank % micro and budget is None:
         problems.append(
             Problem(
                 f"{name}.micro_batch_size_per_gpu",
@@ -555,7 +569,9 @@ def _update_plan(name: str, role, dp: int, dp_text: str, config: Config, problem
         )
         return None
     batches = prompts // mini
-    return UpdatePlan(mini, mini_samples, per_rank, _micro_batches(per_rank, role), batches, batches * role.ppo_epochs)
+    return UpdatePlan(
+        mini, mini_samples, per_rank, _micro_batches(per_rank, role, budget), batches, batches * role.ppo_epochs
+    )
 
 
 DIVISOR_SEARCH = 100_000

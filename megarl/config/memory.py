@@ -22,7 +22,7 @@ holds the activations of the most micro-batches in flight):
   (a stage's GPUs ÷ (expert TP × EP)) instead of DP.
 - **activations** of one training micro-batch of `micro_batch_size_per_gpu` samples of
   S = `data.max_prompt_length + rollout.max_new_tokens` tokens (packed: `max_tokens_per_micro_batch` ÷ S
-  rows of S tokens) (no dropout), of which a rank holds S / CP tokens per sample with context parallelism
+  rows of S tokens, "auto" resolved by `megarl.config.token_budget`: as many rows as padded) (no dropout), of which a rank holds S / CP tokens per sample with context parallelism
   (`parallel.context_parallel_size`: each sequence split over CP ranks),
   per token and layer, in elements of `model.dtype` (Q = heads × head_dim, K = KV heads × head_dim,
   a = heads, f = ffn, h = hidden, t = TP):
@@ -77,7 +77,8 @@ from megarl.config.config import Config
 from megarl.config.model_facts import ModelFactsError, load_model_dims
 from megarl.config.problems import Problem
 from megarl.config.roles import ParallelConfig, RecomputeConfig
-from megarl.config.rollout import response_length, rollout_dtype
+from megarl.config.rollout import rollout_dtype
+from megarl.config.token_budget import sample_token_bound, token_budget
 from megarl.models.arch.dense import expert_parameters, layer_parameters
 from megarl.models.hf_config import ModelDims
 from megarl.models.layout import VOCAB_DIVISIBLE_BY, padded_vocab_size
@@ -312,7 +313,7 @@ def estimate_memory(
     (`plan_batches(config).train_gpus`), each shared by `processes_per_train_gpu` processes (the batch
     plan's, engine included when colocated). `on_gpu=False` sizes the rollout as on CPU."""
     dtype = config.model.dtype
-    seq_len = config.data.max_prompt_length + response_length(config.rollout)
+    seq_len = sample_token_bound(config)
     roles: list[RoleMemory] = []
     trained = [("actor", config.actor, False)] + ([("critic", config.critic, True)] if config.critic.enable else [])
     for name, role, value_head in trained:
@@ -330,12 +331,9 @@ def estimate_memory(
             value_head=value_head,
             offloaded=optim_config.cpu_offload_fraction if optim_config.cpu_offload else 0.0,
         )
-        # A packed micro-batch: rows of at most S tokens, as many as max_tokens_per_micro_batch holds.
-        micro_batch = (
-            role.micro_batch_size_per_gpu
-            if role.max_tokens_per_micro_batch is None
-            else max(1, role.max_tokens_per_micro_batch // seq_len)
-        )
+        # A packed micro-batch: rows of at most S tokens, as many as the budget holds ("auto": as padded).
+        budget = token_budget(role, seq_len)
+        micro_batch = role.micro_batch_size_per_gpu if budget is None else max(1, budget // seq_len)
         acts = activation_bytes(
             dims, p, role.recompute, micro_batch, seq_len, dtype, value_head, config.model.transformer_impl
         )

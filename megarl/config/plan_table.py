@@ -44,7 +44,7 @@ def format_plan(plan: BatchPlan) -> str:
         f"rollout:  {plan.rollout_gpus} GPUs ÷ TP {plan.rollout_tp} = {plan.rollout_engines} engines, "
         f"{plan.samples_per_engine} samples each",
         "",
-        f"{'role':<7}{'TP':>4}{'PP':>4}{'DP':>4}  {'samples/rank':>12}  {'micro':>5}  {'fwd micro':>9}  "
+        f"{'role':<7}{'TP':>4}{'PP':>4}{'DP':>4}  {'samples/rank':>12}  {'micro':>7}  {'fwd micro':>9}  "
         f"{'mini (prompts/samples/per rank)':>31}  {'grad acc':>8}  {'opt steps':>9}",
     ]
     for role in (plan.actor, plan.critic, plan.ref):
@@ -64,7 +64,7 @@ def format_plan(plan: BatchPlan) -> str:
         accumulation = "-" if update is None else update.grad_accumulation_steps or "by tok"
         lines.append(
             f"{role.role:<7}{role.tensor_parallel:>4}{role.pipeline_parallel:>4}{role.data_parallel:>4}  "
-            f"{role.samples_per_rank:>12}  {micro:>5}  {forward:>9}  {mini:>31}  "
+            f"{role.samples_per_rank:>12}  {micro:>7}  {forward:>9}  {mini:>31}  "
             f"{accumulation:>8}  {update.optimizer_steps_per_step if update else '-':>9}"
         )
     lines += ["", *_process_lines(plan), _old_log_prob_line(plan)]

@@ -212,7 +212,7 @@ def check_context_parallel(
         f"model.transformer_impl is {transformer_impl!r} (megatron's local spec has no context-parallel attention)",
         f"set model.transformer_impl: transformer_engine (GPU, bfloat16), or {key}: 1",
     )
-    multiple = 2 * cp * (parallel.tensor_model_parallel_size if parallel.sequence_parallel else 1)
+    multiple = context_parallel_multiple(parallel)
     what = "2 × CP × TP (sequence parallelism splits each CP rank's share over TP)" if multiple > 2 * cp else "2 × CP"
     for budget_key, budget in budgets.items():
         need(
@@ -224,3 +224,12 @@ def check_context_parallel(
             f"{multiple}",
             f"use a multiple of {multiple}, e.g. {-(-(budget or 1) // multiple) * multiple}",
         )
+
+
+def context_parallel_multiple(parallel: ParallelConfig) -> int:
+    """What a micro-batch's tokens must be a multiple of under context parallelism: 2 × CP chunks, × TP with
+    sequence parallelism (megarl.workers.megatron_train.sequence_multiple); 1 without CP."""
+    cp = parallel.context_parallel_size
+    if cp <= 1:
+        return 1
+    return 2 * cp * (parallel.tensor_model_parallel_size if parallel.sequence_parallel else 1)

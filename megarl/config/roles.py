@@ -163,18 +163,19 @@ class ActorConfig:
     """Tensor/pipeline parallel layout of the actor."""
     micro_batch_size_per_gpu: int = 4
     """Samples per forward/backward pass on one rank (training and log-prob passes)."""
-    max_tokens_per_micro_batch: int | None = None
+    max_tokens_per_micro_batch: int | Literal["auto"] | None = "auto"
     """For the update and the log-prob pass: pack samples (prompt + response, no padding between them) into
     micro-batches of at most this many tokens per rank (rows no wider than the padded batch) instead
     of `micro_batch_size_per_gpu` padded samples; the losses and gradients are the same for any cut.
-    At least data.max_prompt_length + the response length (a sample is never split). None: padded
-    micro-batches of `micro_batch_size_per_gpu` samples."""
+    At least data.max_prompt_length + the response length (a sample is never split). auto:
+    micro_batch_size_per_gpu × (data.max_prompt_length + the response length), the token slots of a padded
+    micro-batch (its peak memory, fewer padded tokens; padded where context parallelism cannot cut that
+    budget: megarl.config.token_budget). null: padded micro-batches of `micro_batch_size_per_gpu` samples."""
     forward_max_tokens_per_micro_batch: int | None = None
     """For the log-prob pass (the old log-probs) only: packed micro-batches of at most this many tokens per
     rank, a budget of its own. A forward-only pass keeps no activations for a backward, so it takes a
     larger one than the update (verl's `log_prob_max_token_len_per_gpu`). At least data.max_prompt_length
-    + the response length. None: the update's cut (`max_tokens_per_micro_batch`, else
-    `micro_batch_size_per_gpu` padded samples)."""
+    + the response length. None: the update's cut (`max_tokens_per_micro_batch`)."""
     ppo_mini_batch_size: int = 256
     """Prompts per optimizer step, across all DP ranks (× rollout.n samples). Must divide data.train_batch_size."""
     ppo_epochs: int = 1
@@ -222,12 +223,14 @@ class CriticConfig:
     processes; another layout: in a worker group of its own on the same GPUs (its own grid and DP)."""
     micro_batch_size_per_gpu: int = 4
     """Samples per forward/backward pass on one rank."""
-    max_tokens_per_micro_batch: int | None = None
+    max_tokens_per_micro_batch: int | Literal["auto"] | None = "auto"
     """For the update and the value pass: pack samples (prompt + response, no padding between them) into
     micro-batches of at most this many tokens per rank (rows no wider than the padded batch) instead
     of `micro_batch_size_per_gpu` padded samples; the losses and gradients are the same for any cut.
-    At least data.max_prompt_length + the response length (a sample is never split). None: padded
-    micro-batches of `micro_batch_size_per_gpu` samples."""
+    At least data.max_prompt_length + the response length (a sample is never split). auto:
+    micro_batch_size_per_gpu × (data.max_prompt_length + the response length), the token slots of a padded
+    micro-batch (its peak memory, fewer padded tokens; padded where context parallelism cannot cut that
+    budget: megarl.config.token_budget). null: padded micro-batches of `micro_batch_size_per_gpu` samples."""
     forward_max_tokens_per_micro_batch: int | None = None
     """For the value pass (the rollout-time values) only: packed micro-batches of at most this many tokens
     per rank, a budget of its own (as `actor.forward_max_tokens_per_micro_batch`). None: the update's cut."""
@@ -258,12 +261,12 @@ class RefConfig:
     group of its own on the same GPUs (its own grid and DP), whatever `colocate_with_actor` says."""
     micro_batch_size_per_gpu: int = 8
     """Samples per forward pass on one rank (log-probs only; the reward model's too)."""
-    max_tokens_per_micro_batch: int | None = None
+    max_tokens_per_micro_batch: int | Literal["auto"] | None = "auto"
     """For the log-prob pass (not the reward model's): pack samples (prompt + response, no padding between them) into
     micro-batches of at most this many tokens per rank (rows no wider than the padded batch) instead
-    of `micro_batch_size_per_gpu` padded samples; the losses and gradients are the same for any cut.
-    At least data.max_prompt_length + the response length (a sample is never split). None: padded
-    micro-batches of `micro_batch_size_per_gpu` samples."""
+    of `micro_batch_size_per_gpu` padded samples; the log-probs are the same for any cut.
+    At least data.max_prompt_length + the response length (a sample is never split). auto: the token slots
+    of a padded micro-batch, null: padded micro-batches (as `actor.max_tokens_per_micro_batch`)."""
     colocate_with_actor: bool = True
     """With the actor's layout, run the reference inside the actor's processes (no extra processes);
     false: in a worker group of its own on the same GPUs."""

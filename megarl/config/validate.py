@@ -41,6 +41,7 @@ from megarl.config.rollout import response_length
 from megarl.config.rollout_checks import check_rollout, check_rollout_correction
 from megarl.config.run_checks import check_profile, check_seeds, check_trainer
 from megarl.config.sections import RewardConfig
+from megarl.config.token_budget import sample_token_bound, token_budget
 from megarl.config.tokenizer_files import chat_template_problem, tokenizer_problems
 from megarl.models.hf_config import ModelDims, load_hf_config
 from megarl.tools.validation import tool_problems
@@ -313,7 +314,7 @@ def _check_role_parallel(config: Config, problems: list[Problem]) -> None:
         check_sequence_parallel(f"{role}.", parallel, problems)
         check_virtual_pipeline(f"{role}.", parallel, problems)
         section = getattr(config, role)
-        budgets = {f"{role}.max_tokens_per_micro_batch": section.max_tokens_per_micro_batch}
+        budgets = {f"{role}.max_tokens_per_micro_batch": token_budget(section, sample_token_bound(config))}
         if role != "ref":
             budgets[f"{role}.forward_max_tokens_per_micro_batch"] = section.forward_max_tokens_per_micro_batch
         check_context_parallel(f"{role}.", parallel, config.model.transformer_impl, budgets, problems)

@@ -3,23 +3,26 @@
 from megarl.config.batch_plan import BatchPlan
 from megarl.config.config import Config
 from megarl.config.problems import ConfigError, Problem
+from megarl.config.token_budget import sample_token_bound, token_budget
 from megarl.workers.packing import TokenBudget
 from megarl.workers.rollout.base import SamplingConfig
 
 
-def micro_batch_cut(role_config, role: str) -> int | TokenBudget:
-    """How `role` ("actor", "critic", "ref") cuts a rank's samples: its token budget of packed
-    micro-batches (`max_tokens_per_micro_batch`), else `micro_batch_size_per_gpu` padded samples."""
-    if role_config.max_tokens_per_micro_batch is None:
+def micro_batch_cut(role_config, role: str, config: Config) -> int | TokenBudget:
+    """How `role` ("actor", "critic", "ref"; its section `role_config`) cuts a rank's samples: packed
+    micro-batches under its token budget (`max_tokens_per_micro_batch`, "auto" resolved by
+    `megarl.config.token_budget`), else `micro_batch_size_per_gpu` padded samples."""
+    budget = token_budget(role_config, sample_token_bound(config))
+    if budget is None:
         return role_config.micro_batch_size_per_gpu
-    return TokenBudget(role_config.max_tokens_per_micro_batch, f"{role}.max_tokens_per_micro_batch")
+    return TokenBudget(budget, f"{role}.max_tokens_per_micro_batch")
 
 
-def forward_micro_batch_cut(role_config, role: str) -> int | TokenBudget:
+def forward_micro_batch_cut(role_config, role: str, config: Config) -> int | TokenBudget:
     """How trained `role` ("actor", "critic") cuts a rank's samples for its forward-only pass: its own
     budget (`forward_max_tokens_per_micro_batch`), else the update's cut (`micro_batch_cut`)."""
     if role_config.forward_max_tokens_per_micro_batch is None:
-        return micro_batch_cut(role_config, role)
+        return micro_batch_cut(role_config, role, config)
     return TokenBudget(role_config.forward_max_tokens_per_micro_batch, f"{role}.forward_max_tokens_per_micro_batch")
 
 

@@ -65,6 +65,7 @@ def test_a_tp2_engine_spans_two_gpu_bundles(tmp_path, mode, memory_phase):
                 placement.gpu_slots(pg, bundles),
                 share.gpus if plan.colocated else bundle.gpus,
                 worker_env("cuda"),
+                False,  # compiled, as `rollout.enforce_eager: auto` on GPU
             )
         try:
             assert group.world_size == 1

@@ -43,6 +43,7 @@ CONFIG_SCHEMA = [
         "placement",
         "role_checks",
         "engines",
+        "token_budget",
     )
 ]
 """The config modules that import no megarl package above the bottom row: the sections, YAML loading and the

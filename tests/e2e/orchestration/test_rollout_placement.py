@@ -47,7 +47,7 @@ def test_the_seeds_engines_span_their_bundle_pairs(cluster, monkeypatch):
     monkeypatch.setattr(roles, "ROLLOUT_TARGET", "tests.e2e.orchestration.targets:EngineProbe")
     slots = placement.gpu_slots(pg, bundles)
     assert sorted(slots) == list(range(bundles))
-    group = roles.start_rollout(config, plan, pg, slots, share.gpus, worker_env("cuda"))
+    group = roles.start_rollout(config, plan, pg, slots, share.gpus, worker_env("cuda"), eager=True)
     try:
         engines = group.call_all("report")
         assert [(engine["bundles"], engine["gpu_ids"], engine["backend"]) for engine in engines] == [

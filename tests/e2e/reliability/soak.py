@@ -3,8 +3,9 @@ the resident memory and open file descriptors of every process of the job.
 
     .venv/bin/python tests/e2e/reliability/soak.py --steps 200 --save-freq 20 --out /tmp/soak   # ~10 min here
 
-Phase 1 trains towards `--steps` and is stopped by killing one policy rank once it passed the
-checkpoint at `--resume-at`; phase 2 resumes (`checkpoint.resume=auto`) and finishes. Every
+Phase 1 trains towards `--steps` and is stopped by killing one policy rank inside the actor update
+once it passed the checkpoint at `--resume-at` (the job must end within `KILL_TO_EXIT_S`); phase 2
+resumes (`checkpoint.resume=auto`) and finishes. Every
 `--interval` seconds each process is sampled (psutil: RSS, open fds) and tagged with the last logged
 step. The report (JSON, printed and written to OUT/soak.json) gives per phase and per role
 (driver, policy, rollout, reward, mp_helper, ray) the RSS and fds at the first sample after `--warmup` steps,
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -25,7 +27,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
-from reliability_job import Job, make_workspace
+from reliability_job import Job, make_workspace, python_stacks
 
 MIB = 1024 * 1024
 RSS_GROWTH_BOUND_MIB = 64.0
@@ -35,6 +37,9 @@ WINDOW = 3
 """Samples whose median is a phase's start or end figure."""
 FD_GROWTH_BOUND = 16
 """Allowed growth of a role's open file descriptors (summed) over the same span."""
+KILL_TO_EXIT_S = 120.0
+"""How long phase 1 may take to end once its policy rank is killed: Ray reports the actor's death within
+seconds; the rest is the driver's shutdown of the other processes and of Ray."""
 
 
 def role_of(process: psutil.Process, driver_pid: int, rollout_pids: set[int]) -> str:
@@ -155,11 +160,16 @@ def run_soak(
         started = time.monotonic()
         samples = watch(first, interval_s, stop_when=lambda job: job.last_step() > resume_at)
         victim = first.rank_processes()[0][-1]
+        # Its TP peer then waits for it in a collective: the death must be found all the same.
+        first.wait_for(lambda: "update_actor" in python_stacks(victim.pid), "a policy rank inside update_actor")
         victim.kill()
-        code = first.wait(180)
+        code = first.wait(KILL_TO_EXIT_S)
         write_samples(out / "samples-phase1.jsonl", samples)
         report["phase1"] = {
             "exit_code": code,
+            "killed_pid": victim.pid,
+            "failure": re.findall(r"megarl train: failed during .*\n.*", first.output()),
+            "last_step": first.last_step(),
             "seconds": round(time.monotonic() - started, 1),
             "summary": summarize(samples, warmup),
             "leftover_processes": [p.pid for p in first.leftovers()],

@@ -4,7 +4,10 @@ complete and is the one `checkpoint.resume=auto` picks once space is freed.
 
 The checkpoint code's own no-space handling is covered by tests/distributed/checkpoint/test_checkpoint_faults.py;
 this is the same through a whole job, on a real full file system: a small tmpfs (needs CAP_SYS_ADMIN,
-skipped without it), filled by a file once the first checkpoint is complete.
+skipped without it), filled by a file once the first checkpoint is complete. It is the suite's one whole
+job of a failed save: a checkpoint.dir turning read-only takes the same path from the save's OSError on
+(CheckpointError, the job's end, the previous checkpoint kept; once test_checkpoint_dir_faults.py's job of
+its own), and its EROFS message is test_checkpoint_faults.py's ("EROFS creating the dir").
 """
 
 import errno

@@ -2,7 +2,7 @@
 for it in a tensor-parallel all-reduce: the run ends within trainer.hang_timeout_s plus the shutdown,
 naming the role, rank, process, node, step and phase, with no process left behind (the stopped one
 included) and the last checkpoint intact. That `checkpoint.resume=auto` then continues exactly is the
-same path as after a killed rank (tests/e2e/reliability/test_process_faults.py), not run again here."""
+same path as after a killed rank (the short soak, test_soak.py), not run again here."""
 
 import os
 import re
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow  # a whole job with a fault injected: `-m "not slo
 HANG_TIMEOUT_S = 10
 SHUTDOWN_BOUND_S = 110.0
 """After the hang is found: the group's kill (Ray's raylet SIGKILLs a stopped worker after its grace) and
-the driver's shutdown of the other processes and of Ray (as test_process_faults' bound for a dead rank)."""
+the driver's shutdown of the other processes and of Ray (as the bound for a dead rank, soak.KILL_TO_EXIT_S)."""
 # Micro-batches of 2: the update is most of a step, so the stop lands inside it at the first try.
 OVERRIDES = ["checkpoint.save_freq=2", "actor.micro_batch_size_per_gpu=2"]
 

@@ -5,7 +5,13 @@ token-mean loss) and validation on, in bf16 end to end. A resume from the middle
 generated ahead, kept in the checkpoint) is the loop's logic: tests/unit/trainer/test_loop_on_fake_cluster.py.
 
 One run for both: DAPO in bf16 (once a job of its own in test_trainer_e2e.py) reads nothing of the
-rollout mode, and the one-version lag reads nothing of the dtype or the loss."""
+rollout mode, and the one-version lag reads nothing of the dtype or the loss.
+
+`trainer.rollout_mode: async` has its whole jobs elsewhere: tests/e2e/trainer/test_agent_quickstart.py
+(partial rollouts, weight loads between a turn's segments, the lag bound) and
+tests/e2e/reliability/test_async_faults.py (a stop, the checkpoint keeping the batch ahead); its loop
+logic (the staleness bound, validation and checkpoints between segments, the resume on the kept batches)
+runs on the fake cluster (tests/unit/trainer/test_loop_on_fake_cluster.py)."""
 
 import json
 
@@ -65,45 +71,3 @@ def test_one_step_off_trains_one_version_behind_with_dapo_in_bf16(assets, tmp_pa
     # The actor trained bf16 parameters: its export holds them as they are.
     exported = load_file(run_dir / "checkpoints" / "hf" / "model.safetensors")
     assert {tensor.dtype for tensor in exported.values()} == {torch.bfloat16}
-
-
-ASYNC_STEPS = 3
-ASYNC_ARGS = {
-    "trainer.rollout_mode": "async",
-    "trainer.max_staleness": 2,
-    "placement.mode": "split",
-    "placement.gpus_per_node": 3,
-    "placement.rollout_gpus": 1,
-    "trainer.total_steps": ASYNC_STEPS,
-    "checkpoint.save_freq": 2,
-    "trainer.test_freq": 2,
-    "checkpoint.export_hf": "false",
-    "rollout.partial_rollout": 1,
-}
-
-
-def test_async_trains_within_the_staleness_bound_and_checkpoints_the_batches_ahead(assets, tmp_path):
-    """async with max_staleness 2 and partial rollouts (a token per segment: the quickstart's responses have
-    two): the engines run up to three batches ahead in the driver's thread, weight loads, validation and
-    checkpoints take them between two segments. The resume from such a checkpoint (on the batch it kept, or
-    saying the batch was in flight) is the loop's logic: tests/unit/trainer/test_loop_on_fake_cluster.py."""
-    run_dir = tmp_path / "run"
-    trainer = Trainer.from_config(QUICKSTART, overrides(assets, run_dir, **ASYNC_ARGS))
-    trainer.fit()
-    metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == list(range(1, ASYNC_STEPS + 1))
-    lags = [m["rollout/policy_version_lag/max"] for m in metrics]
-    assert lags[0] == 0 and all(0 <= lag <= 2 for lag in lags) and max(lags) >= 1, lags  # generated ahead, in bound
-    assert all(m["rollout/stale_dropped_samples"] == 0 for m in metrics)
-    assert all(0 <= m["rollout/token_version_lag/mean"] <= m["rollout/policy_version_lag/max"] for m in metrics)
-    # A weight load between a batch's two segments makes every sample of it partial: 16 prompts x 8 samples.
-    samples = trainer.config.data.train_batch_size * trainer.config.rollout.n
-    assert all(0 <= m["rollout/partial_samples"] <= samples for m in metrics)
-    assert [m["sync/weight_version"] for m in metrics] == [1.0, 2.0, 3.0]
-    assert [m["step"] for m in metrics if "val/reward/mean" in m] == [2, 3]
-    # Step 2's checkpoint took the engines between two segments: step 3's batch (3 - 1 - 2 = 0: any weights
-    # will do) was either made by then, by the weights its lag says, or in flight; nothing beyond the last step.
-    stream = json.loads((run_dir / "checkpoints" / step_dir_name(2) / "extra.json").read_text())["stream"]
-    assert (list(stream["ready"]), stream["in_flight"]) in ((["3"], None), ([], 3)), stream
-    if stream["ready"]:
-        assert 2 - stream["ready"]["3"]["policy_version"] == lags[2]

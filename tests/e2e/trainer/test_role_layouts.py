@@ -20,6 +20,9 @@ STEPS = 2
 LAYOUTS = {
     "ref.parallel.tensor_model_parallel_size": 1,
     "ref.max_tokens_per_micro_batch": 68,  # two rows of the quickstart's 32 + 2 tokens
+    # The actor and the critic padded ("auto" would pack them too): only the reference packs.
+    "actor.max_tokens_per_micro_batch": "null",
+    "critic.max_tokens_per_micro_batch": "null",
     "critic.enable": "true",
     "algorithm.adv_estimator": "gae",
     "algorithm.lam": 0.95,

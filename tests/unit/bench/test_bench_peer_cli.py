@@ -22,6 +22,7 @@ from megarl.rewards.tasks import REPEAT_ALPHABET
         (["bench", "step", "--peer", "trl", "--model", "."], "the comparison makes its own model"),
         (["bench", "step", "--workload", "variable"], "add --peer trl"),
         (["bench", "step", "--contenders", "megarl"], "add --peer trl"),
+        (["bench", "step", "--sweep-megarl"], "add --peer trl"),
         (["bench", "step", "--seed", "3"], "--seed seeds the runs of a comparison; add --peer trl or --modes"),
         (
             ["bench", "step", "--peer", "trl", "--contenders", "megarl,verl"],
@@ -136,7 +137,9 @@ def test_the_full_workload_runs_every_response_to_the_cap_in_both_systems(tmp_pa
     """No stop may end a response before the cap: megarl's `rollout.min_new_tokens` and TRL's `min_tokens`
     equal max_new_tokens (the smoke shape's too), so both systems generate the same number of tokens."""
     runs = []
-    monkeypatch.setattr(peer, "_megarl", lambda config, model, data, shape, steps, extra: runs.append(extra) or {})
+    monkeypatch.setattr(
+        peer, "_megarl", lambda config, model, data, shape, steps, micro, extra: runs.append(extra) or {}
+    )
     monkeypatch.setattr(peer, "_trl", lambda spec, out: runs.append(spec) or {})
     for smoke in (False, True):
         runs.clear()
@@ -152,7 +155,9 @@ def test_the_seed_reaches_every_run_and_the_model_and_prompts_stay(tmp_path, mon
     """`--seed` moves what TRL's `seed` decides (samples, prompt order) in both systems: megarl's three seeds
     and the TRL spec's; the model and the prompt file are the same bytes for any seed."""
     runs = []
-    monkeypatch.setattr(peer, "_megarl", lambda config, model, data, shape, steps, extra: runs.append(extra) or {})
+    monkeypatch.setattr(
+        peer, "_megarl", lambda config, model, data, shape, steps, micro, extra: runs.append(extra) or {}
+    )
     monkeypatch.setattr(peer, "_trl", lambda spec, out: runs.append(spec) or {})
     made = {}
     for seed in (0, 7):

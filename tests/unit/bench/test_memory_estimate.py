@@ -299,9 +299,11 @@ def test_a_packed_micro_batch_is_sized_as_the_rows_its_budget_holds():
         [actor_memory, *_] = estimate_memory(config, shape, train_gpus=1).roles
         return actor_memory.activations
 
-    assert actor_activations(
-        {"micro_batch_size_per_gpu": 8, "max_tokens_per_micro_batch": 3 * 128 + 5}
-    ) == actor_activations({"micro_batch_size_per_gpu": 3})
+    padded = actor_activations({"micro_batch_size_per_gpu": 3, "max_tokens_per_micro_batch": None})
+    assert actor_activations({"micro_batch_size_per_gpu": 8, "max_tokens_per_micro_batch": 3 * 128 + 5}) == padded
+    # The default ("auto": the token slots of a padded micro-batch) costs what the padded one does.
+    assert actor_activations({"micro_batch_size_per_gpu": 3}) == padded
+    assert actor_activations({"micro_batch_size_per_gpu": 4}) > padded
 
 
 def test_the_7b_recipe_keeps_its_margin_and_would_not_without_the_grads_offload():

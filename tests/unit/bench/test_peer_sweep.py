@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from megarl.bench import peer
-from megarl.bench.peer import PeerSettings, fastest_peers, markdown, peer_sweep
+from megarl.bench.peer import PeerSettings, fastest_runs, markdown, megarl_runs, peer_sweep
 from megarl.bench.trl_peer import batching
 
 
@@ -45,7 +45,7 @@ def test_the_fastest_finished_run_of_each_contender_is_picked():
         "trl_vllm.mb2.eager": {"step_seconds": 4.0},
         "trl_vllm_bf16.mb4.eager": {"error": "boom"},
     }
-    assert fastest_peers(runs) == {"trl": "trl.mb2", "trl_vllm": "trl_vllm.mb2.eager"}
+    assert fastest_runs(runs, peer.TRL_CONTENDERS) == {"trl": "trl.mb2", "trl_vllm": "trl_vllm.mb2.eager"}
 
 
 def test_megarl_is_compared_with_each_peer_at_its_best_and_the_sweep_is_printed(tmp_path, monkeypatch):
@@ -77,3 +77,44 @@ def test_megarl_is_compared_with_each_peer_at_its_best_and_the_sweep_is_printed(
     table = markdown(result)
     assert "| trl_vllm.mb1.compiled | 9.00 |" in table and "| trl_vllm.mb4.eager | 6.00 |" in table
     assert "trl_vllm at its best: trl_vllm.mb2.eager, 3.00 s/step; megarl ÷ it 2.00" in table
+
+
+def test_megarl_sweeps_its_own_micro_batch_and_its_default_stays_the_figure_of_the_ratios(tmp_path, monkeypatch):
+    assert megarl_runs("megarl", sweep=False) == {"megarl": peer.MICRO_BATCH}
+    assert megarl_runs("megarl_tuned", sweep=True) == {
+        "megarl_tuned.mb16": 16,
+        "megarl_tuned": 32,
+        "megarl_tuned.mb64": 64,
+    }
+    megarl_seconds = {16: 7.0, 32: 6.0, 64: 5.0}
+    given = []
+
+    def megarl(config_path, model, data, shape, steps, micro_batch, extra):
+        given.append(micro_batch)
+        return dict(
+            step_seconds=megarl_seconds[micro_batch],
+            generate_ms_per_token=2.0,
+            reward_per_step=[0.0, 1.0],
+            response_length_per_step=[3.0],
+        )
+
+    def trl(spec, out):
+        return dict(
+            step_seconds=10.0 / spec["micro_batch"],
+            generate_ms_per_token=1.0,
+            reward_per_step=[0.0, 1.0],
+            response_length_per_step=[3.0],
+        )
+
+    monkeypatch.setattr(peer, "_megarl", megarl)
+    monkeypatch.setattr(peer, "_trl", trl)
+    result = peer.run("configs/quickstart.yaml", 1, tmp_path, True, names=("megarl", "trl"), sweep_megarl=True)
+    assert given == [16, 32, 64]
+    assert result["fastest_megarl"] == {"megarl": "megarl.mb64"}
+    assert result["fastest_peers"] == {"trl": "trl.mb4"}  # 10 / 4 = 2.5 s, the smoke batch's largest micro-batch
+    ratios = result["megarl_over_peer_step_ratio"]
+    assert ratios["megarl/trl"] == 6.0 / 2.5  # the default run (32 samples per micro-batch)
+    assert ratios["megarl.mb64/trl"] == 5.0 / 2.5  # megarl at its best beside the peer at its best
+    table = markdown(result)
+    assert "| megarl.mb16 | 7.00 |" in table
+    assert "megarl at its best: megarl.mb64, 5.00 s/step; ÷ trl at its best 2.00" in table

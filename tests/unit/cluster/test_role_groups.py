@@ -61,12 +61,18 @@ def test_a_role_gets_its_own_group_when_its_layout_differs_or_ref_is_not_colocat
 
 
 def test_token_budgets_reach_the_workers_and_none_keeps_padded_micro_batches():
-    config, plan = plan_of(*KL, *CRITIC, "actor.max_tokens_per_micro_batch=64", "ref.max_tokens_per_micro_batch=40")
+    config, plan = plan_of(
+        *KL,
+        *CRITIC,
+        "actor.max_tokens_per_micro_batch=64",
+        "ref.max_tokens_per_micro_batch=40",
+        "critic.max_tokens_per_micro_batch=null",
+    )
     specs = worker_specs(config, plan, total_steps=10)
     policy = specs["policy"]
     assert policy.actor.micro_batch_size == TokenBudget(64, "actor.max_tokens_per_micro_batch")
     assert policy.ref_micro_batch == TokenBudget(40, "ref.max_tokens_per_micro_batch")
-    # The critic keeps padded micro-batches; the reward model always does.
+    # The critic (null) keeps padded micro-batches; the reward model always does.
     assert specs["critic"].critic.micro_batch_size == config.critic.micro_batch_size_per_gpu
     assert policy.ref_micro_batch_size == config.ref.micro_batch_size_per_gpu
 
@@ -102,6 +108,22 @@ def test_router_replay_reaches_the_actor_and_the_reference_in_either_group():
     assert not worker_specs(config, plan, total_steps=10)["policy"].ref_router_replay
 
 
+def test_the_default_cut_packs_the_token_slots_of_a_padded_micro_batch_and_null_pads():
+    from megarl.cluster.roles import packs_by_tokens
+
+    # The quickstart: 32 samples per micro-batch of 32 prompt + 2 response tokens.
+    config, plan = plan_of(*KL)
+    policy = worker_specs(config, plan, total_steps=10)["policy"]
+    assert policy.actor.micro_batch_size == TokenBudget(32 * 34, "actor.max_tokens_per_micro_batch")
+    assert policy.actor.forward_micro_batch == policy.actor.micro_batch_size  # the forward pass follows the update
+    assert policy.ref_micro_batch == TokenBudget(8 * 34, "ref.max_tokens_per_micro_batch")
+    assert packs_by_tokens(config.actor, config) and packs_by_tokens(config.ref, config)
+    config, plan = plan_of(*KL, "actor.max_tokens_per_micro_batch=null", "ref.max_tokens_per_micro_batch=null")
+    policy = worker_specs(config, plan, total_steps=10)["policy"]
+    assert (policy.actor.micro_batch_size, policy.actor.forward_micro_batch, policy.ref_micro_batch) == (32, 32, 8)
+    assert not packs_by_tokens(config.actor, config) and not packs_by_tokens(config.ref, config)
+
+
 def test_forward_token_budgets_reach_the_forward_passes_only():
     from types import SimpleNamespace
 
@@ -111,6 +133,8 @@ def test_forward_token_budgets_reach_the_forward_passes_only():
     config, plan = plan_of(
         *CRITIC,
         "critic.parallel.tensor_model_parallel_size=2",
+        "actor.max_tokens_per_micro_batch=null",
+        "ref.max_tokens_per_micro_batch=null",
         "actor.forward_max_tokens_per_micro_batch=4096",
         "critic.forward_max_tokens_per_micro_batch=2048",
     )
@@ -118,7 +142,7 @@ def test_forward_token_budgets_reach_the_forward_passes_only():
     assert policy.actor.forward_micro_batch == TokenBudget(4096, "actor.forward_max_tokens_per_micro_batch")
     assert policy.critic.forward_micro_batch == TokenBudget(2048, "critic.forward_max_tokens_per_micro_batch")
     assert policy.actor.micro_batch_size == config.actor.micro_batch_size_per_gpu  # the update keeps its cut
-    assert packs_by_tokens(config.actor) and not packs_by_tokens(config.ref)
+    assert packs_by_tokens(config.actor, config) and not packs_by_tokens(config.ref, config)
     # The worker's forward passes take the forward cut (its update the update's: `update_actor`).
     seen = []
 

@@ -62,7 +62,7 @@ def started(data: dict, gpus_per_device: float, monkeypatch, slots: list[int] | 
     monkeypatch.setattr(roles, "WorkerGroup", RecordingGroup)
     config = config_of(data)
     return roles.start_rollout(
-        config, plan_batches(config), "pg", slots or list(range(16)), gpus_per_device, {"MEGARL_DEVICE": "cuda"}
+        config, plan_batches(config), "pg", slots or list(range(16)), gpus_per_device, {"MEGARL_DEVICE": "cuda"}, False
     )
 
 
@@ -71,6 +71,7 @@ def test_the_seeds_three_engines_span_two_bundles_each(nodes, monkeypatch):
     group = started(SEEDS, gpus_per_device=0.5, monkeypatch=monkeypatch)
     assert (group.world_size, group.bundles) == (3, [0, 2, 4])
     assert group.bundle.gpus == 0.0  # the engine's GPUs belong to its vLLM workers
+    assert group.init_kwargs["args"].enforce_eager is False  # the run's resolved `rollout.enforce_eager`
     assert [env["VLLM_RAY_BUNDLE_INDICES"] for env in group.env] == ["0,1", "2,3", "4,5"]
     assert {env["VLLM_RAY_PER_WORKER_GPUS"] for env in group.env} == {"0.5"}
     assert all(env["MEGARL_DEVICE"] == "cuda" for env in group.env)

@@ -20,7 +20,7 @@ def test_sixty_prompts_twelve_samples_on_six_gpus():
         {
             "data": {"train_batch_size": 60},
             "rollout": {"n": 12, "tensor_model_parallel_size": 2},
-            "actor": {"ppo_mini_batch_size": 60, "micro_batch_size_per_gpu": 4},
+            "actor": {"ppo_mini_batch_size": 60, "micro_batch_size_per_gpu": 4, "max_tokens_per_micro_batch": None},
             "placement": {"gpus_per_node": 6},
         }
     )
@@ -48,6 +48,7 @@ def test_mini_batches_and_epochs_multiply_into_optimizer_steps():
                 "ppo_mini_batch_size": 4,
                 "ppo_epochs": 2,
                 "micro_batch_size_per_gpu": 2,
+                "max_tokens_per_micro_batch": None,
             },
             "placement": {"gpus_per_node": 8},
         }
@@ -74,8 +75,9 @@ def test_split_placement_with_critic_and_reference():
                 "parallel": {"tensor_model_parallel_size": 2},
                 "ppo_mini_batch_size": 12,
                 "micro_batch_size_per_gpu": 2,
+                "max_tokens_per_micro_batch": None,
             },
-            "ref": {"micro_batch_size_per_gpu": 2},
+            "ref": {"micro_batch_size_per_gpu": 2, "max_tokens_per_micro_batch": None},
             "placement": {"mode": "split", "nnodes": 2, "gpus_per_node": 4, "rollout_gpus": 2},
         }
     )
@@ -229,6 +231,54 @@ def test_packed_micro_batches_leave_the_micro_batch_count_to_the_data():
     assert "≤512t" in format_plan(plan) and "by tok" in format_plan(plan)
 
 
+def test_auto_packs_to_the_token_slots_of_a_padded_micro_batch_and_null_keeps_padding():
+    # S = 100 + 64 tokens; micro-batches of 4 samples: auto packs ≤ 4 × 164 = 656 tokens. 6 samples per rank
+    # would not split into padded micro-batches of 4, and need not.
+    data = {
+        "data": {"train_batch_size": 6, "max_prompt_length": 100},
+        "rollout": {"n": 2, "max_new_tokens": 64},
+        "actor": {"ppo_mini_batch_size": 6, "micro_batch_size_per_gpu": 4},
+        "placement": {"gpus_per_node": 2},
+    }
+    plan = plan_batches(config_of(data))
+    assert plan.actor.max_tokens_per_micro_batch == 656 and plan.actor.update.grad_accumulation_steps is None
+    assert "≤656t" in format_plan(plan)
+    data["actor"]["max_tokens_per_micro_batch"] = None
+    [problem] = batch_problems(config_of(data))
+    assert (problem.key, problem.value) == ("actor.micro_batch_size_per_gpu", 4)
+
+
+def test_auto_packs_to_the_multi_turn_sample_bound():
+    # Multi-turn: a sample's response is up to rollout.multi_turn.max_total_tokens, not max_new_tokens.
+    data = {
+        "data": {"train_batch_size": 4, "max_prompt_length": 100},
+        "rollout": {"n": 2, "max_new_tokens": 64, "multi_turn": {"enable": True, "max_total_tokens": 300}},
+        "actor": {"ppo_mini_batch_size": 4, "micro_batch_size_per_gpu": 2},
+        "placement": {"gpus_per_node": 2},
+    }
+    assert plan_batches(config_of(data)).actor.max_tokens_per_micro_batch == 2 * (100 + 300)
+
+
+@pytest.mark.parametrize(("prompt", "budget"), [(100, 4 * 164), (101, None)])
+def test_auto_stays_padded_where_context_parallelism_cannot_cut_the_budget(prompt, budget):
+    # CP 2 cuts a micro-batch into 2 × CP = 4 chunks: 4 samples × 164 tokens = 656 split into them, 2 × 165 = 330 do not.
+    micro = 4 if budget else 2
+    data = {
+        "data": {"train_batch_size": 4, "max_prompt_length": prompt},
+        "rollout": {"n": 2, "max_new_tokens": 64},
+        "model": {"transformer_impl": "transformer_engine"},
+        "actor": {
+            "ppo_mini_batch_size": 4,
+            "micro_batch_size_per_gpu": micro,
+            "parallel": {"context_parallel_size": 2},
+        },
+        "placement": {"gpus_per_node": 2},
+    }
+    plan = plan_batches(config_of(data))
+    assert plan.actor.max_tokens_per_micro_batch == budget
+    assert (plan.actor.update.grad_accumulation_steps is None) == (budget is not None)
+
+
 def test_a_token_budget_below_the_longest_sample_names_the_key_and_the_minimum():
     config = config_of(
         {
@@ -279,6 +329,7 @@ def test_virtual_pipeline_is_planned_and_a_role_of_another_vpp_gets_its_own_grou
         "actor": {
             "ppo_mini_batch_size": 4,
             "micro_batch_size_per_gpu": 2,
+            "max_tokens_per_micro_batch": None,
             "use_kl_loss": True,
             "parallel": {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2},
         },
@@ -300,7 +351,12 @@ def test_a_forward_token_budget_packs_only_the_forward_pass():
     data = {
         "data": {"train_batch_size": 6, "max_prompt_length": 100},
         "rollout": {"n": 2, "max_new_tokens": 64},
-        "actor": {"ppo_mini_batch_size": 6, "micro_batch_size_per_gpu": 2, "forward_max_tokens_per_micro_batch": 1024},
+        "actor": {
+            "ppo_mini_batch_size": 6,
+            "micro_batch_size_per_gpu": 2,
+            "max_tokens_per_micro_batch": None,
+            "forward_max_tokens_per_micro_batch": 1024,
+        },
         "placement": {"gpus_per_node": 2},
     }
     plan = plan_batches(config_of(data))

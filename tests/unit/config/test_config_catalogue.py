@@ -39,7 +39,7 @@ CASES = [
     ),
     (
         "micro-not-dividing-rank",
-        ["actor.micro_batch_size_per_gpu=3"],
+        ["actor.micro_batch_size_per_gpu=3", "actor.max_tokens_per_micro_batch=null"],
         "actor.micro_batch_size_per_gpu",
         "4 prompts × 4 samples = 16 per mini-batch ÷ actor DP 2 (4 GPUs ÷ (TP 2 × PP 1)) = 8 samples per rank, "
         "not a multiple of 3",
@@ -70,7 +70,7 @@ CASES = [
     ),
     (
         "ref-micro-not-dividing",
-        ["ref.micro_batch_size_per_gpu=3"],
+        ["ref.micro_batch_size_per_gpu=3", "ref.max_tokens_per_micro_batch=null"],
         "ref.micro_batch_size_per_gpu",
         "32 samples ÷ ref DP 4 (4 GPUs ÷ (TP 1 × PP 1)) = 8 per rank, not a multiple of 3",
     ),
@@ -649,6 +649,7 @@ CASES = [
             "actor.parallel.pipeline_model_parallel_size=2",
             "actor.parallel.virtual_pipeline_model_parallel_size=2",
             "actor.micro_batch_size_per_gpu=16",
+            "actor.max_tokens_per_micro_batch=null",
         ],
         "actor.micro_batch_size_per_gpu",
         "= 1 micro-batches per rank, and megatron's interleaved schedule (virtual "

@@ -68,7 +68,8 @@ def test_quickstart_plan():
     assert (plan.prompts_per_step, plan.samples_per_step, plan.world_size) == (16, 128, 2)
     assert (plan.rollout_tp, plan.rollout_engines, plan.samples_per_engine) == (1, 2, 64)
     assert (plan.actor.tensor_parallel, plan.actor.data_parallel) == (2, 1)
-    assert plan.actor.update.grad_accumulation_steps == 4
+    # Micro-batches packed by default to the token slots of a padded one: 32 samples × (32 + 2) tokens.
+    assert (plan.actor.max_tokens_per_micro_batch, plan.actor.update.grad_accumulation_steps) == (32 * 34, None)
     assert plan.critic is None and plan.ref is None
 
 

@@ -218,12 +218,31 @@ def test_one_step_off_resumes_from_the_middle_with_the_batch_the_checkpoint_kept
     assert resumed[-1]["val/reward/mean"] == pytest.approx(metrics[-1]["val/reward/mean"], rel=1e-9)
 
 
-def train_command(monkeypatch, args: list[str]) -> int:
+def train_command(monkeypatch, args: list[str], probe_gap=0.0) -> int:
     """`megarl train`'s run and its errors' exit codes (`megarl.cli.train._train`) on the fake cluster,
     with this directory's reward functions importable (`loop_rewards`)."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    with fake_cluster(monkeypatch):
+    with fake_cluster(monkeypatch, probe_gap=probe_gap):
         return _train(checked_config(QUICKSTART, args))
+
+
+def test_a_sync_gap_over_the_threshold_stops_the_run_before_the_next_rollout(assets, tmp_path, monkeypatch, capsys):
+    """Engines whose probe log-probs are 1e-3 from the actor's, every tensor loaded bit for bit: the
+    first sync's check fails, `megarl train` exits 1 with the message naming the layout, the gap and
+    the threshold, and no step is logged, so no rollout used the synced weights (moved from
+    tests/e2e/reliability/test_numerical_faults.py, a whole job; that a real TP-2 actor and TP-1 engine
+    show a gap the check measures is tests/e2e/trainer/test_trainer_e2e.py's, the bf16 engines' test)."""
+    args = overrides(assets, tmp_path, **{"rollout.sync.logprob_gap_threshold": 1e-4, "trainer.total_steps": 3})
+    code = train_command(monkeypatch, args, probe_gap=1e-3)
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert re.search(
+        r"megarl train: failed: SyncVerificationError: weight sync train TP=2/PP=1 → rollout TP=1: rollout "
+        r"log-probs differ from the actor's by 0\.001 \(mean 0\.001\) > threshold 0\.0001",
+        err,
+    ), err
+    metrics_file = tmp_path / "quickstart" / "metrics.jsonl"
+    assert not metrics_file.exists() or read_metrics(metrics_file) == []
 
 
 def test_consecutive_nan_steps_stop_the_run_naming_max_bad_steps(assets, tmp_path, monkeypatch, capsys):
@@ -294,33 +313,44 @@ def test_a_reward_function_returning_the_wrong_length_stops_the_run(assets, tmp_
         )
 
 
-def test_a_stop_signal_ends_the_run_after_the_step_it_came_in_with_one_line(assets, tmp_path, monkeypatch, capsys):
-    """SIGTERM during step 3: the step finishes and is logged, the loop stops before step 4, and `megarl
-    train` prints one line naming the step, its phase and the last checkpoint, exit 143. (That the signal
-    also ends every process and leaves no /dev/shm file is the whole job's:
-    tests/e2e/reliability/test_stop_signals.py.)"""
+@pytest.mark.parametrize(
+    "signum,mode",
+    [(signal.SIGTERM, {}), (signal.SIGHUP, ONE_STEP_OFF)],
+    ids=["SIGTERM-sync", "SIGHUP-one-step-off"],
+)
+def test_a_stop_signal_ends_the_run_after_the_step_it_came_in_with_one_line(
+    assets, tmp_path, monkeypatch, capsys, signum, mode
+):
+    """A stop signal during step 3: the step finishes and is logged, the loop stops before step 4, and
+    `megarl train` prints one line naming the signal, the step, its phase and the last checkpoint, with the
+    shell's exit code (143 / 129); also with step 4's batch generating beside step 3 (one_step_off: the
+    SIGHUP case, moved from tests/e2e/reliability/test_stop_signals.py). (That the signal also ends every
+    process and leaves no /dev/shm file is the whole job's: tests/e2e/reliability/test_stop_signals.py.)"""
     monkeypatch.setattr(interrupt, "_requested", None)  # the process-wide request, this test's only
     with fake_cluster(monkeypatch):
         to_rollout = RunningCluster.to_rollout
 
         def signalled_in_step_3(self, step):
             if step == 3:
-                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signum)
             return to_rollout(self, step)
 
         monkeypatch.setattr(RunningCluster, "to_rollout", signalled_in_step_3)
-        args = overrides(assets, tmp_path, **{"trainer.total_steps": 6, "checkpoint.save_freq": 2})
+        args = overrides(assets, tmp_path, **mode | {"trainer.total_steps": 6, "checkpoint.save_freq": 2})
         code = _train(checked_config(QUICKSTART, args))
     err = capsys.readouterr().err
-    assert code == 128 + signal.SIGTERM, err
+    assert code == 128 + signum, err
     [line] = [line for line in err.splitlines() if line.startswith("megarl train: stopped by")]
     assert re.fullmatch(
-        r"megarl train: stopped by SIGTERM during step 3 \(step\); last checkpoint: step 2 \(.+\); "
-        r"continue from it by running the same command with checkpoint.resume=auto",
+        rf"megarl train: stopped by {signal.Signals(signum).name} during step 3 \(step\); last checkpoint: "
+        r"step 2 \(.+\); continue from it by running the same command with checkpoint.resume=auto",
         line,
     ), line
     assert "Traceback" not in err
-    assert [m["step"] for m in read_metrics(tmp_path / "quickstart" / "metrics.jsonl")] == [1, 2, 3]
+    metrics = read_metrics(tmp_path / "quickstart" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    if mode:  # step 3 trained beside step 4's generation
+        assert metrics[2]["rollout/policy_version_lag/max"] == 1
 
 
 def test_validation_runs_every_test_freq_steps_and_at_the_end(assets, tmp_path, monkeypatch):
@@ -340,6 +370,7 @@ ASYNC = {
     "checkpoint.save_freq": 2,
     "checkpoint.max_keep": 3,
     "rollout.partial_rollout": 1,
+    "trainer.test_freq": 2,
 }
 
 
@@ -347,13 +378,18 @@ def test_async_resumes_from_the_middle_on_the_batches_the_checkpoint_kept(assets
     """async, max_staleness 2, partial rollouts of a token per segment: the run stopped after step 2's
     checkpoint resumes from it and trains step 3 on the batch the checkpoint kept (its policy version as
     recorded), or says the batch was in flight and generates it again; every later batch is generated
-    after the resume (moved here from tests/e2e/trainer/test_one_step_off.py, which keeps the uninterrupted
-    run on the real cluster)."""
+    after the resume; validation (every 2 steps and at the end) takes the engines between two segments
+    (moved here from tests/e2e/trainer/test_one_step_off.py, with the uninterrupted run's lag bound,
+    checkpointed stream and validation cadence: the async whole jobs are tests/e2e/trainer/
+    test_agent_quickstart.py's, partial rollouts and weight loads between segments on vLLM, and
+    tests/e2e/reliability/test_async_faults.py's, a stop and the checkpointed batch ahead)."""
     run_dir = tmp_path / "run"
     args = overrides(assets, run_dir, **ASYNC)
     metrics = read_metrics(fit(monkeypatch, args).run_dir / "metrics.jsonl")
     lags = [m["rollout/policy_version_lag/max"] for m in metrics]
     assert lags[0] == 0 and all(0 <= lag <= 2 for lag in lags), lags
+    assert [m["step"] for m in metrics if "val/reward/mean" in m] == [2, 4]
+    assert [m["sync/weight_version"] for m in metrics] == [1.0, 2.0, 3.0, 4.0]
     stream = json.loads((run_dir / "checkpoints" / step_dir_name(2) / "extra.json").read_text())["stream"]
     assert set(stream["ready"]) <= {"3", "4"} and stream["in_flight"] in (None, 3, 4), stream
     capsys.readouterr()
