@@ -68,7 +68,8 @@ def _compare_tp1(model_dir: str, shape: TrainShape, repeats: int) -> dict:
     actor = MegatronActor.from_hf(
         model_dir, groups, optim=optim, model=ModelConfig(dtype="float32", transformer_impl="local")
     )
-    loss = PolicyLoss(ActorConfig())
+    settings = ActorConfig()
+    loss = PolicyLoss(settings)
 
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
     adamw = torch.optim.AdamW(
@@ -78,7 +79,6 @@ def _compare_tp1(model_dir: str, shape: TrainShape, repeats: int) -> dict:
         eps=optim.eps,
         weight_decay=optim.weight_decay,
     )
-    settings = loss.settings
     tokens = batch.response_mask.sum()
 
     def megatron_step():
@@ -93,7 +93,7 @@ def _compare_tp1(model_dir: str, shape: TrainShape, repeats: int) -> dict:
             with torch.no_grad():  # megarl's loss reports the entropy too
                 entropy = -(log_softmax.exp() * log_softmax).sum(-1)
             out = compute_policy_loss(
-                settings.name,
+                settings.policy_loss,
                 micro.old_log_probs,
                 log_probs,
                 micro.advantages,
