@@ -39,6 +39,7 @@ os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "30")
 
 import _posixshmem  # shm_unlink, the one multiprocessing.shared_memory uses
 import contextlib
+import gc
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ClassVar
@@ -161,6 +162,11 @@ class VLLMRolloutEngine(RolloutEngine):
         # A trainer's world in this process: vLLM builds its groups inside it, and must leave it be.
         self._in_existing_world = torch.distributed.is_initialized()
         backend = executor_backend(args.tensor_parallel_size, on_gpu=not is_cpu)
+        # vLLM collects garbage five times while it starts (model load, memory profiling) and then freezes its
+        # heap (vllm/utils/gc_utils.py `freeze_gc_heap`, called at the end of `EngineCore.__init__`): freezing
+        # it now spares each of those collections a walk over every object torch and vLLM created at import,
+        # ~0.7 of an engine's ~2.4 CPU-seconds of start on CPU. Objects freed later by reference count still go.
+        gc.freeze()
         self._llm = LLM(
             model=str(args.model_path),
             tensor_parallel_size=args.tensor_parallel_size,
