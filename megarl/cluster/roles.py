@@ -208,19 +208,12 @@ def packs_by_tokens(role_config, config: Config) -> bool:
 
 
 def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
-    actor = config.actor
     return ActorSpec(
-        optim=actor.optim,
+        section=config.actor,
         lr_decay_steps=settings.total_optimizer_steps(plan, "actor", total_steps),
-        recompute=actor.recompute,
-        loss=actor,
-        offload=actor.offload,
-        sequence_parallel=plan.actor.sequence_parallel,
-        moe=actor.moe,
         mini_batch_size=plan.actor.update.samples_per_rank,
-        micro_batch_size=settings.micro_batch_cut(actor, "actor", config),
-        forward_micro_batch=settings.forward_micro_batch_cut(actor, "actor", config),
-        ppo_epochs=actor.ppo_epochs,
+        micro_batch_size=settings.micro_batch_cut(config.actor, "actor", config),
+        forward_micro_batch=settings.forward_micro_batch_cut(config.actor, "actor", config),
         rollout_tp=config.rollout.tensor_model_parallel_size,
         rollout_expert_parallel=config.rollout.expert_parallel,
         rollout_dtype=rollout_dtype(config.rollout, config.model.dtype),
@@ -229,18 +222,12 @@ def actor_spec(config: Config, plan: BatchPlan, total_steps: int) -> ActorSpec:
 
 
 def critic_spec(config: Config, plan: BatchPlan, total_steps: int) -> CriticSpec:
-    critic = config.critic
     return CriticSpec(
-        optim=critic.optim,
+        section=config.critic,
         lr_decay_steps=settings.total_optimizer_steps(plan, "critic", total_steps),
-        recompute=critic.recompute,
-        loss=critic,
-        offload=critic.offload,
-        sequence_parallel=plan.critic.sequence_parallel,
         mini_batch_size=plan.critic.update.samples_per_rank,
-        micro_batch_size=settings.micro_batch_cut(critic, "critic", config),
-        forward_micro_batch=settings.forward_micro_batch_cut(critic, "critic", config),
-        ppo_epochs=critic.ppo_epochs,
+        micro_batch_size=settings.micro_batch_cut(config.critic, "critic", config),
+        forward_micro_batch=settings.forward_micro_batch_cut(config.critic, "critic", config),
     )
 
 

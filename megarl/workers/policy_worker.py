@@ -64,13 +64,13 @@ class PolicyWorker:
             MegatronActor.from_hf(
                 spec.model_path,
                 self.groups,
-                optim=actor.optim,
+                optim=actor.section.optim,
                 lr_decay_steps=actor.lr_decay_steps,
                 model=model,
-                recompute=actor.recompute,
-                offload=actor.offload,
-                sequence_parallel=actor.sequence_parallel,
-                moe=actor.moe,
+                recompute=actor.section.recompute,
+                offload=actor.section.offload,
+                sequence_parallel=actor.section.parallel.sequence_parallel,
+                moe=actor.section.moe,
             )
             if actor
             else None
@@ -93,13 +93,13 @@ class PolicyWorker:
             MegatronCritic.from_hf(
                 spec.model_path,
                 self.groups,
-                optim=critic.optim,
+                optim=critic.section.optim,
                 lr_decay_steps=critic.lr_decay_steps,
-                loss=critic.loss,
+                loss=critic.section,
                 model=model,
-                recompute=critic.recompute,
-                offload=critic.offload,
-                sequence_parallel=critic.sequence_parallel,
+                recompute=critic.section.recompute,
+                offload=critic.section.offload,
+                sequence_parallel=critic.section.parallel.sequence_parallel,
             )
             if critic
             else None
@@ -110,7 +110,7 @@ class PolicyWorker:
             else None
         )
         self.loss = (
-            PolicyLoss(actor.loss, report_mismatch=True) if actor else None
+            PolicyLoss(actor.section, report_mismatch=True) if actor else None
         )  # the engines always report log-probs
         # The weights travel in the engines' dtype: a cast on the sender halves an fp32 actor's bytes for bf16 engines.
         self.plan = (
@@ -255,7 +255,7 @@ class PolicyWorker:
             self.loss,
             mini_batch_size=s.mini_batch_size,
             micro_batch_size=s.micro_batch_size,
-            ppo_epochs=s.ppo_epochs,
+            ppo_epochs=s.section.ppo_epochs,
             shuffle_seed=shuffle_seed,
         )
 
@@ -265,7 +265,7 @@ class PolicyWorker:
             batch,
             mini_batch_size=c.mini_batch_size,
             micro_batch_size=c.micro_batch_size,
-            ppo_epochs=c.ppo_epochs,
+            ppo_epochs=c.section.ppo_epochs,
             shuffle_seed=shuffle_seed,
         )
 

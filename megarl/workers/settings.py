@@ -1,15 +1,17 @@
-"""The specs a worker rank is built from. The workers take the config's own sections (`model`, and the
-trained roles' `optim`, `recompute`, `offload`, `moe`, and the `actor` / `critic` section whose loss fields
-make their objectives) plus numbers from the batch plan. Plain values that import no megatron-core, so
-that the driver (`megarl.trainer`) starts without loading it; the worker modules that use them
-(`megatron_train`, `actor`, `critic`, `policy_worker`, `sft_worker`) import them from here.
+"""The specs a worker rank is built from. A trained role's spec carries its config section once (`ActorSpec.section`
+is the `actor` section, `CriticSpec.section` the `critic` one: optimizer, recompute, offload, loss fields,
+epochs, layout) beside the numbers the batch plan derives from it and, for the actor, the rollout facts the
+weight sync needs; the group's spec adds the `model` section. A knob of a section reaches the workers with no
+field here. Plain values that import no megatron-core, so that the driver (`megarl.trainer`) starts without
+loading it; the worker modules that use them (`megatron_train`, `actor`, `critic`, `policy_worker`,
+`sft_worker`) import them from here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megarl.config.roles import ActorConfig, CriticConfig, MoeConfig, OffloadConfig, OptimizerConfig, RecomputeConfig
+from megarl.config.roles import ActorConfig, CriticConfig, OptimizerConfig
 from megarl.config.sections import ModelConfig
 from megarl.workers.packing import TokenBudget
 
@@ -18,52 +20,34 @@ from megarl.workers.packing import TokenBudget
 class CriticSpec:
     """The critic of a PPO run."""
 
-    optim: OptimizerConfig
-    """`critic.optim`."""
+    section: CriticConfig
+    """The `critic` section: its `optim`, `recompute`, `offload`, `parallel.sequence_parallel`, `ppo_epochs`, and the
+    `cliprange_value` and `loss_agg_mode` of the value loss."""
     lr_decay_steps: int
     """The critic's optimizer steps over the run (the batch plan's): the LR decay ends there."""
-    recompute: RecomputeConfig
-    """`critic.recompute`."""
-    loss: CriticConfig
-    """The `critic` section: its `cliprange_value` and `loss_agg_mode` make the value loss."""
-    offload: OffloadConfig
-    """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`critic.offload`)."""
-    sequence_parallel: bool
-    """Megatron sequence parallelism over the TP ranks (`critic.parallel.sequence_parallel`)."""
     mini_batch_size: int
     """Samples per optimizer step on one DP rank."""
     micro_batch_size: int | TokenBudget
     """Samples per forward/backward micro-batch (per GPU), or the budget of packed micro-batches."""
     forward_micro_batch: int | TokenBudget
     """The forward-only pass's cut (old log-probs, values): samples, or the budget of packed micro-batches."""
-    ppo_epochs: int
 
 
 @dataclass(frozen=True)
 class ActorSpec:
     """The policy being trained, and the sync of its weights into the rollout engines."""
 
-    optim: OptimizerConfig
-    """`actor.optim`."""
+    section: ActorConfig
+    """The `actor` section: its `optim`, `recompute`, `offload`, `moe`, `parallel.sequence_parallel`, `ppo_epochs`,
+    and the policy-loss fields of the objective (`megarl.workers.actor.PolicyLoss`)."""
     lr_decay_steps: int
     """The actor's optimizer steps over the run (the batch plan's): the LR decay ends there."""
-    recompute: RecomputeConfig
-    """`actor.recompute`."""
-    loss: ActorConfig
-    """The `actor` section: its policy-loss fields make the objective (`megarl.workers.actor.PolicyLoss`)."""
-    offload: OffloadConfig
-    """What `PolicyWorker.offload_training_state` / `offload_params` move off the device (`actor.offload`)."""
-    sequence_parallel: bool
-    """Megatron sequence parallelism over the TP ranks (`actor.parallel.sequence_parallel`)."""
-    moe: MoeConfig
-    """Router losses of a mixture-of-experts actor (`actor.moe`)."""
     mini_batch_size: int
     """Actor samples per optimizer step on one DP rank."""
     micro_batch_size: int | TokenBudget
     """Samples per forward/backward micro-batch (per GPU), or the budget of packed micro-batches."""
     forward_micro_batch: int | TokenBudget
     """The forward-only pass's cut (old log-probs, values): samples, or the budget of packed micro-batches."""
-    ppo_epochs: int
     rollout_tp: int
     """Tensor-parallel size of each rollout engine (the bridge plan's target layout)."""
     rollout_expert_parallel: bool

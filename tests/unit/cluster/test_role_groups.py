@@ -87,7 +87,8 @@ def test_sequence_parallel_reaches_each_role_that_sets_it():
         "ref.parallel.tensor_model_parallel_size=2",
     )
     policy = worker_specs(config, plan, total_steps=10)["policy"]
-    assert policy.actor.sequence_parallel and policy.critic.sequence_parallel and not policy.ref_sequence_parallel
+    assert policy.actor.section.parallel.sequence_parallel and policy.critic.section.parallel.sequence_parallel
+    assert not policy.ref_sequence_parallel
     config, plan = plan_of(
         *KL,
         "ref.parallel.tensor_model_parallel_size=2",
@@ -95,14 +96,14 @@ def test_sequence_parallel_reaches_each_role_that_sets_it():
         "ref.parallel.sequence_parallel=true",
     )
     specs = worker_specs(config, plan, total_steps=10)
-    assert specs["ref"].ref_sequence_parallel and not specs["policy"].actor.sequence_parallel
+    assert specs["ref"].ref_sequence_parallel and not specs["policy"].actor.section.parallel.sequence_parallel
 
 
 def test_router_replay_reaches_the_actor_and_the_reference_in_either_group():
     for own_group in (False, True):
         config, plan = plan_of(*KL, "actor.moe.router_replay=true", f"ref.colocate_with_actor={not own_group}")
         specs = worker_specs(config, plan, total_steps=10)
-        assert specs["policy"].actor.moe.router_replay
+        assert specs["policy"].actor.section.moe.router_replay
         assert specs["ref" if own_group else "policy"].ref_router_replay
     config, plan = plan_of(*KL)
     assert not worker_specs(config, plan, total_steps=10)["policy"].ref_router_replay

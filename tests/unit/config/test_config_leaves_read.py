@@ -9,15 +9,16 @@ names that stand for a part of it:
 - a member `self.settings = config.rollout.sync` (then `self.settings.verify_every`),
 - a parameter, for every chain its callers pass (`micro_batch_cut(config.ref, "ref")` makes
   `role_config.max_tokens_per_micro_batch` inside `micro_batch_cut` read `config.ref.max_tokens_per_micro_batch`).
-Chains that do not lead back to `config` (a worker's `spec.critic.offload`, a settings object of the
-same field names) do not count, so the scan is section-aware: reading the actor's `offload.params`
+Chains that do not lead back to `config` (a worker's `spec.critic.section.offload`, a settings object of
+the same field names) do not count, so the scan is section-aware: reading the actor's `offload.params`
 does not make the critic's read.
 
-A section handed on whole (`ActorSpec(optim=actor.optim)`: the workers take the config's own section
+A section handed on whole (`ActorSpec(section=config.actor)`: the workers take the config's own section
 classes) is followed by its class: a parameter annotated with it (`optim: OptimizerConfig`) stands for
 every chain of that class the runtime hands on whole, so `optim.weight_decay` in the worker reads
 `actor.optim.weight_decay` and `critic.optim.weight_decay` while both sections are handed on, and
-neither once nothing hands it on."""
+neither once nothing hands it on. A section handed to a class (a spec holding it) hands on its
+subsections with it: `config.actor` in `ActorSpec` hands on `config.actor.optim`."""
 
 from __future__ import annotations
 
@@ -174,12 +175,17 @@ def section_paths(cls=Config, prefix: Chain = ()) -> dict[str, set[Chain]]:
 
 def _bind_sections(scopes: list[Scope], schema) -> None:
     """A parameter annotated with a section's class stands for every config chain of that class that
-    some call hands on whole (as an argument: `ActorSpec(optim=actor.optim)`)."""
+    some call hands on whole (as an argument: `packs_by_tokens(config.actor, config)`). A section handed on
+    whole to a class (`ActorSpec(section=config.actor)`: a worker spec holds the config's own section)
+    hands on its subsections with it: the worker reads them off the object, where no chain leads back to
+    the config, and passes them on (`optim=actor.section.optim` to a parameter `optim: OptimizerConfig`)."""
     sections = section_paths(schema)
     last_names = {path[-1] for paths in sections.values() for path in paths}
     handed: dict[str, set[Chain]] = {}
+    stored: set[Chain] = set()
     for scope in scopes:
         for call in (n for n in ast.walk(scope.node) if isinstance(n, ast.Call)):
+            callee = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", "")
             for value in [*call.args, *(k.value for k in call.keywords)]:
                 chain = _chain(value)
                 if chain is None or len(chain) < 2 or chain[-1] not in last_names:
@@ -191,6 +197,9 @@ def _bind_sections(scopes: list[Scope], schema) -> None:
                         for name, paths in sections.items():
                             if expanded[len(root) :] in paths:
                                 handed.setdefault(name, set()).add(expanded)
+                                if callee[:1].isupper():
+                                    stored.add(expanded)
+    _add_subsections(handed, stored, sections)
     for scope in (s for s in scopes if isinstance(s.node, ast.FunctionDef)):
         for arg in scope.node.args.args + scope.node.args.kwonlyargs:
             annotation = (
@@ -198,6 +207,17 @@ def _bind_sections(scopes: list[Scope], schema) -> None:
             )
             for name in annotation & handed.keys():
                 scope.aliases.setdefault((arg.arg,), set()).update(handed[name])
+
+
+def _add_subsections(handed: dict[str, set[Chain]], stored: set[Chain], sections: dict[str, set[Chain]]) -> None:
+    """Each section chain in `stored` (handed on whole to a class) hands on its subsections, by their classes."""
+    for chain in stored:
+        root = next(root for root in ROOTS if chain[: len(root)] == root)
+        path = chain[len(root) :]
+        for name, paths in sections.items():
+            for sub in paths:
+                if len(sub) > len(path) and sub[: len(path)] == path:
+                    handed.setdefault(name, set()).add(root + sub)
 
 
 def _resolve_members(scopes: list[Scope]) -> None:
@@ -250,8 +270,8 @@ def test_every_sft_config_key_is_read_by_the_sft_runtime():
 
 
 def test_the_scan_is_section_aware():
-    """The check itself: the critic's offload keys are read only through the critic's section, and a
-    worker spec's field of the same name does not count."""
+    """The check itself: the critic's offload keys are read only through the critic's section (handed on
+    whole in `CriticSpec`, its `offload` with it), and a worker spec's chain of the same names does not count."""
     reads = config_reads()
     assert ("critic", "offload", "params") in reads and ("actor", "offload", "params") in reads
-    assert ("spec", "critic", "offload") not in reads
+    assert ("spec", "critic", "section", "offload") not in reads
