@@ -58,19 +58,26 @@ def role_of(process: psutil.Process, driver_pid: int, rollout_pids: set[int]) ->
 
 
 def sample(job: Job, rollout_pids: set[int]) -> dict:
-    """One sample: step, and per role the summed RSS (MiB), open fds and process count."""
+    """One sample: step, per role the summed RSS (MiB), open fds and process count, and whether a checkpoint
+    save was writing (`saving`: a policy rank had a forked writer)."""
     roles: dict[str, dict[str, float]] = {}
+    ranks: dict[int, int] = {}  # RankProcess pid -> its parent's pid
     for process in [psutil.Process(job.process.pid), *job.descendants()]:
         try:
             role = role_of(process, job.process.pid, rollout_pids)
             rss, fds = process.memory_info().rss / MIB, process.num_fds()
+            if role == "policy":
+                ranks[process.pid] = process.ppid()
         except psutil.Error:
             continue
         entry = roles.setdefault(role, {"rss_mib": 0.0, "fds": 0, "processes": 0})
         entry["rss_mib"] += rss
         entry["fds"] += fds
         entry["processes"] += 1
-    return {"time": time.monotonic(), "step": job.last_step(), "roles": roles}
+    # megatron-core's checkpoint writer forks the rank (FileSystemWriterAsync.write_preloaded_data_multiproc,
+    # a "fork" context): the child carries the rank's name, and its RSS counts the parent's pages it shares.
+    saving = any(parent in ranks for parent in ranks.values())
+    return {"time": time.monotonic(), "step": job.last_step(), "roles": roles, "saving": saving}
 
 
 def watch(job: Job, interval_s: float, stop_when=None) -> list[dict]:
@@ -89,9 +96,11 @@ def watch(job: Job, interval_s: float, stop_when=None) -> list[dict]:
 def summarize(samples: list[dict], warmup: int) -> dict:
     """Per role: RSS and fds at the start (median of the first `WINDOW` samples at/after `warmup` steps)
     and at the end (median of the last `WINDOW` samples taken while the job still trained, i.e. before
-    its last logged step), and the peak. Medians, because a checkpoint save briefly adds memory and fds."""
+    its last logged step), and the peak. Samples taken during a checkpoint save are left out (its writer
+    processes come and go: under load a save spans several samples, and counted as growth twice the ranks'
+    memory); medians, because other moments of a step briefly add memory and fds too."""
     final_step = max((s["step"] for s in samples), default=0)
-    settled = [s for s in samples if warmup <= s["step"] < final_step and s["roles"]]
+    settled = [s for s in samples if warmup <= s["step"] < final_step and s["roles"] and not s["saving"]]
     if len(settled) < 2 * WINDOW:
         return {}
     head, tail = settled[:WINDOW], settled[-WINDOW:]
