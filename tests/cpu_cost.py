@@ -116,9 +116,12 @@ class CpuReport:
         if self.meter is not None:
             self.meter.stop()
 
-    def pytest_runtest_setup(self) -> None:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self):
+        # Around the whole protocol, not in a setup hook: a skip mark ends the setup before other plugins' hooks.
         if self.meter is not None:
             self.started = self.meter.used_s()
+        yield
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):

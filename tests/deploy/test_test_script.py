@@ -26,6 +26,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 BURN = (
     "import resource, time\\n"
     "end = time.process_time() + 0.5\\n"
@@ -39,12 +41,18 @@ def test_starts_a_process_that_burns_cpu():
     used = subprocess.run([sys.executable, "-c", BURN], capture_output=True, text=True, check=True).stdout
     with open(os.environ["CPU_PROBE_OUT"], "w") as f:
         f.write(used)
+
+
+@pytest.mark.skip(reason="a skip mark ends the setup before the CPU meter's own hooks")
+def test_skipped_after_it():
+    pass
 """
 
 
 def test_test_script_lists_the_slowest_tests_and_the_costliest(tmp_path):
     """The CPU cost of a test counts the processes it starts: the probe's child burns 0.5 CPU-seconds and
-    reports its own total, which the table's figure for the test must cover."""
+    reports its own total, which the table's figure for the test must cover; the skipped test after it costs
+    its own time, not the one before it."""
     (tmp_path / "test_slow_probe.py").write_text(SLOW_TEST)
     (tmp_path / "test_cpu_probe.py").write_text(CPU_PROBE)
     probe_out = tmp_path / "child_cpu_s"
@@ -67,3 +75,5 @@ def test_test_script_lists_the_slowest_tests_and_the_costliest(tmp_path):
         pytest.skip(f"no CPU accounting here: {error}")
     cost = re.search(r"([\d.]+) CPU-s  test_cpu_probe.py::test_starts_a_process_that_burns_cpu", costs)
     assert cost and float(cost.group(1)) >= float(probe_out.read_text()) - 0.005, costs  # the table's 2 decimals
+    skipped = re.search(r"([\d.]+) CPU-s  test_cpu_probe.py::test_skipped_after_it", costs)
+    assert skipped and float(skipped.group(1)) < float(probe_out.read_text()), costs  # not the test before it
