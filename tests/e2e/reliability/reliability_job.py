@@ -178,11 +178,11 @@ class Job:
 
     def rank_processes(self) -> tuple[list[psutil.Process], list[psutil.Process]]:
         """(policy ranks, rollout engines) among the job's Ray actors: an engine has vLLM's native
-        library mapped, a policy rank does not import vLLM."""
+        library mapped, a policy rank does not import vLLM. A checkpoint writer a rank forked is neither."""
         policy, rollout = [], []
         for process in self.descendants():
             try:
-                if "RankProcess" not in " ".join(process.cmdline()):
+                if "RankProcess" not in " ".join(process.cmdline()) or is_rank_fork(process):
                     continue
                 maps = Path(f"/proc/{process.pid}/maps").read_text()
             except (psutil.Error, OSError):
@@ -274,3 +274,10 @@ def _alive(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def is_rank_fork(process: psutil.Process) -> bool:
+    """Whether `process` is a fork of a Ray rank: megarl's checkpoint save runs megatron-core's writer in forked
+    children of each policy rank (FileSystemWriterAsync.write_preloaded_data_multiproc, a "fork" context), which
+    carry the rank's name (`ray::RankProcess...`) and share its pages, for as long as the save writes."""
+    return "RankProcess" in " ".join(process.cmdline()) and "RankProcess" in " ".join(process.parent().cmdline())

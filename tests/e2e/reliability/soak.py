@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
-from reliability_job import Job, make_workspace, python_stacks
+from reliability_job import Job, is_rank_fork, make_workspace, python_stacks
 
 MIB = 1024 * 1024
 RSS_GROWTH_BOUND_MIB = 64.0
@@ -61,22 +61,18 @@ def sample(job: Job, rollout_pids: set[int]) -> dict:
     """One sample: step, per role the summed RSS (MiB), open fds and process count, and whether a checkpoint
     save was writing (`saving`: a policy rank had a forked writer)."""
     roles: dict[str, dict[str, float]] = {}
-    ranks: dict[int, int] = {}  # RankProcess pid -> its parent's pid
+    saving = False  # a rank's forked checkpoint writer counts the rank's shared pages again
     for process in [psutil.Process(job.process.pid), *job.descendants()]:
         try:
             role = role_of(process, job.process.pid, rollout_pids)
             rss, fds = process.memory_info().rss / MIB, process.num_fds()
-            if role == "policy":
-                ranks[process.pid] = process.ppid()
+            saving = saving or (role == "policy" and is_rank_fork(process))
         except psutil.Error:
             continue
         entry = roles.setdefault(role, {"rss_mib": 0.0, "fds": 0, "processes": 0})
         entry["rss_mib"] += rss
         entry["fds"] += fds
         entry["processes"] += 1
-    # megatron-core's checkpoint writer forks the rank (FileSystemWriterAsync.write_preloaded_data_multiproc,
-    # a "fork" context): the child carries the rank's name, and its RSS counts the parent's pages it shares.
-    saving = any(parent in ranks for parent in ranks.values())
     return {"time": time.monotonic(), "step": job.last_step(), "roles": roles, "saving": saving}
 
 
