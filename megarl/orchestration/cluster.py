@@ -37,6 +37,12 @@ SOCKET_PATH_MAX = 107
 LONGEST_SOCKET_SUFFIX = len("/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store")
 """What Ray appends to its temp dir for its longest socket (ray/_private/node.py: the session name, the
 date to microseconds and a pid up to Linux's pid_max 4194304; `_prepare_socket_file`)."""
+WORKER_PRIORITY = {ray_constants.RAY_WORKER_NICENESS: "0"}
+"""Every worker process of the job (the ranks, the engines, what they start) runs at the priority of the
+processes around it. Ray starts its workers at niceness 15 (its `worker_niceness`, read from this variable
+by each worker, as Ray's own job manager sets it for its job supervisors), which lets any busy process on
+the node starve them: under a neighbour's load a rank's heartbeat thread went unscheduled for the whole
+hang timeout (15 s) and the driver reported a live rank as frozen."""
 ADDRESS_PROBE_S = 5.0
 """How long a TCP connection to RAY_ADDRESS may take before it counts as pointing at nothing."""
 
@@ -76,7 +82,7 @@ def _start_and_stay(
     # Off the main thread Ray leaves SIGTERM's handler alone, as `init_ray` wants (its warning that it did
     # is one of `megarl.quiet.LOGS`).
     try:
-        _start_or_join(num_cpus, None, {"env_vars": dict(env_vars or {})})
+        _start_or_join(num_cpus, None, env_vars)
     except BaseException as error:  # raised by the `init_ray` or `shutdown_ray` that joins this start
         started.set_exception(error)
         return
@@ -109,7 +115,7 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, env_vars:
     sigterm = signal.getsignal(signal.SIGTERM)
     try:
         if not (_join_early_start() or ray.is_initialized()):
-            _start_or_join(num_cpus, num_gpus, {"env_vars": dict(env_vars or {})})
+            _start_or_join(num_cpus, num_gpus, env_vars)
     finally:
         if sigterm is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, sigterm)
@@ -153,8 +159,9 @@ def _check_address(address: str) -> None:
         ) from None
 
 
-def _start_or_join(num_cpus: int | None, num_gpus: int | None, runtime_env: dict) -> None:
+def _start_or_join(num_cpus: int | None, num_gpus: int | None, env_vars: dict[str, str] | None) -> None:
     check_ray_can_start()
+    runtime_env = {"env_vars": {**WORKER_PRIORITY, **(env_vars or {})}}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env, log_to_driver=True)
         return

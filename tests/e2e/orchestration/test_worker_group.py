@@ -47,6 +47,8 @@ def test_ranks_form_one_world_and_each_call_is_one_round_trip(make_group):
     assert group.call_each("all_reduce", [(1.0,), (2.0,)]) == [33.0, 33.0]
     assert group.call_rank0("rank") == 0
     assert round_trips() - before == 4, "one per call, however many ranks answer"
+    # At the driver's priority, not at Ray's niceness 15 for workers (`cluster.WORKER_PRIORITY`).
+    assert [psutil.Process(pid).nice() for pid in group.pids] == [psutil.Process().nice()] * 2
 
 
 def test_a_chain_is_one_round_trip_run_in_order_and_two_groups_run_at_once(make_group):
