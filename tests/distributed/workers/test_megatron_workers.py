@@ -1,7 +1,7 @@
 """Actor, critic and reference on megatron-core over gloo: HF parity of log-probs and entropy, one
 PPO update (token-mean, and sequence-mean with KL loss and a sequence-level correction) identical across (TP, PP,
 DP) layouts and micro-batch cuts, vocab-parallel gradients, tied embeddings across stages, NaN-step
-skipping, the LR schedule, recompute, a frozen reference, and a critic that learns and clips.
+skipping, the LR schedule, recompute, a frozen reference, and a critic that learns, clips and resumes exactly.
 
 Spawns are the cost here (~10-40 s each on 2 cores), so each layout runs one world that does every
 check it can and returns the numbers; the tests below only compare them.
@@ -98,14 +98,20 @@ def _rank_main(model_dir, out_dir, tp, pp, micro_batch_sizes, use_distributed_op
     out["sync_names"] = sorted(before)
     out["vocab_parallel"] = [_vocab_parallel_grad_check(groups, vocab_size) for vocab_size in (100, 200)]
     rows = slice(groups.dp_rank * share, (groups.dp_rank + 1) * share)
-    out["critic_values"], out["critic_update"] = _critic_step(model_dir, groups, local, rows)
+    out["critic_values"], out["critic_update"], out["critic_resumed"] = _critic_step(
+        model_dir, groups, local, rows, Path(out_dir) / "critic_checkpoints"
+    )
     return _to_parent(out)
 
 
-def _critic_step(model_dir, groups, local, rows):
+def _critic_step(model_dir, groups, local, rows, checkpoints: Path):
     """Values and one clipped-value update of a critic whose head is set to the same seeded weights
-    on every layout (its fresh init depends on the layout's RNG use)."""
+    on every layout (its fresh init depends on the layout's RNG use); then its resume: saved after that
+    update (as a critic's group writes its part, `PolicyWorker.save_checkpoint`), a second update, the
+    checkpoint loaded back, the second update again: (its metrics and the values after it, both once more;
+    the values after an update follow the optimizer's and the scheduler's states, not the weights alone)."""
     from megarl.config.roles import CriticConfig, OptimizerConfig
+    from megarl.workers.checkpoint import load_checkpoint, save_checkpoint
     from megarl.workers.critic import MegatronCritic
 
     critic = MegatronCritic.from_hf(
@@ -126,7 +132,19 @@ def _critic_step(model_dir, groups, local, rows):
     local.values = values + 0.3 * torch.tensor([1.0, -1.0]).repeat(20).reshape(8, 5)[rows]
     local.returns = values + offsets
     metrics = critic.update_critic(local, mini_batch_size=len(local), micro_batch_size=len(local) // 2)
-    return values, metrics
+    engine = critic.engine
+    states = dict(
+        models={"critic": engine.chunks},
+        optimizers={"critic": engine.optimizer},
+        schedulers={"critic": engine.scheduler},
+    )
+    saved = save_checkpoint(checkpoints, 1, groups, **states, extra={})
+    runs = []
+    for _ in range(2):
+        update = critic.update_critic(local, mini_batch_size=len(local), micro_batch_size=len(local) // 2)
+        runs.append((update, critic.compute_values(local, micro_batch_size=len(local) // 2)))
+        load_checkpoint(saved, groups, **states)
+    return values, metrics, runs
 
 
 def _critic_and_schedule_main(model_dir, old_log_probs, advantages):
@@ -385,6 +403,17 @@ def test_critic_values_and_update_are_the_same_on_every_layout(layouts):
         for rank in ranks:
             for key in ("loss", "grad_norm", "clip_frac", "vpred_mean"):
                 assert rank["critic_update"][key] == pytest.approx(expected[key], rel=RTOL, abs=1e-6), f"{name} {key}"
+
+
+def test_a_critic_resumed_from_its_checkpoint_repeats_the_next_update_exactly(layouts):
+    """Its weights, optimizer and scheduler came back (once the e2e role-layout run's second job, which
+    resumed a PP 2 critic of its own: the trainer's part of it is tests/unit/cluster/test_role_groups.py's)."""
+    for name, (ranks, _) in layouts.items():
+        for rank in ranks:
+            (second, values), (again, values_again) = rank["critic_resumed"]
+            assert second["loss"] != rank["critic_update"]["loss"], f"{name}: the second update trained on"
+            assert again == second, name
+            assert torch.equal(values_again, values), name
 
 
 def test_sync_names_are_global_megatron_names(layouts):

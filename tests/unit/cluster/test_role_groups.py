@@ -12,6 +12,7 @@ from megarl.config.batch_plan import plan_batches
 from megarl.config.loader import load_config
 from megarl.config.plan_table import format_plan
 from megarl.workers.batch import PolicyBatch
+from megarl.workers.checkpoint_files import part_dir, step_dir_name
 from megarl.workers.packing import TokenBudget
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
@@ -284,3 +285,44 @@ def test_engines_started_before_a_failed_start_up_run_their_own_shutdown(monkeyp
     with pytest.raises(RuntimeError, match="the sync group did not form"):
         roles.start_roles(config, plan, 2, {}, "cpu", PhaseTimer(phases=STARTUP_PHASES))
     assert calls == [("engines.shutdown", roles.ENGINE_SHUTDOWN_TIMEOUT_S)]
+
+
+class CallLog:
+    """A group's workers that record each `call_all` in one log shared by the groups."""
+
+    def __init__(self, name: str, log: list, answer=None):
+        self.name, self.log, self.answer = name, log, answer
+
+    def call_all(self, method: str, *args) -> list:
+        self.log.append((self.name, method, *args))
+        return [self.answer]
+
+
+def test_a_critic_of_its_own_saves_its_part_before_the_step_commits_and_loads_it_on_resume(tmp_path):
+    """(The trainer's side of the critic's resume; the critic's restored state repeating its next update
+    exactly is tests/distributed/workers/test_megatron_workers.py's.)"""
+    log = []
+    actor = MegatronGroup(CallLog("policy", log, answer={"step": 3}), grids(tp=2, dp=1))
+    critic = MegatronGroup(CallLog("critic", log), grids(tp=1, dp=1))
+    ref = MegatronGroup(CallLog("ref", log), grids(tp=1, dp=2))
+    roles = Roles(
+        {"actor": actor, "critic": critic, "ref": ref},
+        rollout=None,
+        placement=None,
+        sync_transport="collective",
+        routes=None,
+    )
+    root, extra = str(tmp_path / "checkpoints"), {"step": 3}
+    roles.save_checkpoint(root, 3, extra)
+    step_dir = tmp_path / "checkpoints" / step_dir_name(3)
+    # The part first: a complete step dir implies complete parts. The frozen reference has no state to save.
+    assert log == [
+        ("critic", "save_checkpoint", str(part_dir(step_dir, "critic").parent), 3, extra),
+        ("policy", "save_checkpoint", root, 3, extra),
+    ]
+    log.clear()
+    assert roles.load_checkpoint(str(step_dir)) == {"step": 3}
+    assert log == [
+        ("critic", "load_checkpoint", str(part_dir(step_dir, "critic"))),
+        ("policy", "load_checkpoint", str(step_dir)),
+    ]
