@@ -312,9 +312,11 @@ class WorkerGroup:
         """Gather results in order; on the first failure or at the deadline, kill the group and raise."""
         return PendingCall(self, refs, timeout_s).wait()
 
-    def _fail(self, rank: int, detail: str):
+    def _fail(self, rank: int, detail: str, culprit: "WorkerGroup | None" = None):
+        """Kill this group and raise `WorkerFailure` for `culprit`'s (default this group's) `rank`."""
         self.kill()
-        raise WorkerFailure(self.role, rank, detail, *self._where(rank)) from None
+        culprit = culprit or self
+        raise WorkerFailure(culprit.role, rank, detail, *culprit._where(rank)) from None
 
     def _fail_on_silent_peer(self, waiting: list[int]) -> None:
         """Raise `WorkerFailure` for the first silent rank of a peer group (killing this group: its ranks may
@@ -322,37 +324,44 @@ class WorkerGroup:
         for peer in self.peers:
             stuck = peer.heartbeats.silent(list(range(peer.world_size)))
             if stuck:
-                self.kill()
                 detail = (
                     f"{peer._silence(stuck)} for {peer.heartbeats.timeout_s:g} s (the hang timeout) while "
                     f"{self.role} ranks {waiting} waited, likely in a collective with them"
                 )
-                raise WorkerFailure(peer.role, stuck[0], detail, *peer._where(stuck[0])) from None
+                self._fail(stuck[0], detail, peer)
 
-    def _root_cause(self, rank_of: dict, rank: int, error: Exception, pending: list) -> tuple[int, str]:
-        """The rank to blame, and why. A rank whose process died or stopped running makes its peers fail
-        in their next collective (connection reset, timed out), and their errors can reach the driver
-        first: a raised error defers, for a moment, to a pending rank whose process died, or whose
-        heartbeat did not move in that moment."""
-        if isinstance(error, RayActorError) or not pending:
-            return rank, str(error)
-        before = self.heartbeats.read(sorted(rank_of[ref] for ref in pending))
-        done, still_pending = ray.wait(pending, num_returns=len(pending), timeout=DEATH_GRACE_S)
+    def _root_cause(self, rank_of: dict, rank: int, error: Exception, pending: list) -> tuple["WorkerGroup", int, str]:
+        """The group and rank to blame, and why. A rank whose process died or stopped running makes the ranks
+        it shares collectives with fail in their next one (connection reset, timed out): its own group's
+        and a peer group's alike (an engine's receive breaks when a trainer rank dies in the weight sync),
+        and their errors can reach the driver first. So a raised error defers, for a moment, to a suspect
+        whose process died, or whose heartbeat did not move in that moment; the suspects are this call's
+        pending ranks and every rank of a peer group (asked whether its process lives: a busy rank answers
+        only after its call, a dead one at once)."""
+        if isinstance(error, RayActorError):
+            return self, rank, str(error)
+        suspects = {ref: (self, rank_of[ref]) for ref in pending}
+        for peer in self.peers:
+            suspects |= {actor.node_id.remote(): (peer, r) for r, actor in enumerate(peer.actors)}
+        if not suspects:
+            return self, rank, str(error)
+        before = {ref: group.heartbeats.read([r])[r] for ref, (group, r) in suspects.items()}
+        done, still_pending = ray.wait(list(suspects), num_returns=len(suspects), timeout=DEATH_GRACE_S)
         for ref in done:
             try:
                 ray.get(ref, timeout=0)
             except RayActorError as death:
-                return rank_of[ref], str(death)
+                return *suspects[ref], str(death)
             except (RayTaskError, GetTimeoutError):
                 continue
         # Still pending, the whole grace has passed: several beats of a running process.
-        after = self.heartbeats.read(sorted(rank_of[ref] for ref in still_pending))
-        silent = [r for r, count in after.items() if count is not None and count == before[r]]
-        if silent:
-            return silent[0], (
-                f"{self._silence(silent)} while rank {rank}'s call failed, likely waiting for it:\n{error}"
-            )
-        return rank, str(error)
+        for ref in still_pending:
+            group, r = suspects[ref]
+            count = group.heartbeats.read([r])[r]
+            if count is not None and count == before[ref]:
+                waited = f"while {self.role} rank {rank}'s call failed, likely waiting for it"
+                return group, r, f"{group._silence([r])} {waited}:\n{error}"
+        return self, rank, str(error)
 
     @staticmethod
     def _silence(ranks: list[int]) -> str:
@@ -398,8 +407,8 @@ class PendingCall:
         try:
             self.results[ref] = ray.get(ref, timeout=0)
         except (RayTaskError, RayActorError, GetTimeoutError) as error:
-            rank, detail = group._root_cause(self.rank_of, self.rank_of[ref], error, self.pending)
-            group._fail(rank, detail)
+            culprit, rank, detail = group._root_cause(self.rank_of, self.rank_of[ref], error, self.pending)
+            group._fail(rank, detail, culprit)
         return not self.pending
 
     def wait(self) -> list[Any]:

@@ -45,6 +45,10 @@ class SumWorker:
     def hang(self) -> None:
         time.sleep(3600)
 
+    def die_after(self, delay_s: float) -> None:
+        time.sleep(delay_s)
+        os._exit(1)
+
 
 class DeviceProbe:
     """Reports what a rank process was given: its Ray GPU ids, CUDA_VISIBLE_DEVICES and the device index

@@ -9,7 +9,7 @@ from ray.util.placement_group import remove_placement_group
 
 from megarl.orchestration.cluster import init_ray, shutdown_ray
 from megarl.orchestration.placement import BundleSpec, PlacementError, create_placement_group
-from megarl.orchestration.worker_group import Call, WorkerFailure, WorkerGroup, round_trips, wait_all
+from megarl.orchestration.worker_group import DEATH_GRACE_S, Call, WorkerFailure, WorkerGroup, round_trips, wait_all
 
 TARGET = "tests.e2e.orchestration.targets:SumWorker"
 
@@ -138,7 +138,7 @@ def test_a_peers_collective_timeout_defers_to_the_stopped_rank(make_group):
         with pytest.raises(
             WorkerFailure,
             match=r"timing-out rank 1 failed:(.|\n)*ranks \[1\] are alive but not running "
-            r"(.|\n)*while rank 0's call failed(.|\n)*",
+            r"(.|\n)*while timing-out rank 0's call failed(.|\n)*",
         ) as info:
             group.call_all("all_reduce", 1.0)
         assert info.value.pid == group.pids[1]
@@ -165,6 +165,21 @@ def test_a_silent_rank_of_a_peer_group_ends_a_wait_on_this_one(make_group):
         _assert_gone(waiting.pids)
     finally:
         _continue(peer.pids[1])
+
+
+def test_an_error_defers_to_a_rank_of_a_peer_group_that_died(make_group):
+    """The weight sync's race: a trainer rank dies while sending, and the engine whose receive broke answers
+    first (here at once, the sender dying a moment later): the dead sender is named, not the engine."""
+    receiving = make_group("receiving", world_size=1)
+    sending = make_group("sending", world_size=1)
+    receiving.shares_collectives_with(sending)
+    sending.shares_collectives_with(receiving)
+    send = sending.submit([[Call("die_after", (DEATH_GRACE_S / 4,))]])
+    receive = receiving.submit([[Call("fail_on", (0,))]])
+    with pytest.raises(WorkerFailure, match=r"sending rank 0 failed:\n\(process \d+ on node [\d.]+\) ") as info:
+        wait_all(receive, send)
+    assert (info.value.role, info.value.pid) == ("sending", sending.pids[0])
+    _assert_gone(receiving.pids + sending.pids)
 
 
 def test_shutdown_runs_each_ranks_clean_up_then_ends_them_a_busy_one_at_the_deadline(make_group, tmp_path):
