@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from megarl.bench.step_modes import MODES, markdown, mode_overrides
+from megarl.bench.step_modes import MODES, PARTIAL_SEGMENT, markdown, mode_overrides
 from megarl.cli.main import main
 from megarl.config.loader import load_config
 from megarl.config.validate import validate
@@ -19,10 +19,11 @@ QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 def test_every_mode_is_a_valid_recipe_on_the_same_training_devices(base):
     config = load_config(QUICKSTART, base)
     expected = {
-        "colocated_sync": ("colocated", 2, 0, "sync"),
-        "split_sync": ("split", 3, 1, "sync"),
-        "split_one_step_off": ("split", 3, 1, "one_step_off"),
-        "split_async": ("split", 3, 1, "async"),
+        "colocated_sync": ("colocated", 2, 0, "sync", 0),
+        "split_sync": ("split", 3, 1, "sync", 0),
+        "split_one_step_off": ("split", 3, 1, "one_step_off", 0),
+        "split_async": ("split", 3, 1, "async", 0),
+        "split_async_partial": ("split", 3, 1, "async", PARTIAL_SEGMENT),
     }
     for mode in MODES:
         moded = load_config(QUICKSTART, [*base, *mode_overrides(config, mode)])
@@ -32,6 +33,7 @@ def test_every_mode_is_a_valid_recipe_on_the_same_training_devices(base):
             placement.gpus_per_node,
             placement.rollout_gpus,
             moded.trainer.rollout_mode,
+            moded.rollout.partial_rollout,
         ) == expected[mode], mode
         assert validate(moded, check_files=False) == [], mode
 
@@ -42,7 +44,7 @@ def test_every_mode_is_a_valid_recipe_on_the_same_training_devices(base):
         (
             ["bench", "step", "--modes", "split_sync,async"],
             "--modes 'split_sync,async': unknown async; choose among "
-            "colocated_sync, split_sync, split_one_step_off, split_async",
+            "colocated_sync, split_sync, split_one_step_off, split_async, split_async_partial",
         ),
         (["bench", "train", "--modes", "split_sync"], "compares whole steps of megarl alone"),
         (["bench", "step", "--modes", ""], "unknown empty list"),
@@ -99,3 +101,19 @@ def test_every_mode_runs_with_the_seed_and_keeps_its_reward_curve(tmp_path, monk
     assert "seed 3" in table and "| split_async | 1.000 | 128.00 | 2.00 | 0.100 → 0.500 |" in table
     png = plot_modes(result, tmp_path / "modes.png")
     assert png.read_bytes().startswith(b"\x89PNG")
+
+
+LONG_TAIL = QUICKSTART.parents[1] / "benchmarks" / "recipes" / "long_tail.yaml"
+
+
+def test_the_long_tail_recipe_is_valid_in_every_mode_and_stops_on_letters_outside_the_tasks_alphabet():
+    """benchmarks/recipes/long_tail.yaml (benchmarks/README.md, "The long-tail workload"): its stop ids are the
+    tiny model's x, y and z, none of which the quickstart's task writes, and every mode runs it."""
+    from megarl.models.tiny import build_char_tokenizer
+    from megarl.rewards.tasks import REPEAT_ALPHABET
+
+    config = load_config(LONG_TAIL)
+    stops = build_char_tokenizer().convert_ids_to_tokens(list(config.rollout.stop))
+    assert stops == ["x", "y", "z"] and not set(stops) & set(REPEAT_ALPHABET)
+    for mode in MODES:
+        assert validate(load_config(LONG_TAIL, mode_overrides(config, mode)), check_files=False) == [], mode
