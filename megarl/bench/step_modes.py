@@ -7,7 +7,7 @@ them (one engine per rollout TP group of them); split, one engine gets `rollout.
 devices of its own beside them. Each mode is `megarl.bench.step.run` (a warm-up step, then --repeats
 steps, medians); one_step_off's and async's first step generates alone, so the warm-up step is that one
 (async runs with the recipe's trainer.max_staleness; split_async_partial adds partial rollouts of
-`PARTIAL_SEGMENT` tokens, the others run without). `seed` is every mode's trainer, data and rollout
+`PARTIAL_SEGMENT` tokens, split_async_carry carries groups between steps on top, the others run without). `seed` is every mode's trainer, data and rollout
 seed; each mode's reward per step is kept, its first and last 10 steps' means compared (`reward_rise`),
 and `megarl bench step --modes ... --json X.json` draws the curves into X.png (`modes_plot`).
 """
@@ -17,15 +17,18 @@ from __future__ import annotations
 from megarl.config.config import Config
 
 PARTIAL_SEGMENT = 32
-"""split_async_partial's `rollout.partial_rollout`: new tokens per segment, between which a weight load may land."""
-MODES: dict[str, tuple[str, str, int]] = {
-    "colocated_sync": ("colocated", "sync", 0),
-    "split_sync": ("split", "sync", 0),
-    "split_one_step_off": ("split", "one_step_off", 0),
-    "split_async": ("split", "async", 0),
-    "split_async_partial": ("split", "async", PARTIAL_SEGMENT),
+"""The partial modes' `rollout.partial_rollout`: new tokens per segment, between which a weight load may land."""
+MODES: dict[str, tuple[str, str, int, bool]] = {
+    "colocated_sync": ("colocated", "sync", 0, False),
+    "split_sync": ("split", "sync", 0, False),
+    "split_one_step_off": ("split", "one_step_off", 0, False),
+    "split_async": ("split", "async", 0, False),
+    "split_async_partial": ("split", "async", PARTIAL_SEGMENT, False),
+    "split_async_carry": ("split", "async", PARTIAL_SEGMENT, True),
 }
-"""Mode name -> (placement.mode, trainer.rollout_mode, rollout.partial_rollout)."""
+"""Mode name -> (placement.mode, trainer.rollout_mode, rollout.partial_rollout, whether groups are carried over:
+`rollout.over_sampling` half the recipe's data.train_batch_size, with trainer.max_staleness at least 2, which
+carrying needs)."""
 REWARD_WINDOW = 10
 """Steps whose mean reward opens and closes a mode's curve (`reward_rise`)."""
 BASELINE = "split_sync"
@@ -34,7 +37,7 @@ BASELINE = "split_sync"
 
 def mode_overrides(config: Config, mode: str) -> list[str]:
     """The overrides that run the recipe `config` in `mode` (one node)."""
-    placement, rollout_mode, segment = MODES[mode]
+    placement, rollout_mode, segment, carried = MODES[mode]
     training = config.placement.gpus_per_node - config.placement.rollout_gpus  # the Megatron roles' devices
     engine = config.rollout.tensor_model_parallel_size if placement == "split" else 0
     return [
@@ -43,6 +46,8 @@ def mode_overrides(config: Config, mode: str) -> list[str]:
         f"placement.rollout_gpus={engine}",
         f"trainer.rollout_mode={rollout_mode}",
         f"rollout.partial_rollout={segment}",
+        f"rollout.over_sampling={config.data.train_batch_size // 2 if carried else 0}",
+        *([f"trainer.max_staleness={max(2, config.trainer.max_staleness)}"] if carried else []),
     ]
 
 

@@ -94,7 +94,8 @@ def register(subparsers) -> None:
         "--modes",
         help="step only: run the recipe in each of these placements and rollout modes in "
         "turn, samples/s and reward first 10 -> last 10 steps side by side: a comma-separated subset of "
-        "colocated_sync, split_sync, split_one_step_off, split_async, split_async_partial (megarl.bench.step_modes); "
+        "colocated_sync, split_sync, split_one_step_off, split_async, split_async_partial, split_async_carry "
+        "(megarl.bench.step_modes); "
         "with --json X.json the reward curves go to X.png",
     )
     parser.add_argument(

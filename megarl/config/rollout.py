@@ -203,6 +203,17 @@ class RolloutConfig:
     resume says so and generates it again). With multi_turn, per assistant turn: an update may also land
     between two turns (the tool calls in flight run on), and a turn cut by one goes on under the new
     weights. 0, or >= rollout.min_new_tokens and >= 1."""
+    over_sampling: int = 0
+    """rollout.partial_rollout: 0 (off), or how many prompts' groups more than data.train_batch_size are in
+    flight. A step then trains on the first train_batch_size groups to finish, and the others go on, their
+    tokens kept, in the next step's generation beside its new prompts: a batch no longer waits for its
+    longest response (AReaL's max_concurrent_rollouts, slime's over-sampling; the first step takes the
+    extra prompts from the data's next batch). Shorter responses reach a batch sooner, so a step's length
+    statistics lean short. A group that would be more than trainer.max_staleness versions stale when
+    trained starts over from its prompt (`rollout/restarted_groups`), so carrying needs
+    trainer.max_staleness >= 2, and pays when generation is the slower side (benchmarks/README.md, "The
+    long-tail workload"). What is in flight at a checkpoint is lost, and a resume says how much. Single
+    turn, with rollout.min_new_tokens 0. >= 0."""
     kv_cache_gib: float = 4.0
     """CPU only: KV-cache size per engine in GiB (VLLM_CPU_KVCACHE_SPACE). > 0."""
     gpu_memory_utilization: float = 0.5

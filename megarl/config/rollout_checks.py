@@ -54,6 +54,49 @@ def check_rollout_correction(correction: RolloutCorrectionConfig, problems: list
         )
 
 
+def _check_over_sampling(config: Config, problems: list[Problem]) -> None:
+    rollout, key = config.rollout, "rollout.over_sampling"
+    need(problems, rollout.over_sampling >= 0, key, rollout.over_sampling, "must be >= 0", "e.g. 0 (off) or 16")
+    if rollout.over_sampling <= 0:
+        return
+    need(
+        problems,
+        rollout.partial_rollout > 0,
+        key,
+        rollout.over_sampling,
+        "groups are carried from one step's generation into the next only in partial rollouts (rollout."
+        "partial_rollout is 0)",
+        "set rollout.partial_rollout (e.g. 32, with trainer.rollout_mode: async), or rollout.over_sampling: 0",
+    )
+    need(
+        problems,
+        config.trainer.max_staleness >= 2,
+        key,
+        rollout.over_sampling,
+        f"a carried group is trained at least one step after it started, and with trainer.max_staleness "
+        f"{config.trainer.max_staleness} the engines already generate a batch with weights as old as it allows: "
+        "every carried group would be too stale for the next batch and start over, its tokens thrown away",
+        "set trainer.max_staleness: 2 (or more), or rollout.over_sampling: 0",
+    )
+    need(
+        problems,
+        not rollout.multi_turn.enable,
+        key,
+        rollout.over_sampling,
+        "carries single-turn groups only; the agent loop's turns are not carried over",
+        "set rollout.over_sampling: 0 with rollout.multi_turn.enable",
+    )
+    need(
+        problems,
+        rollout.min_new_tokens == 0,
+        key,
+        rollout.over_sampling,
+        f"new groups start in the same segment as carried ones, which must not be held to "
+        f"rollout.min_new_tokens ({rollout.min_new_tokens}) again",
+        "set rollout.min_new_tokens: 0, or rollout.over_sampling: 0",
+    )
+
+
 def _check_partial_rollout(config: Config, problems: list[Problem]) -> None:
     rollout, key = config.rollout, "rollout.partial_rollout"
     if rollout.partial_rollout == 0:
@@ -106,6 +149,7 @@ def check_rollout(config: Config, problems: list[Problem]) -> None:
         "e.g. 512",
     )
     _check_partial_rollout(config, problems)
+    _check_over_sampling(config, problems)
     need(
         problems,
         0 <= rollout.min_new_tokens <= rollout.max_new_tokens,

@@ -1,16 +1,23 @@
 """Partial rollouts (`rollout.partial_rollout`, `trainer.rollout_mode: async`): single-turn generation in
 segments of at most `segment` new tokens, so that a weight update waits for one segment, not for the
-batch's longest response.
+batch's longest response; and, with `rollout.over_sampling`, groups carried from one step's generation
+into the next, so that a batch does not wait for its longest response either.
 
 Between two segments the rollout calls `between_segments()`, where the async stream lets a waiting
 weight load in (`AsyncRolloutStream.between_segments`) and which returns the weight version the engines
-hold now. A sample a segment cut short (finish reason "length" below `sampling.max_new_tokens`) goes on
-from where it stopped: its prompt and the tokens made so far are submitted again as the context of the
-next segment (vLLM re-encodes the prefix; its prefix cache is reset at every weight load), n = 1,
-capped at what is left of the sample's length budget. Every token keeps the version of the weights that
-sampled it (`Samples.token_versions`) and its log-prob under those weights, what the corrections need;
-with routing replay, the experts each token was routed to by the segment that fed it first
+hold now. Every sample is a row of its own (n = 1 per request, seeded `sampling.seed + k` for the k-th
+row of the call's segments, so the first segment seeds sample j of prompt i `seed + i·n + j` as
+`single_turn` does). A row a segment cut short (finish reason "length" below `sampling.max_new_tokens`)
+goes on from where it stopped: its prompt and the tokens made so far are submitted again as the context of
+the next segment (vLLM re-encodes the prefix; its prefix cache is reset at every weight load), capped at
+what is left of the sample's length budget. Every token keeps the version of the weights that sampled it
+(`Samples.token_versions`) and its log-prob under those weights, what the corrections need; with routing
+replay, the experts each token was routed to by the segment that fed it first
 (`megarl.rollout.samples.extend_routing`).
+
+    samples = partial_single_turn(engines, 32, stream.between_segments, prompts, sampling, "7.0")
+    carry = CarryOver(engines, 32, stream.between_segments, stream.oldest_allowed_version, next_prompts, extra=4)
+    batch = carry(prompts, sampling, "7.0")  # len(prompts) groups: the first to finish of those in flight
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import torch
 
 from megarl.data import Prompt
 from megarl.orchestration.worker_group import WorkerGroup
-from megarl.rollout.samples import Samples, extend_routing, flatten_rollouts
+from megarl.rollout.samples import Samples, extend_routing
 from megarl.rollout.single_turn import generate_contexts
 from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
 
@@ -37,37 +44,183 @@ def partial_single_turn(
 ) -> Samples:
     """`single_turn`'s samples, generated `segment` tokens at a time with a weight update allowed between
     two segments; `token_versions` set on every sample."""
-    cap = sampling.max_new_tokens
-    version = between_segments()
-    first = generate_contexts(
-        engines, [p.token_ids for p in prompts], replace(sampling, max_new_tokens=min(segment, cap))
+    samples = fresh_rows(prompts, sampling.n, group_prefix)
+    run_segments(engines, samples, segment, sampling, between_segments, lambda: not going_rows(samples, sampling))
+    return samples
+
+
+class CarryOver:
+    """`rollout.over_sampling`: `extra` groups more than a batch needs stay in flight. A call returns the first
+    `len(prompts)` groups to finish, in the order they were started; the others, finished or not, are carried
+    (their tokens, log-probs and versions kept) into the next call's generation beside its new prompts. The
+    first call tops the groups in flight up from `more_prompts` (the data loader's next batch); prompts not
+    started yet wait, in order, in `spare`.
+
+    A carried group whose oldest token is older than `oldest_allowed()` (the batch being made would be more than
+    `trainer.max_staleness` versions stale with it) starts over from its prompt (`rollout/restarted_groups`):
+    never trained on stale. A call made while another is suspended between two segments (the trainer making a
+    stale batch again, `AsyncRolloutStream.take`) generates exactly its prompts, carrying nothing."""
+
+    def __init__(
+        self,
+        engines: WorkerGroup,
+        segment: int,
+        between_segments: Callable[[], int],
+        oldest_allowed: Callable[[], int],
+        more_prompts: Callable[[], list[Prompt]],
+        extra: int,
+    ):
+        self.engines = engines
+        self.segment = segment
+        self.between_segments = between_segments
+        self.oldest_allowed = oldest_allowed
+        self.more_prompts = more_prompts
+        self.extra = extra
+        self.pool = Samples.empty()
+        """The carried groups' rows (prompt-major, each group's `n` rows together)."""
+        self.spare: list[Prompt] = []
+        self.started = 0
+        """Groups started so far: the next one is numbered this in its group id."""
+        self.busy = False
+        self.metrics: dict[str, float] = {}
+        """The last call's `rollout/carried_groups` and `rollout/restarted_groups`."""
+
+    def __call__(self, prompts: Sequence[Prompt], sampling: SamplingConfig, group_prefix: str) -> Samples:
+        if self.busy:
+            return partial_single_turn(
+                self.engines, self.segment, self.between_segments, prompts, sampling, group_prefix
+            )
+        self.busy = True
+        try:
+            return self._batch(prompts, sampling, group_prefix)
+        finally:
+            self.busy = False
+
+    def carried_groups(self) -> int:
+        """Groups in flight between two calls (lost when the run stops)."""
+        return len(group_rows(self.pool))
+
+    def _batch(self, prompts: Sequence[Prompt], sampling: SamplingConfig, group_prefix: str) -> Samples:
+        needed = len(prompts)
+        self.spare += prompts
+        while self.carried_groups() + len(self.spare) < needed + self.extra:
+            self.spare += self.more_prompts()
+        started = needed + self.extra - self.carried_groups()
+        new, self.spare = self.spare[:started], self.spare[started:]
+        # Numbered on from every group started before: a step's batch made again (`AsyncRolloutStream.take`)
+        # has the same prefix as the first try, whose groups may still be carried.
+        pool = concat_rows(self.pool, fresh_rows(new, sampling.n, group_prefix, self.started))
+        self.started += len(new)
+        restarted = restart_stale(pool, self.oldest_allowed())
+        run_segments(
+            self.engines,
+            pool,
+            self.segment,
+            sampling,
+            self.between_segments,
+            lambda: len(finished_groups(pool, sampling)) >= needed,
+        )
+        taken = set(finished_groups(pool, sampling)[:needed])
+        self.pool = pool.select([group not in taken for group in pool.index])
+        self.metrics = {
+            "rollout/carried_groups": float(self.carried_groups()),
+            "rollout/restarted_groups": float(restarted),
+        }
+        return pool.select([group in taken for group in pool.index])
+
+
+def fresh_rows(prompts: Sequence[Prompt], n: int, group_prefix: str, first: int = 0) -> Samples:
+    """`n` rows per prompt, nothing generated yet; prompt i's group is `{group_prefix}/{first + i}`."""
+    rows = [(first + i, prompt) for i, prompt in enumerate(prompts) for _ in range(n)]
+    return Samples(
+        prompts=[prompt for _, prompt in rows],
+        response_ids=[[] for _ in rows],
+        rollout_log_probs=[torch.zeros(0) for _ in rows],
+        loss_masks=[torch.zeros(0, dtype=torch.bool) for _ in rows],
+        finish_reasons=["length"] * len(rows),
+        index=[f"{group_prefix}/{i}" for i, _ in rows],
+        trajectories=[None] * len(rows),
+        token_versions=[[] for _ in rows],
     )
-    samples = flatten_rollouts(prompts, first, group_prefix)
-    samples.token_versions = [[version] * len(ids) for ids in samples.response_ids]
-    for turn in range(1, -(-cap // segment)):
-        going = [
-            row
-            for row, (ids, finish) in enumerate(zip(samples.response_ids, samples.finish_reasons))
-            if finish == "length" and len(ids) < cap
-        ]
-        if not going:
-            break
+
+
+def concat_rows(carried: Samples, new: Samples) -> Samples:
+    """`carried` then `new`; rows that have no routing yet get None beside rows that have some."""
+    if (carried.routed_experts is None) != (new.routed_experts is None):
+        for part in (carried, new):
+            part.routed_experts = part.routed_experts or [None] * len(part)
+    return Samples.concat([carried, new])
+
+
+def going_rows(samples: Samples, sampling: SamplingConfig) -> list[int]:
+    """Rows a segment cut short: below the length budget, no stop token yet (fresh rows among them)."""
+    return [
+        row
+        for row, (ids, finish) in enumerate(zip(samples.response_ids, samples.finish_reasons, strict=True))
+        if finish == "length" and len(ids) < sampling.max_new_tokens
+    ]
+
+
+def group_rows(samples: Samples) -> dict[str, list[int]]:
+    """Each group's rows, groups in the order of their first row."""
+    groups: dict[str, list[int]] = {}
+    for row, group in enumerate(samples.index):
+        groups.setdefault(group, []).append(row)
+    return groups
+
+
+def finished_groups(samples: Samples, sampling: SamplingConfig) -> list[str]:
+    """The groups none of whose rows goes on, in row order."""
+    going = {samples.index[row] for row in going_rows(samples, sampling)}
+    return [group for group in group_rows(samples) if group not in going]
+
+
+def restart_stale(samples: Samples, oldest_allowed: int) -> int:
+    """Rows of groups holding a token sampled by weights older than `oldest_allowed` start over from their
+    prompt; how many groups did."""
+    stale = [
+        rows
+        for rows in group_rows(samples).values()
+        if min((v for row in rows for v in samples.token_versions[row]), default=oldest_allowed) < oldest_allowed
+    ]
+    for row in (row for rows in stale for row in rows):
+        samples.response_ids[row], samples.token_versions[row] = [], []
+        samples.rollout_log_probs[row], samples.loss_masks[row] = torch.zeros(0), torch.zeros(0, dtype=torch.bool)
+        samples.finish_reasons[row] = "length"
+        if samples.routed_experts is not None:
+            samples.routed_experts[row] = None
+    return len(stale)
+
+
+def run_segments(
+    engines: WorkerGroup,
+    samples: Samples,
+    segment: int,
+    sampling: SamplingConfig,
+    between_segments: Callable[[], int],
+    enough: Callable[[], bool],
+) -> None:
+    """Segments over every row that goes on until `enough()`; each preceded by `between_segments()` and
+    generated with the version it returns. `rollout.min_new_tokens` holds in a segment of fresh rows only
+    (validate: partial rollouts make it in their first segment; over-sampling refuses it)."""
+    drawn = 0
+    while not enough():
         version = between_segments()
-        contexts = [[*samples.prompts[row].token_ids, *samples.response_ids[row]] for row in going]
-        left = [cap - len(samples.response_ids[row]) for row in going]
-        # A seed per segment of a sample (the contexts differ, so a seed the next step's block also holds
-        # samples something else); min_new_tokens <= segment (validate): the first segment honoured it.
-        seeds = None if sampling.seed is None else [sampling.seed + turn * len(samples) + row for row in going]
+        rows = going_rows(samples, sampling)
+        fresh = [not samples.response_ids[row] for row in rows]
+        assert all(fresh) or not any(fresh) or sampling.min_new_tokens == 0, "validate: over_sampling needs 0"
+        contexts = [[*samples.prompts[row].token_ids, *samples.response_ids[row]] for row in rows]
+        left = [sampling.max_new_tokens - len(samples.response_ids[row]) for row in rows]
         outputs = generate_contexts(
             engines,
             contexts,
-            replace(sampling, n=1, min_new_tokens=0, max_new_tokens=segment),
+            replace(sampling, n=1, min_new_tokens=sampling.min_new_tokens if all(fresh) else 0),
             max_new_tokens=[min(segment, n) for n in left],
-            seeds=seeds,
+            seeds=None if sampling.seed is None else [sampling.seed + drawn + k for k in range(len(rows))],
         )
-        for row, output in zip(going, outputs, strict=True):
+        drawn += len(rows)
+        for row, output in zip(rows, outputs, strict=True):
             _extend(samples, row, output, version)
-    return samples
 
 
 def _extend(samples: Samples, row: int, output: RolloutOutput, version: int) -> None:
@@ -79,5 +232,7 @@ def _extend(samples: Samples, row: int, output: RolloutOutput, version: int) -> 
     samples.loss_masks[row] = torch.ones(len(samples.response_ids[row]), dtype=torch.bool)
     samples.finish_reasons[row] = output.finish_reasons[0]
     samples.token_versions[row] = [*samples.token_versions[row], *[version] * len(ids)]
-    if samples.routed_experts is not None:
+    if output.routed_experts:
+        if samples.routed_experts is None:
+            samples.routed_experts = [None] * len(samples)
         samples.routed_experts[row] = extend_routing(samples.routed_experts[row], output.routed_experts[0])

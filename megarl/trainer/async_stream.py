@@ -95,8 +95,10 @@ class AsyncRolloutStream:
         if step - 1 - oldest_version(batch) > self.max_staleness:
             dropped = len(batch.samples)
             with self.paused():  # the engines are the main thread's until the step's batch is made again
+                making, self.in_flight = self.in_flight, self.in_flight or step  # or the thread's, suspended
                 batch = self.generate(step, self.version)
                 batch.metrics |= self.gen_timer.pop()
+                self.in_flight = making
         batch.metrics |= {"rollout/stale_dropped_samples": float(dropped)} | token_version_metrics(batch, step)
         return RolloutStream._with_lag(batch, step)
 
@@ -110,6 +112,12 @@ class AsyncRolloutStream:
                 self.cond.wait_for(lambda: not self.held or self.stopping)
                 self.generating = True
             return self.version
+
+    def oldest_allowed_version(self) -> int:
+        """The oldest weight version a token of the batch being made may come from: that batch's step - 1 -
+        max_staleness (`megarl.rollout.partial.CarryOver` starts older carried groups over)."""
+        assert self.in_flight is not None, "asked outside a generation"
+        return self.in_flight - 1 - self.max_staleness
 
     def start_next(self, step: int) -> None:
         """Nothing to start: the thread generates ahead on its own."""
@@ -175,7 +183,8 @@ class AsyncRolloutStream:
                     "no batch was in flight"
                     if lost is None
                     else f"the batch of step {lost} was in flight and is lost: it is generated again from the next prompts"
-                ),
+                )
+                + _carried_lost(state.get("carried_lost")),
                 flush=True,
             )
 
@@ -217,6 +226,16 @@ class AsyncRolloutStream:
             error, self.error = self.error, None
             self.timer.failed_in = [*self.timer.active, *self.failed_in]
             raise error
+
+
+def _carried_lost(lost: dict | None) -> str:
+    """What the resume says of the generation `rollout.over_sampling` carried (nothing without it)."""
+    if lost is None:
+        return ""
+    return (
+        f"; rollout.over_sampling: {lost['groups']} group(s) in flight and {lost['prompts']} prompt(s) not "
+        "started yet are lost (the data goes on after them)"
+    )
 
 
 def oldest_version(batch: GeneratedBatch) -> int:

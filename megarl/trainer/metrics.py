@@ -48,6 +48,14 @@ DOCUMENTED_METRICS: dict[str, str] = {
         "rollout.partial_rollout: samples whose tokens came from more than one weight "
         "version (a weight update landed while they were generated)"
     ),
+    "rollout/carried_groups": (
+        "rollout.over_sampling: groups still generating (or finished beyond the batch) when the step's batch "
+        "was full, carried into the next step's generation"
+    ),
+    "rollout/restarted_groups": (
+        "rollout.over_sampling: carried groups that would have been more than trainer.max_staleness versions "
+        "stale when trained, started over from their prompt"
+    ),
     "rollout/stale_dropped_samples": (
         "trainer.rollout_mode async: samples of a batch found more than "
         "trainer.max_staleness versions stale when its step came, dropped and generated "

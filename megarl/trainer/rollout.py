@@ -18,6 +18,7 @@ from megarl.data import Prompt, iter_batches, reward_columns
 from megarl.rewards.failure_window import FailureWindow
 from megarl.rewards.scorer import RewardResult, RewardScorer
 from megarl.rollout import Samples, offset_seed
+from megarl.rollout.partial import CarryOver
 from megarl.workers.rollout.base import SamplingConfig
 
 RolloutFn = Callable[[Sequence[Prompt], SamplingConfig, str], Samples]
@@ -52,10 +53,14 @@ class RolloutPhase:
         decode: Callable[[list[int]], str],
         next_prompts: Callable[[], list[Prompt]],
         timer: PhaseTimer,
+        carry: CarryOver | None = None,
     ):
+        """`carry`: the training rounds' rollout with `rollout.over_sampling` (validation and ReMax's greedy
+        baselines generate exactly their prompts with `rollout`)."""
         self.timer = timer
         self.config = config
         self.rollout = rollout
+        self.carry = carry
         reward = config.reward
         self.failures = FailureWindow(
             reward.function, max_fraction=reward.max_failed_fraction, steps=reward.failure_window
@@ -110,10 +115,10 @@ class RolloutPhase:
 
     def _round(self, sampling: SamplingConfig, group_prefix: str) -> tuple[Samples, torch.Tensor, dict]:
         with self.timer("rollout"):
-            samples = self.rollout(self.next_prompts(), sampling, group_prefix)
+            samples = (self.carry or self.rollout)(self.next_prompts(), sampling, group_prefix)
         with self.timer("reward"):
             scores, metrics = self._score(samples)
-        return samples, scores, metrics
+        return samples, scores, metrics | (self.carry.metrics if self.carry else {})
 
     def _score(self, samples: Samples, counted: bool = True) -> tuple[torch.Tensor, dict]:
         scores, result = score(samples, self.scorer, self.decode)

@@ -48,7 +48,7 @@ from megarl.orchestration.search_actor import SearchActor
 from megarl.orchestration.worker_group import round_trips
 from megarl.rewards.scorer import RewardScorer
 from megarl.rollout import AgentLoop, ObservationEncoder, single_turn
-from megarl.rollout.partial import partial_single_turn
+from megarl.rollout.partial import CarryOver, partial_single_turn
 from megarl.tools import ToolSet, parser_for
 from megarl.trainer import rollout_batch as rb
 from megarl.trainer.async_stream import AsyncRolloutStream
@@ -142,6 +142,8 @@ class Trainer:
         """The job's worker groups as the loop drives them (`megarl.cluster.protocol`), once `fit` started them."""
         self.stream: RolloutStream | AsyncRolloutStream | None = None
         """Each step's batch, generated in time (`trainer.rollout_mode`), once the workers run."""
+        self.carry: CarryOver | None = None
+        """`rollout.over_sampling`: the groups carried from one step's generation into the next, once the workers run."""
 
     @classmethod
     def from_config(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Trainer:
@@ -208,10 +210,27 @@ class Trainer:
             return partial(partial_single_turn, self.cluster.engines, segment, between_segments)
         return partial(single_turn, self.cluster.engines)
 
+    def _carry_over(self) -> CarryOver | None:
+        """`rollout.over_sampling`: the training rounds' rollout that carries groups between steps (async only)."""
+        rollout = self.config.rollout
+        if not rollout.over_sampling:
+            return None
+        return CarryOver(
+            self.cluster.engines,
+            rollout.partial_rollout,
+            lambda: self.stream.between_segments(),
+            lambda: self.stream.oldest_allowed_version(),
+            lambda: next(self.loader),
+            rollout.over_sampling,
+        )
+
     def _train(self, scorer: RewardScorer, rollout, startup: PhaseTimer) -> dict[str, float]:
         mode = self.config.trainer.rollout_mode
         gen_timer = self.timer if mode == "sync" else PhaseTimer()  # the others generate in a thread of their own
-        phase = RolloutPhase(self.config, rollout, scorer, self._decode, lambda: next(self.loader), gen_timer)
+        self.carry = self._carry_over()
+        phase = RolloutPhase(
+            self.config, rollout, scorer, self._decode, lambda: next(self.loader), gen_timer, self.carry
+        )
         start = self._resume(startup)
         generate = partial(self._generate, phase)
         self.stream = (
@@ -414,11 +433,18 @@ class Trainer:
                 "data": self.loader.state_dict(),
                 "kl_coef": self.kl_ctrl.value,
                 "record": record,
-                "stream": self.stream.state_dict(self.loader.prompts),
+                "stream": self.stream.state_dict(self.loader.prompts) | self._carried_state(),
                 IDENTITY_KEY: self.identity,
             }
             self.cluster.save(str(self.checkpoints.root), step, extra)
             self.checkpoints.rotate()
+
+    def _carried_state(self) -> dict:
+        """`rollout.over_sampling`: what a checkpoint loses of the carried generation (its data position is
+        after the prompts pulled for it): the groups in flight and the prompts not started yet."""
+        if self.carry is None:
+            return {}
+        return {"carried_lost": {"groups": self.carry.carried_groups(), "prompts": len(self.carry.spare)}}
 
     def _checked_resume(self) -> Checkpoint | None:
         """`checkpoint.resume` resolved to an intact checkpoint (CheckpointError naming the damage), which

@@ -19,11 +19,12 @@ QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 def test_every_mode_is_a_valid_recipe_on_the_same_training_devices(base):
     config = load_config(QUICKSTART, base)
     expected = {
-        "colocated_sync": ("colocated", 2, 0, "sync", 0),
-        "split_sync": ("split", 3, 1, "sync", 0),
-        "split_one_step_off": ("split", 3, 1, "one_step_off", 0),
-        "split_async": ("split", 3, 1, "async", 0),
-        "split_async_partial": ("split", 3, 1, "async", PARTIAL_SEGMENT),
+        "colocated_sync": ("colocated", 2, 0, "sync", 0, 0),
+        "split_sync": ("split", 3, 1, "sync", 0, 0),
+        "split_one_step_off": ("split", 3, 1, "one_step_off", 0, 0),
+        "split_async": ("split", 3, 1, "async", 0, 0),
+        "split_async_partial": ("split", 3, 1, "async", PARTIAL_SEGMENT, 0),
+        "split_async_carry": ("split", 3, 1, "async", PARTIAL_SEGMENT, 8),  # half the quickstart's 16 prompts
     }
     for mode in MODES:
         moded = load_config(QUICKSTART, [*base, *mode_overrides(config, mode)])
@@ -34,7 +35,9 @@ def test_every_mode_is_a_valid_recipe_on_the_same_training_devices(base):
             placement.rollout_gpus,
             moded.trainer.rollout_mode,
             moded.rollout.partial_rollout,
+            moded.rollout.over_sampling,
         ) == expected[mode], mode
+        assert moded.trainer.max_staleness == (2 if mode == "split_async_carry" else 1), mode
         assert validate(moded, check_files=False) == [], mode
 
 
@@ -44,7 +47,7 @@ def test_every_mode_is_a_valid_recipe_on_the_same_training_devices(base):
         (
             ["bench", "step", "--modes", "split_sync,async"],
             "--modes 'split_sync,async': unknown async; choose among "
-            "colocated_sync, split_sync, split_one_step_off, split_async, split_async_partial",
+            "colocated_sync, split_sync, split_one_step_off, split_async, split_async_partial, split_async_carry",
         ),
         (["bench", "train", "--modes", "split_sync"], "compares whole steps of megarl alone"),
         (["bench", "step", "--modes", ""], "unknown empty list"),

@@ -768,6 +768,37 @@ CASES = [
         "rollout.partial_rollout",
         "must be 0 (off) or at least 1 and rollout.min_new_tokens (8)",
     ),
+    ("over-sampling-negative", ["rollout.over_sampling=-1"], "rollout.over_sampling", "= -1: must be >= 0"),
+    (
+        "over-sampling-without-partial-rollouts",
+        ["rollout.over_sampling=4"],
+        "rollout.over_sampling",
+        "= 4: groups are carried from one step's generation into the next only in partial rollouts",
+    ),
+    (
+        "over-sampling-at-staleness-one",
+        ["rollout.over_sampling=4", "trainer.max_staleness=1"],
+        "rollout.over_sampling",
+        "every carried group would be too stale for the next batch and start over, its tokens thrown away; fix: "
+        "set trainer.max_staleness: 2",
+    ),
+    (
+        "over-sampling-with-min-tokens",
+        ["rollout.over_sampling=4", "rollout.min_new_tokens=2"],
+        "rollout.over_sampling",
+        "must not be held to rollout.min_new_tokens (2) again; fix: set rollout.min_new_tokens: 0",
+    ),
+    (
+        "over-sampling-multi-turn",
+        [
+            "rollout.over_sampling=4",
+            "rollout.multi_turn.enable=true",
+            "rollout.multi_turn.tools=[{function: calculator}]",
+            "rollout.multi_turn.max_total_tokens=256",
+        ],
+        "rollout.over_sampling",
+        "carries single-turn groups only",
+    ),
     ("peak-flops-zero", ["trainer.peak_flops=0"], "trainer.peak_flops", "must be > 0"),
     ("peak-flops-infinite", ["trainer.peak_flops=.inf"], "trainer.peak_flops", "not a finite number"),
     ("unknown-logger", ["trainer.loggers=[console,mlflow]"], "trainer.loggers", "expected a list of (one of 'console'"),
@@ -1256,6 +1287,22 @@ def test_read_only_checkpoint_parent(workdir, capsys):
     code, _, err = run_validate(capsys, "base.yaml", f"checkpoint.dir={locked}/ckpt")
     assert code == 2
     assert any("checkpoint.dir" in line and "is not writable" in line for line in error_lines(err))
+
+
+def test_an_async_recipe_with_partial_rollouts_carried_over_is_valid(workdir, capsys):
+    code, out, err = run_validate(
+        capsys,
+        "base.yaml",
+        "trainer.rollout_mode=async",
+        "placement.mode=split",
+        "placement.gpus_per_node=3",
+        "placement.rollout_gpus=1",
+        "rollout.partial_rollout=4",
+        "rollout.over_sampling=8",
+        "trainer.max_staleness=2",
+    )
+    assert (code, err) == (0, ""), err
+    assert "base.yaml: OK" in out
 
 
 def test_an_async_agent_recipe_with_partial_rollouts_is_valid(workdir, capsys):

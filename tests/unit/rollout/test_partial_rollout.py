@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from megarl.data import Prompt
-from megarl.rollout.partial import partial_single_turn
+from megarl.rollout.partial import CarryOver, partial_single_turn
 from megarl.rollout.single_turn import single_turn
 from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
 
@@ -131,3 +131,88 @@ def test_each_token_keeps_the_routing_of_the_segment_that_fed_it_first():
         # Position q feeds the sampling of response token q - p + 1 (the prompt's: of the first one).
         assert routed[:, 0, 0].tolist() == [versions[max(q - p + 1, 0)] for q in range(p + len(ids) - 1)]
     assert {v for versions in samples.token_versions for v in versions} == {0, 1}
+
+
+def _prompt(name: str, length: int) -> Prompt:
+    """A prompt whose samples stop at their `length`-th token (the stand-in engines' rule)."""
+    return Prompt(name, (length, 60), name, {}, "test")
+
+
+SEGMENTED = SamplingConfig(n=2, max_new_tokens=12, stop_token_ids=(STOP,), seed=5)
+
+
+def test_over_sampling_returns_the_first_groups_to_finish_and_carries_the_others_into_the_next_call():
+    """One group per batch, one more in flight (`rollout.over_sampling` 1), segments of 4 tokens. The long group A
+    is not waited for: B (3 tokens) makes the first batch, A goes on in the second call beside C, which started
+    there, and makes the second batch whole, its tokens sampled across both calls' weights."""
+    engines = Engines()
+    versions = iter([0, 1, 1, 2, 2, 2])
+    pulled = []
+
+    def more_prompts():
+        pulled.append(1)
+        return [_prompt("B", 3), _prompt("C", 9)]
+
+    def between_segments():
+        engines.weights = next(versions)
+        return engines.weights
+
+    carry = CarryOver(engines, 4, between_segments, lambda: 0, more_prompts, extra=1)
+    first = carry([_prompt("A", 14)], SEGMENTED, "1.0")
+    assert [p.text for p in first.prompts] == ["B", "B"] and first.index == ["1.0/1", "1.0/1"]
+    assert first.response_ids == [[1000, 1001, STOP]] * 2 and first.token_versions == [[0] * 3] * 2
+    assert carry.carried_groups() == 1 and carry.metrics == {
+        "rollout/carried_groups": 1.0,
+        "rollout/restarted_groups": 0.0,
+    }
+    assert [p.text for p in carry.spare] == ["C"]  # pulled once, started when a group left
+
+    second = carry([_prompt("D", 5)], SEGMENTED, "2.0")
+    assert [p.text for p in second.prompts] == ["A", "A"] and second.index == ["1.0/0", "1.0/0"]
+    whole = single_turn(Engines(), [_prompt("A", 14)], SEGMENTED, "1.0")
+    assert second.response_ids == whole.response_ids and second.finish_reasons == ["length"] * 2  # cut at 12
+    assert second.token_versions == [[0] * 4 + [1] * 4 + [1] * 4] * 2  # 4 tokens in the first call, 8 here
+    for token_versions, log_probs in zip(second.token_versions, second.rollout_log_probs, strict=True):
+        assert torch.equal(log_probs, torch.tensor([-0.1 * (v + 1) for v in token_versions]))
+    assert [p.text for p in carry.pool.prompts] == ["C", "C"] and carry.pool.index == ["2.0/2", "2.0/2"]
+    assert [p.text for p in carry.spare] == ["D"] and len(pulled) == 1  # no prompt skipped, none twice
+    # A step made again has its first try's prefix: its new group (D) is numbered on, apart from C's.
+    again = carry([_prompt("E", 2)], SEGMENTED, "2.0")
+    assert [p.text for p in again.prompts] == ["C", "C"] and again.index == ["2.0/2", "2.0/2"]
+    assert [p.text for p in carry.pool.prompts] == ["D", "D"] and carry.pool.index == ["2.0/3", "2.0/3"]
+
+
+def test_a_carried_group_too_stale_for_the_next_batch_starts_over_from_its_prompt():
+    engines = Engines()
+    oldest_allowed = iter([0, 1])
+
+    def between_segments():
+        return engines.weights
+
+    carry = CarryOver(engines, 4, between_segments, lambda: next(oldest_allowed), lambda: [_prompt("B", 3)], 1)
+    carry([_prompt("A", 14)], SEGMENTED, "1.0")  # A carried with 4 tokens of version 0
+    engines.weights = 1
+    batch = carry([_prompt("C", 2)], SEGMENTED, "2.0")
+    assert carry.metrics["rollout/restarted_groups"] == 1.0
+    assert [p.text for p in batch.prompts] == ["C", "C"]
+    assert carry.pool.token_versions == [[1] * 4] * 2  # A again from its prompt: one segment, of version 1
+
+
+def test_a_call_made_while_another_waits_between_segments_generates_exactly_its_prompts():
+    """`AsyncRolloutStream.take` makes a stale batch again while the thread's call waits between two segments:
+    that call gets its own prompts' groups, whole, and the suspended call goes on with its pool untouched."""
+    engines = Engines()
+    inner = []
+
+    def between_segments():
+        if not inner:  # the first segment of the thread's call: the trainer's call comes in
+            inner.append(None)
+            inner[0] = carry([_prompt("X", 5)], SEGMENTED, "9.0")
+        return 0
+
+    carry = CarryOver(engines, 4, between_segments, lambda: 0, lambda: [_prompt("B", 3)], extra=1)
+    outer = carry([_prompt("A", 14)], SEGMENTED, "1.0")
+    assert [p.text for p in inner[0].prompts] == ["X", "X"] and inner[0].response_ids == [
+        [1000, 1001, 1002, 1003, STOP]
+    ] * 2
+    assert [p.text for p in outer.prompts] == ["B", "B"] and carry.carried_groups() == 1

@@ -410,3 +410,40 @@ def test_async_resumes_from_the_middle_on_the_batches_the_checkpoint_kept(assets
         return
     assert 2 - stream["ready"]["3"]["policy_version"] == lags[2]
     assert_trained_alike(resumed[2:3], metrics[2:3], (*TRAINED, "rollout/policy_version_lag/max"))
+
+
+def test_over_sampling_carries_groups_between_steps_within_the_staleness_bound(assets, tmp_path, monkeypatch, capsys):
+    """async with partial rollouts carried over (`rollout.over_sampling` 4 beside 16 prompts, max_staleness 2):
+    every step's batch is full and never over the bound (no stale batch dropped: carried groups too old for it
+    start over), 4 groups go on into the next step's generation, and a resume from step 2's checkpoint says
+    what it lost of them."""
+    run_dir = tmp_path / "run"
+    settings = ASYNC | {
+        "trainer.max_staleness": 2,
+        "trainer.test_freq": 0,
+        "rollout.max_new_tokens": 6,
+        "rollout.partial_rollout": 2,
+        "rollout.over_sampling": 4,
+    }
+    args = overrides(assets, run_dir, **settings)
+    metrics = read_metrics(fit(monkeypatch, args).run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert [m["rollout/carried_groups"] for m in metrics] == [4.0] * 4
+    assert all(m["rollout/stale_dropped_samples"] == 0 for m in metrics)
+    assert all(m["rollout/policy_version_lag/max"] <= 2 for m in metrics)
+    assert all(m["rollout/token_version_lag/mean"] <= 2 for m in metrics)
+    stream = json.loads((run_dir / "checkpoints" / step_dir_name(2) / "extra.json").read_text())["stream"]
+    lost = stream["carried_lost"]
+    capsys.readouterr()
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    for step in (3, 4):
+        shutil.rmtree(copy / "checkpoints" / step_dir_name(step), ignore_errors=True)
+    fit(monkeypatch, [arg.replace(str(run_dir), str(copy)) for arg in args])
+    said = (
+        f"rollout.over_sampling: {lost['groups']} group(s) in flight and {lost['prompts']} prompt(s) not started "
+        "yet are lost"
+    )
+    assert said in capsys.readouterr().out and lost["groups"] >= 4
+    assert [m["step"] for m in read_metrics(copy / "quickstart" / "metrics.jsonl")] == [1, 2, 3, 4]
