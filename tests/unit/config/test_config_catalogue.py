@@ -1289,35 +1289,29 @@ def test_read_only_checkpoint_parent(workdir, capsys):
     assert any("checkpoint.dir" in line and "is not writable" in line for line in error_lines(err))
 
 
-def test_an_async_recipe_with_partial_rollouts_carried_over_is_valid(workdir, capsys):
-    code, out, err = run_validate(
-        capsys,
-        "base.yaml",
-        "trainer.rollout_mode=async",
-        "placement.mode=split",
-        "placement.gpus_per_node=3",
-        "placement.rollout_gpus=1",
-        "rollout.partial_rollout=4",
-        "rollout.over_sampling=8",
-        "trainer.max_staleness=2",
-    )
-    assert (code, err) == (0, ""), err
-    assert "base.yaml: OK" in out
+ASYNC_PARTIAL = (
+    "trainer.rollout_mode=async",
+    "placement.mode=split",
+    "placement.gpus_per_node=3",
+    "placement.rollout_gpus=1",
+    "rollout.partial_rollout=4",
+)
 
 
-def test_an_async_agent_recipe_with_partial_rollouts_is_valid(workdir, capsys):
-    """The agent loop continues a turn across a weight update (megarl/rollout/multi_turn.py): no refusal."""
-    code, out, err = run_validate(
-        capsys,
-        "base.yaml",
-        "trainer.rollout_mode=async",
-        "placement.mode=split",
-        "placement.gpus_per_node=3",
-        "placement.rollout_gpus=1",
-        "rollout.partial_rollout=4",
-        "rollout.multi_turn.enable=true",
-        "rollout.multi_turn.tools=[{function: calculator}]",
-        "rollout.multi_turn.max_total_tokens=256",
-    )
+@pytest.mark.parametrize(
+    "extra",
+    [
+        # The agent loop continues a turn across a weight update (megarl/rollout/multi_turn.py): no refusal.
+        (
+            "rollout.multi_turn.enable=true",
+            "rollout.multi_turn.tools=[{function: calculator}]",
+            "rollout.multi_turn.max_total_tokens=256",
+        ),
+        ("rollout.over_sampling=8", "trainer.max_staleness=2"),  # single-turn groups carried between steps
+    ],
+    ids=["agent", "carried-over"],
+)
+def test_an_async_recipe_with_partial_rollouts_is_valid(workdir, capsys, extra):
+    code, out, err = run_validate(capsys, "base.yaml", *ASYNC_PARTIAL, *extra)
     assert (code, err) == (0, ""), err
     assert "base.yaml: OK" in out

@@ -374,6 +374,15 @@ ASYNC = {
 }
 
 
+def resume_from_step_2(monkeypatch, run_dir: Path, copy: Path, args: list[str]) -> Path:
+    """The 4-step run in `run_dir` copied to `copy` without its checkpoints after step 2, and resumed there."""
+    shutil.copytree(run_dir, copy)
+    for step in (3, 4):
+        shutil.rmtree(copy / "checkpoints" / step_dir_name(step), ignore_errors=True)
+    fit(monkeypatch, [arg.replace(str(run_dir), str(copy)) for arg in args])
+    return copy
+
+
 def test_async_resumes_from_the_middle_on_the_batches_the_checkpoint_kept(assets, tmp_path, monkeypatch, capsys):
     """async, max_staleness 2, partial rollouts of a token per segment: the run stopped after step 2's
     checkpoint resumes from it and trains step 3 on the batch the checkpoint kept (its policy version as
@@ -394,11 +403,7 @@ def test_async_resumes_from_the_middle_on_the_batches_the_checkpoint_kept(assets
     assert set(stream["ready"]) <= {"3", "4"} and stream["in_flight"] in (None, 3, 4), stream
     capsys.readouterr()
 
-    copy = tmp_path / "copy"
-    shutil.copytree(run_dir, copy)
-    for step in (3, 4):
-        shutil.rmtree(copy / "checkpoints" / step_dir_name(step), ignore_errors=True)
-    fit(monkeypatch, [arg.replace(str(run_dir), str(copy)) for arg in args])
+    copy = resume_from_step_2(monkeypatch, run_dir, tmp_path / "copy", args)
     out = capsys.readouterr().out
     resumed = read_metrics(copy / "quickstart" / "metrics.jsonl")
     assert [m["step"] for m in resumed] == [1, 2, 3, 4]
@@ -436,11 +441,7 @@ def test_over_sampling_carries_groups_between_steps_within_the_staleness_bound(a
     lost = stream["carried_lost"]
     capsys.readouterr()
 
-    copy = tmp_path / "copy"
-    shutil.copytree(run_dir, copy)
-    for step in (3, 4):
-        shutil.rmtree(copy / "checkpoints" / step_dir_name(step), ignore_errors=True)
-    fit(monkeypatch, [arg.replace(str(run_dir), str(copy)) for arg in args])
+    copy = resume_from_step_2(monkeypatch, run_dir, tmp_path / "copy", args)
     said = (
         f"rollout.over_sampling: {lost['groups']} group(s) in flight and {lost['prompts']} prompt(s) not started "
         "yet are lost"
