@@ -42,8 +42,15 @@ GRPO_METRICS = {
         ("critic/", "val/", "timing/", "dapo/", "correction/", "actor/reward_kl_penalty", "actor/moe/")
     )
     and name not in ("reward/rm_mean", "actor/overlong_filtered")
-    # async mode only (trainer.rollout_mode: async, rollout.partial_rollout)
-    and name not in ("rollout/stale_dropped_samples", "rollout/token_version_lag/mean", "rollout/partial_samples")
+    # async mode only (trainer.rollout_mode: async, rollout.partial_rollout, rollout.over_sampling)
+    and name
+    not in (
+        "rollout/stale_dropped_samples",
+        "rollout/token_version_lag/mean",
+        "rollout/partial_samples",
+        "rollout/carried_groups",
+        "rollout/restarted_groups",
+    )
 } | {
     "timing/rollout",
     "timing/reward",
