@@ -87,6 +87,7 @@ class CarryOver:
 
     def __call__(self, prompts: Sequence[Prompt], sampling: SamplingConfig, group_prefix: str) -> Samples:
         if self.busy:
+            self.metrics = {}  # nothing carried in this call: the suspended call's counts are not its own
             return partial_single_turn(
                 self.engines, self.segment, self.between_segments, prompts, sampling, group_prefix
             )

@@ -200,19 +200,23 @@ def test_a_carried_group_too_stale_for_the_next_batch_starts_over_from_its_promp
 
 def test_a_call_made_while_another_waits_between_segments_generates_exactly_its_prompts():
     """`AsyncRolloutStream.take` makes a stale batch again while the thread's call waits between two segments:
-    that call gets its own prompts' groups, whole, and the suspended call goes on with its pool untouched."""
+    that call gets its own prompts' groups, whole, with no carried counts of the other call in its record, and
+    the suspended call goes on with its pool untouched."""
     engines = Engines()
     inner = []
 
     def between_segments():
-        if not inner:  # the first segment of the thread's call: the trainer's call comes in
+        if carry.metrics and not inner:  # the thread's second call, its first segment: the trainer's call comes in
             inner.append(None)
             inner[0] = carry([_prompt("X", 5)], SEGMENTED, "9.0")
+            inner.append(dict(carry.metrics))  # what the trainer's batch would be logged with
         return 0
 
     carry = CarryOver(engines, 4, between_segments, lambda: 0, lambda: [_prompt("B", 3)], extra=1)
-    outer = carry([_prompt("A", 14)], SEGMENTED, "1.0")
-    assert [p.text for p in inner[0].prompts] == ["X", "X"] and inner[0].response_ids == [
-        [1000, 1001, 1002, 1003, STOP]
-    ] * 2
-    assert [p.text for p in outer.prompts] == ["B", "B"] and carry.carried_groups() == 1
+    first = carry([_prompt("A", 14)], SEGMENTED, "1.0")
+    assert [p.text for p in first.prompts] == ["B", "B"] and carry.metrics["rollout/carried_groups"] == 1.0
+    second = carry([_prompt("C", 2)], SEGMENTED, "2.0")
+    assert [p.text for p in inner[0].prompts] == ["X", "X"]
+    assert inner[0].response_ids == [[1000, 1001, 1002, 1003, STOP]] * 2
+    assert inner[1] == {}, "the exact call carried nothing: no carried counts of another call in its record"
+    assert [p.text for p in second.prompts] == ["C", "C"] and carry.carried_groups() == 1
