@@ -448,3 +448,25 @@ def test_over_sampling_carries_groups_between_steps_within_the_staleness_bound(a
     )
     assert said in capsys.readouterr().out and lost["groups"] >= 4
     assert [m["step"] for m in read_metrics(copy / "quickstart" / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+def test_dynamic_sampling_fills_its_rounds_through_the_carried_groups(assets, tmp_path, monkeypatch):
+    """DAPO's dynamic sampling with groups carried over: every round asks the carry for 16 groups, keeps those
+    with reward variation and asks again until the step is full; the groups each round leaves in flight go on
+    into the next round or step, and no batch breaks the staleness bound."""
+    run_dir = tmp_path / "run"
+    settings = ASYNC | {
+        "trainer.test_freq": 0,
+        "rollout.max_new_tokens": 6,
+        "rollout.partial_rollout": 2,
+        "rollout.over_sampling": 4,
+        "algorithm.dynamic_sampling.enable": "true",
+        "algorithm.dynamic_sampling.max_rounds": 20,
+    }
+    metrics = read_metrics(fit(monkeypatch, overrides(assets, run_dir, **settings)).run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert all(m["dapo/rounds"] >= 1 and m["reward/std"] > 0 for m in metrics)
+    assert any(m["dapo/groups_kept_ratio"] < 1 for m in metrics), [m["dapo/groups_kept_ratio"] for m in metrics]
+    assert all(m["rollout/carried_groups"] == 4 for m in metrics)
+    assert all(m["rollout/stale_dropped_samples"] == 0 for m in metrics)
+    assert all(m["rollout/policy_version_lag/max"] <= 2 for m in metrics)
