@@ -80,14 +80,6 @@ def _check_over_sampling(config: Config, problems: list[Problem]) -> None:
     )
     need(
         problems,
-        not rollout.multi_turn.enable,
-        key,
-        rollout.over_sampling,
-        "carries single-turn groups only; the agent loop's turns are not carried over",
-        "set rollout.over_sampling: 0 with rollout.multi_turn.enable",
-    )
-    need(
-        problems,
         rollout.min_new_tokens == 0,
         key,
         rollout.over_sampling,

@@ -3,7 +3,7 @@
     samples = single_turn(engines, prompts, sampling, group_prefix)      # one response per sample
     samples = AgentLoop(engines, tools, parser, observations, decode, multi_turn)(prompts, sampling, group_prefix)
     samples = partial_single_turn(engines, segment, between_segments, prompts, sampling, group_prefix)  # async
-    batch = CarryOver(engines, segment, between_segments, ...)(prompts, sampling, group_prefix)  # groups carried over
+    batch = CarryOver(RowsInFlight(engines, segment, between_segments), ...)(prompts, sampling, group_prefix)  # carried
     agent = AgentLoop(..., segment=segment, between_segments=between_segments)  # async: turns in segments
 
 Both return `Samples` with a per-token `loss_masks` (False on tool observations) and, multi-turn, each

@@ -97,9 +97,9 @@ class _Live:
 
     prompt: Prompt
     slot: int
-    """Row of the sample in the call's prompt-major order."""
-    group: int
-    """Index of its prompt in the call."""
+    """Row of the sample in prompt-major order: in the call, or among every trajectory a `TrajectoriesInFlight` started."""
+    group: str
+    """Its group's id (`Samples.index`): `{group_prefix}/{number of its prompt}`."""
     ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     mask: list[bool] = field(default_factory=list)
@@ -137,6 +137,18 @@ class _Live:
         return all(future.done() for future in self.results)
 
 
+@dataclass
+class Trajectories:
+    """Trajectories in flight: ready for their next turn, waiting for their tool calls, ended."""
+
+    ready: list[_Live] = field(default_factory=list)
+    waiting: list[_Live] = field(default_factory=list)
+    done: list[_Live] = field(default_factory=list)
+
+    def everyone(self) -> list[_Live]:
+        return [*self.ready, *self.waiting, *self.done]
+
+
 class AgentLoop:
     """The multi-turn rollout function: `loop(prompts, sampling, group_prefix) -> Samples`."""
 
@@ -167,23 +179,38 @@ class AgentLoop:
         self.between_segments = between_segments
 
     def __call__(self, prompts: Sequence[Prompt], sampling: SamplingConfig, group_prefix: str) -> Samples:
-        everyone = [_Live(prompt, i * sampling.n + j, i) for i, prompt in enumerate(prompts) for j in range(sampling.n)]
-        ready, waiting, done = list(everyone), [], []
-        while ready or waiting:
+        flight = Trajectories(ready=self.start(prompts, sampling.n, group_prefix))
+        self.run(flight, sampling, lambda: False)
+        return self.samples(flight.done)
+
+    @staticmethod
+    def start(prompts: Sequence[Prompt], n: int, group_prefix: str, first: int = 0) -> list[_Live]:
+        """`n` new trajectories per prompt; prompt i's group is `{group_prefix}/{first + i}`, its rows from
+        `(first + i) * n`."""
+        return [
+            _Live(prompt, (first + i) * n + j, f"{group_prefix}/{first + i}")
+            for i, prompt in enumerate(prompts)
+            for j in range(n)
+        ]
+
+    def run(self, flight: Trajectories, sampling: SamplingConfig, enough: Callable[[], bool]) -> None:
+        """Waves over `flight` until every trajectory ended or, checked before each wave, `enough()`."""
+        count = len(flight.everyone())
+        while (flight.ready or flight.waiting) and not enough():
+            ready = flight.ready
             if ready:
-                self._generate(ready, sampling, len(everyone))
+                self._generate(ready, sampling, count)
                 for t in ready:
                     if not t.trajectory.ended and t.trajectory.turns == self.settings.max_turns:
                         t.trajectory.ended = "max_turns"  # its last turn's calls are not run
-                done += [t for t in ready if t.trajectory.ended]
-                waiting += self._submit([t for t in ready if not t.trajectory.ended])
-            back = self._wait_for_tools(waiting)
-            waiting = [t for t in waiting if t not in back]
-            ready = []
+                flight.done += [t for t in ready if t.trajectory.ended]
+                flight.waiting += self._submit([t for t in ready if not t.trajectory.ended])
+            back = self._wait_for_tools(flight.waiting)
+            flight.waiting = [t for t in flight.waiting if t not in back]
+            flight.ready = []
             for t in back:
                 self._observe(t)
-                (done if t.trajectory.ended else ready).append(t)
-        return self._samples(done, group_prefix, self.between_segments is not None)
+                (flight.done if t.trajectory.ended else flight.ready).append(t)
 
     def _generate(self, ready: list[_Live], sampling: SamplingConfig, count: int) -> None:
         """One turn of every ready trajectory, in one batched call per segment (`count`: trajectories of the
@@ -303,9 +330,10 @@ class AgentLoop:
         t.trajectory.observations_truncated += cut
         return {"role": "tool", "name": name, "content": content}
 
-    @staticmethod
-    def _samples(done: list[_Live], group_prefix: str, partial: bool) -> Samples:
-        """Prompt-major samples (the loop finishes trajectories out of order); `partial`: with `token_versions`."""
+    def samples(self, done: list[_Live]) -> Samples:
+        """Prompt-major samples of ended trajectories (the loop finishes them out of order); with partial
+        rollouts with `token_versions`."""
+        partial = self.between_segments is not None
         samples = Samples.empty()
         for t in sorted(done, key=lambda t: t.slot):
             samples.prompts.append(t.prompt)
@@ -315,7 +343,7 @@ class AgentLoop:
             samples.finish_reasons.append(
                 "length" if t.trajectory.ended in ("max_total_tokens", "turn_length") else "stop"
             )
-            samples.index.append(f"{group_prefix}/{t.group}")
+            samples.index.append(t.group)
             samples.trajectories.append(t.trajectory)
             samples.token_versions.append(t.versions if partial else None)
         if done and done[0].routed is not None:
@@ -324,3 +352,50 @@ class AgentLoop:
                 for t in sorted(done, key=lambda t: t.slot)
             ]
         return samples
+
+
+class TrajectoriesInFlight:
+    """The agent loop's trajectories carried from one call to the next (`megarl.rollout.carry.CarryOver`,
+    `rollout.over_sampling`): a call stops its waves once enough groups ended; the trajectories still ready for
+    a turn or waiting for their tool calls (which run on) go on in the next call's waves. Rows are numbered
+    across calls, so each keeps its seeds' row; the seeds' stride is the trajectories in flight, so two
+    trajectories of different calls may share a seed on different contexts."""
+
+    def __init__(self, loop: AgentLoop):
+        self.loop = loop
+        self.trajectories = Trajectories()
+
+    def start(self, prompts: Sequence[Prompt], sampling: SamplingConfig, group_prefix: str, first: int) -> None:
+        self.trajectories.ready += self.loop.start(prompts, sampling.n, group_prefix, first)
+
+    def restart_stale(self, oldest_allowed: int) -> int:
+        """The groups holding a token sampled by weights older than `oldest_allowed` start over from their
+        prompts (their tool calls in flight are left to end unread); how many did."""
+        versions: dict[str, list[int]] = {}
+        for t in self.trajectories.everyone():
+            versions.setdefault(t.group, []).extend(t.versions)
+        stale = {group for group, seen in versions.items() if min(seen, default=oldest_allowed) < oldest_allowed}
+        flight = self.trajectories
+        again = [_Live(t.prompt, t.slot, t.group) for t in flight.everyone() if t.group in stale]
+        flight.waiting = [t for t in flight.waiting if t.group not in stale]
+        flight.done = [t for t in flight.done if t.group not in stale]
+        flight.ready = [*(t for t in flight.ready if t.group not in stale), *again]
+        return len(stale)
+
+    def run(self, sampling: SamplingConfig, enough: Callable[[], bool]) -> None:
+        self.loop.run(self.trajectories, sampling, enough)
+
+    def finished_groups(self, sampling: SamplingConfig) -> list[str]:
+        """The groups whose trajectories all ended, in the order they were started."""
+        going = {t.group for t in (*self.trajectories.ready, *self.trajectories.waiting)}
+        ended = sorted(self.trajectories.done, key=lambda t: t.slot)
+        return list(dict.fromkeys(t.group for t in ended if t.group not in going))
+
+    def take(self, groups: set[str]) -> Samples:
+        """The samples of `groups` (ended), which leave the flight."""
+        done = self.trajectories.done
+        self.trajectories.done = [t for t in done if t.group not in groups]
+        return self.loop.samples([t for t in done if t.group in groups])
+
+    def groups(self) -> int:
+        return len({t.group for t in self.trajectories.everyone()})

@@ -1,7 +1,7 @@
 """Partial rollouts (`rollout.partial_rollout`, `trainer.rollout_mode: async`): single-turn generation in
 segments of at most `segment` new tokens, so that a weight update waits for one segment, not for the
-batch's longest response; and, with `rollout.over_sampling`, groups carried from one step's generation
-into the next, so that a batch does not wait for its longest response either.
+batch's longest response; and the rows carried from one step's generation into the next with
+`rollout.over_sampling` (`RowsInFlight`, driven by `megarl.rollout.carry.CarryOver`).
 
 Between two segments the rollout calls `between_segments()`, where the async stream lets a waiting
 weight load in (`AsyncRolloutStream.between_segments`) and which returns the weight version the engines
@@ -16,8 +16,7 @@ replay, the experts each token was routed to by the segment that fed it first
 (`megarl.rollout.samples.extend_routing`).
 
     samples = partial_single_turn(engines, 32, stream.between_segments, prompts, sampling, "7.0")
-    carry = CarryOver(engines, 32, stream.between_segments, stream.oldest_allowed_version, next_prompts, extra=4)
-    batch = carry(prompts, sampling, "7.0")  # len(prompts) groups: the first to finish of those in flight
+    rows = RowsInFlight(engines, 32, stream.between_segments)  # what a CarryOver keeps between its calls
 """
 
 from __future__ import annotations
@@ -49,85 +48,36 @@ def partial_single_turn(
     return samples
 
 
-class CarryOver:
-    """`rollout.over_sampling`: `extra` groups more than a batch needs stay in flight. A call returns the first
-    `len(prompts)` groups to finish, in the order they were started; the others, finished or not, are carried
-    (their tokens, log-probs and versions kept) into the next call's generation beside its new prompts. The
-    first call tops the groups in flight up from `more_prompts` (the data loader's next batch); prompts not
-    started yet wait, in order, in `spare`.
+class RowsInFlight:
+    """Single-turn rows carried from one call to the next (`megarl.rollout.carry.CarryOver`,
+    `rollout.over_sampling`): every group's `n` rows together, generated in segments."""
 
-    A carried group whose oldest token is older than `oldest_allowed()` (the batch being made would be more than
-    `trainer.max_staleness` versions stale with it) starts over from its prompt (`rollout/restarted_groups`):
-    never trained on stale. A call made while another is suspended between two segments (the trainer making a
-    stale batch again, `AsyncRolloutStream.take`) generates exactly its prompts, carrying nothing."""
-
-    def __init__(
-        self,
-        engines: WorkerGroup,
-        segment: int,
-        between_segments: Callable[[], int],
-        oldest_allowed: Callable[[], int],
-        more_prompts: Callable[[], list[Prompt]],
-        extra: int,
-    ):
+    def __init__(self, engines: WorkerGroup, segment: int, between_segments: Callable[[], int]):
         self.engines = engines
         self.segment = segment
         self.between_segments = between_segments
-        self.oldest_allowed = oldest_allowed
-        self.more_prompts = more_prompts
-        self.extra = extra
-        self.pool = Samples.empty()
-        """The carried groups' rows (prompt-major, each group's `n` rows together)."""
-        self.spare: list[Prompt] = []
-        self.started = 0
-        """Groups started so far: the next one is numbered this in its group id."""
-        self.busy = False
-        self.metrics: dict[str, float] = {}
-        """The last call's `rollout/carried_groups` and `rollout/restarted_groups`."""
+        self.rows = Samples.empty()
+        """The rows in flight, prompt-major, in the order their groups were started."""
 
-    def __call__(self, prompts: Sequence[Prompt], sampling: SamplingConfig, group_prefix: str) -> Samples:
-        if self.busy:
-            self.metrics = {}  # nothing carried in this call: the suspended call's counts are not its own
-            return partial_single_turn(
-                self.engines, self.segment, self.between_segments, prompts, sampling, group_prefix
-            )
-        self.busy = True
-        try:
-            return self._batch(prompts, sampling, group_prefix)
-        finally:
-            self.busy = False
+    def start(self, prompts: Sequence[Prompt], sampling: SamplingConfig, group_prefix: str, first: int) -> None:
+        self.rows = concat_rows(self.rows, fresh_rows(prompts, sampling.n, group_prefix, first))
 
-    def carried_groups(self) -> int:
-        """Groups in flight between two calls (lost when the run stops)."""
-        return len(group_rows(self.pool))
+    def restart_stale(self, oldest_allowed: int) -> int:
+        return restart_stale(self.rows, oldest_allowed)
 
-    def _batch(self, prompts: Sequence[Prompt], sampling: SamplingConfig, group_prefix: str) -> Samples:
-        needed = len(prompts)
-        self.spare += prompts
-        while self.carried_groups() + len(self.spare) < needed + self.extra:
-            self.spare += self.more_prompts()
-        started = needed + self.extra - self.carried_groups()
-        new, self.spare = self.spare[:started], self.spare[started:]
-        # Numbered on from every group started before: a step's batch made again (`AsyncRolloutStream.take`)
-        # has the same prefix as the first try, whose groups may still be carried.
-        pool = concat_rows(self.pool, fresh_rows(new, sampling.n, group_prefix, self.started))
-        self.started += len(new)
-        restarted = restart_stale(pool, self.oldest_allowed())
-        run_segments(
-            self.engines,
-            pool,
-            self.segment,
-            sampling,
-            self.between_segments,
-            lambda: len(finished_groups(pool, sampling)) >= needed,
-        )
-        taken = set(finished_groups(pool, sampling)[:needed])
-        self.pool = pool.select([group not in taken for group in pool.index])
-        self.metrics = {
-            "rollout/carried_groups": float(self.carried_groups()),
-            "rollout/restarted_groups": float(restarted),
-        }
-        return pool.select([group in taken for group in pool.index])
+    def run(self, sampling: SamplingConfig, enough: Callable[[], bool]) -> None:
+        run_segments(self.engines, self.rows, self.segment, sampling, self.between_segments, enough)
+
+    def finished_groups(self, sampling: SamplingConfig) -> list[str]:
+        return finished_groups(self.rows, sampling)
+
+    def take(self, groups: set[str]) -> Samples:
+        taken = self.rows.select([group in groups for group in self.rows.index])
+        self.rows = self.rows.select([group not in groups for group in self.rows.index])
+        return taken
+
+    def groups(self) -> int:
+        return len(group_rows(self.rows))
 
 
 def fresh_rows(prompts: Sequence[Prompt], n: int, group_prefix: str, first: int = 0) -> Samples:

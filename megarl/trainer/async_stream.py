@@ -40,7 +40,7 @@ from megarl.cluster.timing import PhaseTimer
 from megarl.data import Prompt
 from megarl.trainer import generated
 from megarl.trainer.generated import GeneratedBatch
-from megarl.trainer.rollout_stream import Generate, RolloutStream
+from megarl.trainer.rollout_stream import Generate
 
 
 class AsyncRolloutStream:
@@ -100,7 +100,8 @@ class AsyncRolloutStream:
                 batch.metrics |= self.gen_timer.pop()
                 self.in_flight = making
         batch.metrics |= {"rollout/stale_dropped_samples": float(dropped)} | token_version_metrics(batch, step)
-        return RolloutStream._with_lag(batch, step)
+        batch.metrics |= sample_lag_metrics(batch, step)
+        return batch
 
     def between_segments(self) -> int:
         """Called by the generation between two segments of a partial rollout: in the thread, a sync,
@@ -115,7 +116,7 @@ class AsyncRolloutStream:
 
     def oldest_allowed_version(self) -> int:
         """The oldest weight version a token of the batch being made may come from: that batch's step - 1 -
-        max_staleness (`megarl.rollout.partial.CarryOver` starts older carried groups over)."""
+        max_staleness (`megarl.rollout.carry.CarryOver` starts older carried groups over)."""
         assert self.in_flight is not None, "asked outside a generation"
         return self.in_flight - 1 - self.max_staleness
 
@@ -241,6 +242,17 @@ def _carried_lost(lost: dict | None) -> str:
 def oldest_version(batch: GeneratedBatch) -> int:
     """The weight version of the batch's oldest token (partial rollouts: a sample may span several)."""
     return min([batch.policy_version, *(min(v) for v in batch.samples.token_versions if v)])
+
+
+def sample_lag_metrics(batch: GeneratedBatch, step: int) -> dict[str, float]:
+    """`rollout/policy_version_lag/{mean,max}` over the samples, each as stale as its oldest token (partial
+    rollouts: a sample carried from an earlier call, `rollout.over_sampling`, holds tokens older than the
+    batch's start) or, without per-token versions, as the batch: the actor holds step - 1's weights."""
+    lags = [step - 1 - (min(v) if v else batch.policy_version) for v in batch.samples.token_versions]
+    return {
+        "rollout/policy_version_lag/mean": sum(lags) / len(lags),
+        "rollout/policy_version_lag/max": float(max(lags)),
+    }
 
 
 def token_version_metrics(batch: GeneratedBatch, step: int) -> dict[str, float]:

@@ -18,11 +18,8 @@ from megarl.data import Prompt, iter_batches, reward_columns
 from megarl.rewards.failure_window import FailureWindow
 from megarl.rewards.scorer import RewardResult, RewardScorer
 from megarl.rollout import Samples, offset_seed
-from megarl.rollout.partial import CarryOver
+from megarl.rollout.carry import CarryOver, RolloutFn
 from megarl.workers.rollout.base import SamplingConfig
-
-RolloutFn = Callable[[Sequence[Prompt], SamplingConfig, str], Samples]
-"""`(prompts, sampling, group_prefix) -> Samples`: `megarl.rollout.single_turn` bound to the engines, or an `AgentLoop`."""
 
 
 def score(

@@ -48,7 +48,9 @@ from megarl.orchestration.search_actor import SearchActor
 from megarl.orchestration.worker_group import round_trips
 from megarl.rewards.scorer import RewardScorer
 from megarl.rollout import AgentLoop, ObservationEncoder, single_turn
-from megarl.rollout.partial import CarryOver, partial_single_turn
+from megarl.rollout.carry import CarryOver
+from megarl.rollout.multi_turn import TrajectoriesInFlight
+from megarl.rollout.partial import RowsInFlight, partial_single_turn
 from megarl.tools import ToolSet, parser_for
 from megarl.trainer import rollout_batch as rb
 from megarl.trainer.async_stream import AsyncRolloutStream
@@ -210,15 +212,20 @@ class Trainer:
             return partial(partial_single_turn, self.cluster.engines, segment, between_segments)
         return partial(single_turn, self.cluster.engines)
 
-    def _carry_over(self) -> CarryOver | None:
-        """`rollout.over_sampling`: the training rounds' rollout that carries groups between steps (async only)."""
+    def _carry_over(self, exact) -> CarryOver | None:
+        """`rollout.over_sampling`: the training rounds' rollout that carries groups between steps (async only),
+        of single-turn rows or the agent loop's trajectories (`exact`, the run's rollout function)."""
         rollout = self.config.rollout
         if not rollout.over_sampling:
             return None
+        flight = (
+            TrajectoriesInFlight(exact)
+            if self.multi_turn.enable
+            else RowsInFlight(self.cluster.engines, rollout.partial_rollout, lambda: self.stream.between_segments())
+        )
         return CarryOver(
-            self.cluster.engines,
-            rollout.partial_rollout,
-            lambda: self.stream.between_segments(),
+            flight,
+            exact,
             lambda: self.stream.oldest_allowed_version(),
             lambda: next(self.loader),
             rollout.over_sampling,
@@ -227,7 +234,7 @@ class Trainer:
     def _train(self, scorer: RewardScorer, rollout, startup: PhaseTimer) -> dict[str, float]:
         mode = self.config.trainer.rollout_mode
         gen_timer = self.timer if mode == "sync" else PhaseTimer()  # the others generate in a thread of their own
-        self.carry = self._carry_over()
+        self.carry = self._carry_over(rollout)
         phase = RolloutPhase(
             self.config, rollout, scorer, self._decode, lambda: next(self.loader), gen_timer, self.carry
         )

@@ -116,6 +116,8 @@ def test_rollouts_jsonl_shows_a_whole_trajectory_per_step(agent_run):
 ASYNC_STEPS = 3
 SHOWN = (
     "rollout/policy_version_lag/max",
+    "rollout/carried_groups",
+    "rollout/restarted_groups",
     "rollout/token_version_lag/mean",
     "rollout/partial_samples",
     "agent/tool_call_rate",
@@ -124,10 +126,12 @@ SHOWN = (
 
 
 def test_the_agent_loop_trains_in_async_mode_with_turns_across_weight_updates(sft_model):
-    """trainer.rollout_mode async, max_staleness 1, partial rollouts of 8 tokens (a calculator call is ~30):
-    the trajectories, tool calls included, are generated in the driver's rollout thread while the actor
-    trains (split placement: the engine on a slot of its own), a weight load landing between two segments
-    of a turn or between two turns; every step trains within the bound and logs the agent metrics."""
+    """trainer.rollout_mode async, max_staleness 2, partial rollouts of 8 tokens (a calculator call is ~30),
+    4 prompts' trajectories more than a batch needs in flight (rollout.over_sampling): the trajectories, tool
+    calls included, are generated in the driver's rollout thread while the actor trains (split placement: the
+    engine on a slot of its own), a weight load landing between two segments of a turn or between two turns,
+    and those of the groups not in a step's batch carried into the next step's generation; every step trains
+    within the bound and logs the agent metrics."""
     trainer = Trainer.from_config(
         REPO / "configs" / "agent_quickstart.yaml",
         agent_overrides(
@@ -136,8 +140,9 @@ def test_the_agent_loop_trains_in_async_mode_with_turns_across_weight_updates(sf
             **{
                 "trainer.total_steps": ASYNC_STEPS,
                 "trainer.rollout_mode": "async",
-                "trainer.max_staleness": 1,
+                "trainer.max_staleness": 2,
                 "rollout.partial_rollout": 8,
+                "rollout.over_sampling": 4,
                 "placement.mode": "split",
                 "placement.gpus_per_node": 3,
                 "placement.rollout_gpus": 1,
@@ -148,8 +153,9 @@ def test_the_agent_loop_trains_in_async_mode_with_turns_across_weight_updates(sf
     metrics = read_metrics(trainer.run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, ASYNC_STEPS + 1))
     lags = [m["rollout/policy_version_lag/max"] for m in metrics]
-    assert lags[0] == 0 and all(0 <= lag <= 1 for lag in lags) and max(lags) == 1, lags  # ahead, within the bound
+    assert lags[0] == 0 and all(0 <= lag <= 2 for lag in lags) and max(lags) >= 1, lags  # ahead, within the bound
     assert all(m["rollout/stale_dropped_samples"] == 0 for m in metrics)
+    assert [m["rollout/carried_groups"] for m in metrics] == [4.0] * ASYNC_STEPS
     for m in metrics:
         assert set(AGENT_METRICS) <= set(m)
         assert m["agent/tool_call_rate"] > 0 and 0 < m["agent/masked_token_fraction"] < 1  # tools ran, masked out

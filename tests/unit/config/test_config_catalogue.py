@@ -788,17 +788,6 @@ CASES = [
         "rollout.over_sampling",
         "must not be held to rollout.min_new_tokens (2) again; fix: set rollout.min_new_tokens: 0",
     ),
-    (
-        "over-sampling-multi-turn",
-        [
-            "rollout.over_sampling=4",
-            "rollout.multi_turn.enable=true",
-            "rollout.multi_turn.tools=[{function: calculator}]",
-            "rollout.multi_turn.max_total_tokens=256",
-        ],
-        "rollout.over_sampling",
-        "carries single-turn groups only",
-    ),
     ("peak-flops-zero", ["trainer.peak_flops=0"], "trainer.peak_flops", "must be > 0"),
     ("peak-flops-infinite", ["trainer.peak_flops=.inf"], "trainer.peak_flops", "not a finite number"),
     ("unknown-logger", ["trainer.loggers=[console,mlflow]"], "trainer.loggers", "expected a list of (one of 'console'"),
@@ -1308,8 +1297,15 @@ ASYNC_PARTIAL = (
             "rollout.multi_turn.max_total_tokens=256",
         ),
         ("rollout.over_sampling=8", "trainer.max_staleness=2"),  # single-turn groups carried between steps
+        (  # the agent loop's trajectories carried between steps (megarl.rollout.multi_turn.TrajectoriesInFlight)
+            "rollout.over_sampling=8",
+            "trainer.max_staleness=2",
+            "rollout.multi_turn.enable=true",
+            "rollout.multi_turn.tools=[{function: calculator}]",
+            "rollout.multi_turn.max_total_tokens=256",
+        ),
     ],
-    ids=["agent", "carried-over"],
+    ids=["agent", "carried-over", "agent-carried-over"],
 )
 def test_an_async_recipe_with_partial_rollouts_is_valid(workdir, capsys, extra):
     code, out, err = run_validate(capsys, "base.yaml", *ASYNC_PARTIAL, *extra)

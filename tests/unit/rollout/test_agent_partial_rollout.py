@@ -21,6 +21,8 @@ from test_agent_loop import EOS, SAMPLING, TOKENIZER, Parser, ScriptedEngines, T
 from megarl.cluster.timing import PhaseTimer
 from megarl.config.rollout import MultiTurnConfig
 from megarl.rollout import AgentLoop, ObservationEncoder
+from megarl.rollout.carry import CarryOver
+from megarl.rollout.multi_turn import TrajectoriesInFlight
 from megarl.trainer import generated
 from megarl.trainer.async_stream import AsyncRolloutStream
 from megarl.trainer.generated import GeneratedBatch
@@ -245,3 +247,61 @@ def test_a_checkpoint_keeps_a_multi_turn_batch_with_its_token_versions():
     assert [m.tolist() for m in back.samples.loss_masks] == [m.tolist() for m in samples.loss_masks]
     assert all(torch.equal(a, b) for a, b in zip(back.samples.rollout_log_probs, samples.rollout_log_probs))
     assert back.scores.tolist() == [0.0, 1.0, 2.0, 3.0] and back.policy_version == 0
+
+
+def answer_at_once_for_q1(text: str, turn: int) -> str:
+    """q1's trajectories answer in their first turn; the others call a tool three times, then answer."""
+    return "the answer" if "q1" in text else three_calls_then_answer(text, turn)
+
+
+def _carry(engines, between_segments, oldest_allowed, more_prompts) -> CarryOver:
+    """`rollout.over_sampling` 1 over the agent loop in segments of 16 tokens, as the trainer makes it."""
+    loop = agent_loop(engines, 16, between_segments)
+    return CarryOver(TrajectoriesInFlight(loop), loop, oldest_allowed, more_prompts, extra=1)
+
+
+def test_over_sampling_carries_a_trajectory_between_its_turns_into_the_next_call():
+    """One group per batch and one more in flight: q1's group (it answers at once) makes the first batch, not
+    q0's (three tool turns), which goes on from its second turn in the next call beside q2's, started there, and
+    makes that batch: the trajectories the loop gives without carrying, their turns sampled across both calls'
+    weights, each token with its version."""
+    q0, q1, q2 = prompts(3)
+    engines = ContinuingEngines(2, answer_at_once_for_q1)
+    between_segments, calls = _each_segment_a_new_version(engines)
+    pulled = iter([[q1, q2]])
+    carry = _carry(engines, between_segments, lambda: 0, lambda: next(pulled))
+
+    first = carry([q0], SAMPLING, "1.0")
+    assert first.prompts == [q1, q1] and first.index == ["1.0/1", "1.0/1"]
+    assert all(t.ended == "answer" and t.turns == 1 for t in first.trajectories)
+    assert carry.metrics == {"rollout/carried_groups": 1.0, "rollout/restarted_groups": 0.0}
+    carried = carry.flight.trajectories.everyone()
+    assert [t.group for t in carried] == ["1.0/0"] * 2 and all(t.trajectory.turns == 1 for t in carried)
+    assert carry.spare == [q2]
+    first_call = len(calls)  # the versions of the first call's segments: 0 .. first_call - 1
+
+    second = carry([prompts(4)[3]], SAMPLING, "2.0")
+    assert second.prompts == [q0, q0] and second.index == ["1.0/0", "1.0/0"]
+    whole = agent_loop(ContinuingEngines(2, answer_at_once_for_q1))([q0], SAMPLING, "1.0")
+    assert second.response_ids == whole.response_ids and second.trajectories == whole.trajectories
+    assert [m.tolist() for m in second.loss_masks] == [m.tolist() for m in whole.loss_masks]
+    for versions in second.token_versions:
+        assert min(versions) < first_call <= max(versions), versions  # sampled in both calls
+        assert versions == sorted(versions)  # each token the version of its segment, segments in order
+    assert [t.group for t in carry.flight.trajectories.everyone()] == ["2.0/2"] * 2  # q2's, mid-conversation
+
+
+def test_a_carried_trajectory_too_stale_for_the_next_batch_starts_over_from_its_prompt():
+    q0, q1, q2 = prompts(3)
+    engines = ContinuingEngines(2, answer_at_once_for_q1)
+    between_segments, calls = _each_segment_a_new_version(engines)
+    carry = _carry(engines, between_segments, lambda: len(calls), lambda: [q1, q2])
+    carry([q0], SAMPLING, "1.0")  # q0's group carried after its first turn
+    first_call = len(calls)
+
+    batch = carry([prompts(4)[3]], SAMPLING, "2.0")
+    assert carry.metrics["rollout/restarted_groups"] == 1.0
+    assert batch.prompts == [q0, q0]  # again from its prompt, ahead of q2's, started after it
+    whole = agent_loop(ContinuingEngines(2, answer_at_once_for_q1))([q0], SAMPLING, "1.0")
+    assert batch.response_ids == whole.response_ids
+    assert all(min(versions) >= first_call for versions in batch.token_versions)  # nothing of the stale turn

@@ -8,11 +8,14 @@ with L stops with token 7 at its L-th token; its log-probs name the weight versi
 segmented rollout must give exactly the unsegmented responses, with each token's version and log-prob
 from the weights of its segment."""
 
+from functools import partial
+
 import pytest
 import torch
 
 from megarl.data import Prompt
-from megarl.rollout.partial import CarryOver, partial_single_turn
+from megarl.rollout.carry import CarryOver
+from megarl.rollout.partial import RowsInFlight, partial_single_turn
 from megarl.rollout.single_turn import single_turn
 from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
 
@@ -133,6 +136,12 @@ def test_each_token_keeps_the_routing_of_the_segment_that_fed_it_first():
     assert {v for versions in samples.token_versions for v in versions} == {0, 1}
 
 
+def carry_over(engines, between_segments, oldest_allowed, more_prompts, extra: int) -> CarryOver:
+    """A `CarryOver` of single-turn rows generated in segments of 4 tokens, as the trainer makes it."""
+    exact = partial(partial_single_turn, engines, 4, between_segments)
+    return CarryOver(RowsInFlight(engines, 4, between_segments), exact, oldest_allowed, more_prompts, extra)
+
+
 def _prompt(name: str, length: int) -> Prompt:
     """A prompt whose samples stop at their `length`-th token (the stand-in engines' rule)."""
     return Prompt(name, (length, 60), name, {}, "test")
@@ -157,7 +166,7 @@ def test_over_sampling_returns_the_first_groups_to_finish_and_carries_the_others
         engines.weights = next(versions)
         return engines.weights
 
-    carry = CarryOver(engines, 4, between_segments, lambda: 0, more_prompts, extra=1)
+    carry = carry_over(engines, between_segments, lambda: 0, more_prompts, extra=1)
     first = carry([_prompt("A", 14)], SEGMENTED, "1.0")
     assert [p.text for p in first.prompts] == ["B", "B"] and first.index == ["1.0/1", "1.0/1"]
     assert first.response_ids == [[1000, 1001, STOP]] * 2 and first.token_versions == [[0] * 3] * 2
@@ -174,12 +183,12 @@ def test_over_sampling_returns_the_first_groups_to_finish_and_carries_the_others
     assert second.token_versions == [[0] * 4 + [1] * 4 + [1] * 4] * 2  # 4 tokens in the first call, 8 here
     for token_versions, log_probs in zip(second.token_versions, second.rollout_log_probs, strict=True):
         assert torch.equal(log_probs, torch.tensor([-0.1 * (v + 1) for v in token_versions]))
-    assert [p.text for p in carry.pool.prompts] == ["C", "C"] and carry.pool.index == ["2.0/2", "2.0/2"]
+    assert [p.text for p in carry.flight.rows.prompts] == ["C", "C"] and carry.flight.rows.index == ["2.0/2", "2.0/2"]
     assert [p.text for p in carry.spare] == ["D"] and len(pulled) == 1  # no prompt skipped, none twice
     # A step made again has its first try's prefix: its new group (D) is numbered on, apart from C's.
     again = carry([_prompt("E", 2)], SEGMENTED, "2.0")
     assert [p.text for p in again.prompts] == ["C", "C"] and again.index == ["2.0/2", "2.0/2"]
-    assert [p.text for p in carry.pool.prompts] == ["D", "D"] and carry.pool.index == ["2.0/3", "2.0/3"]
+    assert [p.text for p in carry.flight.rows.prompts] == ["D", "D"] and carry.flight.rows.index == ["2.0/3", "2.0/3"]
 
 
 def test_a_carried_group_too_stale_for_the_next_batch_starts_over_from_its_prompt():
@@ -189,13 +198,13 @@ def test_a_carried_group_too_stale_for_the_next_batch_starts_over_from_its_promp
     def between_segments():
         return engines.weights
 
-    carry = CarryOver(engines, 4, between_segments, lambda: next(oldest_allowed), lambda: [_prompt("B", 3)], 1)
+    carry = carry_over(engines, between_segments, lambda: next(oldest_allowed), lambda: [_prompt("B", 3)], 1)
     carry([_prompt("A", 14)], SEGMENTED, "1.0")  # A carried with 4 tokens of version 0
     engines.weights = 1
     batch = carry([_prompt("C", 2)], SEGMENTED, "2.0")
     assert carry.metrics["rollout/restarted_groups"] == 1.0
     assert [p.text for p in batch.prompts] == ["C", "C"]
-    assert carry.pool.token_versions == [[1] * 4] * 2  # A again from its prompt: one segment, of version 1
+    assert carry.flight.rows.token_versions == [[1] * 4] * 2  # A again from its prompt: one segment, of version 1
 
 
 def test_a_call_made_while_another_waits_between_segments_generates_exactly_its_prompts():
@@ -212,7 +221,7 @@ def test_a_call_made_while_another_waits_between_segments_generates_exactly_its_
             inner.append(dict(carry.metrics))  # what the trainer's batch would be logged with
         return 0
 
-    carry = CarryOver(engines, 4, between_segments, lambda: 0, lambda: [_prompt("B", 3)], extra=1)
+    carry = carry_over(engines, between_segments, lambda: 0, lambda: [_prompt("B", 3)], extra=1)
     first = carry([_prompt("A", 14)], SEGMENTED, "1.0")
     assert [p.text for p in first.prompts] == ["B", "B"] and carry.metrics["rollout/carried_groups"] == 1.0
     second = carry([_prompt("C", 2)], SEGMENTED, "2.0")

@@ -16,7 +16,7 @@ from megarl.cluster.timing import PhaseTimer
 from megarl.data import Prompt
 from megarl.rollout import Samples
 from megarl.trainer import generated
-from megarl.trainer.async_stream import AsyncRolloutStream
+from megarl.trainer.async_stream import AsyncRolloutStream, sample_lag_metrics
 from megarl.trainer.generated import GeneratedBatch
 
 WAIT_S = 60  # a bound for conditions that must come; reached only when the stream is broken
@@ -225,6 +225,7 @@ def test_a_weight_load_lands_between_two_segments_and_the_tokens_keep_their_vers
     batch = stream.take(2)
     assert batch.policy_version == 0 and batch.samples.token_versions == [[0, 1], [1]]
     assert batch.metrics["rollout/policy_version_lag/max"] == 1  # its oldest token's
+    assert batch.metrics["rollout/policy_version_lag/mean"] == 0.5  # per sample: its oldest token's, 1 and 0
     assert batch.metrics["rollout/token_version_lag/mean"] == pytest.approx(1 / 3)
     assert batch.metrics["rollout/partial_samples"] == 1
     stream.close()
@@ -255,3 +256,14 @@ def test_the_bound_holds_on_the_oldest_token_of_a_partial_rollout():
     batches, _ = _train(stream, engines, timer, range(3, 5))
     assert batches[0].metrics["rollout/stale_dropped_samples"] == 2 and batches[0].policy_version == 2
     stream.close()
+
+
+def test_a_sample_carried_from_an_earlier_call_lags_by_its_oldest_token_not_by_the_batchs_start():
+    """`rollout.over_sampling`: a batch started with weights 3 holds a sample carried from a call made with
+    weights 1; trained at step 5 (the actor at 4) it is 3 versions stale, the fresh one 1."""
+    batch = _batch(5, 3)
+    batch.samples.token_versions = [[1, 2, 3], [3, 3]]
+    assert sample_lag_metrics(batch, 5) == {
+        "rollout/policy_version_lag/mean": 2.0,
+        "rollout/policy_version_lag/max": 3.0,
+    }
