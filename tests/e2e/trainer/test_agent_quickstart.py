@@ -2,7 +2,8 @@
 model, `megarl sft` on calculator demonstrations, then multi-turn GRPO with the built-in calculator
 running in its isolated tool process. The reward and the tool-call rate both rise, every step logs the
 agent metrics, and rollouts.jsonl holds one readable trajectory per step. The same warmed-up model then
-runs a few steps of the agent loop in trainer.rollout_mode async with partial rollouts."""
+runs a few steps of the agent loop in trainer.rollout_mode async with partial rollouts, trajectories carried
+between steps (rollout.over_sampling)."""
 
 import json
 
