@@ -209,10 +209,11 @@ class RolloutConfig:
     tokens kept, in the next step's generation beside its new prompts: a batch no longer waits for its
     longest response (AReaL's max_concurrent_rollouts, slime's over-sampling; the first step takes the
     extra prompts from the data's next batch). Shorter responses reach a batch sooner, so a step's length
-    statistics lean short. A group that would be more than trainer.max_staleness versions stale when
-    trained starts over from its prompt (`rollout/restarted_groups`), so carrying needs
-    trainer.max_staleness >= 2, and pays when generation is the slower side (benchmarks/README.md, "The
-    long-tail workload"). With multi_turn the agent loop's trajectories are carried, between their turns
+    statistics lean short. The stream then starts a batch at most trainer.max_staleness - 1 versions stale,
+    keeping a version of the bound for the groups carried into the next batch, so carrying needs
+    trainer.max_staleness >= 2; a group that would still be more than max_staleness versions stale when
+    trained starts over from its prompt (`rollout/restarted_groups`). It pays when generation is the
+    slower side (benchmarks/README.md, "The long-tail workload"). With multi_turn the agent loop's trajectories are carried, between their turns
     (their tool calls in flight run on). What is in flight at a checkpoint is lost, and a resume says how
     much. With rollout.min_new_tokens 0. >= 0."""
     kv_cache_gib: float = 4.0

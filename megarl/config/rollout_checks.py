@@ -73,9 +73,10 @@ def _check_over_sampling(config: Config, problems: list[Problem]) -> None:
         config.trainer.max_staleness >= 2,
         key,
         rollout.over_sampling,
-        f"a carried group is trained at least one step after it started, and with trainer.max_staleness "
-        f"{config.trainer.max_staleness} the engines already generate a batch with weights as old as it allows: "
-        "every carried group would be too stale for the next batch and start over, its tokens thrown away",
+        f"a carried group is trained at least one step after it started, so the stream keeps one version of "
+        f"trainer.max_staleness ({config.trainer.max_staleness}) for it and starts a batch at most max_staleness - 1 "
+        "versions stale: at 1 no batch would be generated ahead of the training, and without that room every "
+        "carried group would be too stale for the next batch and start over, its tokens thrown away",
         "set trainer.max_staleness: 2 (or more), or rollout.over_sampling: 0",
     )
     need(

@@ -4,7 +4,8 @@ far ahead as the staleness bound allows (`trainer.max_staleness`, η; AReaL's bo
 The batch of step g is trained when the actor holds the weights of step g - 1; generated with the
 weights of version v it is g - 1 - v versions stale. The thread starts batch g only once the engines
 hold version v >= g - 1 - η, so no batch it makes can exceed the bound; with the trainer keeping up
-the engines never wait, up to η + 1 batches run ahead of the training:
+the engines never wait, up to η + 1 batches run ahead of the training (with `rollout.over_sampling` the
+thread keeps one version of the bound for the groups a batch carries into the next: v >= g - 1 - (η - 1)):
 
     η = 2:  gen(b1, w0) gen(b2, w0) gen(b3, w0 | w1) ...    (b3 waits for nothing: 3 - 1 - 2 = 0)
             [train(b1) ............] sync w1 [train(b2) ...] sync w2 ...
@@ -56,14 +57,19 @@ class AsyncRolloutStream:
         max_staleness: int,
         last_step: int,
         version: int,
+        carried_room: int = 0,
     ):
         """`gen_timer`: the thread's own timer (popped into each batch's metrics); `version`: the weight
-        version the engines hold now (the step of the checkpoint a resume loaded, else 0)."""
-        assert gen_timer is not timer and max_staleness >= 0, (gen_timer, timer, max_staleness)
+        version the engines hold now (the step of the checkpoint a resume loaded, else 0); `carried_room`:
+        versions of the bound kept for groups carried from one batch into the next (`rollout.over_sampling`:
+        1, so that a group carried from the batch before is within the bound, not started over)."""
+        assert gen_timer is not timer and 0 <= carried_room <= max_staleness, (gen_timer, timer, max_staleness)
         self.generate = generate
         self.gen_timer = gen_timer
         self.timer = timer
         self.max_staleness = max_staleness
+        self.lead = max_staleness - carried_room
+        """The most versions a batch is stale when its generation starts."""
         self.last_step = last_step
         self.version = version
         self.ready: dict[int, GeneratedBatch] = {}
@@ -190,8 +196,8 @@ class AsyncRolloutStream:
             )
 
     def _may_start(self) -> bool:
-        """The thread may generate `next_step`'s batch: it will be at most `max_staleness` versions stale."""
-        return not self.held and self.version >= self.next_step - 1 - self.max_staleness
+        """The thread may generate `next_step`'s batch: it starts at most `lead` versions stale."""
+        return not self.held and self.version >= self.next_step - 1 - self.lead
 
     def _run(self) -> None:
         """The thread: each coming step's batch into `ready`, until the last step, a stop or an error."""

@@ -248,6 +248,7 @@ class Trainer:
                 max_staleness=self.config.trainer.max_staleness,
                 last_step=self.total_steps,
                 version=start,
+                carried_room=1 if self.carry else 0,
             )
             if mode == "async"
             else RolloutStream(

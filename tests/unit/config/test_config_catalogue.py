@@ -779,8 +779,8 @@ CASES = [
         "over-sampling-at-staleness-one",
         ["rollout.over_sampling=4", "trainer.max_staleness=1"],
         "rollout.over_sampling",
-        "every carried group would be too stale for the next batch and start over, its tokens thrown away; fix: "
-        "set trainer.max_staleness: 2",
+        "at 1 no batch would be generated ahead of the training, and without that room every carried group would "
+        "be too stale for the next batch and start over, its tokens thrown away; fix: set trainer.max_staleness: 2",
     ),
     (
         "over-sampling-with-min-tokens",

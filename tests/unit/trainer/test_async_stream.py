@@ -97,7 +97,7 @@ def _train(stream: AsyncRolloutStream, engines: Engines, timer: PhaseTimer, step
         with timer("step"):
             batch = stream.take(step)
             stream.start_next(step)
-            ahead = min(step + stream.max_staleness, stream.last_step)  # the actor holds step - 1 until the sync
+            ahead = min(step + stream.lead, stream.last_step)  # the actor holds step - 1 until the sync
             with stream.cond:
                 assert stream.cond.wait_for(lambda a=ahead, s=step: a in stream.ready or a <= s or stream.error, WAIT_S)
             engines.log.append(("train", step, batch.policy_version))
@@ -124,6 +124,19 @@ def test_batches_run_ahead_as_far_as_the_bound_allows_and_never_further(max_stal
     assert all(b.metrics["timing/rollout"] >= 0 for b in batches)  # the thread's own timer, popped per batch
     stream.close()
     assert stream.thread is None
+
+
+def test_with_room_for_carried_groups_a_batch_starts_a_version_fresher_than_the_bound():
+    """`rollout.over_sampling` (carried_room 1) at max_staleness 2: the thread runs as far ahead as a bound of 1
+    allows, so that a group carried from one batch into the next is at most 2 versions stale when trained."""
+    timer, gen_timer = PhaseTimer(), PhaseTimer()
+    engines = Engines(gen_timer, max_staleness=2)
+    stream = AsyncRolloutStream(
+        engines.generate, gen_timer, timer, max_staleness=2, last_step=6, version=0, carried_room=1
+    )
+    batches, _ = _train(stream, engines, timer, range(1, 7))
+    assert [b.policy_version for b in batches] == [0, 0, 1, 2, 3, 4]
+    stream.close()
 
 
 def test_a_checkpoint_keeps_the_batches_ahead_and_a_resume_trains_on_them():

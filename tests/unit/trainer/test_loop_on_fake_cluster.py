@@ -417,20 +417,23 @@ def test_async_resumes_from_the_middle_on_the_batches_the_checkpoint_kept(assets
     assert_trained_alike(resumed[2:3], metrics[2:3], (*TRAINED, "rollout/policy_version_lag/max"))
 
 
+CARRIED = ASYNC | {
+    "trainer.max_staleness": 2,
+    "trainer.test_freq": 0,
+    "rollout.max_new_tokens": 6,
+    "rollout.partial_rollout": 2,
+    "rollout.over_sampling": 4,
+}
+"""Async with groups carried over: 4 beside 16 prompts, segments of 2 of 6 tokens."""
+
+
 def test_over_sampling_carries_groups_between_steps_within_the_staleness_bound(assets, tmp_path, monkeypatch, capsys):
     """async with partial rollouts carried over (`rollout.over_sampling` 4 beside 16 prompts, max_staleness 2):
     every step's batch is full and never over the bound (no stale batch dropped: carried groups too old for it
     start over), 4 groups go on into the next step's generation, and a resume from step 2's checkpoint says
     what it lost of them."""
     run_dir = tmp_path / "run"
-    settings = ASYNC | {
-        "trainer.max_staleness": 2,
-        "trainer.test_freq": 0,
-        "rollout.max_new_tokens": 6,
-        "rollout.partial_rollout": 2,
-        "rollout.over_sampling": 4,
-    }
-    args = overrides(assets, run_dir, **settings)
+    args = overrides(assets, run_dir, **CARRIED)
     metrics = read_metrics(fit(monkeypatch, args).run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     assert [m["rollout/carried_groups"] for m in metrics] == [4.0] * 4
@@ -455,14 +458,7 @@ def test_dynamic_sampling_fills_its_rounds_through_the_carried_groups(assets, tm
     with reward variation and asks again until the step is full; the groups each round leaves in flight go on
     into the next round or step, and no batch breaks the staleness bound."""
     run_dir = tmp_path / "run"
-    settings = ASYNC | {
-        "trainer.test_freq": 0,
-        "rollout.max_new_tokens": 6,
-        "rollout.partial_rollout": 2,
-        "rollout.over_sampling": 4,
-        "algorithm.dynamic_sampling.enable": "true",
-        "algorithm.dynamic_sampling.max_rounds": 20,
-    }
+    settings = CARRIED | {"algorithm.dynamic_sampling.enable": "true", "algorithm.dynamic_sampling.max_rounds": 20}
     metrics = read_metrics(fit(monkeypatch, overrides(assets, run_dir, **settings)).run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     assert all(m["dapo/rounds"] >= 1 and m["reward/std"] > 0 for m in metrics)
