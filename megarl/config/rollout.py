@@ -213,9 +213,9 @@ class RolloutConfig:
     keeping a version of the bound for the groups carried into the next batch, so carrying needs
     trainer.max_staleness >= 2; a group that would still be more than max_staleness versions stale when
     trained starts over from its prompt (`rollout/restarted_groups`). It pays when generation is the
-    slower side (benchmarks/README.md, "The long-tail workload"). With multi_turn the agent loop's trajectories are carried, between their turns
-    (their tool calls in flight run on). What is in flight at a checkpoint is lost, and a resume says how
-    much. With rollout.min_new_tokens 0. >= 0."""
+    slower side (benchmarks/README.md, "The long-tail workload"). With multi_turn the agent loop's
+    trajectories are carried, between their turns (their tool calls in flight run on). What is in flight
+    at a checkpoint is lost, and a resume says how much. With rollout.min_new_tokens 0. >= 0."""
     kv_cache_gib: float = 4.0
     """CPU only: KV-cache size per engine in GiB (VLLM_CPU_KVCACHE_SPACE). > 0."""
     gpu_memory_utilization: float = 0.5

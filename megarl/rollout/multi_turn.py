@@ -97,7 +97,7 @@ class _Live:
 
     prompt: Prompt
     slot: int
-    """Row of the sample in prompt-major order: in the call, or among every trajectory a `TrajectoriesInFlight` started."""
+    """Row of the sample in prompt-major order: in the call, or among all a `TrajectoriesInFlight` started."""
     group: str
     """Its group's id (`Samples.index`): `{group_prefix}/{number of its prompt}`."""
     ids: list[int] = field(default_factory=list)
@@ -213,8 +213,8 @@ class AgentLoop:
                 (flight.done if t.trajectory.ended else flight.ready).append(t)
 
     def _generate(self, ready: list[_Live], sampling: SamplingConfig, count: int) -> None:
-        """One turn of every ready trajectory, in one batched call per segment (`count`: trajectories of the
-        loop's call); parses each turn's tool calls or ends the trajectory."""
+        """One turn of every ready trajectory, in one batched call per segment (`count`: trajectories in
+        flight, the seeds' stride); parses each turn's tool calls or ends the trajectory."""
         budget = self.settings.max_total_tokens
         for t in ready:
             t.turn_ids = []
