@@ -55,16 +55,20 @@ _early_start: Future | None = None
 """A start begun by `start_ray_early`: the next `init_ray` or `shutdown_ray` waits for it."""
 _node_stopped: threading.Event | None = None
 """Set by `shutdown_ray`: the thread that started the node may end (`_start_and_stay`)."""
+_ours = False
+"""Ray was started or joined here by `init_ray` (or `start_ray_early`), not initialized by the caller before
+(a notebook's `ray.init()`): `shutdown_ray` disconnects only from a Ray it brought up, as verl's and slime's
+drivers leave a Ray they found running."""
 
 
 def start_ray_early(num_cpus: int | None = None, env_vars: dict[str, str] | None = None) -> None:
     """Begin `init_ray(num_cpus, env_vars=env_vars)` in a background thread and return at once. The
     next `init_ray` waits for it and raises what it raised; `shutdown_ray` waits for it, then stops Ray,
     so a driver that fails before using Ray leaves no node behind."""
-    global _early_start, _node_stopped
+    global _early_start, _node_stopped, _ours
     if _early_start is not None or ray.is_initialized():
         return
-    _early_start, _node_stopped = Future(), threading.Event()
+    _early_start, _node_stopped, _ours = Future(), threading.Event(), True
     threading.Thread(
         target=_start_and_stay,
         args=(_early_start, _node_stopped, num_cpus, env_vars),
@@ -101,11 +105,13 @@ def _join_early_start() -> bool:
 
 
 def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, env_vars: dict[str, str] | None = None) -> None:
-    """Start or join Ray once per driver.
+    """Start or join Ray once per driver; a Ray the caller initialized in this process is used as it is (and
+    `shutdown_ray` leaves it running).
 
     `env_vars` reach every worker process (runtime env), e.g. the vLLM settings that must be set
-    before vLLM is imported.
+    before vLLM is imported (the worker groups also set them in their ranks: `megarl.cluster.roles`).
     """
+    global _ours
     # The driver keeps the SIGTERM handler it had (`megarl.cli.stop_signals`: one line, exit 143, every
     # worker cleaned up), which Ray takes twice: ray.init on the main thread replaces the Python handler
     # by `sys.exit(15)` (ray/_private/worker.py, `init`), and a driver stopped that way aborts (SIGABRT)
@@ -115,6 +121,7 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, env_vars:
     sigterm = signal.getsignal(signal.SIGTERM)
     try:
         if not (_join_early_start() or ray.is_initialized()):
+            _ours = True  # before the start: one that fails half-way is still this driver's to stop
             _start_or_join(num_cpus, num_gpus, env_vars)
     finally:
         if sigterm is not None and threading.current_thread() is threading.main_thread():
@@ -241,14 +248,16 @@ def driver_node_address() -> str:
 
 
 def shutdown_ray() -> None:
-    """Disconnect (and stop a local instance this driver started, or is starting: `start_ray_early`)."""
-    global _node_stopped
+    """Disconnect (and stop a local instance this driver started, or is starting: `start_ray_early`); a Ray
+    the caller initialized itself stays as it is."""
+    global _node_stopped, _ours
     try:
         _join_early_start()
     except Exception:  # a start that failed left nothing to stop
         pass
-    if ray.is_initialized():
+    if ray.is_initialized() and _ours:
         ray.shutdown()
+    _ours = False
     if _node_stopped is not None:
         _node_stopped.set()
         _node_stopped = None

@@ -1,7 +1,8 @@
 """`start_ray_early` on a real local Ray: the next `init_ray` joins the start it began (its resources and
 worker environment, not the caller's) and leaves SIGTERM to the driver's handler, and a `shutdown_ray`
 right after it leaves no Ray process behind
-(the failure path of `megarl train` when the data or the tokenizer fails after the start began)."""
+(the failure path of `megarl train` when the data or the tokenizer fails after the start began); a Ray the
+caller initialized itself is joined and left running."""
 
 import os
 import signal
@@ -9,6 +10,7 @@ import signal
 import psutil
 import ray
 
+from megarl.orchestration import cluster
 from megarl.orchestration.cluster import init_ray, shutdown_ray, start_ray_early
 
 RAY_PROCESSES = ("raylet", "gcs_server")
@@ -54,3 +56,18 @@ def test_shutdown_right_after_an_early_start_leaves_no_ray_process():
     assert not ray.is_initialized()
     _gone, alive = psutil.wait_procs(_ray_children(), timeout=30)
     assert alive == []
+
+
+def test_a_ray_the_caller_initialized_is_joined_and_left_running():
+    """A notebook's `ray.init()` before the trainer (here the same local start megarl makes, without `init_ray`):
+    `init_ray` joins that instance and `shutdown_ray` at the end of the run leaves it to its owner."""
+    cluster._start_local(1, None, {"env_vars": {"MEGARL_EARLY_PROBE": "the caller's"}})
+    try:
+        address = ray.get_runtime_context().gcs_address
+        init_ray(num_cpus=3, env_vars={})
+        assert ray.get_runtime_context().gcs_address == address and ray.cluster_resources()["CPU"] == 1
+        shutdown_ray()
+        assert ray.is_initialized() and ray.get(_probe.remote()) == "the caller's"
+    finally:
+        ray.shutdown()
+    assert _ray_children() == [] or psutil.wait_procs(_ray_children(), timeout=30)[1] == []
