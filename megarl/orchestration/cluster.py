@@ -213,9 +213,12 @@ def _kill(processes: set[psutil.Process]) -> None:
 
 
 def _timed_out(error: Exception) -> bool:
-    """Whether a start failed by one of Ray's start-up timeouts: a `TimeoutError`, or the plain Exception
-    "The current node timed out during startup" (ray/_private/node.py)."""
-    return isinstance(error, TimeoutError) or "timed out" in str(error).lower()
+    """Whether a start failed by one of Ray's start-up timeouts: a `TimeoutError`, the plain Exception
+    "The current node timed out during startup" (ray/_private/node.py), or the node's first connection to its
+    GCS server giving up ("Failed to connect to GCS", ray/_private/state.py `_connect_and_get_accessor`, as
+    `Node.__init__` reads its own node's record: a GCS server slow to start on a loaded machine)."""
+    message = str(error).lower()
+    return isinstance(error, TimeoutError) or "timed out" in message or "failed to connect to gcs" in message
 
 
 def _start_local(num_cpus: int | None, num_gpus: int | None, runtime_env: dict) -> None:

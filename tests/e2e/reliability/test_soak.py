@@ -4,10 +4,10 @@ fd growth within soak.py's bounds, every step logged once, nothing left running.
 
 Phase 1's end is also the killed-rank fault (once tests/e2e/reliability/test_process_faults.py's whole
 job of its own): a policy rank killed inside the actor update ends the job promptly (soak.KILL_TO_EXIT_S),
-exit 1, one line naming the role, rank, process, node, step and phase (the update, or the weight sync right
-after it when the update ended before the signal landed: then an engine's broken receive is what the driver
-hears first, and the dead policy rank must still be the one named), its records ending at the step
-before, and its newest checkpoint intact: the one `checkpoint.resume=auto` continues from in phase 2.
+exit 1, one line naming the role, rank, process, node, step and phase (the update, or a phase right after
+it when the update ended before the signal landed: the hand-over's offload, or the weight sync, where an
+engine's broken receive is what the driver hears first; the dead policy rank must be the one named either
+way), its records ending at the step before, and its newest checkpoint intact: the one `checkpoint.resume=auto` continues from in phase 2.
 
 The long run (200 steps, figures in the final report) is `python tests/e2e/reliability/soak.py`.
 """
@@ -33,7 +33,7 @@ def test_short_soak_with_a_forced_resume(workspace, tmp_path):
     assert phase1["exit_code"] == 1
     [failure] = phase1["failure"]
     found = re.fullmatch(
-        rf"megarl train: failed during step (\d+) \((update_actor|sync)\): WorkerFailure: policy rank [01] failed:\n"
+        rf"megarl train: failed during step (\d+) \((update_actor|offload|sync)\): WorkerFailure: policy rank [01] failed:\n"
         rf"\(process {phase1['killed_pid']} on node [\d.]+\).*",
         failure,
     )

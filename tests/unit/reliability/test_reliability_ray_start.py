@@ -114,3 +114,15 @@ def test_a_start_that_times_out_is_retried_once_then_named(monkeypatch):
     assert "fix: run again once it is less busy, or start a node yourself (ray start --head)" in str(error.value)
     assert ray_children() <= children  # the GCS servers the two starts left are gone
     assert not ray.is_initialized()
+
+
+def test_a_node_that_cannot_reach_its_gcs_server_yet_counts_as_a_start_timeout():
+    """What CI met on a loaded machine: `ray.init`'s node gave up its first connection to its own GCS server
+    (ray/_private/state.py `_connect_and_get_accessor` raises this error with this message); the start is
+    retried once like a timed-out one (`_start_or_join`), where before it failed the run."""
+    error = ray.exceptions.RaySystemError(
+        "Failed to connect to GCS. Please check if the GCS server is running and if this node can connect to the "
+        "head node."
+    )
+    assert cluster._timed_out(error)
+    assert not cluster._timed_out(ray.exceptions.RaySystemError("Ray has not been started yet."))
