@@ -13,7 +13,7 @@ trajectories (`megarl.rollout.multi_turn.TrajectoriesInFlight`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from megarl.data import Prompt
@@ -22,6 +22,12 @@ from megarl.workers.rollout.base import SamplingConfig
 
 RolloutFn = Callable[[Sequence[Prompt], SamplingConfig, str], Samples]
 """`(prompts, sampling, group_prefix) -> Samples`: a rollout of exactly its prompts."""
+
+
+def stale_groups(versions: Iterable[tuple[str, Sequence[int]]], oldest_allowed: int) -> set[str]:
+    """The groups holding a token sampled by weights older than `oldest_allowed`: `versions` pairs a group with
+    the weight versions of one of its samples' tokens (a group may come in several pairs; no token, not stale)."""
+    return {group for group, seen in versions if min(seen, default=oldest_allowed) < oldest_allowed}
 
 
 class InFlight(Protocol):

@@ -52,6 +52,7 @@ import torch
 from megarl.config.rollout import MultiTurnConfig
 from megarl.data import Prompt
 from megarl.orchestration.worker_group import WorkerGroup
+from megarl.rollout.carry import stale_groups
 from megarl.rollout.observation import ObservationEncoder
 from megarl.rollout.samples import Samples, Trajectory, extend_routing, fit_routing
 from megarl.rollout.single_turn import generate_contexts
@@ -371,10 +372,7 @@ class TrajectoriesInFlight:
     def restart_stale(self, oldest_allowed: int) -> int:
         """The groups holding a token sampled by weights older than `oldest_allowed` start over from their
         prompts (their tool calls in flight are left to end unread); how many did."""
-        versions: dict[str, list[int]] = {}
-        for t in self.trajectories.everyone():
-            versions.setdefault(t.group, []).extend(t.versions)
-        stale = {group for group, seen in versions.items() if min(seen, default=oldest_allowed) < oldest_allowed}
+        stale = stale_groups(((t.group, t.versions) for t in self.trajectories.everyone()), oldest_allowed)
         flight = self.trajectories
         again = [_Live(t.prompt, t.slot, t.group) for t in flight.everyone() if t.group in stale]
         flight.waiting = [t for t in flight.waiting if t.group not in stale]

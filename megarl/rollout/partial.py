@@ -28,6 +28,7 @@ import torch
 
 from megarl.data import Prompt
 from megarl.orchestration.worker_group import WorkerGroup
+from megarl.rollout.carry import stale_groups
 from megarl.rollout.samples import Samples, extend_routing
 from megarl.rollout.single_turn import generate_contexts
 from megarl.workers.rollout.base import RolloutOutput, SamplingConfig
@@ -129,12 +130,8 @@ def finished_groups(samples: Samples, sampling: SamplingConfig) -> list[str]:
 def restart_stale(samples: Samples, oldest_allowed: int) -> int:
     """Rows of groups holding a token sampled by weights older than `oldest_allowed` start over from their
     prompt; how many groups did."""
-    stale = [
-        rows
-        for rows in group_rows(samples).values()
-        if min((v for row in rows for v in samples.token_versions[row]), default=oldest_allowed) < oldest_allowed
-    ]
-    for row in (row for rows in stale for row in rows):
+    stale = stale_groups(zip(samples.index, samples.token_versions, strict=True), oldest_allowed)
+    for row in (row for row, group in enumerate(samples.index) if group in stale):
         samples.response_ids[row], samples.token_versions[row] = [], []
         samples.rollout_log_probs[row], samples.loss_masks[row] = torch.zeros(0), torch.zeros(0, dtype=torch.bool)
         samples.finish_reasons[row] = "length"
