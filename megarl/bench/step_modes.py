@@ -1,6 +1,8 @@
 """`megarl bench step --modes`: one recipe's GRPO workload in several placements and rollout modes
 (`placement.mode`, `trainer.rollout_mode`), run in turn with the same seeds, as samples per second side
-by side (issue 31 item 5).
+by side (issue 31 item 5); with `rounds` > 1 every mode runs once per round, in an order rotated each round, and
+the ratios are paired by round (this machine's speed drifts by ~25 % within an hour: modes run one after the
+other for minutes each were compared at different speeds).
 
 The recipe's training devices stay the Megatron roles' in every mode: colocated, the engines share
 them (one engine per rollout TP group of them); split, one engine gets `rollout.tensor_model_parallel_size`
@@ -13,6 +15,8 @@ and `megarl bench step --modes ... --json X.json` draws the curves into X.png (`
 """
 
 from __future__ import annotations
+
+import statistics
 
 from megarl.config.config import Config
 
@@ -51,28 +55,43 @@ def mode_overrides(config: Config, mode: str) -> list[str]:
     ]
 
 
-def run(config_path: str, overrides: list[str], repeats: int, modes: tuple[str, ...], seed: int = 0) -> dict:
+def run(
+    config_path: str, overrides: list[str], repeats: int, modes: tuple[str, ...], seed: int = 0, rounds: int = 1
+) -> dict:
+    """Every mode once per round, the order rotated one more each round (`interleaved_order`), so that the
+    machine's drift over the minutes of a round hits every mode alike. A mode's step time is the median of its
+    rounds' medians, its ratio the median over rounds of its speed ÷ the baseline's in the same round (paired);
+    its reward curve (`modes`, `reward_rise`) is that of its first round."""
     from megarl.bench import step
+    from megarl.bench.common import interleaved_order
     from megarl.bench.peer import reward_rise, seed_overrides
     from megarl.config.loader import load_config
 
     config = load_config(config_path, overrides)
     seeded = [*overrides, *seed_overrides(seed)]
-    results = {mode: step.run(config_path, [*seeded, *mode_overrides(config, mode)], repeats) for mode in modes}
-    rates = {mode: result["samples_per_step"] / result["step_seconds"] for mode, result in results.items()}
-    baseline = BASELINE if BASELINE in rates else modes[0]
+    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+    for mode in interleaved_order(list(modes), rounds, warmup=0):
+        runs[mode].append(step.run(config_path, [*seeded, *mode_overrides(config, mode)], repeats))
+    by_round = {mode: [result["step_seconds"] for result in results] for mode, results in runs.items()}
+    samples = runs[modes[0]][0]["samples_per_step"]
+    baseline = BASELINE if BASELINE in runs else modes[0]
     return dict(
         benchmark="step_modes",
         config=config_path,
         overrides=overrides,
         baseline=baseline,
         seed=seed,
-        samples_per_s=rates,
+        rounds=rounds,
+        samples_per_s={mode: samples / statistics.median(seconds) for mode, seconds in by_round.items()},
+        step_seconds_by_round=by_round,
         reward_rise={
-            mode: reward_rise(result["per_step"]["reward/mean"], REWARD_WINDOW) for mode, result in results.items()
+            mode: reward_rise(results[0]["per_step"]["reward/mean"], REWARD_WINDOW) for mode, results in runs.items()
         },
-        ratios={mode: rate / rates[baseline] for mode, rate in rates.items()},
-        modes=results,
+        ratios={
+            mode: statistics.median(base / own for base, own in zip(by_round[baseline], seconds, strict=True))
+            for mode, seconds in by_round.items()
+        },
+        modes={mode: results[0] for mode, results in runs.items()},
     )
 
 
@@ -80,14 +99,15 @@ def markdown(result: dict) -> str:
     first = next(iter(result["modes"].values()))
     lines = [
         f"step modes: {result['config']} ({first['samples_per_step']} samples per step), median of {first['repeats']} "
-        f"steps after {first['warmup_steps']} warm-up step(s) per mode, seed {result['seed']}",
+        f"steps after {first['warmup_steps']} warm-up step(s) per mode and round, {result['rounds']} round(s) "
+        f"(ratios paired by round), seed {result['seed']}",
         f"| mode | step s | samples/s | × {result['baseline']} | reward first {REWARD_WINDOW} → last {REWARD_WINDOW} |",
         "|---|---|---|---|---|",
     ]
-    for mode, run in result["modes"].items():
+    for mode, seconds in result["step_seconds_by_round"].items():
         start, end = result["reward_rise"][mode]
         lines.append(
-            f"| {mode} | {run['step_seconds']:.3f} | {result['samples_per_s'][mode]:.2f} | "
+            f"| {mode} | {statistics.median(seconds):.3f} | {result['samples_per_s'][mode]:.2f} | "
             f"{result['ratios'][mode]:.2f} | {start:.3f} → {end:.3f} |"
         )
     return "\n".join(lines)

@@ -99,6 +99,13 @@ def register(subparsers) -> None:
         "with --json X.json the reward curves go to X.png",
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with --modes: run every mode this many times, the order rotated each round, and pair the ratios by "
+        "round (the machine's drift then hits every mode alike; default 1)",
+    )
+    parser.add_argument(
         "--smoke",
         action="store_true",
         help="tiny model and shapes (train: TP 1 only; rollout: the engine eager, not compiled), to check that a "
@@ -111,6 +118,13 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         print(
             f"megarl bench: --repeats {args.repeats}: must be >= 1 (5 or more for a reported figure)", file=sys.stderr
+        )
+        return 2
+    if args.rounds < 1 or (args.rounds != 1 and args.modes is None):
+        print(
+            f"megarl bench: --rounds {args.rounds}: rounds of the rollout modes, >= 1, with --modes only "
+            "(megarl bench step --modes split_one_step_off,split_async_carry --rounds 3)",
+            file=sys.stderr,
         )
         return 2
     if args.peer is not None and args.benchmark != "step":
@@ -242,7 +256,8 @@ def _run(args: argparse.Namespace, tmp: Path) -> tuple[dict, str]:
         if args.modes:
             from megarl.bench import step_modes
 
-            result = step_modes.run(args.config, overrides, args.repeats, tuple(args.modes.split(",")), args.seed)
+            modes = tuple(args.modes.split(","))
+            result = step_modes.run(args.config, overrides, args.repeats, modes, args.seed, args.rounds)
             return result, step_modes.markdown(result)
         result = module.run(args.config, overrides, args.repeats)
         return result, module.markdown(result)

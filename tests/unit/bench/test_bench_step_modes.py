@@ -51,6 +51,8 @@ def test_every_mode_is_a_valid_recipe_on_the_same_training_devices(base):
         ),
         (["bench", "train", "--modes", "split_sync"], "compares whole steps of megarl alone"),
         (["bench", "step", "--modes", ""], "unknown empty list"),
+        (["bench", "step", "--modes", "split_sync", "--rounds", "0"], "--rounds 0: rounds of the rollout modes, >= 1"),
+        (["bench", "step", "--rounds", "2"], "--rounds 2: rounds of the rollout modes, >= 1, with --modes only"),
     ],
 )
 def test_modes_outside_their_benchmark_or_unknown_are_refused(argv, message, capsys):
@@ -63,7 +65,9 @@ def test_the_table_gives_samples_per_second_and_the_ratio_to_split_sync():
     result = {
         "config": "q.yaml",
         "baseline": "split_sync",
+        "rounds": 1,
         "modes": {"split_sync": {**run, "step_seconds": 16.0}, "split_one_step_off": {**run, "step_seconds": 8.0}},
+        "step_seconds_by_round": {"split_sync": [16.0], "split_one_step_off": [8.0]},
         "samples_per_s": {"split_sync": 8.0, "split_one_step_off": 16.0},
         "ratios": {"split_sync": 1.0, "split_one_step_off": 2.0},
         "seed": 0,
@@ -120,3 +124,32 @@ def test_the_long_tail_recipe_is_valid_in_every_mode_and_stops_on_letters_outsid
     assert stops == ["x", "y", "z"] and not set(stops) & set(REPEAT_ALPHABET)
     for mode in MODES:
         assert validate(load_config(LONG_TAIL, mode_overrides(config, mode)), check_files=False) == [], mode
+
+
+def test_rounds_rotate_the_modes_and_pair_the_ratios_by_round(monkeypatch):
+    """`--rounds`: every mode once per round, the first mode of a round rotating, and a mode's ratio the median
+    of its per-round ratios: a machine that slows down between rounds moves the step times, not the ratios."""
+    from megarl.bench import step, step_modes
+
+    order = []
+
+    def fake_step_run(config_path, overrides, repeats):
+        mode = next(o.removeprefix("trainer.rollout_mode=") for o in overrides if o.startswith("trainer.rollout_mode="))
+        order.append(mode)
+        slowdown = (1, 4, 2)[(len(order) - 1) // 2]  # the machine's speed in each round of two runs
+        return dict(
+            samples_per_step=128,
+            step_seconds=slowdown * (2.0 if mode == "sync" else 1.0),
+            step_seconds_all=[1.0] * repeats,
+            per_step={"reward/mean": [0.1] * (repeats + 1)},
+            repeats=repeats,
+            warmup_steps=1,
+        )
+
+    monkeypatch.setattr(step, "run", fake_step_run)
+    result = step_modes.run(str(QUICKSTART), [], 3, ("split_sync", "split_async"), rounds=3)
+    assert order == ["sync", "async", "async", "sync", "sync", "async"]
+    assert result["step_seconds_by_round"] == {"split_sync": [2.0, 8.0, 4.0], "split_async": [1.0, 4.0, 2.0]}
+    assert result["ratios"] == {"split_sync": 1.0, "split_async": 2.0}
+    assert result["samples_per_s"] == {"split_sync": 128 / 4.0, "split_async": 128 / 2.0}
+    assert "3 round(s)" in markdown(result)
